@@ -1,0 +1,33 @@
+# The whole set-up is two commands: `make demo` and `make test`. Each makes its own
+# virtual environment (.venv) on first use and reinstalls when pyproject.toml changes.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint unit conformance bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m tfrt_py.examples.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check tfrt_py tests benchmarks
+	$(BIN)/ruff format --check tfrt_py tests benchmarks
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test: lint unit
+
+conformance: $(STAMP)
+	$(BIN)/python ../shared/tools/conformance.py tfrt_py.onnx_backend
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

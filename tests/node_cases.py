@@ -1,0 +1,76 @@
+"""Run ONNX backend node cases for chosen ops against tfrt_py, case by case.
+
+    python tests/node_cases.py Relu Add          # the cases whose first node is Relu or Add
+    python tests/node_cases.py --all --failed    # every case, print only failures
+
+Compares the way ../shared/tools/conformance.py does (the case's rtol/atol; sequences by
+arity). A developer tool: pytest's conformance test uses ``run_case`` from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Any
+
+import numpy as np
+
+
+def all_cases() -> list[Any]:
+    import onnx.backend.test.case.node as node
+
+    return [c for c in node.collect_testcases(None) if c.model is not None]
+
+
+def case_op(case: Any) -> str:
+    nodes = case.model.graph.node
+    return nodes[0].op_type if len(nodes) else "?"
+
+
+def run_case(case: Any) -> None:
+    """Run one case through tfrt_py.onnx_backend; raise AssertionError on mismatch."""
+    from tfrt_py import onnx_backend
+
+    rep = onnx_backend.prepare(case.model, "CPU")
+    for inputs, expected in case.data_sets:
+        inputs = [
+            np.asarray(i) if isinstance(i, (np.generic, int, float, bool)) else i for i in inputs
+        ]
+        outs = rep.run(inputs)
+        outs = list(outs.values()) if isinstance(outs, dict) else list(outs)
+        if len(outs) != len(expected):
+            raise AssertionError(f"{len(outs)} outputs, expected {len(expected)}")
+        for o, e in zip(outs, expected):
+            if isinstance(e, list) or e is None:
+                continue
+            o = np.asarray(o)
+            if e.dtype == object or o.dtype == object:
+                assert np.array_equal(o.astype(str), e.astype(str)), "string mismatch"
+            else:
+                assert o.shape == e.shape, f"shape {o.shape} != expected {e.shape}"
+                np.testing.assert_allclose(o, e, rtol=case.rtol, atol=case.atol)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("ops", nargs="*")
+    ap.add_argument("--all", action="store_true")
+    ap.add_argument("--failed", action="store_true", help="print failures only")
+    a = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    cases = [c for c in all_cases() if a.all or case_op(c) in a.ops or c.name in a.ops]
+    passed = 0
+    for c in cases:
+        try:
+            run_case(c)
+            passed += 1
+            if not a.failed:
+                print(f"ok    {c.name}")
+        except Exception as e:  # noqa: BLE001 - a dev report counts every failure
+            print(f"FAIL  {c.name} [{case_op(c)}]: {type(e).__name__}: {str(e)[:300]}")
+    print(f"{passed}/{len(cases)} passed", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

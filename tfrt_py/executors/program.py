@@ -1,0 +1,173 @@
+"""The prepared program every executor shares, and the topological-order interpreter.
+
+``compile_program`` runs once per (sub)graph at load: it numbers every Value with a slot,
+builds each node's kernel (``KernelContext`` -> compute function), and records per node
+the input and output slots. Running is then a loop over a flat list of instructions with
+an environment list copied from a template: no dict lookups, no attribute parsing.
+
+A Program is immutable after compilation, so one Program may run on many threads at once;
+each run owns its environment list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ExecutionError, UnsupportedOpError
+from ..ir import Graph, Node, TensorType, Value
+from ..kernels import KernelContext, KernelRegistry
+from ..kernels.base import ComputeFn, KernelFlags
+
+__all__ = ["Instr", "Program", "compile_program", "node_captures"]
+
+_NONE_SLOT = 0  # always holds None: omitted optional inputs read it
+_SINK_SLOT = 1  # omitted optional outputs are written here and never read
+
+
+class Instr:
+    """One kernel invocation: read ``ins`` slots, call ``fn``, write ``outs`` slots."""
+
+    __slots__ = ("flags", "fn", "ins", "node", "outs", "single")
+
+    def __init__(
+        self,
+        fn: ComputeFn,
+        ins: tuple[int, ...],
+        outs: tuple[int, ...],
+        node: Node,
+        flags: KernelFlags,
+    ) -> None:
+        self.fn = fn
+        self.ins = ins
+        self.outs = outs
+        self.single = len(outs) == 1
+        self.node = node
+        self.flags = flags
+
+
+def node_captures(node: Node) -> list[Value]:
+    """The outer-scope values a node's nested graphs use, in a fixed order. They are passed
+    to the node's kernel after its ONNX inputs."""
+    seen: dict[int, Value] = {}
+    for _, sub in node.subgraphs():
+        for v in sub.free_values():
+            seen.setdefault(id(v), v)
+    return list(seen.values())
+
+
+class Program:
+    """A compiled graph: slots, constants template, instructions, I/O slots.
+
+    ``run(inputs, captured)`` takes the graph inputs in order (and, for nested graphs, the
+    owning node's captured values) and returns the outputs in order.
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        n_slots: int,
+        template: list[Any],
+        instrs: list[Instr],
+        input_slots: list[int],
+        capture_slots: list[int],
+        output_slots: list[int],
+    ) -> None:
+        self.graph = graph
+        self.n_slots = n_slots
+        self.template = template
+        self.instrs = instrs
+        self.input_slots = input_slots
+        self.capture_slots = capture_slots
+        self.output_slots = output_slots
+        self._plain = [(i.fn, i.ins, i.outs[0] if i.single else i.outs, i.single) for i in instrs]
+
+    def run(self, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:
+        env = self.template.copy()
+        for slot, val in zip(self.input_slots, inputs):
+            env[slot] = val
+        for slot, val in zip(self.capture_slots, captured):
+            env[slot] = val
+        step = 0
+        try:
+            for fn, ins, outs, single in self._plain:
+                r = fn(*[env[i] for i in ins])
+                if single:
+                    env[outs] = r
+                else:
+                    for o, x in zip(outs, r):
+                        env[o] = x
+                step += 1
+        except ExecutionError as e:
+            node = self.instrs[step].node
+            if e.node_name == node.name:
+                raise
+            raise ExecutionError(node.name, node.op_type, e) from e
+        except Exception as e:  # noqa: BLE001 - any kernel failure is reported with its node
+            node = self.instrs[step].node
+            raise ExecutionError(node.name, node.op_type, e) from e
+        return [env[s] for s in self.output_slots]
+
+
+def compile_program(
+    graph: Graph,
+    registry: KernelRegistry,
+    captures: Sequence[Value] = (),
+) -> Program:
+    """Compile ``graph``; ``captures`` are outer-scope values it receives at run time.
+
+    Kernels are built here (load time): an op or opset with no kernel, or an attribute
+    combination a kernel cannot run, raises UnsupportedOpError naming the node.
+    """
+    slots: dict[int, int] = {}
+    template: list[Any] = [None, None]
+
+    def slot_of(v: Value) -> int:
+        s = slots.get(id(v))
+        if s is None:
+            s = len(template)
+            slots[id(v)] = s
+            template.append(v.const if v.const is not None else None)
+        return s
+
+    input_slots = [slot_of(v) for v in graph.inputs]
+    capture_slots = [slot_of(v) for v in captures]
+    for c in graph.constants:
+        slot_of(c)
+
+    def compile_sub(node: Node, sub: Graph) -> Any:
+        prog = compile_program(sub, registry, node_captures(node))
+        return lambda inputs, captured: prog.run(inputs, captured)
+
+    instrs: list[Instr] = []
+    for node in graph.nodes:
+        kdef = registry.lookup(node.domain, node.op_type, node.opset, node.name)
+        ctx = KernelContext(node, subgraph_compiler=compile_sub)
+        try:
+            fn = kdef.build(ctx)
+        except UnsupportedOpError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a builder failing is a load error on this node
+            raise UnsupportedOpError(
+                node.op_type, node.domain, node.opset, node.name, f"{type(e).__name__}: {e}"
+            ) from e
+        ins = [_NONE_SLOT if v is None else slot_of(v) for v in node.inputs]
+        ins += [slot_of(v) for v in node_captures(node)]
+        outs = tuple(_SINK_SLOT if v is None else slot_of(v) for v in node.outputs)
+        instrs.append(Instr(fn, tuple(ins), outs, node, kdef.flags))
+    output_slots = [slot_of(v) for v in graph.outputs]
+    return Program(graph, len(template), template, instrs, input_slots, capture_slots, output_slots)
+
+
+def user_output(v: Any, ty: object) -> Any:
+    """Make a graph output safe to hand to the user: an ndarray they own (tensors only)."""
+    if isinstance(ty, TensorType) or ty is None:
+        if type(v) is not np.ndarray:
+            if v is None or isinstance(v, (list, dict)):
+                return v
+            v = np.asarray(v)
+        if v.base is not None:
+            v = v.copy()
+    return v

@@ -1,0 +1,174 @@
+"""Feed validation: names, dtypes, ranks and static dims, checked before any kernel runs.
+
+Checks are built once per model (``FeedChecker``) so a call does a tuple compare per
+input in the common case (an ndarray of the right dtype and shape). Python values
+(lists, scalars) are accepted when converting them to the input's dtype is lossless;
+arrays are cast only when NumPy calls the cast safe (e.g. int8 -> float32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError
+from .ir import TensorType, Value
+
+__all__ = ["FeedChecker", "TensorSpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A model input or output: name, dtype (None when unknown), shape (None when even the
+    rank is unknown; a dim is an int, a symbolic name, or None)."""
+
+    name: str
+    dtype: np.dtype | None
+    shape: tuple[int | str | None, ...] | None
+
+    def __str__(self) -> str:
+        return f"{self.name}: {TensorType(self.dtype, self.shape)}"
+
+
+def spec_of(v: Value) -> TensorSpec:
+    t = v.type
+    if isinstance(t, TensorType):
+        return TensorSpec(v.name, t.dtype, t.shape)
+    return TensorSpec(v.name, None, None)
+
+
+def _describe(spec: TensorSpec) -> str:
+    return f"{TensorType(spec.dtype, spec.shape)}"
+
+
+class _InputCheck:
+    __slots__ = ("dtype", "is_tensor", "name", "shape", "spec", "static_shape", "symbols")
+
+    def __init__(self, v: Value) -> None:
+        self.spec = spec_of(v)
+        self.name = v.name
+        self.is_tensor = isinstance(v.type, TensorType) or v.type is None
+        self.dtype = self.spec.dtype
+        self.shape = self.spec.shape
+        static = self.shape is not None and all(isinstance(d, int) for d in self.shape)
+        self.static_shape = self.shape if static else None
+        self.symbols = (
+            [(i, d) for i, d in enumerate(self.shape) if isinstance(d, str)] if self.shape else []
+        )
+
+    def __call__(self, value: Any) -> np.ndarray:
+        if not self.is_tensor:
+            return value  # sequences, optionals: passed through to the kernels
+        if type(value) is np.ndarray and value.dtype == self.dtype:
+            if value.shape == self.static_shape:
+                return value
+            self._check_shape(value)
+            return value
+        arr = self._convert(value)
+        self._check_shape(arr)
+        return arr
+
+    def _convert(self, value: Any) -> np.ndarray:
+        want = self.dtype
+        if isinstance(value, np.ndarray):
+            if want is None or value.dtype == want:
+                return value
+            if want == object and value.dtype.kind in "US":
+                return value.astype(object)
+            if np.can_cast(value.dtype, want, "safe"):
+                return value.astype(want)
+            raise InputError(
+                f"input {self.name!r}: got dtype {value.dtype}, expected {want} "
+                f"(shape {_describe(self.spec)}); cast it explicitly, e.g. x.astype(np.{want})"
+            )
+        try:
+            arr = np.asarray(value)
+        except (ValueError, TypeError) as e:
+            raise InputError(
+                f"input {self.name!r}: cannot make an array of {type(value).__name__} ({e}); "
+                f"expected {_describe(self.spec)}"
+            ) from e
+        if want is None or arr.dtype == want:
+            return arr
+        if want == object:
+            if arr.dtype.kind in "US":
+                return arr.astype(object)
+        elif arr.dtype.kind in "biuf" and want.kind in "biuf":
+            with np.errstate(all="ignore"):
+                cast = arr.astype(want)
+                if np.array_equal(cast.astype(arr.dtype), arr):
+                    return cast
+        raise InputError(
+            f"input {self.name!r}: {type(value).__name__} of {arr.dtype} values cannot be "
+            f"converted to {want} without loss; expected {_describe(self.spec)}"
+        )
+
+    def _check_shape(self, arr: np.ndarray) -> None:
+        shape = self.shape
+        if shape is None:
+            return
+        if arr.ndim != len(shape):
+            raise InputError(
+                f"input {self.name!r}: got rank {arr.ndim} (shape {tuple(arr.shape)}), "
+                f"expected rank {len(shape)}: {_describe(self.spec)}"
+            )
+        for i, (got, want) in enumerate(zip(arr.shape, shape)):
+            if isinstance(want, int) and got != want:
+                raise InputError(
+                    f"input {self.name!r}: dim {i} is {got}, expected {want}: got shape "
+                    f"{tuple(arr.shape)}, expected {_describe(self.spec)}"
+                )
+
+
+class FeedChecker:
+    """Validates a feeds mapping against a model's inputs; returns arrays in input order.
+
+    Thread-safe: holds no per-call state.
+    """
+
+    def __init__(self, inputs: Sequence[Value]) -> None:
+        self._checks = [_InputCheck(v) for v in inputs]
+        self._names = [c.name for c in self._checks]
+        self._n = len(self._checks)
+        self._has_symbols = sum(len(c.symbols) for c in self._checks) > 1
+
+    def __call__(self, feeds: Mapping[str, Any]) -> list[Any]:
+        if not isinstance(feeds, Mapping):
+            raise InputError(
+                f"feeds must be a dict of input name -> array, got {type(feeds).__name__}; "
+                f"inputs are {self._names}"
+            )
+        out = []
+        try:
+            for c in self._checks:
+                out.append(c(feeds[c.name]))
+        except KeyError:
+            missing = [n for n in self._names if n not in feeds]
+            raise InputError(
+                f"missing input(s) {missing}; the model's inputs are "
+                + ", ".join(str(c.spec) for c in self._checks)
+            ) from None
+        if len(feeds) != self._n:
+            extra = [k for k in feeds if k not in self._names]
+            raise InputError(
+                f"unknown input(s) {extra}; the model's inputs are "
+                + ", ".join(str(c.spec) for c in self._checks)
+            )
+        if self._has_symbols:
+            self._check_symbols(out)
+        return out
+
+    def _check_symbols(self, arrays: list[Any]) -> None:
+        seen: dict[str, tuple[int, str]] = {}
+        for c, arr in zip(self._checks, arrays):
+            for i, sym in c.symbols:
+                size = arr.shape[i]
+                prev = seen.setdefault(sym, (size, c.name))
+                if prev[0] != size:
+                    raise InputError(
+                        f"input {c.name!r}: dim {i} ({sym!r}) is {size}, but input "
+                        f"{prev[1]!r} has {sym!r} = {prev[0]}"
+                    )

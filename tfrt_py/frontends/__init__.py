@@ -1,0 +1,1 @@
+"""Frontends: model formats -> IR. Only ONNX for now."""

@@ -1,0 +1,226 @@
+"""ONNX ModelProto -> IR Graph.
+
+Honours the model's opset imports (each node records its domain's version), turns
+initializers and Constant nodes into constant Values, imports nested graphs with
+outer-scope names resolved to the enclosing graph's Values, inlines model-local functions,
+and records value types from the model's value_info (after ONNX shape inference, when it
+succeeds). Runs once per load, on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ...errors import GraphError, ModelLoadError
+from ...ir import Graph, Node, TensorType, Value, ValueType
+from .functions import FunctionInliner
+from .tensors import to_array, to_value_type
+
+__all__ = ["import_model"]
+
+_A = onnx.AttributeProto
+
+
+def import_model(model: onnx.ModelProto, base_dir: str) -> Graph:
+    """Import ``model``'s main graph. Raises ModelLoadError/GraphError with the node name."""
+    opsets: dict[str, int] = {}
+    for imp in model.opset_import:
+        opsets["" if imp.domain == "ai.onnx" else imp.domain] = int(imp.version)
+    if "" not in opsets and model.ir_version < 3:
+        opsets[""] = 1
+    types = _inferred_types(model)
+    inliner = FunctionInliner(model.functions)
+    imp = _Importer(opsets, base_dir, types, inliner)
+    return imp.graph(model.graph, {}, model.graph.name or "main")
+
+
+def _inferred_types(model: onnx.ModelProto) -> dict[str, ValueType]:
+    """Types of every named value, from ONNX shape inference when it succeeds."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        graph = inferred.graph
+    except Exception:  # noqa: BLE001 - inference is best effort; declared types still apply
+        graph = model.graph
+    types: dict[str, ValueType] = {}
+    for vi in list(graph.value_info) + list(graph.output) + list(graph.input):
+        t = to_value_type(vi.type)
+        if t is not None:
+            types[vi.name] = t
+    return types
+
+
+class _Importer:
+    def __init__(
+        self,
+        opsets: dict[str, int],
+        base_dir: str,
+        types: dict[str, ValueType],
+        inliner: FunctionInliner,
+    ) -> None:
+        self.opsets = opsets
+        self.base_dir = base_dir
+        self.types = types
+        self.inliner = inliner
+        self._anon = 0
+
+    def graph(self, gp: onnx.GraphProto, outer: dict[str, Value], name: str) -> Graph:
+        g = Graph(name=name, opsets=self.opsets)
+        scope: dict[str, Value] = dict(outer)
+        for vi in gp.value_info:
+            t = to_value_type(vi.type)
+            if t is not None:
+                self.types.setdefault(vi.name, t)
+        init_names = set()
+        for t in gp.initializer:
+            v = Value(t.name, const=to_array(t, self.base_dir))
+            g.constants.append(v)
+            scope[t.name] = v
+            init_names.add(t.name)
+        for t in gp.sparse_initializer:
+            dense = _sparse_to_dense(t, self.base_dir)
+            v = Value(t.values.name, const=dense)
+            g.constants.append(v)
+            scope[v.name] = v
+            init_names.add(v.name)
+        for vi in gp.input:
+            if vi.name in init_names:
+                continue  # an initializer with a declared input: a constant here
+            t = to_value_type(vi.type) or self.types.get(vi.name)
+            v = Value(vi.name, t)
+            g.inputs.append(v)
+            scope[vi.name] = v
+        for np_ in gp.node:
+            self.node(np_, g, scope)
+        for vi in gp.output:
+            v = scope.get(vi.name)
+            if v is None:
+                raise GraphError(f"graph {name!r}: output {vi.name!r} is never defined")
+            if v.type is None or (isinstance(v.type, TensorType) and v.type.dtype is None):
+                t = to_value_type(vi.type)
+                if t is not None:
+                    v.type = t
+            g.outputs.append(v)
+        return g
+
+    def node(self, np_: onnx.NodeProto, g: Graph, scope: dict[str, Value]) -> None:
+        domain = "" if np_.domain == "ai.onnx" else np_.domain
+        name = np_.name or f"{np_.op_type}_{len(g.nodes)}"
+        if self.inliner.has(domain, np_.op_type):
+            for inner in self.inliner.expand(np_, name):
+                self.node(inner, g, scope)
+            return
+        if domain == "" and np_.op_type == "Constant":
+            self._constant(np_, name, g, scope)
+            return
+        if domain not in self.opsets:
+            raise ModelLoadError(
+                f"node {name!r} ({np_.op_type}) uses domain {domain!r}, "
+                "which the model does not import (opset_import)"
+            )
+        inputs: list[Value | None] = []
+        for i, iname in enumerate(np_.input):
+            if not iname:
+                inputs.append(None)
+                continue
+            v = scope.get(iname)
+            if v is None:
+                raise GraphError(
+                    f"node {name!r} ({np_.op_type}) input {i} {iname!r} is not defined "
+                    "(not a graph input, initializer or earlier output)"
+                )
+            inputs.append(v)
+        attrs = {a.name: self.attr(a, scope, name) for a in np_.attribute}
+        outputs: list[Value | None] = []
+        for oname in np_.output:
+            if not oname:
+                outputs.append(None)
+                continue
+            v = Value(oname, self.types.get(oname))
+            outputs.append(v)
+        node = Node(
+            np_.op_type,
+            inputs,
+            outputs,
+            attrs,
+            name=name,
+            domain=domain,
+            opset=self.opsets[domain],
+        )
+        g.nodes.append(node)
+        for v in outputs:
+            if v is not None:
+                scope[v.name] = v
+
+    def _constant(self, np_: onnx.NodeProto, name: str, g: Graph, scope: dict[str, Value]) -> None:
+        if len(np_.attribute) != 1:
+            raise ModelLoadError(f"Constant node {name!r} must have exactly one value attribute")
+        a = np_.attribute[0]
+        val = self.attr(a, scope, name)
+        kind = a.name
+        if kind in ("value", "sparse_value"):
+            arr = np.asarray(val)
+        elif kind == "value_float":
+            arr = np.array(val, dtype=np.float32)
+        elif kind == "value_floats":
+            arr = np.array(val, dtype=np.float32)
+        elif kind == "value_int":
+            arr = np.array(val, dtype=np.int64)
+        elif kind == "value_ints":
+            arr = np.array(val, dtype=np.int64)
+        elif kind == "value_string":
+            arr = np.array(val, dtype=object)
+        elif kind == "value_strings":
+            arr = np.array(val, dtype=object)
+        else:
+            raise ModelLoadError(f"Constant node {name!r}: unknown attribute {kind!r}")
+        v = Value(np_.output[0], const=arr)
+        g.constants.append(v)
+        scope[v.name] = v
+
+    def attr(self, a: onnx.AttributeProto, scope: dict[str, Value], node_name: str) -> Any:
+        t = a.type
+        if t == _A.FLOAT:
+            return float(a.f)
+        if t == _A.INT:
+            return int(a.i)
+        if t == _A.STRING:
+            return a.s.decode("utf-8", errors="surrogateescape")
+        if t == _A.TENSOR:
+            return to_array(a.t, self.base_dir)
+        if t == _A.SPARSE_TENSOR:
+            return _sparse_to_dense(a.sparse_tensor, self.base_dir)
+        if t == _A.GRAPH:
+            return self.graph(a.g, scope, f"{node_name}.{a.name}")
+        if t == _A.FLOATS:
+            return [float(x) for x in a.floats]
+        if t == _A.INTS:
+            return [int(x) for x in a.ints]
+        if t == _A.STRINGS:
+            return [s.decode("utf-8", errors="surrogateescape") for s in a.strings]
+        if t == _A.TENSORS:
+            return [to_array(x, self.base_dir) for x in a.tensors]
+        if t == _A.GRAPHS:
+            return [self.graph(x, scope, f"{node_name}.{a.name}") for x in a.graphs]
+        if t == _A.TYPE_PROTO:
+            return to_value_type(a.tp)
+        if t == _A.TYPE_PROTOS:
+            return [to_value_type(x) for x in a.type_protos]
+        raise ModelLoadError(f"node {node_name!r}: attribute {a.name!r} has unknown type {t}")
+
+
+def _sparse_to_dense(sp: onnx.SparseTensorProto, base_dir: str) -> np.ndarray:
+    values = to_array(sp.values, base_dir)
+    indices = to_array(sp.indices, base_dir).astype(np.int64)
+    shape = tuple(int(d) for d in sp.dims)
+    dense = np.zeros(shape, dtype=values.dtype)
+    if indices.ndim == 1:
+        dense.reshape(-1)[indices] = values
+    else:
+        dense[tuple(indices.T)] = values
+    return dense

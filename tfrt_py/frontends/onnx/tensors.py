@@ -1,0 +1,108 @@
+"""ONNX TensorProto / TypeProto -> NumPy arrays and IR types.
+
+External data is memory-mapped read-only from its file (``np.memmap``), not copied; a
+missing file or one too short for the tensor is a ModelLoadError naming the tensor.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ...errors import ModelLoadError
+from ...ir import OpaqueType, OptionalType, SequenceType, TensorType, ValueType
+
+__all__ = ["onnx_dtype", "to_array", "to_value_type"]
+
+_DTYPES: dict[int, np.dtype] = {}
+
+
+def onnx_dtype(elem_type: int) -> np.dtype:
+    """The NumPy dtype of an ONNX TensorProto element type (object for STRING)."""
+    dt = _DTYPES.get(elem_type)
+    if dt is None:
+        if elem_type == onnx.TensorProto.STRING:
+            dt = np.dtype(object)
+        else:
+            try:
+                dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+            except (KeyError, ValueError, TypeError) as e:
+                raise ModelLoadError(f"unsupported ONNX element type {elem_type}") from e
+        _DTYPES[elem_type] = dt
+    return dt
+
+
+def to_value_type(tp: onnx.TypeProto) -> ValueType | None:
+    """Convert an ONNX TypeProto; ``None`` when the proto carries no type."""
+    which = tp.WhichOneof("value")
+    if which == "tensor_type" or which == "sparse_tensor_type":
+        tt = tp.tensor_type if which == "tensor_type" else tp.sparse_tensor_type
+        dtype = onnx_dtype(tt.elem_type) if tt.elem_type else None
+        if not tt.HasField("shape"):
+            return TensorType(dtype, None)
+        dims: list[int | str | None] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param") and d.dim_param:
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        return TensorType(dtype, tuple(dims))
+    if which == "sequence_type":
+        return SequenceType(to_value_type(tp.sequence_type.elem_type))
+    if which == "optional_type":
+        return OptionalType(to_value_type(tp.optional_type.elem_type))
+    if which == "map_type":
+        return OpaqueType("map")
+    return None
+
+
+def to_array(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
+    """The tensor's data. External data is memory-mapped from ``base_dir``."""
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        return _external(t, base_dir)
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as e:  # noqa: BLE001 - protobuf/onnx raise many types for bad tensors
+        raise ModelLoadError(f"tensor {t.name!r} cannot be read: {e}") from e
+    if arr.dtype.kind == "U" or arr.dtype.kind == "S":
+        arr = arr.astype(object)
+    if arr.dtype == object:
+        arr = np.vectorize(_decode, otypes=[object])(arr) if arr.size else arr
+    return arr
+
+
+def _decode(v: Any) -> Any:
+    return v.decode("utf-8", errors="surrogateescape") if isinstance(v, bytes) else v
+
+
+def _external(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
+    info = {e.key: e.value for e in t.external_data}
+    location = info.get("location")
+    if not location:
+        raise ModelLoadError(f"tensor {t.name!r}: external data without a location")
+    path = os.path.join(base_dir, location)
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"tensor {t.name!r}: external data file not found: {path}")
+    dtype = onnx_dtype(t.data_type)
+    if dtype == object:
+        raise ModelLoadError(f"tensor {t.name!r}: string tensors cannot be external data")
+    shape = tuple(int(d) for d in t.dims)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    offset = int(info.get("offset", 0))
+    length = int(info.get("length", nbytes))
+    size = os.path.getsize(path)
+    if length < nbytes or offset + nbytes > size:
+        raise ModelLoadError(
+            f"tensor {t.name!r}: external data file {location!r} is too short "
+            f"(needs {nbytes} bytes at offset {offset}, file has {size})"
+        )
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    mm = np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", offset=offset, shape=shape)
+    return np.asarray(mm)  # a plain ndarray view; the mapping stays alive through .base

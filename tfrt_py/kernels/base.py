@@ -1,0 +1,170 @@
+"""The kernel contract.
+
+A *kernel builder* is called once per node at load time with a ``KernelContext`` and
+returns the node's *compute function*. Everything that can be decided at load time
+(attribute parsing, defaults, opset differences, constant inputs such as a Reshape's
+shape, transposed weights) is decided in the builder, so the compute function does only
+the math.
+
+Compute function contract (all executors rely on it):
+
+* It is called with the node's inputs as positional arguments, in ONNX order, ``None``
+  for an omitted optional input. Control-flow nodes (If/Loop/Scan) get, after those, the
+  values their subgraphs capture from enclosing graphs (see ``KernelContext.subgraph``).
+* A node with one output returns that array; a node with several outputs returns a tuple
+  with exactly ``ctx.n_outputs`` entries (any entry may be ``None`` where
+  ``ctx.has_output(i)`` is false).
+* It returns NumPy arrays (a 0-d NumPy scalar is accepted). It never mutates its inputs,
+  unless registered ``inplace`` *and* the executor passes ``out`` aliasing input 0.
+* It may return a view of an input (Reshape, Identity); the executor copies before handing
+  a value to the user when it aliases a feed or a constant.
+* When registered ``supports_out``, it also accepts ``out=`` (a preallocated array of the
+  right shape and dtype) and writes its single output there, returning ``out``.
+* It is thread-compatible: one compute function may run on many threads at once, so it
+  keeps no per-call state outside its locals.
+
+Builders raise ``ctx.unsupported("why")`` for attribute combinations they cannot run, so
+the model fails at load, naming the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..errors import UnsupportedOpError
+from ..ir import Graph, Node, TensorType
+
+__all__ = [
+    "REQUIRED",
+    "ComputeFn",
+    "Cost",
+    "KernelBuilder",
+    "KernelContext",
+    "KernelFlags",
+    "SubgraphFn",
+]
+
+ComputeFn = Callable[..., Any]
+#: Runs a nested graph: ``fn(inputs, captured) -> list of outputs``. ``inputs`` are the
+#: subgraph's formal inputs in order; ``captured`` is the tuple of the node's trailing
+#: positional arguments (its captured outer-scope values), passed through unchanged.
+SubgraphFn = Callable[[Sequence[Any], Sequence[Any]], list[Any]]
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+class Cost(NamedTuple):
+    """A kernel's estimated work for one call: floating-point ops and bytes touched."""
+
+    flops: float
+    bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class KernelFlags:
+    """Properties executors and the planner may rely on.
+
+    ``pure``: no side effects; same inputs give same outputs.
+    ``inplace``: output 0 may be written into input 0's buffer (same shape and dtype).
+    ``supports_out``: the compute function accepts ``out=`` for its single output.
+    ``is_async``: the compute function is a coroutine function (awaited on the loop).
+    ``control_flow``: runs nested graphs (If/Loop/Scan); executors treat it as non-strict.
+    """
+
+    pure: bool = True
+    inplace: bool = False
+    supports_out: bool = False
+    is_async: bool = False
+    control_flow: bool = False
+
+
+class KernelContext:
+    """What a kernel builder knows about one node at load time. Read-only.
+
+    Built by the executor layer; ``subgraph_compiler`` turns a nested Graph into a
+    ``SubgraphFn`` (kernels never see executors).
+    """
+
+    def __init__(
+        self,
+        node: Node,
+        input_types: Sequence[Any] | None = None,
+        subgraph_compiler: Callable[[Node, Graph], SubgraphFn] | None = None,
+    ) -> None:
+        self.node = node
+        self.node_name = node.name
+        self.op_type = node.op_type
+        self.domain = node.domain
+        self.opset = node.opset
+        self.attrs = node.attrs
+        self.n_inputs = len(node.inputs)
+        self.n_outputs = len(node.outputs)
+        self._input_types = list(input_types) if input_types is not None else None
+        self._subgraph_compiler = subgraph_compiler
+
+    # -- attributes ---------------------------------------------------------------------
+    def attr(self, name: str, default: Any = REQUIRED) -> Any:
+        """The attribute's value, or ``default``; a missing required one is a load error."""
+        if name in self.attrs:
+            return self.attrs[name]
+        if default is REQUIRED:
+            raise self.unsupported(f"required attribute {name!r} is missing")
+        return default
+
+    # -- inputs and outputs -------------------------------------------------------------
+    def has_input(self, i: int) -> bool:
+        return i < self.n_inputs and self.node.inputs[i] is not None
+
+    def has_output(self, i: int) -> bool:
+        return i < self.n_outputs and self.node.outputs[i] is not None
+
+    def input_type(self, i: int) -> TensorType | None:
+        """The static type of input ``i`` when known (dtype and/or shape), else None."""
+        if not self.has_input(i):
+            return None
+        if self._input_types is not None and i < len(self._input_types):
+            t = self._input_types[i]
+            if t is not None:
+                return t  # type: ignore[no-any-return]
+        v = self.node.inputs[i]
+        t = v.type if v is not None else None
+        return t if isinstance(t, TensorType) else None
+
+    def input_dtype(self, i: int) -> np.dtype | None:
+        t = self.input_type(i)
+        return None if t is None else t.dtype
+
+    def const_input(self, i: int) -> np.ndarray | None:
+        """Input ``i``'s value when it is a load-time constant (initializer), else None."""
+        if not self.has_input(i):
+            return None
+        v = self.node.inputs[i]
+        return None if v is None else v.const
+
+    # -- nested graphs ------------------------------------------------------------------
+    def subgraph(self, attr_name: str) -> SubgraphFn:
+        """The compiled nested graph held by attribute ``attr_name``."""
+        graph = self.attr(attr_name)
+        if not isinstance(graph, Graph):
+            raise self.unsupported(f"attribute {attr_name!r} is not a graph")
+        if self._subgraph_compiler is None:
+            raise self.unsupported("this executor cannot run nested graphs")
+        return self._subgraph_compiler(self.node, graph)
+
+    # -- errors -------------------------------------------------------------------------
+    def unsupported(self, detail: str) -> UnsupportedOpError:
+        """An error to *raise* for a node this kernel cannot run."""
+        return UnsupportedOpError(self.op_type, self.domain, self.opset, self.node_name, detail)
+
+
+KernelBuilder = Callable[[KernelContext], ComputeFn]
