@@ -51,16 +51,16 @@ def load(
             f"(available: {', '.join(_AVAILABLE)}, or 'auto')"
         )
     t0 = time.perf_counter()
+    registry = _with_custom(default_registry(), custom_kernels)
     if isinstance(source, Graph):
         graph, origin = source, f"graph {source.name!r}"
     else:
         from .frontends.onnx import import_model, read_model
 
         proto, base_dir = read_model(source)
-        graph = import_model(proto, base_dir)
+        graph = import_model(proto, base_dir, registry.has)
         origin = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "ONNX model"
     verify(graph)
-    registry = _with_custom(default_registry(), custom_kernels)
     program = compile_program(graph, registry)
     return Model(graph, program, "sync", origin, time.perf_counter() - t0)
 

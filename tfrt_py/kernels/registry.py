@@ -75,6 +75,11 @@ class KernelRegistry:
             op_type, domain, opset, node_name, f"kernels exist for opsets {ranges}"
         )
 
+    def has(self, domain: str, op_type: str, opset: int) -> bool:
+        """Whether a kernel serves ``op_type`` at ``opset``."""
+        defs = self._defs.get(("" if domain == "ai.onnx" else domain, op_type), ())
+        return any(d.covers(opset) for d in defs)
+
     def ops(self, domain: str | None = None) -> list[tuple[str, str]]:
         """Every (domain, op_type) registered, optionally of one domain, sorted."""
         return sorted(k for k in self._defs if domain is None or k[0] == domain)

@@ -1,17 +1,90 @@
-"""Inline model-local ONNX functions (``ModelProto.functions``) at import time.
+"""Inline ONNX functions at import time.
 
-A call node is replaced by the function body with formal inputs/outputs bound to the
-call's names, internal names made unique, and ``ref_attr_name`` attributes resolved from
-the call (or the function's defaults). Nested graphs inside a body are not renamed.
+Two sources: model-local functions (``ModelProto.functions``), and the function bodies
+the ONNX schemas define for many ops (Celu, Mish, the losses, ...), used when no kernel
+serves an op: the op is decomposed into ops that have kernels. A call node is replaced by
+the body with formal inputs/outputs bound to the call's names, internal names made
+unique, and ``ref_attr_name`` attributes resolved from the call (or the defaults).
+Nested graphs inside a body are not renamed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import onnx
 
-__all__ = ["FunctionInliner"]
+__all__ = ["FunctionInliner", "inline_call", "schema_function"]
+
+
+def inline_call(
+    fn: onnx.FunctionProto, call: onnx.NodeProto, prefix: str
+) -> Iterator[onnx.NodeProto]:
+    """The body of ``fn`` as nodes standing in for ``call``; internal names get ``prefix``."""
+    rename: dict[str, str] = {}
+    for formal, actual in zip(fn.input, call.input):
+        rename[formal] = actual
+    for formal in fn.input[len(call.input) :]:
+        rename[formal] = ""  # omitted optional input
+    for formal, actual in zip(fn.output, call.output):
+        rename[formal] = actual
+    given = {a.name: a for a in call.attribute}
+    defaults = {a.name: a for a in fn.attribute_proto}
+    for node in fn.node:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        new.name = prefix + (node.name or node.op_type)
+        del new.input[:]
+        new.input.extend(rename.get(n, prefix + n) if n else "" for n in node.input)
+        del new.output[:]
+        for n in node.output:
+            if n and n not in rename:
+                rename[n] = prefix + n
+            new.output.append(rename.get(n, "") if n else "")
+        del new.attribute[:]
+        for a in node.attribute:
+            if a.ref_attr_name:
+                src = given.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
+                if src is None:
+                    continue  # optional attribute the call did not set
+                b = onnx.AttributeProto()
+                b.CopyFrom(src)
+                b.name = a.name
+                new.attribute.append(b)
+            else:
+                new.attribute.append(a)
+        yield new
+
+
+def schema_function(
+    call: onnx.NodeProto,
+    opset: int,
+    input_types: Sequence[onnx.TypeProto | None],
+) -> onnx.FunctionProto | None:
+    """The function body the ONNX schema gives ``call``'s op at ``opset``, or None."""
+    try:
+        schema = onnx.defs.get_schema(call.op_type, opset, call.domain)
+    except onnx.defs.SchemaError:
+        return None
+    try:
+        if schema.has_function:
+            versions = [v for v in schema.function_opset_versions if v <= opset]
+            if versions:
+                raw = schema.get_function_with_opset_version(max(versions))
+                return onnx.FunctionProto.FromString(raw)
+        if schema.has_context_dependent_function:
+            versions = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
+            present = [t for n, t in zip(call.input, input_types) if n]
+            if versions and all(t is not None for t in present):
+                raw = schema.get_context_dependent_function_with_opset_version(
+                    max(versions),
+                    call.SerializeToString(),
+                    [t.SerializeToString() for t in present if t is not None],
+                )
+                return onnx.FunctionProto.FromString(raw) if raw else None
+    except Exception:  # noqa: BLE001 - a schema that cannot build its body: no decomposition
+        return None
+    return None
 
 
 class FunctionInliner:
@@ -19,45 +92,14 @@ class FunctionInliner:
 
     def __init__(self, functions: Iterable[onnx.FunctionProto]) -> None:
         self._fns = {(f.domain, f.name): f for f in functions}
-        self._calls = 0
+        self.calls = 0
 
     def has(self, domain: str, op_type: str) -> bool:
         return (domain, op_type) in self._fns
 
-    def expand(self, call: onnx.NodeProto, call_name: str) -> Iterator[onnx.NodeProto]:
-        fn = self._fns[(call.domain, call.op_type)]
-        self._calls += 1
-        prefix = f"{call_name}/{self._calls}/"
-        rename: dict[str, str] = {"": ""}
-        for formal, actual in zip(fn.input, call.input):
-            rename[formal] = actual
-        for formal in fn.input[len(call.input) :]:
-            rename[formal] = ""  # omitted optional input
-        for formal, actual in zip(fn.output, call.output):
-            rename[formal] = actual
-        given = {a.name: a for a in call.attribute}
-        defaults = {a.name: a for a in fn.attribute_proto}
-        for node in fn.node:
-            new = onnx.NodeProto()
-            new.CopyFrom(node)
-            new.name = prefix + (node.name or node.op_type)
-            new.ClearField("input")
-            new.input.extend(rename.get(n, prefix + n) if n else "" for n in node.input)
-            del new.output[:]
-            for n in node.output:
-                if n and n not in rename:
-                    rename[n] = prefix + n
-                new.output.append(rename.get(n, "") if n else "")
-            del new.attribute[:]
-            for a in node.attribute:
-                if a.ref_attr_name:
-                    src = given.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
-                    if src is None:
-                        continue  # the attribute is optional and the call did not set it
-                    b = onnx.AttributeProto()
-                    b.CopyFrom(src)
-                    b.name = a.name
-                    new.attribute.append(b)
-                else:
-                    new.attribute.append(a)
-            yield new
+    def get(self, domain: str, op_type: str) -> onnx.FunctionProto:
+        return self._fns[(domain, op_type)]
+
+    def prefix(self, call_name: str) -> str:
+        self.calls += 1
+        return f"{call_name}/{self.calls}/"

@@ -10,6 +10,7 @@ succeeds). Runs once per load, on the caller's thread.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ import onnx
 
 from ...errors import GraphError, ModelLoadError
 from ...ir import Graph, Node, TensorType, Value, ValueType
-from .functions import FunctionInliner
+from .functions import FunctionInliner, inline_call, schema_function
 from .tensors import to_array, to_value_type
 
 __all__ = ["import_model"]
@@ -25,34 +26,36 @@ __all__ = ["import_model"]
 _A = onnx.AttributeProto
 
 
-def import_model(model: onnx.ModelProto, base_dir: str) -> Graph:
+#: Answers whether a kernel serves (domain, op_type, opset); ops without one are decomposed
+#: into their ONNX schema function body when the schema has one.
+HasKernel = Callable[[str, str, int], bool]
+
+
+def import_model(
+    model: onnx.ModelProto, base_dir: str, has_kernel: HasKernel | None = None
+) -> Graph:
     """Import ``model``'s main graph. Raises ModelLoadError/GraphError with the node name."""
     opsets: dict[str, int] = {}
     for imp in model.opset_import:
         opsets["" if imp.domain == "ai.onnx" else imp.domain] = int(imp.version)
     if "" not in opsets and model.ir_version < 3:
         opsets[""] = 1
-    types = _inferred_types(model)
     inliner = FunctionInliner(model.functions)
-    imp = _Importer(opsets, base_dir, types, inliner)
-    return imp.graph(model.graph, {}, model.graph.name or "main")
+    imp = _Importer(opsets, base_dir, inliner, has_kernel)
+    graph = _with_inferred_types(model).graph
+    return imp.graph(graph, {}, graph.name or "main")
 
 
-def _inferred_types(model: onnx.ModelProto) -> dict[str, ValueType]:
-    """Types of every named value, from ONNX shape inference when it succeeds."""
+def _with_inferred_types(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with value_info filled by ONNX shape inference, when it succeeds."""
+    if model.ByteSize() > 1 << 30:
+        return model  # inference serializes the model; skip it for huge ones
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        graph = inferred.graph
+            return onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 - inference is best effort; declared types still apply
-        graph = model.graph
-    types: dict[str, ValueType] = {}
-    for vi in list(graph.value_info) + list(graph.output) + list(graph.input):
-        t = to_value_type(vi.type)
-        if t is not None:
-            types[vi.name] = t
-    return types
+        return model
 
 
 class _Importer:
@@ -60,24 +63,27 @@ class _Importer:
         self,
         opsets: dict[str, int],
         base_dir: str,
-        types: dict[str, ValueType],
         inliner: FunctionInliner,
+        has_kernel: HasKernel | None,
     ) -> None:
         self.opsets = opsets
         self.base_dir = base_dir
-        self.types = types
+        self.types: dict[str, ValueType] = {}
+        self.protos: dict[str, onnx.TypeProto] = {}
         self.inliner = inliner
-        self._anon = 0
+        self.has_kernel = has_kernel
 
     def graph(self, gp: onnx.GraphProto, outer: dict[str, Value], name: str) -> Graph:
         g = Graph(name=name, opsets=self.opsets)
         scope: dict[str, Value] = dict(outer)
-        for vi in gp.value_info:
+        for vi in list(gp.value_info) + list(gp.output) + list(gp.input):
+            self.protos[vi.name] = vi.type
             t = to_value_type(vi.type)
             if t is not None:
-                self.types.setdefault(vi.name, t)
+                self.types[vi.name] = t
         init_names = set()
         for t in gp.initializer:
+            self.protos[t.name] = onnx.helper.make_tensor_type_proto(t.data_type, t.dims)
             v = Value(t.name, const=to_array(t, self.base_dir))
             g.constants.append(v)
             scope[t.name] = v
@@ -108,21 +114,36 @@ class _Importer:
             g.outputs.append(v)
         return g
 
-    def node(self, np_: onnx.NodeProto, g: Graph, scope: dict[str, Value]) -> None:
+    def node(
+        self,
+        np_: onnx.NodeProto,
+        g: Graph,
+        scope: dict[str, Value],
+        opsets: dict[str, int] | None = None,
+    ) -> None:
+        """Import one node into ``g``; ``opsets`` overrides the model's inside a function."""
+        opsets = opsets or self.opsets
         domain = "" if np_.domain == "ai.onnx" else np_.domain
         name = np_.name or f"{np_.op_type}_{len(g.nodes)}"
         if self.inliner.has(domain, np_.op_type):
-            for inner in self.inliner.expand(np_, name):
-                self.node(inner, g, scope)
+            fn = self.inliner.get(domain, np_.op_type)
+            inner_opsets = {**opsets, **_function_opsets(fn)}
+            for inner in inline_call(fn, np_, self.inliner.prefix(name)):
+                self.node(inner, g, scope, inner_opsets)
             return
         if domain == "" and np_.op_type == "Constant":
             self._constant(np_, name, g, scope)
             return
-        if domain not in self.opsets:
-            raise ModelLoadError(
-                f"node {name!r} ({np_.op_type}) uses domain {domain!r}, "
-                "which the model does not import (opset_import)"
-            )
+        if domain not in opsets:
+            opsets = {**opsets, domain: 1}  # ONNX wants an import; custom ops often lack one
+        opset = opsets[domain]
+        if self.has_kernel is not None and not self.has_kernel(domain, np_.op_type, opset):
+            body = schema_function(np_, opset, [self.protos.get(n) for n in np_.input])
+            if body is not None:
+                inner_opsets = {**opsets, **_function_opsets(body)}
+                for inner in inline_call(body, np_, self.inliner.prefix(name)):
+                    self.node(inner, g, scope, inner_opsets)
+                return
         inputs: list[Value | None] = []
         for i, iname in enumerate(np_.input):
             if not iname:
@@ -150,7 +171,7 @@ class _Importer:
             attrs,
             name=name,
             domain=domain,
-            opset=self.opsets[domain],
+            opset=opset,
         )
         g.nodes.append(node)
         for v in outputs:
@@ -212,6 +233,10 @@ class _Importer:
         if t == _A.TYPE_PROTOS:
             return [to_value_type(x) for x in a.type_protos]
         raise ModelLoadError(f"node {node_name!r}: attribute {a.name!r} has unknown type {t}")
+
+
+def _function_opsets(fn: onnx.FunctionProto) -> dict[str, int]:
+    return {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in fn.opset_import}
 
 
 def _sparse_to_dense(sp: onnx.SparseTensorProto, base_dir: str) -> np.ndarray:
