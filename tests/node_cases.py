@@ -37,8 +37,8 @@ def run_case(case: Any) -> None:
         inputs = [
             np.asarray(i) if isinstance(i, (np.generic, int, float, bool)) else i for i in inputs
         ]
-        outs = rep.run(inputs)
-        outs = list(outs.values()) if isinstance(outs, dict) else list(outs)
+        res = rep.run(inputs)
+        outs = list(res.values()) if isinstance(res, dict) else list(res)
         if len(outs) != len(expected):
             raise AssertionError(f"{len(outs)} outputs, expected {len(expected)}")
         for o, e in zip(outs, expected):

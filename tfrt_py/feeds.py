@@ -76,7 +76,7 @@ class _InputCheck:
         if isinstance(value, np.ndarray):
             if want is None or value.dtype == want:
                 return value
-            if want == object and value.dtype.kind in "US":
+            if want.kind == "O" and value.dtype.kind in "US":
                 return value.astype(object)
             if np.can_cast(value.dtype, want, "safe"):
                 return value.astype(want)
@@ -93,7 +93,7 @@ class _InputCheck:
             ) from e
         if want is None or arr.dtype == want:
             return arr
-        if want == object:
+        if want.kind == "O":
             if arr.dtype.kind in "US":
                 return arr.astype(object)
         elif arr.dtype.kind in "biuf" and want.kind in "biuf":

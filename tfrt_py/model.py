@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-
 from .executors.program import Program, compile_program, user_output
 from .feeds import FeedChecker, TensorSpec, spec_of
 from .ir import Graph, verify
@@ -72,8 +71,7 @@ def _with_custom(base: KernelRegistry, custom: CustomKernels | None) -> KernelRe
     for key, fn in custom.items():
         if not (isinstance(key, tuple) and len(key) == 2 and callable(fn)):
             raise ValueError(
-                "custom_kernels maps (domain, op_type) tuples to callables, "
-                f"got {key!r}: {fn!r}"
+                f"custom_kernels maps (domain, op_type) tuples to callables, got {key!r}: {fn!r}"
             )
         domain, op_type = key
         is_async = inspect.iscoroutinefunction(fn)
@@ -181,5 +179,3 @@ class Model:
         ins = ", ".join(str(s) for s in self.inputs)
         outs = ", ".join(str(s) for s in self.outputs)
         return f"<tfrt_py.Model {self._origin} ({ins}) -> ({outs}) executor={self.executor}>"
-
-

@@ -1,8 +1,8 @@
 """tfrt_py as an ``onnx.backend.base`` backend, for ``onnx.backend.test.BackendTest``.
 
-    import tfrt_py.onnx_backend as backend
-    rep = backend.prepare(model_proto, "CPU")
-    outputs = rep.run([x])
+import tfrt_py.onnx_backend as backend
+rep = backend.prepare(model_proto, "CPU")
+outputs = rep.run([x])
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .model import Model, load
 __all__ = ["TfrtBackend", "TfrtBackendRep", "prepare", "run_model", "supports_device"]
 
 
-class TfrtBackendRep(BackendRep):  # type: ignore[misc]
+class TfrtBackendRep(BackendRep):
     """A prepared model; ``run`` takes inputs positionally (graph input order) or by name."""
 
     def __init__(self, model: Model) -> None:
@@ -36,15 +36,13 @@ class TfrtBackendRep(BackendRep):  # type: ignore[misc]
         return tuple(self.model.run(feeds).values())
 
 
-class TfrtBackend(Backend):  # type: ignore[misc]
+class TfrtBackend(Backend):
     @classmethod
     def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
         return cls.supports_device(device)
 
     @classmethod
-    def prepare(
-        cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any
-    ) -> TfrtBackendRep:
+    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> TfrtBackendRep:
         if not cls.supports_device(device):
             raise RuntimeError(f"tfrt_py runs on CPU only, not {device!r}")
         executor = kwargs.pop("executor", "auto")

@@ -82,7 +82,10 @@ class Program:
         self.input_slots = input_slots
         self.capture_slots = capture_slots
         self.output_slots = output_slots
-        self._plain = [(i.fn, i.ins, i.outs[0] if i.single else i.outs, i.single) for i in instrs]
+        # (fn, ins, out slot or out slots, single) tuples: the loop unpacks without lookups.
+        self._plain: list[Any] = [
+            (i.fn, i.ins, i.outs[0] if i.single else i.outs, i.single) for i in instrs
+        ]
 
     def run(self, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:
         env = self.template.copy()
@@ -105,7 +108,7 @@ class Program:
             if e.node_name == node.name:
                 raise
             raise ExecutionError(node.name, node.op_type, e) from e
-        except Exception as e:  # noqa: BLE001 - any kernel failure is reported with its node
+        except Exception as e:
             node = self.instrs[step].node
             raise ExecutionError(node.name, node.op_type, e) from e
         return [env[s] for s in self.output_slots]
@@ -149,7 +152,7 @@ def compile_program(
             fn = kdef.build(ctx)
         except UnsupportedOpError:
             raise
-        except Exception as e:  # noqa: BLE001 - a builder failing is a load error on this node
+        except Exception as e:
             raise UnsupportedOpError(
                 node.op_type, node.domain, node.opset, node.name, f"{type(e).__name__}: {e}"
             ) from e

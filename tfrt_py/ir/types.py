@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 
 #: One dimension: a static size, a symbolic name (``"batch"``), or ``None`` (unknown).
-Dim = Union[int, str, None]
+Dim = int | str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +69,7 @@ class OpaqueType:
         return self.name
 
 
-ValueType = Union[TensorType, SequenceType, OptionalType, OpaqueType]
+ValueType = TensorType | SequenceType | OptionalType | OpaqueType
 
 
 def tensor_type(dtype: object, shape: tuple[Dim, ...] | list[Dim] | None = None) -> TensorType:

@@ -39,17 +39,17 @@ def verify(graph: Graph, outer: frozenset[int] = frozenset()) -> None:
         where = f"node {node.name!r} ({node.op_type})"
         if not node.op_type:
             raise GraphError(f"graph {graph.name!r}: {where} has no op type")
-        for i, v in enumerate(node.inputs):
-            if v is not None and id(v) not in defined and not v.is_const:
+        for i, inp in enumerate(node.inputs):
+            if inp is not None and id(inp) not in defined and not inp.is_const:
                 raise GraphError(
-                    f"graph {graph.name!r}: {where} input {i} uses {v.name!r}, "
+                    f"graph {graph.name!r}: {where} input {i} uses {inp.name!r}, "
                     "which is not defined before it (missing input or initializer, or a cycle)"
                 )
         for _, sub in node.subgraphs():
             verify(sub, frozenset(defined))
-        for v in node.outputs:
-            if v is not None:
-                define(v, where)
+        for out in node.outputs:
+            if out is not None:
+                define(out, where)
     if not graph.outputs:
         raise GraphError(f"graph {graph.name!r} has no outputs")
     for v in graph.outputs:

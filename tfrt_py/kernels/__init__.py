@@ -6,25 +6,6 @@ See ``base.py`` for the contract every kernel keeps. Each family module exposes
 
 from __future__ import annotations
 
-from . import (
-    control,
-    conv,
-    elementwise,
-    indexing,
-    linalg,
-    ml,
-    norm,
-    pool,
-    quant,
-    reduce,
-    resize,
-    rnn,
-    sequence,
-    shape,
-    signal,
-    strings,
-    transformer,
-)
 from .base import REQUIRED as REQUIRED
 from .base import ComputeFn as ComputeFn
 from .base import Cost as Cost
@@ -35,24 +16,26 @@ from .registry import KernelDef as KernelDef
 from .registry import KernelRegistry as KernelRegistry
 from .registry import default_registry as default_registry
 
+#: Kernel family modules, registered in this order by ``default_registry()``. Imported on
+#: first use, so ``import tfrt_py`` stays cheap.
 FAMILIES = (
-    elementwise.register_kernels,
-    linalg.register_kernels,
-    conv.register_kernels,
-    pool.register_kernels,
-    norm.register_kernels,
-    shape.register_kernels,
-    indexing.register_kernels,
-    reduce.register_kernels,
-    rnn.register_kernels,
-    control.register_kernels,
-    sequence.register_kernels,
-    ml.register_kernels,
-    resize.register_kernels,
-    transformer.register_kernels,
-    quant.register_kernels,
-    signal.register_kernels,
-    strings.register_kernels,
+    "elementwise",
+    "linalg",
+    "conv",
+    "pool",
+    "norm",
+    "shape",
+    "indexing",
+    "reduce",
+    "rnn",
+    "control",
+    "sequence",
+    "ml",
+    "resize",
+    "transformer",
+    "quant",
+    "signal",
+    "strings",
 )
 
 __all__ = [

@@ -135,7 +135,7 @@ class KernelContext:
         if self._input_types is not None and i < len(self._input_types):
             t = self._input_types[i]
             if t is not None:
-                return t  # type: ignore[no-any-return]
+                return t  # type: ignore[no-any-return,unused-ignore]
         v = self.node.inputs[i]
         t = v.type if v is not None else None
         return t if isinstance(t, TensorType) else None

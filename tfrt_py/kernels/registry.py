@@ -6,6 +6,7 @@ registration); ``default_registry()`` builds the full registry once, on first us
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from ..errors import UnsupportedOpError
 from .base import Cost, KernelBuilder, KernelContext, KernelFlags
 
 __all__ = ["KernelDef", "KernelRegistry", "default_registry"]
+
+_PURE = KernelFlags()
 
 CostFn = Callable[[KernelContext, list[tuple[int, ...]], list[tuple[int, ...]]], Cost]
 
@@ -49,7 +52,7 @@ class KernelRegistry:
         domain: str = "",
         since: int = 1,
         until: int | None = None,
-        flags: KernelFlags = KernelFlags(),
+        flags: KernelFlags = _PURE,
         cost: CostFn | None = None,
     ) -> None:
         """Register ``build`` for ``op_type``. A later registration for an overlapping
@@ -101,10 +104,11 @@ _LOCK = threading.Lock()
 
 
 def _families() -> Iterable[Callable[[KernelRegistry], None]]:
-    # Imported here so that importing the registry does not import every family.
+    # Imported here so that importing tfrt_py does not import every family.
     from . import FAMILIES
 
-    return FAMILIES
+    for name in FAMILIES:
+        yield importlib.import_module(f"{__package__}.{name}").register_kernels
 
 
 def default_registry() -> KernelRegistry:

@@ -11,6 +11,7 @@ Nested graphs inside a body are not renamed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import onnx
 
@@ -63,7 +64,7 @@ def schema_function(
 ) -> onnx.FunctionProto | None:
     """The function body the ONNX schema gives ``call``'s op at ``opset``, or None."""
     try:
-        schema = onnx.defs.get_schema(call.op_type, opset, call.domain)
+        schema: Any = onnx.defs.get_schema(call.op_type, opset, call.domain)
     except onnx.defs.SchemaError:
         return None
     try:

@@ -104,9 +104,10 @@ class _Importer:
         for np_ in gp.node:
             self.node(np_, g, scope)
         for vi in gp.output:
-            v = scope.get(vi.name)
-            if v is None:
+            found = scope.get(vi.name)
+            if found is None:
                 raise GraphError(f"graph {name!r}: output {vi.name!r} is never defined")
+            v = found
             if v.type is None or (isinstance(v.type, TensorType) and v.type.dtype is None):
                 t = to_value_type(vi.type)
                 if t is not None:
@@ -186,17 +187,11 @@ class _Importer:
         kind = a.name
         if kind in ("value", "sparse_value"):
             arr = np.asarray(val)
-        elif kind == "value_float":
+        elif kind in ("value_float", "value_floats"):
             arr = np.array(val, dtype=np.float32)
-        elif kind == "value_floats":
-            arr = np.array(val, dtype=np.float32)
-        elif kind == "value_int":
+        elif kind in ("value_int", "value_ints"):
             arr = np.array(val, dtype=np.int64)
-        elif kind == "value_ints":
-            arr = np.array(val, dtype=np.int64)
-        elif kind == "value_string":
-            arr = np.array(val, dtype=object)
-        elif kind == "value_strings":
+        elif kind in ("value_string", "value_strings"):
             arr = np.array(val, dtype=object)
         else:
             raise ModelLoadError(f"Constant node {name!r}: unknown attribute {kind!r}")

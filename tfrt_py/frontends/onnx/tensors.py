@@ -68,7 +68,7 @@ def to_array(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
         return _external(t, base_dir)
     try:
         arr = numpy_helper.to_array(t)
-    except Exception as e:  # noqa: BLE001 - protobuf/onnx raise many types for bad tensors
+    except Exception as e:
         raise ModelLoadError(f"tensor {t.name!r} cannot be read: {e}") from e
     if arr.dtype.kind == "U" or arr.dtype.kind == "S":
         arr = arr.astype(object)
@@ -90,7 +90,7 @@ def _external(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
     if not os.path.isfile(path):
         raise ModelLoadError(f"tensor {t.name!r}: external data file not found: {path}")
     dtype = onnx_dtype(t.data_type)
-    if dtype == object:
+    if dtype.kind == "O":
         raise ModelLoadError(f"tensor {t.name!r}: string tensors cannot be external data")
     shape = tuple(int(d) for d in t.dims)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

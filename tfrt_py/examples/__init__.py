@@ -1,0 +1,1 @@
+"""Bundled example models and the demo (``python -m tfrt_py.examples.demo``)."""
