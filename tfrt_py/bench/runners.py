@@ -1,0 +1,114 @@
+"""Runners for a model: each tfrt_py executor it accepts, and onnxruntime (run, io binding).
+
+``make_runners`` checks that every runner's outputs agree with the first before any timing
+(an honest benchmark compares equal work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import tfrt_py
+
+__all__ = ["check_agreement", "make_runners", "random_feeds"]
+
+
+def random_feeds(model: tfrt_py.Model, seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
+    """Inputs of the right dtype and shape; symbolic or unknown dims become ``batch``."""
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for spec in model.inputs:
+        shape = tuple(d if isinstance(d, int) else batch for d in (spec.shape or ()))
+        dtype = spec.dtype if spec.dtype is not None else np.dtype(np.float32)
+        if dtype.kind == "f":
+            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind in "iu":
+            feeds[spec.name] = rng.integers(0, 4, shape).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[spec.name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            feeds[spec.name] = np.full(shape, "a", dtype=object)
+    return feeds
+
+
+def make_runners(
+    source: Any,
+    feeds: dict[str, np.ndarray],
+    executors: tuple[str, ...] = ("auto",),
+    vs: tuple[str, ...] = ("onnxruntime",),
+) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], list[np.ndarray]]]]:
+    """(runners for timing, output getters for the agreement check), by runner name."""
+    timed: dict[str, Callable[[], object]] = {}
+    outputs: dict[str, Callable[[], list[np.ndarray]]] = {}
+    for ex in executors:
+        model = tfrt_py.load(source, executor=ex)
+        name = f"tfrt_py[{model.executor}]"
+
+        def run(model: tfrt_py.Model = model) -> dict[str, np.ndarray]:
+            return model.run(feeds)
+
+        timed[name] = run
+        outputs[name] = _getter(run)
+    if "onnxruntime" in vs:
+        _add_onnxruntime(source, feeds, timed, outputs)
+    return timed, outputs
+
+
+def _getter(run: Callable[[], dict[str, Any]]) -> Callable[[], list[np.ndarray]]:
+    return lambda: [np.asarray(v) for v in run().values()]
+
+
+def _add_onnxruntime(
+    source: Any,
+    feeds: dict[str, np.ndarray],
+    timed: dict[str, Callable[[], object]],
+    outputs: dict[str, Callable[[], list[np.ndarray]]],
+) -> None:
+    import onnxruntime as ort
+
+    data = source if isinstance(source, (str, bytes)) else source.SerializeToString()
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+
+    def ort_run() -> list[Any]:
+        return sess.run(None, feeds)
+
+    timed["onnxruntime run"] = ort_run
+    outputs["onnxruntime run"] = lambda: [np.asarray(v) for v in ort_run()]
+    binding = sess.io_binding()
+    for name, value in feeds.items():
+        binding.bind_cpu_input(name, value)
+    for out in sess.get_outputs():
+        binding.bind_output(out.name, "cpu")
+
+    def ort_bound() -> None:
+        sess.run_with_iobinding(binding)
+
+    timed["onnxruntime io binding"] = ort_bound
+
+    def bound_outputs() -> list[np.ndarray]:
+        ort_bound()
+        return [np.asarray(v) for v in binding.copy_outputs_to_cpu()]
+
+    outputs["onnxruntime io binding"] = bound_outputs
+
+
+def check_agreement(
+    outputs: dict[str, Callable[[], list[np.ndarray]]], rtol: float = 1e-4, atol: float = 1e-5
+) -> None:
+    """Raise AssertionError naming the runner and output when any two runners disagree."""
+    names = list(outputs)
+    ref = outputs[names[0]]()
+    for name in names[1:]:
+        got = outputs[name]()
+        if len(got) != len(ref):
+            raise AssertionError(f"{name}: {len(got)} outputs, {names[0]} has {len(ref)}")
+        for i, (a, b) in enumerate(zip(got, ref)):
+            if a.dtype.kind in "fc":
+                np.testing.assert_allclose(
+                    a, b, rtol=rtol, atol=atol, err_msg=f"{name} output {i} vs {names[0]}"
+                )
+            else:
+                np.testing.assert_array_equal(a, b, err_msg=f"{name} output {i} vs {names[0]}")

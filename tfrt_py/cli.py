@@ -1,0 +1,154 @@
+"""The ``tfrt-py`` command: run, inspect, bench.
+
+Every failure a user can cause (missing file, bad model, bad input) prints one line on
+stderr and exits non-zero; tracebacks are for bugs.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+import numpy as np
+
+from .errors import TfrtError
+
+__all__ = ["main"]
+
+EXECUTOR_CHOICE = click.Choice(["auto", "sync", "async", "native"])
+
+
+def _fail(msg: str) -> None:
+    click.echo(f"tfrt-py: error: {msg}", err=True)
+    sys.exit(2)
+
+
+def _load(path: str, executor: str = "auto") -> Any:
+    import tfrt_py
+
+    try:
+        return tfrt_py.load(path, executor=executor)
+    except (TfrtError, ValueError) as e:
+        _fail(str(e))
+
+
+def _parse_inputs(model: Any, items: tuple[str, ...]) -> dict[str, np.ndarray]:
+    from .bench.runners import random_feeds
+
+    feeds = random_feeds(model)
+    for item in items:
+        name, sep, file = item.partition("=")
+        if not sep:
+            _fail(f"--input takes name=file.npy, got {item!r}")
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            _fail(f"--input {name}: cannot read {file!r}: {e}")
+    return feeds
+
+
+@click.group()
+@click.version_option(package_name="tfrt-py")
+def main() -> None:
+    """tfrt-py: load an ONNX model once, run it fast."""
+
+
+@main.command()
+@click.argument("model_path", metavar="MODEL")
+@click.option("--input", "-i", "inputs", multiple=True, help="name=file.npy (repeatable)")
+@click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
+def run(model_path: str, inputs: tuple[str, ...], executor: str) -> None:
+    """Run MODEL once; random inputs of the right shape unless --input is given."""
+    from rich.console import Console
+
+    model = _load(model_path, executor)
+    feeds = _parse_inputs(model, inputs)
+    try:
+        outputs = model.run(feeds)
+    except (TfrtError, ValueError, RuntimeError) as e:
+        _fail(str(e))
+    console = Console()
+    console.print(f"[bold]{model_path}[/] executor={model.executor}")
+    for name, value in outputs.items():
+        arr = np.asarray(value) if not isinstance(value, list) else value
+        shape = f"{arr.dtype}{list(arr.shape)}" if isinstance(arr, np.ndarray) else "list"
+        console.print(f"[cyan]{name}[/] {shape}\n{arr}")
+
+
+@main.command()
+@click.argument("model_path", metavar="MODEL")
+@click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
+def inspect(model_path: str, executor: str) -> None:
+    """Inputs/outputs, op histogram, executor and why."""
+    model = _load(model_path, executor)
+    click.echo(model.describe())
+
+
+@main.command()
+@click.argument("model_path", metavar="MODEL")
+@click.option("--vs", multiple=True, default=("onnxruntime",), show_default=True)
+@click.option("--executor", "executors", multiple=True, type=EXECUTOR_CHOICE, default=("auto",))
+@click.option("--seconds", type=float, default=3.0, show_default=True)
+@click.option("--batch", type=int, default=1, show_default=True, help="size of dynamic dims")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write results JSON")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="write a PNG chart")
+def bench(
+    model_path: str,
+    vs: tuple[str, ...],
+    executors: tuple[str, ...],
+    seconds: float,
+    batch: int,
+    json_path: str | None,
+    plot_path: str | None,
+) -> None:
+    """Latency of MODEL on tfrt_py against onnxruntime: interleaved, paired bursts."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .bench import measure
+    from .bench.report import markdown_table, plot, to_json
+    from .bench.runners import check_agreement, make_runners, random_feeds
+
+    model = _load(model_path)
+    feeds = random_feeds(model, batch=batch)
+    try:
+        runners, outputs = make_runners(model_path, feeds, executors, vs)
+        check_agreement(outputs)
+    except AssertionError as e:
+        _fail(f"runtimes disagree, not timing: {e}")
+    except (TfrtError, ValueError, RuntimeError) as e:
+        _fail(str(e))
+    baseline = "onnxruntime run" if "onnxruntime run" in runners else next(iter(runners))
+    with Progress(transient=True) as bar:
+        task = bar.add_task("timing", total=1.0)
+        results = measure(
+            runners, baseline, seconds, progress=lambda f: bar.update(task, completed=f)
+        )
+    table = Table(title=f"{model_path} (µs per call; ratio = median of paired bursts)")
+    for col in ("runtime", "median µs", "p90 µs", "p99 µs", f"ratio to {baseline}"):
+        table.add_column(col, justify="right" if col != "runtime" else "left")
+    for r in sorted(results.values(), key=lambda r: r.median_us):
+        table.add_row(
+            r.name,
+            f"{r.median_us:.1f}",
+            f"{r.pct(0.9):.1f}",
+            f"{r.pct(0.99):.1f}",
+            f"{r.ratio:.2f}",
+        )
+    Console().print(table)
+    if json_path:
+        with open(json_path, "w") as f:
+            f.write(to_json(results, baseline, model=model_path))
+    if plot_path:
+        try:
+            plot(results, plot_path, model_path)
+        except ImportError:
+            _fail("--plot needs matplotlib: pip install 'tfrt-py[bench]'")
+    if not json_path and not plot_path:
+        click.echo(markdown_table(results, baseline))
+
+
+if __name__ == "__main__":
+    main()
