@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 from .model import Model, load
@@ -33,6 +34,9 @@ class TfrtBackendRep(BackendRep):
             if isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
                 inputs = [inputs]
             feeds = dict(zip(self._names, inputs))
+        for k, v in feeds.items():
+            if isinstance(v, onnx.TensorProto):  # types NumPy lacks (float8, int4) come so
+                feeds[k] = numpy_helper.to_array(v)
         return tuple(self.model.run(feeds).values())
 
 

@@ -139,10 +139,11 @@ class _Importer:
             opsets = {**opsets, domain: 1}  # ONNX wants an import; custom ops often lack one
         opset = opsets[domain]
         if self.has_kernel is not None and not self.has_kernel(domain, np_.op_type, opset):
-            body = schema_function(np_, opset, [self.protos.get(n) for n in np_.input])
-            if body is not None:
+            found = schema_function(np_, opset, [self.protos.get(n) for n in np_.input])
+            if found is not None:
+                body, defaults = found
                 inner_opsets = {**opsets, **_function_opsets(body)}
-                for inner in inline_call(body, np_, self.inliner.prefix(name)):
+                for inner in inline_call(body, np_, self.inliner.prefix(name), defaults):
                     self.node(inner, g, scope, inner_opsets)
                 return
         inputs: list[Value | None] = []
