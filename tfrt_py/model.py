@@ -167,7 +167,7 @@ class Model:
             f"  loaded in {self._load_s * 1e3:.1f} ms",
             "  inputs:  " + ", ".join(str(s) for s in self.inputs),
             "  outputs: " + ", ".join(str(s) for s in self.outputs),
-            f"  nodes: {len(self._graph.nodes)} ({sum(ops.values())} with nested graphs), "
+            f"  nodes: {len(self._graph.nodes)} ({sum(ops.values())} counting nested graphs), "
             f"constants: {len(self._graph.constants)} ({n_params:,} elements)",
             "  ops: " + ", ".join(f"{k} x{v}" for k, v in ops.most_common()),
             f"  executor: {self.executor} (topological-order interpreter over a prepared "
