@@ -40,10 +40,29 @@ def import_model(
         opsets["" if imp.domain == "ai.onnx" else imp.domain] = int(imp.version)
     if "" not in opsets and model.ir_version < 3:
         opsets[""] = 1
+    _check_known_opsets(opsets)
     inliner = FunctionInliner(model.functions)
     imp = _Importer(opsets, base_dir, inliner, has_kernel)
     graph = _with_inferred_types(model).graph
     return imp.graph(graph, {}, graph.name or "main")
+
+
+def _newest_opsets() -> dict[str, int]:
+    newest = {"": onnx.defs.onnx_opset_version()}
+    newest["ai.onnx.ml"] = max(int(row[3]) for row in onnx.helper.VERSION_TABLE)
+    return newest
+
+
+def _check_known_opsets(opsets: dict[str, int]) -> None:
+    """A model importing a standard domain at a version newer than any ONNX release this
+    build knows fails here: its ops may mean something our kernels do not implement."""
+    for domain, newest in _newest_opsets().items():
+        version = opsets.get(domain)
+        if version is not None and version > newest:
+            raise ModelLoadError(
+                f"model imports {domain or 'ai.onnx'} opset {version}, newer than this build "
+                f"supports (up to {newest}, onnx {onnx.__version__})"
+            )
 
 
 def _with_inferred_types(model: onnx.ModelProto) -> onnx.ModelProto:
