@@ -13,8 +13,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
+EXAMPLE := tfrt_py/examples/mlp_small.onnx
+
 demo: $(STAMP)
-	$(BIN)/python -m tfrt_py.examples.demo
+	$(BIN)/tfrt-py inspect $(EXAMPLE)
+	$(BIN)/tfrt-py run $(EXAMPLE)
+	$(BIN)/tfrt-py bench $(EXAMPLE) --seconds 3
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	$(BIN)/python benchmarks/latency.py --out benchmarks/results
 
 lint: $(STAMP)
 	$(BIN)/ruff check tfrt_py tests benchmarks

@@ -1,1 +1,1 @@
-"""Bundled example models and the demo (``python -m tfrt_py.examples.demo``)."""
+"""Bundled example models (``make demo`` runs the CLI on them; ``make_models`` rebuilds them)."""
