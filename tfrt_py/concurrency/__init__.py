@@ -1,0 +1,47 @@
+"""Concurrency primitives: AsyncValue, Chain, run_when_ready, HostContext.
+
+Imports nothing else of tfrt_py and not NumPy: executors build on it, never the reverse.
+
+* ``AsyncValue`` (``async_value``): pending -> available | error; ``and_then`` callbacks run
+  on the fulfilling thread; awaitable from asyncio, uvloop and trio.
+* ``HostContext`` (``host``): the worker pool, the bridge to event loops (``loop_bridge``),
+  cancellation tokens; ``default_host()`` is created lazily.
+"""
+
+from __future__ import annotations
+
+from .async_value import AsyncValue as AsyncValue
+from .async_value import Chain as Chain
+from .async_value import IndirectAsyncValue as IndirectAsyncValue
+from .async_value import make_available as make_available
+from .async_value import make_error as make_error
+from .async_value import make_ready_chain as make_ready_chain
+from .async_value import merge_chains as merge_chains
+from .async_value import run_when_ready as run_when_ready
+from .host import CancelToken as CancelToken
+from .host import HostContext as HostContext
+from .host import default_host as default_host
+from .loop_bridge import AsyncioBridge as AsyncioBridge
+from .loop_bridge import LoopBridge as LoopBridge
+from .loop_bridge import TaskHandle as TaskHandle
+from .loop_bridge import TrioBridge as TrioBridge
+from .loop_bridge import current_bridge as current_bridge
+
+__all__ = [
+    "AsyncValue",
+    "AsyncioBridge",
+    "CancelToken",
+    "Chain",
+    "HostContext",
+    "IndirectAsyncValue",
+    "LoopBridge",
+    "TaskHandle",
+    "TrioBridge",
+    "current_bridge",
+    "default_host",
+    "make_available",
+    "make_error",
+    "make_ready_chain",
+    "merge_chains",
+    "run_when_ready",
+]

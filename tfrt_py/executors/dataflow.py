@@ -1,0 +1,308 @@
+"""The dataflow executor: kernels run as their inputs become available (TFRT's BEF executor,
+TF's executor with pending counts), over a load-time ``Plan`` (``dataflow_plan``).
+
+A run owns a small state (``Run``): an environment list copied from the program's
+template, one token list per multi-producer consumer, and a result AsyncValue. Running is
+Kahn's algorithm: a finished kernel releases its consumers (single-producer ones directly,
+others by popping a token; ``list.pop`` is atomic, so no lock on the hot path), and
+released kernels are scheduled by kind:
+
+* CHEAP: pushed on the releasing thread's local ready list and run inline -- cheap kernels
+  never cross threads;
+* EXPENSIVE: a thread keeps at most one to run itself once its cheap work is done (the
+  "tail"); another expensive one goes to the host's worker pool. An event-loop thread
+  keeps none: it must stay free to run async kernels, so it sends them all to the pool;
+* ASYNC: ``async def`` kernels are spawned on the run's event loop (the caller's loop for
+  ``run_async``, the host's background loop for ``run``); their completion continues the
+  graph on that loop's thread.
+
+Errors (TFRT semantics): a failed kernel's outputs are errors; a kernel with an error among
+its inputs does not run and forwards it. The call raises ``ExecutionError`` naming the
+failing node (the first in program order when several fail independently).
+
+Cancellation: ``run.cancel()`` (when the task awaiting ``run_async`` is cancelled) stops
+every thread from starting another kernel, cancels spawned async kernels, and abandons the
+run; a kernel already running on a worker finishes and is discarded. The model is untouched.
+
+Thread safety: a DataflowExecutor is immutable after construction; any number of runs may
+proceed at once on any threads. Tests may set ``TFRT_PY_SCHEDULE_SEED`` (or pass
+``schedule_seed``) so each ready list pops in a seeded random order: results must not
+depend on scheduling order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from ..concurrency import HostContext, LoopBridge, current_bridge
+from ..errors import ExecutionError
+from ..ir import Node
+from ..kernels import KernelRegistry
+from .dataflow_cost import is_expensive
+from .dataflow_plan import ASYNC, CHEAP, EXPENSIVE, GATE, Plan, build_plan
+from .dataflow_run import Run, ready_list_factory
+from .program import Program
+
+__all__ = ["SCHEDULE_SEED_ENV", "DataflowExecutor"]
+
+SCHEDULE_SEED_ENV = "TFRT_PY_SCHEDULE_SEED"
+
+
+class DataflowExecutor:
+    """Runs a compiled Program as a dataflow graph on a HostContext.
+
+    ``expensive(node)`` overrides the cost classification (default: ``dataflow_cost``);
+    ``schedule_seed`` (default: the ``TFRT_PY_SCHEDULE_SEED`` environment variable)
+    randomizes the order of ready kernels, for tests.
+    """
+
+    def __init__(
+        self,
+        program: Program,
+        registry: KernelRegistry | None = None,
+        *,
+        expensive: Callable[[Node], bool] | None = None,
+        schedule_seed: int | None = None,
+    ) -> None:
+        if expensive is None:
+            if registry is None:
+                raise ValueError("DataflowExecutor needs a registry or an expensive= function")
+            expensive = partial(is_expensive, registry=registry)
+        self.program = program
+        self.plan: Plan = build_plan(program, expensive)
+        self.has_async = bool(self.plan.async_calls)
+        p = self.plan
+        self._kinds = p.kinds
+        # One tuple per index, unpacked once per kernel: its call, then the consumers it
+        # releases alone -- cheap ones (pushed with one extend) and others -- and its
+        # (consumer, token list) pairs.
+        self._steps = [
+            (
+                *call,
+                tuple(c for c in s1 if p.kinds[c] == CHEAP),
+                tuple(c for c in s1 if p.kinds[c] != CHEAP),
+                sn,
+            )
+            for call, s1, sn in zip(p.calls, p.succ1, p.succn)
+        ]
+        self._template = program.template
+        self._input_slots = program.input_slots
+        self._output_slots = program.output_slots
+        self._nodes = [ins.node for ins in program.instrs]
+        if schedule_seed is None and os.environ.get(SCHEDULE_SEED_ENV):
+            schedule_seed = int(os.environ[SCHEDULE_SEED_ENV])
+        self.schedule_seed = schedule_seed
+        self._new_ready = ready_list_factory(schedule_seed)
+
+    # -- entry points ---------------------------------------------------------------------------
+    def run(self, inputs: Sequence[Any], host: HostContext) -> list[Any]:
+        """Run on the calling thread (no event loop needed), blocking until done. Async
+        kernels run on the host's background loop. Returns the outputs in order."""
+        bridge = None
+        if self.has_async:
+            bridge = host.background_bridge()
+            if bridge.in_loop_thread():
+                raise RuntimeError(
+                    "model.run() was called on the host's event-loop thread (from an async "
+                    "kernel?); it would wait on itself -- use 'await model.run_async()'"
+                )
+        run = self._start(inputs, host, bridge, True)
+        result = run.result
+        if result.is_available():
+            return result.value
+        try:
+            return result.wait()
+        except BaseException:
+            if not result.is_available():  # interrupted while waiting
+                run.cancel()
+            raise
+
+    async def run_async(self, inputs: Sequence[Any], host: HostContext) -> list[Any]:
+        """Run from a coroutine on asyncio, uvloop or trio. Cheap kernels run on the loop's
+        thread, expensive ones in the pool, async kernels as tasks of this loop. Cancelling
+        the awaiting task cancels the run."""
+        bridge = None
+        if self.has_async:
+            bridge = current_bridge()
+            if bridge is None:
+                raise RuntimeError("run_async needs a running asyncio, uvloop or trio event loop")
+        run = self._start(inputs, host, bridge, False)
+        result = run.result
+        if result.is_available():
+            return result.value
+        try:
+            return await result
+        except BaseException:
+            if not result.is_available():  # the awaiting task was cancelled
+                run.cancel()
+            raise
+
+    def _start(
+        self, inputs: Sequence[Any], host: HostContext, bridge: LoopBridge | None, inline: bool
+    ) -> Run:
+        env = self._template.copy()
+        for slot, val in zip(self._input_slots, inputs):
+            env[slot] = val
+        run = Run(env, list(map(list.copy, self.plan.tokens)), host, bridge, len(self.plan.ifs))
+        ready = self._new_ready([])
+        tail = -1
+        kinds = self._kinds
+        try:
+            for c in self.plan.initial:
+                if kinds[c] == CHEAP:
+                    ready.append(c)
+                else:
+                    tail = self._special(run, c, ready, tail, inline)
+            self._drain(run, ready, inline, tail)
+        except BaseException:  # an interrupt inside a kernel: stop the other threads too
+            run.cancel()
+            raise
+        return run
+
+    # -- the run loop ---------------------------------------------------------------------------
+    def _drain(self, run: Run, ready: list[int], inline: bool, tail: int = -1) -> None:
+        """Run ``ready`` and everything it releases that belongs on this thread; return when
+        nothing is left here. ``inline``: this thread may run one expensive kernel itself."""
+        env = run.env
+        tokens = run.tokens
+        steps = self._steps
+        kinds = self._kinds
+        users = self.plan.users
+        while True:
+            while ready:
+                i = ready.pop()
+                fn, ins, outs, single, cheap, other, multi = steps[i]
+                if run.stop and not run.should_run(i, users[i]):
+                    if run.cancelled:
+                        return
+                else:
+                    try:
+                        r = fn(*[env[s] for s in ins])
+                        if single:
+                            env[outs] = r
+                        else:
+                            for o, x in zip(outs, r):
+                                env[o] = x
+                    except Exception as e:  # noqa: BLE001 - a kernel's failure is its output
+                        run.fail(i, e, users[i])
+                if cheap:
+                    ready.extend(cheap)
+                if other:
+                    for c in other:
+                        tail = self._special(run, c, ready, tail, inline)
+                if multi:
+                    for c, m in multi:
+                        if tokens[m].pop() == 0:
+                            if kinds[c] == CHEAP:
+                                ready.append(c)
+                            else:
+                                tail = self._special(run, c, ready, tail, inline)
+            if tail < 0:
+                return
+            ready.append(tail)
+            tail = -1
+
+    def _special(self, run: Run, c: int, ready: list[int], tail: int, inline: bool) -> int:
+        """Schedule a released non-cheap index; returns the (new) expensive tail."""
+        kind = self._kinds[c]
+        if kind == EXPENSIVE:
+            if not run.pool_ok:
+                ready.append(c)
+                return tail
+            if not inline:
+                run.host.enqueue(self._pool_task, run, c)
+                return tail
+            if tail >= 0:
+                run.host.enqueue(self._pool_task, run, tail)
+            return c
+        if kind == ASYNC:
+            self._spawn(run, c, ready)
+        elif kind == GATE:
+            ready.append(c)  # a no-op that releases END
+            j = run.fire_gate(*self.plan.gate_of[c], c)
+            if j >= 0:
+                if self._kinds[j] == CHEAP:
+                    ready.append(j)
+                else:
+                    return self._special(run, j, ready, tail, inline)
+        else:  # END
+            self._finish(run)
+        return tail
+
+    def _pool_task(self, run: Run, i: int) -> None:
+        """On a worker thread: run expensive kernel ``i`` and what it releases."""
+        try:
+            self._drain(run, self._new_ready([i]), True)
+        except BaseException as e:  # noqa: BLE001 - the caller must hear of it, not the pool
+            run.abort(e)
+
+    # -- async kernels --------------------------------------------------------------------------
+    def _spawn(self, run: Run, i: int, ready: list[int]) -> None:
+        if run.stop and not run.should_run(i, self.plan.users[i]):
+            if not run.cancelled:
+                ready.append(i)  # forwards the error without running
+            return
+        fn, ins, _, _ = self.plan.async_calls[i]
+        env = run.env
+        args = [env[s] for s in ins]
+        bridge = run.bridge
+        assert bridge is not None, "a run with async kernels has a loop bridge"
+        handle = bridge.spawn(fn, args, partial(self._async_done, run, i))
+        run.cancel_token().add_callback(handle.cancel)
+
+    def _async_done(self, run: Run, i: int, value: Any, error: BaseException | None) -> None:
+        """On the loop's thread: store the kernel's outputs and continue the graph here."""
+        if run.cancelled:
+            return
+        try:
+            if error is not None:
+                run.fail(i, error, self.plan.users[i])
+            else:
+                _, _, outs, single = self.plan.async_calls[i]
+                try:
+                    if single:
+                        run.env[outs] = value
+                    else:
+                        for o, x in zip(outs, value):
+                            run.env[o] = x
+                except Exception as e:  # noqa: BLE001 - a bad result is the kernel's failure
+                    run.fail(i, e, self.plan.users[i])
+            self._drain(run, self._new_ready([i]), False)
+        except BaseException as e:  # noqa: BLE001 - the caller must hear of it, not the loop
+            run.abort(e)
+
+    # -- completion --------------------------------------------------------------------------
+    def _finish(self, run: Run) -> None:
+        """END: every kernel has run or forwarded an error. Set the result (its callbacks
+        wake the caller) on this thread."""
+        token = run.token
+        if token is not None:  # all async kernels are done: nothing left to cancel
+            run.host.release_token(token)
+        if run.failures:
+            i = min(run.failures)
+            node, cause = self._nodes[i], run.failures[i]
+            if isinstance(cause, ExecutionError) and cause.node_name == node.name:
+                run.result.set_error(cause)
+            else:
+                err = ExecutionError(node.name, node.op_type, cause)
+                err.__cause__ = cause
+                run.result.set_error(err)
+            return
+        env = run.env
+        run.result.set([env[s] for s in self._output_slots])
+
+    def describe(self) -> str:
+        """One line: kernels by kind, If gates, and the expensive kernels."""
+        p = self.plan
+        n = p.n_nodes
+        expensive = [self._nodes[i].name for i in range(n) if p.kinds[i] == EXPENSIVE]
+        n_async = sum(1 for i in range(n) if p.kinds[i] == ASYNC)
+        names = ", ".join(expensive[:4]) + (", ..." if len(expensive) > 4 else "")
+        text = (
+            f"dataflow: {n - len(expensive) - n_async} cheap, {len(expensive)} expensive, "
+            f"{n_async} async kernels; {len(p.ifs)} non-strict If"
+        )
+        return text + (f"; expensive: {names}" if expensive else "")
