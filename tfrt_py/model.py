@@ -1,8 +1,11 @@
 """load() and Model: import -> verify -> choose executor -> compile; run and run_async.
 
-Who owns what: a Model owns its IR graph and its compiled Program; both are immutable
-after load, so ``run`` may be called from many threads at once (each call owns its
-environment). ``run_async`` runs on the calling event loop's thread.
+Who owns what: a Model owns its IR graph, its compiled Program and, for the async
+executor, the DataflowExecutor over that Program; all are immutable after load, so ``run``
+may be called from many threads at once (each call owns its environment). The async
+executor borrows a HostContext (the caller's, or ``default_host()``) for its worker pool and
+event-loop bridge. ``run_async`` on the sync executor runs inline on the loop's thread; on
+the async executor, cheap kernels run on the loop's thread and expensive ones in the pool.
 """
 
 from __future__ import annotations
@@ -11,11 +14,15 @@ import collections
 import inspect
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
 
+from .compiler.prepare import Prepared, prepare
+from .concurrency import HostContext, default_host
+from .errors import UnsupportedOpError
+from .executors.dataflow import DataflowExecutor
 from .executors.program import Program, compile_program, user_output
 from .feeds import FeedChecker, TensorSpec, spec_of
 from .ir import Graph, verify
@@ -25,7 +32,7 @@ __all__ = ["EXECUTORS", "Model", "load"]
 
 #: The executors a caller may ask for. "auto" picks per model.
 EXECUTORS = ("auto", "sync", "async", "native")
-_AVAILABLE = ("sync",)
+_AVAILABLE = ("sync", "async")
 
 CustomKernels = Mapping[tuple[str, str], Callable[..., Any]]
 
@@ -35,12 +42,21 @@ def load(
     *,
     executor: str = "auto",
     custom_kernels: CustomKernels | None = None,
+    host: HostContext | None = None,
+    optimize: bool | Collection[str] | None = None,
 ) -> Model:
     """Load a model from a path, bytes, ``onnx.ModelProto`` or ``tfrt_py.ir.Graph``.
 
     Everything that can fail for a bad model fails here, not at the first call: an
     unreadable or malformed file, an unsupported op or opset (naming op, domain, opset and
     node), a malformed graph.
+
+    ``executor="auto"`` picks "async" (the dataflow executor) when the model has ``async
+    def`` kernels, else "sync". ``host`` is the HostContext the async executor runs on
+    (default: ``tfrt_py.concurrency.default_host()``, created on first use).
+
+    ``optimize`` picks the load-time passes: None/True all, False none, or a set of names
+    from ``tfrt_py.compiler.PASSES``; ``$TFRT_PY_DISABLE_PASSES=a,b`` turns passes off.
     """
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
@@ -60,8 +76,48 @@ def load(
         graph = import_model(proto, base_dir, registry.has)
         origin = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "ONNX model"
     verify(graph)
+    prepared = prepare(graph, registry, optimize)
+    graph, registry = prepared.graph, prepared.registry
     program = compile_program(graph, registry)
-    return Model(graph, program, "sync", origin, time.perf_counter() - t0)
+    chosen, why = _choose_executor(executor, program, registry)
+    dataflow = DataflowExecutor(program, registry) if chosen == "async" else None
+    load_s = time.perf_counter() - t0
+    return Model(
+        graph, program, chosen, origin, load_s,
+        dataflow=dataflow, host=host, why=why, prepared=prepared,
+    )  # fmt: skip
+
+
+def _choose_executor(requested: str, program: Program, registry: KernelRegistry) -> tuple[str, str]:
+    """(executor, why). Async kernels must be top-level: nested graphs run synchronously."""
+    top = {id(ins.node) for ins in program.instrs}
+    for node in program.graph.walk():
+        if id(node) in top or not registry.has(node.domain, node.op_type, node.opset):
+            continue
+        if registry.lookup(node.domain, node.op_type, node.opset).flags.is_async:
+            raise UnsupportedOpError(
+                node.op_type,
+                node.domain,
+                node.opset,
+                node.name,
+                "async kernels inside If/Loop/Scan bodies are not supported (nested graphs "
+                "run synchronously)",
+            )
+    async_nodes = [ins.node for ins in program.instrs if ins.flags.is_async]
+    if requested == "sync" and async_nodes:
+        n = async_nodes[0]
+        raise UnsupportedOpError(
+            n.op_type,
+            n.domain,
+            n.opset,
+            n.name,
+            "async kernels need the async executor (executor='async' or 'auto')",
+        )
+    if requested == "auto":
+        if async_nodes:
+            return "async", f"auto: {len(async_nodes)} async kernel(s) to overlap"
+        return "sync", "auto: no async kernels"
+    return requested, "requested"
 
 
 def _with_custom(base: KernelRegistry, custom: CustomKernels | None) -> KernelRegistry:
@@ -86,12 +142,17 @@ def _with_custom(base: KernelRegistry, custom: CustomKernels | None) -> KernelRe
 
 def _custom_builder(fn: Callable[..., Any], is_async: bool) -> Callable[[KernelContext], Any]:
     def build(ctx: KernelContext) -> Any:
-        if is_async:
-            raise ctx.unsupported(
-                "async custom kernels need the async executor, not available in this version"
-            )
         attrs = dict(ctx.attrs)
         n_out = ctx.n_outputs
+        if is_async:
+            if not attrs and n_out == 1:
+                return fn
+
+            async def call_async(*xs: Any) -> Any:
+                r = await fn(*xs, **attrs)
+                return r if n_out == 1 else tuple(r)
+
+            return call_async
         if not attrs:
             if n_out == 1:
                 return fn
@@ -114,7 +175,17 @@ class Model:
     """
 
     def __init__(
-        self, graph: Graph, program: Program, executor: str, origin: str, load_s: float
+        self,
+        graph: Graph,
+        program: Program,
+        executor: str,
+        origin: str,
+        load_s: float,
+        *,
+        dataflow: DataflowExecutor | None = None,
+        host: HostContext | None = None,
+        why: str = "requested",
+        prepared: Prepared | None = None,
     ) -> None:
         self._graph = graph
         self._program = program
@@ -129,18 +200,46 @@ class Model:
         # Outputs that are constants or feeds are always copied: the user owns what they get.
         fixed = {id(v) for v in graph.inputs} | {id(v) for v in graph.constants}
         self._out_fixed = [id(v) in fixed or v.is_const for v in graph.outputs]
+        # The async executor over the same Program; None: run the Program directly.
+        self._dataflow = dataflow
+        self._host = host
+        self._why = why
+        # The sync interpreter: per-signature memory plans and generated straight-line code.
+        self._prepared = prepared
+        self._interp = (
+            prepared.interpreter(program, self._check)
+            if prepared is not None and executor == "sync"
+            else None
+        )
 
     @property
     def graph(self) -> Graph:
         """The IR graph this model runs (read-only)."""
         return self._graph
 
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def run(
+        self, feeds: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
         """Run the model on ``feeds`` (input name -> array); outputs by name, in
         ``model.outputs`` order. Raises InputError for bad feeds, ExecutionError naming the
-        node for a kernel failure; the model stays usable either way."""
+        node for a kernel failure; the model stays usable either way.
+
+        ``outputs`` (name -> array of the output's shape and dtype) are filled in place and
+        returned; other outputs are fresh arrays the caller owns."""
+        interp = self._interp
+        if interp is not None:
+            return interp.run(feeds, outputs)
+        if outputs is not None:
+            return _fill(self.run(feeds), outputs)
         args = self._check(feeds)
-        results = self._program.run(args)
+        df = self._dataflow
+        if df is None:
+            results = self._program.run(args)
+        else:
+            results = df.run(args, self._host or default_host())
+        return self._to_user(results)
+
+    def _to_user(self, results: list[Any]) -> dict[str, np.ndarray]:
         out: dict[str, Any] = {}
         for name, ty, fixed, v in zip(self._out_names, self._out_types, self._out_fixed, results):
             if fixed and isinstance(v, np.ndarray):
@@ -149,12 +248,26 @@ class Model:
         return out
 
     async def run_async(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """The same as ``run``, awaitable from asyncio, uvloop or trio code.
+        """The same as ``run``, awaitable from asyncio, uvloop or trio code; cancellable.
 
-        In this version the program runs inline on the loop's thread (right for tiny
-        models); the dataflow executor will overlap async kernels and the pool.
+        Sync executor: the program runs inline on the loop's thread (right for tiny models).
+        Async executor: cheap kernels run on the loop's thread, expensive ones in the host's
+        pool, async kernels as tasks of this loop; cancelling the awaiting task stops
+        scheduling further kernels.
         """
-        return self.run(feeds)
+        df = self._dataflow
+        if df is None:
+            return self.run(feeds)
+        args = self._check(feeds)
+        return self._to_user(await df.run_async(args, self._host or default_host()))
+
+    def memory_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> Any:
+        """The sync interpreter's MemoryPlan for feeds of these shapes (``arena_bytes``,
+        ``lower_bound_bytes``, ``buffers``); made now, on zero feeds, if no call made it."""
+        if self._interp is None:
+            raise ValueError(f"memory plans belong to the sync executor; this model runs "
+                             f"on {self.executor!r}")  # fmt: skip
+        return self._interp.memory_plan(shapes)
 
     def describe(self) -> str:
         """A human-readable summary: source, I/O, op histogram, executor and why."""
@@ -170,12 +283,39 @@ class Model:
             f"  nodes: {len(self._graph.nodes)} ({sum(ops.values())} counting nested graphs), "
             f"constants: {len(self._graph.constants)} ({n_params:,} elements)",
             "  ops: " + ", ".join(f"{k} x{v}" for k, v in ops.most_common()),
-            f"  executor: {self.executor} (topological-order interpreter over a prepared "
-            "program; the only executor in this version)",
         ]
+        if self._prepared is not None:
+            lines += self._prepared.describe_lines(self._interp)
+        if self._dataflow is None:
+            how = (
+                "straight-line code generated per input signature over a memory plan"
+                if self._interp is not None
+                else "topological-order interpreter over a prepared program"
+            )
+            lines.append(f"  executor: {self.executor} ({self._why}; {how})")
+        else:
+            lines.append(f"  executor: {self.executor} ({self._why}; {self._dataflow.describe()})")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         ins = ", ".join(str(s) for s in self.inputs)
         outs = ", ".join(str(s) for s in self.outputs)
         return f"<tfrt_py.Model {self._origin} ({ins}) -> ({outs}) executor={self.executor}>"
+
+
+def _fill(results: dict[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Copy ``results`` into the caller's ``outputs`` buffers (executors without out=)."""
+    from .errors import InputError
+
+    for name, buf in outputs.items():
+        if name not in results:
+            raise InputError(f"outputs: unknown output {name!r}; outputs are {list(results)}")
+        got = np.asarray(results[name])
+        if buf.shape != got.shape or buf.dtype != got.dtype:
+            raise InputError(
+                f"outputs[{name!r}]: buffer is {buf.dtype}{list(buf.shape)}, "
+                f"the output is {got.dtype}{list(got.shape)}"
+            )
+        np.copyto(buf, got)
+        results[name] = buf
+    return results

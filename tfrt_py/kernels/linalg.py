@@ -99,11 +99,16 @@ def _gemm(ctx: KernelContext) -> Callable[..., Any]:
     bt: np.ndarray | None = None  # B', alpha folded in when float
     alpha_done = False
     if b_const is not None and dt is not None and dt in _BLAS:
-        bt = b_const.T if trans_b else b_const
+        # Keep the layout the model stores B in (a transposed view when transB=1): every
+        # output column is then the same dot product BLAS computes for onnxruntime, so equal
+        # weight rows give bit-equal outputs. Re-laying out [out,in] weights as [in,out]
+        # changes the summation order per column (a few ulp), which softmax over huge
+        # logits turns into visibly different probabilities (the classic light CNNs).
+        b_arr = np.ascontiguousarray(b_const, dtype=dt)
         if alpha != 1.0:
-            bt = (bt * alpha).astype(dt)
+            b_arr = (b_arr * alpha).astype(dt)
             alpha_done = True
-        bt = np.ascontiguousarray(bt, dtype=dt)
+        bt = b_arr.T if trans_b else b_arr
     ct: np.ndarray | None = None  # beta * C
     if has_c and c_const is not None and is_float:
         ct = (c_const * beta).astype(dt) if beta != 1.0 else c_const.astype(dt)

@@ -1,0 +1,259 @@
+"""Load-time passes: each one does its job, reports it, can be switched off, and leaves
+outputs unchanged (compared with the unoptimized model); the cost model."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from models import build
+from test_planner import PROPERTY, random_graph
+
+import tfrt_py
+from tfrt_py.compiler import PASSES, estimate_cost, graph_cost
+from tfrt_py.compiler.pipeline import ENV_DISABLE
+from tfrt_py.ir import Graph, GraphBuilder
+
+F32 = np.float32
+
+
+def _ops(model: tfrt_py.Model) -> Counter[str]:
+    return Counter(n.op_type for n in model.graph.nodes)
+
+
+def _report(model: tfrt_py.Model, name: str) -> str:
+    return next(r for r in model._prepared.reports if r.name == name).summary  # type: ignore[union-attr]
+
+
+def _agree(graph: Graph, feeds: dict[str, np.ndarray], passes: set[str] | None) -> tfrt_py.Model:
+    """Load with ``passes`` and with none; outputs agree on the first (unplanned) and later
+    (planned) calls. Returns the optimized model."""
+    model = tfrt_py.load(graph, optimize=passes)
+    plain = tfrt_py.load(graph, optimize=False)
+    want = plain.run(feeds)
+    for _ in range(2):
+        got = model.run(feeds)
+        assert list(got) == list(want)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+    return model
+
+
+def _rng_feed(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(F32)
+
+
+# -- one test per pass -------------------------------------------------------------------------
+
+
+def test_identity_and_dropout_removed() -> None:
+    b = GraphBuilder("ids")
+    x = b.input("x", F32, (2, 3))
+    h = b.op("Identity", b.op("Relu", x))
+    h = b.op("Dropout", h, b.const(np.float32(0.5)))
+    b.output(b.op("Identity", b.op("Neg", h)), "y")
+    model = _agree(b.build(), {"x": _rng_feed((2, 3))}, {"identity"})
+    assert _ops(model) == Counter({"Relu": 1, "Neg": 1})
+    assert [s.name for s in model.outputs] == ["y"]
+    assert _report(model, "identity") == "removed 1 Dropout, 2 Identity"
+
+
+def test_shape_inference_fills_every_value() -> None:
+    b = GraphBuilder("untyped")
+    x = b.input("x", F32, (2, 8))
+    h = b.op("Relu", b.op("MatMul", x, b.const(np.ones((8, 4), F32))))
+    h = b.op("Transpose", b.op("Concat", h, h, axis=1), perm=[1, 0])
+    h = b.op("Reshape", h, b.const(np.array([-1], np.int64)))
+    b.output(b.op("ReduceSum", h, keepdims=0), "y")
+    graph = b.build()
+    assert graph.nodes[0].outputs[0].type is None  # the builder records no types
+    model = _agree(graph, {"x": _rng_feed((2, 8))}, {"shapes"})
+    for node in model.graph.nodes:
+        t = node.outputs[0].type
+        assert t is not None and t.is_static and t.dtype == np.float32, (node, t)
+    assert _report(model, "shapes").startswith("6/6 values typed, 6 with static shapes")
+
+
+def test_fold_constants_and_shape_chains() -> None:
+    b = GraphBuilder("fold")
+    x = b.input("x", F32, (2, 3, 4))
+    shape = b.op("Shape", x)
+    first = b.op("Gather", shape, b.const(np.array([0], np.int64)), axis=0)
+    target = b.op("Concat", first, b.const(np.array([-1], np.int64)), axis=0)
+    scale = b.op("Mul", b.const(np.float32(2.0)), b.const(np.float32(3.0)))
+    y = b.op("Mul", b.op("Reshape", x, target), scale)
+    b.output(y, "y")
+    model = _agree(b.build(), {"x": _rng_feed((2, 3, 4))}, {"shapes", "fold"})
+    assert _ops(model) == Counter({"Reshape": 1, "Mul": 1})
+    assert _report(model, "fold").startswith("folded 4 nodes into constants")
+
+
+def test_dead_code_removed_but_custom_kernels_kept() -> None:
+    calls = []
+
+    def side_effect(x: np.ndarray) -> np.ndarray:
+        calls.append(1)
+        return x
+
+    b = GraphBuilder("dead")
+    x = b.input("x", F32, (3,))
+    b.op("Exp", b.op("Abs", x))  # unread: dead
+    b.op("Effect", x, domain="app")  # unread, but a custom kernel may have side effects
+    b.output(b.op("Neg", x), "y")
+    graph = b.build()
+    model = tfrt_py.load(graph, optimize={"dce"}, custom_kernels={("app", "Effect"): side_effect})
+    assert _ops(model) == Counter({"Effect": 1, "Neg": 1})
+    model.run({"x": np.ones(3, F32)})
+    assert calls == [1]
+    assert _report(model, "dce") == "removed 2 dead nodes"
+
+
+def test_common_subexpressions_merged() -> None:
+    b = GraphBuilder("cse")
+    x = b.input("x", F32, (2, 4))
+    w1, w2 = b.const(np.ones((4, 4), F32)), b.const(np.ones((4, 4), F32))  # equal constants
+    a = b.op("Relu", b.op("MatMul", x, w1))
+    c = b.op("Relu", b.op("MatMul", x, w2))
+    b.output(b.op("Add", a, c), "y")
+    model = _agree(b.build(), {"x": _rng_feed((2, 4))}, {"cse"})
+    assert _ops(model) == Counter({"MatMul": 1, "Relu": 1, "Add": 1})
+    assert _report(model, "cse") == "merged 2 nodes and 1 constants"
+
+
+def test_hoist_over_concat_is_m3s_rewrite() -> None:
+    case = build("anchor_m3")
+    model = tfrt_py.load(case.model, optimize={"hoist"})
+    assert _ops(model) == Counter({"Concat": 1, "Div": 1, "Gemm": 2, "Relu": 1, "Sigmoid": 1})
+    assert _report(model, "hoist") == "hoisted 1 ops over Concat (17 kernels fewer per call)"
+    plain = tfrt_py.load(case.model, optimize=False)
+    feed = case.feeds[0]
+    for _ in range(2):
+        got, want = model.run(feed), plain.run(feed)
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6)
+
+
+def test_hoist_unary_and_broadcast_constants() -> None:
+    b = GraphBuilder("hoist")
+    xs = [b.input(f"x{i}", F32, (2, i + 1)) for i in range(3)]
+    relu = [b.op("Relu", x) for x in xs]
+    scaled = [b.op("Mul", b.const(np.array([0.5 * (i + 1)], F32)), r) for i, r in enumerate(relu)]
+    b.output(b.op("Concat", *scaled, axis=1), "y")
+    feeds = {f"x{i}": _rng_feed((2, i + 1), i) for i in range(3)}
+    model = _agree(b.build(), feeds, {"shapes", "hoist"})
+    # Mul hoisted over the Concat of Relus; the Relus then hoisted over the new Concat.
+    assert _ops(model) == Counter({"Concat": 1, "Relu": 1, "Mul": 1})
+    assert _report(model, "hoist") == "hoisted 2 ops over Concat (4 kernels fewer per call)"
+
+
+def test_fuse_linear_matmul_bias_activation() -> None:
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("linear")
+    x = b.input("x", F32, (3, 8))
+    w = b.const(rng.standard_normal((8, 6)).astype(F32))
+    h = b.op("Relu", b.op("Add", b.const(np.full(6, 0.1, F32)), b.op("MatMul", x, w)))
+    w2 = b.const(rng.standard_normal((5, 6)).astype(F32))
+    b2 = b.const(rng.standard_normal((1, 5)).astype(F32))
+    g = b.op("Gemm", h, w2, b2, transB=1, alpha=0.5, beta=2.0)
+    g = b.op("Clip", g, b.const(np.float32(-0.5)), b.const(np.float32(0.5)))
+    scaled = b.op("Div", g, b.const(np.array([1.0, 2.0, 4.0, 8.0, 16.0], F32)))
+    b.output(b.op("MatMul", scaled, b.const(rng.standard_normal((5, 2)).astype(F32))), "y")
+    model = _agree(b.build(), {"x": _rng_feed((3, 8))}, {"shapes", "fuse_linear"})
+    assert _ops(model) == Counter({"Linear": 3})
+    assert _report(model, "fuse_linear") == (
+        "3 Linear nodes (2 with bias, 2 with activation, 1 input scalings folded into the weights)"
+    )
+
+
+def test_fuse_elementwise_chains() -> None:
+    b = GraphBuilder("chains")
+    x = b.input("x", F32, (4, 8))
+    h = b.op("Tanh", b.op("Mul", b.op("Add", x, b.const(np.ones(8, F32))), b.const(F32(0.5))))
+    swish = b.op("Mul", h, b.op("Sigmoid", h))  # h read twice: the "shared" chain
+    b.output(b.op("Abs", swish), "y")
+    model = _agree(b.build(), {"x": _rng_feed((4, 8))}, {"shapes", "fuse_elementwise"})
+    assert _ops(model) == Counter({"ElementwiseChain": 1, "ElementwiseChainShared": 1})
+    assert _report(model, "fuse_elementwise") == "2 chains (6 ops, longest 3)"
+
+
+# -- the pipeline ---------------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(random_graph())
+def test_all_passes_keep_random_graphs_equal(case: Any) -> None:
+    graph, feeds = case
+    _agree(graph, feeds, None)
+
+
+@pytest.mark.parametrize(
+    "name", ["mlp", "cnn", "transformer_erf", "transformer_gelu20", "recommender", "if_loop"]
+)
+@pytest.mark.parametrize("only", PASSES)
+def test_each_pass_alone_keeps_test_models_equal(name: str, only: str) -> None:
+    case = build(name)
+    model = tfrt_py.load(case.model, optimize={only, "shapes"})
+    plain = tfrt_py.load(case.model, optimize=False)
+    for feed in case.feeds:
+        want = plain.run(feed)
+        for _ in range(2):
+            got = model.run(feed)
+            for k in want:
+                np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
+
+
+def test_passes_switch_off_by_argument_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = build("anchor_m2")
+    assert "fuse_linear: off" in tfrt_py.load(case.model, optimize={"fold"}).describe()
+    monkeypatch.setenv(ENV_DISABLE, "fuse_linear, cse")
+    text = tfrt_py.load(case.model).describe()
+    assert "fuse_linear: off" in text and "cse: off" in text and "fold: folded" in text
+    monkeypatch.setenv(ENV_DISABLE, "nonsense")
+    with pytest.raises(ValueError, match="unknown optimization pass"):
+        tfrt_py.load(case.model)
+    monkeypatch.delenv(ENV_DISABLE)
+    with pytest.raises(ValueError, match="fuse_linear"):
+        tfrt_py.load(case.model, optimize={"fuse"})
+
+
+def test_the_callers_graph_is_not_mutated() -> None:
+    b = GraphBuilder("mine")
+    x = b.input("x", F32, (2, 2))
+    b.output(b.op("Relu", b.op("Identity", b.op("MatMul", x, b.const(np.eye(2, dtype=F32))))), "y")
+    graph = b.build()
+    before = [(n.op_type, [v.name for v in n.outputs if v]) for n in graph.nodes]
+    tfrt_py.load(graph)
+    assert [(n.op_type, [v.name for v in n.outputs if v]) for n in graph.nodes] == before
+    assert all(n.outputs[0].type is None for n in graph.nodes[:-1])
+
+
+def test_describe_reports_every_pass_and_the_loaded_ops() -> None:
+    model = tfrt_py.load(build("anchor_m3").model)
+    model.run(build("anchor_m3").feeds[0])
+    text = model.describe()
+    for name in PASSES:
+        assert f"    {name}: " in text
+    assert "Div x18" in text and "memory: 1 plan(s)" in text
+
+
+# -- the cost model -------------------------------------------------------------------------
+
+
+def test_costs_from_shapes() -> None:
+    b = GraphBuilder("costs")
+    x = b.input("x", F32, (4, 64))
+    h = b.op("MatMul", x, b.const(np.ones((64, 32), F32)))
+    h = b.op("Relu", h)
+    b.output(b.op("Reshape", h, b.const(np.array([-1], np.int64))), "y")
+    model = tfrt_py.load(b.build(), optimize={"shapes"})
+    mm, relu, reshape = model.graph.nodes
+    reg = model._prepared.registry  # type: ignore[union-attr]
+    assert estimate_cost(mm, reg).flops == 2 * 4 * 64 * 32
+    assert estimate_cost(relu, reg).flops == 4 * 32
+    assert estimate_cost(reshape, reg).flops == 0
+    fused = tfrt_py.load(model.graph)  # all passes on the typed graph: MatMul+Relu fuse
+    linear = next(n for n in fused.graph.nodes if n.op_type == "Linear")
+    assert estimate_cost(linear, fused._prepared.registry).flops >= 2 * 4 * 64 * 32  # type: ignore[union-attr]
+    assert graph_cost(model.graph, reg).flops == 2 * 4 * 64 * 32 + 4 * 32

@@ -1,0 +1,254 @@
+"""The memory planner: offsets never overlap for buffers live at once, in-place reuse, alias
+lifetimes, and the arena against its lower bound on real models.
+
+``random_graph`` (a hypothesis strategy over ``tfrt_py.ir.GraphBuilder`` graphs) is shared
+with ``test_compiler.py``. Property tests are derandomized (same examples every run).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from models import build
+
+import tfrt_py
+from tfrt_py.executors.plan import ALIGN, Buffer, lower_bound, plan_offsets
+from tfrt_py.ir import Graph, GraphBuilder, Value
+
+F32 = np.float32
+PROPERTY = settings(
+    derandomize=True,
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+# -- a random-graph strategy ------------------------------------------------------------------
+
+_UNARY = ("Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Identity")
+_BINARY = ("Add", "Sub", "Mul")
+
+
+def _grow(b: GraphBuilder, vals: list[tuple[Value, tuple[int, ...]]], data: Any, i: int) -> None:
+    """Append one random node reading existing values."""
+    rng_seed = data.draw(st.integers(0, 2**16), label="seed")
+    rng = np.random.default_rng(rng_seed)
+    kind = data.draw(
+        st.sampled_from(("unary", "binary", "const", "matmul", "reshape", "concat", "softmax")),
+        label=f"op{i}",
+    )
+    x, shape = vals[data.draw(st.integers(0, len(vals) - 1), label="x")]
+    if kind == "unary":
+        op = data.draw(st.sampled_from(_UNARY))
+        vals.append((b.op(op, x), shape))
+    elif kind in ("binary", "const"):
+        op = data.draw(st.sampled_from(_BINARY))
+        same = [v for v, s in vals if s == shape]
+        if kind == "const" or len(same) < 2:
+            y = b.const((rng.standard_normal(shape[-1:]) * 0.5).astype(F32))
+        else:
+            y = same[data.draw(st.integers(0, len(same) - 1))]
+        args = (x, y) if data.draw(st.booleans()) else (y, x)
+        vals.append((b.op(op, *args), shape))
+    elif kind == "matmul":
+        n = data.draw(st.sampled_from((4, 8, 12)))
+        w = b.const((rng.standard_normal((shape[-1], n)) / np.sqrt(shape[-1])).astype(F32))
+        if data.draw(st.booleans()):
+            bias = b.const((rng.standard_normal(n) * 0.1).astype(F32))
+            y = (
+                b.op("Gemm", x, w, bias)
+                if len(shape) == 2
+                else b.op("Add", b.op("MatMul", x, w), bias)
+            )
+        else:
+            y = b.op("MatMul", x, w)
+        vals.append((y, (*shape[:-1], n)))
+    elif kind == "reshape":
+        flat = (int(np.prod(shape)),) if len(shape) == 2 else (shape[0], int(np.prod(shape[1:])))
+        target = b.const(np.array(flat if len(shape) > 2 else (*shape[::-1],), np.int64))
+        new_shape = flat if len(shape) > 2 else shape[::-1]
+        vals.append((b.op("Reshape", x, target), tuple(new_shape)))
+    elif kind == "concat":
+        same = [v for v, s in vals if len(s) == len(shape) and s[:-1] == shape[:-1]]
+        other = same[data.draw(st.integers(0, len(same) - 1))]
+        other_shape = next(s for v, s in vals if v is other)
+        y = b.op("Concat", x, other, axis=-1)
+        vals.append((y, (*shape[:-1], shape[-1] + other_shape[-1])))
+    else:
+        vals.append((b.op("Softmax", x, axis=-1), shape))
+
+
+@st.composite
+def random_graph(draw: Callable[..., Any]) -> tuple[Graph, dict[str, np.ndarray]]:
+    """A small random float32 graph and feeds for it."""
+    data = draw(st.data())
+    b = GraphBuilder("random")
+    n_in = data.draw(st.integers(1, 2), label="inputs")
+    vals: list[tuple[Value, tuple[int, ...]]] = []
+    feeds = {}
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000), label="feed seed"))
+    for i in range(n_in):
+        shape = data.draw(st.sampled_from([(2, 8), (3, 4), (1, 2, 8)]), label="shape")
+        vals.append((b.input(f"x{i}", F32, shape), shape))
+        feeds[f"x{i}"] = rng.standard_normal(shape).astype(F32)
+    n_ops = data.draw(st.integers(1, 12), label="ops")
+    for i in range(n_ops):
+        _grow(b, vals, data, i)
+    n_out = data.draw(st.integers(1, 3), label="outputs")
+    picks = data.draw(
+        st.lists(st.integers(0, len(vals) - 1), min_size=n_out, max_size=n_out), label="outs"
+    )
+    for k, idx in enumerate(picks):
+        v = vals[idx][0]
+        if any(v is o for o in b._graph.outputs) or any(v is x for x in b._graph.inputs):
+            v = b.op("Identity", v)
+        b.output(v, f"y{k}")
+    return b.build(), feeds
+
+
+# -- the offset assignment ----------------------------------------------------------------------
+
+
+def _assert_no_live_overlap(buffers: list[Buffer]) -> None:
+    for a, b in itertools.combinations(buffers, 2):
+        if a.overlaps_in_time(b):
+            assert not a.overlaps_in_memory(b), f"{a} and {b} overlap while both live"
+    for b in buffers:
+        assert b.offset % ALIGN == 0
+
+
+def test_offsets_reuse_dead_buffers() -> None:
+    bufs = [Buffer(100, 0, 1), Buffer(100, 1, 2), Buffer(100, 2, 3)]
+    arena = plan_offsets(bufs)
+    assert arena == 2 * 128  # a chain needs two buffers, ping-pong
+    assert bufs[0].offset == bufs[2].offset
+    _assert_no_live_overlap(bufs)
+    assert lower_bound(bufs) == 200
+
+
+def test_best_fit_picks_the_smallest_gap() -> None:
+    # Placed largest first: L1@0, S1@1024, L2@1536, S2@2048, L3@2304. When S1 and S2 die,
+    # they leave a 512-byte hole and a 256-byte hole between long-lived buffers.
+    l1, s1, l2, s2, l3 = (
+        Buffer(1024, 0, 9), Buffer(512, 0, 2), Buffer(512, 0, 9), Buffer(256, 0, 2),
+        Buffer(256, 0, 9),
+    )  # fmt: skip
+    late = Buffer(256, 5, 6)
+    plan_offsets([l1, s1, l2, s2, l3, late])
+    assert (s1.offset, s2.offset) == (1024, 2048)
+    assert late.offset == s2.offset  # best fit: the 256-byte hole, not the first (512) one
+
+
+@PROPERTY
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5000), st.integers(0, 20), st.integers(0, 6)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_offsets_property(spec: list[tuple[int, int, int]]) -> None:
+    bufs = [Buffer(n, first, first + span) for n, first, span in spec]
+    arena = plan_offsets(bufs)
+    _assert_no_live_overlap(bufs)
+    assert arena >= lower_bound(bufs)
+    assert all(b.offset + b.nbytes <= arena for b in bufs)
+
+
+# -- plans of real programs ---------------------------------------------------------------------
+
+
+@PROPERTY
+@given(random_graph())
+def test_planned_random_graphs_match_and_never_overlap(case: Any) -> None:
+    graph, feeds = case
+    model = tfrt_py.load(graph)
+    plain = tfrt_py.load(graph, optimize=False)
+    expected = plain.run(feeds)  # first call: the probe, no plan involved
+    shapes = {k: v.shape for k, v in feeds.items()}
+    plan = model.memory_plan(shapes)
+    _assert_no_live_overlap(plan.buffers)
+    assert plan.arena_bytes >= plan.lower_bound_bytes
+    for _ in range(2):  # planned calls, twice: arena reuse between calls
+        got = model.run(feeds)
+        assert list(got) == list(expected)
+        for k in expected:
+            np.testing.assert_allclose(got[k], expected[k], rtol=1e-5, atol=1e-6)
+    unplanned = plain.run(feeds)
+    got2 = plain.run(feeds)  # the unoptimized model's planned path too
+    for k in expected:
+        np.testing.assert_allclose(got2[k], unplanned[k], rtol=1e-6, atol=1e-7)
+
+
+def test_inplace_chain_uses_two_buffers() -> None:
+    b = GraphBuilder("chain")
+    x = b.input("x", F32, (4, 64))
+    h = b.op("MatMul", x, b.const(np.eye(64, dtype=F32)))
+    for op in ("Relu", "Neg", "Abs", "Sigmoid", "Tanh"):
+        h = b.op(op, h)
+    b.output(b.op("MatMul", h, b.const(np.eye(64, dtype=F32))), "y")
+    model = tfrt_py.load(b.build(), optimize=False)
+    plan = model.memory_plan({"x": (4, 64)})
+    assert plan.n_inplace == 5
+    assert plan.arena_bytes == plan.lower_bound_bytes == 4 * 64 * 4
+
+
+def test_views_keep_their_buffer_alive() -> None:
+    """Reshape returns a view of its input's arena buffer; that buffer must not be reused
+    while the view is still read."""
+    b = GraphBuilder("alias")
+    x = b.input("x", F32, (2, 8))
+    h = b.op("Relu", b.op("MatMul", x, b.const(np.eye(8, dtype=F32))))  # arena buffer
+    view = b.op("Reshape", h, b.const(np.array([4, 4], np.int64)))  # a view of it
+    junk = b.op("Tanh", b.op("Neg", b.op("Abs", x)))  # would reuse h's buffer if dead
+    junk2 = b.op("Reshape", b.op("Sigmoid", junk), b.const(np.array([4, 4], np.int64)))
+    b.output(b.op("Add", view, junk2), "y")
+    graph = b.build()
+    x_val = np.random.default_rng(0).standard_normal((2, 8)).astype(F32)
+    expected = tfrt_py.load(graph, optimize=False).run({"x": x_val})["y"]
+    model = tfrt_py.load(graph)
+    for _ in range(3):
+        np.testing.assert_allclose(model.run({"x": x_val})["y"], expected, rtol=1e-6)
+
+
+def test_transformer_block_arena_near_lower_bound() -> None:
+    case = build("transformer_erf")
+    model = tfrt_py.load(case.model)
+    for batch in (1, 4):
+        plan = model.memory_plan({"x": (batch, 8, 16)})
+        _assert_no_live_overlap(plan.buffers)
+        assert plan.arena_bytes <= 1.10 * plan.lower_bound_bytes, plan.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bvlc_alexnet",
+        "densenet121",
+        "inception_v1",
+        "inception_v2",
+        "resnet50",
+        "shufflenet",
+        "squeezenet",
+        "vgg19",
+        "zfnet512",
+    ],
+)
+def test_classic_cnn_arena_near_lower_bound(name: str) -> None:
+    import os
+
+    import onnx
+
+    path = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light")
+    model = tfrt_py.load(os.path.join(path, f"light_{name}.onnx"))
+    shape = tuple(d if isinstance(d, int) else 1 for d in model.inputs[0].shape or ())
+    plan = model.memory_plan({model.inputs[0].name: shape})
+    _assert_no_live_overlap(plan.buffers)
+    assert plan.arena_bytes <= 1.10 * plan.lower_bound_bytes, plan.summary()

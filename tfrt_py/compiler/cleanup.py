@@ -1,0 +1,171 @@
+"""Clean-up passes: identity/dropout removal, dead code elimination, common
+subexpression elimination (nodes and small constants).
+
+All three only touch the top-level graph and keep every graph output's public name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..ir import Graph, Node, Value
+from .dynamic import is_pure
+from .pipeline import PassContext
+from .rewrite import Uses, can_replace, replace_uses
+from .shapes import flags_lookup
+
+__all__ = [
+    "eliminate_common_subexpressions",
+    "eliminate_dead_code",
+    "remove_identities",
+]
+
+#: Constants up to this size are merged when equal (hashing bigger ones costs load time).
+_CSE_CONST_MAX_BYTES = 1 << 16
+
+
+def remove_identities(graph: Graph, ctx: PassContext) -> str:
+    """Identity, and Dropout in inference mode, read their input through: readers read the
+    input instead. The pass's report counts what it removed."""
+    uses = Uses(graph)
+    removed: dict[str, int] = {}
+    keep: list[Node] = []
+    for node in graph.nodes:
+        src = _passthrough_source(node, uses)
+        out = node.outputs[0] if node.outputs else None
+        if src is not None and out is not None and replace_uses(graph, out, src):
+            removed[node.op_type] = removed.get(node.op_type, 0) + 1
+            continue
+        keep.append(node)
+    graph.nodes = keep
+    if not removed:
+        return "nothing to remove"
+    return "removed " + ", ".join(f"{n} {op}" for op, n in sorted(removed.items()))
+
+
+def _passthrough_source(node: Node, uses: Uses) -> Value | None:
+    if node.domain != "" or not node.inputs or node.inputs[0] is None:
+        return None
+    if node.op_type == "Identity":
+        return node.inputs[0]
+    if node.op_type != "Dropout":
+        return None
+    if len(node.outputs) > 1 and node.outputs[1] is not None and uses.count(node.outputs[1]):
+        return None  # the mask is read
+    if node.opset >= 12 and len(node.inputs) > 2 and node.inputs[2] is not None:
+        tm = node.inputs[2].const
+        if tm is None or bool(tm):
+            return None  # training mode, or not known at load
+    return node.inputs[0]
+
+
+def eliminate_dead_code(graph: Graph, ctx: PassContext) -> str:
+    """Remove pure nodes none of whose outputs is read (transitively)."""
+    flags_of = flags_lookup(ctx)
+    uses = Uses(graph)
+    counts = {k: len(v) for k, v in uses.readers.items()}
+    for v in graph.outputs:
+        counts[id(v)] = counts.get(id(v), 0) + 1
+    dead: set[int] = set()
+    for node in reversed(graph.nodes):
+        if any(o is not None and counts.get(id(o), 0) for o in node.outputs):
+            continue
+        if not _removable(node, flags_of(node)):
+            continue
+        dead.add(id(node))
+        for v in _reads(node):
+            counts[id(v)] -= 1
+    graph.nodes = [n for n in graph.nodes if id(n) not in dead]
+    return f"removed {len(dead)} dead nodes"
+
+
+def _removable(node: Node, flags: Any) -> bool:
+    """No side effects (random ops have none either: unread, they can go); nested graphs
+    could hold custom kernels, so nodes with them stay."""
+    return (
+        flags is not None
+        and flags.pure
+        and not flags.is_async
+        and not flags.control_flow
+        and not any(True for _ in node.subgraphs())
+    )
+
+
+def _reads(node: Node) -> list[Value]:
+    out = [v for v in node.inputs if v is not None]
+    for _, sub in node.subgraphs():
+        out.extend(sub.free_values())
+    return out
+
+
+def eliminate_common_subexpressions(graph: Graph, ctx: PassContext) -> str:
+    """Merge equal small constants, then pure nodes with the same op, attributes and
+    inputs (in topological order, so chains of equal nodes merge in one sweep)."""
+    n_const = _merge_constants(graph)
+    flags_of = flags_lookup(ctx)
+    seen: dict[Any, Node] = {}
+    keep: list[Node] = []
+    merged = 0
+    for node in graph.nodes:
+        if not is_pure(node, flags_of(node)):
+            keep.append(node)
+            continue
+        key = (
+            node.domain,
+            node.op_type,
+            node.opset,
+            tuple(id(v) if v is not None else None for v in node.inputs),
+            tuple(o is None for o in node.outputs),
+            _attrs_key(node.attrs),
+        )
+        first = seen.get(key)
+        pairs = (
+            [(o, f) for o, f in zip(node.outputs, first.outputs) if o is not None]
+            if first is not None
+            else []
+        )
+        if first is None or not all(f is not None and can_replace(graph, o, f) for o, f in pairs):
+            seen.setdefault(key, node)
+            keep.append(node)
+            continue
+        for o, f in pairs:
+            assert f is not None
+            replace_uses(graph, o, f)
+        merged += 1
+    graph.nodes = keep
+    return f"merged {merged} nodes and {n_const} constants"
+
+
+def _merge_constants(graph: Graph) -> int:
+    seen: dict[Any, Value] = {}
+    merged = 0
+    out_ids = {id(v) for v in graph.outputs}
+    for c in graph.constants:
+        arr = c.const
+        if arr is None or arr.nbytes > _CSE_CONST_MAX_BYTES or arr.dtype.kind == "O":
+            continue
+        if id(c) in out_ids:
+            continue
+        key = (arr.dtype.str, arr.shape, np.ascontiguousarray(arr).tobytes())
+        first = seen.setdefault(key, c)
+        if first is not c and replace_uses(graph, c, first):
+            merged += 1
+    return merged
+
+
+def _attrs_key(attrs: dict[str, Any]) -> Any:
+    return tuple(sorted((k, _attr_key(v)) for k, v in attrs.items()))
+
+
+def _attr_key(a: Any) -> Any:
+    if isinstance(a, np.ndarray):
+        return ("nd", a.dtype.str, a.shape, a.tobytes() if a.dtype.kind != "O" else repr(a))
+    if isinstance(a, (list, tuple)):
+        return tuple(_attr_key(x) for x in a)
+    if isinstance(a, Graph):
+        return ("graph", id(a))
+    if isinstance(a, float) and a != a:
+        return ("nan",)
+    return a

@@ -1,0 +1,103 @@
+"""Constant folding: run at load every pure node whose inputs are all constants.
+
+Shape and Size of a value whose shape is static fold too, so shape arithmetic chains
+(Shape -> Gather -> Concat -> Reshape) collapse into a constant target shape, which the
+Reshape kernel then sees at load. Folding runs the real kernels, so a folded constant is
+exactly what the call would have computed. A node is left alone when its kernel fails or
+warns on the constants (the call then fails or warns as it would have), when it returns
+something that is not a tensor, or when an output would exceed ``FOLD_MAX_BYTES``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ..ir import Graph, Node
+from ..kernels import KernelContext
+from .dynamic import is_pure
+from .pipeline import PassContext
+from .rewrite import make_const, static_shape, tensor_dtype
+from .shapes import flags_lookup
+
+__all__ = ["FOLD_MAX_BYTES", "fold_constants"]
+
+#: Outputs larger than this stay computed per call (64 MiB): folding trades model memory
+#: for call time, and a huge broadcast (ConstantOfShape, Expand) can cost more to hold.
+FOLD_MAX_BYTES = 64 << 20
+
+_SHAPE_OPS = frozenset({"Shape", "Size"})
+
+
+def fold_constants(graph: Graph, ctx: PassContext) -> str:
+    """The pass. Returns its one-line report."""
+    flags_of = flags_lookup(ctx)
+    folded: list[Node] = []
+    n_bytes = 0
+    for node in graph.nodes:
+        if not is_pure(node, flags_of(node)):
+            continue
+        args = _const_args(node)
+        if args is None:
+            continue
+        results = _run(node, ctx, args)
+        if results is None:
+            continue
+        for v, r in zip(node.outputs, results):
+            if v is not None:
+                make_const(graph, v, r)
+                n_bytes += r.nbytes
+        folded.append(node)
+    done = {id(n) for n in folded}
+    graph.nodes = [n for n in graph.nodes if id(n) not in done]
+    ops = sorted({n.op_type for n in folded})
+    detail = f" ({', '.join(ops[:8])}{', ...' if len(ops) > 8 else ''})" if ops else ""
+    return f"folded {len(folded)} nodes into constants{detail}, {n_bytes:,} bytes"
+
+
+def _const_args(node: Node) -> list[Any] | None:
+    """The node's input arrays when all are load-time constants, else None. A Shape/Size
+    input only needs a static shape: a zero-memory broadcast view stands in for it."""
+    args: list[Any] = []
+    for v in node.inputs:
+        if v is None:
+            args.append(None)
+        elif v.const is not None:
+            args.append(v.const)
+        elif node.op_type in _SHAPE_OPS and node.domain == "" and not args:
+            shape, dtype = static_shape(v), tensor_dtype(v)
+            if shape is None:
+                return None
+            dtype = dtype if dtype is not None else np.dtype(np.float32)
+            args.append(np.broadcast_to(np.zeros((), dtype), shape))
+        else:
+            return None
+    return args
+
+
+def _run(node: Node, ctx: PassContext, args: list[Any]) -> list[np.ndarray] | None:
+    try:
+        kdef = ctx.registry.lookup(node.domain, node.op_type, node.opset, node.name)
+        fn = kdef.build(KernelContext(node))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            r = fn(*args)
+    except Exception:  # noqa: BLE001 - the call will fail (or warn) as it would have
+        return None
+    rs = list(r) if isinstance(r, tuple) else [r]
+    if len(rs) != len(node.outputs):
+        return None
+    out: list[np.ndarray] = []
+    for v, x in zip(node.outputs, rs):
+        if v is None:
+            out.append(np.empty(0))
+            continue
+        if not isinstance(x, (np.ndarray, np.generic)):
+            return None
+        arr = np.asarray(x)
+        if arr.nbytes > FOLD_MAX_BYTES:
+            return None
+        out.append(arr)
+    return out

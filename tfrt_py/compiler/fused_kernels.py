@@ -1,0 +1,203 @@
+"""Kernels for the fused ops the compiler creates, in the private domain ``tfrt_py.fused``.
+
+``Linear(x, W, bias?, extra...)``: ``act(x @ W + bias)`` with ``W`` a constant [K, N]
+(Gemm's transB and alpha already folded in) and ``bias`` a constant that broadcasts to the
+output without growing it. Attribute ``activation`` is a list of at most one *step*.
+
+``ElementwiseChain(head, extra...)`` / ``ElementwiseChainShared``: ``steps`` applied in
+order, each writing the running result (the accumulator) into the output. The plain chain
+is registered ``inplace`` (its output may reuse ``head``'s buffer): the fusion pass only
+makes one when ``head`` is read by the first step alone; otherwise it makes the Shared one.
+
+A step is ``(op_type, opset, attrs, refs)``: an ONNX elementwise op run by its own kernel
+(so the numbers are exactly the unfused ones), whose operands ``refs`` are ``-1`` for the
+accumulator or ``i`` for the fused node's input ``i``. Each step kernel is built once at
+load, from a synthetic node whose inputs carry the real Values (so constant operands are
+seen at load, as in the unfused graph).
+
+Every compute function here supports ``out=`` and carries an ``inline`` attribute for the
+sync interpreter's code generator (``executors.plan_codegen.Inline``): the same NumPy calls
+as statements, so a planned call pays no Python function frame for the fused kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..executors.plan_codegen import Inline
+from ..ir import Node, TensorType, Value
+from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
+
+__all__ = ["DOMAIN", "Step", "register_fused_kernels", "with_fused_kernels"]
+
+DOMAIN = "tfrt_py.fused"
+
+Step = tuple[str, int, dict[str, Any], tuple[int, ...]]
+
+#: Unary steps whose float kernel is exactly this ufunc (inlined as one call).
+_UFUNC1 = {
+    "Tanh": np.tanh,
+    "Exp": np.exp,
+    "Neg": np.negative,
+    "Abs": np.absolute,
+    "Sqrt": np.sqrt,
+    "Reciprocal": np.reciprocal,
+    "Log": np.log,
+    "Floor": np.floor,
+    "Ceil": np.ceil,
+}
+
+
+def _acc_value(ctx: KernelContext) -> Value:
+    out = ctx.node.outputs[0]
+    t = out.type if out is not None else None
+    return Value("acc", t if isinstance(t, TensorType) else None)
+
+
+def _build_step(ctx: KernelContext, registry: KernelRegistry, step: Step) -> Any:
+    op, opset, attrs, refs = step
+    acc = _acc_value(ctx)
+    ins: list[Value | None] = [acc if r < 0 else ctx.node.inputs[r] for r in refs]
+    node = Node(op, ins, [Value("_")], dict(attrs), name=f"{ctx.node_name}/{op}", opset=opset)
+    return registry.lookup("", op, opset, node.name).build(KernelContext(node))
+
+
+def _step_code(op: str, fn: Any, args: list[str], out: str, dtype: Any, env: dict[str, Any],
+               key: str) -> list[str]:  # fmt: skip
+    """Statements computing one step into ``out``; binds what they use in ``env``."""
+    if dtype is not None and np.dtype(dtype).kind == "f":
+        t = np.dtype(dtype).type
+        if op == "Relu":
+            env["maximum"], env["zero"] = np.maximum, t(0)
+            return [f"{{maximum}}({args[0]}, {{zero}}, out={out})"]
+        if op == "Sigmoid":
+            env.update(negative=np.negative, exp=np.exp, add=np.add, one=t(1))
+            env["reciprocal"] = np.reciprocal
+            return [
+                f"{{negative}}({args[0]}, out={out})",
+                f"{{exp}}({out}, out={out})",
+                f"{{add}}({out}, {{one}}, out={out})",
+                f"{{reciprocal}}({out}, out={out})",
+            ]
+        if op in _UFUNC1:
+            env[op.lower()] = _UFUNC1[op]
+            return [f"{{{op.lower()}}}({args[0]}, out={out})"]
+    env[key] = fn
+    return [f"{{{key}}}({', '.join(args)}, out={out})"]
+
+
+def _linear(registry: KernelRegistry) -> Any:
+    def build(ctx: KernelContext) -> Any:
+        w = ctx.const_input(1)
+        b = ctx.const_input(2)
+        if w is None or w.ndim != 2:
+            raise ctx.unsupported("W must be a constant matrix")
+        k, n = w.shape  # W keeps the model's layout: see fuse_linear
+        steps: list[Step] = list(ctx.attr("activation", []))
+        acts = [(s, _build_step(ctx, registry, s)) for s in steps]
+        extra_idx = [[r for r in s[3] if r >= 0] for s in steps]
+        mm, add = np.matmul, np.add
+
+        def linear(x: np.ndarray, *rest: Any, out: np.ndarray | None = None) -> np.ndarray:
+            if x.ndim > 2 and x.flags.c_contiguous:
+                y2 = mm(x.reshape(-1, k), w, out=None if out is None else out.reshape(-1, n))
+                y = y2.reshape(*x.shape[:-1], n) if out is None else out
+            else:
+                y = mm(x, w, out=out)
+            if b is not None:
+                add(y, b, out=y)
+            for (_, fn), idx in zip(acts, extra_idx):
+                fn(y, *[rest[i - 1] for i in idx], out=y)
+            return y
+
+        def inline(in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
+            if len(in_shapes[0]) != 2 or len(out_shape) != 2:
+                return None
+            env: dict[str, Any] = {"matmul": mm, "w": w}
+            lines = ["{matmul}({in0}, {w}, out={out})"]
+            if b is not None:
+                env.update(add=add, b=b)
+                lines.append("{add}({out}, {b}, out={out})")
+            for i, ((s, fn), idx) in enumerate(zip(acts, extra_idx)):
+                args = ["{out}"] + [f"{{in{j}}}" for j in idx]
+                lines += _step_code(s[0], fn, args, "{out}", dtype, env, f"act{i}")
+            return Inline(lines, env)
+
+        linear.inline = inline  # type: ignore[attr-defined]
+        return linear
+
+    return build
+
+
+def _chain(registry: KernelRegistry) -> Any:
+    def build(ctx: KernelContext) -> Any:
+        steps: list[Step] = list(ctx.attr("steps"))
+        fns = [_build_step(ctx, registry, s) for s in steps]
+        plan = [(fn, s[3]) for fn, s in zip(fns, steps)]
+
+        def chain(*xs: Any, out: np.ndarray | None = None) -> np.ndarray:
+            acc = xs[0]
+            for fn, refs in plan:
+                acc = fn(*[acc if r < 0 else xs[r] for r in refs], out=out)
+                if out is None and type(acc) is not np.ndarray:
+                    acc = np.asarray(acc)  # a 0-d result came back as a NumPy scalar
+                out = acc
+            return acc
+
+        def inline(in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
+            env: dict[str, Any] = {}
+            lines: list[str] = []
+            for i, (s, fn) in enumerate(zip(steps, fns)):
+                acc = "{in0}" if i == 0 else "{out}"
+                args = [acc if r < 0 else f"{{in{r}}}" for r in s[3]]
+                lines += _step_code(s[0], fn, args, "{out}", dtype, env, f"step{i}")
+            return Inline(lines, env)
+
+        chain.inline = inline  # type: ignore[attr-defined]
+        return chain
+
+    return build
+
+
+def _linear_cost(
+    ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]
+) -> Cost:
+    if not ins or not outs or not ins[0]:
+        return Cost(0.0, 0.0)
+    y = float(np.prod(outs[0]))
+    k = ins[0][-1]
+    w = float(np.prod(ins[1])) if len(ins) > 1 else 0.0
+    return Cost(2.0 * y * k + 4.0 * y, 4.0 * (float(np.prod(ins[0])) + w + y))
+
+
+def _chain_cost(
+    ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]
+) -> Cost:
+    y = float(np.prod(outs[0])) if outs else 0.0
+    n = len(ctx.attr("steps", []))
+    return Cost(n * y, 4.0 * (sum(float(np.prod(s)) for s in ins) + y))
+
+
+def register_fused_kernels(registry: KernelRegistry) -> None:
+    """Register the fused ops into ``registry`` (their steps are built from ``registry``)."""
+    out = KernelFlags(supports_out=True)
+    registry.add("Linear", _linear(registry), domain=DOMAIN, flags=out, cost=_linear_cost)
+    registry.add(
+        "ElementwiseChain",
+        _chain(registry),
+        domain=DOMAIN,
+        flags=KernelFlags(supports_out=True, inplace=True),
+        cost=_chain_cost,
+    )
+    registry.add(
+        "ElementwiseChainShared", _chain(registry), domain=DOMAIN, flags=out, cost=_chain_cost
+    )
+
+
+def with_fused_kernels(registry: KernelRegistry) -> KernelRegistry:
+    """A copy of ``registry`` with the fused ops added (the original is not changed)."""
+    reg = registry.copy()
+    register_fused_kernels(reg)
+    return reg

@@ -1,0 +1,188 @@
+"""Hoist an elementwise op applied to every input of a Concat above the Concat.
+
+``Concat(op(x0, c0), ..., op(xn, cn))`` becomes ``op(Concat(x0..xn), C)`` with ``C`` the
+constants ``ci``, broadcast to their inputs' extent along the axis and concatenated at load
+(TFRT's "18 scalar normalizations -> one vectorized kernel"). Unary ops hoist the same way
+with no constant. Conditions: every Concat input is produced by the same op with the same
+attributes, read by the Concat alone; binary ops have their constant operand at the same
+position everywhere, and it does not grow its variable operand; sizes along the axis are
+static. The Concat's output Value is kept (its name and type do not change).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..ir import Graph, Node, TensorType, Value
+from .cleanup import _attrs_key
+from .pipeline import PassContext
+from .rewrite import Uses, op_names, tensor_dtype
+
+__all__ = ["hoist_over_concat"]
+
+_UNARY = frozenset(
+    op_names(
+        """
+        Relu Sigmoid Tanh Exp Log Neg Abs Sqrt Reciprocal Floor Ceil Erf Sign Round
+        LeakyRelu Elu Selu Softplus HardSigmoid Not Cast
+        """
+    )
+)
+_BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"})
+
+
+def hoist_over_concat(graph: Graph, ctx: PassContext) -> str:
+    """The pass, repeated while it finds something (a hoisted op's Concat may itself have
+    a hoistable op on every input). Returns its one-line report."""
+    n_hoisted = n_removed = 0
+    for _ in range(8):
+        hoisted, removed = _hoist_once(graph)
+        if not hoisted:
+            break
+        n_hoisted += hoisted
+        n_removed += removed
+    if not n_hoisted:
+        return "nothing to hoist"
+    return f"hoisted {n_hoisted} ops over Concat ({n_removed} kernels fewer per call)"
+
+
+def _hoist_once(graph: Graph) -> tuple[int, int]:
+    uses = Uses(graph)
+    names = {v.name for n in graph.nodes for v in n.outputs if v is not None}
+    names |= {v.name for v in graph.inputs} | {c.name for c in graph.constants}
+    replace: dict[int, list[Node]] = {}
+    drop: set[int] = set()
+    removed = 0
+    for node in graph.nodes:
+        if node.op_type != "Concat" or node.domain != "" or len(node.inputs) < 2:
+            continue
+        prods = [_producer(v, node, uses) for v in node.inputs]
+        if any(p is None for p in prods):
+            continue
+        plist = [p for p in prods if p is not None]
+        new = _hoist(node, plist, graph, names)
+        if new is None:
+            continue
+        replace[id(node)] = new
+        drop.update(id(p) for p in plist)
+        removed += len(plist) - 1
+    out: list[Node] = []
+    for n in graph.nodes:
+        if id(n) in drop:
+            continue
+        out.extend(replace.get(id(n), [n]))
+    graph.nodes = out
+    return len(replace), removed
+
+
+def _producer(v: Value | None, concat: Node, uses: Uses) -> Node | None:
+    if v is None or v.producer is None or uses.only_reader(v) is not concat:
+        return None
+    p = v.producer
+    if p.domain != "" or len(p.outputs) != 1:
+        return None
+    return p
+
+
+def _hoist(concat: Node, prods: list[Node], graph: Graph, names: set[str]) -> list[Node] | None:
+    op = prods[0].op_type
+    key = _attrs_key(prods[0].attrs)
+    if any(p.op_type != op or _attrs_key(p.attrs) != key or p.opset != prods[0].opset
+           for p in prods):  # fmt: skip
+        return None
+    xs: list[Value] = []
+    const: np.ndarray | None = None
+    cpos = -1
+    if op in _UNARY:
+        if any(len(p.inputs) != 1 or p.inputs[0] is None for p in prods):
+            return None
+        xs = [p.inputs[0] for p in prods]  # type: ignore[misc]
+    elif op in _BINARY:
+        got = _binary_operands(concat, prods)
+        if got is None:
+            return None
+        xs, const, cpos = got
+    else:
+        return None
+    dt = tensor_dtype(xs[0])
+    if dt is None or any(tensor_dtype(x) != dt for x in xs):
+        return None
+    out = concat.outputs[0]
+    assert out is not None
+    mid_name = _fresh(f"{concat.name}/hoisted", names)
+    mid_t = out.type if isinstance(out.type, TensorType) else None
+    mid = Value(mid_name, TensorType(dt, mid_t.shape if mid_t is not None else None))
+    new_concat = Node(
+        "Concat", list(xs), [mid], dict(concat.attrs), name=mid_name, opset=concat.opset
+    )
+    ins: list[Value | None] = [mid]
+    if const is not None:
+        cv = Value(_fresh(f"{concat.name}/hoisted_const", names), const=const)
+        graph.constants.append(cv)
+        ins = [cv, mid] if cpos == 0 else [mid, cv]
+    p0 = prods[0]
+    op_node = Node(op, ins, [out], dict(p0.attrs), name=f"{p0.name}/hoisted", opset=p0.opset)
+    return [new_concat, op_node]
+
+
+def _binary_operands(concat: Node, prods: list[Node]) -> tuple[list[Value], np.ndarray, int] | None:
+    """(variable operands, the concatenated constant, the constant's position)."""
+    cpos = _const_pos(prods[0])
+    if cpos is None or any(_const_pos(p) != cpos for p in prods):
+        return None
+    xs = [p.inputs[1 - cpos] for p in prods]
+    cs = [p.inputs[cpos].const for p in prods]  # type: ignore[union-attr]
+    shapes = [_shape(x) for x in xs]
+    if any(s is None for s in shapes):
+        return None
+    rank = len(shapes[0])  # type: ignore[arg-type]
+    axis = int(concat.attrs.get("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank or any(len(s) != rank for s in shapes):  # type: ignore[arg-type]
+        return None
+    parts: list[np.ndarray] = []
+    for x_shape, c in zip(shapes, cs):
+        assert x_shape is not None and c is not None
+        if c.ndim > rank or c.dtype != cs[0].dtype:  # type: ignore[union-attr]
+            return None
+        c = c.reshape((1,) * (rank - c.ndim) + c.shape)
+        if any(cd != 1 and cd != xd for cd, xd in zip(c.shape, x_shape)):
+            return None  # the constant would grow its operand
+        along = x_shape[axis]
+        if not isinstance(along, int):
+            return None
+        parts.append(np.broadcast_to(c, (*c.shape[:axis], along, *c.shape[axis + 1 :])))
+    target = [max(p.shape[d] for p in parts) for d in range(rank)]
+    full = []
+    for p in parts:
+        t = list(target)
+        t[axis] = p.shape[axis]
+        full.append(np.broadcast_to(p, t))
+    return [x for x in xs if x is not None], np.ascontiguousarray(np.concatenate(full, axis)), cpos
+
+
+def _const_pos(p: Node) -> int | None:
+    if len(p.inputs) != 2 or any(v is None for v in p.inputs):
+        return None
+    a, b = p.inputs
+    if b is not None and b.const is not None and (a is None or a.const is None):
+        return 1
+    if a is not None and a.const is not None and (b is None or b.const is None):
+        return 0
+    return None
+
+
+def _shape(v: Value | None) -> tuple[Any, ...] | None:
+    t = None if v is None else v.type
+    return t.shape if isinstance(t, TensorType) and t.shape is not None else None
+
+
+def _fresh(hint: str, names: set[str]) -> str:
+    name, i = hint, 0
+    while name in names:
+        i += 1
+        name = f"{hint}_{i}"
+    names.add(name)
+    return name

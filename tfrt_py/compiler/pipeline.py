@@ -1,0 +1,139 @@
+"""The load-time pass pipeline: which passes run, in what order, and what each one did.
+
+Every pass can be switched off on its own: ``load(..., optimize={...})`` names the passes
+to run (``True``/``None``: all, ``False``: none), and the environment variable
+``TFRT_PY_DISABLE_PASSES=fold,cse`` removes passes from whatever was asked for (read at
+each ``load``). Each pass returns one line saying what it did; ``model.describe()`` shows
+them.
+
+``optimize`` works on a clone of the graph it is given, so the caller's graph is never
+mutated. It runs once per load on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from ..ir import Graph, verify
+from ..kernels import KernelRegistry
+from .rewrite import clone_graph, drop_unused_constants
+
+__all__ = ["ENV_DISABLE", "PASSES", "PassContext", "PassReport", "optimize", "select_passes"]
+
+ENV_DISABLE = "TFRT_PY_DISABLE_PASSES"
+
+
+@dataclass
+class PassContext:
+    """What a pass may use besides the graph: the registry the model runs with (fused
+    kernels included)."""
+
+    registry: KernelRegistry
+
+
+PassFn = Callable[[Graph, PassContext], str]
+
+
+@dataclass(frozen=True)
+class PassReport:
+    """One pass's outcome: its name, whether it ran, its one-line summary, its time."""
+
+    name: str
+    ran: bool
+    summary: str
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        if not self.ran:
+            return f"{self.name}: off"
+        return f"{self.name}: {self.summary} ({self.seconds * 1e3:.1f} ms)"
+
+
+def _passes() -> dict[str, PassFn]:
+    # Imported here: each pass module imports kernels, which the pipeline's importers
+    # (model.py) should not pay for before a model is loaded.
+    from . import cleanup, fold, fuse_elementwise, fuse_linear, hoist, shapes
+
+    return {
+        "identity": cleanup.remove_identities,
+        "shapes": shapes.infer_shapes,
+        "fold": fold.fold_constants,
+        "cse": cleanup.eliminate_common_subexpressions,
+        "dce": cleanup.eliminate_dead_code,
+        "hoist": hoist.hoist_over_concat,
+        "fuse_linear": fuse_linear.fuse_linear,
+        "fuse_elementwise": fuse_elementwise.fuse_elementwise_chains,
+    }
+
+
+#: Every pass, in the order they run.
+PASSES = (
+    "identity",
+    "shapes",
+    "fold",
+    "cse",
+    "dce",
+    "hoist",
+    "fuse_linear",
+    "fuse_elementwise",
+)
+
+
+def select_passes(optimize: bool | Collection[str] | None) -> frozenset[str]:
+    """The passes to run for a ``load(optimize=...)`` argument, minus those named in
+    ``$TFRT_PY_DISABLE_PASSES``. Unknown names are a ValueError listing the valid ones."""
+    if optimize is None or optimize is True:
+        chosen = set(PASSES)
+    elif optimize is False:
+        chosen = set()
+    elif isinstance(optimize, str):
+        raise ValueError(f"optimize takes a set of pass names, not a string: {optimize!r}")
+    else:
+        chosen = set(optimize)
+    env = os.environ.get(ENV_DISABLE, "")
+    disabled = {p.strip() for p in env.split(",") if p.strip()}
+    unknown = (chosen | disabled) - set(PASSES)
+    if unknown:
+        where = f" (from ${ENV_DISABLE})" if unknown & disabled else ""
+        raise ValueError(
+            f"unknown optimization pass(es) {sorted(unknown)}{where}; "
+            f"the passes are {', '.join(PASSES)}"
+        )
+    return frozenset(chosen - disabled)
+
+
+def optimize(
+    graph: Graph, registry: KernelRegistry, passes: frozenset[str]
+) -> tuple[Graph, list[PassReport]]:
+    """Run ``passes`` (in ``PASSES`` order) on a clone of ``graph``.
+
+    Returns the optimized clone (verified) and one report per pass in ``PASSES``. With no
+    pass enabled, returns ``graph`` itself.
+    """
+    if not passes:
+        return graph, [PassReport(name, False, "") for name in PASSES]
+    g = clone_graph(graph)
+    ctx = PassContext(registry)
+    fns = _passes()
+    reports: list[PassReport] = []
+    for name in PASSES:
+        if name not in passes:
+            reports.append(PassReport(name, False, ""))
+            continue
+        t0 = time.perf_counter()
+        summary = fns[name](g, ctx)
+        reports.append(PassReport(name, True, summary, time.perf_counter() - t0))
+        if name == "fold" and "shapes" in passes:
+            # Folded shape inputs (Reshape targets) make more types known: infer again and
+            # report the final count under "shapes".
+            t0 = time.perf_counter()
+            again = fns["shapes"](g, ctx)
+            k = PASSES.index("shapes")
+            first = reports[k]
+            reports[k] = PassReport("shapes", True, again, first.seconds + time.perf_counter() - t0)
+    drop_unused_constants(g)
+    verify(g)
+    return g, reports

@@ -1,0 +1,267 @@
+"""Shape and dtype inference: fill in ``Value.type`` where the frontend left gaps.
+
+The ONNX frontend records what ONNX shape inference found. This pass adds (1) propagation
+through common ops whose output type follows from input types (elementwise with NumPy
+broadcasting, symbolic dims included; MatMul; Gemm; Concat; Transpose; Reshape to a
+constant shape), and (2) when every graph input has a static shape and gaps remain, a
+*probe*: the graph runs once on zero feeds and the observed shape and dtype of every value
+whose shape the signature determines (``dynamic.shape_determined``) is recorded. The probe
+only runs when every kernel is pure (no custom or async kernels) and is best effort: a
+kernel that fails on zeros just leaves the gaps.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..ir import Dim, Graph, Node, TensorType, Value
+from .dynamic import is_pure, shape_determined
+from .pipeline import PassContext
+from .rewrite import op_names
+
+__all__ = ["flags_lookup", "infer_shapes"]
+
+_UNARY = frozenset(
+    op_names(
+        """
+        Abs Acos Acosh Asin Asinh Atan Atanh Ceil Celu Clip Cos Cosh Elu Erf Exp Floor
+        Gelu HardSigmoid HardSwish Identity LeakyRelu Log LogSoftmax Mish Neg Reciprocal
+        Relu Round Selu Shrink Sigmoid Sign Sin Sinh Softmax Softplus Softsign Sqrt Tan
+        Tanh ThresholdedRelu Hardmax Dropout BitwiseNot Not Swish
+        """
+    )
+)
+_BROADCAST = frozenset(
+    op_names(
+        """
+        Add Sub Mul Div Pow Max Min Sum Mean Mod And Or Xor PRelu
+        """
+    )
+)
+_COMPARE = frozenset(["Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual"])
+
+
+def flags_lookup(ctx: PassContext) -> Any:
+    """``flags_of(node)`` over the context's registry (None for an op with no kernel)."""
+
+    def flags_of(node: Node) -> Any:
+        try:
+            return ctx.registry.lookup(node.domain, node.op_type, node.opset).flags
+        except Exception:  # noqa: BLE001 - an unknown op is simply "not known pure"
+            return None
+
+    return flags_of
+
+
+def infer_shapes(graph: Graph, ctx: PassContext) -> str:
+    """The pass: propagate types, then probe if needed. Returns its one-line report."""
+    values = [v for n in graph.nodes for v in n.outputs if v is not None]
+    before = sum(_is_typed(v) for v in values)
+    for node in graph.nodes:
+        _propagate(node)
+    propagated = sum(_is_typed(v) for v in values) - before
+    probed = 0
+    if any(not _is_static(v) for v in values):
+        probed = _probe(graph, ctx)
+    typed = sum(_is_typed(v) for v in values)
+    static = sum(_is_static(v) for v in values)
+    return (
+        f"{typed}/{len(values)} values typed, {static} with static shapes "
+        f"({propagated} by propagation, {probed} by probe)"
+    )
+
+
+def _is_typed(v: Value) -> bool:
+    """dtype and rank known (dims may be symbolic)."""
+    t = v.type
+    return isinstance(t, TensorType) and t.dtype is not None and t.shape is not None
+
+
+def _is_static(v: Value) -> bool:
+    t = v.type
+    return isinstance(t, TensorType) and t.dtype is not None and t.is_static
+
+
+def _ttype(v: Value | None) -> TensorType | None:
+    if v is None:
+        return None
+    t = v.type
+    return t if isinstance(t, TensorType) else None
+
+
+def _set(v: Value | None, dtype: np.dtype | None, shape: Sequence[Dim] | None) -> None:
+    """Merge (dtype, shape) into ``v.type``; known facts (symbolic dims too) win over new
+    ones, so declared interfaces keep their names."""
+    if v is None:
+        return
+    old = _ttype(v)
+    if old is None and v.type is not None:
+        return  # a sequence or optional: not ours to touch
+    dt = old.dtype if old is not None and old.dtype is not None else dtype
+    shp: tuple[Dim, ...] | None
+    if old is None or old.shape is None:
+        shp = None if shape is None else tuple(shape)
+    elif shape is None or len(shape) != len(old.shape):
+        shp = old.shape
+    else:
+        shp = tuple(a if a is not None else b for a, b in zip(old.shape, shape))
+    v.type = TensorType(dt, shp)
+
+
+def _broadcast(shapes: list[tuple[Dim, ...]]) -> tuple[Dim, ...] | None:
+    rank = max(len(s) for s in shapes)
+    out: list[Dim] = []
+    for i in range(rank):
+        dims = [s[i - rank + len(s)] for s in shapes if i - rank + len(s) >= 0]
+        known = {d for d in dims if d != 1}
+        if not known:
+            out.append(1)
+        elif len(known) == 1:
+            d = known.pop()
+            out.append(d)
+        else:
+            return None  # unknown sizes that may or may not broadcast
+    return tuple(out)
+
+
+def _propagate(node: Node) -> None:
+    if node.domain != "" or not node.outputs or node.outputs[0] is None:
+        return
+    op = node.op_type
+    ins = [_ttype(v) for v in node.inputs]
+    out = node.outputs[0]
+    if op in _UNARY and ins and ins[0] is not None:
+        _set(out, ins[0].dtype, ins[0].shape)
+        return
+    if op in _BROADCAST or op in _COMPARE or op == "Where":
+        ts = [t for t in ins if t is not None]
+        if len(ts) != len([v for v in node.inputs if v is not None]) or not ts:
+            return
+        shapes = [t.shape for t in ts]
+        shape = None if any(s is None for s in shapes) else _broadcast(shapes)  # type: ignore[arg-type]
+        dtype = np.dtype(bool) if op in _COMPARE else ts[-1 if op == "Where" else 0].dtype
+        _set(out, dtype, shape)
+        return
+    fn = _RULES.get(op)
+    if fn is not None and all(t is not None for t in ins[:1]):
+        fn(node, ins, out)
+
+
+def _matmul(node: Node, ins: list[TensorType | None], out: Value) -> None:
+    if len(ins) < 2 or ins[1] is None or ins[0] is None:
+        return
+    a, b = ins[0].shape, ins[1].shape
+    if a is None or b is None or len(a) < 2 or len(b) < 2:
+        return
+    batch = _broadcast([a[:-2], b[:-2]]) if len(a) > 2 or len(b) > 2 else ()
+    if batch is None:
+        return
+    _set(out, ins[0].dtype, (*batch, a[-2], b[-1]))
+
+
+def _gemm(node: Node, ins: list[TensorType | None], out: Value) -> None:
+    if len(ins) < 2 or ins[1] is None or ins[0] is None:
+        return
+    a, b = ins[0].shape, ins[1].shape
+    if a is None or b is None or len(a) != 2 or len(b) != 2:
+        return
+    m = a[1] if node.attrs.get("transA", 0) else a[0]
+    n = b[0] if node.attrs.get("transB", 0) else b[1]
+    _set(out, ins[0].dtype, (m, n))
+
+
+def _concat(node: Node, ins: list[TensorType | None], out: Value) -> None:
+    if any(t is None or t.shape is None for t in ins) or not ins:
+        return
+    shapes = [t.shape for t in ins if t is not None and t.shape is not None]
+    rank = len(shapes[0])
+    axis = int(node.attrs.get("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    if any(len(s) != rank for s in shapes) or not 0 <= axis < rank:
+        return
+    along = [s[axis] for s in shapes]
+    total: Dim = sum(along) if all(isinstance(d, int) for d in along) else None  # type: ignore[arg-type]
+    shape = list(shapes[0])
+    for s in shapes[1:]:  # other dims: take a static one where any input has it
+        shape = [a if isinstance(a, int) else b for a, b in zip(shape, s)]
+    shape[axis] = total
+    _set(out, ins[0].dtype if ins[0] is not None else None, shape)
+
+
+def _transpose(node: Node, ins: list[TensorType | None], out: Value) -> None:
+    t = ins[0]
+    if t is None or t.shape is None:
+        return
+    perm = node.attrs.get("perm") or list(range(len(t.shape)))[::-1]
+    if sorted(perm) != list(range(len(t.shape))):
+        return
+    _set(out, t.dtype, [t.shape[p] for p in perm])
+
+
+def _reshape(node: Node, ins: list[TensorType | None], out: Value) -> None:
+    t = ins[0]
+    target = node.inputs[1].const if len(node.inputs) > 1 and node.inputs[1] else None
+    if t is None or target is None or t.shape is None or node.attrs.get("allowzero", 0):
+        return
+    dims: list[Dim] = []
+    for i, d in enumerate(int(x) for x in target.reshape(-1)):
+        dims.append((t.shape[i] if i < len(t.shape) else None) if d == 0 else d)
+    if dims.count(-1) == 1:
+        known = [d for d in dims if d != -1]
+        if t.is_static and all(isinstance(d, int) for d in known):
+            total = math.prod([int(d) for d in t.shape if isinstance(d, int)])
+            rest = math.prod([int(d) for d in known if isinstance(d, int)])
+            dims[dims.index(-1)] = total // rest if rest else 0
+        else:
+            dims[dims.index(-1)] = None
+    _set(out, t.dtype, dims)
+
+
+_RULES = {
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Concat": _concat,
+    "Transpose": _transpose,
+    "Reshape": _reshape,
+}
+
+
+def _probe(graph: Graph, ctx: PassContext) -> int:
+    """Run the graph on zero feeds; record observed types of shape-determined values."""
+    if not all(_is_static(v) for v in graph.inputs):
+        return 0
+    flags_of = flags_lookup(ctx)
+    if not all(is_pure(n, flags_of(n)) for n in graph.nodes):
+        return 0
+    from ..executors.plan_probe import run_env, value_slots
+    from ..executors.program import compile_program
+
+    det = shape_determined(graph, flags_of)
+    feeds = []
+    for v in graph.inputs:
+        t = v.type
+        assert isinstance(t, TensorType) and t.shape is not None
+        feeds.append(np.zeros(tuple(int(d) for d in t.shape if isinstance(d, int)), t.dtype))
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            program = compile_program(graph, ctx.registry)
+            env = run_env(program, feeds)
+    except Exception:  # noqa: BLE001 - the probe is best effort
+        return 0
+    slot = value_slots(program)
+    n = 0
+    for node in graph.nodes:
+        for o in node.outputs:
+            if o is None or _is_static(o) or id(o) not in det:
+                continue
+            x = env[slot[id(o)]]
+            if isinstance(x, (np.ndarray, np.generic)) and x.dtype.kind != "O":
+                o.type = TensorType(x.dtype, tuple(int(d) for d in x.shape))
+                n += 1
+    return n

@@ -1,0 +1,265 @@
+"""The sync interpreter: a planned, generated, allocation-free program per input signature.
+
+The first call with a new signature (shapes and dtypes of the feeds) runs the prepared
+program plainly, keeping every value (``plan_probe.run_env``): that is the call's answer,
+and it shows the planner the real shape and dtype of every value. The planner
+(``plan_build``) lays the values out in one arena; the code generator (``plan_codegen``)
+writes a straight-line function calling each kernel with ``out=`` its arena view. Later
+calls with that signature run the generated function: no futures, no locks, no per-kernel
+lookups, no allocation but the outputs handed to the user.
+
+Plans are cached per signature (at most ``max_plans``; the oldest is dropped). ``run`` is
+always the newest plan's fast entry, which checks the feeds' signature in line and falls
+back to ``_slow`` (full feed validation, plan lookup or creation) on any mismatch.
+
+Threading: ``run`` is safe from many threads at once. Each call takes an arena from its
+plan's free list (or makes one), so concurrent calls never share buffers. Plan creation
+happens outside any lock except for the cache insert; two threads making the same plan
+at once both succeed and one plan is kept. Outputs belong to the caller: fresh arrays, or
+the caller's own buffers passed as ``outs``.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ExecutionError, InputError
+from .plan import ALIGN, MemoryPlan
+from .plan_build import Layout, build_layout
+from .plan_codegen import Generated, generate
+from .plan_probe import run_env
+from .program import Program, user_output
+
+__all__ = ["SyncInterpreter"]
+
+
+class _Plan:
+    """One signature's layout, generated code and arena factory. Immutable once made."""
+
+    def __init__(self, program: Program, layout: Layout) -> None:
+        self.program = program
+        self.layout = layout
+        self.line_node: dict[tuple[Any, int], int] = {}
+        self.gen: Generated | None = None
+        size = layout.plan.arena_bytes
+        self._views = layout.views
+        self._size = size
+
+    def new_arena(self) -> tuple[Any, ...]:
+        raw = np.empty(self._size + ALIGN, np.uint8)
+        start = (-raw.ctypes.data) % ALIGN
+        base = raw[start : start + self._size]
+        return tuple(
+            base[off : off + int(np.prod(shape, dtype=np.int64)) * dt.itemsize]
+            .view(dt)
+            .reshape(shape)
+            for _, off, shape, dt in self._views
+        )
+
+    def failed(self, e: BaseException, where: str) -> BaseException:
+        """The exception to raise for ``e`` escaping the generated code: an
+        ExecutionError naming the node whose line failed."""
+        if not isinstance(e, Exception):
+            return e
+        tb = e.__traceback__
+        idx = None
+        while tb is not None and idx is None:
+            idx = self.line_node.get((tb.tb_frame.f_code, tb.tb_lineno))
+            tb = tb.tb_next
+        if idx is None:
+            return e
+        node = self.program.instrs[idx].node
+        if isinstance(e, ExecutionError) and e.node_name == node.name:
+            return e
+        err = ExecutionError(node.name, node.op_type, e)
+        err.__cause__ = e
+        return err
+
+
+class SyncInterpreter:
+    """Runs one prepared top-level Program with per-signature memory plans.
+
+    ``determined``: ids of values whose shape the input signature fixes (from the
+    compiler); only those are planned. ``check`` validates feeds (a FeedChecker).
+    """
+
+    def __init__(
+        self,
+        program: Program,
+        determined: set[int],
+        check: Any,
+        *,
+        max_plans: int = 8,
+    ) -> None:
+        graph = program.graph
+        self._program = program
+        self._determined = determined
+        self._check = check
+        self._max_plans = max_plans
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
+        self._lock = threading.Lock()
+        self._in_names = [v.name for v in graph.inputs]
+        self._out_names = [v.name for v in graph.outputs]
+        self._out_types = [v.type for v in graph.outputs]
+        fixed = set(program.input_slots) | {
+            s for s, t in enumerate(program.template) if t is not None and s > 1
+        }
+        seen: set[int] = set()
+        self._plain_kinds = []
+        for s in program.output_slots:
+            self._plain_kinds.append("copy" if s in fixed or s in seen else "user")
+            seen.add(s)
+        self._consts = [t for t in program.template[2:] if t is not None]
+        self._pure = all(i.flags.pure and not i.flags.is_async for i in program.instrs)
+        #: The entry point: the newest plan's fast path, or the slow path before any plan.
+        self.run: Any = self._slow
+
+    # -- the slow path -------------------------------------------------------------------
+    def _slow(self, feeds: Mapping[str, Any], outs: Mapping[str, Any] | None = None) -> Any:
+        args = self._check(feeds)
+        bufs = self._out_buffers(outs)
+        sig = _signature(args)
+        plan = None if sig is None else self._plans.get(sig)
+        if plan is None:
+            env = run_env(self._program, args)  # this call's answer, and the probe
+            vals = [env[s] for s in self._program.output_slots]
+            kinds = self._plain_kinds
+            if sig is not None:
+                # The layout's alias analysis says which outputs may be feeds, constants or
+                # views of them; its "fresh" outputs were made here without ``out=``.
+                made = self._make_plan(sig, env).layout.output_kinds
+                kinds = ["user" if k == "fresh" else k for k in made]
+            kinds = [
+                "copy" if any(v is a for a in args) or any(v is c for c in self._consts) else k
+                for v, k in zip(vals, kinds)
+            ]
+            return self._finish(vals, kinds, bufs)
+        assert plan.gen is not None
+        layout = plan.layout
+        for k, buf in enumerate(bufs):
+            s = self._program.output_slots[k]
+            if buf is not None and layout.output_kinds[k] == "fresh":
+                shape, dtype = layout.shapes[s]
+                _check_buffer(self._out_names[k], buf, shape, dtype)
+        vals = plan.gen.run_checked(args, bufs)
+        return self._finish(vals, layout.output_kinds, bufs)
+
+    def _out_buffers(self, outs: Mapping[str, Any] | None) -> list[Any]:
+        if outs is None:
+            return [None] * len(self._out_names)
+        unknown = [k for k in outs if k not in self._out_names]
+        if unknown:
+            raise InputError(f"outputs: unknown output(s) {unknown}; outputs are {self._out_names}")
+        bufs = [outs.get(n) for n in self._out_names]
+        for name, b in zip(self._out_names, bufs):
+            if b is not None and not (isinstance(b, np.ndarray) and b.flags.writeable):
+                raise InputError(f"outputs[{name!r}] must be a writeable numpy array")
+        return bufs
+
+    def _finish(self, vals: Sequence[Any], kinds: Sequence[str], bufs: Sequence[Any]) -> Any:
+        out: dict[str, Any] = {}
+        for k, (name, v, kind, buf) in enumerate(zip(self._out_names, vals, kinds, bufs)):
+            if buf is not None:
+                if v is not buf:
+                    arr = np.asarray(v)
+                    _check_buffer(name, buf, arr.shape, arr.dtype)
+                    np.copyto(buf, arr)
+                out[name] = buf
+            elif kind == "fresh":
+                out[name] = v
+            elif kind == "copy":
+                out[name] = self._copy(v, k)
+            else:
+                out[name] = user_output(v, self._out_types[k])
+        return out
+
+    def _copy(self, v: Any, k: int) -> Any:
+        if type(v) is np.ndarray:
+            return v.copy()
+        return user_output(np.array(v) if isinstance(v, np.generic) else v, self._out_types[k])
+
+    def _user(self, v: Any, k: int) -> Any:
+        return user_output(v, self._out_types[k])
+
+    # -- plans ---------------------------------------------------------------------------
+    def _make_plan(self, sig: tuple[Any, ...], env: list[Any]) -> _Plan:
+        layout = build_layout(self._program, env, self._determined, sig)
+        plan = _Plan(self._program, layout)
+        helpers = {
+            "_slow": self._slow,
+            "_failed": plan.failed,
+            "_cp": self._copy,
+            "_uo": self._user,
+        }
+        gen = generate(
+            self._program, layout, self._in_names, self._out_names, helpers, plan.new_arena
+        )
+        plan.gen = gen
+        plan.line_node = gen.line_node
+        with self._lock:
+            existing = self._plans.get(sig)
+            if existing is not None:
+                return existing
+            while len(self._plans) >= self._max_plans:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[sig] = plan
+            self.run = gen.run
+        return plan
+
+    def memory_plan(self, shapes: Mapping[str, Sequence[int]]) -> MemoryPlan:
+        """The memory plan for feeds of these shapes (dtypes are the model's), made now
+        with a run on zero feeds when no call has made it yet. Models with custom or
+        async kernels only report plans made by real calls."""
+        feeds = {}
+        for spec_name, v in zip(self._in_names, self._program.graph.inputs):
+            if spec_name not in shapes:
+                raise InputError(f"memory_plan: no shape for input {spec_name!r}")
+            dtype = getattr(v.type, "dtype", None)
+            if dtype is None:
+                raise InputError(f"memory_plan: input {spec_name!r} has no known dtype")
+            feeds[spec_name] = np.zeros(tuple(shapes[spec_name]), dtype)
+        extra = [k for k in shapes if k not in self._in_names]
+        if extra:
+            raise InputError(f"memory_plan: unknown input(s) {extra}; inputs are {self._in_names}")
+        args = self._check(feeds)
+        sig = _signature(args)
+        if sig is None:
+            raise InputError("memory_plan: the model has non-tensor inputs; nothing is planned")
+        plan = self._plans.get(sig)
+        if plan is None:
+            if not self._pure:
+                raise ValueError(
+                    "memory_plan: this model has custom or async kernels, which are not run "
+                    "on dummy feeds; call the model once with feeds of these shapes first"
+                )
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                env = run_env(self._program, args)
+            plan = self._make_plan(sig, env)
+        return plan.layout.plan
+
+    def plans(self) -> list[MemoryPlan]:
+        """The cached plans, oldest first."""
+        return [p.layout.plan for p in list(self._plans.values())]
+
+
+def _signature(args: Sequence[Any]) -> tuple[Any, ...] | None:
+    sig = []
+    for a in args:
+        if type(a) is not np.ndarray:
+            return None
+        sig.append((a.shape, a.dtype))
+    return tuple(sig)
+
+
+def _check_buffer(name: str, buf: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    if tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
+        raise InputError(
+            f"outputs[{name!r}]: buffer is {buf.dtype}{list(buf.shape)}, "
+            f"the output is {dtype}{list(shape)}"
+        )

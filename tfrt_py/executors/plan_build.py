@@ -1,0 +1,206 @@
+"""From a program and one observed run to a Layout: which values live where.
+
+For one input signature, every value falls in one of three kinds:
+
+* ``arena``: a kernel with ``supports_out`` writes it into a view of the call's arena.
+  Only values whose shape the signature fixes (the compiler's ``shape_determined``) and
+  whose dtype is a fixed-size one (no strings or objects) qualify.
+* ``fresh``: a graph output of such a kernel: written into a new array (or the caller's
+  buffer) each call, so the user never sees the arena.
+* ``none``: the kernel allocates (no ``out=``; multiple outputs; dynamic shape).
+
+Lifetimes account for aliasing: a kernel called without ``out=`` may return a view of any
+input (Reshape, Identity, Slice, a subgraph returning a captured value), so its outputs and
+inputs form one alias group, and an arena buffer lives until the last read of any value in
+its group. A kernel registered ``inplace`` writes into its input 0's buffer when that
+buffer's life ends at this step and shape and dtype match.
+
+Built once per signature on the thread that made the first call; immutable afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .plan import Buffer, MemoryPlan, lower_bound, plan_offsets
+from .program import Program
+
+__all__ = ["DEL_MIN_BYTES", "Layout", "build_layout"]
+
+#: Unplanned values at least this big are released right after their last read.
+DEL_MIN_BYTES = 1 << 16
+_RESERVED = (0, 1)  # the program's None and sink slots
+
+
+@dataclass
+class Layout:
+    """Where each value of one signature lives, and the arena's memory plan.
+
+    ``kind[slot]``: "arena" | "fresh" for values written with ``out=``; ``views`` lists
+    (slot, offset, shape, dtype) of arena values; ``output_kinds[k]`` says how graph
+    output ``k`` reaches the user: "fresh" (already theirs), "copy" (always copied: a feed,
+    a constant, a duplicate, or a possible view of the arena), "user" (copied when it is a
+    view); ``release[step]`` lists slots to drop after that step.
+    """
+
+    plan: MemoryPlan
+    kind: dict[int, str]
+    shapes: dict[int, tuple[tuple[int, ...], np.dtype]]
+    views: list[tuple[int, int, tuple[int, ...], np.dtype]]
+    output_kinds: list[str]
+    release: dict[int, list[int]] = field(default_factory=dict)
+    observed: dict[int, tuple[tuple[int, ...], np.dtype]] = field(default_factory=dict)
+
+
+class _Groups:
+    """Union-find over slots (alias groups)."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+
+    def find(self, s: int) -> int:
+        p = self.parent.setdefault(s, s)
+        while p != self.parent[p]:
+            self.parent[p] = self.parent[self.parent[p]]
+            p = self.parent[p]
+        self.parent[s] = p
+        return p
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[ra] = rb
+
+
+def _plannable(x: Any) -> bool:
+    return isinstance(x, (np.ndarray, np.generic)) and not x.dtype.hasobject
+
+
+def build_layout(
+    program: Program, env: list[Any], determined: set[int], signature: tuple[Any, ...]
+) -> Layout:
+    """The layout of ``program`` for ``signature``, from ``env`` (a probe run's values)
+    and ``determined`` (ids of values whose shape the signature fixes)."""
+    instrs = program.instrs
+    n = len(instrs)
+    outputs = program.output_slots
+    out_set = set(outputs)
+    fixed = set(program.input_slots) | {
+        s for s, t in enumerate(program.template) if t is not None and s not in _RESERVED
+    }
+    last: dict[int, int] = {}
+    for i, ins in enumerate(instrs):
+        for s in ins.ins:
+            last[s] = i
+    for s in outputs:
+        last[s] = n
+
+    kind: dict[int, str] = {}
+    shapes: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
+    groups = _Groups()
+    for ins in instrs:
+        v = ins.node.outputs[0] if ins.node.outputs else None
+        s = ins.outs[0]
+        x = env[s]
+        if (
+            ins.single
+            and ins.flags.supports_out
+            and v is not None
+            and id(v) in determined
+            and _plannable(x)
+        ):
+            kind[s] = "fresh" if s in out_set else "arena"
+            shapes[s] = (tuple(x.shape), x.dtype)
+            continue
+        for o in ins.outs:
+            if o in _RESERVED:
+                continue
+            for i in ins.ins:
+                if i not in _RESERVED:
+                    groups.union(o, i)
+    group_last: dict[int, int] = {}
+    for s, t in last.items():
+        r = groups.find(s)
+        group_last[r] = max(group_last.get(r, -1), t)
+
+    def life_end(s: int, step: int) -> int:
+        return max(step, group_last.get(groups.find(s), step))
+
+    buffers: list[Buffer] = []
+    buffer_of: dict[int, Buffer] = {}
+    n_inplace = 0
+    for i, ins in enumerate(instrs):
+        s = ins.outs[0]
+        if kind.get(s) != "arena":
+            continue
+        shape, dtype = shapes[s]
+        name = ins.node.outputs[0].name  # type: ignore[union-attr]
+        s0 = ins.ins[0] if ins.ins else -1
+        buf = buffer_of.get(s0)
+        if (
+            ins.flags.inplace
+            and buf is not None
+            and buf.last == i
+            and shapes[s0] == (shape, dtype)
+            and all(groups.find(x) != groups.find(s0) for x in ins.ins[1:])
+        ):
+            buf.last = life_end(s, i)
+            buf.values.append(name)
+            buffer_of[s] = buf
+            n_inplace += 1
+            continue
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        buf = Buffer(nbytes, i, life_end(s, i), [name])
+        buffers.append(buf)
+        buffer_of[s] = buf
+    arena = plan_offsets(buffers)
+    views = [(s, b.offset, shapes[s][0], shapes[s][1]) for s, b in buffer_of.items()]
+
+    risky = fixed | set(buffer_of)
+    risky_groups = {groups.find(s) for s in risky}
+    output_kinds: list[str] = []
+    seen: set[int] = set()
+    for s in outputs:
+        if s in seen or s in fixed:
+            output_kinds.append("copy")
+        elif kind.get(s) == "fresh":
+            output_kinds.append("fresh")
+        elif groups.find(s) in risky_groups:
+            output_kinds.append("copy")
+        else:
+            output_kinds.append("user")
+        seen.add(s)
+
+    release: dict[int, list[int]] = {}
+    for i, ins in enumerate(instrs):
+        for o in ins.outs:
+            x = env[o]
+            if (
+                o in _RESERVED
+                or o in kind
+                or o in out_set
+                or not isinstance(x, np.ndarray)
+                or x.nbytes < DEL_MIN_BYTES
+            ):
+                continue
+            release.setdefault(last.get(o, i), []).append(o)
+    plan = MemoryPlan(
+        signature,
+        arena,
+        lower_bound(buffers),
+        buffers,
+        n_inplace=n_inplace,
+        n_fresh=sum(1 for k in kind.values() if k == "fresh"),
+        n_unplanned=sum(
+            1 for ins in instrs for o in ins.outs if o not in kind and o not in _RESERVED
+        ),
+    )
+    observed = {
+        s: (tuple(x.shape), x.dtype)
+        for s, x in enumerate(env)
+        if isinstance(x, (np.ndarray, np.generic))
+    }
+    return Layout(plan, kind, shapes, views, output_kinds, release, observed)
