@@ -1,32 +1,49 @@
-"""Latency of the anchor models M1-M4 on every runtime, side by side in one process.
+"""Latency of the anchor models M1-M4 and some real models, all runtimes in one process.
 
     python benchmarks/latency.py [--seconds S] [--models M1,M2,...] [--out DIR]
 
-For each model: tfrt_py (each executor it accepts), hand-written NumPy (fresh and
-preallocated), onnxruntime (run and io binding). Outputs are checked against each other
-before timing; bursts are interleaved and paired with an adjacent NumPy-prealloc burst;
-the table reports median/p90/p99 µs and the median paired ratio. Writes JSON, markdown
-and (when matplotlib is installed) a PNG per model into ``--out``.
+For each anchor model: tfrt_py (each executor it accepts), hand-written NumPy (fresh and
+preallocated), onnxruntime (run and io binding). For the real models (a CNN, a
+transformer block, a recommender, a gradient-boosted tree ensemble; built from fixed seeds
+by ``tests/models``) there is no hand-written baseline: ratios are to onnxruntime run.
+Outputs are checked against each other before timing; bursts are interleaved and paired
+with an adjacent baseline burst; the table reports median/p90/p99 µs and the median
+paired ratio. Writes JSON, markdown and (when matplotlib is installed) a PNG per model
+into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-import contextlib
-
-from anchors import ANCHORS
+from anchor_models import ANCHORS
 
 from tfrt_py.bench import measure
 from tfrt_py.bench.report import markdown_table, plot
 from tfrt_py.bench.runners import check_agreement, make_runners
 
 BASELINE = "numpy prealloc"
+REAL_BASELINE = "onnxruntime run"
+REAL_MODELS = ("cnn", "transformer_erf", "recommender", "sklearn_gb_classifier")
+
+
+def bench_real(key: str, seconds: float, executors: tuple[str, ...]) -> tuple[str, list]:
+    from models import build  # tests/models: real models from fixed seeds
+
+    case = build(key)
+    runners, outputs = make_runners(case.model.SerializeToString(), case.feeds[0], executors)
+    check_agreement(outputs, rtol=case.rtol, atol=case.atol)
+    results = measure(runners, REAL_BASELINE, seconds)
+    return case.name, [results, markdown_table(results, REAL_BASELINE)]
 
 
 def bench_model(key: str, seconds: float, executors: tuple[str, ...]) -> tuple[str, list]:
@@ -44,19 +61,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--models", default=",".join(ANCHORS))
+    ap.add_argument("--real", default=",".join(REAL_MODELS), help="'' for none")
     ap.add_argument("--executors", default="auto")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     summary = {}
-    for key in a.models.split(","):
-        name, (results, table) = bench_model(key, a.seconds, tuple(a.executors.split(",")))
+    executors = tuple(a.executors.split(","))
+    jobs = [(k, bench_model) for k in a.models.split(",") if k]
+    jobs += [(k, bench_real) for k in a.real.split(",") if k]
+    for key, bench in jobs:
+        name, (results, table) = bench(key, a.seconds, executors)
         print(f"\n## {name}\n\n{table}", flush=True)
         summary[key] = {"name": name, "results": [r.as_dict() for r in results.values()]}
         with contextlib.suppress(ImportError):
             plot(results, os.path.join(a.out, f"{key}.png"), name)
     with open(os.path.join(a.out, "latency.json"), "w") as f:
         json.dump({"baseline": BASELINE, "models": summary}, f, indent=1)
+    missing = [m for m in ("ai_edge_litert", "torch", "jax") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"\nnot installed, so no columns for: {', '.join(missing)}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import onnxruntime as ort
-from anchors import ANCHORS
+from anchor_models import ANCHORS
 
 import tfrt_py
 

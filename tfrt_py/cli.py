@@ -104,11 +104,12 @@ def bench(
 ) -> None:
     """Latency of MODEL on tfrt_py against onnxruntime: interleaved, paired bursts."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import Progress
     from rich.table import Table
 
     from .bench import measure
-    from .bench.report import markdown_table, plot, to_json
+    from .bench.report import plot, to_json
     from .bench.runners import check_agreement, make_runners, random_feeds
 
     model = _load(model_path)
@@ -131,7 +132,7 @@ def bench(
         table.add_column(col, justify="right" if col != "runtime" else "left")
     for r in sorted(results.values(), key=lambda r: r.median_us):
         table.add_row(
-            r.name,
+            escape(r.name),
             f"{r.median_us:.1f}",
             f"{r.pct(0.9):.1f}",
             f"{r.pct(0.99):.1f}",
@@ -146,8 +147,6 @@ def bench(
             plot(results, plot_path, model_path)
         except ImportError:
             _fail("--plot needs matplotlib: pip install 'tfrt-py[bench]'")
-    if not json_path and not plot_path:
-        click.echo(markdown_table(results, baseline))
 
 
 if __name__ == "__main__":
