@@ -68,13 +68,13 @@ def main() -> None:
 
             case = build("transformer_erf")
             t0 = time.perf_counter()
-            model = tfrt_py.load(case.model)
+            model = tfrt_py.load(case.model, executor="sync")
             load_s = time.perf_counter() - t0
             for batch in (1, 8, 64):
                 print(_row(f"transformer block b{batch}", model, {"x": (batch, 8, 16)}, load_s))
             continue
         t0 = time.perf_counter()
-        model = tfrt_py.load(os.path.join(LIGHT, f"light_{name}.onnx"))
+        model = tfrt_py.load(os.path.join(LIGHT, f"light_{name}.onnx"), executor="sync")
         load_s = time.perf_counter() - t0
         spec = model.inputs[0]
         shape = tuple(d if isinstance(d, int) else 1 for d in spec.shape or ())

@@ -164,3 +164,27 @@ async def test_run_async_matches_run(anyio_backend: str) -> None:
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def _two_branch(n: int) -> tfrt_py.ir.Graph:
+    b = GraphBuilder("branches")
+    x = b.input("x", np.float32, (n, n))
+    w = np.eye(n, dtype=np.float32)
+    left = b.op("MatMul", x, b.const(w), name="left")
+    right = b.op("MatMul", x, b.const(2 * w), name="right")
+    b.output(b.op("Add", left, right), "y")
+    return b.build()
+
+
+def test_auto_picks_async_for_parallel_expensive_kernels_and_says_why() -> None:
+    m = tfrt_py.load(_two_branch(512))
+    assert m.executor == "async"
+    assert "can run in parallel" in m.describe()
+    x = np.ones((512, 512), np.float32)
+    np.testing.assert_array_equal(m.run({"x": x})["y"], 3 * x)
+
+
+def test_auto_keeps_tiny_models_on_the_sync_interpreter() -> None:
+    m = tfrt_py.load(_two_branch(4))
+    assert m.executor == "sync"
+    assert "the pool hop would cost more" in m.describe()

@@ -219,7 +219,7 @@ def test_views_keep_their_buffer_alive() -> None:
 
 def test_transformer_block_arena_near_lower_bound() -> None:
     case = build("transformer_erf")
-    model = tfrt_py.load(case.model)
+    model = tfrt_py.load(case.model, executor="sync")
     for batch in (1, 4):
         plan = model.memory_plan({"x": (batch, 8, 16)})
         _assert_no_live_overlap(plan.buffers)
@@ -247,7 +247,7 @@ def test_classic_cnn_arena_near_lower_bound(name: str) -> None:
     import onnx
 
     path = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light")
-    model = tfrt_py.load(os.path.join(path, f"light_{name}.onnx"))
+    model = tfrt_py.load(os.path.join(path, f"light_{name}.onnx"), executor="sync")
     shape = tuple(d if isinstance(d, int) else 1 for d in model.inputs[0].shape or ())
     plan = model.memory_plan({model.inputs[0].name: shape})
     _assert_no_live_overlap(plan.buffers)

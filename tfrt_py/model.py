@@ -19,13 +19,15 @@ from typing import Any
 
 import numpy as np
 
+from .compiler.cost import graph_cost
 from .compiler.prepare import Prepared, prepare
 from .concurrency import HostContext, default_host
 from .errors import UnsupportedOpError
 from .executors.dataflow import DataflowExecutor
+from .executors.dataflow_cost import is_expensive
 from .executors.program import Program, compile_program, user_output
 from .feeds import FeedChecker, TensorSpec, spec_of
-from .ir import Graph, verify
+from .ir import Graph, Node, verify
 from .kernels import KernelContext, KernelFlags, KernelRegistry, default_registry
 
 __all__ = ["EXECUTORS", "Model", "load"]
@@ -113,11 +115,51 @@ def _choose_executor(requested: str, program: Program, registry: KernelRegistry)
             n.name,
             "async kernels need the async executor (executor='async' or 'auto')",
         )
-    if requested == "auto":
-        if async_nodes:
-            return "async", f"auto: {len(async_nodes)} async kernel(s) to overlap"
-        return "sync", "auto: no async kernels"
-    return requested, "requested"
+    if requested != "auto":
+        return requested, "requested"
+    if async_nodes:
+        return "async", f"auto: {len(async_nodes)} async kernel(s) to overlap"
+    nodes = [ins.node for ins in program.instrs]
+    total = graph_cost(program.graph, registry)
+    pairs = _parallel_expensive(nodes, registry)
+    if pairs:
+        a, b = pairs
+        return "async", (
+            f"auto: expensive kernels {a!r} and {b!r} can run in parallel "
+            f"(est. {total.flops / 1e6:.1f} MFLOP per call)"
+        )
+    return "sync", (
+        f"auto: no async kernels and no parallel expensive kernels "
+        f"(est. {total.flops / 1e6:.2f} MFLOP per call): the pool hop would cost more"
+    )
+
+
+def _parallel_expensive(nodes: list[Node], registry: KernelRegistry) -> tuple[str, str] | None:
+    """Two expensive kernels with no path between them (names), or None. "Expensive" is
+    the dataflow executor's own classification, so the choice and its scheduling agree.
+
+    Load time only: an ancestor bitset per value over the expensive nodes seen so far.
+    """
+    expensive = {id(n) for n in nodes if is_expensive(n, registry)}
+    if len(expensive) < 2:
+        return None
+    bit: dict[int, int] = {}  # value id -> bitset of expensive ancestors (inclusive)
+    order: list[Node] = []
+    for n in nodes:
+        anc = 0
+        for v in n.inputs:
+            if v is not None:
+                anc |= bit.get(id(v), 0)
+        if id(n) in expensive:
+            for i, other in enumerate(order):
+                if not anc >> i & 1:
+                    return other.name, n.name
+            anc |= 1 << len(order)
+            order.append(n)
+        for v in n.outputs:
+            if v is not None:
+                bit[id(v)] = anc
+    return None
 
 
 def _with_custom(base: KernelRegistry, custom: CustomKernels | None) -> KernelRegistry:
