@@ -6,62 +6,29 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
-from onnx import helper
+from kernel_harness import build_node, check_vs_ort, ort_run, registry_of
 
-from tfrt_py.ir import Node, Value
-from tfrt_py.ir.types import TensorType
 from tfrt_py.kernels import conv
-from tfrt_py.kernels.base import KernelContext
-from tfrt_py.kernels.registry import KernelRegistry
 
 ort = pytest.importorskip("onnxruntime")
 
-_REG = KernelRegistry()
-conv.register_kernels(_REG)
+_REG = registry_of(conv)
 _RNG = np.random.default_rng(0)
 
 
 def _build(
     op: str, inputs: list[Any], attrs: dict[str, Any], const: tuple[int, ...] = (), opset=19
 ):
-    vals: list[Value | None] = []
-    for i, a in enumerate(inputs):
-        if a is None:
-            vals.append(None)
-        else:
-            vals.append(Value(f"i{i}", TensorType(a.dtype, a.shape), a if i in const else None))
-    node = Node(op, vals, [Value("y")], attrs, name="n", opset=opset)
-    return _REG.lookup("", op, opset).build(KernelContext(node))
+    return build_node(_REG, op, inputs, attrs, opset=opset, const=const)
 
 
 def _ort(op: str, inputs: list[Any], attrs: dict[str, Any], opset=19, n_out=1) -> list[Any]:
-    names = [f"i{i}" if a is not None else "" for i, a in enumerate(inputs)]
-    node = helper.make_node(op, names, [f"y{k}" for k in range(n_out)], **attrs)
-    g = helper.make_graph(
-        [node],
-        "g",
-        [
-            helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-            for n, a in zip(names, inputs)
-            if a is not None
-        ],
-        [onnx.ValueInfoProto(name=f"y{k}") for k in range(n_out)],
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 9
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {n: a for n, a in zip(names, inputs) if a is not None})
+    return ort_run(op, inputs, attrs, opset=opset, n_out=n_out)
 
 
 def _check(op: str, inputs: list[Any], attrs: dict[str, Any], rtol=1e-4, atol=1e-4, opset=19):
-    (want,) = _ort(op, inputs, attrs, opset)
-    args = [None if a is None else a for a in inputs]
-    for const in ((), tuple(range(1, len(inputs)))):
-        got = _build(op, inputs, attrs, const, opset)(*args)
-        assert got.dtype == want.dtype and got.shape == want.shape, (const, got.shape, want.shape)
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    check_vs_ort(_REG, op, inputs, attrs, opset=opset, rtol=rtol, atol=atol)
 
 
 def _r(*shape: int, dtype: Any = np.float32) -> np.ndarray:

@@ -7,20 +7,14 @@ import warnings
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
-from onnx import helper
+from kernel_harness import build_node, check_vs_ort, ort_run, registry_of
 
-from tfrt_py.ir import Node, Value
-from tfrt_py.ir.types import TensorType
 from tfrt_py.kernels import reduce
-from tfrt_py.kernels.base import KernelContext
-from tfrt_py.kernels.registry import KernelRegistry
 
 ort = pytest.importorskip("onnxruntime")
 
-_REG = KernelRegistry()
-reduce.register_kernels(_REG)
+_REG = registry_of(reduce)
 _RNG = np.random.default_rng(0)
 
 
@@ -32,34 +26,11 @@ def _build(
     const: tuple[int, ...] = (),
     n_out: int = 1,
 ) -> Any:
-    vals: list[Value | None] = []
-    for i, a in enumerate(inputs):
-        if a is None:
-            vals.append(None)
-        else:
-            vals.append(Value(f"i{i}", TensorType(a.dtype, a.shape), a if i in const else None))
-    outs: list[Value | None] = [Value(f"y{k}") for k in range(n_out)]
-    node = Node(op, vals, outs, attrs, name="n", opset=opset)
-    return _REG.lookup("", op, opset).build(KernelContext(node))
+    return build_node(_REG, op, inputs, attrs, opset=opset, const=const, n_out=n_out)
 
 
 def _ort(op: str, inputs: list[Any], attrs: dict[str, Any], opset: int, n_out: int = 1) -> Any:
-    names = [f"i{i}" if a is not None else "" for i, a in enumerate(inputs)]
-    node = helper.make_node(op, names, [f"y{k}" for k in range(n_out)], **attrs)
-    g = helper.make_graph(
-        [node],
-        "g",
-        [
-            helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-            for n, a in zip(names, inputs)
-            if a is not None
-        ],
-        [onnx.ValueInfoProto(name=f"y{k}") for k in range(n_out)],
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 9
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {n: a for n, a in zip(names, inputs) if a is not None})
+    return ort_run(op, inputs, attrs, opset=opset, n_out=n_out)
 
 
 def _check(
@@ -70,15 +41,7 @@ def _check(
     n_out: int = 1,
     tol: float = 1e-5,
 ) -> None:
-    want = _ort(op, inputs, attrs, opset, n_out)
-    for const in ((), tuple(range(1, len(inputs)))):
-        fn = _build(op, inputs, attrs, opset, const, n_out)
-        got = fn(*inputs)
-        got = got if isinstance(got, tuple) else (got,)
-        for g, w in zip(got, want):
-            g = np.asarray(g)
-            assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
-            np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+    check_vs_ort(_REG, op, inputs, attrs, opset=opset, n_out=n_out, rtol=tol, atol=tol)
 
 
 _REDUCE = [
