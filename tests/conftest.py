@@ -1,11 +1,50 @@
 """Shared test set-up: make ``tests/`` (node_cases, conformance_excludes, models) and
-``benchmarks/`` (anchor_models: the benchmark models are also test cases) importable."""
+``benchmarks/`` (anchor_models: the benchmark models are also test cases) importable; the
+executor fixtures (below)."""
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
+
+import pytest
+
+from tfrt_py.concurrency import HostContext
+from tfrt_py.executors.dataflow import SCHEDULE_SEED_ENV
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _TESTS)
 sys.path.insert(0, os.path.join(os.path.dirname(_TESTS), "benchmarks"))
+
+
+# -- fixtures of the executor tests (test_dataflow*.py); modules may override them --------
+
+
+@pytest.fixture(params=["sync", "async"])
+def executor(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("asyncio", id="asyncio"),
+        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+        pytest.param("trio", id="trio"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def host() -> Any:
+    with HostContext(num_workers=2, name="test-dataflow") as h:
+        yield h
+
+
+@pytest.fixture(autouse=True)
+def shuffled_ready_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dataflow ready queue pops in a seeded random order in every test, so no test can
+    depend on scheduling order (trio randomizes its run queue for the same reason)."""
+    monkeypatch.setenv(SCHEDULE_SEED_ENV, "8675309")
