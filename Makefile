@@ -20,8 +20,16 @@ demo: $(STAMP)
 	$(BIN)/tfrt-py run $(EXAMPLE)
 	$(BIN)/tfrt-py bench $(EXAMPLE) --seconds 3
 
+# Optional peers (benchmarks/peers.py): each is measured where it installs. torch is pinned
+# to the CPU wheel: a plain `torch` would pull the CUDA build (GBs).
+PEER_PACKAGES := "torch==2.13.0" "jax jaxlib" "ai-edge-litert"
+
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	@for spec in $(PEER_PACKAGES); do \
+	  $(BIN)/python -m pip install --quiet $$spec >/dev/null 2>&1 \
+	    || echo "bench: could not install $$spec; its column will be absent"; \
+	done
 	$(BIN)/python benchmarks/latency.py --out benchmarks/results
 
 lint: $(STAMP)

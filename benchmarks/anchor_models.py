@@ -3,14 +3,18 @@ with hand-written NumPy baselines: "fresh" (allocating) and "prealloc" (``out=``
 the zero-overhead limit a Python runtime can approach).
 
 Each ``build_*`` returns an ``Anchor``: the ONNX model, feeds, and the two NumPy runners
-(which return the model's outputs, so they are checked against every runtime).
+(which return the model's outputs, so they are checked against every runtime). ``kind`` and
+``params`` give the same fixed-seed weights to hand-written peers (``benchmarks/peers.py``):
+"matmul_chain" {ws}; "mlp" {ws, bs, relu_last, softmax}; "ads" {maxes, w0, b0, w1, b1}.
+Weights are stored as [in, out] (``x @ w``), as in the ONNX model.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -28,6 +32,8 @@ class Anchor:
     feeds: dict[str, np.ndarray]
     numpy_fresh: Callable[[], list[np.ndarray]]
     numpy_prealloc: Callable[[], list[np.ndarray]]
+    kind: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 def _model(nodes: list, name: str, inputs: list, outputs: list, inits: list) -> onnx.ModelProto:
@@ -71,7 +77,7 @@ def m1_matmul_chain(seed: int = 1) -> Anchor:
             src, dst = dst, (b if dst is a else a)
         return [src]
 
-    return Anchor("M1 matmul-chain", model, {"x": x}, fresh, prealloc)
+    return Anchor("M1 matmul-chain", model, {"x": x}, fresh, prealloc, "matmul_chain", {"ws": ws})
 
 
 def _mlp(name: str, sizes: list[int], batch: int, seed: int) -> Anchor:
@@ -133,7 +139,8 @@ def _mlp(name: str, sizes: list[int], batch: int, seed: int) -> Anchor:
             np.divide(h, red, out=h)
         return [h]
 
-    return Anchor(name, model, {"x": x}, fresh, prealloc)
+    params = {"ws": ws, "bs": bs, "relu_last": relu_last, "softmax": softmax}
+    return Anchor(name, model, {"x": x}, fresh, prealloc, "mlp", params)
 
 
 def m2_mlp_small(seed: int = 2) -> Anchor:
@@ -199,7 +206,8 @@ def m3_ads_normalize(seed: int = 3) -> Anchor:
         np.divide(one, h1, out=h1)
         return [h1]
 
-    return Anchor("M3 ads-normalize", model, feeds, fresh, prealloc)
+    params = {"maxes": maxes, "w0": w0, "b0": b0, "w1": w1, "b1": b1}
+    return Anchor("M3 ads-normalize", model, feeds, fresh, prealloc, "ads", params)
 
 
 ANCHORS: dict[str, Callable[[], Anchor]] = {

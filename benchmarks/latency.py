@@ -3,9 +3,11 @@
     python benchmarks/latency.py [--seconds S] [--models M1,M2,...] [--out DIR]
 
 For each anchor model: tfrt_py (each executor it accepts), hand-written NumPy (fresh and
-preallocated), onnxruntime (run and io binding). For the real models (a CNN, a
-transformer block, a recommender, a gradient-boosted tree ensemble; built from fixed seeds
-by ``tests/models``) there is no hand-written baseline: ratios are to onnxruntime run.
+preallocated), onnxruntime (run and io binding) and, where installed, the peers of
+``peers.py`` (TFLite via ai-edge-litert, torch.jit, jax.jit; ``--peers``). For the real
+models (a CNN, a transformer block, a recommender, a gradient-boosted tree ensemble; built
+from fixed seeds by ``tests/models``) there is no hand-written baseline: ratios are to
+onnxruntime run.
 Outputs are checked against each other before timing; bursts are interleaved and paired
 with an adjacent baseline burst; the table reports median/p90/p99 µs and the median
 paired ratio. Writes JSON, markdown and (when matplotlib is installed) a PNG per model
@@ -16,15 +18,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
+import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
+import numpy as np
+import peers
 from anchor_models import ANCHORS
 
 from tfrt_py.bench import measure
@@ -46,13 +51,24 @@ def bench_real(key: str, seconds: float, executors: tuple[str, ...]) -> tuple[st
     return case.name, [results, markdown_table(results, REAL_BASELINE)]
 
 
-def bench_model(key: str, seconds: float, executors: tuple[str, ...]) -> tuple[str, list]:
+def bench_model(
+    key: str,
+    seconds: float,
+    executors: tuple[str, ...],
+    peer_names: tuple[str, ...] = (),
+    peer_threads: int = 1,
+) -> tuple[str, list]:
     anchor = ANCHORS[key]()
     data = anchor.model.SerializeToString()
     runners, outputs = make_runners(data, anchor.feeds, executors, ("onnxruntime",))
+    peer_timed, peer_outputs = peers.peer_runners(anchor, peer_names, peer_threads)
     runners = {"numpy fresh": anchor.numpy_fresh, BASELINE: anchor.numpy_prealloc, **runners}
+    runners.update(peer_timed)
     outputs = {BASELINE: anchor.numpy_prealloc, "numpy fresh": anchor.numpy_fresh, **outputs}
-    check_agreement(outputs)
+    outputs.update(peer_outputs)
+    # atol scaled to the outputs (M1's are ~1e-13: a fixed 1e-5 would accept zeros)
+    scale = max(float(np.abs(o).max()) for o in anchor.numpy_prealloc())
+    check_agreement(outputs, atol=min(1e-5, 1e-4 * scale))
     results = measure(runners, BASELINE, seconds)
     return anchor.name, [results, markdown_table(results, BASELINE)]
 
@@ -63,12 +79,21 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(ANCHORS))
     ap.add_argument("--real", default=",".join(REAL_MODELS), help="'' for none")
     ap.add_argument("--executors", default="auto")
+    ap.add_argument("--peers", default=",".join(peers.PEERS), help="'' for none")
+    ap.add_argument("--peer-threads", type=int, default=1, help="threads per peer runtime")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     summary = {}
     executors = tuple(a.executors.split(","))
-    jobs = [(k, bench_model) for k in a.models.split(",") if k]
+    peer_names = tuple(p for p in a.peers.split(",") if p)
+    if a.models:
+        print(peers.describe(peer_names, a.peer_threads), flush=True)
+    anchor_bench = functools.partial(
+        bench_model, peer_names=peer_names, peer_threads=a.peer_threads
+    )
+    jobs: list[tuple[str, Callable[..., tuple[str, list]]]]
+    jobs = [(k, anchor_bench) for k in a.models.split(",") if k]
     jobs += [(k, bench_real) for k in a.real.split(",") if k]
     for key, bench in jobs:
         name, (results, table) = bench(key, a.seconds, executors)
@@ -78,7 +103,7 @@ def main() -> None:
             plot(results, os.path.join(a.out, f"{key}.png"), name)
     with open(os.path.join(a.out, "latency.json"), "w") as f:
         json.dump({"baseline": BASELINE, "models": summary}, f, indent=1)
-    missing = [m for m in ("ai_edge_litert", "torch", "jax") if importlib.util.find_spec(m) is None]
+    missing = peers.missing()
     if missing:
         print(f"\nnot installed, so no columns for: {', '.join(missing)}")
 
