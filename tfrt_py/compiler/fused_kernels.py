@@ -101,7 +101,7 @@ def _linear(registry: KernelRegistry) -> Any:
         mm, add = np.matmul, np.add
 
         def linear(x: np.ndarray, *rest: Any, out: np.ndarray | None = None) -> np.ndarray:
-            if x.ndim > 2 and x.flags.c_contiguous:
+            if x.ndim > 2 and k and x.flags.c_contiguous:  # k == 0: reshape(-1, 0) fails
                 y2 = mm(x.reshape(-1, k), w, out=None if out is None else out.reshape(-1, n))
                 y = y2.reshape(*x.shape[:-1], n) if out is None else out
             else:

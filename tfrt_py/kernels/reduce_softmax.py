@@ -89,6 +89,11 @@ def _log_softmax_rows(x: np.ndarray, a: int, out: Any) -> np.ndarray | None:
     return np.subtract(x, s.reshape(x.shape[:a] + (1,) * (x.ndim - a)), out=out)
 
 
+def _empty(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """The (empty) result for an input with no elements: NumPy's max/argmax refuse them."""
+    return np.empty(x.shape, x.dtype) if out is None else out
+
+
 def _classic_softmax(x: np.ndarray, ax: Any, out: Any) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # all -inf rows give NaN, as the reference
         y = np.subtract(x, _max(x, axis=ax, keepdims=True), out=out)
@@ -117,6 +122,8 @@ def _build_softmax(ctx: KernelContext) -> ComputeFn:
     axis, legacy = _axis_attr(ctx)
 
     def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if x.size == 0:
+            return _empty(x, out)
         nd = x.ndim
         a = axis + nd if axis < 0 else axis
         if (legacy or a == nd - 1) and math.prod(x.shape[:a]) >= _FAST_MIN_ROWS:
@@ -135,6 +142,8 @@ def _build_log_softmax(ctx: KernelContext) -> ComputeFn:
     axis, legacy = _axis_attr(ctx)
 
     def log_softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if x.size == 0:
+            return _empty(x, out)
         nd = x.ndim
         a = axis + nd if axis < 0 else axis
         if (legacy or a == nd - 1) and math.prod(x.shape[:a]) >= _FAST_MIN_ROWS:
@@ -154,6 +163,8 @@ def _build_hardmax(ctx: KernelContext) -> ComputeFn:
         axis = int(ctx.attr("axis", -1))
 
         def hardmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+            if x.size == 0:
+                return _empty(x, out)
             idx = np.argmax(x, axis=axis, keepdims=True)
             if out is None:
                 out = np.zeros(x.shape, dtype=x.dtype)
@@ -167,6 +178,8 @@ def _build_hardmax(ctx: KernelContext) -> ComputeFn:
     axis = int(ctx.attr("axis", 1))
 
     def hardmax_2d(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if x.size == 0:
+            return _empty(x, out)
         a = axis + x.ndim if axis < 0 else axis
         rows = int(np.prod(x.shape[:a], dtype=np.int64))
         x2 = x.reshape(rows, -1)

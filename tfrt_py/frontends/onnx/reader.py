@@ -10,7 +10,8 @@ import os
 from typing import Any
 
 import onnx
-from google.protobuf.message import DecodeError
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError, Message
 
 from ...errors import ModelLoadError
 
@@ -20,6 +21,7 @@ __all__ = ["read_model"]
 def read_model(source: Any) -> tuple[onnx.ModelProto, str]:
     """Return (ModelProto, base directory for external data) for ``source``."""
     if isinstance(source, onnx.ModelProto):
+        _check_text(source, "ONNX model")
         return source, os.getcwd()
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _parse(bytes(source), "<bytes>"), os.getcwd()
@@ -53,4 +55,34 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
         raise ModelLoadError(f"{where} parsed but holds no graph: not an ONNX model")
     if not model.opset_import and model.ir_version == 0:
         raise ModelLoadError(f"{where} has no ir_version and no opset_import: not an ONNX model")
+    _check_text(model, where)
     return model
+
+
+_STRING = FieldDescriptor.TYPE_STRING
+_MESSAGE = FieldDescriptor.TYPE_MESSAGE
+
+
+def _check_text(model: onnx.ModelProto, where: str) -> None:
+    """Every string field (names, op types, domains) must be UTF-8, as ONNX requires.
+
+    Protobuf's proto2 parser accepts any bytes there and hands them back as ``bytes``, not
+    ``str``; a corrupted file would then fail deep in the importer. Cost: one visit per
+    message (tensor payloads are ``bytes`` or numbers and are not walked).
+    """
+    stack: list[tuple[Message, str]] = [(model, "model")]
+    while stack:
+        msg, path = stack.pop()
+        for fd, value in msg.ListFields():
+            if fd.type == _STRING:
+                items = value if fd.is_repeated else (value,)
+                if any(not isinstance(x, str) for x in items):
+                    raise ModelLoadError(
+                        f"{where} is not a valid ONNX model: {path}.{fd.name} is not UTF-8 text "
+                        "(is the file corrupted?)"
+                    )
+            elif fd.type == _MESSAGE:
+                if fd.is_repeated:
+                    stack.extend((m, f"{path}.{fd.name}[{i}]") for i, m in enumerate(value))
+                else:
+                    stack.append((value, f"{path}.{fd.name}"))
