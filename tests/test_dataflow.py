@@ -88,9 +88,12 @@ def test_programs_without_control_flow_have_no_gates() -> None:
     plan = DataflowExecutor(
         compile_program(_branchy(), default_registry()), default_registry()
     ).plan
-    assert not plan.ifs and not plan.gate_of and len(plan.kinds) == plan.n_nodes + 1
+    assert not plan.ifs and not plan.ctrls and not plan.gate_of and not plan.sources
+    assert len(plan.kinds) == plan.n_nodes + 1
     cf = tfrt_py.load(if_loop().model, executor="sync")
-    assert len(DataflowExecutor(cf._program, default_registry()).plan.ifs) == 1
+    cf_plan = DataflowExecutor(cf._program, default_registry()).plan
+    # the If, and power_loop (captures the If's output); doubling_loop captures constants
+    assert len(cf_plan.ifs) == 1 and len(cf_plan.ctrls) == 1
 
 
 # -- random DAGs: dataflow == topological order == NumPy ------------------------------------

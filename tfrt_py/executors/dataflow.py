@@ -16,6 +16,13 @@ released kernels are scheduled by kind:
   ``run_async``, the host's background loop for ``run``); their completion continues the
   graph on that loop's thread.
 
+Control flow is non-strict (a kernel may start before all its inputs are available): an If
+launches once its cond and the captures of the branch it takes are available; a Loop or
+Scan launches once its own inputs are, completes without its captures when it runs zero
+iterations, and runs its first iteration as a nested dataflow run into which captures
+flow as they arrive (``dataflow_plan``, ``dataflow_control``). Programs without control
+flow have no gates and take no control-flow branch in the run loop.
+
 Errors (TFRT semantics): a failed kernel's outputs are errors; a kernel with an error among
 its inputs does not run and forwards it. The call raises ``ExecutionError`` naming the
 failing node (the first in program order when several fail independently).
@@ -40,11 +47,13 @@ from typing import Any
 from ..concurrency import HostContext, LoopBridge, current_bridge
 from ..errors import ExecutionError
 from ..ir import Node
-from ..kernels import KernelRegistry
+from ..kernels import KernelContext, KernelRegistry
+from ..kernels.control import iteration_spec
+from .dataflow_control import NonStrictLoop
 from .dataflow_cost import is_expensive
-from .dataflow_plan import ASYNC, CHEAP, EXPENSIVE, GATE, Plan, build_plan
+from .dataflow_plan import ASYNC, CHEAP, CTRL, EXPENSIVE, GATE, IfGates, Plan, build_plan
 from .dataflow_run import Run, ready_list_factory
-from .program import Program
+from .program import Program, compile_program, node_captures
 
 __all__ = ["SCHEDULE_SEED_ENV", "DataflowExecutor"]
 
@@ -56,7 +65,10 @@ class DataflowExecutor:
 
     ``expensive(node)`` overrides the cost classification (default: ``dataflow_cost``);
     ``schedule_seed`` (default: the ``TFRT_PY_SCHEDULE_SEED`` environment variable)
-    randomizes the order of ready kernels, for tests.
+    randomizes the order of ready kernels, for tests. Loop/Scan are non-strict only with a
+    ``registry`` (their bodies are compiled again, as nested dataflow programs); without
+    one they run as strict kernels. ``sources``: slot groups a parent run supplies later
+    (a Loop/Scan body's captures; ``dataflow_plan``).
     """
 
     def __init__(
@@ -66,14 +78,37 @@ class DataflowExecutor:
         *,
         expensive: Callable[[Node], bool] | None = None,
         schedule_seed: int | None = None,
+        sources: Sequence[Sequence[int]] = (),
     ) -> None:
         if expensive is None:
             if registry is None:
                 raise ValueError("DataflowExecutor needs a registry or an expensive= function")
             expensive = partial(is_expensive, registry=registry)
         self.program = program
-        self.plan: Plan = build_plan(program, expensive)
+        self.plan: Plan = build_plan(
+            program, expensive, sources=sources, nonstrict=registry is not None
+        )
         self.has_async = bool(self.plan.async_calls)
+        if schedule_seed is None and os.environ.get(SCHEDULE_SEED_ENV):
+            schedule_seed = int(os.environ[SCHEDULE_SEED_ENV])
+        self.schedule_seed = schedule_seed
+        self._new_ready = ready_list_factory(schedule_seed)
+        #: per ``plan.ctrls`` entry, its runtime (same order)
+        self.ctrls: list[NonStrictLoop] = []
+        for gates in self.plan.ctrls:
+            assert registry is not None
+            node = program.instrs[gates.node].node
+            spec = iteration_spec(KernelContext(node))
+            assert spec is not None, node.op_type
+            body_prog = compile_program(node.attrs["body"], registry, node_captures(node))
+            body = DataflowExecutor(
+                body_prog,
+                registry,
+                expensive=expensive,
+                schedule_seed=schedule_seed,
+                sources=[[body_prog.capture_slots[q] for q in g] for g in gates.groups],
+            )
+            self.ctrls.append(NonStrictLoop(gates, spec, body, expensive(node)))
         p = self.plan
         self._kinds = p.kinds
         # One tuple per index, unpacked once per kernel: its call, then the consumers it
@@ -92,10 +127,7 @@ class DataflowExecutor:
         self._input_slots = program.input_slots
         self._output_slots = program.output_slots
         self._nodes = [ins.node for ins in program.instrs]
-        if schedule_seed is None and os.environ.get(SCHEDULE_SEED_ENV):
-            schedule_seed = int(os.environ[SCHEDULE_SEED_ENV])
-        self.schedule_seed = schedule_seed
-        self._new_ready = ready_list_factory(schedule_seed)
+        self._counts = (len(p.ifs), len(p.ctrls))
 
     # -- entry points ---------------------------------------------------------------------------
     def run(self, inputs: Sequence[Any], host: HostContext) -> list[Any]:
@@ -143,15 +175,32 @@ class DataflowExecutor:
     def _start(
         self, inputs: Sequence[Any], host: HostContext, bridge: LoopBridge | None, inline: bool
     ) -> Run:
+        run = self.new_run(inputs, host, bridge)
+        self.go(run, self.plan.initial, inline)
+        return run
+
+    def new_run(
+        self,
+        inputs: Sequence[Any],
+        host: HostContext,
+        bridge: LoopBridge | None,
+        parent: Run | None = None,
+    ) -> Run:
+        """A run's state: the env template with ``inputs`` in the input slots, fresh
+        tokens. Nothing runs until ``go``."""
         env = self._template.copy()
         for slot, val in zip(self._input_slots, inputs):
             env[slot] = val
-        run = Run(env, list(map(list.copy, self.plan.tokens)), host, bridge, len(self.plan.ifs))
+        return Run(env, list(map(list.copy, self.plan.tokens)), host, bridge, *self._counts, parent)
+
+    def go(self, run: Run, initial: Sequence[int], inline: bool) -> None:
+        """Start ``run`` from the indices ``initial`` (``plan.initial``, plus the sources a
+        parent has already supplied) on this thread; return when nothing is left here."""
         ready = self._new_ready([])
         tail = -1
         kinds = self._kinds
         try:
-            for c in self.plan.initial:
+            for c in initial:
                 if kinds[c] == CHEAP:
                     ready.append(c)
                 else:
@@ -160,7 +209,11 @@ class DataflowExecutor:
         except BaseException:  # an interrupt inside a kernel: stop the other threads too
             run.cancel()
             raise
-        return run
+
+    def drain(self, run: Run, indices: list[int], inline: bool) -> None:
+        """Continue ``run`` on this thread from ``indices`` whose outputs are written (or
+        whose failure is recorded): release their consumers and run what belongs here."""
+        self._drain(run, self._new_ready(indices), inline)
 
     # -- the run loop ---------------------------------------------------------------------------
     def _drain(self, run: Run, ready: list[int], inline: bool, tail: int = -1) -> None:
@@ -222,14 +275,18 @@ class DataflowExecutor:
             self._spawn(run, c, ready)
         elif kind == GATE:
             ready.append(c)  # a no-op that releases END
-            j = run.fire_gate(*self.plan.gate_of[c], c)
-            if j >= 0:
-                if self._kinds[j] == CHEAP:
-                    ready.append(j)
-                else:
-                    return self._special(run, j, ready, tail, inline)
+            owner, role = self.plan.gate_of[c]
+            if isinstance(owner, IfGates):
+                j = run.fire_gate(owner, role, c)
+                if j >= 0:
+                    if self._kinds[j] == CHEAP:
+                        ready.append(j)
+                    else:
+                        return self._special(run, j, ready, tail, inline)
+            else:  # a non-strict Loop/Scan
+                self.ctrls[owner.ordinal].fire(self, run, role, c, ready, inline)
         else:  # END
-            self._finish(run)
+            self._finish(run, inline)
         return tail
 
     def _pool_task(self, run: Run, i: int) -> None:
@@ -275,12 +332,17 @@ class DataflowExecutor:
             run.abort(e)
 
     # -- completion --------------------------------------------------------------------------
-    def _finish(self, run: Run) -> None:
+    def _finish(self, run: Run, inline: bool) -> None:
         """END: every kernel has run or forwarded an error. Set the result (its callbacks
-        wake the caller) on this thread."""
+        wake the caller) on this thread; a child run then calls its ``on_done``."""
         token = run.token
         if token is not None:  # all async kernels are done: nothing left to cancel
             run.host.release_token(token)
+        self._set_result(run)
+        if run.on_done is not None:
+            run.on_done(inline)
+
+    def _set_result(self, run: Run) -> None:
         if run.failures:
             i = min(run.failures)
             node, cause = self._nodes[i], run.failures[i]
@@ -295,14 +357,16 @@ class DataflowExecutor:
         run.result.set([env[s] for s in self._output_slots])
 
     def describe(self) -> str:
-        """One line: kernels by kind, If gates, and the expensive kernels."""
+        """One line: kernels by kind, non-strict control flow, and the expensive kernels."""
         p = self.plan
         n = p.n_nodes
         expensive = [self._nodes[i].name for i in range(n) if p.kinds[i] == EXPENSIVE]
         n_async = sum(1 for i in range(n) if p.kinds[i] == ASYNC)
         names = ", ".join(expensive[:4]) + (", ..." if len(expensive) > 4 else "")
+        n_ctrl = sum(1 for i in range(n) if p.kinds[i] == CTRL)
         text = (
-            f"dataflow: {n - len(expensive) - n_async} cheap, {len(expensive)} expensive, "
-            f"{n_async} async kernels; {len(p.ifs)} non-strict If"
+            f"dataflow: {n - len(expensive) - n_async - n_ctrl} cheap, {len(expensive)} "
+            f"expensive, {n_async} async kernels; {len(p.ifs)} non-strict If, "
+            f"{n_ctrl} non-strict Loop/Scan"
         )
         return text + (f"; expensive: {names}" if expensive else "")

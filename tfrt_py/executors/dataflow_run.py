@@ -1,11 +1,16 @@
 """Per-call state of the dataflow executor, and its slow paths: errors, cancellation, If
 gates. The hot loop (``dataflow.DataflowExecutor._drain``) touches only ``env``,
-``tokens`` and ``stop``; everything here runs once ``stop`` is set, or for If gates.
+``tokens`` and ``stop``; everything here runs once ``stop`` is set, or for control flow.
 
 Ownership: a ``Run`` is created by the calling thread and shared by every thread that runs
 one of its kernels. ``env`` slots are written once each (by their producer) and read only
 after a release; ``tokens`` lists are popped (atomic); everything else that more than one
-thread mutates -- ``failures``, ``poison``, ``ifstate``, ``token`` -- is guarded by ``lock``.
+thread mutates -- ``failures``, ``poison``, ``ifstate``, ``ctrl``, ``token`` -- is guarded
+by ``lock``.
+
+Nested runs: a non-strict Loop/Scan runs its body's first iteration as a child ``Run``
+(``parent`` set, ``on_done`` called by whichever thread completes it); ``cancel`` cancels
+the children in flight (``CtrlState.body``), ``abort`` reaches the top-level run.
 """
 
 from __future__ import annotations
@@ -19,9 +24,31 @@ from typing import Any
 from ..concurrency import AsyncValue, CancelToken, HostContext, LoopBridge
 from .dataflow_plan import IfGates
 
-__all__ = ["Run", "ready_list_factory"]
+__all__ = ["CtrlState", "Run", "ready_list_factory"]
 
 _COND, _THEN, _ELSE, _LAUNCHED = 1, 2, 4, 8  # If state bits; a poisoned gate sets bit << 4
+
+
+class CtrlState:
+    """One non-strict Loop/Scan in one run (``dataflow_control``), guarded by the run's
+    ``lock``: ``phase`` WAITING (control gate not fired yet), RUNNING (iteration 0 in the
+    child run ``body``), DONE (completed or forwarding an error); ``arrived``: bit k per
+    capture group whose producer finished without error; ``bad``: one finished with an
+    error; ``state``: the spec's iteration state while RUNNING; ``launcher``: the thread
+    starting the child run (0 once it returned) and ``done_inline``: the child completed on
+    that thread meanwhile, so the launcher releases the node (no nested drain)."""
+
+    WAITING, RUNNING, DONE = 0, 1, 2
+    __slots__ = ("arrived", "bad", "body", "done_inline", "launcher", "phase", "state")
+
+    def __init__(self) -> None:
+        self.phase = CtrlState.WAITING
+        self.arrived = 0
+        self.bad = False
+        self.body: Run | None = None
+        self.state: Any = None
+        self.launcher = 0
+        self.done_inline = False
 
 
 class Run:
@@ -30,11 +57,14 @@ class Run:
     __slots__ = (
         "bridge",
         "cancelled",
+        "ctrl",
         "env",
         "failures",
         "host",
         "ifstate",
         "lock",
+        "on_done",
+        "parent",
         "poison",
         "pool_ok",
         "result",
@@ -50,6 +80,8 @@ class Run:
         host: HostContext,
         bridge: LoopBridge | None,
         n_ifs: int,
+        n_ctrl: int = 0,
+        parent: Run | None = None,
     ) -> None:
         self.env = env
         self.tokens = tokens
@@ -62,18 +94,27 @@ class Run:
         self.failures: dict[int, BaseException] | None = None
         self.poison: set[int] | None = None  # indices with an error among their inputs
         self.ifstate = [0] * n_ifs if n_ifs else []
+        self.ctrl = [CtrlState() for _ in range(n_ctrl)] if n_ctrl else []
+        self.parent = parent
+        #: called with ``inline`` by the thread that completes a child run (set by its parent)
+        self.on_done: Callable[[bool], None] | None = None
         self.token: CancelToken | None = None  # made when the first async kernel spawns
         # False when the caller is one of the host's workers: waiting there for other pool
         # work could deadlock a saturated pool, so everything runs on the caller instead.
-        self.pool_ok = not host.is_worker_thread()
+        self.pool_ok: bool = parent.pool_ok if parent is not None else not host.is_worker_thread()
 
     # -- cancellation ---------------------------------------------------------------------------
     def cancel(self) -> None:
-        """Stop every thread before its next kernel; cancel spawned async kernels."""
+        """Stop every thread before its next kernel; cancel spawned async kernels and child
+        runs. (No lock: a child is registered before its launcher reads ``cancelled``.)"""
         self.cancelled = self.stop = True
         token = self.token
         if token is not None:
             token.cancel()
+        for st in self.ctrl:
+            body = st.body
+            if body is not None:
+                body.cancel()
 
     def cancel_token(self) -> CancelToken:
         """The run's token (made on first use); ``cancel()`` cancels what it guards."""
@@ -88,7 +129,13 @@ class Run:
 
     def abort(self, error: BaseException) -> None:
         """An error outside any kernel (a bug, or an interrupt): fail the whole call."""
+        if self.parent is not None:
+            self.parent.abort(error)
         self.cancelled = self.stop = True
+        for st in self.ctrl:
+            body = st.body
+            if body is not None:
+                body.cancel()
         if not self.result.is_available():
             with contextlib.suppress(RuntimeError):  # set concurrently by another thread
                 self.result.set_error(error)

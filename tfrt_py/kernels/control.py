@@ -17,7 +17,15 @@ enclosing scopes; that trailing tuple is passed unchanged to every subgraph call
   axis 0 on every state and scan input (scan axis 1), run batch entry by batch entry.
 
 Zero-iteration scan outputs take their element shape from the body's declared output type
-when static, else come out as empty float32 ``[0]`` arrays.
+when static (their scan axis moved as for a non-empty output), else come out as empty
+float32 ``[0]`` arrays.
+
+Loop and Scan-9+ run by a ``LoopSpec`` / ``ScanSpec`` (``iteration_spec``): ``begin`` on the
+node's own inputs, then ``more`` / ``body_inputs`` / ``advance`` per iteration, ``finish``
+for the outputs. The kernels are ``spec.run(body_fn, spec.begin(inputs), captured)``; the
+dataflow executor drives the same steps itself to make Loop/Scan non-strict. The steps never
+read captured values -- only the body does -- so a Loop or Scan that runs zero iterations
+needs none of them (that executor relies on it).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from ..ir import Graph, TensorType
 from .base import KernelContext, KernelFlags, SubgraphFn
 from .registry import KernelRegistry
 
-__all__ = ["register_kernels"]
+__all__ = ["LoopSpec", "LoopState", "ScanSpec", "ScanState", "iteration_spec", "register_kernels"]
 
 _FLAGS = KernelFlags(pure=True, control_flow=True)
 
@@ -81,45 +89,97 @@ def _if(ctx: KernelContext) -> Any:
 # -- Loop ----------------------------------------------------------------------------------------
 
 
+class LoopSpec:
+    """Load-time facts of one Loop node and its iteration steps, shared by the kernel and by
+    the dataflow executor's non-strict Loop (which runs the first iteration itself).
+
+    A per-call ``LoopState`` is made by ``begin`` and owned by whoever runs that call; the
+    spec itself is immutable. The steps never read captured values: only the body does, so
+    a Loop that runs zero iterations (``more`` false after ``begin``) needs none of them.
+    """
+
+    __slots__ = ("body", "n_carried", "n_out", "n_scan", "use_cond")
+
+    def __init__(self, ctx: KernelContext) -> None:
+        body: Graph = ctx.attr("body")
+        self.body = body
+        self.n_carried = ctx.n_inputs - 2
+        self.n_scan = len(body.outputs) - 1 - self.n_carried
+        if self.n_scan < 0:
+            raise ctx.unsupported(
+                f"body has {len(body.outputs)} outputs for {self.n_carried} loop-carried values"
+            )
+        self.use_cond = ctx.has_input(1)
+        self.n_out = ctx.n_outputs
+
+    def begin(self, inputs: Sequence[Any]) -> LoopState:
+        """The state before the first iteration; ``inputs`` are the node's ONNX inputs
+        ``(M, cond, carried...)`` (no captures)."""
+        M, cond = inputs[0], inputs[1]
+        trips = None if M is None else int(np.asarray(M).item())
+        go = bool(cond) if self.use_cond and cond is not None else True
+        return LoopState(trips, go, list(inputs[2 : 2 + self.n_carried]), self.n_scan)
+
+    def more(self, st: LoopState) -> bool:
+        """Whether another iteration runs."""
+        return st.go and (st.trips is None or st.i < st.trips)
+
+    def body_inputs(self, st: LoopState) -> list[Any]:
+        """The body's formal inputs for the next iteration: (iteration_num, cond, carried...)."""
+        return [np.array(st.i, dtype=np.int64), st.cond, *st.carried]
+
+    def advance(self, st: LoopState, outs: Sequence[Any]) -> None:
+        """Take one iteration's body outputs ``(cond, carried..., scan elements...)``."""
+        n = self.n_carried
+        st.carried = list(outs[1 : 1 + n])
+        for k in range(self.n_scan):
+            st.scans[k].append(outs[1 + n + k])
+        if self.use_cond:
+            st.cond = outs[0]
+            st.go = bool(st.cond)
+        st.i += 1
+
+    def finish(self, st: LoopState) -> Any:
+        """The node's outputs, as the kernel returns them (one value, or a tuple)."""
+        outs = list(st.carried)
+        if self.n_scan:
+            outs.extend(
+                [_stack(s) for s in st.scans]
+                if st.i
+                else _empty_scans(self.body, 1 + self.n_carried, self.n_scan)
+            )
+        return outs[0] if self.n_out == 1 else tuple(outs[: self.n_out])
+
+    def run(self, body_fn: SubgraphFn, st: LoopState, captured: Sequence[Any]) -> Any:
+        """Run the remaining iterations with ``body_fn`` and return the node's outputs."""
+        while self.more(st):
+            self.advance(st, body_fn(self.body_inputs(st), captured))
+        return self.finish(st)
+
+
+class LoopState:
+    """One Loop call's progress: trip count, cond, iteration number, carried values and
+    the scan elements so far. Owned by the thread running the call."""
+
+    __slots__ = ("carried", "cond", "go", "i", "scans", "trips")
+
+    def __init__(self, trips: int | None, go: bool, carried: list[Any], n_scan: int) -> None:
+        self.trips = trips
+        self.go = go
+        self.cond = np.array(go)  # the body's cond input: the body's last cond output
+        self.i = 0
+        self.carried = carried
+        self.scans: list[list[Any]] = [[] for _ in range(n_scan)]
+
+
 def _loop(ctx: KernelContext) -> Any:
     """Loop(M?, cond?, carried...) -> (final carried..., stacked scan outputs...)."""
+    spec = LoopSpec(ctx)
     body_fn = ctx.subgraph("body")
-    body: Graph = ctx.attr("body")
     n_in = ctx.n_inputs
-    n_carried = n_in - 2
-    n_scan = len(body.outputs) - 1 - n_carried
-    if n_scan < 0:
-        raise ctx.unsupported(
-            f"body has {len(body.outputs)} outputs for {n_carried} loop-carried values"
-        )
-    use_cond = ctx.has_input(1)
-    n_out = ctx.n_outputs
-    true = np.array(True)
 
-    def loop(M: Any, cond: Any, *rest: Any) -> Any:
-        carried = list(rest[:n_carried])
-        captured = rest[n_carried:]
-        trips = None if M is None else int(np.asarray(M).item())
-        go = bool(cond) if use_cond and cond is not None else True
-        cond_arr = np.array(go)
-        scans: list[list[Any]] = [[] for _ in range(n_scan)]
-        i = 0
-        while go and (trips is None or i < trips):
-            outs = body_fn([np.array(i, dtype=np.int64), cond_arr, *carried], captured)
-            carried = outs[1 : 1 + n_carried]
-            for k in range(n_scan):
-                scans[k].append(outs[1 + n_carried + k])
-            if use_cond:
-                cond_arr = outs[0]
-                go = bool(cond_arr)
-            else:
-                cond_arr = true
-            i += 1
-        if n_scan:
-            carried.extend(
-                [_stack(s) for s in scans] if i else _empty_scans(body, 1 + n_carried, n_scan)
-            )
-        return carried[0] if n_out == 1 else tuple(carried[:n_out])
+    def loop(*args: Any) -> Any:
+        return spec.run(body_fn, spec.begin(args[:n_in]), args[n_in:])
 
     return loop
 
@@ -133,6 +193,17 @@ def _norm_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
+def _sequences(
+    xs: Sequence[np.ndarray], in_axes: Sequence[int], in_rev: Sequence[bool]
+) -> list[np.ndarray]:
+    """The scan inputs with their scan axis moved to 0, reversed where asked."""
+    seqs = []
+    for x, ax, rev in zip(xs, in_axes, in_rev, strict=True):
+        s = np.moveaxis(x, _norm_axis(ax, x.ndim), 0) if ax else x
+        seqs.append(s[::-1] if rev else s)
+    return seqs
+
+
 def _scan_core(
     body_fn: SubgraphFn,
     states: list[Any],
@@ -144,10 +215,7 @@ def _scan_core(
 ) -> tuple[list[Any], list[list[Any]]]:
     """Run the body over the scan inputs' slices; return final states, per-output elements
     in iteration order."""
-    seqs = []
-    for x, ax, rev in zip(xs, in_axes, in_rev, strict=True):
-        s = np.moveaxis(x, _norm_axis(ax, x.ndim), 0) if ax else x
-        seqs.append(s[::-1] if rev else s)
+    seqs = _sequences(xs, in_axes, in_rev)
     n_states = len(states)
     T = seqs[0].shape[0] if seqs else 0
     elems: list[list[Any]] = [[] for _ in range(n_scan_out)]
@@ -160,7 +228,9 @@ def _scan_core(
 
 
 def _scan_output(elems: list[Any], rev: bool, axis: int, empty: np.ndarray) -> np.ndarray:
-    if not elems:
+    if not elems:  # zero iterations: move the axis too when the element shape is known
+        if axis and empty.ndim > 1:
+            return np.moveaxis(empty, 0, _norm_axis(axis, empty.ndim))
         return empty
     y = _stack(elems[::-1] if rev else elems)
     if axis:
@@ -168,35 +238,109 @@ def _scan_output(elems: list[Any], rev: bool, axis: int, empty: np.ndarray) -> n
     return y
 
 
+class ScanSpec:
+    """Load-time facts of one Scan-9+ node and its iteration steps, shared by the kernel and
+    by the dataflow executor's non-strict Scan (as ``LoopSpec``: the steps never read
+    captured values, so a Scan over zero slices needs none of them)."""
+
+    __slots__ = ("K", "M", "N", "body", "empties", "in_axes", "in_rev", "n_out", "out_axes",
+                 "out_rev")  # fmt: skip
+
+    def __init__(self, ctx: KernelContext) -> None:
+        body: Graph = ctx.attr("body")
+        self.body = body
+        M = self.M = int(ctx.attr("num_scan_inputs"))
+        N = self.N = ctx.n_inputs - M
+        K = self.K = len(body.outputs) - N
+        if N < 0 or K < 0:
+            raise ctx.unsupported("num_scan_inputs does not match the inputs and the body")
+        self.in_axes = [int(a) for a in ctx.attr("scan_input_axes", [0] * M)]
+        self.in_rev = [bool(d) for d in ctx.attr("scan_input_directions", [0] * M)]
+        self.out_axes = [int(a) for a in ctx.attr("scan_output_axes", [0] * K)]
+        self.out_rev = [bool(d) for d in ctx.attr("scan_output_directions", [0] * K)]
+        if (len(self.in_axes), len(self.in_rev), len(self.out_axes), len(self.out_rev)) != (
+            M, M, K, K,
+        ):  # fmt: skip
+            raise ctx.unsupported("scan axes/directions attributes have the wrong length")
+        self.empties = _empty_scans(body, N, K)
+        self.n_out = ctx.n_outputs
+
+    def begin(self, inputs: Sequence[Any]) -> ScanState:
+        """The state before the first slice; ``inputs`` are the node's ONNX inputs
+        ``(states..., scan inputs...)`` (no captures)."""
+        seqs = _sequences(inputs[self.N : self.N + self.M], self.in_axes, self.in_rev)
+        return ScanState(list(inputs[: self.N]), seqs, self.K)
+
+    def more(self, st: ScanState) -> bool:
+        """Whether another slice is left."""
+        return st.t < st.T
+
+    def body_inputs(self, st: ScanState) -> list[Any]:
+        """The body's formal inputs for the next slice: (states..., slices...)."""
+        t = st.t
+        return [*st.states, *(s[t] for s in st.seqs)]
+
+    def advance(self, st: ScanState, outs: Sequence[Any]) -> None:
+        """Take one slice's body outputs ``(states..., scan output elements...)``."""
+        n = self.N
+        st.states = list(outs[:n])
+        for k in range(self.K):
+            st.elems[k].append(outs[n + k])
+        st.t += 1
+
+    def finish(self, st: ScanState) -> Any:
+        """The node's outputs, as the kernel returns them (one value, or a tuple)."""
+        outs = list(st.states)
+        for k in range(self.K):
+            outs.append(
+                _scan_output(st.elems[k], self.out_rev[k], self.out_axes[k], self.empties[k])
+            )
+        return outs[0] if self.n_out == 1 else tuple(outs[: self.n_out])
+
+    def run(self, body_fn: SubgraphFn, st: ScanState, captured: Sequence[Any]) -> Any:
+        """Run the remaining slices with ``body_fn`` and return the node's outputs."""
+        while self.more(st):
+            self.advance(st, body_fn(self.body_inputs(st), captured))
+        return self.finish(st)
+
+
+class ScanState:
+    """One Scan call's progress: states, the (moved, reversed) scan sequences, the slice
+    number and the output elements so far. Owned by the thread running the call."""
+
+    __slots__ = ("T", "elems", "seqs", "states", "t")
+
+    def __init__(self, states: list[Any], seqs: list[Any], n_scan_out: int) -> None:
+        self.states = states
+        self.seqs = seqs
+        self.T = seqs[0].shape[0] if seqs else 0
+        self.t = 0
+        self.elems: list[list[Any]] = [[] for _ in range(n_scan_out)]
+
+
 def _scan(ctx: KernelContext) -> Any:
     """Scan-9+: (states..., scan inputs...) -> (final states..., scan outputs...)."""
+    spec = ScanSpec(ctx)
     body_fn = ctx.subgraph("body")
-    body: Graph = ctx.attr("body")
-    M = int(ctx.attr("num_scan_inputs"))
     n_in = ctx.n_inputs
-    N = n_in - M
-    K = len(body.outputs) - N
-    if N < 0 or K < 0:
-        raise ctx.unsupported("num_scan_inputs does not match the inputs and the body")
-    in_axes = [int(a) for a in ctx.attr("scan_input_axes", [0] * M)]
-    in_rev = [bool(d) for d in ctx.attr("scan_input_directions", [0] * M)]
-    out_axes = [int(a) for a in ctx.attr("scan_output_axes", [0] * K)]
-    out_rev = [bool(d) for d in ctx.attr("scan_output_directions", [0] * K)]
-    if len(in_axes) != M or len(in_rev) != M or len(out_axes) != K or len(out_rev) != K:
-        raise ctx.unsupported("scan axes/directions attributes have the wrong length")
-    empties = _empty_scans(body, N, K)
-    n_out = ctx.n_outputs
 
     def scan(*args: Any) -> Any:
-        states, elems = _scan_core(
-            body_fn, list(args[:N]), args[N:n_in], in_axes, in_rev, K, args[n_in:]
-        )
-        outs = [*states]
-        for k in range(K):
-            outs.append(_scan_output(elems[k], out_rev[k], out_axes[k], empties[k]))
-        return outs[0] if n_out == 1 else tuple(outs[:n_out])
+        return spec.run(body_fn, spec.begin(args[:n_in]), args[n_in:])
 
     return scan
+
+
+def iteration_spec(ctx: KernelContext) -> LoopSpec | ScanSpec | None:
+    """The spec the Loop or Scan-9+ kernel for ``ctx`` runs by, for executors that drive the
+    iterations themselves (the dataflow executor's non-strict Loop/Scan); None for any
+    other node (Scan-8 included). Raises as the kernel builder would for a bad node."""
+    if ctx.domain not in ("", "ai.onnx"):
+        return None
+    if ctx.op_type == "Loop":
+        return LoopSpec(ctx)
+    if ctx.op_type == "Scan" and ctx.opset >= 9:
+        return ScanSpec(ctx)
+    return None
 
 
 def _scan8(ctx: KernelContext) -> Any:
