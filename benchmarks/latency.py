@@ -51,6 +51,25 @@ def bench_real(key: str, seconds: float, executors: tuple[str, ...]) -> tuple[st
     return case.name, [results, markdown_table(results, REAL_BASELINE)]
 
 
+def add_native(data: bytes, feeds: dict, timed: dict, outputs: dict) -> None:
+    """tfrt_py[native] for a model the native tier lowers, compiled before timing
+    (native="eager"), so the column measures the native function, not the tier-up."""
+    import tfrt_py
+    from tfrt_py.native import Declined, NativeUnavailable
+
+    try:
+        model = tfrt_py.load(data, executor="native", native="eager")
+    except (Declined, NativeUnavailable) as e:
+        print(f"(no tfrt_py[native] column: {e})")
+        return
+
+    def run() -> dict:
+        return model.run(feeds)
+
+    timed["tfrt_py[native]"] = run
+    outputs["tfrt_py[native]"] = lambda: [np.asarray(v) for v in run().values()]
+
+
 def bench_model(
     key: str,
     seconds: float,
@@ -64,6 +83,7 @@ def bench_model(
     peer_timed, peer_outputs = peers.peer_runners(anchor, peer_names, peer_threads)
     runners = {"numpy fresh": anchor.numpy_fresh, BASELINE: anchor.numpy_prealloc, **runners}
     runners.update(peer_timed)
+    add_native(data, anchor.feeds, runners, outputs)
     outputs = {BASELINE: anchor.numpy_prealloc, "numpy fresh": anchor.numpy_fresh, **outputs}
     outputs.update(peer_outputs)
     # atol scaled to the outputs (M1's are ~1e-13: a fixed 1e-5 would accept zeros)

@@ -48,3 +48,15 @@ def shuffled_ready_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     """The dataflow ready queue pops in a seeded random order in every test, so no test can
     depend on scheduling order (trio randomizes its run queue for the same reason)."""
     monkeypatch.setenv(SCHEDULE_SEED_ENV, "8675309")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def native_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The native tier compiles into one cache dir per session (each model compiles once
+    per session; nothing leaks into ~/.cache). "auto" keeps models off the native tier
+    (``TFRT_PY_NATIVE=0``) so the other tests see the sync interpreter deterministically
+    and no background compiles compete for the CPU; test_native.py turns it back on."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TFRT_PY_CACHE_DIR", str(tmp_path_factory.mktemp("native_cache")))
+        mp.setenv("TFRT_PY_NATIVE", "0")
+        yield

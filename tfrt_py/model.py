@@ -14,7 +14,7 @@ import collections
 import inspect
 import os
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ __all__ = ["EXECUTORS", "Model", "load"]
 
 #: The executors a caller may ask for. "auto" picks per model.
 EXECUTORS = ("auto", "sync", "async", "native")
-_AVAILABLE = ("sync", "async")
+_AVAILABLE = ("sync", "async", "native")
 
 CustomKernels = Mapping[tuple[str, str], Callable[..., Any]]
 
@@ -46,6 +46,8 @@ def load(
     custom_kernels: CustomKernels | None = None,
     host: HostContext | None = None,
     optimize: bool | Collection[str] | None = None,
+    memory_budget: int | None = None,
+    native: str = "background",
 ) -> Model:
     """Load a model from a path, bytes, ``onnx.ModelProto`` or ``tfrt_py.ir.Graph``.
 
@@ -59,6 +61,14 @@ def load(
 
     ``optimize`` picks the load-time passes: None/True all, False none, or a set of names
     from ``tfrt_py.compiler.PASSES``; ``$TFRT_PY_DISABLE_PASSES=a,b`` turns passes off.
+
+    ``memory_budget`` (bytes): when the weights exceed it, external-data weights stream
+    from disk by stage (executor "stream", see ``tfrt_py.streaming``); else a normal load.
+
+    ``executor="native"`` (or "auto" for a tiny model whose ops all lower) compiles the
+    model into one numba function (``tfrt_py.native``), cached on disk; ``native=
+    "background"`` serves calls on the sync interpreter until it is compiled, ``"eager"``
+    compiles before returning.
     """
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
@@ -67,6 +77,8 @@ def load(
             f"executor {executor!r} is not available in this version of tfrt_py "
             f"(available: {', '.join(_AVAILABLE)}, or 'auto')"
         )
+    if native not in ("background", "eager"):
+        raise ValueError(f"native must be 'background' or 'eager', got {native!r}")
     t0 = time.perf_counter()
     registry = _with_custom(default_registry(), custom_kernels)
     if isinstance(source, Graph):
@@ -75,18 +87,33 @@ def load(
         from .frontends.onnx import import_model, read_model
 
         proto, base_dir = read_model(source)
-        graph = import_model(proto, base_dir, registry.has)
         origin = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "ONNX model"
+        if memory_budget is not None:
+            from .streaming import load_streamed
+
+            streamed = load_streamed(
+                proto, base_dir, memory_budget=memory_budget, origin=origin, registry=registry,
+                optimize=optimize, host=host, executor=executor, t0=t0,
+            )  # fmt: skip
+            if streamed is not None:
+                return streamed
+        graph = import_model(proto, base_dir, registry.has)
     verify(graph)
     prepared = prepare(graph, registry, optimize)
     graph, registry = prepared.graph, prepared.registry
     program = compile_program(graph, registry)
     chosen, why = _choose_executor(executor, program, registry)
+    lowered = None
+    if chosen in ("sync", "native"):
+        from .native.select import choose as choose_native
+
+        chosen, why, lowered = choose_native(executor, chosen, why, program, registry)
     dataflow = DataflowExecutor(program, registry) if chosen == "async" else None
     load_s = time.perf_counter() - t0
     return Model(
         graph, program, chosen, origin, load_s,
         dataflow=dataflow, host=host, why=why, prepared=prepared,
+        native=None if lowered is None else (lowered, native),
     )  # fmt: skip
 
 
@@ -228,8 +255,12 @@ class Model:
         host: HostContext | None = None,
         why: str = "requested",
         prepared: Prepared | None = None,
+        stream: Any = None,
+        native: Any = None,
     ) -> None:
         self._graph = graph
+        # A tfrt_py.streaming.StreamedProgram when the weights stream from disk, else None.
+        self._stream = stream
         self._program = program
         self.executor = executor
         self._origin = origin
@@ -253,11 +284,25 @@ class Model:
             if prepared is not None and executor == "sync"
             else None
         )
+        # The native tier: (lowered module, mode); it serves on its own interpreter until
+        # the compiled function is ready (tfrt_py.native.tier).
+        self._native: Any = None
+        if native is not None and prepared is not None:
+            from .native.tier import NativeTier
+
+            interp = prepared.interpreter(program, self._check)
+            self._native = NativeTier(native[0], program, self._check, interp, mode=native[1])
 
     @property
     def graph(self) -> Graph:
         """The IR graph this model runs (read-only)."""
         return self._graph
+
+    @property
+    def native(self) -> Any:
+        """The native tier (``tfrt_py.native.tier.NativeTier``: ``state``, ``wait()``,
+        ``compiled``) when the model runs on executor "native", else None."""
+        return self._native
 
     def run(
         self, feeds: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
@@ -271,6 +316,11 @@ class Model:
         interp = self._interp
         if interp is not None:
             return interp.run(feeds, outputs)
+        native = self._native
+        if native is not None:
+            return native.run(feeds, outputs)
+        if self._stream is not None:
+            return self._stream.run(feeds, outputs)
         if outputs is not None:
             return _fill(self.run(feeds), outputs)
         args = self._check(feeds)
@@ -297,19 +347,49 @@ class Model:
         pool, async kernels as tasks of this loop; cancelling the awaiting task stops
         scheduling further kernels.
         """
+        if self._stream is not None:
+            return await self._stream.run_async(feeds)
         df = self._dataflow
         if df is None:
             return self.run(feeds)
         args = self._check(feeds)
         return self._to_user(await df.run_async(args, self._host or default_host()))
 
+    def run_batches(
+        self,
+        feeds: Iterable[Mapping[str, Any]],
+        *,
+        window: int | None = None,
+        overlap: bool = True,
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Bulk inference: results per batch, in order, computed as the iterator is consumed
+        (on the consuming thread). A streamed model runs stage-major over windows of
+        ``window`` batches, reading each stage's weights once per window while the previous
+        stage computes (``overlap=False``: read, then compute); see ``tfrt_py.streaming``.
+        Other models run each batch in turn."""
+        if self._stream is not None:
+            return self._stream.run_batches(feeds, window, overlap)
+        return (self.run(f) for f in feeds)
+
+    def run_batches_async(
+        self, feeds: Any, *, window: int | None = None, overlap: bool = True
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """``run_batches`` as an async iterator (``async for``); ``feeds`` may be an iterable
+        or an async iterable. Streamed models compute stages on the host's pool."""
+        from .streaming import run_each_async
+
+        if self._stream is not None:
+            return self._stream.run_batches_async(feeds, window, overlap)
+        return run_each_async(self, feeds)
+
     def memory_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> Any:
         """The sync interpreter's MemoryPlan for feeds of these shapes (``arena_bytes``,
         ``lower_bound_bytes``, ``buffers``); made now, on zero feeds, if no call made it."""
-        if self._interp is None:
+        interp = self._interp or (self._native.interp if self._native is not None else None)
+        if interp is None:
             raise ValueError(f"memory plans belong to the sync executor; this model runs "
                              f"on {self.executor!r}")  # fmt: skip
-        return self._interp.memory_plan(shapes)
+        return interp.memory_plan(shapes)
 
     def describe(self) -> str:
         """A human-readable summary: source, I/O, op histogram, executor and why."""
@@ -327,7 +407,17 @@ class Model:
             "  ops: " + ", ".join(f"{k} x{v}" for k, v in ops.most_common()),
         ]
         if self._prepared is not None:
-            lines += self._prepared.describe_lines(self._interp)
+            native = self._native
+            lines += self._prepared.describe_lines(
+                self._interp or (native.interp if native is not None else None)
+            )
+            if native is not None:
+                lines.append("  " + native.describe())
+            else:
+                from .native.select import unused_reason
+
+                reason = unused_reason(self._graph, self._prepared.registry)
+                lines.append(f"  native tier: not used: {reason}")
         if self._dataflow is None:
             how = (
                 "straight-line code generated per input signature over a memory plan"
@@ -337,6 +427,8 @@ class Model:
             lines.append(f"  executor: {self.executor} ({self._why}; {how})")
         else:
             lines.append(f"  executor: {self.executor} ({self._why}; {self._dataflow.describe()})")
+        if self._stream is not None:
+            lines += self._stream.describe_lines()
         return "\n".join(lines)
 
     def __repr__(self) -> str:

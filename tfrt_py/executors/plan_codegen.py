@@ -56,11 +56,15 @@ class Generated:
     line_node: dict[tuple[Any, int], int]  # (code object, line) -> instruction index
 
 
+_KEYWORD_OUT_UFUNCS = (np.maximum, np.minimum)
+
+
 def _out_positional(fn: Any, n_args: int) -> bool:
     """Whether ``out`` can be passed positionally right after ``n_args`` inputs (cheaper
     than a keyword in CPython's call protocol)."""
     if isinstance(fn, np.ufunc):
-        return fn.nin == n_args and fn.nout == 1
+        # NumPy 2.4 deprecates a positional out for maximum/minimum (variadic-looking calls).
+        return fn.nin == n_args and fn.nout == 1 and fn not in _KEYWORD_OUT_UFUNCS
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):

@@ -30,11 +30,21 @@ _A = onnx.AttributeProto
 #: into their ONNX schema function body when the schema has one.
 HasKernel = Callable[[str, str, int], bool]
 
+#: The streaming loader's hook: given a main-graph initializer, a Value to stand for it as
+#: an extra graph input (its bytes are read later, by stage), or None to import it as usual.
+StreamHook = Callable[[onnx.TensorProto], Value | None]
+
 
 def import_model(
-    model: onnx.ModelProto, base_dir: str, has_kernel: HasKernel | None = None
+    model: onnx.ModelProto,
+    base_dir: str,
+    has_kernel: HasKernel | None = None,
+    stream: StreamHook | None = None,
 ) -> Graph:
-    """Import ``model``'s main graph. Raises ModelLoadError/GraphError with the node name."""
+    """Import ``model``'s main graph. Raises ModelLoadError/GraphError with the node name.
+
+    ``stream``: main-graph initializers it returns a Value for become graph inputs (first,
+    before the declared inputs) instead of constants, and their data is not touched."""
     opsets: dict[str, int] = {}
     for imp in model.opset_import:
         opsets["" if imp.domain == "ai.onnx" else imp.domain] = int(imp.version)
@@ -43,6 +53,7 @@ def import_model(
     _check_known_opsets(opsets)
     inliner = FunctionInliner(model.functions)
     imp = _Importer(opsets, base_dir, inliner, has_kernel)
+    imp.stream = stream
     graph = _with_inferred_types(model).graph
     return imp.graph(graph, {}, graph.name or "main")
 
@@ -91,6 +102,7 @@ class _Importer:
         self.protos: dict[str, onnx.TypeProto] = {}
         self.inliner = inliner
         self.has_kernel = has_kernel
+        self.stream: StreamHook | None = None  # the main graph's only; nested graphs: None
 
     def graph(self, gp: onnx.GraphProto, outer: dict[str, Value], name: str) -> Graph:
         g = Graph(name=name, opsets=self.opsets)
@@ -101,10 +113,16 @@ class _Importer:
             if t is not None:
                 self.types[vi.name] = t
         init_names = set()
+        stream, self.stream = self.stream, None
         for t in gp.initializer:
             self.protos[t.name] = onnx.helper.make_tensor_type_proto(t.data_type, t.dims)
-            v = Value(t.name, const=to_array(t, self.base_dir))
-            g.constants.append(v)
+            streamed = stream(t) if stream is not None else None
+            if streamed is not None:
+                v = streamed
+                g.inputs.append(v)
+            else:
+                v = Value(t.name, const=to_array(t, self.base_dir))
+                g.constants.append(v)
             scope[t.name] = v
             init_names.add(t.name)
         for t in gp.sparse_initializer:

@@ -2,11 +2,16 @@
 
 External data is memory-mapped read-only from its file (``np.memmap``), not copied; a
 missing file or one too short for the tensor is a ModelLoadError naming the tensor.
+``external_ref`` makes the same checks without touching the bytes: it records where a
+tensor lives (file, offset, length, dtype, shape) for the streaming loader, which reads
+it later into its own buffers (``tfrt_py.streaming``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,7 +21,7 @@ from onnx import numpy_helper
 from ...errors import ModelLoadError
 from ...ir import OpaqueType, OptionalType, SequenceType, TensorType, ValueType
 
-__all__ = ["onnx_dtype", "to_array", "to_value_type"]
+__all__ = ["ExternalRef", "external_ref", "is_external", "onnx_dtype", "to_array", "to_value_type"]
 
 _DTYPES: dict[int, np.dtype] = {}
 
@@ -64,7 +69,7 @@ def to_value_type(tp: onnx.TypeProto) -> ValueType | None:
 
 def to_array(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
     """The tensor's data. External data is memory-mapped from ``base_dir``."""
-    if t.data_location == onnx.TensorProto.EXTERNAL:
+    if is_external(t):
         return _external(t, base_dir)
     try:
         arr = numpy_helper.to_array(t)
@@ -81,12 +86,35 @@ def _decode(v: Any) -> Any:
     return v.decode("utf-8", errors="surrogateescape") if isinstance(v, bytes) else v
 
 
-def _external(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
+@dataclass(frozen=True)
+class ExternalRef:
+    """Where an external-data tensor's bytes live: ``nbytes`` little-endian bytes of
+    ``dtype`` at ``offset`` in the file ``path`` (absolute). Immutable; made at load."""
+
+    name: str
+    path: str
+    offset: int
+    nbytes: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
+def is_external(t: onnx.TensorProto) -> bool:
+    """Whether ``t``'s data lives in an external file."""
+    return t.data_location == onnx.TensorProto.EXTERNAL
+
+
+def external_ref(t: onnx.TensorProto, base_dir: str) -> ExternalRef:
+    """Check and record where ``t``'s external data lives, without reading it.
+
+    Raises ModelLoadError naming the tensor when the location is missing, the file does not
+    exist, or the file is too short for ``offset + nbytes`` (or ``length`` < nbytes).
+    """
     info = {e.key: e.value for e in t.external_data}
     location = info.get("location")
     if not location:
         raise ModelLoadError(f"tensor {t.name!r}: external data without a location")
-    path = os.path.join(base_dir, location)
+    path = os.path.abspath(os.path.join(base_dir, location))
     if not os.path.isfile(path):
         raise ModelLoadError(f"tensor {t.name!r}: external data file not found: {path}")
     dtype = onnx_dtype(t.data_type)
@@ -94,15 +122,24 @@ def _external(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
         raise ModelLoadError(f"tensor {t.name!r}: string tensors cannot be external data")
     shape = tuple(int(d) for d in t.dims)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    offset = int(info.get("offset", 0))
-    length = int(info.get("length", nbytes))
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info.get("length", nbytes))
+    except ValueError as e:
+        raise ModelLoadError(f"tensor {t.name!r}: bad external data offset/length: {e}") from e
     size = os.path.getsize(path)
-    if length < nbytes or offset + nbytes > size:
+    if offset < 0 or length < nbytes or offset + nbytes > size:
         raise ModelLoadError(
             f"tensor {t.name!r}: external data file {location!r} is too short "
             f"(needs {nbytes} bytes at offset {offset}, file has {size})"
         )
-    if nbytes == 0:
-        return np.zeros(shape, dtype)
-    mm = np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", offset=offset, shape=shape)
+    le = dtype if sys.byteorder == "little" else dtype.newbyteorder("<")  # ONNX data is LE
+    return ExternalRef(t.name, path, offset, nbytes, le, shape)
+
+
+def _external(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
+    ref = external_ref(t, base_dir)
+    if ref.nbytes == 0:
+        return np.zeros(ref.shape, ref.dtype)
+    mm = np.memmap(ref.path, dtype=ref.dtype, mode="r", offset=ref.offset, shape=ref.shape)
     return np.asarray(mm)  # a plain ndarray view; the mapping stays alive through .base

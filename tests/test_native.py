@@ -1,0 +1,296 @@
+"""The native tier (tfrt_py.native): each lowered op against the sync interpreter, the
+tier switch-over, the disk cache, declining with a reason, bad input, threads."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tfrt_py
+from tfrt_py.errors import ExecutionError, InputError
+from tfrt_py.ir import Graph, GraphBuilder
+from tfrt_py.native import Declined, NativeUnavailable
+from tfrt_py.native import tier as tier_mod
+
+F32 = np.float32
+RNG = np.random.default_rng(7)
+
+
+def _rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(F32)
+
+
+def _elementwise_graph() -> Graph:
+    """Every elementwise op, reduction, Softmax and data-movement op the tier lowers."""
+    b = GraphBuilder("elementwise")
+    x = b.input("x", F32, (2, 3, 4))
+    c4 = b.const(_rand(4))
+    h = b.op("Add", x, c4)
+    h = b.op("Mul", h, b.const(np.array(1.5, F32)))
+    outs = {
+        "sig": b.op("Sigmoid", h),
+        "tanh": b.op("Tanh", h),
+        "leaky": b.op("LeakyRelu", h, alpha=0.2),
+        "clip": b.op("Clip", h, b.const(np.array(-0.5, F32)), b.const(np.array(0.7, F32))),
+        "div": b.op("Div", h, b.const(_rand(3, 1) + 3)),
+        "sub": b.op("Sub", b.const(_rand(1, 4)), h),
+        "sqrt": b.op("Sqrt", b.op("Abs", h)),
+        "exp_neg": b.op("Exp", b.op("Neg", h)),
+        "relu": b.op("Relu", h),
+        "sum1": b.op("ReduceSum", h, b.const(np.array([1], np.int64)), keepdims=1),
+        "mean_last": b.op("ReduceMean", h, axes=[-1], keepdims=0),
+        "max02": b.op("ReduceMax", h, axes=[0, 2], keepdims=1),
+        "min_all": b.op("ReduceMin", h, keepdims=0),
+        "softmax1": b.op("Softmax", h, axis=1),
+        "logsoftmax": b.op("LogSoftmax", h, axis=-1),
+        "transpose": b.op("Transpose", h, perm=[2, 0, 1]),
+        "slice": b.op(
+            "Slice",
+            h,
+            b.const(np.array([0, 3], np.int64)),
+            b.const(np.array([2, -100], np.int64)),
+            b.const(np.array([1, 2], np.int64)),
+            b.const(np.array([1, -1], np.int64)),
+        ),
+        "concat": b.op("Concat", h, x, axis=1),
+        "flat": b.op("Relu", b.op("Flatten", h, axis=2)),
+        "reshaped": b.op("Reshape", h, b.const(np.array([4, 6], np.int64))),
+        "f64": b.op("Cast", h, to=11),
+    }
+    for name, v in outs.items():
+        b.output(v, name)
+    b.output(x, "x_again")  # a feed as an output: copied
+    return b.build()
+
+
+def _matmul_graph() -> Graph:
+    b = GraphBuilder("matmuls")
+    x = b.input("x", F32, (3, 5))
+    x3 = b.input("x3", F32, (2, 3, 5))
+    w = b.const(_rand(5, 4))
+    b.output(b.op("Relu", b.op("Add", b.op("MatMul", x, w), b.const(_rand(4)))), "linear")
+    b.output(b.op("Gemm", x, b.const(_rand(4, 5)), b.const(_rand(3, 4)), transB=1,
+                  alpha=0.5, beta=2.0), "gemm_tb")  # fmt: skip
+    b.output(b.op("Gemm", b.op("Transpose", x), b.const(_rand(5, 4)), transA=1), "gemm_ta")
+    b.output(b.op("MatMul", x3, w), "batched")
+    b.output(b.op("MatMul", x, b.op("Transpose", x)), "runtime_b")
+    return b.build()
+
+
+def _gather_graph() -> Graph:
+    b = GraphBuilder("gather")
+    ids = b.input("ids", np.int64, (4,))
+    table = b.const(np.arange(30, dtype=F32).reshape(10, 3))
+    b.output(b.op("Gather", table, ids, axis=0, name="lookup"), "rows")
+    b.output(b.op("Gather", table, b.const(np.array([2, -1], np.int64)), axis=1), "cols")
+    return b.build()
+
+
+def _tiny_graph() -> Graph:
+    b = GraphBuilder("tiny")
+    x = b.input("x", F32, (1, 8))
+    h = b.op("Relu", b.op("MatMul", x, b.const(_rand(8, 8))))
+    b.output(b.op("Softmax", b.op("MatMul", h, b.const(_rand(8, 3)))), "probs")
+    return b.build()
+
+
+def _feeds(g: Graph) -> dict[str, np.ndarray]:
+    out = {}
+    for v in g.inputs:
+        shape, dtype = v.type.shape, v.type.dtype  # type: ignore[union-attr]
+        if dtype.kind == "i":
+            out[v.name] = np.array([0, 9, -2, 4], dtype)
+        else:
+            out[v.name] = _rand(*shape)
+    return out
+
+
+def _assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert list(got) == list(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype, k
+        assert got[k].shape == want[k].shape, k
+        np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("build", [_elementwise_graph, _matmul_graph, _gather_graph])
+@pytest.mark.parametrize("optimize", [False, True])
+def test_every_lowered_op_agrees_with_the_sync_interpreter(build: Any, optimize: bool) -> None:
+    g = build()
+    native = tfrt_py.load(g, executor="native", native="eager", optimize=optimize)
+    sync = tfrt_py.load(g, executor="sync", optimize=optimize)
+    assert native.native.state == "ready"
+    feeds = _feeds(g)
+    for _ in range(2):
+        _assert_same(native.run(feeds), sync.run(feeds))
+
+
+def test_max_and_min_match_numpy() -> None:
+    # Compared with NumPy directly: the sync interpreter's planned Max/Min call
+    # np.maximum(a, b, out) positionally, which NumPy 2.4 deprecates.
+    b = GraphBuilder("maxmin")
+    x, y = b.input("x", F32, (3, 4)), b.input("y", F32, (4,))
+    b.output(b.op("Max", x, y), "max")
+    b.output(b.op("Min", x, y), "min")
+    m = tfrt_py.load(b.build(), executor="native", native="eager")
+    xv, yv = _rand(3, 4), _rand(4)
+    xv[0, 0] = np.nan
+    got = m.run({"x": xv, "y": yv})
+    np.testing.assert_array_equal(got["max"], np.maximum(xv, yv))
+    np.testing.assert_array_equal(got["min"], np.minimum(xv, yv))
+
+
+def test_eager_load_is_ready_and_says_so() -> None:
+    m = tfrt_py.load(_tiny_graph(), executor="native", native="eager")
+    assert m.executor == "native" and m.native.state == "ready"
+    assert m.native.run is not m.native._run_interp
+    assert "as one numba function" in m.describe()
+
+
+def test_background_tier_serves_on_the_interpreter_then_switches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+    real = tier_mod.compile_lowered
+
+    def held(lowered: Any) -> Any:
+        release.wait(60)
+        return real(lowered)
+
+    monkeypatch.setattr(tier_mod, "compile_lowered", held)
+    g = _tiny_graph()
+    feeds = _feeds(g)
+    want = tfrt_py.load(g, executor="sync").run(feeds)
+    m = tfrt_py.load(g, executor="native")  # native="background" is the default
+    assert m.native.state == "compiling"
+    assert "compiling" in m.describe()
+    _assert_same(m.run(feeds), want)  # served by the interpreter
+    release.set()
+    assert m.native.wait(120)
+    assert m.native.state == "ready"
+    assert m.native.run is not m.native._run_interp
+    _assert_same(m.run(feeds), want)
+
+
+def test_disk_cache_hit_on_the_second_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setenv("TFRT_PY_CACHE_DIR", str(tmp_path))
+    first = tfrt_py.load(_tiny_graph(), executor="native", native="eager")
+    second = tfrt_py.load(_tiny_graph(), executor="native", native="eager")  # other weights
+    assert first.native.compiled.cache_hit is False
+    assert second.native.compiled.cache_hit is True
+    assert first.native.compiled.path == second.native.compiled.path
+    assert str(tmp_path) in first.native.compiled.path
+    assert "loaded from the disk cache" in second.describe()
+
+
+def test_declines_with_the_ops_that_block_it() -> None:
+    b = GraphBuilder("conv")
+    x = b.input("x", F32, (1, 1, 4, 4))
+    b.output(b.op("Relu", b.op("Conv", x, b.const(_rand(1, 1, 2, 2)))), "y")
+    with pytest.raises(Declined, match="Conv x1"):
+        tfrt_py.load(b.build(), executor="native")
+    assert "native tier: not used: ops without a native lowering: Conv x1" in (
+        tfrt_py.load(b.build()).describe()
+    )
+
+
+def test_declines_dynamic_dims() -> None:
+    b = GraphBuilder("dyn")
+    x = b.input("x", F32, ("N", 4))
+    b.output(b.op("Relu", x), "y")
+    with pytest.raises(Declined, match="dynamic"):
+        tfrt_py.load(b.build(), executor="native")
+
+
+def test_auto_picks_native_only_for_tiny_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TFRT_PY_NATIVE")
+    tiny = tfrt_py.load(_tiny_graph(), native="eager")
+    assert tiny.executor == "native"
+    assert "whose ops all lower" in tiny.describe()
+    b = GraphBuilder("wide")
+    x = b.input("x", F32, (1, 1024))
+    b.output(b.op("MatMul", x, b.const(np.zeros((1024, 1024), F32))), "y")
+    wide = tfrt_py.load(b.build())
+    assert wide.executor == "sync"
+    assert "not tiny" in wide.describe()
+
+
+def test_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfrt_py.native import select
+
+    monkeypatch.delenv("TFRT_PY_NATIVE")
+    monkeypatch.setattr(select, "available", lambda: False)
+    with pytest.raises(NativeUnavailable, match="numba"):
+        tfrt_py.load(_tiny_graph(), executor="native")
+    assert tfrt_py.load(_tiny_graph()).executor == "sync"
+
+
+def test_bad_input_raises_what_sync_raises_and_the_model_stays_usable() -> None:
+    g = _tiny_graph()
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    x = _feeds(g)["x"]
+    bad: list[Any] = [
+        {"x": x.astype(np.float64)},
+        {"x": np.zeros((1, 9), F32)},
+        {"x": np.zeros((8,), F32)},
+        {},
+        {"x": x, "y": x},
+        [x],
+    ]
+    for feeds in bad:
+        with pytest.raises(InputError) as want:
+            sync.run(feeds)
+        with pytest.raises(InputError) as got:
+            native.run(feeds)
+        assert str(got.value) == str(want.value)
+    good = sync.run({"x": x})
+    _assert_same(native.run({"x": x.tolist()}), good)  # converted like sync
+    _assert_same(native.run({"x": x.astype(np.float16)}), sync.run({"x": x.astype(np.float16)}))
+    wide = np.zeros((1, 16), F32)
+    wide[:, ::2] = x
+    _assert_same(native.run({"x": wide[:, ::2]}), good)  # not contiguous
+    ro = x.copy()
+    ro.flags.writeable = False
+    _assert_same(native.run({"x": ro}), good)
+    buf = np.empty((1, 3), F32)
+    assert native.run({"x": x}, outputs={"probs": buf})["probs"] is buf
+    np.testing.assert_allclose(buf, good["probs"], rtol=2e-5)
+    with pytest.raises(InputError, match="unknown output"):
+        native.run({"x": x}, outputs={"nope": buf})
+
+
+def test_kernel_error_names_the_node_like_sync() -> None:
+    g = _gather_graph()
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    bad = {"ids": np.array([0, 1, 2, 10], np.int64)}
+    with pytest.raises(ExecutionError) as want:
+        sync.run(bad)
+    with pytest.raises(ExecutionError) as got:
+        native.run(bad)
+    assert got.value.node_name == want.value.node_name == "lookup"
+    good = _feeds(g)
+    _assert_same(native.run(good), sync.run(good))
+
+
+def test_eight_threads_share_one_native_model() -> None:
+    g = _tiny_graph()
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    xs = [_rand(1, 8) for _ in range(64)]
+    want = [sync.run({"x": x})["probs"] for x in xs]
+
+    def work(i: int) -> bool:
+        for _ in range(50):
+            got = native.run({"x": xs[i]})["probs"]
+            if not np.allclose(got, want[i], rtol=2e-5, atol=1e-6):
+                return False
+        return True
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(work, range(64)))

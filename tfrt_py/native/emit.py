@@ -1,0 +1,136 @@
+"""Loop nests the op lowerings share: a fused elementwise map with broadcasting, a
+matrix product (axpy loops or BLAS), and a strided copy.
+
+Each function returns lines of generated Python (indented relative to the function
+body); ``tag`` makes the scalar temporaries unique per node, so numba never has to unify
+variables of different dtypes. Pure functions of their arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .loops import Ref, bcast_strides, coalesce, index, loop_nest, strides
+from .scalar import expr
+
+__all__ = ["Step", "copy_strided", "elementwise", "matmul", "tname"]
+
+#: (op_type, attrs, refs): refs index the operands, -1 is the running value.
+Step = tuple[str, dict[str, Any], Sequence[int]]
+
+_TNAMES = {"float32": "f4", "float64": "f8", "int64": "i8", "int32": "i4", "bool": "b1"}
+
+#: A product at least this big (multiply-adds) with more than one row goes to BLAS.
+BLAS_MIN_MACS = 1 << 16
+
+
+def tname(dtype: Any) -> str:
+    """The generated module's alias for a dtype (KeyError if it has none)."""
+    return _TNAMES[str(dtype)]
+
+
+def elementwise(
+    tag: str, out: Ref, operands: Sequence[Ref | None], steps: Sequence[Step], head: int | None
+) -> list[str]:
+    """``out[i] = steps(...)`` over ``out.shape``; operands broadcast to it. The running
+    value starts as operand ``head`` (None: the first step's refs name all it reads)."""
+    t = tname(out.dtype)
+    present = [(k, r) for k, r in enumerate(operands) if r is not None]
+    lists = [strides(out.shape)] + [bcast_strides(r.shape, out.shape) for _, r in present]
+    shape, sts = coalesce(out.shape, lists)
+    pos = {k: j + 1 for j, (k, _) in enumerate(present)}
+
+    def body(iv: list[str]) -> list[str]:
+        lines: list[str] = []
+        loaded: dict[int, str] = {}
+
+        def load(k: int) -> str:
+            if operands[k] is None:
+                return "None"
+            if k not in loaded:
+                r = operands[k]
+                assert r is not None
+                loaded[k] = f"{tag}u{k}"
+                lines.append(f"{loaded[k]} = {r.buf}[{index(r.off, iv, sts[pos[k]])}]")
+            return loaded[k]
+
+        acc = load(head) if head is not None else None
+        for op, attrs, refs in steps:
+            args = [acc if r < 0 else load(r) for r in refs]
+            assert all(a is not None for a in args)
+            lines.append(f"{tag}a = {t}({expr(op, args, attrs, t)})")  # type: ignore[arg-type]
+            acc = f"{tag}a"
+        lines.append(f"{out.buf}[{index(out.off, iv, sts[0])}] = {acc}")
+        return lines
+
+    return loop_nest(shape, body)
+
+
+def copy_strided(out: Ref, src: Ref, src_strides: Sequence[int], base: str = "0") -> list[str]:
+    """``out[i] = src[base + sum(i_d * src_strides_d)]`` over ``out.shape``."""
+    shape, sts = coalesce(out.shape, [strides(out.shape), src_strides])
+    off = src.off if base == "0" else f"{src.off} + {base}"
+
+    def body(iv: list[str]) -> list[str]:
+        return [f"{out.buf}[{index(out.off, iv, sts[0])}] = {src.buf}[{index(off, iv, sts[1])}]"]
+
+    return loop_nest(shape, body)
+
+
+def matmul(
+    tag: str,
+    x: Ref,
+    w: Ref,
+    y: Ref,
+    mkn: tuple[int, int, int],
+    x_st: tuple[int, int],
+    w_st: tuple[int, int],
+    *,
+    blas: bool,
+) -> list[str]:
+    """``y[m, j] = sum_k x[m, k] * w[k, j]`` (element strides ``x_st`` = (m, k), ``w_st``
+    = (k, j); ``y`` contiguous [M, N]). Loop order m, k, j with j innermost (LLVM
+    vectorizes it without reassociation), k unrolled by 2; BLAS for big products with
+    several rows when ``blas``."""
+    m_, k_, n_ = mkn
+    t = tname(y.dtype)
+    if blas and m_ > 1 and m_ * k_ * n_ >= BLAS_MIN_MACS and x_st == (k_, 1) and w_st == (n_, 1):
+        return [
+            f"np.dot({x.buf}[{x.off}:{x.off} + {m_ * k_}].reshape(({m_}, {k_})), "
+            f"{w.buf}[{w.off}:{w.off} + {k_ * n_}].reshape(({k_}, {n_})), "
+            f"{y.buf}[{y.off}:{y.off} + {m_ * n_}].reshape(({m_}, {n_})))"
+        ]
+    xm, xk = x_st
+    wk, wj = w_st
+    lines: list[str] = []
+    mv = ["m"] if m_ > 1 else []
+    yrow = index(y.off, mv, [n_])
+    xrow = index(x.off, mv, [xm])
+    lines.append(f"for j in range({n_}):")
+    lines.append(f"    {y.buf}[{yrow} + j] = {t}(0.0)")
+
+    def xs(kexpr: str) -> str:
+        return f"{x.buf}[{xrow} + ({kexpr}) * {xk}]"
+
+    def ws(kexpr: str) -> str:
+        j = "j" if wj == 1 else f"j * {wj}"
+        return f"{w.buf}[{w.off} + ({kexpr}) * {wk} + {j}]"
+
+    k2 = k_ - k_ % 2
+    if k2:
+        # Two rows per pass: LLVM vectorizes this form (four rows defeat its cost model).
+        lines.append(f"for k in range(0, {k2}, 2):")
+        lines.append(f"    {tag}x0 = {xs('k')}")
+        lines.append(f"    {tag}x1 = {xs('k + 1')}")
+        lines.append(f"    for j in range({n_}):")
+        lines.append(
+            f"        {y.buf}[{yrow} + j] += {tag}x0 * {ws('k')} + {tag}x1 * {ws('k + 1')}"
+        )
+    if k_ > k2:
+        lines.append(f"{tag}x0 = {xs(str(k2))}")
+        lines.append(f"for j in range({n_}):")
+        lines.append(f"    {y.buf}[{yrow} + j] += {tag}x0 * {ws(str(k2))}")
+    if m_ > 1:
+        lines = [f"for m in range({m_}):"] + ["    " + ln for ln in lines]
+    return lines

@@ -1,0 +1,111 @@
+"""Index arithmetic for the native lowering: C-order strides, broadcasting, dimension
+coalescing, and nested ``for`` loops over constant extents.
+
+Every tensor the generated function touches is a flat 1-D array plus an element offset
+(``Ref``); an element's position is ``offset + sum(i_d * stride_d)`` with constant
+strides, so reshapes are free and LLVM sees constant trip counts and unit strides it can
+vectorize. Pure functions of shapes: no state, thread-safe.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Ref", "bcast_strides", "coalesce", "index", "loop_nest", "strides"]
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A tensor in the generated code: flat array ``buf`` from element ``off`` (an int,
+    or a placeholder ``@n@`` resolved once the arena is planned), C order."""
+
+    buf: str
+    off: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    root: int = -1  # the arena buffer it lives in (-1: input, constant or output)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def reshaped(self, shape: Sequence[int]) -> Ref:
+        return Ref(self.buf, self.off, tuple(shape), self.dtype, self.root)
+
+
+def strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """C-order strides in elements."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+def bcast_strides(shape: Sequence[int], out_shape: Sequence[int]) -> tuple[int, ...]:
+    """Strides of ``shape`` read at ``out_shape`` positions (NumPy broadcasting: right
+    aligned, 0 where the operand's dim is 1). Raises ValueError if it does not broadcast
+    without growing the output."""
+    pad = len(out_shape) - len(shape)
+    if pad < 0:
+        raise ValueError(f"shape {tuple(shape)} does not broadcast to {tuple(out_shape)}")
+    st = strides(shape)
+    out = [0] * pad
+    for d, (n, s) in enumerate(zip(shape, st)):
+        if n == out_shape[pad + d]:
+            out.append(s if n != 1 else 0)
+        elif n == 1:
+            out.append(0)
+        else:
+            raise ValueError(f"shape {tuple(shape)} does not broadcast to {tuple(out_shape)}")
+    return tuple(out)
+
+
+def coalesce(
+    shape: Sequence[int], stride_lists: Sequence[Sequence[int]]
+) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 dims and merge neighbours every operand walks contiguously, so a
+    same-shape elementwise op becomes one flat loop."""
+    dims = [d for d, n in enumerate(shape) if n != 1]
+    out_shape: list[int] = []
+    out_strides: list[list[int]] = [[] for _ in stride_lists]
+    for d in dims:
+        n = shape[d]
+        if out_shape and all(ss[-1] == s[d] * n for ss, s in zip(out_strides, stride_lists)):
+            out_shape[-1] *= n
+            for ss, s in zip(out_strides, stride_lists):
+                ss[-1] = s[d]
+            continue
+        out_shape.append(n)
+        for ss, s in zip(out_strides, stride_lists):
+            ss.append(s[d])
+    return out_shape, out_strides
+
+
+def index(off: str, ivars: Sequence[str], st: Sequence[int]) -> str:
+    """The flat index expression ``off + i0*s0 + ...`` (zero strides dropped)."""
+    terms = [] if off == "0" else [off]
+    for v, s in zip(ivars, st):
+        if s == 1:
+            terms.append(v)
+        elif s:
+            terms.append(f"{v} * {s}")
+    return " + ".join(terms) or "0"
+
+
+def loop_nest(
+    shape: Sequence[int], body: Callable[[list[str]], list[str]], prefix: str = "i"
+) -> list[str]:
+    """``for`` loops over ``shape`` (outermost first) around ``body(loop_vars)``; lines
+    are indented relative to the nest's own level."""
+    ivars = [f"{prefix}{d}" for d in range(len(shape))]
+    lines = []
+    for d, n in enumerate(shape):
+        lines.append("    " * d + f"for {ivars[d]} in range({n}):")
+    pad = "    " * len(shape)
+    lines += [pad + ln for ln in body(ivars)]
+    return lines

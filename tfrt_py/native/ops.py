@@ -1,0 +1,336 @@
+"""The per-op lowering table: ONNX (and ``tfrt_py.fused``) node -> lines of numba code.
+
+``LOWER[(domain, op_type)](cx, node)`` returns the node's code, reading its inputs and
+writing its outputs through ``cx`` (a ``lower.NodeContext``: ``ref``, ``out``, ``const``,
+``put_const``, ``decline``, ``tag``, ``blas``). A lowering that meets a case it does not
+handle calls ``cx.decline(reason)``; the model then stays on the interpreter and
+``describe()`` shows the reason. View ops (Reshape and friends) are not here: the
+lowering makes their output the same memory as their input (``lower.VIEW_OPS``).
+
+Runs at load on the loading thread; pure functions of the node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..compiler.fused_kernels import DOMAIN
+from ..ir import Node
+from .emit import Step, copy_strided, elementwise, matmul, tname
+from .loops import Ref, loop_nest, strides
+from .scalar import SCALAR_OPS
+
+__all__ = ["LOWER", "Lowering", "linear_lines"]
+
+Lowering = Callable[[Any, Node], list[str]]
+_FLOATS = ("float32", "float64")
+
+
+def _float(cx: Any, r: Ref) -> None:
+    if str(r.dtype) not in _FLOATS:
+        cx.decline(f"dtype {r.dtype} (native arithmetic is float32/float64 only)")
+
+
+def _steps(cx: Any, raw: list[Any]) -> list[Step]:
+    out: list[Step] = []
+    for op, _opset, attrs, refs in raw:
+        if op not in SCALAR_OPS:
+            cx.decline(f"fused step {op} has no native form")
+        out.append((op, dict(attrs), tuple(refs)))
+    return out
+
+
+def _map(cx: Any, node: Node) -> list[str]:
+    """A plain elementwise op: one step reading every input."""
+    y = cx.out(node.outputs[0])
+    _float(cx, y)
+    ins = [None if v is None else cx.ref(v) for v in node.inputs]
+    if node.op_type in ("Max", "Min", "Add", "Mul", "Sub", "Div", "Pow") and len(ins) != 2:
+        cx.decline(f"{node.op_type} with {len(ins)} inputs")
+    for r in ins:
+        if r is not None and r.dtype != y.dtype:
+            cx.decline(f"mixed dtypes {r.dtype} and {y.dtype}")
+    step: Step = (node.op_type, dict(node.attrs), tuple(range(len(ins))))
+    return elementwise(cx.tag, y, ins, [step], None)
+
+
+def _chain(cx: Any, node: Node) -> list[str]:
+    y = cx.out(node.outputs[0])
+    _float(cx, y)
+    ins = [None if v is None else cx.ref(v) for v in node.inputs]
+    return elementwise(cx.tag, y, ins, _steps(cx, list(node.attrs["steps"])), 0)
+
+
+def _linear(cx: Any, node: Node) -> list[str]:
+    x, w = cx.ref(node.inputs[0]), cx.ref(node.inputs[1])
+    y = cx.out(node.outputs[0])
+    _float(cx, y)
+    if len(w.shape) != 2 or not x.shape or x.shape[-1] != w.shape[0]:
+        cx.decline(f"shapes {x.shape} x {w.shape}")
+    ins: list[Ref | None] = [None if v is None else cx.ref(v) for v in node.inputs]
+    return linear_lines(cx, node, x, w, y, ins)
+
+
+def linear_lines(cx: Any, node: Node, x: Ref, w: Ref, y: Ref, ins: list[Ref | None]) -> list[str]:
+    """A Linear node's code for these refs (``ins``: refs of all its inputs, for the bias
+    and the activation's extra operands)."""
+    k, n = w.shape
+    lines = matmul(cx.tag, x, w, y, (x.size // k, k, n), (k, 1), (n, 1), blas=cx.blas)
+    steps = _steps(cx, list(node.attrs.get("activation", [])))
+    if len(ins) > 2 and ins[2] is not None:
+        steps.insert(0, ("Add", {}, (-1, 2)))
+    if steps:
+        ins = [y, None, *ins[2:]]  # operand 0 is the product itself, read back in place
+        lines += elementwise(cx.tag, y, ins, steps, 0)
+    return lines
+
+
+def _matmul_like(cx: Any, node: Node, trans_a: bool, trans_b: bool) -> tuple[list[str], Ref]:
+    a, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
+    bv = node.inputs[1]
+    const_bt = trans_b and bv is not None and bv.const is not None and bv.const.ndim == 2
+    b = cx.put_const(np.ascontiguousarray(bv.const.T)) if const_bt else cx.ref(bv)  # type: ignore[union-attr]
+    _float(cx, y)
+    if len(a.shape) < 2 or len(b.shape) != 2 or a.dtype != b.dtype:
+        cx.decline(f"MatMul of shapes {a.shape} x {b.shape} (2-D weights only)")
+    if trans_a and len(a.shape) != 2:
+        cx.decline("transA on a batch")
+    k = a.shape[-2] if trans_a else a.shape[-1]
+    n = b.shape[1] if const_bt or not trans_b else b.shape[0]
+    m = a.size // k
+    x_st = (1, m) if trans_a else (k, 1)
+    w_st = (1, k) if trans_b and not const_bt else (n, 1)
+    return matmul(cx.tag, a, b, y, (m, k, n), x_st, w_st, blas=cx.blas), y
+
+
+def _matmul(cx: Any, node: Node) -> list[str]:
+    return _matmul_like(cx, node, False, False)[0]
+
+
+def _gemm(cx: Any, node: Node) -> list[str]:
+    at = node.attrs
+    lines, y = _matmul_like(cx, node, bool(at.get("transA", 0)), bool(at.get("transB", 0)))
+    alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
+    steps: list[Step] = []
+    ins: list[Ref | None] = [y, None]
+    if alpha != 1.0:
+        ins.append(cx.put_const(np.asarray([alpha], y.dtype)))
+        steps.append(("Mul", {}, (-1, len(ins) - 1)))
+    c_v = node.inputs[2] if len(node.inputs) > 2 else None
+    if c_v is not None and beta != 0.0:
+        if beta == 1.0:
+            c = cx.ref(c_v)
+        elif c_v.const is not None:
+            c = cx.put_const(np.asarray(c_v.const * beta, y.dtype))
+        else:
+            cx.decline("Gemm with beta != 1 and a runtime C")
+        ins.append(c)
+        steps.append(("Add", {}, (-1, len(ins) - 1)))
+    if steps:
+        lines += elementwise(cx.tag, y, ins, steps, 0)
+    return lines
+
+
+def _softmax(cx: Any, node: Node) -> list[str]:
+    x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
+    _float(cx, y)
+    rank = len(x.shape)
+    axis = int(node.attrs.get("axis", -1 if node.opset >= 13 else 1))
+    axis += rank if axis < 0 else 0
+    if node.opset >= 13:
+        outer, n = math.prod(x.shape[:axis]), x.shape[axis]
+        inner = math.prod(x.shape[axis + 1 :])
+    else:
+        outer, n, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis:]), 1
+    t, g = tname(y.dtype), cx.tag
+    log = node.op_type == "LogSoftmax"
+
+    def at(r: Ref, o: str, j: str, i: str) -> str:
+        return f"{r.buf}[{r.off} + {o} * {n * inner} + {j} * {inner} + {i}]"
+
+    def body(iv: list[str]) -> list[str]:
+        o, i = iv
+        lines = [f"{g}mx = {at(x, o, '0', i)}", f"for j in range(1, {n}):",
+                 f"    {g}v = {at(x, o, 'j', i)}",
+                 f"    if {g}v > {g}mx or {g}v != {g}v:", f"        {g}mx = {g}v",
+                 f"{g}s = {t}(0.0)", f"for j in range({n}):"]  # fmt: skip
+        if log:
+            lines += [f"    {g}s += np.exp({at(x, o, 'j', i)} - {g}mx)",
+                      f"{g}ls = {t}(np.log({g}s))", f"for j in range({n}):",
+                      f"    {at(y, o, 'j', i)} = ({at(x, o, 'j', i)} - {g}mx) - {g}ls"]  # fmt: skip
+        else:
+            lines += [f"    {g}e = {t}(np.exp({at(x, o, 'j', i)} - {g}mx))",
+                      f"    {at(y, o, 'j', i)} = {g}e", f"    {g}s += {g}e",
+                      f"for j in range({n}):", f"    {at(y, o, 'j', i)} /= {g}s"]  # fmt: skip
+        return lines
+
+    return loop_nest([outer, inner], body, "q")
+
+
+def _reduce(cx: Any, node: Node) -> list[str]:
+    x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
+    _float(cx, y)
+    rank = len(x.shape)
+    axes_in = node.inputs[1] if len(node.inputs) > 1 else None
+    if axes_in is not None:
+        if axes_in.const is None:
+            cx.decline("axes given at run time")
+        axes = [int(a) for a in np.asarray(axes_in.const).ravel()]
+    else:
+        axes = [int(a) for a in node.attrs.get("axes", [])]
+    if not axes:
+        if node.attrs.get("noop_with_empty_axes", 0):
+            return copy_strided(y, x, strides(x.shape))
+        axes = list(range(rank))
+    axes = sorted({a + rank if a < 0 else a for a in axes})
+    kept = [d for d in range(rank) if d not in axes]
+    st = strides(x.shape)
+    t, g, op = tname(y.dtype), cx.tag, node.op_type
+    count = math.prod(x.shape[a] for a in axes)
+    ost = strides([x.shape[d] for d in kept])
+
+    def body(kv: list[str]) -> list[str]:
+        base = " + ".join([x.off] + [f"{v} * {st[d]}" for v, d in zip(kv, kept)])
+        init = {"ReduceMax": f"{t}(-np.inf)", "ReduceMin": f"{t}(np.inf)"}.get(op, f"{t}(0.0)")
+        inner = [f"{g}v = {x.buf}[{base} + " + " + ".join(
+            f"r{j} * {st[a]}" for j, a in enumerate(axes)) + "]"]  # fmt: skip
+        if op in ("ReduceSum", "ReduceMean"):
+            inner.append(f"{g}acc += {g}v")
+        else:
+            cmp = ">" if op == "ReduceMax" else "<"
+            inner += [f"if {g}v {cmp} {g}acc or {g}v != {g}v:", f"    {g}acc = {g}v"]
+        lines = [f"{g}acc = {init}"]
+        lines += loop_nest([x.shape[a] for a in axes], lambda _: inner, "r")
+        res = f"{g}acc / {t}({count})" if op == "ReduceMean" else f"{g}acc"
+        pos = " + ".join([y.off] + [f"{v} * {s}" for v, s in zip(kv, ost)])
+        lines.append(f"{y.buf}[{pos}] = {res}")
+        return lines
+
+    return loop_nest([x.shape[d] for d in kept], body, "p")
+
+
+def _concat(cx: Any, node: Node) -> list[str]:
+    y = cx.out(node.outputs[0])
+    axis = int(node.attrs["axis"])
+    axis += len(y.shape) if axis < 0 else 0
+    outer = math.prod(y.shape[:axis])
+    inner = math.prod(y.shape[axis + 1 :])
+    row = y.shape[axis] * inner
+    lines: list[str] = []
+    pos = 0
+    for v in node.inputs:
+        if v is None:
+            continue
+        x = cx.ref(v)
+        if x.dtype != y.dtype:
+            cx.decline("Concat of mixed dtypes")
+        width = x.shape[axis] * inner
+        if width == 0:
+            continue
+        dst = Ref(y.buf, f"{y.off} + {pos}", (outer, width), y.dtype, y.root)
+        lines += _copy_rows(dst, x, outer, width, row)
+        pos += width
+    return lines
+
+
+def _copy_rows(dst: Ref, src: Ref, outer: int, width: int, row: int) -> list[str]:
+    if outer == 1:
+        return [
+            f"for c in range({width}):",
+            f"    {dst.buf}[{dst.off} + c] = {src.buf}[{src.off} + c]",
+        ]
+    return [
+        f"for o in range({outer}):",
+        f"    for c in range({width}):",
+        f"        {dst.buf}[{dst.off} + o * {row} + c] = {src.buf}[{src.off} + o * {width} + c]",
+    ]
+
+
+def _slice(cx: Any, node: Node) -> list[str]:
+    x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
+    rank = len(x.shape)
+    if node.opset < 10:
+        starts, ends = node.attrs["starts"], node.attrs["ends"]
+        axes, steps = node.attrs.get("axes", list(range(len(starts)))), [1] * len(starts)
+    else:
+        vals = [cx.const(v) if v is not None else None for v in node.inputs[1:5]]
+        if any(v is None for v in vals[:2]) or any(
+            node.inputs[i] is not None and vals[i - 1] is None
+            for i in range(3, min(5, len(node.inputs)))
+        ):
+            cx.decline("starts/ends/axes/steps given at run time")
+        starts, ends = [int(s) for s in vals[0]], [int(e) for e in vals[1]]  # type: ignore[union-attr]
+        axes = [int(a) for a in vals[2]] if len(vals) > 2 and vals[2] is not None else list(
+            range(len(starts)))  # fmt: skip
+        steps = [int(s) for s in vals[3]] if len(vals) > 3 and vals[3] is not None else [1] * len(
+            starts)  # fmt: skip
+    begin, step = [0] * rank, [1] * rank
+    for s, e, a, k in zip(starts, ends, axes, steps):
+        a += rank if a < 0 else 0
+        b, _, kk = slice(s, e, k).indices(x.shape[a])
+        begin[a], step[a] = b, kk
+    st = strides(x.shape)
+    base = sum(b * s for b, s in zip(begin, st))
+    return copy_strided(y, x, [s * k for s, k in zip(st, step)], str(base))
+
+
+def _transpose(cx: Any, node: Node) -> list[str]:
+    x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
+    rank = len(x.shape)
+    perm = node.attrs.get("perm", list(range(rank))[::-1])
+    st = strides(x.shape)
+    return copy_strided(y, x, [st[p] for p in perm])
+
+
+def _gather(cx: Any, node: Node) -> list[str]:
+    data, idx, y = cx.ref(node.inputs[0]), cx.ref(node.inputs[1]), cx.out(node.outputs[0])
+    if str(idx.dtype) not in ("int64", "int32"):
+        cx.decline(f"indices of dtype {idx.dtype}")
+    axis = int(node.attrs.get("axis", 0))
+    axis += len(data.shape) if axis < 0 else 0
+    outer, dim = math.prod(data.shape[:axis]), data.shape[axis]
+    inner = math.prod(data.shape[axis + 1 :])
+    g = cx.tag
+    return [
+        f"for q in range({idx.size}):",
+        f"    {g}t = {idx.buf}[{idx.off} + q]",
+        f"    if {g}t < 0:",
+        f"        {g}t += {dim}",
+        f"    if {g}t < 0 or {g}t >= {dim}:",
+        "        raise IndexError('Gather index out of range')",
+        "    for o in range(" + str(outer) + "):",
+        f"        for c in range({inner}):",
+        f"            {y.buf}[{y.off} + o * {idx.size * inner} + q * {inner} + c] = "
+        f"{data.buf}[{data.off} + o * {dim * inner} + {g}t * {inner} + c]",
+    ]
+
+
+def _cast(cx: Any, node: Node) -> list[str]:
+    x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
+    if str(y.dtype) not in _FLOATS or str(x.dtype) == "bool":
+        cx.decline(f"Cast {x.dtype} -> {y.dtype} (native casts to floats only)")
+    t = tname(y.dtype)
+    line = f"{y.buf}[{y.off} + i0] = {t}({x.buf}[{x.off} + i0])"
+    return loop_nest([x.size], lambda iv: [line])
+
+
+LOWER: dict[tuple[str, str], Lowering] = {
+    (DOMAIN, "Linear"): _linear,
+    (DOMAIN, "ElementwiseChain"): _chain,
+    (DOMAIN, "ElementwiseChainShared"): _chain,
+    ("", "MatMul"): _matmul,
+    ("", "Gemm"): _gemm,
+    ("", "Softmax"): _softmax,
+    ("", "LogSoftmax"): _softmax,
+    ("", "Concat"): _concat,
+    ("", "Slice"): _slice,
+    ("", "Transpose"): _transpose,
+    ("", "Gather"): _gather,
+    ("", "Cast"): _cast,
+    **{("", op): _reduce for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")},
+    **{("", op): _map for op in SCALAR_OPS if op != "Identity"},
+}

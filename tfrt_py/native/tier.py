@@ -1,0 +1,197 @@
+"""Tiered execution: the sync interpreter serves a native model until its compiled
+function is ready, then one attribute store switches ``run`` to the native entry.
+
+``NativeTier.run(feeds, outputs=None)`` is what ``Model.run`` calls. Its fast entry
+(generated per model, like the interpreter's) checks ``len(feeds)``, fetches each feed by
+name and calls the numba function with the feeds and the packed constants; numba's
+dispatcher rejects a wrong dtype, layout or a read-only array (explicit signature, no
+new specializations) and the function itself rejects a wrong shape. Anything unusual —
+an exception of any kind, or ``outputs=`` — goes to ``_slow``: full validation by the
+model's FeedChecker (the sync executor's InputErrors), contiguous writable copies, the
+native call again, and if that still fails the prepared program, which raises the
+interpreter's ExecutionError naming the node. The model stays usable either way.
+
+Threading: ``run`` may be called from many threads at once; the compiled function
+allocates its arena per call and releases the GIL (``nogil``). Compilation runs on one
+process-wide daemon thread (``_worker``), FIFO, so loads never wait for it and at most one
+core compiles; tiers whose model was dropped are skipped. ``mode="eager"`` compiles on the
+loading thread instead. ``state`` moves "compiling" -> "ready" | "failed", once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..executors.program import Program
+from .compile import Compiled, compile_lowered
+from .lower import Lowered
+
+__all__ = ["MODES", "NativeTier"]
+
+#: ``load(..., native=...)``: compile in the background (serve on the interpreter
+#: meanwhile) or before ``load`` returns.
+MODES = ("background", "eager")
+
+_jobs: queue.SimpleQueue[weakref.ref[NativeTier]] = queue.SimpleQueue()
+_worker_lock = threading.Lock()
+_worker: threading.Thread | None = None
+
+
+def _work() -> None:
+    while True:
+        tier = _jobs.get()()
+        if tier is not None:
+            tier._compile()
+            del tier
+
+
+def _submit(tier: NativeTier) -> None:
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = threading.Thread(target=_work, name="tfrt_py-native-compile", daemon=True)
+            _worker.start()
+    _jobs.put(weakref.ref(tier))
+
+
+class NativeTier:
+    """The native tier of one model. ``state``: "compiling" | "ready" | "failed";
+    ``error`` says why it failed; ``compiled`` has the cache path, whether numba's cache
+    answered, and the compile (or cache load) time."""
+
+    def __init__(
+        self,
+        lowered: Lowered,
+        program: Program,
+        check: Any,
+        interp: Any,
+        *,
+        mode: str = "background",
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"native must be one of {MODES}, got {mode!r}")
+        self.lowered = lowered
+        self.interp = interp
+        self.mode = mode
+        self.state = "compiling"
+        self.error: str | None = None
+        self.compiled: Compiled | None = None
+        self._program = program
+        self._check = check
+        self._fn: Any = None
+        self._done = threading.Event()
+        #: The entry Model.run calls: the interpreter now, the native function when ready.
+        self.run: Any = self._run_interp
+        if mode == "eager":
+            self._compile()
+            if self.state == "failed":
+                from .compile import NativeUnavailable
+
+                raise NativeUnavailable(f"native compilation failed: {self.error}")
+        else:
+            _submit(self)
+
+    def _run_interp(self, feeds: Mapping[str, Any], outputs: Any = None) -> Any:
+        return self.interp.run(feeds, outputs)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until compilation finished (ready or failed); False on timeout."""
+        return self._done.wait(timeout)
+
+    def _compile(self) -> None:
+        """Compile and switch over (on the worker thread, or the loader's when eager)."""
+        try:
+            compiled = compile_lowered(self.lowered)
+        except Exception as e:  # noqa: BLE001 - any failure keeps the interpreter serving
+            self.error = f"{type(e).__name__}: {e}"
+            self.state = "failed"
+            self._done.set()
+            return
+        self.compiled = compiled
+        self._fn = compiled.fn
+        self.run = self._fast_entry()
+        self.state = "ready"
+        self._done.set()
+
+    def _fast_entry(self) -> Any:
+        low = self.lowered
+        feeds = ", ".join(f"feeds[{n!r}]" for n in low.input_names)
+        params = ", ".join(f"P{i}" for i in range(len(low.params)))
+        args = ", ".join(a for a in (feeds, params) if a)
+        if len(low.output_names) == 1:
+            result = f"{{{low.output_names[0]!r}: r}}"
+        else:
+            result = "{" + ", ".join(f"{n!r}: r[{k}]" for k, n in enumerate(low.output_names)) + "}"
+        src = "\n".join([
+            "def run(feeds, outputs=None):",
+            "    if outputs is None:",
+            "        try:",
+            f"            if len(feeds) == {len(low.input_names)}:",
+            f"                r = fn({args})",
+            f"                return {result}",
+            "        except Exception:",
+            "            pass",
+            "    return slow(feeds, outputs)",
+        ])  # fmt: skip
+        env: dict[str, Any] = {"fn": self._fn, "slow": self._slow}
+        env.update({f"P{i}": p for i, p in enumerate(low.params)})
+        exec(compile(src, "<tfrt_py native entry>", "exec"), env)
+        return env["run"]
+
+    def _slow(self, feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None) -> Any:
+        args = self._check(feeds)
+        names = self.lowered.output_names
+        bufs = _out_buffers(outputs, names)
+        ready = [
+            a if a.flags.c_contiguous and a.flags.writeable else np.array(a, order="C")
+            for a in args
+        ]
+        try:
+            r = self._fn(*ready, *self.lowered.params)
+            vals = list(r) if isinstance(r, tuple) else [r]
+        except Exception:  # noqa: BLE001 - the interpreter raises the executor's error
+            vals = [np.array(v) for v in self._program.run(args)]
+        out: dict[str, Any] = {}
+        for name, v in zip(names, vals):
+            buf = bufs.get(name)
+            if buf is not None:
+                if buf.shape != v.shape or buf.dtype != v.dtype:
+                    raise InputError(
+                        f"outputs[{name!r}]: buffer is {buf.dtype}{list(buf.shape)}, "
+                        f"the output is {v.dtype}{list(v.shape)}"
+                    )
+                np.copyto(buf, v)
+                v = buf
+            out[name] = v
+        return out
+
+    def describe(self) -> str:
+        """One line for ``Model.describe()``."""
+        n = self.lowered.n_nodes
+        if self.state == "compiling":
+            return f"native: compiling {n} nodes in the background; the sync interpreter serves"
+        if self.state == "failed":
+            return f"native: compilation failed ({self.error}); the sync interpreter serves"
+        c = self.compiled
+        assert c is not None
+        how = "loaded from the disk cache" if c.cache_hit else "compiled"
+        return f"native: {n} nodes as one numba function, {how} in {c.seconds:.2f} s ({c.path})"
+
+
+def _out_buffers(outputs: Mapping[str, Any] | None, names: list[str]) -> dict[str, Any]:
+    if not outputs:
+        return {}
+    unknown = [k for k in outputs if k not in names]
+    if unknown:
+        raise InputError(f"outputs: unknown output(s) {unknown}; outputs are {names}")
+    for name, b in outputs.items():
+        if not (isinstance(b, np.ndarray) and b.flags.writeable):
+            raise InputError(f"outputs[{name!r}] must be a writeable numpy array")
+    return dict(outputs)

@@ -1,0 +1,153 @@
+"""``load(path, memory_budget=BYTES)``: decide whether to stream, and build the streamed model.
+
+Runs once per load on the caller's thread. Weights = the main graph's initializers: external
+data (``onnx.save(..., save_as_external_data=True)``) and those embedded in the proto. When
+they fit the budget the model loads as usual (external data memory-mapped) and
+``load_streamed`` returns None. Otherwise:
+
+1. every external initializer is checked (file present and long enough, naming the tensor)
+   and recorded as an ``ExternalRef``; no byte of it is read or mapped;
+2. the importer makes each one an extra graph input typed (dtype, shape), so the load-time
+   passes see a runtime value they cannot fold into; the ``shapes`` pass is off (its
+   zero-feed probe would allocate every weight), ONNX shape inference still types values;
+3. the optimized graph is cut into stages (``partition``) whose weights fit in half of what
+   the budget leaves after the resident (embedded and folded) constants; each stage is
+   compiled as its own Program; a node whose weights alone exceed that fails here, saying
+   how much budget is needed;
+4. the weight arena is sized for the largest pair of consecutive stages (at most the
+   budget minus the resident constants).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+
+from ..compiler.pipeline import select_passes
+from ..compiler.prepare import prepare
+from ..concurrency import HostContext
+from ..errors import ModelLoadError, UnsupportedOpError
+from ..executors.program import compile_program
+from ..frontends.onnx import import_model
+from ..frontends.onnx.tensors import external_ref, is_external, onnx_dtype
+from ..ir import Graph, TensorType, Value, verify
+from ..kernels import KernelRegistry
+from .partition import ALIGN, Stage, compile_stages, partition
+from .pipeline import StreamedProgram, StreamInfo
+
+if TYPE_CHECKING:
+    from ..model import Model
+
+__all__ = ["load_streamed"]
+
+
+def load_streamed(
+    proto: onnx.ModelProto,
+    base_dir: str,
+    *,
+    memory_budget: int,
+    origin: str,
+    registry: KernelRegistry,
+    optimize: bool | Collection[str] | None,
+    host: HostContext | None,
+    executor: str,
+    t0: float,
+) -> Model | None:
+    """The streamed Model, or None when the weights fit ``memory_budget`` (load normally)."""
+    budget = _check_budget(memory_budget)
+    inits = list(proto.graph.initializer)
+    refs = {t.name: external_ref(t, base_dir) for t in inits if is_external(t)}
+    embedded = sum(_embedded_bytes(t) for t in inits if not is_external(t))
+    streamed = sum(r.nbytes for r in refs.values())
+    if streamed + embedded <= budget:
+        return None
+    if not refs:
+        raise ModelLoadError(
+            f"{origin}: its {embedded:,} bytes of weights exceed memory_budget={budget:,} "
+            "and none is external data, so none can be streamed; save the model with "
+            "onnx.save(..., save_as_external_data=True)"
+        )
+    if executor != "auto":
+        raise ValueError(
+            f"executor={executor!r} cannot serve a streamed model ({streamed:,} bytes of "
+            f"weights exceed memory_budget={budget:,}): its stages run on the 'stream' "
+            "executor; pass executor='auto'"
+        )
+
+    def hook(t: onnx.TensorProto) -> Value | None:
+        r = refs.get(t.name) if is_external(t) else None
+        return None if r is None else Value(t.name, TensorType(r.dtype, r.shape))
+
+    graph = import_model(proto, base_dir, registry.has, stream=hook)
+    verify(graph)
+    prepared = prepare(graph, registry, select_passes(optimize) - {"shapes"})
+    g, reg = prepared.graph, prepared.registry
+    weights = {id(v): refs[v.name] for v in g.inputs if v.name in refs}
+    user_inputs = [v for v in g.inputs if id(v) not in weights]
+    resident = sum(int(c.const.nbytes) for c in g.constants if c.const is not None)
+    limit = (budget - resident) // ALIGN * ALIGN
+    if limit <= 0:
+        raise ModelLoadError(
+            f"memory_budget={budget:,} bytes is too small for {origin}: the constants that "
+            f"stay resident take {resident:,} bytes; needs memory_budget > {resident:,}"
+        )
+    stages = partition(g, weights, limit // 2, limit, reg, needed_hint=resident)
+    compile_stages(g, stages, reg)
+    _check_sync_kernels(stages)
+    arena = _arena_bytes(stages, limit)
+    info = StreamInfo(budget, streamed, len(refs), len({r.path for r in refs.values()}),
+                      resident, arena)  # fmt: skip
+    prog = StreamedProgram(stages, user_inputs, list(g.outputs), arena, host, info)
+    view = Graph(g.name, inputs=user_inputs, outputs=list(g.outputs), nodes=list(g.nodes),
+                 constants=list(g.constants), opsets=dict(g.opsets))  # fmt: skip
+    from ..model import Model
+
+    why = (
+        f"memory_budget {budget:,} B < {streamed + embedded:,} B of weights: "
+        f"{len(stages)} stages streamed from disk"
+    )
+    return Model(
+        view, compile_program(g, reg), "stream", origin, time.perf_counter() - t0,
+        host=host, why=why, prepared=prepared, stream=prog,
+    )  # fmt: skip
+
+
+def _check_budget(budget: Any) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget <= 0:
+        raise ValueError(f"memory_budget must be a positive number of bytes, got {budget!r}")
+    return int(budget)
+
+
+def _embedded_bytes(t: onnx.TensorProto) -> int:
+    n = int(np.prod([int(d) for d in t.dims], dtype=np.int64))
+    try:
+        return n * onnx_dtype(t.data_type).itemsize
+    except ModelLoadError:
+        return 0
+
+
+def _check_sync_kernels(stages: list[Stage]) -> None:
+    for st in stages:
+        assert st.program is not None
+        for ins in st.program.instrs:
+            if ins.flags.is_async:
+                n = ins.node
+                raise UnsupportedOpError(
+                    n.op_type, n.domain, n.opset, n.name,
+                    "async kernels cannot run in a streamed model (its stages run "
+                    "synchronously)",
+                )  # fmt: skip
+
+
+def _arena_bytes(stages: list[Stage], limit: int) -> int:
+    """Room for the largest pair of stages that are resident together (consecutive steps;
+    the last stage is followed by the next window's first), capped at ``limit``."""
+    sizes = [s.nbytes for s in stages]
+    need = max(sizes)
+    if len(sizes) > 1:
+        need = max(need, *(a + b for a, b in zip(sizes, sizes[1:] + sizes[:1])))
+    return max(min(need, limit), ALIGN)

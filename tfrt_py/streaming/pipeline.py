@@ -1,0 +1,425 @@
+"""StreamedProgram: run a model whose weights stream from disk, stage by stage.
+
+The scheme (bulk inference, stage-major): batches are taken from the caller's iterable in
+*windows* of ``window`` batches. For each window, stage 0..S-1 run in order; each stage's
+weights are loaded once and every batch of the window runs through it before the next
+stage. While stage ``s`` computes, the transfer kernel (``transfer.Transfers``, on a
+HostContext worker) reads the next step's weights into the other region of the arena;
+after the window's last stage the next window's stage 0 is already being read, so the
+pipeline stays full across windows instead of restarting per batch. Memory: the arena
+(at most ``memory_budget`` minus the resident constants) plus, per batch of the window,
+the activations that cross a stage boundary, plus one stage's intermediates for one batch.
+The next window's feeds are pulled from the iterable when the current window's last stage
+starts (so its stage-0 read can begin); the window's results are yielded after its last
+stage.
+
+Threads: the sync form computes on the caller's thread; the async form computes each
+(stage, window) step as one work item on the host's pool and awaits it, so the event loop
+only schedules. Either way reads run on the host's workers. One run at a time owns the
+arena (a FIFO ``Gate``); a run waits for its in-flight reads (and, async, its in-flight
+compute) to end before the next run is let in.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..concurrency import AsyncValue, HostContext, default_host, run_when_ready
+from ..errors import InputError
+from ..executors.program import user_output
+from ..feeds import FeedChecker
+from ..ir import Value
+from .gate import Gate
+from .partition import Stage
+from .transfer import Transfers, WeightArena
+
+__all__ = ["DEFAULT_WINDOW", "StreamInfo", "StreamStats", "StreamedProgram", "run_each_async"]
+
+#: Batches per window when the caller does not say.
+DEFAULT_WINDOW = 4
+
+
+@dataclass
+class StreamStats:
+    """One run's figures. ``compute_s``: stage compute summed; ``transfer_s``: reads summed
+    (the disk's busy time, reads are sequential; ``first_transfer_s`` the first stage's,
+    which nothing overlaps); ``wait_s``: compute waiting for reads;
+    ``wall_s``: the run from its first feed to its last result."""
+
+    batches: int = 0
+    windows: int = 0
+    steps: int = 0
+    compute_s: float = 0.0
+    transfer_s: float = 0.0
+    first_transfer_s: float = 0.0
+    wait_s: float = 0.0
+    wall_s: float = 0.0
+    bytes_read: int = 0
+    reads: int = 0
+    overlap: bool = True
+
+    def summary(self) -> str:
+        return (
+            f"{self.batches} batch(es) in {self.windows} window(s), {self.steps} stage steps "
+            f"({self.reads} stage reads): wall {self.wall_s * 1e3:.1f} ms, "
+            f"compute {self.compute_s * 1e3:.1f} ms, transfer {self.transfer_s * 1e3:.1f} ms "
+            f"({self.bytes_read / 1e6:.1f} MB), waiting for transfer {self.wait_s * 1e3:.1f} ms"
+            f"{'' if self.overlap else ', overlap off'}"
+        )
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """Load-time facts for ``describe()``: the budget, the streamed weights (bytes, tensors,
+    files), the constants that stay resident, and the arena's size."""
+
+    budget: int
+    weight_bytes: int
+    n_weights: int
+    n_files: int
+    resident_bytes: int
+    arena_bytes: int
+
+
+# What the run's step generator asks its driver for.
+@dataclass
+class _Need:  # the next window: a list of raw feeds (empty at the end)
+    n: int
+
+
+@dataclass
+class _Wait:  # the value of this AsyncValue
+    av: AsyncValue[Any]
+
+
+@dataclass
+class _Compute:  # run fn() (sync: inline; async: on the pool), send back nothing
+    fn: Callable[[], None]
+
+
+@dataclass
+class _Emit:  # hand these results to the caller
+    results: list[dict[str, np.ndarray]]
+
+
+_Op = _Need | _Wait | _Compute | _Emit
+
+
+class StreamedProgram:
+    """The stages of one streamed model, its arena, and the runs over them.
+
+    Owns the arena and the gate; the stages' Programs are immutable. Built at load by
+    ``loader.load_streamed``; ``Model`` delegates run/run_async/run_batches to it.
+    """
+
+    def __init__(
+        self,
+        stages: list[Stage],
+        inputs: list[Value],
+        outputs: list[Value],
+        arena_bytes: int,
+        host: HostContext | None,
+        info: StreamInfo,
+    ) -> None:
+        self.info = info
+        self.stages = stages
+        self._inputs = inputs
+        self._outputs = outputs
+        self._check = FeedChecker(inputs)
+        fixed = {id(v) for v in inputs}
+        self._fixed = [id(v) in fixed or v.is_const for v in outputs]
+        self.arena = WeightArena(arena_bytes)
+        self._gate = Gate()
+        self._host = host
+        #: The last finished run's figures (None before the first run).
+        self.last_stats: StreamStats | None = None
+        #: Drop each weight's pages from the OS page cache after reading it (see transfer).
+        self.drop_cache = True
+
+    def describe_lines(self) -> list[str]:
+        """``describe()`` lines: the budget, the arena, one line per stage, the last run."""
+        i = self.info
+        lines = [
+            f"  streaming: {i.n_weights} weight tensors, {_size(i.weight_bytes)} in "
+            f"{i.n_files} file(s), over memory_budget {_size(i.budget)}; read by stage into a "
+            "weight arena, the next stage's read overlapping this stage's compute",
+            f"    weight arena {_size(i.arena_bytes)} (two regions), resident constants "
+            f"{_size(i.resident_bytes)}; run_batches window default {DEFAULT_WINDOW}",
+        ]
+        for st in self.stages:
+            lines.append(
+                f"    stage {st.index}: {len(st.nodes)} nodes ({st.op_summary()}), "
+                f"{len(st.weights)} weights {_size(st.nbytes)}, est. "
+                f"{st.flops / 1e6:.2f} MFLOP per batch (symbolic dims as 1)"
+            )
+        if self.last_stats is not None:
+            lines.append(f"    last run: {self.last_stats.summary()}")
+        return lines
+
+    # -- the sync form ------------------------------------------------------------------------
+    def run_batches(
+        self, feeds: Iterable[Mapping[str, Any]], window: int | None = None, overlap: bool = True
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Results per batch, in order; runs on the calling thread as it is iterated."""
+        n = _window(window)
+        it = iter(feeds)
+        if self._gate.held_by_this_thread():
+            raise RuntimeError(
+                "this thread is in the middle of another run of this streamed model (an "
+                "unfinished run_batches iterator?): finish or close it first; one run at a "
+                "time owns the weight arena"
+            )
+        self._gate.acquire().wait()
+        run = _Run(self, self._host or default_host(), overlap)
+        gen = run.steps(n)
+        try:
+            send: Any = None
+            while True:
+                try:
+                    op = gen.send(send)
+                except StopIteration:
+                    return
+                send = None
+                if isinstance(op, _Need):
+                    send = _take(it, op.n)
+                elif isinstance(op, _Wait):
+                    send = op.av.wait()
+                elif isinstance(op, _Compute):
+                    op.fn()
+                else:
+                    yield from op.results
+        finally:
+            gen.close()
+            run.finish([]).wait()
+
+    def run(
+        self, feeds: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """One batch: every stage streamed once."""
+        (results,) = list(self.run_batches([feeds], window=1))
+        return results if outputs is None else _fill(results, outputs)
+
+    # -- the async form -----------------------------------------------------------------------
+    async def run_batches_async(
+        self, feeds: Any, window: int | None = None, overlap: bool = True
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """Results per batch; ``feeds`` is an iterable or an async iterable. Stage compute
+        runs on the host's pool; cancelling the consuming task ends the run (in-flight
+        compute and reads finish before the next run may start)."""
+        n = _window(window)
+        host = self._host or default_host()
+        grant = self._gate.acquire()
+        try:
+            await grant
+        except BaseException:
+            self._gate.abandon(grant)
+            raise
+        run = _Run(self, host, overlap)
+        gen = run.steps(n)
+        pending: list[AsyncValue[Any]] = []
+        aiter_ = feeds.__aiter__() if hasattr(feeds, "__aiter__") else None
+        it = None if aiter_ is not None else iter(feeds)
+        try:
+            send: Any = None
+            while True:
+                try:
+                    op = gen.send(send)
+                except StopIteration:
+                    return
+                send = None
+                if isinstance(op, _Need):
+                    send = await _take_async(aiter_, op.n) if it is None else _take(it, op.n)
+                elif isinstance(op, _Wait):
+                    send = await op.av
+                elif isinstance(op, _Compute):
+                    done: AsyncValue[None] = AsyncValue()
+                    pending = [done]
+                    host.enqueue(_call_into, op.fn, done)
+                    await done
+                else:
+                    for r in op.results:
+                        yield r
+        finally:
+            gen.close()
+            run.finish(pending)
+
+    async def run_async(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        out = [r async for r in self.run_batches_async([feeds], window=1)]
+        return out[0]
+
+    # -- one stage, one window ----------------------------------------------------------------
+    def feed_env(self, feeds: Mapping[str, Any]) -> dict[int, Any]:
+        args = self._check(feeds)
+        return {id(v): a for v, a in zip(self._inputs, args)}
+
+    def run_stage(self, st: Stage, weights: list[np.ndarray], envs: list[dict[int, Any]]) -> None:
+        """Run stage ``st`` for every batch env of a window; outputs that view the arena are
+        copied out (the arena is overwritten after the stage), dead values dropped."""
+        prog = st.program
+        assert prog is not None
+        buf = self.arena.buf
+        for env in envs:
+            outs = prog.run([env[id(v)] for v in st.inputs] + weights)
+            for v, o in zip(st.outputs, outs):
+                if isinstance(o, np.ndarray) and np.may_share_memory(o, buf):
+                    o = o.copy()
+                env[id(v)] = o
+            for i in st.drop_after:
+                env.pop(i, None)
+
+    def results(self, env: dict[int, Any]) -> dict[str, np.ndarray]:
+        out: dict[str, Any] = {}
+        for v, fixed in zip(self._outputs, self._fixed):
+            val = v.const if v.const is not None else env[id(v)]
+            if fixed and isinstance(val, np.ndarray):
+                val = val.copy()
+            out[v.name] = user_output(val, v.type)
+        return out
+
+
+class _Run:
+    """One pipeline run: the step generator and its schedule. Not shared between threads
+    except through the Transfers' AsyncValues."""
+
+    def __init__(self, prog: StreamedProgram, host: HostContext, overlap: bool) -> None:
+        self.prog = prog
+        self.sched = Transfers(prog.arena, host, overlap, prog.drop_cache)
+        self.stats = StreamStats(overlap=overlap)
+        self.t0 = time.perf_counter()
+
+    def steps(self, window: int) -> Generator[_Op, Any, None]:
+        prog, sched, stats = self.prog, self.sched, self.stats
+        stages = prog.stages
+        raw: list[Mapping[str, Any]] = yield _Need(window)
+        self.t0 = time.perf_counter()
+        k = 0
+        loads = [sched.request(0, stages[0])] if raw else []
+        while raw:
+            envs = [prog.feed_env(f) for f in raw]
+            stats.batches += len(raw)
+            stats.windows += 1
+            nxt: list[Mapping[str, Any]] = []
+            for s, st in enumerate(stages):
+                if s + 1 < len(stages):
+                    loads.append(sched.request(k + 1, stages[s + 1]))
+                else:
+                    nxt = yield _Need(window)
+                    if nxt:
+                        loads.append(sched.request(k + 1, stages[0]))
+                t = time.perf_counter()
+                weights = yield _Wait(loads[k])
+                t2 = time.perf_counter()
+                stats.wait_s += t2 - t
+                yield _Compute(functools.partial(prog.run_stage, st, weights, envs))
+                stats.compute_s += time.perf_counter() - t2
+                del weights
+                sched.computed(k)
+                k += 1
+                stats.steps += 1
+            yield _Emit([prog.results(e) for e in envs])
+            raw = nxt
+
+    def finish(self, pending: list[AsyncValue[Any]]) -> AsyncValue[None]:
+        """End the run: stop reads, then (off this thread if need be) release the gate once
+        no read and no ``pending`` compute is in flight; then the stats are recorded (wall
+        time: from the first window to now, including the consumer's time between results)."""
+        drained = self.sched.close()
+        st = self.stats
+        st.wall_s = time.perf_counter() - self.t0
+        done: AsyncValue[None] = AsyncValue()
+
+        def release() -> None:
+            ts = self.sched.stats
+            st.transfer_s, st.bytes_read, st.reads = ts.seconds, ts.bytes, ts.reads
+            st.first_transfer_s = ts.first_seconds
+            self.prog.last_stats = st
+            self.prog._gate.release()
+            done.set(None)
+
+        run_when_ready([drained, *pending], release)
+        return done
+
+
+async def run_each_async(model: Any, feeds: Any) -> AsyncIterator[dict[str, np.ndarray]]:
+    """``Model.run_batches_async`` for a model that does not stream: ``run_async`` per
+    batch; ``feeds`` is an iterable or an async iterable."""
+    if hasattr(feeds, "__aiter__"):
+        async for f in feeds:
+            yield await model.run_async(f)
+    else:
+        for f in feeds:
+            yield await model.run_async(f)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.2f} GB"
+
+
+def _window(window: int | None) -> int:
+    n = DEFAULT_WINDOW if window is None else window
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"window must be a positive number of batches, got {window!r}")
+    return n
+
+
+def _take(it: Iterator[Mapping[str, Any]], n: int) -> list[Mapping[str, Any]]:
+    out: list[Mapping[str, Any]] = []
+    for feeds in it:
+        out.append(_feeds(feeds, out))
+        if len(out) == n:
+            break
+    return out
+
+
+async def _take_async(it: Any, n: int) -> list[Mapping[str, Any]]:
+    out: list[Mapping[str, Any]] = []
+    while len(out) < n:
+        try:
+            feeds = await it.__anext__()
+        except StopAsyncIteration:
+            break
+        out.append(_feeds(feeds, out))
+    return out
+
+
+def _feeds(feeds: Any, got: list[Any]) -> Mapping[str, Any]:
+    if not isinstance(feeds, Mapping):
+        raise InputError(
+            f"run_batches: each batch must be a mapping of input name -> array; batch "
+            f"{len(got)} of this window is a {type(feeds).__name__}"
+        )
+    return feeds
+
+
+def _call_into(fn: Callable[[], None], done: AsyncValue[None]) -> None:
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001 - reported to the awaiting task
+        done.set_error(e)
+        return
+    done.set(None)
+
+
+def _fill(results: dict[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    for name, buf in outputs.items():
+        if name not in results:
+            raise InputError(f"outputs: unknown output {name!r}; outputs are {list(results)}")
+        got = results[name]
+        if buf.shape != got.shape or buf.dtype != got.dtype:
+            raise InputError(
+                f"outputs[{name!r}]: buffer is {buf.dtype}{list(buf.shape)}, "
+                f"the output is {got.dtype}{list(got.shape)}"
+            )
+        np.copyto(buf, got)
+        results[name] = buf
+    return results
