@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tfrt_py.errors import ExecutionError, InputError, ModelLoadError
+from tfrt_py.ir import GraphBuilder
 from tfrt_py.streaming import last_stats, transfer
 
 H = 32
@@ -344,3 +345,12 @@ def test_weight_captured_by_a_nested_graph(tmp_path: Any) -> None:
     f = [{"x": np.abs(a["x"])} for a in feeds(2)] + [{"x": -np.abs(a["x"])} for a in feeds(2)]
     for got, want in zip(sm.run_batches(f, window=3), ref.run_batches(f)):
         assert_same(got, want)
+
+
+def test_memory_budget_with_an_in_memory_graph_is_refused() -> None:
+    """A Graph holds its weights in memory: nothing to stream, so the budget cannot hold."""
+    b = GraphBuilder("g")
+    x = b.input("x", np.float32, (1, 4))
+    b.output(b.op("Relu", x), "y")
+    with pytest.raises(ValueError, match="memory_budget streams ONNX external-data"):
+        tfrt_py.load(b.build(), memory_budget=1 << 20)

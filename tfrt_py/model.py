@@ -82,6 +82,11 @@ def load(
     t0 = time.perf_counter()
     registry = _with_custom(default_registry(), custom_kernels)
     if isinstance(source, Graph):
+        if memory_budget is not None:
+            raise ValueError(
+                "memory_budget streams ONNX external-data weights from disk; a tfrt_py.ir.Graph "
+                "already holds its weights in memory (save it as ONNX with external data)"
+            )
         graph, origin = source, f"graph {source.name!r}"
     else:
         from .frontends.onnx import import_model, read_model
