@@ -1,4 +1,4 @@
-"""The ``tfrt-py`` command: run, inspect, bench.
+"""The ``tfrt-py`` command: run, inspect, bench, serve.
 
 Every failure a user can cause (missing file, bad model, bad input) prints one line on
 stderr and exits non-zero; tracebacks are for bugs.
@@ -147,6 +147,71 @@ def bench(
             plot(results, plot_path, model_path)
         except ImportError:
             _fail("--plot needs matplotlib: pip install 'tfrt-py[bench]'")
+
+
+@main.command()
+@click.argument("model_paths", nargs=-1, required=True, metavar="MODEL...")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="0 picks a free port (printed)",
+)
+@click.option(
+    "--batching",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="micro-batching: auto asks the cost model",
+)
+@click.option("--max-batch", type=click.IntRange(1), help="rows per batch [default: 32]")
+@click.option("--max-wait-us", type=click.IntRange(0), help="batch wait, µs [default: 500]")
+@click.option(
+    "--max-body-bytes", type=click.IntRange(1), default=16 * 1024 * 1024, show_default=True
+)
+@click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
+@click.option("--log-level", default="warning", show_default=True, help="uvicorn's")
+def serve(
+    model_paths: tuple[str, ...],
+    host: str,
+    port: int,
+    batching: str,
+    max_batch: int | None,
+    max_wait_us: int | None,
+    max_body_bytes: int,
+    executor: str,
+    log_level: str,
+) -> None:
+    """Serve MODEL... over HTTP (uvicorn, uvloop): POST /v1/models/NAME:predict, GET
+    /v1/models, /healthz, /readyz. Each model is named by its file stem."""
+    import os
+
+    from .serving import ModelServer, create_app, run_server
+
+    models: dict[str, Any] = {}
+    for path in model_paths:
+        name = os.path.splitext(os.path.basename(path))[0]
+        if name in models:
+            _fail(f"two models named {name!r} (models are named by file stem): {path}")
+        models[name] = _load(path, executor)
+    server = ModelServer(
+        models,
+        batching=batching,
+        max_batch=max_batch,
+        max_wait_us=max_wait_us,
+        max_body_bytes=max_body_bytes,
+        log=lambda msg: click.echo(msg, err=True),
+    )
+
+    def bound(url: str) -> None:
+        click.echo(f"tfrt-py serve: {', '.join(models)} on {url}", err=True)
+
+    try:
+        run_server(create_app(server), host, port, log_level=log_level, on_bound=bound)
+    except OSError as e:
+        _fail(f"cannot listen on {host}:{port}: {e}")
 
 
 if __name__ == "__main__":

@@ -71,12 +71,18 @@ def _core_count() -> int:
         return os.cpu_count() or 1
 
 
+#: Every live HostContext, so a forked child can reset them (see ``_reset_after_fork``).
+_HOSTS: weakref.WeakSet[HostContext] = weakref.WeakSet()
+
+
 class HostContext:
     """Worker pool + loop bridge + cancellation.
 
     ``num_workers`` defaults to the cores this process may use. Worker threads start on the
     first ``enqueue`` (a program that never needs the pool never starts one) and are daemon
-    threads, so a forgotten host cannot hang interpreter exit.
+    threads, so a forgotten host cannot hang interpreter exit. Fork-safe: in a forked child
+    the host forgets the parent's threads and starts its own on first use (work queued in
+    the parent but not yet run is not run in the child).
     """
 
     def __init__(self, num_workers: int | None = None, *, name: str = "tfrt_py") -> None:
@@ -94,6 +100,18 @@ class HostContext:
         self._tokens: weakref.WeakSet[CancelToken] = weakref.WeakSet()
         self._bg_thread: threading.Thread | None = None
         self._bg_bridge: AsyncioBridge | None = None
+        _HOSTS.add(self)
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: the parent's threads do not exist here, so forget them (and
+        the queue and lock they may have held); workers and the loop restart on first use."""
+        self._queue = queue.SimpleQueue()
+        self._workers = []
+        self._worker_ids = frozenset()
+        self._lock = threading.Lock()
+        self._tokens = weakref.WeakSet()
+        self._bg_thread = None
+        self._bg_bridge = None
 
     # -- the worker pool ----------------------------------------------------------------------
     def enqueue(self, fn: Callable[..., object], *args: Any) -> None:
@@ -230,6 +248,17 @@ class HostContext:
 
 _DEFAULT: HostContext | None = None
 _DEFAULT_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _DEFAULT_LOCK
+    _DEFAULT_LOCK = threading.Lock()
+    for host in list(_HOSTS):
+        host._reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def default_host() -> HostContext:

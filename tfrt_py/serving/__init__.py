@@ -1,0 +1,39 @@
+"""tfrt_py.serving: loaded models over HTTP (an ASGI app on Starlette, run by uvicorn).
+
+    from tfrt_py.serving import create_app, run_server
+    app = create_app({"mlp": "mlp.onnx"})          # any ASGI server can run it
+    run_server(app, "127.0.0.1", 8000)             # or: tfrt-py serve mlp.onnx --port 8000
+
+See ``app`` for the routes and the request/response formats, ``batching`` for
+micro-batching and how it is chosen, ``served`` for where calls run, and docs/serving.md.
+"""
+
+from __future__ import annotations
+
+from .app import create_app as create_app
+from .batching import BatchPolicy as BatchPolicy
+from .batching import MicroBatcher as MicroBatcher
+from .batching import choose_policy as choose_policy
+from .codec import RequestError as RequestError
+from .codec import convert_value as convert_value
+from .codec import json_feeds as json_feeds
+from .hub import ModelConfig as ModelConfig
+from .hub import ModelServer as ModelServer
+from .run import ServerThread as ServerThread
+from .run import run_server as run_server
+from .served import ServedModel as ServedModel
+
+__all__ = [
+    "BatchPolicy",
+    "MicroBatcher",
+    "ModelConfig",
+    "ModelServer",
+    "RequestError",
+    "ServedModel",
+    "ServerThread",
+    "choose_policy",
+    "convert_value",
+    "create_app",
+    "json_feeds",
+    "run_server",
+]

@@ -1,0 +1,124 @@
+"""Running an ASGI app under uvicorn: in the foreground (``run_server``, what ``tfrt-py
+serve`` does) or on a background thread (``ServerThread``: tests, notebooks, embedding).
+
+Both bind the listening socket themselves, so port 0 picks a free port and the bound
+address is known before the first request. The foreground server uses uvloop and
+httptools when installed (asyncio and h11 otherwise); ``ServerThread`` uses asyncio (an
+event loop per thread). Websockets are off: this server speaks plain HTTP/1.1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+__all__ = ["ServerThread", "bind", "run_server"]
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 picks a free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _config(app: Any, loop: str, log_level: str) -> uvicorn.Config:
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return uvicorn.Config(
+        app,
+        loop=loop,
+        http=http,
+        ws="none",
+        lifespan="on",
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+
+
+def run_server(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    log_level: str = "warning",
+    on_bound: Callable[[str], object] | None = None,
+) -> None:
+    """Serve ``app`` on host:port until SIGINT/SIGTERM; ``on_bound(url)`` once bound."""
+    sock = bind(host, port)
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    server = uvicorn.Server(_config(app, loop, log_level))
+    if on_bound is not None:
+        on_bound(_url(sock))
+    server.run(sockets=[sock])
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class ServerThread:
+    """``app`` served by uvicorn on a daemon thread, as a context manager::
+
+        with ServerThread(app) as url:      # returns once the app's lifespan started
+            httpx.get(url + "/readyz")
+
+    ``stop()`` asks uvicorn to exit gracefully and joins the thread.
+    """
+
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    ):
+        self._sock = bind(host, port)
+        self.url = _url(self._sock)
+        self.server = uvicorn.Server(_config(app, "asyncio", log_level))
+        self._thread = threading.Thread(target=self._main, name="uvicorn", daemon=True)
+        self._error: BaseException | None = None
+
+    def _main(self) -> None:
+        try:
+            self.server.run(sockets=[self._sock])
+        except BaseException as e:  # noqa: BLE001 - reported by start()
+            self._error = e
+
+    def start(self, timeout: float = 60.0) -> str:
+        """Start serving; returns the base URL once uvicorn has started."""
+        self._thread.start()
+        deadline = threading.Event()
+        for _ in range(int(timeout * 100)):
+            if self.server.started or not self._thread.is_alive():
+                break
+            deadline.wait(0.01)
+        if not self.server.started:
+            self.stop()
+            raise RuntimeError(f"uvicorn did not start on {self.url}: {self._error!r}")
+        return self.url
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(30)
+        self._sock.close()
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
