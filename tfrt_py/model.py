@@ -424,11 +424,12 @@ class Model:
                 reason = unused_reason(self._graph, self._prepared.registry)
                 lines.append(f"  native tier: not used: {reason}")
         if self._dataflow is None:
-            how = (
-                "straight-line code generated per input signature over a memory plan"
-                if self._interp is not None
-                else "topological-order interpreter over a prepared program"
-            )
+            if self._native is not None:
+                how = "the whole model as one numba function, the sync interpreter until compiled"
+            elif self._interp is not None:
+                how = "straight-line code generated per input signature over a memory plan"
+            else:
+                how = "topological-order interpreter over a prepared program"
             lines.append(f"  executor: {self.executor} ({self._why}; {how})")
         else:
             lines.append(f"  executor: {self.executor} ({self._why}; {self._dataflow.describe()})")
