@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--models", default=",".join(ANCHORS))
     ap.add_argument("--real", default=",".join(REAL_MODELS), help="'' for none")
-    ap.add_argument("--executors", default="auto")
+    ap.add_argument("--executors", default="sync,async,auto")
     ap.add_argument("--peers", default=",".join(peers.PEERS), help="'' for none")
     ap.add_argument("--peer-threads", type=int, default=1, help="threads per peer runtime")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
