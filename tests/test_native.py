@@ -206,6 +206,40 @@ def test_declines_dynamic_dims() -> None:
         tfrt_py.load(b.build(), executor="native")
 
 
+def _runtime_shape_graph(op: str) -> Graph:
+    """x[2,3,4] with the op's shape-determining input a feed (found by the conformance
+    cases: Reshape's shape and Slice's steps as int64 inputs)."""
+    b = GraphBuilder(op.lower())
+    x = b.input("x", F32, (2, 3, 4))
+    if op == "Reshape":
+        b.output(b.op("Reshape", x, b.input("shape", np.int64, (2,))), "y")
+    else:
+        starts, ends = b.input("starts", np.int64, (1,)), b.input("ends", np.int64, (1,))
+        axes, steps = b.input("axes", np.int64, (1,)), b.input("steps", np.int64, (1,))
+        b.output(b.op("Slice", x, starts, ends, axes, steps), "y")
+    return b.build()
+
+
+@pytest.mark.parametrize("op", ["Reshape", "Slice"])
+def test_declines_shapes_given_at_run_time(monkeypatch: pytest.MonkeyPatch, op: str) -> None:
+    """A shape that depends on a feed's values cannot be baked into the function: native
+    declines (never a load failure from its zero-feed probe), auto stays on sync."""
+    monkeypatch.delenv("TFRT_PY_NATIVE")
+    with pytest.raises(Declined, match=r"run time|probed"):
+        tfrt_py.load(_runtime_shape_graph(op), executor="native")
+    model = tfrt_py.load(_runtime_shape_graph(op))
+    assert model.executor == "sync"
+    x = np.arange(24, dtype=F32).reshape(2, 3, 4)
+    if op == "Reshape":
+        got = model.run({"x": x, "shape": np.array([4, 6], np.int64)})["y"]
+        np.testing.assert_array_equal(got, x.reshape(4, 6))
+    else:
+        one = np.array([1], np.int64)
+        feeds = {"x": x, "starts": np.array([0], np.int64), "ends": np.array([4], np.int64)}
+        got = model.run({**feeds, "axes": np.array([2], np.int64), "steps": one * 2})["y"]
+        np.testing.assert_array_equal(got, x[:, :, 0:4:2])
+
+
 def test_auto_picks_native_only_for_tiny_models(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TFRT_PY_NATIVE")
     tiny = tfrt_py.load(_tiny_graph(), native="eager")

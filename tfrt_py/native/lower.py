@@ -24,7 +24,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from ..errors import TfrtError
+from ..errors import ExecutionError, TfrtError
 from ..executors.plan import ALIGN, Buffer, plan_offsets
 from ..executors.program import Program
 from ..ir import Graph, Node, TensorType, Value
@@ -185,8 +185,11 @@ def _shapes(graph: Graph, program: Program) -> dict[int, tuple[tuple[int, ...], 
         st = _static(v)
         assert st is not None
         feeds.append(np.zeros(st[0], st[1]))
-    with np.errstate(all="ignore"):
-        env = run_env(program, feeds)
+    try:
+        with np.errstate(all="ignore"):
+            env = run_env(program, feeds)
+    except ExecutionError as e:  # e.g. a Slice whose steps are a feed: zeros are invalid
+        raise Declined([f"shapes cannot be probed on zero feeds ({e})"]) from e
     out: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
     for ins in program.instrs:
         for val, s in zip(ins.node.outputs, ins.outs):
@@ -248,6 +251,9 @@ def lower(graph: Graph, program: Program, *, fastmath: bool = False) -> Lowered:
 
 def _lower_node(cx: NodeContext, node: Node) -> list[str]:
     if node.domain == "" and node.op_type in VIEW_OPS:
+        if any(v is not None and v.const is None for v in node.inputs[1:]):
+            # The output shape would be the probe's, baked in: only constant shapes/axes.
+            cx.decline(f"{node.op_type} shape/axes given at run time")
         x = cx.ref(node.inputs[0])
         y = node.outputs[0]
         shape = cx.shapes[id(y)][0] if y is not None else x.shape
