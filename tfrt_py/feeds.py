@@ -17,7 +17,7 @@ import numpy as np
 from .errors import InputError
 from .ir import TensorType, Value
 
-__all__ = ["FeedChecker", "TensorSpec"]
+__all__ = ["FeedChecker", "TensorSpec", "fill_outputs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,3 +172,23 @@ class FeedChecker:
                         f"input {c.name!r}: dim {i} ({sym!r}) is {size}, but input "
                         f"{prev[1]!r} has {sym!r} = {prev[0]}"
                     )
+
+
+def fill_outputs(
+    results: dict[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+) -> dict[str, Any]:
+    """Copy ``results`` into the caller's ``outputs`` buffers (``run(feeds, outputs=)`` on
+    executors that do not write into them directly); InputError names a buffer that is not
+    an output or does not match its shape and dtype."""
+    for name, buf in outputs.items():
+        if name not in results:
+            raise InputError(f"outputs: unknown output {name!r}; outputs are {list(results)}")
+        got = np.asarray(results[name])
+        if buf.shape != got.shape or buf.dtype != got.dtype:
+            raise InputError(
+                f"outputs[{name!r}]: buffer is {buf.dtype}{list(buf.shape)}, "
+                f"the output is {got.dtype}{list(got.shape)}"
+            )
+        np.copyto(buf, got)
+        results[name] = buf
+    return results

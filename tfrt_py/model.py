@@ -26,7 +26,7 @@ from .errors import UnsupportedOpError
 from .executors.dataflow import DataflowExecutor
 from .executors.dataflow_cost import is_expensive
 from .executors.program import Program, compile_program, user_output
-from .feeds import FeedChecker, TensorSpec, spec_of
+from .feeds import FeedChecker, TensorSpec, fill_outputs, spec_of
 from .ir import Graph, Node, verify
 from .kernels import KernelContext, KernelFlags, KernelRegistry, default_registry
 
@@ -327,7 +327,7 @@ class Model:
         if self._stream is not None:
             return self._stream.run(feeds, outputs)
         if outputs is not None:
-            return _fill(self.run(feeds), outputs)
+            return fill_outputs(self.run(feeds), outputs)
         args = self._check(feeds)
         df = self._dataflow
         if df is None:
@@ -441,21 +441,3 @@ class Model:
         ins = ", ".join(str(s) for s in self.inputs)
         outs = ", ".join(str(s) for s in self.outputs)
         return f"<tfrt_py.Model {self._origin} ({ins}) -> ({outs}) executor={self.executor}>"
-
-
-def _fill(results: dict[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """Copy ``results`` into the caller's ``outputs`` buffers (executors without out=)."""
-    from .errors import InputError
-
-    for name, buf in outputs.items():
-        if name not in results:
-            raise InputError(f"outputs: unknown output {name!r}; outputs are {list(results)}")
-        got = np.asarray(results[name])
-        if buf.shape != got.shape or buf.dtype != got.dtype:
-            raise InputError(
-                f"outputs[{name!r}]: buffer is {buf.dtype}{list(buf.shape)}, "
-                f"the output is {got.dtype}{list(got.shape)}"
-            )
-        np.copyto(buf, got)
-        results[name] = buf
-    return results

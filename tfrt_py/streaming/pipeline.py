@@ -33,7 +33,7 @@ import numpy as np
 from ..concurrency import AsyncValue, HostContext, default_host, run_when_ready
 from ..errors import InputError
 from ..executors.program import user_output
-from ..feeds import FeedChecker
+from ..feeds import FeedChecker, fill_outputs
 from ..ir import Value
 from .gate import Gate
 from .partition import Stage
@@ -203,7 +203,7 @@ class StreamedProgram:
     ) -> dict[str, np.ndarray]:
         """One batch: every stage streamed once."""
         (results,) = list(self.run_batches([feeds], window=1))
-        return results if outputs is None else _fill(results, outputs)
+        return results if outputs is None else fill_outputs(results, outputs)
 
     # -- the async form -----------------------------------------------------------------------
     async def run_batches_async(
@@ -408,18 +408,3 @@ def _call_into(fn: Callable[[], None], done: AsyncValue[None]) -> None:
         done.set_error(e)
         return
     done.set(None)
-
-
-def _fill(results: dict[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    for name, buf in outputs.items():
-        if name not in results:
-            raise InputError(f"outputs: unknown output {name!r}; outputs are {list(results)}")
-        got = results[name]
-        if buf.shape != got.shape or buf.dtype != got.dtype:
-            raise InputError(
-                f"outputs[{name!r}]: buffer is {buf.dtype}{list(buf.shape)}, "
-                f"the output is {got.dtype}{list(got.shape)}"
-            )
-        np.copyto(buf, got)
-        results[name] = buf
-    return results
