@@ -117,44 +117,36 @@ def _axis_attr(ctx: KernelContext) -> tuple[int, bool]:
     return int(ctx.attr("axis", 1)), True
 
 
-def _build_softmax(ctx: KernelContext) -> ComputeFn:
-    """Softmax: ``fn(x, out=None) -> exp(x - max) / sum(exp(x - max))`` along the axis."""
+def _softmax_like(ctx: KernelContext, rows: Any, classic: Any) -> ComputeFn:
+    """Softmax and LogSoftmax share their axis handling: ``rows`` (the fast last-axis path,
+    None when it does not apply) for many rows, else ``classic`` over the axis (opset >= 13)
+    or the flattened trailing axes (legacy)."""
     axis, legacy = _axis_attr(ctx)
 
-    def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def compute(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         if x.size == 0:
             return _empty(x, out)
         nd = x.ndim
         a = axis + nd if axis < 0 else axis
         if (legacy or a == nd - 1) and math.prod(x.shape[:a]) >= _FAST_MIN_ROWS:
-            y = _softmax_rows(x, a, out)
+            y = rows(x, a, out)
             if y is not None:
                 return y
         if legacy:
-            return _classic_softmax(x, tuple(range(a, nd)), out)
-        return _classic_softmax(x, a, out)
+            return classic(x, tuple(range(a, nd)), out)
+        return classic(x, a, out)
 
-    return softmax
+    return compute
+
+
+def _build_softmax(ctx: KernelContext) -> ComputeFn:
+    """Softmax: ``fn(x, out=None) -> exp(x - max) / sum(exp(x - max))`` along the axis."""
+    return _softmax_like(ctx, _softmax_rows, _classic_softmax)
 
 
 def _build_log_softmax(ctx: KernelContext) -> ComputeFn:
     """LogSoftmax: ``fn(x, out=None) -> x - max - log(sum(exp(x - max)))`` along the axis."""
-    axis, legacy = _axis_attr(ctx)
-
-    def log_softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        if x.size == 0:
-            return _empty(x, out)
-        nd = x.ndim
-        a = axis + nd if axis < 0 else axis
-        if (legacy or a == nd - 1) and math.prod(x.shape[:a]) >= _FAST_MIN_ROWS:
-            y = _log_softmax_rows(x, a, out)
-            if y is not None:
-                return y
-        if legacy:
-            return _classic_log_softmax(x, tuple(range(a, nd)), out)
-        return _classic_log_softmax(x, a, out)
-
-    return log_softmax
+    return _softmax_like(ctx, _log_softmax_rows, _classic_log_softmax)
 
 
 def _build_hardmax(ctx: KernelContext) -> ComputeFn:
