@@ -9,6 +9,7 @@ families keep working. A failed call never leaves a model unusable.
 from __future__ import annotations
 
 __all__ = [
+    "DeadlineExceeded",
     "ExecutionError",
     "GraphError",
     "InputError",
@@ -68,3 +69,19 @@ class ExecutionError(TfrtError, RuntimeError):
         self.node_name = node_name
         self.op_type = op_type
         super().__init__(f"node {node_name!r} ({op_type}) failed: {type(cause).__name__}: {cause}")
+
+
+class DeadlineExceeded(TfrtError, TimeoutError):
+    """A call ran past its deadline (``run(feeds, timeout=s)``, ``run_async(..., timeout=s)``
+    or the model's default). ``node_name``/``op_type`` name the kernel that was running or
+    about to run when the deadline was noticed (None when it was noticed outside a kernel,
+    e.g. while waiting for a slot). The model stays usable."""
+
+    def __init__(
+        self, timeout: float, node_name: str | None = None, op_type: str | None = None
+    ) -> None:
+        self.timeout = timeout
+        self.node_name = node_name
+        self.op_type = op_type
+        where = f" at node {node_name!r} ({op_type})" if node_name is not None else ""
+        super().__init__(f"deadline of {timeout:g} s exceeded{where}")
