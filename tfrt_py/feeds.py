@@ -17,7 +17,7 @@ import numpy as np
 from .errors import InputError
 from .ir import TensorType, Value
 
-__all__ = ["FeedChecker", "TensorSpec", "fill_outputs"]
+__all__ = ["FeedChecker", "TensorSpec", "check_output_buffers", "fill_outputs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +74,10 @@ class _InputCheck:
     def _convert(self, value: Any) -> np.ndarray:
         want = self.dtype
         if isinstance(value, np.ndarray):
+            if type(value) is not np.ndarray:
+                # np.matrix, masked arrays, ...: their operators and shapes are not NumPy's
+                # (a matrix stays 2-D under reductions), so kernels get a plain view.
+                value = np.asarray(value)
             if want is None or value.dtype == want:
                 return value
             if want.kind == "O" and value.dtype.kind in "US":
@@ -174,15 +178,60 @@ class FeedChecker:
                     )
 
 
+def check_output_buffers(
+    outputs: Mapping[str, Any], names: Sequence[str], feeds: Sequence[Any]
+) -> list[Any]:
+    """Validate the caller's ``run(feeds, outputs=)`` buffers; returns one entry per output
+    name (None where no buffer was given).
+
+    InputError for a name that is not an output, a buffer that is not a writeable ndarray,
+    and a buffer that overlaps a feed or another buffer: kernels write outputs while later
+    kernels still read feeds (a fused ``Relu(x*W)+x``), so an overlap would give wrong
+    results; refusing it is cheaper than planning around it. Overlap is checked exactly
+    (``np.shares_memory``) only when the bounds overlap (``np.may_share_memory``)."""
+    unknown = [k for k in outputs if k not in names]
+    if unknown:
+        raise InputError(f"outputs: unknown output(s) {unknown}; outputs are {list(names)}")
+    bufs = [outputs.get(n) for n in names]
+    given: list[tuple[str, np.ndarray]] = []
+    for name, b in zip(names, bufs):
+        if b is None:
+            continue
+        if not (isinstance(b, np.ndarray) and b.flags.writeable):
+            what = type(b).__name__ if not isinstance(b, np.ndarray) else "a read-only array"
+            raise InputError(f"outputs[{name!r}] must be a writeable numpy array, got {what}")
+        for k, f in enumerate(feeds):
+            if isinstance(f, np.ndarray) and _overlap(b, f):
+                raise InputError(
+                    f"outputs[{name!r}] shares memory with feed #{k}: outputs are written "
+                    "while feeds are still read; pass a separate buffer"
+                )
+        for other, ob in given:
+            if _overlap(b, ob):
+                raise InputError(f"outputs[{name!r}] shares memory with outputs[{other!r}]")
+        given.append((name, b))
+    return bufs
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    if not np.may_share_memory(a, b):
+        return False
+    try:
+        # A bound on the work (the exact problem is NP-hard for odd strides); NumPy's stubs
+        # only admit -1/0 here, the runtime takes any bound.
+        return bool(np.shares_memory(a, b, max_work=1 << 20))  # type: ignore[arg-type]
+    except np.exceptions.TooHardError:
+        return True  # cannot tell cheaply: treat as overlapping
+
+
 def fill_outputs(
-    results: dict[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+    results: dict[str, np.ndarray], outputs: Mapping[str, Any], feeds: Sequence[Any] = ()
 ) -> dict[str, Any]:
     """Copy ``results`` into the caller's ``outputs`` buffers (``run(feeds, outputs=)`` on
-    executors that do not write into them directly); InputError names a buffer that is not
-    an output or does not match its shape and dtype."""
+    executors that do not write into them directly); InputError as
+    ``check_output_buffers``, or for a buffer whose shape or dtype does not match."""
+    check_output_buffers(outputs, list(results), feeds)
     for name, buf in outputs.items():
-        if name not in results:
-            raise InputError(f"outputs: unknown output {name!r}; outputs are {list(results)}")
         got = np.asarray(results[name])
         if buf.shape != got.shape or buf.dtype != got.dtype:
             raise InputError(

@@ -25,8 +25,8 @@ from .concurrency import HostContext, default_host
 from .errors import UnsupportedOpError
 from .executors.dataflow import DataflowExecutor
 from .executors.dataflow_cost import is_expensive
-from .executors.program import Program, compile_program, user_output
-from .feeds import FeedChecker, TensorSpec, fill_outputs, spec_of
+from .executors.program import Program, compile_program, constant_ids, owned_outputs
+from .feeds import FeedChecker, TensorSpec, check_output_buffers, fill_outputs, spec_of
 from .ir import Graph, Node, verify
 from .kernels import KernelContext, KernelFlags, KernelRegistry, default_registry
 
@@ -275,9 +275,8 @@ class Model:
         self._check = FeedChecker(graph.inputs)
         self._out_names = [s.name for s in self.outputs]
         self._out_types = [v.type for v in graph.outputs]
-        # Outputs that are constants or feeds are always copied: the user owns what they get.
-        fixed = {id(v) for v in graph.inputs} | {id(v) for v in graph.constants}
-        self._out_fixed = [id(v) in fixed or v.is_const for v in graph.outputs]
+        # Outputs that are feeds, constants or earlier outputs are copied (owned_outputs).
+        self._const_ids = constant_ids(graph)
         # The async executor over the same Program; None: run the Program directly.
         self._dataflow = dataflow
         self._host = host
@@ -326,23 +325,20 @@ class Model:
             return native.run(feeds, outputs)
         if self._stream is not None:
             return self._stream.run(feeds, outputs)
-        if outputs is not None:
-            return fill_outputs(self.run(feeds), outputs)
         args = self._check(feeds)
+        if outputs is not None:
+            check_output_buffers(outputs, self._out_names, args)
         df = self._dataflow
         if df is None:
             results = self._program.run(args)
         else:
             results = df.run(args, self._host or default_host())
-        return self._to_user(results)
+        out = self._to_user(results, args)
+        return out if outputs is None else fill_outputs(out, outputs, args)
 
-    def _to_user(self, results: list[Any]) -> dict[str, np.ndarray]:
-        out: dict[str, Any] = {}
-        for name, ty, fixed, v in zip(self._out_names, self._out_types, self._out_fixed, results):
-            if fixed and isinstance(v, np.ndarray):
-                v = v.copy()
-            out[name] = user_output(v, ty)
-        return out
+    def _to_user(self, results: list[Any], args: list[Any]) -> dict[str, np.ndarray]:
+        values = owned_outputs(results, self._out_types, args, self._const_ids)
+        return dict(zip(self._out_names, values))
 
     async def run_async(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The same as ``run``, awaitable from asyncio, uvloop or trio code; cancellable.
@@ -358,7 +354,7 @@ class Model:
         if df is None:
             return self.run(feeds)
         args = self._check(feeds)
-        return self._to_user(await df.run_async(args, self._host or default_host()))
+        return self._to_user(await df.run_async(args, self._host or default_host()), args)
 
     def run_batches(
         self,

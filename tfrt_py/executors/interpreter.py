@@ -29,11 +29,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ExecutionError, InputError
+from ..feeds import check_output_buffers
 from .plan import ALIGN, MemoryPlan
 from .plan_build import Layout, build_layout
 from .plan_codegen import Generated, generate
 from .plan_probe import run_env
-from .program import Program, user_output
+from .program import Program, constant_ids, user_output
 
 __all__ = ["SyncInterpreter"]
 
@@ -115,6 +116,7 @@ class SyncInterpreter:
             self._plain_kinds.append("copy" if s in fixed or s in seen else "user")
             seen.add(s)
         self._consts = [t for t in program.template[2:] if t is not None]
+        self._const_ids = constant_ids(graph)
         self._pure = all(i.flags.pure and not i.flags.is_async for i in program.instrs)
         #: The entry point: the newest plan's fast path, or the slow path before any plan.
         self.run: Any = self._slow
@@ -122,7 +124,11 @@ class SyncInterpreter:
     # -- the slow path -------------------------------------------------------------------
     def _slow(self, feeds: Mapping[str, Any], outs: Mapping[str, Any] | None = None) -> Any:
         args = self._check(feeds)
-        bufs = self._out_buffers(outs)
+        bufs = (
+            [None] * len(self._out_names)
+            if outs is None
+            else check_output_buffers(outs, self._out_names, args)
+        )
         sig = _signature(args)
         plan = None if sig is None else self._plans.get(sig)
         if plan is None:
@@ -149,18 +155,6 @@ class SyncInterpreter:
         vals = plan.gen.run_checked(args, bufs)
         return self._finish(vals, layout.output_kinds, bufs)
 
-    def _out_buffers(self, outs: Mapping[str, Any] | None) -> list[Any]:
-        if outs is None:
-            return [None] * len(self._out_names)
-        unknown = [k for k in outs if k not in self._out_names]
-        if unknown:
-            raise InputError(f"outputs: unknown output(s) {unknown}; outputs are {self._out_names}")
-        bufs = [outs.get(n) for n in self._out_names]
-        for name, b in zip(self._out_names, bufs):
-            if b is not None and not (isinstance(b, np.ndarray) and b.flags.writeable):
-                raise InputError(f"outputs[{name!r}] must be a writeable numpy array")
-        return bufs
-
     def _finish(self, vals: Sequence[Any], kinds: Sequence[str], bufs: Sequence[Any]) -> Any:
         out: dict[str, Any] = {}
         for k, (name, v, kind, buf) in enumerate(zip(self._out_names, vals, kinds, bufs)):
@@ -175,7 +169,7 @@ class SyncInterpreter:
             elif kind == "copy":
                 out[name] = self._copy(v, k)
             else:
-                out[name] = user_output(v, self._out_types[k])
+                out[name] = user_output(v, self._out_types[k], self._const_ids)
         return out
 
     def _copy(self, v: Any, k: int) -> Any:
@@ -184,7 +178,7 @@ class SyncInterpreter:
         return user_output(np.array(v) if isinstance(v, np.generic) else v, self._out_types[k])
 
     def _user(self, v: Any, k: int) -> Any:
-        return user_output(v, self._out_types[k])
+        return user_output(v, self._out_types[k], self._const_ids)
 
     # -- plans ---------------------------------------------------------------------------
     def _make_plan(self, sig: tuple[Any, ...], env: list[Any]) -> _Plan:

@@ -42,8 +42,9 @@ class Layout:
     ``kind[slot]``: "arena" | "fresh" for values written with ``out=``; ``views`` lists
     (slot, offset, shape, dtype) of arena values; ``output_kinds[k]`` says how graph
     output ``k`` reaches the user: "fresh" (already theirs), "copy" (always copied: a feed,
-    a constant, a duplicate, or a possible view of the arena), "user" (copied when it is a
-    view); ``release[step]`` lists slots to drop after that step.
+    a constant, a possible alias of an earlier output, or a possible view of the arena),
+    "user" (copied when it is a view or a nested graph's constant); ``release[step]``
+    lists slots to drop after that step.
     """
 
     plan: MemoryPlan
@@ -162,9 +163,9 @@ def build_layout(
     risky = fixed | set(buffer_of)
     risky_groups = {groups.find(s) for s in risky}
     output_kinds: list[str] = []
-    seen: set[int] = set()
+    seen: set[int] = set()  # alias groups of earlier outputs: a later one may be the same array
     for s in outputs:
-        if s in seen or s in fixed:
+        if groups.find(s) in seen or s in fixed:
             output_kinds.append("copy")
         elif kind.get(s) == "fresh":
             output_kinds.append("fresh")
@@ -172,7 +173,7 @@ def build_layout(
             output_kinds.append("copy")
         else:
             output_kinds.append("user")
-        seen.add(s)
+        seen.add(groups.find(s))
 
     release: dict[int, list[int]] = {}
     for i, ins in enumerate(instrs):

@@ -21,7 +21,15 @@ from ..ir import Graph, Node, TensorType, Value
 from ..kernels import KernelContext, KernelRegistry
 from ..kernels.base import ComputeFn, KernelFlags
 
-__all__ = ["Instr", "Program", "compile_program", "node_captures"]
+__all__ = [
+    "Instr",
+    "Program",
+    "compile_program",
+    "constant_ids",
+    "node_captures",
+    "owned_outputs",
+    "user_output",
+]
 
 _NONE_SLOT = 0  # always holds None: omitted optional inputs read it
 _SINK_SLOT = 1  # omitted optional outputs are written here and never read
@@ -164,13 +172,41 @@ def compile_program(
     return Program(graph, len(template), template, instrs, input_slots, capture_slots, output_slots)
 
 
-def user_output(v: Any, ty: object) -> Any:
-    """Make a graph output safe to hand to the user: an ndarray they own (tensors only)."""
+def user_output(v: Any, ty: object, constants: frozenset[int] = frozenset()) -> Any:
+    """Make a graph output safe to hand to the user: an ndarray they own (tensors only).
+    A view, or one of the model's constant arrays (``constants``: their ids), is copied."""
     if isinstance(ty, TensorType) or ty is None:
         if type(v) is not np.ndarray:
             if v is None or isinstance(v, (list, dict)):
                 return v
             v = np.asarray(v)
-        if v.base is not None:
+        if v.base is not None or id(v) in constants:
             v = v.copy()
     return v
+
+
+def constant_ids(graph: Graph) -> frozenset[int]:
+    """The ids of every constant array of ``graph`` and its nested graphs. A kernel may
+    return one of them unchanged (Identity of a constant, an If branch returning its own
+    constant); such an output must be copied before the user may write to it."""
+    ids = {id(c.const) for c in graph.constants if c.const is not None}
+    for node in graph.walk():
+        for _, sub in node.subgraphs():
+            ids.update(id(c.const) for c in sub.constants if c.const is not None)
+    return frozenset(ids)
+
+
+def owned_outputs(
+    values: Sequence[Any], types: Sequence[object], feeds: Sequence[Any], constants: frozenset[int]
+) -> list[Any]:
+    """``values`` made safe to hand to the user when nothing is known of their origin (the
+    dataflow executor, the topological interpreter): every ndarray is the user's own and
+    no two share memory. An array is copied when it is a view, a feed (a pass-through
+    Identity/Cast/Expand, an If branch or a zero-trip Loop returning it), a constant, or an
+    array already returned for an earlier output."""
+    out: list[Any] = []
+    for v, ty in zip(values, types):
+        if type(v) is np.ndarray and (any(v is f for f in feeds) or any(v is o for o in out)):
+            v = v.copy()
+        out.append(user_output(v, ty, constants))
+    return out

@@ -260,9 +260,11 @@ def _axis_key(axis: int, start: int, stop: int) -> tuple[Any, ...]:
 
 
 def _split(ctx: KernelContext) -> ComputeFn:
-    """Split(x[, split]) -> tuple of views along ``axis``. Sizes come from the ``split``
-    attribute (before opset 13) or input (13+); otherwise equal parts of ceil(dim / n), the
-    last one smaller (``num_outputs`` from opset 18, else the number of outputs)."""
+    """Split(x[, split]) -> tuple of views along ``axis`` (one output: the view itself, as
+    every kernel of a one-output node returns its array, never a 1-tuple). Sizes come from
+    the ``split`` attribute (before opset 13) or input (13+); otherwise equal parts of
+    ceil(dim / n), the last one smaller (``num_outputs`` from opset 18, else the number of
+    outputs)."""
     axis = int(ctx.attr("axis", 0))
     n = ctx.n_outputs
     if ctx.opset >= 18 and "num_outputs" in ctx.attrs:
@@ -282,6 +284,10 @@ def _split(ctx: KernelContext) -> ComputeFn:
         bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         keys = tuple(_axis_key(axis, bounds[i], bounds[i + 1]) for i in range(n))
 
+        if n == 1:  # one output: the kernel returns the array, not a 1-tuple
+            key = keys[0]
+            return lambda x, *_: x[key]
+
         def split(x: np.ndarray, *_: Any) -> tuple[np.ndarray, ...]:
             return tuple(x[k] for k in keys)
 
@@ -296,6 +302,8 @@ def _split(ctx: KernelContext) -> ComputeFn:
             b = [min(i * chunk, dim) for i in range(n + 1)]
         return tuple(x[_axis_key(axis, b[i], b[i + 1])] for i in range(n))
 
+    if n == 1:
+        return lambda x, split_in=None: split_dyn(x, split_in)[0]
     return split_dyn
 
 

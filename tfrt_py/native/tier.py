@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..executors.program import Program
+from ..feeds import check_output_buffers
 from .compile import Compiled, compile_lowered
 from .lower import Lowered
 
@@ -148,7 +149,9 @@ class NativeTier:
     def _slow(self, feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None) -> Any:
         args = self._check(feeds)
         names = self.lowered.output_names
-        bufs = _out_buffers(outputs, names)
+        bufs = {} if not outputs else dict(outputs)
+        if bufs:
+            check_output_buffers(bufs, names, args)
         ready = [
             a if a.flags.c_contiguous and a.flags.writeable else np.array(a, order="C")
             for a in args
@@ -183,15 +186,3 @@ class NativeTier:
         assert c is not None
         how = "loaded from the disk cache" if c.cache_hit else "compiled"
         return f"native: {n} nodes as one numba function, {how} in {c.seconds:.2f} s ({c.path})"
-
-
-def _out_buffers(outputs: Mapping[str, Any] | None, names: list[str]) -> dict[str, Any]:
-    if not outputs:
-        return {}
-    unknown = [k for k in outputs if k not in names]
-    if unknown:
-        raise InputError(f"outputs: unknown output(s) {unknown}; outputs are {names}")
-    for name, b in outputs.items():
-        if not (isinstance(b, np.ndarray) and b.flags.writeable):
-            raise InputError(f"outputs[{name!r}] must be a writeable numpy array")
-    return dict(outputs)
