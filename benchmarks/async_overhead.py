@@ -35,6 +35,7 @@ import trio
 import uvloop
 
 import tfrt_py
+from tfrt_py.compiler import model_cost
 from tfrt_py.concurrency import (
     AsyncioBridge,
     AsyncValue,
@@ -235,7 +236,7 @@ def bench_chain(host: HostContext, quick: bool) -> None:
     print(f"   {'op':6}{'topological':>13}{'dataflow run':>14}{'run_async':>11}{'per kernel':>12}")
     for op in ("Relu", "Add"):
         program = compile_program(_chain(op), reg)
-        dflow = DataflowExecutor(program, reg)
+        dflow = DataflowExecutor(program, reg, expensive=model_cost(program.graph).expensive)
         loop = asyncio.new_event_loop()
 
         def run_async(n: int, df: DataflowExecutor = dflow, loop: Any = loop) -> None:

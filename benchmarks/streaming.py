@@ -115,8 +115,8 @@ def child(args: argparse.Namespace) -> None:
     }  # fmt: skip
     if st is not None:
         out.update(compute=st.compute_s, transfer=st.transfer_s, first=st.first_transfer_s,
-                   wait=st.wait_s, bytes=st.bytes_read, arena=model._stream.arena.nbytes,
-                   stages=len(model._stream.stages))  # fmt: skip
+                   wait=st.wait_s, bytes=st.bytes_read, arena=model.runtime.arena.nbytes,
+                   stages=len(model.runtime.stages))  # fmt: skip
     print(json.dumps(out))
 
 

@@ -25,7 +25,7 @@ def _ops(model: tfrt_py.Model) -> Counter[str]:
 
 
 def _report(model: tfrt_py.Model, name: str) -> str:
-    return next(r for r in model._prepared.reports if r.name == name).summary  # type: ignore[union-attr]
+    return next(r for r in model.prepared.reports if r.name == name).summary
 
 
 def _agree(graph: Graph, feeds: dict[str, np.ndarray], passes: set[str] | None) -> tfrt_py.Model:
@@ -250,11 +250,11 @@ def test_costs_from_shapes() -> None:
     b.output(b.op("Reshape", h, b.const(np.array([-1], np.int64))), "y")
     model = tfrt_py.load(b.build(), optimize={"shapes"})
     mm, relu, reshape = model.graph.nodes
-    reg = model._prepared.registry  # type: ignore[union-attr]
+    reg = model.prepared.registry
     assert estimate_cost(mm, reg).flops == 2 * 4 * 64 * 32
     assert estimate_cost(relu, reg).flops == 4 * 32
     assert estimate_cost(reshape, reg).flops == 0
     fused = tfrt_py.load(model.graph)  # all passes on the typed graph: MatMul+Relu fuse
     linear = next(n for n in fused.graph.nodes if n.op_type == "Linear")
-    assert estimate_cost(linear, fused._prepared.registry).flops >= 2 * 4 * 64 * 32  # type: ignore[union-attr]
+    assert estimate_cost(linear, fused._prepared.registry).flops >= 2 * 4 * 64 * 32
     assert graph_cost(model.graph, reg).flops == 2 * 4 * 64 * 32 + 4 * 32

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from models.control_flow import if_loop
 
 import tfrt_py
+from tfrt_py.compiler import model_cost
 from tfrt_py.concurrency import AsyncValue, HostContext
 from tfrt_py.errors import ExecutionError, UnsupportedOpError
 from tfrt_py.executors import compile_program
 from tfrt_py.executors.dataflow import SCHEDULE_SEED_ENV, DataflowExecutor
-from tfrt_py.executors.dataflow_cost import is_expensive
 from tfrt_py.ir import Graph, GraphBuilder, Node, Value, tensor_type
 from tfrt_py.kernels import KernelContext, KernelFlags, KernelRegistry, default_registry
 
@@ -77,21 +77,28 @@ def test_cost_classification() -> None:
     b.output(b.op("Relu", big), "a")
     b.output(small, "b")
     b.output(unknown, "c")
-    nodes = {n.op_type + str(i): n for i, n in enumerate(b.build().nodes)}
-    assert is_expensive(nodes["Gemm0"], reg)
-    assert not is_expensive(nodes["MatMul1"], reg)
-    assert is_expensive(nodes["MatMul2"], reg)  # heuristic: big constant weight
-    assert not is_expensive(nodes["Relu3"], reg)
+    graph = b.build()
+    cost = model_cost(graph, reg)
+    nodes = {n.op_type + str(i): n for i, n in enumerate(graph.nodes)}
+    assert cost.expensive(nodes["Gemm0"])
+    assert not cost.expensive(nodes["MatMul1"])
+    assert cost.expensive(nodes["MatMul2"])  # heuristic: big constant weight
+    assert not cost.expensive(nodes["Relu3"])
 
 
 def test_programs_without_control_flow_have_no_gates() -> None:
+    branchy = _branchy()
     plan = DataflowExecutor(
-        compile_program(_branchy(), default_registry()), default_registry()
+        compile_program(branchy, default_registry()),
+        default_registry(),
+        expensive=model_cost(branchy).expensive,
     ).plan
     assert not plan.ifs and not plan.ctrls and not plan.gate_of and not plan.sources
     assert len(plan.kinds) == plan.n_nodes + 1
     cf = tfrt_py.load(if_loop().model, executor="sync")
-    cf_plan = DataflowExecutor(cf._program, default_registry()).plan
+    cf_plan = DataflowExecutor(
+        cf.prepared.program, default_registry(), expensive=model_cost(cf.graph).expensive
+    ).plan
     # the If, and power_loop (captures the If's output); doubling_loop captures constants
     assert len(cf_plan.ifs) == 1 and len(cf_plan.ctrls) == 1
 

@@ -21,6 +21,7 @@ import pytest
 from dataflow_support import F32, Calls, _agree, _load
 
 import tfrt_py
+from tfrt_py.compiler import model_cost
 from tfrt_py.concurrency import AsyncValue, HostContext
 from tfrt_py.errors import ExecutionError
 from tfrt_py.executors import compile_program
@@ -427,7 +428,10 @@ def test_nested_control_flow_agrees_with_numpy(executor: str, host: HostContext)
     graph = _nested_model()
     model = _load(graph, executor, host)
     if executor == "async":  # outer Loop and Scan, and (in its body) the inner Loop
-        df = DataflowExecutor(compile_program(graph, default_registry()), default_registry())
+        reg = default_registry()
+        df = DataflowExecutor(
+            compile_program(graph, reg), reg, expensive=model_cost(graph).expensive
+        )
         assert len(df.ctrls) == 2 and len(df.ctrls[0].body.ctrls) == 1
     ref = tfrt_py.load(graph, executor="sync")
     for feed in FEEDS:
@@ -473,9 +477,11 @@ def test_plans_without_produced_captures_stay_strict(host: HostContext) -> None:
     ])  # fmt: skip
     b.output(b.op("Loop", b.const(np.array(3, I64)), None, x, body=body), "y")
     reg = default_registry()
-    plan = DataflowExecutor(compile_program(b.build(), reg), reg).plan
+    graph = b.build()
+    df = DataflowExecutor(compile_program(graph, reg), reg, expensive=model_cost(graph).expensive)
+    plan = df.plan
     assert not plan.ctrls and not plan.gate_of and len(plan.kinds) == plan.n_nodes + 1
-    (y,) = DataflowExecutor(compile_program(b.build(), reg), reg).run([X], host)
+    (y,) = df.run([X], host)
     np.testing.assert_array_equal(y, X * 4)
 
 

@@ -161,7 +161,7 @@ def test_dynamic_batch_plans_per_signature() -> None:
             got, want = model.run(feed), plain.run(feed)
             for k in want:
                 np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
-    sigs = {p.signature for p in model._interp.plans()}  # type: ignore[union-attr]
+    sigs = {p.signature for p in model.runtime.plans()}  # type: ignore[union-attr]
     assert len(sigs) == len(case.feeds)
     assert "plan(s), one per input signature" in model.describe()
 
@@ -170,9 +170,9 @@ def test_plan_cache_is_bounded() -> None:
     model = _mlp(batch="N")
     for batch in range(1, 12):
         model.run(_feed(batch=batch))
-    assert len(model._interp.plans()) == 8  # type: ignore[union-attr]
+    assert len(model.runtime.plans()) == 8  # type: ignore[union-attr]
     model.run(_feed(batch=1))  # evicted signatures are simply planned again
-    assert len(model._interp.plans()) == 8  # type: ignore[union-attr]
+    assert len(model.runtime.plans()) == 8  # type: ignore[union-attr]
 
 
 def test_bad_feeds_fall_back_to_full_validation() -> None:

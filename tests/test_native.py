@@ -254,10 +254,10 @@ def test_auto_picks_native_only_for_tiny_models(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tfrt_py.native import select
+    from tfrt_py import selection
 
     monkeypatch.delenv("TFRT_PY_NATIVE")
-    monkeypatch.setattr(select, "available", lambda: False)
+    monkeypatch.setattr(selection, "available", lambda: False)
     with pytest.raises(NativeUnavailable, match="numba"):
         tfrt_py.load(_tiny_graph(), executor="native")
     assert tfrt_py.load(_tiny_graph()).executor == "sync"

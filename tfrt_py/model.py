@@ -1,11 +1,18 @@
-"""load() and Model: import -> verify -> choose executor -> compile; run and run_async.
+"""``load()`` in four stages, and ``Model``, the thin facade over one executor.
 
-Who owns what: a Model owns its IR graph, its compiled Program and, for the async
-executor, the DataflowExecutor over that Program; all are immutable after load, so ``run``
-may be called from many threads at once (each call owns its environment). The async
-executor borrows a HostContext (the caller's, or ``default_host()``) for its worker pool and
-event-loop bridge. ``run_async`` on the sync executor runs inline on the loop's thread; on
-the async executor, cheap kernels run on the loop's thread and expensive ones in the pool.
+1. **read**: path / bytes / ``onnx.ModelProto`` -> IR (``frontends.onnx``), or a
+   ``tfrt_py.ir.Graph`` as given; verified;
+2. **prepare**: ``compiler.prepare`` optimizes, compiles and prices the graph once;
+3. **select**: ``selection.select_executor`` picks and builds the executor, with one "why"
+   (a streamed load, ``memory_budget=``, gets its executor from ``tfrt_py.streaming``);
+4. **Model**: what the user holds: specs, ``run``/``run_async``/``run_batches``, deadlines
+   (``timeout=``), the in-flight bound (``max_concurrency=``), ``describe()``.
+
+Who owns what: a Model owns its executor, which owns the compiled program; all are
+immutable after load (the sync interpreter adds plans per signature, the native tier
+switches to compiled code once), so ``run`` may be called from many threads at once and
+each call owns its state. The async executor and offloaded ``run_async`` calls borrow a
+HostContext (the caller's ``host=``, or ``default_host()``).
 """
 
 from __future__ import annotations
@@ -19,24 +26,21 @@ from typing import Any
 
 import numpy as np
 
-from .compiler.cost import graph_cost
+from .calls import CallContext, check_timeout
 from .compiler.prepare import Prepared, prepare
-from .concurrency import HostContext, default_host
-from .errors import UnsupportedOpError
-from .executors.dataflow import DataflowExecutor
-from .executors.dataflow_cost import is_expensive
-from .executors.program import Program, compile_program, constant_ids, owned_outputs
-from .feeds import FeedChecker, TensorSpec, check_output_buffers, fill_outputs, spec_of
-from .ir import Graph, Node, verify
+from .concurrency import HostContext, Limiter
+from .executors.base import Executor
+from .feeds import FeedChecker, TensorSpec, spec_of
+from .ir import Graph, verify
 from .kernels import KernelContext, KernelFlags, KernelRegistry, default_registry
+from .selection import EXECUTORS, finish, select_executor
 
 __all__ = ["EXECUTORS", "Model", "load"]
 
-#: The executors a caller may ask for. "auto" picks per model.
-EXECUTORS = ("auto", "sync", "async", "native")
-_AVAILABLE = ("sync", "async", "native")
-
 CustomKernels = Mapping[tuple[str, str], Callable[..., Any]]
+#: ``load(..., native=...)``: compile in the background (serve on the interpreter
+#: meanwhile) or before ``load`` returns.
+NATIVE_MODES = ("background", "eager")
 
 
 def load(
@@ -48,6 +52,8 @@ def load(
     optimize: bool | Collection[str] | None = None,
     memory_budget: int | None = None,
     native: str = "background",
+    timeout: float | None = None,
+    max_concurrency: int | None = None,
 ) -> Model:
     """Load a model from a path, bytes, ``onnx.ModelProto`` or ``tfrt_py.ir.Graph``.
 
@@ -55,9 +61,10 @@ def load(
     unreadable or malformed file, an unsupported op or opset (naming op, domain, opset and
     node), a malformed graph.
 
-    ``executor="auto"`` picks "async" (the dataflow executor) when the model has ``async
-    def`` kernels, else "sync". ``host`` is the HostContext the async executor runs on
-    (default: ``tfrt_py.concurrency.default_host()``, created on first use).
+    ``executor``: "auto" (default) picks per model -- "async" (the dataflow executor) for
+    ``async def`` kernels or parallel expensive kernels, "native" for a tiny model whose
+    ops all lower, else "sync"; ``describe()`` says why. ``host`` is the HostContext the
+    async executor and offloaded ``run_async`` calls run on (default: ``default_host()``).
 
     ``optimize`` picks the load-time passes: None/True all, False none, or a set of names
     from ``tfrt_py.compiler.PASSES``; ``$TFRT_PY_DISABLE_PASSES=a,b`` turns passes off.
@@ -65,22 +72,22 @@ def load(
     ``memory_budget`` (bytes): when the weights exceed it, external-data weights stream
     from disk by stage (executor "stream", see ``tfrt_py.streaming``); else a normal load.
 
-    ``executor="native"`` (or "auto" for a tiny model whose ops all lower) compiles the
-    model into one numba function (``tfrt_py.native``), cached on disk; ``native=
-    "background"`` serves calls on the sync interpreter until it is compiled, ``"eager"``
-    compiles before returning.
+    ``native``: "background" serves calls on the sync interpreter until the native code is
+    compiled; "eager" compiles before returning.
+
+    ``timeout`` (seconds): the default deadline of every call (``run(..., timeout=)``
+    overrides it per call); ``max_concurrency``: at most this many calls in flight, the
+    others wait first come, first served (``run_async`` waits without blocking its loop).
     """
+    if native not in NATIVE_MODES:
+        raise ValueError(f"native must be one of {NATIVE_MODES}, got {native!r}")
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-    if executor not in _AVAILABLE and executor != "auto":
-        raise ValueError(
-            f"executor {executor!r} is not available in this version of tfrt_py "
-            f"(available: {', '.join(_AVAILABLE)}, or 'auto')"
-        )
-    if native not in ("background", "eager"):
-        raise ValueError(f"native must be 'background' or 'eager', got {native!r}")
+    default_timeout = check_timeout(timeout)
+    limiter = None if max_concurrency is None else Limiter(max_concurrency)
     t0 = time.perf_counter()
     registry = _with_custom(default_registry(), custom_kernels)
+    # 1. read
     if isinstance(source, Graph):
         if memory_budget is not None:
             raise ValueError(
@@ -98,100 +105,22 @@ def load(
 
             streamed = load_streamed(
                 proto, base_dir, memory_budget=memory_budget, origin=origin, registry=registry,
-                optimize=optimize, host=host, executor=executor, t0=t0,
+                optimize=optimize, executor=executor,
             )  # fmt: skip
             if streamed is not None:
-                return streamed
+                runtime = finish(streamed, streamed.prepared, host)
+                return Model(streamed.graph, runtime, streamed.prepared, origin,
+                             time.perf_counter() - t0, default_timeout, limiter)  # fmt: skip
         graph = import_model(proto, base_dir, registry.has)
     verify(graph)
+    # 2. prepare
     prepared = prepare(graph, registry, optimize)
-    graph, registry = prepared.graph, prepared.registry
-    program = compile_program(graph, registry)
-    chosen, why = _choose_executor(executor, program, registry)
-    lowered = None
-    if chosen in ("sync", "native"):
-        from .native.select import choose as choose_native
-
-        chosen, why, lowered = choose_native(executor, chosen, why, program, registry)
-    dataflow = DataflowExecutor(program, registry) if chosen == "async" else None
+    # 3. select
+    check = FeedChecker(prepared.graph.inputs)
+    runtime = select_executor(executor, prepared, check, host=host, native_mode=native)
+    # 4. the facade
     load_s = time.perf_counter() - t0
-    return Model(
-        graph, program, chosen, origin, load_s,
-        dataflow=dataflow, host=host, why=why, prepared=prepared,
-        native=None if lowered is None else (lowered, native),
-    )  # fmt: skip
-
-
-def _choose_executor(requested: str, program: Program, registry: KernelRegistry) -> tuple[str, str]:
-    """(executor, why). Async kernels must be top-level: nested graphs run synchronously."""
-    top = {id(ins.node) for ins in program.instrs}
-    for node in program.graph.walk():
-        if id(node) in top or not registry.has(node.domain, node.op_type, node.opset):
-            continue
-        if registry.lookup(node.domain, node.op_type, node.opset).flags.is_async:
-            raise UnsupportedOpError(
-                node.op_type,
-                node.domain,
-                node.opset,
-                node.name,
-                "async kernels inside If/Loop/Scan bodies are not supported (nested graphs "
-                "run synchronously)",
-            )
-    async_nodes = [ins.node for ins in program.instrs if ins.flags.is_async]
-    if requested == "sync" and async_nodes:
-        n = async_nodes[0]
-        raise UnsupportedOpError(
-            n.op_type,
-            n.domain,
-            n.opset,
-            n.name,
-            "async kernels need the async executor (executor='async' or 'auto')",
-        )
-    if requested != "auto":
-        return requested, "requested"
-    if async_nodes:
-        return "async", f"auto: {len(async_nodes)} async kernel(s) to overlap"
-    nodes = [ins.node for ins in program.instrs]
-    total = graph_cost(program.graph, registry)
-    pairs = _parallel_expensive(nodes, registry)
-    if pairs:
-        a, b = pairs
-        return "async", (
-            f"auto: expensive kernels {a!r} and {b!r} can run in parallel "
-            f"(est. {total.flops / 1e6:.1f} MFLOP per call)"
-        )
-    return "sync", (
-        f"auto: no async kernels and no parallel expensive kernels "
-        f"(est. {total.flops / 1e6:.2f} MFLOP per call): the pool hop would cost more"
-    )
-
-
-def _parallel_expensive(nodes: list[Node], registry: KernelRegistry) -> tuple[str, str] | None:
-    """Two expensive kernels with no path between them (names), or None. "Expensive" is
-    the dataflow executor's own classification, so the choice and its scheduling agree.
-
-    Load time only: an ancestor bitset per value over the expensive nodes seen so far.
-    """
-    expensive = {id(n) for n in nodes if is_expensive(n, registry)}
-    if len(expensive) < 2:
-        return None
-    bit: dict[int, int] = {}  # value id -> bitset of expensive ancestors (inclusive)
-    order: list[Node] = []
-    for n in nodes:
-        anc = 0
-        for v in n.inputs:
-            if v is not None:
-                anc |= bit.get(id(v), 0)
-        if id(n) in expensive:
-            for i, other in enumerate(order):
-                if not anc >> i & 1:
-                    return other.name, n.name
-            anc |= 1 << len(order)
-            order.append(n)
-        for v in n.outputs:
-            if v is not None:
-                bit[id(v)] = anc
-    return None
+    return Model(prepared.graph, runtime, prepared, origin, load_s, default_timeout, limiter)
 
 
 def _with_custom(base: KernelRegistry, custom: CustomKernels | None) -> KernelRegistry:
@@ -244,58 +173,33 @@ def _custom_builder(fn: Callable[..., Any], is_async: bool) -> Callable[[KernelC
 class Model:
     """A loaded model. Create with ``tfrt_py.load``.
 
-    ``inputs``/``outputs`` are TensorSpecs; ``executor`` names the executor serving it.
+    ``inputs``/``outputs`` are TensorSpecs; ``executor`` names the executor serving it
+    (``runtime`` is that Executor object; ``prepared`` the compiler's result).
     Thread-safe: ``run`` may be called from many threads at once.
     """
 
     def __init__(
         self,
         graph: Graph,
-        program: Program,
-        executor: str,
+        runtime: Executor,
+        prepared: Prepared,
         origin: str,
         load_s: float,
-        *,
-        dataflow: DataflowExecutor | None = None,
-        host: HostContext | None = None,
-        why: str = "requested",
-        prepared: Prepared | None = None,
-        stream: Any = None,
-        native: Any = None,
+        timeout: float | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         self._graph = graph
-        # A tfrt_py.streaming.StreamedProgram when the weights stream from disk, else None.
-        self._stream = stream
-        self._program = program
-        self.executor = executor
+        self._runtime = runtime
+        self._prepared = prepared
         self._origin = origin
         self._load_s = load_s
+        self._timeout = timeout
+        self._limiter = limiter
+        #: True when no call needs a context: ``run`` goes straight to the executor.
+        self._plain = timeout is None and limiter is None
+        self.executor: str = runtime.name
         self.inputs: list[TensorSpec] = [spec_of(v) for v in graph.inputs]
         self.outputs: list[TensorSpec] = [spec_of(v) for v in graph.outputs]
-        self._check = FeedChecker(graph.inputs)
-        self._out_names = [s.name for s in self.outputs]
-        self._out_types = [v.type for v in graph.outputs]
-        # Outputs that are feeds, constants or earlier outputs are copied (owned_outputs).
-        self._const_ids = constant_ids(graph)
-        # The async executor over the same Program; None: run the Program directly.
-        self._dataflow = dataflow
-        self._host = host
-        self._why = why
-        # The sync interpreter: per-signature memory plans and generated straight-line code.
-        self._prepared = prepared
-        self._interp = (
-            prepared.interpreter(program, self._check)
-            if prepared is not None and executor == "sync"
-            else None
-        )
-        # The native tier: (lowered module, mode); it serves on its own interpreter until
-        # the compiled function is ready (tfrt_py.native.tier).
-        self._native: Any = None
-        if native is not None and prepared is not None:
-            from .native.tier import NativeTier
-
-            interp = prepared.interpreter(program, self._check)
-            self._native = NativeTier(native[0], program, self._check, interp, mode=native[1])
 
     @property
     def graph(self) -> Graph:
@@ -303,58 +207,99 @@ class Model:
         return self._graph
 
     @property
-    def native(self) -> Any:
-        """The native tier (``tfrt_py.native.tier.NativeTier``: ``state``, ``wait()``,
-        ``compiled``) when the model runs on executor "native", else None."""
-        return self._native
+    def runtime(self) -> Executor:
+        """The Executor serving this model (``tfrt_py.executors.base``; read-only)."""
+        return self._runtime
 
+    @property
+    def prepared(self) -> Prepared:
+        """What the compiler made of the graph: passes' reports, registry, program, cost."""
+        return self._prepared
+
+    @property
+    def native(self) -> Any:
+        """The native tier (``state``, ``wait()``, ``compiled``) when the model runs on
+        executor "native", else None."""
+        return self._runtime if self._runtime.name == "native" else None
+
+    @property
+    def limiter(self) -> Limiter | None:
+        """The in-flight bound (``max_concurrency``), or None."""
+        return self._limiter
+
+    # -- calls ---------------------------------------------------------------------------
     def run(
-        self, feeds: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
+        self,
+        feeds: Mapping[str, Any],
+        outputs: Mapping[str, np.ndarray] | None = None,
+        *,
+        timeout: float | None = None,
     ) -> dict[str, np.ndarray]:
         """Run the model on ``feeds`` (input name -> array); outputs by name, in
-        ``model.outputs`` order. Raises InputError for bad feeds, ExecutionError naming the
-        node for a kernel failure; the model stays usable either way.
+        ``model.outputs`` order, each a fresh array the caller owns. Raises InputError for
+        bad feeds, ExecutionError naming the node for a kernel failure, DeadlineExceeded
+        (a TimeoutError) past ``timeout`` seconds (default: the model's); the model stays
+        usable either way.
 
         ``outputs`` (name -> array of the output's shape and dtype) are filled in place and
-        returned; other outputs are fresh arrays the caller owns."""
-        interp = self._interp
-        if interp is not None:
-            return interp.run(feeds, outputs)
-        native = self._native
-        if native is not None:
-            return native.run(feeds, outputs)
-        if self._stream is not None:
-            return self._stream.run(feeds, outputs)
-        args = self._check(feeds)
-        if outputs is not None:
-            check_output_buffers(outputs, self._out_names, args)
-        df = self._dataflow
-        if df is None:
-            results = self._program.run(args)
-        else:
-            results = df.run(args, self._host or default_host())
-        out = self._to_user(results, args)
-        return out if outputs is None else fill_outputs(out, outputs, args)
+        returned; they must not overlap a feed."""
+        if self._plain and timeout is None:
+            return self._runtime.run(feeds, outputs)
+        call = self._call(timeout)
+        limiter = self._limiter
+        try:
+            if limiter is not None and not limiter.acquire(_remaining(call)):
+                assert call is not None  # only a deadline ends the wait
+                raise call.deadline_error()
+            try:
+                if call is None:
+                    return self._runtime.run(feeds, outputs)
+                return self._runtime.run_call(feeds, outputs, call)
+            finally:
+                if limiter is not None:
+                    limiter.release()
+        finally:
+            if call is not None:
+                call.finish()
 
-    def _to_user(self, results: list[Any], args: list[Any]) -> dict[str, np.ndarray]:
-        values = owned_outputs(results, self._out_types, args, self._const_ids)
-        return dict(zip(self._out_names, values))
+    async def run_async(
+        self, feeds: Mapping[str, Any], *, timeout: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """``run``, awaitable from asyncio, uvloop or trio code, never blocking the loop for
+        longer than a hop to a worker would cost: a call the cost model calls cheaper than
+        that runs inline, others on the host's pool (the async executor: cheap kernels on
+        the loop, expensive ones on the pool). Cancelling the awaiting task stops the
+        call's kernels (and a running Loop/Scan at its next iteration); past ``timeout``
+        it raises DeadlineExceeded at once. With ``max_concurrency`` it first waits for a
+        slot (first come, first served; cancellable)."""
+        call = self._call(timeout)
+        limiter = self._limiter
+        try:
+            if limiter is not None:
+                await self._acquire(limiter, call)
+            try:
+                return await self._runtime.run_async(feeds, call)
+            finally:
+                if limiter is not None:
+                    limiter.release()
+        finally:
+            if call is not None:
+                call.finish()
 
-    async def run_async(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """The same as ``run``, awaitable from asyncio, uvloop or trio code; cancellable.
+    async def _acquire(self, limiter: Limiter, call: CallContext | None) -> None:
+        if call is None:
+            await limiter.acquire_async()
+            return
+        import anyio
 
-        Sync executor: the program runs inline on the loop's thread (right for tiny models).
-        Async executor: cheap kernels run on the loop's thread, expensive ones in the host's
-        pool, async kernels as tasks of this loop; cancelling the awaiting task stops
-        scheduling further kernels.
-        """
-        if self._stream is not None:
-            return await self._stream.run_async(feeds)
-        df = self._dataflow
-        if df is None:
-            return self.run(feeds)
-        args = self._check(feeds)
-        return self._to_user(await df.run_async(args, self._host or default_host()), args)
+        with anyio.move_on_after(_remaining(call) or 0.0):
+            await limiter.acquire_async()
+            return
+        raise call.deadline_error()
+
+    def _call(self, timeout: float | None) -> CallContext | None:
+        t = self._timeout if timeout is None else check_timeout(timeout)
+        return None if t is None else CallContext(t)
 
     def run_batches(
         self,
@@ -362,38 +307,49 @@ class Model:
         *,
         window: int | None = None,
         overlap: bool = True,
+        timeout: float | None = None,
     ) -> Iterator[dict[str, np.ndarray]]:
         """Bulk inference: results per batch, in order, computed as the iterator is consumed
         (on the consuming thread). A streamed model runs stage-major over windows of
         ``window`` batches, reading each stage's weights once per window while the previous
         stage computes (``overlap=False``: read, then compute); see ``tfrt_py.streaming``.
-        Other models run each batch in turn."""
-        if self._stream is not None:
-            return self._stream.run_batches(feeds, window, overlap)
-        return (self.run(f) for f in feeds)
+        Other models run each batch in turn. ``timeout`` bounds each batch."""
+        rt = self._runtime
+        if rt.name == "stream":
+            return rt.run_batches(feeds, window=window, overlap=overlap)  # type: ignore[attr-defined]
+        return (self.run(f, timeout=timeout) for f in feeds)
 
-    def run_batches_async(
-        self, feeds: Any, *, window: int | None = None, overlap: bool = True
+    async def run_batches_async(
+        self,
+        feeds: Any,
+        *,
+        window: int | None = None,
+        overlap: bool = True,
+        timeout: float | None = None,
     ) -> AsyncIterator[dict[str, np.ndarray]]:
-        """``run_batches`` as an async iterator (``async for``); ``feeds`` may be an iterable
-        or an async iterable. Streamed models compute stages on the host's pool."""
-        from .streaming import run_each_async
+        """``run_batches`` as an async iterator (``async for``); ``feeds`` may be an
+        iterable or an async iterable. Streamed models compute stages on the host's pool."""
+        rt = self._runtime
+        if rt.name == "stream":
+            async for r in rt.run_batches_async(feeds, window, overlap):  # type: ignore[attr-defined]
+                yield r
+            return
+        if hasattr(feeds, "__aiter__"):
+            async for f in feeds:
+                yield await self.run_async(f, timeout=timeout)
+        else:
+            for f in feeds:
+                yield await self.run_async(f, timeout=timeout)
 
-        if self._stream is not None:
-            return self._stream.run_batches_async(feeds, window, overlap)
-        return run_each_async(self, feeds)
-
+    # -- introspection -------------------------------------------------------------------
     def memory_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> Any:
         """The sync interpreter's MemoryPlan for feeds of these shapes (``arena_bytes``,
         ``lower_bound_bytes``, ``buffers``); made now, on zero feeds, if no call made it."""
-        interp = self._interp or (self._native.interp if self._native is not None else None)
-        if interp is None:
-            raise ValueError(f"memory plans belong to the sync executor; this model runs "
-                             f"on {self.executor!r}")  # fmt: skip
-        return interp.memory_plan(shapes)
+        return self._runtime.memory_plan(shapes)
 
     def describe(self) -> str:
-        """A human-readable summary: source, I/O, op histogram, executor and why."""
+        """A human-readable summary: source, I/O, op histogram, passes, cost, executor and
+        why, memory plans, the run_async rule."""
         ops = collections.Counter(
             f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in self._graph.walk()
         )
@@ -406,34 +362,24 @@ class Model:
             f"  nodes: {len(self._graph.nodes)} ({sum(ops.values())} counting nested graphs), "
             f"constants: {len(self._graph.constants)} ({n_params:,} elements)",
             "  ops: " + ", ".join(f"{k} x{v}" for k, v in ops.most_common()),
+            *self._prepared.describe_lines(),
+            *self._runtime.describe_lines(),
+            *self._runtime.describe_policy(),
         ]
-        if self._prepared is not None:
-            native = self._native
-            lines += self._prepared.describe_lines(
-                self._interp or (native.interp if native is not None else None)
-            )
-            if native is not None:
-                lines.append("  " + native.describe())
-            else:
-                from .native.select import unused_reason
-
-                reason = unused_reason(self._graph, self._prepared.registry)
-                lines.append(f"  native tier: not used: {reason}")
-        if self._dataflow is None:
-            if self._native is not None:
-                how = "the whole model as one numba function, the sync interpreter until compiled"
-            elif self._interp is not None:
-                how = "straight-line code generated per input signature over a memory plan"
-            else:
-                how = "topological-order interpreter over a prepared program"
-            lines.append(f"  executor: {self.executor} ({self._why}; {how})")
-        else:
-            lines.append(f"  executor: {self.executor} ({self._why}; {self._dataflow.describe()})")
-        if self._stream is not None:
-            lines += self._stream.describe_lines()
+        if self._timeout is not None:
+            lines.append(f"  default deadline: {self._timeout:g} s per call")
+        if self._limiter is not None:
+            lines.append(f"  max_concurrency: {self._limiter.limit} calls in flight")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         ins = ", ".join(str(s) for s in self.inputs)
         outs = ", ".join(str(s) for s in self.outputs)
         return f"<tfrt_py.Model {self._origin} ({ins}) -> ({outs}) executor={self.executor}>"
+
+
+def _remaining(call: CallContext | None) -> float | None:
+    """Seconds left before ``call``'s deadline (None: no deadline)."""
+    if call is None or call.timeout is None:
+        return None
+    return max(0.0, call.deadline - time.monotonic())

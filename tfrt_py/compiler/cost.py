@@ -1,11 +1,19 @@
-"""The load-time cost model: FLOPs and bytes per kernel call, from static shapes.
+"""The load-time cost model: FLOPs, bytes and estimated µs per kernel call, from static
+shapes; every threshold the runtime decides by, in one table (``THRESHOLDS``).
 
-``estimate_cost(node)`` is what the async executor asks to decide whether a kernel is
-cheap (run inline) or expensive (hand to the pool); ``graph_cost`` sums a graph. A kernel
-registered with a cost function (``KernelDef.cost``) is asked first; otherwise a family
-default applies: elementwise ops touch each output element once, reductions and
-normalizations each input element a few times, data movement costs bytes only. Unknown
-dims count as 1, so a dynamic model's cost is a per-unit-batch estimate.
+``model_cost(graph, registry)`` runs once per load (``compiler.prepare``) and is what
+everything asks afterwards: the async executor (is a kernel *cheap*: run it inline, or
+*expensive*: worth a pool hop), executor selection (``auto``), ``run_async``'s inline-or-
+offload rule, the native tier's "tiny model" test, the serving batcher, ``describe()``.
+
+Per node: a kernel registered with a cost function (``KernelDef.cost``) is asked first;
+otherwise a family default applies (elementwise ops touch each output element once,
+reductions and normalizations each input element a few times, data movement costs bytes
+only). Symbolic dims count as 1, so a dynamic model's cost is a per-unit-batch estimate
+(batch 1 is the latency case). When a value's rank is unknown the µs estimate is unknown
+too, and an op-type rule decides "expensive": a MatMul/Gemm/Conv-like op with a large
+constant weight is, anything else is not. A node with nested graphs (If, Loop, Scan) is
+expensive when any node in them is.
 
 Pure functions of the IR: thread-safe, no state.
 """
@@ -13,16 +21,46 @@ Pure functions of the IR: thread-safe, no state.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ..ir import Graph, Node, TensorType, Value
 from ..kernels import Cost, KernelContext, KernelRegistry, default_registry
 from .rewrite import op_names
 
-__all__ = ["EXPENSIVE_FLOPS", "estimate_cost", "graph_cost", "is_expensive"]
+__all__ = [
+    "THRESHOLDS",
+    "ModelCost",
+    "NodeCost",
+    "Thresholds",
+    "estimate_cost",
+    "graph_cost",
+    "model_cost",
+]
 
-#: Above this many FLOPs (or 8x as many bytes) a kernel is worth a thread-pool hop
-#: (~150 µs on the anchor machine, i.e. a few hundred MFLOP/s of NumPy work).
-EXPENSIVE_FLOPS = 2e6
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every figure the runtime's decisions rest on (measured on the anchor machine:
+    2 cores, NumPy on one core; ``shared/anchors.md``)."""
+
+    #: Throughput of a NumPy kernel on one core: ~20 GFLOP/s and ~20 GB/s.
+    flops_per_us: float = 2.0e4
+    bytes_per_us: float = 2.0e4
+    #: A kernel estimated to run this long (µs) is *expensive*: a pool hop (~150 µs on the
+    #: anchor machine) can pay for itself when another expensive kernel runs meanwhile.
+    expensive_us: float = 100.0
+    #: Unknown shapes: a heavy op with a constant weight of this many elements is expensive.
+    big_weight: int = 1 << 16
+    #: What the sync interpreter adds per kernel call (Python frame, out= view), µs.
+    kernel_overhead_us: float = 1.0
+    #: ``auto`` puts a model on the native tier only below this many FLOPs per call:
+    #: above it NumPy's BLAS calls amortize their overhead (M2, a 64-256-256-10 MLP, is
+    #: 0.17 MFLOP).
+    native_max_flops: float = 1e6
+
+
+THRESHOLDS = Thresholds()
 
 _MOVE = frozenset(
     op_names(
@@ -38,12 +76,73 @@ _HEAVY_ELEMENTWISE = {"Erf": 8.0, "Gelu": 10.0, "Sigmoid": 4.0, "Tanh": 4.0, "Ex
 _REDUCE_LIKE = {"Softmax": 5.0, "LogSoftmax": 5.0, "LayerNormalization": 8.0,
                 "BatchNormalization": 2.0, "InstanceNormalization": 6.0,
                 "GroupNormalization": 6.0}  # fmt: skip
+#: Ops whose cost is dominated by a weight (the unknown-shape rule).
+_HEAVY_OPS = frozenset(
+    op_names(
+        """
+        MatMul Gemm Conv ConvTranspose ConvInteger MatMulInteger QLinearConv QLinearMatMul
+        Einsum LSTM GRU RNN Attention
+        """
+    )
+)
 
 
-def _shape(v: Value | None) -> tuple[int, ...]:
-    t = None if v is None else v.type
-    if not isinstance(t, TensorType) or t.shape is None:
+@dataclass(frozen=True)
+class NodeCost:
+    """One node's estimate: FLOPs and bytes per call, µs (None: a shape is unknown), and
+    its class for the async executor."""
+
+    flops: float
+    bytes: float
+    us: float | None
+    expensive: bool
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """A loaded graph's costs, computed once (``model_cost``). ``nodes`` maps ``id(node)``
+    (top-level and nested nodes) to its NodeCost; the totals are over the top level."""
+
+    nodes: dict[int, NodeCost]
+    flops: float
+    bytes: float
+    us: float
+    n_kernels: int
+    n_expensive: int
+
+    def of(self, node: Node) -> NodeCost:
+        """The cost of ``node`` (one of the graph's, at any depth)."""
+        return self.nodes[id(node)]
+
+    def expensive(self, node: Node) -> bool:
+        """Whether ``node`` is worth a pool hop (the async executor's classification)."""
+        c = self.nodes.get(id(node))
+        return c.expensive if c is not None else False
+
+    def call_us(self) -> float:
+        """Estimated µs for one call on the sync interpreter: the kernels' work plus the
+        interpreter's per-kernel overhead."""
+        return self.us + self.n_kernels * THRESHOLDS.kernel_overhead_us
+
+    def summary(self) -> str:
+        """One line for ``describe()``."""
+        return (
+            f"cost model: {self.flops / 1e6:.3f} MFLOP, {self.bytes / 1e6:.3f} MB, "
+            f"est. {self.call_us():,.0f} µs per call (symbolic dims as 1); "
+            f"{self.n_expensive} of {self.n_kernels} kernels expensive "
+            f"(>= {THRESHOLDS.expensive_us:g} µs)"
+        )
+
+
+def _shape(v: Value | None) -> tuple[int, ...] | None:
+    """Static shape with symbolic dims as 1; () for an omitted value; None: rank unknown."""
+    if v is None:
         return ()
+    if v.const is not None:
+        return tuple(int(d) for d in v.const.shape)
+    t = v.type
+    if not isinstance(t, TensorType) or t.shape is None:
+        return None
     return tuple(d if isinstance(d, int) else 1 for d in t.shape)
 
 
@@ -59,14 +158,13 @@ def _elems(s: tuple[int, ...]) -> float:
 
 
 def estimate_cost(node: Node, registry: KernelRegistry | None = None) -> Cost:
-    """FLOPs and bytes for one call of ``node``'s kernel, from its values' static types."""
-    ins = [_shape(v) for v in node.inputs]
-    outs = [_shape(v) for v in node.outputs]
+    """FLOPs and bytes for one call of ``node``'s kernel (unknown shapes count as scalars)."""
+    ins = [_shape(v) or () for v in node.inputs]
+    outs = [_shape(v) or () for v in node.outputs]
     reg = registry if registry is not None else default_registry()
-    try:
+    kdef = None
+    if reg.has(node.domain, node.op_type, node.opset):
         kdef = reg.lookup(node.domain, node.op_type, node.opset, node.name)
-    except Exception:  # noqa: BLE001 - no kernel: fall back to the family default
-        kdef = None
     if kdef is not None and kdef.cost is not None:
         try:
             return kdef.cost(KernelContext(node), ins, outs)
@@ -100,16 +198,55 @@ def _default_cost(node: Node, ins: list[tuple[int, ...]], outs: list[tuple[int, 
     return Cost(_HEAVY_ELEMENTWISE.get(op, 1.0) * y, moved)
 
 
-def graph_cost(graph: Graph, registry: KernelRegistry | None = None) -> Cost:
-    """The sum over the graph's top-level nodes."""
-    flops = nbytes = 0.0
-    for node in graph.nodes:
+def _node_cost(node: Node, registry: KernelRegistry, nodes: dict[int, NodeCost]) -> NodeCost:
+    subs = [g for _, g in node.subgraphs()]
+    if subs:
+        inner = [_node_cost(n, registry, nodes) for g in subs for n in g.nodes]
+        flops = sum(c.flops for c in inner)
+        nbytes = sum(c.bytes for c in inner)
+        known = [c.us for c in inner if c.us is not None]
+        cost = NodeCost(flops, nbytes, sum(known), any(c.expensive for c in inner))
+    else:
         c = estimate_cost(node, registry)
+        known_shapes = all(_shape(v) is not None for v in (*node.inputs, *node.outputs))
+        t = THRESHOLDS
+        us: float | None = None
+        if known_shapes and node.outputs:
+            us = c.flops / t.flops_per_us + c.bytes / t.bytes_per_us
+            expensive = us >= t.expensive_us
+        else:
+            expensive = node.op_type in _HEAVY_OPS and any(
+                v is not None and v.const is not None and v.const.size >= t.big_weight
+                for v in node.inputs
+            )
+        cost = NodeCost(c.flops, c.bytes, us, expensive)
+    nodes[id(node)] = cost
+    return cost
+
+
+def model_cost(graph: Graph, registry: KernelRegistry | None = None) -> ModelCost:
+    """Every node's cost (nested graphs included) and the top level's totals."""
+    reg = registry if registry is not None else default_registry()
+    nodes: dict[int, NodeCost] = {}
+    top = [_node_cost(n, reg, nodes) for n in graph.nodes]
+    return ModelCost(
+        nodes,
+        sum(c.flops for c in top),
+        sum(c.bytes for c in top),
+        sum(c.us for c in top if c.us is not None),
+        len(top),
+        sum(c.expensive for c in top),
+    )
+
+
+def graph_cost(graph: Graph, registry: KernelRegistry | None = None) -> Cost:
+    """FLOPs and bytes summed over the graph's top-level nodes."""
+    return _sum(estimate_cost(n, registry) for n in graph.nodes)
+
+
+def _sum(costs: Iterable[Cost]) -> Cost:
+    flops = nbytes = 0.0
+    for c in costs:
         flops += c.flops
         nbytes += c.bytes
     return Cost(flops, nbytes)
-
-
-def is_expensive(cost: Cost) -> bool:
-    """Whether a kernel of this cost is worth running on the thread pool."""
-    return cost.flops >= EXPENSIVE_FLOPS or cost.bytes >= 8 * EXPENSIVE_FLOPS

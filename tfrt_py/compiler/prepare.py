@@ -1,10 +1,11 @@
-"""What ``load`` asks of the compiler: one call that optimizes a verified graph, and the
-pieces the sync interpreter and ``describe()`` need afterwards.
+"""What ``load`` asks of the compiler: one call that optimizes a verified graph, compiles
+it, and prices it once.
 
 ``prepare(graph, registry, optimize)`` returns a ``Prepared``: the optimized graph (a
-clone; the caller's graph is untouched), the registry with the fused kernels added, and
-the pass reports. ``Prepared.interpreter(program, check)`` builds the sync interpreter
-over the compiled program. Runs once per load, on the caller's thread.
+clone; the caller's graph is untouched), the registry with the fused kernels added, the
+pass reports, the compiled top-level ``Program``, the cost model's ``ModelCost`` and the
+ids of values whose shape the input signature fixes (what the sync interpreter plans).
+Runs once per load, on the caller's thread; the result is immutable.
 """
 
 from __future__ import annotations
@@ -12,13 +13,11 @@ from __future__ import annotations
 import collections
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
 
-from ..executors.interpreter import SyncInterpreter
-from ..executors.program import Program
+from ..executors.program import Program, compile_program
 from ..ir import Graph
 from ..kernels import KernelRegistry
-from .cost import estimate_cost, is_expensive
+from .cost import ModelCost, model_cost
 from .dynamic import shape_determined
 from .fused_kernels import with_fused_kernels
 from .pipeline import PassContext, PassReport, optimize, select_passes
@@ -27,50 +26,37 @@ from .shapes import flags_lookup
 __all__ = ["Prepared", "prepare"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prepared:
-    """The optimized graph, the registry it runs with, and what each pass did."""
+    """The optimized graph, the registry it runs with, what each pass did, the compiled
+    program, its cost, and the values whose shape the signature determines."""
 
     graph: Graph
     registry: KernelRegistry
     reports: list[PassReport]
     loaded_ops: collections.Counter[str]
+    program: Program
+    cost: ModelCost
+    determined: set[int]
 
-    def interpreter(self, program: Program, check: Any) -> SyncInterpreter:
-        """The sync interpreter over ``program`` (compiled from ``self.graph``)."""
-        flags_of = flags_lookup(PassContext(self.registry))
-        return SyncInterpreter(program, shape_determined(self.graph, flags_of), check)
-
-    def describe_lines(self, interp: SyncInterpreter | None) -> list[str]:
-        """``describe()`` lines: one per pass, then the memory plans made so far."""
-        costs = [estimate_cost(n, self.registry) for n in self.graph.nodes]
-        n_big = sum(is_expensive(c) for c in costs)
+    def describe_lines(self) -> list[str]:
+        """``describe()`` lines: the ops as loaded, the cost model, one line per pass."""
         lines = [
             "  ops as loaded: " + ", ".join(f"{k} x{v}" for k, v in self.loaded_ops.most_common()),
-            f"  cost model: {sum(c.flops for c in costs) / 1e6:.3f} MFLOP, "
-            f"{sum(c.bytes for c in costs) / 1e6:.3f} MB per call (symbolic dims as 1); "
-            f"{n_big} of {len(costs)} kernels expensive",
+            "  " + self.cost.summary(),
             "  passes:",
         ]
-        lines += [f"    {r}" for r in self.reports]
-        if interp is None:
-            return lines
-        plans = interp.plans()
-        if not plans:
-            lines.append("  memory: planned per input signature on the first call (none yet)")
-        else:
-            lines.append(f"  memory: {len(plans)} plan(s), one per input signature:")
-            lines += [f"    {p.summary()}" for p in plans]
-        return lines
+        return lines + [f"    {r}" for r in self.reports]
 
 
 def prepare(
     graph: Graph, registry: KernelRegistry, optimize_arg: bool | Collection[str] | None
 ) -> Prepared:
-    """Optimize ``graph`` for ``load(..., optimize=optimize_arg)``.
+    """Optimize, compile and price ``graph`` for ``load(..., optimize=optimize_arg)``.
 
     ``optimize_arg``: None or True for every pass, False for none, or a collection of pass
-    names; ``$TFRT_PY_DISABLE_PASSES`` then removes passes (see ``pipeline``).
+    names; ``$TFRT_PY_DISABLE_PASSES`` then removes passes (see ``pipeline``). A missing
+    kernel or an unsupported attribute fails here (UnsupportedOpError naming the node).
     """
     passes = select_passes(optimize_arg)
     loaded = collections.Counter(
@@ -78,4 +64,6 @@ def prepare(
     )
     reg = with_fused_kernels(registry)
     g, reports = optimize(graph, reg, passes)
-    return Prepared(g, reg, reports, loaded)
+    program = compile_program(g, reg)
+    determined = shape_determined(g, flags_lookup(PassContext(reg)))
+    return Prepared(g, reg, reports, loaded, program, model_cost(g, reg), determined)

@@ -18,9 +18,11 @@ from .async_value import make_error as make_error
 from .async_value import make_ready_chain as make_ready_chain
 from .async_value import merge_chains as merge_chains
 from .async_value import run_when_ready as run_when_ready
+from .hop import hop_us as hop_us
 from .host import CancelToken as CancelToken
 from .host import HostContext as HostContext
 from .host import default_host as default_host
+from .limiter import Limiter as Limiter
 from .loop_bridge import AsyncioBridge as AsyncioBridge
 from .loop_bridge import LoopBridge as LoopBridge
 from .loop_bridge import TaskHandle as TaskHandle
@@ -34,11 +36,13 @@ __all__ = [
     "Chain",
     "HostContext",
     "IndirectAsyncValue",
+    "Limiter",
     "LoopBridge",
     "TaskHandle",
     "TrioBridge",
     "current_bridge",
     "default_host",
+    "hop_us",
     "make_available",
     "make_error",
     "make_ready_chain",

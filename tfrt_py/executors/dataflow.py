@@ -39,21 +39,22 @@ depend on scheduling order.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from ..calls import CallCancelled, CallContext, set_current
 from ..concurrency import HostContext, LoopBridge, current_bridge
 from ..errors import ExecutionError
 from ..ir import Node
 from ..kernels import KernelContext, KernelRegistry
 from ..kernels.control import iteration_spec
 from .dataflow_control import NonStrictLoop
-from .dataflow_cost import is_expensive
 from .dataflow_plan import ASYNC, CHEAP, CTRL, EXPENSIVE, GATE, IfGates, Plan, build_plan
 from .dataflow_run import Run, ready_list_factory
-from .program import Program, compile_program, node_captures
+from .program import Program, compile_program, named_deadline, node_captures
 
 __all__ = ["SCHEDULE_SEED_ENV", "DataflowExecutor"]
 
@@ -63,12 +64,13 @@ SCHEDULE_SEED_ENV = "TFRT_PY_SCHEDULE_SEED"
 class DataflowExecutor:
     """Runs a compiled Program as a dataflow graph on a HostContext.
 
-    ``expensive(node)`` overrides the cost classification (default: ``dataflow_cost``);
-    ``schedule_seed`` (default: the ``TFRT_PY_SCHEDULE_SEED`` environment variable)
-    randomizes the order of ready kernels, for tests. Loop/Scan are non-strict only with a
-    ``registry`` (their bodies are compiled again, as nested dataflow programs); without
-    one they run as strict kernels. ``sources``: slot groups a parent run supplies later
-    (a Loop/Scan body's captures; ``dataflow_plan``).
+    ``expensive(node)`` is the cost classification (the cost model's
+    ``ModelCost.expensive``: whether a kernel is worth a pool hop); ``schedule_seed``
+    (default: the ``TFRT_PY_SCHEDULE_SEED`` environment variable) randomizes the order of
+    ready kernels, for tests. Loop/Scan are non-strict only with a ``registry`` (their
+    bodies are compiled again, as nested dataflow programs); without one they run as
+    strict kernels. ``sources``: slot groups a parent run supplies later (a Loop/Scan
+    body's captures; ``dataflow_plan``).
     """
 
     def __init__(
@@ -76,14 +78,10 @@ class DataflowExecutor:
         program: Program,
         registry: KernelRegistry | None = None,
         *,
-        expensive: Callable[[Node], bool] | None = None,
+        expensive: Callable[[Node], bool],
         schedule_seed: int | None = None,
         sources: Sequence[Sequence[int]] = (),
     ) -> None:
-        if expensive is None:
-            if registry is None:
-                raise ValueError("DataflowExecutor needs a registry or an expensive= function")
-            expensive = partial(is_expensive, registry=registry)
         self.program = program
         self.plan: Plan = build_plan(
             program, expensive, sources=sources, nonstrict=registry is not None
@@ -130,9 +128,13 @@ class DataflowExecutor:
         self._counts = (len(p.ifs), len(p.ctrls))
 
     # -- entry points ---------------------------------------------------------------------------
-    def run(self, inputs: Sequence[Any], host: HostContext) -> list[Any]:
+    def run(
+        self, inputs: Sequence[Any], host: HostContext, call: CallContext | None = None
+    ) -> list[Any]:
         """Run on the calling thread (no event loop needed), blocking until done. Async
-        kernels run on the host's background loop. Returns the outputs in order."""
+        kernels run on the host's background loop. Returns the outputs in order. Under a
+        ``call``, its deadline stops the run (DeadlineExceeded naming the first unfinished
+        kernel) and wakes the caller at once."""
         bridge = None
         if self.has_async:
             bridge = host.background_bridge()
@@ -141,7 +143,7 @@ class DataflowExecutor:
                     "model.run() was called on the host's event-loop thread (from an async "
                     "kernel?); it would wait on itself -- use 'await model.run_async()'"
                 )
-        run = self._start(inputs, host, bridge, True)
+        run = self._start(inputs, host, bridge, True, call)
         result = run.result
         if result.is_available():
             return result.value
@@ -152,16 +154,19 @@ class DataflowExecutor:
                 run.cancel()
             raise
 
-    async def run_async(self, inputs: Sequence[Any], host: HostContext) -> list[Any]:
+    async def run_async(
+        self, inputs: Sequence[Any], host: HostContext, call: CallContext | None = None
+    ) -> list[Any]:
         """Run from a coroutine on asyncio, uvloop or trio. Cheap kernels run on the loop's
         thread, expensive ones in the pool, async kernels as tasks of this loop. Cancelling
-        the awaiting task cancels the run."""
+        the awaiting task cancels the run (and, through ``call``, a running Loop/Scan at
+        its next iteration)."""
         bridge = None
         if self.has_async:
             bridge = current_bridge()
             if bridge is None:
                 raise RuntimeError("run_async needs a running asyncio, uvloop or trio event loop")
-        run = self._start(inputs, host, bridge, False)
+        run = self._start(inputs, host, bridge, False, call)
         result = run.result
         if result.is_available():
             return result.value
@@ -170,14 +175,44 @@ class DataflowExecutor:
         except BaseException:
             if not result.is_available():  # the awaiting task was cancelled
                 run.cancel()
+                if call is not None:
+                    call.cancel()
             raise
 
     def _start(
-        self, inputs: Sequence[Any], host: HostContext, bridge: LoopBridge | None, inline: bool
+        self,
+        inputs: Sequence[Any],
+        host: HostContext,
+        bridge: LoopBridge | None,
+        inline: bool,
+        call: CallContext | None,
     ) -> Run:
-        run = self.new_run(inputs, host, bridge)
+        run = self.new_run(inputs, host, bridge, call=call)
+        if call is not None:
+            call.on_stop(partial(self._stopped, run))
         self.go(run, self.plan.initial, inline)
         return run
+
+    def _stopped(self, run: Run) -> None:
+        """On the thread that stopped ``run.call``: stop every thread of the run and fail
+        the call with the stop's error (the caller wakes now, not when a kernel ends)."""
+        call = run.call
+        assert call is not None
+        run.cancel()
+        if call.reason == "deadline":
+            env = run.env
+            unfinished = next(
+                (n for n, (_, _, outs, single, *_) in zip(self._nodes, self._steps)
+                 if env[outs if single else outs[0]] is None),
+                None,
+            )  # fmt: skip
+            error: BaseException = named_deadline(call.deadline_error(), unfinished) if (
+                unfinished is not None) else call.deadline_error()  # fmt: skip
+        else:
+            error = CallCancelled("the call was cancelled")
+        if not run.result.is_available():
+            with contextlib.suppress(RuntimeError):  # set concurrently by another thread
+                run.result.set_error(error)
 
     def new_run(
         self,
@@ -185,13 +220,15 @@ class DataflowExecutor:
         host: HostContext,
         bridge: LoopBridge | None,
         parent: Run | None = None,
+        call: CallContext | None = None,
     ) -> Run:
         """A run's state: the env template with ``inputs`` in the input slots, fresh
         tokens. Nothing runs until ``go``."""
         env = self._template.copy()
         for slot, val in zip(self._input_slots, inputs):
             env[slot] = val
-        return Run(env, list(map(list.copy, self.plan.tokens)), host, bridge, *self._counts, parent)
+        tokens = list(map(list.copy, self.plan.tokens))
+        return Run(env, tokens, host, bridge, *self._counts, parent, call)
 
     def go(self, run: Run, initial: Sequence[int], inline: bool) -> None:
         """Start ``run`` from the indices ``initial`` (``plan.initial``, plus the sources a
@@ -219,6 +256,16 @@ class DataflowExecutor:
     def _drain(self, run: Run, ready: list[int], inline: bool, tail: int = -1) -> None:
         """Run ``ready`` and everything it releases that belongs on this thread; return when
         nothing is left here. ``inline``: this thread may run one expensive kernel itself."""
+        if run.call is not None:  # Loop/Scan kernels find the call as the thread's current
+            prev = set_current(run.call)
+            try:
+                self._drain_loop(run, ready, inline, tail)
+            finally:
+                set_current(prev)
+        else:
+            self._drain_loop(run, ready, inline, tail)
+
+    def _drain_loop(self, run: Run, ready: list[int], inline: bool, tail: int) -> None:
         env = run.env
         tokens = run.tokens
         steps = self._steps

@@ -41,6 +41,7 @@ from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
+from ..calls import set_current
 from ..kernels.control import LoopSpec, ScanSpec
 from .dataflow_plan import CtrlGates
 from .dataflow_run import CtrlState, Run
@@ -225,12 +226,15 @@ class NonStrictLoop:
     def _rest(self, ex: DataflowExecutor, run: Run, state: Any) -> None:
         """Iterations 1.. with every capture available; write the node's outputs."""
         env = run.env
+        prev = set_current(run.call)  # the iterations check the call's deadline/cancel
         try:
             captured = [env[s] for s in self.gates.capture_slots]
             self._write(env, self.spec.run(self.body.program.run, state, captured))
         except Exception as e:  # noqa: BLE001 - a kernel's failure is its output
             i = self.gates.node
             run.fail(i, e, ex.plan.users[i])
+        finally:
+            set_current(prev)
 
     def _rest_task(self, ex: DataflowExecutor, run: Run, state: Any) -> None:
         """On a worker thread: ``_rest``, then release the node's consumers."""

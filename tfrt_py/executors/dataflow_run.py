@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from threading import Lock
 from typing import Any
 
+from ..calls import CallContext
 from ..concurrency import AsyncValue, CancelToken, HostContext, LoopBridge
 from .dataflow_plan import IfGates
 
@@ -56,6 +57,7 @@ class Run:
 
     __slots__ = (
         "bridge",
+        "call",
         "cancelled",
         "ctrl",
         "env",
@@ -82,7 +84,10 @@ class Run:
         n_ifs: int,
         n_ctrl: int = 0,
         parent: Run | None = None,
+        call: CallContext | None = None,
     ) -> None:
+        #: the call's deadline/canceller (a child run shares its parent's), or None
+        self.call: CallContext | None = call if parent is None else parent.call
         self.env = env
         self.tokens = tokens
         self.host = host

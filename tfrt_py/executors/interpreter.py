@@ -28,13 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ExecutionError, InputError
+from ..calls import CallCancelled, CallContext, set_current
+from ..errors import DeadlineExceeded, ExecutionError, InputError
 from ..feeds import check_output_buffers
+from .base import Executor
 from .plan import ALIGN, MemoryPlan
 from .plan_build import Layout, build_layout
 from .plan_codegen import Generated, generate
 from .plan_probe import run_env
-from .program import Program, constant_ids, user_output
+from .program import Program, constant_ids, named_deadline, user_output
 
 __all__ = ["SyncInterpreter"]
 
@@ -65,7 +67,7 @@ class _Plan:
     def failed(self, e: BaseException, where: str) -> BaseException:
         """The exception to raise for ``e`` escaping the generated code: an
         ExecutionError naming the node whose line failed."""
-        if not isinstance(e, Exception):
+        if not isinstance(e, Exception) or isinstance(e, CallCancelled):
             return e
         tb = e.__traceback__
         idx = None
@@ -75,6 +77,8 @@ class _Plan:
         if idx is None:
             return e
         node = self.program.instrs[idx].node
+        if isinstance(e, DeadlineExceeded):
+            return named_deadline(e, node)
         if isinstance(e, ExecutionError) and e.node_name == node.name:
             return e
         err = ExecutionError(node.name, node.op_type, e)
@@ -82,12 +86,14 @@ class _Plan:
         return err
 
 
-class SyncInterpreter:
-    """Runs one prepared top-level Program with per-signature memory plans.
+class SyncInterpreter(Executor):
+    """Executor "sync": runs one prepared top-level Program with per-signature memory plans.
 
     ``determined``: ids of values whose shape the input signature fixes (from the
     compiler); only those are planned. ``check`` validates feeds (a FeedChecker).
     """
+
+    name = "sync"
 
     def __init__(
         self,
@@ -122,7 +128,19 @@ class SyncInterpreter:
         self.run: Any = self._slow
 
     # -- the slow path -------------------------------------------------------------------
-    def _slow(self, feeds: Mapping[str, Any], outs: Mapping[str, Any] | None = None) -> Any:
+    def run_call(
+        self, feeds: Mapping[str, Any], outs: Mapping[str, Any] | None, call: CallContext
+    ) -> Any:
+        """``run`` under ``call``: its deadline or cancellation stops the call between
+        kernels (and Loop/Scan iterations) with DeadlineExceeded / CallCancelled."""
+        return self._slow(feeds, outs, call)
+
+    def _slow(
+        self,
+        feeds: Mapping[str, Any],
+        outs: Mapping[str, Any] | None = None,
+        call: CallContext | None = None,
+    ) -> Any:
         args = self._check(feeds)
         bufs = (
             [None] * len(self._out_names)
@@ -132,7 +150,11 @@ class SyncInterpreter:
         sig = _signature(args)
         plan = None if sig is None else self._plans.get(sig)
         if plan is None:
-            env = run_env(self._program, args)  # this call's answer, and the probe
+            prev = set_current(call)
+            try:
+                env = run_env(self._program, args)  # this call's answer, and the probe
+            finally:
+                set_current(prev)
             vals = [env[s] for s in self._program.output_slots]
             kinds = self._plain_kinds
             if sig is not None:
@@ -141,8 +163,12 @@ class SyncInterpreter:
                 made = self._make_plan(sig, env).layout.output_kinds
                 kinds = ["user" if k == "fresh" else k for k in made]
             kinds = [
-                "copy" if any(v is a for a in args) or any(v is c for c in self._consts) else k
-                for v, k in zip(vals, kinds)
+                "copy"
+                if any(v is a for a in args)
+                or any(v is c for c in self._consts)
+                or any(v is w for w in vals[:k])
+                else kind
+                for k, (v, kind) in enumerate(zip(vals, kinds))
             ]
             return self._finish(vals, kinds, bufs)
         assert plan.gen is not None
@@ -152,7 +178,10 @@ class SyncInterpreter:
             if buf is not None and layout.output_kinds[k] == "fresh":
                 shape, dtype = layout.shapes[s]
                 _check_buffer(self._out_names[k], buf, shape, dtype)
-        vals = plan.gen.run_checked(args, bufs)
+        if call is None:
+            vals = plan.gen.run_checked(args, bufs)
+        else:
+            vals = plan.gen.run_call(args, bufs, call)
         return self._finish(vals, layout.output_kinds, bufs)
 
     def _finish(self, vals: Sequence[Any], kinds: Sequence[str], bufs: Sequence[Any]) -> Any:
@@ -240,6 +269,20 @@ class SyncInterpreter:
     def plans(self) -> list[MemoryPlan]:
         """The cached plans, oldest first."""
         return [p.layout.plan for p in list(self._plans.values())]
+
+    def describe_lines(self) -> list[str]:
+        how = "straight-line code generated per input signature over a memory plan"
+        return [f"  executor: sync ({self.why}; {how})", *self.plan_lines()]
+
+    def plan_lines(self) -> list[str]:
+        """``describe()``'s memory lines: the plans made so far."""
+        plans = self.plans()
+        if not plans:
+            return ["  memory: planned per input signature on the first call (none yet)"]
+        return [
+            f"  memory: {len(plans)} plan(s), one per input signature:",
+            *(f"    {p.summary()}" for p in plans),
+        ]
 
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...] | None:

@@ -10,6 +10,10 @@ which returns two closures over them:
   with ``out=`` its arena view; returns the outputs dict.
 * ``run_checked(args, outs)``: the same body for validated feeds and optional caller
   output buffers; returns the raw output values for ``_finish``.
+* ``run_call(args, outs, call)``: ``run_checked`` under a ``tfrt_py.calls.CallContext``
+  (a deadline, or a canceller): ``call.stop`` is read before each kernel (one attribute
+  load: the timer thread sets it) and the call is the thread's current call meanwhile, so
+  Loop/Scan kernels check it between iterations. Calls without one never pay for it.
 
 Closure variables are cell loads, not dict lookups: a call does no per-kernel lookup,
 allocates no futures and takes no locks. The arena free list is a plain list: ``pop`` and
@@ -31,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..calls import set_current
 from .plan_build import Layout
 from .program import Program
 
@@ -52,6 +57,7 @@ class Generated:
 
     run: Callable[..., Any]
     run_checked: Callable[..., Any]
+    run_call: Callable[..., Any]
     source: str
     line_node: dict[tuple[Any, int], int]  # (code object, line) -> instruction index
 
@@ -165,23 +171,38 @@ def generate(
 
     src: list[str] = ["def _make(" + "__BINDS__" + "):"]
 
-    def emit_body(fn_name: str, body: list[tuple[str, int]], where: dict[int, int]) -> None:
+    def emit_body(
+        fn_name: str, body: list[tuple[str, int]], where: dict[int, int], call: bool = False
+    ) -> None:
+        """The body of an entry; ``call``: it runs under a CallContext ``_c`` (current on
+        this thread meanwhile) whose ``stop`` is checked before each kernel."""
         if arena_vars:
             src.extend([
                 "    try:", "        _arena = _pop()", "    except IndexError:",
                 "        _arena = _new_arena()",
                 f"    {', '.join(arena_vars)}{',' if len(arena_vars) == 1 else ''} = _arena",
             ])  # fmt: skip
+        if call:
+            src.append("    _prev = _setcur(_c)")
         src.append("    try:")
+        last = -1
         for line, i in body:
+            if call and i != last:
+                src.append(f"        if _c.stop: _c.raise_stop(_nodes[{i}])")
+                where[len(src)] = i
+                last = i
             src.append("        " + line)
             where[len(src)] = i
         if not body:
             src.append("        pass")
         src.append("    except BaseException as _e:")
+        if call:
+            src.append("        _setcur(_prev)")
         if arena_vars:
             src.append("        _push(_arena)")
         src.append(f"        raise _failed(_e, {fn_name!r})")
+        if call:
+            src.append("    _setcur(_prev)")
         if arena_vars:
             src.append("    _push(_arena)")
 
@@ -225,12 +246,21 @@ def generate(
     src.append(f"    {', '.join(f'o{k}' for k in range(n_out))}, = outs")
     emit_body("run_checked", checked_body, checked_where)
     src.append(f"    return [{', '.join(em.var(s) for s in program.output_slots)}]")
-    src.append("  return run, run_checked")
+    # -- the checked entry under a call context (deadline, cancellation) -----------------
+    call_where: dict[int, int] = {}
+    src.append("  def run_call(args, outs, _c):")
+    if n_in:
+        src.append(f"    {', '.join(f'v{s}' for s in in_slots)}, = args")
+    src.append(f"    {', '.join(f'o{k}' for k in range(n_out))}, = outs")
+    emit_body("run_call", checked_body, call_where, call=True)
+    src.append(f"    return [{', '.join(em.var(s) for s in program.output_slots)}]")
+    src.append("  return run, run_checked, run_call")
 
     binds = dict(em.binds)
     binds.update(helpers)
     binds.update(_ndarray=np.ndarray, _empty=np.empty, _new_arena=new_arena)
     binds.update(_pop=pool.pop, _push=pool.append)
+    binds.update(_setcur=set_current, _nodes=[ins.node for ins in program.instrs])
     # Body lines sit inside "def run" at 4 spaces; shift everything one level under _make.
     text = "\n".join(
         [src[0].replace("__BINDS__", ", ".join(binds))] + ["  " + ln for ln in src[1:]]
@@ -238,7 +268,8 @@ def generate(
     code = compile(text, f"<tfrt_py plan {id(layout):x}>", "exec")
     ns: dict[str, Any] = {}
     exec(code, ns)
-    run, run_checked = ns["_make"](**binds)
+    run, run_checked, run_call = ns["_make"](**binds)
     line_node = {(run.__code__, ln): i for ln, i in fast_where.items()}
     line_node.update({(run_checked.__code__, ln): i for ln, i in checked_where.items()})
-    return Generated(run, run_checked, text, line_node)
+    line_node.update({(run_call.__code__, ln): i for ln, i in call_where.items()})
+    return Generated(run, run_checked, run_call, text, line_node)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ExecutionError
 from .program import Program
 
 __all__ = ["run_env", "value_slots"]
@@ -37,28 +36,8 @@ def value_slots(program: Program) -> dict[int, int]:
 def run_env(program: Program, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:
     """Run ``program`` on ``inputs``; return the environment (one entry per slot).
 
-    Thread-safe: the environment is the caller's own list. Raises ExecutionError naming
-    the node whose kernel failed."""
-    env = program.template.copy()
-    for slot, val in zip(program.input_slots, inputs):
-        env[slot] = val
-    for slot, val in zip(program.capture_slots, captured):
-        env[slot] = val
-    instr = None
-    try:
-        for instr in program.instrs:
-            r = instr.fn(*[env[i] for i in instr.ins])
-            if instr.single:
-                env[instr.outs[0]] = r
-            else:
-                for o, x in zip(instr.outs, r):
-                    env[o] = x
-    except ExecutionError as e:
-        assert instr is not None
-        if e.node_name == instr.node.name:
-            raise
-        raise ExecutionError(instr.node.name, instr.node.op_type, e) from e
-    except Exception as e:
-        assert instr is not None
-        raise ExecutionError(instr.node.name, instr.node.op_type, e) from e
+    Thread-safe: the environment is the caller's own list. Raises as ``Program.execute``
+    (ExecutionError naming the node; the current call's deadline or cancellation)."""
+    env = program.env_for(inputs, captured)
+    program.execute(env)
     return env

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ExecutionError, UnsupportedOpError
+from ..calls import CallCancelled, current_call
+from ..errors import DeadlineExceeded, ExecutionError, UnsupportedOpError
 from ..ir import Graph, Node, TensorType, Value
 from ..kernels import KernelContext, KernelRegistry
 from ..kernels.base import ComputeFn, KernelFlags
@@ -26,6 +27,7 @@ __all__ = [
     "Program",
     "compile_program",
     "constant_ids",
+    "named_deadline",
     "node_captures",
     "owned_outputs",
     "user_output",
@@ -96,14 +98,32 @@ class Program:
         ]
 
     def run(self, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:
+        """Run on ``inputs`` (and a nested graph's ``captured`` values); the outputs."""
+        env = self.env_for(inputs, captured)
+        self.execute(env)
+        return [env[s] for s in self.output_slots]
+
+    def env_for(self, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:
+        """A fresh environment: the constants template with inputs and captures set."""
         env = self.template.copy()
         for slot, val in zip(self.input_slots, inputs):
             env[slot] = val
         for slot, val in zip(self.capture_slots, captured):
             env[slot] = val
+        return env
+
+    def execute(self, env: list[Any]) -> None:
+        """Run every instruction in order over ``env`` (the caller's own list).
+
+        Raises ExecutionError naming the node whose kernel failed. The thread's current
+        call (``tfrt_py.calls``), if any, is checked before each kernel: its deadline or
+        cancellation raises DeadlineExceeded / CallCancelled, never wrapped."""
+        call = current_call()
         step = 0
         try:
             for fn, ins, outs, single in self._plain:
+                if call is not None and call.stop:
+                    call.raise_stop(self.instrs[step].node)
                 r = fn(*[env[i] for i in ins])
                 if single:
                     env[outs] = r
@@ -111,6 +131,10 @@ class Program:
                     for o, x in zip(outs, r):
                         env[o] = x
                 step += 1
+        except CallCancelled:
+            raise
+        except DeadlineExceeded as e:
+            raise named_deadline(e, self.instrs[step].node) from None
         except ExecutionError as e:
             node = self.instrs[step].node
             if e.node_name == node.name:
@@ -119,7 +143,14 @@ class Program:
         except Exception as e:
             node = self.instrs[step].node
             raise ExecutionError(node.name, node.op_type, e) from e
-        return [env[s] for s in self.output_slots]
+
+
+def named_deadline(e: DeadlineExceeded, node: Node) -> DeadlineExceeded:
+    """``e`` naming ``node`` when it names none yet (raised inside a kernel, e.g. between
+    a Loop's iterations, which does not know its node's name)."""
+    if e.node_name is not None:
+        return e
+    return DeadlineExceeded(e.timeout, node.name, node.op_type)
 
 
 def compile_program(

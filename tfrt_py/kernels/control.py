@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..calls import current_call
 from ..ir import Graph, TensorType
 from .base import KernelContext, KernelFlags, SubgraphFn
 from .registry import KernelRegistry
@@ -151,8 +152,12 @@ class LoopSpec:
         return outs[0] if self.n_out == 1 else tuple(outs[: self.n_out])
 
     def run(self, body_fn: SubgraphFn, st: LoopState, captured: Sequence[Any]) -> Any:
-        """Run the remaining iterations with ``body_fn`` and return the node's outputs."""
+        """Run the remaining iterations with ``body_fn`` and return the node's outputs.
+        The thread's current call (deadline, cancellation) is checked before each one."""
+        call = current_call()
         while self.more(st):
+            if call is not None and call.stop:
+                call.raise_stop()
             self.advance(st, body_fn(self.body_inputs(st), captured))
         return self.finish(st)
 
@@ -219,7 +224,10 @@ def _scan_core(
     n_states = len(states)
     T = seqs[0].shape[0] if seqs else 0
     elems: list[list[Any]] = [[] for _ in range(n_scan_out)]
+    call = current_call()
     for t in range(T):
+        if call is not None and call.stop:
+            call.raise_stop()
         outs = body_fn([*states, *(s[t] for s in seqs)], captured)
         states = outs[:n_states]
         for k in range(n_scan_out):
@@ -298,8 +306,12 @@ class ScanSpec:
         return outs[0] if self.n_out == 1 else tuple(outs[: self.n_out])
 
     def run(self, body_fn: SubgraphFn, st: ScanState, captured: Sequence[Any]) -> Any:
-        """Run the remaining slices with ``body_fn`` and return the node's outputs."""
+        """Run the remaining slices with ``body_fn`` and return the node's outputs. The
+        thread's current call (deadline, cancellation) is checked before each one."""
+        call = current_call()
         while self.more(st):
+            if call is not None and call.stop:
+                call.raise_stop()
             self.advance(st, body_fn(self.body_inputs(st), captured))
         return self.finish(st)
 

@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from ..calls import CallContext
 from ..errors import InputError
+from ..executors.base import Executor
 from ..executors.program import Program
 from ..feeds import check_output_buffers
 from .compile import Compiled, compile_lowered
@@ -62,10 +64,12 @@ def _submit(tier: NativeTier) -> None:
     _jobs.put(weakref.ref(tier))
 
 
-class NativeTier:
-    """The native tier of one model. ``state``: "compiling" | "ready" | "failed";
-    ``error`` says why it failed; ``compiled`` has the cache path, whether numba's cache
-    answered, and the compile (or cache load) time."""
+class NativeTier(Executor):
+    """Executor "native": the native tier of one model. ``state``: "compiling" | "ready" |
+    "failed"; ``error`` says why it failed; ``compiled`` has the cache path, whether numba's
+    cache answered, and the compile (or cache load) time."""
+
+    name = "native"
 
     def __init__(
         self,
@@ -101,6 +105,25 @@ class NativeTier:
 
     def _run_interp(self, feeds: Mapping[str, Any], outputs: Any = None) -> Any:
         return self.interp.run(feeds, outputs)
+
+    def run_call(self, feeds: Mapping[str, Any], outputs: Any, call: CallContext) -> Any:
+        """``run`` under a deadline or canceller: the interpreter's checked path until the
+        native function is ready; then the call is checked before the native call (a model
+        on the native tier is tiny by construction unless forced: its loops are bounded by
+        static shapes)."""
+        if self._fn is None:
+            return self.interp.run_call(feeds, outputs, call)
+        call.check()
+        return self.run(feeds, outputs)
+
+    def memory_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> Any:
+        """The sync interpreter's plan (the layout the native arena follows)."""
+        return self.interp.memory_plan(shapes)
+
+    def describe_lines(self) -> list[str]:
+        how = "the whole model as one numba function, the sync interpreter until compiled"
+        return [*self.interp.plan_lines(), "  " + self.describe(),
+                f"  executor: native ({self.why}; {how})"]  # fmt: skip
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until compilation finished (ready or failed); False on timeout."""

@@ -22,12 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from ..compiler.cost import EXPENSIVE_FLOPS
+from ..compiler.cost import THRESHOLDS
 from ..feeds import FeedChecker
 from .batching import BatchPolicy, MicroBatcher, per_row_flops
 from .codec import spec_json
 
 __all__ = ["ServedModel"]
+
+#: A call this heavy (FLOPs) goes to the pool: the cost model's "expensive" threshold.
+EXPENSIVE_FLOPS = THRESHOLDS.expensive_us * THRESHOLDS.flops_per_us
 
 
 class ServedModel:

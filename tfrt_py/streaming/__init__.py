@@ -35,5 +35,5 @@ __all__ = [
 def last_stats(model: Any) -> StreamStats | None:
     """The figures of ``model``'s last finished streamed run (None: not streamed, or no run
     yet): compute, transfer, wait and wall seconds, bytes read."""
-    prog = getattr(model, "_stream", None)
+    prog = getattr(model, "runtime", None)
     return prog.last_stats if isinstance(prog, StreamedProgram) else None

@@ -20,27 +20,21 @@ they fit the budget the model loads as usual (external data memory-mapped) and
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
 
 from ..compiler.pipeline import select_passes
 from ..compiler.prepare import prepare
-from ..concurrency import HostContext
 from ..errors import ModelLoadError, UnsupportedOpError
-from ..executors.program import compile_program
 from ..frontends.onnx import import_model
 from ..frontends.onnx.tensors import external_ref, is_external, onnx_dtype
 from ..ir import Graph, TensorType, Value, verify
 from ..kernels import KernelRegistry
 from .partition import ALIGN, Stage, compile_stages, partition
 from .pipeline import StreamedProgram, StreamInfo
-
-if TYPE_CHECKING:
-    from ..model import Model
 
 __all__ = ["load_streamed"]
 
@@ -53,11 +47,10 @@ def load_streamed(
     origin: str,
     registry: KernelRegistry,
     optimize: bool | Collection[str] | None,
-    host: HostContext | None,
     executor: str,
-    t0: float,
-) -> Model | None:
-    """The streamed Model, or None when the weights fit ``memory_budget`` (load normally)."""
+) -> StreamedProgram | None:
+    """The streamed model's executor (with ``graph``, ``prepared`` and ``why`` set), or
+    None when the weights fit ``memory_budget`` (load normally)."""
     budget = _check_budget(memory_budget)
     inits = list(proto.graph.initializer)
     refs = {t.name: external_ref(t, base_dir) for t in inits if is_external(t)}
@@ -101,19 +94,16 @@ def load_streamed(
     arena = _arena_bytes(stages, limit)
     info = StreamInfo(budget, streamed, len(refs), len({r.path for r in refs.values()}),
                       resident, arena)  # fmt: skip
-    prog = StreamedProgram(stages, user_inputs, list(g.outputs), arena, host, info)
-    view = Graph(g.name, inputs=user_inputs, outputs=list(g.outputs), nodes=list(g.nodes),
-                 constants=list(g.constants), opsets=dict(g.opsets))  # fmt: skip
-    from ..model import Model
-
-    why = (
+    prog = StreamedProgram(stages, user_inputs, list(g.outputs), arena, None, info)
+    prog.graph = Graph(g.name, inputs=user_inputs, outputs=list(g.outputs), nodes=list(g.nodes),
+                       constants=list(g.constants), opsets=dict(g.opsets))  # fmt: skip
+    prog.prepared = prepared
+    prog.why = (
         f"memory_budget {budget:,} B < {streamed + embedded:,} B of weights: "
         f"{len(stages)} stages streamed from disk"
     )
-    return Model(
-        view, compile_program(g, reg), "stream", origin, time.perf_counter() - t0,
-        host=host, why=why, prepared=prepared, stream=prog,
-    )  # fmt: skip
+    prog.notes = (f"executor: stream ({prog.why})",)
+    return prog
 
 
 def _check_budget(budget: Any) -> int:

@@ -30,11 +30,14 @@ from typing import Any
 
 import numpy as np
 
+from ..calls import CallContext, set_current
+from ..compiler.prepare import Prepared
 from ..concurrency import AsyncValue, HostContext, default_host, run_when_ready
 from ..errors import InputError
+from ..executors.base import Executor
 from ..executors.program import user_output
 from ..feeds import FeedChecker, fill_outputs
-from ..ir import Value
+from ..ir import Graph, Value
 from .gate import Gate
 from .partition import Stage
 from .transfer import Transfers, WeightArena
@@ -111,12 +114,18 @@ class _Emit:  # hand these results to the caller
 _Op = _Need | _Wait | _Compute | _Emit
 
 
-class StreamedProgram:
-    """The stages of one streamed model, its arena, and the runs over them.
+class StreamedProgram(Executor):
+    """Executor "stream": the stages of one streamed model, its arena, and the runs over
+    them.
 
     Owns the arena and the gate; the stages' Programs are immutable. Built at load by
-    ``loader.load_streamed``; ``Model`` delegates run/run_async/run_batches to it.
+    ``loader.load_streamed`` (which also sets ``graph``, the model's view without the
+    weight inputs, and ``prepared``); ``Model`` delegates run/run_async/run_batches to it.
     """
+
+    name = "stream"
+    graph: Graph
+    prepared: Prepared
 
     def __init__(
         self,
@@ -136,7 +145,7 @@ class StreamedProgram:
         self._fixed = [id(v) in fixed or v.is_const for v in outputs]
         self.arena = WeightArena(arena_bytes)
         self._gate = Gate()
-        self._host = host
+        self.host = host
         #: The last finished run's figures (None before the first run).
         self.last_stats: StreamStats | None = None
         #: Drop each weight's pages from the OS page cache after reading it (see transfer).
@@ -176,7 +185,7 @@ class StreamedProgram:
                 "time owns the weight arena"
             )
         self._gate.acquire().wait()
-        run = _Run(self, self._host or default_host(), overlap)
+        run = _Run(self, self.host or default_host(), overlap)
         gen = run.steps(n)
         try:
             send: Any = None
@@ -213,7 +222,7 @@ class StreamedProgram:
         runs on the host's pool; cancelling the consuming task ends the run (in-flight
         compute and reads finish before the next run may start)."""
         n = _window(window)
-        host = self._host or default_host()
+        host = self.host or default_host()
         grant = self._gate.acquire()
         try:
             await grant
@@ -249,9 +258,24 @@ class StreamedProgram:
             gen.close()
             run.finish(pending)
 
-    async def run_async(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    async def run_async(
+        self, feeds: Mapping[str, Any], call: CallContext | None = None
+    ) -> dict[str, np.ndarray]:
+        if call is not None:
+            call.check()
         out = [r async for r in self.run_batches_async([feeds], window=1)]
         return out[0]
+
+    def run_call(
+        self, feeds: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None, call: CallContext
+    ) -> dict[str, np.ndarray]:
+        """``run`` with ``call`` current on this thread: stages computed here check it
+        between kernels (reads already under way finish first)."""
+        prev = set_current(call)
+        try:
+            return self.run(feeds, outputs)
+        finally:
+            set_current(prev)
 
     # -- one stage, one window ----------------------------------------------------------------
     def feed_env(self, feeds: Mapping[str, Any]) -> dict[int, Any]:

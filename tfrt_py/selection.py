@@ -1,0 +1,181 @@
+"""Which executor serves a model: the one place that decides, and says why.
+
+``select_executor(requested, prepared, check, host=..., native_mode=...)`` runs once per
+load on the loading thread, after ``compiler.prepare``, and returns the Executor with its
+``why``, its ``run_async`` rule (``InlinePolicy``) and its notes set:
+
+* ``"sync"``, ``"async"``, ``"native"``: that executor, or a load error saying why it
+  cannot serve this model (async kernels need the async executor; an op without a native
+  lowering, or no numba, for native);
+* ``"auto"``: *async* when the model has ``async def`` kernels (they overlap with compute),
+  or two expensive kernels with no path between them (the cost model's classification:
+  they can run in parallel on the pool); else *native* when numba imports, every op lowers,
+  shapes are static and the cost model calls the model tiny (``THRESHOLDS.native_max_flops``;
+  ``$TFRT_PY_NATIVE=0`` turns this off); else *sync*.
+
+Streamed models (``load(memory_budget=)``) are chosen before import, by
+``tfrt_py.streaming``, and get the same policy and notes here (``finish``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .compiler.cost import THRESHOLDS, ModelCost
+from .compiler.prepare import Prepared
+from .concurrency import HostContext, hop_us
+from .errors import UnsupportedOpError
+from .executors.async_executor import AsyncExecutor
+from .executors.base import Executor, InlinePolicy
+from .executors.interpreter import SyncInterpreter
+from .feeds import FeedChecker
+from .ir import Node
+from .native.compile import NativeUnavailable, available
+from .native.lower import Declined, Lowered, blockers, lower
+from .native.tier import NativeTier
+
+__all__ = ["EXECUTORS", "NATIVE_ENV", "finish", "select_executor"]
+
+#: The executors a caller may ask for; "auto" picks per model.
+EXECUTORS = ("auto", "sync", "async", "native")
+#: ``$TFRT_PY_NATIVE=0`` keeps "auto" off the native tier.
+NATIVE_ENV = "TFRT_PY_NATIVE"
+
+
+def select_executor(
+    requested: str,
+    prepared: Prepared,
+    check: FeedChecker,
+    *,
+    host: HostContext | None,
+    native_mode: str,
+) -> Executor:
+    """The executor for ``prepared`` (see the module docstring)."""
+    if requested not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {requested!r}")
+    program, cost = prepared.program, prepared.cost
+    async_nodes = _async_nodes(prepared)
+    if requested == "sync" and async_nodes:
+        raise _unsupported(async_nodes[0], "async kernels need the async executor "
+                           "(executor='async' or 'auto')")  # fmt: skip
+    notes: list[str] = []
+    why = "requested"
+    if requested == "auto":
+        kind, why = _auto_kind(prepared, async_nodes)
+    else:
+        kind = requested
+    ex: Executor
+    if kind == "async":
+        ex = AsyncExecutor(program, prepared.registry, check, cost.expensive, host)
+    else:
+        interp = SyncInterpreter(program, prepared.determined, check)
+        lowered = None
+        if kind == "native":
+            if not available():
+                raise NativeUnavailable(
+                    "executor='native' needs numba, which cannot be imported here "
+                    "(pip install numba); use executor='sync' or 'auto'"
+                )
+            lowered = lower(prepared.graph, program)
+        elif requested == "auto":
+            lowered, why, reason = _auto_native(prepared, why)
+            if reason:
+                notes.append(f"native tier: not used: {reason}")
+        ex = interp if lowered is None else NativeTier(lowered, program, check, interp,
+                                                        mode=native_mode)  # fmt: skip
+    ex.why = why
+    ex.notes = tuple(notes)
+    return finish(ex, prepared, host)
+
+
+def finish(ex: Executor, prepared: Prepared, host: HostContext | None) -> Executor:
+    """Set what every executor gets from the selector: its host and its run_async rule."""
+    ex.host = host
+    if not isinstance(ex, AsyncExecutor):
+        ex.inline = InlinePolicy(prepared.cost.call_us(), hop_us(), prepared.graph.inputs)
+    return ex
+
+
+def _auto_kind(prepared: Prepared, async_nodes: list[Node]) -> tuple[str, str]:
+    cost = prepared.cost
+    mflop = f"est. {cost.flops / 1e6:.2f} MFLOP per call"
+    if async_nodes:
+        return "async", f"auto: {len(async_nodes)} async kernel(s) to overlap"
+    pair = _parallel_expensive(prepared.program.graph.nodes, cost)
+    if pair:
+        return "async", (f"auto: expensive kernels {pair[0]!r} and {pair[1]!r} can run in "
+                         f"parallel ({mflop})")  # fmt: skip
+    return "sync", (f"auto: no async kernels and no parallel expensive kernels ({mflop}): "
+                    "the pool hop would cost more")  # fmt: skip
+
+
+def _auto_native(prepared: Prepared, why: str) -> tuple[Lowered | None, str, str]:
+    """(lowered or None, why, reason it is not used or "")."""
+    if not available():
+        return None, why, "numba cannot be imported"
+    reasons = blockers(prepared.graph)
+    if reasons:
+        return None, why, "; ".join(reasons)
+    if os.environ.get(NATIVE_ENV) == "0":
+        return None, why, f"${NATIVE_ENV}=0"
+    flops = prepared.cost.flops
+    if flops > THRESHOLDS.native_max_flops:
+        return None, why, (f"every op lowers, but at est. {flops / 1e6:.2f} MFLOP per call the "
+                           "model is not tiny (executor='native' forces it)")  # fmt: skip
+    try:
+        lowered = lower(prepared.graph, prepared.program)
+    except Declined as e:
+        return None, why, str(e)
+    return (
+        lowered,
+        (
+            f"auto: a tiny model (est. {flops / 1e6:.3f} MFLOP per call, no async kernels, no "
+            "parallel expensive kernels: the pool hop would cost more) whose ops all lower"
+        ),
+        "",
+    )
+
+
+def _async_nodes(prepared: Prepared) -> list[Node]:
+    """The top-level nodes with async kernels; async kernels in nested graphs are an
+    error (nested graphs run synchronously)."""
+    program, registry = prepared.program, prepared.registry
+    top = {id(ins.node) for ins in program.instrs}
+    for node in program.graph.walk():
+        if id(node) in top or not registry.has(node.domain, node.op_type, node.opset):
+            continue
+        if registry.lookup(node.domain, node.op_type, node.opset).flags.is_async:
+            raise _unsupported(node, "async kernels inside If/Loop/Scan bodies are not "
+                               "supported (nested graphs run synchronously)")  # fmt: skip
+    return [ins.node for ins in program.instrs if ins.flags.is_async]
+
+
+def _unsupported(node: Node, detail: str) -> UnsupportedOpError:
+    return UnsupportedOpError(node.op_type, node.domain, node.opset, node.name, detail)
+
+
+def _parallel_expensive(nodes: list[Node], cost: ModelCost) -> tuple[str, str] | None:
+    """Two expensive kernels with no path between them (names), or None.
+
+    Load time only: an ancestor bitset per value over the expensive nodes seen so far.
+    """
+    expensive = {id(n) for n in nodes if cost.expensive(n)}
+    if len(expensive) < 2:
+        return None
+    bit: dict[int, int] = {}  # value id -> bitset of expensive ancestors (inclusive)
+    order: list[Node] = []
+    for n in nodes:
+        anc = 0
+        for v in n.inputs:
+            if v is not None:
+                anc |= bit.get(id(v), 0)
+        if id(n) in expensive:
+            for i, other in enumerate(order):
+                if not anc >> i & 1:
+                    return other.name, n.name
+            anc |= 1 << len(order)
+            order.append(n)
+        for v in n.outputs:
+            if v is not None:
+                bit[id(v)] = anc
+    return None
