@@ -20,6 +20,7 @@ Streamed models (``load(memory_budget=)``) are chosen before import, by
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from .compiler.cost import THRESHOLDS, ModelCost
 from .compiler.prepare import Prepared
@@ -40,6 +41,7 @@ __all__ = ["EXECUTORS", "NATIVE_ENV", "finish", "select_executor"]
 EXECUTORS = ("auto", "sync", "async", "native")
 #: ``$TFRT_PY_NATIVE=0`` keeps "auto" off the native tier.
 NATIVE_ENV = "TFRT_PY_NATIVE"
+_ITERATING = frozenset({"Loop", "Scan", "SequenceMap"})
 
 
 def select_executor(
@@ -53,7 +55,7 @@ def select_executor(
     """The executor for ``prepared`` (see the module docstring)."""
     if requested not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {requested!r}")
-    program, cost = prepared.program, prepared.cost
+    program = prepared.program
     async_nodes = _async_nodes(prepared)
     if requested == "sync" and async_nodes:
         raise _unsupported(async_nodes[0], "async kernels need the async executor "
@@ -66,7 +68,7 @@ def select_executor(
         kind = requested
     ex: Executor
     if kind == "async":
-        ex = AsyncExecutor(program, prepared.registry, check, cost.expensive, host)
+        ex = AsyncExecutor(program, prepared.registry, check, _off_loop(prepared), host)
     else:
         interp = SyncInterpreter(program, prepared.determined, check)
         lowered = None
@@ -92,8 +94,37 @@ def finish(ex: Executor, prepared: Prepared, host: HostContext | None) -> Execut
     """Set what every executor gets from the selector: its host and its run_async rule."""
     ex.host = host
     if not isinstance(ex, AsyncExecutor):
-        ex.inline = InlinePolicy(prepared.cost.call_us(), hop_us(), prepared.graph.inputs)
+        ex.inline = InlinePolicy(
+            prepared.cost.call_us(), hop_us(), prepared.graph.inputs, _opaque(prepared)
+        )
     return ex
+
+
+def _off_loop(prepared: Prepared) -> Callable[[Node], bool]:
+    """The async executor's "expensive" (never inline on an event loop's thread): the cost
+    model's class, and every kernel whose cost is unknown at load -- Loop/Scan/SequenceMap
+    (their trip count is data) and impure (custom) kernels."""
+    cost, registry = prepared.cost, prepared.registry
+
+    def expensive(node: Node) -> bool:
+        if cost.expensive(node) or node.op_type in _ITERATING:
+            return True
+        if not registry.has(node.domain, node.op_type, node.opset):
+            return False
+        flags = registry.lookup(node.domain, node.op_type, node.opset).flags
+        return not flags.pure and not flags.is_async
+
+    return expensive
+
+
+def _opaque(prepared: Prepared) -> str:
+    """Why a call's cost cannot be estimated at load, or "": iterations whose count is
+    data (Loop, Scan, SequenceMap), or kernels that are not pure (custom kernels)."""
+    ops = sorted({n.op_type for n in prepared.graph.walk() if n.op_type in _ITERATING})
+    if ops:
+        return f"{'/'.join(ops)} iterations"
+    impure = sorted({ins.node.op_type for ins in prepared.program.instrs if not ins.flags.pure})
+    return f"impure kernels ({', '.join(impure)})" if impure else ""
 
 
 def _auto_kind(prepared: Prepared, async_nodes: list[Node]) -> tuple[str, str]:

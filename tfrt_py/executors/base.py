@@ -44,11 +44,14 @@ class InlinePolicy:
     symbolic input dims a call's estimate scales with its largest feed (elements over the
     input's static size), so a big batch of a small model is offloaded too. Immutable."""
 
-    __slots__ = ("_always", "_units", "base_us", "hop")
+    __slots__ = ("_always", "_units", "base_us", "hop", "opaque")
 
-    def __init__(self, base_us: float, hop: float, inputs: Sequence[Any]) -> None:
+    def __init__(self, base_us: float, hop: float, inputs: Sequence[Any], opaque: str = "") -> None:
         self.base_us = base_us
         self.hop = hop
+        #: why the cost cannot be estimated (a Loop's trip count, a custom kernel): then
+        #: every call is offloaded
+        self.opaque = opaque
         self._units: list[tuple[str, float]] = []
         dynamic = False
         for v in inputs:
@@ -58,6 +61,8 @@ class InlinePolicy:
                 dims = [d if isinstance(d, int) else 1 for d in shape or ()]
                 self._units.append((v.name, float(max(1, math.prod(dims)))))
         self._always: bool | None = None if dynamic else base_us < hop
+        if opaque:
+            self._always = False
 
     def inline(self, feeds: Mapping[str, Any]) -> bool:
         """Whether this call runs inline (a few attribute reads for static models)."""
@@ -70,6 +75,8 @@ class InlinePolicy:
         return self.base_us * scale < self.hop
 
     def describe(self) -> str:
+        if self.opaque:
+            return f"run_async: on a worker, the loop stays free (cost unknown: {self.opaque})"
         est = f"est. {self.base_us:,.0f} µs per call"
         if self._always is None:
             return (

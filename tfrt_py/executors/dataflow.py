@@ -47,7 +47,7 @@ from typing import Any
 
 from ..calls import CallCancelled, CallContext, set_current
 from ..concurrency import HostContext, LoopBridge, current_bridge
-from ..errors import ExecutionError
+from ..errors import DeadlineExceeded, ExecutionError
 from ..ir import Node
 from ..kernels import KernelContext, KernelRegistry
 from ..kernels.control import iteration_spec
@@ -98,7 +98,9 @@ class DataflowExecutor:
             node = program.instrs[gates.node].node
             spec = iteration_spec(KernelContext(node))
             assert spec is not None, node.op_type
-            body_prog = compile_program(node.attrs["body"], registry, node_captures(node))
+            body_prog = compile_program(
+                node.attrs["body"], registry, node_captures(node), nested=True
+            )
             body = DataflowExecutor(
                 body_prog,
                 registry,
@@ -390,10 +392,16 @@ class DataflowExecutor:
             run.on_done(inline)
 
     def _set_result(self, run: Run) -> None:
+        if run.result.is_available():  # stopped by its call (deadline, cancel) meanwhile
+            return
         if run.failures:
             i = min(run.failures)
             node, cause = self._nodes[i], run.failures[i]
-            if isinstance(cause, ExecutionError) and cause.node_name == node.name:
+            if isinstance(cause, CallCancelled):
+                run.result.set_error(cause)
+            elif isinstance(cause, DeadlineExceeded):
+                run.result.set_error(named_deadline(cause, node))
+            elif isinstance(cause, ExecutionError) and cause.node_name == node.name:
                 run.result.set_error(cause)
             else:
                 err = ExecutionError(node.name, node.op_type, cause)

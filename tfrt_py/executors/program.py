@@ -84,8 +84,12 @@ class Program:
         input_slots: list[int],
         capture_slots: list[int],
         output_slots: list[int],
+        nested: bool = False,
     ) -> None:
         self.graph = graph
+        #: a nested graph's program (If branch, Loop/Scan body): a deadline noticed here is
+        #: reported as the enclosing top-level node's, not as a body node's
+        self.nested = nested
         self.n_slots = n_slots
         self.template = template
         self.instrs = instrs
@@ -123,7 +127,7 @@ class Program:
         try:
             for fn, ins, outs, single in self._plain:
                 if call is not None and call.stop:
-                    call.raise_stop(self.instrs[step].node)
+                    call.raise_stop(None if self.nested else self.instrs[step].node)
                 r = fn(*[env[i] for i in ins])
                 if single:
                     env[outs] = r
@@ -134,6 +138,8 @@ class Program:
         except CallCancelled:
             raise
         except DeadlineExceeded as e:
+            if self.nested:
+                raise
             raise named_deadline(e, self.instrs[step].node) from None
         except ExecutionError as e:
             node = self.instrs[step].node
@@ -157,6 +163,8 @@ def compile_program(
     graph: Graph,
     registry: KernelRegistry,
     captures: Sequence[Value] = (),
+    *,
+    nested: bool = False,
 ) -> Program:
     """Compile ``graph``; ``captures`` are outer-scope values it receives at run time.
 
@@ -180,7 +188,7 @@ def compile_program(
         slot_of(c)
 
     def compile_sub(node: Node, sub: Graph) -> Any:
-        prog = compile_program(sub, registry, node_captures(node))
+        prog = compile_program(sub, registry, node_captures(node), nested=True)
         return lambda inputs, captured: prog.run(inputs, captured)
 
     instrs: list[Instr] = []
@@ -200,7 +208,9 @@ def compile_program(
         outs = tuple(_SINK_SLOT if v is None else slot_of(v) for v in node.outputs)
         instrs.append(Instr(fn, tuple(ins), outs, node, kdef.flags))
     output_slots = [slot_of(v) for v in graph.outputs]
-    return Program(graph, len(template), template, instrs, input_slots, capture_slots, output_slots)
+    return Program(
+        graph, len(template), template, instrs, input_slots, capture_slots, output_slots, nested
+    )
 
 
 def user_output(v: Any, ty: object, constants: frozenset[int] = frozenset()) -> Any:
