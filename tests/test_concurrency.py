@@ -17,14 +17,9 @@ import pytest
 from tfrt_py.concurrency import (
     AsyncValue,
     CancelToken,
-    Chain,
     HostContext,
-    IndirectAsyncValue,
     current_bridge,
     make_available,
-    make_error,
-    make_ready_chain,
-    merge_chains,
     run_when_ready,
 )
 
@@ -154,33 +149,16 @@ def test_wait_blocks_until_set_and_times_out() -> None:
     with pytest.raises(TimeoutError):
         AsyncValue().wait(timeout=0.01)
     with pytest.raises(KeyError):
-        make_error(KeyError("k")).wait()
+        _error(KeyError("k")).wait()
 
 
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def test_indirect_forward_to() -> None:
-    target: AsyncValue[int] = AsyncValue()
-    ind: IndirectAsyncValue[int] = IndirectAsyncValue()
-    ind.forward_to(target)
-    assert not ind.is_available()
-    with pytest.raises(RuntimeError, match="forwarded"):
-        ind.forward_to(make_available(1))
-    target.set(7)
-    assert ind.value == 7
-    err: IndirectAsyncValue[int] = IndirectAsyncValue()
-    err.forward_to(make_error(ValueError("e")))
-    assert isinstance(err.error, ValueError)
-    loop: IndirectAsyncValue[int] = IndirectAsyncValue()
-    with pytest.raises(ValueError):
-        loop.forward_to(loop)
-
-
 def test_run_when_ready_counts_once_across_threads() -> None:
     calls: list[int] = []
     run_when_ready([], lambda: calls.append(0))
-    run_when_ready([make_available(1), make_error(ValueError())], lambda: calls.append(1))
+    run_when_ready([make_available(1), _error(ValueError())], lambda: calls.append(1))
     assert calls == [0, 1]
     for _ in range(20):
         values: list[AsyncValue[int]] = [AsyncValue() for _ in range(16)]
@@ -193,20 +171,6 @@ def test_run_when_ready_counts_once_across_threads() -> None:
         assert seen == [1]
 
 
-def test_chains_order_and_merge() -> None:
-    ready = make_ready_chain()
-    assert isinstance(ready.value, Chain) and repr(ready.value) == "Chain()"
-    a: AsyncValue[Chain] = AsyncValue()
-    b: AsyncValue[Chain] = AsyncValue()
-    merged = merge_chains([ready, a, b])
-    a.set(Chain())
-    assert not merged.is_available()
-    b.set(Chain())
-    assert isinstance(merged.value, Chain)
-    failed = merge_chains([ready, make_error(OSError("disk"))])
-    assert isinstance(failed.error, OSError)
-
-
 # -- awaiting on asyncio, uvloop, trio -------------------------------------------------------
 
 
@@ -214,7 +178,7 @@ def test_chains_order_and_merge() -> None:
 async def test_await_available_pending_and_error(anyio_backend: Any) -> None:
     assert await make_available(5) == 5
     with pytest.raises(ValueError, match="bad"):
-        await make_error(ValueError("bad"))
+        await _error(ValueError("bad"))
     from_thread: AsyncValue[str] = AsyncValue()
     t = _in_thread(from_thread.set, "thread")
     assert await from_thread == "thread"
@@ -372,3 +336,9 @@ def test_concurrency_imports_nothing_of_tfrt_py_nor_numpy() -> None:
         "assert mod.AsyncValue and mod.HostContext\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
+
+
+def _error(e: BaseException) -> AsyncValue[object]:
+    av: AsyncValue[object] = AsyncValue()
+    av.set_error(e)
+    return av

@@ -92,13 +92,13 @@ def test_programs_without_control_flow_have_no_gates() -> None:
         compile_program(branchy, default_registry()),
         default_registry(),
         expensive=model_cost(branchy).expensive,
-    ).plan
+    ).schedule
     assert not plan.ifs and not plan.ctrls and not plan.gate_of and not plan.sources
     assert len(plan.kinds) == plan.n_nodes + 1
     cf = tfrt_py.load(if_loop().model, executor="sync")
     cf_plan = DataflowExecutor(
         cf.prepared.program, default_registry(), expensive=model_cost(cf.graph).expensive
-    ).plan
+    ).schedule
     # the If, and power_loop (captures the If's output); doubling_loop captures constants
     assert len(cf_plan.ifs) == 1 and len(cf_plan.ctrls) == 1
 

@@ -479,7 +479,7 @@ def test_plans_without_produced_captures_stay_strict(host: HostContext) -> None:
     reg = default_registry()
     graph = b.build()
     df = DataflowExecutor(compile_program(graph, reg), reg, expensive=model_cost(graph).expensive)
-    plan = df.plan
+    plan = df.schedule
     assert not plan.ctrls and not plan.gate_of and len(plan.kinds) == plan.n_nodes + 1
     (y,) = df.run([X], host)
     np.testing.assert_array_equal(y, X * 4)

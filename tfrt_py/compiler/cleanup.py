@@ -11,10 +11,9 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, Value
+from .context import PassContext, flags_lookup
 from .dynamic import is_pure
-from .pipeline import PassContext
-from .rewrite import Uses, can_replace, replace_uses
-from .shapes import flags_lookup
+from .rewrite import Uses, attrs_key, can_replace, replace_uses
 
 __all__ = [
     "eliminate_common_subexpressions",
@@ -118,7 +117,7 @@ def eliminate_common_subexpressions(graph: Graph, ctx: PassContext) -> str:
             node.opset,
             tuple(id(v) if v is not None else None for v in node.inputs),
             tuple(o is None for o in node.outputs),
-            _attrs_key(node.attrs),
+            attrs_key(node.attrs),
         )
         first = seen.get(key)
         pairs = (
@@ -153,19 +152,3 @@ def _merge_constants(graph: Graph) -> int:
         if first is not c and replace_uses(graph, c, first):
             merged += 1
     return merged
-
-
-def _attrs_key(attrs: dict[str, Any]) -> Any:
-    return tuple(sorted((k, _attr_key(v)) for k, v in attrs.items()))
-
-
-def _attr_key(a: Any) -> Any:
-    if isinstance(a, np.ndarray):
-        return ("nd", a.dtype.str, a.shape, a.tobytes() if a.dtype.kind != "O" else repr(a))
-    if isinstance(a, (list, tuple)):
-        return tuple(_attr_key(x) for x in a)
-    if isinstance(a, Graph):
-        return ("graph", id(a))
-    if isinstance(a, float) and a != a:
-        return ("nan",)
-    return a

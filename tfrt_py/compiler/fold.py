@@ -17,10 +17,9 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..kernels import KernelContext
+from .context import PassContext, flags_lookup
 from .dynamic import is_pure
-from .pipeline import PassContext
 from .rewrite import make_const, static_shape, tensor_dtype
-from .shapes import flags_lookup
 
 __all__ = ["FOLD_MAX_BYTES", "fold_constants"]
 

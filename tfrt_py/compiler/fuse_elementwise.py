@@ -11,11 +11,10 @@ needs one buffer instead of n and one kernel call instead of n.
 from __future__ import annotations
 
 from ..ir import Graph, Node, TensorType, Value
+from .context import PassContext, flags_lookup
 from .fuse_linear import ACTIVATIONS
 from .fused_kernels import DOMAIN, Step
-from .pipeline import PassContext
 from .rewrite import Uses, op_names
-from .shapes import flags_lookup
 
 __all__ = ["fuse_elementwise_chains"]
 

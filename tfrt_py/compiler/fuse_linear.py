@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, Value
+from .context import PassContext, flags_lookup
 from .fused_kernels import DOMAIN, Step
-from .pipeline import PassContext
 from .rewrite import Uses, op_names, tensor_dtype
-from .shapes import flags_lookup
 
 __all__ = ["ACTIVATIONS", "fuse_linear"]
 

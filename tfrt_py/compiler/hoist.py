@@ -16,9 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, TensorType, Value
-from .cleanup import _attrs_key
-from .pipeline import PassContext
-from .rewrite import Uses, op_names, tensor_dtype
+from .context import PassContext
+from .rewrite import Uses, attrs_key, op_names, tensor_dtype
 
 __all__ = ["hoist_over_concat"]
 
@@ -88,8 +87,8 @@ def _producer(v: Value | None, concat: Node, uses: Uses) -> Node | None:
 
 def _hoist(concat: Node, prods: list[Node], graph: Graph, names: set[str]) -> list[Node] | None:
     op = prods[0].op_type
-    key = _attrs_key(prods[0].attrs)
-    if any(p.op_type != op or _attrs_key(p.attrs) != key or p.opset != prods[0].opset
+    key = attrs_key(prods[0].attrs)
+    if any(p.op_type != op or attrs_key(p.attrs) != key or p.opset != prods[0].opset
            for p in prods):  # fmt: skip
         return None
     xs: list[Value] = []

@@ -14,27 +14,17 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ..ir import Graph, verify
 from ..kernels import KernelRegistry
+from .context import PassContext, PassFn
 from .rewrite import clone_graph, drop_unused_constants
 
-__all__ = ["ENV_DISABLE", "PASSES", "PassContext", "PassReport", "optimize", "select_passes"]
+__all__ = ["ENV_DISABLE", "PASSES", "PassReport", "optimize", "select_passes"]
 
 ENV_DISABLE = "TFRT_PY_DISABLE_PASSES"
-
-
-@dataclass
-class PassContext:
-    """What a pass may use besides the graph: the registry the model runs with (fused
-    kernels included)."""
-
-    registry: KernelRegistry
-
-
-PassFn = Callable[[Graph, PassContext], str]
 
 
 @dataclass(frozen=True)

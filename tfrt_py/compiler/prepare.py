@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from ..executors.program import Program, compile_program
 from ..ir import Graph
 from ..kernels import KernelRegistry
+from .context import PassContext, flags_lookup
 from .cost import ModelCost, model_cost
 from .dynamic import shape_determined
 from .fused_kernels import with_fused_kernels
-from .pipeline import PassContext, PassReport, optimize, select_passes
-from .shapes import flags_lookup
+from .pipeline import PassReport, optimize, select_passes
 
 __all__ = ["Prepared", "prepare"]
 

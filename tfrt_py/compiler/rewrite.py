@@ -193,3 +193,20 @@ def drop_unused_constants(graph: Graph) -> int:
 def op_names(text: str) -> tuple[str, ...]:
     """Op names written as whitespace-separated words (tables of ops read better so)."""
     return tuple(text.split())
+
+
+def attrs_key(attrs: dict[str, Any]) -> Any:
+    """A hashable key of a node's attributes (CSE, hoisting: equal keys, equal attrs)."""
+    return tuple(sorted((k, _attr_key(v)) for k, v in attrs.items()))
+
+
+def _attr_key(a: Any) -> Any:
+    if isinstance(a, np.ndarray):
+        return ("nd", a.dtype.str, a.shape, a.tobytes() if a.dtype.kind != "O" else repr(a))
+    if isinstance(a, (list, tuple)):
+        return tuple(_attr_key(x) for x in a)
+    if isinstance(a, Graph):
+        return ("graph", id(a))
+    if isinstance(a, float) and a != a:
+        return ("nan",)
+    return a

@@ -15,16 +15,15 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from ..ir import Dim, Graph, Node, TensorType, Value
+from .context import PassContext, flags_lookup
 from .dynamic import is_pure, shape_determined
-from .pipeline import PassContext
 from .rewrite import op_names
 
-__all__ = ["flags_lookup", "infer_shapes"]
+__all__ = ["infer_shapes"]
 
 _UNARY = frozenset(
     op_names(
@@ -44,18 +43,6 @@ _BROADCAST = frozenset(
     )
 )
 _COMPARE = frozenset(["Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual"])
-
-
-def flags_lookup(ctx: PassContext) -> Any:
-    """``flags_of(node)`` over the context's registry (None for an op with no kernel)."""
-
-    def flags_of(node: Node) -> Any:
-        try:
-            return ctx.registry.lookup(node.domain, node.op_type, node.opset).flags
-        except Exception:  # noqa: BLE001 - an unknown op is simply "not known pure"
-            return None
-
-    return flags_of
 
 
 def infer_shapes(graph: Graph, ctx: PassContext) -> str:

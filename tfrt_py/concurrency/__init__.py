@@ -1,4 +1,4 @@
-"""Concurrency primitives: AsyncValue, Chain, run_when_ready, HostContext.
+"""Concurrency primitives: AsyncValue, run_when_ready, HostContext, Limiter, hop_us.
 
 Imports nothing else of tfrt_py and not NumPy: executors build on it, never the reverse.
 
@@ -11,12 +11,7 @@ Imports nothing else of tfrt_py and not NumPy: executors build on it, never the 
 from __future__ import annotations
 
 from .async_value import AsyncValue as AsyncValue
-from .async_value import Chain as Chain
-from .async_value import IndirectAsyncValue as IndirectAsyncValue
 from .async_value import make_available as make_available
-from .async_value import make_error as make_error
-from .async_value import make_ready_chain as make_ready_chain
-from .async_value import merge_chains as merge_chains
 from .async_value import run_when_ready as run_when_ready
 from .hop import hop_us as hop_us
 from .host import CancelToken as CancelToken
@@ -33,9 +28,7 @@ __all__ = [
     "AsyncValue",
     "AsyncioBridge",
     "CancelToken",
-    "Chain",
     "HostContext",
-    "IndirectAsyncValue",
     "Limiter",
     "LoopBridge",
     "TaskHandle",
@@ -44,8 +37,5 @@ __all__ = [
     "default_host",
     "hop_us",
     "make_available",
-    "make_error",
-    "make_ready_chain",
-    "merge_chains",
     "run_when_ready",
 ]

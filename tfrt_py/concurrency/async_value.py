@@ -1,4 +1,5 @@
-"""AsyncValue: a value that will be available later (TFRT's ``AsyncValue``), and helpers.
+"""AsyncValue: a value that will be available later (TFRT's ``AsyncValue``), and helpers
+(``make_available``, ``run_when_ready``).
 
 States: *pending* -> *concrete* (``set(value)``) or *error* (``set_error(exc)``); exactly one
 transition, guarded by one lock. ``is_available()`` is true in either final state (TFRT's
@@ -29,19 +30,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, Generic, TypeVar
 
 from .loop_bridge import wait_until_available
 
 __all__ = [
     "AsyncValue",
-    "Chain",
-    "IndirectAsyncValue",
     "make_available",
-    "make_error",
-    "make_ready_chain",
-    "merge_chains",
     "run_when_ready",
 ]
 
@@ -172,44 +168,11 @@ class AsyncValue(Generic[T]):
         return f"<{name} available: {text}>"
 
 
-class IndirectAsyncValue(AsyncValue[T]):
-    """An AsyncValue whose producer is not known yet: later ``forward_to(target)`` makes it
-    take ``target``'s state (at once, or when ``target`` becomes available, on the thread
-    that fulfils ``target``). Forwarding twice raises RuntimeError. ``set``/``set_error``
-    still work for producers that resolve it directly."""
-
-    __slots__ = ("_forwarded",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._forwarded = False
-
-    def forward_to(self, target: AsyncValue[T]) -> None:
-        if target is self:
-            raise ValueError("an IndirectAsyncValue cannot forward to itself")
-        with _LOCK:
-            if self._forwarded or self._state != _PENDING:
-                raise RuntimeError(f"{self!r} is already forwarded or set")
-            self._forwarded = True
-
-        def copy() -> None:
-            self._resolve(target._state, target._value)
-
-        target.and_then(copy)
-
-
 def make_available(value: T) -> AsyncValue[T]:
     """An AsyncValue that is already concrete (TFRT's MakeAvailableAsyncValueRef)."""
     av: AsyncValue[T] = AsyncValue()
     av._value = value
     av._state = _CONCRETE
-    return av
-
-
-def make_error(error: BaseException) -> AsyncValue[Any]:
-    """An AsyncValue already in the error state (TFRT's MakeErrorAsyncValueRef)."""
-    av: AsyncValue[Any] = AsyncValue()
-    av.set_error(error)
     return av
 
 
@@ -233,40 +196,6 @@ def run_when_ready(values: Iterable[AsyncValue[Any]], fn: Callable[[], object]) 
 
     for v in pending:
         v.and_then(one)
-
-
-class Chain:
-    """The value of an ordering token (TFRT's ``Chain``): carries no data. A kernel with a
-    side effect takes a chain and returns a new one, so effects happen in chain order."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "Chain()"
-
-
-_CHAIN = Chain()
-
-
-def make_ready_chain() -> AsyncValue[Chain]:
-    """An available chain: "no ordering constraint" (TFRT's GetReadyChain)."""
-    return make_available(_CHAIN)
-
-
-def merge_chains(chains: Sequence[AsyncValue[Any]]) -> AsyncValue[Chain]:
-    """A chain available once all ``chains`` are; an error if any of them is one (the first
-    error in ``chains`` order). Runs no callback per chain beyond one countdown."""
-    out: AsyncValue[Chain] = AsyncValue()
-
-    def done() -> None:
-        for c in chains:
-            if c._state == _ERROR:
-                out.set_error(c._value)
-                return
-        out.set(_CHAIN)
-
-    run_when_ready(chains, done)
-    return out
 
 
 def _call(fn: Callable[[], object]) -> None:

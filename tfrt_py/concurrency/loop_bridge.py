@@ -21,10 +21,7 @@ import logging
 import sys
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from threading import get_ident
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .async_value import AsyncValue
+from typing import Any, Protocol
 
 __all__ = [
     "AsyncioBridge",
@@ -39,13 +36,24 @@ _log = logging.getLogger("tfrt_py.concurrency")
 _get_running_loop = asyncio.events._get_running_loop
 
 AsyncFn = Callable[..., Coroutine[Any, Any, Any]]
+
+
+class Waitable(Protocol):
+    """What awaiting needs of an AsyncValue (``async_value`` builds on this module, so it
+    is described here by shape, not imported)."""
+
+    def and_then(self, fn: Callable[[], object]) -> None: ...
+
+    def is_available(self) -> bool: ...
+
+
 DoneFn = Callable[[Any, "BaseException | None"], object]
 
 
 # -- await --------------------------------------------------------------------------------------
 
 
-def wait_until_available(av: AsyncValue[Any]) -> Generator[Any, None, None]:
+def wait_until_available(av: Waitable) -> Generator[Any, None, None]:
     """Suspend the current asyncio/uvloop/trio task until ``av`` is available."""
     loop = _get_running_loop()
     if loop is not None:
@@ -54,9 +62,7 @@ def wait_until_available(av: AsyncValue[Any]) -> Generator[Any, None, None]:
         yield from _wait_trio(av)
 
 
-def _wait_asyncio(
-    av: AsyncValue[Any], loop: asyncio.AbstractEventLoop
-) -> Generator[Any, None, None]:
+def _wait_asyncio(av: Waitable, loop: asyncio.AbstractEventLoop) -> Generator[Any, None, None]:
     fut = loop.create_future()
     tid = get_ident()
 
@@ -87,7 +93,7 @@ class _TrioWait:
         self.aborted = False
 
 
-def _wait_trio(av: AsyncValue[Any]) -> Generator[Any, None, None]:
+def _wait_trio(av: Waitable) -> Generator[Any, None, None]:
     trio = sys.modules.get("trio")
     if trio is None or not trio.lowlevel.in_trio_run():
         raise RuntimeError("awaiting an AsyncValue needs a running asyncio/uvloop or trio loop")

@@ -1,5 +1,5 @@
 """The dataflow executor: kernels run as their inputs become available (TFRT's BEF executor,
-TF's executor with pending counts), over a load-time ``Plan`` (``dataflow_plan``).
+TF's executor with pending counts), over a load-time ``Schedule`` (``dataflow_schedule``).
 
 A run owns a small state (``Run``): an environment list copied from the program's
 template, one token list per multi-producer consumer, and a result AsyncValue. Running is
@@ -20,7 +20,7 @@ Control flow is non-strict (a kernel may start before all its inputs are availab
 launches once its cond and the captures of the branch it takes are available; a Loop or
 Scan launches once its own inputs are, completes without its captures when it runs zero
 iterations, and runs its first iteration as a nested dataflow run into which captures
-flow as they arrive (``dataflow_plan``, ``dataflow_control``). Programs without control
+flow as they arrive (``dataflow_schedule``, ``dataflow_control``). Programs without control
 flow have no gates and take no control-flow branch in the run loop.
 
 Errors (TFRT semantics): a failed kernel's outputs are errors; a kernel with an error among
@@ -52,8 +52,17 @@ from ..ir import Node
 from ..kernels import KernelContext, KernelRegistry
 from ..kernels.control import iteration_spec
 from .dataflow_control import NonStrictLoop
-from .dataflow_plan import ASYNC, CHEAP, CTRL, EXPENSIVE, GATE, IfGates, Plan, build_plan
 from .dataflow_run import Run, ready_list_factory
+from .dataflow_schedule import (
+    ASYNC,
+    CHEAP,
+    CTRL,
+    EXPENSIVE,
+    GATE,
+    IfGates,
+    Schedule,
+    build_schedule,
+)
 from .program import Program, compile_program, named_deadline, node_captures
 
 __all__ = ["SCHEDULE_SEED_ENV", "DataflowExecutor"]
@@ -70,7 +79,7 @@ class DataflowExecutor:
     ready kernels, for tests. Loop/Scan are non-strict only with a ``registry`` (their
     bodies are compiled again, as nested dataflow programs); without one they run as
     strict kernels. ``sources``: slot groups a parent run supplies later (a Loop/Scan
-    body's captures; ``dataflow_plan``).
+    body's captures; ``dataflow_schedule``).
     """
 
     def __init__(
@@ -83,17 +92,17 @@ class DataflowExecutor:
         sources: Sequence[Sequence[int]] = (),
     ) -> None:
         self.program = program
-        self.plan: Plan = build_plan(
+        self.schedule: Schedule = build_schedule(
             program, expensive, sources=sources, nonstrict=registry is not None
         )
-        self.has_async = bool(self.plan.async_calls)
+        self.has_async = bool(self.schedule.async_calls)
         if schedule_seed is None and os.environ.get(SCHEDULE_SEED_ENV):
             schedule_seed = int(os.environ[SCHEDULE_SEED_ENV])
         self.schedule_seed = schedule_seed
         self._new_ready = ready_list_factory(schedule_seed)
-        #: per ``plan.ctrls`` entry, its runtime (same order)
+        #: per ``schedule.ctrls`` entry, its runtime (same order)
         self.ctrls: list[NonStrictLoop] = []
-        for gates in self.plan.ctrls:
+        for gates in self.schedule.ctrls:
             assert registry is not None
             node = program.instrs[gates.node].node
             spec = iteration_spec(KernelContext(node))
@@ -109,7 +118,7 @@ class DataflowExecutor:
                 sources=[[body_prog.capture_slots[q] for q in g] for g in gates.groups],
             )
             self.ctrls.append(NonStrictLoop(gates, spec, body, expensive(node)))
-        p = self.plan
+        p = self.schedule
         self._kinds = p.kinds
         # One tuple per index, unpacked once per kernel: its call, then the consumers it
         # releases alone -- cheap ones (pushed with one extend) and others -- and its
@@ -192,7 +201,7 @@ class DataflowExecutor:
         run = self.new_run(inputs, host, bridge, call=call)
         if call is not None:
             call.on_stop(partial(self._stopped, run))
-        self.go(run, self.plan.initial, inline)
+        self.go(run, self.schedule.initial, inline)
         return run
 
     def _stopped(self, run: Run) -> None:
@@ -229,11 +238,11 @@ class DataflowExecutor:
         env = self._template.copy()
         for slot, val in zip(self._input_slots, inputs):
             env[slot] = val
-        tokens = list(map(list.copy, self.plan.tokens))
+        tokens = list(map(list.copy, self.schedule.tokens))
         return Run(env, tokens, host, bridge, *self._counts, parent, call)
 
     def go(self, run: Run, initial: Sequence[int], inline: bool) -> None:
-        """Start ``run`` from the indices ``initial`` (``plan.initial``, plus the sources a
+        """Start ``run`` from the indices ``initial`` (``schedule.initial``, plus the sources a
         parent has already supplied) on this thread; return when nothing is left here."""
         ready = self._new_ready([])
         tail = -1
@@ -272,7 +281,7 @@ class DataflowExecutor:
         tokens = run.tokens
         steps = self._steps
         kinds = self._kinds
-        users = self.plan.users
+        users = self.schedule.users
         while True:
             while ready:
                 i = ready.pop()
@@ -324,7 +333,7 @@ class DataflowExecutor:
             self._spawn(run, c, ready)
         elif kind == GATE:
             ready.append(c)  # a no-op that releases END
-            owner, role = self.plan.gate_of[c]
+            owner, role = self.schedule.gate_of[c]
             if isinstance(owner, IfGates):
                 j = run.fire_gate(owner, role, c)
                 if j >= 0:
@@ -347,11 +356,11 @@ class DataflowExecutor:
 
     # -- async kernels --------------------------------------------------------------------------
     def _spawn(self, run: Run, i: int, ready: list[int]) -> None:
-        if run.stop and not run.should_run(i, self.plan.users[i]):
+        if run.stop and not run.should_run(i, self.schedule.users[i]):
             if not run.cancelled:
                 ready.append(i)  # forwards the error without running
             return
-        fn, ins, _, _ = self.plan.async_calls[i]
+        fn, ins, _, _ = self.schedule.async_calls[i]
         env = run.env
         args = [env[s] for s in ins]
         bridge = run.bridge
@@ -365,9 +374,9 @@ class DataflowExecutor:
             return
         try:
             if error is not None:
-                run.fail(i, error, self.plan.users[i])
+                run.fail(i, error, self.schedule.users[i])
             else:
-                _, _, outs, single = self.plan.async_calls[i]
+                _, _, outs, single = self.schedule.async_calls[i]
                 try:
                     if single:
                         run.env[outs] = value
@@ -375,7 +384,7 @@ class DataflowExecutor:
                         for o, x in zip(outs, value):
                             run.env[o] = x
                 except Exception as e:  # noqa: BLE001 - a bad result is the kernel's failure
-                    run.fail(i, e, self.plan.users[i])
+                    run.fail(i, e, self.schedule.users[i])
             self._drain(run, self._new_ready([i]), False)
         except BaseException as e:  # noqa: BLE001 - the caller must hear of it, not the loop
             run.abort(e)
@@ -413,7 +422,7 @@ class DataflowExecutor:
 
     def describe(self) -> str:
         """One line: kernels by kind, non-strict control flow, and the expensive kernels."""
-        p = self.plan
+        p = self.schedule
         n = p.n_nodes
         expensive = [self._nodes[i].name for i in range(n) if p.kinds[i] == EXPENSIVE]
         n_async = sum(1 for i in range(n) if p.kinds[i] == ASYNC)

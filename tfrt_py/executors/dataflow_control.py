@@ -1,7 +1,7 @@
 """Non-strict Loop and Scan in the dataflow executor.
 
-TFRT's rule: a *non-strict* kernel may start before all its inputs are available. The plan
-(``dataflow_plan``) gives every Loop and Scan-9+ whose body captures a value produced in
+TFRT's rule: a *non-strict* kernel may start before all its inputs are available. The schedule
+(``dataflow_schedule``) gives every Loop and Scan-9+ whose body captures a value produced in
 the same program a control gate (the producers of its own ONNX inputs: Loop ``M``,
 ``cond`` and initial carried values; Scan initial states and scan inputs) and one capture
 gate per producer of captured values. ``NonStrictLoop`` is what happens when they fire:
@@ -13,7 +13,7 @@ gate per producer of captured values. ``NonStrictLoop`` is what happens when the
    for its captures. Their producers still run (every kernel runs) and a failure there
    still fails the call naming that node -- as for an If's untaken branch.
 3. **Iteration 0** otherwise runs as a nested dataflow run of the body (a child ``Run`` of
-   the body's own ``DataflowExecutor``, whose plan has one *source* per capture gate).
+   the body's own ``DataflowExecutor``, whose schedule has one *source* per capture gate).
    Captures already available are in its environment at start; each pending one is
    supplied when its producer finishes, on that producer's thread. So body kernels that do
    not depend on a pending capture run at once, the others as their captures arrive.
@@ -37,19 +37,36 @@ that releases its readers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from threading import get_ident
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..calls import set_current
 from ..kernels.control import LoopSpec, ScanSpec
-from .dataflow_plan import CtrlGates
 from .dataflow_run import CtrlState, Run
-
-if TYPE_CHECKING:
-    from .dataflow import DataflowExecutor
+from .dataflow_schedule import CtrlGates, Schedule
+from .program import Program
 
 __all__ = ["NonStrictLoop"]
+
+
+class DataflowExecutor(Protocol):
+    """What a NonStrictLoop uses of the executor that owns it and of its body's
+    (``dataflow.DataflowExecutor``, which builds on this module, so it is described here by
+    shape, not imported)."""
+
+    schedule: Schedule
+    program: Program
+
+    def new_run(
+        self, inputs: Sequence[Any], host: Any, bridge: Any, parent: Run | None = None
+    ) -> Run: ...
+
+    def go(self, run: Run, initial: Sequence[int], inline: bool) -> None: ...
+
+    def drain(self, run: Run, indices: list[int], inline: bool) -> None: ...
+
 
 _WAITING, _RUNNING, _DONE = CtrlState.WAITING, CtrlState.RUNNING, CtrlState.DONE
 
@@ -119,7 +136,7 @@ class NonStrictLoop:
             else:
                 inputs = spec.body_inputs(state)
         except Exception as e:  # noqa: BLE001 - a kernel's failure is its output
-            run.fail(i, e, ex.plan.users[i])
+            run.fail(i, e, ex.schedule.users[i])
             state = None
         if state is None:
             with run.lock:
@@ -149,12 +166,12 @@ class NonStrictLoop:
         if run.cancelled:  # cancel() may have run before st.body was set
             child.cancel()
             return
-        initial = list(body.plan.initial)
+        initial = list(body.schedule.initial)
         for k, pairs in enumerate(self.feeds):
             if arrived >> k & 1:
                 for o, b in pairs:
                     benv[b] = env[o]
-                initial.append(body.plan.sources[k])
+                initial.append(body.schedule.sources[k])
         try:
             body.go(child, initial, inline)
         finally:
@@ -187,7 +204,7 @@ class NonStrictLoop:
         for o, b in self.feeds[k]:
             benv[b] = env[o]
         body = self.body
-        body.drain(child, [body.plan.sources[k]], inline)
+        body.drain(child, [body.schedule.sources[k]], inline)
 
     # -- completion ----------------------------------------------------------------------------
     def _body_done(
@@ -206,12 +223,12 @@ class NonStrictLoop:
         i = self.gates.node
         result = child.result
         if result.is_error():
-            run.fail(i, result.error or RuntimeError("body failed"), ex.plan.users[i])
+            run.fail(i, result.error or RuntimeError("body failed"), ex.schedule.users[i])
         else:
             try:
                 self.spec.advance(state, result.value)
             except Exception as e:  # noqa: BLE001 - a kernel's failure is its output
-                run.fail(i, e, ex.plan.users[i])
+                run.fail(i, e, ex.schedule.users[i])
             else:
                 if self.expensive and not inline and run.pool_ok and self.spec.more(state):
                     run.host.enqueue(self._rest_task, ex, run, state)
@@ -232,7 +249,7 @@ class NonStrictLoop:
             self._write(env, self.spec.run(self.body.program.run, state, captured))
         except Exception as e:  # noqa: BLE001 - a kernel's failure is its output
             i = self.gates.node
-            run.fail(i, e, ex.plan.users[i])
+            run.fail(i, e, ex.schedule.users[i])
         finally:
             set_current(prev)
 

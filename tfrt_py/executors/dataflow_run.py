@@ -23,7 +23,7 @@ from typing import Any
 
 from ..calls import CallContext
 from ..concurrency import AsyncValue, CancelToken, HostContext, LoopBridge
-from .dataflow_plan import IfGates
+from .dataflow_schedule import IfGates
 
 __all__ = ["CtrlState", "Run", "ready_list_factory"]
 

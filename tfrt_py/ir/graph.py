@@ -145,8 +145,3 @@ class Graph:
         for v in self.outputs:
             use(v)
         return list(free.values())
-
-    def __str__(self) -> str:
-        from .printer import format_graph
-
-        return format_graph(self)

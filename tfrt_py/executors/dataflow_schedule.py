@@ -1,4 +1,4 @@
-"""The dataflow executor's load-time plan, computed once from a compiled ``Program``.
+"""The dataflow executor's load-time schedule, computed once from a compiled ``Program``.
 
 Everything a run needs except its own counters is decided here (TFRT precomputes user and
 ready counts at load; so does TF's executor): per *index* -- the program's nodes, then
@@ -59,8 +59,8 @@ __all__ = [
     "GATE",
     "CtrlGates",
     "IfGates",
-    "Plan",
-    "build_plan",
+    "Schedule",
+    "build_schedule",
 ]
 
 CHEAP, EXPENSIVE, ASYNC, GATE, END, CTRL = range(6)
@@ -76,7 +76,7 @@ _NOOP_CALL = (_noop, (), (), False)
 
 class IfGates:
     """One non-strict If: its node index, cond slot, gate indices (cond, then, else) and
-    ``ordinal``, its position in ``Plan.ifs`` (and in a run's If-state list)."""
+    ``ordinal``, its position in ``Schedule.ifs`` (and in a run's If-state list)."""
 
     __slots__ = ("cond_slot", "gates", "node", "ordinal")
 
@@ -91,7 +91,7 @@ class IfGates:
 
 class CtrlGates:
     """One non-strict Loop or Scan: its node index, ``ordinal`` (its position in
-    ``Plan.ctrls`` and in a run's state list), ``control`` (the control gate's index),
+    ``Schedule.ctrls`` and in a run's state list), ``control`` (the control gate's index),
     ``groups`` (per capture gate, in gate order: the positions, in ``node_captures``
     order, of the captured values its producer makes), ``input_slots`` (the node's ONNX
     inputs), ``capture_slots`` (its captured values, in ``node_captures`` order) and the
@@ -132,7 +132,7 @@ class CtrlGates:
         self.single = single
 
 
-class Plan:
+class Schedule:
     """The immutable per-program tables described in the module docstring."""
 
     def __init__(self, n_nodes: int) -> None:
@@ -156,19 +156,19 @@ class Plan:
         self.end = -1
 
 
-def build_plan(
+def build_schedule(
     program: Program,
     expensive: Callable[[Node], bool],
     *,
     sources: Sequence[Sequence[int]] = (),
     nonstrict: bool = False,
-) -> Plan:
-    """The plan for ``program``; ``expensive(node)`` classifies the non-async kernels.
+) -> Schedule:
+    """The schedule for ``program``; ``expensive(node)`` classifies the non-async kernels.
     ``sources``: slot groups supplied later (see the module docstring); ``nonstrict``: give
     Loop/Scan-9+ nodes with produced captures gates (the executor can run their bodies)."""
     instrs = program.instrs
     n = len(instrs)
-    plan = Plan(n)
+    schedule = Schedule(n)
     producer: dict[int, int] = {}
     for i, ins in enumerate(instrs):
         for s in ins.outs:
@@ -185,42 +185,42 @@ def build_plan(
     deps: list[list[int]] = []
     for i, ins in enumerate(instrs):
         if ins.flags.is_async:
-            plan.kinds.append(ASYNC)
-            plan.calls.append(_NOOP_CALL)
+            schedule.kinds.append(ASYNC)
+            schedule.calls.append(_NOOP_CALL)
             outs = ins.outs[0] if ins.single else ins.outs
-            plan.async_calls[i] = (ins.fn, ins.ins, outs, ins.single)
+            schedule.async_calls[i] = (ins.fn, ins.ins, outs, ins.single)
         elif ctrl[i]:
-            plan.kinds.append(CTRL)
-            plan.calls.append(_NOOP_CALL)
+            schedule.kinds.append(CTRL)
+            schedule.calls.append(_NOOP_CALL)
         else:
-            plan.kinds.append(EXPENSIVE if expensive(ins.node) else CHEAP)
-            plan.calls.append(
+            schedule.kinds.append(EXPENSIVE if expensive(ins.node) else CHEAP)
+            schedule.calls.append(
                 (ins.fn, ins.ins, ins.outs[0] if ins.single else ins.outs, ins.single)
             )
         deps.append([] if _is_if(ins.node) or ctrl[i] else producers(ins.ins))
     for _ in sources:  # released by dataflow_control, never at start
-        plan.sources.append(len(deps))
-        plan.kinds.append(CHEAP)
-        plan.calls.append(_NOOP_CALL)
+        schedule.sources.append(len(deps))
+        schedule.kinds.append(CHEAP)
+        schedule.calls.append(_NOOP_CALL)
         deps.append([])
 
     for i, ins in enumerate(instrs):  # gates go after the nodes and sources
         if _is_if(ins.node):
-            plan.ifs.append(_add_if_gates(plan, i, ins.node, ins.ins, producers, deps))
+            schedule.ifs.append(_add_if_gates(schedule, i, ins.node, ins.ins, producers, deps))
         elif ctrl[i]:
-            plan.ctrls.append(_add_ctrl_gates(plan, i, ins, producer, producers, deps))
+            schedule.ctrls.append(_add_ctrl_gates(schedule, i, ins, producer, producers, deps))
     users: list[list[int]] = [[] for _ in deps]
     for c, ds in enumerate(deps):
         for p in ds:
             users[p].append(c)
     sinks = [i for i in range(len(deps)) if not users[i]]  # every gate is one: nothing lists it
-    plan.end = len(deps)
-    plan.kinds.append(END)
-    plan.calls.append(_NOOP_CALL)
+    schedule.end = len(deps)
+    schedule.kinds.append(END)
+    schedule.calls.append(_NOOP_CALL)
     deps.append(sinks)
     users.append([])
     for p in sinks:
-        users[p].append(plan.end)
+        users[p].append(schedule.end)
 
     succ1: list[list[int]] = [[] for _ in deps]
     succn: list[list[tuple[int, int]]] = [[] for _ in deps]
@@ -228,20 +228,20 @@ def build_plan(
         if len(ds) == 1:
             succ1[ds[0]].append(c)
         elif len(ds) > 1:
-            m = len(plan.tokens)
-            plan.tokens.append(list(range(len(ds))))
+            m = len(schedule.tokens)
+            schedule.tokens.append(list(range(len(ds))))
             for p in ds:
                 succn[p].append((c, m))
-    plan.succ1 = [tuple(s) for s in succ1]
-    plan.succn = [tuple(s) for s in succn]
-    plan.users = [tuple(u) for u in users]
+    schedule.succ1 = [tuple(s) for s in succ1]
+    schedule.succn = [tuple(s) for s in succn]
+    schedule.users = [tuple(u) for u in users]
     # Ready at start: no producers (If and CTRL nodes are launched by their gates, sources
     # by the enclosing run, never directly). Reversed, so the run loop (which pops from the
     # end) starts with the first node.
-    late = set(plan.sources)
+    late = set(schedule.sources)
     late.update(i for i in range(n) if ctrl[i] or _is_if(instrs[i].node))
-    plan.initial = [i for i, ds in enumerate(deps) if not ds and i not in late][::-1]
-    return plan
+    schedule.initial = [i for i, ds in enumerate(deps) if not ds and i not in late][::-1]
+    return schedule
 
 
 def _is_nonstrict_loop(ins: Instr, producer: dict[int, int]) -> bool:
@@ -260,7 +260,7 @@ def _is_if(node: Node) -> bool:
 
 
 def _add_if_gates(
-    plan: Plan,
+    schedule: Schedule,
     i: int,
     node: Node,
     in_slots: tuple[int, ...],
@@ -277,17 +277,17 @@ def _add_if_gates(
         branch_slots.append([capture_slot[id(v)] for v in graph.free_values()])
     gate_deps = [producers(in_slots[:1]), producers(branch_slots[0]), producers(branch_slots[1])]
     first = len(deps)
-    gates = IfGates(i, in_slots[0], (first, first + 1, first + 2), len(plan.ifs))
+    gates = IfGates(i, in_slots[0], (first, first + 1, first + 2), len(schedule.ifs))
     for role, ds in enumerate(gate_deps):
-        plan.kinds.append(GATE)
-        plan.calls.append(_NOOP_CALL)
-        plan.gate_of[first + role] = (gates, role)
+        schedule.kinds.append(GATE)
+        schedule.calls.append(_NOOP_CALL)
+        schedule.gate_of[first + role] = (gates, role)
         deps.append(ds)
     return gates
 
 
 def _add_ctrl_gates(
-    plan: Plan,
+    schedule: Schedule,
     i: int,
     ins: Instr,
     producer: dict[int, int],
@@ -303,7 +303,7 @@ def _add_ctrl_gates(
     first = len(deps)
     gates = CtrlGates(
         i,
-        len(plan.ctrls),
+        len(schedule.ctrls),
         first,
         tuple(tuple(by_producer[p]) for p in sorted(by_producer)),
         ins.ins[:n_in],
@@ -313,8 +313,8 @@ def _add_ctrl_gates(
     )
     gate_deps = [producers(ins.ins[:n_in]), *([p] for p in sorted(by_producer))]
     for role, ds in enumerate(gate_deps):
-        plan.kinds.append(GATE)
-        plan.calls.append(_NOOP_CALL)
-        plan.gate_of[first + role] = (gates, role)
+        schedule.kinds.append(GATE)
+        schedule.calls.append(_NOOP_CALL)
+        schedule.gate_of[first + role] = (gates, role)
         deps.append(ds)
     return gates

@@ -1,0 +1,159 @@
+"""The import graph of tfrt_py, derived with ``ast``: no cycles between modules, and every
+import points down the documented layer stack (docs/architecture.md).
+
+Every import counts: module level, inside functions (lazy imports) and under
+``TYPE_CHECKING``, because each is a dependency a reader has to hold in mind.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections import defaultdict
+
+import tfrt_py
+
+ROOT = os.path.dirname(tfrt_py.__file__)
+
+#: The stack, lowest first. A module may import from its own top-level package and from
+#: packages in lower layers; never from the same layer's other packages or from above.
+#: ("tfrt_py" is the package root, the public facade that re-exports ``model``.)
+LAYERS: list[set[str]] = [
+    {"errors"},
+    {"concurrency", "calls"},
+    {"ir"},
+    {"feeds", "kernels", "frontends"},
+    {"executors"},
+    {"compiler"},
+    {"native", "streaming"},
+    {"selection"},
+    {"model"},
+    {"tfrt_py", "onnx_backend"},
+    {"bench", "ray"},
+    {"serving"},
+    {"cli", "examples"},
+]
+
+
+def _modules() -> dict[str, str]:
+    mods = {}
+    for dirpath, _, files in os.walk(ROOT):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                rel = os.path.relpath(path, os.path.dirname(ROOT))[:-3].replace(os.sep, ".")
+                mods[rel.removesuffix(".__init__")] = path
+    return mods
+
+
+def _imports(mods: dict[str, str]) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = defaultdict(set)
+    for mod, path in mods.items():
+        package = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1])
+                    target = f"{base}.{node.module}" if node.module else base
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    full = f"{target}.{alias.name}"
+                    targets.append(full if full in mods else target)
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for t in targets:
+                while t not in mods and "." in t:
+                    t = t.rsplit(".", 1)[0]
+                if t in mods and t != mod:
+                    edges[mod].add(t)
+    return edges
+
+
+def _top(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else "tfrt_py"
+
+
+def _layer(top: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if top in layer:
+            return i
+    raise AssertionError(f"tfrt_py.{top} is in no layer of LAYERS: add it (and to the docs)")
+
+
+def _cycles(edges: dict[str, set[str]], nodes: list[str]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in nodes:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(edges.get(w, ())))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        found.append(sorted(comp))
+    return found
+
+
+def test_no_import_cycles_between_modules() -> None:
+    mods = _modules()
+    cycles = _cycles(_imports(mods), sorted(mods))
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_imports_follow_the_layer_stack() -> None:
+    mods = _modules()
+    bad = []
+    for mod, targets in sorted(_imports(mods).items()):
+        src = _top(mod)
+        for t in sorted(targets):
+            dst = _top(t)
+            if dst != src and _layer(dst) >= _layer(src):
+                bad.append(f"{mod} imports {t} (layer {_layer(src)} -> {_layer(dst)})")
+    assert not bad, "imports against the layer stack:\n" + "\n".join(bad)
+
+
+def test_every_package_has_a_layer() -> None:
+    for mod in _modules():
+        _layer(_top(mod))
+
+
+def test_the_checker_finds_a_cycle() -> None:
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(edges, ["a", "b", "c", "d"]) == [["a", "b", "c"]]
