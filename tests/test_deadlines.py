@@ -265,3 +265,42 @@ def test_describe_says_how_run_async_runs() -> None:
     assert "Hold" in tiny.describe()
     loop = tfrt_py.load(_loop_model(), executor="sync")
     assert "Loop iterations" in loop.describe()
+
+
+def _relu_chain(n: int) -> Any:
+    from tfrt_py.ir import GraphBuilder
+
+    b = GraphBuilder("chain")
+    y = b.input("x", np.float32, (1, 4))
+    for _ in range(n):
+        y = b.op("Relu", y)
+    b.output(y, "y")
+    return b.build()
+
+
+def test_async_executor_hands_a_long_run_of_cheap_kernels_to_the_pool() -> None:
+    """3000 cheap kernels would hold an event loop for milliseconds: past the inline budget
+    the rest runs on the pool, and other tasks get the loop meanwhile."""
+    model = tfrt_py.load(_relu_chain(3000), executor="async", optimize=False)
+    x = np.array([[1.0, -1.0, 2.0, -2.0]], np.float32)
+
+    async def main() -> int:
+        ticks = 0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        t = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)
+        start = ticks
+        out = await model.run_async({"x": x})
+        done = True
+        await t
+        np.testing.assert_array_equal(out["y"], np.maximum(x, 0))
+        return ticks - start
+
+    assert asyncio.run(main()) > 0

@@ -68,7 +68,9 @@ def select_executor(
         kind = requested
     ex: Executor
     if kind == "async":
-        ex = AsyncExecutor(program, prepared.registry, check, _off_loop(prepared), host)
+        ex = AsyncExecutor(
+            program, prepared.registry, check, _off_loop(prepared), host, _loop_budget(prepared)
+        )
     else:
         interp = SyncInterpreter(program, prepared.determined, check)
         lowered = None
@@ -76,7 +78,7 @@ def select_executor(
             if not available():
                 raise NativeUnavailable(
                     "executor='native' needs numba, which cannot be imported here "
-                    "(pip install numba); use executor='sync' or 'auto'"
+                    "(pip install 'tfrt-py[native]'); use executor='sync' or 'auto'"
                 )
             lowered = lower(prepared.graph, program)
         elif requested == "auto":
@@ -117,6 +119,17 @@ def _off_loop(prepared: Prepared) -> Callable[[Node], bool]:
     return expensive
 
 
+def _loop_budget(prepared: Prepared) -> tuple[Callable[[Node], float], float]:
+    """(estimated µs of a kernel on the async executor, the inline budget on a loop)."""
+    cost, t = prepared.cost, THRESHOLDS
+
+    def us(node: Node) -> float:
+        c = cost.nodes.get(id(node))
+        return t.dataflow_overhead_us + (c.us or 0.0 if c is not None else 0.0)
+
+    return us, t.loop_budget_us
+
+
 def _opaque(prepared: Prepared) -> str:
     """Why a call's cost cannot be estimated at load, or "": iterations whose count is
     data (Loop, Scan, SequenceMap), or kernels that are not pure (custom kernels)."""
@@ -143,7 +156,7 @@ def _auto_kind(prepared: Prepared, async_nodes: list[Node]) -> tuple[str, str]:
 def _auto_native(prepared: Prepared, why: str) -> tuple[Lowered | None, str, str]:
     """(lowered or None, why, reason it is not used or "")."""
     if not available():
-        return None, why, "numba cannot be imported"
+        return None, why, "numba cannot be imported (pip install 'tfrt-py[native]')"
     reasons = blockers(prepared.graph)
     if reasons:
         return None, why, "; ".join(reasons)

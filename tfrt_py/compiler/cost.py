@@ -54,6 +54,11 @@ class Thresholds:
     big_weight: int = 1 << 16
     #: What the sync interpreter adds per kernel call (Python frame, out= view), µs.
     kernel_overhead_us: float = 1.0
+    #: What the async executor adds per kernel (scheduling, releasing consumers), µs.
+    dataflow_overhead_us: float = 2.0
+    #: The async executor runs cheap kernels on an event loop's thread until their
+    #: estimate reaches this many µs, then hands the rest to the pool.
+    loop_budget_us: float = 1000.0
     #: ``auto`` puts a model on the native tier only below this many FLOPs per call:
     #: above it NumPy's BLAS calls amortize their overhead (M2, a 64-256-256-10 MLP, is
     #: 0.17 MFLOP).

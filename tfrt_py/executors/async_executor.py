@@ -34,7 +34,8 @@ _ITERATING = frozenset({"Loop", "Scan", "SequenceMap"})
 
 class AsyncExecutor(Executor):
     """Executor "async": the dataflow executor over ``program`` on ``host`` (None: the
-    default host). ``expensive(node)`` is the cost model's classification."""
+    default host). ``expensive(node)`` is the cost model's classification; ``loop_budget``
+    bounds the inline work on an event loop's thread (``DataflowExecutor``)."""
 
     name = "async"
     inline_why = "cheap kernels on the loop's thread, expensive ones on the host's pool"
@@ -46,9 +47,12 @@ class AsyncExecutor(Executor):
         check: FeedChecker,
         expensive: Callable[[Node], bool],
         host: HostContext | None = None,
+        loop_budget: tuple[Callable[[Node], float], float] | None = None,
     ) -> None:
         graph = program.graph
-        self.dataflow = DataflowExecutor(program, registry, expensive=expensive)
+        self.dataflow = DataflowExecutor(
+            program, registry, expensive=expensive, loop_budget=loop_budget
+        )
         self.host = host
         self._check = check
         self._out_names = [v.name for v in graph.outputs]

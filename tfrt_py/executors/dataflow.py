@@ -79,7 +79,10 @@ class DataflowExecutor:
     ready kernels, for tests. Loop/Scan are non-strict only with a ``registry`` (their
     bodies are compiled again, as nested dataflow programs); without one they run as
     strict kernels. ``sources``: slot groups a parent run supplies later (a Loop/Scan
-    body's captures; ``dataflow_schedule``).
+    body's captures; ``dataflow_schedule``). ``loop_budget`` = (``us(node)``, budget µs):
+    on an event loop's thread, cheap kernels run inline only until their estimated µs add
+    up to the budget; the remaining ready work then goes to the pool, so a long run of
+    cheap kernels never holds the loop.
     """
 
     def __init__(
@@ -90,8 +93,10 @@ class DataflowExecutor:
         expensive: Callable[[Node], bool],
         schedule_seed: int | None = None,
         sources: Sequence[Sequence[int]] = (),
+        loop_budget: tuple[Callable[[Node], float], float] | None = None,
     ) -> None:
         self.program = program
+        self._loop_budget = loop_budget
         self.schedule: Schedule = build_schedule(
             program, expensive, sources=sources, nonstrict=registry is not None
         )
@@ -116,6 +121,7 @@ class DataflowExecutor:
                 expensive=expensive,
                 schedule_seed=schedule_seed,
                 sources=[[body_prog.capture_slots[q] for q in g] for g in gates.groups],
+                loop_budget=loop_budget,
             )
             self.ctrls.append(NonStrictLoop(gates, spec, body, expensive(node)))
         p = self.schedule
@@ -133,6 +139,14 @@ class DataflowExecutor:
             for call, s1, sn in zip(p.calls, p.succ1, p.succn)
         ]
         self._template = program.template
+        # On an event loop's thread, cheap kernels run inline until their estimated µs add
+        # up to the budget; the rest of the ready work then moves to the pool.
+        self._loop_us: list[float] | None = None
+        self._budget_us = -1.0
+        if loop_budget is not None:
+            us_of, self._budget_us = loop_budget
+            self._loop_us = [us_of(ins.node) for ins in program.instrs]
+            self._loop_us += [0.0] * (len(p.kinds) - len(self._loop_us))
         self._input_slots = program.input_slots
         self._output_slots = program.output_slots
         self._nodes = [ins.node for ins in program.instrs]
@@ -282,9 +296,18 @@ class DataflowExecutor:
         steps = self._steps
         kinds = self._kinds
         users = self.schedule.users
+        loop_us = None if inline or not run.pool_ok else self._loop_us
+        spent = 0.0
         while True:
             while ready:
                 i = ready.pop()
+                if loop_us is not None:
+                    spent += loop_us[i]
+                    if spent > self._budget_us:  # the loop has been busy long enough
+                        ready.append(i)
+                        run.host.enqueue(self._pool_resume, run, list(ready))
+                        ready.clear()
+                        return
                 fn, ins, outs, single, cheap, other, multi = steps[i]
                 if run.stop and not run.should_run(i, users[i]):
                     if run.cancelled:
@@ -346,6 +369,14 @@ class DataflowExecutor:
         else:  # END
             self._finish(run, inline)
         return tail
+
+    def _pool_resume(self, run: Run, indices: list[int]) -> None:
+        """On a worker thread: ready work an event loop's thread handed off (its inline
+        budget was spent)."""
+        try:
+            self._drain(run, self._new_ready(indices), True)
+        except BaseException as e:  # noqa: BLE001 - the caller must hear of it, not the pool
+            run.abort(e)
 
     def _pool_task(self, run: Run, i: int) -> None:
         """On a worker thread: run expensive kernel ``i`` and what it releases."""
