@@ -171,6 +171,11 @@ def bench(
 @click.option(
     "--max-body-bytes", type=click.IntRange(1), default=16 * 1024 * 1024, show_default=True
 )
+@click.option(
+    "--max-decoded-bytes",
+    type=click.IntRange(1),
+    help="arrays decoded from one body (.npz inflated) [default: 4 x --max-body-bytes]",
+)
 @click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
 @click.option("--log-level", default="warning", show_default=True, help="uvicorn's")
 def serve(
@@ -181,11 +186,13 @@ def serve(
     max_batch: int | None,
     max_wait_us: int | None,
     max_body_bytes: int,
+    max_decoded_bytes: int | None,
     executor: str,
     log_level: str,
 ) -> None:
     """Serve MODEL... over HTTP (uvicorn, uvloop): POST /v1/models/NAME:predict, GET
-    /v1/models, /healthz, /readyz. Each model is named by its file stem."""
+    /v1/models, /healthz, /readyz. Each model is named by its file stem. Requests are
+    limited in size (--max-body-bytes, --max-decoded-bytes)."""
     import os
 
     from .serving import ModelServer, create_app, run_server
@@ -202,6 +209,7 @@ def serve(
         max_batch=max_batch,
         max_wait_us=max_wait_us,
         max_body_bytes=max_body_bytes,
+        max_decoded_bytes=max_decoded_bytes,
         log=lambda msg: click.echo(msg, err=True),
     )
 
@@ -209,7 +217,13 @@ def serve(
         click.echo(f"tfrt-py serve: {', '.join(models)} on {url}", err=True)
 
     try:
-        run_server(create_app(server), host, port, log_level=log_level, on_bound=bound)
+        run_server(
+            create_app(server),
+            host,
+            port,
+            log_level=log_level,
+            on_bound=bound,
+        )
     except OSError as e:
         _fail(f"cannot listen on {host}:{port}: {e}")
 

@@ -1,0 +1,54 @@
+"""The limits a server puts on requests from strangers: names and defaults, in one place.
+
+Each is a constant here (the default) and, where it is per server, an argument of
+``ModelServer`` / ``create_app`` and an option of ``tfrt-py serve`` (docs/security_serving.md
+lists them). Pure data: no state, thread-safe.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DECODED_BYTES_FACTOR",
+    "DEFAULT_MAX_BODY_BYTES",
+    "INLINE_DECODE_BYTES",
+    "INLINE_ENCODE_BYTES",
+    "JSON_MAX_FLOAT_CHARS",
+    "JSON_MAX_INT_DIGITS",
+    "MAX_NAMES_IN_ERRORS",
+    "decoded_limit",
+]
+
+#: A request body larger than this is refused (413) before it is read (Content-Length) or
+#: as soon as a chunked body passes it. ``max_body_bytes`` / ``--max-body-bytes``.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+#: The arrays decoded from one body (.npy/.npz data after decompression, as the headers
+#: declare it and as it is actually read) may hold at most this many times the body limit.
+#: ``max_decoded_bytes`` / ``--max-decoded-bytes`` set the product directly.
+DECODED_BYTES_FACTOR = 4
+
+#: Bodies up to this size are decoded on the event loop (a thread hop costs more); larger
+#: ones on the server's decode threads, so the loop keeps answering other requests.
+INLINE_DECODE_BYTES = 64 * 1024
+
+#: Outputs (total array bytes) up to this size are encoded on the event loop; larger ones
+#: on the decode threads.
+INLINE_ENCODE_BYTES = 64 * 1024
+
+#: A JSON integer with more digits than this is refused (400): no dtype holds one
+#: (float64's largest finite value has 309 digits), and int() of a long one is quadratic.
+JSON_MAX_INT_DIGITS = 320
+
+#: A JSON number with a fraction or exponent longer than this many characters is refused.
+JSON_MAX_FLOAT_CHARS = 400
+
+#: Error messages list at most this many offending names (unknown inputs, ...).
+MAX_NAMES_IN_ERRORS = 8
+
+
+def decoded_limit(max_body_bytes: int, max_decoded_bytes: int | None) -> int:
+    """The decoded-bytes limit: ``max_decoded_bytes``, or the body limit times
+    ``DECODED_BYTES_FACTOR`` when it is None."""
+    if max_decoded_bytes is None:
+        return int(max_body_bytes) * DECODED_BYTES_FACTOR
+    return int(max_decoded_bytes)
