@@ -1,11 +1,13 @@
 """The rest of the request path a stranger can lean on: huge numbers of inputs in a body
 (the error stays short), a long string among numbers (no fixed-width string array of
-elements x longest string), and .npz/.npy bodies the server refuses from their headers.
-Each is answered with a 4xx JSON error and the server answers a good request afterwards."""
+elements x longest string), request heads over the limit (431; httptools has none of its
+own), and .npz/.npy bodies the server refuses from their headers. Each is answered with a
+4xx JSON error and the server answers a good request afterwards."""
 
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 
 import httpx
@@ -20,9 +22,11 @@ from serving_support import (
     mlp,
     npy_bytes,
     npz_bytes,
+    read_response,
 )
 
 from tfrt_py.serving import ServerThread, create_app
+from tfrt_py.serving.limits import MAX_HEAD_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +78,18 @@ def test_a_long_string_among_numbers_is_refused_without_allocating(
         "/v1/models/mlp:predict", content=body, headers={"content-type": "application/json"}
     )
     _refused(r, 400, "'x'", "strings")
+    assert_good_answer(client.post("/v1/models/mlp:predict", json=GOOD))
+
+
+def test_a_request_head_over_the_limit_is_431(url: str, client: httpx.Client) -> None:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        s.sendall(b"a" * (MAX_HEAD_BYTES + 1024) + b"\r\n\r\n")
+        reply = read_response(s)
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:200]
+    body = reply.partition(b"\r\n\r\n")[2]
+    assert str(MAX_HEAD_BYTES).encode() in body
     assert_good_answer(client.post("/v1/models/mlp:predict", json=GOOD))
 
 

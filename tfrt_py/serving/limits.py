@@ -14,6 +14,7 @@ __all__ = [
     "INLINE_ENCODE_BYTES",
     "JSON_MAX_FLOAT_CHARS",
     "JSON_MAX_INT_DIGITS",
+    "MAX_HEAD_BYTES",
     "MAX_NAMES_IN_ERRORS",
     "decoded_limit",
 ]
@@ -41,6 +42,10 @@ JSON_MAX_INT_DIGITS = 320
 
 #: A JSON number with a fraction or exponent longer than this many characters is refused.
 JSON_MAX_FLOAT_CHARS = 400
+
+#: The request line plus headers of one request (bytes of URL, names and values) may hold
+#: at most this much; more is refused with 431 and the connection closed.
+MAX_HEAD_BYTES = 64 * 1024
 
 #: Error messages list at most this many offending names (unknown inputs, ...).
 MAX_NAMES_IN_ERRORS = 8

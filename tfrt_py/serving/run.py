@@ -5,11 +5,16 @@ Both bind the listening socket themselves, so port 0 picks a free port and the b
 address is known before the first request. The foreground server uses uvloop and
 httptools when installed (asyncio and h11 otherwise); ``ServerThread`` uses asyncio (an
 event loop per thread). Websockets are off: this server speaks plain HTTP/1.1.
+
+Limits on the connection level: the request line and headers of one request may hold at
+most ``max_head_bytes`` (``MAX_HEAD_BYTES``; 431 and the connection closed past it --
+httptools itself has no limit).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import socket
 import threading
 from collections.abc import Callable
@@ -17,6 +22,8 @@ from types import TracebackType
 from typing import Any
 
 import uvicorn
+
+from .limits import MAX_HEAD_BYTES
 
 __all__ = ["ServerThread", "bind", "run_server"]
 
@@ -39,17 +46,65 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _config(app: Any, loop: str, log_level: str) -> uvicorn.Config:
-    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+def _http_protocol(max_head_bytes: int) -> Any:
+    """uvicorn's httptools protocol refusing a request head over ``max_head_bytes`` (431),
+    or "h11" (whose own limit is set from the same number) without httptools."""
+    if not importlib.util.find_spec("httptools"):
+        return "h11"
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class BoundedHeadProtocol(HttpToolsProtocol):
+        """Counts the bytes of the URL and headers of each request; over the limit, the
+        parser callback raises, and the 400 uvicorn would send becomes a JSON 431."""
+
+        _head_bytes = 0
+
+        def on_message_begin(self) -> None:
+            self._head_bytes = 0
+            super().on_message_begin()
+
+        def _count(self, n: int) -> None:
+            self._head_bytes += n
+            if self._head_bytes > max_head_bytes:
+                raise ValueError("request head too large")
+
+        def on_url(self, url: bytes) -> None:
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+        def send_400_response(self, msg: str) -> None:
+            if self._head_bytes <= max_head_bytes:
+                return super().send_400_response(msg)
+            body = json.dumps(
+                {"error": f"request line and headers over the limit of {max_head_bytes} bytes"}
+            ).encode()
+            self.transport.write(
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                b"content-type: application/json\r\nconnection: close\r\n"
+                b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
+            self.transport.close()
+
+    return BoundedHeadProtocol
+
+
+def _config(
+    app: Any, loop: str, log_level: str, max_head_bytes: int = MAX_HEAD_BYTES
+) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         loop=loop,
-        http=http,
+        http=_http_protocol(max_head_bytes),
         ws="none",
         lifespan="on",
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=5,
+        h11_max_incomplete_event_size=max_head_bytes,
     )
 
 
@@ -60,11 +115,12 @@ def run_server(
     *,
     log_level: str = "warning",
     on_bound: Callable[[str], object] | None = None,
+    max_head_bytes: int = MAX_HEAD_BYTES,
 ) -> None:
     """Serve ``app`` on host:port until SIGINT/SIGTERM; ``on_bound(url)`` once bound."""
     sock = bind(host, port)
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    server = uvicorn.Server(_config(app, loop, log_level))
+    server = uvicorn.Server(_config(app, loop, log_level, max_head_bytes))
     if on_bound is not None:
         on_bound(_url(sock))
     server.run(sockets=[sock])
@@ -85,11 +141,18 @@ class ServerThread:
     """
 
     def __init__(
-        self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        *,
+        max_head_bytes: int = MAX_HEAD_BYTES,
     ):
         self._sock = bind(host, port)
         self.url = _url(self._sock)
-        self.server = uvicorn.Server(_config(app, "asyncio", log_level))
+        config = _config(app, "asyncio", log_level, max_head_bytes=max_head_bytes)
+        self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._main, name="uvicorn", daemon=True)
         self._error: BaseException | None = None
 
