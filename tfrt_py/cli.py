@@ -176,6 +176,20 @@ def bench(
     type=click.IntRange(1),
     help="arrays decoded from one body (.npz inflated) [default: 4 x --max-body-bytes]",
 )
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="per-request deadline, seconds: 408 body too slow, 504 model too slow",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(0),
+    default=5.0,
+    show_default=True,
+    help="on SIGTERM, seconds for requests in flight; the process exits 5 s after that",
+)
 @click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
 @click.option("--log-level", default="warning", show_default=True, help="uvicorn's")
 def serve(
@@ -187,12 +201,14 @@ def serve(
     max_wait_us: int | None,
     max_body_bytes: int,
     max_decoded_bytes: int | None,
+    timeout: float,
+    drain_timeout: float,
     executor: str,
     log_level: str,
 ) -> None:
     """Serve MODEL... over HTTP (uvicorn, uvloop): POST /v1/models/NAME:predict, GET
     /v1/models, /healthz, /readyz. Each model is named by its file stem. Requests are
-    limited in size (--max-body-bytes, --max-decoded-bytes)."""
+    limited in size (--max-body-bytes, --max-decoded-bytes) and time (--timeout)."""
     import os
 
     from .serving import ModelServer, create_app, run_server
@@ -210,6 +226,7 @@ def serve(
         max_wait_us=max_wait_us,
         max_body_bytes=max_body_bytes,
         max_decoded_bytes=max_decoded_bytes,
+        timeout=timeout,
         log=lambda msg: click.echo(msg, err=True),
     )
 
@@ -223,6 +240,7 @@ def serve(
             port,
             log_level=log_level,
             on_bound=bound,
+            drain_timeout=drain_timeout,
         )
     except OSError as e:
         _fail(f"cannot listen on {host}:{port}: {e}")

@@ -12,17 +12,18 @@ Routes:
   loaded and warmed, else 503 with the reason).
 
 Every error is JSON ``{"error": message}``: 400 bad input (naming the input or the body
-problem), 404 unknown model or route, 405 wrong method, 413 body over ``max_body_bytes``
-(refused from Content-Length before reading, or as soon as a chunked body passes it) or
-arrays over ``max_decoded_bytes``, 415 unknown Content-Type, 422 the model failed on this
-input (naming the node; the model warmed, so the input is what differs), 503 not ready,
-500 a bug. Every error, 500 included, is an answered response: the keep-alive connection
-stays usable.
+problem), 404 unknown model or route, 405 wrong method, 408 the body did not arrive within
+the request's deadline, 413 body over ``max_body_bytes`` (refused from Content-Length
+before reading, or as soon as a chunked body passes it) or arrays over
+``max_decoded_bytes``, 415 unknown Content-Type, 422 the model failed on this input
+(naming the node; the model warmed, so the input is what differs), 503 not ready, 504 the
+model did not answer within the request's deadline (``timeout``), 500 a bug. Every error,
+500 included, is an answered response: the keep-alive connection stays usable.
 
 Which thread runs what: handlers run on the event loop; large bodies are decoded and large
 outputs encoded on the server's decode threads (``body``); heavy model calls run on its
 model pool (``served``). The lifespan runs ``ModelServer.start`` in a thread (``/healthz``
-answers meanwhile) and closes the server's pools at shutdown.
+answers meanwhile) and ``ModelServer.close`` (bounded) at shutdown.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -40,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import ExecutionError, InputError
+from ..errors import DeadlineExceeded, ExecutionError, InputError
 from .body import body_format, read_body, request_feeds, response_body
 from .codec import JSON
 from .errors import RequestError
@@ -50,7 +51,9 @@ from .served import ServedModel
 __all__ = ["create_app", "read_body"]
 
 Handler = Callable[[Request], Awaitable[Response]]
+T = TypeVar("T")
 _log = logging.getLogger("tfrt_py.serving")
+_TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
 
 
 def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
@@ -82,13 +85,33 @@ def _errors_as_json(fn: Handler) -> Handler:
     return handler
 
 
+class _Deadline:
+    """One request's deadline on the running loop (None: no deadline)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        loop = asyncio.get_running_loop()
+        self._at = None if timeout is None else loop.time() + timeout
+
+    def remaining(self) -> float | None:
+        if self._at is None:
+            return None
+        return max(0.0, self._at - asyncio.get_running_loop().time())
+
+    async def within(self, aw: Awaitable[T]) -> T:
+        """``aw``, cancelled with TimeoutError when the deadline passes."""
+        if self._at is None:
+            return await aw
+        return await asyncio.wait_for(aw, self.remaining())
+
+
 def create_app(
     models: ModelServer | Mapping[str, Any], *, debug: bool = False, **server_options: Any
 ) -> Starlette:
     """A Starlette app serving ``models``: a ModelServer, or a mapping name -> source
     (path, bytes, loaded Model, ModelConfig) with ``server_options`` for ModelServer
-    (batching, max_batch, max_wait_us, max_body_bytes, max_decoded_bytes, workers,
-    log)."""
+    (batching, max_batch, max_wait_us, max_body_bytes, max_decoded_bytes, timeout,
+    workers, log)."""
     server = models if isinstance(models, ModelServer) else ModelServer(models, **server_options)
 
     def missing(name: str) -> RequestError:
@@ -107,16 +130,28 @@ def create_app(
     async def predict(request: Request) -> Response:
         model = served(request.path_params["name"])
         fmt = body_format(request.headers.get("content-type", JSON))
-        body = await read_body(request, server.max_body_bytes)
+        deadline = _Deadline(server.timeout)
+        try:
+            body = await deadline.within(read_body(request, server.max_body_bytes))
+        except _TIMEOUTS:
+            raise RequestError(
+                408,
+                f"the request body did not arrive within the deadline of "
+                f"{deadline.timeout or 0:g} s",
+            ) from None
         feeds = await request_feeds(
             body, fmt, model.inputs, server.max_decoded_bytes, server.decode_pool
         )
         try:
-            outputs = await model.predict(feeds)
+            outputs = await deadline.within(model.predict(feeds, timeout=deadline.remaining()))
         except InputError as e:
             raise RequestError(400, f"model {model.name!r}: {e}") from None
         except ExecutionError as e:  # the model warmed, so this input made it fail
+            if isinstance(e.__cause__, _TIMEOUTS):
+                raise _deadline_error(model.name, server.timeout, e.__cause__) from None
             raise RequestError(422, f"model {model.name!r} failed on this input: {e}") from None
+        except _TIMEOUTS as e:
+            raise _deadline_error(model.name, server.timeout, e) from None
         payload, media = await response_body(
             model.name, outputs, request.headers.get("accept", ""), server.decode_pool
         )
@@ -168,6 +203,14 @@ def create_app(
     )
     app.state.model_server = server
     return app
+
+
+def _deadline_error(model: str, timeout: float | None, e: BaseException) -> RequestError:
+    where = f" ({e})" if isinstance(e, DeadlineExceeded) else ""
+    return RequestError(
+        504,
+        f"model {model!r} did not answer within the request deadline of {timeout or 0:g} s" + where,
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

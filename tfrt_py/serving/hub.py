@@ -3,16 +3,19 @@
 Who owns what: a ModelServer owns its ServedModels, one thread pool (``workers``
 threads, 1 by default) for the heavy calls of sync-executor models (see ``served``) and
 ``DECODE_THREADS`` threads that decode large request bodies and encode large responses
-(``body``), and the request limits (``limits``: body and decoded bytes).
+(``body``), and the request limits (``limits``: body and decoded bytes, the deadline).
 Models may be given loaded (``tfrt_py.Model``: load before forking workers, gunicorn
 ``--preload`` style, and the weights stay shared) or as sources loaded by ``start()``.
 ``start()`` loads, picks each policy, and warms each model with one call; ``ready`` is
 true only when every model warmed. ``start`` runs once (later calls return at once);
-``close`` shuts the pools down (waits for running calls). ``get`` is safe from any thread.
+``close`` shuts the pools down, waiting at most ``close_timeout`` for calls in flight (a
+call stuck past its deadline must not keep the process from exiting). ``get`` is safe
+from any thread.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .batching import MODES, choose_policy
-from .limits import DEFAULT_MAX_BODY_BYTES, decoded_limit
+from .limits import CLOSE_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_S, decoded_limit
 from .served import ServedModel
 
 __all__ = ["DECODE_THREADS", "DEFAULT_MAX_BODY_BYTES", "ModelConfig", "ModelServer"]
@@ -47,7 +50,9 @@ class ModelServer:
     """The served models by name. ``models`` maps names to ModelConfigs or bare sources.
 
     Request limits: ``max_body_bytes`` (413 over it), ``max_decoded_bytes`` (arrays decoded
-    from one body; default ``DECODED_BYTES_FACTOR`` times the body limit)."""
+    from one body; default ``DECODED_BYTES_FACTOR`` times the body limit), ``timeout``
+    (seconds per request: 408 for a body that does not arrive in time, 504 for a model that
+    does not answer in time; None: no deadline)."""
 
     def __init__(
         self,
@@ -58,8 +63,10 @@ class ModelServer:
         max_wait_us: int | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_decoded_bytes: int | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
         workers: int | None = None,
         log: Callable[[str], object] | None = None,
+        close_timeout: float = CLOSE_TIMEOUT_S,
     ) -> None:
         if not models:
             raise ValueError("ModelServer needs at least one model")
@@ -76,6 +83,10 @@ class ModelServer:
         self.max_decoded_bytes = decoded_limit(self.max_body_bytes, max_decoded_bytes)
         if self.max_body_bytes < 1 or self.max_decoded_bytes < 1:
             raise ValueError("max_body_bytes and max_decoded_bytes must be >= 1")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds (or None), got {timeout!r}")
+        self.timeout = None if timeout is None else float(timeout)
+        self.close_timeout = float(close_timeout)
         self.models: dict[str, ServedModel] = {}
         self.error: str | None = None
         self._log = log or (lambda _msg: None)
@@ -136,10 +147,19 @@ class ModelServer:
             cfg.max_batch if cfg.max_batch is not None else mb,
             cfg.max_wait_us if cfg.max_wait_us is not None else mw,
         )
-        return ServedModel(name, model, policy, self.pool)
+        return ServedModel(name, model, policy, self.pool, self.timeout)
 
     def close(self) -> None:
-        """Shut the pools down (waits for running calls)."""
-        self.decode_pool.shutdown(wait=True)
-        self.pool.shutdown(wait=True)
+        """Shut the pools down: queued calls are cancelled, running ones get
+        ``close_timeout`` seconds to finish (their deadlines stop them); a call still
+        running then is left behind (logged), so shutdown never hangs on a model."""
+        self.decode_pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        running = [f for m in list(self.models.values()) for f in list(m.inflight)]
+        _, stuck = concurrent.futures.wait(running, timeout=self.close_timeout)
+        if stuck:
+            self._log(
+                f"tfrt-py serve: {len(stuck)} model call(s) still running after "
+                f"{self.close_timeout:g} s; not waiting for them"
+            )
         self._log(f"tfrt-py serve: stopped ({', '.join(self.configs)})")

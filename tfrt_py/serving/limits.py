@@ -8,8 +8,12 @@ lists them). Pure data: no state, thread-safe.
 from __future__ import annotations
 
 __all__ = [
+    "CLOSE_TIMEOUT_S",
     "DECODED_BYTES_FACTOR",
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_TIMEOUT_S",
+    "DRAIN_TIMEOUT_S",
+    "EXIT_GRACE_S",
     "INLINE_DECODE_BYTES",
     "INLINE_ENCODE_BYTES",
     "JSON_MAX_FLOAT_CHARS",
@@ -27,6 +31,10 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 #: declare it and as it is actually read) may hold at most this many times the body limit.
 #: ``max_decoded_bytes`` / ``--max-decoded-bytes`` set the product directly.
 DECODED_BYTES_FACTOR = 4
+
+#: Per-request deadline (seconds): reading the body (408 when it passes) and running the
+#: model (504, naming the model). ``timeout`` / ``--timeout``.
+DEFAULT_TIMEOUT_S = 30.0
 
 #: Bodies up to this size are decoded on the event loop (a thread hop costs more); larger
 #: ones on the server's decode threads, so the loop keeps answering other requests.
@@ -49,6 +57,18 @@ MAX_HEAD_BYTES = 64 * 1024
 
 #: Error messages list at most this many offending names (unknown inputs, ...).
 MAX_NAMES_IN_ERRORS = 8
+
+#: On SIGTERM/SIGINT, requests in flight get this long to finish (uvicorn's graceful
+#: shutdown) before they are cancelled. ``drain_timeout`` / ``--drain-timeout``.
+DRAIN_TIMEOUT_S = 5.0
+
+#: At shutdown, model calls still running (their requests already cancelled) get this long
+#: to finish before the server stops waiting for them. ``ModelServer(close_timeout=)``.
+CLOSE_TIMEOUT_S = 2.0
+
+#: After the drain, this long for the app to shut down (models' threads to stop) before
+#: the process exits anyway (a call stuck in a model that ignores its deadline).
+EXIT_GRACE_S = 5.0
 
 
 def decoded_limit(max_body_bytes: int, max_decoded_bytes: int | None) -> int:

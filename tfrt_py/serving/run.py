@@ -8,22 +8,29 @@ event loop per thread). Websockets are off: this server speaks plain HTTP/1.1.
 
 Limits on the connection level: the request line and headers of one request may hold at
 most ``max_head_bytes`` (``MAX_HEAD_BYTES``; 431 and the connection closed past it --
-httptools itself has no limit).
+httptools itself has no limit). Shutdown is bounded: on the first SIGTERM/SIGINT, uvicorn
+stops accepting, gives requests in flight ``drain_timeout`` seconds, cancels the rest and
+runs the app's shutdown; a watchdog thread started by the signal exits the process
+(status 128 + signal) if it is still alive ``drain_timeout + EXIT_GRACE_S`` seconds after
+the signal -- a request stuck in a model that ignores its deadline, even one holding the
+event loop, cannot keep the server up.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import socket
+import sys
 import threading
 from collections.abc import Callable
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 import uvicorn
 
-from .limits import MAX_HEAD_BYTES
+from .limits import DRAIN_TIMEOUT_S, EXIT_GRACE_S, MAX_HEAD_BYTES
 
 __all__ = ["ServerThread", "bind", "run_server"]
 
@@ -93,7 +100,11 @@ def _http_protocol(max_head_bytes: int) -> Any:
 
 
 def _config(
-    app: Any, loop: str, log_level: str, max_head_bytes: int = MAX_HEAD_BYTES
+    app: Any,
+    loop: str,
+    log_level: str,
+    drain_timeout: float = DRAIN_TIMEOUT_S,
+    max_head_bytes: int = MAX_HEAD_BYTES,
 ) -> uvicorn.Config:
     return uvicorn.Config(
         app,
@@ -103,9 +114,38 @@ def _config(
         lifespan="on",
         log_level=log_level,
         access_log=False,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=max(1, round(drain_timeout)),
         h11_max_incomplete_event_size=max_head_bytes,
     )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server whose first exit signal also starts the exit watchdog (main thread
+    only: signals are caught there; ``handle_exit`` runs there, between bytecodes)."""
+
+    def __init__(self, config: uvicorn.Config, exit_after: float) -> None:
+        super().__init__(config)
+        self.exit_after = exit_after
+        self._watchdog: threading.Thread | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(
+                target=_exit_later, args=(sig, self.exit_after), name="tfrt_py-exit", daemon=True
+            )
+            self._watchdog.start()
+        super().handle_exit(sig, frame)
+
+
+def _exit_later(sig: int, after: float) -> None:
+    """Runs on the watchdog thread: exit the process ``after`` seconds from now."""
+    threading.Event().wait(after)
+    sys.stderr.write(
+        f"tfrt-py serve: still running {after:g} s after signal {sig} "
+        "(a request stuck in a model?); exiting now\n"
+    )
+    sys.stderr.flush()
+    os._exit(128 + sig)
 
 
 def run_server(
@@ -115,12 +155,16 @@ def run_server(
     *,
     log_level: str = "warning",
     on_bound: Callable[[str], object] | None = None,
+    drain_timeout: float = DRAIN_TIMEOUT_S,
     max_head_bytes: int = MAX_HEAD_BYTES,
 ) -> None:
-    """Serve ``app`` on host:port until SIGINT/SIGTERM; ``on_bound(url)`` once bound."""
+    """Serve ``app`` on host:port until SIGINT/SIGTERM; ``on_bound(url)`` once bound.
+    After the signal, requests in flight get ``drain_timeout`` seconds; the process exits
+    at most ``drain_timeout + EXIT_GRACE_S`` seconds after it, whatever is still running."""
     sock = bind(host, port)
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    server = uvicorn.Server(_config(app, loop, log_level, max_head_bytes))
+    config = _config(app, loop, log_level, drain_timeout, max_head_bytes)
+    server = _Server(config, exit_after=drain_timeout + EXIT_GRACE_S)
     if on_bound is not None:
         on_bound(_url(sock))
     server.run(sockets=[sock])
