@@ -171,6 +171,25 @@ def bench(
 @click.option(
     "--max-body-bytes", type=click.IntRange(1), default=16 * 1024 * 1024, show_default=True
 )
+@click.option(
+    "--max-decoded-bytes",
+    type=click.IntRange(1),
+    help="arrays decoded from one body (.npz inflated) [default: 4 x --max-body-bytes]",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="per-request deadline, seconds: 408 body too slow, 504 model too slow",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(0),
+    default=5.0,
+    show_default=True,
+    help="on SIGTERM, seconds for requests in flight; the process exits 5 s after that",
+)
 @click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
 @click.option("--log-level", default="warning", show_default=True, help="uvicorn's")
 def serve(
@@ -181,11 +200,15 @@ def serve(
     max_batch: int | None,
     max_wait_us: int | None,
     max_body_bytes: int,
+    max_decoded_bytes: int | None,
+    timeout: float,
+    drain_timeout: float,
     executor: str,
     log_level: str,
 ) -> None:
     """Serve MODEL... over HTTP (uvicorn, uvloop): POST /v1/models/NAME:predict, GET
-    /v1/models, /healthz, /readyz. Each model is named by its file stem."""
+    /v1/models, /healthz, /readyz. Each model is named by its file stem. Requests are
+    limited in size (--max-body-bytes, --max-decoded-bytes) and time (--timeout)."""
     import os
 
     from .serving import ModelServer, create_app, run_server
@@ -202,6 +225,8 @@ def serve(
         max_batch=max_batch,
         max_wait_us=max_wait_us,
         max_body_bytes=max_body_bytes,
+        max_decoded_bytes=max_decoded_bytes,
+        timeout=timeout,
         log=lambda msg: click.echo(msg, err=True),
     )
 
@@ -209,7 +234,14 @@ def serve(
         click.echo(f"tfrt-py serve: {', '.join(models)} on {url}", err=True)
 
     try:
-        run_server(create_app(server), host, port, log_level=log_level, on_bound=bound)
+        run_server(
+            create_app(server),
+            host,
+            port,
+            log_level=log_level,
+            on_bound=bound,
+            drain_timeout=drain_timeout,
+        )
     except OSError as e:
         _fail(f"cannot listen on {host}:{port}: {e}")
 

@@ -5,7 +5,9 @@
     run_server(app, "127.0.0.1", 8000)             # or: tfrt-py serve mlp.onnx --port 8000
 
 See ``app`` for the routes and the request/response formats, ``batching`` for
-micro-batching and how it is chosen, ``served`` for where calls run, and docs/serving.md.
+micro-batching and how it is chosen, ``served`` for where calls run, ``limits`` for what
+a request may cost (size, decoded size, deadline), and docs/serving.md and
+docs/security_serving.md.
 """
 
 from __future__ import annotations

@@ -12,12 +12,18 @@ Routes:
   loaded and warmed, else 503 with the reason).
 
 Every error is JSON ``{"error": message}``: 400 bad input (naming the input or the body
-problem), 404 unknown model or route, 405 wrong method, 413 body over ``max_body_bytes``
-(refused from Content-Length before reading, or as soon as a chunked body passes it),
-415 unknown Content-Type, 422 the model failed on this input (naming the node; the
-model warmed, so the input is what differs), 503 not ready, 500 a bug.
-The lifespan runs ``ModelServer.start`` in a thread (``/healthz`` answers meanwhile) and
-closes the server's pool at shutdown.
+problem), 404 unknown model or route, 405 wrong method, 408 the body did not arrive within
+the request's deadline, 413 body over ``max_body_bytes`` (refused from Content-Length
+before reading, or as soon as a chunked body passes it) or arrays over
+``max_decoded_bytes``, 415 unknown Content-Type, 422 the model failed on this input
+(naming the node; the model warmed, so the input is what differs), 503 not ready, 504 the
+model did not answer within the request's deadline (``timeout``), 500 a bug. Every error,
+500 included, is an answered response: the keep-alive connection stays usable.
+
+Which thread runs what: handlers run on the event loop; large bodies are decoded and large
+outputs encoded on the server's decode threads (``body``); heavy model calls run on its
+model pool (``served``). The lifespan runs ``ModelServer.start`` in a thread (``/healthz``
+answers meanwhile) and ``ModelServer.close`` (bounded) at shutdown.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -34,25 +41,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import ExecutionError, InputError
-from .codec import (
-    JSON,
-    NPY,
-    NPZ,
-    RequestError,
-    array_feeds,
-    encode_outputs,
-    is_npz_request,
-    json_feeds,
-    parse_json,
-    response_type,
-)
+from ..errors import DeadlineExceeded, ExecutionError, InputError
+from .body import body_format, read_body, request_feeds, response_body
+from .codec import JSON
+from .errors import RequestError
 from .hub import ModelServer
 from .served import ServedModel
 
 __all__ = ["create_app", "read_body"]
 
 Handler = Callable[[Request], Awaitable[Response]]
+T = TypeVar("T")
+_log = logging.getLogger("tfrt_py.serving")
+_TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
 
 
 def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
@@ -66,32 +67,42 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 
 def _errors_as_json(fn: Handler) -> Handler:
+    """``fn`` with every exception answered as JSON: RequestError with its status,
+    anything else (a bug) logged and answered 500 -- never re-raised, so uvicorn keeps
+    the connection (it resets one whose app raised after responding)."""
+
     async def handler(request: Request) -> Response:
         try:
             return await fn(request)
         except RequestError as e:
             return error_response(e.status, e.message)
+        except HTTPException:
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug: answered, logged, connection kept
+            _log.exception("internal error on %s %s", request.method, request.url.path)
+            return error_response(500, f"internal error: {type(e).__name__}: {str(e)[:300]}")
 
     return handler
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) one over ``limit`` bytes without reading it all."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            n = int(declared)
-        except ValueError:
-            raise RequestError(400, f"bad Content-Length {declared!r}") from None
-        if n > limit:
-            raise RequestError(413, f"request body of {n} bytes is over the limit of {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"request body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+class _Deadline:
+    """One request's deadline on the running loop (None: no deadline)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        loop = asyncio.get_running_loop()
+        self._at = None if timeout is None else loop.time() + timeout
+
+    def remaining(self) -> float | None:
+        if self._at is None:
+            return None
+        return max(0.0, self._at - asyncio.get_running_loop().time())
+
+    async def within(self, aw: Awaitable[T]) -> T:
+        """``aw``, cancelled with TimeoutError when the deadline passes."""
+        if self._at is None:
+            return await aw
+        return await asyncio.wait_for(aw, self.remaining())
 
 
 def create_app(
@@ -99,12 +110,15 @@ def create_app(
 ) -> Starlette:
     """A Starlette app serving ``models``: a ModelServer, or a mapping name -> source
     (path, bytes, loaded Model, ModelConfig) with ``server_options`` for ModelServer
-    (batching, max_batch, max_wait_us, max_body_bytes, workers, log)."""
+    (batching, max_batch, max_wait_us, max_body_bytes, max_decoded_bytes, timeout,
+    workers, log)."""
     server = models if isinstance(models, ModelServer) else ModelServer(models, **server_options)
 
     def missing(name: str) -> RequestError:
         if name not in server.configs:
-            return RequestError(404, f"unknown model {name!r}; models: {sorted(server.configs)}")
+            return RequestError(
+                404, f"unknown model {name[:100]!r}; models: {sorted(server.configs)}"
+            )
         return RequestError(503, f"model {name!r} is not ready: {server.error or 'loading'}")
 
     def served(name: str) -> ServedModel:
@@ -115,25 +129,32 @@ def create_app(
 
     async def predict(request: Request) -> Response:
         model = served(request.path_params["name"])
-        body = await read_body(request, server.max_body_bytes)
-        ctype = request.headers.get("content-type", JSON).split(";")[0].strip().lower()
-        if ctype in (NPY, NPZ, "application/octet-stream"):
-            feeds = array_feeds(body, model.inputs)
-        elif ctype in (JSON, "") or ctype.endswith("+json"):
-            feeds = json_feeds(parse_json(body), model.inputs)
-        else:
-            raise RequestError(
-                415, f"Content-Type {ctype!r} is not supported; send {JSON}, {NPY} or {NPZ}"
-            )
+        fmt = body_format(request.headers.get("content-type", JSON))
+        deadline = _Deadline(server.timeout)
         try:
-            outputs = await model.predict(feeds)
+            body = await deadline.within(read_body(request, server.max_body_bytes))
+        except _TIMEOUTS:
+            raise RequestError(
+                408,
+                f"the request body did not arrive within the deadline of "
+                f"{deadline.timeout or 0:g} s",
+            ) from None
+        feeds = await request_feeds(
+            body, fmt, model.inputs, server.max_decoded_bytes, server.decode_pool
+        )
+        try:
+            outputs = await deadline.within(model.predict(feeds, timeout=deadline.remaining()))
         except InputError as e:
             raise RequestError(400, f"model {model.name!r}: {e}") from None
         except ExecutionError as e:  # the model warmed, so this input made it fail
-            return error_response(422, f"model {model.name!r} failed on this input: {e}")
-        fmt = response_type(request.headers.get("accept", ""))
-        payload = encode_outputs(model.name, outputs, fmt)
-        media = JSON if fmt == JSON else NPZ if is_npz_request(fmt, outputs) else NPY
+            if isinstance(e.__cause__, _TIMEOUTS):
+                raise _deadline_error(model.name, server.timeout, e.__cause__) from None
+            raise RequestError(422, f"model {model.name!r} failed on this input: {e}") from None
+        except _TIMEOUTS as e:
+            raise _deadline_error(model.name, server.timeout, e) from None
+        payload, media = await response_body(
+            model.name, outputs, request.headers.get("accept", ""), server.decode_pool
+        )
         return Response(payload, media_type=media)
 
     async def list_models(request: Request) -> Response:
@@ -164,12 +185,15 @@ def create_app(
         finally:
             await asyncio.to_thread(server.close)
 
+    def route(path: str, fn: Handler, method: str) -> Route:
+        return Route(path, _errors_as_json(fn), methods=[method])
+
     routes = [
-        Route("/v1/models/{name}:predict", _errors_as_json(predict), methods=["POST"]),
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/v1/models/{name}", _errors_as_json(one_model), methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
+        route("/v1/models/{name}:predict", predict, "POST"),
+        route("/v1/models", list_models, "GET"),
+        route("/v1/models/{name}", one_model, "GET"),
+        route("/healthz", healthz, "GET"),
+        route("/readyz", readyz, "GET"),
     ]
     app = Starlette(
         debug=debug,
@@ -181,14 +205,22 @@ def create_app(
     return app
 
 
+def _deadline_error(model: str, timeout: float | None, e: BaseException) -> RequestError:
+    where = f" ({e})" if isinstance(e, DeadlineExceeded) else ""
+    return RequestError(
+        504,
+        f"model {model!r} did not answer within the request deadline of {timeout or 0:g} s" + where,
+    )
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     what = {
-        404: f"no route {request.url.path!r}",
-        405: f"method {request.method} not allowed on {request.url.path!r}",
+        404: f"no route {request.url.path[:200]!r}",
+        405: f"method {request.method} not allowed on {request.url.path[:200]!r}",
     }.get(exc.status_code, str(exc.detail))
     return error_response(exc.status_code, what, exc.headers)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+    return error_response(500, f"internal error: {type(exc).__name__}")

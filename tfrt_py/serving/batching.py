@@ -14,7 +14,9 @@ that arrive while a batch runs form the next one. A batch is padded (with copies
 last row) to a power of two rows, so the executor sees a handful of input signatures and
 reuses their plans instead of planning each batch size anew. Each request is validated before it
 joins (a bad request never reaches a batch); a batch whose call fails is re-run request by
-request, so every request gets its own answer or its own error.
+request, so every request gets its own answer or its own error -- except a batch that ran
+past its deadline (a TimeoutError): re-running it row by row would take longer still, so
+every request in it gets the error.
 """
 
 from __future__ import annotations
@@ -222,6 +224,10 @@ class MicroBatcher:
             for name, v in out.items():
                 if not isinstance(v, np.ndarray) or v.ndim == 0 or v.shape[0] != size:
                     raise ValueError(f"output {name!r} does not have {size} rows")
+        except (TimeoutError, asyncio.TimeoutError) as e:  # past the deadline: no re-runs
+            for it in batch:
+                _fail(it, e)
+            return
         except Exception as e:  # noqa: BLE001 - each request gets its own answer or error
             if len(batch) == 1:
                 _fail(batch[0], e)

@@ -7,8 +7,16 @@ else. The conversion rounds floats to the input's float dtype but refuses what i
 number of the right kind: strings or booleans for a numeric input, non-integral numbers
 or out-of-range values for an integer input, finite values that overflow a float dtype.
 
-Binary requests: ``application/x-npy`` (one array, for a one-input model) or
-``application/x-npz`` (arrays named by input). Pickles are never loaded.
+Parsing is bounded whatever the body holds: nesting deeper than Python's recursion
+limit, integers longer than ``JSON_MAX_INT_DIGITS`` and numbers longer than
+``JSON_MAX_FLOAT_CHARS`` are refused (400) instead of raising from inside ``json``; numbers
+are parsed by Python-level hooks, so a worker thread decoding a large body gives the GIL
+back to the event loop every switch interval. A value is screened (its nesting and the
+types of its leaves, as an object array: 8 bytes per element) before it becomes a typed
+array, so a string among numbers cannot make NumPy allocate a fixed-width string array of
+elements times the longest string.
+
+Binary requests (``application/x-npy`` / ``application/x-npz``): see ``arrays``.
 
 Every problem is a ``RequestError`` carrying an HTTP status and a message that names the
 input (or the body) at fault. Pure functions: thread-safe.
@@ -24,13 +32,14 @@ from typing import Any
 import numpy as np
 
 from ..feeds import TensorSpec
+from .errors import RequestError, names_list
+from .limits import JSON_MAX_FLOAT_CHARS, JSON_MAX_INT_DIGITS
 
 __all__ = [
     "JSON",
     "NPY",
     "NPZ",
     "RequestError",
-    "array_feeds",
     "convert_value",
     "encode_outputs",
     "json_feeds",
@@ -44,15 +53,6 @@ NPY = "application/x-npy"
 NPZ = "application/x-npz"
 
 
-class RequestError(Exception):
-    """A request the server refuses: ``status`` (4xx) and a message for the client."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 def spec_json(spec: TensorSpec) -> dict[str, Any]:
     """A TensorSpec as JSON: dtype name (None if unknown), shape (ints, names or null)."""
     return {
@@ -62,65 +62,153 @@ def spec_json(spec: TensorSpec) -> dict[str, Any]:
     }
 
 
+class _NumberError(ValueError):
+    """A JSON number the server will not parse (raised by the parse hooks)."""
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > JSON_MAX_INT_DIGITS:
+        raise _NumberError(
+            f"a JSON integer with {len(text.lstrip('-'))} digits; at most "
+            f"{JSON_MAX_INT_DIGITS} are accepted (no dtype holds more)"
+        )
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    if len(text) > JSON_MAX_FLOAT_CHARS:
+        raise _NumberError(
+            f"a JSON number of {len(text)} characters; at most {JSON_MAX_FLOAT_CHARS} are accepted"
+        )
+    return float(text)
+
+
 def parse_json(body: bytes) -> dict[str, Any]:
-    """The ``inputs`` object of a JSON request body (400 for anything else)."""
+    """The ``inputs`` object of a JSON request body (400 for anything else: malformed,
+    nested too deeply, numbers too long, not ``{"inputs": {...}}``)."""
     try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = json.loads(body, parse_int=_parse_int, parse_float=_parse_float)
+    except _NumberError as e:
         raise RequestError(400, f"malformed JSON body: {e}") from None
+    except RecursionError:
+        raise RequestError(
+            400, "malformed JSON body: nested too deeply (deeper than Python's recursion limit)"
+        ) from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int() limits
+        raise RequestError(400, f"malformed JSON body: {_short(e)}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), dict):
         raise RequestError(
             400, 'the JSON body must be an object {"inputs": {input name: nested lists}}'
         )
     extra = sorted(k for k in doc if k != "inputs")
     if extra:
-        raise RequestError(400, f'unknown field(s) {extra} in the JSON body; only "inputs"')
-    return doc["inputs"]
+        raise RequestError(
+            400, f'unknown field(s) {names_list(extra)} in the JSON body; only "inputs"'
+        )
+    inputs: dict[str, Any] = doc["inputs"]
+    return inputs
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+    text = str(e)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def json_feeds(inputs: Mapping[str, Any], specs: Sequence[TensorSpec]) -> dict[str, Any]:
-    """Convert each known input's JSON value to its spec's dtype. Unknown names pass through
-    unchanged (the feed checker reports them, with the model's inputs)."""
+    """Each input's JSON value converted to its spec's dtype; RequestError(400) for a name
+    that is not an input (listing at most a few of them)."""
     by_name = {s.name: s for s in specs}
-    out: dict[str, Any] = {}
-    for name, value in inputs.items():
-        spec = by_name.get(name)
-        out[name] = value if spec is None else convert_value(spec, value)
-    return out
+    unknown = [k for k in inputs if k not in by_name]
+    if unknown:
+        raise RequestError(
+            400,
+            f"unknown input(s) {names_list(unknown)}; the model's inputs are "
+            f"{names_list(list(by_name))}",
+        )
+    return {name: convert_value(by_name[name], value) for name, value in inputs.items()}
+
+
+_LEAF_NAMES = {str: "strings", bool: "booleans", int: "numbers", float: "numbers"}
+
+
+def _leaf_kinds(types: set[type]) -> str:
+    """What a set of (acceptable) leaf types is, for messages: "numbers", "strings", ..."""
+    names = sorted({_LEAF_NAMES[t] for t in types})
+    return names[0] if len(names) == 1 else "mixed " + " and ".join(names)
 
 
 def convert_value(spec: TensorSpec, value: Any) -> np.ndarray:
     """``value`` (JSON: a number, bool, string or nested lists) as an array of ``spec``'s
-    dtype; RequestError(400) naming the input when it cannot be converted faithfully."""
+    dtype; RequestError(400) naming the input when it cannot be converted faithfully.
+
+    The value is first made an object array (its shape; ragged lists leave lists as
+    leaves) and its leaf types are checked, so only all-number, all-bool or all-string
+    values ever reach a typed conversion."""
     want = spec.dtype
     try:
-        raw = np.asarray(value)
+        obj = np.array(value, dtype=object)
     except (ValueError, TypeError) as e:
-        raise RequestError(400, f"input {spec.name!r}: not a rectangular array ({e})") from None
-    if want is None:
-        return raw
-    kind, got = want.kind, raw.dtype.kind
-    if raw.size == 0:
-        return np.zeros(raw.shape, want if kind != "O" else object)
-    if kind == "O":
-        if got != "U":
-            raise _bad(spec, "strings", raw)
-        return raw.astype(object)
-    if kind == "b":
-        if got != "b":
-            raise _bad(spec, "booleans (true/false)", raw)
-        return raw
-    if got not in "iuf":
-        raise _bad(spec, "numbers", raw)
-    if kind in "iu":
-        return _to_int(spec, raw, want)
-    if kind in "fc":
+        raise RequestError(
+            400, f"input {spec.name!r}: not a rectangular array ({_short(e)})"
+        ) from None
+    types = set(map(type, obj.ravel().tolist()))
+    if list in types:
+        raise RequestError(
+            400,
+            f"input {spec.name!r}: not a rectangular array (ragged lists, or nested deeper "
+            "than NumPy's 64 dims)",
+        )
+    if not types <= _LEAF_NAMES.keys():
+        raise _bad(spec, _expected(want), "null or objects")
+    kind = "" if want is None else want.kind
+    if obj.size == 0:
+        return np.zeros(obj.shape, np.float64 if want is None else want)
+    if types == {str}:
+        if kind not in ("O", ""):
+            raise _bad(spec, _expected(want), "strings")
+        return obj
+    if types == {bool}:
+        if kind not in ("b", ""):
+            raise _bad(spec, _expected(want), "booleans")
+        return obj.astype(bool)
+    if not types <= {int, float}:
+        raise _bad(spec, _expected(want), _leaf_kinds(types))
+    if kind in ("O", "b"):
+        raise _bad(spec, _expected(want), "numbers")
+    if kind in ("f", "c"):
+        raw = _numbers(spec, value, np.dtype(np.float64))
         with np.errstate(all="ignore"):
             arr = raw.astype(want)
-        if got == "f" and not np.array_equal(np.isfinite(arr), np.isfinite(raw)):
+        if not np.array_equal(np.isfinite(arr), np.isfinite(raw)):
             raise RequestError(400, f"input {spec.name!r}: values out of range for {want}")
         return arr
+    raw = _numbers(spec, value, None)
+    if want is None:
+        return raw
+    if kind in "iu":
+        return _to_int(spec, raw, want)
     raise RequestError(400, f"input {spec.name!r}: dtype {want} cannot be sent as JSON")
+
+
+def _numbers(spec: TensorSpec, value: Any, dtype: np.dtype | None) -> np.ndarray:
+    """A screened all-number value as an array (int64/uint64/float64, or ``dtype``)."""
+    try:
+        raw = np.asarray(value, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise RequestError(400, f"input {spec.name!r}: values out of range ({_short(e)})") from None
+    if raw.dtype.kind not in "iuf":  # Python ints beyond 64 bits: an object array
+        raise RequestError(400, f"input {spec.name!r}: values out of range for {spec.dtype}")
+    return raw
+
+
+def _expected(want: np.dtype | None) -> str:
+    if want is None:
+        return "numbers, booleans or strings"
+    if want.kind == "O":
+        return "strings"
+    if want.kind == "b":
+        return "booleans (true/false)"
+    return "numbers"
 
 
 def _to_int(spec: TensorSpec, raw: np.ndarray, want: np.dtype) -> np.ndarray:
@@ -141,35 +229,10 @@ def _to_int(spec: TensorSpec, raw: np.ndarray, want: np.dtype) -> np.ndarray:
     return raw.astype(want)
 
 
-def _bad(spec: TensorSpec, expected: str, raw: np.ndarray) -> RequestError:
-    what = {"U": "strings", "b": "booleans", "O": "null, mixed or huge values"}.get(
-        raw.dtype.kind, str(raw.dtype)
-    )
+def _bad(spec: TensorSpec, expected: str, got: str) -> RequestError:
     return RequestError(
-        400, f"input {spec.name!r}: expected {expected} for dtype {spec.dtype}, got {what}"
+        400, f"input {spec.name!r}: expected {expected} for dtype {spec.dtype}, got {got}"
     )
-
-
-def array_feeds(body: bytes, specs: Sequence[TensorSpec]) -> dict[str, Any]:
-    """Feeds from an .npy body (one-input models) or an .npz body (arrays named by input)."""
-    try:
-        loaded = np.load(io.BytesIO(body), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise RequestError(400, f"the body is not a valid .npy/.npz file: {e}") from None
-    if isinstance(loaded, np.ndarray):
-        if len(specs) != 1:
-            names = [s.name for s in specs]
-            raise RequestError(
-                400,
-                f"an .npy body holds one array, but the model has {len(specs)} inputs "
-                f"{names}; send an .npz with one array per input",
-            )
-        return {specs[0].name: loaded}
-    try:
-        with loaded:
-            return {k: loaded[k] for k in loaded.files}
-    except ValueError as e:  # an object array inside the npz
-        raise RequestError(400, f"the .npz body cannot be read without pickles: {e}") from None
 
 
 def response_type(accept: str) -> str:

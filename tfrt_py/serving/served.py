@@ -8,6 +8,16 @@ So a sync call whose estimated cost reaches the cost model's pool threshold
 (``EXPENSIVE_FLOPS``, scaled by its rows) runs on the server's thread pool instead; NumPy
 releases the GIL in the heavy kernels, so the loop keeps reading requests meanwhile.
 
+A model with a ``Loop`` anywhere in its graph runs on the pool whatever the cost model
+says: its trip count or condition can come from the feeds, so one request can run for as
+long as the request deadline allows, and it must not hold the event loop meanwhile.
+
+Deadlines: every call passes ``timeout=`` (the request's remaining time, or the server's
+``timeout`` for batches and warm-up-free calls) to ``model.run`` / ``model.run_async``,
+which raise ``tfrt_py.errors.DeadlineExceeded`` and stop the model's work when it passes.
+A model object whose ``run`` takes no ``timeout`` is called without one (the app's own
+deadline still answers 504, but cannot stop the work).
+
 ``warm()`` makes the first real request as fast as the rest (plans, codegen) and, when the
 policy batches, checks that the model treats rows independently: two rows run as one batch
 must equal the rows run alone, else batching is turned off with the reason.
@@ -16,8 +26,9 @@ must equal the rows run alone, else batching is turned off with the reason.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from typing import Any
 
 import numpy as np
@@ -35,10 +46,17 @@ EXPENSIVE_FLOPS = THRESHOLDS.expensive_us * THRESHOLDS.flops_per_us
 
 class ServedModel:
     """``model`` served as ``name`` with batching ``policy``; heavy sync calls go to
-    ``pool`` (None: always inline). ``predict`` is called on the server's event loop."""
+    ``pool`` (None: always inline); ``timeout`` (seconds, None: none) is the deadline of a
+    call that is not given one. ``predict`` and ``call`` run on the server's event loop;
+    ``inflight`` (the pool calls not finished) is read by ``ModelServer.close``."""
 
     def __init__(
-        self, name: str, model: Any, policy: BatchPolicy, pool: Executor | None = None
+        self,
+        name: str,
+        model: Any,
+        policy: BatchPolicy,
+        pool: Executor | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.name = name
         self.model = model
@@ -50,6 +68,12 @@ class ServedModel:
         self._pool = pool
         self.row_flops = per_row_flops(model)
         self._offload = pool is not None and model.executor != "async"
+        self.timeout = timeout
+        self._takes_timeout = _takes_timeout(model)
+        #: A Loop's trip count may come from the feeds: always off the loop.
+        self.runs_long = pool is not None and any(n.op_type == "Loop" for n in model.graph.walk())
+        self.inflight: set[Future[Any]] = set()
+        self.in_flight_requests = 0
         first = self.inputs[0].shape if self.inputs else None
         self._scales = bool(first) and not isinstance(first[0], int)  # type: ignore[index]
         self.batcher: MicroBatcher | None = None
@@ -67,19 +91,37 @@ class ServedModel:
         """Feeds checked and converted, in input order (InputError naming the input)."""
         return self._check(feeds)
 
-    async def predict(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """One request's outputs; validated first, then batched or run alone."""
-        arrays = self._check(feeds)
-        if self.batcher is not None:
-            return await self.batcher.submit(arrays)
-        return await self.call(dict(zip(self._names, arrays)))
+    async def predict(
+        self, feeds: Mapping[str, Any], timeout: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """One request's outputs; validated first, then batched (a batch's deadline is the
+        server's ``timeout``) or run alone with ``timeout`` (None: the server's)."""
+        self.in_flight_requests += 1
+        try:
+            arrays = self._check(feeds)
+            if self.batcher is not None:
+                return await self.batcher.submit(arrays)
+            return await self.call(dict(zip(self._names, arrays)), timeout)
+        finally:
+            self.in_flight_requests -= 1
 
-    async def call(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model once on checked feeds: inline, or on the pool when heavy."""
-        if self._offload and self._flops(feeds) >= EXPENSIVE_FLOPS:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._pool, self.model.run, feeds)
-        result: dict[str, np.ndarray] = await self.model.run_async(feeds)
+    async def call(
+        self, feeds: dict[str, np.ndarray], timeout: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run the model once on checked feeds with a deadline of ``timeout`` seconds
+        (None: the server's): inline, or on the pool when heavy or ``runs_long``."""
+        t = self.timeout if timeout is None else timeout
+        kw: dict[str, Any] = {"timeout": t} if t is not None and self._takes_timeout else {}
+        pool = self._pool
+        if pool is not None and (
+            self.runs_long or (self._offload and self._flops(feeds) >= EXPENSIVE_FLOPS)
+        ):
+            fut = pool.submit(self.model.run, feeds, **kw)
+            self.inflight.add(fut)
+            fut.add_done_callback(self.inflight.discard)
+            result: dict[str, np.ndarray] = await asyncio.wrap_future(fut)
+            return result
+        result = await self.model.run_async(feeds, **kw)
         return result
 
     def _flops(self, feeds: dict[str, np.ndarray]) -> float:
@@ -145,4 +187,15 @@ class ServedModel:
                 "batched_requests": b.batched_requests if b else 0,
             },
             "ready": self.warmed,
+            "in_flight": self.in_flight_requests,
         }
+
+
+def _takes_timeout(model: Any) -> bool:
+    """Whether ``model.run`` and ``model.run_async`` accept ``timeout=``."""
+    try:
+        return all(
+            "timeout" in inspect.signature(fn).parameters for fn in (model.run, model.run_async)
+        )
+    except (TypeError, ValueError):
+        return False
