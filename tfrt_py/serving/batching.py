@@ -224,7 +224,7 @@ class MicroBatcher:
             for name, v in out.items():
                 if not isinstance(v, np.ndarray) or v.ndim == 0 or v.shape[0] != size:
                     raise ValueError(f"output {name!r} does not have {size} rows")
-        except (TimeoutError, asyncio.TimeoutError) as e:  # past the deadline: no re-runs
+        except TimeoutError as e:  # past the deadline: no re-runs
             for it in batch:
                 _fail(it, e)
             return

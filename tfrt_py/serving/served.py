@@ -15,8 +15,6 @@ long as the request deadline allows, and it must not hold the event loop meanwhi
 Deadlines: every call passes ``timeout=`` (the request's remaining time, or the server's
 ``timeout`` for batches and warm-up-free calls) to ``model.run`` / ``model.run_async``,
 which raise ``tfrt_py.errors.DeadlineExceeded`` and stop the model's work when it passes.
-A model object whose ``run`` takes no ``timeout`` is called without one (the app's own
-deadline still answers 504, but cannot stop the work).
 
 ``warm()`` makes the first real request as fast as the rest (plans, codegen) and, when the
 policy batches, checks that the model treats rows independently: two rows run as one batch
@@ -26,7 +24,6 @@ must equal the rows run alone, else batching is turned off with the reason.
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Mapping
 from concurrent.futures import Executor, Future
 from typing import Any
@@ -69,7 +66,6 @@ class ServedModel:
         self.row_flops = per_row_flops(model)
         self._offload = pool is not None and model.executor != "async"
         self.timeout = timeout
-        self._takes_timeout = _takes_timeout(model)
         #: A Loop's trip count may come from the feeds: always off the loop.
         self.runs_long = pool is not None and any(n.op_type == "Loop" for n in model.graph.walk())
         self.inflight: set[Future[Any]] = set()
@@ -111,7 +107,7 @@ class ServedModel:
         """Run the model once on checked feeds with a deadline of ``timeout`` seconds
         (None: the server's): inline, or on the pool when heavy or ``runs_long``."""
         t = self.timeout if timeout is None else timeout
-        kw: dict[str, Any] = {"timeout": t} if t is not None and self._takes_timeout else {}
+        kw: dict[str, Any] = {"timeout": t} if t is not None else {}
         pool = self._pool
         if pool is not None and (
             self.runs_long or (self._offload and self._flops(feeds) >= EXPENSIVE_FLOPS)
@@ -189,13 +185,3 @@ class ServedModel:
             "ready": self.warmed,
             "in_flight": self.in_flight_requests,
         }
-
-
-def _takes_timeout(model: Any) -> bool:
-    """Whether ``model.run`` and ``model.run_async`` accept ``timeout=``."""
-    try:
-        return all(
-            "timeout" in inspect.signature(fn).parameters for fn in (model.run, model.run_async)
-        )
-    except (TypeError, ValueError):
-        return False
