@@ -42,7 +42,7 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from ..calls import set_current
-from ..kernels.control import LoopSpec, ScanSpec
+from ..kernels.control.flow import LoopSpec, ScanSpec
 from .dataflow_plan import CtrlGates
 from .dataflow_run import CtrlState, Run
 

@@ -1,6 +1,6 @@
 """Kernels by family, a registry keyed by (domain, op type, opset range).
 
-See ``base.py`` for the contract every kernel keeps. Each family module exposes
+See ``base.py`` for the contract every kernel keeps. Each family subpackage exposes
 ``register_kernels(registry)``; ``FAMILIES`` lists them in registration order.
 """
 
@@ -21,21 +21,14 @@ from .registry import default_registry as default_registry
 FAMILIES = (
     "elementwise",
     "linalg",
-    "conv",
-    "pool",
-    "norm",
+    "nn",
     "shape",
     "indexing",
     "reduce",
-    "rnn",
     "control",
-    "sequence",
     "ml",
-    "resize",
-    "transformer",
-    "quant",
-    "signal",
-    "strings",
+    "image",
+    "misc",
 )
 
 __all__ = [
