@@ -1,20 +1,19 @@
 """The kernel registry: (domain, op type, opset range) -> kernel builder.
 
-Family modules register explicitly (``register_kernels(registry)``, as TFRT's static
-registration); ``default_registry()`` builds the full registry once, on first use.
+Family subpackages register explicitly (``register_kernels(registry)``, as TFRT's static
+registration); ``families.default_registry()`` builds the full registry once, on first use.
+This module imports only ``base`` and ``errors``: the families import it, never the reverse.
 """
 
 from __future__ import annotations
 
-import importlib
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import UnsupportedOpError
 from .base import Cost, KernelBuilder, KernelContext, KernelFlags
 
-__all__ = ["KernelDef", "KernelRegistry", "default_registry"]
+__all__ = ["CostFn", "KernelDef", "KernelRegistry"]
 
 _PURE = KernelFlags()
 
@@ -97,28 +96,3 @@ def _overlaps(a: KernelDef, b: KernelDef) -> bool:
     a_hi = a.until if a.until is not None else 10**9
     b_hi = b.until if b.until is not None else 10**9
     return a.since <= b_hi and b.since <= a_hi
-
-
-_DEFAULT: KernelRegistry | None = None
-_LOCK = threading.Lock()
-
-
-def _families() -> Iterable[Callable[[KernelRegistry], None]]:
-    # Imported here so that importing tfrt_py does not import every family.
-    from . import FAMILIES
-
-    for name in FAMILIES:
-        yield importlib.import_module(f"{__package__}.{name}").register_kernels
-
-
-def default_registry() -> KernelRegistry:
-    """The registry of every built-in kernel family, built once (thread-safe)."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        with _LOCK:
-            if _DEFAULT is None:
-                reg = KernelRegistry()
-                for register in _families():
-                    register(reg)
-                _DEFAULT = reg
-    return _DEFAULT
