@@ -39,6 +39,9 @@ from ..errors import UnsupportedOpError
 from ..ir import Graph, Node, TensorType
 
 __all__ = [
+    "CONTROL_FLOW",
+    "OUT",
+    "OUT_INPLACE",
     "REQUIRED",
     "ComputeFn",
     "Cost",
@@ -86,6 +89,16 @@ class KernelFlags:
     supports_out: bool = False
     is_async: bool = False
     control_flow: bool = False
+
+
+# The flag sets kernels register with. ``registry.add`` defaults to ``KernelFlags()`` (pure,
+# no ``out=``); a kernel with other needs (impure, async) builds its own KernelFlags.
+#: The compute function takes ``out=``.
+OUT = KernelFlags(supports_out=True)
+#: Takes ``out=``, and ``out`` may be input 0's buffer (elementwise ops, in-place updates).
+OUT_INPLACE = KernelFlags(inplace=True, supports_out=True)
+#: Runs nested graphs (If/Loop/Scan, SequenceMap, FlexAttention's modifiers).
+CONTROL_FLOW = KernelFlags(control_flow=True)
 
 
 class KernelContext:

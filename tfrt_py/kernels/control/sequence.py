@@ -1,4 +1,4 @@
-"""Kernels: sequences and optionals.
+"""Kernels (control): sequences and optionals.
 
 Representation (shared with the executors): an ONNX sequence is a Python ``list`` of
 arrays; an ONNX optional is its value, or ``None`` when empty. Kernels never mutate an input
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext, KernelFlags
+from ..base import CONTROL_FLOW, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -32,7 +32,7 @@ def _position(pos: Any, n: int, insert: bool) -> int:
     return p + n if p < 0 else p
 
 
-def _sequence_empty(ctx: KernelContext) -> Any:
+def _sequence_empty(ctx: KernelContext) -> ComputeFn:
     """SequenceEmpty() -> [] (the ``dtype`` attribute only types the empty sequence)."""
 
     def sequence_empty() -> list:
@@ -41,7 +41,7 @@ def _sequence_empty(ctx: KernelContext) -> Any:
     return sequence_empty
 
 
-def _sequence_construct(ctx: KernelContext) -> Any:
+def _sequence_construct(ctx: KernelContext) -> ComputeFn:
     """SequenceConstruct(x...) -> [x...]."""
 
     def sequence_construct(*xs: Any) -> list:
@@ -50,7 +50,7 @@ def _sequence_construct(ctx: KernelContext) -> Any:
     return sequence_construct
 
 
-def _sequence_at(ctx: KernelContext) -> Any:
+def _sequence_at(ctx: KernelContext) -> ComputeFn:
     """SequenceAt(seq, position) -> seq[position]."""
 
     def sequence_at(seq: list, pos: Any) -> Any:
@@ -59,7 +59,7 @@ def _sequence_at(ctx: KernelContext) -> Any:
     return sequence_at
 
 
-def _sequence_insert(ctx: KernelContext) -> Any:
+def _sequence_insert(ctx: KernelContext) -> ComputeFn:
     """SequenceInsert(seq, tensor, position=end) -> a new sequence with tensor inserted."""
 
     def sequence_insert(seq: list, x: Any, pos: Any = None) -> list:
@@ -73,7 +73,7 @@ def _sequence_insert(ctx: KernelContext) -> Any:
     return sequence_insert
 
 
-def _sequence_erase(ctx: KernelContext) -> Any:
+def _sequence_erase(ctx: KernelContext) -> ComputeFn:
     """SequenceErase(seq, position=-1) -> a new sequence without that element."""
 
     def sequence_erase(seq: list, pos: Any = None) -> list:
@@ -84,7 +84,7 @@ def _sequence_erase(ctx: KernelContext) -> Any:
     return sequence_erase
 
 
-def _sequence_length(ctx: KernelContext) -> Any:
+def _sequence_length(ctx: KernelContext) -> ComputeFn:
     """SequenceLength(seq) -> int64 scalar."""
 
     def sequence_length(seq: list) -> np.ndarray:
@@ -93,7 +93,7 @@ def _sequence_length(ctx: KernelContext) -> Any:
     return sequence_length
 
 
-def _concat_from_sequence(ctx: KernelContext) -> Any:
+def _concat_from_sequence(ctx: KernelContext) -> ComputeFn:
     """ConcatFromSequence(seq) along ``axis``; ``new_axis=1`` stacks on a new axis instead."""
     axis = int(ctx.attr("axis"))
     new_axis = bool(ctx.attr("new_axis", 0))
@@ -124,7 +124,7 @@ def _split_points(split: np.ndarray, dim: int) -> list[int]:
     return list(np.cumsum(sizes)[:-1])
 
 
-def _split_to_sequence(ctx: KernelContext) -> Any:
+def _split_to_sequence(ctx: KernelContext) -> ComputeFn:
     """SplitToSequence(x, split?) along ``axis``; without split, size-1 chunks, squeezed
     unless ``keepdims``."""
     axis = int(ctx.attr("axis", 0))
@@ -142,7 +142,7 @@ def _split_to_sequence(ctx: KernelContext) -> Any:
     return split_to_sequence
 
 
-def _sequence_map(ctx: KernelContext) -> Any:
+def _sequence_map(ctx: KernelContext) -> ComputeFn:
     """SequenceMap(seq, extra...): run ``body`` on the i-th element of every sequence input
     (tensor inputs are passed whole each time); each body output becomes a sequence."""
     body_fn = ctx.subgraph("body")
@@ -163,7 +163,7 @@ def _sequence_map(ctx: KernelContext) -> Any:
     return sequence_map
 
 
-def _optional(ctx: KernelContext) -> Any:
+def _optional(ctx: KernelContext) -> ComputeFn:
     """Optional(x?) -> x, or None (an empty optional) without an input."""
 
     def optional(x: Any = None) -> Any:
@@ -172,7 +172,7 @@ def _optional(ctx: KernelContext) -> Any:
     return optional
 
 
-def _optional_has_element(ctx: KernelContext) -> Any:
+def _optional_has_element(ctx: KernelContext) -> ComputeFn:
     """OptionalHasElement(x?) -> bool scalar: x is present (opset 18: tensors, sequences)."""
 
     def optional_has_element(x: Any = None) -> np.ndarray:
@@ -181,7 +181,7 @@ def _optional_has_element(ctx: KernelContext) -> Any:
     return optional_has_element
 
 
-def _optional_get_element(ctx: KernelContext) -> Any:
+def _optional_get_element(ctx: KernelContext) -> ComputeFn:
     """OptionalGetElement(x) -> x; an empty optional is an error."""
 
     def optional_get_element(x: Any) -> Any:
@@ -194,18 +194,15 @@ def _optional_get_element(ctx: KernelContext) -> Any:
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register the sequence and optional ops (SequenceMap as a control-flow kernel)."""
-    pure = KernelFlags(pure=True)
-    registry.add("SequenceEmpty", _sequence_empty, since=11, flags=pure)
-    registry.add("SequenceConstruct", _sequence_construct, since=11, flags=pure)
-    registry.add("SequenceAt", _sequence_at, since=11, flags=pure)
-    registry.add("SequenceInsert", _sequence_insert, since=11, flags=pure)
-    registry.add("SequenceErase", _sequence_erase, since=11, flags=pure)
-    registry.add("SequenceLength", _sequence_length, since=11, flags=pure)
-    registry.add("ConcatFromSequence", _concat_from_sequence, since=11, flags=pure)
-    registry.add("SplitToSequence", _split_to_sequence, since=11, flags=pure)
-    registry.add(
-        "SequenceMap", _sequence_map, since=17, flags=KernelFlags(pure=True, control_flow=True)
-    )
-    registry.add("Optional", _optional, since=15, flags=pure)
-    registry.add("OptionalHasElement", _optional_has_element, since=15, flags=pure)
-    registry.add("OptionalGetElement", _optional_get_element, since=15, flags=pure)
+    registry.add("SequenceEmpty", _sequence_empty, since=11)
+    registry.add("SequenceConstruct", _sequence_construct, since=11)
+    registry.add("SequenceAt", _sequence_at, since=11)
+    registry.add("SequenceInsert", _sequence_insert, since=11)
+    registry.add("SequenceErase", _sequence_erase, since=11)
+    registry.add("SequenceLength", _sequence_length, since=11)
+    registry.add("ConcatFromSequence", _concat_from_sequence, since=11)
+    registry.add("SplitToSequence", _split_to_sequence, since=11)
+    registry.add("SequenceMap", _sequence_map, since=17, flags=CONTROL_FLOW)
+    registry.add("Optional", _optional, since=15)
+    registry.add("OptionalHasElement", _optional_has_element, since=15)
+    registry.add("OptionalGetElement", _optional_get_element, since=15)

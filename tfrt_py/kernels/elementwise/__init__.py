@@ -1,8 +1,7 @@
 """Kernels: the elementwise family.
 
-Unary math (``elementwise_unary``), activations (``elementwise_activation``), binary,
-variadic, Clip and Where (``elementwise_binary``), Cast and CastLike
-(``elementwise_cast``); Erf without SciPy lives in ``elementwise_erf``.
+Unary math (``unary``), activations (``activation``), binary, variadic, Clip and Where
+(``binary``), Cast and CastLike (``cast``); Erf without SciPy lives in ``erf``.
 
 All of them follow the contract in ``base.py``: the builder settles attributes, opset
 differences and constant inputs at load; the compute function is NumPy calls only, keeps
@@ -12,15 +11,14 @@ ONNX's output dtype, and takes ``out=`` (single output, registered ``supports_ou
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from .activation import register_activations
-from .binary import register_binary
-from .cast import register_cast
-from .unary import register_unary
+from . import activation, binary, cast, unary
+
+__all__ = ["register_kernels"]
 
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register this family's kernels."""
-    register_unary(registry)
-    register_activations(registry)
-    register_binary(registry)
-    register_cast(registry)
+    unary.register_kernels(registry)
+    activation.register_kernels(registry)
+    binary.register_kernels(registry)
+    cast.register_kernels(registry)

@@ -1,5 +1,5 @@
-"""Activation kernels: Relu, LeakyRelu, Elu, Selu, Celu, Sigmoid, HardSigmoid, HardSwish,
-Softplus, Softsign, Mish, ThresholdedRelu, Shrink, Gelu, Swish, PRelu.
+"""Kernels (elementwise): activations -- Relu, LeakyRelu, Elu, Selu, Celu, Sigmoid,
+HardSigmoid, HardSwish, Softplus, Softsign, Mish, ThresholdedRelu, Shrink, Gelu, Swish, PRelu.
 
 Every compute function is ``fn(x, out=None)`` (PRelu: ``fn(x, slope, out=None)``) and
 returns x's dtype. Attribute constants are Python floats, which NumPy treats as weak
@@ -19,13 +19,11 @@ import math
 
 import numpy as np
 
-from ..base import ComputeFn, KernelContext, KernelFlags
+from ..base import OUT_INPLACE, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .erf import erf
 
-__all__ = ["register_activations"]
-
-_SAME = KernelFlags(inplace=True, supports_out=True)
+__all__ = ["register_kernels"]
 
 
 def _native_float(ctx: KernelContext, fast: ComputeFn) -> ComputeFn:
@@ -282,22 +280,21 @@ def _prelu(ctx: KernelContext) -> ComputeFn:
     return prelu
 
 
-def register_activations(registry: KernelRegistry) -> None:
+def register_kernels(registry: KernelRegistry) -> None:
     """Register the activation kernels."""
-    add = registry.add
-    add("Relu", _relu, since=1, flags=_SAME)
-    add("LeakyRelu", _leaky_relu, since=1, flags=_SAME)
-    add("Elu", _elu, since=1, flags=_SAME)
-    add("Selu", _selu, since=1, flags=_SAME)
-    add("Celu", _celu, since=12, flags=_SAME)
-    add("Sigmoid", _sigmoid, since=1, flags=_SAME)
-    add("HardSigmoid", _hard_sigmoid, since=1, flags=_SAME)
-    add("HardSwish", _hard_swish, since=14, flags=_SAME)
-    add("Softplus", _softplus, since=1, flags=_SAME)
-    add("Softsign", _softsign, since=1, flags=_SAME)
-    add("Mish", _mish, since=18, flags=_SAME)
-    add("ThresholdedRelu", _thresholded_relu, since=10, flags=_SAME)
-    add("Shrink", _shrink, since=9, flags=_SAME)
-    add("Gelu", _gelu, since=20, flags=_SAME)
-    add("Swish", _swish, since=24, flags=_SAME)
-    add("PRelu", _prelu, since=1, flags=_SAME)
+    registry.add("Relu", _relu, since=1, flags=OUT_INPLACE)
+    registry.add("LeakyRelu", _leaky_relu, since=1, flags=OUT_INPLACE)
+    registry.add("Elu", _elu, since=1, flags=OUT_INPLACE)
+    registry.add("Selu", _selu, since=1, flags=OUT_INPLACE)
+    registry.add("Celu", _celu, since=12, flags=OUT_INPLACE)
+    registry.add("Sigmoid", _sigmoid, since=1, flags=OUT_INPLACE)
+    registry.add("HardSigmoid", _hard_sigmoid, since=1, flags=OUT_INPLACE)
+    registry.add("HardSwish", _hard_swish, since=14, flags=OUT_INPLACE)
+    registry.add("Softplus", _softplus, since=1, flags=OUT_INPLACE)
+    registry.add("Softsign", _softsign, since=1, flags=OUT_INPLACE)
+    registry.add("Mish", _mish, since=18, flags=OUT_INPLACE)
+    registry.add("ThresholdedRelu", _thresholded_relu, since=10, flags=OUT_INPLACE)
+    registry.add("Shrink", _shrink, since=9, flags=OUT_INPLACE)
+    registry.add("Gelu", _gelu, since=20, flags=OUT_INPLACE)
+    registry.add("Swish", _swish, since=24, flags=OUT_INPLACE)
+    registry.add("PRelu", _prelu, since=1, flags=OUT_INPLACE)

@@ -1,4 +1,4 @@
-"""Binary and variadic elementwise kernels with NumPy (multidirectional) broadcasting:
+"""Kernels (elementwise): binary and variadic ops with NumPy (multidirectional) broadcasting:
 Add Sub Mul Div Pow Mod BitShift BitwiseAnd/Or/Xor And Or Xor, the comparisons, Sum Mean
 Max Min, Clip and Where.
 
@@ -12,18 +12,14 @@ that is honoured by reshaping B.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..base import ComputeFn, KernelContext, KernelFlags
+from ..base import OUT, OUT_INPLACE, ComputeFn, KernelBuilder, KernelContext, KernelFlags
 from ..registry import KernelRegistry
 
-__all__ = ["register_binary"]
-
-_SAME = KernelFlags(inplace=True, supports_out=True)
-_OUT = KernelFlags(supports_out=True)
+__all__ = ["register_kernels"]
 
 
 def _legacy_broadcast(ctx: KernelContext, fn: ComputeFn) -> ComputeFn:
@@ -43,7 +39,7 @@ def _legacy_broadcast(ctx: KernelContext, fn: ComputeFn) -> ComputeFn:
     return legacy
 
 
-def _ufunc2(uf: np.ufunc) -> Callable[[KernelContext], ComputeFn]:
+def _binary_builder(uf: np.ufunc) -> KernelBuilder:
     def build(ctx: KernelContext) -> ComputeFn:
         """The ufunc itself, ``fn(a, b, out=None)``; same dtype in and out."""
         return _legacy_broadcast(ctx, uf)
@@ -184,7 +180,7 @@ def _fold(uf: np.ufunc, n: int) -> ComputeFn:
     return many
 
 
-def _variadic(uf: np.ufunc) -> Callable[[KernelContext], ComputeFn]:
+def _variadic_builder(uf: np.ufunc) -> KernelBuilder:
     def build(ctx: KernelContext) -> ComputeFn:
         """uf folded over all inputs, ``fn(*xs, out=None)``."""
         if ctx.n_inputs < 1:
@@ -293,35 +289,34 @@ def _where(ctx: KernelContext) -> ComputeFn:
 
 
 _BINARY: dict[str, tuple[np.ufunc, int, KernelFlags]] = {
-    "Add": (np.add, 1, _SAME),
-    "Sub": (np.subtract, 1, _SAME),
-    "Mul": (np.multiply, 1, _SAME),
-    "BitwiseAnd": (np.bitwise_and, 18, _SAME),
-    "BitwiseOr": (np.bitwise_or, 18, _SAME),
-    "BitwiseXor": (np.bitwise_xor, 18, _SAME),
-    "And": (np.logical_and, 1, _SAME),
-    "Or": (np.logical_or, 1, _SAME),
-    "Xor": (np.logical_xor, 1, _SAME),
-    "Equal": (np.equal, 1, _OUT),
-    "Greater": (np.greater, 1, _OUT),
-    "GreaterOrEqual": (np.greater_equal, 12, _OUT),
-    "Less": (np.less, 1, _OUT),
-    "LessOrEqual": (np.less_equal, 12, _OUT),
+    "Add": (np.add, 1, OUT_INPLACE),
+    "Sub": (np.subtract, 1, OUT_INPLACE),
+    "Mul": (np.multiply, 1, OUT_INPLACE),
+    "BitwiseAnd": (np.bitwise_and, 18, OUT_INPLACE),
+    "BitwiseOr": (np.bitwise_or, 18, OUT_INPLACE),
+    "BitwiseXor": (np.bitwise_xor, 18, OUT_INPLACE),
+    "And": (np.logical_and, 1, OUT_INPLACE),
+    "Or": (np.logical_or, 1, OUT_INPLACE),
+    "Xor": (np.logical_xor, 1, OUT_INPLACE),
+    "Equal": (np.equal, 1, OUT),
+    "Greater": (np.greater, 1, OUT),
+    "GreaterOrEqual": (np.greater_equal, 12, OUT),
+    "Less": (np.less, 1, OUT),
+    "LessOrEqual": (np.less_equal, 12, OUT),
 }
 
 
-def register_binary(registry: KernelRegistry) -> None:
+def register_kernels(registry: KernelRegistry) -> None:
     """Register the binary, variadic, Clip and Where kernels."""
-    add = registry.add
     for op, (uf, since, flags) in _BINARY.items():
-        add(op, _ufunc2(uf), since=since, flags=flags)
-    add("Div", _div, since=1, flags=_SAME)
-    add("Pow", _pow, since=1, flags=_SAME)
-    add("Mod", _mod, since=10, flags=_SAME)
-    add("BitShift", _bitshift, since=11, flags=_SAME)
-    add("Sum", _variadic(np.add), since=1, flags=_SAME)
-    add("Max", _variadic(np.maximum), since=1, flags=_SAME)
-    add("Min", _variadic(np.minimum), since=1, flags=_SAME)
-    add("Mean", _mean, since=1, flags=_SAME)
-    add("Clip", _clip, since=1, flags=_SAME)
-    add("Where", _where, since=9, flags=_OUT)
+        registry.add(op, _binary_builder(uf), since=since, flags=flags)
+    registry.add("Div", _div, since=1, flags=OUT_INPLACE)
+    registry.add("Pow", _pow, since=1, flags=OUT_INPLACE)
+    registry.add("Mod", _mod, since=10, flags=OUT_INPLACE)
+    registry.add("BitShift", _bitshift, since=11, flags=OUT_INPLACE)
+    registry.add("Sum", _variadic_builder(np.add), since=1, flags=OUT_INPLACE)
+    registry.add("Max", _variadic_builder(np.maximum), since=1, flags=OUT_INPLACE)
+    registry.add("Min", _variadic_builder(np.minimum), since=1, flags=OUT_INPLACE)
+    registry.add("Mean", _mean, since=1, flags=OUT_INPLACE)
+    registry.add("Clip", _clip, since=1, flags=OUT_INPLACE)
+    registry.add("Where", _where, since=9, flags=OUT)

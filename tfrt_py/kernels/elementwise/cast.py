@@ -1,4 +1,4 @@
-"""Cast and CastLike.
+"""Kernels (elementwise): Cast and CastLike.
 
 ``fn(x, out=None)`` (CastLike: ``fn(x, like, out=None)``) returns x converted to the
 target dtype; a cast to x's own dtype returns x itself (the executor copies aliases it
@@ -22,10 +22,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..base import ComputeFn, KernelContext, KernelFlags
+from ..base import OUT, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 
-__all__ = ["ONNX_DTYPES", "register_cast"]
+__all__ = ["ONNX_DTYPES", "register_kernels", "target_dtype"]
 
 #: TensorProto.DataType -> NumPy dtype (object for STRING).
 ONNX_DTYPES: dict[int, np.dtype] = {
@@ -240,8 +240,7 @@ def _cast_like(ctx: KernelContext) -> ComputeFn:
     return cast_like_dynamic
 
 
-def register_cast(registry: KernelRegistry) -> None:
+def register_kernels(registry: KernelRegistry) -> None:
     """Register Cast and CastLike."""
-    flags = KernelFlags(supports_out=True)
-    registry.add("Cast", _cast, since=1, flags=flags)
-    registry.add("CastLike", _cast_like, since=15, flags=flags)
+    registry.add("Cast", _cast, since=1, flags=OUT)
+    registry.add("CastLike", _cast_like, since=15, flags=OUT)

@@ -1,21 +1,18 @@
-"""Unary elementwise math kernels: Abs ... Tanh, Erf, IsInf, IsNaN, Not, BitwiseNot.
+"""Kernels (elementwise): unary math -- Abs ... Tanh, Erf, IsInf, IsNaN, Not, BitwiseNot.
 
 Most compute functions *are* NumPy ufuncs (``fn(x, out=None)``), which keep the input
-dtype for every ONNX type they accept. Erf uses ``elementwise_erf`` (no SciPy).
+dtype for every ONNX type they accept. Erf uses ``erf`` (no SciPy).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..base import ComputeFn, KernelContext, KernelFlags
+from ..base import OUT, OUT_INPLACE, ComputeFn, KernelBuilder, KernelContext
 from ..registry import KernelRegistry
 from .erf import erf
 
-__all__ = ["register_unary"]
-
-_SAME = KernelFlags(inplace=True, supports_out=True)
-_OUT = KernelFlags(supports_out=True)
+__all__ = ["register_kernels"]
 
 # op -> (ufunc, since, same dtype out): the ufunc keeps the dtype of every type ONNX allows.
 # Opsets before 6 only add the ignored ``consumed_inputs`` hint.
@@ -48,7 +45,7 @@ _UFUNCS: dict[str, tuple[np.ufunc, int, bool]] = {
 }
 
 
-def _ufunc_builder(uf: np.ufunc) -> ComputeFn:
+def _unary_builder(uf: np.ufunc) -> KernelBuilder:
     def build(ctx: KernelContext) -> ComputeFn:
         """The ufunc itself: ``fn(x, out=None) -> y`` with y's dtype = x's dtype."""
         return uf
@@ -85,9 +82,9 @@ def _isinf(ctx: KernelContext) -> ComputeFn:
     return isinf_none
 
 
-def register_unary(registry: KernelRegistry) -> None:
-    """Register the unary math kernels."""
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register the unary math kernels (Abs ... Tanh, Erf, IsInf, IsNaN, Not, BitwiseNot)."""
     for op, (uf, since, same) in _UFUNCS.items():
-        registry.add(op, _ufunc_builder(uf), since=since, flags=_SAME if same else _OUT)
-    registry.add("Erf", _erf, since=9, flags=_SAME)
-    registry.add("IsInf", _isinf, since=10, flags=_OUT)
+        registry.add(op, _unary_builder(uf), since=since, flags=OUT_INPLACE if same else OUT)
+    registry.add("Erf", _erf, since=9, flags=OUT_INPLACE)
+    registry.add("IsInf", _isinf, since=10, flags=OUT)

@@ -1,4 +1,4 @@
-"""Kernels: Resize (opsets 10, 11, 13, 18, 19) and Upsample (1, 7, 9; mapped onto Resize).
+"""Kernels (image): Resize (opsets 10, 11, 13, 18, 19) and Upsample (1, 7, 9; mapped onto Resize).
 
 Inputs by opset: Resize-10 ``(X, scales)``; Resize-11+ ``(X, roi, scales, sizes)`` (from 13
 roi and scales are optional; an empty tensor counts as omitted); Upsample-9
@@ -359,7 +359,7 @@ def _static_shape(ctx: KernelContext) -> tuple[int, ...] | None:
     return tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
 
 
-def _build_resize(ctx: KernelContext) -> ComputeFn:
+def _resize(ctx: KernelContext) -> ComputeFn:
     """Resize: ``fn(X, roi=None, scales=None, sizes=None) -> Y`` (Resize-10: ``(X, scales)``)."""
     legacy = ctx.opset < 11
     p = _params(ctx, legacy)
@@ -390,7 +390,7 @@ def _build_resize(ctx: KernelContext) -> ComputeFn:
     return _resize_fn(p, get11, static, shape, dtype)
 
 
-def _build_upsample(ctx: KernelContext) -> ComputeFn:
+def _upsample(ctx: KernelContext) -> ComputeFn:
     """Upsample: ``fn(X, scales=None) -> Y`` (scales an attribute before opset 9)."""
     p = _params(ctx, legacy=True)
     shape = _static_shape(ctx)
@@ -413,5 +413,5 @@ def _build_upsample(ctx: KernelContext) -> ComputeFn:
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register Resize and Upsample."""
-    registry.add("Resize", _build_resize, since=10)
-    registry.add("Upsample", _build_upsample, since=1)
+    registry.add("Resize", _resize, since=10)
+    registry.add("Upsample", _upsample, since=1)

@@ -1,6 +1,4 @@
-"""Kernels: vision ops -- NonMaxSuppression, RoiAlign, GridSample, AffineGrid.
-
-Registered from ``signal.register_kernels``.
+"""Kernels (image): NonMaxSuppression, RoiAlign, GridSample, AffineGrid.
 
 * NonMaxSuppression-10/11: greedy per (batch, class), scores sorted descending (ties: lower
   box index first), a candidate is dropped when its IoU with a kept box is ``> iou_threshold``;
@@ -22,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext
+from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -35,7 +33,7 @@ def _str(v: Any) -> str:
 # -- NonMaxSuppression ------------------------------------------------------------------
 
 
-def _non_max_suppression(ctx: KernelContext) -> Any:
+def _non_max_suppression(ctx: KernelContext) -> ComputeFn:
     """NonMaxSuppression-10: ``(boxes [B, N, 4], scores [B, C, N], max_output_boxes_per_class?,
     iou_threshold?, score_threshold?) -> selected_indices int64 [K, 3]``."""
     center = int(ctx.attr("center_point_box", 0))
@@ -129,7 +127,7 @@ def _bilinear_taps(
     return lo, hi, (1.0 - frac) * valid, frac * valid, valid
 
 
-def _roi_align(ctx: KernelContext) -> Any:
+def _roi_align(ctx: KernelContext) -> ComputeFn:
     """RoiAlign-10/16/22: ``(X [N, C, H, W], rois [R, 4], batch_indices [R]) ->
     Y [R, C, output_height, output_width]``."""
     default_mode = "half_pixel" if ctx.opset >= 16 else "output_half_pixel"
@@ -214,7 +212,7 @@ def _cubic_coeffs(t: np.ndarray) -> list[np.ndarray]:
     ]
 
 
-def _grid_sample(ctx: KernelContext) -> Any:
+def _grid_sample(ctx: KernelContext) -> ComputeFn:
     """GridSample-16/20/22: ``(X [N, C, *D], grid [N, *O, nd]) -> Y [N, C, *O]``."""
     mode = _str(ctx.attr("mode", "linear" if ctx.opset >= 20 else "bilinear"))
     mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
@@ -302,7 +300,7 @@ def _grid_sample(ctx: KernelContext) -> Any:
 # -- AffineGrid -------------------------------------------------------------------------
 
 
-def _affine_grid(ctx: KernelContext) -> Any:
+def _affine_grid(ctx: KernelContext) -> ComputeFn:
     """AffineGrid-20: ``(theta [N, nd, nd+1], size [N, C, *D]) -> grid [N, *D, nd]``."""
     align = bool(ctx.attr("align_corners", 0))
 

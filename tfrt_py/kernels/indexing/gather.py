@@ -1,9 +1,9 @@
-"""Kernels: indexing family -- selecting elements by position.
+"""Kernels (indexing): selecting elements by position.
 
 Slice (strided view), Gather (view for a constant scalar index, else ``np.take``),
 GatherElements, GatherND, Compress, NonZero in this module; the scatters (Scatter,
-ScatterElements, ScatterND, TensorScatter) in ``indexing_scatter.py``; OneHot, Unique,
-ReverseSequence and Trilu in ``indexing_misc.py``.
+ScatterElements, ScatterND, TensorScatter) in ``scatter``; OneHot, Unique,
+ReverseSequence and Trilu in ``misc``.
 
 Negative indices count from the end of their axis everywhere, as ONNX says.
 """
@@ -225,7 +225,7 @@ def _nonzero(ctx: KernelContext) -> ComputeFn:
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register the indexing family (this module, ``indexing_scatter``, ``indexing_misc``)."""
+    """Register Slice, Gather, GatherElements, GatherND, Compress, NonZero."""
     registry.add("Slice", _slice, since=1)
     registry.add("Gather", _gather, since=1)
     registry.add("GatherElements", _gather_elements, since=11)

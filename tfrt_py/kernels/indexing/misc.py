@@ -1,7 +1,4 @@
-"""Kernels (indexing family): OneHot, Unique, ReverseSequence, Trilu.
-
-Registered by ``indexing.register_kernels``.
-"""
+"""Kernels (indexing): OneHot, Unique, ReverseSequence, Trilu."""
 
 from __future__ import annotations
 

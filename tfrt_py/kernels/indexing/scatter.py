@@ -1,9 +1,8 @@
-"""Kernels (indexing family): Scatter, ScatterElements, ScatterND, TensorScatter.
+"""Kernels (indexing): Scatter, ScatterElements, ScatterND, TensorScatter.
 
 Each returns a copy of ``data`` with updates written in. They are registered ``inplace`` and
 ``supports_out``: when the executor passes ``out`` (possibly aliasing ``data``, when data is
-dead afterwards) the copy is skipped or done into ``out``. Registered by
-``indexing.register_kernels``.
+dead afterwards) the copy is skipped or done into ``out``.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import ComputeFn, KernelContext, KernelFlags
+from ..base import OUT_INPLACE, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from ..shape.util import along_axis_index
 
@@ -134,8 +133,7 @@ def _tensor_scatter(ctx: KernelContext) -> ComputeFn:
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register Scatter, ScatterElements, ScatterND, TensorScatter."""
-    flags = KernelFlags(inplace=True, supports_out=True)
-    registry.add("Scatter", _scatter_elements, since=9, flags=flags)
-    registry.add("ScatterElements", _scatter_elements, since=11, flags=flags)
-    registry.add("ScatterND", _scatter_nd, since=11, flags=flags)
-    registry.add("TensorScatter", _tensor_scatter, since=24, flags=flags)
+    registry.add("Scatter", _scatter_elements, since=9, flags=OUT_INPLACE)
+    registry.add("ScatterElements", _scatter_elements, since=11, flags=OUT_INPLACE)
+    registry.add("ScatterND", _scatter_nd, since=11, flags=OUT_INPLACE)
+    registry.add("TensorScatter", _tensor_scatter, since=24, flags=OUT_INPLACE)

@@ -1,4 +1,4 @@
-"""Kernel: Einsum (registered by ``linalg.register_kernels``).
+"""Kernels (linalg): Einsum.
 
 Two-operand equations (the common case: attention, bilinear forms, batched matmuls) are
 compiled per operand shapes into transpose + reshape + one BLAS matmul (+ a transpose of
@@ -11,15 +11,15 @@ contraction path planned at load when shapes are static, else once per shapes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..base import KernelContext
+from ..base import ComputeFn, KernelContext
 from ..nn.conv_common import compute_dtype
+from ..registry import KernelRegistry
 
-__all__ = ["build_einsum", "parse_einsum"]
+__all__ = ["parse_einsum", "register_kernels"]
 
 
 def parse_einsum(eq: str, ranks: list[int]) -> tuple[list[str], str]:
@@ -114,7 +114,7 @@ def _run2(plan: _Plan2, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return r if plan.r_perm is None else r.transpose(plan.r_perm)
 
 
-def build_einsum(ctx: KernelContext) -> Callable[..., Any]:
+def _einsum(ctx: KernelContext) -> ComputeFn:
     """Einsum(Inputs...) -> the equation's result; ONNX implicit-output rules (ellipsis
     dims first, then labels used once, alphabetically). float16/bfloat16 compute in
     float32 and round back once."""
@@ -181,3 +181,8 @@ def build_einsum(ctx: KernelContext) -> Callable[..., Any]:
         return np.asarray(np.einsum(eq, *ops, optimize=path))
 
     return einsum
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register Einsum."""
+    registry.add("Einsum", _einsum, since=12)

@@ -1,30 +1,28 @@
-"""Kernels: linear-algebra family (MatMul, Gemm, Einsum, Det; the integer and quantized
-matmuls are in ``linalg_quant.py`` and registered here).
+"""Kernels (linalg): MatMul, Gemm, Det (Einsum is in ``einsum``, the integer and quantized
+matmuls in ``matmul_integer``, QuantizeLinear and friends in ``quantize``).
 
 MatMul and Gemm run on BLAS through ``np.matmul`` with ``out=``. Gemm decides transA/transB
 at load and, when B and C are constants, stores B transposed and scaled by alpha and C
 scaled by beta, so a call is one matmul plus one in-place add. A stacked MatMul whose
-right side is a matrix runs as a single 2-D matmul. Einsum is in ``linalg_einsum.py``.
+right side is a matrix runs as a single 2-D matmul.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..base import Cost, KernelContext, KernelFlags
+from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..nn.conv_common import compute_dtype
 from ..registry import KernelRegistry
-from .einsum import build_einsum
 
 __all__ = ["register_kernels"]
 
 _BLAS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64))
 
 
-def _matmul(ctx: KernelContext) -> Callable[..., Any]:
+def _matmul(ctx: KernelContext) -> ComputeFn:
     """MatMul(A, B) -> A @ B with NumPy matmul semantics (1-D promotion, batch broadcast).
 
     float16 multiplies in float32 (NumPy has no float16 BLAS) and rounds back once."""
@@ -79,7 +77,7 @@ def _matmul_cost(
     return Cost(2.0 * y * k, 4.0 * (float(np.prod(ins[0])) + float(np.prod(ins[1])) + y))
 
 
-def _gemm(ctx: KernelContext) -> Callable[..., Any]:
+def _gemm(ctx: KernelContext) -> ComputeFn:
     """Gemm(A, B, C?) -> alpha * A' @ B' + beta * C (A' = A.T if transA, B' = B.T if transB).
 
     C broadcasts unidirectionally to (M, N). Opset < 7's ``broadcast`` attribute is
@@ -173,7 +171,7 @@ def _gemm_cost(ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[
     return Cost(2.0 * y * k, 4.0 * (float(np.prod(ins[0])) + float(np.prod(ins[1])) + y))
 
 
-def _det(ctx: KernelContext) -> Callable[..., Any]:
+def _det(ctx: KernelContext) -> ComputeFn:
     """Det(X) -> determinant over the last two axes (float16 computes in float32)."""
 
     def det(x: np.ndarray) -> np.ndarray:
@@ -185,9 +183,7 @@ def _det(ctx: KernelContext) -> Callable[..., Any]:
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register this family's kernels."""
-    out = KernelFlags(supports_out=True)
-    registry.add("MatMul", _matmul, since=1, flags=out, cost=_matmul_cost)
-    registry.add("Gemm", _gemm, since=1, flags=out, cost=_gemm_cost)
-    registry.add("Einsum", build_einsum, since=12)
+    """Register MatMul, Gemm and Det."""
+    registry.add("MatMul", _matmul, since=1, flags=OUT, cost=_matmul_cost)
+    registry.add("Gemm", _gemm, since=1, flags=OUT, cost=_gemm_cost)
     registry.add("Det", _det, since=11)

@@ -1,4 +1,4 @@
-"""Kernels: integer and quantized matmuls (MatMulInteger, QLinearMatMul).
+"""Kernels (linalg): integer and quantized matmuls (MatMulInteger, QLinearMatMul).
 
 8-bit operands minus their zero points are multiplied exactly on float BLAS: float32 when
 the reduction is short enough for every partial sum to stay below 2**24 (K <= 258), else
@@ -7,12 +7,11 @@ float64. Constant B (minus its constant zero point) is converted once at load.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext
+from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -60,7 +59,7 @@ def _b_const(ctx: KernelContext, b_idx: int, zp_idx: int) -> tuple[np.ndarray | 
     return _b_side(b, ctx.const_input(zp_idx), cdt), cdt
 
 
-def _matmul_integer(ctx: KernelContext) -> Callable[..., Any]:
+def _matmul_integer(ctx: KernelContext) -> ComputeFn:
     """MatMulInteger(A, B, a_zero_point?, b_zero_point?) -> int32 (A - azp) @ (B - bzp).
 
     a_zero_point is scalar or per row of A; b_zero_point scalar or per column of B."""
@@ -77,7 +76,7 @@ def _matmul_integer(ctx: KernelContext) -> Callable[..., Any]:
     return matmul_integer
 
 
-def _qlinear_matmul(ctx: KernelContext) -> Callable[..., Any]:
+def _qlinear_matmul(ctx: KernelContext) -> ComputeFn:
     """QLinearMatMul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp) -> quantized y.
 
     y = saturate(round((a-azp) @ (b-bzp) * a_scale*b_scale/y_scale) + y_zp), rounding half

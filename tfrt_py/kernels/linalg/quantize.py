@@ -1,4 +1,4 @@
-"""Kernels: quant family -- QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear.
+"""Kernels (linalg): QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear.
 
 Per-tensor (scalar or one-element scale), per-axis (1-D scale along ``axis``) and blocked
 (``block_size``, scale shaped like the input with ``ceil(D/block)`` along ``axis``)
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext
+from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels", "tensor_dtype"]
@@ -93,7 +93,7 @@ class _Laid:
         return laid
 
 
-def _quantize_linear(ctx: KernelContext) -> Any:
+def _quantize_linear(ctx: KernelContext) -> ComputeFn:
     """QuantizeLinear-10..: ``(x, y_scale, y_zero_point?) -> y``."""
     axis = int(ctx.attr("axis", 1))
     block = int(ctx.attr("block_size", 0))
@@ -171,7 +171,7 @@ def _check_quant_type(ctx: KernelContext, dt: np.dtype) -> None:
         raise ctx.unsupported(f"{dt.name} is not a quantized type")
 
 
-def _dequantize_linear(ctx: KernelContext) -> Any:
+def _dequantize_linear(ctx: KernelContext) -> ComputeFn:
     """DequantizeLinear-10..: ``(x, x_scale, x_zero_point?) -> y``, float32 math."""
     axis = int(ctx.attr("axis", 1))
     block = int(ctx.attr("block_size", 0))
@@ -204,7 +204,7 @@ def _dequantize_linear(ctx: KernelContext) -> Any:
     return dequantize_linear
 
 
-def _dynamic_quantize_linear(ctx: KernelContext) -> Any:
+def _dynamic_quantize_linear(ctx: KernelContext) -> ComputeFn:
     """DynamicQuantizeLinear-11: ``x -> (y uint8, y_scale float32 scalar, zp uint8)``."""
     f32 = np.float32
 

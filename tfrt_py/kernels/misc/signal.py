@@ -1,5 +1,5 @@
-"""Kernels: signal family -- DFT, STFT, HannWindow, HammingWindow, BlackmanWindow,
-MelWeightMatrix. Also registers the vision kernels of ``vision.py``.
+"""Kernels (misc): signal processing -- DFT, STFT, HannWindow, HammingWindow, BlackmanWindow,
+MelWeightMatrix.
 
 Complex tensors use ONNX's layout: a trailing dimension of 2 (real, imaginary); real signals
 have a trailing dimension of 1. Transforms run on ``numpy.fft`` and are returned in the
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext
+from ..base import ComputeFn, KernelContext
 from ..linalg.quantize import tensor_dtype
 from ..registry import KernelRegistry
 
@@ -46,7 +46,7 @@ def _scalar(ctx: KernelContext, i: int) -> int | None:
     return None if v is None else int(v.reshape(-1)[0])
 
 
-def _dft(ctx: KernelContext) -> Any:
+def _dft(ctx: KernelContext) -> ComputeFn:
     """DFT-17/20: ``(input, dft_length?, axis?) -> output`` (axis input from opset 20)."""
     inverse = bool(ctx.attr("inverse", 0))
     onesided = bool(ctx.attr("onesided", 0))
@@ -86,7 +86,7 @@ def _dft(ctx: KernelContext) -> Any:
     return dft
 
 
-def _stft(ctx: KernelContext) -> Any:
+def _stft(ctx: KernelContext) -> ComputeFn:
     """STFT-17: ``(signal, frame_step, window?, frame_length?) -> output``,
     ``[batch, frames, bins, 2]``."""
     onesided = bool(ctx.attr("onesided", 1))
@@ -180,7 +180,7 @@ def _mel_matrix(
     return out
 
 
-def _mel_weight_matrix(ctx: KernelContext) -> Any:
+def _mel_weight_matrix(ctx: KernelContext) -> ComputeFn:
     """MelWeightMatrix-17: ``(num_mel_bins, dft_length, sample_rate, lower_edge_hertz,
     upper_edge_hertz) -> [dft_length // 2 + 1, num_mel_bins]``."""
     dtype = tensor_dtype(ctx, ctx.attr("output_datatype", 1))
@@ -208,7 +208,7 @@ def _mel_weight_matrix(ctx: KernelContext) -> Any:
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register the signal kernels, then the vision kernels (``vision.py``)."""
+    """Register DFT, STFT, the three windows and MelWeightMatrix."""
     registry.add("DFT", _dft, since=17)
     registry.add("STFT", _stft, since=17)
     registry.add("HannWindow", _window_builder(_hann), since=17)

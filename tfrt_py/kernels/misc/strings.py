@@ -1,4 +1,4 @@
-"""Kernels: strings family -- StringNormalizer, StringConcat, StringSplit, RegexFullMatch,
+"""Kernels (misc): strings -- StringNormalizer, StringConcat, StringSplit, RegexFullMatch,
 TfIdfVectorizer.
 
 String tensors are NumPy object arrays of Python ``str``. StringNormalizer drops stop-word
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext, KernelFlags
+from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -27,7 +27,7 @@ def _str(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _string_normalizer(ctx: KernelContext) -> Any:
+def _string_normalizer(ctx: KernelContext) -> ComputeFn:
     """StringNormalizer-10: ``X [C] or [1, C] -> Y [C'] or [1, C']``."""
     action = _str(ctx.attr("case_change_action", "NONE"))
     sensitive = bool(ctx.attr("is_case_sensitive", 0))
@@ -55,7 +55,7 @@ def _string_normalizer(ctx: KernelContext) -> Any:
     return string_normalizer
 
 
-def _string_concat(ctx: KernelContext) -> Any:
+def _string_concat(ctx: KernelContext) -> ComputeFn:
     """StringConcat-20: ``(X, Y) -> X + Y`` elementwise with broadcasting."""
 
     def string_concat(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
@@ -65,7 +65,7 @@ def _string_concat(ctx: KernelContext) -> Any:
     return string_concat
 
 
-def _string_split(ctx: KernelContext) -> Any:
+def _string_split(ctx: KernelContext) -> ComputeFn:
     """StringSplit-20: ``X -> (Y [*X.shape, max_pieces], Z int64 [*X.shape])``."""
     delim = _str(ctx.attr("delimiter", "")) or None
     maxsplit_attr = ctx.attr("maxsplit", None)
@@ -83,7 +83,7 @@ def _string_split(ctx: KernelContext) -> Any:
     return string_split
 
 
-def _regex_full_match(ctx: KernelContext) -> Any:
+def _regex_full_match(ctx: KernelContext) -> ComputeFn:
     """RegexFullMatch-20: ``X -> bool`` (whole-string match of ``pattern``)."""
     pattern = _str(ctx.attr("pattern"))
     try:
@@ -98,7 +98,7 @@ def _regex_full_match(ctx: KernelContext) -> Any:
     return regex_full_match
 
 
-def _tfidf_vectorizer(ctx: KernelContext) -> Any:
+def _tfidf_vectorizer(ctx: KernelContext) -> ComputeFn:
     """TfIdfVectorizer-9: ``X [C] or [B, C] -> Y float32 [out] or [B, out]``."""
     mode = _str(ctx.attr("mode"))
     if mode not in ("TF", "IDF", "TFIDF"):
@@ -165,9 +165,9 @@ def _tfidf_vectorizer(ctx: KernelContext) -> Any:
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register the string kernels."""
+    """Register StringNormalizer, StringConcat, StringSplit, RegexFullMatch, TfIdfVectorizer."""
     registry.add("StringNormalizer", _string_normalizer, since=10)
     registry.add("StringConcat", _string_concat, since=20)
     registry.add("StringSplit", _string_split, since=20)
     registry.add("RegexFullMatch", _regex_full_match, since=20)
-    registry.add("TfIdfVectorizer", _tfidf_vectorizer, since=9, flags=KernelFlags())
+    registry.add("TfIdfVectorizer", _tfidf_vectorizer, since=9)

@@ -1,4 +1,4 @@
-"""ai.onnx.ml encoders: LabelEncoder (opsets 1, 2, 4), CategoryMapper, OneHotEncoder,
+"""Kernels (ml): encoders -- LabelEncoder (opsets 1, 2, 4), CategoryMapper, OneHotEncoder,
 ZipMap, DictVectorizer and CastMap.
 
 Numeric lookups are vectorized (``searchsorted`` over keys sorted at load time; a NaN
@@ -16,17 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext
-from .common import attr_ints, attr_strings
+from ..base import ComputeFn, KernelContext
+from ..registry import KernelRegistry
+from .common import ML_DOMAIN, attr_ints, attr_strings
 
-__all__ = [
-    "build_cast_map",
-    "build_category_mapper",
-    "build_dict_vectorizer",
-    "build_label_encoder",
-    "build_one_hot_encoder",
-    "build_zipmap",
-]
+__all__ = ["register_kernels"]
 
 _OBJ = np.dtype(object)
 
@@ -91,7 +85,7 @@ def _as_array(name: str, v: Any) -> np.ndarray:
     return np.asarray(v, dtype=np.float32)
 
 
-def build_label_encoder(ctx: KernelContext) -> Callable[..., Any]:
+def _label_encoder(ctx: KernelContext) -> ComputeFn:
     """LabelEncoder: Y[i] = values[keys.index(X[i])] or the default.
 
     Opset 1: ``classes_strings`` maps strings to their index (int64) and int64 back to
@@ -134,7 +128,7 @@ def build_label_encoder(ctx: KernelContext) -> Callable[..., Any]:
     return label_encoder
 
 
-def build_category_mapper(ctx: KernelContext) -> Callable[..., Any]:
+def _category_mapper(ctx: KernelContext) -> ComputeFn:
     """CategoryMapper: strings -> int64 via cats_strings/cats_int64s (default_int64),
     int64 -> strings (default_string); the direction follows X's type."""
     strs = attr_strings(ctx, "cats_strings") or []
@@ -152,7 +146,7 @@ def build_category_mapper(ctx: KernelContext) -> Callable[..., Any]:
     return category_mapper
 
 
-def build_one_hot_encoder(ctx: KernelContext) -> Callable[..., Any]:
+def _one_hot_encoder(ctx: KernelContext) -> ComputeFn:
     """OneHotEncoder: float32 ``X.shape + (n_categories,)``, 1 at the category's index.
     Unknown values give all zeros (``zeros=1``) or an error (``zeros=0``). Numeric X is
     compared as int64."""
@@ -183,7 +177,7 @@ def build_one_hot_encoder(ctx: KernelContext) -> Callable[..., Any]:
     return one_hot_encoder
 
 
-def build_zipmap(ctx: KernelContext) -> Callable[..., Any]:
+def _zip_map(ctx: KernelContext) -> ComputeFn:
     """ZipMap: (N, C) scores -> list of N dicts {class label: float score}."""
     strs = attr_strings(ctx, "classlabels_strings")
     ints = attr_ints(ctx, "classlabels_int64s")
@@ -205,7 +199,7 @@ def build_zipmap(ctx: KernelContext) -> Callable[..., Any]:
     return zipmap
 
 
-def build_dict_vectorizer(ctx: KernelContext) -> Callable[..., Any]:
+def _dict_vectorizer(ctx: KernelContext) -> ComputeFn:
     """DictVectorizer: a map (or a list of maps) -> (N, vocabulary) tensor, each key's
     value at its vocabulary index, 0 elsewhere; unknown keys are ignored."""
     strs = attr_strings(ctx, "string_vocabulary")
@@ -235,7 +229,7 @@ def _to_string(v: Any) -> str:
     return v if isinstance(v, str) else f"{float(v):f}"  # std::to_string, as onnxruntime
 
 
-def build_cast_map(ctx: KernelContext) -> Callable[..., Any]:
+def _cast_map(ctx: KernelContext) -> ComputeFn:
     """CastMap: map int64 -> string/float to a (1, n) tensor (cast_to TO_FLOAT, TO_INT64 or
     TO_STRING). DENSE: the values in key order; SPARSE: (1, max_map) with value k at index
     k and onnxruntime's pad value elsewhere (0, or "0.f" for strings)."""
@@ -270,3 +264,13 @@ def build_cast_map(ctx: KernelContext) -> Callable[..., Any]:
         return out
 
     return cast_map
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register LabelEncoder, CategoryMapper, OneHotEncoder, ZipMap, DictVectorizer, CastMap."""
+    registry.add("LabelEncoder", _label_encoder, domain=ML_DOMAIN, since=1)
+    registry.add("CategoryMapper", _category_mapper, domain=ML_DOMAIN, since=1)
+    registry.add("OneHotEncoder", _one_hot_encoder, domain=ML_DOMAIN, since=1)
+    registry.add("ZipMap", _zip_map, domain=ML_DOMAIN, since=1)
+    registry.add("DictVectorizer", _dict_vectorizer, domain=ML_DOMAIN, since=1)
+    registry.add("CastMap", _cast_map, domain=ML_DOMAIN, since=1)

@@ -1,4 +1,4 @@
-"""ai.onnx.ml scalers, linear models and feature plumbing.
+"""Kernels (ml): scalers, linear models and feature plumbing.
 
 Scaler, Normalizer, Binarizer, Imputer, LinearClassifier, LinearRegressor,
 ArrayFeatureExtractor, FeatureVectorizer. Outputs keep the ONNX-ML types: Scaler,
@@ -11,24 +11,13 @@ by ``s > 0``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 
-from ..base import KernelContext
-from .common import as_2d, attr_floats, attr_ints, attr_strings, post_transform
+from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
+from ..registry import KernelRegistry
+from .common import ML_DOMAIN, as_2d, attr_floats, attr_ints, attr_strings, post_transform
 
-__all__ = [
-    "build_array_feature_extractor",
-    "build_binarizer",
-    "build_feature_vectorizer",
-    "build_imputer",
-    "build_linear_classifier",
-    "build_linear_regressor",
-    "build_normalizer",
-    "build_scaler",
-]
+__all__ = ["register_kernels"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -39,7 +28,7 @@ def _float(x: np.ndarray) -> np.ndarray:
     return x if x.dtype == _F32 else x.astype(_F32)
 
 
-def build_scaler(ctx: KernelContext) -> Callable[..., Any]:
+def _scaler(ctx: KernelContext) -> ComputeFn:
     """Scaler: Y = (X - offset) * scale, float32, offset/scale broadcast on the last axis
     (one value or one per feature); float64 input is computed in float64, then cast."""
     offset = attr_floats(ctx, "offset", np.float64)
@@ -63,7 +52,7 @@ def build_scaler(ctx: KernelContext) -> Callable[..., Any]:
     return scaler
 
 
-def build_normalizer(ctx: KernelContext) -> Callable[..., Any]:
+def _normalizer(ctx: KernelContext) -> ComputeFn:
     """Normalizer: each row divided by its MAX, L1 or L2 norm (float32); a row whose norm
     is 0 is copied unchanged. 1-D X is one row."""
     norm = ctx.attr("norm", "MAX")
@@ -87,7 +76,7 @@ def build_normalizer(ctx: KernelContext) -> Callable[..., Any]:
     return normalizer
 
 
-def build_binarizer(ctx: KernelContext) -> Callable[..., Any]:
+def _binarizer(ctx: KernelContext) -> ComputeFn:
     """Binarizer: Y = 1 where X > threshold else 0, in X's dtype."""
     threshold = float(ctx.attr("threshold", 0.0))
 
@@ -101,7 +90,7 @@ def build_binarizer(ctx: KernelContext) -> Callable[..., Any]:
     return binarizer
 
 
-def build_imputer(ctx: KernelContext) -> Callable[..., Any]:
+def _imputer(ctx: KernelContext) -> ComputeFn:
     """Imputer: replace ``replaced_value_*`` (NaN too when it is NaN) by the imputed value
     (one, or one per feature on the last axis); same dtype as X."""
     fvals = attr_floats(ctx, "imputed_value_floats", np.float64)
@@ -137,7 +126,7 @@ def _labels(ctx: KernelContext) -> tuple[np.ndarray | None, bool]:
     return (ints if ints is not None and len(ints) else None), False
 
 
-def build_linear_classifier(ctx: KernelContext) -> Callable[..., Any]:
+def _linear_classifier(ctx: KernelContext) -> ComputeFn:
     """LinearClassifier: scores = X @ W.T + b (float32), label = argmax (first max).
 
     One coefficient row with two labels is onnxruntime's binary form: label by
@@ -189,7 +178,7 @@ def build_linear_classifier(ctx: KernelContext) -> Callable[..., Any]:
     return linear_classifier
 
 
-def build_linear_regressor(ctx: KernelContext) -> Callable[..., Any]:
+def _linear_regressor(ctx: KernelContext) -> ComputeFn:
     """LinearRegressor: Y = X @ W.T + intercepts, float32 (N, targets), then
     post_transform."""
     coef = attr_floats(ctx, "coefficients", np.float64)
@@ -216,7 +205,7 @@ def build_linear_regressor(ctx: KernelContext) -> Callable[..., Any]:
     return linear_regressor
 
 
-def build_array_feature_extractor(ctx: KernelContext) -> Callable[..., Any]:
+def _array_feature_extractor(ctx: KernelContext) -> ComputeFn:
     """ArrayFeatureExtractor: X[..., indices] (indices flattened); 1-D X gives (1, k)."""
     const = ctx.const_input(1)
     const_idx = None if const is None else np.asarray(const, dtype=np.intp).reshape(-1)
@@ -231,7 +220,7 @@ def build_array_feature_extractor(ctx: KernelContext) -> Callable[..., Any]:
     return array_feature_extractor
 
 
-def build_feature_vectorizer(ctx: KernelContext) -> Callable[..., Any]:
+def _feature_vectorizer(ctx: KernelContext) -> ComputeFn:
     """FeatureVectorizer: concatenate the inputs' features into float32 (N, sum(dims)),
     each input truncated or zero-padded to its ``inputdimensions`` entry."""
     dims = attr_ints(ctx, "inputdimensions")
@@ -255,3 +244,16 @@ def build_feature_vectorizer(ctx: KernelContext) -> Callable[..., Any]:
         return out
 
     return feature_vectorizer
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register Scaler, Normalizer, Binarizer, Imputer, the linear models and the feature
+    plumbing (ArrayFeatureExtractor, FeatureVectorizer)."""
+    registry.add("Scaler", _scaler, domain=ML_DOMAIN, since=1, flags=OUT)
+    registry.add("Normalizer", _normalizer, domain=ML_DOMAIN, since=1, flags=OUT)
+    registry.add("Binarizer", _binarizer, domain=ML_DOMAIN, since=1, flags=OUT_INPLACE)
+    registry.add("Imputer", _imputer, domain=ML_DOMAIN, since=1)
+    registry.add("LinearClassifier", _linear_classifier, domain=ML_DOMAIN, since=1)
+    registry.add("LinearRegressor", _linear_regressor, domain=ML_DOMAIN, since=1, flags=OUT)
+    registry.add("ArrayFeatureExtractor", _array_feature_extractor, domain=ML_DOMAIN, since=1)
+    registry.add("FeatureVectorizer", _feature_vectorizer, domain=ML_DOMAIN, since=1)

@@ -1,4 +1,4 @@
-"""ai.onnx.ml support vector machines: SVMClassifier and SVMRegressor.
+"""Kernels (ml): support vector machines -- SVMClassifier and SVMRegressor.
 
 Kernels (``kernel_params`` = gamma, coef0, degree): LINEAR ``x.s``, POLY
 ``(gamma x.s + coef0) ** degree``, RBF ``exp(-gamma |x - s|^2)``, SIGMOID
@@ -14,14 +14,14 @@ libsvm's pairwise coupling; the label is the class with most pairwise votes. Out
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext
-from .common import as_2d, attr_floats, attr_ints, attr_strings, logistic, post_transform
+from ..base import ComputeFn, KernelContext
+from ..registry import KernelRegistry
+from .common import ML_DOMAIN, as_2d, attr_floats, attr_ints, attr_strings, logistic, post_transform
 
-__all__ = ["build_svm_classifier", "build_svm_regressor"]
+__all__ = ["register_kernels"]
 
 _F32 = np.dtype(np.float32)
 
@@ -78,7 +78,7 @@ def _x32(x: np.ndarray) -> np.ndarray:
     return x2 if x2.dtype == _F32 else x2.astype(_F32)
 
 
-def build_svm_regressor(ctx: KernelContext) -> Callable[..., Any]:
+def _svm_regressor(ctx: KernelContext) -> ComputeFn:
     """SVMRegressor: Y = K(X, S) @ coefficients + rho[0] (float32 (N, 1)); one_class maps
     Y to +1 / -1; post_transform PROBIT (the only one with a meaning for 1 output)."""
     coef = attr_floats(ctx, "coefficients", np.float64)
@@ -110,7 +110,7 @@ def build_svm_regressor(ctx: KernelContext) -> Callable[..., Any]:
     return svm_regressor
 
 
-def build_svm_classifier(ctx: KernelContext) -> Callable[..., Any]:
+def _svm_classifier(ctx: KernelContext) -> ComputeFn:
     """SVMClassifier (see the module docstring for the scores and labels)."""
     strs = attr_strings(ctx, "classlabels_strings")
     ints = attr_ints(ctx, "classlabels_ints")
@@ -236,3 +236,9 @@ def _coupling(r_pairs: np.ndarray, k: int, pi: np.ndarray, pj: np.ndarray) -> np
             pa /= den[:, None]
         p[active] = pa
     return p
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register SVMClassifier and SVMRegressor."""
+    registry.add("SVMClassifier", _svm_classifier, domain=ML_DOMAIN, since=1)
+    registry.add("SVMRegressor", _svm_regressor, domain=ML_DOMAIN, since=1)

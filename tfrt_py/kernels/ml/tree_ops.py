@@ -1,7 +1,7 @@
-"""ai.onnx.ml tree ensembles: TreeEnsembleClassifier, TreeEnsembleRegressor (opsets 1 and 3,
+"""Kernels (ml): tree ensembles -- TreeEnsembleClassifier, TreeEnsembleRegressor (opsets 1 and 3,
 ``nodes_*`` attributes and their ``*_as_tensor`` twins) and TreeEnsemble (opset 5).
 
-Builders parse the attributes into a ``TreeSpec`` and compile it (``ml_tree.Forest``) for
+Builders parse the attributes into a ``TreeSpec`` and compile it (``tree.Forest``) for
 the comparison dtype: float64 for float64 input, float32 otherwise (onnxruntime's
 threshold type); a forest for another dtype is compiled on first use. Scores follow
 onnxruntime, including its binary-classifier rules (one weight class and two labels:
@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext
-from .common import as_2d, attr_floats, attr_ints, attr_strings, post_transform, probit
+from ..base import ComputeFn, KernelContext
+from ..registry import KernelRegistry
+from .common import ML_DOMAIN, as_2d, attr_floats, attr_ints, attr_strings, post_transform, probit
 from .common import logistic as _logistic
 from .tree import LEQ, MEMBER, MODE_NAMES, Forest, TreeSpec
 
-__all__ = ["build_tree_classifier", "build_tree_ensemble", "build_tree_regressor"]
+__all__ = ["register_kernels"]
 
 _AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
 _F32 = np.dtype(np.float32)
@@ -223,7 +224,7 @@ def _aggregate_name(ctx: KernelContext, value: Any) -> str:
 # -- regressors ---------------------------------------------------------------------------
 
 
-def build_tree_regressor(ctx: KernelContext) -> Callable[..., Any]:
+def _tree_ensemble_regressor(ctx: KernelContext) -> ComputeFn:
     """TreeEnsembleRegressor: X (N, F) numeric -> Y float32 (N, n_targets).
 
     Y = aggregate(leaf weights) (+ base_values when it has n_targets entries), then
@@ -237,7 +238,7 @@ def build_tree_regressor(ctx: KernelContext) -> Callable[..., Any]:
     return _regressor(forests, how, base, transform, _F32)
 
 
-def build_tree_ensemble(ctx: KernelContext) -> Callable[..., Any]:
+def _tree_ensemble(ctx: KernelContext) -> ComputeFn:
     """TreeEnsemble (ai.onnx.ml 5): X (N, F) float -> Y (N, n_targets) of X's dtype."""
     spec = _spec_v5(ctx)
     how = _aggregate_name(ctx, int(ctx.attr("aggregate_function", 1)))
@@ -278,7 +279,7 @@ def _regressor(
 # -- classifier ---------------------------------------------------------------------------
 
 
-def build_tree_classifier(ctx: KernelContext) -> Callable[..., Any]:
+def _tree_ensemble_classifier(ctx: KernelContext) -> ComputeFn:
     """TreeEnsembleClassifier: X (N, F) numeric -> (label (N,) int64 or string,
     scores float32 (N, n_classes)), with onnxruntime's score and label rules."""
     ints = attr_ints(ctx, "classlabels_int64s")
@@ -372,3 +373,10 @@ def build_tree_classifier(ctx: KernelContext) -> Callable[..., Any]:
         return np.asarray(label, dtype=labels.dtype), scores.astype(np.float32, copy=False)
 
     return tree_classifier
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register TreeEnsembleClassifier, TreeEnsembleRegressor and TreeEnsemble (5+)."""
+    registry.add("TreeEnsembleClassifier", _tree_ensemble_classifier, domain=ML_DOMAIN, since=1)
+    registry.add("TreeEnsembleRegressor", _tree_ensemble_regressor, domain=ML_DOMAIN, since=1)
+    registry.add("TreeEnsemble", _tree_ensemble, domain=ML_DOMAIN, since=5)

@@ -1,4 +1,4 @@
-"""Kernels: transformer family -- Attention (opset 23+).
+"""Kernels (nn): Attention (opset 23+).
 
 Attention follows the ONNX spec (and its reference implementation) for opsets 23, 24 and 25:
 3-D ``(B, S, H*D)`` or 4-D ``(B, H, S, D)`` inputs, MHA/GQA/MQA head grouping (query head
@@ -12,7 +12,7 @@ fully masked query row yields zeros (not NaN) in ``Y`` and in mode-3 ``qk_matmul
 float16 inputs are computed in float32 and cast back (NumPy has no fast float16 matmul);
 bfloat16 inputs are computed step by step in bfloat16 as the spec's pattern says. GQA is done
 without repeating K/V by folding the query group into the query-sequence axis of the matmul.
-Other transformer ops live in ``transformer_ops.py`` and are registered from here.
+The other transformer ops live in ``transformer``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext
+from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -100,7 +100,7 @@ def mask_to_bias(mask: np.ndarray, t: int, dtype: np.dtype) -> np.ndarray:
     return bias
 
 
-def _attention(ctx: KernelContext) -> Any:
+def _attention(ctx: KernelContext) -> ComputeFn:
     """Attention-23/24/25: ``(Q, K, V, attn_mask?, past_key?, past_value?,
     nonpad_kv_seqlen?) -> (Y, present_key?, present_value?, qk_matmul_output?)``."""
     scale_attr = ctx.attr("scale", None)
@@ -258,5 +258,5 @@ def _attention(ctx: KernelContext) -> Any:
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register this family's kernels."""
+    """Register Attention."""
     registry.add("Attention", _attention, since=23)

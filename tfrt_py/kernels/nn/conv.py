@@ -1,5 +1,5 @@
-"""Kernels: convolution family (Conv, ConvInteger, QLinearConv; ConvTranspose, Col2Im and
-DeformConv live in ``conv_transpose.py`` / ``conv_deform.py`` and are registered here).
+"""Kernels (nn): Conv, ConvInteger, QLinearConv (ConvTranspose and Col2Im are in
+``conv_transpose``, DeformConv in ``conv_deform``; the shared geometry in ``conv_common``).
 
 Conv runs as im2col + one matmul per call: the (padded) input is viewed through a strided
 window view (N, groups, C/groups, *kernel, *out) and copied once into the im2col matrix,
@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..base import Cost, KernelContext, KernelFlags
+from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..registry import KernelRegistry
 from .conv_common import Spatial, compute_dtype, conv_geometry, parse_spatial, scratch
 
@@ -226,7 +226,7 @@ def make_conv_core(
     return core
 
 
-def _conv(ctx: KernelContext) -> Callable[..., Any]:
+def _conv(ctx: KernelContext) -> ComputeFn:
     """Conv(X, W, B?) -> Y: grouped N-D convolution with strides, dilations, pads/auto_pad.
 
     Supports float16/32/64 (float16 computes in float32) and ``out=``. The input dtype is
@@ -310,7 +310,7 @@ def _zp_weights(w: np.ndarray, zp: Any, cdt: np.dtype) -> np.ndarray:
     return w - zp.astype(cdt).reshape(())
 
 
-def _conv_integer(ctx: KernelContext) -> Callable[..., Any]:
+def _conv_integer(ctx: KernelContext) -> ComputeFn:
     """ConvInteger(X, W, x_zero_point?, w_zero_point?) -> int32 Y = (X-xzp) conv (W-wzp).
 
     Computes exactly in float32/float64 (by the reduction length) on BLAS."""
@@ -334,7 +334,7 @@ def _conv_integer(ctx: KernelContext) -> Callable[..., Any]:
     return conv_integer
 
 
-def _qlinear_conv(ctx: KernelContext) -> Callable[..., Any]:
+def _qlinear_conv(ctx: KernelContext) -> ComputeFn:
     """QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B?) -> quantized y.
 
     y = saturate(round((x-xzp) conv (w-wzp) + B) * x_scale*w_scale/y_scale) + y_zp), with
@@ -385,7 +385,7 @@ def _qlinear_conv(ctx: KernelContext) -> Callable[..., Any]:
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register this family's kernels."""
-    registry.add("Conv", _conv, since=1, flags=KernelFlags(supports_out=True), cost=_conv_cost)
+    """Register Conv, ConvInteger and QLinearConv."""
+    registry.add("Conv", _conv, since=1, flags=OUT, cost=_conv_cost)
     registry.add("ConvInteger", _conv_integer, since=10)
     registry.add("QLinearConv", _qlinear_conv, since=10)

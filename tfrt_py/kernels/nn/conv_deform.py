@@ -1,4 +1,4 @@
-"""Kernels: DeformConv (registered by ``conv.register_kernels``).
+"""Kernels (nn): DeformConv.
 
 Vectorised deformable convolution for 2-D inputs: the sampling points (window position +
 learned offset) are bilinearly interpolated from the input (zero outside it) into an
@@ -8,19 +8,18 @@ matmul. Base sampling positions are computed once per shape and memoised.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext
+from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .conv_common import attr_ints, compute_dtype
 
 __all__ = ["register_kernels"]
 
 
-def _deform_conv(ctx: KernelContext) -> Callable[..., Any]:
+def _deform_conv(ctx: KernelContext) -> ComputeFn:
     """DeformConv(X, W, offset, B?, mask?) -> Y for 2-D X (N, C, H, W).
 
     ``offset`` is (N, offset_group*kH*kW*2, oH, oW) with (dh, dw) pairs per kernel

@@ -1,4 +1,4 @@
-"""Kernels: ConvTranspose and Col2Im (registered by ``conv.register_kernels``).
+"""Kernels (nn): ConvTranspose and Col2Im.
 
 Both are one matmul (ConvTranspose only) followed by col2im: for each kernel position, one
 strided slice-add of the column block into the output. The slices, pads and output shape
@@ -8,12 +8,11 @@ constant. float16 computes in float32.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..base import KernelContext
+from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .conv_common import attr_ints, col2im_slices, compute_dtype, parse_spatial
 
@@ -35,7 +34,7 @@ def _full_index(s: _Slices) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
     return [((*all2, *k, *b), (*all2, *o)) for k, b, o in s]
 
 
-def _conv_transpose(ctx: KernelContext) -> Callable[..., Any]:
+def _conv_transpose(ctx: KernelContext) -> ComputeFn:
     """ConvTranspose(X, W, B?) -> Y: the gradient of Conv. W is (C, M/group, *kernel).
 
     Output size: ``output_shape`` when given (pads derived from it), else
@@ -131,7 +130,7 @@ def _conv_transpose(ctx: KernelContext) -> Callable[..., Any]:
     return conv_transpose
 
 
-def _col2im(ctx: KernelContext) -> Callable[..., Any]:
+def _col2im(ctx: KernelContext) -> ComputeFn:
     """Col2Im(input (N, C*prod(block), L), image_shape, block_shape) -> (N, C, *image_shape).
 
     Rearranges column blocks into an image, summing overlaps (the inverse of im2col)."""

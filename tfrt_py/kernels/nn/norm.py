@@ -1,4 +1,4 @@
-"""Kernels: normalizations — BatchNormalization, LayerNormalization, RMSNormalization,
+"""Kernels (nn): normalizations — BatchNormalization, LayerNormalization, RMSNormalization,
 LpNormalization (here); InstanceNormalization, GroupNormalization, LRN,
 MeanVarianceNormalization (``norm_group``).
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import ComputeFn, KernelContext, KernelFlags
+from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
 from ..reduce.common import stash_dtype
 from ..registry import KernelRegistry
 from .norm_group import row_stats
@@ -35,7 +35,7 @@ _sum = np.add.reduce
 # -- BatchNormalization ------------------------------------------------------------------
 
 
-def _build_batch_norm(ctx: KernelContext) -> ComputeFn:
+def _batch_normalization(ctx: KernelContext) -> ComputeFn:
     """BatchNormalization: ``fn(X, scale, B, mean, var, out=None)`` -> Y, or
     (Y, running_mean, running_var) with ``training_mode=1``."""
     eps = float(ctx.attr("epsilon", 1e-5))
@@ -134,7 +134,7 @@ def _split(x: np.ndarray, axis: int) -> tuple[int, int, int]:
     return a, (x.size // cols if cols else 0), cols
 
 
-def _build_layer_norm(ctx: KernelContext) -> ComputeFn:
+def _layer_normalization(ctx: KernelContext) -> ComputeFn:
     """LayerNormalization: ``fn(X, Scale, B=None, out=None)`` -> Y or (Y, Mean, InvStdDev)."""
     axis = int(ctx.attr("axis", -1))
     eps = float(ctx.attr("epsilon", 1e-5))
@@ -185,7 +185,7 @@ def _build_layer_norm(ctx: KernelContext) -> ComputeFn:
     return layer_norm
 
 
-def _build_rms_norm(ctx: KernelContext) -> ComputeFn:
+def _rms_normalization(ctx: KernelContext) -> ComputeFn:
     """RMSNormalization: ``fn(X, scale, out=None) -> X / sqrt(mean(X^2) + eps) * scale``."""
     axis = int(ctx.attr("axis", -1))
     eps = float(ctx.attr("epsilon", 1e-5))
@@ -212,7 +212,7 @@ def _build_rms_norm(ctx: KernelContext) -> ComputeFn:
 # -- LpNormalization -----------------------------------------------------------------------
 
 
-def _build_lp_norm(ctx: KernelContext) -> ComputeFn:
+def _lp_normalization(ctx: KernelContext) -> ComputeFn:
     """LpNormalization: ``fn(x, out=None) -> x / ||x||_p`` along ``axis`` (0 where norm 0)."""
     axis = int(ctx.attr("axis", -1))
     p = int(ctx.attr("p", 2))
@@ -231,14 +231,8 @@ def _build_lp_norm(ctx: KernelContext) -> ComputeFn:
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register this family's kernels."""
-    out = KernelFlags(supports_out=True)
-    registry.add(
-        "BatchNormalization",
-        _build_batch_norm,
-        since=1,
-        flags=KernelFlags(supports_out=True, inplace=True),
-    )
-    registry.add("LayerNormalization", _build_layer_norm, since=17, flags=out)
-    registry.add("RMSNormalization", _build_rms_norm, since=23, flags=out)
-    registry.add("LpNormalization", _build_lp_norm, since=1, flags=out)
+    """Register BatchNormalization, LayerNormalization, RMSNormalization, LpNormalization."""
+    registry.add("BatchNormalization", _batch_normalization, since=1, flags=OUT_INPLACE)
+    registry.add("LayerNormalization", _layer_normalization, since=17, flags=OUT)
+    registry.add("RMSNormalization", _rms_normalization, since=23, flags=OUT)
+    registry.add("LpNormalization", _lp_normalization, since=1, flags=OUT)

@@ -1,4 +1,4 @@
-"""Kernels: InstanceNormalization, GroupNormalization, LRN, MeanVarianceNormalization.
+"""Kernels (nn): InstanceNormalization, GroupNormalization, LRN, MeanVarianceNormalization.
 
 * InstanceNormalization: per (n, c) over the spatial axes,
   ``y = (x - mean) / sqrt(var + eps) * scale[c] + B[c]``; the per-channel affine is folded
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import ComputeFn, KernelContext, KernelFlags
+from ..base import OUT, ComputeFn, KernelContext
 from ..reduce.common import float_dtype, ones_vector, stash_dtype
 from ..registry import KernelRegistry
 
@@ -62,7 +62,7 @@ def _finish(y: np.ndarray, dt: np.dtype, out: np.ndarray | None) -> np.ndarray:
     return y if y.dtype == dt else y.astype(dt)
 
 
-def _build_instance_norm(ctx: KernelContext) -> ComputeFn:
+def _instance_normalization(ctx: KernelContext) -> ComputeFn:
     """InstanceNormalization: ``fn(input, scale, B, out=None) -> y``."""
     eps = float(ctx.attr("epsilon", 1e-5))
 
@@ -83,7 +83,7 @@ def _build_instance_norm(ctx: KernelContext) -> ComputeFn:
     return instance_norm
 
 
-def _build_group_norm(ctx: KernelContext) -> ComputeFn:
+def _group_normalization(ctx: KernelContext) -> ComputeFn:
     """GroupNormalization: ``fn(X, scale, bias, out=None) -> Y``."""
     eps = float(ctx.attr("epsilon", 1e-5))
     groups = int(ctx.attr("num_groups"))
@@ -119,7 +119,7 @@ def _build_group_norm(ctx: KernelContext) -> ComputeFn:
     return group_norm
 
 
-def _build_lrn(ctx: KernelContext) -> ComputeFn:
+def _lrn(ctx: KernelContext) -> ComputeFn:
     """LRN: ``fn(X, out=None) -> Y`` (local response normalization across channels)."""
     alpha = float(ctx.attr("alpha", 1e-4))
     beta = float(ctx.attr("beta", 0.75))
@@ -147,7 +147,7 @@ def _build_lrn(ctx: KernelContext) -> ComputeFn:
     return lrn
 
 
-def _build_mvn(ctx: KernelContext) -> ComputeFn:
+def _mean_variance_normalization(ctx: KernelContext) -> ComputeFn:
     """MeanVarianceNormalization: ``fn(X, out=None) -> (X - mean) / (std + 1e-9)``."""
     axes = tuple(int(a) for a in ctx.attr("axes", (0, 2, 3)))
 
@@ -165,8 +165,7 @@ def _build_mvn(ctx: KernelContext) -> ComputeFn:
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register InstanceNormalization, GroupNormalization, LRN, MeanVarianceNormalization."""
-    out = KernelFlags(supports_out=True)
-    registry.add("InstanceNormalization", _build_instance_norm, since=1, flags=out)
-    registry.add("GroupNormalization", _build_group_norm, since=18, flags=out)
-    registry.add("LRN", _build_lrn, since=1, flags=out)
-    registry.add("MeanVarianceNormalization", _build_mvn, since=9, flags=out)
+    registry.add("InstanceNormalization", _instance_normalization, since=1, flags=OUT)
+    registry.add("GroupNormalization", _group_normalization, since=18, flags=OUT)
+    registry.add("LRN", _lrn, since=1, flags=OUT)
+    registry.add("MeanVarianceNormalization", _mean_variance_normalization, since=9, flags=OUT)

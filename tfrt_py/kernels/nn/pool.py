@@ -1,4 +1,4 @@
-"""Kernels: pooling family (MaxPool, AveragePool, LpPool, Global*Pool, MaxUnpool).
+"""Kernels (nn): pooling -- MaxPool, AveragePool, LpPool, Global*Pool, MaxUnpool.
 
 Windowed pools pad the input once (when needed) and then either fold one strided slice
 per kernel position into the output (``np.maximum``/``np.add`` with ``out=``: fast when
@@ -10,13 +10,12 @@ per input shape and memoised. float16 averages accumulate in float32.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..base import KernelContext, KernelFlags
+from ..base import OUT, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .conv_common import Spatial, compute_dtype, conv_geometry, parse_spatial, scratch
 
@@ -175,7 +174,7 @@ def _kr(r: int) -> tuple[int, ...]:
     return tuple(range(-r, 0))
 
 
-def _max_pool(ctx: KernelContext) -> Callable[..., Any]:
+def _max_pool(ctx: KernelContext) -> ComputeFn:
     """MaxPool(X) -> Y[, Indices]: windowed max with pads/auto_pad, strides, dilations,
     ceil_mode. Indices are flat indices into X (row-major, or column-major spatial dims
     when storage_order=1), padding never selected. Supports float and 8-bit integers."""
@@ -232,7 +231,7 @@ def _max_pool(ctx: KernelContext) -> Callable[..., Any]:
     return max_pool_idx
 
 
-def _average_pool(ctx: KernelContext) -> Callable[..., Any]:
+def _average_pool(ctx: KernelContext) -> ComputeFn:
     """AveragePool(X) -> Y: windowed mean; count_include_pad decides whether explicit or
     auto pads count in the divisor (ceil_mode's extra positions never count)."""
     sp = parse_spatial(ctx)
@@ -276,7 +275,7 @@ def _p_attr(ctx: KernelContext) -> float:
     return float(int(p))
 
 
-def _lp_pool(ctx: KernelContext) -> Callable[..., Any]:
+def _lp_pool(ctx: KernelContext) -> ComputeFn:
     """LpPool(X) -> Y = (sum over window of |x|^p)^(1/p); pads contribute zero."""
     sp = parse_spatial(ctx)
     if sp.kernel_shape is None:
@@ -303,7 +302,7 @@ def _lp_pool(ctx: KernelContext) -> Callable[..., Any]:
     return lp_pool
 
 
-def _global_average_pool(ctx: KernelContext) -> Callable[..., Any]:
+def _global_average_pool(ctx: KernelContext) -> ComputeFn:
     """GlobalAveragePool(X) -> mean over all spatial axes, kept as size-1 dims."""
 
     def global_average_pool(x: np.ndarray) -> np.ndarray:
@@ -314,7 +313,7 @@ def _global_average_pool(ctx: KernelContext) -> Callable[..., Any]:
     return global_average_pool
 
 
-def _global_max_pool(ctx: KernelContext) -> Callable[..., Any]:
+def _global_max_pool(ctx: KernelContext) -> ComputeFn:
     """GlobalMaxPool(X) -> max over all spatial axes, kept as size-1 dims."""
 
     def global_max_pool(x: np.ndarray) -> np.ndarray:
@@ -324,7 +323,7 @@ def _global_max_pool(ctx: KernelContext) -> Callable[..., Any]:
     return global_max_pool
 
 
-def _global_lp_pool(ctx: KernelContext) -> Callable[..., Any]:
+def _global_lp_pool(ctx: KernelContext) -> ComputeFn:
     """GlobalLpPool(X) -> (sum over spatial axes of |x|^p)^(1/p), kept as size-1 dims."""
     p = _p_attr(ctx)
 
@@ -340,7 +339,7 @@ def _global_lp_pool(ctx: KernelContext) -> Callable[..., Any]:
     return global_lp_pool
 
 
-def _max_unpool(ctx: KernelContext) -> Callable[..., Any]:
+def _max_unpool(ctx: KernelContext) -> ComputeFn:
     """MaxUnpool(X, I, output_shape?) -> Y: zeros with X scattered to the flat indices I.
 
     I indexes the MaxPool input shape ``(in-1)*stride + kernel - pads``; an
@@ -376,9 +375,9 @@ def _max_unpool(ctx: KernelContext) -> Callable[..., Any]:
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register this family's kernels."""
-    registry.add("MaxPool", _max_pool, since=1, flags=KernelFlags(supports_out=True))
-    registry.add("AveragePool", _average_pool, since=1, flags=KernelFlags(supports_out=True))
+    """Register MaxPool, AveragePool, LpPool, the global pools and MaxUnpool."""
+    registry.add("MaxPool", _max_pool, since=1, flags=OUT)
+    registry.add("AveragePool", _average_pool, since=1, flags=OUT)
     registry.add("LpPool", _lp_pool, since=1)
     registry.add("GlobalAveragePool", _global_average_pool, since=1)
     registry.add("GlobalMaxPool", _global_max_pool, since=1)

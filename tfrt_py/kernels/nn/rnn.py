@@ -1,4 +1,4 @@
-"""Kernels: recurrent family (RNN, GRU, LSTM), all opsets.
+"""Kernels (nn): recurrent layers -- RNN, GRU, LSTM, all opsets.
 
 Contract (ONNX): ``X`` is ``[seq, batch, input]`` (``[batch, seq, input]`` with layout=1);
 ``W``/``R``/``B`` hold per-direction gate weights in ONNX gate order (GRU ``z r h``, LSTM
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext, KernelFlags
+from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .rnn_common import Activation, RnnSpec, Step, compute_dtype, run_direction, seq_masks
 
@@ -366,20 +366,20 @@ def _build(ctx: KernelContext, spec: RnnSpec, G: int, prep: Prep, has_c: bool) -
     return compute
 
 
-def _rnn(ctx: KernelContext) -> Any:
+def _rnn(ctx: KernelContext) -> ComputeFn:
     """RNN: ``H = f(X W^T + H R^T + Wb + Rb)``; activations default Tanh."""
     spec = RnnSpec.parse(ctx, ("Tanh",))
     return _build(ctx, spec, 1, _rnn_prep(spec), has_c=False)
 
 
-def _gru(ctx: KernelContext) -> Any:
+def _gru(ctx: KernelContext) -> ComputeFn:
     """GRU (gates z, r, h; f=Sigmoid, g=Tanh by default); linear_before_reset from opset 3."""
     spec = RnnSpec.parse(ctx, ("Sigmoid", "Tanh"))
     lbr = bool(ctx.attr("linear_before_reset", 0))
     return _build(ctx, spec, 3, _gru_prep(spec, lbr), has_c=False)
 
 
-def _lstm(ctx: KernelContext) -> Any:
+def _lstm(ctx: KernelContext) -> ComputeFn:
     """LSTM (gates i, o, f, c; f=Sigmoid, g=h=Tanh by default), peepholes P, input_forget
     (forget gate = 1 - input gate)."""
     spec = RnnSpec.parse(ctx, ("Sigmoid", "Tanh", "Tanh"))
@@ -389,7 +389,6 @@ def _lstm(ctx: KernelContext) -> Any:
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register RNN, GRU and LSTM (opset 1 onwards; layout from 14 via the attribute)."""
-    flags = KernelFlags(pure=True)
-    registry.add("RNN", _rnn, since=1, flags=flags)
-    registry.add("GRU", _gru, since=1, flags=flags)
-    registry.add("LSTM", _lstm, since=1, flags=flags)
+    registry.add("RNN", _rnn, since=1)
+    registry.add("GRU", _gru, since=1)
+    registry.add("LSTM", _lstm, since=1)

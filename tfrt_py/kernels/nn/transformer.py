@@ -1,5 +1,5 @@
-"""Kernels: transformer family -- RotaryEmbedding, SwiGLU, CausalConvWithState,
-LinearAttention and FlexAttention (ai.onnx.preview).
+"""Kernels (nn): the transformer ops besides Attention -- RotaryEmbedding, SwiGLU,
+CausalConvWithState, LinearAttention and FlexAttention (ai.onnx.preview).
 
 * RotaryEmbedding-23: 4-D ``(B, H, S, D)`` or 3-D ``(B, S, H*D)`` input (``num_heads``),
   half-split or ``interleaved`` rotation of the first ``rotary_embedding_dim`` features,
@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from ..base import KernelContext, KernelFlags
+from ..base import CONTROL_FLOW, OUT, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .attention import compute_dtype, precision_dtype
 
 __all__ = ["register_kernels"]
 
 
-def _rotary_embedding(ctx: KernelContext) -> Any:
+def _rotary_embedding(ctx: KernelContext) -> ComputeFn:
     """RotaryEmbedding-23: ``(X, cos_cache, sin_cache, position_ids?) -> Y``."""
     interleaved = bool(ctx.attr("interleaved", 0))
     rot_attr = int(ctx.attr("rotary_embedding_dim", 0))
@@ -77,7 +77,7 @@ def _rotary_embedding(ctx: KernelContext) -> Any:
     return rotary_embedding
 
 
-def _swiglu(ctx: KernelContext) -> Any:
+def _swiglu(ctx: KernelContext) -> ComputeFn:
     """SwiGLU-28: ``(A, B) -> A * sigmoid(alpha * A) * B``."""
     alpha = float(ctx.attr("alpha", 1.0))
 
@@ -96,7 +96,7 @@ def _swiglu(ctx: KernelContext) -> Any:
     return swiglu
 
 
-def _causal_conv_with_state(ctx: KernelContext) -> Any:
+def _causal_conv_with_state(ctx: KernelContext) -> ComputeFn:
     """CausalConvWithState-27: ``(input, weight, bias?, past_state?) ->
     (output, present_state)``; depthwise, causal, optional fused SiLU."""
     activation = ctx.attr("activation", "none")
@@ -140,7 +140,7 @@ def _causal_conv_with_state(ctx: KernelContext) -> Any:
     return causal_conv_with_state
 
 
-def _linear_attention(ctx: KernelContext) -> Any:
+def _linear_attention(ctx: KernelContext) -> ComputeFn:
     """LinearAttention-27: ``(query, key, value, past_state?, decay?, beta?) ->
     (output, present_state)``; all 3-D packed except the 4-D state."""
     rule = ctx.attr("update_rule", "gated_delta")
@@ -209,7 +209,7 @@ def _linear_attention(ctx: KernelContext) -> Any:
     return linear_attention
 
 
-def _flex_attention(ctx: KernelContext) -> Any:
+def _flex_attention(ctx: KernelContext) -> ComputeFn:
     """FlexAttention-1 (ai.onnx.preview): ``(Q, K, V, *captured) -> Y`` with optional
     ``score_mod`` / ``prob_mod`` subgraphs (each one tensor in, one tensor out)."""
     scale_attr = ctx.attr("scale", None)
@@ -247,16 +247,10 @@ def _flex_attention(ctx: KernelContext) -> Any:
 def register_kernels(registry: KernelRegistry) -> None:
     """Register RotaryEmbedding, SwiGLU, CausalConvWithState, LinearAttention and
     FlexAttention (ai.onnx.preview)."""
-    registry.add(
-        "RotaryEmbedding", _rotary_embedding, since=23, flags=KernelFlags(supports_out=True)
-    )
-    registry.add("SwiGLU", _swiglu, since=28, flags=KernelFlags(supports_out=True))
+    registry.add("RotaryEmbedding", _rotary_embedding, since=23, flags=OUT)
+    registry.add("SwiGLU", _swiglu, since=28, flags=OUT)
     registry.add("CausalConvWithState", _causal_conv_with_state, since=27)
     registry.add("LinearAttention", _linear_attention, since=27)
     registry.add(
-        "FlexAttention",
-        _flex_attention,
-        domain="ai.onnx.preview",
-        since=1,
-        flags=KernelFlags(control_flow=True),
+        "FlexAttention", _flex_attention, domain="ai.onnx.preview", since=1, flags=CONTROL_FLOW
     )

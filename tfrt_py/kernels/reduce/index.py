@@ -1,4 +1,4 @@
-"""Kernels: index-producing and scan reductions (ArgMax, ArgMin, TopK, CumSum, CumProd).
+"""Kernels (reduce): index-producing and scan reductions (ArgMax, ArgMin, TopK, CumSum, CumProd).
 
 * ArgMax/ArgMin: ``axis`` (default 0), ``keepdims`` (default 1), ``select_last_index``
   (opset 12+); int64 output; ties give the first (or last) index.
@@ -23,7 +23,7 @@ from .common import const_ints
 __all__ = ["register_kernels"]
 
 
-def _build_arg(ctx: KernelContext) -> ComputeFn:
+def _arg_max_min(ctx: KernelContext) -> ComputeFn:
     """ArgMax/ArgMin: ``fn(data) -> int64 indices`` along ``axis``."""
     axis = int(ctx.attr("axis", 0))
     kd = bool(ctx.attr("keepdims", 1))
@@ -65,7 +65,7 @@ def _topk_sort(x: np.ndarray, ax: int, k: int, largest: bool) -> tuple[np.ndarra
     return np.take_along_axis(x, idx, axis=ax), idx
 
 
-def _build_topk(ctx: KernelContext) -> ComputeFn:
+def _top_k(ctx: KernelContext) -> ComputeFn:
     """TopK: ``fn(X, K=None) -> (values, indices)``; K constant -> read at load."""
     axis = int(ctx.attr("axis", -1))
     largest = bool(ctx.attr("largest", 1)) if ctx.opset >= 11 else True
@@ -89,7 +89,7 @@ def _build_topk(ctx: KernelContext) -> ComputeFn:
     return topk_dynamic
 
 
-def _build_cum(ctx: KernelContext) -> ComputeFn:
+def _cum_sum_prod(ctx: KernelContext) -> ComputeFn:
     """CumSum/CumProd: ``fn(x, axis) -> y`` (same dtype as x)."""
     exclusive = bool(ctx.attr("exclusive", 0))
     reverse = bool(ctx.attr("reverse", 0))
@@ -125,8 +125,8 @@ def _build_cum(ctx: KernelContext) -> ComputeFn:
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register ArgMax, ArgMin, TopK, CumSum, CumProd."""
-    registry.add("ArgMax", _build_arg, since=1)
-    registry.add("ArgMin", _build_arg, since=1)
-    registry.add("TopK", _build_topk, since=1)
-    registry.add("CumSum", _build_cum, since=11)
-    registry.add("CumProd", _build_cum, since=26)
+    registry.add("ArgMax", _arg_max_min, since=1)
+    registry.add("ArgMin", _arg_max_min, since=1)
+    registry.add("TopK", _top_k, since=1)
+    registry.add("CumSum", _cum_sum_prod, since=11)
+    registry.add("CumProd", _cum_sum_prod, since=26)

@@ -1,4 +1,4 @@
-"""Kernels: NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (opset 12+).
+"""Kernels (reduce): NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (opset 12+).
 
 Inputs: scores/log-probabilities ``x`` [N, C, d1, ...], integer targets [N, d1, ...], an
 optional per-class ``weight`` [C]. ``loss[n, d] = -x[n, target[n, d], d] * weight[target]``
@@ -63,7 +63,7 @@ def _nll_fn(ctx: KernelContext) -> Any:
     return nll
 
 
-def _build_nll(ctx: KernelContext) -> ComputeFn:
+def _negative_log_likelihood_loss(ctx: KernelContext) -> ComputeFn:
     """NegativeLogLikelihoodLoss: ``fn(input, target, weight=None) -> loss``."""
     nll = _nll_fn(ctx)
 
@@ -73,7 +73,7 @@ def _build_nll(ctx: KernelContext) -> ComputeFn:
     return nll_loss
 
 
-def _build_sce(ctx: KernelContext) -> ComputeFn:
+def _softmax_cross_entropy_loss(ctx: KernelContext) -> ComputeFn:
     """SoftmaxCrossEntropyLoss: ``fn(scores, labels, weights=None) -> loss`` or
     ``(loss, log_prob)`` when the node has two outputs."""
     nll = _nll_fn(ctx)
@@ -95,5 +95,5 @@ def _build_sce(ctx: KernelContext) -> ComputeFn:
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss."""
-    registry.add("NegativeLogLikelihoodLoss", _build_nll, since=12)
-    registry.add("SoftmaxCrossEntropyLoss", _build_sce, since=12)
+    registry.add("NegativeLogLikelihoodLoss", _negative_log_likelihood_loss, since=12)
+    registry.add("SoftmaxCrossEntropyLoss", _softmax_cross_entropy_loss, since=12)

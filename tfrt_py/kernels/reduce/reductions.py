@@ -1,4 +1,4 @@
-"""Kernels: reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2/LogSum/LogSumExp/SumSquare).
+"""Kernels (reduce): ReduceSum/Mean/Max/Min/Prod/L1/L2/LogSum/LogSumExp/SumSquare.
 
 Axes are an attribute up to the opset where they became the optional second input (13 for
 ReduceSum, 18 for the others). Constant axes are resolved at load; runtime axes are read
@@ -7,10 +7,6 @@ which makes the op an identity. ``keepdims`` defaults to 1. Reductions over an e
 give the op's identity: 0 (Sum, L1, L2, SumSquare), 1 (Prod), -inf (Max, LogSum,
 LogSumExp; the dtype's minimum / False for integers / bool), +inf (Min). The output dtype
 is the input's (NumPy would widen int sums and give float for int means).
-
-Also registers this family's other kernels (ArgMax/ArgMin, TopK, CumSum/CumProd from
-``reduce_index``; Softmax/LogSoftmax/Hardmax from ``reduce_softmax``; the losses from
-``reduce_loss``).
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import ComputeFn, KernelContext, KernelFlags
+from ..base import OUT, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .common import const_ints, ones_vector
 
@@ -231,7 +227,7 @@ def _trailing_sum(core: Core, axis: Axis, k: int, kd: bool, mean: bool) -> Compu
     return reduce_trailing
 
 
-def _build_reduce(ctx: KernelContext) -> ComputeFn:
+def _reduce(ctx: KernelContext) -> ComputeFn:
     """Reduce*: ``fn(data, axes=None, out=None) -> reduced``.
 
     Axes come from the ``axes`` attribute before the op's input opset, else from the
@@ -276,7 +272,6 @@ def _build_reduce(ctx: KernelContext) -> ComputeFn:
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register this family's kernels."""
-    flags = KernelFlags(supports_out=True)
+    """Register the Reduce* ops (one builder serves them all)."""
     for op in _CORES:
-        registry.add(op, _build_reduce, since=1, flags=flags)
+        registry.add(op, _reduce, since=1, flags=OUT)

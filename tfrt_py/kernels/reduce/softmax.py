@@ -1,4 +1,4 @@
-"""Kernels: Softmax, LogSoftmax, Hardmax.
+"""Kernels (reduce): Softmax, LogSoftmax, Hardmax.
 
 From opset 13 they work along the single axis ``axis`` (default -1). Before 13 the input
 is seen as a 2-D matrix [prod(shape[:axis]), prod(shape[axis:])] (``axis`` default 1) and
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import ComputeFn, KernelContext, KernelFlags
+from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .common import ones_vector
 
@@ -139,17 +139,17 @@ def _softmax_like(ctx: KernelContext, rows: Any, classic: Any) -> ComputeFn:
     return compute
 
 
-def _build_softmax(ctx: KernelContext) -> ComputeFn:
+def _softmax(ctx: KernelContext) -> ComputeFn:
     """Softmax: ``fn(x, out=None) -> exp(x - max) / sum(exp(x - max))`` along the axis."""
     return _softmax_like(ctx, _softmax_rows, _classic_softmax)
 
 
-def _build_log_softmax(ctx: KernelContext) -> ComputeFn:
+def _log_softmax(ctx: KernelContext) -> ComputeFn:
     """LogSoftmax: ``fn(x, out=None) -> x - max - log(sum(exp(x - max)))`` along the axis."""
     return _softmax_like(ctx, _log_softmax_rows, _classic_log_softmax)
 
 
-def _build_hardmax(ctx: KernelContext) -> ComputeFn:
+def _hardmax(ctx: KernelContext) -> ComputeFn:
     """Hardmax: ``fn(x, out=None)``: 1 at the first maximum along the axis, else 0."""
     if ctx.opset >= 13:
         axis = int(ctx.attr("axis", -1))
@@ -189,12 +189,6 @@ def _build_hardmax(ctx: KernelContext) -> ComputeFn:
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register Softmax, LogSoftmax, Hardmax (all opsets; the builder handles 13's change)."""
-    out = KernelFlags(supports_out=True)
-    registry.add("Softmax", _build_softmax, since=1, flags=out)
-    registry.add(
-        "LogSoftmax",
-        _build_log_softmax,
-        since=1,
-        flags=KernelFlags(supports_out=True, inplace=True),
-    )
-    registry.add("Hardmax", _build_hardmax, since=1, flags=out)
+    registry.add("Softmax", _softmax, since=1, flags=OUT)
+    registry.add("LogSoftmax", _log_softmax, since=1, flags=OUT_INPLACE)
+    registry.add("Hardmax", _hardmax, since=1, flags=OUT)

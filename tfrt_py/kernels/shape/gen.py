@@ -1,7 +1,7 @@
-"""Kernels (shape family): tensor generators and block rearrangements.
+"""Kernels (shape): tensor generators and block rearrangements.
 
 ConstantOfShape, Range, EyeLike, Dropout (inference, plus seeded training masks),
-DepthToSpace, SpaceToDepth. Registered by ``shape.register_kernels``.
+DepthToSpace, SpaceToDepth.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import ComputeFn, KernelContext, KernelFlags
+from ..base import OUT, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .util import onnx_dtype
 
@@ -172,9 +172,7 @@ def _space_to_depth(ctx: KernelContext) -> ComputeFn:
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register ConstantOfShape, Range, EyeLike, Dropout, DepthToSpace, SpaceToDepth."""
-    registry.add(
-        "ConstantOfShape", _constant_of_shape, since=9, flags=KernelFlags(supports_out=True)
-    )
+    registry.add("ConstantOfShape", _constant_of_shape, since=9, flags=OUT)
     registry.add("Range", _range, since=11)
     registry.add("EyeLike", _eye_like, since=9)
     registry.add("Dropout", _dropout, since=1)

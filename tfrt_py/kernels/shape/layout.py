@@ -1,4 +1,4 @@
-"""Kernels: shape family -- ops that rearrange or describe a tensor without arithmetic.
+"""Kernels (shape): ops that rearrange or describe a tensor without arithmetic.
 
 Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Identity and BitCast return *views* of
 their input (the contract allows it: the executor copies before handing a value that aliases
@@ -7,8 +7,8 @@ new arrays and accept ``out=``. Shape and Size return fresh tiny int64 arrays.
 
 Constant shape/axes inputs (a Reshape's shape, Squeeze/Unsqueeze axes, Split sizes, Tile
 repeats, Expand shape) are read at load time; the compute functions then only do the math.
-The rest of the family lives in ``shape_gen.py`` (ConstantOfShape, Range, EyeLike, Dropout,
-DepthToSpace, SpaceToDepth) and ``shape_pad.py`` (Pad, CenterCropPad).
+The rest of the family lives in ``gen`` (ConstantOfShape, Range, EyeLike, Dropout,
+DepthToSpace, SpaceToDepth) and ``pad`` (Pad, CenterCropPad).
 """
 
 from __future__ import annotations
@@ -18,15 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ..base import ComputeFn, KernelContext, KernelFlags
+from ..base import OUT, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .util import const_ints, input_rank, is_sub_byte, onnx_dtype, to_ints
 
 __all__ = ["register_kernels"]
-
-_VIEW = KernelFlags()
-_OUT = KernelFlags(supports_out=True)
-
 
 # -- Reshape / Flatten / Transpose / Squeeze / Unsqueeze ------------------------------------
 
@@ -366,17 +362,18 @@ def _tile(ctx: KernelContext) -> ComputeFn:
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register the shape family (this module, ``shape_gen`` and ``shape_pad``)."""
-    registry.add("Reshape", _reshape, since=1, flags=_VIEW)
-    registry.add("Flatten", _flatten, since=1, flags=_VIEW)
-    registry.add("Transpose", _transpose, since=1, flags=_VIEW)
-    registry.add("Squeeze", _squeeze, since=1, flags=_VIEW)
-    registry.add("Unsqueeze", _unsqueeze, since=1, flags=_VIEW)
-    registry.add("Identity", _identity, since=1, flags=_VIEW)
-    registry.add("BitCast", _bitcast, since=26, flags=_VIEW)
+    """Register Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Identity, BitCast (views of
+    their input), Shape, Size, Concat, Split, Expand and Tile."""
+    registry.add("Reshape", _reshape, since=1)
+    registry.add("Flatten", _flatten, since=1)
+    registry.add("Transpose", _transpose, since=1)
+    registry.add("Squeeze", _squeeze, since=1)
+    registry.add("Unsqueeze", _unsqueeze, since=1)
+    registry.add("Identity", _identity, since=1)
+    registry.add("BitCast", _bitcast, since=26)
     registry.add("Shape", _shape, since=1)
     registry.add("Size", _size, since=1)
-    registry.add("Concat", _concat, since=1, flags=_OUT)
+    registry.add("Concat", _concat, since=1, flags=OUT)
     registry.add("Split", _split, since=1)
-    registry.add("Expand", _expand, since=8, flags=_OUT)
-    registry.add("Tile", _tile, since=6, flags=_OUT)
+    registry.add("Expand", _expand, since=8, flags=OUT)
+    registry.add("Tile", _tile, since=6, flags=OUT)

@@ -1,8 +1,8 @@
-"""Kernels (shape family): Pad and CenterCropPad.
+"""Kernels (shape): Pad and CenterCropPad.
 
 Pad writes straight into its output (``out=`` supported): the kept region of the input is
 copied once and the borders are filled by slicing, axis after axis (as ``np.pad`` does, but
-without its per-call overhead). Negative pads crop. Registered by ``shape.register_kernels``.
+without its per-call overhead). Negative pads crop.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import ComputeFn, KernelContext, KernelFlags
+from ..base import OUT, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .util import const_ints, input_rank, to_ints
 
@@ -212,5 +212,5 @@ def _center_crop_pad(ctx: KernelContext) -> ComputeFn:
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register Pad and CenterCropPad."""
-    registry.add("Pad", _pad, since=1, flags=KernelFlags(supports_out=True))
+    registry.add("Pad", _pad, since=1, flags=OUT)
     registry.add("CenterCropPad", _center_crop_pad, since=18)
