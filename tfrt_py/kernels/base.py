@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import UnsupportedOpError
 from ..ir import Graph, Node, TensorType
+from ..ir.dtypes import numpy_dtype
 
 __all__ = [
     "CONTROL_FLOW",
@@ -163,6 +164,16 @@ class KernelContext:
             return None
         v = self.node.inputs[i]
         return None if v is None else v.const
+
+    def elem_dtype(self, elem_type: Any, what: str = "element type") -> np.dtype:
+        """The NumPy dtype of ONNX element type ``elem_type`` (a ``TensorProto.DataType``
+        code, or its name as Cast-1 gives it), read from an attribute such as Cast's ``to``
+        (``what`` names it in the error). A load-time error naming the node when NumPy has
+        no such dtype. The one way kernels map element types (``tfrt_py.ir.dtypes``)."""
+        try:
+            return numpy_dtype(elem_type)
+        except ValueError as e:
+            raise self.unsupported(f"{what}={elem_type!r} has no NumPy dtype") from e
 
     # -- nested graphs ------------------------------------------------------------------
     def subgraph(self, attr_name: str) -> SubgraphFn:

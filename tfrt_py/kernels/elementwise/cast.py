@@ -12,7 +12,7 @@ zero into integers, integers wrap). ONNX's extra rules:
   ("INF", "-inf", "NaN" in any case, "1e-5"); numbers to strings via NumPy's ``str``.
 
 bfloat16, the float8/float6/float4 types and int4/uint4/int2/uint2 are ml_dtypes dtypes,
-as ``onnx.helper.tensor_dtype_to_np_dtype`` gives them.
+as ``tfrt_py.ir.dtypes`` maps them.
 """
 
 from __future__ import annotations
@@ -22,65 +22,22 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from ...ir.dtypes import ElemType, numpy_dtype
 from ..base import OUT, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 
-__all__ = ["ONNX_DTYPES", "register_kernels", "target_dtype"]
+__all__ = ["register_kernels", "target_dtype"]
 
-#: TensorProto.DataType -> NumPy dtype (object for STRING).
-ONNX_DTYPES: dict[int, np.dtype] = {
-    k: np.dtype(v)
-    for k, v in {
-        1: np.float32,
-        2: np.uint8,
-        3: np.int8,
-        4: np.uint16,
-        5: np.int16,
-        6: np.int32,
-        7: np.int64,
-        8: object,
-        9: np.bool_,
-        10: np.float16,
-        11: np.float64,
-        12: np.uint32,
-        13: np.uint64,
-        14: np.complex64,
-        15: np.complex128,
-        16: ml_dtypes.bfloat16,
-        17: ml_dtypes.float8_e4m3fn,
-        18: ml_dtypes.float8_e4m3fnuz,
-        19: ml_dtypes.float8_e5m2,
-        20: ml_dtypes.float8_e5m2fnuz,
-        21: ml_dtypes.uint4,
-        22: ml_dtypes.int4,
-        23: ml_dtypes.float4_e2m1fn,
-        24: ml_dtypes.float8_e8m0fnu,
-        25: ml_dtypes.uint2,
-        26: ml_dtypes.int2,
-        27: ml_dtypes.float6_e2m3fn,
-        28: ml_dtypes.float6_e3m2fn,
-    }.items()
-}
-# Opset 1 names its target type with a string.
-_NAMES = {
-    "FLOAT": 1,
-    "UINT8": 2,
-    "INT8": 3,
-    "UINT16": 4,
-    "INT16": 5,
-    "INT32": 6,
-    "INT64": 7,
-    "STRING": 8,
-    "BOOL": 9,
-    "FLOAT16": 10,
-    "DOUBLE": 11,
-    "UINT32": 12,
-    "UINT64": 13,
-    "COMPLEX64": 14,
-    "COMPLEX128": 15,
-}
-_SATURATING = frozenset(ONNX_DTYPES[k] for k in (17, 18, 19, 20))
-_E8M0 = ONNX_DTYPES[24]
+_SATURATING = frozenset(
+    numpy_dtype(t)
+    for t in (
+        ElemType.FLOAT8E4M3FN,
+        ElemType.FLOAT8E4M3FNUZ,
+        ElemType.FLOAT8E5M2,
+        ElemType.FLOAT8E5M2FNUZ,
+    )
+)
+_E8M0 = numpy_dtype(ElemType.FLOAT8E8M0)
 _STR = np.dtype(object)
 
 
@@ -203,15 +160,7 @@ def target_dtype(ctx: KernelContext, to: Any) -> np.dtype:
     """The NumPy dtype of an ONNX ``to`` attribute (an int, or a name in opset 1)."""
     if isinstance(to, bytes):
         to = to.decode()
-    if isinstance(to, str):
-        code = _NAMES.get(to.upper())
-        if code is None:
-            raise ctx.unsupported(f"to={to!r}")
-        to = code
-    dt = ONNX_DTYPES.get(int(to))
-    if dt is None:
-        raise ctx.unsupported(f"to={to!r} is not a supported data type")
-    return dt
+    return ctx.elem_dtype(to, "to")
 
 
 def _cast(ctx: KernelContext) -> ComputeFn:

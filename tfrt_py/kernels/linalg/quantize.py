@@ -23,7 +23,7 @@ import numpy as np
 from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 
-__all__ = ["register_kernels", "tensor_dtype"]
+__all__ = ["register_kernels"]
 
 _INT_RANGES: dict[str, tuple[int, int]] = {
     "uint8": (0, 255),
@@ -37,17 +37,6 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
 }
 _FLOAT8 = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
 _SMALL_FLOATS = ("float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")
-
-
-def tensor_dtype(ctx: KernelContext, code: int) -> np.dtype:
-    """The NumPy dtype of ONNX element type ``code`` (ml_dtypes types included); an
-    unsupported-op error at load when NumPy cannot represent it."""
-    try:
-        from onnx.helper import tensor_dtype_to_np_dtype
-
-        return np.dtype(tensor_dtype_to_np_dtype(int(code)))
-    except Exception as e:
-        raise ctx.unsupported(f"element type {code} has no NumPy dtype") from e
 
 
 def _layout(value: np.ndarray, shape: tuple[int, ...], axis: int, block: int) -> np.ndarray:
@@ -100,13 +89,13 @@ def _quantize_linear(ctx: KernelContext) -> ComputeFn:
     saturate = bool(ctx.attr("saturate", 1))
     out_code = int(ctx.attr("output_dtype", 0))
     prec_code = ctx.attr("precision", None)
-    prec = None if not prec_code else tensor_dtype(ctx, prec_code)
+    prec = None if not prec_code else ctx.elem_dtype(prec_code, "precision")
     if block < 0:
         raise ctx.unsupported("block_size must be positive")
     zp_dtype = ctx.input_dtype(2) if ctx.has_input(2) else None
     if zp_dtype is None and ctx.const_input(2) is not None:
         zp_dtype = ctx.const_input(2).dtype  # type: ignore[union-attr]
-    fixed = tensor_dtype(ctx, out_code) if out_code else zp_dtype
+    fixed = ctx.elem_dtype(out_code, "output_dtype") if out_code else zp_dtype
     if fixed is None and not ctx.has_input(2):
         fixed = np.dtype(np.uint8)
     if fixed is not None:
@@ -176,7 +165,7 @@ def _dequantize_linear(ctx: KernelContext) -> ComputeFn:
     axis = int(ctx.attr("axis", 1))
     block = int(ctx.attr("block_size", 0))
     out_code = int(ctx.attr("output_dtype", 0))
-    fixed_out = tensor_dtype(ctx, out_code) if out_code else None
+    fixed_out = ctx.elem_dtype(out_code, "output_dtype") if out_code else None
     f32 = np.dtype(np.float32)
     c_scale = ctx.const_input(1)
     c_zp = ctx.const_input(2)

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
-from ..linalg.quantize import tensor_dtype
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -136,7 +135,7 @@ def _window_builder(formula: Any) -> Any:
     def build(ctx: KernelContext) -> Any:
         """Hann/Hamming/BlackmanWindow-17: ``size -> window[size]`` (float64 math)."""
         periodic = bool(ctx.attr("periodic", 1))
-        dtype = tensor_dtype(ctx, ctx.attr("output_datatype", 1))
+        dtype = ctx.elem_dtype(ctx.attr("output_datatype", 1), "output_datatype")
 
         def make(size: int) -> np.ndarray:
             n1 = size if periodic else size - 1
@@ -183,7 +182,7 @@ def _mel_matrix(
 def _mel_weight_matrix(ctx: KernelContext) -> ComputeFn:
     """MelWeightMatrix-17: ``(num_mel_bins, dft_length, sample_rate, lower_edge_hertz,
     upper_edge_hertz) -> [dft_length // 2 + 1, num_mel_bins]``."""
-    dtype = tensor_dtype(ctx, ctx.attr("output_datatype", 1))
+    dtype = ctx.elem_dtype(ctx.attr("output_datatype", 1), "output_datatype")
 
     def mel_weight_matrix(
         num_mel_bins: np.ndarray,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ...ir.dtypes import ElemType
 from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 
@@ -29,8 +30,8 @@ __all__ = ["register_kernels"]
 
 _NEG_INF = float("-inf")
 
-#: ONNX TensorProto element types usable as ``softmax_precision``.
-_PRECISION_DTYPES: dict[int, str] = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}
+#: The element types ``softmax_precision`` may name.
+_PRECISIONS = frozenset({ElemType.FLOAT, ElemType.FLOAT16, ElemType.DOUBLE, ElemType.BFLOAT16})
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -40,16 +41,9 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
 
 def precision_dtype(ctx: KernelContext, code: int) -> np.dtype:
     """The NumPy dtype of a ``softmax_precision`` attribute value (load time)."""
-    name = _PRECISION_DTYPES.get(int(code))
-    if name is None:
+    if int(code) not in _PRECISIONS:
         raise ctx.unsupported(f"softmax_precision={code} is not a float type")
-    if name == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError as e:  # pragma: no cover - onnx depends on ml_dtypes
-            raise ctx.unsupported("bfloat16 needs the ml_dtypes package") from e
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+    return ctx.elem_dtype(code, "softmax_precision")
 
 
 @lru_cache(maxsize=256)

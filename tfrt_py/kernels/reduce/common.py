@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ...ir.dtypes import ElemType
 from ..base import KernelContext
 
 __all__ = ["attr_str", "const_ints", "float_dtype", "ones_vector", "stash_dtype"]
@@ -38,16 +39,19 @@ def float_dtype(dt: np.dtype) -> np.dtype:
     return dt if dt.kind == "f" else np.dtype(np.float64)
 
 
-#: ONNX TensorProto element types a ``stash_type`` attribute may name.
-_STASH = {1: np.float32, 10: np.float16, 11: np.float64, 16: np.float32}
+#: The element types a ``stash_type`` attribute may name; bfloat16 statistics are kept in
+#: float32.
+_STASH = frozenset({ElemType.FLOAT, ElemType.FLOAT16, ElemType.DOUBLE, ElemType.BFLOAT16})
 
 
 def stash_dtype(ctx: KernelContext) -> np.dtype:
     """The NumPy dtype of a normalization's ``stash_type`` attribute (bfloat16 -> float32)."""
-    code = int(ctx.attr("stash_type", 1))
+    code = int(ctx.attr("stash_type", ElemType.FLOAT))
     if code not in _STASH:
         raise ctx.unsupported(f"stash_type={code} is not supported")
-    return np.dtype(_STASH[code])
+    if code == ElemType.BFLOAT16:
+        return np.dtype(np.float32)
+    return ctx.elem_dtype(code, "stash_type")
 
 
 @functools.lru_cache(maxsize=256)

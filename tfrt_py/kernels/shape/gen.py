@@ -13,7 +13,6 @@ import numpy as np
 
 from ..base import OUT, ComputeFn, KernelContext
 from ..registry import KernelRegistry
-from .util import onnx_dtype
 
 __all__ = ["register_kernels"]
 
@@ -70,7 +69,7 @@ def _eye_like(ctx: KernelContext) -> ComputeFn:
     ``dtype`` attribute, else x's."""
     k = int(ctx.attr("k", 0))
     d = ctx.attr("dtype", None)
-    dtype = None if d is None else onnx_dtype(ctx, d)
+    dtype = None if d is None else ctx.elem_dtype(d, "dtype")
 
     def eye_like(x: np.ndarray) -> np.ndarray:
         if x.ndim != 2:

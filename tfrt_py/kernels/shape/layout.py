@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from ...ir.dtypes import is_sub_byte
 from ..base import OUT, ComputeFn, KernelContext
 from ..registry import KernelRegistry
-from .util import const_ints, input_rank, is_sub_byte, onnx_dtype, to_ints
+from .util import const_ints, input_rank, to_ints
 
 __all__ = ["register_kernels"]
 
@@ -188,7 +189,7 @@ def _identity(ctx: KernelContext) -> ComputeFn:
 
 def _bitcast(ctx: KernelContext) -> ComputeFn:
     """BitCast(x) -> view of the same bytes as dtype ``to`` (same bit width, same shape)."""
-    to = onnx_dtype(ctx, ctx.attr("to"))
+    to = ctx.elem_dtype(ctx.attr("to"), "to")
     if is_sub_byte(to):
         raise ctx.unsupported(f"BitCast to the sub-byte type {to.name}")
     src = ctx.input_dtype(0)

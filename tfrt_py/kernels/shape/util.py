@@ -16,8 +16,6 @@ __all__ = [
     "along_axis_index",
     "const_ints",
     "input_rank",
-    "is_sub_byte",
-    "onnx_dtype",
     "to_ints",
 ]
 
@@ -41,25 +39,6 @@ def input_rank(ctx: KernelContext, i: int = 0) -> int | None:
     """The static rank of input ``i`` when known."""
     t = ctx.input_type(i)
     return None if t is None else t.rank
-
-
-_SUB_BYTE = {"int4", "uint4", "float4_e2m1fn", "int2", "uint2"}
-
-
-def onnx_dtype(ctx: KernelContext, elem_type: int) -> np.dtype:
-    """The NumPy dtype of an ONNX ``TensorProto.DataType`` enum (a load-time error if none)."""
-    from onnx import helper
-
-    try:
-        dt = np.dtype(helper.tensor_dtype_to_np_dtype(int(elem_type)))
-    except (KeyError, ValueError, TypeError) as e:
-        raise ctx.unsupported(f"unknown element type {elem_type}") from e
-    return dt
-
-
-def is_sub_byte(dt: np.dtype) -> bool:
-    """True for the 2/4-bit types (stored one per byte by ml_dtypes, not bit-castable)."""
-    return dt.name in _SUB_BYTE
 
 
 def along_axis_index(idx: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
