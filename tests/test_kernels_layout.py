@@ -1,5 +1,6 @@
 """The kernels package's layout rules: family subpackages registered in one list, no import
-cycles, and kernels import nothing above them (errors, ir and calls only)."""
+cycles, no family importing another, and kernels import nothing above them (errors, ir and
+calls only)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,22 @@ def test_kernels_import_nothing_above_them() -> None:
         for m in _MODULES
         for i in _imports(m)
         if not i.startswith("tfrt_py.kernels") and not any(i.startswith(b) for b in _BELOW)
+    }
+    assert not bad, sorted(bad)
+
+
+def test_no_family_imports_another() -> None:
+    """Families share code through kernels/common.py, never through each other."""
+
+    def family(m: str) -> str | None:
+        parts = m.split(".")
+        return parts[2] if len(parts) > 3 or (len(parts) == 3 and parts[2] in _FAMILIES) else None
+
+    bad = {
+        (m, i)
+        for m in _MODULES
+        for i in _imports(m)
+        if family(m) and family(i) and family(i) != family(m)
     }
     assert not bad, sorted(bad)
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
-from ..reduce.common import attr_str
+from ..common import attr_str
 from ..registry import KernelRegistry
 from .resize_plan import AxisPlan, Params, output_geometry, plan_axis
 

@@ -15,13 +15,29 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..common import const_ints, input_rank, to_ints
 from ..registry import KernelRegistry
-from ..shape.util import along_axis_index, const_ints, input_rank, to_ints
 
-__all__ = ["register_kernels", "slice_key"]
+__all__ = ["along_axis_index", "register_kernels", "slice_key"]
 
 
 # -- Slice ----------------------------------------------------------------------------------
+
+
+def along_axis_index(idx: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
+    """The fancy index selecting ``a[i0, ..., idx[i0..], ..., in]`` for every position of
+    ``idx`` (GatherElements / ScatterElements). Unlike ``np.take_along_axis``, ``idx`` may be
+    smaller than the data on the non-axis dims, as ONNX allows."""
+    nd = idx.ndim
+    key: list[np.ndarray] = []
+    for d, n in enumerate(idx.shape):
+        if d == axis:
+            key.append(idx)
+        else:
+            shp = [1] * nd
+            shp[d] = n
+            key.append(np.arange(n).reshape(shp))
+    return tuple(key)
 
 
 def slice_key(

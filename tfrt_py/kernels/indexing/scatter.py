@@ -13,7 +13,7 @@ import numpy as np
 
 from ..base import OUT_INPLACE, ComputeFn, KernelContext
 from ..registry import KernelRegistry
-from ..shape.util import along_axis_index
+from .gather import along_axis_index
 
 __all__ = ["register_kernels"]
 

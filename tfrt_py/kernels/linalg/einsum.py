@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
-from ..nn.conv_common import compute_dtype
+from ..common import compute_dtype
 from ..registry import KernelRegistry
 
 __all__ = ["parse_einsum", "register_kernels"]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..base import OUT, ComputeFn, Cost, KernelContext
-from ..nn.conv_common import compute_dtype
+from ..common import compute_dtype
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]

@@ -19,8 +19,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..base import OUT, ComputeFn, Cost, KernelContext
+from ..common import compute_dtype
 from ..registry import KernelRegistry
-from .conv_common import Spatial, compute_dtype, conv_geometry, parse_spatial, scratch
+from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
 
 __all__ = ["make_conv_core", "register_kernels"]
 

@@ -1,4 +1,4 @@
-"""Shared load-time helpers of the conv and pool families.
+"""Shared load-time helpers of the conv and pool kernels.
 
 Spatial attribute parsing (kernel_shape, strides, dilations, pads, auto_pad), the ONNX
 output-size and padding rules, col2im slice planning, and per-thread scratch buffers. All the
@@ -16,13 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..base import KernelContext
+from ..common import attr_str
 
 __all__ = [
     "Spatial",
     "attr_ints",
-    "attr_str",
     "col2im_slices",
-    "compute_dtype",
     "conv_geometry",
     "parse_spatial",
     "scratch",
@@ -53,14 +52,6 @@ def scratch(slot: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         if n <= _SCRATCH_MAX:
             bufs[slot] = buf
     return buf[:n].view(dtype).reshape(shape)
-
-
-def attr_str(ctx: KernelContext, name: str, default: str) -> str:
-    """A string attribute as ``str`` (the frontend may hand over ``bytes``)."""
-    v = ctx.attr(name, default)
-    if isinstance(v, (bytes, bytearray)):
-        return v.decode()
-    return str(v)
 
 
 def attr_ints(ctx: KernelContext, name: str) -> tuple[int, ...] | None:
@@ -159,14 +150,6 @@ def conv_geometry(
         end.append(pe)
         out.append(max(o, 0))
     return tuple(begin), tuple(end), tuple(out)
-
-
-def compute_dtype(dt: np.dtype) -> np.dtype:
-    """The dtype to compute in: float16 and the ml_dtypes small floats (bfloat16, float8*,
-    NumPy kind 'V') widen to float32, which has BLAS and exact float16 products."""
-    if dt == np.float16 or (dt.kind == "V" and dt.itemsize <= 2):
-        return np.dtype(np.float32)
-    return dt
 
 
 def col2im_slices(

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..common import compute_dtype
 from ..registry import KernelRegistry
-from .conv_common import attr_ints, compute_dtype
+from .conv_common import attr_ints
 
 __all__ = ["register_kernels"]
 

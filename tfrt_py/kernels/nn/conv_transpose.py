@@ -13,8 +13,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..common import compute_dtype
 from ..registry import KernelRegistry
-from .conv_common import attr_ints, col2im_slices, compute_dtype, parse_spatial
+from .conv_common import attr_ints, col2im_slices, parse_spatial
 
 __all__ = ["register_kernels"]
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
-from ..reduce.common import stash_dtype
+from ..common import stash_dtype
 from ..registry import KernelRegistry
 from .norm_group import row_stats
 

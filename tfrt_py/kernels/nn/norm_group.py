@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..base import OUT, ComputeFn, KernelContext
-from ..reduce.common import float_dtype, ones_vector, stash_dtype
+from ..common import float_dtype, ones_vector, stash_dtype
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels", "row_stats"]

@@ -16,8 +16,9 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..base import OUT, ComputeFn, KernelContext
+from ..common import compute_dtype
 from ..registry import KernelRegistry
-from .conv_common import Spatial, compute_dtype, conv_geometry, parse_spatial, scratch
+from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
 
 __all__ = ["register_kernels"]
 

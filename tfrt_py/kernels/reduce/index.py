@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..common import const_ints
 from ..registry import KernelRegistry
-from .common import const_ints
 
 __all__ = ["register_kernels"]
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..common import attr_str
 from ..registry import KernelRegistry
-from .common import attr_str
 
 __all__ = ["register_kernels"]
 

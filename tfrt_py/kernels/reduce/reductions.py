@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from ..base import OUT, ComputeFn, KernelContext
+from ..common import const_ints, ones_vector
 from ..registry import KernelRegistry
-from .common import const_ints, ones_vector
 
 __all__ = ["register_kernels"]
 

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
+from ..common import ones_vector
 from ..registry import KernelRegistry
-from .common import ones_vector
 
 __all__ = ["register_kernels"]
 

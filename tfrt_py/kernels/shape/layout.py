@@ -20,8 +20,8 @@ import numpy as np
 
 from ...ir.dtypes import is_sub_byte
 from ..base import OUT, ComputeFn, KernelContext
+from ..common import const_ints, input_rank, to_ints
 from ..registry import KernelRegistry
-from .util import const_ints, input_rank, to_ints
 
 __all__ = ["register_kernels"]
 

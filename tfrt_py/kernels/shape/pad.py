@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from ..base import OUT, ComputeFn, KernelContext
+from ..common import const_ints, input_rank, to_ints
 from ..registry import KernelRegistry
-from .util import const_ints, input_rank, to_ints
 
 __all__ = ["register_kernels"]
 
