@@ -34,6 +34,13 @@ REAL_DIR = _DATA / "real"
 _LIGHT_URL = "onnx/backend/test/data/light/"
 
 
+#: Light squeezenet's logits are ~9.5e9, where float32's spacing is 1024, and within one
+#: spacing of each other: summing in another order (another BLAS build; NumPy 2.4.0's and
+#: 2.4.6's differ here) moves a logit by a spacing and its softmax from the stored uniform
+#: 1e-3 to 0 or 1/32. Its output is compared with that absolute tolerance.
+_ILL_CONDITIONED_ATOL = {"squeezenet": 1 / 32}
+
+
 @dataclass(frozen=True)
 class ClassicCase:
     name: str
@@ -54,9 +61,9 @@ def classic_cases() -> list[ClassicCase]:
         if not url.startswith(_LIGHT_URL):
             continue
         path = LIGHT_DIR / url[len(_LIGHT_URL) :]
-        cases.append(
-            ClassicCase(meta["model_name"], path, meta.get("rtol", 1e-3), meta.get("atol", 1e-7))
-        )
+        name = meta["model_name"]
+        atol = max(meta.get("atol", 1e-7), _ILL_CONDITIONED_ATOL.get(name, 0.0))
+        cases.append(ClassicCase(name, path, meta.get("rtol", 1e-3), atol))
     return cases
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from kernel_harness import build_node, check_vs_ort, ort_run, registry_of
 
-from tfrt_py.kernels import conv
+from tfrt_py.kernels.nn import conv, conv_deform, conv_transpose
 
 ort = pytest.importorskip("onnxruntime")
 
-_REG = registry_of(conv)
+_REG = registry_of(conv, conv_transpose, conv_deform)
 _RNG = np.random.default_rng(0)
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from kernel_harness import build_node, check_vs_ort, ort_run, registry_of
 
-from tfrt_py.kernels import norm
+from tfrt_py.kernels.nn import norm, norm_group
 
 ort = pytest.importorskip("onnxruntime")
 
-_REG = registry_of(norm)
+_REG = registry_of(norm, norm_group)
 _RNG = np.random.default_rng(1)
 
 

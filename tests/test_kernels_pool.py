@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from kernel_harness import build_node, check_vs_ort, ort_run, registry_of
 
-from tfrt_py.kernels import pool
+from tfrt_py.kernels.nn import pool
 
 ort = pytest.importorskip("onnxruntime")
 

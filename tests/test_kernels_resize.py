@@ -13,8 +13,8 @@ from onnx.reference import ReferenceEvaluator
 
 from tfrt_py.ir import Node, Value
 from tfrt_py.ir.types import TensorType
-from tfrt_py.kernels import resize
 from tfrt_py.kernels.base import KernelContext
+from tfrt_py.kernels.image import resize
 from tfrt_py.kernels.registry import KernelRegistry
 
 _REG = KernelRegistry()

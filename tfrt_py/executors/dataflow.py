@@ -50,7 +50,7 @@ from ..concurrency import HostContext, LoopBridge, current_bridge
 from ..errors import DeadlineExceeded, ExecutionError
 from ..ir import Node
 from ..kernels import KernelContext, KernelRegistry
-from ..kernels.control import iteration_spec
+from ..kernels.control.flow import iteration_spec
 from .dataflow_control import NonStrictLoop
 from .dataflow_run import Run, ready_list_factory
 from .dataflow_schedule import (

@@ -43,7 +43,7 @@ from threading import get_ident
 from typing import Any, Protocol
 
 from ..calls import set_current
-from ..kernels.control import LoopSpec, ScanSpec
+from ..kernels.control.flow import LoopSpec, ScanSpec
 from .dataflow_run import CtrlState, Run
 from .dataflow_schedule import CtrlGates, Schedule
 from .program import Program

@@ -1,7 +1,9 @@
 """Kernels by family, a registry keyed by (domain, op type, opset range).
 
-See ``base.py`` for the contract every kernel keeps. Each family module exposes
-``register_kernels(registry)``; ``FAMILIES`` lists them in registration order.
+See ``base.py`` for the contract every kernel keeps and ``docs/kernels.md`` for how to add
+one. Each family subpackage (``elementwise``, ``linalg``, ``nn``, ``shape``, ``indexing``,
+``reduce``, ``control``, ``ml``, ``image``, ``misc``) exposes ``register_kernels(registry)``;
+``families.default_registry()`` calls them all, in one list, on first use.
 """
 
 from __future__ import annotations
@@ -12,34 +14,11 @@ from .base import Cost as Cost
 from .base import KernelContext as KernelContext
 from .base import KernelFlags as KernelFlags
 from .base import SubgraphFn as SubgraphFn
+from .families import default_registry as default_registry
 from .registry import KernelDef as KernelDef
 from .registry import KernelRegistry as KernelRegistry
-from .registry import default_registry as default_registry
-
-#: Kernel family modules, registered in this order by ``default_registry()``. Imported on
-#: first use, so ``import tfrt_py`` stays cheap.
-FAMILIES = (
-    "elementwise",
-    "linalg",
-    "conv",
-    "pool",
-    "norm",
-    "shape",
-    "indexing",
-    "reduce",
-    "rnn",
-    "control",
-    "sequence",
-    "ml",
-    "resize",
-    "transformer",
-    "quant",
-    "signal",
-    "strings",
-)
 
 __all__ = [
-    "FAMILIES",
     "REQUIRED",
     "ComputeFn",
     "Cost",

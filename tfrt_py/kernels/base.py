@@ -37,8 +37,12 @@ import numpy as np
 
 from ..errors import UnsupportedOpError
 from ..ir import Graph, Node, TensorType
+from ..ir.dtypes import numpy_dtype
 
 __all__ = [
+    "CONTROL_FLOW",
+    "OUT",
+    "OUT_INPLACE",
     "REQUIRED",
     "ComputeFn",
     "Cost",
@@ -86,6 +90,16 @@ class KernelFlags:
     supports_out: bool = False
     is_async: bool = False
     control_flow: bool = False
+
+
+# The flag sets kernels register with. ``registry.add`` defaults to ``KernelFlags()`` (pure,
+# no ``out=``); a kernel with other needs (impure, async) builds its own KernelFlags.
+#: The compute function takes ``out=``.
+OUT = KernelFlags(supports_out=True)
+#: Takes ``out=``, and ``out`` may be input 0's buffer (elementwise ops, in-place updates).
+OUT_INPLACE = KernelFlags(inplace=True, supports_out=True)
+#: Runs nested graphs (If/Loop/Scan, SequenceMap, FlexAttention's modifiers).
+CONTROL_FLOW = KernelFlags(control_flow=True)
 
 
 class KernelContext:
@@ -150,6 +164,16 @@ class KernelContext:
             return None
         v = self.node.inputs[i]
         return None if v is None else v.const
+
+    def elem_dtype(self, elem_type: Any, what: str = "element type") -> np.dtype:
+        """The NumPy dtype of ONNX element type ``elem_type`` (a ``TensorProto.DataType``
+        code, or its name as Cast-1 gives it), read from an attribute such as Cast's ``to``
+        (``what`` names it in the error). A load-time error naming the node when NumPy has
+        no such dtype. The one way kernels map element types (``tfrt_py.ir.dtypes``)."""
+        try:
+            return numpy_dtype(elem_type)
+        except ValueError as e:
+            raise self.unsupported(f"{what}={elem_type!r} has no NumPy dtype") from e
 
     # -- nested graphs ------------------------------------------------------------------
     def subgraph(self, attr_name: str) -> SubgraphFn:

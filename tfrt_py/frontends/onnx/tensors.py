@@ -20,25 +20,17 @@ from onnx import numpy_helper
 
 from ...errors import ModelLoadError
 from ...ir import OpaqueType, OptionalType, SequenceType, TensorType, ValueType
+from ...ir.dtypes import numpy_dtype
 
 __all__ = ["ExternalRef", "external_ref", "is_external", "onnx_dtype", "to_array", "to_value_type"]
-
-_DTYPES: dict[int, np.dtype] = {}
 
 
 def onnx_dtype(elem_type: int) -> np.dtype:
     """The NumPy dtype of an ONNX TensorProto element type (object for STRING)."""
-    dt = _DTYPES.get(elem_type)
-    if dt is None:
-        if elem_type == onnx.TensorProto.STRING:
-            dt = np.dtype(object)
-        else:
-            try:
-                dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-            except (KeyError, ValueError, TypeError) as e:
-                raise ModelLoadError(f"unsupported ONNX element type {elem_type}") from e
-        _DTYPES[elem_type] = dt
-    return dt
+    try:
+        return numpy_dtype(elem_type)
+    except ValueError as e:
+        raise ModelLoadError(f"unsupported ONNX element type {elem_type}") from e
 
 
 def to_value_type(tp: onnx.TypeProto) -> ValueType | None:

@@ -1,0 +1,95 @@
+"""Load-time helpers shared by several kernel families.
+
+Attribute and constant-input readers, the dtypes kernels compute in, and ``ones_vector``
+(a cached constant used per call for BLAS row sums). A family's own helpers stay in the
+family (``nn/conv_common.py``, ``nn/rnn_common.py``, ``ml/common.py``); what two families
+share lives here, so that no family imports another.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from ..ir.dtypes import ElemType
+from .base import KernelContext
+
+__all__ = [
+    "attr_str",
+    "compute_dtype",
+    "const_ints",
+    "float_dtype",
+    "input_rank",
+    "ones_vector",
+    "stash_dtype",
+    "to_ints",
+]
+
+
+def attr_str(ctx: KernelContext, name: str, default: str) -> str:
+    """A string attribute as ``str`` (the frontend may hand over ``bytes``)."""
+    v: Any = ctx.attr(name, default)
+    if isinstance(v, (bytes, bytearray)):
+        return v.decode("utf-8")
+    return str(v)
+
+
+def to_ints(a: Any) -> tuple[int, ...]:
+    """An int list/array (any int or float dtype, any rank) as a tuple of Python ints."""
+    if isinstance(a, np.ndarray):
+        return tuple(int(v) for v in a.reshape(-1).tolist())
+    if isinstance(a, (list, tuple)):
+        return tuple(int(v) for v in a)
+    return (int(a),)
+
+
+def const_ints(ctx: KernelContext, i: int) -> tuple[int, ...] | None:
+    """Input ``i`` as a tuple of ints when it is a load-time constant, else None (also when
+    it is omitted)."""
+    c = ctx.const_input(i)
+    return None if c is None else to_ints(c)
+
+
+def input_rank(ctx: KernelContext, i: int = 0) -> int | None:
+    """The static rank of input ``i`` when known."""
+    t = ctx.input_type(i)
+    return None if t is None else t.rank
+
+
+def compute_dtype(dt: np.dtype) -> np.dtype:
+    """The dtype to compute in: float16 and the ml_dtypes small floats (bfloat16, float8*,
+    NumPy kind 'V') widen to float32, which has BLAS and exact float16 products."""
+    if dt == np.float16 or (dt.kind == "V" and dt.itemsize <= 2):
+        return np.dtype(np.float32)
+    return dt
+
+
+def float_dtype(dt: np.dtype) -> np.dtype:
+    """``dt`` when it is a float type, else float64 (the type integer math is done in)."""
+    return dt if dt.kind == "f" else np.dtype(np.float64)
+
+
+#: The element types a ``stash_type`` attribute may name; bfloat16 statistics are kept in
+#: float32.
+_STASH = frozenset({ElemType.FLOAT, ElemType.FLOAT16, ElemType.DOUBLE, ElemType.BFLOAT16})
+
+
+def stash_dtype(ctx: KernelContext) -> np.dtype:
+    """The NumPy dtype of a normalization's ``stash_type`` attribute (bfloat16 -> float32)."""
+    code = int(ctx.attr("stash_type", ElemType.FLOAT))
+    if code not in _STASH:
+        raise ctx.unsupported(f"stash_type={code} is not supported")
+    if code == ElemType.BFLOAT16:
+        return np.dtype(np.float32)
+    return ctx.elem_dtype(code, "stash_type")
+
+
+@functools.lru_cache(maxsize=256)
+def ones_vector(n: int, char: str) -> np.ndarray:
+    """A read-only vector of ``n`` ones of dtype ``char``: ``x2d @ ones`` sums rows with one
+    BLAS call, several times faster than ``np.add.reduce(x2d, axis=1)`` for short rows."""
+    v = np.ones(n, dtype=char)
+    v.flags.writeable = False
+    return v

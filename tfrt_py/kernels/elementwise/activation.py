@@ -1,0 +1,300 @@
+"""Kernels (elementwise): activations -- Relu, LeakyRelu, Elu, Selu, Celu, Sigmoid,
+HardSigmoid, HardSwish, Softplus, Softsign, Mish, ThresholdedRelu, Shrink, Gelu, Swish, PRelu.
+
+Every compute function is ``fn(x, out=None)`` (PRelu: ``fn(x, slope, out=None)``) and
+returns x's dtype. Attribute constants are Python floats, which NumPy treats as weak
+scalars, so float16/float32/float64 inputs keep their dtype with no per-call casts.
+Other float types (bfloat16 from ml_dtypes) and the integer types Shrink accepts are
+computed in float32/float64 and cast back; when the input dtype is known at load to be a
+native float the compute function skips that dtype check.
+
+``out`` may alias ``x`` (these kernels are registered ``inplace``): each one reads what
+it needs of ``x`` before it first writes ``out``, or reads and writes the same element in
+one ufunc call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..base import OUT_INPLACE, ComputeFn, KernelContext
+from ..registry import KernelRegistry
+from .erf import erf
+
+__all__ = ["register_kernels"]
+
+
+def _native_float(ctx: KernelContext, fast: ComputeFn) -> ComputeFn:
+    """``fast`` when input 0 is statically a NumPy float; else a wrapper that runs other
+    dtypes (bfloat16, integers) through float32/float64 and casts back."""
+    dt = ctx.input_dtype(0)
+    if dt is not None and dt.kind == "f":
+        return fast
+
+    def generic(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if x.dtype.kind == "f":
+            return fast(x, out)
+        wide = np.float64 if x.dtype.kind in "iub" else np.float32
+        r = np.asarray(fast(x.astype(wide))).astype(x.dtype)
+        if out is None:
+            return r
+        np.copyto(out, r)
+        return out
+
+    return generic
+
+
+def _relu(ctx: KernelContext) -> ComputeFn:
+    """Relu(x) = max(x, 0), any numeric type."""
+
+    def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return np.maximum(x, 0, out=out)
+
+    return relu
+
+
+def _leaky_relu(ctx: KernelContext) -> ComputeFn:
+    """LeakyRelu(x) = x if x >= 0 else alpha * x; as max(x, alpha x) for alpha <= 1 and
+    min(x, alpha x) otherwise."""
+    alpha = float(ctx.attr("alpha", 0.01))
+    pick = np.maximum if alpha <= 1.0 else np.minimum
+
+    def leaky_relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        t = np.multiply(x, alpha, out=...)
+        return pick(x, t, out=t if out is None else out)
+
+    return _native_float(ctx, leaky_relu)
+
+
+def _elu_like(alpha: float, gamma: float, inv_alpha: float | None) -> ComputeFn:
+    """gamma * (max(x, 0) + alpha * expm1(min(x, 0) [* inv_alpha])): Elu, Selu, Celu."""
+
+    def elu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        t = np.minimum(x, 0, out=...)
+        if inv_alpha is not None:
+            t *= inv_alpha
+        np.expm1(t, out=t)
+        t *= alpha
+        r = np.maximum(x, 0, out=... if out is None else out)
+        r += t
+        if gamma != 1.0:
+            r *= gamma
+        return r
+
+    return elu
+
+
+def _elu(ctx: KernelContext) -> ComputeFn:
+    """Elu(x) = x if x > 0 else alpha * (exp(x) - 1)."""
+    return _native_float(ctx, _elu_like(float(ctx.attr("alpha", 1.0)), 1.0, None))
+
+
+def _selu(ctx: KernelContext) -> ComputeFn:
+    """Selu(x) = gamma * (x if x > 0 else alpha * (exp(x) - 1))."""
+    alpha = float(ctx.attr("alpha", 1.67326319217681884765625))
+    gamma = float(ctx.attr("gamma", 1.05070102214813232421875))
+    return _native_float(ctx, _elu_like(alpha, gamma, None))
+
+
+def _celu(ctx: KernelContext) -> ComputeFn:
+    """Celu(x) = max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    alpha = float(ctx.attr("alpha", 1.0))
+    if alpha == 0.0:
+        raise ctx.unsupported("alpha must be nonzero")
+    return _native_float(ctx, _elu_like(alpha, 1.0, 1.0 / alpha))
+
+
+def _sigmoid(ctx: KernelContext) -> ComputeFn:
+    """Sigmoid(x) = 1 / (1 + exp(-x))."""
+
+    def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        r = np.negative(x, out=... if out is None else out)
+        np.exp(r, out=r)
+        r += 1
+        return np.reciprocal(r, out=r)
+
+    return _native_float(ctx, sigmoid)
+
+
+def _hard_sigmoid(ctx: KernelContext) -> ComputeFn:
+    """HardSigmoid(x) = max(0, min(1, alpha * x + beta))."""
+    alpha = float(ctx.attr("alpha", 0.2))
+    beta = float(ctx.attr("beta", 0.5))
+
+    def hard_sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        r = np.multiply(x, alpha, out=... if out is None else out)
+        r += beta
+        np.maximum(r, 0, out=r)
+        return np.minimum(r, 1, out=r)
+
+    return _native_float(ctx, hard_sigmoid)
+
+
+def _hard_swish(ctx: KernelContext) -> ComputeFn:
+    """HardSwish(x) = x * max(0, min(1, x / 6 + 1/2))."""
+    sixth = 1.0 / 6.0
+
+    def hard_swish(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        t = np.multiply(x, sixth, out=...)
+        t += 0.5
+        np.maximum(t, 0, out=t)
+        np.minimum(t, 1, out=t)
+        return np.multiply(x, t, out=t if out is None else out)
+
+    return _native_float(ctx, hard_swish)
+
+
+def _softplus(ctx: KernelContext) -> ComputeFn:
+    """Softplus(x) = log(exp(x) + 1), computed stably as logaddexp(x, 0)."""
+
+    def softplus(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return np.logaddexp(x, 0, out=out)
+
+    return _native_float(ctx, softplus)
+
+
+def _softsign(ctx: KernelContext) -> ComputeFn:
+    """Softsign(x) = x / (1 + |x|)."""
+
+    def softsign(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        t = np.absolute(x, out=...)
+        t += 1
+        return np.divide(x, t, out=t if out is None else out)
+
+    return _native_float(ctx, softsign)
+
+
+def _mish(ctx: KernelContext) -> ComputeFn:
+    """Mish(x) = x * tanh(softplus(x))."""
+
+    def mish(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        t = np.logaddexp(x, 0, out=...)
+        np.tanh(t, out=t)
+        return np.multiply(x, t, out=t if out is None else out)
+
+    return _native_float(ctx, mish)
+
+
+def _thresholded_relu(ctx: KernelContext) -> ComputeFn:
+    """ThresholdedRelu(x) = x if x > alpha else 0."""
+    alpha = float(ctx.attr("alpha", 1.0))
+
+    def thresholded_relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        keep = np.greater(x, alpha, out=...)
+        if out is None:
+            return np.where(keep, x, 0)
+        if out is not x:
+            np.copyto(out, x)
+        np.copyto(out, 0, where=np.logical_not(keep, out=keep))
+        return out
+
+    return _native_float(ctx, thresholded_relu)
+
+
+def _shrink(ctx: KernelContext) -> ComputeFn:
+    """Shrink(x) = x - bias if x > lambd; x + bias if x < -lambd; else 0. Integer inputs
+    are computed in float64 and cast back."""
+    bias = float(ctx.attr("bias", 0.0))
+    lambd = float(ctx.attr("lambd", 0.5))
+
+    def shrink(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        hi = np.greater(x, lambd, out=...)
+        lo = np.less(x, -lambd, out=...)
+        r = np.empty_like(x) if out is None else out
+        mid = np.logical_or(hi, lo, out=...)
+        np.logical_not(mid, out=mid)
+        np.subtract(x, bias, out=r, where=hi)
+        np.add(x, bias, out=r, where=lo)
+        np.copyto(r, 0, where=mid)
+        return r
+
+    return _native_float(ctx, shrink)
+
+
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu(ctx: KernelContext) -> ComputeFn:
+    """Gelu(x) = x/2 (1 + erf(x / sqrt 2)); approximate="tanh":
+    x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    approximate = ctx.attr("approximate", "none")
+    if isinstance(approximate, bytes):
+        approximate = approximate.decode()
+    if approximate == "none":
+
+        def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+            t = np.multiply(x, _INV_SQRT2, out=...)
+            t = erf(t, out=t)
+            t += 1
+            r = np.multiply(t, x, out=t if out is None else out)
+            r *= 0.5
+            return r
+
+    elif approximate == "tanh":
+
+        def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+            t = np.multiply(x, x, out=...)
+            t *= 0.044715
+            t += 1
+            t *= x
+            t *= _SQRT_2_OVER_PI
+            np.tanh(t, out=t)
+            t += 1
+            r = np.multiply(t, x, out=t if out is None else out)
+            r *= 0.5
+            return r
+
+    else:
+        raise ctx.unsupported(f"approximate={approximate!r}")
+    return _native_float(ctx, gelu)
+
+
+def _swish(ctx: KernelContext) -> ComputeFn:
+    """Swish(x) = x * sigmoid(alpha * x) = x / (1 + exp(-alpha x))."""
+    neg_alpha = -float(ctx.attr("alpha", 1.0))
+
+    def swish(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        t = np.multiply(x, neg_alpha, out=...)
+        np.exp(t, out=t)
+        t += 1
+        return np.divide(x, t, out=t if out is None else out)
+
+    return _native_float(ctx, swish)
+
+
+def _prelu(ctx: KernelContext) -> ComputeFn:
+    """PRelu(x, slope) = x if x >= 0 else slope * x; slope broadcasts to x's shape."""
+
+    def prelu(x: np.ndarray, slope: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        neg = np.less(x, 0, out=...)
+        if out is None:
+            out = np.array(x, copy=True)
+        elif out is not x:
+            np.copyto(out, x)
+        np.multiply(x, slope, out=out, where=neg)
+        return out
+
+    return prelu
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register the activation kernels."""
+    registry.add("Relu", _relu, since=1, flags=OUT_INPLACE)
+    registry.add("LeakyRelu", _leaky_relu, since=1, flags=OUT_INPLACE)
+    registry.add("Elu", _elu, since=1, flags=OUT_INPLACE)
+    registry.add("Selu", _selu, since=1, flags=OUT_INPLACE)
+    registry.add("Celu", _celu, since=12, flags=OUT_INPLACE)
+    registry.add("Sigmoid", _sigmoid, since=1, flags=OUT_INPLACE)
+    registry.add("HardSigmoid", _hard_sigmoid, since=1, flags=OUT_INPLACE)
+    registry.add("HardSwish", _hard_swish, since=14, flags=OUT_INPLACE)
+    registry.add("Softplus", _softplus, since=1, flags=OUT_INPLACE)
+    registry.add("Softsign", _softsign, since=1, flags=OUT_INPLACE)
+    registry.add("Mish", _mish, since=18, flags=OUT_INPLACE)
+    registry.add("ThresholdedRelu", _thresholded_relu, since=10, flags=OUT_INPLACE)
+    registry.add("Shrink", _shrink, since=9, flags=OUT_INPLACE)
+    registry.add("Gelu", _gelu, since=20, flags=OUT_INPLACE)
+    registry.add("Swish", _swish, since=24, flags=OUT_INPLACE)
+    registry.add("PRelu", _prelu, since=1, flags=OUT_INPLACE)

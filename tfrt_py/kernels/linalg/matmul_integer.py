@@ -1,0 +1,124 @@
+"""Kernels (linalg): integer and quantized matmuls (MatMulInteger, QLinearMatMul).
+
+8-bit operands minus their zero points are multiplied exactly on float BLAS: float32 when
+the reduction is short enough for every partial sum to stay below 2**24 (K <= 258), else
+float64. Constant B (minus its constant zero point) is converted once at load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..base import ComputeFn, KernelContext
+from ..registry import KernelRegistry
+
+__all__ = ["register_kernels"]
+
+_F32_MAX_K = (2**24) // (255 * 255)
+
+
+def _cdt(k: int) -> type[np.floating[Any]]:
+    return np.float32 if k <= _F32_MAX_K else np.float64
+
+
+def _a_side(a: np.ndarray, zp: Any, cdt: Any) -> np.ndarray:
+    """A - zero point; a 1-D zero point (or scale) is per row of A."""
+    af = a.astype(cdt)
+    if zp is not None:
+        z = np.asarray(zp)
+        if z.ndim == 1 and z.size > 1:
+            z = z.reshape(-1, 1)
+        af -= z.astype(cdt)
+    return af
+
+
+def _b_side(b: np.ndarray, zp: Any, cdt: Any) -> np.ndarray:
+    """B - zero point; a 1-D zero point is per column of B (broadcasts as is)."""
+    bf = b.astype(cdt)
+    if zp is not None:
+        bf -= np.asarray(zp).astype(cdt)
+    return bf
+
+
+def _row(v: Any) -> np.ndarray:
+    v = np.asarray(v)
+    return v.reshape(-1, 1) if v.ndim == 1 and v.size > 1 else v
+
+
+def _b_const(ctx: KernelContext, b_idx: int, zp_idx: int) -> tuple[np.ndarray | None, Any]:
+    """(B - zp) converted at load when B and its zero point (or its absence) are constant."""
+    b = ctx.const_input(b_idx)
+    if b is None or b.ndim < 1:
+        return None, None
+    if ctx.has_input(zp_idx) and ctx.const_input(zp_idx) is None:
+        return None, None
+    k = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    cdt = _cdt(k)
+    return _b_side(b, ctx.const_input(zp_idx), cdt), cdt
+
+
+def _matmul_integer(ctx: KernelContext) -> ComputeFn:
+    """MatMulInteger(A, B, a_zero_point?, b_zero_point?) -> int32 (A - azp) @ (B - bzp).
+
+    a_zero_point is scalar or per row of A; b_zero_point scalar or per column of B."""
+    bf_const, cdt_const = _b_const(ctx, 1, 3)
+
+    def matmul_integer(a: np.ndarray, b: np.ndarray, a_zp: Any = None, b_zp: Any = None) -> Any:
+        if bf_const is not None:
+            cdt, bf = cdt_const, bf_const
+        else:
+            cdt = _cdt(a.shape[-1])
+            bf = _b_side(b, b_zp, cdt)
+        return np.matmul(_a_side(a, a_zp, cdt), bf).astype(np.int32)
+
+    return matmul_integer
+
+
+def _qlinear_matmul(ctx: KernelContext) -> ComputeFn:
+    """QLinearMatMul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp) -> quantized y.
+
+    y = saturate(round((a-azp) @ (b-bzp) * a_scale*b_scale/y_scale) + y_zp), rounding half
+    to even; a's scale/zero point may be per row, b's per column."""
+    for i in (0, 3, 7):
+        dt = ctx.input_dtype(i)
+        if dt is not None and np.dtype(dt).kind not in "iu":
+            raise ctx.unsupported(
+                f"input {i} of type {dt}: only the 8-bit integer types are supported"
+            )
+    bf_const, cdt_const = _b_const(ctx, 3, 5)
+
+    def qlinear_matmul(
+        a: np.ndarray,
+        a_scale: np.ndarray,
+        a_zp: Any,
+        b: np.ndarray,
+        b_scale: np.ndarray,
+        b_zp: Any,
+        y_scale: np.ndarray,
+        y_zp: Any = None,
+    ) -> np.ndarray:
+        if bf_const is not None:
+            cdt, bf = cdt_const, bf_const
+        else:
+            cdt = _cdt(a.shape[-1])
+            bf = _b_side(b, b_zp, cdt)
+        acc = np.matmul(_a_side(a, a_zp, cdt), bf)
+        scale = (_row(a_scale) * np.asarray(b_scale) / np.asarray(y_scale)).astype(np.float64)
+        r = acc.astype(np.float64, copy=False) * scale
+        odt = a.dtype if y_zp is None else np.asarray(y_zp).dtype
+        if y_zp is not None:
+            r += np.asarray(y_zp, dtype=np.float64)
+        info = np.iinfo(odt)
+        np.rint(r, out=r)
+        np.clip(r, info.min, info.max, out=r)
+        return r.astype(odt)
+
+    return qlinear_matmul
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register MatMulInteger and QLinearMatMul."""
+    registry.add("MatMulInteger", _matmul_integer, since=10)
+    registry.add("QLinearMatMul", _qlinear_matmul, since=10)

@@ -1,0 +1,24 @@
+"""Kernels: neural-network layers: convolutions (``conv``, ``conv_transpose``,
+``conv_deform``), pooling (``pool``), normalizations (``norm``, ``norm_group``), recurrent
+layers (``rnn``), Attention (``attention``) and the other transformer ops (``transformer``).
+"""
+
+from __future__ import annotations
+
+from ..registry import KernelRegistry
+from . import attention, conv, conv_deform, conv_transpose, norm, norm_group, pool, rnn, transformer
+
+__all__ = ["register_kernels"]
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register this family's kernels."""
+    conv.register_kernels(registry)
+    conv_transpose.register_kernels(registry)
+    conv_deform.register_kernels(registry)
+    pool.register_kernels(registry)
+    norm.register_kernels(registry)
+    norm_group.register_kernels(registry)
+    rnn.register_kernels(registry)
+    attention.register_kernels(registry)
+    transformer.register_kernels(registry)

@@ -1,0 +1,392 @@
+"""Kernels (nn): Conv, ConvInteger, QLinearConv (ConvTranspose and Col2Im are in
+``conv_transpose``, DeformConv in ``conv_deform``; the shared geometry in ``conv_common``).
+
+Conv runs as im2col + one matmul per call: the (padded) input is viewed through a strided
+window view (N, groups, C/groups, *kernel, *out) and copied once into the im2col matrix,
+then multiplied by the weights reshaped to (groups, M/groups, C/groups*prod(kernel)), which
+is done at load when the weights are constant. 1x1 stride-1 unpadded convs skip the copy.
+The padded input and the im2col matrix live in per-thread scratch buffers (no page faults
+on fresh 100 MB allocations each call); only the output is a new array, or ``out``.
+Everything shape-dependent (pads for auto_pad, output size, view strides) is computed once
+per input shape and memoised; float16 computes in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..base import OUT, ComputeFn, Cost, KernelContext
+from ..common import compute_dtype
+from ..registry import KernelRegistry
+from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
+
+__all__ = ["make_conv_core", "register_kernels"]
+
+
+class _Plan(NamedTuple):
+    """Everything one input shape needs, computed once."""
+
+    pad: bool  # the input must be copied into a zero-padded buffer
+    direct: bool  # 1x1, stride 1, no pad: the input reshaped is the im2col matrix
+    padded_shape: tuple[int, ...]
+    interior: tuple[slice, ...]
+    view_shape: tuple[int, ...]
+    view_strides: tuple[int, ...]
+    cols_shape: tuple[int, ...]
+    w2_shape: tuple[int, ...]
+    mm_shape: tuple[int, ...]  # the matmul result's shape (a view of the output)
+    out_shape: tuple[int, ...]
+    # "extended grid" mode (depthwise, stride 1): im2col rows are runs of the flattened
+    # padded image, so the copy moves long contiguous runs; the result is computed on
+    # an (O_1, P_2, ..., P_r) grid and cropped to (O_1, ..., O_r).
+    ext: bool = False
+    padded_size: int = 0  # elements of the padded input
+    flat_len: int = 0  # padded_size plus the tail the last run reads past it
+    ext_shape: tuple[int, ...] = ()
+    crop: tuple[slice, ...] = ()
+
+
+# core(x, w, out) -> result of shape out_shape in the compute dtype
+ConvCore = Callable[[np.ndarray, Any, Any], np.ndarray]
+
+
+def make_conv_core(
+    ctx: KernelContext,
+    sp: Spatial,
+    group: int,
+    w_const: np.ndarray | None,
+    cdt: np.dtype,
+) -> ConvCore:
+    """The math of a grouped N-D convolution, without bias, computing in ``cdt``.
+
+    ``core(x, w, out)``: ``x`` (N, C, *in) of any numeric dtype (cast to ``cdt``), ``w``
+    (M, C/group, *kernel) or ignored when ``w_const`` (already zero-point adjusted for the
+    integer ops) is given, ``out`` an optional contiguous (N, M, *out) ``cdt`` buffer.
+    Returns the (N, M, *out) result in ``cdt``.
+    """
+    if group < 1:
+        raise ctx.unsupported(f"group={group}")
+    itemsize = cdt.itemsize
+    w2_const: np.ndarray | None = None
+    if w_const is not None:
+        if w_const.ndim < 3:
+            raise ctx.unsupported(f"weights of rank {w_const.ndim}; expected >= 3")
+        if w_const.shape[0] % group:
+            raise ctx.unsupported(f"{w_const.shape[0]} output channels, group={group}")
+        if sp.kernel_shape is not None and tuple(sp.kernel_shape) != w_const.shape[2:]:
+            raise ctx.unsupported(f"kernel_shape {sp.kernel_shape} != weights {w_const.shape}")
+    plans: dict[Any, _Plan] = {}
+
+    def make_plan(x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> _Plan:
+        if len(x_shape) != len(w_shape) or len(x_shape) < 3:
+            raise ValueError(f"{ctx.op_type} {ctx.node_name!r}: input {x_shape}, W {w_shape}")
+        n, c = x_shape[:2]
+        m, cg = w_shape[:2]
+        if c != cg * group or m % group:
+            raise ValueError(
+                f"{ctx.op_type} {ctx.node_name!r}: input channels {c}, weights {w_shape}, "
+                f"group={group}"
+            )
+        kernel, strides, dil, pads = sp.resolve(w_shape[2:])
+        r = len(kernel)
+        if len(strides) != r or len(dil) != r or len(pads) != 2 * r:
+            raise ValueError(f"{ctx.op_type} {ctx.node_name!r}: attributes do not match rank {r}")
+        begin, end, out_sp = conv_geometry(x_shape[2:], kernel, strides, dil, pads, sp.auto_pad)
+        pad = any(begin) or any(end)
+        padded_sp = tuple(i + b + e for i, b, e in zip(x_shape[2:], begin, end))
+        interior = (
+            slice(None),
+            slice(None),
+            *(slice(b, b + i) for b, i in zip(begin, x_shape[2:])),
+        )
+        if any(b < 0 or e < 0 for b, e in zip(begin, end)):
+            raise ValueError(f"{ctx.op_type} {ctx.node_name!r}: negative pads {pads}")
+        ksize = int(np.prod(kernel))
+        o = int(np.prod(out_sp))
+        mg = m // group
+        direct = not pad and all(k == 1 for k in kernel) and all(s == 1 for s in strides)
+        # strides of the contiguous padded buffer
+        pst = [itemsize]
+        for d in reversed((n, c, *padded_sp)[1:]):
+            pst.append(pst[-1] * d)
+        pst.reverse()
+        xp_strides = tuple(pst)
+        cgk = cg * ksize
+        if group == 1:
+            cols_shape: tuple[int, ...] = (cgk, o) if n == 1 else (n, cgk, o)
+            w2_shape: tuple[int, ...] = (m, cgk)
+            mm_shape: tuple[int, ...] = (m, o) if n == 1 else (n, m, o)
+        else:
+            cols_shape = (n, group, cgk, o)
+            w2_shape = (group, mg, cgk)
+            mm_shape = (n, group, mg, o)
+        view_shape = (n, group, cg, *kernel, *out_sp)
+        k_strides = tuple(a * d for a, d in zip(xp_strides[2:], dil))
+        view_strides = (
+            xp_strides[0],
+            xp_strides[1] * cg,
+            xp_strides[1],
+            *k_strides,
+            *(a * s for a, s in zip(xp_strides[2:], strides)),
+        )
+        if group > 1 and cg == 1 and all(s == 1 for s in strides) and ksize > 1:
+            inner = int(np.prod(padded_sp[1:]))
+            length = out_sp[0] * inner
+            tail = sum((k - 1) * ks // itemsize for k, ks in zip(kernel[1:], k_strides[1:]))
+            return _Plan(
+                True,
+                False,
+                (n, c, *padded_sp),
+                interior,
+                (n, group, cg, *kernel, length),
+                (xp_strides[0], xp_strides[1] * cg, xp_strides[1], *k_strides, itemsize),
+                (n, group, cgk, length),
+                w2_shape,
+                mm_shape,
+                (n, m, *out_sp),
+                True,
+                n * c * int(np.prod(padded_sp)),
+                n * c * int(np.prod(padded_sp)) + tail,
+                (n, m, out_sp[0], *padded_sp[1:]),
+                (slice(None), slice(None), slice(None), *(slice(0, o) for o in out_sp[1:])),
+            )
+        return _Plan(
+            bool(pad),
+            direct,
+            (n, c, *padded_sp),
+            interior,
+            view_shape,
+            view_strides,
+            cols_shape,
+            w2_shape,
+            mm_shape,
+            (n, m, *out_sp),
+        )
+
+    w_shape_const = None if w_const is None else tuple(w_const.shape)
+    if w_const is not None:
+        ksize = int(np.prod(w_const.shape[2:]))
+        m, cg = w_const.shape[:2]
+        shape2 = (m, cg * ksize) if group == 1 else (group, m // group, cg * ksize)
+        w2_const = np.ascontiguousarray(w_const.reshape(shape2), dtype=cdt)
+        t = ctx.input_type(0)
+        if t is not None and t.is_static and t.shape is not None and len(t.shape) >= 3:
+            shp = tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
+            try:
+                plans[shp] = make_plan(shp, tuple(w_const.shape))
+            except ValueError as e:
+                raise ctx.unsupported(str(e)) from e
+
+    def core(x: np.ndarray, w: Any, out: Any) -> np.ndarray:
+        if w2_const is not None:
+            key: Any = x.shape
+            plan = plans.get(key)
+            if plan is None:
+                plan = plans[key] = make_plan(x.shape, w_shape_const)  # type: ignore[arg-type]
+            w2 = w2_const
+        else:
+            key = (x.shape, w.shape)
+            plan = plans.get(key)
+            if plan is None:
+                plan = plans[key] = make_plan(x.shape, w.shape)
+            w2 = w.reshape(plan.w2_shape).astype(cdt, copy=False)
+        if x.dtype != cdt:
+            x = x.astype(cdt)
+        if plan.ext:
+            buf = scratch(0, (plan.flat_len,), cdt)
+            buf.fill(0)
+            buf[: plan.padded_size].reshape(plan.padded_shape)[plan.interior] = x
+            view = np.ndarray(plan.view_shape, cdt, buf, 0, plan.view_strides)
+            cols = scratch(1, plan.cols_shape, cdt)
+            np.copyto(cols.reshape(plan.view_shape), view)
+            r = np.matmul(w2, cols).reshape(plan.ext_shape)[plan.crop]
+            if out is not None:
+                np.copyto(out, r)
+                return out
+            return np.ascontiguousarray(r)
+        if plan.direct:
+            cols = x.reshape(plan.cols_shape)
+        else:
+            if plan.pad:
+                xp = scratch(0, plan.padded_shape, cdt)
+                xp.fill(0)
+                xp[plan.interior] = x
+            else:
+                xp = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+            view = np.ndarray(plan.view_shape, cdt, xp, 0, plan.view_strides)
+            cols = scratch(1, plan.cols_shape, cdt)
+            np.copyto(cols.reshape(plan.view_shape), view)
+        if out is not None:
+            np.matmul(w2, cols, out=out.reshape(plan.mm_shape))
+            return out
+        return np.matmul(w2, cols).reshape(plan.out_shape)
+
+    return core
+
+
+def _conv(ctx: KernelContext) -> ComputeFn:
+    """Conv(X, W, B?) -> Y: grouped N-D convolution with strides, dilations, pads/auto_pad.
+
+    Supports float16/32/64 (float16 computes in float32) and ``out=``. The input dtype is
+    taken from the constant weights or the input's static type; when neither is known the
+    core for the dtype seen is built on first use."""
+    sp = parse_spatial(ctx)
+    group = int(ctx.attr("group", 1))
+    w_const = ctx.const_input(1)
+    dt = w_const.dtype if w_const is not None else ctx.input_dtype(0)
+    b_const = ctx.const_input(2)
+    if b_const is not None and b_const.ndim != 1:
+        raise ctx.unsupported(f"bias of shape {b_const.shape}; expected 1-D")
+    if dt is None:
+        cores: dict[np.dtype, Callable[..., Any]] = {}
+
+        def conv_any(x: np.ndarray, w: np.ndarray, b: Any = None, out: Any = None) -> Any:
+            fn = cores.get(x.dtype)
+            if fn is None:
+                fn = cores[x.dtype] = _conv_fn(ctx, sp, group, None, None, np.dtype(x.dtype))
+            return fn(x, w, b, out)
+
+        return conv_any
+    return _conv_fn(ctx, sp, group, w_const, b_const, np.dtype(dt))
+
+
+def _conv_fn(
+    ctx: KernelContext,
+    sp: Spatial,
+    group: int,
+    w_const: np.ndarray | None,
+    b_const: np.ndarray | None,
+    dt: np.dtype,
+) -> Callable[..., Any]:
+    cdt = compute_dtype(dt)
+    core = make_conv_core(ctx, sp, group, w_const, cdt)
+    b_r: np.ndarray | None = None
+    if b_const is not None and w_const is not None:
+        b_r = b_const.astype(dt).reshape((-1,) + (1,) * (w_const.ndim - 2))
+    same = cdt == dt
+
+    def conv(x: np.ndarray, w: np.ndarray, b: Any = None, out: Any = None) -> np.ndarray:
+        if same and out is not None and out.flags.c_contiguous:
+            y = core(x, w, out)
+        else:
+            y = core(x, w, None)
+            if not same:
+                y = y.astype(dt)
+            if out is not None:
+                out[...] = y
+                y = out
+        if b is not None:
+            y += b_r if b_r is not None else b.reshape((-1,) + (1,) * (y.ndim - 2))
+        return y
+
+    return conv
+
+
+def _conv_cost(ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> Cost:
+    if len(ins) < 2 or not outs:
+        return Cost(0.0, 0.0)
+    w, y = ins[1], outs[0]
+    flops = 2.0 * float(np.prod(y)) * float(np.prod(w[1:]))
+    return Cost(flops, 4.0 * (float(np.prod(ins[0])) + float(np.prod(w)) + float(np.prod(y))))
+
+
+def _int_compute_dtype(w_const: np.ndarray | None) -> np.dtype:
+    """float32 is exact for 8-bit products summed over <= 2**24 // 255**2 = 258 terms."""
+    if w_const is not None and w_const.ndim >= 2 and int(np.prod(w_const.shape[1:])) <= 258:
+        return np.dtype(np.float32)
+    return np.dtype(np.float64)
+
+
+def _zp_weights(w: np.ndarray, zp: Any, cdt: np.dtype) -> np.ndarray:
+    """w - zero point (scalar or per output channel) in ``cdt``."""
+    w = w.astype(cdt)
+    if zp is None:
+        return w
+    zp = np.asarray(zp)
+    if zp.ndim == 1 and zp.size == w.shape[0] and zp.size != 1:
+        return w - zp.astype(cdt).reshape((-1,) + (1,) * (w.ndim - 1))
+    return w - zp.astype(cdt).reshape(())
+
+
+def _conv_integer(ctx: KernelContext) -> ComputeFn:
+    """ConvInteger(X, W, x_zero_point?, w_zero_point?) -> int32 Y = (X-xzp) conv (W-wzp).
+
+    Computes exactly in float32/float64 (by the reduction length) on BLAS."""
+    sp = parse_spatial(ctx)
+    group = int(ctx.attr("group", 1))
+    w_raw = ctx.const_input(1)
+    wzp_const = ctx.const_input(3)
+    cdt = _int_compute_dtype(w_raw)
+    w_const = None
+    if w_raw is not None and (wzp_const is not None or not ctx.has_input(3)):
+        w_const = _zp_weights(w_raw, wzp_const, cdt)
+    core = make_conv_core(ctx, sp, group, w_const, cdt)
+
+    def conv_integer(x: np.ndarray, w: np.ndarray, x_zp: Any = None, w_zp: Any = None) -> Any:
+        xf = x.astype(cdt)
+        if x_zp is not None:
+            xf -= np.asarray(x_zp, dtype=cdt).reshape(())
+        wf = w if w_const is not None else _zp_weights(w, w_zp, cdt)
+        return core(xf, wf, None).astype(np.int32)
+
+    return conv_integer
+
+
+def _qlinear_conv(ctx: KernelContext) -> ComputeFn:
+    """QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B?) -> quantized y.
+
+    y = saturate(round((x-xzp) conv (w-wzp) + B) * x_scale*w_scale/y_scale) + y_zp), with
+    per-tensor or per-output-channel w_scale/w_zp; rounding half to even."""
+    sp = parse_spatial(ctx)
+    group = int(ctx.attr("group", 1))
+    w_raw = ctx.const_input(3)
+    wzp_const = ctx.const_input(5)
+    cdt = _int_compute_dtype(w_raw)
+    w_const = None
+    if w_raw is not None and (wzp_const is not None or not ctx.has_input(5)):
+        w_const = _zp_weights(w_raw, wzp_const, cdt)
+    core = make_conv_core(ctx, sp, group, w_const, cdt)
+
+    def qlinear_conv(
+        x: np.ndarray,
+        x_scale: np.ndarray,
+        x_zp: Any,
+        w: np.ndarray,
+        w_scale: np.ndarray,
+        w_zp: Any,
+        y_scale: np.ndarray,
+        y_zp: Any = None,
+        b: Any = None,
+    ) -> np.ndarray:
+        xf = x.astype(cdt)
+        if x_zp is not None:
+            xf -= np.asarray(x_zp, dtype=cdt).reshape(())
+        wf = w if w_const is not None else _zp_weights(w, w_zp, cdt)
+        acc = core(xf, wf, None)
+        nsp = acc.ndim - 2
+        if b is not None:
+            acc += b.astype(cdt).reshape((-1,) + (1,) * nsp)
+        ws = np.asarray(w_scale)
+        if ws.ndim == 1 and ws.size > 1:
+            ws = ws.reshape((-1,) + (1,) * nsp)
+        scale = (np.asarray(x_scale) * ws / np.asarray(y_scale)).astype(np.float64)
+        r = acc.astype(np.float64, copy=False) * scale
+        odt = x.dtype if y_zp is None else np.asarray(y_zp).dtype
+        if y_zp is not None:
+            r += np.asarray(y_zp, dtype=np.float64)
+        info = np.iinfo(odt)
+        np.rint(r, out=r)
+        np.clip(r, info.min, info.max, out=r)
+        return r.astype(odt)
+
+    return qlinear_conv
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register Conv, ConvInteger and QLinearConv."""
+    registry.add("Conv", _conv, since=1, flags=OUT, cost=_conv_cost)
+    registry.add("ConvInteger", _conv_integer, since=10)
+    registry.add("QLinearConv", _qlinear_conv, since=10)

@@ -1,0 +1,184 @@
+"""Shared load-time helpers of the conv and pool kernels.
+
+Spatial attribute parsing (kernel_shape, strides, dilations, pads, auto_pad), the ONNX
+output-size and padding rules, col2im slice planning, and per-thread scratch buffers. All the
+shape arithmetic runs once per input shape (plans are memoised by shape); none of it runs
+per call when the shape repeats.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..base import KernelContext
+from ..common import attr_str
+
+__all__ = [
+    "Spatial",
+    "attr_ints",
+    "col2im_slices",
+    "conv_geometry",
+    "parse_spatial",
+    "scratch",
+]
+
+_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+_TLS = threading.local()
+_SCRATCH_MAX = 1 << 29  # buffers above 512 MiB are not kept
+
+
+def scratch(slot: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A per-thread scratch array (uninitialised) for temporaries that never escape a call.
+
+    Large fresh allocations cost page faults on every call (the im2col matrix of a big
+    conv is ~100 MB); reusing one buffer per slot per thread avoids that. Slot 0 holds
+    padded inputs, slot 1 im2col matrices. A caller must not hold a slot's array past
+    its own return, nor use one slot twice at once. Thread-safe: each thread has its own.
+    """
+    n = math.prod(shape) * dtype.itemsize
+    bufs: list[np.ndarray | None] | None = getattr(_TLS, "bufs", None)
+    if bufs is None:
+        bufs = _TLS.bufs = [None, None]
+    buf = bufs[slot]
+    if buf is None or buf.nbytes < n:
+        buf = np.empty(max(n, 1), np.uint8)
+        if n <= _SCRATCH_MAX:
+            bufs[slot] = buf
+    return buf[:n].view(dtype).reshape(shape)
+
+
+def attr_ints(ctx: KernelContext, name: str) -> tuple[int, ...] | None:
+    v = ctx.attr(name, None)
+    if v is None:
+        return None
+    return tuple(int(i) for i in v)
+
+
+@dataclass(frozen=True, slots=True)
+class Spatial:
+    """Spatial attributes of a conv/pool node; ``None`` fields default by rank at plan time."""
+
+    kernel_shape: tuple[int, ...] | None
+    strides: tuple[int, ...] | None
+    dilations: tuple[int, ...] | None
+    pads: tuple[int, ...] | None
+    auto_pad: str
+
+    def resolve(
+        self, kshape: Sequence[int] | None = None
+    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """(kernel, strides, dilations, pads) with defaults filled for the kernel's rank."""
+        k = tuple(self.kernel_shape) if self.kernel_shape is not None else tuple(kshape or ())
+        r = len(k)
+        s = self.strides if self.strides is not None else (1,) * r
+        d = self.dilations if self.dilations is not None else (1,) * r
+        p = self.pads if self.pads is not None else (0,) * (2 * r)
+        return k, tuple(s), tuple(d), tuple(p)
+
+
+def parse_spatial(ctx: KernelContext) -> Spatial:
+    """Read kernel_shape/strides/dilations/pads/auto_pad; validate what load time can."""
+    auto_pad = attr_str(ctx, "auto_pad", "NOTSET")
+    if auto_pad not in _AUTO_PADS:
+        raise ctx.unsupported(f"auto_pad={auto_pad!r}")
+    sp = Spatial(
+        attr_ints(ctx, "kernel_shape"),
+        attr_ints(ctx, "strides"),
+        attr_ints(ctx, "dilations"),
+        attr_ints(ctx, "pads"),
+        auto_pad,
+    )
+    if sp.strides is not None and any(s < 1 for s in sp.strides):
+        raise ctx.unsupported(f"strides {sp.strides} must be >= 1")
+    if sp.dilations is not None and any(d < 1 for d in sp.dilations):
+        raise ctx.unsupported(f"dilations {sp.dilations} must be >= 1")
+    if sp.pads is not None and len(sp.pads) % 2:
+        raise ctx.unsupported(f"pads {sp.pads} must have 2 entries per spatial axis")
+    return sp
+
+
+def conv_geometry(
+    in_sp: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    pads: Sequence[int],
+    auto_pad: str,
+    ceil_mode: bool = False,
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """ONNX conv/pool geometry: (pads_begin, pads_end, output spatial shape).
+
+    SAME_* pads so that ``out = ceil(in / stride)`` (the extra pad at the end for
+    SAME_UPPER, at the beginning for SAME_LOWER); VALID pads nothing; NOTSET uses ``pads``.
+    ``ceil_mode`` rounds the output size up but never starts a window in the end padding.
+    """
+    r = len(in_sp)
+    begin: list[int] = []
+    end: list[int] = []
+    out: list[int] = []
+    for i in range(r):
+        n, s = int(in_sp[i]), strides[i]
+        ext = (kernel[i] - 1) * dilations[i] + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            o = -(-n // s)
+            total = max(0, (o - 1) * s + ext - n)
+            small = total // 2
+            b = small if auto_pad == "SAME_UPPER" else total - small
+            begin.append(b)
+            end.append(total - b)
+            out.append(o)
+            continue
+        if auto_pad == "VALID":
+            pb = pe = 0
+        else:
+            pb, pe = pads[i], pads[i + r]
+        span = n + pb + pe - ext
+        if ceil_mode:
+            o = -(-span // s) + 1
+            if (o - 1) * s >= n + pb:
+                o -= 1
+        else:
+            o = span // s + 1
+        begin.append(pb)
+        end.append(pe)
+        out.append(max(o, 0))
+    return tuple(begin), tuple(end), tuple(out)
+
+
+def col2im_slices(
+    n_blocks: Sequence[int],
+    out_sp: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    pads_begin: Sequence[int],
+) -> list[tuple[tuple[int, ...], tuple[slice, ...], tuple[slice, ...]]]:
+    """For col2im: per kernel position, (kernel index, block slices, output slices).
+
+    Block ``i`` at kernel offset ``k`` lands on output ``i*stride + k*dilation - pad_begin``;
+    blocks landing outside ``[0, out)`` are dropped. Positions with no block are omitted.
+    """
+    per_dim: list[list[tuple[int, slice, slice]]] = []
+    for L, O, K, s, d, pb in zip(n_blocks, out_sp, kernel, strides, dilations, pads_begin):
+        opts: list[tuple[int, slice, slice]] = []
+        for k in range(K):
+            off = k * d - pb  # output index of block 0
+            i_lo = -(off // s) if off < 0 else 0
+            i_hi = min(L - 1, (O - 1 - off) // s) if O - 1 - off >= 0 else -1
+            if i_hi < i_lo:
+                continue
+            o_lo = i_lo * s + off
+            o_hi = i_hi * s + off
+            opts.append((k, slice(i_lo, i_hi + 1), slice(o_lo, o_hi + 1, s)))
+        per_dim.append(opts)
+    result: list[tuple[tuple[int, ...], tuple[slice, ...], tuple[slice, ...]]] = [((), (), ())]
+    for opts in per_dim:
+        result = [((*ks, k), (*bs, b), (*os_, o)) for ks, bs, os_ in result for k, b, o in opts]
+    return result

@@ -1,0 +1,238 @@
+"""Kernels (nn): normalizations — BatchNormalization, LayerNormalization, RMSNormalization,
+LpNormalization (here); InstanceNormalization, GroupNormalization, LRN,
+MeanVarianceNormalization (``norm_group``).
+
+* BatchNormalization: inference ``y = (x - mean) / sqrt(var + eps) * scale + B`` per
+  channel (axis 1). When scale/B/mean/var are constants the builder folds them into one
+  per-channel multiplier and shift, so a call is one multiply-add. ``training_mode=1``
+  (opset 14+) uses the batch statistics and also returns the running mean and variance.
+  Opsets before 9 with ``spatial=0`` take per-activation parameters [C, D1, ...].
+* LayerNormalization (17): normalizes over axes ``axis..rank-1`` in ``stash_type``
+  precision; optional outputs Mean and InvStdDev of shape ``d[:axis] + [1] * ...``
+  (stash dtype).
+* RMSNormalization (23): ``x / sqrt(mean(x^2) + eps) * scale`` over axes ``axis..``.
+* LpNormalization: ``x / ||x||_p`` along ``axis`` (p 1 or 2); a zero norm gives 0.
+
+Outputs keep X's dtype. Single-output forms accept ``out=``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
+from ..common import stash_dtype
+from ..registry import KernelRegistry
+from .norm_group import row_stats
+
+__all__ = ["register_kernels"]
+
+_sum = np.add.reduce
+
+
+# -- BatchNormalization ------------------------------------------------------------------
+
+
+def _batch_normalization(ctx: KernelContext) -> ComputeFn:
+    """BatchNormalization: ``fn(X, scale, B, mean, var, out=None)`` -> Y, or
+    (Y, running_mean, running_var) with ``training_mode=1``."""
+    eps = float(ctx.attr("epsilon", 1e-5))
+    momentum = float(ctx.attr("momentum", 0.9))
+    training = ctx.opset >= 14 and bool(ctx.attr("training_mode", 0))
+    spatial = ctx.opset >= 9 or bool(ctx.attr("spatial", 1))
+    if not training and any(ctx.has_output(i) for i in range(1, ctx.n_outputs)):
+        raise ctx.unsupported("training outputs (mean/var) are only supported with opset 14+")
+    if training:
+        return _batch_norm_training(ctx, eps, momentum)
+
+    t = ctx.input_type(0)
+    rank = t.rank if t is not None else None
+    xdt = ctx.input_dtype(0)
+
+    def shape_for(p: np.ndarray, ndim: int) -> np.ndarray:
+        return p.reshape(-1, *(1,) * (ndim - 2)) if spatial else p
+
+    consts = [ctx.const_input(i) for i in range(1, 5)]
+    if all(c is not None for c in consts):
+        s, b, m, v = (np.asarray(c, dtype=np.float64) for c in consts)
+        a64 = s / np.sqrt(v + eps)
+        dt = xdt if xdt is not None else np.dtype(consts[0].dtype)  # type: ignore[union-attr]
+        a1, sh1 = a64.astype(dt), (b - m * a64).astype(dt)
+        # Pre-shaped for the known rank; otherwise reshaped per call (a cheap view).
+        a_r = shape_for(a1, rank) if rank is not None else None
+        sh_r = shape_for(sh1, rank) if rank is not None else None
+
+        def batch_norm_folded(x: np.ndarray, *_: Any, out: np.ndarray | None = None) -> np.ndarray:
+            a, sh = a_r, sh_r
+            if a is None or a.ndim != (x.ndim - 1 if spatial else a1.ndim) or x.dtype != dt:
+                a = shape_for(a1, x.ndim).astype(x.dtype, copy=False)
+                sh = shape_for(sh1, x.ndim).astype(x.dtype, copy=False)
+            y = np.multiply(x, a, out=out)
+            y += sh
+            return y
+
+        return batch_norm_folded
+
+    def batch_norm(
+        x: np.ndarray,
+        s: np.ndarray,
+        b: np.ndarray,
+        m: np.ndarray,
+        v: np.ndarray,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        a = s / np.sqrt(v + eps)
+        sh = b - m * a
+        y = np.multiply(x, shape_for(a, x.ndim).astype(x.dtype, copy=False), out=out)
+        y += shape_for(sh, x.ndim).astype(x.dtype, copy=False)
+        return y
+
+    return batch_norm
+
+
+def _batch_norm_training(ctx: KernelContext, eps: float, momentum: float) -> ComputeFn:
+    n_out = ctx.n_outputs
+
+    def batch_norm_train(
+        x: np.ndarray,
+        s: np.ndarray,
+        b: np.ndarray,
+        m: np.ndarray,
+        v: np.ndarray,
+        out: np.ndarray | None = None,
+    ) -> Any:
+        axes = (0, *range(2, x.ndim))
+        xf = x.astype(np.float32) if x.dtype == np.float16 else x
+        cm = np.mean(xf, axis=axes)
+        cv = np.var(xf, axis=axes)
+        bshape = (-1, *(1,) * (x.ndim - 2))
+        a = s / np.sqrt(cv + eps)
+        y = (xf * a.reshape(bshape) + (b - cm * a).reshape(bshape)).astype(x.dtype)
+        rm = (m * momentum + cm * (1 - momentum)).astype(m.dtype)
+        rv = (v * momentum + cv * (1 - momentum)).astype(v.dtype)
+        if n_out > 1:
+            return (y, rm, rv)[:n_out]
+        if out is not None:
+            np.copyto(out, y)
+            return out
+        return y
+
+    return batch_norm_train
+
+
+# -- LayerNormalization / RMSNormalization ------------------------------------------------
+
+
+def _split(x: np.ndarray, axis: int) -> tuple[int, int, int]:
+    """(normalized axis, rows, cols) of ``x`` seen as a matrix split at ``axis``."""
+    a = axis + x.ndim if axis < 0 else axis
+    cols = 1
+    for d in x.shape[a:]:
+        cols *= d
+    return a, (x.size // cols if cols else 0), cols
+
+
+def _layer_normalization(ctx: KernelContext) -> ComputeFn:
+    """LayerNormalization: ``fn(X, Scale, B=None, out=None)`` -> Y or (Y, Mean, InvStdDev)."""
+    axis = int(ctx.attr("axis", -1))
+    eps = float(ctx.attr("epsilon", 1e-5))
+    stash = stash_dtype(ctx)
+    n_out = ctx.n_outputs
+    want_mean, want_inv = ctx.has_output(1), ctx.has_output(2)
+
+    def layer_norm(
+        x: np.ndarray, scale: np.ndarray, bias: Any = None, out: np.ndarray | None = None
+    ) -> Any:
+        a, rows, cols = _split(x, axis)
+        xs = x.reshape(rows, cols)
+        same = x.dtype == stash
+        if not same:
+            xs = xs.astype(stash)
+        d_out = out.reshape(rows, cols) if same and out is not None else None
+        d, mean, inv = row_stats(xs, eps, d_out)
+        d *= inv
+        y = d.reshape(x.shape)
+        if not same:
+            y = y.astype(x.dtype)
+        if d_out is None:
+            y = np.multiply(y, scale, out=out)
+        else:
+            y *= scale
+        if bias is not None:
+            y += bias
+        if n_out == 1:
+            return y if d_out is None else out
+        st = x.shape[:a] + (1,) * (x.ndim - a)
+        return (
+            y,
+            mean.reshape(st) if want_mean else None,
+            inv.reshape(st) if want_inv else None,
+        ) + (None,) * (n_out - 3)
+
+    if n_out == 1:
+
+        def layer_norm_y(
+            x: np.ndarray, scale: np.ndarray, bias: Any = None, out: np.ndarray | None = None
+        ) -> Any:
+            if out is not None and not out.flags.c_contiguous:
+                np.copyto(out, layer_norm(x, scale, bias))
+                return out
+            return layer_norm(x, scale, bias, out)
+
+        return layer_norm_y
+    return layer_norm
+
+
+def _rms_normalization(ctx: KernelContext) -> ComputeFn:
+    """RMSNormalization: ``fn(X, scale, out=None) -> X / sqrt(mean(X^2) + eps) * scale``."""
+    axis = int(ctx.attr("axis", -1))
+    eps = float(ctx.attr("epsilon", 1e-5))
+    stash = stash_dtype(ctx)
+
+    def rms_norm(x: np.ndarray, scale: np.ndarray, out: np.ndarray | None = None) -> Any:
+        _, rows, cols = _split(x, axis)
+        xs = x.reshape(rows, cols)
+        if x.dtype != stash:
+            xs = xs.astype(stash)
+        ms = np.einsum("ij,ij->i", xs, xs).reshape(-1, 1)
+        ms *= 1.0 / max(cols, 1)
+        ms += eps
+        np.sqrt(ms, out=ms)
+        np.reciprocal(ms, out=ms)
+        y = (xs * ms).reshape(x.shape)
+        if y.dtype != x.dtype:
+            y = y.astype(x.dtype)
+        return np.multiply(y, scale, out=out)
+
+    return rms_norm
+
+
+# -- LpNormalization -----------------------------------------------------------------------
+
+
+def _lp_normalization(ctx: KernelContext) -> ComputeFn:
+    """LpNormalization: ``fn(x, out=None) -> x / ||x||_p`` along ``axis`` (0 where norm 0)."""
+    axis = int(ctx.attr("axis", -1))
+    p = int(ctx.attr("p", 2))
+    if p not in (1, 2):
+        raise ctx.unsupported(f"p={p} (only 1 and 2)")
+
+    def lp_norm(x: np.ndarray, out: np.ndarray | None = None) -> Any:
+        if p == 2:
+            n = np.sqrt(_sum(np.square(x), axis=axis, keepdims=True))
+        else:
+            n = _sum(np.abs(x), axis=axis, keepdims=True)
+        n[n == 0] = 1
+        return np.divide(x, n, out=out)
+
+    return lp_norm
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register BatchNormalization, LayerNormalization, RMSNormalization, LpNormalization."""
+    registry.add("BatchNormalization", _batch_normalization, since=1, flags=OUT_INPLACE)
+    registry.add("LayerNormalization", _layer_normalization, since=17, flags=OUT)
+    registry.add("RMSNormalization", _rms_normalization, since=23, flags=OUT)
+    registry.add("LpNormalization", _lp_normalization, since=1, flags=OUT)
