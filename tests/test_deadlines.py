@@ -279,9 +279,10 @@ def _relu_chain(n: int) -> Any:
 
 
 def test_async_executor_hands_a_long_run_of_cheap_kernels_to_the_pool() -> None:
-    """3000 cheap kernels would hold an event loop for milliseconds: past the inline budget
-    the rest runs on the pool, and other tasks get the loop meanwhile."""
-    model = tfrt_py.load(_relu_chain(3000), executor="async", optimize=False)
+    """15000 cheap kernels would hold an event loop for tens of ms: past the inline budget
+    the rest runs on the pool, and other tasks get the loop meanwhile (at the GIL's
+    switch interval, 5 ms: the chain is long enough for several)."""
+    model = tfrt_py.load(_relu_chain(15000), executor="async", optimize=False)
     x = np.array([[1.0, -1.0, 2.0, -2.0]], np.float32)
 
     async def main() -> int:
