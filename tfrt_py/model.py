@@ -48,6 +48,7 @@ def load(
     optimize: bool | Collection[str] | None = None,
     memory_budget: int | None = None,
     native: str = "background",
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> Model:
     """Load a model from a path, bytes, ``onnx.ModelProto`` or ``tfrt_py.ir.Graph``.
 
@@ -69,6 +70,11 @@ def load(
     model into one numba function (``tfrt_py.native``), cached on disk; ``native=
     "background"`` serves calls on the sync interpreter until it is compiled, ``"eager"``
     compiles before returning.
+
+    ``base_dir``: the directory external-data locations are relative to, for a bytes or
+    ``onnx.ModelProto`` source (required when it has external data; a path source uses its
+    own directory, and ``base_dir`` may only repeat it). External data is only read from
+    regular files inside that directory (docs/security_models.md).
     """
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
@@ -82,6 +88,8 @@ def load(
     t0 = time.perf_counter()
     registry = _with_custom(default_registry(), custom_kernels)
     if isinstance(source, Graph):
+        if base_dir is not None:
+            raise ValueError("base_dir is for ONNX sources; a tfrt_py.ir.Graph has no files")
         if memory_budget is not None:
             raise ValueError(
                 "memory_budget streams ONNX external-data weights from disk; a tfrt_py.ir.Graph "
@@ -91,7 +99,7 @@ def load(
     else:
         from .frontends.onnx import import_model, read_model
 
-        proto, base_dir = read_model(source)
+        proto, base_dir = read_model(source, base_dir)
         origin = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "ONNX model"
         if memory_budget is not None:
             from .streaming import load_streamed

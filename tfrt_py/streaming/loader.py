@@ -20,6 +20,7 @@ they fit the budget the model loads as usual (external data memory-mapped) and
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ from ..concurrency import HostContext
 from ..errors import ModelLoadError, UnsupportedOpError
 from ..executors.program import compile_program
 from ..frontends.onnx import import_model
-from ..frontends.onnx.tensors import external_ref, is_external, onnx_dtype
+from ..frontends.onnx.tensors import external_ref, is_external, onnx_dtype, tensor_shape
 from ..ir import Graph, TensorType, Value, verify
 from ..kernels import KernelRegistry
 from .partition import ALIGN, Stage, compile_stages, partition
@@ -47,7 +48,7 @@ __all__ = ["load_streamed"]
 
 def load_streamed(
     proto: onnx.ModelProto,
-    base_dir: str,
+    base_dir: str | None,
     *,
     memory_budget: int,
     origin: str,
@@ -123,7 +124,7 @@ def _check_budget(budget: Any) -> int:
 
 
 def _embedded_bytes(t: onnx.TensorProto) -> int:
-    n = int(np.prod([int(d) for d in t.dims], dtype=np.int64))
+    n = math.prod(tensor_shape(t))  # ModelLoadError naming the tensor for bad dims
     try:
         return n * onnx_dtype(t.data_type).itemsize
     except ModelLoadError:

@@ -32,6 +32,8 @@ import numpy as np
 
 from ..concurrency import AsyncValue, HostContext, make_available, run_when_ready
 from ..errors import ExecutionError
+from ..frontends.onnx.external import open_external
+from ..frontends.onnx.tensors import ExternalRef
 from .partition import ALIGN, Stage
 
 __all__ = ["TransferStats", "Transfers", "WeightArena"]
@@ -136,7 +138,7 @@ class Transfers:
             buf = self._arena.buf.data
             for w in stage.weights:
                 r = w.ref
-                fd = self._fd(r.path)
+                fd = self._fd(r)
                 _pread_full(fd, buf[base + w.offset : base + w.offset + r.nbytes], r.offset, r.name)
                 if self._drop_cache and _DONTNEED is not None:
                     os.posix_fadvise(fd, r.offset, r.nbytes, _DONTNEED)
@@ -153,11 +155,13 @@ class Transfers:
         self.stats.reads += 1
         av.set(self._arena.views(region, stage))
 
-    def _fd(self, path: str) -> int:
-        fd = self._fds.get(path)
+    def _fd(self, ref: ExternalRef) -> int:
+        """The weight file's descriptor, opened (and so checked again: inside the model's
+        directory, a regular file, no symlink) on first use in this run."""
+        fd = self._fds.get(ref.path)
         if fd is None:
-            fd = os.open(path, os.O_RDONLY)
-            self._fds[path] = fd
+            fd, _ = open_external(ref.base_dir, ref.location, ref.name)
+            self._fds[ref.path] = fd
         return fd
 
     def computed(self, k: int) -> None:

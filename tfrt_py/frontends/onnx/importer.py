@@ -37,7 +37,7 @@ StreamHook = Callable[[onnx.TensorProto], Value | None]
 
 def import_model(
     model: onnx.ModelProto,
-    base_dir: str,
+    base_dir: str | None,
     has_kernel: HasKernel | None = None,
     stream: StreamHook | None = None,
 ) -> Graph:
@@ -92,7 +92,7 @@ class _Importer:
     def __init__(
         self,
         opsets: dict[str, int],
-        base_dir: str,
+        base_dir: str | None,
         inliner: FunctionInliner,
         has_kernel: HasKernel | None,
     ) -> None:
@@ -272,7 +272,7 @@ def _function_opsets(fn: onnx.FunctionProto) -> dict[str, int]:
     return {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in fn.opset_import}
 
 
-def _sparse_to_dense(sp: onnx.SparseTensorProto, base_dir: str) -> np.ndarray:
+def _sparse_to_dense(sp: onnx.SparseTensorProto, base_dir: str | None) -> np.ndarray:
     values = to_array(sp.values, base_dir)
     indices = to_array(sp.indices, base_dir).astype(np.int64)
     shape = tuple(int(d) for d in sp.dims)
