@@ -37,7 +37,7 @@ from ..frontends.onnx import import_model
 from ..frontends.onnx.tensors import external_ref, is_external, onnx_dtype, tensor_shape
 from ..ir import Graph, TensorType, Value, verify
 from ..kernels import KernelRegistry
-from .partition import ALIGN, Stage, compile_stages, partition
+from .partition import ALIGN, Stage, compile_stages, max_node_weights, partition
 from .pipeline import StreamedProgram, StreamInfo
 
 if TYPE_CHECKING:
@@ -91,10 +91,15 @@ def load_streamed(
     user_inputs = [v for v in g.inputs if id(v) not in weights]
     resident = sum(int(c.const.nbytes) for c in g.constants if c.const is not None)
     limit = (budget - resident) // ALIGN * ALIGN
-    if limit <= 0:
+    room = max_node_weights(g, weights)
+    if limit < room[0]:
+        need, node = room
+        where = f"node {node.name!r} ({node.op_type}) reads" if node else "the weights take"
         raise ModelLoadError(
-            f"memory_budget={budget:,} bytes is too small for {origin}: the constants that "
-            f"stay resident take {resident:,} bytes; needs memory_budget > {resident:,}"
+            f"memory_budget={budget:,} bytes is too small for {origin}: {where} {need:,} "
+            f"bytes of streamed weights (64-byte aligned) and the constants that stay "
+            f"resident take {resident:,} bytes; needs memory_budget >= {resident + need:,} "
+            f"bytes (>= {resident + 2 * need:,} to overlap reading with compute)"
         )
     stages = partition(g, weights, limit // 2, limit, reg, needed_hint=resident)
     compile_stages(g, stages, reg)

@@ -123,29 +123,36 @@ class Transfers:
     def _start(self, k: int, stage: Stage, av: AsyncValue[list[np.ndarray]]) -> None:
         try:
             self._host.enqueue(self._read, k, stage, k % 2, av)
-        except RuntimeError as e:  # the host is closed
-            av.set_error(e)
+        except BaseException as e:  # noqa: BLE001 - the host is closed, or worse: tell the stage
+            av.set_error(_failed(stage, None, e))
 
     def _read(self, k: int, stage: Stage, region: int, av: AsyncValue[list[np.ndarray]]) -> None:
-        """The transfer kernel: runs on a worker thread; fulfils ``av``."""
+        """The transfer kernel: runs on a worker thread; fulfils ``av`` exactly once, with
+        the stage's weight views or with an ExecutionError naming the stage and the tensor
+        being read. Whatever fails in here -- opening or reading a file, a view that does not
+        fit, a closed run -- reaches the waiting stage: nothing is only logged."""
         with self._lock:
-            if self._closed:
-                av.set_error(RuntimeError("the pipeline run ended before this transfer"))
-                return
+            closed = self._closed
+        if closed:
+            av.set_error(RuntimeError("the pipeline run ended before this transfer"))
+            return
         t0 = time.perf_counter()
+        name: str | None = None
         try:
             base = self._arena.base(region, stage)
             buf = self._arena.buf.data
             for w in stage.weights:
                 r = w.ref
+                name = r.name
                 fd = self._fd(r)
                 _pread_full(fd, buf[base + w.offset : base + w.offset + r.nbytes], r.offset, r.name)
                 if self._drop_cache and _DONTNEED is not None:
                     os.posix_fadvise(fd, r.offset, r.nbytes, _DONTNEED)
                 self.stats.bytes += r.nbytes
+            name = None
+            views = self._arena.views(region, stage)
         except BaseException as e:  # noqa: BLE001 - reported to the waiting stage
-            err = ExecutionError(f"stage {stage.index} transfer", "WeightTransfer", e)
-            av.set_error(err)
+            av.set_error(_failed(stage, name, e))
             return
         finally:
             dt = time.perf_counter() - t0
@@ -153,7 +160,7 @@ class Transfers:
             if k == 0:
                 self.stats.first_seconds = dt
         self.stats.reads += 1
-        av.set(self._arena.views(region, stage))
+        av.set(views)
 
     def _fd(self, ref: ExternalRef) -> int:
         """The weight file's descriptor, opened (and so checked again: inside the model's
@@ -190,6 +197,13 @@ class Transfers:
 
         run_when_ready(self._loaded, finish)
         return done
+
+
+def _failed(stage: Stage, tensor: str | None, cause: BaseException) -> ExecutionError:
+    what = f"stage {stage.index} transfer"
+    if tensor is not None:
+        what += f" of tensor {tensor!r}"
+    return ExecutionError(what, "WeightTransfer", cause)
 
 
 def _pread_full(fd: int, dst: memoryview, offset: int, name: str) -> None:
