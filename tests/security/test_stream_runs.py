@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -113,3 +113,96 @@ def test_too_small_budget_says_the_real_minimum(tmp_path: Any, budget: int) -> N
         tfrt_py.load(path, memory_budget=budget)
     assert "> 0" not in str(info.value)
     assert tfrt_py.load(path, memory_budget=260).executor == "stream"  # the minimum works
+
+
+# -- item 7: unfinished or slow iterators block nobody ----------------------------------------
+
+
+def _check(results: list[dict[str, np.ndarray]], xs: list[np.ndarray]) -> None:
+    assert len(results) == len(xs)
+    for r, x in zip(results, xs):
+        np.testing.assert_allclose(r["y"], expected(x), rtol=1e-6)
+
+
+def test_unfinished_iterator_does_not_block_another_threads_run(tmp_path: Any) -> None:
+    model, _ = _streamed(tmp_path)
+    xs = [_x(i) for i in range(4)]
+    it = model.run_batches([{"x": x} for x in xs], window=2)
+    first = next(it)  # the window's weights are loaded; the iterator is left unfinished
+    x = _x(9)
+    t, box = _in_thread(lambda: model.run({"x": x}))
+    t.join(JOIN_S)
+    assert not t.is_alive(), "run() on another thread waited for an unfinished iterator"
+    assert "error" not in box, box
+    np.testing.assert_allclose(box["result"]["y"], expected(x), rtol=1e-6)
+    _check([first, *it], xs)  # the iterator carries on, reloading what it lost
+
+
+def test_slow_feed_source_does_not_block_another_threads_run(tmp_path: Any) -> None:
+    model, _ = _streamed(tmp_path)
+    xs = [_x(i) for i in range(3)]
+    pulled_first, go_on = threading.Event(), threading.Event()
+
+    def slow_feeds() -> Iterator[dict[str, np.ndarray]]:
+        yield {"x": xs[0]}
+        pulled_first.set()
+        go_on.wait(JOIN_S)  # the source stalls while the pipeline asks for the next window
+        for x in xs[1:]:
+            yield {"x": x}
+
+    consumer, out = _in_thread(lambda: list(model.run_batches(slow_feeds(), window=1)))
+    assert pulled_first.wait(JOIN_S)
+    x = _x(7)
+    other, box = _in_thread(lambda: model.run({"x": x}))
+    other.join(JOIN_S)
+    still_waiting = other.is_alive()
+    go_on.set()
+    consumer.join(JOIN_S)
+    other.join(JOIN_S)
+    assert not still_waiting, "run() waited for a stalled feed source of another run"
+    assert "error" not in box and "error" not in out, (box, out)
+    np.testing.assert_allclose(box["result"]["y"], expected(x), rtol=1e-6)
+    _check(out["result"], xs)
+
+
+def test_unfinished_async_iterator_does_not_block_a_sync_run(tmp_path: Any) -> None:
+    import asyncio
+
+    model, _ = _streamed(tmp_path)
+    xs = [_x(i) for i in range(3)]
+    parked, go_on = threading.Event(), threading.Event()
+
+    async def consume() -> list[dict[str, np.ndarray]]:
+        agen = model.run_batches_async([{"x": x} for x in xs], window=1)
+        got = [await agen.__anext__()]
+        parked.set()
+        await asyncio.get_running_loop().run_in_executor(None, go_on.wait, JOIN_S)
+        got += [r async for r in agen]
+        return got
+
+    consumer, out = _in_thread(lambda: asyncio.run(consume()))
+    assert parked.wait(JOIN_S)
+    x = _x(5)
+    other, box = _in_thread(lambda: model.run({"x": x}))
+    other.join(JOIN_S)
+    still_waiting = other.is_alive()
+    go_on.set()
+    consumer.join(JOIN_S)
+    other.join(JOIN_S)
+    assert not still_waiting, "run() waited for an unfinished async iterator"
+    assert "error" not in box and "error" not in out, (box, out)
+    np.testing.assert_allclose(box["result"]["y"], expected(x), rtol=1e-6)
+    _check(out["result"], xs)
+
+
+def test_interleaved_iterators_each_keep_their_own_state(tmp_path: Any) -> None:
+    model, _ = _streamed(tmp_path)
+    xa, xb = [_x(i) for i in range(4)], [_x(10 + i) for i in range(4)]
+    a = model.run_batches([{"x": x} for x in xa], window=2)
+    b = model.run_batches([{"x": x} for x in xb], window=3)
+    got_a, got_b = [], []
+    for ra, rb in zip(a, b):  # each next() preempts the other, parked, iterator
+        got_a.append(ra)
+        got_b.append(rb)
+    _check(got_a, xa)
+    _check(got_b, xb)

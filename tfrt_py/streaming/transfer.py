@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..concurrency import AsyncValue, HostContext, make_available, run_when_ready
+from ..concurrency import AsyncValue, HostContext, run_when_ready
 from ..errors import ExecutionError
 from ..frontends.onnx.external import open_external
 from ..frontends.onnx.tensors import ExternalRef
@@ -100,6 +100,7 @@ class Transfers:
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._drained: AsyncValue[None] | None = None
         self.stats = TransferStats()
 
     def request(self, k: int, stage: Stage) -> AsyncValue[list[np.ndarray]]:
@@ -179,15 +180,20 @@ class Transfers:
 
     def close(self) -> AsyncValue[None]:
         """End the run: unstarted reads are skipped; the result is available once no read is
-        in flight and the weight files are closed. Safe to call once, from any thread."""
+        in flight and the weight files are closed. From any thread; a second call returns
+        the first call's result."""
+        done: AsyncValue[None] = AsyncValue()
         with self._lock:
+            if self._drained is not None:
+                return self._drained
             self._closed = True
+            self._drained = done
         for av in self._computed:
             if not av.is_available():
                 av.set(None)
         if not self._loaded:
-            return make_available(None)
-        done: AsyncValue[None] = AsyncValue()
+            done.set(None)
+            return done
 
         def finish() -> None:
             for fd in self._fds.values():
