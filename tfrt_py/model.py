@@ -278,7 +278,10 @@ class Model:
         self.executor = executor
         self._origin = origin
         self._load_s = load_s
-        self.inputs: list[TensorSpec] = [spec_of(v) for v in graph.inputs]
+        self.inputs: list[TensorSpec] = [spec_of(v) for v in graph.inputs if v.default is None]
+        #: Initializers a call may override by feeding them (ONNX IR >= 4 graph inputs that
+        #: have an initializer; onnxruntime's get_overridable_initializers).
+        self.overridable_initializers = [spec_of(v) for v in graph.inputs if v.default is not None]
         self.outputs: list[TensorSpec] = [spec_of(v) for v in graph.outputs]
         self._check = FeedChecker(graph.inputs)
         self._out_names = [s.name for s in self.outputs]

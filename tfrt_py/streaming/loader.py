@@ -34,6 +34,7 @@ from ..concurrency import HostContext
 from ..errors import ModelLoadError, UnsupportedOpError
 from ..executors.program import compile_program
 from ..frontends.onnx import import_model
+from ..frontends.onnx.overridable import overridable_initializers
 from ..frontends.onnx.tensors import external_ref, is_external, onnx_dtype, tensor_shape
 from ..ir import Graph, TensorType, Value, verify
 from ..kernels import KernelRegistry
@@ -61,8 +62,10 @@ def load_streamed(
     """The streamed Model, or None when the weights fit ``memory_budget`` (load normally)."""
     budget = _check_budget(memory_budget)
     inits = list(proto.graph.initializer)
-    refs = {t.name: external_ref(t, base_dir) for t in inits if is_external(t)}
-    embedded = sum(_embedded_bytes(t) for t in inits if not is_external(t))
+    over = overridable_initializers(proto)  # never streamed: a call may replace them
+    ext = [t for t in inits if is_external(t) and t.name not in over]
+    refs = {t.name: external_ref(t, base_dir) for t in ext}
+    embedded = sum(_embedded_bytes(t) for t in inits if t.name not in refs)
     streamed = sum(r.nbytes for r in refs.values())
     if streamed + embedded <= budget:
         return None

@@ -22,6 +22,7 @@ from ...ir import Graph, Node, TensorType, Value, ValueType
 from . import limits
 from .functions import FunctionInliner, inline_call, schema_function
 from .limits import check_nesting
+from .overridable import defaulted_input, overridable_initializers
 from .tensors import to_array, to_value_type
 
 __all__ = ["import_model"]
@@ -47,7 +48,11 @@ def import_model(
     """Import ``model``'s main graph. Raises ModelLoadError/GraphError with the node name.
 
     ``stream``: main-graph initializers it returns a Value for become graph inputs (first,
-    before the declared inputs) instead of constants, and their data is not touched."""
+    before the declared inputs) instead of constants, and their data is not touched.
+
+    Overridable initializers (``overridable_initializers``) become graph inputs after the
+    declared ones, with the initializer as their ``Value.default``: the caller may feed
+    them, else the initializer is used (as onnxruntime does). They are never streamed."""
     opsets: dict[str, int] = {}
     for imp in model.opset_import:
         opsets["" if imp.domain == "ai.onnx" else imp.domain] = int(imp.version)
@@ -59,6 +64,7 @@ def import_model(
     inliner.check_calls(model.graph)  # recursion and blow-up, before shape inference
     imp = _Importer(opsets, base_dir, inliner, has_kernel)
     imp.stream = stream
+    imp.overridable = overridable_initializers(model)
     graph = _with_inferred_types(model).graph
     return imp.graph(graph, {}, graph.name or "main")
 
@@ -108,6 +114,7 @@ class _Importer:
         self.inliner = inliner
         self.has_kernel = has_kernel
         self.stream: StreamHook | None = None  # the main graph's only; nested graphs: None
+        self.overridable: frozenset[str] = frozenset()  # the main graph's only
         self._depth = 0  # subgraphs entered (limits.MAX_GRAPH_DEPTH)
         self._calls = 0  # functions being inlined (limits.MAX_FUNCTION_DEPTH)
 
@@ -159,10 +166,16 @@ class _Importer:
                 self.types[vi.name] = t
         init_names = set()
         stream, self.stream = self.stream, None
+        over, self.overridable = self.overridable, frozenset()
+        declared = {vi.name: vi for vi in gp.input}
+        defaulted: list[Value] = []
         for t in gp.initializer:
             self.protos[t.name] = onnx.helper.make_tensor_type_proto(t.data_type, t.dims)
-            streamed = stream(t) if stream is not None else None
-            if streamed is not None:
+            streamed = stream(t) if stream is not None and t.name not in over else None
+            if t.name in over:
+                v = defaulted_input(t, declared[t.name], self.base_dir)
+                defaulted.append(v)
+            elif streamed is not None:
                 v = streamed
                 g.inputs.append(v)
             else:
@@ -178,11 +191,12 @@ class _Importer:
             init_names.add(v.name)
         for vi in gp.input:
             if vi.name in init_names:
-                continue  # an initializer with a declared input: a constant here
+                continue  # an initializer with a declared input: a constant, or defaulted
             t = to_value_type(vi.type) or self.types.get(vi.name)
             v = Value(vi.name, t)
             g.inputs.append(v)
             scope[vi.name] = v
+        g.inputs.extend(defaulted)
         for np_ in gp.node:
             self.node(np_, g, scope)
         for vi in gp.output:
