@@ -45,11 +45,14 @@ def _describe(spec: TensorSpec) -> str:
 
 
 class _InputCheck:
-    __slots__ = ("dtype", "is_tensor", "name", "shape", "spec", "static_shape", "symbols")
+    __slots__ = (
+        "default", "dtype", "is_tensor", "name", "shape", "spec", "static_shape", "symbols",
+    )  # fmt: skip
 
     def __init__(self, v: Value) -> None:
         self.spec = spec_of(v)
         self.name = v.name
+        self.default = v.default  # an overridable initializer's value when not fed
         self.is_tensor = isinstance(v.type, TensorType) or v.type is None
         self.dtype = self.spec.dtype
         self.shape = self.spec.shape
@@ -130,13 +133,16 @@ class _InputCheck:
 class FeedChecker:
     """Validates a feeds mapping against a model's inputs; returns arrays in input order.
 
-    Thread-safe: holds no per-call state.
+    An input with a ``Value.default`` (an overridable initializer) may be left out: its
+    default is used (unchecked: it is the model's own). Thread-safe: holds no per-call
+    state.
     """
 
     def __init__(self, inputs: Sequence[Value]) -> None:
         self._checks = [_InputCheck(v) for v in inputs]
         self._names = [c.name for c in self._checks]
         self._n = len(self._checks)
+        self._optional = [c for c in self._checks if c.default is not None]
         self._has_symbols = sum(len(c.symbols) for c in self._checks) > 1
 
     def __call__(self, feeds: Mapping[str, Any]) -> list[Any]:
@@ -150,12 +156,37 @@ class FeedChecker:
             for c in self._checks:
                 out.append(c(feeds[c.name]))
         except KeyError:
-            missing = [n for n in self._names if n not in feeds]
-            raise InputError(
-                f"missing input(s) {missing}; the model's inputs are "
-                + ", ".join(str(c.spec) for c in self._checks)
-            ) from None
+            if not self._optional:
+                raise InputError(self._missing(feeds)) from None
+            return self._with_defaults(feeds)
         if len(feeds) != self._n:
+            extra = [k for k in feeds if k not in self._names]
+            raise InputError(
+                f"unknown input(s) {extra}; the model's inputs are "
+                + ", ".join(str(c.spec) for c in self._checks)
+            )
+        if self._has_symbols:
+            self._check_symbols(out)
+        return out
+
+    def _missing(self, feeds: Mapping[str, Any]) -> str:
+        missing = [c.name for c in self._checks if c.name not in feeds and c.default is None]
+        return f"missing input(s) {missing}; the model's inputs are " + ", ".join(
+            str(c.spec) for c in self._checks if c.default is None
+        )
+
+    def _with_defaults(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """The slow path when a feed is missing: defaults for overridable initializers."""
+        out, fed = [], 0
+        for c in self._checks:
+            if c.name in feeds:
+                out.append(c(feeds[c.name]))
+                fed += 1
+            elif c.default is not None:
+                out.append(c.default)
+            else:
+                raise InputError(self._missing(feeds))
+        if len(feeds) != fed:
             extra = [k for k in feeds if k not in self._names]
             raise InputError(
                 f"unknown input(s) {extra}; the model's inputs are "

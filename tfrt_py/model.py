@@ -54,6 +54,7 @@ def load(
     native: str = "background",
     timeout: float | None = None,
     max_concurrency: int | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> Model:
     """Load a model from a path, bytes, ``onnx.ModelProto`` or ``tfrt_py.ir.Graph``.
 
@@ -78,6 +79,11 @@ def load(
     ``timeout`` (seconds): the default deadline of every call (``run(..., timeout=)``
     overrides it per call); ``max_concurrency``: at most this many calls in flight, the
     others wait first come, first served (``run_async`` waits without blocking its loop).
+
+    ``base_dir``: the directory external-data locations are relative to, for a bytes or
+    ``onnx.ModelProto`` source (required when it has external data; a path source uses its
+    own directory, and ``base_dir`` may only repeat it). External data is only read from
+    regular files inside that directory (docs/security_models.md).
     """
     if native not in NATIVE_MODES:
         raise ValueError(f"native must be one of {NATIVE_MODES}, got {native!r}")
@@ -89,6 +95,8 @@ def load(
     registry = _with_custom(default_registry(), custom_kernels)
     # 1. read
     if isinstance(source, Graph):
+        if base_dir is not None:
+            raise ValueError("base_dir is for ONNX sources; a tfrt_py.ir.Graph has no files")
         if memory_budget is not None:
             raise ValueError(
                 "memory_budget streams ONNX external-data weights from disk; a tfrt_py.ir.Graph "
@@ -98,7 +106,7 @@ def load(
     else:
         from .frontends.onnx import import_model, read_model
 
-        proto, base_dir = read_model(source)
+        proto, base_dir = read_model(source, base_dir)
         origin = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "ONNX model"
         if memory_budget is not None:
             from .streaming import load_streamed
@@ -198,7 +206,10 @@ class Model:
         #: True when no call needs a context: ``run`` goes straight to the executor.
         self._plain = timeout is None and limiter is None
         self.executor: str = runtime.name
-        self.inputs: list[TensorSpec] = [spec_of(v) for v in graph.inputs]
+        self.inputs: list[TensorSpec] = [spec_of(v) for v in graph.inputs if v.default is None]
+        #: Initializers a call may override by feeding them (ONNX IR >= 4 graph inputs that
+        #: have an initializer; onnxruntime's get_overridable_initializers).
+        self.overridable_initializers = [spec_of(v) for v in graph.inputs if v.default is not None]
         self.outputs: list[TensorSpec] = [spec_of(v) for v in graph.outputs]
 
     @property

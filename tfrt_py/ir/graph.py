@@ -22,7 +22,7 @@ __all__ = ["Graph", "Node", "Value"]
 class Value:
     """One SSA value: a graph input, a constant, or one output of one node."""
 
-    __slots__ = ("const", "name", "producer", "type")
+    __slots__ = ("const", "default", "name", "producer", "type")
 
     def __init__(
         self,
@@ -36,6 +36,10 @@ class Value:
         self.const = const
         #: The node that produces this value; ``None`` for inputs and constants.
         self.producer: Node | None = None
+        #: For a graph input that is also an initializer (ONNX IR >= 4: an overridable
+        #: initializer): the value used when the caller does not feed it. Not a constant:
+        #: the optimizer must not fold through it.
+        self.default: np.ndarray | None = None
         if const is not None and type is None:
             self.type = TensorType(const.dtype, tuple(const.shape))
 

@@ -20,6 +20,7 @@ they fit the budget the model loads as usual (external data memory-mapped) and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from typing import Any
 
@@ -30,10 +31,11 @@ from ..compiler.pipeline import select_passes
 from ..compiler.prepare import prepare
 from ..errors import ModelLoadError, UnsupportedOpError
 from ..frontends.onnx import import_model
-from ..frontends.onnx.tensors import external_ref, is_external, onnx_dtype
+from ..frontends.onnx.overridable import overridable_initializers
+from ..frontends.onnx.tensors import external_ref, is_external, onnx_dtype, tensor_shape
 from ..ir import Graph, TensorType, Value, verify
 from ..kernels import KernelRegistry
-from .partition import ALIGN, Stage, compile_stages, partition
+from .partition import ALIGN, Stage, compile_stages, max_node_weights, partition
 from .pipeline import StreamedProgram, StreamInfo
 
 __all__ = ["load_streamed"]
@@ -41,7 +43,7 @@ __all__ = ["load_streamed"]
 
 def load_streamed(
     proto: onnx.ModelProto,
-    base_dir: str,
+    base_dir: str | None,
     *,
     memory_budget: int,
     origin: str,
@@ -53,8 +55,10 @@ def load_streamed(
     None when the weights fit ``memory_budget`` (load normally)."""
     budget = _check_budget(memory_budget)
     inits = list(proto.graph.initializer)
-    refs = {t.name: external_ref(t, base_dir) for t in inits if is_external(t)}
-    embedded = sum(_embedded_bytes(t) for t in inits if not is_external(t))
+    over = overridable_initializers(proto)  # never streamed: a call may replace them
+    ext = [t for t in inits if is_external(t) and t.name not in over]
+    refs = {t.name: external_ref(t, base_dir) for t in ext}
+    embedded = sum(_embedded_bytes(t) for t in inits if t.name not in refs)
     streamed = sum(r.nbytes for r in refs.values())
     if streamed + embedded <= budget:
         return None
@@ -83,10 +87,15 @@ def load_streamed(
     user_inputs = [v for v in g.inputs if id(v) not in weights]
     resident = sum(int(c.const.nbytes) for c in g.constants if c.const is not None)
     limit = (budget - resident) // ALIGN * ALIGN
-    if limit <= 0:
+    room = max_node_weights(g, weights)
+    if limit < room[0]:
+        need, node = room
+        where = f"node {node.name!r} ({node.op_type}) reads" if node else "the weights take"
         raise ModelLoadError(
-            f"memory_budget={budget:,} bytes is too small for {origin}: the constants that "
-            f"stay resident take {resident:,} bytes; needs memory_budget > {resident:,}"
+            f"memory_budget={budget:,} bytes is too small for {origin}: {where} {need:,} "
+            f"bytes of streamed weights (64-byte aligned) and the constants that stay "
+            f"resident take {resident:,} bytes; needs memory_budget >= {resident + need:,} "
+            f"bytes (>= {resident + 2 * need:,} to overlap reading with compute)"
         )
     stages = partition(g, weights, limit // 2, limit, reg, needed_hint=resident)
     compile_stages(g, stages, reg)
@@ -113,7 +122,7 @@ def _check_budget(budget: Any) -> int:
 
 
 def _embedded_bytes(t: onnx.TensorProto) -> int:
-    n = int(np.prod([int(d) for d in t.dims], dtype=np.int64))
+    n = math.prod(tensor_shape(t))  # ModelLoadError naming the tensor for bad dims
     try:
         return n * onnx_dtype(t.data_type).itemsize
     except ModelLoadError:

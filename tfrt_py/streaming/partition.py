@@ -23,7 +23,15 @@ from ..frontends.onnx.tensors import ExternalRef
 from ..ir import Graph, Node, Value
 from ..kernels import KernelRegistry
 
-__all__ = ["ALIGN", "Stage", "StreamedWeight", "aligned", "compile_stages", "partition"]
+__all__ = [
+    "ALIGN",
+    "Stage",
+    "StreamedWeight",
+    "aligned",
+    "compile_stages",
+    "max_node_weights",
+    "partition",
+]
 
 #: Every weight starts at a multiple of this many bytes inside the weight arena.
 ALIGN = 64
@@ -69,6 +77,22 @@ class Stage:
 
 def _reads(node: Node) -> list[Value]:
     return [v for v in node.inputs if v is not None] + node_captures(node)
+
+
+def max_node_weights(graph: Graph, refs: dict[int, ExternalRef]) -> tuple[int, Node | None]:
+    """The most streamed-weight bytes (64-byte aligned) any one node reads, and that node:
+    the arena room a budget must leave, since a node's weights are resident together. A
+    weight that is a graph output and read by no node counts alone (node None). At least
+    ``ALIGN``: even a budget for an empty stage holds one aligned slot."""
+    best: tuple[int, Node | None] = (ALIGN, None)
+    for node in graph.nodes:
+        need = sum(aligned(refs[i].nbytes) for i in {id(v) for v in _reads(node) if id(v) in refs})
+        if need > best[0]:
+            best = (need, node)
+    for v in graph.outputs:
+        if id(v) in refs and aligned(refs[id(v)].nbytes) > best[0]:
+            best = (aligned(refs[id(v)].nbytes), None)
+    return best
 
 
 def partition(

@@ -15,16 +15,30 @@ stage.
 
 Threads: the sync form computes on the caller's thread; the async form computes each
 (stage, window) step as one work item on the host's pool and awaits it, so the event loop
-only schedules. Either way reads run on the host's workers. One run at a time owns the
-arena (a FIFO ``Gate``); a run waits for its in-flight reads (and, async, its in-flight
-compute) to end before the next run is let in.
+only schedules. Either way reads run on the host's workers. One run at a time holds the
+arena (a FIFO ``Gate``; each run has a ``Lease``); a run waits for its in-flight reads
+(and, async, its in-flight compute) to end before the next run is let in. No lock is held
+across a yield: while a run hands a result to its consumer or pulls batches from the
+consumer's iterable it is *parked*, and a call that wants the arena then preempts it (its
+reads are stopped and drained). The preempted run keeps its own state -- feeds,
+activations, its place in the window -- and, when it continues, waits for the arena again
+and re-reads the weights of the steps it had not computed (``_Run.restart``). So an
+abandoned, slow or interleaved iterator never blocks another call.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +52,7 @@ from ..executors.base import Executor
 from ..executors.program import user_output
 from ..feeds import FeedChecker, fill_outputs
 from ..ir import Graph, Value
-from .gate import Gate
+from .gate import Gate, Lease
 from .partition import Stage
 from .transfer import Transfers, WeightArena
 
@@ -107,8 +121,9 @@ class _Compute:  # run fn() (sync: inline; async: on the pool), send back nothin
 
 
 @dataclass
-class _Emit:  # hand these results to the caller
+class _Emit:  # hand these results to the caller; ``final``: the run uses the arena no more
     results: list[dict[str, np.ndarray]]
+    final: bool
 
 
 _Op = _Need | _Wait | _Compute | _Emit
@@ -174,18 +189,14 @@ class StreamedProgram(Executor):
     # -- the sync form ------------------------------------------------------------------------
     def run_batches(
         self, feeds: Iterable[Mapping[str, Any]], window: int | None = None, overlap: bool = True
-    ) -> Iterator[dict[str, np.ndarray]]:
-        """Results per batch, in order; runs on the calling thread as it is iterated."""
+    ) -> Generator[dict[str, np.ndarray], None, None]:
+        """Results per batch, in order; runs on the calling thread as it is iterated. While
+        the consumer holds a result or the feeds iterable is producing the next batches, the
+        run is parked: another call that needs the arena preempts it (see ``gate``)."""
         n = _window(window)
         it = iter(feeds)
-        if self._gate.held_by_this_thread():
-            raise RuntimeError(
-                "this thread is in the middle of another run of this streamed model (an "
-                "unfinished run_batches iterator?): finish or close it first; one run at a "
-                "time owns the weight arena"
-            )
-        self._gate.acquire().wait()
         run = _Run(self, self.host or default_host(), overlap)
+        _wait_for(self._gate, run.lease)
         gen = run.steps(n)
         try:
             send: Any = None
@@ -196,40 +207,54 @@ class StreamedProgram(Executor):
                     return
                 send = None
                 if isinstance(op, _Need):
+                    self._gate.park(run.lease)
                     send = _take(it, op.n)
+                    self._resume(run)
                 elif isinstance(op, _Wait):
                     send = op.av.wait()
                 elif isinstance(op, _Compute):
                     op.fn()
                 else:
-                    yield from op.results
+                    last = len(op.results) - 1
+                    for i, r in enumerate(op.results):
+                        self._gate.park(run.lease)
+                        yield r
+                        if op.final and i == last:
+                            self._gate.unpark(run.lease)  # ends without the arena
+                        else:
+                            self._resume(run)
         finally:
             gen.close()
             run.finish([]).wait()
+
+    def _resume(self, run: _Run) -> None:
+        """Unpark ``run``; if it was preempted meanwhile, wait for the arena and reload."""
+        if not self._gate.unpark(run.lease):
+            _wait_for(self._gate, run.lease)
+            run.restart()
 
     def run(
         self, feeds: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
     ) -> dict[str, np.ndarray]:
         """One batch: every stage streamed once."""
-        (results,) = list(self.run_batches([feeds], window=1))
+        it = self.run_batches([feeds], window=1)
+        try:
+            results = next(it)
+        finally:
+            it.close()  # the generator's finally releases the arena
         return results if outputs is None else fill_outputs(results, outputs)
 
     # -- the async form -----------------------------------------------------------------------
     async def run_batches_async(
         self, feeds: Any, window: int | None = None, overlap: bool = True
-    ) -> AsyncIterator[dict[str, np.ndarray]]:
+    ) -> AsyncGenerator[dict[str, np.ndarray], None]:
         """Results per batch; ``feeds`` is an iterable or an async iterable. Stage compute
         runs on the host's pool; cancelling the consuming task ends the run (in-flight
         compute and reads finish before the next run may start)."""
         n = _window(window)
         host = self.host or default_host()
-        grant = self._gate.acquire()
-        try:
-            await grant
-        except BaseException:
-            self._gate.abandon(grant)
-            raise
         run = _Run(self, host, overlap)
+        await _await_for(self._gate, run.lease)
         gen = run.steps(n)
         pending: list[AsyncValue[Any]] = []
         aiter_ = feeds.__aiter__() if hasattr(feeds, "__aiter__") else None
@@ -243,7 +268,9 @@ class StreamedProgram(Executor):
                     return
                 send = None
                 if isinstance(op, _Need):
+                    self._gate.park(run.lease)
                     send = await _take_async(aiter_, op.n) if it is None else _take(it, op.n)
+                    await self._resume_async(run)
                 elif isinstance(op, _Wait):
                     send = await op.av
                 elif isinstance(op, _Compute):
@@ -251,20 +278,35 @@ class StreamedProgram(Executor):
                     pending = [done]
                     host.enqueue(_call_into, op.fn, done)
                     await done
+                    pending = []
                 else:
-                    for r in op.results:
+                    last = len(op.results) - 1
+                    for i, r in enumerate(op.results):
+                        self._gate.park(run.lease)
                         yield r
+                        if op.final and i == last:
+                            self._gate.unpark(run.lease)  # ends without the arena
+                        else:
+                            await self._resume_async(run)
         finally:
             gen.close()
             run.finish(pending)
+
+    async def _resume_async(self, run: _Run) -> None:
+        if not self._gate.unpark(run.lease):
+            await _await_for(self._gate, run.lease)
+            run.restart()
 
     async def run_async(
         self, feeds: Mapping[str, Any], call: CallContext | None = None
     ) -> dict[str, np.ndarray]:
         if call is not None:
             call.check()
-        out = [r async for r in self.run_batches_async([feeds], window=1)]
-        return out[0]
+        it = self.run_batches_async([feeds], window=1)
+        try:
+            return await it.__anext__()
+        finally:
+            await it.aclose()
 
     def run_call(
         self, feeds: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None, call: CallContext
@@ -308,22 +350,64 @@ class StreamedProgram(Executor):
 
 
 class _Run:
-    """One pipeline run: the step generator and its schedule. Not shared between threads
-    except through the Transfers' AsyncValues."""
+    """One pipeline run: the step generator and its transfer schedule. Owns its state (feeds,
+    activations, the steps it requested); holds the arena only through its ``lease``. Used
+    by the driving thread (or task), except ``_preempt``, which the gate calls from another
+    thread while the run is parked."""
 
     def __init__(self, prog: StreamedProgram, host: HostContext, overlap: bool) -> None:
         self.prog = prog
-        self.sched = Transfers(prog.arena, host, overlap, prog.drop_cache)
+        self.host = host
+        self._overlap = overlap
         self.stats = StreamStats(overlap=overlap)
         self.t0 = time.perf_counter()
+        self.scheds: list[Transfers] = []
+        self._requested: list[tuple[Stage, AsyncValue[list[np.ndarray]]]] = []
+        self._n_req = self._n_done = 0
+        self._new_schedule()
+        self.lease = Lease(self._preempt)
+
+    def _new_schedule(self) -> None:
+        self.sched = Transfers(self.prog.arena, self.host, self._overlap, self.prog.drop_cache)
+        self.scheds.append(self.sched)
+        self._n_req = self._n_done = 0
+
+    def request(self, stage: Stage) -> None:
+        """Schedule the next step's load of ``stage``."""
+        av = self.sched.request(self._n_req, stage)
+        self._n_req += 1
+        self._requested.append((stage, av))
+
+    def weights(self) -> AsyncValue[list[np.ndarray]]:
+        """The oldest requested step's weights (the step about to compute)."""
+        return self._requested[0][1]
+
+    def computed(self) -> None:
+        """The oldest requested step has computed: its region is free."""
+        self.sched.computed(self._n_done)
+        self._n_done += 1
+        self._requested.pop(0)
+
+    def _preempt(self) -> AsyncValue[None]:
+        """The gate takes the arena from this parked run: stop its reads."""
+        return self.sched.close()
+
+    def restart(self) -> None:
+        """After a preemption, with the arena held again: a fresh schedule that requests the
+        steps not yet computed again, in order (their weights were lost)."""
+        stages = [st for st, _ in self._requested]
+        self._requested = []
+        self._new_schedule()
+        for st in stages:
+            self.request(st)
 
     def steps(self, window: int) -> Generator[_Op, Any, None]:
-        prog, sched, stats = self.prog, self.sched, self.stats
+        prog, stats = self.prog, self.stats
         stages = prog.stages
         raw: list[Mapping[str, Any]] = yield _Need(window)
         self.t0 = time.perf_counter()
-        k = 0
-        loads = [sched.request(0, stages[0])] if raw else []
+        if raw:
+            self.request(stages[0])
         while raw:
             envs = [prog.feed_env(f) for f in raw]
             stats.batches += len(raw)
@@ -331,43 +415,67 @@ class _Run:
             nxt: list[Mapping[str, Any]] = []
             for s, st in enumerate(stages):
                 if s + 1 < len(stages):
-                    loads.append(sched.request(k + 1, stages[s + 1]))
+                    self.request(stages[s + 1])
                 else:
                     nxt = yield _Need(window)
                     if nxt:
-                        loads.append(sched.request(k + 1, stages[0]))
+                        self.request(stages[0])
                 t = time.perf_counter()
-                weights = yield _Wait(loads[k])
+                weights = yield _Wait(self.weights())
                 t2 = time.perf_counter()
                 stats.wait_s += t2 - t
                 yield _Compute(functools.partial(prog.run_stage, st, weights, envs))
                 stats.compute_s += time.perf_counter() - t2
                 del weights
-                sched.computed(k)
-                k += 1
+                self.computed()
                 stats.steps += 1
-            yield _Emit([prog.results(e) for e in envs])
+            yield _Emit([prog.results(e) for e in envs], final=not nxt)
             raw = nxt
 
     def finish(self, pending: list[AsyncValue[Any]]) -> AsyncValue[None]:
         """End the run: stop reads, then (off this thread if need be) release the gate once
         no read and no ``pending`` compute is in flight; then the stats are recorded (wall
-        time: from the first window to now, including the consumer's time between results)."""
+        time: from the first window to now, including the consumer's time between results).
+        A run preempted while parked no longer holds the gate: the preemption releases it."""
+        gate = self.prog._gate
+        gate.unpark(self.lease)  # no preemption from here on; a chosen one still completes
         drained = self.sched.close()
         st = self.stats
         st.wall_s = time.perf_counter() - self.t0
         done: AsyncValue[None] = AsyncValue()
 
         def release() -> None:
-            ts = self.sched.stats
-            st.transfer_s, st.bytes_read, st.reads = ts.seconds, ts.bytes, ts.reads
-            st.first_transfer_s = ts.first_seconds
+            for ts in (s.stats for s in self.scheds):
+                st.transfer_s += ts.seconds
+                st.bytes_read += ts.bytes
+                st.reads += ts.reads
+            st.first_transfer_s = self.scheds[0].stats.first_seconds
             self.prog.last_stats = st
-            self.prog._gate.release()
+            gate.release(self.lease)
             done.set(None)
 
         run_when_ready([drained, *pending], release)
         return done
+
+
+def _wait_for(gate: Gate, lease: Lease) -> None:
+    """Block until ``lease`` holds ``gate`` (leaving the queue if interrupted)."""
+    grant = gate.acquire(lease)
+    try:
+        grant.wait()
+    except BaseException:
+        gate.abandon(lease, grant)
+        raise
+
+
+async def _await_for(gate: Gate, lease: Lease) -> None:
+    """Await until ``lease`` holds ``gate`` (leaving the queue if cancelled)."""
+    grant = gate.acquire(lease)
+    try:
+        await grant
+    except BaseException:
+        gate.abandon(lease, grant)
+        raise
 
 
 async def run_each_async(model: Any, feeds: Any) -> AsyncIterator[dict[str, np.ndarray]]:

@@ -30,8 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from ..concurrency import AsyncValue, HostContext, make_available, run_when_ready
+from ..concurrency import AsyncValue, HostContext, run_when_ready
 from ..errors import ExecutionError
+from ..frontends.onnx.external import open_external
+from ..frontends.onnx.tensors import ExternalRef
 from .partition import ALIGN, Stage
 
 __all__ = ["TransferStats", "Transfers", "WeightArena"]
@@ -98,6 +100,7 @@ class Transfers:
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._drained: AsyncValue[None] | None = None
         self.stats = TransferStats()
 
     def request(self, k: int, stage: Stage) -> AsyncValue[list[np.ndarray]]:
@@ -121,29 +124,36 @@ class Transfers:
     def _start(self, k: int, stage: Stage, av: AsyncValue[list[np.ndarray]]) -> None:
         try:
             self._host.enqueue(self._read, k, stage, k % 2, av)
-        except RuntimeError as e:  # the host is closed
-            av.set_error(e)
+        except BaseException as e:  # noqa: BLE001 - the host is closed, or worse: tell the stage
+            av.set_error(_failed(stage, None, e))
 
     def _read(self, k: int, stage: Stage, region: int, av: AsyncValue[list[np.ndarray]]) -> None:
-        """The transfer kernel: runs on a worker thread; fulfils ``av``."""
+        """The transfer kernel: runs on a worker thread; fulfils ``av`` exactly once, with
+        the stage's weight views or with an ExecutionError naming the stage and the tensor
+        being read. Whatever fails in here -- opening or reading a file, a view that does not
+        fit, a closed run -- reaches the waiting stage: nothing is only logged."""
         with self._lock:
-            if self._closed:
-                av.set_error(RuntimeError("the pipeline run ended before this transfer"))
-                return
+            closed = self._closed
+        if closed:
+            av.set_error(RuntimeError("the pipeline run ended before this transfer"))
+            return
         t0 = time.perf_counter()
+        name: str | None = None
         try:
             base = self._arena.base(region, stage)
             buf = self._arena.buf.data
             for w in stage.weights:
                 r = w.ref
-                fd = self._fd(r.path)
+                name = r.name
+                fd = self._fd(r)
                 _pread_full(fd, buf[base + w.offset : base + w.offset + r.nbytes], r.offset, r.name)
                 if self._drop_cache and _DONTNEED is not None:
                     os.posix_fadvise(fd, r.offset, r.nbytes, _DONTNEED)
                 self.stats.bytes += r.nbytes
+            name = None
+            views = self._arena.views(region, stage)
         except BaseException as e:  # noqa: BLE001 - reported to the waiting stage
-            err = ExecutionError(f"stage {stage.index} transfer", "WeightTransfer", e)
-            av.set_error(err)
+            av.set_error(_failed(stage, name, e))
             return
         finally:
             dt = time.perf_counter() - t0
@@ -151,13 +161,15 @@ class Transfers:
             if k == 0:
                 self.stats.first_seconds = dt
         self.stats.reads += 1
-        av.set(self._arena.views(region, stage))
+        av.set(views)
 
-    def _fd(self, path: str) -> int:
-        fd = self._fds.get(path)
+    def _fd(self, ref: ExternalRef) -> int:
+        """The weight file's descriptor, opened (and so checked again: inside the model's
+        directory, a regular file, no symlink) on first use in this run."""
+        fd = self._fds.get(ref.path)
         if fd is None:
-            fd = os.open(path, os.O_RDONLY)
-            self._fds[path] = fd
+            fd, _ = open_external(ref.base_dir, ref.location, ref.name)
+            self._fds[ref.path] = fd
         return fd
 
     def computed(self, k: int) -> None:
@@ -168,15 +180,20 @@ class Transfers:
 
     def close(self) -> AsyncValue[None]:
         """End the run: unstarted reads are skipped; the result is available once no read is
-        in flight and the weight files are closed. Safe to call once, from any thread."""
+        in flight and the weight files are closed. From any thread; a second call returns
+        the first call's result."""
+        done: AsyncValue[None] = AsyncValue()
         with self._lock:
+            if self._drained is not None:
+                return self._drained
             self._closed = True
+            self._drained = done
         for av in self._computed:
             if not av.is_available():
                 av.set(None)
         if not self._loaded:
-            return make_available(None)
-        done: AsyncValue[None] = AsyncValue()
+            done.set(None)
+            return done
 
         def finish() -> None:
             for fd in self._fds.values():
@@ -186,6 +203,13 @@ class Transfers:
 
         run_when_ready(self._loaded, finish)
         return done
+
+
+def _failed(stage: Stage, tensor: str | None, cause: BaseException) -> ExecutionError:
+    what = f"stage {stage.index} transfer"
+    if tensor is not None:
+        what += f" of tensor {tensor!r}"
+    return ExecutionError(what, "WeightTransfer", cause)
 
 
 def _pread_full(fd: int, dst: memoryview, offset: int, name: str) -> None:

@@ -10,10 +10,13 @@ Nested graphs inside a body are not renamed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import onnx
+
+from ...errors import ModelLoadError
+from . import limits
 
 __all__ = ["FunctionInliner", "inline_call", "schema_function"]
 
@@ -124,11 +127,24 @@ def schema_function(
 
 
 class FunctionInliner:
-    """Holds a model's local functions by (domain, name). Used on the importer's thread."""
+    """Holds a model's local functions by (domain, name), and what inlining them costs.
+    Used on the importer's thread.
+
+    ``expansion(domain, name)`` is the static check made before a call is inlined: how many
+    nodes the call becomes once every call inside it (in nested graphs too) is inlined, and
+    how deep its calls nest. Memoized per function, so a chain of functions that each call
+    the next twice costs one visit per function, not 2**depth; recursion (direct or
+    through other functions) and nesting past ``limits.MAX_FUNCTION_DEPTH`` are a
+    ModelLoadError naming the call chain. ``account`` keeps the running totals of inlined
+    nodes and bytes against ``limits.MAX_INLINED_NODES`` / ``MAX_INLINED_BYTES``.
+    """
 
     def __init__(self, functions: Iterable[onnx.FunctionProto]) -> None:
         self._fns = {(f.domain, f.name): f for f in functions}
+        self._expansion: dict[tuple[str, str], tuple[int, int]] = {}
         self.calls = 0
+        self.nodes = 0  # inlined so far, in all
+        self.bytes = 0
 
     def has(self, domain: str, op_type: str) -> bool:
         return (domain, op_type) in self._fns
@@ -139,3 +155,91 @@ class FunctionInliner:
     def prefix(self, call_name: str) -> str:
         self.calls += 1
         return f"{call_name}/{self.calls}/"
+
+    def expansion(self, domain: str, op_type: str) -> tuple[int, int]:
+        """(nodes, call depth) of one call of local function ``domain::op_type``, fully
+        inlined. Raises ModelLoadError for recursion, nesting deeper than
+        ``MAX_FUNCTION_DEPTH`` or more than ``MAX_INLINED_NODES`` nodes."""
+        return self._expand((domain, op_type), [])
+
+    def _expand(self, key: tuple[str, str], chain: list[tuple[str, str]]) -> tuple[int, int]:
+        known = self._expansion.get(key)
+        if known is not None:
+            return known
+        if key in chain:
+            calls = " -> ".join(_fmt(k) for k in [*chain[chain.index(key) :], key])
+            raise ModelLoadError(f"model-local function {_fmt(key)} calls itself: {calls}")
+        if len(chain) >= limits.MAX_FUNCTION_DEPTH:
+            raise ModelLoadError(
+                f"model-local functions nest more than {limits.MAX_FUNCTION_DEPTH} calls deep "
+                f"({' -> '.join(_fmt(k) for k in chain[:3])} -> ...; limit MAX_FUNCTION_DEPTH "
+                "in tfrt_py.frontends.onnx.limits)"
+            )
+        chain.append(key)
+        nodes, depth = 0, 0
+        for node in _all_nodes(self._fns[key].node):
+            callee = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+            if callee in self._fns:
+                n, d = self._expand(callee, chain)
+                nodes, depth = nodes + n, max(depth, d)
+            else:
+                nodes += 1
+            if nodes > limits.MAX_INLINED_NODES:
+                raise ModelLoadError(
+                    f"model-local function {_fmt(chain[0])} would inline into more than "
+                    f"{limits.MAX_INLINED_NODES:,} nodes (limit MAX_INLINED_NODES in "
+                    "tfrt_py.frontends.onnx.limits)"
+                )
+        chain.pop()
+        self._expansion[key] = (nodes, depth + 1)
+        return nodes, depth + 1
+
+    def check_calls(self, graph: onnx.GraphProto) -> None:
+        """The static check of every call of a local function in ``graph`` (nested graphs
+        too), before anything expands them (ONNX shape inference infers a function body
+        once per call, so it would blow up as the inlining would)."""
+        total = 0
+        for node in _all_nodes(graph.node):
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            if self.has(domain, node.op_type):
+                total += self.expansion(domain, node.op_type)[0]
+                if total > limits.MAX_INLINED_NODES:
+                    raise ModelLoadError(
+                        f"inlining the model's local functions would add more than "
+                        f"{limits.MAX_INLINED_NODES:,} nodes (limit MAX_INLINED_NODES in "
+                        "tfrt_py.frontends.onnx.limits)"
+                    )
+
+    def account(self, nodes: int, copied: Sequence[onnx.NodeProto] = ()) -> None:
+        """Add ``nodes`` to the inlined total and ``copied``'s bytes to the copied total;
+        ModelLoadError past ``MAX_INLINED_NODES`` / ``MAX_INLINED_BYTES``."""
+        self.nodes += nodes
+        if self.nodes > limits.MAX_INLINED_NODES:
+            raise ModelLoadError(
+                f"inlining functions would add more than {limits.MAX_INLINED_NODES:,} nodes "
+                "to the model (limit MAX_INLINED_NODES in tfrt_py.frontends.onnx.limits)"
+            )
+        self.bytes += sum(n.ByteSize() for n in copied)
+        if self.bytes > limits.MAX_INLINED_BYTES:
+            raise ModelLoadError(
+                f"inlining functions would copy more than {limits.MAX_INLINED_BYTES:,} bytes "
+                "of nodes (limit MAX_INLINED_BYTES in tfrt_py.frontends.onnx.limits)"
+            )
+
+
+def _fmt(key: tuple[str, str]) -> str:
+    return f"{key[0]}::{key[1]}" if key[0] else key[1]
+
+
+def _all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """``nodes`` and every node of their nested graphs, iteratively."""
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        yield node
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                stack.extend(a.g.node)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    stack.extend(g.node)

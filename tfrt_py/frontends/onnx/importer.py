@@ -9,6 +9,7 @@ succeeds). Runs once per load, on the caller's thread.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,10 @@ import onnx
 
 from ...errors import GraphError, ModelLoadError
 from ...ir import Graph, Node, TensorType, Value, ValueType
+from . import limits
 from .functions import FunctionInliner, inline_call, schema_function
+from .limits import check_nesting
+from .overridable import defaulted_input, overridable_initializers
 from .tensors import to_array, to_value_type
 
 __all__ = ["import_model"]
@@ -37,23 +41,30 @@ StreamHook = Callable[[onnx.TensorProto], Value | None]
 
 def import_model(
     model: onnx.ModelProto,
-    base_dir: str,
+    base_dir: str | None,
     has_kernel: HasKernel | None = None,
     stream: StreamHook | None = None,
 ) -> Graph:
     """Import ``model``'s main graph. Raises ModelLoadError/GraphError with the node name.
 
     ``stream``: main-graph initializers it returns a Value for become graph inputs (first,
-    before the declared inputs) instead of constants, and their data is not touched."""
+    before the declared inputs) instead of constants, and their data is not touched.
+
+    Overridable initializers (``overridable_initializers``) become graph inputs after the
+    declared ones, with the initializer as their ``Value.default``: the caller may feed
+    them, else the initializer is used (as onnxruntime does). They are never streamed."""
     opsets: dict[str, int] = {}
     for imp in model.opset_import:
         opsets["" if imp.domain == "ai.onnx" else imp.domain] = int(imp.version)
     if "" not in opsets and model.ir_version < 3:
         opsets[""] = 1
     _check_known_opsets(opsets)
+    check_nesting(model)  # before anything recursive (shape inference, protobuf) sees it
     inliner = FunctionInliner(model.functions)
+    inliner.check_calls(model.graph)  # recursion and blow-up, before shape inference
     imp = _Importer(opsets, base_dir, inliner, has_kernel)
     imp.stream = stream
+    imp.overridable = overridable_initializers(model)
     graph = _with_inferred_types(model).graph
     return imp.graph(graph, {}, graph.name or "main")
 
@@ -92,7 +103,7 @@ class _Importer:
     def __init__(
         self,
         opsets: dict[str, int],
-        base_dir: str,
+        base_dir: str | None,
         inliner: FunctionInliner,
         has_kernel: HasKernel | None,
     ) -> None:
@@ -103,6 +114,47 @@ class _Importer:
         self.inliner = inliner
         self.has_kernel = has_kernel
         self.stream: StreamHook | None = None  # the main graph's only; nested graphs: None
+        self.overridable: frozenset[str] = frozenset()  # the main graph's only
+        self._depth = 0  # subgraphs entered (limits.MAX_GRAPH_DEPTH)
+        self._calls = 0  # functions being inlined (limits.MAX_FUNCTION_DEPTH)
+
+    def subgraph(self, gp: onnx.GraphProto, outer: dict[str, Value], name: str) -> Graph:
+        """Import a nested graph (an attribute), at most ``MAX_GRAPH_DEPTH`` levels deep
+        (counting those reached through inlined function bodies)."""
+        if self._depth >= limits.MAX_GRAPH_DEPTH:
+            raise ModelLoadError(
+                f"graph {name!r} nests subgraphs more than {limits.MAX_GRAPH_DEPTH} levels "
+                "deep (limit MAX_GRAPH_DEPTH in tfrt_py.frontends.onnx.limits)"
+            )
+        self._depth += 1
+        try:
+            return self.graph(gp, outer, name)
+        finally:
+            self._depth -= 1
+
+    def inline(
+        self,
+        body: list[onnx.NodeProto],
+        size: int,
+        g: Graph,
+        scope: dict[str, Value],
+        opsets: dict[str, int],
+        name: str,
+    ) -> None:
+        """Import the nodes of an inlined function body standing for node ``name``; ``size``
+        is what the call adds to the model's inlined node count."""
+        if self._calls >= limits.MAX_FUNCTION_DEPTH:
+            raise ModelLoadError(
+                f"node {name!r}: functions nest more than {limits.MAX_FUNCTION_DEPTH} calls "
+                "deep (limit MAX_FUNCTION_DEPTH in tfrt_py.frontends.onnx.limits)"
+            )
+        self.inliner.account(size, body)
+        self._calls += 1
+        try:
+            for inner in body:
+                self.node(inner, g, scope, opsets)
+        finally:
+            self._calls -= 1
 
     def graph(self, gp: onnx.GraphProto, outer: dict[str, Value], name: str) -> Graph:
         g = Graph(name=name, opsets=self.opsets)
@@ -114,10 +166,16 @@ class _Importer:
                 self.types[vi.name] = t
         init_names = set()
         stream, self.stream = self.stream, None
+        over, self.overridable = self.overridable, frozenset()
+        declared = {vi.name: vi for vi in gp.input}
+        defaulted: list[Value] = []
         for t in gp.initializer:
             self.protos[t.name] = onnx.helper.make_tensor_type_proto(t.data_type, t.dims)
-            streamed = stream(t) if stream is not None else None
-            if streamed is not None:
+            streamed = stream(t) if stream is not None and t.name not in over else None
+            if t.name in over:
+                v = defaulted_input(t, declared[t.name], self.base_dir)
+                defaulted.append(v)
+            elif streamed is not None:
                 v = streamed
                 g.inputs.append(v)
             else:
@@ -133,11 +191,12 @@ class _Importer:
             init_names.add(v.name)
         for vi in gp.input:
             if vi.name in init_names:
-                continue  # an initializer with a declared input: a constant here
+                continue  # an initializer with a declared input: a constant, or defaulted
             t = to_value_type(vi.type) or self.types.get(vi.name)
             v = Value(vi.name, t)
             g.inputs.append(v)
             scope[vi.name] = v
+        g.inputs.extend(defaulted)
         for np_ in gp.node:
             self.node(np_, g, scope)
         for vi in gp.output:
@@ -165,9 +224,11 @@ class _Importer:
         name = np_.name or f"{np_.op_type}_{len(g.nodes)}"
         if self.inliner.has(domain, np_.op_type):
             fn = self.inliner.get(domain, np_.op_type)
+            size, _ = self.inliner.expansion(domain, np_.op_type)  # recursion, blow-up
             inner_opsets = {**opsets, **_function_opsets(fn)}
-            for inner in inline_call(fn, np_, self.inliner.prefix(name)):
-                self.node(inner, g, scope, inner_opsets)
+            body = inline_call(fn, np_, self.inliner.prefix(name))
+            # Calls inside this body are part of ``size``: count only the outermost call.
+            self.inline(body, size if self._calls == 0 else 0, g, scope, inner_opsets, name)
             return
         if domain == "" and np_.op_type == "Constant":
             self._constant(np_, name, g, scope)
@@ -178,10 +239,10 @@ class _Importer:
         if self.has_kernel is not None and not self.has_kernel(domain, np_.op_type, opset):
             found = schema_function(np_, opset, [self.protos.get(n) for n in np_.input])
             if found is not None:
-                body, defaults = found
-                inner_opsets = {**opsets, **_function_opsets(body)}
-                for inner in inline_call(body, np_, self.inliner.prefix(name), defaults):
-                    self.node(inner, g, scope, inner_opsets)
+                fn, defaults = found
+                inner_opsets = {**opsets, **_function_opsets(fn)}
+                body = inline_call(fn, np_, self.inliner.prefix(name), defaults)
+                self.inline(body, len(body), g, scope, inner_opsets, name)
                 return
         inputs: list[Value | None] = []
         for i, iname in enumerate(np_.input):
@@ -250,7 +311,7 @@ class _Importer:
         if t == _A.SPARSE_TENSOR:
             return _sparse_to_dense(a.sparse_tensor, self.base_dir)
         if t == _A.GRAPH:
-            return self.graph(a.g, scope, f"{node_name}.{a.name}")
+            return self.subgraph(a.g, scope, f"{node_name}.{a.name}")
         if t == _A.FLOATS:
             return [float(x) for x in a.floats]
         if t == _A.INTS:
@@ -260,7 +321,7 @@ class _Importer:
         if t == _A.TENSORS:
             return [to_array(x, self.base_dir) for x in a.tensors]
         if t == _A.GRAPHS:
-            return [self.graph(x, scope, f"{node_name}.{a.name}") for x in a.graphs]
+            return [self.subgraph(x, scope, f"{node_name}.{a.name}") for x in a.graphs]
         if t == _A.TYPE_PROTO:
             return to_value_type(a.tp)
         if t == _A.TYPE_PROTOS:
@@ -272,13 +333,43 @@ def _function_opsets(fn: onnx.FunctionProto) -> dict[str, int]:
     return {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in fn.opset_import}
 
 
-def _sparse_to_dense(sp: onnx.SparseTensorProto, base_dir: str) -> np.ndarray:
+def _sparse_to_dense(sp: onnx.SparseTensorProto, base_dir: str | None) -> np.ndarray:
+    """The dense array of a sparse tensor. Its dense shape is checked like any tensor's, its
+    byte size against ``limits.MAX_SPARSE_DENSE_BYTES``, and its indices against the shape
+    (ModelLoadErrors naming the tensor) before anything is allocated."""
+    name = sp.values.name or "<sparse>"
     values = to_array(sp.values, base_dir)
-    indices = to_array(sp.indices, base_dir).astype(np.int64)
+    indices = to_array(sp.indices, base_dir)
     shape = tuple(int(d) for d in sp.dims)
+    if any(d < 0 for d in shape):
+        raise ModelLoadError(f"sparse tensor {name!r}: negative dim in shape {list(shape)}")
+    dense_bytes = math.prod(shape) * values.dtype.itemsize
+    if dense_bytes > limits.MAX_SPARSE_DENSE_BYTES:
+        raise ModelLoadError(
+            f"sparse tensor {name!r}: dense shape {list(shape)} would take {dense_bytes:,} "
+            f"bytes, more than {limits.MAX_SPARSE_DENSE_BYTES:,} (limit MAX_SPARSE_DENSE_BYTES "
+            "in tfrt_py.frontends.onnx.limits)"
+        )
+    if values.ndim != 1 or indices.dtype.kind not in "iu":
+        raise ModelLoadError(f"sparse tensor {name!r}: values must be 1-D, indices integers")
+    nnz, size = values.shape[0], math.prod(shape)
+    indices = indices.astype(np.int64)
+    if indices.ndim == 1 and indices.shape[0] == nnz:
+        bad = bool(nnz) and (indices.min() < 0 or indices.max() >= size)
+        where: Any = indices
+    elif indices.ndim == 2 and indices.shape == (nnz, len(shape)):
+        bad = bool(nnz) and bool(((indices < 0) | (indices >= np.array(shape))).any())
+        where = tuple(indices.T)
+    else:
+        raise ModelLoadError(
+            f"sparse tensor {name!r}: indices of shape {list(indices.shape)} do not match "
+            f"{nnz} values of a rank-{len(shape)} tensor"
+        )
+    if bad:
+        raise ModelLoadError(f"sparse tensor {name!r}: an index is outside shape {list(shape)}")
     dense = np.zeros(shape, dtype=values.dtype)
     if indices.ndim == 1:
-        dense.reshape(-1)[indices] = values
+        dense.reshape(-1)[where] = values
     else:
-        dense[tuple(indices.T)] = values
+        dense[where] = values
     return dense

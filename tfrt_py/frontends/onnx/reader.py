@@ -1,7 +1,9 @@
 """Read an ONNX model from a path, bytes or a ModelProto, with clear errors.
 
 External-data weights are *not* loaded here: the importer maps them from their files
-(memory-mapped, not copied) and names the tensor when a file is missing or short.
+(memory-mapped, not copied; ``external.open_external`` decides which files may be opened)
+and names the tensor when a file is refused, missing or short. This module only decides
+the directory they are read from.
 """
 
 from __future__ import annotations
@@ -18,26 +20,51 @@ from ...errors import ModelLoadError
 __all__ = ["read_model"]
 
 
-def read_model(source: Any) -> tuple[onnx.ModelProto, str]:
-    """Return (ModelProto, base directory for external data) for ``source``."""
+def read_model(source: Any, base_dir: Any = None) -> tuple[onnx.ModelProto, str | None]:
+    """Return (ModelProto, directory its external data is read from) for ``source``.
+
+    A path source reads external data from the file's own directory; ``base_dir`` may
+    only repeat that directory (anything else is a ValueError: one model, one directory).
+    A bytes or ModelProto source has no directory: ``base_dir`` gives it; without one the
+    directory is None and any external-data tensor fails the load with a ModelLoadError
+    saying to pass ``base_dir`` (the current directory is never assumed). A ``base_dir``
+    that is not an existing directory is a ValueError.
+    """
+    given = None if base_dir is None else _base_dir(base_dir)
     if isinstance(source, onnx.ModelProto):
         _check_text(source, "ONNX model")
-        return source, os.getcwd()
+        return source, given
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return _parse(bytes(source), "<bytes>"), os.getcwd()
+        return _parse(bytes(source), "<bytes>"), given
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if not os.path.exists(path):
             raise ModelLoadError(f"model file not found: {path}")
         if os.path.isdir(path):
             raise ModelLoadError(f"model path is a directory, not an ONNX file: {path}")
+        own = os.path.dirname(os.path.abspath(path))
+        if given is not None and os.path.realpath(given) != os.path.realpath(own):
+            raise ValueError(
+                f"base_dir={given!r} differs from the model file's directory {own!r}: a model "
+                "loaded from a path reads its external data from its own directory (pass "
+                "base_dir only with bytes or an onnx.ModelProto)"
+            )
         with open(path, "rb") as f:
             data = f.read()
-        return _parse(data, path), os.path.dirname(os.path.abspath(path))
+        return _parse(data, path), own
     raise ModelLoadError(
         f"cannot load a model from {type(source).__name__}: "
         "expected a path, bytes, onnx.ModelProto or tfrt_py.ir.Graph"
     )
+
+
+def _base_dir(base_dir: Any) -> str:
+    if not isinstance(base_dir, (str, os.PathLike)):
+        raise ValueError(f"base_dir must be a directory path, got {type(base_dir).__name__}")
+    path = os.fspath(base_dir)
+    if not isinstance(path, str) or "\0" in path or not os.path.isdir(path):
+        raise ValueError(f"base_dir must be an existing directory, got {base_dir!r}")
+    return os.path.abspath(path)
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
@@ -47,6 +74,11 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
+        if "depth" in str(e).lower() or "recursion" in str(e).lower():
+            raise ModelLoadError(
+                f"{where} is not a valid ONNX model: its messages nest deeper than the "
+                f"protobuf parser allows (subgraphs nested about 30 levels deep): {e}"
+            ) from e
         raise ModelLoadError(
             f"{where} is not a valid ONNX model ({len(data)} bytes; protobuf parse failed: {e}); "
             "is the file truncated or of another format?"
