@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"executors"},
     {"compiler"},
     {"native", "streaming"},
-    {"selection"},
+    {"selection", "profiling"},
     {"model"},
     {"tfrt_py", "onnx_backend"},
     {"bench", "ray"},

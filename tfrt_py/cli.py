@@ -1,4 +1,4 @@
-"""The ``tfrt-py`` command: run, inspect, bench, serve.
+"""The ``tfrt-py`` command: run, inspect, profile, bench, serve.
 
 Every failure a user can cause (missing file, bad model, bad input) prints one line on
 stderr and exits non-zero; tracebacks are for bugs.
@@ -83,6 +83,53 @@ def inspect(model_path: str, executor: str) -> None:
     """Inputs/outputs, op histogram, executor and why."""
     model = _load(model_path, executor)
     click.echo(model.describe())
+
+
+@main.command()
+@click.argument("model_path", metavar="MODEL")
+@click.option("--input", "-i", "inputs", multiple=True, help="name=file.npy (repeatable)")
+@click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
+@click.option("--repeat", type=click.IntRange(1, 100_000), default=20, show_default=True)
+@click.option("--batch", type=click.IntRange(1), default=1, show_default=True,
+              help="size of dynamic dims for random inputs")  # fmt: skip
+@click.option("--top", type=click.IntRange(1), default=30, show_default=True)
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(dir_okay=False),
+    help="write the last call as a Chrome trace (Perfetto, chrome://tracing)",
+)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="write a PNG chart")
+def profile(
+    model_path: str,
+    inputs: tuple[str, ...],
+    executor: str,
+    repeat: int,
+    batch: int,
+    top: int,
+    trace_path: str | None,
+    plot_path: str | None,
+) -> None:
+    """Where MODEL's time goes, per node: µs, share, GFLOP/s, input shapes."""
+    from .bench.runners import random_feeds
+
+    model = _load(model_path, executor)
+    feeds = random_feeds(model, batch=batch)
+    feeds.update(_parse_inputs(model, inputs) if inputs else {})
+    try:
+        report = model.profile(feeds, repeat=repeat)
+    except (TfrtError, ValueError, RuntimeError) as e:
+        _fail(str(e))
+    click.echo(report.table(top=top))
+    if trace_path:
+        report.save_trace(trace_path)
+        click.echo(f"trace: {trace_path}")
+    if plot_path:
+        try:
+            report.plot(plot_path, top=top)
+        except ImportError:
+            _fail("--plot needs matplotlib: pip install 'tfrt-py[bench]'")
+        click.echo(f"plot: {plot_path}")
 
 
 @main.command()

@@ -33,6 +33,7 @@ from .executors.base import Executor
 from .feeds import FeedChecker, TensorSpec, spec_of
 from .ir import Graph, verify
 from .kernels import KernelContext, KernelFlags, KernelRegistry, default_registry
+from .profiling import ProfileReport, profile
 from .selection import EXECUTORS, finish, select_executor
 
 __all__ = ["EXECUTORS", "Model", "load"]
@@ -353,6 +354,28 @@ class Model:
                 yield await self.run_async(f, timeout=timeout)
 
     # -- introspection -------------------------------------------------------------------
+    def profile(self, feeds: Mapping[str, Any], repeat: int = 20) -> ProfileReport:
+        """Where a call's time goes: ``repeat`` calls (after a warm-up) of this model's
+        executor kind with every kernel timed; per node its op, input shapes, µs, share and
+        GFLOP/s, sorted (``print(report)``, ``report.save_trace("t.json")`` for Perfetto /
+        chrome://tracing). A native model is profiled on the sync interpreter (its native
+        function runs the same nodes as one call; the report says how long that call
+        takes). The model itself is not changed."""
+        kind = self.executor
+        if kind == "stream":
+            raise ValueError("profile: streamed models are not profiled yet (time run_batches)")
+        check = FeedChecker(self._prepared.graph.inputs)
+        host = self._runtime.host
+
+        def build(timed: Prepared) -> Executor:
+            return select_executor("async" if kind == "async" else "sync", timed, check,
+                                   host=host, native_mode="background")  # fmt: skip
+
+        report = profile(self._prepared, kind, build, feeds, repeat)
+        if kind == "native":
+            report.note = _native_note(self._runtime, feeds, repeat)
+        return report
+
     def memory_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> Any:
         """The sync interpreter's MemoryPlan for feeds of these shapes (``arena_bytes``,
         ``lower_bound_bytes``, ``buffers``); made now, on zero feeds, if no call made it."""
@@ -394,3 +417,19 @@ def _remaining(call: CallContext | None) -> float | None:
     if call is None or call.timeout is None:
         return None
     return max(0.0, call.deadline - time.monotonic())
+
+
+def _native_note(runtime: Executor, feeds: Mapping[str, Any], repeat: int) -> str:
+    """The native function's own median µs per call, for a native model's profile."""
+    tier: Any = runtime
+    tier.wait(300)  # a profile is not a hot path: let a background compile finish
+    if tier.state != "ready":
+        return f"native: {tier.state}; the figures above are the sync interpreter's"
+    walls = []
+    for _ in range(repeat + 1):
+        t0 = time.perf_counter_ns()
+        runtime.run(feeds)
+        walls.append((time.perf_counter_ns() - t0) / 1e3)
+    us = sorted(walls[1:])[len(walls[1:]) // 2]
+    return (f"native: the model runs as one numba function, {us:,.1f} µs per call (median); "
+            "the per-node figures above are the sync interpreter's")  # fmt: skip

@@ -9,7 +9,8 @@ native model is timed as one call: its nodes are one numba function.
 Each kernel call records (node index, thread, start, end) into the run's event list
 (``list.append``: atomic, so the async executor's worker threads record without a lock).
 The report aggregates the medians over ``repeat`` calls: per node its op, input shapes, µs,
-share of the call, and GFLOP/s where the cost model knows the node's FLOPs; ``save_trace``
+share of the call, and GFLOP/s where the cost model knows the node's FLOPs (priced on
+the shapes the call really had); ``save_trace``
 writes the last call's events in Chrome trace-event format (Perfetto, chrome://tracing),
 one track per thread. Runs on the calling thread; the model is not changed.
 """
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .compiler.cost import cost_of_shapes
 from .compiler.prepare import Prepared
 from .executors.program import Instr, Program
 from .feeds import FeedChecker
@@ -59,6 +61,8 @@ class ProfileReport:
     call_us: float
     nodes: list[NodeProfile]
     events: list[tuple[str, str, int, int, int, str]]  # (name, op, thread, start, end, shapes)
+    #: an extra line (a native model: its native call's time)
+    note: str = ""
 
     def by_op(self) -> list[tuple[str, float, int]]:
         """(op, µs per call, nodes) summed per op type, slowest first."""
@@ -84,6 +88,8 @@ class ProfileReport:
             )
         if top is not None and len(self.nodes) > top:
             lines.append(f"... {len(self.nodes) - top} more nodes")
+        if self.note:
+            lines.append(self.note)
         lines.append("by op:")
         total = sum(n.us for n in self.nodes) or 1.0
         for op, us, k in self.by_op():
@@ -165,8 +171,7 @@ def _timed_program(program: Program, sink: list[list[Event]]) -> Program:
 
 def _shapes(args: list[Any]) -> str:
     return ", ".join(
-        "x".join(map(str, a.shape)) if isinstance(a, np.ndarray) else type(a).__name__
-        for a in args
+        "x".join(map(str, a.shape)) if isinstance(a, np.ndarray) else type(a).__name__ for a in args
     )
 
 
@@ -185,7 +190,7 @@ def profile(
     timed = dataclasses.replace(prepared, program=_timed_program(prepared.program, sink))
     runner = build(timed)
     args = FeedChecker(prepared.graph.inputs)(feeds)
-    shapes = _input_shapes(prepared.program, args)
+    shapes, flops = _observed(prepared, args)
     runner.run(feeds)  # warm-up: plans, first-call probe
     walls: list[float] = []
     per_call: list[list[Event]] = []
@@ -195,15 +200,23 @@ def profile(
         runner.run(feeds)
         walls.append((time.perf_counter_ns() - t0) / 1e3)
         per_call.append(sink[-1])
-    return _report(prepared, executor, repeat, walls, per_call, shapes)
+    return _report(prepared, executor, repeat, walls, per_call, shapes, flops)
 
 
-def _input_shapes(program: Program, args: list[Any]) -> dict[int, str]:
-    """Each node's input shapes, from one plain run (the profile's own first call)."""
+def _observed(prepared: Prepared, args: list[Any]) -> tuple[dict[int, str], dict[int, float]]:
+    """Each node's input shapes (text) and FLOPs, from the shapes of one plain run."""
     from .executors.plan_probe import run_env
 
-    env = run_env(program, args)
-    return {i: _shapes([env[s] for s in ins.ins]) for i, ins in enumerate(program.instrs)}
+    env = run_env(prepared.program, args)
+    shapes: dict[int, str] = {}
+    flops: dict[int, float] = {}
+    for i, ins in enumerate(prepared.program.instrs):
+        node = ins.node
+        shapes[i] = _shapes([env[s] for s in ins.ins[: len(node.inputs)]])
+        dims = [tuple(getattr(env[s], "shape", ())) for s in ins.ins[: len(node.inputs)]]
+        outs = [tuple(getattr(env[s], "shape", ())) for s in ins.outs]
+        flops[i] = cost_of_shapes(node, dims, outs, prepared.registry).flops
+    return shapes, flops
 
 
 def _report(
@@ -213,6 +226,7 @@ def _report(
     walls: list[float],
     per_call: list[list[Event]],
     shapes: dict[int, str],
+    flops: dict[int, float],
 ) -> ProfileReport:
     instrs = prepared.program.instrs
     times: dict[int, list[float]] = {i: [] for i in range(len(instrs))}
@@ -227,8 +241,8 @@ def _report(
     nodes = []
     for i, us in medians.items():
         node = instrs[i].node
-        flops = prepared.cost.nodes.get(id(node))
-        gflops = flops.flops / (us * 1e3) if flops is not None and flops.flops and us > 0 else None
+        f = flops.get(i, 0.0)
+        gflops = f / (us * 1e3) if f and us > 0 else None
         op = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
         nodes.append(NodeProfile(node.name, op, shapes.get(i, ""), us, us / total,
                                  len(per_call[-1]), gflops))  # fmt: skip

@@ -33,6 +33,7 @@ __all__ = [
     "ModelCost",
     "NodeCost",
     "Thresholds",
+    "cost_of_shapes",
     "estimate_cost",
     "graph_cost",
     "model_cost",
@@ -166,6 +167,17 @@ def estimate_cost(node: Node, registry: KernelRegistry | None = None) -> Cost:
     """FLOPs and bytes for one call of ``node``'s kernel (unknown shapes count as scalars)."""
     ins = [_shape(v) or () for v in node.inputs]
     outs = [_shape(v) or () for v in node.outputs]
+    return cost_of_shapes(node, ins, outs, registry)
+
+
+def cost_of_shapes(
+    node: Node,
+    ins: list[tuple[int, ...]],
+    outs: list[tuple[int, ...]],
+    registry: KernelRegistry | None = None,
+) -> Cost:
+    """FLOPs and bytes for one call of ``node``'s kernel on inputs and outputs of these
+    shapes (the profiler passes the shapes a call really had)."""
     reg = registry if registry is not None else default_registry()
     kdef = None
     if reg.has(node.domain, node.op_type, node.opset):
