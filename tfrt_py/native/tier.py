@@ -121,14 +121,16 @@ class NativeTier:
         self._done.set()
 
     def _fast_entry(self) -> Any:
+        """The generated entry. Input and output names are bound as variables ``n<k>`` /
+        ``o<k>`` (never pasted into the source: they are model text)."""
         low = self.lowered
-        feeds = ", ".join(f"feeds[{n!r}]" for n in low.input_names)
+        feeds = ", ".join(f"feeds[n{k}]" for k in range(len(low.input_names)))
         params = ", ".join(f"P{i}" for i in range(len(low.params)))
         args = ", ".join(a for a in (feeds, params) if a)
         if len(low.output_names) == 1:
-            result = f"{{{low.output_names[0]!r}: r}}"
+            result = "{o0: r}"
         else:
-            result = "{" + ", ".join(f"{n!r}: r[{k}]" for k, n in enumerate(low.output_names)) + "}"
+            result = "{" + ", ".join(f"o{k}: r[{k}]" for k in range(len(low.output_names))) + "}"
         src = "\n".join([
             "def run(feeds, outputs=None):",
             "    if outputs is None:",
@@ -142,6 +144,8 @@ class NativeTier:
         ])  # fmt: skip
         env: dict[str, Any] = {"fn": self._fn, "slow": self._slow}
         env.update({f"P{i}": p for i, p in enumerate(low.params)})
+        env.update({f"n{k}": n for k, n in enumerate(low.input_names)})
+        env.update({f"o{k}": n for k, n in enumerate(low.output_names)})
         exec(compile(src, "<tfrt_py native entry>", "exec"), env)
         return env["run"]
 
