@@ -6,17 +6,21 @@ what blocks it, NativeUnavailable without numba); ``"auto"`` moves a model the s
 interpreter would serve to the native tier when numba is importable, every op lowers and
 the cost model calls it tiny (at most ``NATIVE_MAX_FLOPS`` per call: above that NumPy's
 BLAS calls amortize their overhead and the interpreter is as fast). ``$TFRT_PY_NATIVE=0``
-keeps "auto" off the native tier.
+keeps "auto" off the native tier. Either way the cache dir must be safe
+(``cachedir.check_dir``): "native" raises UnsafeCacheDir, "auto" stays on the interpreter.
+Why "auto" declined a model is remembered per graph (weakly) for ``unused_reason``.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 
 from ..compiler.cost import graph_cost
 from ..executors.program import Program
 from ..ir import Graph
 from ..kernels import KernelRegistry
+from .cachedir import UnsafeCacheDir, cache_dir
 from .compile import NativeUnavailable, available
 from .lower import Declined, Lowered, blockers, lower
 
@@ -25,6 +29,9 @@ __all__ = ["NATIVE_ENV", "NATIVE_MAX_FLOPS", "choose", "unused_reason"]
 #: Tiny: at most this many FLOPs per call (M2, a 64-256-256-10 MLP, is 0.17 MFLOP).
 NATIVE_MAX_FLOPS = 1e6
 NATIVE_ENV = "TFRT_PY_NATIVE"
+
+#: Why "auto" declined a graph whose ops all lower (a lowering's reason, the cache dir).
+_declined: weakref.WeakKeyDictionary[Graph, str] = weakref.WeakKeyDictionary()
 
 
 def choose(
@@ -38,6 +45,7 @@ def choose(
                 "executor='native' needs numba, which cannot be imported here "
                 "(pip install numba); use executor='sync' or 'auto'"
             )
+        cache_dir()  # UnsafeCacheDir before any work
         return "native", "requested", lower(graph, program)
     if requested != "auto" or chosen != "sync" or os.environ.get(NATIVE_ENV) == "0":
         return chosen, why, None
@@ -47,8 +55,10 @@ def choose(
     if flops > NATIVE_MAX_FLOPS:
         return chosen, why, None
     try:
+        cache_dir()
         lowered = lower(graph, program)
-    except Declined:
+    except (Declined, UnsafeCacheDir, OSError) as e:
+        _declined[graph] = f"{type(e).__name__}: {e}"
         return chosen, why, None
     return (
         "native",
@@ -69,6 +79,9 @@ def unused_reason(graph: Graph, registry: KernelRegistry) -> str:
         return "; ".join(reasons)
     if os.environ.get(NATIVE_ENV) == "0":
         return f"${NATIVE_ENV}=0"
+    declined = _declined.get(graph)
+    if declined is not None:
+        return declined
     flops = graph_cost(graph, registry).flops
     if flops > NATIVE_MAX_FLOPS:
         return (
