@@ -58,7 +58,7 @@ class Lowered:
     input_names: list[str]
     output_names: list[str]
     n_nodes: int
-    input_dtypes: tuple[np.dtype, ...] = ()
+    input_dtypes: tuple[np.dtype, ...]
 
     @property
     def key(self) -> str:

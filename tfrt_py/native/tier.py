@@ -2,14 +2,17 @@
 function is ready, then one attribute store switches ``run`` to the native entry.
 
 ``NativeTier.run(feeds, outputs=None)`` is what ``Model.run`` calls. Its fast entry
-(generated per model, like the interpreter's) checks ``len(feeds)``, fetches each feed by
-name and calls the numba function with the feeds and the packed constants; numba's
-dispatcher rejects a wrong dtype, layout or a read-only array (explicit signature, no
-new specializations) and the function itself rejects a wrong shape. Anything unusual —
-an exception of any kind, or ``outputs=`` — goes to ``_slow``: full validation by the
-model's FeedChecker (the sync executor's InputErrors), contiguous writable copies, the
-native call again, and if that still fails the prepared program, which raises the
-interpreter's ExecutionError naming the node. The model stays usable either way.
+(generated per model, like the interpreter's; names are bound as variables, never pasted
+into its source) checks ``len(feeds)``, fetches each feed by name, checks that its dtype
+*is* the input's native-byte-order dtype (numba would read a 0-d big-endian array as
+native-endian), and calls the numba function with the feeds and the packed constants;
+numba's dispatcher rejects a wrong dtype, layout or a read-only array (explicit signature,
+no new specializations) and the function itself rejects a wrong shape. Anything unusual —
+an exception of any kind, another dtype object, or ``outputs=`` — goes to ``_slow``: full
+validation by the model's FeedChecker (the sync executor's InputErrors), native byte order
+and contiguous writable copies, the native call again, and if that still fails the
+prepared program, which raises the interpreter's ExecutionError naming the node. The
+model stays usable either way.
 
 Threading: ``run`` may be called from many threads at once; the compiled function
 allocates its arena per call and releases the GIL (``nogil``). Compilation runs on one
@@ -124,9 +127,10 @@ class NativeTier:
         """The generated entry. Input and output names are bound as variables ``n<k>`` /
         ``o<k>`` (never pasted into the source: they are model text)."""
         low = self.lowered
-        feeds = ", ".join(f"feeds[n{k}]" for k in range(len(low.input_names)))
-        params = ", ".join(f"P{i}" for i in range(len(low.params)))
-        args = ", ".join(a for a in (feeds, params) if a)
+        n_in = len(low.input_names)
+        xs = [f"x{k}" for k in range(n_in)]
+        args = ", ".join([*xs, *(f"P{i}" for i in range(len(low.params)))])
+        same = " and ".join(f"x{k}.dtype is d{k}" for k in range(n_in)) or "True"
         if len(low.output_names) == 1:
             result = "{o0: r}"
         else:
@@ -135,15 +139,19 @@ class NativeTier:
             "def run(feeds, outputs=None):",
             "    if outputs is None:",
             "        try:",
-            f"            if len(feeds) == {len(low.input_names)}:",
-            f"                r = fn({args})",
-            f"                return {result}",
+            f"            if len(feeds) == {n_in}:",
+            *[f"                x{k} = feeds[n{k}]" for k in range(n_in)],
+            f"                if {same}:",
+            f"                    r = fn({args})",
+            f"                    return {result}",
             "        except Exception:",
             "            pass",
             "    return slow(feeds, outputs)",
         ])  # fmt: skip
         env: dict[str, Any] = {"fn": self._fn, "slow": self._slow}
         env.update({f"P{i}": p for i, p in enumerate(low.params)})
+        # The canonical (native byte order) dtype objects: ``is`` fails for any other.
+        env.update({f"d{k}": np.dtype(dt.name) for k, dt in enumerate(low.input_dtypes)})
         env.update({f"n{k}": n for k, n in enumerate(low.input_names)})
         env.update({f"o{k}": n for k, n in enumerate(low.output_names)})
         exec(compile(src, "<tfrt_py native entry>", "exec"), env)
@@ -154,7 +162,9 @@ class NativeTier:
         names = self.lowered.output_names
         bufs = _out_buffers(outputs, names)
         ready = [
-            a if a.flags.c_contiguous and a.flags.writeable else np.array(a, order="C")
+            a
+            if a.flags.c_contiguous and a.flags.writeable and a.dtype.isnative
+            else np.array(a, dtype=a.dtype.newbyteorder("="), order="C")
             for a in args
         ]
         try:
