@@ -16,16 +16,15 @@ model stays usable either way.
 
 Threading: ``run`` may be called from many threads at once; the compiled function
 allocates its arena per call and releases the GIL (``nogil``). Compilation runs on one
-process-wide daemon thread (``_worker``), FIFO, so loads never wait for it and at most one
-core compiles; tiers whose model was dropped are skipped. ``mode="eager"`` compiles on the
-loading thread instead. ``state`` moves "compiling" -> "ready" | "failed", once.
+process-wide daemon thread (``worker.py``), FIFO, so loads never wait for it and at most
+one core compiles; tiers whose model was dropped are skipped. ``mode="eager"`` compiles on
+the loading thread instead. ``state`` moves "compiling" -> "ready" | "failed", once.
+After ``fork()`` the child compiles what was still waiting (``worker.py``).
 """
 
 from __future__ import annotations
 
-import queue
 import threading
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +32,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..executors.program import Program
+from . import worker
 from .compile import Compiled, compile_lowered
 from .lower import Lowered
 
@@ -41,27 +41,6 @@ __all__ = ["MODES", "NativeTier"]
 #: ``load(..., native=...)``: compile in the background (serve on the interpreter
 #: meanwhile) or before ``load`` returns.
 MODES = ("background", "eager")
-
-_jobs: queue.SimpleQueue[weakref.ref[NativeTier]] = queue.SimpleQueue()
-_worker_lock = threading.Lock()
-_worker: threading.Thread | None = None
-
-
-def _work() -> None:
-    while True:
-        tier = _jobs.get()()
-        if tier is not None:
-            tier._compile()
-            del tier
-
-
-def _submit(tier: NativeTier) -> None:
-    global _worker
-    with _worker_lock:
-        if _worker is None:
-            _worker = threading.Thread(target=_work, name="tfrt_py-native-compile", daemon=True)
-            _worker.start()
-    _jobs.put(weakref.ref(tier))
 
 
 class NativeTier:
@@ -93,13 +72,13 @@ class NativeTier:
         #: The entry Model.run calls: the interpreter now, the native function when ready.
         self.run: Any = self._run_interp
         if mode == "eager":
-            self._compile()
+            worker.compile_now(self)
             if self.state == "failed":
                 from .compile import NativeUnavailable
 
                 raise NativeUnavailable(f"native compilation failed: {self.error}")
         else:
-            _submit(self)
+            worker.submit(self)
 
     def _run_interp(self, feeds: Mapping[str, Any], outputs: Any = None) -> Any:
         return self.interp.run(feeds, outputs)
@@ -109,18 +88,23 @@ class NativeTier:
         return self._done.wait(timeout)
 
     def _compile(self) -> None:
-        """Compile and switch over (on the worker thread, or the loader's when eager)."""
+        """Compile and switch over (called by ``worker``: on its thread, or the loader's
+        when eager)."""
         try:
             compiled = compile_lowered(self.lowered)
         except Exception as e:  # noqa: BLE001 - any failure keeps the interpreter serving
-            self.error = f"{type(e).__name__}: {e}"
-            self.state = "failed"
-            self._done.set()
+            self._fail(f"{type(e).__name__}: {e}")
             return
         self.compiled = compiled
         self._fn = compiled.fn
         self.run = self._fast_entry()
         self.state = "ready"
+        self._done.set()
+
+    def _fail(self, reason: str) -> None:
+        """Give up: the interpreter keeps serving; ``describe()`` shows ``reason``."""
+        self.error = reason
+        self.state = "failed"
         self._done.set()
 
     def _fast_entry(self) -> Any:
