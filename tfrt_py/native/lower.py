@@ -34,6 +34,7 @@ from ..errors import ExecutionError
 from ..executors.plan import ALIGN, Buffer, plan_offsets
 from ..executors.program import Program
 from ..ir import Graph, Node, TensorType, Value
+from .budget import budget, check, precheck
 from .emit import copy_strided, tname
 from .loops import Ref, strides
 from .ops import LOWER
@@ -59,6 +60,7 @@ class Lowered:
     output_names: list[str]
     n_nodes: int
     input_dtypes: tuple[np.dtype, ...]
+    units: int  # compile units (budget.py)
 
     @property
     def key(self) -> str:
@@ -199,23 +201,29 @@ def _shapes(graph: Graph, program: Program) -> dict[int, tuple[tuple[int, ...], 
     return out
 
 
-def lower(graph: Graph, program: Program, *, fastmath: bool = False) -> Lowered:
-    """The module for ``graph`` (compiled as ``program``). Raises Declined, and only
-    Declined: an unexpected error while lowering becomes one too."""
+def lower(
+    graph: Graph, program: Program, *, fastmath: bool = False, limit: int | None = None
+) -> Lowered:
+    """The module for ``graph`` (compiled as ``program``), at most ``limit`` compile units
+    (default ``budget.budget()``: ``$TFRT_PY_NATIVE_BUDGET``). Raises Declined (OverBudget
+    above the budget), and only Declined: an unexpected error while lowering becomes one
+    too."""
     reasons = blockers(graph)
     if reasons:
         raise Declined(reasons)
     if any(list(n.subgraphs()) for n in graph.nodes):
         raise Declined(["nested graphs"])
+    limit = budget() if limit is None else limit
+    precheck(graph, limit)
     try:
-        return _lower(graph, program, fastmath)
+        return _lower(graph, program, fastmath, limit)
     except Declined:
         raise
     except Exception as e:  # any failure keeps the model off the native tier
         raise Declined([f"lowering failed: {type(e).__name__}: {e}"]) from e
 
 
-def _lower(graph: Graph, program: Program, fastmath: bool) -> Lowered:
+def _lower(graph: Graph, program: Program, fastmath: bool, limit: int) -> Lowered:
     cx = NodeContext(graph, _shapes(graph, program))
     sig, prologue = [], []
     for k, v in enumerate(graph.inputs):
@@ -256,7 +264,7 @@ def _lower(graph: Graph, program: Program, fastmath: bool) -> Lowered:
             dst = Ref(f"r{k}", "0", src.shape, src.dtype)
             body += ["    " + ln for ln in copy_strided(dst, src, strides(src.shape))]
             cx.shapes[id(v)] = (src.shape, src.dtype)
-    return _assemble(graph, cx, sig, prologue, body, fastmath)
+    return _assemble(graph, cx, sig, prologue, body, fastmath, limit)
 
 
 def _lower_node(cx: NodeContext, node: Node) -> list[str]:
@@ -282,7 +290,7 @@ def _lower_node(cx: NodeContext, node: Node) -> list[str]:
 
 
 def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str],
-              body: list[str], fastmath: bool) -> Lowered:  # fmt: skip
+              body: list[str], fastmath: bool, limit: int) -> Lowered:  # fmt: skip
     arenas: dict[str, int] = {}
     by_dtype: dict[str, list[tuple[int, Buffer]]] = {}
     for root, (buf, t) in cx.buffers.items():
@@ -328,6 +336,7 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
     ]
     source = "\n".join(src)
     audit(source)
+    units = check(source, limit)
     return Lowered(
         source,
         params,
@@ -335,6 +344,7 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         [v.name for v in graph.outputs],
         len(graph.nodes),
         tuple(np.dtype(_static(v)[1]) for v in graph.inputs),  # type: ignore[index]
+        units,
     )
 
 

@@ -6,7 +6,9 @@ what blocks it, NativeUnavailable without numba); ``"auto"`` moves a model the s
 interpreter would serve to the native tier when numba is importable, every op lowers and
 the cost model calls it tiny (at most ``NATIVE_MAX_FLOPS`` per call: above that NumPy's
 BLAS calls amortize their overhead and the interpreter is as fast). ``$TFRT_PY_NATIVE=0``
-keeps "auto" off the native tier. Either way the cache dir must be safe
+keeps "auto" off the native tier. Either way the generated function must fit the compile
+budget (``budget.py``: "native" raises OverBudget naming ``$TFRT_PY_NATIVE_BUDGET``, "auto"
+stays on the interpreter) and the cache dir must be safe
 (``cachedir.check_dir``): "native" raises UnsafeCacheDir, "auto" stays on the interpreter.
 Why "auto" declined a model is remembered per graph (weakly) for ``unused_reason``.
 """

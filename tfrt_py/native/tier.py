@@ -172,15 +172,21 @@ class NativeTier:
 
     def describe(self) -> str:
         """One line for ``Model.describe()``."""
-        n = self.lowered.n_nodes
+        n, units = self.lowered.n_nodes, self.lowered.units
         if self.state == "compiling":
-            return f"native: compiling {n} nodes in the background; the sync interpreter serves"
+            return (
+                f"native: compiling {n} nodes ({units} compile units) in the background; "
+                "the sync interpreter serves"
+            )
         if self.state == "failed":
             return f"native: compilation failed ({self.error}); the sync interpreter serves"
         c = self.compiled
         assert c is not None
         how = "loaded from the disk cache" if c.cache_hit else "compiled"
-        return f"native: {n} nodes as one numba function, {how} in {c.seconds:.2f} s ({c.path})"
+        return (
+            f"native: {n} nodes as one numba function ({units} compile units), {how} in "
+            f"{c.seconds:.2f} s ({c.path})"
+        )
 
 
 def _out_buffers(outputs: Mapping[str, Any] | None, names: list[str]) -> dict[str, Any]:
