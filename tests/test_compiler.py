@@ -256,5 +256,5 @@ def test_costs_from_shapes() -> None:
     assert estimate_cost(reshape, reg).flops == 0
     fused = tfrt_py.load(model.graph)  # all passes on the typed graph: MatMul+Relu fuse
     linear = next(n for n in fused.graph.nodes if n.op_type == "Linear")
-    assert estimate_cost(linear, fused._prepared.registry).flops >= 2 * 4 * 64 * 32
+    assert estimate_cost(linear, fused.prepared.registry).flops >= 2 * 4 * 64 * 32
     assert graph_cost(model.graph, reg).flops == 2 * 4 * 64 * 32 + 4 * 32

@@ -11,7 +11,9 @@ load on the loading thread, after ``compiler.prepare``, and returns the Executor
   or two expensive kernels with no path between them (the cost model's classification:
   they can run in parallel on the pool); else *native* when numba imports, every op lowers,
   shapes are static and the cost model calls the model tiny (``THRESHOLDS.native_max_flops``;
-  ``$TFRT_PY_NATIVE=0`` turns this off); else *sync*.
+  ``$TFRT_PY_NATIVE=0`` turns this off), the generated function fits the compile budget
+  (``native/budget.py``, ``$TFRT_PY_NATIVE_BUDGET``) and the cache dir is safe
+  (``native/cachedir.py``); else *sync*, with the reason in ``describe()``.
 
 Streamed models (``load(memory_budget=)``) are chosen before import, by
 ``tfrt_py.streaming``, and get the same policy and notes here (``finish``).
@@ -31,6 +33,7 @@ from .executors.base import Executor, InlinePolicy
 from .executors.interpreter import SyncInterpreter
 from .feeds import FeedChecker
 from .ir import Node
+from .native.cachedir import UnsafeCacheDir, cache_dir
 from .native.compile import NativeUnavailable, available
 from .native.lower import Declined, Lowered, blockers, lower
 from .native.tier import NativeTier
@@ -80,6 +83,7 @@ def select_executor(
                     "executor='native' needs numba, which cannot be imported here "
                     "(pip install 'tfrt-py[native]'); use executor='sync' or 'auto'"
                 )
+            cache_dir()  # UnsafeCacheDir before any work
             lowered = lower(prepared.graph, program)
         elif requested == "auto":
             lowered, why, reason = _auto_native(prepared, why)
@@ -167,9 +171,10 @@ def _auto_native(prepared: Prepared, why: str) -> tuple[Lowered | None, str, str
         return None, why, (f"every op lowers, but at est. {flops / 1e6:.2f} MFLOP per call the "
                            "model is not tiny (executor='native' forces it)")  # fmt: skip
     try:
+        cache_dir()
         lowered = lower(prepared.graph, prepared.program)
-    except Declined as e:
-        return None, why, str(e)
+    except (Declined, UnsafeCacheDir, OSError) as e:
+        return None, why, f"{type(e).__name__}: {e}"
     return (
         lowered,
         (

@@ -66,7 +66,9 @@ def _build_step(ctx: KernelContext, registry: KernelRegistry, step: Step) -> Any
 
 def _step_code(op: str, fn: Any, args: list[str], out: str, dtype: Any, env: dict[str, Any],
                key: str) -> list[str]:  # fmt: skip
-    """Statements computing one step into ``out``; binds what they use in ``env``."""
+    """Statements computing one step into ``out``; binds what they use in ``env``. The
+    text is ours (``op`` only selects among fixed forms; ``key`` is ours): attribute
+    values reach the statements only through ``env`` (``fn`` is the step's kernel)."""
     if dtype is not None and np.dtype(dtype).kind == "f":
         t = np.dtype(dtype).type
         if op == "Relu":
@@ -82,8 +84,8 @@ def _step_code(op: str, fn: Any, args: list[str], out: str, dtype: Any, env: dic
                 f"{{reciprocal}}({out}, out={out})",
             ]
         if op in _UFUNC1:
-            env[op.lower()] = _UFUNC1[op]
-            return [f"{{{op.lower()}}}({args[0]}, out={out})"]
+            env[key] = _UFUNC1[op]
+            return [f"{{{key}}}({args[0]}, out={out})"]
     env[key] = fn
     return [f"{{{key}}}({', '.join(args)}, out={out})"]
 

@@ -1,8 +1,10 @@
 """Generate the straight-line Python function that runs one planned signature.
 
 The generated source defines ``_make(...)``, whose parameters are everything the code
-uses (kernels ``k<i>``, constants ``c<slot>``, expected dtypes and shapes, helpers), and
-which returns two closures over them:
+uses (kernels ``k<i>``, constants ``c<slot>``, expected dtypes and shapes, input and
+output names ``_n<j>``/``_o<k>``, helpers), and which returns two closures over them. The
+source holds no model text: names are bound as closure constants (``feeds[_n0]`` costs
+what ``feeds['x']`` does), never pasted in. The closures:
 
 * ``run(feeds, outs=None)``: the fast path. Checks in line that ``feeds`` has exactly this
   signature (``type(x) is ndarray``, ``x.dtype is d``, ``x.shape == h``), else hands the
@@ -23,7 +25,10 @@ list is empty); the list keeps as many arenas as calls ever ran at once.
 A compute function may carry ``inline(in_shapes, out_shape, dtype) -> Inline | None``:
 statements that compute its output into ``{out}`` from ``{in0}``, ``{in1}``, ... using the
 names in ``Inline.env``. The generator pastes them in place of the call (the fused kernels
-in ``compiler/fused_kernels.py`` do this), saving the Python frame of the kernel call.
+in ``compiler/fused_kernels.py`` do this), saving the Python frame of the kernel call. The
+statements are the kernel's own fixed text: every value they use (attributes such as
+alpha included) reaches them through ``env``, which the generator binds under names of
+its own (``i<node>_<j>``).
 """
 
 from __future__ import annotations
@@ -135,7 +140,7 @@ class _Emitter:
             shapes = [seen[x][0] if x in seen else None for x in self.program.instrs[i].ins]
             got = inline(shapes, self.layout.shapes[s][0], self.layout.shapes[s][1])
             if got is not None:
-                names = {key: f"i{i}_{key}" for key in got.env}
+                names = {key: f"i{i}_{j}" for j, key in enumerate(got.env)}
                 for key, val in got.env.items():
                     self.binds[names[key]] = val
                 fields = {f"in{j}": a for j, a in enumerate(args)} | {"out": out} | names
@@ -215,8 +220,9 @@ def generate(
     src.append("    try:")
     src.append(f"        if len(feeds) != {n_in}:")
     src.append("            return _slow(feeds, outs)")
-    for name, s in zip(input_names, in_slots):
-        src.append(f"        v{s} = feeds[{name!r}]")
+    for j, (name, s) in enumerate(zip(input_names, in_slots)):
+        em.binds[f"_n{j}"] = name  # names are model text: bound, never pasted
+        src.append(f"        v{s} = feeds[_n{j}]")
     src.append("    except Exception:")
     src.append("        return _slow(feeds, outs)")
     if n_in:
@@ -235,7 +241,9 @@ def generate(
         results.append(
             v if kind == "fresh" else f"_cp({v}, {k})" if kind == "copy" else f"_uo({v}, {k})"
         )
-    pairs = ", ".join(f"{n!r}: {r}" for n, r in zip(output_names, results))
+    for k, name in enumerate(output_names):
+        em.binds[f"_o{k}"] = name
+    pairs = ", ".join(f"_o{k}: {r}" for k, r in enumerate(results))
     src.append(f"    return {{{pairs}}}")
     # -- checked entry -----------------------------------------------------------------
     checked_where: dict[int, int] = {}

@@ -1,11 +1,23 @@
-"""Compile a lowered module with numba, cached on disk.
+"""Compile a lowered module with numba, cached on disk, trusting no file there.
 
-The generated source is written once to ``<cache dir>/tfrt_native_<hash>.py`` (the hash
-covers the source, the numba and llvmlite versions, the Python version and the host CPU)
-and imported from there; its ``@njit(..., cache=True)`` keeps the machine code in
-``<cache dir>/__pycache__``, so a second load of the same model (or of any model with the
-same structure: weights are arguments, not code) skips LLVM. The cache dir is
-``$TFRT_PY_CACHE_DIR`` or ``~/.cache/tfrt_py/native``.
+The generated source is kept at ``<cache dir>/tfrt_native_<key>.py``, ``key`` a SHA-256 of
+the source and the host (numba, llvmlite and Python versions, CPU). Its ``@njit(...,
+cache=True)`` keeps the machine code in ``<cache dir>/__pycache__``, so a second load of
+the same model (or of any model with the same structure: weights are arguments, not code)
+skips LLVM. The cache dir is ``$TFRT_PY_CACHE_DIR`` or ``~/.cache/tfrt_py/native``.
+
+Trust (model files and cache dirs may be hostile; docs/security_native.md):
+
+* The code that runs is always the source in memory (``Lowered.source``): it is compiled
+  with ``compile(source, path)`` and executed in a fresh module; the file on disk is never
+  imported. The file exists for numba's cache, which keys its index by the file's
+  content; before use its content is compared with the source, and a file that differs
+  (tampered, truncated, a symlink) is replaced atomically, and numba's index and data
+  files for that module are deleted unread (they are pickles: loading one runs code).
+* The cache dir (and ``$NUMBA_CACHE_DIR`` when set) must pass ``cachedir.check_dir``
+  (created 0700, owned by us, nobody else can write it or swap it), else
+  ``UnsafeCacheDir``: then nobody but its owner can plant a module or a numba pickle
+  there. ``executor="auto"`` stays on the sync interpreter and ``describe()`` says why.
 
 numba is imported lazily and guarded: ``available()`` never imports it, ``compile_lowered``
 raises NativeUnavailable when it cannot import. Thread-safe: files are written
@@ -14,30 +26,35 @@ atomically (temp file + rename) and numba serializes its own compilation.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import importlib.util
 import os
 import platform
+import stat
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TfrtError
+from .cachedir import CACHE_ENV, UnsafeCacheDir, cache_dir, check_dir, make_private
 from .lower import Lowered
 
 __all__ = [
     "CACHE_ENV",
     "Compiled",
     "NativeUnavailable",
+    "UnsafeCacheDir",
     "available",
     "cache_dir",
+    "check_dir",
     "compile_lowered",
 ]
-
-CACHE_ENV = "TFRT_PY_CACHE_DIR"
 
 
 class NativeUnavailable(TfrtError, RuntimeError):
@@ -59,15 +76,6 @@ def available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
-def cache_dir() -> str:
-    """The directory for generated modules and numba's cache (created on demand)."""
-    d = os.environ.get(CACHE_ENV) or os.path.join(
-        os.path.expanduser("~"), ".cache", "tfrt_py", "native"
-    )
-    os.makedirs(d, exist_ok=True)
-    return d
-
-
 def _host_key() -> str:
     import llvmlite
     import numba
@@ -77,27 +85,69 @@ def _host_key() -> str:
     return f"{numba.__version__}|{llvmlite.__version__}|{sys.version}|{platform.machine()}|{cpu}"
 
 
+def _numba_cache_dir() -> None:
+    """numba keeps its index elsewhere when ``$NUMBA_CACHE_DIR`` is set: check that too."""
+    from numba.core import config
+
+    numba_dir = str(getattr(config, "CACHE_DIR", "") or "")
+    if numba_dir:
+        make_private(numba_dir)
+        check_dir(numba_dir)
+
+
+def _same_file(path: str, data: bytes) -> bool:
+    """Whether ``path`` is a regular file (not a symlink) holding exactly ``data``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return False
+        return f.read(len(data) + 1) == data
+
+
+def _write_verified(d: str, name: str, source: str) -> str:
+    """``<d>/<name>.py`` holding exactly ``source``: rewritten (and numba's files for it
+    deleted unread) when it is missing or differs."""
+    path = os.path.join(d, name + ".py")
+    data = source.encode()
+    if _same_file(path, data):
+        return path
+    for stale in glob.glob(os.path.join(glob.escape(d), "__pycache__", glob.escape(name) + ".*")):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(stale)
+    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
 def compile_lowered(lowered: Lowered) -> Compiled:
-    """Import (and so compile, or load from numba's cache) the lowered module."""
+    """Compile (or load from numba's cache) the lowered module; the code executed is
+    ``lowered.source`` itself, never a file's content. Raises NativeUnavailable (numba
+    missing), UnsafeCacheDir (a cache dir others could write), numba's errors."""
     t0 = time.perf_counter()
     try:
-        key = hashlib.sha256((lowered.source + _host_key()).encode()).hexdigest()[:32]
+        host = _host_key()
     except ImportError as e:
         raise NativeUnavailable(f"numba cannot be imported: {e}") from e
     d = cache_dir()
+    _numba_cache_dir()
+    key = hashlib.sha256((lowered.source + "\0" + host).encode()).hexdigest()[:32]
     name = f"tfrt_native_{key}"
-    path = os.path.join(d, name + ".py")
-    if not os.path.exists(path):
-        fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(lowered.source)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
+    path = _write_verified(d, name, lowered.source)
+    code = compile(lowered.source, path, "exec", dont_inherit=True)
+    module = types.ModuleType(name)
+    module.__file__ = path
     # numba's cache finds the function's globals by importing its module by name.
     sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
+    exec(code, module.__dict__)
     fn = module.run
     hit = bool(sum(fn.stats.cache_hits.values()))
     return Compiled(fn, path, hit, time.perf_counter() - t0)

@@ -13,6 +13,7 @@ from typing import Any
 
 from .loops import Ref, bcast_strides, coalesce, index, loop_nest, strides
 from .scalar import expr
+from .source import Declined, literal
 
 __all__ = ["Step", "copy_strided", "elementwise", "matmul", "tname"]
 
@@ -26,8 +27,12 @@ BLAS_MIN_MACS = 1 << 16
 
 
 def tname(dtype: Any) -> str:
-    """The generated module's alias for a dtype (KeyError if it has none)."""
-    return _TNAMES[str(dtype)]
+    """The generated module's alias for a dtype (Declined if it has none: the lowering
+    only knows float32/float64/int64/int32/bool)."""
+    t = _TNAMES.get(str(dtype))
+    if t is None:
+        raise Declined([f"dtype {dtype} has no native form"])
+    return t
 
 
 def elementwise(
@@ -67,10 +72,10 @@ def elementwise(
     return loop_nest(shape, body)
 
 
-def copy_strided(out: Ref, src: Ref, src_strides: Sequence[int], base: str = "0") -> list[str]:
+def copy_strided(out: Ref, src: Ref, src_strides: Sequence[int], base: int = 0) -> list[str]:
     """``out[i] = src[base + sum(i_d * src_strides_d)]`` over ``out.shape``."""
     shape, sts = coalesce(out.shape, [strides(out.shape), src_strides])
-    off = src.off if base == "0" else f"{src.off} + {base}"
+    off = src.off if base == 0 else f"{src.off} + {literal(base)}"
 
     def body(iv: list[str]) -> list[str]:
         return [f"{out.buf}[{index(out.off, iv, sts[0])}] = {src.buf}[{index(off, iv, sts[1])}]"]
@@ -94,12 +99,13 @@ def matmul(
     vectorizes it without reassociation), k unrolled by 2; BLAS for big products with
     several rows when ``blas``."""
     m_, k_, n_ = mkn
+    M, K, N, MK, KN, MN = (literal(v) for v in (m_, k_, n_, m_ * k_, k_ * n_, m_ * n_))
     t = tname(y.dtype)
     if blas and m_ > 1 and m_ * k_ * n_ >= BLAS_MIN_MACS and x_st == (k_, 1) and w_st == (n_, 1):
         return [
-            f"np.dot({x.buf}[{x.off}:{x.off} + {m_ * k_}].reshape(({m_}, {k_})), "
-            f"{w.buf}[{w.off}:{w.off} + {k_ * n_}].reshape(({k_}, {n_})), "
-            f"{y.buf}[{y.off}:{y.off} + {m_ * n_}].reshape(({m_}, {n_})))"
+            f"np.dot({x.buf}[{x.off}:{x.off} + {MK}].reshape(({M}, {K})), "
+            f"{w.buf}[{w.off}:{w.off} + {KN}].reshape(({K}, {N})), "
+            f"{y.buf}[{y.off}:{y.off} + {MN}].reshape(({M}, {N})))"
         ]
     xm, xk = x_st
     wk, wj = w_st
@@ -107,30 +113,30 @@ def matmul(
     mv = ["m"] if m_ > 1 else []
     yrow = index(y.off, mv, [n_])
     xrow = index(x.off, mv, [xm])
-    lines.append(f"for j in range({n_}):")
+    lines.append(f"for j in range({N}):")
     lines.append(f"    {y.buf}[{yrow} + j] = {t}(0.0)")
 
     def xs(kexpr: str) -> str:
-        return f"{x.buf}[{xrow} + ({kexpr}) * {xk}]"
+        return f"{x.buf}[{xrow} + ({kexpr}) * {literal(xk)}]"
 
     def ws(kexpr: str) -> str:
-        j = "j" if wj == 1 else f"j * {wj}"
-        return f"{w.buf}[{w.off} + ({kexpr}) * {wk} + {j}]"
+        j = "j" if wj == 1 else f"j * {literal(wj)}"
+        return f"{w.buf}[{w.off} + ({kexpr}) * {literal(wk)} + {j}]"
 
     k2 = k_ - k_ % 2
     if k2:
         # Two rows per pass: LLVM vectorizes this form (four rows defeat its cost model).
-        lines.append(f"for k in range(0, {k2}, 2):")
+        lines.append(f"for k in range(0, {literal(k2)}, 2):")
         lines.append(f"    {tag}x0 = {xs('k')}")
         lines.append(f"    {tag}x1 = {xs('k + 1')}")
-        lines.append(f"    for j in range({n_}):")
+        lines.append(f"    for j in range({N}):")
         lines.append(
             f"        {y.buf}[{yrow} + j] += {tag}x0 * {ws('k')} + {tag}x1 * {ws('k + 1')}"
         )
     if k_ > k2:
-        lines.append(f"{tag}x0 = {xs(str(k2))}")
-        lines.append(f"for j in range({n_}):")
-        lines.append(f"    {y.buf}[{yrow} + j] += {tag}x0 * {ws(str(k2))}")
+        lines.append(f"{tag}x0 = {xs(literal(k2))}")
+        lines.append(f"for j in range({N}):")
+        lines.append(f"    {y.buf}[{yrow} + j] += {tag}x0 * {ws(literal(k2))}")
     if m_ > 1:
-        lines = [f"for m in range({m_}):"] + ["    " + ln for ln in lines]
+        lines = [f"for m in range({M}):"] + ["    " + ln for ln in lines]
     return lines

@@ -15,13 +15,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .source import literal
+
 __all__ = ["Ref", "bcast_strides", "coalesce", "index", "loop_nest", "strides"]
 
 
 @dataclass(frozen=True)
 class Ref:
-    """A tensor in the generated code: flat array ``buf`` from element ``off`` (an int,
-    or a placeholder ``@n@`` resolved once the arena is planned), C order."""
+    """A tensor in the generated code: flat array ``buf`` from element ``off`` (an
+    expression of ours: ``literal`` of an int, a temporary, or a placeholder ``@n@``
+    resolved once the arena is planned), C order."""
 
     buf: str
     off: str
@@ -93,7 +96,7 @@ def index(off: str, ivars: Sequence[str], st: Sequence[int]) -> str:
         if s == 1:
             terms.append(v)
         elif s:
-            terms.append(f"{v} * {s}")
+            terms.append(f"{v} * {literal(s)}")
     return " + ".join(terms) or "0"
 
 
@@ -105,7 +108,7 @@ def loop_nest(
     ivars = [f"{prefix}{d}" for d in range(len(shape))]
     lines = []
     for d, n in enumerate(shape):
-        lines.append("    " * d + f"for {ivars[d]} in range({n}):")
+        lines.append("    " * d + f"for {ivars[d]} in range({literal(n)}):")
     pad = "    " * len(shape)
     lines += [pad + ln for ln in body(ivars)]
     return lines

@@ -11,6 +11,12 @@ node lifetimes, and graph outputs are written straight into fresh arrays. View o
 (Reshape, Flatten, Squeeze, Unsqueeze, Identity) cost nothing: their output is their
 input's memory.
 
+The module contains no model text (``source.py``): no node, value or graph names, no
+attribute strings, only our identifiers, numbers formatted by ``source.literal``, comments
+``# node <index>``, and fixed strings; ``source.audit`` checks it before it is returned.
+Any failure while lowering (an op, attribute, shape or dtype the lowering does not know)
+is ``Declined``.
+
 Runs at load on the loading thread; the result is immutable.
 """
 
@@ -24,14 +30,16 @@ from typing import NoReturn
 
 import numpy as np
 
-from ..errors import ExecutionError, TfrtError
+from ..errors import ExecutionError
 from ..executors.plan import ALIGN, Buffer, plan_offsets
 from ..executors.program import Program
 from ..ir import Graph, Node, TensorType, Value
+from .budget import budget, check, precheck
 from .emit import copy_strided, tname
 from .loops import Ref, strides
 from .ops import LOWER
 from .runs import find_runs, lower_run_middle
+from .source import Declined, audit, literal
 
 __all__ = ["VIEW_OPS", "Declined", "Lowered", "blockers", "lower"]
 
@@ -39,23 +47,20 @@ VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 _NP_TYPES = {"f4": "float32", "f8": "float64", "i8": "int64", "i4": "int32", "b1": "boolean"}
 
 
-class Declined(TfrtError, ValueError):
-    """The graph does not lower; ``reasons`` say why (op names, dynamic dims, ...)."""
-
-    def __init__(self, reasons: list[str]) -> None:
-        super().__init__("; ".join(reasons))
-        self.reasons = reasons
-
-
 @dataclass(frozen=True)
 class Lowered:
-    """The generated module source and what calling its ``run`` needs."""
+    """The generated module source and what calling its ``run`` needs. The names are a
+    side table (the source never contains them): ``run``'s arguments are the inputs in
+    ``input_names`` order, then ``params``; it returns the outputs in ``output_names``
+    order; ``input_dtypes`` are the (native byte order) dtypes its signature accepts."""
 
     source: str
     params: tuple[np.ndarray, ...]
     input_names: list[str]
     output_names: list[str]
     n_nodes: int
+    input_dtypes: tuple[np.dtype, ...]
+    units: int  # compile units (budget.py)
 
     @property
     def key(self) -> str:
@@ -126,7 +131,7 @@ class NodeContext:
         if pad:
             self.params[t].append(np.zeros(pad, arr.dtype))
         self.param_size[t] = off + arr.size + pad
-        return Ref(f"P_{t}", str(off), tuple(arr.shape), arr.dtype)
+        return Ref(f"P_{t}", literal(off), tuple(arr.shape), arr.dtype)
 
     def const(self, v: Value) -> np.ndarray | None:
         return None if v.const is None else np.asarray(v.const)
@@ -148,24 +153,21 @@ class NodeContext:
             self.decline("an omitted output")
         shape, dtype = self.shapes[id(v)]
         k = self.outputs.get(id(v))
-        try:
-            tname(dtype)
-        except KeyError:
-            self.decline(f"dtype {dtype}")
+        tname(dtype)  # Declined for a dtype the lowering does not know
         if k is not None:
             self.written.add(k)
             r = Ref(f"r{k}", "0", shape, dtype)
         else:
-            r = self.new_buffer(shape, dtype, v.name)
+            r = self.new_buffer(shape, dtype)
         self.refs[id(v)] = r
         return r
 
-    def new_buffer(self, shape: tuple[int, ...], dtype: np.dtype, name: str) -> Ref:
+    def new_buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> Ref:
         """A fresh arena buffer, live from the current step."""
         t = tname(dtype)
         root = len(self.buffers)
         nbytes = math.prod(shape) * dtype.itemsize
-        self.buffers[root] = (Buffer(nbytes, self.step, self.step, [name]), t)
+        self.buffers[root] = (Buffer(nbytes, self.step, self.step, [f"node {self.step}"]), t)
         return Ref(f"A_{t}", f"@{root}@", shape, dtype, root)
 
     def extend(self, *refs: Ref) -> None:
@@ -199,13 +201,29 @@ def _shapes(graph: Graph, program: Program) -> dict[int, tuple[tuple[int, ...], 
     return out
 
 
-def lower(graph: Graph, program: Program, *, fastmath: bool = False) -> Lowered:
-    """The module for ``graph`` (compiled as ``program``). Raises Declined."""
+def lower(
+    graph: Graph, program: Program, *, fastmath: bool = False, limit: int | None = None
+) -> Lowered:
+    """The module for ``graph`` (compiled as ``program``), at most ``limit`` compile units
+    (default ``budget.budget()``: ``$TFRT_PY_NATIVE_BUDGET``). Raises Declined (OverBudget
+    above the budget), and only Declined: an unexpected error while lowering becomes one
+    too."""
     reasons = blockers(graph)
     if reasons:
         raise Declined(reasons)
     if any(list(n.subgraphs()) for n in graph.nodes):
         raise Declined(["nested graphs"])
+    limit = budget() if limit is None else limit
+    precheck(graph, limit)
+    try:
+        return _lower(graph, program, fastmath, limit)
+    except Declined:
+        raise
+    except Exception as e:  # any failure keeps the model off the native tier
+        raise Declined([f"lowering failed: {type(e).__name__}: {e}"]) from e
+
+
+def _lower(graph: Graph, program: Program, fastmath: bool, limit: int) -> Lowered:
     cx = NodeContext(graph, _shapes(graph, program))
     sig, prologue = [], []
     for k, v in enumerate(graph.inputs):
@@ -213,17 +231,17 @@ def lower(graph: Graph, program: Program, *, fastmath: bool = False) -> Lowered:
         cx.refs[id(v)] = Ref(f"x{k}", "0", shape, dtype)
         t = _NP_TYPES[tname(dtype)]
         sig.append(f"types.Array(types.{t}, {len(shape)}, 'C')")
-        conds = " or ".join(f"a{k}.shape[{d}] != {n}" for d, n in enumerate(shape))
+        conds = " or ".join(f"a{k}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape))
         if conds:
             prologue += [f"    if {conds}:", f"        raise ValueError('feed {k}: wrong shape')"]
-        prologue.append(f"    x{k} = a{k}.reshape({max(1, math.prod(shape))})")
+        prologue.append(f"    x{k} = a{k}.reshape({literal(max(1, math.prod(shape)))})")
     body: list[str] = []
     runs = find_runs(graph, cx)
     nodes = graph.nodes
     i = 0
     while i < len(nodes):
         cx.node, cx.step, cx.tag = nodes[i], i, f"n{i}_"
-        body += [f"    # {nodes[i].op_type} {nodes[i].name}"]
+        body += [f"    # node {i}"]
         body += ["    " + ln for ln in _lower_node(cx, nodes[i])]
         n = runs.get(i, 0)
         if n:
@@ -234,7 +252,7 @@ def lower(graph: Graph, program: Program, *, fastmath: bool = False) -> Lowered:
             if loop is not None:
                 cx.step = i + n - 2
                 cx.extend(*[cx.refs[id(v)] for v in (nodes[i].outputs[0], middle[-1].outputs[0])])
-                body += [f"    # {len(middle)} x {middle[0].op_type} as one loop"]
+                body += [f"    # nodes {i + 1} to {i + n - 2} as one loop"]
                 body += ["    " + ln for ln in loop]
                 i += n - 1
                 continue
@@ -246,7 +264,7 @@ def lower(graph: Graph, program: Program, *, fastmath: bool = False) -> Lowered:
             dst = Ref(f"r{k}", "0", src.shape, src.dtype)
             body += ["    " + ln for ln in copy_strided(dst, src, strides(src.shape))]
             cx.shapes[id(v)] = (src.shape, src.dtype)
-    return _assemble(graph, cx, sig, prologue, body, fastmath)
+    return _assemble(graph, cx, sig, prologue, body, fastmath, limit)
 
 
 def _lower_node(cx: NodeContext, node: Node) -> list[str]:
@@ -265,14 +283,14 @@ def _lower_node(cx: NodeContext, node: Node) -> list[str]:
     fn = LOWER[(node.domain, node.op_type)]
     try:
         return fn(cx, node)
-    except (Declined, KeyError, ValueError) as e:
-        if isinstance(e, Declined):
-            raise
+    except Declined:
+        raise
+    except Exception as e:  # noqa: BLE001 - an attribute, shape or dtype we do not handle
         cx.decline(f"{type(e).__name__}: {e}")
 
 
 def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str],
-              body: list[str], fastmath: bool) -> Lowered:  # fmt: skip
+              body: list[str], fastmath: bool, limit: int) -> Lowered:  # fmt: skip
     arenas: dict[str, int] = {}
     by_dtype: dict[str, list[tuple[int, Buffer]]] = {}
     for root, (buf, t) in cx.buffers.items():
@@ -283,7 +301,7 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         item = np.dtype(_NP_TYPES[t] if t != "b1" else "bool").itemsize
         arenas[t] = max(1, size // item)
         for root, b in items:
-            subst[f"@{root}@"] = str(b.offset // item)
+            subst[f"@{root}@"] = literal(b.offset // item)
     text = "\n".join(body)
     for token, off in subst.items():
         text = text.replace(token, off)
@@ -294,11 +312,11 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
     outs = []
     for k, v in enumerate(graph.outputs):
         shape, dtype = cx.shapes[id(v)]
-        outs += [f"    o{k} = np.empty({shape!r}, {tname(dtype)})",
-                 f"    r{k} = o{k}.reshape({max(1, math.prod(shape))})"]  # fmt: skip
+        outs += [f"    o{k} = np.empty({_shape_literal(shape)}, {tname(dtype)})",
+                 f"    r{k} = o{k}.reshape({literal(max(1, math.prod(shape)))})"]  # fmt: skip
     ret = ", ".join(f"o{k}" for k in range(len(graph.outputs)))
     src = [
-        f'"""tfrt_py native code for graph {graph.name!r} (generated; do not edit)."""',
+        '"""tfrt_py native code (generated; do not edit)."""',
         "import numpy as np",
         "from numba import njit, types",
         "",
@@ -306,19 +324,31 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         f"SIG = ({', '.join(sig)}{',' if len(sig) == 1 else ''})",
         "",
         "",
-        f"@njit(SIG, cache=True, nogil=True, error_model='numpy', fastmath={fastmath})",
+        f"@njit(SIG, cache=True, nogil=True, error_model='numpy', "
+        f"fastmath={literal(bool(fastmath))})",
         f"def run({', '.join(args)}):",
         *prologue,
-        *[f"    A_{t} = np.empty({n}, {t})" for t, n in sorted(arenas.items())],
+        *[f"    A_{t} = np.empty({literal(n)}, {t})" for t, n in sorted(arenas.items())],
         *outs,
         text,
         f"    return {ret}",
         "",
     ]
+    source = "\n".join(src)
+    audit(source)
+    units = check(source, limit)
     return Lowered(
-        "\n".join(src),
+        source,
         params,
         [v.name for v in graph.inputs],
         [v.name for v in graph.outputs],
         len(graph.nodes),
+        tuple(np.dtype(_static(v)[1]) for v in graph.inputs),  # type: ignore[index]
+        units,
     )
+
+
+def _shape_literal(shape: tuple[int, ...]) -> str:
+    if len(shape) == 1:
+        return f"({literal(shape[0])},)"
+    return "(" + ", ".join(literal(d) for d in shape) + ")"

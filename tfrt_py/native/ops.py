@@ -23,6 +23,7 @@ from ..ir import Node
 from .emit import Step, copy_strided, elementwise, matmul, tname
 from .loops import Ref, loop_nest, strides
 from .scalar import SCALAR_OPS
+from .source import literal
 
 __all__ = ["LOWER", "Lowering", "linear_lines"]
 
@@ -148,24 +149,25 @@ def _softmax(cx: Any, node: Node) -> list[str]:
         outer, n, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis:]), 1
     t, g = tname(y.dtype), cx.tag
     log = node.op_type == "LogSoftmax"
+    N, ROW, INNER = literal(n), literal(n * inner), literal(inner)
 
     def at(r: Ref, o: str, j: str, i: str) -> str:
-        return f"{r.buf}[{r.off} + {o} * {n * inner} + {j} * {inner} + {i}]"
+        return f"{r.buf}[{r.off} + {o} * {ROW} + {j} * {INNER} + {i}]"
 
     def body(iv: list[str]) -> list[str]:
         o, i = iv
-        lines = [f"{g}mx = {at(x, o, '0', i)}", f"for j in range(1, {n}):",
+        lines = [f"{g}mx = {at(x, o, '0', i)}", f"for j in range(1, {N}):",
                  f"    {g}v = {at(x, o, 'j', i)}",
                  f"    if {g}v > {g}mx or {g}v != {g}v:", f"        {g}mx = {g}v",
-                 f"{g}s = {t}(0.0)", f"for j in range({n}):"]  # fmt: skip
+                 f"{g}s = {t}(0.0)", f"for j in range({N}):"]  # fmt: skip
         if log:
             lines += [f"    {g}s += np.exp({at(x, o, 'j', i)} - {g}mx)",
-                      f"{g}ls = {t}(np.log({g}s))", f"for j in range({n}):",
+                      f"{g}ls = {t}(np.log({g}s))", f"for j in range({N}):",
                       f"    {at(y, o, 'j', i)} = ({at(x, o, 'j', i)} - {g}mx) - {g}ls"]  # fmt: skip
         else:
             lines += [f"    {g}e = {t}(np.exp({at(x, o, 'j', i)} - {g}mx))",
                       f"    {at(y, o, 'j', i)} = {g}e", f"    {g}s += {g}e",
-                      f"for j in range({n}):", f"    {at(y, o, 'j', i)} /= {g}s"]  # fmt: skip
+                      f"for j in range({N}):", f"    {at(y, o, 'j', i)} /= {g}s"]  # fmt: skip
         return lines
 
     return loop_nest([outer, inner], body, "q")
@@ -194,10 +196,10 @@ def _reduce(cx: Any, node: Node) -> list[str]:
     ost = strides([x.shape[d] for d in kept])
 
     def body(kv: list[str]) -> list[str]:
-        base = " + ".join([x.off] + [f"{v} * {st[d]}" for v, d in zip(kv, kept)])
+        base = " + ".join([x.off] + [f"{v} * {literal(st[d])}" for v, d in zip(kv, kept)])
         init = {"ReduceMax": f"{t}(-np.inf)", "ReduceMin": f"{t}(np.inf)"}.get(op, f"{t}(0.0)")
         inner = [f"{g}v = {x.buf}[{base} + " + " + ".join(
-            f"r{j} * {st[a]}" for j, a in enumerate(axes)) + "]"]  # fmt: skip
+            f"r{j} * {literal(st[a])}" for j, a in enumerate(axes)) + "]"]  # fmt: skip
         if op in ("ReduceSum", "ReduceMean"):
             inner.append(f"{g}acc += {g}v")
         else:
@@ -205,8 +207,8 @@ def _reduce(cx: Any, node: Node) -> list[str]:
             inner += [f"if {g}v {cmp} {g}acc or {g}v != {g}v:", f"    {g}acc = {g}v"]
         lines = [f"{g}acc = {init}"]
         lines += loop_nest([x.shape[a] for a in axes], lambda _: inner, "r")
-        res = f"{g}acc / {t}({count})" if op == "ReduceMean" else f"{g}acc"
-        pos = " + ".join([y.off] + [f"{v} * {s}" for v, s in zip(kv, ost)])
+        res = f"{g}acc / {t}({literal(count)})" if op == "ReduceMean" else f"{g}acc"
+        pos = " + ".join([y.off] + [f"{v} * {literal(s)}" for v, s in zip(kv, ost)])
         lines.append(f"{y.buf}[{pos}] = {res}")
         return lines
 
@@ -231,22 +233,23 @@ def _concat(cx: Any, node: Node) -> list[str]:
         width = x.shape[axis] * inner
         if width == 0:
             continue
-        dst = Ref(y.buf, f"{y.off} + {pos}", (outer, width), y.dtype, y.root)
+        dst = Ref(y.buf, f"{y.off} + {literal(pos)}", (outer, width), y.dtype, y.root)
         lines += _copy_rows(dst, x, outer, width, row)
         pos += width
     return lines
 
 
 def _copy_rows(dst: Ref, src: Ref, outer: int, width: int, row: int) -> list[str]:
+    W, ROW = literal(width), literal(row)
     if outer == 1:
         return [
-            f"for c in range({width}):",
+            f"for c in range({W}):",
             f"    {dst.buf}[{dst.off} + c] = {src.buf}[{src.off} + c]",
         ]
     return [
-        f"for o in range({outer}):",
-        f"    for c in range({width}):",
-        f"        {dst.buf}[{dst.off} + o * {row} + c] = {src.buf}[{src.off} + o * {width} + c]",
+        f"for o in range({literal(outer)}):",
+        f"    for c in range({W}):",
+        f"        {dst.buf}[{dst.off} + o * {ROW} + c] = {src.buf}[{src.off} + o * {W} + c]",
     ]
 
 
@@ -275,7 +278,7 @@ def _slice(cx: Any, node: Node) -> list[str]:
         begin[a], step[a] = b, kk
     st = strides(x.shape)
     base = sum(b * s for b, s in zip(begin, st))
-    return copy_strided(y, x, [s * k for s, k in zip(st, step)], str(base))
+    return copy_strided(y, x, [s * k for s, k in zip(st, step)], base)
 
 
 def _transpose(cx: Any, node: Node) -> list[str]:
@@ -295,17 +298,18 @@ def _gather(cx: Any, node: Node) -> list[str]:
     outer, dim = math.prod(data.shape[:axis]), data.shape[axis]
     inner = math.prod(data.shape[axis + 1 :])
     g = cx.tag
+    D, INNER = literal(dim), literal(inner)
     return [
-        f"for q in range({idx.size}):",
+        f"for q in range({literal(idx.size)}):",
         f"    {g}t = {idx.buf}[{idx.off} + q]",
         f"    if {g}t < 0:",
-        f"        {g}t += {dim}",
-        f"    if {g}t < 0 or {g}t >= {dim}:",
+        f"        {g}t += {D}",
+        f"    if {g}t < 0 or {g}t >= {D}:",
         "        raise IndexError('Gather index out of range')",
-        "    for o in range(" + str(outer) + "):",
-        f"        for c in range({inner}):",
-        f"            {y.buf}[{y.off} + o * {idx.size * inner} + q * {inner} + c] = "
-        f"{data.buf}[{data.off} + o * {dim * inner} + {g}t * {inner} + c]",
+        f"    for o in range({literal(outer)}):",
+        f"        for c in range({INNER}):",
+        f"            {y.buf}[{y.off} + o * {literal(idx.size * inner)} + q * {INNER} + c] = "
+        f"{data.buf}[{data.off} + o * {literal(dim * inner)} + {g}t * {INNER} + c]",
     ]
 
 

@@ -20,6 +20,7 @@ from ..compiler.fused_kernels import DOMAIN
 from ..ir import Graph, Node
 from .loops import Ref
 from .ops import linear_lines
+from .source import literal
 
 __all__ = ["MIN_RUN", "find_runs", "lower_run_middle"]
 
@@ -91,19 +92,20 @@ def lower_run_middle(cx: Any, layers: list[Node], first_out: Ref) -> list[str] |
     if any(g[i] - g[0] != i * stride for g in groups for i in range(n)):
         return None
     g = cx.tag
-    other = cx.new_buffer(first_out.shape, first_out.dtype, f"{layers[0].name}/pingpong")
+    other = cx.new_buffer(first_out.shape, first_out.dtype)
     bufs = (first_out, other)
     x = first_out.reshaped(first_out.shape)
     src = Ref(x.buf, f"{g}src", x.shape, x.dtype)
     dst = Ref(x.buf, f"{g}dst", x.shape, x.dtype)
-    w = Ref(w_refs[0].buf, f"{w_refs[0].off} + {g}l * {stride}", w_refs[0].shape, w_refs[0].dtype)
+    step = literal(stride)
+    w = Ref(w_refs[0].buf, f"{w_refs[0].off} + {g}l * {step}", w_refs[0].shape, w_refs[0].dtype)
     ins: list[Ref | None] = [src, w]
     if b_refs[0] is not None:
         b0 = b_refs[0]
-        ins.append(Ref(b0.buf, f"{b0.off} + {g}l * {stride}", b0.shape, b0.dtype))
+        ins.append(Ref(b0.buf, f"{b0.off} + {g}l * {step}", b0.shape, b0.dtype))
     body = linear_lines(cx, layers[0], src, w, dst, ins)
     lines = [
-        f"for {g}l in range({n}):",
+        f"for {g}l in range({literal(n)}):",
         f"    if {g}l % 2 == 0:",
         f"        {g}src, {g}dst = {first_out.off}, {other.off}",
         "    else:",

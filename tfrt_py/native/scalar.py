@@ -3,7 +3,9 @@
 ``expr(op, args, attrs, t)`` returns one expression computing the op on scalar operands
 ``args`` (expressions; ``"None"`` for an omitted optional input) of float type ``t``
 (the generated module's alias ``f4``/``f8``). Constants are wrapped in ``t(...)`` so the
-arithmetic stays in the model's dtype, as NumPy's kernels do (Python scalars are weak).
+arithmetic stays in the model's dtype, as NumPy's kernels do (Python scalars are weak);
+attribute values reach the text only through ``source.literal`` (numbers; anything else
+raises TypeError, and the lowering declines).
 The formulas follow the NumPy kernels in ``tfrt_py.kernels`` step by step; libm may
 differ from NumPy's by an ulp. Pure functions: no state.
 """
@@ -13,11 +15,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from .source import literal
+
 __all__ = ["SCALAR_OPS", "expr"]
 
 
-def _c(t: str, x: float) -> str:
-    return f"{t}({float(x)!r})"
+def _c(t: str, x: Any) -> str:
+    """A constant of type ``t``: ``x`` (an attribute value) must be a number; a string or
+    anything else is a TypeError (the lowering declines)."""
+    if isinstance(x, np.ndarray) and x.size == 1:
+        x = x.reshape(()).item()
+    if isinstance(x, (bool, int, np.bool_, np.integer)):
+        x = float(x)
+    return f"{t}({literal(x)})"
 
 
 def _relu(a: list[str], at: dict[str, Any], t: str) -> str:
@@ -35,7 +47,7 @@ def _elu_like(alpha: float, gamma: float) -> Callable[[list[str], dict[str, Any]
         x = a[0]
         al = _c(t, at.get("alpha", alpha))
         r = f"({x} if {x} > {t}(0.0) else {al} * np.expm1({x}))"
-        g = float(at.get("gamma", gamma))
+        g = at.get("gamma", gamma)
         return r if g == 1.0 else f"({_c(t, g)} * {r})"
 
     return f

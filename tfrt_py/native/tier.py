@@ -2,27 +2,29 @@
 function is ready, then one attribute store switches ``run`` to the native entry.
 
 ``NativeTier.run(feeds, outputs=None)`` is what ``Model.run`` calls. Its fast entry
-(generated per model, like the interpreter's) checks ``len(feeds)``, fetches each feed by
-name and calls the numba function with the feeds and the packed constants; numba's
-dispatcher rejects a wrong dtype, layout or a read-only array (explicit signature, no
-new specializations) and the function itself rejects a wrong shape. Anything unusual —
-an exception of any kind, or ``outputs=`` — goes to ``_slow``: full validation by the
-model's FeedChecker (the sync executor's InputErrors), contiguous writable copies, the
-native call again, and if that still fails the prepared program, which raises the
-interpreter's ExecutionError naming the node. The model stays usable either way.
+(generated per model, like the interpreter's; names are bound as variables, never pasted
+into its source) checks ``len(feeds)``, fetches each feed by name, checks that its dtype
+*is* the input's native-byte-order dtype (numba would read a 0-d big-endian array as
+native-endian), and calls the numba function with the feeds and the packed constants;
+numba's dispatcher rejects a wrong dtype, layout or a read-only array (explicit signature,
+no new specializations) and the function itself rejects a wrong shape. Anything unusual —
+an exception of any kind, another dtype object, or ``outputs=`` — goes to ``_slow``: full
+validation by the model's FeedChecker (the sync executor's InputErrors), native byte order
+and contiguous writable copies, the native call again, and if that still fails the
+prepared program, which raises the interpreter's ExecutionError naming the node. The
+model stays usable either way.
 
 Threading: ``run`` may be called from many threads at once; the compiled function
 allocates its arena per call and releases the GIL (``nogil``). Compilation runs on one
-process-wide daemon thread (``_worker``), FIFO, so loads never wait for it and at most one
-core compiles; tiers whose model was dropped are skipped. ``mode="eager"`` compiles on the
-loading thread instead. ``state`` moves "compiling" -> "ready" | "failed", once.
+process-wide daemon thread (``worker.py``), FIFO, so loads never wait for it and at most
+one core compiles; tiers whose model was dropped are skipped. ``mode="eager"`` compiles on
+the loading thread instead. ``state`` moves "compiling" -> "ready" | "failed", once.
+After ``fork()`` the child compiles what was still waiting (``worker.py``).
 """
 
 from __future__ import annotations
 
-import queue
 import threading
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +35,7 @@ from ..errors import InputError
 from ..executors.base import Executor
 from ..executors.program import Program
 from ..feeds import check_output_buffers
+from . import worker
 from .compile import Compiled, compile_lowered
 from .lower import Lowered
 
@@ -41,27 +44,6 @@ __all__ = ["MODES", "NativeTier"]
 #: ``load(..., native=...)``: compile in the background (serve on the interpreter
 #: meanwhile) or before ``load`` returns.
 MODES = ("background", "eager")
-
-_jobs: queue.SimpleQueue[weakref.ref[NativeTier]] = queue.SimpleQueue()
-_worker_lock = threading.Lock()
-_worker: threading.Thread | None = None
-
-
-def _work() -> None:
-    while True:
-        tier = _jobs.get()()
-        if tier is not None:
-            tier._compile()
-            del tier
-
-
-def _submit(tier: NativeTier) -> None:
-    global _worker
-    with _worker_lock:
-        if _worker is None:
-            _worker = threading.Thread(target=_work, name="tfrt_py-native-compile", daemon=True)
-            _worker.start()
-    _jobs.put(weakref.ref(tier))
 
 
 class NativeTier(Executor):
@@ -95,13 +77,13 @@ class NativeTier(Executor):
         #: The entry Model.run calls: the interpreter now, the native function when ready.
         self.run: Any = self._run_interp
         if mode == "eager":
-            self._compile()
+            worker.compile_now(self)
             if self.state == "failed":
                 from .compile import NativeUnavailable
 
                 raise NativeUnavailable(f"native compilation failed: {self.error}")
         else:
-            _submit(self)
+            worker.submit(self)
 
     def _run_interp(self, feeds: Mapping[str, Any], outputs: Any = None) -> Any:
         return self.interp.run(feeds, outputs)
@@ -130,13 +112,12 @@ class NativeTier(Executor):
         return self._done.wait(timeout)
 
     def _compile(self) -> None:
-        """Compile and switch over (on the worker thread, or the loader's when eager)."""
+        """Compile and switch over (called by ``worker``: on its thread, or the loader's
+        when eager)."""
         try:
             compiled = compile_lowered(self.lowered)
         except Exception as e:  # noqa: BLE001 - any failure keeps the interpreter serving
-            self.error = f"{type(e).__name__}: {e}"
-            self.state = "failed"
-            self._done.set()
+            self._fail(f"{type(e).__name__}: {e}")
             return
         self.compiled = compiled
         self._fn = compiled.fn
@@ -144,28 +125,43 @@ class NativeTier(Executor):
         self.state = "ready"
         self._done.set()
 
+    def _fail(self, reason: str) -> None:
+        """Give up: the interpreter keeps serving; ``describe()`` shows ``reason``."""
+        self.error = reason
+        self.state = "failed"
+        self._done.set()
+
     def _fast_entry(self) -> Any:
+        """The generated entry. Input and output names are bound as variables ``n<k>`` /
+        ``o<k>`` (never pasted into the source: they are model text)."""
         low = self.lowered
-        feeds = ", ".join(f"feeds[{n!r}]" for n in low.input_names)
-        params = ", ".join(f"P{i}" for i in range(len(low.params)))
-        args = ", ".join(a for a in (feeds, params) if a)
+        n_in = len(low.input_names)
+        xs = [f"x{k}" for k in range(n_in)]
+        args = ", ".join([*xs, *(f"P{i}" for i in range(len(low.params)))])
+        same = " and ".join(f"x{k}.dtype is d{k}" for k in range(n_in)) or "True"
         if len(low.output_names) == 1:
-            result = f"{{{low.output_names[0]!r}: r}}"
+            result = "{o0: r}"
         else:
-            result = "{" + ", ".join(f"{n!r}: r[{k}]" for k, n in enumerate(low.output_names)) + "}"
+            result = "{" + ", ".join(f"o{k}: r[{k}]" for k in range(len(low.output_names))) + "}"
         src = "\n".join([
             "def run(feeds, outputs=None):",
             "    if outputs is None:",
             "        try:",
-            f"            if len(feeds) == {len(low.input_names)}:",
-            f"                r = fn({args})",
-            f"                return {result}",
+            f"            if len(feeds) == {n_in}:",
+            *[f"                x{k} = feeds[n{k}]" for k in range(n_in)],
+            f"                if {same}:",
+            f"                    r = fn({args})",
+            f"                    return {result}",
             "        except Exception:",
             "            pass",
             "    return slow(feeds, outputs)",
         ])  # fmt: skip
         env: dict[str, Any] = {"fn": self._fn, "slow": self._slow}
         env.update({f"P{i}": p for i, p in enumerate(low.params)})
+        # The canonical (native byte order) dtype objects: ``is`` fails for any other.
+        env.update({f"d{k}": np.dtype(dt.name) for k, dt in enumerate(low.input_dtypes)})
+        env.update({f"n{k}": n for k, n in enumerate(low.input_names)})
+        env.update({f"o{k}": n for k, n in enumerate(low.output_names)})
         exec(compile(src, "<tfrt_py native entry>", "exec"), env)
         return env["run"]
 
@@ -176,7 +172,9 @@ class NativeTier(Executor):
         if bufs:
             check_output_buffers(bufs, names, args)
         ready = [
-            a if a.flags.c_contiguous and a.flags.writeable else np.array(a, order="C")
+            a
+            if a.flags.c_contiguous and a.flags.writeable and a.dtype.isnative
+            else np.array(a, dtype=a.dtype.newbyteorder("="), order="C")
             for a in args
         ]
         try:
@@ -200,12 +198,18 @@ class NativeTier(Executor):
 
     def describe(self) -> str:
         """One line for ``Model.describe()``."""
-        n = self.lowered.n_nodes
+        n, units = self.lowered.n_nodes, self.lowered.units
         if self.state == "compiling":
-            return f"native: compiling {n} nodes in the background; the sync interpreter serves"
+            return (
+                f"native: compiling {n} nodes ({units} compile units) in the background; "
+                "the sync interpreter serves"
+            )
         if self.state == "failed":
             return f"native: compilation failed ({self.error}); the sync interpreter serves"
         c = self.compiled
         assert c is not None
         how = "loaded from the disk cache" if c.cache_hit else "compiled"
-        return f"native: {n} nodes as one numba function, {how} in {c.seconds:.2f} s ({c.path})"
+        return (
+            f"native: {n} nodes as one numba function ({units} compile units), {how} in "
+            f"{c.seconds:.2f} s ({c.path})"
+        )
