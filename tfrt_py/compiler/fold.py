@@ -5,7 +5,8 @@ Shape and Size of a value whose shape is static fold too, so shape arithmetic ch
 Reshape kernel then sees at load. Folding runs the real kernels, so a folded constant is
 exactly what the call would have computed. A node is left alone when its kernel fails or
 warns on the constants (the call then fails or warns as it would have), when it returns
-something that is not a tensor, or when an output would exceed ``FOLD_MAX_BYTES``.
+something that is not a tensor, or when an output would exceed ``FOLD_MAX_BYTES`` --
+predicted before the kernel runs (``load_limits``), and checked again after.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..ir import Graph, Node
 from ..kernels import KernelContext
 from .context import PassContext, flags_lookup
 from .dynamic import is_pure
+from .load_limits import predicted_nbytes
 from .rewrite import make_const, static_shape, tensor_dtype
 
 __all__ = ["FOLD_MAX_BYTES", "fold_constants"]
@@ -77,6 +79,8 @@ def _const_args(node: Node) -> list[Any] | None:
 
 
 def _run(node: Node, ctx: PassContext, args: list[Any]) -> list[np.ndarray] | None:
+    if predicted_nbytes(node, args) > FOLD_MAX_BYTES:
+        return None  # never compute it to find out (a few bytes of model can ask for GBs)
     try:
         kdef = ctx.registry.lookup(node.domain, node.op_type, node.opset, node.name)
         fn = kdef.build(KernelContext(node))

@@ -21,6 +21,7 @@ import numpy as np
 from ..ir import Dim, Graph, Node, TensorType, Value
 from .context import PassContext, flags_lookup
 from .dynamic import is_pure, shape_determined
+from .load_limits import guarded_env, zero_feeds
 from .rewrite import op_names
 
 __all__ = ["infer_shapes"]
@@ -225,21 +226,26 @@ def _probe(graph: Graph, ctx: PassContext) -> int:
     flags_of = flags_lookup(ctx)
     if not all(is_pure(n, flags_of(n)) for n in graph.nodes):
         return 0
-    from ..executors.plan_probe import run_env, value_slots
+    from ..executors.plan_probe import value_slots
     from ..executors.program import compile_program
 
     det = shape_determined(graph, flags_of)
-    feeds = []
+    specs = []
     for v in graph.inputs:
         t = v.type
-        assert isinstance(t, TensorType) and t.shape is not None
-        feeds.append(np.zeros(tuple(int(d) for d in t.shape if isinstance(d, int)), t.dtype))
+        assert isinstance(t, TensorType) and t.shape is not None and t.dtype is not None
+        specs.append((tuple(int(d) for d in t.shape if isinstance(d, int)), t.dtype))
+    feeds = zero_feeds(specs)
+    if feeds is None:
+        return 0
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             program = compile_program(graph, ctx.registry)
-            env = run_env(program, feeds)
+            env = guarded_env(program, feeds)
     except Exception:  # noqa: BLE001 - the probe is best effort
+        return 0
+    if env is None:  # the feeds or some value would exceed LOAD_MAX_BYTES
         return 0
     slot = value_slots(program)
     n = 0

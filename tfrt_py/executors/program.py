@@ -116,16 +116,18 @@ class Program:
             env[slot] = val
         return env
 
-    def execute(self, env: list[Any]) -> None:
-        """Run every instruction in order over ``env`` (the caller's own list).
+    def execute(self, env: list[Any], start: int = 0, stop: int | None = None) -> None:
+        """Run the instructions ``start:stop`` (default: all) in order over ``env`` (the
+        caller's own list).
 
         Raises ExecutionError naming the node whose kernel failed. The thread's current
         call (``tfrt_py.calls``), if any, is checked before each kernel: its deadline or
         cancellation raises DeadlineExceeded / CallCancelled, never wrapped."""
         call = current_call()
-        step = 0
+        step = start
+        plain = self._plain if start == 0 and stop is None else self._plain[start:stop]
         try:
-            for fn, ins, outs, single in self._plain:
+            for fn, ins, outs, single in plain:
                 if call is not None and call.stop:
                     call.raise_stop(None if self.nested else self.instrs[step].node)
                 r = fn(*[env[i] for i in ins])

@@ -30,6 +30,7 @@ from typing import NoReturn
 
 import numpy as np
 
+from ..compiler.load_limits import LOAD_MAX_BYTES, guarded_env, zero_feeds
 from ..errors import ExecutionError
 from ..executors.plan import ALIGN, Buffer, plan_offsets
 from ..executors.program import Program
@@ -180,18 +181,19 @@ class NodeContext:
 
 def _shapes(graph: Graph, program: Program) -> dict[int, tuple[tuple[int, ...], np.dtype]]:
     """Every value's static shape and dtype, from a probe run on zero feeds."""
-    from ..executors.plan_probe import run_env
-
-    feeds = []
+    specs = []
     for v in graph.inputs:
         st = _static(v)
         assert st is not None
-        feeds.append(np.zeros(st[0], st[1]))
+        specs.append(st)
+    feeds = zero_feeds(specs)
     try:
         with np.errstate(all="ignore"):
-            env = run_env(program, feeds)
+            env = None if feeds is None else guarded_env(program, feeds)
     except ExecutionError as e:  # e.g. a Slice whose steps are a feed: zeros are invalid
         raise Declined([f"shapes cannot be probed on zero feeds ({e})"]) from e
+    if env is None:
+        raise Declined([f"the shape probe would compute more than {LOAD_MAX_BYTES:,} bytes"])
     out: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
     for ins in program.instrs:
         for val, s in zip(ins.node.outputs, ins.outs):
