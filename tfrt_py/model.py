@@ -84,7 +84,7 @@ def load(
     ``base_dir``: the directory external-data locations are relative to, for a bytes or
     ``onnx.ModelProto`` source (required when it has external data; a path source uses its
     own directory, and ``base_dir`` may only repeat it). External data is only read from
-    regular files inside that directory (docs/security_models.md).
+    regular files inside that directory (docs/security.md).
     """
     if native not in NATIVE_MODES:
         raise ValueError(f"native must be one of {NATIVE_MODES}, got {native!r}")

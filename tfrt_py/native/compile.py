@@ -6,7 +6,7 @@ cache=True)`` keeps the machine code in ``<cache dir>/__pycache__``, so a second
 the same model (or of any model with the same structure: weights are arguments, not code)
 skips LLVM. The cache dir is ``$TFRT_PY_CACHE_DIR`` or ``~/.cache/tfrt_py/native``.
 
-Trust (model files and cache dirs may be hostile; docs/security_native.md):
+Trust (model files and cache dirs may be hostile; docs/security.md):
 
 * The code that runs is always the source in memory (``Lowered.source``): it is compiled
   with ``compile(source, path)`` and executed in a fresh module; the file on disk is never

@@ -7,7 +7,7 @@
 See ``app`` for the routes and the request/response formats, ``batching`` for
 micro-batching and how it is chosen, ``served`` for where calls run, ``limits`` for what
 a request may cost (size, decoded size, deadline), and docs/serving.md and
-docs/security_serving.md.
+docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The limits a server puts on requests from strangers: names and defaults, in one place.
 
 Each is a constant here (the default) and, where it is per server, an argument of
-``ModelServer`` / ``create_app`` and an option of ``tfrt-py serve`` (docs/security_serving.md
+``ModelServer`` / ``create_app`` and an option of ``tfrt-py serve`` (docs/security.md
 lists them). Pure data: no state, thread-safe.
 """
 

@@ -8,7 +8,7 @@ tensor declares any dense shape. Each limit below turns such a model into a
 ``ModelLoadError`` that names the limit, before the work is done. They are far above what
 real models use; a caller who needs more may raise one for the whole process before
 ``load`` (``tfrt_py.frontends.onnx.limits.MAX_INLINED_NODES = 5_000_000``): each load reads
-the current values. See docs/security_models.md.
+the current values. See docs/security.md.
 
 ``check_nesting`` is the static pre-check: it walks the proto iteratively (no recursion) and
 runs before anything recursive touches the model (ONNX shape inference, protobuf's
