@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit conformance bench clean
+.PHONY: demo test test-floor lint unit conformance bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -42,8 +42,23 @@ unit: $(STAMP)
 
 test: lint unit
 
+# The suite on the declared minimum versions (.ci/floor.txt) in a venv of its own. The
+# slow tests (the ONNX node cases, whose expected outputs belong to the installed onnx,
+# and onnx's own reference evaluator on large inputs) run in `make test` only.
+FLOOR_VENV := .venv-floor
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
+
+$(FLOOR_STAMP): pyproject.toml .ci/floor.txt
+	$(PY) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FLOOR_VENV)/bin/python -m pip install --quiet -c .ci/floor.txt -e ".[test]"
+	touch $(FLOOR_STAMP)
+
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow"
+
 conformance: $(STAMP)
 	$(BIN)/python ../shared/tools/conformance.py tfrt_py.onnx_backend
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -7,7 +7,7 @@ stderr and exits non-zero; tracebacks are for bugs.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import numpy as np
@@ -19,7 +19,7 @@ __all__ = ["main"]
 EXECUTOR_CHOICE = click.Choice(["auto", "sync", "async", "native"])
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     click.echo(f"tfrt-py: error: {msg}", err=True)
     sys.exit(2)
 
@@ -258,7 +258,10 @@ def serve(
     limited in size (--max-body-bytes, --max-decoded-bytes) and time (--timeout)."""
     import os
 
-    from .serving import ModelServer, create_app, run_server
+    try:
+        from .serving import ModelServer, create_app, run_server
+    except ImportError as e:  # the serving extra is not installed
+        _fail(str(e))
 
     models: dict[str, Any] = {}
     for path in model_paths:

@@ -72,8 +72,12 @@ class Compiled:
 
 
 def available() -> bool:
-    """Whether numba looks importable (does not import it)."""
-    return importlib.util.find_spec("numba") is not None
+    """Whether numba looks importable (does not import it; ``pip install 'tfrt-py[native]'``
+    installs it)."""
+    try:
+        return importlib.util.find_spec("numba") is not None
+    except (ImportError, ValueError):  # an import hook refusing it, a broken install
+        return False
 
 
 def _host_key() -> str:

@@ -12,6 +12,15 @@ docs/security.md.
 
 from __future__ import annotations
 
+try:
+    import starlette as _starlette  # noqa: F401 - the serving extra's presence
+    import uvicorn as _uvicorn  # noqa: F401
+except ImportError as _e:
+    raise ImportError(
+        f"tfrt_py.serving needs the serving extra ({_e.name} is missing): "
+        "pip install 'tfrt-py[serve]'"
+    ) from _e
+
 from .app import create_app as create_app
 from .batching import BatchPolicy as BatchPolicy
 from .batching import MicroBatcher as MicroBatcher
