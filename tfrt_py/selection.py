@@ -26,10 +26,11 @@ from collections.abc import Callable
 
 from .compiler.cost import THRESHOLDS, ModelCost
 from .compiler.prepare import Prepared
-from .concurrency import HostContext, hop_us
+from .concurrency import HostContext
 from .errors import UnsupportedOpError
 from .executors.async_executor import AsyncExecutor
-from .executors.base import Executor, InlinePolicy
+from .executors.base import Executor
+from .executors.inline_policy import InlinePolicy
 from .executors.interpreter import SyncInterpreter
 from .feeds import FeedChecker
 from .ir import Node
@@ -99,10 +100,10 @@ def select_executor(
 def finish(ex: Executor, prepared: Prepared, host: HostContext | None) -> Executor:
     """Set what every executor gets from the selector: its host and its run_async rule."""
     ex.host = host
+    ex.call_us = prepared.cost.call_us()
+    ex.loop_slice_us = THRESHOLDS.loop_slice_us
     if not isinstance(ex, AsyncExecutor):
-        ex.inline = InlinePolicy(
-            prepared.cost.call_us(), hop_us(), prepared.graph.inputs, _opaque(prepared)
-        )
+        ex.inline = InlinePolicy(prepared.cost.call_us(), prepared.graph.inputs, _opaque(prepared))
     return ex
 
 

@@ -60,6 +60,9 @@ class Thresholds:
     #: The async executor runs cheap kernels on an event loop's thread until their
     #: estimate reaches this many µs, then hands the rest to the pool.
     loop_budget_us: float = 1000.0
+    #: Calls that run inline on a loop yield to it once this many µs of them have run on
+    #: its thread (a yield costs ~5 µs: a few % of the slice).
+    loop_slice_us: float = 250.0
     #: ``auto`` puts a model on the native tier only below this many FLOPs per call:
     #: above it NumPy's BLAS calls amortize their overhead (M2, a 64-256-256-10 MLP, is
     #: 0.17 MFLOP).

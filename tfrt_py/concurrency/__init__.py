@@ -1,4 +1,4 @@
-"""Concurrency primitives: AsyncValue, run_when_ready, HostContext, Limiter, hop_us.
+"""Concurrency primitives: AsyncValue, run_when_ready, HostContext, Limiter.
 
 Imports nothing else of tfrt_py and not NumPy: executors build on it, never the reverse.
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 from .async_value import AsyncValue as AsyncValue
 from .async_value import make_available as make_available
 from .async_value import run_when_ready as run_when_ready
-from .hop import hop_us as hop_us
 from .host import CancelToken as CancelToken
 from .host import HostContext as HostContext
 from .host import default_host as default_host
@@ -35,7 +34,6 @@ __all__ = [
     "TrioBridge",
     "current_bridge",
     "default_host",
-    "hop_us",
     "make_available",
     "run_when_ready",
 ]

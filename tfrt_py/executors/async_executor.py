@@ -23,7 +23,7 @@ from ..concurrency import HostContext, default_host
 from ..feeds import FeedChecker, check_output_buffers, fill_outputs
 from ..ir import Node
 from ..kernels import KernelRegistry
-from .base import Executor
+from .base import Executor, yield_if_due
 from .dataflow import DataflowExecutor
 from .program import Program, constant_ids, owned_outputs
 
@@ -98,6 +98,7 @@ class AsyncExecutor(Executor):
             if own:
                 assert call is not None
                 call.finish()
+        await yield_if_due(self.call_us, self.loop_slice_us)  # if it ran inline, in part
         return self._to_user(results, args)
 
     def _to_user(self, results: list[Any], args: list[Any]) -> dict[str, Any]:

@@ -25,67 +25,19 @@ safe to call from many threads at once; each call owns its state.
 from __future__ import annotations
 
 import contextlib
-import math
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Mapping
 from typing import Any
 
+import anyio
 import numpy as np
 
 from ..calls import CallCancelled, CallContext
 from ..concurrency import AsyncValue, HostContext, default_host
+from .inline_policy import InlinePolicy, offload_hop_us
 
-__all__ = ["Executor", "InlinePolicy", "offload"]
-
-
-class InlinePolicy:
-    """Whether ``run_async`` runs a call inline on the loop's thread: when its estimated
-    cost is below a hop to a worker and back (``concurrency.hop_us``, measured on this
-    machine). ``base_us`` is the cost model's estimate with every symbolic dim 1; with
-    symbolic input dims a call's estimate scales with its largest feed (elements over the
-    input's static size), so a big batch of a small model is offloaded too. Immutable."""
-
-    __slots__ = ("_always", "_units", "base_us", "hop", "opaque")
-
-    def __init__(self, base_us: float, hop: float, inputs: Sequence[Any], opaque: str = "") -> None:
-        self.base_us = base_us
-        self.hop = hop
-        #: why the cost cannot be estimated (a Loop's trip count, a custom kernel): then
-        #: every call is offloaded
-        self.opaque = opaque
-        self._units: list[tuple[str, float]] = []
-        dynamic = False
-        for v in inputs:
-            shape = getattr(v.type, "shape", None)
-            if shape is None or any(not isinstance(d, int) for d in shape):
-                dynamic = True
-                dims = [d if isinstance(d, int) else 1 for d in shape or ()]
-                self._units.append((v.name, float(max(1, math.prod(dims)))))
-        self._always: bool | None = None if dynamic else base_us < hop
-        if opaque:
-            self._always = False
-
-    def inline(self, feeds: Mapping[str, Any]) -> bool:
-        """Whether this call runs inline (a few attribute reads for static models)."""
-        if self._always is not None:
-            return self._always
-        scale = 1.0
-        for name, unit in self._units:
-            size = getattr(feeds.get(name), "size", 1)
-            scale = max(scale, size / unit)
-        return self.base_us * scale < self.hop
-
-    def describe(self) -> str:
-        if self.opaque:
-            return f"run_async: on a worker, the loop stays free (cost unknown: {self.opaque})"
-        est = f"est. {self.base_us:,.0f} µs per call"
-        if self._always is None:
-            return (
-                f"run_async: inline when the call's estimate ({est} per unit of the "
-                f"dynamic dims) is below the {self.hop:.0f} µs hop, else on a worker"
-            )
-        if self._always:
-            return f"run_async: inline on the loop ({est} < {self.hop:.0f} µs hop to a worker)"
-        return f"run_async: on a worker, the loop stays free ({est} >= {self.hop:.0f} µs hop)"
+__all__ = ["Executor", "offload", "yield_if_due"]
 
 
 class Executor:
@@ -101,6 +53,10 @@ class Executor:
     inline: InlinePolicy | None = None
     host: HostContext | None = None
     notes: tuple[str, ...] = ()
+    #: The cost model's µs per call, and how much inline work a loop's thread may do
+    #: between two yields to its loop (see ``yield_if_due``).
+    call_us = 0.0
+    loop_slice_us = 1000.0
 
     def run(
         self, feeds: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
@@ -120,9 +76,29 @@ class Executor:
     ) -> dict[str, Any]:
         """Inline when the call is cheaper than a hop (``inline``), else offloaded."""
         policy = self.inline
-        if policy is None or policy.inline(feeds):
-            return self.run(feeds) if call is None else self.run_call(feeds, None, call)
-        return await offload(self.host or default_host(), self.run_call, feeds, call)
+        if policy is None:
+            r = self.run(feeds) if call is None else self.run_call(feeds, None, call)
+            await yield_if_due(self.call_us, self.loop_slice_us)
+            return r
+        host = self.host or default_host()
+        if policy.hop is None:
+            policy.hop = await offload_hop_us(host)
+        scale = policy.scale(feeds)
+        if policy.inline(scale):
+            t0 = time.perf_counter()
+            r = self.run(feeds) if call is None else self.run_call(feeds, None, call)
+            us = (time.perf_counter() - t0) * 1e6
+            policy.observe(us, scale)
+            await yield_if_due(us, self.loop_slice_us)
+            return r
+
+        def timed(f: Mapping[str, Any], outputs: Any, c: CallContext) -> dict[str, Any]:
+            t0 = time.perf_counter()
+            r = self.run_call(f, outputs, c)
+            policy.observe((time.perf_counter() - t0) * 1e6, scale)
+            return r
+
+        return await offload(host, timed, feeds, call)
 
     def describe_lines(self) -> list[str]:
         """This executor's ``describe()`` lines (the selector's notes and the run_async
@@ -140,6 +116,23 @@ class Executor:
         raise ValueError(
             f"memory plans belong to the sync executor; this model runs on {self.name!r}"
         )
+
+
+_slices = threading.local()
+
+
+async def yield_if_due(us: float, slice_us: float) -> None:
+    """Count ``us`` of inline work done on this (event loop) thread; once a slice's worth
+    has accumulated, yield to the loop once. A call that completes inline never suspends
+    its task, so a task awaiting many cheap calls in a row would otherwise never let the
+    loop run anything else; yielding on every call would double a tiny model's latency.
+    Works on asyncio, uvloop and trio (``anyio.sleep(0)``)."""
+    spent = getattr(_slices, "us", 0.0) + us
+    if spent < slice_us:
+        _slices.us = spent
+        return
+    _slices.us = 0.0
+    await anyio.sleep(0)
 
 
 async def offload(
