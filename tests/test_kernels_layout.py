@@ -1,6 +1,6 @@
 """The kernels package's layout rules: family subpackages registered in one list, no import
-cycles, no family importing another, and kernels import nothing above them (errors, ir and
-calls only)."""
+cycles, no family importing another, and kernels import nothing above them (errors, ir,
+calls and concurrency only: the intra-op pool)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tfrt_py.kernels import KernelRegistry, default_registry
 _ROOT = Path(kernels_pkg.__file__).parent
 _FAMILIES = sorted(m.name for m in pkgutil.iter_modules([str(_ROOT)]) if m.ispkg)
 #: What kernels may import from tfrt_py besides themselves.
-_BELOW = {"tfrt_py.errors", "tfrt_py.ir", "tfrt_py.calls"}
+_BELOW = {"tfrt_py.errors", "tfrt_py.ir", "tfrt_py.calls", "tfrt_py.concurrency"}
 
 
 def _module_name(path: Path) -> str:

@@ -29,6 +29,8 @@ import numpy as np
 from .calls import CallContext, check_timeout
 from .compiler.prepare import Prepared, prepare
 from .concurrency import HostContext, Limiter
+from .concurrency.threads import configure as configure_threads
+from .concurrency.threads import threads as thread_budget
 from .executors.base import Executor
 from .feeds import FeedChecker, TensorSpec, spec_of
 from .ir import Graph, verify
@@ -56,6 +58,7 @@ def load(
     timeout: float | None = None,
     max_concurrency: int | None = None,
     base_dir: str | os.PathLike[str] | None = None,
+    threads: int | None = None,
 ) -> Model:
     """Load a model from a path, bytes, ``onnx.ModelProto`` or ``tfrt_py.ir.Graph``.
 
@@ -81,6 +84,11 @@ def load(
     overrides it per call); ``max_concurrency``: at most this many calls in flight, the
     others wait first come, first served (``run_async`` waits without blocking its loop).
 
+    ``threads``: how many threads one call may use (large matrix products split over
+    tfrt_py's intra-op pool; NumPy's BLAS runs single-threaded so nothing spins against a
+    busy neighbour). Process-wide: ``$TFRT_PY_THREADS`` overrides it, the last value given
+    applies, the default is the cores this process may use (``concurrency.threads``).
+
     ``base_dir``: the directory external-data locations are relative to, for a bytes or
     ``onnx.ModelProto`` source (required when it has external data; a path source uses its
     own directory, and ``base_dir`` may only repeat it). External data is only read from
@@ -90,6 +98,7 @@ def load(
         raise ValueError(f"native must be one of {NATIVE_MODES}, got {native!r}")
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    configure_threads(threads)
     default_timeout = check_timeout(timeout)
     limiter = None if max_concurrency is None else Limiter(max_concurrency)
     t0 = time.perf_counter()
@@ -400,6 +409,10 @@ class Model:
             *self._runtime.describe_lines(),
             *self._runtime.describe_policy(),
         ]
+        lines.append(
+            f"  threads: {thread_budget()} per call (large products split over tfrt_py's "
+            "intra-op pool; NumPy's BLAS single-threaded)"
+        )
         if self._timeout is not None:
             lines.append(f"  default deadline: {self._timeout:g} s per call")
         if self._limiter is not None:

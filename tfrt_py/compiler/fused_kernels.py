@@ -29,6 +29,7 @@ import numpy as np
 from ..executors.plan_codegen import Inline
 from ..ir import Node, TensorType, Value
 from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
+from ..kernels.gemm import matmul_into
 
 __all__ = ["DOMAIN", "Step", "register_fused_kernels", "with_fused_kernels"]
 
@@ -100,14 +101,16 @@ def _linear(registry: KernelRegistry) -> Any:
         steps: list[Step] = list(ctx.attr("activation", []))
         acts = [(s, _build_step(ctx, registry, s)) for s in steps]
         extra_idx = [[r for r in s[3] if r >= 0] for s in steps]
-        mm, add = np.matmul, np.add
+        mm, add = matmul_into, np.add
 
         def linear(x: np.ndarray, *rest: Any, out: np.ndarray | None = None) -> np.ndarray:
             if x.ndim > 2 and k and x.flags.c_contiguous:  # k == 0: reshape(-1, 0) fails
-                y2 = mm(x.reshape(-1, k), w, out=None if out is None else out.reshape(-1, n))
+                y2 = mm(x.reshape(-1, k), w, None if out is None else out.reshape(-1, n))
                 y = y2.reshape(*x.shape[:-1], n) if out is None else out
+            elif x.ndim == 2 and (out is None or out.flags.c_contiguous):
+                y = mm(x, w, out)
             else:
-                y = mm(x, w, out=out)
+                y = np.matmul(x, w, out=out)
             if b is not None:
                 add(y, b, out=y)
             for (_, fn), idx in zip(acts, extra_idx):
@@ -118,7 +121,7 @@ def _linear(registry: KernelRegistry) -> Any:
             if len(in_shapes[0]) != 2 or len(out_shape) != 2:
                 return None
             env: dict[str, Any] = {"matmul": mm, "w": w}
-            lines = ["{matmul}({in0}, {w}, out={out})"]
+            lines = ["{matmul}({in0}, {w}, {out})"]
             if b is not None:
                 env.update(add=add, b=b)
                 lines.append("{add}({out}, {b}, out={out})")

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import compute_dtype
+from ..gemm import matmul_into
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -48,12 +49,14 @@ def _matmul(ctx: KernelContext) -> ComputeFn:
         k, n = bc.shape
 
         def matmul_const(a: np.ndarray, b: np.ndarray, out: Any = None) -> np.ndarray:
+            if a.ndim == 2 and (out is None or out.flags.c_contiguous):
+                return matmul_into(a, bc, out)
             if a.ndim > 2 and a.flags.c_contiguous:
                 # one (rows, K) @ (K, N) gemm instead of a loop over the batch
                 if out is None:
-                    return np.matmul(a.reshape(-1, k), bc).reshape(*a.shape[:-1], n)
+                    return matmul_into(a.reshape(-1, k), bc).reshape(*a.shape[:-1], n)
                 if out.flags.c_contiguous:
-                    np.matmul(a.reshape(-1, k), bc, out=out.reshape(-1, n))
+                    matmul_into(a.reshape(-1, k), bc, out.reshape(-1, n))
                     return out
             return np.matmul(a, bc, out=out)
 

@@ -1,0 +1,126 @@
+"""tfrt_py owns its threads (issue 15): the intra-op pool, split matrix products, the
+process budget (``load(threads=)``, ``$TFRT_PY_THREADS``) and single-threaded BLAS."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+import threadpoolctl
+
+import tfrt_py
+from tfrt_py.concurrency.intraop import IntraOpPool
+from tfrt_py.concurrency.threads import THREADS_ENV, configure, threads
+from tfrt_py.ir import GraphBuilder
+from tfrt_py.kernels.gemm import matmul_into
+
+
+def test_pool_runs_every_part_and_the_caller_takes_part() -> None:
+    pool = IntraOpPool(3)
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def part(i: int) -> object:
+        def run() -> None:
+            with lock:
+                seen.append((i, threading.get_ident()))
+
+        return run
+
+    pool.run([part(i) for i in range(16)])
+    assert sorted(i for i, _ in seen) == list(range(16))
+    pool.close()
+
+
+def test_a_busy_helper_never_stalls_the_caller() -> None:
+    """Both helpers of a 2-thread pool are stuck in another job: the caller runs every
+    part of its own job itself and returns (work stealing), long before they are free."""
+    pool = IntraOpPool(2)
+    release = threading.Event()
+    started = threading.Barrier(3)
+
+    def stuck() -> None:
+        started.wait(10)
+        release.wait(30)
+
+    other = threading.Thread(target=pool.run, args=([stuck, stuck],))
+    other.start()
+    started.wait(10)  # the other job's caller and the helper are both inside it
+    ran: list[int] = []
+    pool.run([lambda i=i: ran.append(i) for i in range(8)])
+    assert sorted(ran) == list(range(8)) and not release.is_set()
+    release.set()
+    other.join(30)
+    pool.close()
+
+
+def test_a_part_error_reaches_the_caller() -> None:
+    pool = IntraOpPool(2)
+
+    def bad() -> None:
+        raise ZeroDivisionError("part")
+
+    with pytest.raises(ZeroDivisionError, match="part"):
+        pool.run([lambda: None, bad, lambda: None])
+    pool.run([lambda: None, lambda: None])  # still usable
+    pool.close()
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 8, 8), (64, 64, 64), (700, 300, 90), (4097, 33, 17)])
+def test_matmul_into_matches_numpy(m: int, k: int, n: int) -> None:
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    want = np.matmul(a, b)
+    np.testing.assert_allclose(matmul_into(a, b), want, rtol=1e-5, atol=1e-4)
+    out = np.empty((m, n), np.float32)
+    assert matmul_into(a, b, out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
+    strided = np.asfortranarray(a)  # rows are views with any strides
+    np.testing.assert_allclose(matmul_into(strided, b), want, rtol=1e-5, atol=1e-4)
+
+
+def test_load_configures_the_budget_and_blas(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    b = GraphBuilder("g")
+    x = b.input("x", np.float32, (512, 256))
+    b.output(b.op("MatMul", x, b.const(np.ones((256, 256), np.float32))), "y")
+    try:
+        model = tfrt_py.load(b.build(), threads=3)
+        assert threads() == 3
+        assert "threads: 3 per call" in model.describe()
+        blas = [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+        assert blas and all(i["num_threads"] == 1 for i in blas)
+        y = model.run({"x": np.ones((512, 256), np.float32)})["y"]
+        np.testing.assert_array_equal(y, np.full((512, 256), 256, np.float32))
+        monkeypatch.setenv(THREADS_ENV, "2")
+        tfrt_py.load(b.build(), threads=5)
+        assert threads() == 2  # the environment wins
+        monkeypatch.setenv(THREADS_ENV, "many")
+        with pytest.raises(ValueError, match=THREADS_ENV):
+            tfrt_py.load(b.build())
+        monkeypatch.delenv(THREADS_ENV)
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ValueError, match="threads"):
+                tfrt_py.load(b.build(), threads=bad)  # type: ignore[arg-type]
+    finally:
+        configure(None)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_split_products_work_in_a_forked_child() -> None:
+    configure(2)
+    a = np.ones((1024, 256), np.float32)
+    b = np.ones((256, 128), np.float32)
+    matmul_into(a, b)  # the parent's helpers are running
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        try:
+            ok = bool((matmul_into(a, b) == 256).all())
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    configure(None)
