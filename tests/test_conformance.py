@@ -10,8 +10,9 @@ import warnings
 from typing import Any
 
 import pytest
-from conformance_excludes import EXCLUDES
-from node_cases import all_cases, run_case
+
+from tests.support.conformance_excludes import EXCLUDES
+from tests.support.node_cases import all_cases, run_case
 
 pytestmark = pytest.mark.slow
 

@@ -16,12 +16,12 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from dataflow_support import F32, Calls, N, _agree, _branchy, _load
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from models.control_flow import if_loop
 
 import tfrt_py
+from tests.support.dataflow import F32, Calls, N, _agree, _branchy, _load
+from tests.support.models.control_flow import if_loop
 from tfrt_py.compiler import model_cost
 from tfrt_py.concurrency import AsyncValue, HostContext
 from tfrt_py.errors import ExecutionError, UnsupportedOpError

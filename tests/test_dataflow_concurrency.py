@@ -12,9 +12,9 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from dataflow_support import F32, Calls, N, _agree, _branchy, _load, _wide
 
 import tfrt_py
+from tests.support.dataflow import F32, Calls, N, _agree, _branchy, _load, _wide
 from tfrt_py.concurrency import AsyncValue, HostContext
 from tfrt_py.executors import compile_program
 from tfrt_py.executors.dataflow import DataflowExecutor

@@ -18,9 +18,9 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from dataflow_support import F32, Calls, _agree, _load
 
 import tfrt_py
+from tests.support.dataflow import F32, Calls, _agree, _load
 from tfrt_py.compiler import model_cost
 from tfrt_py.concurrency import AsyncValue, HostContext
 from tfrt_py.errors import ExecutionError

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from models.builders import FLOAT, INT64, Net, tensor_info
 
 import tfrt_py
+from tests.support.models.builders import FLOAT, INT64, Net, tensor_info
 from tfrt_py.errors import (
     ExecutionError,
     GraphError,

@@ -13,15 +13,14 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from models import build
 
 import tfrt_py
+from tests.support.models import build
 from tfrt_py.errors import ExecutionError, InputError
 from tfrt_py.ir import GraphBuilder
 
 F32 = np.float32
-TESTS = os.path.dirname(os.path.abspath(__file__))
-BENCHMARKS = os.path.join(os.path.dirname(TESTS), "benchmarks")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _mlp(batch: int | str = 1, hidden: int = 256) -> tfrt_py.Model:
@@ -68,12 +67,15 @@ def measure_steady_state_allocations() -> tuple[int, int, int]:
 
 
 def test_steady_state_allocates_only_the_outputs() -> None:
-    code = (
-        f"import sys; sys.path[:0] = [{TESTS!r}, {BENCHMARKS!r}]; import test_interpreter; "
-        "print(*test_interpreter.measure_steady_state_allocations())"
-    )
+    # ``python -c`` imports from its working directory first: the repository root.
+    code = "from tests import test_interpreter as t; print(*t.measure_steady_state_allocations())"
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     net, peak, out_bytes = map(int, done.stdout.split()[-3:])

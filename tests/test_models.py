@@ -1,5 +1,5 @@
 """Real models end to end: load with tfrt_py, run, and compare every output with
-onnxruntime. The models are built in ``tests/models`` (fixed seeds, nothing downloaded)."""
+onnxruntime. The models are built in ``tests/support/models`` (fixed seeds, nothing downloaded)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from models import MODELS, ModelCase, build
-from models.nn import DYNAMIC_BATCH_SIZES
 
 import tfrt_py
+from tests.support.models import MODELS, ModelCase, build
+from tests.support.models.nn import DYNAMIC_BATCH_SIZES
 from tfrt_py.errors import ModelLoadError
 from tfrt_py.native import Declined
 

@@ -1,7 +1,7 @@
 """Run ONNX backend node cases for chosen ops against tfrt_py, case by case.
 
-    python tests/node_cases.py Relu Add          # the cases whose first node is Relu or Add
-    python tests/node_cases.py --all --failed    # every case, print only failures
+    python tests/support/node_cases.py Relu Add          # the cases whose first node is Relu or Add
+    python tests/support/node_cases.py --all --failed    # every case, print only failures
 
 Compares the way ../shared/tools/conformance.py does (the case's rtol/atol; sequences by
 arity), except that expected outputs stored as TensorProto (float8, int4, ... which NumPy
