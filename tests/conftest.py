@@ -7,14 +7,19 @@ from typing import Any
 
 import pytest
 
+from tests.support.executors import EXECUTORS
 from tfrt_py.concurrency import HostContext
 from tfrt_py.executors.dataflow import SCHEDULE_SEED_ENV
 
-# -- fixtures of the executor tests (test_dataflow*.py); modules may override them --------
+# -- the executor fixtures; modules may override them ----------------------------------------
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture(scope="module", params=EXECUTORS)
 def executor(request: pytest.FixtureRequest) -> str:
+    """Every executor-level test runs once per executor (sync, async, native), as
+    ``anyio_backend`` runs async tests once per event loop; the test loads its model with
+    ``tests.support.executors.load_on(executor, ...)``, which skips "native" for a model the
+    native tier does not lower. Module-scoped so module-scoped model fixtures can use it."""
     return str(request.param)
 
 
