@@ -1,6 +1,9 @@
 """ONNX backend node conformance: every case the installed onnx package generates runs
-through ``tfrt_py.onnx_backend`` and must match, except those excluded below, each group
-with the reason. ``../shared/tools/conformance.py`` counts the same cases the same way.
+through ``tfrt_py.onnx_backend`` and must match, except those excluded
+(``tests/support/conformance_excludes.py``), each group with the reason. Each data set
+runs twice on one prepared model: the first call plans its input signature, the second
+runs the planned code with ``out=`` buffers; both must match. ``make conformance``
+(``benchmarks/conformance.py``) counts the same cases the same way.
 """
 
 from __future__ import annotations

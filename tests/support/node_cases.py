@@ -1,12 +1,14 @@
 """Run ONNX backend node cases for chosen ops against tfrt_py, case by case.
 
-    python tests/support/node_cases.py Relu Add          # the cases whose first node is Relu or Add
-    python tests/support/node_cases.py --all --failed    # every case, print only failures
+    python tests/support/node_cases.py Relu Add        # cases whose first node is Relu or Add
+    python tests/support/node_cases.py --all --failed  # every case, print only failures
 
-Compares the way ../shared/tools/conformance.py does (the case's rtol/atol; sequences by
-arity), except that expected outputs stored as TensorProto (float8, int4, ... which NumPy
-lacks) are converted and compared here, where that tool counts them as failures. A
-developer tool: pytest's conformance test uses ``run_case`` from here.
+Each data set runs twice on one prepared model (the second call takes the planned path)
+and both calls must match, as in ``benchmarks/conformance.py``. Compares the way that
+counter does (the case's rtol/atol; sequences by arity), except that expected outputs
+stored as TensorProto (float8, int4, ... which NumPy lacks) are converted and compared
+here, where the counter counts them as failures. A developer tool: pytest's conformance
+test uses ``run_case`` from here.
 """
 
 from __future__ import annotations
@@ -32,33 +34,46 @@ def case_op(case: Any) -> str:
     return nodes[0].op_type if len(nodes) else "?"
 
 
-def run_case(case: Any) -> None:
-    """Run one case through tfrt_py.onnx_backend; raise AssertionError on mismatch."""
+def run_case(case: Any, calls: int = 2) -> None:
+    """Run one case through tfrt_py.onnx_backend: each data set ``calls`` times in a row on
+    one prepared model (the first call with an input signature plans it; the next ones run
+    the planned code, writing into ``out=`` buffers). Raise AssertionError on a mismatch,
+    naming the data set and the call."""
     from tfrt_py import onnx_backend
 
     rep = onnx_backend.prepare(case.model, "CPU")
-    for inputs, expected in case.data_sets:
+    for k, (inputs, expected) in enumerate(case.data_sets):
         inputs = [
             np.asarray(i) if isinstance(i, (np.generic, int, float, bool)) else i for i in inputs
         ]
-        res = rep.run(inputs)
-        outs = list(res.values()) if isinstance(res, dict) else list(res)
-        if len(outs) != len(expected):
-            raise AssertionError(f"{len(outs)} outputs, expected {len(expected)}")
-        for o, e in zip(outs, expected):
-            if isinstance(e, onnx.TensorProto):
-                e = onnx.numpy_helper.to_array(e)
-            if isinstance(e, list) or e is None:
-                continue
-            o = np.asarray(o)
-            if o.dtype.kind == "V" or e.dtype.kind == "V":  # ml_dtypes: compare as float64
-                assert o.dtype == e.dtype, f"dtype {o.dtype} != expected {e.dtype}"
-                o, e = o.astype(np.float64), e.astype(np.float64)
-            if e.dtype == object or o.dtype == object:
-                assert np.array_equal(o.astype(str), e.astype(str)), "string mismatch"
-            else:
-                assert o.shape == e.shape, f"shape {o.shape} != expected {e.shape}"
-                np.testing.assert_allclose(o, e, rtol=case.rtol, atol=case.atol)
+        for call in range(1, calls + 1):
+            res = rep.run(inputs)
+            try:
+                check_outputs(case, res, expected)
+            except AssertionError as e:
+                raise AssertionError(f"data set {k}, call {call} of {calls}: {e}") from None
+
+
+def check_outputs(case: Any, res: Any, expected: list[Any]) -> None:
+    """The backend's outputs against a case's expected ones (rtol/atol from the case;
+    sequences and optionals by arity; TensorProto-stored values converted)."""
+    outs = list(res.values()) if isinstance(res, dict) else list(res)
+    if len(outs) != len(expected):
+        raise AssertionError(f"{len(outs)} outputs, expected {len(expected)}")
+    for o, e in zip(outs, expected):
+        if isinstance(e, onnx.TensorProto):
+            e = onnx.numpy_helper.to_array(e)
+        if isinstance(e, list) or e is None:
+            continue
+        o = np.asarray(o)
+        if o.dtype.kind == "V" or e.dtype.kind == "V":  # ml_dtypes: compare as float64
+            assert o.dtype == e.dtype, f"dtype {o.dtype} != expected {e.dtype}"
+            o, e = o.astype(np.float64), e.astype(np.float64)
+        if e.dtype == object or o.dtype == object:
+            assert np.array_equal(o.astype(str), e.astype(str)), "string mismatch"
+        else:
+            assert o.shape == e.shape, f"shape {o.shape} != expected {e.shape}"
+            np.testing.assert_allclose(o, e, rtol=case.rtol, atol=case.atol)
 
 
 def main() -> None:
