@@ -42,8 +42,10 @@ unit: $(STAMP)
 
 test: lint unit
 
+# The ONNX backend node cases, each data set called twice on one loaded model (the second
+# call runs the planned code); benchmarks/conformance.py --help for the counting rules.
 conformance: $(STAMP)
-	$(BIN)/python ../shared/tools/conformance.py tfrt_py.onnx_backend
+	$(BIN)/python benchmarks/conformance.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
