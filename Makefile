@@ -30,7 +30,7 @@ bench: $(STAMP)
 	  $(BIN)/python -m pip install --quiet $$spec >/dev/null 2>&1 \
 	    || echo "bench: could not install $$spec; its column will be absent"; \
 	done
-	$(BIN)/python benchmarks/latency.py --out benchmarks/results
+	PYTHONPATH=. $(BIN)/python benchmarks/latency.py --out benchmarks/results
 
 lint: $(STAMP)
 	$(BIN)/ruff check tfrt_py tests benchmarks
@@ -57,8 +57,10 @@ $(FLOOR_STAMP): pyproject.toml .ci/floor.txt
 test-floor: $(FLOOR_STAMP)
 	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow"
 
+# The ONNX backend node cases, each data set called twice on one loaded model (the second
+# call runs the planned code); benchmarks/conformance.py --help for the counting rules.
 conformance: $(STAMP)
-	$(BIN)/python ../shared/tools/conformance.py tfrt_py.onnx_backend
+	$(BIN)/python benchmarks/conformance.py
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -6,8 +6,9 @@ For each anchor model: tfrt_py (each executor it accepts), hand-written NumPy (f
 preallocated), onnxruntime (run and io binding) and, where installed, the peers of
 ``peers.py`` (TFLite via ai-edge-litert, torch.jit, jax.jit; ``--peers``). For the real
 models (a CNN, a transformer block, a recommender, a gradient-boosted tree ensemble; built
-from fixed seeds by ``tests/models``) there is no hand-written baseline: ratios are to
-onnxruntime run.
+from fixed seeds by ``tests/support/models``, importable with the repository root on the
+path: ``PYTHONPATH=. python benchmarks/latency.py``) there is no hand-written baseline:
+ratios are to onnxruntime run.
 Outputs are checked against each other before timing; bursts are interleaved and paired
 with an adjacent baseline burst; the table reports median/p90/p99 µs and the median
 paired ratio. Writes JSON, markdown and (when matplotlib is installed) a PNG per model
@@ -21,12 +22,8 @@ import contextlib
 import functools
 import json
 import os
-import sys
 from collections.abc import Callable
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+from typing import Any
 
 import numpy as np
 import peers
@@ -39,11 +36,23 @@ from tfrt_py.bench.runners import check_agreement, make_runners
 BASELINE = "numpy prealloc"
 REAL_BASELINE = "onnxruntime run"
 REAL_MODELS = ("cnn", "transformer_erf", "recommender", "sklearn_gb_classifier")
+NO_REAL = "tests/support/models needs the repository root on the path (PYTHONPATH=.)"
+
+
+def real_models() -> Callable[[str], Any] | None:
+    """The test suite's model builder (``tests.support.models.build``: real models from
+    fixed seeds), or None when the repository root is not on the path (a script only has
+    its own folder there; ``PYTHONPATH=.`` adds the root)."""
+    try:
+        from tests.support.models import build
+    except ModuleNotFoundError:
+        return None
+    return build
 
 
 def bench_real(key: str, seconds: float, executors: tuple[str, ...]) -> tuple[str, list]:
-    from models import build  # tests/models: real models from fixed seeds
-
+    build = real_models()
+    assert build is not None, "checked in main()"
     case = build(key)
     runners, outputs = make_runners(case.model.SerializeToString(), case.feeds[0], executors)
     check_agreement(outputs, rtol=case.rtol, atol=case.atol)
@@ -114,7 +123,11 @@ def main() -> None:
     )
     jobs: list[tuple[str, Callable[..., tuple[str, list]]]]
     jobs = [(k, anchor_bench) for k in a.models.split(",") if k]
-    jobs += [(k, bench_real) for k in a.real.split(",") if k]
+    no_real = bool(a.real) and real_models() is None
+    if no_real:
+        print(f"(no real models: {NO_REAL})", flush=True)
+    else:
+        jobs += [(k, bench_real) for k in a.real.split(",") if k]
     for key, bench in jobs:
         name, (results, table) = bench(key, a.seconds, executors)
         print(f"\n## {name}\n\n{table}", flush=True)
@@ -126,6 +139,8 @@ def main() -> None:
     missing = peers.missing()
     if missing:
         print(f"\nnot installed, so no columns for: {', '.join(missing)}")
+    if no_real:
+        print(f"\nno tables for the real models ({a.real}): {NO_REAL}")
 
 
 if __name__ == "__main__":

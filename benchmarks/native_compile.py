@@ -21,9 +21,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+#: Run with benchmarks/ as the working directory, which ``python -c`` imports from first.
 _CHILD = """
 import json, sys, time
-sys.path.insert(0, {here!r})
 from anchor_models import ANCHORS
 import tfrt_py
 from tfrt_py.native.lower import lower
@@ -45,7 +45,8 @@ print(json.dumps({{"load": load_s, "compile": c.seconds, "hit": c.cache_hit, "lo
 def _measure(key: str, cache: str) -> dict[str, float]:
     env = dict(os.environ, TFRT_PY_CACHE_DIR=cache)
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD.format(here=HERE, key=key)],
+        [sys.executable, "-c", _CHILD.format(key=key)],
+        cwd=HERE,
         env=env,
         check=True,
         capture_output=True,

@@ -101,7 +101,11 @@ def peer_runners(
 
 def tflite_runner(anchor: Any, threads: int) -> tuple[Runner, Getter]:
     from ai_edge_litert.interpreter import Interpreter
-    from peers_tflite import build_tflite
+
+    if __package__:  # imported as benchmarks.peers (tests/test_bench_peers.py)
+        from .peers_tflite import build_tflite
+    else:  # imported by a script in benchmarks/, whose folder is on sys.path
+        from peers_tflite import build_tflite
 
     interp = Interpreter(model_content=build_tflite(anchor), num_threads=threads)
     interp.allocate_tensors()

@@ -137,8 +137,7 @@ if __name__ == "__main__":  # write the .tflite files: python benchmarks/peers_t
     import os
     import sys
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from anchor_models import ANCHORS
+    from anchor_models import ANCHORS  # a sibling: this script's folder is on sys.path
 
     out = sys.argv[1] if len(sys.argv) > 1 else "."
     os.makedirs(out, exist_ok=True)

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import onnxruntime as ort
 from anchor_models import ANCHORS

@@ -1,28 +1,25 @@
-"""Shared test set-up: make ``tests/`` (node_cases, conformance_excludes, models) and
-``benchmarks/`` (anchor_models: the benchmark models are also test cases) importable; the
-executor fixtures (below)."""
+"""Shared fixtures: the executor fixtures (below), the seeded ready queue, the native
+tier's cache dir. Shared helpers are in ``tests/support`` (imported as ``tests.support``)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import pytest
 
+from tests.support.executors import EXECUTORS
 from tfrt_py.concurrency import HostContext
 from tfrt_py.executors.dataflow import SCHEDULE_SEED_ENV
 
-_TESTS = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, _TESTS)
-sys.path.insert(0, os.path.join(os.path.dirname(_TESTS), "benchmarks"))
+# -- the executor fixtures; modules may override them ----------------------------------------
 
 
-# -- fixtures of the executor tests (test_dataflow*.py); modules may override them --------
-
-
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture(scope="module", params=EXECUTORS)
 def executor(request: pytest.FixtureRequest) -> str:
+    """Every executor-level test runs once per executor (sync, async, native), as
+    ``anyio_backend`` runs async tests once per event loop; the test loads its model with
+    ``tests.support.executors.load_on(executor, ...)``, which skips "native" for a model the
+    native tier does not lower. Module-scoped so module-scoped model fixtures can use it."""
     return str(request.param)
 
 

@@ -1,4 +1,6 @@
-"""The public API: names, load sources, specs, feeds, ownership of outputs, threads."""
+"""The public API: names, load sources, specs, feeds, ownership of outputs, threads. What
+an executor does (feeds, ownership, threads, run_async, custom kernels) is checked on every
+executor (the ``executor`` fixture)."""
 
 from __future__ import annotations
 import __future__
@@ -12,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
+from tests.support.executors import load_on
 from tfrt_py.errors import InputError
 from tfrt_py.ir import GraphBuilder
 
@@ -83,8 +86,8 @@ def test_specs_and_output_order() -> None:
     assert "executor: sync" in m.describe()
 
 
-def test_user_owns_outputs_even_when_they_are_constants() -> None:
-    m = tfrt_py.load(_affine_model())
+def test_user_owns_outputs_even_when_they_are_constants(executor: str) -> None:
+    m = load_on(executor, _affine_model())
     x = np.ones((1, 3), np.float32)
     first = m.run({"x": x})
     first["w_out"][:] = 99.0
@@ -94,8 +97,8 @@ def test_user_owns_outputs_even_when_they_are_constants() -> None:
     assert again["y"][0, 0] != 99.0
 
 
-def test_lossless_python_values_and_safe_casts_are_accepted() -> None:
-    m = tfrt_py.load(_affine_model())
+def test_lossless_python_values_and_safe_casts_are_accepted(executor: str) -> None:
+    m = load_on(executor, _affine_model())
     ref = m.run({"x": np.array([[1, 2, 3]], np.float32)})["y"]
     np.testing.assert_array_equal(m.run({"x": [[1.0, 2.0, 3.0]]})["y"], ref)
     np.testing.assert_array_equal(m.run({"x": [[1, 2, 3]]})["y"], ref)
@@ -104,12 +107,12 @@ def test_lossless_python_values_and_safe_casts_are_accepted() -> None:
         m.run({"x": [[0.1, 2.0, 3.0]]})  # 0.1 is not a float32
 
 
-def test_symbolic_dims_must_agree_across_inputs() -> None:
+def test_symbolic_dims_must_agree_across_inputs(executor: str) -> None:
     b = GraphBuilder("two")
     a = b.input("a", np.float32, ("N", 2))
     c = b.input("c", np.float32, ("N", 2))
     b.output(b.op("Add", a, c), "s")
-    m = tfrt_py.load(b.build())
+    m = load_on(executor, b.build())
     with pytest.raises(InputError, match=r"'c'.*'N'.*is 3.*'a' has 'N' = 2"):
         m.run({"a": np.zeros((2, 2), np.float32), "c": np.zeros((3, 2), np.float32)})
     assert (
@@ -117,7 +120,7 @@ def test_symbolic_dims_must_agree_across_inputs() -> None:
     )
 
 
-def test_custom_kernel_gets_inputs_and_attributes() -> None:
+def test_custom_kernel_gets_inputs_and_attributes(executor: str) -> None:
     b = GraphBuilder("custom")
     x = b.input("x", np.float32, (2,))
     b.output(b.op("Scale", x, domain="app", factor=3.0), "y")
@@ -127,13 +130,13 @@ def test_custom_kernel_gets_inputs_and_attributes() -> None:
         seen["factor"] = factor
         return x * np.float32(factor)
 
-    m = tfrt_py.load(b.build(), custom_kernels={("app", "Scale"): scale})
+    m = load_on(executor, b.build(), custom_kernels={("app", "Scale"): scale})
     np.testing.assert_array_equal(m.run({"x": np.array([1, 2], np.float32)})["y"], [3, 6])
     assert seen == {"factor": 3.0}
 
 
-def test_concurrent_runs_from_threads_agree() -> None:
-    m = tfrt_py.load(_affine_model())
+def test_concurrent_runs_from_threads_agree(executor: str) -> None:
+    m = load_on(executor, _affine_model())
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((5, 3)).astype(np.float32) for _ in range(8)]
     expected = [m.run({"x": x})["y"] for x in xs]
@@ -154,8 +157,8 @@ def test_concurrent_runs_from_threads_agree() -> None:
 
 
 @pytest.mark.anyio
-async def test_run_async_matches_run(anyio_backend: str) -> None:
-    m = tfrt_py.load(_affine_model())
+async def test_run_async_matches_run(executor: str, anyio_backend: str) -> None:
+    m = load_on(executor, _affine_model())
     x = np.ones((2, 3), np.float32)
     out = await m.run_async({"x": x})
     np.testing.assert_array_equal(out["y"], m.run({"x": x})["y"])

@@ -7,17 +7,12 @@ package is not installed is skipped, naming the package.
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 
 import numpy as np
 import pytest
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-sys.path.insert(0, BENCH)
-
-import peers  # noqa: E402
-from anchor_models import ANCHORS  # noqa: E402
+from benchmarks import peers
+from benchmarks.anchor_models import ANCHORS
 
 PEER_PARAMS = [
     pytest.param(

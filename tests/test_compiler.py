@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 from hypothesis import given
-from models import build
-from test_planner import PROPERTY, random_graph
 
 import tfrt_py
+from tests.support.models import build
+from tests.support.random_graphs import PROPERTY, random_graph
 from tfrt_py.compiler import PASSES, estimate_cost, graph_cost
 from tfrt_py.compiler.pipeline import ENV_DISABLE
 from tfrt_py.ir import Graph, GraphBuilder

@@ -1,6 +1,9 @@
 """ONNX backend node conformance: every case the installed onnx package generates runs
-through ``tfrt_py.onnx_backend`` and must match, except those excluded below, each group
-with the reason. ``../shared/tools/conformance.py`` counts the same cases the same way.
+through ``tfrt_py.onnx_backend`` and must match, except those excluded
+(``tests/support/conformance_excludes.py``), each group with the reason. Each data set
+runs twice on one prepared model: the first call plans its input signature, the second
+runs the planned code with ``out=`` buffers; both must match. ``make conformance``
+(``benchmarks/conformance.py``) counts the same cases the same way.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ import warnings
 from typing import Any
 
 import pytest
-from conformance_excludes import EXCLUDES
-from node_cases import all_cases, run_case
+
+from tests.support.conformance_excludes import EXCLUDES
+from tests.support.node_cases import all_cases, run_case
 
 pytestmark = pytest.mark.slow
 

@@ -16,12 +16,13 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from dataflow_support import F32, Calls, N, _agree, _branchy, _load
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from models.control_flow import if_loop
 
 import tfrt_py
+from tests.support.dataflow import F32, Calls, N, _agree, _branchy
+from tests.support.executors import NATIVE_REDUCE_BUG, load_on, native_bug
+from tests.support.models.control_flow import if_loop
 from tfrt_py.compiler import model_cost
 from tfrt_py.concurrency import AsyncValue, HostContext
 from tfrt_py.errors import ExecutionError, UnsupportedOpError
@@ -35,15 +36,18 @@ from tfrt_py.kernels import KernelContext, KernelFlags, KernelRegistry, default_
 
 def test_control_flow_model_agrees(executor: str, host: HostContext) -> None:
     case = if_loop()
-    model = _load(case.model, executor, host)
+    model = load_on(executor, case.model, host=host)
     ref = tfrt_py.load(case.model, executor="sync")
     for feed in case.feeds:
         _agree([ref.run(feed), model.run(feed)])
 
 
-def test_parallel_branches_agree_sync_and_async(executor: str, host: HostContext) -> None:
+def test_parallel_branches_agree_across_executors(
+    executor: str, host: HostContext, request: pytest.FixtureRequest
+) -> None:
+    native_bug(request, executor, NATIVE_REDUCE_BUG)
     graph = _branchy()
-    model = _load(graph, executor, host)
+    model = load_on(executor, graph, host=host)
     x = np.random.default_rng(0).standard_normal((1, N)).astype(F32)
     expected = tfrt_py.load(graph, executor="sync").run({"x": x})
     _agree([expected, model.run({"x": x}), asyncio.run(model.run_async({"x": x}))])
@@ -57,7 +61,7 @@ async def test_run_async_agrees_on_every_loop(
     executor: str, host: HostContext, anyio_backend: Any
 ) -> None:
     case = if_loop()
-    model = _load(case.model, executor, host)
+    model = load_on(executor, case.model, host=host)
     for feed in case.feeds:
         _agree([model.run(feed), await model.run_async(feed)])
 
@@ -229,7 +233,7 @@ def test_error_names_the_node_and_downstream_kernels_do_not_run(
 ) -> None:
     calls = Calls()
     graph, kernels = _failing_model(calls)
-    model = _load(graph, executor, host, custom_kernels=kernels)
+    model = load_on(executor, graph, host=host, custom_kernels=kernels)
     with pytest.raises(ExecutionError, match="the_check") as info:
         model.run({"x": -np.ones((1, 4), F32)})
     assert (info.value.node_name, info.value.op_type) == ("the_check", "Check")
@@ -242,7 +246,7 @@ def test_error_names_the_node_and_downstream_kernels_do_not_run(
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_independent_failures_report_the_first_in_program_order(
-    seed: int, monkeypatch: pytest.MonkeyPatch, host: HostContext
+    executor: str, seed: int, monkeypatch: pytest.MonkeyPatch, host: HostContext
 ) -> None:
     monkeypatch.setenv(SCHEDULE_SEED_ENV, str(seed))
 
@@ -254,10 +258,9 @@ def test_independent_failures_report_the_first_in_program_order(
     first = b.op("Fail", b.op("Relu", x), domain="app", name="first")
     second = b.op("Fail", x, domain="app", name="second")
     b.output(b.op("Add", first, second), "y")
-    for ex in ("sync", "async"):
-        m = _load(b.build(), ex, host, custom_kernels={("app", "Fail"): fail})
-        with pytest.raises(ExecutionError, match="'first'"):
-            m.run({"x": np.ones(2, F32)})
+    m = load_on(executor, b.build(), host=host, custom_kernels={("app", "Fail"): fail})
+    with pytest.raises(ExecutionError, match="'first'"):
+        m.run({"x": np.ones(2, F32)})
 
 
 @pytest.mark.anyio
@@ -269,7 +272,7 @@ async def test_async_kernel_error_propagates(anyio_backend: Any, host: HostConte
     b = GraphBuilder("fetch_fails")
     x = b.input("x", F32, (2,))
     b.output(b.op("Relu", b.op("Fetch", x, domain="app", name="fetch")), "y")
-    m = _load(b.build(), "async", host, custom_kernels={("app", "Fetch"): fetch})
+    m = load_on("async", b.build(), host=host, custom_kernels={("app", "Fetch"): fetch})
     for call in (m.run_async, lambda f: anyio.to_thread.run_sync(m.run, f)):
         with pytest.raises(ExecutionError, match="'fetch' \\(Fetch\\) failed: OSError"):
             await call({"x": np.ones(2, F32)})
@@ -379,7 +382,7 @@ async def test_if_is_non_strict(anyio_backend: Any, host: HostContext) -> None:
     b.output(b.op("Mark", picked, domain="app"), "y")
     b.output(s, "s")
     kernels = {("app", "Slow"): slow, ("app", "Mark"): mark}
-    model = _load(b.build(), "async", host, custom_kernels=kernels)
+    model = load_on("async", b.build(), host=host, custom_kernels=kernels)
     x_val = np.array([1.0, 2.0], F32)
     with anyio.fail_after(10):
         gate[:] = [AsyncValue()]
@@ -391,7 +394,7 @@ async def test_if_is_non_strict(anyio_backend: Any, host: HostContext) -> None:
 @pytest.mark.parametrize("failing", ["cond_source", "else_only"])
 def test_if_errors_agree(executor: str, failing: str, host: HostContext) -> None:
     """A failure feeding the cond, or feeding only the branch not taken: the call fails
-    naming that node on both executors (every kernel runs, as in the sync executor)."""
+    naming that node on every executor (every kernel runs, as in the sync executor)."""
 
     def check(x: np.ndarray, tag: str = "") -> np.ndarray:
         if tag == failing:
@@ -410,6 +413,6 @@ def test_if_errors_agree(executor: str, failing: str, host: HostContext) -> None
     else_g = Graph("else", outputs=[else_y], opsets={"": 17})
     else_g.nodes.append(Node("Abs", [only_else], [else_y], name="else_abs", opset=17))
     b.output(b.op("If", cond, then_branch=then_g, else_branch=else_g), "y")
-    model = _load(b.build(), executor, host, custom_kernels={("app", "Check"): check})
+    model = load_on(executor, b.build(), host=host, custom_kernels={("app", "Check"): check})
     with pytest.raises(ExecutionError, match=f"'{failing}'"):
         model.run({"x": np.ones(2, F32), "c": np.array(True)})

@@ -18,9 +18,10 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from dataflow_support import F32, Calls, _agree, _load
 
 import tfrt_py
+from tests.support.dataflow import F32, Calls, _agree
+from tests.support.executors import load_on
 from tfrt_py.compiler import model_cost
 from tfrt_py.concurrency import AsyncValue, HostContext
 from tfrt_py.errors import ExecutionError
@@ -171,7 +172,7 @@ async def test_zero_trip_loop_completes_without_its_capture(
     anyio_backend: Any, how: str, host: HostContext
 ) -> None:
     order = Order()
-    model = _load(_loop_model(), "async", host, custom_kernels=order.kernels())
+    model = load_on("async", _loop_model(), host=host, custom_kernels=order.kernels())
     assert "1 non-strict Loop/Scan" in model.describe()
     out = await _call(model, {"x": X, "M": np.array(0, I64)}, how)
     # The Loop's consumer ran (and released Slow) before the capture existed.
@@ -186,7 +187,7 @@ async def test_loop_body_starts_before_its_capture_arrives(
     anyio_backend: Any, how: str, host: HostContext
 ) -> None:
     order = Order()
-    model = _load(_loop_model(), "async", host, custom_kernels=order.kernels())
+    model = load_on("async", _loop_model(), host=host, custom_kernels=order.kernels())
     out = await _call(model, {"x": X, "M": np.array(3, I64)}, how)
     # Iteration 0's Release (independent of s) ran before Slow finished; the part that
     # reads s ran after it; iterations 1 and 2 after that.
@@ -198,7 +199,7 @@ async def test_loop_body_starts_before_its_capture_arrives(
 @pytest.mark.parametrize("steps", [0, 3])
 async def test_scan_is_non_strict(anyio_backend: Any, steps: int, host: HostContext) -> None:
     order = Order()
-    model = _load(_scan_model(), "async", host, custom_kernels=order.kernels())
+    model = load_on("async", _scan_model(), host=host, custom_kernels=order.kernels())
     xs = np.arange(2 * steps, dtype=F32).reshape(steps, 2)
     out = await _call(model, {"x": X, "xs": xs}, "run_async")
     if steps:
@@ -219,14 +220,14 @@ async def test_capture_error_forwards_and_names_the_failing_node(
     that reads the capture never runs, nor does anything downstream."""
     order = Order()
     order.fail_slow = True
-    model = _load(model_fn(), "async", host, custom_kernels=order.kernels())
+    model = load_on("async", model_fn(), host=host, custom_kernels=order.kernels())
     feeds = {"x": X, "M": np.array(3, I64), "xs": np.ones((3, 2), F32)}
     feeds = {k: v for k, v in feeds.items() if k in {i.name for i in model.inputs}}
     with pytest.raises(ExecutionError, match="'slow' \\(Slow\\) failed: OSError"):
         await _call(model, feeds, "run_async")
     assert order.events == ["released by body", "slow done"]
     order = Order()  # the model is still usable
-    model = _load(model_fn(), "async", host, custom_kernels=order.kernels())
+    model = load_on("async", model_fn(), host=host, custom_kernels=order.kernels())
     out = await _call(model, feeds, "run_async")
     assert out["s"].tolist() == (X - 1).tolist()
 
@@ -246,7 +247,7 @@ async def test_cancelling_while_iteration_0_waits_for_a_capture(
         return x
 
     kernels[("app", "Release")] = release
-    model = _load(_loop_model(), "async", host, custom_kernels=kernels)
+    model = load_on("async", _loop_model(), host=host, custom_kernels=kernels)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(model.run_async, {"x": X, "M": np.array(2, I64)})
@@ -258,7 +259,7 @@ async def test_cancelling_while_iteration_0_waits_for_a_capture(
     np.testing.assert_array_equal(out["y"], X + 2 * (X - 1))
 
 
-# -- sync kernels only: both executors, agreement with NumPy -----------------------------------
+# -- sync kernels only: every executor, agreement with NumPy ----------------------------------
 
 
 def _check_kernels(calls: Calls, failing: str) -> dict[tuple[str, str], Any]:
@@ -315,7 +316,7 @@ def test_loop_errors_agree(
     calls = Calls()
     graph = _checked_loop()
     kernels = _check_kernels(calls, failing)
-    model = _load(graph, executor, host, custom_kernels=kernels)
+    model = load_on(executor, graph, host=host, custom_kernels=kernels)
     with pytest.raises(ExecutionError, match=f"'{named}'"):
         model.run({"x": X, "M": np.array(trips, I64)})
     if trips:  # the Loop needed the failed value: nothing downstream ran
@@ -323,7 +324,9 @@ def test_loop_errors_agree(
 
 
 def test_checked_loop_agrees_when_nothing_fails(executor: str, host: HostContext) -> None:
-    model = _load(_checked_loop(), executor, host, custom_kernels=_check_kernels(Calls(), ""))
+    model = load_on(
+        executor, _checked_loop(), host=host, custom_kernels=_check_kernels(Calls(), "")
+    )
     for trips in (0, 1, 4):
         out = model.run({"x": X, "M": np.array(trips, I64)})
         np.testing.assert_allclose(out["y"], X + trips * 2 * X)
@@ -426,7 +429,7 @@ FEEDS = [
 
 def test_nested_control_flow_agrees_with_numpy(executor: str, host: HostContext) -> None:
     graph = _nested_model()
-    model = _load(graph, executor, host)
+    model = load_on(executor, graph, host=host)
     if executor == "async":  # outer Loop and Scan, and (in its body) the inner Loop
         reg = default_registry()
         df = DataflowExecutor(
@@ -445,7 +448,7 @@ def test_nested_control_flow_agrees_with_numpy(executor: str, host: HostContext)
 @pytest.mark.anyio
 async def test_nested_control_flow_run_async_agrees(anyio_backend: Any, host: HostContext) -> None:
     graph = _nested_model()
-    model = _load(graph, "async", host)
+    model = load_on("async", graph, host=host)
     ref = tfrt_py.load(graph, executor="sync")
     for feed in FEEDS:
         _agree([ref.run(feed), await model.run_async(feed)])
@@ -502,7 +505,7 @@ async def test_a_long_chain_of_non_strict_loops(anyio_backend: Any, host: HostCo
         acc = b.op("Loop", b.const(np.array(2, I64)), None, acc, body=body)
     b.output(acc, "y")
     graph = b.build()
-    model = _load(graph, "async", host)
+    model = load_on("async", graph, host=host)
     assert "300 non-strict Loop/Scan" in model.describe()
     expected = 600 * X
     np.testing.assert_allclose((await model.run_async({"x": X}))["y"], expected)

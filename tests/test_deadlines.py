@@ -21,6 +21,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tfrt_py
+from tests.support.executors import load_on
 from tfrt_py.errors import DeadlineExceeded
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -57,9 +58,8 @@ def _feeds(n: Any) -> dict[str, Any]:
     return {"n": np.asarray(n, np.int64), "x": X}
 
 
-@pytest.mark.parametrize("executor", ["sync", "async"])
 def test_runaway_loop_raises_deadline_exceeded_and_the_model_stays_usable(executor: str) -> None:
-    model = tfrt_py.load(_loop_model(), executor=executor)
+    model = load_on(executor, _loop_model())
     with pytest.raises(DeadlineExceeded, match="the_loop") as info:
         model.run(_feeds(RUNAWAY), timeout=0.3)
     assert isinstance(info.value, TimeoutError)
@@ -70,9 +70,8 @@ def test_runaway_loop_raises_deadline_exceeded_and_the_model_stays_usable(execut
     np.testing.assert_array_equal(model.run(_feeds(4))["y"], X)
 
 
-@pytest.mark.parametrize("executor", ["sync", "async"])
 def test_default_deadline_from_load(executor: str) -> None:
-    model = tfrt_py.load(_loop_model(), executor=executor, timeout=0.2)
+    model = load_on(executor, _loop_model(), timeout=0.2)
     with pytest.raises(DeadlineExceeded):
         model.run(_feeds(RUNAWAY))
     np.testing.assert_array_equal(model.run(_feeds(1))["y"], -X)
@@ -80,9 +79,8 @@ def test_default_deadline_from_load(executor: str) -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("executor", ["sync", "async"])
 async def test_runaway_loop_run_async_deadline(executor: str, anyio_backend: Any) -> None:
-    model = tfrt_py.load(_loop_model(), executor=executor)
+    model = load_on(executor, _loop_model())
     ticks = 0
 
     async def ticker() -> None:
@@ -100,8 +98,10 @@ async def test_runaway_loop_run_async_deadline(executor: str, anyio_backend: Any
     np.testing.assert_array_equal((await model.run_async(_feeds(2)))["y"], X)
 
 
-def test_deadline_is_noticed_after_a_long_kernel_and_names_the_next_node() -> None:
-    """A kernel is never interrupted; the check before the next one stops the call."""
+def test_deadline_during_a_long_kernel_stops_the_call_naming_a_node(executor: str) -> None:
+    """A kernel is never interrupted. The sync executor notices the deadline at its check
+    before the next kernel and names that one; the async executor wakes the caller at the
+    deadline, naming the first unfinished kernel (``DataflowExecutor.run``)."""
 
     def slow(x: np.ndarray) -> np.ndarray:
         time.sleep(0.4)
@@ -114,11 +114,11 @@ def test_deadline_is_noticed_after_a_long_kernel_and_names_the_next_node() -> No
     graph = helper.make_graph(nodes, "g", [_info("x", F32, [2])], [_info("y", F32, [2])])
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("app", 1)]
     data = helper.make_model(graph, opset_imports=opsets, ir_version=8).SerializeToString()
-    model = tfrt_py.load(data, executor="sync", custom_kernels={("app", "Slow"): slow})
+    model = load_on(executor, data, custom_kernels={("app", "Slow"): slow})
     model.run({"x": X})  # plan the signature first: the deadline then hits the planned code
     with pytest.raises(DeadlineExceeded) as info:
         model.run({"x": X}, timeout=0.1)
-    assert info.value.node_name == "after_slow"
+    assert info.value.node_name == ("slow" if executor == "async" else "after_slow")
     np.testing.assert_array_equal(model.run({"x": X}, timeout=5)["y"], np.maximum(X + 1, 0))
 
 
@@ -142,12 +142,9 @@ class _Counter:
         return -v
 
 
-@pytest.mark.parametrize("executor", ["sync", "async"])
 def test_cancelling_run_async_stops_the_loop_iterations(executor: str) -> None:
     counter = _Counter()
-    model = tfrt_py.load(
-        _loop_model("Count"), executor=executor, custom_kernels={("app", "Count"): counter}
-    )
+    model = load_on(executor, _loop_model("Count"), custom_kernels={("app", "Count"): counter})
 
     async def main() -> None:
         task = asyncio.ensure_future(model.run_async(_feeds(RUNAWAY)))
@@ -169,9 +166,11 @@ def test_cancelling_run_async_stops_the_loop_iterations(executor: str) -> None:
 
 
 @pytest.mark.anyio
-async def test_cancelling_run_async_on_trio_and_uvloop_stops_the_loop(anyio_backend: Any) -> None:
+async def test_cancelling_run_async_on_trio_and_uvloop_stops_the_loop(
+    executor: str, anyio_backend: Any
+) -> None:
     counter = _Counter()
-    model = tfrt_py.load(_loop_model("Count"), custom_kernels={("app", "Count"): counter})
+    model = load_on(executor, _loop_model("Count"), custom_kernels={("app", "Count"): counter})
     with anyio.move_on_after(0.3):
         await model.run_async(_feeds(RUNAWAY))
     await anyio.sleep(0.05)
@@ -207,13 +206,12 @@ def _gate_model() -> bytes:
     return helper.make_model(graph, opset_imports=opsets, ir_version=8).SerializeToString()
 
 
-@pytest.mark.parametrize("executor", ["sync", "async"])
 def test_max_concurrency_bounds_calls_in_flight(executor: str) -> None:
     gate = _Gate()
     host = tfrt_py.concurrency.HostContext(num_workers=6, name="limiter-test")
-    model = tfrt_py.load(
-        _gate_model(), executor=executor, custom_kernels={("app", "Hold"): gate},
-        max_concurrency=2, host=host,
+    model = load_on(
+        executor, _gate_model(), custom_kernels={("app", "Hold"): gate}, max_concurrency=2,
+        host=host,
     )  # fmt: skip
 
     async def main() -> list[Any]:
@@ -240,10 +238,10 @@ def test_max_concurrency_bounds_calls_in_flight(executor: str) -> None:
     assert model.limiter is not None and model.limiter.in_flight == 0
 
 
-def test_max_concurrency_from_threads_and_a_deadline_while_waiting() -> None:
+def test_max_concurrency_from_threads_and_a_deadline_while_waiting(executor: str) -> None:
     gate = _Gate()
-    model = tfrt_py.load(
-        _gate_model(), executor="sync", custom_kernels={("app", "Hold"): gate}, max_concurrency=1
+    model = load_on(
+        executor, _gate_model(), custom_kernels={("app", "Hold"): gate}, max_concurrency=1
     )
     holder = threading.Thread(target=model.run, args=({"x": X},))
     holder.start()

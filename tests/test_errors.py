@@ -1,9 +1,10 @@
 """Bad input gives clear errors, and the model keeps working afterwards.
 
 Every failing call is followed by a good call on the same loaded model that must still
-return the right outputs. Messages are checked for what a user needs to fix the problem:
-the input's name with its expected dtype/shape, the node's name and op type, the op,
-domain and opset that are not supported, the file that could not be read.
+return the right outputs, on every executor (the ``executor`` fixture). Messages are
+checked for what a user needs to fix the problem: the input's name with its expected
+dtype/shape, the node's name and op type, the op, domain and opset that are not
+supported, the file that could not be read.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from models.builders import FLOAT, INT64, Net, tensor_info
 
 import tfrt_py
+from tests.support.executors import load_on
+from tests.support.models.builders import FLOAT, INT64, Net, tensor_info
 from tfrt_py.errors import (
     ExecutionError,
     GraphError,
@@ -59,9 +61,9 @@ def expected_scores(features: Any, ids: Any) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def model() -> tfrt_py.Model:
-    """One model shared by every test here: each failure must leave it usable."""
-    return tfrt_py.load(_embedding_model())
+def model(executor: str) -> tfrt_py.Model:
+    """One model per executor shared by every test here: each failure must leave it usable."""
+    return load_on(executor, _embedding_model())
 
 
 def assert_still_works(model: tfrt_py.Model) -> None:
@@ -216,8 +218,8 @@ def test_error_families() -> None:
 # -- kernel failure at run time -----------------------------------------------------------
 
 
-def test_kernel_failure_names_node_and_op() -> None:
-    model = tfrt_py.load(_reshape_model())
+def test_kernel_failure_names_node_and_op(executor: str) -> None:
+    model = load_on(executor, _reshape_model())
     values = np.arange(6, dtype=np.float32)
     with pytest.raises(ExecutionError) as info:
         model.run({"values": values, "target_shape": np.array([4, 4], np.int64)})

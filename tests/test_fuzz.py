@@ -33,15 +33,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from fuzz_graphs import IR_VERSION, RandomModel, random_array, random_models
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from models.builders import FLOAT, tensor_info
-from models.control_flow import if_loop
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import tfrt_py
+from tests.support.fuzz_graphs import IR_VERSION, RandomModel, random_array, random_models
+from tests.support.models.builders import FLOAT, tensor_info
+from tests.support.models.control_flow import if_loop
 from tfrt_py.errors import ExecutionError, InputError, ModelLoadError, TfrtError, UnsupportedOpError
 
 # Mutated weights overflow: NumPy warns (an error under this suite's filter), ONNX gives inf.

@@ -1,5 +1,7 @@
-"""The sync interpreter: no allocation per call, thread safety, output ownership, caller
-buffers, per-signature plans, errors that name the node."""
+"""The sync interpreter: no allocation per call, per-signature plans and their cache, the
+memory plan; and, on every executor (the ``executor`` fixture), thread safety, output
+ownership, caller buffers, feed validation after the fast path, errors that name the node,
+run_async."""
 
 from __future__ import annotations
 
@@ -13,18 +15,18 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from models import build
 
 import tfrt_py
+from tests.support.executors import load_on
+from tests.support.models import build
 from tfrt_py.errors import ExecutionError, InputError
 from tfrt_py.ir import GraphBuilder
 
 F32 = np.float32
-TESTS = os.path.dirname(os.path.abspath(__file__))
-BENCHMARKS = os.path.join(os.path.dirname(TESTS), "benchmarks")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _mlp(batch: int | str = 1, hidden: int = 256) -> tfrt_py.Model:
+def _mlp(batch: int | str = 1, hidden: int = 256, executor: str = "sync") -> tfrt_py.Model:
     """M2's shape: x[1,64] -> Gemm 64xH + Relu -> Gemm HxH + Relu -> Gemm Hx10 ->
     Softmax (H = 256 in M2)."""
     rng = np.random.default_rng(2)
@@ -37,7 +39,7 @@ def _mlp(batch: int | str = 1, hidden: int = 256) -> tfrt_py.Model:
         if i < 2:
             h = b.op("Relu", h)
     b.output(b.op("Softmax", h, axis=-1), "probs")
-    return tfrt_py.load(b.build(), executor="sync")
+    return load_on(executor, b.build())
 
 
 def _feed(seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
@@ -68,12 +70,15 @@ def measure_steady_state_allocations() -> tuple[int, int, int]:
 
 
 def test_steady_state_allocates_only_the_outputs() -> None:
-    code = (
-        f"import sys; sys.path[:0] = [{TESTS!r}, {BENCHMARKS!r}]; import test_interpreter; "
-        "print(*test_interpreter.measure_steady_state_allocations())"
-    )
+    # ``python -c`` imports from its working directory first: the repository root.
+    code = "from tests import test_interpreter as t; print(*t.measure_steady_state_allocations())"
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     net, peak, out_bytes = map(int, done.stdout.split()[-3:])
@@ -85,8 +90,8 @@ def test_steady_state_allocates_only_the_outputs() -> None:
     assert peak < out_bytes + 3000, peak
 
 
-def test_calls_from_many_threads_agree() -> None:
-    model = _mlp()
+def test_calls_from_many_threads_agree(executor: str) -> None:
+    model = _mlp(executor=executor)
     feeds = [_feed(seed) for seed in range(8)]
     expected = [model.run(f)["probs"].copy() for f in feeds]
     errors: list[BaseException] = []
@@ -110,8 +115,8 @@ def test_calls_from_many_threads_agree() -> None:
     assert not errors, errors[0]
 
 
-def test_outputs_are_the_callers_own() -> None:
-    model = _mlp()
+def test_outputs_are_the_callers_own(executor: str) -> None:
+    model = _mlp(executor=executor)
     feeds = _feed()
     a = model.run(feeds)["probs"]
     b = model.run(feeds)["probs"]
@@ -121,8 +126,8 @@ def test_outputs_are_the_callers_own() -> None:
     np.testing.assert_array_equal(model.run(feeds)["probs"], expected)
 
 
-def test_outputs_fill_caller_buffers() -> None:
-    model = _mlp()
+def test_outputs_fill_caller_buffers(executor: str) -> None:
+    model = _mlp(executor=executor)
     feeds = _feed()
     expected = model.run(feeds)["probs"]
     buf = np.empty((1, 10), F32)
@@ -136,14 +141,14 @@ def test_outputs_fill_caller_buffers() -> None:
         model.run(feeds, outputs={"nope": buf})
 
 
-def test_feeds_and_constants_as_outputs_are_copied() -> None:
+def test_feeds_and_constants_as_outputs_are_copied(executor: str) -> None:
     b = GraphBuilder("passthrough")
     x = b.input("x", F32, (2,))
     c = b.const(np.arange(2, dtype=F32))
     b.output(b.op("Identity", x), "x_out")  # the identity pass makes x itself the output
     b.output(b.op("Identity", c), "c_out")  # folded: the output is a constant
     b.output(b.op("Add", x, c), "sum")
-    model = tfrt_py.load(b.build())
+    model = load_on(executor, b.build())
     x_val = np.ones(2, F32)
     for _ in range(2):
         got = model.run({"x": x_val})
@@ -175,8 +180,8 @@ def test_plan_cache_is_bounded() -> None:
     assert len(model.runtime.plans()) == 8  # type: ignore[union-attr]
 
 
-def test_bad_feeds_fall_back_to_full_validation() -> None:
-    model = _mlp()
+def test_bad_feeds_fall_back_to_full_validation(executor: str) -> None:
+    model = _mlp(executor=executor)
     feeds = _feed()
     model.run(feeds)
     model.run(feeds)  # the fast path is now the planned one
@@ -192,13 +197,13 @@ def test_bad_feeds_fall_back_to_full_validation() -> None:
     np.testing.assert_allclose(as_list, model.run(feeds)["probs"], rtol=1e-6)
 
 
-def test_kernel_error_names_the_node_and_model_stays_usable() -> None:
+def test_kernel_error_names_the_node_and_model_stays_usable(executor: str) -> None:
     b = GraphBuilder("gather")
     idx = b.input("i", np.int64, (2,))
     table = b.const(np.arange(12, dtype=F32).reshape(4, 3))
     g = b.op("Gather", table, idx, axis=0, name="lookup")
     b.output(b.op("Relu", g), "y")
-    model = tfrt_py.load(b.build())
+    model = load_on(executor, b.build())
     good = {"i": np.array([0, 3], np.int64)}
     for _ in range(2):
         np.testing.assert_array_equal(model.run(good)["y"], [[0, 1, 2], [9, 10, 11]])
@@ -208,8 +213,8 @@ def test_kernel_error_names_the_node_and_model_stays_usable() -> None:
     np.testing.assert_array_equal(model.run(good)["y"], [[0, 1, 2], [9, 10, 11]])
 
 
-def test_run_async_uses_the_same_plan() -> None:
-    model = _mlp()
+def test_run_async_agrees_with_run(executor: str) -> None:
+    model = _mlp(executor=executor)
     feeds = _feed()
     expected = model.run(feeds)["probs"]
     got = asyncio.run(model.run_async(feeds))["probs"]
@@ -237,14 +242,3 @@ def test_every_test_model_agrees_planned_and_unoptimized() -> None:
                 got = model.run(feed)
                 for k in want:
                     np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
-
-
-def test_outputs_buffers_on_the_async_executor_too() -> None:
-    case = build("mlp")
-    model = tfrt_py.load(case.model, executor="async")
-    feed = case.feeds[0]
-    want = tfrt_py.load(case.model).run(feed)["probs"]
-    buf = np.empty_like(want)
-    got = model.run(feed, outputs={"probs": buf})
-    assert got["probs"] is buf
-    np.testing.assert_allclose(buf, want, rtol=1e-5)

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kernel_harness import build_node, check_vs_ort, ort_run, registry_of
 
+from tests.support.kernel_harness import build_node, check_vs_ort, ort_run, registry_of
 from tfrt_py.kernels.nn import pool
 
 ort = pytest.importorskip("onnxruntime")

@@ -1,5 +1,6 @@
 """Real models end to end: load with tfrt_py, run, and compare every output with
-onnxruntime. The models are built in ``tests/models`` (fixed seeds, nothing downloaded)."""
+onnxruntime, on "auto" and on every executor (the ``executor`` fixture). The models are
+built in ``tests/support/models`` (fixed seeds, nothing downloaded)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from models import MODELS, ModelCase, build
-from models.nn import DYNAMIC_BATCH_SIZES
 
 import tfrt_py
-from tfrt_py.errors import ModelLoadError
-from tfrt_py.native import Declined
+from tests.support.executors import load_on
+from tests.support.models import MODELS, ModelCase, build
+from tests.support.models.nn import DYNAMIC_BATCH_SIZES
 
 CASE_NAMES = list(MODELS)
 
@@ -83,16 +83,33 @@ def case(request: pytest.FixtureRequest) -> ModelCase:
 
 @pytest.fixture(scope="module")
 def loaded(case: ModelCase) -> tfrt_py.Model:
-    """The case's model, loaded once per module and shared by the tests (as a server would)."""
+    """The case's model on "auto", loaded once per module and shared by the tests (as a
+    server would)."""
     return tfrt_py.load(case.model)
+
+
+#: Models the native tier must run (the anchors and the MLP).
+MUST_RUN_NATIVE = {"mlp", "anchor_m1", "anchor_m2", "anchor_m2b", "anchor_m3", "anchor_m4"}
+
+
+@pytest.fixture(scope="module")
+def on_executor(case: ModelCase, executor: str) -> tfrt_py.Model:
+    """The case's model on the fixture's executor, loaded once and shared by the tests."""
+    return load_on(executor, case.model, native_must_lower=case.name in MUST_RUN_NATIVE)
 
 
 # -- every model --------------------------------------------------------------------------
 
 
 def test_matches_onnxruntime(case: ModelCase, loaded: tfrt_py.Model) -> None:
+    assert loaded.executor in ("sync", "async", "native")
     for i, feed in enumerate(case.feeds):
         assert_matches_reference(case, i, loaded.run(feed))
+
+
+def test_every_executor_matches_onnxruntime(case: ModelCase, on_executor: tfrt_py.Model) -> None:
+    for i, feed in enumerate(case.feeds):
+        assert_matches_reference(case, i, on_executor.run(feed))
 
 
 def _declared(vi: onnx.ValueInfoProto) -> tuple[np.dtype | None, list[int | str | None] | None]:
@@ -140,10 +157,11 @@ def test_input_output_specs(case: ModelCase, loaded: tfrt_py.Model) -> None:
     _check_specs(loaded.outputs, list(case.model.graph.output))
 
 
-def test_calls_are_independent(case: ModelCase, loaded: tfrt_py.Model) -> None:
+def test_calls_are_independent(case: ModelCase, on_executor: tfrt_py.Model) -> None:
     """Load once, call many times: feeds are never mutated, a returned output is never
     overwritten by a later call, the caller may scribble on what it got without affecting
     later calls, and the same feed gives bit-identical results."""
+    loaded = on_executor
     feeds_before = copy.deepcopy(case.feeds)
     first = loaded.run(case.feeds[0])
     snapshot = copy.deepcopy(first)
@@ -163,19 +181,19 @@ def test_calls_are_independent(case: ModelCase, loaded: tfrt_py.Model) -> None:
     assert_matches_reference(case, 0, loaded.run(case.feeds[0]))
 
 
-def test_concurrent_calls(case: ModelCase, loaded: tfrt_py.Model) -> None:
+def test_concurrent_calls(case: ModelCase, on_executor: tfrt_py.Model) -> None:
     """``run`` from several threads at once on one model gives each caller its own result."""
     jobs = [i for _ in range(3) for i in range(len(case.feeds))]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda i: loaded.run(case.feeds[i]), jobs))
+        results = list(pool.map(lambda i: on_executor.run(case.feeds[i]), jobs))
     for i, got in zip(jobs, results):
         assert_matches_reference(case, i, got)
 
 
 @pytest.mark.asyncio
-async def test_run_async(case: ModelCase, loaded: tfrt_py.Model) -> None:
+async def test_run_async(case: ModelCase, on_executor: tfrt_py.Model) -> None:
     for i, feed in enumerate(case.feeds):
-        assert_matches_reference(case, i, await loaded.run_async(feed))
+        assert_matches_reference(case, i, await on_executor.run_async(feed))
 
 
 def test_describe(case: ModelCase, loaded: tfrt_py.Model) -> None:
@@ -203,42 +221,14 @@ def test_load_sources(case: ModelCase, source: str, tmp_path: Any, loaded: tfrt_
     assert_matches_reference(case, 0, model.run(case.feeds[0]))
 
 
-#: Models the native tier must run (the anchors and the MLP).
-MUST_RUN_NATIVE = {"mlp", "anchor_m1", "anchor_m2", "anchor_m2b", "anchor_m3", "anchor_m4"}
-
-
-@pytest.mark.parametrize("executor", ["auto", "sync", "async", "native"])
-def test_executor(case: ModelCase, executor: str) -> None:
-    try:
-        model = tfrt_py.load(case.model, executor=executor, native="eager")
-    except Declined as e:
-        if executor != "native" or case.name in MUST_RUN_NATIVE:
-            raise
-        pytest.skip(f"the native tier does not lower this model: {e}")
-    except ModelLoadError:
-        raise
-    except ValueError as e:
-        if "not available" in str(e):
-            pytest.skip(f"executor {executor!r} not available yet: {e}")
-        raise
-    if executor == "native":
-        assert model.native.state == "ready"
-    if executor == "auto":
-        assert model.executor in ("sync", "async", "native")
-    else:
-        assert model.executor == executor
-    for i, feed in enumerate(case.feeds):
-        assert_matches_reference(case, i, model.run(feed))
-
-
 # -- dynamic batch ------------------------------------------------------------------------
 
 
-def test_dynamic_batch_sizes_on_one_model() -> None:
+def test_dynamic_batch_sizes_on_one_model(executor: str) -> None:
     """One loaded model serves batch 1, 3 and 17 in any order; the batch dim is dynamic in
     the specs and follows the feed in the outputs."""
     case = build("dynamic_batch")
-    model = tfrt_py.load(case.model)
+    model = load_on(executor, case.model)
     assert model.inputs[0].shape is not None
     assert model.inputs[0].shape[0] in ("N", None)
     assert model.inputs[0].shape[1] == 10

@@ -22,7 +22,9 @@ import httpx
 import numpy as np
 import onnx
 import pytest
-from serving_support import (
+
+import tfrt_py
+from tests.support.serving import (
     GOOD,
     assert_good_answer,
     loop_model,
@@ -31,8 +33,6 @@ from serving_support import (
     serve_process,
     wait_ready,
 )
-
-import tfrt_py
 from tfrt_py.serving import ModelServer, ServerThread, create_app
 from tfrt_py.serving.limits import DEFAULT_TIMEOUT_S
 

@@ -13,7 +13,9 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from serving_support import (
+
+import tfrt_py
+from tests.support.serving import (
     GOOD,
     X,
     assert_good_answer,
@@ -22,8 +24,6 @@ from serving_support import (
     npy_header,
     npz_bytes,
 )
-
-import tfrt_py
 from tfrt_py.serving import ServerThread, create_app
 
 

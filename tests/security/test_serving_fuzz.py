@@ -23,7 +23,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from serving_support import (
+
+import tfrt_py
+from tests.support.serving import (
     GOOD,
     NPY,
     NPZ,
@@ -34,8 +36,6 @@ from serving_support import (
     npy_header,
     rowsum_model,
 )
-
-import tfrt_py
 from tfrt_py.examples import make_models
 from tfrt_py.serving import ServerThread, create_app
 

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
-from serving_support import (
+
+from tests.support.serving import (
     GOOD,
     NPY,
     NPZ,
@@ -24,7 +25,6 @@ from serving_support import (
     npz_bytes,
     read_response,
 )
-
 from tfrt_py.serving import ServerThread, create_app
 from tfrt_py.serving.limits import MAX_HEAD_BYTES
 

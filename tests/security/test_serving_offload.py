@@ -17,9 +17,9 @@ from types import FrameType
 import httpx
 import numpy as np
 import pytest
-from serving_support import rowsum_model
 
 import tfrt_py
+from tests.support.serving import rowsum_model
 from tfrt_py.serving import ServerThread, create_app
 
 ROWS = 9000  # x float32[9000, 64] as JSON: ~12 MB

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving_support import (
+
+from tests.support.serving import (
     GOOD,
     MLP,
     NPZ,

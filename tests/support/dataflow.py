@@ -1,27 +1,18 @@
 """Models and helpers shared by the dataflow executor tests (``test_dataflow*.py``); their
 fixtures (``executor``, ``host``, ``anyio_backend``, the seeded ready queue) are in
-``conftest.py``."""
+``conftest.py``, and they load models with ``tests.support.executors.load_on``."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import numpy as np
 
-import tfrt_py
-from tfrt_py.concurrency import HostContext
 from tfrt_py.ir import Graph, GraphBuilder, Value, tensor_type
 
-__all__ = ["F32", "ROWS", "Calls", "N", "_agree", "_branchy", "_load", "_wide"]
+__all__ = ["F32", "ROWS", "Calls", "N", "_agree", "_branchy", "_wide"]
 
 F32 = np.float32
-
-
-def _load(source: Any, executor: str, host: HostContext, **kw: Any) -> tfrt_py.Model:
-    m = tfrt_py.load(source, executor=executor, host=host, **kw)
-    assert m.executor == executor
-    return m
 
 
 def _agree(outs: list[dict[str, np.ndarray]]) -> None:

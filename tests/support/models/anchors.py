@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from anchor_models import ANCHORS as BENCH_ANCHORS
+from benchmarks.anchor_models import ANCHORS as BENCH_ANCHORS
 
 from .builders import ModelCase
 

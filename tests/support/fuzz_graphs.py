@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import onnx
 from hypothesis import strategies as st
-from models.builders import BOOL, FLOAT, INT64, tensor_info
 from onnx import TensorProto, helper, numpy_helper
+
+from .models.builders import BOOL, FLOAT, INT64, tensor_info
 
 F32, F64, I64, I32, BOOL_ = (
     np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32, np.bool_)
