@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import tfrt_py
 from tests.support.dataflow import F32, Calls, N, _agree, _branchy
-from tests.support.executors import NATIVE_REDUCE_BUG, load_on, native_bug
+from tests.support.executors import load_on
 from tests.support.models.control_flow import if_loop
 from tfrt_py.compiler import model_cost
 from tfrt_py.concurrency import AsyncValue, HostContext
@@ -45,7 +45,6 @@ def test_control_flow_model_agrees(executor: str, host: HostContext) -> None:
 def test_parallel_branches_agree_across_executors(
     executor: str, host: HostContext, request: pytest.FixtureRequest
 ) -> None:
-    native_bug(request, executor, NATIVE_REDUCE_BUG)
     graph = _branchy()
     model = load_on(executor, graph, host=host)
     x = np.random.default_rng(0).standard_normal((1, N)).astype(F32)

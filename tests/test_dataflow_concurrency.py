@@ -15,7 +15,7 @@ import pytest
 
 import tfrt_py
 from tests.support.dataflow import F32, Calls, N, _agree, _branchy, _wide
-from tests.support.executors import NATIVE_REDUCE_BUG, load_on, native_bug
+from tests.support.executors import load_on
 from tfrt_py.concurrency import AsyncValue, HostContext
 from tfrt_py.executors import compile_program
 from tfrt_py.executors.dataflow import DataflowExecutor
@@ -185,7 +185,6 @@ def test_8_threads_call_run(executor: str, with_async_kernel: bool, host: HostCo
 def test_run_on_a_worker_of_the_same_host_does_not_wait_on_the_pool(
     executor: str, request: pytest.FixtureRequest
 ) -> None:
-    native_bug(request, executor, NATIVE_REDUCE_BUG)
     graph = _branchy()
     x = np.ones((1, N), F32)
     expected = tfrt_py.load(graph, executor="sync").run({"x": x})

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.support.executors import NATIVE_REDUCE_BUG, load_on, native_bug
+from tests.support.executors import load_on
 from tfrt_py.errors import InputError
 
 
@@ -168,7 +168,6 @@ def test_bad_output_buffers_are_input_errors(executor: str, buf: str, what: str)
 @pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
 def test_matrix_feed_is_read_as_an_array(executor: str, request: pytest.FixtureRequest) -> None:
     """np.matrix keeps two dims under reductions: a ReduceSum(keepdims=0) gave (1, 1)."""
-    native_bug(request, executor, NATIVE_REDUCE_BUG)
     node = helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)
     model = load_on(executor, _model([node], [X], [_info("y", [])], opset=11))
     for _ in range(2):

@@ -17,20 +17,11 @@ from typing import Any
 import pytest
 
 import tfrt_py
-from tfrt_py.native import Declined, NativeUnavailable, available
+from tfrt_py.native import Declined, available
 
-__all__ = ["EXECUTORS", "NATIVE_REDUCE_BUG", "load_on", "native_bug"]
+__all__ = ["EXECUTORS", "load_on"]
 
 EXECUTORS = ("sync", "async", "native")
-
-#: A known native-tier bug: in the generated code the loop index of a Reduce* (``r{j}``,
-#: ``native/ops.py``) shadows the output views (``r{k}``, ``native/lower.py``), so numba
-#: cannot type a model with a reduction and an output written after it.
-NATIVE_REDUCE_BUG = (
-    "native tier bug: a Reduce* loop index r0 shadows the output view r0 in the generated "
-    "code (Cannot unify array(float32, 1d, C) and int64)"
-)
-
 
 def load_on(
     executor: str, source: Any, *, native_must_lower: bool = False, **kw: Any
@@ -52,12 +43,3 @@ def load_on(
     if executor == "native":
         assert model.native is not None and model.native.state == "ready", model.describe()
     return model
-
-
-def native_bug(request: pytest.FixtureRequest, executor: str, bug: str) -> None:
-    """Mark the test's "native" instance as failing on a known native-tier bug (``bug`` says
-    which): the eager compile raises. Strict, so the test fails once the bug is fixed and
-    the mark must go."""
-    if executor == "native":
-        mark = pytest.mark.xfail(raises=NativeUnavailable, strict=True, reason=bug)
-        request.applymarker(mark)
