@@ -1,5 +1,5 @@
-"""The ASGI app (Starlette) over a ModelServer: the v1 routes, ``GET /metrics``
-(Prometheus, ``metrics``).
+"""The ASGI app (Starlette) over a ModelServer: the v1 routes here, the Open Inference
+Protocol (KServe v2) routes in ``v2``, ``GET /metrics`` (Prometheus, ``metrics``).
 
 v1 routes:
 
@@ -56,6 +56,7 @@ from .handling import (
 )
 from .hub import ModelServer
 from .metrics import CONTENT_TYPE
+from .v2 import v2_routes
 
 __all__ = ["create_app", "read_body"]
 
@@ -136,6 +137,7 @@ def create_app(
         route("/healthz", healthz, "GET"),
         route("/readyz", readyz, "GET"),
         route("/metrics", metrics, "GET"),
+        *v2_routes(server),
     ]
     app = Starlette(
         debug=debug,
