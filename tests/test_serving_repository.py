@@ -114,7 +114,7 @@ X2 = np.array([[1.0, -2.0]], np.float32)
 
 def test_the_newest_versions_are_served(repo: Path) -> None:
     log: list[str] = []
-    server = ModelServer(repository=repo, log=log.append)
+    server = ModelServer(repository=repo, log=log.append, model_control="explicit")
     assert sorted(server.configs) == ["aff", "mlp"]
     assert any("'bad name'" in line for line in log) and any("'empty'" in line for line in log)
     with ServerThread(create_app(server)) as url:
@@ -140,7 +140,9 @@ def test_load_swaps_in_a_new_version_without_dropping_requests_in_flight(
     hold = Hold()
     save(affine(1.0, 0.0, hold=True), repo / "gate" / "1" / "model.onnx")
     server = ModelServer(
-        repository=repo, load_options={"custom_kernels": {("app", "Hold"): hold}, "host": host}
+        repository=repo,
+        load_options={"custom_kernels": {("app", "Hold"): hold}, "host": host},
+        model_control="explicit",
     )
     answers: list[Any] = []
     try:
@@ -171,7 +173,7 @@ def test_load_swaps_in_a_new_version_without_dropping_requests_in_flight(
 
 
 def test_unload_then_load(repo: Path) -> None:
-    with ServerThread(create_app(ModelServer(repository=repo))) as url:
+    with ServerThread(create_app(ModelServer(repository=repo, model_control="explicit"))) as url:
         c = client_for(url)
         try:
             c.unload_model("aff")
@@ -198,7 +200,7 @@ def test_unload_then_load(repo: Path) -> None:
 
 
 def test_a_version_that_fails_to_load_leaves_the_old_one_serving(repo: Path) -> None:
-    with ServerThread(create_app(ModelServer(repository=repo))) as url:
+    with ServerThread(create_app(ModelServer(repository=repo, model_control="explicit"))) as url:
         c = client_for(url)
         try:
             bad = repo / "aff" / "3" / "model.onnx"
@@ -220,7 +222,19 @@ def test_tfrt_py_serve_a_directory(repo: Path, tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     with open(log, "wb") as err:
         proc = subprocess.Popen(
-            [TFRT_PY, "serve", str(repo), "--port", "0", "--max-queue", "4"],
+            [
+                TFRT_PY,
+                "serve",
+                str(repo),
+                "--port",
+                "0",
+                "--model-control-mode",
+                "explicit",
+                "--max-concurrency",
+                "2",
+                "--max-queue",
+                "4",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=err,
         )
@@ -229,6 +243,8 @@ def test_tfrt_py_serve_a_directory(repo: Path, tmp_path: Path) -> None:
         url = log.read_text().split("on http://")[1].split()[0]
         with httpx.Client(base_url=f"http://{url}", timeout=60) as h:
             until(lambda: h.get("/v2/health/ready").status_code == 200, "ready")
+            described = h.get("/v1/models/aff").json()
+            assert (described["max_concurrency"], described["max_queue"]) == (2, 4)
         c = client_for(f"http://{url}")
         try:
             np.testing.assert_allclose(infer(c, "aff", X2), X2 * 3)
@@ -243,6 +259,21 @@ def test_tfrt_py_serve_a_directory(repo: Path, tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == -signal.SIGTERM, log.read_text()
+
+
+def test_loading_and_unloading_are_off_unless_asked_for(repo: Path) -> None:
+    with ServerThread(create_app(ModelServer(repository=repo))) as url:
+        c = client_for(url)
+        try:
+            for call in (c.load_model, c.unload_model):
+                with pytest.raises(InferenceServerException) as info:
+                    call("aff")
+                assert info.value.status() == "403"
+                assert "--model-control-mode explicit" in info.value.message()
+            assert c.is_model_ready("aff")  # nothing was unloaded
+            assert {m["name"] for m in c.get_model_repository_index()} == {"aff", "mlp"}
+        finally:
+            c.close()
 
 
 def test_serve_refuses_a_model_name_that_is_not_safe(tmp_path: Path) -> None:

@@ -204,6 +204,13 @@ def bench(
     show_default=True,
     help="requests waiting per model; past it: 503 with Retry-After",
 )
+@click.option(
+    "--model-control-mode",
+    type=click.Choice(["none", "explicit"]),
+    default="none",
+    show_default=True,
+    help="explicit: POST /v2/repository/models/NAME/load|unload may load and unload models",
+)
 @click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
 @click.option("--log-level", default="warning", show_default=True, help="uvicorn's")
 def serve(
@@ -219,6 +226,7 @@ def serve(
     drain_timeout: float,
     max_concurrency: int,
     max_queue: int,
+    model_control_mode: str,
     executor: str,
     log_level: str,
 ) -> None:
@@ -268,6 +276,7 @@ def serve(
         max_concurrency=max_concurrency,
         max_queue=max_queue,
         load_options={"executor": executor},
+        model_control=model_control_mode,
         log=lambda msg: click.echo(msg, err=True),
     )
 

@@ -41,7 +41,18 @@ from .metrics import ServerMetrics
 from .repository import ModelRepository, check_name
 from .served import ServedModel
 
-__all__ = ["DECODE_THREADS", "DEFAULT_MAX_BODY_BYTES", "ModelConfig", "ModelServer"]
+__all__ = [
+    "DECODE_THREADS",
+    "DEFAULT_MAX_BODY_BYTES",
+    "MODEL_CONTROL",
+    "ModelConfig",
+    "ModelServer",
+]
+
+#: ``model_control``: "none" (the repository API may not load or unload: a stranger could
+#: unload every model, or make the server load them over and over) or "explicit" (it may),
+#: as Triton's --model-control-mode.
+MODEL_CONTROL = ("none", "explicit")
 
 #: Threads decoding large bodies / encoding large responses: bounds how many decoded
 #: bodies are in memory at once.
@@ -74,7 +85,9 @@ class ModelServer:
     per model; models the server loads get it as ``load(max_concurrency=)``) and
     ``max_queue`` (requests waiting per model; one more is a 503 with Retry-After).
     ``load_options`` go to every ``tfrt_py.load`` the server makes (``custom_kernels``,
-    ``host``, ``optimize``, ``executor``...; they win over a ModelConfig's)."""
+    ``host``, ``optimize``, ``executor``...; they win over a ModelConfig's).
+    ``model_control="explicit"`` lets the repository API load and unload models (off by
+    default: 403)."""
 
     def __init__(
         self,
@@ -90,6 +103,7 @@ class ModelServer:
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         max_queue: int = DEFAULT_MAX_QUEUE,
         load_options: Mapping[str, Any] | None = None,
+        model_control: str = "none",
         log: Callable[[str], object] | None = None,
         close_timeout: float = CLOSE_TIMEOUT_S,
     ) -> None:
@@ -134,6 +148,9 @@ class ModelServer:
         self.timeout = None if timeout is None else float(timeout)
         self.max_concurrency = int(max_concurrency)
         self.max_queue = int(max_queue)
+        if model_control not in MODEL_CONTROL:
+            raise ValueError(f"model_control must be one of {MODEL_CONTROL}, got {model_control!r}")
+        self.model_control = model_control
         self.load_options = dict(load_options or {})
         self.close_timeout = float(close_timeout)
         self.models: dict[str, ServedModel] = {}
@@ -144,7 +161,7 @@ class ModelServer:
         self.decode_pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="tfrt_py-decode")
         self._started = False
         self._lock = threading.Lock()
-        self._loading: dict[str, asyncio.Lock] = {}
+        self._loading: asyncio.Lock | None = None  # one load or unload at a time
 
     @property
     def error(self) -> str | None:
@@ -228,12 +245,12 @@ class ModelServer:
     # -- the repository API (event loop) --------------------------------------------------
     async def load_model(self, name: str) -> ServedModel:
         """Load (or reload) ``name`` -- from the repository: its newest version; else from
-        its configured source -- warm it on a thread, then swap it in. RequestError: 400
-        for an invalid name or a model that fails to load or warm (the version served
-        before, if any, stays), 404 for a name found nowhere."""
-        check_name(name)
-        lock = self._loading.setdefault(name, asyncio.Lock())
-        async with lock:
+        its configured source -- warm it on a thread, then swap it in. One load or unload
+        at a time. RequestError: 403 unless ``model_control`` is "explicit", 400 for an
+        invalid name or a model that fails to load or warm (the version served before, if
+        any, stays), 404 for a name found nowhere."""
+        self._check_control(name)
+        async with self._lock_loads():
             cfg = await asyncio.to_thread(self._config_for, name)
             try:
                 served = await asyncio.to_thread(self._make, name, cfg)
@@ -247,6 +264,20 @@ class ModelServer:
             self.unloaded.discard(name)
             self._log(self._loaded_line(served))
             return served
+
+    def _check_control(self, name: str) -> None:
+        check_name(name)
+        if self.model_control != "explicit":
+            raise RequestError(
+                403,
+                "loading and unloading models is off; start the server with "
+                "--model-control-mode explicit (ModelServer(model_control='explicit'))",
+            )
+
+    def _lock_loads(self) -> asyncio.Lock:
+        if self._loading is None:
+            self._loading = asyncio.Lock()
+        return self._loading
 
     def _config_for(self, name: str) -> ModelConfig:
         old = self.configs.get(name)
@@ -264,11 +295,12 @@ class ModelServer:
         return old
 
     async def unload_model(self, name: str) -> None:
-        """Stop serving ``name`` (requests in flight finish); 404 for an unknown name."""
-        check_name(name)
+        """Stop serving ``name`` (requests in flight finish); 403 unless ``model_control``
+        is "explicit", 404 for an unknown name."""
+        self._check_control(name)
         if name not in self.configs:
             raise RequestError(404, f"unknown model {name!r}; models: {sorted(self.configs)}")
-        async with self._loading.setdefault(name, asyncio.Lock()):
+        async with self._lock_loads():
             self.models.pop(name, None)
             self.unloaded.add(name)
             self._log(f"tfrt-py serve: {name}: unloaded")

@@ -12,7 +12,8 @@ perf_analyzer) work unchanged:
   tensors (``v2_codec``, ``v2_binary``); ``parameters.timeout`` (µs) and ``priority``;
 * the repository extension: ``POST /v2/repository/index``,
   ``POST /v2/repository/models/{name}/load`` (load, or swap in the newest version
-  without dropping requests in flight) and ``.../unload`` (``hub.ModelServer``).
+  without dropping requests in flight) and ``.../unload`` (``hub.ModelServer``; 403
+  unless the server runs with ``model_control="explicit"``).
 
 Errors are 4xx/5xx with ``{"error": message}`` naming the input, field or model: the
 protocol's shape, which tritonclient raises as ``InferenceServerException`` with the
