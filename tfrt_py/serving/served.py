@@ -102,14 +102,13 @@ class ServedModel:
         return self.admission.waiting + (self.batcher.queued if self.batcher else 0)
 
     def overloaded(self) -> RequestError | None:
-        """The 503 a new request gets now, or None. A batching model's queue is its
-        batcher's, and holds at least ``max_batch`` requests, so batches can fill."""
-        b = self.batcher
-        if b is None:
-            return self.admission.overloaded()
-        if b.queued < max(self.admission.max_queue, b.max_batch):
+        """The 503 a new request gets now, or None. A batching model's queue (its
+        batcher's, and requests too big to batch waiting for a slot) holds at least
+        ``max_batch`` requests, so batches can fill."""
+        b, queued = self.batcher, self.queued
+        if b is not None and queued < max(self.admission.max_queue, b.max_batch):
             return None
-        return self.admission.overloaded(b.queued)
+        return self.admission.overloaded(queued)
 
     def validate(self, feeds: Mapping[str, Any]) -> list[np.ndarray]:
         """Feeds checked and converted, in input order (InputError naming the input)."""
