@@ -1,18 +1,27 @@
-"""Load test of `tfrt-py serve` on 127.0.0.1: requests/s and p50/p99, micro-batching off/on.
+"""Load test of `tfrt-py serve` on 127.0.0.1: requests/s and p50/p99, micro-batching off/on,
+the v1 JSON route against the Open Inference Protocol (v2) with binary tensors.
 
-    python benchmarks/serve_load.py [--requests 3000] [--concurrency 32] [--blas-threads default,1]
+    python benchmarks/serve_load.py [--requests 3000] [--concurrency 32] \
+        [--blas-threads default,1] [--protocols v1,v2]
 
 Starts the real server (`tfrt-py serve ... --port 0`, uvicorn + uvloop + httptools) in
 two subprocesses, one with ``--batching off`` and one with ``--batching on``, and drives each
-model with a bounded number of JSON requests from a fixed number of keep-alive
-connections (a raw asyncio HTTP/1.1 client on uvloop: less client overhead than httpx on
-the same 2 cores). Every response is checked -- status 200 and outputs equal to a local
-``model.run`` of the same input -- and counted as failed otherwise; the script exits 1 if
-any request failed. The two servers take turns (``--rounds`` alternations per model), so
-noise from elsewhere on the machine hits both alike. Each configuration runs twice: with
-the BLAS library's own threading (the default) and with one BLAS thread per server
-process (OPENBLAS_NUM_THREADS=1 and friends), the usual setting for a serving process.
-Models:
+model with a bounded number of requests from a fixed number of keep-alive connections, per
+protocol:
+
+* ``v1``: ``POST /v1/models/NAME:predict`` with JSON bodies, from a raw asyncio HTTP/1.1
+  client on uvloop (less client overhead than httpx on the same 2 cores);
+* ``v2``: ``POST /v2/models/NAME/infer`` through Triton's own asyncio client
+  (``tritonclient.http.aio``, aiohttp) with binary tensors in and out, as a Triton user
+  would send them. Its client costs more CPU per request than the raw v1 client, and
+  client and server share the cores: the v2 figures include that.
+
+Every response is checked -- status 200 and outputs equal to a local ``model.run`` of the
+same input -- and counted as failed otherwise; the script exits 1 if any request failed.
+The two servers take turns (``--rounds`` alternations per model and protocol), so noise
+from elsewhere on the machine hits both alike. Each configuration runs twice: with the
+BLAS library's own threading (the default) and with one BLAS thread per server process
+(OPENBLAS_NUM_THREADS=1 and friends), the usual setting for a serving process. Models:
 
 * ``mlp_small`` -- the bundled tiny model (x[1,64], 0.17 MFLOP): no batch dim, never batched;
 * ``mlp_small_dyn`` -- the same weights with a dynamic batch dim: batching forced on for a
@@ -80,7 +89,9 @@ def mlp_small_dyn() -> onnx.ModelProto:
 @dataclass
 class Case:
     name: str
-    bodies: list[bytes]
+    input_name: str
+    xs: list[np.ndarray]
+    bodies: list[bytes]  # v1 JSON bodies of xs
     expected: list[dict[str, np.ndarray]]
 
 
@@ -98,7 +109,8 @@ def make_cases(tmp: str) -> tuple[list[str], list[Case]]:
         xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(N_BODIES)]
         bodies = [json.dumps({"inputs": {spec.name: x.tolist()}}).encode() for x in xs]
         expected = [model.run({spec.name: x}) for x in xs]
-        cases.append(Case(os.path.splitext(os.path.basename(path))[0], bodies, expected))
+        name = os.path.splitext(os.path.basename(path))[0]
+        cases.append(Case(name, spec.name, xs, bodies, expected))
     return paths, cases
 
 
@@ -117,9 +129,13 @@ def _ok(status: int, payload: bytes, expected: dict[str, np.ndarray]) -> bool:
     return all(np.allclose(outputs[k], v, rtol=1e-4, atol=1e-5) for k, v in expected.items())
 
 
-async def drive(port: int, case: Case, requests: int, concurrency: int) -> dict[str, Any]:
-    """``requests`` requests from ``concurrency`` keep-alive connections: seconds,
-    latencies (ms), failed count."""
+async def drive(
+    port: int, case: Case, requests: int, concurrency: int, protocol: str = "v1"
+) -> dict[str, Any]:
+    """``requests`` requests of ``protocol`` from ``concurrency`` keep-alive connections:
+    seconds, latencies (ms), failed count."""
+    if protocol == "v2":
+        return await drive_v2(port, case, requests, concurrency)
     head = (
         f"POST /v1/models/{case.name}:predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         f"Content-Type: application/json\r\nContent-Length: "
@@ -150,6 +166,55 @@ async def drive(port: int, case: Case, requests: int, concurrency: int) -> dict[
 
     t0 = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
+    return {
+        "seconds": time.perf_counter() - t0,
+        "latencies": latencies,
+        "failed": failed,
+        "requests": requests,
+    }
+
+
+async def drive_v2(port: int, case: Case, requests: int, concurrency: int) -> dict[str, Any]:
+    """``drive`` for the v2 route, through tritonclient's asyncio client, binary tensors
+    in and out."""
+    import tritonclient.http as triton
+    import tritonclient.http.aio as triton_aio
+    from tritonclient.utils import InferenceServerException
+
+    client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}", conn_limit=concurrency)
+    inputs = []
+    for x in case.xs:
+        t = triton.InferInput(case.input_name, list(x.shape), "FP32")
+        t.set_data_from_numpy(x, binary_data=True)
+        inputs.append(t)
+    names = list(case.expected[0])
+    outputs = [triton.InferRequestedOutput(n, binary_data=True) for n in names]
+    latencies: list[float] = []
+    failed = 0
+    counter = iter(range(requests))
+
+    async def worker() -> None:
+        nonlocal failed
+        for i in counter:
+            k = i % len(inputs)
+            t0 = time.perf_counter()
+            try:
+                result = await client.infer(case.name, [inputs[k]], outputs=outputs)
+            except (InferenceServerException, OSError):
+                failed += 1
+                continue
+            latencies.append((time.perf_counter() - t0) * 1e3)
+            want = case.expected[k]
+            if not all(
+                np.allclose(result.as_numpy(n), want[n], rtol=1e-4, atol=1e-5) for n in names
+            ):
+                failed += 1
+
+    t0 = time.perf_counter()
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await client.close()
     return {
         "seconds": time.perf_counter() - t0,
         "latencies": latencies,
@@ -212,9 +277,10 @@ def _read(path: str) -> str:
 
 async def run_pair(
     paths: list[str], cases: list[Case], blas: str, a: Any, tmp: str
-) -> list[tuple[str, str, dict[str, Any]]]:
-    """Both servers (--batching off and on) up at once; per model, ``a.rounds`` rounds
-    alternating between them (so load from elsewhere on the machine hits both alike)."""
+) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """Both servers (--batching off and on) up at once; per model and protocol,
+    ``a.rounds`` rounds alternating between them (so load from elsewhere on the machine
+    hits both alike)."""
     extra = []
     if a.max_batch is not None:
         extra += ["--max-batch", str(a.max_batch)]
@@ -230,17 +296,19 @@ async def run_pair(
             await wait_ready(port, proc)
         per_round = max(1, a.requests // a.rounds)
         for case in cases:
-            runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-            before = {}
-            for m, (_, port) in servers.items():
-                await drive(port, case, min(300, a.requests), a.concurrency)  # warm-up
-                before[m] = (await _get_json(port, f"/v1/models/{case.name}"))[1]["batching"]
-            for k in range(a.rounds):
-                for m in modes if k % 2 == 0 else modes[::-1]:
-                    runs[m].append(await drive(servers[m][1], case, per_round, a.concurrency))
-            for m, (_, port) in servers.items():
-                after = (await _get_json(port, f"/v1/models/{case.name}"))[1]["batching"]
-                rows.append((case.name, m, _summary(runs[m], before[m], after)))
+            for proto in a.protocols.split(","):
+                runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+                before = {}
+                for m, (_, port) in servers.items():
+                    await drive(port, case, min(300, a.requests), a.concurrency, proto)  # warm-up
+                    before[m] = (await _get_json(port, f"/v1/models/{case.name}"))[1]["batching"]
+                for k in range(a.rounds):
+                    for m in modes if k % 2 == 0 else modes[::-1]:
+                        port = servers[m][1]
+                        runs[m].append(await drive(port, case, per_round, a.concurrency, proto))
+                for m, (_, port) in servers.items():
+                    after = (await _get_json(port, f"/v1/models/{case.name}"))[1]["batching"]
+                    rows.append((case.name, m, proto, _summary(runs[m], before[m], after)))
     finally:
         for proc, _ in servers.values():
             proc.send_signal(signal.SIGTERM)
@@ -272,6 +340,11 @@ def main() -> None:
     ap.add_argument("--max-wait-us", type=int)
     ap.add_argument("--rounds", type=int, default=4, help="alternations of off/on per model")
     ap.add_argument(
+        "--protocols",
+        default="v1,v2",
+        help="v1 (JSON, raw client) and/or v2 (binary tensors, tritonclient)",
+    )
+    ap.add_argument(
         "--blas-threads",
         default="default,1",
         help="server's BLAS threads, one run each: 'default' (the library's) or N",
@@ -284,15 +357,15 @@ def main() -> None:
     except ImportError:
         new_loop = asyncio.new_event_loop
     print(
-        f"tfrt-py serve on 127.0.0.1, {a.requests} JSON requests per row, "
+        f"tfrt-py serve on 127.0.0.1, {a.requests} requests per row, "
         f"{a.concurrency} keep-alive connections, {os.cpu_count()} cores shared by client "
         f"and server\n"
     )
     print(
-        "| BLAS threads | model | --batching | batching | requests/s | p50 ms | p99 ms "
-        "| mean batch | batched | failed |"
+        "| BLAS threads | model | --batching | batching | protocol | requests/s | p50 ms "
+        "| p99 ms | mean batch | batched | failed |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         paths, cases = make_cases(tmp)
@@ -302,10 +375,11 @@ def main() -> None:
                 rows = loop.run_until_complete(run_pair(paths, cases, blas, a, tmp))
             finally:
                 loop.close()
-            for name, batching, r in rows:
+            for name, batching, proto, r in rows:
                 failed += r["failed"]
                 print(
-                    f"| {blas} | {name} | {batching} | {r['batching']} | {r['rps']:,.0f} "
+                    f"| {blas} | {name} | {batching} | {r['batching']} | {proto} "
+                    f"| {r['rps']:,.0f} "
                     f"| {r['p50']:.2f} | {r['p99']:.2f} | {r['mean_batch']:.1f} | "
                     f"{r['batched_share']:.0%} | {r['failed']} |"
                 )

@@ -24,11 +24,11 @@ def _fail(msg: str) -> NoReturn:
     sys.exit(2)
 
 
-def _load(path: str, executor: str = "auto") -> Any:
+def _load(path: str, executor: str = "auto", **options: Any) -> Any:
     import tfrt_py
 
     try:
-        return tfrt_py.load(path, executor=executor)
+        return tfrt_py.load(path, executor=executor, **options)
     except (TfrtError, ValueError) as e:
         _fail(str(e))
 
@@ -197,7 +197,7 @@ def bench(
 
 
 @main.command()
-@click.argument("model_paths", nargs=-1, required=True, metavar="MODEL...")
+@click.argument("model_paths", nargs=-1, required=True, metavar="MODEL... | DIR")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option(
     "--port",
@@ -237,6 +237,27 @@ def bench(
     show_default=True,
     help="on SIGTERM, seconds for requests in flight; the process exits 5 s after that",
 )
+@click.option(
+    "--max-concurrency",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="model calls in flight per model",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(0),
+    default=128,
+    show_default=True,
+    help="requests waiting per model; past it: 503 with Retry-After",
+)
+@click.option(
+    "--model-control-mode",
+    type=click.Choice(["none", "explicit"]),
+    default="none",
+    show_default=True,
+    help="explicit: POST /v2/repository/models/NAME/load|unload may load and unload models",
+)
 @click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
 @click.option("--log-level", default="warning", show_default=True, help="uvicorn's")
 def serve(
@@ -250,33 +271,62 @@ def serve(
     max_decoded_bytes: int | None,
     timeout: float,
     drain_timeout: float,
+    max_concurrency: int,
+    max_queue: int,
+    model_control_mode: str,
     executor: str,
     log_level: str,
 ) -> None:
-    """Serve MODEL... over HTTP (uvicorn, uvloop): POST /v1/models/NAME:predict, GET
-    /v1/models, /healthz, /readyz. Each model is named by its file stem. Requests are
-    limited in size (--max-body-bytes, --max-decoded-bytes) and time (--timeout)."""
+    """Serve MODEL... (each named by its file stem), or the model repository DIR
+    (NAME.onnx or NAME/VERSION/model.onnx), over HTTP (uvicorn, uvloop): the Open
+    Inference Protocol (KServe v2: /v2/models/NAME/infer, tritonclient's binary tensors,
+    the repository API), POST /v1/models/NAME:predict, GET /metrics (Prometheus),
+    /healthz, /readyz. Requests are limited in size (--max-body-bytes,
+    --max-decoded-bytes), time (--timeout) and number (--max-concurrency, --max-queue)."""
     import os
 
     try:
-        from .serving import ModelServer, create_app, run_server
+        from .serving import ModelConfig, ModelRepository, ModelServer, create_app, run_server
     except ImportError as e:  # the serving extra is not installed
         _fail(str(e))
+    from .serving.errors import RequestError
+    from .serving.repository import check_name
 
     models: dict[str, Any] = {}
-    for path in model_paths:
-        name = os.path.splitext(os.path.basename(path))[0]
-        if name in models:
-            _fail(f"two models named {name!r} (models are named by file stem): {path}")
-        models[name] = _load(path, executor)
+    repository = None
+    if len(model_paths) == 1 and os.path.isdir(model_paths[0]):
+        repository = ModelRepository(model_paths[0])
+        found, _ = repository.scan()  # the ModelServer logs what it skipped
+        if not found:
+            _fail(f"no models in the repository {model_paths[0]!r} (NAME.onnx, NAME/1/model.onnx)")
+        for name, entry in found.items():
+            model = _load(entry.path, executor, max_concurrency=max_concurrency)
+            models[name] = ModelConfig(model, version=entry.version)
+    else:
+        for path in model_paths:
+            if os.path.isdir(path):
+                _fail(f"{path!r} is a directory: serve one repository, or model files")
+            name = os.path.splitext(os.path.basename(path))[0]
+            if name in models:
+                _fail(f"two models named {name!r} (models are named by file stem): {path}")
+            try:
+                check_name(name)
+            except RequestError as e:
+                _fail(f"{path}: {e.message}")
+            models[name] = _load(path, executor, max_concurrency=max_concurrency)
     server = ModelServer(
         models,
+        repository=repository,
         batching=batching,
         max_batch=max_batch,
         max_wait_us=max_wait_us,
         max_body_bytes=max_body_bytes,
         max_decoded_bytes=max_decoded_bytes,
         timeout=timeout,
+        max_concurrency=max_concurrency,
+        max_queue=max_queue,
+        load_options={"executor": executor},
+        model_control=model_control_mode,
         log=lambda msg: click.echo(msg, err=True),
     )
 

@@ -23,6 +23,7 @@ __all__ = ["EXECUTORS", "load_on"]
 
 EXECUTORS = ("sync", "async", "native")
 
+
 def load_on(
     executor: str, source: Any, *, native_must_lower: bool = False, **kw: Any
 ) -> tfrt_py.Model:

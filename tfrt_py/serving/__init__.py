@@ -4,9 +4,11 @@
     app = create_app({"mlp": "mlp.onnx"})          # any ASGI server can run it
     run_server(app, "127.0.0.1", 8000)             # or: tfrt-py serve mlp.onnx --port 8000
 
-See ``app`` for the routes and the request/response formats, ``batching`` for
-micro-batching and how it is chosen, ``served`` for where calls run, ``limits`` for what
-a request may cost (size, decoded size, deadline), and docs/serving.md and
+See ``app`` for the v1 routes and formats, ``v2`` for the Open Inference Protocol
+(KServe v2) routes, ``metrics`` for ``GET /metrics``, ``repository`` for serving a
+directory of models, ``batching`` for micro-batching and how it is chosen, ``served`` and
+``admission`` for where calls run and how many at once, ``limits`` for what a request may
+cost (size, decoded size, deadline, queue), and docs/serving.md and
 docs/security.md.
 """
 
@@ -30,6 +32,7 @@ from .codec import convert_value as convert_value
 from .codec import json_feeds as json_feeds
 from .hub import ModelConfig as ModelConfig
 from .hub import ModelServer as ModelServer
+from .repository import ModelRepository as ModelRepository
 from .run import ServerThread as ServerThread
 from .run import run_server as run_server
 from .served import ServedModel as ServedModel
@@ -38,6 +41,7 @@ __all__ = [
     "BatchPolicy",
     "MicroBatcher",
     "ModelConfig",
+    "ModelRepository",
     "ModelServer",
     "RequestError",
     "ServedModel",

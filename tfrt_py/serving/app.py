@@ -1,6 +1,7 @@
-"""The ASGI app (Starlette) over a ModelServer.
+"""The ASGI app (Starlette) over a ModelServer: the v1 routes here, the Open Inference
+Protocol (KServe v2) routes in ``v2``, ``GET /metrics`` (Prometheus, ``metrics``).
 
-Routes:
+v1 routes:
 
 * ``POST /v1/models/{name}:predict`` -- body JSON ``{"inputs": {name: nested lists}}``
   (default), or ``application/x-npy`` (one-input models) / ``application/x-npz``; answer
@@ -16,24 +17,23 @@ problem), 404 unknown model or route, 405 wrong method, 408 the body did not arr
 the request's deadline, 413 body over ``max_body_bytes`` (refused from Content-Length
 before reading, or as soon as a chunked body passes it) or arrays over
 ``max_decoded_bytes``, 415 unknown Content-Type, 422 the model failed on this input
-(naming the node; the model warmed, so the input is what differs), 503 not ready, 504 the
-model did not answer within the request's deadline (``timeout``), 500 a bug. Every error,
-500 included, is an answered response: the keep-alive connection stays usable.
+(naming the node; the model warmed, so the input is what differs), 503 not ready or
+overloaded (the model's queue is full: with ``Retry-After``), 504 the model did not answer
+within the request's deadline (``timeout``), 500 a bug. Every error, 500 included, is an
+answered response: the keep-alive connection stays usable.
 
 Which thread runs what: handlers run on the event loop; large bodies are decoded and large
-outputs encoded on the server's decode threads (``body``); heavy model calls run on its
-model pool (``served``). The lifespan runs ``ModelServer.start`` in a thread (``/healthz``
-answers meanwhile) and ``ModelServer.close`` (bounded) at shutdown.
+outputs encoded on the server's decode threads (``body``); model calls run where the
+runtime puts them (``served``). The lifespan runs ``ModelServer.start`` in a thread, and at
+shutdown ``ModelServer.drain`` (bounded, on the loop) then ``close``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -41,124 +41,57 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import DeadlineExceeded, ExecutionError, InputError
 from .body import body_format, read_body, request_feeds, response_body
 from .codec import JSON
-from .errors import RequestError
+from .handling import (
+    Deadline,
+    Handler,
+    counted,
+    error_response,
+    errors_as_json,
+    json_response,
+    read_in_time,
+    run_in_time,
+    served_model,
+)
 from .hub import ModelServer
-from .served import ServedModel
+from .metrics import CONTENT_TYPE
+from .v2 import v2_routes
 
 __all__ = ["create_app", "read_body"]
 
-Handler = Callable[[Request], Awaitable[Response]]
-T = TypeVar("T")
-_log = logging.getLogger("tfrt_py.serving")
-_TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
-
-
-def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(
-        json.dumps({"error": message}), status, headers=dict(headers or {}), media_type=JSON
-    )
-
-
-def _json(doc: Any, status: int = 200) -> Response:
-    return Response(json.dumps(doc), status, media_type=JSON)
-
-
-def _errors_as_json(fn: Handler) -> Handler:
-    """``fn`` with every exception answered as JSON: RequestError with its status,
-    anything else (a bug) logged and answered 500 -- never re-raised, so uvicorn keeps
-    the connection (it resets one whose app raised after responding)."""
-
-    async def handler(request: Request) -> Response:
-        try:
-            return await fn(request)
-        except RequestError as e:
-            return error_response(e.status, e.message)
-        except HTTPException:
-            raise
-        except Exception as e:  # noqa: BLE001 - a bug: answered, logged, connection kept
-            _log.exception("internal error on %s %s", request.method, request.url.path)
-            return error_response(500, f"internal error: {type(e).__name__}: {str(e)[:300]}")
-
-    return handler
-
-
-class _Deadline:
-    """One request's deadline on the running loop (None: no deadline)."""
-
-    def __init__(self, timeout: float | None) -> None:
-        self.timeout = timeout
-        loop = asyncio.get_running_loop()
-        self._at = None if timeout is None else loop.time() + timeout
-
-    def remaining(self) -> float | None:
-        if self._at is None:
-            return None
-        return max(0.0, self._at - asyncio.get_running_loop().time())
-
-    async def within(self, aw: Awaitable[T]) -> T:
-        """``aw``, cancelled with TimeoutError when the deadline passes."""
-        if self._at is None:
-            return await aw
-        return await asyncio.wait_for(aw, self.remaining())
-
 
 def create_app(
-    models: ModelServer | Mapping[str, Any], *, debug: bool = False, **server_options: Any
+    models: ModelServer | Mapping[str, Any] | None = None,
+    *,
+    debug: bool = False,
+    **server_options: Any,
 ) -> Starlette:
     """A Starlette app serving ``models``: a ModelServer, or a mapping name -> source
     (path, bytes, loaded Model, ModelConfig) with ``server_options`` for ModelServer
-    (batching, max_batch, max_wait_us, max_body_bytes, max_decoded_bytes, timeout,
-    workers, log)."""
+    (repository, batching, max_batch, max_wait_us, max_body_bytes, max_decoded_bytes,
+    timeout, max_concurrency, max_queue, load_options, log)."""
     server = models if isinstance(models, ModelServer) else ModelServer(models, **server_options)
 
-    def missing(name: str) -> RequestError:
-        if name not in server.configs:
-            return RequestError(
-                404, f"unknown model {name[:100]!r}; models: {sorted(server.configs)}"
-            )
-        return RequestError(503, f"model {name!r} is not ready: {server.error or 'loading'}")
-
-    def served(name: str) -> ServedModel:
-        m = server.get(name)
-        if m is not None and m.warmed:
-            return m
-        raise missing(name)
-
     async def predict(request: Request) -> Response:
-        model = served(request.path_params["name"])
+        model = served_model(server, request)
+        refused = model.overloaded()  # before the body is even read
+        if refused is not None:
+            raise refused
         fmt = body_format(request.headers.get("content-type", JSON))
-        deadline = _Deadline(server.timeout)
-        try:
-            body = await deadline.within(read_body(request, server.max_body_bytes))
-        except _TIMEOUTS:
-            raise RequestError(
-                408,
-                f"the request body did not arrive within the deadline of "
-                f"{deadline.timeout or 0:g} s",
-            ) from None
+        deadline = Deadline(server.timeout)
+        body = await read_in_time(request, server, deadline)
         feeds = await request_feeds(
             body, fmt, model.inputs, server.max_decoded_bytes, server.decode_pool
         )
-        try:
-            outputs = await deadline.within(model.predict(feeds, timeout=deadline.remaining()))
-        except InputError as e:
-            raise RequestError(400, f"model {model.name!r}: {e}") from None
-        except ExecutionError as e:  # the model warmed, so this input made it fail
-            if isinstance(e.__cause__, _TIMEOUTS):
-                raise _deadline_error(model.name, server.timeout, e.__cause__) from None
-            raise RequestError(422, f"model {model.name!r} failed on this input: {e}") from None
-        except _TIMEOUTS as e:
-            raise _deadline_error(model.name, server.timeout, e) from None
+        outputs = await run_in_time(model, feeds, deadline)
         payload, media = await response_body(
             model.name, outputs, request.headers.get("accept", ""), server.decode_pool
         )
         return Response(payload, media_type=media)
 
     async def list_models(request: Request) -> Response:
-        return _json({"models": [m.describe() for m in server.models.values()]})
+        return json_response({"models": [m.describe() for m in server.models.values()]})
 
     async def one_model(request: Request) -> Response:
         name = request.path_params["name"]
@@ -166,16 +99,20 @@ def create_app(
             raise HTTPException(405, headers={"Allow": "POST"})
         m = server.get(name)
         if m is None:
-            raise missing(name)
-        return _json(m.describe())
+            served_model(server, request)  # raises the 404 or 503
+            raise AssertionError("unreachable")
+        return json_response(m.describe())
 
     async def healthz(request: Request) -> Response:
-        return _json({"status": "alive"})
+        return json_response({"status": "alive"})
 
     async def readyz(request: Request) -> Response:
         if server.ready:
-            return _json({"status": "ready", "models": sorted(server.models)})
-        return _json({"status": "not ready", "error": server.error or "loading"}, 503)
+            return json_response({"status": "ready", "models": sorted(server.models)})
+        return json_response({"status": "not ready", "error": server.error or "loading"}, 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(server.metrics.exposition(), media_type=CONTENT_TYPE)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -183,17 +120,24 @@ def create_app(
         try:
             yield
         finally:
+            await server.drain()
             await asyncio.to_thread(server.close)
 
     def route(path: str, fn: Handler, method: str) -> Route:
-        return Route(path, _errors_as_json(fn), methods=[method])
+        return Route(path, errors_as_json(fn), methods=[method])
 
     routes = [
-        route("/v1/models/{name}:predict", predict, "POST"),
+        Route(
+            "/v1/models/{name}:predict",
+            counted(server, "v1", errors_as_json(predict)),
+            methods=["POST"],
+        ),
         route("/v1/models", list_models, "GET"),
         route("/v1/models/{name}", one_model, "GET"),
         route("/healthz", healthz, "GET"),
         route("/readyz", readyz, "GET"),
+        route("/metrics", metrics, "GET"),
+        *v2_routes(server),
     ]
     app = Starlette(
         debug=debug,
@@ -203,14 +147,6 @@ def create_app(
     )
     app.state.model_server = server
     return app
-
-
-def _deadline_error(model: str, timeout: float | None, e: BaseException) -> RequestError:
-    where = f" ({e})" if isinstance(e, DeadlineExceeded) else ""
-    return RequestError(
-        504,
-        f"model {model!r} did not answer within the request deadline of {timeout or 0:g} s" + where,
-    )
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -16,7 +16,8 @@ reuses their plans instead of planning each batch size anew. Each request is val
 joins (a bad request never reaches a batch); a batch whose call fails is re-run request by
 request, so every request gets its own answer or its own error -- except a batch that ran
 past its deadline (a TimeoutError): re-running it row by row would take longer still, so
-every request in it gets the error.
+every request in it gets the error. A request's ``priority`` level (lower first) decides
+which queued requests the next batch takes; arrival order breaks ties.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ import numpy as np
 from ..compiler.cost import graph_cost
 from ..compiler.fused_kernels import with_fused_kernels
 from ..kernels import default_registry
+from .limits import DEFAULT_PRIORITY
 
 __all__ = [
     "BATCH_MIN_FLOPS",
     "DEFAULT_MAX_BATCH",
     "DEFAULT_MAX_WAIT_US",
+    "BatchInfo",
     "BatchPolicy",
     "MicroBatcher",
     "batch_dim_problem",
@@ -49,7 +52,7 @@ DEFAULT_MAX_BATCH = 32
 DEFAULT_MAX_WAIT_US = 500
 MODES = ("auto", "on", "off")
 
-RunFn = Callable[[dict[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]
+RunFn = Callable[..., Awaitable[dict[str, np.ndarray]]]
 
 
 @dataclass(frozen=True)
@@ -114,15 +117,30 @@ def choose_policy(
     return BatchPolicy(True, mb, mw, f"on: {flops / 1e6:.2f} MFLOP per row with a batch dim")
 
 
-class _Item:
-    __slots__ = ("arrays", "fut", "key", "rows", "t")
+@dataclass(frozen=True)
+class BatchInfo:
+    """What a call of ``run`` carries (``MicroBatcher(..., with_info=True)``): when each of
+    its requests was submitted (the loop's clock), their highest priority (lowest level)
+    and their rows (before padding)."""
 
-    def __init__(self, arrays: Sequence[np.ndarray], fut: asyncio.Future[Any], t: float) -> None:
+    arrivals: tuple[float, ...]
+    level: int
+    rows: int
+
+
+class _Item:
+    __slots__ = ("arrays", "fut", "key", "level", "rows", "seq", "t")
+
+    def __init__(
+        self, arrays: Sequence[np.ndarray], fut: asyncio.Future[Any], t: float, level: int, seq: int
+    ) -> None:
         self.arrays = arrays
         self.rows = int(arrays[0].shape[0])
         self.key = tuple((a.shape[1:], a.dtype.str) for a in arrays)
         self.fut = fut
         self.t = t
+        self.level = level
+        self.seq = seq
 
 
 class MicroBatcher:
@@ -132,35 +150,65 @@ class MicroBatcher:
     order. ``submit`` takes one request's validated arrays (input order, first dim the
     rows) and returns that request's outputs (row slices of the batch's outputs). Requests
     are stacked only with requests of the same trailing shapes and dtypes. Bound to the
-    event loop of its first ``submit``; not thread-safe (one loop serves it).
-    Counters: ``batches`` (calls of ``run`` made for more than one request) and
-    ``batched_requests``.
+    event loop of its first ``submit``; not thread-safe (one loop serves it). It makes one
+    call of ``run`` at a time. With ``with_info`` it calls ``run(feeds, BatchInfo)``.
+    Counters: ``batches`` (calls of ``run`` made for more than one request),
+    ``batched_requests``, and ``queued`` (requests waiting for a batch now).
     """
 
-    def __init__(self, run: RunFn, names: Sequence[str], max_batch: int, max_wait_us: int):
+    def __init__(
+        self,
+        run: RunFn,
+        names: Sequence[str],
+        max_batch: int,
+        max_wait_us: int,
+        *,
+        with_info: bool = False,
+    ):
         self._run = run
         self._names = list(names)
         self.max_batch = max_batch
         self._max_wait = max_wait_us / 1e6
+        self._with_info = with_info
         self._queue: list[_Item] = []
         self._queued_rows = 0
+        self._seq = 0
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None
         self.batches = 0
         self.batched_requests = 0
 
-    async def submit(self, arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a batch now (those whose client left included, until the
+        next batch is taken)."""
+        return len(self._queue)
+
+    def _call(self, feeds: dict[str, np.ndarray], items: Sequence[_Item]) -> Any:
+        if not self._with_info:
+            return self._run(feeds)
+        info = BatchInfo(
+            tuple(it.t for it in items), min(it.level for it in items), sum(it.rows for it in items)
+        )
+        return self._run(feeds, info)
+
+    async def submit(
+        self, arrays: Sequence[np.ndarray], level: int = DEFAULT_PRIORITY
+    ) -> dict[str, np.ndarray]:
+        """This request's outputs; ``level``: its priority level (lower goes first)."""
         loop = asyncio.get_running_loop()
-        if int(arrays[0].shape[0]) >= self.max_batch:
-            return await self._run(dict(zip(self._names, arrays)))
-        item = _Item(arrays, loop.create_future(), loop.time())
+        self._seq += 1
+        item = _Item(arrays, loop.create_future(), loop.time(), level, self._seq)
+        if item.rows >= self.max_batch:
+            result: dict[str, np.ndarray] = await self._call(dict(zip(self._names, arrays)), [item])
+            return result
         self._queue.append(item)
         self._queued_rows += item.rows
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._drain())
         elif self._queued_rows >= self.max_batch and self._wake is not None:
             _resolve(self._wake)
-        result: dict[str, np.ndarray] = await item.fut
+        result = await item.fut
         return result
 
     async def _drain(self) -> None:
@@ -186,11 +234,12 @@ class MicroBatcher:
                     it.fut.set_exception(RuntimeError("the micro-batcher stopped"))
 
     def _take(self) -> list[_Item]:
-        """The next batch: queued items with the first live item's key, up to max_batch rows."""
+        """The next batch: in (priority level, arrival) order, queued items with the first
+        live item's key, up to max_batch rows; the rest stay queued in arrival order."""
         batch: list[_Item] = []
         rest: list[_Item] = []
         key, rows = None, 0
-        for it in self._queue:
+        for it in sorted(self._queue, key=lambda it: (it.level, it.seq)):
             if it.fut.done():  # its request was cancelled (client gone)
                 self._queued_rows -= it.rows
             elif key is None or (it.key == key and rows + it.rows <= self.max_batch):
@@ -200,7 +249,7 @@ class MicroBatcher:
                 batch.append(it)
             else:
                 rest.append(it)
-        self._queue = rest
+        self._queue = sorted(rest, key=lambda it: it.seq)
         return batch
 
     def bucket(self, rows: int) -> int:
@@ -220,7 +269,7 @@ class MicroBatcher:
             for i, name in enumerate(self._names)
         }
         try:
-            out = await self._run(feeds)
+            out = await self._call(feeds, batch)
             for name, v in out.items():
                 if not isinstance(v, np.ndarray) or v.ndim == 0 or v.shape[0] != size:
                     raise ValueError(f"output {name!r} does not have {size} rows")
@@ -247,7 +296,7 @@ class MicroBatcher:
 
     async def _run_one(self, it: _Item) -> None:
         try:
-            out = await self._run(dict(zip(self._names, it.arrays)))
+            out = await self._call(dict(zip(self._names, it.arrays)), [it])
         except Exception as e:  # noqa: BLE001 - delivered to the request it belongs to
             _fail(it, e)
         else:

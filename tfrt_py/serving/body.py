@@ -34,7 +34,14 @@ from .codec import (
 from .errors import RequestError
 from .limits import INLINE_DECODE_BYTES, INLINE_ENCODE_BYTES
 
-__all__ = ["body_format", "decode_feeds", "read_body", "request_feeds", "response_body"]
+__all__ = [
+    "body_format",
+    "decode_feeds",
+    "maybe_offload",
+    "read_body",
+    "request_feeds",
+    "response_body",
+]
 
 T = TypeVar("T")
 _BINARY = (NPY, NPZ, "application/octet-stream")
@@ -88,7 +95,7 @@ async def request_feeds(
 ) -> dict[str, Any]:
     """``decode_feeds`` on the loop for a small body, on ``pool`` for a large one."""
     big = len(body) > INLINE_DECODE_BYTES
-    return await _maybe_offload(big, pool, decode_feeds, body, fmt, specs, max_decoded)
+    return await maybe_offload(big, pool, decode_feeds, body, fmt, specs, max_decoded)
 
 
 async def response_body(
@@ -99,12 +106,13 @@ async def response_body(
     fmt = response_type(accept)
     size = sum(int(getattr(v, "nbytes", 0)) for v in outputs.values())
     big = size > INLINE_ENCODE_BYTES
-    payload = await _maybe_offload(big, pool, encode_outputs, model, outputs, fmt)
+    payload = await maybe_offload(big, pool, encode_outputs, model, outputs, fmt)
     media = JSON if fmt == JSON else NPZ if is_npz_request(fmt, outputs) else NPY
     return payload, media
 
 
-async def _maybe_offload(big: bool, pool: Executor, fn: Callable[..., T], *args: Any) -> T:
+async def maybe_offload(big: bool, pool: Executor, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``: here on the loop, or on ``pool`` (awaited) when ``big``."""
     if not big:
         return fn(*args)
     return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)

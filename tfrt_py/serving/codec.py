@@ -43,6 +43,7 @@ __all__ = [
     "convert_value",
     "encode_outputs",
     "json_feeds",
+    "load_json",
     "parse_json",
     "response_type",
     "spec_json",
@@ -83,19 +84,25 @@ def _parse_float(text: str) -> float:
     return float(text)
 
 
+def load_json(body: bytes, what: str = "JSON body") -> Any:
+    """``body`` parsed as JSON, bounded (400 "malformed {what}" for anything that is not
+    JSON, is nested too deeply, or holds numbers that are too long)."""
+    try:
+        return json.loads(body, parse_int=_parse_int, parse_float=_parse_float)
+    except _NumberError as e:
+        raise RequestError(400, f"malformed {what}: {e}") from None
+    except RecursionError:
+        raise RequestError(
+            400, f"malformed {what}: nested too deeply (deeper than Python's recursion limit)"
+        ) from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int() limits
+        raise RequestError(400, f"malformed {what}: {_short(e)}") from None
+
+
 def parse_json(body: bytes) -> dict[str, Any]:
     """The ``inputs`` object of a JSON request body (400 for anything else: malformed,
     nested too deeply, numbers too long, not ``{"inputs": {...}}``)."""
-    try:
-        doc = json.loads(body, parse_int=_parse_int, parse_float=_parse_float)
-    except _NumberError as e:
-        raise RequestError(400, f"malformed JSON body: {e}") from None
-    except RecursionError:
-        raise RequestError(
-            400, "malformed JSON body: nested too deeply (deeper than Python's recursion limit)"
-        ) from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int() limits
-        raise RequestError(400, f"malformed JSON body: {_short(e)}") from None
+    doc = load_json(body)
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), dict):
         raise RequestError(
             400, 'the JSON body must be an object {"inputs": {input name: nested lists}}'

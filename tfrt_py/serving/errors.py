@@ -3,7 +3,7 @@ for messages that stay short whatever the client sent. Pure: thread-safe."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .limits import MAX_NAMES_IN_ERRORS
 
@@ -11,12 +11,14 @@ __all__ = ["RequestError", "names_list"]
 
 
 class RequestError(Exception):
-    """A request the server refuses: ``status`` (4xx) and a message for the client."""
+    """A request the server refuses: ``status`` (4xx, or 503 when overloaded), a message for
+    the client, and extra response ``headers`` (``Retry-After`` with a 503)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = dict(headers or {})
 
 
 def names_list(names: Sequence[str], limit: int = MAX_NAMES_IN_ERRORS) -> str:

@@ -11,6 +11,9 @@ __all__ = [
     "CLOSE_TIMEOUT_S",
     "DECODED_BYTES_FACTOR",
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_CONCURRENCY",
+    "DEFAULT_MAX_QUEUE",
+    "DEFAULT_PRIORITY",
     "DEFAULT_TIMEOUT_S",
     "DRAIN_TIMEOUT_S",
     "EXIT_GRACE_S",
@@ -20,6 +23,9 @@ __all__ = [
     "JSON_MAX_INT_DIGITS",
     "MAX_HEAD_BYTES",
     "MAX_NAMES_IN_ERRORS",
+    "MAX_PRIORITY",
+    "MAX_RETRY_AFTER_S",
+    "MAX_TENSOR_RANK",
     "decoded_limit",
 ]
 
@@ -57,6 +63,31 @@ MAX_HEAD_BYTES = 64 * 1024
 
 #: Error messages list at most this many offending names (unknown inputs, ...).
 MAX_NAMES_IN_ERRORS = 8
+
+#: Model calls of one model in flight at once (``max_concurrency`` / ``--max-concurrency``;
+#: a loaded model's own ``load(max_concurrency=)`` wins). One: heavy calls are BLAS calls
+#: and BLAS already uses the cores (4 concurrent 1-row calls of a 2.6 MFLOP MLP ran 7x
+#: slower than 1 at a time on 2 cores); cheap calls run inline on the loop anyway.
+DEFAULT_MAX_CONCURRENCY = 1
+
+#: Requests of one model waiting for a slot (or in its micro-batcher's queue) at most; one
+#: more is refused at once with 503 and ``Retry-After`` (``max_queue`` / ``--max-queue``).
+DEFAULT_MAX_QUEUE = 128
+
+#: The priority level of a request that names none (or priority 0), as Triton's clients
+#: send it: lower levels run first, 1 is the highest; so 1..99 go ahead of requests
+#: without a priority and 101.. after them.
+DEFAULT_PRIORITY = 100
+
+#: The largest priority a request may name (Triton's field is a uint64).
+MAX_PRIORITY = 2**64 - 1
+
+#: A 503's ``Retry-After`` (seconds): the estimated wait for the queue ahead, at least 1
+#: and at most this.
+MAX_RETRY_AFTER_S = 60
+
+#: A tensor in a v2 request has at most this many dims (NumPy's own limit).
+MAX_TENSOR_RANK = 64
 
 #: On SIGTERM/SIGINT, requests in flight get this long to finish (uvicorn's graceful
 #: shutdown) before they are cancelled. ``drain_timeout`` / ``--drain-timeout``.

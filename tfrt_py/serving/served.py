@@ -1,77 +1,88 @@
-"""ServedModel: one loaded model as the server runs it (validation, batching, warm-up).
+"""ServedModel: one loaded model as the server runs it (validation, admission, batching,
+the call itself, warm-up).
 
-Where a call runs: ``await model.run_async`` -- on the async executor that already keeps
-the loop's thread for cheap kernels and hands expensive ones to the host's pool; on the
-sync executor it runs inline on the loop, which is right for a tiny model (a thread hop
-costs more than the model) and wrong for a big one (it would stall every other request).
-So a sync call whose estimated cost reaches the cost model's pool threshold
-(``EXPENSIVE_FLOPS``, scaled by its rows) runs on the server's thread pool instead; NumPy
-releases the GIL in the heavy kernels, so the loop keeps reading requests meanwhile.
+Where a call runs: ``await model.run_async(feeds, timeout=...)`` -- the runtime decides
+(its InlinePolicy): inline on the loop when the cost model says the call is cheaper than a
+hop to a worker, else on the host's pool (always for models with Loop/Scan or custom
+kernels, whose cost it cannot bound); the async executor keeps cheap kernels on the loop.
+The loop is never held for longer than a thread hop would cost.
 
-A model with a ``Loop`` anywhere in its graph runs on the pool whatever the cost model
-says: its trip count or condition can come from the feeds, so one request can run for as
-long as the request deadline allows, and it must not hold the event loop meanwhile.
+Admission (``admission``): at most ``Admission.limit`` calls in flight, further requests
+queued by priority, and a request that would wait behind ``max_queue`` others refused with
+503 at once. Micro-batched requests queue in the batcher instead (one batch call at a time),
+and each batch takes a slot like any call.
 
-Deadlines: every call passes ``timeout=`` (the request's remaining time, or the server's
-``timeout`` for batches and warm-up-free calls) to ``model.run`` / ``model.run_async``,
-which raise ``tfrt_py.errors.DeadlineExceeded`` and stop the model's work when it passes.
+A call runs as its own task, awaited through ``asyncio.shield``: a request that gives up
+(its deadline passed, its client left, shutdown) stops waiting, while the call keeps its
+slot until the runtime ends it -- at the same deadline, since every call passes the
+request's remaining time as ``timeout=`` (``DeadlineExceeded`` stops the model's work).
+At shutdown ``ModelServer.drain`` waits for these tasks (bounded), then cancels the rest,
+which stops their work at the next kernel or iteration.
 
 ``warm()`` makes the first real request as fast as the rest (plans, codegen) and, when the
 policy batches, checks that the model treats rows independently: two rows run as one batch
 must equal the rows run alone, else batching is turned off with the reason.
+
+Threads: ``predict``, ``call`` and everything they touch run on the server's event loop;
+``warm`` runs once, on a thread, before the model is served.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from concurrent.futures import Executor, Future
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..compiler.cost import THRESHOLDS
+from ..errors import DeadlineExceeded
 from ..feeds import FeedChecker
-from .batching import BatchPolicy, MicroBatcher, per_row_flops
+from .admission import Admission
+from .batching import BatchInfo, BatchPolicy, MicroBatcher, per_row_flops
 from .codec import spec_json
+from .errors import RequestError
+from .limits import DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_QUEUE, DEFAULT_PRIORITY
+from .metrics import NO_METRICS, ModelMetrics
 
 __all__ = ["ServedModel"]
 
-#: A call this heavy (FLOPs) goes to the pool: the cost model's "expensive" threshold.
-EXPENSIVE_FLOPS = THRESHOLDS.expensive_us * THRESHOLDS.flops_per_us
-
 
 class ServedModel:
-    """``model`` served as ``name`` with batching ``policy``; heavy sync calls go to
-    ``pool`` (None: always inline); ``timeout`` (seconds, None: none) is the deadline of a
-    call that is not given one. ``predict`` and ``call`` run on the server's event loop;
-    ``inflight`` (the pool calls not finished) is read by ``ModelServer.close``."""
+    """``model`` served as ``name`` (``version``) with batching ``policy``. ``timeout``
+    (seconds, None: none) is the deadline of a call not given one; at most
+    ``max_concurrency`` calls in flight (the model's own limiter's limit when it has one)
+    and ``max_queue`` requests waiting. ``calls`` (shared with the ModelServer) holds the
+    call tasks in flight; ``metrics`` records queue times and batch sizes."""
 
     def __init__(
         self,
         name: str,
         model: Any,
         policy: BatchPolicy,
-        pool: Executor | None = None,
+        *,
+        version: str = "1",
         timeout: float | None = None,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        calls: set[asyncio.Task[Any]] | None = None,
+        metrics: ModelMetrics = NO_METRICS,
     ) -> None:
         self.name = name
+        self.version = version
         self.model = model
         self.policy = policy
         self.inputs = list(model.inputs)
         self.outputs = list(model.outputs)
         self._names = [s.name for s in self.inputs]
         self._check = FeedChecker(model.graph.inputs)
-        self._pool = pool
         self.row_flops = per_row_flops(model)
-        self._offload = pool is not None and model.executor != "async"
         self.timeout = timeout
-        #: A Loop's trip count may come from the feeds: always off the loop.
-        self.runs_long = pool is not None and any(n.op_type == "Loop" for n in model.graph.walk())
-        self.inflight: set[Future[Any]] = set()
+        limiter = getattr(model, "limiter", None)
+        limit = limiter.limit if limiter is not None else max_concurrency
+        self.admission = Admission(limit, max_queue)
+        self.calls: set[asyncio.Task[Any]] = set() if calls is None else calls
+        self.metrics = metrics
         self.in_flight_requests = 0
-        first = self.inputs[0].shape if self.inputs else None
-        self._scales = bool(first) and not isinstance(first[0], int)  # type: ignore[index]
         self.batcher: MicroBatcher | None = None
         self._set_batcher()
         self.warm_error: str | None = None
@@ -80,53 +91,91 @@ class ServedModel:
     def _set_batcher(self) -> None:
         p = self.policy
         self.batcher = (
-            MicroBatcher(self.call, self._names, p.max_batch, p.max_wait_us) if p.enabled else None
+            MicroBatcher(self._batch_call, self._names, p.max_batch, p.max_wait_us, with_info=True)
+            if p.enabled
+            else None
         )
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting now: for a slot, or in the micro-batcher's queue."""
+        return self.admission.waiting + (self.batcher.queued if self.batcher else 0)
+
+    def overloaded(self) -> RequestError | None:
+        """The 503 a new request gets now, or None. A batching model's queue (its
+        batcher's, and requests too big to batch waiting for a slot) holds at least
+        ``max_batch`` requests, so batches can fill."""
+        b, queued = self.batcher, self.queued
+        if b is not None and queued < max(self.admission.max_queue, b.max_batch):
+            return None
+        return self.admission.overloaded(queued)
 
     def validate(self, feeds: Mapping[str, Any]) -> list[np.ndarray]:
         """Feeds checked and converted, in input order (InputError naming the input)."""
         return self._check(feeds)
 
     async def predict(
-        self, feeds: Mapping[str, Any], timeout: float | None = None
+        self, feeds: Mapping[str, Any], timeout: float | None = None, level: int = DEFAULT_PRIORITY
     ) -> dict[str, np.ndarray]:
-        """One request's outputs; validated first, then batched (a batch's deadline is the
-        server's ``timeout``) or run alone with ``timeout`` (None: the server's)."""
+        """One request's outputs: validated, admitted (RequestError 503 when the queue is
+        full), then batched (a batch's deadline is the server's ``timeout``) or run alone
+        with ``timeout`` (None: the server's), at priority ``level``."""
         self.in_flight_requests += 1
         try:
             arrays = self._check(feeds)
+            refused = self.overloaded()
+            if refused is not None:
+                raise refused
             if self.batcher is not None:
-                return await self.batcher.submit(arrays)
-            return await self.call(dict(zip(self._names, arrays)), timeout)
+                return await self.batcher.submit(arrays, level)
+            loop = asyncio.get_running_loop()
+            return await self.call(
+                dict(zip(self._names, arrays)), timeout, level=level, arrivals=(loop.time(),)
+            )
         finally:
             self.in_flight_requests -= 1
 
-    async def call(
-        self, feeds: dict[str, np.ndarray], timeout: float | None = None
+    async def _batch_call(
+        self, feeds: dict[str, np.ndarray], info: BatchInfo
     ) -> dict[str, np.ndarray]:
-        """Run the model once on checked feeds with a deadline of ``timeout`` seconds
-        (None: the server's): inline, or on the pool when heavy or ``runs_long``."""
-        t = self.timeout if timeout is None else timeout
-        kw: dict[str, Any] = {"timeout": t} if t is not None else {}
-        pool = self._pool
-        if pool is not None and (
-            self.runs_long or (self._offload and self._flops(feeds) >= EXPENSIVE_FLOPS)
-        ):
-            fut = pool.submit(self.model.run, feeds, **kw)
-            self.inflight.add(fut)
-            fut.add_done_callback(self.inflight.discard)
-            result: dict[str, np.ndarray] = await asyncio.wrap_future(fut)
-            return result
-        result = await self.model.run_async(feeds, **kw)
-        return result
+        self.metrics.batch(info.rows)
+        return await self.call(feeds, None, level=info.level, arrivals=info.arrivals)
 
-    def _flops(self, feeds: dict[str, np.ndarray]) -> float:
-        """The estimated cost of this call: per-row FLOPs times the first input's first dim
-        when that dim is dynamic (the cost model counted it as 1)."""
-        if not self._scales:
-            return self.row_flops
-        first = feeds[self._names[0]]
-        return self.row_flops * (first.shape[0] if first.ndim else 1)
+    async def call(
+        self,
+        feeds: dict[str, np.ndarray],
+        timeout: float | None = None,
+        *,
+        level: int = DEFAULT_PRIORITY,
+        arrivals: Sequence[float] = (),
+    ) -> dict[str, np.ndarray]:
+        """Run the model once on checked feeds once a slot is free (waiting at ``level``),
+        with a deadline ``timeout`` seconds from now (None: the server's timeout from the
+        call's start); DeadlineExceeded if it passes while waiting. The queue time of the
+        requests that ``arrivals`` (loop clock) stand for is recorded."""
+        loop = asyncio.get_running_loop()
+        entry = loop.time()
+        await self.admission.acquire(level)
+        start = loop.time()
+        for a in arrivals:
+            self.metrics.queued(start - a)
+        t = self.timeout if timeout is None else timeout - (start - entry)
+        if t is not None and t <= 0:
+            self.admission.release()
+            raise DeadlineExceeded(timeout or 0.0)
+        kw: dict[str, Any] = {} if t is None else {"timeout": t}
+        task = loop.create_task(self.model.run_async(feeds, **kw))
+        self.calls.add(task)
+
+        def finished(task: asyncio.Task[Any]) -> None:
+            self.calls.discard(task)
+            self.admission.release(loop.time() - start)
+            if not task.cancelled():
+                task.exception()  # retrieved: a call whose request left is not logged
+
+        task.add_done_callback(finished)
+        result: dict[str, np.ndarray] = await asyncio.shield(task)
+        return result
 
     def warm(self) -> None:
         """One call on generated feeds (and the batch probe when batching); synchronous.
@@ -167,9 +216,10 @@ class ServedModel:
 
     def describe(self) -> dict[str, Any]:
         """The model as ``GET /v1/models`` lists it."""
-        p, b = self.policy, self.batcher
+        p, b, a = self.policy, self.batcher, self.admission
         return {
             "name": self.name,
+            "version": self.version,
             "inputs": [spec_json(s) for s in self.inputs],
             "outputs": [spec_json(s) for s in self.outputs],
             "executor": self.model.executor,
@@ -184,4 +234,8 @@ class ServedModel:
             },
             "ready": self.warmed,
             "in_flight": self.in_flight_requests,
+            "calls_in_flight": a.in_flight,
+            "queued": self.queued,
+            "max_concurrency": a.limit,
+            "max_queue": a.max_queue,
         }

@@ -1,0 +1,204 @@
+"""Prometheus metrics of a ModelServer, served by ``GET /metrics`` (text format 0.0.4).
+
+Names and labels are part of the interface (docs/serving.md lists them); ``model`` and
+``version`` are a served model's name and version (never a name a client made up: requests
+for unknown models are counted without them), ``protocol`` is "v1" or "v2", ``code`` the
+HTTP status.
+
+==========================================  =========  ================================
+name                                        type       labels
+==========================================  =========  ================================
+tfrt_py_requests_total                      counter    model, version, protocol, code
+tfrt_py_request_duration_seconds            histogram  model, version, protocol
+tfrt_py_queue_duration_seconds              histogram  model, version
+tfrt_py_batch_size                          histogram  model, version (rows per batch call)
+tfrt_py_requests_in_flight                  gauge      model, version
+tfrt_py_calls_in_flight                     gauge      model, version
+tfrt_py_requests_queued                     gauge      model, version
+tfrt_py_model_ready                         gauge      model, version (1 ready, 0 not)
+tfrt_py_server_ready                        gauge      (none)
+tfrt_py_unknown_model_requests_total        counter    protocol
+process_* , python_gc_* , python_info       (prometheus_client's process, GC and platform)
+==========================================  =========  ================================
+
+A request's duration runs from the route's start (before the body is read) to its response
+being ready (before it is sent); its queue time from admission (after validation) to the
+start of the model call that carries it (a batch's call for a batched request).
+
+Each ServerMetrics has its own registry (two servers in one process do not mix).
+prometheus_client's metrics are thread-safe; here they are updated on the event loop, and
+the gauges are read from the live models when ``/metrics`` is scraped (on the loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = [
+    "CONTENT_TYPE",
+    "LATENCY_BUCKETS",
+    "NO_METRICS",
+    "ModelMetrics",
+    "ServerMetrics",
+]
+
+#: The exposition format's Content-Type.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: Seconds: from 100 µs (a tiny model inline) to a minute (past the default deadline).
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+#: Rows per batch call: powers of two (batches are padded to them).
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class ModelMetrics:
+    """The metrics of one served (model, version): ``request``, ``queued``, ``batch``."""
+
+    def __init__(self, server: ServerMetrics, model: str, version: str) -> None:
+        self._server = server
+        self._labels = (model, version)
+        self._queue = server.queue_seconds.labels(model, version)
+        self._batch = server.batch_rows.labels(model, version)
+        self._requests: dict[tuple[str, int], Any] = {}
+        self._durations: dict[str, Any] = {}
+
+    def request(self, protocol: str, code: int, seconds: float) -> None:
+        """One answered request of ``protocol`` with status ``code``."""
+        key = (protocol, code)
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._server.requests.labels(*self._labels, protocol, str(code))
+            self._requests[key] = counter
+        counter.inc()
+        hist = self._durations.get(protocol)
+        if hist is None:
+            hist = self._server.request_seconds.labels(*self._labels, protocol)
+            self._durations[protocol] = hist
+        hist.observe(seconds)
+
+    def queued(self, seconds: float) -> None:
+        """One request's wait from admission to the start of its call."""
+        self._queue.observe(seconds)
+
+    def batch(self, rows: int) -> None:
+        """One call of the micro-batcher, on ``rows`` rows (before padding)."""
+        self._batch.observe(rows)
+
+
+class _NoMetrics(ModelMetrics):
+    """Records nothing (a ServedModel made outside a ModelServer)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def request(self, protocol: str, code: int, seconds: float) -> None:
+        pass
+
+    def queued(self, seconds: float) -> None:
+        pass
+
+    def batch(self, rows: int) -> None:
+        pass
+
+
+NO_METRICS: ModelMetrics = _NoMetrics()
+
+
+class ServerMetrics:
+    """The registry and metrics of one server. ``models()`` gives the served models now
+    (objects with ``name``, ``version``, ``warmed``, ``in_flight_requests``, ``queued``,
+    ``admission.in_flight``); ``ready()`` the server's readiness."""
+
+    def __init__(self, models: Callable[[], Iterable[Any]], ready: Callable[[], bool]) -> None:
+        reg = self.registry = CollectorRegistry()
+        mv = ["model", "version"]
+        self.requests = Counter(
+            "tfrt_py_requests",
+            "Requests answered, by model, version, protocol (v1, v2) and HTTP status code.",
+            [*mv, "protocol", "code"],
+            registry=reg,
+        )
+        self.request_seconds = Histogram(
+            "tfrt_py_request_duration_seconds",
+            "Time from a request's arrival at its route to its response being ready.",
+            [*mv, "protocol"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.queue_seconds = Histogram(
+            "tfrt_py_queue_duration_seconds",
+            "Time a request waited between admission and the start of its model call.",
+            mv,
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.batch_rows = Histogram(
+            "tfrt_py_batch_size",
+            "Rows per call of the micro-batcher (before padding).",
+            mv,
+            buckets=BATCH_BUCKETS,
+            registry=reg,
+        )
+        self.unknown = Counter(
+            "tfrt_py_unknown_model_requests",
+            "Requests naming a model the server does not know.",
+            ["protocol"],
+            registry=reg,
+        )
+        ProcessCollector(registry=reg)
+        PlatformCollector(registry=reg)
+        GCCollector(registry=reg)
+        reg.register(_Live(models, ready))
+
+    def for_model(self, model: str, version: str) -> ModelMetrics:
+        return ModelMetrics(self, model, version)
+
+    def exposition(self) -> bytes:
+        """The text format of every metric now."""
+        return generate_latest(self.registry)
+
+
+class _Live(Collector):
+    """Gauges read from the served models at scrape time."""
+
+    def __init__(self, models: Callable[[], Iterable[Any]], ready: Callable[[], bool]) -> None:
+        self._models = models
+        self._ready = ready
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        mv = ["model", "version"]
+        gauges = {
+            "requests_in_flight": "Requests being handled (decoded, not yet answered).",
+            "calls_in_flight": "Model calls holding a slot (at most max_concurrency).",
+            "requests_queued": "Requests waiting for a slot or in the micro-batcher's queue.",
+            "model_ready": "1 when the model is loaded and warmed, else 0.",
+        }
+        families = {
+            k: GaugeMetricFamily(f"tfrt_py_{k}", doc, labels=mv) for k, doc in gauges.items()
+        }
+        for m in list(self._models()):
+            labels = [m.name, m.version]
+            families["requests_in_flight"].add_metric(labels, m.in_flight_requests)
+            families["calls_in_flight"].add_metric(labels, m.admission.in_flight)
+            families["requests_queued"].add_metric(labels, m.queued)
+            families["model_ready"].add_metric(labels, 1.0 if m.warmed else 0.0)
+        yield from families.values()
+        ready = GaugeMetricFamily("tfrt_py_server_ready", "1 when every model is ready, else 0.")
+        ready.add_metric([], 1.0 if self._ready() else 0.0)
+        yield ready
