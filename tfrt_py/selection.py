@@ -8,8 +8,10 @@ load on the loading thread, after ``compiler.prepare``, and returns the Executor
   cannot serve this model (async kernels need the async executor; an op without a native
   lowering, or no numba, for native);
 * ``"auto"``: *async* when the model has ``async def`` kernels (they overlap with compute),
-  or two expensive kernels with no path between them (the cost model's classification:
-  they can run in parallel on the pool); else *native* when numba imports, every op lowers,
+  or when the cost model predicts a call on the dataflow executor (critical path or work
+  over the thread budget, plus scheduling and pool hops) at most ``THRESHOLDS.async_gain``
+  of one on the sync interpreter (parallel branches of expensive kernels); else *native*
+  when numba imports, every op lowers,
   shapes are static and the cost model calls the model tiny (``THRESHOLDS.native_max_flops``;
   ``$TFRT_PY_NATIVE=0`` turns this off), the generated function fits the compile budget
   (``native/budget.py``, ``$TFRT_PY_NATIVE_BUDGET``) and the cache dir is safe
@@ -24,9 +26,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from .compiler.cost import THRESHOLDS, ModelCost
+from .compiler.cost import THRESHOLDS
 from .compiler.prepare import Prepared
 from .concurrency import HostContext
+from .concurrency.threads import threads as thread_budget
 from .errors import UnsupportedOpError
 from .executors.async_executor import AsyncExecutor
 from .executors.base import Executor
@@ -146,16 +149,46 @@ def _opaque(prepared: Prepared) -> str:
 
 
 def _auto_kind(prepared: Prepared, async_nodes: list[Node]) -> tuple[str, str]:
+    """async or sync, by the predicted time of a call on each (``_predict``)."""
     cost = prepared.cost
     mflop = f"est. {cost.flops / 1e6:.2f} MFLOP per call"
     if async_nodes:
-        return "async", f"auto: {len(async_nodes)} async kernel(s) to overlap"
-    pair = _parallel_expensive(prepared.program.graph.nodes, cost)
-    if pair:
-        return "async", (f"auto: expensive kernels {pair[0]!r} and {pair[1]!r} can run in "
-                         f"parallel ({mflop})")  # fmt: skip
-    return "sync", (f"auto: no async kernels and no parallel expensive kernels ({mflop}): "
-                    "the pool hop would cost more")  # fmt: skip
+        return "async", f"auto: {len(async_nodes)} async kernel(s) to overlap ({mflop})"
+    sync_us, async_us, lanes = _predict(prepared)
+    figures = (f"predicted {sync_us:,.0f} µs per call on sync, {async_us:,.0f} µs on async "
+               f"with {lanes} lane(s); {mflop}")  # fmt: skip
+    if async_us < THRESHOLDS.async_gain * sync_us:
+        return "async", f"auto: parallel branches pay for the pool hops ({figures})"
+    return "sync", f"auto: the pool hops would cost more than parallel branches gain ({figures})"
+
+
+def _predict(prepared: Prepared) -> tuple[float, float, int]:
+    """(sync µs, async µs, lanes) for one call, from the cost model: sync runs every kernel
+    in turn; async runs the critical path, or the total work over ``lanes`` threads when
+    that is longer, plus its per-kernel scheduling and a pool hop per expensive kernel off
+    the critical path. ``lanes``: the thread budget, at most the widest point of the
+    graph (two independent expensive kernels make two lanes)."""
+    cost, t = prepared.cost, THRESHOLDS
+    nodes = prepared.program.graph.nodes
+    total = 0.0
+    reach: dict[int, tuple[float, int]] = {}  # value id -> (longest path to it, expensive on it)
+    for node in nodes:
+        us = cost.of(node).us or 0.0
+        total += us
+        start = max((reach[id(v)] for v in node.inputs if v is not None and id(v) in reach),
+                    default=(0.0, 0))  # fmt: skip
+        done = (start[0] + us, start[1] + cost.expensive(node))
+        for v in node.outputs:
+            if v is not None:
+                reach[id(v)] = done
+    critical, expensive_on_path = max(reach.values(), default=(0.0, 0))
+    expensive = sum(cost.expensive(node) for node in nodes)
+    lanes = max(1, min(thread_budget(), expensive))
+    k = len(nodes)
+    sync_us = total + k * t.kernel_overhead_us
+    async_us = (max(critical, total / lanes) + k * t.dataflow_overhead_us
+                + max(0, expensive - expensive_on_path) * t.pool_hop_us)  # fmt: skip
+    return sync_us, async_us, lanes
 
 
 def _auto_native(prepared: Prepared, why: str) -> tuple[Lowered | None, str, str]:
@@ -179,8 +212,8 @@ def _auto_native(prepared: Prepared, why: str) -> tuple[Lowered | None, str, str
     return (
         lowered,
         (
-            f"auto: a tiny model (est. {flops / 1e6:.3f} MFLOP per call, no async kernels, no "
-            "parallel expensive kernels: the pool hop would cost more) whose ops all lower"
+            f"auto: a tiny model (est. {flops / 1e6:.3f} MFLOP per call, no async kernels, "
+            "better served by one thread) whose ops all lower"
         ),
         "",
     )
@@ -202,30 +235,3 @@ def _async_nodes(prepared: Prepared) -> list[Node]:
 
 def _unsupported(node: Node, detail: str) -> UnsupportedOpError:
     return UnsupportedOpError(node.op_type, node.domain, node.opset, node.name, detail)
-
-
-def _parallel_expensive(nodes: list[Node], cost: ModelCost) -> tuple[str, str] | None:
-    """Two expensive kernels with no path between them (names), or None.
-
-    Load time only: an ancestor bitset per value over the expensive nodes seen so far.
-    """
-    expensive = {id(n) for n in nodes if cost.expensive(n)}
-    if len(expensive) < 2:
-        return None
-    bit: dict[int, int] = {}  # value id -> bitset of expensive ancestors (inclusive)
-    order: list[Node] = []
-    for n in nodes:
-        anc = 0
-        for v in n.inputs:
-            if v is not None:
-                anc |= bit.get(id(v), 0)
-        if id(n) in expensive:
-            for i, other in enumerate(order):
-                if not anc >> i & 1:
-                    return other.name, n.name
-            anc |= 1 << len(order)
-            order.append(n)
-        for v in n.outputs:
-            if v is not None:
-                bit[id(v)] = anc
-    return None

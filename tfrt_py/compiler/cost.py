@@ -63,6 +63,12 @@ class Thresholds:
     #: Calls that run inline on a loop yield to it once this many µs of them have run on
     #: its thread (a yield costs ~5 µs: a few % of the slice).
     loop_slice_us: float = 250.0
+    #: A hand-off to the inter-op pool and back, µs (the async executor's expensive kernels
+    #: off the critical path pay one each).
+    pool_hop_us: float = 60.0
+    #: ``auto`` picks the async executor when it predicts a call at most this fraction of
+    #: the sync interpreter's (sync wins ties: no threads, no hops).
+    async_gain: float = 0.8
     #: ``auto`` puts a model on the native tier only below this many FLOPs per call:
     #: above it NumPy's BLAS calls amortize their overhead (M2, a 64-256-256-10 MLP, is
     #: 0.17 MFLOP).
