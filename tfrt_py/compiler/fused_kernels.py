@@ -29,7 +29,8 @@ import numpy as np
 from ..executors.plan_codegen import Inline
 from ..ir import Node, TensorType, Value
 from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
-from ..kernels.gemm import matmul_into
+from ..kernels.common import input_rank
+from ..kernels.gemm import SPLIT_MIN_MACS, matmul_into
 
 __all__ = ["DOMAIN", "Step", "register_fused_kernels", "with_fused_kernels"]
 
@@ -101,7 +102,19 @@ def _linear(registry: KernelRegistry) -> Any:
         steps: list[Step] = list(ctx.attr("activation", []))
         acts = [(s, _build_step(ctx, registry, s)) for s in steps]
         extra_idx = [[r for r in s[3] if r >= 0] for s in steps]
-        mm, add = matmul_into, np.add
+        # Rows known at load (static dims): split over the intra-op pool only if that many
+        # rows make a product worth it; unknown: let matmul_into decide per call.
+        t = ctx.input_type(0)
+        shape = t.shape if t is not None else None
+        rows = None
+        if shape is not None and all(isinstance(d, int) for d in shape[:-1]):
+            rows = int(np.prod([int(d) for d in shape[:-1]], dtype=np.int64))  # type: ignore[arg-type]
+        small = rows is not None and rows * k * n < SPLIT_MIN_MACS
+        mm: Any = _plain_matmul if small else matmul_into
+        add = np.add
+        inline = _linear_inline(mm, w, b, acts, extra_idx)
+        if input_rank(ctx) == 2 and not any(extra_idx):
+            return _linear_2d(mm, w, b, [fn for _, fn in acts], inline=inline)
 
         def linear(x: np.ndarray, *rest: Any, out: np.ndarray | None = None) -> np.ndarray:
             if x.ndim > 2 and k and x.flags.c_contiguous:  # k == 0: reshape(-1, 0) fails
@@ -117,23 +130,56 @@ def _linear(registry: KernelRegistry) -> Any:
                 fn(y, *[rest[i - 1] for i in idx], out=y)
             return y
 
-        def inline(in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
-            if len(in_shapes[0]) != 2 or len(out_shape) != 2:
-                return None
-            env: dict[str, Any] = {"matmul": mm, "w": w}
-            lines = ["{matmul}({in0}, {w}, {out})"]
-            if b is not None:
-                env.update(add=add, b=b)
-                lines.append("{add}({out}, {b}, out={out})")
-            for i, ((s, fn), idx) in enumerate(zip(acts, extra_idx)):
-                args = ["{out}"] + [f"{{in{j}}}" for j in idx]
-                lines += _step_code(s[0], fn, args, "{out}", dtype, env, f"act{i}")
-            return Inline(lines, env)
-
         linear.inline = inline  # type: ignore[attr-defined]
         return linear
 
     return build
+
+
+def _plain_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    return np.matmul(a, b, out=out)
+
+
+def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
+               inline: Any) -> Any:  # fmt: skip
+    """The Linear of a rank-2 input whose activations read nothing else: a product, a bias
+    add and the activations in place, without the general kernel's branches."""
+    add = np.add
+
+    def linear(x: np.ndarray, *_consts: Any, out: np.ndarray | None = None) -> np.ndarray:
+        # _consts: W and B as the node's inputs; the kernel holds them since load
+        y = mm(x, w, out if out is None or out.flags.c_contiguous else None)
+        if out is not None and y is not out:
+            out[...] = y
+            y = out
+        if b is not None:
+            add(y, b, out=y)
+        for fn in acts:
+            fn(y, out=y)
+        return y
+
+    linear.inline = inline  # type: ignore[attr-defined]
+    return linear
+
+
+def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any],
+                   extra_idx: list[list[int]]) -> Any:  # fmt: skip
+    """The Linear's statements for the sync interpreter's generated code (rank 2)."""
+
+    def inline(in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
+        if len(in_shapes[0]) != 2 or len(out_shape) != 2:
+            return None
+        env: dict[str, Any] = {"matmul": mm, "w": w}
+        lines = ["{matmul}({in0}, {w}, {out})"]
+        if b is not None:
+            env.update(add=np.add, b=b)
+            lines.append("{add}({out}, {b}, out={out})")
+        for i, ((s, fn), idx) in enumerate(zip(acts, extra_idx)):
+            args = ["{out}"] + [f"{{in{j}}}" for j in idx]
+            lines += _step_code(s[0], fn, args, "{out}", dtype, env, f"act{i}")
+        return Inline(lines, env)
+
+    return inline
 
 
 def _chain(registry: KernelRegistry) -> Any:
