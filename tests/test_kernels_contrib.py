@@ -31,6 +31,14 @@ def test_quick_gelu_alpha() -> None:
     check_node("QuickGelu", [_f(4, 9, scale=3.0)], {"alpha": -0.75})
 
 
+@pytest.mark.parametrize("op", ["Gelu", "FastGelu", "QuickGelu"])
+def test_large_inputs_do_not_overflow(op: str) -> None:
+    """Saturated inputs (+-1e4 and beyond) give x or 0, with no NumPy overflow warning
+    (warnings are errors in this suite)."""
+    x = np.array([[-1e4, -200.0, -60.0, 60.0, 200.0, 1e4]], np.float32)
+    check_node(op, [x])
+
+
 @pytest.mark.parametrize("op", ["BiasGelu", "FastGelu"])
 @pytest.mark.parametrize("shape", [(2, 5, 33), (33,), (1, 1, 1)])
 def test_activations_with_bias(op: str, shape: tuple[int, ...]) -> None:

@@ -6,7 +6,8 @@ FastGelu, QuickGelu -- and FusedMatMul.
   MatMul bias into the activation).
 * FastGelu-1: the tanh approximation ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` of
   ``X + bias`` (bias optional, broadcast along the last axis).
-* QuickGelu-1: ``x * sigmoid(alpha x)``, alpha 1.702 by default.
+* QuickGelu-1: ``x * sigmoid(alpha x)``, alpha 1.702 by default (no overflow warning for
+  large ``|x|``).
 * FusedMatMul-1: ``alpha * op(A) @ op(B)`` with NumPy matmul broadcasting, where op applies
   ``transBatch*`` first (the leading axis moves to the place just before the last one: a
   ``[M, b1.., K]`` operand is read as ``[b1.., M, K]``) and then ``trans*`` (the last two
@@ -116,14 +117,16 @@ def _fast_gelu(ctx: KernelContext) -> ComputeFn:
 
 
 def _quick_gelu(ctx: KernelContext) -> ComputeFn:
-    """QuickGelu-1: ``fn(X, out=None) -> X * sigmoid(alpha X) = X / (1 + exp(-alpha X))``."""
-    neg_alpha = -float(ctx.attr("alpha", 1.702))
+    """QuickGelu-1: ``fn(X, out=None) -> X * sigmoid(alpha X)``, with sigmoid as
+    ``(1 + tanh(z/2)) / 2``: no exp to overflow for large ``|alpha X|``."""
+    half_alpha = 0.5 * float(ctx.attr("alpha", 1.702))
 
     def quick_gelu(X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        t = np.multiply(X, neg_alpha)
-        np.exp(t, out=t)
+        t = np.multiply(X, half_alpha)
+        np.tanh(t, out=t)
         t += 1.0
-        return np.divide(X, t, out=out)
+        t *= 0.5
+        return np.multiply(X, t, out=out)
 
     return _wide(quick_gelu)
 
