@@ -24,8 +24,10 @@ Variants (``VARIANTS``):
   graph optimizations (``ORT_ENABLE_EXTENDED``, ``optimized_model_filepath``):
   FusedMatMul, FastGelu, BiasGelu, SkipLayerNormalization.
 
-A variant that cannot be made raises ``ExportFailed`` saying why (the T5 encoder's dynamo
-export fails in torch's decompositions).
+A variant that cannot be made raises ``ExportFailed`` saying why. Exports run under
+``torch.no_grad()``: with autograd on, torch 2.14's dynamo export of the T5 encoder fails in
+its decompositions ("Cannot view a tensor with shape [s, s, 4, 32] and strides ... as a
+tensor with shape (s, s, 128)"); without it, every variant exports.
 """
 
 from __future__ import annotations

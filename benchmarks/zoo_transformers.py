@@ -22,8 +22,15 @@ worst ratio (``model.profile``), for the engineers working on fusions and native
 was made, what failed and why, the versions used): the files ``tests/test_transformer_zoo.py``
 checks, so ``make test`` needs no torch.
 
+Threads: one per runtime by default (``--threads``): NumPy's BLAS and onnxruntime's intra-op
+pool get the same count, and onnxruntime does not spin between calls. On a small shared
+machine, multi-threaded BLAS and a spinning onnxruntime pool oversubscribe the cores and
+the figures swing by 10-100x; with one thread each they are stable to a few percent. The
+models are exported in a child process, so torch (and its OpenMP pool) is never loaded in
+the timing process.
+
 Needs torch, transformers and onnxscript (``make bench-zoo-transformers`` installs them).
-The machine's other load makes the figures noisy; ratios are the figure to read.
+The machine's other load still makes the figures noisy; ratios are the figure to read.
 """
 
 from __future__ import annotations
@@ -31,12 +38,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+
+def _threads_arg(argv: list[str]) -> str:
+    """``--threads N`` read before NumPy is imported (BLAS sizes its pool at import)."""
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return "1"
+
+
+THREADS = _threads_arg(sys.argv[1:])
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = THREADS
 
 import numpy as np
 import transformer_zoo as zoo
@@ -51,10 +74,17 @@ RTOL, ATOL = 1e-4, 1e-4
 MODELS_DIR = os.path.join(HERE, "models", "transformers")
 
 
-def _session(path: str) -> Any:
+def _session(path: str, threads: int = 0) -> Any:
+    """An onnxruntime CPU session; ``threads`` > 0: that many intra-op threads, no spinning
+    between calls (the timed session)."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    if threads > 0:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
 def reference(path: str, shapes: tuple[tuple[int, int], ...], vocab: int) -> dict[str, Any]:
@@ -108,6 +138,39 @@ def _make_all(
     return made, failed
 
 
+def _make_in_child(names: list[str], directory: str, rebuild: bool) -> dict[str, str]:
+    """Export the missing models (all with ``rebuild``) in a child process, so torch is never
+    imported here; returns the failures it recorded (name -> why)."""
+    missing = [n for n in names if rebuild or not os.path.exists(_path(directory, n))]
+    failed_path = os.path.join(directory, "failed.json")
+    if missing:
+        cmd = [sys.executable, os.path.abspath(__file__), "--make-only", "--dir", directory,
+               "--models", ",".join(missing)] + (["--rebuild"] if rebuild else [])  # fmt: skip
+        subprocess.run(cmd, check=True)
+    failed: dict[str, str] = {}
+    if os.path.exists(failed_path):
+        with open(failed_path, encoding="utf-8") as fh:
+            failed = {k: v for k, v in json.load(fh).items() if k in names}
+    return {n: why for n, why in failed.items() if not os.path.exists(_path(directory, n))}
+
+
+def _path(directory: str, name: str) -> str:
+    return os.path.join(directory, f"{name}.onnx")
+
+
+def make_only(names: list[str], directory: str, rebuild: bool) -> None:
+    """The child of ``_make_in_child``: export, record failures in ``failed.json``."""
+    _, failed = _make_all(names, zoo.SIZES["bench"], directory, rebuild)
+    failed_path = os.path.join(directory, "failed.json")
+    known: dict[str, str] = {}
+    if os.path.exists(failed_path):
+        with open(failed_path, encoding="utf-8") as fh:
+            known = json.load(fh)
+    known = {k: v for k, v in known.items() if k not in names} | failed
+    with open(failed_path, "w", encoding="utf-8") as fh:
+        json.dump(known, fh, indent=1)
+
+
 def write_test_files(directory: str, names: list[str]) -> None:
     """The small models, their reference outputs and a manifest, for the tests."""
     import onnx
@@ -155,8 +218,11 @@ def write_test_files(directory: str, names: list[str]) -> None:
 def bench(a: argparse.Namespace, names: list[str]) -> None:
     size = zoo.SIZES["bench"]
     shapes = _parse_shapes(a.shapes)
-    print(f"models (hidden {size.hidden}, {size.layers} layers, {size.heads} heads) in {a.dir}")
-    made, failed = _make_all(names, size, a.dir, a.rebuild)
+    threads = int(THREADS)
+    print(f"models (hidden {size.hidden}, {size.layers} layers, {size.heads} heads) in {a.dir}; "
+          f"{threads} thread(s) per runtime")  # fmt: skip
+    failed = _make_in_child(names, a.dir, a.rebuild)
+    made = {n: _path(a.dir, n) for n in names if os.path.exists(_path(a.dir, n))}
     rows: list[dict[str, Any]] = []
     agree: dict[str, float] = {}
     for name, path in made.items():
@@ -168,7 +234,7 @@ def bench(a: argparse.Namespace, names: list[str]) -> None:
         model = tfrt_py.load(path)
         if model.native is not None:
             model.native.wait()
-        sess = _session(path)
+        sess = _session(path, threads)
         for b, s in shapes:
             f = zoo.feeds(b, s, size.vocab)
             runners = {
@@ -185,13 +251,15 @@ def bench(a: argparse.Namespace, names: list[str]) -> None:
             r = rows[-1]
             print(f"  {name} {b}x{s}: tfrt_py {r['tfrt_us']:.0f} µs, onnxruntime "
                   f"{r['ort_us']:.0f} µs, ratio {r['ratio']:.2f}", flush=True)  # fmt: skip
-    table = markdown(rows, failed, agree)
+    table = f"{threads} thread(s) per runtime; medians of interleaved bursts\n\n"
+    table += markdown(rows, failed, agree)
     print("\n" + table)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "zoo_transformers.md"), "w", encoding="utf-8") as fh:
         fh.write(table + "\n")
     with open(os.path.join(a.out, "zoo_transformers.json"), "w", encoding="utf-8") as fh:
-        json.dump({"rows": rows, "failed": failed, "max_rel_err": agree}, fh, indent=1)
+        meta = {"threads": threads, "size": size.__dict__}
+        json.dump({**meta, "rows": rows, "failed": failed, "max_rel_err": agree}, fh, indent=1)
     try:
         plot(rows, os.path.join(a.out, "zoo_transformers.png"))
     except ImportError:
@@ -267,6 +335,8 @@ def main() -> None:
     p.add_argument("--dir", default=MODELS_DIR, help="where the exported models are cached")
     p.add_argument("--rebuild", action="store_true", help="re-export cached models")
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--threads", default="1", help="BLAS and onnxruntime intra-op threads")
+    p.add_argument("--make-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--write-test-files", metavar="DIR", help="make the tests' small models")
     a = p.parse_args()
     names = [n for n in a.models.split(",") if n]
@@ -274,6 +344,8 @@ def main() -> None:
         zoo.variant(n)  # unknown names fail before any export
     if a.write_test_files:
         write_test_files(a.write_test_files, names)
+    elif a.make_only:
+        make_only(names, a.dir, a.rebuild)
     else:
         bench(a, names)
 
