@@ -296,7 +296,7 @@ def markdown(rows: list[dict[str, Any]], failed: dict[str, str], agree: dict[str
 
 
 def plot(rows: list[dict[str, Any]], path: str) -> None:
-    """Grouped bars: tfrt_py auto / onnxruntime per model, one bar per shape (log scale)."""
+    """Grouped bars: tfrt_py auto / onnxruntime per model, one bar per shape."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -315,7 +315,6 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
                     ys.append(r["ratio"])
         ax.bar(xs, ys, width, label=f"{b} x {s}")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_yscale("log")
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(models, rotation=35, ha="right")
     ax.set_ylabel("tfrt_py auto / onnxruntime (median paired ratio)")
