@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-floor lint unit conformance bench clean
+.PHONY: demo test test-floor lint unit conformance bench bench-zoo-transformers zoo-transformers-test-files clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,8 +21,8 @@ demo: $(STAMP)
 	$(BIN)/tfrt-py bench $(EXAMPLE) --seconds 3
 
 # Optional peers (benchmarks/peers.py): each is measured where it installs. torch is pinned
-# to the CPU wheel: a plain `torch` would pull the CUDA build (GBs).
-PEER_PACKAGES := "torch==2.13.0" "jax jaxlib" "ai-edge-litert"
+# to the release this machine keeps on disk (one torch for the peers and the zoos).
+PEER_PACKAGES := "torch==2.14.1" "jax jaxlib" "ai-edge-litert"
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
@@ -31,6 +31,20 @@ bench: $(STAMP)
 	    || echo "bench: could not install $$spec; its column will be absent"; \
 	done
 	PYTHONPATH=. $(BIN)/python benchmarks/latency.py --out benchmarks/results
+
+# The transformer zoo (benchmarks/zoo_transformers.py): transformers-library models exported
+# by torch.onnx, against onnxruntime. The exporters are heavy (torch is several GB), so this
+# is out of `make test`; the tests use the small files in tests/data/transformers, which
+# `make zoo-transformers-test-files` rewrites.
+ZOO_PACKAGES := "torch==2.14.1" transformers onnxscript
+
+bench-zoo-transformers: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[bench]" $(ZOO_PACKAGES)
+	PYTHONPATH=. $(BIN)/python benchmarks/zoo_transformers.py --out benchmarks/results/zoo_transformers
+
+zoo-transformers-test-files: $(STAMP)
+	$(BIN)/python -m pip install --quiet $(ZOO_PACKAGES)
+	$(BIN)/python benchmarks/zoo_transformers.py --write-test-files tests/data/transformers
 
 lint: $(STAMP)
 	$(BIN)/ruff check tfrt_py tests benchmarks

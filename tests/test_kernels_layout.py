@@ -102,6 +102,7 @@ def test_registry_and_base_import_no_family() -> None:
 
 def test_default_registry_is_the_union_of_the_families() -> None:
     assert _FAMILIES == [
+        "contrib",
         "control",
         "elementwise",
         "image",

@@ -92,10 +92,13 @@ def _cases() -> dict[str, onnx.ModelProto]:
 
 _SCRIPT = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, sys
     import tfrt_py
     model = tfrt_py.load(sys.argv[1], executor=sys.argv[2])
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM: this process image's peak (getrusage's ru_maxrss would include the parent's
+    # peak, recorded at exec)
+    status = open("/proc/self/status").read()
+    peak_mb = int(status.split("VmHWM:")[1].split()[0]) / 1024
     print(json.dumps({"peak_mb": peak_mb, "executor": model.executor}))
     """
 )

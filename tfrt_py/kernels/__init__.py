@@ -2,8 +2,9 @@
 
 See ``base.py`` for the contract every kernel keeps and ``docs/kernels.md`` for how to add
 one. Each family subpackage (``elementwise``, ``linalg``, ``nn``, ``shape``, ``indexing``,
-``reduce``, ``control``, ``ml``, ``image``, ``misc``) exposes ``register_kernels(registry)``;
-``families.default_registry()`` calls them all, in one list, on first use.
+``reduce``, ``control``, ``ml``, ``image``, ``misc``, ``contrib``) exposes
+``register_kernels(registry)``; ``families.default_registry()`` calls them all, in one list,
+on first use.
 """
 
 from __future__ import annotations

@@ -25,7 +25,19 @@ _LOCK = threading.Lock()
 def _families() -> tuple[Callable[[KernelRegistry], None], ...]:
     """Every built-in family's ``register_kernels``, in registration order."""
     # Imported here, on first use, so that ``import tfrt_py`` does not import every family.
-    from . import control, elementwise, image, indexing, linalg, misc, ml, nn, reduce, shape
+    from . import (
+        contrib,
+        control,
+        elementwise,
+        image,
+        indexing,
+        linalg,
+        misc,
+        ml,
+        nn,
+        reduce,
+        shape,
+    )
 
     return (
         elementwise.register_kernels,
@@ -38,6 +50,7 @@ def _families() -> tuple[Callable[[KernelRegistry], None], ...]:
         ml.register_kernels,
         image.register_kernels,
         misc.register_kernels,
+        contrib.register_kernels,
     )
 
 

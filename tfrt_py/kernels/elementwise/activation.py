@@ -20,8 +20,8 @@ import math
 import numpy as np
 
 from ..base import OUT_INPLACE, ComputeFn, KernelContext
+from ..erf import erf
 from ..registry import KernelRegistry
-from .erf import erf
 
 __all__ = ["register_kernels"]
 

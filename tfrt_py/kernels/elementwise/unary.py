@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import OUT, OUT_INPLACE, ComputeFn, KernelBuilder, KernelContext
+from ..erf import erf
 from ..registry import KernelRegistry
-from .erf import erf
 
 __all__ = ["register_kernels"]
 

@@ -1,4 +1,5 @@
-"""The error function on NumPy arrays, without SciPy.
+"""The error function on NumPy arrays, without SciPy (shared by the elementwise family's
+Erf and Gelu and the contrib family's Gelu/BiasGelu).
 
 * ``erf_f32``: float32 (and narrower floats, computed in float32). A single odd/even
   rational approximation on ``[-4, 4]`` (outside it erf is +/-1 in float32), branch-free:

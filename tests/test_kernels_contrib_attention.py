@@ -1,0 +1,190 @@
+"""com.microsoft Attention against onnxruntime's CPU provider: every mask form it runs,
+unidirectional, past/present, attention_bias, qkv_hidden_sizes, scale and the filter
+value; the Megatron 4-D mask (which onnxruntime's CPU provider does not implement) against
+a NumPy transcription of the operator's definition; load-time refusals."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tfrt_py
+from tests.support.contrib import check_node, node_model
+from tfrt_py.errors import ExecutionError, UnsupportedOpError
+
+_RNG = np.random.default_rng(99)
+_B, _S, _HIN, _N, _D = 2, 5, 6, 2, 8
+
+
+def _f(*shape: int) -> np.ndarray:
+    return _RNG.standard_normal(shape).astype(np.float32)
+
+
+_X, _W, _BIAS = _f(_B, _S, _HIN), _f(_HIN, 3 * _D), _f(3 * _D)
+_M2 = np.array([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0]], np.int32)  # row 1 fully masked
+_M3 = _RNG.integers(0, 2, (_B, _S, _S)).astype(np.int32)
+_M3[0, 1] = 0
+
+
+def _check(inputs: list[Any], attrs: dict[str, Any] | None = None, **kw: Any) -> None:
+    check_node("Attention", inputs, {"num_heads": _N, **(attrs or {})}, **kw)
+
+
+def test_no_mask_bias_as_input_or_initializer() -> None:
+    _check([_X, _W, _BIAS], consts=((), (1, 2)))
+    _check([_X, _W])
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        np.array([3, 7], np.int32),  # right padding: end positions (7 > T: nothing masked)
+        np.array([0, 5], np.int32),  # a fully masked row: uniform weights, not NaN
+        np.array([4, 5, 1, 2], np.int32),  # left padding: ends, then starts
+        np.array([2, 5, 3, 0], np.int32),  # start after end
+        _M2,
+        _M3,
+    ],
+    ids=["1d", "1d-zero", "2b", "2b-empty", "2d", "3d"],
+)
+@pytest.mark.parametrize("unidirectional", [0, 1])
+def test_mask_forms(mask: np.ndarray, unidirectional: int) -> None:
+    _check([_X, _W, _BIAS, mask], {"unidirectional": unidirectional})
+
+
+def test_scale_and_filter_value() -> None:
+    _check([_X, _W, _BIAS], {"scale": 0.3})
+    _check([_X, _W, _BIAS, _M2], {"mask_filter_value": -1e9, "unidirectional": 1})
+
+
+def test_qkv_hidden_sizes() -> None:
+    _check([_X, _f(_HIN, 8 + 8 + 12), _f(28)], {"qkv_hidden_sizes": [8, 8, 12]})
+
+
+_P = 3
+_PAST = _f(2, _B, _N, _P, _D // _N)
+
+
+@pytest.mark.parametrize("unidirectional", [0, 1])
+@pytest.mark.parametrize(
+    "mask", [None, np.array([6, 8], np.int32), (_RNG.random((_B, _P + _S)) < 0.7).astype(np.int32)]
+)
+def test_past_and_present(unidirectional: int, mask: np.ndarray | None) -> None:
+    attrs = {"unidirectional": unidirectional}
+    _check([_X, _W, _BIAS, mask, _PAST], attrs, outputs=(True, True))
+
+
+def test_present_without_past_and_one_step_decoding() -> None:
+    _check([_X, _W, _BIAS], outputs=(True, True))
+    _check([_f(_B, 1, _HIN), _W, _BIAS, None, _PAST], {"unidirectional": 1}, outputs=(True, True))
+
+
+@pytest.mark.parametrize("shape", [(_B, _N, _S, _S), (1, 1, _S, _S), (_B, 1, _S, _S)])
+def test_attention_bias(shape: tuple[int, ...]) -> None:
+    _check([_X, _W, _BIAS, _M2, None, _f(*shape)], {"unidirectional": 1})
+
+
+def test_float16() -> None:
+    h = [a.astype(np.float16) for a in (_X, _W, _BIAS)]
+    _check([*h, _M2], rtol=3e-3, atol=3e-3)
+
+
+# -- beyond onnxruntime's CPU kernel: checked against the definition --------------------------
+
+
+def _reference(
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray,
+    heads: int,
+    add: np.ndarray,
+    past: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Attention by its definition, in float64: ``add`` is the (B, N|1, S, T) additive term."""
+    bsz, s, _ = x.shape
+    qkv = x.astype(np.float64) @ w + b
+    d = qkv.shape[-1] // 3
+    h = d // heads
+
+    def split(m: np.ndarray) -> np.ndarray:
+        return m.reshape(bsz, s, heads, h).transpose(0, 2, 1, 3)
+
+    q, k, v = split(qkv[..., :d]), split(qkv[..., d : 2 * d]), split(qkv[..., 2 * d :])
+    if past is not None:
+        k = np.concatenate([past[0], k], axis=2)
+        v = np.concatenate([past[1], v], axis=2)
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(h) + add
+    scores = np.exp(scores - scores.max(-1, keepdims=True))
+    scores /= scores.sum(-1, keepdims=True)
+    y = (scores @ v).transpose(0, 2, 1, 3).reshape(bsz, s, d)
+    return y, np.stack([k, v])
+
+
+def _run(inputs: list[Any], attrs: dict[str, Any], n_out: int = 1) -> list[list[np.ndarray]]:
+    model = node_model("Attention", inputs, {"num_heads": _N, **attrs}, outputs=(True,) * n_out)
+    feeds = {f"i{i}": a for i, a in enumerate(inputs) if a is not None}
+    outs = []
+    for ex in ("sync", "async"):
+        m = tfrt_py.load(model, executor=ex)
+        for _ in range(2):
+            got = m.run(feeds)
+            outs.append([got[f"y{k}"] for k in range(n_out)])
+    return outs
+
+
+def test_megatron_4d_mask() -> None:
+    """(B, 1, M, M) masks: rows P..P+S-1 and columns 0..T-1 of the square, 0 masked."""
+    m = _P + _S + 1
+    mask4 = np.tril(np.ones((_B, 1, m, m), np.int32))
+    mask4[1, 0, :, 1] = 0
+    for past in (None, _PAST):
+        p = 0 if past is None else _P
+        rows = mask4[:, :, p : p + _S, : p + _S]
+        want, present = _reference(_X, _W, _BIAS, _N, np.where(rows > 0, 0.0, -10000.0), past)
+        for y, *rest in _run([_X, _W, _BIAS, mask4, past], {}, 1 if past is None else 2):
+            np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+            if rest:
+                np.testing.assert_allclose(rest[0], present, rtol=1e-6, atol=1e-6)
+
+
+def test_past_with_attention_bias() -> None:
+    """onnxruntime's CPU kernel refuses this pair; the definition composes them."""
+    bias = _f(1, _N, _S, _P + _S)
+    want, _ = _reference(_X, _W, _BIAS, _N, bias, _PAST)
+    for y, _present in _run([_X, _W, _BIAS, None, _PAST, bias], {}, 2):
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("attrs", "match"),
+    [
+        ({"do_rotary": 1}, "do_rotary"),
+        ({"past_present_share_buffer": 1}, "past_present_share_buffer"),
+        ({"qkv_hidden_sizes": [8, 4, 12]}, "qkv_hidden_sizes"),
+        ({"qkv_hidden_sizes": [8, 8, 7]}, "multiples"),
+        ({"num_heads": 0}, "num_heads"),
+    ],
+)
+def test_refused_at_load(attrs: dict[str, Any], match: str) -> None:
+    model = node_model("Attention", [_X, _W, _BIAS], {"num_heads": _N, **attrs})
+    with pytest.raises(UnsupportedOpError, match=match):
+        tfrt_py.load(model)
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        np.zeros(3 * _B + 2, np.int32),  # the (3B + 2) form: CUDA kernels only
+        np.ones((_B, _S + 1), np.int32),
+        np.ones((_B, _S, _S, 1, 1), np.int32),
+    ],
+)
+def test_bad_masks_fail_the_call(mask: np.ndarray) -> None:
+    model = node_model("Attention", [_X, _W, _BIAS, mask], {"num_heads": _N})
+    m = tfrt_py.load(model)
+    for _ in range(2):  # and the model stays usable
+        with pytest.raises(ExecutionError, match="mask_index"):
+            m.run({"i0": _X, "i1": _W, "i2": _BIAS, "i3": mask})

@@ -1,0 +1,26 @@
+"""Kernels: the contrib family -- onnxruntime's com.microsoft operators that saved models
+contain.
+
+Registered in domain ``com.microsoft`` (``activation.MS_DOMAIN``): the GELU variants and
+FusedMatMul (``activation``), the fused normalizations SkipLayerNormalization,
+SkipSimplifiedLayerNormalization and EmbedLayerNormalization (``norm``), Attention
+(``attention``) -- what onnxruntime's transformer optimizer writes into a model -- and
+Tokenizer (``tokenizer``, its patterns compiled by ``regex``), which skl2onnx's text
+vectorizers emit. Semantics follow onnxruntime's CPU provider, which the tests compare
+against (``tests/test_kernels_contrib*.py``).
+"""
+
+from __future__ import annotations
+
+from ..registry import KernelRegistry
+from . import activation, attention, norm, tokenizer
+
+__all__ = ["register_kernels"]
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register this family's kernels."""
+    activation.register_kernels(registry)
+    norm.register_kernels(registry)
+    attention.register_kernels(registry)
+    tokenizer.register_kernels(registry)

@@ -1,0 +1,195 @@
+"""Kernels (contrib): Attention-1 of the com.microsoft domain (BERT/GPT-2 self-attention with
+the Q/K/V projections merged into one weight, as onnxruntime's transformer optimizer and
+its GPT-2 exporter write it).
+
+``(input, weights, bias?, mask_index?, past?, attention_bias?, past_sequence_length?) ->
+(output, present?)``:
+
+* ``qkv = input @ weights (+ bias)``, split into Q, K, V of ``qkv_hidden_sizes`` (default
+  three equal parts), each into ``num_heads`` heads.
+* ``past`` ``(2, B, N, P, H)`` is prepended to K and V; ``present`` is ``(2, B, N, P+S, H)``.
+* Scores ``scale * Q K^T`` (scale default ``1/sqrt(head size)``) plus ``attention_bias``
+  (broadcast from ``(B or 1, N or 1, S, T)``) plus the mask as an *additive*
+  ``mask_filter_value`` (default -10000, as onnxruntime: a fully masked row is uniform,
+  not NaN); softmax over the T keys; times V; heads merged to ``(B, S, N * Hv)``.
+* ``mask_index`` forms: ``(B,)`` end positions (keys at or after masked: right padding);
+  ``(2B,)`` end positions then start positions (keys before the start masked too: left
+  padding); ``(B, T)`` and ``(B, S, T)`` raw masks (0 masked); ``(B, 1, M, M)`` (Megatron
+  GPT-2: rows ``P..P+S-1``, columns ``0..T-1`` of the square, 0 masked; onnxruntime's CPU
+  provider does not implement this form, so it is checked against its definition only).
+* ``unidirectional=1`` (when S > 1): query ``i`` does not see keys after ``P + i`` at all
+  (their weight is exactly 0, whatever the mask says of the others, as in onnxruntime
+  1.32: a row whose visible keys are all masked spreads its weight over those keys).
+
+Refused at load: ``do_rotary=1`` and ``past_present_share_buffer=1`` (decoder kernels'
+options; onnxruntime's CPU Attention runs neither). Inputs are float32 (float64 kept,
+float16 computed in float32 and cast back).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..base import ComputeFn, Cost, KernelContext
+from ..common import to_ints
+from ..registry import KernelRegistry
+from .activation import MS_DOMAIN
+
+__all__ = ["register_kernels"]
+
+
+def _compute_dtype(dt: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+
+
+def _key_mask(
+    mask: np.ndarray, b: int, s: int, t: int, past: int, fill: float, dt: np.dtype
+) -> np.ndarray:
+    """The additive mask of ``mask_index`` as ``(B, 1 or S, T)`` (0 where attended,
+    ``fill`` where masked)."""
+    keys = np.arange(t)
+    if mask.ndim == 1:
+        n = mask.shape[0]
+        if n not in (b, 2 * b):
+            raise ValueError(
+                f"Attention: a 1-D mask_index has batch ({b}) or 2 x batch entries, not {n}"
+            )
+        ends = np.clip(mask[:b].astype(np.int64), 0, t)
+        masked = keys[None, :] >= ends[:, None]
+        if n == 2 * b:
+            starts = np.minimum(mask[b:].astype(np.int64), t)
+            masked |= keys[None, :] < starts[:, None]
+        raw = masked[:, None, :]
+    elif mask.ndim == 2:
+        if mask.shape != (b, t):
+            raise ValueError(f"Attention: a 2-D mask_index is (batch, total length) {(b, t)}")
+        raw = (mask <= 0)[:, None, :]
+    elif mask.ndim == 3:
+        if mask.shape != (b, s, t):
+            raise ValueError(f"Attention: a 3-D mask_index is (B, S, T) {(b, s, t)}")
+        raw = mask <= 0
+    elif mask.ndim == 4:
+        if mask.shape[0] != b or mask.shape[1] != 1 or mask.shape[2] < past + s:
+            raise ValueError("Attention: a 4-D mask_index is (batch, 1, max_len, max_len)")
+        if mask.shape[3] < t:
+            raise ValueError("Attention: a 4-D mask_index is narrower than the total length")
+        raw = mask[:, 0, past : past + s, :t] <= 0
+    else:
+        raise ValueError(f"Attention: mask_index of rank {mask.ndim} is not supported")
+    return np.where(raw, fill, 0.0).astype(dt)
+
+
+@lru_cache(maxsize=64)
+def _future(s: int, t: int, past: int) -> np.ndarray:
+    """The (S, T) bool mask of keys after ``past + i`` for query ``i`` (read-only)."""
+    later = np.arange(t)[None, :] > (np.arange(s)[:, None] + past)
+    later.flags.writeable = False
+    return later
+
+
+def _attention(ctx: KernelContext) -> ComputeFn:
+    """Attention-1 (com.microsoft): ``(input, weights, bias?, mask_index?, past?,
+    attention_bias?, past_sequence_length?) -> (output, present?)``."""
+    heads = int(ctx.attr("num_heads"))
+    causal_attr = bool(ctx.attr("unidirectional", 0))
+    scale_attr = float(ctx.attr("scale", 0.0))
+    fill = float(ctx.attr("mask_filter_value", -10000.0))
+    sizes_attr = ctx.attr("qkv_hidden_sizes", None)
+    if heads <= 0:
+        raise ctx.unsupported(f"num_heads={heads} must be positive")
+    if int(ctx.attr("do_rotary", 0)):
+        raise ctx.unsupported("do_rotary=1 is not supported")
+    if int(ctx.attr("past_present_share_buffer", 0)):
+        raise ctx.unsupported("past_present_share_buffer=1 is not supported")
+    sizes = to_ints(sizes_attr) if sizes_attr is not None else None
+    if sizes is not None:
+        if len(sizes) != 3 or sizes[0] != sizes[1] or min(sizes) <= 0:
+            raise ctx.unsupported(f"qkv_hidden_sizes={list(sizes)}: need 3 sizes, Q's = K's")
+        if any(d % heads for d in sizes):
+            raise ctx.unsupported("qkv_hidden_sizes must be multiples of num_heads")
+    if ctx.has_input(4) and sizes is not None and sizes[2] != sizes[0]:
+        raise ctx.unsupported("past needs equal Q, K and V hidden sizes")
+    want_present = ctx.has_output(1)
+    n_out = ctx.n_outputs
+
+    def attention(
+        input: np.ndarray,
+        weights: np.ndarray,
+        bias: np.ndarray | None = None,
+        mask_index: np.ndarray | None = None,
+        past: np.ndarray | None = None,
+        attention_bias: np.ndarray | None = None,
+        past_sequence_length: np.ndarray | None = None,
+    ) -> Any:
+        if input.ndim != 3:
+            raise ValueError("Attention: input must be 3-D (batch, sequence, hidden)")
+        b, s, _ = input.shape
+        dt = input.dtype
+        cdt = _compute_dtype(dt)
+        total = weights.shape[1]
+        dq, dk, dv = sizes if sizes is not None else (total // 3,) * 3
+        if dq + dk + dv != total or (sizes is None and total % 3):
+            raise ValueError(f"Attention: weights have {total} columns, not Q+K+V sizes")
+        if dq % heads:
+            raise ValueError(f"Attention: hidden size {dq} is not a multiple of {heads} heads")
+        hq, hv = dq // heads, dv // heads
+        x = input.reshape(b * s, -1)
+        if x.dtype != cdt:
+            x = x.astype(cdt)
+        qkv = x @ weights.astype(cdt, copy=False)
+        if bias is not None:
+            qkv += bias
+        q = qkv[:, :dq].reshape(b, s, heads, hq).transpose(0, 2, 1, 3)
+        k = qkv[:, dq : dq + dk].reshape(b, s, heads, hq).transpose(0, 2, 1, 3)
+        v = qkv[:, dq + dk :].reshape(b, s, heads, hv).transpose(0, 2, 1, 3)
+        p = 0
+        if past is not None:
+            if past.ndim != 5 or past.shape[0] != 2 or past.shape[1] != b:
+                raise ValueError("Attention: past must be (2, batch, heads, past, head size)")
+            p = past.shape[3]
+            k = np.concatenate((past[0].astype(cdt, copy=False), k), axis=2)
+            v = np.concatenate((past[1].astype(cdt, copy=False), v), axis=2)
+        t = p + s
+        scale = scale_attr if scale_attr != 0.0 else 1.0 / math.sqrt(hq)
+        scores = np.matmul(q * cdt.type(scale), k.swapaxes(-1, -2))  # (B, N, S, T)
+        if attention_bias is not None:
+            scores += attention_bias
+        if mask_index is not None:
+            scores += _key_mask(mask_index, b, s, t, p, fill, cdt)[:, None]
+        if causal_attr and s > 1:
+            scores[..., _future(s, t, p)] = -np.inf  # never a whole row: key p + i is seen
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        ctx_v = np.matmul(scores, v)  # (B, N, S, Hv)
+        y = ctx_v.transpose(0, 2, 1, 3).reshape(b, s, heads * hv).astype(dt, copy=False)
+        if n_out == 1:
+            return y
+        present = np.stack((k, v)).astype(dt, copy=False) if want_present else None
+        return (y, present) + (None,) * (n_out - 2)
+
+    return attention
+
+
+def _attention_cost(
+    ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]
+) -> Cost:
+    """The projection (2 * B*S * Hin * 3D) and the two score products (4 * B*S*T*D)."""
+    if len(ins) < 2 or len(ins[0]) != 3 or len(ins[1]) != 2:
+        return Cost(0.0, 0.0)
+    b, s, hin = ins[0]
+    cols = ins[1][1]
+    t = s + (ins[4][3] if len(ins) > 4 and len(ins[4]) == 5 else 0)
+    d = cols / 3
+    flops = 2.0 * b * s * hin * cols + 4.0 * b * s * t * d
+    moved = 4.0 * (b * s * hin + hin * cols + sum(math.prod(o) for o in outs))
+    return Cost(flops, moved)
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register Attention (com.microsoft)."""
+    registry.add("Attention", _attention, domain=MS_DOMAIN, since=1, cost=_attention_cost)

@@ -1,0 +1,223 @@
+"""Kernels (contrib): the fused normalizations onnxruntime's transformer optimizer writes --
+SkipLayerNormalization, SkipSimplifiedLayerNormalization, EmbedLayerNormalization
+(com.microsoft) and SimplifiedLayerNormalization (onnxruntime's RMS norm, registered by it in
+the ai.onnx domain, opset 1 on).
+
+* SkipLayerNormalization-1: ``s = input + skip (+ bias)``, then LayerNorm over the last
+  axis with ``gamma`` (and ``beta``). ``skip`` is input's shape, or ``(1, S, H)`` /
+  ``(S, H)`` broadcast over the batch. Outputs ``(output, mean?, inv_std_var?,
+  input_skip_bias_sum?)``; mean and inv_std_var are float32 of shape ``input.shape[:-1]
+  + (1,)``; input_skip_bias_sum is ``s``.
+* SkipSimplifiedLayerNormalization-1: the same with RMS normalization (no mean, no
+  beta): ``s / sqrt(mean(s^2) + eps) * gamma``; its optional ``mean`` output is zeros,
+  as onnxruntime writes it.
+* EmbedLayerNormalization-1: ``word[input_ids] + position[position_ids or 0..S-1]
+  (+ segment[segment_ids])``, LayerNorm, and ``mask_index`` int32 ``(B,)``: the number of
+  ones in each row of ``mask`` (zeros without a mask). Optional ``embedding_sum`` is the
+  sum before normalization. Ids out of an embedding's range are a ``ValueError`` naming
+  the input (onnxruntime: "input index out of range").
+
+* SimplifiedLayerNormalization-1 (ai.onnx): ``X / sqrt(mean(X^2) + eps) * scale`` over axes
+  ``axis..``; optional ``inv_std_var`` (``stash_type`` dtype, float32 by default) of shape
+  ``X.shape[:axis] + (1,) * ...``. epsilon defaults to 1e-5 here (onnxruntime's schema).
+
+Statistics are computed in float32 (float64 for float64 inputs) with two passes;
+``epsilon`` defaults to 1e-12 as in onnxruntime's schema.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..base import ComputeFn, KernelContext
+from ..common import ones_vector, stash_dtype
+from ..registry import KernelRegistry
+from .activation import MS_DOMAIN
+
+__all__ = ["register_kernels"]
+
+_EPS = 1e-12
+
+
+def _stats_dtype(dt: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+
+
+def _row_mean(x2: np.ndarray) -> np.ndarray:
+    """Row means of a 2-D float32/float64 array as ``(rows, 1)`` (one BLAS call)."""
+    cols = x2.shape[1]
+    if cols == 0:
+        return np.zeros((x2.shape[0], 1), dtype=x2.dtype)
+    m = np.dot(x2, ones_vector(cols, x2.dtype.char)).reshape(-1, 1)
+    m *= 1.0 / cols
+    return m
+
+
+def layer_norm_rows(
+    s2: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, eps: float, simplified: bool
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """Normalize each row of the 2-D stats-dtype array ``s2`` (a fresh array the caller
+    gives up: it is overwritten). Returns ``(y2, mean (rows, 1) or None, inv_std (rows,
+    1))``; ``y2`` is ``s2``'s buffer."""
+    cols = max(s2.shape[1], 1)
+    mean = None
+    if not simplified:
+        mean = _row_mean(s2)
+        s2 -= mean
+    var = np.einsum("ij,ij->i", s2, s2).reshape(-1, 1)
+    var *= 1.0 / cols
+    var += eps
+    np.sqrt(var, out=var)
+    inv = np.reciprocal(var, out=var)
+    s2 *= inv
+    s2 *= gamma
+    if beta is not None:
+        s2 += beta
+    return s2, mean, inv
+
+
+def _skip_layer_norm_builder(simplified: bool) -> Any:
+    """The builder of SkipLayerNormalization (``simplified``: SkipSimplified...)."""
+
+    def build(ctx: KernelContext) -> ComputeFn:
+        eps = float(ctx.attr("epsilon", _EPS))
+        bias_at = 3 if simplified else 4  # Skip*Simplified* has no beta input
+        want = [ctx.has_output(i) for i in range(4)]
+        n_out = ctx.n_outputs
+
+        def skip_layer_norm(
+            input: np.ndarray, skip: np.ndarray, gamma: np.ndarray, *rest: Any
+        ) -> Any:
+            beta = None if simplified or not rest else rest[0]
+            bias = rest[bias_at - 3] if len(rest) > bias_at - 3 else None
+            sdt = _stats_dtype(input.dtype)
+            s = np.add(input, skip, dtype=sdt)
+            if bias is not None:
+                s += bias
+            total = s.astype(input.dtype) if want[3] else None
+            h = input.shape[-1]
+            y2, mean, inv = layer_norm_rows(s.reshape(-1, h), gamma, beta, eps, simplified)
+            y = y2.reshape(input.shape)
+            if y.dtype != input.dtype:
+                y = y.astype(input.dtype)
+            if n_out == 1:
+                return y
+            st = (*input.shape[:-1], 1)
+            outs: list[Any] = [y, None, None, total]
+            if want[1]:
+                outs[1] = np.zeros(st, np.float32) if mean is None else mean.reshape(st)
+                outs[1] = outs[1].astype(np.float32, copy=False)
+            if want[2]:
+                outs[2] = inv.astype(np.float32).reshape(st)
+            return tuple(outs[:n_out]) + (None,) * (n_out - 4)
+
+        return skip_layer_norm
+
+    return build
+
+
+def _simplified_layer_normalization(ctx: KernelContext) -> ComputeFn:
+    """SimplifiedLayerNormalization-1: ``fn(X, scale) -> Y`` or ``(Y, inv_std_var)``."""
+    axis = int(ctx.attr("axis", -1))
+    eps = float(ctx.attr("epsilon", 1e-5))
+    stash = stash_dtype(ctx)
+    if stash.char not in "fd":
+        raise ctx.unsupported(f"stash_type {stash} (float32 or float64 only)")
+    n_out = ctx.n_outputs
+    want_inv = ctx.has_output(1)
+
+    def simplified_layer_normalization(X: np.ndarray, scale: np.ndarray) -> Any:
+        a = axis + X.ndim if axis < 0 else axis
+        if not 0 <= a < X.ndim:
+            raise ValueError(f"SimplifiedLayerNormalization: axis {axis} for rank {X.ndim}")
+        cols = math.prod(X.shape[a:])
+        s2 = X.reshape(-1, cols).astype(stash)  # a copy: normalized in place
+        y2, _, inv = layer_norm_rows(s2, scale.reshape(-1), None, eps, True)
+        y = y2.reshape(X.shape).astype(X.dtype, copy=False)
+        if n_out == 1:
+            return y
+        st = X.shape[:a] + (1,) * (X.ndim - a)
+        return (y, inv.reshape(st) if want_inv else None) + (None,) * (n_out - 2)
+
+    return simplified_layer_normalization
+
+
+def _take(table: np.ndarray, ids: np.ndarray, what: str) -> np.ndarray:
+    """``table[ids]``, refusing ids outside ``[0, len(table))`` (no negative wrap)."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= table.shape[0]):
+        raise ValueError(f"EmbedLayerNormalization: {what} out of range [0, {table.shape[0]})")
+    return np.take(table, ids, axis=0)
+
+
+def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
+    """EmbedLayerNormalization-1: ``(input_ids, segment_ids?, word_embedding,
+    position_embedding, segment_embedding?, gamma, beta, mask?, position_ids?) ->
+    (output, mask_index?, embedding_sum?)``."""
+    eps = float(ctx.attr("epsilon", _EPS))
+    if ctx.has_input(1) != ctx.has_input(4):
+        raise ctx.unsupported("segment_ids and segment_embedding must be given together")
+    want_mask_index = ctx.has_output(1)
+    want_sum = ctx.has_output(2)
+    n_out = ctx.n_outputs
+
+    def embed_layer_normalization(
+        input_ids: np.ndarray,
+        segment_ids: np.ndarray | None,
+        word_embedding: np.ndarray,
+        position_embedding: np.ndarray,
+        segment_embedding: np.ndarray | None,
+        gamma: np.ndarray,
+        beta: np.ndarray,
+        mask: np.ndarray | None = None,
+        position_ids: np.ndarray | None = None,
+    ) -> Any:
+        if input_ids.ndim != 2:
+            raise ValueError("EmbedLayerNormalization: input_ids must be 2-D (batch, sequence)")
+        b, s = input_ids.shape
+        h = word_embedding.shape[1]
+        sdt = _stats_dtype(word_embedding.dtype)
+        e = _take(word_embedding, input_ids, "input_ids").astype(sdt, copy=False)
+        if position_ids is None:
+            if s > position_embedding.shape[0]:
+                raise ValueError(
+                    f"EmbedLayerNormalization: sequence length {s} exceeds the "
+                    f"{position_embedding.shape[0]} positions of position_embedding"
+                )
+            e += position_embedding[:s]
+        else:
+            e += _take(position_embedding, position_ids, "position_ids")
+        if segment_ids is not None and segment_embedding is not None:
+            e += _take(segment_embedding, segment_ids, "segment_ids")
+        total = e.astype(word_embedding.dtype) if want_sum else None
+        y2, _, _ = layer_norm_rows(e.reshape(-1, h), gamma, beta, eps, False)
+        y = y2.reshape(b, s, h).astype(word_embedding.dtype, copy=False)
+        if n_out == 1:
+            return y
+        mask_index = None
+        if want_mask_index:
+            if mask is None:
+                mask_index = np.zeros(b, dtype=np.int32)
+            else:
+                mask_index = np.count_nonzero(mask == 1, axis=1).astype(np.int32)
+        return (y, mask_index, total)[:n_out] + (None,) * (n_out - 3)
+
+    return embed_layer_normalization
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register SkipLayerNormalization, SkipSimplifiedLayerNormalization,
+    EmbedLayerNormalization (com.microsoft) and SimplifiedLayerNormalization (ai.onnx)."""
+    registry.add(
+        "SkipLayerNormalization", _skip_layer_norm_builder(False), domain=MS_DOMAIN, since=1
+    )
+    registry.add(
+        "SkipSimplifiedLayerNormalization",
+        _skip_layer_norm_builder(True),
+        domain=MS_DOMAIN,
+        since=1,
+    )
+    registry.add("EmbedLayerNormalization", _embed_layer_normalization, domain=MS_DOMAIN, since=1)
+    registry.add("SimplifiedLayerNormalization", _simplified_layer_normalization, since=1)
