@@ -24,7 +24,7 @@ from ..ir import Graph, Node
 from ..kernels import KernelFlags
 from .rewrite import op_names
 
-__all__ = ["is_pure", "shape_determined"]
+__all__ = ["content_determined", "is_pure", "shape_determined", "signature_determined"]
 
 
 class _All(frozenset[int]):
@@ -113,6 +113,21 @@ def shape_determined(graph: Graph, flags_of: Callable[[Node], KernelFlags | None
     ``flags_of(node)`` gives the node's kernel flags (None: unknown, treated as impure).
     Graph inputs and constants are included.
     """
+    return signature_determined(graph, flags_of)[0]
+
+
+def content_determined(graph: Graph, flags_of: Callable[[Node], KernelFlags | None]) -> set[int]:
+    """Ids of the values of ``graph`` (top level) whose *data* the signature fixes: what
+    pure nodes compute from constants and from Shape/Size of shape-determined values (the
+    shape arithmetic exporters write: Shape -> Gather -> Concat -> Reshape). A plan may
+    compute them once per signature. Constants are included."""
+    return signature_determined(graph, flags_of)[1]
+
+
+def signature_determined(
+    graph: Graph, flags_of: Callable[[Node], KernelFlags | None]
+) -> tuple[set[int], set[int]]:
+    """(shape-determined ids, content-determined ids): see the module docstring."""
     shape_det: set[int] = {id(v) for v in graph.inputs} | {id(c) for c in graph.constants}
     content_det: set[int] = {id(c) for c in graph.constants}
     for node in graph.nodes:
@@ -152,4 +167,4 @@ def shape_determined(graph: Graph, flags_of: Callable[[Node], KernelFlags | None
             for o in node.outputs:
                 if o is not None:
                     shape_det.add(id(o))
-    return shape_det
+    return shape_det, content_det

@@ -3,8 +3,9 @@ it, and prices it once.
 
 ``prepare(graph, registry, optimize)`` returns a ``Prepared``: the optimized graph (a
 clone; the caller's graph is untouched), the registry with the fused kernels added, the
-pass reports, the compiled top-level ``Program``, the cost model's ``ModelCost`` and the
-ids of values whose shape the input signature fixes (what the sync interpreter plans).
+pass reports, the compiled top-level ``Program``, the cost model's ``ModelCost``, the ids
+of values whose shape the input signature fixes (what the sync interpreter plans) and of
+values whose data it fixes (what a plan computes once).
 Runs once per load, on the caller's thread; the result is immutable.
 """
 
@@ -19,7 +20,7 @@ from ..ir import Graph
 from ..kernels import KernelRegistry
 from .context import PassContext, flags_lookup
 from .cost import ModelCost, model_cost
-from .dynamic import shape_determined
+from .dynamic import signature_determined
 from .fused_kernels import with_fused_kernels
 from .pipeline import PassReport, optimize, select_passes
 
@@ -38,6 +39,8 @@ class Prepared:
     program: Program
     cost: ModelCost
     determined: set[int]
+    #: values whose data the signature fixes (shape arithmetic): a plan computes them once
+    computed_per_signature: set[int]
 
     def describe_lines(self) -> list[str]:
         """``describe()`` lines: the ops as loaded, the cost model, one line per pass."""
@@ -65,5 +68,5 @@ def prepare(
     reg = with_fused_kernels(registry)
     g, reports = optimize(graph, reg, passes)
     program = compile_program(g, reg)
-    determined = shape_determined(g, flags_lookup(PassContext(reg)))
-    return Prepared(g, reg, reports, loaded, program, model_cost(g, reg), determined)
+    shapes, contents = signature_determined(g, flags_lookup(PassContext(reg)))
+    return Prepared(g, reg, reports, loaded, program, model_cost(g, reg), shapes, contents)
