@@ -45,7 +45,7 @@ class PassReport:
 def _passes() -> dict[str, PassFn]:
     # Imported here: each pass module imports kernels, which the pipeline's importers
     # (model.py) should not pay for before a model is loaded.
-    from . import cleanup, fold, fuse_elementwise, fuse_linear, hoist, shapes
+    from . import cleanup, fold, fuse_conv, fuse_elementwise, fuse_linear, hoist, shapes
 
     return {
         "identity": cleanup.remove_identities,
@@ -54,6 +54,7 @@ def _passes() -> dict[str, PassFn]:
         "cse": cleanup.eliminate_common_subexpressions,
         "dce": cleanup.eliminate_dead_code,
         "hoist": hoist.hoist_over_concat,
+        "fuse_conv": fuse_conv.fuse_conv,
         "fuse_linear": fuse_linear.fuse_linear,
         "fuse_elementwise": fuse_elementwise.fuse_elementwise_chains,
     }
@@ -67,6 +68,7 @@ PASSES = (
     "cse",
     "dce",
     "hoist",
+    "fuse_conv",
     "fuse_linear",
     "fuse_elementwise",
 )
