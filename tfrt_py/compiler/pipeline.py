@@ -45,7 +45,16 @@ class PassReport:
 def _passes() -> dict[str, PassFn]:
     # Imported here: each pass module imports kernels, which the pipeline's importers
     # (model.py) should not pay for before a model is loaded.
-    from . import cleanup, fold, fuse_conv, fuse_elementwise, fuse_linear, hoist, shapes
+    from . import (
+        cleanup,
+        fold,
+        fuse_conv,
+        fuse_elementwise,
+        fuse_linear,
+        fuse_transformer,
+        hoist,
+        shapes,
+    )
 
     return {
         "identity": cleanup.remove_identities,
@@ -55,6 +64,7 @@ def _passes() -> dict[str, PassFn]:
         "dce": cleanup.eliminate_dead_code,
         "hoist": hoist.hoist_over_concat,
         "fuse_conv": fuse_conv.fuse_conv,
+        "fuse_transformer": fuse_transformer.fuse_transformer,
         "fuse_linear": fuse_linear.fuse_linear,
         "fuse_elementwise": fuse_elementwise.fuse_elementwise_chains,
     }
@@ -69,6 +79,7 @@ PASSES = (
     "dce",
     "hoist",
     "fuse_conv",
+    "fuse_transformer",
     "fuse_linear",
     "fuse_elementwise",
 )

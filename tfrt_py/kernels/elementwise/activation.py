@@ -22,6 +22,7 @@ import numpy as np
 from ..base import OUT_INPLACE, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .erf import erf
+from .gelu_jit import gelu_erf_f32
 
 __all__ = ["register_kernels"]
 
@@ -224,8 +225,13 @@ def _gelu(ctx: KernelContext) -> ComputeFn:
     if isinstance(approximate, bytes):
         approximate = approximate.decode()
     if approximate == "none":
+        fast = gelu_erf_f32()  # one compiled pass for float32, when numba is there
 
         def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+            if fast is not None and x.dtype == np.float32:
+                y = fast(x, out)
+                if y is not None:
+                    return y
             t = np.multiply(x, _INV_SQRT2, out=...)
             t = erf(t, out=t)
             t += 1

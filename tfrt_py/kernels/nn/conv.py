@@ -22,7 +22,7 @@ from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import compute_dtype
 from ..registry import KernelRegistry
 from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
-from .conv_direct import ACTIVATIONS, Epilogue, apply_epilogue, plan_depthwise, run_depthwise
+from .conv_direct import ACTIVATIONS, Epilogue, make_epilogue, plan_depthwise, run_depthwise
 
 __all__ = [
     "Epilogue",
@@ -290,6 +290,7 @@ def _conv_fn(
     if b_const is not None:
         b_c = np.ascontiguousarray(b_const, dtype=cdt)
     same = cdt == dt
+    epilogue = make_epilogue(epi)
     depthwise = _depthwise_fn(ctx, sp, group, w_const, b_c, cdt, epi) if same else None
 
     def conv(
@@ -308,7 +309,7 @@ def _conv_fn(
         if r is not None and (r.shape != y.shape or r.dtype != y.dtype):
             y += r  # broadcasts (the fusion pass only fuses same-shape residuals)
             r = None
-        apply_epilogue(y, bb, r, epi)
+        epilogue(y, bb, r)
         if not same:
             y = y.astype(dt)
         if out is not None and y is not out:
