@@ -269,7 +269,7 @@ def test_fuse_conv_folds_batch_normalization(jit: str) -> None:
         helper.make_node("Relu", ["n"], ["y"]),
     ]
     model = _check(_model(nodes, {"x": x}, ["y"], inits), {"x": x})
-    assert "1 BatchNormalization folded" in _report(model, "fuse_conv")
+    assert "1 BatchNormalization and 0 channel scalings folded" in _report(model, "fuse_conv")
     assert [n.op_type for n in model.prepared.graph.nodes] == ["Conv"]
 
 
@@ -314,3 +314,17 @@ def test_fuse_conv_keeps_computed_bias_and_bounds() -> None:
     ]
     model = _check(_model(nodes, {"x": x}, ["y"], inits), {"x": x})
     assert "Clip" in [n.op_type for n in model.prepared.graph.nodes]
+
+
+def test_fuse_conv_folds_a_channel_scaling(jit: str) -> None:
+    """ConvNeXt's layer scale: Mul by a per-channel constant, then the residual Add."""
+    x = _r(2, 6, 9, 9)
+    inits = {"w": _r(6, 1, 7, 7), "b": _r(6), "g": _r(6, 1, 1)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], group=6, pads=[3] * 4),
+        helper.make_node("Mul", ["c", "g"], ["m"]),
+        helper.make_node("Add", ["x", "m"], ["y"]),
+    ]
+    model = _check(_model(nodes, {"x": x}, ["y"], inits), {"x": x})
+    assert [n.op_type for n in model.prepared.graph.nodes] == ["Conv"]
+    assert "1 channel scalings folded" in _report(model, "fuse_conv")

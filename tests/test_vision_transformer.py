@@ -302,3 +302,18 @@ def test_matmul_transpose_of_other_axes_is_left_alone() -> None:
     model = _run_all(m, {"x": x, "k": k}, "sync")
     assert _ops(model) == ["Transpose", "MatMul"]
     assert _report(model) == "nothing to fuse"
+
+
+@pytest.mark.parametrize("executor", ["sync", "async"])
+def test_silu_becomes_swish_and_joins_the_linear(executor: str) -> None:
+    mk = helper.make_node
+    nodes = [
+        mk("MatMul", ["x", "w"], ["z"]),
+        mk("Sigmoid", ["z"], ["s"]),
+        mk("Mul", ["s", "z"], ["y"]),
+    ]
+    x = _RNG.standard_normal((4, 16)).astype(np.float32)
+    model = _run_all(_model(nodes, x.shape, [_c("w", _RNG.standard_normal((16, 8)))]), {"x": x},
+                     executor, rtol=1e-4, atol=1e-4)  # fmt: skip
+    assert _ops(model) == ["Linear"]
+    assert [s[0] for s in model.prepared.graph.nodes[0].attrs["activation"]] == ["Swish"]

@@ -7,6 +7,8 @@ The group, in order (each part optional, at least one present):
 * ``BatchNormalization`` (inference: one output, constant parameters) reading the conv
   output: folded into the weights and bias at load, ``W' = W * a``, ``B' = (B - mean) * a
   + beta`` with ``a = scale / sqrt(var + eps)`` per output channel (computed in float64);
+* ``Mul(y, c)`` with ``c`` a constant per output channel (ConvNeXt's layer scale): folded
+  into the weights and bias, ``W' = W * c``, ``B' = B * c``;
 * ``Add(y, R)`` (either operand order) with ``R`` a computed value of exactly ``y``'s type
   (dtype and shape, symbolic dims by name), or a constant that broadcasts to one value per
   channel, which joins the bias;
@@ -42,7 +44,7 @@ def fuse_conv(graph: Graph, ctx: PassContext) -> str:
     uses = Uses(graph)
     replaced: dict[int, Node | None] = {}
     consts: list[Value] = []
-    n = n_bn = n_res = 0
+    n = n_bn = n_mul = n_res = 0
     acts: dict[str, int] = {}
     for node in graph.nodes:
         if id(node) in replaced or not _fusable_conv(node):
@@ -61,6 +63,13 @@ def fuse_conv(graph: Graph, ctx: PassContext) -> str:
             out = _must_out(nxt)
             group.append(nxt)
             n_bn += 1
+        nxt = _free(uses.only_reader(out), replaced)
+        scaled = _fold_channel_mul(nxt, out, w, bias) if nxt is not None else None
+        if scaled is not None and nxt is not None:
+            w, bias = scaled
+            out = _must_out(nxt)
+            group.append(nxt)
+            n_mul += 1
         residual: Value | None = None
         nxt = _free(uses.only_reader(out), replaced)
         if (
@@ -117,7 +126,8 @@ def fuse_conv(graph: Graph, ctx: PassContext) -> str:
     graph.opsets.setdefault(DOMAIN, 1)
     act_s = ", ".join(f"{k} x{v}" for k, v in sorted(acts.items())) or "none"
     return (
-        f"{n} Conv nodes ({n_bn} BatchNormalization folded, {n_res} residual Adds, "
+        f"{n} Conv nodes ({n_bn} BatchNormalization and {n_mul} channel scalings folded, "
+        f"{n_res} residual Adds, "
         f"activations: {act_s})"
     )
 
@@ -184,6 +194,27 @@ def _fold_bn(
     w2 = (w.astype(np.float64) * a.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
     b0 = np.zeros(w.shape[0]) if bias is None else bias.astype(np.float64)
     return w2, ((b0 - m) * a + b).astype(w.dtype)
+
+
+def _fold_channel_mul(
+    mul: Node, y: Value, w: np.ndarray, bias: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """(W * c, B * c) when ``mul`` is ``Mul(y, c)`` with ``c`` one constant per output
+    channel (ConvNeXt's layer scale), else None."""
+    if mul.op_type != "Mul" or mul.domain != "" or _out(mul) is None:
+        return None
+    c = _channel_const(_other_input(mul, y), w.shape[0], w.ndim, w.dtype)
+    if c is None or not np.all(np.isfinite(c)):
+        return None
+    w2 = (w * c.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+    return w2, None if bias is None else (bias * c).astype(w.dtype)
+
+
+def _other_input(node: Node, v: Value) -> Value | None:
+    if len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    return b if a is v else a if b is v else None
 
 
 def _channel_const(v: Value | None, m: int, rank: int, dt: np.dtype) -> np.ndarray | None:

@@ -6,6 +6,8 @@ one op whose kernel runs it in a few passes:
   (x + 0.044715 * x^3)))`` (``Pow(x, 3)`` or ``x * x * x``): an ONNX ``Gelu`` node
   (opset 20, ``approximate`` none or tanh), which ``fuse_linear`` may then fuse into the
   preceding Linear as its activation;
+* SiLU ``x * Sigmoid(x)``: an ONNX ``Swish`` node (opset 24, alpha 1), which
+  ``fuse_linear`` may fuse into the preceding Linear;
 * LayerNorm ``(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) [* gamma] [+ beta]`` over
   the last axis (ReduceMean with axes as attribute or input; ``Pow(d, 2)`` or ``d * d``;
   ``Div`` by the Sqrt or ``Mul`` by its Reciprocal): an ONNX ``LayerNormalization`` node
@@ -37,7 +39,7 @@ __all__ = ["fuse_transformer"]
 
 def fuse_transformer(graph: Graph, ctx: PassContext) -> str:
     """The pass. Returns its one-line report."""
-    counts = {"GELU": 0, "LayerNorm": 0, "MatMulTransB": 0}
+    counts = {"GELU": 0, "SiLU": 0, "LayerNorm": 0, "MatMulTransB": 0}
     n_moved = _move_scalar_mul_before_transpose(graph)
     uses = Uses(graph)
     replaced: dict[int, Node | None] = {}
@@ -51,6 +53,8 @@ def fuse_transformer(graph: Graph, ctx: PassContext) -> str:
             found = _layer_norm(node, uses)
         elif node.op_type == "MatMul" and node.domain == "":
             found = _matmul_transb(node, uses)
+        elif node.op_type == "Sigmoid" and node.domain == "":
+            found = _silu(node, uses)
         if found is None:
             continue
         kind, new, old = found
@@ -222,6 +226,23 @@ def _gelu_tail(act: Node, x: Value, uses: Uses) -> list[Node] | None:
     if not _near(_scalar(_other(h, x)), 0.5):
         return None
     return [h, add, m1]
+
+
+# -- SiLU ------------------------------------------------------------------------------------
+
+
+def _silu(sig: Node, uses: Uses) -> tuple[str, Node, list[Node]] | None:
+    """``Mul(x, Sigmoid(x))`` -> ``Swish(x)`` (opset 24, alpha 1), which ``fuse_linear``
+    may fuse into a preceding Linear (``fuse_conv`` has taken the convs' SiLUs already)."""
+    x, s = sig.inputs[0] if sig.inputs else None, sig.outputs[0] if sig.outputs else None
+    mul = _only(uses, s, "Mul")
+    if x is None or mul is None or s is None or _other(mul, s) is not x:
+        return None
+    dt = getattr(x.type, "dtype", None)
+    if dt is None or dt.kind != "f":
+        return None
+    new = Node("Swish", [x], list(mul.outputs), {"alpha": 1.0}, name=f"{sig.name}/silu", opset=24)
+    return "SiLU", new, [sig, mul]
 
 
 # -- LayerNorm -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..base import OUT, ComputeFn, KernelContext
-from ..common import compute_dtype
+from ..common import compute_dtype, ones_vector
 from ..registry import KernelRegistry
 from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
 
@@ -308,6 +308,13 @@ def _global_average_pool(ctx: KernelContext) -> ComputeFn:
 
     def global_average_pool(x: np.ndarray) -> np.ndarray:
         n, c = x.shape[:2]
+        if x.dtype.char in "fd" and x.size and x.flags.c_contiguous:
+            # row sums as one BLAS matrix-vector product: NumPy's per-row mean over many
+            # short rows is several times slower (squeeze-excite blocks call this often)
+            x2 = x.reshape(n * c, -1)
+            y = np.dot(x2, ones_vector(x2.shape[1], x.dtype.char))
+            y *= 1.0 / x2.shape[1]
+            return y.reshape((n, c) + (1,) * (x.ndim - 2))
         y = x.reshape(n, c, -1).mean(axis=-1, dtype=compute_dtype(x.dtype))
         return y.astype(x.dtype, copy=False).reshape((n, c) + (1,) * (x.ndim - 2))
 
