@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit conformance bench clean
+.PHONY: demo test lint unit conformance bench bench-zoo clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,23 @@ bench: $(STAMP)
 	    || echo "bench: could not install $$spec; its column will be absent"; \
 	done
 	$(BIN)/python benchmarks/latency.py --out benchmarks/results
+
+# The model zoos: real models, tfrt_py against onnxruntime in one process. Their exporters
+# (torch, torchvision, timm, onnxscript for the vision zoo) are installed into .venv here
+# and never by `make test`. OpenBLAS runs the kernels it picks for this CPU (the anchor
+# machines pin OPENBLAS_CORETYPE for the tests; onnxruntime picks its own kernels too).
+# One line per zoo: the vision zoo quiet at batch 1 and 8, then with a busy neighbour.
+ZOO_PACKAGES := "torch==2.14.1" "torchvision==0.29.1" "timm" "onnxscript"
+ZOO_RUN := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BIN)/python
+ZOO_OUT := benchmarks/results
+
+bench-zoo: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[bench]" $(ZOO_PACKAGES)
+	mkdir -p $(ZOO_OUT)
+	$(ZOO_RUN) benchmarks/vision_zoo.py --batches 1,8 \
+	    --png $(ZOO_OUT)/vision_zoo.png --json $(ZOO_OUT)/vision_zoo.json
+	$(ZOO_RUN) benchmarks/vision_zoo.py --batches 1 --busy \
+	    --png $(ZOO_OUT)/vision_zoo_busy.png --json $(ZOO_OUT)/vision_zoo_busy.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check tfrt_py tests benchmarks

@@ -94,9 +94,11 @@ def _export_one(name: str, exporter: str, path: str) -> None:
                 dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
             )  # fmt: skip
         else:
+            # an example batch of 2: torch.export specializes dims whose example size is 1
             batch = torch.export.Dim("batch", min=1, max=1024)
+            x2 = torch.cat([x, x])
             prog = torch.onnx.export(
-                model, (x,), dynamo=True, opset_version=18,
+                model, (x2,), dynamo=True, opset_version=18,
                 input_names=["input"], output_names=["output"],
                 dynamic_shapes=({0: batch},), external_data=False,
             )  # fmt: skip
@@ -134,7 +136,10 @@ def ensure_exported(names: list[str], exporters: list[str]) -> dict[tuple[str, s
                 continue
             if os.path.exists(fail):
                 with open(fail) as f:
-                    got[(name, ex)] = "error: " + f.read().strip().splitlines()[-1]
+                    lines = f.read().strip().splitlines() or ["failed"]
+                got[(name, ex)] = "error: " + next(
+                    (ln for ln in reversed(lines) if "Error" in ln), lines[-1]
+                )
                 continue
             print(f"exporting {name} ({ex}) ...", flush=True)
             t0 = time.perf_counter()
@@ -146,7 +151,8 @@ def ensure_exported(names: list[str], exporters: list[str]) -> dict[tuple[str, s
                 got[(name, ex)] = path
                 print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
             else:
-                msg = (r.stderr.strip().splitlines() or ["failed"])[-1]
+                lines = r.stderr.strip().splitlines() or ["failed"]
+                msg = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1])
                 with open(fail, "w") as f:
                     f.write(r.stderr[-4000:] or "failed")
                 got[(name, ex)] = "error: " + msg
@@ -218,6 +224,29 @@ def bench_one(path: str, name: str, exporter: str, batch: int, seconds: float) -
     res = measure(runners, "onnxruntime", seconds, burst_s=0.05)
     t, o = res["tfrt_py"], res["onnxruntime"]
     return Row(name, exporter, batch, t.median_us / 1e3, o.median_us / 1e3, t.ratio, err)
+
+
+def environment() -> str:
+    """One line on what the figures depend on: versions, BLAS kernels and threads, load."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from tfrt_py.kernels.jit import jit_enabled
+
+    blas = "?"
+    with contextlib.suppress(Exception):
+        import threadpoolctl
+
+        info = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+        if info:
+            i = info[0]
+            blas = f"{i.get('internal_api')} {i.get('architecture')} x{i.get('num_threads')}"
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    return (
+        f"numpy {np.__version__} ({blas}), onnxruntime {ort.__version__} (default threads), "
+        f"numba kernels {'on' if jit_enabled() else 'off'}, {os.cpu_count()} CPUs, "
+        f"load average {load}"
+    )
 
 
 def geomean(xs: list[float]) -> float:
@@ -318,7 +347,7 @@ def main() -> None:
                         f"onnxruntime {row.ort_ms:7.2f} ms, ratio {row.ratio:.2f}",
                         flush=True,
                     )
-    print("\n" + table(rows, label))
+    print("\n" + table(rows, label) + "\n\n" + environment())
     for (name, ex), msg in sorted(failed.items()):
         print(f"\nexport failed: {name} ({ex}): {msg}")
     if a.png:

@@ -317,3 +317,32 @@ def test_silu_becomes_swish_and_joins_the_linear(executor: str) -> None:
                      executor, rtol=1e-4, atol=1e-4)  # fmt: skip
     assert _ops(model) == ["Linear"]
     assert [s[0] for s in model.prepared.graph.nodes[0].attrs["activation"]] == ["Swish"]
+
+
+# -- Softmax in place ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_runs_in_place(fallback: bool, opset: int, dtype: Any) -> None:
+    """Softmax is registered in place: ``out`` may be ``x``, on the fast path and when the
+    row-sum test sends the call to the classic path (rows far below the global max)."""
+    from tfrt_py.ir import Node, Value
+    from tfrt_py.kernels import KernelContext, default_registry
+    from tfrt_py.kernels.base import OUT_INPLACE
+
+    kdef = default_registry().lookup("", "Softmax", opset)
+    assert kdef.flags == OUT_INPLACE
+    node = Node("Softmax", [Value("x")], [Value("y")], {"axis": -1}, name="s", opset=opset)
+    fn = kdef.build(KernelContext(node))
+    x = _RNG.standard_normal((3, 40, 17)).astype(dtype)
+    if fallback:
+        x[1] -= 1000.0  # its exp-sums underflow after the global shift
+    xd = x.astype(np.float64)
+    e = np.exp(xd - xd.max(axis=-1, keepdims=True))
+    want = e / e.sum(axis=-1, keepdims=True)
+    buf = x.copy()
+    assert fn(buf, out=buf) is buf
+    np.testing.assert_allclose(buf, want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(fn(x), want, rtol=1e-5, atol=1e-7)  # and not in place
