@@ -322,9 +322,14 @@ def _layer_norm(mean: Node, uses: Uses) -> tuple[str, Node, list[Node]] | None:
     t = x.type
     dt = getattr(t, "dtype", None)
     shape = getattr(t, "shape", None)
-    if dt is None or dt.kind != "f" or not shape or not isinstance(shape[-1], int):
+    if dt is None or dt.kind != "f" or not shape:
         return None
-    n = shape[-1]
+    # the normalized size: x's last dim, else gamma's (the Mul broadcasts x's to it)
+    n = shape[-1] if isinstance(shape[-1], int) else None
+    if n is None and gamma is not None:
+        n = gamma.const.shape[0]  # type: ignore[union-attr]
+    if n is None:
+        return None
     for p in (gamma, beta):
         if p is not None and (p.const.shape != (n,) or p.const.dtype != dt):  # type: ignore[union-attr]
             return None
