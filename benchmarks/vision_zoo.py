@@ -3,7 +3,7 @@ onnxruntime, batch 1 and batch 8, medians over interleaved runs in one process.
 
     python benchmarks/vision_zoo.py [--models resnet18,...] [--batches 1,8]
                                     [--exporter torchscript|dynamo|both] [--seconds S]
-                                    [--busy] [--png PATH] [--json PATH]
+                                    [--busy] [--threads N] [--png PATH] [--json PATH]
 
 Every model is built with random weights from a fixed seed (``weights=None`` /
 ``pretrained=False``: nothing is downloaded), put in eval mode and exported to ONNX with
@@ -20,8 +20,11 @@ Before timing, tfrt_py's outputs are checked against onnxruntime's on one random
 with the adjacent onnxruntime burst; the table shows the median ms of each and the median
 paired ratio, and a geomean of the ratios per batch size. ``--busy`` runs a busy-loop
 neighbour (``python -c "while True: pass"``) pinned to one core for the whole run, killed
-at the end, and labels the table. Torch, torchvision, timm and onnxscript come from
-``make bench-zoo``; the measuring process needs only tfrt_py and onnxruntime.
+at the end, and labels the table. ``--threads N`` gives both runtimes N threads (BLAS
+through threadpoolctl around the measurement, onnxruntime's intra-op pool); by default each
+library picks its own (OpenBLAS and onnxruntime: one per core). Torch, torchvision, timm
+and onnxscript come from ``make bench-zoo``; the measuring process needs only tfrt_py and
+onnxruntime.
 """
 
 from __future__ import annotations
@@ -194,6 +197,20 @@ def busy_neighbour(enabled: bool) -> Iterator[None]:
         proc.wait()
 
 
+@contextlib.contextmanager
+def blas_threads(n: int) -> Iterator[None]:
+    """BLAS limited to ``n`` threads for the block (0: unchanged). A benchmark setting
+    only: tfrt_py's own thread ownership is ``load``'s business."""
+    if not n:
+        yield
+        return
+    import numpy  # noqa: F401 - threadpoolctl limits only the BLAS libraries already loaded
+    import threadpoolctl
+
+    with threadpoolctl.threadpool_limits(limits=n, user_api="blas"):
+        yield
+
+
 def _feeds(side: int, batch: int) -> dict:
     import numpy as np
 
@@ -201,7 +218,9 @@ def _feeds(side: int, batch: int) -> dict:
     return {"input": rng.standard_normal((batch, 3, side, side)).astype(np.float32)}
 
 
-def bench_one(path: str, name: str, exporter: str, batch: int, seconds: float) -> Row:
+def bench_one(
+    path: str, name: str, exporter: str, batch: int, seconds: float, threads: int = 0
+) -> Row:
     import numpy as np
     import onnxruntime as ort
 
@@ -210,7 +229,10 @@ def bench_one(path: str, name: str, exporter: str, batch: int, seconds: float) -
 
     feeds = _feeds(ZOO[name][2], batch)
     model = tfrt_py.load(path)
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     in_name = sess.get_inputs()[0].name
     feeds = {in_name: feeds["input"]}
     got = next(iter(model.run(feeds).values()))
@@ -243,7 +265,7 @@ def environment() -> str:
             blas = f"{i.get('internal_api')} {i.get('architecture')} x{i.get('num_threads')}"
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     return (
-        f"numpy {np.__version__} ({blas}), onnxruntime {ort.__version__} (default threads), "
+        f"numpy {np.__version__} ({blas}), onnxruntime {ort.__version__}, "
         f"numba kernels {'on' if jit_enabled() else 'off'}, {os.cpu_count()} CPUs, "
         f"load average {load}"
     )
@@ -307,6 +329,13 @@ def main() -> None:
     ap.add_argument("--exporter", default="torchscript", choices=(*EXPORTERS, "both"))
     ap.add_argument("--seconds", type=float, default=3.0, help="timing per model and batch")
     ap.add_argument("--busy", action="store_true", help="a busy-loop neighbour on one core")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="threads for both runtimes (onnxruntime intra-op, BLAS via threadpoolctl for "
+        "the measurement only); 0: each library's default",
+    )
     ap.add_argument("--png", default="", help="write a plot of the ratios here")
     ap.add_argument("--json", default="", help="write the rows here")
     ap.add_argument("--export-only", action="store_true", help="export (cache) and stop")
@@ -329,7 +358,9 @@ def main() -> None:
     batches = [int(b) for b in a.batches.split(",")]
     label = "vision zoo, " + ("with a busy-loop neighbour on one core" if a.busy else "quiet")
     rows: list[Row] = []
-    with busy_neighbour(a.busy):
+    if a.threads:
+        label += f", {a.threads} thread(s) each"
+    with busy_neighbour(a.busy), blas_threads(a.threads):
         for name in names:
             for ex in exporters:
                 path = paths[(name, ex)]
@@ -337,7 +368,7 @@ def main() -> None:
                     continue
                 for b in batches:
                     try:
-                        row = bench_one(path, name, ex, b, a.seconds)
+                        row = bench_one(path, name, ex, b, a.seconds, a.threads)
                     except Exception as e:  # noqa: BLE001 - report and go on with the zoo
                         print(f"{name} ({ex}, batch {b}): {type(e).__name__}: {e}", flush=True)
                         continue
