@@ -328,3 +328,28 @@ def test_fuse_conv_folds_a_channel_scaling(jit: str) -> None:
     model = _check(_model(nodes, {"x": x}, ["y"], inits), {"x": x})
     assert [n.op_type for n in model.prepared.graph.nodes] == ["Conv"]
     assert "1 channel scalings folded" in _report(model, "fuse_conv")
+
+
+@pytest.mark.parametrize("op", ["Sigmoid", "Swish"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_sigmoid_and_swish_kernels(jit: str, op: str, in_place: bool) -> None:
+    """The compiled float32 Sigmoid/SiLU (``kernels/sigmoid_jit.py``) and the NumPy path:
+    special values, exp's range edges, in place or not."""
+    from tfrt_py.ir import Node, Value
+    from tfrt_py.kernels import KernelContext, default_registry
+
+    opset = 24 if op == "Swish" else 13
+    node = Node(op, [Value("x")], [Value("y")], {}, name="n", opset=opset)
+    fn = default_registry().lookup("", op, opset).build(KernelContext(node))
+    x = (_r(3, 1500) * 30).astype(np.float32)
+    x[0, :8] = [np.nan, np.inf, -np.inf, 88.5, -88.5, 87.0, -87.0, -0.0]
+    xd = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        sig = 1 / (1 + np.exp(-xd))
+        want = xd * sig if op == "Swish" else sig
+    buf = x.copy()
+    with np.errstate(over="ignore"):  # the NumPy path's exp overflows to inf, as it may
+        got = fn(buf, out=buf) if in_place else fn(x)
+    if in_place:
+        assert got is buf
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)

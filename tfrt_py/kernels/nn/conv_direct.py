@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..jit import Jitted
+from ..sigmoid_jit import sigmoid_f32
 from .conv_common import scratch
 
 __all__ = [
@@ -48,9 +49,10 @@ __all__ = [
     "run_depthwise",
 ]
 
-#: Activation name -> code used by the compiled loops. Sigmoid and SiLU run as NumPy ufuncs
-#: after the compiled pass: NumPy's exp is vectorized, a compiled loop's calls libm per
-#: element (5x slower on EfficientNet).
+#: Activation name -> code used by the compiled loops. Sigmoid and SiLU run after the
+#: compiled pass in their own loop (``sigmoid_jit``: a vectorizable exp; a compiled
+#: loop calling libm's exp per element was 5x slower than NumPy on EfficientNet), or as
+#: NumPy ufuncs.
 ACTIVATIONS = {
     "": 0,
     "Relu": 1,
@@ -243,6 +245,7 @@ class DepthwisePlan(NamedTuple):
     """Everything ``run_depthwise`` needs for one input shape, made once."""
 
     fn: Any  # the compiled kernel
+    sig: Any  # the compiled Sigmoid/SiLU, or None
     tab: np.ndarray
     xp_len: int
     acc_len: int
@@ -268,7 +271,9 @@ def plan_depthwise(
     if dtype not in _EMPTY or len(x_shape) != 4 or w_shape[1] != 1 or fn is None:
         return None
     tab, xp_len, acc_len = depthwise_plan(x_shape, w_shape, out_shape, strides, pads, dilations)
-    return DepthwisePlan(fn, tab, xp_len, acc_len, _jit_act(epi), _params(epi, dtype))
+    return DepthwisePlan(
+        fn, sigmoid_f32(), tab, xp_len, acc_len, _jit_act(epi), _params(epi, dtype)
+    )
 
 
 def run_depthwise(
@@ -288,7 +293,7 @@ def run_depthwise(
     e = _EMPTY[dt] if res is None else res
     plan.fn(x, w, b, e, out, plan.tab, plan.act, plan.params, xp, acc)
     if epi.act in _NUMPY_ACTS:
-        _numpy_act(out, epi)
+        _numpy_act(out, epi, plan.sig)
     return out
 
 
@@ -336,7 +341,7 @@ def make_epilogue(epi: Epilogue) -> Callable[..., np.ndarray]:
     """``fn(y, b, res)`` applying ``epi`` to ``y`` (N, M, *spatial) in place: ``+ b`` per
     channel (None: none), ``+ res`` (``y``'s shape; None: none), then the activation;
     returns ``y``. Whether the compiled pass is used is settled here, at load."""
-    compiled = _EPILOGUE.get()
+    compiled, sig = _EPILOGUE.get(), sigmoid_f32()
     code, numpy_act = _jit_act(epi), epi.act in _NUMPY_ACTS
 
     def epilogue(y: np.ndarray, b: np.ndarray | None, res: np.ndarray | None) -> np.ndarray:
@@ -349,13 +354,13 @@ def make_epilogue(epi: Epilogue) -> Callable[..., np.ndarray]:
             rr = _EMPTY3[dt] if res is None else res.reshape(y3.shape)
             compiled(y3, bb, rr, code, _params(epi, dt))
             if numpy_act:
-                _numpy_act(y, epi)
+                _numpy_act(y, epi, sig)
             return y
         if b is not None:
             y += b.reshape((-1,) + (1,) * (y.ndim - 2))
         if res is not None:
             y += res
-        _numpy_act(y, epi)
+        _numpy_act(y, epi, sig)
         return y
 
     return epilogue
@@ -368,8 +373,9 @@ def apply_epilogue(
     return make_epilogue(epi)(y, b, res)
 
 
-def _numpy_act(y: np.ndarray, epi: Epilogue) -> None:
-    """The activation in place with ufuncs (the same operations as the ONNX kernels); a
+def _numpy_act(y: np.ndarray, epi: Epilogue, sig: Any = None) -> None:
+    """The activation in place with ufuncs (the same operations as the ONNX kernels), or
+    for float32 Sigmoid/SiLU the compiled ``sig`` (``sigmoid_jit``) when given; a
     temporary lives in scratch slot 1 (the conv is done with it by now)."""
     act = epi.act
     if not act:
@@ -390,6 +396,8 @@ def _numpy_act(y: np.ndarray, epi: Epilogue) -> None:
             np.multiply(y, tmp, out=y)
         else:
             np.copyto(y, tmp)
+    elif act in _NUMPY_ACTS and sig is not None and y.dtype == np.float32 and y.flags.c_contiguous:
+        sig(y.reshape(-1), act == "SiLU")
     elif act == "Sigmoid":
         np.negative(y, out=y)
         np.exp(y, out=y)
