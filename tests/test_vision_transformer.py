@@ -210,6 +210,11 @@ def test_compiled_gelu_equals_numpy_formulation() -> None:
     y = x.copy()
     assert fn(y, y) is y
     np.testing.assert_array_equal(y, want)
+    buf = x.copy()  # in place through two views of one buffer (the planner's way)
+    xv, ov = buf.reshape(1, -1)[0], buf.reshape(1, -1)[0]
+    assert fn(xv, ov) is ov
+    np.testing.assert_array_equal(buf, want)
+    assert fn(buf[1:], buf[:-1]) is None  # a partial overlap: NumPy runs
     assert fn(x[::2], None) is None  # not contiguous: NumPy runs
 
 

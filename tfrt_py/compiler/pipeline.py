@@ -77,8 +77,10 @@ PASSES = (
     "fold",
     "cse",
     "dce",
-    "hoist",
+    # before hoist: hoisting Relu(a), Relu(b) -> Concat over the Concat would keep the
+    # Relus out of the convs' epilogues (SqueezeNet's fire modules)
     "fuse_conv",
+    "hoist",
     "fuse_transformer",
     "fuse_linear",
     "fuse_elementwise",

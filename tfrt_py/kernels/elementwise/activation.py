@@ -37,9 +37,10 @@ def _flat_f32(x: np.ndarray, out: np.ndarray | None) -> bool:
 
 
 def _in_place(fn: Any, x: np.ndarray, out: np.ndarray | None, silu: bool) -> np.ndarray:
-    """Run an in-place compiled ``fn(flat, silu)`` into ``out`` (or a new array)."""
+    """Run an in-place compiled ``fn(flat, silu)`` into ``out`` (or a new array); ``out``
+    may be a view of ``x``'s buffer (the planner's in place), then nothing is copied."""
     y = np.copy(x) if out is None else out
-    if y is not x:
+    if y is not x and not (np.may_share_memory(x, y) and y.ctypes.data == x.ctypes.data):
         np.copyto(y, x)
     fn(y.reshape(-1), silu)
     return y
