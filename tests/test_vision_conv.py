@@ -353,3 +353,52 @@ def test_sigmoid_and_swish_kernels(jit: str, op: str, in_place: bool) -> None:
     if in_place:
         assert got is buf
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)
+
+
+# -- MaxPool (kernels/nn/pool_direct.py) -----------------------------------------------------
+
+POOL_CASES = [
+    ((1, 8, 112, 112), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 4, 111, 111), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ((1, 3, 30, 29), {"kernel_shape": [2, 3], "strides": [2, 1], "pads": [0, 1, 1, 0]}),
+    ((1, 3, 33, 33), {"kernel_shape": [3, 3], "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((1, 2, 20, 21), {"kernel_shape": [4, 4], "auto_pad": "SAME_UPPER", "strides": [3, 3]}),
+    ((1, 2, 20, 20), {"kernel_shape": [3, 3], "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    ((1, 2, 6, 6), {"kernel_shape": [3, 3]}),  # a 4x4 output: below the compiled path's floor
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("x_shape", "attrs"), POOL_CASES)
+def test_max_pool_matches_onnxruntime(
+    jit: str, x_shape: Any, attrs: dict[str, Any], dtype: Any
+) -> None:
+    x = _r(*x_shape, dtype=dtype)
+    node = helper.make_node("MaxPool", ["x"], ["y"], **attrs)
+    m = _model([node], {"x": x}, ["y"], {}, opset=12)
+    # onnxruntime has float64 MaxPool (onnx's reference evaluator pads SAME_LOWER wrongly)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x})[0]
+    model = tfrt_py.load(m)
+    for _ in range(2):
+        np.testing.assert_array_equal(model.run({"x": x})["y"], want)
+
+
+@pytest.mark.parametrize(("x_shape", "attrs"), POOL_CASES[:3])
+def test_max_pool_nan_like_numpy(
+    monkeypatch: pytest.MonkeyPatch, x_shape: Any, attrs: dict[str, Any]
+) -> None:
+    """NaN wins its windows on both paths, as with np.maximum (onnxruntime skips NaN), and
+    an all -inf window gives -inf (onnxruntime: the lowest float)."""
+    if not jit_enabled():
+        pytest.skip("numba is not installed")
+    x = _r(*x_shape)
+    x[0, 0, 1, 1] = x[0, -1, 5, 7] = np.nan
+    x[0, -1, :4, :4] = -np.inf
+    m = _model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], {"x": x}, ["y"], {}, opset=12)
+    got = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv(ENV_JIT, flag)
+        got[flag] = tfrt_py.load(m).run({"x": x})["y"]
+    assert np.isnan(got["1"]).any()
+    np.testing.assert_array_equal(got["1"], got["0"])
