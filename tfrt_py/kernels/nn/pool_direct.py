@@ -27,8 +27,7 @@ def _max_pool2d(  # pragma: no cover - numba only
     """out[n, c] = max over the window; see ``conv_direct._depthwise2d`` for ``tab``."""
     n_, c_ = x.shape[0], x.shape[1]
     oh_, ow_ = out.shape[2], out.shape[3]
-    q, sw, n_taps = tab[0], tab[1], kh_ * kw_
-    span = (oh_ - 1) * q + ow_
+    q, sw, span, n_taps = tab[0], tab[1], tab[2], kh_ * kw_
     runs = tab[3 + n_taps :]
     n_runs = runs.shape[0] // 4
     for i in range(xp.shape[0]):
