@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-floor lint unit conformance bench bench-zoo-transformers zoo-transformers-test-files clean
+.PHONY: demo test test-floor lint unit conformance bench bench-zoo bench-zoo-transformers zoo-transformers-test-files clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,25 @@ bench-zoo-transformers: $(STAMP)
 zoo-transformers-test-files: $(STAMP)
 	$(BIN)/python -m pip install --quiet $(ZOO_PACKAGES)
 	$(BIN)/python benchmarks/zoo_transformers.py --write-test-files tests/data/transformers
+
+# The model zoos: real models, tfrt_py against onnxruntime in one process. Their exporters
+# (torch, torchvision, timm, onnxscript for the vision zoo) are installed into .venv here
+# and never by `make test`. OpenBLAS runs the kernels it picks for this CPU (the anchor
+# machines pin OPENBLAS_CORETYPE for the tests; onnxruntime picks its own kernels too).
+# One line per zoo run: the vision zoo at batch 1 and 8 (both torch.onnx exporters), then
+# at batch 1 with a busy-loop neighbour on one core. Another zoo adds its line(s) at the
+# end of the recipe (and its exporters to ZOO_PACKAGES).
+ZOO_PACKAGES := "torch==2.14.1" "torchvision==0.29.1" "timm" "onnxscript"
+ZOO_RUN := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BIN)/python
+ZOO_OUT := benchmarks/results
+
+bench-zoo: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[bench]" $(ZOO_PACKAGES)
+	mkdir -p $(ZOO_OUT)
+	$(ZOO_RUN) benchmarks/vision_zoo.py --batches 1,8 --exporter both \
+	    --png $(ZOO_OUT)/vision_zoo.png --json $(ZOO_OUT)/vision_zoo.json
+	$(ZOO_RUN) benchmarks/vision_zoo.py --batches 1 --busy \
+	    --png $(ZOO_OUT)/vision_zoo_busy.png --json $(ZOO_OUT)/vision_zoo_busy.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check tfrt_py tests benchmarks

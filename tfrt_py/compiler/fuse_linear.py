@@ -25,7 +25,7 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 ACTIVATIONS = frozenset(
     op_names(
         """
-        Relu Sigmoid Tanh LeakyRelu HardSigmoid Elu Selu Softplus HardSwish Gelu Clip
+        Relu Sigmoid Tanh LeakyRelu HardSigmoid Elu Selu Softplus HardSwish Gelu Clip Swish
         """
     )
 )

@@ -45,7 +45,16 @@ class PassReport:
 def _passes() -> dict[str, PassFn]:
     # Imported here: each pass module imports kernels, which the pipeline's importers
     # (model.py) should not pay for before a model is loaded.
-    from . import cleanup, fold, fuse_elementwise, fuse_linear, hoist, shapes
+    from . import (
+        cleanup,
+        fold,
+        fuse_conv,
+        fuse_elementwise,
+        fuse_linear,
+        fuse_transformer,
+        hoist,
+        shapes,
+    )
 
     return {
         "identity": cleanup.remove_identities,
@@ -54,6 +63,8 @@ def _passes() -> dict[str, PassFn]:
         "cse": cleanup.eliminate_common_subexpressions,
         "dce": cleanup.eliminate_dead_code,
         "hoist": hoist.hoist_over_concat,
+        "fuse_conv": fuse_conv.fuse_conv,
+        "fuse_transformer": fuse_transformer.fuse_transformer,
         "fuse_linear": fuse_linear.fuse_linear,
         "fuse_elementwise": fuse_elementwise.fuse_elementwise_chains,
     }
@@ -66,7 +77,11 @@ PASSES = (
     "fold",
     "cse",
     "dce",
+    # before hoist: hoisting Relu(a), Relu(b) -> Concat over the Concat would keep the
+    # Relus out of the convs' epilogues (SqueezeNet's fire modules)
+    "fuse_conv",
     "hoist",
+    "fuse_transformer",
     "fuse_linear",
     "fuse_elementwise",
 )

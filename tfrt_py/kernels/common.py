@@ -1,7 +1,8 @@
 """Load-time helpers shared by several kernel families.
 
-Attribute and constant-input readers, the dtypes kernels compute in, and ``ones_vector``
-(a cached constant used per call for BLAS row sums). A family's own helpers stay in the
+Attribute and constant-input readers, the dtypes kernels compute in, ``ones_vector``
+(a cached constant used per call for BLAS row sums) and ``scratch`` (per-thread buffers
+for temporaries that never escape a call). A family's own helpers stay in the
 family (``nn/conv_common.py``, ``nn/rnn_common.py``, ``ml/common.py``); what two families
 share lives here, so that no family imports another.
 """
@@ -9,6 +10,8 @@ share lives here, so that no family imports another.
 from __future__ import annotations
 
 import functools
+import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -23,6 +26,7 @@ __all__ = [
     "float_dtype",
     "input_rank",
     "ones_vector",
+    "scratch",
     "stash_dtype",
     "to_ints",
 ]
@@ -93,3 +97,29 @@ def ones_vector(n: int, char: str) -> np.ndarray:
     v = np.ones(n, dtype=char)
     v.flags.writeable = False
     return v
+
+
+_TLS = threading.local()
+_SCRATCH_MAX = 1 << 29  # buffers above 512 MiB are not kept
+
+
+def scratch(slot: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A per-thread scratch array (uninitialised) for temporaries that never escape a call.
+
+    Large fresh allocations cost page faults on every call (the im2col matrix of a big
+    conv is ~100 MB); reusing one buffer per slot per thread avoids that. Slot 0 holds
+    padded inputs, slot 1 im2col matrices (and conv epilogue temporaries once the conv is
+    done with it), slot 2 Softmax's exponentials. A caller must not hold a slot's array
+    past its own return, nor use one slot twice at once. Thread-safe: each thread has its
+    own.
+    """
+    n = math.prod(shape) * dtype.itemsize
+    bufs: list[np.ndarray | None] | None = getattr(_TLS, "bufs", None)
+    if bufs is None:
+        bufs = _TLS.bufs = [None, None, None]
+    buf = bufs[slot]
+    if buf is None or buf.nbytes < n:
+        buf = np.empty(max(n, 1), np.uint8)
+        if n <= _SCRATCH_MAX:
+            bufs[slot] = buf
+    return buf[:n].view(dtype).reshape(shape)

@@ -16,14 +16,34 @@ one ufunc call.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from ..base import OUT_INPLACE, ComputeFn, KernelContext
 from ..erf import erf
 from ..registry import KernelRegistry
+from ..sigmoid_jit import sigmoid_f32
+from .gelu_jit import gelu_erf_f32
 
 __all__ = ["register_kernels"]
+
+
+def _flat_f32(x: np.ndarray, out: np.ndarray | None) -> bool:
+    """float32 and contiguous (``out`` too): what the compiled loops take."""
+    return (
+        x.dtype == np.float32 and x.flags.c_contiguous and (out is None or out.flags.c_contiguous)
+    )
+
+
+def _in_place(fn: Any, x: np.ndarray, out: np.ndarray | None, silu: bool) -> np.ndarray:
+    """Run an in-place compiled ``fn(flat, silu)`` into ``out`` (or a new array); ``out``
+    may be a view of ``x``'s buffer (the planner's in place), then nothing is copied."""
+    y = np.copy(x) if out is None else out
+    if y is not x and not (np.may_share_memory(x, y) and y.ctypes.data == x.ctypes.data):
+        np.copyto(y, x)
+    fn(y.reshape(-1), silu)
+    return y
 
 
 def _native_float(ctx: KernelContext, fast: ComputeFn) -> ComputeFn:
@@ -109,7 +129,11 @@ def _celu(ctx: KernelContext) -> ComputeFn:
 def _sigmoid(ctx: KernelContext) -> ComputeFn:
     """Sigmoid(x) = 1 / (1 + exp(-x))."""
 
+    fast = sigmoid_f32()  # compiled float32 loop with a vectorized exp, when numba is there
+
     def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if fast is not None and _flat_f32(x, out):
+            return _in_place(fast, x, out, False)
         r = np.negative(x, out=... if out is None else out)
         np.exp(r, out=r)
         r += 1
@@ -224,8 +248,13 @@ def _gelu(ctx: KernelContext) -> ComputeFn:
     if isinstance(approximate, bytes):
         approximate = approximate.decode()
     if approximate == "none":
+        fast = gelu_erf_f32()  # one compiled pass for float32, when numba is there
 
         def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+            if fast is not None and x.dtype == np.float32:
+                y = fast(x, out)
+                if y is not None:
+                    return y
             t = np.multiply(x, _INV_SQRT2, out=...)
             t = erf(t, out=t)
             t += 1
@@ -255,8 +284,11 @@ def _gelu(ctx: KernelContext) -> ComputeFn:
 def _swish(ctx: KernelContext) -> ComputeFn:
     """Swish(x) = x * sigmoid(alpha * x) = x / (1 + exp(-alpha x))."""
     neg_alpha = -float(ctx.attr("alpha", 1.0))
+    fast = sigmoid_f32() if neg_alpha == -1.0 else None  # SiLU: the compiled loop
 
     def swish(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if fast is not None and _flat_f32(x, out):
+            return _in_place(fast, x, out, True)
         t = np.multiply(x, neg_alpha, out=...)
         np.exp(t, out=t)
         t += 1

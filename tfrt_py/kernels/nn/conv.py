@@ -22,8 +22,15 @@ from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import compute_dtype
 from ..registry import KernelRegistry
 from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
+from .conv_direct import ACTIVATIONS, Epilogue, make_epilogue, plan_depthwise, run_depthwise
 
-__all__ = ["make_conv_core", "register_kernels"]
+__all__ = [
+    "Epilogue",
+    "conv_cost",
+    "conv_with_epilogue",
+    "make_conv_core",
+    "register_kernels",
+]
 
 
 class _Plan(NamedTuple):
@@ -233,6 +240,17 @@ def _conv(ctx: KernelContext) -> ComputeFn:
     Supports float16/32/64 (float16 computes in float32) and ``out=``. The input dtype is
     taken from the constant weights or the input's static type; when neither is known the
     core for the dtype seen is built on first use."""
+    return conv_with_epilogue(ctx, Epilogue())
+
+
+def conv_with_epilogue(ctx: KernelContext, epi: Epilogue) -> ComputeFn:
+    """A Conv kernel followed by ``epi``: ``fn(X, W, B=None, R=None, out=None)`` returns
+    ``epi.act(conv(X, W) + B + R)`` (R, when ``epi.residual``, has the output's shape).
+
+    The node's attributes are Conv's. Bias, residual and activation are one pass over the
+    result (``conv_direct.apply_epilogue``); 2-D depthwise convs with constant weights
+    run ``conv_direct``'s compiled kernel (epilogue included) when numba is there and the
+    plane is large enough for it to win, else im2col + GEMM."""
     sp = parse_spatial(ctx)
     group = int(ctx.attr("group", 1))
     w_const = ctx.const_input(1)
@@ -240,17 +258,21 @@ def _conv(ctx: KernelContext) -> ComputeFn:
     b_const = ctx.const_input(2)
     if b_const is not None and b_const.ndim != 1:
         raise ctx.unsupported(f"bias of shape {b_const.shape}; expected 1-D")
+    if epi.act not in ACTIVATIONS:
+        raise ctx.unsupported(f"epilogue activation {epi.act!r}")
     if dt is None:
         cores: dict[np.dtype, Callable[..., Any]] = {}
 
-        def conv_any(x: np.ndarray, w: np.ndarray, b: Any = None, out: Any = None) -> Any:
+        def conv_any(
+            x: np.ndarray, w: np.ndarray, b: Any = None, r: Any = None, out: Any = None
+        ) -> Any:
             fn = cores.get(x.dtype)
             if fn is None:
-                fn = cores[x.dtype] = _conv_fn(ctx, sp, group, None, None, np.dtype(x.dtype))
-            return fn(x, w, b, out)
+                fn = cores[x.dtype] = _conv_fn(ctx, sp, group, None, None, np.dtype(x.dtype), epi)
+            return fn(x, w, b, r, out)
 
         return conv_any
-    return _conv_fn(ctx, sp, group, w_const, b_const, np.dtype(dt))
+    return _conv_fn(ctx, sp, group, w_const, b_const, np.dtype(dt), epi)
 
 
 def _conv_fn(
@@ -260,32 +282,110 @@ def _conv_fn(
     w_const: np.ndarray | None,
     b_const: np.ndarray | None,
     dt: np.dtype,
+    epi: Epilogue,
 ) -> Callable[..., Any]:
     cdt = compute_dtype(dt)
     core = make_conv_core(ctx, sp, group, w_const, cdt)
-    b_r: np.ndarray | None = None
-    if b_const is not None and w_const is not None:
-        b_r = b_const.astype(dt).reshape((-1,) + (1,) * (w_const.ndim - 2))
+    b_c: np.ndarray | None = None
+    if b_const is not None:
+        b_c = np.ascontiguousarray(b_const, dtype=cdt)
     same = cdt == dt
+    epilogue = make_epilogue(epi)
+    depthwise = _depthwise_fn(ctx, sp, group, w_const, b_c, cdt, epi) if same else None
 
-    def conv(x: np.ndarray, w: np.ndarray, b: Any = None, out: Any = None) -> np.ndarray:
-        if same and out is not None and out.flags.c_contiguous:
-            y = core(x, w, out)
-        else:
-            y = core(x, w, None)
-            if not same:
-                y = y.astype(dt)
-            if out is not None:
-                out[...] = y
-                y = out
+    def conv(
+        x: np.ndarray, w: np.ndarray, b: Any = None, r: Any = None, out: Any = None
+    ) -> np.ndarray:
+        if depthwise is not None:
+            y = depthwise(x, b, r, out)
+            if y is not None:
+                return y
+        direct = same and out is not None and out.flags.c_contiguous
+        y = core(x, w, out if direct else None)
         if b is not None:
-            y += b_r if b_r is not None else b.reshape((-1,) + (1,) * (y.ndim - 2))
+            bb = b_c if b_c is not None else np.ascontiguousarray(b, dtype=cdt)
+        else:
+            bb = None
+        if r is not None and (r.shape != y.shape or r.dtype != y.dtype):
+            y += r  # broadcasts (the fusion pass only fuses same-shape residuals)
+            r = None
+        epilogue(y, bb, r)
+        if not same:
+            y = y.astype(dt)
+        if out is not None and y is not out:
+            out[...] = y
+            y = out
         return y
 
     return conv
 
 
-def _conv_cost(ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> Cost:
+#: The compiled depthwise kernel beats im2col + GEMM from about this many output positions
+#: times kernel taps per channel (measured interleaved on MobileNet/EfficientNet shapes:
+#: 28x28 3x3 and 14x14 5x5 win, 14x14 3x3 and 7x7 do not: per-row loop overheads).
+DEPTHWISE_MIN_WORK = 2500
+
+
+def _depthwise_fn(
+    ctx: KernelContext,
+    sp: Spatial,
+    group: int,
+    w_const: np.ndarray | None,
+    b_c: np.ndarray | None,
+    cdt: np.dtype,
+    epi: Epilogue,
+) -> Callable[..., Any] | None:
+    """``fn(x, b, r, out)`` running ``conv_direct.run_depthwise`` for a 2-D depthwise
+    conv with constant weights, or None when it does not apply; ``fn`` itself returns None
+    for an input shape where im2col is the better (or only) path."""
+    if w_const is None or w_const.ndim != 4 or group < 2 or w_const.shape[1] != 1:
+        return None
+    if w_const.shape[0] % group or cdt not in (np.float32, np.float64):
+        return None
+    w4 = np.ascontiguousarray(w_const, dtype=cdt)
+    zeros = np.zeros(w4.shape[0], cdt)
+    plans: dict[tuple[int, ...], Any] = {}
+
+    def plan_for(shape: tuple[int, ...]) -> Any:
+        if len(shape) != 4 or shape[1] != group:
+            return False
+        kernel, strides, dil, pads = sp.resolve(w4.shape[2:])
+        begin, end, out_sp = conv_geometry(shape[2:], kernel, strides, dil, pads, sp.auto_pad)
+        work = out_sp[0] * out_sp[1] * kernel[0] * kernel[1]
+        if work < DEPTHWISE_MIN_WORK or any(v < 0 for v in begin + end):
+            return False
+        out_shape = (shape[0], w4.shape[0], *out_sp)
+        plan = plan_depthwise(shape, w4.shape, out_shape, strides,  # type: ignore[arg-type]
+                              (*begin, *end), dil, epi, cdt)  # type: ignore[arg-type]  # fmt: skip
+        return False if plan is None else (plan, out_shape)
+
+    def depthwise(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
+        got = plans.get(x.shape)
+        if got is None:
+            got = plans[x.shape] = plan_for(x.shape)
+        if got is False or x.dtype != cdt:
+            return None
+        plan, out_shape = got
+        if b is None:
+            bb = zeros
+        else:
+            bb = b_c if b_c is not None else np.ascontiguousarray(b, dtype=cdt).reshape(-1)
+        if r is not None and (r.shape != out_shape or r.dtype != cdt):
+            return None
+        y = out if out is not None and out.flags.c_contiguous else np.empty(out_shape, cdt)
+        xc = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+        rc = None if r is None else np.ascontiguousarray(r)
+        run_depthwise(plan, xc, w4, bb, y, rc, epi)
+        if out is not None and y is not out:
+            out[...] = y
+            return out
+        return y
+
+    return depthwise
+
+
+def conv_cost(ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> Cost:
+    """The cost of a Conv (or a fused Conv) from its weight and output shapes."""
     if len(ins) < 2 or not outs:
         return Cost(0.0, 0.0)
     w, y = ins[1], outs[0]
@@ -387,6 +487,6 @@ def _qlinear_conv(ctx: KernelContext) -> ComputeFn:
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register Conv, ConvInteger and QLinearConv."""
-    registry.add("Conv", _conv, since=1, flags=OUT, cost=_conv_cost)
+    registry.add("Conv", _conv, since=1, flags=OUT, cost=conv_cost)
     registry.add("ConvInteger", _conv_integer, since=10)
     registry.add("QLinearConv", _qlinear_conv, since=10)

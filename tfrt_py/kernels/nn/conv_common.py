@@ -1,22 +1,19 @@
 """Shared load-time helpers of the conv and pool kernels.
 
 Spatial attribute parsing (kernel_shape, strides, dilations, pads, auto_pad), the ONNX
-output-size and padding rules, col2im slice planning, and per-thread scratch buffers. All the
+output-size and padding rules, col2im slice planning; ``scratch`` (per-thread buffers) is
+``kernels.common``'s, re-exported here. All the
 shape arithmetic runs once per input shape (plans are memoised by shape); none of it runs
 per call when the shape repeats.
 """
 
 from __future__ import annotations
 
-import math
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..base import KernelContext
-from ..common import attr_str
+from ..common import attr_str, scratch
 
 __all__ = [
     "Spatial",
@@ -28,30 +25,6 @@ __all__ = [
 ]
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
-
-
-_TLS = threading.local()
-_SCRATCH_MAX = 1 << 29  # buffers above 512 MiB are not kept
-
-
-def scratch(slot: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A per-thread scratch array (uninitialised) for temporaries that never escape a call.
-
-    Large fresh allocations cost page faults on every call (the im2col matrix of a big
-    conv is ~100 MB); reusing one buffer per slot per thread avoids that. Slot 0 holds
-    padded inputs, slot 1 im2col matrices. A caller must not hold a slot's array past
-    its own return, nor use one slot twice at once. Thread-safe: each thread has its own.
-    """
-    n = math.prod(shape) * dtype.itemsize
-    bufs: list[np.ndarray | None] | None = getattr(_TLS, "bufs", None)
-    if bufs is None:
-        bufs = _TLS.bufs = [None, None]
-    buf = bufs[slot]
-    if buf is None or buf.nbytes < n:
-        buf = np.empty(max(n, 1), np.uint8)
-        if n <= _SCRATCH_MAX:
-            bufs[slot] = buf
-    return buf[:n].view(dtype).reshape(shape)
 
 
 def attr_ints(ctx: KernelContext, name: str) -> tuple[int, ...] | None:

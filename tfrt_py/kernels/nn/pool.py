@@ -1,6 +1,8 @@
 """Kernels (nn): pooling -- MaxPool, AveragePool, LpPool, Global*Pool, MaxUnpool.
 
-Windowed pools pad the input once (when needed) and then either fold one strided slice
+2-D MaxPool on float32/float64 runs ``pool_direct``'s compiled kernel when numba is there
+(one pass per kernel tap over the whole output grid, in cache). Otherwise windowed pools
+pad the input once (when needed) and then either fold one strided slice
 per kernel position into the output (``np.maximum``/``np.add`` with ``out=``: fast when
 the output is not tiny) or reduce a strided window view (when the output is a few pixels
 and the kernel large, e.g. a final 7x7 average pool). Geometry (auto_pad, ceil_mode,
@@ -16,9 +18,10 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..base import OUT, ComputeFn, KernelContext
-from ..common import compute_dtype
+from ..common import compute_dtype, ones_vector
 from ..registry import KernelRegistry
 from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
+from .pool_direct import plan_max_pool, run_max_pool
 
 __all__ = ["register_kernels"]
 
@@ -200,8 +203,27 @@ def _max_pool(ctx: KernelContext) -> ComputeFn:
         return -np.inf if dt.kind == "f" else np.iinfo(dt).min
 
     if not want_idx:
+        direct: dict[Any, Any] = {}
+
+        def direct_plan(x: np.ndarray) -> Any:
+            if x.ndim != 4 or r != 2:
+                return None
+            kernel, strides, dil, pads = sp.resolve()
+            begin, _, out_sp = conv_geometry(
+                x.shape[2:], kernel, strides, dil, pads, sp.auto_pad, ceil_mode
+            )
+            if min(begin) < 0 or min(out_sp) < 1 or out_sp[0] * out_sp[1] < 16:
+                return None
+            out_shape = (*x.shape[:2], *out_sp)
+            return plan_max_pool(x.shape, kernel, out_shape, strides, begin, dil, x.dtype)
 
         def max_pool(x: np.ndarray, out: Any = None) -> np.ndarray:
+            key = (x.shape, x.dtype)
+            dp = direct.get(key, False)
+            if dp is False:
+                dp = direct[key] = direct_plan(x)
+            if dp is not None and x.flags.c_contiguous and (out is None or out.flags.c_contiguous):
+                return run_max_pool(dp, x, out)
             plan = get_plan(x)
             xp = _padded(x, plan, fill_of(x.dtype)) if plan.pad else x
             if plan.reduce:
@@ -308,6 +330,13 @@ def _global_average_pool(ctx: KernelContext) -> ComputeFn:
 
     def global_average_pool(x: np.ndarray) -> np.ndarray:
         n, c = x.shape[:2]
+        if x.dtype.char in "fd" and x.size and x.flags.c_contiguous:
+            # row sums as one BLAS matrix-vector product: NumPy's per-row mean over many
+            # short rows is several times slower (squeeze-excite blocks call this often)
+            x2 = x.reshape(n * c, -1)
+            y = np.dot(x2, ones_vector(x2.shape[1], x.dtype.char))
+            y *= 1.0 / x2.shape[1]
+            return y.reshape((n, c) + (1,) * (x.ndim - 2))
         y = x.reshape(n, c, -1).mean(axis=-1, dtype=compute_dtype(x.dtype))
         return y.astype(x.dtype, copy=False).reshape((n, c) + (1,) * (x.ndim - 2))
 

@@ -3,7 +3,8 @@
 From opset 13 they work along the single axis ``axis`` (default -1). Before 13 the input
 is seen as a 2-D matrix [prod(shape[:axis]), prod(shape[axis:])] (``axis`` default 1) and
 the op works along its rows, i.e. jointly over every axis from ``axis`` on. The output has
-the input's shape and dtype; all three accept ``out=``; LogSoftmax may run in place.
+the input's shape and dtype; all three accept ``out=``; Softmax and LogSoftmax may run in
+place.
 
 Speed: along trailing axes of float32/float64 inputs, Softmax/LogSoftmax shift by the
 tensor's global max (or not at all when exp cannot overflow) and sum rows with one BLAS
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
-from ..common import ones_vector
+from ..common import ones_vector, scratch
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -58,7 +59,10 @@ def _softmax_rows(x: np.ndarray, a: int, out: Any) -> np.ndarray | None:
         or (out is not None and not out.flags.c_contiguous)
     ):
         return None
-    r = _shifted_exp(x, out)
+    # In place (out is x): the exponentials go to scratch, so x is intact when the row-sum
+    # test sends the call to the classic path; the division then writes out.
+    alias = out is not None and np.may_share_memory(x, out)
+    r = _shifted_exp(x, scratch(2, x.shape, x.dtype) if alias else out)
     if r is None:
         return None
     y = r[0]
@@ -66,6 +70,9 @@ def _softmax_rows(x: np.ndarray, a: int, out: Any) -> np.ndarray | None:
     s = np.dot(y2, ones_vector(y2.shape[1], x.dtype.char))
     if not s.min() >= _MIN_ROW_SUM[x.dtype.char]:
         return None
+    if alias:
+        np.divide(y2, s.reshape(-1, 1), out=out.reshape(y2.shape))
+        return out
     np.divide(y2, s.reshape(-1, 1), out=y2)
     return y
 
@@ -189,6 +196,6 @@ def _hardmax(ctx: KernelContext) -> ComputeFn:
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register Softmax, LogSoftmax, Hardmax (all opsets; the builder handles 13's change)."""
-    registry.add("Softmax", _softmax, since=1, flags=OUT)
+    registry.add("Softmax", _softmax, since=1, flags=OUT_INPLACE)
     registry.add("LogSoftmax", _log_softmax, since=1, flags=OUT_INPLACE)
     registry.add("Hardmax", _hardmax, since=1, flags=OUT)

@@ -1,0 +1,404 @@
+"""The vision conv work: the direct depthwise kernel and conv epilogues
+(``kernels/nn/conv_direct.py``) and the ``fuse_conv`` pass, against onnxruntime, with the
+compiled (numba) paths on and off (``TFRT_PY_JIT``), on the sync and async executors.
+
+Graphs are built with onnx.helper here (no torch); the helpers stay in this file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tfrt_py
+from tfrt_py.compiler.pipeline import PASSES
+from tfrt_py.kernels.jit import ENV_JIT, jit_enabled
+from tfrt_py.kernels.nn.conv import DEPTHWISE_MIN_WORK
+from tfrt_py.kernels.nn.conv_direct import ACTIVATIONS, Epilogue, apply_epilogue
+
+ort = pytest.importorskip("onnxruntime")
+
+_RNG = np.random.default_rng(7)
+_F32 = TensorProto.FLOAT
+_F64 = TensorProto.DOUBLE
+
+
+@pytest.fixture(params=["jit", "numpy"])
+def jit(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with the compiled kernels (skipped without numba) and without."""
+    if request.param == "numpy":
+        monkeypatch.setenv(ENV_JIT, "0")
+    else:
+        monkeypatch.setenv(ENV_JIT, "1")
+        if not jit_enabled():
+            pytest.skip("numba is not installed")
+    return str(request.param)
+
+
+def _r(*shape: int, dtype: Any = np.float32) -> np.ndarray:
+    return _RNG.standard_normal(shape).astype(dtype)
+
+
+def _model(
+    nodes: list[onnx.NodeProto],
+    inputs: dict[str, np.ndarray],
+    outputs: list[str],
+    inits: dict[str, np.ndarray],
+    opset: int = 17,
+) -> onnx.ModelProto:
+    elem = {np.dtype(np.float32): _F32, np.dtype(np.float64): _F64}
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(k, elem[v.dtype], v.shape) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(o, elem[next(iter(inputs.values())).dtype], None)
+         for o in outputs],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _ort(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnxruntime's outputs (onnx's reference evaluator for float64: ORT has no float64
+    Conv)."""
+    if any(v.dtype == np.float64 for v in feeds.values()):
+        from onnx.reference import ReferenceEvaluator
+
+        return list(ReferenceEvaluator(m).run(None, feeds))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _check(
+    m: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    executor: str = "sync",
+    optimize: Any = None,
+    rtol: float = 1e-4,
+    atol: float = 1e-4,
+) -> tfrt_py.Model:
+    want = _ort(m, feeds)
+    model = tfrt_py.load(m, executor=executor, optimize=optimize)
+    for _ in range(2):  # the first call probes, the second runs the planned code
+        got = list(model.run(feeds).values())
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+    return model
+
+
+def _report(model: tfrt_py.Model, name: str) -> str:
+    return next(r.summary for r in model.prepared.reports if r.name == name)
+
+
+# -- depthwise and grouped Conv ------------------------------------------------------------
+
+# (x shape, group, w shape, attrs): depthwise big enough for the direct kernel and not,
+# channel multiplier 2, strides 1/2/3 and mixed, dilations, asymmetric pads, auto_pad,
+# batch > 1, grouped with several channels per group (im2col).
+DW_CASES = [
+    ((1, 8, 32, 32), 8, (8, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 6, 30, 31), 6, (6, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 4, 29, 27), 4, (4, 1, 5, 5), {"pads": [2, 1, 0, 2], "strides": [3, 3]}),
+    ((1, 4, 33, 30), 4, (4, 1, 3, 5), {"pads": [0, 2, 1, 1], "strides": [2, 1]}),
+    ((1, 5, 40, 40), 5, (5, 1, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 5, 41, 37), 5, (5, 1, 3, 3), {"dilations": [3, 2], "strides": [1, 2]}),
+    ((1, 3, 28, 28), 3, (6, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 4, 26, 26), 4, (4, 1, 7, 7), {"auto_pad": "SAME_UPPER"}),
+    ((1, 4, 25, 26), 4, (4, 1, 4, 4), {"auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    ((1, 4, 50, 50), 4, (4, 1, 3, 3), {"auto_pad": "VALID"}),
+    ((1, 16, 6, 6), 16, (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 16, 20, 20), 2, (8, 8, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 4, 1, 60), 4, (4, 1, 1, 3), {"pads": [0, 1, 0, 1]}),
+]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(("x_shape", "group", "w_shape", "attrs"), DW_CASES)
+def test_grouped_conv_matches_onnxruntime(
+    jit: str, x_shape: Any, group: int, w_shape: Any, attrs: dict[str, Any], bias: bool
+) -> None:
+    x, w, b = _r(*x_shape), _r(*w_shape), _r(w_shape[0])
+    inits = {"w": w, **({"b": b} if bias else {})}
+    node = helper.make_node("Conv", ["x", "w", *(["b"] if bias else [])], ["y"], group=group,
+                            **attrs)  # fmt: skip
+    _check(_model([node], {"x": x}, ["y"], inits), {"x": x}, optimize=False)
+
+
+@pytest.mark.parametrize("executor", ["sync", "async"])
+def test_depthwise_float64_and_runtime_shapes(jit: str, executor: str) -> None:
+    """float64, and one model called with two input sizes (two plans)."""
+    w, b = _r(6, 1, 3, 3, dtype=np.float64), _r(6, dtype=np.float64)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=6, pads=[1, 1, 1, 1])
+    g = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", _F64, ["n", 6, "h", "w"])],
+        [helper.make_tensor_value_info("y", _F64, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    for shape in ((1, 6, 40, 40), (3, 6, 17, 60)):
+        x = _r(*shape, dtype=np.float64)
+        _check(m, {"x": x}, executor=executor, rtol=1e-10, atol=1e-10)
+
+
+def test_depthwise_threshold_is_reached_by_the_cases() -> None:
+    """Some DW_CASES run the direct kernel, some stay on im2col."""
+    works = []
+    for x_shape, _, w_shape, _ in DW_CASES:
+        works.append(x_shape[2] * x_shape[3] * w_shape[2] * w_shape[3])
+    assert min(works) < DEPTHWISE_MIN_WORK < max(works)
+
+
+# -- epilogues -----------------------------------------------------------------------------
+
+
+def _act_ref(y: np.ndarray, epi: Epilogue) -> np.ndarray:
+    y = y.astype(np.float64)
+    a, b = epi.alpha, epi.beta
+    if epi.act == "Relu":
+        return np.maximum(y, 0)
+    if epi.act == "Clip":
+        return np.minimum(np.maximum(y, a), b)
+    if epi.act == "HardSwish":
+        return y * np.clip(y / 6 + 0.5, 0, 1)
+    if epi.act == "HardSigmoid":
+        return np.clip(a * y + b, 0, 1)
+    if epi.act == "Sigmoid":
+        return 1 / (1 + np.exp(-y))
+    if epi.act == "SiLU":
+        return y / (1 + np.exp(-y))
+    if epi.act == "LeakyRelu":
+        return np.where(y < 0, a * y, y)
+    return y
+
+
+_EPIS = [
+    Epilogue(),
+    Epilogue("Relu"),
+    Epilogue("Clip", 0.0, 6.0),
+    Epilogue("Clip", -np.inf, 0.5),
+    Epilogue("HardSwish"),
+    Epilogue("HardSigmoid", 0.2, 0.5),
+    Epilogue("Sigmoid"),
+    Epilogue("SiLU"),
+    Epilogue("LeakyRelu", 0.1),
+]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("epi", _EPIS, ids=lambda e: e.act or "none")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_apply_epilogue_matches_numpy(jit: str, epi: Epilogue, residual: bool, dtype: Any) -> None:
+    y = _r(2, 5, 7, 3, dtype=dtype) * 4
+    y[0, 0, 0, :2] = [np.nan, -0.0]
+    b, r = _r(5, dtype=dtype), _r(2, 5, 7, 3, dtype=dtype)
+    want = _act_ref(y + b.reshape(5, 1, 1) + (r if residual else 0), epi)
+    got = apply_epilogue(y.copy(), b, r if residual else None, epi)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert np.isnan(got[0, 0, 0, 0]) or epi.act in ("HardSigmoid",)  # NaN propagates
+
+
+def test_activation_table_covers_the_epilogues() -> None:
+    assert {e.act for e in _EPIS} == set(ACTIVATIONS)
+
+
+# -- the fuse_conv pass --------------------------------------------------------------------
+
+
+def _conv_nodes(act: str, pre: str = "c") -> tuple[list[onnx.NodeProto], str]:
+    """Nodes of an activation reading ``pre``; (nodes, output name)."""
+    mk = helper.make_node
+    if act == "SiLU":
+        return [mk("Sigmoid", [pre], ["s"]), mk("Mul", [pre, "s"], ["y"])], "y"
+    if act == "Clip":
+        return [mk("Clip", [pre, "lo", "hi"], ["y"])], "y"
+    if act == "HardSigmoid":
+        return [mk("HardSigmoid", [pre], ["y"], alpha=0.3, beta=0.4)], "y"
+    if act == "LeakyRelu":
+        return [mk("LeakyRelu", [pre], ["y"], alpha=0.2)], "y"
+    return [mk(act, [pre], ["y"])], "y"
+
+
+_FUSE_ACTS = ["Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "SiLU", "LeakyRelu"]
+
+
+@pytest.mark.parametrize("executor", ["sync", "async"])
+@pytest.mark.parametrize("residual", ["none", "tensor", "channel_const"])
+@pytest.mark.parametrize("act", _FUSE_ACTS)
+@pytest.mark.parametrize("group", [1, 8])
+def test_fuse_conv_matches_unfused_and_onnxruntime(
+    jit: str, executor: str, residual: str, act: str, group: int
+) -> None:
+    x = _r(2, 8, 20, 20)
+    inits: dict[str, np.ndarray] = {
+        "w": _r(8, 8 // group, 3, 3),
+        "b": _r(8),
+        "lo": np.array(-0.5, np.float32),
+        "hi": np.array(1.0, np.float32),
+    }
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c0"], group=group, pads=[1] * 4)]
+    if residual == "tensor":
+        nodes.append(helper.make_node("Add", ["x", "c0"], ["c"]))
+    elif residual == "channel_const":
+        inits["k"] = _r(1, 8, 1, 1)
+        nodes.append(helper.make_node("Add", ["c0", "k"], ["c"]))
+    else:
+        nodes[0].output[0] = "c"
+    act_nodes, out = _conv_nodes(act)
+    m = _model(nodes + act_nodes, {"x": x}, [out], inits)
+    model = _check(m, {"x": x}, executor=executor)
+    ops = [n.op_type for n in model.prepared.graph.nodes]
+    assert ops == ["Conv"], ops
+    assert model.prepared.graph.nodes[0].domain == "tfrt_py.fused"
+    off = set(PASSES) - {"fuse_conv"}
+    _check(m, {"x": x}, executor=executor, optimize=off)
+
+
+def test_fuse_conv_folds_batch_normalization(jit: str) -> None:
+    x = _r(1, 4, 12, 12)
+    inits = {"w": _r(6, 4, 3, 3), "s": _r(6), "bb": _r(6), "m": _r(6),
+             "v": np.abs(_r(6)) + 0.1}  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
+        helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["n"], epsilon=1e-3),
+        helper.make_node("Relu", ["n"], ["y"]),
+    ]
+    model = _check(_model(nodes, {"x": x}, ["y"], inits), {"x": x})
+    assert "1 BatchNormalization and 0 channel scalings folded" in _report(model, "fuse_conv")
+    assert [n.op_type for n in model.prepared.graph.nodes] == ["Conv"]
+
+
+def test_fuse_conv_two_convs_into_one_add() -> None:
+    """ResNet's downsample: both inputs of the residual Add are conv outputs; the first
+    conv's group takes the Add, the second conv stays a producer before it."""
+    x = _r(1, 4, 10, 10)
+    inits = {"w1": _r(8, 4, 3, 3), "w2": _r(8, 4, 1, 1)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w2"], ["d"]),
+        helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1] * 4),
+        helper.make_node("Add", ["c", "d"], ["a"]),
+        helper.make_node("Relu", ["a"], ["y"]),
+    ]
+    model = _check(_model(nodes, {"x": x}, ["y"], inits), {"x": x})
+    assert len(model.prepared.graph.nodes) == 2
+
+
+def test_fuse_conv_leaves_shared_and_output_values() -> None:
+    """A conv output that is also a graph output, or read twice, is not fused over."""
+    x = _r(1, 3, 8, 8)
+    inits = {"w": _r(4, 3, 3, 3)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    model = _check(_model(nodes, {"x": x}, ["y", "c"], inits), {"x": x})
+    assert [n.op_type for n in model.prepared.graph.nodes] == ["Conv", "Relu"]
+    nodes2 = [*nodes, helper.make_node("Neg", ["c"], ["z"])]
+    model = _check(_model(nodes2, {"x": x}, ["y", "z"], inits), {"x": x})
+    assert _report(model, "fuse_conv") == "nothing to fuse"
+
+
+def test_fuse_conv_keeps_computed_bias_and_bounds() -> None:
+    """A computed Clip bound or bias is left to the unfused kernels."""
+    x = _r(1, 3, 8, 8)
+    inits = {"w": _r(4, 3, 3, 3)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
+        helper.make_node("ReduceMax", ["x"], ["hi"], keepdims=0),
+        helper.make_node("Clip", ["c", "", "hi"], ["y"]),
+    ]
+    model = _check(_model(nodes, {"x": x}, ["y"], inits), {"x": x})
+    assert "Clip" in [n.op_type for n in model.prepared.graph.nodes]
+
+
+def test_fuse_conv_folds_a_channel_scaling(jit: str) -> None:
+    """ConvNeXt's layer scale: Mul by a per-channel constant, then the residual Add."""
+    x = _r(2, 6, 9, 9)
+    inits = {"w": _r(6, 1, 7, 7), "b": _r(6), "g": _r(6, 1, 1)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], group=6, pads=[3] * 4),
+        helper.make_node("Mul", ["c", "g"], ["m"]),
+        helper.make_node("Add", ["x", "m"], ["y"]),
+    ]
+    model = _check(_model(nodes, {"x": x}, ["y"], inits), {"x": x})
+    assert [n.op_type for n in model.prepared.graph.nodes] == ["Conv"]
+    assert "1 channel scalings folded" in _report(model, "fuse_conv")
+
+
+@pytest.mark.parametrize("op", ["Sigmoid", "Swish"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_sigmoid_and_swish_kernels(jit: str, op: str, in_place: bool) -> None:
+    """The compiled float32 Sigmoid/SiLU (``kernels/sigmoid_jit.py``) and the NumPy path:
+    special values, exp's range edges, in place or not."""
+    from tfrt_py.ir import Node, Value
+    from tfrt_py.kernels import KernelContext, default_registry
+
+    opset = 24 if op == "Swish" else 13
+    node = Node(op, [Value("x")], [Value("y")], {}, name="n", opset=opset)
+    fn = default_registry().lookup("", op, opset).build(KernelContext(node))
+    x = (_r(3, 1500) * 30).astype(np.float32)
+    x[0, :8] = [np.nan, np.inf, -np.inf, 88.5, -88.5, 87.0, -87.0, -0.0]
+    xd = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        sig = 1 / (1 + np.exp(-xd))
+        want = xd * sig if op == "Swish" else sig
+    buf = x.copy()
+    with np.errstate(over="ignore", invalid="ignore"):  # NumPy: exp -> inf, -inf/inf
+        got = fn(buf, out=buf) if in_place else fn(x)
+    if in_place:
+        assert got is buf
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)
+
+
+# -- MaxPool (kernels/nn/pool_direct.py) -----------------------------------------------------
+
+POOL_CASES = [
+    ((1, 8, 112, 112), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 4, 111, 111), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ((1, 3, 30, 29), {"kernel_shape": [2, 3], "strides": [2, 1], "pads": [0, 1, 1, 0]}),
+    ((1, 3, 33, 33), {"kernel_shape": [3, 3], "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((1, 2, 20, 21), {"kernel_shape": [4, 4], "auto_pad": "SAME_UPPER", "strides": [3, 3]}),
+    ((1, 2, 20, 20), {"kernel_shape": [3, 3], "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    ((1, 2, 6, 6), {"kernel_shape": [3, 3]}),  # a 4x4 output: below the compiled path's floor
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("x_shape", "attrs"), POOL_CASES)
+def test_max_pool_matches_onnxruntime(
+    jit: str, x_shape: Any, attrs: dict[str, Any], dtype: Any
+) -> None:
+    x = _r(*x_shape, dtype=dtype)
+    node = helper.make_node("MaxPool", ["x"], ["y"], **attrs)
+    m = _model([node], {"x": x}, ["y"], {}, opset=12)
+    # onnxruntime has float64 MaxPool (onnx's reference evaluator pads SAME_LOWER wrongly)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x})[0]
+    model = tfrt_py.load(m)
+    for _ in range(2):
+        np.testing.assert_array_equal(model.run({"x": x})["y"], want)
+
+
+@pytest.mark.parametrize(("x_shape", "attrs"), POOL_CASES[:3])
+def test_max_pool_nan_like_numpy(
+    monkeypatch: pytest.MonkeyPatch, x_shape: Any, attrs: dict[str, Any]
+) -> None:
+    """NaN wins its windows on both paths, as with np.maximum (onnxruntime skips NaN), and
+    an all -inf window gives -inf (onnxruntime: the lowest float)."""
+    if not jit_enabled():
+        pytest.skip("numba is not installed")
+    x = _r(*x_shape)
+    x[0, 0, 1, 1] = x[0, -1, 5, 7] = np.nan
+    x[0, -1, :4, :4] = -np.inf
+    m = _model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], {"x": x}, ["y"], {}, opset=12)
+    got = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv(ENV_JIT, flag)
+        got[flag] = tfrt_py.load(m).run({"x": x})["y"]
+    assert np.isnan(got["1"]).any()
+    np.testing.assert_array_equal(got["1"], got["0"])

@@ -1,0 +1,67 @@
+"""Kernels for the fused ops of the vision passes, in the private domain ``tfrt_py.fused``.
+
+``Conv(X, W, B?, R?)`` (from ``fuse_conv``): ONNX Conv's attributes plus ``activation``
+(a name from ``kernels.nn.conv_direct.ACTIVATIONS``, ``""`` for none), ``alpha``,
+``beta`` (the activation's parameters: Clip's bounds, HardSigmoid's and LeakyRelu's
+alpha/beta) and ``residual`` (1 when R is present: a tensor of the output's shape added
+after the bias). Computes ``act(conv(X, W) + B + R)`` with the epilogue applied in one
+pass over the conv result (``conv_with_epilogue``). Supports ``out=``.
+
+``MatMulTransB(A, B)`` (from ``fuse_transformer``): ``A @ swapaxes(B, -1, -2)`` with
+NumPy's broadcasting over the leading axes; BLAS reads the transposed view directly (a
+column-major operand), so the Transpose costs no copy. Supports ``out=``.
+
+``register_vision_kernels(registry, domain)`` is called by
+``fused_kernels.with_fused_kernels``, which passes its ``DOMAIN`` (this module imports
+nothing of the compiler, so there is no import cycle).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
+from ..kernels.nn.conv import Epilogue, conv_cost, conv_with_epilogue
+
+__all__ = ["register_vision_kernels"]
+
+
+def _fused_conv(ctx: KernelContext) -> Any:
+    """The fused Conv: ``fn(X, W, B=None, R=None, out=None)``."""
+    epi = Epilogue(
+        str(ctx.attr("activation", "")),
+        float(ctx.attr("alpha", 0.0)),
+        float(ctx.attr("beta", 0.0)),
+        bool(ctx.attr("residual", 0)),
+    )
+    return conv_with_epilogue(ctx, epi)
+
+
+def _matmul_transb(ctx: KernelContext) -> Any:
+    """MatMulTransB: ``fn(a, b, out=None) -> a @ b.swapaxes(-1, -2)``."""
+    mm = np.matmul
+
+    def matmul_transb(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> Any:
+        return mm(a, b.swapaxes(-1, -2), out=out)
+
+    return matmul_transb
+
+
+def _matmul_transb_cost(
+    ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]
+) -> Cost:
+    if len(ins) < 2 or not outs or not ins[0]:
+        return Cost(0.0, 0.0)
+    y = float(math.prod(outs[0]))
+    k = ins[0][-1]
+    return Cost(2.0 * y * k, 4.0 * (math.prod(ins[0]) + math.prod(ins[1]) + y))
+
+
+def register_vision_kernels(registry: KernelRegistry, domain: str) -> None:
+    """Register the vision passes' fused ops into ``registry`` under ``domain``."""
+    out = KernelFlags(supports_out=True)
+    registry.add("Conv", _fused_conv, domain=domain, flags=out, cost=conv_cost)
+    registry.add("MatMulTransB", _matmul_transb, domain=domain, flags=out, cost=_matmul_transb_cost)

@@ -1,0 +1,119 @@
+"""Optional numba for the few kernels NumPy cannot do in one pass (direct grouped
+convolution, fused conv epilogues, GELU): ``Jitted`` compiles a plain Python function
+with ``numba.njit`` the first time a kernel builder asks for it.
+
+numba is optional (the ``[native]`` extra). ``Jitted.get()`` returns None when numba
+cannot be imported, when ``$TFRT_PY_JIT=0`` (read on each ``get``: tests and users
+switch the compiled kernels off so the NumPy paths run), or when compiling failed once
+(the failure is remembered, never retried); every caller then takes its NumPy path, which
+computes the same values. Functions are compiled with ``nogil=True`` (an executor's worker
+threads run them in parallel), ``cache=True`` (numba keeps the machine code on disk, so a
+second process skips LLVM) and ``error_model='numpy'``; no fastmath, so results follow
+IEEE arithmetic in the model's dtype.
+
+Thread-safe: the first ``get`` compiles under a lock; later ones return the dispatcher.
+Nothing here imports numba until a builder calls ``get``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ENV_JIT", "Jitted", "jit_enabled"]
+
+#: ``TFRT_PY_JIT=0`` turns the numba kernels off: every kernel takes its NumPy path.
+ENV_JIT = "TFRT_PY_JIT"
+
+_LOCK = threading.Lock()
+_NUMBA: list[Any] = []  # [module] once imported, [None] when it cannot be
+
+
+def jit_enabled() -> bool:
+    """Whether compiled kernels may be used: numba is installed and ``$TFRT_PY_JIT`` is
+    not ``0``. Does not import numba."""
+    if os.environ.get(ENV_JIT, "1").strip() == "0":
+        return False
+    if _NUMBA:
+        return _NUMBA[0] is not None
+    return importlib.util.find_spec("numba") is not None
+
+
+def _numba() -> Any:
+    with _LOCK:
+        if not _NUMBA:
+            mod: Any = None
+            try:
+                import numba
+
+                mod = numba
+            except Exception:  # noqa: BLE001 - a broken numba install is "no numba"
+                mod = None
+            _NUMBA.append(mod)
+        return _NUMBA[0]
+
+
+_HELPERS: set[int] = set()
+
+
+def _register_helper(numba: Any, fn: Callable[..., Any]) -> None:
+    """Make ``fn`` callable from compiled code (once per process; under ``_LOCK``'s
+    caller's lock, so two kernels never register one helper twice at once)."""
+    with _LOCK:
+        if id(fn) not in _HELPERS:
+            from numba.extending import register_jitable
+
+            register_jitable(fn)
+            _HELPERS.add(id(fn))
+
+
+class Jitted:
+    """A Python function compiled with numba on first use.
+
+    ``fn`` must be a module-level function numba can compile in nopython mode. ``get()``
+    returns the compiled dispatcher, or None (see the module doc); ``warm`` (optional)
+    is called with the dispatcher once after compiling, to force compilation for the
+    argument types the kernels use at load time rather than on a model's first call.
+    ``helpers`` are module-level functions ``fn`` calls: they are registered with numba
+    (``register_jitable``) before ``fn`` compiles and stay plain Python functions.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        warm: Callable[[Any], None] | None = None,
+        helpers: tuple[Callable[..., Any], ...] = (),
+    ) -> None:
+        self.fn = fn
+        self._warm = warm
+        self._helpers = helpers
+        self._compiled: Any = None
+        self._failed = False
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        """The compiled function, or None when the NumPy path must run."""
+        if not jit_enabled():
+            return None
+        compiled = self._compiled
+        if compiled is not None or self._failed:
+            return compiled
+        with self._lock:
+            if self._compiled is None and not self._failed:
+                numba = _numba()
+                if numba is None:
+                    self._failed = True
+                    return None
+                try:
+                    for h in self._helpers:
+                        _register_helper(numba, h)
+                    d = numba.njit(nogil=True, cache=True, error_model="numpy")(self.fn)
+                    if self._warm is not None:
+                        self._warm(d)
+                    self._compiled = d
+                except Exception:  # noqa: BLE001 - any compile failure: the NumPy path
+                    self._failed = True
+            return self._compiled

@@ -1,0 +1,84 @@
+"""A compiled in-place Sigmoid / SiLU for float32 with a vectorizable exp, shared by the
+conv epilogues (nn) and the Sigmoid and Swish kernels (elementwise).
+
+``sigmoid_f32()`` (asked at load) gives ``fn(y, silu)`` computing ``y * sigmoid(y)``
+(``silu``) or ``sigmoid(y)`` in place over a flat contiguous float32 array, or None when
+numba is unavailable (``jit.py``): the callers then run NumPy ufuncs. A compiled loop
+calling libm's exp per element is 5x slower than NumPy's vectorized exp; this one builds
+exp from a polynomial and float bits and runs ~2x faster than the four NumPy passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .jit import Jitted
+
+__all__ = ["sigmoid_f32"]
+
+
+def _sigmoid_flat(y: Any, silu: bool, c: Any) -> None:  # pragma: no cover - numba only
+    """y = y * sigmoid(y) (``silu``) or sigmoid(y), in place over a flat float32 array.
+
+    exp(-y) is Cephes' expf written for LLVM's vectorizer: k = round(x log2 e), r = x - k
+    ln 2 (in two parts), exp(r) by a degree-6 polynomial, 2^k built as float bits in an
+    int32 block (``view``: no libm call per element). Blocks of 1024 stay in L1. Relative
+    error ~2e-7 (NumPy's exp: ~1e-7); x past exp's range gives inf / 0 as it should; NaN
+    stays NaN. c = [log2e, ln2_hi, ln2_lo, p0..p5, 1, 0.5, lo, hi, inf]."""
+    log2e, ln2hi, ln2lo = c[0], c[1], c[2]
+    p0, p1, p2, p3, p4, p5 = c[3], c[4], c[5], c[6], c[7], c[8]
+    one, half, lo, hi, inf = c[9], c[10], c[11], c[12], c[13]
+    n = y.shape[0]
+    ki = np.empty(1024, np.int32)
+    e = np.empty(1024, y.dtype)
+    kf = ki.view(np.float32)
+    for s in range(0, n, 1024):
+        m = min(1024, n - s)
+        ys = y[s:]
+        for i in range(m):
+            x0 = -ys[i]
+            x = lo if not x0 >= lo else x0  # NaN -> lo here (a defined int below)
+            x = hi if x > hi else x
+            fk = np.floor(x * log2e + half)
+            r = x - fk * ln2hi
+            r = r - fk * ln2lo
+            p = ((((p0 * r + p1) * r + p2) * r + p3) * r + p4) * r + p5
+            p = p * (r * r) + r + one
+            e[i] = inf if x0 > hi else (p if x0 == x0 else x0)  # NaN stays NaN
+            ki[i] = (np.int32(fk) + np.int32(127)) << np.int32(23)
+        if silu:
+            for i in range(m):
+                ys[i] = ys[i] / (one + e[i] * kf[i])
+        else:
+            for i in range(m):
+                ys[i] = one / (one + e[i] * kf[i])
+
+
+_EXP_CONSTS = np.array(
+    [1.44269504088896341, 0.693359375, -2.12194440e-4, 1.9875691500e-4, 1.3981999507e-3,
+     8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1, 1.0, 0.5, -87.0,
+     88.0, np.inf],
+    np.float32,
+)  # fmt: skip
+
+
+def _warm_sigmoid(fn: Any) -> None:
+    fn(np.zeros(4, np.float32), True, _EXP_CONSTS)
+
+
+_SIGMOID = Jitted(_sigmoid_flat, _warm_sigmoid)
+
+
+def sigmoid_f32() -> Callable[[np.ndarray, bool], None] | None:
+    """``fn(y, silu)``: in place over a flat contiguous float32 ``y``; None without numba."""
+    compiled = _SIGMOID.get()
+    if compiled is None:
+        return None
+
+    def sigmoid(y: np.ndarray, silu: bool) -> None:
+        compiled(y, silu, _EXP_CONSTS)
+
+    return sigmoid
