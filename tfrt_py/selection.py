@@ -79,7 +79,9 @@ def select_executor(
             program, prepared.registry, check, _off_loop(prepared), host, _loop_budget(prepared)
         )
     else:
-        interp = SyncInterpreter(program, prepared.determined, check)
+        interp = SyncInterpreter(
+            program, prepared.determined, check, computed_once=prepared.computed_per_signature
+        )
         lowered = None
         if kind == "native":
             if not available():

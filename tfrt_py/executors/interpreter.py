@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -90,7 +91,9 @@ class SyncInterpreter(Executor):
     """Executor "sync": runs one prepared top-level Program with per-signature memory plans.
 
     ``determined``: ids of values whose shape the input signature fixes (from the
-    compiler); only those are planned. ``check`` validates feeds (a FeedChecker).
+    compiler); only those are planned. ``computed_once``: ids of values whose data it
+    fixes (shape arithmetic): a plan computes them once, in its probe run, and keeps them.
+    ``check`` validates feeds (a FeedChecker).
     """
 
     name = "sync"
@@ -101,11 +104,13 @@ class SyncInterpreter(Executor):
         determined: set[int],
         check: Any,
         *,
+        computed_once: AbstractSet[int] = frozenset(),
         max_plans: int = 8,
     ) -> None:
         graph = program.graph
         self._program = program
         self._determined = determined
+        self._computed_once = computed_once
         self._check = check
         self._max_plans = max_plans
         self._plans: dict[tuple[Any, ...], _Plan] = {}
@@ -211,7 +216,7 @@ class SyncInterpreter(Executor):
 
     # -- plans ---------------------------------------------------------------------------
     def _make_plan(self, sig: tuple[Any, ...], env: list[Any]) -> _Plan:
-        layout = build_layout(self._program, env, self._determined, sig)
+        layout = build_layout(self._program, env, self._determined, sig, self._computed_once)
         plan = _Plan(self._program, layout)
         helpers = {
             "_slow": self._slow,
@@ -220,7 +225,7 @@ class SyncInterpreter(Executor):
             "_uo": self._user,
         }
         gen = generate(
-            self._program, layout, self._in_names, self._out_names, helpers, plan.new_arena
+            self._program, layout, self._in_names, self._out_names, helpers, plan.new_arena, env
         )
         plan.gen = gen
         plan.line_node = gen.line_node

@@ -20,6 +20,7 @@ Built once per signature on the thread that made the first call; immutable after
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,8 @@ class Layout:
     output_kinds: list[str]
     release: dict[int, list[int]] = field(default_factory=dict)
     observed: dict[int, tuple[tuple[int, ...], np.dtype]] = field(default_factory=dict)
+    #: instructions the plan never runs: their outputs are this signature's constants
+    baked: frozenset[int] = frozenset()
 
 
 class _Groups:
@@ -81,17 +84,26 @@ def _plannable(x: Any) -> bool:
 
 
 def build_layout(
-    program: Program, env: list[Any], determined: set[int], signature: tuple[Any, ...]
+    program: Program,
+    env: list[Any],
+    determined: set[int],
+    signature: tuple[Any, ...],
+    computed_once: AbstractSet[int] = frozenset(),
 ) -> Layout:
-    """The layout of ``program`` for ``signature``, from ``env`` (a probe run's values)
-    and ``determined`` (ids of values whose shape the signature fixes)."""
+    """The layout of ``program`` for ``signature``, from ``env`` (a probe run's values),
+    ``determined`` (ids of values whose shape the signature fixes) and ``computed_once``
+    (ids of values whose data it fixes: instructions producing only such values, small,
+    and not graph outputs, are *baked*: the plan keeps their probe values as constants and
+    never runs them)."""
     instrs = program.instrs
     n = len(instrs)
     outputs = program.output_slots
     out_set = set(outputs)
+    baked = _baked(program, env, computed_once, out_set)
     fixed = set(program.input_slots) | {
         s for s, t in enumerate(program.template) if t is not None and s not in _RESERVED
     }
+    fixed.update(s for i in baked for s in instrs[i].outs if s not in _RESERVED)
     last: dict[int, int] = {}
     for i, ins in enumerate(instrs):
         for s in ins.ins:
@@ -102,7 +114,9 @@ def build_layout(
     kind: dict[int, str] = {}
     shapes: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
     groups = _Groups()
-    for ins in instrs:
+    for i, ins in enumerate(instrs):
+        if i in baked:
+            continue
         v = ins.node.outputs[0] if ins.node.outputs else None
         s = ins.outs[0]
         x = env[s]
@@ -177,6 +191,8 @@ def build_layout(
 
     release: dict[int, list[int]] = {}
     for i, ins in enumerate(instrs):
+        if i in baked:
+            continue
         for o in ins.outs:
             x = env[o]
             if (
@@ -204,4 +220,31 @@ def build_layout(
         for s, x in enumerate(env)
         if isinstance(x, (np.ndarray, np.generic))
     }
-    return Layout(plan, kind, shapes, views, output_kinds, release, observed)
+    return Layout(plan, kind, shapes, views, output_kinds, release, observed, baked)
+
+
+#: A value computed once per signature is kept only up to this size (shape arithmetic is
+#: a few ints; a big signature-determined tensor is computed per call instead).
+BAKE_MAX_BYTES = 1 << 16
+
+
+def _baked(
+    program: Program, env: list[Any], computed_once: AbstractSet[int], out_set: set[int]
+) -> frozenset[int]:
+    """The instructions whose every output the signature determines (pure, no nested
+    graphs), small, and not a graph output: run once by the probe, never again."""
+    baked = set()
+    for i, ins in enumerate(program.instrs):
+        f = ins.flags
+        if not f.pure or f.is_async or f.control_flow:
+            continue
+        vals = [v for v in ins.node.outputs if v is not None]
+        if not vals or any(id(v) not in computed_once for v in vals):
+            continue
+        if any(s in out_set for s in ins.outs):
+            continue
+        xs = [env[s] for s in ins.outs if s not in _RESERVED]
+        if all(isinstance(x, (np.ndarray, np.generic)) and x.nbytes <= BAKE_MAX_BYTES
+               for x in xs):  # fmt: skip
+            baked.add(i)
+    return frozenset(baked)

@@ -88,11 +88,18 @@ def _out_positional(fn: Any, n_args: int) -> bool:
 
 
 class _Emitter:
-    def __init__(self, program: Program, layout: Layout) -> None:
+    def __init__(self, program: Program, layout: Layout, env: list[Any]) -> None:
         self.program = program
         self.layout = layout
         self.binds: dict[str, Any] = {}
-        self.const_slots = {s for s, t in enumerate(program.template) if t is not None and s > 1}
+        #: slot -> the constant it holds: the model's, and this signature's (baked)
+        self.consts: dict[int, Any] = {
+            s: t for s, t in enumerate(program.template) if t is not None and s > 1
+        }
+        for i in layout.baked:
+            for s in program.instrs[i].outs:
+                if s > 1:
+                    self.consts[s] = env[s]
         self.input_slots = set(program.input_slots)
 
     def var(self, s: int) -> str:
@@ -100,9 +107,9 @@ class _Emitter:
             return "None"
         if s == 1:
             return "_"
-        if s in self.const_slots and s not in self.input_slots:
+        if s in self.consts and s not in self.input_slots:
             name = f"c{s}"
-            self.binds[name] = self.program.template[s]
+            self.binds[name] = self.consts[s]
             return name
         return f"v{s}"
 
@@ -112,6 +119,8 @@ class _Emitter:
         lines: list[tuple[str, int]] = []
         lay = self.layout
         for i, ins in enumerate(self.program.instrs):
+            if i in lay.baked:
+                continue
             args = [self.var(s) for s in ins.ins]
             k = f"k{i}"
             self.binds[k] = ins.fn
@@ -157,10 +166,12 @@ def generate(
     output_names: list[str],
     helpers: dict[str, Any],
     new_arena: Callable[[], tuple[Any, ...]],
+    env: list[Any],
 ) -> Generated:
     """Generate the entry points of ``layout``. ``helpers`` binds ``_slow``, ``_failed``,
-    ``_cp`` (copy an output), ``_uo`` (user_output for output k: ``_uo(v, k)``)."""
-    em = _Emitter(program, layout)
+    ``_cp`` (copy an output), ``_uo`` (user_output for output k: ``_uo(v, k)``); ``env``
+    is the probe run's values (the baked instructions' outputs)."""
+    em = _Emitter(program, layout, env)
     pool: list[Any] = []
     sig = layout.plan.signature
     in_slots = program.input_slots
