@@ -27,10 +27,10 @@ def gbt_data(rows: int, seed: int = 1) -> np.ndarray:
 
 
 def gbt_model(path: Path, n_estimators: int = 30) -> Path:
-    from sklearn.datasets import make_classification
-    from sklearn.ensemble import GradientBoostingClassifier
     from skl2onnx import to_onnx
     from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.datasets import make_classification
+    from sklearn.ensemble import GradientBoostingClassifier
 
     x, y = make_classification(
         n_samples=2000, n_features=GBT_FEATURES, n_informative=5, n_classes=3, random_state=0
