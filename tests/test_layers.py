@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"executors"},
     {"compiler"},
     {"native", "streaming"},
-    {"selection", "profiling"},
+    {"selection", "profiling", "sharing"},
     {"model"},
     {"tfrt_py", "onnx_backend"},
     {"bench", "ray"},

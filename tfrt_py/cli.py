@@ -6,6 +6,7 @@ stderr and exits non-zero; tracebacks are for bugs.
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, NoReturn
 
@@ -260,6 +261,13 @@ def bench(
 )
 @click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
 @click.option("--log-level", default="warning", show_default=True, help="uvicorn's")
+@click.option(
+    "--workers",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="worker processes forked after loading (weights shared; docs/scale.md)",
+)
 def serve(
     model_paths: tuple[str, ...],
     host: str,
@@ -276,6 +284,7 @@ def serve(
     model_control_mode: str,
     executor: str,
     log_level: str,
+    workers: int,
 ) -> None:
     """Serve MODEL... (each named by its file stem), or the model repository DIR
     (NAME.onnx or NAME/VERSION/model.onnx), over HTTP (uvicorn, uvloop): the Open
@@ -333,8 +342,13 @@ def serve(
     def bound(url: str) -> None:
         click.echo(f"tfrt-py serve: {', '.join(models)} on {url}", err=True)
 
+    run: Any = run_server
+    if workers > 1:
+        from .serving.prefork import run_prefork
+
+        run = functools.partial(run_prefork, workers=workers, log=lambda m: click.echo(m, err=True))
     try:
-        run_server(
+        run(
             create_app(server),
             host,
             port,

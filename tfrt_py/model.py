@@ -391,8 +391,11 @@ class Model:
         return self._runtime.memory_plan(shapes)
 
     def describe(self) -> str:
-        """A human-readable summary: source, I/O, op histogram, passes, cost, executor and
-        why, memory plans, the run_async rule."""
+        """A human-readable summary: source, I/O, op histogram, weights (shared across
+        forks or private: ``tfrt_py.sharing``), passes, cost, executor and why, memory
+        plans, the run_async rule."""
+        from .sharing import describe_lines as weight_lines
+
         ops = collections.Counter(
             f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in self._graph.walk()
         )
@@ -405,6 +408,7 @@ class Model:
             f"  nodes: {len(self._graph.nodes)} ({sum(ops.values())} counting nested graphs), "
             f"constants: {len(self._graph.constants)} ({n_params:,} elements)",
             "  ops: " + ", ".join(f"{k} x{v}" for k, v in ops.most_common()),
+            *weight_lines(self._graph),
             *self._prepared.describe_lines(),
             *self._runtime.describe_lines(),
             *self._runtime.describe_policy(),

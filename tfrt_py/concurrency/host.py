@@ -122,6 +122,17 @@ class HostContext:
             self._start_workers()
         self._queue.put((fn, args))
 
+    def resize(self, num_workers: int) -> bool:
+        """Use ``num_workers`` workers from now on, if none has started yet (they start
+        on the first ``enqueue``); returns whether it took effect."""
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        with self._lock:
+            if self._workers:
+                return False
+            self.num_workers = num_workers
+            return True
+
     def is_worker_thread(self) -> bool:
         return threading.get_ident() in self._worker_ids
 

@@ -27,12 +27,37 @@ from typing import Any
 
 from .intraop import IntraOpPool
 
-__all__ = ["THREADS_ENV", "available_cores", "configure", "intra_pool", "threads"]
+__all__ = [
+    "THREADS_ENV",
+    "THREAD_ENV",
+    "available_cores",
+    "blas_threads",
+    "configure",
+    "cores",
+    "intra_pool",
+    "set_process_threads",
+    "threads",
+]
 
 THREADS_ENV = "TFRT_PY_THREADS"
+#: What ``set_process_threads(n)`` sets in the environment, for libraries loaded later and
+#: for subprocesses: BLAS and OpenMP pools one thread (tfrt_py splits work itself), numba's
+#: and tfrt_py's ``n``.
+THREAD_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "NUMBA_NUM_THREADS": None,
+    THREADS_ENV: None,
+}
 
 _lock = threading.Lock()
 _pool: IntraOpPool | None = None
+
+
+def cores() -> int:
+    """The cores this process may run on (an alias of ``available_cores``)."""
+    return available_cores()
 
 
 def available_cores() -> int:
@@ -89,6 +114,35 @@ def intra_pool() -> IntraOpPool:
 def threads() -> int:
     """The current budget (threads per call)."""
     return intra_pool().threads
+
+
+def set_process_threads(n: int) -> None:
+    """Make this process compute with ``n`` threads: a worker among several on one machine
+    (a pre-forked server worker, a Ray actor) must not take every core. Sets the budget
+    (``configure``), the environment (``THREAD_ENV``) for libraries loaded later and for
+    subprocesses, and the default ``HostContext``'s inter-op pool to ``n`` workers when it
+    has not started. Call it early in the process it configures, from one thread."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"threads must be a positive int, got {n!r}")
+    for var, value in THREAD_ENV.items():
+        os.environ[var] = str(n) if value is None else value
+    configure(n)
+    from .host import default_host
+
+    default_host().resize(n)
+
+
+def blas_threads() -> dict[str, int]:
+    """Threads of each loaded BLAS library, by file name (threadpoolctl; empty without)."""
+    try:
+        import threadpoolctl
+    except ImportError:
+        return {}
+    return {
+        os.path.basename(info["filepath"]): int(info["num_threads"])
+        for info in threadpoolctl.threadpool_info()
+        if info.get("user_api") == "blas"
+    }
 
 
 def _single_threaded_blas() -> None:
