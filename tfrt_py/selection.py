@@ -35,8 +35,8 @@ from .feeds import FeedChecker
 from .ir import Node
 from .native.cachedir import UnsafeCacheDir, cache_dir
 from .native.compile import NativeUnavailable, available
-from .native.lower import Declined, Lowered, blockers, lower
-from .native.tier import NativeTier
+from .native.lower import Declined, Lowered, blockers
+from .native.tier import NativeTier, plan_lowering
 
 __all__ = ["EXECUTORS", "NATIVE_ENV", "finish", "select_executor"]
 
@@ -76,7 +76,8 @@ def select_executor(
         )
     else:
         interp = SyncInterpreter(program, prepared.determined, check)
-        lowered = None
+        lowered: Lowered | None = None
+        native = False
         if kind == "native":
             if not available():
                 raise NativeUnavailable(
@@ -84,13 +85,15 @@ def select_executor(
                     "(pip install 'tfrt-py[native]'); use executor='sync' or 'auto'"
                 )
             cache_dir()  # UnsafeCacheDir before any work
-            lowered = lower(prepared.graph, program)
+            lowered, native = plan_lowering(prepared.graph, program), True
         elif requested == "auto":
-            lowered, why, reason = _auto_native(prepared, why)
+            native, lowered, why, reason = _auto_native(prepared, why)
             if reason:
                 notes.append(f"native tier: not used: {reason}")
-        ex = interp if lowered is None else NativeTier(lowered, program, check, interp,
-                                                        mode=native_mode)  # fmt: skip
+        # auto measures the native tier against the interpreter per signature (tier.py)
+        ex = interp if not native else NativeTier(
+            lowered, program, check, interp, mode=native_mode, measure=requested == "auto",
+            graph=prepared.graph)  # fmt: skip
     ex.why = why
     ex.notes = tuple(notes)
     return finish(ex, prepared, host)
@@ -157,25 +160,26 @@ def _auto_kind(prepared: Prepared, async_nodes: list[Node]) -> tuple[str, str]:
                     "the pool hop would cost more")  # fmt: skip
 
 
-def _auto_native(prepared: Prepared, why: str) -> tuple[Lowered | None, str, str]:
-    """(lowered or None, why, reason it is not used or "")."""
+def _auto_native(prepared: Prepared, why: str) -> tuple[bool, Lowered | None, str, str]:
+    """(native?, lowered (None: per signature), why, reason it is not used or "")."""
     if not available():
-        return None, why, "numba cannot be imported (pip install 'tfrt-py[native]')"
+        return False, None, why, "numba cannot be imported (pip install 'tfrt-py[native]')"
     reasons = blockers(prepared.graph)
     if reasons:
-        return None, why, "; ".join(reasons)
+        return False, None, why, "; ".join(reasons)
     if os.environ.get(NATIVE_ENV) == "0":
-        return None, why, f"${NATIVE_ENV}=0"
+        return False, None, why, f"${NATIVE_ENV}=0"
     flops = prepared.cost.flops
     if flops > THRESHOLDS.native_max_flops:
-        return None, why, (f"every op lowers, but at est. {flops / 1e6:.2f} MFLOP per call the "
-                           "model is not tiny (executor='native' forces it)")  # fmt: skip
+        return False, None, why, (f"every op lowers, but at est. {flops / 1e6:.2f} MFLOP per "
+                                  "call the model is not tiny (executor='native' forces it)")  # fmt: skip
     try:
         cache_dir()
-        lowered = lower(prepared.graph, prepared.program)
+        lowered = plan_lowering(prepared.graph, prepared.program)
     except (Declined, UnsafeCacheDir, OSError) as e:
-        return None, why, f"{type(e).__name__}: {e}"
+        return False, None, why, f"{type(e).__name__}: {e}"
     return (
+        True,
         lowered,
         (
             f"auto: a tiny model (est. {flops / 1e6:.3f} MFLOP per call, no async kernels, no "

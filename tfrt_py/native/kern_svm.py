@@ -1,0 +1,192 @@
+"""numba kernels for SVMs and linear models, one row at a time (see ``kern_post``).
+
+They follow ``tfrt_py.kernels.ml.svm`` and ``kernels.ml.linear`` (onnxruntime's rules):
+kernel values in float32 except RBF's distance (float64, then ``exp`` in float32); the
+pairwise decision values ``D = K @ A + rho`` in float32; probabilities by libsvm's pairwise
+coupling (Wu, Lin and Weng 2004, method 2) in float64. Kernel codes: LINEAR 0, POLY 1,
+RBF 2, SIGMOID 3 (``KERNEL_CODES``). Scratch buffers come from the caller's arena.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from .kern_post import argmax, logistic, post, probit
+
+__all__ = ["KERNEL_CODES", "linear_cls_row", "svm_cls_row", "svm_kernel_row", "svm_reg_row"]
+
+KERNEL_CODES = {"LINEAR": 0, "POLY": 1, "RBF": 2, "SIGMOID": 3}
+
+
+@njit(nogil=True, cache=False)
+def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):  # type: ignore[no-untyped-def]
+    """``kb[v] = K(x[xo:xo + f], sv[v])`` for every support vector (``sv`` row-major)."""
+    g = np.float32(gamma)
+    c0 = np.float32(coef0)
+    for v in range(n_sv):
+        base = v * f
+        if ktype == 2:
+            d = 0.0
+            for i in range(f):
+                t = float(x[xo + i]) - float(sv[base + i])
+                d += t * t
+            kb[v] = math.exp(np.float32(-gamma * d))
+            continue
+        acc = np.float32(0.0)
+        for i in range(f):
+            acc += np.float32(x[xo + i]) * np.float32(sv[base + i])
+        if ktype == 1:
+            k = acc * g + c0
+            if degree == 2.0:
+                kb[v] = k * k
+            elif degree == 3.0:
+                kb[v] = k * k * k
+            else:
+                kb[v] = k ** np.float32(degree)
+        elif ktype == 3:
+            kb[v] = math.tanh(acc * g + c0)
+        else:
+            kb[v] = acc
+
+
+@njit(nogil=True, cache=False)
+def _coupling(r, k, q, p, qp):  # type: ignore[no-untyped-def]
+    """libsvm's multiclass probability from pairwise ``r`` (k x k, float64) into ``p``."""
+    for t in range(k):
+        p[t] = 1.0 / k
+        q[t * k + t] = 0.0
+        for j in range(k):
+            if j != t:
+                q[t * k + t] += r[j * k + t] * r[j * k + t]
+                q[t * k + j] = -r[j * k + t] * r[t * k + j]
+    eps = 0.005 / k
+    for _ in range(100):
+        pqp = 0.0
+        for t in range(k):
+            s = 0.0
+            for j in range(k):
+                s += q[t * k + j] * p[j]
+            qp[t] = s
+            pqp += p[t] * s
+        err = 0.0
+        for t in range(k):
+            e = abs(qp[t] - pqp)
+            if e > err:
+                err = e
+        if err < eps:
+            break
+        for t in range(k):
+            qtt = q[t * k + t]
+            diff = (-qp[t] + pqp) / qtt
+            p[t] += diff
+            den = 1.0 + diff
+            pqp = (pqp + diff * (diff * qtt + 2.0 * qp[t])) / den / den
+            for j in range(k):
+                qp[j] = (qp[j] + diff * q[t * k + j]) / den
+                p[j] /= den
+
+
+@njit(nogil=True, cache=False)
+def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj, k, labels,
+                proba, pa, pb, code, kb, d, sc, votes, lab, lo, y, yo):  # type: ignore[no-untyped-def]  # fmt: skip
+    """SVMClassifier (one-vs-one with support vectors): ``lab[lo]`` the class with most
+    pairwise votes, ``y[yo:]`` the probabilities (``proba``), else the decision values
+    (two columns for two classes)."""
+    n_pairs = rho.size
+    svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb)
+    for p in range(n_pairs):
+        d[p] = 0
+    for v in range(n_sv):
+        kv = kb[v]
+        for p in range(n_pairs):
+            d[p] += kv * a[v * n_pairs + p]
+    for c in range(k):
+        votes[c] = 0
+    for p in range(n_pairs):
+        d[p] += rho[p]
+        if d[p] > 0:
+            votes[pi[p]] += 1
+        else:
+            votes[pj[p]] += 1
+    lab[lo] = labels[argmax(votes, 0, k)]
+    if proba:
+        kk = k * k
+        for p in range(n_pairs):
+            r = np.float32(1.0) - np.float32(logistic(float(np.float32(d[p] * pa[p] + pb[p]))))
+            r = min(max(r, np.float32(1e-7)), np.float32(1 - 1e-7))
+            sc[pi[p] * k + pj[p]] = r
+            sc[pj[p] * k + pi[p]] = 1.0 - float(r)
+        _coupling(sc, k, sc[kk : 2 * kk], sc[2 * kk : 2 * kk + k], sc[2 * kk + k : 2 * kk + 2 * k])
+        for c in range(k):
+            y[yo + c] = sc[2 * kk + c]
+        post(y, yo, k, code)
+        return
+    if n_pairs == 1:
+        s = d[0]
+        if code == 4:
+            y[yo] = probit(float(s))
+            y[yo + 1] = 0
+        else:
+            y[yo] = -s if code == 0 else np.float32(1.0) - s
+            y[yo + 1] = s
+        return
+    for p in range(n_pairs):
+        y[yo + p] = d[p]
+    post(y, yo, n_pairs, code)
+
+
+@njit(nogil=True, cache=False)
+def svm_reg_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, coef, r0, one_class, code, kb,
+                y, yo):  # type: ignore[no-untyped-def]  # fmt: skip
+    """SVMRegressor: ``y[yo] = K(x, S) @ coef + rho[0]`` (float32); one_class gives +1/-1."""
+    svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb)
+    s = np.float32(0.0)
+    for v in range(n_sv):
+        s += kb[v] * coef[v]
+    s += r0
+    if one_class:
+        s = np.float32(1.0) if s > 0 else np.float32(-1.0)
+    y[yo] = s
+    post(y, yo, 1, code)
+
+
+@njit(nogil=True, cache=False)
+def linear_cls_row(x, xo, f, w, b, n, labels, binary, two, pos, neg, lin_argmax, all_positive,
+                   code, s, lab, lo, y, yo):  # type: ignore[no-untyped-def]  # fmt: skip
+    """LinearClassifier (``binary``: one coefficient row, ORT's binary form) and, with
+    ``lin_argmax``, SVMClassifier's liblinear mode (``b`` one rho for every class):
+    ``s = x @ w + b`` (w row-major (f, n)), ``lab[lo]`` and the scores ``y[yo:]``."""
+    for j in range(n):
+        s[j] = 0
+    for i in range(f):
+        xi = np.float32(x[xo + i])
+        for j in range(n):
+            s[j] += xi * w[i * n + j]
+    for j in range(n):
+        s[j] += b[j if b.size == n else 0]
+    if binary:
+        s0 = s[0]
+        lab[lo] = pos if s0 > 0 else neg
+        if code == 4:
+            s0 = np.float32(probit(float(s0)))
+        if not two:
+            y[yo] = s0
+        elif code == 2:
+            y[yo] = logistic(-float(s[0]))
+            y[yo + 1] = logistic(float(s[0]))
+        else:
+            y[yo] = np.float32(1.0) - s0
+            y[yo + 1] = s0
+        return
+    pick = argmax(s, 0, n)
+    if lin_argmax and n == 2:
+        top = max(s[0], s[1])
+        if (top >= 0.5) if all_positive else (top > 0):
+            pick = 1
+    lab[lo] = labels[pick]
+    for j in range(n):
+        y[yo + j] = s[j]
+    post(y, yo, n, code)
