@@ -199,14 +199,14 @@ def _reduce(cx: Any, node: Node) -> list[str]:
         base = " + ".join([x.off] + [f"{v} * {literal(st[d])}" for v, d in zip(kv, kept)])
         init = {"ReduceMax": f"{t}(-np.inf)", "ReduceMin": f"{t}(np.inf)"}.get(op, f"{t}(0.0)")
         inner = [f"{g}v = {x.buf}[{base} + " + " + ".join(
-            f"r{j} * {literal(st[a])}" for j, a in enumerate(axes)) + "]"]  # fmt: skip
+            f"rd{j} * {literal(st[a])}" for j, a in enumerate(axes)) + "]"]  # fmt: skip
         if op in ("ReduceSum", "ReduceMean"):
             inner.append(f"{g}acc += {g}v")
         else:
             cmp = ">" if op == "ReduceMax" else "<"
             inner += [f"if {g}v {cmp} {g}acc or {g}v != {g}v:", f"    {g}acc = {g}v"]
         lines = [f"{g}acc = {init}"]
-        lines += loop_nest([x.shape[a] for a in axes], lambda _: inner, "r")
+        lines += loop_nest([x.shape[a] for a in axes], lambda _: inner, "rd")
         res = f"{g}acc / {t}({literal(count)})" if op == "ReduceMean" else f"{g}acc"
         pos = " + ".join([y.off] + [f"{v} * {literal(s)}" for v, s in zip(kv, ost)])
         lines.append(f"{y.buf}[{pos}] = {res}")
