@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit conformance bench clean
+.PHONY: demo test lint unit conformance bench bench-zoo bench-zoo-classic clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,17 @@ bench: $(STAMP)
 	    || echo "bench: could not install $$spec; its column will be absent"; \
 	done
 	$(BIN)/python benchmarks/latency.py --out benchmarks/results
+
+# The model zoo: real exporters' models from fixed seeds (nothing downloaded), tfrt_py auto
+# vs onnxruntime. Each family is its own target; bench-zoo runs them all.
+ZOO_CLASSIC_PACKAGES := lightgbm xgboost onnxmltools
+
+bench-zoo: bench-zoo-classic
+
+bench-zoo-classic: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[bench]" $(ZOO_CLASSIC_PACKAGES)
+	$(BIN)/python benchmarks/zoo_build.py --out benchmarks/zoo
+	$(BIN)/python benchmarks/zoo.py --zoo benchmarks/zoo --out benchmarks/results
 
 lint: $(STAMP)
 	$(BIN)/ruff check tfrt_py tests benchmarks

@@ -17,8 +17,8 @@ RNG = np.random.default_rng(14)
 def _mlp(batch: str | int = "N") -> Graph:
     b = GraphBuilder("mlp")
     x = b.input("x", F32, (batch, 6))
-    h = b.op("Relu", b.op("Add", b.op("MatMul", x, b.const(RNG.standard_normal((6, 5)).astype(F32))),
-                          b.const(RNG.standard_normal(5).astype(F32))))  # fmt: skip
+    w = b.const(RNG.standard_normal((6, 5)).astype(F32))
+    h = b.op("Relu", b.op("Add", b.op("MatMul", x, w), b.const(RNG.standard_normal(5).astype(F32))))
     b.output(b.op("Softmax", h, axis=-1), "p")
     b.output(b.op("ReduceSum", h, b.const(np.array([1], np.int64)), keepdims=0), "s")
     return b.build()

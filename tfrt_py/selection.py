@@ -171,8 +171,9 @@ def _auto_native(prepared: Prepared, why: str) -> tuple[bool, Lowered | None, st
         return False, None, why, f"${NATIVE_ENV}=0"
     flops = prepared.cost.flops
     if flops > THRESHOLDS.native_max_flops:
-        return False, None, why, (f"every op lowers, but at est. {flops / 1e6:.2f} MFLOP per "
-                                  "call the model is not tiny (executor='native' forces it)")  # fmt: skip
+        too_big = (f"every op lowers, but at est. {flops / 1e6:.2f} MFLOP per call the model "
+                   "is not tiny (executor='native' forces it)")  # fmt: skip
+        return False, None, why, too_big
     try:
         cache_dir()
         lowered = plan_lowering(prepared.graph, prepared.program)

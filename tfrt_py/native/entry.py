@@ -74,7 +74,9 @@ def _finisher(spec: Any) -> Callable[[np.ndarray], Any] | None:
     kind, labels = spec
     if kind == "zipmap":
         keys = list(labels)
-        return lambda a: [dict(zip(keys, row)) for row in np.asarray(a).reshape(len(a), -1).tolist()]
+        return lambda a: [
+            dict(zip(keys, row)) for row in np.asarray(a).reshape(len(a), -1).tolist()
+        ]
     table = np.asarray(labels, dtype=object)
     return lambda a: table.take(a)
 
@@ -100,7 +102,11 @@ def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str]
     env.update({f"o{k}": n for k, n in enumerate(out_names)})
     env.update({f"F{k}": f for k, f in enumerate(fins) if f is not None})
     exec(compile(src, "<tfrt_py native call>", "exec"), env)
-    return env["native"]  # type: ignore[no-any-return]
+    return env["native"]
+
+
+def _chunk(fn: Any, args: tuple[Any, ...], lo: int, hi: int) -> None:
+    fn(*args, lo, hi)
 
 
 def threads_entry(fn_into: Any, params: Sequence[np.ndarray], out_names: Sequence[str],
@@ -117,7 +123,8 @@ def threads_entry(fn_into: Any, params: Sequence[np.ndarray], out_names: Sequenc
         k = _threads()
         cuts = [n * i // k for i in range(k + 1)]
         args = (*xs, *outs, *params)
-        futs = [_get_pool().submit(fn_into, *args, cuts[i], cuts[i + 1]) for i in range(1, k)]
+        pool = _get_pool()
+        futs = [pool.submit(_chunk, fn_into, args, cuts[i], cuts[i + 1]) for i in range(1, k)]
         fn_into(*args, cuts[0], cuts[1])
         for f in futs:
             f.result()
@@ -194,7 +201,11 @@ def fast_entry(table: dict[Any, Entry], slow: Callable[..., Any], in_names: Sequ
     n = len(in_names)
     xs = [f"x{k}" for k in range(n)]
     same = " and ".join(f"x{k}.dtype is d{k}" for k in range(n)) or "True"
-    key = "x0.shape" if n == 1 else "(" + ", ".join(f"x{k}.shape" for k in range(n)) + ("," if n == 1 else "") + ")"
+    key = (
+        "x0.shape"
+        if n == 1
+        else "(" + ", ".join(f"x{k}.shape" for k in range(n)) + ("," if n == 1 else "") + ")"
+    )
     src = "\n".join([
         "def run(feeds, outputs=None):",
         "    if outputs is None:",

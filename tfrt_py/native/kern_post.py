@@ -48,7 +48,7 @@ def probit(p: float) -> float:
 
 
 @njit(nogil=True, cache=False)
-def post(buf, off, n, code):  # type: ignore[no-untyped-def]
+def post(buf, off, n, code):
     """Apply post transform ``code`` to ``buf[off:off + n]`` in place."""
     if code == 1:
         mx = -math.inf
@@ -91,7 +91,7 @@ def post(buf, off, n, code):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=False)
-def argmax(buf, off, n):  # type: ignore[no-untyped-def]
+def argmax(buf, off, n):
     """The first index of the largest of ``buf[off:off + n]`` (NaN wins, as NumPy's)."""
     best = 0
     for j in range(1, n):
@@ -103,7 +103,7 @@ def argmax(buf, off, n):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=False)
-def matvec(x, xo, k, w, wo, n, y, yo):  # type: ignore[no-untyped-def]
+def matvec(x, xo, k, w, wo, n, y, yo):
     """``y[yo + j] = sum_i x[xo + i] * w[wo + i * n + j]`` (w row-major (k, n)), in y's
     dtype with j innermost."""
     for j in range(n):
@@ -115,7 +115,7 @@ def matvec(x, xo, k, w, wo, n, y, yo):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=False)
-def normalize_row(x, xo, n, kind, y, yo):  # type: ignore[no-untyped-def]
+def normalize_row(x, xo, n, kind, y, yo):
     """Normalizer: ``y = x / norm(x)`` with norm MAX (0), L1 (1) or L2 (2), computed in
     float64; a zero norm divides by 1."""
     d = 0.0

@@ -22,7 +22,7 @@ KERNEL_CODES = {"LINEAR": 0, "POLY": 1, "RBF": 2, "SIGMOID": 3}
 
 
 @njit(nogil=True, cache=False)
-def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):  # type: ignore[no-untyped-def]
+def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):
     """``kb[v] = K(x[xo:xo + f], sv[v])`` for every support vector (``sv`` row-major)."""
     g = np.float32(gamma)
     c0 = np.float32(coef0)
@@ -53,7 +53,7 @@ def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):  # type
 
 
 @njit(nogil=True, cache=False)
-def _coupling(r, k, q, p, qp):  # type: ignore[no-untyped-def]
+def _coupling(r, k, q, p, qp):
     """libsvm's multiclass probability from pairwise ``r`` (k x k, float64) into ``p``."""
     for t in range(k):
         p[t] = 1.0 / k
@@ -91,7 +91,7 @@ def _coupling(r, k, q, p, qp):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=False)
 def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj, k, labels,
-                proba, pa, pb, code, kb, d, sc, votes, lab, lo, y, yo):  # type: ignore[no-untyped-def]  # fmt: skip
+                proba, pa, pb, code, kb, d, sc, votes, lab, lo, y, yo):  # fmt: skip
     """SVMClassifier (one-vs-one with support vectors): ``lab[lo]`` the class with most
     pairwise votes, ``y[yo:]`` the probabilities (``proba``), else the decision values
     (two columns for two classes)."""
@@ -140,7 +140,7 @@ def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj,
 
 @njit(nogil=True, cache=False)
 def svm_reg_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, coef, r0, one_class, code, kb,
-                y, yo):  # type: ignore[no-untyped-def]  # fmt: skip
+                y, yo):  # fmt: skip
     """SVMRegressor: ``y[yo] = K(x, S) @ coef + rho[0]`` (float32); one_class gives +1/-1."""
     svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb)
     s = np.float32(0.0)
@@ -155,7 +155,7 @@ def svm_reg_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, coef, r0, one_c
 
 @njit(nogil=True, cache=False)
 def linear_cls_row(x, xo, f, w, b, n, labels, binary, two, pos, neg, lin_argmax, all_positive,
-                   code, s, lab, lo, y, yo):  # type: ignore[no-untyped-def]  # fmt: skip
+                   code, s, lab, lo, y, yo):  # fmt: skip
     """LinearClassifier (``binary``: one coefficient row, ORT's binary form) and, with
     ``lin_argmax``, SVMClassifier's liblinear mode (``b`` one rho for every class):
     ``s = x @ w + b`` (w row-major (f, n)), ``lab[lo]`` and the scores ``y[yo:]``."""

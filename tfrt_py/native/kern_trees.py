@@ -27,11 +27,17 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from ..kernels.ml.tree import EQ, GT, GTE, LEQ, LT, MEMBER, NEQ, TreeSpec
 from .kern_post import logistic, post, probit
 
-from ..kernels.ml.tree import EQ, GT, GTE, LEQ, LT, MEMBER, NEQ, TreeSpec
-
-__all__ = ["AGG_CODES", "PackedForest", "forest_row", "pack_forest", "tree_cls_finish", "tree_reg_finish"]
+__all__ = [
+    "AGG_CODES",
+    "PackedForest",
+    "forest_row",
+    "pack_forest",
+    "tree_cls_finish",
+    "tree_reg_finish",
+]
 
 AGG_CODES = {"SUM": 0, "AVERAGE": 0, "MIN": 1, "MAX": 2}
 
@@ -144,7 +150,7 @@ def pack_forest(spec: TreeSpec, dtype: np.dtype) -> PackedForest:
 
 @njit(nogil=True, cache=False)
 def forest_row(x, xo, feat, thr, flags, kids, roots, kind, lptr, ltgt, lval, acc, ao, has, ho, c,
-               agg):  # type: ignore[no-untyped-def]  # fmt: skip
+               agg):  # fmt: skip
     """Walk every tree for the row ``x[xo:]``; ``acc[ao:ao + c]`` gets the per-target
     SUM (``agg`` 0), MIN (1) or MAX (2) of the weights reached (0 for a target no
     weight reached under MIN/MAX), ``has[ho:ho + c]`` whether any weight reached it."""
@@ -192,7 +198,7 @@ def forest_row(x, xo, feat, thr, flags, kids, roots, kind, lptr, ltgt, lval, acc
 
 @njit(nogil=True, cache=False)
 def tree_cls_finish(acc, ao, has, ho, c, base, base_t, labels, bin_labels, binary_case,
-                    all_positive, code, lab, lo, y, yo):  # type: ignore[no-untyped-def]  # fmt: skip
+                    all_positive, code, lab, lo, y, yo):  # fmt: skip
     """TreeEnsembleClassifier's scores and label from the summed votes ``acc`` and the
     ``has`` flags, with onnxruntime's rules (``kernels.ml.tree_ops``): ``lab[lo]`` gets the
     class index (or the 1/0 of ORT's binary fallback), ``y[yo:]`` the scores."""
@@ -268,7 +274,7 @@ def tree_cls_finish(acc, ao, has, ho, c, base, base_t, labels, bin_labels, binar
 
 @njit(nogil=True, cache=False)
 def tree_reg_finish(acc, ao, has, ho, c, n_trees, avg, base_t, use_base, code, y,
-                    yo):  # type: ignore[no-untyped-def]  # fmt: skip
+                    yo):  # fmt: skip
     """TreeEnsembleRegressor/TreeEnsemble: AVERAGE divides by the tree count; base values
     are added (a target no leaf voted for stays 0 when there are several); then the post
     transform, in ``y``'s dtype."""

@@ -22,7 +22,7 @@ import functools
 import hashlib
 import math
 import os
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -49,6 +49,12 @@ KERNEL_IMPORTS = (
     "from tfrt_py.native.kern_svm import linear_cls_row, svm_cls_row, svm_reg_row",
     "from tfrt_py.native.kern_trees import forest_row, tree_cls_finish, tree_reg_finish",
 )
+
+
+def _no(cx: Any, reason: str) -> NoReturn:
+    """Decline the node (``cx.decline`` raises Declined)."""
+    cx.decline(reason)
+    raise AssertionError(reason)  # not reached
 
 
 @functools.cache
@@ -91,7 +97,7 @@ def _labels_of(cx: Any, ctx: KernelContext, ints_attr: str) -> tuple[np.ndarray,
         return np.arange(len(strs), dtype=np.int64), True
     ints = attr_ints(ctx, ints_attr)
     if ints is None or not len(ints):
-        cx.decline("no class labels")
+        _no(cx, "no class labels")
     return ints, False
 
 
@@ -111,14 +117,14 @@ def _label_out(cx: Any, node: Node, strs: bool, n: int) -> Ref:
 def _x(cx: Any, node: Node, dtypes: tuple[np.dtype, ...] = (F4,)) -> Ref:
     x = cx.ref(node.inputs[0])
     if x.dtype not in dtypes:
-        cx.decline(f"input dtype {x.dtype} (native ML kernels take {', '.join(map(str, dtypes))})")
+        _no(cx, f"input dtype {x.dtype} (native ML kernels take {', '.join(map(str, dtypes))})")
     return x
 
 
 def _code(cx: Any, name: str) -> int:
     code = POST_CODES.get(name)
     if code is None:
-        cx.decline(f"post transform {name}")
+        _no(cx, f"post transform {name}")
     return code
 
 
@@ -128,9 +134,9 @@ def _tree_common(cx: Any, node: Node, spec: Any) -> tuple[Ref, int, int, list[st
     try:
         packed = pack_forest(spec, x.dtype)
     except ValueError as e:
-        cx.decline(str(e))
+        _no(cx, str(e))
     if packed.max_feature >= f:
-        cx.decline(f"the trees use feature {packed.max_feature} of {f}")
+        _no(cx, f"the trees use feature {packed.max_feature} of {f}")
     p = packed
     names = [cx.const_slice(a) for a in (p.feat, p.thr, p.flags, p.kids, p.roots, p.lptr,
                                          p.ltgt, p.lval)]  # fmt: skip
@@ -151,7 +157,7 @@ def _tree_classifier(cx: Any, node: Node) -> list[str]:
     c = len(labels)
     spec = parse_spec_v3(ctx, "class", c)
     if c == 1 and strs:
-        cx.decline("one string class label")
+        _no(cx, "one string class label")
     x, rows, f, names, packed = _tree_common(cx, node, spec)
     tname_, _ = post_transform(ctx)
     code = _code(cx, tname_)
@@ -163,7 +169,7 @@ def _tree_classifier(cx: Any, node: Node) -> list[str]:
     y = cx.out(node.outputs[1]) if len(node.outputs) > 1 and node.outputs[1] is not None else (
         cx.new_buffer((rows, c), F4))  # fmt: skip
     if y.size != rows * c or y.dtype != F4:
-        cx.decline(f"scores of shape {y.shape}")
+        _no(cx, f"scores of shape {y.shape}")
     acc, has = cx.new_buffer((c,), x.dtype), cx.new_buffer((c,), np.dtype(bool))
     base_s, base_t = cx.const_slice(base), cx.const_slice(base.astype(x.dtype))
     lab_s = cx.const_slice(labels)
@@ -199,9 +205,11 @@ def _tree_regressor(cx: Any, node: Node) -> list[str]:
     y = cx.out(node.outputs[0])
     want = x.dtype if node.op_type == "TreeEnsemble" else F4
     if y.size != rows * c or y.dtype != want:
-        cx.decline(f"output of shape {y.shape}")
+        _no(cx, f"output of shape {y.shape}")
     acc, has = cx.new_buffer((c,), x.dtype), cx.new_buffer((c,), np.dtype(bool))
-    base_t = cx.const_slice((base if use_base and base is not None else np.zeros(c)).astype(x.dtype))
+    base_t = cx.const_slice(
+        (base if use_base and base is not None else np.zeros(c)).astype(x.dtype)
+    )
     n_trees = len(packed.roots)
 
     def body(m: str) -> list[str]:
@@ -221,7 +229,7 @@ def _kernel_params(cx: Any, ctx: KernelContext, linear: bool = False) -> tuple[i
         kind = kind.decode("utf-8", "surrogateescape")
     code = KERNEL_CODES.get(kind)
     if code is None:
-        cx.decline(f"kernel_type {kind}")
+        _no(cx, f"kernel_type {kind}")
     params = attr_floats(ctx, "kernel_params", np.float64)
     g, c0, d = ((params.tolist() if params is not None else []) + [0.0] * 3)[:3]
     return code, f"{literal(float(g))}, {literal(float(c0))}, {literal(float(d))}"
@@ -229,7 +237,7 @@ def _kernel_params(cx: Any, ctx: KernelContext, linear: bool = False) -> tuple[i
 
 def _support_vectors(cx: Any, sv: np.ndarray | None, n_sv: int, f: int, ktype: int) -> str:
     if sv is None or n_sv <= 0 or sv.size != n_sv * f:
-        cx.decline("support_vectors do not match the features")
+        _no(cx, "support_vectors do not match the features")
     return cx.const_slice(sv.astype(F8 if ktype == KERNEL_CODES["RBF"] else F4))
 
 
@@ -241,7 +249,8 @@ def _svm_classifier(cx: Any, node: Node) -> list[str]:
     rho = attr_floats(ctx, "rho", np.float64)
     vpc = attr_ints(ctx, "vectors_per_class")
     if coef is None or rho is None or not len(rho):
-        cx.decline("coefficients and rho are required")
+        _no(cx, "coefficients and rho are required")
+    assert coef is not None and rho is not None
     n_sv = int(vpc.sum()) if vpc is not None else 0
     code = _code(cx, post_transform(ctx)[0])
     x = _x(cx, node)
@@ -252,12 +261,12 @@ def _svm_classifier(cx: Any, node: Node) -> list[str]:
     all_pos = literal(bool((coef >= 0).all()))
     if n_sv == 0:  # liblinear mode: one coefficient row per class, rho[0] for all
         if len(coef) != k * f:
-            cx.decline("coefficients do not fit the classes and features")
+            _no(cx, "coefficients do not fit the classes and features")
         w = cx.const_slice(coef.reshape(k, f).T.astype(F4))
         b = cx.const_slice(rho[:1].astype(F4))
         s = cx.new_buffer((k,), F4)
         if y.size != rows * k:
-            cx.decline(f"scores of shape {y.shape}")
+            _no(cx, f"scores of shape {y.shape}")
         return _per_row(cx, rows, lambda m: [
             f"linear_cls_row({x.buf}, {_at(x, m, f)}, {literal(f)}, {w}, {b}, {literal(k)}, "
             f"{lab_s}, False, False, 0, 0, True, {all_pos}, {literal(code)}, {s.buf}[{s.off}:], "
@@ -265,13 +274,14 @@ def _svm_classifier(cx: Any, node: Node) -> list[str]:
     assert vpc is not None
     n_pairs = k * (k - 1) // 2
     if len(vpc) != k or len(coef) != (k - 1) * n_sv or len(rho) < n_pairs:
-        cx.decline("vectors_per_class, coefficients and rho do not fit the classes")
+        _no(cx, "vectors_per_class, coefficients and rho do not fit the classes")
     ktype, kp = _kernel_params(cx, ctx)
     sv = _support_vectors(cx, attr_floats(ctx, "support_vectors", np.float64), n_sv, f, ktype)
     coef2 = coef.reshape(k - 1, n_sv)
     starts = np.concatenate([[0], np.cumsum(vpc)]).astype(np.int64)
     a = np.zeros((n_sv, n_pairs))
-    pi, pj = [], []
+    pi: list[int] = []
+    pj: list[int] = []
     for i in range(k - 1):
         for j in range(i + 1, k):
             col = len(pi)
@@ -282,11 +292,11 @@ def _svm_classifier(cx: Any, node: Node) -> list[str]:
     prob_a = attr_floats(ctx, "prob_a", np.float64)
     prob_b = attr_floats(ctx, "prob_b", np.float64)
     proba = prob_a is not None and len(prob_a) > 0
-    if proba and (prob_b is None or len(prob_a) < n_pairs or len(prob_b) < n_pairs):
-        cx.decline("prob_a/prob_b do not fit the classes")
+    if proba and (prob_a is None or prob_b is None or min(len(prob_a), len(prob_b)) < n_pairs):
+        _no(cx, "prob_a/prob_b do not fit the classes")
     width = k if proba else (2 if n_pairs == 1 else n_pairs)
     if y.size != rows * width or y.dtype != F4:
-        cx.decline(f"scores of shape {y.shape}")
+        _no(cx, f"scores of shape {y.shape}")
     pa = (prob_a[:n_pairs] if proba and prob_a is not None else np.zeros(0)).astype(F4)
     pb = (prob_b[:n_pairs] if proba and prob_b is not None else np.zeros(0)).astype(F4)
     consts = [cx.const_slice(v) for v in (a.astype(F4).ravel(), rho[:n_pairs].astype(F4),
@@ -307,7 +317,8 @@ def _svm_regressor(cx: Any, node: Node) -> list[str]:
     coef = attr_floats(ctx, "coefficients", np.float64)
     rho = attr_floats(ctx, "rho", np.float64)
     if coef is None:
-        cx.decline("coefficients are required")
+        _no(cx, "coefficients are required")
+    assert coef is not None
     n_sv = int(ctx.attr("n_supports", 0))
     r0 = float(np.float32(rho[0] if rho is not None and len(rho) else 0.0))
     code = _code(cx, post_transform(ctx)[0])
@@ -315,7 +326,7 @@ def _svm_regressor(cx: Any, node: Node) -> list[str]:
     rows, f = _rows(cx, x)
     y = cx.out(node.outputs[0])
     if y.size != rows or y.dtype != F4:
-        cx.decline(f"output of shape {y.shape}")
+        _no(cx, f"output of shape {y.shape}")
     if n_sv > 0:
         ktype, kp = _kernel_params(cx, ctx)
         sv = _support_vectors(cx, attr_floats(ctx, "support_vectors", np.float64), n_sv, f, ktype)
@@ -337,7 +348,8 @@ def _linear_classifier(cx: Any, node: Node) -> list[str]:
     ctx = KernelContext(node)
     coef = attr_floats(ctx, "coefficients", np.float64)
     if coef is None:
-        cx.decline("coefficients are required")
+        _no(cx, "coefficients are required")
+    assert coef is not None
     inter = attr_floats(ctx, "intercepts", np.float64)
     labels_arr, is_str = class_labels(ctx)
     if inter is not None and len(inter):
@@ -349,22 +361,22 @@ def _linear_classifier(cx: Any, node: Node) -> list[str]:
     x = _x(cx, node)
     rows, f = _rows(cx, x)
     if len(coef) != n * f:
-        cx.decline("coefficients do not fit the classes and features")
+        _no(cx, "coefficients do not fit the classes and features")
     code = _code(cx, post_transform(ctx)[0])
     n_labels = max(n, 2) if labels_arr is None else len(labels_arr)
     labels = np.arange(n_labels, dtype=np.int64) if labels_arr is None or is_str else labels_arr
     binary = n == 1
     two = n_labels == 2
     if binary and is_str and not two:
-        cx.decline("one coefficient row with string labels other than two")
+        _no(cx, "one coefficient row with string labels other than two")
     if not binary and n_labels < n:
-        cx.decline("fewer labels than classes")
+        _no(cx, "fewer labels than classes")
     pos, neg = (int(labels[1]), int(labels[0])) if two else (1, 0)
     lab = _label_out(cx, node, is_str, rows)
     y = cx.out(node.outputs[1])
     width = (2 if two else 1) if binary else n
     if y.size != rows * width or y.dtype != F4:
-        cx.decline(f"scores of shape {y.shape}")
+        _no(cx, f"scores of shape {y.shape}")
     w = cx.const_slice(coef.reshape(n, f).T.astype(F4))
     b = cx.const_slice((inter if inter is not None and len(inter) else np.zeros(n)).astype(F4))
     lab_s = cx.const_slice(labels)
@@ -380,23 +392,25 @@ def _linear_regressor(cx: Any, node: Node) -> list[str]:
     ctx = KernelContext(node)
     coef = attr_floats(ctx, "coefficients", np.float64)
     if coef is None:
-        cx.decline("coefficients are required")
+        _no(cx, "coefficients are required")
+    assert coef is not None
     t = int(ctx.attr("targets", 1))
     x = _x(cx, node)
     rows, f = _rows(cx, x)
     if t < 1 or len(coef) != t * f:
-        cx.decline("coefficients do not fit the targets and features")
+        _no(cx, "coefficients do not fit the targets and features")
     inter = attr_floats(ctx, "intercepts", np.float64)
     code = _code(cx, post_transform(ctx)[0])
     y = cx.out(node.outputs[0])
     if y.size != rows * t or y.dtype != F4:
-        cx.decline(f"output of shape {y.shape}")
+        _no(cx, f"output of shape {y.shape}")
     w = cx.const_slice(coef.reshape(t, f).T.astype(F4))
     b = cx.const_slice((inter if inter is not None and len(inter) else np.zeros(t)).astype(F4))
 
     def body(m: str) -> list[str]:
         yo = _at(y, m, t)
-        return [f"matvec({x.buf}, {_at(x, m, f)}, {literal(f)}, {w}, 0, {literal(t)}, {y.buf}, {yo})",
+        return [f"matvec({x.buf}, {_at(x, m, f)}, {literal(f)}, {w}, 0, {literal(t)}, "
+                f"{y.buf}, {yo})",
                 f"for j in range({literal(t)}):", f"    {y.buf}[{yo} + j] += {b}[j]",
                 f"post({y.buf}, {yo}, {literal(t)}, {literal(code)})"]  # fmt: skip
 
@@ -413,10 +427,10 @@ def _scaler(cx: Any, node: Node) -> list[str]:
     off = (off if off is not None else np.zeros(1)).astype(F4)
     sc = (sc if sc is not None else np.ones(1)).astype(F4)
     if len(off) not in (1, f) or len(sc) not in (1, f) or y.dtype != F4:
-        cx.decline("offset/scale do not fit the features")
+        _no(cx, "offset/scale do not fit the features")
     xs = x.reshaped((rows, f))
     ins: list[Ref | None] = [xs, cx.put_const(off), cx.put_const(sc)]
-    steps = [("Sub", {}, (0, 1)), ("Mul", {}, (-1, 2))]
+    steps: list[Any] = [("Sub", {}, (0, 1)), ("Mul", {}, (-1, 2))]
     return elementwise(cx.tag, y.reshaped((rows, f)), ins, steps, None)
 
 
@@ -425,12 +439,12 @@ def _normalizer(cx: Any, node: Node) -> list[str]:
     norm = norm.decode() if isinstance(norm, bytes) else norm
     kind = {"MAX": 0, "L1": 1, "L2": 2}.get(norm)
     if kind is None:
-        cx.decline("norm")
+        _no(cx, "norm")
     x = _x(cx, node, (F4, F8))
     y = cx.out(node.outputs[0])
     rows, f = _rows(cx, x)
     if y.dtype != F4 or y.size != x.size:
-        cx.decline("output shape")
+        _no(cx, "output shape")
     return _per_row(cx, rows, lambda m: [
         f"normalize_row({x.buf}, {_at(x, m, f)}, {literal(f)}, {literal(kind)}, {y.buf}, "
         f"{_at(y, m, f)})"])  # fmt: skip
@@ -455,7 +469,7 @@ def _zipmap(cx: Any, node: Node) -> list[str]:
     x = cx.ref(node.inputs[0])
     y = node.outputs[0]
     if not labels or y is None or len(x.shape) != 2 or x.shape[1] != len(labels):
-        cx.decline("ZipMap of these scores")
+        _no(cx, "ZipMap of these scores")
     cx.finish_output(y, x, ("zipmap", labels))
     return []
 
@@ -463,7 +477,7 @@ def _zipmap(cx: Any, node: Node) -> list[str]:
 def _argmax(cx: Any, node: Node) -> list[str]:
     x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
     if y.dtype != I8 or str(x.dtype) not in ("float32", "float64", "int64", "int32"):
-        cx.decline(f"{node.op_type} of {x.dtype}")
+        _no(cx, f"{node.op_type} of {x.dtype}")
     rank = len(x.shape)
     axis = int(node.attrs.get("axis", 0))
     axis += rank if axis < 0 else 0
@@ -491,11 +505,11 @@ def _array_feature_extractor(cx: Any, node: Node) -> list[str]:
     x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
     idx = cx.const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
     if idx is None or tname(x.dtype) == "b1" or not x.shape:
-        cx.decline("indices given at run time")
+        _no(cx, "indices given at run time")
     f = x.shape[-1]
     ix = [int(i) for i in np.asarray(idx).reshape(-1)]
     if any(i >= f or i < -f for i in ix) or y.dtype != x.dtype:
-        cx.decline("indices out of range")
+        _no(cx, "indices out of range")
     k, rows = len(ix), x.size // max(f, 1)
     ixs = cx.const_slice(np.asarray([i % f for i in ix], np.int64))
     return [f"for m in range({literal(rows)}):", f"    for q in range({literal(k)}):",
@@ -507,7 +521,8 @@ def _feature_vectorizer(cx: Any, node: Node) -> list[str]:
     dims = attr_ints(KernelContext(node), "inputdimensions")
     y = cx.out(node.outputs[0])
     if dims is None or len(dims) != len(node.inputs) or y.dtype != F4:
-        cx.decline("inputdimensions")
+        _no(cx, "inputdimensions")
+    assert dims is not None
     total = int(sum(int(d) for d in dims))
     rows = y.size // max(total, 1)
     lines = [f"for m in range({literal(rows)}):"]
@@ -516,7 +531,7 @@ def _feature_vectorizer(cx: Any, node: Node) -> list[str]:
         x = cx.ref(v)
         xr, xf = _rows(cx, x)
         if xr != rows or tname(x.dtype) == "b1":
-            cx.decline("FeatureVectorizer inputs differ in rows")
+            _no(cx, "FeatureVectorizer inputs differ in rows")
         k = min(int(d), xf)
         dst = f"{y.buf}[{y.off} + m * {literal(total)} + {literal(start)} + c]"
         lines += [f"    for c in range({literal(k)}):",
@@ -532,17 +547,19 @@ def _imputer(cx: Any, node: Node) -> list[str]:
     fvals = attr_floats(ctx, "imputed_value_floats", np.float64)
     x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
     if fvals is None or not len(fvals) or x.dtype not in (F4, F8) or not x.shape:
-        cx.decline("integer imputation")
+        _no(cx, "integer imputation")
+    assert fvals is not None
     f = x.shape[-1]
     if len(fvals) not in (1, f):
-        cx.decline("imputed values do not fit the features")
+        _no(cx, "imputed values do not fit the features")
     rep = float(ctx.attr("replaced_value_float", 0.0))
     vals = cx.const_slice(np.broadcast_to(fvals, (f,)).astype(x.dtype))
     v = f"{cx.tag}v"
     hit = f"{v} != {v}" if math.isnan(rep) else f"{v} == {literal(rep)}"
-    return [f"for m in range({literal(x.size // max(f, 1))}):", f"    for c in range({literal(f)}):",
-            f"        {v} = {x.buf}[{x.off} + m * {literal(f)} + c]",
-            f"        {y.buf}[{y.off} + m * {literal(f)} + c] = {vals}[c] if {hit} else {v}"]  # fmt: skip
+    at = f"m * {literal(f)} + c"
+    return [f"for m in range({literal(x.size // max(f, 1))}):",
+            f"    for c in range({literal(f)}):", f"        {v} = {x.buf}[{x.off} + {at}]",
+            f"        {y.buf}[{y.off} + {at}] = {vals}[c] if {hit} else {v}"]  # fmt: skip
 
 
 ML_LOWER: dict[tuple[str, str], Any] = {

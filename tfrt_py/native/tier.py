@@ -211,7 +211,11 @@ class NativeTier(Executor):
         bucket = self._bucket(key, args, low)
         chosen = self.choices.get(bucket)
         cands = [("native", nat), ("sync", self._interp_entry)]
-        if low.mode == "rows" and comp.fn_into is not None and self._rows(args, low) >= PAR_MIN_ROWS:
+        if (
+            low.mode == "rows"
+            and comp.fn_into is not None
+            and self._rows(args, low) >= PAR_MIN_ROWS
+        ):
             cands.insert(1, ("native threads", threads_entry(
                 comp.fn_into, low.params, low.output_names, low.finishers, low.out_rows,
                 low.out_dtypes, low.batched)))  # fmt: skip
@@ -297,8 +301,11 @@ class NativeTier(Executor):
         how = "the whole model as one numba function, the sync interpreter until compiled"
         lines = [*self.interp.plan_lines(), "  " + self.describe()]
         for bucket, (best, figs) in list(self.choices.items()):
-            what = (f"batch {1 << (bucket[1] - 1) if bucket[1] else 0}+ rows"
-                    if isinstance(bucket, tuple) and bucket[:1] == ("rows",) else f"shapes {bucket}")
+            what = (
+                f"batch {1 << (bucket[1] - 1) if bucket[1] else 0}+ rows"
+                if isinstance(bucket, tuple) and bucket[:1] == ("rows",)
+                else f"shapes {bucket}"
+            )
             shown = ", ".join(f"{n} {us:,.1f} µs" for n, us in figs.items()) or "not timed"
             lines.append(f"    measured ({what}): {shown}; serving: {best}")
         return [*lines, f"  executor: native ({self.why}; {how})"]
