@@ -126,3 +126,101 @@ def test_bad_feeds_raise_like_sync() -> None:
         assert_same(native.run(feeds), want, "converted feed")
     x = np.random.default_rng(3).standard_normal((9, 16)).astype(np.float32)[:, ::2]
     assert_same(native.run({"X": x}), sync.run({"X": x}), "strided feed")
+
+
+# -- hand-built forests: every node mode, missing-value tracks, aggregates, base values ----
+
+ML = "ai.onnx.ml"
+
+
+def _random_trees(rng: np.random.RandomState, n_targets: int, prefix: str) -> dict[str, Any]:
+    """Random TreeEnsemble{Regressor,Classifier} attributes: mixed modes, missing tracks,
+    trees of different depths (a copy of test_kernels_ml's, kept here on purpose)."""
+    modes = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
+    names = ["treeids", "nodeids", "featureids", "modes", "values"]
+    names += ["truenodeids", "falsenodeids", "missing_value_tracks_true"]
+    a: dict[str, list[Any]] = {f"nodes_{k}": [] for k in names}
+    w: dict[str, list[Any]] = {
+        f"{prefix}_{k}": [] for k in ("treeids", "nodeids", "ids", "weights")
+    }
+    for t in range(11):  # more than one group of lanes
+        count = [0]
+
+        def make(depth: int, t: int = t, count: list[int] = count) -> int:
+            nid = count[0]
+            count[0] += 1
+            leaf = depth == 0 or rng.rand() < 0.2
+            row = [t, nid, int(rng.randint(3)), "LEAF" if leaf else modes[rng.randint(6)]]
+            row += [float(rng.choice([-1.0, 0.0, 0.5, 1.0])), 0, 0, int(rng.rand() < 0.5)]
+            pos = len(a["nodes_treeids"])
+            for k, v in zip(a, row):
+                a[k].append(v)
+            if leaf:
+                for c in rng.choice(n_targets, rng.randint(1, n_targets + 1), replace=False):
+                    for k, v in zip(w, (t, nid, int(c), float(np.float32(rng.randn())))):
+                        w[k].append(v)
+            else:
+                a["nodes_truenodeids"][pos] = make(depth - 1)
+                a["nodes_falsenodeids"][pos] = make(depth - 1)
+            return nid
+
+        make(1 + t % 5)
+    return {**a, **w}
+
+
+def _hand_model(node: Any, outs: list[Any]) -> bytes:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])
+    g = helper.make_graph([node], "g", [x], outs)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid(ML, 3)])  # fmt: skip
+    m.ir_version = 9
+    return m.SerializeToString()
+
+
+def _hand_feeds(rng: np.random.RandomState, n: int) -> dict[str, np.ndarray]:
+    x = rng.choice([-1.0, 0.0, 0.25, 0.5, 1.0], size=(n, 3)).astype(np.float32)
+    x[rng.rand(n, 3) < 0.15] = np.nan
+    return {"X": x}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE", "MIN", "MAX"])
+def test_hand_built_regressor(seed: int, aggregate: str) -> None:
+    from onnx import TensorProto, helper
+
+    rng = np.random.RandomState(seed)
+    attrs = _random_trees(rng, 3, "target")
+    attrs.update(n_targets=3, aggregate_function=aggregate, post_transform="NONE")
+    if seed % 2:
+        attrs["base_values"] = [0.5, -1.0, 2.0]
+    node = helper.make_node("TreeEnsembleRegressor", ["X"], ["Y"], domain=ML, **attrs)
+    data = _hand_model(node, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 3])])
+    model = tfrt_py.load(data, executor="native", native="eager")
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for n in (1, 50):
+        feeds = _hand_feeds(rng, n)
+        assert_same(model.run(feeds), {"Y": sess.run(None, feeds)[0]}, f"{aggregate} {n}")
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("transform", ["NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT"])
+def test_hand_built_classifier(seed: int, transform: str) -> None:
+    from onnx import TensorProto, helper
+
+    rng = np.random.RandomState(seed)
+    n_classes = 2 + seed % 2
+    attrs = _random_trees(rng, 1 if seed == 2 else n_classes, "class")
+    attrs.update(classlabels_int64s=list(range(10, 10 + n_classes)), post_transform=transform)
+    if seed == 3:
+        attrs["base_values"] = [0.1] * n_classes
+    node = helper.make_node("TreeEnsembleClassifier", ["X"], ["L", "Y"], domain=ML, **attrs)
+    outs = [helper.make_tensor_value_info("L", TensorProto.INT64, [None]),
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, n_classes])]  # fmt: skip
+    data = _hand_model(node, outs)
+    model = tfrt_py.load(data, executor="native", native="eager")
+    sync = tfrt_py.load(data, executor="sync")
+    for n in (1, 50):
+        feeds = _hand_feeds(rng, n)
+        assert_same(model.run(feeds), sync.run(feeds), f"{transform} {n}")

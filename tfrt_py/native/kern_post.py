@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import njit
 
 __all__ = ["POST_CODES", "argmax", "logistic", "matvec", "normalize_row", "post", "probit"]
@@ -23,6 +24,8 @@ POST_CODES = {"NONE": 0, "SOFTMAX": 1, "LOGISTIC": 2, "SOFTMAX_ZERO": 3, "PROBIT
 _SQRT2 = math.sqrt(2.0)
 _A = 0.147
 _TWO_PI_A = 2.0 / (math.pi * _A)
+_SQRT2_32, _A32, _TWO_PI_A32 = np.float32(_SQRT2), np.float32(_A), np.float32(_TWO_PI_A)
+_NAN32 = np.float32(math.nan)
 
 
 @njit(nogil=True, cache=False)
@@ -35,16 +38,21 @@ def logistic(s: float) -> float:
 
 
 @njit(nogil=True, cache=False)
-def probit(p: float) -> float:
-    """``sqrt(2) * erfinv(2 p - 1)`` with onnxruntime's Winitzki approximation."""
-    x = 2.0 * p - 1.0
-    sgn = -1.0 if x < 0 else 1.0
-    t = (1.0 - x) * (1.0 + x)
-    lg = math.log(t) if t > 0 else -math.inf
-    v = _TWO_PI_A + 0.5 * lg
-    inner = v * v - lg / _A
-    r = sgn * math.sqrt(-v + math.sqrt(inner)) if inner >= 0 else math.nan
-    return _SQRT2 * r
+def probit(p):
+    """``sqrt(2) * erfinv(2 p - 1)`` with onnxruntime's Winitzki approximation, in float32
+    as onnxruntime and the NumPy kernel compute it (the formula cancels near p = 0.5)."""
+    q = np.float32(p)
+    x = np.float32(2.0) * q - np.float32(1.0)
+    sgn = np.float32(-1.0) if x < 0 else np.float32(1.0)
+    t = (np.float32(1.0) - x) * (np.float32(1.0) + x)
+    if t > 0:
+        lg = np.float32(math.log(t))
+    else:
+        lg = np.float32(-math.inf if t == 0 else math.nan)
+    v = _TWO_PI_A32 + np.float32(0.5) * lg
+    inner = v * v - lg / _A32
+    r = sgn * np.float32(math.sqrt(-v + np.float32(math.sqrt(inner)))) if inner >= 0 else _NAN32
+    return _SQRT2_32 * r
 
 
 @njit(nogil=True, cache=False)

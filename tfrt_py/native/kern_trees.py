@@ -23,6 +23,7 @@ inside the row) at load, so the compiled walk never reads out of bounds or loops
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -57,18 +58,29 @@ class PackedForest:
     kind: int
     n_targets: int
     max_feature: int
+    depth: np.ndarray  # int32 per tree: steps to its deepest leaf
+    n_internal: int  # leaves are nodes n_internal + k
 
 
-def _depth_ok(kids: np.ndarray, roots: np.ndarray, n: int) -> None:
-    """ValueError when the trees contain a cycle (the walk would never end)."""
-    frontier = np.unique(roots[roots >= 0])
-    steps = 0
-    while len(frontier):
-        steps += 1
-        if steps > n:
+def _tree_depths(kids: np.ndarray, roots: np.ndarray, n: int) -> np.ndarray:
+    """Per tree, the longest root-to-leaf path in edges (``kids`` over the combined index
+    space, internal nodes ``< n``); ValueError when the trees contain a cycle."""
+    depth = np.zeros(len(roots), np.int64)
+    node, tree = roots.copy(), np.arange(len(roots))
+    keep = node < n
+    node, tree = node[keep], tree[keep]
+    level = 0
+    while len(node):
+        level += 1
+        if level > n:
             raise ValueError("the trees contain a cycle")
-        nxt = np.concatenate([kids[2 * frontier], kids[2 * frontier + 1]])
-        frontier = np.unique(nxt[nxt >= 0])
+        depth[tree] = level
+        node = np.concatenate([kids[2 * node], kids[2 * node + 1]])
+        tree = np.concatenate([tree, tree])
+        keep = node < n
+        pairs = np.unique(np.stack([node[keep], tree[keep]]), axis=1)
+        node, tree = pairs[0], pairs[1]
+    return depth
 
 
 def pack_forest(spec: TreeSpec, dtype: np.dtype) -> PackedForest:
@@ -103,12 +115,24 @@ def pack_forest(spec: TreeSpec, dtype: np.dtype) -> PackedForest:
         use_lt = np.isin(mode, (LEQ, LT, GT, GTE))
         use_eq = np.isin(mode, (LEQ, EQ, GT, NEQ))
         flags = (use_lt * 1 + use_eq * 2 + nan_true * 4).astype(np.int32)
-    kids = np.empty(2 * n, np.int64)
-    kids[0::2], kids[1::2] = false_k, true_k
-    roots = np.asarray(spec.roots, np.int64)
-    _depth_ok(kids, roots, n)
+    total = n + n_leaves
+
+    def combined(ref: np.ndarray) -> np.ndarray:
+        ref = np.asarray(ref, np.int64)
+        return np.where(ref >= 0, ref, n + ~ref)
+
+    # Leaves are nodes too (index n + k), looping on themselves: feature 0, threshold NaN
+    # (every comparison false), no flags; every lane of a group then steps alike.
+    kids = np.repeat(np.arange(total, dtype=np.int64), 2)
+    kids[0 : 2 * n : 2], kids[1 : 2 * n : 2] = combined(false_k), combined(true_k)
+    roots = combined(np.asarray(spec.roots, np.int64))
+    depth = _tree_depths(kids, roots, n)
+    thr = np.full(total, np.nan, dtype)
     with np.errstate(over="ignore", invalid="ignore"):
-        thr = np.asarray(spec.threshold, np.float64).astype(dtype)
+        thr[:n] = np.asarray(spec.threshold, np.float64).astype(dtype)
+    feat = np.zeros(total, np.int32)
+    feat[:n] = np.asarray(spec.feature, np.int64)
+    flags = np.concatenate([flags, np.zeros(n_leaves, np.int32)])
     # Leaf weights, summed per (leaf, target), in CSR order.
     c = int(spec.n_targets)
     leaf = np.asarray(spec.leaf_index, np.int64)
@@ -131,10 +155,10 @@ def pack_forest(spec: TreeSpec, dtype: np.dtype) -> PackedForest:
     u_leaf, u_tgt = uniq // max(c, 1), uniq % max(c, 1)
     lptr = np.searchsorted(u_leaf, np.arange(n_leaves + 1)).astype(np.int32)
     i32 = np.iinfo(np.int32)
-    if max(2 * n, n_leaves + 1, len(uniq)) >= i32.max:
+    if max(2 * total, len(uniq)) >= i32.max:
         raise ValueError("the forest is too large for int32 indices")
     return PackedForest(
-        feat=np.asarray(spec.feature, np.int32),
+        feat=feat,
         thr=thr,
         flags=flags,
         kids=kids.astype(np.int32),
@@ -145,51 +169,114 @@ def pack_forest(spec: TreeSpec, dtype: np.dtype) -> PackedForest:
         kind=kind,
         n_targets=c,
         max_feature=int(np.max(spec.feature, initial=-1)),
+        depth=depth.astype(np.int32),
+        n_internal=n,
     )
 
 
+@njit(nogil=True, cache=False, inline="always")
+def _leaf(k, lptr, ltgt, lval, acc, ao, has, ho, agg):
+    for e in range(lptr[k], lptr[k + 1]):
+        tg = ltgt[e]
+        w = lval[e]
+        if agg == 0:
+            acc[ao + tg] += w
+        elif agg == 1:
+            if w < acc[ao + tg]:
+                acc[ao + tg] = w
+        elif w > acc[ao + tg]:
+            acc[ao + tg] = w
+        has[ho + tg] = True
+
+
+@njit(nogil=True, cache=False, inline="always")
+def _c_leq(v, t, f):
+    return (v <= t) | ((v != v) & (f != 0))
+
+
+@njit(nogil=True, cache=False, inline="always")
+def _c_lt(v, t, f):
+    return (v < t) | ((v != v) & (f != 0))
+
+
+@njit(nogil=True, cache=False, inline="always")
+def _c_mixed(v, t, f):
+    return ((v < t) & ((f & 1) != 0)) | ((v == t) & ((f & 2) != 0)) | ((v != v) & ((f & 4) != 0))
+
+
+def _walker(cond: Any) -> Any:
+    """The walk for one comparison: trees in groups of LANES, stepped together for the
+    group's depth (leaves loop on themselves), so the lanes' dependent loads overlap."""
+
+    @njit(nogil=True, cache=False)
+    def walk(x, xo, feat, thr, flags, kids, roots, depth, n, lptr, ltgt, lval, acc, ao, has,
+             ho, agg):  # fmt: skip
+        n_trees = roots.size
+        t = 0
+        while t + LANES <= n_trees:
+            i0 = roots[t + 0]
+            i1 = roots[t + 1]
+            i2 = roots[t + 2]
+            i3 = roots[t + 3]
+            i4 = roots[t + 4]
+            i5 = roots[t + 5]
+            i6 = roots[t + 6]
+            i7 = roots[t + 7]
+            d = depth[t]
+            for j in range(1, LANES):
+                d = max(d, depth[t + j])
+            for _ in range(d):
+                i0 = kids[2 * i0 + cond(x[xo + feat[i0]], thr[i0], flags[i0])]
+                i1 = kids[2 * i1 + cond(x[xo + feat[i1]], thr[i1], flags[i1])]
+                i2 = kids[2 * i2 + cond(x[xo + feat[i2]], thr[i2], flags[i2])]
+                i3 = kids[2 * i3 + cond(x[xo + feat[i3]], thr[i3], flags[i3])]
+                i4 = kids[2 * i4 + cond(x[xo + feat[i4]], thr[i4], flags[i4])]
+                i5 = kids[2 * i5 + cond(x[xo + feat[i5]], thr[i5], flags[i5])]
+                i6 = kids[2 * i6 + cond(x[xo + feat[i6]], thr[i6], flags[i6])]
+                i7 = kids[2 * i7 + cond(x[xo + feat[i7]], thr[i7], flags[i7])]
+            _leaf(i0 - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
+            _leaf(i1 - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
+            _leaf(i2 - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
+            _leaf(i3 - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
+            _leaf(i4 - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
+            _leaf(i5 - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
+            _leaf(i6 - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
+            _leaf(i7 - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
+            t += LANES
+        while t < n_trees:
+            i = roots[t]
+            for _ in range(depth[t]):
+                i = kids[2 * i + cond(x[xo + feat[i]], thr[i], flags[i])]
+            _leaf(i - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
+            t += 1
+
+    return walk
+
+
+LANES = 8
+_walk_leq = _walker(_c_leq)
+_walk_lt = _walker(_c_lt)
+_walk_mixed = _walker(_c_mixed)
+
+
 @njit(nogil=True, cache=False)
-def forest_row(x, xo, feat, thr, flags, kids, roots, kind, lptr, ltgt, lval, acc, ao, has, ho, c,
-               agg):  # fmt: skip
+def forest_row(x, xo, feat, thr, flags, kids, roots, depth, n, kind, lptr, ltgt, lval, acc, ao,
+               has, ho, c, agg):  # fmt: skip
     """Walk every tree for the row ``x[xo:]``; ``acc[ao:ao + c]`` gets the per-target
     SUM (``agg`` 0), MIN (1) or MAX (2) of the weights reached (0 for a target no
     weight reached under MIN/MAX), ``has[ho:ho + c]`` whether any weight reached it."""
     for j in range(c):
         acc[ao + j] = 0 if agg == 0 else (np.inf if agg == 1 else -np.inf)
         has[ho + j] = False
-    for t in range(roots.size):
-        i = roots[t]
-        if kind == 0:
-            while i >= 0:
-                v = x[xo + feat[i]]
-                i = kids[2 * i + ((v <= thr[i]) | ((v != v) & (flags[i] != 0)))]
-        elif kind == 1:
-            while i >= 0:
-                v = x[xo + feat[i]]
-                i = kids[2 * i + ((v < thr[i]) | ((v != v) & (flags[i] != 0)))]
-        else:
-            while i >= 0:
-                v = x[xo + feat[i]]
-                th = thr[i]
-                f = flags[i]
-                cond = (
-                    ((v < th) & ((f & 1) != 0))
-                    | ((v == th) & ((f & 2) != 0))
-                    | ((v != v) & ((f & 4) != 0))
-                )
-                i = kids[2 * i + cond]
-        leaf = ~i
-        for e in range(lptr[leaf], lptr[leaf + 1]):
-            tg = ltgt[e]
-            w = lval[e]
-            if agg == 0:
-                acc[ao + tg] += w
-            elif agg == 1:
-                if w < acc[ao + tg]:
-                    acc[ao + tg] = w
-            elif w > acc[ao + tg]:
-                acc[ao + tg] = w
-            has[ho + tg] = True
+    if kind == 0:
+        _walk_leq(x, xo, feat, thr, flags, kids, roots, depth, n, lptr, ltgt, lval, acc, ao,
+                  has, ho, agg)  # fmt: skip
+    elif kind == 1:
+        _walk_lt(x, xo, feat, thr, flags, kids, roots, depth, n, lptr, ltgt, lval, acc, ao,
+                 has, ho, agg)  # fmt: skip
+    else:
+        _walk_mixed(x, xo, feat, thr, flags, kids, roots, depth, n, lptr, ltgt, lval, acc, ao,
+                    has, ho, agg)  # fmt: skip
     if agg != 0:
         for j in range(c):
             if np.isinf(acc[ao + j]):

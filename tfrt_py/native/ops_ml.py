@@ -138,16 +138,19 @@ def _tree_common(cx: Any, node: Node, spec: Any) -> tuple[Ref, int, int, list[st
     if packed.max_feature >= f:
         _no(cx, f"the trees use feature {packed.max_feature} of {f}")
     p = packed
-    names = [cx.const_slice(a) for a in (p.feat, p.thr, p.flags, p.kids, p.roots, p.lptr,
-                                         p.ltgt, p.lval)]  # fmt: skip
+    if f < 1:
+        _no(cx, "no features")
+    names = [cx.const_slice(a) for a in (p.feat, p.thr, p.flags, p.kids, p.roots, p.depth,
+                                         p.lptr, p.ltgt, p.lval)]  # fmt: skip
+    names.append(literal(p.n_internal))
     return x, rows, f, names, packed
 
 
 def _walk(x: Ref, xo: str, names: list[str], kind: int, acc: Ref, has: Ref, c: int,
           agg: int) -> str:  # fmt: skip
-    feat, thr, flags, kids, roots, lptr, ltgt, lval = names
-    return (f"forest_row({x.buf}, {xo}, {feat}, {thr}, {flags}, {kids}, {roots}, "
-            f"{literal(kind)}, {lptr}, {ltgt}, {lval}, {acc.buf}, {acc.off}, {has.buf}, "
+    feat, thr, flags, kids, roots, depth, lptr, ltgt, lval, n = names
+    return (f"forest_row({x.buf}, {xo}, {feat}, {thr}, {flags}, {kids}, {roots}, {depth}, "
+            f"{n}, {literal(kind)}, {lptr}, {ltgt}, {lval}, {acc.buf}, {acc.off}, {has.buf}, "
             f"{has.off}, {literal(c)}, {literal(agg)})")  # fmt: skip
 
 
