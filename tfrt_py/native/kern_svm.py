@@ -21,35 +21,71 @@ __all__ = ["KERNEL_CODES", "linear_cls_row", "svm_cls_row", "svm_kernel_row", "s
 KERNEL_CODES = {"LINEAR": 0, "POLY": 1, "RBF": 2, "SIGMOID": 3}
 
 
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693359375)
+_LN2_LO = np.float32(-2.12194440e-4)
+_EXP_LO, _EXP_HI = np.float32(-87.33654), np.float32(88.72283)
+
+
 @njit(nogil=True, cache=False)
-def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):
-    """``kb[v] = K(x[xo:xo + f], sv[v])`` for every support vector (``sv`` row-major)."""
+def exp32(buf, n, bits):
+    """``buf[:n] = exp(buf[:n])`` in float32 (Cody-Waite reduction, degree-7 polynomial,
+    within 2 ulp of expf); branch-free so LLVM vectorizes it. ``bits``: int32 scratch."""
+    two = bits.view(np.float32)
+    for v in range(n):
+        x = min(max(buf[v], _EXP_LO), _EXP_HI)
+        k = np.float32(np.floor(x * _LOG2E + np.float32(0.5)))
+        r = x - k * _LN2_HI - k * _LN2_LO
+        p = np.float32(1.0 / 5040.0)
+        p = p * r + np.float32(1.0 / 720.0)
+        p = p * r + np.float32(1.0 / 120.0)
+        p = p * r + np.float32(1.0 / 24.0)
+        p = p * r + np.float32(1.0 / 6.0)
+        p = p * r + np.float32(0.5)
+        p = p * r + np.float32(1.0)
+        buf[v] = p * r + np.float32(1.0)
+        bits[v] = (np.int32(k) + np.int32(127)) << 23
+    for v in range(n):
+        buf[v] = buf[v] * two[v]
+
+
+@njit(nogil=True, cache=False)
+def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb, bits):
+    """``kb[v] = K(x[xo:xo + f], sv[:, v])`` for every support vector (``sv`` feature-major:
+    ``sv[i * n_sv + v]``, so the loops over vectors vectorize), in float32."""
     g = np.float32(gamma)
     c0 = np.float32(coef0)
     for v in range(n_sv):
-        base = v * f
-        if ktype == 2:
-            d = 0.0
-            for i in range(f):
-                t = float(x[xo + i]) - float(sv[base + i])
-                d += t * t
-            kb[v] = math.exp(np.float32(-gamma * d))
-            continue
-        acc = np.float32(0.0)
+        kb[v] = 0
+    if ktype == 2:
         for i in range(f):
-            acc += np.float32(x[xo + i]) * np.float32(sv[base + i])
-        if ktype == 1:
-            k = acc * g + c0
+            xi = np.float32(x[xo + i])
+            base = i * n_sv
+            for v in range(n_sv):
+                t = xi - sv[base + v]
+                kb[v] += t * t
+        ng = np.float32(-gamma)
+        for v in range(n_sv):
+            kb[v] = kb[v] * ng
+        exp32(kb, n_sv, bits)
+        return
+    for i in range(f):
+        xi = np.float32(x[xo + i])
+        base = i * n_sv
+        for v in range(n_sv):
+            kb[v] += xi * sv[base + v]
+    if ktype == 1:
+        for v in range(n_sv):
+            k = kb[v] * g + c0
             if degree == 2.0:
                 kb[v] = k * k
             elif degree == 3.0:
                 kb[v] = k * k * k
             else:
                 kb[v] = k ** np.float32(degree)
-        elif ktype == 3:
-            kb[v] = math.tanh(acc * g + c0)
-        else:
-            kb[v] = acc
+    elif ktype == 3:
+        for v in range(n_sv):
+            kb[v] = math.tanh(kb[v] * g + c0)
 
 
 @njit(nogil=True, cache=False)
@@ -91,12 +127,12 @@ def _coupling(r, k, q, p, qp):
 
 @njit(nogil=True, cache=False)
 def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj, k, labels,
-                proba, pa, pb, code, kb, d, sc, votes, lab, lo, y, yo):  # fmt: skip
+                proba, pa, pb, code, kb, bits, d, sc, votes, lab, lo, y, yo):  # fmt: skip
     """SVMClassifier (one-vs-one with support vectors): ``lab[lo]`` the class with most
     pairwise votes, ``y[yo:]`` the probabilities (``proba``), else the decision values
     (two columns for two classes)."""
     n_pairs = rho.size
-    svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb)
+    svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb, bits)
     for p in range(n_pairs):
         d[p] = 0
     for v in range(n_sv):
@@ -140,9 +176,9 @@ def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj,
 
 @njit(nogil=True, cache=False)
 def svm_reg_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, coef, r0, one_class, code, kb,
-                y, yo):  # fmt: skip
+                bits, y, yo):  # fmt: skip
     """SVMRegressor: ``y[yo] = K(x, S) @ coef + rho[0]`` (float32); one_class gives +1/-1."""
-    svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb)
+    svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb, bits)
     s = np.float32(0.0)
     for v in range(n_sv):
         s += kb[v] * coef[v]

@@ -47,10 +47,7 @@ AGG_CODES = {"SUM": 0, "AVERAGE": 0, "MIN": 1, "MAX": 2}
 class PackedForest:
     """The arrays of a forest (see the module docstring) and its sizes."""
 
-    feat: np.ndarray
-    thr: np.ndarray
-    flags: np.ndarray
-    kids: np.ndarray
+    nodes: np.ndarray  # 4 per node: feature | flags << 28, threshold bits, false, true kid
     roots: np.ndarray
     lptr: np.ndarray
     ltgt: np.ndarray
@@ -157,11 +154,15 @@ def pack_forest(spec: TreeSpec, dtype: np.dtype) -> PackedForest:
     i32 = np.iinfo(np.int32)
     if max(2 * total, len(uniq)) >= i32.max:
         raise ValueError("the forest is too large for int32 indices")
+    if n and int(np.asarray(spec.feature).max()) >= 1 << 28:
+        raise ValueError("a feature id above 2**28")
+    it = np.int32 if dtype == np.float32 else np.int64
+    nodes = np.zeros((total, 4), it)
+    nodes[:, 0] = feat.astype(np.int64) | (flags.astype(np.int64) << 28)
+    nodes[:, 1] = thr.view(it)
+    nodes[:, 2], nodes[:, 3] = kids[0::2], kids[1::2]
     return PackedForest(
-        feat=feat,
-        thr=thr,
-        flags=flags,
-        kids=kids.astype(np.int32),
+        nodes=nodes.ravel(),
         roots=roots.astype(np.int32),
         lptr=lptr,
         ltgt=u_tgt.astype(np.int32),
@@ -204,13 +205,20 @@ def _c_mixed(v, t, f):
     return ((v < t) & ((f & 1) != 0)) | ((v == t) & ((f & 2) != 0)) | ((v != v) & ((f & 4) != 0))
 
 
+@njit(nogil=True, cache=False, inline="always")
+def _step(x, xo, nodes, thr, i, cond):
+    b = 4 * i
+    f = nodes[b]
+    return nodes[b + 2 + cond(x[xo + (f & 0xFFFFFFF)], thr[b + 1], f >> 28)]
+
+
 def _walker(cond: Any) -> Any:
     """The walk for one comparison: trees in groups of LANES, stepped together for the
     group's depth (leaves loop on themselves), so the lanes' dependent loads overlap."""
 
     @njit(nogil=True, cache=False)
-    def walk(x, xo, feat, thr, flags, kids, roots, depth, n, lptr, ltgt, lval, acc, ao, has,
-             ho, agg):  # fmt: skip
+    def walk(x, xo, nodes, thr, roots, depth, n, lptr, ltgt, lval, acc, ao, has, ho,
+             agg):  # fmt: skip
         n_trees = roots.size
         t = 0
         while t + LANES <= n_trees:
@@ -226,14 +234,25 @@ def _walker(cond: Any) -> Any:
             for j in range(1, LANES):
                 d = max(d, depth[t + j])
             for _ in range(d):
-                i0 = kids[2 * i0 + cond(x[xo + feat[i0]], thr[i0], flags[i0])]
-                i1 = kids[2 * i1 + cond(x[xo + feat[i1]], thr[i1], flags[i1])]
-                i2 = kids[2 * i2 + cond(x[xo + feat[i2]], thr[i2], flags[i2])]
-                i3 = kids[2 * i3 + cond(x[xo + feat[i3]], thr[i3], flags[i3])]
-                i4 = kids[2 * i4 + cond(x[xo + feat[i4]], thr[i4], flags[i4])]
-                i5 = kids[2 * i5 + cond(x[xo + feat[i5]], thr[i5], flags[i5])]
-                i6 = kids[2 * i6 + cond(x[xo + feat[i6]], thr[i6], flags[i6])]
-                i7 = kids[2 * i7 + cond(x[xo + feat[i7]], thr[i7], flags[i7])]
+                i0 = _step(x, xo, nodes, thr, i0, cond)
+                i1 = _step(x, xo, nodes, thr, i1, cond)
+                i2 = _step(x, xo, nodes, thr, i2, cond)
+                i3 = _step(x, xo, nodes, thr, i3, cond)
+                i4 = _step(x, xo, nodes, thr, i4, cond)
+                i5 = _step(x, xo, nodes, thr, i5, cond)
+                i6 = _step(x, xo, nodes, thr, i6, cond)
+                i7 = _step(x, xo, nodes, thr, i7, cond)
+                if (
+                    i0 >= n
+                    and i1 >= n
+                    and i2 >= n
+                    and i3 >= n
+                    and i4 >= n
+                    and i5 >= n
+                    and i6 >= n
+                    and i7 >= n
+                ):
+                    break
             _leaf(i0 - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
             _leaf(i1 - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
             _leaf(i2 - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
@@ -246,7 +265,7 @@ def _walker(cond: Any) -> Any:
         while t < n_trees:
             i = roots[t]
             for _ in range(depth[t]):
-                i = kids[2 * i + cond(x[xo + feat[i]], thr[i], flags[i])]
+                i = _step(x, xo, nodes, thr, i, cond)
             _leaf(i - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
             t += 1
 
@@ -260,8 +279,8 @@ _walk_mixed = _walker(_c_mixed)
 
 
 @njit(nogil=True, cache=False)
-def forest_row(x, xo, feat, thr, flags, kids, roots, depth, n, kind, lptr, ltgt, lval, acc, ao,
-               has, ho, c, agg):  # fmt: skip
+def forest_row(x, xo, nodes, thr, roots, depth, n, kind, lptr, ltgt, lval, acc, ao, has, ho, c,
+               agg):  # fmt: skip
     """Walk every tree for the row ``x[xo:]``; ``acc[ao:ao + c]`` gets the per-target
     SUM (``agg`` 0), MIN (1) or MAX (2) of the weights reached (0 for a target no
     weight reached under MIN/MAX), ``has[ho:ho + c]`` whether any weight reached it."""
@@ -269,14 +288,14 @@ def forest_row(x, xo, feat, thr, flags, kids, roots, depth, n, kind, lptr, ltgt,
         acc[ao + j] = 0 if agg == 0 else (np.inf if agg == 1 else -np.inf)
         has[ho + j] = False
     if kind == 0:
-        _walk_leq(x, xo, feat, thr, flags, kids, roots, depth, n, lptr, ltgt, lval, acc, ao,
-                  has, ho, agg)  # fmt: skip
+        _walk_leq(x, xo, nodes, thr, roots, depth, n, lptr, ltgt, lval, acc, ao, has, ho,
+                  agg)  # fmt: skip
     elif kind == 1:
-        _walk_lt(x, xo, feat, thr, flags, kids, roots, depth, n, lptr, ltgt, lval, acc, ao,
-                 has, ho, agg)  # fmt: skip
+        _walk_lt(x, xo, nodes, thr, roots, depth, n, lptr, ltgt, lval, acc, ao, has, ho,
+                  agg)  # fmt: skip
     else:
-        _walk_mixed(x, xo, feat, thr, flags, kids, roots, depth, n, lptr, ltgt, lval, acc, ao,
-                    has, ho, agg)  # fmt: skip
+        _walk_mixed(x, xo, nodes, thr, roots, depth, n, lptr, ltgt, lval, acc, ao, has, ho,
+                  agg)  # fmt: skip
     if agg != 0:
         for j in range(c):
             if np.isinf(acc[ao + j]):

@@ -140,16 +140,18 @@ def _tree_common(cx: Any, node: Node, spec: Any) -> tuple[Ref, int, int, list[st
     p = packed
     if f < 1:
         _no(cx, "no features")
-    names = [cx.const_slice(a) for a in (p.feat, p.thr, p.flags, p.kids, p.roots, p.depth,
-                                         p.lptr, p.ltgt, p.lval)]  # fmt: skip
+    nodes = cx.const_slice(p.nodes)
+    ft = "np.float32" if p.nodes.dtype == np.int32 else "np.float64"
+    names = [nodes, f"{nodes}.view({ft})"]
+    names += [cx.const_slice(a) for a in (p.roots, p.depth, p.lptr, p.ltgt, p.lval)]
     names.append(literal(p.n_internal))
     return x, rows, f, names, packed
 
 
 def _walk(x: Ref, xo: str, names: list[str], kind: int, acc: Ref, has: Ref, c: int,
           agg: int) -> str:  # fmt: skip
-    feat, thr, flags, kids, roots, depth, lptr, ltgt, lval, n = names
-    return (f"forest_row({x.buf}, {xo}, {feat}, {thr}, {flags}, {kids}, {roots}, {depth}, "
+    nodes, thr, roots, depth, lptr, ltgt, lval, n = names
+    return (f"forest_row({x.buf}, {xo}, {nodes}, {thr}, {roots}, {depth}, "
             f"{n}, {literal(kind)}, {lptr}, {ltgt}, {lval}, {acc.buf}, {acc.off}, {has.buf}, "
             f"{has.off}, {literal(c)}, {literal(agg)})")  # fmt: skip
 
@@ -241,7 +243,7 @@ def _kernel_params(cx: Any, ctx: KernelContext, linear: bool = False) -> tuple[i
 def _support_vectors(cx: Any, sv: np.ndarray | None, n_sv: int, f: int, ktype: int) -> str:
     if sv is None or n_sv <= 0 or sv.size != n_sv * f:
         _no(cx, "support_vectors do not match the features")
-    return cx.const_slice(sv.astype(F8 if ktype == KERNEL_CODES["RBF"] else F4))
+    return cx.const_slice(np.ascontiguousarray(sv.reshape(n_sv, f).T).astype(F4))
 
 
 def _svm_classifier(cx: Any, node: Node) -> list[str]:
@@ -305,12 +307,14 @@ def _svm_classifier(cx: Any, node: Node) -> list[str]:
     consts = [cx.const_slice(v) for v in (a.astype(F4).ravel(), rho[:n_pairs].astype(F4),
               np.asarray(pi, np.int64), np.asarray(pj, np.int64), pa, pb)]  # fmt: skip
     kb, d = cx.new_buffer((n_sv,), F4), cx.new_buffer((max(n_pairs, 1),), F4)
+    bits = cx.new_buffer((n_sv,), np.dtype(np.int32))
     sc, votes = cx.new_buffer((2 * k * k + 2 * k,), F8), cx.new_buffer((k,), I8)
     a_s, rho_s, pi_s, pj_s, pa_s, pb_s = consts
     return _per_row(cx, rows, lambda m: [
         f"svm_cls_row({x.buf}, {_at(x, m, f)}, {literal(f)}, {sv}, {literal(n_sv)}, "
         f"{literal(ktype)}, {kp}, {a_s}, {rho_s}, {pi_s}, {pj_s}, {literal(k)}, {lab_s}, "
-        f"{literal(proba)}, {pa_s}, {pb_s}, {literal(code)}, {cx.view(kb)}, {cx.view(d)}, "
+        f"{literal(proba)}, {pa_s}, {pb_s}, {literal(code)}, {cx.view(kb)}, {cx.view(bits)}, "
+            f"{cx.view(d)}, "
         f"{cx.view(sc)}, {cx.view(votes)}, {lab.buf}, {_at(lab, m, 1)}, {y.buf}, "
         f"{_at(y, m, width)})"])  # fmt: skip
 
@@ -339,12 +343,12 @@ def _svm_regressor(cx: Any, node: Node) -> list[str]:
         n_sv = 1
         sv = _support_vectors(cx, coef, 1, f, ktype)
         w = cx.const_slice(np.ones(1, F4))
-    kb = cx.new_buffer((n_sv,), F4)
+    kb, bits = cx.new_buffer((n_sv,), F4), cx.new_buffer((n_sv,), np.dtype(np.int32))
     one = literal(int(ctx.attr("one_class", 0)) != 0)
     return _per_row(cx, rows, lambda m: [
         f"svm_reg_row({x.buf}, {_at(x, m, f)}, {literal(f)}, {sv}, {literal(n_sv)}, "
         f"{literal(ktype)}, {kp}, {w}, np.float32({literal(r0)}), {one}, {literal(code)}, "
-        f"{cx.view(kb)}, {y.buf}, {_at(y, m, 1)})"])  # fmt: skip
+        f"{cx.view(kb)}, {cx.view(bits)}, {y.buf}, {_at(y, m, 1)})"])  # fmt: skip
 
 
 def _linear_classifier(cx: Any, node: Node) -> list[str]:
