@@ -7,7 +7,9 @@ Run ``benchmarks/zoo_build.py`` first (``make bench-zoo`` does both). Each model
 with ``executor="auto", native="eager"`` and called until auto's measured choice is made;
 its outputs are checked against the onnxruntime outputs the builder saved; then both are
 timed interleaved in this process (``tfrt_py.bench.measure``), ratio = tfrt_py / onnxruntime
-(below 1: faster). "identity" is a one-Identity model with a dynamic batch: the cost of
+(below 1: faster); onnxruntime's thread spinning is off unless ``--ort-spinning`` (its
+spinning pool threads otherwise take the cores from the interleaved bursts).
+"identity" is a one-Identity model with a dynamic batch: the cost of
 the call path itself (feed check, dict in and out). Cold = a fresh cache dir in a new
 process (numba import included), warm = the same again (numba's cache answers). Prints a
 markdown table and writes ``zoo.md``, ``zoo.json`` and ``zoo.png`` into ``--out``.
@@ -75,7 +77,7 @@ def _check(got: dict, saved: np.lib.npyio.NpzFile, batch: int) -> None:
 
 
 def bench(name: str, source: object, feeds_by_batch: dict, seconds: float,
-          saved: object = None) -> list[dict]:  # fmt: skip
+          saved: object = None, spinning: bool = False) -> list[dict]:  # fmt: skip
     import onnxruntime as ort
 
     import tfrt_py
@@ -83,7 +85,12 @@ def bench(name: str, source: object, feeds_by_batch: dict, seconds: float,
 
     model = tfrt_py.load(source, native="eager")
     data = source if isinstance(source, bytes) else open(source, "rb").read()  # noqa: SIM115
-    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    if not spinning:
+        # onnxruntime's pool threads spin after each run by default; in one process,
+        # interleaved, they take the cores from the next burst (the other runtime's).
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     rows = []
     for batch, feeds in feeds_by_batch.items():
         for _ in range(30):  # auto's trial for this batch class
@@ -110,12 +117,15 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--no-load-times", action="store_true")
+    ap.add_argument("--ort-spinning", action="store_true",
+                    help="leave onnxruntime's thread spinning on (its default)")  # fmt: skip
     args = ap.parse_args()
     os.environ.pop("TFRT_PY_NATIVE", None)
     os.makedirs(args.out, exist_ok=True)
     rng = np.random.default_rng(0)
     rows = bench("identity", _identity(), {b: {"X": rng.standard_normal((b, 4)).astype(np.float32)}
-                                           for b in (1, 1000)}, args.seconds)  # fmt: skip
+                                           for b in (1, 1000)}, args.seconds,
+                 spinning=args.ort_spinning)  # fmt: skip
     loads = {}
     for f in sorted(os.listdir(args.zoo)):
         if not f.endswith(".onnx"):
@@ -123,7 +133,7 @@ def main() -> None:
         name, path = f[:-5], os.path.join(args.zoo, f)
         saved = np.load(os.path.join(args.zoo, name + ".npz"))
         feeds = {b: {"X": saved[f"X_{b}"]} for b in (1, 1000)}
-        rows += bench(name, path, feeds, args.seconds, saved)
+        rows += bench(name, path, feeds, args.seconds, saved, args.ort_spinning)
         if not args.no_load_times:
             loads[name] = _load_times(path)
     lines = ["| model | batch | executor | tfrt_py auto µs | onnxruntime run µs | ratio |",

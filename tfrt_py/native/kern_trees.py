@@ -33,8 +33,11 @@ from .kern_post import logistic, post, probit
 
 __all__ = [
     "AGG_CODES",
+    "FOREST_ROW",
     "PackedForest",
-    "forest_row",
+    "forest_leq",
+    "forest_lt",
+    "forest_mixed",
     "pack_forest",
     "tree_cls_finish",
     "tree_reg_finish",
@@ -175,7 +178,7 @@ def pack_forest(spec: TreeSpec, dtype: np.dtype) -> PackedForest:
     )
 
 
-@njit(nogil=True, cache=False, inline="always")
+@njit(nogil=True, cache=False)
 def _leaf(k, lptr, ltgt, lval, acc, ao, has, ho, agg):
     for e in range(lptr[k], lptr[k + 1]):
         tg = ltgt[e]
@@ -278,28 +281,32 @@ _walk_lt = _walker(_c_lt)
 _walk_mixed = _walker(_c_mixed)
 
 
-@njit(nogil=True, cache=False)
-def forest_row(x, xo, nodes, thr, roots, depth, n, kind, lptr, ltgt, lval, acc, ao, has, ho, c,
-               agg):  # fmt: skip
-    """Walk every tree for the row ``x[xo:]``; ``acc[ao:ao + c]`` gets the per-target
-    SUM (``agg`` 0), MIN (1) or MAX (2) of the weights reached (0 for a target no
-    weight reached under MIN/MAX), ``has[ho:ho + c]`` whether any weight reached it."""
-    for j in range(c):
-        acc[ao + j] = 0 if agg == 0 else (np.inf if agg == 1 else -np.inf)
-        has[ho + j] = False
-    if kind == 0:
-        _walk_leq(x, xo, nodes, thr, roots, depth, n, lptr, ltgt, lval, acc, ao, has, ho,
-                  agg)  # fmt: skip
-    elif kind == 1:
-        _walk_lt(x, xo, nodes, thr, roots, depth, n, lptr, ltgt, lval, acc, ao, has, ho,
-                  agg)  # fmt: skip
-    else:
-        _walk_mixed(x, xo, nodes, thr, roots, depth, n, lptr, ltgt, lval, acc, ao, has, ho,
-                  agg)  # fmt: skip
-    if agg != 0:
+def _row(walk: Any) -> Any:
+    """The per-row kernel over one walker: init, walk every tree, MIN/MAX fix-up."""
+
+    @njit(nogil=True, cache=False)
+    def forest_row(x, xo, nodes, thr, roots, depth, n, lptr, ltgt, lval, acc, ao, has, ho, c,
+                   agg):  # fmt: skip
         for j in range(c):
-            if np.isinf(acc[ao + j]):
-                acc[ao + j] = 0
+            acc[ao + j] = 0 if agg == 0 else (np.inf if agg == 1 else -np.inf)
+            has[ho + j] = False
+        walk(x, xo, nodes, thr, roots, depth, n, lptr, ltgt, lval, acc, ao, has, ho, agg)
+        if agg != 0:
+            for j in range(c):
+                if np.isinf(acc[ao + j]):
+                    acc[ao + j] = 0
+
+    return forest_row
+
+
+#: Walk every tree for the row ``x[xo:]``; ``acc[ao:ao + c]`` gets the per-target SUM
+#: (``agg`` 0), MIN (1) or MAX (2) of the weights reached (0 for a target no weight reached
+#: under MIN/MAX), ``has[ho:ho + c]`` whether any weight reached it. One per ``kind``, so
+#: a module compiles only the walk its forest needs.
+forest_leq = _row(_walk_leq)
+forest_lt = _row(_walk_lt)
+forest_mixed = _row(_walk_mixed)
+FOREST_ROW = ("forest_leq", "forest_lt", "forest_mixed")
 
 
 @njit(nogil=True, cache=False)

@@ -34,7 +34,7 @@ from ..kernels.ml.tree_ops import aggregate_name, parse_spec_v3, parse_spec_v5
 from .emit import elementwise, tname
 from .kern_post import POST_CODES
 from .kern_svm import KERNEL_CODES
-from .kern_trees import AGG_CODES, pack_forest
+from .kern_trees import AGG_CODES, FOREST_ROW, pack_forest
 from .loops import Ref
 from .source import literal
 
@@ -47,7 +47,8 @@ F4, F8, I8 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
 KERNEL_IMPORTS = (
     "from tfrt_py.native.kern_post import argmax, matvec, normalize_row, post",
     "from tfrt_py.native.kern_svm import linear_cls_row, svm_cls_row, svm_reg_row",
-    "from tfrt_py.native.kern_trees import forest_row, tree_cls_finish, tree_reg_finish",
+    "from tfrt_py.native.kern_trees import forest_leq, forest_lt, forest_mixed",
+    "from tfrt_py.native.kern_trees import tree_cls_finish, tree_reg_finish",
 )
 
 
@@ -151,8 +152,8 @@ def _tree_common(cx: Any, node: Node, spec: Any) -> tuple[Ref, int, int, list[st
 def _walk(x: Ref, xo: str, names: list[str], kind: int, acc: Ref, has: Ref, c: int,
           agg: int) -> str:  # fmt: skip
     nodes, thr, roots, depth, lptr, ltgt, lval, n = names
-    return (f"forest_row({x.buf}, {xo}, {nodes}, {thr}, {roots}, {depth}, "
-            f"{n}, {literal(kind)}, {lptr}, {ltgt}, {lval}, {acc.buf}, {acc.off}, {has.buf}, "
+    return (f"{FOREST_ROW[kind]}({x.buf}, {xo}, {nodes}, {thr}, {roots}, {depth}, "
+            f"{n}, {lptr}, {ltgt}, {lval}, {acc.buf}, {acc.off}, {has.buf}, "
             f"{has.off}, {literal(c)}, {literal(agg)})")  # fmt: skip
 
 
