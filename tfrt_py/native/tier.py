@@ -42,7 +42,7 @@ from ..feeds import check_output_buffers
 from ..ir import Graph
 from . import worker
 from .compile import Compiled, compile_lowered
-from .entry import PAR_MIN_ROWS, Trial, fast_entry, native_entry, threads_entry
+from .entry import PAR_MIN_ROWS, Trial, direct_entry, fast_entry, native_entry, threads_entry
 from .lower import Lowered, lower
 
 __all__ = ["MAX_SIGNATURES", "MODES", "NativeTier", "plan_lowering"]
@@ -207,6 +207,7 @@ class NativeTier(Executor):
         nat = native_entry(comp.fn, low.params, low.output_names, low.finishers, len(args))
         if not self.measure:
             self._remember(key, nat)
+            self._go_direct(low, comp)
             return nat
         bucket = self._bucket(key, args, low)
         chosen = self.choices.get(bucket)
@@ -227,6 +228,8 @@ class NativeTier(Executor):
         def decide(best: str, figures: dict[str, float]) -> None:
             self.choices[bucket] = (best, figures)
             self._remember(key, dict(cands)[best])
+            if best == "native":
+                self._go_direct(low, comp)
 
         def disagree(reason: str) -> None:
             self.error = reason
@@ -236,6 +239,12 @@ class NativeTier(Executor):
         trial = Trial(cands, self._interp_entry, decide, disagree)
         self._remember(key, trial)
         return trial
+
+    def _go_direct(self, low: Lowered, comp: Compiled) -> None:
+        """A static-shape model served natively: ``run`` calls the function straight."""
+        if low.mode == "static" and self.form == "static":
+            self.run = direct_entry(comp.fn, low.params, low.input_names, low.output_names,
+                                    low.input_dtypes, low.finishers, self._slow)  # fmt: skip
 
     def _remember(self, key: Any, entry: Any) -> None:
         if len(self.table) >= _MAX_TABLE:
