@@ -89,6 +89,19 @@ def _finisher(spec: Any) -> Callable[[np.ndarray], Any] | None:
     return lambda a: table.take(a)
 
 
+def _zipmap(keys: list[Any]) -> Callable[[np.ndarray], list[dict[Any, float]]]:
+    """Rows of scores -> one dict per row, keys the labels (bound as variables ``K<j>``,
+    never pasted: they are model text); a dict display per row, about twice as fast as
+    ``dict(zip(...))``."""
+    if len(keys) > 64 or len(set(keys)) != len(keys):
+        return lambda a: [dict(zip(keys, r)) for r in np.asarray(a).reshape(len(a), -1).tolist()]
+    items = ", ".join(f"K{j}: r[{j}]" for j in range(len(keys)))
+    src = f"def zipmap(a):\n    return [{{{items}}} for r in a.reshape(len(a), -1).tolist()]"
+    env: dict[str, Any] = {f"K{j}": k for j, k in enumerate(keys)}
+    exec(compile(src, "<tfrt_py zipmap>", "exec"), env)
+    return env["zipmap"]
+
+
 def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str],
                  finishers: Sequence[Any], n_in: int) -> Entry:  # fmt: skip
     """``(feeds, x0, ...) -> {name: output}`` calling ``fn(x0, ..., *params)``."""
