@@ -12,9 +12,9 @@ load on the loading thread, after ``compiler.prepare``, and returns the Executor
   they can run in parallel on the pool); else *native* when numba imports, every op lowers
   (dynamic dims too: rows mode or per signature, ``native/tier.py``; auto then measures
   native against the interpreter per batch-size class) and the cost model calls it tiny
-  (``THRESHOLDS.native_max_flops``; ``$TFRT_PY_NATIVE=0`` turns this off), the generated function fits the compile budget
-  (``native/budget.py``, ``$TFRT_PY_NATIVE_BUDGET``) and the cache dir is safe
-  (``native/cachedir.py``); else *sync*, with the reason in ``describe()``.
+  (``THRESHOLDS.native_max_flops``; ``$TFRT_PY_NATIVE=0`` turns this off), the generated
+  function fits the compile budget (``native/budget.py``, ``$TFRT_PY_NATIVE_BUDGET``) and
+  the cache dir is safe (``native/cachedir.py``); else *sync*, with the reason in ``describe()``.
 
 Streamed models (``load(memory_budget=)``) are chosen before import, by
 ``tfrt_py.streaming``, and get the same policy and notes here (``finish``).
