@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-floor lint unit conformance bench bench-zoo bench-zoo-transformers zoo-transformers-test-files clean
+.PHONY: demo test test-floor lint unit conformance bench bench-zoo bench-zoo-classic \
+	bench-zoo-transformers bench-zoo-vision zoo-transformers-test-files clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,33 +33,38 @@ bench: $(STAMP)
 	done
 	PYTHONPATH=. $(BIN)/python benchmarks/latency.py --out benchmarks/results
 
-# The transformer zoo (benchmarks/zoo_transformers.py): transformers-library models exported
-# by torch.onnx, against onnxruntime. The exporters are heavy (torch is several GB), so this
-# is out of `make test`; the tests use the small files in tests/data/transformers, which
-# `make zoo-transformers-test-files` rewrites.
-ZOO_PACKAGES := "torch==2.14.1" transformers onnxscript
-
-bench-zoo-transformers: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[bench]" $(ZOO_PACKAGES)
-	PYTHONPATH=. $(BIN)/python benchmarks/zoo_transformers.py --out benchmarks/results/zoo_transformers
-
-zoo-transformers-test-files: $(STAMP)
-	$(BIN)/python -m pip install --quiet $(ZOO_PACKAGES)
-	$(BIN)/python benchmarks/zoo_transformers.py --write-test-files tests/data/transformers
-
-# The model zoos: real models, tfrt_py against onnxruntime in one process. Their exporters
-# (torch, torchvision, timm, onnxscript for the vision zoo) are installed into .venv here
-# and never by `make test`. OpenBLAS runs the kernels it picks for this CPU (the anchor
-# machines pin OPENBLAS_CORETYPE for the tests; onnxruntime picks its own kernels too).
-# One line per zoo run: the vision zoo at batch 1 and 8 (both torch.onnx exporters), then
-# at batch 1 with a busy-loop neighbour on one core. Another zoo adds its line(s) at the
-# end of the recipe (and its exporters to ZOO_PACKAGES).
-ZOO_PACKAGES := "torch==2.14.1" "torchvision==0.29.1" "timm" "onnxscript"
-ZOO_RUN := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BIN)/python
+# The model zoos: real exporters' models from fixed seeds (nothing downloaded), tfrt_py auto
+# against onnxruntime in one process, interleaved. Their exporters are heavy (torch alone is
+# several GB) and are installed into .venv here, never by `make test` (the tests use small
+# committed files: tests/data/). OpenBLAS runs the kernels it picks for this CPU (the anchor
+# machines pin OPENBLAS_CORETYPE for the tests only). `make bench-zoo` runs every zoo.
+ZOO_PACKAGES := "torch==2.14.1" "torchvision==0.29.1" timm onnxscript transformers \
+	lightgbm xgboost onnxmltools
+ZOO_RUN := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. $(BIN)/python
 ZOO_OUT := benchmarks/results
+ZOO_STAMP := $(VENV)/.zoo-installed
 
-bench-zoo: $(STAMP)
+$(ZOO_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[bench]" $(ZOO_PACKAGES)
+	touch $(ZOO_STAMP)
+
+bench-zoo: bench-zoo-classic bench-zoo-transformers bench-zoo-vision
+
+# sklearn/skl2onnx, LightGBM and XGBoost (onnxmltools) at batch 1 and 1000.
+bench-zoo-classic: $(ZOO_STAMP)
+	$(ZOO_RUN) benchmarks/zoo_build.py --out benchmarks/zoo
+	$(ZOO_RUN) benchmarks/zoo.py --zoo benchmarks/zoo --out $(ZOO_OUT)
+
+# BERT, DistilBERT, GPT-2, T5-encoder (TorchScript, dynamo, onnxruntime-optimized exports).
+bench-zoo-transformers: $(ZOO_STAMP)
+	$(ZOO_RUN) benchmarks/zoo_transformers.py --out $(ZOO_OUT)/zoo_transformers
+
+zoo-transformers-test-files: $(ZOO_STAMP)
+	$(ZOO_RUN) benchmarks/zoo_transformers.py --write-test-files tests/data/transformers
+
+# torchvision/timm models at batch 1 and 8 (both exporters), then at batch 1 with a
+# busy-loop neighbour on one core.
+bench-zoo-vision: $(ZOO_STAMP)
 	mkdir -p $(ZOO_OUT)
 	$(ZOO_RUN) benchmarks/vision_zoo.py --batches 1,8 --exporter both \
 	    --png $(ZOO_OUT)/vision_zoo.png --json $(ZOO_OUT)/vision_zoo.json

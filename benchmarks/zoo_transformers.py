@@ -44,7 +44,6 @@ import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 
 def _threads_arg(argv: list[str]) -> str:

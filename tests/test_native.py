@@ -199,12 +199,17 @@ def test_declines_with_the_ops_that_block_it() -> None:
     )
 
 
-def test_declines_dynamic_dims() -> None:
+def test_dynamic_batch_runs_in_rows_mode() -> None:
+    """A dynamic first dim no longer declines (issue 14): rows are independent, so one
+    function serves every batch size (tests/test_native_dynamic.py has the rest)."""
     b = GraphBuilder("dyn")
     x = b.input("x", F32, ("N", 4))
     b.output(b.op("Relu", x), "y")
-    with pytest.raises(Declined, match="dynamic"):
-        tfrt_py.load(b.build(), executor="native")
+    m = tfrt_py.load(b.build(), executor="native", native="eager")
+    assert m.native.form == "rows"
+    for n in (1, 3, 1):
+        xv = _rand(n, 4)
+        np.testing.assert_array_equal(m.run({"x": xv})["y"], np.maximum(xv, 0))
 
 
 def _runtime_shape_graph(op: str) -> Graph:

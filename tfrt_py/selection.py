@@ -11,8 +11,9 @@ load on the loading thread, after ``compiler.prepare``, and returns the Executor
   or when the cost model predicts a call on the dataflow executor (critical path or work
   over the thread budget, plus scheduling and pool hops) at most ``THRESHOLDS.async_gain``
   of one on the sync interpreter (parallel branches of expensive kernels); else *native*
-  when numba imports, every op lowers,
-  shapes are static and the cost model calls the model tiny (``THRESHOLDS.native_max_flops``;
+  when numba imports, every op lowers (dynamic dims too: rows mode or per signature,
+  ``native/tier.py``; auto then measures native against the interpreter per batch-size
+  class) and the cost model calls it tiny (``THRESHOLDS.native_max_flops``;
   ``$TFRT_PY_NATIVE=0`` turns this off), the generated function fits the compile budget
   (``native/budget.py``, ``$TFRT_PY_NATIVE_BUDGET``) and the cache dir is safe
   (``native/cachedir.py``); else *sync*, with the reason in ``describe()``.
@@ -39,8 +40,8 @@ from .feeds import FeedChecker
 from .ir import Node
 from .native.cachedir import UnsafeCacheDir, cache_dir
 from .native.compile import NativeUnavailable, available
-from .native.lower import Declined, Lowered, blockers, lower
-from .native.tier import NativeTier
+from .native.lower import Declined, Lowered, blockers
+from .native.tier import NativeTier, plan_lowering
 
 __all__ = ["EXECUTORS", "NATIVE_ENV", "finish", "select_executor"]
 
@@ -82,7 +83,8 @@ def select_executor(
         interp = SyncInterpreter(
             program, prepared.determined, check, computed_once=prepared.computed_per_signature
         )
-        lowered = None
+        lowered: Lowered | None = None
+        native = False
         if kind == "native":
             if not available():
                 raise NativeUnavailable(
@@ -90,13 +92,15 @@ def select_executor(
                     "(pip install 'tfrt-py[native]'); use executor='sync' or 'auto'"
                 )
             cache_dir()  # UnsafeCacheDir before any work
-            lowered = lower(prepared.graph, program)
+            lowered, native = plan_lowering(prepared.graph, program), True
         elif requested == "auto":
-            lowered, why, reason = _auto_native(prepared, why)
+            native, lowered, why, reason = _auto_native(prepared, why)
             if reason:
                 notes.append(f"native tier: not used: {reason}")
-        ex = interp if lowered is None else NativeTier(lowered, program, check, interp,
-                                                        mode=native_mode)  # fmt: skip
+        # auto measures the native tier against the interpreter per signature (tier.py)
+        ex = interp if not native else NativeTier(
+            lowered, program, check, interp, mode=native_mode, measure=requested == "auto",
+            graph=prepared.graph)  # fmt: skip
     ex.why = why
     ex.notes = tuple(notes)
     return finish(ex, prepared, host)
@@ -193,25 +197,27 @@ def _predict(prepared: Prepared) -> tuple[float, float, int]:
     return sync_us, async_us, lanes
 
 
-def _auto_native(prepared: Prepared, why: str) -> tuple[Lowered | None, str, str]:
-    """(lowered or None, why, reason it is not used or "")."""
+def _auto_native(prepared: Prepared, why: str) -> tuple[bool, Lowered | None, str, str]:
+    """(native?, lowered (None: per signature), why, reason it is not used or "")."""
     if not available():
-        return None, why, "numba cannot be imported (pip install 'tfrt-py[native]')"
+        return False, None, why, "numba cannot be imported (pip install 'tfrt-py[native]')"
     reasons = blockers(prepared.graph)
     if reasons:
-        return None, why, "; ".join(reasons)
+        return False, None, why, "; ".join(reasons)
     if os.environ.get(NATIVE_ENV) == "0":
-        return None, why, f"${NATIVE_ENV}=0"
+        return False, None, why, f"${NATIVE_ENV}=0"
     flops = prepared.cost.flops
     if flops > THRESHOLDS.native_max_flops:
-        return None, why, (f"every op lowers, but at est. {flops / 1e6:.2f} MFLOP per call the "
-                           "model is not tiny (executor='native' forces it)")  # fmt: skip
+        too_big = (f"every op lowers, but at est. {flops / 1e6:.2f} MFLOP per call the model "
+                   "is not tiny (executor='native' forces it)")  # fmt: skip
+        return False, None, why, too_big
     try:
         cache_dir()
-        lowered = lower(prepared.graph, prepared.program)
+        lowered = plan_lowering(prepared.graph, prepared.program)
     except (Declined, UnsafeCacheDir, OSError) as e:
-        return None, why, f"{type(e).__name__}: {e}"
+        return False, None, why, f"{type(e).__name__}: {e}"
     return (
+        True,
         lowered,
         (
             f"auto: a tiny model (est. {flops / 1e6:.3f} MFLOP per call, no async kernels, "

@@ -54,9 +54,9 @@ def budget() -> int:
 
 
 def units(source: str) -> int:
-    """The compile units of a generated module: the lines of its ``run`` function plus
-    ``LIBM_UNITS`` per math-library call."""
-    body = source.split("\ndef run(", 1)[-1]
+    """The compile units of a generated module: the lines of its functions (from the
+    first ``@njit``) plus ``LIBM_UNITS`` per math-library call."""
+    body = source.split("\n@njit(", 1)[-1]
     return body.count("\n") + LIBM_UNITS * len(_LIBM.findall(body))
 
 

@@ -69,6 +69,8 @@ class Compiled:
     path: str
     cache_hit: bool
     seconds: float
+    #: Rows mode: ``run_into(inputs, outputs, params, lo, hi)``, rows lo:hi (else None).
+    fn_into: Callable[..., Any] | None = None
 
 
 def available() -> bool:
@@ -154,4 +156,5 @@ def compile_lowered(lowered: Lowered) -> Compiled:
     exec(code, module.__dict__)
     fn = module.run
     hit = bool(sum(fn.stats.cache_hits.values()))
-    return Compiled(fn, path, hit, time.perf_counter() - t0)
+    into = getattr(module, "run_into", None)
+    return Compiled(fn, path, hit, time.perf_counter() - t0, into)

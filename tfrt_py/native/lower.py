@@ -26,7 +26,7 @@ import collections
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -39,10 +39,14 @@ from .budget import budget, check, precheck
 from .emit import copy_strided, tname
 from .loops import Ref, strides
 from .ops import LOWER
+from .ops_ml import KERNEL_IMPORTS, ML_LOWER, kernel_version
+from .rowwise import check_rows
 from .runs import find_runs, lower_run_middle
 from .source import Declined, audit, literal
 
-__all__ = ["VIEW_OPS", "Declined", "Lowered", "blockers", "lower"]
+__all__ = ["VIEW_OPS", "Declined", "Lowered", "blockers", "dynamic_inputs", "lower"]
+
+_ALL_LOWER = {**LOWER, **ML_LOWER}
 
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 _NP_TYPES = {"f4": "float32", "f8": "float64", "i8": "int64", "i4": "int32", "b1": "boolean"}
@@ -62,6 +66,17 @@ class Lowered:
     n_nodes: int
     input_dtypes: tuple[np.dtype, ...]
     units: int  # compile units (budget.py)
+    #: "static" (declared static shapes), "signature" (one input signature's shapes,
+    #: ``shapes``) or "rows" (any batch size: the graph lowered for one row, looped).
+    mode: str = "static"
+    shapes: tuple[tuple[int, ...], ...] = ()
+    #: Per output: None (the array), ("zipmap", labels) or ("labels", names): the entry
+    #: turns the function's array into a list of dicts / maps label indices to strings.
+    finishers: tuple[Any, ...] = ()
+    #: Rows mode: which inputs are batched; each output's shape without the batch dim.
+    batched: tuple[bool, ...] = ()
+    out_rows: tuple[tuple[int, ...], ...] = ()
+    out_dtypes: tuple[np.dtype, ...] = ()
 
     @property
     def key(self) -> str:
@@ -78,20 +93,26 @@ def _static(v: Value) -> tuple[tuple[int, ...], np.dtype] | None:
     return tuple(int(d) for d in t.shape), np.dtype(t.dtype)  # type: ignore[arg-type]
 
 
+def dynamic_inputs(graph: Graph) -> list[bool]:
+    """Per input: whether any of its dims is not a fixed int (a symbol or unknown)."""
+    return [_static(v) is None for v in graph.inputs]
+
+
 def blockers(graph: Graph) -> list[str]:
     """Why ``graph`` cannot lower (empty: it may; ``lower`` can still decline on an
-    attribute). Cheap: no code is generated."""
+    attribute, a dynamic dim it cannot loop over, ...). Cheap: no code is generated."""
     reasons = []
     for v in graph.inputs:
-        st = _static(v)
-        if st is None:
-            reasons.append(f"input {v.name!r} has dynamic or unknown shape/dtype ({v.type})")
-        elif str(st[1]) not in ("float32", "float64", "int64", "int32", "bool"):
-            reasons.append(f"input {v.name!r} has dtype {st[1]}")
+        t = v.type
+        if not isinstance(t, TensorType) or t.dtype is None or t.shape is None:
+            reasons.append(f"input {v.name!r} has unknown rank or dtype ({v.type})")
+        elif str(t.dtype) not in ("float32", "float64", "int64", "int32", "bool"):
+            reasons.append(f"input {v.name!r} has dtype {t.dtype}")
     bad = collections.Counter(
         f"{n.domain}::{n.op_type}" if n.domain else n.op_type
         for n in graph.nodes
-        if (n.domain, n.op_type) not in LOWER and not (n.domain == "" and n.op_type in VIEW_OPS)
+        if (n.domain, n.op_type) not in _ALL_LOWER
+        and not (n.domain == "" and n.op_type in VIEW_OPS)
     )
     if bad:
         reasons.append("ops without a native lowering: " + ", ".join(
@@ -117,6 +138,13 @@ class NodeContext:
         self.param_size: dict[str, int] = {}
         self.buffers: dict[int, tuple[Buffer, str]] = {}  # root -> (buffer, dtype alias)
         self.written: set[int] = set()  # output positions already written
+        self.out_off: dict[int, str] = {}  # output position -> row offset (rows mode)
+        self.hoisted: list[str] = []  # lines before the body: constant slices
+        self.label_tables: dict[int, Any] = {}  # value id -> string labels it indexes
+        self.finishers: dict[int, Any] = {}  # graph output value id -> finisher
+        self.readers: dict[int, int] = collections.Counter(
+            id(v) for n in graph.nodes for v in n.inputs if v is not None)  # fmt: skip
+        self.uses_kernels = False
 
     def decline(self, reason: str) -> NoReturn:
         n = self.node
@@ -140,6 +168,8 @@ class NodeContext:
     def ref(self, v: Value | None) -> Ref:
         if v is None:
             self.decline("an omitted input")
+        if id(v) in self.label_tables or id(v) in self.finishers:
+            self.decline("string labels or ZipMap output read by another node")
         r = self.refs.get(id(v))
         if r is None:
             if v.const is None:
@@ -157,7 +187,7 @@ class NodeContext:
         tname(dtype)  # Declined for a dtype the lowering does not know
         if k is not None:
             self.written.add(k)
-            r = Ref(f"r{k}", "0", shape, dtype)
+            r = Ref(f"r{k}", self.out_off.get(k, "0"), shape, dtype)
         else:
             r = self.new_buffer(shape, dtype)
         self.refs[id(v)] = r
@@ -171,6 +201,36 @@ class NodeContext:
         self.buffers[root] = (Buffer(nbytes, self.step, self.step, [f"node {self.step}"]), t)
         return Ref(f"A_{t}", f"@{root}@", shape, dtype, root)
 
+    def const_slice(self, arr: np.ndarray) -> str:
+        """A name (ours) bound, before the body, to ``arr`` packed as a constant: the
+        kernels' view of model data."""
+        self.uses_kernels = True
+        arr = np.asarray(arr)
+        r = self.put_const(arr)
+        name = f"k{len(self.hoisted)}"
+        self.hoisted.append(f"{name} = {r.buf}[{r.off}:{r.off} + {literal(arr.size)}]")
+        return name
+
+    def view(self, r: Ref) -> str:
+        """``r`` as a 1-D array expression (an arena scratch buffer for a kernel)."""
+        return f"{r.buf}[{r.off}:{r.off} + {literal(r.size)}]"
+
+    def out_labels(self, v: Value, shape: tuple[int, ...], table: Any) -> Ref:
+        """``v``'s ref, holding int64 indices into the string ``table`` (the entry maps
+        them; only views and graph outputs may read it)."""
+        self.shapes[id(v)] = (tuple(shape), np.dtype(np.int64))
+        r = self.out(v)
+        self.label_tables[id(v)] = table
+        return r
+
+    def finish_output(self, v: Value, src: Ref, finisher: Any) -> None:
+        """``v`` is a graph output the entry makes from ``src``'s array (ZipMap)."""
+        if id(v) not in self.outputs or self.readers.get(id(v)):
+            self.decline("a ZipMap output read by another node")
+        self.refs[id(v)] = src
+        self.shapes[id(v)] = (src.shape, src.dtype)
+        self.finishers[id(v)] = finisher
+
     def extend(self, *refs: Ref) -> None:
         """Keep these arena buffers live up to the current step."""
         for r in refs:
@@ -179,13 +239,11 @@ class NodeContext:
                 buf.last = max(buf.last, self.step)
 
 
-def _shapes(graph: Graph, program: Program) -> dict[int, tuple[tuple[int, ...], np.dtype]]:
-    """Every value's static shape and dtype, from a probe run on zero feeds."""
-    specs = []
-    for v in graph.inputs:
-        st = _static(v)
-        assert st is not None
-        specs.append(st)
+def _shapes(
+    graph: Graph, program: Program, specs: list[tuple[tuple[int, ...], np.dtype]]
+) -> dict[int, tuple[tuple[int, ...], np.dtype]]:
+    """Every value's shape and dtype for inputs of these (shape, dtype), from a probe run
+    on zero feeds."""
     feeds = zero_feeds(specs)
     try:
         with np.errstate(all="ignore"):
@@ -194,7 +252,9 @@ def _shapes(graph: Graph, program: Program) -> dict[int, tuple[tuple[int, ...], 
         raise Declined([f"shapes cannot be probed on zero feeds ({e})"]) from e
     if env is None:
         raise Declined([f"the shape probe would compute more than {LOAD_MAX_BYTES:,} bytes"])
-    out: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
+    out: dict[int, tuple[tuple[int, ...], np.dtype]] = {
+        id(v): spec for v, spec in zip(graph.inputs, specs)
+    }
     for ins in program.instrs:
         for val, s in zip(ins.node.outputs, ins.outs):
             x = env[s]
@@ -203,13 +263,43 @@ def _shapes(graph: Graph, program: Program) -> dict[int, tuple[tuple[int, ...], 
     return out
 
 
+def _input_specs(
+    graph: Graph, shapes: list[tuple[int, ...]] | None, batch: int | None
+) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """(shape, dtype) per input: the declared static shape, ``shapes`` (a signature), or
+    with dynamic first dims set to ``batch`` (rows mode); Declined otherwise."""
+    specs = []
+    for k, v in enumerate(graph.inputs):
+        t = v.type
+        assert isinstance(t, TensorType) and t.shape is not None and t.dtype is not None
+        dims = list(t.shape)
+        if shapes is not None:
+            if len(shapes[k]) != len(dims):
+                raise Declined([f"input {k}: rank {len(shapes[k])}, declared {len(dims)}"])
+            dims = list(shapes[k])
+        elif batch is not None and dims and not isinstance(dims[0], int):
+            dims[0] = batch
+        if not all(isinstance(d, int) for d in dims):
+            raise Declined([f"input {v.name!r} has dynamic or unknown shape ({t})"])
+        specs.append((tuple(int(d) for d in dims), np.dtype(t.dtype)))  # type: ignore[arg-type]
+    return specs
+
+
 def lower(
-    graph: Graph, program: Program, *, fastmath: bool = False, limit: int | None = None
+    graph: Graph,
+    program: Program,
+    *,
+    fastmath: bool = False,
+    limit: int | None = None,
+    shapes: list[tuple[int, ...]] | None = None,
+    rows: bool = False,
 ) -> Lowered:
     """The module for ``graph`` (compiled as ``program``), at most ``limit`` compile units
-    (default ``budget.budget()``: ``$TFRT_PY_NATIVE_BUDGET``). Raises Declined (OverBudget
-    above the budget), and only Declined: an unexpected error while lowering becomes one
-    too."""
+    (default ``budget.budget()``: ``$TFRT_PY_NATIVE_BUDGET``). ``shapes`` lowers one input
+    signature of a graph with dynamic dims; ``rows`` lowers the graph for one row and loops
+    over a dynamic first dim (``rowwise``: only when rows are independent). Raises Declined
+    (OverBudget above the budget), and only Declined: an unexpected error while lowering
+    becomes one too."""
     reasons = blockers(graph)
     if reasons:
         raise Declined(reasons)
@@ -218,25 +308,50 @@ def lower(
     limit = budget() if limit is None else limit
     precheck(graph, limit)
     try:
-        return _lower(graph, program, fastmath, limit)
+        return _lower(graph, program, fastmath, limit, shapes, rows)
     except Declined:
         raise
     except Exception as e:  # any failure keeps the model off the native tier
         raise Declined([f"lowering failed: {type(e).__name__}: {e}"]) from e
 
 
-def _lower(graph: Graph, program: Program, fastmath: bool, limit: int) -> Lowered:
-    cx = NodeContext(graph, _shapes(graph, program))
+def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
+           shapes: list[tuple[int, ...]] | None, rows: bool) -> Lowered:  # fmt: skip
+    batched = [False] * len(graph.inputs)
+    if rows:
+        dyn = dynamic_inputs(graph)
+        for k, v in enumerate(graph.inputs):
+            dims = v.type.shape  # type: ignore[union-attr]
+            if dyn[k] and not (dims and all(isinstance(d, int) for d in dims[1:])):
+                raise Declined([f"rows: input {v.name!r} is dynamic beyond its first dim"])
+        batched = dyn
+        specs = _input_specs(graph, None, 1)
+        s1 = _shapes(graph, program, specs)
+        check_rows(graph, s1, _shapes(graph, program, _input_specs(graph, None, 2)), batched)
+        cx = NodeContext(graph, s1)
+    else:
+        specs = _input_specs(graph, shapes, None)
+        cx = NodeContext(graph, _shapes(graph, program, specs))
     sig, prologue = [], []
     for k, v in enumerate(graph.inputs):
-        shape, dtype = _static(v)  # type: ignore[misc]
-        cx.refs[id(v)] = Ref(f"x{k}", "0", shape, dtype)
+        shape, dtype = specs[k]
+        cx.refs[id(v)] = Ref(f"x{k}", f"xb{k}" if batched[k] else "0", shape, dtype)
         t = _NP_TYPES[tname(dtype)]
         sig.append(f"types.Array(types.{t}, {len(shape)}, 'C')")
-        conds = " or ".join(f"a{k}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape))
+        lo = 1 if batched[k] else 0
+        conds = " or ".join(f"a{k}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape)
+                            if d >= lo)  # fmt: skip
+        if batched[k]:
+            more = f"a{k}.shape[0] != nb"
+            conds = f"{conds} or {more}" if conds else more
         if conds:
             prologue += [f"    if {conds}:", f"        raise ValueError('feed {k}: wrong shape')"]
-        prologue.append(f"    x{k} = a{k}.reshape({literal(max(1, math.prod(shape)))})")
+        size = f"nb * {literal(max(1, math.prod(shape)))}" if batched[k] else literal(
+            max(1, math.prod(shape)))  # fmt: skip
+        prologue.append(f"    x{k} = a{k}.reshape({size})")
+    if rows:
+        for k in range(len(graph.outputs)):
+            cx.out_off[k] = f"ob{k}"
     body: list[str] = []
     runs = find_runs(graph, cx)
     nodes = graph.nodes
@@ -262,14 +377,19 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int) -> Lowere
     cx.node, cx.step = None, len(graph.nodes)
     for k, v in enumerate(graph.outputs):
         if k not in cx.written:  # a feed, a constant, a view or a duplicate: copy it
-            src = cx.ref(v)
-            dst = Ref(f"r{k}", "0", src.shape, src.dtype)
+            src = cx.refs[id(v)] if id(v) in cx.refs else cx.ref(v)
+            dst = Ref(f"r{k}", cx.out_off.get(k, "0"), src.shape, src.dtype)
             body += ["    " + ln for ln in copy_strided(dst, src, strides(src.shape))]
             cx.shapes[id(v)] = (src.shape, src.dtype)
-    return _assemble(graph, cx, sig, prologue, body, fastmath, limit)
+            cx.written.add(k)
+    return _assemble(graph, cx, sig, prologue, body, fastmath, limit, specs, batched,
+                     shapes is not None)  # fmt: skip
 
 
 def _lower_node(cx: NodeContext, node: Node) -> list[str]:
+    first = node.inputs[0] if node.inputs else None
+    if first is not None and id(first) in cx.label_tables:
+        return _label_view(cx, node, first)
     if node.domain == "" and node.op_type in VIEW_OPS:
         if any(v is not None and v.const is None for v in node.inputs[1:]):
             # The output shape would be the probe's, baked in: only constant shapes/axes.
@@ -282,7 +402,7 @@ def _lower_node(cx: NodeContext, node: Node) -> list[str]:
         if y is not None:
             cx.refs[id(y)] = x.reshaped(shape)
         return []
-    fn = LOWER[(node.domain, node.op_type)]
+    fn = _ALL_LOWER[(node.domain, node.op_type)]
     try:
         return fn(cx, node)
     except Declined:
@@ -291,8 +411,26 @@ def _lower_node(cx: NodeContext, node: Node) -> list[str]:
         cx.decline(f"{type(e).__name__}: {e}")
 
 
+def _label_view(cx: NodeContext, node: Node, x_v: Value) -> list[str]:
+    """A view (or Cast to string) of string label indices: the same indices, the same
+    table; the entry maps them when they reach an output."""
+    to_str = node.op_type == "Cast" and int(node.attrs.get("to", 0)) == 8
+    y = node.outputs[0]
+    if not (node.domain == "" and (node.op_type in VIEW_OPS or to_str)) or y is None:
+        cx.decline("string labels read by an op other than a view")
+    if any(v is not None and v.const is None for v in node.inputs[1:]):
+        cx.decline(f"{node.op_type} shape/axes given at run time")
+    x = cx.refs[id(x_v)]
+    shape = cx.shapes[id(y)][0] if id(y) in cx.shapes else x.shape
+    cx.refs[id(y)] = x.reshaped(shape)
+    cx.shapes[id(y)] = (tuple(shape), x.dtype)
+    cx.label_tables[id(y)] = cx.label_tables[id(x_v)]
+    return []
+
+
 def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str],
-              body: list[str], fastmath: bool, limit: int) -> Lowered:  # fmt: skip
+              body: list[str], fastmath: bool, limit: int, specs: list[Any],
+              batched: list[bool], signature: bool) -> Lowered:  # fmt: skip
     arenas: dict[str, int] = {}
     by_dtype: dict[str, list[tuple[int, Buffer]]] = {}
     for root, (buf, t) in cx.buffers.items():
@@ -309,33 +447,36 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         text = text.replace(token, off)
     param_types = sorted(cx.params)
     params = tuple(np.concatenate(cx.params[t]) for t in param_types)
-    sig += [f"types.Array(types.{_NP_TYPES[t]}, 1, 'C')" for t in param_types]
-    args = [f"a{k}" for k in range(len(graph.inputs))] + [f"P_{t}" for t in param_types]
-    outs = []
-    for k, v in enumerate(graph.outputs):
-        shape, dtype = cx.shapes[id(v)]
-        outs += [f"    o{k} = np.empty({_shape_literal(shape)}, {tname(dtype)})",
-                 f"    r{k} = o{k}.reshape({literal(max(1, math.prod(shape)))})"]  # fmt: skip
-    ret = ", ".join(f"o{k}" for k in range(len(graph.outputs)))
-    src = [
+    psig = [f"types.Array(types.{_NP_TYPES[t]}, 1, 'C')" for t in param_types]
+    pargs = [f"P_{t}" for t in param_types]
+    ins = [f"a{k}" for k in range(len(graph.inputs))]
+    n_out = len(graph.outputs)
+    out_specs = [cx.shapes[id(v)] for v in graph.outputs]
+    rows = any(batched)
+    head = [
         '"""tfrt_py native code (generated; do not edit)."""',
         "import numpy as np",
         "from numba import njit, types",
+        *(KERNEL_IMPORTS if cx.uses_kernels else ()),
         "",
         "f4, f8, i8, i4, b1 = np.float32, np.float64, np.int64, np.int32, np.bool_",
-        f"SIG = ({', '.join(sig)}{',' if len(sig) == 1 else ''})",
-        "",
-        "",
-        f"@njit(SIG, cache=True, nogil=True, error_model='numpy', "
-        f"fastmath={literal(bool(fastmath))})",
-        f"def run({', '.join(args)}):",
-        *prologue,
-        *[f"    A_{t} = np.empty({literal(n)}, {t})" for t, n in sorted(arenas.items())],
-        *outs,
-        text,
-        f"    return {ret}",
-        "",
+        *([f"KV = {literal(kernel_version())}"] if cx.uses_kernels else []),
     ]
+    deco = (f"@njit({{sig}}, cache=True, nogil=True, error_model='numpy', "
+            f"fastmath={literal(bool(fastmath))})")  # fmt: skip
+    setup = [f"    A_{t} = np.empty({literal(n)}, {t})" for t, n in sorted(arenas.items())]
+    setup += ["    " + ln for ln in cx.hoisted]
+    if not rows:
+        outs = []
+        for k, (shape, dtype) in enumerate(out_specs):
+            outs += [f"    o{k} = np.empty({_shape_literal(shape)}, {tname(dtype)})",
+                     f"    r{k} = o{k}.reshape({literal(max(1, math.prod(shape)))})"]  # fmt: skip
+        src = [*head, f"SIG = {_tuple(sig + psig)}", "", "", deco.format(sig="SIG"),
+               f"def run({', '.join(ins + pargs)}):", *prologue, *setup, *outs, text,
+               f"    return {', '.join(f'o{k}' for k in range(n_out))}", ""]  # fmt: skip
+    else:
+        src = [*head, *_rows_functions(cx, sig, psig, pargs, ins, prologue, setup, text,
+                                       specs, batched, out_specs, deco)]  # fmt: skip
     source = "\n".join(src)
     audit(source)
     units = check(source, limit)
@@ -345,9 +486,87 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         [v.name for v in graph.inputs],
         [v.name for v in graph.outputs],
         len(graph.nodes),
-        tuple(np.dtype(_static(v)[1]) for v in graph.inputs),  # type: ignore[index]
+        tuple(np.dtype(dt) for _, dt in specs),
         units,
+        mode="rows" if rows else ("signature" if signature else "static"),
+        shapes=tuple(shape for shape, _ in specs) if signature else (),
+        finishers=tuple(_finisher(cx, v) for v in graph.outputs),
+        batched=tuple(batched) if rows else (),
+        out_rows=tuple(tuple(shape[1:]) for shape, _ in out_specs) if rows else (),
+        out_dtypes=tuple(np.dtype(dt) for _, dt in out_specs),
     )
+
+
+def _finisher(cx: NodeContext, v: Value) -> Any:
+    if id(v) in cx.finishers:
+        return cx.finishers[id(v)]
+    if id(v) in cx.label_tables:
+        return ("labels", cx.label_tables[id(v)])
+    return None
+
+
+def _rows_functions(cx: NodeContext, sig: list[str], psig: list[str], pargs: list[str],
+                    ins: list[str], prologue: list[str], setup: list[str], text: str,
+                    specs: list[Any], batched: list[bool], out_specs: list[Any],
+                    deco: str) -> list[str]:  # fmt: skip
+    """Rows mode: ``rows(x.., r.., P.., lo, hi)`` runs the one-row body for rows
+    ``lo:hi`` of flat feeds and outputs; ``run(a.., P..)`` checks, allocates and runs every
+    row; ``run_into(a.., o.., P.., lo, hi)`` fills rows of outputs the caller allocated
+    (threads split a batch this way)."""
+    n_in, n_out = len(specs), len(out_specs)
+    first = batched.index(True)
+    flat = [f"types.Array(types.{_NP_TYPES[tname(dt)]}, 1, 'C')" for _, dt in specs]
+    oflat = [f"types.Array(types.{_NP_TYPES[tname(dt)]}, 1, 'C')" for _, dt in out_specs]
+    ofull = [f"types.Array(types.{_NP_TYPES[tname(dt)]}, {len(shape)}, 'C')"
+             for shape, dt in out_specs]  # fmt: skip
+    xs = [f"x{k}" for k in range(n_in)]
+    rs = [f"r{k}" for k in range(n_out)]
+    os_ = [f"o{k}" for k in range(n_out)]
+    i64 = ["types.int64", "types.int64"]
+    loop = ["    for rw in range(lo, hi):"]
+    loop += [f"        xb{k} = rw * {literal(math.prod(specs[k][0]))}"
+             for k in range(n_in) if batched[k]]  # fmt: skip
+    loop += [f"        ob{k} = rw * {literal(math.prod(shape))}"
+             for k, (shape, _) in enumerate(out_specs)]  # fmt: skip
+    loop += ["    " + ln for ln in text.split("\n")]
+    pre = [f"    nb = a{first}.shape[0]", *prologue]
+    alloc = []
+    for k, (shape, dt) in enumerate(out_specs):
+        dims = ", ".join(["nb", *(literal(d) for d in shape[1:])])
+        alloc += [f"    o{k} = np.empty(({dims},), {tname(dt)})",
+                  f"    r{k} = o{k}.reshape(nb * {literal(math.prod(shape))})"]  # fmt: skip
+    call = f"    rows({', '.join(xs + rs + pargs)}, {{lo}}, {{hi}})"
+    return [
+        f"SIG_ROWS = {_tuple(flat + oflat + psig + i64)}",
+        f"SIG = {_tuple(sig + psig)}",
+        f"SIG_INTO = {_tuple(sig + ofull + psig + i64)}",
+        "",
+        "",
+        deco.format(sig="SIG_ROWS"),
+        f"def rows({', '.join(xs + rs + pargs)}, lo, hi):",
+        *setup,
+        *loop,
+        "",
+        "",
+        deco.format(sig="SIG"),
+        f"def run({', '.join(ins + pargs)}):",
+        *pre,
+        *alloc,
+        call.format(lo="0", hi="nb"),
+        f"    return {', '.join(os_)}",
+        "",
+        "",
+        deco.format(sig="SIG_INTO"),
+        f"def run_into({', '.join(ins + os_ + pargs)}, lo, hi):",
+        *pre,
+        *[f"    r{k} = o{k}.reshape(o{k}.size)" for k in range(n_out)],
+        call.format(lo="lo", hi="hi"),
+        "",
+    ]
+
+
+def _tuple(items: list[str]) -> str:
+    return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
 
 
 def _shape_literal(shape: tuple[int, ...]) -> str:

@@ -317,8 +317,11 @@ def _gather(cx: Any, node: Node) -> list[str]:
 
 def _cast(cx: Any, node: Node) -> list[str]:
     x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
-    if str(y.dtype) not in _FLOATS or str(x.dtype) == "bool":
-        cx.decline(f"Cast {x.dtype} -> {y.dtype} (native casts to floats only)")
+    ints = ("int64", "int32")
+    ok = x.dtype == y.dtype or (str(x.dtype) != "bool" and (
+        str(y.dtype) in _FLOATS or (str(y.dtype) in ints and str(x.dtype) in ints)))  # fmt: skip
+    if not ok:
+        cx.decline(f"Cast {x.dtype} -> {y.dtype} (native casts to floats, or between ints)")
     t = tname(y.dtype)
     line = f"{y.buf}[{y.off} + i0] = {t}({x.buf}[{x.off} + i0])"
     return loop_nest([x.size], lambda iv: [line])

@@ -1,30 +1,34 @@
-"""Tiered execution: the sync interpreter serves a native model until its compiled
-function is ready, then one attribute store switches ``run`` to the native entry.
+"""Tiered execution: the sync interpreter serves a native model until compiled code for
+the call's input signature is ready; then the call goes to the native entry.
 
-``NativeTier.run(feeds, outputs=None)`` is what ``Model.run`` calls. Its fast entry
-(generated per model, like the interpreter's; names are bound as variables, never pasted
-into its source) checks ``len(feeds)``, fetches each feed by name, checks that its dtype
-*is* the input's native-byte-order dtype (numba would read a 0-d big-endian array as
-native-endian), and calls the numba function with the feeds and the packed constants;
-numba's dispatcher rejects a wrong dtype, layout or a read-only array (explicit signature,
-no new specializations) and the function itself rejects a wrong shape. Anything unusual —
-an exception of any kind, another dtype object, or ``outputs=`` — goes to ``_slow``: full
-validation by the model's FeedChecker (the sync executor's InputErrors), native byte order
-and contiguous writable copies, the native call again, and if that still fails the
-prepared program, which raises the interpreter's ExecutionError naming the node. The
-model stays usable either way.
+Three forms (``Lowered.mode``): *static* (the declared shapes), *rows* (inputs with a
+dynamic first dim whose rows are independent: one function for every batch size) and
+*signature* (other dynamic dims: one function per input signature, at most
+``MAX_SIGNATURES`` kept, least recently compiled dropped; each lowered and compiled on
+first sight while the interpreter serves that call).
 
-Threading: ``run`` may be called from many threads at once; the compiled function
-allocates its arena per call and releases the GIL (``nogil``). Compilation runs on one
-process-wide daemon thread (``worker.py``), FIFO, so loads never wait for it and at most
-one core compiles; tiers whose model was dropped are skipped. ``mode="eager"`` compiles on
-the loading thread instead. ``state`` moves "compiling" -> "ready" | "failed", once.
-After ``fork()`` the child compiles what was still waiting (``worker.py``).
+``NativeTier.run(feeds, outputs=None)`` is what ``Model.run`` calls: ``entry.fast_entry``,
+which looks the feeds' shapes up in ``table``; a miss goes to ``_slow``: full validation by
+the model's FeedChecker (the sync executor's InputErrors), native byte order and
+contiguous writable copies, then the signature's entry (made now), and if the native call
+still fails the prepared program, which raises the interpreter's ExecutionError naming
+the node. With ``measure`` (``executor="auto"``) a signature's first calls are a
+``entry.Trial`` between native code, the interpreter (and, for big batches in rows mode,
+the threaded rows entry): the fastest keeps serving that batch-size class.
+
+Threading: ``run`` may be called from many threads at once; compiled functions allocate
+their arena per call and release the GIL (``nogil``). Compiles run on one process-wide
+daemon thread (``worker.py``), FIFO; ``mode="eager"`` compiles on the loading thread (for
+signature mode: on the calling thread, at a signature's first call). ``state`` moves
+"compiling" -> "ready" | "failed", once (signature mode starts "ready": nothing to wait
+for before a signature is seen). After ``fork()`` the child compiles what was waiting.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,155 +39,256 @@ from ..errors import InputError
 from ..executors.base import Executor
 from ..executors.program import Program
 from ..feeds import check_output_buffers
+from ..ir import Graph
 from . import worker
 from .compile import Compiled, compile_lowered
-from .lower import Lowered
+from .entry import PAR_MIN_ROWS, Trial, direct_entry, fast_entry, native_entry, threads_entry
+from .lower import Lowered, lower
 
-__all__ = ["MODES", "NativeTier"]
+__all__ = ["MAX_SIGNATURES", "MODES", "NativeTier", "plan_lowering"]
 
 #: ``load(..., native=...)``: compile in the background (serve on the interpreter
 #: meanwhile) or before ``load`` returns.
 MODES = ("background", "eager")
+#: Signature mode keeps at most this many compiled signatures.
+MAX_SIGNATURES = 8
+#: Entries kept in the shape table (rows mode sees every batch size).
+_MAX_TABLE = 256
+
+
+class _Job:
+    """One compile for the worker: ``lowered`` (or the shapes to lower first)."""
+
+    def __init__(self, tier: NativeTier, key: Any, lowered: Lowered | None) -> None:
+        self.tier = weakref.ref(tier)
+        self.key = key
+        self.lowered = lowered
+        self.state = "compiling"
+        self.error: str | None = None
+        self.compiled: Compiled | None = None
+        self.done = threading.Event()
+
+    def _compile(self) -> None:
+        tier = self.tier()
+        try:
+            if tier is None:
+                raise RuntimeError("the model was dropped")
+            if self.lowered is None:
+                self.lowered = lower(tier.graph, tier.program, shapes=list(self.key))
+            self.compiled = compile_lowered(self.lowered)
+        except Exception as e:  # noqa: BLE001 - any failure keeps the interpreter serving
+            self._fail(f"{type(e).__name__}: {e}")
+            return
+        self.state = "ready"
+        self.done.set()
+        if tier is not None:
+            tier._installed(self)
+
+    def _fail(self, reason: str) -> None:
+        self.error = reason
+        self.state = "failed"
+        self.done.set()
+        tier = self.tier()
+        if tier is not None:
+            tier._job_failed(self)
 
 
 class NativeTier(Executor):
     """Executor "native": the native tier of one model. ``state``: "compiling" | "ready" |
     "failed"; ``error`` says why it failed; ``compiled`` has the cache path, whether numba's
-    cache answered, and the compile (or cache load) time."""
+    cache answered, and the compile (or cache load) time; ``lowered`` the module (the
+    newest signature's in signature mode, None before any)."""
 
     name = "native"
 
-    def __init__(
-        self,
-        lowered: Lowered,
-        program: Program,
-        check: Any,
-        interp: Any,
-        *,
-        mode: str = "background",
-    ) -> None:
+    def __init__(self, lowered: Lowered | None, program: Program, check: Any, interp: Any, *,
+                 mode: str = "background", measure: bool = False,
+                 graph: Graph | None = None) -> None:  # fmt: skip
         if mode not in MODES:
             raise ValueError(f"native must be one of {MODES}, got {mode!r}")
         self.lowered = lowered
         self.interp = interp
         self.mode = mode
-        self.state = "compiling"
+        self.measure = measure
+        self.graph = graph if graph is not None else program.graph
+        self.program = self._program = program
+        self._check = check
+        self.form = "signature" if lowered is None else lowered.mode
         self.error: str | None = None
         self.compiled: Compiled | None = None
-        self._program = program
-        self._check = check
-        self._fn: Any = None
-        self._done = threading.Event()
-        #: The entry Model.run calls: the interpreter now, the native function when ready.
+        self.table: dict[Any, Any] = {}
+        self.sigs: collections.OrderedDict[Any, _Job] = collections.OrderedDict()
+        self.choices: dict[Any, tuple[str, dict[str, float]]] = {}
+        self._lock = threading.Lock()
+        self._main: _Job | None = None
+        self._fast = fast_entry(self.table, self._slow, [v.name for v in self.graph.inputs],
+                                [np.dtype(v.type.dtype) for v in self.graph.inputs])  # type: ignore[union-attr]  # fmt: skip
+        self._interp_entry = lambda feeds, *xs: self.interp.run(feeds)
+        #: The entry Model.run calls: the interpreter now, the native entry when ready.
         self.run: Any = self._run_interp
+        if lowered is None:
+            self.state = "ready"
+            self.run = self._fast
+            return
+        self.state = "compiling"
+        self._main = _Job(self, None, lowered)
         if mode == "eager":
-            worker.compile_now(self)
+            worker.compile_now(self._main)
             if self.state == "failed":
                 from .compile import NativeUnavailable
 
                 raise NativeUnavailable(f"native compilation failed: {self.error}")
         else:
-            worker.submit(self)
+            worker.submit(self._main)
 
+    # -- compiles -------------------------------------------------------------------------
+    def _installed(self, job: _Job) -> None:
+        """A compile finished (on the worker, or the caller's thread when eager)."""
+        with self._lock:
+            self.compiled = job.compiled
+            self.lowered = job.lowered
+            self.table.clear()
+            if job is self._main:
+                self.state = "ready"
+                self.run = self._fast
+
+    def _job_failed(self, job: _Job) -> None:
+        if job is self._main:
+            self.error = job.error
+            self.state = "failed"
+        with self._lock:
+            self.table.clear()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every compile started so far finished (ready or failed); False on
+        timeout."""
+        jobs = [j for j in [self._main, *self.sigs.values()] if j is not None]
+        return all(j.done.wait(timeout) for j in jobs)
+
+    def _sig_job(self, key: Any) -> _Job | None:
+        """Signature mode: the job for ``key`` (started now if new); None if it failed."""
+        with self._lock:
+            job = self.sigs.get(key)
+            if job is None:
+                job = self.sigs[key] = _Job(self, key, None)
+                while len(self.sigs) > MAX_SIGNATURES:
+                    self.sigs.popitem(last=False)
+                    self.table.clear()
+                fresh = True
+            else:
+                fresh = False
+        if fresh:
+            if self.mode == "eager":
+                worker.compile_now(job)
+            else:
+                worker.submit(job)
+        return job
+
+    # -- calls ----------------------------------------------------------------------------
     def _run_interp(self, feeds: Mapping[str, Any], outputs: Any = None) -> Any:
         return self.interp.run(feeds, outputs)
 
     def run_call(self, feeds: Mapping[str, Any], outputs: Any, call: CallContext) -> Any:
-        """``run`` under a deadline or canceller: the interpreter's checked path until the
-        native function is ready; then the call is checked before the native call (a model
-        on the native tier is tiny by construction unless forced: its loops are bounded by
-        static shapes)."""
-        if self._fn is None:
+        """``run`` under a deadline or canceller: the interpreter's checked path until
+        native code is ready; then the call is checked before the native call."""
+        if self.state != "ready" or (self.form == "signature" and not self.table):
             return self.interp.run_call(feeds, outputs, call)
         call.check()
         return self.run(feeds, outputs)
 
-    def memory_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> Any:
-        """The sync interpreter's plan (the layout the native arena follows)."""
-        return self.interp.memory_plan(shapes)
+    def _entry(self, key: Any, args: list[np.ndarray]) -> Any:
+        """The entry for this signature, put in the table once it is final."""
+        job = self._main if self.form != "signature" else self._sig_job(key)
+        if job is None or job.state != "ready" or job.compiled is None or job.lowered is None:
+            if job is not None and job.state == "failed":
+                self._remember(key, self._interp_entry)
+            return self._interp_entry
+        low, comp = job.lowered, job.compiled
+        nat = native_entry(comp.fn, low.params, low.output_names, low.finishers, len(args))
+        if not self.measure:
+            self._remember(key, nat)
+            self._go_direct(low, comp)
+            return nat
+        bucket = self._bucket(key, args, low)
+        chosen = self.choices.get(bucket)
+        cands = [("native", nat), ("sync", self._interp_entry)]
+        if (
+            low.mode == "rows"
+            and comp.fn_into is not None
+            and self._rows(args, low) >= PAR_MIN_ROWS
+        ):
+            cands.insert(1, ("native threads", threads_entry(
+                comp.fn_into, low.params, low.output_names, low.finishers, low.out_rows,
+                low.out_dtypes, low.batched)))  # fmt: skip
+        if chosen is not None:
+            pick = dict(cands).get(chosen[0], nat)
+            self._remember(key, pick)
+            return pick
 
-    def describe_lines(self) -> list[str]:
-        how = "the whole model as one numba function, the sync interpreter until compiled"
-        return [*self.interp.plan_lines(), "  " + self.describe(),
-                f"  executor: native ({self.why}; {how})"]  # fmt: skip
+        def decide(best: str, figures: dict[str, float]) -> None:
+            self.choices[bucket] = (best, figures)
+            self._remember(key, dict(cands)[best])
+            if best == "native":
+                self._go_direct(low, comp)
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until compilation finished (ready or failed); False on timeout."""
-        return self._done.wait(timeout)
+        def disagree(reason: str) -> None:
+            self.error = reason
+            self.choices[bucket] = ("sync", {})
+            self._remember(key, self._interp_entry)
 
-    def _compile(self) -> None:
-        """Compile and switch over (called by ``worker``: on its thread, or the loader's
-        when eager)."""
-        try:
-            compiled = compile_lowered(self.lowered)
-        except Exception as e:  # noqa: BLE001 - any failure keeps the interpreter serving
-            self._fail(f"{type(e).__name__}: {e}")
-            return
-        self.compiled = compiled
-        self._fn = compiled.fn
-        self.run = self._fast_entry()
-        self.state = "ready"
-        self._done.set()
+        trial = Trial(cands, self._interp_entry, decide, disagree)
+        self._remember(key, trial)
+        return trial
 
-    def _fail(self, reason: str) -> None:
-        """Give up: the interpreter keeps serving; ``describe()`` shows ``reason``."""
-        self.error = reason
-        self.state = "failed"
-        self._done.set()
+    def _go_direct(self, low: Lowered, comp: Compiled) -> None:
+        """A static-shape model served natively: ``run`` calls the function straight."""
+        if low.mode == "static" and self.form == "static":
+            self.run = direct_entry(comp.fn, low.params, low.input_names, low.output_names,
+                                    low.input_dtypes, low.finishers, self._slow)  # fmt: skip
 
-    def _fast_entry(self) -> Any:
-        """The generated entry. Input and output names are bound as variables ``n<k>`` /
-        ``o<k>`` (never pasted into the source: they are model text)."""
-        low = self.lowered
-        n_in = len(low.input_names)
-        xs = [f"x{k}" for k in range(n_in)]
-        args = ", ".join([*xs, *(f"P{i}" for i in range(len(low.params)))])
-        same = " and ".join(f"x{k}.dtype is d{k}" for k in range(n_in)) or "True"
-        if len(low.output_names) == 1:
-            result = "{o0: r}"
-        else:
-            result = "{" + ", ".join(f"o{k}: r[{k}]" for k in range(len(low.output_names))) + "}"
-        src = "\n".join([
-            "def run(feeds, outputs=None):",
-            "    if outputs is None:",
-            "        try:",
-            f"            if len(feeds) == {n_in}:",
-            *[f"                x{k} = feeds[n{k}]" for k in range(n_in)],
-            f"                if {same}:",
-            f"                    r = fn({args})",
-            f"                    return {result}",
-            "        except Exception:",
-            "            pass",
-            "    return slow(feeds, outputs)",
-        ])  # fmt: skip
-        env: dict[str, Any] = {"fn": self._fn, "slow": self._slow}
-        env.update({f"P{i}": p for i, p in enumerate(low.params)})
-        # The canonical (native byte order) dtype objects: ``is`` fails for any other.
-        env.update({f"d{k}": np.dtype(dt.name) for k, dt in enumerate(low.input_dtypes)})
-        env.update({f"n{k}": n for k, n in enumerate(low.input_names)})
-        env.update({f"o{k}": n for k, n in enumerate(low.output_names)})
-        exec(compile(src, "<tfrt_py native entry>", "exec"), env)
-        return env["run"]
+    def _remember(self, key: Any, entry: Any) -> None:
+        if len(self.table) >= _MAX_TABLE:
+            self.table.clear()
+        self.table[key] = entry
+
+    @staticmethod
+    def _rows(args: list[np.ndarray], low: Lowered) -> int:
+        k = list(low.batched).index(True)
+        return int(args[k].shape[0])
+
+    def _bucket(self, key: Any, args: list[np.ndarray], low: Lowered) -> Any:
+        """Rows mode decides per batch-size class (powers of two); others per signature."""
+        if low.mode == "rows":
+            return ("rows", self._rows(args, low).bit_length())
+        return key
 
     def _slow(self, feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None) -> Any:
         args = self._check(feeds)
-        names = self.lowered.output_names
+        names = [v.name for v in self.graph.outputs]
         bufs = {} if not outputs else dict(outputs)
         if bufs:
             check_output_buffers(bufs, names, args)
+        if not all(type(a) is np.ndarray for a in args):
+            return self.interp.run(feeds, outputs)
         ready = [
             a
             if a.flags.c_contiguous and a.flags.writeable and a.dtype.isnative
             else np.array(a, dtype=a.dtype.newbyteorder("="), order="C")
             for a in args
         ]
+        key = ready[0].shape if len(ready) == 1 else tuple(a.shape for a in ready)
+        entry = self.table.get(key) or self._entry(key, ready)
+        if entry is self._interp_entry:
+            return self.interp.run(feeds, outputs)
         try:
-            r = self._fn(*ready, *self.lowered.params)
-            vals = list(r) if isinstance(r, tuple) else [r]
+            res = entry(feeds, *ready)
         except Exception:  # noqa: BLE001 - the interpreter raises the executor's error
-            vals = [np.array(v) for v in self._program.run(args)]
+            vals = [np.array(v) if isinstance(v, np.ndarray) else v
+                    for v in self._program.run(args)]  # fmt: skip
+            res = dict(zip(names, vals))
         out: dict[str, Any] = {}
-        for name, v in zip(names, vals):
+        for name in names:
+            v = res[name]
             buf = bufs.get(name)
             if buf is not None:
                 if buf.shape != v.shape or buf.dtype != v.dtype:
@@ -196,20 +301,67 @@ class NativeTier(Executor):
             out[name] = v
         return out
 
+    # -- describe -------------------------------------------------------------------------
+    def memory_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> Any:
+        """The sync interpreter's plan (the layout the native arena follows)."""
+        return self.interp.memory_plan(shapes)
+
+    def describe_lines(self) -> list[str]:
+        how = "the whole model as one numba function, the sync interpreter until compiled"
+        lines = [*self.interp.plan_lines(), "  " + self.describe()]
+        for bucket, (best, figs) in list(self.choices.items()):
+            what = (
+                f"batch {1 << (bucket[1] - 1) if bucket[1] else 0}+ rows"
+                if isinstance(bucket, tuple) and bucket[:1] == ("rows",)
+                else f"shapes {bucket}"
+            )
+            shown = ", ".join(f"{n} {us:,.1f} µs" for n, us in figs.items()) or "not timed"
+            lines.append(f"    measured ({what}): {shown}; serving: {best}")
+        return [*lines, f"  executor: native ({self.why}; {how})"]
+
     def describe(self) -> str:
-        """One line for ``Model.describe()``."""
+        """One line for ``Model.describe()`` (more lines in ``describe_lines``)."""
+        if self.form == "signature":
+            done = [k for k, j in list(self.sigs.items()) if j.state == "ready"]
+            failed = [f"{k}: {j.error}" for k, j in list(self.sigs.items()) if j.state == "failed"]
+            text = (f"native: one numba function per input signature (at most "
+                    f"{MAX_SIGNATURES}); compiled: {done or 'none yet'}")  # fmt: skip
+            return text + (f"; declined: {failed}" if failed else "")
+        assert self.lowered is not None
         n, units = self.lowered.n_nodes, self.lowered.units
+        what = "every batch size (one row per loop step)" if self.form == "rows" else "its shapes"
         if self.state == "compiling":
             return (
-                f"native: compiling {n} nodes ({units} compile units) in the background; "
-                "the sync interpreter serves"
+                f"native: compiling {n} nodes ({units} compile units) in the background "
+                f"for {what}; the sync interpreter serves"
             )
         if self.state == "failed":
             return f"native: compilation failed ({self.error}); the sync interpreter serves"
         c = self.compiled
         assert c is not None
         how = "loaded from the disk cache" if c.cache_hit else "compiled"
+        note = f"; {self.error}" if self.error else ""
         return (
-            f"native: {n} nodes as one numba function ({units} compile units), {how} in "
-            f"{c.seconds:.2f} s ({c.path})"
+            f"native: {n} nodes as one numba function ({units} compile units) for {what}, "
+            f"{how} in {c.seconds:.2f} s ({c.path}){note}"
         )
+
+
+def plan_lowering(graph: Graph, program: Program) -> Lowered | None:
+    """The module for ``graph`` (static shapes, or rows mode for a dynamic first dim
+    whose rows are independent), or None for signature mode: other dynamic dims, after
+    checking that the signature with every dynamic dim 1 lowers. Raises Declined."""
+    from .lower import dynamic_inputs
+    from .source import Declined
+
+    if not any(dynamic_inputs(graph)):
+        return lower(graph, program)
+    try:
+        return lower(graph, program, rows=True)
+    except Declined as e:
+        if not any(r.startswith("rows:") for r in e.reasons):
+            raise
+    shapes = [tuple(d if isinstance(d, int) else 1 for d in v.type.shape)  # type: ignore[union-attr]
+              for v in graph.inputs]  # fmt: skip
+    lower(graph, program, shapes=shapes)
+    return None

@@ -17,7 +17,7 @@ from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .common import ML_DOMAIN, as_2d, attr_floats, attr_ints, attr_strings, post_transform
 
-__all__ = ["register_kernels"]
+__all__ = ["class_labels", "register_kernels"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -257,3 +257,7 @@ def register_kernels(registry: KernelRegistry) -> None:
     registry.add("LinearRegressor", _linear_regressor, domain=ML_DOMAIN, since=1, flags=OUT)
     registry.add("ArrayFeatureExtractor", _array_feature_extractor, domain=ML_DOMAIN, since=1)
     registry.add("FeatureVectorizer", _feature_vectorizer, domain=ML_DOMAIN, since=1)
+
+
+#: The class labels of a linear model (shared with the native lowering).
+class_labels = _labels

@@ -24,7 +24,7 @@ from .common import ML_DOMAIN, as_2d, attr_floats, attr_ints, attr_strings, post
 from .common import logistic as _logistic
 from .tree import LEQ, MEMBER, MODE_NAMES, Forest, TreeSpec
 
-__all__ = ["register_kernels"]
+__all__ = ["aggregate_name", "parse_spec_v3", "parse_spec_v5", "register_kernels"]
 
 _AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
 _F32 = np.dtype(np.float32)
@@ -380,3 +380,10 @@ def register_kernels(registry: KernelRegistry) -> None:
     registry.add("TreeEnsembleClassifier", _tree_ensemble_classifier, domain=ML_DOMAIN, since=1)
     registry.add("TreeEnsembleRegressor", _tree_ensemble_regressor, domain=ML_DOMAIN, since=1)
     registry.add("TreeEnsemble", _tree_ensemble, domain=ML_DOMAIN, since=5)
+
+
+#: Attribute parsing, shared with the native tier's lowering (``tfrt_py.native.ops_ml``),
+#: so both read a model the same way.
+parse_spec_v3 = _spec_v3
+parse_spec_v5 = _spec_v5
+aggregate_name = _aggregate_name

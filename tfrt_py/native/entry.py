@@ -1,0 +1,288 @@
+"""The Python side of a native call: the fast entry, per-signature entries, row threads,
+and the measured choice between native code and the sync interpreter.
+
+``fast_entry(...)`` generates the function ``Model.run`` calls (names are bound as
+variables ``n<k>``/``o<k>``, never pasted: they are model text). It checks ``len(feeds)``,
+fetches each feed, checks that its dtype *is* the input's native-order dtype, and looks the
+feeds' shapes up in ``table`` (one dict per tier): the entry there serves the call.
+Anything else -- a new signature, another dtype object, ``outputs=``, any exception --
+goes to the tier's slow path.
+
+An entry is a callable ``(feeds, x0, x1, ...) -> dict``: ``native_entry`` (the compiled
+function, then the finishers: ZipMap dicts, string labels), ``threads_entry`` (rows mode:
+the batch split over a few threads, the compiled function releases the GIL), or the sync
+interpreter. ``Trial`` serves a signature's first calls alternating its candidates, times
+them, checks the first native answer against the interpreter's, and then puts the fastest
+in the table (``describe()`` shows the figures).
+
+Thread-safe: tables are plain dicts mutated by single stores (the GIL); a trial's lists
+may lose a sample to a race, never a result.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "PAR_MIN_ROWS",
+    "Trial",
+    "agree",
+    "direct_entry",
+    "fast_entry",
+    "native_entry",
+    "threads_entry",
+]
+
+Entry = Callable[..., dict[str, Any]]
+
+#: Rows mode: batches of at least this many rows also try the threaded entry.
+PAR_MIN_ROWS = 256
+#: Calls per candidate in a trial: one warm-up (the interpreter plans on its first call of
+#: a signature), then the timed ones.
+WARMUP, SAMPLES = 1, 3
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _threads() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _get_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                max(1, _threads() - 1), thread_name_prefix="tfrt_py-native-rows"
+            )
+        return _pool
+
+
+def _reset_pool() -> None:
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_pool)  # the pool's threads are not in the child
+
+
+def _finisher(spec: Any) -> Callable[[np.ndarray], Any] | None:
+    if spec is None:
+        return None
+    kind, labels = spec
+    if kind == "zipmap":
+        keys = list(labels)
+        return lambda a: [
+            dict(zip(keys, row)) for row in np.asarray(a).reshape(len(a), -1).tolist()
+        ]
+    table = np.asarray(labels, dtype=object)
+    return lambda a: table.take(a)
+
+
+def _zipmap(keys: list[Any]) -> Callable[[np.ndarray], list[dict[Any, float]]]:
+    """Rows of scores -> one dict per row, keys the labels (bound as variables ``K<j>``,
+    never pasted: they are model text); a dict display per row, about twice as fast as
+    ``dict(zip(...))``."""
+    if len(keys) > 64 or len(set(keys)) != len(keys):
+        return lambda a: [dict(zip(keys, r)) for r in np.asarray(a).reshape(len(a), -1).tolist()]
+    items = ", ".join(f"K{j}: r[{j}]" for j in range(len(keys)))
+    src = f"def zipmap(a):\n    return [{{{items}}} for r in a.reshape(len(a), -1).tolist()]"
+    env: dict[str, Any] = {f"K{j}": k for j, k in enumerate(keys)}
+    exec(compile(src, "<tfrt_py zipmap>", "exec"), env)
+    return env["zipmap"]
+
+
+def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str],
+                 finishers: Sequence[Any], n_in: int) -> Entry:  # fmt: skip
+    """``(feeds, x0, ...) -> {name: output}`` calling ``fn(x0, ..., *params)``."""
+    xs = [f"x{k}" for k in range(n_in)]
+    fins = [_finisher(f) for f in finishers]
+    one = len(out_names) == 1
+
+    def val(k: int) -> str:
+        r = "r" if one else f"r[{k}]"
+        return r if fins[k] is None else f"F{k}({r})"
+
+    src = "\n".join([
+        f"def native(feeds, {', '.join(xs)}):",
+        f"    r = fn({', '.join([*xs, *(f'P{i}' for i in range(len(params)))])})",
+        "    return {" + ", ".join(f"o{k}: {val(k)}" for k in range(len(out_names))) + "}",
+    ])  # fmt: skip
+    env: dict[str, Any] = {"fn": fn}
+    env.update({f"P{i}": p for i, p in enumerate(params)})
+    env.update({f"o{k}": n for k, n in enumerate(out_names)})
+    env.update({f"F{k}": f for k, f in enumerate(fins) if f is not None})
+    exec(compile(src, "<tfrt_py native call>", "exec"), env)
+    return env["native"]
+
+
+def _chunk(fn: Any, args: tuple[Any, ...], lo: int, hi: int) -> None:
+    fn(*args, lo, hi)
+
+
+def threads_entry(fn_into: Any, params: Sequence[np.ndarray], out_names: Sequence[str],
+                  finishers: Sequence[Any], out_rows: Sequence[tuple[int, ...]],
+                  out_dtypes: Sequence[np.dtype], batched: Sequence[bool]) -> Entry:  # fmt: skip
+    """Rows mode over a few threads: the outputs are allocated here, each thread fills a
+    contiguous block of rows (``fn_into(xs, outs, params, lo, hi)``)."""
+    fins = [_finisher(f) for f in finishers]
+    first = list(batched).index(True)
+
+    def threaded(feeds: Any, *xs: np.ndarray) -> dict[str, Any]:
+        n = xs[first].shape[0]
+        outs = [np.empty((n, *rest), dt) for rest, dt in zip(out_rows, out_dtypes)]
+        k = _threads()
+        cuts = [n * i // k for i in range(k + 1)]
+        args = (*xs, *outs, *params)
+        pool = _get_pool()
+        futs = [pool.submit(_chunk, fn_into, args, cuts[i], cuts[i + 1]) for i in range(1, k)]
+        fn_into(*args, cuts[0], cuts[1])
+        for f in futs:
+            f.result()
+        return {name: (o if fin is None else fin(o))
+                for name, o, fin in zip(out_names, outs, fins)}  # fmt: skip
+
+    return threaded
+
+
+def agree(a: Any, b: Any) -> bool:
+    """Whether two outputs agree: floats to 1e-3, integers and strings in all but 1%."""
+    if isinstance(a, list) or isinstance(b, list):
+        if not (isinstance(a, list) and isinstance(b, list)) or len(a) != len(b):
+            return False
+        return all(
+            isinstance(x, dict) and isinstance(y, dict) and x.keys() == y.keys()
+            and np.allclose(list(x.values()), list(y.values()), rtol=1e-3, atol=1e-4)
+            for x, y in zip(a, b)
+        )  # fmt: skip
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind in "fc":
+        return bool(np.allclose(a, b, rtol=1e-3, atol=1e-4, equal_nan=True))
+    return int((a != b).sum()) <= a.size // 100
+
+
+class Trial:
+    """A signature's first calls: each candidate ``(name, entry)`` in turn, ``WARMUP +
+    SAMPLES`` times, then ``decide(best_name, figures)`` (median µs per candidate). The
+    first candidate's first answer is compared with ``reference``'s (the interpreter's);
+    a disagreement calls ``disagree(reason)`` and stops the trial."""
+
+    def __init__(self, cands: list[tuple[str, Entry]], reference: Entry,
+                 decide: Callable[[str, dict[str, float]], None],
+                 disagree: Callable[[str], None]) -> None:  # fmt: skip
+        self.cands = cands
+        self.reference = reference
+        self.decide = decide
+        self.disagree = disagree
+        self.calls = 0
+        self.times: dict[str, list[float]] = {name: [] for name, _ in cands}
+        self.done = False
+
+    def __call__(self, feeds: Any, *xs: Any) -> dict[str, Any]:
+        i = self.calls
+        self.calls = i + 1
+        name, entry = self.cands[i % len(self.cands)]
+        if self.done:
+            return entry(feeds, *xs)
+        t0 = time.perf_counter()
+        out = entry(feeds, *xs)
+        dt = time.perf_counter() - t0
+        if i == 0:
+            want = self.reference(feeds, *xs)
+            bad = [k for k in want if k not in out or not agree(out[k], want[k])]
+            if bad:
+                self.done = True
+                self.disagree(f"the native result of output {bad[0]!r} disagrees with the "
+                              "sync interpreter's")  # fmt: skip
+                return want
+        if i >= WARMUP * len(self.cands):
+            self.times[name].append(dt)
+        if not self.done and all(len(t) >= SAMPLES for t in self.times.values()):
+            self.done = True
+            figures = {n: statistics.median(t) * 1e6 for n, t in self.times.items()}
+            self.decide(min(figures, key=figures.__getitem__), figures)
+        return out
+
+
+def fast_entry(table: dict[Any, Entry], slow: Callable[..., Any], in_names: Sequence[str],
+               dtypes: Sequence[np.dtype]) -> Callable[..., Any]:  # fmt: skip
+    """The generated ``run(feeds, outputs=None)`` (see the module docstring)."""
+    n = len(in_names)
+    xs = [f"x{k}" for k in range(n)]
+    same = " and ".join(f"x{k}.dtype is d{k}" for k in range(n)) or "True"
+    key = (
+        "x0.shape"
+        if n == 1
+        else "(" + ", ".join(f"x{k}.shape" for k in range(n)) + ("," if n == 1 else "") + ")"
+    )
+    src = "\n".join([
+        "def run(feeds, outputs=None):",
+        "    if outputs is None:",
+        "        try:",
+        f"            if len(feeds) == {n}:",
+        *[f"                x{k} = feeds[n{k}]" for k in range(n)],
+        f"                if {same}:",
+        f"                    f = table.get({key if n else '()'})",
+        "                    if f is not None:",
+        f"                        return f(feeds{''.join(', ' + x for x in xs)})",
+        "        except Exception:",
+        "            pass",
+        "    return slow(feeds, outputs)",
+    ])  # fmt: skip
+    env: dict[str, Any] = {"table": table, "slow": slow}
+    env.update({f"d{k}": np.dtype(dt.name) for k, dt in enumerate(dtypes)})
+    env.update({f"n{k}": name for k, name in enumerate(in_names)})
+    exec(compile(src, "<tfrt_py native entry>", "exec"), env)
+    return env["run"]
+
+
+def direct_entry(fn: Any, params: Sequence[np.ndarray], in_names: Sequence[str],
+                 out_names: Sequence[str], dtypes: Sequence[np.dtype], finishers: Sequence[Any],
+                 slow: Callable[..., Any]) -> Callable[..., Any]:  # fmt: skip
+    """A static-shape model's ``run`` once native code serves it: no table, the compiled
+    function called straight (its explicit signature and in-function shape check reject
+    anything unusual, which then takes ``slow``)."""
+    n = len(in_names)
+    fins = [_finisher(f) for f in finishers]
+    one = len(out_names) == 1
+
+    def val(k: int) -> str:
+        r = "r" if one else f"r[{k}]"
+        return r if fins[k] is None else f"F{k}({r})"
+
+    args = ", ".join([*(f"x{k}" for k in range(n)), *(f"P{i}" for i in range(len(params)))])
+    same = " and ".join(f"x{k}.dtype is d{k}" for k in range(n)) or "True"
+    result = "{" + ", ".join(f"o{k}: {val(k)}" for k in range(len(out_names))) + "}"
+    src = "\n".join([
+        "def run(feeds, outputs=None):",
+        "    if outputs is None:",
+        "        try:",
+        f"            if len(feeds) == {n}:",
+        *[f"                x{k} = feeds[n{k}]" for k in range(n)],
+        f"                if {same}:",
+        f"                    r = fn({args})",
+        f"                    return {result}",
+        "        except Exception:",
+        "            pass",
+        "    return slow(feeds, outputs)",
+    ])  # fmt: skip
+    env: dict[str, Any] = {"fn": fn, "slow": slow}
+    env.update({f"P{i}": p for i, p in enumerate(params)})
+    env.update({f"d{k}": np.dtype(dt.name) for k, dt in enumerate(dtypes)})
+    env.update({f"n{k}": name for k, name in enumerate(in_names)})
+    env.update({f"o{k}": name for k, name in enumerate(out_names)})
+    env.update({f"F{k}": f for k, f in enumerate(fins) if f is not None})
+    exec(compile(src, "<tfrt_py native entry>", "exec"), env)
+    return env["run"]

@@ -1,0 +1,226 @@
+"""numba kernels for SVMs and linear models, one row at a time (see ``kern_post``).
+
+They follow ``tfrt_py.kernels.ml.svm`` and ``kernels.ml.linear`` (onnxruntime's rules):
+kernel values in float32 except RBF's distance (float64, then ``exp`` in float32); the
+pairwise decision values ``D = K @ A + rho`` in float32; probabilities by libsvm's pairwise
+coupling (Wu, Lin and Weng 2004, method 2) in float64. Kernel codes: LINEAR 0, POLY 1,
+RBF 2, SIGMOID 3 (``ml_pack.KERNEL_CODES``). Scratch buffers come from the caller's arena.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from .kern_post import argmax, logistic, post, probit
+
+__all__ = ["linear_cls_row", "svm_cls_row", "svm_kernel_row", "svm_reg_row"]
+
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693359375)
+_LN2_LO = np.float32(-2.12194440e-4)
+_EXP_LO, _EXP_HI = np.float32(-87.33654), np.float32(88.72283)
+
+
+@njit(nogil=True, cache=False)
+def exp32(buf, n, bits):
+    """``buf[:n] = exp(buf[:n])`` in float32 (Cody-Waite reduction, degree-7 polynomial,
+    within 2 ulp of expf); branch-free so LLVM vectorizes it. ``bits``: int32 scratch."""
+    two = bits.view(np.float32)
+    for v in range(n):
+        x = min(max(buf[v], _EXP_LO), _EXP_HI)
+        k = np.float32(np.floor(x * _LOG2E + np.float32(0.5)))
+        r = x - k * _LN2_HI - k * _LN2_LO
+        p = np.float32(1.0 / 5040.0)
+        p = p * r + np.float32(1.0 / 720.0)
+        p = p * r + np.float32(1.0 / 120.0)
+        p = p * r + np.float32(1.0 / 24.0)
+        p = p * r + np.float32(1.0 / 6.0)
+        p = p * r + np.float32(0.5)
+        p = p * r + np.float32(1.0)
+        buf[v] = p * r + np.float32(1.0)
+        bits[v] = (np.int32(k) + np.int32(127)) << 23
+    for v in range(n):
+        buf[v] = buf[v] * two[v]
+
+
+@njit(nogil=True, cache=False)
+def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb, bits):
+    """``kb[v] = K(x[xo:xo + f], sv[:, v])`` for every support vector (``sv`` feature-major:
+    ``sv[i * n_sv + v]``, so the loops over vectors vectorize), in float32."""
+    g = np.float32(gamma)
+    c0 = np.float32(coef0)
+    for v in range(n_sv):
+        kb[v] = 0
+    if ktype == 2:
+        for i in range(f):
+            xi = np.float32(x[xo + i])
+            base = i * n_sv
+            for v in range(n_sv):
+                t = xi - sv[base + v]
+                kb[v] += t * t
+        ng = np.float32(-gamma)
+        for v in range(n_sv):
+            kb[v] = kb[v] * ng
+        exp32(kb, n_sv, bits)
+        return
+    for i in range(f):
+        xi = np.float32(x[xo + i])
+        base = i * n_sv
+        for v in range(n_sv):
+            kb[v] += xi * sv[base + v]
+    if ktype == 1:
+        for v in range(n_sv):
+            k = kb[v] * g + c0
+            if degree == 2.0:
+                kb[v] = k * k
+            elif degree == 3.0:
+                kb[v] = k * k * k
+            else:
+                kb[v] = k ** np.float32(degree)
+    elif ktype == 3:
+        for v in range(n_sv):
+            kb[v] = math.tanh(kb[v] * g + c0)
+
+
+@njit(nogil=True, cache=False)
+def _coupling(r, k, q, p, qp):
+    """libsvm's multiclass probability from pairwise ``r`` (k x k, float64) into ``p``."""
+    for t in range(k):
+        p[t] = 1.0 / k
+        q[t * k + t] = 0.0
+        for j in range(k):
+            if j != t:
+                q[t * k + t] += r[j * k + t] * r[j * k + t]
+                q[t * k + j] = -r[j * k + t] * r[t * k + j]
+    eps = 0.005 / k
+    for _ in range(100):
+        pqp = 0.0
+        for t in range(k):
+            s = 0.0
+            for j in range(k):
+                s += q[t * k + j] * p[j]
+            qp[t] = s
+            pqp += p[t] * s
+        err = 0.0
+        for t in range(k):
+            e = abs(qp[t] - pqp)
+            if e > err:
+                err = e
+        if err < eps:
+            break
+        for t in range(k):
+            qtt = q[t * k + t]
+            diff = (-qp[t] + pqp) / qtt
+            p[t] += diff
+            den = 1.0 + diff
+            pqp = (pqp + diff * (diff * qtt + 2.0 * qp[t])) / den / den
+            for j in range(k):
+                qp[j] = (qp[j] + diff * q[t * k + j]) / den
+                p[j] /= den
+
+
+@njit(nogil=True, cache=False)
+def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj, k, labels,
+                proba, pa, pb, code, kb, bits, d, sc, votes, lab, lo, y, yo):  # fmt: skip
+    """SVMClassifier (one-vs-one with support vectors): ``lab[lo]`` the class with most
+    pairwise votes, ``y[yo:]`` the probabilities (``proba``), else the decision values
+    (two columns for two classes)."""
+    n_pairs = rho.size
+    svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb, bits)
+    for p in range(n_pairs):
+        d[p] = 0
+    for v in range(n_sv):
+        kv = kb[v]
+        for p in range(n_pairs):
+            d[p] += kv * a[v * n_pairs + p]
+    for c in range(k):
+        votes[c] = 0
+    for p in range(n_pairs):
+        d[p] += rho[p]
+        if d[p] > 0:
+            votes[pi[p]] += 1
+        else:
+            votes[pj[p]] += 1
+    lab[lo] = labels[argmax(votes, 0, k)]
+    if proba:
+        kk = k * k
+        for p in range(n_pairs):
+            r = np.float32(1.0) - np.float32(logistic(float(np.float32(d[p] * pa[p] + pb[p]))))
+            r = min(max(r, np.float32(1e-7)), np.float32(1 - 1e-7))
+            sc[pi[p] * k + pj[p]] = r
+            sc[pj[p] * k + pi[p]] = 1.0 - float(r)
+        _coupling(sc, k, sc[kk : 2 * kk], sc[2 * kk : 2 * kk + k], sc[2 * kk + k : 2 * kk + 2 * k])
+        for c in range(k):
+            y[yo + c] = sc[2 * kk + c]
+        post(y, yo, k, code)
+        return
+    if n_pairs == 1:
+        s = d[0]
+        if code == 4:
+            y[yo] = probit(float(s))
+            y[yo + 1] = 0
+        else:
+            y[yo] = -s if code == 0 else np.float32(1.0) - s
+            y[yo + 1] = s
+        return
+    for p in range(n_pairs):
+        y[yo + p] = d[p]
+    post(y, yo, n_pairs, code)
+
+
+@njit(nogil=True, cache=False)
+def svm_reg_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, coef, r0, one_class, code, kb,
+                bits, y, yo):  # fmt: skip
+    """SVMRegressor: ``y[yo] = K(x, S) @ coef + rho[0]`` (float32); one_class gives +1/-1."""
+    svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb, bits)
+    s = np.float32(0.0)
+    for v in range(n_sv):
+        s += kb[v] * coef[v]
+    s += r0
+    if one_class:
+        s = np.float32(1.0) if s > 0 else np.float32(-1.0)
+    y[yo] = s
+    post(y, yo, 1, code)
+
+
+@njit(nogil=True, cache=False)
+def linear_cls_row(x, xo, f, w, b, n, labels, binary, two, pos, neg, lin_argmax, all_positive,
+                   code, s, lab, lo, y, yo):  # fmt: skip
+    """LinearClassifier (``binary``: one coefficient row, ORT's binary form) and, with
+    ``lin_argmax``, SVMClassifier's liblinear mode (``b`` one rho for every class):
+    ``s = x @ w + b`` (w row-major (f, n)), ``lab[lo]`` and the scores ``y[yo:]``."""
+    for j in range(n):
+        s[j] = 0
+    for i in range(f):
+        xi = np.float32(x[xo + i])
+        for j in range(n):
+            s[j] += xi * w[i * n + j]
+    for j in range(n):
+        s[j] += b[j if b.size == n else 0]
+    if binary:
+        s0 = s[0]
+        lab[lo] = pos if s0 > 0 else neg
+        if code == 4:
+            s0 = np.float32(probit(float(s0)))
+        if not two:
+            y[yo] = s0
+        elif code == 2:
+            y[yo] = logistic(-float(s[0]))
+            y[yo + 1] = logistic(float(s[0]))
+        else:
+            y[yo] = np.float32(1.0) - s0
+            y[yo + 1] = s0
+        return
+    pick = argmax(s, 0, n)
+    if lin_argmax and n == 2:
+        top = max(s[0], s[1])
+        if (top >= 0.5) if all_positive else (top > 0):
+            pick = 1
+    lab[lo] = labels[pick]
+    for j in range(n):
+        y[yo + j] = s[j]
+    post(y, yo, n, code)
