@@ -1,7 +1,7 @@
 """Matrix products on tfrt_py's threads: ``matmul_into`` splits a large (M, K) @ (K, N)
 product into row blocks run on the intra-op pool (``concurrency.threads``), each a
 single-threaded BLAS call (NumPy's BLAS is kept single-threaded: docs/architecture.md,
-"Threads"). Small products go straight to ``np.matmul``: a split costs a few µs of
+"Threads"). Small products go straight to ``np.matmul``: a split costs tens of µs of
 hand-off. Call-time code: no allocation beyond the output, no locks but the pool's."""
 
 from __future__ import annotations
@@ -14,8 +14,11 @@ from ..concurrency.threads import intra_pool
 
 __all__ = ["SPLIT_MIN_MACS", "matmul_into"]
 
-#: Products smaller than this many multiply-adds run whole (~25 µs of single-core BLAS).
-SPLIT_MIN_MACS = 1 << 19
+#: Products smaller than this many multiply-adds run whole (~150 µs of single-core BLAS).
+#: A split pays for waking a helper and two GIL hand-offs, tens of µs each on a VM: on the
+#: 2-core reference machine 64x256 @ 256x256 (4M) took 85 µs split vs 43 µs whole, 256^3
+#: (16M) broke even, 197x192 @ 192x768 (29M) gained 15% and 512x1024 @ 1024x1024 1.6x.
+SPLIT_MIN_MACS = 1 << 24
 #: A row block has at least this many rows (BLAS micro-kernels want tall panels).
 _MIN_ROWS = 32
 
