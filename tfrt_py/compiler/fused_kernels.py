@@ -249,9 +249,11 @@ def register_fused_kernels(registry: KernelRegistry) -> None:
 
 def with_fused_kernels(registry: KernelRegistry) -> KernelRegistry:
     """A copy of ``registry`` with the fused ops added (the original is not changed)."""
+    from .fused_ml import register_ml_kernels
     from .fused_vision import register_vision_kernels
 
     reg = registry.copy()
     register_fused_kernels(reg)
     register_vision_kernels(reg, DOMAIN)
+    register_ml_kernels(reg, DOMAIN)
     return reg

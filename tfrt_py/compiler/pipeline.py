@@ -51,6 +51,7 @@ def _passes() -> dict[str, PassFn]:
         fuse_conv,
         fuse_elementwise,
         fuse_linear,
+        fuse_ml,
         fuse_transformer,
         hoist,
         shapes,
@@ -65,6 +66,7 @@ def _passes() -> dict[str, PassFn]:
         "hoist": hoist.hoist_over_concat,
         "fuse_conv": fuse_conv.fuse_conv,
         "fuse_transformer": fuse_transformer.fuse_transformer,
+        "fuse_ml": fuse_ml.fuse_ml,
         "fuse_linear": fuse_linear.fuse_linear,
         "fuse_elementwise": fuse_elementwise.fuse_elementwise_chains,
     }
@@ -82,6 +84,7 @@ PASSES = (
     "fuse_conv",
     "hoist",
     "fuse_transformer",
+    "fuse_ml",
     "fuse_linear",
     "fuse_elementwise",
 )

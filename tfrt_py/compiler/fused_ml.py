@@ -1,0 +1,67 @@
+"""Kernels for the fused ops of the classic-ML pass (``fuse_ml``), in the private domain
+``tfrt_py.fused``.
+
+``PairwiseSqDist(Y, X)``: ``D[i, j] = sum_k (X[j, k] - Y[i, k]) ** 2`` for ``Y`` (M, K) and
+``X`` (N, K), an (M, N) result -- what skl2onnx's nearest-neighbour Scan computes one row
+of ``Y`` per iteration. The same arithmetic as the Scan body (a subtraction, a square and a
+sum over the last axis: ``np.add.reduce`` as the unfused ReduceSumSquare kernel uses),
+so the values are the unfused ones, bit for bit; only the Python loop is gone. Work is done
+in chunks of rows of ``Y`` so the broadcast temporary stays under ``CHUNK_ELEMENTS``
+elements whatever the batch. No ``out=``: returns a fresh array. Any thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..kernels import Cost, KernelContext, KernelRegistry
+
+__all__ = ["CHUNK_ELEMENTS", "pairwise_sq_dist", "register_ml_kernels"]
+
+#: The broadcast temporary's size bound (elements): 256 KiB of float32, cache-resident.
+CHUNK_ELEMENTS = 1 << 16
+
+
+def pairwise_sq_dist(y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(M, N) squared distances between the rows of ``y`` (M, K) and of ``x`` (N, K)
+    (``K`` may broadcast as in ONNX ``Sub``)."""
+    m, n = y.shape[0], x.shape[0]
+    k = np.broadcast_shapes(y.shape[1:], x.shape[1:])[0]
+    dtype = np.result_type(y, x)
+    out = np.empty((m, n), dtype)
+    if m == 0 or n == 0:
+        return out
+    rows = max(1, min(m, CHUNK_ELEMENTS // max(1, n * k)))
+    buf = np.empty((rows, n, k), dtype)
+    xs = x[None, :, :]
+    for i0 in range(0, m, rows):
+        i1 = min(m, i0 + rows)
+        b = buf[: i1 - i0]
+        np.subtract(xs, y[i0:i1, None, :], out=b)
+        np.multiply(b, b, out=b)
+        np.add.reduce(b, axis=2, dtype=dtype, out=out[i0:i1])
+    return out
+
+
+def _pairwise(ctx: KernelContext) -> Any:
+    def pairwise(y: np.ndarray, x: np.ndarray) -> np.ndarray:
+        return pairwise_sq_dist(y, x)
+
+    return pairwise
+
+
+def _pairwise_cost(
+    ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]
+) -> Cost:
+    if len(ins) < 2 or not outs or len(ins[0]) != 2:
+        return Cost(0.0, 0.0)
+    d = float(np.prod(outs[0]))
+    k = float(ins[0][1])
+    return Cost(3.0 * d * k, 4.0 * (float(np.prod(ins[0])) + float(np.prod(ins[1])) + d))
+
+
+def register_ml_kernels(registry: KernelRegistry, domain: str) -> None:
+    """Register the classic-ML pass's fused ops into ``registry`` under ``domain``."""
+    registry.add("PairwiseSqDist", _pairwise, domain=domain, cost=_pairwise_cost)
