@@ -22,7 +22,9 @@ paired ratio, and a geomean of the ratios per batch size. ``--busy`` runs a busy
 neighbour (``python -c "while True: pass"``) pinned to one core for the whole run, killed
 at the end, and labels the table. ``--threads N`` gives both runtimes N threads (BLAS
 through threadpoolctl around the measurement, onnxruntime's intra-op pool); by default each
-library picks its own (OpenBLAS and onnxruntime: one per core). Torch, torchvision, timm
+library picks its own (OpenBLAS and onnxruntime: one per core). onnxruntime's pool threads
+do not spin between runs unless ``--ort-spinning`` (spinning threads keep the cores from the
+interleaved tfrt_py bursts, which no single-runtime process sees). Torch, torchvision, timm
 and onnxscript come from ``make bench-zoo``; the measuring process needs only tfrt_py and
 onnxruntime.
 """
@@ -219,7 +221,13 @@ def _feeds(side: int, batch: int) -> dict:
 
 
 def bench_one(
-    path: str, name: str, exporter: str, batch: int, seconds: float, threads: int = 0
+    path: str,
+    name: str,
+    exporter: str,
+    batch: int,
+    seconds: float,
+    threads: int = 0,
+    spinning: bool = False,
 ) -> Row:
     import numpy as np
     import onnxruntime as ort
@@ -232,6 +240,10 @@ def bench_one(
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads
+    if not spinning:
+        # onnxruntime's pool threads spin after each run by default; in one process,
+        # interleaved, they take the cores from the next burst (tfrt_py's intra-op threads).
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     in_name = sess.get_inputs()[0].name
     feeds = {in_name: feeds["input"]}
@@ -336,6 +348,8 @@ def main() -> None:
         help="threads for both runtimes (onnxruntime intra-op, BLAS via threadpoolctl for "
         "the measurement only); 0: each library's default",
     )
+    ap.add_argument("--ort-spinning", action="store_true",
+                    help="leave onnxruntime's thread spinning on (its default)")  # fmt: skip
     ap.add_argument("--png", default="", help="write a plot of the ratios here")
     ap.add_argument("--json", default="", help="write the rows here")
     ap.add_argument("--export-only", action="store_true", help="export (cache) and stop")
@@ -360,6 +374,7 @@ def main() -> None:
     rows: list[Row] = []
     if a.threads:
         label += f", {a.threads} thread(s) each"
+    label += ", onnxruntime spinning " + ("on" if a.ort_spinning else "off")
     with busy_neighbour(a.busy), blas_threads(a.threads):
         for name in names:
             for ex in exporters:
@@ -368,7 +383,7 @@ def main() -> None:
                     continue
                 for b in batches:
                     try:
-                        row = bench_one(path, name, ex, b, a.seconds, a.threads)
+                        row = bench_one(path, name, ex, b, a.seconds, a.threads, a.ort_spinning)
                     except Exception as e:  # noqa: BLE001 - report and go on with the zoo
                         print(f"{name} ({ex}, batch {b}): {type(e).__name__}: {e}", flush=True)
                         continue

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..concurrency.threads import intra_pool
 
-__all__ = ["SPLIT_MIN_MACS", "matmul_into"]
+__all__ = ["SPLIT_MIN_MACS", "matmul_cols_into", "matmul_into"]
 
 #: Products smaller than this many multiply-adds run whole (~150 µs of single-core BLAS).
 #: A split pays for waking a helper and two GIL hand-offs, tens of µs each on a VM: on the
@@ -21,6 +21,8 @@ __all__ = ["SPLIT_MIN_MACS", "matmul_into"]
 SPLIT_MIN_MACS = 1 << 24
 #: A row block has at least this many rows (BLAS micro-kernels want tall panels).
 _MIN_ROWS = 32
+#: A column block has at least this many columns.
+_MIN_COLS = 64
 
 
 def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -40,6 +42,34 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> 
 
     def part(r0: int, r1: int) -> Any:
         return lambda: mm(a[r0:r1], b, out=out[r0:r1])
+
+    pool.run([part(edges[i], edges[i + 1]) for i in range(blocks)])
+    return out
+
+
+def matmul_cols_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out[:] = a @ b`` for 2-D ``a`` (M, K), ``b`` (K, L) and a C-contiguous ``out``
+    (M, L), split over the intra-op pool when it pays: into column blocks when ``b`` is
+    wider than ``a`` is tall (a convolution's im2col product: few filters, many output
+    pixels; each part reads only its columns of ``b``), else into row blocks
+    (``matmul_into``). Same result as ``np.matmul``; the blocks are BLAS calls on strided
+    views (no copies)."""
+    m, k = a.shape
+    n = b.shape[1]
+    pool = intra_pool()
+    t = pool.threads
+    if t == 1 or m * k * n < SPLIT_MIN_MACS:
+        return np.matmul(a, b, out=out)
+    if m >= n:
+        return matmul_into(a, b, out)
+    blocks = min(2 * t, n // _MIN_COLS)
+    if blocks < 2:
+        return np.matmul(a, b, out=out)
+    edges = [n * i // blocks for i in range(blocks + 1)]
+    mm = np.matmul
+
+    def part(c0: int, c1: int) -> Any:
+        return lambda: mm(a, b[:, c0:c1], out=out[:, c0:c1])
 
     pool.run([part(edges[i], edges[i + 1]) for i in range(blocks)])
     return out

@@ -5,6 +5,8 @@ Conv runs as im2col + one matmul per call: the (padded) input is viewed through 
 window view (N, groups, C/groups, *kernel, *out) and copied once into the im2col matrix,
 then multiplied by the weights reshaped to (groups, M/groups, C/groups*prod(kernel)), which
 is done at load when the weights are constant. 1x1 stride-1 unpadded convs skip the copy.
+With one group the product is split over tfrt_py's intra-op threads when it is big enough
+(``gemm.matmul_cols_into``: column blocks of the im2col matrix), one image at a time.
 The padded input and the im2col matrix live in per-thread scratch buffers (no page faults
 on fresh 100 MB allocations each call); only the output is a new array, or ``out``.
 Everything shape-dependent (pads for auto_pad, output size, view strides) is computed once
@@ -20,6 +22,7 @@ import numpy as np
 
 from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import compute_dtype
+from ..gemm import matmul_cols_into
 from ..registry import KernelRegistry
 from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
 from .conv_direct import ACTIVATIONS, Epilogue, make_epilogue, plan_depthwise, run_depthwise
@@ -226,6 +229,15 @@ def make_conv_core(
             view = np.ndarray(plan.view_shape, cdt, xp, 0, plan.view_strides)
             cols = scratch(1, plan.cols_shape, cdt)
             np.copyto(cols.reshape(plan.view_shape), view)
+        if w2.ndim == 2:  # one group: per image, a product split over tfrt_py's threads
+            res = np.empty(plan.out_shape, cdt) if out is None else out
+            mm = res.reshape(plan.mm_shape)
+            if cols.ndim == 2:
+                matmul_cols_into(w2, cols, mm)
+            else:
+                for i in range(cols.shape[0]):
+                    matmul_cols_into(w2, cols[i], mm[i])
+            return res
         if out is not None:
             np.matmul(w2, cols, out=out.reshape(plan.mm_shape))
             return out
