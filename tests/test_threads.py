@@ -14,7 +14,7 @@ import tfrt_py
 from tfrt_py.concurrency.intraop import IntraOpPool
 from tfrt_py.concurrency.threads import THREADS_ENV, configure, threads
 from tfrt_py.ir import GraphBuilder
-from tfrt_py.kernels.gemm import matmul_into
+from tfrt_py.kernels.gemm import matmul_cols_into, matmul_into
 
 
 def test_pool_runs_every_part_and_the_caller_takes_part() -> None:
@@ -80,6 +80,23 @@ def test_matmul_into_matches_numpy(m: int, k: int, n: int) -> None:
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
     strided = np.asfortranarray(a)  # rows are views with any strides
     np.testing.assert_allclose(matmul_into(strided, b), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n"), [(3, 8, 8), (64, 576, 3136), (512, 300, 200), (7, 4096, 700)]
+)
+def test_matmul_cols_into_matches_numpy(m: int, k: int, n: int) -> None:
+    """Column blocks (wide right operand: an im2col product) and row blocks alike."""
+    configure(2)
+    try:
+        rng = np.random.default_rng(n)
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        out = np.full((m, n), np.nan, np.float32)
+        assert matmul_cols_into(a, b, out) is out
+        np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-4, atol=1e-3)
+    finally:
+        configure(None)
 
 
 def test_load_configures_the_budget_and_blas(monkeypatch: pytest.MonkeyPatch) -> None:
