@@ -164,6 +164,20 @@ def test_output_names_and_pass_through(models: dict[str, Path]):
     assert out["note"][0] == "n"
 
 
+def test_the_native_tier_is_compiled_before_the_first_batch(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bulk scoring: the constructor waits for the native tier (an actor must not serve
+    its batches through the interpreter while its one CPU compiles)."""
+    pytest.importorskip("numba")
+    monkeypatch.delenv("TFRT_PY_NATIVE", raising=False)
+    p = Predictor(models["gbt"], executor="auto")
+    assert p.model.native is not None, p.model.describe()
+    assert p.model.native.wait(timeout=0), "constructor returned before the compile ended"
+    x = sm.gbt_data(64)
+    assert p({"features": x})["output_label"].shape == (64,)
+
+
 _WITHOUT_RAY = textwrap.dedent(
     """
     import importlib.abc, sys
