@@ -154,6 +154,40 @@ def test_depthwise_threshold_is_reached_by_the_cases() -> None:
     assert min(works) < DEPTHWISE_MIN_WORK < max(works)
 
 
+_SPLIT_CASES = [
+    ((1, 32, 64, 64), 1),
+    ((1, 16, 60, 64), 2),
+    ((3, 12, 64, 64), 1),
+    ((2, 2, 200, 200), 1),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "mult"), _SPLIT_CASES)
+def test_depthwise_split_over_threads_with_residual_and_activation(
+    jit: str, x_shape: Any, mult: int
+) -> None:
+    """Convs big enough to be split over the intra-op threads (channel blocks for one
+    image, image blocks for several), with a fused residual Add and Relu."""
+    from tfrt_py.concurrency.threads import configure
+    from tfrt_py.kernels.nn.conv_direct import DEPTHWISE_SPLIT_MIN_MACS
+
+    n, c, h, wd = x_shape
+    assert n * c * mult * h * wd * 9 > DEPTHWISE_SPLIT_MIN_MACS
+    x, w, b = _r(*x_shape), _r(c * mult, 1, 3, 3), _r(c * mult)
+    r = _r(n, c * mult, h, wd)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["y", "r"], ["s"]),
+        helper.make_node("Relu", ["s"], ["z"]),
+    ]
+    configure(2)
+    try:
+        model = _check(_model(nodes, {"x": x, "r": r}, ["z"], {"w": w, "b": b}), {"x": x, "r": r})
+    finally:
+        configure(None)
+    assert "residual Adds" in _report(model, "fuse_conv")
+
+
 # -- epilogues -----------------------------------------------------------------------------
 
 

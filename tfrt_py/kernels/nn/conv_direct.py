@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...concurrency.threads import intra_pool
 from ..jit import Jitted
 from ..sigmoid_jit import sigmoid_f32
 from .conv_common import scratch
@@ -247,6 +248,10 @@ def _warm_depthwise(fn: Any) -> None:
        np.zeros(n_xp, f), np.zeros(n_acc, f))  # fmt: skip
 
 
+#: A depthwise conv of at least this many multiply-adds (grid x taps x channels x images)
+#: is split over tfrt_py's intra-op threads, by channel blocks (one image) or images.
+DEPTHWISE_SPLIT_MIN_MACS = 1 << 20
+
 _DEPTHWISE = Jitted(_depthwise2d, _warm_depthwise, helpers=(_act_row,))
 _EPILOGUE = Jitted(_epilogue3, _warm_epilogue, helpers=(_act_row,))
 _EMPTY = {np.dtype(t): np.zeros((0, 0, 0, 0), t) for t in (np.float32, np.float64)}
@@ -301,13 +306,47 @@ def run_depthwise(
     """``out`` = act(depthwise(x, w) + b (+ res)); every array C-contiguous in the plan's
     dtype, ``b`` of length M, ``res`` None or of ``out``'s shape. Returns ``out``."""
     dt = x.dtype
-    xp = scratch(0, (plan.xp_len,), dt)
-    acc = scratch(1, (plan.acc_len,), dt)
     e = _EMPTY[dt] if res is None else res
-    plan.fn(x, w, b, e, out, plan.tab, plan.act, plan.params, xp, acc)
+    pool = intra_pool()
+    n, c = x.shape[0], x.shape[1]
+    mg = w.shape[0] // c
+    work = plan.acc_len * w.shape[2] * w.shape[3] * w.shape[0] * n
+    if pool.threads == 1 or work < DEPTHWISE_SPLIT_MIN_MACS or max(n, c) < 2:
+        _depthwise_block(plan, x, w, b, e, out)
+    elif n == 1:  # channel blocks: every slice of an image's channels is C-contiguous
+        blocks = min(2 * pool.threads, c)
+        edges = [c * i // blocks for i in range(blocks + 1)]
+
+        def channels(c0: int, c1: int) -> Callable[[], None]:
+            m0, m1 = c0 * mg, c1 * mg
+            r = e if res is None else e[:, m0:m1]
+            return lambda: _depthwise_block(plan, x[:, c0:c1], w[m0:m1], b[m0:m1], r, out[:, m0:m1])
+
+        pool.run([channels(edges[i], edges[i + 1]) for i in range(blocks)])
+    else:  # image blocks
+        blocks = min(2 * pool.threads, n)
+        edges = [n * i // blocks for i in range(blocks + 1)]
+
+        def images(n0: int, n1: int) -> Callable[[], None]:
+            r = e if res is None else e[n0:n1]
+            return lambda: _depthwise_block(plan, x[n0:n1], w, b, r, out[n0:n1])
+
+        pool.run([images(edges[i], edges[i + 1]) for i in range(blocks)])
     if epi.act in _NUMPY_ACTS:
         _numpy_act(out, epi, plan.sig)
     return out
+
+
+def _depthwise_block(
+    plan: DepthwisePlan, x: np.ndarray, w: np.ndarray, b: np.ndarray, res: np.ndarray,
+    out: np.ndarray,
+) -> None:  # fmt: skip
+    """The compiled kernel over a block of images or channels, with this thread's
+    scratch buffers (any thread: the kernel releases the GIL)."""
+    dt = x.dtype
+    xp = scratch(0, (plan.xp_len,), dt)
+    acc = scratch(1, (plan.acc_len,), dt)
+    plan.fn(x, w, b, res, out, plan.tab, plan.act, plan.params, xp, acc)
 
 
 def depthwise_plan(
