@@ -2,7 +2,10 @@
 
 ``Linear(x, W, bias?, extra...)``: ``act(x @ W + bias)`` with ``W`` a constant [K, N]
 (Gemm's transB and alpha already folded in) and ``bias`` a constant that broadcasts to the
-output without growing it. Attribute ``activation`` is a list of at most one *step*.
+output without growing it. Attribute ``activation`` is a list of at most one *step*. A
+rank-2 Linear with a per-column bias and Relu (or no activation) whose output has at least
+``bias_act_jit.MIN_ELEMENTS`` elements finishes with one compiled pass instead of NumPy's
+add and maximum (the same values; numba required).
 
 ``ElementwiseChain(head, extra...)`` / ``ElementwiseChainShared``: ``steps`` applied in
 order, each writing the running result (the accumulator) into the output. The plain chain
@@ -22,7 +25,7 @@ as statements, so a planned call pays no Python function frame for the fused ker
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,6 +34,8 @@ from ..ir import Node, TensorType, Value
 from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
 from ..kernels.common import input_rank
 from ..kernels.gemm import SPLIT_MIN_MACS, matmul_into
+from ..kernels.linalg.bias_act_jit import MIN_ELEMENTS as EPILOGUE_MIN
+from ..kernels.linalg.bias_act_jit import bias_relu
 
 __all__ = ["DOMAIN", "Step", "register_fused_kernels", "with_fused_kernels"]
 
@@ -112,9 +117,10 @@ def _linear(registry: KernelRegistry) -> Any:
         small = rows is not None and rows * k * n < SPLIT_MIN_MACS
         mm: Any = _plain_matmul if small else matmul_into
         add = np.add
-        inline = _linear_inline(mm, w, b, acts, extra_idx)
+        epi = _bias_relu_epilogue(w, b, steps)
+        inline = _linear_inline(mm, w, b, acts, extra_idx, epi)
         if input_rank(ctx) == 2 and not any(extra_idx):
-            return _linear_2d(mm, w, b, [fn for _, fn in acts], inline=inline)
+            return _linear_2d(mm, w, b, [fn for _, fn in acts], inline=inline, epi=epi)
 
         def linear(x: np.ndarray, *rest: Any, out: np.ndarray | None = None) -> np.ndarray:
             if x.ndim > 2 and k and x.flags.c_contiguous:  # k == 0: reshape(-1, 0) fails
@@ -140,10 +146,38 @@ def _plain_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -
     return np.matmul(a, b, out=out)
 
 
+class _BiasRelu(NamedTuple):
+    """The compiled one-pass epilogue (``kernels.linalg.bias_act_jit``) of a Linear whose
+    bias is one value per output column and whose activation is Relu or none."""
+
+    fn: Any
+    bias: np.ndarray  # (N,) in W's dtype; length 0 for no bias
+    relu: bool
+    dtype: np.dtype
+
+
+def _bias_relu_epilogue(w: np.ndarray, b: np.ndarray | None, steps: list[Step]) -> _BiasRelu | None:
+    """The epilogue for this Linear, or None (numba missing, another activation, a bias of
+    another shape or dtype): the NumPy calls then run."""
+    relu = [s[0] for s in steps] == ["Relu"] and tuple(steps[0][3]) == (-1,)
+    if (steps and not relu) or w.dtype not in (np.float32, np.float64):
+        return None
+    n = w.shape[1]
+    if b is None:
+        bias = np.zeros(0, w.dtype)
+    elif b.dtype == w.dtype and b.size == n and b.shape[-1:] == (n,):
+        bias = np.ascontiguousarray(b.reshape(n))
+    else:
+        return None
+    fn = bias_relu()
+    return None if fn is None else _BiasRelu(fn, bias, relu, w.dtype)
+
+
 def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
-               inline: Any) -> Any:  # fmt: skip
+               inline: Any, epi: _BiasRelu | None) -> Any:  # fmt: skip
     """The Linear of a rank-2 input whose activations read nothing else: a product, a bias
-    add and the activations in place, without the general kernel's branches."""
+    add and the activations in place, without the general kernel's branches (one compiled
+    pass for bias and Relu when ``epi`` is given and the output is big enough)."""
     add = np.add
 
     def linear(x: np.ndarray, *_consts: Any, out: np.ndarray | None = None) -> np.ndarray:
@@ -152,6 +186,9 @@ def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
         if out is not None and y is not out:
             out[...] = y
             y = out
+        if epi is not None and y.size >= EPILOGUE_MIN and y.dtype == epi.dtype:
+            epi.fn(y, epi.bias, epi.relu)
+            return y
         if b is not None:
             add(y, b, out=y)
         for fn in acts:
@@ -163,7 +200,7 @@ def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
 
 
 def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any],
-                   extra_idx: list[list[int]]) -> Any:  # fmt: skip
+                   extra_idx: list[list[int]], epi: _BiasRelu | None) -> Any:  # fmt: skip
     """The Linear's statements for the sync interpreter's generated code (rank 2)."""
 
     def inline(in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
@@ -171,6 +208,12 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
             return None
         env: dict[str, Any] = {"matmul": mm, "w": w}
         lines = ["{matmul}({in0}, {w}, {out})"]
+        big = all(isinstance(d, int) for d in out_shape) and out_shape[0] * out_shape[1] >= (
+            EPILOGUE_MIN
+        )
+        if epi is not None and big and np.dtype(dtype) == epi.dtype:
+            env.update(epi=epi.fn, bias=epi.bias, relu=epi.relu)
+            return Inline([*lines, "{epi}({out}, {bias}, {relu})"], env)
         if b is not None:
             env.update(add=np.add, b=b)
             lines.append("{add}({out}, {b}, out={out})")

@@ -1,0 +1,73 @@
+"""The fused Linear's compiled bias + Relu epilogue (``kernels/linalg/bias_act_jit.py``):
+the same values as the unfused MatMul/Add/Relu, bit for bit, on the sync interpreter's
+generated code and on the async executor's kernel call, NaN and -0.0 included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tfrt_py
+from tfrt_py.kernels.jit import jit_enabled
+from tfrt_py.kernels.linalg.bias_act_jit import MIN_ELEMENTS, bias_relu
+
+pytestmark = pytest.mark.skipif(not jit_enabled(), reason="numba is not installed")
+
+
+def _mlp(bias_shape: tuple[int, ...], relu: bool) -> bytes:
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 64)).astype(np.float32)
+    b = rng.standard_normal(bias_shape).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["a"]),
+    ]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["a"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+        [helper.make_tensor_value_info("y" if relu else "a", TensorProto.FLOAT, ["n", 64])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("executor", ["sync", "async"])
+@pytest.mark.parametrize(("bias_shape", "relu"), [((64,), True), ((1, 64), False)])
+def test_epilogue_matches_the_unfused_graph(
+    executor: str, bias_shape: tuple[int, ...], relu: bool
+) -> None:
+    data = _mlp(bias_shape, relu)
+    fused = tfrt_py.load(data, executor=executor)
+    plain = tfrt_py.load(data, executor=executor, optimize=False)
+    assert any(n.op_type == "Linear" for n in fused.prepared.graph.nodes)
+    rng = np.random.default_rng(4)
+    for rows in (300, 2, 300):  # above and below MIN_ELEMENTS outputs, a planned call again
+        x = rng.standard_normal((rows, 16)).astype(np.float32)
+        x[0, :] = np.nan
+        x[1, :] = 0.0
+        got, want = fused.run({"x": x}), plain.run({"x": x})
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+            np.testing.assert_array_equal(np.signbit(got[k]), np.signbit(want[k]))
+    assert 300 * 64 >= MIN_ELEMENTS > 2 * 64
+
+
+def test_bias_relu_is_numpys_add_and_maximum() -> None:
+    fn = bias_relu()
+    rng = np.random.default_rng(5)
+    for dt in (np.float32, np.float64):
+        y = rng.standard_normal((70, 33)).astype(dt)
+        y[3, 4], y[5, 6] = np.nan, -0.0
+        b = rng.standard_normal(33).astype(dt)
+        for relu in (True, False):
+            want = np.add(y, b)
+            if relu:
+                np.maximum(want, dt(0), out=want)
+            got = y.copy()
+            fn(got, b, relu)
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

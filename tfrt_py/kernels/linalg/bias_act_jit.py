@@ -1,0 +1,51 @@
+"""A compiled bias-add + Relu epilogue for matrix products, in place, in one pass.
+
+``bias_relu()`` (asked at load) gives ``fn(y, b, relu)``: ``y`` a C-contiguous 2-D float32
+or float64 array (rows, N), ``b`` a length-N bias of ``y``'s dtype (length 0: none);
+computes ``y = y + b`` then, when ``relu``, ``y = 0 if y < 0 else y`` (NaN and -0.0 kept, as
+``np.maximum(y, 0)`` keeps them), row by row while the row is in cache. The same float
+operations as ``np.add(y, b, out=y)`` followed by ``np.maximum(y, 0, out=y)``, so the values
+are the same bit for bit; NumPy's two passes over a (4096, 64) float32 product took 120 µs
+on the anchor machine next to the product's 50 µs. None when numba is unavailable
+(``jit.py``): callers keep the NumPy calls. Any thread (releases the GIL).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..jit import Jitted
+
+__all__ = ["MIN_ELEMENTS", "bias_relu"]
+
+#: Outputs smaller than this run NumPy's calls (the compiled call's dispatch costs ~0.5 µs).
+MIN_ELEMENTS = 4096
+
+
+def _bias_relu(y: Any, b: Any, relu: bool) -> None:  # pragma: no cover - numba only
+    rows, n = y.shape
+    has_b = b.shape[0] > 0
+    for i in range(rows):
+        row = y[i]
+        if has_b:
+            for j in range(n):
+                row[j] = row[j] + b[j]
+        if relu:
+            for j in range(n):
+                v = row[j]
+                row[j] = 0.0 if v < 0.0 else v
+
+
+def _warm(fn: Any) -> None:
+    for t in (np.float32, np.float64):
+        fn(np.zeros((1, 2), t), np.zeros(2, t), True)
+
+
+_BIAS_RELU = Jitted(_bias_relu, _warm)
+
+
+def bias_relu() -> Any:
+    """The compiled epilogue, or None (numba missing or ``$TFRT_PY_JIT=0``)."""
+    return _BIAS_RELU.get()
