@@ -47,6 +47,7 @@ import sys
 import tempfile
 import threading
 import types
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,15 +171,23 @@ def _size(n: int) -> str:
 
 
 # -- finding a model's arrays ----------------------------------------------------------------
+#: Objects the walk does not enter: weak proxies (``isinstance`` on one whose referent is
+#: gone raises ReferenceError; a weak reference owns nothing anyway).
+_NOT_ENTERED = frozenset({weakref.ProxyType, weakref.CallableProxyType, weakref.ReferenceType})
+
+
 def _arrays_of(roots: Iterable[Any]) -> Iterator[np.ndarray]:
     """Every read-only contiguous ndarray reachable from ``roots`` (attributes, containers,
     closure cells and defaults of functions, bound methods, array bases), without entering
-    modules, classes or a function's globals. Constants are imported read-only; writeable
-    arrays (plan arenas, scratch) are written by calls, so sharing them would buy nothing."""
+    modules, classes, a function's globals, weak references or numba's compiled functions.
+    Constants are imported read-only; writeable arrays (plan arenas, scratch) are written by
+    calls, so sharing them would buy nothing."""
     seen: set[int] = set()
     stack = list(roots)
     while stack and len(seen) < MAX_WALK:
         o = stack.pop()
+        if type(o) in _NOT_ENTERED or type(o).__module__.startswith("numba"):
+            continue  # a weak proxy (its referent may be gone), compiled code
         if id(o) in seen or isinstance(o, (types.ModuleType, type, str, bytes, int, float)):
             continue
         seen.add(id(o))
