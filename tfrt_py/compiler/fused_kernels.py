@@ -35,7 +35,6 @@ from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
 from ..kernels.common import input_rank
 from ..kernels.gemm import SPLIT_MIN_MACS, matmul_into
 from ..kernels.linalg.bias_act_jit import MIN_ELEMENTS as EPILOGUE_MIN
-from ..kernels.linalg.bias_act_jit import available as bias_relu_available
 from ..kernels.linalg.bias_act_jit import bias_relu
 
 __all__ = ["DOMAIN", "Step", "register_fused_kernels", "with_fused_kernels"]
@@ -118,7 +117,7 @@ def _linear(registry: KernelRegistry) -> Any:
         small = rows is not None and rows * k * n < SPLIT_MIN_MACS
         mm: Any = _plain_matmul if small else matmul_into
         add = np.add
-        epi = _bias_relu_epilogue(w, b, steps)
+        epi = _bias_relu_epilogue(w, b, steps, rows)
         inline = _linear_inline(mm, w, b, acts, extra_idx, epi)
         if input_rank(ctx) == 2 and not any(extra_idx):
             return _linear_2d(mm, w, b, [fn for _, fn in acts], inline=inline, epi=epi)
@@ -149,19 +148,25 @@ def _plain_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -
 
 class _BiasRelu(NamedTuple):
     """The compiled one-pass epilogue (``kernels.linalg.bias_act_jit``) of a Linear whose
-    bias is one value per output column and whose activation is Relu or none. The compiled
-    function is asked for (``bias_relu()``) when a big enough output is at hand."""
+    bias is one value per output column and whose activation is Relu or none."""
 
+    fn: Any
     bias: np.ndarray  # (N,) in W's dtype; length 0 for no bias
     relu: bool
     dtype: np.dtype
 
 
-def _bias_relu_epilogue(w: np.ndarray, b: np.ndarray | None, steps: list[Step]) -> _BiasRelu | None:
+def _bias_relu_epilogue(
+    w: np.ndarray, b: np.ndarray | None, steps: list[Step], rows: int | None
+) -> _BiasRelu | None:
     """The epilogue for this Linear, or None (numba missing, another activation, a bias of
-    another shape or dtype): the NumPy calls then run."""
+    another shape or dtype, nothing to do, or ``rows`` known at load and too few for
+    ``EPILOGUE_MIN`` outputs): the NumPy calls then run. Compiled here, at load (in a
+    pre-forking server's parent, so the workers share the code), when it may be used."""
     relu = [s[0] for s in steps] == ["Relu"] and tuple(steps[0][3]) == (-1,)
     if (steps and not relu) or (b is None and not relu) or w.dtype not in (np.float32, np.float64):
+        return None
+    if rows is not None and rows * w.shape[1] < EPILOGUE_MIN:
         return None
     n = w.shape[1]
     if b is None:
@@ -170,7 +175,8 @@ def _bias_relu_epilogue(w: np.ndarray, b: np.ndarray | None, steps: list[Step]) 
         bias = np.ascontiguousarray(b.reshape(n))
     else:
         return None
-    return _BiasRelu(bias, relu, w.dtype) if bias_relu_available() else None
+    fn = bias_relu()
+    return None if fn is None else _BiasRelu(fn, bias, relu, w.dtype)
 
 
 def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
@@ -187,10 +193,8 @@ def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
             out[...] = y
             y = out
         if epi is not None and y.size >= EPILOGUE_MIN and y.dtype == epi.dtype:
-            fn = bias_relu()  # compiled on the first big output, then a cached attribute
-            if fn is not None:
-                fn(y, epi.bias, epi.relu)
-                return y
+            epi.fn(y, epi.bias, epi.relu)
+            return y
         if b is not None:
             add(y, b, out=y)
         for fn in acts:
@@ -213,9 +217,8 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
         big = all(isinstance(d, int) for d in out_shape) and out_shape[0] * out_shape[1] >= (
             EPILOGUE_MIN
         )
-        fn = bias_relu() if epi is not None and big and np.dtype(dtype) == epi.dtype else None
-        if epi is not None and fn is not None:
-            env.update(epi=fn, bias=epi.bias, relu=epi.relu)
+        if epi is not None and big and np.dtype(dtype) == epi.dtype:
+            env.update(epi=epi.fn, bias=epi.bias, relu=epi.relu)
             return Inline([*lines, "{epi}({out}, {bias}, {relu})"], env)
         if b is not None:
             env.update(add=np.add, b=b)

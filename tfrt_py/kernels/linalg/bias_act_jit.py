@@ -1,6 +1,6 @@
 """A compiled bias-add + Relu epilogue for matrix products, in place, in one pass.
 
-``bias_relu()`` (asked at the first call whose output is big enough) gives
+``bias_relu()`` (asked at load by a Linear that may use it) gives
 ``fn(y, b, relu)``: ``y`` a C-contiguous 2-D float32 or float64 array (rows, N), ``b`` a
 length-N bias of ``y``'s dtype (length 0: none);
 computes ``y = y + b`` then, when ``relu``, ``y = 0 if y < 0 else y`` (NaN and -0.0 kept, as
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..jit import Jitted, jit_enabled
+from ..jit import Jitted
 
-__all__ = ["MIN_ELEMENTS", "available", "bias_relu"]
+__all__ = ["MIN_ELEMENTS", "bias_relu"]
 
 #: Outputs smaller than this run NumPy's calls (the compiled call's dispatch costs ~0.5 µs).
 MIN_ELEMENTS = 4096
@@ -49,11 +49,5 @@ _BIAS_RELU = Jitted(_bias_relu, _warm)
 
 def bias_relu() -> Any:
     """The compiled epilogue, or None (numba missing or ``$TFRT_PY_JIT=0``). The first call
-    in a process compiles it (or loads it from numba's cache): ask when an output big
-    enough for it is at hand, not at load."""
+    in a process compiles it (or loads it from numba's cache)."""
     return _BIAS_RELU.get()
-
-
-def available() -> bool:
-    """Whether ``bias_relu()`` can give a compiled function (compiles nothing)."""
-    return jit_enabled()
