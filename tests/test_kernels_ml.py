@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tfrt_py
+from tests.support.trees import random_trees
 from tfrt_py.ir import Node, Value
 from tfrt_py.kernels import KernelContext, default_registry
 
@@ -162,36 +163,7 @@ def test_one_hot_encoder_strings() -> None:
 
 def _random_trees(rng: np.random.RandomState, n_targets: int, prefix: str) -> dict[str, Any]:
     """Random TreeEnsemble{Regressor,Classifier} attributes: mixed modes, missing tracks."""
-    modes = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
-    names = ["treeids", "nodeids", "featureids", "modes", "values"]
-    names += ["truenodeids", "falsenodeids", "missing_value_tracks_true"]
-    a: dict[str, list[Any]] = {f"nodes_{k}": [] for k in names}
-    w: dict[str, list[Any]] = {
-        f"{prefix}_{k}": [] for k in ("treeids", "nodeids", "ids", "weights")
-    }
-    for t in range(4):
-        count = [0]
-
-        def make(depth: int, t: int = t, count: list[int] = count) -> int:
-            nid = count[0]
-            count[0] += 1
-            leaf = depth == 0 or rng.rand() < 0.2
-            row = [t, nid, int(rng.randint(3)), "LEAF" if leaf else modes[rng.randint(6)]]
-            row += [float(rng.choice([-1.0, 0.0, 0.5, 1.0])), 0, 0, int(rng.rand() < 0.5)]
-            pos = len(a["nodes_treeids"])
-            for k, v in zip(a, row):
-                a[k].append(v)
-            if leaf:
-                for c in rng.choice(n_targets, rng.randint(1, n_targets + 1), replace=False):
-                    for k, v in zip(w, (t, nid, int(c), float(np.float32(rng.randn())))):
-                        w[k].append(v)
-            else:
-                a["nodes_truenodeids"][pos] = make(depth - 1)
-                a["nodes_falsenodeids"][pos] = make(depth - 1)
-            return nid
-
-        make(4)
-    return {**a, **w}
+    return random_trees(rng, n_targets, prefix, [4] * 4)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -38,8 +38,18 @@ def _mlp(bias_shape: tuple[int, ...], relu: bool) -> bytes:
 @pytest.mark.parametrize("executor", ["sync", "async"])
 @pytest.mark.parametrize(("bias_shape", "relu"), [((64,), True), ((1, 64), False)])
 def test_epilogue_matches_the_unfused_graph(
-    executor: str, bias_shape: tuple[int, ...], relu: bool
+    executor: str, bias_shape: tuple[int, ...], relu: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import tfrt_py.compiler.fused_kernels as fk
+
+    compiled = bias_relu()
+    calls: list[int] = []
+
+    def counting(y: np.ndarray, b: np.ndarray, r: bool) -> None:
+        calls.append(y.size)
+        compiled(y, b, r)
+
+    monkeypatch.setattr(fk, "bias_relu", lambda: counting)  # what the Linear gets at load
     data = _mlp(bias_shape, relu)
     fused = tfrt_py.load(data, executor=executor)
     plain = tfrt_py.load(data, executor=executor, optimize=False)
@@ -54,6 +64,7 @@ def test_epilogue_matches_the_unfused_graph(
             np.testing.assert_array_equal(got[k], want[k])
             np.testing.assert_array_equal(np.signbit(got[k]), np.signbit(want[k]))
     assert 300 * 64 >= MIN_ELEMENTS > 2 * 64
+    assert calls and set(calls) == {300 * 64}  # the epilogue ran, on the big calls only
 
 
 def test_bias_relu_is_numpys_add_and_maximum() -> None:

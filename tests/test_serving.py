@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import re
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 import tfrt_py
+from tests.support.serving import read_response
 from tfrt_py.examples import make_models
 from tfrt_py.ir import GraphBuilder
 from tfrt_py.serving import MicroBatcher, ModelConfig, ServerThread, create_app
@@ -248,24 +248,6 @@ def test_oversized_body_is_413(client: httpx.Client) -> None:
     assert_serving(client)
 
 
-def _read_response(s: socket.socket) -> bytes:
-    """One HTTP/1.1 response (headers and Content-Length body), however it is segmented."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(4096)
-        if not chunk:
-            return data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    m = re.search(rb"(?i)content-length: *(\d+)", head)
-    while m and len(body) < int(m.group(1)):
-        chunk = s.recv(4096)
-        if not chunk:
-            break
-        body += chunk
-    return head + b"\r\n\r\n" + body
-
-
 def test_oversized_body_is_refused_before_it_is_sent(url: str, client: httpx.Client) -> None:
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as s:
@@ -273,7 +255,7 @@ def test_oversized_body_is_refused_before_it_is_sent(url: str, client: httpx.Cli
             b"POST /v1/models/mlp:predict HTTP/1.1\r\nHost: x\r\n"
             b"Content-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n"
         )  # and not one byte of the body
-        reply = _read_response(s)
+        reply = read_response(s)
     assert reply.startswith(b"HTTP/1.1 413"), reply
     assert b"1000000000 bytes" in reply
     assert_serving(client)

@@ -5,11 +5,9 @@ then SIGTERM and a clean exit. Startup errors are one line and a non-zero exit."
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
+from tests.support.serving import wait_for_url, wait_ready
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "tfrt_py" / "examples"
 MLP = str(EXAMPLES / "mlp_small.onnx")
@@ -43,28 +42,6 @@ def _wide_onnx(path: Path) -> None:
         [numpy_helper.from_array(w0, "W0"), numpy_helper.from_array(w1, "W1")],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-
-
-def _wait_for_url(proc: subprocess.Popen[bytes], log: Path) -> str:
-    for _ in range(600):
-        m = re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
-        if m:
-            return m.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise AssertionError(f"tfrt-py serve did not bind (exit {proc.poll()}):\n{log.read_text()}")
-
-
-def _wait_ready(c: httpx.Client) -> None:
-    for _ in range(600):
-        try:
-            if c.get("/readyz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError("tfrt-py serve never became ready")
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +70,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
             stderr=err,
         )
     try:
-        yield _wait_for_url(proc, log), wide, log
+        yield wait_for_url(proc, log), wide, log
     finally:
         proc.terminate()
         code = proc.wait(30)
@@ -105,7 +82,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
 def test_serve_answers_after_ready(served: tuple[str, Path, Path]) -> None:
     url, wide, log = served
     with httpx.Client(base_url=url, timeout=30) as c:
-        _wait_ready(c)
+        wait_ready(c)
         names = {m["name"]: m for m in c.get("/v1/models").json()["models"]}
         assert set(names) == {"mlp_small", "wide"}  # named by file stem
         assert names["wide"]["batching"]["enabled"] is True  # --batching on, batch dim

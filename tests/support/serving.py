@@ -152,14 +152,15 @@ def serve_process(args: list[str], log: Path) -> Iterator[tuple[subprocess.Popen
             [TFRT_PY, "serve", *args, "--port", "0"], stdout=subprocess.DEVNULL, stderr=err
         )
     try:
-        yield proc, _wait_for_url(proc, log)
+        yield proc, wait_for_url(proc, log)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
 
 
-def _wait_for_url(proc: subprocess.Popen[bytes], log: Path) -> str:
+def wait_for_url(proc: subprocess.Popen[bytes], log: Path) -> str:
+    """The URL `tfrt-py serve` printed to ``log`` once it bound (AssertionError if it exited)."""
     for _ in range(1200):
         m = re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
         if m:

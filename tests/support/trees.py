@@ -1,0 +1,49 @@
+"""Random tree-ensemble attributes for hand-built TreeEnsemble{Regressor,Classifier} nodes
+(the ML kernel tests and the native tier's tests share them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+MODES = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
+
+
+def random_trees(
+    rng: np.random.RandomState, n_targets: int, prefix: str, depths: Sequence[int]
+) -> dict[str, Any]:
+    """Attributes of one tree per entry of ``depths`` (its maximum depth): mixed node modes,
+    random missing-value tracks, leaves stopping early at random, each leaf weighting a
+    random subset of the ``n_targets`` targets; ``prefix`` names the weight attributes
+    (``target`` or ``class``)."""
+    names = ["treeids", "nodeids", "featureids", "modes", "values"]
+    names += ["truenodeids", "falsenodeids", "missing_value_tracks_true"]
+    a: dict[str, list[Any]] = {f"nodes_{k}": [] for k in names}
+    w: dict[str, list[Any]] = {
+        f"{prefix}_{k}": [] for k in ("treeids", "nodeids", "ids", "weights")
+    }
+    for t, depth0 in enumerate(depths):
+        count = [0]
+
+        def make(depth: int, t: int = t, count: list[int] = count) -> int:
+            nid = count[0]
+            count[0] += 1
+            leaf = depth == 0 or rng.rand() < 0.2
+            row = [t, nid, int(rng.randint(3)), "LEAF" if leaf else MODES[rng.randint(6)]]
+            row += [float(rng.choice([-1.0, 0.0, 0.5, 1.0])), 0, 0, int(rng.rand() < 0.5)]
+            pos = len(a["nodes_treeids"])
+            for k, v in zip(a, row):
+                a[k].append(v)
+            if leaf:
+                for c in rng.choice(n_targets, rng.randint(1, n_targets + 1), replace=False):
+                    for k, v in zip(w, (t, nid, int(c), float(np.float32(rng.randn())))):
+                        w[k].append(v)
+            else:
+                a["nodes_truenodeids"][pos] = make(depth - 1)
+                a["nodes_falsenodeids"][pos] = make(depth - 1)
+            return nid
+
+        make(depth0)
+    return {**a, **w}
