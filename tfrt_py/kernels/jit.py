@@ -1,6 +1,7 @@
 """Optional numba for the few kernels NumPy cannot do in one pass (direct grouped
-convolution, fused conv epilogues, GELU): ``Jitted`` compiles a plain Python function
-with ``numba.njit`` the first time a kernel builder asks for it.
+convolution, fused conv epilogues, GELU, LayerNormalization rows, small Softmax):
+``Jitted`` compiles a plain Python function with ``numba.njit`` the first time a kernel
+builder asks for it.
 
 numba is optional (the ``[native]`` extra). ``Jitted.get()`` returns None when numba
 cannot be imported, when ``$TFRT_PY_JIT=0`` (read on each ``get``: tests and users

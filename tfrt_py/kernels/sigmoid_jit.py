@@ -17,7 +17,7 @@ import numpy as np
 
 from .jit import Jitted
 
-__all__ = ["sigmoid_f32"]
+__all__ = ["EXP_CONSTS", "sigmoid_f32"]
 
 
 def _sigmoid_flat(y: Any, silu: bool, c: Any) -> None:  # pragma: no cover - numba only
@@ -57,7 +57,8 @@ def _sigmoid_flat(y: Any, silu: bool, c: Any) -> None:  # pragma: no cover - num
                 ys[i] = one / (one + e[i] * kf[i])
 
 
-_EXP_CONSTS = np.array(
+#: The float32 exp's constants (see ``_sigmoid_flat``), shared with ``reduce/softmax_jit``.
+EXP_CONSTS = np.array(
     [1.44269504088896341, 0.693359375, -2.12194440e-4, 1.9875691500e-4, 1.3981999507e-3,
      8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1, 1.0, 0.5, -87.0,
      88.0, np.inf],
@@ -66,7 +67,7 @@ _EXP_CONSTS = np.array(
 
 
 def _warm_sigmoid(fn: Any) -> None:
-    fn(np.zeros(4, np.float32), True, _EXP_CONSTS)
+    fn(np.zeros(4, np.float32), True, EXP_CONSTS)
 
 
 _SIGMOID = Jitted(_sigmoid_flat, _warm_sigmoid)
@@ -79,6 +80,6 @@ def sigmoid_f32() -> Callable[[np.ndarray, bool], None] | None:
         return None
 
     def sigmoid(y: np.ndarray, silu: bool) -> None:
-        compiled(y, silu, _EXP_CONSTS)
+        compiled(y, silu, EXP_CONSTS)
 
     return sigmoid

@@ -26,6 +26,7 @@ from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
 from ..common import stash_dtype
 from ..registry import KernelRegistry
 from .norm_group import row_stats
+from .norm_jit import layer_norm_rows
 
 __all__ = ["register_kernels"]
 
@@ -134,6 +135,50 @@ def _split(x: np.ndarray, axis: int) -> tuple[int, int, int]:
     return a, (x.size // cols if cols else 0), cols
 
 
+def _row_param(p: Any, tail: tuple[int, ...], nd: int, dt: np.dtype) -> np.ndarray | None:
+    """``p`` (Scale or B) as one value per column of the normalized rows, when it
+    broadcasts to the normalized axes ``tail`` without growing them or the result (rank at
+    most ``nd``, leading dims 1) and has dtype ``dt``; else None."""
+    if not isinstance(p, np.ndarray) or p.dtype != dt or p.ndim > nd:
+        return None
+    k = p.ndim - len(tail)
+    if k < 0 or p.shape[k:] != tail or any(d != 1 for d in p.shape[:k]):
+        return None
+    return p.reshape(-1)
+
+
+_NO_BIAS = {np.dtype(np.float32): np.zeros(0, np.float32), np.dtype(np.float64): np.zeros(0)}
+
+
+def _layer_norm_fast(axis: int, eps: float, stash: np.dtype) -> Any:
+    """The compiled one-pass form (``norm_jit``) for the single-output op, or None: its
+    ``fn(x, scale, bias, out)`` returns None when a call does not fit it (dtype other
+    than the stash type, a non-contiguous array, parameters that grow the result)."""
+    rows_fn = layer_norm_rows(stash)
+    if rows_fn is None:
+        return None
+    no_bias = _NO_BIAS[stash]
+
+    def fast(x: np.ndarray, scale: Any, bias: Any, out: np.ndarray | None) -> Any:
+        if x.dtype != stash or not x.flags.c_contiguous or x.size == 0:
+            return None
+        a = axis + x.ndim if axis < 0 else axis
+        tail = x.shape[a:]
+        s = _row_param(scale, tail, x.ndim, stash)
+        b = no_bias if bias is None else _row_param(bias, tail, x.ndim, stash)
+        if s is None or b is None:
+            return None
+        if out is None:
+            out = np.empty_like(x)
+        elif not out.flags.c_contiguous or out.shape != x.shape or np.may_share_memory(x, out):
+            return None
+        cols = s.shape[0]
+        rows_fn(x.reshape(-1, cols), s, b, eps, out.reshape(-1, cols))
+        return out
+
+    return fast
+
+
 def _layer_normalization(ctx: KernelContext) -> ComputeFn:
     """LayerNormalization: ``fn(X, Scale, B=None, out=None)`` -> Y or (Y, Mean, InvStdDev)."""
     axis = int(ctx.attr("axis", -1))
@@ -172,10 +217,15 @@ def _layer_normalization(ctx: KernelContext) -> ComputeFn:
         ) + (None,) * (n_out - 3)
 
     if n_out == 1:
+        fast = _layer_norm_fast(axis, eps, stash)
 
         def layer_norm_y(
             x: np.ndarray, scale: np.ndarray, bias: Any = None, out: np.ndarray | None = None
         ) -> Any:
+            if fast is not None:
+                y = fast(x, scale, bias, out)
+                if y is not None:
+                    return y
             if out is not None and not out.flags.c_contiguous:
                 np.copyto(out, layer_norm(x, scale, bias))
                 return out

@@ -24,6 +24,8 @@ import numpy as np
 from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
 from ..common import ones_vector, scratch
 from ..registry import KernelRegistry
+from .softmax_jit import MAX_ELEMENTS as JIT_MAX_ELEMENTS
+from .softmax_jit import softmax_rows_f32
 
 __all__ = ["register_kernels"]
 
@@ -147,8 +149,43 @@ def _softmax_like(ctx: KernelContext, rows: Any, classic: Any) -> ComputeFn:
 
 
 def _softmax(ctx: KernelContext) -> ComputeFn:
-    """Softmax: ``fn(x, out=None) -> exp(x - max) / sum(exp(x - max))`` along the axis."""
-    return _softmax_like(ctx, _softmax_rows, _classic_softmax)
+    """Softmax: ``fn(x, out=None) -> exp(x - max) / sum(exp(x - max))`` along the axis.
+    Small float32 inputs (or few rows) take the compiled rows (``softmax_jit``) when numba
+    is there."""
+    general = _softmax_like(ctx, _softmax_rows, _classic_softmax)
+    jit = softmax_rows_f32()
+    if jit is None:
+        return general
+    axis, legacy = _axis_attr(ctx)
+
+    def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        nd = x.ndim
+        if nd and x.dtype == np.float32 and x.size and x.flags.c_contiguous:
+            a = axis + nd if axis < 0 else axis
+            if (legacy and 0 <= a < nd) or a == nd - 1:
+                n = math.prod(x.shape[a:])
+                rows = x.size // n
+                if x.size <= JIT_MAX_ELEMENTS or rows < _FAST_MIN_ROWS:
+                    y = _jit_out(x, out)
+                    if y is not None:
+                        jit(x.reshape(rows, n), y.reshape(rows, n))
+                        return y
+        return general(x, out)
+
+    return softmax
+
+
+def _jit_out(x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
+    """Where the compiled rows may write: a new array, ``out`` when it is contiguous and
+    either separate from ``x`` or ``x``'s own buffer (in place); None (a partial overlap,
+    a strided ``out``): the NumPy path."""
+    if out is None:
+        return np.empty_like(x)
+    if not out.flags.c_contiguous or out.shape != x.shape or out.dtype != x.dtype:
+        return None
+    if np.may_share_memory(x, out) and out.ctypes.data != x.ctypes.data:
+        return None
+    return out
 
 
 def _log_softmax(ctx: KernelContext) -> ComputeFn:

@@ -1,0 +1,122 @@
+"""The compiled LayerNormalization rows (``kernels.nn.norm_jit``): the kernel agrees with
+onnxruntime and with the NumPy path (``TFRT_PY_JIT=0``) on float32 and float64, with and
+without bias, on the axes and parameter shapes exporters write; calls it does not fit
+(non-contiguous input, parameters that grow the result, an aliasing ``out``) take the
+NumPy path and still agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.support.kernel_harness import build_node, ort_run, registry_of
+from tfrt_py.kernels.jit import ENV_JIT
+from tfrt_py.kernels.nn import norm
+from tfrt_py.kernels.nn.norm_jit import layer_norm_rows
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("numba", reason="the compiled kernel needs numba (the [native] extra)")
+
+_REG = registry_of(norm)
+_RNG = np.random.default_rng(7)
+
+
+def _f(*shape: int, dtype: Any = np.float32, loc: float = 0.0) -> np.ndarray:
+    return (_RNG.standard_normal(shape) + loc).astype(dtype)
+
+
+def _ln(inputs: list[Any], attrs: dict[str, Any], stash: int = 1) -> Any:
+    return build_node(_REG, "LayerNormalization", inputs, {**attrs, "stash_type": stash},
+                      opset=17, const=tuple(range(1, len(inputs))))  # fmt: skip
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, inputs: list[Any], attrs: dict[str, Any],
+          stash: int = 1) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(compiled path result, NumPy path result) of one node on ``inputs``."""
+    monkeypatch.setenv(ENV_JIT, "1")
+    fast = _ln(inputs, attrs, stash)(*inputs)
+    monkeypatch.setenv(ENV_JIT, "0")
+    slow = _ln(inputs, attrs, stash)(*inputs)
+    monkeypatch.setenv(ENV_JIT, "1")
+    return np.asarray(fast), np.asarray(slow)
+
+
+def test_kernel_is_compiled_for_float32_and_float64_only() -> None:
+    assert layer_norm_rows(np.dtype(np.float32)) is not None
+    assert layer_norm_rows(np.dtype(np.float64)) is not None
+    assert layer_norm_rows(np.dtype(np.float16)) is None
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 128), (3, 197, 192), (5, 7), (2, 3, 1)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_float32_rows_match_onnxruntime_and_numpy(
+    monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...], bias: bool
+) -> None:
+    x = _f(*shape, loc=3.0)  # an offset mean: the one-pass variance must still be right
+    params = [_f(shape[-1])] + ([_f(shape[-1])] if bias else [])
+    attrs = {"epsilon": 1e-12}
+    fast, slow = _both(monkeypatch, [x, *params], attrs)
+    (want,) = ort_run("LayerNormalization", [x, *params], attrs, opset=17)
+    np.testing.assert_allclose(fast, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fast, slow, rtol=1e-4, atol=1e-5)
+
+
+def test_float64_two_pass_keeps_precision_with_a_large_mean(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x = _f(4, 64, dtype=np.float64) * 1e-3 + 1e6  # var ~1e-6 under a mean of 1e6
+    s, b = _f(64, dtype=np.float64), _f(64, dtype=np.float64)
+    fast, slow = _both(monkeypatch, [x, s, b], {"epsilon": 0.0}, stash=11)
+    xc = x - x.mean(axis=-1, keepdims=True)
+    want = xc / np.sqrt((xc * xc).mean(axis=-1, keepdims=True)) * s + b
+    # a one-pass float64 variance (E[x^2] - mean^2) would be off by ~1e-4 here, not 1e-6
+    np.testing.assert_allclose(fast, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+def test_axis_over_several_trailing_dims_and_broadcast_parameters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x = _f(2, 3, 4, 5)
+    cases = (({"axis": 2}, (4, 5)), ({"axis": -1}, (1, 1, 5)), ({"axis": 1}, (3, 4, 5)))
+    for attrs, s_shape in cases:
+        s, b = _f(*s_shape), _f(*s_shape)
+        fast, slow = _both(monkeypatch, [x, s, b], attrs)
+        (want,) = ort_run("LayerNormalization", [x, s, b], attrs, opset=17)
+        assert fast.shape == x.shape
+        np.testing.assert_allclose(fast, want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(fast, slow, rtol=1e-4, atol=1e-5)
+
+
+def test_calls_the_kernel_does_not_fit_take_the_numpy_path() -> None:
+    x = _f(6, 8)
+    s, b = _f(8), _f(8)
+    fn = _ln([x, s, b], {})
+    want = fn(x, s, b)
+    # a strided input and a strided out
+    xt = np.ascontiguousarray(x.T).T
+    np.testing.assert_allclose(fn(xt, s, b), want, rtol=1e-5, atol=1e-6)
+    big = np.empty((6, 16), np.float32)
+    assert fn(x, s, b, out=big[:, ::2]) is not None
+    np.testing.assert_allclose(big[:, ::2], want, rtol=1e-5, atol=1e-6)
+    # parameters in another dtype than the stash type
+    np.testing.assert_allclose(fn(x, s.astype(np.float64), b), want, rtol=1e-5, atol=1e-6)
+    # out aliasing x (the compiled loop needs distinct buffers)
+    x2 = x.copy()
+    assert fn(x2, s, b, out=x2) is x2
+    np.testing.assert_allclose(x2, want, rtol=1e-5, atol=1e-6)
+
+
+def test_nan_and_inf_rows_follow_the_numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = _f(4, 16)
+    x[1, 3] = np.nan
+    x[2, 5] = np.inf
+    s, b = _f(16), _f(16)
+    with np.errstate(invalid="ignore"):  # the NumPy path warns on inf - inf
+        fast, slow = _both(monkeypatch, [x, s, b], {})
+    np.testing.assert_array_equal(np.isnan(fast), np.isnan(slow))
+    ok = ~np.isnan(slow)
+    np.testing.assert_allclose(fast[ok], slow[ok], rtol=1e-4, atol=1e-5)
+    assert np.isnan(fast[1]).all() and np.isnan(fast[2]).any()

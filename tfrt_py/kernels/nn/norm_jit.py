@@ -1,0 +1,117 @@
+"""A compiled one-pass LayerNormalization over the rows of a matrix, used by the
+LayerNormalization kernel (and so by the decomposed pattern ``fuse_transformer`` folds
+into it).
+
+``layer_norm_rows()`` (asked at load) gives ``fn(x, scale, bias, eps, y)``: ``x`` and ``y``
+C-contiguous 2-D arrays of one dtype (float32 or float64, distinct buffers), ``scale`` and
+``bias`` 1-D of that dtype and length ``cols`` (``bias`` length 0: none); row by row,
+``y = (x - mean) / sqrt(var + eps) * scale + bias`` with the row's mean and (biased)
+variance.
+
+* float32: the row's sum and sum of squares are accumulated in float64 in one pass (four
+  partial sums each, so the adds pipeline; strict IEEE order otherwise), as onnxruntime's
+  CPU kernel does; the normalization then runs in float32. NumPy's formulation (a BLAS
+  row sum, a subtraction, an einsum, five more passes) took 10.8 µs on a (16, 128) input
+  where this takes 1.3 µs (anchor machine), 34 µs vs 17 µs on (197, 192).
+* float64: two passes (mean, then the centered squares), every operation in float64, so
+  the variance keeps full precision when the mean is large.
+
+Results agree with the NumPy path to a few ulps of the dtype. None when numba is unavailable
+(``kernels/jit.py``): the caller runs NumPy. Any thread (releases the GIL).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..jit import Jitted
+
+__all__ = ["layer_norm_rows"]
+
+
+def _ln_f32(x: Any, scale: Any, bias: Any, eps: float, y: Any) -> None:  # pragma: no cover
+    rows, n = x.shape
+    has_b = bias.shape[0] > 0
+    inv_n = 1.0 / n
+    n4 = n - n % 4
+    for i in range(rows):
+        xi = x[i]
+        yi = y[i]
+        s0 = s1 = s2 = s3 = 0.0
+        q0 = q1 = q2 = q3 = 0.0
+        for j in range(0, n4, 4):
+            a0 = np.float64(xi[j])
+            a1 = np.float64(xi[j + 1])
+            a2 = np.float64(xi[j + 2])
+            a3 = np.float64(xi[j + 3])
+            s0 += a0
+            s1 += a1
+            s2 += a2
+            s3 += a3
+            q0 += a0 * a0
+            q1 += a1 * a1
+            q2 += a2 * a2
+            q3 += a3 * a3
+        for j in range(n4, n):
+            a0 = np.float64(xi[j])
+            s0 += a0
+            q0 += a0 * a0
+        mean = ((s0 + s1) + (s2 + s3)) * inv_n
+        var = max(((q0 + q1) + (q2 + q3)) * inv_n - mean * mean, 0.0)
+        m = np.float32(mean)
+        inv = np.float32(1.0 / math.sqrt(var + eps))
+        if has_b:
+            for j in range(n):
+                yi[j] = (xi[j] - m) * inv * scale[j] + bias[j]
+        else:
+            for j in range(n):
+                yi[j] = (xi[j] - m) * inv * scale[j]
+
+
+def _ln_f64(x: Any, scale: Any, bias: Any, eps: float, y: Any) -> None:  # pragma: no cover
+    rows, n = x.shape
+    has_b = bias.shape[0] > 0
+    inv_n = 1.0 / n
+    for i in range(rows):
+        xi = x[i]
+        yi = y[i]
+        s = 0.0
+        for j in range(n):
+            s += xi[j]
+        mean = s * inv_n
+        v = 0.0
+        for j in range(n):
+            d = xi[j] - mean
+            v += d * d
+        inv = 1.0 / math.sqrt(v * inv_n + eps)
+        if has_b:
+            for j in range(n):
+                yi[j] = (xi[j] - mean) * inv * scale[j] + bias[j]
+        else:
+            for j in range(n):
+                yi[j] = (xi[j] - mean) * inv * scale[j]
+
+
+def _warm_for(t: Any) -> Any:
+    def warm(fn: Any) -> None:
+        x = np.zeros((1, 4), t)
+        fn(x, np.ones(4, t), np.zeros(4, t), 1e-5, np.empty_like(x))
+
+    return warm
+
+
+_LN = {
+    np.dtype(np.float32): Jitted(_ln_f32, _warm_for(np.float32)),
+    np.dtype(np.float64): Jitted(_ln_f64, _warm_for(np.float64)),
+}
+
+
+def layer_norm_rows(dtype: np.dtype) -> Any:
+    """The compiled row normalization for ``dtype`` (float32 or float64), or None (another
+    dtype, numba missing or ``$TFRT_PY_JIT=0``). The first call in a process compiles it
+    (or loads it from numba's cache)."""
+    j = _LN.get(np.dtype(dtype))
+    return None if j is None else j.get()
