@@ -1,4 +1,4 @@
-"""The compiled LayerNormalization rows (``kernels.nn.norm_jit``): the kernel agrees with
+"""The compiled LayerNormalization rows (``kernels.norm_jit``): the kernel agrees with
 onnxruntime and with the NumPy path (``TFRT_PY_JIT=0``) on float32 and float64, with and
 without bias, on the axes and parameter shapes exporters write; calls it does not fit
 (non-contiguous input, parameters that grow the result, an aliasing ``out``) take the
@@ -14,7 +14,7 @@ import pytest
 from tests.support.kernel_harness import build_node, ort_run, registry_of
 from tfrt_py.kernels.jit import ENV_JIT
 from tfrt_py.kernels.nn import norm
-from tfrt_py.kernels.nn.norm_jit import layer_norm_rows
+from tfrt_py.kernels.norm_jit import layer_norm_rows
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("numba", reason="the compiled kernel needs numba (the [native] extra)")

@@ -18,8 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tfrt_py.compiler.pipeline import PASSES
-from tfrt_py.kernels.elementwise.gelu_jit import gelu_erf_f32
 from tfrt_py.kernels.erf import erf_f32
+from tfrt_py.kernels.gelu_jit import gelu_erf_f32
 from tfrt_py.kernels.jit import ENV_JIT, jit_enabled
 
 ort = pytest.importorskip("onnxruntime")

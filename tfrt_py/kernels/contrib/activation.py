@@ -30,6 +30,7 @@ import numpy as np
 
 from ..base import OUT, OUT_INPLACE, ComputeFn, Cost, KernelContext
 from ..erf import erf
+from ..gelu_jit import gelu_erf_f32
 from ..registry import KernelRegistry
 
 __all__ = ["MS_DOMAIN", "register_kernels"]
@@ -84,19 +85,31 @@ def _gelu_tanh(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 
 
 def _gelu(ctx: KernelContext) -> ComputeFn:
-    """Gelu-1 (com.microsoft): ``fn(X, out=None) -> X/2 (1 + erf(X / sqrt 2))``."""
+    """Gelu-1 (com.microsoft): ``fn(X, out=None) -> X/2 (1 + erf(X / sqrt 2))`` (float32:
+    the compiled one-pass loop of ``kernels/gelu_jit`` when numba is there)."""
+    fast = gelu_erf_f32()
 
     def gelu(X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if fast is not None and X.dtype == np.float32:
+            y = fast(X, out)
+            if y is not None:
+                return y
         return _gelu_exact(X.copy(), X, out)
 
     return _wide(gelu)
 
 
 def _bias_gelu(ctx: KernelContext) -> ComputeFn:
-    """BiasGelu-1: ``fn(A, B, out=None) -> Gelu(A + B)`` (B: 1-D, A's last axis)."""
+    """BiasGelu-1: ``fn(A, B, out=None) -> Gelu(A + B)`` (B: 1-D, A's last axis; the GELU
+    compiled for float32 as in Gelu)."""
+    fast = gelu_erf_f32()
 
     def bias_gelu(A: np.ndarray, B: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         x = np.add(A, B, out=out)  # out may alias A: each element is read, then written
+        if fast is not None and x.dtype == np.float32:
+            y = fast(x, x)
+            if y is not None:
+                return y
         return _gelu_exact(x.copy(), x, x)
 
     return _wide(bias_gelu)

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..base import ComputeFn, KernelContext
 from ..common import ones_vector, stash_dtype
+from ..norm_jit import layer_norm_rows as compiled_rows
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
 
@@ -56,12 +57,39 @@ def _row_mean(x2: np.ndarray) -> np.ndarray:
     return m
 
 
+def _compiled(s2: np.ndarray, gamma: Any, beta: Any, eps: float) -> np.ndarray | None:
+    """The LayerNorm of ``s2``'s rows by the compiled kernel (``kernels/norm_jit``) into
+    a new array, or None when it does not apply (numba missing, parameters that are not
+    one value per column of ``s2``'s dtype)."""
+    fn = compiled_rows(s2.dtype)
+    cols = s2.shape[1]
+    if fn is None or not s2.flags.c_contiguous or s2.size == 0:
+        return None
+    g = gamma.reshape(-1) if isinstance(gamma, np.ndarray) else None
+    b = np.zeros(0, s2.dtype) if beta is None else beta
+    b = b.reshape(-1) if isinstance(b, np.ndarray) else None
+    if g is None or b is None or g.dtype != s2.dtype or b.dtype != s2.dtype:
+        return None
+    if g.shape[0] != cols or b.shape[0] not in (0, cols):
+        return None
+    y2 = np.empty_like(s2)
+    fn(s2, g, b, eps, y2)
+    return y2
+
+
 def layer_norm_rows(
-    s2: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, eps: float, simplified: bool
-) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    s2: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, eps: float, simplified: bool,
+    stats: bool = True,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:  # fmt: skip
     """Normalize each row of the 2-D stats-dtype array ``s2`` (a fresh array the caller
     gives up: it is overwritten). Returns ``(y2, mean (rows, 1) or None, inv_std (rows,
-    1))``; ``y2`` is ``s2``'s buffer."""
+    1))``; ``y2`` is ``s2``'s buffer. Without ``stats`` (the caller reads neither) a
+    plain LayerNorm runs the compiled rows when they apply, and mean and inv_std are
+    None."""
+    if not stats and not simplified:
+        y2 = _compiled(s2, gamma, beta, eps)
+        if y2 is not None:
+            return y2, None, None
     cols = max(s2.shape[1], 1)
     mean = None
     if not simplified:
@@ -99,7 +127,9 @@ def _skip_layer_norm_builder(simplified: bool) -> Any:
                 s += bias
             total = s.astype(input.dtype) if want[3] else None
             h = input.shape[-1]
-            y2, mean, inv = layer_norm_rows(s.reshape(-1, h), gamma, beta, eps, simplified)
+            y2, mean, inv = layer_norm_rows(
+                s.reshape(-1, h), gamma, beta, eps, simplified, want[1] or want[2]
+            )
             y = y2.reshape(input.shape)
             if y.dtype != input.dtype:
                 y = y.astype(input.dtype)
@@ -110,7 +140,7 @@ def _skip_layer_norm_builder(simplified: bool) -> Any:
             if want[1]:
                 outs[1] = np.zeros(st, np.float32) if mean is None else mean.reshape(st)
                 outs[1] = outs[1].astype(np.float32, copy=False)
-            if want[2]:
+            if want[2] and inv is not None:
                 outs[2] = inv.astype(np.float32).reshape(st)
             return tuple(outs[:n_out]) + (None,) * (n_out - 4)
 
@@ -140,7 +170,9 @@ def _simplified_layer_normalization(ctx: KernelContext) -> ComputeFn:
         if n_out == 1:
             return y
         st = X.shape[:a] + (1,) * (X.ndim - a)
-        return (y, inv.reshape(st) if want_inv else None) + (None,) * (n_out - 2)
+        return (y, inv.reshape(st) if want_inv and inv is not None else None) + (None,) * (
+            n_out - 2
+        )
 
     return simplified_layer_normalization
 
@@ -192,7 +224,7 @@ def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
         if segment_ids is not None and segment_embedding is not None:
             e += _take(segment_embedding, segment_ids, "segment_ids")
         total = e.astype(word_embedding.dtype) if want_sum else None
-        y2, _, _ = layer_norm_rows(e.reshape(-1, h), gamma, beta, eps, False)
+        y2, _, _ = layer_norm_rows(e.reshape(-1, h), gamma, beta, eps, False, False)
         y = y2.reshape(b, s, h).astype(word_embedding.dtype, copy=False)
         if n_out == 1:
             return y

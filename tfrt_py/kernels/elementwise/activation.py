@@ -22,9 +22,9 @@ import numpy as np
 
 from ..base import OUT_INPLACE, ComputeFn, KernelContext
 from ..erf import erf
+from ..gelu_jit import gelu_erf_f32
 from ..registry import KernelRegistry
 from ..sigmoid_jit import sigmoid_f32
-from .gelu_jit import gelu_erf_f32
 
 __all__ = ["register_kernels"]
 

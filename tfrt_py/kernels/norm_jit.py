@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..jit import Jitted
+from .jit import Jitted
 
 __all__ = ["layer_norm_rows"]
 

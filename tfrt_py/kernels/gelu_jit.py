@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..erf import _P32, _Q32
-from ..jit import Jitted
+from .erf import _P32, _Q32
+from .jit import Jitted
 
 __all__ = ["gelu_erf_f32"]
 
