@@ -9,23 +9,10 @@ import pytest
 
 import tfrt_py
 from tests.support.contrib import check_node, node_model, runtime_feeds
+from tests.support.jit_paths import both_paths  # noqa: F401 - autouse: compiled and NumPy
 from tfrt_py.errors import ExecutionError
-from tfrt_py.kernels.jit import ENV_JIT, jit_enabled
 
 _RNG = np.random.default_rng(1234)
-
-
-@pytest.fixture(autouse=True, params=["jit", "numpy"])
-def jit(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every check twice: with the compiled kernels (GELU, LayerNorm rows) and with the
-    NumPy paths (``TFRT_PY_JIT=0``)."""
-    if request.param == "numpy":
-        monkeypatch.setenv(ENV_JIT, "0")
-    else:
-        monkeypatch.setenv(ENV_JIT, "1")
-        if not jit_enabled():
-            pytest.skip("numba is not installed")
-    return str(request.param)
 
 
 def _f(*shape: int, dtype: type = np.float32, scale: float = 1.0) -> np.ndarray:

@@ -13,6 +13,7 @@ import pytest
 
 import tfrt_py
 from tests.support.contrib import check_node, node_model
+from tests.support.jit_paths import both_paths  # noqa: F401 - autouse: compiled and NumPy
 from tfrt_py.errors import ExecutionError, UnsupportedOpError
 
 _RNG = np.random.default_rng(99)

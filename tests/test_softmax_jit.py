@@ -1,4 +1,4 @@
-"""The compiled float32 Softmax rows (``kernels.reduce.softmax_jit``): agreement with
+"""The compiled float32 Softmax rows (``kernels.softmax_jit``): agreement with
 onnxruntime and with the NumPy path (``TFRT_PY_JIT=0``) on the small inputs it takes
 (attention scores of a short sequence, masked rows, few long rows, the pre-13 flattened
 axis), the NaN/inf rules, in-place calls, and the inputs it leaves to NumPy."""
@@ -13,7 +13,7 @@ import pytest
 from tests.support.kernel_harness import build_node, ort_run, registry_of
 from tfrt_py.kernels.jit import ENV_JIT
 from tfrt_py.kernels.reduce import softmax
-from tfrt_py.kernels.reduce.softmax_jit import MAX_ELEMENTS, softmax_rows_f32
+from tfrt_py.kernels.softmax_jit import MAX_ELEMENTS, softmax_rows_f32
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("numba", reason="the compiled kernel needs numba (the [native] extra)")

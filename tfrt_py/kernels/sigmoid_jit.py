@@ -57,7 +57,7 @@ def _sigmoid_flat(y: Any, silu: bool, c: Any) -> None:  # pragma: no cover - num
                 ys[i] = one / (one + e[i] * kf[i])
 
 
-#: The float32 exp's constants (see ``_sigmoid_flat``), shared with ``reduce/softmax_jit``.
+#: The float32 exp's constants (see ``_sigmoid_flat``), shared with ``softmax_jit``.
 EXP_CONSTS = np.array(
     [1.44269504088896341, 0.693359375, -2.12194440e-4, 1.9875691500e-4, 1.3981999507e-3,
      8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1, 1.0, 0.5, -87.0,

@@ -37,6 +37,8 @@ import numpy as np
 from ..base import ComputeFn, Cost, KernelContext
 from ..common import to_ints
 from ..registry import KernelRegistry
+from ..softmax_jit import MAX_ELEMENTS as SOFTMAX_JIT_MAX
+from ..softmax_jit import softmax_rows_f32
 from .activation import MS_DOMAIN
 
 __all__ = ["register_kernels"]
@@ -115,6 +117,7 @@ def _attention(ctx: KernelContext) -> ComputeFn:
         raise ctx.unsupported("past needs equal Q, K and V hidden sizes")
     want_present = ctx.has_output(1)
     n_out = ctx.n_outputs
+    softmax_rows = softmax_rows_f32()  # small float32 scores: one compiled pass per row
 
     def attention(
         input: np.ndarray,
@@ -162,9 +165,16 @@ def _attention(ctx: KernelContext) -> ComputeFn:
             scores += _key_mask(mask_index, b, s, t, p, fill, cdt)[:, None]
         if causal_attr and s > 1:
             scores[..., _future(s, t, p)] = -np.inf  # never a whole row: key p + i is seen
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
+        if (
+            softmax_rows is not None
+            and scores.dtype == np.float32
+            and (scores.size <= SOFTMAX_JIT_MAX)
+        ):
+            softmax_rows(scores.reshape(-1, t), scores.reshape(-1, t))
+        else:
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
         ctx_v = np.matmul(scores, v)  # (B, N, S, Hv)
         y = ctx_v.transpose(0, 2, 1, 3).reshape(b, s, heads * hv).astype(dt, copy=False)
         if n_out == 1:

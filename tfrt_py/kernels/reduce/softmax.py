@@ -24,8 +24,8 @@ import numpy as np
 from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
 from ..common import ones_vector, scratch
 from ..registry import KernelRegistry
-from .softmax_jit import MAX_ELEMENTS as JIT_MAX_ELEMENTS
-from .softmax_jit import softmax_rows_f32
+from ..softmax_jit import MAX_ELEMENTS as JIT_MAX_ELEMENTS
+from ..softmax_jit import softmax_rows_f32
 
 __all__ = ["register_kernels"]
 

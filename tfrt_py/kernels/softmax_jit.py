@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..jit import Jitted
-from ..sigmoid_jit import EXP_CONSTS
+from .jit import Jitted
+from .sigmoid_jit import EXP_CONSTS
 
 __all__ = ["MAX_ELEMENTS", "softmax_rows_f32"]
 
