@@ -333,9 +333,11 @@ def _conv_fn(
 
 
 #: The compiled depthwise kernel beats im2col + GEMM from about this many output positions
-#: times kernel taps per channel (measured interleaved on MobileNet/EfficientNet shapes:
-#: 28x28 3x3 and 14x14 5x5 win, 14x14 3x3 and 7x7 do not: per-row loop overheads).
-DEPTHWISE_MIN_WORK = 2500
+#: times kernel taps per channel. Since its crop stopped making a view per output row, every
+#: MobileNet/EfficientNet shape wins, down to 7x7 3x3 (441): 960x7x7 141 µs vs 221 µs
+#: im2col, 576x14x14 3x3 166 vs ~250 (anchor machine; mobilenet_v2 9.4 -> 8.6 ms,
+#: mobilenet_v3_small 3.8 -> 3.2 ms, interleaved). Below that it is unmeasured: im2col.
+DEPTHWISE_MIN_WORK = 400
 
 
 def _depthwise_fn(

@@ -144,10 +144,10 @@ def _depthwise2d(
     (padded row r, column c -> plane (r % sh, c % sw), position (r // sh, c // sw)), kept
     in ``xp``. Output (oh, ow) is grid element ``t = oh * q + ow`` of ``acc``; kernel tap
     k reads its phase plane at ``t + tap offset``, so every tap is one contiguous loop over
-    the whole grid (the columns past OW are computed and dropped). The activation runs
-    over the grid, and the crop into ``out`` adds the residual. ``tab`` (``depthwise_plan``)
-    holds q, the tap offsets and, per (input row, column phase), where its run lands; all
-    divisions are done there, none here."""
+    the whole grid (the columns past OW are computed and dropped). The residual is added
+    and the activation runs over the grid, then the crop copies it into ``out``. ``tab``
+    (``depthwise_plan``) holds q, the tap offsets and, per (input row, column phase), where
+    its run lands; all divisions are done there, none here."""
     n_, c_ = x.shape[0], x.shape[1]
     m_, _, kh_, kw_ = w.shape
     oh_, ow_ = out.shape[2], out.shape[3]
@@ -196,19 +196,21 @@ def _depthwise2d(
                     for t in range(span):
                         acc[t] += wv * src[t]
                     k += 1
-                if not has_res:
-                    _act_row(acc[:span], act, p)
+                # residual and activation on the grid, then the crop: flat indices into
+                # one 2-D view per channel (a view per output row cost ~25 ns a row,
+                # half the kernel's time on 7x7 and 14x14 planes)
+                if has_res:
+                    rm = res[n, m]
+                    for oh in range(oh_):
+                        ab = oh * q
+                        for i in range(ow_):
+                            acc[ab + i] += rm[oh, i]
+                _act_row(acc[:span], act, p)
+                om = out[n, m]
                 for oh in range(oh_):
-                    row = out[n, m, oh]
-                    a = acc[oh * q :]
-                    if has_res:
-                        rr = res[n, m, oh]
-                        for i in range(ow_):
-                            row[i] = a[i] + rr[i]
-                        _act_row(row, act, p)
-                    else:
-                        for i in range(ow_):
-                            row[i] = a[i]
+                    ab = oh * q
+                    for i in range(ow_):
+                        om[oh, i] = acc[ab + i]
 
 
 def _epilogue3(y: Any, b: Any, res: Any, act: int, p: Any) -> None:  # pragma: no cover - numba only
