@@ -163,16 +163,16 @@ def _depthwise2d(
         for c in range(c_):
             xc = x[n, c]
             for j in range(n_runs):  # (input row, first column, count, destination)
+                # (unsigned: no negative-index wraparound; the plan's entries are >= 0)
                 src = xc[runs[4 * j]]
-                cnt = runs[4 * j + 2]
-                s2 = src[runs[4 * j + 1] :]
-                dst = xp[runs[4 * j + 3] :]
+                c0, cnt = np.uint64(runs[4 * j + 1]), np.uint64(runs[4 * j + 2])
+                d0, su = np.uint64(runs[4 * j + 3]), np.uint64(sw)
                 if sw == 1:
                     for i in range(cnt):
-                        dst[i] = s2[i]
+                        xp[d0 + i] = src[c0 + i]
                 else:
                     for i in range(cnt):
-                        dst[i] = s2[i * sw]
+                        xp[d0 + i] = src[c0 + i * su]
             for m in range(c * mg, (c + 1) * mg):
                 bm = b[m]
                 for t in range(span):
@@ -202,15 +202,15 @@ def _depthwise2d(
                 if has_res:
                     rm = res[n, m]
                     for oh in range(oh_):
-                        ab = oh * q
+                        ab = np.uint64(oh) * np.uint64(q)
                         for i in range(ow_):
-                            acc[ab + i] += rm[oh, i]
+                            acc[ab + np.uint64(i)] += rm[oh, i]
                 _act_row(acc[:span], act, p)
                 om = out[n, m]
                 for oh in range(oh_):
-                    ab = oh * q
+                    ab = np.uint64(oh) * np.uint64(q)
                     for i in range(ow_):
-                        om[oh, i] = acc[ab + i]
+                        om[oh, i] = acc[ab + np.uint64(i)]
 
 
 def _epilogue3(y: Any, b: Any, res: Any, act: int, p: Any) -> None:  # pragma: no cover - numba only
