@@ -35,17 +35,18 @@ def _max_pool2d(  # pragma: no cover - numba only
     for n in range(n_):
         for c in range(c_):
             xc = x[n, c]
+            # unsigned offsets and no view per run or output row (the plan's entries are
+            # >= 0), as in ``conv_direct._depthwise2d``
             for j in range(n_runs):
                 src = xc[runs[4 * j]]
-                cnt = runs[4 * j + 2]
-                s2 = src[runs[4 * j + 1] :]
-                dst = xp[runs[4 * j + 3] :]
+                c0, cnt = np.uint64(runs[4 * j + 1]), np.uint64(runs[4 * j + 2])
+                d0, su = np.uint64(runs[4 * j + 3]), np.uint64(sw)
                 if sw == 1:
                     for i in range(cnt):
-                        dst[i] = s2[i]
+                        xp[d0 + i] = src[c0 + i]
                 else:
                     for i in range(cnt):
-                        dst[i] = s2[i * sw]
+                        xp[d0 + i] = src[c0 + i * su]
             first = xp[tab[3] :]
             for t in range(span):
                 acc[t] = first[t]
@@ -54,12 +55,12 @@ def _max_pool2d(  # pragma: no cover - numba only
                 for t in range(span):
                     a = acc[t]
                     v = src[t]
-                    acc[t] = v if (v > a or v != v) else a
+                    acc[t] = v if (v > a) | (v != v) else a  # no short circuit: vectorizes
+            oc = out[n, c]
             for oh in range(oh_):
-                row = out[n, c, oh]
-                a2 = acc[oh * q :]
+                ab = np.uint64(oh) * np.uint64(q)
                 for i in range(ow_):
-                    row[i] = a2[i]
+                    oc[oh, i] = acc[ab + np.uint64(i)]
 
 
 def _warm(fn: Any) -> None:
