@@ -1,4 +1,4 @@
-"""The compiled LayerNormalization rows (``kernels.norm_jit``): the kernel agrees with
+"""The compiled LayerNormalization and RMS rows (``kernels.norm_jit``): the kernels agree with
 onnxruntime and with the NumPy path (``TFRT_PY_JIT=0``) on float32 and float64, with and
 without bias, on the axes and parameter shapes exporters write; calls it does not fit
 (non-contiguous input, parameters that grow the result, an aliasing ``out``) take the
@@ -14,7 +14,7 @@ import pytest
 from tests.support.kernel_harness import build_node, ort_run, registry_of
 from tfrt_py.kernels.jit import ENV_JIT
 from tfrt_py.kernels.nn import norm
-from tfrt_py.kernels.norm_jit import layer_norm_rows
+from tfrt_py.kernels.norm_jit import layer_norm_rows, rms_norm_rows
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("numba", reason="the compiled kernel needs numba (the [native] extra)")
@@ -120,3 +120,25 @@ def test_nan_and_inf_rows_follow_the_numpy_path(monkeypatch: pytest.MonkeyPatch)
     ok = ~np.isnan(slow)
     np.testing.assert_allclose(fast[ok], slow[ok], rtol=1e-4, atol=1e-5)
     assert np.isnan(fast[1]).all() and np.isnan(fast[2]).any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rms_normalization_rows_match_onnxruntime_and_numpy(
+    monkeypatch: pytest.MonkeyPatch, dtype: Any
+) -> None:
+    x = _f(2, 7, 48, dtype=dtype, loc=2.0)
+    s = _f(48, dtype=dtype)
+    stash = 1 if dtype == np.float32 else 11
+    outs = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv(ENV_JIT, flag)
+        fn = build_node(_REG, "RMSNormalization", [x, s], {"epsilon": 1e-6, "stash_type": stash},
+                        opset=23, const=(1,))  # fmt: skip
+        outs.append(np.asarray(fn(x, s)))
+    monkeypatch.setenv(ENV_JIT, "1")
+    ms = (x.astype(np.float64) ** 2).mean(axis=-1, keepdims=True)
+    want = x / np.sqrt(ms + 1e-6) * s
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(outs[0], want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=tol, atol=tol)
+    assert rms_norm_rows(np.dtype(dtype)) is not None

@@ -1,6 +1,8 @@
-"""A compiled one-pass LayerNormalization over the rows of a matrix, used by the
-LayerNormalization kernel (and so by the decomposed pattern ``fuse_transformer`` folds
-into it).
+"""Compiled one-pass LayerNormalization and RMS normalization over the rows of a matrix,
+used by the LayerNormalization and RMSNormalization kernels (and so by the decomposed
+pattern ``fuse_transformer`` folds into LayerNormalization) and by onnxruntime's fused
+normalizations (``contrib/norm``). ``rms_norm_rows`` is the same without the mean and the
+bias.
 
 ``layer_norm_rows()`` (asked at load) gives ``fn(x, scale, bias, eps, y)``: ``x`` and ``y``
 C-contiguous 2-D arrays of one dtype (float32 or float64, distinct buffers), ``scale`` and
@@ -29,7 +31,7 @@ import numpy as np
 
 from .jit import Jitted
 
-__all__ = ["layer_norm_rows"]
+__all__ = ["layer_norm_rows", "rms_norm_rows"]
 
 
 def _ln_f32(x: Any, scale: Any, bias: Any, eps: float, y: Any) -> None:  # pragma: no cover
@@ -95,6 +97,53 @@ def _ln_f64(x: Any, scale: Any, bias: Any, eps: float, y: Any) -> None:  # pragm
                 yi[j] = (xi[j] - mean) * inv * scale[j]
 
 
+def _rms_f32(x: Any, scale: Any, eps: float, y: Any) -> None:  # pragma: no cover
+    rows, n = x.shape
+    inv_n = 1.0 / n
+    n4 = n - n % 4
+    for i in range(rows):
+        xi = x[i]
+        yi = y[i]
+        q0 = q1 = q2 = q3 = 0.0
+        for j in range(0, n4, 4):
+            a0 = np.float64(xi[j])
+            a1 = np.float64(xi[j + 1])
+            a2 = np.float64(xi[j + 2])
+            a3 = np.float64(xi[j + 3])
+            q0 += a0 * a0
+            q1 += a1 * a1
+            q2 += a2 * a2
+            q3 += a3 * a3
+        for j in range(n4, n):
+            a0 = np.float64(xi[j])
+            q0 += a0 * a0
+        inv = np.float32(1.0 / math.sqrt(((q0 + q1) + (q2 + q3)) * inv_n + eps))
+        for j in range(n):
+            yi[j] = xi[j] * inv * scale[j]
+
+
+def _rms_f64(x: Any, scale: Any, eps: float, y: Any) -> None:  # pragma: no cover
+    rows, n = x.shape
+    inv_n = 1.0 / n
+    for i in range(rows):
+        xi = x[i]
+        yi = y[i]
+        q = 0.0
+        for j in range(n):
+            q += xi[j] * xi[j]
+        inv = 1.0 / math.sqrt(q * inv_n + eps)
+        for j in range(n):
+            yi[j] = xi[j] * inv * scale[j]
+
+
+def _warm_rms_for(t: Any) -> Any:
+    def warm(fn: Any) -> None:
+        x = np.zeros((1, 4), t)
+        fn(x, np.ones(4, t), 1e-5, np.empty_like(x))
+
+    return warm
+
+
 def _warm_for(t: Any) -> Any:
     def warm(fn: Any) -> None:
         x = np.zeros((1, 4), t)
@@ -107,6 +156,20 @@ _LN = {
     np.dtype(np.float32): Jitted(_ln_f32, _warm_for(np.float32)),
     np.dtype(np.float64): Jitted(_ln_f64, _warm_for(np.float64)),
 }
+
+
+_RMS = {
+    np.dtype(np.float32): Jitted(_rms_f32, _warm_rms_for(np.float32)),
+    np.dtype(np.float64): Jitted(_rms_f64, _warm_rms_for(np.float64)),
+}
+
+
+def rms_norm_rows(dtype: np.dtype) -> Any:
+    """``fn(x, scale, eps, y)``: per row ``y = x / sqrt(mean(x^2) + eps) * scale`` (sum of
+    squares accumulated in float64 as in ``_ln_f32``; float64 rows in float64), for
+    ``dtype`` float32/float64; None otherwise or without numba."""
+    j = _RMS.get(np.dtype(dtype))
+    return None if j is None else j.get()
 
 
 def layer_norm_rows(dtype: np.dtype) -> Any:

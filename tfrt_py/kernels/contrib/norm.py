@@ -35,6 +35,7 @@ import numpy as np
 from ..base import ComputeFn, KernelContext
 from ..common import ones_vector, stash_dtype
 from ..norm_jit import layer_norm_rows as compiled_rows
+from ..norm_jit import rms_norm_rows as compiled_rms
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
 
@@ -57,23 +58,28 @@ def _row_mean(x2: np.ndarray) -> np.ndarray:
     return m
 
 
-def _compiled(s2: np.ndarray, gamma: Any, beta: Any, eps: float) -> np.ndarray | None:
-    """The LayerNorm of ``s2``'s rows by the compiled kernel (``kernels/norm_jit``) into
-    a new array, or None when it does not apply (numba missing, parameters that are not
-    one value per column of ``s2``'s dtype)."""
-    fn = compiled_rows(s2.dtype)
+def _compiled(
+    s2: np.ndarray, gamma: Any, beta: Any, eps: float, simplified: bool
+) -> np.ndarray | None:
+    """The LayerNorm (``simplified``: RMS norm, no beta) of ``s2``'s rows by the compiled
+    kernels (``kernels/norm_jit``) into a new array, or None when they do not apply (numba
+    missing, parameters that are not one value per column of ``s2``'s dtype)."""
+    fn = compiled_rms(s2.dtype) if simplified else compiled_rows(s2.dtype)
     cols = s2.shape[1]
     if fn is None or not s2.flags.c_contiguous or s2.size == 0:
         return None
     g = gamma.reshape(-1) if isinstance(gamma, np.ndarray) else None
-    b = np.zeros(0, s2.dtype) if beta is None else beta
+    b = np.zeros(0, s2.dtype) if beta is None or simplified else beta
     b = b.reshape(-1) if isinstance(b, np.ndarray) else None
     if g is None or b is None or g.dtype != s2.dtype or b.dtype != s2.dtype:
         return None
     if g.shape[0] != cols or b.shape[0] not in (0, cols):
         return None
     y2 = np.empty_like(s2)
-    fn(s2, g, b, eps, y2)
+    if simplified:
+        fn(s2, g, eps, y2)
+    else:
+        fn(s2, g, b, eps, y2)
     return y2
 
 
@@ -83,11 +89,10 @@ def layer_norm_rows(
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:  # fmt: skip
     """Normalize each row of the 2-D stats-dtype array ``s2`` (a fresh array the caller
     gives up: it is overwritten). Returns ``(y2, mean (rows, 1) or None, inv_std (rows,
-    1))``; ``y2`` is ``s2``'s buffer. Without ``stats`` (the caller reads neither) a
-    plain LayerNorm runs the compiled rows when they apply, and mean and inv_std are
-    None."""
-    if not stats and not simplified:
-        y2 = _compiled(s2, gamma, beta, eps)
+    1))``; ``y2`` is ``s2``'s buffer. Without ``stats`` (the caller reads neither) the
+    compiled rows run when they apply, and mean and inv_std are None."""
+    if not stats:
+        y2 = _compiled(s2, gamma, beta, eps, simplified)
         if y2 is not None:
             return y2, None, None
     cols = max(s2.shape[1], 1)
@@ -165,7 +170,7 @@ def _simplified_layer_normalization(ctx: KernelContext) -> ComputeFn:
             raise ValueError(f"SimplifiedLayerNormalization: axis {axis} for rank {X.ndim}")
         cols = math.prod(X.shape[a:])
         s2 = X.reshape(-1, cols).astype(stash)  # a copy: normalized in place
-        y2, _, inv = layer_norm_rows(s2, scale.reshape(-1), None, eps, True)
+        y2, _, inv = layer_norm_rows(s2, scale.reshape(-1), None, eps, True, n_out > 1 and want_inv)
         y = y2.reshape(X.shape).astype(X.dtype, copy=False)
         if n_out == 1:
             return y

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
 from ..common import stash_dtype
-from ..norm_jit import layer_norm_rows
+from ..norm_jit import layer_norm_rows, rms_norm_rows
 from ..registry import KernelRegistry
 from .norm_group import row_stats
 
@@ -163,6 +163,8 @@ def _layer_norm_fast(axis: int, eps: float, stash: np.dtype) -> Any:
         if x.dtype != stash or not x.flags.c_contiguous or x.size == 0:
             return None
         a = axis + x.ndim if axis < 0 else axis
+        if not 0 <= a < x.ndim:
+            return None  # the NumPy path reports it
         tail = x.shape[a:]
         s = _row_param(scale, tail, x.ndim, stash)
         b = no_bias if bias is None else _row_param(bias, tail, x.ndim, stash)
@@ -235,13 +237,40 @@ def _layer_normalization(ctx: KernelContext) -> ComputeFn:
     return layer_norm
 
 
+def _rms_fast(fn: Any, x: np.ndarray, scale: Any, out: Any, axis: int, eps: float,
+              stash: np.dtype) -> np.ndarray | None:  # fmt: skip
+    """RMSNormalization by the compiled rows (``norm_jit``), or None when the call does
+    not fit them (as ``_layer_norm_fast``)."""
+    if x.dtype != stash or not x.flags.c_contiguous or x.size == 0:
+        return None
+    a = axis + x.ndim if axis < 0 else axis
+    if not 0 <= a < x.ndim:
+        return None  # the NumPy path reports it
+    s = _row_param(scale, x.shape[a:], x.ndim, stash)
+    if s is None:
+        return None
+    if out is None:
+        out = np.empty_like(x)
+    elif not out.flags.c_contiguous or out.shape != x.shape or np.may_share_memory(x, out):
+        return None
+    cols = s.shape[0]
+    fn(x.reshape(-1, cols), s, eps, out.reshape(-1, cols))
+    return out
+
+
 def _rms_normalization(ctx: KernelContext) -> ComputeFn:
     """RMSNormalization: ``fn(X, scale, out=None) -> X / sqrt(mean(X^2) + eps) * scale``."""
     axis = int(ctx.attr("axis", -1))
     eps = float(ctx.attr("epsilon", 1e-5))
     stash = stash_dtype(ctx)
 
+    rms_fn = rms_norm_rows(stash)
+
     def rms_norm(x: np.ndarray, scale: np.ndarray, out: np.ndarray | None = None) -> Any:
+        if rms_fn is not None:
+            y = _rms_fast(rms_fn, x, scale, out, axis, eps, stash)
+            if y is not None:
+                return y
         _, rows, cols = _split(x, axis)
         xs = x.reshape(rows, cols)
         if x.dtype != stash:
