@@ -331,3 +331,19 @@ def test_set_process_threads_sets_blas_and_env() -> None:
     assert out.stdout.split() == (["[1]", "1"] if blas_threads() else ["[]", "1"]), out.stdout
     with pytest.raises(ValueError):
         set_process_threads(0)
+
+
+def test_freeze_for_fork_moves_objects_to_the_permanent_generation() -> None:
+    """What the gunicorn app and ``run_prefork`` call before forking: afterwards the
+    collector no longer walks (and so no longer writes to) the objects that exist now."""
+    import gc
+
+    from tfrt_py.serving.prefork import freeze_for_fork
+
+    gc.unfreeze()
+    try:
+        before = gc.get_freeze_count()
+        freeze_for_fork()
+        assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()

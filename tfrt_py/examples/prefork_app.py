@@ -14,7 +14,9 @@ with a ``gunicorn.conf.py`` whose ``post_fork`` hook sets each worker's threads:
 What it shows: the model is loaded at import, which ``--preload`` does once in gunicorn's
 master, and ``share_weights`` moves its weights to shared, file-backed memory before the
 fork (external data is memory-mapped already; embedded weights go to a private cache
-file), so N workers hold one copy. tfrt_py's pools restart in each worker on first use.
+file), so N workers hold one copy; ``freeze_for_fork`` then keeps the workers' garbage
+collections from copying the master's pages. tfrt_py's pools restart in each worker on
+first use.
 ``POST /predict`` takes an .npy body for the model's one input and answers the first
 output as .npy (header ``x-tfrt-py-worker``: the worker's pid); ``GET /readyz`` answers
 200. ``await model.run_async`` runs small calls inline and heavy ones on the worker's pool.
@@ -30,10 +32,12 @@ from fastapi import FastAPI, HTTPException, Request, Response
 
 import tfrt_py
 from tfrt_py.errors import InputError
+from tfrt_py.serving.prefork import freeze_for_fork
 from tfrt_py.sharing import share_weights
 
 MODEL = tfrt_py.load(os.environ.get("TFRT_PY_MODEL", ""))
 SHARED = share_weights(MODEL)  # in gunicorn's master, before the fork (--preload)
+freeze_for_fork()  # last: the workers' garbage collections leave the master's pages shared
 INPUT = MODEL.inputs[0].name
 OUTPUT = MODEL.outputs[0].name
 
