@@ -1,5 +1,6 @@
 """Shared fixtures: the executor fixtures (below), the seeded ready queue, the native
-tier's cache dir. Shared helpers are in ``tests/support`` (imported as ``tests.support``)."""
+tier's cache dir, ``jit`` (compiled kernels on and off, ``tests/support/jit_paths``).
+Shared helpers are in ``tests/support`` (imported as ``tests.support``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.support.executors import EXECUTORS
+from tests.support.jit_paths import jit  # noqa: F401 - the compiled/NumPy fixture, by name
 from tfrt_py.concurrency import HostContext
 from tfrt_py.executors.dataflow import SCHEDULE_SEED_ENV
 

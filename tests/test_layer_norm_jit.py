@@ -142,3 +142,24 @@ def test_rms_normalization_rows_match_onnxruntime_and_numpy(
     np.testing.assert_allclose(outs[0], want, rtol=tol, atol=tol)
     np.testing.assert_allclose(outs[0], outs[1], rtol=tol, atol=tol)
     assert rms_norm_rows(np.dtype(dtype)) is not None
+
+
+@pytest.mark.parametrize("op", ["LayerNormalization", "RMSNormalization"])
+def test_the_compiled_rows_serve_the_common_calls(monkeypatch: pytest.MonkeyPatch, op: str) -> None:
+    """Scale only (no bias), contiguous float32, last axis: the compiled rows take it
+    (a fit check that sends every call to NumPy would pass every agreement test)."""
+    served: list[bool] = []
+    real = norm._compiled_rows
+
+    def spy(*args: Any) -> Any:
+        r = real(*args)
+        served.append(r is not None)
+        return r
+
+    monkeypatch.setattr(norm, "_compiled_rows", spy)
+    monkeypatch.setenv(ENV_JIT, "1")
+    x, s = _f(3, 5, 32), _f(32)
+    fn = build_node(_REG, op, [x, s], {}, opset=23 if op == "RMSNormalization" else 17,
+                    const=(1,))  # fmt: skip
+    fn(x, s)
+    assert served == [True]

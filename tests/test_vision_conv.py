@@ -27,18 +27,6 @@ _F32 = TensorProto.FLOAT
 _F64 = TensorProto.DOUBLE
 
 
-@pytest.fixture(params=["jit", "numpy"])
-def jit(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs with the compiled kernels (skipped without numba) and without."""
-    if request.param == "numpy":
-        monkeypatch.setenv(ENV_JIT, "0")
-    else:
-        monkeypatch.setenv(ENV_JIT, "1")
-        if not jit_enabled():
-            pytest.skip("numba is not installed")
-    return str(request.param)
-
-
 def _r(*shape: int, dtype: Any = np.float32) -> np.ndarray:
     return _RNG.standard_normal(shape).astype(dtype)
 

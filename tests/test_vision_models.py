@@ -12,7 +12,6 @@ import pytest
 
 import tfrt_py
 from tfrt_py.compiler.pipeline import PASSES
-from tfrt_py.kernels.jit import ENV_JIT, jit_enabled
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -34,17 +33,6 @@ _MODELS = {
         "1 GELU, 0 SiLU, 2 LayerNorm, 1 MatMulTransB (0 scalings moved before a Transpose)",
     ),
 }
-
-
-@pytest.fixture(params=["jit", "numpy"])
-def jit(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "numpy":
-        monkeypatch.setenv(ENV_JIT, "0")
-    else:
-        monkeypatch.setenv(ENV_JIT, "1")
-        if not jit_enabled():
-            pytest.skip("numba is not installed")
-    return str(request.param)
 
 
 def _summary(model: tfrt_py.Model, name: str) -> str:

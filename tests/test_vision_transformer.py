@@ -20,24 +20,12 @@ import tfrt_py
 from tfrt_py.compiler.pipeline import PASSES
 from tfrt_py.kernels.erf import erf_f32
 from tfrt_py.kernels.gelu_jit import gelu_erf_f32
-from tfrt_py.kernels.jit import ENV_JIT, jit_enabled
 
 ort = pytest.importorskip("onnxruntime")
 
 _RNG = np.random.default_rng(11)
 _F32 = TensorProto.FLOAT
 _NO_TR = set(PASSES) - {"fuse_transformer"}
-
-
-@pytest.fixture(params=["jit", "numpy"])
-def jit(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "numpy":
-        monkeypatch.setenv(ENV_JIT, "0")
-    else:
-        monkeypatch.setenv(ENV_JIT, "1")
-        if not jit_enabled():
-            pytest.skip("numba is not installed")
-    return str(request.param)
 
 
 def _c(name: str, value: Any) -> onnx.TensorProto:

@@ -34,35 +34,42 @@ from .jit import Jitted
 __all__ = ["layer_norm_rows", "rms_norm_rows"]
 
 
+def _row_sums(xi: Any, n: int) -> tuple[float, float]:  # pragma: no cover - numba only
+    """(sum, sum of squares) of a float32 row in float64, four partial sums each (the
+    adds pipeline; their order is fixed, so results are deterministic)."""
+    n4 = n - n % 4
+    s0 = s1 = s2 = s3 = 0.0
+    q0 = q1 = q2 = q3 = 0.0
+    for j in range(0, n4, 4):
+        a0 = np.float64(xi[j])
+        a1 = np.float64(xi[j + 1])
+        a2 = np.float64(xi[j + 2])
+        a3 = np.float64(xi[j + 3])
+        s0 += a0
+        s1 += a1
+        s2 += a2
+        s3 += a3
+        q0 += a0 * a0
+        q1 += a1 * a1
+        q2 += a2 * a2
+        q3 += a3 * a3
+    for j in range(n4, n):
+        a0 = np.float64(xi[j])
+        s0 += a0
+        q0 += a0 * a0
+    return (s0 + s1) + (s2 + s3), (q0 + q1) + (q2 + q3)
+
+
 def _ln_f32(x: Any, scale: Any, bias: Any, eps: float, y: Any) -> None:  # pragma: no cover
     rows, n = x.shape
     has_b = bias.shape[0] > 0
     inv_n = 1.0 / n
-    n4 = n - n % 4
     for i in range(rows):
         xi = x[i]
         yi = y[i]
-        s0 = s1 = s2 = s3 = 0.0
-        q0 = q1 = q2 = q3 = 0.0
-        for j in range(0, n4, 4):
-            a0 = np.float64(xi[j])
-            a1 = np.float64(xi[j + 1])
-            a2 = np.float64(xi[j + 2])
-            a3 = np.float64(xi[j + 3])
-            s0 += a0
-            s1 += a1
-            s2 += a2
-            s3 += a3
-            q0 += a0 * a0
-            q1 += a1 * a1
-            q2 += a2 * a2
-            q3 += a3 * a3
-        for j in range(n4, n):
-            a0 = np.float64(xi[j])
-            s0 += a0
-            q0 += a0 * a0
-        mean = ((s0 + s1) + (s2 + s3)) * inv_n
-        var = max(((q0 + q1) + (q2 + q3)) * inv_n - mean * mean, 0.0)
+        s, q = _row_sums(xi, n)
+        mean = s * inv_n
+        var = max(q * inv_n - mean * mean, 0.0)
         m = np.float32(mean)
         inv = np.float32(1.0 / math.sqrt(var + eps))
         if has_b:
@@ -100,24 +107,11 @@ def _ln_f64(x: Any, scale: Any, bias: Any, eps: float, y: Any) -> None:  # pragm
 def _rms_f32(x: Any, scale: Any, eps: float, y: Any) -> None:  # pragma: no cover
     rows, n = x.shape
     inv_n = 1.0 / n
-    n4 = n - n % 4
     for i in range(rows):
         xi = x[i]
         yi = y[i]
-        q0 = q1 = q2 = q3 = 0.0
-        for j in range(0, n4, 4):
-            a0 = np.float64(xi[j])
-            a1 = np.float64(xi[j + 1])
-            a2 = np.float64(xi[j + 2])
-            a3 = np.float64(xi[j + 3])
-            q0 += a0 * a0
-            q1 += a1 * a1
-            q2 += a2 * a2
-            q3 += a3 * a3
-        for j in range(n4, n):
-            a0 = np.float64(xi[j])
-            q0 += a0 * a0
-        inv = np.float32(1.0 / math.sqrt(((q0 + q1) + (q2 + q3)) * inv_n + eps))
+        _, q = _row_sums(xi, n)
+        inv = np.float32(1.0 / math.sqrt(q * inv_n + eps))
         for j in range(n):
             yi[j] = xi[j] * inv * scale[j]
 
@@ -153,13 +147,13 @@ def _warm_for(t: Any) -> Any:
 
 
 _LN = {
-    np.dtype(np.float32): Jitted(_ln_f32, _warm_for(np.float32)),
+    np.dtype(np.float32): Jitted(_ln_f32, _warm_for(np.float32), helpers=(_row_sums,)),
     np.dtype(np.float64): Jitted(_ln_f64, _warm_for(np.float64)),
 }
 
 
 _RMS = {
-    np.dtype(np.float32): Jitted(_rms_f32, _warm_rms_for(np.float32)),
+    np.dtype(np.float32): Jitted(_rms_f32, _warm_rms_for(np.float32), helpers=(_row_sums,)),
     np.dtype(np.float64): Jitted(_rms_f64, _warm_rms_for(np.float64)),
 }
 

@@ -150,33 +150,45 @@ def _row_param(p: Any, tail: tuple[int, ...], nd: int, dt: np.dtype) -> np.ndarr
 _NO_BIAS = {np.dtype(np.float32): np.zeros(0, np.float32), np.dtype(np.float64): np.zeros(0)}
 
 
+def _compiled_rows(fn: Any, x: np.ndarray, scale: Any, bias: Any, out: Any, axis: int,
+                   eps: float, stash: np.dtype, rms: bool) -> np.ndarray | None:  # fmt: skip
+    """LayerNormalization (``bias`` None: none) or, ``rms``, RMSNormalization (``bias``
+    unused) of ``x`` by the compiled rows ``fn`` (``norm_jit``); None when
+    the call does not fit them (dtype other than the stash type, a non-contiguous or
+    aliasing array, parameters that grow the result, an axis out of range: the NumPy path
+    handles and reports those)."""
+    if x.dtype != stash or not x.flags.c_contiguous or x.size == 0:
+        return None
+    a = axis + x.ndim if axis < 0 else axis
+    if not 0 <= a < x.ndim:
+        return None
+    tail = x.shape[a:]
+    s = _row_param(scale, tail, x.ndim, stash)
+    b = _NO_BIAS[stash] if bias is None or rms else _row_param(bias, tail, x.ndim, stash)
+    if s is None or b is None:
+        return None
+    if out is None:
+        out = np.empty_like(x)
+    elif not out.flags.c_contiguous or out.shape != x.shape or np.may_share_memory(x, out):
+        return None
+    cols = s.shape[0]
+    if rms:
+        fn(x.reshape(-1, cols), s, eps, out.reshape(-1, cols))
+    else:
+        fn(x.reshape(-1, cols), s, b, eps, out.reshape(-1, cols))
+    return out
+
+
 def _layer_norm_fast(axis: int, eps: float, stash: np.dtype) -> Any:
-    """The compiled one-pass form (``norm_jit``) for the single-output op, or None: its
-    ``fn(x, scale, bias, out)`` returns None when a call does not fit it (dtype other
-    than the stash type, a non-contiguous array, parameters that grow the result)."""
+    """The compiled one-pass form for the single-output op, or None: its
+    ``fn(x, scale, bias, out)`` returns None when a call does not fit it
+    (``_compiled_rows``)."""
     rows_fn = layer_norm_rows(stash)
     if rows_fn is None:
         return None
-    no_bias = _NO_BIAS[stash]
 
     def fast(x: np.ndarray, scale: Any, bias: Any, out: np.ndarray | None) -> Any:
-        if x.dtype != stash or not x.flags.c_contiguous or x.size == 0:
-            return None
-        a = axis + x.ndim if axis < 0 else axis
-        if not 0 <= a < x.ndim:
-            return None  # the NumPy path reports it
-        tail = x.shape[a:]
-        s = _row_param(scale, tail, x.ndim, stash)
-        b = no_bias if bias is None else _row_param(bias, tail, x.ndim, stash)
-        if s is None or b is None:
-            return None
-        if out is None:
-            out = np.empty_like(x)
-        elif not out.flags.c_contiguous or out.shape != x.shape or np.may_share_memory(x, out):
-            return None
-        cols = s.shape[0]
-        rows_fn(x.reshape(-1, cols), s, b, eps, out.reshape(-1, cols))
-        return out
+        return _compiled_rows(rows_fn, x, scale, bias, out, axis, eps, stash, False)
 
     return fast
 
@@ -237,27 +249,6 @@ def _layer_normalization(ctx: KernelContext) -> ComputeFn:
     return layer_norm
 
 
-def _rms_fast(fn: Any, x: np.ndarray, scale: Any, out: Any, axis: int, eps: float,
-              stash: np.dtype) -> np.ndarray | None:  # fmt: skip
-    """RMSNormalization by the compiled rows (``norm_jit``), or None when the call does
-    not fit them (as ``_layer_norm_fast``)."""
-    if x.dtype != stash or not x.flags.c_contiguous or x.size == 0:
-        return None
-    a = axis + x.ndim if axis < 0 else axis
-    if not 0 <= a < x.ndim:
-        return None  # the NumPy path reports it
-    s = _row_param(scale, x.shape[a:], x.ndim, stash)
-    if s is None:
-        return None
-    if out is None:
-        out = np.empty_like(x)
-    elif not out.flags.c_contiguous or out.shape != x.shape or np.may_share_memory(x, out):
-        return None
-    cols = s.shape[0]
-    fn(x.reshape(-1, cols), s, eps, out.reshape(-1, cols))
-    return out
-
-
 def _rms_normalization(ctx: KernelContext) -> ComputeFn:
     """RMSNormalization: ``fn(X, scale, out=None) -> X / sqrt(mean(X^2) + eps) * scale``."""
     axis = int(ctx.attr("axis", -1))
@@ -268,7 +259,7 @@ def _rms_normalization(ctx: KernelContext) -> ComputeFn:
 
     def rms_norm(x: np.ndarray, scale: np.ndarray, out: np.ndarray | None = None) -> Any:
         if rms_fn is not None:
-            y = _rms_fast(rms_fn, x, scale, out, axis, eps, stash)
+            y = _compiled_rows(rms_fn, x, scale, None, out, axis, eps, stash, True)
             if y is not None:
                 return y
         _, rows, cols = _split(x, axis)
