@@ -1,5 +1,5 @@
 """The vision-transformer work: the ``fuse_transformer`` pass (GELU erf/tanh forms,
-decomposed LayerNorm, MatMul with a transposed operand) and the compiled GELU, against
+decomposed LayerNorm and RMS norm, MatMul with a transposed operand) and the compiled GELU, against
 onnxruntime and the unfused graph, with the compiled paths on and off (``TFRT_PY_JIT``),
 on the sync and async executors.
 
@@ -253,6 +253,46 @@ def test_layer_norm_over_other_axis_is_left_alone() -> None:
     x = _RNG.standard_normal((2, 5, 24)).astype(np.float32)
     model = _run_all(_model(nodes, x.shape, inits), {"x": x}, "sync")
     assert "LayerNormalization" not in _ops(model)
+
+
+# -- RMS norm (T5's LayerNorm) --------------------------------------------------------------
+
+
+def _rms_nodes(variant: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """torch.onnx's T5LayerNorm: Pow(x, 2) -> ReduceMean -> Add eps -> Sqrt -> Div(1, s)
+    -> Mul(x, r) -> Mul(weight, .); ``variant`` swaps in the other forms."""
+    mk = helper.make_node
+    inits = [_c("two", 2.0), _c("eps", 1e-6), _c("one", 1.0), _c("g", _RNG.standard_normal(24))]
+    sq = mk("Mul", ["x", "x"], ["p"]) if variant == "mul" else mk("Pow", ["x", "two"], ["p"])
+    nodes = [sq, mk("ReduceMean", ["p"], ["var"], axes=[-1]), mk("Add", ["var", "eps"], ["ve"]),
+             mk("Sqrt", ["ve"], ["s"])]  # fmt: skip
+    if variant == "div_x":
+        nodes.append(mk("Div", ["x", "s"], ["n"]))
+    elif variant == "reciprocal":
+        nodes += [mk("Reciprocal", ["s"], ["r"]), mk("Mul", ["r", "x"], ["n"])]
+    else:
+        nodes += [mk("Div", ["one", "s"], ["r"]), mk("Mul", ["x", "r"], ["n"])]
+    if variant == "no_weight":
+        nodes[-1].output[0] = "y"
+    else:
+        nodes.append(mk("Mul", ["g", "n"], ["y"]))
+    return nodes, inits
+
+
+@pytest.mark.parametrize("executor", ["sync", "async"])
+@pytest.mark.parametrize("variant", ["pow", "mul", "div_x", "reciprocal", "no_weight"])
+def test_rms_norm_pattern_becomes_rms_normalization(jit: str, executor: str, variant: str) -> None:
+    nodes, inits = _rms_nodes(variant)
+    x = _RNG.standard_normal((2, 5, 24)).astype(np.float32) * 3 + 1
+    model = _run_all(_model(nodes, x.shape, inits), {"x": x}, executor)
+    assert _ops(model) == ["RMSNormalization"], _ops(model)
+
+
+def test_rms_norm_with_an_intermediate_read_elsewhere_is_left_alone() -> None:
+    nodes, inits = _rms_nodes("pow")
+    x = _RNG.standard_normal((2, 5, 24)).astype(np.float32)
+    model = _run_all(_model(nodes, x.shape, inits, outputs=("y", "var")), {"x": x}, "sync")
+    assert "RMSNormalization" not in _ops(model)
 
 
 # -- MatMul(A, Transpose(B)) ---------------------------------------------------------------

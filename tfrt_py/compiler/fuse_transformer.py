@@ -12,6 +12,10 @@ one op whose kernel runs it in a few passes:
   the last axis (ReduceMean with axes as attribute or input; ``Pow(d, 2)`` or ``d * d``;
   ``Div`` by the Sqrt or ``Mul`` by its Reciprocal): an ONNX ``LayerNormalization`` node
   (opset 17, axis -1, stash type float32 as the decomposition computes);
+* RMS norm (T5's LayerNorm) ``x * (1 / sqrt(mean(x^2) + eps)) [* gamma]`` over the last
+  axis (``Pow(x, 2)`` or ``x * x``; ``Div(1, s)``, ``Reciprocal(s)`` or ``Div(x, s)``;
+  either operand order of the Muls): an ONNX ``RMSNormalization`` node (opset 23, axis
+  -1, stash type x's float type);
 * attention scores ``MatMul(A, Transpose(B))`` whose Transpose swaps the last two axes
   only: a ``tfrt_py.fused::MatMulTransB`` node, whose kernel hands BLAS the transposed
   view (no copy). A scalar scaling between them, ``Mul(Transpose(B), s)``, moves before
@@ -39,7 +43,7 @@ __all__ = ["fuse_transformer"]
 
 def fuse_transformer(graph: Graph, ctx: PassContext) -> str:
     """The pass. Returns its one-line report."""
-    counts = {"GELU": 0, "SiLU": 0, "LayerNorm": 0, "MatMulTransB": 0}
+    counts = {"GELU": 0, "SiLU": 0, "LayerNorm": 0, "RMSNorm": 0, "MatMulTransB": 0}
     n_moved = _move_scalar_mul_before_transpose(graph)
     uses = Uses(graph)
     replaced: dict[int, Node | None] = {}
@@ -50,7 +54,7 @@ def fuse_transformer(graph: Graph, ctx: PassContext) -> str:
         if node.op_type in ("Erf", "Tanh") and node.domain == "":
             found = _gelu(node, uses)
         elif node.op_type == "ReduceMean" and node.domain == "":
-            found = _layer_norm(node, uses)
+            found = _layer_norm(node, uses) or _rms_norm(node, uses)
         elif node.op_type == "MatMul" and node.domain == "":
             found = _matmul_transb(node, uses)
         elif node.op_type == "Sigmoid" and node.domain == "":
@@ -345,6 +349,74 @@ def _layer_norm(mean: Node, uses: Uses) -> tuple[str, Node, list[Node]] | None:
         opset=17,
     )
     return "LayerNorm", new, chain
+
+
+def _rms_norm(var: Node, uses: Uses) -> tuple[str, Node, list[Node]] | None:
+    """var is the ReduceMean of the squares in a decomposed RMS norm."""
+    if not _mean_last_axis(var):
+        return None
+    sq = var.inputs[0]
+    if sq is None or sq.producer is None or uses.only_reader(sq) is not var:
+        return None
+    sq_node = sq.producer
+    if sq_node.domain != "":
+        return None
+    if len(sq_node.outputs) != 1 or not any(nd is sq_node for nd in uses.graph.nodes):
+        return None
+    x = sq_node.inputs[0]
+    if sq_node.op_type == "Pow":
+        if not _near(_scalar(sq_node.inputs[1]), 2.0):
+            return None
+    elif sq_node.op_type != "Mul" or sq_node.inputs[1] is not x:
+        return None
+    add = _only(uses, var.outputs[0], "Add")
+    eps = None if add is None else _scalar(_other(add, var.outputs[0]))  # type: ignore[arg-type]
+    sqrt = None if add is None else _only(uses, add.outputs[0], "Sqrt")
+    if add is None or eps is None or sqrt is None or x is None:
+        return None
+    chain = [sq_node, var, add, sqrt]
+    s = sqrt.outputs[0]
+    head = uses.only_reader(s)  # type: ignore[arg-type]
+    if head is None or head.domain != "":
+        return None
+    if head.op_type == "Div" and head.inputs[0] is x and head.inputs[1] is s:
+        chain.append(head)  # x / sqrt
+    else:
+        if head.op_type == "Reciprocal" or (
+            head.op_type == "Div" and head.inputs[1] is s and _near(_scalar(head.inputs[0]), 1.0)
+        ):
+            r = head.outputs[0]
+        else:
+            return None
+        mul = _only(uses, r, "Mul")
+        if mul is None or _other(mul, r) is not x:  # type: ignore[arg-type]
+            return None
+        chain += [head, mul]
+    y = chain[-1].outputs[0]
+    gamma: Value | None = None
+    m = _only(uses, y, "Mul")
+    if m is not None and y is not None:
+        g = _other(m, y)
+        if g is not None and g.const is not None and g.const.ndim == 1:
+            gamma, y = g, m.outputs[0]
+            chain.append(m)
+    t = x.type
+    dt = getattr(t, "dtype", None)
+    shape = getattr(t, "shape", None)
+    if dt is None or dt not in (np.float32, np.float64) or not shape:
+        return None
+    n = shape[-1] if isinstance(shape[-1], int) else None
+    if n is None and gamma is not None:
+        n = gamma.const.shape[0]  # type: ignore[union-attr]
+    if n is None or any(uses.is_output(c.outputs[0]) for c in chain[:-1]):  # type: ignore[arg-type]
+        return None
+    if gamma is not None and (gamma.const.shape != (n,) or gamma.const.dtype != dt):  # type: ignore[union-attr]
+        return None
+    if gamma is None:
+        gamma = Value(f"{var.name}/rms_scale", const=np.ones(n, dt))
+    attrs = {"axis": -1, "epsilon": float(eps), "stash_type": 1 if dt == np.float32 else 11}
+    new = Node("RMSNormalization", [x, gamma], [y], attrs, name=f"{var.name}/rms_norm", opset=23)
+    return "RMSNorm", new, chain
 
 
 # -- MatMul(A, Transpose(B)) -------------------------------------------------------------------
