@@ -379,3 +379,16 @@ def test_softmax_runs_in_place(fallback: bool, opset: int, dtype: Any) -> None:
     assert fn(buf, out=buf) is buf
     np.testing.assert_allclose(buf, want, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(fn(x), want, rtol=1e-5, atol=1e-7)  # and not in place
+
+
+def test_rms_normalization_keeps_shapes_fixed_by_the_signature() -> None:
+    """The fused node's output shape follows from its input's, as for LayerNormalization:
+    without that, every Shape/Gather/Concat computation downstream ran on each call
+    instead of once per input signature (T5: 206 -> 233 µs per call)."""
+    from tfrt_py.compiler.dynamic import shape_determined
+
+    nodes, inits = _rms_nodes("pow")
+    m = tfrt_py.load(_model(nodes, ("n", 5, 24), inits), executor="sync")
+    graph = m.prepared.graph
+    (rms,) = [n for n in graph.nodes if n.op_type == "RMSNormalization"]
+    assert id(rms.outputs[0]) in shape_determined(graph, lambda n: None)

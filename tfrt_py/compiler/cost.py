@@ -89,7 +89,7 @@ _MOVE = frozenset(
 _HEAVY_ELEMENTWISE = {"Erf": 8.0, "Gelu": 10.0, "Sigmoid": 4.0, "Tanh": 4.0, "Exp": 4.0,
                       "Log": 4.0, "Pow": 4.0, "Softplus": 6.0, "Mish": 10.0}  # fmt: skip
 _REDUCE_LIKE = {"Softmax": 5.0, "LogSoftmax": 5.0, "LayerNormalization": 8.0,
-                "BatchNormalization": 2.0, "InstanceNormalization": 6.0,
+                "RMSNormalization": 6.0, "BatchNormalization": 2.0, "InstanceNormalization": 6.0,
                 "GroupNormalization": 6.0}  # fmt: skip
 #: Ops whose cost is dominated by a weight (the unknown-shape rule).
 _HEAVY_OPS = frozenset(

@@ -57,8 +57,9 @@ _SHAPE_ONLY = op_names(
     """
     Softmax LogSoftmax Hardmax MatMul Gemm Conv ConvTranspose MaxPool AveragePool
     GlobalAveragePool GlobalMaxPool GlobalLpPool LpPool BatchNormalization
-    InstanceNormalization LayerNormalization GroupNormalization LpNormalization LRN
-    MeanVarianceNormalization Flatten Transpose Concat Gather GatherElements GatherND
+    InstanceNormalization LayerNormalization RMSNormalization GroupNormalization
+    LpNormalization LRN MeanVarianceNormalization Flatten Transpose Concat Gather
+    GatherElements GatherND
     ScatterElements ScatterND Scatter Shape Size Einsum DepthToSpace SpaceToDepth Det
     Trilu CumSum ArgMax ArgMin ReduceMax ReduceMin ReduceSum ReduceMean ReduceProd
     ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceSumSquare EyeLike MatMulInteger
