@@ -269,6 +269,39 @@ def _mean_last_axis(node: Node) -> bool:
     return a == -1 or (rank is not None and a == rank - 1)
 
 
+def _affine(uses: Uses, y: Value | None, op: str, chain: list[Node]) -> tuple[Any, Any]:
+    """(p, op's output) when ``y``'s only reader is ``op`` (Mul: a scale, Add: a shift)
+    with a 1-D constant operand ``p`` (appended to ``chain``), else (None, ``y``)."""
+    node = _only(uses, y, op)
+    if node is None or y is None:
+        return None, y
+    p = _other(node, y)
+    if p is None or p.const is None or p.const.ndim != 1:
+        return None, y
+    chain.append(node)
+    return p, node.outputs[0]
+
+
+def _norm_size(x: Value, *params: Value | None) -> tuple[int, np.dtype] | None:
+    """(normalized size, dtype) of a last-axis norm of float ``x``: x's last dim, else the
+    scale's (the Mul broadcasts x's to it); None when unknown, or when a parameter is not
+    one value per element of that axis in x's dtype."""
+    t = x.type
+    dt = getattr(t, "dtype", None)
+    shape = getattr(t, "shape", None)
+    if dt is None or dt.kind != "f" or not shape:
+        return None
+    n = shape[-1] if isinstance(shape[-1], int) else None
+    if n is None and params[0] is not None:
+        n = params[0].const.shape[0]  # type: ignore[union-attr]
+    if n is None:
+        return None
+    for p in params:
+        if p is not None and (p.const.shape != (n,) or p.const.dtype != dt):  # type: ignore[union-attr]
+            return None
+    return n, dt
+
+
 def _layer_norm(mean: Node, uses: Uses) -> tuple[str, Node, list[Node]] | None:
     """mean is the first ReduceMean of a decomposed LayerNorm."""
     if not _mean_last_axis(mean):
@@ -308,35 +341,12 @@ def _layer_norm(mean: Node, uses: Uses) -> tuple[str, Node, list[Node]] | None:
             return None
         chain.append(rec)
     chain.append(div)
-    y = div.outputs[0]
-    gamma: Value | None = None
-    beta: Value | None = None
-    m = _only(uses, y, "Mul")
-    if m is not None and y is not None:
-        g = _other(m, y)
-        if g is not None and g.const is not None and g.const.ndim == 1:
-            gamma, y = g, m.outputs[0]
-            chain.append(m)
-    a = _only(uses, y, "Add")
-    if a is not None and y is not None:
-        b = _other(a, y)
-        if b is not None and b.const is not None and b.const.ndim == 1:
-            beta, y = b, a.outputs[0]
-            chain.append(a)
-    t = x.type
-    dt = getattr(t, "dtype", None)
-    shape = getattr(t, "shape", None)
-    if dt is None or dt.kind != "f" or not shape:
+    gamma, y = _affine(uses, div.outputs[0], "Mul", chain)
+    beta, y = _affine(uses, y, "Add", chain)
+    size = _norm_size(x, gamma, beta)
+    if size is None:
         return None
-    # the normalized size: x's last dim, else gamma's (the Mul broadcasts x's to it)
-    n = shape[-1] if isinstance(shape[-1], int) else None
-    if n is None and gamma is not None:
-        n = gamma.const.shape[0]  # type: ignore[union-attr]
-    if n is None:
-        return None
-    for p in (gamma, beta):
-        if p is not None and (p.const.shape != (n,) or p.const.dtype != dt):  # type: ignore[union-attr]
-            return None
+    n, dt = size
     if gamma is None:
         gamma = Value(f"{mean.name}/ln_scale", const=np.ones(n, dt))
     attrs = {"axis": -1, "epsilon": float(eps), "stash_type": 1}
@@ -392,26 +402,13 @@ def _rms_norm(var: Node, uses: Uses) -> tuple[str, Node, list[Node]] | None:
         if mul is None or _other(mul, r) is not x:  # type: ignore[arg-type]
             return None
         chain += [head, mul]
-    y = chain[-1].outputs[0]
-    gamma: Value | None = None
-    m = _only(uses, y, "Mul")
-    if m is not None and y is not None:
-        g = _other(m, y)
-        if g is not None and g.const is not None and g.const.ndim == 1:
-            gamma, y = g, m.outputs[0]
-            chain.append(m)
-    t = x.type
-    dt = getattr(t, "dtype", None)
-    shape = getattr(t, "shape", None)
-    if dt is None or dt not in (np.float32, np.float64) or not shape:
+    gamma, y = _affine(uses, chain[-1].outputs[0], "Mul", chain)
+    size = _norm_size(x, gamma, None)
+    if size is None or size[1] not in (np.float32, np.float64):
         return None
-    n = shape[-1] if isinstance(shape[-1], int) else None
-    if n is None and gamma is not None:
-        n = gamma.const.shape[0]  # type: ignore[union-attr]
-    if n is None or any(uses.is_output(c.outputs[0]) for c in chain[:-1]):  # type: ignore[arg-type]
+    if any(uses.is_output(c.outputs[0]) for c in chain[:-1]):  # type: ignore[arg-type]
         return None
-    if gamma is not None and (gamma.const.shape != (n,) or gamma.const.dtype != dt):  # type: ignore[union-attr]
-        return None
+    n, dt = size
     if gamma is None:
         gamma = Value(f"{var.name}/rms_scale", const=np.ones(n, dt))
     attrs = {"axis": -1, "epsilon": float(eps), "stash_type": 1 if dt == np.float32 else 11}
