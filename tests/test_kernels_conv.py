@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.kernel_harness import build_node, check_vs_ort, ort_run, registry_of
+from tests.support.kernel_harness import (
+    build_node,
+    check_vs_ort,
+    ort_run,
+    reference_run,
+    registry_of,
+)
 from tfrt_py.kernels.nn import conv, conv_deform, conv_transpose
 
 ort = pytest.importorskip("onnxruntime")
@@ -111,7 +117,11 @@ def test_conv_integer_and_qlinear_conv() -> None:
         np.array(128, np.uint8),
         _RNG.integers(-500, 500, 4).astype(np.int32),
     ]
-    (want,) = _ort("QLinearConv", args, {"strides": [2, 2]}, opset=10)
+    # onnx's reference evaluator, not onnxruntime: the onnxruntime 1.32.0 wheel pip installed
+    # on 2026-11-26 departs from the spec on this case (uint8 activations, int8 per-channel
+    # weights) by up to 99 levels at strides 1 and 2, where onnx's reference and a
+    # hand-written loop agree with this kernel.
+    (want,) = reference_run("QLinearConv", args, {"strides": [2, 2]}, opset=10)
     for const in ((), (3, 5)):
         got = _build("QLinearConv", args, {"strides": [2, 2]}, const, opset=10)(*args)
         assert got.dtype == np.uint8

@@ -52,12 +52,11 @@ def build_node(
     return registry.lookup("", op, opset).build(KernelContext(node))
 
 
-def ort_run(
+def one_node_model(
     op: str, inputs: Sequence[Any], attrs: dict[str, Any], *, opset: int, n_out: int = 1
-) -> list[Any]:
-    """onnxruntime's outputs for the same one-node model."""
-    import onnxruntime as ort
-
+) -> onnx.ModelProto:
+    """A model of one ``op`` node whose inputs ``i0, i1, ...`` are typed like ``inputs``
+    (None: an omitted optional input) and whose outputs are ``y0, y1, ...``."""
     names = [f"i{i}" if a is not None else "" for i, a in enumerate(inputs)]
     node = helper.make_node(op, names, [f"y{k}" for k in range(n_out)], **attrs)
     graph = helper.make_graph(
@@ -72,8 +71,33 @@ def ort_run(
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 9
+    return model
+
+
+def _one_node_feeds(inputs: Sequence[Any]) -> dict[str, Any]:
+    return {f"i{i}": a for i, a in enumerate(inputs) if a is not None}
+
+
+def reference_run(
+    op: str, inputs: Sequence[Any], attrs: dict[str, Any], *, opset: int, n_out: int = 1
+) -> list[Any]:
+    """The outputs of onnx's reference evaluator (the spec's own implementation) for the
+    same one-node model: the reference where onnxruntime departs from the spec."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = one_node_model(op, inputs, attrs, opset=opset, n_out=n_out)
+    return list(ReferenceEvaluator(model).run(None, _one_node_feeds(inputs)))
+
+
+def ort_run(
+    op: str, inputs: Sequence[Any], attrs: dict[str, Any], *, opset: int, n_out: int = 1
+) -> list[Any]:
+    """onnxruntime's outputs for the same one-node model."""
+    import onnxruntime as ort
+
+    model = one_node_model(op, inputs, attrs, opset=opset, n_out=n_out)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return list(sess.run(None, {n: a for n, a in zip(names, inputs) if a is not None}))
+    return list(sess.run(None, _one_node_feeds(inputs)))
 
 
 def check_vs_ort(
