@@ -109,8 +109,11 @@ def rows_per_s(ds: Any, actor: Any, kwargs: dict[str, Any], batch: int, actors: 
 
 
 def in_process_rows_per_s(actor: Any, kwargs: dict[str, Any], column: str, x: np.ndarray) -> float:
-    """Rows/s of ``actor(**kwargs)`` called on ``x`` (one batch) for about half a second."""
+    """Rows/s of ``actor(**kwargs)`` called on ``x`` (one batch) for about half a second;
+    ``x`` read-only, as Ray Data hands batches to actors (views of its object store)."""
     fn = actor(**kwargs)
+    x = x.copy()
+    x.flags.writeable = False
     batch = {column: x}
     fn(batch)
     n = 0

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tfrt_py
+from tfrt_py.concurrency.threads import configure
 from tfrt_py.ir import Graph, GraphBuilder
 from tfrt_py.native import tier as tier_mod
 
@@ -117,3 +118,47 @@ def test_a_native_answer_that_disagrees_is_not_served(monkeypatch: pytest.Monkey
     for _ in range(5):
         _check(model, sync, x)
     assert "disagrees with the sync interpreter" in model.describe()
+
+
+@pytest.mark.parametrize("batch", ["N", 3])
+def test_read_only_feeds_take_the_fast_entry(batch: str | int) -> None:
+    """Feeds that are read-only views (Ray Data's batches, np.frombuffer over a request)
+    reach the compiled code as they are: after the first call of a signature no call goes
+    back to the slow path (which validates and copies every feed)."""
+    g = _mlp(batch)
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    x = RNG.standard_normal((3, 6)).astype(F32)
+    x.flags.writeable = False
+    _check(native, sync, x)
+    tier = native.native
+    slow_calls = []
+    check = tier._check
+    tier._check = lambda feeds: slow_calls.append(1) or check(feeds)
+    for _ in range(3):
+        _check(native, sync, x)
+    assert slow_calls == []
+    assert not x.flags.writeable
+
+
+@pytest.mark.parametrize("budget", [1, 2])
+def test_threaded_rows_follow_the_thread_budget(
+    budget: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big batch tries the rows split over threads only when the process's budget has
+    more than one thread (a Ray actor or pre-forked worker with one CPU must not take
+    two), and the split answer agrees with the interpreter's."""
+    monkeypatch.delenv("TFRT_PY_NATIVE", raising=False)
+    monkeypatch.delenv("TFRT_PY_THREADS", raising=False)
+    g = _mlp()
+    sync = tfrt_py.load(g, executor="sync")
+    try:
+        model = tfrt_py.load(g, native="eager", threads=budget)
+        x = RNG.standard_normal((300, 6)).astype(F32)
+        for _ in range(16):
+            _check(model, sync, x)
+    finally:
+        configure(None)
+    measured = [ln for ln in model.describe().splitlines() if "measured (batch 256+" in ln]
+    assert len(measured) == 1
+    assert ("native threads" in measured[0]) == (budget > 1)

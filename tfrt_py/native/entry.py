@@ -21,12 +21,10 @@ may lose a sample to a race, never a result.
 
 from __future__ import annotations
 
-import concurrent.futures
-import os
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -38,6 +36,7 @@ __all__ = [
     "direct_entry",
     "fast_entry",
     "native_entry",
+    "split_threads",
     "threads_entry",
 ]
 
@@ -49,31 +48,14 @@ PAR_MIN_ROWS = 256
 #: a signature), then the timed ones.
 WARMUP, SAMPLES = 1, 3
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
 
+def split_threads() -> int:
+    """How many threads a threaded rows call splits over: the process's thread budget
+    (``concurrency.threads``: ``$TFRT_PY_THREADS``, ``load(threads=)``, a Ray actor's or
+    pre-forked worker's CPUs), at most 4."""
+    from ..concurrency.threads import threads
 
-def _threads() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
-
-
-def _get_pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                max(1, _threads() - 1), thread_name_prefix="tfrt_py-native-rows"
-            )
-        return _pool
-
-
-def _reset_pool() -> None:
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_pool)  # the pool's threads are not in the child
+    return min(4, threads())
 
 
 def _finisher(spec: Any) -> Callable[[np.ndarray], Any] | None:
@@ -126,29 +108,25 @@ def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str]
     return env["native"]
 
 
-def _chunk(fn: Any, args: tuple[Any, ...], lo: int, hi: int) -> None:
-    fn(*args, lo, hi)
-
-
 def threads_entry(fn_into: Any, params: Sequence[np.ndarray], out_names: Sequence[str],
                   finishers: Sequence[Any], out_rows: Sequence[tuple[int, ...]],
                   out_dtypes: Sequence[np.dtype], batched: Sequence[bool]) -> Entry:  # fmt: skip
-    """Rows mode over a few threads: the outputs are allocated here, each thread fills a
-    contiguous block of rows (``fn_into(xs, outs, params, lo, hi)``)."""
+    """Rows mode over a few threads: the outputs are allocated here, the batch is cut in
+    ``split_threads()`` blocks of rows, each filled by ``fn_into(xs, outs, params, lo, hi)``
+    as one part of the process's intra-op pool (whose caller takes part and steals the
+    parts a busy helper has not started: never much slower than one thread)."""
+    from ..concurrency.threads import intra_pool
+
     fins = [_finisher(f) for f in finishers]
     first = list(batched).index(True)
 
     def threaded(feeds: Any, *xs: np.ndarray) -> dict[str, Any]:
         n = xs[first].shape[0]
         outs = [np.empty((n, *rest), dt) for rest, dt in zip(out_rows, out_dtypes)]
-        k = _threads()
+        k = split_threads()
         cuts = [n * i // k for i in range(k + 1)]
         args = (*xs, *outs, *params)
-        pool = _get_pool()
-        futs = [pool.submit(_chunk, fn_into, args, cuts[i], cuts[i + 1]) for i in range(1, k)]
-        fn_into(*args, cuts[0], cuts[1])
-        for f in futs:
-            f.result()
+        intra_pool().run([partial(fn_into, *args, cuts[i], cuts[i + 1]) for i in range(k)])
         return {name: (o if fin is None else fin(o))
                 for name, o, fin in zip(out_names, outs, fins)}  # fmt: skip
 

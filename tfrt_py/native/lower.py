@@ -337,7 +337,10 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
         shape, dtype = specs[k]
         cx.refs[id(v)] = Ref(f"x{k}", f"xb{k}" if batched[k] else "0", shape, dtype)
         t = _NP_TYPES[tname(dtype)]
-        sig.append(f"types.Array(types.{t}, {len(shape)}, 'C')")
+        # Feeds are typed read-only: the code never writes them, and a read-only array
+        # (Ray's object store, np.frombuffer over a request) then calls it without a copy;
+        # a writable one converts to the read-only type in numba's dispatcher at no cost.
+        sig.append(f"types.Array(types.{t}, {len(shape)}, 'C', readonly=True)")
         lo = 1 if batched[k] else 0
         conds = " or ".join(f"a{k}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape)
                             if d >= lo)  # fmt: skip
@@ -515,7 +518,7 @@ def _rows_functions(cx: NodeContext, sig: list[str], psig: list[str], pargs: lis
     (threads split a batch this way)."""
     n_in, n_out = len(specs), len(out_specs)
     first = batched.index(True)
-    flat = [f"types.Array(types.{_NP_TYPES[tname(dt)]}, 1, 'C')" for _, dt in specs]
+    flat = [f"types.Array(types.{_NP_TYPES[tname(dt)]}, 1, 'C', readonly=True)" for _, dt in specs]
     oflat = [f"types.Array(types.{_NP_TYPES[tname(dt)]}, 1, 'C')" for _, dt in out_specs]
     ofull = [f"types.Array(types.{_NP_TYPES[tname(dt)]}, {len(shape)}, 'C')"
              for shape, dt in out_specs]  # fmt: skip

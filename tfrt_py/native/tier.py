@@ -10,7 +10,8 @@ first sight while the interpreter serves that call).
 ``NativeTier.run(feeds, outputs=None)`` is what ``Model.run`` calls: ``entry.fast_entry``,
 which looks the feeds' shapes up in ``table``; a miss goes to ``_slow``: full validation by
 the model's FeedChecker (the sync executor's InputErrors), native byte order and
-contiguous writable copies, then the signature's entry (made now), and if the native call
+contiguous aligned copies (read-only feeds are taken as they are: compiled code types
+its feeds read-only), then the signature's entry (made now), and if the native call
 still fails the prepared program, which raises the interpreter's ExecutionError naming
 the node. With ``measure`` (``executor="auto"``) a signature's first calls are a
 ``entry.Trial`` between native code, the interpreter (and, for big batches in rows mode,
@@ -42,7 +43,15 @@ from ..feeds import check_output_buffers
 from ..ir import Graph
 from . import worker
 from .compile import Compiled, compile_lowered
-from .entry import PAR_MIN_ROWS, Trial, direct_entry, fast_entry, native_entry, threads_entry
+from .entry import (
+    PAR_MIN_ROWS,
+    Trial,
+    direct_entry,
+    fast_entry,
+    native_entry,
+    split_threads,
+    threads_entry,
+)
 from .lower import Lowered, lower
 
 __all__ = ["MAX_SIGNATURES", "MODES", "NativeTier", "plan_lowering"]
@@ -216,6 +225,7 @@ class NativeTier(Executor):
             low.mode == "rows"
             and comp.fn_into is not None
             and self._rows(args, low) >= PAR_MIN_ROWS
+            and split_threads() > 1
         ):
             cands.insert(1, ("native threads", threads_entry(
                 comp.fn_into, low.params, low.output_names, low.finishers, low.out_rows,
@@ -272,7 +282,7 @@ class NativeTier(Executor):
             return self.interp.run(feeds, outputs)
         ready = [
             a
-            if a.flags.c_contiguous and a.flags.writeable and a.dtype.isnative
+            if a.flags.c_contiguous and a.flags.aligned and a.dtype.isnative
             else np.array(a, dtype=a.dtype.newbyteorder("="), order="C")
             for a in args
         ]
