@@ -73,9 +73,13 @@ def test_bias_relu_is_numpys_add_and_maximum() -> None:
     for dt in (np.float32, np.float64):
         y = rng.standard_normal((70, 33)).astype(dt)
         y[3, 4], y[5, 6] = np.nan, -0.0
-        b = rng.standard_normal(33).astype(dt)
-        for relu in (True, False):
-            want = np.add(y, b)
+        y[7, 8] = -0.0  # with a bias of -0.0 there: -0.0 + -0.0 is -0.0, and Relu makes it +0.0
+        for b, relu in [
+            (np.where(np.arange(33) == 8, dt(-0.0), rng.standard_normal(33)).astype(dt), True),
+            (rng.standard_normal(33).astype(dt), False),
+            (np.zeros(0, dt), True),  # a Linear without bias: the Relu alone
+        ]:
+            want = np.add(y, b) if b.size else y.copy()
             if relu:
                 np.maximum(want, dt(0), out=want)
             got = y.copy()
