@@ -13,7 +13,7 @@ import pytest
 from tests.support.kernel_harness import build_node, ort_run, registry_of
 from tfrt_py.kernels.jit import ENV_JIT
 from tfrt_py.kernels.reduce import softmax
-from tfrt_py.kernels.softmax_jit import MAX_ELEMENTS, softmax_rows_f32
+from tfrt_py.kernels.softmax_jit import MAX_ELEMENTS, SHORT_ROW, softmax_rows_f32
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("numba", reason="the compiled kernel needs numba (the [native] extra)")
@@ -92,6 +92,27 @@ def test_in_place_and_outputs_it_cannot_write() -> None:
     np.testing.assert_allclose(r, want, rtol=1e-6)
     np.testing.assert_allclose(fn(np.ascontiguousarray(x.T).T), want, rtol=1e-6)
     np.testing.assert_allclose(fn(x.astype(np.float64)), want, rtol=1e-6)  # float64: NumPy
+
+
+def test_short_rows_of_a_large_input_take_the_compiled_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A classifier's probabilities over a big batch: many rows of a few classes, where
+    NumPy's per-row reductions cost most."""
+    x = (_RNG.standard_normal((4096, 4)) * 8).astype(np.float32)
+    assert x.size > MAX_ELEMENTS and x.shape[1] <= SHORT_ROW
+    real = softmax_rows_f32()
+    calls: list[tuple[int, ...]] = []
+
+    def counting(a: np.ndarray, b: np.ndarray) -> None:
+        calls.append(a.shape)
+        real(a, b)
+
+    monkeypatch.setattr(softmax, "softmax_rows_f32", lambda: counting)
+    got = _fn(x, {})(x)
+    assert calls == [(4096, 4)]
+    (want,) = ort_run("Softmax", [x], {}, opset=13)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
 
 
 def test_large_inputs_keep_numpy(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,13 +4,14 @@
 ``fn(y, b, relu)``: ``y`` a C-contiguous 2-D float32 or float64 array (rows, N), ``b`` a
 length-N bias of ``y``'s dtype (length 0: none);
 computes ``y = y + b`` then, when ``relu``, ``y = y if y > 0 or y is NaN else +0.0`` (as
-``np.maximum(y, 0)``: NaN kept, -0.0 becomes +0.0), row by row while the row is in cache. The same float
-operations as ``np.add(y, b, out=y)`` followed by ``np.maximum(y, 0, out=y)``, so the values
-are the same bit for bit; NumPy's two passes over a (4096, 64) float32 product took 120 µs
-on the anchor machine next to the product's 50 µs. The loops index one flat view with the
-bias add and the Relu in one statement: a (1024, 64) float32 epilogue took 5 µs, where a
-row view per row and two loops over it took 32 µs (they did not vectorize). None when numba is unavailable
-(``jit.py``): callers keep the NumPy calls. Any thread (releases the GIL).
+``np.maximum(y, 0)``: NaN kept, -0.0 becomes +0.0), row by row while the row is in cache.
+The same float operations as ``np.add(y, b, out=y)`` followed by ``np.maximum(y, 0,
+out=y)``, so the values are the same bit for bit; NumPy's two passes over a (4096, 64)
+float32 product took 120 µs on the anchor machine next to the product's 50 µs. The loops
+index one flat view with the bias add and the Relu in one statement: a (1024, 64) float32
+epilogue took 5 µs, where a row view per row and two loops over it took 32 µs (they did
+not vectorize). None when numba is unavailable (``jit.py``): callers keep the NumPy calls.
+Any thread (releases the GIL).
 """
 
 from __future__ import annotations
