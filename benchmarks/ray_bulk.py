@@ -2,7 +2,7 @@
 class wrapping onnxruntime.
 
     python benchmarks/ray_bulk.py [--rows 400000] [--actors 2] [--batch-sizes 256,1024,4096]
-                                  [--json out.json]
+                                  [--repeat 3] [--json out.json]
 
 Starts a local Ray cluster (``num_cpus=--actors``) and, for each model (gradient-boosted
 trees from scikit-learn via skl2onnx, ZipMap on; a 16-64-64-4 MLP from onnx.helper;
@@ -18,7 +18,8 @@ compute=ActorPoolStrategy(size=--actors), num_cpus=1)``. Runtimes:
   does (``tfrt_py.ray.unzip_zipmaps``), for the trees: onnxruntime without the dicts.
 
 rows/s is measured in steady state, from the first batch out to the last (actor start-up
-and model load excluded): (rows after the first batch) / (time between first and last).
+and model load excluded): (rows after the first batch) / (time between first and last);
+each figure is the median of ``--repeat`` runs, the runtimes taking turns (interleaved).
 "in-process" is the same actor classes called on batches of B rows in this process with
 one thread (no Ray): the per-call cost Ray's transport adds to. Figures are relative and
 noisy on a shared machine: compare columns of one run.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -129,6 +131,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=400_000)
     ap.add_argument("--actors", type=int, default=2)
     ap.add_argument("--batch-sizes", default="256,1024,4096")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args()
     import ray
@@ -159,8 +162,12 @@ def main() -> None:
                 )  # fmt: skip
             for batch in sizes:
                 row: dict[str, Any] = {"model": name, "batch_size": batch}
+                runs: dict[str, list[float]] = {rt: [] for rt in runtimes}
+                for _ in range(args.repeat):
+                    for rt, (actor, kwargs) in runtimes.items():
+                        runs[rt].append(rows_per_s(ds, actor, kwargs, batch, args.actors))
                 for rt, (actor, kwargs) in runtimes.items():
-                    row[rt] = rows_per_s(ds, actor, kwargs, batch, args.actors)
+                    row[rt] = statistics.median(runs[rt])
                     row["in-process " + rt] = in_process_rows_per_s(
                         actor, kwargs, column, x[:batch]
                     )
@@ -174,7 +181,8 @@ def main() -> None:
     ray.shutdown()
     if args.json_path:
         with open(args.json_path, "w") as f:
-            json.dump({"rows": args.rows, "actors": args.actors, "results": results}, f, indent=1)
+            json.dump({"rows": args.rows, "actors": args.actors, "repeat": args.repeat,
+                       "results": results}, f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":
