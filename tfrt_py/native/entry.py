@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from ..concurrency.threads import intra_pool, threads
+
 __all__ = [
     "PAR_MIN_ROWS",
     "Trial",
@@ -53,8 +55,6 @@ def split_threads() -> int:
     """How many threads a threaded rows call splits over: the process's thread budget
     (``concurrency.threads``: ``$TFRT_PY_THREADS``, ``load(threads=)``, a Ray actor's or
     pre-forked worker's CPUs), at most 4."""
-    from ..concurrency.threads import threads
-
     return min(4, threads())
 
 
@@ -115,7 +115,6 @@ def threads_entry(fn_into: Any, params: Sequence[np.ndarray], out_names: Sequenc
     ``split_threads()`` blocks of rows, each filled by ``fn_into(xs, outs, params, lo, hi)``
     as one part of the process's intra-op pool (whose caller takes part and steals the
     parts a busy helper has not started: never much slower than one thread)."""
-    from ..concurrency.threads import intra_pool
 
     fins = [_finisher(f) for f in finishers]
     first = list(batched).index(True)
