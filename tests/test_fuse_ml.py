@@ -10,8 +10,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
+from tfrt_py.compiler import fused_ml
 from tfrt_py.compiler.fused_ml import CHUNK_ELEMENTS, pairwise_sq_dist
 from tfrt_py.compiler.pipeline import PASSES
+from tfrt_py.kernels.ml.pairwise_jit import MAX_K
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -27,7 +29,7 @@ def _ops(model: tfrt_py.Model) -> list[str]:
     return [n.op_type for n in model.prepared.graph.nodes]
 
 
-def test_the_exported_knn_scan_is_fused_with_the_scans_values() -> None:
+def test_the_exported_knn_scan_is_fused_with_the_scans_values(jit: str) -> None:
     fused = tfrt_py.load(KNN, executor="sync")
     plain = tfrt_py.load(KNN, executor="sync", optimize=NO_ML)
     assert _report(fused) == "1 pairwise-distance Scan(s) -> PairwiseSqDist"
@@ -46,18 +48,38 @@ def test_the_exported_knn_scan_is_fused_with_the_scans_values() -> None:
                 np.testing.assert_array_equal(got[k], want[k])
 
 
-@pytest.mark.parametrize(("m", "n", "k"), [(500, 1, 20), (37, 300, 20), (3, 2, 1), (0, 4, 3),
-                                           (5, 0, 3), (2 * CHUNK_ELEMENTS + 1, 1, 1)])  # fmt: skip
-def test_pairwise_sq_dist_is_the_scans_arithmetic(m: int, n: int, k: int) -> None:
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [(500, 1, 20), (37, 300, 20), (3, 2, 1), (0, 4, 3), (5, 0, 3), (2 * CHUNK_ELEMENTS + 1, 1, 1),
+     (9, 13, 7), (9, 13, 8), (9, 13, 9), (4, 50, 100), (4, 50, 128), (4, 50, 129)],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pairwise_sq_dist_is_the_scans_arithmetic(
+    m: int, n: int, k: int, dtype: type, jit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bit for bit the Scan body's values, compiled (NumPy's pairwise summation order
+    replayed, up to MAX_K features) and NumPy; the compiled kernel serves what it takes."""
+    real = fused_ml.pairwise_sq_dist_f
+    calls: list[int] = []
+
+    def spy() -> object:
+        fn = real()
+        if fn is None:
+            return None
+        return lambda *a: (calls.append(1), fn(*a))
+
+    monkeypatch.setattr(fused_ml, "pairwise_sq_dist_f", spy)
     rng = np.random.default_rng(m + n + k)
-    y = rng.standard_normal((m, k)).astype(np.float32)
-    x = rng.standard_normal((n, k)).astype(np.float32)
-    want = np.empty((m, n), np.float32)
+    y = rng.standard_normal((m, k)).astype(dtype)
+    x = (3 * rng.standard_normal((n, k))).astype(dtype)
+    want = np.empty((m, n), dtype)
     for i in range(m):  # the Scan body, one row per iteration
-        want[i] = np.add.reduce(np.square(x - y[i]), axis=1, dtype=np.float32)
+        want[i] = np.add.reduce(np.square(x - y[i]), axis=1, dtype=dtype)
     got = pairwise_sq_dist(y, x)
-    assert got.shape == (m, n) and got.dtype == np.float32
+    assert got.shape == (m, n) and got.dtype == dtype
     np.testing.assert_array_equal(got, want)
+    compiled = jit == "jit" and m * n > 0 and k <= MAX_K
+    assert bool(calls) == compiled
 
 
 def _scan_model(

@@ -125,7 +125,7 @@ def test_arg_ties_and_select_last_index(op: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8, np.int64])
-def test_topk_ties_keep_lower_index_first(dtype: type) -> None:
+def test_topk_ties_keep_lower_index_first(dtype: type, jit: str) -> None:
     x: np.ndarray = _RNG.integers(0, 4, (3, 9)).astype(dtype)
     k = np.array([4], np.int64)
     for largest in (0, 1):
@@ -138,7 +138,7 @@ def test_topk_ties_keep_lower_index_first(dtype: type) -> None:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int8, np.uint8])
-def test_topk_small_k_of_a_long_axis_with_ties_matches_onnxruntime(dtype: type) -> None:
+def test_topk_small_k_of_a_long_axis_with_ties_matches_onnxruntime(dtype: type, jit: str) -> None:
     """k a small fraction of a long axis (the partition path): ties -- many, with integer
     keys -- come out by ascending index, exactly as onnxruntime orders them; a NaN in a
     float input takes the sorting path."""
@@ -155,6 +155,44 @@ def test_topk_small_k_of_a_long_axis_with_ties_matches_onnxruntime(dtype: type) 
     if np.dtype(dtype).kind == "f":
         x[2, 17] = np.nan
         _check("TopK", [x, np.array([5], np.int64)], {"largest": 0}, opset=11, n_out=2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_topk_small_k_takes_the_compiled_rows(
+    dtype: type, jit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A nearest-neighbour TopK (k of a few hundred distances per query) runs on the
+    compiled rows, ties and infinities included, in onnxruntime's order; a row with a NaN
+    goes back to the NumPy path."""
+    from tfrt_py.kernels.reduce import index
+
+    real = index.topk_rows
+    calls: list[bool] = []
+
+    def spy() -> Any:
+        fn = real()
+        if fn is None:
+            return None
+
+        def counting(*a: Any) -> bool:
+            calls.append(fn(*a))
+            return calls[-1]
+
+        return counting
+
+    monkeypatch.setattr(index, "topk_rows", spy)
+    rng = np.random.default_rng(8)
+    x = (rng.integers(-20, 20, (30, 200)) / 4).astype(dtype)
+    x[3, 7], x[4, 9], x[5, 11] = np.inf, -np.inf, -0.0
+    for largest in (0, 1):
+        for k in (1, 5, 32):
+            kk = np.array([k], np.int64)
+            _check("TopK", [x, kk], {"largest": largest}, opset=11, n_out=2)
+    assert (calls and all(calls)) if jit == "jit" else not calls
+    x[2, 17] = np.nan
+    calls.clear()
+    _check("TopK", [x, np.array([5], np.int64)], {"largest": 0}, opset=11, n_out=2)
+    assert (calls and not any(calls)) if jit == "jit" else not calls
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])

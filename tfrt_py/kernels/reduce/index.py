@@ -19,6 +19,8 @@ import numpy as np
 from ..base import ComputeFn, KernelContext
 from ..common import const_ints
 from ..registry import KernelRegistry
+from .topk_jit import MAX_K as TOPK_JIT_MAX_K
+from .topk_jit import topk_rows
 
 __all__ = ["register_kernels"]
 
@@ -105,9 +107,34 @@ def _topk_sort(x: np.ndarray, ax: int, k: int, largest: bool) -> tuple[np.ndarra
     return np.take_along_axis(x, idx, axis=ax), idx
 
 
+def _topk_compiled(
+    fn: Any, x: np.ndarray, ax: int, k: int, largest: bool
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """TopK by the compiled rows (``topk_jit``) when they take it: the last axis of a
+    C-contiguous float array, ``0 < k <= MAX_K``, no NaN; else None."""
+    if (
+        fn is None
+        or ax != x.ndim - 1
+        or x.dtype not in (np.float32, np.float64)
+        or not 0 < k <= min(TOPK_JIT_MAX_K, x.shape[-1])
+        or not x.flags.c_contiguous
+    ):
+        return None
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    values = np.empty((x2.shape[0], k), x.dtype)
+    indices = np.empty((x2.shape[0], k), np.int64)
+    if not fn(x2, k, largest, values, indices):
+        return None  # a NaN: NumPy's sort order
+    lead = x.shape[:-1]
+    return values.reshape(*lead, k), indices.reshape(*lead, k)
+
+
 def _top_k(ctx: KernelContext) -> ComputeFn:
-    """TopK: ``fn(X, K=None) -> (values, indices)``; K constant -> read at load."""
+    """TopK: ``fn(X, K=None) -> (values, indices)``; K constant -> read at load. Small k
+    over the last axis of float inputs takes the compiled rows (``topk_jit``)."""
     axis = int(ctx.attr("axis", -1))
+    jit = topk_rows()
     largest = bool(ctx.attr("largest", 1)) if ctx.opset >= 11 else True
     if ctx.opset < 10:
         k_static: int | None = int(ctx.attr("k"))
@@ -119,12 +146,14 @@ def _top_k(ctx: KernelContext) -> ComputeFn:
         k0 = k_static
 
         def topk_static(x: np.ndarray, k: Any = None) -> Any:
-            return _topk_sort(x, axis % x.ndim, k0, largest)
+            ax = axis % x.ndim
+            return _topk_compiled(jit, x, ax, k0, largest) or _topk_sort(x, ax, k0, largest)
 
         return topk_static
 
     def topk_dynamic(x: np.ndarray, k: Any = None) -> Any:
-        return _topk_sort(x, axis % x.ndim, int(np.asarray(k).reshape(-1)[0]), largest)
+        ax, kk = axis % x.ndim, int(np.asarray(k).reshape(-1)[0])
+        return _topk_compiled(jit, x, ax, kk, largest) or _topk_sort(x, ax, kk, largest)
 
     return topk_dynamic
 
