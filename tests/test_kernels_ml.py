@@ -339,3 +339,20 @@ def test_cast_map_dense_and_sparse() -> None:
     out = sparse({3: 1.5, 1: 2.0})
     assert out.dtype == np.int64
     np.testing.assert_array_equal(out, [[0, 2, 0, 1]])
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [[0, 1, 2], ["a"], ["x'}; import os #", "b\n", "{K0}"], [3, 3, 4], list(range(70))],
+)
+def test_zipmap_rows_make_the_same_dicts_as_dict_zip(labels: list[Any]) -> None:
+    """The generated dict display (labels bound as variables: a label that looks like code
+    is just a key), and the dict(zip) fallback for repeated or many labels."""
+    from tfrt_py.kernels.ml.encode import zipmap_rows
+
+    scores = np.random.default_rng(5).random((4, len(labels))).astype(np.float32)
+    got = zipmap_rows(labels)(scores)
+    want = [dict(zip(labels, r)) for r in scores.tolist()]
+    assert got == want
+    assert [list(d) for d in got] == [list(w) for w in want]  # key order too
+    assert zipmap_rows(labels)(scores[:0]) == []

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..concurrency.threads import intra_pool, threads
+from ..kernels.ml.encode import zipmap_rows
 
 __all__ = [
     "PAR_MIN_ROWS",
@@ -63,25 +64,10 @@ def _finisher(spec: Any) -> Callable[[np.ndarray], Any] | None:
         return None
     kind, labels = spec
     if kind == "zipmap":
-        keys = list(labels)
-        return lambda a: [
-            dict(zip(keys, row)) for row in np.asarray(a).reshape(len(a), -1).tolist()
-        ]
+        rows = zipmap_rows(list(labels))
+        return lambda a: rows(np.asarray(a).reshape(len(a), -1))
     table = np.asarray(labels, dtype=object)
     return lambda a: table.take(a)
-
-
-def _zipmap(keys: list[Any]) -> Callable[[np.ndarray], list[dict[Any, float]]]:
-    """Rows of scores -> one dict per row, keys the labels (bound as variables ``K<j>``,
-    never pasted: they are model text); a dict display per row, about twice as fast as
-    ``dict(zip(...))``."""
-    if len(keys) > 64 or len(set(keys)) != len(keys):
-        return lambda a: [dict(zip(keys, r)) for r in np.asarray(a).reshape(len(a), -1).tolist()]
-    items = ", ".join(f"K{j}: r[{j}]" for j in range(len(keys)))
-    src = f"def zipmap(a):\n    return [{{{items}}} for r in a.reshape(len(a), -1).tolist()]"
-    env: dict[str, Any] = {f"K{j}": k for j, k in enumerate(keys)}
-    exec(compile(src, "<tfrt_py zipmap>", "exec"), env)
-    return env["zipmap"]
 
 
 def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str],

@@ -20,7 +20,7 @@ from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .common import ML_DOMAIN, attr_ints, attr_strings
 
-__all__ = ["register_kernels"]
+__all__ = ["register_kernels", "zipmap_rows"]
 
 _OBJ = np.dtype(object)
 
@@ -177,6 +177,27 @@ def _one_hot_encoder(ctx: KernelContext) -> ComputeFn:
     return one_hot_encoder
 
 
+#: More labels than this build dicts with ``dict(zip(...))`` (no generated display).
+_DISPLAY_MAX_LABELS = 64
+
+
+def zipmap_rows(labels: list[Any]) -> Callable[[np.ndarray], list[dict[Any, float]]]:
+    """``fn(scores)``: (N, len(labels)) scores -> N dicts {label: score} (Python floats).
+    A generated function builds each dict as a display, ``{K0: v0, K1: v1, ...}`` over the
+    unpacked rows of ``scores.tolist()``, about twice as fast as ``dict(zip(...))`` (1000 x
+    3: 216 against 473 µs); the labels are model text, so they are bound as the variables
+    ``K<j>``, never written into the source. Many or repeated labels take ``dict(zip)``."""
+    n = len(labels)
+    if n == 0 or n > _DISPLAY_MAX_LABELS or len(set(labels)) != n:
+        return lambda x: [dict(zip(labels, r)) for r in x.tolist()]
+    items = ", ".join(f"K{j}: v{j}" for j in range(n))
+    names = ", ".join(f"v{j}" for j in range(n)) + ("," if n == 1 else "")
+    src = f"def zipmap(x):\n    return [{{{items}}} for {names} in x.tolist()]"
+    env: dict[str, Any] = {f"K{j}": label for j, label in enumerate(labels)}
+    exec(compile(src, "<tfrt_py zipmap>", "exec"), env)
+    return env["zipmap"]
+
+
 def _zip_map(ctx: KernelContext) -> ComputeFn:
     """ZipMap: (N, C) scores -> list of N dicts {class label: float score}."""
     strs = attr_strings(ctx, "classlabels_strings")
@@ -189,12 +210,13 @@ def _zip_map(ctx: KernelContext) -> ComputeFn:
     else:
         raise ctx.unsupported("classlabels_int64s or classlabels_strings is required")
     n = len(labels)
+    dicts = zipmap_rows(labels)
 
     def zipmap(x: np.ndarray) -> list[dict[Any, float]]:
         rows = x.reshape(1, -1) if x.ndim == 1 else x
         if rows.ndim != 2 or rows.shape[1] != n:
             raise ValueError(f"ZipMap expects (N, {n}) scores, got {x.shape}")
-        return [dict(zip(labels, r)) for r in rows.tolist()]
+        return dicts(rows)
 
     return zipmap
 
