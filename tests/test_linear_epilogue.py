@@ -86,3 +86,22 @@ def test_bias_relu_is_numpys_add_and_maximum() -> None:
             fn(got, b, relu)
             np.testing.assert_array_equal(got, want)
             np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("executor", ["sync", "async"])
+def test_a_strided_outputs_buffer_takes_the_numpy_steps(executor: str) -> None:
+    """The compiled pass works on C-contiguous outputs only; a caller's strided
+    ``outputs=`` buffer gets the same values through NumPy's add and maximum (first
+    call and planned calls)."""
+    data = _mlp((64,), True)
+    model = tfrt_py.load(data, executor=executor)
+    plain = tfrt_py.load(data, executor=executor, optimize=False)
+    x = np.random.default_rng(6).standard_normal((300, 16)).astype(np.float32)
+    want = plain.run({"x": x})["y"]
+    for _ in range(3):
+        big = np.full((300, 128), np.nan, np.float32)
+        buf = big[:, ::2]
+        got = model.run({"x": x}, outputs={"y": buf})["y"]
+        assert got is buf
+        np.testing.assert_array_equal(buf, want)
+        assert np.isnan(big[:, 1::2]).all()  # nothing written between the columns

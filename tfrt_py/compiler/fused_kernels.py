@@ -192,7 +192,12 @@ def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
         if out is not None and y is not out:
             out[...] = y
             y = out
-        if epi is not None and y.size >= EPILOGUE_MIN and y.dtype == epi.dtype:
+        if (
+            epi is not None
+            and y.size >= EPILOGUE_MIN
+            and y.dtype == epi.dtype
+            and y.flags.c_contiguous  # not a strided outputs= buffer
+        ):
             epi.fn(y, epi.bias, epi.relu)
             return y
         if b is not None:
@@ -217,16 +222,20 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
         big = all(isinstance(d, int) for d in out_shape) and out_shape[0] * out_shape[1] >= (
             EPILOGUE_MIN
         )
-        if epi is not None and big and np.dtype(dtype) == epi.dtype:
-            env.update(epi=epi.fn, bias=epi.bias, relu=epi.relu)
-            return Inline([*lines, "{epi}({out}, {bias}, {relu})"], env)
+        steps: list[str] = []
         if b is not None:
             env.update(add=np.add, b=b)
-            lines.append("{add}({out}, {b}, out={out})")
+            steps.append("{add}({out}, {b}, out={out})")
         for i, ((s, fn), idx) in enumerate(zip(acts, extra_idx)):
             args = ["{out}"] + [f"{{in{j}}}" for j in idx]
-            lines += _step_code(s[0], fn, args, "{out}", dtype, env, f"act{i}")
-        return Inline(lines, env)
+            steps += _step_code(s[0], fn, args, "{out}", dtype, env, f"act{i}")
+        if epi is not None and big and np.dtype(dtype) == epi.dtype:
+            # the compiled pass takes C-contiguous outputs; a strided outputs= buffer
+            # (run_checked) takes the NumPy steps
+            env.update(epi=epi.fn, bias=epi.bias, relu=epi.relu)
+            return Inline([*lines, "if {out}.flags.c_contiguous: {epi}({out}, {bias}, {relu})",
+                           "else: " + "; ".join(steps)], env)  # fmt: skip
+        return Inline(lines + steps, env)
 
     return inline
 
