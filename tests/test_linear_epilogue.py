@@ -105,3 +105,61 @@ def test_a_strided_outputs_buffer_takes_the_numpy_steps(executor: str) -> None:
         assert got is buf
         np.testing.assert_array_equal(buf, want)
         assert np.isnan(big[:, 1::2]).all()  # nothing written between the columns
+
+
+def _mlp3(relu: bool) -> bytes:
+    """A transformer-style Linear: (batch, seq, 16) @ (16, 64) + bias [+ Relu]."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((16, 64)).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["y" if not relu else "a"]),
+    ]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["a"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 64])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("relu", [True, False])
+def test_rank3_linear_runs_inline_as_one_product(
+    relu: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A (batch, seq, hidden) Linear on planned calls is one 2-D product written in the
+    plan (a small one straight to np.matmul, not through the kernel's splitting
+    matmul_into), the unfused graph's values (to rounding: one product of batch x seq rows
+    rounds differently from NumPy's per-batch products), into a strided outputs= buffer
+    too."""
+    import tfrt_py.compiler.fused_kernels as fk
+
+    split_calls: list[int] = []
+    real = fk.matmul_into
+
+    def counting(*a: object, **kw: object) -> object:
+        split_calls.append(1)
+        return real(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fk, "matmul_into", counting)
+    data = _mlp3(relu)
+    fused = tfrt_py.load(data, executor="sync")
+    plain = tfrt_py.load(data, executor="sync", optimize=False)
+    assert any(n.op_type == "Linear" for n in fused.prepared.graph.nodes)
+    rng = np.random.default_rng(8)
+    for shape in ((2, 40, 16), (1, 3, 16), (2, 40, 16)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        want = plain.run({"x": x})["y"]
+        for _ in range(2):  # the first call of a signature plans it; the second is planned
+            split_calls.clear()
+            np.testing.assert_allclose(fused.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+        assert split_calls == []
+        big = np.full((*shape[:2], 128), np.nan, np.float32)
+        got = fused.run({"x": x}, outputs={"y": big[..., ::2]})["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert np.isnan(big[..., 1::2]).all()

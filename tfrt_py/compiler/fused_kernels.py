@@ -212,16 +212,34 @@ def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
 
 def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any],
                    extra_idx: list[list[int]], epi: _BiasRelu | None) -> Any:  # fmt: skip
-    """The Linear's statements for the sync interpreter's generated code (rank 2)."""
+    """The Linear's statements for the sync interpreter's generated code. Rank 2 as is;
+    higher ranks (a transformer's (batch, seq, hidden)) as one 2-D product over the rows
+    of a C-contiguous output (a strided ``outputs=`` buffer takes ``np.matmul`` on the
+    N-D arrays). The plan knows the shapes: a product too small to split calls
+    ``np.matmul`` straight."""
+    k, n = w.shape
 
     def inline(in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
-        if len(in_shapes[0]) != 2 or len(out_shape) != 2:
+        x_shape = in_shapes[0]
+        if x_shape is None or len(x_shape) < 2 or len(out_shape) != len(x_shape):
             return None
-        env: dict[str, Any] = {"matmul": mm, "w": w}
-        lines = ["{matmul}({in0}, {w}, {out})"]
-        big = all(isinstance(d, int) for d in out_shape) and out_shape[0] * out_shape[1] >= (
-            EPILOGUE_MIN
-        )
+        static = all(isinstance(d, int) for d in (*x_shape, *out_shape))
+        rows = int(np.prod(x_shape[:-1], dtype=np.int64)) if static else None
+        pick = np.matmul if rows is not None and rows * k * n < SPLIT_MIN_MACS else mm
+        env: dict[str, Any] = {"matmul": pick, "w": w}
+        if len(x_shape) == 2:
+            lines = ["{matmul}({in0}, {w}, {out})"]
+            flat = "{out}"
+        elif rows is None:
+            return None
+        else:
+            env.update(npmatmul=np.matmul, rk=(rows, k), rn=(rows, n))
+            lines = [
+                "{matmul}({in0}.reshape({rk}), {w}, {out}.reshape({rn})) "
+                "if {out}.flags.c_contiguous else {npmatmul}({in0}, {w}, out={out})"
+            ]
+            flat = "{out}.reshape({rn})"
+        big = rows is not None and rows * n >= EPILOGUE_MIN
         steps: list[str] = []
         if b is not None:
             env.update(add=np.add, b=b)
@@ -233,8 +251,8 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
             # the compiled pass takes C-contiguous outputs; a strided outputs= buffer
             # (run_checked) takes the NumPy steps
             env.update(epi=epi.fn, bias=epi.bias, relu=epi.relu)
-            return Inline([*lines, "if {out}.flags.c_contiguous: {epi}({out}, {bias}, {relu})",
-                           "else: " + "; ".join(steps)], env)  # fmt: skip
+            compiled = f"if {{out}}.flags.c_contiguous: {{epi}}({flat}, {{bias}}, {{relu}})"
+            return Inline([*lines, compiled, "else: " + "; ".join(steps)], env)
         return Inline(lines + steps, env)
 
     return inline
