@@ -30,34 +30,20 @@ MAX_K = 128
 
 
 def _pairwise_sq_dist(y: Any, xt: Any, out: Any) -> None:  # pragma: no cover - numba only
+    """NumPy's order as eight running sums started at 0 (0 + v is v exactly for the
+    squares, NaN and inf included): fewer than 8 terms leave them all 0 and the terms are
+    added one after another to their +0.0 combination, as NumPy's ``res = 0.; res += a[i]``."""
     m, k = y.shape
     n = xt.shape[1]
-    r = np.zeros((8, n), y.dtype)
+    r = np.empty((8, n), y.dtype)
     tail = k - k % 8
     for i in range(m):
         yi = y[i]
-        if k < 8:
-            r0 = r[0]
-            for j in range(n):
-                r0[j] = 0.0
-            for t in range(k):
-                c = yi[t]
-                xk = xt[t]
-                for j in range(n):
-                    d = xk[j] - c
-                    r0[j] += d * d
-            oi = out[i]
-            for j in range(n):
-                oi[j] = r0[j]
-            continue
         for t in range(8):
-            c = yi[t]
-            xk = xt[t]
             rt = r[t]
             for j in range(n):
-                d = xk[j] - c
-                rt[j] = d * d
-        for b in range(8, tail, 8):
+                rt[j] = 0.0
+        for b in range(0, tail, 8):
             for t in range(8):
                 c = yi[b + t]
                 xk = xt[b + t]
