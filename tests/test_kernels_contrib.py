@@ -227,3 +227,35 @@ def test_embed_layer_normalization_refuses_ids_out_of_range() -> None:
     m = tfrt_py.load(node_model("EmbedLayerNormalization", too_long, outputs=(True, True)))
     with pytest.raises(ExecutionError, match="exceeds"):
         m.run(runtime_feeds(too_long))
+
+
+@pytest.mark.parametrize(
+    ("op", "inputs"),
+    [
+        ("SkipLayerNormalization", [_f(2, 4, 8), _f(2, 4, 8), _f(8), _f(8)]),
+        ("SkipSimplifiedLayerNormalization", [_f(2, 4, 8), _f(2, 4, 8), _f(8)]),
+    ],
+)
+def test_norms_do_not_read_the_environment_per_call(
+    op: str, inputs: list[np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether the compiled rows run is settled at a kernel's first call of a dtype:
+    later calls do not consult ``$TFRT_PY_JIT`` again (a lookup on the hot path)."""
+    from tfrt_py.kernels import jit
+
+    reads: list[int] = []
+    real = jit.jit_enabled
+
+    def counting() -> bool:
+        reads.append(1)
+        return real()
+
+    model = tfrt_py.load(node_model(op, inputs), executor="sync")
+    feeds = runtime_feeds(inputs)
+    first = model.run(feeds)
+    monkeypatch.setattr(jit, "jit_enabled", counting)
+    for _ in range(3):
+        again = model.run(feeds)
+        for k in first:
+            np.testing.assert_array_equal(again[k], first[k])
+    assert reads == []

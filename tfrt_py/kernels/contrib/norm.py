@@ -58,13 +58,27 @@ def _row_mean(x2: np.ndarray) -> np.ndarray:
     return m
 
 
+Compiled = dict[np.dtype, Any]
+_UNSET = object()
+
+
+def compiled_for(simplified: bool) -> Compiled:
+    """A kernel's own table of the compiled row kernels (``kernels/norm_jit``: RMS rows
+    when ``simplified``) per stats dtype, filled at the first call of each dtype (None
+    where numba is missing or ``$TFRT_PY_JIT=0``), so later calls do not read the
+    environment."""
+    return {}
+
+
 def _compiled(
-    s2: np.ndarray, gamma: Any, beta: Any, eps: float, simplified: bool
+    s2: np.ndarray, gamma: Any, beta: Any, eps: float, simplified: bool, fns: Compiled
 ) -> np.ndarray | None:
     """The LayerNorm (``simplified``: RMS norm, no beta) of ``s2``'s rows by the compiled
-    kernels (``kernels/norm_jit``) into a new array, or None when they do not apply (numba
-    missing, parameters that are not one value per column of ``s2``'s dtype)."""
-    fn = compiled_rms(s2.dtype) if simplified else compiled_rows(s2.dtype)
+    kernels ``fns`` into a new array, or None when they do not apply (numba missing,
+    parameters that are not one value per column of ``s2``'s dtype)."""
+    fn = fns.get(s2.dtype, _UNSET)
+    if fn is _UNSET:
+        fn = fns[s2.dtype] = (compiled_rms if simplified else compiled_rows)(s2.dtype)
     cols = s2.shape[1]
     if fn is None or not s2.flags.c_contiguous or s2.size == 0:
         return None
@@ -85,14 +99,15 @@ def _compiled(
 
 def layer_norm_rows(
     s2: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, eps: float, simplified: bool,
-    stats: bool = True,
+    stats: bool = True, fns: Compiled | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:  # fmt: skip
     """Normalize each row of the 2-D stats-dtype array ``s2`` (a fresh array the caller
     gives up: it is overwritten). Returns ``(y2, mean (rows, 1) or None, inv_std (rows,
     1))``; ``y2`` is ``s2``'s buffer. Without ``stats`` (the caller reads neither) the
-    compiled rows run when they apply, and mean and inv_std are None."""
-    if not stats:
-        y2 = _compiled(s2, gamma, beta, eps, simplified)
+    compiled rows ``fns`` (``compiled_for``) run when they apply, and mean and inv_std are
+    None."""
+    if not stats and fns is not None:
+        y2 = _compiled(s2, gamma, beta, eps, simplified, fns)
         if y2 is not None:
             return y2, None, None
     cols = max(s2.shape[1], 1)
@@ -120,6 +135,7 @@ def _skip_layer_norm_builder(simplified: bool) -> Any:
         bias_at = 3 if simplified else 4  # Skip*Simplified* has no beta input
         want = [ctx.has_output(i) for i in range(4)]
         n_out = ctx.n_outputs
+        fns = compiled_for(simplified)
 
         def skip_layer_norm(
             input: np.ndarray, skip: np.ndarray, gamma: np.ndarray, *rest: Any
@@ -133,7 +149,7 @@ def _skip_layer_norm_builder(simplified: bool) -> Any:
             total = s.astype(input.dtype) if want[3] else None
             h = input.shape[-1]
             y2, mean, inv = layer_norm_rows(
-                s.reshape(-1, h), gamma, beta, eps, simplified, want[1] or want[2]
+                s.reshape(-1, h), gamma, beta, eps, simplified, want[1] or want[2], fns
             )
             y = y2.reshape(input.shape)
             if y.dtype != input.dtype:
@@ -163,6 +179,7 @@ def _simplified_layer_normalization(ctx: KernelContext) -> ComputeFn:
         raise ctx.unsupported(f"stash_type {stash} (float32 or float64 only)")
     n_out = ctx.n_outputs
     want_inv = ctx.has_output(1)
+    fns = compiled_for(True)
 
     def simplified_layer_normalization(X: np.ndarray, scale: np.ndarray) -> Any:
         a = axis + X.ndim if axis < 0 else axis
@@ -170,7 +187,8 @@ def _simplified_layer_normalization(ctx: KernelContext) -> ComputeFn:
             raise ValueError(f"SimplifiedLayerNormalization: axis {axis} for rank {X.ndim}")
         cols = math.prod(X.shape[a:])
         s2 = X.reshape(-1, cols).astype(stash)  # a copy: normalized in place
-        y2, _, inv = layer_norm_rows(s2, scale.reshape(-1), None, eps, True, n_out > 1 and want_inv)
+        stats = n_out > 1 and want_inv
+        y2, _, inv = layer_norm_rows(s2, scale.reshape(-1), None, eps, True, stats, fns)
         y = y2.reshape(X.shape).astype(X.dtype, copy=False)
         if n_out == 1:
             return y
@@ -199,6 +217,7 @@ def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
     want_mask_index = ctx.has_output(1)
     want_sum = ctx.has_output(2)
     n_out = ctx.n_outputs
+    fns = compiled_for(False)
 
     def embed_layer_normalization(
         input_ids: np.ndarray,
@@ -229,7 +248,7 @@ def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
         if segment_ids is not None and segment_embedding is not None:
             e += _take(segment_embedding, segment_ids, "segment_ids")
         total = e.astype(word_embedding.dtype) if want_sum else None
-        y2, _, _ = layer_norm_rows(e.reshape(-1, h), gamma, beta, eps, False, False)
+        y2, _, _ = layer_norm_rows(e.reshape(-1, h), gamma, beta, eps, False, False, fns)
         y = y2.reshape(b, s, h).astype(word_embedding.dtype, copy=False)
         if n_out == 1:
             return y
