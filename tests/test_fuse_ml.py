@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
+from tests.support.jit_paths import spy_compiled
 from tfrt_py.compiler import fused_ml
 from tfrt_py.compiler.fused_ml import CHUNK_ELEMENTS, pairwise_sq_dist
 from tfrt_py.compiler.pipeline import PASSES
@@ -59,16 +60,7 @@ def test_pairwise_sq_dist_is_the_scans_arithmetic(
 ) -> None:
     """Bit for bit the Scan body's values, compiled (NumPy's pairwise summation order
     replayed, up to MAX_K features) and NumPy; the compiled kernel serves what it takes."""
-    real = fused_ml.pairwise_sq_dist_f
-    calls: list[int] = []
-
-    def spy() -> object:
-        fn = real()
-        if fn is None:
-            return None
-        return lambda *a: (calls.append(1), fn(*a))
-
-    monkeypatch.setattr(fused_ml, "pairwise_sq_dist_f", spy)
+    calls = spy_compiled(monkeypatch, fused_ml, "pairwise_sq_dist_f")
     rng = np.random.default_rng(m + n + k)
     y = rng.standard_normal((m, k)).astype(dtype)
     x = (3 * rng.standard_normal((n, k))).astype(dtype)
@@ -157,3 +149,22 @@ def test_only_the_distance_scan_is_fused_and_answers_agree(kw: dict, fused: bool
     if kw.get("read_state", True):
         np.testing.assert_array_equal(got["S"], x)
         assert not np.shares_memory(got["S"], x)
+
+
+def test_the_knn_model_reads_no_environment_per_call(
+    jit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled distance and TopK kernels are looked up at load: a call does not
+    consult ``$TFRT_PY_JIT`` (a lookup on the hot path)."""
+    from tfrt_py.kernels import jit as jit_module
+
+    model = tfrt_py.load(KNN, executor="sync")
+    features = model.inputs[0].shape[1]
+    x = {model.inputs[0].name: np.ones((3, features), np.float32)}
+    model.run(x)
+    reads: list[int] = []
+    real = jit_module.jit_enabled
+    monkeypatch.setattr(jit_module, "jit_enabled", lambda: reads.append(1) or real())
+    for _ in range(3):
+        model.run(x)
+    assert reads == []

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support.jit_paths import spy_compiled
 from tests.support.kernel_harness import build_node, check_vs_ort, ort_run, registry_of
 from tfrt_py.kernels import reduce
 
@@ -166,21 +167,7 @@ def test_topk_small_k_takes_the_compiled_rows(
     goes back to the NumPy path."""
     from tfrt_py.kernels.reduce import index
 
-    real = index.topk_rows
-    calls: list[bool] = []
-
-    def spy() -> Any:
-        fn = real()
-        if fn is None:
-            return None
-
-        def counting(*a: Any) -> bool:
-            calls.append(fn(*a))
-            return calls[-1]
-
-        return counting
-
-    monkeypatch.setattr(index, "topk_rows", spy)
+    calls = spy_compiled(monkeypatch, index, "topk_rows")
     rng = np.random.default_rng(8)
     x = (rng.integers(-20, 20, (30, 200)) / 4).astype(dtype)
     x[3, 7], x[4, 9], x[5, 11] = np.inf, -np.inf, -0.0

@@ -2,16 +2,21 @@
 numba) and again with the NumPy paths (``TFRT_PY_JIT=0``). Import them into a test module:
 
 * ``jit``: asked for by name; its value is ``"jit"`` or ``"numpy"``;
-* ``both_paths``: the same, autouse: every test of the module runs twice.
+* ``both_paths``: the same, autouse: every test of the module runs twice;
+* ``spy_compiled(monkeypatch, module, getter)``: records what the compiled kernel that
+  ``module.getter()`` hands out returns, each time it runs.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
 
 import pytest
 
 from tfrt_py.kernels.jit import ENV_JIT, jit_enabled
 
-__all__ = ["both_paths", "jit"]
+__all__ = ["both_paths", "jit", "spy_compiled"]
 
 
 def _select(param: str, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -32,3 +37,25 @@ def jit(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture(autouse=True, params=["jit", "numpy"])
 def both_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     return _select(str(request.param), monkeypatch)
+
+
+def spy_compiled(monkeypatch: pytest.MonkeyPatch, module: ModuleType, getter: str) -> list[Any]:
+    """Replace ``module.<getter>`` (a ``Jitted``-backed ``fn()`` returning the compiled
+    kernel or None) so that the kernel it returns appends its result to the returned list
+    at every call; None stays None (the NumPy path, nothing recorded)."""
+    real = getattr(module, getter)
+    calls: list[Any] = []
+
+    def spy() -> Any:
+        fn = real()
+        if fn is None:
+            return None
+
+        def recording(*args: Any) -> Any:
+            calls.append(fn(*args))
+            return calls[-1]
+
+        return recording
+
+    monkeypatch.setattr(module, getter, spy)
+    return calls

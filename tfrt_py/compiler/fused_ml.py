@@ -38,18 +38,24 @@ def _compiled_fits(y: np.ndarray, x: np.ndarray) -> bool:
     )
 
 
-def pairwise_sq_dist(y: np.ndarray, x: np.ndarray, xt: np.ndarray | None = None) -> np.ndarray:
+_ASK = object()
+
+
+def pairwise_sq_dist(
+    y: np.ndarray, x: np.ndarray, xt: np.ndarray | None = None, compiled: Any = _ASK
+) -> np.ndarray:
     """(M, N) squared distances between the rows of ``y`` (M, K) and of ``x`` (N, K)
     (``K`` may broadcast as in ONNX ``Sub``); ``xt``: ``x`` transposed, C-contiguous, when
-    the caller made it once."""
+    the caller made it once; ``compiled``: ``pairwise_sq_dist_f()`` as the caller resolved
+    it at load (None: the NumPy path), asked here when not given."""
     m, n = y.shape[0], x.shape[0]
     k = np.broadcast_shapes(y.shape[1:], x.shape[1:])[0]
     dtype = np.result_type(y, x)
     out = np.empty((m, n), dtype)
     if m == 0 or n == 0:
         return out
-    fn = pairwise_sq_dist_f() if _compiled_fits(y, x) else None
-    if fn is not None:
+    fn = pairwise_sq_dist_f() if compiled is _ASK else compiled
+    if fn is not None and _compiled_fits(y, x):
         fn(np.ascontiguousarray(y), np.ascontiguousarray(x.T) if xt is None else xt, out)
         return out
     rows = max(1, min(m, CHUNK_ELEMENTS // max(1, n * k)))
@@ -65,17 +71,18 @@ def pairwise_sq_dist(y: np.ndarray, x: np.ndarray, xt: np.ndarray | None = None)
 
 
 def _pairwise(ctx: KernelContext) -> Any:
+    fn = pairwise_sq_dist_f()  # at load: a call reads no environment
     x_const = ctx.const_input(1)
     if x_const is None or x_const.ndim != 2 or x_const.dtype not in (np.float32, np.float64):
 
         def pairwise(y: np.ndarray, x: np.ndarray) -> np.ndarray:
-            return pairwise_sq_dist(y, x)
+            return pairwise_sq_dist(y, x, None, fn)
 
         return pairwise
     xt = np.ascontiguousarray(x_const.T)  # the training set, transposed once at load
 
     def pairwise_const(y: np.ndarray, x: np.ndarray) -> np.ndarray:
-        return pairwise_sq_dist(y, x, xt if x is x_const else None)
+        return pairwise_sq_dist(y, x, xt if x is x_const else None, fn)
 
     return pairwise_const
 
