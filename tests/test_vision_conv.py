@@ -406,6 +406,37 @@ def test_max_pool_matches_onnxruntime(
         np.testing.assert_array_equal(model.run({"x": x})["y"], want)
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "attrs"),
+    [
+        # windows wholly inside the padding (pads >= kernel): -inf on both paths
+        ((1, 2, 20, 20), {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [3, 3, 3, 3]}),
+        # a tall window (more rows than the three the compiled row pass fuses)
+        ((1, 3, 30, 30), {"kernel_shape": [5, 2], "strides": [1, 2], "pads": [2, 0, 2, 1]}),
+        # ceil mode with begin pads and stride 2, width 3 (the vectorized column pass)
+        (
+            (2, 3, 31, 31),
+            {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 0, 0], "ceil_mode": 1},
+        ),
+    ],
+)
+def test_max_pool_compiled_matches_numpy_fold(
+    monkeypatch: pytest.MonkeyPatch, x_shape: Any, attrs: dict[str, Any]
+) -> None:
+    """The compiled separable pass (rows, then columns) against ``pool``'s NumPy fold on
+    the geometries its fast loops do not cover."""
+    if not jit_enabled():
+        pytest.skip("numba is not installed")
+    x = _r(*x_shape)
+    x[0, 0, 2, 3] = np.nan
+    m = _model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], {"x": x}, ["y"], {}, opset=12)
+    got = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv(ENV_JIT, flag)
+        got[flag] = tfrt_py.load(m).run({"x": x})["y"]
+    np.testing.assert_array_equal(got["1"], got["0"])
+
+
 @pytest.mark.parametrize(("x_shape", "attrs"), POOL_CASES[:3])
 def test_max_pool_nan_like_numpy(
     monkeypatch: pytest.MonkeyPatch, x_shape: Any, attrs: dict[str, Any]

@@ -14,11 +14,13 @@ from ..concurrency.threads import intra_pool
 
 __all__ = ["SPLIT_MIN_MACS", "matmul_cols_into", "matmul_into"]
 
-#: Products smaller than this many multiply-adds run whole (~150 µs of single-core BLAS).
-#: A split pays for waking a helper and two GIL hand-offs, tens of µs each on a VM: on the
-#: 2-core reference machine 64x256 @ 256x256 (4M) took 85 µs split vs 43 µs whole, 256^3
-#: (16M) broke even, 197x192 @ 192x768 (29M) gained 15% and 512x1024 @ 1024x1024 1.6x.
-SPLIT_MIN_MACS = 1 << 24
+#: Products smaller than this many multiply-adds run whole (~130 µs of single-core BLAS).
+#: A split pays for waking a helper (~5 µs when it is idle, tens when it sleeps deeper)
+#: and two GIL hand-offs. On the 2-core machine without AVX-512 (2026-11-26, medians of
+#: 400 calls): 64x128 @ 128x128 (1M) took 24 µs whole vs 48 split, 256x256 @ 256x64 (4M)
+#: 87 vs 84, 32x64 @ 64x3136 (6M) 153 vs 124 by columns, 960x160 @ 160x49 (7.5M) 172 vs
+#: 124, 576x96 @ 96x196 (11M) 224 vs 154, 197x192 @ 192x768 (29M) 600 vs 362.
+SPLIT_MIN_MACS = 6 << 20
 #: A row block has at least this many rows (BLAS micro-kernels want tall panels).
 _MIN_ROWS = 32
 #: A column block has at least this many columns.

@@ -24,6 +24,7 @@ from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import compute_dtype
 from ..gemm import matmul_cols_into
 from ..registry import KernelRegistry
+from .conv_blocked import blocked_conv_fn
 from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
 from .conv_direct import ACTIVATIONS, Epilogue, make_epilogue, plan_depthwise, run_depthwise
 
@@ -304,12 +305,17 @@ def _conv_fn(
     same = cdt == dt
     epilogue = make_epilogue(epi)
     depthwise = _depthwise_fn(ctx, sp, group, w_const, b_c, cdt, epi) if same else None
+    blocked = blocked_conv_fn(sp, group, w_const, b_c, cdt, epi) if same else None
 
     def conv(
         x: np.ndarray, w: np.ndarray, b: Any = None, r: Any = None, out: Any = None
     ) -> np.ndarray:
         if depthwise is not None:
             y = depthwise(x, b, r, out)
+            if y is not None:
+                return y
+        if blocked is not None:
+            y = blocked(x, b, r, out)
             if y is not None:
                 return y
         direct = same and out is not None and out.flags.c_contiguous

@@ -1,87 +1,148 @@
-"""A compiled 2-D MaxPool on the depthwise kernel's polyphase grid (helper of ``pool``).
+"""A compiled 2-D MaxPool, separable: a max over each window's columns, then over its rows
+(helper of ``pool``).
 
-``plan_max_pool`` / ``run_max_pool``: per channel the input plane is copied into
-``conv_direct``'s phase planes (filled with -inf, so padding never wins), and every kernel
-tap is one contiguous ``max`` loop over the whole output grid; the crop writes the output.
+A window's max is the max over its rows of the max over its columns, so per channel plane
+``_max_pool2d`` first reduces every input row a window touches to one value per output
+column (``rows[ih, ow]``: the taps ``ow*sw - pl + j*dw`` that land in the row), then each
+output row is the max over its window's rows of ``rows`` -- a contiguous loop over the
+output columns. Taps in the padding (or past the end in ceil mode) are skipped, never
+read, so padding never wins. The common column pass (stride 2, width 3, no dilation) has
+its own loop with constant strides, which LLVM vectorizes; others take the general loop.
 NaN propagates as with ``np.maximum`` (a window holding NaN gives NaN). float32/float64,
 no Indices output; None from ``plan_max_pool`` (numba missing, ``$TFRT_PY_JIT=0``, other
 dtypes) keeps ``pool``'s NumPy fold (one strided ``np.maximum`` per tap).
+
+Large pools split their channels (one image) or images over tfrt_py's intra-op threads.
+Thread-safe: the plan is immutable; the row buffer is per-thread scratch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...concurrency.threads import intra_pool
 from ..common import scratch
 from ..jit import Jitted
-from .conv_direct import depthwise_plan
 
 __all__ = ["MaxPoolPlan", "plan_max_pool", "run_max_pool"]
 
+#: A pool reading at least this many input elements times kernel taps is split over the
+#: intra-op threads (64x112x112 3x3: 7M).
+SPLIT_MIN_WORK = 1 << 21
 
-def _max_pool2d(  # pragma: no cover - numba only
-    x: Any, out: Any, tab: Any, ninf: Any, kh_: int, kw_: int, xp: Any, acc: Any
-) -> None:
-    """out[n, c] = max over the window; see ``conv_direct._depthwise2d`` for ``tab``."""
-    n_, c_ = x.shape[0], x.shape[1]
+
+def _mx(a: Any, v: Any) -> Any:  # pragma: no cover - numba only
+    """max(a, v) with NaN winning, as ``np.maximum`` (no short circuit: vectorizes)."""
+    return v if (v > a) | (v != v) else a
+
+
+def _max_pool2d(x: Any, out: Any, geo: Any, tmp: Any) -> None:  # pragma: no cover - numba only
+    """out[n, c] = max over the window. ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl];
+    ``tmp`` holds one output row's row maxima (W elements)."""
+    n_, c_, h_, w_ = x.shape
     oh_, ow_ = out.shape[2], out.shape[3]
-    q, sw, span, n_taps = tab[0], tab[1], tab[2], kh_ * kw_
-    runs = tab[3 + n_taps :]
-    n_runs = runs.shape[0] // 4
-    for i in range(xp.shape[0]):
-        xp[i] = ninf
+    kh_, kw_, sh, sw, dh, dw, pt, pl = (
+        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7],
+    )  # fmt: skip
+    # output columns whose every tap lies inside the row: lo <= ow < hi
+    lo = 0 if pl <= 0 else (pl + sw - 1) // sw
+    last = w_ - 1 - (kw_ - 1) * dw + pl  # the last window start (times sw) fully inside
+    hi = 0 if last < 0 else min(ow_, last // sw + 1)
+    lo = min(lo, hi)
+    s2k3 = sw == 2 and dw == 1 and kw_ == 3
+    s1k3 = sw == 1 and dw == 1 and kw_ == 3
     for n in range(n_):
         for c in range(c_):
             xc = x[n, c]
-            # unsigned offsets and no view per run or output row (the plan's entries are
-            # >= 0), as in ``conv_direct._depthwise2d``
-            for j in range(n_runs):
-                src = xc[runs[4 * j]]
-                c0, cnt = np.uint64(runs[4 * j + 1]), np.uint64(runs[4 * j + 2])
-                d0, su = np.uint64(runs[4 * j + 3]), np.uint64(sw)
-                if sw == 1:
-                    for i in range(cnt):
-                        xp[d0 + i] = src[c0 + i]
-                else:
-                    for i in range(cnt):
-                        xp[d0 + i] = src[c0 + i * su]
-            first = xp[tab[3] :]
-            for t in range(span):
-                acc[t] = first[t]
-            for k in range(1, n_taps):
-                src = xp[tab[3 + k] :]
-                for t in range(span):
-                    a = acc[t]
-                    v = src[t]
-                    acc[t] = v if (v > a) | (v != v) else a  # no short circuit: vectorizes
             oc = out[n, c]
             for oh in range(oh_):
-                ab = np.uint64(oh) * np.uint64(q)
-                for i in range(ow_):
-                    oc[oh, i] = acc[ab + np.uint64(i)]
+                # 1. tmp = the max over the window's rows inside the image (>= 1 of them)
+                o = oc[oh]
+                i = 0
+                while i < kh_ and oh * sh - pt + i * dh < 0:
+                    i += 1
+                i_end = i
+                while i_end < kh_ and oh * sh - pt + i_end * dh < h_:
+                    i_end += 1
+                if i == i_end:  # a window inside the padding (pads >= the kernel)
+                    for t in range(ow_):
+                        o[t] = -np.inf
+                    continue
+                r0 = xc[oh * sh - pt + i * dh]
+                if i_end - i >= 3:
+                    r1 = xc[oh * sh - pt + (i + 1) * dh]
+                    r2 = xc[oh * sh - pt + (i + 2) * dh]
+                    for t in range(w_):
+                        tmp[t] = _mx(_mx(r0[t], r1[t]), r2[t])
+                    i += 3
+                elif i_end - i == 2:
+                    r1 = xc[oh * sh - pt + (i + 1) * dh]
+                    for t in range(w_):
+                        tmp[t] = _mx(r0[t], r1[t])
+                    i += 2
+                else:
+                    for t in range(w_):
+                        tmp[t] = r0[t]
+                    i += 1
+                while i < i_end:  # windows of more than three rows
+                    r = xc[oh * sh - pt + i * dh]
+                    for t in range(w_):
+                        tmp[t] = _mx(tmp[t], r[t])
+                    i += 1
+                # 2. the output row: the max over each window's columns of tmp
+                # (unsigned offsets: these taps are inside, and numba skips the
+                # negative-index wraparound that keeps LLVM from vectorizing)
+                one, two, ulo = np.uint64(1), np.uint64(2), np.uint64(lo)
+                if s2k3:
+                    base = np.uint64(2 * lo - pl)
+                    for t in range(hi - lo):
+                        i0 = base + two * np.uint64(t)
+                        o[ulo + np.uint64(t)] = _mx(_mx(tmp[i0], tmp[i0 + one]), tmp[i0 + two])
+                elif s1k3:
+                    base = np.uint64(lo - pl)
+                    for t in range(hi - lo):
+                        i0 = base + np.uint64(t)
+                        o[ulo + np.uint64(t)] = _mx(_mx(tmp[i0], tmp[i0 + one]), tmp[i0 + two])
+                else:
+                    for ow in range(lo, hi):
+                        i0 = ow * sw - pl
+                        a = tmp[i0]
+                        for j in range(1, kw_):
+                            a = _mx(a, tmp[i0 + j * dw])
+                        o[ow] = a
+                for e in range(lo + ow_ - hi):  # windows reaching into the padding
+                    ow = e if e < lo else hi + e - lo
+                    a = -np.inf  # stays so for a window inside the padding
+                    first = True
+                    for j in range(kw_):
+                        iw = ow * sw - pl + j * dw
+                        if 0 <= iw < w_:
+                            a = tmp[iw] if first else _mx(a, tmp[iw])
+                            first = False
+                    o[ow] = a
 
 
 def _warm(fn: Any) -> None:
-    f = np.float32
-    x, y = np.zeros((1, 1, 3, 3), f), np.zeros((1, 1, 2, 2), f)
-    tab, n_xp, n_acc = depthwise_plan(x.shape, (1, 1, 2, 2), y.shape, (1, 1), (0, 0, 0, 0), (1, 1))
-    fn(x, y, tab, f(-np.inf), 2, 2, np.zeros(n_xp, f), np.zeros(n_acc, f))
+    for t in (np.float32, np.float64):
+        x, y = np.zeros((1, 1, 3, 3), t), np.zeros((1, 1, 2, 2), t)
+        geo = np.array([2, 2, 1, 1, 1, 1, 0, 0], np.int64)
+        fn(x, y, geo, np.zeros(3, t))
 
 
-_MAX_POOL = Jitted(_max_pool2d, _warm)
+_MAX_POOL = Jitted(_max_pool2d, _warm, helpers=(_mx,))
 
 
 class MaxPoolPlan(NamedTuple):
     """What ``run_max_pool`` needs for one input shape, made once."""
 
     fn: Any
-    tab: np.ndarray
-    xp_len: int
-    acc_len: int
-    kernel: tuple[int, int]
+    geo: np.ndarray
+    tmp_len: int
     out_shape: tuple[int, ...]
+    split: bool
 
 
 def plan_max_pool(
@@ -97,20 +158,35 @@ def plan_max_pool(
     fn = _MAX_POOL.get()
     if fn is None or dtype not in (np.float32, np.float64) or len(x_shape) != 4:
         return None
-    kh, kw = kernel[0], kernel[1]
-    st = (strides[0], strides[1])
-    pads = (pads_begin[0], pads_begin[1], 0, 0)
-    dil = (dilations[0], dilations[1])
-    tab, xp_len, acc_len = depthwise_plan(x_shape, (1, 1, kh, kw), out_shape, st, pads, dil)
-    return MaxPoolPlan(fn, tab, xp_len, acc_len, (kh, kw), out_shape)
+    geo = np.array(
+        [kernel[0], kernel[1], strides[0], strides[1], dilations[0], dilations[1],
+         pads_begin[0], pads_begin[1]],
+        np.int64,
+    )  # fmt: skip
+    work = int(np.prod(x_shape)) * kernel[0] * kernel[1]
+    split = intra_pool().threads > 1 and work >= SPLIT_MIN_WORK and max(x_shape[:2]) > 1
+    return MaxPoolPlan(fn, geo, x_shape[3], tuple(out_shape), split)
 
 
 def run_max_pool(plan: MaxPoolPlan, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """The pooled ``x`` (C-contiguous, the plan's dtype) into ``out`` (C-contiguous) or a
-    new array."""
+    new array; the caller takes part in a split."""
     dt = x.dtype
     y = np.empty(plan.out_shape, dt) if out is None else out
-    xp = scratch(0, (plan.xp_len,), dt)
-    acc = scratch(1, (plan.acc_len,), dt)
-    plan.fn(x, y, plan.tab, dt.type(-np.inf), plan.kernel[0], plan.kernel[1], xp, acc)
+    fn, geo, tmp_len = plan.fn, plan.geo, (plan.tmp_len,)
+    if not plan.split:
+        fn(x, y, geo, scratch(0, tmp_len, dt))
+        return y
+    pool = intra_pool()
+    n, c = x.shape[0], x.shape[1]
+    by_channel = n == 1
+    total = c if by_channel else n
+    blocks = min(2 * pool.threads, total)
+    edges = [total * i // blocks for i in range(blocks + 1)]
+
+    def part(a: int, b: int) -> Callable[[], None]:
+        xs, ys = (x[:, a:b], y[:, a:b]) if by_channel else (x[a:b], y[a:b])
+        return lambda: fn(xs, ys, geo, scratch(0, tmp_len, dt))
+
+    pool.run([part(edges[i], edges[i + 1]) for i in range(blocks)])
     return y

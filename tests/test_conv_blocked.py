@@ -1,0 +1,136 @@
+"""The blocked convolution (kernels/nn/conv_blocked.py): blocks of output rows, each an
+im2col straight from the unpadded input + a GEMM + the fused epilogue, split over the
+intra-op threads. Checked against onnxruntime on the geometries its im2col handles
+(padding, strides, dilations, SAME pads, 1x1 with and without the copy), with every
+epilogue, a batch, an ``outputs=`` buffer, and against the whole-image path when the
+blocked one is not taken."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tfrt_py
+from tfrt_py.concurrency import threads
+from tfrt_py.kernels.jit import jit_enabled
+from tfrt_py.kernels.nn import conv_blocked
+
+ort = pytest.importorskip("onnxruntime")
+
+_RNG = np.random.default_rng(11)
+
+pytestmark = pytest.mark.skipif(not jit_enabled(), reason="numba is not installed")
+
+
+def _r(*shape: int) -> np.ndarray:
+    return _RNG.standard_normal(shape).astype(np.float32)
+
+
+def _model(nodes: list[onnx.NodeProto], x: np.ndarray, inits: dict[str, np.ndarray]) -> Any:
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _ort(m: Any, x: np.ndarray) -> np.ndarray:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+@pytest.fixture
+def plans(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The plans the blocked path ran with, call by call."""
+    seen: list[Any] = []
+    real = conv_blocked.run_blocked
+
+    def spy(plan: Any, *args: Any) -> Any:
+        seen.append(plan)
+        return real(plan, *args)
+
+    monkeypatch.setattr(conv_blocked, "run_blocked", spy)
+    return seen
+
+
+GEOMETRIES = [
+    # (x shape, w shape, Conv attributes)
+    ((1, 16, 40, 40), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 3, 64, 64), (16, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
+    ((1, 8, 37, 41), (24, 8, 3, 3), {"strides": [2, 2]}),
+    ((1, 8, 30, 30), (16, 8, 3, 3), {"dilations": [2, 2], "pads": [2, 1, 0, 2]}),
+    ((1, 8, 29, 30), (16, 8, 4, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 3]}),
+    ((1, 32, 28, 28), (64, 32, 1, 1), {}),  # 1x1 stride 1: the input is the im2col matrix
+    ((1, 32, 28, 28), (64, 32, 1, 1), {"strides": [2, 2]}),
+    ((2, 16, 24, 24), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # a batch
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs"), GEOMETRIES)
+@pytest.mark.parametrize("epilogue", ["bias", "bias_relu", "residual_clip", "silu", "none"])
+def test_blocked_conv_matches_onnxruntime(
+    plans: list[Any], x_shape: Any, w_shape: Any, attrs: dict[str, Any], epilogue: str
+) -> None:
+    x = _r(*x_shape)
+    inits = {"w": _r(*w_shape) * 0.3, "b": _r(w_shape[0])}
+    ins = ["x", "w"] if epilogue == "none" else ["x", "w", "b"]
+    nodes = [helper.make_node("Conv", ins, ["c"], **attrs)]
+    if epilogue == "bias_relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    elif epilogue == "residual_clip":
+        nodes.append(helper.make_node("Conv", ins, ["d"], **attrs))
+        nodes.append(helper.make_node("Add", ["c", "d"], ["a"]))
+        inits["lo"], inits["hi"] = np.array(-0.5, np.float32), np.array(1.0, np.float32)
+        nodes.append(helper.make_node("Clip", ["a", "lo", "hi"], ["y"]))
+    elif epilogue == "silu":
+        nodes.append(helper.make_node("Sigmoid", ["c"], ["s"]))
+        nodes.append(helper.make_node("Mul", ["c", "s"], ["y"]))
+    else:
+        nodes[0].output[0] = "y"
+    m = _model(nodes, x, inits)
+    want = _ort(m, x)
+    model = tfrt_py.load(m, executor="sync")
+    for _ in range(2):  # the first call probes, the second runs the planned code
+        np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+    assert plans, "the blocked path did not run"
+    out = np.full(want.shape, np.nan, np.float32)
+    got = model.run({"x": x}, outputs={"y": out})["y"]
+    assert got is out
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_large_conv_is_split_over_the_threads(plans: list[Any]) -> None:
+    """A conv past the split threshold runs as two blocks per thread of the budget; the
+    result does not depend on the split."""
+    if threads.threads() < 2:
+        pytest.skip("one thread in this process's budget: nothing to split")
+    x = _r(1, 32, 56, 56)
+    inits = {"w": _r(64, 32, 3, 3) * 0.1, "b": _r(64)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]  # fmt: skip
+    m = _model(nodes, x, inits)
+    got = tfrt_py.load(m, executor="sync").run({"x": x})["y"]
+    np.testing.assert_allclose(got, _ort(m, x), rtol=1e-4, atol=1e-4)
+    plan = plans[-1]
+    assert plan.split and len(plan.blocks) == 2 * threads.threads()
+    assert {(b[0], b[1]) for b in plan.blocks} >= {(0, 0)} and plan.blocks[-1][2] == 56
+
+
+def test_more_channels_than_pixels_keeps_the_whole_image_path(plans: list[Any]) -> None:
+    """512 filters over a 7x7 output: every block would pack the whole weight matrix
+    again, so the whole-image GEMM (split by rows of filters) serves it."""
+    x = _r(1, 64, 7, 7)
+    inits = {"w": _r(512, 64, 3, 3) * 0.1}
+    m = _model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], x, inits)
+    got = tfrt_py.load(m, executor="sync").run({"x": x})["y"]
+    np.testing.assert_allclose(got, _ort(m, x), rtol=1e-4, atol=1e-4)
+    assert not plans

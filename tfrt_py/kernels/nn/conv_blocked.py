@@ -1,0 +1,315 @@
+"""A 2-D convolution (one group) as blocks of output rows, each block one im2col + GEMM +
+epilogue while its columns are still in cache, the blocks run on tfrt_py's intra-op pool.
+
+The whole-image path (``conv.make_conv_core``) zero-pads the input, copies the whole
+im2col matrix (K = C*KH*KW rows by OH*OW columns, megabytes for a ResNet stage), multiplies,
+then adds the bias and applies the activation in another pass: three passes over memory
+that does not fit in cache, two of them on one thread while the other waits. Here a block
+of output rows ``[oh0, oh1)`` of one image is one part:
+
+1. ``_im2col_rows`` (compiled) writes the block's columns of the im2col matrix straight from
+   the unpadded input, zeros where a tap falls in the padding (no padded copy);
+2. ``np.matmul(w2, cols, out=y[:, p0:p1])`` (single-threaded BLAS; a strided ``out`` of unit
+   inner stride is BLAS-able, no copy);
+3. ``_epilogue_cols`` (compiled) adds the bias and the residual and applies the activation
+   to the block's columns of ``y`` while they are in cache.
+
+The parts are independent (each writes only its columns of ``y``) and run on
+``concurrency.threads``' intra-op pool with the caller taking part; the im2col columns
+live in the running thread's scratch slot 1. Sums are BLAS's over the same K in the same
+order as the whole-image GEMM for a given block width, so results match it to rounding.
+
+``plan_blocked`` returns None (the caller keeps the whole-image path) without numba, for
+dtypes other than float32/float64, for other ranks and for grouped convs. Thread-safe:
+the plan is immutable; state is per-thread scratch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ...concurrency.threads import intra_pool
+from ..common import scratch
+from ..jit import Jitted
+from ..sigmoid_jit import sigmoid_f32
+from .conv_common import Spatial, conv_geometry
+from .conv_direct import ACTIVATIONS, Epilogue, _act_row, _numpy_act, _params
+
+__all__ = ["BlockedPlan", "blocked_conv_fn", "plan_blocked", "run_blocked"]
+
+#: Convs with fewer multiply-adds than this run as one part on the caller (a hand-off to
+#: a helper costs tens of µs).
+_SPLIT_MIN_MACS = 1 << 22
+
+
+def _im2col_rows(  # pragma: no cover - numba only
+    x: Any, n: int, cols: Any, geo: Any, oh0: int, oh1: int
+) -> None:
+    """cols[(c, i, j), (oh - oh0) * OW + ow] = x[n, c, oh*sh - pt + i*dh, ow*sw - pl + j*dw],
+    zero outside the image. ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl, OW]."""
+    c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
+    kh_, kw_, sh, sw, dh, dw, pt, pl, ow_ = (
+        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8],
+    )  # fmt: skip
+    zero = cols.dtype.type(0)
+    r = 0
+    for c in range(c_):
+        xc = x[n, c]
+        for i in range(kh_):
+            for j in range(kw_):
+                row = cols[r]
+                r += 1
+                off = j * dw - pl
+                # the output columns whose tap lands inside the row: lo <= ow < hi
+                lo = 0 if off >= 0 else (-off + sw - 1) // sw
+                hi = (w_ - 1 - off) // sw + 1 if w_ - 1 - off >= 0 else 0
+                hi = min(hi, ow_)
+                lo = min(lo, hi)
+                for oh in range(oh0, oh1):
+                    ih = oh * sh - pt + i * dh
+                    d = np.uint64((oh - oh0) * ow_)
+                    if ih < 0 or ih >= h_:
+                        for t in range(ow_):
+                            row[d + np.uint64(t)] = zero
+                        continue
+                    src = xc[ih]
+                    for t in range(lo):
+                        row[d + np.uint64(t)] = zero
+                    base = np.uint64(lo * sw + off)
+                    dl = d + np.uint64(lo)
+                    if sw == 1:
+                        for t in range(hi - lo):
+                            row[dl + np.uint64(t)] = src[base + np.uint64(t)]
+                    else:
+                        su = np.uint64(sw)
+                        for t in range(hi - lo):
+                            row[dl + np.uint64(t)] = src[base + np.uint64(t) * su]
+                    for t in range(hi, ow_):
+                        row[d + np.uint64(t)] = zero
+
+
+def _epilogue_cols(  # pragma: no cover - numba only
+    y: Any, b: Any, res: Any, p0: int, p1: int, act: int, p: Any
+) -> None:
+    """y[m, p0:p1] (y (M, O) C-contiguous) in place: + b[m] (b empty: none) + res[m, p0:p1]
+    (res empty: none), then act; the same operations in the same order as
+    ``conv_direct._epilogue3``."""
+    has_b = b.shape[0] > 0
+    has_res = res.shape[0] > 0
+    for m in range(y.shape[0]):
+        row = y[m, p0:p1]
+        if has_b and has_res:
+            bm = b[m]
+            r = res[m, p0:p1]
+            for i in range(row.shape[0]):
+                row[i] = (row[i] + bm) + r[i]
+        elif has_b:
+            bm = b[m]
+            for i in range(row.shape[0]):
+                row[i] += bm
+        elif has_res:
+            r = res[m, p0:p1]
+            for i in range(row.shape[0]):
+                row[i] += r[i]
+        _act_row(row, act, p)
+
+
+def _warm_im2col(fn: Any) -> None:
+    for t in (np.float32, np.float64):
+        geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
+        fn(np.zeros((1, 1, 2, 2), t), 0, np.zeros((9, 4), t), geo, 0, 2)
+
+
+def _warm_epilogue(fn: Any) -> None:
+    for t in (np.float32, np.float64):
+        e1, e2 = np.zeros(0, t), np.zeros((0, 0), t)
+        fn(np.zeros((2, 3), t), e1, e2, 0, 3, 0, np.zeros(6, t))
+
+
+_IM2COL = Jitted(_im2col_rows, _warm_im2col)
+_EPILOGUE = Jitted(_epilogue_cols, _warm_epilogue, helpers=(_act_row,))
+_EMPTY1 = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}
+_EMPTY2 = {np.dtype(t): np.zeros((0, 0), t) for t in (np.float32, np.float64)}
+
+
+class BlockedPlan(NamedTuple):
+    """One input shape's blocked convolution, made once (immutable)."""
+
+    im2col: Any  # compiled _im2col_rows, or None for a 1x1 stride-1 unpadded conv
+    epilogue: Any  # compiled _epilogue_cols
+    geo: np.ndarray  # _im2col_rows' geometry
+    k: int  # im2col rows: C * KH * KW
+    out_shape: tuple[int, ...]  # (N, M, OH, OW)
+    blocks: tuple[tuple[int, int, int], ...]  # (image, first output row, end row)
+    split: bool  # run the blocks on the intra-op pool
+    act: int  # the compiled activation code (0: none, or a NumPy one after)
+    epi: Epilogue  # for Sigmoid/SiLU: NumPy (or sigmoid_jit) over y afterwards
+    params: np.ndarray
+
+
+def plan_blocked(
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    out_shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    pads_begin: tuple[int, ...],
+    dilations: tuple[int, ...],
+    dtype: np.dtype,
+    epi: Epilogue,
+) -> BlockedPlan | None:
+    """The blocked plan for a one-group 2-D conv of these shapes, or None (module doc)."""
+    if len(x_shape) != 4 or dtype not in _EMPTY1 or epi.act not in ACTIVATIONS:
+        return None
+    im2col, epilogue = _IM2COL.get(), _EPILOGUE.get()
+    if im2col is None or epilogue is None:
+        return None
+    n, c, _, _ = x_shape
+    m, _, kh, kw = w_shape
+    oh, ow = out_shape[2], out_shape[3]
+    direct = (
+        kh == kw == 1 and tuple(strides) == (1, 1) and not any(pads_begin)
+        and x_shape[2:] == out_shape[2:]
+    )  # fmt: skip
+    k = c * kh * kw
+    macs = n * m * k * oh * ow
+    threads = intra_pool().threads
+    split = threads > 1 and macs >= _SPLIT_MIN_MACS
+    # two blocks per thread per image (the caller steals a slow helper's second one);
+    # smaller, cache-sized blocks measured no faster: BLAS packs its own panels
+    per_block = -(-oh // (2 * threads)) if split else oh
+    blocks = tuple(
+        (i, r0, min(oh, r0 + per_block)) for i in range(n) for r0 in range(0, oh, per_block)
+    )
+    geo = np.array(
+        [kh, kw, strides[0], strides[1], dilations[0], dilations[1], pads_begin[0],
+         pads_begin[1], ow],
+        np.int64,
+    )  # fmt: skip
+    numpy_act = epi.act in ("Sigmoid", "SiLU")
+    return BlockedPlan(
+        None if direct else im2col,
+        epilogue,
+        geo,
+        k,
+        (n, m, oh, ow),
+        blocks,
+        split and len(blocks) > 1,
+        0 if numpy_act else ACTIVATIONS[epi.act],
+        epi if numpy_act else Epilogue(),
+        _params(epi, dtype),
+    )
+
+
+def run_blocked(
+    plan: BlockedPlan,
+    x: np.ndarray,
+    w2: np.ndarray,
+    b: np.ndarray | None,
+    res: np.ndarray | None,
+    out: np.ndarray | None,
+) -> np.ndarray:
+    """The convolution of ``x`` (C-contiguous (N, C, H, W), the plan's dtype) by ``w2``
+    (M, K), plus ``b`` (M,) and ``res`` (N, M, OH, OW C-contiguous), then the activation,
+    into ``out`` (C-contiguous) or a new array. The caller's thread takes part in the
+    blocks; helpers of the intra-op pool take the rest."""
+    dt = x.dtype
+    n, m, oh, ow = plan.out_shape
+    o = oh * ow
+    y = np.empty(plan.out_shape, dt) if out is None else out
+    y3 = y.reshape(n, m, o)
+    bb = _EMPTY1[dt] if b is None else b
+    r3 = None if res is None else res.reshape(n, m, o)
+    im2col, epilogue, geo, k = plan.im2col, plan.epilogue, plan.geo, plan.k
+    act, params, mm = plan.act, plan.params, np.matmul
+    x3 = x.reshape(x.shape[0], x.shape[1], -1) if im2col is None else None
+
+    def part(blk: tuple[int, int, int]) -> Any:
+        i, r0, r1 = blk
+        p0, p1 = r0 * ow, r1 * ow
+        yi = y3[i]
+        rr = _EMPTY2[dt] if r3 is None else r3[i]
+
+        def run() -> None:
+            if x3 is not None:
+                cols = x3[i, :, p0:p1]
+            else:
+                cols = scratch(1, (k, p1 - p0), dt)
+                im2col(x, i, cols, geo, r0, r1)
+            mm(w2, cols, out=yi[:, p0:p1])
+            epilogue(yi, bb, rr, p0, p1, act, params)
+
+        return run
+
+    parts = [part(blk) for blk in plan.blocks]
+    if plan.split:
+        intra_pool().run(parts)
+    else:
+        for p in parts:
+            p()
+    if plan.epi.act:
+        _numpy_act(y, plan.epi, sigmoid_f32())
+    return y
+
+
+def blocked_conv_fn(
+    sp: Spatial,
+    group: int,
+    w_const: np.ndarray | None,
+    b_c: np.ndarray | None,
+    cdt: np.dtype,
+    epi: Epilogue,
+) -> Callable[..., np.ndarray | None] | None:
+    """``fn(x, b, r, out)`` running the blocked conv for a one-group 2-D conv with constant
+    weights, or None when it cannot apply; ``fn`` itself returns None for an input shape
+    or call the whole-image path serves better or alone: more output channels than output
+    pixels (each block would pack the whole weight matrix again), an input of another
+    dtype, a residual of another shape, negative pads."""
+    if w_const is None or w_const.ndim != 4 or group != 1 or cdt not in _EMPTY1:
+        return None
+    if _IM2COL.get() is None or _EPILOGUE.get() is None:
+        return None
+    w2 = np.ascontiguousarray(w_const.reshape(w_const.shape[0], -1), dtype=cdt)
+    w_shape = tuple(w_const.shape)
+    plans: dict[tuple[int, ...], BlockedPlan | None] = {}
+
+    def plan_for(shape: tuple[int, ...]) -> BlockedPlan | None:
+        if len(shape) != 4 or shape[1] != w_shape[1]:
+            return None
+        kernel, strides, dil, pads = sp.resolve(w_shape[2:])
+        begin, end, out_sp = conv_geometry(shape[2:], kernel, strides, dil, pads, sp.auto_pad)
+        if min(begin + end) < 0 or min(out_sp) < 1 or w_shape[0] > out_sp[0] * out_sp[1]:
+            return None
+        out_shape = (shape[0], w_shape[0], *out_sp)
+        return plan_blocked(shape, w_shape, out_shape, strides, begin, dil, cdt, epi)
+
+    def blocked(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
+        if x.shape in plans:
+            plan = plans[x.shape]
+        else:
+            plan = plans[x.shape] = plan_for(x.shape)
+        if plan is None or x.dtype != cdt:
+            return None
+        if r is not None and (r.shape != plan.out_shape or r.dtype != cdt):
+            return None
+        if b is None:
+            bb = None
+        else:
+            bb = b_c if b_c is not None else np.ascontiguousarray(b, dtype=cdt).reshape(-1)
+        direct = out is not None and out.flags.c_contiguous
+        y = run_blocked(
+            plan,
+            x if x.flags.c_contiguous else np.ascontiguousarray(x),
+            w2,
+            bb,
+            None if r is None else np.ascontiguousarray(r),
+            out if direct else None,
+        )
+        if out is not None and not direct:
+            out[...] = y
+            return out
+        return y
+
+    return blocked
