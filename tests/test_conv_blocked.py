@@ -72,6 +72,10 @@ GEOMETRIES = [
     ((1, 32, 28, 28), (64, 32, 1, 1), {}),  # 1x1 stride 1: the input is the im2col matrix
     ((1, 32, 28, 28), (64, 32, 1, 1), {"strides": [2, 2]}),
     ((2, 16, 24, 24), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # a batch
+    # grouped (RegNet's 8 channels per group): blocks of groups
+    ((1, 48, 28, 28), (48, 8, 3, 3), {"pads": [1, 1, 1, 1], "group": 6}),
+    ((2, 32, 21, 21), (64, 8, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 0], "group": 4}),
+    ((1, 32, 14, 14), (16, 16, 1, 1), {"group": 2}),  # grouped 1x1: no copy
 ]
 
 
@@ -113,7 +117,7 @@ def test_a_large_conv_is_split_over_the_threads(plans: list[Any]) -> None:
     result does not depend on the split."""
     if threads.threads() < 2:
         pytest.skip("one thread in this process's budget: nothing to split")
-    x = _r(1, 32, 56, 56)
+    x = _r(1, 32, 56, 56)  # one group: blocks of output rows
     inits = {"w": _r(64, 32, 3, 3) * 0.1, "b": _r(64)}
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["y"])]  # fmt: skip
@@ -122,7 +126,22 @@ def test_a_large_conv_is_split_over_the_threads(plans: list[Any]) -> None:
     np.testing.assert_allclose(got, _ort(m, x), rtol=1e-4, atol=1e-4)
     plan = plans[-1]
     assert plan.split and len(plan.blocks) == 2 * threads.threads()
-    assert {(b[0], b[1]) for b in plan.blocks} >= {(0, 0)} and plan.blocks[-1][2] == 56
+    assert plan.blocks[0][3] == 0 and plan.blocks[-1][4] == 56
+
+
+def test_a_large_grouped_conv_is_split_by_groups(plans: list[Any]) -> None:
+    if threads.threads() < 2:
+        pytest.skip("one thread in this process's budget: nothing to split")
+    x = _r(1, 208, 28, 28)
+    inits = {"w": _r(208, 8, 3, 3) * 0.1, "b": _r(208)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=26),
+             helper.make_node("Relu", ["c"], ["y"])]  # fmt: skip
+    m = _model(nodes, x, inits)
+    got = tfrt_py.load(m, executor="sync").run({"x": x})["y"]
+    np.testing.assert_allclose(got, _ort(m, x), rtol=1e-4, atol=1e-4)
+    plan = plans[-1]
+    assert plan.split and len(plan.blocks) == 2 * threads.threads()
+    assert plan.blocks[0][1] == 0 and plan.blocks[-1][2] == 26
 
 
 def test_more_channels_than_pixels_keeps_the_whole_image_path(plans: list[Any]) -> None:

@@ -1,26 +1,30 @@
-"""A 2-D convolution (one group) as blocks of output rows, each block one im2col + GEMM +
-epilogue while its columns are still in cache, the blocks run on tfrt_py's intra-op pool.
+"""A 2-D convolution as blocks, each one im2col + GEMM + epilogue while its columns are
+still in cache, the blocks run on tfrt_py's intra-op pool.
 
 The whole-image path (``conv.make_conv_core``) zero-pads the input, copies the whole
 im2col matrix (K = C*KH*KW rows by OH*OW columns, megabytes for a ResNet stage), multiplies,
 then adds the bias and applies the activation in another pass: three passes over memory
-that does not fit in cache, two of them on one thread while the other waits. Here a block
-of output rows ``[oh0, oh1)`` of one image is one part:
+that does not fit in cache, on one thread while the other waits (a grouped conv's stacked
+product included). Here one block -- output rows ``[oh0, oh1)`` of one image for a
+one-group conv, groups ``[g0, g1)`` of one image for a grouped one -- is one part:
 
-1. ``_im2col_rows`` (compiled) writes the block's columns of the im2col matrix straight from
-   the unpadded input, zeros where a tap falls in the padding (no padded copy);
-2. ``np.matmul(w2, cols, out=y[:, p0:p1])`` (single-threaded BLAS; a strided ``out`` of unit
-   inner stride is BLAS-able, no copy);
-3. ``_epilogue_cols`` (compiled) adds the bias and the residual and applies the activation
-   to the block's columns of ``y`` while they are in cache.
+1. ``_im2col_rows`` (compiled) writes the block's im2col columns straight from the
+   unpadded input, zeros where a tap falls in the padding (no padded copy; a 1x1
+   stride-1 conv reads the input itself);
+2. ``np.matmul`` of the weights by those columns into the block of ``y`` (single-threaded
+   BLAS; a strided ``out`` of unit inner stride is BLAS-able, no copy);
+3. ``conv_direct._epilogue_cols`` (compiled) adds the bias and the residual and applies
+   the activation to the block while it is in cache (Sigmoid/SiLU: over ``y`` after).
 
-The parts are independent (each writes only its columns of ``y``) and run on
+The parts are independent (each writes only its block of ``y``) and run on
 ``concurrency.threads``' intra-op pool with the caller taking part; the im2col columns
-live in the running thread's scratch slot 1. Sums are BLAS's over the same K in the same
-order as the whole-image GEMM for a given block width, so results match it to rounding.
+live in the running thread's scratch slot 1. Sums are BLAS's over the same K as the
+whole-image GEMM, so results match it to rounding.
 
 ``plan_blocked`` returns None (the caller keeps the whole-image path) without numba, for
-dtypes other than float32/float64, for other ranks and for grouped convs. Thread-safe:
+dtypes other than float32/float64 and for other ranks; ``blocked_conv_fn`` also leaves
+depthwise-like convs (fewer than ``_MIN_GROUP_CHANNELS`` channels per group) and
+one-group convs with more filters than output pixels to the other paths. Thread-safe:
 the plan is immutable; state is per-thread scratch.
 """
 
@@ -36,27 +40,31 @@ from ..common import scratch
 from ..jit import Jitted
 from ..sigmoid_jit import sigmoid_f32
 from .conv_common import Spatial, conv_geometry
-from .conv_direct import ACTIVATIONS, Epilogue, _act_row, _numpy_act, _params
+from .conv_direct import _EPILOGUE_COLS, ACTIVATIONS, Epilogue, _numpy_act, _params
 
 __all__ = ["BlockedPlan", "blocked_conv_fn", "plan_blocked", "run_blocked"]
 
 #: Convs with fewer multiply-adds than this run as one part on the caller (a hand-off to
-#: a helper costs tens of µs).
+#: a helper costs ~5-50 µs).
 _SPLIT_MIN_MACS = 1 << 22
+#: Grouped convs with fewer input channels per group are left to the depthwise kernel or
+#: the whole-image path (a GEMM over a K of a few taps is mostly overhead).
+_MIN_GROUP_CHANNELS = 4
 
 
 def _im2col_rows(  # pragma: no cover - numba only
-    x: Any, n: int, cols: Any, geo: Any, oh0: int, oh1: int
+    x: Any, n: int, cols: Any, geo: Any, c0: int, c1: int, oh0: int, oh1: int
 ) -> None:
-    """cols[(c, i, j), (oh - oh0) * OW + ow] = x[n, c, oh*sh - pt + i*dh, ow*sw - pl + j*dw],
-    zero outside the image. ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl, OW]."""
-    c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
+    """cols[(c - c0, i, j), (oh - oh0) * OW + ow] =
+    x[n, c, oh*sh - pt + i*dh, ow*sw - pl + j*dw] for channels c0 <= c < c1, zero outside
+    the image. ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl, OW]."""
+    h_, w_ = x.shape[2], x.shape[3]
     kh_, kw_, sh, sw, dh, dw, pt, pl, ow_ = (
         geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8],
     )  # fmt: skip
     zero = cols.dtype.type(0)
     r = 0
-    for c in range(c_):
+    for c in range(c0, c1):
         xc = x[n, c]
         for i in range(kh_):
             for j in range(kw_):
@@ -91,46 +99,13 @@ def _im2col_rows(  # pragma: no cover - numba only
                         row[d + np.uint64(t)] = zero
 
 
-def _epilogue_cols(  # pragma: no cover - numba only
-    y: Any, b: Any, res: Any, p0: int, p1: int, act: int, p: Any
-) -> None:
-    """y[m, p0:p1] (y (M, O) C-contiguous) in place: + b[m] (b empty: none) + res[m, p0:p1]
-    (res empty: none), then act; the same operations in the same order as
-    ``conv_direct._epilogue3``."""
-    has_b = b.shape[0] > 0
-    has_res = res.shape[0] > 0
-    for m in range(y.shape[0]):
-        row = y[m, p0:p1]
-        if has_b and has_res:
-            bm = b[m]
-            r = res[m, p0:p1]
-            for i in range(row.shape[0]):
-                row[i] = (row[i] + bm) + r[i]
-        elif has_b:
-            bm = b[m]
-            for i in range(row.shape[0]):
-                row[i] += bm
-        elif has_res:
-            r = res[m, p0:p1]
-            for i in range(row.shape[0]):
-                row[i] += r[i]
-        _act_row(row, act, p)
-
-
 def _warm_im2col(fn: Any) -> None:
     for t in (np.float32, np.float64):
         geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
-        fn(np.zeros((1, 1, 2, 2), t), 0, np.zeros((9, 4), t), geo, 0, 2)
-
-
-def _warm_epilogue(fn: Any) -> None:
-    for t in (np.float32, np.float64):
-        e1, e2 = np.zeros(0, t), np.zeros((0, 0), t)
-        fn(np.zeros((2, 3), t), e1, e2, 0, 3, 0, np.zeros(6, t))
+        fn(np.zeros((1, 1, 2, 2), t), 0, np.zeros((9, 4), t), geo, 0, 1, 0, 2)
 
 
 _IM2COL = Jitted(_im2col_rows, _warm_im2col)
-_EPILOGUE = Jitted(_epilogue_cols, _warm_epilogue, helpers=(_act_row,))
 _EMPTY1 = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}
 _EMPTY2 = {np.dtype(t): np.zeros((0, 0), t) for t in (np.float32, np.float64)}
 
@@ -139,11 +114,14 @@ class BlockedPlan(NamedTuple):
     """One input shape's blocked convolution, made once (immutable)."""
 
     im2col: Any  # compiled _im2col_rows, or None for a 1x1 stride-1 unpadded conv
-    epilogue: Any  # compiled _epilogue_cols
+    epilogue: Any  # compiled conv_direct._epilogue_cols
     geo: np.ndarray  # _im2col_rows' geometry
-    k: int  # im2col rows: C * KH * KW
+    group: int
+    k: int  # im2col rows per group: C / group * KH * KW
     out_shape: tuple[int, ...]  # (N, M, OH, OW)
-    blocks: tuple[tuple[int, int, int], ...]  # (image, first output row, end row)
+    # (image, first group, end group, first output row, end row): one group's blocks
+    # are rows of output, a grouped conv's blocks are groups
+    blocks: tuple[tuple[int, int, int, int, int], ...]
     split: bool  # run the blocks on the intra-op pool
     act: int  # the compiled activation code (0: none, or a NumPy one after)
     epi: Epilogue  # for Sigmoid/SiLU: NumPy (or sigmoid_jit) over y afterwards
@@ -160,29 +138,35 @@ def plan_blocked(
     dtype: np.dtype,
     epi: Epilogue,
 ) -> BlockedPlan | None:
-    """The blocked plan for a one-group 2-D conv of these shapes, or None (module doc)."""
+    """The blocked plan for a 2-D conv of these shapes (``w_shape`` (M, C/group, KH, KW)),
+    or None (module doc)."""
     if len(x_shape) != 4 or dtype not in _EMPTY1 or epi.act not in ACTIVATIONS:
         return None
-    im2col, epilogue = _IM2COL.get(), _EPILOGUE.get()
+    im2col, epilogue = _IM2COL.get(), _EPILOGUE_COLS.get()
     if im2col is None or epilogue is None:
         return None
-    n, c, _, _ = x_shape
-    m, _, kh, kw = w_shape
+    n = x_shape[0]
+    m, cg, kh, kw = w_shape
+    group = x_shape[1] // cg
     oh, ow = out_shape[2], out_shape[3]
     direct = (
         kh == kw == 1 and tuple(strides) == (1, 1) and not any(pads_begin)
         and x_shape[2:] == out_shape[2:]
     )  # fmt: skip
-    k = c * kh * kw
+    k = cg * kh * kw
     macs = n * m * k * oh * ow
     threads = intra_pool().threads
     split = threads > 1 and macs >= _SPLIT_MIN_MACS
     # two blocks per thread per image (the caller steals a slow helper's second one);
     # smaller, cache-sized blocks measured no faster: BLAS packs its own panels
-    per_block = -(-oh // (2 * threads)) if split else oh
-    blocks = tuple(
-        (i, r0, min(oh, r0 + per_block)) for i in range(n) for r0 in range(0, oh, per_block)
-    )
+    parts = 2 * threads if split else 1
+    if group == 1:
+        step = -(-oh // parts)
+        spans = [(0, 1, r0, min(oh, r0 + step)) for r0 in range(0, oh, step)]
+    else:
+        step = -(-group // parts)
+        spans = [(g0, min(group, g0 + step), 0, oh) for g0 in range(0, group, step)]
+    blocks = tuple((i, *span) for i in range(n) for span in spans)
     geo = np.array(
         [kh, kw, strides[0], strides[1], dilations[0], dilations[1], pads_begin[0],
          pads_begin[1], ow],
@@ -193,6 +177,7 @@ def plan_blocked(
         None if direct else im2col,
         epilogue,
         geo,
+        group,
         k,
         (n, m, oh, ow),
         blocks,
@@ -206,15 +191,15 @@ def plan_blocked(
 def run_blocked(
     plan: BlockedPlan,
     x: np.ndarray,
-    w2: np.ndarray,
+    w3: np.ndarray,
     b: np.ndarray | None,
     res: np.ndarray | None,
     out: np.ndarray | None,
 ) -> np.ndarray:
-    """The convolution of ``x`` (C-contiguous (N, C, H, W), the plan's dtype) by ``w2``
-    (M, K), plus ``b`` (M,) and ``res`` (N, M, OH, OW C-contiguous), then the activation,
-    into ``out`` (C-contiguous) or a new array. The caller's thread takes part in the
-    blocks; helpers of the intra-op pool take the rest."""
+    """The convolution of ``x`` (C-contiguous (N, C, H, W), the plan's dtype) by ``w3``
+    (group, M/group, K), plus ``b`` (M,) and ``res`` (N, M, OH, OW C-contiguous), then the
+    activation, into ``out`` (C-contiguous) or a new array. The caller's thread takes part
+    in the blocks; helpers of the intra-op pool take the rest."""
     dt = x.dtype
     n, m, oh, ow = plan.out_shape
     o = oh * ow
@@ -224,22 +209,29 @@ def run_blocked(
     r3 = None if res is None else res.reshape(n, m, o)
     im2col, epilogue, geo, k = plan.im2col, plan.epilogue, plan.geo, plan.k
     act, params, mm = plan.act, plan.params, np.matmul
+    mg, cg = m // plan.group, x.shape[1] // plan.group
     x3 = x.reshape(x.shape[0], x.shape[1], -1) if im2col is None else None
 
-    def part(blk: tuple[int, int, int]) -> Any:
-        i, r0, r1 = blk
+    def part(blk: tuple[int, int, int, int, int]) -> Any:
+        i, g0, g1, r0, r1 = blk
         p0, p1 = r0 * ow, r1 * ow
-        yi = y3[i]
-        rr = _EMPTY2[dt] if r3 is None else r3[i]
+        m0, m1 = g0 * mg, g1 * mg
+        yi = y3[i, m0:m1]  # C-contiguous: whole rows of whole images
+        bi = bb[m0:m1] if bb.shape[0] else bb
+        ri = _EMPTY2[dt] if r3 is None else r3[i, m0:m1]
+        ng = g1 - g0
 
         def run() -> None:
             if x3 is not None:
-                cols = x3[i, :, p0:p1]
+                cols = x3[i, g0 * cg : g1 * cg, p0:p1]
             else:
-                cols = scratch(1, (k, p1 - p0), dt)
-                im2col(x, i, cols, geo, r0, r1)
-            mm(w2, cols, out=yi[:, p0:p1])
-            epilogue(yi, bb, rr, p0, p1, act, params)
+                cols = scratch(1, (ng * k, p1 - p0), dt)
+                im2col(x, i, cols, geo, g0 * cg, g1 * cg, r0, r1)
+            if ng == 1:
+                mm(w3[g0], cols, out=yi[:, p0:p1])
+            else:  # whole rows: p0, p1 = 0, OH * OW
+                mm(w3[g0:g1], cols.reshape(ng, k, o), out=yi.reshape(ng, mg, o))
+            epilogue(yi, bi, ri, p0, p1, act, params)
 
         return run
 
@@ -267,20 +259,28 @@ def blocked_conv_fn(
     or call the whole-image path serves better or alone: more output channels than output
     pixels (each block would pack the whole weight matrix again), an input of another
     dtype, a residual of another shape, negative pads."""
-    if w_const is None or w_const.ndim != 4 or group != 1 or cdt not in _EMPTY1:
+    if w_const is None or w_const.ndim != 4 or cdt not in _EMPTY1:
         return None
-    if _IM2COL.get() is None or _EPILOGUE.get() is None:
+    if (
+        group < 1
+        or w_const.shape[0] % group
+        or (group > 1 and w_const.shape[1] < _MIN_GROUP_CHANNELS)
+    ):
         return None
-    w2 = np.ascontiguousarray(w_const.reshape(w_const.shape[0], -1), dtype=cdt)
+    if _IM2COL.get() is None or _EPILOGUE_COLS.get() is None:
+        return None
+    w3 = np.ascontiguousarray(w_const.reshape(group, w_const.shape[0] // group, -1), dtype=cdt)
     w_shape = tuple(w_const.shape)
     plans: dict[tuple[int, ...], BlockedPlan | None] = {}
 
     def plan_for(shape: tuple[int, ...]) -> BlockedPlan | None:
-        if len(shape) != 4 or shape[1] != w_shape[1]:
+        if len(shape) != 4 or shape[1] != w_shape[1] * group:
             return None
         kernel, strides, dil, pads = sp.resolve(w_shape[2:])
         begin, end, out_sp = conv_geometry(shape[2:], kernel, strides, dil, pads, sp.auto_pad)
-        if min(begin + end) < 0 or min(out_sp) < 1 or w_shape[0] > out_sp[0] * out_sp[1]:
+        if min(begin + end) < 0 or min(out_sp) < 1:
+            return None
+        if group == 1 and w_shape[0] > out_sp[0] * out_sp[1]:
             return None
         out_shape = (shape[0], w_shape[0], *out_sp)
         return plan_blocked(shape, w_shape, out_shape, strides, begin, dil, cdt, epi)
@@ -302,7 +302,7 @@ def blocked_conv_fn(
         y = run_blocked(
             plan,
             x if x.flags.c_contiguous else np.ascontiguousarray(x),
-            w2,
+            w3,
             bb,
             None if r is None else np.ascontiguousarray(r),
             out if direct else None,
