@@ -7,6 +7,7 @@ Graphs are built with onnx.helper here (no torch); the helpers stay in this file
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -196,6 +197,8 @@ def _act_ref(y: np.ndarray, epi: Epilogue) -> np.ndarray:
         return y / (1 + np.exp(-y))
     if epi.act == "LeakyRelu":
         return np.where(y < 0, a * y, y)
+    if epi.act == "Gelu":
+        return y * 0.5 * (1 + np.vectorize(math.erf, otypes=[np.float64])(y / math.sqrt(2)))
     return y
 
 
@@ -209,6 +212,7 @@ _EPIS = [
     Epilogue("Sigmoid"),
     Epilogue("SiLU"),
     Epilogue("LeakyRelu", 0.1),
+    Epilogue("Gelu"),
 ]
 
 
@@ -243,10 +247,23 @@ def _conv_nodes(act: str, pre: str = "c") -> tuple[list[onnx.NodeProto], str]:
         return [mk("HardSigmoid", [pre], ["y"], alpha=0.3, beta=0.4)], "y"
     if act == "LeakyRelu":
         return [mk("LeakyRelu", [pre], ["y"], alpha=0.2)], "y"
+    if act == "Gelu":  # erf GELU as torch.onnx writes it (fuse_transformer names it)
+
+        def const(name: str, v: float) -> onnx.NodeProto:
+            return mk(
+                "Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.float32))
+            )
+
+        return [
+            const("g_s2", math.sqrt(2.0)), const("g_1", 1.0), const("g_h", 0.5),
+            mk("Div", [pre, "g_s2"], ["g_d"]), mk("Erf", ["g_d"], ["g_e"]),
+            mk("Add", ["g_e", "g_1"], ["g_a"]), mk("Mul", [pre, "g_a"], ["g_m"]),
+            mk("Mul", ["g_m", "g_h"], ["y"]),
+        ], "y"  # fmt: skip
     return [mk(act, [pre], ["y"])], "y"
 
 
-_FUSE_ACTS = ["Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "SiLU", "LeakyRelu"]
+_FUSE_ACTS = ["Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "SiLU", "LeakyRelu", "Gelu"]
 
 
 @pytest.mark.parametrize("executor", ["sync", "async"])

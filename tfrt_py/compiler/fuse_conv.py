@@ -13,7 +13,9 @@ The group, in order (each part optional, at least one present):
   (dtype and shape, symbolic dims by name), or a constant that broadcasts to one value per
   channel, which joins the bias;
 * an activation (``conv_direct.ACTIVATIONS``): Relu, Clip with constant bounds,
-  HardSwish, HardSigmoid, Sigmoid, LeakyRelu, or SiLU written as ``Mul(y, Sigmoid(y))``.
+  HardSwish, HardSigmoid, Sigmoid, LeakyRelu, Gelu (erf form; the decomposed pattern is
+  named by ``fuse_transformer`` after this pass, and ``fuse_vision`` fuses it then), or
+  SiLU written as ``Mul(y, Sigmoid(y))``.
 
 Only constant-weight float32/float64 Convs of rank >= 3 fuse, and a group only grows over
 a value read by the next node alone and not a graph output. The fused node takes the
@@ -270,6 +272,8 @@ def _activation(uses: Uses, y: Value) -> tuple[str, float, float, list[Node]] | 
         return op, float(a.get("alpha", 0.2)), float(a.get("beta", 0.5)), [node]
     if op == "LeakyRelu":
         return op, float(a.get("alpha", 0.01)), 0.0, [node]
+    if op == "Gelu" and a.get("approximate", "none") != "none":
+        return None  # the epilogue computes the erf form only
     return op, 0.0, 0.0, [node]
 
 

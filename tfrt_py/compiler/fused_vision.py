@@ -7,6 +7,10 @@ alpha/beta) and ``residual`` (1 when R is present: a tensor of the output's shap
 after the bias). Computes ``act(conv(X, W) + B + R)`` with the epilogue applied in one
 pass over the conv result (``conv_with_epilogue``). Supports ``out=``.
 
+``ChannelLayerNorm(X, scale, bias?)`` (from ``fuse_vision``): attribute ``epsilon``;
+LayerNormalization over axis 1 alone of an (N, C, *spatial) tensor
+(``kernels/nn/norm_channel.py``). Supports ``out=``.
+
 ``MatMulTransB(A, B)`` (from ``fuse_transformer``): ``A @ swapaxes(B, -1, -2)`` with
 NumPy's broadcasting over the leading axes; BLAS reads the transposed view directly (a
 column-major operand), so the Transpose costs no copy. Supports ``out=``.
@@ -25,6 +29,7 @@ import numpy as np
 
 from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
 from ..kernels.nn.conv import Epilogue, conv_cost, conv_with_epilogue
+from ..kernels.nn.norm_channel import channel_layer_norm_fn
 
 __all__ = ["register_vision_kernels"]
 
@@ -38,6 +43,30 @@ def _fused_conv(ctx: KernelContext) -> Any:
         bool(ctx.attr("residual", 0)),
     )
     return conv_with_epilogue(ctx, epi)
+
+
+def _channel_layer_norm(ctx: KernelContext) -> Any:
+    """ChannelLayerNorm: ``fn(x, scale, bias=None, out=None)``."""
+    eps = float(ctx.attr("epsilon", 1e-5))
+    norm = channel_layer_norm_fn()
+
+    def channel_layer_norm(
+        x: np.ndarray, scale: np.ndarray, bias: Any = None, out: Any = None
+    ) -> np.ndarray:
+        if x.ndim < 2 or scale.shape != (x.shape[1],):
+            raise ValueError(
+                f"ChannelLayerNorm {ctx.node_name!r}: input {x.shape}, scale {scale.shape}"
+            )
+        return norm(x, scale, bias, eps, out)
+
+    return channel_layer_norm
+
+
+def _channel_norm_cost(
+    ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]
+) -> Cost:
+    n = float(math.prod(ins[0])) if ins else 0.0
+    return Cost(8.0 * n, 8.0 * n)
 
 
 def _matmul_transb(ctx: KernelContext) -> Any:
@@ -65,3 +94,6 @@ def register_vision_kernels(registry: KernelRegistry, domain: str) -> None:
     out = KernelFlags(supports_out=True)
     registry.add("Conv", _fused_conv, domain=domain, flags=out, cost=conv_cost)
     registry.add("MatMulTransB", _matmul_transb, domain=domain, flags=out, cost=_matmul_transb_cost)
+    registry.add(
+        "ChannelLayerNorm", _channel_layer_norm, domain=domain, flags=out, cost=_channel_norm_cost
+    )

@@ -53,6 +53,7 @@ def _passes() -> dict[str, PassFn]:
         fuse_linear,
         fuse_ml,
         fuse_transformer,
+        fuse_vision,
         hoist,
         shapes,
     )
@@ -66,6 +67,7 @@ def _passes() -> dict[str, PassFn]:
         "hoist": hoist.hoist_over_concat,
         "fuse_conv": fuse_conv.fuse_conv,
         "fuse_transformer": fuse_transformer.fuse_transformer,
+        "fuse_vision": fuse_vision.fuse_vision,
         "fuse_ml": fuse_ml.fuse_ml,
         "fuse_linear": fuse_linear.fuse_linear,
         "fuse_elementwise": fuse_elementwise.fuse_elementwise_chains,
@@ -84,6 +86,8 @@ PASSES = (
     "fuse_conv",
     "hoist",
     "fuse_transformer",
+    # after fuse_transformer: it names the GELUs and LayerNorms this pass looks for
+    "fuse_vision",
     "fuse_ml",
     "fuse_linear",
     "fuse_elementwise",

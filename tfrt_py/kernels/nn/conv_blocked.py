@@ -38,9 +38,8 @@ import numpy as np
 from ...concurrency.threads import intra_pool
 from ..common import scratch
 from ..jit import Jitted
-from ..sigmoid_jit import sigmoid_f32
 from .conv_common import Spatial, conv_geometry
-from .conv_direct import _EPILOGUE_COLS, ACTIVATIONS, Epilogue, _numpy_act, _params
+from .conv_direct import _EPILOGUE_COLS, ACTIVATIONS, Epilogue, _numpy_act, _params, act_fns
 
 __all__ = ["BlockedPlan", "blocked_conv_fn", "plan_blocked", "run_blocked"]
 
@@ -124,8 +123,9 @@ class BlockedPlan(NamedTuple):
     blocks: tuple[tuple[int, int, int, int, int], ...]
     split: bool  # run the blocks on the intra-op pool
     act: int  # the compiled activation code (0: none, or a NumPy one after)
-    epi: Epilogue  # for Sigmoid/SiLU: NumPy (or sigmoid_jit) over y afterwards
+    epi: Epilogue  # for Sigmoid/SiLU (float64 Gelu): NumPy (or compiled) over y afterwards
     params: np.ndarray
+    fns: tuple[Any, Any]  # conv_direct.act_fns()
 
 
 def plan_blocked(
@@ -172,7 +172,7 @@ def plan_blocked(
          pads_begin[1], ow],
         np.int64,
     )  # fmt: skip
-    numpy_act = epi.act in ("Sigmoid", "SiLU")
+    numpy_act = epi.act in ("Sigmoid", "SiLU") or (epi.act == "Gelu" and dtype != np.float32)
     return BlockedPlan(
         None if direct else im2col,
         epilogue,
@@ -185,6 +185,7 @@ def plan_blocked(
         0 if numpy_act else ACTIVATIONS[epi.act],
         epi if numpy_act else Epilogue(),
         _params(epi, dtype),
+        act_fns(),
     )
 
 
@@ -242,7 +243,7 @@ def run_blocked(
         for p in parts:
             p()
     if plan.epi.act:
-        _numpy_act(y, plan.epi, sigmoid_f32())
+        _numpy_act(y, plan.epi, plan.fns)
     return y
 
 

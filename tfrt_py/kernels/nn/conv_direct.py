@@ -30,12 +30,15 @@ Thread-safe: no state but the compiled functions (``jit.Jitted``) and per-thread
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...concurrency.threads import intra_pool
+from ..erf import _P32, _Q32, erf
+from ..gelu_jit import gelu_erf_f32
 from ..jit import Jitted
 from ..sigmoid_jit import sigmoid_f32
 from .conv_common import scratch
@@ -63,6 +66,7 @@ ACTIVATIONS = {
     "Sigmoid": 5,
     "SiLU": 6,
     "LeakyRelu": 7,
+    "Gelu": 8,  # erf form; compiled for float32 in conv_blocked, NumPy after elsewhere
 }
 
 
@@ -81,7 +85,7 @@ class Epilogue(NamedTuple):
         return not self.act and not self.residual
 
 
-_NUMPY_ACTS = frozenset({"Sigmoid", "SiLU"})
+_NUMPY_ACTS = frozenset({"Sigmoid", "SiLU", "Gelu"})
 
 
 def _jit_act(epi: Epilogue) -> int:
@@ -89,11 +93,22 @@ def _jit_act(epi: Epilogue) -> int:
     return 0 if epi.act in _NUMPY_ACTS else ACTIVATIONS[epi.act]
 
 
+#: erf GELU's constants for ``_act_row`` (code 8): 1/sqrt 2, the clamp [-4, 4] and
+#: ``erf.erf_f32``'s float32 rational P (7) and Q (5), as ``gelu_jit`` computes it.
+_GELU_CONSTS = (
+    1.0 / math.sqrt(2.0),
+    -4.0,
+    4.0,
+    *(float(c) for c in _P32),
+    *(float(c) for c in _Q32),
+)
+
+
 @functools.lru_cache(maxsize=256)
 def _params(epi: Epilogue, dt: np.dtype) -> np.ndarray:
-    """[alpha, beta, 0, 1, 1/6, 1/2, inf] in the compute dtype (typed constants for
-    numba); cached: never written."""
-    p = np.array([epi.alpha, epi.beta, 0.0, 1.0, 1.0 / 6.0, 0.5, np.inf], dtype=dt)
+    """[alpha, beta, 0, 1, 1/6, 1/2, inf, GELU's 15 (``_GELU_CONSTS``)] in the compute
+    dtype (typed constants for numba); cached: never written."""
+    p = np.array([epi.alpha, epi.beta, 0.0, 1.0, 1.0 / 6.0, 0.5, np.inf, *_GELU_CONSTS], dtype=dt)
     return p
 
 
@@ -142,6 +157,19 @@ def _act_row(y: Any, bm: Any, act: int, p: Any) -> None:  # pragma: no cover - n
         for i in range(n):
             v = y[i] + bm
             y[i] = v * (a if v < zero else one)
+    elif act == 8:  # GELU, erf form: gelu_jit's loop (float32 constants)
+        inv, m4, p4, half = p[7], p[8], p[9], p[5]
+        c0, c1, c2, c3, c4, c5, c6 = p[10], p[11], p[12], p[13], p[14], p[15], p[16]
+        d0, d1, d2, d3, d4 = p[17], p[18], p[19], p[20], p[21]
+        for i in range(n):
+            v = y[i] + bm
+            t = v * inv
+            t = m4 if t < m4 else t
+            t = p4 if t > p4 else t
+            z = t * t
+            pp = (((((c0 * z + c1) * z + c2) * z + c3) * z + c4) * z + c5) * z + c6
+            q = (((d0 * z + d1) * z + d2) * z + d3) * z + d4
+            y[i] = ((pp * t) / q + one) * v * half
 
 
 def _epilogue_row(
@@ -305,7 +333,7 @@ class DepthwisePlan(NamedTuple):
     """Everything ``run_depthwise`` needs for one input shape, made once."""
 
     fn: Any  # the compiled kernel
-    sig: Any  # the compiled Sigmoid/SiLU, or None
+    fns: tuple[Any, Any]  # act_fns()
     tab: np.ndarray
     xp_len: int
     acc_len: int
@@ -331,9 +359,7 @@ def plan_depthwise(
     if dtype not in _EMPTY or len(x_shape) != 4 or w_shape[1] != 1 or fn is None:
         return None
     tab, xp_len, acc_len = depthwise_plan(x_shape, w_shape, out_shape, strides, pads, dilations)
-    return DepthwisePlan(
-        fn, sigmoid_f32(), tab, xp_len, acc_len, _jit_act(epi), _params(epi, dtype)
-    )
+    return DepthwisePlan(fn, act_fns(), tab, xp_len, acc_len, _jit_act(epi), _params(epi, dtype))
 
 
 def run_depthwise(
@@ -375,7 +401,7 @@ def run_depthwise(
 
         pool.run([images(edges[i], edges[i + 1]) for i in range(blocks)])
     if epi.act in _NUMPY_ACTS:
-        _numpy_act(out, epi, plan.sig)
+        _numpy_act(out, epi, plan.fns)
     return out
 
 
@@ -436,7 +462,7 @@ def make_epilogue(epi: Epilogue) -> Callable[..., np.ndarray]:
     """``fn(y, b, res)`` applying ``epi`` to ``y`` (N, M, *spatial) in place: ``+ b`` per
     channel (None: none), ``+ res`` (``y``'s shape; None: none), then the activation;
     returns ``y``. Whether the compiled pass is used is settled here, at load."""
-    compiled, sig = _EPILOGUE.get(), sigmoid_f32()
+    compiled, fns = _EPILOGUE.get(), act_fns()
     code, numpy_act = _jit_act(epi), epi.act in _NUMPY_ACTS
 
     def epilogue(y: np.ndarray, b: np.ndarray | None, res: np.ndarray | None) -> np.ndarray:
@@ -449,13 +475,13 @@ def make_epilogue(epi: Epilogue) -> Callable[..., np.ndarray]:
             rr = _EMPTY3[dt] if res is None else res.reshape(y3.shape)
             compiled(y3, bb, rr, code, _params(epi, dt))
             if numpy_act:
-                _numpy_act(y, epi, sig)
+                _numpy_act(y, epi, fns)
             return y
         if b is not None:
             y += b.reshape((-1,) + (1,) * (y.ndim - 2))
         if res is not None:
             y += res
-        _numpy_act(y, epi, sig)
+        _numpy_act(y, epi, fns)
         return y
 
     return epilogue
@@ -468,10 +494,17 @@ def apply_epilogue(
     return make_epilogue(epi)(y, b, res)
 
 
-def _numpy_act(y: np.ndarray, epi: Epilogue, sig: Any = None) -> None:
+def act_fns() -> tuple[Any, Any]:
+    """(``sigmoid_jit.sigmoid_f32()``, ``gelu_jit.gelu_erf_f32()``): the compiled float32
+    activations ``_numpy_act`` may use, each None without numba; asked at load."""
+    return sigmoid_f32(), gelu_erf_f32()
+
+
+def _numpy_act(y: np.ndarray, epi: Epilogue, fns: tuple[Any, Any] = (None, None)) -> None:
     """The activation in place with ufuncs (the same operations as the ONNX kernels), or
-    for float32 Sigmoid/SiLU the compiled ``sig`` (``sigmoid_jit``) when given; a
-    temporary lives in scratch slot 1 (the conv is done with it by now)."""
+    for float32 Sigmoid/SiLU/Gelu the compiled functions ``fns`` (``act_fns``) when given;
+    a temporary lives in scratch slot 1 (the conv is done with it by now)."""
+    sig, gelu = fns
     act = epi.act
     if not act:
         return
@@ -491,7 +524,10 @@ def _numpy_act(y: np.ndarray, epi: Epilogue, sig: Any = None) -> None:
             np.multiply(y, tmp, out=y)
         else:
             np.copyto(y, tmp)
-    elif act in _NUMPY_ACTS and sig is not None and y.dtype == np.float32 and y.flags.c_contiguous:
+    elif (
+        act in ("Sigmoid", "SiLU") and sig is not None and y.dtype == np.float32
+        and y.flags.c_contiguous
+    ):  # fmt: skip
         sig(y.reshape(-1), act == "SiLU")
     elif act == "Sigmoid":
         np.negative(y, out=y)
@@ -505,5 +541,12 @@ def _numpy_act(y: np.ndarray, epi: Epilogue, sig: Any = None) -> None:
         np.divide(y, s, out=y)
     elif act == "LeakyRelu":
         np.multiply(y, np.where(y < 0, t(epi.alpha), t(1)), out=y)
+    elif act == "Gelu":  # the Gelu kernel's operations: (erf(y / sqrt 2) + 1) * y * 0.5
+        if y.dtype != np.float32 or gelu is None or gelu(y, y) is None:
+            g = np.multiply(y, t(1.0 / math.sqrt(2.0)), out=scratch(1, y.shape, y.dtype))
+            erf(g, out=g)
+            g += t(1)
+            np.multiply(g, y, out=y)
+            y *= t(0.5)
     else:
         raise ValueError(f"unknown activation {act!r}")

@@ -1,0 +1,144 @@
+"""Vision patterns that only show once ``fuse_transformer`` has named them (it runs before
+this pass): each becomes one node of the private domain (kernels in ``fused_vision.py``).
+
+* **channel LayerNorm** -- ``Transpose(perm [0, 2, ..., r-1, 1])`` (channels last) ->
+  ``LayerNormalization`` over the last axis with constant 1-D scale (and bias) ->
+  ``Transpose`` back (``[0, r-1, 1, ..., r-2]``), ConvNeXt's LayerNorm2d: one
+  ``tfrt_py.fused::ChannelLayerNorm(X, scale, bias?)`` normalizing over axis 1 of the
+  channels-first tensor (``kernels/nn/norm_channel.py``), no transposes;
+* **Conv + GELU** -- an erf ``Gelu`` (ONNX opset 20, ``approximate`` none, as
+  ``fuse_transformer`` writes it) reading a constant-weight float Conv, or a fused Conv
+  with no activation yet: the Conv takes it as its epilogue's activation (``Gelu``:
+  applied to each block of the output while it is in cache, ``conv_blocked``).
+
+Intermediate values must be read inside their pattern only and not be graph outputs. The
+replacement takes the pattern's last node's output Value and place, so names and types
+are unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..ir import Graph, Node, Value
+from .context import PassContext
+from .fuse_conv import _CONV_ATTRS, _fusable_conv
+from .fused_kernels import DOMAIN
+from .rewrite import Uses
+
+__all__ = ["fuse_vision"]
+
+
+def fuse_vision(graph: Graph, ctx: PassContext) -> str:
+    """The pass. Returns its one-line report."""
+    uses = Uses(graph)
+    replaced: dict[int, Node | None] = {}
+    n_ln = n_gelu = 0
+    for node in graph.nodes:
+        if id(node) in replaced or node.domain != "":
+            continue
+        found: tuple[Node, list[Node]] | None = None
+        if node.op_type == "LayerNormalization":
+            found = _channel_layer_norm(node, uses)
+            n_ln += found is not None
+        elif node.op_type == "Gelu":
+            found = _conv_gelu(node, uses)
+            n_gelu += found is not None
+        if found is None:
+            continue
+        new, old = found
+        for o in old:
+            replaced[id(o)] = None
+        replaced[id(old[-1])] = new
+    if not replaced:
+        return "nothing to fuse"
+    graph.nodes = [r for r in (replaced.get(id(nd), nd) for nd in graph.nodes) if r is not None]
+    graph.opsets.setdefault(DOMAIN, 1)
+    return f"{n_ln} channel LayerNorms, {n_gelu} Conv+GELU"
+
+
+def _single_out(node: Node | None) -> Value | None:
+    if node is None or len(node.outputs) != 1:
+        return None
+    return node.outputs[0]
+
+
+def _perm(node: Node | None) -> list[int] | None:
+    if node is None or node.op_type != "Transpose" or node.domain != "":
+        return None
+    p = node.attrs.get("perm")
+    return None if p is None else [int(i) for i in p]
+
+
+def _channel_layer_norm(ln: Node, uses: Uses) -> tuple[Node, list[Node]] | None:
+    """(ChannelLayerNorm, [Transpose, LayerNormalization, Transpose]) or None."""
+    if len(ln.inputs) < 2 or ln.inputs[0] is None or ln.inputs[1] is None:
+        return None
+    if len(ln.outputs) != 1 or ln.outputs[0] is None:  # Mean / InvStdDev wanted
+        return None
+    x_t = ln.inputs[0]
+    t1 = x_t.producer
+    r = len(_perm(t1) or [])
+    if t1 is None or r < 3 or _perm(t1) != [0, *range(2, r), 1] or t1.inputs[0] is None:
+        return None
+    if uses.only_reader(x_t) is not ln or int(ln.attrs.get("axis", -1)) not in (-1, r - 1):
+        return None
+    y_t = ln.outputs[0]
+    t2 = uses.only_reader(y_t)
+    if _perm(t2) != [0, r - 1, *range(1, r - 1)] or t2 is None or _single_out(t2) is None:
+        return None
+    scale = ln.inputs[1].const
+    bias_v = ln.inputs[2] if len(ln.inputs) > 2 else None
+    bias = None if bias_v is None else bias_v.const
+    if scale is None or scale.ndim != 1 or (bias_v is not None and bias is None):
+        return None
+    if bias is not None and bias.shape != scale.shape:
+        return None
+    if int(ln.attrs.get("stash_type", 1)) != 1 or scale.dtype.kind != "f":
+        return None
+    attrs: dict[str, Any] = {"epsilon": float(ln.attrs.get("epsilon", 1e-5))}
+    new = Node(
+        "ChannelLayerNorm",
+        [t1.inputs[0], ln.inputs[1], bias_v],
+        [t2.outputs[0]],
+        attrs,
+        name=f"{ln.name}/channels",
+        domain=DOMAIN,
+        opset=1,
+    )
+    return new, [t1, ln, t2]
+
+
+def _conv_gelu(gelu: Node, uses: Uses) -> tuple[Node, list[Node]] | None:
+    """(the Conv with a GELU epilogue, [Conv, Gelu]) or None."""
+    if gelu.attrs.get("approximate", "none") != "none" or len(gelu.inputs) != 1:
+        return None
+    y = gelu.inputs[0]
+    out = _single_out(gelu)
+    conv = None if y is None else y.producer
+    if conv is None or out is None or uses.only_reader(y) is not gelu:  # type: ignore[arg-type]
+        return None
+    if _fusable_conv(conv):
+        bias = conv.inputs[2] if len(conv.inputs) > 2 else None
+        if bias is not None and bias.const is None:
+            return None
+        attrs: dict[str, Any] = {k: v for k, v in conv.attrs.items() if k in _CONV_ATTRS}
+        attrs.update(activation="Gelu", alpha=0.0, beta=0.0, residual=0)
+        ins = [conv.inputs[0], conv.inputs[1], bias, None]
+    elif (
+        conv.op_type == "Conv" and conv.domain == DOMAIN and not conv.attrs.get("activation")
+        and _is_float(conv.inputs[1])
+    ):  # fmt: skip
+        attrs = dict(conv.attrs, activation="Gelu", alpha=0.0, beta=0.0)
+        ins = list(conv.inputs)
+    else:
+        return None
+    new = Node("Conv", ins, [out], attrs, name=f"{conv.name}/gelu", domain=DOMAIN, opset=1)
+    return new, [conv, gelu]
+
+
+def _is_float(v: Value | None) -> bool:
+    c = None if v is None else v.const
+    return c is not None and c.dtype in (np.dtype(np.float32), np.dtype(np.float64))
