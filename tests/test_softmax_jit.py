@@ -1,7 +1,8 @@
 """The compiled float32 Softmax rows (``kernels.softmax_jit``): agreement with
-onnxruntime and with the NumPy path (``TFRT_PY_JIT=0``) on the small inputs it takes
-(attention scores of a short sequence, masked rows, few long rows, the pre-13 flattened
-axis), the NaN/inf rules, in-place calls, and the inputs it leaves to NumPy."""
+onnxruntime and with the NumPy path (``TFRT_PY_JIT=0``) on short rows (attention scores of
+a short sequence, a classifier's logits) and long ones (ViT's 197, MobileViT's 256,
+split over the threads when large), masked rows, the pre-13 flattened axis, the NaN/inf
+rules on both loops, in-place calls, and the inputs it leaves to NumPy."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from tests.support.kernel_harness import build_node, ort_run, registry_of
 from tfrt_py.kernels.jit import ENV_JIT
 from tfrt_py.kernels.reduce import softmax
-from tfrt_py.kernels.softmax_jit import MAX_ELEMENTS, SHORT_ROW, softmax_rows_f32
+from tfrt_py.kernels.softmax_jit import SHORT_ROW, SPLIT_MIN_ELEMENTS, softmax_rows_f32
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("numba", reason="the compiled kernel needs numba (the [native] extra)")
@@ -42,7 +43,19 @@ def test_kernel_compiles() -> None:
 
 
 @pytest.mark.parametrize(
-    "shape", [(1, 4, 16, 16), (1, 12, 7, 7), (2, 3), (4, 1000), (1, 20000), (5,)]
+    "shape",
+    [
+        (1, 4, 16, 16),
+        (1, 12, 7, 7),
+        (2, 3),
+        (4, 1000),
+        (1, 20000),
+        (5,),
+        (1, 3, 197, 197),
+        (2, 4, 256, 256),
+        (3, 71),
+        (2, 65),
+    ],
 )
 def test_rows_match_onnxruntime_and_numpy(
     monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...]
@@ -55,8 +68,11 @@ def test_rows_match_onnxruntime_and_numpy(
     np.testing.assert_allclose(fast.sum(axis=-1), 1.0, rtol=1e-5)
 
 
-def test_masked_rows_give_exact_zeros_and_the_nan_rules(monkeypatch: pytest.MonkeyPatch) -> None:
-    x = _RNG.standard_normal((6, 9)).astype(np.float32)
+@pytest.mark.parametrize("n", [9, 200])  # the flat loop and the row loop
+def test_masked_rows_give_exact_zeros_and_the_nan_rules(
+    monkeypatch: pytest.MonkeyPatch, n: int
+) -> None:
+    x = _RNG.standard_normal((6, n)).astype(np.float32)
     x[0, 5:] = -np.inf  # a causal mask: exact zeros
     x[1, 2:] = -1e4  # an additive mask far below the max: zeros
     x[2, 4] = np.nan  # a NaN: the row is NaN
@@ -80,14 +96,15 @@ def test_legacy_axis_flattens_the_trailing_axes(monkeypatch: pytest.MonkeyPatch)
     np.testing.assert_allclose(fast, slow, rtol=2e-6, atol=1e-7)
 
 
-def test_in_place_and_outputs_it_cannot_write() -> None:
-    x = _RNG.standard_normal((8, 16)).astype(np.float32)
+@pytest.mark.parametrize("rows", [8, 300])  # 300 x 200 is split over the threads
+def test_in_place_and_outputs_it_cannot_write(rows: int) -> None:
+    x = _RNG.standard_normal((rows, 200 if rows > 8 else 16)).astype(np.float32)
     fn = _fn(x, {})
     want = fn(x)
     y = x.copy()
     assert fn(y, out=y) is y  # in place: the planner's out is x's buffer
     np.testing.assert_allclose(y, want, rtol=1e-6)
-    big = np.zeros((8, 32), np.float32)
+    big = np.zeros((x.shape[0], 2 * x.shape[1]), np.float32)
     r = fn(x, out=big[:, ::2])  # strided out: the NumPy path
     np.testing.assert_allclose(r, want, rtol=1e-6)
     np.testing.assert_allclose(fn(np.ascontiguousarray(x.T).T), want, rtol=1e-6)
@@ -100,7 +117,7 @@ def test_short_rows_of_a_large_input_take_the_compiled_rows(
     """A classifier's probabilities over a big batch: many rows of a few classes, where
     NumPy's per-row reductions cost most."""
     x = (_RNG.standard_normal((4096, 4)) * 8).astype(np.float32)
-    assert x.size > MAX_ELEMENTS and x.shape[1] <= SHORT_ROW
+    assert x.shape[1] <= SHORT_ROW
     real = softmax_rows_f32()
     calls: list[tuple[int, ...]] = []
 
@@ -115,7 +132,12 @@ def test_short_rows_of_a_large_input_take_the_compiled_rows(
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
 
 
-def test_large_inputs_keep_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
-    x = _RNG.standard_normal((64, MAX_ELEMENTS // 32)).astype(np.float32)
+def test_large_inputs_split_their_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MobileViT's attention scores: long rows, past the split threshold; every row is
+    the same whether a helper or the caller computed it."""
+    x = (_RNG.standard_normal((4, 4, 256, 256)) * 4).astype(np.float32)
+    assert x.size >= SPLIT_MIN_ELEMENTS and x.shape[-1] > SHORT_ROW
     fast, slow = _both(monkeypatch, x, {})
-    np.testing.assert_array_equal(fast, slow)  # the same NumPy passes ran both times
+    np.testing.assert_allclose(fast, slow, rtol=2e-6, atol=1e-7)
+    one = np.concatenate([_fn(r, {})(r) for r in x.reshape(-1, 8, 256)])
+    np.testing.assert_array_equal(fast.reshape(-1, 256), one.reshape(-1, 256))

@@ -10,7 +10,9 @@ switch the compiled kernels off so the NumPy paths run), or when compiling faile
 computes the same values. Functions are compiled with ``nogil=True`` (an executor's worker
 threads run them in parallel), ``cache=True`` (numba keeps the machine code on disk, so a
 second process skips LLVM) and ``error_model='numpy'``; no fastmath, so results follow
-IEEE arithmetic in the model's dtype.
+IEEE arithmetic in the model's dtype -- except where a ``Jitted`` names LLVM fast-math
+flags itself (``fastmath``: only ``contract``, fused multiply-adds, which change rounding
+and nothing else, is used).
 
 Thread-safe: the first ``get`` compiles under a lock; later ones return the dispatcher.
 Nothing here imports numba until a builder calls ``get``.
@@ -80,6 +82,7 @@ class Jitted:
     argument types the kernels use at load time rather than on a model's first call.
     ``helpers`` are module-level functions ``fn`` calls: they are registered with numba
     (``register_jitable``) before ``fn`` compiles and stay plain Python functions.
+    ``fastmath``: LLVM fast-math flags for ``fn`` (empty: none).
     """
 
     def __init__(
@@ -87,10 +90,12 @@ class Jitted:
         fn: Callable[..., Any],
         warm: Callable[[Any], None] | None = None,
         helpers: tuple[Callable[..., Any], ...] = (),
+        fastmath: frozenset[str] = frozenset(),
     ) -> None:
         self.fn = fn
         self._warm = warm
         self._helpers = helpers
+        self._fastmath = set(fastmath) or False
         self._compiled: Any = None
         self._failed = False
         self._lock = threading.Lock()
@@ -111,7 +116,9 @@ class Jitted:
                 try:
                     for h in self._helpers:
                         _register_helper(numba, h)
-                    d = numba.njit(nogil=True, cache=True, error_model="numpy")(self.fn)
+                    d = numba.njit(
+                        nogil=True, cache=True, error_model="numpy", fastmath=self._fastmath
+                    )(self.fn)
                     if self._warm is not None:
                         self._warm(d)
                     self._compiled = d

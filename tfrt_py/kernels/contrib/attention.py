@@ -37,7 +37,6 @@ import numpy as np
 from ..base import ComputeFn, Cost, KernelContext
 from ..common import to_ints
 from ..registry import KernelRegistry
-from ..softmax_jit import MAX_ELEMENTS as SOFTMAX_JIT_MAX
 from ..softmax_jit import softmax_rows_f32
 from .activation import MS_DOMAIN
 
@@ -165,11 +164,7 @@ def _attention(ctx: KernelContext) -> ComputeFn:
             scores += _key_mask(mask_index, b, s, t, p, fill, cdt)[:, None]
         if causal_attr and s > 1:
             scores[..., _future(s, t, p)] = -np.inf  # never a whole row: key p + i is seen
-        if (
-            softmax_rows is not None
-            and scores.dtype == np.float32
-            and (scores.size <= SOFTMAX_JIT_MAX)
-        ):
+        if softmax_rows is not None and scores.dtype == np.float32:
             softmax_rows(scores.reshape(-1, t), scores.reshape(-1, t))
         else:
             scores -= scores.max(axis=-1, keepdims=True)

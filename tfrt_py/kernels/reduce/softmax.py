@@ -24,8 +24,7 @@ import numpy as np
 from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
 from ..common import ones_vector, scratch
 from ..registry import KernelRegistry
-from ..softmax_jit import MAX_ELEMENTS as JIT_MAX_ELEMENTS
-from ..softmax_jit import SHORT_ROW, softmax_rows_f32
+from ..softmax_jit import softmax_rows_f32
 
 __all__ = ["register_kernels"]
 
@@ -150,8 +149,8 @@ def _softmax_like(ctx: KernelContext, rows: Any, classic: Any) -> ComputeFn:
 
 def _softmax(ctx: KernelContext) -> ComputeFn:
     """Softmax: ``fn(x, out=None) -> exp(x - max) / sum(exp(x - max))`` along the axis.
-    Small float32 inputs (or few rows, or short rows) take the compiled rows
-    (``softmax_jit``) when numba is there."""
+    Contiguous float32 inputs along the last axes take the compiled rows (``softmax_jit``)
+    when numba is there."""
     general = _softmax_like(ctx, _softmax_rows, _classic_softmax)
     jit = softmax_rows_f32()
     if jit is None:
@@ -165,11 +164,10 @@ def _softmax(ctx: KernelContext) -> ComputeFn:
             if (legacy and 0 <= a < nd) or a == nd - 1:
                 n = math.prod(x.shape[a:])
                 rows = x.size // n
-                if x.size <= JIT_MAX_ELEMENTS or rows < _FAST_MIN_ROWS or n <= SHORT_ROW:
-                    y = _jit_out(x, out)
-                    if y is not None:
-                        jit(x.reshape(rows, n), y.reshape(rows, n))
-                        return y
+                y = _jit_out(x, out)
+                if y is not None:
+                    jit(x.reshape(rows, n), y.reshape(rows, n))
+                    return y
         return general(x, out)
 
     return softmax
