@@ -39,7 +39,16 @@ from ...concurrency.threads import intra_pool
 from ..common import scratch
 from ..jit import Jitted
 from .conv_common import Spatial, conv_geometry
-from .conv_direct import _EPILOGUE_COLS, ACTIVATIONS, Epilogue, _numpy_act, _params, act_fns
+from .conv_direct import (
+    _EPILOGUE_COLS,
+    ACTIVATIONS,
+    Epilogue,
+    _jit_act,
+    _numpy_act,
+    _params,
+    act_fns,
+    numpy_act_after,
+)
 
 __all__ = ["BlockedPlan", "blocked_conv_fn", "plan_blocked", "run_blocked"]
 
@@ -172,7 +181,7 @@ def plan_blocked(
          pads_begin[1], ow],
         np.int64,
     )  # fmt: skip
-    numpy_act = epi.act in ("Sigmoid", "SiLU") or (epi.act == "Gelu" and dtype != np.float32)
+    numpy_act = numpy_act_after(epi, dtype)
     return BlockedPlan(
         None if direct else im2col,
         epilogue,
@@ -182,7 +191,7 @@ def plan_blocked(
         (n, m, oh, ow),
         blocks,
         split and len(blocks) > 1,
-        0 if numpy_act else ACTIVATIONS[epi.act],
+        _jit_act(epi, dtype),
         epi if numpy_act else Epilogue(),
         _params(epi, dtype),
         act_fns(),

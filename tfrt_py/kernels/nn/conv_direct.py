@@ -18,9 +18,12 @@ Helpers of ``conv`` (no kernels registered here):
   else one in-place ufunc call per step.
 
 An ``Epilogue`` names the activation by ONNX op (``Relu``, ``Clip``, ``HardSwish``,
-``HardSigmoid``, ``Sigmoid``, ``LeakyRelu``) or ``SiLU`` (``x * Sigmoid(x)``), with its
-float parameters; ``ACTIVATIONS`` lists them. Sigmoid and SiLU always run as NumPy ufuncs
-(vectorized exp). The activations propagate NaN as the ONNX kernels do. Arithmetic is in
+``HardSigmoid``, ``Sigmoid``, ``LeakyRelu``, ``Gelu``) or ``SiLU`` (``x * Sigmoid(x)``),
+with its float parameters; ``ACTIVATIONS`` lists them. For float32 the compiled loops
+apply them all (Sigmoid and SiLU by the rational logistic that onnxruntime's MLAS and Eigen
+use: absolute error <= 2.2e-7, NaN kept; GELU by ``gelu_jit``'s erf); for float64,
+Sigmoid, SiLU and Gelu run after the compiled pass as NumPy ufuncs
+(``_numpy_act``). The activations propagate NaN as the ONNX kernels do. Arithmetic is in
 the array's dtype (float32/float64); sums run in another order than im2col + GEMM, so
 results differ by rounding only.
 
@@ -85,12 +88,19 @@ class Epilogue(NamedTuple):
         return not self.act and not self.residual
 
 
+#: Activations the compiled loops apply to float32 only (their constants are float32
+#: approximations); float64 runs them as NumPy ufuncs after the compiled pass.
 _NUMPY_ACTS = frozenset({"Sigmoid", "SiLU", "Gelu"})
 
 
-def _jit_act(epi: Epilogue) -> int:
+def numpy_act_after(epi: Epilogue, dt: np.dtype) -> bool:
+    """Whether ``_numpy_act`` applies ``epi``'s activation after the compiled pass."""
+    return epi.act in _NUMPY_ACTS and dt != np.float32
+
+
+def _jit_act(epi: Epilogue, dt: np.dtype) -> int:
     """The activation code the compiled loop applies (0 when NumPy applies it after)."""
-    return 0 if epi.act in _NUMPY_ACTS else ACTIVATIONS[epi.act]
+    return 0 if numpy_act_after(epi, dt) else ACTIVATIONS[epi.act]
 
 
 #: erf GELU's constants for ``_act_row`` (code 8): 1/sqrt 2, the clamp [-4, 4] and
@@ -104,11 +114,27 @@ _GELU_CONSTS = (
 )
 
 
+#: The logistic for ``_act_row`` (codes 5, 6), float32: x clamped to [-18, 18], then
+#: 0.5 + x P(x^2) / Q(x^2), clamped to [0, 1] -- Eigen's fast float logistic, the one
+#: onnxruntime's MLAS evaluates (P: alpha 9, 7, 5, 3, 1; Q: beta 10, 8, ..., 0).
+_LOGISTIC = (
+    -18.0, 18.0,
+    4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05, 8.51377133304701e-03,
+    2.48287947061529e-01,
+    6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06, 1.70198817374094e-03,
+    1.16817656904453e-01, 9.93151921023180e-01,
+)  # fmt: skip
+
+
 @functools.lru_cache(maxsize=256)
 def _params(epi: Epilogue, dt: np.dtype) -> np.ndarray:
-    """[alpha, beta, 0, 1, 1/6, 1/2, inf, GELU's 15 (``_GELU_CONSTS``)] in the compute
-    dtype (typed constants for numba); cached: never written."""
-    p = np.array([epi.alpha, epi.beta, 0.0, 1.0, 1.0 / 6.0, 0.5, np.inf, *_GELU_CONSTS], dtype=dt)
+    """[alpha, beta, 0, 1, 1/6, 1/2, inf, GELU's 15 (``_GELU_CONSTS``), the logistic's
+    13 (``_LOGISTIC``)] in the compute dtype (typed constants for numba); cached: never
+    written."""
+    p = np.array(
+        [epi.alpha, epi.beta, 0.0, 1.0, 1.0 / 6.0, 0.5, np.inf, *_GELU_CONSTS, *_LOGISTIC],
+        dtype=dt,
+    )
     return p
 
 
@@ -157,6 +183,23 @@ def _act_row(y: Any, bm: Any, act: int, p: Any) -> None:  # pragma: no cover - n
         for i in range(n):
             v = y[i] + bm
             y[i] = v * (a if v < zero else one)
+    elif act == 5 or act == 6:  # Sigmoid, SiLU: the logistic (``_LOGISTIC``)
+        lo, hi = p[22], p[23]
+        a9, a7, a5, a3, a1 = p[24], p[25], p[26], p[27], p[28]
+        b10, b8, b6, b4, b2, b0 = p[29], p[30], p[31], p[32], p[33], p[34]
+        half = p[5]
+        silu = act == 6
+        for i in range(n):
+            v = y[i] + bm
+            t = lo if v < lo else v  # NaN stays NaN through both
+            t = hi if t > hi else t
+            z = t * t
+            pp = ((((a9 * z + a7) * z + a5) * z + a3) * z + a1) * t
+            q = ((((b10 * z + b8) * z + b6) * z + b4) * z + b2) * z + b0
+            s = pp / q + half
+            s = zero if s < zero else s
+            s = one if s > one else s
+            y[i] = v * s if silu else s
     elif act == 8:  # GELU, erf form: gelu_jit's loop (float32 constants)
         inv, m4, p4, half = p[7], p[8], p[9], p[5]
         c0, c1, c2, c3, c4, c5, c6 = p[10], p[11], p[12], p[13], p[14], p[15], p[16]
@@ -359,7 +402,9 @@ def plan_depthwise(
     if dtype not in _EMPTY or len(x_shape) != 4 or w_shape[1] != 1 or fn is None:
         return None
     tab, xp_len, acc_len = depthwise_plan(x_shape, w_shape, out_shape, strides, pads, dilations)
-    return DepthwisePlan(fn, act_fns(), tab, xp_len, acc_len, _jit_act(epi), _params(epi, dtype))
+    return DepthwisePlan(
+        fn, act_fns(), tab, xp_len, acc_len, _jit_act(epi, dtype), _params(epi, dtype)
+    )
 
 
 def run_depthwise(
@@ -400,7 +445,7 @@ def run_depthwise(
             return lambda: _depthwise_block(plan, x[n0:n1], w, b, r, out[n0:n1])
 
         pool.run([images(edges[i], edges[i + 1]) for i in range(blocks)])
-    if epi.act in _NUMPY_ACTS:
+    if numpy_act_after(epi, dt):
         _numpy_act(out, epi, plan.fns)
     return out
 
@@ -463,7 +508,8 @@ def make_epilogue(epi: Epilogue) -> Callable[..., np.ndarray]:
     channel (None: none), ``+ res`` (``y``'s shape; None: none), then the activation;
     returns ``y``. Whether the compiled pass is used is settled here, at load."""
     compiled, fns = _EPILOGUE.get(), act_fns()
-    code, numpy_act = _jit_act(epi), epi.act in _NUMPY_ACTS
+    # per compute dtype: (the compiled loop's activation code, NumPy's activation after)
+    modes = {dt: (_jit_act(epi, dt), numpy_act_after(epi, dt)) for dt in _EMPTY}
 
     def epilogue(y: np.ndarray, b: np.ndarray | None, res: np.ndarray | None) -> np.ndarray:
         if b is None and res is None and not epi.act:
@@ -473,6 +519,7 @@ def make_epilogue(epi: Epilogue) -> Callable[..., np.ndarray]:
             y3 = y.reshape(y.shape[0], y.shape[1], -1)
             bb = _EMPTY1[dt] if b is None else b
             rr = _EMPTY3[dt] if res is None else res.reshape(y3.shape)
+            code, numpy_act = modes[dt]
             compiled(y3, bb, rr, code, _params(epi, dt))
             if numpy_act:
                 _numpy_act(y, epi, fns)
