@@ -189,3 +189,23 @@ def test_bad_masks_fail_the_call(mask: np.ndarray) -> None:
     for _ in range(2):  # and the model stays usable
         with pytest.raises(ExecutionError, match="mask_index"):
             m.run({"i0": _X, "i1": _W, "i2": _BIAS, "i3": mask})
+
+
+def test_one_model_called_with_changing_masks() -> None:
+    """The additive masks are memoized per kernel by the mask's bytes: a model called with
+    one mask, another, the first again, and one that masks nothing, gives onnxruntime's
+    output each time; a mask masking nothing equals no mask."""
+    from tests.support.contrib import ort_outputs, runtime_feeds, tfrt_outputs
+
+    masks = [np.array([3, 5], np.int32), np.array([5, 2], np.int32), np.array([3, 5], np.int32),
+             np.array([5, 9], np.int32)]  # fmt: skip
+    model = node_model("Attention", [_X, _W, _BIAS, masks[0]], {"num_heads": _N})
+    m = tfrt_py.load(model, executor="sync")
+    for mask in masks:
+        feeds = runtime_feeds([_X, _W, _BIAS, mask], ())
+        want = ort_outputs(model, feeds)
+        got = tfrt_outputs(m, feeds)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    unmasked = node_model("Attention", [_X, _W, _BIAS], {"num_heads": _N})
+    plain = tfrt_outputs(tfrt_py.load(unmasked), runtime_feeds([_X, _W, _BIAS], ()))
+    np.testing.assert_array_equal(got[0], plain[0])

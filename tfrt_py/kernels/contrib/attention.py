@@ -21,6 +21,11 @@ its GPT-2 exporter write it).
   (their weight is exactly 0, whatever the mask says of the others, as in onnxruntime
   1.32: a row whose visible keys are all masked spreads its weight over those keys).
 
+The additive mask made from a small ``mask_index`` (<= ``_MASK_MEMO_MAX`` elements) is
+kept per kernel, keyed by the mask's bytes and the shapes (at most ``_MASK_MEMO`` of
+them), and a mask that masks nothing is not added at all: BERT's ``(B,)`` lengths of a
+batch without padding cost a dict lookup, not five NumPy calls.
+
 Refused at load: ``do_rotary=1`` and ``past_present_share_buffer=1`` (decoder kernels'
 options; onnxruntime's CPU Attention runs neither). Inputs are float32 (float64 kept,
 float16 computed in float32 and cast back).
@@ -84,12 +89,21 @@ def _key_mask(
     return np.where(raw, fill, 0.0).astype(dt)
 
 
+#: Masks of at most this many elements are memoized per kernel ...
+_MASK_MEMO_MAX = 1024
+#: ... at most this many of them (the memo is emptied when full).
+_MASK_MEMO = 64
+
+
 @lru_cache(maxsize=64)
 def _future(s: int, t: int, past: int) -> np.ndarray:
     """The (S, T) bool mask of keys after ``past + i`` for query ``i`` (read-only)."""
     later = np.arange(t)[None, :] > (np.arange(s)[:, None] + past)
     later.flags.writeable = False
     return later
+
+
+_NOT_MADE = object()
 
 
 def _attention(ctx: KernelContext) -> ComputeFn:
@@ -117,6 +131,25 @@ def _attention(ctx: KernelContext) -> ComputeFn:
     want_present = ctx.has_output(1)
     n_out = ctx.n_outputs
     softmax_rows = softmax_rows_f32()  # small float32 scores: one compiled pass per row
+    masks: dict[tuple[Any, ...], np.ndarray | None] = {}
+
+    def additive_mask(
+        mask: np.ndarray, b: int, s: int, t: int, p: int, cdt: np.dtype
+    ) -> np.ndarray | None:
+        """``_key_mask`` as (B, 1, 1 or S, T), None when it masks nothing; memoized for
+        small masks (read-only arrays)."""
+        if mask.size > _MASK_MEMO_MAX:
+            return _key_mask(mask, b, s, t, p, fill, cdt)[:, None]
+        key = (mask.dtype.str, mask.shape, mask.tobytes(), b, s, t, p, cdt.str)
+        got = masks.get(key, _NOT_MADE)
+        if got is _NOT_MADE:
+            add = _key_mask(mask, b, s, t, p, fill, cdt)[:, None]
+            add.flags.writeable = False
+            got = add if add.any() else None
+            if len(masks) >= _MASK_MEMO:
+                masks.clear()
+            masks[key] = got
+        return got  # type: ignore[return-value]
 
     def attention(
         input: np.ndarray,
@@ -161,7 +194,9 @@ def _attention(ctx: KernelContext) -> ComputeFn:
         if attention_bias is not None:
             scores += attention_bias
         if mask_index is not None:
-            scores += _key_mask(mask_index, b, s, t, p, fill, cdt)[:, None]
+            add = additive_mask(mask_index, b, s, t, p, cdt)
+            if add is not None:
+                scores += add
         if causal_attr and s > 1:
             scores[..., _future(s, t, p)] = -np.inf  # never a whole row: key p + i is seen
         if softmax_rows is not None and scores.dtype == np.float32:
