@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tfrt_py.concurrency import threads
+from tfrt_py.kernels import gemm
 from tfrt_py.kernels.jit import jit_enabled
 from tfrt_py.kernels.nn import conv_blocked
 
@@ -125,7 +126,7 @@ def test_a_large_conv_is_split_over_the_threads(plans: list[Any]) -> None:
     got = tfrt_py.load(m, executor="sync").run({"x": x})["y"]
     np.testing.assert_allclose(got, _ort(m, x), rtol=1e-4, atol=1e-4)
     plan = plans[-1]
-    assert plan.split and len(plan.blocks) == 2 * threads.threads()
+    assert plan.split and len(plan.blocks) == gemm.PARTS_PER_THREAD * threads.threads()
     assert plan.blocks[0][3] == 0 and plan.blocks[-1][4] == 56
 
 
@@ -140,7 +141,7 @@ def test_a_large_grouped_conv_is_split_by_groups(plans: list[Any]) -> None:
     got = tfrt_py.load(m, executor="sync").run({"x": x})["y"]
     np.testing.assert_allclose(got, _ort(m, x), rtol=1e-4, atol=1e-4)
     plan = plans[-1]
-    assert plan.split and len(plan.blocks) == 2 * threads.threads()
+    assert plan.split and len(plan.blocks) == gemm.PARTS_PER_THREAD * threads.threads()
     assert plan.blocks[0][1] == 0 and plan.blocks[-1][2] == 26
 
 

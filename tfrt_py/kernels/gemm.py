@@ -12,7 +12,7 @@ import numpy as np
 
 from ..concurrency.threads import intra_pool
 
-__all__ = ["SPLIT_MIN_MACS", "matmul_cols_into", "matmul_into"]
+__all__ = ["PARTS_PER_THREAD", "SPLIT_MIN_MACS", "matmul_cols_into", "matmul_into"]
 
 #: Products smaller than this many multiply-adds run whole (~130 µs of single-core BLAS).
 #: A split pays for waking a helper (~5 µs when it is idle, tens when it sleeps deeper)
@@ -21,6 +21,12 @@ __all__ = ["SPLIT_MIN_MACS", "matmul_cols_into", "matmul_into"]
 #: 87 vs 84, 32x64 @ 64x3136 (6M) 153 vs 124 by columns, 960x160 @ 160x49 (7.5M) 172 vs
 #: 124, 576x96 @ 96x196 (11M) 224 vs 154, 197x192 @ 192x768 (29M) 600 vs 362.
 SPLIT_MIN_MACS = 6 << 20
+#: Blocks per thread of the budget: one (the caller takes a block a slow helper has not
+#: started). Two per thread measured slower on the 2-core machine without AVX-512
+#: (2026-11-26, medians of 600 calls, ms): 160x960 @ 960x49 whole 174, 2 row blocks 128,
+#: 4 row blocks 133; 440x440 @ 440x49 217 / 144 / 152; 104x104 @ 104x784 180 / 128 / 153:
+#: each block packs the other operand again.
+PARTS_PER_THREAD = 1
 #: A row block has at least this many rows (BLAS micro-kernels want tall panels).
 _MIN_ROWS = 32
 #: A column block has at least this many columns.
@@ -38,7 +44,7 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> 
         return np.matmul(a, b, out=out)
     if out is None:
         out = np.empty((m, n), np.result_type(a, b))
-    blocks = min(2 * t, m // _MIN_ROWS)
+    blocks = min(PARTS_PER_THREAD * t, m // _MIN_ROWS)
     edges = [m * i // blocks for i in range(blocks + 1)]
     mm = np.matmul
 
@@ -64,7 +70,7 @@ def matmul_cols_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarra
         return np.matmul(a, b, out=out)
     if m >= n:
         return matmul_into(a, b, out)
-    blocks = min(2 * t, n // _MIN_COLS)
+    blocks = min(PARTS_PER_THREAD * t, n // _MIN_COLS)
     if blocks < 2:
         return np.matmul(a, b, out=out)
     edges = [n * i // blocks for i in range(blocks + 1)]

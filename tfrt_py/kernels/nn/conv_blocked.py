@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...concurrency.threads import intra_pool
+from .. import gemm
 from ..common import scratch
 from ..jit import Jitted
 from .conv_common import Spatial, conv_geometry
@@ -166,9 +167,9 @@ def plan_blocked(
     macs = n * m * k * oh * ow
     threads = intra_pool().threads
     split = threads > 1 and macs >= _SPLIT_MIN_MACS
-    # two blocks per thread per image (the caller steals a slow helper's second one);
-    # smaller, cache-sized blocks measured no faster: BLAS packs its own panels
-    parts = 2 * threads if split else 1
+    # gemm.PARTS_PER_THREAD blocks per thread per image; cache-sized blocks measured
+    # slower too: each block packs the weights again and BLAS packs its own panels
+    parts = gemm.PARTS_PER_THREAD * threads if split else 1
     if group == 1:
         step = -(-oh // parts)
         spans = [(0, 1, r0, min(oh, r0 + step)) for r0 in range(0, oh, step)]
