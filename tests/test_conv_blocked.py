@@ -113,36 +113,32 @@ def test_blocked_conv_matches_onnxruntime(
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 
 
-def test_a_large_conv_is_split_over_the_threads(plans: list[Any]) -> None:
-    """A conv past the split threshold runs as two blocks per thread of the budget; the
-    result does not depend on the split."""
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "group", "span"),
+    [
+        ((1, 32, 56, 56), (64, 32, 3, 3), 1, (3, 4, 56)),  # blocks of output rows
+        ((1, 208, 28, 28), (208, 8, 3, 3), 26, (1, 2, 26)),  # blocks of groups
+    ],
+)
+def test_a_large_conv_is_split_over_the_threads(
+    plans: list[Any], x_shape: Any, w_shape: Any, group: int, span: tuple[int, int, int]
+) -> None:
+    """A conv past the split threshold runs as ``gemm.PARTS_PER_THREAD`` blocks per thread
+    of the budget, covering every output row (one group) or every group; the result does
+    not depend on the split."""
     if threads.threads() < 2:
         pytest.skip("one thread in this process's budget: nothing to split")
-    x = _r(1, 32, 56, 56)  # one group: blocks of output rows
-    inits = {"w": _r(64, 32, 3, 3) * 0.1, "b": _r(64)}
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+    x = _r(*x_shape)
+    inits = {"w": _r(*w_shape) * 0.1, "b": _r(w_shape[0])}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=group),
              helper.make_node("Relu", ["c"], ["y"])]  # fmt: skip
     m = _model(nodes, x, inits)
     got = tfrt_py.load(m, executor="sync").run({"x": x})["y"]
     np.testing.assert_allclose(got, _ort(m, x), rtol=1e-4, atol=1e-4)
     plan = plans[-1]
     assert plan.split and len(plan.blocks) == gemm.PARTS_PER_THREAD * threads.threads()
-    assert plan.blocks[0][3] == 0 and plan.blocks[-1][4] == 56
-
-
-def test_a_large_grouped_conv_is_split_by_groups(plans: list[Any]) -> None:
-    if threads.threads() < 2:
-        pytest.skip("one thread in this process's budget: nothing to split")
-    x = _r(1, 208, 28, 28)
-    inits = {"w": _r(208, 8, 3, 3) * 0.1, "b": _r(208)}
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=26),
-             helper.make_node("Relu", ["c"], ["y"])]  # fmt: skip
-    m = _model(nodes, x, inits)
-    got = tfrt_py.load(m, executor="sync").run({"x": x})["y"]
-    np.testing.assert_allclose(got, _ort(m, x), rtol=1e-4, atol=1e-4)
-    plan = plans[-1]
-    assert plan.split and len(plan.blocks) == gemm.PARTS_PER_THREAD * threads.threads()
-    assert plan.blocks[0][1] == 0 and plan.blocks[-1][2] == 26
+    first, last, end = span
+    assert plan.blocks[0][first] == 0 and plan.blocks[-1][last] == end
 
 
 def test_more_channels_than_pixels_keeps_the_whole_image_path(plans: list[Any]) -> None:

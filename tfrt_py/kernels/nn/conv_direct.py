@@ -200,7 +200,9 @@ def _act_row(y: Any, bm: Any, act: int, p: Any) -> None:  # pragma: no cover - n
             s = zero if s < zero else s
             s = one if s > one else s
             y[i] = v * s if silu else s
-    elif act == 8:  # GELU, erf form: gelu_jit's loop (float32 constants)
+    elif act == 8:  # GELU, erf form: gelu_jit's loop (float32 constants), written out
+        # here rather than called: numba's disk cache keys a compiled function by its own
+        # file, so a helper from gelu_jit.py would go stale in these loops' caches
         inv, m4, p4, half = p[7], p[8], p[9], p[5]
         c0, c1, c2, c3, c4, c5, c6 = p[10], p[11], p[12], p[13], p[14], p[15], p[16]
         d0, d1, d2, d3, d4 = p[17], p[18], p[19], p[20], p[21]
