@@ -209,3 +209,30 @@ def test_one_model_called_with_changing_masks() -> None:
     unmasked = node_model("Attention", [_X, _W, _BIAS], {"num_heads": _N})
     plain = tfrt_outputs(tfrt_py.load(unmasked), runtime_feeds([_X, _W, _BIAS], ()))
     np.testing.assert_array_equal(got[0], plain[0])
+
+
+def test_the_mask_memo_keeps_small_masks_only() -> None:
+    """A request can vary the mask at will: only additive masks of at most
+    ``_MASK_MEMO_BYTES`` are kept (a (8,) mask over 2,101 keys makes a 67 KB one)."""
+    from tfrt_py.ir import Node, TensorType, Value
+    from tfrt_py.kernels import KernelContext, KernelRegistry
+    from tfrt_py.kernels.contrib import attention as att
+
+    reg = KernelRegistry()
+    att.register_kernels(reg)
+    b, p, heads, d = 8, 2100, 2, 8
+    x, w = _f(b, 1, _HIN), _f(_HIN, 3 * d)
+    past = _f(2, b, heads, p, d // heads)
+    ins = [x, w, None, np.zeros(b, np.int32), past]
+    vals = [None if a is None else Value(f"i{i}", TensorType(a.dtype, a.shape))
+            for i, a in enumerate(ins)]  # fmt: skip
+    node = Node("Attention", vals, [Value("y"), Value("present")], {"num_heads": heads},
+                name="n", domain="com.microsoft", opset=1)  # fmt: skip
+    fn = reg.lookup("com.microsoft", "Attention", 1).build(KernelContext(node))
+    for end in (5, 900, 2000):
+        fn(x, w, None, np.full(b, end, np.int32), past)
+    assert len(fn.mask_memo) == 0
+    small = _f(b, 1, _HIN)
+    fn(small, w, None, np.full(b, 1, np.int32), past[:, :, :, :3])  # 4 keys: kept
+    assert len(fn.mask_memo) == 1
+    assert b * (p + 1) * 4 > att._MASK_MEMO_BYTES

@@ -21,9 +21,10 @@ its GPT-2 exporter write it).
   (their weight is exactly 0, whatever the mask says of the others, as in onnxruntime
   1.32: a row whose visible keys are all masked spreads its weight over those keys).
 
-The additive mask made from a small ``mask_index`` (<= ``_MASK_MEMO_MAX`` elements) is
-kept per kernel, keyed by the mask's bytes and the shapes (at most ``_MASK_MEMO`` of
-them), and a mask that masks nothing is not added at all: BERT's ``(B,)`` lengths of a
+The additive mask made from a small ``mask_index`` (<= ``_MASK_MEMO_MAX`` elements, its
+additive form <= ``_MASK_MEMO_BYTES``) is kept per kernel, keyed by the mask's bytes and
+the shapes (at most ``_MASK_MEMO`` of them), and a mask that masks nothing is not added
+at all: BERT's ``(B,)`` lengths of a
 batch without padding cost a dict lookup, not five NumPy calls.
 
 Refused at load: ``do_rotary=1`` and ``past_present_share_buffer=1`` (decoder kernels'
@@ -91,6 +92,9 @@ def _key_mask(
 
 #: Masks of at most this many elements are memoized per kernel ...
 _MASK_MEMO_MAX = 1024
+#: ... when their additive form takes at most this many bytes (a request cannot make the
+#: memo hold more than _MASK_MEMO times this) ...
+_MASK_MEMO_BYTES = 1 << 16
 #: ... at most this many of them (the memo is emptied when full).
 _MASK_MEMO = 64
 
@@ -146,6 +150,8 @@ def _attention(ctx: KernelContext) -> ComputeFn:
             add = _key_mask(mask, b, s, t, p, fill, cdt)[:, None]
             add.flags.writeable = False
             got = add if add.any() else None
+            if add.nbytes > _MASK_MEMO_BYTES:
+                return got
             if len(masks) >= _MASK_MEMO:
                 masks.clear()
             masks[key] = got
@@ -212,6 +218,7 @@ def _attention(ctx: KernelContext) -> ComputeFn:
         present = np.stack((k, v)).astype(dt, copy=False) if want_present else None
         return (y, present) + (None,) * (n_out - 2)
 
+    attention.mask_memo = masks  # type: ignore[attr-defined]  # read by tests
     return attention
 
 
