@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import tfrt_py
 from tfrt_py.compiler.pipeline import PASSES
 from tfrt_py.kernels.jit import ENV_JIT, jit_enabled
-from tfrt_py.kernels.nn.conv import DEPTHWISE_MIN_WORK
+from tfrt_py.kernels.nn.conv_depthwise import DEPTHWISE_MIN_WORK
 from tfrt_py.kernels.nn.conv_direct import ACTIVATIONS, Epilogue, apply_epilogue
 
 ort = pytest.importorskip("onnxruntime")
@@ -158,7 +158,7 @@ def test_depthwise_split_over_threads_with_residual_and_activation(
     """Convs big enough to be split over the intra-op threads (channel blocks for one
     image, image blocks for several), with a fused residual Add and Relu."""
     from tfrt_py.concurrency.threads import configure
-    from tfrt_py.kernels.nn.conv_direct import DEPTHWISE_SPLIT_MIN_MACS
+    from tfrt_py.kernels.nn.conv_depthwise import DEPTHWISE_SPLIT_MIN_MACS
 
     n, c, h, wd = x_shape
     assert n * c * mult * h * wd * 9 > DEPTHWISE_SPLIT_MIN_MACS

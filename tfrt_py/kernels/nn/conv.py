@@ -26,7 +26,8 @@ from ..gemm import matmul_cols_into
 from ..registry import KernelRegistry
 from .conv_blocked import blocked_conv_fn
 from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
-from .conv_direct import ACTIVATIONS, Epilogue, make_epilogue, plan_depthwise, run_depthwise
+from .conv_depthwise import depthwise_conv_fn
+from .conv_direct import ACTIVATIONS, Epilogue, make_epilogue
 
 __all__ = [
     "Epilogue",
@@ -304,7 +305,7 @@ def _conv_fn(
         b_c = np.ascontiguousarray(b_const, dtype=cdt)
     same = cdt == dt
     epilogue = make_epilogue(epi)
-    depthwise = _depthwise_fn(ctx, sp, group, w_const, b_c, cdt, epi) if same else None
+    depthwise = depthwise_conv_fn(sp, group, w_const, b_c, cdt, epi) if same else None
     blocked = blocked_conv_fn(sp, group, w_const, b_c, cdt, epi) if same else None
 
     def conv(
@@ -336,72 +337,6 @@ def _conv_fn(
         return y
 
     return conv
-
-
-#: The compiled depthwise kernel beats im2col + GEMM from about this many output positions
-#: times kernel taps per channel. Since its crop stopped making a view per output row, every
-#: MobileNet/EfficientNet shape wins, down to 7x7 3x3 (441): 960x7x7 141 µs vs 221 µs
-#: im2col, 576x14x14 3x3 166 vs ~250 (anchor machine; mobilenet_v2 9.4 -> 8.6 ms,
-#: mobilenet_v3_small 3.8 -> 3.2 ms, interleaved). Below that it is unmeasured: im2col.
-DEPTHWISE_MIN_WORK = 400
-
-
-def _depthwise_fn(
-    ctx: KernelContext,
-    sp: Spatial,
-    group: int,
-    w_const: np.ndarray | None,
-    b_c: np.ndarray | None,
-    cdt: np.dtype,
-    epi: Epilogue,
-) -> Callable[..., Any] | None:
-    """``fn(x, b, r, out)`` running ``conv_direct.run_depthwise`` for a 2-D depthwise
-    conv with constant weights, or None when it does not apply; ``fn`` itself returns None
-    for an input shape where im2col is the better (or only) path."""
-    if w_const is None or w_const.ndim != 4 or group < 2 or w_const.shape[1] != 1:
-        return None
-    if w_const.shape[0] % group or cdt not in (np.float32, np.float64):
-        return None
-    w4 = np.ascontiguousarray(w_const, dtype=cdt)
-    zeros = np.zeros(w4.shape[0], cdt)
-    plans: dict[tuple[int, ...], Any] = {}
-
-    def plan_for(shape: tuple[int, ...]) -> Any:
-        if len(shape) != 4 or shape[1] != group:
-            return False
-        kernel, strides, dil, pads = sp.resolve(w4.shape[2:])
-        begin, end, out_sp = conv_geometry(shape[2:], kernel, strides, dil, pads, sp.auto_pad)
-        work = out_sp[0] * out_sp[1] * kernel[0] * kernel[1]
-        if work < DEPTHWISE_MIN_WORK or any(v < 0 for v in begin + end):
-            return False
-        out_shape = (shape[0], w4.shape[0], *out_sp)
-        plan = plan_depthwise(shape, w4.shape, out_shape, strides,  # type: ignore[arg-type]
-                              (*begin, *end), dil, epi, cdt)  # type: ignore[arg-type]  # fmt: skip
-        return False if plan is None else (plan, out_shape)
-
-    def depthwise(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
-        got = plans.get(x.shape)
-        if got is None:
-            got = plans[x.shape] = plan_for(x.shape)
-        if got is False or x.dtype != cdt:
-            return None
-        plan, out_shape = got
-        if b is None:
-            bb = zeros
-        else:
-            bb = b_c if b_c is not None else np.ascontiguousarray(b, dtype=cdt).reshape(-1)
-        if r is not None and (r.shape != out_shape or r.dtype != cdt):
-            return None
-        y = out if out is not None and out.flags.c_contiguous else np.empty(out_shape, cdt)
-        xc = x if x.flags.c_contiguous else np.ascontiguousarray(x)
-        rc = None if r is None else np.ascontiguousarray(r)
-        run_depthwise(plan, xc, w4, bb, y, rc, epi)
-        if out is not None and y is not out:
-            out[...] = y
-            return out
-        return y
-
-    return depthwise
 
 
 def conv_cost(ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> Cost:

@@ -1,18 +1,22 @@
-"""Direct 2-D depthwise convolution (no im2col) and conv epilogues, numba or NumPy.
+"""The compiled loops of the convolutions -- the direct 2-D depthwise conv (no im2col) and
+the conv epilogues -- and the epilogues' NumPy side. All loops that call ``_act_row`` live
+in this file: numba's disk cache keys a function by its own file.
 
-Helpers of ``conv`` (no kernels registered here):
+Helpers of ``conv``, ``conv_depthwise`` and ``conv_blocked`` (no kernels registered here):
 
-* ``plan_depthwise`` / ``run_depthwise``: a depthwise conv (one input channel per group,
-  any channel multiplier) as one compiled loop nest, polyphase on an extended grid (see
-  ``_depthwise2d``): per channel, every kernel tap is one long contiguous multiply-add
-  over the whole output plane, the bias starts it and the epilogue finishes it while it
-  is in cache. Compiled with numba (``kernels/jit.py``); without numba (or with
-  ``$TFRT_PY_JIT=0``) ``plan_depthwise`` returns None and ``conv`` keeps im2col + GEMM,
+* ``_depthwise2d`` (planned and run by ``conv_depthwise``): a depthwise conv (one input
+  channel per group, any channel multiplier) as one compiled loop nest, polyphase on an
+  extended grid: per channel, every kernel tap is one long contiguous multiply-add over
+  the whole output plane, the bias starts it and the epilogue finishes it while it is in
+  cache. Compiled with numba (``kernels/jit.py``); without numba (or with
+  ``$TFRT_PY_JIT=0``) ``conv_depthwise.plan_depthwise`` returns None and ``conv`` keeps
+  im2col + GEMM,
   which measured faster than every NumPy formulation of the direct loop (one strided
   multiply-add per tap: 1.3-3x slower than im2col on MobileNet shapes). Grouped convs with
   several input channels per group stay on im2col too: a direct loop (per output row,
   ``cg x kh x kw`` short runs) measured 4-8x slower than im2col + batched GEMM on
   RegNet's 8-channel groups.
+* ``_epilogue_cols``: the same epilogue on a block of columns (``conv_blocked``);
 * ``apply_epilogue``: ``y += bias; y += residual; y = act(y)`` over a conv result
   ``(N, M, *spatial)`` in place: one compiled pass per output channel row with numba,
   else one in-place ufunc call per step.
@@ -39,7 +43,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...concurrency.threads import intra_pool
 from ..erf import _P32, _Q32, erf
 from ..gelu_jit import gelu_erf_f32
 from ..jit import Jitted
@@ -48,12 +51,12 @@ from .conv_common import scratch
 
 __all__ = [
     "ACTIVATIONS",
-    "DepthwisePlan",
     "Epilogue",
+    "act_fns",
     "apply_epilogue",
+    "depthwise_plan",
     "make_epilogue",
-    "plan_depthwise",
-    "run_depthwise",
+    "numpy_act_after",
 ]
 
 #: Activation name -> code used by the compiled loops. Sigmoid and SiLU run after the
@@ -358,10 +361,6 @@ def _warm_depthwise(fn: Any) -> None:
        np.zeros(n_xp, f), np.zeros(n_acc, f))  # fmt: skip
 
 
-#: A depthwise conv of at least this many multiply-adds (grid x taps x channels x images)
-#: is split over tfrt_py's intra-op threads, by channel blocks (one image) or images.
-DEPTHWISE_SPLIT_MIN_MACS = 1 << 20
-
 # The compiled loops that call ``_act_row`` live in this file: numba's on-disk cache
 # keys a function by its own file, so a caller elsewhere would keep stale machine code
 # after ``_act_row`` changed.
@@ -372,96 +371,6 @@ _EPILOGUE_COLS = Jitted(_epilogue_cols, _warm_epilogue_cols, helpers=_HELPERS)
 _EMPTY = {np.dtype(t): np.zeros((0, 0, 0, 0), t) for t in (np.float32, np.float64)}
 _EMPTY3 = {dt: np.zeros((0, 0, 0), dt) for dt in _EMPTY}
 _EMPTY1 = {dt: np.zeros(0, dt) for dt in _EMPTY}
-
-
-class DepthwisePlan(NamedTuple):
-    """Everything ``run_depthwise`` needs for one input shape, made once."""
-
-    fn: Any  # the compiled kernel
-    fns: tuple[Any, Any]  # act_fns()
-    tab: np.ndarray
-    xp_len: int
-    acc_len: int
-    act: int
-    params: np.ndarray
-
-
-def plan_depthwise(
-    x_shape: tuple[int, ...],
-    w_shape: tuple[int, ...],
-    out_shape: tuple[int, ...],
-    strides: tuple[int, int],
-    pads: tuple[int, int, int, int],
-    dilations: tuple[int, int],
-    epi: Epilogue,
-    dtype: np.dtype,
-) -> DepthwisePlan | None:
-    """The plan of a 2-D depthwise conv (``w`` (M, 1, KH, KW), M a multiple of C) for one
-    input shape, or None when the compiled kernel is unavailable (numba missing or
-    ``$TFRT_PY_JIT=0``) or the dtype is not float32/float64: the caller runs im2col,
-    which is faster than any NumPy formulation of the direct loop we measured."""
-    fn = _DEPTHWISE.get()
-    if dtype not in _EMPTY or len(x_shape) != 4 or w_shape[1] != 1 or fn is None:
-        return None
-    tab, xp_len, acc_len = depthwise_plan(x_shape, w_shape, out_shape, strides, pads, dilations)
-    return DepthwisePlan(
-        fn, act_fns(), tab, xp_len, acc_len, _jit_act(epi, dtype), _params(epi, dtype)
-    )
-
-
-def run_depthwise(
-    plan: DepthwisePlan,
-    x: np.ndarray,
-    w: np.ndarray,
-    b: np.ndarray,
-    out: np.ndarray,
-    res: np.ndarray | None,
-    epi: Epilogue,
-) -> np.ndarray:
-    """``out`` = act(depthwise(x, w) + b (+ res)); every array C-contiguous in the plan's
-    dtype, ``b`` of length M, ``res`` None or of ``out``'s shape. Returns ``out``."""
-    dt = x.dtype
-    e = _EMPTY[dt] if res is None else res
-    pool = intra_pool()
-    n, c = x.shape[0], x.shape[1]
-    mg = w.shape[0] // c
-    work = plan.acc_len * w.shape[2] * w.shape[3] * w.shape[0] * n
-    if pool.threads == 1 or work < DEPTHWISE_SPLIT_MIN_MACS or max(n, c) < 2:
-        _depthwise_block(plan, x, w, b, e, out)
-    elif n == 1:  # channel blocks: every slice of an image's channels is C-contiguous
-        blocks = min(2 * pool.threads, c)
-        edges = [c * i // blocks for i in range(blocks + 1)]
-
-        def channels(c0: int, c1: int) -> Callable[[], None]:
-            m0, m1 = c0 * mg, c1 * mg
-            r = e if res is None else e[:, m0:m1]
-            return lambda: _depthwise_block(plan, x[:, c0:c1], w[m0:m1], b[m0:m1], r, out[:, m0:m1])
-
-        pool.run([channels(edges[i], edges[i + 1]) for i in range(blocks)])
-    else:  # image blocks
-        blocks = min(2 * pool.threads, n)
-        edges = [n * i // blocks for i in range(blocks + 1)]
-
-        def images(n0: int, n1: int) -> Callable[[], None]:
-            r = e if res is None else e[n0:n1]
-            return lambda: _depthwise_block(plan, x[n0:n1], w, b, r, out[n0:n1])
-
-        pool.run([images(edges[i], edges[i + 1]) for i in range(blocks)])
-    if numpy_act_after(epi, dt):
-        _numpy_act(out, epi, plan.fns)
-    return out
-
-
-def _depthwise_block(
-    plan: DepthwisePlan, x: np.ndarray, w: np.ndarray, b: np.ndarray, res: np.ndarray,
-    out: np.ndarray,
-) -> None:  # fmt: skip
-    """The compiled kernel over a block of images or channels, with this thread's
-    scratch buffers (any thread: the kernel releases the GIL)."""
-    dt = x.dtype
-    xp = scratch(0, (plan.xp_len,), dt)
-    acc = scratch(1, (plan.acc_len,), dt)
-    plan.fn(x, w, b, res, out, plan.tab, plan.act, plan.params, xp, acc)
 
 
 def depthwise_plan(

@@ -1,0 +1,198 @@
+"""The direct depthwise convolution's Python side (helper of ``conv``): which convs take it,
+its per-shape plan, and the split of channels or images over tfrt_py's intra-op threads.
+The compiled loop itself (``_depthwise2d``, polyphase on an extended grid, epilogue
+included) and its table (``depthwise_plan``) live in ``conv_direct`` beside the other
+loops that call ``_act_row`` (numba's disk cache keys a function by its own file).
+
+``depthwise_conv_fn`` is to ``conv`` what ``conv_blocked.blocked_conv_fn`` is: ``fn(x, b,
+r, out)`` or None. Thread-safe: plans are immutable; state is per-thread scratch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ...concurrency.threads import intra_pool
+from .conv_common import Spatial, conv_geometry, scratch
+from .conv_direct import (
+    _DEPTHWISE,
+    _EMPTY,
+    Epilogue,
+    _jit_act,
+    _numpy_act,
+    _params,
+    act_fns,
+    depthwise_plan,
+    numpy_act_after,
+)
+
+__all__ = [
+    "DEPTHWISE_MIN_WORK",
+    "DEPTHWISE_SPLIT_MIN_MACS",
+    "DepthwisePlan",
+    "depthwise_conv_fn",
+    "plan_depthwise",
+    "run_depthwise",
+]
+
+#: A depthwise conv of at least this many multiply-adds (grid x taps x channels x images)
+#: is split over tfrt_py's intra-op threads, by channel blocks (one image) or images.
+DEPTHWISE_SPLIT_MIN_MACS = 1 << 20
+
+
+class DepthwisePlan(NamedTuple):
+    """Everything ``run_depthwise`` needs for one input shape, made once."""
+
+    fn: Any  # the compiled kernel
+    fns: tuple[Any, Any]  # act_fns()
+    tab: np.ndarray
+    xp_len: int
+    acc_len: int
+    act: int
+    params: np.ndarray
+
+
+def plan_depthwise(
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    out_shape: tuple[int, ...],
+    strides: tuple[int, int],
+    pads: tuple[int, int, int, int],
+    dilations: tuple[int, int],
+    epi: Epilogue,
+    dtype: np.dtype,
+) -> DepthwisePlan | None:
+    """The plan of a 2-D depthwise conv (``w`` (M, 1, KH, KW), M a multiple of C) for one
+    input shape, or None when the compiled kernel is unavailable (numba missing or
+    ``$TFRT_PY_JIT=0``) or the dtype is not float32/float64: the caller runs im2col,
+    which is faster than any NumPy formulation of the direct loop we measured."""
+    fn = _DEPTHWISE.get()
+    if dtype not in _EMPTY or len(x_shape) != 4 or w_shape[1] != 1 or fn is None:
+        return None
+    tab, xp_len, acc_len = depthwise_plan(x_shape, w_shape, out_shape, strides, pads, dilations)
+    return DepthwisePlan(
+        fn, act_fns(), tab, xp_len, acc_len, _jit_act(epi, dtype), _params(epi, dtype)
+    )
+
+
+def run_depthwise(
+    plan: DepthwisePlan,
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray,
+    res: np.ndarray | None,
+    epi: Epilogue,
+) -> np.ndarray:
+    """``out`` = act(depthwise(x, w) + b (+ res)); every array C-contiguous in the plan's
+    dtype, ``b`` of length M, ``res`` None or of ``out``'s shape. Returns ``out``."""
+    dt = x.dtype
+    e = _EMPTY[dt] if res is None else res
+    pool = intra_pool()
+    n, c = x.shape[0], x.shape[1]
+    mg = w.shape[0] // c
+    work = plan.acc_len * w.shape[2] * w.shape[3] * w.shape[0] * n
+    if pool.threads == 1 or work < DEPTHWISE_SPLIT_MIN_MACS or max(n, c) < 2:
+        _depthwise_block(plan, x, w, b, e, out)
+    elif n == 1:  # channel blocks: every slice of an image's channels is C-contiguous
+        blocks = min(2 * pool.threads, c)
+        edges = [c * i // blocks for i in range(blocks + 1)]
+
+        def channels(c0: int, c1: int) -> Callable[[], None]:
+            m0, m1 = c0 * mg, c1 * mg
+            r = e if res is None else e[:, m0:m1]
+            return lambda: _depthwise_block(plan, x[:, c0:c1], w[m0:m1], b[m0:m1], r, out[:, m0:m1])
+
+        pool.run([channels(edges[i], edges[i + 1]) for i in range(blocks)])
+    else:  # image blocks
+        blocks = min(2 * pool.threads, n)
+        edges = [n * i // blocks for i in range(blocks + 1)]
+
+        def images(n0: int, n1: int) -> Callable[[], None]:
+            r = e if res is None else e[n0:n1]
+            return lambda: _depthwise_block(plan, x[n0:n1], w, b, r, out[n0:n1])
+
+        pool.run([images(edges[i], edges[i + 1]) for i in range(blocks)])
+    if numpy_act_after(epi, dt):
+        _numpy_act(out, epi, plan.fns)
+    return out
+
+
+def _depthwise_block(
+    plan: DepthwisePlan, x: np.ndarray, w: np.ndarray, b: np.ndarray, res: np.ndarray,
+    out: np.ndarray,
+) -> None:  # fmt: skip
+    """The compiled kernel over a block of images or channels, with this thread's
+    scratch buffers (any thread: the kernel releases the GIL)."""
+    dt = x.dtype
+    xp = scratch(0, (plan.xp_len,), dt)
+    acc = scratch(1, (plan.acc_len,), dt)
+    plan.fn(x, w, b, res, out, plan.tab, plan.act, plan.params, xp, acc)
+
+
+#: The compiled depthwise kernel beats im2col + GEMM from about this many output positions
+#: times kernel taps per channel. Since its crop stopped making a view per output row, every
+#: MobileNet/EfficientNet shape wins, down to 7x7 3x3 (441): 960x7x7 141 µs vs 221 µs
+#: im2col, 576x14x14 3x3 166 vs ~250 (anchor machine; mobilenet_v2 9.4 -> 8.6 ms,
+#: mobilenet_v3_small 3.8 -> 3.2 ms, interleaved). Below that it is unmeasured: im2col.
+DEPTHWISE_MIN_WORK = 400
+
+
+def depthwise_conv_fn(
+    sp: Spatial,
+    group: int,
+    w_const: np.ndarray | None,
+    b_c: np.ndarray | None,
+    cdt: np.dtype,
+    epi: Epilogue,
+) -> Callable[..., Any] | None:
+    """``fn(x, b, r, out)`` running ``run_depthwise`` for a 2-D depthwise
+    conv with constant weights, or None when it does not apply; ``fn`` itself returns None
+    for an input shape where im2col is the better (or only) path."""
+    if w_const is None or w_const.ndim != 4 or group < 2 or w_const.shape[1] != 1:
+        return None
+    if w_const.shape[0] % group or cdt not in (np.float32, np.float64):
+        return None
+    w4 = np.ascontiguousarray(w_const, dtype=cdt)
+    zeros = np.zeros(w4.shape[0], cdt)
+    plans: dict[tuple[int, ...], Any] = {}
+
+    def plan_for(shape: tuple[int, ...]) -> Any:
+        if len(shape) != 4 or shape[1] != group:
+            return False
+        kernel, strides, dil, pads = sp.resolve(w4.shape[2:])
+        begin, end, out_sp = conv_geometry(shape[2:], kernel, strides, dil, pads, sp.auto_pad)
+        work = out_sp[0] * out_sp[1] * kernel[0] * kernel[1]
+        if work < DEPTHWISE_MIN_WORK or any(v < 0 for v in begin + end):
+            return False
+        out_shape = (shape[0], w4.shape[0], *out_sp)
+        plan = plan_depthwise(shape, w4.shape, out_shape, strides,  # type: ignore[arg-type]
+                              (*begin, *end), dil, epi, cdt)  # type: ignore[arg-type]  # fmt: skip
+        return False if plan is None else (plan, out_shape)
+
+    def depthwise(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
+        got = plans.get(x.shape)
+        if got is None:
+            got = plans[x.shape] = plan_for(x.shape)
+        if got is False or x.dtype != cdt:
+            return None
+        plan, out_shape = got
+        if b is None:
+            bb = zeros
+        else:
+            bb = b_c if b_c is not None else np.ascontiguousarray(b, dtype=cdt).reshape(-1)
+        if r is not None and (r.shape != out_shape or r.dtype != cdt):
+            return None
+        y = out if out is not None and out.flags.c_contiguous else np.empty(out_shape, cdt)
+        xc = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+        rc = None if r is None else np.ascontiguousarray(r)
+        run_depthwise(plan, xc, w4, bb, y, rc, epi)
+        if out is not None and y is not out:
+            out[...] = y
+            return out
+        return y
+
+    return depthwise
