@@ -162,3 +162,43 @@ def test_classic_cnn_arena_near_lower_bound(name: str) -> None:
     plan = model.memory_plan({model.inputs[0].name: shape})
     _assert_no_live_overlap(plan.buffers)
     assert plan.arena_bytes <= 1.10 * plan.lower_bound_bytes, plan.summary()
+
+
+def _concat_graph(batch: int, reread: bool, axis: int = 1) -> Any:
+    """Two MatMul+Relu branches (arena values) joined by a Concat, then a Neg."""
+    b = GraphBuilder("join")
+    x = b.input("x", F32, (batch, 3, 8))
+    rng = np.random.default_rng(1)
+    w1 = b.const(rng.standard_normal((8, 8)).astype(F32))
+    w2 = b.const(rng.standard_normal((8, 8)).astype(F32))
+    h1 = b.op("Relu", b.op("MatMul", x, w1))
+    h2 = b.op("Sigmoid", b.op("MatMul", x, w2))
+    joined = b.op("Concat", h1, h2, axis=axis)
+    y = b.op("Neg", joined)
+    if reread:  # h1 read after the Concat too: it cannot be a slice of it
+        y = b.op("Add", y, b.op("Concat", h1, h1, axis=axis))
+    b.output(y, "y")
+    return b.build()
+
+
+@pytest.mark.parametrize(
+    ("batch", "reread", "axis", "joined"),
+    [
+        (1, False, 1, 1),  # one image's channels: the branches write into the Concat
+        (1, False, 2, 0),  # the last axis of a (1, 3, ...) array: slices not contiguous
+        (2, False, 1, 0),  # two images: each branch's slice is not contiguous
+        (1, True, 1, 0),  # a branch read again later; Concat(h1, h1) twice the same
+    ],
+)
+def test_concat_inputs_written_into_its_output(
+    batch: int, reread: bool, axis: int, joined: int
+) -> None:
+    graph = _concat_graph(batch, reread, axis)
+    x = np.random.default_rng(0).standard_normal((batch, 3, 8)).astype(F32)
+    want = tfrt_py.load(graph, optimize=False).run({"x": x})["y"]  # the probe: no plan
+    model = tfrt_py.load(graph, executor="sync")
+    for _ in range(3):  # planned calls reuse the arena
+        np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-6)
+    plan = model.memory_plan({"x": (batch, 3, 8)})
+    assert plan.n_joined == joined, plan.summary()
+    _assert_no_live_overlap(plan.buffers)

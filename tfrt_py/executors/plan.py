@@ -60,7 +60,8 @@ class MemoryPlan:
     bytes at any step; ``buffers``: the arena's buffers (offset, size, lifetime, values);
     ``n_inplace``: kernels that write into their input's buffer; ``n_fresh``: outputs
     allocated per call (they go to the user); ``n_unplanned``: values kernels allocate
-    themselves (no ``out=`` support, or a shape the signature does not fix).
+    themselves (no ``out=`` support, or a shape the signature does not fix); ``n_joined``:
+    Concats never run, their inputs written into their output's slices.
     """
 
     signature: tuple[Any, ...]
@@ -70,6 +71,7 @@ class MemoryPlan:
     n_inplace: int = 0
     n_fresh: int = 0
     n_unplanned: int = 0
+    n_joined: int = 0
 
     @property
     def ratio(self) -> float:
@@ -81,7 +83,8 @@ class MemoryPlan:
         return (
             f"[{sig}] arena {self.arena_bytes:,} B (lower bound {self.lower_bound_bytes:,} B, "
             f"x{self.ratio:.2f}), {len(self.buffers)} buffers, {self.n_inplace} in place, "
-            f"{self.n_fresh} fresh outputs, {self.n_unplanned} unplanned values"
+            f"{self.n_fresh} fresh outputs, {self.n_unplanned} unplanned values, "
+            f"{self.n_joined} Concats written in place"
         )
 
     def __str__(self) -> str:

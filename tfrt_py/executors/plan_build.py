@@ -15,6 +15,11 @@ inputs form one alias group, and an arena buffer lives until the last read of an
 its group. A kernel registered ``inplace`` writes into its input 0's buffer when that
 buffer's life ends at this step and shape and dtype match.
 
+A Concat whose inputs are arena values read by it alone, joined along an axis with only
+1s before it (channels of one image), is *elided*: its output's buffer is laid out first
+and each input is a view of its slice, so the producers write straight into the joined
+array and the Concat never runs (SqueezeNet's fire modules, ShuffleNet's branches).
+
 Built once per signature on the thread that made the first call; immutable afterwards.
 """
 
@@ -57,6 +62,8 @@ class Layout:
     observed: dict[int, tuple[tuple[int, ...], np.dtype]] = field(default_factory=dict)
     #: instructions the plan never runs: their outputs are this signature's constants
     baked: frozenset[int] = frozenset()
+    #: Concat instructions the plan never runs: their inputs were written into their output
+    elided: frozenset[int] = frozenset()
 
 
 class _Groups:
@@ -144,6 +151,9 @@ def build_layout(
     def life_end(s: int, step: int) -> int:
         return max(step, group_last.get(groups.find(s), step))
 
+    joins = _elidable_concats(instrs, kind, shapes, last, baked)
+    member_of = {m: i for i, (_, ms) in joins.items() for m in ms}
+    rel: dict[int, int] = {}  # member slot -> its byte offset inside the joined buffer
     buffers: list[Buffer] = []
     buffer_of: dict[int, Buffer] = {}
     n_inplace = 0
@@ -153,6 +163,24 @@ def build_layout(
             continue
         shape, dtype = shapes[s]
         name = ins.node.outputs[0].name  # type: ignore[union-attr]
+        j = member_of.get(s)
+        if j is not None or i in joins:  # a slice of a joined buffer, or the join itself
+            j = i if j is None else j
+            out_slot, members = joins[j]
+            joined = buffer_of.get(out_slot)
+            if joined is None:
+                jshape, jdtype = shapes[out_slot]
+                nbytes = int(np.prod(jshape, dtype=np.int64)) * jdtype.itemsize
+                joined = Buffer(nbytes, i, life_end(out_slot, j), [])
+                buffers.append(joined)
+                buffer_of[out_slot] = joined
+                at = 0
+                for m in members:
+                    rel[m] = at
+                    at += int(np.prod(shapes[m][0], dtype=np.int64)) * jdtype.itemsize
+            joined.values.append(name)
+            buffer_of[s] = joined
+            continue
         s0 = ins.ins[0] if ins.ins else -1
         buf = buffer_of.get(s0)
         if (
@@ -172,7 +200,9 @@ def build_layout(
         buffers.append(buf)
         buffer_of[s] = buf
     arena = plan_offsets(buffers)
-    views = [(s, b.offset, shapes[s][0], shapes[s][1]) for s, b in buffer_of.items()]
+    views = [
+        (s, b.offset + rel.get(s, 0), shapes[s][0], shapes[s][1]) for s, b in buffer_of.items()
+    ]
 
     risky = fixed | set(buffer_of)
     risky_groups = {groups.find(s) for s in risky}
@@ -214,13 +244,56 @@ def build_layout(
         n_unplanned=sum(
             1 for ins in instrs for o in ins.outs if o not in kind and o not in _RESERVED
         ),
+        n_joined=len(joins),
     )
     observed = {
         s: (tuple(x.shape), x.dtype)
         for s, x in enumerate(env)
         if isinstance(x, (np.ndarray, np.generic))
     }
-    return Layout(plan, kind, shapes, views, output_kinds, release, observed, baked)
+    return Layout(
+        plan, kind, shapes, views, output_kinds, release, observed, baked, frozenset(joins)
+    )
+
+
+def _elidable_concats(
+    instrs: list[Any],
+    kind: dict[int, str],
+    shapes: dict[int, tuple[tuple[int, ...], np.dtype]],
+    last: dict[int, int],
+    baked: AbstractSet[int],
+) -> dict[int, tuple[int, list[int]]]:
+    """Concat instruction -> (output slot, input slots) for the Concats whose inputs can be
+    slices of the output: output and inputs arena values of one dtype, every input read
+    by this Concat alone (once) and by nothing after, produced by no other join, the axis
+    preceded by 1s only (so each input's slice is contiguous)."""
+    readers: dict[int, int] = {}
+    for ins in instrs:
+        for x in ins.ins:
+            readers[x] = readers.get(x, 0) + 1
+    joins: dict[int, tuple[int, list[int]]] = {}
+    taken: set[int] = set()
+    for i, ins in enumerate(instrs):
+        node = ins.node
+        if i in baked or node.op_type != "Concat" or node.domain != "" or not ins.single:
+            continue
+        out = ins.outs[0]
+        members = list(ins.ins)
+        if kind.get(out) != "arena" or len(members) < 2 or len(set(members)) != len(members):
+            continue
+        shape, dtype = shapes[out]
+        axis = int(node.attrs.get("axis", 1))
+        axis = axis + len(shape) if axis < 0 else axis
+        if not 0 <= axis < len(shape) or any(d != 1 for d in shape[:axis]):
+            continue
+        if all(
+            kind.get(m) == "arena" and shapes[m][1] == dtype and readers.get(m) == 1
+            and last.get(m) == i and m not in taken
+            for m in members
+        ):  # fmt: skip
+            joins[i] = (out, members)
+            taken.update(members)
+    return joins
 
 
 #: A value computed once per signature is kept only up to this size (shape arithmetic is

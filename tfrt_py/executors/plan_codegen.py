@@ -119,7 +119,7 @@ class _Emitter:
         lines: list[tuple[str, int]] = []
         lay = self.layout
         for i, ins in enumerate(self.program.instrs):
-            if i in lay.baked:
+            if i in lay.baked or i in lay.elided:
                 continue
             args = [self.var(s) for s in ins.ins]
             k = f"k{i}"
