@@ -1,8 +1,10 @@
 """Matrix products on tfrt_py's threads: ``matmul_into`` splits a large (M, K) @ (K, N)
-product into row blocks run on the intra-op pool (``concurrency.threads``), each a
-single-threaded BLAS call (NumPy's BLAS is kept single-threaded: docs/architecture.md,
-"Threads"). Small products go straight to ``np.matmul``: a split costs tens of µs of
-hand-off. Call-time code: no allocation beyond the output, no locks but the pool's."""
+product into row blocks run on the intra-op pool (``concurrency.threads``), one per
+thread, each a single-threaded BLAS call (NumPy's BLAS is kept single-threaded:
+docs/architecture.md, "Threads"). Products below ``SPLIT_MIN_MACS`` go straight to
+``np.matmul``: a split costs a hand-off (~5 µs to an idle helper) and packs the other
+operand once more per block. Call-time code: no allocation beyond the output, no locks
+but the pool's."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Kernels (nn): pooling -- MaxPool, AveragePool, LpPool, Global*Pool, MaxUnpool.
 
 2-D MaxPool on float32/float64 runs ``pool_direct``'s compiled kernel when numba is there
-(one pass per kernel tap over the whole output grid, in cache). Otherwise windowed pools
+(separable: the max over a window's rows, then over its columns). Otherwise windowed pools
 pad the input once (when needed) and then either fold one strided slice
 per kernel position into the output (``np.maximum``/``np.add`` with ``out=``: fast when
 the output is not tiny) or reduce a strided window view (when the output is a few pixels

@@ -1,19 +1,21 @@
-"""A compiled 2-D MaxPool, separable: a max over each window's columns, then over its rows
+"""A compiled 2-D MaxPool, separable: a max over each window's rows, then over its columns
 (helper of ``pool``).
 
-A window's max is the max over its rows of the max over its columns, so per channel plane
-``_max_pool2d`` first reduces every input row a window touches to one value per output
-column (``rows[ih, ow]``: the taps ``ow*sw - pl + j*dw`` that land in the row), then each
-output row is the max over its window's rows of ``rows`` -- a contiguous loop over the
-output columns. Taps in the padding (or past the end in ceil mode) are skipped, never
-read, so padding never wins. The common column pass (stride 2, width 3, no dilation) has
-its own loop with constant strides, which LLVM vectorizes; others take the general loop.
-NaN propagates as with ``np.maximum`` (a window holding NaN gives NaN). float32/float64,
-no Indices output; None from ``plan_max_pool`` (numba missing, ``$TFRT_PY_JIT=0``, other
-dtypes) keeps ``pool``'s NumPy fold (one strided ``np.maximum`` per tap).
+A window's max is the max over its columns of the max over its rows, so for each output row
+``_max_pool2d`` first takes the elementwise max of the input rows its windows cover into
+``tmp`` (one contiguous loop over the input width, written out of place: LLVM does not
+vectorize an in-place select loop), then each output is the max of ``tmp`` over its
+window's columns. Rows and columns in the padding (or past the end in ceil mode) are
+skipped, never read, so padding never wins; a window wholly inside the padding gives
+-inf. Width-3 windows of stride 1 or 2 without dilation have their own loops with constant
+offsets (unsigned indices), which vectorize; others take the general loop. NaN propagates
+as with ``np.maximum`` (a window holding NaN gives NaN). float32/float64, no Indices
+output; None from ``plan_max_pool`` (numba missing, ``$TFRT_PY_JIT=0``, other dtypes) keeps
+``pool``'s NumPy fold (one strided ``np.maximum`` per tap). 64x111x111, 3x3 stride 2:
+1053 -> ~160 µs on two threads (the polyphase-grid kernel it replaces).
 
 Large pools split their channels (one image) or images over tfrt_py's intra-op threads.
-Thread-safe: the plan is immutable; the row buffer is per-thread scratch.
+Thread-safe: the plan is immutable; ``tmp`` is per-thread scratch.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ the op works along its rows, i.e. jointly over every axis from ``axis`` on. The 
 the input's shape and dtype; all three accept ``out=``; Softmax and LogSoftmax may run in
 place.
 
-Speed: along trailing axes of float32/float64 inputs, Softmax/LogSoftmax shift by the
+Speed: contiguous float32 Softmax along the last axes runs ``softmax_jit``'s compiled rows
+(any size) when numba is there. Otherwise, along trailing axes of float32/float64 inputs,
+Softmax/LogSoftmax shift by the
 tensor's global max (or not at all when exp cannot overflow) and sum rows with one BLAS
 matrix-vector product, avoiding NumPy's slow per-row max/sum reductions. When a row's sum
 is too small for that shift to keep full precision (rows far below the global max), or the
