@@ -163,3 +163,74 @@ def test_rank3_linear_runs_inline_as_one_product(
         got = fused.run({"x": x}, outputs={"y": big[..., ::2]})["y"]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         assert np.isnan(big[..., 1::2]).all()
+
+
+def _wide_linear(shape: list[object], act: str) -> bytes:
+    """A Linear big enough to split over the threads (256 rows x 192 @ 192 x 768), bias
+    and an activation (decomposed erf GELU, or Relu)."""
+    rng = np.random.default_rng(8)
+    w = (rng.standard_normal((192, 768)) * 0.1).astype(np.float32)
+    b = rng.standard_normal(768).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["a"]),
+    ]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    if act == "Relu":
+        nodes.append(helper.make_node("Relu", ["a"], ["y"]))
+    else:
+        for name, v in (("s2", 2.0**0.5), ("one", 1.0), ("half", 0.5)):
+            inits.append(numpy_helper.from_array(np.array(v, np.float32), name))
+        nodes += [
+            helper.make_node("Div", ["a", "s2"], ["d"]),
+            helper.make_node("Erf", ["d"], ["e"]),
+            helper.make_node("Add", ["e", "one"], ["p"]),
+            helper.make_node("Mul", ["a", "p"], ["q"]),
+            helper.make_node("Mul", ["q", "half"], ["y"]),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("executor", ["sync", "async"])
+@pytest.mark.parametrize("act", ["Gelu", "Relu"])
+@pytest.mark.parametrize("shape", [["n", 192], [2, "s", 192], [256, 192]], ids=str)
+def test_a_split_linear_finishes_each_block_of_rows(
+    executor: str, act: str, shape: list[object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bias and activation run per block of rows inside ``gemm.matmul_into`` (on the
+    thread that computed the block): the same values as the unfused graph, on the
+    generated plan code and on the kernel call, and with a strided outputs= buffer."""
+    from tfrt_py.kernels import gemm
+
+    seen: list[int] = []
+    real = gemm.matmul_into
+
+    def spy(a: np.ndarray, b: np.ndarray, out: object = None, epilogue: object = None) -> object:
+        if epilogue is not None:
+            seen.append(a.shape[0])
+        return real(a, b, out, epilogue)  # type: ignore[arg-type]
+
+    import tfrt_py.compiler.fused_kernels as fk
+
+    monkeypatch.setattr(fk, "matmul_into", spy)
+    data = _wide_linear(shape, act)
+    fused = tfrt_py.load(data, executor=executor)
+    plain = tfrt_py.load(data, executor=executor, optimize=False)
+    assert any(n.op_type == "Linear" for n in fused.prepared.graph.nodes)
+    rng = np.random.default_rng(9)
+    x_shape = (256, 192) if len(shape) == 2 else (2, 128, 192)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    want = plain.run({"x": x})["y"]
+    for _ in range(3):  # the probe, then planned calls
+        np.testing.assert_allclose(fused.run({"x": x})["y"], want, rtol=2e-6, atol=2e-6)
+    assert seen and all(r == 256 for r in seen)
+    buf = np.full((*want.shape[:-1], 2 * want.shape[-1]), np.nan, np.float32)
+    got = fused.run({"x": x}, outputs={"y": buf[..., ::2]})["y"]
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)

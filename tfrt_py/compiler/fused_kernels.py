@@ -118,11 +118,21 @@ def _linear(registry: KernelRegistry) -> Any:
         mm: Any = _plain_matmul if small else matmul_into
         add = np.add
         epi = _bias_relu_epilogue(w, b, steps, rows)
-        inline = _linear_inline(mm, w, b, acts, extra_idx, epi)
+        blocks = None if small else _block_epilogue(w, b, acts, extra_idx, epi)
+        inline = _linear_inline(mm, w, b, acts, extra_idx, epi, blocks)
         if input_rank(ctx) == 2 and not any(extra_idx):
-            return _linear_2d(mm, w, b, [fn for _, fn in acts], inline=inline, epi=epi)
+            return _linear_2d(
+                mm, w, b, [fn for _, fn in acts], inline=inline, epi=epi, blocks=blocks
+            )
 
         def linear(x: np.ndarray, *rest: Any, out: np.ndarray | None = None) -> np.ndarray:
+            if (
+                blocks is not None and x.ndim > 2 and k and x.flags.c_contiguous
+                and (out is None or out.flags.c_contiguous)
+            ):  # fmt: skip
+                o2 = None if out is None else out.reshape(-1, n)
+                y2 = matmul_into(x.reshape(-1, k), w, o2, blocks)
+                return y2.reshape(*x.shape[:-1], n) if out is None else out
             if x.ndim > 2 and k and x.flags.c_contiguous:  # k == 0: reshape(-1, 0) fails
                 y2 = mm(x.reshape(-1, k), w, None if out is None else out.reshape(-1, n))
                 y = y2.reshape(*x.shape[:-1], n) if out is None else out
@@ -179,8 +189,38 @@ def _bias_relu_epilogue(
     return None if fn is None else _BiasRelu(fn, bias, relu, w.dtype)
 
 
+def _block_epilogue(
+    w: np.ndarray, b: np.ndarray | None, acts: list[Any], extra_idx: list[list[int]],
+    epi: _BiasRelu | None,
+) -> Any:  # fmt: skip
+    """``finish(rows)``: the bias and the activations of a Linear applied in place to a
+    block of rows of its result (``gemm.matmul_into``'s epilogue: on the thread that
+    computed the block, while it is in cache), or None when a step reads another input or
+    the bias is not one value per column (it would not slice with the rows). The compiled
+    bias+Relu pass (``epi``) runs on blocks big enough for it, as on whole outputs."""
+    n = w.shape[1]
+    if any(extra_idx) or (b is not None and (b.size != n or b.shape[-1:] != (n,))):
+        return None
+    if b is None and not acts:
+        return None
+    bias = None if b is None else b.reshape(n)
+    fns = [fn for _, fn in acts]
+    add = np.add
+
+    def finish(y: np.ndarray) -> None:
+        if epi is not None and y.size >= EPILOGUE_MIN and y.dtype == epi.dtype:
+            epi.fn(y, epi.bias, epi.relu)
+            return
+        if bias is not None:
+            add(y, bias, out=y)
+        for fn in fns:
+            fn(y, out=y)
+
+    return finish
+
+
 def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
-               inline: Any, epi: _BiasRelu | None) -> Any:  # fmt: skip
+               inline: Any, epi: _BiasRelu | None, blocks: Any) -> Any:  # fmt: skip
     """The Linear of a rank-2 input whose activations read nothing else: a product, a bias
     add and the activations in place, without the general kernel's branches (one compiled
     pass for bias and Relu when ``epi`` is given and the output is big enough)."""
@@ -188,6 +228,8 @@ def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
 
     def linear(x: np.ndarray, *_consts: Any, out: np.ndarray | None = None) -> np.ndarray:
         # _consts: W and B as the node's inputs; the kernel holds them since load
+        if blocks is not None and (out is None or out.flags.c_contiguous):
+            return matmul_into(x, w, out, blocks)  # the epilogue per block of rows
         y = mm(x, w, out if out is None or out.flags.c_contiguous else None)
         if out is not None and y is not out:
             out[...] = y
@@ -211,7 +253,8 @@ def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
 
 
 def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any],
-                   extra_idx: list[list[int]], epi: _BiasRelu | None) -> Any:  # fmt: skip
+                   extra_idx: list[list[int]], epi: _BiasRelu | None,
+                   blocks: Any = None) -> Any:  # fmt: skip
     """The Linear's statements for the sync interpreter's generated code. Rank 2 as is;
     higher ranks (a transformer's (batch, seq, hidden)) as one 2-D product over the rows
     of a C-contiguous output (a strided ``outputs=`` buffer takes ``np.matmul`` on the
@@ -239,6 +282,25 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
                 "if {out}.flags.c_contiguous else {npmatmul}({in0}, {w}, out={out})"
             ]
             flat = "{out}.reshape({rn})"
+        if blocks is not None and pick is not np.matmul:
+            # a product worth splitting: each block of rows gets its bias and activations
+            # on the thread that computed it; a strided outputs= buffer takes NumPy's
+            # product and the steps below
+            env.update(mmi=matmul_into, blocks=blocks, npmatmul=np.matmul)
+            if len(x_shape) == 2:
+                first = "{mmi}({in0}, {w}, {out}, {blocks})"
+            else:
+                first = "{mmi}({in0}.reshape({rk}), {w}, {out}.reshape({rn}), {blocks})"
+            rest = [] if b is None else ["{add}({out}, {b}, out={out})"]
+            if b is not None:
+                env.update(add=np.add, b=b)
+            for i, (s, fn) in enumerate(acts):
+                rest += _step_code(s[0], fn, ["{out}"], "{out}", dtype, env, f"act{i}")
+            return Inline(
+                [f"if {{out}}.flags.c_contiguous: {first}",
+                 "else: {npmatmul}({in0}, {w}, out={out}); " + "; ".join(rest or ["pass"])],
+                env,
+            )  # fmt: skip
         big = rows is not None and rows * n >= EPILOGUE_MIN
         steps: list[str] = []
         if b is not None:

@@ -8,6 +8,7 @@ but the pool's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,15 +36,26 @@ _MIN_ROWS = 32
 _MIN_COLS = 64
 
 
-def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def matmul_into(
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray | None = None,
+    epilogue: Callable[[np.ndarray], object] | None = None,
+) -> np.ndarray:
     """``a @ b`` for 2-D ``a`` (M, K) and ``b`` (K, N), into ``out`` when given (C-contiguous
-    rows), split over the intra-op pool when it pays. Same result as ``np.matmul``."""
+    rows), split over the intra-op pool when it pays. Same result as ``np.matmul``.
+    ``epilogue(rows)``, when given, finishes each block of rows of the result in place
+    right after its product, on the thread that computed it (a Linear's bias and
+    activation, while the block is in cache); it must be elementwise along the rows."""
     m, k = a.shape
     n = b.shape[1]
     pool = intra_pool()
     t = pool.threads
     if t == 1 or m < 2 * _MIN_ROWS or m * k * n < SPLIT_MIN_MACS:
-        return np.matmul(a, b, out=out)
+        r = np.matmul(a, b, out=out)
+        if epilogue is not None:
+            epilogue(r)
+        return r
     if out is None:
         out = np.empty((m, n), np.result_type(a, b))
     blocks = min(PARTS_PER_THREAD * t, m // _MIN_ROWS)
@@ -51,7 +63,13 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> 
     mm = np.matmul
 
     def part(r0: int, r1: int) -> Any:
-        return lambda: mm(a[r0:r1], b, out=out[r0:r1])
+        if epilogue is None:
+            return lambda: mm(a[r0:r1], b, out=out[r0:r1])
+
+        def run() -> None:
+            epilogue(mm(a[r0:r1], b, out=out[r0:r1]))
+
+        return run
 
     pool.run([part(edges[i], edges[i + 1]) for i in range(blocks)])
     return out
