@@ -25,7 +25,7 @@ from ..common import compute_dtype
 from ..gemm import matmul_cols_into
 from ..registry import KernelRegistry
 from .conv_blocked import blocked_conv_fn
-from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
+from .conv_common import Spatial, bias_vector, conv_geometry, parse_spatial, scratch
 from .conv_depthwise import depthwise_conv_fn
 from .conv_direct import ACTIVATIONS, Epilogue, make_epilogue
 
@@ -321,10 +321,7 @@ def _conv_fn(
                 return y
         direct = same and out is not None and out.flags.c_contiguous
         y = core(x, w, out if direct else None)
-        if b is not None:
-            bb = b_c if b_c is not None else np.ascontiguousarray(b, dtype=cdt)
-        else:
-            bb = None
+        bb = bias_vector(b, b_c, cdt)
         if r is not None and (r.shape != y.shape or r.dtype != y.dtype):
             y += r  # broadcasts (the fusion pass only fuses same-shape residuals)
             r = None

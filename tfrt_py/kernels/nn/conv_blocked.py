@@ -39,7 +39,7 @@ from ...concurrency.threads import intra_pool
 from .. import gemm
 from ..common import scratch
 from ..jit import Jitted
-from .conv_common import Spatial, conv_geometry
+from .conv_common import Spatial, bias_vector, conv_geometry
 from .conv_direct import (
     _EPILOGUE_COLS,
     ACTIVATIONS,
@@ -305,10 +305,7 @@ def blocked_conv_fn(
             return None
         if r is not None and (r.shape != plan.out_shape or r.dtype != cdt):
             return None
-        if b is None:
-            bb = None
-        else:
-            bb = b_c if b_c is not None else np.ascontiguousarray(b, dtype=cdt).reshape(-1)
+        bb = bias_vector(b, b_c, cdt)
         direct = out is not None and out.flags.c_contiguous
         y = run_blocked(
             plan,

@@ -1,7 +1,8 @@
 """Shared load-time helpers of the conv and pool kernels.
 
 Spatial attribute parsing (kernel_shape, strides, dilations, pads, auto_pad), the ONNX
-output-size and padding rules, col2im slice planning; ``scratch`` (per-thread buffers) is
+output-size and padding rules, col2im slice planning, ``bias_vector`` (a call's bias as
+one vector, for the three conv paths); ``scratch`` (per-thread buffers) is
 ``kernels.common``'s, re-exported here. All the
 shape arithmetic runs once per input shape (plans are memoised by shape); none of it runs
 per call when the shape repeats.
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from ..base import KernelContext
 from ..common import attr_str, scratch
@@ -18,6 +22,7 @@ from ..common import attr_str, scratch
 __all__ = [
     "Spatial",
     "attr_ints",
+    "bias_vector",
     "col2im_slices",
     "conv_geometry",
     "parse_spatial",
@@ -155,3 +160,11 @@ def col2im_slices(
     for opts in per_dim:
         result = [((*ks, k), (*bs, b), (*os_, o)) for ks, bs, os_ in result for k, b, o in opts]
     return result
+
+
+def bias_vector(b: Any, b_c: np.ndarray | None, cdt: np.dtype) -> np.ndarray | None:
+    """A conv call's bias as a contiguous 1-D ``cdt`` array: ``b_c`` (the constant bias,
+    converted at load) when there is one, else ``b`` converted; None without a bias."""
+    if b is None:
+        return None
+    return b_c if b_c is not None else np.ascontiguousarray(b, dtype=cdt).reshape(-1)

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...concurrency.threads import intra_pool
-from .conv_common import Spatial, conv_geometry, scratch
+from .conv_common import Spatial, bias_vector, conv_geometry, scratch
 from .conv_direct import (
     _DEPTHWISE,
     _EMPTY,
@@ -180,10 +180,9 @@ def depthwise_conv_fn(
         if got is False or x.dtype != cdt:
             return None
         plan, out_shape = got
-        if b is None:
+        bb = bias_vector(b, b_c, cdt)
+        if bb is None:
             bb = zeros
-        else:
-            bb = b_c if b_c is not None else np.ascontiguousarray(b, dtype=cdt).reshape(-1)
         if r is not None and (r.shape != out_shape or r.dtype != cdt):
             return None
         y = out if out is not None and out.flags.c_contiguous else np.empty(out_shape, cdt)
