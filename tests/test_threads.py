@@ -126,6 +126,43 @@ def test_load_configures_the_budget_and_blas(monkeypatch: pytest.MonkeyPatch) ->
         configure(None)
 
 
+def _blas() -> list[dict]:
+    return [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+
+
+def test_loads_scan_the_libraries_again_only_after_an_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Finding the loaded BLAS libraries reads /proc/self/maps (milliseconds per load);
+    a load does it again only when a module was imported since, and still sets a BLAS
+    whose threads something raised back to one."""
+    if not _blas():
+        pytest.skip("no BLAS library found by threadpoolctl")
+    scans = []
+    controller = threadpoolctl.ThreadpoolController()
+    load_libraries = threadpoolctl.ThreadpoolController._load_libraries
+
+    def counting(self: threadpoolctl.ThreadpoolController) -> None:
+        scans.append(1)
+        load_libraries(self)
+
+    monkeypatch.setattr(threadpoolctl.ThreadpoolController, "_load_libraries", counting)
+    configure(None)  # a first scan may happen here (modules were imported since the last)
+    scans.clear()
+    for _ in range(3):
+        configure(None)
+    assert scans == []
+    with controller.limit(limits=2, user_api="blas"):
+        configure(None)  # raised by someone else: set back without a scan
+        assert scans == []
+        assert all(i["num_threads"] == 1 for i in _blas())  # (a scan of its own)
+    scans.clear()
+    monkeypatch.setitem(__import__("sys").modules, "tfrt_py_test_new_module", os)
+    configure(None)
+    assert scans == [1]  # an import since the last scan: scanned again
+    assert all(i["num_threads"] == 1 for i in _blas())
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_split_products_work_in_a_forked_child() -> None:
     configure(2)

@@ -22,6 +22,7 @@ Thread-safe. Imports nothing of tfrt_py; threadpoolctl is imported on first use.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
@@ -145,14 +146,32 @@ def blas_threads() -> dict[str, int]:
     }
 
 
+#: (number of imported modules, threadpoolctl controller) of the last scan of the loaded
+#: libraries; guarded by ``_lock``.
+_blas_scan: tuple[int, Any] | None = None
+
+
 def _single_threaded_blas() -> None:
-    """NumPy's BLAS to one thread, process-wide (threadpoolctl); a no-op without it."""
+    """NumPy's BLAS to one thread, process-wide (threadpoolctl); a no-op without it.
+
+    Finding the loaded libraries reads ``/proc/self/maps`` (1-8 ms in a large process),
+    so it is done again only when a module was imported since the last scan (how a new
+    BLAS arrives: SciPy's own OpenBLAS comes with ``scipy.linalg``); otherwise the
+    libraries found then are asked for their thread counts (µs) and set back to one if
+    something raised them. Caller holds ``_lock``."""
+    global _blas_scan
     try:
         import threadpoolctl
     except ImportError:
         return
-    controller: Any = threadpoolctl.ThreadpoolController()
-    controller.select(user_api="blas").limit(limits=1)
+    if _blas_scan is None or _blas_scan[0] != len(sys.modules):
+        controller: Any = threadpoolctl.ThreadpoolController()
+        blas = controller.select(user_api="blas")
+    else:
+        blas = _blas_scan[1]
+    if any(lib.num_threads != 1 for lib in blas.lib_controllers):
+        blas.limit(limits=1)
+    _blas_scan = (len(sys.modules), blas)  # counted last: threadpoolctl imports lazily
 
 
 def _reset_after_fork() -> None:
