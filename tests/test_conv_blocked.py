@@ -18,7 +18,7 @@ import tfrt_py
 from tfrt_py.concurrency import threads
 from tfrt_py.kernels import gemm
 from tfrt_py.kernels.jit import jit_enabled
-from tfrt_py.kernels.nn import conv_blocked
+from tfrt_py.kernels.nn import conv_blocked, conv_depthwise
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -51,7 +51,9 @@ def _ort(m: Any, x: np.ndarray) -> np.ndarray:
 
 @pytest.fixture
 def plans(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The plans the blocked path ran with, call by call."""
+    """The plans the blocked path ran with, call by call. Grouped convs are kept off the
+    direct kernel (``conv_depthwise``), which takes few channels per group by default."""
+    monkeypatch.setattr(conv_depthwise, "GROUPED_DIRECT_MAX_CHANNELS", 0)
     seen: list[Any] = []
     real = conv_blocked.run_blocked
 

@@ -1,5 +1,7 @@
-"""The direct depthwise convolution's Python side (helper of ``conv``): which convs take it,
-its per-shape plan, and the split of channels or images over tfrt_py's intra-op threads.
+"""The direct depthwise convolution's Python side (helper of ``conv``): which convs take it
+(depthwise, and grouped ones with at most ``GROUPED_DIRECT_MAX_CHANNELS`` input channels
+per group), its per-shape plan, and the split of groups or images over tfrt_py's intra-op
+threads.
 The compiled loop itself (``_depthwise2d``, polyphase on an extended grid, epilogue
 included) and its table (``depthwise_plan``) live in ``conv_direct`` beside the other
 loops that call ``_act_row`` (numba's disk cache keys a function by its own file).
@@ -32,11 +34,17 @@ from .conv_direct import (
 __all__ = [
     "DEPTHWISE_MIN_WORK",
     "DEPTHWISE_SPLIT_MIN_MACS",
+    "GROUPED_DIRECT_MAX_CHANNELS",
     "DepthwisePlan",
     "depthwise_conv_fn",
     "plan_depthwise",
     "run_depthwise",
 ]
+
+#: Grouped convs with at most this many input channels per group run the direct kernel
+#: (each output channel a few passes of its group's taps over the grid) instead of
+#: im2col + a product per group, whose fixed costs dominate at these sizes.
+GROUPED_DIRECT_MAX_CHANNELS = 16
 
 #: A depthwise conv of at least this many multiply-adds (grid x taps x channels x images)
 #: is split over tfrt_py's intra-op threads, by channel blocks (one image) or images.
@@ -65,16 +73,17 @@ def plan_depthwise(
     epi: Epilogue,
     dtype: np.dtype,
 ) -> DepthwisePlan | None:
-    """The plan of a 2-D depthwise conv (``w`` (M, 1, KH, KW), M a multiple of C) for one
-    input shape, or None when the compiled kernel is unavailable (numba missing or
-    ``$TFRT_PY_JIT=0``) or the dtype is not float32/float64: the caller runs im2col,
-    which is faster than any NumPy formulation of the direct loop we measured."""
+    """The plan of a 2-D depthwise or grouped conv (``w`` (M, CG, KH, KW), CG input
+    channels per group) for one input shape, or None when the compiled kernel is
+    unavailable (numba missing or ``$TFRT_PY_JIT=0``) or the dtype is not
+    float32/float64: the caller runs im2col, which is faster than any NumPy formulation
+    of the direct loop we measured."""
     fn = _DEPTHWISE.get()
-    if dtype not in _EMPTY or len(x_shape) != 4 or w_shape[1] != 1 or fn is None:
+    if dtype not in _EMPTY or len(x_shape) != 4 or fn is None:
         return None
     tab, xp_len, acc_len = depthwise_plan(x_shape, w_shape, out_shape, strides, pads, dilations)
     return DepthwisePlan(
-        fn, act_fns(), tab, xp_len, acc_len, _jit_act(epi, dtype), _params(epi, dtype)
+        fn, act_fns(), tab, xp_len * w_shape[1], acc_len, _jit_act(epi, dtype), _params(epi, dtype)
     )
 
 
@@ -92,17 +101,18 @@ def run_depthwise(
     dt = x.dtype
     e = _EMPTY[dt] if res is None else res
     pool = intra_pool()
-    n, c = x.shape[0], x.shape[1]
-    mg = w.shape[0] // c
-    work = plan.acc_len * w.shape[2] * w.shape[3] * w.shape[0] * n
-    if pool.threads == 1 or work < DEPTHWISE_SPLIT_MIN_MACS or max(n, c) < 2:
+    n, cg = x.shape[0], w.shape[1]
+    groups = x.shape[1] // cg
+    mg = w.shape[0] // groups
+    work = plan.acc_len * w.shape[2] * w.shape[3] * w.shape[0] * cg * n
+    if pool.threads == 1 or work < DEPTHWISE_SPLIT_MIN_MACS or max(n, groups) < 2:
         _depthwise_block(plan, x, w, b, e, out)
-    elif n == 1:  # channel blocks: every slice of an image's channels is C-contiguous
-        blocks = min(2 * pool.threads, c)
-        edges = [c * i // blocks for i in range(blocks + 1)]
+    elif n == 1:  # group blocks: every slice of an image's channels is C-contiguous
+        blocks = min(2 * pool.threads, groups)
+        edges = [groups * i // blocks for i in range(blocks + 1)]
 
-        def channels(c0: int, c1: int) -> Callable[[], None]:
-            m0, m1 = c0 * mg, c1 * mg
+        def channels(g0: int, g1: int) -> Callable[[], None]:
+            c0, c1, m0, m1 = g0 * cg, g1 * cg, g0 * mg, g1 * mg
             r = e if res is None else e[:, m0:m1]
             return lambda: _depthwise_block(plan, x[:, c0:c1], w[m0:m1], b[m0:m1], r, out[:, m0:m1])
 
@@ -152,8 +162,11 @@ def depthwise_conv_fn(
     """``fn(x, b, r, out)`` running ``run_depthwise`` for a 2-D depthwise
     conv with constant weights, or None when it does not apply; ``fn`` itself returns None
     for an input shape where im2col is the better (or only) path."""
-    if w_const is None or w_const.ndim != 4 or group < 2 or w_const.shape[1] != 1:
+    if w_const is None or w_const.ndim != 4 or group < 2:
         return None
+    cg, taps = w_const.shape[1], w_const.shape[2] * w_const.shape[3]
+    if cg > 1 and (cg > GROUPED_DIRECT_MAX_CHANNELS or taps == 1):
+        return None  # a grouped 1x1 conv reads its input as the product's operand
     if w_const.shape[0] % group or cdt not in (np.float32, np.float64):
         return None
     w4 = np.ascontiguousarray(w_const, dtype=cdt)
@@ -161,7 +174,7 @@ def depthwise_conv_fn(
     plans: dict[tuple[int, ...], Any] = {}
 
     def plan_for(shape: tuple[int, ...]) -> Any:
-        if len(shape) != 4 or shape[1] != group:
+        if len(shape) != 4 or shape[1] != group * w4.shape[1]:
             return False
         kernel, strides, dil, pads = sp.resolve(w4.shape[2:])
         begin, end, out_sp = conv_geometry(shape[2:], kernel, strides, dil, pads, sp.auto_pad)

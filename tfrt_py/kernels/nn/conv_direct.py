@@ -239,20 +239,24 @@ def _epilogue_row(
 def _depthwise2d(
     x: Any, w: Any, b: Any, res: Any, out: Any, tab: Any, act: int, p: Any, xp: Any, acc: Any
 ) -> None:  # pragma: no cover - numba only
-    """Depthwise (one input channel per group), polyphase on an extended grid.
+    """Depthwise or grouped with few channels per group (``w`` (M, CG, KH, KW)),
+    polyphase on an extended grid.
 
     Per input channel the zero-padded plane is split into ``sh x sw`` phase planes
     (padded row r, column c -> plane (r % sh, c % sw), position (r // sh, c // sw)), kept
-    in ``xp``. Output (oh, ow) is grid element ``t = oh * q + ow`` of ``acc``; kernel tap
-    k reads its phase plane at ``t + tap offset``, so every tap is one contiguous loop over
+    in ``xp`` (one segment of ``len(xp) // CG`` per channel of the group). Output (oh, ow)
+    is grid element ``t = oh * q + ow`` of ``acc``; kernel tap k of input channel ci
+    reads ci's phase plane at ``t + tap offset``, so every tap is one contiguous loop over
     the whole grid (the columns past OW are computed and dropped). The residual is added
     and the activation runs over the grid, then the crop copies it into ``out``. ``tab``
     (``depthwise_plan``) holds q, the tap offsets and, per (input row, column phase), where
     its run lands; all divisions are done there, none here."""
     n_, c_ = x.shape[0], x.shape[1]
-    m_, _, kh_, kw_ = w.shape
+    m_, cg, kh_, kw_ = w.shape
     oh_, ow_ = out.shape[2], out.shape[3]
-    mg = m_ // c_
+    groups = c_ // cg
+    mg = m_ // groups
+    seg = xp.shape[0] // cg
     q, sw, span, n_taps = tab[0], tab[1], tab[2], kh_ * kw_
     runs = tab[3 + n_taps :]
     n_runs = runs.shape[0] // 4
@@ -261,42 +265,62 @@ def _depthwise2d(
     for i in range(xp.shape[0]):
         xp[i] = zero
     for n in range(n_):
-        for c in range(c_):
-            xc = x[n, c]
-            for j in range(n_runs):  # (input row, first column, count, destination)
-                # (unsigned: no negative-index wraparound; the plan's entries are >= 0)
-                src = xc[runs[4 * j]]
-                c0, cnt = np.uint64(runs[4 * j + 1]), np.uint64(runs[4 * j + 2])
-                d0, su = np.uint64(runs[4 * j + 3]), np.uint64(sw)
-                if sw == 1:
-                    for i in range(cnt):
-                        xp[d0 + i] = src[c0 + i]
-                else:
-                    for i in range(cnt):
-                        xp[d0 + i] = src[c0 + i * su]
-            for m in range(c * mg, (c + 1) * mg):
+        for g in range(groups):
+            for ci in range(cg):
+                xc = x[n, g * cg + ci]
+                xs = xp[ci * seg : (ci + 1) * seg]
+                for j in range(n_runs):  # (input row, first column, count, destination)
+                    # (unsigned: no negative-index wraparound; the plan's entries are >= 0)
+                    src = xc[runs[4 * j]]
+                    c0, cnt = np.uint64(runs[4 * j + 1]), np.uint64(runs[4 * j + 2])
+                    d0, su = np.uint64(runs[4 * j + 3]), np.uint64(sw)
+                    if sw == 1:
+                        for i in range(cnt):
+                            xs[d0 + i] = src[c0 + i]
+                    else:
+                        for i in range(cnt):
+                            xs[d0 + i] = src[c0 + i * su]
+            for m in range(g * mg, (g + 1) * mg):
                 bm = b[m]
                 for t in range(span):
                     acc[t] = bm
-                # three taps per pass over the grid: a third of the loop set-ups and of
-                # the loads and stores of acc (per-tap overhead dominates small planes)
-                k = 0
-                while k + 3 <= n_taps:
-                    w0 = w[m, 0, k // kw_, k % kw_]
-                    w1 = w[m, 0, (k + 1) // kw_, (k + 1) % kw_]
-                    w2 = w[m, 0, (k + 2) // kw_, (k + 2) % kw_]
-                    s0 = xp[tab[3 + k] :]
-                    s1 = xp[tab[4 + k] :]
-                    s2 = xp[tab[5 + k] :]
-                    for t in range(span):
-                        acc[t] += w0 * s0[t] + w1 * s1[t] + w2 * s2[t]
-                    k += 3
-                while k < n_taps:
-                    wv = w[m, 0, k // kw_, k % kw_]
-                    src = xp[tab[3 + k] :]
-                    for t in range(span):
-                        acc[t] += wv * src[t]
-                    k += 1
+                for ci in range(cg):
+                    xs = xp[ci * seg : (ci + 1) * seg]
+                    wm = w[m, ci]
+                    # three taps per pass over the grid: a third of the loop set-ups and
+                    # of the loads and stores of acc (per-tap overhead dominates small
+                    # planes)
+                    k = 0
+                    if n_taps == 9:  # 3x3: the whole kernel in one pass
+                        w0, w1, w2 = wm[0, 0], wm[0, 1], wm[0, 2]
+                        w3, w4, w5 = wm[1, 0], wm[1, 1], wm[1, 2]
+                        w6, w7, w8 = wm[2, 0], wm[2, 1], wm[2, 2]
+                        s0, s1, s2 = xs[tab[3] :], xs[tab[4] :], xs[tab[5] :]
+                        s3, s4, s5 = xs[tab[6] :], xs[tab[7] :], xs[tab[8] :]
+                        s6, s7, s8 = xs[tab[9] :], xs[tab[10] :], xs[tab[11] :]
+                        for t in range(span):
+                            acc[t] += (
+                                (w0 * s0[t] + w1 * s1[t] + w2 * s2[t])
+                                + (w3 * s3[t] + w4 * s4[t] + w5 * s5[t])
+                                + (w6 * s6[t] + w7 * s7[t] + w8 * s8[t])
+                            )
+                        k = 9
+                    while k + 3 <= n_taps:
+                        w0 = wm[k // kw_, k % kw_]
+                        w1 = wm[(k + 1) // kw_, (k + 1) % kw_]
+                        w2 = wm[(k + 2) // kw_, (k + 2) % kw_]
+                        s0 = xs[tab[3 + k] :]
+                        s1 = xs[tab[4 + k] :]
+                        s2 = xs[tab[5 + k] :]
+                        for t in range(span):
+                            acc[t] += w0 * s0[t] + w1 * s1[t] + w2 * s2[t]
+                        k += 3
+                    while k < n_taps:
+                        wv = wm[k // kw_, k % kw_]
+                        src = xs[tab[3 + k] :]
+                        for t in range(span):
+                            acc[t] += wv * src[t]
+                        k += 1
                 # residual and activation on the grid, then the crop: flat indices into
                 # one 2-D view per channel (a view per output row cost ~25 ns a row,
                 # half the kernel's time on 7x7 and 14x14 planes)
@@ -409,7 +433,9 @@ def depthwise_plan(
             cnt = (wd - i0 + sw - 1) // sw
             off = ((pr % sh) * sw + f) * plane + (pr // sh) * q + (i0 + pw) // sw
             runs += [r, i0, cnt, off]
-    span = (oh - 1) * q + ow
+    # the grid loops run over a multiple of 32 elements: LLVM vectorizes them 8 wide,
+    # 4 interleaved, and leaves the rest to a scalar loop (most of a 7x7 plane's grid)
+    span = -(-((oh - 1) * q + ow) // 32) * 32
     tab = np.array([q, sw, span, *taps, *runs], np.int64)
     return tab, max(sh * sw * plane, max(taps) + span), max(oh * q, span)
 
