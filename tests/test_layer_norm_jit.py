@@ -109,6 +109,34 @@ def test_calls_the_kernel_does_not_fit_take_the_numpy_path() -> None:
     np.testing.assert_allclose(x2, want, rtol=1e-5, atol=1e-6)
 
 
+def test_one_kernel_called_with_other_parameters_and_ranks() -> None:
+    """The kernel remembers the last Scale/B it checked (a model passes the same
+    constants every call); other arrays, an in-place change of the same ones, another
+    rank and parameters that grow the result are each checked again."""
+    x = _f(6, 8)
+    s, b = _f(8), _f(8)
+    fn = _ln([x, s, b], {})
+
+    def ref(x: np.ndarray, s: np.ndarray, b: np.ndarray) -> np.ndarray:
+        m = x.mean(axis=-1, keepdims=True)
+        v = ((x - m) ** 2).mean(axis=-1, keepdims=True)
+        return (x - m) / np.sqrt(v + 1e-5) * s + b
+
+    for _ in range(2):
+        np.testing.assert_allclose(fn(x, s, b), ref(x, s, b), rtol=1e-5, atol=1e-5)
+    s2, b2 = _f(8), _f(8)
+    np.testing.assert_allclose(fn(x, s2, b2), ref(x, s2, b2), rtol=1e-5, atol=1e-5)
+    s2 *= 3  # the same objects, new values
+    np.testing.assert_allclose(fn(x, s2, b2), ref(x, s2, b2), rtol=1e-5, atol=1e-5)
+    x3 = _f(2, 3, 8)
+    np.testing.assert_allclose(fn(x3, s2, b2), ref(x3, s2, b2), rtol=1e-5, atol=1e-5)
+    s4 = _f(1, 1, 8)  # rank 3 parameters: fine for a rank-3 input ...
+    np.testing.assert_allclose(fn(x3, s4, b2), ref(x3, s4, b2), rtol=1e-5, atol=1e-5)
+    got = fn(x, s4, b2)  # ... for a rank-2 one they grow the result (NumPy path)
+    assert got.shape == (1, 6, 8)
+    np.testing.assert_allclose(got, ref(x, s4, b2), rtol=1e-5, atol=1e-5)
+
+
 def test_nan_and_inf_rows_follow_the_numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
     x = _f(4, 16)
     x[1, 3] = np.nan

@@ -109,6 +109,33 @@ def test_inplace_chain_uses_two_buffers() -> None:
     assert plan.arena_bytes == plan.lower_bound_bytes == 4 * 64 * 4
 
 
+def test_a_kernel_written_in_place_gets_its_input_as_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The arena hands an in-place kernel the very view object of its input (same offset,
+    shape and dtype: one view), so ``out is x`` -- no address test per call."""
+    from tfrt_py.kernels.reduce import softmax
+
+    seen: list[bool] = []
+    real = softmax._jit_out
+
+    def spy(x: np.ndarray, out: Any, short: bool) -> Any:
+        seen.append(out is x)
+        return real(x, out, short)
+
+    monkeypatch.setattr(softmax, "_jit_out", spy)
+    b = GraphBuilder("inplace")
+    x = b.input("x", F32, (4, 200))
+    h = b.op("Relu", b.op("MatMul", x, b.const(np.eye(200, dtype=F32))))
+    b.output(b.op("MatMul", b.op("Softmax", h), b.const(np.eye(200, dtype=F32))), "y")
+    model = tfrt_py.load(b.build(), executor="sync", optimize=False)
+    x_val = np.random.default_rng(0).standard_normal((4, 200)).astype(F32)
+    want = np.exp(np.maximum(x_val, 0))
+    want /= want.sum(axis=1, keepdims=True)
+    for _ in range(3):
+        np.testing.assert_allclose(model.run({"x": x_val})["y"], want, rtol=1e-5)
+    assert model.memory_plan({"x": (4, 200)}).n_inplace >= 1
+    assert seen and seen[-1] is True
+
+
 def test_views_keep_their_buffer_alive() -> None:
     """Reshape returns a view of its input's arena buffer; that buffer must not be reused
     while the view is still read."""

@@ -111,6 +111,25 @@ def test_in_place_and_outputs_it_cannot_write(rows: int) -> None:
     np.testing.assert_allclose(fn(x.astype(np.float64)), want, rtol=1e-6)  # float64: NumPy
 
 
+@pytest.mark.parametrize("n", [16, 200])  # the flat loop, the row loop
+@pytest.mark.parametrize("shift", [1, -3, 16, -16, 17])  # elements between x and out
+def test_an_out_overlapping_the_input_in_part(n: int, shift: int) -> None:
+    """``out`` a view of the input's buffer at another offset: short rows read all of the
+    input before writing (compiled, no overlap test); long rows go to NumPy's ufuncs,
+    which copy what overlaps. Either way the result is the input's softmax."""
+    rows = 12
+    x = _RNG.standard_normal((rows, n)).astype(np.float32)
+    want = _fn(x, {})(x)
+    buf = np.zeros(rows * n + 64, np.float32)
+    at = 32
+    xv = buf[at : at + rows * n].reshape(rows, n)
+    xv[...] = x
+    out = buf[at + shift : at + shift + rows * n].reshape(rows, n)
+    got = _fn(x, {})(xv, out=out)
+    assert got is out
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_short_rows_of_a_large_input_take_the_compiled_rows(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -55,15 +55,22 @@ class _Plan:
         self._size = size
 
     def new_arena(self) -> tuple[Any, ...]:
+        """One view of a new arena per planned value. Values laid out alike (a kernel
+        written in place over its input: same offset, shape and dtype) get one view
+        object, so a kernel sees ``out is x`` and needs no address test (~3 µs)."""
         raw = np.empty(self._size + ALIGN, np.uint8)
         start = (-raw.ctypes.data) % ALIGN
         base = raw[start : start + self._size]
-        return tuple(
-            base[off : off + int(np.prod(shape, dtype=np.int64)) * dt.itemsize]
-            .view(dt)
-            .reshape(shape)
-            for _, off, shape, dt in self._views
-        )
+        made: dict[tuple[Any, ...], np.ndarray] = {}
+        views = []
+        for _, off, shape, dt in self._views:
+            key = (off, shape, dt)
+            v = made.get(key)
+            if v is None:
+                n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+                v = made[key] = base[off : off + n].view(dt).reshape(shape)
+            views.append(v)
+        return tuple(views)
 
     def failed(self, e: BaseException, where: str) -> BaseException:
         """The exception to raise for ``e`` escaping the generated code: an

@@ -150,8 +150,31 @@ def _row_param(p: Any, tail: tuple[int, ...], nd: int, dt: np.dtype) -> np.ndarr
 _NO_BIAS = {np.dtype(np.float32): np.zeros(0, np.float32), np.dtype(np.float64): np.zeros(0)}
 
 
+class _ParamMemo:
+    """The last (scale, bias, normalized shape) a kernel checked and what ``_row_param``
+    made of them: a model passes its constant Scale and B, the same objects at every
+    call, so the checks (~3 µs) run once. Holds references (no id reuse); one slot per
+    kernel, replaced whole (a tuple), so concurrent callers see one consistent entry."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: tuple[Any, ...] = (None, None, None, None, None)
+
+    def params(self, scale: Any, bias: Any, tail: tuple[int, ...], nd: int,
+               stash: np.dtype, rms: bool) -> tuple[Any, Any]:  # fmt: skip
+        last = self.last
+        if last[0] is scale and last[1] is bias and last[2] == (tail, nd):
+            return last[3], last[4]
+        s = _row_param(scale, tail, nd, stash)
+        b = _NO_BIAS[stash] if bias is None or rms else _row_param(bias, tail, nd, stash)
+        self.last = (scale, bias, (tail, nd), s, b)
+        return s, b
+
+
 def _compiled_rows(fn: Any, x: np.ndarray, scale: Any, bias: Any, out: Any, axis: int,
-                   eps: float, stash: np.dtype, rms: bool) -> np.ndarray | None:  # fmt: skip
+                   eps: float, stash: np.dtype, rms: bool,
+                   memo: _ParamMemo) -> np.ndarray | None:  # fmt: skip
     """LayerNormalization (``bias`` None: none) or, ``rms``, RMSNormalization (``bias``
     unused) of ``x`` by the compiled rows ``fn`` (``norm_jit``); None when
     the call does not fit them (dtype other than the stash type, a non-contiguous or
@@ -162,9 +185,7 @@ def _compiled_rows(fn: Any, x: np.ndarray, scale: Any, bias: Any, out: Any, axis
     a = axis + x.ndim if axis < 0 else axis
     if not 0 <= a < x.ndim:
         return None
-    tail = x.shape[a:]
-    s = _row_param(scale, tail, x.ndim, stash)
-    b = _NO_BIAS[stash] if bias is None or rms else _row_param(bias, tail, x.ndim, stash)
+    s, b = memo.params(scale, bias, x.shape[a:], x.ndim, stash, rms)
     if s is None or b is None:
         return None
     if out is None:
@@ -187,8 +208,10 @@ def _layer_norm_fast(axis: int, eps: float, stash: np.dtype) -> Any:
     if rows_fn is None:
         return None
 
+    memo = _ParamMemo()
+
     def fast(x: np.ndarray, scale: Any, bias: Any, out: np.ndarray | None) -> Any:
-        return _compiled_rows(rows_fn, x, scale, bias, out, axis, eps, stash, False)
+        return _compiled_rows(rows_fn, x, scale, bias, out, axis, eps, stash, False, memo)
 
     return fast
 
@@ -256,10 +279,11 @@ def _rms_normalization(ctx: KernelContext) -> ComputeFn:
     stash = stash_dtype(ctx)
 
     rms_fn = rms_norm_rows(stash)
+    memo = _ParamMemo()
 
     def rms_norm(x: np.ndarray, scale: np.ndarray, out: np.ndarray | None = None) -> Any:
         if rms_fn is not None:
-            y = _compiled_rows(rms_fn, x, scale, None, out, axis, eps, stash, True)
+            y = _compiled_rows(rms_fn, x, scale, None, out, axis, eps, stash, True, memo)
             if y is not None:
                 return y
         _, rows, cols = _split(x, axis)
