@@ -163,6 +163,40 @@ def test_loads_scan_the_libraries_again_only_after_an_import(
     assert all(i["num_threads"] == 1 for i in _blas())
 
 
+_LOAD_THEN_BLAS = """
+import sys
+import numpy as np
+import threadpoolctl
+import tfrt_py
+from tfrt_py.ir import GraphBuilder
+assert "numba" not in sys.modules and "scipy" not in sys.modules
+b = GraphBuilder("g")
+x = b.input("x", np.float32, (4, 64))
+b.output(b.op("Softmax", b.op("MatMul", x, b.const(np.eye(64, dtype=np.float32)))), "y")
+model = tfrt_py.load(b.build())  # the compiled Softmax rows: numba, which imports SciPy
+assert "scipy" in sys.modules
+print(sorted({i["num_threads"] for i in threadpoolctl.threadpool_info()
+              if i["user_api"] == "blas"}))
+"""
+
+
+def test_a_blas_loaded_during_load_is_single_threaded_after_it() -> None:
+    """A BLAS library loaded while a model loads -- ``import numba`` imports SciPy, whose
+    own OpenBLAS starts a thread per core -- runs one thread once ``load`` returns."""
+    pytest.importorskip("numba", reason="the compiled kernels import numba during load")
+    pytest.importorskip("scipy.linalg", reason="SciPy's BLAS is the library loaded")
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    env.pop(THREADS_ENV, None)
+    env.pop("TFRT_PY_JIT", None)
+    out = subprocess.run([sys.executable, "-c", _LOAD_THEN_BLAS], capture_output=True,
+                         text=True, env=env, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "[1]", out.stdout
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_split_products_work_in_a_forked_child() -> None:
     configure(2)

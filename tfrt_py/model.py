@@ -30,6 +30,7 @@ from .calls import CallContext, check_timeout
 from .compiler.prepare import Prepared, prepare
 from .concurrency import HostContext, Limiter
 from .concurrency.threads import configure as configure_threads
+from .concurrency.threads import limit_blas
 from .concurrency.threads import threads as thread_budget
 from .executors.base import Executor
 from .feeds import FeedChecker, TensorSpec, spec_of
@@ -127,6 +128,7 @@ def load(
             )  # fmt: skip
             if streamed is not None:
                 runtime = finish(streamed, streamed.prepared, host)
+                limit_blas()
                 return Model(streamed.graph, runtime, streamed.prepared, origin,
                              time.perf_counter() - t0, default_timeout, limiter)  # fmt: skip
         graph = import_model(proto, base_dir, registry.has)
@@ -136,6 +138,7 @@ def load(
     # 3. select
     check = FeedChecker(prepared.graph.inputs)
     runtime = select_executor(executor, prepared, check, host=host, native_mode=native)
+    limit_blas()  # a BLAS the preparation loaded (SciPy's, through numba) runs one thread too
     # 4. the facade
     load_s = time.perf_counter() - t0
     return Model(prepared.graph, runtime, prepared, origin, load_s, default_timeout, limiter)

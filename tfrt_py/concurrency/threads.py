@@ -36,6 +36,7 @@ __all__ = [
     "configure",
     "cores",
     "intra_pool",
+    "limit_blas",
     "set_process_threads",
     "threads",
 ]
@@ -100,6 +101,15 @@ def configure(requested: int | None = None) -> int:
                 old.close()
         _single_threaded_blas()
     return n
+
+
+def limit_blas() -> None:
+    """Make BLAS libraries loaded since the last look single-threaded too: ``load`` calls
+    it again when it has prepared a model (numba's compiles import SciPy, whose own
+    OpenBLAS starts with a thread per core), the native tier when a compile is installed.
+    Cheap when no module was imported since (``_single_threaded_blas``)."""
+    with _lock:
+        _single_threaded_blas()
 
 
 def intra_pool() -> IntraOpPool:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..calls import CallContext
+from ..concurrency.threads import limit_blas
 from ..errors import InputError
 from ..executors.base import Executor
 from ..executors.program import Program
@@ -153,6 +154,7 @@ class NativeTier(Executor):
     # -- compiles -------------------------------------------------------------------------
     def _installed(self, job: _Job) -> None:
         """A compile finished (on the worker, or the caller's thread when eager)."""
+        limit_blas()  # numba may have loaded SciPy's BLAS meanwhile
         with self._lock:
             self.compiled = job.compiled
             self.lowered = job.lowered
