@@ -61,6 +61,8 @@ class DepthwisePlan(NamedTuple):
     acc_len: int
     act: int
     params: np.ndarray
+    split: bool  # big enough to split over the intra-op threads (when there are several)
+    numpy_after: bool  # the activation runs in NumPy over the output afterwards
 
 
 def plan_depthwise(
@@ -82,9 +84,13 @@ def plan_depthwise(
     if dtype not in _EMPTY or len(x_shape) != 4 or fn is None:
         return None
     tab, xp_len, acc_len = depthwise_plan(x_shape, w_shape, out_shape, strides, pads, dilations)
+    n, cg = x_shape[0], w_shape[1]
+    work = acc_len * w_shape[2] * w_shape[3] * w_shape[0] * cg * n
+    split = work >= DEPTHWISE_SPLIT_MIN_MACS and max(n, x_shape[1] // cg) >= 2
     return DepthwisePlan(
-        fn, act_fns(), tab, xp_len * w_shape[1], acc_len, _jit_act(epi, dtype), _params(epi, dtype)
-    )
+        fn, act_fns(), tab, xp_len * cg, acc_len, _jit_act(epi, dtype), _params(epi, dtype),
+        split, numpy_act_after(epi, dtype),
+    )  # fmt: skip
 
 
 def run_depthwise(
@@ -101,13 +107,15 @@ def run_depthwise(
     dt = x.dtype
     e = _EMPTY[dt] if res is None else res
     pool = intra_pool()
+    if not plan.split or pool.threads == 1:
+        _depthwise_block(plan, x, w, b, e, out)
+        if plan.numpy_after:
+            _numpy_act(out, epi, plan.fns)
+        return out
     n, cg = x.shape[0], w.shape[1]
     groups = x.shape[1] // cg
     mg = w.shape[0] // groups
-    work = plan.acc_len * w.shape[2] * w.shape[3] * w.shape[0] * cg * n
-    if pool.threads == 1 or work < DEPTHWISE_SPLIT_MIN_MACS or max(n, groups) < 2:
-        _depthwise_block(plan, x, w, b, e, out)
-    elif n == 1:  # group blocks: every slice of an image's channels is C-contiguous
+    if n == 1:  # group blocks: every slice of an image's channels is C-contiguous
         blocks = min(2 * pool.threads, groups)
         edges = [groups * i // blocks for i in range(blocks + 1)]
 
@@ -126,7 +134,7 @@ def run_depthwise(
             return lambda: _depthwise_block(plan, x[n0:n1], w, b, r, out[n0:n1])
 
         pool.run([images(edges[i], edges[i + 1]) for i in range(blocks)])
-    if numpy_act_after(epi, dt):
+    if plan.numpy_after:
         _numpy_act(out, epi, plan.fns)
     return out
 
@@ -137,10 +145,9 @@ def _depthwise_block(
 ) -> None:  # fmt: skip
     """The compiled kernel over a block of images or channels, with this thread's
     scratch buffers (any thread: the kernel releases the GIL)."""
-    dt = x.dtype
-    xp = scratch(0, (plan.xp_len,), dt)
-    acc = scratch(1, (plan.acc_len,), dt)
-    plan.fn(x, w, b, res, out, plan.tab, plan.act, plan.params, xp, acc)
+    buf = scratch(0, (plan.xp_len + plan.acc_len,), x.dtype)  # one slot, two parts
+    plan.fn(x, w, b, res, out, plan.tab, plan.act, plan.params, buf[: plan.xp_len],
+            buf[plan.xp_len :])  # fmt: skip
 
 
 #: The compiled depthwise kernel beats im2col + GEMM from about this many output positions
