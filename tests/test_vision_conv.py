@@ -320,6 +320,23 @@ def test_apply_epilogue_matches_numpy(jit: str, epi: Epilogue, residual: bool, d
     assert np.isnan(got[0, 0, 0, 0]) or epi.act in ("HardSigmoid",)  # NaN propagates
 
 
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("epi", _EPIS, ids=lambda e: e.act or "none")
+def test_apply_epilogue_one_value_per_channel(jit: str, epi: Epilogue, residual: bool) -> None:
+    """A squeeze-excite block's 1x1 convs: (N, M, 1, 1), one flat pass (the compiled
+    loop's own branch), the same values as per-row."""
+    y = _r(3, 40, 1, 1) * 4
+    b, r = _r(40), _r(3, 40, 1, 1)
+    z = y + b.reshape(40, 1, 1) + (r if residual else 0)
+    want = _act_ref(z, epi)
+    got = apply_epilogue(y.copy(), b, r if residual else None, epi)
+    atol = 1e-6 if epi.act != "SiLU" else 3e-7 * (1 + np.abs(z))
+    assert (np.abs(got - want) <= 1e-5 * np.abs(want) + atol).all()
+    wide = np.concatenate([y, y], axis=3)  # the per-row path on the same values
+    wr = np.concatenate([r, r], axis=3) if residual else None
+    np.testing.assert_array_equal(apply_epilogue(wide, b, wr, epi)[..., :1], got)
+
+
 def test_activation_table_covers_the_epilogues() -> None:
     assert {e.act for e in _EPIS} == set(ACTIVATIONS)
 

@@ -343,10 +343,24 @@ def _depthwise2d(
 
 def _epilogue3(y: Any, b: Any, res: Any, act: int, p: Any) -> None:  # pragma: no cover - numba only
     """y (N, M, S) in place: y + b[m] (b empty: none) + res (empty: none), then act."""
-    n_, m_, _ = y.shape
+    n_, m_, s_ = y.shape
     has_b = b.shape[0] > 0
     has_res = res.shape[0] > 0
     zero = p[2]
+    if s_ == 1:
+        # one value per channel (a squeeze-excite block's 1x1 convs): the sums in one loop,
+        # the activation in one pass over all of them (not a row call per value)
+        for n in range(n_):
+            for m in range(m_):
+                v = y[n, m, 0]
+                if has_b:
+                    v = v + b[m]
+                if has_res:
+                    v = v + res[n, m, 0]
+                y[n, m, 0] = v
+        if act != 0:
+            _act_row(y.reshape(n_ * m_), -zero, act, p)
+        return
     for n in range(n_):
         for m in range(m_):
             r = res[n, m] if has_res else y[n, m]
