@@ -307,8 +307,8 @@ def _depthwise2d(
                                 + (w6 * s6[t] + w7 * s7[t] + w8 * s8[t])
                             )
                         k = 9
-                    elif n_taps == 25:  # 5x5: a kernel row (five taps) per pass
-                        for i in range(5):
+                    elif kw_ == 5:  # a kernel row (five taps) per pass: 5x5 in five
+                        for i in range(kh_):
                             j0 = 3 + 5 * i
                             w0, w1, w2 = wm[i, 0], wm[i, 1], wm[i, 2]
                             w3, w4 = wm[i, 3], wm[i, 4]
@@ -318,7 +318,20 @@ def _depthwise2d(
                                 acc[t] += (w0 * s0[t] + w1 * s1[t]) + (
                                     w2 * s2[t] + w3 * s3[t] + w4 * s4[t]
                                 )
-                        k = 25
+                        k = n_taps
+                    elif kw_ == 7:  # seven taps per pass: ConvNeXt's 7x7 in seven
+                        for i in range(kh_):
+                            j0 = 3 + 7 * i
+                            w0, w1, w2 = wm[i, 0], wm[i, 1], wm[i, 2]
+                            w3, w4, w5, w6 = wm[i, 3], wm[i, 4], wm[i, 5], wm[i, 6]
+                            s0, s1, s2 = xs[tab[j0] :], xs[tab[j0 + 1] :], xs[tab[j0 + 2] :]
+                            s3, s4 = xs[tab[j0 + 3] :], xs[tab[j0 + 4] :]
+                            s5, s6 = xs[tab[j0 + 5] :], xs[tab[j0 + 6] :]
+                            for t in range(span):
+                                acc[t] += (
+                                    (w0 * s0[t] + w1 * s1[t]) + (w2 * s2[t] + w3 * s3[t])
+                                ) + ((w4 * s4[t] + w5 * s5[t]) + w6 * s6[t])
+                        k = n_taps
                     while k + 3 <= n_taps:
                         w0 = wm[k // kw_, k % kw_]
                         w1 = wm[(k + 1) // kw_, (k + 1) % kw_]
