@@ -104,6 +104,10 @@ DW_CASES = [
     ((1, 16, 6, 6), 16, (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
     ((2, 16, 20, 20), 2, (8, 8, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ((1, 4, 1, 60), 4, (4, 1, 1, 3), {"pads": [0, 1, 0, 1]}),
+    # stride 2 over rows wide enough that a row's even and odd columns are copied in one
+    # loop: an even width with the left pad, an odd one without, a 5x5 kernel
+    ((1, 3, 40, 70), 3, (3, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 2, 33, 67), 2, (2, 1, 5, 5), {"pads": [2, 0, 1, 2], "strides": [2, 2]}),
 ]
 
 

@@ -269,7 +269,8 @@ def _depthwise2d(
             for ci in range(cg):
                 xc = x[n, g * cg + ci]
                 xs = xp[ci * seg : (ci + 1) * seg]
-                for j in range(n_runs):  # (input row, first column, count, destination)
+                j = 0
+                while j < n_runs:  # (input row, first column, count, destination)
                     # (unsigned: no negative-index wraparound; the plan's entries are >= 0;
                     # 2-D indexing, not a view of the row: a view per run cost ~10 ns,
                     # most of a small stride-2 plane's time)
@@ -279,9 +280,32 @@ def _depthwise2d(
                     if sw == 1:
                         for i in range(cnt):
                             xs[d0 + i] = xc[r, c0 + i]
+                    elif (
+                        sw == 2 and cnt >= 16 and j + 1 < n_runs and runs[4 * j + 4] == runs[4 * j]
+                    ):
+                        # a wide row's even and odd columns in one loop: an interleaved
+                        # load pair LLVM vectorizes (two strided runs are scalar gathers;
+                        # rows of a few pairs run faster as those)
+                        c1, cnt1 = runs[4 * j + 5], runs[4 * j + 6]
+                        d1 = np.uint64(runs[4 * j + 7])
+                        de, do, ce, co = (d0, d1, cnt, cnt1) if c0 == 0 else (d1, d0, cnt1, cnt)
+                        ce, co = np.uint64(ce), np.uint64(co)
+                        if c0 + c1 != 1:  # not the even and the odd columns: one by one
+                            for i in range(cnt):
+                                xs[d0 + i] = xc[r, c0 + i * su]
+                            j += 1
+                            continue
+                        for i in range(co):
+                            xs[de + i] = xc[r, np.uint64(2) * i]
+                            xs[do + i] = xc[r, np.uint64(2) * i + np.uint64(1)]
+                        if ce > co:
+                            xs[de + co] = xc[r, np.uint64(2) * co]
+                        j += 2
+                        continue
                     else:
                         for i in range(cnt):
                             xs[d0 + i] = xc[r, c0 + i * su]
+                    j += 1
             for m in range(g * mg, (g + 1) * mg):
                 bm = b[m]
                 for t in range(span):
