@@ -74,8 +74,7 @@ GEOMETRIES = [
     ((1, 8, 29, 30), (16, 8, 4, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 3]}),
     # column stride 2 over wide rows: the im2col reads even/odd column planes (an odd
     # width, row dilation, asymmetric pads)
-    ((1, 4, 23, 37), (8, 4, 3, 3), {"strides": [2, 2], "dilations": [2, 1],
-                                    "pads": [1, 2, 0, 1]}),
+    ((1, 4, 23, 37), (8, 4, 3, 3), {"strides": [2, 2], "dilations": [2, 1], "pads": [1, 2, 0, 1]}),
     ((1, 32, 28, 28), (64, 32, 1, 1), {}),  # 1x1 stride 1: the input is the im2col matrix
     ((1, 32, 28, 28), (64, 32, 1, 1), {"strides": [2, 2]}),
     ((2, 16, 24, 24), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # a batch
