@@ -2,7 +2,9 @@
 
 Spatial attribute parsing (kernel_shape, strides, dilations, pads, auto_pad), the ONNX
 output-size and padding rules, col2im slice planning, ``bias_vector`` (a call's bias as
-one vector, for the three conv paths); ``scratch`` (per-thread buffers) is
+one vector, for the three conv paths), ``depthwise_plan`` (the direct depthwise/grouped
+kernel's table; pure Python, so it sits here, imported by both of its users);
+``scratch`` (per-thread buffers) is
 ``kernels.common``'s, re-exported here. All the
 shape arithmetic runs once per input shape (plans are memoised by shape); none of it runs
 per call when the shape repeats.
@@ -25,6 +27,7 @@ __all__ = [
     "bias_vector",
     "col2im_slices",
     "conv_geometry",
+    "depthwise_plan",
     "parse_spatial",
     "scratch",
 ]
@@ -168,3 +171,46 @@ def bias_vector(b: Any, b_c: np.ndarray | None, cdt: np.dtype) -> np.ndarray | N
     if b is None:
         return None
     return b_c if b_c is not None else np.ascontiguousarray(b, dtype=cdt).reshape(-1)
+
+
+def depthwise_plan(
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    out_shape: tuple[int, ...],
+    strides: tuple[int, int],
+    pads: tuple[int, int, int, int],
+    dilations: tuple[int, int],
+) -> tuple[np.ndarray, int, int]:
+    """(table, phase-plane elements, grid elements) for ``_depthwise2d``: the table is
+    [q, sw, grid loop length, tap offsets..., then per (input row, column phase) with
+    columns: input row, first column, count, offset in the phase planes]."""
+    h, wd = x_shape[2:]
+    kh, kw = w_shape[2:]
+    oh, ow = out_shape[2:]
+    sh, sw = strides
+    dh, dw = dilations
+    ph, pw = pads[0], pads[1]
+    # a grid row holds OW outputs plus the widest tap shift; a plane row the padded input
+    q = max(ow + ((kw - 1) * dw) // sw, -(-(wd + pw) // sw))
+    rows = max(oh + ((kh - 1) * dh) // sh, -(-(h + ph) // sh)) + 1
+    plane = rows * q
+    taps = []
+    for i in range(kh):
+        for j in range(kw):
+            rh, rw = i * dh, j * dw
+            taps.append(((rh % sh) * sw + rw % sw) * plane + (rh // sh) * q + rw // sw)
+    runs = []
+    for r in range(h):
+        pr = r + ph
+        for f in range(sw):
+            i0 = (f - pw) % sw  # columns i with (i + pw) % sw == f
+            if i0 >= wd:
+                continue
+            cnt = (wd - i0 + sw - 1) // sw
+            off = ((pr % sh) * sw + f) * plane + (pr // sh) * q + (i0 + pw) // sw
+            runs += [r, i0, cnt, off]
+    # the grid loops run over a multiple of 32 elements: LLVM vectorizes them 8 wide,
+    # 4 interleaved, and leaves the rest to a scalar loop (most of a 7x7 plane's grid)
+    span = -(-((oh - 1) * q + ow) // 32) * 32
+    tab = np.array([q, sw, span, *taps, *runs], np.int64)
+    return tab, max(sh * sw * plane, max(taps) + span), max(oh * q, span)

@@ -3,8 +3,8 @@
 per group), its per-shape plan, and the split of groups or images over tfrt_py's intra-op
 threads.
 The compiled loop itself (``_depthwise2d``, polyphase on an extended grid, epilogue
-included) and its table (``depthwise_plan``) live in ``conv_direct`` beside the other
-loops that call ``_act_row`` (numba's disk cache keys a function by its own file).
+included) lives in ``conv_direct`` beside the other loops that call ``_act_row`` (numba's
+disk cache keys a function by its own file); its table, ``conv_common.depthwise_plan``.
 
 ``depthwise_conv_fn`` is to ``conv`` what ``conv_blocked.blocked_conv_fn`` is: ``fn(x, b,
 r, out)`` or None. Thread-safe: plans are immutable; state is per-thread scratch.
@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...concurrency.threads import intra_pool
-from .conv_common import Spatial, bias_vector, conv_geometry, scratch
+from .conv_common import Spatial, bias_vector, conv_geometry, depthwise_plan, scratch
 from .conv_direct import (
     _DEPTHWISE,
     _EMPTY,
@@ -27,7 +27,6 @@ from .conv_direct import (
     _numpy_act,
     _params,
     act_fns,
-    depthwise_plan,
     numpy_act_after,
 )
 

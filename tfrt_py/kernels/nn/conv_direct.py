@@ -47,14 +47,13 @@ from ..erf import _P32, _Q32, erf
 from ..gelu_jit import gelu_erf_f32
 from ..jit import Jitted
 from ..sigmoid_jit import sigmoid_f32
-from .conv_common import scratch
+from .conv_common import depthwise_plan, scratch
 
 __all__ = [
     "ACTIVATIONS",
     "Epilogue",
     "act_fns",
     "apply_epilogue",
-    "depthwise_plan",
     "make_epilogue",
     "numpy_act_after",
 ]
@@ -249,8 +248,8 @@ def _depthwise2d(
     reads ci's phase plane at ``t + tap offset``, so every tap is one contiguous loop over
     the whole grid (the columns past OW are computed and dropped). The residual is added
     and the activation runs over the grid, then the crop copies it into ``out``. ``tab``
-    (``depthwise_plan``) holds q, the tap offsets and, per (input row, column phase), where
-    its run lands; all divisions are done there, none here."""
+    (``conv_common.depthwise_plan``) holds q, the tap offsets and, per (input row, column
+    phase), where its run lands; all divisions are done there, none here."""
     n_, c_ = x.shape[0], x.shape[1]
     m_, cg, kh_, kw_ = w.shape
     oh_, ow_ = out.shape[2], out.shape[3]
@@ -460,49 +459,6 @@ _EPILOGUE_COLS = Jitted(_epilogue_cols, _warm_epilogue_cols, helpers=_HELPERS)
 _EMPTY = {np.dtype(t): np.zeros((0, 0, 0, 0), t) for t in (np.float32, np.float64)}
 _EMPTY3 = {dt: np.zeros((0, 0, 0), dt) for dt in _EMPTY}
 _EMPTY1 = {dt: np.zeros(0, dt) for dt in _EMPTY}
-
-
-def depthwise_plan(
-    x_shape: tuple[int, ...],
-    w_shape: tuple[int, ...],
-    out_shape: tuple[int, ...],
-    strides: tuple[int, int],
-    pads: tuple[int, int, int, int],
-    dilations: tuple[int, int],
-) -> tuple[np.ndarray, int, int]:
-    """(table, phase-plane elements, grid elements) for ``_depthwise2d``: the table is
-    [q, sw, grid loop length, tap offsets..., then per (input row, column phase) with
-    columns: input row, first column, count, offset in the phase planes]."""
-    h, wd = x_shape[2:]
-    kh, kw = w_shape[2:]
-    oh, ow = out_shape[2:]
-    sh, sw = strides
-    dh, dw = dilations
-    ph, pw = pads[0], pads[1]
-    # a grid row holds OW outputs plus the widest tap shift; a plane row the padded input
-    q = max(ow + ((kw - 1) * dw) // sw, -(-(wd + pw) // sw))
-    rows = max(oh + ((kh - 1) * dh) // sh, -(-(h + ph) // sh)) + 1
-    plane = rows * q
-    taps = []
-    for i in range(kh):
-        for j in range(kw):
-            rh, rw = i * dh, j * dw
-            taps.append(((rh % sh) * sw + rw % sw) * plane + (rh // sh) * q + rw // sw)
-    runs = []
-    for r in range(h):
-        pr = r + ph
-        for f in range(sw):
-            i0 = (f - pw) % sw  # columns i with (i + pw) % sw == f
-            if i0 >= wd:
-                continue
-            cnt = (wd - i0 + sw - 1) // sw
-            off = ((pr % sh) * sw + f) * plane + (pr // sh) * q + (i0 + pw) // sw
-            runs += [r, i0, cnt, off]
-    # the grid loops run over a multiple of 32 elements: LLVM vectorizes them 8 wide,
-    # 4 interleaved, and leaves the rest to a scalar loop (most of a 7x7 plane's grid)
-    span = -(-((oh - 1) * q + ow) // 32) * 32
-    tab = np.array([q, sw, span, *taps, *runs], np.int64)
-    return tab, max(sh * sw * plane, max(taps) + span), max(oh * q, span)
 
 
 def make_epilogue(epi: Epilogue) -> Callable[..., np.ndarray]:
