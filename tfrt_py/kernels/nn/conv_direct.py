@@ -289,7 +289,7 @@ def _depthwise2d(
                         d1 = np.uint64(runs[4 * j + 7])
                         de, do, ce, co = (d0, d1, cnt, cnt1) if c0 == 0 else (d1, d0, cnt1, cnt)
                         ce, co = np.uint64(ce), np.uint64(co)
-                        if c0 + c1 != 1:  # not the even and the odd columns: one by one
+                        if c0 + c1 != 1:  # (the plan always pairs columns 0 and 1; guard)
                             for i in range(cnt):
                                 xs[d0 + i] = xc[r, c0 + i * su]
                             j += 1
@@ -312,9 +312,8 @@ def _depthwise2d(
                 for ci in range(cg):
                     xs = xp[ci * seg : (ci + 1) * seg]
                     wm = w[m, ci]
-                    # three taps per pass over the grid: a third of the loop set-ups and
-                    # of the loads and stores of acc (per-tap overhead dominates small
-                    # planes)
+                    # several taps per pass over the grid: fewer loop set-ups and fewer
+                    # loads and stores of acc (per-tap overhead dominates small planes)
                     k = 0
                     if n_taps == 9:  # 3x3: the whole kernel in one pass
                         w0, w1, w2 = wm[0, 0], wm[0, 1], wm[0, 2]
@@ -355,7 +354,7 @@ def _depthwise2d(
                                     (w0 * s0[t] + w1 * s1[t]) + (w2 * s2[t] + w3 * s3[t])
                                 ) + ((w4 * s4[t] + w5 * s5[t]) + w6 * s6[t])
                         k = n_taps
-                    while k + 3 <= n_taps:
+                    while k + 3 <= n_taps:  # other kernels: three taps a pass
                         w0 = wm[k // kw_, k % kw_]
                         w1 = wm[(k + 1) // kw_, (k + 1) % kw_]
                         w2 = wm[(k + 2) // kw_, (k + 2) % kw_]
