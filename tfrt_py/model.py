@@ -28,7 +28,7 @@ import numpy as np
 
 from .calls import CallContext, check_timeout
 from .compiler.prepare import Prepared, prepare
-from .concurrency import HostContext, Limiter
+from .concurrency import HostContext, Limiter, native_threads
 from .concurrency.threads import configure as configure_threads
 from .concurrency.threads import limit_blas
 from .concurrency.threads import threads as thread_budget
@@ -85,10 +85,11 @@ def load(
     overrides it per call); ``max_concurrency``: at most this many calls in flight, the
     others wait first come, first served (``run_async`` waits without blocking its loop).
 
-    ``threads``: how many threads one call may use (large matrix products split over
-    tfrt_py's intra-op pool; NumPy's BLAS runs single-threaded so nothing spins against a
-    busy neighbour). Process-wide: ``$TFRT_PY_THREADS`` overrides it, the last value given
-    applies, the default is the cores this process may use (``concurrency.threads``).
+    ``threads``: how many threads one call may use (large matrix products and convs split
+    over native threads, numba's TBB layer, or tfrt_py's Python intra-op pool; NumPy's
+    BLAS runs single-threaded so nothing spins against a busy neighbour). Process-wide:
+    ``$TFRT_PY_THREADS`` overrides it, the last value given applies, the default is the
+    cores this process may use (``concurrency.threads``).
 
     ``base_dir``: the directory external-data locations are relative to, for a bytes or
     ``onnx.ModelProto`` source (required when it has external data; a path source uses its
@@ -417,8 +418,9 @@ class Model:
             *self._runtime.describe_policy(),
         ]
         lines.append(
-            f"  threads: {thread_budget()} per call (large products split over tfrt_py's "
-            "intra-op pool; NumPy's BLAS single-threaded)"
+            f"  threads: {thread_budget()} per call (split kernels on "
+            f"{'native threads (TBB)' if native_threads.ready() else 'the intra-op pool'}"
+            "; BLAS single-threaded)"
         )
         if self._timeout is not None:
             lines.append(f"  default deadline: {self._timeout:g} s per call")

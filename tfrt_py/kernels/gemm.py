@@ -13,9 +13,18 @@ from typing import Any
 
 import numpy as np
 
+from ..concurrency import native_threads
 from ..concurrency.threads import intra_pool
+from .jit import Jitted
 
-__all__ = ["PARTS_PER_THREAD", "SPLIT_MIN_MACS", "matmul_cols_into", "matmul_into"]
+__all__ = [
+    "NATIVE_SPLIT_MIN_MACS",
+    "PARTS_PER_THREAD",
+    "SPLIT_MIN_MACS",
+    "matmul_cols_into",
+    "matmul_into",
+    "native_rows",
+]
 
 #: Products smaller than this many multiply-adds run whole (~130 µs of single-core BLAS).
 #: A split pays for waking a helper (~5 µs when it is idle, tens when it sleeps deeper)
@@ -24,6 +33,9 @@ __all__ = ["PARTS_PER_THREAD", "SPLIT_MIN_MACS", "matmul_cols_into", "matmul_int
 #: 87 vs 84, 32x64 @ 64x3136 (6M) 153 vs 124 by columns, 960x160 @ 160x49 (7.5M) 172 vs
 #: 124, 576x96 @ 96x196 (11M) 224 vs 154, 197x192 @ 192x768 (29M) 600 vs 362.
 SPLIT_MIN_MACS = 6 << 20
+#: Products split on native threads (``concurrency.native_threads``: no GIL, ~4 µs a
+#: split) from this many multiply-adds: a 192x32 @ 32x784 product (4.8M, 120 µs whole).
+NATIVE_SPLIT_MIN_MACS = 1 << 20
 #: Blocks per thread of the budget: one (the caller takes a block a slow helper has not
 #: started). Two per thread measured slower on the 2-core machine without AVX-512
 #: (2026-11-26, medians of 600 calls, ms): 160x960 @ 960x49 whole 174, 2 row blocks 128,
@@ -34,6 +46,9 @@ PARTS_PER_THREAD = 1
 _MIN_ROWS = 32
 #: A column block has at least this many columns.
 _MIN_COLS = 64
+#: ``matmul_cols_into`` splits a product with more than this many columns per row by
+#: columns on the Python pool, not by rows on native threads.
+_WIDE = 32
 
 
 def matmul_into(
@@ -51,7 +66,15 @@ def matmul_into(
     n = b.shape[1]
     pool = intra_pool()
     t = pool.threads
-    if t == 1 or m < 2 * _MIN_ROWS or m * k * n < SPLIT_MIN_MACS:
+    macs = m * k * n
+    if t > 1 and m >= 2 * _MIN_ROWS and macs >= NATIVE_SPLIT_MIN_MACS:
+        if out is None:
+            out = np.empty((m, n), np.result_type(a, b))
+        if native_rows(a, b, out, t, m // _MIN_ROWS):
+            if epilogue is not None:
+                epilogue(out)
+            return out
+    if t == 1 or m < 2 * _MIN_ROWS or macs < SPLIT_MIN_MACS:
         r = np.matmul(a, b, out=out)
         if epilogue is not None:
             epilogue(r)
@@ -86,10 +109,15 @@ def matmul_cols_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarra
     n = b.shape[1]
     pool = intra_pool()
     t = pool.threads
-    if t == 1 or m * k * n < SPLIT_MIN_MACS:
-        return np.matmul(a, b, out=out)
     if m >= n:
         return matmul_into(a, b, out)
+    # row blocks on native threads, unless very wide (few rows a block, each packing all of
+    # ``b``: 96x16 @ 16x12544 took 413 µs so, 360 in column blocks on the Python pool)
+    native = t > 1 and n < _WIDE * m and m * k * n >= NATIVE_SPLIT_MIN_MACS
+    if native and native_rows(a, b, out, t, m // _MIN_ROWS):
+        return out
+    if t == 1 or m * k * n < SPLIT_MIN_MACS:
+        return np.matmul(a, b, out=out)
     blocks = min(PARTS_PER_THREAD * t, n // _MIN_COLS)
     if blocks < 2:
         return np.matmul(a, b, out=out)
@@ -101,3 +129,50 @@ def matmul_cols_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarra
 
     pool.run([part(edges[i], edges[i + 1]) for i in range(blocks)])
     return out
+
+
+#: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
+numba: Any = None
+
+
+def _matmul_rows(a: Any, b: Any, out: Any, edges: Any) -> None:  # pragma: no cover - numba only
+    """out[r0:r1] = a[r0:r1] @ b for consecutive ``edges``, the blocks in a ``prange`` loop
+    on numba's TBB threads (``concurrency.native_threads``), each a single-threaded BLAS
+    call (SciPy's, through numba's ``np.dot``). ``numba`` is this module's global once
+    ``Jitted`` compiles it."""
+    for i in numba.prange(edges.shape[0] - 1):
+        np.dot(a[edges[i] : edges[i + 1]], b, out[edges[i] : edges[i + 1]])
+
+
+def _warm_matmul_rows(fn: Any) -> None:
+    for t in (np.float32, np.float64):
+        a, b = np.ones((4, 3), t), np.ones((3, 2), t)
+        fn(a, b, np.empty((4, 2), t), np.array([0, 2, 4], np.int64))
+
+
+_MATMUL_ROWS = Jitted(_matmul_rows, _warm_matmul_rows, parallel=True)
+
+
+def native_rows(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray, t: int, most: int | None = None
+) -> bool:
+    """``out[:] = a @ b`` in row blocks (``t`` threads, at most ``most`` blocks: default a
+    block per ``_MIN_ROWS`` rows) on native threads, when they are ready and the operands
+    are C-contiguous float32/float64 arrays of one dtype (what the compiled product was
+    built for); False (nothing done) otherwise."""
+    if most is None:
+        most = a.shape[0] // _MIN_ROWS
+    if most < 2 or a.dtype != b.dtype or a.dtype != out.dtype or a.dtype not in _FLOATS:
+        return False
+    if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
+        return False
+    fn = _MATMUL_ROWS.get()
+    if fn is None:
+        return False
+    m = a.shape[0]
+    blocks = min(PARTS_PER_THREAD * native_threads.enter(t), most)
+    fn(a, b, out, np.array([m * i // blocks for i in range(blocks + 1)], np.int64))
+    return True
+
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))

@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..concurrency import native_threads
+
 __all__ = ["ENV_JIT", "Jitted", "jit_enabled"]
 
 #: ``TFRT_PY_JIT=0`` turns the numba kernels off: every kernel takes its NumPy path.
@@ -82,7 +84,12 @@ class Jitted:
     argument types the kernels use at load time rather than on a model's first call.
     ``helpers`` are module-level functions ``fn`` calls: they are registered with numba
     (``register_jitable``) before ``fn`` compiles and stay plain Python functions.
-    ``fastmath``: LLVM fast-math flags for ``fn`` (empty: none).
+    ``fastmath``: LLVM fast-math flags for ``fn`` (empty: none). ``parallel``: compiled
+    with ``parallel=True`` for its ``numba.prange`` loops, which run on numba's TBB layer
+    (``concurrency.native_threads``): ``get()`` returns None where that layer is not ready
+    (the caller splits over the Python intra-op pool instead). ``fn`` refers to numba
+    through its module's global ``numba``, set here before it compiles (kernel modules
+    import without numba).
     """
 
     def __init__(
@@ -91,8 +98,10 @@ class Jitted:
         warm: Callable[[Any], None] | None = None,
         helpers: tuple[Callable[..., Any], ...] = (),
         fastmath: frozenset[str] = frozenset(),
+        parallel: bool = False,
     ) -> None:
         self.fn = fn
+        self._parallel = parallel
         self._warm = warm
         self._helpers = helpers
         self._fastmath = set(fastmath) or False
@@ -102,7 +111,7 @@ class Jitted:
 
     def get(self) -> Any:
         """The compiled function, or None when the NumPy path must run."""
-        if not jit_enabled():
+        if not jit_enabled() or (self._parallel and not native_threads.ready()):
             return None
         compiled = self._compiled
         if compiled is not None or self._failed:
@@ -116,8 +125,14 @@ class Jitted:
                 try:
                     for h in self._helpers:
                         _register_helper(numba, h)
+                    if self._parallel and self.fn.__globals__.get("numba") is None:
+                        self.fn.__globals__["numba"] = numba
                     d = numba.njit(
-                        nogil=True, cache=True, error_model="numpy", fastmath=self._fastmath
+                        nogil=True,
+                        cache=True,
+                        error_model="numpy",
+                        fastmath=self._fastmath,
+                        parallel=self._parallel,
                     )(self.fn)
                     if self._warm is not None:
                         self._warm(d)

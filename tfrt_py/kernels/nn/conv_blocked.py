@@ -61,6 +61,9 @@ _SPLIT_MIN_MACS = 1 << 22
 #: Grouped convs with fewer input channels per group are left to the depthwise kernel or
 #: the whole-image path (a GEMM over a K of a few taps is mostly overhead).
 _MIN_GROUP_CHANNELS = 4
+#: A 1x1 conv's product splits into filter blocks on native threads from this many
+#: filters (two blocks of 32 rows; fewer filters split by output pixels on the pool).
+_NATIVE_MIN_FILTERS = 64
 
 
 def _im2col_rows(  # pragma: no cover - numba only
@@ -194,6 +197,8 @@ class BlockedPlan(NamedTuple):
     epi: Epilogue  # for Sigmoid/SiLU (float64 Gelu): NumPy (or compiled) over y afterwards
     params: np.ndarray
     fns: tuple[Any, Any]  # conv_direct.act_fns()
+    # a 1x1 conv with enough filters for row blocks of its product on native threads
+    native: bool = False
 
 
 def plan_blocked(
@@ -254,7 +259,9 @@ def plan_blocked(
         epi if numpy_act else Epilogue(),
         _params(epi, dtype),
         act_fns(),
-    )
+        direct and group == 1 and threads > 1 and m >= _NATIVE_MIN_FILTERS
+        and macs >= gemm.NATIVE_SPLIT_MIN_MACS,
+    )  # fmt: skip
 
 
 def run_blocked(
@@ -291,6 +298,18 @@ def run_blocked(
         return y
     y3 = y.reshape(n, m, o)
     r3 = None if res is None else res.reshape(n, m, o)
+    if plan.native:
+        # a 1x1 conv: each image's product in filter blocks on native threads when they
+        # are there (no GIL hand-offs), then the epilogue over the image
+        x3n = x.reshape(n, x.shape[1], o)
+        t = intra_pool().threads
+        if all(gemm.native_rows(w3[0], x3n[i], y3[i], t) for i in range(n)):  # all or none
+            for i in range(n):
+                ri = _EMPTY2[dt] if r3 is None else r3[i]
+                plan.epilogue(y3[i], bb, ri, 0, o, plan.act, plan.params)
+            if plan.epi.act:
+                _numpy_act(y, plan.epi, plan.fns)
+            return y
     im2col, epilogue, geo, k = plan.im2col, plan.epilogue, plan.geo, plan.k
     act, params, mm = plan.act, plan.params, np.matmul
     mg, cg = m // plan.group, x.shape[1] // plan.group

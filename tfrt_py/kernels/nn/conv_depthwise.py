@@ -17,10 +17,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from .conv_common import Spatial, bias_vector, conv_geometry, depthwise_plan, scratch
 from .conv_direct import (
     _DEPTHWISE,
+    _DEPTHWISE_PAR,
     _EMPTY,
     Epilogue,
     _jit_act,
@@ -32,6 +34,7 @@ from .conv_direct import (
 
 __all__ = [
     "DEPTHWISE_MIN_WORK",
+    "DEPTHWISE_NATIVE_SPLIT_MIN_MACS",
     "DEPTHWISE_SPLIT_MIN_MACS",
     "GROUPED_DIRECT_MAX_CHANNELS",
     "DepthwisePlan",
@@ -48,6 +51,9 @@ GROUPED_DIRECT_MAX_CHANNELS = 16
 #: A depthwise conv of at least this many multiply-adds (grid x taps x channels x images)
 #: is split over tfrt_py's intra-op threads, by channel blocks (one image) or images.
 DEPTHWISE_SPLIT_MIN_MACS = 1 << 20
+#: ... and from this many on native threads (``concurrency.native_threads``: ~4 µs a
+#: split, no GIL): 576x14x14 at stride 2 (~0.4M, 118 µs on one thread) took 77 µs so.
+DEPTHWISE_NATIVE_SPLIT_MIN_MACS = 1 << 17
 
 
 class DepthwisePlan(NamedTuple):
@@ -62,6 +68,7 @@ class DepthwisePlan(NamedTuple):
     params: np.ndarray
     split: bool  # big enough to split over the intra-op threads (when there are several)
     numpy_after: bool  # the activation runs in NumPy over the output afterwards
+    par: Any  # the kernel over blocks in a native parallel loop, or None (Python pool)
 
 
 def plan_depthwise(
@@ -85,10 +92,12 @@ def plan_depthwise(
     tab, xp_len, acc_len = depthwise_plan(x_shape, w_shape, out_shape, strides, pads, dilations)
     n, cg = x_shape[0], w_shape[1]
     work = acc_len * w_shape[2] * w_shape[3] * w_shape[0] * cg * n
-    split = work >= DEPTHWISE_SPLIT_MIN_MACS and max(n, x_shape[1] // cg) >= 2
+    blocks = max(n, x_shape[1] // cg) >= 2
+    par = _DEPTHWISE_PAR.get() if blocks and work >= DEPTHWISE_NATIVE_SPLIT_MIN_MACS else None
+    split = blocks and (work >= DEPTHWISE_SPLIT_MIN_MACS or par is not None)
     return DepthwisePlan(
         fn, act_fns(), tab, xp_len * cg, acc_len, _jit_act(epi, dtype), _params(epi, dtype),
-        split, numpy_act_after(epi, dtype),
+        split, numpy_act_after(epi, dtype), par,
     )  # fmt: skip
 
 
@@ -114,7 +123,11 @@ def run_depthwise(
     n, cg = x.shape[0], w.shape[1]
     groups = x.shape[1] // cg
     mg = w.shape[0] // groups
-    if n == 1:  # group blocks: every slice of an image's channels is C-contiguous
+    if plan.par is not None:  # native threads: blocks of groups (one image) or of images
+        rows = _blocks(n, groups, 2 * native_threads.enter(pool.threads))
+        buf = scratch(0, (rows.shape[0], plan.xp_len + plan.acc_len), dt)
+        plan.par(x, w, b, e, out, plan.tab, plan.act, plan.params, buf, plan.xp_len, rows)
+    elif n == 1:  # group blocks: every slice of an image's channels is C-contiguous
         blocks = min(2 * pool.threads, groups)
         edges = [groups * i // blocks for i in range(blocks + 1)]
 
@@ -138,6 +151,25 @@ def run_depthwise(
     return out
 
 
+def _blocks(n: int, groups: int, parts: int) -> np.ndarray:
+    """(n0, n1, g0, g1) rows: ``parts`` blocks of groups of one image, or of images."""
+    key = (n, groups, parts)
+    got = _BLOCKS.get(key)
+    if got is None:
+        if n == 1:
+            k = min(parts, groups)
+            rows = [(0, 1, groups * i // k, groups * (i + 1) // k) for i in range(k)]
+        else:
+            k = min(parts, n)
+            rows = [(n * i // k, n * (i + 1) // k, 0, groups) for i in range(k)]
+        got = _BLOCKS[key] = np.array(rows, np.int64)
+    return got
+
+
+#: ``_blocks`` by (images, groups, parts): a few shapes per model (a dict write is atomic).
+_BLOCKS: dict[tuple[int, int, int], np.ndarray] = {}
+
+
 def _depthwise_block(
     plan: DepthwisePlan, x: np.ndarray, w: np.ndarray, b: np.ndarray, res: np.ndarray,
     out: np.ndarray,
@@ -146,7 +178,7 @@ def _depthwise_block(
     scratch buffers (any thread: the kernel releases the GIL)."""
     buf = scratch(0, (plan.xp_len + plan.acc_len,), x.dtype)  # one slot, two parts
     plan.fn(x, w, b, res, out, plan.tab, plan.act, plan.params, buf[: plan.xp_len],
-            buf[plan.xp_len :])  # fmt: skip
+            buf[plan.xp_len :], 0, x.shape[0], 0, x.shape[1] // w.shape[1])  # fmt: skip
 
 
 #: The compiled depthwise kernel beats im2col + GEMM from about this many output positions

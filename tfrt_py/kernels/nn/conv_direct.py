@@ -236,10 +236,11 @@ def _epilogue_row(
 
 
 def _depthwise2d(
-    x: Any, w: Any, b: Any, res: Any, out: Any, tab: Any, act: int, p: Any, xp: Any, acc: Any
-) -> None:  # pragma: no cover - numba only
+    x: Any, w: Any, b: Any, res: Any, out: Any, tab: Any, act: int, p: Any, xp: Any, acc: Any,
+    n0: int, n1: int, g0: int, g1: int,
+) -> None:  # pragma: no cover - numba only  # fmt: skip
     """Depthwise or grouped with few channels per group (``w`` (M, CG, KH, KW)),
-    polyphase on an extended grid.
+    polyphase on an extended grid, for images ``[n0, n1)`` and groups ``[g0, g1)``.
 
     Per input channel the zero-padded plane is split into ``sh x sw`` phase planes
     (padded row r, column c -> plane (r % sh, c % sw), position (r // sh, c // sw)), kept
@@ -250,11 +251,9 @@ def _depthwise2d(
     and the activation runs over the grid, then the crop copies it into ``out``. ``tab``
     (``conv_common.depthwise_plan``) holds q, the tap offsets and, per (input row, column
     phase), where its run lands; all divisions are done there, none here."""
-    n_, c_ = x.shape[0], x.shape[1]
     m_, cg, kh_, kw_ = w.shape
     oh_, ow_ = out.shape[2], out.shape[3]
-    groups = c_ // cg
-    mg = m_ // groups
+    mg = m_ // (x.shape[1] // cg)
     seg = xp.shape[0] // cg
     q, sw, span, n_taps = tab[0], tab[1], tab[2], kh_ * kw_
     runs = tab[3 + n_taps :]
@@ -263,8 +262,8 @@ def _depthwise2d(
     zero = p[2]
     for i in range(xp.shape[0]):
         xp[i] = zero
-    for n in range(n_):
-        for g in range(groups):
+    for n in range(n0, n1):
+        for g in range(g0, g1):
             for ci in range(cg):
                 xc = x[n, g * cg + ci]
                 xs = xp[ci * seg : (ci + 1) * seg]
@@ -388,6 +387,25 @@ def _depthwise2d(
                         om[oh, i] = acc[ab + np.uint64(i)]
 
 
+#: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
+numba: Any = None
+
+
+def _depthwise2d_par(
+    x: Any, w: Any, b: Any, res: Any, out: Any, tab: Any, act: int, p: Any, buf: Any,
+    xp_len: int, blocks: Any,
+) -> None:  # pragma: no cover - numba only  # fmt: skip
+    """``_depthwise2d`` over ``blocks`` (rows n0, n1, g0, g1) in a ``prange`` loop on numba's
+    TBB layer, each block with its own scratch row of ``buf`` (blocks, xp + acc). The
+    caller sets the thread count and a chunk of one block (``native_threads.enter``: a
+    helper a busy core holds up delays one block). ``numba`` is this module's global once
+    ``Jitted`` compiles it (this file must import without numba)."""
+    for k in numba.prange(blocks.shape[0]):
+        s = buf[k]
+        _depthwise2d(x, w, b, res, out, tab, act, p, s[:xp_len], s[xp_len:],
+                     blocks[k, 0], blocks[k, 1], blocks[k, 2], blocks[k, 3])  # fmt: skip
+
+
 def _epilogue3(y: Any, b: Any, res: Any, act: int, p: Any) -> None:  # pragma: no cover - numba only
     """y (N, M, S) in place: y + b[m] (b empty: none) + res (empty: none), then act."""
     n_, m_, s_ = y.shape
@@ -445,7 +463,16 @@ def _warm_depthwise(fn: Any) -> None:
     x, w, y = np.zeros((1, 2, 3, 3), f), np.zeros((2, 1, 2, 2), f), np.zeros((1, 2, 2, 2), f)
     tab, n_xp, n_acc = depthwise_plan(x.shape, w.shape, y.shape, (1, 1), (0, 0, 0, 0), (1, 1))
     fn(x, w, np.zeros(2, f), np.zeros((0, 0, 0, 0), f), y, tab, 0, np.zeros(7, f),
-       np.zeros(n_xp, f), np.zeros(n_acc, f))  # fmt: skip
+       np.zeros(n_xp, f), np.zeros(n_acc, f), 0, 1, 0, 2)  # fmt: skip
+
+
+def _warm_depthwise_par(fn: Any) -> None:
+    f = np.float32
+    x, w, y = np.zeros((1, 2, 3, 3), f), np.zeros((2, 1, 2, 2), f), np.zeros((1, 2, 2, 2), f)
+    tab, n_xp, n_acc = depthwise_plan(x.shape, w.shape, y.shape, (1, 1), (0, 0, 0, 0), (1, 1))
+    blocks = np.array([[0, 1, 0, 1], [0, 1, 1, 2]], np.int64)
+    fn(x, w, np.zeros(2, f), np.zeros((0, 0, 0, 0), f), y, tab, 0, np.zeros(7, f),
+       np.zeros((2, n_xp + n_acc), f), n_xp, blocks)  # fmt: skip
 
 
 # The compiled loops that call ``_act_row`` live in this file: numba's on-disk cache
@@ -453,6 +480,9 @@ def _warm_depthwise(fn: Any) -> None:
 # after ``_act_row`` changed.
 _HELPERS = (_act_row, _epilogue_row)
 _DEPTHWISE = Jitted(_depthwise2d, _warm_depthwise, helpers=_HELPERS)
+_DEPTHWISE_PAR = Jitted(
+    _depthwise2d_par, _warm_depthwise_par, helpers=(*_HELPERS, _depthwise2d), parallel=True
+)
 _EPILOGUE = Jitted(_epilogue3, _warm_epilogue, helpers=_HELPERS)
 _EPILOGUE_COLS = Jitted(_epilogue_cols, _warm_epilogue_cols, helpers=_HELPERS)
 _EMPTY = {np.dtype(t): np.zeros((0, 0, 0, 0), t) for t in (np.float32, np.float64)}

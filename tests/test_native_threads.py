@@ -1,0 +1,183 @@
+"""Split kernels on native threads (numba ``prange`` on TBB, ``concurrency.native_threads``):
+they run there when the layer is ready, compute what the serial kernels compute, survive
+concurrent callers and a fork, and step aside (the Python pool's path) when switched off."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from tfrt_py.concurrency import native_threads
+from tfrt_py.concurrency.threads import configure
+from tfrt_py.kernels import gemm
+from tfrt_py.kernels.nn import conv_depthwise as cdw
+from tfrt_py.kernels.nn.conv_direct import Epilogue
+
+numba = pytest.importorskip("numba", reason="native threads are numba's parallel loops")
+pytestmark = pytest.mark.skipif(
+    not native_threads.ready(),
+    reason="numba's TBB threading layer is not available here (the tbb package, Linux x86-64)",
+)
+
+F32 = np.dtype(np.float32)
+
+
+@pytest.fixture(autouse=True)
+def two_threads() -> object:
+    configure(2)
+    yield
+    configure(None)
+
+
+def _depthwise_case(n: int, c: int, h: int, k: int, s: int, epi: Epilogue, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    p = (k - 1) // 2
+    oh = (h + 2 * p - k) // s + 1
+    x = rng.standard_normal((n, c, h, h)).astype(np.float32)
+    w = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    res = rng.standard_normal((n, c, oh, oh)).astype(np.float32) if epi.residual else None
+    plan = cdw.plan_depthwise(x.shape, w.shape, (n, c, oh, oh), (s, s), (p, p, p, p), (1, 1),
+                              epi, F32)  # fmt: skip
+    assert plan is not None
+    return plan, x, w, b, res, (n, c, oh, oh)
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "h", "k", "s", "epi"),
+    [
+        (1, 96, 56, 3, 1, Epilogue()),
+        (1, 144, 56, 3, 2, Epilogue(act="Relu")),
+        (1, 576, 14, 3, 2, Epilogue(act="Clip", alpha=0.0, beta=6.0)),
+        (1, 240, 28, 5, 1, Epilogue(residual=True)),
+        (3, 64, 28, 3, 1, Epilogue(act="HardSwish", residual=True)),  # image blocks
+    ],
+)
+def test_a_split_depthwise_conv_runs_on_native_threads_and_matches_one_thread(
+    n: int, c: int, h: int, k: int, s: int, epi: Epilogue
+) -> None:
+    plan, x, w, b, res, out_shape = _depthwise_case(n, c, h, k, s, epi)
+    assert plan.split and plan.par is not None
+    got = cdw.run_depthwise(plan, x, w, b, np.empty(out_shape, np.float32), res, epi)
+    serial = plan._replace(split=False, par=None)
+    want = cdw.run_depthwise(serial, x, w, b, np.empty(out_shape, np.float32), res, epi)
+    np.testing.assert_array_equal(got, want)  # the same loop per channel: bit for bit
+    assert numba.threading_layer() == "tbb"
+
+
+def test_switched_off_the_split_takes_the_python_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native_threads.ENV_NATIVE_THREADS, "0")
+    plan, x, w, b, res, out_shape = _depthwise_case(1, 144, 56, 3, 1, Epilogue())
+    assert plan.split and plan.par is None
+    got = cdw.run_depthwise(plan, x, w, b, np.empty(out_shape, np.float32), res, Epilogue())
+    monkeypatch.delenv(native_threads.ENV_NATIVE_THREADS)
+    plan2, *_ = _depthwise_case(1, 144, 56, 3, 1, Epilogue())
+    want = cdw.run_depthwise(plan2, x, w, b, np.empty(out_shape, np.float32), res, Epilogue())
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(256, 96, 196), (197, 192, 768), (960, 160, 49)])
+def test_a_product_in_native_row_blocks_matches_numpy(m: int, k: int, n: int) -> None:
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    assert gemm.native_rows(a, b, out, 2)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+    out2 = np.full((m, n), np.nan, np.float32)
+    gemm.matmul_cols_into(a, b, out2)
+    np.testing.assert_allclose(out2, a @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_native_rows_declines_what_it_was_not_built_for() -> None:
+    a = np.ones((128, 8), np.float32)
+    b = np.ones((8, 16), np.float32)
+    assert not gemm.native_rows(a, np.asfortranarray(b), np.empty((128, 16), np.float32), 2)
+    assert not gemm.native_rows(a, b.astype(np.float64), np.empty((128, 16), np.float32), 2)
+    assert not gemm.native_rows(a[:40], b, np.empty((40, 16), np.float32), 2)  # one block
+
+
+def test_concurrent_callers_each_get_their_own_result() -> None:
+    """Two Python threads launching parallel loops at once (an executor's workers, a
+    server's threads): TBB is thread-safe; each call's blocks use the caller's scratch."""
+    cases = [_depthwise_case(1, 192, 28, 3, 1, Epilogue(act="Relu"), seed=i) for i in range(2)]
+    wants = []
+    for plan, x, w, b, res, shape in cases:
+        serial = plan._replace(split=False, par=None)
+        wants.append(cdw.run_depthwise(serial, x, w, b, np.empty(shape, np.float32), res,
+                                       Epilogue(act="Relu")))  # fmt: skip
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        plan, x, w, b, res, shape = cases[i]
+        for _ in range(40):
+            got = cdw.run_depthwise(plan, x, w, b, np.empty(shape, np.float32), res,
+                                    Epilogue(act="Relu"))  # fmt: skip
+            if not np.array_equal(got, wants[i]):
+                errors.append(f"thread {i}")
+                return
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert errors == []
+
+
+FORK_CHILD = r"""
+import os, sys
+import numpy as np
+from tfrt_py.concurrency.threads import configure
+from tfrt_py.kernels.nn import conv_depthwise as cdw
+from tfrt_py.kernels.nn.conv_direct import Epilogue
+configure(2)
+rng = np.random.default_rng(0)
+x = rng.standard_normal((1, 144, 56, 56)).astype(np.float32)
+w = rng.standard_normal((144, 1, 3, 3)).astype(np.float32)
+b = np.zeros(144, np.float32)
+plan = cdw.plan_depthwise(x.shape, w.shape, (1, 144, 56, 56), (1, 1), (1, 1, 1, 1), (1, 1),
+                          Epilogue(), np.dtype(np.float32))
+assert plan.par is not None
+run = lambda: cdw.run_depthwise(plan, x, w, b, np.empty((1, 144, 56, 56), np.float32), None,
+                                Epilogue())
+want = run()  # the parent's TBB threads are running now
+pid = os.fork()
+if pid == 0:
+    ok = all(np.array_equal(run(), want) for _ in range(5))
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="os.fork is Linux's here")
+def test_a_forked_child_runs_split_kernels_after_the_parent_did() -> None:
+    """``serve --workers`` and gunicorn ``--preload`` fork after loading: TBB (unlike GNU
+    OpenMP, which aborts such a child) starts its threads again in the child."""
+    done = subprocess.run([sys.executable, "-c", FORK_CHILD], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "child 0" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_1x1_conv_splits_its_filters_on_native_threads(n: int) -> None:
+    from tfrt_py.kernels.nn.conv_blocked import plan_blocked, run_blocked
+
+    rng = np.random.default_rng(n)
+    c, m, h = 96, 192, 28
+    x = rng.standard_normal((n, c, h, h)).astype(np.float32)
+    w = rng.standard_normal((m, c, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    res = rng.standard_normal((n, m, h, h)).astype(np.float32)
+    epi = Epilogue(act="Relu", residual=True)
+    plan = plan_blocked(x.shape, w.shape, (n, m, h, h), (1, 1), (0, 0), (1, 1), F32, epi)
+    assert plan is not None and plan.native
+    got = run_blocked(plan, x, w.reshape(1, m, c), b, res, None)
+    want = np.einsum("mc,nchw->nmhw", w[:, :, 0, 0], x) + b[:, None, None] + res
+    np.testing.assert_allclose(got, np.maximum(want, 0), rtol=1e-4, atol=1e-4)

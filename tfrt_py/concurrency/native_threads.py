@@ -1,0 +1,120 @@
+"""Native intra-op threads: numba's parallel loops (``prange``) on Intel TBB.
+
+A kernel split over ``intraop.IntraOpPool`` pays for Python threads: a queue hand-off,
+waking a helper and the GIL before the helper reaches native code -- ~35 µs a split on
+the 2-core VM, more than a 100 µs depthwise conv gains from its second core. A compiled
+kernel whose parts run in a ``prange`` loop on numba's TBB threading layer pays ~4 µs:
+TBB's workers take parts without the GIL and keep stealing while the caller works, so a
+helper descheduled by a busy neighbour holds up one part, not the call.
+
+Only TBB is used: it is the one numba threading layer that is both thread-safe (an
+executor's worker threads and a server's threads launch parallel loops at once) and
+fork-safe (``serve --workers`` and gunicorn ``--preload`` fork after loading). GNU
+OpenMP aborts a forked child that uses it; numba's ``workqueue`` aborts on concurrent
+launches. ``ready()`` says whether this process has it: numba importable, TBB's library
+loadable (the ``tbb`` wheel puts ``libtbb.so.12`` in the environment's ``lib``, outside
+the loader's path: it is loaded from there by path), no other layer already running,
+``$NUMBA_THREADING_LAYER`` unset or ``tbb``, and ``$TFRT_PY_NATIVE_THREADS`` not ``0``
+(tests switch it off to run the Python pool's path). Kernels built on it (``Jitted(...,
+parallel=True)``) fall back to ``IntraOpPool`` when it is not.
+
+Thread-safe: the first ``ready`` decides under a lock, later calls read the answer.
+Imports nothing of tfrt_py; numba is imported on the first ``ready``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from typing import Any
+
+__all__ = ["ENV_NATIVE_THREADS", "enter", "max_threads", "ready"]
+
+#: ``TFRT_PY_NATIVE_THREADS=0``: split kernels use the Python intra-op pool (read each call).
+ENV_NATIVE_THREADS = "TFRT_PY_NATIVE_THREADS"
+
+_LOCK = threading.Lock()
+_STATE: list[bool] = []  # [answer] once decided
+_MAX: list[int] = [1]
+_TLS = threading.local()
+
+
+def ready() -> bool:
+    """Whether compiled kernels may run their parts in numba ``prange`` loops on TBB."""
+    if os.environ.get(ENV_NATIVE_THREADS, "1").strip() == "0":
+        return False
+    if _STATE:
+        return _STATE[0]
+    with _LOCK:
+        if not _STATE:
+            _STATE.append(_set_up())
+        return _STATE[0]
+
+
+def max_threads() -> int:
+    """The most threads a ``prange`` loop may use (numba's ``NUMBA_NUM_THREADS``)."""
+    return _MAX[0]
+
+
+def enter(threads: int) -> int:
+    """Before a parallel kernel on this thread: its ``prange`` loops use ``threads``
+    (capped at ``max_threads``; returned) and hand out one iteration at a time (numba's
+    chunk size 1: a kernel's iterations are blocks sized for it, and a helper held up by a
+    busy core delays one block instead of half the loop). Both are numba's per-thread
+    settings (they apply to this thread's later parallel loops, a user's included): set
+    once per thread and budget, ~0.1 µs after that. Call only when ``ready()``."""
+    t = min(threads, _MAX[0])
+    if getattr(_TLS, "threads", 0) != t:
+        import numba
+
+        numba.set_num_threads(t)
+        numba.set_parallel_chunksize(1)
+        _TLS.threads = t
+    return t
+
+
+def _set_up() -> bool:
+    wanted = os.environ.get("NUMBA_THREADING_LAYER", "").strip().lower()
+    if wanted not in ("", "default", "tbb"):
+        return False  # the user chose another layer for their own parallel code
+    try:
+        import numba
+        from numba.np.ufunc import parallel
+    except Exception:  # noqa: BLE001 - a broken numba install is "no numba"
+        return False
+    if getattr(parallel, "_is_initialized", False):
+        try:
+            if numba.threading_layer() != "tbb":
+                return False
+        except ValueError:
+            return False
+    elif not _tbb_importable():
+        return False
+    config: Any = numba.config
+    config.THREADING_LAYER = "tbb"
+    _MAX[0] = int(config.NUMBA_NUM_THREADS)
+    return True
+
+
+def _tbb_importable() -> bool:
+    """numba's TBB pool imports, after loading ``libtbb.so.12`` by path when the loader
+    does not find it (a pip-installed ``tbb`` in a virtual environment)."""
+    try:
+        import numba.np.ufunc.tbbpool
+
+        return True
+    except ImportError:
+        pass
+    for d in {os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")}:
+        path = os.path.join(d, "libtbb.so.12")
+        if os.path.exists(path):
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                import numba.np.ufunc.tbbpool  # noqa: F401
+
+                return True
+            except (OSError, ImportError):
+                return False
+    return False
