@@ -181,3 +181,35 @@ def test_a_1x1_conv_splits_its_filters_on_native_threads(n: int) -> None:
     got = run_blocked(plan, x, w.reshape(1, m, c), b, res, None)
     want = np.einsum("mc,nchw->nmhw", w[:, :, 0, 0], x) + b[:, None, None] + res
     np.testing.assert_allclose(got, np.maximum(want, 0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "m", "h", "k", "s"),
+    [(1, 64, 64, 56, 3, 1), (2, 32, 48, 28, 3, 2), (1, 3, 32, 224, 3, 2), (1, 192, 32, 28, 1, 1)],
+)
+def test_a_one_group_conv_runs_its_blocks_on_native_threads(
+    n: int, c: int, m: int, h: int, k: int, s: int
+) -> None:
+    """im2col, product and epilogue per block of output rows in a prange loop (a 1x1 conv
+    with few filters copies its input columns), against a direct NumPy reference."""
+    from tfrt_py.kernels.nn.conv_blocked import plan_blocked, run_blocked
+
+    rng = np.random.default_rng(c)
+    p = (k - 1) // 2
+    oh = (h + 2 * p - k) // s + 1
+    x = rng.standard_normal((n, c, h, h)).astype(np.float32)
+    w = rng.standard_normal((m, c, k, k)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    res = rng.standard_normal((n, m, oh, oh)).astype(np.float32)
+    epi = Epilogue(act="Clip", alpha=-1.0, beta=2.0, residual=True)
+    plan = plan_blocked(x.shape, w.shape, (n, m, oh, oh), (s, s), (p, p), (1, 1), F32, epi)
+    assert plan is not None and plan.par is not None and not plan.native
+    got = run_blocked(plan, x, w.reshape(1, m, -1), b, res, None)
+    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+    want = np.zeros((n, m, oh, oh), np.float64)
+    for i in range(k):
+        for j in range(k):
+            tap = xp[:, :, i : i + s * oh : s, j : j + s * oh : s]
+            want += np.einsum("mc,nchw->nmhw", w[:, :, i, j], tap)
+    want = np.clip(want + b[:, None, None] + res, -1.0, 2.0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4)

@@ -21,6 +21,7 @@ Nothing here imports numba until a builder calls ``get``.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import threading
 from collections.abc import Callable
@@ -134,9 +135,29 @@ class Jitted:
                         fastmath=self._fastmath,
                         parallel=self._parallel,
                     )(self.fn)
+                    _stamp_helper_files(d, self.fn, self._helpers)
                     if self._warm is not None:
                         self._warm(d)
                     self._compiled = d
                 except Exception:  # noqa: BLE001 - any compile failure: the NumPy path
                     self._failed = True
             return self._compiled
+
+
+def _stamp_helper_files(
+    d: Any, fn: Callable[..., Any], helpers: tuple[Callable[..., Any], ...]
+) -> None:
+    """numba's disk cache checks only the stamp (mtime, size) of ``fn``'s own file: a
+    helper from another file, changed, would leave stale machine code in the cache. The
+    stamps of the helpers' files join the cache's stamp, so a change to any of them
+    recompiles. (numba's internals: where they differ, the cache keeps its own stamp.)"""
+    own = inspect.getsourcefile(fn)
+    files = sorted({f for h in helpers if (f := inspect.getsourcefile(h)) and f != own})
+    if not files:
+        return
+    try:
+        cache_file = d._cache._cache_file
+        stamps = tuple((f, os.stat(f).st_mtime, os.stat(f).st_size) for f in files)
+        cache_file._source_stamp = (cache_file._source_stamp, stamps)
+    except (AttributeError, OSError):
+        pass

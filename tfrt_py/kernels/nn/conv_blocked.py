@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from .. import gemm
 from ..common import scratch
@@ -46,6 +47,8 @@ from .conv_direct import (
     _EPILOGUE_COLS,
     ACTIVATIONS,
     Epilogue,
+    _act_row,
+    _epilogue_row,
     _jit_act,
     _numpy_act,
     _params,
@@ -176,8 +179,71 @@ def _warm_im2col(fn: Any) -> None:
 
 
 _IM2COL = Jitted(_im2col_rows, _warm_im2col, helpers=(_im2col_rows_s2,))
+
+#: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
+numba: Any = None
+
+
+def _blocked_par(  # pragma: no cover - numba only
+    x: Any, w2: Any, y3: Any, b: Any, res3: Any, geo: Any, blocks: Any, cols_buf: Any,
+    tmp_buf: Any, act: int, p: Any,
+) -> None:  # fmt: skip
+    """A one-group conv's blocks (rows ``(image, first output row, end row)``) in a
+    ``prange`` loop on native threads: per block, im2col into its row of ``cols_buf``
+    (a 1x1 conv copies its input columns), the product by ``w2`` (M, K) into its row of
+    ``tmp_buf`` (numba's ``np.dot``: BLAS wants contiguous operands, and the block of
+    ``y3`` (N, M, OH*OW) is not), then bias (``b`` empty: none), residual (``res3``
+    empty: none) and the activation on ``tmp`` while it is in cache, copied into ``y3``."""
+    m, k = w2.shape
+    ow = geo[8]
+    has_b = b.shape[0] > 0
+    has_res = res3.shape[0] > 0
+    zero = p[2]
+    for q in numba.prange(blocks.shape[0]):
+        i, r0, r1 = blocks[q, 0], blocks[q, 1], blocks[q, 2]
+        p0, npx = r0 * ow, (r1 - r0) * ow
+        cols = cols_buf[q, : k * npx].reshape((k, npx))
+        _im2col_rows(x, i, cols, geo, 0, x.shape[1], r0, r1)
+        tmp = tmp_buf[q, : m * npx].reshape((m, npx))
+        np.dot(w2, cols, tmp)
+        for mm in range(m):
+            row = tmp[mm]
+            r = res3[i, mm, p0 : p0 + npx] if has_res else row
+            _epilogue_row(row, b[mm] if has_b else zero, r, has_b, has_res, act, p)
+            y3[i, mm, p0 : p0 + npx] = row
+
+
+def _warm_blocked_par(fn: Any) -> None:
+    for t in (np.float32, np.float64):
+        geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
+        x, w2, y3 = np.ones((1, 1, 2, 2), t), np.ones((2, 9), t), np.zeros((1, 2, 4), t)
+        blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
+        e1, e3 = np.zeros(0, t), np.zeros((0, 0, 0), t)
+        fn(x, w2, y3, e1, e3, geo, blocks, np.zeros((2, 18), t), np.zeros((2, 4), t), 0,
+           np.zeros(35, t))  # fmt: skip
+
+
+_BLOCKED_PAR = Jitted(
+    _blocked_par,
+    _warm_blocked_par,
+    helpers=(_im2col_rows, _im2col_rows_s2, _act_row, _epilogue_row),
+    parallel=True,
+)
 _EMPTY1 = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}
 _EMPTY2 = {np.dtype(t): np.zeros((0, 0), t) for t in (np.float32, np.float64)}
+_EMPTY3 = {np.dtype(t): np.zeros((0, 0, 0), t) for t in (np.float32, np.float64)}
+
+
+class _Geo1x1(dict[int, np.ndarray]):
+    """``_im2col_rows``' geometry of a 1x1 stride-1 unpadded conv by output width (the
+    native blocks copy such a conv's input columns with it)."""
+
+    def __missing__(self, ow: int) -> np.ndarray:
+        g = self[ow] = np.array([1, 1, 1, 1, 1, 1, 0, 0, ow], np.int64)
+        return g
+
+
+_GEO_1X1 = _Geo1x1()
 
 
 class BlockedPlan(NamedTuple):
@@ -199,6 +265,11 @@ class BlockedPlan(NamedTuple):
     fns: tuple[Any, Any]  # conv_direct.act_fns()
     # a 1x1 conv with enough filters for row blocks of its product on native threads
     native: bool = False
+    # else, the compiled blocks on native threads (``_blocked_par``) and their
+    # (image, first output row, end row) rows; None: the Python pool's path
+    par: Any = None
+    par_blocks: np.ndarray | None = None
+    par_rows: int = 0  # the most output rows in one of them
 
 
 def plan_blocked(
@@ -246,6 +317,18 @@ def plan_blocked(
         np.int64,
     )  # fmt: skip
     numpy_act = numpy_act_after(epi, dtype)
+    native = (
+        direct and group == 1 and threads > 1 and m >= _NATIVE_MIN_FILTERS
+        and macs >= gemm.NATIVE_SPLIT_MIN_MACS
+    )  # fmt: skip
+    par, par_blocks, par_rows = None, None, 0
+    if group == 1 and not native and threads > 1 and macs >= gemm.NATIVE_SPLIT_MIN_MACS:
+        par = _BLOCKED_PAR.get()
+        if par is not None:  # a block of output rows per thread per image
+            t = min(threads, native_threads.max_threads(), oh)
+            rows = [(oh * j // t, oh * (j + 1) // t) for j in range(t)]
+            par_blocks = np.array([(i, r0, r1) for i in range(n) for r0, r1 in rows], np.int64)
+            par_rows = -(-oh // t)
     return BlockedPlan(
         None if direct else im2col,
         epilogue,
@@ -259,9 +342,11 @@ def plan_blocked(
         epi if numpy_act else Epilogue(),
         _params(epi, dtype),
         act_fns(),
-        direct and group == 1 and threads > 1 and m >= _NATIVE_MIN_FILTERS
-        and macs >= gemm.NATIVE_SPLIT_MIN_MACS,
-    )  # fmt: skip
+        native,
+        par,
+        par_blocks,
+        par_rows,
+    )
 
 
 def run_blocked(
@@ -298,6 +383,16 @@ def run_blocked(
         return y
     y3 = y.reshape(n, m, o)
     r3 = None if res is None else res.reshape(n, m, o)
+    if plan.par is not None and plan.par_blocks is not None:
+        blocks = plan.par_blocks
+        cols = scratch(1, (2 * len(blocks), max(plan.k, m) * plan.par_rows * ow), dt)
+        native_threads.enter(intra_pool().threads)
+        geo = plan.geo if plan.im2col is not None else _GEO_1X1[ow]
+        plan.par(x, w3[0], y3, bb, _EMPTY3[dt] if r3 is None else r3, geo, blocks,
+                 cols[: len(blocks)], cols[len(blocks) :], plan.act, plan.params)  # fmt: skip
+        if plan.epi.act:
+            _numpy_act(y, plan.epi, plan.fns)
+        return y
     if plan.native:
         # a 1x1 conv: each image's product in filter blocks on native threads when they
         # are there (no GIL hand-offs), then the epilogue over the image
