@@ -81,24 +81,30 @@ def test_switched_off_the_split_takes_the_python_pool(monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize(("m", "k", "n"), [(256, 96, 196), (197, 192, 768), (960, 160, 49)])
-def test_a_product_in_native_row_blocks_matches_numpy(m: int, k: int, n: int) -> None:
+def test_a_product_in_native_blocks_matches_numpy(m: int, k: int, n: int) -> None:
     rng = np.random.default_rng(m)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     out = np.full((m, n), np.nan, np.float32)
-    assert gemm.native_rows(a, b, out, 2)
+    assert gemm.native_blocks(a, b, out, 2)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+    out = np.full((m, n), np.nan, np.float32)
+    assert gemm.native_blocks(a, b, out, 2, cols=True) == (n >= 128)  # 64 columns a block
+    if n < 128:
+        return
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
     out2 = np.full((m, n), np.nan, np.float32)
     gemm.matmul_cols_into(a, b, out2)
     np.testing.assert_allclose(out2, a @ b, rtol=1e-5, atol=1e-4)
 
 
-def test_native_rows_declines_what_it_was_not_built_for() -> None:
+def test_native_blocks_decline_what_they_were_not_built_for() -> None:
     a = np.ones((128, 8), np.float32)
     b = np.ones((8, 16), np.float32)
-    assert not gemm.native_rows(a, np.asfortranarray(b), np.empty((128, 16), np.float32), 2)
-    assert not gemm.native_rows(a, b.astype(np.float64), np.empty((128, 16), np.float32), 2)
-    assert not gemm.native_rows(a[:40], b, np.empty((40, 16), np.float32), 2)  # one block
+    assert not gemm.native_blocks(a, np.asfortranarray(b), np.empty((128, 16), np.float32), 2)
+    assert not gemm.native_blocks(a, b.astype(np.float64), np.empty((128, 16), np.float32), 2)
+    assert not gemm.native_blocks(a[:40], b, np.empty((40, 16), np.float32), 2)  # one block
+    assert not gemm.native_blocks(a, b, np.empty((128, 16), np.float32), 2, cols=True)
 
 
 def test_concurrent_callers_each_get_their_own_result() -> None:
@@ -185,7 +191,13 @@ def test_a_1x1_conv_splits_its_filters_on_native_threads(n: int) -> None:
 
 @pytest.mark.parametrize(
     ("n", "c", "m", "h", "k", "s"),
-    [(1, 64, 64, 56, 3, 1), (2, 32, 48, 28, 3, 2), (1, 3, 32, 224, 3, 2), (1, 192, 32, 28, 1, 1)],
+    [
+        (1, 64, 64, 56, 3, 1),
+        (2, 32, 48, 28, 3, 2),
+        (1, 3, 32, 224, 3, 2),
+        (1, 192, 32, 28, 1, 1),
+        (1, 3, 64, 221, 3, 2),  # 111 output rows: blocks of 55 and 56 rows
+    ],
 )
 def test_a_one_group_conv_runs_its_blocks_on_native_threads(
     n: int, c: int, m: int, h: int, k: int, s: int

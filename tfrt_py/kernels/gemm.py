@@ -15,6 +15,7 @@ import numpy as np
 
 from ..concurrency import native_threads
 from ..concurrency.threads import intra_pool
+from . import blas
 from .jit import Jitted
 
 __all__ = [
@@ -23,7 +24,7 @@ __all__ = [
     "SPLIT_MIN_MACS",
     "matmul_cols_into",
     "matmul_into",
-    "native_rows",
+    "native_blocks",
 ]
 
 #: Products smaller than this many multiply-adds run whole (~130 µs of single-core BLAS).
@@ -46,9 +47,6 @@ PARTS_PER_THREAD = 1
 _MIN_ROWS = 32
 #: A column block has at least this many columns.
 _MIN_COLS = 64
-#: ``matmul_cols_into`` splits a product with more than this many columns per row by
-#: columns on the Python pool, not by rows on native threads.
-_WIDE = 32
 
 
 def matmul_into(
@@ -70,7 +68,7 @@ def matmul_into(
     if t > 1 and m >= 2 * _MIN_ROWS and macs >= NATIVE_SPLIT_MIN_MACS:
         if out is None:
             out = np.empty((m, n), np.result_type(a, b))
-        if native_rows(a, b, out, t, m // _MIN_ROWS):
+        if native_blocks(a, b, out, t):
             if epilogue is not None:
                 epilogue(out)
             return out
@@ -100,21 +98,18 @@ def matmul_into(
 
 def matmul_cols_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out[:] = a @ b`` for 2-D ``a`` (M, K), ``b`` (K, L) and a C-contiguous ``out``
-    (M, L), split over the intra-op pool when it pays: into column blocks when ``b`` is
-    wider than ``a`` is tall (a convolution's im2col product: few filters, many output
-    pixels; each part reads only its columns of ``b``), else into row blocks
-    (``matmul_into``). Same result as ``np.matmul``; the blocks are BLAS calls on strided
-    views (no copies)."""
+    (M, L), split when it pays: into column blocks when ``b`` is wider than ``a`` is tall
+    (a convolution's im2col product: few filters, many output pixels; each part reads only
+    its columns of ``b``), else into row blocks (``matmul_into``). Same result as
+    ``np.matmul``; the blocks are BLAS calls on strided views (no copies), on native
+    threads (``native_blocks``) or the Python intra-op pool."""
     m, k = a.shape
     n = b.shape[1]
     pool = intra_pool()
     t = pool.threads
     if m >= n:
         return matmul_into(a, b, out)
-    # row blocks on native threads, unless very wide (few rows a block, each packing all of
-    # ``b``: 96x16 @ 16x12544 took 413 µs so, 360 in column blocks on the Python pool)
-    native = t > 1 and n < _WIDE * m and m * k * n >= NATIVE_SPLIT_MIN_MACS
-    if native and native_rows(a, b, out, t, m // _MIN_ROWS):
+    if t > 1 and m * k * n >= NATIVE_SPLIT_MIN_MACS and native_blocks(a, b, out, t, cols=True):
         return out
     if t == 1 or m * k * n < SPLIT_MIN_MACS:
         return np.matmul(a, b, out=out)
@@ -131,47 +126,77 @@ def matmul_cols_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarra
     return out
 
 
-#: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
+#: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles, and
+#: NumPy's BLAS gemm (``blas.register``, its ``prepare``).
 numba: Any = None
+_sgemm: Any = None
+_dgemm: Any = None
 
 
-def _matmul_rows(a: Any, b: Any, out: Any, edges: Any) -> None:  # pragma: no cover - numba only
-    """out[r0:r1] = a[r0:r1] @ b for consecutive ``edges``, the blocks in a ``prange`` loop
-    on numba's TBB threads (``concurrency.native_threads``), each a single-threaded BLAS
-    call (SciPy's, through numba's ``np.dot``). ``numba`` is this module's global once
-    ``Jitted`` compiles it."""
+def _matmul_blocks(a: Any, b: Any, out: Any, edges: Any, cols: bool) -> None:  # pragma: no cover
+    """out = a @ b (C-contiguous 2-D arrays of one dtype) in blocks of rows (``cols``
+    False) or columns between consecutive ``edges``, in a ``prange`` loop on native
+    threads, each block one call of NumPy's single-threaded BLAS gemm on its part of the
+    arrays (leading dimensions: no copies). numba only; ``numba``, ``_sgemm`` and
+    ``_dgemm`` are this module's globals once ``Jitted`` prepares it."""
+    m, k = a.shape
+    n = b.shape[1]
+    sz = out.itemsize
+    one, zero = out.dtype.type(1), out.dtype.type(0)
     for i in numba.prange(edges.shape[0] - 1):
-        np.dot(a[edges[i] : edges[i + 1]], b, out[edges[i] : edges[i + 1]])
+        e0, e1 = edges[i], edges[i + 1]
+        # addresses in uint64 (uint64 + int64 would be a float64 in numba's typing)
+        if cols:
+            rows, width = m, e1 - e0
+            oa, ob, oc = 0, e0 * sz, e0 * sz
+        else:
+            rows, width = e1 - e0, n
+            oa, ob, oc = e0 * k * sz, 0, e0 * n * sz
+        pa = a.ctypes.data + np.uint64(oa)
+        pb = b.ctypes.data + np.uint64(ob)
+        pc = out.ctypes.data + np.uint64(oc)
+        if sz == 4:
+            _sgemm(101, 111, 111, rows, width, k, one, pa, k, pb, n, zero, pc, n)
+        else:
+            _dgemm(101, 111, 111, rows, width, k, one, pa, k, pb, n, zero, pc, n)
 
 
-def _warm_matmul_rows(fn: Any) -> None:
+def _warm_matmul_blocks(fn: Any) -> None:
     for t in (np.float32, np.float64):
         a, b = np.ones((4, 3), t), np.ones((3, 2), t)
-        fn(a, b, np.empty((4, 2), t), np.array([0, 2, 4], np.int64))
+        for cols in (False, True):
+            fn(a, b, np.empty((4, 2), t), np.array([0, 1, 2], np.int64), cols)
 
 
-_MATMUL_ROWS = Jitted(_matmul_rows, _warm_matmul_rows, parallel=True)
+def _prepare_matmul_blocks(module_globals: dict[str, Any]) -> bool:
+    return blas.register(module_globals)
 
 
-def native_rows(
-    a: np.ndarray, b: np.ndarray, out: np.ndarray, t: int, most: int | None = None
+_MATMUL_BLOCKS = Jitted(
+    _matmul_blocks, _warm_matmul_blocks, parallel=True, prepare=_prepare_matmul_blocks
+)
+
+
+def native_blocks(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray, t: int, cols: bool = False
 ) -> bool:
-    """``out[:] = a @ b`` in row blocks (``t`` threads, at most ``most`` blocks: default a
-    block per ``_MIN_ROWS`` rows) on native threads, when they are ready and the operands
-    are C-contiguous float32/float64 arrays of one dtype (what the compiled product was
-    built for); False (nothing done) otherwise."""
-    if most is None:
-        most = a.shape[0] // _MIN_ROWS
-    if most < 2 or a.dtype != b.dtype or a.dtype != out.dtype or a.dtype not in _FLOATS:
+    """``out[:] = a @ b`` in ``t`` blocks of rows (``cols``: of columns, each at least
+    ``_MIN_COLS`` wide; rows: at least ``_MIN_ROWS`` tall) on native threads, when they
+    are ready and the operands are C-contiguous float32/float64 arrays of one dtype
+    (what the compiled product was built for); False (nothing done) otherwise."""
+    if a.dtype != b.dtype or a.dtype != out.dtype or a.dtype not in _FLOATS:
         return False
     if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
         return False
-    fn = _MATMUL_ROWS.get()
+    size = b.shape[1] if cols else a.shape[0]
+    most = size // (_MIN_COLS if cols else _MIN_ROWS)
+    if most < 2:
+        return False
+    fn = _MATMUL_BLOCKS.get()
     if fn is None:
         return False
-    m = a.shape[0]
     blocks = min(PARTS_PER_THREAD * native_threads.enter(t), most)
-    fn(a, b, out, np.array([m * i // blocks for i in range(blocks + 1)], np.int64))
+    fn(a, b, out, np.array([size * i // blocks for i in range(blocks + 1)], np.int64), cols)
     return True
 
 

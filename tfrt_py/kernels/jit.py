@@ -90,7 +90,9 @@ class Jitted:
     (``concurrency.native_threads``): ``get()`` returns None where that layer is not ready
     (the caller splits over the Python intra-op pool instead). ``fn`` refers to numba
     through its module's global ``numba``, set here before it compiles (kernel modules
-    import without numba).
+    import without numba). ``prepare(fn's module globals)``, when given, runs before
+    compiling (or loading from the cache) and sets what else ``fn`` needs; False: the
+    kernel is unavailable (``get()`` returns None).
     """
 
     def __init__(
@@ -100,9 +102,11 @@ class Jitted:
         helpers: tuple[Callable[..., Any], ...] = (),
         fastmath: frozenset[str] = frozenset(),
         parallel: bool = False,
+        prepare: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         self.fn = fn
         self._parallel = parallel
+        self._prepare = prepare
         self._warm = warm
         self._helpers = helpers
         self._fastmath = set(fastmath) or False
@@ -128,6 +132,9 @@ class Jitted:
                         _register_helper(numba, h)
                     if self._parallel and self.fn.__globals__.get("numba") is None:
                         self.fn.__globals__["numba"] = numba
+                    if self._prepare is not None and not self._prepare(self.fn.__globals__):
+                        self._failed = True
+                        return None
                     d = numba.njit(
                         nogil=True,
                         cache=True,

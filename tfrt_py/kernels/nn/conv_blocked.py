@@ -39,7 +39,7 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
-from .. import gemm
+from .. import blas, gemm
 from ..common import scratch
 from ..jit import Jitted
 from .conv_common import Spatial, bias_vector, conv_geometry
@@ -180,37 +180,51 @@ def _warm_im2col(fn: Any) -> None:
 
 _IM2COL = Jitted(_im2col_rows, _warm_im2col, helpers=(_im2col_rows_s2,))
 
-#: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
+#: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles, and
+#: NumPy's BLAS gemm (``blas.register``, its ``prepare``).
 numba: Any = None
+_sgemm: Any = None
+_dgemm: Any = None
 
 
 def _blocked_par(  # pragma: no cover - numba only
     x: Any, w2: Any, y3: Any, b: Any, res3: Any, geo: Any, blocks: Any, cols_buf: Any,
-    tmp_buf: Any, act: int, p: Any,
+    act: int, p: Any, direct: bool,
 ) -> None:  # fmt: skip
     """A one-group conv's blocks (rows ``(image, first output row, end row)``) in a
     ``prange`` loop on native threads: per block, im2col into its row of ``cols_buf``
-    (a 1x1 conv copies its input columns), the product by ``w2`` (M, K) into its row of
-    ``tmp_buf`` (numba's ``np.dot``: BLAS wants contiguous operands, and the block of
-    ``y3`` (N, M, OH*OW) is not), then bias (``b`` empty: none), residual (``res3``
-    empty: none) and the activation on ``tmp`` while it is in cache, copied into ``y3``."""
+    (``direct``, a 1x1 stride-1 conv: the input's columns are the operand as they are),
+    NumPy's BLAS gemm by ``w2`` (M, K) straight into the block of ``y3`` (N, M, OH*OW)
+    (``blas``: leading dimensions, no copies), then bias (``b`` empty: none), residual
+    (``res3`` empty: none) and the activation while the block is in cache. ``numba``,
+    ``_sgemm`` and ``_dgemm`` are this module's globals once ``Jitted`` prepares it."""
     m, k = w2.shape
+    o = y3.shape[2]
     ow = geo[8]
     has_b = b.shape[0] > 0
     has_res = res3.shape[0] > 0
-    zero = p[2]
+    zero, one = p[2], p[3]
+    sz = y3.itemsize
+    c_in = x.shape[1]
     for q in numba.prange(blocks.shape[0]):
         i, r0, r1 = blocks[q, 0], blocks[q, 1], blocks[q, 2]
         p0, npx = r0 * ow, (r1 - r0) * ow
-        cols = cols_buf[q, : k * npx].reshape((k, npx))
-        _im2col_rows(x, i, cols, geo, 0, x.shape[1], r0, r1)
-        tmp = tmp_buf[q, : m * npx].reshape((m, npx))
-        np.dot(w2, cols, tmp)
+        # addresses in uint64 (uint64 + int64 would be a float64 in numba's typing)
+        if direct:
+            src, ldb = x.ctypes.data + np.uint64((i * c_in * o + p0) * sz), o
+        else:
+            cols = cols_buf[q]
+            _im2col_rows(x, i, cols[: k * npx].reshape((k, npx)), geo, 0, c_in, r0, r1)
+            src, ldb = cols.ctypes.data, npx
+        dst = y3.ctypes.data + np.uint64((i * m * o + p0) * sz)
+        if sz == 4:
+            _sgemm(101, 111, 111, m, npx, k, one, w2.ctypes.data, k, src, ldb, zero, dst, o)
+        else:
+            _dgemm(101, 111, 111, m, npx, k, one, w2.ctypes.data, k, src, ldb, zero, dst, o)
         for mm in range(m):
-            row = tmp[mm]
+            row = y3[i, mm, p0 : p0 + npx]
             r = res3[i, mm, p0 : p0 + npx] if has_res else row
             _epilogue_row(row, b[mm] if has_b else zero, r, has_b, has_res, act, p)
-            y3[i, mm, p0 : p0 + npx] = row
 
 
 def _warm_blocked_par(fn: Any) -> None:
@@ -219,8 +233,11 @@ def _warm_blocked_par(fn: Any) -> None:
         x, w2, y3 = np.ones((1, 1, 2, 2), t), np.ones((2, 9), t), np.zeros((1, 2, 4), t)
         blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
         e1, e3 = np.zeros(0, t), np.zeros((0, 0, 0), t)
-        fn(x, w2, y3, e1, e3, geo, blocks, np.zeros((2, 18), t), np.zeros((2, 4), t), 0,
-           np.zeros(35, t))  # fmt: skip
+        fn(x, w2, y3, e1, e3, geo, blocks, np.zeros((2, 18), t), 0, np.zeros(35, t), False)
+
+
+def _prepare_blocked_par(module_globals: dict[str, Any]) -> bool:
+    return blas.register(module_globals)
 
 
 _BLOCKED_PAR = Jitted(
@@ -228,22 +245,11 @@ _BLOCKED_PAR = Jitted(
     _warm_blocked_par,
     helpers=(_im2col_rows, _im2col_rows_s2, _act_row, _epilogue_row),
     parallel=True,
+    prepare=_prepare_blocked_par,
 )
 _EMPTY1 = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}
 _EMPTY2 = {np.dtype(t): np.zeros((0, 0), t) for t in (np.float32, np.float64)}
 _EMPTY3 = {np.dtype(t): np.zeros((0, 0, 0), t) for t in (np.float32, np.float64)}
-
-
-class _Geo1x1(dict[int, np.ndarray]):
-    """``_im2col_rows``' geometry of a 1x1 stride-1 unpadded conv by output width (the
-    native blocks copy such a conv's input columns with it)."""
-
-    def __missing__(self, ow: int) -> np.ndarray:
-        g = self[ow] = np.array([1, 1, 1, 1, 1, 1, 0, 0, ow], np.int64)
-        return g
-
-
-_GEO_1X1 = _Geo1x1()
 
 
 class BlockedPlan(NamedTuple):
@@ -385,11 +391,11 @@ def run_blocked(
     r3 = None if res is None else res.reshape(n, m, o)
     if plan.par is not None and plan.par_blocks is not None:
         blocks = plan.par_blocks
-        cols = scratch(1, (2 * len(blocks), max(plan.k, m) * plan.par_rows * ow), dt)
+        direct = plan.im2col is None
+        cols = scratch(1, (len(blocks), 0 if direct else plan.k * plan.par_rows * ow), dt)
         native_threads.enter(intra_pool().threads)
-        geo = plan.geo if plan.im2col is not None else _GEO_1X1[ow]
-        plan.par(x, w3[0], y3, bb, _EMPTY3[dt] if r3 is None else r3, geo, blocks,
-                 cols[: len(blocks)], cols[len(blocks) :], plan.act, plan.params)  # fmt: skip
+        plan.par(x, w3[0], y3, bb, _EMPTY3[dt] if r3 is None else r3, plan.geo, blocks, cols,
+                 plan.act, plan.params, direct)  # fmt: skip
         if plan.epi.act:
             _numpy_act(y, plan.epi, plan.fns)
         return y
@@ -398,7 +404,7 @@ def run_blocked(
         # are there (no GIL hand-offs), then the epilogue over the image
         x3n = x.reshape(n, x.shape[1], o)
         t = intra_pool().threads
-        if all(gemm.native_rows(w3[0], x3n[i], y3[i], t) for i in range(n)):  # all or none
+        if all(gemm.native_blocks(w3[0], x3n[i], y3[i], t) for i in range(n)):  # all or none
             for i in range(n):
                 ri = _EMPTY2[dt] if r3 is None else r3[i]
                 plan.epilogue(y3[i], bb, ri, 0, o, plan.act, plan.params)
