@@ -20,7 +20,8 @@ from tfrt_py.kernels.nn.conv_direct import Epilogue
 numba = pytest.importorskip("numba", reason="native threads are numba's parallel loops")
 pytestmark = pytest.mark.skipif(
     not native_threads.ready(),
-    reason="numba's TBB threading layer is not available here (the tbb package, Linux x86-64)",
+    reason="numba's TBB threading layer is not available here (it needs a numba built with "
+    "it, e.g. PyPI's wheels from 0.63 -- 0.62's have none -- and the tbb package: Linux x86-64)",
 )
 
 F32 = np.dtype(np.float32)
