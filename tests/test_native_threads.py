@@ -226,3 +226,65 @@ def test_a_one_group_conv_runs_its_blocks_on_native_threads(
             want += np.einsum("mc,nchw->nmhw", w[:, :, i, j], tap)
     want = np.clip(want + b[:, None, None] + res, -1.0, 2.0)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize(
+    ("batch", "m", "k", "n"), [((1, 3), 197, 64, 197), ((3,), 197, 64, 197), ((2, 4), 64, 32, 96)]
+)
+def test_stacked_products_run_their_row_blocks_on_native_threads(
+    batch: tuple[int, ...], m: int, k: int, n: int, trans_b: bool
+) -> None:
+    """Attention's per-head products (MatMul, the fused MatMulTransB)."""
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((*batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((*batch, n, k) if trans_b else (*batch, k, n)).astype(np.float32)
+    want = a @ (b.swapaxes(-1, -2) if trans_b else b)
+    if batch[0] == 1:  # strided views of one projection, as attention's heads are
+        a = np.ascontiguousarray(a.swapaxes(-2, -3)).swapaxes(-2, -3)
+        b = np.ascontiguousarray(b.swapaxes(-2, -3)).swapaxes(-2, -3)
+        assert not (a.flags.c_contiguous or b.flags.c_contiguous)
+    calls: list[int] = []
+    real = gemm._MATMUL_BATCHED.get()
+    assert real is not None
+
+    def spy(*args: object) -> None:
+        calls.append(1)
+        real(*args)
+
+    gemm._MATMUL_BATCHED._compiled = spy
+    try:
+        got = gemm.matmul_batched_into(a, b, trans_b=trans_b)
+        out = np.full(want.shape, np.nan, np.float32)
+        got2 = gemm.matmul_batched_into(a, b, out, trans_b=trans_b)
+    finally:
+        gemm._MATMUL_BATCHED._compiled = real
+    assert calls == [1, 1] and got2 is out
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got2, want, rtol=1e-5, atol=1e-4)
+
+
+def test_long_softmax_rows_split_on_native_threads() -> None:
+    from tfrt_py.kernels import softmax_jit
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((591, 197)) * 4).astype(np.float32)  # ViT-Tiny's attention
+    fn = softmax_jit.softmax_rows_f32()
+    assert fn is not None
+    real = softmax_jit._SOFTMAX_LONG_PAR.get()
+    assert real is not None
+    calls: list[int] = []
+
+    def spy(*args: object) -> None:
+        calls.append(1)
+        real(*args)
+
+    softmax_jit._SOFTMAX_LONG_PAR._compiled = spy
+    try:
+        y = np.full_like(x, np.nan)
+        fn(x, y)
+    finally:
+        softmax_jit._SOFTMAX_LONG_PAR._compiled = real
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    assert calls == [1]
+    np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
+from ..kernels.gemm import matmul_batched_into
 from ..kernels.nn.conv import Epilogue, conv_cost, conv_with_epilogue
 from ..kernels.nn.norm_channel import channel_layer_norm_fn
 
@@ -71,10 +72,9 @@ def _channel_norm_cost(
 
 def _matmul_transb(ctx: KernelContext) -> Any:
     """MatMulTransB: ``fn(a, b, out=None) -> a @ b.swapaxes(-1, -2)``."""
-    mm = np.matmul
 
     def matmul_transb(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> Any:
-        return mm(a, b.swapaxes(-1, -2), out=out)
+        return matmul_batched_into(a, b, out, trans_b=True)
 
     return matmul_transb
 

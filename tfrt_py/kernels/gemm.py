@@ -8,6 +8,8 @@ but the pool's."""
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,7 @@ __all__ = [
     "NATIVE_SPLIT_MIN_MACS",
     "PARTS_PER_THREAD",
     "SPLIT_MIN_MACS",
+    "matmul_batched_into",
     "matmul_cols_into",
     "matmul_into",
     "native_blocks",
@@ -201,3 +204,115 @@ def native_blocks(
 
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _matmul_batched(
+    ptr: Any, dims: Any, blocks: Any, trans_b: bool, single: bool
+) -> None:  # pragma: no cover
+    """out[i, r0:r1] = a[i, r0:r1] @ (b[i].T if ``trans_b`` else b[i]) for the ``blocks``
+    rows (i, r0, r1), in a ``prange`` loop on native threads, each one call of NumPy's
+    single-threaded BLAS gemm. The matrices are given by address (``ptr``: a, b, out) and
+    ``dims`` = [M, K, N, a's batch stride, a's row stride, b's batch stride, b's row
+    stride, out's batch stride, out's row stride] in elements (unit inner strides),
+    ``single``: float32 (else float64). numba only (module globals as ``_matmul_blocks``)."""
+    k, n = dims[1], dims[2]
+    sa, lda, sb, ldb, sc, ldc = dims[3], dims[4], dims[5], dims[6], dims[7], dims[8]
+    sz = 4 if single else 8
+    tb = 112 if trans_b else 111  # CblasTrans, CblasNoTrans
+    for q in numba.prange(blocks.shape[0]):
+        i, r0, r1 = blocks[q, 0], blocks[q, 1], blocks[q, 2]
+        pa = ptr[0] + np.uint64((i * sa + r0 * lda) * sz)
+        pb = ptr[1] + np.uint64(i * sb * sz)
+        pc = ptr[2] + np.uint64((i * sc + r0 * ldc) * sz)
+        if single:
+            _sgemm(101, 111, tb, r1 - r0, n, k, np.float32(1), pa, lda, pb, ldb, np.float32(0),
+                   pc, ldc)  # fmt: skip
+        else:
+            _dgemm(101, 111, tb, r1 - r0, n, k, 1.0, pa, lda, pb, ldb, 0.0, pc, ldc)
+
+
+def _warm_matmul_batched(fn: Any) -> None:
+    a, b, c = np.ones((2, 1, 3)), np.ones((2, 3, 3)), np.empty((2, 1, 3))
+    ptr = np.array([a.ctypes.data, b.ctypes.data, c.ctypes.data], np.uint64)
+    dims = np.array([1, 3, 3, 3, 3, 9, 3, 3, 3], np.int64)
+    blocks = np.array([[0, 0, 1], [1, 0, 1]], np.int64)
+    for trans in (False, True):
+        fn(ptr, dims, blocks, trans, False)
+    a32, b32, c32 = a.astype(np.float32), b.astype(np.float32), c.astype(np.float32)
+    ptr = np.array([a32.ctypes.data, b32.ctypes.data, c32.ctypes.data], np.uint64)
+    fn(ptr, dims, blocks, False, True)
+
+
+_MATMUL_BATCHED = Jitted(
+    _matmul_batched, _warm_matmul_batched, parallel=True, prepare=_prepare_matmul_blocks
+)
+
+
+def _stack(x: np.ndarray, cols: int) -> tuple[int, int, int] | None:
+    """(matrices, batch stride, row stride) in elements of a stack of matrices with unit
+    inner stride whose batch dimensions collapse into one stride, rows not overlapping;
+    None otherwise."""
+    size = x.itemsize
+    if x.strides[-1] != size or any(st % size for st in x.strides):
+        return None
+    row = x.strides[-2] // size
+    if row < cols and x.shape[-2] > 1:
+        return None
+    dims = [(d, st // size) for d, st in zip(x.shape[:-2], x.strides[:-2], strict=True) if d > 1]
+    for (_, st0), (d1, st1) in itertools.pairwise(dims):
+        if st0 != d1 * st1:
+            return None
+    if not dims:
+        return 1, 0, row
+    return math.prod(d for d, _ in dims), dims[-1][1], row
+
+
+def matmul_batched_into(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, trans_b: bool = False
+) -> np.ndarray:
+    """``a @ b`` (``trans_b``: ``a @ b.swapaxes(-1, -2)``) for stacks of matrices of one
+    batch shape (attention's per-head products, often strided views of one projection),
+    into ``out`` when given: the batch's row blocks on native threads when they pay and
+    every operand is a float32/float64 stack of one dtype with unit inner stride and
+    batch dimensions that collapse to one stride (``_stack``), else ``np.matmul``. Same
+    result as ``np.matmul``."""
+    bt = b.swapaxes(-1, -2) if trans_b else b
+    t = intra_pool().threads
+    if (
+        t < 2
+        or a.ndim < 3
+        or a.ndim != b.ndim
+        or a.shape[:-2] != b.shape[:-2]
+        or a.dtype != b.dtype
+        or a.dtype not in _FLOATS
+        or (
+            out is not None and (out.dtype != a.dtype or out.shape != (*a.shape[:-1], bt.shape[-1]))
+        )
+    ):
+        return np.matmul(a, bt, out=out)
+    m, k = a.shape[-2], a.shape[-1]
+    n = bt.shape[-1]
+    batch = math.prod(a.shape[:-2])
+    if bt.shape[-2] != k or batch * m * k * n < NATIVE_SPLIT_MIN_MACS:
+        return np.matmul(a, bt, out=out)
+    y = np.empty((*a.shape[:-1], n), a.dtype) if out is None else out
+    sa, sb, sc = _stack(a, k), _stack(b, k if trans_b else n), _stack(y, n)
+    fn = _MATMUL_BATCHED.get()
+    if fn is None or sa is None or sb is None or sc is None:
+        return np.matmul(a, bt, out=out)
+    threads = native_threads.enter(t)
+    per = max(1, min(-(-2 * threads // batch), m // 16))  # row blocks per matrix
+    blocks = _BATCH_BLOCKS.get((batch, m, per))
+    if blocks is None:
+        rows = [(m * j // per, m * (j + 1) // per) for j in range(per)]
+        blocks = np.array([(i, r0, r1) for i in range(batch) for r0, r1 in rows], np.int64)
+        _BATCH_BLOCKS[(batch, m, per)] = blocks
+    ptr = np.array([a.ctypes.data, b.ctypes.data, y.ctypes.data], np.uint64)
+    dims = np.array([m, k, n, sa[1], sa[2], sb[1], sb[2], sc[1], sc[2]], np.int64)
+    fn(ptr, dims, blocks, trans_b, a.dtype == np.float32)
+    return y
+
+
+#: ``matmul_batched_into``'s blocks by (batch, rows, row blocks per matrix) (a dict write
+#: is atomic).
+_BATCH_BLOCKS: dict[tuple[int, int, int], np.ndarray] = {}

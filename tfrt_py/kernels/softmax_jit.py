@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..concurrency import native_threads
 from ..concurrency.threads import intra_pool
 from .jit import Jitted
 from .sigmoid_jit import EXP_CONSTS
@@ -177,6 +178,30 @@ def _warm_long(fn: Any) -> None:
 _SOFTMAX = Jitted(_softmax_rows, _warm)
 _SOFTMAX_LONG = Jitted(_softmax_long_rows, _warm_long, fastmath=frozenset({"contract"}))
 
+#: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
+numba: Any = None
+
+
+def _softmax_long_par(x: Any, y: Any, c: Any, edges: Any) -> None:  # pragma: no cover
+    """``_softmax_long_rows`` over the row blocks between consecutive ``edges`` in a
+    ``prange`` loop on native threads (``concurrency.native_threads``). numba only."""
+    for i in numba.prange(edges.shape[0] - 1):
+        _softmax_long_rows(x, y, c, edges[i], edges[i + 1])
+
+
+def _warm_long_par(fn: Any) -> None:
+    x = np.zeros((2, 9), np.float32)
+    fn(x, x, EXP_CONSTS, np.array([0, 1, 2], np.int64))
+
+
+_SOFTMAX_LONG_PAR = Jitted(
+    _softmax_long_par,
+    _warm_long_par,
+    helpers=(_softmax_long_rows,),
+    fastmath=frozenset({"contract"}),
+    parallel=True,
+)
+
 
 def softmax_rows_f32() -> Any:
     """``fn(x2d, y2d)`` (see the module doc), or None without numba / with
@@ -192,6 +217,9 @@ def softmax_rows_f32() -> Any:
             short(x, y, EXP_CONSTS)
         elif pool.threads == 1 or x.size < SPLIT_MIN_ELEMENTS or rows < 2:
             long(x, y, EXP_CONSTS, 0, rows)
+        elif (par := _SOFTMAX_LONG_PAR.get()) is not None:  # row blocks on native threads
+            parts = min(2 * native_threads.enter(pool.threads), rows)
+            par(x, y, EXP_CONSTS, np.array([rows * i // parts for i in range(parts + 1)], np.int64))
         else:
             parts = min(2 * pool.threads, rows)
             edges = [rows * i // parts for i in range(parts + 1)]

@@ -1,7 +1,8 @@
 """Kernels (linalg): MatMul, Gemm, Det (Einsum is in ``einsum``, the integer and quantized
 matmuls in ``matmul_integer``, QuantizeLinear and friends in ``quantize``).
 
-MatMul and Gemm run on BLAS through ``np.matmul`` with ``out=``. Gemm decides transA/transB
+MatMul and Gemm run on BLAS through ``np.matmul`` with ``out=`` (stacks of matrices of
+one batch shape split over native threads: ``gemm.matmul_batched_into``). Gemm decides transA/transB
 at load and, when B and C are constants, stores B transposed and scaled by alpha and C
 scaled by beta, so a call is one matmul plus one in-place add. A stacked MatMul whose
 right side is a matrix runs as a single 2-D matmul.
@@ -15,7 +16,7 @@ import numpy as np
 
 from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import compute_dtype
-from ..gemm import matmul_into
+from ..gemm import matmul_batched_into, matmul_into
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -65,6 +66,8 @@ def _matmul(ctx: KernelContext) -> ComputeFn:
     def matmul(a: np.ndarray, b: np.ndarray, out: Any = None) -> np.ndarray:
         if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous and out is None:
             return np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[1])
+        if a.ndim > 2:  # stacks (attention's heads): row blocks on native threads
+            return matmul_batched_into(a, b, out)
         return np.matmul(a, b, out=out)
 
     return matmul
