@@ -288,3 +288,59 @@ def test_long_softmax_rows_split_on_native_threads() -> None:
     e = np.exp(x - x.max(axis=1, keepdims=True))
     assert calls == [1]
     np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_a_channel_layer_norm_splits_its_pixels_on_native_threads() -> None:
+    from tfrt_py.kernels.nn import norm_channel
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 80, 56, 56)).astype(np.float32)  # ConvNeXt-Atto's first stage
+    g, b = rng.standard_normal(80).astype(np.float32), rng.standard_normal(80).astype(np.float32)
+    real = norm_channel._CHANNEL_LN_PAR.get()
+    assert real is not None
+    calls: list[int] = []
+
+    def spy(*args: object) -> None:
+        calls.append(1)
+        real(*args)
+
+    norm_channel._CHANNEL_LN_PAR._compiled = spy
+    try:
+        y = norm_channel.channel_layer_norm_fn()(x, g, b, 1e-6)
+    finally:
+        norm_channel._CHANNEL_LN_PAR._compiled = real
+    assert calls == [1]
+    d = x - x.mean(axis=1, keepdims=True)
+    want = d / np.sqrt((d * d).mean(axis=1, keepdims=True) + 1e-6) * g[:, None, None]
+    np.testing.assert_allclose(y, want + b[:, None, None], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_max_pool_splits_on_native_threads(n: int) -> None:
+    from tfrt_py.kernels.nn import pool_direct
+
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((n, 64, 112, 112)).astype(np.float32)  # the ResNet stem's pool
+    plan = pool_direct.plan_max_pool(x.shape, (3, 3), (n, 64, 56, 56), (2, 2), (1, 1), (1, 1),
+                                     F32)  # fmt: skip
+    assert plan is not None and plan.split
+    real = pool_direct._MAX_POOL_PAR.get()
+    assert real is not None
+    calls: list[int] = []
+
+    def spy(*args: object) -> None:
+        calls.append(1)
+        real(*args)
+
+    pool_direct._MAX_POOL_PAR._compiled = spy
+    try:
+        y = pool_direct.run_max_pool(plan, x, None)
+    finally:
+        pool_direct._MAX_POOL_PAR._compiled = real
+    assert calls == [1]
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    want = np.full((n, 64, 56, 56), -np.inf, np.float32)
+    for i in range(3):
+        for j in range(3):
+            want = np.maximum(want, xp[:, :, i : i + 112 : 2, j : j + 112 : 2])
+    np.testing.assert_array_equal(y, want)

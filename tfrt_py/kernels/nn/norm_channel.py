@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..jit import Jitted
 
@@ -84,6 +85,27 @@ def _warm(fn: Any) -> None:
 
 
 _CHANNEL_LN = Jitted(_channel_ln_f32, _warm)
+
+#: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
+numba: Any = None
+
+
+def _channel_ln_par(
+    x: Any, scale: Any, bias: Any, eps: float, y: Any, edges: Any
+) -> None:  # pragma: no cover - numba only
+    """``_channel_ln_f32`` over the pixel blocks between consecutive ``edges`` in a
+    ``prange`` loop on native threads (``concurrency.native_threads``)."""
+    for i in numba.prange(edges.shape[0] - 1):
+        _channel_ln_f32(x, scale, bias, eps, y, edges[i], edges[i + 1])
+
+
+def _warm_par(fn: Any) -> None:
+    f = np.float32
+    x = np.zeros((1, 2, 3), f)
+    fn(x, np.ones(2, f), np.zeros(2, f), 1e-5, np.empty_like(x), np.array([0, 1, 3], np.int64))
+
+
+_CHANNEL_LN_PAR = Jitted(_channel_ln_par, _warm_par, helpers=(_channel_ln_f32,), parallel=True)
 _NO_BIAS = np.zeros(0, np.float32)
 
 
@@ -126,6 +148,10 @@ def channel_layer_norm_fn() -> Callable[..., np.ndarray]:
         pool = intra_pool()
         if pool.threads == 1 or x.size < SPLIT_MIN_ELEMENTS or pixels < 2 * _BLOCK:
             compiled(x3, scale, b, eps, y3, 0, pixels)
+        elif (par := _CHANNEL_LN_PAR.get()) is not None:  # pixel blocks on native threads
+            parts = min(2 * native_threads.enter(pool.threads), pixels // _BLOCK)
+            par(x3, scale, b, eps, y3,
+                np.array([pixels * i // parts for i in range(parts + 1)], np.int64))  # fmt: skip
         else:
             parts = min(2 * pool.threads, pixels // _BLOCK)
             edges = [pixels * i // parts for i in range(parts + 1)]

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..common import scratch
 from ..jit import Jitted
@@ -41,10 +42,13 @@ def _mx(a: Any, v: Any) -> Any:  # pragma: no cover - numba only
     return v if (v > a) | (v != v) else a
 
 
-def _max_pool2d(x: Any, out: Any, geo: Any, tmp: Any) -> None:  # pragma: no cover - numba only
-    """out[n, c] = max over the window. ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl];
-    ``tmp`` holds one output row's row maxima (W elements)."""
-    n_, c_, h_, w_ = x.shape
+def _max_pool2d(
+    x: Any, out: Any, geo: Any, tmp: Any, n0: int, n1: int, c0: int, c1: int
+) -> None:  # pragma: no cover - numba only
+    """out[n, c] = max over the window for images ``[n0, n1)`` and channels ``[c0, c1)``.
+    ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl]; ``tmp`` holds one output row's row maxima
+    (W elements)."""
+    h_, w_ = x.shape[2], x.shape[3]
     oh_, ow_ = out.shape[2], out.shape[3]
     kh_, kw_, sh, sw, dh, dw, pt, pl = (
         geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7],
@@ -56,8 +60,8 @@ def _max_pool2d(x: Any, out: Any, geo: Any, tmp: Any) -> None:  # pragma: no cov
     lo = min(lo, hi)
     s2k3 = sw == 2 and dw == 1 and kw_ == 3
     s1k3 = sw == 1 and dw == 1 and kw_ == 3
-    for n in range(n_):
-        for c in range(c_):
+    for n in range(n0, n1):
+        for c in range(c0, c1):
             xc = x[n, c]
             oc = out[n, c]
             for oh in range(oh_):
@@ -131,10 +135,31 @@ def _warm(fn: Any) -> None:
     for t in (np.float32, np.float64):
         x, y = np.zeros((1, 1, 3, 3), t), np.zeros((1, 1, 2, 2), t)
         geo = np.array([2, 2, 1, 1, 1, 1, 0, 0], np.int64)
-        fn(x, y, geo, np.zeros(3, t))
+        fn(x, y, geo, np.zeros(3, t), 0, 1, 0, 1)
 
 
 _MAX_POOL = Jitted(_max_pool2d, _warm, helpers=(_mx,))
+
+#: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
+numba: Any = None
+
+
+def _max_pool2d_par(x: Any, out: Any, geo: Any, tmp: Any, blocks: Any) -> None:  # pragma: no cover
+    """``_max_pool2d`` over ``blocks`` (rows n0, n1, c0, c1) in a ``prange`` loop on native
+    threads (``concurrency.native_threads``), each with its own row of ``tmp``."""
+    for i in numba.prange(blocks.shape[0]):
+        _max_pool2d(x, out, geo, tmp[i], blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3])
+
+
+def _warm_par(fn: Any) -> None:
+    for t in (np.float32, np.float64):
+        x, y = np.zeros((1, 2, 3, 3), t), np.zeros((1, 2, 2, 2), t)
+        geo = np.array([2, 2, 1, 1, 1, 1, 0, 0], np.int64)
+        blocks = np.array([[0, 1, 0, 1], [0, 1, 1, 2]], np.int64)
+        fn(x, y, geo, np.zeros((2, 3), t), blocks)
+
+
+_MAX_POOL_PAR = Jitted(_max_pool2d_par, _warm_par, helpers=(_mx, _max_pool2d), parallel=True)
 
 
 class MaxPoolPlan(NamedTuple):
@@ -176,19 +201,26 @@ def run_max_pool(plan: MaxPoolPlan, x: np.ndarray, out: np.ndarray | None) -> np
     dt = x.dtype
     y = np.empty(plan.out_shape, dt) if out is None else out
     fn, geo, tmp_len = plan.fn, plan.geo, (plan.tmp_len,)
+    n, c = x.shape[0], x.shape[1]
     if not plan.split:
-        fn(x, y, geo, scratch(0, tmp_len, dt))
+        fn(x, y, geo, scratch(0, tmp_len, dt), 0, n, 0, c)
         return y
     pool = intra_pool()
-    n, c = x.shape[0], x.shape[1]
     by_channel = n == 1
     total = c if by_channel else n
+    par = _MAX_POOL_PAR.get()
+    if par is not None:  # blocks of channels (one image) or images on native threads
+        k = min(2 * native_threads.enter(pool.threads), total)
+        e = [total * i // k for i in range(k + 1)]
+        rows = [(0, 1, e[i], e[i + 1]) if by_channel else (e[i], e[i + 1], 0, c) for i in range(k)]
+        par(x, y, geo, scratch(0, (k, plan.tmp_len), dt), np.array(rows, np.int64))
+        return y
     blocks = min(2 * pool.threads, total)
     edges = [total * i // blocks for i in range(blocks + 1)]
 
     def part(a: int, b: int) -> Callable[[], None]:
-        xs, ys = (x[:, a:b], y[:, a:b]) if by_channel else (x[a:b], y[a:b])
-        return lambda: fn(xs, ys, geo, scratch(0, tmp_len, dt))
+        n0, n1, c0, c1 = (0, 1, a, b) if by_channel else (a, b, 0, c)
+        return lambda: fn(x, y, geo, scratch(0, tmp_len, dt), n0, n1, c0, c1)
 
     pool.run([part(edges[i], edges[i + 1]) for i in range(blocks)])
     return y
