@@ -73,7 +73,7 @@ def test_channel_layer_norm_matches_onnxruntime(jit: str, shape: Any, bias: bool
         inits["b"] = _RNG.standard_normal(c).astype(np.float32)
     m = _model(_ln_nodes(len(shape), bias), x, inits)
     model = tfrt_py.load(m, executor="sync")
-    assert _summary(model) == "1 channel LayerNorms, 0 Conv+GELU"
+    assert _summary(model) == "1 channel LayerNorms, 0 Conv+GELU, 0 squeeze-and-excite"
     ops = [n.op_type for n in model.prepared.graph.nodes]
     assert ops == ["ChannelLayerNorm"], ops
     want = _ort(m, x)
@@ -143,7 +143,7 @@ def test_conv_gelu_runs_in_the_epilogue(jit: str, x_shape: Any, w_shape: Any, gr
     conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads, group=group)
     m = _model([conv, *_gelu_nodes("c")], x, inits)
     model = tfrt_py.load(m, executor="sync")
-    assert _summary(model) == "0 channel LayerNorms, 1 Conv+GELU"
+    assert _summary(model) == "0 channel LayerNorms, 1 Conv+GELU, 0 squeeze-and-excite"
     (node,) = model.prepared.graph.nodes
     assert node.attrs["activation"] == "Gelu"
     want = _ort(m, x)
@@ -164,3 +164,65 @@ def test_a_tanh_gelu_stays_out_of_the_conv() -> None:
     model = tfrt_py.load(m)
     assert [n.op_type for n in model.prepared.graph.nodes] == ["Conv", "Gelu"]
     np.testing.assert_allclose(model.run({"x": x})["y"], _ort(m, x), rtol=1e-5, atol=1e-5)
+
+
+def _se_nodes(act1: str, gate: str, x_first: bool) -> list[onnx.NodeProto]:
+    mk = helper.make_node
+    nodes = [mk("GlobalAveragePool", ["x"], ["g"]), mk("Conv", ["g", "w1", "b1"], ["c1"])]
+    if act1 == "SiLU":  # EfficientNet's: x * sigmoid(x), which fuse_transformer names
+        nodes += [mk("Sigmoid", ["c1"], ["s1"]), mk("Mul", ["c1", "s1"], ["h"])]
+    else:
+        nodes.append(mk(act1, ["c1"], ["h"]))
+    nodes.append(mk("Conv", ["h", "w2", "b2"], ["c2"]))
+    nodes.append(mk(gate, ["c2"], ["s"], **({"alpha": 1 / 6} if gate == "HardSigmoid" else {})))
+    nodes.append(mk("Mul", ["x", "s"] if x_first else ["s", "x"], ["y"]))
+    return nodes
+
+
+@pytest.mark.parametrize(
+    ("act1", "gate", "shape"),
+    [
+        ("Relu", "HardSigmoid", (1, 96, 14, 14)),  # MobileNet v3
+        ("SiLU", "Sigmoid", (2, 40, 28, 28)),  # EfficientNet
+        ("Relu", "Sigmoid", (1, 48, 7, 9)),  # RegNetY
+    ],
+)
+@pytest.mark.parametrize("x_first", [True, False])
+def test_squeeze_excite_is_one_kernel(
+    jit: str, act1: str, gate: str, shape: Any, x_first: bool
+) -> None:
+    x = _RNG.standard_normal(shape).astype(np.float32)
+    c, r = shape[1], shape[1] // 4
+    inits = {"w1": (_RNG.standard_normal((r, c, 1, 1)) * 0.3).astype(np.float32),
+             "b1": _RNG.standard_normal(r).astype(np.float32),
+             "w2": (_RNG.standard_normal((c, r, 1, 1)) * 0.3).astype(np.float32),
+             "b2": _RNG.standard_normal(c).astype(np.float32)}  # fmt: skip
+    m = _model(_se_nodes(act1, gate, x_first), x, inits)
+    model = tfrt_py.load(m, executor="sync")
+    assert _summary(model) == "0 channel LayerNorms, 0 Conv+GELU, 1 squeeze-and-excite"
+    assert [n.op_type for n in model.prepared.graph.nodes] == ["SqueezeExcite"]
+    want = _ort(m, x)
+    for _ in range(2):
+        np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+    out = np.full(want.shape, np.nan, np.float32)
+    assert model.run({"x": x}, outputs={"y": out})["y"] is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_squeeze_excite_whose_gate_is_read_elsewhere_stays_apart() -> None:
+    """An intermediate value with another reader (here the gate is a graph output too)
+    keeps the nodes: the fused kernel would not produce it."""
+    x = _RNG.standard_normal((1, 16, 5, 5)).astype(np.float32)
+    inits = {"w1": _RNG.standard_normal((4, 16, 1, 1)).astype(np.float32),
+             "b1": np.zeros(4, np.float32),
+             "w2": _RNG.standard_normal((16, 4, 1, 1)).astype(np.float32),
+             "b2": np.zeros(16, np.float32)}  # fmt: skip
+    m = _model(_se_nodes("Relu", "Sigmoid", True), x, inits)
+    m.graph.output.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, None))
+    model = tfrt_py.load(m, executor="sync")
+    assert "SqueezeExcite" not in [n.op_type for n in model.prepared.graph.nodes]
+    got = model.run({"x": x})
+    so = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    want_y, want_s = so.run(["y", "s"], {"x": x})
+    np.testing.assert_allclose(got["y"], want_y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["s"], want_s, rtol=1e-5, atol=1e-6)

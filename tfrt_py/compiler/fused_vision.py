@@ -31,6 +31,7 @@ from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
 from ..kernels.gemm import matmul_batched_into
 from ..kernels.nn.conv import Epilogue, conv_cost, conv_with_epilogue
 from ..kernels.nn.norm_channel import channel_layer_norm_fn
+from ..kernels.nn.squeeze_excite import squeeze_excite_fn
 
 __all__ = ["register_vision_kernels"]
 
@@ -70,6 +71,36 @@ def _channel_norm_cost(
     return Cost(8.0 * n, 8.0 * n)
 
 
+def _squeeze_excite(ctx: KernelContext) -> Any:
+    """SqueezeExcite: ``fn(x, W1, B1=None, W2, B2=None, out=None)`` -> ``x * act2(W2 @
+    act1(W1 @ mean(x) + B1) + B2)`` per image and channel (``fuse_vision``), one compiled
+    pass (``kernels/nn/squeeze_excite.py``)."""
+    w1, w2 = ctx.const_input(1), ctx.const_input(3)
+    if w1 is None or w2 is None:
+        raise ctx.unsupported("SqueezeExcite needs constant weights")
+    epi1, epi2 = (
+        Epilogue(str(ctx.attr(f"activation{i}", "")), float(ctx.attr(f"alpha{i}", 0.0)),
+                 float(ctx.attr(f"beta{i}", 0.0)))
+        for i in (1, 2)
+    )  # fmt: skip
+    fn = squeeze_excite_fn(w1, ctx.const_input(2), w2, ctx.const_input(4), epi1, epi2)
+
+    def squeeze_excite(
+        x: np.ndarray, _w1: Any, _b1: Any, _w2: Any, _b2: Any, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        return fn(x, out)
+
+    return squeeze_excite
+
+
+def _squeeze_excite_cost(
+    ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]
+) -> Cost:
+    x = float(math.prod(ins[0])) if ins and ins[0] else 0.0
+    w = sum(float(math.prod(s)) for s in ins[1:] if s)
+    return Cost(2.0 * x + 4.0 * w, 8.0 * x + 4.0 * w)
+
+
 def _matmul_transb(ctx: KernelContext) -> Any:
     """MatMulTransB: ``fn(a, b, out=None) -> a @ b.swapaxes(-1, -2)``."""
 
@@ -96,4 +127,7 @@ def register_vision_kernels(registry: KernelRegistry, domain: str) -> None:
     registry.add("MatMulTransB", _matmul_transb, domain=domain, flags=out, cost=_matmul_transb_cost)
     registry.add(
         "ChannelLayerNorm", _channel_layer_norm, domain=domain, flags=out, cost=_channel_norm_cost
+    )
+    registry.add(
+        "SqueezeExcite", _squeeze_excite, domain=domain, flags=out, cost=_squeeze_excite_cost
     )
