@@ -185,6 +185,7 @@ def _se_nodes(act1: str, gate: str, x_first: bool) -> list[onnx.NodeProto]:
         ("Relu", "HardSigmoid", (1, 96, 14, 14)),  # MobileNet v3
         ("SiLU", "Sigmoid", (2, 40, 28, 28)),  # EfficientNet
         ("Relu", "Sigmoid", (1, 48, 7, 9)),  # RegNetY
+        ("SiLU", "Sigmoid", (1, 96, 56, 56)),  # split over native threads when there
     ],
 )
 @pytest.mark.parametrize("x_first", [True, False])

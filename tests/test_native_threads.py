@@ -344,3 +344,31 @@ def test_a_max_pool_splits_on_native_threads(n: int) -> None:
         for j in range(3):
             want = np.maximum(want, xp[:, :, i : i + 112 : 2, j : j + 112 : 2])
     np.testing.assert_array_equal(y, want)
+
+
+def test_a_large_squeeze_excite_splits_its_channels_on_native_threads() -> None:
+    from tfrt_py.kernels.nn import squeeze_excite as se
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 96, 56, 56)).astype(np.float32)
+    w1 = (rng.standard_normal((24, 96, 1, 1)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((96, 24, 1, 1)) * 0.3).astype(np.float32)
+    b1, b2 = rng.standard_normal(24).astype(np.float32), rng.standard_normal(96).astype(np.float32)
+    fn = se.squeeze_excite_fn(w1, b1, w2, b2, Epilogue(act="Relu"), Epilogue(act="Sigmoid"))
+    real = se._SE_PAR.get()
+    assert real is not None
+    calls: list[int] = []
+
+    def spy(*args: object) -> None:
+        calls.append(1)
+        real(*args)
+
+    se._SE_PAR._compiled = spy
+    try:
+        y = fn(x)
+    finally:
+        se._SE_PAR._compiled = real
+    assert calls == [1]
+    h = np.maximum(x.mean(axis=(2, 3)) @ w1[:, :, 0, 0].T + b1, 0)
+    gate = 1 / (1 + np.exp(-(h @ w2[:, :, 0, 0].T + b2)))
+    np.testing.assert_allclose(y, x * gate[:, :, None, None], rtol=1e-5, atol=1e-6)

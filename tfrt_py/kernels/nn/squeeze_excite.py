@@ -17,68 +17,107 @@ from typing import Any
 
 import numpy as np
 
+from ...concurrency import native_threads
+from ...concurrency.threads import intra_pool
 from ..jit import Jitted
 from .conv_direct import Epilogue, _act_row, _jit_act, _params, make_epilogue
 
-__all__ = ["squeeze_excite_fn"]
+__all__ = ["SPLIT_MIN_ELEMENTS", "squeeze_excite_fn"]
+
+
+def _se_means(x: Any, n: int, g: Any, c0: int, c1: int) -> None:  # pragma: no cover
+    """g[c] = mean(x[n, c]) for c0 <= c < c1: eight partial sums in the input's dtype (one
+    vector of them: a single float64 chain ran ~1 element a cycle, 3x NumPy's mean on
+    EfficientNet's 112x112 maps), added in float64."""
+    s_ = x.shape[2]
+    inv = 1.0 / s_
+    zero = x.dtype.type(0)
+    for c in range(c0, c1):
+        xr = x[n, c]
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero
+        t = 0
+        while t + 8 <= s_:
+            a0 += xr[t]
+            a1 += xr[t + 1]
+            a2 += xr[t + 2]
+            a3 += xr[t + 3]
+            a4 += xr[t + 4]
+            a5 += xr[t + 5]
+            a6 += xr[t + 6]
+            a7 += xr[t + 7]
+            t += 8
+        acc = ((float(a0) + float(a1)) + (float(a2) + float(a3))) + (
+            (float(a4) + float(a5)) + (float(a6) + float(a7))
+        )
+        while t < s_:
+            acc += float(xr[t])
+            t += 1
+        g[c] = acc * inv
+
+
+def _se_gate(  # pragma: no cover - numba only
+    g: Any, w1t: Any, b1: Any, w2t: Any, b2: Any, act1: int, p1: Any, act2: int, p2: Any,
+    h: Any, s: Any,
+) -> None:  # fmt: skip
+    """s = act2(act1(g @ w1t + b1) @ w2t + b2): row updates (vectorized along C1, then C)."""
+    neg0 = -p1[2]
+    for j in range(h.shape[0]):
+        h[j] = b1[j]
+    for c in range(g.shape[0]):
+        gc = g[c]
+        wr = w1t[c]
+        for j in range(h.shape[0]):
+            h[j] += gc * wr[j]
+    _act_row(h, neg0, act1, p1)
+    for c in range(s.shape[0]):
+        s[c] = b2[c]
+    for j in range(h.shape[0]):
+        hj = h[j]
+        wr = w2t[j]
+        for c in range(s.shape[0]):
+            s[c] += hj * wr[c]
+    _act_row(s, neg0, act2, p2)
+
+
+def _se_scale(x: Any, out: Any, n: int, s: Any, c0: int, c1: int) -> None:  # pragma: no cover
+    for c in range(c0, c1):
+        sc = s[c]
+        xr = x[n, c]
+        orow = out[n, c]
+        for t in range(x.shape[2]):
+            orow[t] = xr[t] * sc
 
 
 def _squeeze_excite(  # pragma: no cover - numba only
     x: Any, w1t: Any, b1: Any, w2t: Any, b2: Any, out: Any, act1: int, p1: Any, act2: int,
-    p2: Any, h: Any, s: Any,
+    p2: Any, h: Any, s: Any, g: Any,
 ) -> None:  # fmt: skip
     """``out[n, c, :] = x[n, c, :] * s[c]`` with ``s = act2(act1(mean(x[n]) @ w1t + b1) @
     w2t + b2)``; ``x``, ``out`` (N, C, S) C-contiguous, ``w1t`` (C, C1), ``w2t`` (C1, C),
-    ``h`` (C1,) and ``s`` (C,) scratch. The mean: eight partial sums, added in float64."""
-    n_, c_, s_ = x.shape
-    c1 = w1t.shape[1]
-    inv = 1.0 / s_
-    zero = p1[2]
-    neg0 = -zero
-    for n in range(n_):
-        for j in range(c1):
-            h[j] = b1[j]
-        for c in range(c_):
-            xr = x[n, c]
-            # eight partial sums in the input's dtype (one vector of them: a single float64
-            # chain was ~1 element a cycle, 3x NumPy's mean on EfficientNet's 112x112 maps)
-            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero
-            t = 0
-            while t + 8 <= s_:
-                a0 += xr[t]
-                a1 += xr[t + 1]
-                a2 += xr[t + 2]
-                a3 += xr[t + 3]
-                a4 += xr[t + 4]
-                a5 += xr[t + 5]
-                a6 += xr[t + 6]
-                a7 += xr[t + 7]
-                t += 8
-            acc = ((float(a0) + float(a1)) + (float(a2) + float(a3))) + (
-                (float(a4) + float(a5)) + (float(a6) + float(a7))
-            )
-            while t < s_:
-                acc += float(xr[t])
-                t += 1
-            g = x.dtype.type(acc * inv)
-            wr = w1t[c]
-            for j in range(c1):
-                h[j] += g * wr[j]
-        _act_row(h, neg0, act1, p1)
-        for c in range(c_):
-            s[c] = b2[c]
-        for j in range(c1):
-            hj = h[j]
-            wr = w2t[j]
-            for c in range(c_):
-                s[c] += hj * wr[c]
-        _act_row(s, neg0, act2, p2)
-        for c in range(c_):
-            sc = s[c]
-            xr = x[n, c]
-            orow = out[n, c]
-            for t in range(s_):
-                orow[t] = xr[t] * sc
+    ``h`` (C1,), ``s`` and ``g`` (C,) scratch."""
+    c_ = x.shape[1]
+    for n in range(x.shape[0]):
+        _se_means(x, n, g, 0, c_)
+        _se_gate(g, w1t, b1, w2t, b2, act1, p1, act2, p2, h, s)
+        _se_scale(x, out, n, s, 0, c_)
+
+
+#: numba, set by ``Jitted(parallel=True)`` before the parallel loops below compile.
+numba: Any = None
+
+
+def _squeeze_excite_par(  # pragma: no cover - numba only
+    x: Any, w1t: Any, b1: Any, w2t: Any, b2: Any, out: Any, act1: int, p1: Any, act2: int,
+    p2: Any, h: Any, s: Any, g: Any, edges: Any,
+) -> None:  # fmt: skip
+    """``_squeeze_excite`` with the means and the scaling of each image in channel blocks
+    (between consecutive ``edges``) in ``prange`` loops on native threads; ``g`` (C,)."""
+    for n in range(x.shape[0]):
+        for i in numba.prange(edges.shape[0] - 1):
+            _se_means(x, n, g, edges[i], edges[i + 1])
+        _se_gate(g, w1t, b1, w2t, b2, act1, p1, act2, p2, h, s)
+        for i in numba.prange(edges.shape[0] - 1):
+            _se_scale(x, out, n, s, edges[i], edges[i + 1])
 
 
 def _warm(fn: Any) -> None:
@@ -86,10 +125,24 @@ def _warm(fn: Any) -> None:
     x = np.ones((1, 2, 3), f)
     p = _params(Epilogue(), np.dtype(f))
     fn(x, np.ones((2, 1), f), np.zeros(1, f), np.ones((1, 2), f), np.zeros(2, f),
-       np.empty_like(x), 1, p, 0, p, np.empty(1, f), np.empty(2, f))  # fmt: skip
+       np.empty_like(x), 1, p, 0, p, np.empty(1, f), np.empty(2, f), np.empty(2, f))  # fmt: skip
 
 
-_SE = Jitted(_squeeze_excite, _warm, helpers=(_act_row,))
+def _warm_par(fn: Any) -> None:
+    f = np.float32
+    x = np.ones((1, 2, 3), f)
+    p = _params(Epilogue(), np.dtype(f))
+    fn(x, np.ones((2, 1), f), np.zeros(1, f), np.ones((1, 2), f), np.zeros(2, f),
+       np.empty_like(x), 1, p, 0, p, np.empty(1, f), np.empty(2, f), np.empty(2, f),
+       np.array([0, 1, 2], np.int64))  # fmt: skip
+
+
+_PIECES = (_act_row, _se_means, _se_gate, _se_scale)
+_SE = Jitted(_squeeze_excite, _warm, helpers=_PIECES)
+_SE_PAR = Jitted(_squeeze_excite_par, _warm_par, helpers=_PIECES, parallel=True)
+#: Inputs of at least this many elements per image split their means and scaling over
+#: native threads (EfficientNet's 96x112x112: ~1.2M).
+SPLIT_MIN_ELEMENTS = 1 << 16
 
 
 def squeeze_excite_fn(
@@ -118,8 +171,16 @@ def squeeze_excite_fn(
             xc = x if x.flags.c_contiguous else np.ascontiguousarray(x)
             y = out if out is not None and out.flags.c_contiguous else np.empty_like(xc)
             x3, y3 = xc.reshape(n, c, -1), y.reshape(n, c, -1)
-            compiled(x3, w1t, bb1, w2t, bb2, y3, codes[0], codes[1], codes[2], codes[3],
-                     np.empty(c1, dt), np.empty(c, dt))  # fmt: skip
+            t = intra_pool().threads
+            par = _SE_PAR.get() if t > 1 and x3[0].size >= SPLIT_MIN_ELEMENTS else None
+            if par is not None:
+                k = min(2 * native_threads.enter(t), c)
+                par(x3, w1t, bb1, w2t, bb2, y3, codes[0], codes[1], codes[2], codes[3],
+                    np.empty(c1, dt), np.empty(c, dt), np.empty(c, dt),
+                    np.array([c * i // k for i in range(k + 1)], np.int64))  # fmt: skip
+            else:
+                compiled(x3, w1t, bb1, w2t, bb2, y3, codes[0], codes[1], codes[2], codes[3],
+                         np.empty(c1, dt), np.empty(c, dt), np.empty(c, dt))  # fmt: skip
             if out is not None and y is not out:
                 out[...] = y
                 return out
