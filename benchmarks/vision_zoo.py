@@ -236,7 +236,7 @@ def bench_one(
     from tfrt_py.bench import measure
 
     feeds = _feeds(ZOO[name][2], batch)
-    model = tfrt_py.load(path)
+    model = tfrt_py.load(path, threads=threads or None)  # --threads: tfrt_py's budget too
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads

@@ -231,7 +231,7 @@ def bench(a: argparse.Namespace, names: list[str]) -> None:
         agree[name] = check(path, ref, shapes)
         print(f"  {name}: auto, sync, async agree with onnxruntime (max rel err "
               f"{agree[name]:.1e})", flush=True)  # fmt: skip
-        model = tfrt_py.load(path)
+        model = tfrt_py.load(path, threads=threads)  # the same thread count as onnxruntime
         if model.native is not None:
             model.native.wait()
         sess = _session(path, threads)
