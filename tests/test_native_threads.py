@@ -4,9 +4,12 @@ concurrent callers and a fork, and step aside (the Python pool's path) when swit
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +28,24 @@ pytestmark = pytest.mark.skipif(
 )
 
 F32 = np.dtype(np.float32)
+
+
+@contextlib.contextmanager
+def _spying(jitted: Any) -> Iterator[list[int]]:
+    """``jitted``'s compiled function counted: the list gets an entry per call."""
+    real = jitted.get()
+    assert real is not None
+    calls: list[int] = []
+
+    def spy(*args: object) -> None:
+        calls.append(1)
+        real(*args)
+
+    jitted._compiled = spy
+    try:
+        yield calls
+    finally:
+        jitted._compiled = real
 
 
 @pytest.fixture(autouse=True)
@@ -244,21 +265,10 @@ def test_stacked_products_run_their_row_blocks_on_native_threads(
         a = np.ascontiguousarray(a.swapaxes(-2, -3)).swapaxes(-2, -3)
         b = np.ascontiguousarray(b.swapaxes(-2, -3)).swapaxes(-2, -3)
         assert not (a.flags.c_contiguous or b.flags.c_contiguous)
-    calls: list[int] = []
-    real = gemm._MATMUL_BATCHED.get()
-    assert real is not None
-
-    def spy(*args: object) -> None:
-        calls.append(1)
-        real(*args)
-
-    gemm._MATMUL_BATCHED._compiled = spy
-    try:
+    with _spying(gemm._MATMUL_BATCHED) as calls:
         got = gemm.matmul_batched_into(a, b, trans_b=trans_b)
         out = np.full(want.shape, np.nan, np.float32)
         got2 = gemm.matmul_batched_into(a, b, out, trans_b=trans_b)
-    finally:
-        gemm._MATMUL_BATCHED._compiled = real
     assert calls == [1, 1] and got2 is out
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(got2, want, rtol=1e-5, atol=1e-4)
@@ -271,20 +281,9 @@ def test_long_softmax_rows_split_on_native_threads() -> None:
     x = (rng.standard_normal((591, 197)) * 4).astype(np.float32)  # ViT-Tiny's attention
     fn = softmax_jit.softmax_rows_f32()
     assert fn is not None
-    real = softmax_jit._SOFTMAX_LONG_PAR.get()
-    assert real is not None
-    calls: list[int] = []
-
-    def spy(*args: object) -> None:
-        calls.append(1)
-        real(*args)
-
-    softmax_jit._SOFTMAX_LONG_PAR._compiled = spy
-    try:
+    with _spying(softmax_jit._SOFTMAX_LONG_PAR) as calls:
         y = np.full_like(x, np.nan)
         fn(x, y)
-    finally:
-        softmax_jit._SOFTMAX_LONG_PAR._compiled = real
     e = np.exp(x - x.max(axis=1, keepdims=True))
     assert calls == [1]
     np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
@@ -296,19 +295,8 @@ def test_a_channel_layer_norm_splits_its_pixels_on_native_threads() -> None:
     rng = np.random.default_rng(6)
     x = rng.standard_normal((1, 80, 56, 56)).astype(np.float32)  # ConvNeXt-Atto's first stage
     g, b = rng.standard_normal(80).astype(np.float32), rng.standard_normal(80).astype(np.float32)
-    real = norm_channel._CHANNEL_LN_PAR.get()
-    assert real is not None
-    calls: list[int] = []
-
-    def spy(*args: object) -> None:
-        calls.append(1)
-        real(*args)
-
-    norm_channel._CHANNEL_LN_PAR._compiled = spy
-    try:
+    with _spying(norm_channel._CHANNEL_LN_PAR) as calls:
         y = norm_channel.channel_layer_norm_fn()(x, g, b, 1e-6)
-    finally:
-        norm_channel._CHANNEL_LN_PAR._compiled = real
     assert calls == [1]
     d = x - x.mean(axis=1, keepdims=True)
     want = d / np.sqrt((d * d).mean(axis=1, keepdims=True) + 1e-6) * g[:, None, None]
@@ -324,19 +312,8 @@ def test_a_max_pool_splits_on_native_threads(n: int) -> None:
     plan = pool_direct.plan_max_pool(x.shape, (3, 3), (n, 64, 56, 56), (2, 2), (1, 1), (1, 1),
                                      F32)  # fmt: skip
     assert plan is not None and plan.split
-    real = pool_direct._MAX_POOL_PAR.get()
-    assert real is not None
-    calls: list[int] = []
-
-    def spy(*args: object) -> None:
-        calls.append(1)
-        real(*args)
-
-    pool_direct._MAX_POOL_PAR._compiled = spy
-    try:
+    with _spying(pool_direct._MAX_POOL_PAR) as calls:
         y = pool_direct.run_max_pool(plan, x, None)
-    finally:
-        pool_direct._MAX_POOL_PAR._compiled = real
     assert calls == [1]
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
     want = np.full((n, 64, 56, 56), -np.inf, np.float32)
@@ -355,19 +332,8 @@ def test_a_large_squeeze_excite_splits_its_channels_on_native_threads() -> None:
     w2 = (rng.standard_normal((96, 24, 1, 1)) * 0.3).astype(np.float32)
     b1, b2 = rng.standard_normal(24).astype(np.float32), rng.standard_normal(96).astype(np.float32)
     fn = se.squeeze_excite_fn(w1, b1, w2, b2, Epilogue(act="Relu"), Epilogue(act="Sigmoid"))
-    real = se._SE_PAR.get()
-    assert real is not None
-    calls: list[int] = []
-
-    def spy(*args: object) -> None:
-        calls.append(1)
-        real(*args)
-
-    se._SE_PAR._compiled = spy
-    try:
+    with _spying(se._SE_PAR) as calls:
         y = fn(x)
-    finally:
-        se._SE_PAR._compiled = real
     assert calls == [1]
     h = np.maximum(x.mean(axis=(2, 3)) @ w1[:, :, 0, 0].T + b1, 0)
     gate = 1 / (1 + np.exp(-(h @ w2[:, :, 0, 0].T + b2)))
