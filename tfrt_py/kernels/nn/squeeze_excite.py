@@ -59,24 +59,23 @@ def _se_gate(  # pragma: no cover - numba only
     g: Any, w1t: Any, b1: Any, w2t: Any, b2: Any, act1: int, p1: Any, act2: int, p2: Any,
     h: Any, s: Any,
 ) -> None:  # fmt: skip
-    """s = act2(act1(g @ w1t + b1) @ w2t + b2): row updates (vectorized along C1, then C)."""
+    """s = act2(act1(g @ w1t + b1) @ w2t + b2)."""
     neg0 = -p1[2]
-    for j in range(h.shape[0]):
-        h[j] = b1[j]
-    for c in range(g.shape[0]):
-        gc = g[c]
-        wr = w1t[c]
-        for j in range(h.shape[0]):
-            h[j] += gc * wr[j]
+    _se_vecmat(g, w1t, b1, h)
     _act_row(h, neg0, act1, p1)
-    for c in range(s.shape[0]):
-        s[c] = b2[c]
-    for j in range(h.shape[0]):
-        hj = h[j]
-        wr = w2t[j]
-        for c in range(s.shape[0]):
-            s[c] += hj * wr[c]
+    _se_vecmat(h, w2t, b2, s)
     _act_row(s, neg0, act2, p2)
+
+
+def _se_vecmat(v: Any, w: Any, b: Any, out: Any) -> None:  # pragma: no cover - numba only
+    """out = v @ w + b as row updates (each vectorized along ``out``)."""
+    for j in range(out.shape[0]):
+        out[j] = b[j]
+    for i in range(v.shape[0]):
+        vi = v[i]
+        wr = w[i]
+        for j in range(out.shape[0]):
+            out[j] += vi * wr[j]
 
 
 def _se_scale(x: Any, out: Any, n: int, s: Any, c0: int, c1: int) -> None:  # pragma: no cover
@@ -137,7 +136,7 @@ def _warm_par(fn: Any) -> None:
        np.array([0, 1, 2], np.int64))  # fmt: skip
 
 
-_PIECES = (_act_row, _se_means, _se_gate, _se_scale)
+_PIECES = (_act_row, _se_vecmat, _se_means, _se_gate, _se_scale)
 _SE = Jitted(_squeeze_excite, _warm, helpers=_PIECES)
 _SE_PAR = Jitted(_squeeze_excite_par, _warm_par, helpers=_PIECES, parallel=True)
 #: Inputs of at least this many elements per image split their means and scaling over
