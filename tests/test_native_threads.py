@@ -338,3 +338,15 @@ def test_a_large_squeeze_excite_splits_its_channels_on_native_threads() -> None:
     h = np.maximum(x.mean(axis=(2, 3)) @ w1[:, :, 0, 0].T + b1, 0)
     gate = 1 / (1 + np.exp(-(h @ w2[:, :, 0, 0].T + b2)))
     np.testing.assert_allclose(y, x * gate[:, :, None, None], rtol=1e-5, atol=1e-6)
+
+
+def test_block_boundaries_are_made_once_and_their_cache_is_bounded() -> None:
+    """Kernels ask for their blocks' edges per call: the same array comes back (no
+    allocation on the hot path), and requests of ever new sizes cannot grow the cache
+    past its bound."""
+    e = native_threads.edges(1000, 4)
+    assert native_threads.edges(1000, 4) is e
+    assert e.tolist() == [0, 250, 500, 750, 1000] and not e.flags.writeable
+    for size in range(native_threads._EDGES_MAX + 10):
+        native_threads.edges(size + 2, 2)
+    assert len(native_threads._EDGES) <= native_threads._EDGES_MAX

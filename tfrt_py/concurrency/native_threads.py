@@ -30,7 +30,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["ENV_NATIVE_THREADS", "enter", "max_threads", "ready"]
+__all__ = ["ENV_NATIVE_THREADS", "edges", "enter", "max_threads", "ready"]
 
 #: ``TFRT_PY_NATIVE_THREADS=0``: split kernels use the Python intra-op pool (read each call).
 ENV_NATIVE_THREADS = "TFRT_PY_NATIVE_THREADS"
@@ -73,6 +73,27 @@ def enter(threads: int) -> int:
         numba.set_parallel_chunksize(1)
         _TLS.threads = t
     return t
+
+
+def edges(size: int, parts: int) -> Any:
+    """``[size * i // parts for i in 0..parts]`` as an int64 array: the block boundaries a
+    parallel kernel's ``prange`` loop walks, made once per (size, parts) (kernels call
+    this per call: no allocation after the first; a dict read and write are atomic)."""
+    key = (size, parts)
+    got = _EDGES.get(key)
+    if got is None:
+        import numpy as np
+
+        if len(_EDGES) >= _EDGES_MAX:  # requests of ever new sizes: start again
+            _EDGES.clear()
+        got = _EDGES[key] = np.array([size * i // parts for i in range(parts + 1)], np.int64)
+        got.flags.writeable = False
+    return got
+
+
+#: ``edges`` by (size, parts): a model's few shapes, at most ``_EDGES_MAX`` of them.
+_EDGES: dict[tuple[int, int], Any] = {}
+_EDGES_MAX = 1024
 
 
 def _set_up() -> bool:

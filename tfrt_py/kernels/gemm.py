@@ -199,7 +199,7 @@ def native_blocks(
     if fn is None:
         return False
     blocks = min(PARTS_PER_THREAD * native_threads.enter(t), most)
-    fn(a, b, out, np.array([size * i // blocks for i in range(blocks + 1)], np.int64), cols)
+    fn(a, b, out, native_threads.edges(size, blocks), cols)
     return True
 
 
@@ -306,6 +306,8 @@ def matmul_batched_into(
     if blocks is None:
         rows = [(m * j // per, m * (j + 1) // per) for j in range(per)]
         blocks = np.array([(i, r0, r1) for i in range(batch) for r0, r1 in rows], np.int64)
+        if len(_BATCH_BLOCKS) >= 1024:  # requests of ever new shapes: start again
+            _BATCH_BLOCKS.clear()
         _BATCH_BLOCKS[(batch, m, per)] = blocks
     ptr = np.array([a.ctypes.data, b.ctypes.data, y.ctypes.data], np.uint64)
     dims = np.array([m, k, n, sa[1], sa[2], sb[1], sb[2], sc[1], sc[2]], np.int64)

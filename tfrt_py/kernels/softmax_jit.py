@@ -219,7 +219,7 @@ def softmax_rows_f32() -> Any:
             long(x, y, EXP_CONSTS, 0, rows)
         elif (par := _SOFTMAX_LONG_PAR.get()) is not None:  # row blocks on native threads
             parts = min(2 * native_threads.enter(pool.threads), rows)
-            par(x, y, EXP_CONSTS, np.array([rows * i // parts for i in range(parts + 1)], np.int64))
+            par(x, y, EXP_CONSTS, native_threads.edges(rows, parts))
         else:
             parts = min(2 * pool.threads, rows)
             edges = [rows * i // parts for i in range(parts + 1)]

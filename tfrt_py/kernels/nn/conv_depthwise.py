@@ -162,6 +162,8 @@ def _blocks(n: int, groups: int, parts: int) -> np.ndarray:
         else:
             k = min(parts, n)
             rows = [(n * i // k, n * (i + 1) // k, 0, groups) for i in range(k)]
+        if len(_BLOCKS) >= 1024:  # requests of ever new batch sizes: start again
+            _BLOCKS.clear()
         got = _BLOCKS[key] = np.array(rows, np.int64)
     return got
 

@@ -150,8 +150,7 @@ def channel_layer_norm_fn() -> Callable[..., np.ndarray]:
             compiled(x3, scale, b, eps, y3, 0, pixels)
         elif (par := _CHANNEL_LN_PAR.get()) is not None:  # pixel blocks on native threads
             parts = min(2 * native_threads.enter(pool.threads), pixels // _BLOCK)
-            par(x3, scale, b, eps, y3,
-                np.array([pixels * i // parts for i in range(parts + 1)], np.int64))  # fmt: skip
+            par(x3, scale, b, eps, y3, native_threads.edges(pixels, parts))
         else:
             parts = min(2 * pool.threads, pixels // _BLOCK)
             edges = [pixels * i // parts for i in range(parts + 1)]

@@ -176,7 +176,7 @@ def squeeze_excite_fn(
                 k = min(2 * native_threads.enter(t), c)
                 par(x3, w1t, bb1, w2t, bb2, y3, codes[0], codes[1], codes[2], codes[3],
                     np.empty(c1, dt), np.empty(c, dt), np.empty(c, dt),
-                    np.array([c * i // k for i in range(k + 1)], np.int64))  # fmt: skip
+                    native_threads.edges(c, k))  # fmt: skip
             else:
                 compiled(x3, w1t, bb1, w2t, bb2, y3, codes[0], codes[1], codes[2], codes[3],
                          np.empty(c1, dt), np.empty(c, dt), np.empty(c, dt))  # fmt: skip
