@@ -350,3 +350,12 @@ def test_block_boundaries_are_made_once_and_their_cache_is_bounded() -> None:
     for size in range(native_threads._EDGES_MAX + 10):
         native_threads.edges(size + 2, 2)
     assert len(native_threads._EDGES) <= native_threads._EDGES_MAX
+
+
+def test_plane_blocks_split_one_images_channels_or_the_images() -> None:
+    one = native_threads.plane_blocks(1, 10, 4)
+    assert one.tolist() == [[0, 1, 0, 2], [0, 1, 2, 5], [0, 1, 5, 7], [0, 1, 7, 10]]
+    assert native_threads.plane_blocks(1, 10, 4) is one
+    assert native_threads.plane_blocks(3, 10, 4).tolist() == [[0, 1, 0, 10], [1, 2, 0, 10],
+                                                              [2, 3, 0, 10]]  # fmt: skip
+    assert native_threads.plane_blocks(1, 2, 4).tolist() == [[0, 1, 0, 1], [0, 1, 1, 2]]

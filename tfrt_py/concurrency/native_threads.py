@@ -25,12 +25,13 @@ Imports nothing of tfrt_py; numba is imported on the first ``ready``.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import sys
 import threading
 from typing import Any
 
-__all__ = ["ENV_NATIVE_THREADS", "edges", "enter", "max_threads", "ready"]
+__all__ = ["ENV_NATIVE_THREADS", "edges", "enter", "max_threads", "plane_blocks", "ready"]
 
 #: ``TFRT_PY_NATIVE_THREADS=0``: split kernels use the Python intra-op pool (read each call).
 ENV_NATIVE_THREADS = "TFRT_PY_NATIVE_THREADS"
@@ -91,8 +92,27 @@ def edges(size: int, parts: int) -> Any:
     return got
 
 
-#: ``edges`` by (size, parts): a model's few shapes, at most ``_EDGES_MAX`` of them.
-_EDGES: dict[tuple[int, int], Any] = {}
+def plane_blocks(n: int, c: int, parts: int) -> Any:
+    """(n0, n1, c0, c1) rows, int64: ``parts`` blocks of the channels of one image (``n``
+    1), else of the images -- how kernels over (N, C, ...) planes split; made once per
+    (n, c, parts), like ``edges``."""
+    key = (-n, c, parts)  # beside edges' (size, parts) keys, never equal to one
+    got = _EDGES.get(key)
+    if got is None:
+        import numpy as np
+
+        e = edges(c if n == 1 else n, min(parts, c if n == 1 else n)).tolist()
+        rows = [(0, 1, a, b) if n == 1 else (a, b, 0, c) for a, b in itertools.pairwise(e)]
+        if len(_EDGES) >= _EDGES_MAX:
+            _EDGES.clear()
+        got = _EDGES[key] = np.array(rows, np.int64)
+        got.flags.writeable = False
+    return got
+
+
+#: ``edges`` by (size, parts) and ``plane_blocks`` by (-images, channels, parts): a model's
+#: few shapes, at most ``_EDGES_MAX`` of them.
+_EDGES: dict[tuple[int, ...], Any] = {}
 _EDGES_MAX = 1024
 
 

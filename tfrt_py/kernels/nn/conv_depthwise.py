@@ -124,7 +124,7 @@ def run_depthwise(
     groups = x.shape[1] // cg
     mg = w.shape[0] // groups
     if plan.par is not None:  # native threads: blocks of groups (one image) or of images
-        rows = _blocks(n, groups, 2 * native_threads.enter(pool.threads))
+        rows = native_threads.plane_blocks(n, groups, 2 * native_threads.enter(pool.threads))
         buf = scratch(0, (rows.shape[0], plan.xp_len + plan.acc_len), dt)
         plan.par(x, w, b, e, out, plan.tab, plan.act, plan.params, buf, plan.xp_len, rows)
     elif n == 1:  # group blocks: every slice of an image's channels is C-contiguous
@@ -149,27 +149,6 @@ def run_depthwise(
     if plan.numpy_after:
         _numpy_act(out, epi, plan.fns)
     return out
-
-
-def _blocks(n: int, groups: int, parts: int) -> np.ndarray:
-    """(n0, n1, g0, g1) rows: ``parts`` blocks of groups of one image, or of images."""
-    key = (n, groups, parts)
-    got = _BLOCKS.get(key)
-    if got is None:
-        if n == 1:
-            k = min(parts, groups)
-            rows = [(0, 1, groups * i // k, groups * (i + 1) // k) for i in range(k)]
-        else:
-            k = min(parts, n)
-            rows = [(n * i // k, n * (i + 1) // k, 0, groups) for i in range(k)]
-        if len(_BLOCKS) >= 1024:  # requests of ever new batch sizes: start again
-            _BLOCKS.clear()
-        got = _BLOCKS[key] = np.array(rows, np.int64)
-    return got
-
-
-#: ``_blocks`` by (images, groups, parts): a few shapes per model (a dict write is atomic).
-_BLOCKS: dict[tuple[int, int, int], np.ndarray] = {}
 
 
 def _depthwise_block(

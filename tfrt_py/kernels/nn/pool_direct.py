@@ -210,10 +210,8 @@ def run_max_pool(plan: MaxPoolPlan, x: np.ndarray, out: np.ndarray | None) -> np
     total = c if by_channel else n
     par = _MAX_POOL_PAR.get()
     if par is not None:  # blocks of channels (one image) or images on native threads
-        k = min(2 * native_threads.enter(pool.threads), total)
-        e = [total * i // k for i in range(k + 1)]
-        rows = [(0, 1, e[i], e[i + 1]) if by_channel else (e[i], e[i + 1], 0, c) for i in range(k)]
-        par(x, y, geo, scratch(0, (k, plan.tmp_len), dt), np.array(rows, np.int64))
+        rows = native_threads.plane_blocks(n, c, 2 * native_threads.enter(pool.threads))
+        par(x, y, geo, scratch(0, (len(rows), plan.tmp_len), dt), rows)
         return y
     blocks = min(2 * pool.threads, total)
     edges = [total * i // blocks for i in range(blocks + 1)]

@@ -19,6 +19,7 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
+from ..common import scratch
 from ..jit import Jitted
 from .conv_direct import Epilogue, _act_row, _jit_act, _params, make_epilogue
 
@@ -170,16 +171,17 @@ def squeeze_excite_fn(
             xc = x if x.flags.c_contiguous else np.ascontiguousarray(x)
             y = out if out is not None and out.flags.c_contiguous else np.empty_like(xc)
             x3, y3 = xc.reshape(n, c, -1), y.reshape(n, c, -1)
+            buf = scratch(2, (c1 + 2 * c,), dt)  # h, s, g: never past this call
+            h, s, g = buf[:c1], buf[c1 : c1 + c], buf[c1 + c :]
             t = intra_pool().threads
             par = _SE_PAR.get() if t > 1 and x3[0].size >= SPLIT_MIN_ELEMENTS else None
             if par is not None:
                 k = min(2 * native_threads.enter(t), c)
                 par(x3, w1t, bb1, w2t, bb2, y3, codes[0], codes[1], codes[2], codes[3],
-                    np.empty(c1, dt), np.empty(c, dt), np.empty(c, dt),
-                    native_threads.edges(c, k))  # fmt: skip
+                    h, s, g, native_threads.edges(c, k))  # fmt: skip
             else:
                 compiled(x3, w1t, bb1, w2t, bb2, y3, codes[0], codes[1], codes[2], codes[3],
-                         np.empty(c1, dt), np.empty(c, dt), np.empty(c, dt))  # fmt: skip
+                         h, s, g)  # fmt: skip
             if out is not None and y is not out:
                 out[...] = y
                 return out
