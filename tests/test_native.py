@@ -4,6 +4,7 @@ tier switch-over, the disk cache, declining with a reason, bad input, threads.""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -174,6 +175,23 @@ def test_background_tier_serves_on_the_interpreter_then_switches(
     assert m.native.state == "ready"
     assert m.native.run is not m.native._run_interp
     _assert_same(m.run(feeds), want)
+
+
+def test_wait_returns_only_after_the_tier_switched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``wait()`` is the promise that the tier is ready: the job's done-event is set after
+    the tier installed the compile, not before (the worker thread runs both; a slow
+    install used to let ``wait`` return while ``state`` still said "compiling")."""
+    real = tier_mod.NativeTier._installed
+
+    def slow_install(self: Any, job: Any) -> None:
+        time.sleep(0.3)
+        real(self, job)
+
+    monkeypatch.setattr(tier_mod.NativeTier, "_installed", slow_install)
+    m = tfrt_py.load(_tiny_graph(), executor="native")
+    assert m.native.wait(120)
+    assert m.native.state == "ready"
+    assert m.native.run is not m.native._run_interp
 
 
 def test_disk_cache_hit_on_the_second_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:

@@ -90,17 +90,21 @@ class _Job:
             self._fail(f"{type(e).__name__}: {e}")
             return
         self.state = "ready"
-        self.done.set()
-        if tier is not None:
-            tier._installed(self)
+        try:
+            if tier is not None:
+                tier._installed(self)
+        finally:
+            self.done.set()  # after the tier switched: wait() returning means it is ready
 
     def _fail(self, reason: str) -> None:
         self.error = reason
         self.state = "failed"
-        self.done.set()
         tier = self.tier()
-        if tier is not None:
-            tier._job_failed(self)
+        try:
+            if tier is not None:
+                tier._job_failed(self)
+        finally:
+            self.done.set()
 
 
 class NativeTier(Executor):
