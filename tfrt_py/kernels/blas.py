@@ -24,10 +24,11 @@ import os
 import threading
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["available", "register"]
 
 _LOCK = threading.Lock()
 _DONE: list[Any] = []  # [(sgemm type, dgemm type)] once registered, [None] when impossible
+_FOUND: list[bool] = []  # [whether NumPy's BLAS has a gemm] once looked
 #: (symbol suffix, integer width in bits), tried in this order in NumPy's BLAS library
 _NAMES = (("scipy_cblas_{}gemm64_", 64), ("cblas_{}gemm64_", 64), ("cblas_{}gemm", 32))
 
@@ -43,6 +44,33 @@ def register(module_globals: dict[str, Any]) -> bool:
         return False
     module_globals["_sgemm"], module_globals["_dgemm"] = types
     return True
+
+
+def available() -> bool:
+    """Whether NumPy's BLAS exports a gemm ``register`` can bind (checked with ctypes,
+    without importing numba; cached)."""
+    with _LOCK:
+        if not _FOUND:
+            _FOUND.append(_find() is not None)
+        return bool(_FOUND[0])
+
+
+def _find() -> tuple[Any, Any, int] | None:
+    """(sgemm, dgemm, integer bits) from NumPy's BLAS library, or None."""
+    path = _numpy_blas_path()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
+    for pattern, bits in _NAMES:
+        try:
+            s, d = (getattr(lib, pattern.format(c)) for c in "sd")
+        except AttributeError:
+            continue
+        return s, d, bits
+    return None
 
 
 def _numpy_blas_path() -> str | None:
@@ -69,25 +97,15 @@ def _register() -> Any:
         types: Any = numba.types
     except Exception:  # noqa: BLE001 - no numba: no compiled kernels at all
         return None
-    path = _numpy_blas_path()
-    if path is None:
+    found = _find()
+    if found is None:
         return None
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError:
-        return None
-    for pattern, bits in _NAMES:
-        try:
-            fns = [getattr(lib, pattern.format(c)) for c in "sd"]
-        except AttributeError:
-            continue
-        n = types.int64 if bits == 64 else types.int32
-        out = []
-        for c, fn, f in zip("sd", fns, (types.float32, types.float64), strict=True):
-            name = f"tfrt_py_{c}gemm"
-            llvm.add_symbol(name, ctypes.cast(fn, ctypes.c_void_p).value)
-            i32, p = types.int32, types.uintp
-            sig = types.void(i32, i32, i32, n, n, n, f, p, n, p, n, f, p, n)
-            out.append(types.ExternalFunction(name, sig))
-        return tuple(out)
-    return None
+    n = types.int64 if found[2] == 64 else types.int32
+    out = []
+    for c, fn, f in zip("sd", found[:2], (types.float32, types.float64), strict=True):
+        name = f"tfrt_py_{c}gemm"
+        llvm.add_symbol(name, ctypes.cast(fn, ctypes.c_void_p).value)
+        i32, p = types.int32, types.uintp
+        sig = types.void(i32, i32, i32, n, n, n, f, p, n, p, n, f, p, n)
+        out.append(types.ExternalFunction(name, sig))
+    return tuple(out)

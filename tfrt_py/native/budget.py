@@ -5,9 +5,10 @@ is not compiled.
 
 The measure is *compile units*: one per line of the generated function, plus
 ``LIBM_UNITS`` per call of a vectorized math function (``np.exp``, ``np.tanh``, ``**``,
-...; each expands into a long instruction sequence LLVM then optimizes). ``DEFAULT_BUDGET``
-units compile in roughly 10 s on one core. ``$TFRT_PY_NATIVE_BUDGET`` sets another budget
-(a positive integer; ``executor="native"``'s error says how many units a model needs).
+``kern_math.expf``, ...; each expands into a long instruction sequence LLVM then
+optimizes). ``DEFAULT_BUDGET`` units compile in roughly 10 s on one core.
+``$TFRT_PY_NATIVE_BUDGET`` sets another budget (a positive integer;
+``executor="native"``'s error says how many units a model needs).
 
 ``precheck(graph)`` bounds the units from below without generating code (every lowered
 node but a view or a Linear layer, which may join a stacked run, makes at least one line
@@ -30,7 +31,7 @@ __all__ = ["BUDGET_ENV", "DEFAULT_BUDGET", "LIBM_UNITS", "OverBudget", "budget",
 BUDGET_ENV = "TFRT_PY_NATIVE_BUDGET"
 DEFAULT_BUDGET = 1500
 LIBM_UNITS = 16
-_LIBM = re.compile(r"np\.(?:exp|expm1|log|tanh|sin|cos)\(|\*\*")
+_LIBM = re.compile(r"np\.(?:exp|expm1|log|tanh|sin|cos)\(|\bexpf\(|\*\*")
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 

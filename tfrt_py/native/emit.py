@@ -15,15 +15,21 @@ from .loops import Ref, bcast_strides, coalesce, index, loop_nest, strides
 from .scalar import expr
 from .source import Declined, literal
 
-__all__ = ["Step", "copy_strided", "elementwise", "matmul", "tname"]
+__all__ = ["BLAS_IMPORT", "EXP_IMPORT", "Step", "copy_strided", "elementwise", "matmul", "tname"]
 
 #: (op_type, attrs, refs): refs index the operands, -1 is the running value.
 Step = tuple[str, dict[str, Any], Sequence[int]]
 
 _TNAMES = {"float32": "f4", "float64": "f8", "int64": "i8", "int32": "i4", "bool": "b1"}
 
-#: A product at least this big (multiply-adds) with more than one row goes to BLAS.
-BLAS_MIN_MACS = 1 << 16
+#: With ``blas``, a product at least this big (multiply-adds) with more than one row
+#: goes to BLAS: a gemm call costs ~0.2 µs, and the loops run a 64x64 @ 64x4 product
+#: (16K multiply-adds) at a seventh of its rate (their vectors are only N wide).
+BLAS_MIN_MACS = 1 << 12
+#: The import line of a module whose code calls ``gemm_f4``/``gemm_f8``.
+BLAS_IMPORT = "from tfrt_py.native.kern_blas import gemm_f4, gemm_f8"
+#: The import line of a module whose code calls ``expf``.
+EXP_IMPORT = "from tfrt_py.native.kern_math import expf"
 
 
 def tname(dtype: Any) -> str:
@@ -96,17 +102,16 @@ def matmul(
 ) -> list[str]:
     """``y[m, j] = sum_k x[m, k] * w[k, j]`` (element strides ``x_st`` = (m, k), ``w_st``
     = (k, j); ``y`` contiguous [M, N]). Loop order m, k, j with j innermost (LLVM
-    vectorizes it without reassociation), k unrolled by 2; BLAS for big products with
-    several rows when ``blas``."""
+    vectorizes it without reassociation), k unrolled by 2; with ``blas``, big float
+    products with several rows call NumPy's gemm instead (``kern_blas``: the module must
+    import ``BLAS_IMPORT``)."""
     m_, k_, n_ = mkn
-    M, K, N, MK, KN, MN = (literal(v) for v in (m_, k_, n_, m_ * k_, k_ * n_, m_ * n_))
+    M, K, N = (literal(v) for v in (m_, k_, n_))
     t = tname(y.dtype)
-    if blas and m_ > 1 and m_ * k_ * n_ >= BLAS_MIN_MACS and x_st == (k_, 1) and w_st == (n_, 1):
-        return [
-            f"np.dot({x.buf}[{x.off}:{x.off} + {MK}].reshape(({M}, {K})), "
-            f"{w.buf}[{w.off}:{w.off} + {KN}].reshape(({K}, {N})), "
-            f"{y.buf}[{y.off}:{y.off} + {MN}].reshape(({M}, {N})))"
-        ]
+    big = m_ > 1 and m_ * k_ * n_ >= BLAS_MIN_MACS
+    if blas and big and t in ("f4", "f8") and x_st == (k_, 1) and w_st == (n_, 1):
+        args = f"{x.buf}, {x.off}, {w.buf}, {w.off}, {y.buf}, {y.off}, {M}, {K}, {N}"
+        return [f"gemm_{t}({args})"]
     xm, xk = x_st
     wk, wj = w_st
     lines: list[str] = []

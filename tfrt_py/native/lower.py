@@ -35,8 +35,9 @@ from ..errors import ExecutionError
 from ..executors.plan import ALIGN, Buffer, plan_offsets
 from ..executors.program import Program
 from ..ir import Graph, Node, TensorType, Value
-from .budget import budget, check, precheck
-from .emit import copy_strided, tname
+from ..kernels import blas
+from .budget import OverBudget, budget, check, precheck
+from .emit import BLAS_IMPORT, copy_strided, tname
 from .loops import Ref, strides
 from .ops import LOWER
 from .ops_ml import KERNEL_IMPORTS, ML_LOWER, kernel_version
@@ -49,6 +50,12 @@ __all__ = ["VIEW_OPS", "Declined", "Lowered", "blockers", "dynamic_inputs", "low
 _ALL_LOWER = {**LOWER, **ML_LOWER}
 
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+#: Rows mode also lowers the graph for this many rows at once when a product there is big
+#: enough for BLAS (``emit.BLAS_MIN_MACS``): whole tiles run that body, the rest row by
+#: row. 64 rows reach ~95% of a long gemm's rate for the small layers rows mode serves.
+TILE_ROWS = 64
+#: The ops whose lowering may call BLAS.
+_PRODUCTS = frozenset({"Linear", "MatMul", "Gemm", "MatMulTransB"})
 _NP_TYPES = {"f4": "float32", "f8": "float64", "i8": "int64", "i4": "int32", "b1": "boolean"}
 
 
@@ -127,8 +134,9 @@ class NodeContext:
     def __init__(self, graph: Graph, shapes: dict[int, tuple[tuple[int, ...], np.dtype]]) -> None:
         self.refs: dict[int, Ref] = {}
         self.shapes = shapes
-        # numba's np.dot goes to scipy's OpenBLAS, whose threads fought NumPy's here (M2b:
-        # 30 ms instead of 0.3 ms with loops); off until that is understood.
+        # Products call NumPy's gemm (``kern_blas``) only in rows mode's tile body
+        # (``_tile``); static and signature bodies keep loops (numba's np.dot went to
+        # SciPy's OpenBLAS, whose threads fought NumPy's: M2b took 30 ms instead of 0.3).
         self.blas = False
         self.tag = "n0_"
         self.node: Node | None = None
@@ -138,13 +146,25 @@ class NodeContext:
         self.param_size: dict[str, int] = {}
         self.buffers: dict[int, tuple[Buffer, str]] = {}  # root -> (buffer, dtype alias)
         self.written: set[int] = set()  # output positions already written
-        self.out_off: dict[int, str] = {}  # output position -> row offset (rows mode)
+        self.out_buf: dict[int, str] = {}  # output position -> row view (rows mode)
         self.hoisted: list[str] = []  # lines before the body: constant slices
         self.label_tables: dict[int, Any] = {}  # value id -> string labels it indexes
         self.finishers: dict[int, Any] = {}  # graph output value id -> finisher
         self.readers: dict[int, int] = collections.Counter(
             id(v) for n in graph.nodes for v in n.inputs if v is not None)  # fmt: skip
         self.uses_kernels = False
+        self.imports: set[str] = set()  # import lines the code needs (``emit``'s)
+        self.packed: list[tuple[np.ndarray, Ref]] = []  # every constant put, with its ref
+        self._same: dict[tuple[Any, ...], Ref] = {}  # (shape, dtype, digest) -> ref
+
+    def share_constants(self, other: NodeContext) -> None:
+        """Start from ``other``'s packed constants (a copy: ``other`` is unchanged); a
+        constant equal to one of them reuses it instead of packing it again."""
+        self.params = {t: list(arrs) for t, arrs in other.params.items()}
+        self.param_size = dict(other.param_size)
+        self.hoisted = list(other.hoisted)
+        self.packed = list(other.packed)
+        self._same = {_digest(arr): r for arr, r in other.packed}
 
     def decline(self, reason: str) -> NoReturn:
         n = self.node
@@ -153,6 +173,10 @@ class NodeContext:
 
     def put_const(self, arr: np.ndarray) -> Ref:
         arr = np.ascontiguousarray(arr)
+        if self._same:
+            known = self._same.get(_digest(arr))
+            if known is not None:
+                return known
         t = tname(arr.dtype)
         off = self.param_size.get(t, 0)
         self.params.setdefault(t, []).append(arr.ravel())
@@ -160,7 +184,9 @@ class NodeContext:
         if pad:
             self.params[t].append(np.zeros(pad, arr.dtype))
         self.param_size[t] = off + arr.size + pad
-        return Ref(f"P_{t}", literal(off), tuple(arr.shape), arr.dtype)
+        ref = Ref(f"P_{t}", literal(off), tuple(arr.shape), arr.dtype)
+        self.packed.append((arr, ref))
+        return ref
 
     def const(self, v: Value) -> np.ndarray | None:
         return None if v.const is None else np.asarray(v.const)
@@ -187,7 +213,7 @@ class NodeContext:
         tname(dtype)  # Declined for a dtype the lowering does not know
         if k is not None:
             self.written.add(k)
-            r = Ref(f"r{k}", self.out_off.get(k, "0"), shape, dtype)
+            r = Ref(self.out_buf.get(k, f"r{k}"), "0", shape, dtype)
         else:
             r = self.new_buffer(shape, dtype)
         self.refs[id(v)] = r
@@ -237,6 +263,10 @@ class NodeContext:
             if r.root >= 0:
                 buf = self.buffers[r.root][0]
                 buf.last = max(buf.last, self.step)
+
+
+def _digest(arr: np.ndarray) -> tuple[Any, ...]:
+    return (arr.shape, arr.dtype.str, hashlib.blake2b(arr.tobytes(), digest_size=16).digest())
 
 
 def _shapes(
@@ -333,9 +363,7 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
         specs = _input_specs(graph, shapes, None)
         cx = NodeContext(graph, _shapes(graph, program, specs))
     sig, prologue = [], []
-    for k, v in enumerate(graph.inputs):
-        shape, dtype = specs[k]
-        cx.refs[id(v)] = Ref(f"x{k}", f"xb{k}" if batched[k] else "0", shape, dtype)
+    for k, (shape, dtype) in enumerate(specs):
         t = _NP_TYPES[tname(dtype)]
         # Feeds are typed read-only: the code never writes them, and a read-only array
         # (Ray's object store, np.frombuffer over a request) then calls it without a copy;
@@ -352,9 +380,29 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
         size = f"nb * {literal(max(1, math.prod(shape)))}" if batched[k] else literal(
             max(1, math.prod(shape)))  # fmt: skip
         prologue.append(f"    x{k} = a{k}.reshape({size})")
-    if rows:
+    body = _body(graph, cx, specs, batched)
+    tile = _tile(graph, program, cx, batched) if rows else None
+    if tile is not None:
+        try:
+            return _assemble(graph, cx, sig, prologue, body, fastmath, limit, specs,
+                             batched, False, tile=tile)  # fmt: skip
+        except OverBudget:
+            pass  # the tile body doubles the code: rows one at a time fit
+    return _assemble(graph, cx, sig, prologue, body, fastmath, limit, specs, batched,
+                     shapes is not None)  # fmt: skip
+
+
+def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool]) -> list[str]:
+    """The lines computing every node into ``cx``'s refs (inputs bound to ``x<k>``,
+    outputs to ``r<k>``; in rows mode batched inputs to ``xv<k>`` and outputs to ``rv<k>``,
+    views from the current row, so every index is provably non-negative: numba then adds
+    no negative-index wraparound, and LLVM vectorizes the loops)."""
+    for k, v in enumerate(graph.inputs):
+        shape, dtype = specs[k]
+        cx.refs[id(v)] = Ref(f"xv{k}" if batched[k] else f"x{k}", "0", shape, dtype)
+    if any(batched):
         for k in range(len(graph.outputs)):
-            cx.out_off[k] = f"ob{k}"
+            cx.out_buf[k] = f"rv{k}"
     body: list[str] = []
     runs = find_runs(graph, cx)
     nodes = graph.nodes
@@ -381,12 +429,35 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
     for k, v in enumerate(graph.outputs):
         if k not in cx.written:  # a feed, a constant, a view or a duplicate: copy it
             src = cx.refs[id(v)] if id(v) in cx.refs else cx.ref(v)
-            dst = Ref(f"r{k}", cx.out_off.get(k, "0"), src.shape, src.dtype)
+            dst = Ref(cx.out_buf.get(k, f"r{k}"), "0", src.shape, src.dtype)
             body += ["    " + ln for ln in copy_strided(dst, src, strides(src.shape))]
             cx.shapes[id(v)] = (src.shape, src.dtype)
             cx.written.add(k)
-    return _assemble(graph, cx, sig, prologue, body, fastmath, limit, specs, batched,
-                     shapes is not None)  # fmt: skip
+    return body
+
+
+def _tile(graph: Graph, program: Program, row_cx: NodeContext,
+          batched: list[bool]) -> tuple[NodeContext, list[str]] | None:  # fmt: skip
+    """Rows mode: the body for ``TILE_ROWS`` rows at once, with its big products on
+    NumPy's gemm, and its context (which holds the row body's constants too); None when
+    no product is big enough there for BLAS, BLAS cannot be called, or the graph has
+    string or ZipMap outputs (their finishers belong to the row body)."""
+    if row_cx.label_tables or row_cx.finishers or not blas.available():
+        return None
+    if not any(n.op_type in _PRODUCTS for n in graph.nodes):
+        return None
+    try:
+        specs = _input_specs(graph, None, TILE_ROWS)
+        cx = NodeContext(graph, _shapes(graph, program, specs))
+        cx.blas = True
+        cx.share_constants(row_cx)
+        body = _body(graph, cx, specs, batched)
+    except Declined:
+        return None
+    if not any("gemm_f" in ln for ln in body):
+        return None
+    cx.imports.add(BLAS_IMPORT)
+    return cx, body
 
 
 def _lower_node(cx: NodeContext, node: Node) -> list[str]:
@@ -431,10 +502,8 @@ def _label_view(cx: NodeContext, node: Node, x_v: Value) -> list[str]:
     return []
 
 
-def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str],
-              body: list[str], fastmath: bool, limit: int, specs: list[Any],
-              batched: list[bool], signature: bool) -> Lowered:  # fmt: skip
-    arenas: dict[str, int] = {}
+def _planned(cx: NodeContext, body: list[str], arenas: dict[str, int]) -> str:
+    """``body`` as text with its arena offsets planned; ``arenas`` grows to hold them."""
     by_dtype: dict[str, list[tuple[int, Buffer]]] = {}
     for root, (buf, t) in cx.buffers.items():
         by_dtype.setdefault(t, []).append((root, buf))
@@ -442,14 +511,31 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
     for t, items in by_dtype.items():
         size = plan_offsets([b for _, b in items])
         item = np.dtype(_NP_TYPES[t] if t != "b1" else "bool").itemsize
-        arenas[t] = max(1, size // item)
+        arenas[t] = max(arenas.get(t, 1), size // item, 1)
         for root, b in items:
             subst[f"@{root}@"] = literal(b.offset // item)
     text = "\n".join(body)
     for token, off in subst.items():
         text = text.replace(token, off)
-    param_types = sorted(cx.params)
-    params = tuple(np.concatenate(cx.params[t]) for t in param_types)
+    return text
+
+
+def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str],
+              body: list[str], fastmath: bool, limit: int, specs: list[Any],
+              batched: list[bool], signature: bool,
+              tile: tuple[NodeContext, list[str]] | None = None) -> Lowered:  # fmt: skip
+    """The module. ``tile`` (rows mode): the tile body and its context, whose constants
+    (a superset of ``cx``'s, at the same offsets) are the ones packed."""
+    arenas: dict[str, int] = {}
+    text = _planned(cx, body, arenas)
+    tile_text = None
+    packed = cx
+    if tile is not None:
+        packed = tile[0]
+        tile_text = _planned(packed, tile[1], arenas)
+    uses_kernels = cx.uses_kernels or packed.uses_kernels
+    param_types = sorted(packed.params)
+    params = tuple(np.concatenate(packed.params[t]) for t in param_types)
     psig = [f"types.Array(types.{_NP_TYPES[t]}, 1, 'C')" for t in param_types]
     pargs = [f"P_{t}" for t in param_types]
     ins = [f"a{k}" for k in range(len(graph.inputs))]
@@ -460,15 +546,16 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         '"""tfrt_py native code (generated; do not edit)."""',
         "import numpy as np",
         "from numba import njit, types",
-        *(KERNEL_IMPORTS if cx.uses_kernels else ()),
+        *(KERNEL_IMPORTS if uses_kernels else ()),
+        *sorted(cx.imports | packed.imports),
         "",
         "f4, f8, i8, i4, b1 = np.float32, np.float64, np.int64, np.int32, np.bool_",
-        *([f"KV = {literal(kernel_version())}"] if cx.uses_kernels else []),
+        *([f"KV = {literal(kernel_version())}"] if uses_kernels else []),
     ]
     deco = (f"@njit({{sig}}, cache=True, nogil=True, error_model='numpy', "
             f"fastmath={literal(bool(fastmath))})")  # fmt: skip
     setup = [f"    A_{t} = np.empty({literal(n)}, {t})" for t, n in sorted(arenas.items())]
-    setup += ["    " + ln for ln in cx.hoisted]
+    setup += ["    " + ln for ln in packed.hoisted]
     if not rows:
         outs = []
         for k, (shape, dtype) in enumerate(out_specs):
@@ -479,7 +566,7 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
                f"    return {', '.join(f'o{k}' for k in range(n_out))}", ""]  # fmt: skip
     else:
         src = [*head, *_rows_functions(cx, sig, psig, pargs, ins, prologue, setup, text,
-                                       specs, batched, out_specs, deco)]  # fmt: skip
+                                       specs, batched, out_specs, deco, tile_text)]  # fmt: skip
     source = "\n".join(src)
     audit(source)
     units = check(source, limit)
@@ -511,10 +598,11 @@ def _finisher(cx: NodeContext, v: Value) -> Any:
 def _rows_functions(cx: NodeContext, sig: list[str], psig: list[str], pargs: list[str],
                     ins: list[str], prologue: list[str], setup: list[str], text: str,
                     specs: list[Any], batched: list[bool], out_specs: list[Any],
-                    deco: str) -> list[str]:  # fmt: skip
-    """Rows mode: ``rows(x.., r.., P.., lo, hi)`` runs the one-row body for rows
-    ``lo:hi`` of flat feeds and outputs; ``run(a.., P..)`` checks, allocates and runs every
-    row; ``run_into(a.., o.., P.., lo, hi)`` fills rows of outputs the caller allocated
+                    deco: str, tile_text: str | None) -> list[str]:  # fmt: skip
+    """Rows mode: ``rows(x.., r.., P.., lo, hi)`` runs rows ``lo:hi`` of flat feeds and
+    outputs: whole tiles of ``TILE_ROWS`` through ``tile_text`` (when given), the rest
+    through the one-row body; ``run(a.., P..)`` checks, allocates and runs every row;
+    ``run_into(a.., o.., P.., lo, hi)`` fills rows of outputs the caller allocated
     (threads split a batch this way)."""
     n_in, n_out = len(specs), len(out_specs)
     first = batched.index(True)
@@ -526,11 +614,22 @@ def _rows_functions(cx: NodeContext, sig: list[str], psig: list[str], pargs: lis
     rs = [f"r{k}" for k in range(n_out)]
     os_ = [f"o{k}" for k in range(n_out)]
     i64 = ["types.int64", "types.int64"]
-    loop = ["    for rw in range(lo, hi):"]
-    loop += [f"        xb{k} = rw * {literal(math.prod(specs[k][0]))}"
-             for k in range(n_in) if batched[k]]  # fmt: skip
-    loop += [f"        ob{k} = rw * {literal(math.prod(shape))}"
-             for k, (shape, _) in enumerate(out_specs)]  # fmt: skip
+
+    def offsets(rw: str) -> list[str]:
+        lines = [f"        xv{k} = x{k}[{rw} * {literal(math.prod(specs[k][0]))}:]"
+                 for k in range(n_in) if batched[k]]  # fmt: skip
+        return lines + [f"        rv{k} = r{k}[{rw} * {literal(math.prod(shape))}:]"
+                        for k, (shape, _) in enumerate(out_specs)]  # fmt: skip
+
+    loop = []
+    start = "lo"
+    if tile_text is not None:
+        T = literal(TILE_ROWS)
+        loop += [f"    tiled = lo + (hi - lo) // {T} * {T}",
+                 f"    for tw in range(lo, tiled, {T}):", *offsets("tw")]  # fmt: skip
+        loop += ["    " + ln for ln in tile_text.split("\n")]
+        start = "tiled"
+    loop += [f"    for rw in range({start}, hi):", *offsets("rw")]
     loop += ["    " + ln for ln in text.split("\n")]
     pre = [f"    nb = a{first}.shape[0]", *prologue]
     alloc = []

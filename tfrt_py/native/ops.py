@@ -20,7 +20,7 @@ import numpy as np
 
 from ..compiler.fused_kernels import DOMAIN
 from ..ir import Node
-from .emit import Step, copy_strided, elementwise, matmul, tname
+from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import Ref, loop_nest, strides
 from .scalar import SCALAR_OPS
 from .source import literal
@@ -170,7 +170,28 @@ def _softmax(cx: Any, node: Node) -> list[str]:
                       f"for j in range({N}):", f"    {at(y, o, 'j', i)} /= {g}s"]  # fmt: skip
         return lines
 
-    return loop_nest([outer, inner], body, "q")
+    if log or t != "f4":
+        return loop_nest([outer, inner], body, "q")
+    # float32: the shifted values first, then one flat loop of exponentials that LLVM
+    # vectorizes (kern_math.expf; libm's expf is a call per element), then the sums.
+    cx.imports.add(EXP_IMPORT)
+
+    def shift(iv: list[str]) -> list[str]:
+        o, i = iv
+        return [f"{g}mx = {at(x, o, '0', i)}", f"for j in range(1, {N}):",
+                f"    {g}v = {at(x, o, 'j', i)}",
+                f"    if {g}v > {g}mx or {g}v != {g}v:", f"        {g}mx = {g}v",
+                f"for j in range({N}):",
+                f"    {at(y, o, 'j', i)} = {at(x, o, 'j', i)} - {g}mx"]  # fmt: skip
+
+    def scale(iv: list[str]) -> list[str]:
+        o, i = iv
+        return [f"{g}s = {t}(0.0)", f"for j in range({N}):", f"    {g}s += {at(y, o, 'j', i)}",
+                f"for j in range({N}):", f"    {at(y, o, 'j', i)} /= {g}s"]  # fmt: skip
+
+    flat = [f"for q in range({literal(outer * n * inner)}):",
+            f"    {y.buf}[{y.off} + q] = expf({y.buf}[{y.off} + q])"]  # fmt: skip
+    return [*loop_nest([outer, inner], shift, "q"), *flat, *loop_nest([outer, inner], scale, "q")]
 
 
 def _reduce(cx: Any, node: Node) -> list[str]:

@@ -1,0 +1,159 @@
+"""Rows mode's tile body (``native.lower.TILE_ROWS`` rows at once, big products on NumPy's
+gemm; the rest of a batch row by row), and the vectorizable float32 ``expf`` its Softmax
+uses (``native.kern_math``)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tfrt_py
+from tfrt_py.ir import Graph, GraphBuilder
+from tfrt_py.kernels import blas
+
+lower_mod = importlib.import_module("tfrt_py.native.lower")  # the package exports lower()
+
+pytest.importorskip("numba", reason="the native tier needs numba")
+
+RNG = np.random.default_rng(64)
+T = lower_mod.TILE_ROWS
+
+
+def _mlp(dtype: Any = np.float32) -> Graph:
+    """MatMul+Add+Relu, a Gemm with transB (its weight packed transposed), a small MatMul
+    (N=4) into Softmax; the hidden layer is an output too."""
+    b = GraphBuilder("tiles")
+    x = b.input("x", dtype, ("N", 32))
+    w0 = b.const((RNG.standard_normal((32, 64)) / 6).astype(dtype))
+    h = b.op(
+        "Relu", b.op("Add", b.op("MatMul", x, w0), b.const(RNG.standard_normal(64).astype(dtype)))
+    )
+    w1 = b.const((RNG.standard_normal((48, 64)) / 8).astype(dtype))
+    g = b.op("Gemm", h, w1, b.const(RNG.standard_normal(48).astype(dtype)), transB=1)
+    w2 = b.const((RNG.standard_normal((48, 4)) / 7).astype(dtype))
+    b.output(b.op("Softmax", b.op("MatMul", g, w2), axis=-1), "p")
+    b.output(h, "h")
+    return b.build()
+
+
+def _agree(native: tfrt_py.Model, sync: tfrt_py.Model, x: np.ndarray) -> None:
+    got, want = native.run({"x": x}), sync.run({"x": x})
+    for k in want:
+        assert got[k].shape == want[k].shape
+        np.testing.assert_allclose(got[k], want[k], rtol=3e-5, atol=1e-6, err_msg=k)
+
+
+needs_blas = pytest.mark.skipif(
+    not blas.available(), reason="NumPy's BLAS exports no gemm numba can call here"
+)
+
+
+@needs_blas
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_whole_tiles_use_gemm_and_the_rest_runs_row_by_row(dtype: Any) -> None:
+    g = _mlp(dtype)
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    assert native.native.form == "rows"
+    source = native.native.lowered.source
+    assert f"gemm_{'f4' if dtype == np.float32 else 'f8'}(" in source
+    assert f"for tw in range(lo, tiled, {T}):" in source
+    for n in (0, 1, T - 1, T, T + 1, 2 * T + 3, 300):
+        _agree(native, sync, RNG.standard_normal((n, 32)).astype(dtype))
+
+
+@needs_blas
+def test_split_rows_need_not_start_on_a_tile() -> None:
+    """Threads call ``run_into`` on row ranges: a range that starts and ends mid-tile
+    fills exactly those rows, each as the interpreter computes it."""
+    g = _mlp()
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    x = RNG.standard_normal((3 * T + 5, 32)).astype(np.float32)
+    want = sync.run({"x": x})
+    compiled, lowered = native.native.compiled, native.native.lowered
+    names = lowered.output_names
+    outs = [np.full((len(x), *want[k].shape[1:]), -7.0, np.float32) for k in names]
+    lo, hi = 5, 2 * T + 9
+    compiled.fn_into(x, *outs, *lowered.params, lo, hi)
+    for k, out in zip(names, outs):
+        np.testing.assert_allclose(out[lo:hi], want[k][lo:hi], rtol=3e-5, atol=1e-6)
+        assert (out[:lo] == -7.0).all() and (out[hi:] == -7.0).all()
+
+
+@needs_blas
+def test_the_tile_body_packs_no_constant_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tile body reuses the row body's packed weights (the Gemm's transposed copy
+    too): the tiled module's parameters are no bigger than the row-only module's."""
+    g = _mlp()
+    tiled = tfrt_py.load(g, executor="native", native="eager").native.lowered
+    monkeypatch.setattr(lower_mod.blas, "available", lambda: False)
+    plain = tfrt_py.load(g, executor="native", native="eager").native.lowered
+    assert "gemm_f4(" in tiled.source and "gemm_f4(" not in plain.source
+    assert [p.size for p in tiled.params] == [p.size for p in plain.params]
+
+
+@needs_blas
+def test_over_budget_with_tiles_keeps_rows_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = _mlp()
+    tiled = tfrt_py.load(g, executor="native", native="eager").native.lowered
+    monkeypatch.setattr(lower_mod.blas, "available", lambda: False)
+    plain_units = tfrt_py.load(g, executor="native", native="eager").native.lowered.units
+    monkeypatch.undo()
+    assert plain_units < tiled.units
+    monkeypatch.setenv("TFRT_PY_NATIVE_BUDGET", str(plain_units))
+    native = tfrt_py.load(g, executor="native", native="eager")
+    assert native.native.form == "rows"
+    assert "gemm_f4(" not in native.native.lowered.source
+    _agree(
+        native, tfrt_py.load(g, executor="sync"), RNG.standard_normal((150, 32)).astype(np.float32)
+    )
+
+
+def test_expf_is_within_one_ulp_of_float64_exp_and_keeps_the_edges() -> None:
+    from numba import njit
+
+    from tfrt_py.native.kern_math import expf
+
+    @njit
+    def apply(x: np.ndarray, y: np.ndarray) -> None:
+        for i in range(x.size):
+            y[i] = expf(x[i])
+
+    edges = [np.nan, np.inf, -np.inf, 0.0, -0.0, 88.72283, 88.7229, 89.0, -87.3, -103.2,
+             -103.9, -104.0, -1000.0, 1e-8, -1e-8]  # fmt: skip
+    x = np.concatenate([np.linspace(-110, 90, 400_001), edges]).astype(np.float32)
+    y = np.empty_like(x)
+    apply(x, y)
+    with np.errstate(over="ignore", under="ignore"):
+        want = np.exp(x.astype(np.float64)).astype(np.float32)
+    nan = np.isnan(x)
+    assert np.isnan(y[nan]).all()
+    finite = np.isfinite(want) & ~nan
+    ulps = np.abs(y[finite].view(np.int32).astype(np.int64) - want[finite].view(np.int32))
+    assert ulps.max() <= 1
+    assert (y[~finite & ~nan] == np.inf).all()  # overflow, +inf
+    assert (y[x < -103.98] == 0.0).all()  # below the smallest subnormal, -inf included
+
+
+def test_float32_softmax_edges_agree_with_the_interpreter() -> None:
+    """The native Softmax (shift, vectorized exponentials, scale) on rows with -inf,
+    huge, tiny and NaN values."""
+    b = GraphBuilder("sm")
+    x = b.input("x", np.float32, ("N", 5))
+    b.output(b.op("Softmax", x, axis=-1), "y")
+    g = b.build()
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    assert "expf(" in native.native.lowered.source
+    rows = np.array(
+        [[0, 1, 2, 3, 4], [-np.inf, 0, 0, -np.inf, 1], [1e30, 0, -1e30, 5, 5],
+         [-200, -150, -100, -50, 0], [np.nan, 1, 2, 3, 4], [3e38, 3e38, 0, 0, 0]],
+        np.float32,
+    )  # fmt: skip
+    with np.errstate(all="ignore"):
+        got, want = native.run({"x": rows})["y"], sync.run({"x": rows})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, equal_nan=True)
