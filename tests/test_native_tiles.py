@@ -157,3 +157,16 @@ def test_float32_softmax_edges_agree_with_the_interpreter() -> None:
     with np.errstate(all="ignore"):
         got, want = native.run({"x": rows})["y"], sync.run({"x": rows})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, equal_nan=True)
+
+
+@needs_blas
+def test_a_module_calling_gemm_or_expf_states_the_kernels_version() -> None:
+    """numba's cache of a generated module holds the machine code of what it calls (gemm,
+    the inlined expf): the module states the kernels' version, so a changed kernel file
+    changes the module's source and its cache key."""
+    from tfrt_py.native.ops_ml import kernel_version
+    from tfrt_py.native.source import literal
+
+    source = tfrt_py.load(_mlp(), executor="native", native="eager").native.lowered.source
+    assert "gemm_f4(" in source and "expf(" in source
+    assert f"KV = {literal(kernel_version())}" in source

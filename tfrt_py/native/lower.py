@@ -534,6 +534,7 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         packed = tile[0]
         tile_text = _planned(packed, tile[1], arenas)
     uses_kernels = cx.uses_kernels or packed.uses_kernels
+    imports = sorted(cx.imports | packed.imports)
     param_types = sorted(packed.params)
     params = tuple(np.concatenate(packed.params[t]) for t in param_types)
     psig = [f"types.Array(types.{_NP_TYPES[t]}, 1, 'C')" for t in param_types]
@@ -547,10 +548,11 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         "import numpy as np",
         "from numba import njit, types",
         *(KERNEL_IMPORTS if uses_kernels else ()),
-        *sorted(cx.imports | packed.imports),
+        *imports,
         "",
         "f4, f8, i8, i4, b1 = np.float32, np.float64, np.int64, np.int32, np.bool_",
-        *([f"KV = {literal(kernel_version())}"] if uses_kernels else []),
+        # the kernels' version: numba's cache of this module holds their machine code
+        *([f"KV = {literal(kernel_version())}"] if uses_kernels or imports else []),
     ]
     deco = (f"@njit({{sig}}, cache=True, nogil=True, error_model='numpy', "
             f"fastmath={literal(bool(fastmath))})")  # fmt: skip
