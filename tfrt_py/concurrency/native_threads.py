@@ -31,6 +31,8 @@ import sys
 import threading
 from typing import Any
 
+from .env_switch import switched_off
+
 __all__ = ["ENV_NATIVE_THREADS", "edges", "enter", "max_threads", "plane_blocks", "ready"]
 
 #: ``TFRT_PY_NATIVE_THREADS=0``: split kernels use the Python intra-op pool (read each call).
@@ -44,7 +46,7 @@ _TLS = threading.local()
 
 def ready() -> bool:
     """Whether compiled kernels may run their parts in numba ``prange`` loops on TBB."""
-    if os.environ.get(ENV_NATIVE_THREADS, "1").strip() == "0":
+    if switched_off(ENV_NATIVE_THREADS):
         return False
     if _STATE:
         return _STATE[0]

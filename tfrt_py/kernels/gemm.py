@@ -18,6 +18,7 @@ import numpy as np
 from ..concurrency import native_threads
 from ..concurrency.threads import intra_pool
 from . import blas
+from .addresses import addresses
 from .jit import Jitted
 
 __all__ = [
@@ -309,7 +310,7 @@ def matmul_batched_into(
         if len(_BATCH_BLOCKS) >= 1024:  # requests of ever new shapes: start again
             _BATCH_BLOCKS.clear()
         _BATCH_BLOCKS[(batch, m, per)] = blocks
-    ptr = np.array([a.ctypes.data, b.ctypes.data, y.ctypes.data], np.uint64)
+    ptr = addresses(a, b, y)
     dims = np.array([m, k, n, sa[1], sa[2], sb[1], sb[2], sc[1], sc[2]], np.int64)
     fn(ptr, dims, blocks, trans_b, a.dtype == np.float32)
     return y

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..concurrency import native_threads
+from ..concurrency.env_switch import switched_off
 
 __all__ = ["ENV_JIT", "Jitted", "jit_enabled"]
 
@@ -41,7 +42,7 @@ _NUMBA: list[Any] = []  # [module] once imported, [None] when it cannot be
 def jit_enabled() -> bool:
     """Whether compiled kernels may be used: numba is installed and ``$TFRT_PY_JIT`` is
     not ``0``. Does not import numba."""
-    if os.environ.get(ENV_JIT, "1").strip() == "0":
+    if switched_off(ENV_JIT):
         return False
     if _NUMBA:
         return _NUMBA[0] is not None

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..addresses import same_start
 from ..base import OUT_INPLACE, ComputeFn, KernelContext
 from ..erf import erf
 from ..gelu_jit import gelu_erf_f32
@@ -40,7 +41,7 @@ def _in_place(fn: Any, x: np.ndarray, out: np.ndarray | None, silu: bool) -> np.
     """Run an in-place compiled ``fn(flat, silu)`` into ``out`` (or a new array); ``out``
     may be a view of ``x``'s buffer (the planner's in place), then nothing is copied."""
     y = np.copy(x) if out is None else out
-    if y is not x and not (np.may_share_memory(x, y) and y.ctypes.data == x.ctypes.data):
+    if y is not x and not (np.may_share_memory(x, y) and same_start(y, x)):
         np.copyto(y, x)
     fn(y.reshape(-1), silu)
     return y
