@@ -20,6 +20,7 @@ import tfrt_py
 from tfrt_py.compiler.pipeline import PASSES
 from tfrt_py.kernels.erf import erf_f32
 from tfrt_py.kernels.gelu_jit import gelu_erf_f32
+from tfrt_py.kernels.sigmoid_jit import gelu_tanh_f32, in_place
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -204,6 +205,31 @@ def test_compiled_gelu_equals_numpy_formulation() -> None:
     np.testing.assert_array_equal(buf, want)
     assert fn(buf[1:], buf[:-1]) is None  # a partial overlap: NumPy runs
     assert fn(x[::2], None) is None  # not contiguous: NumPy runs
+
+
+def test_compiled_tanh_gelu_matches_the_float64_formula() -> None:
+    """GELU's tanh form (GPT-2's gelu_new) as one compiled pass: y * sigmoid(2 sqrt(2/pi)
+    (y + 0.044715 y^3)), within float32 rounding of the float64 formula, in place through
+    the planner's second view of a buffer, with NaN, infinities and far tails."""
+    fn = gelu_tanh_f32()
+    if fn is None:
+        pytest.skip("numba is not installed")
+    x = (_RNG.standard_normal(10_001) * 5).astype(np.float32)
+    x[:7] = [np.nan, np.inf, -0.0, 0.0, -10.0, -30.0, 30.0]
+    x64 = x.astype(np.float64)
+    with np.errstate(all="ignore"):  # the same function; 1 + tanh(u) cancels in the tail
+        want = x64 / (1 + np.exp(-2 * math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)))
+    buf = x.copy()
+    out = in_place(fn, buf.reshape(1, -1)[0], buf.reshape(1, -1)[0])
+    assert out.base is buf or out is buf or np.shares_memory(out, buf)
+    core = np.abs(x) < 3
+    np.testing.assert_allclose(buf[core], want[core], rtol=2e-6, atol=1e-30)
+    # the tail: float32's rounding of the cubic argument (~40 at x = -5) moves exp by ~1e-5
+    np.testing.assert_allclose(buf, want, rtol=2e-5, atol=1e-30)
+    assert np.isnan(buf[0]) and buf[1] == np.inf and buf[5] == 0.0 and buf[6] == 30.0
+    fresh = in_place(fn, x, None)  # a new array; x untouched
+    np.testing.assert_array_equal(fresh, buf)
+    assert np.isnan(x[0]) and x[4] == -10.0
 
 
 # -- LayerNorm -----------------------------------------------------------------------------

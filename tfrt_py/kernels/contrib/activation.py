@@ -32,6 +32,7 @@ from ..base import OUT, OUT_INPLACE, ComputeFn, Cost, KernelContext
 from ..erf import erf
 from ..gelu_jit import gelu_erf_f32
 from ..registry import KernelRegistry
+from ..sigmoid_jit import flat_f32, gelu_tanh_f32, in_place
 
 __all__ = ["MS_DOMAIN", "register_kernels"]
 
@@ -116,11 +117,20 @@ def _bias_gelu(ctx: KernelContext) -> ComputeFn:
 
 
 def _fast_gelu(ctx: KernelContext) -> ComputeFn:
-    """FastGelu-1: ``fn(X, bias=None, out=None)``, the tanh GELU of ``X + bias``."""
+    """FastGelu-1: ``fn(X, bias=None, out=None)``, the tanh GELU of ``X + bias`` (float32:
+    one compiled pass, ``sigmoid_jit.gelu_tanh_f32``, when numba is there)."""
+    fast = gelu_tanh_f32()
 
     def fast_gelu(
         X: np.ndarray, bias: np.ndarray | None = None, out: np.ndarray | None = None
     ) -> np.ndarray:
+        if fast is not None and flat_f32(X, out):
+            if bias is None:
+                return in_place(fast, X, out)
+            if bias.dtype == np.float32 and np.broadcast_shapes(X.shape, bias.shape) == X.shape:
+                y = np.add(X, bias, out=out)  # out may alias X: read, then written
+                fast(y.reshape(-1))
+                return y
         if bias is None:
             return _gelu_tanh(X, out)
         x = np.add(X, bias, out=out)

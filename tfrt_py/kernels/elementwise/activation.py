@@ -16,35 +16,28 @@ one ufunc call.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
-from ..addresses import same_start
 from ..base import OUT_INPLACE, ComputeFn, KernelContext
 from ..erf import erf
 from ..gelu_jit import gelu_erf_f32
 from ..registry import KernelRegistry
-from ..sigmoid_jit import sigmoid_f32
+from ..sigmoid_jit import flat_f32, gelu_tanh_f32, in_place, sigmoid_f32
 
 __all__ = ["register_kernels"]
 
 
-def _flat_f32(x: np.ndarray, out: np.ndarray | None) -> bool:
-    """float32 and contiguous (``out`` too): what the compiled loops take."""
-    return (
-        x.dtype == np.float32 and x.flags.c_contiguous and (out is None or out.flags.c_contiguous)
-    )
+def _bind_flag(
+    loop: Callable[[np.ndarray, bool], None], silu: bool
+) -> Callable[[np.ndarray], None]:
+    """``sigmoid_f32``'s loop as ``fn(flat)`` for ``in_place`` (bound once, at load)."""
 
+    def run(y: np.ndarray) -> None:
+        loop(y, silu)
 
-def _in_place(fn: Any, x: np.ndarray, out: np.ndarray | None, silu: bool) -> np.ndarray:
-    """Run an in-place compiled ``fn(flat, silu)`` into ``out`` (or a new array); ``out``
-    may be a view of ``x``'s buffer (the planner's in place), then nothing is copied."""
-    y = np.copy(x) if out is None else out
-    if y is not x and not (np.may_share_memory(x, y) and same_start(y, x)):
-        np.copyto(y, x)
-    fn(y.reshape(-1), silu)
-    return y
+    return run
 
 
 def _native_float(ctx: KernelContext, fast: ComputeFn) -> ComputeFn:
@@ -130,11 +123,12 @@ def _celu(ctx: KernelContext) -> ComputeFn:
 def _sigmoid(ctx: KernelContext) -> ComputeFn:
     """Sigmoid(x) = 1 / (1 + exp(-x))."""
 
-    fast = sigmoid_f32()  # compiled float32 loop with a vectorized exp, when numba is there
+    loop = sigmoid_f32()  # compiled float32 loop with a vectorized exp, when numba is there
+    fast = None if loop is None else _bind_flag(loop, False)
 
     def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        if fast is not None and _flat_f32(x, out):
-            return _in_place(fast, x, out, False)
+        if fast is not None and flat_f32(x, out):
+            return in_place(fast, x, out)
         r = np.negative(x, out=... if out is None else out)
         np.exp(r, out=r)
         r += 1
@@ -264,8 +258,11 @@ def _gelu(ctx: KernelContext) -> ComputeFn:
             return r
 
     elif approximate == "tanh":
+        fast_tanh = gelu_tanh_f32()  # one compiled pass for float32, when numba is there
 
         def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+            if fast_tanh is not None and flat_f32(x, out):
+                return in_place(fast_tanh, x, out)
             t = np.multiply(x, x, out=...)
             t *= 0.044715
             t += 1
@@ -285,11 +282,12 @@ def _gelu(ctx: KernelContext) -> ComputeFn:
 def _swish(ctx: KernelContext) -> ComputeFn:
     """Swish(x) = x * sigmoid(alpha * x) = x / (1 + exp(-alpha x))."""
     neg_alpha = -float(ctx.attr("alpha", 1.0))
-    fast = sigmoid_f32() if neg_alpha == -1.0 else None  # SiLU: the compiled loop
+    loop = sigmoid_f32() if neg_alpha == -1.0 else None  # SiLU: the compiled loop
+    fast = None if loop is None else _bind_flag(loop, True)
 
     def swish(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        if fast is not None and _flat_f32(x, out):
-            return _in_place(fast, x, out, True)
+        if fast is not None and flat_f32(x, out):
+            return in_place(fast, x, out)
         t = np.multiply(x, neg_alpha, out=...)
         np.exp(t, out=t)
         t += 1
