@@ -90,9 +90,18 @@ _DATA_INPUTS.update(
         "Range": frozenset(),
     }
 )
+_DATA_INPUTS["SimplifiedLayerNormalization"] = ALL  # onnxruntime's, in the default domain
 _CONTENT_OF_SHAPE = frozenset({"Shape", "Size"})
 #: Domains whose ops all have shape-only inputs (tfrt_py's fused ops).
 _SHAPE_ONLY_DOMAINS = frozenset({"tfrt_py.fused"})
+#: onnxruntime's contrib ops (the ones its transformer optimizer writes) whose output
+#: shapes follow from their inputs' shapes alone: a Shape of their output is then fixed by
+#: the signature, and the shape arithmetic after it computed once per signature.
+_CONTRIB_SHAPE_ONLY = frozenset(
+    ("com.microsoft", op) for op in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+    "BiasGelu", "FastGelu", "Gelu", "QuickGelu", "FusedMatMul", "Attention",
+    "EmbedLayerNormalization")
+)  # fmt: skip
 
 
 def is_pure(node: Node, flags: KernelFlags | None) -> bool:
@@ -150,7 +159,8 @@ def signature_determined(
             continue
         data = (
             ALL if node.domain in _SHAPE_ONLY_DOMAINS else
-            _DATA_INPUTS.get(node.op_type) if node.domain == "" else None
+            _DATA_INPUTS.get(node.op_type) if node.domain == "" else
+            ALL if (node.domain, node.op_type) in _CONTRIB_SHAPE_ONLY else None
         )  # fmt: skip
         if data is None or (flags is not None and flags.control_flow):
             continue

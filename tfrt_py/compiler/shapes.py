@@ -118,11 +118,16 @@ def _broadcast(shapes: list[tuple[Dim, ...]]) -> tuple[Dim, ...] | None:
 
 
 def _propagate(node: Node) -> None:
-    if node.domain != "" or not node.outputs or node.outputs[0] is None:
+    if not node.outputs or node.outputs[0] is None:
         return
     op = node.op_type
     ins = [_ttype(v) for v in node.inputs]
     out = node.outputs[0]
+    if node.domain != "":
+        rule = _CONTRIB_RULES.get((node.domain, op))
+        if rule is not None and ins and ins[0] is not None:
+            rule(node, ins, out)
+        return
     if op in _UNARY and ins and ins[0] is not None:
         _set(out, ins[0].dtype, ins[0].shape)
         return
@@ -210,13 +215,85 @@ def _reshape(node: Node, ins: list[TensorType | None], out: Value) -> None:
     _set(out, t.dtype, dims)
 
 
+def _same_as_input(node: Node, ins: list[TensorType | None], out: Value) -> None:
+    """Output 0 (and a skip-norm's optional sum, output 3) is input 0's type: the
+    normalizations and activations onnxruntime's transformer optimizer writes."""
+    t = ins[0]
+    assert t is not None
+    _set(out, t.dtype, t.shape)
+    if len(node.outputs) > 3 and node.op_type.startswith("Skip"):
+        _set(node.outputs[3], t.dtype, t.shape)
+
+
+def _attention(node: Node, ins: list[TensorType | None], out: Value) -> None:
+    """com.microsoft Attention: (batch, sequence, v_hidden) from input (batch, sequence,
+    hidden) and weights (hidden, q + k + v hidden) or ``qkv_hidden_sizes``."""
+    t, w = ins[0], ins[1] if len(ins) > 1 else None
+    if t is None or t.shape is None or len(t.shape) != 3:
+        return
+    sizes = node.attrs.get("qkv_hidden_sizes")
+    if sizes is not None and len(sizes) == 3:
+        v_hidden: Dim = int(sizes[2])
+    elif w is not None and w.shape is not None and len(w.shape) == 2:
+        if not isinstance(w.shape[1], int):
+            return
+        v_hidden = w.shape[1] // 3
+    else:
+        return
+    _set(out, t.dtype, (t.shape[0], t.shape[1], v_hidden))
+
+
+def _embed_layer_norm(node: Node, ins: list[TensorType | None], out: Value) -> None:
+    """com.microsoft EmbedLayerNormalization: (batch, sequence, hidden) in the word
+    embedding's dtype from input_ids (batch, sequence); mask_index (batch,) int32."""
+    ids, emb = ins[0], ins[2] if len(ins) > 2 else None
+    if ids is None or ids.shape is None or len(ids.shape) != 2 or emb is None:
+        return
+    if emb.shape is None or len(emb.shape) != 2:
+        return
+    _set(out, emb.dtype, (ids.shape[0], ids.shape[1], emb.shape[1]))
+    if len(node.outputs) > 1:
+        _set(node.outputs[1], np.dtype(np.int32), (ids.shape[0],))
+
+
+def _fused_matmul(node: Node, ins: list[TensorType | None], out: Value) -> None:
+    """com.microsoft FusedMatMul without batch transposes: MatMul of op(A) and op(B)."""
+    if len(ins) < 2 or ins[0] is None or ins[1] is None:
+        return
+    if node.attrs.get("transBatchA", 0) or node.attrs.get("transBatchB", 0):
+        return
+    a, b = ins[0].shape, ins[1].shape
+    if a is None or b is None or len(a) < 2 or len(b) < 2:
+        return
+    if node.attrs.get("transA", 0):
+        a = (*a[:-2], a[-1], a[-2])
+    if node.attrs.get("transB", 0):
+        b = (*b[:-2], b[-1], b[-2])
+    batch = _broadcast([a[:-2], b[:-2]]) if len(a) > 2 or len(b) > 2 else ()
+    if batch is not None:
+        _set(out, ins[0].dtype, (*batch, a[-2], b[-1]))
+
+
 _RULES = {
     "MatMul": _matmul,
     "Gemm": _gemm,
     "Concat": _concat,
     "Transpose": _transpose,
     "Reshape": _reshape,
+    "SimplifiedLayerNormalization": _same_as_input,  # onnxruntime's, in the default domain
 }
+
+_MS = "com.microsoft"
+#: Contrib ops (by domain and type) whose outputs follow from their inputs' types: ONNX's
+#: shape inference does not know them, and everything after one was left untyped (no
+#: Linear fusion, no cost estimates).
+_CONTRIB_RULES = {
+    **{(_MS, op): _same_as_input for op in ("SkipLayerNormalization",
+       "SkipSimplifiedLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "QuickGelu")},
+    (_MS, "Attention"): _attention,
+    (_MS, "EmbedLayerNormalization"): _embed_layer_norm,
+    (_MS, "FusedMatMul"): _fused_matmul,
+}  # fmt: skip
 
 
 def _probe(graph: Graph, ctx: PassContext) -> int:
