@@ -4,6 +4,8 @@ as feeds and as initializers, two calls each)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -161,6 +163,30 @@ def test_skip_simplified_layer_normalization(outputs: tuple[bool, ...]) -> None:
     ins = [_f(_B, _S, _H), _f(_B, _S, _H), _f(_H), _f(_H)]
     check_node("SkipSimplifiedLayerNormalization", ins, outputs=outputs, consts=((), (2, 3)))
     check_node("SkipSimplifiedLayerNormalization", [_f(4, 9), _f(4, 9), _f(9)])
+
+
+@pytest.mark.parametrize("op", ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
+def test_skip_norms_take_one_compiled_pass(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32, skip of the input's shape, no statistics outputs: the add, the sum output
+    and the norm in one compiled pass (``norm_jit.skip_norm_rows_f32``), agreeing with
+    onnxruntime."""
+    from tfrt_py.kernels.contrib import norm as contrib_norm
+
+    real = contrib_norm.skip_norm_rows_f32()
+    if real is None:
+        pytest.skip("compiled kernels off in this run (the NumPy path: TFRT_PY_JIT=0 or no numba)")
+    calls: list[int] = []
+
+    def spy(*args: Any) -> None:
+        calls.append(1)
+        real(*args)
+
+    monkeypatch.setattr(contrib_norm, "skip_norm_rows_f32", lambda: spy)
+    simplified = op.startswith("SkipSimplified")
+    ins = [_f(_B, _S, _H), _f(_B, _S, _H), _f(_H)] + ([] if simplified else [_f(_H)]) + [_f(_H)]
+    check_node(op, ins, {"epsilon": 1e-5}, outputs=(True, False, False, True),
+               consts=((), tuple(range(2, len(ins)))))  # fmt: skip
+    assert calls
 
 
 @pytest.mark.parametrize("axis", [-1, 2, 1])

@@ -31,7 +31,7 @@ import numpy as np
 
 from .jit import Jitted
 
-__all__ = ["layer_norm_rows", "rms_norm_rows"]
+__all__ = ["layer_norm_rows", "rms_norm_rows", "skip_norm_rows_f32"]
 
 
 def _row_sums(xi: Any, n: int) -> tuple[float, float]:  # pragma: no cover - numba only
@@ -128,6 +128,64 @@ def _rms_f64(x: Any, scale: Any, eps: float, y: Any) -> None:  # pragma: no cove
         inv = 1.0 / math.sqrt(q * inv_n + eps)
         for j in range(n):
             yi[j] = xi[j] * inv * scale[j]
+
+
+def _skip_norm_f32(x: Any, skip: Any, bias: Any, scale: Any, beta: Any, eps: float, y: Any,
+                   total: Any, rms: bool) -> None:  # pragma: no cover - numba only  # fmt: skip
+    """onnxruntime's SkipLayerNormalization (``rms``: SkipSimplified...) over float32 rows:
+    ``s = x + skip (+ bias)`` in float32 (into ``total`` when it has rows: the op's
+    input_skip_bias_sum; else into ``y`` as scratch), then ``s``'s LayerNorm (``rms``: RMS
+    norm, no mean, no beta) into ``y`` as ``_ln_f32`` / ``_rms_f32`` compute it. ``bias``,
+    ``beta`` length 0: none. One pass over the inputs instead of NumPy's add, copy and
+    a separate norm call (~14 -> ~3 µs for (16, 128))."""
+    rows, n = x.shape
+    has_bias = bias.shape[0] > 0
+    has_beta = beta.shape[0] > 0 and not rms
+    keep = total.shape[0] > 0
+    inv_n = 1.0 / n
+    for i in range(rows):
+        xi, ki, yi = x[i], skip[i], y[i]
+        si = total[i] if keep else yi
+        if has_bias:
+            for j in range(n):
+                si[j] = xi[j] + ki[j] + bias[j]
+        else:
+            for j in range(n):
+                si[j] = xi[j] + ki[j]
+        sm, q = _row_sums(si, n)
+        if rms:
+            inv = np.float32(1.0 / math.sqrt(q * inv_n + eps))
+            for j in range(n):
+                yi[j] = si[j] * inv * scale[j]
+            continue
+        mean = sm * inv_n
+        var = max(q * inv_n - mean * mean, 0.0)
+        m = np.float32(mean)
+        inv = np.float32(1.0 / math.sqrt(var + eps))
+        if has_beta:
+            for j in range(n):
+                yi[j] = (si[j] - m) * inv * scale[j] + beta[j]
+        else:
+            for j in range(n):
+                yi[j] = (si[j] - m) * inv * scale[j]
+
+
+def _warm_skip(fn: Any) -> None:
+    x = np.zeros((1, 4), np.float32)
+    one, none = np.ones(4, np.float32), np.zeros(0, np.float32)
+    for rms in (False, True):
+        fn(x, x, none, one, one, 1e-5, np.empty_like(x), np.empty_like(x), rms)
+        fn(x, x, one, one, none, 1e-5, np.empty_like(x), np.zeros((0, 4), np.float32), rms)
+
+
+_SKIP_NORM = Jitted(_skip_norm_f32, _warm_skip, helpers=(_row_sums,))
+
+
+def skip_norm_rows_f32() -> Any:
+    """``fn(x, skip, bias, scale, beta, eps, y, total, rms)`` (``_skip_norm_f32``) for
+    float32 2-D C-contiguous ``x``, ``skip``, ``y`` (and ``total``, or a (0, n) array),
+    or None without numba."""
+    return _SKIP_NORM.get()
 
 
 def _warm_rms_for(t: Any) -> Any:

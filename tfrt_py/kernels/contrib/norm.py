@@ -36,6 +36,7 @@ from ..base import ComputeFn, KernelContext
 from ..common import ones_vector, stash_dtype
 from ..norm_jit import layer_norm_rows as compiled_rows
 from ..norm_jit import rms_norm_rows as compiled_rms
+from ..norm_jit import skip_norm_rows_f32
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
 
@@ -127,6 +128,49 @@ def layer_norm_rows(
     return s2, mean, inv
 
 
+_F32 = np.dtype(np.float32)
+_NONE_F32 = np.zeros(0, np.float32)
+_NO_ROWS: dict[int, np.ndarray] = {}
+
+
+def _no_rows(h: int) -> np.ndarray:
+    """A (0, h) float32 array: "no input_skip_bias_sum" for the compiled skip norm."""
+    arr = _NO_ROWS.get(h)
+    if arr is None:
+        if len(_NO_ROWS) >= 64:  # ever new hidden sizes: start again
+            _NO_ROWS.clear()
+        arr = _NO_ROWS[h] = np.zeros((0, h), np.float32)
+    return arr
+
+
+class _SkipParams:
+    """gamma, beta and bias of one skip-norm kernel as the compiled pass takes them (1-D
+    float32 of the hidden size; length 0: none), remembered by identity: a model passes
+    its constants, the same objects at every call. One slot, replaced whole."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: tuple[Any, ...] = (None, None, None, None, None)
+
+    def params(self, gamma: Any, beta: Any, bias: Any, h: int) -> tuple[Any, Any, Any] | None:
+        last = self.last
+        if last[0] is gamma and last[1] is beta and last[2] is bias and last[3] == h:
+            return last[4]
+        ok = True
+        out = []
+        for arr, required in ((gamma, True), (beta, False), (bias, False)):
+            if arr is None and not required:
+                out.append(_NONE_F32)
+            elif isinstance(arr, np.ndarray) and arr.dtype == _F32 and arr.size == h:
+                out.append(np.ascontiguousarray(arr.reshape(h)))
+            else:
+                ok = False
+        result = (out[0], out[1], out[2]) if ok else None
+        self.last = (gamma, beta, bias, h, result)
+        return result
+
+
 def _skip_layer_norm_builder(simplified: bool) -> Any:
     """The builder of SkipLayerNormalization (``simplified``: SkipSimplified...)."""
 
@@ -136,12 +180,31 @@ def _skip_layer_norm_builder(simplified: bool) -> Any:
         want = [ctx.has_output(i) for i in range(4)]
         n_out = ctx.n_outputs
         fns = compiled_for(simplified)
+        # float32 without the statistics outputs: one compiled pass (add and norm)
+        fast = None if want[1] or want[2] else skip_norm_rows_f32()
+        memo = _SkipParams()
 
         def skip_layer_norm(
             input: np.ndarray, skip: np.ndarray, gamma: np.ndarray, *rest: Any
         ) -> Any:
             beta = None if simplified or not rest else rest[0]
             bias = rest[bias_at - 3] if len(rest) > bias_at - 3 else None
+            if (
+                fast is not None and input.dtype == np.float32 and input.size
+                and skip.shape == input.shape and input.flags.c_contiguous
+                and skip.flags.c_contiguous
+            ):  # fmt: skip
+                h = input.shape[-1]
+                p = memo.params(gamma, beta, bias, h)
+                if p is not None:
+                    y = np.empty_like(input)
+                    total = np.empty_like(input) if want[3] else None
+                    fast(input.reshape(-1, h), skip.reshape(-1, h), p[2], p[0], p[1], eps,
+                         y.reshape(-1, h), _no_rows(h) if total is None else
+                         total.reshape(-1, h), simplified)  # fmt: skip
+                    if n_out == 1:
+                        return y
+                    return (y, None, None, total) + (None,) * (n_out - 4)
             sdt = _stats_dtype(input.dtype)
             s = np.add(input, skip, dtype=sdt)
             if bias is not None:
