@@ -14,41 +14,14 @@ import math
 import numpy as np
 from numba import njit
 
+from .kern_math import expf
 from .kern_post import argmax, logistic, post, probit
 
 __all__ = ["linear_cls_row", "svm_cls_row", "svm_kernel_row", "svm_reg_row"]
 
 
-_LOG2E = np.float32(1.4426950408889634)
-_LN2_HI = np.float32(0.693359375)
-_LN2_LO = np.float32(-2.12194440e-4)
-_EXP_LO, _EXP_HI = np.float32(-87.33654), np.float32(88.72283)
-
-
 @njit(nogil=True, cache=False)
-def exp32(buf, n, bits):
-    """``buf[:n] = exp(buf[:n])`` in float32 (Cody-Waite reduction, degree-7 polynomial,
-    within 2 ulp of expf); branch-free so LLVM vectorizes it. ``bits``: int32 scratch."""
-    two = bits.view(np.float32)
-    for v in range(n):
-        x = min(max(buf[v], _EXP_LO), _EXP_HI)
-        k = np.float32(np.floor(x * _LOG2E + np.float32(0.5)))
-        r = x - k * _LN2_HI - k * _LN2_LO
-        p = np.float32(1.0 / 5040.0)
-        p = p * r + np.float32(1.0 / 720.0)
-        p = p * r + np.float32(1.0 / 120.0)
-        p = p * r + np.float32(1.0 / 24.0)
-        p = p * r + np.float32(1.0 / 6.0)
-        p = p * r + np.float32(0.5)
-        p = p * r + np.float32(1.0)
-        buf[v] = p * r + np.float32(1.0)
-        bits[v] = (np.int32(k) + np.int32(127)) << 23
-    for v in range(n):
-        buf[v] = buf[v] * two[v]
-
-
-@njit(nogil=True, cache=False)
-def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb, bits):
+def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):
     """``kb[v] = K(x[xo:xo + f], sv[:, v])`` for every support vector (``sv`` feature-major:
     ``sv[i * n_sv + v]``, so the loops over vectors vectorize), in float32."""
     g = np.float32(gamma)
@@ -65,7 +38,8 @@ def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb, bits):
         ng = np.float32(-gamma)
         for v in range(n_sv):
             kb[v] = kb[v] * ng
-        exp32(kb, n_sv, bits)
+        for v in range(n_sv):
+            kb[v] = expf(kb[v])
         return
     for i in range(f):
         xi = np.float32(x[xo + i])
@@ -125,12 +99,12 @@ def _coupling(r, k, q, p, qp):
 
 @njit(nogil=True, cache=False)
 def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj, k, labels,
-                proba, pa, pb, code, kb, bits, d, sc, votes, lab, lo, y, yo):  # fmt: skip
+                proba, pa, pb, code, kb, d, sc, votes, lab, lo, y, yo):  # fmt: skip
     """SVMClassifier (one-vs-one with support vectors): ``lab[lo]`` the class with most
     pairwise votes, ``y[yo:]`` the probabilities (``proba``), else the decision values
     (two columns for two classes)."""
     n_pairs = rho.size
-    svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb, bits)
+    svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb)
     for p in range(n_pairs):
         d[p] = 0
     for v in range(n_sv):
@@ -174,9 +148,9 @@ def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj,
 
 @njit(nogil=True, cache=False)
 def svm_reg_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, coef, r0, one_class, code, kb,
-                bits, y, yo):  # fmt: skip
+                y, yo):  # fmt: skip
     """SVMRegressor: ``y[yo] = K(x, S) @ coef + rho[0]`` (float32); one_class gives +1/-1."""
-    svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb, bits)
+    svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb)
     s = np.float32(0.0)
     for v in range(n_sv):
         s += kb[v] * coef[v]

@@ -307,14 +307,12 @@ def _svm_classifier(cx: Any, node: Node) -> list[str]:
     consts = [cx.const_slice(v) for v in (a.astype(F4).ravel(), rho[:n_pairs].astype(F4),
               np.asarray(pi, np.int64), np.asarray(pj, np.int64), pa, pb)]  # fmt: skip
     kb, d = cx.new_buffer((n_sv,), F4), cx.new_buffer((max(n_pairs, 1),), F4)
-    bits = cx.new_buffer((n_sv,), np.dtype(np.int32))
     sc, votes = cx.new_buffer((2 * k * k + 2 * k,), F8), cx.new_buffer((k,), I8)
     a_s, rho_s, pi_s, pj_s, pa_s, pb_s = consts
     return _per_row(cx, rows, lambda m: [
         f"svm_cls_row({x.buf}, {_at(x, m, f)}, {literal(f)}, {sv}, {literal(n_sv)}, "
         f"{literal(ktype)}, {kp}, {a_s}, {rho_s}, {pi_s}, {pj_s}, {literal(k)}, {lab_s}, "
-        f"{literal(proba)}, {pa_s}, {pb_s}, {literal(code)}, {cx.view(kb)}, {cx.view(bits)}, "
-            f"{cx.view(d)}, "
+        f"{literal(proba)}, {pa_s}, {pb_s}, {literal(code)}, {cx.view(kb)}, {cx.view(d)}, "
         f"{cx.view(sc)}, {cx.view(votes)}, {lab.buf}, {_at(lab, m, 1)}, {y.buf}, "
         f"{_at(y, m, width)})"])  # fmt: skip
 
@@ -343,12 +341,12 @@ def _svm_regressor(cx: Any, node: Node) -> list[str]:
         n_sv = 1
         sv = _support_vectors(cx, coef, 1, f, ktype)
         w = cx.const_slice(np.ones(1, F4))
-    kb, bits = cx.new_buffer((n_sv,), F4), cx.new_buffer((n_sv,), np.dtype(np.int32))
+    kb = cx.new_buffer((n_sv,), F4)
     one = literal(int(ctx.attr("one_class", 0)) != 0)
     return _per_row(cx, rows, lambda m: [
         f"svm_reg_row({x.buf}, {_at(x, m, f)}, {literal(f)}, {sv}, {literal(n_sv)}, "
         f"{literal(ktype)}, {kp}, {w}, np.float32({literal(r0)}), {one}, {literal(code)}, "
-        f"{cx.view(kb)}, {cx.view(bits)}, {y.buf}, {_at(y, m, 1)})"])  # fmt: skip
+        f"{cx.view(kb)}, {y.buf}, {_at(y, m, 1)})"])  # fmt: skip
 
 
 def _linear_classifier(cx: Any, node: Node) -> list[str]:
