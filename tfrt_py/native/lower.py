@@ -26,17 +26,18 @@ import collections
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
 from ..compiler.load_limits import LOAD_MAX_BYTES, guarded_env, zero_feeds
 from ..errors import ExecutionError
-from ..executors.plan import ALIGN, Buffer, plan_offsets
+from ..executors.plan import Buffer, plan_offsets
 from ..executors.program import Program
 from ..ir import Graph, Node, TensorType, Value
 from ..kernels import blas
 from .budget import OverBudget, budget, check, precheck
+from .context import NodeContext
 from .emit import BLAS_IMPORT, copy_strided, tname
 from .loops import Ref, strides
 from .ops import LOWER
@@ -125,148 +126,6 @@ def blockers(graph: Graph) -> list[str]:
         reasons.append("ops without a native lowering: " + ", ".join(
             f"{k} x{c}" for k, c in bad.most_common()))  # fmt: skip
     return reasons
-
-
-class NodeContext:
-    """What an op lowering sees (``ops.py``): refs of its inputs, destinations for its
-    outputs, constants, and ``decline``. One per lowering; not thread-safe."""
-
-    def __init__(self, graph: Graph, shapes: dict[int, tuple[tuple[int, ...], np.dtype]]) -> None:
-        self.refs: dict[int, Ref] = {}
-        self.shapes = shapes
-        # Products call NumPy's gemm (``kern_blas``) only in rows mode's tile body
-        # (``_tile``); static and signature bodies keep loops (numba's np.dot went to
-        # SciPy's OpenBLAS, whose threads fought NumPy's: M2b took 30 ms instead of 0.3).
-        self.blas = False
-        self.tag = "n0_"
-        self.node: Node | None = None
-        self.step = 0
-        self.outputs = {id(v): k for k, v in reversed(list(enumerate(graph.outputs)))}
-        self.params: dict[str, list[np.ndarray]] = {}
-        self.param_size: dict[str, int] = {}
-        self.buffers: dict[int, tuple[Buffer, str]] = {}  # root -> (buffer, dtype alias)
-        self.written: set[int] = set()  # output positions already written
-        self.out_buf: dict[int, str] = {}  # output position -> row view (rows mode)
-        self.hoisted: list[str] = []  # lines before the body: constant slices
-        self.label_tables: dict[int, Any] = {}  # value id -> string labels it indexes
-        self.finishers: dict[int, Any] = {}  # graph output value id -> finisher
-        self.readers: dict[int, int] = collections.Counter(
-            id(v) for n in graph.nodes for v in n.inputs if v is not None)  # fmt: skip
-        self.uses_kernels = False
-        self.imports: set[str] = set()  # import lines the code needs (``emit``'s)
-        self.packed: list[tuple[np.ndarray, Ref]] = []  # every constant put, with its ref
-        self._same: dict[tuple[Any, ...], Ref] = {}  # (shape, dtype, digest) -> ref
-
-    def share_constants(self, other: NodeContext) -> None:
-        """Start from ``other``'s packed constants (a copy: ``other`` is unchanged); a
-        constant equal to one of them reuses it instead of packing it again."""
-        self.params = {t: list(arrs) for t, arrs in other.params.items()}
-        self.param_size = dict(other.param_size)
-        self.hoisted = list(other.hoisted)
-        self.packed = list(other.packed)
-        self._same = {_digest(arr): r for arr, r in other.packed}
-
-    def decline(self, reason: str) -> NoReturn:
-        n = self.node
-        where = f"{n.op_type} node {n.name!r}: " if n is not None else ""
-        raise Declined([where + reason])
-
-    def put_const(self, arr: np.ndarray) -> Ref:
-        arr = np.ascontiguousarray(arr)
-        if self._same:
-            known = self._same.get(_digest(arr))
-            if known is not None:
-                return known
-        t = tname(arr.dtype)
-        off = self.param_size.get(t, 0)
-        self.params.setdefault(t, []).append(arr.ravel())
-        pad = (-(off + arr.size)) % (ALIGN // arr.dtype.itemsize or 1)
-        if pad:
-            self.params[t].append(np.zeros(pad, arr.dtype))
-        self.param_size[t] = off + arr.size + pad
-        ref = Ref(f"P_{t}", literal(off), tuple(arr.shape), arr.dtype)
-        self.packed.append((arr, ref))
-        return ref
-
-    def const(self, v: Value) -> np.ndarray | None:
-        return None if v.const is None else np.asarray(v.const)
-
-    def ref(self, v: Value | None) -> Ref:
-        if v is None:
-            self.decline("an omitted input")
-        if id(v) in self.label_tables or id(v) in self.finishers:
-            self.decline("string labels or ZipMap output read by another node")
-        r = self.refs.get(id(v))
-        if r is None:
-            if v.const is None:
-                self.decline(f"value {v.name!r} has no native storage")
-            r = self.refs[id(v)] = self.put_const(np.asarray(v.const))
-        if r.root >= 0:
-            self.buffers[r.root][0].last = self.step
-        return r
-
-    def out(self, v: Value | None) -> Ref:
-        if v is None:
-            self.decline("an omitted output")
-        shape, dtype = self.shapes[id(v)]
-        k = self.outputs.get(id(v))
-        tname(dtype)  # Declined for a dtype the lowering does not know
-        if k is not None:
-            self.written.add(k)
-            r = Ref(self.out_buf.get(k, f"r{k}"), "0", shape, dtype)
-        else:
-            r = self.new_buffer(shape, dtype)
-        self.refs[id(v)] = r
-        return r
-
-    def new_buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> Ref:
-        """A fresh arena buffer, live from the current step."""
-        t = tname(dtype)
-        root = len(self.buffers)
-        nbytes = math.prod(shape) * dtype.itemsize
-        self.buffers[root] = (Buffer(nbytes, self.step, self.step, [f"node {self.step}"]), t)
-        return Ref(f"A_{t}", f"@{root}@", shape, dtype, root)
-
-    def const_slice(self, arr: np.ndarray) -> str:
-        """A name (ours) bound, before the body, to ``arr`` packed as a constant: the
-        kernels' view of model data."""
-        self.uses_kernels = True
-        arr = np.asarray(arr)
-        r = self.put_const(arr)
-        name = f"k{len(self.hoisted)}"
-        self.hoisted.append(f"{name} = {r.buf}[{r.off}:{r.off} + {literal(arr.size)}]")
-        return name
-
-    def view(self, r: Ref) -> str:
-        """``r`` as a 1-D array expression (an arena scratch buffer for a kernel)."""
-        return f"{r.buf}[{r.off}:{r.off} + {literal(r.size)}]"
-
-    def out_labels(self, v: Value, shape: tuple[int, ...], table: Any) -> Ref:
-        """``v``'s ref, holding int64 indices into the string ``table`` (the entry maps
-        them; only views and graph outputs may read it)."""
-        self.shapes[id(v)] = (tuple(shape), np.dtype(np.int64))
-        r = self.out(v)
-        self.label_tables[id(v)] = table
-        return r
-
-    def finish_output(self, v: Value, src: Ref, finisher: Any) -> None:
-        """``v`` is a graph output the entry makes from ``src``'s array (ZipMap)."""
-        if id(v) not in self.outputs or self.readers.get(id(v)):
-            self.decline("a ZipMap output read by another node")
-        self.refs[id(v)] = src
-        self.shapes[id(v)] = (src.shape, src.dtype)
-        self.finishers[id(v)] = finisher
-
-    def extend(self, *refs: Ref) -> None:
-        """Keep these arena buffers live up to the current step."""
-        for r in refs:
-            if r.root >= 0:
-                buf = self.buffers[r.root][0]
-                buf.last = max(buf.last, self.step)
-
-
-def _digest(arr: np.ndarray) -> tuple[Any, ...]:
-    return (arr.shape, arr.dtype.str, hashlib.blake2b(arr.tobytes(), digest_size=16).digest())
 
 
 def _shapes(

@@ -1,7 +1,7 @@
 """The per-op lowering table: ONNX (and ``tfrt_py.fused``) node -> lines of numba code.
 
 ``LOWER[(domain, op_type)](cx, node)`` returns the node's code, reading its inputs and
-writing its outputs through ``cx`` (a ``lower.NodeContext``: ``ref``, ``out``, ``const``,
+writing its outputs through ``cx`` (a ``context.NodeContext``: ``ref``, ``out``, ``const``,
 ``put_const``, ``decline``, ``tag``, ``blas``). A lowering that meets a case it does not
 handle calls ``cx.decline(reason)``; the model then stays on the interpreter and
 ``describe()`` shows the reason. View ops (Reshape and friends) are not here: the
