@@ -255,6 +255,44 @@ def test_embed_layer_normalization_refuses_ids_out_of_range() -> None:
         m.run(runtime_feeds(too_long))
 
 
+def test_embed_layer_normalization_names_the_ids_out_of_range() -> None:
+    ins = _embed_inputs(b=2, s=4)
+    pos = np.array([[3, 0, 8, 1], [5, 4, 3, 2]], np.int32)
+    m = tfrt_py.load(node_model("EmbedLayerNormalization", [*ins, pos], outputs=(True, True)))
+    feeds = runtime_feeds([*ins, pos])
+    m.run(feeds)
+    for name, col in (("segment_ids", "i1"), ("position_ids", "i8")):
+        bad = dict(feeds)
+        bad[col] = feeds[col].copy()
+        bad[col][1, 2] = 10_000
+        with pytest.raises(ExecutionError, match=f"{name} out of range"):
+            m.run(bad)
+    np.testing.assert_array_equal(m.run(feeds)["y0"], m.run(feeds)["y0"])  # still usable
+
+
+def test_embed_layer_normalization_takes_one_compiled_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """float32 tables: the lookups, the sum output and the LayerNorm in one compiled pass
+    (``norm_jit.embed_norm_rows_f32``), agreeing with onnxruntime."""
+    from tfrt_py.kernels.contrib import norm as contrib_norm
+
+    real = contrib_norm.embed_norm_rows_f32()
+    if real is None:
+        pytest.skip("compiled kernels off in this run (the NumPy path: TFRT_PY_JIT=0 or no numba)")
+    calls: list[int] = []
+
+    def spy(*args: Any) -> int:
+        calls.append(1)
+        return int(real(*args))
+
+    monkeypatch.setattr(contrib_norm, "embed_norm_rows_f32", lambda: spy)
+    ins = _embed_inputs(b=2, s=4)
+    check_node("EmbedLayerNormalization", ins, {"epsilon": 1e-5}, outputs=(True, True, True),
+               consts=((), (2, 3, 4, 5, 6)))  # fmt: skip
+    assert calls
+
+
 @pytest.mark.parametrize(
     ("op", "inputs"),
     [

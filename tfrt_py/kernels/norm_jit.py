@@ -31,7 +31,7 @@ import numpy as np
 
 from .jit import Jitted
 
-__all__ = ["layer_norm_rows", "rms_norm_rows", "skip_norm_rows_f32"]
+__all__ = ["embed_norm_rows_f32", "layer_norm_rows", "rms_norm_rows", "skip_norm_rows_f32"]
 
 
 def _row_sums(xi: Any, n: int) -> tuple[float, float]:  # pragma: no cover - numba only
@@ -186,6 +186,83 @@ def skip_norm_rows_f32() -> Any:
     float32 2-D C-contiguous ``x``, ``skip``, ``y`` (and ``total``, or a (0, n) array),
     or None without numba."""
     return _SKIP_NORM.get()
+
+
+def _embed_norm_f32(ids: Any, seg_ids: Any, pos_ids: Any, word: Any, pos: Any, seg: Any,
+                    scale: Any, beta: Any, eps: float, y: Any,
+                    total: Any) -> int:  # pragma: no cover - numba only  # fmt: skip
+    """onnxruntime's EmbedLayerNormalization over float32 tables: for token (i, t) of
+    ``ids`` (B, S), ``e = word[ids] + pos[pos_ids or t] (+ seg[seg_ids])`` (into ``total``
+    row ``i * S + t`` when it has rows, else into ``y`` as scratch), then its LayerNorm
+    into ``y`` as ``_ln_f32`` computes it. ``seg_ids``/``pos_ids`` with no rows: none
+    (``pos_ids`` (1, S) is shared by the batch). Every id is checked first; returns 0, or
+    1 (input_ids), 2 (segment_ids), 3 (position_ids) out of range, 4 (a sequence longer
+    than ``pos``), and then writes nothing."""
+    b, s = ids.shape
+    h = word.shape[1]
+    has_seg = seg_ids.shape[0] > 0
+    has_pos = pos_ids.shape[0] > 0
+    keep = total.shape[0] > 0
+    for i in range(b):
+        for t in range(s):
+            if ids[i, t] < 0 or ids[i, t] >= word.shape[0]:
+                return 1
+    if has_pos:
+        for i in range(pos_ids.shape[0]):
+            for t in range(s):
+                if pos_ids[i, t] < 0 or pos_ids[i, t] >= pos.shape[0]:
+                    return 3
+    elif s > pos.shape[0]:
+        return 4
+    if has_seg:
+        for i in range(b):
+            for t in range(s):
+                if seg_ids[i, t] < 0 or seg_ids[i, t] >= seg.shape[0]:
+                    return 2
+    inv_n = 1.0 / h
+    shared = has_pos and pos_ids.shape[0] == 1
+    for i in range(b):
+        for t in range(s):
+            r = i * s + t
+            yi = y[r]
+            ei = total[r] if keep else yi
+            wr = word[ids[i, t]]
+            pr = pos[(pos_ids[0, t] if shared else pos_ids[i, t]) if has_pos else t]
+            if has_seg:
+                sr = seg[seg_ids[i, t]]
+                for j in range(h):
+                    ei[j] = (wr[j] + pr[j]) + sr[j]
+            else:
+                for j in range(h):
+                    ei[j] = wr[j] + pr[j]
+            sm, q = _row_sums(ei, h)
+            mean = sm * inv_n
+            var = max(q * inv_n - mean * mean, 0.0)
+            m = np.float32(mean)
+            inv = np.float32(1.0 / math.sqrt(var + eps))
+            for j in range(h):
+                yi[j] = (ei[j] - m) * inv * scale[j] + beta[j]
+    return 0
+
+
+def _warm_embed(fn: Any) -> None:
+    f = np.ones((3, 4), np.float32)
+    one = np.ones(4, np.float32)
+    out = np.empty((2, 4), np.float32)
+    for it in (np.int32, np.int64):
+        ids = np.zeros((1, 2), it)
+        none = np.zeros((0, 0), it)
+        fn(ids, none, none, f, f, f, one, one, 1e-5, out, np.zeros((0, 4), np.float32))
+        fn(ids, ids, ids, f, f, f, one, one, 1e-5, out, np.empty_like(out))
+
+
+_EMBED_NORM = Jitted(_embed_norm_f32, _warm_embed, helpers=(_row_sums,))
+
+
+def embed_norm_rows_f32() -> Any:
+    """``fn(ids, seg_ids, pos_ids, word, pos, seg, scale, beta, eps, y, total) -> code``
+    (``_embed_norm_f32``) for float32 tables, or None without numba."""
+    return _EMBED_NORM.get()
 
 
 def _warm_rms_for(t: Any) -> Any:

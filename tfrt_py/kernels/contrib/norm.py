@@ -34,9 +34,9 @@ import numpy as np
 
 from ..base import ComputeFn, KernelContext
 from ..common import ones_vector, stash_dtype
+from ..norm_jit import embed_norm_rows_f32, skip_norm_rows_f32
 from ..norm_jit import layer_norm_rows as compiled_rows
 from ..norm_jit import rms_norm_rows as compiled_rms
-from ..norm_jit import skip_norm_rows_f32
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
 
@@ -297,6 +297,14 @@ def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
             raise ValueError("EmbedLayerNormalization: input_ids must be 2-D (batch, sequence)")
         b, s = input_ids.shape
         h = word_embedding.shape[1]
+        if fast is not None and input_ids.size:
+            got = _embed_fast(input_ids, segment_ids, word_embedding, position_embedding,
+                              segment_embedding, gamma, beta, position_ids)  # fmt: skip
+            if got is not None:
+                if n_out == 1:
+                    return got[0]
+                index = _mask_index(mask, b) if want_mask_index else None
+                return (got[0], index, got[1])[:n_out] + (None,) * (n_out - 3)
         sdt = _stats_dtype(word_embedding.dtype)
         e = _take(word_embedding, input_ids, "input_ids").astype(sdt, copy=False)
         if position_ids is None:
@@ -315,15 +323,59 @@ def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
         y = y2.reshape(b, s, h).astype(word_embedding.dtype, copy=False)
         if n_out == 1:
             return y
-        mask_index = None
-        if want_mask_index:
-            if mask is None:
-                mask_index = np.zeros(b, dtype=np.int32)
-            else:
-                mask_index = np.count_nonzero(mask == 1, axis=1).astype(np.int32)
+        mask_index = _mask_index(mask, b) if want_mask_index else None
         return (y, mask_index, total)[:n_out] + (None,) * (n_out - 3)
 
+    def _embed_fast(ids: np.ndarray, seg_ids: Any, word: np.ndarray, pos: np.ndarray,
+                    seg: Any, gamma: Any, beta: Any,
+                    pos_ids: Any) -> tuple[np.ndarray, np.ndarray | None] | None:  # fmt: skip
+        """The compiled pass (float32 tables, 1-D gamma/beta, integer ids of the shapes it
+        takes), or None: the NumPy steps run."""
+        b, s = ids.shape
+        h = word.shape[1]
+        tables = (word, pos) if seg is None else (word, pos, seg)
+        if any(t.dtype != _F32 or t.ndim != 2 or t.shape[1] != h for t in tables):
+            return None
+        if not all(isinstance(p, np.ndarray) and p.dtype == _F32 and p.size == h
+                   for p in (gamma, beta)):  # fmt: skip
+            return None
+        none = np.zeros((0, 0), ids.dtype)
+        id_arrays = [
+            ids,
+            seg_ids if seg is not None else none,
+            none if pos_ids is None else pos_ids,
+        ]
+        if any(a.dtype.kind not in "iu" or a.ndim != 2 for a in id_arrays):
+            return None
+        if seg is not None and seg_ids.shape != ids.shape:
+            return None
+        if pos_ids is not None and (pos_ids.shape[1] != s or pos_ids.shape[0] not in (1, b)):
+            return None
+        y = np.empty((b, s, h), np.float32)
+        total = np.empty_like(y) if want_sum else None
+        code = fast(ids, id_arrays[1], id_arrays[2], word, pos, word if seg is None else seg,
+                    gamma.reshape(h), beta.reshape(h), eps, y.reshape(-1, h),
+                    _no_rows(h) if total is None else total.reshape(-1, h))  # fmt: skip
+        if code == 4:
+            raise ValueError(
+                f"EmbedLayerNormalization: sequence length {s} exceeds the "
+                f"{pos.shape[0]} positions of position_embedding"
+            )
+        if code:
+            what, table = {1: ("input_ids", word), 2: ("segment_ids", seg),
+                           3: ("position_ids", pos)}[code]  # fmt: skip
+            raise ValueError(f"EmbedLayerNormalization: {what} out of range [0, {table.shape[0]})")
+        return y, total
+
+    fast = embed_norm_rows_f32()
     return embed_layer_normalization
+
+
+def _mask_index(mask: np.ndarray | None, b: int) -> np.ndarray:
+    """EmbedLayerNormalization's mask_index: the ones in each row of ``mask`` (int32)."""
+    if mask is None:
+        return np.zeros(b, dtype=np.int32)
+    return np.count_nonzero(mask == 1, axis=1).astype(np.int32)
 
 
 def register_kernels(registry: KernelRegistry) -> None:
