@@ -165,23 +165,31 @@ def test_skip_simplified_layer_normalization(outputs: tuple[bool, ...]) -> None:
     check_node("SkipSimplifiedLayerNormalization", [_f(4, 9), _f(4, 9), _f(9)])
 
 
+def _spy_compiled(monkeypatch: pytest.MonkeyPatch, getter: str) -> list[int]:
+    """Make ``contrib.norm.<getter>()`` (a compiled pass's getter, asked when a kernel is
+    built) hand out a spy of the real pass; returns the list each call appends to. Skips
+    when the compiled kernels are off in this run."""
+    from tfrt_py.kernels.contrib import norm as contrib_norm
+
+    real = getattr(contrib_norm, getter)()
+    if real is None:
+        pytest.skip("compiled kernels off in this run (the NumPy path: TFRT_PY_JIT=0 or no numba)")
+    calls: list[int] = []
+
+    def spy(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(contrib_norm, getter, lambda: spy)
+    return calls
+
+
 @pytest.mark.parametrize("op", ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
 def test_skip_norms_take_one_compiled_pass(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """float32, skip of the input's shape, no statistics outputs: the add, the sum output
     and the norm in one compiled pass (``norm_jit.skip_norm_rows_f32``), agreeing with
     onnxruntime."""
-    from tfrt_py.kernels.contrib import norm as contrib_norm
-
-    real = contrib_norm.skip_norm_rows_f32()
-    if real is None:
-        pytest.skip("compiled kernels off in this run (the NumPy path: TFRT_PY_JIT=0 or no numba)")
-    calls: list[int] = []
-
-    def spy(*args: Any) -> None:
-        calls.append(1)
-        real(*args)
-
-    monkeypatch.setattr(contrib_norm, "skip_norm_rows_f32", lambda: spy)
+    calls = _spy_compiled(monkeypatch, "skip_norm_rows_f32")
     simplified = op.startswith("SkipSimplified")
     ins = [_f(_B, _S, _H), _f(_B, _S, _H), _f(_H)] + ([] if simplified else [_f(_H)]) + [_f(_H)]
     check_node(op, ins, {"epsilon": 1e-5}, outputs=(True, False, False, True),
@@ -275,18 +283,7 @@ def test_embed_layer_normalization_takes_one_compiled_pass(
 ) -> None:
     """float32 tables: the lookups, the sum output and the LayerNorm in one compiled pass
     (``norm_jit.embed_norm_rows_f32``), agreeing with onnxruntime."""
-    from tfrt_py.kernels.contrib import norm as contrib_norm
-
-    real = contrib_norm.embed_norm_rows_f32()
-    if real is None:
-        pytest.skip("compiled kernels off in this run (the NumPy path: TFRT_PY_JIT=0 or no numba)")
-    calls: list[int] = []
-
-    def spy(*args: Any) -> int:
-        calls.append(1)
-        return int(real(*args))
-
-    monkeypatch.setattr(contrib_norm, "embed_norm_rows_f32", lambda: spy)
+    calls = _spy_compiled(monkeypatch, "embed_norm_rows_f32")
     ins = _embed_inputs(b=2, s=4)
     check_node("EmbedLayerNormalization", ins, {"epsilon": 1e-5}, outputs=(True, True, True),
                consts=((), (2, 3, 4, 5, 6)))  # fmt: skip

@@ -137,7 +137,9 @@ def _skip_norm_f32(x: Any, skip: Any, bias: Any, scale: Any, beta: Any, eps: flo
     input_skip_bias_sum; else into ``y`` as scratch), then ``s``'s LayerNorm (``rms``: RMS
     norm, no mean, no beta) into ``y`` as ``_ln_f32`` / ``_rms_f32`` compute it. ``bias``,
     ``beta`` length 0: none. One pass over the inputs instead of NumPy's add, copy and
-    a separate norm call (~14 -> ~3 µs for (16, 128))."""
+    a separate norm call (~14 -> ~3 µs for (16, 128)). The normalization is written out
+    here and in ``_embed_norm_f32`` as in ``_ln_f32``: one shared row helper measured
+    12-20% slower in all three (LayerNorm (512, 128) 45 -> 54 µs)."""
     rows, n = x.shape
     has_bias = bias.shape[0] > 0
     has_beta = beta.shape[0] > 0 and not rms

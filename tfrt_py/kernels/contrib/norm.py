@@ -143,32 +143,41 @@ def _no_rows(h: int) -> np.ndarray:
     return arr
 
 
-class _SkipParams:
-    """gamma, beta and bias of one skip-norm kernel as the compiled pass takes them (1-D
-    float32 of the hidden size; length 0: none), remembered by identity: a model passes
-    its constants, the same objects at every call. One slot, replaced whole."""
+class _LastCall:
+    """``fn(*args)`` remembered for the last arguments: arrays compared by identity, other
+    values by equality. The fused norms' fast paths ask it for their constants' checks
+    and contiguous forms: a model passes its constants, the same objects at every call,
+    so ``fn`` runs once. One slot, replaced whole (concurrent callers see one entry)."""
 
-    __slots__ = ("last",)
+    __slots__ = ("fn", "last")
 
-    def __init__(self) -> None:
-        self.last: tuple[Any, ...] = (None, None, None, None, None)
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.last: tuple[tuple[Any, ...], Any] | None = None
 
-    def params(self, gamma: Any, beta: Any, bias: Any, h: int) -> tuple[Any, Any, Any] | None:
+    def __call__(self, *args: Any) -> Any:
         last = self.last
-        if last[0] is gamma and last[1] is beta and last[2] is bias and last[3] == h:
-            return last[4]
-        ok = True
-        out = []
-        for arr, required in ((gamma, True), (beta, False), (bias, False)):
-            if arr is None and not required:
-                out.append(_NONE_F32)
-            elif isinstance(arr, np.ndarray) and arr.dtype == _F32 and arr.size == h:
-                out.append(np.ascontiguousarray(arr.reshape(h)))
-            else:
-                ok = False
-        result = (out[0], out[1], out[2]) if ok else None
-        self.last = (gamma, beta, bias, h, result)
+        if last is not None and all(
+            a is b or (not isinstance(a, np.ndarray) and a == b) for a, b in zip(last[0], args)
+        ):
+            return last[1]
+        result = self.fn(*args)
+        self.last = (args, result)
         return result
+
+
+def _skip_params(gamma: Any, beta: Any, bias: Any, h: int) -> tuple[Any, Any, Any] | None:
+    """gamma, beta and bias as the compiled skip norm takes them (1-D float32 of the hidden
+    size ``h``; length 0: none), or None when one does not fit."""
+    out = []
+    for arr, required in ((gamma, True), (beta, False), (bias, False)):
+        if arr is None and not required:
+            out.append(_NONE_F32)
+        elif isinstance(arr, np.ndarray) and arr.dtype == _F32 and arr.size == h:
+            out.append(np.ascontiguousarray(arr.reshape(h)))
+        else:
+            return None
+    return out[0], out[1], out[2]
 
 
 def _skip_layer_norm_builder(simplified: bool) -> Any:
@@ -182,7 +191,7 @@ def _skip_layer_norm_builder(simplified: bool) -> Any:
         fns = compiled_for(simplified)
         # float32 without the statistics outputs: one compiled pass (add and norm)
         fast = None if want[1] or want[2] else skip_norm_rows_f32()
-        memo = _SkipParams()
+        params = _LastCall(_skip_params)
 
         def skip_layer_norm(
             input: np.ndarray, skip: np.ndarray, gamma: np.ndarray, *rest: Any
@@ -195,7 +204,7 @@ def _skip_layer_norm_builder(simplified: bool) -> Any:
                 and skip.flags.c_contiguous
             ):  # fmt: skip
                 h = input.shape[-1]
-                p = memo.params(gamma, beta, bias, h)
+                p = params(gamma, beta, bias, h)
                 if p is not None:
                     y = np.empty_like(input)
                     total = np.empty_like(input) if want[3] else None
@@ -333,13 +342,10 @@ def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
         takes), or None: the NumPy steps run."""
         b, s = ids.shape
         h = word.shape[1]
-        tables = (word, pos) if seg is None else (word, pos, seg)
-        if any(t.dtype != _F32 or t.ndim != 2 or t.shape[1] != h for t in tables):
+        params = tables(word, pos, seg, gamma, beta)
+        if params is None:
             return None
-        if not all(isinstance(p, np.ndarray) and p.dtype == _F32 and p.size == h
-                   for p in (gamma, beta)):  # fmt: skip
-            return None
-        none = np.zeros((0, 0), ids.dtype)
+        none = _no_ids(ids.dtype)
         id_arrays = [
             ids,
             seg_ids if seg is not None else none,
@@ -354,7 +360,7 @@ def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
         y = np.empty((b, s, h), np.float32)
         total = np.empty_like(y) if want_sum else None
         code = fast(ids, id_arrays[1], id_arrays[2], word, pos, word if seg is None else seg,
-                    gamma.reshape(h), beta.reshape(h), eps, y.reshape(-1, h),
+                    params[0], params[1], eps, y.reshape(-1, h),
                     _no_rows(h) if total is None else total.reshape(-1, h))  # fmt: skip
         if code == 4:
             raise ValueError(
@@ -368,7 +374,35 @@ def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
         return y, total
 
     fast = embed_norm_rows_f32()
+    tables = _LastCall(_embed_params)
     return embed_layer_normalization
+
+
+def _embed_params(word: Any, pos: Any, seg: Any, gamma: Any,
+                  beta: Any) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
+    """gamma and beta as the compiled embed pass takes them, or None when the tables and
+    parameters do not fit it (float32, 2-D tables of one width, 1-D parameters of that
+    width)."""
+    h = word.shape[1] if word.ndim == 2 else -1
+    tables = (word, pos) if seg is None else (word, pos, seg)
+    if not all(t.dtype == _F32 and t.ndim == 2 and t.shape[1] == h for t in tables):
+        return None
+    if not all(
+        isinstance(p, np.ndarray) and p.dtype == _F32 and p.size == h for p in (gamma, beta)
+    ):
+        return None
+    return np.ascontiguousarray(gamma.reshape(h)), np.ascontiguousarray(beta.reshape(h))
+
+
+_NO_IDS: dict[np.dtype, np.ndarray] = {}
+
+
+def _no_ids(dtype: np.dtype) -> np.ndarray:
+    """A (0, 0) id array of ``dtype``: "no segment_ids / position_ids" for the pass."""
+    arr = _NO_IDS.get(dtype)
+    if arr is None:
+        arr = _NO_IDS[dtype] = np.zeros((0, 0), dtype)
+    return arr
 
 
 def _mask_index(mask: np.ndarray | None, b: int) -> np.ndarray:
