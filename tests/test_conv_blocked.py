@@ -15,10 +15,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
-from tfrt_py.concurrency import threads
+from tfrt_py.concurrency import native_threads, threads
 from tfrt_py.kernels import gemm
 from tfrt_py.kernels.jit import jit_enabled
-from tfrt_py.kernels.nn import conv_blocked, conv_depthwise
+from tfrt_py.kernels.nn import conv_blocked, conv_depthwise, conv_pointwise
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -82,6 +82,10 @@ GEOMETRIES = [
     ((1, 48, 28, 28), (48, 8, 3, 3), {"pads": [1, 1, 1, 1], "group": 6}),
     ((2, 32, 21, 21), (64, 8, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 0], "group": 4}),
     ((1, 32, 14, 14), (16, 16, 1, 1), {"group": 2}),  # grouped 1x1: no copy
+    # more filters than output pixels: filter blocks on native threads (conv_pointwise),
+    # a 1x1 over the input, a 3x3 over one im2col per image
+    ((1, 96, 7, 7), (576, 96, 1, 1), {}),
+    ((2, 64, 7, 7), (128, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
 ]
 
 
@@ -146,12 +150,38 @@ def test_a_large_conv_is_split_over_the_threads(
     assert plan.blocks[0][first] == 0 and plan.blocks[-1][last] == end
 
 
-def test_more_channels_than_pixels_keeps_the_whole_image_path(plans: list[Any]) -> None:
-    """512 filters over a 7x7 output: every block would pack the whole weight matrix
-    again, so the whole-image GEMM (split by rows of filters) serves it."""
+def test_more_channels_than_pixels_takes_filter_blocks_or_the_whole_image_path(
+    plans: list[Any],
+) -> None:
+    """512 filters over a 7x7 output: blocks of output rows would be a few pixels wide and
+    each would pack the whole weight matrix again. With native threads the filters are
+    split instead (one im2col, then a block of filters per thread with its epilogue);
+    without them the whole-image GEMM serves it."""
     x = _r(1, 64, 7, 7)
     inits = {"w": _r(512, 64, 3, 3) * 0.1}
     m = _model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], x, inits)
-    got = tfrt_py.load(m, executor="sync").run({"x": x})["y"]
-    np.testing.assert_allclose(got, _ort(m, x), rtol=1e-4, atol=1e-4)
-    assert not plans
+    model = tfrt_py.load(m, executor="sync")
+    for _ in range(2):
+        np.testing.assert_allclose(model.run({"x": x})["y"], _ort(m, x), rtol=1e-4, atol=1e-4)
+    if native_threads.ready() and threads.threads() > 1:
+        assert plans and all(p.native is not None for p in plans)
+        blocks = plans[-1].native_blocks
+        assert blocks[0][1] == 0 and blocks[-1][2] == 512 and len(blocks) > 1
+    else:
+        assert not plans
+
+
+@pytest.mark.parametrize(
+    ("n", "m", "parts"), [(1, 512, 2), (2, 576, 2), (1, 72, 2), (3, 20, 4), (1, 5, 8)]
+)
+def test_filter_blocks_cover_every_filter_once(n: int, m: int, parts: int) -> None:
+    """Per image, consecutive non-empty blocks from filter 0 to ``m``, at most ``parts``,
+    on multiples of 16 where there are enough filters for that."""
+    blocks = conv_pointwise.filter_blocks(n, m, parts)
+    for i in range(n):
+        mine = blocks[blocks[:, 0] == i]
+        assert 1 <= len(mine) <= parts
+        assert mine[0, 1] == 0 and mine[-1, 2] == m
+        assert (mine[1:, 1] == mine[:-1, 2]).all() and (mine[:, 2] > mine[:, 1]).all()
+        if m >= 16 * parts:
+            assert (mine[:-1, 2] % 16 == 0).all()

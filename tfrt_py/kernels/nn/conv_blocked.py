@@ -55,6 +55,7 @@ from .conv_direct import (
     act_fns,
     numpy_act_after,
 )
+from .conv_pointwise import POINTWISE_PAR, filter_blocks
 
 __all__ = ["BlockedPlan", "blocked_conv_fn", "plan_blocked", "run_blocked"]
 
@@ -269,8 +270,11 @@ class BlockedPlan(NamedTuple):
     epi: Epilogue  # for Sigmoid/SiLU (float64 Gelu): NumPy (or compiled) over y afterwards
     params: np.ndarray
     fns: tuple[Any, Any]  # conv_direct.act_fns()
-    # a 1x1 conv with enough filters for row blocks of its product on native threads
-    native: bool = False
+    # a 1x1 conv with enough filters for blocks of filters on native threads, each with
+    # its epilogue (``conv_pointwise``): the compiled kernel and its (image, m0, m1)
+    # blocks; None: not this path
+    native: Any = None
+    native_blocks: np.ndarray | None = None
     # else, the compiled blocks on native threads (``_blocked_par``) and their
     # (image, first output row, end row) rows; None: the Python pool's path
     par: Any = None
@@ -323,12 +327,19 @@ def plan_blocked(
         np.int64,
     )  # fmt: skip
     numpy_act = numpy_act_after(epi, dtype)
-    native = (
-        direct and group == 1 and threads > 1 and m >= _NATIVE_MIN_FILTERS
-        and macs >= gemm.NATIVE_SPLIT_MIN_MACS
-    )  # fmt: skip
+    native, native_blocks = None, None
+    if (
+        group == 1 and threads > 1 and m >= _NATIVE_MIN_FILTERS
+        and macs >= gemm.NATIVE_SPLIT_MIN_MACS and (direct or m > oh * ow)
+    ):  # fmt: skip
+        # filter blocks: a 1x1 conv as it is; a conv with more filters than output
+        # pixels (row blocks would be a few pixels wide) after one im2col per image
+        native = POINTWISE_PAR.get()
+        if native is not None:
+            t = min(threads, native_threads.max_threads())
+            native_blocks = filter_blocks(n, m, gemm.PARTS_PER_THREAD * t)
     par, par_blocks, par_rows = None, None, 0
-    if group == 1 and not native and threads > 1 and macs >= gemm.NATIVE_SPLIT_MIN_MACS:
+    if group == 1 and native is None and threads > 1 and macs >= gemm.NATIVE_SPLIT_MIN_MACS:
         par = _BLOCKED_PAR.get()
         if par is not None:  # a block of output rows per thread per image
             t = min(threads, native_threads.max_threads(), oh)
@@ -349,6 +360,7 @@ def plan_blocked(
         _params(epi, dtype),
         act_fns(),
         native,
+        native_blocks,
         par,
         par_blocks,
         par_rows,
@@ -372,6 +384,22 @@ def run_blocked(
     o = oh * ow
     y = np.empty(plan.out_shape, dt) if out is None else out
     bb = _EMPTY1[dt] if b is None else b
+    if plan.native is not None and plan.native_blocks is not None:
+        # blocks of filters on native threads, each block's epilogue on the thread that
+        # computed it (conv_pointwise), over the input (1x1) or its im2col columns
+        if plan.im2col is None:
+            src = x.reshape(n, x.shape[1], o)
+        else:
+            src = scratch(1, (n, plan.k, o), dt)
+            for i in range(n):
+                plan.im2col(x, i, src[i], plan.geo, 0, x.shape[1], 0, oh)
+        r3n = _EMPTY3[dt] if res is None else res.reshape(n, m, o)
+        native_threads.enter(intra_pool().threads)
+        plan.native(src, w3[0], y.reshape(n, m, o), bb, r3n, plan.native_blocks, plan.act,
+                    plan.params)  # fmt: skip
+        if plan.epi.act:
+            _numpy_act(y, plan.epi, plan.fns)
+        return y
     if n == 1 and plan.group == 1 and not plan.split:
         # one image, one group, one block (most convs of a small net at batch 1): the
         # block straight, without the closures and views of the general path (~6 µs)
@@ -399,18 +427,6 @@ def run_blocked(
         if plan.epi.act:
             _numpy_act(y, plan.epi, plan.fns)
         return y
-    if plan.native:
-        # a 1x1 conv: each image's product in filter blocks on native threads when they
-        # are there (no GIL hand-offs), then the epilogue over the image
-        x3n = x.reshape(n, x.shape[1], o)
-        t = intra_pool().threads
-        if all(gemm.native_blocks(w3[0], x3n[i], y3[i], t) for i in range(n)):  # all or none
-            for i in range(n):
-                ri = _EMPTY2[dt] if r3 is None else r3[i]
-                plan.epilogue(y3[i], bb, ri, 0, o, plan.act, plan.params)
-            if plan.epi.act:
-                _numpy_act(y, plan.epi, plan.fns)
-            return y
     im2col, epilogue, geo, k = plan.im2col, plan.epilogue, plan.geo, plan.k
     act, params, mm = plan.act, plan.params, np.matmul
     mg, cg = m // plan.group, x.shape[1] // plan.group
@@ -462,7 +478,8 @@ def blocked_conv_fn(
     weights, or None when it cannot apply; ``fn`` itself returns None for an input shape
     or call the whole-image path serves better or alone: more output channels than output
     pixels (each block would pack the whole weight matrix again), an input of another
-    dtype, a residual of another shape, negative pads."""
+    dtype, a residual of another shape, negative pads (filter blocks on native threads,
+    ``conv_pointwise``, take the first case when they are there)."""
     if w_const is None or w_const.ndim != 4 or cdt not in _EMPTY1:
         return None
     if (
@@ -484,10 +501,16 @@ def blocked_conv_fn(
         begin, end, out_sp = conv_geometry(shape[2:], kernel, strides, dil, pads, sp.auto_pad)
         if min(begin + end) < 0 or min(out_sp) < 1:
             return None
-        if group == 1 and w_shape[0] > out_sp[0] * out_sp[1]:
-            return None
         out_shape = (shape[0], w_shape[0], *out_sp)
-        return plan_blocked(shape, w_shape, out_shape, strides, begin, dil, cdt, epi)
+        plan = plan_blocked(shape, w_shape, out_shape, strides, begin, dil, cdt, epi)
+        if (
+            plan is not None
+            and plan.native is None
+            and group == 1
+            and (w_shape[0] > out_sp[0] * out_sp[1])
+        ):
+            return None
+        return plan
 
     def blocked(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
         if x.shape in plans:
