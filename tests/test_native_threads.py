@@ -18,6 +18,7 @@ from tfrt_py.concurrency import native_threads
 from tfrt_py.concurrency.threads import configure
 from tfrt_py.kernels import gemm
 from tfrt_py.kernels.nn import conv_depthwise as cdw
+from tfrt_py.kernels.nn import conv_pointwise
 from tfrt_py.kernels.nn.conv_direct import Epilogue
 
 numba = pytest.importorskip("numba", reason="native threads are numba's parallel loops")
@@ -204,11 +205,74 @@ def test_a_1x1_conv_splits_its_filters_on_native_threads(n: int) -> None:
     b = rng.standard_normal(m).astype(np.float32)
     res = rng.standard_normal((n, m, h, h)).astype(np.float32)
     epi = Epilogue(act="Relu", residual=True)
-    plan = plan_blocked(x.shape, w.shape, (n, m, h, h), (1, 1), (0, 0), (1, 1), F32, epi)
-    assert plan is not None and plan.native
-    got = run_blocked(plan, x, w.reshape(1, m, c), b, res, None)
+    with _spying(conv_pointwise.POINTWISE_PAR) as calls:
+        plan = plan_blocked(x.shape, w.shape, (n, m, h, h), (1, 1), (0, 0), (1, 1), F32, epi)
+        assert plan is not None and plan.native is not None
+        got = run_blocked(plan, x, w.reshape(1, m, c), b, res, None)
+    assert calls == [1]  # bias, residual and Relu inside the blocks: nothing after
     want = np.einsum("mc,nchw->nmhw", w[:, :, 0, 0], x) + b[:, None, None] + res
     np.testing.assert_allclose(got, np.maximum(want, 0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("act", ["SiLU", "HardSwish"])
+def test_more_filters_than_pixels_split_the_filters_after_one_im2col(act: str) -> None:
+    """ResNet's last 3x3 convs (512 filters over 7x7) and EfficientNet's 1x1s over 7x7:
+    blocks of filters, each with its epilogue, over one im2col of each image."""
+    from tfrt_py.kernels.nn.conv_blocked import plan_blocked, run_blocked
+
+    rng = np.random.default_rng(3)
+    n, c, m, h = 2, 64, 256, 7
+    x = rng.standard_normal((n, c, h, h)).astype(np.float32)
+    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32) * 0.1
+    b = rng.standard_normal(m).astype(np.float32)
+    with _spying(conv_pointwise.POINTWISE_PAR) as calls:
+        plan = plan_blocked(x.shape, w.shape, (n, m, h, h), (1, 1), (1, 1), (1, 1), F32,
+                            Epilogue(act=act))  # fmt: skip
+        assert plan is not None and plan.native is not None and plan.im2col is not None
+        got = run_blocked(plan, x, w.reshape(1, m, -1), b, None, None)
+    assert calls == [1]
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = sum(
+        np.einsum("mc,nchw->nmhw", w[:, :, i, j], xp[:, :, i : i + h, j : j + h])
+        for i in range(3) for j in range(3)
+    ) + b[:, None, None]  # fmt: skip
+    if act == "SiLU":
+        want = want / (1 + np.exp(-want))
+    else:
+        want = want * np.clip(want / 6 + 0.5, 0, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_few_rows_by_a_big_matrix_split_its_columns_on_native_threads() -> None:
+    """A classifier's 1x1280 @ 1280x1000 (5 MB of weights, read from memory) splits its
+    columns over the threads, through ``matmul_into`` and a loaded Gemm alike."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import tfrt_py
+
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((1, 1280)).astype(np.float32)
+    w = rng.standard_normal((1280, 1000)).astype(np.float32)
+    bias = rng.standard_normal(1000).astype(np.float32)
+    assert gemm.wide_gemv(1, 1280, 1000, 4) and not gemm.wide_gemv(1, 128, 1000, 4)
+    with _spying(gemm._MATMUL_BLOCKS) as calls:
+        got = gemm.matmul_into(a, w)
+    assert calls == [1]
+    np.testing.assert_allclose(got, a @ w, rtol=1e-4, atol=1e-3)
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["g"]), helper.make_node("Relu", ["g"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1280])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")],
+    )
+    model = tfrt_py.load(onnx.helper.make_model(g), executor="sync")
+    with _spying(gemm._MATMUL_BLOCKS) as calls:
+        for _ in range(2):  # the probe, then the planned code
+            y = model.run({"x": a})["y"]
+            np.testing.assert_allclose(y, np.maximum(a @ w + bias, 0), rtol=1e-4, atol=1e-3)
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ from ..executors.plan_codegen import Inline
 from ..ir import Node, TensorType, Value
 from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
 from ..kernels.common import input_rank
-from ..kernels.gemm import SPLIT_MIN_MACS, matmul_into
+from ..kernels.gemm import SPLIT_MIN_MACS, matmul_into, wide_gemv
 from ..kernels.linalg.bias_act_jit import MIN_ELEMENTS as EPILOGUE_MIN
 from ..kernels.linalg.bias_act_jit import bias_relu
 
@@ -114,7 +114,10 @@ def _linear(registry: KernelRegistry) -> Any:
         rows = None
         if shape is not None and all(isinstance(d, int) for d in shape[:-1]):
             rows = int(np.prod([int(d) for d in shape[:-1]], dtype=np.int64))  # type: ignore[arg-type]
-        small = rows is not None and rows * k * n < SPLIT_MIN_MACS
+        small = (
+            rows is not None and rows * k * n < SPLIT_MIN_MACS
+            and not wide_gemv(rows, k, n, w.itemsize)
+        )  # fmt: skip
         mm: Any = _plain_matmul if small else matmul_into
         add = np.add
         epi = _bias_relu_epilogue(w, b, steps, rows)
@@ -268,7 +271,11 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
             return None
         static = all(isinstance(d, int) for d in (*x_shape, *out_shape))
         rows = int(np.prod(x_shape[:-1], dtype=np.int64)) if static else None
-        pick = np.matmul if rows is not None and rows * k * n < SPLIT_MIN_MACS else mm
+        whole = (
+            rows is not None and rows * k * n < SPLIT_MIN_MACS
+            and not wide_gemv(rows, k, n, w.itemsize)
+        )  # fmt: skip
+        pick = np.matmul if whole else mm
         env: dict[str, Any] = {"matmul": pick, "w": w}
         if len(x_shape) == 2:
             lines = ["{matmul}({in0}, {w}, {out})"]

@@ -22,6 +22,7 @@ from .addresses import addresses
 from .jit import Jitted
 
 __all__ = [
+    "GEMV_SPLIT_MIN_BYTES",
     "NATIVE_SPLIT_MIN_MACS",
     "PARTS_PER_THREAD",
     "SPLIT_MIN_MACS",
@@ -29,6 +30,7 @@ __all__ = [
     "matmul_cols_into",
     "matmul_into",
     "native_blocks",
+    "wide_gemv",
 ]
 
 #: Products smaller than this many multiply-adds run whole (~130 µs of single-core BLAS).
@@ -41,6 +43,10 @@ SPLIT_MIN_MACS = 6 << 20
 #: Products split on native threads (``concurrency.native_threads``: no GIL, ~4 µs a
 #: split) from this many multiply-adds: a 192x32 @ 32x784 product (4.8M, 120 µs whole).
 NATIVE_SPLIT_MIN_MACS = 1 << 20
+#: A product of a few rows by a matrix of at least this many bytes splits by columns on
+#: native threads (``wide_gemv``): a classifier's 1x1280 @ 1280x1000 at the end of a CNN
+#: reads 5 MB that the convolutions have pushed out of cache.
+GEMV_SPLIT_MIN_BYTES = 1 << 20
 #: Blocks per thread of the budget: one (the caller takes a block a slow helper has not
 #: started). Two per thread measured slower on the 2-core machine without AVX-512
 #: (2026-11-26, medians of 600 calls, ms): 160x960 @ 960x49 whole 174, 2 row blocks 128,
@@ -69,6 +75,15 @@ def matmul_into(
     pool = intra_pool()
     t = pool.threads
     macs = m * k * n
+    if t > 1 and m < _MIN_ROWS and wide_gemv(m, k, n, b.itemsize):
+        # a few rows by a big weight matrix: bound by reading the weights, which two
+        # threads read faster (columns split: each reads its half of every row)
+        if out is None:
+            out = np.empty((m, n), np.result_type(a, b))
+        if native_blocks(a, b, out, t, cols=True):
+            if epilogue is not None:
+                epilogue(out)
+            return out
     if t > 1 and m >= 2 * _MIN_ROWS and macs >= NATIVE_SPLIT_MIN_MACS:
         if out is None:
             out = np.empty((m, n), np.result_type(a, b))
@@ -98,6 +113,13 @@ def matmul_into(
 
     pool.run([part(edges[i], edges[i + 1]) for i in range(blocks)])
     return out
+
+
+def wide_gemv(rows: int, k: int, n: int, itemsize: int) -> bool:
+    """Whether a product of ``rows`` (fewer than ``_MIN_ROWS``) by a (k, n) matrix is worth
+    splitting by columns on native threads: the matrix is at least ``GEMV_SPLIT_MIN_BYTES``
+    (the product reads it from memory, not cache) and wide enough for two column blocks."""
+    return rows < _MIN_ROWS and k * n * itemsize >= GEMV_SPLIT_MIN_BYTES and n >= 2 * _MIN_COLS
 
 
 def matmul_cols_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
