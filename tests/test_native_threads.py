@@ -338,6 +338,101 @@ def test_stacked_products_run_their_row_blocks_on_native_threads(
     np.testing.assert_allclose(got2, want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_stacks_whose_batch_needs_two_strides_run_on_native_threads(trans_b: bool) -> None:
+    """MobileViT's attention: Q, K and V are (patches, heads) views of one projection whose
+    batch dimensions collapse into two strides, not one; the products (scores @ V, Q @
+    K^T) still run in native row blocks (they took NumPy's non-BLAS loop). Three
+    uncollapsible levels keep np.matmul."""
+    rng = np.random.default_rng(7)
+    proj = rng.standard_normal((4, 64, 3, 4, 16)).astype(np.float32)  # (p, n, qkv, heads, d)
+    q, k, v = (proj[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (4, 4, 64, 16)
+    assert v.strides == (12288 * 4, 16 * 4, 192 * 4, 4)
+    if trans_b:
+        a, b, want = q, k, np.ascontiguousarray(q) @ np.ascontiguousarray(k).swapaxes(-1, -2)
+    else:
+        a = rng.standard_normal((4, 4, 64, 64)).astype(np.float32)
+        b, want = v, a @ np.ascontiguousarray(v)
+    with _spying(gemm._MATMUL_BATCHED) as calls:
+        got = gemm.matmul_batched_into(a, b, trans_b=trans_b)
+    assert calls == [1]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    six = rng.standard_normal((2, 3, 4, 5, 64, 16)).astype(np.float32)[:, :, ::2]
+    six = six.transpose(1, 0, 2, 3, 4, 5)  # (3, 2, 2, 5, 64, 16): no two-stride split
+    a6 = rng.standard_normal((3, 2, 2, 5, 64, 64)).astype(np.float32)
+    with _spying(gemm._MATMUL_BATCHED) as calls:
+        got6 = gemm.matmul_batched_into(a6, six)
+    assert calls == []
+    np.testing.assert_allclose(got6, a6 @ np.ascontiguousarray(six), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("act", "attrs", "formula"),
+    [
+        ("Relu", {}, lambda v: np.maximum(v, 0)),
+        ("Swish", {"alpha": 1.0}, lambda v: v / (1 + np.exp(-v))),
+        ("Gelu", {}, None),
+        ("Sigmoid", {}, lambda v: 1 / (1 + np.exp(-v))),
+        ("HardSwish", {}, lambda v: v * np.clip(v / 6 + 0.5, 0, 1)),
+        ("", {}, lambda v: v),
+    ],
+)
+def test_a_split_linear_runs_its_bias_and_activation_inside_the_native_blocks(
+    act: str, attrs: dict[str, Any], formula: Any
+) -> None:
+    """ViT's MLP (a product + bias + GELU) and MobileViT's (+ SiLU): the bias and the
+    activation run in the native row blocks, on the thread that computed each block."""
+    import math
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    import tfrt_py
+    from tfrt_py.kernels.linalg import linear_par
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 197, 192)).astype(np.float32)
+    w = (rng.standard_normal((192, 256)) * 0.2).astype(np.float32)
+    bias = rng.standard_normal(256).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]),
+             helper.make_node("Add", ["p", "b"], ["y" if not act else "s"])]  # fmt: skip
+    if act:
+        nodes.append(helper.make_node(act, ["s"], ["y"], **attrs))
+    opset = 24 if act == "Swish" else 20
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    v = x.astype(np.float64) @ w + bias
+    if formula is None:
+        erf = np.vectorize(math.erf)
+        want = 0.5 * v * (1 + erf(v / math.sqrt(2)))
+    else:
+        want = formula(v)
+    with _spying(linear_par._LINEAR_PAR) as calls:
+        model = tfrt_py.load(m, executor="sync")  # the kernel is picked at load
+        for _ in range(2):  # the probe, then the planned code
+            got = model.run({"x": x})["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert len(calls) == 2
+
+
+def test_a_float64_gelu_keeps_the_step_kernels() -> None:
+    """GELU and the logistic compile for float32 only: a float64 Linear gets no fused
+    epilogue (its NumPy steps run after the product)."""
+    from tfrt_py.kernels.linalg import linear_par
+
+    steps = [("Gelu", 20, {}, (-1,))]
+    assert linear_par.fused_for(steps, np.zeros(8), np.dtype(np.float64)) is None
+    assert linear_par.fused_for(steps, np.zeros(8, np.float32), np.dtype(np.float32)) is not None
+    assert linear_par.fused_for([], None, np.dtype(np.float32)) is None  # nothing to do
+    two = [("Relu", 14, {}, (-1,)), ("Relu", 14, {}, (-1,))]
+    assert linear_par.fused_for(two, None, np.dtype(np.float32)) is None
+
+
 def test_long_softmax_rows_split_on_native_threads() -> None:
     from tfrt_py.kernels import softmax_jit
 

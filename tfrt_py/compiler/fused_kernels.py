@@ -36,6 +36,7 @@ from ..kernels.common import input_rank
 from ..kernels.gemm import SPLIT_MIN_MACS, matmul_into, wide_gemv
 from ..kernels.linalg.bias_act_jit import MIN_ELEMENTS as EPILOGUE_MIN
 from ..kernels.linalg.bias_act_jit import bias_relu
+from ..kernels.linalg.linear_par import fused_for
 
 __all__ = ["DOMAIN", "Step", "register_fused_kernels", "with_fused_kernels"]
 
@@ -122,6 +123,8 @@ def _linear(registry: KernelRegistry) -> Any:
         add = np.add
         epi = _bias_relu_epilogue(w, b, steps, rows)
         blocks = None if small else _block_epilogue(w, b, acts, extra_idx, epi)
+        if blocks is not None:  # its compiled twin, run inside native row blocks
+            blocks.fused = fused_for(steps, None if b is None else b.reshape(-1), w.dtype)
         inline = _linear_inline(mm, w, b, acts, extra_idx, epi, blocks)
         if input_rank(ctx) == 2 and not any(extra_idx):
             return _linear_2d(

@@ -69,7 +69,10 @@ def matmul_into(
     rows), split over the intra-op pool when it pays. Same result as ``np.matmul``.
     ``epilogue(rows)``, when given, finishes each block of rows of the result in place
     right after its product, on the thread that computed it (a Linear's bias and
-    activation, while the block is in cache); it must be elementwise along the rows."""
+    activation, while the block is in cache); it must be elementwise along the rows.
+    Its attribute ``fused`` (``linalg.linear_par.Fused``), when set, is its compiled
+    equivalent: a split on native threads runs it inside each block (the callable
+    itself would run over the whole output after them, on one thread)."""
     m, k = a.shape
     n = b.shape[1]
     pool = intra_pool()
@@ -87,6 +90,11 @@ def matmul_into(
     if t > 1 and m >= 2 * _MIN_ROWS and macs >= NATIVE_SPLIT_MIN_MACS:
         if out is None:
             out = np.empty((m, n), np.result_type(a, b))
+        fused = getattr(epilogue, "fused", None)
+        if fused is not None and native_threads.ready():
+            blocks = min(PARTS_PER_THREAD * native_threads.enter(t), m // _MIN_ROWS)
+            if fused.run(a, b, out, native_threads.edges(m, blocks)):
+                return out
         if native_blocks(a, b, out, t):
             if epilogue is not None:
                 epilogue(out)
@@ -235,18 +243,22 @@ def _matmul_batched(
     """out[i, r0:r1] = a[i, r0:r1] @ (b[i].T if ``trans_b`` else b[i]) for the ``blocks``
     rows (i, r0, r1), in a ``prange`` loop on native threads, each one call of NumPy's
     single-threaded BLAS gemm. The matrices are given by address (``ptr``: a, b, out) and
-    ``dims`` = [M, K, N, a's batch stride, a's row stride, b's batch stride, b's row
-    stride, out's batch stride, out's row stride] in elements (unit inner strides),
-    ``single``: float32 (else float64). numba only (module globals as ``_matmul_blocks``)."""
+    ``dims`` = [M, K, N, a's inner batch stride, a's row stride, b's inner batch stride,
+    b's row stride, out's inner batch stride, out's row stride, matrices per outer batch
+    step, a's, b's and out's outer batch strides] in elements (unit inner strides):
+    matrix i sits at ``(i // inner) * outer + (i % inner) * inner stride``. ``single``:
+    float32 (else float64). numba only (module globals as ``_matmul_blocks``)."""
     k, n = dims[1], dims[2]
     sa, lda, sb, ldb, sc, ldc = dims[3], dims[4], dims[5], dims[6], dims[7], dims[8]
+    inner, oa, ob, oc = dims[9], dims[10], dims[11], dims[12]
     sz = 4 if single else 8
     tb = 112 if trans_b else 111  # CblasTrans, CblasNoTrans
     for q in numba.prange(blocks.shape[0]):
         i, r0, r1 = blocks[q, 0], blocks[q, 1], blocks[q, 2]
-        pa = ptr[0] + np.uint64((i * sa + r0 * lda) * sz)
-        pb = ptr[1] + np.uint64(i * sb * sz)
-        pc = ptr[2] + np.uint64((i * sc + r0 * ldc) * sz)
+        o, r = i // inner, i % inner
+        pa = ptr[0] + np.uint64((o * oa + r * sa + r0 * lda) * sz)
+        pb = ptr[1] + np.uint64((o * ob + r * sb) * sz)
+        pc = ptr[2] + np.uint64((o * oc + r * sc + r0 * ldc) * sz)
         if single:
             _sgemm(101, 111, tb, r1 - r0, n, k, np.float32(1), pa, lda, pb, ldb, np.float32(0),
                    pc, ldc)  # fmt: skip
@@ -257,7 +269,7 @@ def _matmul_batched(
 def _warm_matmul_batched(fn: Any) -> None:
     a, b, c = np.ones((2, 1, 3)), np.ones((2, 3, 3)), np.empty((2, 1, 3))
     ptr = np.array([a.ctypes.data, b.ctypes.data, c.ctypes.data], np.uint64)
-    dims = np.array([1, 3, 3, 3, 3, 9, 3, 3, 3], np.int64)
+    dims = np.array([1, 3, 3, 3, 3, 9, 3, 3, 3, 2, 0, 0, 0], np.int64)
     blocks = np.array([[0, 0, 1], [1, 0, 1]], np.int64)
     for trans in (False, True):
         fn(ptr, dims, blocks, trans, False)
@@ -271,23 +283,41 @@ _MATMUL_BATCHED = Jitted(
 )
 
 
-def _stack(x: np.ndarray, cols: int) -> tuple[int, int, int] | None:
-    """(matrices, batch stride, row stride) in elements of a stack of matrices with unit
-    inner stride whose batch dimensions collapse into one stride, rows not overlapping;
-    None otherwise."""
+def _stack(x: np.ndarray, cols: int, split: int) -> tuple[int, int, int] | None:
+    """(outer batch stride, inner batch stride, row stride) in elements of a stack of
+    matrices with unit inner stride, rows not overlapping, whose batch dimensions before
+    ``split`` collapse into one stride (the outer) and from ``split`` on into another (the
+    inner; dims of size 1 ignored); None otherwise."""
     size = x.itemsize
     if x.strides[-1] != size or any(st % size for st in x.strides):
         return None
     row = x.strides[-2] // size
     if row < cols and x.shape[-2] > 1:
         return None
-    dims = [(d, st // size) for d, st in zip(x.shape[:-2], x.strides[:-2], strict=True) if d > 1]
-    for (_, st0), (d1, st1) in itertools.pairwise(dims):
-        if st0 != d1 * st1:
-            return None
-    if not dims:
-        return 1, 0, row
-    return math.prod(d for d, _ in dims), dims[-1][1], row
+    nb = x.ndim - 2
+    strides = []
+    for lo, hi in ((0, split), (split, nb)):
+        dims = [(x.shape[j], x.strides[j] // size) for j in range(lo, hi) if x.shape[j] > 1]
+        for (_, st0), (d1, st1) in itertools.pairwise(dims):
+            if st0 != d1 * st1:
+                return None
+        strides.append(dims[-1][1] if dims else 0)
+    return strides[0], strides[1], row
+
+
+def _layout(
+    a: np.ndarray, b: np.ndarray, y: np.ndarray, k: int, n: int, trans_b: bool
+) -> tuple[int, list[tuple[int, int, int]]] | None:
+    """(matrices per outer batch step, ``_stack`` of a, b and y) for the first split of the
+    common batch dimensions at which all three collapse into an outer and an inner stride
+    (attention's V, a (heads, batch) view of a projection, needs two); None when none
+    does."""
+    nb = a.ndim - 2
+    for split in range(nb):
+        got = [_stack(a, k, split), _stack(b, k if trans_b else n, split), _stack(y, n, split)]
+        if all(g is not None for g in got):
+            return math.prod(a.shape[split:nb]), got  # type: ignore[return-value]
+    return None
 
 
 def matmul_batched_into(
@@ -297,7 +327,7 @@ def matmul_batched_into(
     batch shape (attention's per-head products, often strided views of one projection),
     into ``out`` when given: the batch's row blocks on native threads when they pay and
     every operand is a float32/float64 stack of one dtype with unit inner stride and
-    batch dimensions that collapse to one stride (``_stack``), else ``np.matmul``. Same
+    batch dimensions that collapse to two strides (``_layout``), else ``np.matmul``. Same
     result as ``np.matmul``."""
     bt = b.swapaxes(-1, -2) if trans_b else b
     t = intra_pool().threads
@@ -319,10 +349,11 @@ def matmul_batched_into(
     if bt.shape[-2] != k or batch * m * k * n < NATIVE_SPLIT_MIN_MACS:
         return np.matmul(a, bt, out=out)
     y = np.empty((*a.shape[:-1], n), a.dtype) if out is None else out
-    sa, sb, sc = _stack(a, k), _stack(b, k if trans_b else n), _stack(y, n)
+    lay = _layout(a, b, y, k, n, trans_b)
     fn = _MATMUL_BATCHED.get()
-    if fn is None or sa is None or sb is None or sc is None:
+    if fn is None or lay is None:
         return np.matmul(a, bt, out=out)
+    inner, (sa, sb, sc) = lay
     threads = native_threads.enter(t)
     per = max(1, min(-(-2 * threads // batch), m // 16))  # row blocks per matrix
     blocks = _BATCH_BLOCKS.get((batch, m, per))
@@ -333,7 +364,9 @@ def matmul_batched_into(
             _BATCH_BLOCKS.clear()
         _BATCH_BLOCKS[(batch, m, per)] = blocks
     ptr = addresses(a, b, y)
-    dims = np.array([m, k, n, sa[1], sa[2], sb[1], sb[2], sc[1], sc[2]], np.int64)
+    dims = np.array(
+        [m, k, n, sa[1], sa[2], sb[1], sb[2], sc[1], sc[2], inner, sa[0], sb[0], sc[0]], np.int64
+    )
     fn(ptr, dims, blocks, trans_b, a.dtype == np.float32)
     return y
 
