@@ -462,23 +462,31 @@ def test_a_channel_layer_norm_splits_its_pixels_on_native_threads() -> None:
     np.testing.assert_allclose(y, want + b[:, None, None], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_a_max_pool_splits_on_native_threads(n: int) -> None:
+@pytest.mark.parametrize(
+    ("n", "c", "h", "pad"),
+    [
+        (1, 64, 112, 1),  # the ResNet stem's pool
+        (3, 64, 112, 1),
+        (1, 256, 27, 0),  # SqueezeNet's last: below the Python pool's split size
+    ],
+)
+def test_a_max_pool_splits_on_native_threads(n: int, c: int, h: int, pad: int) -> None:
     from tfrt_py.kernels.nn import pool_direct
 
     rng = np.random.default_rng(n)
-    x = rng.standard_normal((n, 64, 112, 112)).astype(np.float32)  # the ResNet stem's pool
-    plan = pool_direct.plan_max_pool(x.shape, (3, 3), (n, 64, 56, 56), (2, 2), (1, 1), (1, 1),
-                                     F32)  # fmt: skip
+    x = rng.standard_normal((n, c, h, h)).astype(np.float32)
+    oh = (h + 2 * pad - 3) // 2 + 1
+    plan = pool_direct.plan_max_pool(x.shape, (3, 3), (n, c, oh, oh), (2, 2), (pad, pad),
+                                     (1, 1), F32)  # fmt: skip
     assert plan is not None and plan.split
     with _spying(pool_direct._MAX_POOL_PAR) as calls:
         y = pool_direct.run_max_pool(plan, x, None)
     assert calls == [1]
-    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
-    want = np.full((n, 64, 56, 56), -np.inf, np.float32)
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-np.inf)
+    want = np.full((n, c, oh, oh), -np.inf, np.float32)
     for i in range(3):
         for j in range(3):
-            want = np.maximum(want, xp[:, :, i : i + 112 : 2, j : j + 112 : 2])
+            want = np.maximum(want, xp[:, :, i : i + 2 * oh - 1 : 2, j : j + 2 * oh - 1 : 2])
     np.testing.assert_array_equal(y, want)
 
 

@@ -14,7 +14,8 @@ output; None from ``plan_max_pool`` (numba missing, ``$TFRT_PY_JIT=0``, other dt
 ``pool``'s NumPy fold (one strided ``np.maximum`` per tap). 64x111x111, 3x3 stride 2:
 1053 -> ~160 µs on two threads (the polyphase-grid kernel it replaces).
 
-Large pools split their channels (one image) or images over tfrt_py's intra-op threads.
+Large pools split their channels (one image) or images over tfrt_py's intra-op threads
+(from ``NATIVE_SPLIT_MIN_WORK`` on native threads, else from ``SPLIT_MIN_WORK``).
 Thread-safe: the plan is immutable; ``tmp`` is per-thread scratch.
 """
 
@@ -35,6 +36,9 @@ __all__ = ["MaxPoolPlan", "plan_max_pool", "run_max_pool"]
 #: A pool reading at least this many input elements times kernel taps is split over the
 #: intra-op threads (64x112x112 3x3: 7M).
 SPLIT_MIN_WORK = 1 << 21
+#: ... and from this much work when native threads take the parts (~4 µs a split, no
+#: GIL): SqueezeNet's last 256x27x27 3x3/2 pool (1.7M) took 134 µs on one thread.
+NATIVE_SPLIT_MIN_WORK = 1 << 19
 
 
 def _mx(a: Any, v: Any) -> Any:  # pragma: no cover - numba only
@@ -191,7 +195,10 @@ def plan_max_pool(
         np.int64,
     )  # fmt: skip
     work = int(np.prod(x_shape)) * kernel[0] * kernel[1]
-    split = intra_pool().threads > 1 and work >= SPLIT_MIN_WORK and max(x_shape[:2]) > 1
+    enough = work >= SPLIT_MIN_WORK or (
+        work >= NATIVE_SPLIT_MIN_WORK and _MAX_POOL_PAR.get() is not None
+    )
+    split = intra_pool().threads > 1 and enough and max(x_shape[:2]) > 1
     return MaxPoolPlan(fn, geo, x_shape[3], tuple(out_shape), split)
 
 
