@@ -109,6 +109,38 @@ def test_calls_the_kernel_does_not_fit_take_the_numpy_path() -> None:
     np.testing.assert_allclose(x2, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_strided_input_is_copied_once_and_takes_the_compiled_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MobileViT's unfolded patches reach LayerNorm as a transposed view: one copy, then
+    the compiled rows (the NumPy path's passes over strided data took 5x the time); an
+    ``out`` aliasing the view's base is still written correctly."""
+    calls: list[int] = []
+    real = norm.layer_norm_rows
+
+    def spying(stash: Any) -> Any:
+        fn = real(stash)
+
+        def spy(*args: Any) -> None:
+            calls.append(1)
+            fn(*args)
+
+        return spy
+
+    monkeypatch.setattr(norm, "layer_norm_rows", spying)
+    base = _f(4, 64, 256)
+    x = base.transpose(0, 2, 1)  # (4, 256, 64), strided
+    s, b = _f(64), _f(64)
+    fn = _ln([x, s, b], {})
+    want = ort_run("LayerNormalization", [np.ascontiguousarray(x), s, b], {"stash_type": 1},
+                   opset=17)[0]  # fmt: skip
+    np.testing.assert_allclose(fn(x, s, b), want, rtol=1e-5, atol=1e-5)
+    assert calls == [1]
+    out = base.reshape(4, 256, 64)  # the view's own memory as the destination
+    assert fn(x, s, b, out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
 def test_one_kernel_called_with_other_parameters_and_ranks() -> None:
     """The kernel remembers the last Scale/B it checked (a model passes the same
     constants every call); other arrays, an in-place change of the same ones, another

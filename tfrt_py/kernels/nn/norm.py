@@ -177,11 +177,15 @@ def _compiled_rows(fn: Any, x: np.ndarray, scale: Any, bias: Any, out: Any, axis
                    memo: _ParamMemo) -> np.ndarray | None:  # fmt: skip
     """LayerNormalization (``bias`` None: none) or, ``rms``, RMSNormalization (``bias``
     unused) of ``x`` by the compiled rows ``fn`` (``norm_jit``); None when
-    the call does not fit them (dtype other than the stash type, a non-contiguous or
-    aliasing array, parameters that grow the result, an axis out of range: the NumPy path
-    handles and reports those)."""
-    if x.dtype != stash or not x.flags.c_contiguous or x.size == 0:
+    the call does not fit them (dtype other than the stash type, an aliasing ``out``,
+    parameters that grow the result, an axis out of range: the NumPy path handles and
+    reports those). A strided ``x`` (a transposed view: MobileViT's unfolded patches) is
+    copied once first: the NumPy path's passes over it took 5x the time (4x256x64: 338
+    against 65 µs)."""
+    if x.dtype != stash or x.size == 0:
         return None
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)
     a = axis + x.ndim if axis < 0 else axis
     if not 0 <= a < x.ndim:
         return None
