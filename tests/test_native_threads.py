@@ -104,10 +104,16 @@ def test_switched_off_the_split_takes_the_python_pool(monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize(("m", "k", "n"), [(256, 96, 196), (197, 192, 768), (960, 160, 49)])
-def test_a_product_in_native_blocks_matches_numpy(m: int, k: int, n: int) -> None:
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_product_in_native_blocks_matches_numpy(m: int, k: int, n: int, transposed: bool) -> None:
+    """Row and column blocks; ``transposed``: ``b`` is the transpose of a C-contiguous
+    (n, k) array, as a Gemm's transB weights are."""
     rng = np.random.default_rng(m)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
+    if transposed:
+        b = np.ascontiguousarray(b.T).T
+        assert not b.flags.c_contiguous
     out = np.full((m, n), np.nan, np.float32)
     assert gemm.native_blocks(a, b, out, 2)
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
@@ -124,7 +130,7 @@ def test_a_product_in_native_blocks_matches_numpy(m: int, k: int, n: int) -> Non
 def test_native_blocks_decline_what_they_were_not_built_for() -> None:
     a = np.ones((128, 8), np.float32)
     b = np.ones((8, 16), np.float32)
-    assert not gemm.native_blocks(a, np.asfortranarray(b), np.empty((128, 16), np.float32), 2)
+    assert not gemm.native_blocks(a, b[:, ::2], np.empty((128, 8), np.float32), 2)  # strided
     assert not gemm.native_blocks(a, b.astype(np.float64), np.empty((128, 16), np.float32), 2)
     assert not gemm.native_blocks(a[:40], b, np.empty((40, 16), np.float32), 2)  # one block
     assert not gemm.native_blocks(a, b, np.empty((128, 16), np.float32), 2, cols=True)
@@ -243,9 +249,10 @@ def test_more_filters_than_pixels_split_the_filters_after_one_im2col(act: str) -
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_a_few_rows_by_a_big_matrix_split_its_columns_on_native_threads() -> None:
+def test_one_row_by_a_big_matrix_splits_its_columns_on_native_threads() -> None:
     """A classifier's 1x1280 @ 1280x1000 (5 MB of weights, read from memory) splits its
-    columns over the threads, through ``matmul_into`` and a loaded Gemm alike."""
+    columns over the threads, one BLAS gemv each, through ``matmul_into`` and a loaded
+    Gemm alike (weights as (K, N) or, transB, (N, K))."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -256,23 +263,27 @@ def test_a_few_rows_by_a_big_matrix_split_its_columns_on_native_threads() -> Non
     w = rng.standard_normal((1280, 1000)).astype(np.float32)
     bias = rng.standard_normal(1000).astype(np.float32)
     assert gemm.wide_gemv(1, 1280, 1000, 4) and not gemm.wide_gemv(1, 128, 1000, 4)
-    with _spying(gemm._MATMUL_BLOCKS) as calls:
+    assert not gemm.wide_gemv(2, 1280, 1000, 4)  # gemm rows, not a gemv
+    with _spying(gemm._GEMV_COLS) as calls:
         got = gemm.matmul_into(a, w)
     assert calls == [1]
     np.testing.assert_allclose(got, a @ w, rtol=1e-4, atol=1e-3)
-    g = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w", "b"], ["g"]), helper.make_node("Relu", ["g"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1280])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")],
-    )
-    model = tfrt_py.load(onnx.helper.make_model(g), executor="sync")
-    with _spying(gemm._MATMUL_BLOCKS) as calls:
-        for _ in range(2):  # the probe, then the planned code
-            y = model.run({"x": a})["y"]
-            np.testing.assert_allclose(y, np.maximum(a @ w + bias, 0), rtol=1e-4, atol=1e-3)
-    assert len(calls) == 2
+    for trans_b in (0, 1):  # torch.onnx writes a Linear as Gemm(transB=1) of (N, K)
+        g = helper.make_graph(
+            [helper.make_node("Gemm", ["x", "w", "b"], ["g"], transB=trans_b),
+             helper.make_node("Relu", ["g"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1280])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(w.T.copy() if trans_b else w, "w"),
+             numpy_helper.from_array(bias, "b")],
+        )  # fmt: skip
+        model = tfrt_py.load(onnx.helper.make_model(g), executor="sync")
+        with _spying(gemm._GEMV_COLS) as calls:
+            for _ in range(2):  # the probe, then the planned code
+                y = model.run({"x": a})["y"]
+                np.testing.assert_allclose(y, np.maximum(a @ w + bias, 0), rtol=1e-4, atol=1e-3)
+        assert len(calls) == 2, trans_b
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""NumPy's own BLAS ``gemm``, callable from compiled kernels.
+"""NumPy's own BLAS ``gemm`` and ``gemv``, callable from compiled kernels.
 
 numba's ``np.dot`` calls SciPy's BLAS, needs contiguous operands, and on this machine
 SciPy's OpenBLAS build was 1.1-1.9x slower than NumPy's for a conv's wide products (16x144
@@ -9,7 +9,9 @@ of a larger array is an operand as it is). ``register(mod)`` registers them (onc
 process; a cached kernel needs them before it loads, so ``Jitted(prepare=...)`` calls it)
 and sets the kernel module's globals ``_sgemm`` and ``_dgemm``: numba ``ExternalFunction``
 types over ``(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)``,
-pointers passed as addresses (``arr.ctypes.data``).
+pointers passed as addresses (``arr.ctypes.data``); likewise ``_sgemv``/``_dgemv`` over
+``(order, trans, m, n, alpha, a, lda, x, incx, beta, y, incy)`` (a product of one row:
+gemm with one row packs the matrix for nothing, gemv streams it).
 
 NumPy's BLAS is the library threadpoolctl finds inside NumPy's install (the wheels'
 ``scipy_cblas_?gemm64_``: 64-bit integers; a ``cblas_?gemm`` without the suffix: 32-bit).
@@ -27,22 +29,24 @@ from typing import Any
 __all__ = ["available", "register"]
 
 _LOCK = threading.Lock()
-_DONE: list[Any] = []  # [(sgemm type, dgemm type)] once registered, [None] when impossible
+_DONE: list[Any] = []  # [(sgemm, dgemm, sgemv, dgemv types)] once registered, [None]: impossible
 _FOUND: list[bool] = []  # [whether NumPy's BLAS has a gemm] once looked
 #: (symbol suffix, integer width in bits), tried in this order in NumPy's BLAS library
-_NAMES = (("scipy_cblas_{}gemm64_", 64), ("cblas_{}gemm64_", 64), ("cblas_{}gemm", 32))
+_NAMES = (("scipy_cblas_{}64_", 64), ("cblas_{}64_", 64), ("cblas_{}", 32))
 
 
 def register(module_globals: dict[str, Any]) -> bool:
-    """Register the gemm symbols and set ``_sgemm``/``_dgemm`` in ``module_globals``;
-    False when NumPy's BLAS cannot be found (nothing set)."""
+    """Register the gemm and gemv symbols and set ``_sgemm``/``_dgemm``/``_sgemv``/
+    ``_dgemv`` in ``module_globals``; False when NumPy's BLAS cannot be found (nothing
+    set)."""
     with _LOCK:
         if not _DONE:
             _DONE.append(_register())
         types = _DONE[0]
     if types is None:
         return False
-    module_globals["_sgemm"], module_globals["_dgemm"] = types
+    for name, t in zip(("_sgemm", "_dgemm", "_sgemv", "_dgemv"), types, strict=True):
+        module_globals[name] = t
     return True
 
 
@@ -55,8 +59,8 @@ def available() -> bool:
         return bool(_FOUND[0])
 
 
-def _find() -> tuple[Any, Any, int] | None:
-    """(sgemm, dgemm, integer bits) from NumPy's BLAS library, or None."""
+def _find() -> tuple[list[Any], int] | None:
+    """([sgemm, dgemm, sgemv, dgemv], integer bits) from NumPy's BLAS library, or None."""
     path = _numpy_blas_path()
     if path is None:
         return None
@@ -66,10 +70,10 @@ def _find() -> tuple[Any, Any, int] | None:
         return None
     for pattern, bits in _NAMES:
         try:
-            s, d = (getattr(lib, pattern.format(c)) for c in "sd")
+            fns = [getattr(lib, pattern.format(c + k)) for k in ("gemm", "gemv") for c in "sd"]
         except AttributeError:
             continue
-        return s, d, bits
+        return fns, bits
     return None
 
 
@@ -100,12 +104,18 @@ def _register() -> Any:
     found = _find()
     if found is None:
         return None
-    n = types.int64 if found[2] == 64 else types.int32
+    fns, bits = found
+    n = types.int64 if bits == 64 else types.int32
+    i32, p = types.int32, types.uintp
     out = []
-    for c, fn, f in zip("sd", found[:2], (types.float32, types.float64), strict=True):
-        name = f"tfrt_py_{c}gemm"
-        llvm.add_symbol(name, ctypes.cast(fn, ctypes.c_void_p).value)
-        i32, p = types.int32, types.uintp
-        sig = types.void(i32, i32, i32, n, n, n, f, p, n, p, n, f, p, n)
-        out.append(types.ExternalFunction(name, sig))
+    for name, fn, f in zip(
+        ("sgemm", "dgemm", "sgemv", "dgemv"), fns, (types.float32, types.float64) * 2,
+        strict=True,
+    ):  # fmt: skip
+        llvm.add_symbol(f"tfrt_py_{name}", ctypes.cast(fn, ctypes.c_void_p).value)
+        if name.endswith("gemm"):
+            sig = types.void(i32, i32, i32, n, n, n, f, p, n, p, n, f, p, n)
+        else:
+            sig = types.void(i32, i32, n, n, f, p, n, p, n, f, p, n)
+        out.append(types.ExternalFunction(f"tfrt_py_{name}", sig))
     return tuple(out)

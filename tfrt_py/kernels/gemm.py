@@ -26,6 +26,7 @@ __all__ = [
     "NATIVE_SPLIT_MIN_MACS",
     "PARTS_PER_THREAD",
     "SPLIT_MIN_MACS",
+    "gemv_cols",
     "matmul_batched_into",
     "matmul_cols_into",
     "matmul_into",
@@ -78,12 +79,12 @@ def matmul_into(
     pool = intra_pool()
     t = pool.threads
     macs = m * k * n
-    if t > 1 and m < _MIN_ROWS and wide_gemv(m, k, n, b.itemsize):
-        # a few rows by a big weight matrix: bound by reading the weights, which two
-        # threads read faster (columns split: each reads its half of every row)
+    if t > 1 and wide_gemv(m, k, n, b.itemsize):
+        # one row by a big weight matrix: bound by reading the weights, which two threads
+        # read faster (each its block of columns)
         if out is None:
             out = np.empty((m, n), np.result_type(a, b))
-        if native_blocks(a, b, out, t, cols=True):
+        if gemv_cols(a, b, out, t):
             if epilogue is not None:
                 epilogue(out)
             return out
@@ -124,10 +125,34 @@ def matmul_into(
 
 
 def wide_gemv(rows: int, k: int, n: int, itemsize: int) -> bool:
-    """Whether a product of ``rows`` (fewer than ``_MIN_ROWS``) by a (k, n) matrix is worth
-    splitting by columns on native threads: the matrix is at least ``GEMV_SPLIT_MIN_BYTES``
-    (the product reads it from memory, not cache) and wide enough for two column blocks."""
-    return rows < _MIN_ROWS and k * n * itemsize >= GEMV_SPLIT_MIN_BYTES and n >= 2 * _MIN_COLS
+    """Whether a product of ``rows`` by a (k, n) matrix is one worth splitting by columns
+    on native threads (``gemv_cols``): one row, a matrix of at least
+    ``GEMV_SPLIT_MIN_BYTES`` (read from memory, not cache) wide enough for two blocks."""
+    return rows == 1 and k * n * itemsize >= GEMV_SPLIT_MIN_BYTES and n >= 2 * _MIN_COLS
+
+
+def gemv_cols(a: np.ndarray, b: np.ndarray, out: np.ndarray, t: int) -> bool:
+    """``out[:] = a @ b`` for one row ``a`` (1, K) and ``b`` (K, N) C-contiguous or the
+    transpose of a C-contiguous (N, K) (a Gemm's transB weights), in ``t`` blocks of
+    columns on native threads, each one BLAS gemv; False (nothing done) when the threads
+    are not there or the arrays are not of that form."""
+    if a.dtype != b.dtype or a.dtype != out.dtype or a.dtype not in _FLOATS:
+        return False
+    trans = not b.flags.c_contiguous and b.T.flags.c_contiguous
+    if not (a.flags.c_contiguous and out.flags.c_contiguous and (b.flags.c_contiguous or trans)):
+        return False
+    fn = _GEMV_COLS.get()
+    if fn is None or b.shape[1] < 2 * _MIN_COLS:
+        return False
+    blocks = min(PARTS_PER_THREAD * native_threads.enter(t), b.shape[1] // _MIN_COLS)
+    fn(
+        a.reshape(-1),
+        b.T if trans else b,
+        out.reshape(-1),
+        native_threads.edges(b.shape[1], blocks),
+        trans,
+    )
+    return True
 
 
 def matmul_cols_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -165,24 +190,31 @@ def matmul_cols_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarra
 numba: Any = None
 _sgemm: Any = None
 _dgemm: Any = None
+_sgemv: Any = None
+_dgemv: Any = None
 
 
-def _matmul_blocks(a: Any, b: Any, out: Any, edges: Any, cols: bool) -> None:  # pragma: no cover
-    """out = a @ b (C-contiguous 2-D arrays of one dtype) in blocks of rows (``cols``
+def _matmul_blocks(
+    a: Any, b: Any, out: Any, edges: Any, cols: bool, trans_b: bool
+) -> None:  # pragma: no cover
+    """out = a @ b (C-contiguous 2-D arrays of one dtype; ``trans_b``: ``b`` holds the
+    transposed matrix, (N, K), and the product is a @ b.T) in blocks of rows (``cols``
     False) or columns between consecutive ``edges``, in a ``prange`` loop on native
     threads, each block one call of NumPy's single-threaded BLAS gemm on its part of the
     arrays (leading dimensions: no copies). numba only; ``numba``, ``_sgemm`` and
     ``_dgemm`` are this module's globals once ``Jitted`` prepares it."""
     m, k = a.shape
-    n = b.shape[1]
+    n = out.shape[1]
     sz = out.itemsize
     one, zero = out.dtype.type(1), out.dtype.type(0)
+    tb = 112 if trans_b else 111  # CblasTrans, CblasNoTrans
+    ldb = k if trans_b else n
     for i in numba.prange(edges.shape[0] - 1):
         e0, e1 = edges[i], edges[i + 1]
         # addresses in uint64 (uint64 + int64 would be a float64 in numba's typing)
         if cols:
             rows, width = m, e1 - e0
-            oa, ob, oc = 0, e0 * sz, e0 * sz
+            oa, ob, oc = 0, e0 * (k if trans_b else 1) * sz, e0 * sz
         else:
             rows, width = e1 - e0, n
             oa, ob, oc = e0 * k * sz, 0, e0 * n * sz
@@ -190,20 +222,58 @@ def _matmul_blocks(a: Any, b: Any, out: Any, edges: Any, cols: bool) -> None:  #
         pb = b.ctypes.data + np.uint64(ob)
         pc = out.ctypes.data + np.uint64(oc)
         if sz == 4:
-            _sgemm(101, 111, 111, rows, width, k, one, pa, k, pb, n, zero, pc, n)
+            _sgemm(101, 111, tb, rows, width, k, one, pa, k, pb, ldb, zero, pc, n)
         else:
-            _dgemm(101, 111, 111, rows, width, k, one, pa, k, pb, n, zero, pc, n)
+            _dgemm(101, 111, tb, rows, width, k, one, pa, k, pb, ldb, zero, pc, n)
 
 
 def _warm_matmul_blocks(fn: Any) -> None:
     for t in (np.float32, np.float64):
         a, b = np.ones((4, 3), t), np.ones((3, 2), t)
         for cols in (False, True):
-            fn(a, b, np.empty((4, 2), t), np.array([0, 1, 2], np.int64), cols)
+            fn(a, b, np.empty((4, 2), t), np.array([0, 1, 2], np.int64), cols, False)
+            fn(a, b.T.copy(), np.empty((4, 2), t), np.array([0, 1, 2], np.int64), cols, True)
 
 
 def _prepare_matmul_blocks(module_globals: dict[str, Any]) -> bool:
     return blas.register(module_globals)
+
+
+def _gemv_cols(x: Any, w: Any, y: Any, edges: Any, trans: bool) -> None:  # pragma: no cover
+    """y[c0:c1] = x @ w[:, c0:c1] (``trans``: ``w`` holds the (N, K) transpose: y[c0:c1] =
+    w[c0:c1] @ x) for the column blocks between consecutive ``edges``, in a ``prange``
+    loop on native threads, each block one BLAS gemv (row-major). numba only."""
+    sz = y.itemsize
+    one, zero = y.dtype.type(1), y.dtype.type(0)
+    if trans:
+        n, k = w.shape
+    else:
+        k, n = w.shape
+    for i in numba.prange(edges.shape[0] - 1):
+        c0, c1 = edges[i], edges[i + 1]
+        py = y.ctypes.data + np.uint64(c0 * sz)
+        if trans:  # rows c0..c1 of the (N, K) matrix times x
+            pw = w.ctypes.data + np.uint64(c0 * k * sz)
+            if sz == 4:
+                _sgemv(101, 111, c1 - c0, k, one, pw, k, x.ctypes.data, 1, zero, py, 1)
+            else:
+                _dgemv(101, 111, c1 - c0, k, one, pw, k, x.ctypes.data, 1, zero, py, 1)
+        else:  # columns c0..c1 of the (K, N) matrix, transposed, times x
+            pw = w.ctypes.data + np.uint64(c0 * sz)
+            if sz == 4:
+                _sgemv(101, 112, k, c1 - c0, one, pw, n, x.ctypes.data, 1, zero, py, 1)
+            else:
+                _dgemv(101, 112, k, c1 - c0, one, pw, n, x.ctypes.data, 1, zero, py, 1)
+
+
+def _warm_gemv_cols(fn: Any) -> None:
+    for t in (np.float32, np.float64):
+        x, w = np.ones(3, t), np.ones((3, 4), t)
+        fn(x, w, np.empty(4, t), np.array([0, 2, 4], np.int64), False)
+        fn(x, w.T.copy(), np.empty(4, t), np.array([0, 2, 4], np.int64), True)
+
+
+_GEMV_COLS = Jitted(_gemv_cols, _warm_gemv_cols, parallel=True, prepare=_prepare_matmul_blocks)
 
 
 _MATMUL_BLOCKS = Jitted(
@@ -216,11 +286,15 @@ def native_blocks(
 ) -> bool:
     """``out[:] = a @ b`` in ``t`` blocks of rows (``cols``: of columns, each at least
     ``_MIN_COLS`` wide; rows: at least ``_MIN_ROWS`` tall) on native threads, when they
-    are ready and the operands are C-contiguous float32/float64 arrays of one dtype
-    (what the compiled product was built for); False (nothing done) otherwise."""
+    are ready and the operands are C-contiguous float32/float64 arrays of one dtype (``b``
+    may be the transpose of one: a Gemm's ``transB`` weights); False (nothing done)
+    otherwise."""
     if a.dtype != b.dtype or a.dtype != out.dtype or a.dtype not in _FLOATS:
         return False
-    if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
+    trans_b = not b.flags.c_contiguous and b.T.flags.c_contiguous  # a Gemm's transB weights
+    if not (a.flags.c_contiguous and out.flags.c_contiguous) or not (
+        b.flags.c_contiguous or trans_b
+    ):
         return False
     size = b.shape[1] if cols else a.shape[0]
     most = size // (_MIN_COLS if cols else _MIN_ROWS)
@@ -230,7 +304,7 @@ def native_blocks(
     if fn is None:
         return False
     blocks = min(PARTS_PER_THREAD * native_threads.enter(t), most)
-    fn(a, b, out, native_threads.edges(size, blocks), cols)
+    fn(a, b.T if trans_b else b, out, native_threads.edges(size, blocks), cols, trans_b)
     return True
 
 
