@@ -444,11 +444,18 @@ def test_a_float64_gelu_keeps_the_step_kernels() -> None:
     assert linear_par.fused_for(two, None, np.dtype(np.float32)) is None
 
 
-def test_long_softmax_rows_split_on_native_threads() -> None:
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (591, 197),  # ViT-Tiny's attention
+        (1024, 64),  # MobileViT's 4x4x64x64 scores: rows past the flat loop's 32
+    ],
+)
+def test_long_softmax_rows_split_on_native_threads(shape: tuple[int, int]) -> None:
     from tfrt_py.kernels import softmax_jit
 
     rng = np.random.default_rng(5)
-    x = (rng.standard_normal((591, 197)) * 4).astype(np.float32)  # ViT-Tiny's attention
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
     fn = softmax_jit.softmax_rows_f32()
     assert fn is not None
     with _spying(softmax_jit._SOFTMAX_LONG_PAR) as calls:

@@ -8,10 +8,10 @@ sum(exp(x - max))``, exp being ``sigmoid_jit``'s vectorizable polynomial (relati
 row, or a row whose max is +inf or whose entries are all -inf, gives a row of NaN, as the
 NumPy formulation. Two loops:
 
-* rows of at most ``SHORT_ROW`` elements (a classifier's logits, one short sequence's
-  attention scores): ``_softmax_rows``, the exp over the whole input in one flat loop (a
-  loop over a row of a few classes does not vectorize): (64, 16) 5.8 -> 3.0 µs, (1024, 4)
-  50 -> 9 µs against NumPy's passes;
+* rows of at most ``SHORT_ROW`` (32) elements (a classifier's logits, one short
+  sequence's attention scores): ``_softmax_rows``, the exp over the whole input in one
+  flat loop (a loop over a row of a few classes does not vectorize): (64, 16) 5.8 -> 3.0
+  µs, (1024, 4) 50 -> 9 µs against NumPy's passes;
 * longer rows (attention over 197 or 256 positions): ``_softmax_long_rows``, every pass of
   a row while it is in L1 -- the max and the sum in eight independent chains (a single
   float chain waits on each add), the exp into a row of scratch -- so the input is read
@@ -36,8 +36,10 @@ from .sigmoid_jit import EXP_CONSTS
 
 __all__ = ["SHORT_ROW", "SPLIT_MIN_ELEMENTS", "softmax_rows_f32"]
 
-#: Rows of at most this many elements take the flat loop, longer ones the row loop.
-SHORT_ROW = 64
+#: Rows of at most this many elements take the flat loop, longer ones the row loop (which
+#: also splits over threads). One thread, µs, flat vs row loop: (1024, 64) 106 vs 76,
+#: (1024, 48) 81 vs 61, (1024, 32) 50 vs 47, (2048, 16) 52 vs 64, (4096, 8) 57 vs 93.
+SHORT_ROW = 32
 #: Long-row inputs of at least this many elements split their rows over the intra-op
 #: threads ((591, 197), ViT-Tiny's attention: 170 -> ~100 µs on two).
 SPLIT_MIN_ELEMENTS = 1 << 15
