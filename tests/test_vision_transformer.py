@@ -352,6 +352,54 @@ def test_matmul_transposed_operand(executor: str, scale: str, batch: int) -> Non
     assert "MatMulTransB" in _ops(model) and "Transpose" not in _ops(model)
 
 
+@pytest.mark.parametrize("executor", ["sync", "async"])
+@pytest.mark.parametrize("shape", [(1, 3, 10, 8), (1, 3, 197, 64)])  # NumPy's, native rows
+def test_scaled_dot_product_scalings_become_the_products_alpha(
+    executor: str, shape: tuple[int, ...]
+) -> None:
+    """torch's scaled dot-product attention export: Q and K each times sqrt(scale) (a
+    value computed from K's shape) before Q @ K^T. Both Muls go: the product applies
+    their factor."""
+    mk = helper.make_node
+    nodes = [
+        mk("Shape", ["k"], ["ks"]),
+        mk("Gather", ["ks", "last"], ["d"], axis=0),
+        mk("Cast", ["d"], ["df"], to=TensorProto.FLOAT),
+        mk("Sqrt", ["df"], ["sd"]),
+        mk("Div", ["one", "sd"], ["scale"]),
+        mk("Sqrt", ["scale"], ["root"]),
+        mk("Mul", ["x", "root"], ["qs"]),
+        mk("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        mk("Mul", ["kt", "root"], ["kts"]),
+        mk("MatMul", ["qs", "kts"], ["sc"]),
+        mk("Softmax", ["sc"], ["y"], axis=-1),
+    ]
+    inits = [_c("one", 1.0), numpy_helper.from_array(np.array(3, np.int64), "last")]
+    x = _RNG.standard_normal(shape).astype(np.float32)
+    k = _RNG.standard_normal(shape).astype(np.float32)
+    m = _model(nodes, x.shape, inits, extra_inputs=(("k", k.shape),))
+    model = _run_all(m, {"x": x, "k": k}, executor)
+    ops = _ops(model)
+    assert "MatMulTransB" in ops and "Mul" not in ops and "Transpose" not in ops
+    (mm,) = [n for n in model.prepared.graph.nodes if n.op_type == "MatMulTransB"]
+    assert len(mm.inputs) == 4
+
+
+def test_a_scaled_operand_read_elsewhere_keeps_its_mul() -> None:
+    mk = helper.make_node
+    nodes = [
+        mk("Mul", ["x", "s"], ["qs"]),
+        mk("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        mk("MatMul", ["qs", "kt"], ["y"]),
+        mk("Relu", ["qs"], ["z"]),
+    ]
+    x = _RNG.standard_normal((1, 2, 6, 4)).astype(np.float32)
+    k = _RNG.standard_normal((1, 2, 6, 4)).astype(np.float32)
+    m = _model(nodes, x.shape, [_c("s", [0.5])], outputs=("y", "z"), extra_inputs=(("k", k.shape),))
+    model = _run_all(m, {"x": x, "k": k}, "sync")
+    assert "Mul" in _ops(model) and "MatMulTransB" in _ops(model)
+
+
 def test_matmul_transpose_of_other_axes_is_left_alone() -> None:
     mk = helper.make_node
     nodes = [mk("Transpose", ["k"], ["kt"], perm=[1, 0, 2]), mk("MatMul", ["x", "kt"], ["y"])]

@@ -19,7 +19,9 @@ one op whose kernel runs it in a few passes:
 * attention scores ``MatMul(A, Transpose(B))`` whose Transpose swaps the last two axes
   only: a ``tfrt_py.fused::MatMulTransB`` node, whose kernel hands BLAS the transposed
   view (no copy). A scalar scaling between them, ``Mul(Transpose(B), s)``, moves before
-  the Transpose first (elementwise, so the values are exactly the same).
+  the Transpose first (elementwise, so the values are exactly the same); one-element
+  scalings of A and of B (scaled dot-product attention's sqrt(scale) on Q and K) become
+  the node's optional third and fourth inputs, applied as the product's alpha.
 
 Every intermediate value must be read inside its pattern only (and not be a graph output);
 constants must match to float32 precision. The replacement takes the pattern's last
@@ -434,16 +436,48 @@ def _matmul_transb(mm: Node, uses: Uses) -> tuple[str, Node, list[Node]] | None:
     tr = None if bt is None else bt.producer
     if a is None or tr is None or not _swaps_last_two(tr) or uses.only_reader(bt) is not mm:  # type: ignore[arg-type]
         return None
+    b = tr.inputs[0]
+    if b is None:
+        return None
+    a, sa, mul_a = _scaled(a, mm, uses)
+    b, sb, mul_b = _scaled(b, tr, uses)
+    scales = [sa, sb] if sa is not None or sb is not None else []
     new = Node(
         "MatMulTransB",
-        [a, tr.inputs[0]],
+        [a, b, *scales],
         list(mm.outputs),
         {},
         name=f"{mm.name}/transb",
         domain=DOMAIN,
         opset=1,
     )
-    return "MatMulTransB", new, [tr, mm]
+    return "MatMulTransB", new, [m for m in (mul_a, mul_b) if m is not None] + [tr, mm]
+
+
+def _scaled(v: Value, reader: Node, uses: Uses) -> tuple[Value, Value | None, Node | None]:
+    """(x, s, the Mul) when ``v`` is ``Mul(x, s)`` by one element ``s`` (scaled dot-product
+    attention's exports scale Q and K by sqrt(scale) each) read by ``reader`` alone and
+    not a graph output: the product applies ``s`` as its BLAS alpha instead of a pass
+    over the operand. Else (v, None, None)."""
+    mul = v.producer
+    if mul is None or mul.op_type != "Mul" or mul.domain != "" or len(mul.inputs) != 2:
+        return v, None, None
+    if uses.only_reader(v) is not reader or uses.is_output(v):
+        return v, None, None
+    for i in (0, 1):
+        x, s = mul.inputs[i], mul.inputs[1 - i]
+        if x is None or s is None or x.type is None:
+            continue
+        if _one_element(s, getattr(x.type, "rank", None)) and _same_float(x, s):
+            return x, s, mul
+    return v, None, None
+
+
+def _same_float(x: Value, s: Value) -> bool:
+    """Both of one float dtype (the scaled operand's dtype does not change)."""
+    tx = getattr(x.type, "dtype", None)
+    ts = s.const.dtype if s.const is not None else getattr(s.type, "dtype", None)
+    return tx is not None and ts is not None and str(tx) == str(ts) and "float" in str(tx)
 
 
 def _move_scalar_mul_before_transpose(graph: Graph) -> int:

@@ -11,7 +11,7 @@ pass over the conv result (``conv_with_epilogue``). Supports ``out=``.
 LayerNormalization over axis 1 alone of an (N, C, *spatial) tensor
 (``kernels/nn/norm_channel.py``). Supports ``out=``.
 
-``MatMulTransB(A, B)`` (from ``fuse_transformer``): ``A @ swapaxes(B, -1, -2)`` with
+``MatMulTransB(A, B, [sa, sb])`` (from ``fuse_transformer``): ``sa sb A @ swapaxes(B, -1, -2)`` with
 NumPy's broadcasting over the leading axes; BLAS reads the transposed view directly (a
 column-major operand), so the Transpose costs no copy. Supports ``out=``.
 
@@ -102,10 +102,18 @@ def _squeeze_excite_cost(
 
 
 def _matmul_transb(ctx: KernelContext) -> Any:
-    """MatMulTransB: ``fn(a, b, out=None) -> a @ b.swapaxes(-1, -2)``."""
+    """MatMulTransB: ``fn(a, b, sa=None, sb=None, out=None) -> (sa * a) @ (sb * b).swapaxes(-1,
+    -2)``, the one-element scalings ``sa``/``sb`` (``fuse_transformer``) applied to the
+    product as one factor."""
 
-    def matmul_transb(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> Any:
-        return matmul_batched_into(a, b, out, trans_b=True)
+    def matmul_transb(a: np.ndarray, b: np.ndarray, *scales: Any, out: Any = None) -> Any:
+        if not scales:
+            return matmul_batched_into(a, b, out, trans_b=True)
+        alpha = 1.0
+        for s in scales:
+            if s is not None:
+                alpha *= float(np.asarray(s).reshape(-1)[0])
+        return matmul_batched_into(a, b, out, trans_b=True, alpha=alpha)
 
     return matmul_transb
 

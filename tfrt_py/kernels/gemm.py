@@ -312,7 +312,7 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _matmul_batched(
-    ptr: Any, dims: Any, blocks: Any, trans_b: bool, single: bool
+    ptr: Any, dims: Any, blocks: Any, trans_b: bool, single: bool, alpha: float
 ) -> None:  # pragma: no cover
     """out[i, r0:r1] = a[i, r0:r1] @ (b[i].T if ``trans_b`` else b[i]) for the ``blocks``
     rows (i, r0, r1), in a ``prange`` loop on native threads, each one call of NumPy's
@@ -321,7 +321,8 @@ def _matmul_batched(
     b's row stride, out's inner batch stride, out's row stride, matrices per outer batch
     step, a's, b's and out's outer batch strides] in elements (unit inner strides):
     matrix i sits at ``(i // inner) * outer + (i % inner) * inner stride``. ``single``:
-    float32 (else float64). numba only (module globals as ``_matmul_blocks``)."""
+    float32 (else float64); ``alpha``: BLAS's factor of the product. numba only (module
+    globals as ``_matmul_blocks``)."""
     k, n = dims[1], dims[2]
     sa, lda, sb, ldb, sc, ldc = dims[3], dims[4], dims[5], dims[6], dims[7], dims[8]
     inner, oa, ob, oc = dims[9], dims[10], dims[11], dims[12]
@@ -334,10 +335,10 @@ def _matmul_batched(
         pb = ptr[1] + np.uint64((o * ob + r * sb) * sz)
         pc = ptr[2] + np.uint64((o * oc + r * sc + r0 * ldc) * sz)
         if single:
-            _sgemm(101, 111, tb, r1 - r0, n, k, np.float32(1), pa, lda, pb, ldb, np.float32(0),
-                   pc, ldc)  # fmt: skip
+            _sgemm(101, 111, tb, r1 - r0, n, k, np.float32(alpha), pa, lda, pb, ldb,
+                   np.float32(0), pc, ldc)  # fmt: skip
         else:
-            _dgemm(101, 111, tb, r1 - r0, n, k, 1.0, pa, lda, pb, ldb, 0.0, pc, ldc)
+            _dgemm(101, 111, tb, r1 - r0, n, k, alpha, pa, lda, pb, ldb, 0.0, pc, ldc)
 
 
 def _warm_matmul_batched(fn: Any) -> None:
@@ -346,10 +347,10 @@ def _warm_matmul_batched(fn: Any) -> None:
     dims = np.array([1, 3, 3, 3, 3, 9, 3, 3, 3, 2, 0, 0, 0], np.int64)
     blocks = np.array([[0, 0, 1], [1, 0, 1]], np.int64)
     for trans in (False, True):
-        fn(ptr, dims, blocks, trans, False)
+        fn(ptr, dims, blocks, trans, False, 1.0)
     a32, b32, c32 = a.astype(np.float32), b.astype(np.float32), c.astype(np.float32)
     ptr = np.array([a32.ctypes.data, b32.ctypes.data, c32.ctypes.data], np.uint64)
-    fn(ptr, dims, blocks, False, True)
+    fn(ptr, dims, blocks, False, True, 1.0)
 
 
 _MATMUL_BATCHED = Jitted(
@@ -395,14 +396,33 @@ def _layout(
 
 
 def matmul_batched_into(
-    a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, trans_b: bool = False
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray | None = None,
+    trans_b: bool = False,
+    alpha: float = 1.0,
 ) -> np.ndarray:
-    """``a @ b`` (``trans_b``: ``a @ b.swapaxes(-1, -2)``) for stacks of matrices of one
-    batch shape (attention's per-head products, often strided views of one projection),
-    into ``out`` when given: the batch's row blocks on native threads when they pay and
-    every operand is a float32/float64 stack of one dtype with unit inner stride and
-    batch dimensions that collapse to two strides (``_layout``), else ``np.matmul``. Same
-    result as ``np.matmul``."""
+    """``alpha * a @ b`` (``trans_b``: ``a @ b.swapaxes(-1, -2)``) for stacks of matrices of
+    one batch shape (attention's per-head products, often strided views of one
+    projection), into ``out`` when given: the batch's row blocks on native threads when
+    they pay and every operand is a float32/float64 stack of one dtype with unit inner
+    stride and batch dimensions that collapse to two strides (``_layout``; ``alpha`` is
+    BLAS's), else ``np.matmul`` (times ``alpha`` after). Same result as ``np.matmul`` to
+    rounding (exactly, for ``alpha`` 1)."""
+    if alpha != 1.0:
+        y = _matmul_batched_into(a, b, out, trans_b, alpha)
+        if y is None:
+            y = np.matmul(a, b.swapaxes(-1, -2) if trans_b else b, out=out)
+            y *= y.dtype.type(alpha)
+        return y
+    y = _matmul_batched_into(a, b, out, trans_b, 1.0)
+    return np.matmul(a, b.swapaxes(-1, -2) if trans_b else b, out=out) if y is None else y
+
+
+def _matmul_batched_into(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray | None, trans_b: bool, alpha: float
+) -> np.ndarray | None:
+    """``matmul_batched_into`` on native threads, or None when it does not apply."""
     bt = b.swapaxes(-1, -2) if trans_b else b
     t = intra_pool().threads
     if (
@@ -416,17 +436,17 @@ def matmul_batched_into(
             out is not None and (out.dtype != a.dtype or out.shape != (*a.shape[:-1], bt.shape[-1]))
         )
     ):
-        return np.matmul(a, bt, out=out)
+        return None
     m, k = a.shape[-2], a.shape[-1]
     n = bt.shape[-1]
     batch = math.prod(a.shape[:-2])
     if bt.shape[-2] != k or batch * m * k * n < NATIVE_SPLIT_MIN_MACS:
-        return np.matmul(a, bt, out=out)
+        return None
     y = np.empty((*a.shape[:-1], n), a.dtype) if out is None else out
     lay = _layout(a, b, y, k, n, trans_b)
     fn = _MATMUL_BATCHED.get()
     if fn is None or lay is None:
-        return np.matmul(a, bt, out=out)
+        return None
     inner, (sa, sb, sc) = lay
     threads = native_threads.enter(t)
     per = max(1, min(-(-2 * threads // batch), m // 16))  # row blocks per matrix
@@ -441,7 +461,7 @@ def matmul_batched_into(
     dims = np.array(
         [m, k, n, sa[1], sa[2], sb[1], sb[2], sc[1], sc[2], inner, sa[0], sb[0], sc[0]], np.int64
     )
-    fn(ptr, dims, blocks, trans_b, a.dtype == np.float32)
+    fn(ptr, dims, blocks, trans_b, a.dtype == np.float32, alpha)
     return y
 
 
