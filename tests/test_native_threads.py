@@ -398,7 +398,7 @@ def test_a_split_linear_runs_its_bias_and_activation_inside_the_native_blocks(
     from onnx import TensorProto, helper, numpy_helper
 
     import tfrt_py
-    from tfrt_py.kernels.linalg import linear_par
+    from tfrt_py.kernels import linear_par
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 197, 192)).astype(np.float32)
@@ -434,7 +434,7 @@ def test_a_split_linear_runs_its_bias_and_activation_inside_the_native_blocks(
 def test_a_float64_gelu_keeps_the_step_kernels() -> None:
     """GELU and the logistic compile for float32 only: a float64 Linear gets no fused
     epilogue (its NumPy steps run after the product)."""
-    from tfrt_py.kernels.linalg import linear_par
+    from tfrt_py.kernels import linear_par
 
     steps = [("Gelu", 20, {}, (-1,))]
     assert linear_par.fused_for(steps, np.zeros(8), np.dtype(np.float64)) is None

@@ -474,10 +474,11 @@ def _scaled(v: Value, reader: Node, uses: Uses) -> tuple[Value, Value | None, No
 
 
 def _same_float(x: Value, s: Value) -> bool:
-    """Both of one float dtype (the scaled operand's dtype does not change)."""
+    """Both float32 or both float64 (the scaled operand's dtype does not change). In
+    float16/bfloat16 scaling the operands first rounds differently enough to matter."""
     tx = getattr(x.type, "dtype", None)
     ts = s.const.dtype if s.const is not None else getattr(s.type, "dtype", None)
-    return tx is not None and ts is not None and str(tx) == str(ts) and "float" in str(tx)
+    return tx is not None and ts is not None and str(tx) == str(ts) in ("float32", "float64")
 
 
 def _move_scalar_mul_before_transpose(graph: Graph) -> int:

@@ -36,7 +36,7 @@ from ..kernels.common import input_rank
 from ..kernels.gemm import SPLIT_MIN_MACS, matmul_into, wide_gemv
 from ..kernels.linalg.bias_act_jit import MIN_ELEMENTS as EPILOGUE_MIN
 from ..kernels.linalg.bias_act_jit import bias_relu
-from ..kernels.linalg.linear_par import fused_for
+from ..kernels.linear_par import fused_for
 
 __all__ = ["DOMAIN", "Step", "register_fused_kernels", "with_fused_kernels"]
 

@@ -71,7 +71,7 @@ def matmul_into(
     ``epilogue(rows)``, when given, finishes each block of rows of the result in place
     right after its product, on the thread that computed it (a Linear's bias and
     activation, while the block is in cache); it must be elementwise along the rows.
-    Its attribute ``fused`` (``linalg.linear_par.Fused``), when set, is its compiled
+    Its attribute ``fused`` (``linear_par.Fused``), when set, is its compiled
     equivalent: a split on native threads runs it inside each block (the callable
     itself would run over the whole output after them, on one thread)."""
     m, k = a.shape

@@ -23,9 +23,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import blas
-from ..jit import Jitted
-from ..nn.conv_direct import ACTIVATIONS, Epilogue, _act_row, _params, numpy_act_after
+from . import blas
+from .jit import Jitted
+from .nn.conv_direct import ACTIVATIONS, Epilogue, _act_row, _params, numpy_act_after
 
 __all__ = ["Fused", "fused_for"]
 
