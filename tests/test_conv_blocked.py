@@ -115,7 +115,11 @@ def test_blocked_conv_matches_onnxruntime(
     model = tfrt_py.load(m, executor="sync")
     for _ in range(2):  # the first call probes, the second runs the planned code
         np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
-    assert plans, "the blocked path did not run"
+    filter_blocks_only = w_shape[0] > want.shape[2] * want.shape[3] and attrs.get("group", 1) == 1
+    if filter_blocks_only and not native_threads.ready():
+        assert not plans  # without native threads the whole-image path serves these
+    else:
+        assert plans, "the blocked path did not run"
     out = np.full(want.shape, np.nan, np.float32)
     got = model.run({"x": x}, outputs={"y": out})["y"]
     assert got is out
