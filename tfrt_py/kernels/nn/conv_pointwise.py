@@ -1,14 +1,16 @@
 """A 1x1 stride-1 unpadded convolution (a pointwise conv: ``y[i] = W @ x[i]`` per image,
-then bias, residual and activation) in blocks of filters on native threads, each block's
-epilogue run by the thread that computed it while its rows are in cache.
+then bias, residual and activation) -- or any one-group conv, ``x[i]`` then being its
+im2col columns -- in blocks of filters on native threads, each block's epilogue run by
+the thread that computed it while its rows are in cache.
 
 Before, the product ran in filter blocks on native threads (``gemm.native_blocks``) and
 the epilogue afterwards over the whole output on the caller alone: a MobileNet/
 EfficientNet expand conv (16 -> 96 filters over 112x112) spent 350 µs in the product and
 710 more in one thread's SiLU over 1.2M elements, a pass that also read the output back
 from memory. Here each (image, filters ``[m0, m1)``) block is one gemm of NumPy's BLAS on
-its rows (leading dimensions, no copies) followed by ``conv_direct._epilogue_row`` on the
-same rows.
+its rows (leading dimensions, no copies) followed by the bias, the residual and
+``conv_direct``'s activation over the same rows (row by row in one pass each, or over the
+block as one contiguous run when the rows are short).
 
 Results equal the whole-image product's to rounding (the same K per dot product) and the
 epilogue's exactly. numba only (``POINTWISE_PAR.get()`` is None without it); the plan
@@ -33,6 +35,10 @@ numba: Any = None
 _sgemm: Any = None
 _dgemm: Any = None
 
+#: Output rows (pixels per map) of at least this many take the epilogue row by row in one
+#: pass each; shorter ones as passes over the block's whole run (1152x7x7 + SiLU: 175 ->
+#: 153 µs; a 96x112x112 + Relu was 9% slower that way, hence the two).
+_LONG_ROW = 64
 #: Filter blocks are multiples of this many rows (BLAS's float32 micro-kernels are 8 or
 #: 16 rows tall: a ragged block wastes a partial panel) where the filters allow it.
 _ROW_QUANTUM = 16
@@ -62,10 +68,27 @@ def _pointwise_par(  # pragma: no cover - numba only
             _sgemm(101, 111, 111, m1 - m0, o, k, one, pa, k, pb, o, zero, pc, o)
         else:
             _dgemm(101, 111, 111, m1 - m0, o, k, one, pa, k, pb, o, zero, pc, o)
-        for mm in range(m0, m1):
-            row = y3[i, mm]
-            r = res3[i, mm] if has_res else row
-            _epilogue_row(row, b[mm] if has_b else zero, r, has_b, has_res, act, p)
+        if o >= _LONG_ROW:  # each row in one pass: bias, residual, activation
+            for mm in range(m0, m1):
+                row = y3[i, mm]
+                r = res3[i, mm] if has_res else row
+                _epilogue_row(row, b[mm] if has_b else zero, r, has_b, has_res, act, p)
+            continue
+        # short rows (a 7x7 map's 49: a call per row cost ~35 ns each) are one contiguous
+        # run: the bias row by row, then the residual and the activation over the run
+        blk = y3[i].reshape(m * o)[m0 * o : m1 * o]
+        if has_b:
+            for mm in range(m0, m1):
+                row = blk[(mm - m0) * o :]
+                bm = b[mm]
+                for t in range(o):
+                    row[t] += bm
+        if has_res:
+            rblk = res3[i].reshape(m * o)[m0 * o : m1 * o]
+            for t in range((m1 - m0) * o):
+                blk[t] += rblk[t]
+        if act != 0:
+            _act_row(blk, -zero, act, p)
 
 
 def _warm_pointwise_par(fn: Any) -> None:
