@@ -115,10 +115,7 @@ def _linear(registry: KernelRegistry) -> Any:
         rows = None
         if shape is not None and all(isinstance(d, int) for d in shape[:-1]):
             rows = int(np.prod([int(d) for d in shape[:-1]], dtype=np.int64))  # type: ignore[arg-type]
-        small = (
-            rows is not None and rows * k * n < SPLIT_MIN_MACS
-            and not wide_gemv(rows, k, n, w.itemsize)
-        )  # fmt: skip
+        small = _whole(rows, w)
         mm: Any = _plain_matmul if small else matmul_into
         add = np.add
         epi = _bias_relu_epilogue(w, b, steps, rows)
@@ -156,6 +153,16 @@ def _linear(registry: KernelRegistry) -> Any:
         return linear
 
     return build
+
+
+def _whole(rows: int | None, w: np.ndarray) -> bool:
+    """Whether a product of ``rows`` (known at load; None: not) by ``w`` is too small to
+    split and runs as one ``np.matmul`` (a one-row product by big weights still splits:
+    ``gemm.wide_gemv``)."""
+    k, n = w.shape
+    return (
+        rows is not None and rows * k * n < SPLIT_MIN_MACS and not wide_gemv(rows, k, n, w.itemsize)
+    )
 
 
 def _plain_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -274,11 +281,7 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
             return None
         static = all(isinstance(d, int) for d in (*x_shape, *out_shape))
         rows = int(np.prod(x_shape[:-1], dtype=np.int64)) if static else None
-        whole = (
-            rows is not None and rows * k * n < SPLIT_MIN_MACS
-            and not wide_gemv(rows, k, n, w.itemsize)
-        )  # fmt: skip
-        pick = np.matmul if whole else mm
+        pick = np.matmul if _whole(rows, w) else mm
         env: dict[str, Any] = {"matmul": pick, "w": w}
         if len(x_shape) == 2:
             lines = ["{matmul}({in0}, {w}, {out})"]

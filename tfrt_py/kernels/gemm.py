@@ -44,7 +44,7 @@ SPLIT_MIN_MACS = 6 << 20
 #: Products split on native threads (``concurrency.native_threads``: no GIL, ~4 µs a
 #: split) from this many multiply-adds: a 192x32 @ 32x784 product (4.8M, 120 µs whole).
 NATIVE_SPLIT_MIN_MACS = 1 << 20
-#: A product of a few rows by a matrix of at least this many bytes splits by columns on
+#: A product of one row by a matrix of at least this many bytes splits by columns on
 #: native threads (``wide_gemv``): a classifier's 1x1280 @ 1280x1000 at the end of a CNN
 #: reads 5 MB that the convolutions have pushed out of cache.
 GEMV_SPLIT_MIN_BYTES = 1 << 20
@@ -136,10 +136,8 @@ def gemv_cols(a: np.ndarray, b: np.ndarray, out: np.ndarray, t: int) -> bool:
     transpose of a C-contiguous (N, K) (a Gemm's transB weights), in ``t`` blocks of
     columns on native threads, each one BLAS gemv; False (nothing done) when the threads
     are not there or the arrays are not of that form."""
-    if a.dtype != b.dtype or a.dtype != out.dtype or a.dtype not in _FLOATS:
-        return False
-    trans = not b.flags.c_contiguous and b.T.flags.c_contiguous
-    if not (a.flags.c_contiguous and out.flags.c_contiguous and (b.flags.c_contiguous or trans)):
+    trans = _transposed(a, b, out)
+    if trans is None:
         return False
     fn = _GEMV_COLS.get()
     if fn is None or b.shape[1] < 2 * _MIN_COLS:
@@ -289,12 +287,8 @@ def native_blocks(
     are ready and the operands are C-contiguous float32/float64 arrays of one dtype (``b``
     may be the transpose of one: a Gemm's ``transB`` weights); False (nothing done)
     otherwise."""
-    if a.dtype != b.dtype or a.dtype != out.dtype or a.dtype not in _FLOATS:
-        return False
-    trans_b = not b.flags.c_contiguous and b.T.flags.c_contiguous  # a Gemm's transB weights
-    if not (a.flags.c_contiguous and out.flags.c_contiguous) or not (
-        b.flags.c_contiguous or trans_b
-    ):
+    trans_b = _transposed(a, b, out)
+    if trans_b is None:
         return False
     size = b.shape[1] if cols else a.shape[0]
     most = size // (_MIN_COLS if cols else _MIN_ROWS)
@@ -309,6 +303,20 @@ def native_blocks(
 
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _transposed(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool | None:
+    """For the 2-D products on native threads: whether ``b`` is the transpose of a
+    C-contiguous array (a Gemm's ``transB`` weights; False: C-contiguous itself), or None
+    when the operands are not float32/float64 of one dtype with ``a``, ``out`` and ``b``
+    (or its transpose) C-contiguous."""
+    if a.dtype != b.dtype or a.dtype != out.dtype or a.dtype not in _FLOATS:
+        return None
+    if not (a.flags.c_contiguous and out.flags.c_contiguous):
+        return None
+    if b.flags.c_contiguous:
+        return False
+    return True if b.T.flags.c_contiguous else None
 
 
 def _matmul_batched(

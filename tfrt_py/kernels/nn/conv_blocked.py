@@ -503,14 +503,8 @@ def blocked_conv_fn(
             return None
         out_shape = (shape[0], w_shape[0], *out_sp)
         plan = plan_blocked(shape, w_shape, out_shape, strides, begin, dil, cdt, epi)
-        if (
-            plan is not None
-            and plan.native is None
-            and group == 1
-            and (w_shape[0] > out_sp[0] * out_sp[1])
-        ):
-            return None
-        return plan
+        few_pixels = group == 1 and w_shape[0] > out_sp[0] * out_sp[1]
+        return None if plan is not None and plan.native is None and few_pixels else plan
 
     def blocked(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
         if x.shape in plans:
