@@ -154,6 +154,37 @@ def test_a_large_conv_is_split_over_the_threads(
     assert plan.blocks[0][first] == 0 and plan.blocks[-1][last] == end
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "pads"),
+    [
+        ((1, 144, 28, 28), (32, 144, 1, 1), [0, 0, 0, 0]),  # MobileNet v2's projection
+        ((1, 16, 28, 28), (32, 16, 3, 3), [1, 1, 1, 1]),
+    ],
+)
+def test_a_conv_between_the_native_and_the_pool_thresholds_runs_on_native_threads(
+    plans: list[Any], x_shape: Any, w_shape: Any, pads: list[int]
+) -> None:
+    """A one-group conv of 1-4M multiply-adds is past the native split's threshold
+    (``gemm.NATIVE_SPLIT_MIN_MACS``) but below the Python pool's: it runs as blocks of
+    output rows on native threads. It used to take the one-block path on the caller,
+    which was checked first (144 -> 32 over 28x28: 98 µs on one thread, 65 on two)."""
+    x = _r(*x_shape)
+    macs = w_shape[0] * w_shape[1] * w_shape[2] * w_shape[3] * x_shape[2] * x_shape[3]
+    assert gemm.NATIVE_SPLIT_MIN_MACS <= macs < conv_blocked._SPLIT_MIN_MACS
+    inits = {"w": _r(*w_shape) * 0.1, "b": _r(w_shape[0])}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads),
+             helper.make_node("Relu", ["c"], ["y"])]  # fmt: skip
+    m = _model(nodes, x, inits)
+    model = tfrt_py.load(m, executor="sync")
+    for _ in range(2):
+        np.testing.assert_allclose(model.run({"x": x})["y"], _ort(m, x), rtol=1e-4, atol=1e-4)
+    assert plans
+    if native_threads.ready() and threads.threads() > 1:
+        assert plans[-1].route == "rows" and len(plans[-1].par_blocks) > 1
+    else:
+        assert plans[-1].route == "whole"
+
+
 def test_more_channels_than_pixels_takes_filter_blocks_or_the_whole_image_path(
     plans: list[Any],
 ) -> None:

@@ -280,6 +280,10 @@ class BlockedPlan(NamedTuple):
     par: Any = None
     par_blocks: np.ndarray | None = None
     par_rows: int = 0  # the most output rows in one of them
+    # which of ``run_blocked``'s paths runs it: "filters" (``native``), "rows" (``par``),
+    # "whole" (one image, one group, one block on the caller) or "parts" (``blocks``,
+    # on the intra-op pool when ``split``)
+    route: str = "parts"
 
 
 def plan_blocked(
@@ -346,6 +350,14 @@ def plan_blocked(
             rows = [(oh * j // t, oh * (j + 1) // t) for j in range(t)]
             par_blocks = np.array([(i, r0, r1) for i in range(n) for r0, r1 in rows], np.int64)
             par_rows = -(-oh // t)
+    if native is not None:
+        route = "filters"
+    elif par is not None:
+        route = "rows"  # from NATIVE_SPLIT_MIN_MACS: below the pool's _SPLIT_MIN_MACS too
+    elif n == 1 and group == 1 and not (split and len(blocks) > 1):
+        route = "whole"
+    else:
+        route = "parts"
     return BlockedPlan(
         None if direct else im2col,
         epilogue,
@@ -364,6 +376,7 @@ def plan_blocked(
         par,
         par_blocks,
         par_rows,
+        route,
     )
 
 
@@ -384,7 +397,8 @@ def run_blocked(
     o = oh * ow
     y = np.empty(plan.out_shape, dt) if out is None else out
     bb = _EMPTY1[dt] if b is None else b
-    if plan.native is not None and plan.native_blocks is not None:
+    route = plan.route
+    if route == "filters" and plan.native_blocks is not None:
         # blocks of filters on native threads, each block's epilogue on the thread that
         # computed it (conv_pointwise), over the input (1x1) or its im2col columns
         if plan.im2col is None:
@@ -400,7 +414,18 @@ def run_blocked(
         if plan.epi.act:
             _numpy_act(y, plan.epi, plan.fns)
         return y
-    if n == 1 and plan.group == 1 and not plan.split:
+    if route == "rows" and plan.par_blocks is not None:
+        blocks = plan.par_blocks
+        direct = plan.im2col is None
+        cols = scratch(1, (len(blocks), 0 if direct else plan.k * plan.par_rows * ow), dt)
+        r3n = _EMPTY3[dt] if res is None else res.reshape(n, m, o)
+        native_threads.enter(intra_pool().threads)
+        plan.par(x, w3[0], y.reshape(n, m, o), bb, r3n, plan.geo, blocks, cols, plan.act,
+                 plan.params, direct)  # fmt: skip
+        if plan.epi.act:
+            _numpy_act(y, plan.epi, plan.fns)
+        return y
+    if route == "whole":
         # one image, one group, one block (most convs of a small net at batch 1): the
         # block straight, without the closures and views of the general path (~6 µs)
         y2 = y.reshape(m, o)
@@ -417,16 +442,6 @@ def run_blocked(
         return y
     y3 = y.reshape(n, m, o)
     r3 = None if res is None else res.reshape(n, m, o)
-    if plan.par is not None and plan.par_blocks is not None:
-        blocks = plan.par_blocks
-        direct = plan.im2col is None
-        cols = scratch(1, (len(blocks), 0 if direct else plan.k * plan.par_rows * ow), dt)
-        native_threads.enter(intra_pool().threads)
-        plan.par(x, w3[0], y3, bb, _EMPTY3[dt] if r3 is None else r3, plan.geo, blocks, cols,
-                 plan.act, plan.params, direct)  # fmt: skip
-        if plan.epi.act:
-            _numpy_act(y, plan.epi, plan.fns)
-        return y
     im2col, epilogue, geo, k = plan.im2col, plan.epilogue, plan.geo, plan.k
     act, params, mm = plan.act, plan.params, np.matmul
     mg, cg = m // plan.group, x.shape[1] // plan.group
