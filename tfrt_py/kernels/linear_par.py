@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import blas
-from .jit import Jitted
+from .jit import CONTRACT, Jitted
 from .nn.conv_direct import ACTIVATIONS, Epilogue, _act_row, _params, numpy_act_after
 
 __all__ = ["Fused", "fused_for"]
@@ -100,7 +100,9 @@ def _prepare(module_globals: dict[str, Any]) -> bool:
     return blas.register(module_globals)
 
 
-_LINEAR_PAR = Jitted(_linear_par, _warm, helpers=(_act_row,), parallel=True, prepare=_prepare)
+_LINEAR_PAR = Jitted(
+    _linear_par, _warm, helpers=(_act_row,), fastmath=CONTRACT, parallel=True, prepare=_prepare
+)
 
 
 def _epilogue_of(op: str, attrs: dict[str, Any]) -> Epilogue | None:

@@ -41,7 +41,7 @@ from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from .. import blas, gemm
 from ..common import scratch
-from ..jit import Jitted
+from ..jit import CONTRACT, Jitted
 from .conv_common import Spatial, bias_vector, conv_geometry
 from .conv_direct import (
     _EPILOGUE_COLS,
@@ -245,6 +245,7 @@ _BLOCKED_PAR = Jitted(
     _blocked_par,
     _warm_blocked_par,
     helpers=(_im2col_rows, _im2col_rows_s2, _act_row, _epilogue_row),
+    fastmath=CONTRACT,
     parallel=True,
     prepare=_prepare_blocked_par,
 )

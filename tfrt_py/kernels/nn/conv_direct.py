@@ -45,7 +45,7 @@ import numpy as np
 
 from ..erf import _P32, _Q32, erf
 from ..gelu_jit import gelu_erf_f32
-from ..jit import Jitted
+from ..jit import CONTRACT, Jitted
 from ..sigmoid_jit import sigmoid_f32
 from .conv_common import depthwise_plan, scratch
 
@@ -479,12 +479,17 @@ def _warm_depthwise_par(fn: Any) -> None:
 # keys a function by its own file, so a caller elsewhere would keep stale machine code
 # after ``_act_row`` changed.
 _HELPERS = (_act_row, _epilogue_row)
-_DEPTHWISE = Jitted(_depthwise2d, _warm_depthwise, helpers=_HELPERS)
+# (``CONTRACT``: fused multiply-adds in the taps and the activations' polynomials)
+_DEPTHWISE = Jitted(_depthwise2d, _warm_depthwise, helpers=_HELPERS, fastmath=CONTRACT)
 _DEPTHWISE_PAR = Jitted(
-    _depthwise2d_par, _warm_depthwise_par, helpers=(*_HELPERS, _depthwise2d), parallel=True
+    _depthwise2d_par,
+    _warm_depthwise_par,
+    helpers=(*_HELPERS, _depthwise2d),
+    fastmath=CONTRACT,
+    parallel=True,
 )
-_EPILOGUE = Jitted(_epilogue3, _warm_epilogue, helpers=_HELPERS)
-_EPILOGUE_COLS = Jitted(_epilogue_cols, _warm_epilogue_cols, helpers=_HELPERS)
+_EPILOGUE = Jitted(_epilogue3, _warm_epilogue, helpers=_HELPERS, fastmath=CONTRACT)
+_EPILOGUE_COLS = Jitted(_epilogue_cols, _warm_epilogue_cols, helpers=_HELPERS, fastmath=CONTRACT)
 _EMPTY = {np.dtype(t): np.zeros((0, 0, 0, 0), t) for t in (np.float32, np.float64)}
 _EMPTY3 = {dt: np.zeros((0, 0, 0), dt) for dt in _EMPTY}
 _EMPTY1 = {dt: np.zeros(0, dt) for dt in _EMPTY}

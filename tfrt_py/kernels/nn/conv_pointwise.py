@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .. import blas
-from ..jit import Jitted
+from ..jit import CONTRACT, Jitted
 from .conv_direct import _act_row, _epilogue_row
 
 __all__ = ["POINTWISE_PAR", "filter_blocks"]
@@ -107,6 +107,7 @@ POINTWISE_PAR = Jitted(
     _pointwise_par,
     _warm_pointwise_par,
     helpers=(_act_row, _epilogue_row),
+    fastmath=CONTRACT,
     parallel=True,
     prepare=_prepare,
 )
