@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .addresses import same_start
-from .jit import Jitted
+from .jit import CONTRACT, Jitted
 
 __all__ = ["EXP_CONSTS", "flat_f32", "gelu_tanh_f32", "in_place", "sigmoid_f32"]
 
@@ -77,7 +77,7 @@ def _warm_sigmoid(fn: Any) -> None:
     fn(np.zeros(4, np.float32), 1, EXP_CONSTS)
 
 
-_SIGMOID = Jitted(_sigmoid_flat, _warm_sigmoid)
+_SIGMOID = Jitted(_sigmoid_flat, _warm_sigmoid, fastmath=CONTRACT)
 
 
 def sigmoid_f32() -> Callable[[np.ndarray, bool], None] | None:

@@ -20,7 +20,7 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..common import scratch
-from ..jit import Jitted
+from ..jit import CONTRACT, Jitted
 from .conv_direct import Epilogue, _act_row, _jit_act, _params, make_epilogue
 
 __all__ = ["SPLIT_MIN_ELEMENTS", "squeeze_excite_fn"]
@@ -138,8 +138,8 @@ def _warm_par(fn: Any) -> None:
 
 
 _PIECES = (_act_row, _se_vecmat, _se_means, _se_gate, _se_scale)
-_SE = Jitted(_squeeze_excite, _warm, helpers=_PIECES)
-_SE_PAR = Jitted(_squeeze_excite_par, _warm_par, helpers=_PIECES, parallel=True)
+_SE = Jitted(_squeeze_excite, _warm, helpers=_PIECES, fastmath=CONTRACT)
+_SE_PAR = Jitted(_squeeze_excite_par, _warm_par, helpers=_PIECES, fastmath=CONTRACT, parallel=True)
 #: Inputs of at least this many elements per image split their means and scaling over
 #: native threads (EfficientNet's 96x112x112: ~1.2M).
 SPLIT_MIN_ELEMENTS = 1 << 16
