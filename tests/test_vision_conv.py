@@ -181,6 +181,98 @@ def test_depthwise_split_over_threads_with_residual_and_activation(
     assert "residual Adds" in _report(model, "fuse_conv")
 
 
+# -- 3x3 stride-1 depthwise straight from the input (conv_depthwise3) ----------------------
+
+# (x shape, channel multiplier): three rows, three columns (planes of at least
+# DEPTHWISE_MIN_WORK / 9 pixels: smaller ones take im2col), odd sizes, MobileNet's 7x7
+# and 14x14, a batch, a channel multiplier of 2.
+DW3_CASES = [
+    ((1, 8, 3, 16), 1),
+    ((1, 4, 3, 17), 1),
+    ((1, 4, 15, 3), 1),
+    ((2, 6, 5, 9), 1),
+    ((1, 16, 7, 7), 2),
+    ((1, 8, 14, 14), 1),
+    ((1, 3, 29, 31), 1),
+]
+
+
+@pytest.fixture
+def depthwise_plans(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The plans ``run_depthwise`` ran with, call by call."""
+    from tfrt_py.kernels.nn import conv_depthwise
+
+    seen: list[Any] = []
+    real = conv_depthwise.run_depthwise
+
+    def spy(plan: Any, *args: Any) -> Any:
+        seen.append(plan)
+        return real(plan, *args)
+
+    monkeypatch.setattr(conv_depthwise, "run_depthwise", spy)
+    return seen
+
+
+@pytest.mark.parametrize("act", ["none", "Relu", "Clip", "HardSwish", "SiLU"])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize(("x_shape", "mult"), DW3_CASES)
+def test_3x3_stride_1_depthwise_reads_the_input_directly(
+    depthwise_plans: list[Any], x_shape: Any, mult: int, residual: bool, act: str
+) -> None:
+    """Every output of the kernel's four steps (inner rows, first and last row, first and
+    last column, epilogue) against onnxruntime, with each activation and a residual; and
+    the plan took that kernel (not the padded-grid one) wherever numba is."""
+    from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3
+
+    n, c, h, wd = x_shape
+    x, w, b = _r(*x_shape), _r(c * mult, 1, 3, 3), _r(c * mult)
+    feeds, inits = {"x": x}, {"w": w, "b": b}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[1, 1, 1, 1])]
+    last = "y"
+    if residual:
+        feeds["r"] = _r(n, c * mult, h, wd)
+        nodes.append(helper.make_node("Add", [last, "r"], ["s"]))
+        last = "s"
+    if act == "Clip":
+        inits["lo"], inits["hi"] = np.array(0.0, np.float32), np.array(6.0, np.float32)
+        nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["z"]))
+    elif act == "SiLU":
+        nodes += [helper.make_node("Sigmoid", [last], ["g"]),
+                  helper.make_node("Mul", [last, "g"], ["z"])]  # fmt: skip
+    elif act != "none":
+        nodes.append(helper.make_node(act, [last], ["z"]))
+    out = "z" if act != "none" else last
+    _check(_model(nodes, feeds, [out], inits), feeds)
+    compiled = DEPTHWISE3.get()
+    if compiled is not None:
+        assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs"),
+    [
+        ((1, 4, 16, 16), (4, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+        ((1, 4, 16, 16), (4, 1, 3, 3), {"pads": [1, 0, 1, 1]}),
+        ((1, 4, 16, 16), (4, 1, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+        ((1, 4, 16, 16), (4, 1, 5, 5), {"pads": [2, 2, 2, 2]}),
+        ((1, 4, 2, 30), (4, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ],
+)
+def test_other_depthwise_geometries_keep_the_padded_grid(
+    depthwise_plans: list[Any], x_shape: Any, w_shape: Any, attrs: dict[str, Any]
+) -> None:
+    """Strides, other pads, dilations, other kernels and planes under 3x3 take
+    ``conv_direct._depthwise2d``."""
+    from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3
+
+    x, w, b = _r(*x_shape), _r(*w_shape), _r(w_shape[0])
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=x_shape[1], **attrs)
+    _check(_model([node], {"x": x}, ["y"], {"w": w, "b": b}), {"x": x}, optimize=False)
+    compiled = DEPTHWISE3.get()
+    if compiled is not None:
+        assert depthwise_plans and all(p.fn is not compiled for p in depthwise_plans)
+
+
 # -- grouped convs with few channels per group: the direct kernel --------------------------
 
 # (x shape, group, w shape, attrs): RegNet's 8 channels per group, ResNeXt's 4, a channel

@@ -19,6 +19,7 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
+from . import conv_depthwise3
 from .conv_common import Spatial, bias_vector, conv_geometry, depthwise_plan, scratch
 from .conv_direct import (
     _DEPTHWISE,
@@ -56,6 +57,9 @@ DEPTHWISE_SPLIT_MIN_MACS = 1 << 20
 DEPTHWISE_NATIVE_SPLIT_MIN_MACS = 1 << 17
 
 
+_NO_TABLE = np.zeros(1, np.int64)  # conv_depthwise3's kernels take no table
+
+
 class DepthwisePlan(NamedTuple):
     """Everything ``run_depthwise`` needs for one input shape, made once."""
 
@@ -89,11 +93,19 @@ def plan_depthwise(
     fn = _DEPTHWISE.get()
     if dtype not in _EMPTY or len(x_shape) != 4 or fn is None:
         return None
-    tab, xp_len, acc_len = depthwise_plan(x_shape, w_shape, out_shape, strides, pads, dilations)
     n, cg = x_shape[0], w_shape[1]
-    work = acc_len * w_shape[2] * w_shape[3] * w_shape[0] * cg * n
     blocks = max(n, x_shape[1] // cg) >= 2
-    par = _DEPTHWISE_PAR.get() if blocks and work >= DEPTHWISE_NATIVE_SPLIT_MIN_MACS else None
+    fn3 = conv_depthwise3.DEPTHWISE3.get()
+    if fn3 is not None and conv_depthwise3.fits(x_shape, w_shape, strides, pads, dilations):
+        # 3x3, stride 1, one pixel of padding: straight from the input, no scratch
+        fn, tab, xp_len, acc_len = fn3, _NO_TABLE, 0, 0
+        work = x_shape[2] * x_shape[3] * 9 * w_shape[0] * n
+        par_kernel = conv_depthwise3.DEPTHWISE3_PAR
+    else:
+        tab, xp_len, acc_len = depthwise_plan(x_shape, w_shape, out_shape, strides, pads, dilations)
+        work = acc_len * w_shape[2] * w_shape[3] * w_shape[0] * cg * n
+        par_kernel = _DEPTHWISE_PAR
+    par = par_kernel.get() if blocks and work >= DEPTHWISE_NATIVE_SPLIT_MIN_MACS else None
     split = blocks and (work >= DEPTHWISE_SPLIT_MIN_MACS or par is not None)
     return DepthwisePlan(
         fn, act_fns(), tab, xp_len * cg, acc_len, _jit_act(epi, dtype), _params(epi, dtype),
