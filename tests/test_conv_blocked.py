@@ -75,6 +75,12 @@ GEOMETRIES = [
     # column stride 2 over wide rows: the im2col reads even/odd column planes (an odd
     # width, row dilation, asymmetric pads)
     ((1, 4, 23, 37), (8, 4, 3, 3), {"strides": [2, 2], "dilations": [2, 1], "pads": [1, 2, 0, 1]}),
+    # stride 1 with output rows as wide as the input's: each tap's im2col row is one
+    # shifted run of the plane (dilated, asymmetric pads, a 5x5, a 1x7)
+    ((1, 8, 20, 20), (16, 8, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((1, 8, 19, 21), (16, 8, 3, 3), {"pads": [0, 1, 2, 1]}),
+    ((1, 6, 18, 17), (16, 6, 5, 5), {"pads": [2, 2, 2, 2]}),
+    ((1, 6, 9, 30), (16, 6, 1, 7), {"pads": [0, 3, 0, 3]}),
     ((1, 32, 28, 28), (64, 32, 1, 1), {}),  # 1x1 stride 1: the input is the im2col matrix
     ((1, 32, 28, 28), (64, 32, 1, 1), {"strides": [2, 2]}),
     ((2, 16, 24, 24), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # a batch
@@ -252,3 +258,57 @@ def test_filter_blocks_cover_every_filter_once(n: int, m: int, parts: int) -> No
         assert (mine[1:, 1] == mine[:-1, 2]).all() and (mine[:, 2] > mine[:, 1]).all()
         if m >= 16 * parts:
             assert (mine[:-1, 2] % 16 == 0).all()
+
+
+def _im2col_reference(
+    x: np.ndarray, n: int, kh: int, kw: int, s: tuple[int, int], d: tuple[int, int],
+    pads: tuple[int, int], out: tuple[int, int], c0: int, c1: int, oh0: int, oh1: int,
+) -> np.ndarray:  # fmt: skip
+    """cols[(c - c0, i, j), (oh - oh0) * OW + ow] from the definition, in NumPy."""
+    ow_ = out[1]
+    cols = np.zeros(((c1 - c0) * kh * kw, (oh1 - oh0) * ow_), x.dtype)
+    r = 0
+    for c in range(c0, c1):
+        for i in range(kh):
+            for j in range(kw):
+                for oh in range(oh0, oh1):
+                    ih = oh * s[0] - pads[0] + i * d[0]
+                    if not 0 <= ih < x.shape[2]:
+                        continue
+                    for ow in range(ow_):
+                        iw = ow * s[1] - pads[1] + j * d[1]
+                        if 0 <= iw < x.shape[3]:
+                            cols[r, (oh - oh0) * ow_ + ow] = x[n, c, ih, iw]
+                r += 1
+    return cols
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel", "strides", "dil", "pads", "out", "rows"),
+    [
+        ((2, 3, 7, 9), (3, 3), (1, 1), (1, 1), (1, 1), (7, 9), (0, 7)),  # same: one run
+        ((1, 3, 7, 9), (3, 3), (1, 1), (1, 1), (1, 1), (7, 9), (2, 5)),  # a block of rows
+        ((1, 2, 6, 8), (5, 3), (1, 1), (1, 1), (2, 1), (6, 8), (0, 6)),
+        ((1, 2, 9, 8), (3, 3), (1, 1), (2, 2), (2, 2), (9, 8), (4, 9)),
+        ((1, 2, 5, 11), (1, 7), (1, 1), (1, 1), (0, 3), (5, 11), (1, 4)),
+        ((1, 2, 8, 8), (3, 3), (1, 1), (1, 1), (0, 0), (6, 6), (0, 6)),  # valid: row runs
+        ((1, 2, 9, 40), (3, 3), (2, 2), (1, 1), (1, 1), (5, 20), (0, 5)),  # stride 2
+    ],
+)
+def test_compiled_im2col_matches_its_definition(
+    shape: Any, kernel: Any, strides: Any, dil: Any, pads: Any, out: Any, rows: Any
+) -> None:
+    """Every path of the compiled im2col (one shifted run per tap when the output rows
+    are as wide as the input's, a run per output row otherwise, even/odd column planes at
+    stride 2) against the definition, for whole images and blocks of rows and channels."""
+    im2col = conv_blocked._IM2COL.get()
+    x = _r(*shape)
+    geo = np.array([*kernel, *strides, *dil, *pads, out[1]], np.int64)
+    n = shape[0] - 1
+    c0, c1 = (1, shape[1]) if shape[1] > 2 else (0, shape[1])
+    oh0, oh1 = rows
+    kh, kw = kernel
+    want = _im2col_reference(x, n, kh, kw, strides, dil, pads, out, c0, c1, oh0, oh1)
+    got = np.full(want.shape, np.nan, np.float32)
+    im2col(x, n, got, geo, c0, c1, oh0, oh1)
+    np.testing.assert_array_equal(got, want)
