@@ -21,7 +21,12 @@ one op whose kernel runs it in a few passes:
   view (no copy). A scalar scaling between them, ``Mul(Transpose(B), s)``, moves before
   the Transpose first (elementwise, so the values are exactly the same); one-element
   scalings of A and of B (scaled dot-product attention's sqrt(scale) on Q and K) become
-  the node's optional third and fourth inputs, applied as the product's alpha.
+  the node's optional third and fourth inputs, applied as the product's alpha;
+* attention without a mask, ``MatMul(Softmax(MatMulTransB(Q, K)), V)`` with the Softmax
+  over the last axis: a ``tfrt_py.fused::SoftmaxAttention(Q, K, V, [sa, sb])`` node, whose
+  kernel (``kernels/sdpa.py``) runs blocks of query rows through the three steps while
+  their scores are in cache instead of writing the whole score tensor and reading it back
+  twice.
 
 Every intermediate value must be read inside its pattern only (and not be a graph output);
 constants must match to float32 precision. The replacement takes the pattern's last
@@ -45,7 +50,10 @@ __all__ = ["fuse_transformer"]
 
 def fuse_transformer(graph: Graph, ctx: PassContext) -> str:
     """The pass. Returns its one-line report."""
-    counts = {"GELU": 0, "SiLU": 0, "LayerNorm": 0, "RMSNorm": 0, "MatMulTransB": 0}
+    counts = {
+        "GELU": 0, "SiLU": 0, "LayerNorm": 0, "RMSNorm": 0, "MatMulTransB": 0,
+        "SoftmaxAttention": 0,
+    }  # fmt: skip
     n_moved = _move_scalar_mul_before_transpose(graph)
     uses = Uses(graph)
     replaced: dict[int, Node | None] = {}
@@ -73,6 +81,7 @@ def fuse_transformer(graph: Graph, ctx: PassContext) -> str:
     if not replaced and not n_moved:
         return "nothing to fuse"
     graph.nodes = [r for r in (replaced.get(id(nd), nd) for nd in graph.nodes) if r is not None]
+    counts["SoftmaxAttention"] = _fuse_attention(graph)
     graph.opsets.setdefault(DOMAIN, 1)
     parts = [f"{v} {k}" for k, v in counts.items()]
     return ", ".join(parts) + f" ({n_moved} scalings moved before a Transpose)"
@@ -452,6 +461,49 @@ def _matmul_transb(mm: Node, uses: Uses) -> tuple[str, Node, list[Node]] | None:
         opset=1,
     )
     return "MatMulTransB", new, [m for m in (mul_a, mul_b) if m is not None] + [tr, mm]
+
+
+def _fuse_attention(graph: Graph) -> int:
+    """``MatMul(Softmax(MatMulTransB(Q, K, ...)), V)`` -> ``SoftmaxAttention(Q, K, V, ...)``
+    where the scores and the probabilities are each read by the next node alone (and are
+    not graph outputs) and the Softmax runs over the last axis of float32 scores of known
+    rank (opset 13's ``axis``, or an older opset's flattening from the last axis: the
+    same). Returns how many were replaced."""
+    uses = Uses(graph)
+    replaced: dict[int, Node | None] = {}
+    for sm in graph.nodes:
+        if sm.op_type != "Softmax" or sm.domain != "" or len(sm.inputs) != 1:
+            continue
+        scores, probs = sm.inputs[0], sm.outputs[0] if sm.outputs else None
+        qk = None if scores is None else scores.producer
+        if scores is None or probs is None or qk is None or qk.op_type != "MatMulTransB":
+            continue
+        if qk.domain != DOMAIN or uses.only_reader(scores) is not sm:
+            continue
+        rank = getattr(scores.type, "rank", None)
+        if rank is None or rank < 3 or str(getattr(scores.type, "dtype", "")) != "float32":
+            continue
+        axis = int(sm.attrs.get("axis", -1 if sm.opset >= 13 else 1))
+        if axis % rank != rank - 1:
+            continue
+        mm = uses.only_reader(probs)
+        if mm is None or mm.op_type != "MatMul" or mm.domain != "" or len(mm.inputs) != 2:
+            continue
+        if mm.inputs[0] is not probs or mm.inputs[1] is None or len(mm.outputs) != 1:
+            continue
+        new = Node(
+            "SoftmaxAttention",
+            [qk.inputs[0], qk.inputs[1], mm.inputs[1], *qk.inputs[2:]],
+            list(mm.outputs),
+            {},
+            name=f"{mm.name}/attention",
+            domain=DOMAIN,
+            opset=1,
+        )
+        replaced[id(qk)] = replaced[id(sm)] = None
+        replaced[id(mm)] = new
+    graph.nodes = [r for r in (replaced.get(id(nd), nd) for nd in graph.nodes) if r is not None]
+    return sum(1 for r in replaced.values() if r is not None)
 
 
 def _scaled(v: Value, reader: Node, uses: Uses) -> tuple[Value, Value | None, Node | None]:

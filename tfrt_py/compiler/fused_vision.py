@@ -15,6 +15,10 @@ LayerNormalization over axis 1 alone of an (N, C, *spatial) tensor
 NumPy's broadcasting over the leading axes; BLAS reads the transposed view directly (a
 column-major operand), so the Transpose costs no copy. Supports ``out=``.
 
+``SoftmaxAttention(Q, K, V, [sa, sb])`` (from ``fuse_transformer``): ``softmax(sa sb Q @
+swapaxes(K, -1, -2), axis=-1) @ V`` in blocks of query rows (``kernels/sdpa.py``).
+Supports ``out=``.
+
 ``register_vision_kernels(registry, domain)`` is called by
 ``fused_kernels.with_fused_kernels``, which passes its ``DOMAIN`` (this module imports
 nothing of the compiler, so there is no import cycle).
@@ -32,6 +36,7 @@ from ..kernels.gemm import matmul_batched_into
 from ..kernels.nn.conv import Epilogue, conv_cost, conv_with_epilogue
 from ..kernels.nn.norm_channel import channel_layer_norm_fn
 from ..kernels.nn.squeeze_excite import squeeze_excite_fn
+from ..kernels.sdpa import softmax_attention
 
 __all__ = ["register_vision_kernels"]
 
@@ -118,6 +123,31 @@ def _matmul_transb(ctx: KernelContext) -> Any:
     return matmul_transb
 
 
+def _softmax_attention(ctx: KernelContext) -> Any:
+    """SoftmaxAttention: ``fn(q, k, v, sa=None, sb=None, out=None)``."""
+
+    def softmax_attention_fn(
+        q: np.ndarray, k: np.ndarray, v: np.ndarray, *scales: Any, out: Any = None
+    ) -> Any:
+        alpha = 1.0
+        for s in scales:
+            if s is not None:
+                alpha *= float(np.asarray(s).reshape(-1)[0])
+        return softmax_attention(q, k, v, alpha, out)
+
+    return softmax_attention_fn
+
+
+def _softmax_attention_cost(
+    ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]
+) -> Cost:
+    if len(ins) < 3 or not outs or len(ins[0]) < 2 or len(ins[1]) < 2:
+        return Cost(0.0, 0.0)
+    scores = float(math.prod(ins[0][:-1])) * ins[1][-2]
+    flops = 2.0 * scores * (ins[0][-1] + outs[0][-1]) + 8.0 * scores
+    return Cost(flops, 4.0 * sum(math.prod(s) for s in (*ins[:3], outs[0])))
+
+
 def _matmul_transb_cost(
     ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]
 ) -> Cost:
@@ -133,6 +163,13 @@ def register_vision_kernels(registry: KernelRegistry, domain: str) -> None:
     out = KernelFlags(supports_out=True)
     registry.add("Conv", _fused_conv, domain=domain, flags=out, cost=conv_cost)
     registry.add("MatMulTransB", _matmul_transb, domain=domain, flags=out, cost=_matmul_transb_cost)
+    registry.add(
+        "SoftmaxAttention",
+        _softmax_attention,
+        domain=domain,
+        flags=out,
+        cost=_softmax_attention_cost,
+    )
     registry.add(
         "ChannelLayerNorm", _channel_layer_norm, domain=domain, flags=out, cost=_channel_norm_cost
     )

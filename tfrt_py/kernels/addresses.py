@@ -8,7 +8,8 @@ reads them (~0.3-0.4 µs, numba's dispatch); without numba (or with ``$TFRT_PY_J
 the first call) ``ctypes.data`` answers, the same values.
 
 ``same_start(x, y)``: whether ``x`` and ``y`` start at the same address.
-``addresses(a, b, c)``: a new uint64 array of the three start addresses.
+``addresses(a, b, c, d=None)``: a new uint64 array of the four start addresses (``d``
+defaults to ``c``: three operands read the first three).
 Any thread; each call compiles nothing after the first of its array types (numba's disk
 cache keeps them).
 """
@@ -28,10 +29,11 @@ def _same_start(x: Any, y: Any) -> bool:  # pragma: no cover - numba only
     return x.ctypes.data == y.ctypes.data
 
 
-def _addresses(a: Any, b: Any, c: Any, out: Any) -> None:  # pragma: no cover - numba only
+def _addresses(a: Any, b: Any, c: Any, d: Any, out: Any) -> None:  # pragma: no cover
     out[0] = a.ctypes.data
     out[1] = b.ctypes.data
     out[2] = c.ctypes.data
+    out[3] = d.ctypes.data
 
 
 def _warm_same(fn: Any) -> None:
@@ -42,13 +44,14 @@ def _warm_same(fn: Any) -> None:
 
 
 def _warm_addresses(fn: Any) -> None:
-    out = np.empty(3, np.uint64)
+    out = np.empty(4, np.uint64)
     for t in (np.float32, np.float64):
         x = np.zeros((1, 2, 2, 2), t)
         view = x.transpose(0, 2, 1, 3)  # a head view: not C-contiguous
-        fn(view, view, x, out)
-        fn(x, view, x, out)
-        fn(x, x, x, out)
+        fn(view, view, x, x, out)
+        fn(x, view, x, x, out)
+        fn(x, x, x, x, out)
+        fn(view, view, view, x, out)
 
 
 _SAME = Jitted(_same_start, _warm_same)
@@ -63,8 +66,10 @@ def _ctypes_same(x: np.ndarray, y: np.ndarray) -> bool:
     return bool(x.ctypes.data == y.ctypes.data)
 
 
-def _ctypes_addresses(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> None:
-    out[:] = (a.ctypes.data, b.ctypes.data, c.ctypes.data)
+def _ctypes_addresses(
+    a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, out: np.ndarray
+) -> None:
+    out[:] = (a.ctypes.data, b.ctypes.data, c.ctypes.data, d.ctypes.data)
 
 
 def _resolve() -> list[Any]:
@@ -78,7 +83,9 @@ def same_start(x: np.ndarray, y: np.ndarray) -> bool:
     return bool((_FNS or _resolve())[0](x, y))
 
 
-def addresses(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    out = np.empty(3, np.uint64)
-    (_FNS or _resolve())[1](a, b, c, out)
+def addresses(
+    a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray | None = None
+) -> np.ndarray:
+    out = np.empty(4, np.uint64)
+    (_FNS or _resolve())[1](a, b, c, c if d is None else d, out)
     return out

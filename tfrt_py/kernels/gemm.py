@@ -26,6 +26,7 @@ __all__ = [
     "NATIVE_SPLIT_MIN_MACS",
     "PARTS_PER_THREAD",
     "SPLIT_MIN_MACS",
+    "batch_layout",
     "gemv_cols",
     "matmul_batched_into",
     "matmul_cols_into",
@@ -388,18 +389,18 @@ def _stack(x: np.ndarray, cols: int, split: int) -> tuple[int, int, int] | None:
     return strides[0], strides[1], row
 
 
-def _layout(
-    a: np.ndarray, b: np.ndarray, y: np.ndarray, k: int, n: int, trans_b: bool
+def batch_layout(
+    *operands: tuple[np.ndarray, int],
 ) -> tuple[int, list[tuple[int, int, int]]] | None:
-    """(matrices per outer batch step, ``_stack`` of a, b and y) for the first split of the
-    common batch dimensions at which all three collapse into an outer and an inner stride
-    (attention's V, a (heads, batch) view of a projection, needs two); None when none
-    does."""
-    nb = a.ndim - 2
+    """(matrices per outer batch step, ``_stack`` of each (stack, row width) operand) for the
+    first split of the common batch dimensions at which all of them collapse into an
+    outer and an inner stride (attention's V, a (heads, batch) view of a projection, needs
+    two); None when none does."""
+    nb = operands[0][0].ndim - 2
     for split in range(nb):
-        got = [_stack(a, k, split), _stack(b, k if trans_b else n, split), _stack(y, n, split)]
+        got = [_stack(x, cols, split) for x, cols in operands]
         if all(g is not None for g in got):
-            return math.prod(a.shape[split:nb]), got  # type: ignore[return-value]
+            return math.prod(operands[0][0].shape[split:nb]), got  # type: ignore[return-value]
     return None
 
 
@@ -414,7 +415,7 @@ def matmul_batched_into(
     one batch shape (attention's per-head products, often strided views of one
     projection), into ``out`` when given: the batch's row blocks on native threads when
     they pay and every operand is a float32/float64 stack of one dtype with unit inner
-    stride and batch dimensions that collapse to two strides (``_layout``; ``alpha`` is
+    stride and batch dimensions that collapse to two strides (``batch_layout``; ``alpha`` is
     BLAS's), else ``np.matmul`` (times ``alpha`` after). Same result as ``np.matmul`` to
     rounding (exactly, for ``alpha`` 1)."""
     if alpha != 1.0:
@@ -451,7 +452,7 @@ def _matmul_batched_into(
     if bt.shape[-2] != k or batch * m * k * n < NATIVE_SPLIT_MIN_MACS:
         return None
     y = np.empty((*a.shape[:-1], n), a.dtype) if out is None else out
-    lay = _layout(a, b, y, k, n, trans_b)
+    lay = batch_layout((a, k), (b, k if trans_b else n), (y, n))
     fn = _MATMUL_BATCHED.get()
     if fn is None or lay is None:
         return None
