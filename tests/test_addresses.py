@@ -29,11 +29,13 @@ def test_addresses_of_strided_head_views_match_ctypes(dtype: type) -> None:
     out = np.zeros((2, 4, 16, 16), dtype)
     got = addr.addresses(heads, heads[:, :, 1:], out)
     want = [heads.ctypes.data, heads[:, :, 1:].ctypes.data, out.ctypes.data]
-    assert got.dtype == np.uint64 and got.tolist() == want
+    assert got.dtype == np.uint64 and got.tolist() == [*want, out.ctypes.data]  # d: c
+    got4 = addr.addresses(heads, heads[:, :, 1:], out, q[1:])
+    assert got4.tolist() == [*want, q[1:].ctypes.data]
     # the fallback forms (no numba, or $TFRT_PY_JIT=0 at the first call) agree
-    buf = np.empty(3, np.uint64)
-    addr._ctypes_addresses(heads, heads[:, :, 1:], out, buf)
-    assert buf.tolist() == want
+    buf = np.empty(4, np.uint64)
+    addr._ctypes_addresses(heads, heads[:, :, 1:], out, q[1:], buf)
+    assert buf.tolist() == got4.tolist()
     assert addr._ctypes_same(heads, q) and not addr._ctypes_same(heads, out)
 
 

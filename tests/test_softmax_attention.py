@@ -157,6 +157,31 @@ def test_float64_attention_is_computed_unfused_inside_the_op() -> None:
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+def test_scores_scaled_after_the_product_join_the_op() -> None:
+    """``softmax((q @ k^T) * scale) @ v`` (the scale applied to the scores, as many exports
+    write it) is one op too, the scale folded into the product's factor."""
+    q, k, v = _r(2, 4, 70, 16), _r(2, 4, 90, 16), _r(2, 4, 90, 16)
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+        helper.make_node("Mul", ["scale", "qk"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape)
+         for n, a in (("q", q), ("k", k), ("v", v))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(0.25, np.float32), "scale")],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"q": q, "k": k, "v": v}
+    model = tfrt_py.load(m, executor="sync")
+    assert _fused(model) == 1
+    np.testing.assert_allclose(model.run(feeds)["y"], _ort(m, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", ["scores_output", "other_axis"])
 def test_patterns_left_alone(case: str) -> None:
     """Scores that are also a graph output, and a Softmax over another axis, keep the

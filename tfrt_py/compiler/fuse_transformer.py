@@ -22,8 +22,9 @@ one op whose kernel runs it in a few passes:
   the Transpose first (elementwise, so the values are exactly the same); one-element
   scalings of A and of B (scaled dot-product attention's sqrt(scale) on Q and K) become
   the node's optional third and fourth inputs, applied as the product's alpha;
-* attention without a mask, ``MatMul(Softmax(MatMulTransB(Q, K)), V)`` with the Softmax
-  over the last axis: a ``tfrt_py.fused::SoftmaxAttention(Q, K, V, [sa, sb])`` node, whose
+* attention without a mask, ``MatMul(Softmax(MatMulTransB(Q, K) [* s]), V)`` with the
+  Softmax over the last axis: a ``tfrt_py.fused::SoftmaxAttention(Q, K, V, [sa, sb, s])``
+  node, whose
   kernel (``kernels/sdpa.py``) runs blocks of query rows through the three steps while
   their scores are in cache instead of writing the whole score tensor and reading it back
   twice.
@@ -464,21 +465,19 @@ def _matmul_transb(mm: Node, uses: Uses) -> tuple[str, Node, list[Node]] | None:
 
 
 def _fuse_attention(graph: Graph) -> int:
-    """``MatMul(Softmax(MatMulTransB(Q, K, ...)), V)`` -> ``SoftmaxAttention(Q, K, V, ...)``
-    where the scores and the probabilities are each read by the next node alone (and are
-    not graph outputs) and the Softmax runs over the last axis of float32 scores of known
-    rank (opset 13's ``axis``, or an older opset's flattening from the last axis: the
-    same). Returns how many were replaced."""
+    """``MatMul(Softmax(MatMulTransB(Q, K, ...) [* s]), V)`` -> ``SoftmaxAttention(Q, K, V,
+    sa, sb, [s])`` where each intermediate is read by the next node alone (and is not a
+    graph output), ``s`` (scores scaled after the product, ``(q @ k^T) * scale``) holds
+    one element of the scores' float type, and the Softmax runs over the last axis of
+    float32 scores of known rank (opset 13's ``axis``, or an older opset's flattening from
+    the last axis: the same). Returns how many were replaced."""
     uses = Uses(graph)
     replaced: dict[int, Node | None] = {}
     for sm in graph.nodes:
-        if sm.op_type != "Softmax" or sm.domain != "" or len(sm.inputs) != 1:
+        if sm.op_type != "Softmax" or sm.domain != "" or len(sm.inputs) != 1 or not sm.outputs:
             continue
-        scores, probs = sm.inputs[0], sm.outputs[0] if sm.outputs else None
-        qk = None if scores is None else scores.producer
-        if scores is None or probs is None or qk is None or qk.op_type != "MatMulTransB":
-            continue
-        if qk.domain != DOMAIN or uses.only_reader(scores) is not sm:
+        scores, probs = sm.inputs[0], sm.outputs[0]
+        if scores is None or probs is None or uses.only_reader(scores) is not sm:
             continue
         rank = getattr(scores.type, "rank", None)
         if rank is None or rank < 3 or str(getattr(scores.type, "dtype", "")) != "float32":
@@ -486,24 +485,53 @@ def _fuse_attention(graph: Graph) -> int:
         axis = int(sm.attrs.get("axis", -1 if sm.opset >= 13 else 1))
         if axis % rank != rank - 1:
             continue
+        found = _scores(scores, uses, rank)
         mm = uses.only_reader(probs)
-        if mm is None or mm.op_type != "MatMul" or mm.domain != "" or len(mm.inputs) != 2:
+        if found is None or mm is None or mm.op_type != "MatMul" or mm.domain != "":
             continue
-        if mm.inputs[0] is not probs or mm.inputs[1] is None or len(mm.outputs) != 1:
+        if len(mm.inputs) != 2 or mm.inputs[0] is not probs or mm.inputs[1] is None:
             continue
+        qk, mul, post = found
+        scales = list(qk.inputs[2:4])  # sa, sb: none, or both slots (None where absent)
+        if post is not None:
+            scales = [*scales, *[None] * (2 - len(scales)), post]
         new = Node(
             "SoftmaxAttention",
-            [qk.inputs[0], qk.inputs[1], mm.inputs[1], *qk.inputs[2:]],
+            [qk.inputs[0], qk.inputs[1], mm.inputs[1], *scales],
             list(mm.outputs),
             {},
             name=f"{mm.name}/attention",
             domain=DOMAIN,
             opset=1,
         )
-        replaced[id(qk)] = replaced[id(sm)] = None
+        for gone in (qk, mul, sm):
+            if gone is not None:
+                replaced[id(gone)] = None
         replaced[id(mm)] = new
     graph.nodes = [r for r in (replaced.get(id(nd), nd) for nd in graph.nodes) if r is not None]
     return sum(1 for r in replaced.values() if r is not None)
+
+
+def _scores(scores: Value, uses: Uses, rank: int) -> tuple[Node, Node | None, Value | None] | None:
+    """(the MatMulTransB, the Mul scaling its output or None, the one-element scale or
+    None) when ``scores`` is ``MatMulTransB(...)`` or ``MatMulTransB(...) * s``."""
+    node = scores.producer
+    if node is None:
+        return None
+    if node.op_type == "MatMulTransB" and node.domain == DOMAIN:
+        return node, None, None
+    if node.op_type != "Mul" or node.domain != "" or len(node.inputs) != 2:
+        return None
+    for i in (0, 1):
+        x, s = node.inputs[i], node.inputs[1 - i]
+        qk = None if x is None else x.producer
+        if x is None or s is None or qk is None or qk.op_type != "MatMulTransB":
+            continue
+        if qk.domain != DOMAIN or uses.only_reader(x) is not node:
+            continue
+        if _one_element(s, rank) and _same_float(x, s):
+            return qk, node, s
+    return None
 
 
 def _scaled(v: Value, reader: Node, uses: Uses) -> tuple[Value, Value | None, Node | None]:

@@ -15,8 +15,9 @@ LayerNormalization over axis 1 alone of an (N, C, *spatial) tensor
 NumPy's broadcasting over the leading axes; BLAS reads the transposed view directly (a
 column-major operand), so the Transpose costs no copy. Supports ``out=``.
 
-``SoftmaxAttention(Q, K, V, [sa, sb])`` (from ``fuse_transformer``): ``softmax(sa sb Q @
-swapaxes(K, -1, -2), axis=-1) @ V`` in blocks of query rows (``kernels/sdpa.py``).
+``SoftmaxAttention(Q, K, V, [sa, sb, s])`` (from ``fuse_transformer``): ``softmax(sa sb s Q
+@ swapaxes(K, -1, -2), axis=-1) @ V`` in blocks of query rows (``kernels/sdpa.py``); the
+one-element scalings are optional (None where absent).
 Supports ``out=``.
 
 ``register_vision_kernels(registry, domain)`` is called by
@@ -124,7 +125,7 @@ def _matmul_transb(ctx: KernelContext) -> Any:
 
 
 def _softmax_attention(ctx: KernelContext) -> Any:
-    """SoftmaxAttention: ``fn(q, k, v, sa=None, sb=None, out=None)``."""
+    """SoftmaxAttention: ``fn(q, k, v, sa=None, sb=None, s=None, out=None)``."""
 
     def softmax_attention_fn(
         q: np.ndarray, k: np.ndarray, v: np.ndarray, *scales: Any, out: Any = None
