@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
+from tests.support.spies import record_calls
 from tfrt_py.concurrency import native_threads, threads
 from tfrt_py.kernels import gemm
 from tfrt_py.kernels.jit import jit_enabled
@@ -54,15 +55,7 @@ def plans(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The plans the blocked path ran with, call by call. Grouped convs are kept off the
     direct kernel (``conv_depthwise``), which takes few channels per group by default."""
     monkeypatch.setattr(conv_depthwise, "GROUPED_DIRECT_MAX_CHANNELS", 0)
-    seen: list[Any] = []
-    real = conv_blocked.run_blocked
-
-    def spy(plan: Any, *args: Any) -> Any:
-        seen.append(plan)
-        return real(plan, *args)
-
-    monkeypatch.setattr(conv_blocked, "run_blocked", spy)
-    return seen
+    return record_calls(monkeypatch, conv_blocked, "run_blocked")
 
 
 GEOMETRIES = [

@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
+from tests.support.spies import record_calls
 from tfrt_py.compiler.pipeline import PASSES
 from tfrt_py.kernels.jit import ENV_JIT, jit_enabled
 from tfrt_py.kernels.nn.conv_depthwise import DEPTHWISE_MIN_WORK
@@ -202,15 +203,7 @@ def depthwise_plans(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The plans ``run_depthwise`` ran with, call by call."""
     from tfrt_py.kernels.nn import conv_depthwise
 
-    seen: list[Any] = []
-    real = conv_depthwise.run_depthwise
-
-    def spy(plan: Any, *args: Any) -> Any:
-        seen.append(plan)
-        return real(plan, *args)
-
-    monkeypatch.setattr(conv_depthwise, "run_depthwise", spy)
-    return seen
+    return record_calls(monkeypatch, conv_depthwise, "run_depthwise")
 
 
 @pytest.mark.parametrize("act", ["none", "Relu", "Clip", "HardSwish", "SiLU"])
@@ -297,15 +290,7 @@ def direct_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     """The weight shapes the direct depthwise/grouped kernel ran with, call by call."""
     from tfrt_py.kernels.nn import conv_depthwise
 
-    seen: list[tuple[int, ...]] = []
-    real = conv_depthwise.run_depthwise
-
-    def spy(plan: Any, x: Any, w: Any, *args: Any) -> Any:
-        seen.append(w.shape)
-        return real(plan, x, w, *args)
-
-    monkeypatch.setattr(conv_depthwise, "run_depthwise", spy)
-    return seen
+    return record_calls(monkeypatch, conv_depthwise, "run_depthwise", lambda p, x, w, *r: w.shape)
 
 
 @pytest.mark.parametrize("act", ["Relu", "none"])
