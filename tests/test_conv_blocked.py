@@ -19,7 +19,7 @@ from tests.support.spies import record_calls
 from tfrt_py.concurrency import native_threads, threads
 from tfrt_py.kernels import gemm
 from tfrt_py.kernels.jit import jit_enabled
-from tfrt_py.kernels.nn import conv_blocked, conv_depthwise, conv_pointwise
+from tfrt_py.kernels.nn import conv_blocked, conv_depthwise, conv_im2col, conv_pointwise
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -294,7 +294,7 @@ def test_compiled_im2col_matches_its_definition(
     """Every path of the compiled im2col (one shifted run per tap when the output rows
     are as wide as the input's, a run per output row otherwise, even/odd column planes at
     stride 2) against the definition, for whole images and blocks of rows and channels."""
-    im2col = conv_blocked._IM2COL.get()
+    im2col = conv_im2col.IM2COL.get()
     x = _r(*shape)
     geo = np.array([*kernel, *strides, *dil, *pads, out[1]], np.int64)
     n = shape[0] - 1

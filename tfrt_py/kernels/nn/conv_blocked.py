@@ -8,7 +8,7 @@ that does not fit in cache, on one thread while the other waits (a grouped conv'
 product included). Here one block -- output rows ``[oh0, oh1)`` of one image for a
 one-group conv, groups ``[g0, g1)`` of one image for a grouped one -- is one part:
 
-1. ``_im2col_rows`` (compiled) writes the block's im2col columns straight from the
+1. ``conv_im2col.im2col_rows`` (compiled) writes the block's im2col columns straight from the
    unpadded input, zeros where a tap falls in the padding (no padded copy; a 1x1
    stride-1 conv reads the input itself; a column stride of 2 over wide rows first
    splits each channel into its even and odd columns, so every tap copies a contiguous
@@ -55,6 +55,7 @@ from .conv_direct import (
     act_fns,
     numpy_act_after,
 )
+from .conv_im2col import IM2COL, IM2COL_PAR, im2col_rows, im2col_rows_flat, im2col_rows_s2
 from .conv_pointwise import POINTWISE_PAR, filter_blocks
 
 __all__ = ["BlockedPlan", "blocked_conv_fn", "plan_blocked", "run_blocked"]
@@ -69,170 +70,6 @@ _MIN_GROUP_CHANNELS = 4
 #: filters (two blocks of 32 rows; fewer filters split by output pixels on the pool).
 _NATIVE_MIN_FILTERS = 64
 
-
-def _im2col_rows(  # pragma: no cover - numba only
-    x: Any, n: int, cols: Any, geo: Any, c0: int, c1: int, oh0: int, oh1: int
-) -> None:
-    """cols[(c - c0, i, j), (oh - oh0) * OW + ow] =
-    x[n, c, oh*sh - pt + i*dh, ow*sw - pl + j*dw] for channels c0 <= c < c1, zero outside
-    the image. ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl, OW]."""
-    h_, w_ = x.shape[2], x.shape[3]
-    kh_, kw_, sh, sw, dh, dw, pt, pl, ow_ = (
-        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8],
-    )  # fmt: skip
-    zero = cols.dtype.type(0)
-    if sw == 2 and dw == 1 and ow_ >= 16:
-        _im2col_rows_s2(x, n, cols, geo, c0, c1, oh0, oh1)
-        return
-    if sh == 1 and sw == 1 and ow_ == w_:
-        _im2col_rows_flat(x, n, cols, geo, c0, c1, oh0, oh1)
-        return
-    r = 0
-    for c in range(c0, c1):
-        xc = x[n, c]
-        for i in range(kh_):
-            for j in range(kw_):
-                row = cols[r]
-                r += 1
-                off = j * dw - pl
-                # the output columns whose tap lands inside the row: lo <= ow < hi
-                lo = 0 if off >= 0 else (-off + sw - 1) // sw
-                hi = (w_ - 1 - off) // sw + 1 if w_ - 1 - off >= 0 else 0
-                hi = min(hi, ow_)
-                lo = min(lo, hi)
-                for oh in range(oh0, oh1):
-                    ih = oh * sh - pt + i * dh
-                    d = np.uint64((oh - oh0) * ow_)
-                    if ih < 0 or ih >= h_:
-                        for t in range(ow_):
-                            row[d + np.uint64(t)] = zero
-                        continue
-                    src = xc[ih]
-                    for t in range(lo):
-                        row[d + np.uint64(t)] = zero
-                    base = np.uint64(lo * sw + off)
-                    dl = d + np.uint64(lo)
-                    if sw == 1:
-                        for t in range(hi - lo):
-                            row[dl + np.uint64(t)] = src[base + np.uint64(t)]
-                    else:
-                        su = np.uint64(sw)
-                        for t in range(hi - lo):
-                            row[dl + np.uint64(t)] = src[base + np.uint64(t) * su]
-                    for t in range(hi, ow_):
-                        row[d + np.uint64(t)] = zero
-
-
-def _im2col_rows_flat(  # pragma: no cover - numba only
-    x: Any, n: int, cols: Any, geo: Any, c0: int, c1: int, oh0: int, oh1: int
-) -> None:
-    """``_im2col_rows`` for stride 1 with output rows as wide as the input's ("same"
-    padding across): a tap's rows ``[oh0, oh1)`` are then one contiguous run of the
-    flattened channel, shifted by the tap's offset. Copy that run in one loop, then zero
-    the padding columns it filled from the neighbouring rows, and the rows above or
-    below the image: per tap one long copy instead of one short copy per output row (a
-    14x14 plane's runs of 14 cost ~6 ns each, most of the copy)."""
-    h_, w_ = x.shape[2], x.shape[3]
-    kh_, kw_, dh, dw, pt, pl, ow_ = geo[0], geo[1], geo[4], geo[5], geo[6], geo[7], geo[8]
-    zero = cols.dtype.type(0)
-    hw = h_ * w_
-    r = 0
-    for c in range(c0, c1):
-        xf = x[n, c].reshape(hw)
-        for i in range(kh_):
-            # output rows whose input row ih = oh - pt + i * dh is inside the image
-            a = min(max(oh0, pt - i * dh), oh1)
-            e = max(min(oh1, h_ + pt - i * dh), a)
-            for j in range(kw_):
-                row = cols[r]
-                r += 1
-                off = j * dw - pl
-                lo = min(max(0, -off), ow_)  # columns [lo, hi) read inside the row
-                hi = max(min(ow_, w_ - off), lo)
-                for t in range((a - oh0) * ow_):
-                    row[t] = zero
-                for t in range((e - oh0) * ow_, (oh1 - oh0) * ow_):
-                    row[t] = zero
-                if e == a:
-                    continue
-                d0 = (a - oh0) * ow_
-                s0 = (a - pt + i * dh) * w_ + off
-                # the run, less what would fall outside the plane (padding columns of
-                # the first or last row, zeroed below)
-                t0 = max(0, -s0)
-                t1 = min((e - a) * ow_, hw - s0)
-                du, su = np.uint64(d0), np.uint64(s0 + t0)
-                for t in range(t1 - t0):
-                    row[du + np.uint64(t0 + t)] = xf[su + np.uint64(t)]
-                if lo > 0 or hi < ow_:
-                    for oh in range(a, e):
-                        b = (oh - oh0) * ow_
-                        for t in range(lo):
-                            row[b + t] = zero
-                        for t in range(hi, ow_):
-                            row[b + t] = zero
-
-
-def _im2col_rows_s2(  # pragma: no cover - numba only
-    x: Any, n: int, cols: Any, geo: Any, c0: int, c1: int, oh0: int, oh1: int
-) -> None:
-    """``_im2col_rows`` for a column stride of 2 (no column dilation): each channel's
-    plane is split once into its even and odd columns (one interleaved loop, which LLVM
-    vectorizes), so that every tap's copy is a contiguous run of one of them instead of a
-    strided gather (the ResNet stem's 7x7/2 im2col was 1.6 ns an element)."""
-    h_, w_ = x.shape[2], x.shape[3]
-    kh_, kw_, sh, dh, pt, pl, ow_ = geo[0], geo[1], geo[2], geo[4], geo[6], geo[7], geo[8]
-    zero = cols.dtype.type(0)
-    half = (w_ + 1) // 2
-    ph = np.empty((2, h_, half), cols.dtype)  # [even columns, odd columns] of one channel
-    npair = w_ // 2
-    r = 0
-    for c in range(c0, c1):
-        xc = x[n, c]
-        for ih in range(h_):
-            ev, od = ph[0, ih], ph[1, ih]
-            for k in range(npair):
-                u = np.uint64(k)
-                ev[u] = xc[ih, np.uint64(2) * u]
-                od[u] = xc[ih, np.uint64(2) * u + np.uint64(1)]
-            if w_ % 2:
-                ev[npair] = xc[ih, w_ - 1]
-        for i in range(kh_):
-            for j in range(kw_):
-                row = cols[r]
-                r += 1
-                off = j - pl  # input column 2 * ow + off: phase off % 2, at ow + off // 2
-                p = ph[off % 2]
-                shift = off // 2
-                lo = 0 if off >= 0 else (-off + 1) // 2
-                hi = (w_ - 1 - off) // 2 + 1 if w_ - 1 - off >= 0 else 0
-                hi = min(hi, ow_)
-                lo = min(lo, hi)
-                for oh in range(oh0, oh1):
-                    ih = oh * sh - pt + i * dh
-                    d = np.uint64((oh - oh0) * ow_)
-                    if ih < 0 or ih >= h_:
-                        for t in range(ow_):
-                            row[d + np.uint64(t)] = zero
-                        continue
-                    src = p[ih]
-                    for t in range(lo):
-                        row[d + np.uint64(t)] = zero
-                    dl = d + np.uint64(lo)
-                    base = np.uint64(lo + shift)
-                    for t in range(hi - lo):
-                        row[dl + np.uint64(t)] = src[base + np.uint64(t)]
-                    for t in range(hi, ow_):
-                        row[d + np.uint64(t)] = zero
-
-
-def _warm_im2col(fn: Any) -> None:
-    for t in (np.float32, np.float64):
-        geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
-        fn(np.zeros((1, 1, 2, 2), t), 0, np.zeros((9, 4), t), geo, 0, 1, 0, 2)
-
-
-_IM2COL = Jitted(_im2col_rows, _warm_im2col, helpers=(_im2col_rows_s2, _im2col_rows_flat))
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles, and
 #: NumPy's BLAS gemm (``blas.register``, its ``prepare``).
@@ -268,7 +105,7 @@ def _blocked_par(  # pragma: no cover - numba only
             src, ldb = x.ctypes.data + np.uint64((i * c_in * o + p0) * sz), o
         else:
             cols = cols_buf[q]
-            _im2col_rows(x, i, cols[: k * npx].reshape((k, npx)), geo, 0, c_in, r0, r1)
+            im2col_rows(x, i, cols[: k * npx].reshape((k, npx)), geo, 0, c_in, r0, r1)
             src, ldb = cols.ctypes.data, npx
         dst = y3.ctypes.data + np.uint64((i * m * o + p0) * sz)
         if sz == 4:
@@ -297,39 +134,13 @@ def _prepare_blocked_par(module_globals: dict[str, Any]) -> bool:
 _BLOCKED_PAR = Jitted(
     _blocked_par,
     _warm_blocked_par,
-    helpers=(_im2col_rows, _im2col_rows_s2, _im2col_rows_flat, _act_row, _epilogue_row),
+    helpers=(im2col_rows, im2col_rows_s2, im2col_rows_flat, _act_row, _epilogue_row),
     fastmath=CONTRACT,
     parallel=True,
     prepare=_prepare_blocked_par,
 )
 
 
-def _im2col_par(x: Any, cols: Any, geo: Any, blocks: Any) -> None:  # pragma: no cover
-    """``_im2col_rows`` for whole images in blocks of channels (rows ``(image, c0, c1)``)
-    in a ``prange`` loop on native threads: ``cols`` (N, C * KH * KW, OH * OW), channel
-    ``c``'s rows at ``c * KH * KW``. The filter-block path's im2col (one per image before
-    its product), which ran on the caller alone: 194 µs of a 256 -> 256 3x3 conv's 1425
-    over 14x14."""
-    taps = geo[0] * geo[1]
-    oh = cols.shape[2] // geo[8]
-    for q in numba.prange(blocks.shape[0]):
-        i, c0, c1 = blocks[q, 0], blocks[q, 1], blocks[q, 2]
-        _im2col_rows(x, i, cols[i, c0 * taps : c1 * taps], geo, c0, c1, 0, oh)
-
-
-def _warm_im2col_par(fn: Any) -> None:
-    for t in (np.float32, np.float64):
-        geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
-        blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
-        fn(np.zeros((1, 2, 2, 2), t), np.zeros((1, 18, 4), t), geo, blocks)
-
-
-_IM2COL_PAR = Jitted(
-    _im2col_par,
-    _warm_im2col_par,
-    helpers=(_im2col_rows, _im2col_rows_s2, _im2col_rows_flat),
-    parallel=True,
-)
 _EMPTY1 = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}
 _EMPTY2 = {np.dtype(t): np.zeros((0, 0), t) for t in (np.float32, np.float64)}
 _EMPTY3 = {np.dtype(t): np.zeros((0, 0, 0), t) for t in (np.float32, np.float64)}
@@ -338,9 +149,9 @@ _EMPTY3 = {np.dtype(t): np.zeros((0, 0, 0), t) for t in (np.float32, np.float64)
 class BlockedPlan(NamedTuple):
     """One input shape's blocked convolution, made once (immutable)."""
 
-    im2col: Any  # compiled _im2col_rows, or None for a 1x1 stride-1 unpadded conv
+    im2col: Any  # compiled im2col_rows, or None for a 1x1 stride-1 unpadded conv
     epilogue: Any  # compiled conv_direct._epilogue_cols
-    geo: np.ndarray  # _im2col_rows' geometry
+    geo: np.ndarray  # im2col_rows' geometry
     group: int
     k: int  # im2col rows per group: C / group * KH * KW
     out_shape: tuple[int, ...]  # (N, M, OH, OW)
@@ -386,7 +197,7 @@ def plan_blocked(
     or None (module doc)."""
     if len(x_shape) != 4 or dtype not in _EMPTY1 or epi.act not in ACTIVATIONS:
         return None
-    im2col, epilogue = _IM2COL.get(), _EPILOGUE_COLS.get()
+    im2col, epilogue = IM2COL.get(), _EPILOGUE_COLS.get()
     if im2col is None or epilogue is None:
         return None
     n = x_shape[0]
@@ -430,7 +241,7 @@ def plan_blocked(
             t = min(threads, native_threads.max_threads())
             native_blocks = filter_blocks(n, m, gemm.PARTS_PER_THREAD * t)
             if not direct:
-                im2col_par = _IM2COL_PAR.get()
+                im2col_par = IM2COL_PAR.get()
                 c_in = x_shape[1]
                 parts = min(gemm.PARTS_PER_THREAD * t, c_in)
                 im2col_blocks = np.array(
@@ -604,7 +415,7 @@ def blocked_conv_fn(
         or (group > 1 and w_const.shape[1] < _MIN_GROUP_CHANNELS)
     ):
         return None
-    if _IM2COL.get() is None or _EPILOGUE_COLS.get() is None:
+    if IM2COL.get() is None or _EPILOGUE_COLS.get() is None:
         return None
     w3 = np.ascontiguousarray(w_const.reshape(group, w_const.shape[0] // group, -1), dtype=cdt)
     w_shape = tuple(w_const.shape)
