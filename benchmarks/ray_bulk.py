@@ -2,7 +2,7 @@
 class wrapping onnxruntime.
 
     python benchmarks/ray_bulk.py [--rows 400000] [--actors 2] [--batch-sizes 256,1024,4096]
-                                  [--repeat 3] [--json out.json]
+                                  [--repeat 3] [--models gbt,mlp] [--json out.json]
 
 Starts a local Ray cluster (``num_cpus=--actors``) and, for each model (gradient-boosted
 trees from scikit-learn via skl2onnx, ZipMap on; a 16-64-64-4 MLP from onnx.helper;
@@ -132,6 +132,7 @@ def main() -> None:
     ap.add_argument("--actors", type=int, default=2)
     ap.add_argument("--batch-sizes", default="256,1024,4096")
     ap.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
+    ap.add_argument("--models", default="gbt,mlp", help="which of gbt, mlp to run")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args()
     import ray
@@ -142,14 +143,18 @@ def main() -> None:
     set_process_threads(1)  # the in-process figures: one thread, like each actor
 
     sizes = [int(s) for s in args.batch_sizes.split(",")]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models or set(models) - {"gbt", "mlp"}:
+        ap.error(f"--models takes gbt and/or mlp, got {args.models!r}")
     ray.init(num_cpus=args.actors, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as d:
-        cases = {
-            "gbt": (sm.gbt_model(Path(d) / "gbt.onnx"), "features", sm.gbt_data(args.rows)),
-            "mlp": (sm.mlp_model(Path(d) / "mlp.onnx"), "x", sm.mlp_data(args.rows)),
+        makers = {
+            "gbt": lambda: (sm.gbt_model(Path(d) / "gbt.onnx"), "features", sm.gbt_data(args.rows)),
+            "mlp": lambda: (sm.mlp_model(Path(d) / "mlp.onnx"), "x", sm.mlp_data(args.rows)),
         }
+        cases = {name: makers[name]() for name in models}
         for name, (path, column, x) in cases.items():
             ds = dataset(column, x, blocks=max(8, args.rows // 8192)).materialize()
             runtimes: dict[str, tuple[Any, dict[str, Any]]] = {
