@@ -403,6 +403,27 @@ def test_apply_epilogue_matches_numpy(jit: str, epi: Epilogue, residual: bool, d
 
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("epi", _EPIS, ids=lambda e: e.act or "none")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_epilogue_short_maps_as_one_run_equal_the_row_path(
+    jit: str, epi: Epilogue, residual: bool, dtype: Any
+) -> None:
+    """Maps shorter than ``SHORT_RUN`` pixels take the epilogue as passes over each image's
+    whole run, longer ones row by row: the same values, bit for bit (a map of 256 pixels
+    and its first 128)."""
+    from tfrt_py.kernels.nn.conv_direct import SHORT_RUN
+
+    assert 128 < SHORT_RUN <= 256
+    y = _r(2, 5, 16, 16, dtype=dtype) * 4
+    y[0, 0, 0, :2] = [np.nan, -0.0]
+    b, r = _r(5, dtype=dtype), _r(2, 5, 16, 16, dtype=dtype)
+    rows = apply_epilogue(y.copy(), b, r if residual else None, epi)
+    half = np.ascontiguousarray(y[:, :, :8])
+    rh = np.ascontiguousarray(r[:, :, :8]) if residual else None
+    np.testing.assert_array_equal(apply_epilogue(half, b, rh, epi), rows[:, :, :8])
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("epi", _EPIS, ids=lambda e: e.act or "none")
 def test_apply_epilogue_one_value_per_channel(jit: str, epi: Epilogue, residual: bool) -> None:
     """A squeeze-excite block's 1x1 convs: (N, M, 1, 1), one flat pass (the compiled
     loop's own branch), the same values as per-row."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import blas
 from ..jit import CONTRACT, Jitted
-from .conv_direct import _act_row, _epilogue_row
+from .conv_direct import SHORT_RUN, _act_row, _epilogue_row, _epilogue_run
 
 __all__ = ["POINTWISE_PAR", "filter_blocks"]
 
@@ -35,10 +35,6 @@ numba: Any = None
 _sgemm: Any = None
 _dgemm: Any = None
 
-#: Output rows (pixels per map) of at least this many take the epilogue row by row in one
-#: pass each; shorter ones as passes over the block's whole run (1152x7x7 + SiLU: 175 ->
-#: 153 µs; a 96x112x112 + Relu was 9% slower that way, hence the two).
-_LONG_ROW = 64
 #: Filter blocks are multiples of this many rows (BLAS's float32 micro-kernels are 8 or
 #: 16 rows tall: a ragged block wastes a partial panel) where the filters allow it.
 _ROW_QUANTUM = 16
@@ -68,27 +64,16 @@ def _pointwise_par(  # pragma: no cover - numba only
             _sgemm(101, 111, 111, m1 - m0, o, k, one, pa, k, pb, o, zero, pc, o)
         else:
             _dgemm(101, 111, 111, m1 - m0, o, k, one, pa, k, pb, o, zero, pc, o)
-        if o >= _LONG_ROW:  # each row in one pass: bias, residual, activation
+        if o >= SHORT_RUN:  # each row in one pass: bias, residual, activation
             for mm in range(m0, m1):
                 row = y3[i, mm]
                 r = res3[i, mm] if has_res else row
                 _epilogue_row(row, b[mm] if has_b else zero, r, has_b, has_res, act, p)
             continue
-        # short rows (a 7x7 map's 49: a call per row cost ~35 ns each) are one contiguous
-        # run: the bias row by row, then the residual and the activation over the run
+        # short rows (conv_direct.SHORT_RUN) as one contiguous run
         blk = y3[i].reshape(m * o)[m0 * o : m1 * o]
-        if has_b:
-            for mm in range(m0, m1):
-                row = blk[(mm - m0) * o :]
-                bm = b[mm]
-                for t in range(o):
-                    row[t] += bm
-        if has_res:
-            rblk = res3[i].reshape(m * o)[m0 * o : m1 * o]
-            for t in range((m1 - m0) * o):
-                blk[t] += rblk[t]
-        if act != 0:
-            _act_row(blk, -zero, act, p)
+        rblk = res3[i].reshape(m * o)[m0 * o : m1 * o] if has_res else blk
+        _epilogue_run(blk, b, rblk, m0, o, has_b, has_res, act, p)
 
 
 def _warm_pointwise_par(fn: Any) -> None:
@@ -106,7 +91,7 @@ def _prepare(module_globals: dict[str, Any]) -> bool:
 POINTWISE_PAR = Jitted(
     _pointwise_par,
     _warm_pointwise_par,
-    helpers=(_act_row, _epilogue_row),
+    helpers=(_act_row, _epilogue_row, _epilogue_run),
     fastmath=CONTRACT,
     parallel=True,
     prepare=_prepare,
