@@ -66,6 +66,37 @@ def test_a_batch_mixing_op_falls_back_to_signatures(monkeypatch: pytest.MonkeyPa
     assert "(3, 4)" in native.describe() and "(5, 4)" in native.describe()
 
 
+def _shape_arithmetic() -> Graph:
+    """An export's shape arithmetic: Flatten as Shape -> Gather -> Unsqueeze -> Concat ->
+    Reshape, and a factor chosen by Equal/Where on the batch size."""
+    b = GraphBuilder("shapes")
+    x = b.input("x", F32, ("N", 3, 4))
+    n = b.op("Gather", b.op("Shape", x), b.const(np.array(0, np.int64)), axis=0)
+    n1 = b.op("Unsqueeze", n, b.const(np.array([0], np.int64)))
+    flat = b.op("Reshape", x, b.op("Concat", n1, b.const(np.array([-1], np.int64)), axis=0))
+    one = b.op("Equal", n1, b.const(np.array([1], np.int64)))
+    scale = b.op("Where", one, b.const(np.array([2.0], F32)), b.const(np.array([0.5], F32)))
+    b.output(b.op("Mul", b.op("Relu", flat), scale), "y")
+    return b.build()
+
+
+def test_shape_arithmetic_is_folded_per_signature() -> None:
+    """Values computed from the feeds' shapes alone are constants for one signature: the
+    model lowers in signature mode (Shape, Equal and Where have no native lowering, and
+    used to decline it; rows mode cannot fold them, the batch changes them), one function
+    per batch size, each agreeing with the interpreter (batch 1 takes the other factor)."""
+    from tfrt_py.native.lower import blockers
+
+    g = _shape_arithmetic()
+    assert blockers(g) == []
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    assert native.native.form == "signature"
+    for n in (2, 1, 5, 1):
+        _check(native, sync, RNG.standard_normal((n, 3, 4)).astype(F32))
+    assert "(1, 3, 4)" in native.describe() and "(5, 3, 4)" in native.describe()
+
+
 def test_signatures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tier_mod, "MAX_SIGNATURES", 2)
     g = _sequence()

@@ -51,6 +51,8 @@ class NodeContext:
         self.imports: set[str] = set()  # import lines the code needs (``emit``'s)
         self.packed: list[tuple[np.ndarray, Ref]] = []  # every constant put, with its ref
         self._same: dict[tuple[Any, ...], Ref] = {}  # (shape, dtype, digest) -> ref
+        #: value id -> its value for this signature (``lower._shape_values``): constants
+        self.folded: dict[int, np.ndarray] = {}
 
     def share_constants(self, other: NodeContext) -> None:
         """Start from ``other``'s packed constants (a copy: ``other`` is unchanged); a
@@ -84,7 +86,11 @@ class NodeContext:
         return ref
 
     def const(self, v: Value) -> np.ndarray | None:
-        return None if v.const is None else np.asarray(v.const)
+        """``v``'s value when it is known at lowering: a constant, or shape arithmetic
+        folded for this signature."""
+        if v.const is not None:
+            return np.asarray(v.const)
+        return self.folded.get(id(v))
 
     def ref(self, v: Value | None) -> Ref:
         if v is None:
@@ -93,9 +99,10 @@ class NodeContext:
             self.decline("string labels or ZipMap output read by another node")
         r = self.refs.get(id(v))
         if r is None:
-            if v.const is None:
+            value = self.const(v)
+            if value is None:
                 self.decline(f"value {v.name!r} has no native storage")
-            r = self.refs[id(v)] = self.put_const(np.asarray(v.const))
+            r = self.refs[id(v)] = self.put_const(value)
         if r.root >= 0:
             self.buffers[r.root][0].last = self.step
         return r

@@ -46,7 +46,15 @@ from .rowwise import check_rows
 from .runs import find_runs, lower_run_middle
 from .source import Declined, audit, literal
 
-__all__ = ["VIEW_OPS", "Declined", "Lowered", "blockers", "dynamic_inputs", "lower"]
+__all__ = [
+    "VIEW_OPS",
+    "Declined",
+    "Lowered",
+    "blockers",
+    "dynamic_inputs",
+    "lower",
+    "shape_arithmetic",
+]
 
 _ALL_LOWER = {**LOWER, **ML_LOWER}
 
@@ -116,11 +124,13 @@ def blockers(graph: Graph) -> list[str]:
             reasons.append(f"input {v.name!r} has unknown rank or dtype ({v.type})")
         elif str(t.dtype) not in ("float32", "float64", "int64", "int32", "bool"):
             reasons.append(f"input {v.name!r} has dtype {t.dtype}")
+    folded = {id(n) for n in shape_arithmetic(graph)}  # constants per signature
     bad = collections.Counter(
         f"{n.domain}::{n.op_type}" if n.domain else n.op_type
         for n in graph.nodes
         if (n.domain, n.op_type) not in _ALL_LOWER
         and not (n.domain == "" and n.op_type in VIEW_OPS)
+        and id(n) not in folded
     )
     if bad:
         reasons.append("ops without a native lowering: " + ", ".join(
@@ -133,6 +143,59 @@ def _shapes(
 ) -> dict[int, tuple[tuple[int, ...], np.dtype]]:
     """Every value's shape and dtype for inputs of these (shape, dtype), from a probe run
     on zero feeds."""
+    return _probe(graph, program, specs)[0]
+
+
+#: Values computed from shapes alone (``_shape_values``) are baked in as constants up to
+#: this many elements each.
+SHAPE_VALUE_MAX = 1 << 16
+#: Ops whose output is not a function of their inputs' values.
+_RANDOM_OPS = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+     "Bernoulli"}
+)  # fmt: skip
+
+
+def shape_arithmetic(graph: Graph) -> list[Node]:
+    """The nodes whose outputs depend on the feeds' shapes but not on their values: Shape
+    and Size, and every node computing from those and constants alone (the Gather,
+    Unsqueeze, Concat, Equal, Where, Range... of an export's shape arithmetic). Nodes
+    with subgraphs and random ops excluded."""
+    known: set[int] = set()
+    found = []
+    for node in graph.nodes:
+        if node.domain != "" or node.op_type in _RANDOM_OPS or list(node.subgraphs()):
+            continue
+        ins = [v for v in node.inputs if v is not None]
+        if not ins:
+            continue
+        if node.op_type not in ("Shape", "Size") and not all(
+            v.const is not None or id(v) in known for v in ins
+        ):
+            continue
+        known.update(id(v) for v in node.outputs if v is not None)
+        found.append(node)
+    return found
+
+
+def _shape_values(graph: Graph, values: dict[int, Any]) -> dict[int, np.ndarray]:
+    """``shape_arithmetic``'s outputs as the probe computed them: for one input signature
+    they are constants. At most ``SHAPE_VALUE_MAX`` elements each (a bigger one stays a
+    node to lower)."""
+    out: dict[int, np.ndarray] = {}
+    for node in shape_arithmetic(graph):
+        for v in node.outputs:
+            x = None if v is None else values.get(id(v))
+            if v is not None and isinstance(x, np.ndarray) and x.size <= SHAPE_VALUE_MAX:
+                out[id(v)] = x
+    return out
+
+
+def _probe(
+    graph: Graph, program: Program, specs: list[tuple[tuple[int, ...], np.dtype]]
+) -> tuple[dict[int, tuple[tuple[int, ...], np.dtype]], dict[int, Any]]:
+    """(every value's shape and dtype, every value) for inputs of these (shape, dtype),
+    from a probe run on zero feeds."""
     feeds = zero_feeds(specs)
     try:
         with np.errstate(all="ignore"):
@@ -144,12 +207,14 @@ def _shapes(
     out: dict[int, tuple[tuple[int, ...], np.dtype]] = {
         id(v): spec for v, spec in zip(graph.inputs, specs)
     }
+    values: dict[int, Any] = {}
     for ins in program.instrs:
         for val, s in zip(ins.node.outputs, ins.outs):
             x = env[s]
             if val is not None and isinstance(x, (np.ndarray, np.generic)):
                 out[id(val)] = (tuple(x.shape), x.dtype)
-    return out
+                values[id(val)] = np.asarray(x)
+    return out, values
 
 
 def _input_specs(
@@ -208,6 +273,9 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
            shapes: list[tuple[int, ...]] | None, rows: bool) -> Lowered:  # fmt: skip
     batched = [False] * len(graph.inputs)
     if rows:
+        if any(n.op_type in ("Shape", "Size") for n in shape_arithmetic(graph)):
+            # its values change with the batch size: one signature at a time folds them
+            raise Declined(["rows: shape arithmetic (Shape) depends on the batch size"])
         dyn = dynamic_inputs(graph)
         for k, v in enumerate(graph.inputs):
             dims = v.type.shape  # type: ignore[union-attr]
@@ -220,7 +288,12 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
         cx = NodeContext(graph, s1)
     else:
         specs = _input_specs(graph, shapes, None)
-        cx = NodeContext(graph, _shapes(graph, program, specs))
+        probed, values = _probe(graph, program, specs)
+        cx = NodeContext(graph, probed)
+        # one signature: the shape arithmetic is constants (rows mode probes two batch
+        # sizes, whose shape values differ: it keeps the nodes)
+        for vid, arr in _shape_values(graph, values).items():
+            cx.folded[vid] = arr
     sig, prologue = [], []
     for k, (shape, dtype) in enumerate(specs):
         t = _NP_TYPES[tname(dtype)]
@@ -268,6 +341,10 @@ def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool]) 
     i = 0
     while i < len(nodes):
         cx.node, cx.step, cx.tag = nodes[i], i, f"n{i}_"
+        if nodes[i].outputs and all(v is None or id(v) in cx.folded for v in nodes[i].outputs):
+            body += [f"    # node {i}: folded"]  # shape arithmetic: constants here
+            i += 1
+            continue
         body += [f"    # node {i}"]
         body += ["    " + ln for ln in _lower_node(cx, nodes[i])]
         n = runs.get(i, 0)
@@ -324,7 +401,7 @@ def _lower_node(cx: NodeContext, node: Node) -> list[str]:
     if first is not None and id(first) in cx.label_tables:
         return _label_view(cx, node, first)
     if node.domain == "" and node.op_type in VIEW_OPS:
-        if any(v is not None and v.const is None for v in node.inputs[1:]):
+        if any(v is not None and cx.const(v) is None for v in node.inputs[1:]):
             # The output shape would be the probe's, baked in: only constant shapes/axes.
             cx.decline(f"{node.op_type} shape/axes given at run time")
         x = cx.ref(node.inputs[0])

@@ -70,7 +70,7 @@ _STRINGS = re.compile(
     """
 )
 #: The only comments: node numbers (indices into the graph's nodes, never names).
-_COMMENTS = re.compile(r"# node \d+|# nodes \d+ to \d+ as one loop")
+_COMMENTS = re.compile(r"# node \d+(: folded)?|# nodes \d+ to \d+ as one loop")
 _PLAIN = frozenset({
     tokenize.NAME, tokenize.NUMBER, tokenize.OP, tokenize.NEWLINE, tokenize.NL,
     tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER,
