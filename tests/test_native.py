@@ -130,6 +130,85 @@ def test_every_lowered_op_agrees_with_the_sync_interpreter(build: Any, optimize:
         _assert_same(native.run(feeds), sync.run(feeds))
 
 
+def _transformer_ops_graph() -> Graph:
+    """The ops small transformers add (issue 14): casts to and from bool, logic and
+    comparisons, IsNaN, Where, Expand, stacked MatMul (one batch, and a broadcast one),
+    LayerNormalization with and without bias, RMSNormalization, Split, both GELUs,
+    GatherND, and onnxruntime's SkipLayerNormalization (with its sum output),
+    SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization, BiasGelu, FastGelu
+    and FusedMatMul."""
+    b = GraphBuilder("transformer_ops", opset=23)
+    x = b.input("x", F32, (2, 3, 8))
+    mask = b.input("mask", np.int64, (2, 8))
+    z = b.input("z", F32, (2, 8))  # with NaNs: IsNaN and PyTorch's guard Where(IsNaN, 0, z)
+    mb = b.op("Cast", mask, to=9)
+    less = b.op("Less", mask, b.const(np.array(3, np.int64)))
+    logic = b.op("Or", b.op("And", mb, b.op("Not", b.op("Xor", mb, less))),
+                 b.op("Greater", mask, b.const(np.array(5, np.int64))))  # fmt: skip
+    zero = b.const(np.array(0.0, F32))
+    scale, bias = b.const(_rand(8) + 1), b.const(_rand(8))
+    w_split = b.const(np.array([3, 5], np.int64))
+    left, right = b.op("Split", x, w_split, axis=2, n_outputs=2)
+    outs = {
+        "cast_bool": mb,
+        "logic": logic,
+        "ge": b.op("GreaterOrEqual", x, zero),
+        "le_eq": b.op("Or", b.op("LessOrEqual", x, zero), b.op("Equal", x, zero)),
+        "eq_int": b.op("Equal", mask, b.const(np.array([2], np.int64))),
+        "isnan": b.op("IsNaN", z),
+        "nan_guard": b.op("Where", b.op("IsNaN", z), zero, z),
+        "where": b.op("Where", b.op("Greater", x, zero), x, b.const(np.array(-1.5, F32))),
+        "expand": b.op("Expand", b.const(_rand(1, 1, 8)), b.const(np.array([2, 3, 8], np.int64))),
+        "bmm": b.op("MatMul", x, b.op("Transpose", x, perm=[0, 2, 1])),
+        "bmm_bcast": b.op("MatMul", x, b.const(_rand(1, 8, 4))),
+        "ln": b.op("LayerNormalization", x, scale, bias, axis=-1, epsilon=1e-5),
+        "ln_nobias": b.op("LayerNormalization", x, scale, axis=-1, epsilon=1e-3),
+        "rms": b.op("RMSNormalization", x, scale, axis=-1, epsilon=1e-6),
+        "split_left": left,
+        "split_right": right,
+        "gelu": b.op("Gelu", x),
+        "gelu_tanh": b.op("Gelu", x, approximate="tanh"),
+        "to_int": b.op("Cast", b.op("Mul", x, b.const(np.array(3.0, F32))), to=7),
+        "to_float": b.op("Cast", logic, to=1),
+        "gather_nd": b.op("GatherND", x, b.const(np.array([[1, 2], [0, -1]], np.int64))),
+    }
+    ms = "com.microsoft"
+    skip = b.op("Exp", x)
+    ln_out, ln_sum = b.op("SkipLayerNormalization", x, skip, scale, bias, bias, domain=ms,
+                          n_outputs=4, epsilon=1e-5)[::3]  # fmt: skip
+    outs |= {
+        "skip_ln": ln_out,
+        "skip_sum": ln_sum,
+        "skip_ln_nobias": b.op("SkipLayerNormalization", x, skip, scale, domain=ms),
+        "skip_rms": b.op("SkipSimplifiedLayerNormalization", x, skip, scale, bias, domain=ms,
+                         epsilon=1e-6),
+        "simplified": b.op("SimplifiedLayerNormalization", x, scale, axis=-1, epsilon=1e-5),
+        "bias_gelu": b.op("BiasGelu", x, bias, domain=ms),
+        "fast_gelu": b.op("FastGelu", x, bias, domain=ms),
+        "fast_gelu_nobias": b.op("FastGelu", x, domain=ms),
+        "fused_mm": b.op("FusedMatMul", x, b.op("Transpose", x, perm=[0, 2, 1]), domain=ms,
+                         alpha=0.25),
+    }  # fmt: skip
+    for name, v in outs.items():
+        b.output(v, name)
+    return b.build()
+
+
+def test_transformer_ops_agree_with_the_sync_interpreter() -> None:
+    g = _transformer_ops_graph()
+    native = tfrt_py.load(g, executor="native", native="eager", optimize=False)
+    sync = tfrt_py.load(g, executor="sync", optimize=False)
+    assert native.native.state == "ready"
+    x = _rand(2, 3, 8) * 2
+    x[0, 0, :2] = [0.0, -0.0]
+    z = _rand(2, 8)
+    z[0, 3] = z[1, 0] = np.nan
+    feeds = {"x": x, "mask": np.array([[0, 1, 2, 3, 4, 5, 6, 7], [7, 1, 0, 9, 2, 2, 5, 3]]),
+             "z": z}  # fmt: skip
+    for _ in range(2):
+        _assert_same(native.run(feeds), sync.run(feeds))
+
+
 def test_max_and_min_match_numpy() -> None:
     # Compared with NumPy directly: the sync interpreter's planned Max/Min call
     # np.maximum(a, b, out) positionally, which NumPy 2.4 deprecates.

@@ -97,3 +97,35 @@ def test_optimized_variants_carry_the_contrib_ops() -> None:
     assert {ms + "SkipSimplifiedLayerNormalization", ":SimplifiedLayerNormalization"} <= ops[
         "t5-encoder-ort"
     ]
+
+
+#: The variants the native tier lowers whole (their shape arithmetic folded per signature;
+#: LayerNorm/RMSNorm, the masks' logic, stacked MatMul, Split, GELU, GatherND and
+#: onnxruntime's fused norms, GELUs and FusedMatMul lowered). Not bert-ort: its contrib
+#: Attention and EmbedLayerNormalization have no native form.
+NATIVE = (
+    "bert", "bert-dynamo", "bert-ortsession", "distilbert", "distilbert-dynamo", "gpt2",
+    "gpt2-dynamo", "gpt2-ort", "t5-encoder", "t5-encoder-dynamo", "t5-encoder-ort",
+)  # fmt: skip
+
+
+@pytest.mark.slow  # a numba compile per model and signature, ~8 s each
+@pytest.mark.parametrize("name", [p for p in _params() if p.values[0] in NATIVE])
+def test_native_tier_agrees_with_onnxruntime(name: str) -> None:
+    """The whole model as one numba function per input signature: each signature's
+    compiled answer (awaited: the interpreter serves while it compiles) agrees with
+    onnxruntime, and the signatures are what ``describe()`` lists."""
+    ref = _reference(name)
+    model = tfrt_py.load(os.path.join(DATA, f"{name}.onnx"), executor="native")
+    assert model.native is not None and model.native.form == "signature"
+    # every signature for the TorchScript exports; one for the others (a compile each)
+    shapes = SHAPES if name in ("bert", "distilbert", "gpt2", "t5-encoder") else SHAPES[:1]
+    for b, s in shapes:
+        model.run(_feeds(ref, b, s))
+        assert model.native.wait(timeout=300)
+        got = model.run(_feeds(ref, b, s))["last_hidden_state"]
+        want = ref[f"{b}x{s}/last_hidden_state"]
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"{b}x{s}")
+    assert model.native.error is None
+    listed = model.describe()
+    assert all(f"(({b}, {s}), ({b}, {s}))" in listed for b, s in shapes), listed

@@ -38,7 +38,7 @@ from ..ir import Graph, Node, TensorType, Value
 from ..kernels import blas
 from .budget import OverBudget, budget, check, precheck
 from .context import NodeContext
-from .emit import BLAS_IMPORT, copy_strided, tname
+from .emit import BLAS_IMPORT, EXP_IMPORT, copy_strided, tname
 from .loops import Ref, strides
 from .ops import LOWER
 from .ops_ml import KERNEL_IMPORTS, ML_LOWER, kernel_version
@@ -164,14 +164,13 @@ def shape_arithmetic(graph: Graph) -> list[Node]:
     known: set[int] = set()
     found = []
     for node in graph.nodes:
-        if node.domain != "" or node.op_type in _RANDOM_OPS or list(node.subgraphs()):
+        if node.op_type in _RANDOM_OPS or list(node.subgraphs()):
             continue
         ins = [v for v in node.inputs if v is not None]
         if not ins:
             continue
-        if node.op_type not in ("Shape", "Size") and not all(
-            v.const is not None or id(v) in known for v in ins
-        ):
+        shape_op = node.domain == "" and node.op_type in ("Shape", "Size")
+        if not shape_op and not all(v.const is not None or id(v) in known for v in ins):
             continue
         known.update(id(v) for v in node.outputs if v is not None)
         found.append(node)
@@ -273,7 +272,7 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
            shapes: list[tuple[int, ...]] | None, rows: bool) -> Lowered:  # fmt: skip
     batched = [False] * len(graph.inputs)
     if rows:
-        if any(n.op_type in ("Shape", "Size") for n in shape_arithmetic(graph)):
+        if any(n.domain == "" and n.op_type in ("Shape", "Size") for n in shape_arithmetic(graph)):
             # its values change with the batch size: one signature at a time folds them
             raise Declined(["rows: shape arithmetic (Shape) depends on the batch size"])
         dyn = dynamic_inputs(graph)
@@ -290,6 +289,9 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
         specs = _input_specs(graph, shapes, None)
         probed, values = _probe(graph, program, specs)
         cx = NodeContext(graph, probed)
+        # one signature's big products on NumPy's gemm (a transformer's projections; the
+        # loops reach a third of its rate there); small ones stay loops (BLAS_MIN_MACS)
+        cx.blas = shapes is not None and blas.available()
         # one signature: the shape arithmetic is constants (rows mode probes two batch
         # sizes, whose shape values differ: it keeps the nodes)
         for vid, arr in _shape_values(graph, values).items():
@@ -313,6 +315,8 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
             max(1, math.prod(shape)))  # fmt: skip
         prologue.append(f"    x{k} = a{k}.reshape({size})")
     body = _body(graph, cx, specs, batched)
+    if cx.blas and any("gemm_f" in ln for ln in body):
+        cx.imports.add(BLAS_IMPORT)
     tile = _tile(graph, program, cx, batched) if rows else None
     if tile is not None:
         try:
@@ -470,7 +474,8 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         packed = tile[0]
         tile_text = _planned(packed, tile[1], arenas)
     uses_kernels = cx.uses_kernels or packed.uses_kernels
-    imports = sorted(cx.imports | packed.imports)
+    expf_used = "expf(" in text or (tile_text is not None and "expf(" in tile_text)
+    imports = sorted(cx.imports | packed.imports | ({EXP_IMPORT} if expf_used else set()))
     param_types = sorted(packed.params)
     params = tuple(np.concatenate(packed.params[t]) for t in param_types)
     psig = [f"types.Array(types.{_NP_TYPES[t]}, 1, 'C')" for t in param_types]
@@ -481,6 +486,7 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
     rows = any(batched)
     head = [
         '"""tfrt_py native code (generated; do not edit)."""',
+        "import math",
         "import numpy as np",
         "from numba import njit, types",
         *(KERNEL_IMPORTS if uses_kernels else ()),

@@ -22,6 +22,7 @@ from ..compiler.fused_kernels import DOMAIN
 from ..ir import Node
 from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import Ref, loop_nest, strides
+from .ops_tx import TX_LOWER, batched_matmul
 from .scalar import SCALAR_OPS
 from .source import literal
 
@@ -109,7 +110,8 @@ def _matmul_like(cx: Any, node: Node, trans_a: bool, trans_b: bool) -> tuple[lis
 
 
 def _matmul(cx: Any, node: Node) -> list[str]:
-    return _matmul_like(cx, node, False, False)[0]
+    stacked = batched_matmul(cx, node)  # both operands stacks of matrices (attention)
+    return stacked if stacked is not None else _matmul_like(cx, node, False, False)[0]
 
 
 def _gemm(cx: Any, node: Node) -> list[str]:
@@ -339,12 +341,14 @@ def _gather(cx: Any, node: Node) -> list[str]:
 def _cast(cx: Any, node: Node) -> list[str]:
     x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
     ints = ("int64", "int32")
-    ok = x.dtype == y.dtype or (str(x.dtype) != "bool" and (
-        str(y.dtype) in _FLOATS or (str(y.dtype) in ints and str(x.dtype) in ints)))  # fmt: skip
+    to_bool = str(y.dtype) == "bool"
+    ok = x.dtype == y.dtype or to_bool or str(y.dtype) in _FLOATS or str(y.dtype) in ints
     if not ok:
-        cx.decline(f"Cast {x.dtype} -> {y.dtype} (native casts to floats, or between ints)")
+        cx.decline(f"Cast {x.dtype} -> {y.dtype} (native casts to numbers and bools)")
     t = tname(y.dtype)
-    line = f"{y.buf}[{y.off} + i0] = {t}({x.buf}[{x.off} + i0])"
+    src = f"{x.buf}[{x.off} + i0]"
+    val = f"{src} != 0" if to_bool and str(x.dtype) != "bool" else src  # NaN -> True, as NumPy
+    line = f"{y.buf}[{y.off} + i0] = {t}({val})"
     return loop_nest([x.size], lambda iv: [line])
 
 
@@ -363,4 +367,5 @@ LOWER: dict[tuple[str, str], Lowering] = {
     ("", "Cast"): _cast,
     **{("", op): _reduce for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")},
     **{("", op): _map for op in SCALAR_OPS if op != "Identity"},
+    **TX_LOWER,
 }

@@ -12,6 +12,7 @@ differ from NumPy's by an ulp. Pure functions: no state.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -78,6 +79,41 @@ def _clip(a: list[str], at: dict[str, Any], t: str) -> str:
     return x
 
 
+def _horner(z: str, coeffs: Any, t: str) -> str:
+    expr_ = _c(t, float(coeffs[0]))
+    for c in coeffs[1:]:
+        expr_ = f"({expr_} * {z} + {_c(t, float(c))})"
+    return expr_
+
+
+def _gelu(a: list[str], at: dict[str, Any], t: str) -> str:
+    """GELU: the erf form ``x (erf(x / sqrt 2) + 1) / 2``, with float32 erf as the
+    interpreter's (``kernels/erf.erf_f32``: clamped to [-4, 4], ``t P(t^2) / Q(t^2)``, a
+    branch-free expression LLVM vectorizes) and float64 libm's ``erf``; or the tanh form
+    (``approximate`` "tanh"; float32 as ``x sigmoid(2u)`` with ``kern_math.expf``, which
+    the module then imports: ``lower._assemble``)."""
+    from ..kernels.erf import _P32, _Q32
+
+    x = a[0]
+    approx = at.get("approximate", "none")
+    approx = approx.decode() if isinstance(approx, bytes) else str(approx)
+    if approx == "tanh":
+        inner = f"{_c(t, math.sqrt(2.0 / math.pi))} * ({x} + {_c(t, 0.044715)} * {x} * {x} * {x})"
+        if t == "f4":  # x sigmoid(2u) = x (1 + tanh u) / 2, with kern_math's vectorizable expf
+            return f"({x} / ({t}(1.0) + expf({t}(-2.0) * {inner})))"
+        return f"({x} * ({t}(1.0) + np.tanh({inner})) * {t}(0.5))"
+    if approx != "none":
+        raise TypeError("Gelu approximate must be none or tanh")
+    if t == "f8":
+        return f"({x} * (math.erf({x} * {_c(t, 1.0 / math.sqrt(2.0))}) + {t}(1.0)) * {t}(0.5))"
+    v = f"({x} * {_c(t, 1.0 / math.sqrt(2.0))})"
+    # clamped as the interpreter's loop does it: a NaN passes through both tests
+    c = f"({t}(4.0) if {v} > {t}(4.0) else ({t}(-4.0) if {v} < {t}(-4.0) else {v}))"
+    z = f"({c} * {c})"
+    erf = f"({_horner(z, _P32, t)} * {c} / {_horner(z, _Q32, t)})"
+    return f"(({erf} + {t}(1.0)) * {x} * {t}(0.5))"
+
+
 def _unary(fmt: str) -> Callable[[list[str], dict[str, Any], str], str]:
     return lambda a, at, t: fmt.format(x=a[0], t=t)
 
@@ -94,6 +130,7 @@ SCALAR_OPS: dict[str, Callable[[list[str], dict[str, Any], str], str]] = {
     "HardSigmoid": _hard_sigmoid,
     "HardSwish": _hard_swish,
     "Clip": _clip,
+    "Gelu": _gelu,
     "Sigmoid": _unary("({t}(1.0) / ({t}(1.0) + np.exp(-{x})))"),
     "Tanh": _unary("np.tanh({x})"),
     "Exp": _unary("np.exp({x})"),

@@ -66,7 +66,7 @@ _STRINGS = re.compile(
     r"""(?x)
     '''tfrt_py\ native\ code\ \(generated;\ do\ not\ edit\)\.'''
     | "\"\"tfrt_py\ native\ code\ \(generated;\ do\ not\ edit\)\.\"\""
-    | 'C' | 'numpy' | 'feed\ \d+:\ wrong\ shape' | 'Gather\ index\ out\ of\ range'
+    | 'C' | 'numpy' | 'feed\ \d+:\ wrong\ shape' | 'Gather(ND)?\ index\ out\ of\ range'
     """
 )
 #: The only comments: node numbers (indices into the graph's nodes, never names).

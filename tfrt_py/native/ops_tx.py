@@ -1,0 +1,342 @@
+"""Lowerings for the ops small transformers add to the native table (issue 14): logic and
+comparisons on any dtype (the masks), Expand, batched MatMul, and LayerNormalization /
+RMSNormalization over the last axes.
+
+Same contract as ``ops.py``: ``fn(cx, node) -> lines``; a case not handled calls
+``cx.decline``. Numbers reach the text through ``source.literal`` only. Pure functions of
+the node; run at load on the loading thread.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..ir import Node
+from .emit import Step, copy_strided, elementwise, matmul, tname
+from .loops import Ref, bcast_strides, coalesce, index, loop_nest, strides
+from .source import literal
+
+__all__ = ["TX_LOWER"]
+
+_FLOATS = ("float32", "float64")
+
+#: op -> the scalar expression of its loaded operands ``a`` (bool results are np.bool_).
+_LOGIC: dict[str, Any] = {
+    "And": lambda a: f"({a[0]} and {a[1]})",
+    "Or": lambda a: f"({a[0]} or {a[1]})",
+    "Xor": lambda a: f"({a[0]} != {a[1]})",
+    "Not": lambda a: f"(not {a[0]})",
+    "IsNaN": lambda a: f"({a[0]} != {a[0]})",
+    "Equal": lambda a: f"({a[0]} == {a[1]})",
+    "Less": lambda a: f"({a[0]} < {a[1]})",
+    "Greater": lambda a: f"({a[0]} > {a[1]})",
+    "LessOrEqual": lambda a: f"({a[0]} <= {a[1]})",
+    "GreaterOrEqual": lambda a: f"({a[0]} >= {a[1]})",
+    "Where": lambda a: f"({a[1]} if {a[0]} else {a[2]})",
+}
+_BOOL_IN = frozenset({"And", "Or", "Xor", "Not"})
+
+
+def _logic(cx: Any, node: Node) -> list[str]:
+    """A comparison, a logical op or Where, elementwise with NumPy broadcasting: one loop
+    nest, each operand loaded once per element."""
+    op = node.op_type
+    y = cx.out(node.outputs[0])
+    ins = [cx.ref(v) for v in node.inputs]
+    n_in = 3 if op == "Where" else 1 if op in ("Not", "IsNaN") else 2
+    if len(ins) != n_in:
+        cx.decline(f"{op} with {len(ins)} inputs")
+    if op in _BOOL_IN and any(str(r.dtype) != "bool" for r in ins):
+        cx.decline(f"{op} of non-bool operands")
+    if op == "Where" and str(ins[0].dtype) != "bool":
+        cx.decline("Where with a non-bool condition")
+    if op == "IsNaN" and str(ins[0].dtype) not in _FLOATS:
+        cx.decline(f"IsNaN of {ins[0].dtype}")
+    if op not in ("Where",) and n_in == 2 and ins[0].dtype != ins[1].dtype:
+        cx.decline(f"{op} of mixed dtypes")
+    if op == "Where" and not (ins[1].dtype == ins[2].dtype == y.dtype):
+        cx.decline("Where of mixed dtypes")
+    t = tname(y.dtype)
+    lists = [strides(y.shape)] + [bcast_strides(r.shape, y.shape) for r in ins]
+    shape, sts = coalesce(y.shape, lists)
+    g = cx.tag
+
+    def body(iv: list[str]) -> list[str]:
+        lines = []
+        names = []
+        for k, r in enumerate(ins):
+            names.append(f"{g}u{k}")
+            lines.append(f"{g}u{k} = {r.buf}[{index(r.off, iv, sts[k + 1])}]")
+        lines.append(f"{y.buf}[{index(y.off, iv, sts[0])}] = {t}({_LOGIC[op](names)})")
+        return lines
+
+    return loop_nest(shape, body)
+
+
+def _expand(cx: Any, node: Node) -> list[str]:
+    """Expand: the input read at the output's positions (its shape is the output's: known
+    for the signature)."""
+    x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
+    if x.dtype != y.dtype:
+        cx.decline("Expand changing the dtype")
+    sts = [strides(y.shape), bcast_strides(x.shape, y.shape)]
+    shape, st = coalesce(y.shape, sts)
+
+    def body(iv: list[str]) -> list[str]:
+        return [f"{y.buf}[{index(y.off, iv, st[0])}] = {x.buf}[{index(x.off, iv, st[1])}]"]
+
+    return loop_nest(shape, body)
+
+
+def _batched_matmul(cx: Any, node: Node) -> list[str]:
+    """MatMul of two operands of rank >= 3 whose batch dims agree or broadcast (attention's
+    products): one ``emit.matmul`` per matrix of the output's batch, loops or BLAS."""
+    a, b, y = cx.ref(node.inputs[0]), cx.ref(node.inputs[1]), cx.out(node.outputs[0])
+    if str(y.dtype) not in _FLOATS or a.dtype != b.dtype:
+        cx.decline(f"MatMul of {a.dtype} x {b.dtype}")
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        cx.decline("MatMul of a vector")
+    m, k = a.shape[-2:]
+    k2, n = b.shape[-2:]
+    if k != k2:
+        cx.decline(f"MatMul of shapes {a.shape} x {b.shape}")
+    batch = y.shape[:-2]
+    a_mat, b_mat, y_mat = m * k, k * n, m * n
+    g = cx.tag
+    if a.shape[:-2] == b.shape[:-2] == batch:  # one loop over the stack
+        q = f"{g}bq"
+        sub_a = Ref(a.buf, f"{a.off} + {q} * {literal(a_mat)}", (m, k), a.dtype, a.root)
+        sub_b = Ref(b.buf, f"{b.off} + {q} * {literal(b_mat)}", (k, n), b.dtype, b.root)
+        sub_y = Ref(y.buf, f"{y.off} + {q} * {literal(y_mat)}", (m, n), y.dtype, y.root)
+        inner = matmul(g, sub_a, sub_b, sub_y, (m, k, n), (k, 1), (n, 1), blas=cx.blas)
+        return [f"for {q} in range({literal(math.prod(batch))}):"] + ["    " + ln for ln in inner]
+    ast = bcast_strides(a.shape[:-2], batch)
+    bst = bcast_strides(b.shape[:-2], batch)
+    lines: list[str] = []
+    for q in range(math.prod(batch)):  # broadcast batch dims: one product per matrix
+        pos = _unravel(q, batch)
+        ao = sum(p * s for p, s in zip(pos, ast)) * a_mat
+        bo = sum(p * s for p, s in zip(pos, bst)) * b_mat
+        sub_a = Ref(a.buf, f"{a.off} + {literal(ao)}", (m, k), a.dtype, a.root)
+        sub_b = Ref(b.buf, f"{b.off} + {literal(bo)}", (k, n), b.dtype, b.root)
+        sub_y = Ref(y.buf, f"{y.off} + {literal(q * y_mat)}", (m, n), y.dtype, y.root)
+        lines += matmul(f"{g}q{q}_", sub_a, sub_b, sub_y, (m, k, n), (k, 1), (n, 1),
+                        blas=cx.blas)  # fmt: skip
+    return lines
+
+
+def _unravel(q: int, shape: tuple[int, ...]) -> list[int]:
+    out = []
+    for d in reversed(shape):
+        out.append(q % d)
+        q //= d
+    return out[::-1]
+
+
+def _norm(cx: Any, node: Node) -> list[str]:
+    """LayerNormalization (``(x - mean) / sqrt(var + eps) * scale + bias``),
+    RMSNormalization and onnxruntime's SimplifiedLayerNormalization (``x / sqrt(mean(x^2) +
+    eps) * scale``) over axes ``axis..``. The extra outputs (mean, inverse std) are
+    declined."""
+    rms = node.op_type != "LayerNormalization"
+    x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
+    if not all(_unused(cx, v) for v in node.outputs[1:]):
+        cx.decline(f"{node.op_type} with its statistics outputs read")
+    rank = len(x.shape)
+    axis = int(node.attrs.get("axis", -1))
+    axis += rank if axis < 0 else 0
+    bias_v = node.inputs[2] if len(node.inputs) > 2 and not rms else None
+    bias = None if bias_v is None else cx.ref(bias_v)
+    eps = float(node.attrs.get("epsilon", 1e-5))
+    return _norm_rows(cx, x, y, cx.ref(node.inputs[1]), bias, axis, eps, rms)
+
+
+def _unused(cx: Any, v: Any) -> bool:
+    """An omitted output, or one nothing reads and the graph does not return."""
+    return v is None or (cx.readers.get(id(v), 0) == 0 and id(v) not in cx.outputs)
+
+
+def _norm_rows(cx: Any, x: Ref, y: Ref, scale: Ref, bias: Ref | None, axis: int, eps: float,
+               rms: bool) -> list[str]:  # fmt: skip
+    """The normalization of ``x``'s rows (axes ``axis..``) into ``y``: per row the
+    statistics accumulated in float64, the normalization in the model's dtype."""
+    if str(y.dtype) not in _FLOATS or x.dtype != y.dtype:
+        cx.decline(f"normalization of {x.dtype}")
+    n = math.prod(x.shape[axis:])
+    rows = math.prod(x.shape[:axis])
+    for r in (scale, bias):
+        if r is not None and (r.size != n or r.dtype != y.dtype):
+            cx.decline(f"normalization parameters of shape {r.shape}")
+    t, g, N = tname(y.dtype), cx.tag, literal(n)
+
+    def at(r: Ref, row: str, j: str) -> str:
+        return f"{r.buf}[{index(r.off, [row, j], [n, 1])}]"
+
+    def body(iv: list[str]) -> list[str]:
+        o = iv[0]
+        lines = [f"{g}s = 0.0", f"{g}q = 0.0", f"for j in range({N}):",
+                 f"    {g}v = f8({at(x, o, 'j')})", f"    {g}s += {g}v", f"    {g}q += {g}v * {g}v",
+                 f"{g}mean = {g}s / {literal(float(n))}"]  # fmt: skip
+        if rms:
+            lines += [f"{g}mean = 0.0", f"{g}var = {g}q / {literal(float(n))}"]
+        else:
+            lines += [f"{g}var = {g}q / {literal(float(n))} - {g}mean * {g}mean",
+                      f"if {g}var < 0.0:", f"    {g}var = 0.0"]  # fmt: skip
+        lines += [f"{g}inv = 1.0 / np.sqrt({g}var + {literal(eps)})",
+                  f"{g}mt = {t}({g}mean)", f"{g}it = {t}({g}inv)",
+                  f"for j in range({N}):"]  # fmt: skip
+        val = f"({at(x, o, 'j')} - {g}mt) * {g}it * {scale.buf}[{scale.off} + j]"
+        if bias is not None:
+            val += f" + {bias.buf}[{bias.off} + j]"
+        lines.append(f"    {at(y, o, 'j')} = {val}")
+        return lines
+
+    return loop_nest([rows], body, "p")
+
+
+def _skip_norm(cx: Any, node: Node) -> list[str]:
+    """onnxruntime's SkipLayerNormalization / SkipSimplifiedLayerNormalization: ``s = input
+    + skip (+ bias)`` (into the ``input_skip_bias_sum`` output when asked for), then the
+    normalization over the last axis (``epsilon`` default 1e-12). The mean and inverse std
+    outputs are declined."""
+    simplified = node.op_type == "SkipSimplifiedLayerNormalization"
+    ins = list(node.inputs)
+    x, skip, gamma = cx.ref(ins[0]), cx.ref(ins[1]), cx.ref(ins[2])
+    beta_v = None if simplified or len(ins) < 4 else ins[3]
+    bias_v = ins[3 if simplified else 4] if len(ins) > (3 if simplified else 4) else None
+    outs = list(node.outputs) + [None] * 4
+    if not (_unused(cx, outs[1]) and _unused(cx, outs[2])):
+        cx.decline(f"{node.op_type} with its statistics outputs read")
+    if skip.shape != x.shape:
+        cx.decline(f"{node.op_type} with a broadcast skip {skip.shape}")
+    y = cx.out(outs[0])
+    total = cx.out(outs[3]) if outs[3] is not None else cx.new_buffer(x.shape, x.dtype)
+    operands = [x, skip] + ([cx.ref(bias_v)] if bias_v is not None else [])
+    steps: list[Step] = [("Add", {}, (0, 1))]
+    if bias_v is not None:
+        steps.append(("Add", {}, (-1, 2)))
+    lines = elementwise(cx.tag, total, operands, steps, None)
+    beta = None if beta_v is None else cx.ref(beta_v)
+    eps = float(node.attrs.get("epsilon", 1e-12))
+    return lines + _norm_rows(cx, total, y, gamma, beta, len(x.shape) - 1, eps, simplified)
+
+
+def _gelu_like(cx: Any, node: Node) -> list[str]:
+    """onnxruntime's BiasGelu (``Gelu(A + B)``, erf form) and FastGelu (the tanh form of
+    ``X [+ bias]``): one elementwise pass."""
+    y = cx.out(node.outputs[0])
+    ins = [cx.ref(v) for v in node.inputs if v is not None]
+    if str(y.dtype) not in _FLOATS or any(r.dtype != y.dtype for r in ins):
+        cx.decline(f"{node.op_type} of {[str(r.dtype) for r in ins]}")
+    tanh = node.op_type == "FastGelu"
+    gelu: Step = ("Gelu", {"approximate": "tanh" if tanh else "none"}, (-1,))
+    if len(ins) == 1:
+        return elementwise(cx.tag, y, ins, [gelu], 0)
+    return elementwise(cx.tag, y, ins, [("Add", {}, (0, 1)), gelu], None)
+
+
+def _fused_matmul(cx: Any, node: Node) -> list[str]:
+    """onnxruntime's FusedMatMul without transposes: ``alpha * A @ B`` (the product, then
+    the scaling in place)."""
+    at = node.attrs
+    if any(int(at.get(k, 0)) for k in ("transA", "transB", "transBatchA", "transBatchB")):
+        cx.decline("FusedMatMul with a transposed operand")
+    a, b = cx.ref(node.inputs[0]), cx.ref(node.inputs[1])
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        cx.decline("FusedMatMul of a vector")
+    lines = _batched_matmul(cx, node) if len(b.shape) > 2 else _plain(cx, node, a, b)
+    alpha = float(at.get("alpha", 1.0))
+    if alpha == 1.0:
+        return lines
+    y = cx.refs[id(node.outputs[0])]
+    c = cx.put_const(np.asarray([alpha], y.dtype))
+    return lines + elementwise(cx.tag, y, [y, c], [("Mul", {}, (-1, 1))], 0)
+
+
+def _plain(cx: Any, node: Node, a: Ref, b: Ref) -> list[str]:
+    y = cx.out(node.outputs[0])
+    k, n = b.shape
+    return matmul(cx.tag, a, b, y, (a.size // k, k, n), (k, 1), (n, 1), blas=cx.blas)
+
+
+def _gather_nd(cx: Any, node: Node) -> list[str]:
+    """GatherND with ``batch_dims`` 0: each row of the (..., k) indices picks a slab of
+    ``data`` (its trailing dims) by its first k coordinates; negative indices wrap,
+    indices out of range raise IndexError, as Gather's lowering."""
+    if int(node.attrs.get("batch_dims", 0)) != 0:
+        cx.decline("GatherND with batch_dims")
+    data, idx, y = cx.ref(node.inputs[0]), cx.ref(node.inputs[1]), cx.out(node.outputs[0])
+    if str(idx.dtype) not in ("int64", "int32") or not idx.shape:
+        cx.decline(f"GatherND indices of {idx.dtype} {idx.shape}")
+    k = idx.shape[-1]
+    if k > len(data.shape):
+        cx.decline("GatherND indices longer than the data's rank")
+    rows = math.prod(idx.shape[:-1])
+    slab = math.prod(data.shape[k:])
+    st = strides(data.shape)
+    g, S, K = cx.tag, literal(slab), literal(k)
+    lines = [f"for q in range({literal(rows)}):", f"    {g}o = 0"]
+    for d in range(k):
+        D = literal(data.shape[d])
+        lines += [f"    {g}t = {idx.buf}[{idx.off} + q * {K} + {literal(d)}]",
+                  f"    if {g}t < 0:", f"        {g}t += {D}",
+                  f"    if {g}t < 0 or {g}t >= {D}:",
+                  "        raise IndexError('GatherND index out of range')",
+                  f"    {g}o += {g}t * {literal(st[d])}"]  # fmt: skip
+    src = f"{data.buf}[{data.off} + {g}o + c]"
+    lines += [f"    for c in range({S}):", f"        {y.buf}[{y.off} + q * {S} + c] = {src}"]
+    return lines
+
+
+def _split(cx: Any, node: Node) -> list[str]:
+    """Split along one axis: each output a strided copy of its slice of the input (the
+    pieces' sizes are the outputs' shapes, known for the signature)."""
+    x = cx.ref(node.inputs[0])
+    rank = len(x.shape)
+    axis = int(node.attrs.get("axis", 0))
+    axis += rank if axis < 0 else 0
+    st = strides(x.shape)
+    lines: list[str] = []
+    begin = 0
+    for v in node.outputs:
+        if v is None:
+            cx.decline("Split with an omitted output")
+        y = cx.out(v)
+        if y.dtype != x.dtype or len(y.shape) != rank:
+            cx.decline("Split output of another dtype or rank")
+        sub = Ref(x.buf, f"{x.off} + {literal(begin * st[axis])}", y.shape, x.dtype, x.root)
+        lines += copy_strided(y, sub, st)
+        begin += y.shape[axis]
+    if begin != x.shape[axis]:
+        cx.decline("Split pieces that do not cover the axis")
+    return lines
+
+
+_MS = "com.microsoft"
+
+TX_LOWER: dict[tuple[str, str], Any] = {
+    ("", "Split"): _split,
+    ("", "GatherND"): _gather_nd,
+    ("", "SimplifiedLayerNormalization"): _norm,
+    (_MS, "SkipLayerNormalization"): _skip_norm,
+    (_MS, "SkipSimplifiedLayerNormalization"): _skip_norm,
+    (_MS, "BiasGelu"): _gelu_like,
+    (_MS, "FastGelu"): _gelu_like,
+    (_MS, "FusedMatMul"): _fused_matmul,
+    **{("", op): _logic for op in _LOGIC},
+    ("", "Expand"): _expand,
+    ("", "LayerNormalization"): _norm,
+    ("", "RMSNormalization"): _norm,
+}
+
+
+def batched_matmul(cx: Any, node: Node) -> list[str] | None:
+    """The batched form of MatMul when both operands are stacks of matrices (None: the 2-D
+    weights form applies)."""
+    b = cx.ref(node.inputs[1])
+    if len(b.shape) <= 2:
+        return None
+    return _batched_matmul(cx, node)
