@@ -107,12 +107,12 @@ def _batched_matmul(cx: Any, node: Node) -> list[str]:
     a_mat, b_mat, y_mat = m * k, k * n, m * n
     g = cx.tag
     if a.shape[:-2] == b.shape[:-2] == batch:  # one loop over the stack
-        q = f"{g}bq"
-        sub_a = Ref(a.buf, f"{a.off} + {q} * {literal(a_mat)}", (m, k), a.dtype, a.root)
-        sub_b = Ref(b.buf, f"{b.off} + {q} * {literal(b_mat)}", (k, n), b.dtype, b.root)
-        sub_y = Ref(y.buf, f"{y.off} + {q} * {literal(y_mat)}", (m, n), y.dtype, y.root)
+        bq = f"{g}bq"
+        sub_a = Ref(a.buf, f"{a.off} + {bq} * {literal(a_mat)}", (m, k), a.dtype, a.root)
+        sub_b = Ref(b.buf, f"{b.off} + {bq} * {literal(b_mat)}", (k, n), b.dtype, b.root)
+        sub_y = Ref(y.buf, f"{y.off} + {bq} * {literal(y_mat)}", (m, n), y.dtype, y.root)
         inner = matmul(g, sub_a, sub_b, sub_y, (m, k, n), (k, 1), (n, 1), blas=cx.blas)
-        return [f"for {q} in range({literal(math.prod(batch))}):"] + ["    " + ln for ln in inner]
+        return [f"for {bq} in range({literal(math.prod(batch))}):"] + ["    " + ln for ln in inner]
     ast = bcast_strides(a.shape[:-2], batch)
     bst = bcast_strides(b.shape[:-2], batch)
     lines: list[str] = []
