@@ -209,6 +209,38 @@ def test_transformer_ops_agree_with_the_sync_interpreter() -> None:
         _assert_same(native.run(feeds), sync.run(feeds))
 
 
+def test_onnxruntime_bert_front_agrees_with_the_sync_interpreter() -> None:
+    """onnxruntime's optimized BERT starts with EmbedLayerNormalization (word, position and
+    segment tables, LayerNorm, the mask's lengths) feeding Attention (merged Q/K/V weight,
+    the (B,) lengths as mask_index): both lowered, against the interpreter, with a
+    padded row."""
+    ms = "com.microsoft"
+    b = GraphBuilder("bert_front")
+    ids = b.input("ids", np.int32, (2, 5))
+    seg = b.input("seg", np.int32, (2, 5))
+    mask = b.input("mask", np.int32, (2, 5))
+    emb, index = b.op("EmbedLayerNormalization", ids, seg, b.const(_rand(20, 8)),
+                      b.const(_rand(10, 8)), b.const(_rand(2, 8)), b.const(_rand(8) + 1),
+                      b.const(_rand(8)), mask, domain=ms, n_outputs=2)  # fmt: skip
+    att = b.op("Attention", emb, b.const(_rand(8, 24) * 0.5), b.const(_rand(24)), index,
+               domain=ms, num_heads=2)  # fmt: skip
+    b.output(emb, "emb")
+    b.output(index, "mask_index")
+    b.output(att, "attention")
+    g = b.build()
+    native = tfrt_py.load(g, executor="native", native="eager", optimize=False)
+    sync = tfrt_py.load(g, executor="sync", optimize=False)
+    assert native.native.state == "ready"
+    feeds = {"ids": np.array([[1, 7, 19, 0, 3], [4, 4, 2, 0, 0]], np.int32),
+             "seg": np.array([[0, 0, 1, 1, 1], [0, 1, 0, 0, 0]], np.int32),
+             "mask": np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.int32)}  # fmt: skip
+    for _ in range(2):
+        _assert_same(native.run(feeds), sync.run(feeds))
+    bad = dict(feeds, ids=np.array([[1, 7, 20, 0, 3], [4, 4, 2, 0, 0]], np.int32))
+    with pytest.raises(ExecutionError):  # an id past the table, as the interpreter
+        native.run(bad)
+
+
 def test_max_and_min_match_numpy() -> None:
     # Compared with NumPy directly: the sync interpreter's planned Max/Min call
     # np.maximum(a, b, out) positionally, which NumPy 2.4 deprecates.

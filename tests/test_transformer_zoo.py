@@ -99,14 +99,11 @@ def test_optimized_variants_carry_the_contrib_ops() -> None:
     ]
 
 
-#: The variants the native tier lowers whole (their shape arithmetic folded per signature;
-#: LayerNorm/RMSNorm, the masks' logic, stacked MatMul, Split, GELU, GatherND and
-#: onnxruntime's fused norms, GELUs and FusedMatMul lowered). Not bert-ort: its contrib
-#: Attention and EmbedLayerNormalization have no native form.
-NATIVE = (
-    "bert", "bert-dynamo", "bert-ortsession", "distilbert", "distilbert-dynamo", "gpt2",
-    "gpt2-dynamo", "gpt2-ort", "t5-encoder", "t5-encoder-dynamo", "t5-encoder-ort",
-)  # fmt: skip
+#: The variants the native tier lowers whole: all of them (their shape arithmetic folded
+#: per signature; LayerNorm/RMSNorm, the masks' logic, stacked MatMul, Split, GELU,
+#: GatherND and onnxruntime's fused norms, GELUs, FusedMatMul, EmbedLayerNormalization and
+#: Attention lowered).
+NATIVE = tuple(MANIFEST["models"])
 
 
 @pytest.mark.slow  # a numba compile per model and signature, ~8 s each

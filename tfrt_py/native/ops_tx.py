@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import Node
-from .emit import Step, copy_strided, elementwise, matmul, tname
+from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import Ref, bcast_strides, coalesce, index, loop_nest, strides
 from .source import literal
 
@@ -315,6 +315,166 @@ def _split(cx: Any, node: Node) -> list[str]:
     return lines
 
 
+def _ids_check(g: str, t: str, dim: int) -> list[str]:
+    """Bounds check of id ``t`` (a temporary) into a table of ``dim`` rows, as the
+    interpreter's: no negative wrap, out of range raises."""
+    return [
+        f"if {t} < 0 or {t} >= {literal(dim)}:",
+        "    raise IndexError('Gather index out of range')",
+    ]
+
+
+def _embed_norm(cx: Any, node: Node) -> list[str]:
+    """onnxruntime's EmbedLayerNormalization without position_ids: ``word[ids] +
+    position[0..S-1] (+ segment[segment_ids])`` per token (into ``embedding_sum`` when
+    asked for), the LayerNorm of each (``epsilon`` default 1e-12), and ``mask_index``
+    (int32 (B,): the ones in each row of ``mask``; zeros without one)."""
+    ins = list(node.inputs) + [None] * 9
+    ids, seg_ids, word, pos, seg = (ins[i] for i in range(5))
+    gamma, beta, mask, pos_ids = ins[5], ins[6], ins[7], ins[8]
+    if pos_ids is not None or (seg_ids is None) != (seg is None):
+        cx.decline("EmbedLayerNormalization with position_ids, or half a segment input")
+    idr, wr, pr = cx.ref(ids), cx.ref(word), cx.ref(pos)
+    sr = None if seg is None else cx.ref(seg)
+    sir = None if seg_ids is None else cx.ref(seg_ids)
+    if len(idr.shape) != 2 or str(idr.dtype) not in ("int32", "int64"):
+        cx.decline(f"input_ids {idr.dtype} {idr.shape}")
+    if sir is not None and (sir.shape != idr.shape or str(sir.dtype) not in ("int32", "int64")):
+        cx.decline("segment_ids of another shape or dtype")
+    b_, s_ = idr.shape
+    h = wr.shape[1]
+    if s_ > pr.shape[0] or any(len(r.shape) != 2 or r.shape[1] != h for r in (wr, pr, *(
+            [sr] if sr is not None else []))):  # fmt: skip
+        cx.decline("embedding tables of other widths, or more tokens than positions")
+    outs = list(node.outputs) + [None] * 3
+    y = cx.out(outs[0])
+    total = cx.out(outs[2]) if outs[2] is not None else cx.new_buffer((b_, s_, h), y.dtype)
+    if not all(r.dtype == y.dtype for r in (wr, pr, total, *([sr] if sr else []))):
+        cx.decline("EmbedLayerNormalization of mixed dtypes")
+    g, H = cx.tag, literal(h)
+    row = f"{wr.buf}[{wr.off} + {g}w * {H} + c] + {pr.buf}[{pr.off} + {g}p * {H} + c]"
+    lines = [f"for q in range({literal(b_ * s_)}):",
+             f"    {g}w = {idr.buf}[{idr.off} + q]",
+             *["    " + ln for ln in _ids_check(g, f"{g}w", wr.shape[0])],
+             f"    {g}p = q % {literal(s_)}"]  # fmt: skip
+    if sr is not None and sir is not None:
+        lines += [f"    {g}g = {sir.buf}[{sir.off} + q]",
+                  *["    " + ln for ln in _ids_check(g, f"{g}g", sr.shape[0])]]  # fmt: skip
+        row = f"({row}) + {sr.buf}[{sr.off} + {g}g * {H} + c]"
+    lines += [
+        f"    for c in range({H}):",
+        f"        {total.buf}[{total.off} + q * {H} + c] = {row}",
+    ]
+    eps = float(node.attrs.get("epsilon", 1e-12))
+    lines += _norm_rows(cx, total, y, cx.ref(gamma), cx.ref(beta), 2, eps, False)
+    if outs[1] is not None:
+        mi = cx.out(outs[1])
+        if str(mi.dtype) != "int32":
+            cx.decline("mask_index of another dtype")
+        lines += [f"for bb in range({literal(b_)}):", f"    {g}n = 0"]
+        if mask is not None:
+            mr = cx.ref(mask)
+            if mr.shape != (b_, s_):
+                cx.decline("a mask of another shape than input_ids")
+            lines += [f"    for c in range({literal(s_)}):",
+                      f"        if {mr.buf}[{mr.off} + bb * {literal(s_)} + c] == 1:",
+                      f"            {g}n += 1"]  # fmt: skip
+        lines.append(f"    {mi.buf}[{mi.off} + bb] = i4({g}n)")
+    return lines
+
+
+def _attention(cx: Any, node: Node) -> list[str]:
+    """onnxruntime's Attention for the export's common form: one (B, S, Hin) input, a
+    constant merged Q/K/V weight and bias, an optional (B,) mask_index of end positions
+    (keys at or after masked with ``mask_filter_value``, default -10000), no past,
+    present or attention_bias, equal Q/K/V sizes, ``unidirectional`` 0. The projection
+    (gemm), then per batch row and head the keys transposed into a scratch (so the score
+    loop runs along contiguous keys), the scores ``(q * scale) k^T``, the mask, softmax
+    (``expf``) and the product by V, written merged into the (B, S, N * H) output. The
+    interpreter's formulation, step by step."""
+    at = node.attrs
+    heads = int(at.get("num_heads", 0))
+    ins = list(node.inputs) + [None] * 7
+    if any(ins[i] is not None for i in (4, 5, 6)) or any(v is not None for v in node.outputs[1:]):
+        cx.decline("Attention with past, present or attention_bias")
+    if int(at.get("unidirectional", 0)) or at.get("qkv_hidden_sizes") is not None:
+        cx.decline("Attention unidirectional or with qkv_hidden_sizes")
+    if int(at.get("do_rotary", 0)) or int(at.get("past_present_share_buffer", 0)):
+        cx.decline("Attention decoder options")
+    x, w = cx.ref(ins[0]), cx.ref(ins[1])
+    y = cx.out(node.outputs[0])
+    if str(y.dtype) != "float32" or x.dtype != y.dtype or w.dtype != y.dtype:
+        cx.decline("Attention of another dtype than float32")
+    if len(x.shape) != 3 or len(w.shape) != 2 or w.shape[0] != x.shape[2] or w.shape[1] % 3:
+        cx.decline(f"Attention of shapes {x.shape} x {w.shape}")
+    b_, s_, hin = x.shape
+    d = w.shape[1] // 3
+    if heads <= 0 or d % heads:
+        cx.decline("Attention heads")
+    hq = d // heads
+    scale = float(at.get("scale", 0.0)) or 1.0 / math.sqrt(hq)
+    fill = float(at.get("mask_filter_value", -10000.0))
+    qkv = cx.new_buffer((b_ * s_, 3 * d), y.dtype)
+    lines = matmul(cx.tag, x, w, qkv, (b_ * s_, hin, 3 * d), (hin, 1), (3 * d, 1), blas=cx.blas)
+    if ins[2] is not None:
+        bias = cx.ref(ins[2])
+        if bias.size != 3 * d or bias.dtype != y.dtype:
+            cx.decline("Attention bias of another size")
+        lines += elementwise(cx.tag, qkv, [qkv, bias], [("Add", {}, (-1, 1))], 0)
+    mask = None
+    if ins[3] is not None:
+        mask = cx.ref(ins[3])
+        if mask.shape != (b_,) or str(mask.dtype) not in ("int32", "int64"):
+            cx.decline(f"Attention mask_index {mask.shape} (the (B,) end positions only)")
+    cx.imports.add(EXP_IMPORT)
+    sc = cx.new_buffer((s_, s_), y.dtype)
+    kt = cx.new_buffer((hq, s_), y.dtype)  # one head's keys, transposed: rows along j
+    g, S, D3, HQ = cx.tag, literal(s_), literal(3 * d), literal(hq)
+    scale_c = literal(scale)
+
+    def qkv_at(row: str, col: str) -> str:
+        return f"{qkv.buf}[{qkv.off} + ({row}) * {D3} + {col}]"
+
+    def sc_at(i: str, j: str) -> str:
+        return f"{sc.buf}[{sc.off} + {i} * {S} + {j}]"
+
+    yd = f"{y.buf}[{y.off} + (bb * {S} + i) * {literal(d)} + hh * {HQ} + dd]"
+    row_j, row_i = f"bb * {S} + j", f"bb * {S} + i"
+
+    body = [f"for bb in range({literal(b_)}):"]
+    end = f"min(max(i8({mask.buf}[{mask.off} + bb]), 0), {S})" if mask is not None else S
+    body += [f"    {g}end = {end}", f"    for hh in range({literal(heads)}):",
+             f"        {g}qo = hh * {HQ}", f"        {g}ko = {literal(d)} + hh * {HQ}",
+             f"        {g}vo = {literal(2 * d)} + hh * {HQ}",
+             f"        for j in range({S}):",
+             f"            for dd in range({HQ}):",
+             f"                {kt.buf}[{kt.off} + dd * {S} + j] = {qkv_at(row_j, g + 'ko + dd')}",
+             f"        for i in range({S}):",
+             f"            for j in range({S}):", f"                {sc_at('i', 'j')} = f4(0.0)",
+             f"            for dd in range({HQ}):",
+             f"                {g}qd = {qkv_at(row_i, g + 'qo + dd')} * f4({scale_c})",
+             f"                for j in range({S}):",
+             f"                    {sc_at('i', 'j')} += {g}qd * {kt.buf}[{kt.off} + dd * {S} + j]",
+             f"            for j in range({g}end, {S}):",
+             f"                {sc_at('i', 'j')} += f4({literal(fill)})",
+             f"            {g}mx = {sc_at('i', '0')}",
+             f"            for j in range(1, {S}):",
+             f"                if {sc_at('i', 'j')} > {g}mx:",
+             f"                    {g}mx = {sc_at('i', 'j')}",
+             f"            {g}sum = f4(0.0)",
+             f"            for j in range({S}):",
+             f"                {g}e = expf({sc_at('i', 'j')} - {g}mx)",
+             f"                {sc_at('i', 'j')} = {g}e",
+             f"                {g}sum += {g}e",
+             f"            for dd in range({HQ}):",
+             f"                {yd} = f4(0.0)",
+             f"            for j in range({S}):",
+             f"                {g}p = {sc_at('i', 'j')} / {g}sum",
+             f"                for dd in range({HQ}):",
+             f"                    {yd} += {g}p * {qkv_at(row_j, g + 'vo + dd')}"]  # fmt: skip
+    return lines + body
+
+
 _MS = "com.microsoft"
 
 TX_LOWER: dict[tuple[str, str], Any] = {
@@ -326,6 +486,8 @@ TX_LOWER: dict[tuple[str, str], Any] = {
     (_MS, "BiasGelu"): _gelu_like,
     (_MS, "FastGelu"): _gelu_like,
     (_MS, "FusedMatMul"): _fused_matmul,
+    (_MS, "EmbedLayerNormalization"): _embed_norm,
+    (_MS, "Attention"): _attention,
     **{("", op): _logic for op in _LOGIC},
     ("", "Expand"): _expand,
     ("", "LayerNormalization"): _norm,
