@@ -388,10 +388,11 @@ def _attention(cx: Any, node: Node) -> list[str]:
     constant merged Q/K/V weight and bias, an optional (B,) mask_index of end positions
     (keys at or after masked with ``mask_filter_value``, default -10000), no past,
     present or attention_bias, equal Q/K/V sizes, ``unidirectional`` 0. The projection
-    (gemm), then per batch row and head the keys transposed into a scratch (so the score
-    loop runs along contiguous keys), the scores ``(q * scale) k^T``, the mask, softmax
-    (``expf``) and the product by V, written merged into the (B, S, N * H) output. The
-    interpreter's formulation, step by step."""
+    (gemm), then per batch row and head: the keys transposed and scaled into a scratch,
+    the scores ``q (k scale)^T`` and later the product by V through ``emit.matmul``'s
+    vectorized loops, the mask, softmax (``expf``), the head's rows copied into the
+    merged (B, S, N * H) output. The interpreter's formulation to rounding (it scales q,
+    not k, and its products are BLAS's)."""
     at = node.attrs
     heads = int(at.get("num_heads", 0))
     ins = list(node.inputs) + [None] * 7
@@ -428,50 +429,45 @@ def _attention(cx: Any, node: Node) -> list[str]:
             cx.decline(f"Attention mask_index {mask.shape} (the (B,) end positions only)")
     cx.imports.add(EXP_IMPORT)
     sc = cx.new_buffer((s_, s_), y.dtype)
-    kt = cx.new_buffer((hq, s_), y.dtype)  # one head's keys, transposed: rows along j
-    g, S, D3, HQ = cx.tag, literal(s_), literal(3 * d), literal(hq)
-    scale_c = literal(scale)
-
-    def qkv_at(row: str, col: str) -> str:
-        return f"{qkv.buf}[{qkv.off} + ({row}) * {D3} + {col}]"
-
-    def sc_at(i: str, j: str) -> str:
-        return f"{sc.buf}[{sc.off} + {i} * {S} + {j}]"
-
-    yd = f"{y.buf}[{y.off} + (bb * {S} + i) * {literal(d)} + hh * {HQ} + dd]"
-    row_j, row_i = f"bb * {S} + j", f"bb * {S} + i"
-
-    body = [f"for bb in range({literal(b_)}):"]
+    kt = cx.new_buffer((hq, s_), y.dtype)  # one head's keys, transposed and scaled
+    oh = cx.new_buffer((s_, hq), y.dtype)  # one head's output rows
+    g, S, D, HQ = cx.tag, literal(s_), literal(d), literal(hq)
+    D3 = literal(3 * d)
+    row = f"(bb * {S} + i)"
+    # per head, the products through emit.matmul (its vectorized loops): q is a strided
+    # view of the projection (rows 3d apart), the keys are scaled as they are transposed
+    qh = Ref(qkv.buf, f"{qkv.off} + bb * {literal(s_ * 3 * d)} + hh * {HQ}", (s_, hq),
+             y.dtype, qkv.root)  # fmt: skip
+    vh = Ref(qkv.buf, f"{qkv.off} + bb * {literal(s_ * 3 * d)} + {literal(2 * d)} + hh * {HQ}",
+             (s_, hq), y.dtype, qkv.root)  # fmt: skip
+    scores = matmul(f"{g}s_", qh, kt, sc, (s_, hq, s_), (3 * d, 1), (s_, 1), blas=False)
+    product = matmul(f"{g}v_", sc, vh, oh, (s_, s_, hq), (s_, 1), (3 * d, 1), blas=False)
     end = f"min(max(i8({mask.buf}[{mask.off} + bb]), 0), {S})" if mask is not None else S
-    body += [f"    {g}end = {end}", f"    for hh in range({literal(heads)}):",
-             f"        {g}qo = hh * {HQ}", f"        {g}ko = {literal(d)} + hh * {HQ}",
-             f"        {g}vo = {literal(2 * d)} + hh * {HQ}",
-             f"        for j in range({S}):",
-             f"            for dd in range({HQ}):",
-             f"                {kt.buf}[{kt.off} + dd * {S} + j] = {qkv_at(row_j, g + 'ko + dd')}",
-             f"        for i in range({S}):",
-             f"            for j in range({S}):", f"                {sc_at('i', 'j')} = f4(0.0)",
-             f"            for dd in range({HQ}):",
-             f"                {g}qd = {qkv_at(row_i, g + 'qo + dd')} * f4({scale_c})",
-             f"                for j in range({S}):",
-             f"                    {sc_at('i', 'j')} += {g}qd * {kt.buf}[{kt.off} + dd * {S} + j]",
-             f"            for j in range({g}end, {S}):",
-             f"                {sc_at('i', 'j')} += f4({literal(fill)})",
-             f"            {g}mx = {sc_at('i', '0')}",
-             f"            for j in range(1, {S}):",
-             f"                if {sc_at('i', 'j')} > {g}mx:",
-             f"                    {g}mx = {sc_at('i', 'j')}",
-             f"            {g}sum = f4(0.0)",
-             f"            for j in range({S}):",
-             f"                {g}e = expf({sc_at('i', 'j')} - {g}mx)",
-             f"                {sc_at('i', 'j')} = {g}e",
-             f"                {g}sum += {g}e",
-             f"            for dd in range({HQ}):",
-             f"                {yd} = f4(0.0)",
-             f"            for j in range({S}):",
-             f"                {g}p = {sc_at('i', 'j')} / {g}sum",
-             f"                for dd in range({HQ}):",
-             f"                    {yd} += {g}p * {qkv_at(row_j, g + 'vo + dd')}"]  # fmt: skip
+    body = [f"for bb in range({literal(b_)}):", f"    {g}end = {end}",
+            f"    for hh in range({literal(heads)}):",
+            f"        for i in range({S}):",
+            f"            for dd in range({HQ}):",
+            f"                {kt.buf}[{kt.off} + dd * {S} + i] = "
+            f"{qkv.buf}[{qkv.off} + {row} * {D3} + {D} + hh * {HQ} + dd] * f4({literal(scale)})",
+            *["        " + ln for ln in scores],
+            f"        for i in range({S}):",
+            f"            for j in range({g}end, {S}):",
+            f"                {sc.buf}[{sc.off} + i * {S} + j] += f4({literal(fill)})",
+            f"            {g}mx = {sc.buf}[{sc.off} + i * {S}]",
+            f"            for j in range(1, {S}):",
+            f"                {g}mx = max({g}mx, {sc.buf}[{sc.off} + i * {S} + j])",
+            f"            {g}sum = f4(0.0)",
+            f"            for j in range({S}):",
+            f"                {g}e = expf({sc.buf}[{sc.off} + i * {S} + j] - {g}mx)",
+            f"                {sc.buf}[{sc.off} + i * {S} + j] = {g}e",
+            f"                {g}sum += {g}e",
+            f"            for j in range({S}):",
+            f"                {sc.buf}[{sc.off} + i * {S} + j] /= {g}sum",
+            *["        " + ln for ln in product],
+            f"        for i in range({S}):",
+            f"            for dd in range({HQ}):",
+            f"                {y.buf}[{y.off} + {row} * {D} + hh * {HQ} + dd] = "
+            f"{oh.buf}[{oh.off} + i * {HQ} + dd]"]  # fmt: skip
     return lines + body
 
 
