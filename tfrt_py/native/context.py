@@ -51,7 +51,7 @@ class NodeContext:
         self.imports: set[str] = set()  # import lines the code needs (``emit``'s)
         self.packed: list[tuple[np.ndarray, Ref]] = []  # every constant put, with its ref
         self._same: dict[tuple[Any, ...], Ref] = {}  # (shape, dtype, digest) -> ref
-        #: value id -> its value for this signature (``lower._shape_values``): constants
+        #: value id -> its value for this signature (``fold.shape_values``): constants
         self.folded: dict[int, np.ndarray] = {}
 
     def share_constants(self, other: NodeContext) -> None:

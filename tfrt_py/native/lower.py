@@ -39,6 +39,7 @@ from ..kernels import blas
 from .budget import OverBudget, budget, check, precheck
 from .context import NodeContext
 from .emit import BLAS_IMPORT, EXP_IMPORT, copy_strided, tname
+from .fold import shape_arithmetic, shape_values
 from .loops import Ref, strides
 from .ops import LOWER
 from .ops_ml import KERNEL_IMPORTS, ML_LOWER, kernel_version
@@ -46,15 +47,7 @@ from .rowwise import check_rows
 from .runs import find_runs, lower_run_middle
 from .source import Declined, audit, literal
 
-__all__ = [
-    "VIEW_OPS",
-    "Declined",
-    "Lowered",
-    "blockers",
-    "dynamic_inputs",
-    "lower",
-    "shape_arithmetic",
-]
+__all__ = ["VIEW_OPS", "Declined", "Lowered", "blockers", "dynamic_inputs", "lower"]
 
 _ALL_LOWER = {**LOWER, **ML_LOWER}
 
@@ -144,50 +137,6 @@ def _shapes(
     """Every value's shape and dtype for inputs of these (shape, dtype), from a probe run
     on zero feeds."""
     return _probe(graph, program, specs)[0]
-
-
-#: Values computed from shapes alone (``_shape_values``) are baked in as constants up to
-#: this many elements each.
-SHAPE_VALUE_MAX = 1 << 16
-#: Ops whose output is not a function of their inputs' values.
-_RANDOM_OPS = frozenset(
-    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-     "Bernoulli"}
-)  # fmt: skip
-
-
-def shape_arithmetic(graph: Graph) -> list[Node]:
-    """The nodes whose outputs depend on the feeds' shapes but not on their values: Shape
-    and Size, and every node computing from those and constants alone (the Gather,
-    Unsqueeze, Concat, Equal, Where, Range... of an export's shape arithmetic). Nodes
-    with subgraphs and random ops excluded."""
-    known: set[int] = set()
-    found = []
-    for node in graph.nodes:
-        if node.op_type in _RANDOM_OPS or list(node.subgraphs()):
-            continue
-        ins = [v for v in node.inputs if v is not None]
-        if not ins:
-            continue
-        shape_op = node.domain == "" and node.op_type in ("Shape", "Size")
-        if not shape_op and not all(v.const is not None or id(v) in known for v in ins):
-            continue
-        known.update(id(v) for v in node.outputs if v is not None)
-        found.append(node)
-    return found
-
-
-def _shape_values(graph: Graph, values: dict[int, Any]) -> dict[int, np.ndarray]:
-    """``shape_arithmetic``'s outputs as the probe computed them: for one input signature
-    they are constants. At most ``SHAPE_VALUE_MAX`` elements each (a bigger one stays a
-    node to lower)."""
-    out: dict[int, np.ndarray] = {}
-    for node in shape_arithmetic(graph):
-        for v in node.outputs:
-            x = None if v is None else values.get(id(v))
-            if v is not None and isinstance(x, np.ndarray) and x.size <= SHAPE_VALUE_MAX:
-                out[id(v)] = x
-    return out
 
 
 def _probe(
@@ -294,7 +243,7 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
         cx.blas = shapes is not None and blas.available()
         # one signature: the shape arithmetic is constants (rows mode probes two batch
         # sizes, whose shape values differ: it keeps the nodes)
-        for vid, arr in _shape_values(graph, values).items():
+        for vid, arr in shape_values(graph, values).items():
             cx.folded[vid] = arr
     sig, prologue = [], []
     for k, (shape, dtype) in enumerate(specs):
