@@ -241,6 +241,25 @@ def test_onnxruntime_bert_front_agrees_with_the_sync_interpreter() -> None:
         native.run(bad)
 
 
+@pytest.mark.parametrize("to", [np.int64, np.int32])
+def test_float_to_int_cast_of_nan_and_infinities_is_defined(to: Any) -> None:
+    """A request's NaN, infinity or out-of-range float cast to an int (which a Gather may
+    then use as an index) gives the type's minimum, as NumPy on x86, never an undefined
+    value; in-range values truncate toward zero."""
+    b = GraphBuilder("cast")
+    x = b.input("x", F32, (8,))
+    b.output(b.op("Cast", x, to=7 if to is np.int64 else 6), "y")
+    native = tfrt_py.load(b.build(), executor="native", native="eager")
+    assert native.native.state == "ready"
+    big = 2.0**40 if to is np.int32 else 2.0**70
+    x = np.array([np.nan, np.inf, -np.inf, big, -big, 2.7, -2.7, 0.0], F32)
+    with np.errstate(invalid="ignore"):
+        want = x.astype(to)
+    low = np.iinfo(to).min
+    np.testing.assert_array_equal(native.run({"x": x})["y"], [low] * 5 + [2, -2, 0])
+    np.testing.assert_array_equal(want[5:], [2, -2, 0])
+
+
 def test_max_and_min_match_numpy() -> None:
     # Compared with NumPy directly: the sync interpreter's planned Max/Min call
     # np.maximum(a, b, out) positionally, which NumPy 2.4 deprecates.

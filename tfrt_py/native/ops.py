@@ -348,6 +348,15 @@ def _cast(cx: Any, node: Node) -> list[str]:
     t = tname(y.dtype)
     src = f"{x.buf}[{x.off} + i0]"
     val = f"{src} != 0" if to_bool and str(x.dtype) != "bool" else src  # NaN -> True, as NumPy
+    if str(x.dtype) in _FLOATS and str(y.dtype) in ints:
+        # A NaN, an infinity or a value out of the int's range would be undefined in LLVM
+        # (poison, which a later bounds check on the result may not survive: a request's
+        # NaN must not become an index). Defined here as x86 and NumPy make it: the
+        # type's minimum.
+        bits = 63 if str(y.dtype) == "int64" else 31
+        lo, hi, low = literal(-(2.0**bits)), literal(2.0**bits), literal(-(2**bits))
+        val = f"({t}({src}) if {lo} <= {src} < {hi} else {t}({low}))"
+        return loop_nest([x.size], lambda iv: [f"{y.buf}[{y.off} + i0] = {val}"])
     line = f"{y.buf}[{y.off} + i0] = {t}({val})"
     return loop_nest([x.size], lambda iv: [line])
 
