@@ -29,9 +29,9 @@ class NodeContext:
     def __init__(self, graph: Graph, shapes: dict[int, tuple[tuple[int, ...], np.dtype]]) -> None:
         self.refs: dict[int, Ref] = {}
         self.shapes = shapes
-        # Products call NumPy's gemm (``kern_blas``) only in rows mode's tile body
-        # (``_tile``); static and signature bodies keep loops (numba's np.dot went to
-        # SciPy's OpenBLAS, whose threads fought NumPy's: M2b took 30 ms instead of 0.3).
+        # Big products call NumPy's gemm (``kern_blas``) in rows mode's tile body
+        # (``_tile``) and in signature bodies; static bodies keep loops. (Never numba's
+        # np.dot: it went to SciPy's OpenBLAS, whose threads fought NumPy's.)
         self.blas = False
         self.tag = "n0_"
         self.node: Node | None = None

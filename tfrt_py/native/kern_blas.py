@@ -9,7 +9,10 @@ imports it first. ImportError when NumPy's BLAS has no gemm to bind (``lower`` c
 ``kernels.blas.available()`` first and writes no tile body then).
 
 ``gemm_f4``/``gemm_f8``: ``c[co:co + m*n] = a[ao:ao + m*k] @ b[bo:bo + k*n]``, flat C-order
-operands with element offsets. Stateless; any thread.
+operands with element offsets. ``gemm_f4_ld``: ``c = alpha * a @ op(b)``, every operand a
+strided C-order view (leading dimensions ``lda``/``ldb``/``ldc``, ``b`` read transposed
+when ``tb``), for the heads of an attention that live side by side in one projection.
+Stateless; any thread.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from numba import njit
 
 from ..kernels import blas
 
-__all__ = ["gemm_f4", "gemm_f8"]
+__all__ = ["gemm_f4", "gemm_f4_ld", "gemm_f8"]
 
 if not blas.register(globals()):
     raise ImportError("NumPy's BLAS has no gemm that numba can call")
@@ -39,3 +42,12 @@ def gemm_f8(a, ao, b, bo, c, co, m, k, n):
     pb = b.ctypes.data + np.uint64(bo * 8)
     pc = c.ctypes.data + np.uint64(co * 8)
     _dgemm(101, 111, 111, m, n, k, 1.0, pa, k, pb, n, 0.0, pc, n)  # type: ignore[name-defined]  # noqa: F821
+
+
+@njit(nogil=True, cache=True)
+def gemm_f4_ld(a, ao, lda, b, bo, ldb, tb, c, co, ldc, m, k, n, alpha):
+    pa = a.ctypes.data + np.uint64(ao * 4)
+    pb = b.ctypes.data + np.uint64(bo * 4)
+    pc = c.ctypes.data + np.uint64(co * 4)
+    _sgemm(101, 111, 112 if tb else 111, m, n, k, np.float32(alpha), pa, lda, pb, ldb,  # type: ignore[name-defined]  # noqa: F821
+           np.float32(0), pc, ldc)  # fmt: skip

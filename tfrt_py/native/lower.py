@@ -445,8 +445,10 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         # the kernels' version: numba's cache of this module holds their machine code
         *([f"KV = {literal(kernel_version())}"] if uses_kernels or imports else []),
     ]
-    deco = (f"@njit({{sig}}, cache=True, nogil=True, error_model='numpy', "
-            f"fastmath={literal(bool(fastmath))})")  # fmt: skip
+    # without fastmath, still fused multiply-adds (``contract``: no reassociation, so the
+    # reductions keep their order; the interpreter's jitted kernels do the same)
+    fm = "True" if fastmath else "{{'contract'}}"
+    deco = f"@njit({{sig}}, cache=True, nogil=True, error_model='numpy', fastmath={fm})"
     setup = [f"    A_{t} = np.empty({literal(n)}, {t})" for t, n in sorted(arenas.items())]
     setup += ["    " + ln for ln in packed.hoisted]
     if not rows:

@@ -175,11 +175,22 @@ def _norm_rows(cx: Any, x: Ref, y: Ref, scale: Ref, bias: Ref | None, axis: int,
     def at(r: Ref, row: str, j: str) -> str:
         return f"{r.buf}[{index(r.off, [row, j], [n, 1])}]"
 
+    # the sums in LANES independent chains (a float64 add waits for the one before it;
+    # LLVM may not reorder them without fast-math), then added pairwise
+    lanes = _LANES if n % _LANES == 0 else 1
+    ln = range(lanes)
+
     def body(iv: list[str]) -> list[str]:
         o = iv[0]
-        lines = [f"{g}s = 0.0", f"{g}q = 0.0", f"for j in range({N}):",
-                 f"    {g}v = f8({at(x, o, 'j')})", f"    {g}s += {g}v", f"    {g}q += {g}v * {g}v",
-                 f"{g}mean = {g}s / {literal(float(n))}"]  # fmt: skip
+        lines = [*(f"{g}s{k} = 0.0" for k in ln), *(f"{g}q{k} = 0.0" for k in ln),
+                 f"for j in range(0, {N}, {lanes}):"]  # fmt: skip
+        for k in ln:
+            jk = f"j + {k}" if k else "j"
+            lines += [f"    {g}v{k} = f8({at(x, o, jk)})", f"    {g}s{k} += {g}v{k}",
+                      f"    {g}q{k} += {g}v{k} * {g}v{k}"]  # fmt: skip
+        lines += [f"{g}s = {_pairwise([f'{g}s{k}' for k in ln])}",
+                  f"{g}q = {_pairwise([f'{g}q{k}' for k in ln])}",
+                  f"{g}mean = {g}s / {literal(float(n))}"]  # fmt: skip
         if rms:
             lines += [f"{g}mean = 0.0", f"{g}var = {g}q / {literal(float(n))}"]
         else:
@@ -195,6 +206,17 @@ def _norm_rows(cx: Any, x: Ref, y: Ref, scale: Ref, bias: Ref | None, axis: int,
         return lines
 
     return loop_nest([rows], body, "p")
+
+
+_LANES = 4
+
+
+def _pairwise(terms: list[str]) -> str:
+    """``terms`` summed as a balanced tree of additions."""
+    if len(terms) == 1:
+        return terms[0]
+    h = len(terms) // 2
+    return f"({_pairwise(terms[:h])} + {_pairwise(terms[h:])})"
 
 
 def _skip_norm(cx: Any, node: Node) -> list[str]:
@@ -388,11 +410,13 @@ def _attention(cx: Any, node: Node) -> list[str]:
     constant merged Q/K/V weight and bias, an optional (B,) mask_index of end positions
     (keys at or after masked with ``mask_filter_value``, default -10000), no past,
     present or attention_bias, equal Q/K/V sizes, ``unidirectional`` 0. The projection
-    (gemm), then per batch row and head: the keys transposed and scaled into a scratch,
-    the scores ``q (k scale)^T`` and later the product by V through ``emit.matmul``'s
-    vectorized loops, the mask, softmax (``expf``), the head's rows copied into the
-    merged (B, S, N * H) output. The interpreter's formulation to rounding (it scales q,
-    not k, and its products are BLAS's)."""
+    (gemm), then per batch row and head: the scores ``scale q k^T``, the mask, softmax
+    (the exponentials as one flat ``expf`` loop), the product by V into the merged
+    (B, S, N * H) output. With BLAS (signature bodies) both products are gemm calls on
+    strided views of the projection and the output; without (static bodies) the keys are
+    transposed and scaled into a scratch, the products run through ``emit.matmul``'s
+    loops and each head's rows are copied out. The interpreter's formulation to rounding
+    (it scales q, and its products are BLAS's)."""
     at = node.attrs
     heads = int(at.get("num_heads", 0))
     ins = list(node.inputs) + [None] * 7
@@ -429,26 +453,39 @@ def _attention(cx: Any, node: Node) -> list[str]:
             cx.decline(f"Attention mask_index {mask.shape} (the (B,) end positions only)")
     cx.imports.add(EXP_IMPORT)
     sc = cx.new_buffer((s_, s_), y.dtype)
-    kt = cx.new_buffer((hq, s_), y.dtype)  # one head's keys, transposed and scaled
-    oh = cx.new_buffer((s_, hq), y.dtype)  # one head's output rows
     g, S, D, HQ = cx.tag, literal(s_), literal(d), literal(hq)
     D3 = literal(3 * d)
-    row = f"(bb * {S} + i)"
-    # per head, the products through emit.matmul (its vectorized loops): q is a strided
-    # view of the projection (rows 3d apart), the keys are scaled as they are transposed
-    qh = Ref(qkv.buf, f"{qkv.off} + bb * {literal(s_ * 3 * d)} + hh * {HQ}", (s_, hq),
-             y.dtype, qkv.root)  # fmt: skip
-    vh = Ref(qkv.buf, f"{qkv.off} + bb * {literal(s_ * 3 * d)} + {literal(2 * d)} + hh * {HQ}",
-             (s_, hq), y.dtype, qkv.root)  # fmt: skip
-    scores = matmul(f"{g}s_", qh, kt, sc, (s_, hq, s_), (3 * d, 1), (s_, 1), blas=False)
-    product = matmul(f"{g}v_", sc, vh, oh, (s_, s_, hq), (s_, 1), (3 * d, 1), blas=False)
     end = f"min(max(i8({mask.buf}[{mask.off} + bb]), 0), {S})" if mask is not None else S
+    base = f"{qkv.off} + bb * {literal(s_ * 3 * d)} + hh * {HQ}"
+    y_at = f"{y.off} + bb * {literal(s_ * d)} + hh * {HQ}"
+    if cx.blas:
+        # the heads are strided views of the projection and of the output (leading
+        # dimensions 3d and d): gemm reads and writes them in place, k transposed by BLAS
+        scores = [f"gemm_f4_ld({qkv.buf}, {base}, {D3}, {qkv.buf}, {base} + {D}, {D3}, True, "
+                  f"{sc.buf}, {sc.off}, {S}, {S}, {HQ}, {S}, {literal(scale)})"]  # fmt: skip
+        product = [f"gemm_f4_ld({sc.buf}, {sc.off}, {S}, {qkv.buf}, {base} + {literal(2 * d)}, "
+                   f"{D3}, False, {y.buf}, {y_at}, {D}, {S}, {S}, {HQ}, 1.0)"]  # fmt: skip
+    else:
+        kt = cx.new_buffer((hq, s_), y.dtype)  # one head's keys, transposed and scaled
+        oh = cx.new_buffer((s_, hq), y.dtype)  # one head's output rows
+        # per head, the products through emit.matmul (its vectorized loops): q is a
+        # strided view of the projection (rows 3d apart), the keys are scaled as they are
+        # transposed
+        qh = Ref(qkv.buf, base, (s_, hq), y.dtype, qkv.root)
+        vh = Ref(qkv.buf, f"{base} + {literal(2 * d)}", (s_, hq), y.dtype, qkv.root)
+        transpose = [f"for i in range({S}):",
+                     f"    for dd in range({HQ}):",
+                     f"        {kt.buf}[{kt.off} + dd * {S} + i] = "
+                     f"{qkv.buf}[{base} + {D} + i * {D3} + dd] * f4({literal(scale)})"]  # fmt: skip
+        scores = transpose + matmul(f"{g}s_", qh, kt, sc, (s_, hq, s_), (3 * d, 1), (s_, 1),
+                                    blas=False)  # fmt: skip
+        copy = [f"for i in range({S}):",
+                f"    for dd in range({HQ}):",
+                f"        {y.buf}[{y_at} + i * {D} + dd] = "
+                f"{oh.buf}[{oh.off} + i * {HQ} + dd]"]  # fmt: skip
+        product = matmul(f"{g}v_", sc, vh, oh, (s_, s_, hq), (s_, 1), (3 * d, 1), blas=False) + copy
     body = [f"for bb in range({literal(b_)}):", f"    {g}end = {end}",
             f"    for hh in range({literal(heads)}):",
-            f"        for i in range({S}):",
-            f"            for dd in range({HQ}):",
-            f"                {kt.buf}[{kt.off} + dd * {S} + i] = "
-            f"{qkv.buf}[{qkv.off} + {row} * {D3} + {D} + hh * {HQ} + dd] * f4({literal(scale)})",
             *["        " + ln for ln in scores],
             f"        for i in range({S}):",
             f"            for j in range({g}end, {S}):",
@@ -456,18 +493,18 @@ def _attention(cx: Any, node: Node) -> list[str]:
             f"            {g}mx = {sc.buf}[{sc.off} + i * {S}]",
             f"            for j in range(1, {S}):",
             f"                {g}mx = max({g}mx, {sc.buf}[{sc.off} + i * {S} + j])",
+            f"            for j in range({S}):",
+            f"                {sc.buf}[{sc.off} + i * {S} + j] -= {g}mx",
+            # the exponentials in one flat loop without a reduction: LLVM vectorizes it
+            f"        for q in range({literal(s_ * s_)}):",
+            f"            {sc.buf}[{sc.off} + q] = expf({sc.buf}[{sc.off} + q])",
+            f"        for i in range({S}):",
             f"            {g}sum = f4(0.0)",
             f"            for j in range({S}):",
-            f"                {g}e = expf({sc.buf}[{sc.off} + i * {S} + j] - {g}mx)",
-            f"                {sc.buf}[{sc.off} + i * {S} + j] = {g}e",
-            f"                {g}sum += {g}e",
+            f"                {g}sum += {sc.buf}[{sc.off} + i * {S} + j]",
             f"            for j in range({S}):",
             f"                {sc.buf}[{sc.off} + i * {S} + j] /= {g}sum",
-            *["        " + ln for ln in product],
-            f"        for i in range({S}):",
-            f"            for dd in range({HQ}):",
-            f"                {y.buf}[{y.off} + {row} * {D} + hh * {HQ} + dd] = "
-            f"{oh.buf}[{oh.off} + i * {HQ} + dd]"]  # fmt: skip
+            *["        " + ln for ln in product]]  # fmt: skip
     return lines + body
 
 

@@ -61,12 +61,12 @@ def literal(x: Any) -> str:
 
 
 #: The only string literals generated modules contain (their own docstring, numba's array
-#: layout and error model, fixed error messages).
+#: layout, error model and fast-math flag, fixed error messages).
 _STRINGS = re.compile(
     r"""(?x)
     '''tfrt_py\ native\ code\ \(generated;\ do\ not\ edit\)\.'''
     | "\"\"tfrt_py\ native\ code\ \(generated;\ do\ not\ edit\)\.\"\""
-    | 'C' | 'numpy' | 'feed\ \d+:\ wrong\ shape' | 'Gather(ND)?\ index\ out\ of\ range'
+    | 'C' | 'numpy' | 'contract' | 'feed\ \d+:\ wrong\ shape' | 'Gather(ND)?\ index\ out\ of\ range'
     """
 )
 #: The only comments: node numbers (indices into the graph's nodes, never names).
