@@ -343,7 +343,7 @@ def _tile(graph: Graph, program: Program, row_cx: NodeContext,
         body = _body(graph, cx, specs, batched)
     except Declined:
         return None
-    if not any("gemm_f" in ln for ln in body):
+    if not any("gemm_" in ln for ln in body):  # NumPy's gemm or the packed kernel
         return None
     cx.imports.add(BLAS_IMPORT)
     return cx, body

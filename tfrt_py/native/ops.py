@@ -23,6 +23,7 @@ from ..ir import Node
 from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import Ref, loop_nest, strides
 from .ops_tx import TX_LOWER, batched_matmul
+from .products import packed_product, weights_product
 from .scalar import SCALAR_OPS
 from .source import literal
 
@@ -68,20 +69,32 @@ def _chain(cx: Any, node: Node) -> list[str]:
 
 
 def _linear(cx: Any, node: Node) -> list[str]:
-    x, w = cx.ref(node.inputs[0]), cx.ref(node.inputs[1])
+    x, wc = cx.ref(node.inputs[0]), cx.const(node.inputs[1])
+    shape = wc.shape if wc is not None else cx.ref(node.inputs[1]).shape
     y = cx.out(node.outputs[0])
     _float(cx, y)
-    if len(w.shape) != 2 or not x.shape or x.shape[-1] != w.shape[0]:
-        cx.decline(f"shapes {x.shape} x {w.shape}")
-    ins: list[Ref | None] = [None if v is None else cx.ref(v) for v in node.inputs]
-    return linear_lines(cx, node, x, w, y, ins)
+    if len(shape) != 2 or not x.shape or x.shape[-1] != shape[0]:
+        cx.decline(f"shapes {x.shape} x {shape}")
+    k, n = shape
+    # a constant weight goes to the packed kernel where it applies, stored only packed
+    product = packed_product(cx, x, wc, y, (x.size // k, k, n), k)
+    w = cx.ref(node.inputs[1]) if product is None else None
+    ins: list[Ref | None] = [None if v is None or i == 1 else cx.ref(v)
+                             for i, v in enumerate(node.inputs)]  # fmt: skip
+    return linear_lines(cx, node, x, w, y, ins, product)
 
 
-def linear_lines(cx: Any, node: Node, x: Ref, w: Ref, y: Ref, ins: list[Ref | None]) -> list[str]:
-    """A Linear node's code for these refs (``ins``: refs of all its inputs, for the bias
-    and the activation's extra operands)."""
-    k, n = w.shape
-    lines = matmul(cx.tag, x, w, y, (x.size // k, k, n), (k, 1), (n, 1), blas=cx.blas)
+def linear_lines(cx: Any, node: Node, x: Ref, w: Ref | None, y: Ref, ins: list[Ref | None],
+                 product: list[str] | None = None) -> list[str]:  # fmt: skip
+    """A Linear node's code for these refs (``ins``: refs of its inputs after the weight,
+    for the bias and the activation's extra operands): ``product`` (the product's lines
+    when the caller made them) or the product by ``w``, then the epilogue in place."""
+    if product is not None:
+        lines = list(product)
+    else:
+        assert w is not None
+        k, n = w.shape
+        lines = matmul(cx.tag, x, w, y, (x.size // k, k, n), (k, 1), (n, 1), blas=cx.blas)
     steps = _steps(cx, list(node.attrs.get("activation", [])))
     if len(ins) > 2 and ins[2] is not None:
         steps.insert(0, ("Add", {}, (-1, 2)))
@@ -93,20 +106,8 @@ def linear_lines(cx: Any, node: Node, x: Ref, w: Ref, y: Ref, ins: list[Ref | No
 
 def _matmul_like(cx: Any, node: Node, trans_a: bool, trans_b: bool) -> tuple[list[str], Ref]:
     a, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
-    bv = node.inputs[1]
-    const_bt = trans_b and bv is not None and bv.const is not None and bv.const.ndim == 2
-    b = cx.put_const(np.ascontiguousarray(bv.const.T)) if const_bt else cx.ref(bv)  # type: ignore[union-attr]
     _float(cx, y)
-    if len(a.shape) < 2 or len(b.shape) != 2 or a.dtype != b.dtype:
-        cx.decline(f"MatMul of shapes {a.shape} x {b.shape} (2-D weights only)")
-    if trans_a and len(a.shape) != 2:
-        cx.decline("transA on a batch")
-    k = a.shape[-2] if trans_a else a.shape[-1]
-    n = b.shape[1] if const_bt or not trans_b else b.shape[0]
-    m = a.size // k
-    x_st = (1, m) if trans_a else (k, 1)
-    w_st = (1, k) if trans_b and not const_bt else (n, 1)
-    return matmul(cx.tag, a, b, y, (m, k, n), x_st, w_st, blas=cx.blas), y
+    return weights_product(cx, a, node.inputs[1], y, trans_a, trans_b), y
 
 
 def _matmul(cx: Any, node: Node) -> list[str]:

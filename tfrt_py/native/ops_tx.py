@@ -17,6 +17,7 @@ import numpy as np
 from ..ir import Node
 from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import Ref, bcast_strides, coalesce, index, loop_nest, strides
+from .products import packed_product, weights_product
 from .source import literal
 
 __all__ = ["TX_LOWER"]
@@ -266,22 +267,21 @@ def _fused_matmul(cx: Any, node: Node) -> list[str]:
     at = node.attrs
     if any(int(at.get(k, 0)) for k in ("transA", "transB", "transBatchA", "transBatchB")):
         cx.decline("FusedMatMul with a transposed operand")
-    a, b = cx.ref(node.inputs[0]), cx.ref(node.inputs[1])
-    if len(a.shape) < 2 or len(b.shape) < 2:
+    a = cx.ref(node.inputs[0])
+    wc = cx.const(node.inputs[1])  # a constant weight is not stored before its product
+    rank = wc.ndim if wc is not None else len(cx.ref(node.inputs[1]).shape)
+    if len(a.shape) < 2 or rank < 2:
         cx.decline("FusedMatMul of a vector")
-    lines = _batched_matmul(cx, node) if len(b.shape) > 2 else _plain(cx, node, a, b)
+    if rank > 2:
+        lines = _batched_matmul(cx, node)
+    else:
+        lines = weights_product(cx, a, node.inputs[1], cx.out(node.outputs[0]), False, False)
     alpha = float(at.get("alpha", 1.0))
     if alpha == 1.0:
         return lines
     y = cx.refs[id(node.outputs[0])]
     c = cx.put_const(np.asarray([alpha], y.dtype))
     return lines + elementwise(cx.tag, y, [y, c], [("Mul", {}, (-1, 1))], 0)
-
-
-def _plain(cx: Any, node: Node, a: Ref, b: Ref) -> list[str]:
-    y = cx.out(node.outputs[0])
-    k, n = b.shape
-    return matmul(cx.tag, a, b, y, (a.size // k, k, n), (k, 1), (n, 1), blas=cx.blas)
 
 
 def _gather_nd(cx: Any, node: Node) -> list[str]:
@@ -426,7 +426,8 @@ def _attention(cx: Any, node: Node) -> list[str]:
         cx.decline("Attention unidirectional or with qkv_hidden_sizes")
     if int(at.get("do_rotary", 0)) or int(at.get("past_present_share_buffer", 0)):
         cx.decline("Attention decoder options")
-    x, w = cx.ref(ins[0]), cx.ref(ins[1])
+    x, wc = cx.ref(ins[0]), cx.const(ins[1])
+    w = cx.ref(ins[1]) if wc is None else wc  # a constant is stored by its product
     y = cx.out(node.outputs[0])
     if str(y.dtype) != "float32" or x.dtype != y.dtype or w.dtype != y.dtype:
         cx.decline("Attention of another dtype than float32")
@@ -440,7 +441,11 @@ def _attention(cx: Any, node: Node) -> list[str]:
     scale = float(at.get("scale", 0.0)) or 1.0 / math.sqrt(hq)
     fill = float(at.get("mask_filter_value", -10000.0))
     qkv = cx.new_buffer((b_ * s_, 3 * d), y.dtype)
-    lines = matmul(cx.tag, x, w, qkv, (b_ * s_, hin, 3 * d), (hin, 1), (3 * d, 1), blas=cx.blas)
+    mkn = (b_ * s_, hin, 3 * d)
+    lines = packed_product(cx, x, wc, qkv, mkn, hin)
+    if lines is None:
+        w_ref = cx.ref(ins[1])
+        lines = matmul(cx.tag, x, w_ref, qkv, mkn, (hin, 1), (3 * d, 1), blas=cx.blas)
     if ins[2] is not None:
         bias = cx.ref(ins[2])
         if bias.size != 3 * d or bias.dtype != y.dtype:

@@ -1,0 +1,87 @@
+"""Products by a 2-D weight: MatMul, Gemm and FusedMatMul (``weights_product``) and
+Attention's projection (``packed_product``).
+
+In bodies that call kernels (``cx.blas``: signature bodies and rows mode's tile) a
+constant float32 weight goes to the packed-panel kernel (``kern_gemm``): packed into its
+panels here, at lowering, and stored in place of the matrix. Where that does not apply
+(another dtype, a width not a multiple of 16, a static body, a host without the kernel)
+the product is ``emit.matmul``'s (NumPy's gemm or loops). Runs at load on the loading
+thread.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from ..ir import Value
+from .emit import matmul
+from .loops import Ref
+from .source import literal
+
+__all__ = ["PACKED_IMPORT", "packed_product", "weights_product"]
+
+PACKED_IMPORT = "from tfrt_py.native.kern_gemm import gemm_p16"
+
+
+@functools.cache
+def _kernel() -> bool:
+    try:
+        from . import kern_gemm
+    except ImportError:  # no JIT for it on this host (kern_gemm says why)
+        return False
+    return kern_gemm.available()
+
+
+def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int, int, int],
+                   ldx: int) -> list[str] | None:  # fmt: skip
+    """``y[m, :] = x[m, :] @ w`` (x rows ``ldx`` elements apart, y contiguous (M, N)) as
+    one ``gemm_p16`` call over ``w`` packed, or None where that does not apply."""
+    m, k, n = mkn
+    if not cx.blas or w is None or w.ndim != 2 or w.shape != (k, n) or n % 16:
+        return None
+    if str(w.dtype) != "float32" or x.dtype != w.dtype or y.dtype != w.dtype:
+        return None
+    if not _kernel():
+        return None
+    from .kern_gemm import pack16
+
+    panels = cx.put_const(pack16(w))
+    cx.imports.add(PACKED_IMPORT)
+    K, N = literal(k), literal(n)
+    return [f"gemm_p16({x.buf}, {x.off}, {literal(ldx)}, {panels.buf}, {panels.off}, "
+            f"{y.buf}, {y.off}, {N}, {literal(m)}, {K}, {N})"]  # fmt: skip
+
+
+def weights_product(cx: Any, a: Ref, bv: Value | None, y: Ref, trans_a: bool,
+                    trans_b: bool) -> list[str]:  # fmt: skip
+    """``y = op(a) @ op(b)`` for a 2-D ``b`` (a constant one transposed at lowering when
+    ``trans_b``); ``a`` 2-D when ``trans_a``, else any rank (its rows flattened)."""
+    if bv is None:
+        cx.decline("MatMul without its second operand")
+    w = cx.const(bv)
+    if w is not None and w.ndim == 2:
+        w = np.ascontiguousarray(w.T) if trans_b else w
+        trans_b = False  # a constant is transposed here
+    else:
+        w = None
+    shape = w.shape if w is not None else cx.ref(bv).shape
+    if len(a.shape) < 2 or len(shape) != 2:
+        cx.decline(f"MatMul of shapes {a.shape} x {shape} (2-D weights only)")
+    if trans_a and len(a.shape) != 2:
+        cx.decline("transA on a batch")
+    k = a.shape[-2] if trans_a else a.shape[-1]
+    n = shape[0] if trans_b else shape[1]
+    m = a.size // k
+    if not trans_a:
+        lines = packed_product(cx, a, w, y, (m, k, n), k)
+        if lines is not None:
+            return lines
+    b = cx.put_const(w) if w is not None else cx.ref(bv)
+    if a.dtype != b.dtype:
+        cx.decline(f"MatMul of {a.dtype} x {b.dtype}")
+    x_st = (1, m) if trans_a else (k, 1)
+    w_st = (1, k) if trans_b else (n, 1)
+    return matmul(cx.tag, a, b, y, (m, k, n), x_st, w_st, blas=cx.blas)
