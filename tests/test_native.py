@@ -149,6 +149,8 @@ def _transformer_ops_graph() -> Graph:
     scale, bias = b.const(_rand(8) + 1), b.const(_rand(8))
     w_split = b.const(np.array([3, 5], np.int64))
     left, right = b.op("Split", x, w_split, axis=2, n_outputs=2)
+    long_row = b.op("Reshape", x, b.const(np.array([1, 48], np.int64)))
+    nan_row = b.op("Reshape", z, b.const(np.array([1, 16], np.int64)))
     outs = {
         "cast_bool": mb,
         "logic": logic,
@@ -165,6 +167,9 @@ def _transformer_ops_graph() -> Graph:
         "ln_nobias": b.op("LayerNormalization", x, scale, axis=-1, epsilon=1e-3),
         "rms": b.op("RMSNormalization", x, scale, axis=-1, epsilon=1e-6),
         "ln_odd": b.op("LayerNormalization", left, b.const(_rand(3)), axis=-1),  # one lane
+        # rows longer than SHORT_ROW: each row's passes in turn; a NaN fills its row
+        "softmax_long": b.op("Softmax", long_row),
+        "softmax_long_nan": b.op("Softmax", b.op("Concat", long_row, nan_row, axis=1)),
         "split_left": left,
         "split_right": right,
         "gelu": b.op("Gelu", x),

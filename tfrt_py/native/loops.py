@@ -17,7 +17,17 @@ import numpy as np
 
 from .source import literal
 
-__all__ = ["Ref", "bcast_strides", "coalesce", "index", "loop_nest", "strides"]
+__all__ = [
+    "LANES",
+    "Ref",
+    "bcast_strides",
+    "coalesce",
+    "index",
+    "lane_reduce",
+    "loop_nest",
+    "pairwise",
+    "strides",
+]
 
 
 @dataclass(frozen=True)
@@ -112,3 +122,45 @@ def loop_nest(
     pad = "    " * len(shape)
     lines += [pad + ln for ln in body(ivars)]
     return lines
+
+
+#: Independent accumulators a row reduction keeps (``lane_reduce``).
+LANES = 4
+
+
+def lane_reduce(name: str, n: int, load: Callable[[str], str], kind: str, t: str) -> list[str]:
+    """Lines leaving in ``name`` the max (``kind`` "max": NaN wins, as the interpreter) or
+    the sum ("sum") of ``load(j)`` for j < n. Rows whose length is a multiple of ``LANES``
+    (at least two of them) keep that many accumulators, combined at the end: a float add
+    or compare waits for the one before it, and LLVM may not reorder them without
+    fast-math."""
+    lanes = LANES if n % LANES == 0 and n >= 2 * LANES else 1
+    ks = range(lanes)
+    if kind == "sum":
+        lines = [f"{name}{k} = {t}(0.0)" for k in ks]
+        start = 0
+    else:
+        lines = [f"{name}{k} = {load(literal(k))}" for k in ks]
+        start = lanes
+    lines.append(f"for j in range({literal(start)}, {literal(n)}, {literal(lanes)}):")
+    for k in ks:
+        v = load(f"j + {literal(k)}" if k else "j")
+        if kind == "sum":
+            lines.append(f"    {name}{k} += {v}")
+        else:
+            lines += [f"    {name}v = {v}", f"    if {name}v > {name}{k} or {name}v != {name}v:",
+                      f"        {name}{k} = {name}v"]  # fmt: skip
+    if kind == "sum":
+        return [*lines, f"{name} = {pairwise([f'{name}{k}' for k in ks])}"]
+    lines.append(f"{name} = {name}0")
+    for k in ks[1:]:
+        lines += [f"if {name}{k} > {name} or {name}{k} != {name}{k}:", f"    {name} = {name}{k}"]
+    return lines
+
+
+def pairwise(terms: list[str]) -> str:
+    """``terms`` summed as a balanced tree of additions."""
+    if len(terms) == 1:
+        return terms[0]
+    h = len(terms) // 2
+    return f"({pairwise(terms[:h])} + {pairwise(terms[h:])})"

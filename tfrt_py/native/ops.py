@@ -20,8 +20,9 @@ import numpy as np
 
 from ..compiler.fused_kernels import DOMAIN
 from ..ir import Node
+from ..kernels.softmax_jit import SHORT_ROW
 from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
-from .loops import Ref, loop_nest, strides
+from .loops import Ref, lane_reduce, loop_nest, strides
 from .ops_tx import TX_LOWER, batched_matmul
 from .products import packed_product, weights_product
 from .scalar import SCALAR_OPS
@@ -175,23 +176,28 @@ def _softmax(cx: Any, node: Node) -> list[str]:
 
     if log or t != "f4":
         return loop_nest([outer, inner], body, "q")
-    # float32: the shifted values first, then one flat loop of exponentials that LLVM
-    # vectorizes (kern_math.expf; libm's expf is a call per element), then the sums.
+    # float32, as the interpreter's softmax_jit: the max and the sum in independent
+    # chains, the exponentials with kern_math.expf (libm's expf is a call per element)
+    # in a loop LLVM vectorizes, the scaling by the sum's reciprocal. Rows longer than
+    # SHORT_ROW take each pass while the row is in L1; shorter ones (a loop of a few
+    # iterations does not vectorize) the exponentials over the whole input in one loop.
     cx.imports.add(EXP_IMPORT)
+    by_row = inner == 1 and n > SHORT_ROW
 
     def shift(iv: list[str]) -> list[str]:
         o, i = iv
-        return [f"{g}mx = {at(x, o, '0', i)}", f"for j in range(1, {N}):",
-                f"    {g}v = {at(x, o, 'j', i)}",
-                f"    if {g}v > {g}mx or {g}v != {g}v:", f"        {g}mx = {g}v",
-                f"for j in range({N}):",
-                f"    {at(y, o, 'j', i)} = {at(x, o, 'j', i)} - {g}mx"]  # fmt: skip
+        v = f"expf({at(x, o, 'j', i)} - {g}mx)" if by_row else f"{at(x, o, 'j', i)} - {g}mx"
+        return [*lane_reduce(f"{g}mx", n, lambda j: at(x, o, j, i), "max", t),
+                f"for j in range({N}):", f"    {at(y, o, 'j', i)} = {v}"]  # fmt: skip
 
     def scale(iv: list[str]) -> list[str]:
         o, i = iv
-        return [f"{g}s = {t}(0.0)", f"for j in range({N}):", f"    {g}s += {at(y, o, 'j', i)}",
-                f"for j in range({N}):", f"    {at(y, o, 'j', i)} /= {g}s"]  # fmt: skip
+        return [*lane_reduce(f"{g}s", n, lambda j: at(y, o, j, i), "sum", t),
+                f"{g}r = {t}(1.0) / {g}s",
+                f"for j in range({N}):", f"    {at(y, o, 'j', i)} *= {g}r"]  # fmt: skip
 
+    if by_row:
+        return loop_nest([outer], lambda iv: shift([iv[0], "0"]) + scale([iv[0], "0"]), "q")
     flat = [f"for q in range({literal(outer * n * inner)}):",
             f"    {y.buf}[{y.off} + q] = expf({y.buf}[{y.off} + q])"]  # fmt: skip
     return [*loop_nest([outer, inner], shift, "q"), *flat, *loop_nest([outer, inner], scale, "q")]

@@ -16,7 +16,17 @@ import numpy as np
 
 from ..ir import Node
 from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
-from .loops import Ref, bcast_strides, coalesce, index, loop_nest, strides
+from .loops import (
+    LANES,
+    Ref,
+    bcast_strides,
+    coalesce,
+    index,
+    lane_reduce,
+    loop_nest,
+    pairwise,
+    strides,
+)
 from .products import packed_product, weights_product
 from .source import literal
 
@@ -178,7 +188,7 @@ def _norm_rows(cx: Any, x: Ref, y: Ref, scale: Ref, bias: Ref | None, axis: int,
 
     # the sums in LANES independent chains (a float64 add waits for the one before it;
     # LLVM may not reorder them without fast-math), then added pairwise
-    lanes = _LANES if n % _LANES == 0 else 1
+    lanes = LANES if n % LANES == 0 else 1
     ln = range(lanes)
 
     def body(iv: list[str]) -> list[str]:
@@ -189,8 +199,8 @@ def _norm_rows(cx: Any, x: Ref, y: Ref, scale: Ref, bias: Ref | None, axis: int,
             jk = f"j + {k}" if k else "j"
             lines += [f"    {g}v{k} = f8({at(x, o, jk)})", f"    {g}s{k} += {g}v{k}",
                       f"    {g}q{k} += {g}v{k} * {g}v{k}"]  # fmt: skip
-        lines += [f"{g}s = {_pairwise([f'{g}s{k}' for k in ln])}",
-                  f"{g}q = {_pairwise([f'{g}q{k}' for k in ln])}",
+        lines += [f"{g}s = {pairwise([f'{g}s{k}' for k in ln])}",
+                  f"{g}q = {pairwise([f'{g}q{k}' for k in ln])}",
                   f"{g}mean = {g}s / {literal(float(n))}"]  # fmt: skip
         if rms:
             lines += [f"{g}mean = 0.0", f"{g}var = {g}q / {literal(float(n))}"]
@@ -207,17 +217,6 @@ def _norm_rows(cx: Any, x: Ref, y: Ref, scale: Ref, bias: Ref | None, axis: int,
         return lines
 
     return loop_nest([rows], body, "p")
-
-
-_LANES = 4
-
-
-def _pairwise(terms: list[str]) -> str:
-    """``terms`` summed as a balanced tree of additions."""
-    if len(terms) == 1:
-        return terms[0]
-    h = len(terms) // 2
-    return f"({_pairwise(terms[:h])} + {_pairwise(terms[h:])})"
 
 
 def _skip_norm(cx: Any, node: Node) -> list[str]:
@@ -489,26 +488,27 @@ def _attention(cx: Any, node: Node) -> list[str]:
                 f"        {y.buf}[{y_at} + i * {D} + dd] = "
                 f"{oh.buf}[{oh.off} + i * {HQ} + dd]"]  # fmt: skip
         product = matmul(f"{g}v_", sc, vh, oh, (s_, s_, hq), (s_, 1), (3 * d, 1), blas=False) + copy
+
+    def score(j: str) -> str:
+        return f"{sc.buf}[{sc.off} + i * {S} + {j}]"
+
     body = [f"for bb in range({literal(b_)}):", f"    {g}end = {end}",
             f"    for hh in range({literal(heads)}):",
             *["        " + ln for ln in scores],
             f"        for i in range({S}):",
             f"            for j in range({g}end, {S}):",
             f"                {sc.buf}[{sc.off} + i * {S} + j] += f4({literal(fill)})",
-            f"            {g}mx = {sc.buf}[{sc.off} + i * {S}]",
-            f"            for j in range(1, {S}):",
-            f"                {g}mx = max({g}mx, {sc.buf}[{sc.off} + i * {S} + j])",
+            *["            " + ln for ln in lane_reduce(f"{g}mx", s_, score, "max", "f4")],
             f"            for j in range({S}):",
             f"                {sc.buf}[{sc.off} + i * {S} + j] -= {g}mx",
             # the exponentials in one flat loop without a reduction: LLVM vectorizes it
             f"        for q in range({literal(s_ * s_)}):",
             f"            {sc.buf}[{sc.off} + q] = expf({sc.buf}[{sc.off} + q])",
             f"        for i in range({S}):",
-            f"            {g}sum = f4(0.0)",
+            *["            " + ln for ln in lane_reduce(f"{g}sum", s_, score, "sum", "f4")],
+            f"            {g}r = f4(1.0) / {g}sum",
             f"            for j in range({S}):",
-            f"                {g}sum += {sc.buf}[{sc.off} + i * {S} + j]",
-            f"            for j in range({S}):",
-            f"                {sc.buf}[{sc.off} + i * {S} + j] /= {g}sum",
+            f"                {sc.buf}[{sc.off} + i * {S} + j] *= {g}r",
             *["        " + ln for ln in product]]  # fmt: skip
     return lines + body
 
