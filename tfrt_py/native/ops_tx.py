@@ -336,7 +336,7 @@ def _split(cx: Any, node: Node) -> list[str]:
     return lines
 
 
-def _ids_check(g: str, t: str, dim: int) -> list[str]:
+def _ids_check(t: str, dim: int) -> list[str]:
     """Bounds check of id ``t`` (a temporary) into a table of ``dim`` rows, as the
     interpreter's: no negative wrap, out of range raises."""
     return [
@@ -376,11 +376,11 @@ def _embed_norm(cx: Any, node: Node) -> list[str]:
     row = f"{wr.buf}[{wr.off} + {g}w * {H} + c] + {pr.buf}[{pr.off} + {g}p * {H} + c]"
     lines = [f"for q in range({literal(b_ * s_)}):",
              f"    {g}w = {idr.buf}[{idr.off} + q]",
-             *["    " + ln for ln in _ids_check(g, f"{g}w", wr.shape[0])],
+             *["    " + ln for ln in _ids_check(f"{g}w", wr.shape[0])],
              f"    {g}p = q % {literal(s_)}"]  # fmt: skip
     if sr is not None and sir is not None:
         lines += [f"    {g}g = {sir.buf}[{sir.off} + q]",
-                  *["    " + ln for ln in _ids_check(g, f"{g}g", sr.shape[0])]]  # fmt: skip
+                  *["    " + ln for ln in _ids_check(f"{g}g", sr.shape[0])]]  # fmt: skip
         row = f"({row}) + {sr.buf}[{sr.off} + {g}g * {H} + c]"
     lines += [
         f"    for c in range({H}):",
