@@ -20,19 +20,27 @@ F32 = np.float32
 
 @pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 12, 13, 16, 37])
 @pytest.mark.parametrize(("k", "n"), [(1, 16), (3, 32), (128, 48)])
-def test_product_matches_numpy(m: int, k: int, n: int) -> None:
+@pytest.mark.parametrize("flags", [0, 1, 2, 3], ids=["plain", "bias", "relu", "bias-relu"])
+def test_product_matches_numpy(m: int, k: int, n: int, flags: int) -> None:
     """Every row count (whole tiles of six and each remainder 1-5), odd depths, several
-    panels; operands at offsets inside larger flat arrays, rows strided."""
+    panels, each epilogue; operands at offsets inside larger flat arrays, rows strided; a
+    NaN in x stays NaN through ReLU."""
     rng = np.random.default_rng(m * 1000 + k + n)
     ldx, ldy = k + 3, n + 16
     x = rng.standard_normal(5 + m * ldx).astype(F32)
+    x[5] = np.nan  # row 0, column 0
     w = rng.standard_normal((k, n)).astype(F32)
+    bias = np.concatenate([np.zeros(3, F32), rng.standard_normal(n).astype(F32)])
     packed = np.concatenate([np.zeros(7, F32), kern_gemm.pack16(w).ravel()])
     y = np.full(2 + m * ldy, np.nan, F32)
-    kern_gemm.gemm_p16(x, 5, ldx, packed, 7, y, 2, ldy, m, k, n)
+    kern_gemm.gemm_p16(x, 5, ldx, packed, 7, y, 2, ldy, m, k, n, bias, 3, flags)
     xs = x[5 : 5 + m * ldx].reshape(m, ldx)[:, :k]
+    want = xs.astype(np.float64) @ w + (bias[3:] if flags & 1 else 0)
+    if flags & 2:
+        want = np.where(want < 0, 0, want)  # NaN < 0 is False: NaN stays
     got = y[2 : 2 + m * ldy].reshape(m, ldy)
-    np.testing.assert_allclose(got[:, :n], xs.astype(np.float64) @ w, rtol=1e-5, atol=1e-4)
+    assert np.isnan(got[0, :n]).all()
+    np.testing.assert_allclose(got[:, :n], want, rtol=1e-5, atol=1e-4)
     assert np.isnan(got[:, n:]).all()  # nothing written past each row's n columns
     assert np.isnan(y[:2]).all()
 
@@ -45,6 +53,7 @@ def test_pack16_lays_out_panels() -> None:
 
 
 def _mlp(hidden: int) -> Any:
+    """MatMul + bias + Relu (a Linear with its epilogue), then a transposed Gemm."""
     rng = np.random.default_rng(3)
     b = GraphBuilder("mlp")
     x = b.input("x", F32, ("B", 24))

@@ -18,8 +18,10 @@ when it loads, so importing this module comes first. ImportError where the host 
 run it well (an x86 CPU without AVX2 and FMA): ``available()`` says so first, and the
 lowering keeps NumPy's gemm.
 
-``gemm_p16(x, xo, ldx, w, wo, y, yo, ldy, m, k, n)``: element offsets into flat arrays.
-Stateless; any thread.
+``gemm_p16(x, xo, ldx, w, wo, y, yo, ldy, m, k, n, b, bo, flags)``: element offsets into
+flat arrays; ``flags`` 1 adds the bias ``b[bo:bo + n]`` to every row, 2 then applies ReLU
+(NaN kept) as the rows are stored (``b`` must be readable for n floats even without flag
+1). Stateless; any thread.
 """
 
 from __future__ import annotations
@@ -64,14 +66,17 @@ def _build() -> Any:
     fp, v8p = f32.as_pointer(), v8.as_pointer()
     mod = ir.Module(name="tfrt_py_gemm")
     fma = ir.Function(mod, ir.FunctionType(v8, [v8, v8, v8]), name="llvm.fma.v8f32")
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [fp, i64, fp, fp, i64, i64, i64, i64]),
-                     name=SYMBOL)  # fmt: skip
-    x, ldx, w, y, ldy, m_rows, k_len, panels = fn.args
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [fp, i64, fp, fp, i64, i64, i64, i64,
+                                                          fp, i64]), name=SYMBOL)  # fmt: skip
+    x, ldx, w, y, ldy, m_rows, k_len, panels, bias, flags = fn.args
     for a in (x, w, y):
         a.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     zero = ir.Constant(v8, [0.0] * 8)
     splat = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
+    add_bias = b.icmp_unsigned("!=", b.and_(flags, ir.Constant(i64, 1)), ir.Constant(i64, 0))
+    relu = b.icmp_unsigned("!=", b.and_(flags, ir.Constant(i64, 2)), ir.Constant(i64, 0))
+    none = ir.Constant(ir.VectorType(ir.IntType(1), 8), [0] * 8)
 
     def c(v: int) -> Any:
         return ir.Constant(i64, v)
@@ -105,10 +110,19 @@ def _build() -> Any:
             a.add_incoming(v, b.block)
         b.branch(head)
         b.position_at_end(done)
+        # the epilogue: + bias (flag 1; the pointer is always readable), then ReLU (flag
+        # 2; NaN kept, as the interpreter's x < 0 ? 0 : x)
+        col = b.mul(p, c(NR))
+        bv = [b.load(b.bitcast(b.gep(bias, [b.add(col, c(8 * h))]), v8p), align=4)
+              for h in range(2)]  # fmt: skip
+        bv = [b.select(add_bias, v, zero) for v in bv]
         for r in range(rows):
-            row = b.add(b.mul(b.add(m0, c(r)), ldy), b.mul(p, c(NR)))
+            row = b.add(b.mul(b.add(m0, c(r)), ldy), col)
             for h in range(2):
-                b.store(acc[2 * r + h], b.bitcast(b.gep(y, [b.add(row, c(8 * h))]), v8p), align=4)
+                v = b.fadd(acc[2 * r + h], bv[h])
+                neg = b.select(relu, b.fcmp_ordered("<", v, zero), none)
+                v = b.select(neg, zero, v)
+                b.store(v, b.bitcast(b.gep(y, [b.add(row, c(8 * h))]), v8p), align=4)
 
     # for p in panels: full tiles of MR rows, then the 1..MR-1 rows left
     entry = b.block
@@ -167,7 +181,7 @@ def _register() -> Any:
     except Exception:  # noqa: BLE001 - no llvmlite JIT here: the lowering keeps gemm
         return None
     p, n = types.uintp, types.int64
-    return types.ExternalFunction(SYMBOL, types.void(p, n, p, p, n, n, n, n)), engine
+    return types.ExternalFunction(SYMBOL, types.void(p, n, p, p, n, n, n, n, p, n)), engine
 
 
 def available() -> bool:
@@ -187,8 +201,9 @@ _p16 = _STATE[0][0]
 
 
 @njit(nogil=True, cache=True)
-def gemm_p16(x, xo, ldx, w, wo, y, yo, ldy, m, k, n):
+def gemm_p16(x, xo, ldx, w, wo, y, yo, ldy, m, k, n, b, bo, flags):
     px = x.ctypes.data + np.uint64(xo * 4)
     pw = w.ctypes.data + np.uint64(wo * 4)
     py = y.ctypes.data + np.uint64(yo * 4)
-    _p16(px, ldx, pw, py, ldy, m, k, n // 16)
+    pb = b.ctypes.data + np.uint64(bo * 4)
+    _p16(px, ldx, pw, py, ldy, m, k, n // 16, pb, flags)

@@ -77,11 +77,18 @@ def _linear(cx: Any, node: Node) -> list[str]:
     if len(shape) != 2 or not x.shape or x.shape[-1] != shape[0]:
         cx.decline(f"shapes {x.shape} x {shape}")
     k, n = shape
-    # a constant weight goes to the packed kernel where it applies, stored only packed
-    product = packed_product(cx, x, wc, y, (x.size // k, k, n), k)
-    w = cx.ref(node.inputs[1]) if product is None else None
     ins: list[Ref | None] = [None if v is None or i == 1 else cx.ref(v)
                              for i, v in enumerate(node.inputs)]  # fmt: skip
+    # a constant weight goes to the packed kernel where it applies, stored only packed;
+    # a bias and a ReLU, the whole epilogue, are applied as it stores
+    bias = ins[2] if len(ins) > 2 else None
+    act = [op for op, _at, _refs in _steps(cx, list(node.attrs.get("activation", [])))]
+    if act in ([], ["Relu"]) and (bias is not None or act):
+        fused = packed_product(cx, x, wc, y, (x.size // k, k, n), k, bias, bool(act))
+        if fused is not None:
+            return fused
+    product = packed_product(cx, x, wc, y, (x.size // k, k, n), k)
+    w = cx.ref(node.inputs[1]) if product is None else None
     return linear_lines(cx, node, x, w, y, ins, product)
 
 

@@ -36,13 +36,17 @@ def _kernel() -> bool:
 
 
 def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int, int, int],
-                   ldx: int) -> list[str] | None:  # fmt: skip
-    """``y[m, :] = x[m, :] @ w`` (x rows ``ldx`` elements apart, y contiguous (M, N)) as
-    one ``gemm_p16`` call over ``w`` packed, or None where that does not apply."""
+                   ldx: int, bias: Ref | None = None,
+                   relu: bool = False) -> list[str] | None:  # fmt: skip
+    """``y[m, :] = x[m, :] @ w [+ bias] [ReLU]`` (x rows ``ldx`` elements apart, y
+    contiguous (M, N), ``bias`` N floats) as one ``gemm_p16`` call over ``w`` packed, the
+    epilogue applied as the kernel stores; None where that does not apply."""
     m, k, n = mkn
     if not cx.blas or w is None or w.ndim != 2 or w.shape != (k, n) or n % 16:
         return None
     if str(w.dtype) != "float32" or x.dtype != w.dtype or y.dtype != w.dtype:
+        return None
+    if bias is not None and (bias.size != n or bias.dtype != w.dtype):
         return None
     if not _kernel():
         return None
@@ -51,8 +55,11 @@ def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int
     panels = cx.put_const(pack16(w))
     cx.imports.add(PACKED_IMPORT)
     K, N = literal(k), literal(n)
+    b = bias if bias is not None else panels  # read without flag 1, never used
+    flags = (1 if bias is not None else 0) | (2 if relu else 0)
     return [f"gemm_p16({x.buf}, {x.off}, {literal(ldx)}, {panels.buf}, {panels.off}, "
-            f"{y.buf}, {y.off}, {N}, {literal(m)}, {K}, {N})"]  # fmt: skip
+            f"{y.buf}, {y.off}, {N}, {literal(m)}, {K}, {N}, {b.buf}, {b.off}, "
+            f"{literal(flags)})"]  # fmt: skip
 
 
 def weights_product(cx: Any, a: Ref, bv: Value | None, y: Ref, trans_a: bool,
