@@ -121,7 +121,7 @@ def _linear(registry: KernelRegistry) -> Any:
         epi = _bias_relu_epilogue(w, b, steps, rows)
         blocks = None if small else _block_epilogue(w, b, acts, extra_idx, epi)
         if blocks is not None:  # its compiled twin, run inside native row blocks
-            blocks.fused = fused_for(steps, None if b is None else b.reshape(-1), w.dtype)
+            blocks.fused = fused_for(steps, None if b is None else b.reshape(-1), w.dtype, w)
         inline = _linear_inline(mm, w, b, acts, extra_idx, epi, blocks)
         if input_rank(ctx) == 2 and not any(extra_idx):
             return _linear_2d(

@@ -38,12 +38,19 @@ _dgemm: Any = None
 
 class Fused(NamedTuple):
     """What ``run_fused`` does after each block's product: ``y += bias`` (length 0: no
-    bias), then ``conv_direct``'s activation ``act`` with ``params``. Immutable."""
+    bias), then ``conv_direct``'s activation ``act`` with ``params``. With ``packed`` (the
+    float32 weight in ``native.kern_gemm``'s panels, made at load) the products run on
+    that kernel instead of NumPy's gemm, which packs the weight again on every call: the
+    bias, and a ReLU, are applied as it stores (``flags``), any other activation after.
+    Immutable."""
 
     bias: np.ndarray
     act: int
     params: np.ndarray
     kernel: Any  # the compiled _linear_par
+    packed: np.ndarray | None = None
+    packed_kernel: Any = None  # the compiled _linear_packed
+    flags: int = 0  # gemm_p16's epilogue: 1 bias, 2 ReLU
 
     def run(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, edges: Any) -> bool:
         """``out = act(a @ w + bias)`` in the row blocks between ``edges`` on native
@@ -56,6 +63,11 @@ class Fused(NamedTuple):
             return False
         if self.bias.shape[0] not in (0, w.shape[1]):
             return False
+        if self.packed is not None and self.packed.shape[0] * 16 == w.shape[1]:
+            b = self.bias if self.flags & 1 else self.packed
+            act = 0 if self.flags & 2 else self.act
+            self.packed_kernel(a, self.packed, out, b, edges, act, self.params, self.flags)
+            return True
         self.kernel(a, w, out, self.bias, edges, self.act, self.params)
         return True
 
@@ -90,6 +102,40 @@ def _linear_par(  # pragma: no cover - numba only
                 _act_row(row, neg0, act, p)
 
 
+def _linear_packed(  # pragma: no cover - numba only
+    a: Any, wp: Any, y: Any, b: Any, edges: Any, act: int, p: Any, flags: int
+) -> None:
+    """y[r0:r1] = act(a[r0:r1] @ W [+ b]) for the row blocks between consecutive
+    ``edges``, in a ``prange`` loop on native threads: float32, W packed in
+    ``kern_gemm``'s panels (``wp``), ``flags`` its epilogue (1: + b, 2: ReLU; ``b``
+    readable for N floats either way), then ``act`` (0: none) per row."""
+    k = a.shape[1]
+    n = y.shape[1]
+    neg0 = -p[2]
+    for q in numba.prange(edges.shape[0] - 1):
+        r0, r1 = edges[q], edges[q + 1]
+        gemm_p16(a, r0 * k, k, wp, 0, y, r0 * n, n, r1 - r0, k, n, b, 0, flags)
+        if act != 0:
+            for r in range(r0, r1):
+                _act_row(y[r], neg0, act, p)
+
+
+def _warm_packed(fn: Any) -> None:
+    t = np.float32
+    a, y = np.ones((2, 3), t), np.zeros((2, 16), t)
+    wp = np.ones((1, 3, 16), t)
+    fn(a, wp, y, np.zeros(16, t), np.array([0, 1, 2], np.int64), 8, np.zeros(35, t), 1)
+
+
+def _prepare_packed(module_globals: dict[str, Any]) -> bool:
+    try:
+        from ..native.kern_gemm import gemm_p16
+    except ImportError:  # no numba, or a host the kernel does not run on
+        return False
+    module_globals["gemm_p16"] = gemm_p16
+    return True
+
+
 def _warm(fn: Any) -> None:
     for t in (np.float32, np.float64):
         a, w, y = np.ones((2, 3), t), np.ones((3, 4), t), np.zeros((2, 4), t)
@@ -103,6 +149,11 @@ def _prepare(module_globals: dict[str, Any]) -> bool:
 _LINEAR_PAR = Jitted(
     _linear_par, _warm, helpers=(_act_row,), fastmath=CONTRACT, parallel=True, prepare=_prepare
 )
+_LINEAR_PACKED = Jitted(
+    _linear_packed, _warm_packed, helpers=(_act_row,), fastmath=CONTRACT, parallel=True,
+    prepare=_prepare_packed,
+)  # fmt: skip
+gemm_p16: Any = None  # set by _prepare_packed
 
 
 def _epilogue_of(op: str, attrs: dict[str, Any]) -> Epilogue | None:
@@ -130,11 +181,13 @@ def fused_for(
     steps: list[tuple[str, int, dict[str, Any], tuple[int, ...]]],
     bias: np.ndarray | None,
     dtype: np.dtype,
+    w: np.ndarray | None = None,
 ) -> Fused | None:
     """The fused epilogue for a Linear of this dtype whose steps are ``steps`` (at most
     one activation reading only the product) and whose bias is ``bias`` (one value per
     column, or None), or None when it has none (no bias and no step), another step, or
-    numba's native threads are not there."""
+    numba's native threads are not there. With the constant weight ``w`` (float32, a
+    multiple of 16 columns) and the packed kernel available, it carries ``w`` packed."""
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         return None
@@ -149,4 +202,14 @@ def fused_for(
     if kernel is None:
         return None
     b = np.zeros(0, dtype) if bias is None else np.ascontiguousarray(bias)
-    return Fused(b, ACTIVATIONS[epi.act], _params(epi, dtype), kernel)
+    act = ACTIVATIONS[epi.act]
+    fused = Fused(b, act, _params(epi, dtype), kernel)
+    if w is None or w.ndim != 2 or w.shape[1] % 16 or dtype != np.dtype(np.float32):
+        return fused
+    packed_kernel = _LINEAR_PACKED.get()
+    if packed_kernel is None:
+        return fused
+    from ..native.kern_gemm import pack16
+
+    flags = (1 if bias is not None else 0) | (2 if epi.act == "Relu" else 0)
+    return fused._replace(packed=pack16(w), packed_kernel=packed_kernel, flags=flags)
