@@ -63,7 +63,8 @@ class Fused(NamedTuple):
             return False
         if self.bias.shape[0] not in (0, w.shape[1]):
             return False
-        if self.packed is not None and self.packed.shape[0] * 16 == w.shape[1]:
+        pk = self.packed
+        if pk is not None and pk.shape[0] * 16 == w.shape[1] and pk.shape[1] == a.shape[1]:
             b = self.bias if self.flags & 1 else self.packed
             act = 0 if self.flags & 2 else self.act
             self.packed_kernel(a, self.packed, out, b, edges, act, self.params, self.flags)
