@@ -1,4 +1,4 @@
-"""The packed-weight product kernel (``native/kern_gemm``) against NumPy, and the native
+"""The packed-weight product kernel (``kernels/gemm_packed``) against NumPy, and the native
 tier's use of it for the products of a model with a dynamic batch."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import tfrt_py
 from tfrt_py.ir import GraphBuilder
 
-kern_gemm = pytest.importorskip(
-    "tfrt_py.native.kern_gemm", reason="needs numba and an AVX2/FMA host"
+gemm_packed = pytest.importorskip(
+    "tfrt_py.kernels.gemm_packed", reason="needs numba and an AVX2/FMA host"
 )
 
 F32 = np.float32
@@ -31,9 +31,9 @@ def test_product_matches_numpy(m: int, k: int, n: int, flags: int) -> None:
     x[5] = np.nan  # row 0, column 0
     w = rng.standard_normal((k, n)).astype(F32)
     bias = np.concatenate([np.zeros(3, F32), rng.standard_normal(n).astype(F32)])
-    packed = np.concatenate([np.zeros(7, F32), kern_gemm.pack16(w).ravel()])
+    packed = np.concatenate([np.zeros(7, F32), gemm_packed.pack16(w).ravel()])
     y = np.full(2 + m * ldy, np.nan, F32)
-    kern_gemm.gemm_p16(x, 5, ldx, packed, 7, y, 2, ldy, m, k, n, bias, 3, flags)
+    gemm_packed.gemm_p16(x, 5, ldx, packed, 7, y, 2, ldy, m, k, n, bias, 3, flags)
     xs = x[5 : 5 + m * ldx].reshape(m, ldx)[:, :k]
     want = xs.astype(np.float64) @ w + (bias[3:] if flags & 1 else 0)
     if flags & 2:
@@ -47,7 +47,7 @@ def test_product_matches_numpy(m: int, k: int, n: int, flags: int) -> None:
 
 def test_pack16_lays_out_panels() -> None:
     w = np.arange(3 * 32, dtype=F32).reshape(3, 32)
-    p = kern_gemm.pack16(w)
+    p = gemm_packed.pack16(w)
     assert p.shape == (2, 3, 16)
     np.testing.assert_array_equal(p[1, 2], w[2, 16:])
 

@@ -393,7 +393,7 @@ def test_a_split_linear_runs_its_bias_and_activation_inside_the_native_blocks(
 ) -> None:
     """ViT's MLP (a product + bias + GELU) and MobileViT's (+ SiLU): the bias and the
     activation run in the native row blocks, on the thread that computed each block --
-    with the weight packed for ``native.kern_gemm`` (256 columns, float32) where that
+    with the weight packed for ``kernels.gemm_packed`` (256 columns, float32) where that
     kernel runs here, else on NumPy's gemm."""
     import math
 

@@ -27,7 +27,12 @@ from . import blas
 from .jit import CONTRACT, Jitted
 from .nn.conv_direct import ACTIVATIONS, Epilogue, _act_row, _params, numpy_act_after
 
-__all__ = ["Fused", "fused_for"]
+__all__ = ["PACK_MAX_BYTES", "Fused", "fused_for"]
+
+#: The largest weight a Linear keeps a packed copy of besides its own (the unsplit
+#: products use the original): ViT-Tiny's biggest is 0.6 MB; a 256 MB matrix is served
+#: by NumPy's gemm alone rather than held twice.
+PACK_MAX_BYTES = 1 << 20
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles, and
 #: NumPy's BLAS gemm (``blas.register``, its ``prepare``).
@@ -39,7 +44,7 @@ _dgemm: Any = None
 class Fused(NamedTuple):
     """What ``run_fused`` does after each block's product: ``y += bias`` (length 0: no
     bias), then ``conv_direct``'s activation ``act`` with ``params``. With ``packed`` (the
-    float32 weight in ``native.kern_gemm``'s panels, made at load) the products run on
+    float32 weight in ``gemm_packed``'s panels, made at load) the products run on
     that kernel instead of NumPy's gemm, which packs the weight again on every call: the
     bias, and a ReLU, are applied as it stores (``flags``), any other activation after.
     Immutable."""
@@ -108,7 +113,7 @@ def _linear_packed(  # pragma: no cover - numba only
 ) -> None:
     """y[r0:r1] = act(a[r0:r1] @ W [+ b]) for the row blocks between consecutive
     ``edges``, in a ``prange`` loop on native threads: float32, W packed in
-    ``kern_gemm``'s panels (``wp``), ``flags`` its epilogue (1: + b, 2: ReLU; ``b``
+    ``gemm_packed``'s panels (``wp``), ``flags`` its epilogue (1: + b, 2: ReLU; ``b``
     readable for N floats either way), then ``act`` (0: none) per row."""
     k = a.shape[1]
     n = y.shape[1]
@@ -130,7 +135,7 @@ def _warm_packed(fn: Any) -> None:
 
 def _prepare_packed(module_globals: dict[str, Any]) -> bool:
     try:
-        from ..native.kern_gemm import gemm_p16
+        from .gemm_packed import gemm_p16
     except ImportError:  # no numba, or a host the kernel does not run on
         return False
     module_globals["gemm_p16"] = gemm_p16
@@ -188,7 +193,8 @@ def fused_for(
     one activation reading only the product) and whose bias is ``bias`` (one value per
     column, or None), or None when it has none (no bias and no step), another step, or
     numba's native threads are not there. With the constant weight ``w`` (float32, a
-    multiple of 16 columns) and the packed kernel available, it carries ``w`` packed."""
+    multiple of 16 columns, at most ``PACK_MAX_BYTES``) and the packed kernel available,
+    it carries ``w`` packed."""
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         return None
@@ -207,10 +213,12 @@ def fused_for(
     fused = Fused(b, act, _params(epi, dtype), kernel)
     if w is None or w.ndim != 2 or w.shape[1] % 16 or dtype != np.dtype(np.float32):
         return fused
+    if w.nbytes > PACK_MAX_BYTES:  # the packed copy is a second one: bounded
+        return fused
     packed_kernel = _LINEAR_PACKED.get()
     if packed_kernel is None:
         return fused
-    from ..native.kern_gemm import pack16
+    from .gemm_packed import pack16
 
     flags = (1 if bias is not None else 0) | (2 if epi.act == "Relu" else 0)
     return fused._replace(packed=pack16(w), packed_kernel=packed_kernel, flags=flags)

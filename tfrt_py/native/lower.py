@@ -234,6 +234,7 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
         s1 = _shapes(graph, program, specs)
         check_rows(graph, s1, _shapes(graph, program, _input_specs(graph, None, 2)), batched)
         cx = NodeContext(graph, s1)
+        cx.packed_products = True
     else:
         specs = _input_specs(graph, shapes, None)
         probed, values = _probe(graph, program, specs)
@@ -241,6 +242,7 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
         # one signature's big products on NumPy's gemm (a transformer's projections; the
         # loops reach a third of its rate there); small ones stay loops (BLAS_MIN_MACS)
         cx.blas = shapes is not None and blas.available()
+        cx.packed_products = shapes is not None
         # one signature: the shape arithmetic is constants (rows mode probes two batch
         # sizes, whose shape values differ: it keeps the nodes)
         for vid, arr in shape_values(graph, values).items():
@@ -339,6 +341,7 @@ def _tile(graph: Graph, program: Program, row_cx: NodeContext,
         specs = _input_specs(graph, None, TILE_ROWS)
         cx = NodeContext(graph, _shapes(graph, program, specs))
         cx.blas = True
+        cx.packed_products = True
         cx.share_constants(row_cx)
         body = _body(graph, cx, specs, batched)
     except Declined:

@@ -1,11 +1,11 @@
 """Products by a 2-D weight: MatMul, Gemm and FusedMatMul (``weights_product``) and
 Attention's projection (``packed_product``).
 
-In bodies that call kernels (``cx.blas``: signature bodies and rows mode's tile) a
-constant float32 weight goes to the packed-panel kernel (``kern_gemm``): packed into its
-panels here, at lowering, and stored in place of the matrix. Where that does not apply
-(another dtype, a width not a multiple of 16, a static body, a host without the kernel)
-the product is ``emit.matmul``'s (NumPy's gemm or loops). Runs at load on the loading
+In signature bodies and rows mode's bodies (``cx.packed_products``) a constant float32 weight
+goes to the packed-panel kernel (``kernels/gemm_packed``): packed into its panels here,
+at lowering, and stored in place of the matrix. Where that does not apply (another
+dtype, a width not a multiple of 16, a static body, a host without the kernel) the
+product is ``emit.matmul``'s (NumPy's gemm or loops). Runs at load on the loading
 thread.
 """
 
@@ -23,16 +23,16 @@ from .source import literal
 
 __all__ = ["PACKED_IMPORT", "packed_product", "weights_product"]
 
-PACKED_IMPORT = "from tfrt_py.native.kern_gemm import gemm_p16"
+PACKED_IMPORT = "from tfrt_py.kernels.gemm_packed import gemm_p16"
 
 
 @functools.cache
 def _kernel() -> bool:
     try:
-        from . import kern_gemm
-    except ImportError:  # no JIT for it on this host (kern_gemm says why)
+        from ..kernels import gemm_packed
+    except ImportError:  # no JIT for it on this host (gemm_packed says why)
         return False
-    return kern_gemm.available()
+    return gemm_packed.available()
 
 
 def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int, int, int],
@@ -42,7 +42,7 @@ def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int
     contiguous (M, N), ``bias`` N floats) as one ``gemm_p16`` call over ``w`` packed, the
     epilogue applied as the kernel stores; None where that does not apply."""
     m, k, n = mkn
-    if not cx.blas or w is None or w.ndim != 2 or w.shape != (k, n) or n % 16:
+    if not cx.packed_products or w is None or w.ndim != 2 or w.shape != (k, n) or n % 16:
         return None
     if str(w.dtype) != "float32" or x.dtype != w.dtype or y.dtype != w.dtype:
         return None
@@ -50,7 +50,7 @@ def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int
         return None
     if not _kernel():
         return None
-    from .kern_gemm import pack16
+    from ..kernels.gemm_packed import pack16
 
     panels = cx.put_const(pack16(w))
     cx.imports.add(PACKED_IMPORT)

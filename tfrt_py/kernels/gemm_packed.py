@@ -1,4 +1,8 @@
-"""A float32 product of a few rows by a constant matrix, over weights packed at lowering.
+"""A float32 product of rows by a constant matrix, over the matrix packed once at load.
+
+Used by the native tier's products (``native/products.py``: packed at lowering, stored
+only packed) and by the interpreter's split Linear (``linear_par``: a second copy of
+weights of at most ``linear_par.PACK_MAX_BYTES``).
 
 ``y[m, :] = x[m, :] @ W`` for ``m < M``, W (K x N, N a multiple of 16) packed by
 ``pack16`` into N/16 panels of K x 16 floats (each panel's rows contiguous). OpenBLAS
@@ -16,7 +20,7 @@ symbol ``tfrt_py_sgemm_p16``, which numba code calls through an ``ExternalFuncti
 (as ``kernels.blas`` does NumPy's gemm): a cached generated module resolves the name
 when it loads, so importing this module comes first. ImportError where the host cannot
 run it well (an x86 CPU without AVX2 and FMA): ``available()`` says so first, and the
-lowering keeps NumPy's gemm.
+callers keep NumPy's gemm.
 
 ``gemm_p16(x, xo, ldx, w, wo, y, yo, ldy, m, k, n, b, bo, flags)``: element offsets into
 flat arrays; ``flags`` 1 adds the bias ``b[bo:bo + n]`` to every row, 2 then applies ReLU
@@ -35,6 +39,8 @@ __all__ = ["MR", "available", "gemm_p16", "pack16"]
 
 MR = 6  # rows per tile
 NR = 16  # columns per panel (two 8-float vectors)
+#: panels per tile for the rows left after whole tiles: 8-12 accumulators each
+_PANELS_FOR_ROWS = {1: 4, 2: 3, 3: 2, 4: 1, 5: 1}
 SYMBOL = "tfrt_py_sgemm_p16"
 
 _LOCK = threading.Lock()
@@ -81,8 +87,9 @@ def _build() -> Any:
     def c(v: int) -> Any:
         return ir.Constant(i64, v)
 
-    def tile(p: Any, m0: Any, rows: int) -> None:
-        """The rows m0..m0+rows of panel p: a k loop over 2*rows accumulators, then stores."""
+    def tile(p: Any, m0: Any, rows: int, npan: int) -> None:
+        """Rows m0..m0+rows of panels p..p+npan: a k loop over 2*rows*npan accumulators,
+        then the epilogue and the stores."""
         pre = b.block
         head, body, done = (fn.append_basic_block() for _ in range(3))
         b.branch(head)
@@ -90,21 +97,23 @@ def _build() -> Any:
         k = b.phi(i64)
         k.add_incoming(c(0), pre)
         acc = []
-        for _ in range(2 * rows):
+        for _ in range(2 * rows * npan):
             a = b.phi(v8)
             a.add_incoming(zero, pre)
             acc.append(a)
         b.cbranch(b.icmp_signed("<", k, k_len), body, done)
         b.position_at_end(body)
-        at = b.add(b.mul(p, b.mul(k_len, c(NR))), b.mul(k, c(NR)))
-        w0 = b.load(b.bitcast(b.gep(w, [at]), v8p), align=4)
-        w1 = b.load(b.bitcast(b.gep(w, [b.add(at, c(8))]), v8p), align=4)
+        wv = []
+        for j in range(npan):
+            at = b.add(b.mul(b.add(p, c(j)), b.mul(k_len, c(NR))), b.mul(k, c(NR)))
+            wv += [b.load(b.bitcast(b.gep(w, [b.add(at, c(8 * h))]), v8p), align=4)
+                   for h in range(2)]  # fmt: skip
         new = []
         for r in range(rows):
             xs = b.load(b.gep(x, [b.add(b.mul(b.add(m0, c(r)), ldx), k)]))
             xb = b.insert_element(ir.Constant(v8, ir.Undefined), xs, ir.Constant(i32, 0))
             xb = b.shuffle_vector(xb, ir.Constant(v8, ir.Undefined), splat)
-            new += [b.call(fma, [w0, xb, acc[2 * r]]), b.call(fma, [w1, xb, acc[2 * r + 1]])]
+            new += [b.call(fma, [wv[q], xb, acc[r * 2 * npan + q]]) for q in range(2 * npan)]
         k.add_incoming(b.add(k, c(1)), b.block)
         for a, v in zip(acc, new, strict=True):
             a.add_incoming(v, b.block)
@@ -112,49 +121,50 @@ def _build() -> Any:
         b.position_at_end(done)
         # the epilogue: + bias (flag 1; the pointer is always readable), then ReLU (flag
         # 2; NaN kept, as the interpreter's x < 0 ? 0 : x)
-        col = b.mul(p, c(NR))
-        bv = [b.load(b.bitcast(b.gep(bias, [b.add(col, c(8 * h))]), v8p), align=4)
-              for h in range(2)]  # fmt: skip
-        bv = [b.select(add_bias, v, zero) for v in bv]
-        for r in range(rows):
-            row = b.add(b.mul(b.add(m0, c(r)), ldy), col)
-            for h in range(2):
-                v = b.fadd(acc[2 * r + h], bv[h])
-                neg = b.select(relu, b.fcmp_ordered("<", v, zero), none)
-                v = b.select(neg, zero, v)
-                b.store(v, b.bitcast(b.gep(y, [b.add(row, c(8 * h))]), v8p), align=4)
+        for j in range(npan):
+            col = b.mul(b.add(p, c(j)), c(NR))
+            bv = [b.load(b.bitcast(b.gep(bias, [b.add(col, c(8 * h))]), v8p), align=4)
+                  for h in range(2)]  # fmt: skip
+            bv = [b.select(add_bias, v, zero) for v in bv]
+            for r in range(rows):
+                row = b.add(b.mul(b.add(m0, c(r)), ldy), col)
+                for h in range(2):
+                    v = b.fadd(acc[r * 2 * npan + 2 * j + h], bv[h])
+                    neg = b.select(relu, b.fcmp_ordered("<", v, zero), none)
+                    v = b.select(neg, zero, v)
+                    b.store(v, b.bitcast(b.gep(y, [b.add(row, c(8 * h))]), v8p), align=4)
 
-    # for p in panels: full tiles of MR rows, then the 1..MR-1 rows left
-    entry = b.block
-    p_head, p_body, m_head, m_body, m_rest, p_next, done = (
-        fn.append_basic_block() for _ in range(7))  # fmt: skip
-    b.branch(p_head)
-    b.position_at_end(p_head)
-    p = b.phi(i64)
-    p.add_incoming(c(0), entry)
-    b.cbranch(b.icmp_signed("<", p, panels), p_body, done)
-    b.position_at_end(p_body)
-    b.branch(m_head)
-    b.position_at_end(m_head)
-    m0 = b.phi(i64)
-    m0.add_incoming(c(0), p_body)
-    b.cbranch(b.icmp_signed("<=", b.add(m0, c(MR)), m_rows), m_body, m_rest)
-    b.position_at_end(m_body)
-    tile(p, m0, MR)
-    m0.add_incoming(b.add(m0, c(MR)), b.block)
-    b.branch(m_head)
-    b.position_at_end(m_rest)
-    left = b.sub(m_rows, m0)
-    sw = b.switch(left, p_next)
+    def loop(start: Any, end: Any, step: int, body: Any) -> None:
+        """``for i in range(start, end - step + 1, step): body(i)`` at the builder."""
+        pre = b.block
+        head, inner, after = (fn.append_basic_block() for _ in range(3))
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(i64)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<=", b.add(i, c(step)), end), inner, after)
+        b.position_at_end(inner)
+        body(i)
+        i.add_incoming(b.add(i, c(step)), b.block)
+        b.branch(head)
+        b.position_at_end(after)
+
+    # whole tiles of MR rows, panel by panel (twelve accumulators each)
+    full = b.mul(b.sdiv(m_rows, c(MR)), c(MR))
+    loop(c(0), panels, 1, lambda p: loop(c(0), full, MR, lambda m0: tile(p, m0, MR, 1)))
+    # the 1..MR-1 rows left: several panels per tile, so that a single row still keeps
+    # eight independent accumulators (an FMA's latency covered), then panel by panel
+    done = fn.append_basic_block()
+    sw = b.switch(b.sub(m_rows, full), done)
     for rows in range(1, MR):
         blk = fn.append_basic_block()
         sw.add_case(c(rows), blk)
         b.position_at_end(blk)
-        tile(p, m0, rows)
-        b.branch(p_next)
-    b.position_at_end(p_next)
-    p.add_incoming(b.add(p, c(1)), p_next)
-    b.branch(p_head)
+        npan = _PANELS_FOR_ROWS[rows]
+        start = b.mul(b.sdiv(panels, c(npan)), c(npan))
+        loop(c(0), panels, npan, lambda p, r=rows, q=npan: tile(p, full, r, q))
+        loop(start, panels, 1, lambda p, r=rows: tile(p, full, r, 1))
+        b.branch(done)
     b.position_at_end(done)
     b.ret_void()
     return str(mod)
