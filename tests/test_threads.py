@@ -130,12 +130,14 @@ def _blas() -> list[dict]:
     return [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
 
 
-def test_loads_scan_the_libraries_again_only_after_an_import(
+def test_loads_scan_the_libraries_again_only_after_a_blas_arrived(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Finding the loaded BLAS libraries reads /proc/self/maps (milliseconds per load);
-    a load does it again only when a module was imported since, and still sets a BLAS
-    whose threads something raised back to one."""
+    """threadpoolctl's scan of the loaded libraries (milliseconds, and it holds the
+    dynamic loader's lock while calling back into Python: a thread importing an
+    extension module meanwhile deadlocks with it) runs again only when a BLAS library
+    was mapped since -- not after every import -- and a load still sets a BLAS whose
+    threads something raised back to one."""
     if not _blas():
         pytest.skip("no BLAS library found by threadpoolctl")
     scans = []
@@ -159,7 +161,14 @@ def test_loads_scan_the_libraries_again_only_after_an_import(
     scans.clear()
     monkeypatch.setitem(__import__("sys").modules, "tfrt_py_test_new_module", os)
     configure(None)
-    assert scans == [1]  # an import since the last scan: scanned again
+    assert scans == []  # an import, no new BLAS: no scan
+    from tfrt_py.concurrency import threads as threads_mod
+
+    mapped = threads_mod._mapped_blas()
+    assert isinstance(mapped, frozenset) and mapped  # NumPy's BLAS, from /proc/self/maps
+    monkeypatch.setattr(threads_mod, "_mapped_blas", lambda: mapped | {b"/x/libnewblas.so"})
+    configure(None)
+    assert scans == [1]  # a BLAS library arrived: scanned again
     assert all(i["num_threads"] == 1 for i in _blas())
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .intraop import IntraOpPool
@@ -153,37 +154,84 @@ def blas_threads() -> dict[str, int]:
         return {}
     return {
         os.path.basename(info["filepath"]): int(info["num_threads"])
-        for info in threadpoolctl.threadpool_info()
+        for info in under_import_lock(threadpoolctl.threadpool_info)
         if info.get("user_api") == "blas"
     }
 
 
-#: (number of imported modules, threadpoolctl controller) of the last scan of the loaded
-#: libraries; guarded by ``_lock``.
-_blas_scan: tuple[int, Any] | None = None
+def under_import_lock(scan: Callable[[], Any]) -> Any:
+    """``scan()`` (a threadpoolctl scan of the loaded libraries) with the interpreter's
+    import lock held. The scan walks the libraries with ``dl_iterate_phdr``, which holds
+    the dynamic loader's lock while it calls back into Python; a thread importing an
+    extension module holds the GIL while its ``dlopen`` waits for that lock, so the two
+    can wait on each other for ever. Holding the import lock, no import starts meanwhile
+    (one already past its module lock can still reach ``dlopen``: this narrows the
+    window; ``_single_threaded_blas`` scans only when a BLAS library arrived)."""
+    import _imp
+
+    _imp.acquire_lock()
+    try:
+        return scan()
+    finally:
+        _imp.release_lock()
+
+
+#: (the BLAS libraries mapped, threadpoolctl's BLAS controllers) at the last scan of the
+#: loaded libraries; guarded by ``_lock``.
+_blas_scan: tuple[Any, Any] | None = None
+
+#: Library file names threadpoolctl's BLAS controllers are for (OpenBLAS, MKL, BLIS,
+#: FlexiBLAS, NumPy/SciPy's bundled OpenBLAS builds).
+_BLAS_NAMES = ("blas", "mkl", "blis")
+
+
+def _mapped_blas() -> Any:
+    """The BLAS-like libraries mapped into this process (from ``/proc/self/maps``: a file
+    read, no loader lock, no callback into Python), or the number of imported modules
+    where that file does not exist."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            data = f.read()
+    except OSError:
+        return len(sys.modules)
+    found = set()
+    for line in data.split(b"\n"):
+        path = line.rpartition(b" ")[2]
+        if path.startswith(b"/") and any(n in path.rpartition(b"/")[2].lower().decode(
+                "utf-8", "replace") for n in _BLAS_NAMES):  # fmt: skip
+            found.add(path)
+    return frozenset(found)
 
 
 def _single_threaded_blas() -> None:
     """NumPy's BLAS to one thread, process-wide (threadpoolctl); a no-op without it.
 
-    Finding the loaded libraries reads ``/proc/self/maps`` (1-8 ms in a large process),
-    so it is done again only when a module was imported since the last scan (how a new
-    BLAS arrives: SciPy's own OpenBLAS comes with ``scipy.linalg``); otherwise the
-    libraries found then are asked for their thread counts (µs) and set back to one if
-    something raised them. Caller holds ``_lock``."""
+    threadpoolctl's scan of the loaded libraries is done again only when a BLAS library
+    was mapped since the last one (SciPy's own OpenBLAS comes with ``scipy.linalg``);
+    otherwise the libraries found then are asked for their thread counts (µs) and set
+    back to one if something raised them. The scan walks the libraries with
+    ``dl_iterate_phdr``, which holds the dynamic loader's lock while calling back into
+    Python: with another thread importing an extension module (its ``dlopen`` waiting
+    for that lock with the GIL held) the two wait on each other for ever -- threadpoolctl
+    3.5's callback gives up the GIL for a stat, and the suite's collection hung so while
+    a native compile, finishing on its thread, limited BLAS after every import. So the
+    scan runs only when a BLAS arrived, under the import lock (``under_import_lock``).
+    Caller holds ``_lock``."""
     global _blas_scan
     try:
         import threadpoolctl
     except ImportError:
         return
-    if _blas_scan is None or _blas_scan[0] != len(sys.modules):
-        controller: Any = threadpoolctl.ThreadpoolController()
+    mapped = _mapped_blas()
+    if _blas_scan is None or _blas_scan[0] != mapped:
+        controller: Any = under_import_lock(threadpoolctl.ThreadpoolController)
         blas = controller.select(user_api="blas")
+        mapped = _mapped_blas()  # threadpoolctl may have loaded libraries itself
     else:
         blas = _blas_scan[1]
     if any(lib.num_threads != 1 for lib in blas.lib_controllers):
         blas.limit(limits=1)
-    _blas_scan = (len(sys.modules), blas)  # counted last: threadpoolctl imports lazily
+    _blas_scan = (mapped, blas)
 
 
 def _reset_after_fork() -> None:

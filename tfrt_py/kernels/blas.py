@@ -81,8 +81,10 @@ def _numpy_blas_path() -> str | None:
     import numpy
     import threadpoolctl
 
+    from ..concurrency.threads import under_import_lock
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(numpy.__file__)))
-    for info in threadpoolctl.threadpool_info():
+    for info in under_import_lock(threadpoolctl.threadpool_info):
         path = info.get("filepath") or ""
         if (
             info.get("user_api") == "blas"
