@@ -24,6 +24,7 @@ Thread-safe. Imports nothing of tfrt_py; threadpoolctl is imported on first use.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -176,29 +177,30 @@ def under_import_lock(scan: Callable[[], Any]) -> Any:
         _imp.release_lock()
 
 
-#: (the BLAS libraries mapped, threadpoolctl's BLAS controllers) at the last scan of the
-#: loaded libraries; guarded by ``_lock``.
-_blas_scan: tuple[Any, Any] | None = None
+#: (number of imported modules, the BLAS libraries mapped, threadpoolctl's BLAS
+#: controllers) at the last look; guarded by ``_lock``.
+_blas_scan: tuple[int, Any, Any] | None = None
 
 #: Library file names threadpoolctl's BLAS controllers are for (OpenBLAS, MKL, BLIS,
 #: FlexiBLAS, NumPy/SciPy's bundled OpenBLAS builds).
-_BLAS_NAMES = ("blas", "mkl", "blis")
+_BLAS_HIT = re.compile(rb"blas|mkl|blis")
 
 
 def _mapped_blas() -> Any:
     """The BLAS-like libraries mapped into this process (from ``/proc/self/maps``: a file
-    read, no loader lock, no callback into Python), or the number of imported modules
-    where that file does not exist."""
+    read, no loader lock, no callback into Python; ~2 ms in a large process), or the
+    number of imported modules where that file does not exist."""
     try:
         with open("/proc/self/maps", "rb") as f:
             data = f.read()
     except OSError:
         return len(sys.modules)
     found = set()
-    for line in data.split(b"\n"):
-        path = line.rpartition(b" ")[2]
-        if path.startswith(b"/") and any(n in path.rpartition(b"/")[2].lower().decode(
-                "utf-8", "replace") for n in _BLAS_NAMES):  # fmt: skip
+    for hit in _BLAS_HIT.finditer(data.lower()):  # a few lines per library
+        start = data.rfind(b"\n", 0, hit.start()) + 1
+        end = data.find(b"\n", hit.end())
+        path = data[start : len(data) if end < 0 else end].rpartition(b" ")[2]
+        if path.startswith(b"/") and b"/" not in path[path.rfind(b"/") + 1 :]:
             found.add(path)
     return frozenset(found)
 
@@ -222,16 +224,21 @@ def _single_threaded_blas() -> None:
         import threadpoolctl
     except ImportError:
         return
-    mapped = _mapped_blas()
-    if _blas_scan is None or _blas_scan[0] != mapped:
-        controller: Any = under_import_lock(threadpoolctl.ThreadpoolController)
-        blas = controller.select(user_api="blas")
-        mapped = _mapped_blas()  # threadpoolctl may have loaded libraries itself
+    n_modules = len(sys.modules)
+    if _blas_scan is not None and _blas_scan[0] == n_modules:
+        blas = _blas_scan[2]  # nothing imported since: no library can have arrived
+        mapped = _blas_scan[1]
     else:
-        blas = _blas_scan[1]
+        mapped = _mapped_blas()  # ~2 ms: read only after an import
+        if _blas_scan is None or _blas_scan[1] != mapped:
+            controller: Any = under_import_lock(threadpoolctl.ThreadpoolController)
+            blas = controller.select(user_api="blas")
+            mapped = _mapped_blas()  # threadpoolctl may have loaded libraries itself
+        else:
+            blas = _blas_scan[2]
     if any(lib.num_threads != 1 for lib in blas.lib_controllers):
         blas.limit(limits=1)
-    _blas_scan = (mapped, blas)
+    _blas_scan = (len(sys.modules), mapped, blas)  # counted last: threadpoolctl imports lazily
 
 
 def _reset_after_fork() -> None:
