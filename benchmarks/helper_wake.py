@@ -2,27 +2,27 @@
 
     python benchmarks/helper_wake.py [--busy] [--pin] [--parts 2] [--runs 60]
 
-tfrt_py's compiled kernels split their work in numba ``prange`` loops on TBB
-(``concurrency/native_threads.py``): the caller takes a part and TBB's worker steals the
-others. This probe runs such a loop of ``--parts`` equal parts (each a fixed amount of
-scalar arithmetic: 100 µs to 3 ms), with the caller computing alone for a *gap* between
-loops (200 µs, as between a model's kernels; 5 and 20 ms, long enough for the worker to go
-to sleep), and prints per block size and gap:
+tfrt_py's compiled kernels split their work in numba ``prange`` loops whose parts run on
+tfrt_py's native pool (``concurrency/native_pool.py``; ``TFRT_PY_NATIVE_POOL=0``: on TBB's
+own workers): the caller takes a part and a worker the others. This probe runs such a
+loop of ``--parts`` equal parts (each a fixed amount of scalar arithmetic: 100 µs to 3
+ms), with the caller computing alone for a *gap* between loops (200 µs, as between a
+model's kernels; 5 and 20 ms, long enough for a worker to go to sleep), and prints per
+block size and gap:
 
 * the wall time of one loop against the parts run back to back (``serial``);
 * the share of parts a helper took;
 * the median time from the loop's start to the helper's first part.
 
 ``--busy`` starts a ``while True: pass`` process pinned to the last core (killed at exit);
-``--pin`` pins the helpers to every core but the caller's (as onnxruntime pins its
-intra-op workers). Nothing is asserted: the figures are for reading. Measured on the 2-core
-machine (2026-11-27, kernel 6.18, oneTBB 2022): quiet, a helper starts within ~2 µs and
-takes half the parts. With the neighbour and 200 µs gaps it starts 0.2-2.5 ms late and
-takes 2-30%, so a loop takes as long as its parts in a row; after a 5 ms gap it starts
-within ~6 µs and takes ~half. TBB's idle workers spin with ``sched_yield`` before they
-sleep, and under EEVDF each yield pushes the yielding thread's deadline back by a slice,
-so a worker that was spinning next to a busy process waits behind it. A thread woken
-from a futex sleep (onnxruntime's pool with spinning off) starts in ~12 µs.
+``--pin`` pins the helpers to every core but the caller's. Nothing is asserted: the
+figures are for reading. Measured on the 2-core machine (kernel 6.18, oneTBB 2022) with
+the neighbour, 30 loops a row: on TBB's workers, after 200 µs gaps a helper starts
+0.02-2.5 ms late and takes 2-27% of the parts, so a loop takes as long as its parts in a
+row (2.01 ms for 2 x 1 ms); TBB's idle workers spin with ``sched_yield`` before they
+sleep, and under EEVDF each yield pushes the yielding thread's deadline back. On the
+native pool, whose workers sleep on a futex at once, a helper starts within ~3 µs after
+every gap and takes 37-50% (1.02 ms for 2 x 1 ms).
 """
 
 from __future__ import annotations
@@ -99,6 +99,9 @@ def main() -> None:
 
     if not native_threads.ready():
         sys.exit("helper_wake: numba's TBB threading layer is not available here")
+    from tfrt_py.concurrency import native_pool
+
+    print(f"parts run on {'the native pool' if native_pool.installed() else 'TBB workers'}")
     native_threads.enter(2)
     f = build()
     parts = a.parts

@@ -86,8 +86,9 @@ def load(
     others wait first come, first served (``run_async`` waits without blocking its loop).
 
     ``threads``: how many threads one call may use (large matrix products and convs split
-    over native threads, numba's TBB layer, or tfrt_py's Python intra-op pool; NumPy's
-    BLAS runs single-threaded so nothing spins against a busy neighbour). Process-wide:
+    over native threads -- numba's parallel loops on tfrt_py's pool -- or tfrt_py's Python
+    intra-op pool; NumPy's BLAS runs single-threaded so nothing spins against a busy
+    neighbour). Process-wide:
     ``$TFRT_PY_THREADS`` overrides it, the last value given applies, the default is the
     cores this process may use (``concurrency.threads``).
 
@@ -419,7 +420,7 @@ class Model:
         ]
         lines.append(
             f"  threads: {thread_budget()} per call (split kernels on "
-            f"{'native threads (TBB)' if native_threads.ready() else 'the intra-op pool'}"
+            f"{native_threads.runner()}"
             "; BLAS single-threaded)"
         )
         if self._timeout is not None:

@@ -1,22 +1,26 @@
-"""Native intra-op threads: numba's parallel loops (``prange``) on Intel TBB.
+"""Native intra-op threads: numba's parallel loops (``prange``), run by tfrt_py's pool.
 
 A kernel split over ``intraop.IntraOpPool`` pays for Python threads: a queue hand-off,
 waking a helper and the GIL before the helper reaches native code -- ~35 µs a split on
 the 2-core VM, more than a 100 µs depthwise conv gains from its second core. A compiled
-kernel whose parts run in a ``prange`` loop on numba's TBB threading layer pays ~4 µs:
-TBB's workers take parts without the GIL and keep stealing while the caller works, so a
-helper descheduled by a busy neighbour holds up one part, not the call.
+kernel whose parts run in a ``prange`` loop pays a few µs: native workers take parts
+without the GIL one at a time while the caller takes them too, so a helper descheduled
+by a busy neighbour holds up one part, not the call.
 
-Only TBB is used: it is the one numba threading layer that is both thread-safe (an
-executor's worker threads and a server's threads launch parallel loops at once) and
-fork-safe (``serve --workers`` and gunicorn ``--preload`` fork after loading). GNU
-OpenMP aborts a forked child that uses it; numba's ``workqueue`` aborts on concurrent
-launches. ``ready()`` says whether this process has it: numba importable, TBB's library
-loadable (the ``tbb`` wheel puts ``libtbb.so.12`` in the environment's ``lib``, outside
-the loader's path: it is loaded from there by path), no other layer already running,
-``$NUMBA_THREADING_LAYER`` unset or ``tbb``, and ``$TFRT_PY_NATIVE_THREADS`` not ``0``
-(tests switch it off to run the Python pool's path). Kernels built on it (``Jitted(...,
-parallel=True)``) fall back to ``IntraOpPool`` when it is not.
+The loops are compiled for numba's TBB threading layer, and started on it: it is the one
+numba layer that is both thread-safe (an executor's worker threads and a server's threads
+launch parallel loops at once) and fork-safe (``serve --workers`` and gunicorn
+``--preload`` fork after loading); GNU OpenMP aborts a forked child that uses it, numba's
+``workqueue`` aborts on concurrent launches. Its parts then run on ``native_pool`` (whose
+idle workers sleep on a futex; TBB's spin with ``sched_yield`` and join late next to a
+busy process), installed here once TBB has started; on TBB's own workers where the pool
+cannot be built or ``$TFRT_PY_NATIVE_POOL`` is ``0``. ``ready()`` says whether this
+process has the layer: numba importable, TBB's library loadable (the ``tbb`` wheel puts
+``libtbb.so.12`` in the environment's ``lib``, outside the loader's path: it is loaded
+from there by path), no other layer already running, ``$NUMBA_THREADING_LAYER`` unset or
+``tbb``, and ``$TFRT_PY_NATIVE_THREADS`` not ``0`` (tests switch it off to run the Python
+pool's path). Kernels built on it (``Jitted(..., parallel=True)``) fall back to
+``IntraOpPool`` when it is not.
 
 Thread-safe: the first ``ready`` decides under a lock, later calls read the answer.
 Imports nothing of tfrt_py; numba is imported on the first ``ready``.
@@ -31,9 +35,18 @@ import sys
 import threading
 from typing import Any
 
+from . import native_pool
 from .env_switch import switched_off
 
-__all__ = ["ENV_NATIVE_THREADS", "edges", "enter", "max_threads", "plane_blocks", "ready"]
+__all__ = [
+    "ENV_NATIVE_THREADS",
+    "edges",
+    "enter",
+    "max_threads",
+    "plane_blocks",
+    "ready",
+    "runner",
+]
 
 #: ``TFRT_PY_NATIVE_THREADS=0``: split kernels use the Python intra-op pool (read each call).
 ENV_NATIVE_THREADS = "TFRT_PY_NATIVE_THREADS"
@@ -54,6 +67,13 @@ def ready() -> bool:
         if not _STATE:
             _STATE.append(_set_up())
         return _STATE[0]
+
+
+def runner() -> str:
+    """Who runs the parallel loops' parts, for ``describe()``."""
+    if not ready():
+        return "the intra-op pool"
+    return "native threads (tfrt_py's pool)" if native_pool.installed() else "native threads (TBB)"
 
 
 def max_threads() -> int:
@@ -138,6 +158,11 @@ def _set_up() -> bool:
     config: Any = numba.config
     config.THREADING_LAYER = "tbb"
     _MAX[0] = int(config.NUMBA_NUM_THREADS)
+    try:
+        parallel._launch_threads()  # TBB registers its parallel_for: the pool's replaces it
+    except Exception:  # noqa: BLE001 - TBB failed to start: no native threads
+        return False
+    native_pool.install(_MAX[0])
     return True
 
 

@@ -5,10 +5,11 @@ spin against each other and everything else (a 197x192 @ 192x768 product took 16
 instead of 0.5 ms with two BLAS threads and a busy neighbour). So tfrt_py owns the
 threads: NumPy's BLAS runs single-threaded, and kernels that pay for it (large matrix
 products, convs) split their work over this budget: compiled kernels with a parallel form
-in numba ``prange`` loops on TBB (``native_threads``: no GIL, blocks stolen one at a
-time), the rest over tfrt_py's intra-op pool (``intraop.IntraOpPool``), whose threads
-block instead of spinning and whose caller steals back parts a slow helper has not
-started -- so a busy core slows a split kernel to about its serial time, never to a stall.
+in numba ``prange`` loops (``native_threads``: no GIL, blocks taken one at a time by
+``native_pool``'s futex-sleeping workers), the rest over tfrt_py's intra-op pool
+(``intraop.IntraOpPool``), whose threads block instead of spinning and whose caller
+steals back parts a slow helper has not started -- so a busy core slows a split kernel
+to about its serial time, never to a stall.
 
 The budget, per process (the number of threads one call uses, caller included):
 ``TFRT_PY_THREADS`` if set, else ``load(..., threads=N)`` (the last value given wins), else

@@ -1,0 +1,157 @@
+"""numba's parallel loops on tfrt_py's native pool (``concurrency.native_pool``): a loop's
+parts run on two threads at once, reductions get a slot per thread, concurrent and nested
+loops compute what serial ones do, and a forked child starts workers of its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+from tfrt_py.concurrency import native_pool, native_threads
+
+numba = pytest.importorskip("numba", reason="the pool runs numba's parallel loops")
+pytestmark = pytest.mark.skipif(
+    not (native_threads.ready() and native_threads.max_threads() > 1 and native_pool.installed()),
+    reason="the native pool needs numba's TBB layer started (see test_native_threads), Linux "
+    "x86-64 and two CPUs",
+)
+
+_RENDEZVOUS = """
+import ctypes
+import numba
+import numpy as np
+from numba import njit, prange, types
+from numba.core.extending import intrinsic
+from numba.np.ufunc.parallel import _iget_thread_id
+from tfrt_py.concurrency import native_pool
+
+_pause = ctypes.CFUNCTYPE(None, ctypes.c_int64)(native_pool.pause_address())
+
+
+@intrinsic
+def _read(typingctx, arr, i):
+    # arr[i] as an atomic load: the compiler reads it on every spin
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        return builder.load_atomic(builder.gep(ary.data, [args[1]]), "monotonic", 8)
+
+    return types.int64(arr, types.intp), codegen
+
+
+@njit(parallel=True, nogil=True)
+def rendezvous(flags, ids, spins):
+    # part i marks itself, then waits (at most ``spins`` pauses) for the other part
+    for i in prange(2):
+        ids[i] = _iget_thread_id()
+        flags[i] = 1
+        for _ in range(spins):
+            if _read(flags, 1 - i) == 1:
+                break
+            _pause(1)
+        flags[2 + i] = flags[1 - i]
+
+
+def met():
+    numba.set_num_threads(2)
+    numba.set_parallel_chunksize(1)
+    flags = np.zeros(4, np.int64)
+    ids = np.full(2, -1, np.int64)
+    rendezvous(flags, ids, 200_000_000)
+    return bool(flags[2] == 1 and flags[3] == 1), sorted(ids.tolist())
+"""
+
+
+def _namespace() -> dict[str, object]:
+    ns: dict[str, object] = {}
+    exec(compile(_RENDEZVOUS, "rendezvous", "exec"), ns)
+    return ns
+
+
+_NS = _namespace()
+
+
+@numba.njit(parallel=True, nogil=True)
+def _row_sums(x):
+    out = np.empty(x.shape[0])
+    for i in numba.prange(x.shape[0]):
+        out[i] = x[i].sum()
+    return out
+
+
+@numba.njit(parallel=True, nogil=True)
+def _nested(x):
+    out = np.empty(x.shape[0])
+    for b in numba.prange(x.shape[0]):
+        out[b] = _row_sums(x[b]).sum()  # a parallel loop inside a part: runs in its thread
+    return out
+
+
+@numba.njit(parallel=True, nogil=True)
+def _total(x):
+    s = 0.0
+    for i in numba.prange(x.shape[0]):
+        s += x[i]
+    return s
+
+
+def test_the_pool_is_installed_with_a_worker_per_other_cpu() -> None:
+    assert native_pool.workers() == native_threads.max_threads() - 1
+
+
+def test_two_parts_of_a_loop_run_at_once_on_threads_with_their_own_ids() -> None:
+    met, ids = _NS["met"]()  # type: ignore[operator]
+    assert met, "the loop's two parts never ran at the same time"
+    assert ids == [0, 1]
+
+
+def test_a_parallel_reduction_sums_what_numpy_sums() -> None:
+    native_threads.enter(2)
+    x = np.random.default_rng(0).random(1_000_003)
+    for _ in range(20):
+        assert _total(x) == pytest.approx(x.sum(), rel=1e-12)
+
+
+def test_concurrent_and_nested_loops_compute_what_serial_ones_do() -> None:
+    x = np.random.default_rng(1).random((6, 40, 300))
+    want = x.sum(axis=(1, 2))
+    errors: list[str] = []
+
+    def caller() -> None:
+        native_threads.enter(2)
+        for _ in range(30):
+            got = _nested(x)
+            if not np.allclose(got, want, rtol=1e-12):
+                errors.append(f"{got} != {want}")
+
+    threads = [threading.Thread(target=caller) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_a_forked_child_starts_workers_of_its_own() -> None:
+    script = textwrap.dedent(
+        """
+        import os, sys
+        from tfrt_py.concurrency import native_threads
+        assert native_threads.ready()
+        exec(compile(sys.argv[1], "rendezvous", "exec"))
+        assert met()[0], "parent"
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if met()[0] else 3)
+        _, status = os.waitpid(pid, 0)
+        sys.exit(os.waitstatus_to_exitcode(status))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, _RENDEZVOUS], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
