@@ -262,9 +262,10 @@ publish:
   %any = icmp ne i32 %sl, 0
   br i1 %any, label %wake, label %work
 wake:
-  %h = sub i64 %nth, 1
+  ; all of them: a futex wakes any of its sleepers, and workers past the loop's thread
+  ; count go back to sleep at once
   %x = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr @tfrt_py_pool_gen, i64 129,
-                                                 i64 %h)
+                                                 i64 2147483647)
   br label %work
 work:
   call void @claim(i64 0)
