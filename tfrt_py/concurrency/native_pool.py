@@ -15,12 +15,13 @@ to them. numba's scheduling, thread counts and chunk size (TBB's thread-local se
 ``native_threads.enter``) are unchanged; only who runs the parts is.
 
 The pool is LLVM IR (built here, compiled once per process by llvmlite's MCJIT, no C
-compiler): ``threads - 1`` native workers (pthreads started through ctypes, never holding
-the GIL) and one task slot.
+compiler): ``threads - 1`` native workers, at most one per other CPU the process may use
+(pthreads started through ctypes, never holding the GIL), and one task slot.
 
 * A caller that takes the slot (a compare-and-swap of its ``pthread_self``) publishes the
-  task -- the loop's function, arguments and part count -- under a new generation, wakes
-  sleeping workers with one ``FUTEX_WAKE`` and claims parts itself. Parts are claimed
+  task -- the loop's function, arguments and part count -- under a new generation, writes
+  it to the futex word of each worker the loop's thread count takes (waking those that
+  sleep: a worker past that count is never woken) and claims parts itself. Parts are claimed
   with a compare-and-swap on (generation << 32 | next part), so a worker that wakes late
   never runs a part of a finished task. The caller then waits for the parts in flight,
   spinning with ``pause`` for ``_CALLER_SPIN_US``, then on a futex.
@@ -59,13 +60,12 @@ __all__ = ["ENV_NATIVE_POOL", "install", "installed", "pause_address", "workers"
 ENV_NATIVE_POOL = "TFRT_PY_NATIVE_POOL"
 
 _CALLER_SPIN_US = 20.0  # the caller's spin on the parts in flight before it sleeps
-_MAX_WORKERS = 63
+_MAX_WORKERS = 63  # the IR's per-worker arrays hold 64 threads
 
 _STATE: dict[str, Any] = {}  # engine, addresses, workers; set once by install()
 
 _IR = r"""
 @tfrt_py_pool_gen = global i32 0, align 64
-@tfrt_py_pool_sleepers = global i32 0, align 64
 @tfrt_py_pool_next = global i64 0, align 64
 @tfrt_py_pool_pending = global i32 0, align 64
 @tfrt_py_pool_waiting = global i32 0, align 64
@@ -82,6 +82,9 @@ _IR = r"""
 @tfrt_py_pool_nworkers = global i64 0, align 64
 @tfrt_py_pool_spin_c = global i64 0, align 8
 @tfrt_py_pool_wtid = global [64 x i64] zeroinitializer, align 64
+; per worker, a cache line: [0] the futex word a task's generation is written to, [1] 1
+; while the worker sleeps on it
+@tfrt_py_pool_wake = global [64 x [16 x i32]] zeroinitializer, align 64
 
 declare i64 @tfrt_py_libc_syscall(i64, ...)
 declare i64 @tfrt_py_libc_pthread_self()
@@ -193,24 +196,26 @@ entry:
   %self = call i64 @tfrt_py_libc_pthread_self()
   %slot = getelementptr [64 x i64], ptr @tfrt_py_pool_wtid, i64 0, i64 %k
   store atomic i64 %self, ptr %slot seq_cst, align 8
+  %word = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %k, i64 0
+  %asleep = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %k, i64 1
   br label %loop
 loop:
-  %seen = load atomic i32, ptr @tfrt_py_pool_gen seq_cst, align 4
+  %seen = load atomic i32, ptr %word seq_cst, align 4
   call void @claim(i64 %k)
   br label %sleep
 sleep:
-  %u = atomicrmw add ptr @tfrt_py_pool_sleepers, i32 1 seq_cst
-  %g = load atomic i32, ptr @tfrt_py_pool_gen seq_cst, align 4
+  store atomic i32 1, ptr %asleep seq_cst, align 4
+  %g = load atomic i32, ptr %word seq_cst, align 4
   %same = icmp eq i32 %g, %seen
   br i1 %same, label %wait, label %woke
 wait:
   %seen64 = zext i32 %seen to i64
-  %y = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr @tfrt_py_pool_gen, i64 128,
-                                                 i64 %seen64, ptr null)
+  %y = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr %word, i64 128, i64 %seen64,
+                                                 ptr null)
   br label %woke
 woke:
-  %d = atomicrmw sub ptr @tfrt_py_pool_sleepers, i32 1 seq_cst
-  %g2 = load atomic i32, ptr @tfrt_py_pool_gen seq_cst, align 4
+  store atomic i32 0, ptr %asleep seq_cst, align 4
+  %g2 = load atomic i32, ptr %word seq_cst, align 4
   %again = icmp eq i32 %g2, %seen
   br i1 %again, label %sleep, label %loop
 }
@@ -257,16 +262,26 @@ publish:
   %g64 = zext i32 %g1 to i64
   %nx = shl i64 %g64, 32
   store atomic i64 %nx, ptr @tfrt_py_pool_next release, align 8
-  store atomic i32 %g1, ptr @tfrt_py_pool_gen seq_cst, align 4
-  %sl = load atomic i32, ptr @tfrt_py_pool_sleepers seq_cst, align 4
-  %any = icmp ne i32 %sl, 0
-  br i1 %any, label %wake, label %work
-wake:
-  ; all of them: a futex wakes any of its sleepers, and workers past the loop's thread
-  ; count go back to sleep at once
-  %x = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr @tfrt_py_pool_gen, i64 129,
-                                                 i64 2147483647)
-  br label %work
+  store atomic i32 %g1, ptr @tfrt_py_pool_gen monotonic, align 4
+  br label %kh
+kh:
+  ; workers 1 .. nth-1 are told, each on its own futex word; a sleeping one is woken
+  %kk = phi i64 [1, %publish], [%kk1, %kn]
+  %km = icmp ult i64 %kk, %nth
+  br i1 %km, label %kb, label %work
+kb:
+  %kword = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %kk, i64 0
+  %kasleep = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %kk, i64 1
+  store atomic i32 %g1, ptr %kword seq_cst, align 4
+  %ks = load atomic i32, ptr %kasleep seq_cst, align 4
+  %kz = icmp ne i32 %ks, 0
+  br i1 %kz, label %kw, label %kn
+kw:
+  %x = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr %kword, i64 129, i64 1)
+  br label %kn
+kn:
+  %kk1 = add i64 %kk, 1
+  br label %kh
 work:
   call void @claim(i64 0)
   %spin = load atomic i64, ptr @tfrt_py_pool_spin_c monotonic, align 8
@@ -345,16 +360,20 @@ def pause_address() -> int:
 
 
 def install(threads: int) -> bool:
-    """Start ``threads - 1`` workers and bind numba's ``numba_parallel_for`` and
-    ``get_thread_id`` to this pool; call after numba's threading layer started (its own
-    registration would replace ours) and before parallel kernels compile or load. False
-    (nothing changed) off Linux x86-64, for fewer than two threads, when
-    ``$TFRT_PY_NATIVE_POOL`` is ``0``, or when llvmlite cannot build the module."""
+    """Start ``threads - 1`` workers (at most one per other CPU this process may use) and
+    bind numba's ``numba_parallel_for`` and ``get_thread_id`` to this pool; call after
+    numba's threading layer started (its own registration would replace ours) and before
+    parallel kernels compile or load. False (nothing changed) off Linux x86-64, for fewer
+    than two threads or CPUs, when ``$TFRT_PY_NATIVE_POOL`` is ``0``, or when llvmlite
+    cannot build the module."""
     if _STATE:
         return True
     if os.environ.get(ENV_NATIVE_POOL, "").strip() == "0":
         return False
-    if threads < 2 or not sys.platform.startswith("linux") or platform.machine() != "x86_64":
+    if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
+        return False
+    want = min(threads, len(os.sched_getaffinity(0)), _MAX_WORKERS + 1) - 1
+    if want < 1:
         return False
     try:
         import llvmlite.binding as llvm
@@ -378,10 +397,9 @@ def install(threads: int) -> bool:
              "tfrt_py_pool_pause")}  # fmt: skip
     glob = {
         n: engine.get_global_value_address(f"tfrt_py_pool_{n}")
-        for n in ("gen", "next", "n", "owner", "sleepers", "waiting", "nworkers", "spin_c")
+        for n in ("gen", "next", "n", "owner", "wake", "waiting", "nworkers", "spin_c")
     }
-    _STATE.update(engine=engine, addr=addr, glob=glob, libc=libc, workers=0,
-                  want=min(threads - 1, _MAX_WORKERS))  # fmt: skip
+    _STATE.update(engine=engine, addr=addr, glob=glob, libc=libc, workers=0, want=want)
     _set_spins()
     _start_workers()
     llvm.add_symbol("numba_parallel_for", addr["tfrt_py_parallel_for"])
@@ -444,10 +462,10 @@ def _pin(libc: Any, thread: int, cpu: int) -> None:
 
 def _after_fork_in_child() -> None:
     """The child has only the forking thread: no task (no part to claim), a free slot,
-    no sleepers; then workers of its own."""
+    no sleeping workers; then workers of its own."""
     _i64("nworkers").value = 0
     _i64("n").value = 0
     _i64("owner").value = 0
-    _i32("sleepers").value = 0
+    ctypes.memset(_STATE["glob"]["wake"], 0, 64 * 64)
     _i32("waiting").value = 0
     _start_workers()
