@@ -4,6 +4,7 @@ loops compute what serial ones do, and a forked child starts workers of its own.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -67,13 +68,12 @@ def met():
 """
 
 
+@functools.cache
 def _namespace() -> dict[str, object]:
+    """The rendezvous loop, compiled on first use (never where the module is skipped)."""
     ns: dict[str, object] = {}
     exec(compile(_RENDEZVOUS, "rendezvous", "exec"), ns)
     return ns
-
-
-_NS = _namespace()
 
 
 @numba.njit(parallel=True, nogil=True)
@@ -106,7 +106,7 @@ def test_the_pool_is_installed_with_a_worker_per_other_cpu() -> None:
 
 
 def test_two_parts_of_a_loop_run_at_once_on_threads_with_their_own_ids() -> None:
-    met, ids = _NS["met"]()  # type: ignore[operator]
+    met, ids = _namespace()["met"]()  # type: ignore[operator]
     assert met, "the loop's two parts never ran at the same time"
     assert ids == [0, 1]
 
