@@ -25,8 +25,8 @@ compiler): ``threads - 1`` native workers, at most one per other CPU the process
   with a compare-and-swap on (generation << 32 | next part), so a worker that wakes late
   never runs a part of a finished task. The caller then waits for the parts in flight,
   spinning with ``pause`` for ``_CALLER_SPIN_US``, then on a futex.
-* A worker sleeps on the generation's futex as soon as it finds no part to claim. It
-  does not spin: where a worker and the caller share a core (the scheduler puts them
+* A worker sleeps on its futex word as soon as it finds no part to claim. It does not
+  spin: where a worker and the caller share a core (the scheduler puts them
   together next to a busy process), a spinning worker takes the caller's time (ResNet-18
   with a busy neighbour: 48 ms with 100 µs of worker spin, 35 without).
 * Workers are pinned, worker k to the k-th CPU of the process's affinity, when the pool
@@ -397,7 +397,7 @@ def install(threads: int) -> bool:
              "tfrt_py_pool_pause")}  # fmt: skip
     glob = {
         n: engine.get_global_value_address(f"tfrt_py_pool_{n}")
-        for n in ("gen", "next", "n", "owner", "wake", "waiting", "nworkers", "spin_c")
+        for n in ("n", "owner", "wake", "waiting", "nworkers", "spin_c")
     }
     _STATE.update(engine=engine, addr=addr, glob=glob, libc=libc, workers=0, want=want)
     _set_spins()
