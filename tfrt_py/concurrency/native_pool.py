@@ -89,6 +89,7 @@ _IR = r"""
 declare i64 @tfrt_py_libc_syscall(i64, ...)
 declare i64 @tfrt_py_libc_pthread_self()
 declare void @llvm.x86.sse2.pause()
+declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)
 
 define void @tfrt_py_pool_pause(i64 %n) {
 entry:
@@ -112,23 +113,12 @@ define private void @run_part(ptr %fn, ptr %args, ptr %dims, ptr %steps, ptr %da
 entry:
   %cnt = alloca i64, i64 %argl, align 8
   %arr = alloca ptr, i64 %arrc, align 8
-  br label %ch
-ch:
-  %j = phi i64 [0, %entry], [%j1, %cb]
-  %cm = icmp ult i64 %j, %argl
-  br i1 %cm, label %cb, label %al
-cb:
-  %dp = getelementptr i64, ptr %dims, i64 %j
-  %dv = load i64, ptr %dp, align 8
-  %cp = getelementptr i64, ptr %cnt, i64 %j
-  store i64 %dv, ptr %cp, align 8
-  %j1 = add i64 %j, 1
-  br label %ch
-al:
+  %bytes = shl i64 %argl, 3
+  call void @llvm.memcpy.p0.p0.i64(ptr %cnt, ptr %dims, i64 %bytes, i1 false)
   store i64 1, ptr %cnt, align 8
   br label %ah
 ah:
-  %a = phi i64 [0, %al], [%a1, %ab]
+  %a = phi i64 [0, %entry], [%a1, %ab]
   %am = icmp ult i64 %a, %arrc
   br i1 %am, label %ab, label %go
 ab:

@@ -23,7 +23,8 @@ pool's path). Kernels built on it (``Jitted(..., parallel=True)``) fall back to
 ``IntraOpPool`` when it is not.
 
 Thread-safe: the first ``ready`` decides under a lock, later calls read the answer.
-Imports nothing of tfrt_py; numba is imported on the first ``ready``.
+Imports nothing of tfrt_py outside ``concurrency`` (``native_pool``, stdlib only); numba is
+imported on the first ``ready``.
 """
 
 from __future__ import annotations
