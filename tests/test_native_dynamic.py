@@ -115,8 +115,10 @@ def test_background_signature_compiles_while_the_interpreter_serves() -> None:
     x = RNG.standard_normal((2, 7)).astype(F32)
     _check(native, sync, x)  # served by the interpreter, compile queued
     assert native.native.wait(120)
+    job = native.native.sigs[(2, 7)]
+    assert job.state == "ready", job.error  # a one-input signature lowers (it did not)
     _check(native, sync, x)
-    assert "(2, 7)" in native.describe()
+    assert "compiled: [(2, 7)]" in native.describe()
 
 
 def test_auto_picks_native_for_a_dynamic_batch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,3 +195,121 @@ def test_threaded_rows_follow_the_thread_budget(
     measured = [ln for ln in model.describe().splitlines() if "measured (batch 256+" in ln]
     assert len(measured) == 1
     assert ("native threads" in measured[0]) == (budget > 1)
+
+
+# -- issue 32: which signatures compile, warm-up, the compile server ---------------------------
+
+
+def _auto(monkeypatch: pytest.MonkeyPatch, **kw: object) -> tfrt_py.Model:
+    monkeypatch.delenv("TFRT_PY_NATIVE", raising=False)
+    model = tfrt_py.load(_sequence(), **kw)  # type: ignore[arg-type]
+    assert model.native is not None and model.native.form == "signature"
+    return model
+
+
+def test_auto_compiles_only_the_signatures_that_are_hot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ever-new lengths compile nothing (the interpreter's one plan serves them); a length
+    that keeps coming back compiles once it is hot."""
+    model = _auto(monkeypatch)
+    sync = tfrt_py.load(_sequence(), executor="sync")
+    tier = model.native
+    for _ in range(3):
+        for s in range(3, 12):
+            _check(model, sync, RNG.standard_normal((2, s)).astype(F32))
+    assert len(tier.sigs) == 0
+    x = RNG.standard_normal((2, 5)).astype(F32)
+    for _ in range(tier_mod.HOT_CALLS):
+        _check(model, sync, x)
+    assert list(tier.sigs) == [(2, 5)]
+    assert tier.wait(120)
+    _check(model, sync, x)
+    assert "one numba function per hot input signature" in model.describe()
+
+
+def test_warmup_prepares_signatures_before_load_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _auto(monkeypatch, warmup=[{"x": (2, 7)}, {"x": np.ones((2, 9), F32)}])
+    tier = model.native
+    states = {k: j.state for k, j in tier.sigs.items()}
+    assert states == {(2, 7): "ready", (2, 9): "ready"}, states
+    assert tier.choices  # the measured choice was made during the warm-up, not on a call
+    assert "warmup: 2 signature(s)" in model.describe()
+    sync = tfrt_py.load(_sequence(), executor="sync")
+    _check(model, sync, RNG.standard_normal((2, 7)).astype(F32))
+
+
+@pytest.mark.parametrize(
+    ("item", "match"),
+    [
+        ({"y": (2, 3)}, "unknown input"),
+        ({"x": (2, -1)}, "negative"),
+        (["x"], "maps input names"),
+        ({"x": (2, 3, 4)}, "rank 3"),
+    ],
+)
+def test_bad_warmup_items_are_clear_errors(item: object, match: str) -> None:
+    with pytest.raises(tfrt_py.errors.InputError, match=match):
+        tfrt_py.load(_sequence(), executor="sync", warmup=[item])  # type: ignore[list-item]
+
+
+def test_a_background_compile_runs_in_the_compile_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfrt_py.native import worker
+
+    monkeypatch.delenv("TFRT_PY_COMPILE_SERVER", raising=False)
+    before = worker.server().compiles
+    model = tfrt_py.load(_sequence(), executor="native")
+    x = RNG.standard_normal((2, 13)).astype(F32)
+    model.run({"x": x})
+    assert model.native.wait(120)
+    job = model.native.sigs[(2, 13)]
+    assert job.state == "ready", job.error
+    assert job.server_seconds is not None and worker.server().compiles == before + 1
+    assert job.compiled.cache_hit  # this process loaded what the child compiled
+    _check(model, tfrt_py.load(_sequence(), executor="sync"), x)
+
+
+def test_without_the_compile_server_the_compile_runs_in_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TFRT_PY_COMPILE_SERVER", "0")
+    model = tfrt_py.load(_sequence(), executor="native")
+    x = RNG.standard_normal((2, 15)).astype(F32)
+    model.run({"x": x})
+    assert model.native.wait(120)
+    job = model.native.sigs[(2, 15)]
+    assert job.state == "ready" and job.server_seconds is None
+
+
+def test_a_killed_compile_server_fails_the_job_and_the_next_compile_starts_a_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child dies mid-compile: that signature stays on the interpreter (right answers,
+    the reason in ``describe()``), and the next compile starts a new child."""
+    import os
+    import signal
+    import time
+
+    from tfrt_py.native import worker
+
+    monkeypatch.delenv("TFRT_PY_COMPILE_SERVER", raising=False)
+    srv = worker.server()
+    model = tfrt_py.load(_sequence(), executor="native")
+    sync = tfrt_py.load(_sequence(), executor="sync")
+    x = RNG.standard_normal((2, 17)).astype(F32)
+    model.run({"x": x})
+    job = model.native.sigs[(2, 17)]
+    deadline = time.monotonic() + 120
+    while srv.pid is None and job.state == "compiling" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pid = srv.pid
+    if job.state != "compiling" or pid is None:
+        pytest.skip("the compile ended before the child could be killed")
+    os.kill(pid, signal.SIGKILL)
+    assert model.native.wait(120)
+    assert job.state == "failed" and "compile server stopped" in (job.error or "")
+    _check(model, sync, x)  # served by the interpreter
+    y = RNG.standard_normal((2, 19)).astype(F32)
+    model.run({"x": y})
+    assert model.native.wait(120)
+    assert model.native.sigs[(2, 19)].state == "ready"
+    assert srv.pid is not None and srv.pid != pid
+    _check(model, sync, y)

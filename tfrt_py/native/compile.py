@@ -54,6 +54,7 @@ __all__ = [
     "cache_dir",
     "check_dir",
     "compile_lowered",
+    "compile_source",
 ]
 
 
@@ -138,6 +139,11 @@ def compile_lowered(lowered: Lowered) -> Compiled:
     """Compile (or load from numba's cache) the lowered module; the code executed is
     ``lowered.source`` itself, never a file's content. Raises NativeUnavailable (numba
     missing), UnsafeCacheDir (a cache dir others could write), numba's errors."""
+    return compile_source(lowered.source)
+
+
+def compile_source(source: str) -> Compiled:
+    """``compile_lowered`` for a module's source (the compile server's child calls it)."""
     t0 = time.perf_counter()
     try:
         host = _host_key()
@@ -145,10 +151,10 @@ def compile_lowered(lowered: Lowered) -> Compiled:
         raise NativeUnavailable(f"numba cannot be imported: {e}") from e
     d = cache_dir()
     _numba_cache_dir()
-    key = hashlib.sha256((lowered.source + "\0" + host).encode()).hexdigest()[:32]
+    key = hashlib.sha256((source + "\0" + host).encode()).hexdigest()[:32]
     name = f"tfrt_native_{key}"
-    path = _write_verified(d, name, lowered.source)
-    code = compile(lowered.source, path, "exec", dont_inherit=True)
+    path = _write_verified(d, name, source)
+    code = compile(source, path, "exec", dont_inherit=True)
     module = types.ModuleType(name)
     module.__file__ = path
     # numba's cache finds the function's globals by importing its module by name.

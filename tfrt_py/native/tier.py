@@ -62,12 +62,21 @@ __all__ = ["MAX_SIGNATURES", "MODES", "NativeTier", "plan_lowering"]
 MODES = ("background", "eager")
 #: Signature mode keeps at most this many compiled signatures.
 MAX_SIGNATURES = 8
+#: Under ``auto`` (``measure``), signature mode compiles a signature once it is *hot*: this
+#: many of its calls counted, counts halving every ``HOT_WINDOW`` calls the interpreter
+#: serves. Traffic that repeats a few shapes compiles them; traffic of ever-new lengths
+#: (text, a growing past) compiles nothing and runs on the interpreter's one plan for
+#: every length. ``executor="native"`` compiles every signature on first sight.
+HOT_CALLS = 16
+HOT_WINDOW = 256
 #: Entries kept in the shape table (rows mode sees every batch size).
 _MAX_TABLE = 256
 
 
 class _Job:
-    """One compile for the worker: ``lowered`` (or the shapes to lower first)."""
+    """One compile for the worker (``worker.py`` runs its phases): ``lowered`` (or the
+    shapes to lower first, in ``_prepare``), compiled by the compile server when it can
+    (``server_seconds``: its time there), then loaded and installed by ``_compile``."""
 
     def __init__(self, tier: NativeTier, key: Any, lowered: Lowered | None) -> None:
         self.tier = weakref.ref(tier)
@@ -76,15 +85,36 @@ class _Job:
         self.state = "compiling"
         self.error: str | None = None
         self.compiled: Compiled | None = None
+        self.server_seconds: float | None = None
         self.done = threading.Event()
+
+    def _prepare(self) -> bool:
+        """Lower the module if it is not yet (in this process); False: the job failed."""
+        if self.lowered is not None:
+            return True
+        tier = self.tier()
+        try:
+            if tier is None:
+                raise RuntimeError("the model was dropped")
+            # the table keys one input's signature by its shape, several by their shapes
+            one = len(tier.graph.inputs) == 1
+            shapes = [self.key] if one else list(self.key)
+            self.lowered = lower(tier.graph, tier.program, shapes=shapes)
+        except Exception as e:  # noqa: BLE001 - any failure keeps the interpreter serving
+            self._fail(f"{type(e).__name__}: {e}")
+            return False
+        return True
+
+    def source(self) -> str:
+        assert self.lowered is not None
+        return self.lowered.source
 
     def _compile(self) -> None:
         tier = self.tier()
         try:
             if tier is None:
                 raise RuntimeError("the model was dropped")
-            if self.lowered is None:
-                self.lowered = lower(tier.graph, tier.program, shapes=list(self.key))
+            assert self.lowered is not None
             self.compiled = compile_lowered(self.lowered)
         except Exception as e:  # noqa: BLE001 - any failure keeps the interpreter serving
             self._fail(f"{type(e).__name__}: {e}")
@@ -105,6 +135,26 @@ class _Job:
                 tier._job_failed(self)
         finally:
             self.done.set()
+
+
+class _Counted:
+    """Signature mode's entry for a signature not compiled: the interpreter serves it, and
+    its calls are counted; at ``HOT_CALLS`` its compile starts (``_promote``)."""
+
+    __slots__ = ("key", "n", "tier")
+
+    def __init__(self, tier: NativeTier, key: Any) -> None:
+        self.tier = tier
+        self.key = key
+        self.n = 0
+
+    def __call__(self, feeds: Any, *xs: Any) -> Any:
+        tier = self.tier
+        self.n += 1
+        tier._count()
+        if self.n >= HOT_CALLS:
+            tier.compile_signature(self.key)
+        return tier.interp.run(feeds)
 
 
 class NativeTier(Executor):
@@ -132,6 +182,9 @@ class NativeTier(Executor):
         self.compiled: Compiled | None = None
         self.table: dict[Any, Any] = {}
         self.sigs: collections.OrderedDict[Any, _Job] = collections.OrderedDict()
+        #: signature mode: calls the interpreter served per signature not compiled yet
+        self._counts: dict[Any, _Counted] = {}
+        self._window = 0
         self.choices: dict[Any, tuple[str, dict[str, float]]] = {}
         self._lock = threading.Lock()
         self._main: _Job | None = None
@@ -211,12 +264,48 @@ class NativeTier(Executor):
         call.check()
         return self.run(feeds, outputs)
 
+    def compile_signature(self, key: Any) -> _Job | None:
+        """Signature mode: start compiling ``key`` (input shapes, as the table keys them)
+        now, hot or not (``warmup``); the job, or None in other modes."""
+        if self.form != "signature":
+            return None
+        self._counts.pop(key, None)
+        self.table.pop(key, None)
+        return self._sig_job(key)
+
+    def warm(self, feeds: Mapping[str, Any]) -> None:
+        """``Model.warmup``: in signature mode, compile the signature of these feeds."""
+        if self.form != "signature":
+            return
+        args = self._check(feeds)
+        if all(type(a) is np.ndarray for a in args):
+            self.compile_signature(args[0].shape if len(args) == 1 else
+                                   tuple(a.shape for a in args))  # fmt: skip
+
+    def _count(self) -> None:
+        """One call served by a counted entry: every ``HOT_WINDOW`` calls, counts halve."""
+        self._window += 1
+        if self._window >= HOT_WINDOW:
+            self._window = 0
+            for c in list(self._counts.values()):
+                c.n //= 2
+
     def _entry(self, key: Any, args: list[np.ndarray]) -> Any:
         """The entry for this signature, put in the table once it is final."""
+        if self.form == "signature" and self.measure and key not in self.sigs:
+            counted = self._counts.get(key)
+            if counted is None:
+                if len(self._counts) >= _MAX_TABLE:
+                    self._counts.clear()
+                counted = self._counts[key] = _Counted(self, key)
+            self._remember(key, counted)
+            return counted
         job = self._main if self.form != "signature" else self._sig_job(key)
         if job is None or job.state != "ready" or job.compiled is None or job.lowered is None:
-            if job is not None and job.state == "failed":
-                self._remember(key, self._interp_entry)
+            if job is not None and job.state != "ready":
+                with self._lock:  # an install clears the table under this lock
+                    if job.state in ("failed", "compiling"):
+                        self._remember(key, self._interp_entry)
             return self._interp_entry
         low, comp = job.lowered, job.compiled
         nat = native_entry(comp.fn, low.params, low.output_names, low.finishers, len(args))
@@ -340,8 +429,10 @@ class NativeTier(Executor):
         if self.form == "signature":
             done = [k for k, j in list(self.sigs.items()) if j.state == "ready"]
             failed = [f"{k}: {j.error}" for k, j in list(self.sigs.items()) if j.state == "failed"]
-            text = (f"native: one numba function per input signature (at most "
-                    f"{MAX_SIGNATURES}); compiled: {done or 'none yet'}")  # fmt: skip
+            which = (f"hot input signature ({HOT_CALLS} of the recent calls)"
+                     if self.measure else "input signature")  # fmt: skip
+            text = (f"native: one numba function per {which}, at most {MAX_SIGNATURES}; "
+                    f"compiled: {done or 'none yet'}")  # fmt: skip
             return text + (f"; declined: {failed}" if failed else "")
         assert self.lowered is not None
         n, units = self.lowered.n_nodes, self.lowered.units

@@ -1,22 +1,41 @@
-"""The process-wide native compile worker, and what ``fork()`` does to it.
+"""The process-wide native compile worker: what runs where, at exit and across ``fork()``.
 
-``submit(job)`` queues a tier (anything with ``state`` and ``_compile()`` / ``_fail()``)
-for one daemon thread that compiles FIFO, so loads never wait and at most one core
-compiles; a job whose model was dropped is skipped (the queue holds weak references).
-``compile_now(job)`` compiles on the caller's thread (``native="eager"``). Every compile
-holds ``_compiling``.
+``submit(job)`` queues a tier's job (anything with ``state``, ``_prepare()``, ``source()``,
+``_compile()`` and ``_fail()``) for one daemon thread that works FIFO, so loads never wait
+and at most one compile runs at a time; a job whose model was dropped is skipped (the
+queue holds weak references). A job runs in three phases:
 
-Fork: a thread that was compiling does not exist in the child, yet the locks it held
-(numba's compiler lock among them) stay held there, so the child could never compile
-again. So ``fork()`` first waits (up to ``FORK_WAIT_S``) for a running compile to finish
-and holds ``_compiling`` across the fork; the child then gets a fresh queue, lock and
-worker, and requeues every job still waiting to be compiled, in order. If the wait timed
-out, the child cannot compile safely: its waiting jobs fail with that reason (their
-models keep serving on the sync interpreter) and so do later ones.
+1. ``_prepare()`` in this process: lowering a signature's module (Python; it may run
+   jitted kernels on probe feeds);
+2. the compile itself in the compile server's child process (``compile_server.py``), so
+   the seconds numba spends compiling hold no lock and no GIL of this process; skipped
+   when the server is unusable (``$TFRT_PY_COMPILE_SERVER=0``, or it could not start:
+   the job then compiles in phase 3);
+3. ``_compile()`` in this process: the machine code loaded from the disk cache the child
+   filled (tens of milliseconds), and the tier switched.
+
+``compile_now(job)`` runs phases 1 and 3 on the caller's thread (``native="eager"``).
+Phases 1 and 3 hold ``_compiling``: they are the only times this process runs LLVM for a
+compile.
+
+Exit: an ``atexit`` handler closes the server (its child is killed; a phase 2 in flight
+fails), then takes ``_compiling`` -- waiting for a phase 1 or 3 in flight to finish --
+and marks the worker closed: no compile starts after it. Without this, the interpreter's
+exit destroyed LLVM's globals while the daemon thread was inside LLVM (an abort or a
+segfault at the end of any script, test or server that exited mid-compile).
+
+Fork: a thread running phase 1 or 3 does not exist in the child, yet the locks it held
+(numba's compiler lock among them) stay held there, so ``fork()`` first waits (up to
+``FORK_WAIT_S``) for ``_compiling`` and holds it across the fork. The child gets a fresh
+queue, lock, worker and server (the parent's child process stays the parent's), and
+requeues every job still waiting, the one the parent's server was compiling included. If
+the wait timed out, the child cannot compile safely: its waiting jobs fail with that
+reason (their models keep serving on the sync interpreter) and so do later ones.
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import queue
@@ -24,10 +43,14 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ["FORK_WAIT_S", "compile_now", "submit"]
+from .compile_server import CompileServer, ServerGone
+
+__all__ = ["FORK_WAIT_S", "SERVER_ENV", "compile_now", "server", "submit"]
 
 #: How long ``fork()`` waits for a running native compile to finish.
 FORK_WAIT_S = 60.0
+#: ``$TFRT_PY_COMPILE_SERVER=0``: background compiles run on the worker thread, in process.
+SERVER_ENV = "TFRT_PY_COMPILE_SERVER"
 
 _start_lock = threading.Lock()
 _compiling = threading.Lock()
@@ -39,6 +62,14 @@ _ids = itertools.count()
 _fork_clean = False
 #: Set in a child forked while a compile ran: why nothing can compile in this process.
 _broken: str | None = None
+#: Set at exit: no compile starts any more.
+_closed: str | None = None
+_server = CompileServer()
+
+
+def server() -> CompileServer:
+    """This process's compile server (for ``describe()`` and tests)."""
+    return _server
 
 
 def _work(jobs: queue.SimpleQueue[tuple[int, weakref.ref[Any]]]) -> None:
@@ -46,9 +77,44 @@ def _work(jobs: queue.SimpleQueue[tuple[int, weakref.ref[Any]]]) -> None:
         key, ref = jobs.get()
         job = ref()
         if job is not None:
-            compile_now(job)
+            _run(job)
             del job
         _pending.pop(key, None)
+
+
+def _run(job: Any) -> None:
+    """The three phases of a background job (see the module docstring)."""
+    if os.environ.get(SERVER_ENV) == "0" or not _server.usable():
+        compile_now(job)
+        return
+    with _compiling:
+        if not _startable(job):
+            return
+        if not job._prepare():
+            return
+    try:
+        job.server_seconds = _server.compile(job.source())
+    except ServerGone as e:
+        if _closed is None and _server.disabled:
+            compile_now(job)  # the server cannot start here: compile in this process
+            return
+        job._fail(f"the compile server stopped: {e}")
+        return
+    except Exception as e:  # noqa: BLE001 - numba's own error for this module
+        job._fail(f"{type(e).__name__}: {e}")
+        return
+    compile_now(job)
+
+
+def _startable(job: Any) -> bool:
+    """Whether ``job`` may compile now (caller holds ``_compiling``); fails it if not."""
+    if job.state != "compiling":
+        return False
+    reason = _broken or _closed
+    if reason is not None:
+        job._fail(reason)
+        return False
+    return True
 
 
 def submit(job: Any) -> None:
@@ -66,14 +132,26 @@ def submit(job: Any) -> None:
 
 
 def compile_now(job: Any) -> None:
-    """Compile ``job`` on this thread (unless it is no longer waiting)."""
+    """Compile ``job`` on this thread, in this process (unless it is no longer waiting);
+    after a server compile this loads the machine code from the disk cache."""
     with _compiling:
-        if job.state != "compiling":
+        if not _startable(job):
             return
-        if _broken is not None:
-            job._fail(_broken)
-            return
-        job._compile()
+        if job._prepare():
+            job._compile()
+
+
+def _at_exit() -> None:
+    """Stop compiling before the interpreter tears LLVM down (see the module docstring):
+    no phase starts after ``_closed`` is set, and one in flight is waited for."""
+    global _closed
+    _closed = "the process is exiting"
+    _server.close()
+    with _compiling:
+        pass
+
+
+atexit.register(_at_exit)
 
 
 def _before_fork() -> None:
@@ -90,6 +168,7 @@ def _after_fork_child() -> None:
     global _start_lock, _compiling, _jobs, _worker, _broken
     _start_lock, _compiling = threading.Lock(), threading.Lock()
     _jobs, _worker = queue.SimpleQueue(), None
+    _server.forget()
     waiting = [job for job in list(_pending.values()) if job.state == "compiling"]
     _pending.clear()
     if not _fork_clean:
