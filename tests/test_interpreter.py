@@ -157,7 +157,9 @@ def test_feeds_and_constants_as_outputs_are_copied(executor: str) -> None:
         np.testing.assert_array_equal(got["sum"], [1, 2])
 
 
-def test_dynamic_batch_plans_per_signature() -> None:
+def test_dynamic_batch_plans_per_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the generic plan (tests/test_generic_plan.py), one plan per signature."""
+    monkeypatch.setenv("TFRT_PY_GENERIC_PLAN", "0")
     case = build("dynamic_batch")
     model = tfrt_py.load(case.model)
     plain = tfrt_py.load(case.model, optimize=False)
@@ -171,7 +173,8 @@ def test_dynamic_batch_plans_per_signature() -> None:
     assert "plan(s), one per input signature" in model.describe()
 
 
-def test_plan_cache_is_bounded() -> None:
+def test_plan_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TFRT_PY_GENERIC_PLAN", "0")
     model = _mlp(batch="N")
     for batch in range(1, 12):
         model.run(_feed(batch=batch))

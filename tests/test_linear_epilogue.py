@@ -224,6 +224,7 @@ def test_a_split_linear_finishes_each_block_of_rows(
     fused = tfrt_py.load(data, executor=executor)
     plain = tfrt_py.load(data, executor=executor, optimize=False)
     assert any(n.op_type == "Linear" for n in fused.prepared.graph.nodes)
+    seen.clear()  # the generic plan's shape probes ran the kernel at load, on a few rows
     rng = np.random.default_rng(9)
     x_shape = (256, 192) if len(shape) == 2 else (2, 128, 192)
     x = rng.standard_normal(x_shape).astype(np.float32)

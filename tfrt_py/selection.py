@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from .compiler.cost import THRESHOLDS
 from .compiler.prepare import Prepared
+from .compiler.shape_model import Fit, fit_shape_model
 from .concurrency import HostContext
 from .concurrency.threads import threads as thread_budget
 from .errors import UnsupportedOpError
@@ -37,7 +38,7 @@ from .executors.base import Executor
 from .executors.inline_policy import InlinePolicy
 from .executors.interpreter import SyncInterpreter
 from .feeds import FeedChecker
-from .ir import Node
+from .ir import Node, TensorType
 from .native.cachedir import UnsafeCacheDir, cache_dir
 from .native.compile import NativeUnavailable, available
 from .native.lower import Declined, Lowered, blockers
@@ -49,6 +50,8 @@ __all__ = ["EXECUTORS", "NATIVE_ENV", "finish", "select_executor"]
 EXECUTORS = ("auto", "sync", "async", "native")
 #: ``$TFRT_PY_NATIVE=0`` keeps "auto" off the native tier.
 NATIVE_ENV = "TFRT_PY_NATIVE"
+#: ``$TFRT_PY_GENERIC_PLAN=0``: the sync interpreter plans per input signature.
+GENERIC_ENV = "TFRT_PY_GENERIC_PLAN"
 _ITERATING = frozenset({"Loop", "Scan", "SequenceMap"})
 
 
@@ -81,8 +84,9 @@ def select_executor(
         )
     else:
         interp = SyncInterpreter(
-            program, prepared.determined, check, computed_once=prepared.computed_per_signature
-        )
+            program, prepared.determined, check, computed_once=prepared.computed_per_signature,
+            shape_fit=_shape_fit(prepared),
+        )  # fmt: skip
         lowered: Lowered | None = None
         native = False
         if kind == "native":
@@ -104,6 +108,17 @@ def select_executor(
     ex.why = why
     ex.notes = tuple(notes)
     return finish(ex, prepared, host)
+
+
+def _shape_fit(prepared: Prepared) -> Fit | None:
+    """The shape model behind the sync interpreter's one plan for every signature (None:
+    static shapes, or ``$TFRT_PY_GENERIC_PLAN=0``: plans per signature)."""
+    if os.environ.get(GENERIC_ENV) == "0":
+        return Fit(None, f"${GENERIC_ENV}=0")
+    inputs = prepared.graph.inputs
+    if all(isinstance(v.type, TensorType) and v.type.is_static for v in inputs):
+        return None
+    return fit_shape_model(prepared.program, prepared.determined, prepared.computed_per_signature)
 
 
 def finish(ex: Executor, prepared: Prepared, host: HostContext | None) -> Executor:

@@ -150,6 +150,7 @@ def _linear(registry: KernelRegistry) -> Any:
             return y
 
         linear.inline = inline  # type: ignore[attr-defined]
+        inline.kernel_ref["fn"] = linear
         return linear
 
     return build
@@ -262,6 +263,7 @@ def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
         return y
 
     linear.inline = inline  # type: ignore[attr-defined]
+    inline.kernel_ref["fn"] = linear
     return linear
 
 
@@ -277,17 +279,20 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
 
     def inline(in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
         x_shape = in_shapes[0]
-        if x_shape is None or len(x_shape) < 2 or len(out_shape) != len(x_shape):
+        if (
+            x_shape is None or out_shape is None or len(x_shape) < 2
+            or len(out_shape) != len(x_shape)
+        ):  # fmt: skip
             return None
         static = all(isinstance(d, int) for d in (*x_shape, *out_shape))
-        rows = int(np.prod(x_shape[:-1], dtype=np.int64)) if static else None
+        if not static:
+            return _unknown_rows(len(x_shape), len(in_shapes))
+        rows = int(np.prod(x_shape[:-1], dtype=np.int64))
         pick = np.matmul if _whole(rows, w) else mm
         env: dict[str, Any] = {"matmul": pick, "w": w}
         if len(x_shape) == 2:
             lines = ["{matmul}({in0}, {w}, {out})"]
             flat = "{out}"
-        elif rows is None:
-            return None
         else:
             env.update(npmatmul=np.matmul, rk=(rows, k), rn=(rows, n))
             lines = [
@@ -314,7 +319,7 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
                  "else: {npmatmul}({in0}, {w}, out={out}); " + "; ".join(rest or ["pass"])],
                 env,
             )  # fmt: skip
-        big = rows is not None and rows * n >= EPILOGUE_MIN
+        big = rows * n >= EPILOGUE_MIN
         steps: list[str] = []
         if b is not None:
             env.update(add=np.add, b=b)
@@ -330,6 +335,43 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
             return Inline([*lines, compiled, "else: " + "; ".join(steps)], env)
         return Inline(lines + steps, env)
 
+    def _unknown_rows(rank: int, n_in: int) -> Inline | None:
+        """A generic plan's Linear (the rows change with the signature): a product too
+        small to split runs as ``np.matmul`` then ``finish`` (bias, activations, the
+        compiled epilogue when big enough) in line, decided per call from the output's
+        size; anything else -- a big product, a strided ``outputs=`` buffer -- calls the
+        kernel, which splits it."""
+        if any(extra_idx) or not k or kernel_ref.get("fn") is None:
+            return None
+        env: dict[str, Any] = {
+            "npmatmul": np.matmul, "w": w, "kernel": kernel_ref["fn"], "finish": finish,
+            "small": -(-SPLIT_MIN_MACS // k), "rk": (-1, k), "rn": (-1, n),
+        }  # fmt: skip
+        a, o = ("{in0}", "{out}") if rank == 2 else ("{in0}.reshape({rk})", "{out}.reshape({rn})")
+        if wide_gemv(1, k, n, w.itemsize):  # one row by this matrix splits by columns
+            env["wide"] = n
+            cond = "{out}.flags.c_contiguous and {out}.size < {small} and {out}.size != {wide}"
+        else:
+            cond = "{out}.flags.c_contiguous and {out}.size < {small}"
+        rest = "".join(f", {{in{j}}}" for j in range(1, n_in))
+        return Inline([
+            f"if {cond}: {{npmatmul}}({a}, {{w}}, {o}); {{finish}}({{out}})",
+            f"else: {{kernel}}({{in0}}{rest}, out={{out}})",
+        ], env)  # fmt: skip
+
+    def finish(y: np.ndarray) -> None:
+        """Bias and activations in place on a C-contiguous product (one compiled pass
+        when it is big enough for it)."""
+        if epi is not None and y.size >= EPILOGUE_MIN and y.dtype == epi.dtype:
+            epi.fn(y.reshape(-1, n), epi.bias, epi.relu)
+            return
+        if b is not None:
+            np.add(y, b, out=y)
+        for _, fn in acts:
+            fn(y, out=y)
+
+    kernel_ref: dict[str, Any] = {}
+    inline.kernel_ref = kernel_ref  # type: ignore[attr-defined]
     return inline
 
 

@@ -12,6 +12,14 @@ Plans are cached per signature (at most ``max_plans``; the oldest is dropped). `
 always the newest plan's fast entry, which checks the feeds' signature in line and falls
 back to ``_slow`` (full feed validation, plan lookup or creation) on any mismatch.
 
+A model with dynamic dims whose shapes the compiler's shape model describes
+(``compiler.shape_model``: every planned shape a formula in batch, sequence, past, ...)
+gets instead one *generic* plan, made at load from a probe run (``plan_generic``): one
+layout and one generated program for every signature, a new signature costing one
+evaluation of the formulas (no run of the program, no planning, no code generation);
+the first signature of each dim bucket is checked against a plain run first. A generic
+plan that fails its check is retired and the model plans per signature from then on.
+
 Threading: ``run`` is safe from many threads at once. Each call takes an arena from its
 plan's free list (or makes one), so concurrent calls never share buffers. Plan creation
 happens outside any lock except for the cache insert; two threads making the same plan
@@ -36,6 +44,7 @@ from .base import Executor
 from .plan import ALIGN, MemoryPlan
 from .plan_build import Layout, build_layout
 from .plan_codegen import Generated, generate
+from .plan_generic import GenericPlan, Instance
 from .plan_probe import run_env
 from .program import Program, constant_ids, named_deadline, user_output
 
@@ -113,6 +122,7 @@ class SyncInterpreter(Executor):
         *,
         computed_once: AbstractSet[int] = frozenset(),
         max_plans: int = 8,
+        shape_fit: Any = None,
     ) -> None:
         graph = program.graph
         self._program = program
@@ -138,6 +148,13 @@ class SyncInterpreter(Executor):
         self._pure = all(i.flags.pure and not i.flags.is_async for i in program.instrs)
         #: The entry point: the newest plan's fast path, or the slow path before any plan.
         self.run: Any = self._slow
+        #: the generic plan and its generated code (None: plans per signature), and why not
+        self._generic: GenericPlan | None = None
+        self._generic_gen: Generated | None = None
+        self._generic_plan: _Plan | None = None
+        self.generic_note = "" if shape_fit is None else shape_fit.reason
+        if shape_fit is not None and shape_fit.model is not None:
+            self._make_generic(shape_fit)
 
     # -- the slow path -------------------------------------------------------------------
     def run_call(
@@ -160,29 +177,33 @@ class SyncInterpreter(Executor):
             else check_output_buffers(outs, self._out_names, args)
         )
         sig = _signature(args)
+        generic = self._generic
+        if generic is not None and sig is not None:
+            inst = generic.instance(args)
+            if inst is not None and inst.bucket in generic.verified:
+                generic.publish(inst)
+                return self._run_instance(inst, args, bufs, call)
+            # the first signature of its bucket (or one the formulas do not cover): a
+            # plain run answers, and checks the formulas
+            env = self._plain_env(args, call)
+            if inst is not None:
+                why = generic.verify(inst, env)
+                if why:
+                    self._retire(why)
+                else:
+                    generic.publish(inst)
+            kinds = ["user" if k == "fresh" else k for k in generic.layout.output_kinds]
+            return self._finish_env(env, kinds, args, bufs)
         plan = None if sig is None else self._plans.get(sig)
         if plan is None:
-            prev = set_current(call)
-            try:
-                env = run_env(self._program, args)  # this call's answer, and the probe
-            finally:
-                set_current(prev)
-            vals = [env[s] for s in self._program.output_slots]
+            env = self._plain_env(args, call)  # this call's answer, and the probe
             kinds = self._plain_kinds
-            if sig is not None:
+            if sig is not None and generic is None:
                 # The layout's alias analysis says which outputs may be feeds, constants or
                 # views of them; its "fresh" outputs were made here without ``out=``.
                 made = self._make_plan(sig, env).layout.output_kinds
                 kinds = ["user" if k == "fresh" else k for k in made]
-            kinds = [
-                "copy"
-                if any(v is a for a in args)
-                or any(v is c for c in self._consts)
-                or any(v is w for w in vals[:k])
-                else kind
-                for k, (v, kind) in enumerate(zip(vals, kinds))
-            ]
-            return self._finish(vals, kinds, bufs)
+            return self._finish_env(env, kinds, args, bufs)
         assert plan.gen is not None
         layout = plan.layout
         for k, buf in enumerate(bufs):
@@ -195,6 +216,73 @@ class SyncInterpreter(Executor):
         else:
             vals = plan.gen.run_call(args, bufs, call)
         return self._finish(vals, layout.output_kinds, bufs)
+
+    def _plain_env(self, args: Sequence[Any], call: CallContext | None) -> list[Any]:
+        """Run the program on ``args`` keeping every value, under ``call``."""
+        prev = set_current(call)
+        try:
+            return run_env(self._program, args)
+        finally:
+            set_current(prev)
+
+    def _finish_env(
+        self, env: list[Any], kinds: Sequence[str], args: Sequence[Any], bufs: Sequence[Any]
+    ) -> Any:
+        """The outputs of a plain run: ``kinds`` (the layout's), and a copy of any output
+        that is a feed, a constant or an earlier output."""
+        vals = [env[s] for s in self._program.output_slots]
+        kinds = [
+            "copy"
+            if any(v is a for a in args)
+            or any(v is c for c in self._consts)
+            or any(v is w for w in vals[:k])
+            else kind
+            for k, (v, kind) in enumerate(zip(vals, kinds))
+        ]
+        return self._finish(vals, kinds, bufs)
+
+    def _run_instance(
+        self, inst: Instance, args: Sequence[Any], bufs: Sequence[Any], call: CallContext | None
+    ) -> Any:
+        """A call on the generic plan's code for ``inst`` (validated feeds)."""
+        gen = self._generic_gen
+        assert gen is not None and self._generic is not None
+        layout = self._generic.layout
+        fresh = dict(zip(sorted(s for s, k in layout.kind.items() if k == "fresh"),
+                         inst.consts[len(inst.consts) - layout.plan.n_fresh :]))  # fmt: skip
+        for k, buf in enumerate(bufs):
+            s = self._program.output_slots[k]
+            if buf is not None and layout.output_kinds[k] == "fresh":
+                _check_buffer(self._out_names[k], buf, fresh[s], layout.shapes[s][1])
+        if call is None:
+            vals = gen.run_checked(args, bufs, inst)
+        else:
+            vals = gen.run_call(args, bufs, call, inst)
+        return self._finish(vals, layout.output_kinds, bufs)
+
+    def _make_generic(self, fit: Any) -> None:
+        """The generic plan from the shape model's probe run (load time)."""
+        env, model = fit.env, fit.model
+        sig = _signature([env[s] for s in self._program.input_slots])
+        layout = build_layout(
+            self._program, env, self._determined, sig or (), self._computed_once, model
+        )
+        generic = GenericPlan(self._program, layout, model)
+        plan = _Plan(self._program, layout)
+        helpers = {"_slow": self._slow, "_failed": plan.failed, "_cp": self._copy,
+                   "_uo": self._user}  # fmt: skip
+        gen = generate(self._program, layout, self._in_names, self._out_names, helpers,
+                       generic.new_arena, env, generic=generic)  # fmt: skip
+        plan.gen = gen
+        plan.line_node = gen.line_node
+        self._generic, self._generic_gen, self._generic_plan = generic, gen, plan
+        self.run = gen.run
+
+    def _retire(self, why: str) -> None:
+        """The generic plan's formulas failed a check: plan per signature from now on."""
+        self.generic_note = f"retired at a call: {why}"
+        self._generic = None
+        self.run = self._slow
 
     def _finish(self, vals: Sequence[Any], kinds: Sequence[str], bufs: Sequence[Any]) -> Any:
         out: dict[str, Any] = {}
@@ -265,6 +353,11 @@ class SyncInterpreter(Executor):
         sig = _signature(args)
         if sig is None:
             raise InputError("memory_plan: the model has non-tensor inputs; nothing is planned")
+        generic = self._generic
+        if generic is not None:
+            inst = generic.instance(args)
+            if inst is not None:
+                return generic.memory_plan(inst)
         plan = self._plans.get(sig)
         if plan is None:
             if not self._pure:
@@ -287,7 +380,13 @@ class SyncInterpreter(Executor):
         return [f"  executor: sync ({self.why}; {how})", *self.plan_lines()]
 
     def plan_lines(self) -> list[str]:
-        """``describe()``'s memory lines: the plans made so far."""
+        """``describe()``'s memory lines: the generic plan, or the plans made so far."""
+        if self._generic is not None:
+            return self._generic.describe_lines()
+        note = [f"  generic plan: not used: {self.generic_note}"] if self.generic_note else []
+        return note + self._signature_plan_lines()
+
+    def _signature_plan_lines(self) -> list[str]:
         plans = self.plans()
         if not plans:
             return ["  memory: planned per input signature on the first call (none yet)"]

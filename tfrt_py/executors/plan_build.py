@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .dims import ShapeModel
 from .plan import Buffer, MemoryPlan, lower_bound, plan_offsets
 from .program import Program
 
@@ -64,6 +65,12 @@ class Layout:
     baked: frozenset[int] = frozenset()
     #: Concat instructions the plan never runs: their inputs were written into their output
     elided: frozenset[int] = frozenset()
+    #: per buffer (``plan.buffers`` order) the slot whose size it has (a join's output)
+    owners: list[int] = field(default_factory=list)
+    #: slot -> its buffer's index; a join's members -> (its buffer, the member's position)
+    buffer_index: dict[int, int] = field(default_factory=dict)
+    #: a joined buffer's owner slot -> its member slots in order
+    members: dict[int, list[int]] = field(default_factory=dict)
 
 
 class _Groups:
@@ -96,17 +103,27 @@ def build_layout(
     determined: set[int],
     signature: tuple[Any, ...],
     computed_once: AbstractSet[int] = frozenset(),
+    model: ShapeModel | None = None,
 ) -> Layout:
     """The layout of ``program`` for ``signature``, from ``env`` (a probe run's values),
     ``determined`` (ids of values whose shape the signature fixes) and ``computed_once``
     (ids of values whose data it fixes: instructions producing only such values, small,
     and not graph outputs, are *baked*: the plan keeps their probe values as constants and
-    never runs them)."""
+    never runs them).
+
+    With ``model`` (``executors.dims``) the layout is one for every signature of the
+    model's dim variables: only values whose shape it fits are planned, a kernel runs in
+    place only where the shapes agree at every dim, a Concat is elided only where the dims
+    before its axis are 1 at every dim, and only instructions that can run before the
+    program (their inputs are constants, feeds or baked) are baked: an instance computes
+    them once per signature (``plan_generic``)."""
     instrs = program.instrs
     n = len(instrs)
     outputs = program.output_slots
     out_set = set(outputs)
     baked = _baked(program, env, computed_once, out_set)
+    if model is not None:
+        baked = _computable(program, baked, model)
     fixed = set(program.input_slots) | {
         s for s, t in enumerate(program.template) if t is not None and s not in _RESERVED
     }
@@ -133,6 +150,7 @@ def build_layout(
             and v is not None
             and id(v) in determined
             and _plannable(x)
+            and (model is None or s in model.shapes)
         ):
             kind[s] = "fresh" if s in out_set else "arena"
             shapes[s] = (tuple(x.shape), x.dtype)
@@ -151,11 +169,13 @@ def build_layout(
     def life_end(s: int, step: int) -> int:
         return max(step, group_last.get(groups.find(s), step))
 
-    joins = _elidable_concats(instrs, kind, shapes, last, baked)
+    joins = _elidable_concats(instrs, kind, shapes, last, baked, model)
     member_of = {m: i for i, (_, ms) in joins.items() for m in ms}
     rel: dict[int, int] = {}  # member slot -> its byte offset inside the joined buffer
     buffers: list[Buffer] = []
     buffer_of: dict[int, Buffer] = {}
+    owners: list[int] = []
+    members_of: dict[int, list[int]] = {}
     n_inplace = 0
     for i, ins in enumerate(instrs):
         s = ins.outs[0]
@@ -173,6 +193,8 @@ def build_layout(
                 nbytes = int(np.prod(jshape, dtype=np.int64)) * jdtype.itemsize
                 joined = Buffer(nbytes, i, life_end(out_slot, j), [])
                 buffers.append(joined)
+                owners.append(out_slot)
+                members_of[out_slot] = list(members)
                 buffer_of[out_slot] = joined
                 at = 0
                 for m in members:
@@ -188,6 +210,7 @@ def build_layout(
             and buf is not None
             and buf.last == i
             and shapes[s0] == (shape, dtype)
+            and (model is None or model.same_shape(s0, s))
             and all(groups.find(x) != groups.find(s0) for x in ins.ins[1:])
         ):
             buf.last = life_end(s, i)
@@ -198,8 +221,11 @@ def build_layout(
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         buf = Buffer(nbytes, i, life_end(s, i), [name])
         buffers.append(buf)
+        owners.append(s)
         buffer_of[s] = buf
     arena = plan_offsets(buffers)
+    position = {id(b): k for k, b in enumerate(buffers)}
+    buffer_index = {s: position[id(b)] for s, b in buffer_of.items()}
     views = [
         (s, b.offset + rel.get(s, 0), shapes[s][0], shapes[s][1]) for s, b in buffer_of.items()
     ]
@@ -225,12 +251,16 @@ def build_layout(
             continue
         for o in ins.outs:
             x = env[o]
+            small = x.nbytes < DEL_MIN_BYTES if isinstance(x, np.ndarray) else True
+            if model is not None and isinstance(x, np.ndarray):
+                # the probe's size says little of another signature's
+                small = small and model.depends.get(o, -1) == 0
             if (
                 o in _RESERVED
                 or o in kind
                 or o in out_set
                 or not isinstance(x, np.ndarray)
-                or x.nbytes < DEL_MIN_BYTES
+                or small
             ):
                 continue
             release.setdefault(last.get(o, i), []).append(o)
@@ -252,7 +282,18 @@ def build_layout(
         if isinstance(x, (np.ndarray, np.generic))
     }
     return Layout(
-        plan, kind, shapes, views, output_kinds, release, observed, baked, frozenset(joins)
+        plan,
+        kind,
+        shapes,
+        views,
+        output_kinds,
+        release,
+        observed,
+        baked,
+        frozenset(joins),
+        owners,
+        buffer_index,
+        members_of,
     )
 
 
@@ -262,6 +303,7 @@ def _elidable_concats(
     shapes: dict[int, tuple[tuple[int, ...], np.dtype]],
     last: dict[int, int],
     baked: AbstractSet[int],
+    model: ShapeModel | None = None,
 ) -> dict[int, tuple[int, list[int]]]:
     """Concat instruction -> (output slot, input slots) for the Concats whose inputs can be
     slices of the output: output and inputs arena values of one dtype, every input read
@@ -286,6 +328,9 @@ def _elidable_concats(
         axis = axis + len(shape) if axis < 0 else axis
         if not 0 <= axis < len(shape) or any(d != 1 for d in shape[:axis]):
             continue
+        sym = None if model is None else model.symbolic(out)
+        if model is not None and (sym is None or any(d != 1 for d in sym[:axis])):
+            continue  # a leading dim that is 1 only at the probe's dims
         if all(
             kind.get(m) == "arena" and shapes[m][1] == dtype and readers.get(m) == 1
             and last.get(m) == i and m not in taken
@@ -321,3 +366,23 @@ def _baked(
                for x in xs):  # fmt: skip
             baked.add(i)
     return frozenset(baked)
+
+
+def _computable(program: Program, baked: frozenset[int], model: ShapeModel) -> frozenset[int]:
+    """The baked instructions whose outputs the model's formulas give, or whose inputs are
+    constants, feeds or outputs of earlier ones among them: a generic plan's instance
+    evaluates or runs them, once per signature, before the program."""
+    ready = (
+        set(program.input_slots)
+        | {s for s, t in enumerate(program.template) if t is not None}
+        | set(_RESERVED)
+    )
+    keep = set()
+    for i, ins in enumerate(program.instrs):
+        if i in baked and (
+            all(s in model.values for s in ins.outs if s not in _RESERVED)
+            or all(s in ready for s in ins.ins)
+        ):
+            keep.add(i)
+            ready.update(ins.outs)
+    return frozenset(keep)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from ..calls import set_current
 from .plan_build import Layout
 from .program import Program
 
-__all__ = ["Generated", "Inline", "generate"]
+__all__ = ["Generated", "Generic", "Inline", "generate", "instance_slots"]
 
 
 @dataclass(frozen=True)
@@ -88,18 +88,26 @@ def _out_positional(fn: Any, n_args: int) -> bool:
 
 
 class _Emitter:
-    def __init__(self, program: Program, layout: Layout, env: list[Any]) -> None:
+    def __init__(
+        self, program: Program, layout: Layout, env: list[Any], generic: Generic | None
+    ) -> None:
         self.program = program
         self.layout = layout
+        self.generic = generic
         self.binds: dict[str, Any] = {}
         #: slot -> the constant it holds: the model's, and this signature's (baked)
         self.consts: dict[int, Any] = {
             s: t for s, t in enumerate(program.template) if t is not None and s > 1
         }
+        #: generic plans: baked slots, whose values come with the call's instance
+        self.per_call: set[int] = set()
         for i in layout.baked:
             for s in program.instrs[i].outs:
                 if s > 1:
-                    self.consts[s] = env[s]
+                    if generic is None:
+                        self.consts[s] = env[s]
+                    else:
+                        self.per_call.add(s)
         self.input_slots = set(program.input_slots)
 
     def var(self, s: int) -> str:
@@ -107,6 +115,8 @@ class _Emitter:
             return "None"
         if s == 1:
             return "_"
+        if s in self.per_call:
+            return f"b{s}"
         if s in self.consts and s not in self.input_slots:
             name = f"c{s}"
             self.binds[name] = self.consts[s]
@@ -135,7 +145,9 @@ class _Emitter:
                 out = self.var(s)
                 if kind == "fresh":
                     shape, dtype = lay.shapes[s]
-                    self.binds[f"h{s}"], self.binds[f"d{s}"] = shape, dtype
+                    self.binds[f"d{s}"] = dtype
+                    if self.generic is None:
+                        self.binds[f"h{s}"] = shape
                     lines.append((f"{out} = {fresh_src(s)}", i))
                 lines += [(ln, i) for ln in self._call(i, ins.fn, k, args, out, s)]
             for r in lay.release.get(i, ()):
@@ -145,9 +157,11 @@ class _Emitter:
     def _call(self, i: int, fn: Any, k: str, args: list[str], out: str, s: int) -> list[str]:
         inline = getattr(fn, "inline", None)
         if inline is not None:
-            seen = self.layout.observed
-            shapes = [seen[x][0] if x in seen else None for x in self.program.instrs[i].ins]
-            got = inline(shapes, self.layout.shapes[s][0], self.layout.shapes[s][1])
+            shapes = [self._shape(x) for x in self.program.instrs[i].ins]
+            out_shape = self.layout.shapes[s][0]
+            if self.generic is not None:
+                out_shape = self.generic.symbolic(s)  # type: ignore[assignment]
+            got = inline(shapes, out_shape, self.layout.shapes[s][1])
             if got is not None:
                 names = {key: f"i{i}_{j}" for j, key in enumerate(got.env)}
                 for key, val in got.env.items():
@@ -158,6 +172,41 @@ class _Emitter:
             return [f"{out} = {k}({', '.join([*args, out])})"]
         return [f"{out} = {k}({', '.join([*args, f'out={out}'])})"]
 
+    def _shape(self, x: int) -> Any:
+        """What the code may assume of slot ``x``'s shape (None: nothing): this
+        signature's, or for a generic plan the dims that hold at every signature."""
+        if self.generic is not None:
+            return self._generic_shape(x)
+        seen = self.layout.observed
+        return seen[x][0] if x in seen else None
+
+    def _generic_shape(self, x: int) -> Any:
+        assert self.generic is not None
+        if x in self.input_slots:
+            return self.generic.input_shape(self.program.input_slots.index(x))
+        if x in self.consts:
+            return tuple(np.shape(self.consts[x]))
+        return self.generic.symbolic(x)
+
+
+class Generic(Protocol):
+    """What code generation needs of a generic plan (``plan_generic.GenericPlan``): the
+    shapes that hold at every signature, and the per-signature instance table."""
+
+    insts: dict[Any, Any]
+
+    def symbolic(self, slot: int) -> tuple[int | None, ...] | None: ...
+
+    def input_shape(self, k: int) -> tuple[int | None, ...] | None: ...
+
+
+def instance_slots(program: Program, layout: Layout) -> tuple[list[int], list[int]]:
+    """A generic plan's per-signature slots, in the order of an instance's ``consts``:
+    the baked slots (their values), then the fresh output slots (their shapes)."""
+    baked = sorted({s for i in layout.baked for s in program.instrs[i].outs if s > 1})
+    fresh = sorted(s for s, k in layout.kind.items() if k == "fresh")
+    return baked, fresh
+
 
 def generate(
     program: Program,
@@ -165,13 +214,21 @@ def generate(
     input_names: list[str],
     output_names: list[str],
     helpers: dict[str, Any],
-    new_arena: Callable[[], tuple[Any, ...]],
+    new_arena: Callable[[], Any],
     env: list[Any],
+    generic: Generic | None = None,
 ) -> Generated:
     """Generate the entry points of ``layout``. ``helpers`` binds ``_slow``, ``_failed``,
     ``_cp`` (copy an output), ``_uo`` (user_output for output k: ``_uo(v, k)``); ``env``
-    is the probe run's values (the baked instructions' outputs)."""
-    em = _Emitter(program, layout, env)
+    is the probe run's values (the baked instructions' outputs).
+
+    ``generic``: the layout serves every signature of a shape model. The code then checks
+    no shapes: the feeds' shapes are the key of an *instance* (``generic.insts``) holding
+    that signature's baked values and fresh output shapes (``_i.consts``), and the arenas
+    (``new_arena()``: an object with ``views``, a dict key -> views, and
+    ``views_for(instance)``) are shared by every signature. ``run_checked`` and
+    ``run_call`` take the instance as their last argument."""
+    em = _Emitter(program, layout, env, generic)
     pool: list[Any] = []
     sig = layout.plan.signature
     in_slots = program.input_slots
@@ -184,20 +241,36 @@ def generate(
     checked_body = em.body(
         lambda s: f"o{out_pos[s]} if o{out_pos[s]} is not None else _empty(h{s}, d{s})"
     )
+    baked_slots, fresh_slots = instance_slots(program, layout)
+    per_call = []
+    if generic is not None:
+        per_call = [f"b{s}" for s in baked_slots] + [f"h{s}" for s in fresh_slots]
 
     src: list[str] = ["def _make(" + "__BINDS__" + "):"]
+
+    def unpack_instance() -> None:
+        if per_call:
+            src.append(f"    {', '.join(per_call)}, = _i.consts")
+
+    def take_arena() -> None:
+        if not arena_vars:
+            return
+        src.extend(["    try:", "        _arena = _pop()", "    except IndexError:",
+                    "        _arena = _new_arena()"])  # fmt: skip
+        if generic is None:
+            views = "_arena"
+        else:
+            src.extend(["    _vs = _arena.views.get(_k)", "    if _vs is None:",
+                        "        _vs = _arena.views_for(_i)"])  # fmt: skip
+            views = "_vs"
+        src.append(f"    {', '.join(arena_vars)}{',' if len(arena_vars) == 1 else ''} = {views}")
 
     def emit_body(
         fn_name: str, body: list[tuple[str, int]], where: dict[int, int], call: bool = False
     ) -> None:
         """The body of an entry; ``call``: it runs under a CallContext ``_c`` (current on
         this thread meanwhile) whose ``stop`` is checked before each kernel."""
-        if arena_vars:
-            src.extend([
-                "    try:", "        _arena = _pop()", "    except IndexError:",
-                "        _arena = _new_arena()",
-                f"    {', '.join(arena_vars)}{',' if len(arena_vars) == 1 else ''} = _arena",
-            ])  # fmt: skip
+        take_arena()
         if call:
             src.append("    _prev = _setcur(_c)")
         src.append("    try:")
@@ -239,12 +312,21 @@ def generate(
     if n_in:
         conds = []
         for (shape, dtype), s in zip(sig, in_slots):
-            em.binds[f"h{s}"], em.binds[f"d{s}"] = tuple(shape), dtype
-            conds.append(
-                f"type(v{s}) is not _ndarray or v{s}.dtype is not d{s} or v{s}.shape != h{s}"
-            )
+            em.binds[f"d{s}"] = dtype
+            cond = f"type(v{s}) is not _ndarray or v{s}.dtype is not d{s}"
+            if generic is None:
+                em.binds[f"h{s}"] = tuple(shape)
+                cond += f" or v{s}.shape != h{s}"
+            conds.append(cond)
         src.append(f"    if {' or '.join(conds)}:")
         src.append("        return _slow(feeds, outs)")
+    if generic is not None:
+        key = ", ".join(f"v{s}.shape" for s in in_slots)
+        src.append(f"    _k = ({key}{',' if n_in == 1 else ''})")
+        src.append("    _i = _insts.get(_k)")
+        src.append("    if _i is None:")
+        src.append("        return _slow(feeds, outs)")
+        unpack_instance()
     emit_body("run", [(ln, i) for ln, i in fast_body], fast_where)
     results = []
     for k, (s, kind) in enumerate(zip(program.output_slots, layout.output_kinds)):
@@ -256,21 +338,27 @@ def generate(
         em.binds[f"_o{k}"] = name
     pairs = ", ".join(f"_o{k}: {r}" for k, r in enumerate(results))
     src.append(f"    return {{{pairs}}}")
+    extra = ", _i" if generic is not None else ""
+    n_out = len(output_names)
+
+    def checked_prologue() -> None:
+        if n_in:
+            src.append(f"    {', '.join(f'v{s}' for s in in_slots)}, = args")
+        src.append(f"    {', '.join(f'o{k}' for k in range(n_out))}, = outs")
+        if generic is not None:
+            src.append("    _k = _i.key")
+            unpack_instance()
+
     # -- checked entry -----------------------------------------------------------------
     checked_where: dict[int, int] = {}
-    src.append("  def run_checked(args, outs):")
-    if n_in:
-        src.append(f"    {', '.join(f'v{s}' for s in in_slots)}, = args")
-    n_out = len(output_names)
-    src.append(f"    {', '.join(f'o{k}' for k in range(n_out))}, = outs")
+    src.append(f"  def run_checked(args, outs{extra}):")
+    checked_prologue()
     emit_body("run_checked", checked_body, checked_where)
     src.append(f"    return [{', '.join(em.var(s) for s in program.output_slots)}]")
     # -- the checked entry under a call context (deadline, cancellation) -----------------
     call_where: dict[int, int] = {}
-    src.append("  def run_call(args, outs, _c):")
-    if n_in:
-        src.append(f"    {', '.join(f'v{s}' for s in in_slots)}, = args")
-    src.append(f"    {', '.join(f'o{k}' for k in range(n_out))}, = outs")
+    src.append(f"  def run_call(args, outs, _c{extra}):")
+    checked_prologue()
     emit_body("run_call", checked_body, call_where, call=True)
     src.append(f"    return [{', '.join(em.var(s) for s in program.output_slots)}]")
     src.append("  return run, run_checked, run_call")
@@ -280,6 +368,8 @@ def generate(
     binds.update(_ndarray=np.ndarray, _empty=np.empty, _new_arena=new_arena)
     binds.update(_pop=pool.pop, _push=pool.append)
     binds.update(_setcur=set_current, _nodes=[ins.node for ins in program.instrs])
+    if generic is not None:
+        binds.update(_insts=generic.insts)
     # Body lines sit inside "def run" at 4 spaces; shift everything one level under _make.
     text = "\n".join(
         [src[0].replace("__BINDS__", ", ".join(binds))] + ["  " + ln for ln in src[1:]]

@@ -1,0 +1,325 @@
+"""One memory plan and one generated program for every input signature of a model whose
+shapes a ``ShapeModel`` describes (``compiler.shape_model`` fits it at load).
+
+The layout (which values live in the arena, which kernels run in place, which Concats are
+elided, which shape arithmetic is baked) is made once, at load, and holds at every
+signature: the layout builder only takes decisions the model proves for all dims. What
+differs between signatures lives in an *instance*, made on the first call with a new key
+(the feeds' shapes) from the model's formulas, with no run of the program:
+
+* the variables' values, the baked values and the fresh outputs' shapes (``consts``, in
+  ``plan_codegen.instance_slots`` order), and each arena value's (offset, shape, dtype);
+* offsets from the plan of the signature's *dim bucket* (every variable rounded up to a
+  power of two): the buffers sized at the bucket's largest dims and placed once per
+  bucket with the planner's best fit, so they fit every signature of the bucket (a
+  signature whose buffers do not -- a size that shrinks as a dim grows -- gets offsets of
+  its own).
+
+Arenas (``Arena``) are shared by every signature: a call pops one, takes the views it made
+before for the call's key (or makes them), runs, and pushes it back; an arena grows when
+a bigger bucket needs more bytes. So memory follows the concurrency and the largest bucket
+seen, not the number of signatures.
+
+Verification: the first signature of each bucket is run the plain way by the interpreter
+(``run_env``: every value kept) and every fitted shape and value is compared with the
+instance's (``verify``); a mismatch retires the generic plan (the interpreter then plans
+per signature, as it does for models without a shape model) and ``describe()`` says why.
+
+Thread-safety: instances and bucket plans are made outside any lock and published with one
+dict store; two threads making the same one both succeed and one is kept. ``insts`` holds
+only instances whose bucket was verified: the generated fast entry serves those alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .dims import ShapeModel, bucket_of
+from .plan import ALIGN, Buffer, MemoryPlan, lower_bound, plan_offsets
+from .plan_build import Layout
+from .plan_codegen import instance_slots
+from .program import Program
+
+__all__ = ["MAX_INSTANCES", "Arena", "GenericPlan", "Instance"]
+
+#: Instances kept (a dict cleared when full: a new signature costs microseconds).
+MAX_INSTANCES = 4096
+#: Bytes of baked values the kept instances may hold together (position tables per length).
+MAX_INSTANCE_BYTES = 64 << 20
+#: Views an arena keeps per signature key before it forgets them all.
+MAX_ARENA_VIEWS = 1024
+
+
+class Instance:
+    """One signature of a generic plan: see the module docstring. Immutable."""
+
+    __slots__ = ("bucket", "consts", "key", "nbytes", "offsets", "rows", "vals", "views")
+
+    def __init__(self, key: Any, vals: tuple[int, ...], bucket: tuple[int, ...],
+                 consts: tuple[Any, ...], views: tuple[tuple[int, tuple[int, ...], Any], ...],
+                 nbytes: int, rows: np.ndarray, offsets: list[int]) -> None:  # fmt: skip
+        self.key = key
+        self.vals = vals
+        self.bucket = bucket
+        self.consts = consts
+        self.views = views
+        self.nbytes = nbytes
+        self.rows = rows
+        self.offsets = offsets
+
+
+class Arena:
+    """One arena shared by every signature: ``views[key]`` is the tuple of views a call
+    with that key unpacks. Owned by one call at a time (the plan's free list)."""
+
+    __slots__ = ("base", "nbytes", "views")
+
+    def __init__(self) -> None:
+        self.base = np.empty(0, np.uint8)
+        self.nbytes = 0
+        self.views: dict[Any, tuple[np.ndarray, ...]] = {}
+
+    def views_for(self, inst: Instance) -> tuple[np.ndarray, ...]:
+        """The views of ``inst`` over this arena (grown first when too small), kept for
+        the next call with its key. Values laid out alike get one view object, so a kernel
+        run in place sees ``out is x``."""
+        if inst.nbytes > self.nbytes:
+            raw = np.empty(inst.nbytes + ALIGN, np.uint8)
+            start = (-raw.ctypes.data) % ALIGN
+            self.base = raw[start : start + inst.nbytes]
+            self.nbytes = inst.nbytes
+            self.views = {}
+        base = self.base
+        made: dict[tuple[Any, ...], np.ndarray] = {}
+        out = []
+        for off, shape, dt in inst.views:
+            key = (off, shape, dt)
+            v = made.get(key)
+            if v is None:
+                n = math.prod(shape) * dt.itemsize
+                v = made[key] = base[off : off + n].view(dt).reshape(shape)
+            out.append(v)
+        views = tuple(out)
+        if len(self.views) >= MAX_ARENA_VIEWS:
+            self.views = {}
+        self.views[inst.key] = views
+        return views
+
+
+class GenericPlan:
+    """The per-signature side of one generic layout (see the module docstring)."""
+
+    def __init__(self, program: Program, layout: Layout, model: ShapeModel) -> None:
+        self.program = program
+        self.layout = layout
+        self.model = model
+        #: verified instances by key: the generated fast entry's table
+        self.insts: dict[Any, Instance] = {}
+        self._held = 0  # bytes of baked values in the kept instances
+        self.verified: set[tuple[int, ...]] = set()
+        self._buckets: dict[tuple[int, ...], tuple[list[int], list[int], int]] = {}
+        self._baked, self._fresh = instance_slots(program, layout)
+        self._bake_order = sorted(layout.baked)
+        self._dtypes = {s: dt for s, (_, dt) in layout.shapes.items()}
+        member_pos: dict[int, tuple[int, int]] = {}
+        for owner, members in layout.members.items():
+            for k, m in enumerate(members):
+                member_pos[m] = (owner, k)
+        self._member_pos = member_pos
+        self._input_shapes = [
+            tuple(d if isinstance(d, int) else None for d in (v.type.shape or ()))  # type: ignore[union-attr]
+            for v in program.graph.inputs
+        ]
+        #: figures for describe(): instances made, bucket plans made
+        self.made = 0
+
+    # -- what the generated code assumes --------------------------------------------------
+    def symbolic(self, slot: int) -> tuple[int | None, ...] | None:
+        return self.model.symbolic(slot)
+
+    def input_shape(self, k: int) -> tuple[int | None, ...] | None:
+        return self._input_shapes[k]
+
+    # -- instances -----------------------------------------------------------------------
+    def instance(self, args: Sequence[Any]) -> Instance | None:
+        """The instance for these validated feeds: the published one, or one made now
+        (not published: ``publish`` after its bucket is verified); None when the model's
+        formulas do not hold for these shapes (a declared relation broken, a negative or
+        fractional dim): the interpreter then runs the call the plain way."""
+        key = tuple(a.shape for a in args)
+        inst = self.insts.get(key)
+        if inst is not None:
+            return inst
+        shapes = [a.shape for a in args]
+        vals = self.model.vars.values(shapes)
+        if vals is None:
+            return None
+        rows = self.model.evaluate(vals)
+        if rows is None:
+            return None
+        model, lay = self.model, self.layout
+        shape_of: dict[int, tuple[int, ...]] = {}
+        for s in lay.shapes:
+            sh = model.shape(s, rows)
+            if sh is None:
+                return None
+            shape_of[s] = sh
+        sizes = [self._nbytes(s, shape_of) for s in lay.owners]
+        bucket = bucket_of(vals)
+        got = self._bucket(bucket)
+        if got is not None and all(a <= b for a, b in zip(sizes, got[1])):
+            offsets, nbytes = got[0], got[2]
+        else:
+            offsets, nbytes = self._place(sizes)
+        views = []
+        for s, _, _, dt in lay.views:
+            off = offsets[lay.buffer_index[s]]
+            pos = self._member_pos.get(s)
+            if pos is not None:
+                owner, k = pos
+                off += sum(self._nbytes(m, shape_of) for m in lay.members[owner][:k])
+            views.append((off, shape_of[s], dt))
+        try:
+            consts = self._baked_values(args, rows)
+        except Exception:  # noqa: BLE001 - the plain run raises the model's own error
+            return None
+        consts += [shape_of[s] for s in self._fresh]
+        self.made += 1
+        return Instance(key, vals, bucket, tuple(consts), tuple(views), max(nbytes, 1), rows,
+                        offsets)  # fmt: skip
+
+    def _baked_values(self, args: Sequence[Any], rows: np.ndarray) -> list[Any]:
+        """The baked slots' values for this signature: from the model's formulas where it
+        has them, else by running their instructions (shape arithmetic, a position table's
+        rows, a mask's pattern: a few small kernels) on these feeds."""
+        program, model = self.program, self.model
+        env = program.env_for(args)
+        for i in self._bake_order:
+            ins = program.instrs[i]
+            outs = [s for s in ins.outs if s > 1]
+            if all(s in model.values for s in outs):
+                for s in outs:
+                    env[s] = model.value(s, rows)
+                continue
+            program.execute(env, i, i + 1)
+        return [env[s] for s in self._baked]
+
+    def publish(self, inst: Instance) -> None:
+        """Serve ``inst``'s key from the fast entry (its bucket is verified)."""
+        size = sum(c.nbytes for c in inst.consts if isinstance(c, np.ndarray))
+        if len(self.insts) >= MAX_INSTANCES or self._held + size > MAX_INSTANCE_BYTES:
+            self.insts = self._reset()
+        self._held += size
+        self.insts[inst.key] = inst
+
+    def _reset(self) -> dict[Any, Instance]:
+        """Forget every instance (they are cheap to make again); the generated code holds
+        this very dict, so it is cleared in place."""
+        self.insts.clear()
+        self._held = 0
+        return self.insts
+
+    def _nbytes(self, s: int, shape_of: dict[int, tuple[int, ...]]) -> int:
+        return math.prod(shape_of[s]) * self._dtypes[s].itemsize
+
+    def _bucket(self, bucket: tuple[int, ...]) -> tuple[list[int], list[int], int] | None:
+        """(offsets per buffer, bytes per buffer, arena bytes) at the bucket's largest
+        dims; None when the formulas do not hold there."""
+        got = self._buckets.get(bucket)
+        if got is None:
+            rows = self.model.evaluate(bucket)
+            if rows is None:
+                return None
+            shape_of = {}
+            for s in self.layout.shapes:
+                sh = self.model.shape(s, rows)
+                if sh is None:
+                    return None
+                shape_of[s] = sh
+            sizes = [self._nbytes(s, shape_of) for s in self.layout.owners]
+            offsets, nbytes = self._place(sizes)
+            got = self._buckets[bucket] = (offsets, sizes, nbytes)
+        return got
+
+    def _place(self, sizes: list[int]) -> tuple[list[int], int]:
+        bufs = [Buffer(n, b.first, b.last, b.values) for n, b in
+                zip(sizes, self.layout.plan.buffers)]  # fmt: skip
+        arena = plan_offsets(bufs)
+        return [b.offset for b in bufs], arena
+
+    # -- verification --------------------------------------------------------------------
+    def verify(self, inst: Instance, env: list[Any]) -> str:
+        """ "" when every fitted shape and value agrees with ``env`` (a plain run of this
+        instance's feeds), else what disagreed; a success verifies the instance's bucket."""
+        model = self.model
+        for s in model.shapes:
+            x = env[s]
+            if x is None:
+                continue
+            want = model.shape(s, inst.rows)
+            if tuple(np.shape(x)) != want:
+                node = self._node(s)
+                return f"the shape of {node} is {tuple(np.shape(x))}, the formula gave {want}"
+        for s in model.values:
+            x = env[s]
+            if x is None:
+                continue
+            want_v = model.value(s, inst.rows)
+            if np.shape(x) != want_v.shape or not np.array_equal(np.asarray(x), want_v):
+                return f"the value of {self._node(s)} differs from the formula's"
+        self.verified.add(inst.bucket)
+        return ""
+
+    def _node(self, slot: int) -> str:
+        for ins in self.program.instrs:
+            if slot in ins.outs:
+                return f"node {ins.node.name!r} ({ins.node.op_type})"
+        return f"slot {slot}"
+
+    # -- arenas and reports --------------------------------------------------------------
+    @staticmethod
+    def new_arena() -> Arena:
+        return Arena()
+
+    def memory_plan(self, inst: Instance) -> MemoryPlan:
+        """The plan a call with ``inst``'s signature runs on: its buffers at their sizes
+        for this signature, placed as its bucket places them."""
+        shape_of = {s: self.model.shape(s, inst.rows) for s in self.layout.shapes}
+        bufs = []
+        for k, (b, s) in enumerate(zip(self.layout.plan.buffers, self.layout.owners)):
+            n = self._nbytes(s, shape_of)  # type: ignore[arg-type]
+            nb = Buffer(n, b.first, b.last, list(b.values))
+            nb.offset = inst.offsets[k]
+            bufs.append(nb)
+        base = self.layout.plan
+        sig = tuple((a, d) for a, d in zip(self._key_shapes(inst), self._input_dtypes()))
+        return MemoryPlan(sig, inst.nbytes, lower_bound(bufs), bufs, n_inplace=base.n_inplace,
+                          n_fresh=base.n_fresh, n_unplanned=base.n_unplanned,
+                          n_joined=base.n_joined)  # fmt: skip
+
+    @staticmethod
+    def _key_shapes(inst: Instance) -> list[tuple[int, ...]]:
+        return list(inst.key)
+
+    def _input_dtypes(self) -> list[Any]:
+        return [np.dtype(v.type.dtype) for v in self.program.graph.inputs]  # type: ignore[union-attr]
+
+    def describe_lines(self) -> list[str]:
+        names = ", ".join(self.model.vars.names)
+        plan = self.layout.plan
+        lines = [
+            f"  memory: one plan for every signature of the dims ({names}): "
+            f"{len(plan.buffers)} buffers, {plan.n_inplace} in place, {plan.n_fresh} fresh "
+            f"outputs, {plan.n_unplanned} unplanned values, {plan.n_joined} Concats written "
+            f"in place, {len(self.layout.baked)} shape computations baked per signature",
+            f"    signatures served: {self.made} made, {len(self.insts)} kept; dim buckets "
+            f"placed: {len(self._buckets)}, verified: {len(self.verified)}",
+        ]
+        for bucket, (_, _, nbytes) in sorted(self._buckets.items())[:8]:
+            dims = ", ".join(f"{n} <= {b}" for n, b in zip(self.model.vars.names, bucket))
+            lines.append(f"    bucket ({dims}): arena {nbytes:,} B")
+        return lines
