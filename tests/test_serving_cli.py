@@ -65,6 +65,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
                 "8",
                 "--max-wait-us",
                 "200",
+                "--warmup",
+                "wide:x=5x96",
+                "--warmup",
+                "wide:x=7x96",
+                "--warmup",
+                "mlp_small:x=1x64",
             ],
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -88,6 +94,7 @@ def test_serve_answers_after_ready(served: tuple[str, Path, Path]) -> None:
         assert names["wide"]["batching"]["enabled"] is True  # --batching on, batch dim
         assert names["wide"]["batching"]["max_batch"] == 8
         assert names["mlp_small"]["batching"]["enabled"] is False  # no batch dim
+        assert names["wide"]["warmup"] == 2 and names["mlp_small"]["warmup"] == 1  # --warmup
         x = np.random.default_rng(2).standard_normal((3, 96)).astype(np.float32)
         r = c.post("/v1/models/wide:predict", json={"inputs": {"x": x.tolist()}})
         assert r.status_code == 200, r.text
@@ -123,3 +130,13 @@ def test_serve_refuses_two_models_with_one_name(tmp_path: Path) -> None:
         timeout=120,
     )
     assert r.returncode == 2 and "two models named 'mlp_small'" in r.stderr
+
+
+def test_serve_refuses_a_malformed_warmup_in_one_line() -> None:
+    r = subprocess.run(
+        [TFRT_PY, "serve", MLP, "--port", "0", "--warmup", "x=1xfour"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "--warmup 'x=1xfour'" in r.stderr

@@ -34,6 +34,25 @@ def _load(path: str, executor: str = "auto", **options: Any) -> Any:
         _fail(str(e))
 
 
+def _parse_signature(text: str, models: set[str]) -> tuple[str | None, dict[str, Any]]:
+    """``--warmup``'s ``[MODEL:]NAME=DIMS[,NAME=DIMS...]`` (DIMS like 1x128) -> (the model
+    it is for, or None: every model with those inputs; input name -> shape)."""
+    model, sep, rest = text.partition(":")
+    if not sep or model not in models or "=" in model:
+        model, rest = None, text  # type: ignore[assignment]
+    out: dict[str, Any] = {}
+    for part in rest.split(","):
+        name, sep, dims = part.strip().partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+        except ValueError:
+            shape = (-1,)
+        if not sep or not name or any(d < 0 for d in shape):
+            _fail(f"--warmup {text!r}: expected NAME=DIMS[,NAME=DIMS...] with DIMS like 1x128")
+        out[name] = shape
+    return model, out
+
+
 def _parse_inputs(model: Any, items: tuple[str, ...]) -> dict[str, np.ndarray]:
     from .bench.runners import random_feeds
 
@@ -260,6 +279,15 @@ def bench(
     help="explicit: POST /v2/repository/models/NAME/load|unload may load and unload models",
 )
 @click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
+@click.option(
+    "--warmup",
+    "warmup",
+    multiple=True,
+    metavar="[MODEL:]NAME=DIMS[,...]",
+    help="an input signature to run before /readyz answers 200 (plans checked, native "
+    "code compiled), e.g. input_ids=1x128,attention_mask=1x128; MODEL:... for one model, "
+    "else every model with those inputs; repeatable",
+)
 @click.option("--log-level", default="warning", show_default=True, help="uvicorn's")
 @click.option(
     "--workers",
@@ -283,6 +311,7 @@ def serve(
     max_queue: int,
     model_control_mode: str,
     executor: str,
+    warmup: tuple[str, ...],
     log_level: str,
     workers: int,
 ) -> None:
@@ -337,6 +366,7 @@ def serve(
         load_options={"executor": executor},
         model_control=model_control_mode,
         log=lambda msg: click.echo(msg, err=True),
+        warmup=[_parse_signature(w, set(models)) for w in warmup],
     )
 
     def bound(url: str) -> None:

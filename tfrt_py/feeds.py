@@ -17,7 +17,7 @@ import numpy as np
 from .errors import InputError
 from .ir import TensorType, Value
 
-__all__ = ["FeedChecker", "TensorSpec", "check_output_buffers", "fill_outputs"]
+__all__ = ["FeedChecker", "TensorSpec", "check_output_buffers", "fill_outputs", "warmup_feeds"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,3 +272,36 @@ def fill_outputs(
         np.copyto(buf, got)
         results[name] = buf
     return results
+
+
+#: A warm-up feed made from a shape may hold at most this many elements.
+WARMUP_MAX_ELEMENTS = 1 << 28
+
+
+def warmup_feeds(inputs: Sequence[TensorSpec], item: Any) -> dict[str, Any]:
+    """The feeds of one ``warmup`` item (input name -> shape or example array): arrays as
+    given; a shape becomes zeros (float inputs) or ones (integer and bool inputs: ids in
+    range, masks that attend). InputError for anything else."""
+    if not isinstance(item, Mapping):
+        raise InputError(
+            f"warmup: each item maps input names to shapes or arrays, got {type(item).__name__}"
+        )
+    specs = {s.name: s for s in inputs}
+    feeds: dict[str, Any] = {}
+    for name, v in item.items():
+        spec = specs.get(name)
+        if spec is None:
+            raise InputError(f"warmup: unknown input {name!r}; inputs are {list(specs)}")
+        if isinstance(v, (tuple, list)) and all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in v
+        ):
+            shape = tuple(int(d) for d in v)
+            if any(d < 0 for d in shape) or np.prod(shape, dtype=float) > WARMUP_MAX_ELEMENTS:
+                raise InputError(f"warmup: input {name!r}: shape {shape} is negative or too big")
+            dt = spec.dtype if spec.dtype is not None else np.dtype(np.float32)
+            if dt.kind == "O":
+                raise InputError(f"warmup: input {name!r} is a string tensor: give an array")
+            feeds[name] = np.full(shape, 0 if dt.kind in "fc" else 1, dt)
+        else:
+            feeds[name] = v
+    return feeds

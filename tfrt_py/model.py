@@ -33,7 +33,7 @@ from .concurrency.threads import configure as configure_threads
 from .concurrency.threads import limit_blas
 from .concurrency.threads import threads as thread_budget
 from .executors.base import Executor
-from .feeds import FeedChecker, TensorSpec, spec_of
+from .feeds import FeedChecker, TensorSpec, spec_of, warmup_feeds
 from .ir import Graph, verify
 from .kernels import KernelContext, KernelFlags, KernelRegistry, default_registry
 from .profiling import ProfileReport, profile
@@ -45,6 +45,8 @@ CustomKernels = Mapping[tuple[str, str], Callable[..., Any]]
 #: ``load(..., native=...)``: compile in the background (serve on the interpreter
 #: meanwhile) or before ``load`` returns.
 NATIVE_MODES = ("background", "eager")
+#: Calls per warmed-up signature after its native compile (the tier's measured trial).
+WARMUP_CALLS = 8
 
 
 def load(
@@ -60,6 +62,7 @@ def load(
     max_concurrency: int | None = None,
     base_dir: str | os.PathLike[str] | None = None,
     threads: int | None = None,
+    warmup: Iterable[Mapping[str, Any]] | None = None,
 ) -> Model:
     """Load a model from a path, bytes, ``onnx.ModelProto`` or ``tfrt_py.ir.Graph``.
 
@@ -96,6 +99,12 @@ def load(
     ``onnx.ModelProto`` source (required when it has external data; a path source uses its
     own directory, and ``base_dir`` may only repeat it). External data is only read from
     regular files inside that directory (docs/security.md).
+
+    ``warmup``: input signatures to prepare before ``load`` returns, each a mapping of input
+    name to a shape (a tuple; dims of 1 give the smallest feeds) or to an example array:
+    each is run once (its plan or instance made, its dim bucket checked) and, on the native
+    tier, compiled and measured, so the first real call of those shapes is served at full
+    speed (``Model.warmup``).
     """
     if native not in NATIVE_MODES:
         raise ValueError(f"native must be one of {NATIVE_MODES}, got {native!r}")
@@ -143,7 +152,10 @@ def load(
     limit_blas()  # a BLAS the preparation loaded (SciPy's, through numba) runs one thread too
     # 4. the facade
     load_s = time.perf_counter() - t0
-    return Model(prepared.graph, runtime, prepared, origin, load_s, default_timeout, limiter)
+    model = Model(prepared.graph, runtime, prepared, origin, load_s, default_timeout, limiter)
+    if warmup is not None:
+        model.warmup(warmup)
+    return model
 
 
 def _with_custom(base: KernelRegistry, custom: CustomKernels | None) -> KernelRegistry:
@@ -226,6 +238,8 @@ class Model:
         #: have an initializer; onnxruntime's get_overridable_initializers).
         self.overridable_initializers = [spec_of(v) for v in graph.inputs if v.default is not None]
         self.outputs: list[TensorSpec] = [spec_of(v) for v in graph.outputs]
+        #: signatures warmed up and the seconds it took (``warmup``)
+        self._warmup: tuple[int, float] = (0, 0.0)
 
     @property
     def graph(self) -> Graph:
@@ -367,6 +381,33 @@ class Model:
             for f in feeds:
                 yield await self.run_async(f, timeout=timeout)
 
+    # -- warm-up ---------------------------------------------------------------------------
+    def warmup(self, signatures: Iterable[Mapping[str, Any]]) -> float:
+        """Prepare these input signatures now (see ``load(warmup=)``); seconds taken.
+
+        Each item maps every input name to a shape (a tuple or list of ints) or an example
+        array. A shape's feed is zeros for float inputs and ones for integer and bool
+        inputs (ids in range, masks that attend). Bad items raise ``InputError`` (as
+        ``run`` would), before anything runs. On the native tier each signature is
+        compiled (in signature mode: whether or not it is hot) and awaited, then called a
+        few times, so the tier's measured choice is made here and not on a user's call.
+        """
+        t0 = time.perf_counter()
+        feeds_list = [warmup_feeds(self.inputs, item) for item in signatures]
+        tier = self.native
+        for feeds in feeds_list:
+            self.run(feeds)
+            if tier is not None:
+                tier.warm(feeds)
+        if tier is not None:
+            tier.wait(None)
+            for feeds in feeds_list:
+                for _ in range(WARMUP_CALLS):
+                    self.run(feeds)
+        spent = time.perf_counter() - t0
+        self._warmup = (self._warmup[0] + len(feeds_list), self._warmup[1] + spent)
+        return spent
+
     # -- introspection -------------------------------------------------------------------
     def profile(self, feeds: Mapping[str, Any], repeat: int = 20) -> ProfileReport:
         """Where a call's time goes: ``repeat`` calls (after a warm-up) of this model's
@@ -423,6 +464,8 @@ class Model:
             f"{native_threads.runner()}"
             "; BLAS single-threaded)"
         )
+        if self._warmup[0]:
+            lines.append(f"  warmup: {self._warmup[0]} signature(s) in {self._warmup[1]:.2f} s")
         if self._timeout is not None:
             lines.append(f"  default deadline: {self._timeout:g} s per call")
         if self._limiter is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -106,6 +106,7 @@ class ModelServer:
         model_control: str = "none",
         log: Callable[[str], object] | None = None,
         close_timeout: float = CLOSE_TIMEOUT_S,
+        warmup: Sequence[tuple[str | None, Mapping[str, Any]]] = (),
     ) -> None:
         self._log = log or (lambda _msg: None)
         self.repository = (
@@ -153,6 +154,10 @@ class ModelServer:
         self.model_control = model_control
         self.load_options = dict(load_options or {})
         self.close_timeout = float(close_timeout)
+        #: (model name or None, input signature): what each model runs (``Model.warmup``)
+        #: before it is ready; an item without a name goes to every model that has every
+        #: input it names
+        self.warmup = [(m, dict(item)) for m, item in warmup]
         self.models: dict[str, ServedModel] = {}
         self.errors: dict[str, str] = {}
         self.unloaded: set[str] = set()
@@ -238,6 +243,11 @@ class ModelServer:
             max_queue=self.max_queue,
             calls=self.calls,
             metrics=self.metrics.for_model(name, cfg.version),
+            warmup=[
+                w
+                for m, w in self.warmup
+                if m == name or (m is None and set(w) <= {s.name for s in model.inputs})
+            ],
         )
         served.warm()
         return served

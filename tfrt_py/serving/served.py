@@ -66,8 +66,11 @@ class ServedModel:
         max_queue: int = DEFAULT_MAX_QUEUE,
         calls: set[asyncio.Task[Any]] | None = None,
         metrics: ModelMetrics = NO_METRICS,
+        warmup: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.name = name
+        #: signatures ``warm`` prepares (``Model.warmup``) before the model is ready
+        self.warmup = list(warmup)
         self.version = version
         self.model = model
         self.policy = policy
@@ -178,8 +181,10 @@ class ServedModel:
         return result
 
     def warm(self) -> None:
-        """One call on generated feeds (and the batch probe when batching); synchronous.
-        A failure is recorded in ``warm_error`` (the server is then not ready)."""
+        """One call on generated feeds (and the batch probe when batching), then the
+        configured signatures (``Model.warmup``: plans checked, native code compiled);
+        synchronous. A failure is recorded in ``warm_error`` (the server is then not
+        ready)."""
         from ..bench.runners import random_feeds
 
         try:
@@ -190,6 +195,8 @@ class ServedModel:
                 b = self.batcher
                 for size in sorted({b.bucket(r) for r in range(2, b.max_batch + 1)}):
                     self.model.run(random_feeds(self.model, batch=size))
+            if self.warmup:
+                self.model.warmup(self.warmup)
         except Exception as e:  # noqa: BLE001 - reported by /readyz, naming the model
             self.warm_error = f"model {self.name!r}: warm-up call failed: {e}"
             return
@@ -233,6 +240,7 @@ class ServedModel:
                 "batched_requests": b.batched_requests if b else 0,
             },
             "ready": self.warmed,
+            "warmup": len(self.warmup),
             "in_flight": self.in_flight_requests,
             "calls_in_flight": a.in_flight,
             "queued": self.queued,
