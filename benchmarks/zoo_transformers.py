@@ -12,8 +12,8 @@ fails is reported with its reason. For every model, onnxruntime's outputs at eac
 saved beside it (``<model>.ref.npz``), and tfrt_py (executors auto, sync and async, each
 loaded once and called at every shape in turn, so later calls change batch and sequence)
 must agree with them before anything is timed (a native tier's compiled answer too: each
-signature is awaited). Then, per model and batch x sequence, after one call that makes
-the native tier compile that signature and the wait for it (compile time is not timed),
+signature is awaited). Then, per model and batch x sequence, after ``model.warmup`` of
+that signature (the native tier compiles it and measures it; compile time is not timed),
 the median per-call µs of tfrt_py auto and onnxruntime (``tfrt_py.bench.measure``: short
 interleaved bursts, the ratio is the median of per-round ratios), printed as a table and
 written to ``--out`` (markdown, JSON, PNG). Last, a per-op profile of the model with the
@@ -112,8 +112,7 @@ def check(path: str, ref: dict[str, Any], shapes: tuple[tuple[int, int], ...]) -
             key = f"{b}x{s}/"
             feeds = {n: ref[key + n] for n in ("input_ids", "attention_mask")}
             if model.native is not None:  # the native tier's answer too, once compiled
-                model.run(feeds)
-                model.native.wait()
+                model.warmup([feeds])
             got = model.run(feeds)
             want = ref[key + "last_hidden_state"]
             y = got["last_hidden_state"]
@@ -243,9 +242,8 @@ def bench(a: argparse.Namespace, names: list[str]) -> None:
         sess = _session(path, threads)
         for b, s in shapes:
             f = zoo.feeds(b, s, size.vocab)
-            if model.native is not None:  # a new signature compiles on first sight: warm
-                model.run(f)
-                model.native.wait()
+            if model.native is not None:  # auto compiles a signature once it is hot: warm it
+                model.warmup([f])
             runners = {
                 "tfrt_py auto": lambda f=f, m=model: m.run(f),
                 "onnxruntime": lambda f=f, o=sess: o.run(None, f),
