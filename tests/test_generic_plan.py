@@ -237,3 +237,29 @@ def test_models_the_shape_model_cannot_fit_plan_per_signature() -> None:
     np.testing.assert_array_equal(model.run(feeds)["y"], np.concatenate(list(feeds.values())))
     fit = fit_shape_model(model.prepared.program, set(), set())
     assert fit.model is None and "5 dim variables" in fit.reason
+
+
+def test_float_shape_arithmetic_is_served_by_the_generic_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Shape arithmetic that yields floats -- a scale of half the batch, a mask value of
+    -3.4e38 -- is a formula too: a new signature is still served without a plain run
+    (the evaluation once refused every signature of such a model: its values are neither
+    whole numbers nor below the dims' bound)."""
+    b = GraphBuilder("floats")
+    x = b.input("x", F32, ("n", 4))
+    n = b.op("Cast", b.op("Gather", b.op("Shape", x), b.const(np.array([0]))), to=1)
+    half = b.op("Mul", n, b.const(np.array([0.5], F32)))
+    floor = b.op("Add", n, b.const(np.array([-3.4e38], F32)))
+    b.output(b.op("Max", b.op("Mul", x, half), floor), "y")
+    model = tfrt_py.load(b.build(), executor="sync")
+    rt = model.runtime
+    model.run({"x": np.ones((5, 4), F32)})  # bucket (8,): checked
+    plain = []
+    real = interp_mod.run_env
+    monkeypatch.setattr(interp_mod, "run_env", lambda *a: plain.append(1) or real(*a))
+    for rows in (6, 7, 8, 5):
+        x = np.arange(rows * 4, dtype=F32).reshape(rows, 4)
+        np.testing.assert_allclose(model.run({"x": x})["y"], x * rows / 2, rtol=1e-6)
+    assert plain == [] and rt._generic is not None  # type: ignore[attr-defined]
+    assert rt._generic.made >= 4  # type: ignore[attr-defined]

@@ -184,16 +184,30 @@ class ShapeModel:
     values: dict[int, Fitted]
     depends: dict[int, int] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # rows that must come out whole numbers: dims, and integer or bool values (a float
+        # value, such as a scale of 1/sqrt(d) or a mask's -3.4e38, is kept as computed)
+        whole = np.zeros(self.coef.shape[0], bool)
+        for f in self.shapes.values():
+            whole[f.start : f.start + f.n] = True
+        for f in self.values.values():
+            if np.dtype(f.dtype).kind in "biu":
+                whole[f.start : f.start + f.n] = True
+        self._whole = whole
+
     def evaluate(self, vals: Sequence[int]) -> np.ndarray | None:
-        """Every row at these variable values (int64), or None when a row is not a whole
-        number in range: the formulas do not hold there."""
+        """Every row at these variable values (float64; dims and integer values rounded),
+        or None when a dim or integer value is not a whole number in range: the formulas
+        do not hold there."""
         if not self.coef.size:
-            return np.zeros(0, np.int64)
+            return np.zeros(0, np.float64)
         raw = self.coef @ monomials(vals)
-        got = np.rint(raw)
-        if not np.all(np.abs(raw - got) < 1e-6) or not np.all(np.abs(got) < MAX_DIM):
+        whole = raw[self._whole]
+        got = np.rint(whole)
+        if not np.all(np.abs(whole - got) < 1e-6) or not np.all(np.abs(got) < MAX_DIM):
             return None
-        return got.astype(np.int64)
+        raw[self._whole] = got
+        return raw
 
     def shape(self, slot: int, rows: np.ndarray) -> tuple[int, ...] | None:
         f = self.shapes[slot]
