@@ -50,6 +50,9 @@ def test_epilogue_matches_the_unfused_graph(
         compiled(y, b, r)
 
     monkeypatch.setattr(fk, "bias_relu", lambda: counting)  # what the Linear gets at load
+    # the NumPy product and this epilogue: the path without the packed one-thread product
+    # (float64, widths not a multiple of 16, weights over 1 MiB; tested below)
+    monkeypatch.setattr(fk, "serial_for", lambda *a: None)
     data = _mlp(bias_shape, relu)
     fused = tfrt_py.load(data, executor=executor)
     plain = tfrt_py.load(data, executor=executor, optimize=False)
@@ -65,6 +68,41 @@ def test_epilogue_matches_the_unfused_graph(
             np.testing.assert_array_equal(np.signbit(got[k]), np.signbit(want[k]))
     assert 300 * 64 >= MIN_ELEMENTS > 2 * 64
     assert calls and set(calls) == {300 * 64}  # the epilogue ran, on the big calls only
+
+
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("rows", [1, 2, 7, 300])
+def test_one_thread_products_run_on_the_packed_weight(
+    relu: bool, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float32 Linear whose product stays on one thread runs on its weight packed at load
+    (``linear_par.Serial``), bias and ReLU as the rows are stored: the unfused graph's
+    values to float32 rounding, a NaN row NaN, and the packed kernel really ran."""
+    from tfrt_py.kernels import linear_par
+
+    ran: list[int] = []
+    real = linear_par.Serial.run
+
+    def spy(self: object, a: np.ndarray, out: np.ndarray) -> bool:
+        ok = real(self, a, out)  # type: ignore[arg-type]
+        ran.append(a.shape[0] if ok else -1)
+        return ok
+
+    monkeypatch.setattr(linear_par.Serial, "run", spy)
+    data = _mlp((64,), relu)
+    fused = tfrt_py.load(data, executor="sync", threads=1)
+    plain = tfrt_py.load(data, executor="sync", optimize=False)
+    if linear_par.serial_for([], None, np.ones((16, 64), np.float32)) is None:
+        pytest.skip("no packed kernel here (numba missing, or a CPU without AVX2 and FMA)")
+    x = np.random.default_rng(rows).standard_normal((rows, 16)).astype(np.float32)
+    x[0, :] = np.nan
+    for _ in range(2):
+        ran.clear()
+        got, want = fused.run({"x": x}), plain.run({"x": x})
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, equal_nan=True)
+            assert np.isnan(got[k][0]).all()
+        assert ran == [rows]
 
 
 def test_bias_relu_is_numpys_add_and_maximum() -> None:
@@ -103,7 +141,8 @@ def test_a_strided_outputs_buffer_takes_the_numpy_steps(executor: str) -> None:
         buf = big[:, ::2]
         got = model.run({"x": x}, outputs={"y": buf})["y"]
         assert got is buf
-        np.testing.assert_array_equal(buf, want)
+        # a first call without a plan may run the packed product (float32 rounding)
+        np.testing.assert_allclose(buf, want, rtol=1e-5, atol=1e-6)
         assert np.isnan(big[:, 1::2]).all()  # nothing written between the columns
 
 

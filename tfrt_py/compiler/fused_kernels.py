@@ -33,10 +33,10 @@ from ..executors.plan_codegen import Inline
 from ..ir import Node, TensorType, Value
 from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
 from ..kernels.common import input_rank
-from ..kernels.gemm import SPLIT_MIN_MACS, matmul_into, wide_gemv
+from ..kernels.gemm import SPLIT_MIN_MACS, matmul_into, splits, wide_gemv
 from ..kernels.linalg.bias_act_jit import MIN_ELEMENTS as EPILOGUE_MIN
 from ..kernels.linalg.bias_act_jit import bias_relu
-from ..kernels.linear_par import fused_for
+from ..kernels.linear_par import Serial, fused_for, serial_for
 
 __all__ = ["DOMAIN", "Step", "register_fused_kernels", "with_fused_kernels"]
 
@@ -122,13 +122,21 @@ def _linear(registry: KernelRegistry) -> Any:
         blocks = None if small else _block_epilogue(w, b, acts, extra_idx, epi)
         if blocks is not None:  # its compiled twin, run inside native row blocks
             blocks.fused = fused_for(steps, None if b is None else b.reshape(-1), w.dtype, w)
-        inline = _linear_inline(mm, w, b, acts, extra_idx, epi, blocks)
+        flat_b = None if b is None or b.size != n else b.reshape(-1)
+        serial = None if any(extra_idx) or (b is not None and flat_b is None) else (
+            serial_for(steps, flat_b, w))  # fmt: skip
+        inline = _linear_inline(mm, w, b, acts, extra_idx, epi, blocks, serial)
         if input_rank(ctx) == 2 and not any(extra_idx):
             return _linear_2d(
-                mm, w, b, [fn for _, fn in acts], inline=inline, epi=epi, blocks=blocks
-            )
+                mm, w, b, [fn for _, fn in acts], inline=inline, epi=epi, blocks=blocks,
+                serial=serial,
+            )  # fmt: skip
 
         def linear(x: np.ndarray, *rest: Any, out: np.ndarray | None = None) -> np.ndarray:
+            if serial is not None:
+                y = _on_one_thread(serial, x, out, k, n)
+                if y is not None:
+                    return y
             if (
                 blocks is not None and x.ndim > 2 and k and x.flags.c_contiguous
                 and (out is None or out.flags.c_contiguous)
@@ -233,15 +241,38 @@ def _block_epilogue(
     return finish
 
 
+def _on_one_thread(
+    serial: Serial, x: np.ndarray, out: np.ndarray | None, k: int, n: int
+) -> np.ndarray | None:
+    """``serial``'s packed product when the product stays on one thread (``gemm.splits``
+    says whether ``matmul_into`` would split it) and the arrays are C-contiguous
+    float32; None: the caller's path runs."""
+    if not k or not x.flags.c_contiguous or (out is not None and not out.flags.c_contiguous):
+        return None
+    a = x if x.ndim == 2 else x.reshape(-1, k)
+    m = a.shape[0]
+    if splits(m, k, n, 4):
+        return None
+    y = np.empty((*x.shape[:-1], n), np.float32) if out is None else out
+    return y if serial.run(a, y if y.ndim == 2 else y.reshape(m, n)) else None
+
+
 def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
-               inline: Any, epi: _BiasRelu | None, blocks: Any) -> Any:  # fmt: skip
+               inline: Any, epi: _BiasRelu | None, blocks: Any,
+               serial: Serial | None = None) -> Any:  # fmt: skip
     """The Linear of a rank-2 input whose activations read nothing else: a product, a bias
     add and the activations in place, without the general kernel's branches (one compiled
-    pass for bias and Relu when ``epi`` is given and the output is big enough)."""
+    pass for bias and Relu when ``epi`` is given and the output is big enough; with
+    ``serial``, products that stay on one thread run on the packed weight)."""
     add = np.add
+    k, n = w.shape
 
     def linear(x: np.ndarray, *_consts: Any, out: np.ndarray | None = None) -> np.ndarray:
         # _consts: W and B as the node's inputs; the kernel holds them since load
+        if serial is not None:
+            y = _on_one_thread(serial, x, out, k, n)
+            if y is not None:
+                return y
         if blocks is not None and (out is None or out.flags.c_contiguous):
             return matmul_into(x, w, out, blocks)  # the epilogue per block of rows
         y = mm(x, w, out if out is None or out.flags.c_contiguous else None)
@@ -269,7 +300,7 @@ def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
 
 def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any],
                    extra_idx: list[list[int]], epi: _BiasRelu | None,
-                   blocks: Any = None) -> Any:  # fmt: skip
+                   blocks: Any = None, serial: Serial | None = None) -> Any:  # fmt: skip
     """The Linear's statements for the sync interpreter's generated code. Rank 2 as is;
     higher ranks (a transformer's (batch, seq, hidden)) as one 2-D product over the rows
     of a C-contiguous output (a strided ``outputs=`` buffer takes ``np.matmul`` on the
@@ -278,6 +309,8 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
     k, n = w.shape
 
     def inline(in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
+        if serial is not None:
+            return None  # the kernel runs the packed product (or splits): one call
         x_shape = in_shapes[0]
         if (
             x_shape is None or out_shape is None or len(x_shape) < 2

@@ -194,6 +194,13 @@ class ShapeModel:
             if np.dtype(f.dtype).kind in "biu":
                 whole[f.start : f.start + f.n] = True
         self._whole = whole
+        #: values no variable changes, made once
+        self._constant: dict[int, np.ndarray] = {}
+        for s, f in self.values.items():
+            rows = self.coef[f.start : f.start + f.n]
+            if not rows[:, 1:].any():
+                v = np.rint(rows[:, 0]) if np.dtype(f.dtype).kind in "biu" else rows[:, 0]
+                self._constant[s] = v.astype(f.dtype).reshape(f.shape)
 
     def evaluate(self, vals: Sequence[int]) -> np.ndarray | None:
         """Every row at these variable values (float64; dims and integer values rounded),
@@ -215,6 +222,11 @@ class ShapeModel:
         return None if any(d < 0 for d in dims) else dims
 
     def value(self, slot: int, rows: np.ndarray) -> np.ndarray:
+        """The slot's value at these rows (one that depends on no variable is made once
+        and shared: baked values are read-only to the program)."""
+        got = self._constant.get(slot)
+        if got is not None:
+            return got
         f = self.values[slot]
         return rows[f.start : f.start + f.n].astype(f.dtype).reshape(f.shape)
 

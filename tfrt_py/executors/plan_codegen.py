@@ -101,13 +101,13 @@ class _Emitter:
         }
         #: generic plans: baked slots, whose values come with the call's instance
         self.per_call: set[int] = set()
-        for i in layout.baked:
-            for s in program.instrs[i].outs:
-                if s > 1:
-                    if generic is None:
+        if generic is None:
+            for i in layout.baked:
+                for s in program.instrs[i].outs:
+                    if s > 1:
                         self.consts[s] = env[s]
-                    else:
-                        self.per_call.add(s)
+        else:
+            self.per_call.update(instance_slots(program, layout)[0])
         self.input_slots = set(program.input_slots)
 
     def var(self, s: int) -> str:
@@ -202,10 +202,13 @@ class Generic(Protocol):
 
 def instance_slots(program: Program, layout: Layout) -> tuple[list[int], list[int]]:
     """A generic plan's per-signature slots, in the order of an instance's ``consts``:
-    the baked slots (their values), then the fresh output slots (their shapes)."""
-    baked = sorted({s for i in layout.baked for s in program.instrs[i].outs if s > 1})
+    the baked slots the program reads (their values; shape arithmetic read only by other
+    baked instructions is not passed), then the fresh output slots (their shapes)."""
+    made = {s for i in layout.baked for s in program.instrs[i].outs if s > 1}
+    skip = layout.baked | layout.elided
+    read = {s for i, ins in enumerate(program.instrs) if i not in skip for s in ins.ins}
     fresh = sorted(s for s, k in layout.kind.items() if k == "fresh")
-    return baked, fresh
+    return sorted(made & read), fresh
 
 
 def generate(

@@ -123,7 +123,15 @@ class GenericPlan:
         self.verified: set[tuple[int, ...]] = set()
         self._buckets: dict[tuple[int, ...], tuple[list[int], list[int], int]] = {}
         self._baked, self._fresh = instance_slots(program, layout)
-        self._bake_order = sorted(layout.baked)
+        self._bake_plan(program, layout, model)
+        spans, idx, at = [], [], 0
+        for s in layout.shapes:
+            f = model.shapes[s]
+            spans.append((s, at, at + f.n))
+            idx.extend(range(f.start, f.start + f.n))
+            at += f.n
+        self._dim_spans = spans  # (slot, from, to) in ``_dim_rows``' order
+        self._dim_rows = np.array(idx, np.intp)
         self._dtypes = {s: dt for s, (_, dt) in layout.shapes.items()}
         member_pos: dict[int, tuple[int, int]] = {}
         for owner, members in layout.members.items():
@@ -161,13 +169,10 @@ class GenericPlan:
         rows = self.model.evaluate(vals)
         if rows is None:
             return None
-        model, lay = self.model, self.layout
-        shape_of: dict[int, tuple[int, ...]] = {}
-        for s in lay.shapes:
-            sh = model.shape(s, rows)
-            if sh is None:
-                return None
-            shape_of[s] = sh
+        lay = self.layout
+        shape_of = self._shapes_at(rows)
+        if shape_of is None:
+            return None
         sizes = [self._nbytes(s, shape_of) for s in lay.owners]
         bucket = bucket_of(vals)
         got = self._bucket(bucket)
@@ -192,20 +197,41 @@ class GenericPlan:
         return Instance(key, vals, bucket, tuple(consts), tuple(views), max(nbytes, 1), rows,
                         offsets)  # fmt: skip
 
+    def _shapes_at(self, rows: np.ndarray) -> dict[int, tuple[int, ...]] | None:
+        """Every planned slot's shape at these rows (one gather and one conversion for all
+        of them); None when a dim is negative."""
+        dims = rows[self._dim_rows]
+        if dims.size and dims.min() < 0:
+            return None
+        flat = dims.astype(np.int64).tolist()
+        return {s: tuple(flat[a:b]) for s, a, b in self._dim_spans}
+
+    def _bake_plan(self, program: Program, layout: Layout, model: ShapeModel) -> None:
+        """Which baked instructions an instance runs (those the formulas do not give) and
+        which formula values it needs: the ones the program reads and the ones those
+        instructions read."""
+        run = []
+        for i in sorted(layout.baked):
+            outs = [s for s in program.instrs[i].outs if s > 1]
+            if not all(s in model.values for s in outs):
+                run.append(i)
+        self._bake_run = run
+        need = set(self._baked) | {s for i in run for s in program.instrs[i].ins}
+        self._bake_values = sorted(s for s in need if s in model.values)
+
     def _baked_values(self, args: Sequence[Any], rows: np.ndarray) -> list[Any]:
         """The baked slots' values for this signature: from the model's formulas where it
-        has them, else by running their instructions (shape arithmetic, a position table's
-        rows, a mask's pattern: a few small kernels) on these feeds."""
-        program, model = self.program, self.model
+        has them, else by running their instructions (a position table's rows, a mask's
+        pattern: a few small kernels) on these feeds."""
+        program, value = self.program, self.model.value
+        if not self._bake_run:
+            return [value(s, rows) for s in self._baked]
         env = program.env_for(args)
-        for i in self._bake_order:
-            ins = program.instrs[i]
-            outs = [s for s in ins.outs if s > 1]
-            if all(s in model.values for s in outs):
-                for s in outs:
-                    env[s] = model.value(s, rows)
-                continue
-            program.execute(env, i, i + 1)
+        for s in self._bake_values:
+            env[s] = value(s, rows)
+        execute = program.execute
+        for i in self._bake_run:
+            execute(env, i, i + 1)
         return [env[s] for s in self._baked]
 
     def publish(self, inst: Instance) -> None:
@@ -232,14 +258,9 @@ class GenericPlan:
         got = self._buckets.get(bucket)
         if got is None:
             rows = self.model.evaluate(bucket)
-            if rows is None:
+            shape_of = None if rows is None else self._shapes_at(rows)
+            if shape_of is None:
                 return None
-            shape_of = {}
-            for s in self.layout.shapes:
-                sh = self.model.shape(s, rows)
-                if sh is None:
-                    return None
-                shape_of[s] = sh
             sizes = [self._nbytes(s, shape_of) for s in self.layout.owners]
             offsets, nbytes = self._place(sizes)
             got = self._buckets[bucket] = (offsets, sizes, nbytes)

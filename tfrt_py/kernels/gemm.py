@@ -125,6 +125,16 @@ def matmul_into(
     return out
 
 
+def splits(m: int, k: int, n: int, itemsize: int) -> bool:
+    """Whether ``matmul_into`` would split a (m, k) @ (k, n) product over threads (this
+    process's budget now): a caller with a faster one-thread kernel keeps the rest."""
+    t = intra_pool().threads
+    if t == 1:
+        return False
+    big = m >= 2 * _MIN_ROWS and m * k * n >= NATIVE_SPLIT_MIN_MACS
+    return big or wide_gemv(m, k, n, itemsize)
+
+
 def wide_gemv(rows: int, k: int, n: int, itemsize: int) -> bool:
     """Whether a product of ``rows`` by a (k, n) matrix is one worth splitting by columns
     on native threads (``gemv_cols``): one row, a matrix of at least

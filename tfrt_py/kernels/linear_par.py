@@ -27,7 +27,7 @@ from . import blas
 from .jit import CONTRACT, Jitted
 from .nn.conv_direct import ACTIVATIONS, Epilogue, _act_row, _params, numpy_act_after
 
-__all__ = ["PACK_MAX_BYTES", "Fused", "fused_for"]
+__all__ = ["PACK_MAX_BYTES", "Fused", "Serial", "fused_for", "serial_for"]
 
 #: The largest weight a Linear keeps a packed copy of besides its own (the unsplit
 #: products use the original): ViT-Tiny's biggest is 0.6 MB; a 256 MB matrix is served
@@ -126,6 +126,26 @@ def _linear_packed(  # pragma: no cover - numba only
                 _act_row(y[r], neg0, act, p)
 
 
+def _linear_serial(  # pragma: no cover - numba only
+    a: Any, wp: Any, y: Any, b: Any, act: int, p: Any, flags: int
+) -> None:
+    """y = act(a @ W [+ b]) on this thread: ``_linear_packed`` for one block of every
+    row, without a parallel loop's launch."""
+    m, k = a.shape
+    n = y.shape[1]
+    gemm_p16(a, 0, k, wp, 0, y, 0, n, m, k, n, b, 0, flags)
+    if act != 0:
+        neg0 = -p[2]
+        for r in range(m):
+            _act_row(y[r], neg0, act, p)
+
+
+def _warm_serial(fn: Any) -> None:
+    t = np.float32
+    a, y, wp = np.ones((2, 3), t), np.zeros((2, 16), t), np.ones((1, 3, 16), t)
+    fn(a, wp, y, np.zeros(16, t), 8, np.zeros(35, t), 1)
+
+
 def _warm_packed(fn: Any) -> None:
     t = np.float32
     a, y = np.ones((2, 3), t), np.zeros((2, 16), t)
@@ -159,7 +179,72 @@ _LINEAR_PACKED = Jitted(
     _linear_packed, _warm_packed, helpers=(_act_row,), fastmath=CONTRACT, parallel=True,
     prepare=_prepare_packed,
 )  # fmt: skip
+_LINEAR_SERIAL = Jitted(
+    _linear_serial, _warm_serial, helpers=(_act_row,), fastmath=CONTRACT,
+    prepare=_prepare_packed,
+)  # fmt: skip
 gemm_p16: Any = None  # set by _prepare_packed
+
+
+class Serial(NamedTuple):
+    """A float32 Linear's product on one thread over its weight packed at load
+    (``gemm_packed``: NumPy's gemm packs the weight again on every call, a third of a small
+    product's time), the bias and a ReLU applied as the rows are stored, another
+    activation after (``conv_direct``'s ``_act_row``). Immutable; any thread."""
+
+    packed: np.ndarray  # (N/16, K, 16)
+    bias: np.ndarray  # (N,), or the packed weight when there is no bias (never read)
+    act: int
+    params: np.ndarray
+    flags: int
+    kernel: Any
+
+    def run(self, a: np.ndarray, out: np.ndarray) -> bool:
+        """``out = act(a @ W + b)`` for ``a`` (M, K) and ``out`` (M, N), both C-contiguous
+        float32; False (nothing done) for anything else."""
+        pk = self.packed
+        if (
+            a.dtype != np.float32 or out.dtype != np.float32 or a.ndim != 2 or out.ndim != 2
+            or a.shape[1] != pk.shape[1] or out.shape[1] != pk.shape[0] * 16
+            or out.shape[0] != a.shape[0]
+            or not (a.flags.c_contiguous and out.flags.c_contiguous)
+        ):  # fmt: skip
+            return False
+        self.kernel(a, pk, out, self.bias, self.act, self.params, self.flags)
+        return True
+
+
+def serial_for(
+    steps: list[tuple[str, int, dict[str, Any], tuple[int, ...]]],
+    bias: np.ndarray | None,
+    w: np.ndarray,
+) -> Serial | None:
+    """The one-thread packed product of a float32 Linear with weight ``w`` (a multiple of
+    16 columns, at most ``PACK_MAX_BYTES``: the packed copy is a second one), bias
+    ``bias`` (one value per column, or None) and ``steps`` (none, or one activation
+    reading only the product that ``conv_direct`` compiles); None otherwise, or without
+    numba or a host the kernel runs on."""
+    f32 = np.dtype(np.float32)
+    if w.ndim != 2 or w.dtype != f32 or w.shape[1] % 16 or w.nbytes > PACK_MAX_BYTES:
+        return None
+    if len(steps) > 1 or (steps and tuple(steps[0][3]) != (-1,)):
+        return None
+    epi = _epilogue_of(steps[0][0], steps[0][2]) if steps else Epilogue()
+    if epi is None or numpy_act_after(epi, f32):
+        return None
+    if bias is not None and (bias.dtype != f32 or bias.size != w.shape[1]):
+        return None
+    kernel = _LINEAR_SERIAL.get()
+    if kernel is None:
+        return None
+    from .gemm_packed import pack16
+
+    packed = pack16(w)
+    relu = epi.act == "Relu"
+    flags = (1 if bias is not None else 0) | (2 if relu else 0)
+    b = np.ascontiguousarray(bias.reshape(-1)) if bias is not None else packed.reshape(-1)
+    act = 0 if relu else ACTIVATIONS[epi.act]
+    return Serial(packed, b, act, _params(epi, f32), flags, kernel)
 
 
 def _epilogue_of(op: str, attrs: dict[str, Any]) -> Epilogue | None:
