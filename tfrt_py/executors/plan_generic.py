@@ -124,7 +124,9 @@ class GenericPlan:
         self._buckets: dict[tuple[int, ...], tuple[list[int], list[int], int]] = {}
         self._baked, self._fresh = instance_slots(program, layout)
         self._bake_plan(program, layout, model)
-        spans, idx, at = [], [], 0
+        spans: list[tuple[int, int, int]] = []
+        idx: list[int] = []
+        at = 0
         for s in layout.shapes:
             f = model.shapes[s]
             spans.append((s, at, at + f.n))
