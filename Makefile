@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-floor lint unit conformance bench bench-zoo bench-zoo-classic \
-	bench-zoo-transformers bench-zoo-vision zoo-transformers-test-files clean
+	bench-zoo-transformers bench-zoo-vision bench-dynamic zoo-transformers-test-files clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -38,8 +38,10 @@ bench: $(STAMP)
 # several GB) and are installed into .venv here, never by `make test` (the tests use small
 # committed files: tests/data/). OpenBLAS runs the kernels it picks for this CPU (the anchor
 # machines pin OPENBLAS_CORETYPE for the tests only). `make bench-zoo` runs every zoo.
+# optimum-onnx exports the decoders with their KV cache (bench-dynamic); it pins
+# transformers below 4.58.
 ZOO_PACKAGES := "torch==2.14.1" "torchvision==0.29.1" timm onnxscript transformers \
-	lightgbm xgboost onnxmltools
+	lightgbm xgboost onnxmltools optimum-onnx
 ZOO_RUN := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. $(BIN)/python
 ZOO_OUT := benchmarks/results
 ZOO_STAMP := $(VENV)/.zoo-installed
@@ -70,6 +72,13 @@ bench-zoo-vision: $(ZOO_STAMP)
 	    --png $(ZOO_OUT)/vision_zoo.png --json $(ZOO_OUT)/vision_zoo.json
 	$(ZOO_RUN) benchmarks/vision_zoo.py --batches 1 --busy \
 	    --png $(ZOO_OUT)/vision_zoo_busy.png --json $(ZOO_OUT)/vision_zoo_busy.json
+
+# Shapes that change on every call (issue 32): variable-length text on the transformer zoo,
+# random batches on the vision zoo, greedy generation on optimum's GPT-2 and Llama exports,
+# calls while a new shape compiles, and tfrt-py serve under variable-length traffic; every
+# figure against onnxruntime in one process, interleaved, the first 10 s after load apart.
+bench-dynamic: $(ZOO_STAMP)
+	$(ZOO_RUN) benchmarks/dynamic_shapes.py --out $(ZOO_OUT)/dynamic_shapes
 
 lint: $(STAMP)
 	$(BIN)/ruff check tfrt_py tests benchmarks
