@@ -313,3 +313,25 @@ def test_a_killed_compile_server_fails_the_job_and_the_next_compile_starts_a_new
     assert model.native.sigs[(2, 19)].state == "ready"
     assert srv.pid is not None and srv.pid != pid
     _check(model, sync, y)
+
+
+def test_a_new_cache_dir_gets_a_new_compile_server(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    """The child fills the cache this process loads from: after ``$TFRT_PY_CACHE_DIR``
+    changes, the next compile starts a child for the new dir (the old one would fill the
+    old dir, and this process would compile the module again itself)."""
+    from tfrt_py.native import worker
+
+    monkeypatch.delenv("TFRT_PY_COMPILE_SERVER", raising=False)
+    srv = worker.server()
+    model = tfrt_py.load(_sequence(), executor="native")
+    model.run({"x": RNG.standard_normal((2, 21)).astype(F32)})
+    assert model.native.wait(120)
+    first = srv.pid
+    monkeypatch.setenv("TFRT_PY_CACHE_DIR", str(tmp_path))
+    model.run({"x": RNG.standard_normal((2, 23)).astype(F32)})
+    assert model.native.wait(120)
+    job = model.native.sigs[(2, 23)]
+    assert job.state == "ready" and job.compiled.cache_hit, job.error
+    assert srv.pid != first and str(tmp_path) in job.compiled.path

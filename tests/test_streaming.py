@@ -65,7 +65,9 @@ def feeds(n: int, rows: int = 5) -> list[dict[str, np.ndarray]]:
 def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
     assert list(got) == list(want)
     for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+        # float32 rounding: the stages and the reference may take different product
+        # kernels (NumPy's gemm, the packed one-thread kernel)
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
 
 
 def test_streamed_outputs_equal_normal_load(tmp_path: Any) -> None:

@@ -57,6 +57,8 @@ class CompileServer:
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
+        #: what the running child was started with (``_compile_settings``)
+        self._settings: tuple[tuple[str, str], ...] = ()
         self._lock = threading.Lock()
         self._closed = False
         #: why this process compiles in process ("" while the server is usable)
@@ -85,12 +87,20 @@ class CompileServer:
         raise RuntimeError(str(reply.get("error", "the compile failed")))
 
     def _started(self) -> subprocess.Popen[bytes]:
+        """The running child, started now if there is none or if what it was started with
+        (the cache dir, numba's environment) has changed since: a child filling another
+        cache would leave this process to compile again."""
         if self._closed:
             raise ServerGone("the compile server is closed (the process is exiting)")
         proc = self._proc
+        env = _environment()
+        key = _compile_settings(env)
         if proc is not None and proc.poll() is None:
-            return proc
-        proc = self._proc = _spawn()
+            if key == self._settings:
+                return proc
+            self._kill(proc)
+        proc = self._proc = _spawn(env)
+        self._settings = key
         try:
             hello = _receive(proc, START_S)
         except ServerGone as e:
@@ -134,14 +144,30 @@ class CompileServer:
             proc.returncode = 0  # not ours to wait for: Popen.__del__ must not reap it
 
 
-def _spawn() -> subprocess.Popen[bytes]:
-    exe = sys.executable
-    if not exe or not os.path.exists(exe):
-        raise ServerGone(f"no Python executable to start ({exe!r})")
+def _environment() -> dict[str, str]:
+    """This process's environment as the child must see it: the cache dir resolved (the
+    child must fill the very cache this process loads from)."""
     from .cachedir import CACHE_ENV, cache_dir
 
     env = dict(os.environ)
-    env[CACHE_ENV] = cache_dir()  # resolved here: the child must use the very same dir
+    env[CACHE_ENV] = cache_dir()
+    return env
+
+
+def _compile_settings(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The part of ``env`` that changes how the child compiles or where it caches: the
+    resolved cache dir and numba's variables. (tfrt_py's other variables shape the source,
+    which this process generates; other variables a host may change at will.)"""
+    from .cachedir import CACHE_ENV
+
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith("NUMBA_") or k == CACHE_ENV))
+
+
+def _spawn(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    exe = sys.executable
+    if not exe or not os.path.exists(exe):
+        raise ServerGone(f"no Python executable to start ({exe!r})")
+    env = dict(env)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     try:

@@ -70,7 +70,7 @@ def create_app(
     """A Starlette app serving ``models``: a ModelServer, or a mapping name -> source
     (path, bytes, loaded Model, ModelConfig) with ``server_options`` for ModelServer
     (repository, batching, max_batch, max_wait_us, max_body_bytes, max_decoded_bytes,
-    timeout, max_concurrency, max_queue, load_options, log)."""
+    timeout, max_concurrency, max_queue, load_options, warmup, log)."""
     server = models if isinstance(models, ModelServer) else ModelServer(models, **server_options)
 
     async def predict(request: Request) -> Response:

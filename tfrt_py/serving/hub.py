@@ -87,7 +87,8 @@ class ModelServer:
     ``load_options`` go to every ``tfrt_py.load`` the server makes (``custom_kernels``,
     ``host``, ``optimize``, ``executor``...; they win over a ModelConfig's).
     ``model_control="explicit"`` lets the repository API load and unload models (off by
-    default: 403)."""
+    default: 403). ``warmup``: (model name or None for every model with those inputs,
+    input signature) pairs each model runs (``Model.warmup``) before it is ready."""
 
     def __init__(
         self,
