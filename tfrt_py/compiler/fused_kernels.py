@@ -33,7 +33,13 @@ from ..executors.plan_codegen import Inline
 from ..ir import Node, TensorType, Value
 from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
 from ..kernels.common import input_rank
-from ..kernels.gemm import SPLIT_MIN_MACS, matmul_into, splits, wide_gemv
+from ..kernels.gemm import (
+    NATIVE_SPLIT_MIN_MACS,
+    SPLIT_MIN_MACS,
+    matmul_into,
+    splits,
+    wide_gemv,
+)
 from ..kernels.linalg.bias_act_jit import MIN_ELEMENTS as EPILOGUE_MIN
 from ..kernels.linalg.bias_act_jit import bias_relu
 from ..kernels.linear_par import Serial, fused_for, serial_for
@@ -309,8 +315,6 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
     k, n = w.shape
 
     def inline(in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
-        if serial is not None:
-            return None  # the kernel runs the packed product (or splits): one call
         x_shape = in_shapes[0]
         if (
             x_shape is None or out_shape is None or len(x_shape) < 2
@@ -318,6 +322,8 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
         ):  # fmt: skip
             return None
         static = all(isinstance(d, int) for d in (*x_shape, *out_shape))
+        if serial is not None:
+            return _serial_inline(serial, x_shape, len(in_shapes), static, dtype)
         if not static:
             return _unknown_rows(len(x_shape), len(in_shapes))
         rows = int(np.prod(x_shape[:-1], dtype=np.int64))
@@ -367,6 +373,41 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
             compiled = f"if {{out}}.flags.c_contiguous: {{epi}}({flat}, {{bias}}, {{relu}})"
             return Inline([*lines, compiled, "else: " + "; ".join(steps)], env)
         return Inline(lines + steps, env)
+
+    def _serial_inline(
+        sr: Serial, x_shape: Any, n_in: int, static: bool, dtype: Any
+    ) -> Inline | None:
+        """With a packed weight: a product that stays on one thread (``gemm.splits``: under
+        ``NATIVE_SPLIT_MIN_MACS``, not a wide one-row product) calls the packed kernel
+        straight from the generated code, bias and activation included (the kernel's
+        Python layers cost ~2 µs a call, as much as a small product); anything else --
+        a product that splits, a strided array -- calls the kernel."""
+        if np.dtype(dtype) != np.float32 or not k or kernel_ref.get("fn") is None:
+            return None
+        rank = len(x_shape)
+        small = -(-NATIVE_SPLIT_MIN_MACS // k)  # out.size under it: m * k * n < the min
+        env: dict[str, Any] = {
+            "sk": sr.kernel, "pk": sr.packed, "sb": sr.bias, "sact": sr.act,
+            "sprm": sr.params, "sfl": sr.flags, "kernel": kernel_ref["fn"],
+            "rk": (-1, k), "rn": (-1, n),
+        }  # fmt: skip
+        if static:
+            rows = int(np.prod(x_shape[:-1], dtype=np.int64))
+            if rows * k * n >= NATIVE_SPLIT_MIN_MACS or wide_gemv(rows, k, n, w.itemsize):
+                return None
+            cond = "{in0}.flags.c_contiguous and {out}.flags.c_contiguous"
+        else:
+            env["small"] = small
+            cond = "{in0}.flags.c_contiguous and {out}.flags.c_contiguous and {out}.size < {small}"
+            if wide_gemv(1, k, n, w.itemsize):  # one row by this matrix splits by columns
+                env["wide"] = n
+                cond += " and {out}.size != {wide}"
+        a, o = ("{in0}", "{out}") if rank == 2 else ("{in0}.reshape({rk})", "{out}.reshape({rn})")
+        rest = "".join(f", {{in{j}}}" for j in range(1, n_in))
+        return Inline([
+            f"if {cond}: {{sk}}({a}, {{pk}}, {o}, {{sb}}, {{sact}}, {{sprm}}, {{sfl}})",
+            f"else: {{kernel}}({{in0}}{rest}, out={{out}})",
+        ], env)  # fmt: skip
 
     def _unknown_rows(rank: int, n_in: int) -> Inline | None:
         """A generic plan's Linear (the rows change with the signature): a product too
