@@ -80,10 +80,13 @@ bench-zoo-vision: $(ZOO_STAMP)
 bench-dynamic: $(ZOO_STAMP)
 	$(ZOO_RUN) benchmarks/dynamic_shapes.py --out $(ZOO_OUT)/dynamic_shapes
 
+# mypy checks tfrt_py and the tests pyproject.toml names; the last line prints each
+# package's lines against its budget (tests/architecture/stack.py).
 lint: $(STAMP)
 	$(BIN)/ruff check tfrt_py tests benchmarks
 	$(BIN)/ruff format --check tfrt_py tests benchmarks
 	$(BIN)/mypy
+	PYTHONPATH=. $(BIN)/python -m tests.architecture.package_map --budget
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider

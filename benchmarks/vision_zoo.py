@@ -265,7 +265,7 @@ def environment() -> str:
     import numpy as np
     import onnxruntime as ort
 
-    from tfrt_py.kernels.jit import jit_enabled
+    from tfrt_py.kernels.lib.jit import jit_enabled
 
     blas = "?"
     with contextlib.suppress(Exception):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tfrt_py.concurrency.env_switch import switched_off
-from tfrt_py.kernels import addresses as addr
-from tfrt_py.kernels.jit import ENV_JIT, jit_enabled
+from tfrt_py.kernels.lib import addresses as addr
+from tfrt_py.kernels.lib.jit import ENV_JIT, jit_enabled
 
 
 def test_same_start_tells_the_planners_in_place_view_from_other_buffers() -> None:

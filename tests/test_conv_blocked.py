@@ -17,8 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 import tfrt_py
 from tests.support.spies import record_calls
 from tfrt_py.concurrency import native_threads, threads
-from tfrt_py.kernels import gemm
-from tfrt_py.kernels.jit import jit_enabled
+from tfrt_py.kernels.lib import gemm
+from tfrt_py.kernels.lib.jit import jit_enabled
 from tfrt_py.kernels.nn import conv_blocked, conv_depthwise, conv_im2col, conv_pointwise
 
 ort = pytest.importorskip("onnxruntime")

@@ -11,9 +11,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tests.support.jit_paths import spy_compiled
-from tfrt_py.compiler import fused_ml
-from tfrt_py.compiler.fused_ml import CHUNK_ELEMENTS, pairwise_sq_dist
 from tfrt_py.compiler.pipeline import PASSES
+from tfrt_py.kernels.fused import ml as fused_ml
+from tfrt_py.kernels.fused.ml import CHUNK_ELEMENTS, pairwise_sq_dist
 from tfrt_py.kernels.ml.pairwise_jit import MAX_K
 
 ort = pytest.importorskip("onnxruntime")
@@ -156,7 +156,7 @@ def test_the_knn_model_reads_no_environment_per_call(
 ) -> None:
     """The compiled distance and TopK kernels are looked up at load: a call does not
     consult ``$TFRT_PY_JIT`` (a lookup on the hot path)."""
-    from tfrt_py.kernels import jit as jit_module
+    from tfrt_py.kernels.lib import jit as jit_module
 
     model = tfrt_py.load(KNN, executor="sync")
     features = model.inputs[0].shape[1]

@@ -302,7 +302,7 @@ def test_norms_do_not_read_the_environment_per_call(
 ) -> None:
     """Whether the compiled rows run is settled at a kernel's first call of a dtype:
     later calls do not consult ``$TFRT_PY_JIT`` again (a lookup on the hot path)."""
-    from tfrt_py.kernels import jit
+    from tfrt_py.kernels.lib import jit
 
     reads: list[int] = []
     real = jit.jit_enabled

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from tests.support.kernel_harness import build_node, ort_run, registry_of
-from tfrt_py.kernels.jit import ENV_JIT
+from tfrt_py.kernels.lib.jit import ENV_JIT
+from tfrt_py.kernels.lib.norm_jit import layer_norm_rows, rms_norm_rows
 from tfrt_py.kernels.nn import norm
-from tfrt_py.kernels.norm_jit import layer_norm_rows, rms_norm_rows
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("numba", reason="the compiled kernel needs numba (the [native] extra)")

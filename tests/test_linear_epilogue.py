@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
-from tfrt_py.kernels.jit import jit_enabled
+from tfrt_py.kernels.lib.jit import jit_enabled
 from tfrt_py.kernels.linalg.bias_act_jit import MIN_ELEMENTS, bias_relu
 
 pytestmark = pytest.mark.skipif(not jit_enabled(), reason="numba is not installed")
@@ -40,7 +40,7 @@ def _mlp(bias_shape: tuple[int, ...], relu: bool) -> bytes:
 def test_epilogue_matches_the_unfused_graph(
     executor: str, bias_shape: tuple[int, ...], relu: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tfrt_py.compiler.fused_kernels as fk
+    import tfrt_py.kernels.fused.linear as fk
 
     compiled = bias_relu()
     calls: list[int] = []
@@ -78,7 +78,7 @@ def test_one_thread_products_run_on_the_packed_weight(
     """A float32 Linear whose product stays on one thread runs on its weight packed at load
     (``linear_par.Serial``), bias and ReLU as the rows are stored: the unfused graph's
     values to float32 rounding, a NaN row NaN, and the packed kernel really ran."""
-    from tfrt_py.kernels import linear_par
+    from tfrt_py.kernels.lib import linear_par
 
     ran: list[int] = []
     real = linear_par._LINEAR_SERIAL.get()
@@ -177,7 +177,7 @@ def test_rank3_linear_runs_inline_as_one_product(
     matmul_into), the unfused graph's values (to rounding: one product of batch x seq rows
     rounds differently from NumPy's per-batch products), into a strided outputs= buffer
     too."""
-    import tfrt_py.compiler.fused_kernels as fk
+    import tfrt_py.kernels.fused.linear as fk
 
     split_calls: list[int] = []
     real = fk.matmul_into
@@ -247,7 +247,7 @@ def test_a_split_linear_finishes_each_block_of_rows(
     """The bias and activation run per block of rows inside ``gemm.matmul_into`` (on the
     thread that computed the block): the same values as the unfused graph, on the
     generated plan code and on the kernel call, and with a strided outputs= buffer."""
-    from tfrt_py.kernels import gemm
+    from tfrt_py.kernels.lib import gemm
 
     seen: list[int] = []
     real = gemm.matmul_into
@@ -257,7 +257,7 @@ def test_a_split_linear_finishes_each_block_of_rows(
             seen.append(a.shape[0])
         return real(a, b, out, epilogue)  # type: ignore[arg-type]
 
-    import tfrt_py.compiler.fused_kernels as fk
+    import tfrt_py.kernels.fused.linear as fk
 
     monkeypatch.setattr(fk, "matmul_into", spy)
     data = _wide_linear(shape, act)

@@ -1,8 +1,10 @@
-"""The packed-weight product kernel (``kernels/gemm_packed``) against NumPy, and the native
+"""The packed-weight product kernel (``kernels/lib/gemm_packed``) against NumPy, and the native
 tier's use of it for the products of a model with a dynamic batch."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -10,9 +12,10 @@ import pytest
 
 import tfrt_py
 from tfrt_py.ir import GraphBuilder
+from tfrt_py.kernels.lib import gemm_packed
 
-gemm_packed = pytest.importorskip(
-    "tfrt_py.kernels.gemm_packed", reason="needs numba and an AVX2/FMA host"
+pytestmark = pytest.mark.skipif(
+    gemm_packed.kernel() is None, reason="needs numba and an AVX2/FMA (or aarch64) host"
 )
 
 F32 = np.float32
@@ -33,7 +36,7 @@ def test_product_matches_numpy(m: int, k: int, n: int, flags: int) -> None:
     bias = np.concatenate([np.zeros(3, F32), rng.standard_normal(n).astype(F32)])
     packed = np.concatenate([np.zeros(7, F32), gemm_packed.pack16(w).ravel()])
     y = np.full(2 + m * ldy, np.nan, F32)
-    gemm_packed.gemm_p16(x, 5, ldx, packed, 7, y, 2, ldy, m, k, n, bias, 3, flags)
+    gemm_packed.kernel()(x, 5, ldx, packed, 7, y, 2, ldy, m, k, n, bias, 3, flags)
     xs = x[5 : 5 + m * ldx].reshape(m, ldx)[:, :k]
     want = xs.astype(np.float64) @ w + (bias[3:] if flags & 1 else 0)
     if flags & 2:
@@ -81,3 +84,17 @@ def test_dynamic_batch_products_agree_with_the_interpreter(hidden: int, batch: i
     assert ("gemm_p16(" in src) == (hidden % 16 == 0)
     np.testing.assert_allclose(native.run({"x": x})["y"], sync.run({"x": x})["y"],
                                rtol=1e-5, atol=1e-4)  # fmt: skip
+
+
+def test_importing_the_module_builds_nothing() -> None:
+    """The kernel is built on first use, never at import: a fresh interpreter that imports
+    the module has registered no symbol and compiled nothing."""
+    code = (
+        "import tfrt_py.kernels.lib.gemm_packed as g, sys\n"
+        "assert g._STATE == [] and g._KERNEL == [], (g._STATE, g._KERNEL)\n"
+        "assert 'numba' not in sys.modules, 'numba imported at import'\n"
+        "assert g.kernel() is not None and g._STATE and g._KERNEL\n"
+        "from tfrt_py.kernels.lib.gemm_packed import gemm_p16\n"
+        "assert gemm_p16 is g.kernel()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -157,3 +157,99 @@ def test_a_forked_child_starts_workers_of_its_own() -> None:
         [sys.executable, "-c", script, _RENDEZVOUS], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+_FALLBACK = textwrap.dedent(
+    """
+    import sys
+    import numba, numpy as np
+    if sys.argv[1] == "old-numba":
+        numba.__version__ = "0.99.0"  # a release the pool's IR was never checked against
+    from tfrt_py.concurrency import native_pool, native_threads
+
+    @numba.njit(parallel=True, nogil=True)
+    def row_sums(x):
+        out = np.empty(x.shape[0])
+        for i in numba.prange(x.shape[0]):
+            out[i] = x[i].sum()
+        return out
+
+    assert native_threads.ready(), "TBB's layer itself runs"
+    assert not native_pool.installed(), "the pool must not replace numba's parallel_for"
+    print(native_pool.declined())
+    numba.set_num_threads(2)
+    x = np.random.default_rng(0).random((64, 500))
+    assert np.allclose(row_sums(x), x.sum(axis=1)), "TBB's own workers run the loop"
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("case", "env", "why"),
+    [
+        ("switched-off", {native_pool.ENV_NATIVE_POOL: "0"}, "TFRT_PY_NATIVE_POOL=0"),
+        ("old-numba", {}, "numba 0.99.0 is outside the tested"),
+    ],
+)
+def test_where_the_pool_is_not_installed_numba_keeps_its_own(
+    case: str, env: dict[str, str], why: str
+) -> None:
+    """The off-switch and the numba version check: the symbol is never replaced, the reason
+    is reported (``features()`` shows it), and parallel loops run on TBB's workers."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FALLBACK, case],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert why in done.stdout
+
+
+def test_numba_releases_outside_the_tested_range_are_refused() -> None:
+    first, past = native_pool.NUMBA_TESTED
+    assert native_pool.numba_supported(numba.__version__)
+    assert native_pool.numba_supported(f"{first[0]}.{first[1]}.0")
+    assert not native_pool.numba_supported(f"{first[0]}.{first[1] - 1}.9")
+    assert not native_pool.numba_supported(f"{past[0]}.{past[1]}.0")
+    assert not native_pool.numba_supported("unknown")
+
+
+@numba.njit(parallel=True, nogil=True)
+def _scaled_rows(x, s):
+    out = np.empty(x.shape[0])
+    for i in numba.prange(x.shape[0]):
+        out[i] = x[i].sum() * s
+    return out
+
+
+def test_the_pool_protocol_under_stress() -> None:
+    """Six threads start loops at once, thousands of times, with part counts from 1 to
+    more than the workers and thread counts that change between loops: every loop's every
+    part runs exactly once (the sums say so), nested loops included, and no call hangs
+    (the test's own timeout would fail it)."""
+    rng = np.random.default_rng(7)
+    shapes = [(int(rng.integers(1, 40)), int(rng.integers(1, 300))) for _ in range(64)]
+    arrays = [rng.random(s) for s in shapes]
+    nested = rng.random((5, 9, 50))
+    errors: list[str] = []
+
+    def caller(seed: int) -> None:
+        local = np.random.default_rng(seed)
+        for n in range(400):
+            native_threads.enter(int(local.integers(1, 3)))
+            x = arrays[int(local.integers(len(arrays)))]
+            got = _scaled_rows(x, 2.0)
+            if not np.allclose(got, x.sum(axis=1) * 2.0, rtol=1e-12):
+                errors.append(f"thread {seed} loop {n}: rows {x.shape}")
+            if n % 50 == 0 and not np.allclose(_nested(nested), nested.sum(axis=(1, 2))):
+                errors.append(f"thread {seed} loop {n}: nested")
+
+    threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not any(t.is_alive() for t in threads), "a loop never finished"
+    assert errors == []

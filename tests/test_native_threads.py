@@ -16,7 +16,7 @@ import pytest
 
 from tfrt_py.concurrency import native_threads
 from tfrt_py.concurrency.threads import configure
-from tfrt_py.kernels import gemm
+from tfrt_py.kernels.lib import gemm
 from tfrt_py.kernels.nn import conv_depthwise as cdw
 from tfrt_py.kernels.nn import conv_pointwise
 from tfrt_py.kernels.nn.conv_direct import Epilogue
@@ -393,14 +393,14 @@ def test_a_split_linear_runs_its_bias_and_activation_inside_the_native_blocks(
 ) -> None:
     """ViT's MLP (a product + bias + GELU) and MobileViT's (+ SiLU): the bias and the
     activation run in the native row blocks, on the thread that computed each block --
-    with the weight packed for ``kernels.gemm_packed`` (256 columns, float32) where that
+    with the weight packed for ``kernels.lib.gemm_packed`` (256 columns, float32) where that
     kernel runs here, else on NumPy's gemm."""
     import math
 
     from onnx import TensorProto, helper, numpy_helper
 
     import tfrt_py
-    from tfrt_py.kernels import linear_par
+    from tfrt_py.kernels.lib import linear_par
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 197, 192)).astype(np.float32)
@@ -437,7 +437,7 @@ def test_a_split_linear_runs_its_bias_and_activation_inside_the_native_blocks(
 def test_a_float64_gelu_keeps_the_step_kernels() -> None:
     """GELU and the logistic compile for float32 only: a float64 Linear gets no fused
     epilogue (its NumPy steps run after the product)."""
-    from tfrt_py.kernels import linear_par
+    from tfrt_py.kernels.lib import linear_par
 
     steps = [("Gelu", 20, {}, (-1,))]
     assert linear_par.fused_for(steps, np.zeros(8), np.dtype(np.float64)) is None
@@ -455,7 +455,7 @@ def test_a_float64_gelu_keeps_the_step_kernels() -> None:
     ],
 )
 def test_long_softmax_rows_split_on_native_threads(shape: tuple[int, int]) -> None:
-    from tfrt_py.kernels import softmax_jit
+    from tfrt_py.kernels.lib import softmax_jit
 
     rng = np.random.default_rng(5)
     x = (rng.standard_normal(shape) * 4).astype(np.float32)

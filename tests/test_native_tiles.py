@@ -12,7 +12,7 @@ import pytest
 
 import tfrt_py
 from tfrt_py.ir import Graph, GraphBuilder
-from tfrt_py.kernels import blas
+from tfrt_py.kernels.lib import blas
 
 lower_mod = importlib.import_module("tfrt_py.native.lower")  # the package exports lower()
 

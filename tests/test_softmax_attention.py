@@ -1,5 +1,5 @@
 """Attention without a mask as one op: ``fuse_transformer`` turns ``MatMul(Softmax(
-MatMulTransB(Q, K)), V)`` into ``tfrt_py.fused::SoftmaxAttention`` and ``kernels/sdpa.py``
+MatMulTransB(Q, K)), V)`` into ``tfrt_py.fused::SoftmaxAttention`` and ``kernels/lib/sdpa.py``
 runs it in blocks of query rows. Checked against onnxruntime on graphs built here: 3-D and
 4-D operands, query and key lengths that leave partial blocks, a value width other than
 the key's, Q/K scalings, heads split out of one projection (strided views), ``outputs=``
@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
-from tfrt_py.kernels import sdpa
+from tfrt_py.kernels.lib import sdpa
 
 ort = pytest.importorskip("onnxruntime")
 

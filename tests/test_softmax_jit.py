@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from tests.support.kernel_harness import build_node, ort_run, registry_of
-from tfrt_py.kernels.jit import ENV_JIT
+from tfrt_py.kernels.lib.jit import ENV_JIT
+from tfrt_py.kernels.lib.softmax_jit import SHORT_ROW, SPLIT_MIN_ELEMENTS, softmax_rows_f32
 from tfrt_py.kernels.reduce import softmax
-from tfrt_py.kernels.softmax_jit import SHORT_ROW, SPLIT_MIN_ELEMENTS, softmax_rows_f32
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("numba", reason="the compiled kernel needs numba (the [native] extra)")

@@ -14,7 +14,7 @@ import tfrt_py
 from tfrt_py.concurrency.intraop import IntraOpPool
 from tfrt_py.concurrency.threads import THREADS_ENV, configure, threads
 from tfrt_py.ir import GraphBuilder
-from tfrt_py.kernels.gemm import matmul_cols_into, matmul_into
+from tfrt_py.kernels.lib.gemm import matmul_cols_into, matmul_into
 
 
 def test_pool_runs_every_part_and_the_caller_takes_part() -> None:

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import tfrt_py
 from tests.support.spies import record_calls
 from tfrt_py.compiler.pipeline import PASSES
-from tfrt_py.kernels.jit import ENV_JIT, jit_enabled
+from tfrt_py.kernels.lib.jit import ENV_JIT, jit_enabled
 from tfrt_py.kernels.nn.conv_depthwise import DEPTHWISE_MIN_WORK
 from tfrt_py.kernels.nn.conv_direct import ACTIVATIONS, Epilogue, apply_epilogue
 
@@ -582,7 +582,7 @@ def test_fuse_conv_folds_a_channel_scaling(jit: str) -> None:
 @pytest.mark.parametrize("op", ["Sigmoid", "Swish"])
 @pytest.mark.parametrize("in_place", [False, True])
 def test_sigmoid_and_swish_kernels(jit: str, op: str, in_place: bool) -> None:
-    """The compiled float32 Sigmoid/SiLU (``kernels/sigmoid_jit.py``) and the NumPy path:
+    """The compiled float32 Sigmoid/SiLU (``kernels/lib/sigmoid_jit.py``) and the NumPy path:
     special values, exp's range edges, in place or not."""
     from tfrt_py.ir import Node, Value
     from tfrt_py.kernels import KernelContext, default_registry

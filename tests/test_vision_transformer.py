@@ -18,9 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tfrt_py.compiler.pipeline import PASSES
-from tfrt_py.kernels.erf import erf_f32
-from tfrt_py.kernels.gelu_jit import gelu_erf_f32
-from tfrt_py.kernels.sigmoid_jit import gelu_tanh_f32, in_place
+from tfrt_py.kernels.lib.erf import erf_f32
+from tfrt_py.kernels.lib.gelu_jit import gelu_erf_f32
+from tfrt_py.kernels.lib.sigmoid_jit import gelu_tanh_f32, in_place
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -160,11 +160,7 @@ class FeedChecker:
                 raise InputError(self._missing(feeds)) from None
             return self._with_defaults(feeds)
         if len(feeds) != self._n:
-            extra = [k for k in feeds if k not in self._names]
-            raise InputError(
-                f"unknown input(s) {extra}; the model's inputs are "
-                + ", ".join(str(c.spec) for c in self._checks)
-            )
+            raise InputError(self._unknown(feeds))
         if self._has_symbols:
             self._check_symbols(out)
         return out
@@ -173,6 +169,12 @@ class FeedChecker:
         missing = [c.name for c in self._checks if c.name not in feeds and c.default is None]
         return f"missing input(s) {missing}; the model's inputs are " + ", ".join(
             str(c.spec) for c in self._checks if c.default is None
+        )
+
+    def _unknown(self, feeds: Mapping[str, Any]) -> str:
+        extra = [k for k in feeds if k not in self._names]
+        return f"unknown input(s) {extra}; the model's inputs are " + ", ".join(
+            str(c.spec) for c in self._checks
         )
 
     def _with_defaults(self, feeds: Mapping[str, Any]) -> list[Any]:
@@ -187,11 +189,7 @@ class FeedChecker:
             else:
                 raise InputError(self._missing(feeds))
         if len(feeds) != fed:
-            extra = [k for k in feeds if k not in self._names]
-            raise InputError(
-                f"unknown input(s) {extra}; the model's inputs are "
-                + ", ".join(str(c.spec) for c in self._checks)
-            )
+            raise InputError(self._unknown(feeds))
         if self._has_symbols:
             self._check_symbols(out)
         return out

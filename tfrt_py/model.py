@@ -36,6 +36,8 @@ from .executors.base import Executor
 from .feeds import FeedChecker, TensorSpec, spec_of, warmup_feeds
 from .ir import Graph, verify
 from .kernels import KernelContext, KernelFlags, KernelRegistry, default_registry
+from .kernels.fused import register_kernels as register_fused
+from .kernels.lib.features import format_features
 from .profiling import ProfileReport, profile
 from .selection import EXECUTORS, finish, select_executor
 
@@ -175,6 +177,7 @@ def _with_custom(base: KernelRegistry, custom: CustomKernels | None) -> KernelRe
             domain=domain,
             flags=KernelFlags(pure=False, is_async=is_async),
         )
+    register_fused(reg)  # again: the fused ops' steps resolve against the custom kernels
     return reg
 
 
@@ -439,7 +442,8 @@ class Model:
     def describe(self) -> str:
         """A human-readable summary: source, I/O, op histogram, weights (shared across
         forks or private: ``tfrt_py.sharing``), passes, cost, executor and why, memory
-        plans, the run_async rule."""
+        plans, the run_async rule, and the fast paths this process runs and why any is off
+        (``kernels.lib.features``)."""
         from .sharing import describe_lines as weight_lines
 
         ops = collections.Counter(
@@ -464,6 +468,8 @@ class Model:
             f"{native_threads.runner()}"
             "; BLAS single-threaded)"
         )
+        lines.append("  fast paths of this process:")
+        lines += [f"    {line}" for line in format_features()]
         if self._warmup[0]:
             lines.append(f"  warmup: {self._warmup[0]} signature(s) in {self._warmup[1]:.2f} s")
         if self._timeout is not None:

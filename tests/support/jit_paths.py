@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tfrt_py.kernels.jit import ENV_JIT, jit_enabled
+from tfrt_py.kernels.lib.jit import ENV_JIT, jit_enabled
 
 __all__ = ["both_paths", "jit", "spy_compiled"]
 

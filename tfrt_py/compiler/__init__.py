@@ -1,11 +1,12 @@
-"""Load-time compilation: graph passes, fused kernels, the cost model, ``prepare``.
+"""Load-time compilation: graph passes, the cost model, ``prepare``. Nothing here runs
+once ``load`` has returned (the fused ops' kernels are a kernel family:
+``kernels/fused/``).
 
 ``optimize`` runs the passes (each switchable, each reporting one line); ``model_cost``
 prices a graph once per load (FLOPs, bytes, µs per node; every threshold in
 ``THRESHOLDS``) for the executors' cheap/expensive decisions and the executor choice;
 ``shape_determined`` tells the memory planner which values it may plan;
-``with_fused_kernels`` adds the fused ops' kernels to a registry; ``prepare`` is the one
-call ``load`` makes.
+``prepare`` is the one call ``load`` makes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from .cost import estimate_cost as estimate_cost
 from .cost import graph_cost as graph_cost
 from .cost import model_cost as model_cost
 from .dynamic import shape_determined as shape_determined
-from .fused_kernels import with_fused_kernels as with_fused_kernels
 from .pipeline import ENV_DISABLE as ENV_DISABLE
 from .pipeline import PASSES as PASSES
 from .pipeline import PassReport as PassReport
@@ -35,5 +35,4 @@ __all__ = [
     "optimize",
     "select_passes",
     "shape_determined",
-    "with_fused_kernels",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir import Graph, Node, Value
-from .fused_kernels import DOMAIN
+from ..kernels.fused.domain import DOMAIN
 from .rewrite import Uses
 
 __all__ = ["fuse_attention", "matmul_transb", "move_scalar_mul_before_transpose"]

@@ -1,5 +1,5 @@
 """Fuse a Conv with what follows it into one ``tfrt_py.fused::Conv`` node (kernel in
-``fused_vision.py``): a BatchNormalization folded into the weights, a residual Add, and
+``kernels/fused/vision.py``): a BatchNormalization folded into the weights, a residual Add, and
 an activation, all applied to the conv's output in place while it is in cache.
 
 The group, in order (each part optional, at least one present):
@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, TensorType, Value
-from ..kernels.nn.conv_direct import ACTIVATIONS
+from ..kernels.fused.domain import DOMAIN
+from ..kernels.lib.activations import ACTIVATIONS
 from .context import PassContext
-from .fused_kernels import DOMAIN
 from .rewrite import Uses
 
 __all__ = ["fuse_conv"]

@@ -11,9 +11,9 @@ needs one buffer instead of n and one kernel call instead of n.
 from __future__ import annotations
 
 from ..ir import Graph, Node, TensorType, Value
+from ..kernels.fused.domain import DOMAIN, Step
 from .context import PassContext, flags_lookup
 from .fuse_linear import ACTIVATIONS
-from .fused_kernels import DOMAIN, Step
 from .rewrite import Uses, op_names
 
 __all__ = ["fuse_elementwise_chains"]

@@ -1,5 +1,5 @@
 """Fuse MatMul/Gemm with a constant weight, a following bias Add and an activation into
-one ``tfrt_py.fused::Linear`` node (kernel in ``fused_kernels.py``).
+one ``tfrt_py.fused::Linear`` node (kernel in ``kernels/fused/linear.py``).
 
 Inference-only: weights are constants, so Gemm's ``transB`` and ``alpha`` fold into the
 weight and ``beta`` into the bias at load. A group fuses only when each intermediate value
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, Value
+from ..kernels.fused.domain import DOMAIN, Step
 from .context import PassContext, flags_lookup
-from .fused_kernels import DOMAIN, Step
 from .rewrite import Uses, op_names, tensor_dtype
 
 __all__ = ["ACTIVATIONS", "fuse_linear"]

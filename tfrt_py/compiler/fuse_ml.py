@@ -9,8 +9,8 @@ KNeighborsRegressor, ...) with a ``Scan`` over the training rows whose body is::
 
 so the Scan's outputs are ``X`` and ``D`` (M, N) with ``D[i] = sum((X - Y[i]) ** 2, 1)``:
 one Python-level iteration per training row (500 rows: ~2 ms per call). This pass replaces
-such a Scan with ``tfrt_py.fused::PairwiseSqDist(Y, X)`` (``fused_ml``: the same arithmetic
-in a few vectorized passes) and, when the state output is read, an ``Identity(X)``.
+such a Scan with ``tfrt_py.fused::PairwiseSqDist(Y, X)`` (``kernels/fused/ml.py``: the
+same arithmetic in a few vectorized passes) and, when the state output is read, an ``Identity(X)``.
 
 Matched strictly: Scan opset >= 9, one state and one scan input, default scan axes and
 directions, a body of exactly those ops (Identity chains allowed; ``Sub`` in either operand
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, TensorType, Value
+from ..kernels.fused.domain import DOMAIN
 from .context import PassContext
-from .fused_kernels import DOMAIN
 from .rewrite import Uses
 
 __all__ = ["fuse_ml"]

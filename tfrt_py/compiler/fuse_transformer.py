@@ -26,7 +26,7 @@ one op whose kernel runs it in a few passes:
 * attention without a mask, ``MatMul(Softmax(MatMulTransB(Q, K) [* s]), V)`` with the
   Softmax over the last axis: a ``tfrt_py.fused::SoftmaxAttention(Q, K, V, [sa, sb, s])``
   node, whose
-  kernel (``kernels/sdpa.py``) runs blocks of query rows through the three steps while
+  kernel (``kernels/lib/sdpa.py``) runs blocks of query rows through the three steps while
   their scores are in cache instead of writing the whole score tensor and reading it back
   twice.
 
@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, Value
+from ..kernels.fused.domain import DOMAIN
 from .context import PassContext
 from .fuse_attention import fuse_attention, matmul_transb, move_scalar_mul_before_transpose
-from .fused_kernels import DOMAIN
 from .rewrite import Uses
 
 __all__ = ["fuse_transformer"]

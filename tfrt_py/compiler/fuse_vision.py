@@ -1,5 +1,5 @@
 """Vision patterns that only show once ``fuse_transformer`` has named them (it runs before
-this pass): each becomes one node of the private domain (kernels in ``fused_vision.py``).
+this pass): each becomes one node of the private domain (kernels in ``kernels/fused/vision.py``).
 
 * **channel LayerNorm** -- ``Transpose(perm [0, 2, ..., r-1, 1])`` (channels last) ->
   ``LayerNormalization`` over the last axis with constant 1-D scale (and bias) ->
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, Value
+from ..kernels.fused.domain import DOMAIN
 from .context import PassContext
 from .fuse_conv import _CONV_ATTRS, _fusable_conv
-from .fused_kernels import DOMAIN
 from .rewrite import Uses
 
 __all__ = ["fuse_vision"]

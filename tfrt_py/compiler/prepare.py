@@ -2,7 +2,7 @@
 it, and prices it once.
 
 ``prepare(graph, registry, optimize)`` returns a ``Prepared``: the optimized graph (a
-clone; the caller's graph is untouched), the registry with the fused kernels added, the
+clone; the caller's graph is untouched), the registry it was compiled with, the
 pass reports, the compiled top-level ``Program``, the cost model's ``ModelCost``, the ids
 of values whose shape the input signature fixes (what the sync interpreter plans) and of
 values whose data it fixes (what a plan computes once).
@@ -21,7 +21,6 @@ from ..kernels import KernelRegistry
 from .context import PassContext, flags_lookup
 from .cost import ModelCost, model_cost
 from .dynamic import signature_determined
-from .fused_kernels import with_fused_kernels
 from .pipeline import PassReport, optimize, select_passes
 
 __all__ = ["Prepared", "prepare"]
@@ -65,8 +64,8 @@ def prepare(
     loaded = collections.Counter(
         f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in graph.nodes
     )
-    reg = with_fused_kernels(registry)
-    g, reports = optimize(graph, reg, passes)
-    program = compile_program(g, reg)
-    shapes, contents = signature_determined(g, flags_lookup(PassContext(reg)))
-    return Prepared(g, reg, reports, loaded, program, model_cost(g, reg), shapes, contents)
+    g, reports = optimize(graph, registry, passes)
+    program = compile_program(g, registry)
+    shapes, contents = signature_determined(g, flags_lookup(PassContext(registry)))
+    cost = model_cost(g, registry)
+    return Prepared(g, registry, reports, loaded, program, cost, shapes, contents)

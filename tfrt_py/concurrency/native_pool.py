@@ -40,9 +40,11 @@ compiler): ``threads - 1`` native workers, at most one per other CPU the process
   with the whole range.
 
 Fork: a child's workers are started again and the slot emptied (``os.register_at_fork``).
-Linux x86-64 only (the futex syscall number and ``pause``); ``install`` returns False
-elsewhere and numba's layer keeps its own. Thread-safety: ``install`` runs once, under
-``native_threads``' lock; the loop functions are safe from any thread.
+Linux x86-64 only (the futex syscall number and ``pause``), and only under the numba
+releases whose ``numba_parallel_for`` has the signature this IR implements
+(``NUMBA_TESTED``: the releases the suite ran on); ``install`` returns False elsewhere,
+``declined()`` says why, and numba's layer keeps its own. Thread-safety: ``install``
+runs once, under ``native_threads``' lock; the loop functions are safe from any thread.
 """
 
 from __future__ import annotations
@@ -54,7 +56,15 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["ENV_NATIVE_POOL", "install", "installed", "pause_address", "workers"]
+__all__ = [
+    "ENV_NATIVE_POOL",
+    "NUMBA_TESTED",
+    "declined",
+    "install",
+    "installed",
+    "pause_address",
+    "workers",
+]
 
 #: ``TFRT_PY_NATIVE_POOL=0``: numba's loops keep TBB's own ``parallel_for``.
 ENV_NATIVE_POOL = "TFRT_PY_NATIVE_POOL"
@@ -63,6 +73,13 @@ _CALLER_SPIN_US = 20.0  # the caller's spin on the parts in flight before it sle
 _MAX_WORKERS = 63  # the IR's per-worker arrays hold 64 threads
 
 _STATE: dict[str, Any] = {}  # engine, addresses, workers; set once by install()
+_DECLINED: list[str] = []  # why the last install() returned False
+
+#: numba releases [first, past) whose generated code calls ``numba_parallel_for(fn, args,
+#: dims, steps, data, inner_ndim, array_count, num_threads)`` as ``_IR`` implements it
+#: (numba/np/ufunc/gufunc_scheduler.h, unchanged over these). Another release keeps
+#: numba's own pool: the symbol is never replaced under an ABI nobody checked.
+NUMBA_TESTED = ((0, 62), (0, 69))
 
 _IR = r"""
 @tfrt_py_pool_gen = global i32 0, align 64
@@ -358,13 +375,11 @@ def install(threads: int) -> bool:
     cannot build the module."""
     if _STATE:
         return True
-    if os.environ.get(ENV_NATIVE_POOL, "").strip() == "0":
-        return False
-    if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
+    why = _why_not(threads)
+    if why:
+        _DECLINED[:] = [why]
         return False
     want = min(threads, len(os.sched_getaffinity(0)), _MAX_WORKERS + 1) - 1
-    if want < 1:
-        return False
     try:
         import llvmlite.binding as llvm
 
@@ -380,7 +395,8 @@ def install(threads: int) -> bool:
         mod.verify()
         engine = llvm.create_mcjit_compiler(mod, tm)
         engine.finalize_object()
-    except Exception:  # noqa: BLE001 - no JIT here: numba's layer keeps its own pool
+    except Exception as e:  # noqa: BLE001 - no JIT here: numba's layer keeps its own pool
+        _DECLINED[:] = [f"llvmlite could not build the pool ({type(e).__name__})"]
         return False
     addr = {n: engine.get_function_address(n) for n in
             ("tfrt_py_parallel_for", "tfrt_py_pool_thread_id", "tfrt_py_pool_worker",
@@ -396,6 +412,36 @@ def install(threads: int) -> bool:
     llvm.add_symbol("get_thread_id", addr["tfrt_py_pool_thread_id"])
     os.register_at_fork(after_in_child=_after_fork_in_child)
     return True
+
+
+def declined() -> str:
+    """Why ``install`` last returned False ("" when it has not, or succeeded)."""
+    return _DECLINED[0] if _DECLINED and not _STATE else ""
+
+
+def numba_supported(version: str) -> bool:
+    """Whether numba ``version`` ("0.63.1") is in ``NUMBA_TESTED``."""
+    try:
+        got = tuple(int(p) for p in version.split(".")[:2])
+    except ValueError:  # a development build: "0.70.0dev0" parses; anything else is unknown
+        return False
+    return NUMBA_TESTED[0] <= got < NUMBA_TESTED[1]
+
+
+def _why_not(threads: int) -> str:
+    """Why the pool cannot replace numba's here ("" when it can)."""
+    if os.environ.get(ENV_NATIVE_POOL, "").strip() == "0":
+        return f"${ENV_NATIVE_POOL}=0"
+    if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
+        return "Linux x86-64 only"
+    if min(threads, len(os.sched_getaffinity(0)), _MAX_WORKERS + 1) < 2:
+        return "one thread or CPU: no workers to run"
+    import numba
+
+    if not numba_supported(numba.__version__):
+        first, past = (".".join(map(str, v)) for v in NUMBA_TESTED)
+        return f"numba {numba.__version__} is outside the tested {first} <= numba < {past}"
+    return ""
 
 
 def _i64(name: str) -> Any:

@@ -47,6 +47,7 @@ __all__ = [
     "plane_blocks",
     "ready",
     "runner",
+    "state",
 ]
 
 #: ``TFRT_PY_NATIVE_THREADS=0``: split kernels use the Python intra-op pool (read each call).
@@ -54,6 +55,7 @@ ENV_NATIVE_THREADS = "TFRT_PY_NATIVE_THREADS"
 
 _LOCK = threading.Lock()
 _STATE: list[bool] = []  # [answer] once decided
+_WHY: list[str] = []  # [why not] once decided ("" when it runs)
 _MAX: list[int] = [1]
 _TLS = threading.local()
 
@@ -140,31 +142,48 @@ _EDGES_MAX = 1024
 
 
 def _set_up() -> bool:
+    why = _start_tbb()
+    _WHY[:] = [why]
+    return not why
+
+
+def _start_tbb() -> str:
+    """Start numba's TBB layer and the pool on it; "" when it runs, else why not."""
     wanted = os.environ.get("NUMBA_THREADING_LAYER", "").strip().lower()
     if wanted not in ("", "default", "tbb"):
-        return False  # the user chose another layer for their own parallel code
+        return f"$NUMBA_THREADING_LAYER={wanted}"  # the user's choice for their own code
     try:
         import numba
         from numba.np.ufunc import parallel
     except Exception:  # noqa: BLE001 - a broken numba install is "no numba"
-        return False
+        return "numba is not installed"
     if getattr(parallel, "_is_initialized", False):
         try:
             if numba.threading_layer() != "tbb":
-                return False
+                return f"numba's {numba.threading_layer()} layer started first"
         except ValueError:
-            return False
+            return "another numba threading layer started first"
     elif not _tbb_importable():
-        return False
+        return "TBB's library (the tbb package) is not loadable"
     config: Any = numba.config
     config.THREADING_LAYER = "tbb"
     _MAX[0] = int(config.NUMBA_NUM_THREADS)
     try:
         parallel._launch_threads()  # TBB registers its parallel_for: the pool's replaces it
-    except Exception:  # noqa: BLE001 - TBB failed to start: no native threads
-        return False
+    except Exception as e:  # noqa: BLE001 - TBB failed to start: no native threads
+        return f"TBB did not start ({type(e).__name__})"
     native_pool.install(_MAX[0])
-    return True
+    return ""
+
+
+def state() -> tuple[bool | None, str]:
+    """(on, why) without starting anything: None while no kernel has asked (``ready``
+    decides on first use), else whether the layer runs and, when not, why."""
+    if switched_off(ENV_NATIVE_THREADS):
+        return False, f"${ENV_NATIVE_THREADS}=0"
+    if not _STATE:
+        return None, "starts with the first split kernel"
+    return _STATE[0], (_WHY[0] if _WHY else "")
 
 
 def _tbb_importable() -> bool:

@@ -1,4 +1,8 @@
-"""Executors over a prepared program. Executors know nothing of ONNX."""
+"""Executors over a prepared program: the sync interpreter and the async dataflow executor.
+
+They know nothing of the compiler, and of ONNX only its control-flow ops' semantics (the
+dataflow executor runs If, Loop and Scan non-strictly).
+"""
 
 from __future__ import annotations
 

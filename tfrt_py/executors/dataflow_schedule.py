@@ -278,12 +278,21 @@ def _add_if_gates(
     gate_deps = [producers(in_slots[:1]), producers(branch_slots[0]), producers(branch_slots[1])]
     first = len(deps)
     gates = IfGates(i, in_slots[0], (first, first + 1, first + 2), len(schedule.ifs))
+    _append_gates(schedule, gates, gate_deps, deps)
+    return gates
+
+
+def _append_gates(
+    schedule: Schedule, gates: Any, gate_deps: list[list[int]], deps: list[list[int]]
+) -> None:
+    """One GATE entry per role of ``gates`` (indices from ``len(deps)`` on), each waiting
+    on its list of ``gate_deps``."""
+    first = len(deps)
     for role, ds in enumerate(gate_deps):
         schedule.kinds.append(GATE)
         schedule.calls.append(_NOOP_CALL)
         schedule.gate_of[first + role] = (gates, role)
         deps.append(ds)
-    return gates
 
 
 def _add_ctrl_gates(
@@ -312,9 +321,5 @@ def _add_ctrl_gates(
         ins.single,
     )
     gate_deps = [producers(ins.ins[:n_in]), *([p] for p in sorted(by_producer))]
-    for role, ds in enumerate(gate_deps):
-        schedule.kinds.append(GATE)
-        schedule.calls.append(_NOOP_CALL)
-        schedule.gate_of[first + role] = (gates, role)
-        deps.append(ds)
+    _append_gates(schedule, gates, gate_deps, deps)
     return gates

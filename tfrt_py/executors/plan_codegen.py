@@ -22,13 +22,13 @@ allocates no futures and takes no locks. The arena free list is a plain list: ``
 ``append`` are atomic, so concurrent calls each get their own arena (a new one when the
 list is empty); the list keeps as many arenas as calls ever ran at once.
 
-A compute function may carry ``inline(in_shapes, out_shape, dtype) -> Inline | None``:
-statements that compute its output into ``{out}`` from ``{in0}``, ``{in1}``, ... using the
-names in ``Inline.env``. The generator pastes them in place of the call (the fused kernels
-in ``compiler/fused_kernels.py`` do this), saving the Python frame of the kernel call. The
-statements are the kernel's own fixed text: every value they use (attributes such as
-alpha included) reaches them through ``env``, which the generator binds under names of
-its own (``i<node>_<j>``).
+A kernel's builder may offer an inline form (``kernels.base.InlineFn``, kept on the
+instruction as ``Instr.inline``): statements that compute its output into ``{out}`` from
+``{in0}``, ``{in1}``, ... using the names in ``Inline.env``. The generator pastes them in
+place of the call (the fused kernels in ``kernels/fused/`` do this), saving the Python
+frame of the kernel call. The statements are the kernel's own fixed text: every value they
+use (attributes such as alpha included) reaches them through ``env``, which the generator
+binds under names of its own (``i<node>_<j>``).
 """
 
 from __future__ import annotations
@@ -44,16 +44,7 @@ from ..calls import set_current
 from .plan_build import Layout
 from .program import Program
 
-__all__ = ["Generated", "Generic", "Inline", "generate", "instance_slots"]
-
-
-@dataclass(frozen=True)
-class Inline:
-    """Statements replacing a kernel call; ``{out}``/``{inN}`` are placeholders, ``env``
-    names what the statements use."""
-
-    lines: list[str]
-    env: dict[str, Any]
+__all__ = ["Generated", "Generic", "generate", "instance_slots"]
 
 
 @dataclass
@@ -155,7 +146,7 @@ class _Emitter:
         return lines
 
     def _call(self, i: int, fn: Any, k: str, args: list[str], out: str, s: int) -> list[str]:
-        inline = getattr(fn, "inline", None)
+        inline = self.program.instrs[i].inline
         if inline is not None:
             shapes = [self._shape(x) for x in self.program.instrs[i].ins]
             out_shape = self.layout.shapes[s][0]

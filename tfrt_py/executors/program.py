@@ -20,7 +20,7 @@ from ..calls import CallCancelled, current_call
 from ..errors import DeadlineExceeded, ExecutionError, UnsupportedOpError
 from ..ir import Graph, Node, TensorType, Value
 from ..kernels import KernelContext, KernelRegistry
-from ..kernels.base import ComputeFn, KernelFlags
+from ..kernels.base import ComputeFn, InlineFn, KernelFlags
 
 __all__ = [
     "Instr",
@@ -38,9 +38,10 @@ _SINK_SLOT = 1  # omitted optional outputs are written here and never read
 
 
 class Instr:
-    """One kernel invocation: read ``ins`` slots, call ``fn``, write ``outs`` slots."""
+    """One kernel invocation: read ``ins`` slots, call ``fn``, write ``outs`` slots.
+    ``inline``: the statements the kernel's builder offered for generated code, or None."""
 
-    __slots__ = ("flags", "fn", "ins", "node", "outs", "single")
+    __slots__ = ("flags", "fn", "inline", "ins", "node", "outs", "single")
 
     def __init__(
         self,
@@ -49,8 +50,10 @@ class Instr:
         outs: tuple[int, ...],
         node: Node,
         flags: KernelFlags,
+        inline: InlineFn | None = None,
     ) -> None:
         self.fn = fn
+        self.inline = inline
         self.ins = ins
         self.outs = outs
         self.single = len(outs) == 1
@@ -208,7 +211,7 @@ def compile_program(
         ins = [_NONE_SLOT if v is None else slot_of(v) for v in node.inputs]
         ins += [slot_of(v) for v in node_captures(node)]
         outs = tuple(_SINK_SLOT if v is None else slot_of(v) for v in node.outputs)
-        instrs.append(Instr(fn, tuple(ins), outs, node, kdef.flags))
+        instrs.append(Instr(fn, tuple(ins), outs, node, kdef.flags, ctx.inline))
     output_slots = [slot_of(v) for v in graph.outputs]
     return Program(
         graph, len(template), template, instrs, input_slots, capture_slots, output_slots, nested

@@ -2,7 +2,8 @@
 
 See ``base.py`` for the contract every kernel keeps and ``docs/kernels.md`` for how to add
 one. Each family subpackage (``elementwise``, ``linalg``, ``nn``, ``shape``, ``indexing``,
-``reduce``, ``control``, ``ml``, ``image``, ``misc``, ``contrib``) exposes
+``reduce``, ``control``, ``ml``, ``image``, ``misc``, ``contrib``, and ``fused``: the
+compiler's fused ops) exposes
 ``register_kernels(registry)``; ``families.default_registry()`` calls them all, in one list,
 on first use.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 from .base import REQUIRED as REQUIRED
 from .base import ComputeFn as ComputeFn
 from .base import Cost as Cost
+from .base import Inline as Inline
+from .base import InlineFn as InlineFn
 from .base import KernelContext as KernelContext
 from .base import KernelFlags as KernelFlags
 from .base import SubgraphFn as SubgraphFn
@@ -23,6 +26,8 @@ __all__ = [
     "REQUIRED",
     "ComputeFn",
     "Cost",
+    "Inline",
+    "InlineFn",
     "KernelContext",
     "KernelDef",
     "KernelFlags",

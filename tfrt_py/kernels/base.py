@@ -25,6 +25,12 @@ Compute function contract (all executors rely on it):
 
 Builders raise ``ctx.unsupported("why")`` for attribute combinations they cannot run, so
 the model fails at load, naming the node.
+
+A builder may also *offer an inline form* (``ctx.offer_inline``): an ``InlineFn`` that,
+given the call's planned shapes, returns the statements (``Inline``) the sync
+interpreter's generated code runs in place of the call -- the same NumPy calls without the
+kernel's Python frame -- or None where it does not apply. The executor reads it from
+``ctx.inline`` after the build; every other caller of the compute function ignores it.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ __all__ = [
     "REQUIRED",
     "ComputeFn",
     "Cost",
+    "Inline",
+    "InlineFn",
     "KernelBuilder",
     "KernelContext",
     "KernelFlags",
@@ -57,6 +65,24 @@ ComputeFn = Callable[..., Any]
 #: subgraph's formal inputs in order; ``captured`` is the tuple of the node's trailing
 #: positional arguments (its captured outer-scope values), passed through unchanged.
 SubgraphFn = Callable[[Sequence[Any], Sequence[Any]], list[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Inline:
+    """Statements that replace a kernel's call in generated code. In ``lines``, ``{out}``
+    and ``{in0}``, ``{in1}``... stand for the call's output and inputs, and ``{key}`` for
+    each key of ``env``: the objects the statements use, bound by the generator under
+    names of its own (model text never reaches the statements)."""
+
+    lines: list[str]
+    env: dict[str, Any]
+
+
+#: ``inline(in_shapes, out_shape, dtype) -> Inline | None``: a kernel's statements for one
+#: planned call. ``in_shapes`` are the inputs' shapes (None where unknown), ``out_shape``
+#: the output's (ints, or a generic plan's symbolic dims), ``dtype`` the output's; None:
+#: the generator emits the plain call.
+InlineFn = Callable[[list[Any], Any, Any], "Inline | None"]
 
 
 class _Required:
@@ -103,7 +129,8 @@ CONTROL_FLOW = KernelFlags(control_flow=True)
 
 
 class KernelContext:
-    """What a kernel builder knows about one node at load time. Read-only.
+    """What a kernel builder knows about one node at load time. Read-only, but for the
+    inline form a builder may offer (``offer_inline``; the builder's thread, at load).
 
     Built by the executor layer; ``subgraph_compiler`` turns a nested Graph into a
     ``SubgraphFn`` (kernels never see executors).
@@ -125,6 +152,14 @@ class KernelContext:
         self.n_outputs = len(node.outputs)
         self._input_types = list(input_types) if input_types is not None else None
         self._subgraph_compiler = subgraph_compiler
+        #: The inline form the builder offered, or None (see ``offer_inline``).
+        self.inline: InlineFn | None = None
+
+    def offer_inline(self, inline: InlineFn) -> None:
+        """Offer generated code ``inline`` for the compute function being built: the sync
+        interpreter calls it per planned call and emits its statements instead of the
+        call where it returns an ``Inline``."""
+        self.inline = inline
 
     # -- attributes ---------------------------------------------------------------------
     def attr(self, name: str, default: Any = REQUIRED) -> Any:

@@ -3,7 +3,9 @@
 A family is a subpackage of ``tfrt_py.kernels`` whose ``register_kernels(registry)`` adds
 its kernels explicitly (TFRT's static registration, without import-time side effects).
 ``default_registry()`` calls every family's ``register_kernels``, in the order of
-``_families()``, once per process.
+``_families()``, once per process. ``fused`` (the compiler's fused ops) comes last: its
+builders look the other families' elementwise kernels up in the registry they are
+registered into.
 
 Layering: this module sits above the families (it imports them), the families sit above
 ``registry.py`` and ``base.py`` (they import those), so no import goes back up.
@@ -29,6 +31,7 @@ def _families() -> tuple[Callable[[KernelRegistry], None], ...]:
         contrib,
         control,
         elementwise,
+        fused,
         image,
         indexing,
         linalg,
@@ -51,6 +54,7 @@ def _families() -> tuple[Callable[[KernelRegistry], None], ...]:
         image.register_kernels,
         misc.register_kernels,
         contrib.register_kernels,
+        fused.register_kernels,
     )
 
 

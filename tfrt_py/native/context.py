@@ -33,7 +33,7 @@ class NodeContext:
         # (``_tile``) and in signature bodies; static bodies keep loops. (Never numba's
         # np.dot: it went to SciPy's OpenBLAS, whose threads fought NumPy's.)
         self.blas = False
-        # Products by constant float32 weights on kernels/gemm_packed (products.py): in
+        # Products by constant float32 weights on kernels/lib/gemm_packed (products.py): in
         # signature bodies and both of rows mode's bodies (the row body and the tile share
         # the packed weights); static bodies keep their loops.
         self.packed_products = False

@@ -1,4 +1,4 @@
-"""Matrix products for generated native code, on NumPy's own BLAS (``kernels.blas``).
+"""Matrix products for generated native code, on NumPy's own BLAS (``kernels.lib.blas``).
 
 Rows mode lowers a model's tile body (``lower.TILE_ROWS`` rows at once) with these calls
 for its big products: the same library, and the same single thread, NumPy uses here, so
@@ -6,7 +6,7 @@ the tier's own row splits are the only threads (SciPy's OpenBLAS behind numba's 
 starts a thread per core of its own). Importing this module registers the gemm symbols
 with LLVM, which a cached module calling them needs before it loads: the generated module
 imports it first. ImportError when NumPy's BLAS has no gemm to bind (``lower`` checks
-``kernels.blas.available()`` first and writes no tile body then).
+``kernels.lib.blas.available()`` first and writes no tile body then).
 
 ``gemm_f4``/``gemm_f8``: ``c[co:co + m*n] = a[ao:ao + m*k] @ b[bo:bo + k*n]``, flat C-order
 operands with element offsets. ``gemm_f4_ld``: ``c = alpha * a @ op(b)``, every operand a
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..kernels import blas
+from ..kernels.lib import blas
 
 __all__ = ["gemm_f4", "gemm_f4_ld", "gemm_f8"]
 

@@ -35,7 +35,7 @@ from ..errors import ExecutionError
 from ..executors.plan import Buffer, plan_offsets
 from ..executors.program import Program
 from ..ir import Graph, Node, TensorType, Value
-from ..kernels import blas
+from ..kernels.lib import blas
 from .budget import OverBudget, budget, check, precheck
 from .context import NodeContext
 from .emit import BLAS_IMPORT, EXP_IMPORT, copy_strided, tname

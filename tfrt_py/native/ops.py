@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..compiler.fused_kernels import DOMAIN
 from ..ir import Node
-from ..kernels.softmax_jit import SHORT_ROW
+from ..kernels.fused.domain import DOMAIN
+from ..kernels.lib.softmax_jit import SHORT_ROW
 from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import Ref, lane_reduce, loop_nest, strides
 from .ops_tx import TX_LOWER, batched_matmul

@@ -64,8 +64,8 @@ def kernel_version() -> int:
     h = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
     for name in ("kern_post.py", "kern_svm.py", "kern_trees.py", "kern_blas.py",
-                 "kern_math.py", os.path.join("..", "kernels", "blas.py"),
-                 os.path.join("..", "kernels", "gemm_packed.py")):  # fmt: skip
+                 "kern_math.py", os.path.join("..", "kernels", "lib", "blas.py"),
+                 os.path.join("..", "kernels", "lib", "gemm_packed.py")):  # fmt: skip
         with open(os.path.join(here, name), "rb") as f:
             h.update(f.read())
     return int(h.hexdigest()[:12], 16)

@@ -2,7 +2,7 @@
 Attention's projection (``packed_product``).
 
 In signature bodies and rows mode's bodies (``cx.packed_products``) a constant float32 weight
-goes to the packed-panel kernel (``kernels/gemm_packed``): packed into its panels here,
+goes to the packed-panel kernel (``kernels/lib/gemm_packed``): packed into its panels here,
 at lowering, and stored in place of the matrix. Where that does not apply (another
 dtype, a width not a multiple of 16, a static body, a host without the kernel) the
 product is ``emit.matmul``'s (NumPy's gemm or loops). Runs at load on the loading
@@ -23,16 +23,14 @@ from .source import literal
 
 __all__ = ["PACKED_IMPORT", "packed_product", "weights_product"]
 
-PACKED_IMPORT = "from tfrt_py.kernels.gemm_packed import gemm_p16"
+PACKED_IMPORT = "from tfrt_py.kernels.lib.gemm_packed import gemm_p16"
 
 
 @functools.cache
 def _kernel() -> bool:
-    try:
-        from ..kernels import gemm_packed
-    except ImportError:  # no JIT for it on this host (gemm_packed says why)
-        return False
-    return gemm_packed.available()
+    from ..kernels.lib import gemm_packed
+
+    return gemm_packed.kernel() is not None  # None: no JIT for it on this host
 
 
 def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int, int, int],
@@ -50,7 +48,7 @@ def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int
         return None
     if not _kernel():
         return None
-    from ..kernels.gemm_packed import pack16
+    from ..kernels.lib.gemm_packed import pack16
 
     panels = cx.put_const(pack16(w))
     cx.imports.add(PACKED_IMPORT)

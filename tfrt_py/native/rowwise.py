@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..compiler.fused_kernels import DOMAIN
 from ..ir import Graph, Node
+from ..kernels.fused.domain import DOMAIN
 from .scalar import SCALAR_OPS
 from .source import Declined
 

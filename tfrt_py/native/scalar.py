@@ -88,11 +88,11 @@ def _horner(z: str, coeffs: Any, t: str) -> str:
 
 def _gelu(a: list[str], at: dict[str, Any], t: str) -> str:
     """GELU: the erf form ``x (erf(x / sqrt 2) + 1) / 2``, with float32 erf as the
-    interpreter's (``kernels/erf.erf_f32``: clamped to [-4, 4], ``t P(t^2) / Q(t^2)``, a
+    interpreter's (``kernels/lib/erf.erf_f32``: clamped to [-4, 4], ``t P(t^2) / Q(t^2)``, a
     branch-free expression LLVM vectorizes) and float64 libm's ``erf``; or the tanh form
     (``approximate`` "tanh"; float32 as ``x sigmoid(2u)`` with ``kern_math.expf``, which
     the module then imports: ``lower._assemble``)."""
-    from ..kernels.erf import _P32, _Q32
+    from ..kernels.lib.erf import _P32, _Q32
 
     x = a[0]
     approx = at.get("approximate", "none")

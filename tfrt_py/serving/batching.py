@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from ..compiler.cost import graph_cost
-from ..compiler.fused_kernels import with_fused_kernels
 from ..kernels import default_registry
 from .limits import DEFAULT_PRIORITY
 
@@ -67,7 +66,7 @@ class BatchPolicy:
 
 def per_row_flops(model: Any) -> float:
     """The cost model's FLOPs for one call with every dynamic dim 1 (one row)."""
-    return graph_cost(model.graph, with_fused_kernels(default_registry())).flops
+    return graph_cost(model.graph, default_registry()).flops
 
 
 def batch_dim_problem(model: Any) -> str | None:

@@ -1,7 +1,7 @@
 """Kernels (contrib): the GELU family of the com.microsoft domain -- Gelu, BiasGelu,
 FastGelu, QuickGelu -- and FusedMatMul.
 
-* Gelu-1: ``x/2 (1 + erf(x / sqrt 2))`` (the exact form; ``erf`` from ``kernels/erf.py``).
+* Gelu-1: ``x/2 (1 + erf(x / sqrt 2))`` (the exact form; ``erf`` from ``kernels/lib/erf.py``).
 * BiasGelu-1: ``Gelu(A + B)``, B broadcast along A's last axis (onnxruntime's fusion of a
   MatMul bias into the activation).
 * FastGelu-1: the tanh approximation ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` of
@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from ..base import OUT, OUT_INPLACE, ComputeFn, Cost, KernelContext
-from ..erf import erf
-from ..gelu_jit import gelu_erf_f32
+from ..lib.erf import erf
+from ..lib.gelu_jit import gelu_erf_f32
+from ..lib.sigmoid_jit import flat_f32, gelu_tanh_f32, in_place
 from ..registry import KernelRegistry
-from ..sigmoid_jit import flat_f32, gelu_tanh_f32, in_place
 
 __all__ = ["MS_DOMAIN", "register_kernels"]
 
@@ -87,7 +87,7 @@ def _gelu_tanh(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 
 def _gelu(ctx: KernelContext) -> ComputeFn:
     """Gelu-1 (com.microsoft): ``fn(X, out=None) -> X/2 (1 + erf(X / sqrt 2))`` (float32:
-    the compiled one-pass loop of ``kernels/gelu_jit`` when numba is there)."""
+    the compiled one-pass loop of ``kernels/lib/gelu_jit`` when numba is there)."""
     fast = gelu_erf_f32()
 
     def gelu(X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -42,8 +42,8 @@ import numpy as np
 
 from ..base import ComputeFn, Cost, KernelContext
 from ..common import to_ints
+from ..lib.softmax_jit import softmax_rows_f32
 from ..registry import KernelRegistry
-from ..softmax_jit import softmax_rows_f32
 from .activation import MS_DOMAIN
 
 __all__ = ["register_kernels"]

@@ -34,9 +34,9 @@ import numpy as np
 
 from ..base import ComputeFn, KernelContext
 from ..common import ones_vector, stash_dtype
-from ..norm_jit import embed_norm_rows_f32, skip_norm_rows_f32
-from ..norm_jit import layer_norm_rows as compiled_rows
-from ..norm_jit import rms_norm_rows as compiled_rms
+from ..lib.norm_jit import embed_norm_rows_f32, skip_norm_rows_f32
+from ..lib.norm_jit import layer_norm_rows as compiled_rows
+from ..lib.norm_jit import rms_norm_rows as compiled_rms
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
 
@@ -64,7 +64,7 @@ _UNSET = object()
 
 
 def compiled_for(simplified: bool) -> Compiled:
-    """A kernel's own table of the compiled row kernels (``kernels/norm_jit``: RMS rows
+    """A kernel's own table of the compiled row kernels (``kernels/lib/norm_jit``: RMS rows
     when ``simplified``) per stats dtype, filled at the first call of each dtype (None
     where numba is missing or ``$TFRT_PY_JIT=0``), so later calls do not read the
     environment."""

@@ -21,10 +21,10 @@ from collections.abc import Callable
 import numpy as np
 
 from ..base import OUT_INPLACE, ComputeFn, KernelContext
-from ..erf import erf
-from ..gelu_jit import gelu_erf_f32
+from ..lib.erf import erf
+from ..lib.gelu_jit import gelu_erf_f32
+from ..lib.sigmoid_jit import flat_f32, gelu_tanh_f32, in_place, sigmoid_f32
 from ..registry import KernelRegistry
-from ..sigmoid_jit import flat_f32, gelu_tanh_f32, in_place, sigmoid_f32
 
 __all__ = ["register_kernels"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import OUT, OUT_INPLACE, ComputeFn, KernelBuilder, KernelContext
-from ..erf import erf
+from ..lib.erf import erf
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..jit import Jitted
+from ..lib.jit import Jitted
 
 __all__ = ["MIN_ELEMENTS", "bias_relu"]
 

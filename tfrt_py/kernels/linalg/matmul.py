@@ -16,7 +16,7 @@ import numpy as np
 
 from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import compute_dtype
-from ..gemm import matmul_batched_into, matmul_into
+from ..lib.gemm import matmul_batched_into, matmul_into
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]

@@ -1,7 +1,7 @@
 """Compiled squared distances between two sets of rows, in NumPy's summation order.
 
 ``pairwise_sq_dist_f()`` (asked at load by ``PairwiseSqDist``, the fused nearest-neighbour
-Scan of ``compiler/fused_ml.py``) gives ``fn(y, xt, out)``: ``y`` (M, K) and ``xt`` (K, N)
+Scan of ``kernels/fused/ml.py``) gives ``fn(y, xt, out)``: ``y`` (M, K) and ``xt`` (K, N)
 C-contiguous of one float dtype (``xt`` is the other set transposed, made once at load
 when it is a constant), ``out`` (M, N); ``out[i, j] = sum_k (xt[k, j] - y[i, k]) ** 2``.
 
@@ -12,7 +12,7 @@ The sum over ``k`` is the one ``np.add.reduce`` computes for a contiguous axis o
 the unfused Scan's bit for bit. The loops run over ``j`` innermost (N distances at once,
 vectorized) where the broadcast NumPy path made an (M, N, K) temporary: 1000 queries x 500
 rows x 20 features took 2.2 ms against 21 ms. None when numba is unavailable
-(``kernels/jit.py``): the caller keeps its NumPy path. Any thread (releases the GIL).
+(``kernels/lib/jit.py``): the caller keeps its NumPy path. Any thread (releases the GIL).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..jit import Jitted
+from ..lib.jit import Jitted
 
 __all__ = ["MAX_K", "pairwise_sq_dist_f"]
 

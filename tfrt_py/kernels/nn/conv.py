@@ -22,7 +22,7 @@ import numpy as np
 
 from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import compute_dtype
-from ..gemm import matmul_cols_into
+from ..lib.gemm import matmul_cols_into
 from ..registry import KernelRegistry
 from .conv_blocked import blocked_conv_fn
 from .conv_common import Spatial, bias_vector, conv_geometry, parse_spatial, scratch

@@ -39,9 +39,9 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
-from .. import blas, gemm
 from ..common import scratch
-from ..jit import CONTRACT, Jitted
+from ..lib import blas, gemm
+from ..lib.jit import CONTRACT, Jitted
 from .conv_common import Spatial, bias_vector, conv_geometry
 from .conv_direct import (
     _EPILOGUE_COLS,

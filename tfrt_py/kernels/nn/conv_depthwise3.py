@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..jit import CONTRACT, Jitted
+from ..lib.jit import CONTRACT, Jitted
 from .conv_direct import _act_row
 
 __all__ = ["DEPTHWISE3", "DEPTHWISE3_PAR", "fits"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..jit import Jitted
+from ..lib.jit import Jitted
 
 __all__ = ["IM2COL", "IM2COL_PAR", "im2col_rows", "im2col_rows_flat", "im2col_rows_s2"]
 

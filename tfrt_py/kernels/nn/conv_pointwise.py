@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import blas
-from ..jit import CONTRACT, Jitted
+from ..lib import blas
+from ..lib.jit import CONTRACT, Jitted
 from .conv_direct import SHORT_RUN, _act_row, _epilogue_row, _epilogue_run
 
 __all__ = ["POINTWISE_PAR", "filter_blocks"]

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
 from ..common import stash_dtype
-from ..norm_jit import layer_norm_rows, rms_norm_rows
+from ..lib.norm_jit import layer_norm_rows, rms_norm_rows
 from ..registry import KernelRegistry
 from .norm_group import row_stats
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
-from ..jit import Jitted
+from ..lib.jit import Jitted
 
 __all__ = ["channel_layer_norm", "channel_layer_norm_fn"]
 

@@ -29,7 +29,7 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..common import scratch
-from ..jit import Jitted
+from ..lib.jit import Jitted
 
 __all__ = ["MaxPoolPlan", "plan_max_pool", "run_max_pool"]
 

@@ -20,7 +20,7 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..common import scratch
-from ..jit import CONTRACT, Jitted
+from ..lib.jit import CONTRACT, Jitted
 from .conv_direct import Epilogue, _act_row, _jit_act, _params, make_epilogue
 
 __all__ = ["SPLIT_MIN_ELEMENTS", "squeeze_excite_fn"]

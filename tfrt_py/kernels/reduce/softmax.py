@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from ..addresses import same_start
 from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
 from ..common import ones_vector, scratch
+from ..lib.addresses import same_start
+from ..lib.softmax_jit import SHORT_ROW, softmax_rows_f32
 from ..registry import KernelRegistry
-from ..softmax_jit import SHORT_ROW, softmax_rows_f32
 
 __all__ = ["register_kernels"]
 

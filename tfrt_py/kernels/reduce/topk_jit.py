@@ -10,7 +10,7 @@ entries, best first, ties by ascending index -- the order of a stable sort, as t
 path (``index._topk_sort``). Returns False, leaving the outputs partly written, when a row
 holds a NaN: the caller then takes the NumPy path, which orders NaNs as NumPy's sort does.
 The work per row is O(n) plus O(k) per insertion, O(n k) at worst (an already sorted row),
-hence ``MAX_K``. None when numba is unavailable (``kernels/jit.py``). Any thread (releases
+hence ``MAX_K``. None when numba is unavailable (``kernels/lib/jit.py``). Any thread (releases
 the GIL).
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..jit import Jitted
+from ..lib.jit import Jitted
 
 __all__ = ["MAX_K", "topk_rows"]
 

@@ -24,8 +24,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import blas
+from .activations import ACTIVATIONS, Epilogue, _act_row, _params, numpy_act_after
 from .jit import CONTRACT, Jitted
-from .nn.conv_direct import ACTIVATIONS, Epilogue, _act_row, _params, numpy_act_after
 
 __all__ = ["PACK_MAX_BYTES", "Fused", "Serial", "fused_for", "serial_for"]
 
@@ -154,12 +154,11 @@ def _warm_packed(fn: Any) -> None:
 
 
 def _prepare_packed(module_globals: dict[str, Any]) -> bool:
-    try:
-        from .gemm_packed import gemm_p16
-    except ImportError:  # no numba, or a host the kernel does not run on
-        return False
-    module_globals["gemm_p16"] = gemm_p16
-    return True
+    from .gemm_packed import kernel
+
+    fn = kernel()  # None: no numba, or a host the kernel does not run on
+    module_globals["gemm_p16"] = fn
+    return fn is not None
 
 
 def _warm(fn: Any) -> None:

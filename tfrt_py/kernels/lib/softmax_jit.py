@@ -20,7 +20,7 @@ NumPy formulation. Two loops:
   on one thread; inputs of at least ``SPLIT_MIN_ELEMENTS`` split their rows over the
   intra-op threads.
 
-None when numba is unavailable (``kernels/jit.py``). Any thread (releases the GIL).
+None when numba is unavailable (``kernels/lib/jit.py``). Any thread (releases the GIL).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..concurrency import native_threads
-from ..concurrency.threads import intra_pool
+from ...concurrency import native_threads
+from ...concurrency.threads import intra_pool
 from .jit import Jitted
 from .sigmoid_jit import EXP_CONSTS
 

@@ -19,7 +19,7 @@ variance.
   the variance keeps full precision when the mean is large.
 
 Results agree with the NumPy path to a few ulps of the dtype. None when numba is unavailable
-(``kernels/jit.py``): the caller runs NumPy. Any thread (releases the GIL).
+(``kernels/lib/jit.py``): the caller runs NumPy. Any thread (releases the GIL).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The kernels package's layout rules: family subpackages registered in one list, no import
-cycles, no family importing another, and kernels import nothing above them (errors, ir,
-calls and concurrency only: the intra-op pool)."""
+cycles, no family importing another (but ``fused``, which composes them), and kernels
+import nothing above them (errors, ir, calls and concurrency only: the intra-op pool)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import tfrt_py.kernels as kernels_pkg
 from tfrt_py.kernels import KernelRegistry, default_registry
 
 _ROOT = Path(kernels_pkg.__file__).parent
-_FAMILIES = sorted(m.name for m in pkgutil.iter_modules([str(_ROOT)]) if m.ispkg)
+#: The compute library (``kernels/lib``): shared by the families, itself no family.
+_LIB = "lib"
+_FAMILIES = sorted(m.name for m in pkgutil.iter_modules([str(_ROOT)]) if m.ispkg and m.name != _LIB)
 #: What kernels may import from tfrt_py besides themselves.
 _BELOW = {"tfrt_py.errors", "tfrt_py.ir", "tfrt_py.calls", "tfrt_py.concurrency"}
 
@@ -77,18 +79,38 @@ def test_kernels_import_nothing_above_them() -> None:
     assert not bad, sorted(bad)
 
 
+#: The one family that composes others (the compiler's fused ops run other families'
+#: compute cores); no family imports it.
+_COMPOSITE = "fused"
+
+
 def test_no_family_imports_another() -> None:
-    """Families share code through kernels/common.py, never through each other."""
+    """Families share code through kernels/common.py and the compute library
+    (``kernels/lib``), never through each other; ``fused`` alone may import other
+    families, and none imports it."""
 
     def family(m: str) -> str | None:
         parts = m.split(".")
-        return parts[2] if len(parts) > 3 or (len(parts) == 3 and parts[2] in _FAMILIES) else None
+        return parts[2] if len(parts) >= 3 and parts[2] in _FAMILIES else None
 
     bad = {
         (m, i)
         for m in _MODULES
         for i in _imports(m)
-        if family(m) and family(i) and family(i) != family(m)
+        if family(m) and family(i) and family(i) != family(m) and family(m) != _COMPOSITE
+    }
+    assert not bad, sorted(bad)
+
+
+def test_the_compute_library_imports_no_family() -> None:
+    """``kernels/lib`` is below the families: it imports none of them."""
+    lib = [m for m in _MODULES if m.startswith(f"tfrt_py.kernels.{_LIB}")]
+    assert lib
+    bad = {
+        (m, i)
+        for m in lib
+        for i in _imports(m)
+        if i.startswith("tfrt_py.kernels.") and i.split(".")[2] in _FAMILIES
     }
     assert not bad, sorted(bad)
 
@@ -105,6 +127,7 @@ def test_default_registry_is_the_union_of_the_families() -> None:
         "contrib",
         "control",
         "elementwise",
+        "fused",
         "image",
         "indexing",
         "linalg",

@@ -81,7 +81,7 @@ def _numpy_blas_path() -> str | None:
     import numpy
     import threadpoolctl
 
-    from ..concurrency.threads import under_import_lock
+    from ...concurrency.threads import under_import_lock
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(numpy.__file__)))
     for info in under_import_lock(threadpoolctl.threadpool_info):

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..concurrency import native_threads
-from ..concurrency.threads import intra_pool
+from ...concurrency import native_threads
+from ...concurrency.threads import intra_pool
 from . import blas
 from .addresses import addresses
 from .jit import Jitted

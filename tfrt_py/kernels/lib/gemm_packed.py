@@ -17,10 +17,13 @@ larger array is an operand as it is.
 The kernel is LLVM IR built here with llvmlite (no optimization passes: the IR is
 already the loop wanted), compiled once per process and registered with LLVM as the
 symbol ``tfrt_py_sgemm_p16``, which numba code calls through an ``ExternalFunction``
-(as ``kernels.blas`` does NumPy's gemm): a cached generated module resolves the name
-when it loads, so importing this module comes first. ImportError where the host cannot
-run it well (an x86 CPU without AVX2 and FMA): ``available()`` says so first, and the
-callers keep NumPy's gemm.
+(as ``kernels.lib.blas`` does NumPy's gemm): a cached generated module resolves the name
+when it loads, so ``kernel()`` comes first. Nothing is built at import: ``available()``
+builds and registers the kernel on its first call (once per process, thread-safe) and
+says whether this host runs it (False on an x86 CPU without AVX2 and FMA, or without
+llvmlite's JIT: the callers keep NumPy's gemm); ``kernel()`` is the numba wrapper
+``gemm_p16``, or None there. ``from ...gemm_packed import gemm_p16`` (the generated
+modules' form) gives ``kernel()`` and fails with ImportError where it is None.
 
 ``gemm_p16(x, xo, ldx, w, wo, y, yo, ldy, m, k, n, b, bo, flags)``: element offsets into
 flat arrays; ``flags`` 1 adds the bias ``b[bo:bo + n]`` to every row, 2 then applies ReLU
@@ -35,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MR", "available", "gemm_p16", "pack16"]
+__all__ = ["MR", "available", "kernel", "pack16", "state"]
 
 MR = 6  # rows per tile
 NR = 16  # columns per panel (two 8-float vectors)
@@ -194,6 +197,11 @@ def _register() -> Any:
     return types.ExternalFunction(SYMBOL, types.void(p, n, p, p, n, n, n, n, p, n)), engine
 
 
+def state() -> bool | None:
+    """``available()``'s answer once decided, None before (builds nothing)."""
+    return (_STATE[0] is not None) if _STATE else None
+
+
 def available() -> bool:
     """Whether the kernel is built and registered (once per process; thread-safe)."""
     with _LOCK:
@@ -202,16 +210,36 @@ def available() -> bool:
         return _STATE[0] is not None
 
 
-if not available():
-    raise ImportError("the packed-weight gemm kernel cannot run on this host")
-
-from numba import njit  # noqa: E402 - only once the kernel is known to exist
-
-_p16 = _STATE[0][0]
+_p16: Any = None  # the registered kernel as a numba ExternalFunction (set by kernel())
+_KERNEL: list[Any] = []  # [the compiled wrapper] once built
 
 
-@njit(nogil=True, cache=True)
-def gemm_p16(x, xo, ldx, w, wo, y, yo, ldy, m, k, n, b, bo, flags):
+def kernel() -> Any:
+    """The numba wrapper ``gemm_p16`` (signature below), built on first use; None where
+    ``available()`` is False. Thread-safe."""
+    global _p16
+    if not available():
+        return None
+    with _LOCK:
+        if not _KERNEL:
+            from numba import njit
+
+            _p16 = _STATE[0][0]
+            _KERNEL.append(njit(nogil=True, cache=True)(_gemm_p16))
+        return _KERNEL[0]
+
+
+def __getattr__(name: str) -> Any:
+    """``gemm_p16``: ``kernel()``, for ``from ...gemm_packed import gemm_p16``."""
+    if name == "gemm_p16":
+        fn = kernel()
+        if fn is not None:
+            return fn
+        raise AttributeError("the packed-weight gemm kernel cannot run on this host")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _gemm_p16(x, xo, ldx, w, wo, y, yo, ldy, m, k, n, b, bo, flags):
     px = x.ctypes.data + np.uint64(xo * 4)
     pw = w.ctypes.data + np.uint64(wo * 4)
     py = y.ctypes.data + np.uint64(yo * 4)

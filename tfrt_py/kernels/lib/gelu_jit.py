@@ -6,7 +6,7 @@ approximation (clamped to [-4, 4], ``x * P(x^2) / Q(x^2)``), which is branch-fre
 arithmetic, so LLVM vectorizes it: one pass instead of the ~20 vector passes of the NumPy
 formulation. The operations and their order are the NumPy
 kernel's, so results agree to a few float32 ulps. Returns None when numba is unavailable
-(``kernels/jit.py``): the caller then runs NumPy.
+(``kernels/lib/jit.py``): the caller then runs NumPy.
 """
 
 from __future__ import annotations

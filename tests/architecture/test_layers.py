@@ -12,27 +12,9 @@ import os
 from collections import defaultdict
 
 import tfrt_py
+from tests.architecture.stack import LAYERS
 
 ROOT = os.path.dirname(tfrt_py.__file__)
-
-#: The stack, lowest first. A module may import from its own top-level package and from
-#: packages in lower layers; never from the same layer's other packages or from above.
-#: ("tfrt_py" is the package root, the public facade that re-exports ``model``.)
-LAYERS: list[set[str]] = [
-    {"errors"},
-    {"concurrency", "calls"},
-    {"ir"},
-    {"feeds", "kernels", "frontends"},
-    {"executors"},
-    {"compiler"},
-    {"native", "streaming"},
-    {"selection", "profiling", "sharing"},
-    {"model"},
-    {"tfrt_py", "onnx_backend"},
-    {"bench", "ray"},
-    {"serving"},
-    {"cli", "examples"},
-]
 
 
 def _modules() -> dict[str, str]:

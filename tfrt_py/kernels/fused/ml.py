@@ -19,10 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import Cost, KernelContext, KernelRegistry
-from ..kernels.ml.pairwise_jit import MAX_K, pairwise_sq_dist_f
+from ..base import Cost, KernelContext
+from ..ml.pairwise_jit import MAX_K, pairwise_sq_dist_f
+from ..registry import KernelRegistry
+from .domain import DOMAIN
 
-__all__ = ["CHUNK_ELEMENTS", "pairwise_sq_dist", "register_ml_kernels"]
+__all__ = ["CHUNK_ELEMENTS", "pairwise_sq_dist", "register_kernels"]
 
 #: The broadcast temporary's size bound (elements): 256 KiB of float32, cache-resident.
 CHUNK_ELEMENTS = 1 << 16
@@ -97,6 +99,6 @@ def _pairwise_cost(
     return Cost(3.0 * d * k, 4.0 * (float(np.prod(ins[0])) + float(np.prod(ins[1])) + d))
 
 
-def register_ml_kernels(registry: KernelRegistry, domain: str) -> None:
-    """Register the classic-ML pass's fused ops into ``registry`` under ``domain``."""
-    registry.add("PairwiseSqDist", _pairwise, domain=domain, cost=_pairwise_cost)
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register the classic-ML pass's fused ops into ``registry``"""
+    registry.add("PairwiseSqDist", _pairwise, domain=DOMAIN, cost=_pairwise_cost)

@@ -16,13 +16,12 @@ NumPy's broadcasting over the leading axes; BLAS reads the transposed view direc
 column-major operand), so the Transpose costs no copy. Supports ``out=``.
 
 ``SoftmaxAttention(Q, K, V, [sa, sb, s])`` (from ``fuse_transformer``): ``softmax(sa sb s Q
-@ swapaxes(K, -1, -2), axis=-1) @ V`` in blocks of query rows (``kernels/sdpa.py``); the
+@ swapaxes(K, -1, -2), axis=-1) @ V`` in blocks of query rows (``kernels/lib/sdpa.py``); the
 one-element scalings are optional (None where absent).
 Supports ``out=``.
 
-``register_vision_kernels(registry, domain)`` is called by
-``fused_kernels.with_fused_kernels``, which passes its ``DOMAIN`` (this module imports
-nothing of the compiler, so there is no import cycle).
+``SqueezeExcite(X, W1, B1, W2, B2)`` (from ``fuse_vision``): GlobalAveragePool, two 1x1
+convolutions and the channel scaling in one kernel (``kernels/nn/squeeze_excite.py``).
 """
 
 from __future__ import annotations
@@ -32,14 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
-from ..kernels.gemm import matmul_batched_into
-from ..kernels.nn.conv import Epilogue, conv_cost, conv_with_epilogue
-from ..kernels.nn.norm_channel import channel_layer_norm_fn
-from ..kernels.nn.squeeze_excite import squeeze_excite_fn
-from ..kernels.sdpa import softmax_attention
+from ..base import Cost, KernelContext, KernelFlags
+from ..lib.gemm import matmul_batched_into
+from ..lib.sdpa import softmax_attention
+from ..nn.conv import Epilogue, conv_cost, conv_with_epilogue
+from ..nn.norm_channel import channel_layer_norm_fn
+from ..nn.squeeze_excite import squeeze_excite_fn
+from ..registry import KernelRegistry
+from .domain import DOMAIN
 
-__all__ = ["register_vision_kernels"]
+__all__ = ["register_kernels"]
 
 
 def _fused_conv(ctx: KernelContext) -> Any:
@@ -159,21 +160,21 @@ def _matmul_transb_cost(
     return Cost(2.0 * y * k, 4.0 * (math.prod(ins[0]) + math.prod(ins[1]) + y))
 
 
-def register_vision_kernels(registry: KernelRegistry, domain: str) -> None:
-    """Register the vision passes' fused ops into ``registry`` under ``domain``."""
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register the vision passes' fused ops into ``registry``."""
     out = KernelFlags(supports_out=True)
-    registry.add("Conv", _fused_conv, domain=domain, flags=out, cost=conv_cost)
-    registry.add("MatMulTransB", _matmul_transb, domain=domain, flags=out, cost=_matmul_transb_cost)
+    registry.add("Conv", _fused_conv, domain=DOMAIN, flags=out, cost=conv_cost)
+    registry.add("MatMulTransB", _matmul_transb, domain=DOMAIN, flags=out, cost=_matmul_transb_cost)
     registry.add(
         "SoftmaxAttention",
         _softmax_attention,
-        domain=domain,
+        domain=DOMAIN,
         flags=out,
         cost=_softmax_attention_cost,
     )
     registry.add(
-        "ChannelLayerNorm", _channel_layer_norm, domain=domain, flags=out, cost=_channel_norm_cost
+        "ChannelLayerNorm", _channel_layer_norm, domain=DOMAIN, flags=out, cost=_channel_norm_cost
     )
     registry.add(
-        "SqueezeExcite", _squeeze_excite, domain=domain, flags=out, cost=_squeeze_excite_cost
+        "SqueezeExcite", _squeeze_excite, domain=DOMAIN, flags=out, cost=_squeeze_excite_cost
     )

@@ -1,26 +1,17 @@
-"""Kernels for the fused ops the compiler creates, in the private domain ``tfrt_py.fused``.
+"""``Linear(x, W, bias?, extra...)``: ``act(x @ W + bias)``, the fused product the compiler
+makes of MatMul/Gemm, a bias and activations (``compiler/fuse_linear.py``).
 
-``Linear(x, W, bias?, extra...)``: ``act(x @ W + bias)`` with ``W`` a constant [K, N]
-(Gemm's transB and alpha already folded in) and ``bias`` a constant that broadcasts to the
-output without growing it. Attribute ``activation`` is a list of at most one *step*. A
-rank-2 Linear with a per-column bias and Relu (or no activation) whose output has at least
-``bias_act_jit.MIN_ELEMENTS`` elements finishes with one compiled pass instead of NumPy's
-add and maximum (the same values; numba required).
+``W`` is a constant [K, N] (Gemm's transB and alpha already folded in) and ``bias`` a
+constant that broadcasts to the output without growing it. Attribute ``activation`` is a
+list of at most one step (``domain.Step``). A rank-2 Linear with a per-column bias and
+Relu (or no activation) whose output has at least ``bias_act_jit.MIN_ELEMENTS`` elements
+finishes with one compiled pass instead of NumPy's add and maximum (the same values; numba
+required). A float32 product that stays on one thread runs on the weight packed at load
+(``linear_par.Serial``).
 
-``ElementwiseChain(head, extra...)`` / ``ElementwiseChainShared``: ``steps`` applied in
-order, each writing the running result (the accumulator) into the output. The plain chain
-is registered ``inplace`` (its output may reuse ``head``'s buffer): the fusion pass only
-makes one when ``head`` is read by the first step alone; otherwise it makes the Shared one.
-
-A step is ``(op_type, opset, attrs, refs)``: an ONNX elementwise op run by its own kernel
-(so the numbers are exactly the unfused ones), whose operands ``refs`` are ``-1`` for the
-accumulator or ``i`` for the fused node's input ``i``. Each step kernel is built once at
-load, from a synthetic node whose inputs carry the real Values (so constant operands are
-seen at load, as in the unfused graph).
-
-Every compute function here supports ``out=`` and carries an ``inline`` attribute for the
-sync interpreter's code generator (``executors.plan_codegen.Inline``): the same NumPy calls
-as statements, so a planned call pays no Python function frame for the fused kernel.
+The kernel supports ``out=`` and offers an inline form (``base.Inline``, ``_LinearInline``):
+the same calls as statements of the sync interpreter's generated code, so a planned call
+pays no Python frame for the kernel.
 """
 
 from __future__ import annotations
@@ -29,79 +20,23 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..executors.plan_codegen import Inline
-from ..ir import Node, TensorType, Value
-from ..kernels import Cost, KernelContext, KernelFlags, KernelRegistry
-from ..kernels.common import input_rank
-from ..kernels.gemm import (
+from ..base import Cost, Inline, KernelContext, KernelFlags
+from ..common import input_rank
+from ..lib.gemm import (
     NATIVE_SPLIT_MIN_MACS,
     SPLIT_MIN_MACS,
     matmul_into,
     splits,
     wide_gemv,
 )
-from ..kernels.linalg.bias_act_jit import MIN_ELEMENTS as EPILOGUE_MIN
-from ..kernels.linalg.bias_act_jit import bias_relu
-from ..kernels.linear_par import Serial, fused_for, serial_for
+from ..lib.linear_par import Serial, fused_for, serial_for
+from ..linalg.bias_act_jit import MIN_ELEMENTS as EPILOGUE_MIN
+from ..linalg.bias_act_jit import bias_relu
+from ..registry import KernelRegistry
+from .domain import DOMAIN, Step
+from .steps import build_step, step_code
 
-__all__ = ["DOMAIN", "Step", "register_fused_kernels", "with_fused_kernels"]
-
-DOMAIN = "tfrt_py.fused"
-
-Step = tuple[str, int, dict[str, Any], tuple[int, ...]]
-
-#: Unary steps whose float kernel is exactly this ufunc (inlined as one call).
-_UFUNC1 = {
-    "Tanh": np.tanh,
-    "Exp": np.exp,
-    "Neg": np.negative,
-    "Abs": np.absolute,
-    "Sqrt": np.sqrt,
-    "Reciprocal": np.reciprocal,
-    "Log": np.log,
-    "Floor": np.floor,
-    "Ceil": np.ceil,
-}
-
-
-def _acc_value(ctx: KernelContext) -> Value:
-    out = ctx.node.outputs[0]
-    t = out.type if out is not None else None
-    return Value("acc", t if isinstance(t, TensorType) else None)
-
-
-def _build_step(ctx: KernelContext, registry: KernelRegistry, step: Step) -> Any:
-    op, opset, attrs, refs = step
-    acc = _acc_value(ctx)
-    ins: list[Value | None] = [acc if r < 0 else ctx.node.inputs[r] for r in refs]
-    node = Node(op, ins, [Value("_")], dict(attrs), name=f"{ctx.node_name}/{op}", opset=opset)
-    return registry.lookup("", op, opset, node.name).build(KernelContext(node))
-
-
-def _step_code(op: str, fn: Any, args: list[str], out: str, dtype: Any, env: dict[str, Any],
-               key: str) -> list[str]:  # fmt: skip
-    """Statements computing one step into ``out``; binds what they use in ``env``. The
-    text is ours (``op`` only selects among fixed forms; ``key`` is ours): attribute
-    values reach the statements only through ``env`` (``fn`` is the step's kernel)."""
-    if dtype is not None and np.dtype(dtype).kind == "f":
-        t = np.dtype(dtype).type
-        if op == "Relu":
-            env["maximum"], env["zero"] = np.maximum, t(0)
-            return [f"{{maximum}}({args[0]}, {{zero}}, out={out})"]
-        if op == "Sigmoid":
-            env.update(negative=np.negative, exp=np.exp, add=np.add, one=t(1))
-            env["reciprocal"] = np.reciprocal
-            return [
-                f"{{negative}}({args[0]}, out={out})",
-                f"{{exp}}({out}, out={out})",
-                f"{{add}}({out}, {{one}}, out={out})",
-                f"{{reciprocal}}({out}, out={out})",
-            ]
-        if op in _UFUNC1:
-            env[key] = _UFUNC1[op]
-            return [f"{{{key}}}({args[0]}, out={out})"]
-    env[key] = fn
-    return [f"{{{key}}}({', '.join(args)}, out={out})"]
+__all__ = ["register_kernels"]
 
 
 def _linear(registry: KernelRegistry) -> Any:
@@ -112,7 +47,7 @@ def _linear(registry: KernelRegistry) -> Any:
             raise ctx.unsupported("W must be a constant matrix")
         k, n = w.shape  # W keeps the model's layout: see fuse_linear
         steps: list[Step] = list(ctx.attr("activation", []))
-        acts = [(s, _build_step(ctx, registry, s)) for s in steps]
+        acts = [(s, build_step(ctx, registry, s)) for s in steps]
         extra_idx = [[r for r in s[3] if r >= 0] for s in steps]
         # Rows known at load (static dims): split over the intra-op pool only if that many
         # rows make a product worth it; unknown: let matmul_into decide per call.
@@ -131,8 +66,9 @@ def _linear(registry: KernelRegistry) -> Any:
         flat_b = None if b is None or b.size != n else b.reshape(-1)
         serial = None if any(extra_idx) or (b is not None and flat_b is None) else (
             serial_for(steps, flat_b, w))  # fmt: skip
-        inline = _linear_inline(mm, w, b, acts, extra_idx, epi, blocks, serial)
+        inline = _LinearInline(mm, w, b, acts, extra_idx, epi, blocks, serial)
         if input_rank(ctx) == 2 and not any(extra_idx):
+            ctx.offer_inline(inline)
             return _linear_2d(
                 mm, w, b, [fn for _, fn in acts], inline=inline, epi=epi, blocks=blocks,
                 serial=serial,
@@ -163,8 +99,8 @@ def _linear(registry: KernelRegistry) -> Any:
                 fn(y, *[rest[i - 1] for i in idx], out=y)
             return y
 
-        linear.inline = inline  # type: ignore[attr-defined]
-        inline.kernel_ref["fn"] = linear
+        ctx.offer_inline(inline)
+        inline.kernel = linear
         return linear
 
     return build
@@ -264,7 +200,7 @@ def _on_one_thread(
 
 
 def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
-               inline: Any, epi: _BiasRelu | None, blocks: Any,
+               inline: _LinearInline, epi: _BiasRelu | None, blocks: Any,
                serial: Serial | None = None) -> Any:  # fmt: skip
     """The Linear of a rank-2 input whose activations read nothing else: a product, a bias
     add and the activations in place, without the general kernel's branches (one compiled
@@ -299,22 +235,28 @@ def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
             fn(y, out=y)
         return y
 
-    linear.inline = inline  # type: ignore[attr-defined]
-    inline.kernel_ref["fn"] = linear
+    inline.kernel = linear
     return linear
 
 
-def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any],
-                   extra_idx: list[list[int]], epi: _BiasRelu | None,
-                   blocks: Any = None, serial: Serial | None = None) -> Any:  # fmt: skip
-    """The Linear's statements for the sync interpreter's generated code. Rank 2 as is;
-    higher ranks (a transformer's (batch, seq, hidden)) as one 2-D product over the rows
-    of a C-contiguous output (a strided ``outputs=`` buffer takes ``np.matmul`` on the
-    N-D arrays). The plan knows the shapes: a product too small to split calls
-    ``np.matmul`` straight."""
-    k, n = w.shape
+class _LinearInline:
+    """The Linear's statements for the sync interpreter's generated code (an ``InlineFn``).
 
-    def inline(in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
+    Rank 2 as is; higher ranks (a transformer's (batch, seq, hidden)) as one 2-D product
+    over the rows of a C-contiguous output (a strided ``outputs=`` buffer takes
+    ``np.matmul`` on the N-D arrays). The plan knows the shapes: a product too small to
+    split calls ``np.matmul`` straight. ``kernel`` is the built compute function, which
+    the statements call where they do not apply (set by the builder once it exists)."""
+
+    def __init__(self, mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any],
+                 extra_idx: list[list[int]], epi: _BiasRelu | None,
+                 blocks: Any = None, serial: Serial | None = None) -> None:  # fmt: skip
+        self.mm, self.w, self.b, self.acts, self.extra_idx = mm, w, b, acts, extra_idx
+        self.epi, self.blocks, self.serial = epi, blocks, serial
+        self.k, self.n = w.shape
+        self.kernel: Any = None
+
+    def __call__(self, in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
         x_shape = in_shapes[0]
         if (
             x_shape is None or out_shape is None or len(x_shape) < 2
@@ -322,12 +264,18 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
         ):  # fmt: skip
             return None
         static = all(isinstance(d, int) for d in (*x_shape, *out_shape))
-        if serial is not None:
-            return _serial_inline(serial, x_shape, len(in_shapes), static, dtype)
+        if self.serial is not None:
+            return self._serial(self.serial, x_shape, len(in_shapes), static, dtype)
         if not static:
-            return _unknown_rows(len(x_shape), len(in_shapes))
+            return self._unknown_rows(len(x_shape), len(in_shapes))
+        return self._static(x_shape, dtype)
+
+    def _static(self, x_shape: Any, dtype: Any) -> Inline:
+        """Shapes fixed by the plan: the product (split or not, as its size says), then the
+        bias and activations: per block of rows, in one compiled pass, or as NumPy calls."""
+        w, b, k, n = self.w, self.b, self.k, self.n
         rows = int(np.prod(x_shape[:-1], dtype=np.int64))
-        pick = np.matmul if _whole(rows, w) else mm
+        pick = np.matmul if _whole(rows, w) else self.mm
         env: dict[str, Any] = {"matmul": pick, "w": w}
         if len(x_shape) == 2:
             lines = ["{matmul}({in0}, {w}, {out})"]
@@ -339,34 +287,17 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
                 "if {out}.flags.c_contiguous else {npmatmul}({in0}, {w}, out={out})"
             ]
             flat = "{out}.reshape({rn})"
-        if blocks is not None and pick is not np.matmul:
-            # a product worth splitting: each block of rows gets its bias and activations
-            # on the thread that computed it; a strided outputs= buffer takes NumPy's
-            # product and the steps below
-            env.update(mmi=matmul_into, blocks=blocks, npmatmul=np.matmul)
-            if len(x_shape) == 2:
-                first = "{mmi}({in0}, {w}, {out}, {blocks})"
-            else:
-                first = "{mmi}({in0}.reshape({rk}), {w}, {out}.reshape({rn}), {blocks})"
-            rest = [] if b is None else ["{add}({out}, {b}, out={out})"]
-            if b is not None:
-                env.update(add=np.add, b=b)
-            for i, (s, fn) in enumerate(acts):
-                rest += _step_code(s[0], fn, ["{out}"], "{out}", dtype, env, f"act{i}")
-            return Inline(
-                [f"if {{out}}.flags.c_contiguous: {first}",
-                 "else: {npmatmul}({in0}, {w}, out={out}); " + "; ".join(rest or ["pass"])],
-                env,
-            )  # fmt: skip
-        big = rows * n >= EPILOGUE_MIN
+        if self.blocks is not None and pick is not np.matmul:
+            return self._split(len(x_shape), dtype, env)
         steps: list[str] = []
         if b is not None:
             env.update(add=np.add, b=b)
             steps.append("{add}({out}, {b}, out={out})")
-        for i, ((s, fn), idx) in enumerate(zip(acts, extra_idx)):
+        for i, ((s, fn), idx) in enumerate(zip(self.acts, self.extra_idx)):
             args = ["{out}"] + [f"{{in{j}}}" for j in idx]
-            steps += _step_code(s[0], fn, args, "{out}", dtype, env, f"act{i}")
-        if epi is not None and big and np.dtype(dtype) == epi.dtype:
+            steps += step_code(s[0], fn, args, "{out}", dtype, env, f"act{i}")
+        epi = self.epi
+        if epi is not None and rows * n >= EPILOGUE_MIN and np.dtype(dtype) == epi.dtype:
             # the compiled pass takes C-contiguous outputs; a strided outputs= buffer
             # (run_checked) takes the NumPy steps
             env.update(epi=epi.fn, bias=epi.bias, relu=epi.relu)
@@ -374,51 +305,72 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
             return Inline([*lines, compiled, "else: " + "; ".join(steps)], env)
         return Inline(lines + steps, env)
 
-    def _serial_inline(
-        sr: Serial, x_shape: Any, n_in: int, static: bool, dtype: Any
+    def _split(self, rank: int, dtype: Any, env: dict[str, Any]) -> Inline:
+        """A product worth splitting: each block of rows gets its bias and activations on
+        the thread that computed it; a strided outputs= buffer takes NumPy's product and
+        the steps after it."""
+        env.update(mmi=matmul_into, blocks=self.blocks, npmatmul=np.matmul)
+        if rank == 2:
+            first = "{mmi}({in0}, {w}, {out}, {blocks})"
+        else:
+            first = "{mmi}({in0}.reshape({rk}), {w}, {out}.reshape({rn}), {blocks})"
+        rest = [] if self.b is None else ["{add}({out}, {b}, out={out})"]
+        if self.b is not None:
+            env.update(add=np.add, b=self.b)
+        for i, (s, fn) in enumerate(self.acts):
+            rest += step_code(s[0], fn, ["{out}"], "{out}", dtype, env, f"act{i}")
+        return Inline(
+            [f"if {{out}}.flags.c_contiguous: {first}",
+             "else: {npmatmul}({in0}, {w}, out={out}); " + "; ".join(rest or ["pass"])],
+            env,
+        )  # fmt: skip
+
+    def _serial(
+        self, sr: Serial, x_shape: Any, n_in: int, static: bool, dtype: Any
     ) -> Inline | None:
         """With a packed weight: a product that stays on one thread (``gemm.splits``: under
         ``NATIVE_SPLIT_MIN_MACS``, not a wide one-row product) calls the packed kernel
         straight from the generated code, bias and activation included (the kernel's
         Python layers cost ~2 µs a call, as much as a small product); anything else --
         a product that splits, a strided array -- calls the kernel."""
-        if np.dtype(dtype) != np.float32 or not k or kernel_ref.get("fn") is None:
+        k, n, w = self.k, self.n, self.w
+        if np.dtype(dtype) != np.float32 or not k or self.kernel is None:
             return None
-        rank = len(x_shape)
-        small = -(-NATIVE_SPLIT_MIN_MACS // k)  # out.size under it: m * k * n < the min
         env: dict[str, Any] = {
             "sk": sr.kernel, "pk": sr.packed, "sb": sr.bias, "sact": sr.act,
-            "sprm": sr.params, "sfl": sr.flags, "kernel": kernel_ref["fn"],
+            "sprm": sr.params, "sfl": sr.flags, "kernel": self.kernel,
             "rk": (-1, k), "rn": (-1, n),
         }  # fmt: skip
+        cond = "{in0}.flags.c_contiguous and {out}.flags.c_contiguous"
         if static:
             rows = int(np.prod(x_shape[:-1], dtype=np.int64))
             if rows * k * n >= NATIVE_SPLIT_MIN_MACS or wide_gemv(rows, k, n, w.itemsize):
                 return None
-            cond = "{in0}.flags.c_contiguous and {out}.flags.c_contiguous"
         else:
-            env["small"] = small
-            cond = "{in0}.flags.c_contiguous and {out}.flags.c_contiguous and {out}.size < {small}"
+            env["small"] = -(-NATIVE_SPLIT_MIN_MACS // k)  # out.size under it: m*k*n < min
+            cond += " and {out}.size < {small}"
             if wide_gemv(1, k, n, w.itemsize):  # one row by this matrix splits by columns
                 env["wide"] = n
                 cond += " and {out}.size != {wide}"
-        a, o = ("{in0}", "{out}") if rank == 2 else ("{in0}.reshape({rk})", "{out}.reshape({rn})")
+        a, o = ("{in0}", "{out}") if len(x_shape) == 2 else (
+            "{in0}.reshape({rk})", "{out}.reshape({rn})")  # fmt: skip
         rest = "".join(f", {{in{j}}}" for j in range(1, n_in))
         return Inline([
             f"if {cond}: {{sk}}({a}, {{pk}}, {o}, {{sb}}, {{sact}}, {{sprm}}, {{sfl}})",
             f"else: {{kernel}}({{in0}}{rest}, out={{out}})",
         ], env)  # fmt: skip
 
-    def _unknown_rows(rank: int, n_in: int) -> Inline | None:
+    def _unknown_rows(self, rank: int, n_in: int) -> Inline | None:
         """A generic plan's Linear (the rows change with the signature): a product too
         small to split runs as ``np.matmul`` then ``finish`` (bias, activations, the
         compiled epilogue when big enough) in line, decided per call from the output's
         size; anything else -- a big product, a strided ``outputs=`` buffer -- calls the
         kernel, which splits it."""
-        if any(extra_idx) or not k or kernel_ref.get("fn") is None:
+        k, n, w = self.k, self.n, self.w
+        if any(self.extra_idx) or not k or self.kernel is None:
             return None
         env: dict[str, Any] = {
-            "npmatmul": np.matmul, "w": w, "kernel": kernel_ref["fn"], "finish": finish,
+            "npmatmul": np.matmul, "w": w, "kernel": self.kernel, "finish": self.finish,
             "small": -(-SPLIT_MIN_MACS // k), "rk": (-1, k), "rn": (-1, n),
         }  # fmt: skip
         a, o = ("{in0}", "{out}") if rank == 2 else ("{in0}.reshape({rk})", "{out}.reshape({rn})")
@@ -433,50 +385,17 @@ def _linear_inline(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any]
             f"else: {{kernel}}({{in0}}{rest}, out={{out}})",
         ], env)  # fmt: skip
 
-    def finish(y: np.ndarray) -> None:
+    def finish(self, y: np.ndarray) -> None:
         """Bias and activations in place on a C-contiguous product (one compiled pass
         when it is big enough for it)."""
+        epi = self.epi
         if epi is not None and y.size >= EPILOGUE_MIN and y.dtype == epi.dtype:
-            epi.fn(y.reshape(-1, n), epi.bias, epi.relu)
+            epi.fn(y.reshape(-1, self.n), epi.bias, epi.relu)
             return
-        if b is not None:
-            np.add(y, b, out=y)
-        for _, fn in acts:
+        if self.b is not None:
+            np.add(y, self.b, out=y)
+        for _, fn in self.acts:
             fn(y, out=y)
-
-    kernel_ref: dict[str, Any] = {}
-    inline.kernel_ref = kernel_ref  # type: ignore[attr-defined]
-    return inline
-
-
-def _chain(registry: KernelRegistry) -> Any:
-    def build(ctx: KernelContext) -> Any:
-        steps: list[Step] = list(ctx.attr("steps"))
-        fns = [_build_step(ctx, registry, s) for s in steps]
-        plan = [(fn, s[3]) for fn, s in zip(fns, steps)]
-
-        def chain(*xs: Any, out: np.ndarray | None = None) -> np.ndarray:
-            acc = xs[0]
-            for fn, refs in plan:
-                acc = fn(*[acc if r < 0 else xs[r] for r in refs], out=out)
-                if out is None and type(acc) is not np.ndarray:
-                    acc = np.asarray(acc)  # a 0-d result came back as a NumPy scalar
-                out = acc
-            return acc
-
-        def inline(in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
-            env: dict[str, Any] = {}
-            lines: list[str] = []
-            for i, (s, fn) in enumerate(zip(steps, fns)):
-                acc = "{in0}" if i == 0 else "{out}"
-                args = [acc if r < 0 else f"{{in{r}}}" for r in s[3]]
-                lines += _step_code(s[0], fn, args, "{out}", dtype, env, f"step{i}")
-            return Inline(lines, env)
-
-        chain.inline = inline  # type: ignore[attr-defined]
-        return chain
-
-    return build
 
 
 def _linear_cost(
@@ -490,37 +409,9 @@ def _linear_cost(
     return Cost(2.0 * y * k + 4.0 * y, 4.0 * (float(np.prod(ins[0])) + w + y))
 
 
-def _chain_cost(
-    ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]
-) -> Cost:
-    y = float(np.prod(outs[0])) if outs else 0.0
-    n = len(ctx.attr("steps", []))
-    return Cost(n * y, 4.0 * (sum(float(np.prod(s)) for s in ins) + y))
-
-
-def register_fused_kernels(registry: KernelRegistry) -> None:
-    """Register the fused ops into ``registry`` (their steps are built from ``registry``)."""
-    out = KernelFlags(supports_out=True)
-    registry.add("Linear", _linear(registry), domain=DOMAIN, flags=out, cost=_linear_cost)
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register Linear into ``registry``; its activation steps are built from ``registry``."""
     registry.add(
-        "ElementwiseChain",
-        _chain(registry),
-        domain=DOMAIN,
-        flags=KernelFlags(supports_out=True, inplace=True),
-        cost=_chain_cost,
-    )
-    registry.add(
-        "ElementwiseChainShared", _chain(registry), domain=DOMAIN, flags=out, cost=_chain_cost
-    )
-
-
-def with_fused_kernels(registry: KernelRegistry) -> KernelRegistry:
-    """A copy of ``registry`` with the fused ops added (the original is not changed)."""
-    from .fused_ml import register_ml_kernels
-    from .fused_vision import register_vision_kernels
-
-    reg = registry.copy()
-    register_fused_kernels(reg)
-    register_vision_kernels(reg, DOMAIN)
-    register_ml_kernels(reg, DOMAIN)
-    return reg
+        "Linear", _linear(registry), domain=DOMAIN, flags=KernelFlags(supports_out=True),
+        cost=_linear_cost,
+    )  # fmt: skip

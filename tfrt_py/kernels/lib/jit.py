@@ -27,8 +27,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..concurrency import native_threads
-from ..concurrency.env_switch import switched_off
+from ...concurrency import native_threads
+from ...concurrency.env_switch import switched_off
 
 __all__ = ["CONTRACT", "ENV_JIT", "Jitted", "jit_enabled"]
 
@@ -52,7 +52,10 @@ def jit_enabled() -> bool:
         return False
     if _NUMBA:
         return _NUMBA[0] is not None
-    return importlib.util.find_spec("numba") is not None
+    try:
+        return importlib.util.find_spec("numba") is not None
+    except (ImportError, ValueError):  # a broken install is "no numba", as in ``_numba``
+        return False
 
 
 def _numba() -> Any:

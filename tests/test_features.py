@@ -1,0 +1,81 @@
+"""``features()``: the fast paths this process runs and why any is off, as ``describe()``
+and ``tfrt-py inspect`` show them; reading them starts nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+import tfrt_py
+from tfrt_py.kernels.lib.features import cpu_flags, features, format_features
+
+_FRESH = """
+import sys
+import tfrt_py
+from tfrt_py.kernels.lib.features import features, format_features
+rows = {f.name: f for f in features()}
+assert "numba" not in sys.modules, "reading the features imported numba"
+assert rows["packed gemm"].on is None, rows["packed gemm"]
+assert rows["native threads (TBB)"].on in (None, False), rows["native threads (TBB)"]
+print("\\n".join(format_features()))
+"""
+
+
+def _fresh(env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", _FRESH],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_reading_the_features_starts_nothing() -> None:
+    out = _fresh({})
+    assert "packed gemm: not yet" in out
+    assert out.startswith("cpu: ")
+
+
+def test_a_switched_off_path_says_which_switch() -> None:
+    out = _fresh({"TFRT_PY_JIT": "0", "TFRT_PY_NATIVE_THREADS": "0"})
+    assert "numba kernels: off ($TFRT_PY_JIT=0)" in out
+    assert "native threads (TBB): off ($TFRT_PY_NATIVE_THREADS=0)" in out
+
+
+def test_describe_shows_the_fast_paths_once_decided() -> None:
+    model = tfrt_py.load("tfrt_py/examples/mlp_small.onnx")
+    feeds = {
+        s.name: np.zeros([d if isinstance(d, int) else 1 for d in s.shape], s.dtype)
+        for s in model.inputs
+    }
+    model.run(feeds)
+    text = model.describe()
+    assert "fast paths of this process:" in text
+    for line in format_features():
+        assert f"    {line}" in text
+    names = [f.name for f in features()]
+    assert names == [
+        "cpu",
+        "numba kernels",
+        "native threads (TBB)",
+        "native pool",
+        "packed gemm",
+        "scipy",
+    ]
+
+
+def test_the_cpu_line_names_the_vector_features_the_kernels_dispatch_on() -> None:
+    flags = cpu_flags()
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+        have = next(line for line in f if line.startswith("flags")).split(":", 1)[1].split()
+    assert flags["AVX2"] == ("avx2" in have)
+    assert flags["AVX-512F"] == ("avx512f" in have)
+    cpu = format_features()[0]
+    for name, on in flags.items():
+        assert (f" {name}" in cpu) == on, (name, cpu)

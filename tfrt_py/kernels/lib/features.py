@@ -1,0 +1,123 @@
+"""Which fast paths this process runs, and why any is off: one table for ``describe()``
+and ``tfrt-py inspect``.
+
+``features()`` reads what is already decided and starts nothing: no numba import, no
+thread layer, no kernel build. A path decided on first use (the native threads, the
+packed gemm) reads "not yet" until a kernel has asked for it; the CPU's vector features
+come from ``/proc/cpuinfo`` (Linux), else llvmlite when numba has already loaded it.
+
+The CPU features are the ones kernels dispatch on: AVX2 and FMA (the packed gemm's
+micro-tile, numba's vectorized loops), AVX-512 and VNNI (reported; no kernel of ours is
+specialized for them yet: numba's loops use them where LLVM picks them for the host).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import NamedTuple
+
+from ...concurrency import native_pool, native_threads
+from ...concurrency.env_switch import switched_off
+from . import gemm_packed
+from .jit import ENV_JIT, jit_enabled
+
+__all__ = ["Feature", "cpu_flags", "features", "format_features"]
+
+#: CPU feature -> how /proc/cpuinfo and LLVM spell it.
+_CPU = {
+    "AVX2": ("avx2", "avx2"),
+    "FMA": ("fma", "fma"),
+    "AVX-512F": ("avx512f", "avx512f"),
+    "AVX-512 VNNI": ("avx512_vnni", "avx512vnni"),
+    "AVX-VNNI": ("avx_vnni", "avxvnni"),
+}
+
+
+class Feature(NamedTuple):
+    """One fast path: ``on`` True, False, or None (decided on first use, not yet)."""
+
+    name: str
+    on: bool | None
+    why: str
+
+
+def cpu_flags() -> dict[str, bool]:
+    """The vector features of ``_CPU`` this CPU has (empty when it cannot be read without
+    importing llvmlite)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return {name: spell[0] in have for name, spell in _CPU.items()}
+    except OSError:
+        pass
+    if "llvmlite.binding" in sys.modules:
+        feats = sys.modules["llvmlite.binding"].get_host_cpu_features()
+        return {name: bool(feats.get(spell[1])) for name, spell in _CPU.items()}
+    return {}
+
+
+def _numba() -> Feature:
+    if switched_off(ENV_JIT):
+        return Feature("numba kernels", False, f"${ENV_JIT}=0")
+    if not jit_enabled():
+        return Feature("numba kernels", False, "numba is not installed")
+    numba = sys.modules.get("numba")
+    version = f"numba {numba.__version__}" if numba is not None else "numba (not loaded yet)"
+    return Feature("numba kernels", True, version)
+
+
+def _threads() -> list[Feature]:
+    on, why = native_threads.state()
+    layer = Feature("native threads (TBB)", on, why or "split kernels' parts off the GIL")
+    if native_pool.installed():
+        pool = Feature("native pool", True, f"futex-sleeping workers: {native_pool.workers()}")
+    elif on:
+        pool = Feature("native pool", False, native_pool.declined() or "not installed")
+    else:
+        pool = Feature("native pool", on, "runs once the native threads do")
+    return [layer, pool]
+
+
+def _packed() -> Feature:
+    state = gemm_packed.state()
+    if state is None:
+        return Feature("packed gemm", None, "built on the first float32 product that uses it")
+    if state:
+        return Feature("packed gemm", True, "float32 products on weights packed at load")
+    return Feature("packed gemm", False, "needs numba and llvmlite's JIT on AVX2+FMA or aarch64")
+
+
+def _cpu() -> Feature:
+    flags = cpu_flags()
+    if not flags:
+        return Feature("cpu", None, f"{os.uname().machine}: features not readable")
+    have = " ".join(name for name, on in flags.items() if on) or "no AVX2"
+    return Feature("cpu", True, f"{os.uname().machine} {have}")
+
+
+def features() -> list[Feature]:
+    """The fast paths of this process, in a fixed order. Starts and imports nothing."""
+    return [_cpu(), _numba(), *_threads(), _packed(), _scipy()]
+
+
+def _scipy() -> Feature:
+    if importlib.util.find_spec("scipy") is None:
+        return Feature("scipy", False, "not installed: the native tier's np.dot needs it")
+    return Feature("scipy", True, "the native tier's products call its BLAS")
+
+
+def format_features(rows: list[Feature] | None = None) -> list[str]:
+    """One line a feature: ``name: on|off|not yet (why)``; the CPU's line lists its vector
+    features."""
+    out = []
+    for f in rows if rows is not None else features():
+        if f.name == "cpu":
+            out.append(f"cpu: {f.why}")
+            continue
+        word = "not yet" if f.on is None else ("on" if f.on else "off")
+        out.append(f"{f.name}: {word}" + (f" ({f.why})" if f.why else ""))
+    return out
