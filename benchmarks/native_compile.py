@@ -26,7 +26,7 @@ _CHILD = """
 import json, sys, time
 from anchor_models import ANCHORS
 import tfrt_py
-from tfrt_py.native.lower import lower
+from tfrt_py.native.lower.graph import lower
 a = ANCHORS[{key!r}]()
 data = a.model.SerializeToString()
 sync = tfrt_py.load(data, executor="sync")

@@ -79,7 +79,7 @@ class _Watch:
 
         lib._optimize_final_module = optimize_watched  # type: ignore[method-assign]
         try:
-            from tfrt_py.native import compile_server as cs
+            from tfrt_py.native.runtime import compile_server as cs
         except ImportError:  # before the compile server existed
             return
         receive = cs._receive
@@ -119,7 +119,7 @@ def child(way: str, delay: float) -> None:
     watch.seen.wait(240)
     time.sleep(delay)
     compiling = any(job.state == "compiling" for job in list(tier.sigs.values()))
-    worker = __import__("tfrt_py.native.worker", fromlist=["server"])
+    worker = __import__("tfrt_py.native.runtime.worker", fromlist=["server"])
     pid = worker.server().pid if hasattr(worker, "server") else None
     print(json.dumps({"where": watch.where, "compiling": compiling, "server": pid}), flush=True)
     if way == "exit3":

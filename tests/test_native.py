@@ -15,7 +15,7 @@ import tfrt_py
 from tfrt_py.errors import ExecutionError, InputError
 from tfrt_py.ir import Graph, GraphBuilder
 from tfrt_py.native import Declined, NativeUnavailable
-from tfrt_py.native import tier as tier_mod
+from tfrt_py.native.runtime import tier as tier_mod
 
 F32 = np.float32
 RNG = np.random.default_rng(7)

@@ -9,7 +9,7 @@ import pytest
 import tfrt_py
 from tfrt_py.concurrency.threads import configure
 from tfrt_py.ir import Graph, GraphBuilder
-from tfrt_py.native import tier as tier_mod
+from tfrt_py.native.runtime import tier as tier_mod
 
 F32 = np.float32
 RNG = np.random.default_rng(14)
@@ -85,7 +85,7 @@ def test_shape_arithmetic_is_folded_per_signature() -> None:
     model lowers in signature mode (Shape, Equal and Where have no native lowering, and
     used to decline it; rows mode cannot fold them, the batch changes them), one function
     per batch size, each agreeing with the interpreter (batch 1 takes the other factor)."""
-    from tfrt_py.native.lower import blockers
+    from tfrt_py.native.lower.graph import blockers
 
     g = _shape_arithmetic()
     assert blockers(g) == []
@@ -252,7 +252,7 @@ def test_bad_warmup_items_are_clear_errors(item: object, match: str) -> None:
 
 
 def test_a_background_compile_runs_in_the_compile_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tfrt_py.native import worker
+    from tfrt_py.native.runtime import worker
 
     monkeypatch.delenv("TFRT_PY_COMPILE_SERVER", raising=False)
     before = worker.server().compiles
@@ -288,7 +288,7 @@ def test_a_killed_compile_server_fails_the_job_and_the_next_compile_starts_a_new
     import signal
     import time
 
-    from tfrt_py.native import worker
+    from tfrt_py.native.runtime import worker
 
     monkeypatch.delenv("TFRT_PY_COMPILE_SERVER", raising=False)
     srv = worker.server()
@@ -321,7 +321,7 @@ def test_a_new_cache_dir_gets_a_new_compile_server(
     """The child fills the cache this process loads from: after ``$TFRT_PY_CACHE_DIR``
     changes, the next compile starts a child for the new dir (the old one would fill the
     old dir, and this process would compile the module again itself)."""
-    from tfrt_py.native import worker
+    from tfrt_py.native.runtime import worker
 
     monkeypatch.delenv("TFRT_PY_COMPILE_SERVER", raising=False)
     srv = worker.server()

@@ -14,7 +14,7 @@ import tfrt_py
 from tfrt_py.ir import Graph, GraphBuilder
 from tfrt_py.kernels.lib import blas
 
-lower_mod = importlib.import_module("tfrt_py.native.lower")  # the package exports lower()
+lower_mod = importlib.import_module("tfrt_py.native.lower.graph")  # the package exports lower()
 
 pytest.importorskip("numba", reason="the native tier needs numba")
 
@@ -116,7 +116,7 @@ def test_over_budget_with_tiles_keeps_rows_one_at_a_time(monkeypatch: pytest.Mon
 def test_expf_is_within_one_ulp_of_float64_exp_and_keeps_the_edges() -> None:
     from numba import njit
 
-    from tfrt_py.native.kern_math import expf
+    from tfrt_py.native.kernels.fastmath import expf
 
     @njit
     def apply(x: np.ndarray, y: np.ndarray) -> None:
@@ -164,8 +164,8 @@ def test_a_module_calling_gemm_or_expf_states_the_kernels_version() -> None:
     """numba's cache of a generated module holds the machine code of what it calls (gemm,
     the inlined expf): the module states the kernels' version, so a changed kernel file
     changes the module's source and its cache key."""
-    from tfrt_py.native.ops_ml import kernel_version
-    from tfrt_py.native.source import literal
+    from tfrt_py.native.lower.ops_ml import kernel_version
+    from tfrt_py.native.lower.source import literal
 
     source = tfrt_py.load(_mlp(), executor="native", native="eager").native.lowered.source
     assert "gemm_f4(" in source and "expf(" in source

@@ -12,11 +12,11 @@ load on the loading thread, after ``compiler.prepare``, and returns the Executor
   over the thread budget, plus scheduling and pool hops) at most ``THRESHOLDS.async_gain``
   of one on the sync interpreter (parallel branches of expensive kernels); else *native*
   when numba imports, every op lowers (dynamic dims too: rows mode or per signature,
-  ``native/tier.py``; auto then measures native against the interpreter per batch-size
+  ``native/runtime/tier.py``; auto then measures native against the interpreter per batch-size
   class) and the cost model calls it tiny (``THRESHOLDS.native_max_flops``;
   ``$TFRT_PY_NATIVE=0`` turns this off), the generated function fits the compile budget
-  (``native/budget.py``, ``$TFRT_PY_NATIVE_BUDGET``) and the cache dir is safe
-  (``native/cachedir.py``); else *sync*, with the reason in ``describe()``.
+  (``native/lower/budget.py``, ``$TFRT_PY_NATIVE_BUDGET``) and the cache dir is safe
+  (``native/runtime/cachedir.py``); else *sync*, with the reason in ``describe()``.
 
 Streamed models (``load(memory_budget=)``) are chosen before import, by
 ``tfrt_py.streaming``, and get the same policy and notes here (``finish``).
@@ -39,10 +39,10 @@ from .executors.inline_policy import InlinePolicy
 from .executors.interpreter import SyncInterpreter
 from .feeds import FeedChecker
 from .ir import Node, TensorType
-from .native.cachedir import UnsafeCacheDir, cache_dir
-from .native.compile import NativeUnavailable, available
-from .native.lower import Declined, Lowered, blockers
-from .native.tier import NativeTier, plan_lowering
+from .native.lower.graph import Declined, Lowered, blockers
+from .native.runtime.cachedir import UnsafeCacheDir, cache_dir
+from .native.runtime.compile import NativeUnavailable, available
+from .native.runtime.tier import NativeTier, plan_lowering
 
 __all__ = ["EXECUTORS", "NATIVE_ENV", "finish", "select_executor"]
 

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tfrt_py.native import Declined
-from tfrt_py.native.budget import BUDGET_ENV, DEFAULT_BUDGET, OverBudget
+from tfrt_py.native.lower.budget import BUDGET_ENV, DEFAULT_BUDGET, OverBudget
 
 
 @pytest.fixture(autouse=True)

@@ -1,13 +1,14 @@
 """The native tier: a prepared graph lowered to one numba-compiled function.
 
-``lower.py`` (graph -> module source, per-op table in ``ops.py``), ``compile.py`` (numba,
-disk cache), ``tier.py`` (background compilation and the switch-over from the sync
-interpreter). numba is imported only when something is compiled.
+Three rooms: ``lower/`` (graph -> module source; one registry of op lowerings),
+``kernels/`` (the hand-written numba kernels generated code calls), ``runtime/`` (compile,
+disk cache, the tier's Executor, the background worker and the compile server). numba is
+imported only when something is compiled.
 """
 
 from __future__ import annotations
 
-from .compile import CACHE_ENV, NativeUnavailable, available
-from .lower import Declined, blockers, lower
+from .lower.graph import Declined, blockers, lower
+from .runtime.compile import CACHE_ENV, NativeUnavailable, available
 
 __all__ = ["CACHE_ENV", "Declined", "NativeUnavailable", "available", "blockers", "lower"]

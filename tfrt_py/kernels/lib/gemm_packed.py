@@ -1,6 +1,6 @@
 """A float32 product of rows by a constant matrix, over the matrix packed once at load.
 
-Used by the native tier's products (``native/products.py``: packed at lowering, stored
+Used by the native tier's products (``native/lower/products.py``: packed at lowering, stored
 only packed) and by the interpreter's split Linear (``linear_par``: a second copy of
 weights of at most ``linear_par.PACK_MAX_BYTES``).
 

@@ -382,7 +382,7 @@ def register_kernels(registry: KernelRegistry) -> None:
     registry.add("TreeEnsemble", _tree_ensemble, domain=ML_DOMAIN, since=5)
 
 
-#: Attribute parsing, shared with the native tier's lowering (``tfrt_py.native.ops_ml``),
+#: Attribute parsing, shared with the native tier's lowering (``tfrt_py.native.lower.ops_ml``),
 #: so both read a model the same way.
 parse_spec_v3 = _spec_v3
 parse_spec_v5 = _spec_v5

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from .kern_post import logistic, post, probit
+from .post import logistic, post, probit
 
 __all__ = [
     "forest_leq",

@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 import re
 
-from ..ir import Graph
+from ...ir import Graph
+from .registry import lowerings
 from .source import Declined
 
 __all__ = ["BUDGET_ENV", "DEFAULT_BUDGET", "LIBM_UNITS", "OverBudget", "budget", "check",
@@ -32,7 +33,6 @@ BUDGET_ENV = "TFRT_PY_NATIVE_BUDGET"
 DEFAULT_BUDGET = 1500
 LIBM_UNITS = 16
 _LIBM = re.compile(r"np\.(?:exp|expm1|log|tanh|sin|cos)\(|\bexpf\(|\*\*")
-_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 
 class OverBudget(Declined):
@@ -72,12 +72,11 @@ def _refuse(need: str, limit: int) -> OverBudget:
 
 def precheck(graph: Graph, limit: int) -> None:
     """OverBudget when ``graph`` surely needs more than ``limit`` units."""
+    reg = lowerings()
     low = 0
     for n in graph.nodes:
-        if (n.domain == "" and n.op_type in _VIEWS) or n.op_type == "Linear":
-            continue
-        steps = n.attrs.get("steps") if n.op_type.startswith("ElementwiseChain") else None
-        low += len(steps) if isinstance(steps, (list, tuple)) else 1
+        record = reg.get(n.domain, n.op_type)
+        low += 1 if record is None else record.units(n)
     if low > limit:
         raise _refuse(f"at least {low}", limit)
 

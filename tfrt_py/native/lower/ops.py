@@ -1,11 +1,12 @@
-"""The per-op lowering table: ONNX (and ``tfrt_py.fused``) node -> lines of numba code.
+"""Lowerings of the default domain's ops and the fused ops: node -> lines of numba code.
 
-``LOWER[(domain, op_type)](cx, node)`` returns the node's code, reading its inputs and
-writing its outputs through ``cx`` (a ``context.NodeContext``: ``ref``, ``out``, ``const``,
-``put_const``, ``decline``, ``tag``, ``blas``). A lowering that meets a case it does not
-handle calls ``cx.decline(reason)``; the model then stays on the interpreter and
-``describe()`` shows the reason. View ops (Reshape and friends) are not here: the
-lowering makes their output the same memory as their input (``lower.VIEW_OPS``).
+``register_lowerings`` adds a record per op (``records.OpLowering``: the emitter, its row
+rule, ...) to the registry. An emitter ``emit(cx, node)`` returns the node's code, reading
+its inputs and writing its outputs through ``cx`` (a ``context.NodeContext``: ``ref``,
+``out``, ``const``, ``put_const``, ``decline``, ``tag``, ``blas``). An emitter that meets
+a case it does not handle calls ``cx.decline(reason)``; the model then stays on the
+interpreter and ``describe()`` shows the reason. View ops (Reshape and friends) are
+registered by ``registry``: the lowering makes their output its input's memory.
 
 Runs at load on the loading thread; pure functions of the node.
 """
@@ -13,24 +14,24 @@ Runs at load on the loading thread; pure functions of the node.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..ir import Node
-from ..kernels.fused.domain import DOMAIN
-from ..kernels.lib.softmax_jit import SHORT_ROW
+from ...ir import Node
+from ...kernels.fused.domain import DOMAIN
+from ...kernels.lib.softmax_jit import SHORT_ROW
+from . import rows
 from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import Ref, lane_reduce, loop_nest, strides
-from .ops_tx import TX_LOWER, batched_matmul
+from .ops_tx import batched_matmul
 from .products import packed_product, weights_product
+from .records import Registry
 from .scalar import SCALAR_OPS
 from .source import literal
 
-__all__ = ["LOWER", "Lowering", "linear_lines"]
+__all__ = ["linear_lines", "register_lowerings"]
 
-Lowering = Callable[[Any, Node], list[str]]
 _FLOATS = ("float32", "float64")
 
 
@@ -375,20 +376,28 @@ def _cast(cx: Any, node: Node) -> list[str]:
     return loop_nest([x.size], lambda iv: [line])
 
 
-LOWER: dict[tuple[str, str], Lowering] = {
-    (DOMAIN, "Linear"): _linear,
-    (DOMAIN, "ElementwiseChain"): _chain,
-    (DOMAIN, "ElementwiseChainShared"): _chain,
-    ("", "MatMul"): _matmul,
-    ("", "Gemm"): _gemm,
-    ("", "Softmax"): _softmax,
-    ("", "LogSoftmax"): _softmax,
-    ("", "Concat"): _concat,
-    ("", "Slice"): _slice,
-    ("", "Transpose"): _transpose,
-    ("", "Gather"): _gather,
-    ("", "Cast"): _cast,
-    **{("", op): _reduce for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")},
-    **{("", op): _map for op in SCALAR_OPS if op != "Identity"},
-    **TX_LOWER,
-}
+def _steps_weight(node: Node) -> int:
+    steps = node.attrs.get("steps")
+    return len(steps) if isinstance(steps, (list, tuple)) else 1
+
+
+def register_lowerings(reg: Registry) -> None:
+    """The default domain's ops and the fused ops lowered here, with their row rules."""
+    # a run of Linear layers may become one stacked loop (runs.py): no lower bound
+    reg.add(DOMAIN, "Linear", _linear, rows=rows.only_first, product=True, weight=0)
+    for op in ("ElementwiseChain", "ElementwiseChainShared"):
+        reg.add(DOMAIN, op, _chain, rows=rows.any_rows, weight=_steps_weight)
+    reg.add("", "MatMul", _matmul, rows=rows.only_first, product=True)
+    reg.add("", "Gemm", _gemm, rows=rows.gemm, product=True)
+    reg.add("", "Softmax", _softmax, rows=rows.softmax)
+    reg.add("", "LogSoftmax", _softmax, rows=rows.softmax)
+    reg.add("", "Concat", _concat, rows=rows.concat)
+    reg.add("", "Slice", _slice, rows=rows.slice_)
+    reg.add("", "Transpose", _transpose, rows=rows.transpose)
+    reg.add("", "Gather", _gather, rows=rows.gather)
+    reg.add("", "Cast", _cast, rows=rows.any_rows)
+    for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"):
+        reg.add("", op, _reduce, rows=rows.reduce)
+    for op, form in SCALAR_OPS.items():
+        if op != "Identity":  # a view (registry.VIEW_OPS)
+            reg.add("", op, _map, rows=rows.any_rows, scalar=form)

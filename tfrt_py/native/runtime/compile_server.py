@@ -3,7 +3,7 @@
 numba compiles in Python for most of its time (type inference, lowering to IR) and holds
 the GIL while it does: on a background thread it slowed a serving thread's calls 20-28x
 for the seconds a compile took. So the compile worker (``worker.py``) hands each module's
-source to a *compile server*: a child process (``python -m tfrt_py.native.compile_server``),
+source to a *compile server*: a child process (``python -m tfrt_py.native.runtime.compile_server``),
 started on first use and kept for later compiles, niced to ``NICE`` so a busy host gives
 the serving process the CPU first. The child compiles with ``compile.compile_source`` into
 the same verified disk cache (``$TFRT_PY_CACHE_DIR``), and the worker then loads the
@@ -168,11 +168,12 @@ def _spawn(env: dict[str, str]) -> subprocess.Popen[bytes]:
     if not exe or not os.path.exists(exe):
         raise ServerGone(f"no Python executable to start ({exe!r})")
     env = dict(env)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.abspath(__file__)  # <root>/tfrt_py/native/runtime/compile_server.py
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     try:
         return subprocess.Popen(
-            [exe, "-m", "tfrt_py.native.compile_server", str(os.getpid())],
+            [exe, "-m", "tfrt_py.native.runtime.compile_server", str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=env, close_fds=True,
         )  # fmt: skip

@@ -92,7 +92,7 @@ def _gelu(a: list[str], at: dict[str, Any], t: str) -> str:
     branch-free expression LLVM vectorizes) and float64 libm's ``erf``; or the tanh form
     (``approximate`` "tanh"; float32 as ``x sigmoid(2u)`` with ``kern_math.expf``, which
     the module then imports: ``lower._assemble``)."""
-    from ..kernels.lib.erf import _P32, _Q32
+    from ...kernels.lib.erf import _P32, _Q32
 
     x = a[0]
     approx = at.get("approximate", "none")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import Value
+from ...ir import Value
 from .emit import matmul
 from .loops import Ref
 from .source import literal
@@ -28,7 +28,7 @@ PACKED_IMPORT = "from tfrt_py.kernels.lib.gemm_packed import gemm_p16"
 
 @functools.cache
 def _kernel() -> bool:
-    from ..kernels.lib import gemm_packed
+    from ...kernels.lib import gemm_packed
 
     return gemm_packed.kernel() is not None  # None: no JIT for it on this host
 
@@ -48,7 +48,7 @@ def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int
         return None
     if not _kernel():
         return None
-    from ..kernels.lib.gemm_packed import pack16
+    from ...kernels.lib.gemm_packed import pack16
 
     panels = cx.put_const(pack16(w))
     cx.imports.add(PACKED_IMPORT)

@@ -30,34 +30,32 @@ from typing import Any
 
 import numpy as np
 
-from ..compiler.load_limits import LOAD_MAX_BYTES, guarded_env, zero_feeds
-from ..errors import ExecutionError
-from ..executors.plan import Buffer, plan_offsets
-from ..executors.program import Program
-from ..ir import Graph, Node, TensorType, Value
-from ..kernels.lib import blas
+from ...compiler.load_limits import LOAD_MAX_BYTES, guarded_env, zero_feeds
+from ...errors import ExecutionError
+from ...executors.plan import Buffer, plan_offsets
+from ...executors.program import Program
+from ...ir import Graph, Node, TensorType, Value
+from ...kernels.lib import blas
+from . import registry
 from .budget import OverBudget, budget, check, precheck
 from .context import NodeContext
 from .emit import BLAS_IMPORT, EXP_IMPORT, copy_strided, tname
 from .fold import shape_arithmetic, shape_values
 from .loops import Ref, strides
-from .ops import LOWER
-from .ops_ml import KERNEL_IMPORTS, ML_LOWER, kernel_version
+from .ops_ml import KERNEL_IMPORTS, kernel_version
+from .registry import lowerings
 from .rowwise import check_rows
 from .runs import find_runs, lower_run_middle
 from .source import Declined, audit, literal
 
 __all__ = ["VIEW_OPS", "Declined", "Lowered", "blockers", "dynamic_inputs", "lower"]
 
-_ALL_LOWER = {**LOWER, **ML_LOWER}
-
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+#: The default domain's views: their output is their input's memory (no code).
+VIEW_OPS = frozenset(registry.VIEW_OPS)
 #: Rows mode also lowers the graph for this many rows at once when a product there is big
 #: enough for BLAS (``emit.BLAS_MIN_MACS``): whole tiles run that body, the rest row by
 #: row. 64 rows reach ~95% of a long gemm's rate for the small layers rows mode serves.
 TILE_ROWS = 64
-#: The ops whose lowering may call BLAS.
-_PRODUCTS = frozenset({"Linear", "MatMul", "Gemm", "MatMulTransB"})
 _NP_TYPES = {"f4": "float32", "f8": "float64", "i8": "int64", "i4": "int32", "b1": "boolean"}
 
 
@@ -121,9 +119,7 @@ def blockers(graph: Graph) -> list[str]:
     bad = collections.Counter(
         f"{n.domain}::{n.op_type}" if n.domain else n.op_type
         for n in graph.nodes
-        if (n.domain, n.op_type) not in _ALL_LOWER
-        and not (n.domain == "" and n.op_type in VIEW_OPS)
-        and id(n) not in folded
+        if (n.domain, n.op_type) not in lowerings() and id(n) not in folded
     )
     if bad:
         reasons.append("ops without a native lowering: " + ", ".join(
@@ -335,7 +331,8 @@ def _tile(graph: Graph, program: Program, row_cx: NodeContext,
     string or ZipMap outputs (their finishers belong to the row body)."""
     if row_cx.label_tables or row_cx.finishers or not blas.available():
         return None
-    if not any(n.op_type in _PRODUCTS for n in graph.nodes):
+    reg = lowerings()
+    if not any((r := reg.get(n.domain, n.op_type)) is not None and r.product for n in graph.nodes):
         return None
     try:
         specs = _input_specs(graph, None, TILE_ROWS)
@@ -368,9 +365,11 @@ def _lower_node(cx: NodeContext, node: Node) -> list[str]:
         if y is not None:
             cx.refs[id(y)] = x.reshaped(shape)
         return []
-    fn = _ALL_LOWER[(node.domain, node.op_type)]
+    record = lowerings().get(node.domain, node.op_type)
+    if record is None or record.emit is None:
+        cx.decline(f"{node.op_type} has no native lowering")
     try:
-        return fn(cx, node)
+        return record.emit(cx, node)
     except Declined:
         raise
     except Exception as e:  # noqa: BLE001 - an attribute, shape or dtype we do not handle

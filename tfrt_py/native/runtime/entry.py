@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..concurrency.threads import intra_pool, threads
-from ..kernels.ml.encode import zipmap_rows
+from ...concurrency.threads import intra_pool, threads
+from ...kernels.ml.encode import zipmap_rows
 
 __all__ = [
     "PAR_MIN_ROWS",

@@ -26,27 +26,29 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from ..ir import Node
-from ..kernels.base import KernelContext
-from ..kernels.ml.common import attr_floats, attr_ints, attr_strings, post_transform
-from ..kernels.ml.linear import class_labels
-from ..kernels.ml.tree_ops import aggregate_name, parse_spec_v3, parse_spec_v5
+from ...ir import Node
+from ...kernels.base import KernelContext
+from ...kernels.ml.common import attr_floats, attr_ints, attr_strings, post_transform
+from ...kernels.ml.linear import class_labels
+from ...kernels.ml.tree_ops import aggregate_name, parse_spec_v3, parse_spec_v5
+from . import rows
 from .emit import elementwise, tname
 from .loops import Ref
 from .ml_pack import AGG_CODES, FOREST_ROW, KERNEL_CODES, POST_CODES, pack_forest
+from .records import Registry
 from .source import literal
 
-__all__ = ["KERNEL_IMPORTS", "ML_LOWER", "kernel_version"]
+__all__ = ["KERNEL_IMPORTS", "kernel_version", "register_lowerings"]
 
 ML = "ai.onnx.ml"
 F4, F8, I8 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
 
 #: The import lines a module calling these kernels needs (our own module names).
 KERNEL_IMPORTS = (
-    "from tfrt_py.native.kern_post import argmax, matvec, normalize_row, post",
-    "from tfrt_py.native.kern_svm import linear_cls_row, svm_cls_row, svm_reg_row",
-    "from tfrt_py.native.kern_trees import forest_leq, forest_lt, forest_mixed",
-    "from tfrt_py.native.kern_trees import tree_cls_finish, tree_reg_finish",
+    "from tfrt_py.native.kernels.post import argmax, matvec, normalize_row, post",
+    "from tfrt_py.native.kernels.svm import linear_cls_row, svm_cls_row, svm_reg_row",
+    "from tfrt_py.native.kernels.trees import forest_leq, forest_lt, forest_mixed",
+    "from tfrt_py.native.kernels.trees import tree_cls_finish, tree_reg_finish",
 )
 
 
@@ -62,11 +64,12 @@ def kernel_version() -> int:
     numba's cache of a module (which holds the kernels' machine code) is not reused after
     the kernels change."""
     h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("kern_post.py", "kern_svm.py", "kern_trees.py", "kern_blas.py",
-                 "kern_math.py", os.path.join("..", "kernels", "lib", "blas.py"),
-                 os.path.join("..", "kernels", "lib", "gemm_packed.py")):  # fmt: skip
-        with open(os.path.join(here, name), "rb") as f:
+    native = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    lib = os.path.join(os.path.dirname(native), "kernels", "lib")
+    for path in (*(os.path.join(native, "kernels", f"{name}.py")
+                   for name in ("post", "svm", "trees", "blas", "fastmath")),
+                 os.path.join(lib, "blas.py"), os.path.join(lib, "gemm_packed.py")):  # fmt: skip
+        with open(path, "rb") as f:
             h.update(f.read())
     return int(h.hexdigest()[:12], 16)
 
@@ -568,21 +571,29 @@ def _imputer(cx: Any, node: Node) -> list[str]:
             f"        {y.buf}[{y.off} + {at}] = {vals}[c] if {hit} else {v}"]  # fmt: skip
 
 
-ML_LOWER: dict[tuple[str, str], Any] = {
-    (ML, "TreeEnsembleClassifier"): _tree_classifier,
-    (ML, "TreeEnsembleRegressor"): _tree_regressor,
-    (ML, "TreeEnsemble"): _tree_regressor,
-    (ML, "SVMClassifier"): _svm_classifier,
-    (ML, "SVMRegressor"): _svm_regressor,
-    (ML, "LinearClassifier"): _linear_classifier,
-    (ML, "LinearRegressor"): _linear_regressor,
-    (ML, "Scaler"): _scaler,
-    (ML, "Normalizer"): _normalizer,
-    (ML, "Binarizer"): _binarizer,
-    (ML, "ZipMap"): _zipmap,
-    (ML, "ArrayFeatureExtractor"): _array_feature_extractor,
-    (ML, "FeatureVectorizer"): _feature_vectorizer,
-    (ML, "Imputer"): _imputer,
-    ("", "ArgMax"): _argmax,
-    ("", "ArgMin"): _argmax,
-}
+def _all_batched(node: Node, rank: int, batched: list[bool]) -> bool:
+    return all(batched)  # FeatureVectorizer: every input is a column block of the row
+
+
+def register_lowerings(reg: Registry) -> None:
+    """The ai.onnx.ml ops lowered here (and ArgMax/ArgMin), with their row rules."""
+    per_row = {
+        "TreeEnsembleClassifier": _tree_classifier,
+        "TreeEnsembleRegressor": _tree_regressor,
+        "TreeEnsemble": _tree_regressor,
+        "SVMClassifier": _svm_classifier,
+        "SVMRegressor": _svm_regressor,
+        "LinearClassifier": _linear_classifier,
+        "LinearRegressor": _linear_regressor,
+        "Scaler": _scaler,
+        "Normalizer": _normalizer,
+        "Binarizer": _binarizer,
+        "ZipMap": _zipmap,
+        "ArrayFeatureExtractor": _array_feature_extractor,
+        "Imputer": _imputer,
+    }
+    for op, emit in per_row.items():
+        reg.add(ML, op, emit, rows=rows.only_first)
+    reg.add(ML, "FeatureVectorizer", _feature_vectorizer, rows=_all_batched)
+    reg.add("", "ArgMax", _argmax, rows=rows.axis_not_0(0))
+    reg.add("", "ArgMin", _argmax, rows=rows.axis_not_0(0))

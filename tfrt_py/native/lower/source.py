@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TfrtError
+from ...errors import TfrtError
 
 __all__ = ["Declined", "audit", "literal"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import stat
 
-from ..errors import TfrtError
+from ...errors import TfrtError
 
 __all__ = ["CACHE_ENV", "UnsafeCacheDir", "cache_dir", "check_dir", "make_private"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import Node
+from ...ir import Node
 from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import (
     LANES,
@@ -28,9 +28,10 @@ from .loops import (
     strides,
 )
 from .products import packed_product, weights_product
+from .records import Registry
 from .source import literal
 
-__all__ = ["TX_LOWER"]
+__all__ = ["batched_matmul", "register_lowerings"]
 
 _FLOATS = ("float32", "float64")
 
@@ -515,22 +516,24 @@ def _attention(cx: Any, node: Node) -> list[str]:
 
 _MS = "com.microsoft"
 
-TX_LOWER: dict[tuple[str, str], Any] = {
-    ("", "Split"): _split,
-    ("", "GatherND"): _gather_nd,
-    ("", "SimplifiedLayerNormalization"): _norm,
-    (_MS, "SkipLayerNormalization"): _skip_norm,
-    (_MS, "SkipSimplifiedLayerNormalization"): _skip_norm,
-    (_MS, "BiasGelu"): _gelu_like,
-    (_MS, "FastGelu"): _gelu_like,
-    (_MS, "FusedMatMul"): _fused_matmul,
-    (_MS, "EmbedLayerNormalization"): _embed_norm,
-    (_MS, "Attention"): _attention,
-    **{("", op): _logic for op in _LOGIC},
-    ("", "Expand"): _expand,
-    ("", "LayerNormalization"): _norm,
-    ("", "RMSNormalization"): _norm,
-}
+
+def register_lowerings(reg: Registry) -> None:
+    """The transformer ops lowered here (none has a row rule: rows mode declines them)."""
+    reg.add("", "Split", _split)
+    reg.add("", "GatherND", _gather_nd)
+    reg.add("", "SimplifiedLayerNormalization", _norm)
+    reg.add(_MS, "SkipLayerNormalization", _skip_norm)
+    reg.add(_MS, "SkipSimplifiedLayerNormalization", _skip_norm)
+    reg.add(_MS, "BiasGelu", _gelu_like)
+    reg.add(_MS, "FastGelu", _gelu_like)
+    reg.add(_MS, "FusedMatMul", _fused_matmul)
+    reg.add(_MS, "EmbedLayerNormalization", _embed_norm)
+    reg.add(_MS, "Attention", _attention)
+    for op in _LOGIC:
+        reg.add("", op, _logic)
+    reg.add("", "Expand", _expand)
+    reg.add("", "LayerNormalization", _norm)
+    reg.add("", "RMSNormalization", _norm)
 
 
 def batched_matmul(cx: Any, node: Node) -> list[str] | None:

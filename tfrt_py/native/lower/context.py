@@ -13,8 +13,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from ..executors.plan import ALIGN, Buffer
-from ..ir import Graph, Node, Value
+from ...executors.plan import ALIGN, Buffer
+from ...ir import Graph, Node, Value
 from .emit import tname
 from .loops import Ref
 from .source import Declined, literal

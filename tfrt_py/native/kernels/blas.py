@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..kernels.lib import blas
+from ...kernels.lib import blas
 
 __all__ = ["gemm_f4", "gemm_f4_ld", "gemm_f8"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels.ml.tree import EQ, GT, GTE, LEQ, LT, MEMBER, NEQ, TreeSpec
+from ...kernels.ml.tree import EQ, GT, GTE, LEQ, LT, MEMBER, NEQ, TreeSpec
 
 __all__ = ["AGG_CODES", "FOREST_ROW", "KERNEL_CODES", "POST_CODES", "PackedForest", "pack_forest"]
 

@@ -14,8 +14,8 @@ import math
 import numpy as np
 from numba import njit
 
-from .kern_math import expf
-from .kern_post import argmax, logistic, post, probit
+from .fastmath import expf
+from .post import argmax, logistic, post, probit
 
 __all__ = ["linear_cls_row", "svm_cls_row", "svm_kernel_row", "svm_reg_row"]
 

@@ -35,13 +35,14 @@ from typing import Any
 
 import numpy as np
 
-from ..calls import CallContext
-from ..concurrency.threads import limit_blas
-from ..errors import InputError
-from ..executors.base import Executor
-from ..executors.program import Program
-from ..feeds import check_output_buffers
-from ..ir import Graph
+from ...calls import CallContext
+from ...concurrency.threads import limit_blas
+from ...errors import InputError
+from ...executors.base import Executor
+from ...executors.program import Program
+from ...feeds import check_output_buffers
+from ...ir import Graph
+from ..lower.graph import Lowered, lower
 from . import worker
 from .compile import Compiled, compile_lowered
 from .entry import (
@@ -53,7 +54,6 @@ from .entry import (
     split_threads,
     threads_entry,
 )
-from .lower import Lowered, lower
 
 __all__ = ["MAX_SIGNATURES", "MODES", "NativeTier", "plan_lowering"]
 
@@ -458,8 +458,8 @@ def plan_lowering(graph: Graph, program: Program) -> Lowered | None:
     """The module for ``graph`` (static shapes, or rows mode for a dynamic first dim
     whose rows are independent), or None for signature mode: other dynamic dims, after
     checking that the signature with every dynamic dim 1 lowers. Raises Declined."""
-    from .lower import dynamic_inputs
-    from .source import Declined
+    from ..lower.graph import dynamic_inputs
+    from ..lower.source import Declined
 
     if not any(dynamic_inputs(graph)):
         return lower(graph, program)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import Graph, Node
+from ...ir import Graph, Node
 
 __all__ = ["SHAPE_VALUE_MAX", "shape_arithmetic", "shape_values"]
 

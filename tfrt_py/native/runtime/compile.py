@@ -41,9 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TfrtError
+from ...errors import TfrtError
+from ..lower.graph import Lowered
 from .cachedir import CACHE_ENV, UnsafeCacheDir, cache_dir, check_dir, make_private
-from .lower import Lowered
 
 __all__ = [
     "CACHE_ENV",

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ir import Graph, Node
-from ..kernels.fused.domain import DOMAIN
+from ...ir import Graph, Node
+from ...kernels.fused.domain import DOMAIN
 from .loops import Ref
 from .ops import linear_lines
 from .source import literal

@@ -1,0 +1,34 @@
+"""Every op the native tier lowers, collected once: ``lowerings()``.
+
+Each ops module registers its records (``register_lowerings``: ``ops`` the default
+domain's and the fused ops' code, ``ops_tx`` the transformer ops', ``ops_ml`` the
+classic-ML ops'); the views are registered here. The lowering (``graph``), rows mode
+(``rowwise``), the compile budget (``budget``) and ``blockers`` read this one table.
+
+Built on first use (thread-safe: ``functools.cache`` over a pure function), immutable.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from . import ops, ops_ml, ops_tx, rows
+from .records import Registry
+from .scalar import SCALAR_OPS
+
+__all__ = ["VIEW_OPS", "lowerings"]
+
+#: Ops whose output is their input's memory with another shape: no code.
+VIEW_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+
+
+@functools.cache
+def lowerings() -> Registry:
+    """The registry of every native lowering."""
+    reg = Registry()
+    for op in VIEW_OPS:
+        reg.add("", op, rows=rows.any_rows, view=True, scalar=SCALAR_OPS.get(op), weight=0)
+    ops.register_lowerings(reg)
+    ops_tx.register_lowerings(reg)
+    ops_ml.register_lowerings(reg)
+    return reg
