@@ -12,7 +12,7 @@ cannot hold (TensorProto) and every error or crash counted as failures. One diff
 each data set runs ``--calls`` times in a row (default 2) on the one prepared model -- the
 first call plans the input signature, the next ones run the planned code with ``out=``
 buffers -- and a case passes only if every call matches; ``--calls 1`` counts exactly as
-that tool does. ``tests/test_conformance.py`` runs the same cases under pytest (with
+that tool does. ``tests/models/test_conformance.py`` runs the same cases under pytest (with
 explicit excludes).
 """
 

@@ -11,13 +11,12 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tfrt_py.errors import InputError, ModelLoadError
-
-ort = pytest.importorskip("onnxruntime")
 
 N = 16
 

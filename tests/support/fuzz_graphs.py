@@ -363,10 +363,10 @@ class GraphGen:
         if r >= 4:
             return
         a = self.draw(st.integers(-(r + 1), r))
-        shape = list(x.shape)
-        shape.insert(a % (r + 1), 1)
+        dims = list(x.shape)
+        dims.insert(a % (r + 1), 1)
         ins, attrs = self.axes_arg(x, [a])
-        self.emit("Unsqueeze", ins, x.dtype, tuple(shape), **attrs)
+        self.emit("Unsqueeze", ins, x.dtype, tuple(dims), **attrs)
 
     def axes_arg(self, x: V, axes: list[int]) -> tuple[list[V | None], dict[str, Any]]:
         """Squeeze/Unsqueeze ``axes``: an input from opset 13, an attribute before."""

@@ -1,4 +1,4 @@
-"""Models of the scale-out tests and benchmarks (tests/test_ray.py, tests/test_prefork.py,
+"""Models of the scale-out tests and benchmarks (tests/test_ray.py, tests/serving/test_prefork.py,
 benchmarks/ray_bulk.py), each built from fixed seeds into a file:
 
 * ``gbt_model``: scikit-learn gradient-boosted trees (3 classes, 8 features) converted with

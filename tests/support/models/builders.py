@@ -35,7 +35,7 @@ Feed = dict[str, Any]
 
 @dataclass(frozen=True)
 class ModelCase:
-    """A model with sample feeds: what ``tests/test_models.py`` runs against onnxruntime."""
+    """A model with sample feeds: what ``tests/models/test_models.py`` runs against onnxruntime."""
 
     name: str
     model: onnx.ModelProto

@@ -1,0 +1,265 @@
+"""One plan for every signature (issue 32): a model with dynamic dims whose shapes the load-
+time shape model describes gets one layout and one generated program for every batch,
+sequence and past length; a new signature runs no probe, makes no plan and generates no
+code; the first signature of each dim bucket is checked against a plain run, and a model
+whose formulas fail that check falls back to plans per signature, still right."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import tfrt_py
+from tests.support.paths import DATA as TEST_DATA
+from tfrt_py.compiler.shape_model import fit_shape_model
+from tfrt_py.errors import ExecutionError, InputError
+from tfrt_py.executors import interpreter as interp_mod
+from tfrt_py.executors import plan_generic
+from tfrt_py.executors.dims import DimVars, bucket_of
+from tfrt_py.ir import GraphBuilder
+
+F32 = np.float32
+DATA = TEST_DATA / "transformers"
+
+
+def _attention_graph() -> object:
+    """A one-head self-attention block over (batch, seq, 16) with a residual and a mask
+    added from a (batch, seq) input: products, a transpose, a softmax, broadcasting."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("attn")
+    x = b.input("x", F32, ("batch", "seq", 16))
+    m = b.input("mask", F32, ("batch", "seq"))
+    q = b.op("MatMul", x, b.const(rng.standard_normal((16, 16)).astype(F32) / 4))
+    k = b.op("MatMul", x, b.const(rng.standard_normal((16, 16)).astype(F32) / 4))
+    v = b.op("MatMul", x, b.const(rng.standard_normal((16, 16)).astype(F32) / 4))
+    s = b.op("MatMul", q, b.op("Transpose", k, perm=[0, 2, 1]))
+    keep = b.op("Sub", b.const(np.ones((), F32)), m)
+    bias = b.op(
+        "Unsqueeze", b.op("Mul", keep, b.const(np.array(-1e4, F32))), b.const(np.array([1]))
+    )
+    p = b.op("Softmax", b.op("Add", s, bias), axis=-1)
+    y = b.op("Add", b.op("MatMul", p, v), x)
+    b.output(b.op("Relu", y), "y")
+    return b.build()
+
+
+def _feeds(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, seq), F32)
+    mask[0, seq - seq // 4 :] = 0
+    return {"x": rng.standard_normal((batch, seq, 16)).astype(F32), "mask": mask}
+
+
+def _reference(graph: object, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return tfrt_py.load(graph, executor="async").run(feeds)
+
+
+def test_one_plan_serves_every_length_and_batch() -> None:
+    g = _attention_graph()
+    model = tfrt_py.load(g, executor="sync")
+    rt = model.runtime
+    assert rt._generic is not None, rt.generic_note  # type: ignore[attr-defined]
+    for batch, seq in [(1, 5), (1, 9), (3, 9), (2, 17), (1, 1), (4, 33), (1, 9), (2, 6)]:
+        feeds = _feeds(batch, seq, seed=seq)
+        got, want = model.run(feeds), _reference(g, feeds)
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
+    assert rt.plans() == []  # type: ignore[attr-defined]  # no plan per signature was made
+    text = model.describe()
+    assert "one plan for every signature of the dims (batch, seq)" in text
+    assert "7 made" in text  # seven distinct signatures, each an instance of the one plan
+
+
+def test_a_new_signature_runs_no_probe_and_generates_no_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After its bucket was checked, a new length costs the formulas only: the program is
+    not run the plain way and no code is generated."""
+    model = tfrt_py.load(_attention_graph(), executor="sync")
+    model.run(_feeds(1, 9))  # bucket (1, 16): checked by one plain run
+    plain_runs = []
+    real = interp_mod.run_env
+    monkeypatch.setattr(interp_mod, "run_env", lambda *a: plain_runs.append(1) or real(*a))
+    generated = []
+    real_gen = interp_mod.generate
+    monkeypatch.setattr(interp_mod, "generate", lambda *a, **k: generated.append(1)
+                        or real_gen(*a, **k))  # fmt: skip
+    for seq in range(9, 17):  # every other length of the bucket
+        feeds = _feeds(1, seq, seed=seq)
+        got = model.run(feeds)
+        np.testing.assert_allclose(got["y"], _reference(_attention_graph(), feeds)["y"],
+                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert plain_runs == [] and generated == []
+    model.run(_feeds(1, 40))  # a new bucket (1, 64): its first signature is checked
+    assert plain_runs == [1]
+
+
+def test_the_transformer_zoo_bert_matches_onnxruntime_at_every_length() -> None:
+    path = str(DATA / "bert.onnx")
+    model = tfrt_py.load(path, executor="sync")
+    assert model.runtime._generic is not None, model.runtime.generic_note  # type: ignore[attr-defined]
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for batch, seq in [(1, 8), (1, 13), (2, 13), (1, 31), (3, 7), (1, 64), (1, 13)]:
+        ids = rng.integers(0, 100, (batch, seq)).astype(np.int64)
+        mask = np.ones((batch, seq), np.int64)
+        mask[0, seq // 2 :] = 0
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        got = model.run(feeds)["last_hidden_state"]
+        (want,) = sess.run(None, feeds)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _clamped_graph() -> object:
+    """y = x[:, :min(seq, 6)] * 2: the output's length is min(seq, 6), which is seq at
+    every probe point (2, 3, 4, 5) and not beyond: a formula that fails its check later."""
+    b = GraphBuilder("clamp")
+    x = b.input("x", F32, (1, "seq"))
+    s = b.op("Slice", x, b.const(np.array([0])), b.const(np.array([6])), b.const(np.array([1])))
+    b.output(b.op("Mul", s, b.const(np.array(2.0, F32))), "y")
+    return b.build()
+
+
+def test_formulas_that_fail_their_check_retire_the_plan_and_answers_stay_right() -> None:
+    model = tfrt_py.load(_clamped_graph(), executor="sync")
+    rt = model.runtime
+    assert rt._generic is not None  # type: ignore[attr-defined]
+    x3 = np.arange(3, dtype=F32)[None]
+    np.testing.assert_array_equal(model.run({"x": x3})["y"], x3 * 2)
+    x9 = np.arange(9, dtype=F32)[None]
+    np.testing.assert_array_equal(model.run({"x": x9})["y"], x9[:, :6] * 2)  # new bucket
+    assert rt._generic is None  # type: ignore[attr-defined]
+    assert "retired at a call: the shape of node" in model.describe()
+    for n in (9, 3, 12, 1):  # plans per signature from now on, every answer right
+        x = np.arange(n, dtype=F32)[None]
+        np.testing.assert_array_equal(model.run({"x": x})["y"], x[:, :6] * 2)
+
+
+def test_memory_plan_is_the_buckets_and_fits_every_signature_in_it() -> None:
+    model = tfrt_py.load(_attention_graph(), executor="sync")
+    a = model.memory_plan({"x": (2, 9, 16), "mask": (2, 9)})
+    b = model.memory_plan({"x": (2, 16, 16), "mask": (2, 16)})
+    assert a.arena_bytes == b.arena_bytes  # one bucket (2, 16): one placement
+    assert b.lower_bound_bytes <= b.arena_bytes and a.lower_bound_bytes < b.lower_bound_bytes
+    for plan in (a, b):  # no two buffers live at once overlap in memory
+        for i, p in enumerate(plan.buffers):
+            for q in plan.buffers[i + 1 :]:
+                assert not (p.overlaps_in_time(q) and p.overlaps_in_memory(q))
+
+
+def test_threads_with_different_lengths_at_once_get_their_own_answers() -> None:
+    g = _attention_graph()
+    model = tfrt_py.load(g, executor="sync")
+    cases = [_feeds(1 + i % 3, 3 + 5 * i, seed=i) for i in range(8)]
+    wants = [_reference(g, f)["y"] for f in cases]
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for r in range(30):
+                i = (k + r) % len(cases)
+                np.testing.assert_allclose(model.run(cases[i])["y"], wants[i], rtol=1e-5,
+                                           atol=1e-5)  # fmt: skip
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_caller_buffers_deadlines_and_bad_feeds_on_the_generic_plan() -> None:
+    g = _attention_graph()
+    model = tfrt_py.load(g, executor="sync", timeout=30)
+    feeds = _feeds(2, 11)
+    want = _reference(g, feeds)["y"]
+    out = np.empty_like(want)
+    got = model.run(feeds, outputs={"y": out})  # run_call: the deadline's entry
+    assert got["y"] is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputError, match="buffer is"):
+        model.run(feeds, outputs={"y": np.empty((2, 10, 16), F32)})
+    with pytest.raises(InputError, match="'seq'"):  # lengths that disagree between inputs
+        model.run({"x": feeds["x"], "mask": np.ones((2, 12), F32)})
+    np.testing.assert_allclose(model.run(feeds)["y"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_instances_are_bounded_and_made_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan_generic, "MAX_INSTANCES", 3)
+    g = _attention_graph()
+    model = tfrt_py.load(g, executor="sync")
+    for seq in list(range(2, 12)) * 2:
+        feeds = _feeds(1, seq, seed=seq)
+        np.testing.assert_allclose(model.run(feeds)["y"], _reference(g, feeds)["y"],
+                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert len(model.runtime._generic.insts) <= 3  # type: ignore[attr-defined]
+
+
+def test_a_kernel_error_on_the_generic_plan_names_the_node() -> None:
+    b = GraphBuilder("gather")
+    x = b.input("x", F32, ("n", 4))
+    i = b.input("i", np.int64, ("n",))
+    b.output(b.op("Gather", x, i, axis=0), "y")
+    model = tfrt_py.load(b.build(), executor="sync")
+    x = np.ones((3, 4), F32)
+    np.testing.assert_array_equal(model.run({"x": x, "i": np.array([0, 2, 1])})["y"], x)
+    with pytest.raises(ExecutionError, match="Gather"):
+        model.run({"x": x, "i": np.array([0, 7, 1])})
+    np.testing.assert_array_equal(model.run({"x": x, "i": np.array([2, 2, 2])})["y"], x)
+
+
+def test_dim_variables_follow_the_declared_symbols() -> None:
+    dv = DimVars.of([("batch", "seq"), ("batch", 4, "past", 8), ("batch", "past + seq"), (None,)])
+    assert dv is not None
+    assert dv.names == ("batch", "seq", "past", "?3.0")
+    assert dv.values([(2, 3), (2, 4, 5, 8), (2, 8), (7,)]) == (2, 3, 5, 7)
+    assert dv.values([(2, 3), (2, 4, 5, 8), (2, 9), (7,)]) is None  # past + seq broken
+    # a sum naming a symbol that never stands alone is a variable of its own
+    dv2 = DimVars.of([("n", "total + 1")])
+    assert dv2 is not None and dv2.names == ("n", "total + 1")
+    assert bucket_of((0, 1, 3, 16, 17)) == (0, 1, 4, 16, 32)
+
+
+def test_models_the_shape_model_cannot_fit_plan_per_signature() -> None:
+    b = GraphBuilder("many")
+    xs = [b.input(f"x{k}", F32, (f"d{k}",)) for k in range(5)]  # five variables: too many
+    b.output(b.op("Concat", *xs, axis=0), "y")
+    g = b.build()
+    model = tfrt_py.load(g, executor="sync")
+    assert model.runtime._generic is None  # type: ignore[attr-defined]
+    assert "generic plan: not used: 5 dim variables" in model.describe()
+    feeds = {f"x{k}": np.full(k + 1, k, F32) for k in range(5)}
+    np.testing.assert_array_equal(model.run(feeds)["y"], np.concatenate(list(feeds.values())))
+    fit = fit_shape_model(model.prepared.program, set(), set())
+    assert fit.model is None and "5 dim variables" in fit.reason
+
+
+def test_float_shape_arithmetic_is_served_by_the_generic_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Shape arithmetic that yields floats -- a scale of half the batch, a mask value of
+    -3.4e38 -- is a formula too: a new signature is still served without a plain run
+    (the evaluation once refused every signature of such a model: its values are neither
+    whole numbers nor below the dims' bound)."""
+    b = GraphBuilder("floats")
+    x = b.input("x", F32, ("n", 4))
+    n = b.op("Cast", b.op("Gather", b.op("Shape", x), b.const(np.array([0]))), to=1)
+    half = b.op("Mul", n, b.const(np.array([0.5], F32)))
+    floor = b.op("Add", n, b.const(np.array([-3.4e38], F32)))
+    b.output(b.op("Max", b.op("Mul", x, half), floor), "y")
+    model = tfrt_py.load(b.build(), executor="sync")
+    rt = model.runtime
+    model.run({"x": np.ones((5, 4), F32)})  # bucket (8,): checked
+    plain = []
+    real = interp_mod.run_env
+    monkeypatch.setattr(interp_mod, "run_env", lambda *a: plain.append(1) or real(*a))
+    for rows in (6, 7, 8, 5):
+        x = np.arange(rows * 4, dtype=F32).reshape(rows, 4)
+        np.testing.assert_allclose(model.run({"x": x})["y"], x * rows / 2, rtol=1e-6)
+    assert plain == [] and rt._generic is not None  # type: ignore[attr-defined]
+    assert rt._generic.made >= 4  # type: ignore[attr-defined]
