@@ -70,6 +70,12 @@ def compute_dtype(dt: np.dtype) -> np.dtype:
     return dt
 
 
+def float_compute_dtype(dt: np.dtype) -> np.dtype:
+    """The dtype a float-only kernel computes in (attention, recurrent cells): float64
+    stays, every other type -- float16, bfloat16, float8, integers -- computes in float32."""
+    return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+
+
 def float_dtype(dt: np.dtype) -> np.dtype:
     """``dt`` when it is a float type, else float64 (the type integer math is done in)."""
     return dt if dt.kind == "f" else np.dtype(np.float64)

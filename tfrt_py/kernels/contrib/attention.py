@@ -41,16 +41,12 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, Cost, KernelContext
-from ..common import to_ints
+from ..common import float_compute_dtype, to_ints
 from ..lib.softmax_jit import softmax_rows_f32
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
 
 __all__ = ["register_kernels"]
-
-
-def _compute_dtype(dt: np.dtype) -> np.dtype:
-    return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
 
 
 def _key_mask(
@@ -170,7 +166,7 @@ def _attention(ctx: KernelContext) -> ComputeFn:
             raise ValueError("Attention: input must be 3-D (batch, sequence, hidden)")
         b, s, _ = input.shape
         dt = input.dtype
-        cdt = _compute_dtype(dt)
+        cdt = float_compute_dtype(dt)
         total = weights.shape[1]
         dq, dk, dv = sizes if sizes is not None else (total // 3,) * 3
         if dq + dk + dv != total or (sizes is None and total % 3):

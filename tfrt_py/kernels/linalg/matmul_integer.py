@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..lib.quant import requantize
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -106,14 +107,7 @@ def _qlinear_matmul(ctx: KernelContext) -> ComputeFn:
             bf = _b_side(b, b_zp, cdt)
         acc = np.matmul(_a_side(a, a_zp, cdt), bf)
         scale = (_row(a_scale) * np.asarray(b_scale) / np.asarray(y_scale)).astype(np.float64)
-        r = acc.astype(np.float64, copy=False) * scale
-        odt = a.dtype if y_zp is None else np.asarray(y_zp).dtype
-        if y_zp is not None:
-            r += np.asarray(y_zp, dtype=np.float64)
-        info = np.iinfo(odt)
-        np.rint(r, out=r)
-        np.clip(r, info.min, info.max, out=r)
-        return r.astype(odt)
+        return requantize(acc, scale, y_zp, a.dtype)
 
     return qlinear_matmul
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from ...ir.dtypes import ElemType
 from ..base import ComputeFn, KernelContext
+from ..common import float_compute_dtype
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -34,16 +35,24 @@ _NEG_INF = float("-inf")
 _PRECISIONS = frozenset({ElemType.FLOAT, ElemType.FLOAT16, ElemType.DOUBLE, ElemType.BFLOAT16})
 
 
-def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype a float kernel computes in: float64 stays, everything else is float32."""
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
-
-
 def precision_dtype(ctx: KernelContext, code: int) -> np.dtype:
     """The NumPy dtype of a ``softmax_precision`` attribute value (load time)."""
     if int(code) not in _PRECISIONS:
         raise ctx.unsupported(f"softmax_precision={code} is not a float type")
     return ctx.elem_dtype(code, "softmax_precision")
+
+
+def _allowed(diff: np.ndarray, causal: bool, left: int, right: int) -> np.ndarray:
+    """Which (query, key) pairs the causal frontier and the window keep, from ``diff`` =
+    query position - key position."""
+    allowed = np.ones(diff.shape, dtype=bool)
+    if causal:
+        allowed &= diff >= 0
+    if left >= 0:
+        allowed &= diff <= left
+    if right >= 0:
+        allowed &= -diff <= right
+    return allowed
 
 
 @lru_cache(maxsize=256)
@@ -53,13 +62,7 @@ def _structural_bias(
     """The (Sq, T) additive bias of the causal frontier and the window, for a scalar offset,
     and the (Sq, 1) mask of fully masked rows (None when there are none). Read-only."""
     diff = (np.arange(sq)[:, None] + offset) - np.arange(t)[None, :]
-    allowed = np.ones((sq, t), dtype=bool)
-    if causal:
-        allowed &= diff >= 0
-    if left >= 0:
-        allowed &= diff <= left
-    if right >= 0:
-        allowed &= -diff <= right
+    allowed = _allowed(diff, causal, left, right)
     bias = np.where(allowed, 0.0, _NEG_INF).astype(dtype)
     bias.flags.writeable = False
     empty = np.logical_not(allowed.any(axis=1, keepdims=True))
@@ -71,13 +74,7 @@ def _batch_structural_bias(
 ) -> np.ndarray:
     """The (B, 1, Sq, T) bias of causal frontier and window for per-batch offsets."""
     diff = (np.arange(sq)[None, :, None] + offsets.reshape(-1, 1, 1)) - np.arange(t)
-    allowed = np.ones(diff.shape, dtype=bool)
-    if causal:
-        allowed &= diff >= 0
-    if left >= 0:
-        allowed &= diff <= left
-    if right >= 0:
-        allowed &= -diff <= right
+    allowed = _allowed(diff, causal, left, right)
     return np.where(allowed, 0.0, _NEG_INF).astype(dtype)[:, None]
 
 
@@ -130,7 +127,7 @@ def _attention(ctx: KernelContext) -> ComputeFn:
         nonpad_kv_seqlen: np.ndarray | None = None,
     ) -> Any:
         out_dtype = Q.dtype
-        cdt = out_dtype if out_dtype.kind == "V" else compute_dtype(out_dtype)
+        cdt = out_dtype if out_dtype.kind == "V" else float_compute_dtype(out_dtype)
         is_3d = Q.ndim == 3
         B = Q.shape[0]
         if is_3d:

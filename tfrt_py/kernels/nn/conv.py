@@ -23,6 +23,7 @@ import numpy as np
 from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import compute_dtype
 from ..lib.gemm import matmul_cols_into
+from ..lib.quant import requantize
 from ..registry import KernelRegistry
 from .conv_blocked import blocked_conv_fn
 from .conv_common import Spatial, bias_vector, conv_geometry, parse_spatial, scratch
@@ -425,14 +426,7 @@ def _qlinear_conv(ctx: KernelContext) -> ComputeFn:
         if ws.ndim == 1 and ws.size > 1:
             ws = ws.reshape((-1,) + (1,) * nsp)
         scale = (np.asarray(x_scale) * ws / np.asarray(y_scale)).astype(np.float64)
-        r = acc.astype(np.float64, copy=False) * scale
-        odt = x.dtype if y_zp is None else np.asarray(y_zp).dtype
-        if y_zp is not None:
-            r += np.asarray(y_zp, dtype=np.float64)
-        info = np.iinfo(odt)
-        np.rint(r, out=r)
-        np.clip(r, info.min, info.max, out=r)
-        return r.astype(odt)
+        return requantize(acc, scale, y_zp, x.dtype)
 
     return qlinear_conv
 

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..common import float_compute_dtype
 from ..registry import KernelRegistry
-from .rnn_common import Activation, RnnSpec, Step, compute_dtype, run_direction, seq_masks
+from .rnn_common import Activation, RnnSpec, Step, run_direction, seq_masks
 
 __all__ = ["register_kernels"]
 
@@ -301,7 +302,7 @@ def _build(ctx: KernelContext, spec: RnnSpec, G: int, prep: Prep, has_c: bool) -
     prepared = None
     if const:
         assert W_c is not None and R_c is not None
-        dt0 = compute_dtype(W_c.dtype)
+        dt0 = float_compute_dtype(W_c.dtype)
         prepared = (dt0, R_c.shape[-1], *prep(W_c, R_c, B_c, P_c, dt0))
         if spec.hidden_size is not None and spec.hidden_size != R_c.shape[-1]:
             raise ctx.unsupported(f"hidden_size {spec.hidden_size} but R is {R_c.shape}")
@@ -320,7 +321,7 @@ def _build(ctx: KernelContext, spec: RnnSpec, G: int, prep: Prep, has_c: bool) -
         if prepared is not None:
             dt, H, WT, bias, steps = prepared
         else:
-            dt = compute_dtype(W.dtype)
+            dt = float_compute_dtype(W.dtype)
             H = R.shape[-1]
             WT, bias, steps = prep(W, R, B, P, dt)
         if layout:

@@ -26,7 +26,6 @@ __all__ = [
     "Activation",
     "RnnSpec",
     "Step",
-    "compute_dtype",
     "make_activation",
     "run_direction",
     "seq_masks",
@@ -208,13 +207,6 @@ class RnnSpec:
             acts,
             act_names,
         )
-
-
-def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype the cell math runs in for inputs of ``dtype``."""
-    if dtype == np.float32 or dtype == np.float64:
-        return dtype
-    return np.dtype(np.float32)
 
 
 def seq_masks(seq_lens: np.ndarray | None, T: int, batch: int) -> np.ndarray | None:

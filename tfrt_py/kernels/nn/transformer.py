@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from ..base import CONTROL_FLOW, OUT, ComputeFn, KernelContext
+from ..common import float_compute_dtype
 from ..registry import KernelRegistry
-from .attention import compute_dtype, precision_dtype
+from .attention import precision_dtype
 
 __all__ = ["register_kernels"]
 
@@ -82,7 +83,7 @@ def _swiglu(ctx: KernelContext) -> ComputeFn:
     alpha = float(ctx.attr("alpha", 1.0))
 
     def swiglu(A: np.ndarray, B: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        cdt = compute_dtype(A.dtype)
+        cdt = float_compute_dtype(A.dtype)
         g = np.multiply(A, cdt.type(-alpha), dtype=cdt)
         np.exp(g, out=g)
         g += 1
@@ -114,7 +115,7 @@ def _causal_conv_with_state(ctx: KernelContext) -> ComputeFn:
     ) -> tuple[np.ndarray, np.ndarray]:
         b, c, length = x.shape
         k = weight.shape[2]
-        cdt = compute_dtype(x.dtype)
+        cdt = float_compute_dtype(x.dtype)
         if past_state is None:
             padded = np.zeros((b, c, length + k - 1), dtype=x.dtype)
             padded[:, :, k - 1 :] = x
@@ -222,8 +223,8 @@ def _flex_attention(ctx: KernelContext) -> ComputeFn:
         b, hq, sq, d = Q.shape
         hkv, t = K.shape[1], K.shape[2]
         group = hq // hkv
-        sdt = sm_fixed if sm_fixed is not None else compute_dtype(Q.dtype)
-        cdt = compute_dtype(Q.dtype)
+        sdt = sm_fixed if sm_fixed is not None else float_compute_dtype(Q.dtype)
+        cdt = float_compute_dtype(Q.dtype)
         scale = 1.0 / float(np.sqrt(d)) if scale_attr is None else float(scale_attr)
         qs = np.empty(Q.shape, dtype=cdt)
         np.multiply(Q, cdt.type(scale), out=qs, casting="unsafe")
