@@ -21,8 +21,8 @@ worst ratio (``model.profile``), for the engineers working on fusions and native
 
 ``--write-test-files DIR`` makes the small ("test") size of every variant instead, with
 ``<model>.npz`` (feeds and onnxruntime outputs at two shapes) and ``manifest.json`` (what
-was made, what failed and why, the versions used): the files ``tests/models/test_transformer_zoo.py``
-checks, so ``make test`` needs no torch.
+was made, what failed and why, the versions used): the files
+``tests/models/test_transformer_zoo.py`` checks, so ``make test`` needs no torch.
 
 Threads: one per runtime by default (``--threads``): NumPy's BLAS and onnxruntime's intra-op
 pool get the same count, and onnxruntime does not spin between calls. On a small shared
