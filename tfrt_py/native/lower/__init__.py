@@ -1,7 +1,7 @@
 """Lowering: a prepared graph -> the source of one numba function (load time).
 
 ``graph`` writes the module (``lower``, ``blockers``); ``registry`` holds one record per
-op (``records.OpLowering``: emitter, row rule, view, product, scalar form, budget weight),
+op (``records.OpLowering``: emitter, row rule, view, product, budget weight),
 registered by the ops modules ``ops``, ``ops_tx`` and ``ops_ml``; ``emit``, ``loops``,
 ``scalar``, ``products`` and ``context`` are what emitters write with; ``rowwise`` and
 ``rows`` decide rows mode, ``runs`` stacks runs of identical Linear layers, ``fold`` the

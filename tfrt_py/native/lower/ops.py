@@ -398,6 +398,6 @@ def register_lowerings(reg: Registry) -> None:
     reg.add("", "Cast", _cast, rows=rows.any_rows)
     for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"):
         reg.add("", op, _reduce, rows=rows.reduce)
-    for op, form in SCALAR_OPS.items():
+    for op in SCALAR_OPS:
         if op != "Identity":  # a view (registry.VIEW_OPS)
-            reg.add("", op, _map, rows=rows.any_rows, scalar=form)
+            reg.add("", op, _map, rows=rows.any_rows)

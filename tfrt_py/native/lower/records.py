@@ -3,8 +3,10 @@
 An ``OpLowering`` carries everything the tier's passes ask of an op: how to emit its code
 (``emit``), whether rows mode may loop over a dynamic batch through it (``rows``), whether
 it is a view (its output is its input's memory: no code), whether its code may call BLAS
-(``product``: rows mode's tiles), its scalar form (elementwise ops, also used by fused
-chains' steps) and its weight in the compile budget's lower bound (``weight``). The ops
+(``product``: rows mode's tiles) and its weight in the compile budget's lower bound
+(``weight``). An elementwise op's scalar form is not a field: fused chains need it by op
+name for steps that are no node of the graph, so it stays ``scalar.SCALAR_OPS``, the one
+table, which ``ops`` registers every elementwise op from. The ops
 modules (``ops``, ``ops_tx``, ``ops_ml``) each register theirs with
 ``register_lowerings(registry)``; ``registry.lowerings()`` collects them once. Adding an
 op is one ``add`` call next to its emitter.
@@ -39,7 +41,6 @@ class OpLowering:
     rows: RowRule | None = None
     view: bool = False
     product: bool = False
-    scalar: Callable[..., str] | None = None
     weight: int | Callable[[Node], int] = 1
 
     def units(self, node: Node) -> int:
@@ -62,7 +63,6 @@ class Registry:
         rows: RowRule | None = None,
         view: bool = False,
         product: bool = False,
-        scalar: Callable[..., str] | None = None,
         weight: int | Callable[[Node], int] = 1,
     ) -> None:
         key = (domain, op_type)
@@ -70,7 +70,7 @@ class Registry:
             raise ValueError(f"a native lowering for {domain}::{op_type} is registered twice")
         if (emit is None) != view:
             raise ValueError(f"{domain}::{op_type}: a view has no emitter, any other op one")
-        self._records[key] = OpLowering(emit, rows, view, product, scalar, weight)
+        self._records[key] = OpLowering(emit, rows, view, product, weight)
 
     def get(self, domain: str, op_type: str) -> OpLowering | None:
         return self._records.get((domain, op_type))
@@ -80,7 +80,3 @@ class Registry:
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         return iter(self._records)
-
-    def views(self) -> frozenset[str]:
-        """The default domain's view ops."""
-        return frozenset(op for (d, op), r in self._records.items() if r.view and d == "")

@@ -14,7 +14,6 @@ import functools
 
 from . import ops, ops_ml, ops_tx, rows
 from .records import Registry
-from .scalar import SCALAR_OPS
 
 __all__ = ["VIEW_OPS", "lowerings"]
 
@@ -27,7 +26,7 @@ def lowerings() -> Registry:
     """The registry of every native lowering."""
     reg = Registry()
     for op in VIEW_OPS:
-        reg.add("", op, rows=rows.any_rows, view=True, scalar=SCALAR_OPS.get(op), weight=0)
+        reg.add("", op, rows=rows.any_rows, view=True, weight=0)
     ops.register_lowerings(reg)
     ops_tx.register_lowerings(reg)
     ops_ml.register_lowerings(reg)
