@@ -97,3 +97,19 @@ def test_the_base_install_works_without_the_extras() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+def test_every_data_file_in_the_package_is_shipped() -> None:
+    """A file the package reads at run time (the native pool's IR, the bundled models) is
+    in a wheel only when ``package-data`` names it: every tracked non-Python file under
+    ``tfrt_py/`` must match one of its globs."""
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["tfrt_py"]
+    tracked = subprocess.run(
+        ["git", "ls-files", "tfrt_py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    data = [Path(f).relative_to("tfrt_py") for f in tracked if not f.endswith(".py")]
+    assert any(str(p).endswith(".ll") for p in data)
+    unshipped = [str(p) for p in data if not any(p.match(g) for g in globs)]
+    assert unshipped == []

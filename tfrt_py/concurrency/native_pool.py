@@ -14,9 +14,10 @@ layer has started: parallel functions compiled or loaded from numba's cache late
 to them. numba's scheduling, thread counts and chunk size (TBB's thread-local settings,
 ``native_threads.enter``) are unchanged; only who runs the parts is.
 
-The pool is LLVM IR (built here, compiled once per process by llvmlite's MCJIT, no C
-compiler): ``threads - 1`` native workers, at most one per other CPU the process may use
-(pthreads started through ctypes, never holding the GIL), and one task slot.
+The pool is LLVM IR (``native_pool.ll``, commented with the protocol's invariants;
+compiled once per process by ``llvm_jit``, llvmlite's MCJIT, no C compiler):
+``threads - 1`` native workers, at most one per other CPU the process may use (pthreads
+started through ctypes, never holding the GIL), and one task slot.
 
 * A caller that takes the slot (a compare-and-swap of its ``pthread_self``) publishes the
   task -- the loop's function, arguments and part count -- under a new generation, writes
@@ -56,6 +57,8 @@ import sys
 import time
 from typing import Any
 
+from .llvm_jit import add_symbol, compile_ir, ir_text
+
 __all__ = [
     "ENV_NATIVE_POOL",
     "NUMBA_TESTED",
@@ -76,278 +79,14 @@ _STATE: dict[str, Any] = {}  # engine, addresses, workers; set once by install()
 _DECLINED: list[str] = []  # why the last install() returned False
 
 #: numba releases [first, past) whose generated code calls ``numba_parallel_for(fn, args,
-#: dims, steps, data, inner_ndim, array_count, num_threads)`` as ``_IR`` implements it
+#: dims, steps, data, inner_ndim, array_count, num_threads)`` as ``IR_FILE`` implements it
 #: (numba/np/ufunc/gufunc_scheduler.h, unchanged over these). Another release keeps
 #: numba's own pool: the symbol is never replaced under an ABI nobody checked.
 NUMBA_TESTED = ((0, 62), (0, 69))
 
-_IR = r"""
-@tfrt_py_pool_gen = global i32 0, align 64
-@tfrt_py_pool_next = global i64 0, align 64
-@tfrt_py_pool_pending = global i32 0, align 64
-@tfrt_py_pool_waiting = global i32 0, align 64
-@tfrt_py_pool_owner = global i64 0, align 64
-@tfrt_py_pool_fn = global ptr null, align 64
-@tfrt_py_pool_args = global ptr null, align 8
-@tfrt_py_pool_dims = global ptr null, align 8
-@tfrt_py_pool_steps = global ptr null, align 8
-@tfrt_py_pool_data = global ptr null, align 8
-@tfrt_py_pool_argl = global i64 0, align 8
-@tfrt_py_pool_arrc = global i64 0, align 8
-@tfrt_py_pool_n = global i64 0, align 8
-@tfrt_py_pool_nth = global i64 0, align 8
-@tfrt_py_pool_nworkers = global i64 0, align 64
-@tfrt_py_pool_spin_c = global i64 0, align 8
-@tfrt_py_pool_wtid = global [64 x i64] zeroinitializer, align 64
-; per worker, a cache line: [0] the futex word a task's generation is written to, [1] 1
-; while the worker sleeps on it
-@tfrt_py_pool_wake = global [64 x [16 x i32]] zeroinitializer, align 64
-
-declare i64 @tfrt_py_libc_syscall(i64, ...)
-declare i64 @tfrt_py_libc_pthread_self()
-declare void @llvm.x86.sse2.pause()
-declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)
-
-define void @tfrt_py_pool_pause(i64 %n) {
-entry:
-  br label %head
-head:
-  %i = phi i64 [0, %entry], [%i1, %body]
-  %more = icmp ult i64 %i, %n
-  br i1 %more, label %body, label %done
-body:
-  call void @llvm.x86.sse2.pause()
-  %i1 = add i64 %i, 1
-  br label %head
-done:
-  ret void
-}
-
-; part %i of the task: the loop function over one schedule row, its array arguments
-; advanced by %i steps (as numba's TBB parallel_for does per range)
-define private void @run_part(ptr %fn, ptr %args, ptr %dims, ptr %steps, ptr %data,
-                              i64 %argl, i64 %arrc, i64 %i) noinline {
-entry:
-  %cnt = alloca i64, i64 %argl, align 8
-  %arr = alloca ptr, i64 %arrc, align 8
-  %bytes = shl i64 %argl, 3
-  call void @llvm.memcpy.p0.p0.i64(ptr %cnt, ptr %dims, i64 %bytes, i1 false)
-  store i64 1, ptr %cnt, align 8
-  br label %ah
-ah:
-  %a = phi i64 [0, %entry], [%a1, %ab]
-  %am = icmp ult i64 %a, %arrc
-  br i1 %am, label %ab, label %go
-ab:
-  %bp = getelementptr ptr, ptr %args, i64 %a
-  %base = load ptr, ptr %bp, align 8
-  %sp = getelementptr i64, ptr %steps, i64 %a
-  %st = load i64, ptr %sp, align 8
-  %off = mul i64 %st, %i
-  %np = getelementptr i8, ptr %base, i64 %off
-  %dst = getelementptr ptr, ptr %arr, i64 %a
-  store ptr %np, ptr %dst, align 8
-  %a1 = add i64 %a, 1
-  br label %ah
-go:
-  call void %fn(ptr %arr, ptr %cnt, ptr %steps, ptr %data)
-  ret void
-}
-
-; claim and run parts of the current task until none is left (thread %k: 0 the caller)
-define private void @claim(i64 %k) noinline {
-entry:
-  br label %top
-top:
-  %v = load atomic i64, ptr @tfrt_py_pool_next acquire, align 8
-  %idx = and i64 %v, 4294967295
-  %n = load atomic i64, ptr @tfrt_py_pool_n monotonic, align 8
-  %nth = load atomic i64, ptr @tfrt_py_pool_nth monotonic, align 8
-  %more = icmp ult i64 %idx, %n
-  %mine = icmp ult i64 %k, %nth
-  %go = and i1 %more, %mine
-  br i1 %go, label %read, label %done
-read:
-  %fn = load atomic ptr, ptr @tfrt_py_pool_fn monotonic, align 8
-  %args = load atomic ptr, ptr @tfrt_py_pool_args monotonic, align 8
-  %dims = load atomic ptr, ptr @tfrt_py_pool_dims monotonic, align 8
-  %steps = load atomic ptr, ptr @tfrt_py_pool_steps monotonic, align 8
-  %data = load atomic ptr, ptr @tfrt_py_pool_data monotonic, align 8
-  %argl = load atomic i64, ptr @tfrt_py_pool_argl monotonic, align 8
-  %arrc = load atomic i64, ptr @tfrt_py_pool_arrc monotonic, align 8
-  %v1 = add i64 %v, 1
-  %r = cmpxchg ptr @tfrt_py_pool_next, i64 %v, i64 %v1 acq_rel monotonic
-  %ok = extractvalue { i64, i1 } %r, 1
-  br i1 %ok, label %run, label %top
-run:
-  call void @run_part(ptr %fn, ptr %args, ptr %dims, ptr %steps, ptr %data,
-                      i64 %argl, i64 %arrc, i64 %idx)
-  %old = atomicrmw sub ptr @tfrt_py_pool_pending, i32 1 seq_cst
-  %last = icmp eq i32 %old, 1
-  br i1 %last, label %check, label %top
-check:
-  %w = load atomic i32, ptr @tfrt_py_pool_waiting seq_cst, align 4
-  %isw = icmp ne i32 %w, 0
-  br i1 %isw, label %wake, label %top
-wake:
-  %x = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr @tfrt_py_pool_pending,
-                                                 i64 129, i64 1)
-  br label %top
-done:
-  ret void
-}
-
-define ptr @tfrt_py_pool_worker(ptr %arg) {
-entry:
-  %k = ptrtoint ptr %arg to i64
-  %self = call i64 @tfrt_py_libc_pthread_self()
-  %slot = getelementptr [64 x i64], ptr @tfrt_py_pool_wtid, i64 0, i64 %k
-  store atomic i64 %self, ptr %slot seq_cst, align 8
-  %word = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %k, i64 0
-  %asleep = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %k, i64 1
-  br label %loop
-loop:
-  %seen = load atomic i32, ptr %word seq_cst, align 4
-  call void @claim(i64 %k)
-  br label %sleep
-sleep:
-  store atomic i32 1, ptr %asleep seq_cst, align 4
-  %g = load atomic i32, ptr %word seq_cst, align 4
-  %same = icmp eq i32 %g, %seen
-  br i1 %same, label %wait, label %woke
-wait:
-  %seen64 = zext i32 %seen to i64
-  %y = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr %word, i64 128, i64 %seen64,
-                                                 ptr null)
-  br label %woke
-woke:
-  store atomic i32 0, ptr %asleep seq_cst, align 4
-  %g2 = load atomic i32, ptr %word seq_cst, align 4
-  %again = icmp eq i32 %g2, %seen
-  br i1 %again, label %sleep, label %loop
-}
-
-define void @tfrt_py_parallel_for(ptr %fn, ptr %args, ptr %dims, ptr %steps, ptr %data,
-                                  i64 %inner, i64 %arrc, i64 %nthreads) {
-entry:
-  %n = load i64, ptr %dims, align 8
-  %nw = load atomic i64, ptr @tfrt_py_pool_nworkers monotonic, align 8
-  %one = icmp sle i64 %nthreads, 1
-  %few = icmp ule i64 %n, 1
-  %big = icmp uge i64 %n, 2147483648
-  %none = icmp eq i64 %nw, 0
-  %c1 = or i1 %one, %few
-  %c2 = or i1 %c1, %none
-  %c3 = or i1 %c2, %big
-  br i1 %c3, label %serial, label %take
-take:
-  %self = call i64 @tfrt_py_libc_pthread_self()
-  %r = cmpxchg ptr @tfrt_py_pool_owner, i64 0, i64 %self acquire monotonic
-  %ok = extractvalue { i64, i1 } %r, 1
-  br i1 %ok, label %publish, label %serial
-serial:
-  call void %fn(ptr %args, ptr %dims, ptr %steps, ptr %data)
-  ret void
-publish:
-  %all = add i64 %nw, 1
-  %lt = icmp slt i64 %nthreads, %all
-  %nth = select i1 %lt, i64 %nthreads, i64 %all
-  %argl = add i64 %inner, 1
-  store atomic ptr %fn, ptr @tfrt_py_pool_fn monotonic, align 8
-  store atomic ptr %args, ptr @tfrt_py_pool_args monotonic, align 8
-  store atomic ptr %dims, ptr @tfrt_py_pool_dims monotonic, align 8
-  store atomic ptr %steps, ptr @tfrt_py_pool_steps monotonic, align 8
-  store atomic ptr %data, ptr @tfrt_py_pool_data monotonic, align 8
-  store atomic i64 %argl, ptr @tfrt_py_pool_argl monotonic, align 8
-  store atomic i64 %arrc, ptr @tfrt_py_pool_arrc monotonic, align 8
-  store atomic i64 %n, ptr @tfrt_py_pool_n monotonic, align 8
-  store atomic i64 %nth, ptr @tfrt_py_pool_nth monotonic, align 8
-  %n32 = trunc i64 %n to i32
-  store atomic i32 %n32, ptr @tfrt_py_pool_pending seq_cst, align 4
-  %g = load atomic i32, ptr @tfrt_py_pool_gen monotonic, align 4
-  %g1 = add i32 %g, 1
-  %g64 = zext i32 %g1 to i64
-  %nx = shl i64 %g64, 32
-  store atomic i64 %nx, ptr @tfrt_py_pool_next release, align 8
-  store atomic i32 %g1, ptr @tfrt_py_pool_gen monotonic, align 4
-  br label %kh
-kh:
-  ; workers 1 .. nth-1 are told, each on its own futex word; a sleeping one is woken
-  %kk = phi i64 [1, %publish], [%kk1, %kn]
-  %km = icmp ult i64 %kk, %nth
-  br i1 %km, label %kb, label %work
-kb:
-  %kword = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %kk, i64 0
-  %kasleep = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %kk, i64 1
-  store atomic i32 %g1, ptr %kword seq_cst, align 4
-  %ks = load atomic i32, ptr %kasleep seq_cst, align 4
-  %kz = icmp ne i32 %ks, 0
-  br i1 %kz, label %kw, label %kn
-kw:
-  %x = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr %kword, i64 129, i64 1)
-  br label %kn
-kn:
-  %kk1 = add i64 %kk, 1
-  br label %kh
-work:
-  call void @claim(i64 0)
-  %spin = load atomic i64, ptr @tfrt_py_pool_spin_c monotonic, align 8
-  br label %wh
-wh:
-  %s = phi i64 [0, %work], [%s1, %wb], [%spin, %woke]
-  %p = load atomic i32, ptr @tfrt_py_pool_pending acquire, align 4
-  %fin = icmp eq i32 %p, 0
-  br i1 %fin, label %out, label %wc
-wc:
-  %sm = icmp ult i64 %s, %spin
-  br i1 %sm, label %wb, label %sleep
-wb:
-  call void @llvm.x86.sse2.pause()
-  %s1 = add i64 %s, 1
-  br label %wh
-sleep:
-  store atomic i32 1, ptr @tfrt_py_pool_waiting seq_cst, align 4
-  %p2 = load atomic i32, ptr @tfrt_py_pool_pending seq_cst, align 4
-  %fin2 = icmp eq i32 %p2, 0
-  br i1 %fin2, label %woke, label %wait
-wait:
-  %p64 = zext i32 %p2 to i64
-  %y = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr @tfrt_py_pool_pending,
-                                                 i64 128, i64 %p64, ptr null)
-  br label %woke
-woke:
-  store atomic i32 0, ptr @tfrt_py_pool_waiting seq_cst, align 4
-  br label %wh
-out:
-  store atomic i64 0, ptr @tfrt_py_pool_owner release, align 8
-  ret void
-}
-
-; a parallel reduction's slot: 0 for the caller and any thread outside the pool, k for
-; worker k
-define i64 @tfrt_py_pool_thread_id() {
-entry:
-  %self = call i64 @tfrt_py_libc_pthread_self()
-  %nw = load atomic i64, ptr @tfrt_py_pool_nworkers monotonic, align 8
-  br label %head
-head:
-  %k = phi i64 [1, %entry], [%k1, %next]
-  %in = icmp ule i64 %k, %nw
-  br i1 %in, label %body, label %zero
-body:
-  %slot = getelementptr [64 x i64], ptr @tfrt_py_pool_wtid, i64 0, i64 %k
-  %t = load atomic i64, ptr %slot monotonic, align 8
-  %is = icmp eq i64 %t, %self
-  br i1 %is, label %found, label %next
-next:
-  %k1 = add i64 %k, 1
-  br label %head
-found:
-  ret i64 %k
-zero:
-  ret i64 0
-}
-"""
+#: The pool's IR: a package file, with the protocol's invariants (I1-I6) noted per
+#: function and per atomic; read and compiled by ``install`` only.
+IR_FILE = "native_pool.ll"
 
 
 def installed() -> bool:
@@ -381,20 +120,13 @@ def install(threads: int) -> bool:
         return False
     want = min(threads, len(os.sched_getaffinity(0)), _MAX_WORKERS + 1) - 1
     try:
-        import llvmlite.binding as llvm
-
         libc = ctypes.CDLL(None)
         for name in ("syscall", "pthread_self"):
             where = ctypes.cast(getattr(libc, name), ctypes.c_void_p).value
-            llvm.add_symbol(f"tfrt_py_libc_{name}", where)
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        target = llvm.Target.from_triple(llvm.get_process_triple())
-        tm = target.create_target_machine(opt=2)
-        mod = llvm.parse_assembly(_IR)
-        mod.verify()
-        engine = llvm.create_mcjit_compiler(mod, tm)
-        engine.finalize_object()
+            if not where:
+                raise OSError(f"libc has no {name}")
+            add_symbol(f"tfrt_py_libc_{name}", where)
+        engine = compile_ir(ir_text(IR_FILE), opt=2)
     except Exception as e:  # noqa: BLE001 - no JIT here: numba's layer keeps its own pool
         _DECLINED[:] = [f"llvmlite could not build the pool ({type(e).__name__})"]
         return False
@@ -408,8 +140,8 @@ def install(threads: int) -> bool:
     _STATE.update(engine=engine, addr=addr, glob=glob, libc=libc, workers=0, want=want)
     _set_spins()
     _start_workers()
-    llvm.add_symbol("numba_parallel_for", addr["tfrt_py_parallel_for"])
-    llvm.add_symbol("get_thread_id", addr["tfrt_py_pool_thread_id"])
+    add_symbol("numba_parallel_for", addr["tfrt_py_parallel_for"])
+    add_symbol("get_thread_id", addr["tfrt_py_pool_thread_id"])
     os.register_at_fork(after_in_child=_after_fork_in_child)
     return True
 

@@ -83,6 +83,8 @@ def _threads() -> list[Feature]:
 
 
 def _packed() -> Feature:
+    if switched_off(gemm_packed.ENV_PACKED_GEMM):
+        return Feature("packed gemm", False, f"${gemm_packed.ENV_PACKED_GEMM}=0")
     state = gemm_packed.state()
     if state is None:
         return Feature("packed gemm", None, "built on the first float32 product that uses it")

@@ -18,7 +18,7 @@ import numpy as np
 
 from .addresses import same_start
 from .erf import _P32, _Q32
-from .jit import Jitted
+from .jit import Jitted, inline
 
 __all__ = ["gelu_erf_f32"]
 
@@ -30,39 +30,43 @@ _CONSTS = np.array(
 )
 
 
+@inline
+def _gelu_consts(c: Any) -> Any:  # pragma: no cover - numba only
+    """``c``'s 17 constants as a tuple: values in registers, which no store to ``y`` can
+    alias (loads from ``c`` inside the loop would keep LLVM from vectorizing)."""
+    return (c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11],
+            c[12], c[13], c[14], c[15], c[16])  # fmt: skip
+
+
+@inline
+def _gelu_value(v: Any, k: Any) -> Any:  # pragma: no cover - numba only
+    """``v * (erf(v / sqrt 2) + 1) * 0.5`` with the constants ``k`` (``_gelu_consts``). Horner
+    written out (7 P and 5 Q coefficients): loops over coefficients would stop LLVM from
+    vectorizing."""
+    inv, m4, p4, one, half, p0, p1, p2, p3, p4_, p5, p6, q0, q1, q2, q3, q4 = k
+    t = v * inv
+    t = m4 if t < m4 else t
+    t = p4 if t > p4 else t
+    z = t * t
+    p = (((((p0 * z + p1) * z + p2) * z + p3) * z + p4_) * z + p5) * z + p6
+    q = (((q0 * z + q1) * z + q2) * z + q3) * z + q4
+    return ((p * t) / q + one) * v * half
+
+
 def _gelu_loop(x: Any, y: Any, c: Any) -> None:  # pragma: no cover - numba only
-    """y = x * (erf(x * c[0]) + 1) * 0.5 over flat float32 arrays (x, y distinct: when
-    one buffer has two names LLVM's overlap test fails and the loop runs scalar, so the
-    in-place case has its own loop, ``_gelu_inplace``). Horner written out (7 P and 5 Q
-    coefficients): loops over coefficients would stop LLVM from vectorizing."""
-    inv, m4, p4, one, half = c[0], c[1], c[2], c[3], c[4]
-    p0, p1, p2, p3, p4_, p5, p6 = c[5], c[6], c[7], c[8], c[9], c[10], c[11]
-    q0, q1, q2, q3, q4 = c[12], c[13], c[14], c[15], c[16]
+    """y = gelu(x) over flat float32 arrays (x, y distinct: when one buffer has two names
+    LLVM's overlap test fails and the loop runs scalar, so the in-place case has its own
+    loop, ``_gelu_inplace``)."""
+    k = _gelu_consts(c)
     for i in range(x.shape[0]):
-        v = x[i]
-        t = v * inv
-        t = m4 if t < m4 else t
-        t = p4 if t > p4 else t
-        z = t * t
-        p = (((((p0 * z + p1) * z + p2) * z + p3) * z + p4_) * z + p5) * z + p6
-        q = (((q0 * z + q1) * z + q2) * z + q3) * z + q4
-        y[i] = ((p * t) / q + one) * v * half
+        y[i] = _gelu_value(x[i], k)
 
 
 def _gelu_inplace(y: Any, c: Any) -> None:  # pragma: no cover - numba only
     """``_gelu_loop(y, y, c)``, written for one array (see there)."""
-    inv, m4, p4, one, half = c[0], c[1], c[2], c[3], c[4]
-    p0, p1, p2, p3, p4_, p5, p6 = c[5], c[6], c[7], c[8], c[9], c[10], c[11]
-    q0, q1, q2, q3, q4 = c[12], c[13], c[14], c[15], c[16]
+    k = _gelu_consts(c)
     for i in range(y.shape[0]):
-        v = y[i]
-        t = v * inv
-        t = m4 if t < m4 else t
-        t = p4 if t > p4 else t
-        z = t * t
-        p = (((((p0 * z + p1) * z + p2) * z + p3) * z + p4_) * z + p5) * z + p6
-        q = (((q0 * z + q1) * z + q2) * z + q3) * z + q4
-        y[i] = ((p * t) / q + one) * v * half
+        y[i] = _gelu_value(y[i], k)
 
 
 def _warm(fn: Any) -> None:
@@ -75,8 +79,8 @@ def _warm_inplace(fn: Any) -> None:
 
 
 # (no fast-math: the compiled pass equals the NumPy formulation bit for bit)
-_GELU = Jitted(_gelu_loop, _warm)
-_GELU_INPLACE = Jitted(_gelu_inplace, _warm_inplace)
+_GELU = Jitted(_gelu_loop, _warm, helpers=(_gelu_consts, _gelu_value))
+_GELU_INPLACE = Jitted(_gelu_inplace, _warm_inplace, helpers=(_gelu_consts, _gelu_value))
 
 
 def gelu_erf_f32() -> Callable[[np.ndarray, np.ndarray | None], np.ndarray | None] | None:

@@ -38,7 +38,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MR", "available", "kernel", "pack16", "state"]
+from ...concurrency.env_switch import switched_off
+from ...concurrency.llvm_jit import add_symbol, compile_ir
+
+__all__ = ["ENV_PACKED_GEMM", "MR", "available", "kernel", "pack16", "state"]
+
+#: ``TFRT_PY_PACKED_GEMM=0``: no packed-weight products (the Linear kernel and the native
+#: tier's products keep NumPy's gemm); CI runs the suite's fallback leg so.
+ENV_PACKED_GEMM = "TFRT_PY_PACKED_GEMM"
 
 MR = 6  # rows per tile
 NR = 16  # columns per panel (two 8-float vectors)
@@ -66,131 +73,147 @@ def _host_ok() -> bool:
     return bool(feats.get("avx2")) and bool(feats.get("fma"))
 
 
-def _build() -> Any:
-    """The module text of ``tfrt_py_sgemm_p16(x, ldx, w, y, ldy, M, K, panels)``."""
-    import llvmlite.ir as ir
+class _PackedGemmIR:
+    """Builds the module of ``tfrt_py_sgemm_p16(x, ldx, w, y, ldy, M, K, panels, bias,
+    flags)`` with llvmlite's IR builder: whole tiles of ``MR`` rows panel by panel, then the
+    rows left in tiles of several panels (``_PANELS_FOR_ROWS``). One use: ``text()``."""
 
-    f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
-    v8 = ir.VectorType(f32, 8)
-    fp, v8p = f32.as_pointer(), v8.as_pointer()
-    mod = ir.Module(name="tfrt_py_gemm")
-    fma = ir.Function(mod, ir.FunctionType(v8, [v8, v8, v8]), name="llvm.fma.v8f32")
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [fp, i64, fp, fp, i64, i64, i64, i64,
-                                                          fp, i64]), name=SYMBOL)  # fmt: skip
-    x, ldx, w, y, ldy, m_rows, k_len, panels, bias, flags = fn.args
-    for a in (x, w, y):
-        a.add_attribute("noalias")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    zero = ir.Constant(v8, [0.0] * 8)
-    splat = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
-    add_bias = b.icmp_unsigned("!=", b.and_(flags, ir.Constant(i64, 1)), ir.Constant(i64, 0))
-    relu = b.icmp_unsigned("!=", b.and_(flags, ir.Constant(i64, 2)), ir.Constant(i64, 0))
-    none = ir.Constant(ir.VectorType(ir.IntType(1), 8), [0] * 8)
+    def __init__(self) -> None:
+        import llvmlite.ir as ir
 
-    def c(v: int) -> Any:
-        return ir.Constant(i64, v)
+        self.ir = ir
+        f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
+        self.i64, self.i32 = i64, i32
+        self.v8 = v8 = ir.VectorType(f32, 8)
+        fp, self.v8p = f32.as_pointer(), v8.as_pointer()
+        self.mod = ir.Module(name="tfrt_py_gemm")
+        self.fma = ir.Function(self.mod, ir.FunctionType(v8, [v8, v8, v8]), name="llvm.fma.v8f32")
+        self.fn = ir.Function(self.mod, ir.FunctionType(ir.VoidType(), [fp, i64, fp, fp, i64,
+                              i64, i64, i64, fp, i64]), name=SYMBOL)  # fmt: skip
+        (self.x, self.ldx, self.w, self.y, self.ldy, self.m_rows, self.k_len, self.panels,
+         self.bias, flags) = self.fn.args  # fmt: skip
+        for a in (self.x, self.w, self.y):
+            a.add_attribute("noalias")
+        self.b = b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.zero = ir.Constant(v8, [0.0] * 8)
+        self.splat = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
+        self.add_bias = b.icmp_unsigned("!=", b.and_(flags, self.c(1)), self.c(0))
+        self.relu = b.icmp_unsigned("!=", b.and_(flags, self.c(2)), self.c(0))
+        self.none = ir.Constant(ir.VectorType(ir.IntType(1), 8), [0] * 8)
 
-    def tile(p: Any, m0: Any, rows: int, npan: int) -> None:
-        """Rows m0..m0+rows of panels p..p+npan: a k loop over 2*rows*npan accumulators,
-        then the epilogue and the stores."""
+    def c(self, v: int) -> Any:
+        return self.ir.Constant(self.i64, v)
+
+    def text(self) -> str:
+        """The whole function: full tiles, then the 1..MR-1 rows left."""
+        b, c = self.b, self.c
+        # whole tiles of MR rows, panel by panel (twelve accumulators each)
+        full = b.mul(b.sdiv(self.m_rows, c(MR)), c(MR))
+
+        def tiles_of_panel(p: Any) -> None:
+            self.loop(c(0), full, MR, lambda m0: self.tile(p, m0, MR, 1))
+
+        self.loop(c(0), self.panels, 1, tiles_of_panel)
+        # the 1..MR-1 rows left: several panels per tile, so that a single row still keeps
+        # eight independent accumulators (an FMA's latency covered), then panel by panel
+        done = self.fn.append_basic_block()
+        sw = b.switch(b.sub(self.m_rows, full), done)
+        for rows in range(1, MR):
+            blk = self.fn.append_basic_block()
+            sw.add_case(c(rows), blk)
+            b.position_at_end(blk)
+            npan = _PANELS_FOR_ROWS[rows]
+            start = b.mul(b.sdiv(self.panels, c(npan)), c(npan))
+            self.loop(c(0), self.panels, npan, lambda p, r=rows, q=npan: self.tile(p, full, r, q))
+            self.loop(start, self.panels, 1, lambda p, r=rows: self.tile(p, full, r, 1))
+            b.branch(done)
+        b.position_at_end(done)
+        b.ret_void()
+        return str(self.mod)
+
+    def loop(self, start: Any, end: Any, step: int, body: Any) -> None:
+        """``for i in range(start, end - step + 1, step): body(i)`` at the builder."""
+        b = self.b
         pre = b.block
-        head, body, done = (fn.append_basic_block() for _ in range(3))
+        head, inner, after = (self.fn.append_basic_block() for _ in range(3))
         b.branch(head)
         b.position_at_end(head)
-        k = b.phi(i64)
+        i = b.phi(self.i64)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<=", b.add(i, self.c(step)), end), inner, after)
+        b.position_at_end(inner)
+        body(i)
+        i.add_incoming(b.add(i, self.c(step)), b.block)
+        b.branch(head)
+        b.position_at_end(after)
+
+    def tile(self, p: Any, m0: Any, rows: int, npan: int) -> None:
+        """Rows m0..m0+rows of panels p..p+npan: a k loop over 2*rows*npan accumulators,
+        then the epilogue and the stores."""
+        b, c, ir, v8 = self.b, self.c, self.ir, self.v8
+        pre = b.block
+        head, body, done = (self.fn.append_basic_block() for _ in range(3))
+        b.branch(head)
+        b.position_at_end(head)
+        k = b.phi(self.i64)
         k.add_incoming(c(0), pre)
         acc = []
         for _ in range(2 * rows * npan):
             a = b.phi(v8)
-            a.add_incoming(zero, pre)
+            a.add_incoming(self.zero, pre)
             acc.append(a)
-        b.cbranch(b.icmp_signed("<", k, k_len), body, done)
+        b.cbranch(b.icmp_signed("<", k, self.k_len), body, done)
         b.position_at_end(body)
         wv = []
         for j in range(npan):
-            at = b.add(b.mul(b.add(p, c(j)), b.mul(k_len, c(NR))), b.mul(k, c(NR)))
-            wv += [b.load(b.bitcast(b.gep(w, [b.add(at, c(8 * h))]), v8p), align=4)
+            at = b.add(b.mul(b.add(p, c(j)), b.mul(self.k_len, c(NR))), b.mul(k, c(NR)))
+            wv += [b.load(b.bitcast(b.gep(self.w, [b.add(at, c(8 * h))]), self.v8p), align=4)
                    for h in range(2)]  # fmt: skip
         new = []
         for r in range(rows):
-            xs = b.load(b.gep(x, [b.add(b.mul(b.add(m0, c(r)), ldx), k)]))
-            xb = b.insert_element(ir.Constant(v8, ir.Undefined), xs, ir.Constant(i32, 0))
-            xb = b.shuffle_vector(xb, ir.Constant(v8, ir.Undefined), splat)
-            new += [b.call(fma, [wv[q], xb, acc[r * 2 * npan + q]]) for q in range(2 * npan)]
+            xs = b.load(b.gep(self.x, [b.add(b.mul(b.add(m0, c(r)), self.ldx), k)]))
+            xb = b.insert_element(ir.Constant(v8, ir.Undefined), xs, ir.Constant(self.i32, 0))
+            xb = b.shuffle_vector(xb, ir.Constant(v8, ir.Undefined), self.splat)
+            new += [b.call(self.fma, [wv[q], xb, acc[r * 2 * npan + q]]) for q in range(2 * npan)]
         k.add_incoming(b.add(k, c(1)), b.block)
         for a, v in zip(acc, new, strict=True):
             a.add_incoming(v, b.block)
         b.branch(head)
         b.position_at_end(done)
-        # the epilogue: + bias (flag 1; the pointer is always readable), then ReLU (flag
-        # 2; NaN kept, as the interpreter's x < 0 ? 0 : x)
+        self.epilogue(p, m0, rows, npan, acc)
+
+    def epilogue(self, p: Any, m0: Any, rows: int, npan: int, acc: list[Any]) -> None:
+        """+ bias (flag 1; the pointer is always readable), then ReLU (flag 2; NaN kept, as
+        the interpreter's x < 0 ? 0 : x), and the stores of the tile's rows."""
+        b, c, zero = self.b, self.c, self.zero
         for j in range(npan):
             col = b.mul(b.add(p, c(j)), c(NR))
-            bv = [b.load(b.bitcast(b.gep(bias, [b.add(col, c(8 * h))]), v8p), align=4)
+            bv = [b.load(b.bitcast(b.gep(self.bias, [b.add(col, c(8 * h))]), self.v8p), align=4)
                   for h in range(2)]  # fmt: skip
-            bv = [b.select(add_bias, v, zero) for v in bv]
+            bv = [b.select(self.add_bias, v, zero) for v in bv]
             for r in range(rows):
-                row = b.add(b.mul(b.add(m0, c(r)), ldy), col)
+                row = b.add(b.mul(b.add(m0, c(r)), self.ldy), col)
                 for h in range(2):
                     v = b.fadd(acc[r * 2 * npan + 2 * j + h], bv[h])
-                    neg = b.select(relu, b.fcmp_ordered("<", v, zero), none)
+                    neg = b.select(self.relu, b.fcmp_ordered("<", v, zero), self.none)
                     v = b.select(neg, zero, v)
-                    b.store(v, b.bitcast(b.gep(y, [b.add(row, c(8 * h))]), v8p), align=4)
+                    b.store(v, b.bitcast(b.gep(self.y, [b.add(row, c(8 * h))]), self.v8p),
+                            align=4)  # fmt: skip
 
-    def loop(start: Any, end: Any, step: int, body: Any) -> None:
-        """``for i in range(start, end - step + 1, step): body(i)`` at the builder."""
-        pre = b.block
-        head, inner, after = (fn.append_basic_block() for _ in range(3))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(i64)
-        i.add_incoming(start, pre)
-        b.cbranch(b.icmp_signed("<=", b.add(i, c(step)), end), inner, after)
-        b.position_at_end(inner)
-        body(i)
-        i.add_incoming(b.add(i, c(step)), b.block)
-        b.branch(head)
-        b.position_at_end(after)
 
-    # whole tiles of MR rows, panel by panel (twelve accumulators each)
-    full = b.mul(b.sdiv(m_rows, c(MR)), c(MR))
-    loop(c(0), panels, 1, lambda p: loop(c(0), full, MR, lambda m0: tile(p, m0, MR, 1)))
-    # the 1..MR-1 rows left: several panels per tile, so that a single row still keeps
-    # eight independent accumulators (an FMA's latency covered), then panel by panel
-    done = fn.append_basic_block()
-    sw = b.switch(b.sub(m_rows, full), done)
-    for rows in range(1, MR):
-        blk = fn.append_basic_block()
-        sw.add_case(c(rows), blk)
-        b.position_at_end(blk)
-        npan = _PANELS_FOR_ROWS[rows]
-        start = b.mul(b.sdiv(panels, c(npan)), c(npan))
-        loop(c(0), panels, npan, lambda p, r=rows, q=npan: tile(p, full, r, q))
-        loop(start, panels, 1, lambda p, r=rows: tile(p, full, r, 1))
-        b.branch(done)
-    b.position_at_end(done)
-    b.ret_void()
-    return str(mod)
+def _build() -> str:
+    """The module text of ``tfrt_py_sgemm_p16`` (``_PackedGemmIR``)."""
+    return _PackedGemmIR().text()
 
 
 def _register() -> Any:
     try:
-        import llvmlite.binding as llvm
         from numba import types
 
         if not _host_ok():
             return None
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        target = llvm.Target.from_triple(llvm.get_process_triple())
-        tm = target.create_target_machine(
-            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3
-        )
-        mod = llvm.parse_assembly(_build())
-        mod.verify()
-        engine = llvm.create_mcjit_compiler(mod, tm)
-        engine.finalize_object()
-        llvm.add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
+        engine = compile_ir(_build(), host_cpu=True, opt=3)
+        add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
     except Exception:  # noqa: BLE001 - no llvmlite JIT here: the lowering keeps gemm
         return None
     p, n = types.uintp, types.int64
@@ -203,7 +226,11 @@ def state() -> bool | None:
 
 
 def available() -> bool:
-    """Whether the kernel is built and registered (once per process; thread-safe)."""
+    """Whether the kernel is built and registered (once per process; thread-safe). False
+    while ``$TFRT_PY_PACKED_GEMM`` is ``0`` (read on each call; the products then keep
+    NumPy's gemm)."""
+    if switched_off(ENV_PACKED_GEMM):
+        return False
     with _LOCK:
         if not _STATE:
             _STATE.append(_register())

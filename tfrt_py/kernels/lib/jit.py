@@ -30,7 +30,7 @@ from typing import Any
 from ...concurrency import native_threads
 from ...concurrency.env_switch import switched_off
 
-__all__ = ["CONTRACT", "ENV_JIT", "Jitted", "jit_enabled"]
+__all__ = ["CONTRACT", "ENV_JIT", "Jitted", "inline", "jit_enabled", "uses"]
 
 #: ``TFRT_PY_JIT=0`` turns the numba kernels off: every kernel takes its NumPy path.
 ENV_JIT = "TFRT_PY_JIT"
@@ -73,16 +73,52 @@ def _numba() -> Any:
 
 
 _HELPERS: set[int] = set()
+_INLINE = "_tfrt_py_inline"
+_USES = "_tfrt_py_uses"
+
+
+def inline(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark the helper ``fn`` to be inlined into the compiled functions that call it (in
+    numba's IR, before LLVM: the loop compiles as if written in the caller, so one body can
+    serve a float32 and a float64 kernel, or an in-place and an out-of-place loop, at no
+    cost). Returns ``fn``, still a plain Python function."""
+    setattr(fn, _INLINE, True)
+    return fn
+
+
+def uses(*helpers: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare the helpers a compiled function calls: a ``Jitted`` of the decorated function,
+    or of one that names it among its ``helpers``, registers them first (its callers need
+    not know them)."""
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(fn, _USES, helpers)
+        return fn
+
+    return mark
+
+
+def _with_uses(helpers: tuple[Callable[..., Any], ...]) -> list[Callable[..., Any]]:
+    """``helpers`` and what they ``uses``, each after what it calls, once."""
+    order: list[Callable[..., Any]] = []
+    for h in helpers:
+        for d in [*_with_uses(getattr(h, _USES, ())), h]:
+            if d not in order:
+                order.append(d)
+    return order
 
 
 def _register_helper(numba: Any, fn: Callable[..., Any]) -> None:
-    """Make ``fn`` callable from compiled code (once per process; under ``_LOCK``'s
-    caller's lock, so two kernels never register one helper twice at once)."""
+    """Make ``fn`` callable from compiled code (once per process; under ``_LOCK``, so two
+    kernels never register one helper twice at once); inlined where ``inline`` marked it."""
     with _LOCK:
         if id(fn) not in _HELPERS:
             from numba.extending import register_jitable
 
-            register_jitable(fn)
+            if getattr(fn, _INLINE, False):
+                register_jitable(inline="always")(fn)
+            else:
+                register_jitable(fn)
             _HELPERS.add(id(fn))
 
 
@@ -94,7 +130,8 @@ class Jitted:
     is called with the dispatcher once after compiling, to force compilation for the
     argument types the kernels use at load time rather than on a model's first call.
     ``helpers`` are module-level functions ``fn`` calls: they are registered with numba
-    (``register_jitable``) before ``fn`` compiles and stay plain Python functions.
+    (``register_jitable``; inlined where ``inline`` marked them) before ``fn`` compiles and
+    stay plain Python functions.
     ``fastmath``: LLVM fast-math flags for ``fn`` (empty: none). ``parallel``: compiled
     with ``parallel=True`` for its ``numba.prange`` loops, which run on numba's TBB layer
     (``concurrency.native_threads``): ``get()`` returns None where that layer is not ready
@@ -138,7 +175,8 @@ class Jitted:
                     self._failed = True
                     return None
                 try:
-                    for h in self._helpers:
+                    helpers = _with_uses((*self._helpers, *getattr(self.fn, _USES, ())))
+                    for h in helpers:
                         _register_helper(numba, h)
                     if self._parallel and self.fn.__globals__.get("numba") is None:
                         self.fn.__globals__["numba"] = numba
@@ -152,7 +190,7 @@ class Jitted:
                         fastmath=self._fastmath,
                         parallel=self._parallel,
                     )(self.fn)
-                    _stamp_helper_files(d, self.fn, self._helpers)
+                    _stamp_helper_files(d, self.fn, tuple(helpers))
                     if self._warm is not None:
                         self._warm(d)
                     self._compiled = d

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .jit import Jitted
+from .jit import Jitted, inline
 
 __all__ = ["embed_norm_rows_f32", "layer_norm_rows", "rms_norm_rows", "skip_norm_rows_f32"]
 
@@ -60,6 +60,28 @@ def _row_sums(xi: Any, n: int) -> tuple[float, float]:  # pragma: no cover - num
     return (s0 + s1) + (s2 + s3), (q0 + q1) + (q2 + q3)
 
 
+@inline
+def _f32_scale(s: float, q: float, inv_n: float, eps: float) -> Any:  # pragma: no cover
+    """(mean, 1 / sqrt(var + eps)) in float32 from a float32 row's float64 (sum, sum of
+    squares); a negative rounding of the variance counts as 0. Inlined (``jit.inline``)."""
+    mean = s * inv_n
+    var = max(q * inv_n - mean * mean, 0.0)
+    return np.float32(mean), np.float32(1.0 / math.sqrt(var + eps))
+
+
+@inline
+def _normalize_row(xi: Any, yi: Any, m: Any, inv: Any, scale: Any, bias: Any,
+                   has_b: bool, n: int) -> None:  # pragma: no cover - numba only  # fmt: skip
+    """``yi = (xi - m) * inv * scale (+ bias)``, in that order of operations (``xi`` may
+    be ``yi``). Inlined (``jit.inline``): each loop compiles as if written in the caller."""
+    if has_b:
+        for j in range(n):
+            yi[j] = (xi[j] - m) * inv * scale[j] + bias[j]
+    else:
+        for j in range(n):
+            yi[j] = (xi[j] - m) * inv * scale[j]
+
+
 def _ln_f32(x: Any, scale: Any, bias: Any, eps: float, y: Any) -> None:  # pragma: no cover
     rows, n = x.shape
     has_b = bias.shape[0] > 0
@@ -68,40 +90,32 @@ def _ln_f32(x: Any, scale: Any, bias: Any, eps: float, y: Any) -> None:  # pragm
         xi = x[i]
         yi = y[i]
         s, q = _row_sums(xi, n)
-        mean = s * inv_n
-        var = max(q * inv_n - mean * mean, 0.0)
-        m = np.float32(mean)
-        inv = np.float32(1.0 / math.sqrt(var + eps))
-        if has_b:
-            for j in range(n):
-                yi[j] = (xi[j] - m) * inv * scale[j] + bias[j]
-        else:
-            for j in range(n):
-                yi[j] = (xi[j] - m) * inv * scale[j]
+        m, inv = _f32_scale(s, q, inv_n, eps)
+        _normalize_row(xi, yi, m, inv, scale, bias, has_b, n)
+
+
+@inline
+def _ln_f64_row(xi: Any, yi: Any, scale: Any, bias: Any, has_b: bool, n: int,
+                eps: float) -> None:  # pragma: no cover - numba only  # fmt: skip
+    """One float64 row: the mean, then the centered squares (two passes, so the variance
+    keeps full precision when the mean is large), then ``_normalize_row``."""
+    inv_n = 1.0 / n
+    s = 0.0
+    for j in range(n):
+        s += xi[j]
+    mean = s * inv_n
+    v = 0.0
+    for j in range(n):
+        d = xi[j] - mean
+        v += d * d
+    inv = 1.0 / math.sqrt(v * inv_n + eps)
+    _normalize_row(xi, yi, mean, inv, scale, bias, has_b, n)
 
 
 def _ln_f64(x: Any, scale: Any, bias: Any, eps: float, y: Any) -> None:  # pragma: no cover
     rows, n = x.shape
-    has_b = bias.shape[0] > 0
-    inv_n = 1.0 / n
     for i in range(rows):
-        xi = x[i]
-        yi = y[i]
-        s = 0.0
-        for j in range(n):
-            s += xi[j]
-        mean = s * inv_n
-        v = 0.0
-        for j in range(n):
-            d = xi[j] - mean
-            v += d * d
-        inv = 1.0 / math.sqrt(v * inv_n + eps)
-        if has_b:
-            for j in range(n):
-                yi[j] = (xi[j] - mean) * inv * scale[j] + bias[j]
-        else:
-            for j in range(n):
-                yi[j] = (xi[j] - mean) * inv * scale[j]
+        _ln_f64_row(x[i], y[i], scale, bias, bias.shape[0] > 0, n, eps)
 
 
 def _rms_f32(x: Any, scale: Any, eps: float, y: Any) -> None:  # pragma: no cover
@@ -137,9 +151,9 @@ def _skip_norm_f32(x: Any, skip: Any, bias: Any, scale: Any, beta: Any, eps: flo
     input_skip_bias_sum; else into ``y`` as scratch), then ``s``'s LayerNorm (``rms``: RMS
     norm, no mean, no beta) into ``y`` as ``_ln_f32`` / ``_rms_f32`` compute it. ``bias``,
     ``beta`` length 0: none. One pass over the inputs instead of NumPy's add, copy and
-    a separate norm call (~14 -> ~3 µs for (16, 128)). The normalization is written out
-    here and in ``_embed_norm_f32`` as in ``_ln_f32``: one shared row helper measured
-    12-20% slower in all three (LayerNorm (512, 128) 45 -> 54 µs)."""
+    a separate norm call (~14 -> ~3 µs for (16, 128)). The row's normalization is
+    ``_ln_f32``'s, inlined (an out-of-line shared row helper measured 12-20% slower:
+    LayerNorm (512, 128) 45 -> 54 µs)."""
     rows, n = x.shape
     has_bias = bias.shape[0] > 0
     has_beta = beta.shape[0] > 0 and not rms
@@ -160,11 +174,8 @@ def _skip_norm_f32(x: Any, skip: Any, bias: Any, scale: Any, beta: Any, eps: flo
             for j in range(n):
                 yi[j] = si[j] * inv * scale[j]
             continue
-        mean = sm * inv_n
-        var = max(q * inv_n - mean * mean, 0.0)
-        m = np.float32(mean)
-        inv = np.float32(1.0 / math.sqrt(var + eps))
-        if has_beta:
+        m, inv = _f32_scale(sm, q, inv_n, eps)
+        if has_beta:  # (written out: ``_normalize_row`` inlined here measured 8-10% slower)
             for j in range(n):
                 yi[j] = (si[j] - m) * inv * scale[j] + beta[j]
         else:
@@ -180,7 +191,10 @@ def _warm_skip(fn: Any) -> None:
         fn(x, x, one, one, none, 1e-5, np.empty_like(x), np.zeros((0, 4), np.float32), rms)
 
 
-_SKIP_NORM = Jitted(_skip_norm_f32, _warm_skip, helpers=(_row_sums,))
+#: What the float32 row kernels call: the sums out of line, the rest inlined.
+_F32_ROW = (_row_sums, _f32_scale, _normalize_row)
+
+_SKIP_NORM = Jitted(_skip_norm_f32, _warm_skip, helpers=_F32_ROW)
 
 
 def skip_norm_rows_f32() -> Any:
@@ -238,12 +252,8 @@ def _embed_norm_f32(ids: Any, seg_ids: Any, pos_ids: Any, word: Any, pos: Any, s
                 for j in range(h):
                     ei[j] = wr[j] + pr[j]
             sm, q = _row_sums(ei, h)
-            mean = sm * inv_n
-            var = max(q * inv_n - mean * mean, 0.0)
-            m = np.float32(mean)
-            inv = np.float32(1.0 / math.sqrt(var + eps))
-            for j in range(h):
-                yi[j] = (ei[j] - m) * inv * scale[j] + beta[j]
+            m, inv = _f32_scale(sm, q, inv_n, eps)
+            _normalize_row(ei, yi, m, inv, scale, beta, True, h)
     return 0
 
 
@@ -258,7 +268,7 @@ def _warm_embed(fn: Any) -> None:
         fn(ids, ids, ids, f, f, f, one, one, 1e-5, out, np.empty_like(out))
 
 
-_EMBED_NORM = Jitted(_embed_norm_f32, _warm_embed, helpers=(_row_sums,))
+_EMBED_NORM = Jitted(_embed_norm_f32, _warm_embed, helpers=_F32_ROW)
 
 
 def embed_norm_rows_f32() -> Any:
@@ -284,8 +294,10 @@ def _warm_for(t: Any) -> Any:
 
 
 _LN = {
-    np.dtype(np.float32): Jitted(_ln_f32, _warm_for(np.float32), helpers=(_row_sums,)),
-    np.dtype(np.float64): Jitted(_ln_f64, _warm_for(np.float64)),
+    np.dtype(np.float32): Jitted(_ln_f32, _warm_for(np.float32), helpers=_F32_ROW),
+    np.dtype(np.float64): Jitted(
+        _ln_f64, _warm_for(np.float64), helpers=(_normalize_row, _ln_f64_row)
+    ),
 }
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
-from .jit import Jitted
+from .jit import Jitted, inline, uses
 from .sigmoid_jit import EXP_CONSTS
 
 __all__ = ["SHORT_ROW", "SPLIT_MIN_ELEMENTS", "softmax_rows_f32"]
@@ -45,16 +45,40 @@ SHORT_ROW = 32
 SPLIT_MIN_ELEMENTS = 1 << 15
 
 
+@inline
+def _exp_consts(c: Any) -> Any:  # pragma: no cover - numba only
+    """``EXP_CONSTS``' exp constants as a tuple: values in registers, which no store can
+    alias (loads from ``c`` in the loop would keep LLVM from vectorizing)."""
+    return c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11]
+
+
+@inline
+def _exp_parts(dk: Any, k: Any) -> Any:  # pragma: no cover - numba only
+    """exp(``dk``) as (mantissa part, 2^k as int32 float bits): the product of the two
+    (the bits viewed as float32) is exp(dk); ``dk`` below -87 gives 0, NaN stays NaN.
+    ``sigmoid_jit``'s polynomial; ``k`` from ``_exp_consts``. Inlined (``jit.inline``)."""
+    log2e, ln2hi, ln2lo, p0, p1, p2, p3, p4, p5, one, half, lo = k
+    dc = lo if not dk >= lo else dk  # NaN -> lo here (a defined int below)
+    fk = np.floor(dc * log2e + half)
+    r = dc - fk * ln2hi
+    r = r - fk * ln2lo
+    p = ((((p0 * r + p1) * r + p2) * r + p3) * r + p4) * r + p5
+    p = p * (r * r) + r + one
+    value = (one - one) if dk < lo else (p if dk == dk else dk)  # NaN stays NaN
+    return value, (np.int32(fk) + np.int32(127)) << np.int32(23)
+
+
+#: The exp the loops below inline.
+_EXP = (_exp_consts, _exp_parts)
+
+
 def _softmax_rows(x: Any, y: Any, c: Any) -> None:  # pragma: no cover - numba only
     """Each row's max and ``x - max`` into a flat scratch array, then exp over all of it in
     one loop (with 2^k as float bits, as in ``sigmoid_jit``: a long loop vectorizes where a
     row of a few classes does not), then each row's sum and the scaled row into ``y``; only
     that last loop writes ``y``, so ``y`` may be ``x``. Scratch: 8 bytes per element, as
     NumPy's temporaries."""
-    log2e, ln2hi, ln2lo = c[0], c[1], c[2]
-    p0, p1, p2, p3, p4, p5 = c[3], c[4], c[5], c[6], c[7], c[8]
-    one, half, lo = c[9], c[10], c[11]
-    zero = one - one
+    ec = _exp_consts(c)
     rows, n = x.shape
     size = rows * n
     xf = x.reshape(size)
@@ -71,15 +95,7 @@ def _softmax_rows(x: Any, y: Any, c: Any) -> None:  # pragma: no cover - numba o
         for j in range(n):
             d[base + j] = xf[base + j] - m
     for k in range(size):
-        dk = d[k]
-        dc = lo if not dk >= lo else dk  # NaN -> lo here (a defined int below)
-        fk = np.floor(dc * log2e + half)
-        r = dc - fk * ln2hi
-        r = r - fk * ln2lo
-        p = ((((p0 * r + p1) * r + p2) * r + p3) * r + p4) * r + p5
-        p = p * (r * r) + r + one
-        d[k] = zero if dk < lo else (p if dk == dk else dk)  # NaN stays NaN
-        ki[k] = (np.int32(fk) + np.int32(127)) << np.int32(23)
+        d[k], ki[k] = _exp_parts(d[k], ec)
     for k in range(size):
         d[k] = d[k] * kf[k]
     for i in range(rows):
@@ -92,6 +108,7 @@ def _softmax_rows(x: Any, y: Any, c: Any) -> None:  # pragma: no cover - numba o
             yf[base + j] = d[base + j] * inv
 
 
+@uses(*_EXP)
 def _softmax_long_rows(  # pragma: no cover - numba only
     x: Any, y: Any, c: Any, r0: int, r1: int
 ) -> None:
@@ -99,9 +116,8 @@ def _softmax_long_rows(  # pragma: no cover - numba only
     2^k into ``ki`` (``_softmax_rows``' polynomial), the sum of their products in eight
     chains, then ``y = e * 2^k * (1 / sum)``. Row i is read before it is written, so
     ``y`` may be ``x``."""
-    log2e, ln2hi, ln2lo = c[0], c[1], c[2]
-    p0, p1, p2, p3, p4, p5 = c[3], c[4], c[5], c[6], c[7], c[8]
-    one, half, lo, inf = c[9], c[10], c[11], c[13]
+    ec = _exp_consts(c)
+    one, inf = c[9], c[13]
     zero = one - one
     n = x.shape[1]
     e = np.empty(n, np.float32)
@@ -140,15 +156,7 @@ def _softmax_long_rows(  # pragma: no cover - numba only
         a4 = a6 if a6 > a4 else a4
         m = a4 if a4 > a0 else a0
         for j in range(n):
-            dk = xr[j] - m
-            dc = lo if not dk >= lo else dk  # NaN -> lo here (a defined int below)
-            fk = np.floor(dc * log2e + half)
-            r = dc - fk * ln2hi
-            r = r - fk * ln2lo
-            p = ((((p0 * r + p1) * r + p2) * r + p3) * r + p4) * r + p5
-            p = p * (r * r) + r + one
-            e[j] = zero if dk < lo else (p if dk == dk else dk)  # NaN stays NaN
-            ki[j] = (np.int32(fk) + np.int32(127)) << np.int32(23)
+            e[j], ki[j] = _exp_parts(xr[j] - m, ec)
         s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = zero
         for j in range(0, n8, 8):
             s0 += e[j] * kf[j]
@@ -177,7 +185,7 @@ def _warm_long(fn: Any) -> None:
     fn(x, x, EXP_CONSTS, 0, 2)
 
 
-_SOFTMAX = Jitted(_softmax_rows, _warm)
+_SOFTMAX = Jitted(_softmax_rows, _warm, helpers=_EXP)
 _SOFTMAX_LONG = Jitted(_softmax_long_rows, _warm_long, fastmath=frozenset({"contract"}))
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.

@@ -1,0 +1,356 @@
+; tfrt_py's native pool for numba's parallel loops (concurrency/native_pool.py loads this
+; file, compiles it with llvmlite's MCJIT once per process and binds numba's
+; `numba_parallel_for` and `get_thread_id` to @tfrt_py_parallel_for and
+; @tfrt_py_pool_thread_id). Read native_pool.py's docstring first: the protocol in prose.
+;
+; Roles: one *caller* at a time owns the task slot (@tfrt_py_pool_owner); up to 63
+; *workers* (native threads started by native_pool.py, never holding the GIL) run parts.
+;
+; Invariants every function below keeps:
+;  I1  The slot is owned by at most one thread: @tfrt_py_pool_owner is 0 or the owner's
+;      pthread_self, set by one cmpxchg 0 -> self and cleared only by that owner.
+;  I2  A task's fields (@tfrt_py_pool_fn .. @tfrt_py_pool_nth) are written only by the
+;      owner, before it publishes the task's generation in @tfrt_py_pool_next (release);
+;      a reader that acquired a @tfrt_py_pool_next of that generation sees them.
+;  I3  @tfrt_py_pool_next = generation << 32 | next part. A part is run by the one thread
+;      whose cmpxchg moves it from i to i + 1 *within one generation*, so every part runs
+;      exactly once, and a worker that read an old generation's fields fails its cmpxchg
+;      (the word moved on) and never runs a part of a finished task.
+;  I4  @tfrt_py_pool_pending counts the parts not yet finished; the owner returns, and
+;      clears the slot, only after it reads 0 (acquire): every part's writes are visible to
+;      the caller when numba's loop returns.
+;  I5  No lost wake-up: a sleeper first announces itself (a store of 1, seq_cst), then
+;      re-reads the word it will sleep on, and the futex sleeps only while the word still
+;      holds the value read; a waker first writes the word, then reads the announcement
+;      (seq_cst), and wakes when it is set. Of the two orders, one sees the other.
+;  I6  Worker k (1-based) runs parts only while k < the task's thread count (@..._nth):
+;      a loop asked for fewer threads than the pool has never uses the others.
+;
+; Linux x86-64 only: syscall 202 is futex; op 128 is FUTEX_WAIT_PRIVATE, 129
+; FUTEX_WAKE_PRIVATE; `pause` is the x86 spin hint.
+
+; --- the task slot and its fields ---------------------------------------------------------
+; generation of the last task published (a worker's wake word gets this value)
+@tfrt_py_pool_gen = global i32 0, align 64
+; generation << 32 | next part to claim (I3); its own cache line: every claim writes it
+@tfrt_py_pool_next = global i64 0, align 64
+; parts not yet finished (I4); the caller's futex word once it sleeps
+@tfrt_py_pool_pending = global i32 0, align 64
+; 1 while the caller sleeps on @tfrt_py_pool_pending (I5)
+@tfrt_py_pool_waiting = global i32 0, align 64
+; pthread_self of the slot's owner, 0 when free (I1)
+@tfrt_py_pool_owner = global i64 0, align 64
+; the task (I2): numba's loop function and its arguments, the part count and thread count
+@tfrt_py_pool_fn = global ptr null, align 64
+@tfrt_py_pool_args = global ptr null, align 8
+@tfrt_py_pool_dims = global ptr null, align 8
+@tfrt_py_pool_steps = global ptr null, align 8
+@tfrt_py_pool_data = global ptr null, align 8
+@tfrt_py_pool_argl = global i64 0, align 8
+@tfrt_py_pool_arrc = global i64 0, align 8
+@tfrt_py_pool_n = global i64 0, align 8
+@tfrt_py_pool_nth = global i64 0, align 8
+; --- the pool (written by native_pool.py from Python, read here) -------------------------
+; workers started (0: every loop runs in its caller)
+@tfrt_py_pool_nworkers = global i64 0, align 64
+; the caller's spin on the parts in flight, in `pause` instructions, before it sleeps
+@tfrt_py_pool_spin_c = global i64 0, align 8
+; pthread_self of worker k at [k] (for @tfrt_py_pool_thread_id)
+@tfrt_py_pool_wtid = global [64 x i64] zeroinitializer, align 64
+; per worker, a cache line: [0] the futex word a task's generation is written to, [1] 1
+; while the worker sleeps on it
+@tfrt_py_pool_wake = global [64 x [16 x i32]] zeroinitializer, align 64
+
+; libc's syscall and pthread_self, registered under these names by native_pool.py
+declare i64 @tfrt_py_libc_syscall(i64, ...)
+declare i64 @tfrt_py_libc_pthread_self()
+declare void @llvm.x86.sse2.pause()
+declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)
+
+; %n `pause` instructions: an opaque spin for tests and benchmarks (pause_address()).
+; Touches no state.
+define void @tfrt_py_pool_pause(i64 %n) {
+entry:
+  br label %head
+head:
+  %i = phi i64 [0, %entry], [%i1, %body]
+  %more = icmp ult i64 %i, %n
+  br i1 %more, label %body, label %done
+body:
+  call void @llvm.x86.sse2.pause()
+  %i1 = add i64 %i, 1
+  br label %head
+done:
+  ret void
+}
+
+; part %i of the task: the loop function over one schedule row, its array arguments
+; advanced by %i steps (as numba's TBB parallel_for does per range).
+; Invariant: reads only the task fields its caller passed (read under I2 and claimed under
+; I3); the counts and the advanced pointers live on this thread's stack.
+define private void @run_part(ptr %fn, ptr %args, ptr %dims, ptr %steps, ptr %data,
+                              i64 %argl, i64 %arrc, i64 %i) noinline {
+entry:
+  %cnt = alloca i64, i64 %argl, align 8
+  %arr = alloca ptr, i64 %arrc, align 8
+  %bytes = shl i64 %argl, 3
+  call void @llvm.memcpy.p0.p0.i64(ptr %cnt, ptr %dims, i64 %bytes, i1 false)
+  ; one schedule row: the outer dimension of this part is 1
+  store i64 1, ptr %cnt, align 8
+  br label %ah
+ah:
+  %a = phi i64 [0, %entry], [%a1, %ab]
+  %am = icmp ult i64 %a, %arrc
+  br i1 %am, label %ab, label %go
+ab:
+  %bp = getelementptr ptr, ptr %args, i64 %a
+  %base = load ptr, ptr %bp, align 8
+  %sp = getelementptr i64, ptr %steps, i64 %a
+  %st = load i64, ptr %sp, align 8
+  %off = mul i64 %st, %i
+  %np = getelementptr i8, ptr %base, i64 %off
+  %dst = getelementptr ptr, ptr %arr, i64 %a
+  store ptr %np, ptr %dst, align 8
+  %a1 = add i64 %a, 1
+  br label %ah
+go:
+  call void %fn(ptr %arr, ptr %cnt, ptr %steps, ptr %data)
+  ret void
+}
+
+; claim and run parts of the current task until none is left (thread %k: 0 the caller).
+; Invariant: runs a part only after its own cmpxchg claimed it (I3) and only while
+; %k < nth (I6); the thread that finishes the last part wakes a sleeping caller (I4, I5).
+define private void @claim(i64 %k) noinline {
+entry:
+  br label %top
+top:
+  ; acquire: pairs with the owner's release store of a new generation (I2)
+  %v = load atomic i64, ptr @tfrt_py_pool_next acquire, align 8
+  %idx = and i64 %v, 4294967295
+  ; monotonic: ordered by the acquire above (I2)
+  %n = load atomic i64, ptr @tfrt_py_pool_n monotonic, align 8
+  %nth = load atomic i64, ptr @tfrt_py_pool_nth monotonic, align 8
+  %more = icmp ult i64 %idx, %n
+  %mine = icmp ult i64 %k, %nth
+  %go = and i1 %more, %mine
+  br i1 %go, label %read, label %done
+read:
+  ; monotonic: fields of the generation in %v, ordered by its acquire (I2); stale only if
+  ; the generation moved on, which makes the cmpxchg below fail (I3)
+  %fn = load atomic ptr, ptr @tfrt_py_pool_fn monotonic, align 8
+  %args = load atomic ptr, ptr @tfrt_py_pool_args monotonic, align 8
+  %dims = load atomic ptr, ptr @tfrt_py_pool_dims monotonic, align 8
+  %steps = load atomic ptr, ptr @tfrt_py_pool_steps monotonic, align 8
+  %data = load atomic ptr, ptr @tfrt_py_pool_data monotonic, align 8
+  %argl = load atomic i64, ptr @tfrt_py_pool_argl monotonic, align 8
+  %arrc = load atomic i64, ptr @tfrt_py_pool_arrc monotonic, align 8
+  %v1 = add i64 %v, 1
+  ; acq_rel: the claim of part %idx of generation %v (I3); fails if anyone moved the word
+  %r = cmpxchg ptr @tfrt_py_pool_next, i64 %v, i64 %v1 acq_rel monotonic
+  %ok = extractvalue { i64, i1 } %r, 1
+  br i1 %ok, label %run, label %top
+run:
+  call void @run_part(ptr %fn, ptr %args, ptr %dims, ptr %steps, ptr %data,
+                      i64 %argl, i64 %arrc, i64 %idx)
+  ; seq_cst: publishes the part's writes to the caller's acquire of 0 (I4), and orders
+  ; before the read of @tfrt_py_pool_waiting (I5, the waker's side)
+  %old = atomicrmw sub ptr @tfrt_py_pool_pending, i32 1 seq_cst
+  %last = icmp eq i32 %old, 1
+  br i1 %last, label %check, label %top
+check:
+  ; seq_cst: I5, the waker reads the caller's announcement after its own write
+  %w = load atomic i32, ptr @tfrt_py_pool_waiting seq_cst, align 4
+  %isw = icmp ne i32 %w, 0
+  br i1 %isw, label %wake, label %top
+wake:
+  ; FUTEX_WAKE_PRIVATE one waiter on @tfrt_py_pool_pending: the caller
+  %x = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr @tfrt_py_pool_pending,
+                                                 i64 129, i64 1)
+  br label %top
+done:
+  ret void
+}
+
+; worker %arg (k >= 1) forever: claim parts, then sleep on its wake word until a new
+; generation is written there. Never returns; never holds the GIL.
+; Invariant: sleeps only while its word still holds the generation it last served (I5), so
+; a task published between its claim and its sleep is never missed.
+define ptr @tfrt_py_pool_worker(ptr %arg) {
+entry:
+  %k = ptrtoint ptr %arg to i64
+  %self = call i64 @tfrt_py_libc_pthread_self()
+  %slot = getelementptr [64 x i64], ptr @tfrt_py_pool_wtid, i64 0, i64 %k
+  ; seq_cst: the id is visible before this worker runs any part (get_thread_id)
+  store atomic i64 %self, ptr %slot seq_cst, align 8
+  %word = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %k, i64 0
+  %asleep = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %k, i64 1
+  br label %loop
+loop:
+  ; seq_cst: the generation this round serves, read before claiming (I5)
+  %seen = load atomic i32, ptr %word seq_cst, align 4
+  call void @claim(i64 %k)
+  br label %sleep
+sleep:
+  ; seq_cst store then load: I5, the sleeper's side (announce, then re-read the word)
+  store atomic i32 1, ptr %asleep seq_cst, align 4
+  %g = load atomic i32, ptr %word seq_cst, align 4
+  %same = icmp eq i32 %g, %seen
+  br i1 %same, label %wait, label %woke
+wait:
+  ; FUTEX_WAIT_PRIVATE while *word == seen (no timeout)
+  %seen64 = zext i32 %seen to i64
+  %y = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr %word, i64 128, i64 %seen64,
+                                                 ptr null)
+  br label %woke
+woke:
+  ; seq_cst: cleared before the re-read, so a waker that writes after it wakes again
+  store atomic i32 0, ptr %asleep seq_cst, align 4
+  %g2 = load atomic i32, ptr %word seq_cst, align 4
+  %again = icmp eq i32 %g2, %seen
+  br i1 %again, label %sleep, label %loop
+}
+
+; numba's `numba_parallel_for(fn, args, dims, steps, data, inner_ndim, array_count,
+; num_threads)` (numba/np/ufunc/gufunc_scheduler.h; the releases in NUMBA_TESTED): run
+; fn over dims[0] schedule rows, on the caller and the workers.
+; Invariant: takes the slot (I1) or runs everything itself (one thread or part, no
+; workers, 2^31 parts or more, or the slot taken: another loop, or a loop nested in a
+; part); returns only when every part finished (I4), having freed the slot.
+define void @tfrt_py_parallel_for(ptr %fn, ptr %args, ptr %dims, ptr %steps, ptr %data,
+                                  i64 %inner, i64 %arrc, i64 %nthreads) {
+entry:
+  %n = load i64, ptr %dims, align 8
+  ; monotonic: written once by native_pool.py before numba can call here
+  %nw = load atomic i64, ptr @tfrt_py_pool_nworkers monotonic, align 8
+  %one = icmp sle i64 %nthreads, 1
+  %few = icmp ule i64 %n, 1
+  %big = icmp uge i64 %n, 2147483648
+  %none = icmp eq i64 %nw, 0
+  %c1 = or i1 %one, %few
+  %c2 = or i1 %c1, %none
+  %c3 = or i1 %c2, %big
+  br i1 %c3, label %serial, label %take
+take:
+  %self = call i64 @tfrt_py_libc_pthread_self()
+  ; acquire: I1; pairs with the last owner's release of the slot
+  %r = cmpxchg ptr @tfrt_py_pool_owner, i64 0, i64 %self acquire monotonic
+  %ok = extractvalue { i64, i1 } %r, 1
+  br i1 %ok, label %publish, label %serial
+serial:
+  call void %fn(ptr %args, ptr %dims, ptr %steps, ptr %data)
+  ret void
+publish:
+  %all = add i64 %nw, 1
+  %lt = icmp slt i64 %nthreads, %all
+  %nth = select i1 %lt, i64 %nthreads, i64 %all
+  %argl = add i64 %inner, 1
+  ; monotonic: the task's fields, ordered by the release store of @tfrt_py_pool_next (I2)
+  store atomic ptr %fn, ptr @tfrt_py_pool_fn monotonic, align 8
+  store atomic ptr %args, ptr @tfrt_py_pool_args monotonic, align 8
+  store atomic ptr %dims, ptr @tfrt_py_pool_dims monotonic, align 8
+  store atomic ptr %steps, ptr @tfrt_py_pool_steps monotonic, align 8
+  store atomic ptr %data, ptr @tfrt_py_pool_data monotonic, align 8
+  store atomic i64 %argl, ptr @tfrt_py_pool_argl monotonic, align 8
+  store atomic i64 %arrc, ptr @tfrt_py_pool_arrc monotonic, align 8
+  store atomic i64 %n, ptr @tfrt_py_pool_n monotonic, align 8
+  store atomic i64 %nth, ptr @tfrt_py_pool_nth monotonic, align 8
+  %n32 = trunc i64 %n to i32
+  ; seq_cst: every part is pending before any can be claimed (I4)
+  store atomic i32 %n32, ptr @tfrt_py_pool_pending seq_cst, align 4
+  ; monotonic: only the owner writes the generation (I1)
+  %g = load atomic i32, ptr @tfrt_py_pool_gen monotonic, align 4
+  %g1 = add i32 %g, 1
+  %g64 = zext i32 %g1 to i64
+  %nx = shl i64 %g64, 32
+  ; release: publishes the fields above with part 0 of the new generation (I2, I3)
+  store atomic i64 %nx, ptr @tfrt_py_pool_next release, align 8
+  store atomic i32 %g1, ptr @tfrt_py_pool_gen monotonic, align 4
+  br label %kh
+kh:
+  ; workers 1 .. nth-1 are told, each on its own futex word; a sleeping one is woken (I6)
+  %kk = phi i64 [1, %publish], [%kk1, %kn]
+  %km = icmp ult i64 %kk, %nth
+  br i1 %km, label %kb, label %work
+kb:
+  %kword = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %kk, i64 0
+  %kasleep = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %kk, i64 1
+  ; seq_cst store then load: I5, the waker's side (write the word, then read the flag)
+  store atomic i32 %g1, ptr %kword seq_cst, align 4
+  %ks = load atomic i32, ptr %kasleep seq_cst, align 4
+  %kz = icmp ne i32 %ks, 0
+  br i1 %kz, label %kw, label %kn
+kw:
+  ; FUTEX_WAKE_PRIVATE worker kk
+  %x = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr %kword, i64 129, i64 1)
+  br label %kn
+kn:
+  %kk1 = add i64 %kk, 1
+  br label %kh
+work:
+  call void @claim(i64 0)
+  ; monotonic: a tuning knob native_pool.py sets; any value read is valid
+  %spin = load atomic i64, ptr @tfrt_py_pool_spin_c monotonic, align 8
+  br label %wh
+wh:
+  ; the parts in flight: spin %spin pauses, then sleep on @tfrt_py_pool_pending
+  %s = phi i64 [0, %work], [%s1, %wb], [%spin, %woke]
+  ; acquire: pairs with the parts' seq_cst decrements: their writes are visible (I4)
+  %p = load atomic i32, ptr @tfrt_py_pool_pending acquire, align 4
+  %fin = icmp eq i32 %p, 0
+  br i1 %fin, label %out, label %wc
+wc:
+  %sm = icmp ult i64 %s, %spin
+  br i1 %sm, label %wb, label %sleep
+wb:
+  call void @llvm.x86.sse2.pause()
+  %s1 = add i64 %s, 1
+  br label %wh
+sleep:
+  ; seq_cst store then load: I5, the sleeper's side
+  store atomic i32 1, ptr @tfrt_py_pool_waiting seq_cst, align 4
+  %p2 = load atomic i32, ptr @tfrt_py_pool_pending seq_cst, align 4
+  %fin2 = icmp eq i32 %p2, 0
+  br i1 %fin2, label %woke, label %wait
+wait:
+  ; FUTEX_WAIT_PRIVATE while pending == p2 (no timeout)
+  %p64 = zext i32 %p2 to i64
+  %y = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 202, ptr @tfrt_py_pool_pending,
+                                                 i64 128, i64 %p64, ptr null)
+  br label %woke
+woke:
+  ; seq_cst: the flag is down before the next read of pending (I5)
+  store atomic i32 0, ptr @tfrt_py_pool_waiting seq_cst, align 4
+  br label %wh
+out:
+  ; release: I1, the slot freed after every part finished (I4)
+  store atomic i64 0, ptr @tfrt_py_pool_owner release, align 8
+  ret void
+}
+
+; a parallel reduction's slot: 0 for the caller and any thread outside the pool, k for
+; worker k. Invariant: reads only worker ids, each written once before that worker runs
+; a part; a thread never sees another thread's slot.
+define i64 @tfrt_py_pool_thread_id() {
+entry:
+  %self = call i64 @tfrt_py_libc_pthread_self()
+  %nw = load atomic i64, ptr @tfrt_py_pool_nworkers monotonic, align 8
+  br label %head
+head:
+  %k = phi i64 [1, %entry], [%k1, %next]
+  %in = icmp ule i64 %k, %nw
+  br i1 %in, label %body, label %zero
+body:
+  %slot = getelementptr [64 x i64], ptr @tfrt_py_pool_wtid, i64 0, i64 %k
+  ; monotonic: a worker's own id was stored (seq_cst) before it ran this
+  %t = load atomic i64, ptr %slot monotonic, align 8
+  %is = icmp eq i64 %t, %self
+  br i1 %is, label %found, label %next
+next:
+  %k1 = add i64 %k, 1
+  br label %head
+found:
+  ret i64 %k
+zero:
+  ret i64 0
+}
