@@ -11,15 +11,19 @@ its GPT-2 exporter write it).
 * Scores ``scale * Q K^T`` (scale default ``1/sqrt(head size)``) plus ``attention_bias``
   (broadcast from ``(B or 1, N or 1, S, T)``) plus the mask as an *additive*
   ``mask_filter_value`` (default -10000, as onnxruntime: a fully masked row is uniform,
-  not NaN); softmax over the T keys; times V; heads merged to ``(B, S, N * Hv)``.
+  not NaN); softmax over the T keys; times V; heads merged to ``(B, S, N * Hv)``. The
+  mask and the causal frontier are one additive bias term, ``attention_bias`` the one
+  added before it, and the rest is ``lib/sdpa``'s ``softmax_attention`` (in blocks of
+  query rows for float32).
 * ``mask_index`` forms: ``(B,)`` end positions (keys at or after masked: right padding);
   ``(2B,)`` end positions then start positions (keys before the start masked too: left
   padding); ``(B, T)`` and ``(B, S, T)`` raw masks (0 masked); ``(B, 1, M, M)`` (Megatron
   GPT-2: rows ``P..P+S-1``, columns ``0..T-1`` of the square, 0 masked; onnxruntime's CPU
   provider does not implement this form, so it is checked against its definition only).
 * ``unidirectional=1`` (when S > 1): query ``i`` does not see keys after ``P + i`` at all
-  (their weight is exactly 0, whatever the mask says of the others, as in onnxruntime
-  1.32: a row whose visible keys are all masked spreads its weight over those keys).
+  (a ``-inf`` bias: their weight is exactly 0, whatever the mask says of the others, as in
+  onnxruntime 1.32: a row whose visible keys are all masked spreads its weight over those
+  keys).
 
 The additive mask made from a small ``mask_index`` (<= ``_MASK_MEMO_MAX`` elements, its
 additive form <= ``_MASK_MEMO_BYTES``) is kept per kernel, keyed by the mask's bytes and
@@ -42,7 +46,7 @@ import numpy as np
 
 from ..base import ComputeFn, Cost, KernelContext
 from ..common import float_compute_dtype, to_ints
-from ..lib.softmax_jit import softmax_rows_f32
+from ..lib.sdpa import softmax_attention
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
 
@@ -96,23 +100,21 @@ _MASK_MEMO = 64
 
 
 @lru_cache(maxsize=64)
-def _future(s: int, t: int, past: int) -> np.ndarray:
-    """The (S, T) bool mask of keys after ``past + i`` for query ``i`` (read-only)."""
+def _future(s: int, t: int, past: int, dt: np.dtype) -> np.ndarray:
+    """The (S, T) additive bias hiding the keys after ``past + i`` from query ``i`` (-inf
+    there, 0 elsewhere; read-only)."""
     later = np.arange(t)[None, :] > (np.arange(s)[:, None] + past)
-    later.flags.writeable = False
-    return later
+    bias = np.where(later, -np.inf, 0.0).astype(dt)
+    bias.flags.writeable = False
+    return bias
 
 
 _NOT_MADE = object()
 
 
-def _attention(ctx: KernelContext) -> ComputeFn:
-    """Attention-1 (com.microsoft): ``(input, weights, bias?, mask_index?, past?,
-    attention_bias?, past_sequence_length?) -> (output, present?)``."""
-    heads = int(ctx.attr("num_heads"))
-    causal_attr = bool(ctx.attr("unidirectional", 0))
-    scale_attr = float(ctx.attr("scale", 0.0))
-    fill = float(ctx.attr("mask_filter_value", -10000.0))
+def _sizes(ctx: KernelContext, heads: int) -> tuple[int, int, int] | None:
+    """The checked ``qkv_hidden_sizes`` (None: three equal parts); UnsupportedOpError for
+    the forms refused at load (module doc)."""
     sizes_attr = ctx.attr("qkv_hidden_sizes", None)
     if heads <= 0:
         raise ctx.unsupported(f"num_heads={heads} must be positive")
@@ -128,16 +130,17 @@ def _attention(ctx: KernelContext) -> ComputeFn:
             raise ctx.unsupported("qkv_hidden_sizes must be multiples of num_heads")
     if ctx.has_input(4) and sizes is not None and sizes[2] != sizes[0]:
         raise ctx.unsupported("past needs equal Q, K and V hidden sizes")
-    want_present = ctx.has_output(1)
-    n_out = ctx.n_outputs
-    softmax_rows = softmax_rows_f32()  # small float32 scores: one compiled pass per row
+    return None if sizes is None else (sizes[0], sizes[1], sizes[2])
+
+
+def _mask_memo(fill: float) -> tuple[Any, dict[tuple[Any, ...], np.ndarray | None]]:
+    """(``additive_mask(mask, b, s, t, p, cdt)``, its memo): ``_key_mask`` as (B, 1, 1 or
+    S, T), None when it masks nothing; memoized for small masks (read-only arrays)."""
     masks: dict[tuple[Any, ...], np.ndarray | None] = {}
 
     def additive_mask(
         mask: np.ndarray, b: int, s: int, t: int, p: int, cdt: np.dtype
     ) -> np.ndarray | None:
-        """``_key_mask`` as (B, 1, 1 or S, T), None when it masks nothing; memoized for
-        small masks (read-only arrays)."""
         if mask.size > _MASK_MEMO_MAX:
             return _key_mask(mask, b, s, t, p, fill, cdt)[:, None]
         key = (mask.dtype.str, mask.shape, mask.tobytes(), b, s, t, p, cdt.str)
@@ -152,6 +155,21 @@ def _attention(ctx: KernelContext) -> ComputeFn:
                 masks.clear()
             masks[key] = got
         return got  # type: ignore[return-value]
+
+    return additive_mask, masks
+
+
+def _attention(ctx: KernelContext) -> ComputeFn:
+    """Attention-1 (com.microsoft): ``(input, weights, bias?, mask_index?, past?,
+    attention_bias?, past_sequence_length?) -> (output, present?)``; the softmax attention
+    itself is ``lib.sdpa``'s, the masks its additive bias."""
+    heads = int(ctx.attr("num_heads"))
+    causal_attr = bool(ctx.attr("unidirectional", 0))
+    scale_attr = float(ctx.attr("scale", 0.0))
+    sizes = _sizes(ctx, heads)
+    want_present = ctx.has_output(1)
+    n_out = ctx.n_outputs
+    additive_mask, masks = _mask_memo(float(ctx.attr("mask_filter_value", -10000.0)))
 
     def attention(
         input: np.ndarray,
@@ -191,24 +209,17 @@ def _attention(ctx: KernelContext) -> ComputeFn:
             k = np.concatenate((past[0].astype(cdt, copy=False), k), axis=2)
             v = np.concatenate((past[1].astype(cdt, copy=False), v), axis=2)
         t = p + s
-        scale = scale_attr if scale_attr != 0.0 else 1.0 / math.sqrt(hq)
-        scores = np.matmul(q * cdt.type(scale), k.swapaxes(-1, -2))  # (B, N, S, T)
-        if attention_bias is not None:
-            scores += attention_bias
-        if mask_index is not None:
-            add = additive_mask(mask_index, b, s, t, p, cdt)
-            if add is not None:
-                scores += add
-        if causal_attr and s > 1:
-            scores[..., _future(s, t, p)] = -np.inf  # never a whole row: key p + i is seen
-        if softmax_rows is not None and scores.dtype == np.float32:
-            softmax_rows(scores.reshape(-1, t), scores.reshape(-1, t))
-        else:
-            scores -= scores.max(axis=-1, keepdims=True)
-            np.exp(scores, out=scores)
-            scores /= scores.sum(axis=-1, keepdims=True)
-        ctx_v = np.matmul(scores, v)  # (B, N, S, Hv)
-        y = ctx_v.transpose(0, 2, 1, 3).reshape(b, s, heads * hv).astype(dt, copy=False)
+        add = None if mask_index is None else additive_mask(mask_index, b, s, t, p, cdt)
+        if causal_attr and s > 1:  # never a whole row: key p + i is seen
+            fut = _future(s, t, p, cdt)
+            add = fut if add is None else add + fut
+        # attention_bias first, then the mask (onnxruntime's rounding of a masked row)
+        ab = attention_bias
+        terms = add if ab is None else ab if add is None else (ab, add)
+        scale = scale_attr or 1.0 / math.sqrt(hq)
+        y = np.empty((b, s, heads, hv), cdt)  # the heads' rows go into it in place
+        softmax_attention(q, k, v, scale, y.transpose(0, 2, 1, 3), bias=terms)
+        y = y.reshape(b, s, heads * hv).astype(dt, copy=False)
         if n_out == 1:
             return y
         present = np.stack((k, v)).astype(dt, copy=False) if want_present else None

@@ -9,22 +9,26 @@ alignment (offset = past length, or ``nonpad_kv_seqlen - Sq`` per batch), slidin
 value caches, ``softcap``, ``softmax_precision`` and the four ``qk_matmul_output`` modes. A
 fully masked query row yields zeros (not NaN) in ``Y`` and in mode-3 ``qk_matmul_output``.
 
-float16 inputs are computed in float32 and cast back (NumPy has no fast float16 matmul);
-bfloat16 inputs are computed step by step in bfloat16 as the spec's pattern says. GQA is done
-without repeating K/V by folding the query group into the query-sequence axis of the matmul.
+The masks become one additive bias (and the rows it hides entirely); the softmax attention
+itself is ``lib/sdpa``'s: in blocks of query rows for float32 (``softmax_attention``), step
+by step otherwise and whenever a ``qk_matmul_output``, ``softcap`` or ``softmax_precision``
+needs the intermediates (``attention_steps``). float16 inputs are computed in float32 and
+cast back (NumPy has no fast float16 matmul); bfloat16 inputs are computed step by step in
+bfloat16 as the spec's pattern says. GQA never repeats K/V (``sdpa``'s ``grouped`` heads).
 The other transformer ops live in ``transformer``.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...ir.dtypes import ElemType
 from ..base import ComputeFn, KernelContext
 from ..common import float_compute_dtype
+from ..lib.sdpa import attention_steps, softmax_attention
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -91,14 +95,22 @@ def mask_to_bias(mask: np.ndarray, t: int, dtype: np.dtype) -> np.ndarray:
     return bias
 
 
-def _attention(ctx: KernelContext) -> ComputeFn:
-    """Attention-23/24/25: ``(Q, K, V, attn_mask?, past_key?, past_value?,
-    nonpad_kv_seqlen?) -> (Y, present_key?, present_value?, qk_matmul_output?)``."""
-    scale_attr = ctx.attr("scale", None)
-    causal = bool(ctx.attr("is_causal", 0))
-    q_heads_attr = ctx.attr("q_num_heads", None)
-    kv_heads_attr = ctx.attr("kv_num_heads", None)
-    softcap = float(ctx.attr("softcap", 0.0))
+class _Options(NamedTuple):
+    """Attention's attributes, checked (load time)."""
+
+    scale: float | None
+    causal: bool
+    q_heads: int | None
+    kv_heads: int | None
+    softcap: float
+    qk_mode: int
+    left: int
+    right: int
+    precision: np.dtype | None
+
+
+def _options(ctx: KernelContext) -> _Options:
+    """The node's attributes; UnsupportedOpError for values outside the spec."""
     qk_mode = int(ctx.attr("qk_matmul_output_mode", 0))
     left = int(ctx.attr("left_window_size", -1))
     right = int(ctx.attr("right_window_size", -1))
@@ -107,15 +119,70 @@ def _attention(ctx: KernelContext) -> ComputeFn:
         raise ctx.unsupported(f"qk_matmul_output_mode={qk_mode}")
     if left < -1 or right < -1:
         raise ctx.unsupported("window sizes must be -1 or nonnegative")
-    sm_dtype = None if sm_code is None else precision_dtype(ctx, sm_code)
-    want_present_k = ctx.has_output(1)
-    want_present_v = ctx.has_output(2)
-    want_qk = ctx.has_output(3)
-    n_out = ctx.n_outputs
-    windowed = left >= 0 or right >= 0
-    structural = causal or windowed
     if ctx.has_input(4) != ctx.has_input(5):
         raise ctx.unsupported("past_key and past_value must be given together")
+    scale, q_heads, kv_heads = (ctx.attr(n, None) for n in ("scale", "q_num_heads", "kv_num_heads"))
+    return _Options(
+        None if scale is None else float(scale),
+        bool(ctx.attr("is_causal", 0)),
+        None if q_heads is None else int(q_heads),
+        None if kv_heads is None else int(kv_heads),
+        float(ctx.attr("softcap", 0.0)),
+        qk_mode,
+        left,
+        right,
+        None if sm_code is None else precision_dtype(ctx, sm_code),
+    )
+
+
+def _bias(
+    attn_mask: np.ndarray | None,
+    nonpad_kv_seqlen: np.ndarray | None,
+    sq: int,
+    t: int,
+    offset: int,
+    cdt: np.dtype,
+    opt: _Options,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The additive bias of attn_mask, the causal/window frontier and the nonpad padding
+    (None: none), and the mask of the query rows it hides entirely (None: none)."""
+    causal, left, right = opt.causal, opt.left, opt.right
+    structural = causal or left >= 0 or right >= 0
+    bias: np.ndarray | None = None
+    if attn_mask is not None:
+        bias = mask_to_bias(attn_mask, t, cdt)
+    if nonpad_kv_seqlen is not None:
+        lens = nonpad_kv_seqlen.astype(np.int64).reshape(-1)
+        if structural:
+            sb = _batch_structural_bias(sq, t, lens - sq, causal, left, right, cdt)
+            bias = sb if bias is None else bias + sb
+        pad = np.where(np.arange(t) < lens[:, None], 0.0, _NEG_INF).astype(cdt)
+        pad = pad.reshape(-1, 1, 1, t)
+        bias = pad if bias is None else bias + pad
+    elif structural:
+        sb2, sb_empty = _structural_bias(sq, t, offset, causal, left, right, cdt)
+        if bias is None:
+            return sb2, sb_empty
+        bias = bias + sb2
+    if bias is None:
+        return None, None
+    em = np.isneginf(bias.max(axis=-1, keepdims=True))
+    return bias, (em if em.any() else None)
+
+
+def _attention(ctx: KernelContext) -> ComputeFn:
+    """Attention-23/24/25: ``(Q, K, V, attn_mask?, past_key?, past_value?,
+    nonpad_kv_seqlen?) -> (Y, present_key?, present_value?, qk_matmul_output?)``; the
+    softmax attention itself is ``lib.sdpa``'s (its steps when a tap, softcap or softmax
+    precision asks for them)."""
+    opt = _options(ctx)
+    scale_attr, q_heads, kv_heads, softcap, sm_dtype = (
+        opt.scale, opt.q_heads, opt.kv_heads, opt.softcap, opt.precision
+    )  # fmt: skip
+    want_k, want_v, n_out = ctx.has_output(1), ctx.has_output(2), ctx.n_outputs
+    tap = opt.qk_mode if ctx.has_output(3) else None
+    steps = tap is not None or softcap > 0.0
+    masked = opt.causal or opt.left >= 0 or opt.right >= 0
 
     def attention(
         Q: np.ndarray,
@@ -128,122 +195,52 @@ def _attention(ctx: KernelContext) -> ComputeFn:
     ) -> Any:
         out_dtype = Q.dtype
         cdt = out_dtype if out_dtype.kind == "V" else float_compute_dtype(out_dtype)
-        is_3d = Q.ndim == 3
-        B = Q.shape[0]
+        is_3d, B = Q.ndim == 3, Q.shape[0]
         if is_3d:
-            if q_heads_attr is None or kv_heads_attr is None:
+            if q_heads is None or kv_heads is None:
                 raise ValueError("Attention: 3-D inputs need q_num_heads and kv_num_heads")
-            hq = int(q_heads_attr)
-            hkv = int(kv_heads_attr)
-            sq = Q.shape[1]
+            hq, sq = q_heads, Q.shape[1]
             Q4 = Q.reshape(B, sq, hq, -1).transpose(0, 2, 1, 3)
-            K = K.reshape(B, K.shape[1], hkv, -1).transpose(0, 2, 1, 3)
-            V = V.reshape(B, V.shape[1], hkv, -1).transpose(0, 2, 1, 3)
+            K = K.reshape(B, K.shape[1], kv_heads, -1).transpose(0, 2, 1, 3)
+            V = V.reshape(B, V.shape[1], kv_heads, -1).transpose(0, 2, 1, 3)
         else:
-            Q4 = Q
-            hq, sq = Q.shape[1], Q.shape[2]
-            hkv = K.shape[1]
-        d = Q4.shape[3]
+            Q4, hq, sq = Q, Q.shape[1], Q.shape[2]
+        offset = 0
         if past_key is not None and past_value is not None:
             offset = past_key.shape[2]
             K = np.concatenate((past_key, K), axis=2)
             V = np.concatenate((past_value, V), axis=2)
+        present_k, present_v, t, dv = K, V, K.shape[2], V.shape[3]
+        scale = (1.0 / np.sqrt(Q4.shape[3])) if scale_attr is None else scale_attr
+        bias = empty = None
+        if masked or attn_mask is not None or nonpad_kv_seqlen is not None:
+            bias, empty = _bias(attn_mask, nonpad_kv_seqlen, sq, t, offset, cdt, opt)
+        if Q4.dtype != cdt or K.dtype != cdt or V.dtype != cdt:
+            Q4, K, V = (x.astype(cdt, copy=False) for x in (Q4, K, V))
+        # a 3-D Y is (B, Sq, Hq, Dv): the heads' rows go into it in place (float32/64)
+        Yb = np.empty((B, sq, hq, dv), out_dtype) if is_3d else None
+        out = None
+        if Yb is not None and out_dtype == cdt and cdt.kind == "f":
+            out = Yb.transpose(0, 2, 1, 3)
+        precision = None if sm_dtype is None or sm_dtype == cdt else sm_dtype
+        qk = None
+        if steps or precision is not None:
+            y4, qk = attention_steps(
+                Q4, K, V, scale, bias=bias, empty=empty, grouped=True, softcap=softcap,
+                precision=precision, tap=tap, out=out,
+            )  # fmt: skip
         else:
-            offset = 0
-        present_k = K
-        present_v = V
-        t = K.shape[2]
-        group = hq // hkv
-        scale = (1.0 / np.sqrt(d)) if scale_attr is None else float(scale_attr)
-
-        # Scores: (B, Hkv, G*Sq, T), Q scaled while cast into a contiguous buffer.
-        qs = np.empty(Q4.shape, dtype=cdt)
-        if cdt.itemsize >= 4:
-            np.multiply(Q4, cdt.type(scale), out=qs, casting="unsafe")
-            kc = K if K.dtype == cdt else K.astype(cdt)
-        else:  # computing in a 16-bit type: split the scale as the spec does
-            root = cdt.type(np.sqrt(scale))
-            np.multiply(Q4, root, out=qs)
-            kc = K * root
-        scores = np.matmul(qs.reshape(B, hkv, group * sq, d), kc.swapaxes(-1, -2))
-        if scores.dtype != cdt:  # NumPy's bfloat16 matmul returns float32
-            scores = scores.astype(cdt)
-        s4 = scores.reshape(B, hq, sq, t)
-        qk_out = None
-        if want_qk and qk_mode == 0:
-            qk_out = s4.copy()
-        if softcap > 0.0:
-            s4 /= softcap
-            np.tanh(s4, out=s4)
-            s4 *= softcap
-        if want_qk and qk_mode == 1:
-            qk_out = s4.copy()
-
-        # Additive bias: attn_mask + causal/window frontier + nonpad padding.
-        bias: np.ndarray | None = None
-        empty_rows: np.ndarray | None = None
-        cached = False
-        if attn_mask is not None:
-            bias = mask_to_bias(attn_mask, t, cdt)
-        if nonpad_kv_seqlen is not None:
-            lens = nonpad_kv_seqlen.astype(np.int64).reshape(-1)
-            if structural:
-                sb = _batch_structural_bias(sq, t, lens - sq, causal, left, right, cdt)
-                bias = sb if bias is None else bias + sb
-            pad = np.where(np.arange(t) < lens[:, None], 0.0, _NEG_INF).astype(cdt)
-            pad = pad.reshape(-1, 1, 1, t)
-            bias = pad if bias is None else bias + pad
-        elif structural:
-            sb2, sb_empty = _structural_bias(sq, t, offset, causal, left, right, cdt)
-            if bias is None:
-                bias, empty_rows, cached = sb2, sb_empty, True
-            else:
-                bias = bias + sb2
-        if bias is not None:
-            if not cached:
-                em = np.isneginf(bias.max(axis=-1, keepdims=True))
-                empty_rows = em if em.any() else None
-            s4 += bias
-        if want_qk and qk_mode == 2:
-            qk_out = s4.copy()
-
-        # Softmax over the last axis (in softmax_precision when given); rows with no
-        # attendable key become zeros.
-        x = s4 if sm_dtype is None or sm_dtype == cdt else s4.astype(sm_dtype)
-        m = x.max(axis=-1, keepdims=True)
-        if empty_rows is not None:
-            m[np.isneginf(m)] = 0
-        x -= m
-        np.exp(x, out=x)
-        ssum = x.sum(axis=-1, keepdims=True)
-        if empty_rows is not None:
-            ssum[ssum == 0] = 1
-        x /= ssum
-        if empty_rows is not None:
-            x = np.where(empty_rows, x.dtype.type(0), x)
-        if want_qk and qk_mode == 3:
-            qk_out = x
-        if x.dtype != cdt:
-            x = x.astype(cdt)
-
-        vc = V if V.dtype == cdt else V.astype(cdt)
-        y = np.matmul(x.reshape(B, hkv, group * sq, t), vc)
-        dv = y.shape[-1]
-        y4 = y.reshape(B, hq, sq, dv)
-        if is_3d:
-            Y = y4.transpose(0, 2, 1, 3).astype(out_dtype).reshape(B, sq, hq * dv)
-        else:
+            y4 = softmax_attention(Q4, K, V, scale, out, bias=bias, empty=empty, grouped=True)
+        if Yb is None:
             Y = y4 if y4.dtype == out_dtype else y4.astype(out_dtype)
+        else:
+            if y4 is not out:
+                np.copyto(Yb.transpose(0, 2, 1, 3), y4, casting="unsafe")
+            Y = Yb.reshape(B, sq, hq * dv)
         if n_out == 1:
             return Y
-        res: list[Any] = [Y, None, None, None][:n_out]
-        if n_out > 1 and want_present_k:
-            res[1] = present_k
-        if n_out > 2 and want_present_v:
-            res[2] = present_v
-        if n_out > 3 and qk_out is not None:
-            res[3] = qk_out.astype(out_dtype, copy=False)
-        return tuple(res)
+        qk_out = None if qk is None else qk.astype(out_dtype, copy=False)
+        return (Y, present_k if want_k else None, present_v if want_v else None, qk_out)[:n_out]
 
     return attention
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ...ir import Node
+from ...ir import Node, Value
 from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import (
     LANES,
@@ -416,10 +416,37 @@ def _attention(cx: Any, node: Node) -> list[str]:
     strided views of the projection and the output; without (static bodies) the keys are
     transposed and scaled into a scratch, the products run through ``emit.matmul``'s
     loops and each head's rows are copied out. The interpreter's formulation to rounding
-    (it scales q, and its products are BLAS's)."""
+    (its products are BLAS's too). Emitted rather than a call of
+    ``kernels/lib/sdpa``'s core: that core needs BLAS (static bodies have none), is a
+    parallel loop (the tier splits rows itself) and sizes its loops at run time (these
+    have the literal S)."""
+    x, y, heads, d, scale = _attention_operands(cx, node)
+    b_, s_, _ = x.shape
+    qkv = cx.new_buffer((b_ * s_, 3 * d), y.dtype)
+    lines = _attention_projection(cx, node, x, qkv)
+    mask = None
+    if _input(node, 3) is not None:
+        mask = cx.ref(_input(node, 3))
+        if mask.shape != (b_,) or str(mask.dtype) not in ("int32", "int64"):
+            cx.decline(f"Attention mask_index {mask.shape} (the (B,) end positions only)")
+    cx.imports.add(EXP_IMPORT)
+    sc = cx.new_buffer((s_, s_), y.dtype)
+    scores, product = _attention_products(cx, qkv, sc, y, (s_, d, d // heads), scale)
+    fill = float(node.attrs.get("mask_filter_value", -10000.0))
+    return lines + _attention_heads(cx, sc, mask, (b_, s_, heads), fill, scores, product)
+
+
+def _input(node: Node, i: int) -> Value | None:
+    """``node``'s input ``i``, None when omitted or absent."""
+    return node.inputs[i] if i < len(node.inputs) else None
+
+
+def _attention_operands(cx: Any, node: Node) -> tuple[Ref, Ref, int, int, float]:
+    """(input, output, heads, Q/K/V hidden size, scale) of a com.microsoft Attention
+    ``_attention`` lowers; ``cx.decline`` for any other form."""
     at = node.attrs
     heads = int(at.get("num_heads", 0))
-    ins = list(node.inputs) + [None] * 7
+    ins = [_input(node, i) for i in range(7)]
     if any(ins[i] is not None for i in (4, 5, 6)) or any(v is not None for v in node.outputs[1:]):
         cx.decline("Attention with past, present or attention_bias")
     if int(at.get("unidirectional", 0)) or at.get("qkv_hidden_sizes") is not None:
@@ -433,34 +460,39 @@ def _attention(cx: Any, node: Node) -> list[str]:
         cx.decline("Attention of another dtype than float32")
     if len(x.shape) != 3 or len(w.shape) != 2 or w.shape[0] != x.shape[2] or w.shape[1] % 3:
         cx.decline(f"Attention of shapes {x.shape} x {w.shape}")
-    b_, s_, hin = x.shape
     d = w.shape[1] // 3
     if heads <= 0 or d % heads:
         cx.decline("Attention heads")
-    hq = d // heads
-    scale = float(at.get("scale", 0.0)) or 1.0 / math.sqrt(hq)
-    fill = float(at.get("mask_filter_value", -10000.0))
-    qkv = cx.new_buffer((b_ * s_, 3 * d), y.dtype)
-    mkn = (b_ * s_, hin, 3 * d)
+    return x, y, heads, d, float(at.get("scale", 0.0)) or 1.0 / math.sqrt(d // heads)
+
+
+def _attention_projection(cx: Any, node: Node, x: Ref, qkv: Ref) -> list[str]:
+    """``qkv = x @ W (+ bias)``: the packed product of a constant W, else ``emit.matmul``."""
+    b_, s_, hin = x.shape
+    d3 = qkv.shape[1]
+    wc = cx.const(node.inputs[1])
+    mkn = (b_ * s_, hin, d3)
     lines = packed_product(cx, x, wc, qkv, mkn, hin)
     if lines is None:
-        w_ref = cx.ref(ins[1])
-        lines = matmul(cx.tag, x, w_ref, qkv, mkn, (hin, 1), (3 * d, 1), blas=cx.blas)
-    if ins[2] is not None:
-        bias = cx.ref(ins[2])
-        if bias.size != 3 * d or bias.dtype != y.dtype:
+        w_ref = cx.ref(node.inputs[1])
+        lines = matmul(cx.tag, x, w_ref, qkv, mkn, (hin, 1), (d3, 1), blas=cx.blas)
+    if _input(node, 2) is not None:
+        bias = cx.ref(_input(node, 2))
+        if bias.size != d3 or bias.dtype != qkv.dtype:
             cx.decline("Attention bias of another size")
         lines += elementwise(cx.tag, qkv, [qkv, bias], [("Add", {}, (-1, 1))], 0)
-    mask = None
-    if ins[3] is not None:
-        mask = cx.ref(ins[3])
-        if mask.shape != (b_,) or str(mask.dtype) not in ("int32", "int64"):
-            cx.decline(f"Attention mask_index {mask.shape} (the (B,) end positions only)")
-    cx.imports.add(EXP_IMPORT)
-    sc = cx.new_buffer((s_, s_), y.dtype)
+    return lines
+
+
+def _attention_products(
+    cx: Any, qkv: Ref, sc: Ref, y: Ref, sizes: tuple[int, int, int], scale: float
+) -> tuple[list[str], list[str]]:
+    """The lines of one head's scores ``scale q k^T`` into ``sc`` and of its product by V
+    into ``y`` (``sizes``: S, D, head size): gemm calls on strided views with BLAS, else
+    ``emit.matmul``'s loops over a transposed, scaled copy of the keys."""
+    s_, d, hq = sizes
     g, S, D, HQ = cx.tag, literal(s_), literal(d), literal(hq)
     D3 = literal(3 * d)
-    end = f"min(max(i8({mask.buf}[{mask.off} + bb]), 0), {S})" if mask is not None else S
     base = f"{qkv.off} + bb * {literal(s_ * 3 * d)} + hh * {HQ}"
     y_at = f"{y.off} + bb * {literal(s_ * d)} + hh * {HQ}"
     if cx.blas:
@@ -470,30 +502,47 @@ def _attention(cx: Any, node: Node) -> list[str]:
                   f"{sc.buf}, {sc.off}, {S}, {S}, {HQ}, {S}, {literal(scale)})"]  # fmt: skip
         product = [f"gemm_f4_ld({sc.buf}, {sc.off}, {S}, {qkv.buf}, {base} + {literal(2 * d)}, "
                    f"{D3}, False, {y.buf}, {y_at}, {D}, {S}, {S}, {HQ}, 1.0)"]  # fmt: skip
-    else:
-        kt = cx.new_buffer((hq, s_), y.dtype)  # one head's keys, transposed and scaled
-        oh = cx.new_buffer((s_, hq), y.dtype)  # one head's output rows
-        # per head, the products through emit.matmul (its vectorized loops): q is a
-        # strided view of the projection (rows 3d apart), the keys are scaled as they are
-        # transposed
-        qh = Ref(qkv.buf, base, (s_, hq), y.dtype, qkv.root)
-        vh = Ref(qkv.buf, f"{base} + {literal(2 * d)}", (s_, hq), y.dtype, qkv.root)
-        transpose = [f"for i in range({S}):",
-                     f"    for dd in range({HQ}):",
-                     f"        {kt.buf}[{kt.off} + dd * {S} + i] = "
-                     f"{qkv.buf}[{base} + {D} + i * {D3} + dd] * f4({literal(scale)})"]  # fmt: skip
-        scores = transpose + matmul(f"{g}s_", qh, kt, sc, (s_, hq, s_), (3 * d, 1), (s_, 1),
-                                    blas=False)  # fmt: skip
-        copy = [f"for i in range({S}):",
-                f"    for dd in range({HQ}):",
-                f"        {y.buf}[{y_at} + i * {D} + dd] = "
-                f"{oh.buf}[{oh.off} + i * {HQ} + dd]"]  # fmt: skip
-        product = matmul(f"{g}v_", sc, vh, oh, (s_, s_, hq), (s_, 1), (3 * d, 1), blas=False) + copy
+        return scores, product
+    kt = cx.new_buffer((hq, s_), y.dtype)  # one head's keys, transposed and scaled
+    oh = cx.new_buffer((s_, hq), y.dtype)  # one head's output rows
+    # per head, the products through emit.matmul (its vectorized loops): q is a strided
+    # view of the projection (rows 3d apart), the keys are scaled as they are transposed
+    qh = Ref(qkv.buf, base, (s_, hq), y.dtype, qkv.root)
+    vh = Ref(qkv.buf, f"{base} + {literal(2 * d)}", (s_, hq), y.dtype, qkv.root)
+    transpose = [f"for i in range({S}):",
+                 f"    for dd in range({HQ}):",
+                 f"        {kt.buf}[{kt.off} + dd * {S} + i] = "
+                 f"{qkv.buf}[{base} + {D} + i * {D3} + dd] * f4({literal(scale)})"]  # fmt: skip
+    scores = transpose + matmul(f"{g}s_", qh, kt, sc, (s_, hq, s_), (3 * d, 1), (s_, 1),
+                                blas=False)  # fmt: skip
+    copy = [f"for i in range({S}):",
+            f"    for dd in range({HQ}):",
+            f"        {y.buf}[{y_at} + i * {D} + dd] = "
+            f"{oh.buf}[{oh.off} + i * {HQ} + dd]"]  # fmt: skip
+    product = matmul(f"{g}v_", sc, vh, oh, (s_, s_, hq), (s_, 1), (3 * d, 1), blas=False) + copy
+    return scores, product
+
+
+def _attention_heads(
+    cx: Any,
+    sc: Ref,
+    mask: Ref | None,
+    dims: tuple[int, int, int],
+    fill: float,
+    scores: list[str],
+    product: list[str],
+) -> list[str]:
+    """The loop over batch rows and heads (``dims``: B, S, heads): the scores, the mask
+    (``fill`` added to the keys at or after the row's end), the softmax (max, one flat
+    ``expf`` loop, sum and scale), the product."""
+    b_, s_, heads = dims
+    g, S = cx.tag, literal(s_)
+    end = f"min(max(i8({mask.buf}[{mask.off} + bb]), 0), {S})" if mask is not None else S
 
     def score(j: str) -> str:
         return f"{sc.buf}[{sc.off} + i * {S} + {j}]"
 
-    body = [f"for bb in range({literal(b_)}):", f"    {g}end = {end}",
+    return [f"for bb in range({literal(b_)}):", f"    {g}end = {end}",
             f"    for hh in range({literal(heads)}):",
             *["        " + ln for ln in scores],
             f"        for i in range({S}):",
@@ -511,7 +560,6 @@ def _attention(cx: Any, node: Node) -> list[str]:
             f"            for j in range({S}):",
             f"                {sc.buf}[{sc.off} + i * {S} + j] *= {g}r",
             *["        " + ln for ln in product]]  # fmt: skip
-    return lines + body
 
 
 _MS = "com.microsoft"
