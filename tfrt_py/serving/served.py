@@ -113,10 +113,6 @@ class ServedModel:
             return None
         return self.admission.overloaded(queued)
 
-    def validate(self, feeds: Mapping[str, Any]) -> list[np.ndarray]:
-        """Feeds checked and converted, in input order (InputError naming the input)."""
-        return self._check(feeds)
-
     async def predict(
         self, feeds: Mapping[str, Any], timeout: float | None = None, level: int = DEFAULT_PRIORITY
     ) -> dict[str, np.ndarray]:
@@ -125,16 +121,14 @@ class ServedModel:
         with ``timeout`` (None: the server's), at priority ``level``."""
         self.in_flight_requests += 1
         try:
-            arrays = self._check(feeds)
+            checked = self._check.checked(feeds)  # the one validation of this request
             refused = self.overloaded()
             if refused is not None:
                 raise refused
             if self.batcher is not None:
-                return await self.batcher.submit(arrays, level)
+                return await self.batcher.submit(checked.arrays, level)
             loop = asyncio.get_running_loop()
-            return await self.call(
-                dict(zip(self._names, arrays)), timeout, level=level, arrivals=(loop.time(),)
-            )
+            return await self.call(checked, timeout, level=level, arrivals=(loop.time(),))
         finally:
             self.in_flight_requests -= 1
 
