@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import numpy as np
 
 from .errors import TfrtError
+
+if TYPE_CHECKING:
+    from .serving import ModelRepository, ModelServer
 
 __all__ = ["main"]
 
@@ -321,12 +324,38 @@ def serve(
     the repository API), POST /v1/models/NAME:predict, GET /metrics (Prometheus),
     /healthz, /readyz. Requests are limited in size (--max-body-bytes,
     --max-decoded-bytes), time (--timeout) and number (--max-concurrency, --max-queue)."""
-    import os
-
     try:
-        from .serving import ModelConfig, ModelRepository, ModelServer, create_app, run_server
+        from .serving import ModelServer
     except ImportError as e:  # the serving extra is not installed
         _fail(str(e))
+    models, repository = _serve_models(model_paths, executor, max_concurrency)
+    server = ModelServer(
+        models,
+        repository=repository,
+        batching=batching,
+        max_batch=max_batch,
+        max_wait_us=max_wait_us,
+        max_body_bytes=max_body_bytes,
+        max_decoded_bytes=max_decoded_bytes,
+        timeout=timeout,
+        max_concurrency=max_concurrency,
+        max_queue=max_queue,
+        load_options={"executor": executor},
+        model_control=model_control_mode,
+        log=lambda msg: click.echo(msg, err=True),
+        warmup=[_parse_signature(w, set(models)) for w in warmup],
+    )
+    _run_server(server, models, host, port, log_level, drain_timeout, workers)
+
+
+def _serve_models(
+    model_paths: tuple[str, ...], executor: str, max_concurrency: int
+) -> tuple[dict[str, Any], ModelRepository | None]:
+    """``serve``'s models by name, loaded, and the ModelRepository they came from (None for
+    model files); a bad path or name fails the command."""
+    import os
+
+    from .serving import ModelConfig, ModelRepository
     from .serving.errors import RequestError
     from .serving.repository import check_name
 
@@ -352,22 +381,21 @@ def serve(
             except RequestError as e:
                 _fail(f"{path}: {e.message}")
             models[name] = _load(path, executor, max_concurrency=max_concurrency)
-    server = ModelServer(
-        models,
-        repository=repository,
-        batching=batching,
-        max_batch=max_batch,
-        max_wait_us=max_wait_us,
-        max_body_bytes=max_body_bytes,
-        max_decoded_bytes=max_decoded_bytes,
-        timeout=timeout,
-        max_concurrency=max_concurrency,
-        max_queue=max_queue,
-        load_options={"executor": executor},
-        model_control=model_control_mode,
-        log=lambda msg: click.echo(msg, err=True),
-        warmup=[_parse_signature(w, set(models)) for w in warmup],
-    )
+    return models, repository
+
+
+def _run_server(
+    server: ModelServer,
+    models: dict[str, Any],
+    host: str,
+    port: int,
+    log_level: str,
+    drain_timeout: float,
+    workers: int,
+) -> None:
+    """Serve ``server``'s app (serving ``models``) until shutdown, in ``workers``
+    processes; a port that cannot be bound fails the command."""
+    from .serving import create_app, run_server
 
     def bound(url: str) -> None:
         click.echo(f"tfrt-py serve: {', '.join(models)} on {url}", err=True)

@@ -22,7 +22,7 @@ import inspect
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from .kernels.fused import register_kernels as register_fused
 from .kernels.lib.features import format_features
 from .profiling import ProfileReport, profile
 from .selection import EXECUTORS, finish, select_executor
+
+if TYPE_CHECKING:
+    from .streaming import StreamedProgram
 
 __all__ = ["EXECUTORS", "Model", "load"]
 
@@ -108,16 +111,48 @@ def load(
     tier, compiled and measured, so the first real call of those shapes is served at full
     speed (``Model.warmup``).
     """
-    if native not in NATIVE_MODES:
-        raise ValueError(f"native must be one of {NATIVE_MODES}, got {native!r}")
-    if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    _check_choices(native, executor)
     configure_threads(threads)
     default_timeout = check_timeout(timeout)
     limiter = None if max_concurrency is None else Limiter(max_concurrency)
     t0 = time.perf_counter()
     registry = _with_custom(default_registry(), custom_kernels)
-    # 1. read
+    read, origin = _read(source, base_dir, memory_budget, registry, optimize, executor)  # 1. read
+    if not isinstance(read, Graph):  # streamed: tfrt_py.streaming prepared and selected it
+        runtime = finish(read, read.prepared, host)
+        limit_blas()
+        return Model(read.graph, runtime, read.prepared, origin,
+                     time.perf_counter() - t0, default_timeout, limiter)  # fmt: skip
+    prepared = prepare(read, registry, optimize)  # 2. prepare
+    check = FeedChecker(prepared.graph.inputs)  # 3. select
+    runtime = select_executor(executor, prepared, check, host=host, native_mode=native)
+    limit_blas()  # a BLAS the preparation loaded (SciPy's, through numba) runs one thread too
+    load_s = time.perf_counter() - t0  # 4. the facade
+    model = Model(prepared.graph, runtime, prepared, origin, load_s, default_timeout, limiter)
+    if warmup is not None:
+        model.warmup(warmup)
+    return model
+
+
+def _check_choices(native: str, executor: str) -> None:
+    """ValueError unless ``native`` and ``executor`` name a known mode and executor."""
+    if native not in NATIVE_MODES:
+        raise ValueError(f"native must be one of {NATIVE_MODES}, got {native!r}")
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+
+
+def _read(
+    source: Any,
+    base_dir: str | os.PathLike[str] | None,
+    memory_budget: int | None,
+    registry: KernelRegistry,
+    optimize: bool | Collection[str] | None,
+    executor: str,
+) -> tuple[Graph | StreamedProgram, str]:
+    """Stage 1: the verified IR graph of ``source`` and where it came from (for messages),
+    or the executor ``tfrt_py.streaming`` made of a model whose weights exceed
+    ``memory_budget``."""
     if isinstance(source, Graph):
         if base_dir is not None:
             raise ValueError("base_dir is for ONNX sources; a tfrt_py.ir.Graph has no files")
@@ -140,24 +175,10 @@ def load(
                 optimize=optimize, executor=executor,
             )  # fmt: skip
             if streamed is not None:
-                runtime = finish(streamed, streamed.prepared, host)
-                limit_blas()
-                return Model(streamed.graph, runtime, streamed.prepared, origin,
-                             time.perf_counter() - t0, default_timeout, limiter)  # fmt: skip
+                return streamed, origin
         graph = import_model(proto, base_dir, registry.has)
     verify(graph)
-    # 2. prepare
-    prepared = prepare(graph, registry, optimize)
-    # 3. select
-    check = FeedChecker(prepared.graph.inputs)
-    runtime = select_executor(executor, prepared, check, host=host, native_mode=native)
-    limit_blas()  # a BLAS the preparation loaded (SciPy's, through numba) runs one thread too
-    # 4. the facade
-    load_s = time.perf_counter() - t0
-    model = Model(prepared.graph, runtime, prepared, origin, load_s, default_timeout, limiter)
-    if warmup is not None:
-        model.warmup(warmup)
-    return model
+    return graph, origin
 
 
 def _with_custom(base: KernelRegistry, custom: CustomKernels | None) -> KernelRegistry:
@@ -290,20 +311,18 @@ class Model:
             return self._runtime.run(feeds, outputs)
         call = self._call(timeout)
         limiter = self._limiter
+        held = None  # the limiter once its slot is ours
         try:
-            if limiter is not None and not limiter.acquire(_remaining(call)):
-                assert call is not None  # only a deadline ends the wait
-                raise call.deadline_error()
-            try:
-                if call is None:
-                    return self._runtime.run(feeds, outputs)
-                return self._runtime.run_call(feeds, outputs, call)
-            finally:
-                if limiter is not None:
-                    limiter.release()
+            if limiter is not None:
+                if not limiter.acquire(_remaining(call)):
+                    assert call is not None  # only a deadline ends the wait
+                    raise call.deadline_error()
+                held = limiter
+            if call is None:
+                return self._runtime.run(feeds, outputs)
+            return self._runtime.run_call(feeds, outputs, call)
         finally:
-            if call is not None:
-                call.finish()
+            _end_call(held, call)
 
     async def run_async(
         self, feeds: Mapping[str, Any], *, timeout: float | None = None
@@ -317,17 +336,14 @@ class Model:
         slot (first come, first served; cancellable)."""
         call = self._call(timeout)
         limiter = self._limiter
+        held = None  # the limiter once its slot is ours
         try:
             if limiter is not None:
                 await self._acquire(limiter, call)
-            try:
-                return await self._runtime.run_async(feeds, call)
-            finally:
-                if limiter is not None:
-                    limiter.release()
+                held = limiter
+            return await self._runtime.run_async(feeds, call)
         finally:
-            if call is not None:
-                call.finish()
+            _end_call(held, call)
 
     async def _acquire(self, limiter: Limiter, call: CallContext | None) -> None:
         if call is None:
@@ -482,6 +498,15 @@ class Model:
         ins = ", ".join(str(s) for s in self.inputs)
         outs = ", ".join(str(s) for s in self.outputs)
         return f"<tfrt_py.Model {self._origin} ({ins}) -> ({outs}) executor={self.executor}>"
+
+
+def _end_call(held: Limiter | None, call: CallContext | None) -> None:
+    """A call's end, on every path: its limiter slot (if it got one) freed, then its
+    deadline's timer stopped."""
+    if held is not None:
+        held.release()
+    if call is not None:
+        call.finish()
 
 
 def _remaining(call: CallContext | None) -> float | None:

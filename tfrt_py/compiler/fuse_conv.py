@@ -25,6 +25,7 @@ output Value, so names and types are unchanged.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -56,70 +57,19 @@ def fuse_conv(graph: Graph, ctx: PassContext) -> str:
         bias = _const(node, 2)
         if len(node.inputs) > 2 and node.inputs[2] is not None and bias is None:
             continue  # a computed bias: leave the Conv alone
-        out = _must_out(node)
-        group = [node]
-        nxt = _free(uses.only_reader(out), replaced)
-        folded = _fold_bn(nxt, w, bias) if nxt is not None else None
-        if folded is not None and nxt is not None and _out(nxt) is not None:
-            w, bias = folded
-            out = _must_out(nxt)
-            group.append(nxt)
-            n_bn += 1
-        nxt = _free(uses.only_reader(out), replaced)
-        scaled = _fold_channel_mul(nxt, out, w, bias) if nxt is not None else None
-        if scaled is not None and nxt is not None:
-            w, bias = scaled
-            out = _must_out(nxt)
-            group.append(nxt)
-            n_mul += 1
-        residual: Value | None = None
-        nxt = _free(uses.only_reader(out), replaced)
-        if (
-            nxt is not None
-            and nxt.op_type == "Add"
-            and nxt.domain == ""
-            and len(nxt.inputs) == 2
-            and _out(nxt) is not None
-        ):
-            other = nxt.inputs[1] if nxt.inputs[0] is out else nxt.inputs[0]
-            cb = _channel_const(other, w.shape[0], w.ndim, w.dtype)
-            if cb is not None:
-                bias = cb if bias is None else (bias + cb).astype(w.dtype)
-            elif other is not None and _same_type(other, out) and other is not out:
-                residual = other
-                n_res += 1
-            if cb is not None or residual is not None:
-                out = _must_out(nxt)
-                group.append(nxt)
-        act = _activation(uses, out)
-        if act is not None and any(id(a) in replaced for a in act[3]):
-            act = None
-        if act is not None:
-            name, alpha, beta, act_nodes = act
-            out = _must_out(act_nodes[-1])
-            group += act_nodes
-            acts[name] = acts.get(name, 0) + 1
-        else:
-            name, alpha, beta = "", 0.0, 0.0
-        if len(group) == 1:
+        group = _grow(node, w, bias, uses, replaced)
+        if len(group.nodes) == 1:
             continue
-        wv = Value(f"{node.name}/W", const=np.ascontiguousarray(w))
-        bv = None if bias is None else Value(f"{node.name}/B", const=bias)
-        consts += [v for v in (wv, bv) if v is not None]
-        attrs: dict[str, Any] = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS}
-        attrs.update(activation=name, alpha=alpha, beta=beta, residual=int(residual is not None))
-        fused = Node(
-            "Conv",
-            [node.inputs[0], wv, bv, residual],
-            [out],
-            attrs,
-            name=f"{node.name}/fused",
-            domain=DOMAIN,
-            opset=1,
-        )
-        for g in group:
+        n_bn += group.bn_folded
+        n_mul += group.mul_folded
+        n_res += group.residual is not None
+        if group.activation is not None:
+            acts[group.activation[0]] = acts.get(group.activation[0], 0) + 1
+        fused, fused_consts = _fused(node, group)
+        consts += fused_consts
+        for g in group.nodes:
             replaced[id(g)] = None
-        replaced[id(group[-1])] = fused
+        replaced[id(group.nodes[-1])] = fused
         n += 1
     if not n:
         return "nothing to fuse"
@@ -132,6 +82,100 @@ def fuse_conv(graph: Graph, ctx: PassContext) -> str:
         f"{n_res} residual Adds, "
         f"activations: {act_s})"
     )
+
+
+@dataclass
+class _Group:
+    """A conv and what follows it, as far as it fuses: its nodes in order, the folded
+    weights and bias, the value the group ends at, the residual and the activation."""
+
+    nodes: list[Node]
+    w: np.ndarray
+    bias: np.ndarray | None
+    out: Value
+    bn_folded: bool = False
+    mul_folded: bool = False
+    residual: Value | None = None
+    #: (name, alpha, beta)
+    activation: tuple[str, float, float] | None = None
+
+
+def _grow(
+    node: Node,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    uses: Uses,
+    replaced: dict[int, Node | None],
+) -> _Group:
+    """The group of conv ``node`` (weights ``w``, constant ``bias``) over the nodes no
+    earlier group took: BatchNormalization, channel Mul, Add, activation, each optional."""
+    group = _Group([node], w, bias, _must_out(node))
+    nxt = _free(uses.only_reader(group.out), replaced)
+    folded = _fold_bn(nxt, group.w, group.bias) if nxt is not None else None
+    if folded is not None and nxt is not None and _out(nxt) is not None:
+        group.w, group.bias = folded
+        group.out = _must_out(nxt)
+        group.nodes.append(nxt)
+        group.bn_folded = True
+    nxt = _free(uses.only_reader(group.out), replaced)
+    scaled = _fold_channel_mul(nxt, group.out, group.w, group.bias) if nxt is not None else None
+    if scaled is not None and nxt is not None:
+        group.w, group.bias = scaled
+        group.out = _must_out(nxt)
+        group.nodes.append(nxt)
+        group.mul_folded = True
+    nxt = _free(uses.only_reader(group.out), replaced)
+    if (
+        nxt is not None
+        and nxt.op_type == "Add"
+        and nxt.domain == ""
+        and len(nxt.inputs) == 2
+        and _out(nxt) is not None
+    ):
+        _add_residual_or_bias(group, nxt)
+    act = _activation(uses, group.out)
+    if act is not None and not any(id(a) in replaced for a in act[3]):
+        name, alpha, beta, act_nodes = act
+        group.out = _must_out(act_nodes[-1])
+        group.nodes += act_nodes
+        group.activation = (name, alpha, beta)
+    return group
+
+
+def _add_residual_or_bias(group: _Group, add: Node) -> None:
+    """Take ``add`` (a two-input Add reading the group's output) into the group: its other
+    operand joins the bias (one constant per channel) or is the residual (a computed value
+    of the output's type); else leave it out."""
+    w, out = group.w, group.out
+    other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
+    cb = _channel_const(other, w.shape[0], w.ndim, w.dtype)
+    if cb is not None:
+        group.bias = cb if group.bias is None else (group.bias + cb).astype(w.dtype)
+    elif other is not None and _same_type(other, out) and other is not out:
+        group.residual = other
+    if cb is not None or group.residual is not None:
+        group.out = _must_out(add)
+        group.nodes.append(add)
+
+
+def _fused(node: Node, group: _Group) -> tuple[Node, list[Value]]:
+    """The ``tfrt_py.fused::Conv`` node replacing ``group`` (conv ``node`` first), and the
+    new constants it reads."""
+    wv = Value(f"{node.name}/W", const=np.ascontiguousarray(group.w))
+    bv = None if group.bias is None else Value(f"{node.name}/B", const=group.bias)
+    name, alpha, beta = group.activation or ("", 0.0, 0.0)
+    attrs: dict[str, Any] = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS}
+    attrs.update(activation=name, alpha=alpha, beta=beta, residual=int(group.residual is not None))
+    fused = Node(
+        "Conv",
+        [node.inputs[0], wv, bv, group.residual],
+        [group.out],
+        attrs,
+        name=f"{node.name}/fused",
+        domain=DOMAIN,
+        opset=1,
+    )
+    return fused, [v for v in (wv, bv) if v is not None]
 
 
 def _out(node: Node) -> Value | None:

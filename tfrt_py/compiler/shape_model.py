@@ -136,12 +136,37 @@ def fit_shape_model(
             envs.append(env)
     except ExecutionError as e:
         return Fit(None, f"the program fails on probe feeds ({e})")
+    samples, spans = _samples(program, envs, determined, computed_once)
     n_grid = len(grid)
+    if samples:
+        f = np.concatenate(samples)  # (rows, probes)
+        inv = np.linalg.inv(np.array([monomials(p) for p in grid]))
+        coef = f[:, :n_grid] @ inv.T
+        coef[np.abs(coef) < 1e-9] = 0.0
+        pred = coef @ np.array([monomials(c) for c in checks]).T
+        good_row = np.all(np.abs(pred - f[:, n_grid:]) < 1e-6, axis=1)
+    else:
+        coef = np.zeros((0, 1 << n))
+        good_row = np.zeros(0, bool)
+    return Fit(_model(dv, spans, coef, good_row), "", envs[n_grid], checks[0])
+
+
+#: A candidate's rows in the samples: (slot, "shape" | "value", first row, row count, and
+#: for a value its shape and dtype)
+_Span = tuple[int, str, int, int, Any]
+
+
+def _samples(
+    program: Program,
+    envs: list[list[Any]],
+    determined: set[int],
+    computed_once: set[int] | frozenset[int],
+) -> tuple[list[np.ndarray], list[_Span]]:
+    """Every candidate's rows, one row per dim (shapes) or element (values), one column
+    per probe in ``envs``: fitted together in one product, checked together."""
     slot_of = value_slots(program)
-    # every candidate's rows, one row per dim (shapes) or element (values), one column
-    # per probe: fitted together in one product, checked together
     samples: list[np.ndarray] = []
-    spans: list[tuple[int, str, int, int, Any]] = []  # (slot, kind, start, n, meta)
+    spans: list[_Span] = []
     at = 0
     for ins in program.instrs:
         for val, s in zip(ins.node.outputs, ins.outs):
@@ -171,16 +196,13 @@ def fit_shape_model(
                     samples.append(flat)
                     spans.append((s, "value", at, flat.shape[0], (shapes[0], xs[0].dtype)))
                     at += flat.shape[0]
-    if samples:
-        f = np.concatenate(samples)  # (rows, probes)
-        inv = np.linalg.inv(np.array([monomials(p) for p in grid]))
-        coef = f[:, :n_grid] @ inv.T
-        coef[np.abs(coef) < 1e-9] = 0.0
-        pred = coef @ np.array([monomials(c) for c in checks]).T
-        good_row = np.all(np.abs(pred - f[:, n_grid:]) < 1e-6, axis=1)
-    else:
-        coef = np.zeros((0, 1 << n))
-        good_row = np.zeros(0, bool)
+    return samples, spans
+
+
+def _model(dv: DimVars, spans: list[_Span], coef: np.ndarray, good_row: np.ndarray) -> ShapeModel:
+    """The model of the candidates whose every row ``good_row`` passes, with their rows of
+    ``coef`` (multilinear coefficients, one column per monomial)."""
+    n = dv.n
     keep: list[np.ndarray] = []
     shapes_f: dict[int, Fitted] = {}
     values_f: dict[int, Fitted] = {}
@@ -200,5 +222,4 @@ def fit_shape_model(
             values_f[s] = Fitted(out_at, cnt, tuple(meta[0]), meta[1])
         out_at += cnt
     coef_all = np.concatenate(keep) if keep else np.zeros((0, 1 << n))
-    model = ShapeModel(dv, coef_all, shapes_f, values_f, depends)
-    return Fit(model, "", envs[n_grid], checks[0])
+    return ShapeModel(dv, coef_all, shapes_f, values_f, depends)

@@ -182,6 +182,36 @@ def build_schedule(
         return sorted({producer[s] for s in slots if s in producer})
 
     ctrl = [nonstrict and _is_nonstrict_loop(ins, producer) for ins in instrs]
+    deps = _add_nodes(schedule, instrs, ctrl, expensive, producers)
+    for _ in sources:  # released by dataflow_control, never at start
+        schedule.sources.append(len(deps))
+        schedule.kinds.append(CHEAP)
+        schedule.calls.append(_NOOP_CALL)
+        deps.append([])
+    for i, ins in enumerate(instrs):  # gates go after the nodes and sources
+        if _is_if(ins.node):
+            schedule.ifs.append(_add_if_gates(schedule, i, ins.node, ins.ins, producers, deps))
+        elif ctrl[i]:
+            schedule.ctrls.append(_add_ctrl_gates(schedule, i, ins, producer, producers, deps))
+    _add_end_and_links(schedule, deps)
+    # Ready at start: no producers (If and CTRL nodes are launched by their gates, sources
+    # by the enclosing run, never directly). Reversed, so the run loop (which pops from the
+    # end) starts with the first node.
+    late = set(schedule.sources)
+    late.update(i for i in range(n) if ctrl[i] or _is_if(instrs[i].node))
+    schedule.initial = [i for i, ds in enumerate(deps) if not ds and i not in late][::-1]
+    return schedule
+
+
+def _add_nodes(
+    schedule: Schedule,
+    instrs: list[Instr],
+    ctrl: list[bool],
+    expensive: Callable[[Node], bool],
+    producers: Callable[[Any], list[int]],
+) -> list[list[int]]:
+    """One entry per instruction (its kind and call); returns each one's producers (none
+    for If and CTRL nodes: their gates wait instead)."""
     deps: list[list[int]] = []
     for i, ins in enumerate(instrs):
         if ins.flags.is_async:
@@ -198,17 +228,12 @@ def build_schedule(
                 (ins.fn, ins.ins, ins.outs[0] if ins.single else ins.outs, ins.single)
             )
         deps.append([] if _is_if(ins.node) or ctrl[i] else producers(ins.ins))
-    for _ in sources:  # released by dataflow_control, never at start
-        schedule.sources.append(len(deps))
-        schedule.kinds.append(CHEAP)
-        schedule.calls.append(_NOOP_CALL)
-        deps.append([])
+    return deps
 
-    for i, ins in enumerate(instrs):  # gates go after the nodes and sources
-        if _is_if(ins.node):
-            schedule.ifs.append(_add_if_gates(schedule, i, ins.node, ins.ins, producers, deps))
-        elif ctrl[i]:
-            schedule.ctrls.append(_add_ctrl_gates(schedule, i, ins, producer, producers, deps))
+
+def _add_end_and_links(schedule: Schedule, deps: list[list[int]]) -> None:
+    """The END entry, waiting on every entry nothing waits on (appended to ``deps``), and
+    the successor tables ``users``, ``succ1``, ``succn`` and ``tokens`` from ``deps``."""
     users: list[list[int]] = [[] for _ in deps]
     for c, ds in enumerate(deps):
         for p in ds:
@@ -235,13 +260,6 @@ def build_schedule(
     schedule.succ1 = [tuple(s) for s in succ1]
     schedule.succn = [tuple(s) for s in succn]
     schedule.users = [tuple(u) for u in users]
-    # Ready at start: no producers (If and CTRL nodes are launched by their gates, sources
-    # by the enclosing run, never directly). Reversed, so the run loop (which pops from the
-    # end) starts with the first node.
-    late = set(schedule.sources)
-    late.update(i for i in range(n) if ctrl[i] or _is_if(instrs[i].node))
-    schedule.initial = [i for i, ds in enumerate(deps) if not ds and i not in late][::-1]
-    return schedule
 
 
 def _is_nonstrict_loop(ins: Instr, producer: dict[int, int]) -> bool:

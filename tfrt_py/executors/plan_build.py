@@ -33,7 +33,7 @@ import numpy as np
 
 from .dims import ShapeModel
 from .plan import Buffer, MemoryPlan, lower_bound, plan_offsets
-from .program import Program
+from .program import Instr, Program
 
 __all__ = ["DEL_MIN_BYTES", "Layout", "build_layout"]
 
@@ -118,158 +118,32 @@ def build_layout(
     program (their inputs are constants, feeds or baked) are baked: an instance computes
     them once per signature (``plan_generic``)."""
     instrs = program.instrs
-    n = len(instrs)
-    outputs = program.output_slots
-    out_set = set(outputs)
+    out_set = set(program.output_slots)
     baked = _baked(program, env, computed_once, out_set)
     if model is not None:
         baked = _computable(program, baked, model)
-    fixed = set(program.input_slots) | {
-        s for s, t in enumerate(program.template) if t is not None and s not in _RESERVED
-    }
-    fixed.update(s for i in baked for s in instrs[i].outs if s not in _RESERVED)
-    last: dict[int, int] = {}
-    for i, ins in enumerate(instrs):
-        for s in ins.ins:
-            last[s] = i
-    for s in outputs:
-        last[s] = n
-
-    kind: dict[int, str] = {}
-    shapes: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
-    groups = _Groups()
-    for i, ins in enumerate(instrs):
-        if i in baked:
-            continue
-        v = ins.node.outputs[0] if ins.node.outputs else None
-        s = ins.outs[0]
-        x = env[s]
-        if (
-            ins.single
-            and ins.flags.supports_out
-            and v is not None
-            and id(v) in determined
-            and _plannable(x)
-            and (model is None or s in model.shapes)
-        ):
-            kind[s] = "fresh" if s in out_set else "arena"
-            shapes[s] = (tuple(x.shape), x.dtype)
-            continue
-        for o in ins.outs:
-            if o in _RESERVED:
-                continue
-            for i in ins.ins:
-                if i not in _RESERVED:
-                    groups.union(o, i)
-    group_last: dict[int, int] = {}
-    for s, t in last.items():
-        r = groups.find(s)
-        group_last[r] = max(group_last.get(r, -1), t)
-
-    def life_end(s: int, step: int) -> int:
-        return max(step, group_last.get(groups.find(s), step))
-
+    fixed = _fixed_slots(program, baked)
+    last = _last_reads(program)
+    kind, shapes, groups = _classify(program, env, determined, baked, model)
     joins = _elidable_concats(instrs, kind, shapes, last, baked, model)
-    member_of = {m: i for i, (_, ms) in joins.items() for m in ms}
-    rel: dict[int, int] = {}  # member slot -> its byte offset inside the joined buffer
-    buffers: list[Buffer] = []
-    buffer_of: dict[int, Buffer] = {}
-    owners: list[int] = []
-    members_of: dict[int, list[int]] = {}
-    n_inplace = 0
-    for i, ins in enumerate(instrs):
-        s = ins.outs[0]
-        if kind.get(s) != "arena":
-            continue
-        shape, dtype = shapes[s]
-        name = ins.node.outputs[0].name  # type: ignore[union-attr]
-        j = member_of.get(s)
-        if j is not None or i in joins:  # a slice of a joined buffer, or the join itself
-            j = i if j is None else j
-            out_slot, members = joins[j]
-            joined = buffer_of.get(out_slot)
-            if joined is None:
-                jshape, jdtype = shapes[out_slot]
-                nbytes = int(np.prod(jshape, dtype=np.int64)) * jdtype.itemsize
-                joined = Buffer(nbytes, i, life_end(out_slot, j), [])
-                buffers.append(joined)
-                owners.append(out_slot)
-                members_of[out_slot] = list(members)
-                buffer_of[out_slot] = joined
-                at = 0
-                for m in members:
-                    rel[m] = at
-                    at += int(np.prod(shapes[m][0], dtype=np.int64)) * jdtype.itemsize
-            joined.values.append(name)
-            buffer_of[s] = joined
-            continue
-        s0 = ins.ins[0] if ins.ins else -1
-        buf = buffer_of.get(s0)
-        if (
-            ins.flags.inplace
-            and buf is not None
-            and buf.last == i
-            and shapes[s0] == (shape, dtype)
-            and (model is None or model.same_shape(s0, s))
-            and all(groups.find(x) != groups.find(s0) for x in ins.ins[1:])
-        ):
-            buf.last = life_end(s, i)
-            buf.values.append(name)
-            buffer_of[s] = buf
-            n_inplace += 1
-            continue
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        buf = Buffer(nbytes, i, life_end(s, i), [name])
-        buffers.append(buf)
-        owners.append(s)
-        buffer_of[s] = buf
-    arena = plan_offsets(buffers)
+    arena = _Arena(kind, shapes, joins, _Lifetimes(groups, last), model)
+    arena.lay_out(instrs)
+    buffers = arena.buffers
+    arena_bytes = plan_offsets(buffers)
     position = {id(b): k for k, b in enumerate(buffers)}
-    buffer_index = {s: position[id(b)] for s, b in buffer_of.items()}
+    buffer_index = {s: position[id(b)] for s, b in arena.buffer_of.items()}
     views = [
-        (s, b.offset + rel.get(s, 0), shapes[s][0], shapes[s][1]) for s, b in buffer_of.items()
+        (s, b.offset + arena.member_offset.get(s, 0), shapes[s][0], shapes[s][1])
+        for s, b in arena.buffer_of.items()
     ]
-
-    risky = fixed | set(buffer_of)
-    risky_groups = {groups.find(s) for s in risky}
-    output_kinds: list[str] = []
-    seen: set[int] = set()  # alias groups of earlier outputs: a later one may be the same array
-    for s in outputs:
-        if groups.find(s) in seen or s in fixed:
-            output_kinds.append("copy")
-        elif kind.get(s) == "fresh":
-            output_kinds.append("fresh")
-        elif groups.find(s) in risky_groups:
-            output_kinds.append("copy")
-        else:
-            output_kinds.append("user")
-        seen.add(groups.find(s))
-
-    release: dict[int, list[int]] = {}
-    for i, ins in enumerate(instrs):
-        if i in baked:
-            continue
-        for o in ins.outs:
-            x = env[o]
-            small = x.nbytes < DEL_MIN_BYTES if isinstance(x, np.ndarray) else True
-            if model is not None and isinstance(x, np.ndarray):
-                # the probe's size says little of another signature's
-                small = small and model.depends.get(o, -1) == 0
-            if (
-                o in _RESERVED
-                or o in kind
-                or o in out_set
-                or not isinstance(x, np.ndarray)
-                or small
-            ):
-                continue
-            release.setdefault(last.get(o, i), []).append(o)
+    output_kinds = _output_kinds(program.output_slots, fixed, kind, set(arena.buffer_of), groups)
+    release = _releases(program, env, baked, kind, last, model)
     plan = MemoryPlan(
         signature,
-        arena,
+        arena_bytes,
         lower_bound(buffers),
         buffers,
-        n_inplace=n_inplace,
+        n_inplace=arena.n_inplace,
         n_fresh=sum(1 for k in kind.values() if k == "fresh"),
         n_unplanned=sum(
             1 for ins in instrs for o in ins.outs if o not in kind and o not in _RESERVED
@@ -291,10 +165,229 @@ def build_layout(
         observed,
         baked,
         frozenset(joins),
-        owners,
+        arena.owners,
         buffer_index,
-        members_of,
+        arena.members_of,
     )
+
+
+def _fixed_slots(program: Program, baked: AbstractSet[int]) -> set[int]:
+    """The slots whose values no call computes: feeds, constants and baked outputs."""
+    fixed = set(program.input_slots) | {
+        s for s, t in enumerate(program.template) if t is not None and s not in _RESERVED
+    }
+    fixed.update(s for i in baked for s in program.instrs[i].outs if s not in _RESERVED)
+    return fixed
+
+
+def _last_reads(program: Program) -> dict[int, int]:
+    """Slot -> the step of its last read (graph outputs: one past the last step)."""
+    last: dict[int, int] = {}
+    for i, ins in enumerate(program.instrs):
+        for s in ins.ins:
+            last[s] = i
+    for s in program.output_slots:
+        last[s] = len(program.instrs)
+    return last
+
+
+def _classify(
+    program: Program,
+    env: list[Any],
+    determined: set[int],
+    baked: AbstractSet[int],
+    model: ShapeModel | None,
+) -> tuple[dict[int, str], dict[int, tuple[tuple[int, ...], np.dtype]], _Groups]:
+    """The kind ("arena" | "fresh") and shape of each value written with ``out=``, and the
+    alias groups joining every other kernel's outputs to its inputs."""
+    out_set = set(program.output_slots)
+    kind: dict[int, str] = {}
+    shapes: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
+    groups = _Groups()
+    for i, ins in enumerate(program.instrs):
+        if i in baked:
+            continue
+        v = ins.node.outputs[0] if ins.node.outputs else None
+        s = ins.outs[0]
+        x = env[s]
+        if (
+            ins.single
+            and ins.flags.supports_out
+            and v is not None
+            and id(v) in determined
+            and _plannable(x)
+            and (model is None or s in model.shapes)
+        ):
+            kind[s] = "fresh" if s in out_set else "arena"
+            shapes[s] = (tuple(x.shape), x.dtype)
+            continue
+        for o in ins.outs:
+            if o in _RESERVED:
+                continue
+            for inp in ins.ins:
+                if inp not in _RESERVED:
+                    groups.union(o, inp)
+    return kind, shapes, groups
+
+
+class _Lifetimes:
+    """When each alias group is last read: an arena buffer lives until then."""
+
+    def __init__(self, groups: _Groups, last: dict[int, int]) -> None:
+        self.groups = groups
+        self.group_last: dict[int, int] = {}
+        for s, t in last.items():
+            r = groups.find(s)
+            self.group_last[r] = max(self.group_last.get(r, -1), t)
+
+    def end(self, s: int, step: int) -> int:
+        """The last step at which slot ``s``, written at ``step``, or an alias of it is read."""
+        return max(step, self.group_last.get(self.groups.find(s), step))
+
+
+class _Arena:
+    """The arena's buffers, assigned in program order: per buffer the slot whose size it
+    has, per arena slot its buffer, and per joined member its byte offset in the join."""
+
+    def __init__(
+        self,
+        kind: dict[int, str],
+        shapes: dict[int, tuple[tuple[int, ...], np.dtype]],
+        joins: dict[int, tuple[int, list[int]]],
+        lifetimes: _Lifetimes,
+        model: ShapeModel | None,
+    ) -> None:
+        self.kind = kind
+        self.shapes = shapes
+        self.joins = joins
+        self.lifetimes = lifetimes
+        self.model = model
+        self.buffers: list[Buffer] = []
+        self.owners: list[int] = []
+        self.buffer_of: dict[int, Buffer] = {}
+        self.members_of: dict[int, list[int]] = {}
+        self.member_offset: dict[int, int] = {}
+        self.n_inplace = 0
+
+    def lay_out(self, instrs: list[Instr]) -> None:
+        """Give each arena value of ``instrs`` its buffer: a slice of its join's, its
+        input 0's (a kernel run in place), or a new one."""
+        member_of = {m: i for i, (_, ms) in self.joins.items() for m in ms}
+        for i, ins in enumerate(instrs):
+            s = ins.outs[0]
+            if self.kind.get(s) != "arena":
+                continue
+            name = ins.node.outputs[0].name  # type: ignore[union-attr]
+            j = member_of.get(s)
+            if j is not None or i in self.joins:  # a slice of a joined buffer, or the join
+                self._join(s, name, i, i if j is None else j)
+            elif not self._in_place(ins, s, name, i):
+                shape, dtype = self.shapes[s]
+                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                self._add(s, Buffer(nbytes, i, self.lifetimes.end(s, i), [name]))
+
+    def _add(self, s: int, buf: Buffer) -> None:
+        self.buffers.append(buf)
+        self.owners.append(s)
+        self.buffer_of[s] = buf
+
+    def _join(self, s: int, name: str, i: int, j: int) -> None:
+        """Slot ``s`` (written at step ``i``) is a member or the output of join ``j``."""
+        out_slot, members = self.joins[j]
+        joined = self.buffer_of.get(out_slot)
+        if joined is None:
+            jshape, jdtype = self.shapes[out_slot]
+            nbytes = int(np.prod(jshape, dtype=np.int64)) * jdtype.itemsize
+            joined = Buffer(nbytes, i, self.lifetimes.end(out_slot, j), [])
+            self.buffers.append(joined)
+            self.owners.append(out_slot)
+            self.members_of[out_slot] = list(members)
+            self.buffer_of[out_slot] = joined
+            at = 0
+            for m in members:
+                self.member_offset[m] = at
+                at += int(np.prod(self.shapes[m][0], dtype=np.int64)) * jdtype.itemsize
+        joined.values.append(name)
+        self.buffer_of[s] = joined
+
+    def _in_place(self, ins: Instr, s: int, name: str, i: int) -> bool:
+        """Whether ``ins`` (step ``i``) writes ``s`` over its input 0's buffer: an
+        ``inplace`` kernel whose input 0's buffer ends here, of the same shape and dtype,
+        and aliased by none of its other inputs."""
+        s0 = ins.ins[0] if ins.ins else -1
+        buf = self.buffer_of.get(s0)
+        model = self.model
+        groups = self.lifetimes.groups
+        if not (
+            ins.flags.inplace
+            and buf is not None
+            and buf.last == i
+            and self.shapes[s0] == self.shapes[s]
+            and (model is None or model.same_shape(s0, s))
+            and all(groups.find(x) != groups.find(s0) for x in ins.ins[1:])
+        ):
+            return False
+        buf.last = self.lifetimes.end(s, i)
+        buf.values.append(name)
+        self.buffer_of[s] = buf
+        self.n_inplace += 1
+        return True
+
+
+def _output_kinds(
+    outputs: list[int],
+    fixed: set[int],
+    kind: dict[int, str],
+    in_arena: set[int],
+    groups: _Groups,
+) -> list[str]:
+    """How each graph output reaches the user (``Layout.output_kinds``)."""
+    risky_groups = {groups.find(s) for s in fixed | in_arena}
+    output_kinds: list[str] = []
+    seen: set[int] = set()  # alias groups of earlier outputs: a later one may be the same array
+    for s in outputs:
+        if groups.find(s) in seen or s in fixed:
+            output_kinds.append("copy")
+        elif kind.get(s) == "fresh":
+            output_kinds.append("fresh")
+        elif groups.find(s) in risky_groups:
+            output_kinds.append("copy")
+        else:
+            output_kinds.append("user")
+        seen.add(groups.find(s))
+    return output_kinds
+
+
+def _releases(
+    program: Program,
+    env: list[Any],
+    baked: AbstractSet[int],
+    kind: dict[int, str],
+    last: dict[int, int],
+    model: ShapeModel | None,
+) -> dict[int, list[int]]:
+    """Step -> the unplanned values of at least ``DEL_MIN_BYTES`` last read there."""
+    out_set = set(program.output_slots)
+    release: dict[int, list[int]] = {}
+    for i, ins in enumerate(program.instrs):
+        if i in baked:
+            continue
+        for o in ins.outs:
+            x = env[o]
+            small = x.nbytes < DEL_MIN_BYTES if isinstance(x, np.ndarray) else True
+            if model is not None and isinstance(x, np.ndarray):
+                # the probe's size says little of another signature's
+                small = small and model.depends.get(o, -1) == 0
+            if (
+                o in _RESERVED
+                or o in kind
+                or o in out_set
+                or not isinstance(x, np.ndarray)
+                or small
+            ):
+                continue
+            release.setdefault(last.get(o, i), []).append(o)
+    return release
 
 
 def _elidable_concats(

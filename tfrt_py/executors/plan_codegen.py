@@ -180,6 +180,149 @@ class _Emitter:
         return self.generic.symbolic(x)
 
 
+class _Source:
+    """The lines of the generated ``_make`` (its parameters still ``__BINDS__``), written
+    entry by entry; the names a line uses are bound in the emitter's ``binds``."""
+
+    def __init__(
+        self,
+        em: _Emitter,
+        program: Program,
+        layout: Layout,
+        per_call: list[str],
+        input_names: list[str],
+        output_names: list[str],
+    ) -> None:
+        self.em = em
+        self.program = program
+        self.layout = layout
+        self.generic = em.generic
+        #: an instance's per-signature names, in the order of its ``consts``
+        self.per_call = per_call
+        self.input_names = input_names
+        self.output_names = output_names
+        self.arena_vars = [f"v{s}" for s, *_ in layout.views]
+        self.lines: list[str] = ["def _make(" + "__BINDS__" + "):"]
+
+    def fast_entry(self, body: list[tuple[str, int]]) -> dict[int, int]:
+        """``run(feeds, outs=None)``: its signature checked in line; returns its line ->
+        instruction index map."""
+        em, src, in_slots = self.em, self.lines, self.program.input_slots
+        n_in = len(self.input_names)
+        src.append("  def run(feeds, outs=None):")
+        src.append("    if outs is not None:")
+        src.append("        return _slow(feeds, outs)")
+        src.append("    try:")
+        src.append(f"        if len(feeds) != {n_in}:")
+        src.append("            return _slow(feeds, outs)")
+        for j, (name, s) in enumerate(zip(self.input_names, in_slots)):
+            em.binds[f"_n{j}"] = name  # names are model text: bound, never pasted
+            src.append(f"        v{s} = feeds[_n{j}]")
+        src.append("    except Exception:")
+        src.append("        return _slow(feeds, outs)")
+        if n_in:
+            conds = []
+            for (shape, dtype), s in zip(self.layout.plan.signature, in_slots):
+                em.binds[f"d{s}"] = dtype
+                cond = f"type(v{s}) is not _ndarray or v{s}.dtype is not d{s}"
+                if self.generic is None:
+                    em.binds[f"h{s}"] = tuple(shape)
+                    cond += f" or v{s}.shape != h{s}"
+                conds.append(cond)
+            src.append(f"    if {' or '.join(conds)}:")
+            src.append("        return _slow(feeds, outs)")
+        if self.generic is not None:
+            key = ", ".join(f"v{s}.shape" for s in in_slots)
+            src.append(f"    _k = ({key}{',' if n_in == 1 else ''})")
+            src.append("    _i = _insts.get(_k)")
+            src.append("    if _i is None:")
+            src.append("        return _slow(feeds, outs)")
+            self._unpack_instance()
+        where = self._body("run", body)
+        results = []
+        for k, (s, kind) in enumerate(zip(self.program.output_slots, self.layout.output_kinds)):
+            v = em.var(s)
+            results.append(
+                v if kind == "fresh" else f"_cp({v}, {k})" if kind == "copy" else f"_uo({v}, {k})"
+            )
+        for k, name in enumerate(self.output_names):
+            em.binds[f"_o{k}"] = name
+        pairs = ", ".join(f"_o{k}: {r}" for k, r in enumerate(results))
+        src.append(f"    return {{{pairs}}}")
+        return where
+
+    def checked_entry(
+        self, fn_name: str, body: list[tuple[str, int]], call: bool = False
+    ) -> dict[int, int]:
+        """``run_checked(args, outs)``, or with ``call`` ``run_call(args, outs, _c)`` (and
+        the instance ``_i`` last for a generic plan); returns its line -> instruction
+        index map."""
+        src = self.lines
+        extra = ", _i" if self.generic is not None else ""
+        src.append(f"  def {fn_name}(args, outs{', _c' if call else ''}{extra}):")
+        if self.input_names:
+            src.append(f"    {', '.join(f'v{s}' for s in self.program.input_slots)}, = args")
+        src.append(f"    {', '.join(f'o{k}' for k in range(len(self.output_names)))}, = outs")
+        if self.generic is not None:
+            src.append("    _k = _i.key")
+            self._unpack_instance()
+        where = self._body(fn_name, body, call)
+        src.append(f"    return [{', '.join(self.em.var(s) for s in self.program.output_slots)}]")
+        return where
+
+    def _unpack_instance(self) -> None:
+        if self.per_call:
+            self.lines.append(f"    {', '.join(self.per_call)}, = _i.consts")
+
+    def _take_arena(self) -> None:
+        arena_vars, src = self.arena_vars, self.lines
+        if not arena_vars:
+            return
+        src.extend(["    try:", "        _arena = _pop()", "    except IndexError:",
+                    "        _arena = _new_arena()"])  # fmt: skip
+        if self.generic is None:
+            views = "_arena"
+        else:
+            src.extend(["    _vs = _arena.views.get(_k)", "    if _vs is None:",
+                        "        _vs = _arena.views_for(_i)"])  # fmt: skip
+            views = "_vs"
+        src.append(f"    {', '.join(arena_vars)}{',' if len(arena_vars) == 1 else ''} = {views}")
+
+    def _body(
+        self, fn_name: str, body: list[tuple[str, int]], call: bool = False
+    ) -> dict[int, int]:
+        """The body of an entry; ``call``: it runs under a CallContext ``_c`` (current on
+        this thread meanwhile) whose ``stop`` is checked before each kernel. Returns its
+        line -> instruction index map."""
+        src = self.lines
+        where: dict[int, int] = {}
+        self._take_arena()
+        if call:
+            src.append("    _prev = _setcur(_c)")
+        src.append("    try:")
+        last = -1
+        for line, i in body:
+            if call and i != last:
+                src.append(f"        if _c.stop: _c.raise_stop(_nodes[{i}])")
+                where[len(src)] = i
+                last = i
+            src.append("        " + line)
+            where[len(src)] = i
+        if not body:
+            src.append("        pass")
+        src.append("    except BaseException as _e:")
+        if call:
+            src.append("        _setcur(_prev)")
+        if self.arena_vars:
+            src.append("        _push(_arena)")
+        src.append(f"        raise _failed(_e, {fn_name!r})")
+        if call:
+            src.append("    _setcur(_prev)")
+        if self.arena_vars:
+            src.append("    _push(_arena)")
+        return where
+
+
 class Generic(Protocol):
     """What code generation needs of a generic plan (``plan_generic.GenericPlan``): the
     shapes that hold at every signature, and the per-signature instance table."""
@@ -223,14 +366,9 @@ def generate(
     ``views_for(instance)``) are shared by every signature. ``run_checked`` and
     ``run_call`` take the instance as their last argument."""
     em = _Emitter(program, layout, env, generic)
-    pool: list[Any] = []
-    sig = layout.plan.signature
-    in_slots = program.input_slots
-    arena_vars = [f"v{s}" for s, *_ in layout.views]
     out_pos: dict[int, int] = {}
     for k, s in enumerate(program.output_slots):
         out_pos.setdefault(s, k)
-
     fast_body = em.body(lambda s: f"_empty(h{s}, d{s})")
     checked_body = em.body(
         lambda s: f"o{out_pos[s]} if o{out_pos[s]} is not None else _empty(h{s}, d{s})"
@@ -239,134 +377,24 @@ def generate(
     per_call = []
     if generic is not None:
         per_call = [f"b{s}" for s in baked_slots] + [f"h{s}" for s in fresh_slots]
-
-    src: list[str] = ["def _make(" + "__BINDS__" + "):"]
-
-    def unpack_instance() -> None:
-        if per_call:
-            src.append(f"    {', '.join(per_call)}, = _i.consts")
-
-    def take_arena() -> None:
-        if not arena_vars:
-            return
-        src.extend(["    try:", "        _arena = _pop()", "    except IndexError:",
-                    "        _arena = _new_arena()"])  # fmt: skip
-        if generic is None:
-            views = "_arena"
-        else:
-            src.extend(["    _vs = _arena.views.get(_k)", "    if _vs is None:",
-                        "        _vs = _arena.views_for(_i)"])  # fmt: skip
-            views = "_vs"
-        src.append(f"    {', '.join(arena_vars)}{',' if len(arena_vars) == 1 else ''} = {views}")
-
-    def emit_body(
-        fn_name: str, body: list[tuple[str, int]], where: dict[int, int], call: bool = False
-    ) -> None:
-        """The body of an entry; ``call``: it runs under a CallContext ``_c`` (current on
-        this thread meanwhile) whose ``stop`` is checked before each kernel."""
-        take_arena()
-        if call:
-            src.append("    _prev = _setcur(_c)")
-        src.append("    try:")
-        last = -1
-        for line, i in body:
-            if call and i != last:
-                src.append(f"        if _c.stop: _c.raise_stop(_nodes[{i}])")
-                where[len(src)] = i
-                last = i
-            src.append("        " + line)
-            where[len(src)] = i
-        if not body:
-            src.append("        pass")
-        src.append("    except BaseException as _e:")
-        if call:
-            src.append("        _setcur(_prev)")
-        if arena_vars:
-            src.append("        _push(_arena)")
-        src.append(f"        raise _failed(_e, {fn_name!r})")
-        if call:
-            src.append("    _setcur(_prev)")
-        if arena_vars:
-            src.append("    _push(_arena)")
-
-    # -- fast entry --------------------------------------------------------------------
-    n_in = len(input_names)
-    fast_where: dict[int, int] = {}
-    src.append("  def run(feeds, outs=None):")
-    src.append("    if outs is not None:")
-    src.append("        return _slow(feeds, outs)")
-    src.append("    try:")
-    src.append(f"        if len(feeds) != {n_in}:")
-    src.append("            return _slow(feeds, outs)")
-    for j, (name, s) in enumerate(zip(input_names, in_slots)):
-        em.binds[f"_n{j}"] = name  # names are model text: bound, never pasted
-        src.append(f"        v{s} = feeds[_n{j}]")
-    src.append("    except Exception:")
-    src.append("        return _slow(feeds, outs)")
-    if n_in:
-        conds = []
-        for (shape, dtype), s in zip(sig, in_slots):
-            em.binds[f"d{s}"] = dtype
-            cond = f"type(v{s}) is not _ndarray or v{s}.dtype is not d{s}"
-            if generic is None:
-                em.binds[f"h{s}"] = tuple(shape)
-                cond += f" or v{s}.shape != h{s}"
-            conds.append(cond)
-        src.append(f"    if {' or '.join(conds)}:")
-        src.append("        return _slow(feeds, outs)")
-    if generic is not None:
-        key = ", ".join(f"v{s}.shape" for s in in_slots)
-        src.append(f"    _k = ({key}{',' if n_in == 1 else ''})")
-        src.append("    _i = _insts.get(_k)")
-        src.append("    if _i is None:")
-        src.append("        return _slow(feeds, outs)")
-        unpack_instance()
-    emit_body("run", [(ln, i) for ln, i in fast_body], fast_where)
-    results = []
-    for k, (s, kind) in enumerate(zip(program.output_slots, layout.output_kinds)):
-        v = em.var(s)
-        results.append(
-            v if kind == "fresh" else f"_cp({v}, {k})" if kind == "copy" else f"_uo({v}, {k})"
-        )
-    for k, name in enumerate(output_names):
-        em.binds[f"_o{k}"] = name
-    pairs = ", ".join(f"_o{k}: {r}" for k, r in enumerate(results))
-    src.append(f"    return {{{pairs}}}")
-    extra = ", _i" if generic is not None else ""
-    n_out = len(output_names)
-
-    def checked_prologue() -> None:
-        if n_in:
-            src.append(f"    {', '.join(f'v{s}' for s in in_slots)}, = args")
-        src.append(f"    {', '.join(f'o{k}' for k in range(n_out))}, = outs")
-        if generic is not None:
-            src.append("    _k = _i.key")
-            unpack_instance()
-
-    # -- checked entry -----------------------------------------------------------------
-    checked_where: dict[int, int] = {}
-    src.append(f"  def run_checked(args, outs{extra}):")
-    checked_prologue()
-    emit_body("run_checked", checked_body, checked_where)
-    src.append(f"    return [{', '.join(em.var(s) for s in program.output_slots)}]")
-    # -- the checked entry under a call context (deadline, cancellation) -----------------
-    call_where: dict[int, int] = {}
-    src.append(f"  def run_call(args, outs, _c{extra}):")
-    checked_prologue()
-    emit_body("run_call", checked_body, call_where, call=True)
-    src.append(f"    return [{', '.join(em.var(s) for s in program.output_slots)}]")
-    src.append("  return run, run_checked, run_call")
+    src = _Source(em, program, layout, per_call, input_names, output_names)
+    fast_where = src.fast_entry(fast_body)
+    checked_where = src.checked_entry("run_checked", checked_body)
+    call_where = src.checked_entry("run_call", checked_body, call=True)
+    src.lines.append("  return run, run_checked, run_call")
 
     binds = dict(em.binds)
     binds.update(helpers)
     binds.update(_ndarray=np.ndarray, _empty=np.empty, _new_arena=new_arena)
+    pool: list[Any] = []
     binds.update(_pop=pool.pop, _push=pool.append)
     binds.update(_setcur=set_current, _nodes=[ins.node for ins in program.instrs])
     if generic is not None:
         binds.update(_insts=generic.insts)
     # Body lines sit inside "def run" at 4 spaces; shift everything one level under _make.
+    lines = src.lines
     text = "\n".join(
-        [src[0].replace("__BINDS__", ", ".join(binds))] + ["  " + ln for ln in src[1:]]
+        [lines[0].replace("__BINDS__", ", ".join(binds))] + ["  " + ln for ln in lines[1:]]
     )
     code = compile(text, f"<tfrt_py plan {id(layout):x}>", "exec")
     ns: dict[str, Any] = {}

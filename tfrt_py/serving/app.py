@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from starlette.applications import Starlette
@@ -72,6 +72,35 @@ def create_app(
     (repository, batching, max_batch, max_wait_us, max_body_bytes, max_decoded_bytes,
     timeout, max_concurrency, max_queue, load_options, warmup, log)."""
     server = models if isinstance(models, ModelServer) else ModelServer(models, **server_options)
+    app = Starlette(
+        debug=debug,
+        routes=[*_v1_routes(server), *v2_routes(server)],
+        lifespan=_lifespan(server),
+        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+    )
+    app.state.model_server = server
+    return app
+
+
+def _lifespan(
+    server: ModelServer,
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """Start ``server`` (in a thread) before the app serves; drain and close it after."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await asyncio.to_thread(server.start)
+        try:
+            yield
+        finally:
+            await server.drain()
+            await asyncio.to_thread(server.close)
+
+    return lifespan
+
+
+def _v1_routes(server: ModelServer) -> list[Route]:
+    """The v1 routes, health and metrics over ``server`` (see the module docstring)."""
 
     async def predict(request: Request) -> Response:
         model = served_model(server, request)
@@ -114,19 +143,10 @@ def create_app(
     async def metrics(request: Request) -> Response:
         return Response(server.metrics.exposition(), media_type=CONTENT_TYPE)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await asyncio.to_thread(server.start)
-        try:
-            yield
-        finally:
-            await server.drain()
-            await asyncio.to_thread(server.close)
-
     def route(path: str, fn: Handler, method: str) -> Route:
         return Route(path, errors_as_json(fn), methods=[method])
 
-    routes = [
+    return [
         Route(
             "/v1/models/{name}:predict",
             counted(server, "v1", errors_as_json(predict)),
@@ -137,16 +157,7 @@ def create_app(
         route("/healthz", healthz, "GET"),
         route("/readyz", readyz, "GET"),
         route("/metrics", metrics, "GET"),
-        *v2_routes(server),
     ]
-    app = Starlette(
-        debug=debug,
-        routes=routes,
-        lifespan=lifespan,
-        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
-    )
-    app.state.model_server = server
-    return app
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

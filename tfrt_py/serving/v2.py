@@ -74,16 +74,15 @@ def _tensor_meta(specs: Any) -> list[dict[str, Any]]:
 
 def v2_routes(server: ModelServer) -> list[Route]:
     """The v2 routes over ``server`` (see the module docstring)."""
+    return [*_server_routes(server), *_model_routes(server), *_repository_routes(server)]
 
-    def loaded(request: Request) -> ServedModel:
-        """The model the route names, loaded (warmed or not), of the version named."""
-        name = request.path_params["name"]
-        m = server.get(name)
-        version = request.path_params.get("version")
-        if m is None or (version is not None and version != m.version) or not m.warmed:
-            served_model(server, request, version)  # raises the 404 or 503
-        assert m is not None
-        return m
+
+def _route(path: str, fn: Handler, method: str) -> Route:
+    return Route(path, errors_as_json(fn), methods=[method])
+
+
+def _server_routes(server: ModelServer) -> list[Route]:
+    """Health and server metadata."""
 
     async def live(request: Request) -> Response:
         return json_response({"live": True})
@@ -99,6 +98,26 @@ def v2_routes(server: ModelServer) -> list[Route]:
         return json_response(
             {"name": "tfrt_py", "version": tfrt_py.__version__, "extensions": EXTENSIONS}
         )
+
+    return [
+        _route("/v2/health/live", live, "GET"),
+        _route("/v2/health/ready", ready, "GET"),
+        _route("/v2", metadata, "GET"),
+    ]
+
+
+def _model_routes(server: ModelServer) -> list[Route]:
+    """Model metadata, readiness and inference, with and without a version."""
+
+    def loaded(request: Request) -> ServedModel:
+        """The model the route names, loaded (warmed or not), of the version named."""
+        name = request.path_params["name"]
+        m = server.get(name)
+        version = request.path_params.get("version")
+        if m is None or (version is not None and version != m.version) or not m.warmed:
+            served_model(server, request, version)  # raises the 404 or 503
+        assert m is not None
+        return m
 
     async def model_metadata(request: Request) -> Response:
         m = loaded(request)
@@ -119,6 +138,20 @@ def v2_routes(server: ModelServer) -> list[Route]:
             status = 404 if e.status == 404 else 400
             return json_response({"ready": False, "error": e.message}, status)
         return json_response({"name": m.name, "version": m.version, "ready": True})
+
+    counted_infer = counted(server, "v2", errors_as_json(_infer_handler(server)))
+    model_routes: list[Route] = []
+    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        model_routes += [
+            _route(base, model_metadata, "GET"),
+            _route(base + "/ready", model_ready, "GET"),
+            Route(base + "/infer", counted_infer, methods=["POST"]),
+        ]
+    return model_routes
+
+
+def _infer_handler(server: ModelServer) -> Handler:
+    """``POST .../infer``: decode, run within the request's deadline, encode."""
 
     async def infer(request: Request) -> Response:
         model = served_model(server, request, request.path_params.get("version"))
@@ -157,6 +190,12 @@ def v2_routes(server: ModelServer) -> list[Route]:
             outputs,
         )
         return Response(payload, headers=headers, media_type=media)
+
+    return infer
+
+
+def _repository_routes(server: ModelServer) -> list[Route]:
+    """The repository extension: index, load, unload."""
 
     async def repository_index(request: Request) -> Response:
         await read_body(request, server.max_body_bytes)
@@ -200,23 +239,8 @@ def v2_routes(server: ModelServer) -> list[Route]:
         await server.unload_model(request.path_params["name"])
         return json_response({})
 
-    def route(path: str, fn: Handler, method: str) -> Route:
-        return Route(path, errors_as_json(fn), methods=[method])
-
-    counted_infer = counted(server, "v2", errors_as_json(infer))
-    model_routes: list[Route] = []
-    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        model_routes += [
-            route(base, model_metadata, "GET"),
-            route(base + "/ready", model_ready, "GET"),
-            Route(base + "/infer", counted_infer, methods=["POST"]),
-        ]
     return [
-        route("/v2/health/live", live, "GET"),
-        route("/v2/health/ready", ready, "GET"),
-        route("/v2", metadata, "GET"),
-        *model_routes,
-        route("/v2/repository/index", repository_index, "POST"),
-        route("/v2/repository/models/{name}/load", repository_load, "POST"),
-        route("/v2/repository/models/{name}/unload", repository_unload, "POST"),
+        _route("/v2/repository/index", repository_index, "POST"),
+        _route("/v2/repository/models/{name}/load", repository_load, "POST"),
+        _route("/v2/repository/models/{name}/unload", repository_unload, "POST"),
     ]

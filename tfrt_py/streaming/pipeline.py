@@ -129,6 +129,31 @@ class _Emit:  # hand these results to the caller; ``final``: the run uses the ar
 _Op = _Need | _Wait | _Compute | _Emit
 
 
+class _Steps:
+    """Iterates the steps a ``_Run`` yields (``_Need``, ``_Wait``, ``_Compute``, ``_Emit``);
+    ``reply(value)`` is sent into the run with the next step (None when nothing was). The
+    one protocol loop of the sync and the async drivers; owned by the driving call."""
+
+    __slots__ = ("_gen", "_reply")
+
+    def __init__(self, gen: Generator[Any, Any, None]) -> None:
+        self._gen = gen
+        self._reply: Any = None
+
+    def __iter__(self) -> _Steps:
+        return self
+
+    def __next__(self) -> Any:
+        reply, self._reply = self._reply, None
+        return self._gen.send(reply)  # StopIteration ends the driver's loop
+
+    def reply(self, value: Any) -> None:
+        self._reply = value
+
+    def close(self) -> None:
+        self._gen.close()
+
+
 class StreamedProgram(Executor):
     """Executor "stream": the stages of one streamed model, its arena, and the runs over
     them.
@@ -197,35 +222,38 @@ class StreamedProgram(Executor):
         it = iter(feeds)
         run = _Run(self, self.host or default_host(), overlap)
         _wait_for(self._gate, run.lease)
-        gen = run.steps(n)
+        ops = _Steps(run.steps(n))
         try:
-            send: Any = None
-            while True:
-                try:
-                    op = gen.send(send)
-                except StopIteration:
-                    return
-                send = None
+            for op in ops:
                 if isinstance(op, _Need):
                     self._gate.park(run.lease)
-                    send = _take(it, op.n)
+                    ops.reply(_take(it, op.n))
                     self._resume(run)
                 elif isinstance(op, _Wait):
-                    send = op.av.wait()
+                    ops.reply(op.av.wait())
                 elif isinstance(op, _Compute):
                     op.fn()
                 else:
-                    last = len(op.results) - 1
-                    for i, r in enumerate(op.results):
-                        self._gate.park(run.lease)
+                    for r, resume in self._handoffs(run, op):
                         yield r
-                        if op.final and i == last:
-                            self._gate.unpark(run.lease)  # ends without the arena
-                        else:
+                        if resume:
                             self._resume(run)
         finally:
-            gen.close()
+            ops.close()
             run.finish([]).wait()
+
+    def _handoffs(self, run: _Run, op: _Emit) -> Iterator[tuple[dict[str, np.ndarray], bool]]:
+        """``op``'s results, each as (result, resume), the run parked while the caller
+        holds it: the caller hands the result over, then resumes the run if ``resume``;
+        after the final result of a run that needs the arena no more it is unparked here
+        instead (the run ends without the arena)."""
+        last = len(op.results) - 1
+        for i, r in enumerate(op.results):
+            self._gate.park(run.lease)
+            final = op.final and i == last
+            yield r, not final
+            if final:
+                self._gate.unpark(run.lease)
 
     def _resume(self, run: _Run) -> None:
         """Unpark ``run``; if it was preempted meanwhile, wait for the arena and reload."""
@@ -255,24 +283,18 @@ class StreamedProgram(Executor):
         host = self.host or default_host()
         run = _Run(self, host, overlap)
         await _await_for(self._gate, run.lease)
-        gen = run.steps(n)
+        ops = _Steps(run.steps(n))
         pending: list[AsyncValue[Any]] = []
         aiter_ = feeds.__aiter__() if hasattr(feeds, "__aiter__") else None
         it = None if aiter_ is not None else iter(feeds)
         try:
-            send: Any = None
-            while True:
-                try:
-                    op = gen.send(send)
-                except StopIteration:
-                    return
-                send = None
+            for op in ops:
                 if isinstance(op, _Need):
                     self._gate.park(run.lease)
-                    send = await _take_async(aiter_, op.n) if it is None else _take(it, op.n)
+                    ops.reply(await _take_async(aiter_, op.n) if it is None else _take(it, op.n))
                     await self._resume_async(run)
                 elif isinstance(op, _Wait):
-                    send = await op.av
+                    ops.reply(await op.av)
                 elif isinstance(op, _Compute):
                     done: AsyncValue[None] = AsyncValue()
                     pending = [done]
@@ -280,16 +302,12 @@ class StreamedProgram(Executor):
                     await done
                     pending = []
                 else:
-                    last = len(op.results) - 1
-                    for i, r in enumerate(op.results):
-                        self._gate.park(run.lease)
+                    for r, resume in self._handoffs(run, op):
                         yield r
-                        if op.final and i == last:
-                            self._gate.unpark(run.lease)  # ends without the arena
-                        else:
+                        if resume:
                             await self._resume_async(run)
         finally:
-            gen.close()
+            ops.close()
             run.finish(pending)
 
     async def _resume_async(self, run: _Run) -> None:

@@ -290,6 +290,7 @@ def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
     want_sum = ctx.has_output(2)
     n_out = ctx.n_outputs
     fns = compiled_for(False)
+    embed_fast = _embed_fast_pass(eps, want_sum)
 
     def embed_layer_normalization(
         input_ids: np.ndarray,
@@ -306,9 +307,9 @@ def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
             raise ValueError("EmbedLayerNormalization: input_ids must be 2-D (batch, sequence)")
         b, s = input_ids.shape
         h = word_embedding.shape[1]
-        if fast is not None and input_ids.size:
-            got = _embed_fast(input_ids, segment_ids, word_embedding, position_embedding,
-                              segment_embedding, gamma, beta, position_ids)  # fmt: skip
+        if embed_fast is not None and input_ids.size:
+            got = embed_fast(input_ids, segment_ids, word_embedding, position_embedding,
+                             segment_embedding, gamma, beta, position_ids)  # fmt: skip
             if got is not None:
                 if n_out == 1:
                     return got[0]
@@ -335,11 +336,21 @@ def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
         mask_index = _mask_index(mask, b) if want_mask_index else None
         return (y, mask_index, total)[:n_out] + (None,) * (n_out - 3)
 
-    def _embed_fast(ids: np.ndarray, seg_ids: Any, word: np.ndarray, pos: np.ndarray,
-                    seg: Any, gamma: Any, beta: Any,
-                    pos_ids: Any) -> tuple[np.ndarray, np.ndarray | None] | None:  # fmt: skip
-        """The compiled pass (float32 tables, 1-D gamma/beta, integer ids of the shapes it
-        takes), or None: the NumPy steps run."""
+    return embed_layer_normalization
+
+
+def _embed_fast_pass(eps: float, want_sum: bool) -> Any:
+    """EmbedLayerNormalization's compiled pass, ``(ids, segment_ids, word, position, segment,
+    gamma, beta, position_ids) -> (output, embedding_sum?)``, None where the inputs do not
+    fit it (float32 tables, 1-D gamma/beta, 2-D integer ids); None itself without numba."""
+    fast = embed_norm_rows_f32()
+    if fast is None:
+        return None
+    tables = _LastCall(_embed_params)
+
+    def embed_fast(ids: np.ndarray, seg_ids: Any, word: np.ndarray, pos: np.ndarray,
+                   seg: Any, gamma: Any, beta: Any,
+                   pos_ids: Any) -> tuple[np.ndarray, np.ndarray | None] | None:  # fmt: skip
         b, s = ids.shape
         h = word.shape[1]
         params = tables(word, pos, seg, gamma, beta)
@@ -373,9 +384,7 @@ def _embed_layer_normalization(ctx: KernelContext) -> ComputeFn:
             raise ValueError(f"EmbedLayerNormalization: {what} out of range [0, {table.shape[0]})")
         return y, total
 
-    fast = embed_norm_rows_f32()
-    tables = _LastCall(_embed_params)
-    return embed_layer_normalization
+    return embed_fast
 
 
 def _embed_params(word: Any, pos: Any, seg: Any, gamma: Any,

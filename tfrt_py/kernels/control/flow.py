@@ -90,7 +90,26 @@ def _if(ctx: KernelContext) -> Any:
 # -- Loop ----------------------------------------------------------------------------------------
 
 
-class LoopSpec:
+class _Iteration:
+    """What Loop's and Scan's specs share: ``run``, the kernel's whole call, over the
+    steps each defines (``more``, ``body_inputs``, ``advance``, ``finish``)."""
+
+    __slots__ = ()
+
+    def run(self, body_fn: SubgraphFn, st: Any, captured: Sequence[Any]) -> Any:
+        """Run the remaining iterations (Scan: slices) with ``body_fn`` and return the
+        node's outputs. The thread's current call (deadline, cancellation) is checked
+        before each one."""
+        call = current_call()
+        spec: Any = self
+        while spec.more(st):
+            if call is not None and call.stop:
+                call.raise_stop()
+            spec.advance(st, body_fn(spec.body_inputs(st), captured))
+        return spec.finish(st)
+
+
+class LoopSpec(_Iteration):
     """Load-time facts of one Loop node and its iteration steps, shared by the kernel and by
     the dataflow executor's non-strict Loop (which runs the first iteration itself).
 
@@ -151,16 +170,6 @@ class LoopSpec:
             )
         return outs[0] if self.n_out == 1 else tuple(outs[: self.n_out])
 
-    def run(self, body_fn: SubgraphFn, st: LoopState, captured: Sequence[Any]) -> Any:
-        """Run the remaining iterations with ``body_fn`` and return the node's outputs.
-        The thread's current call (deadline, cancellation) is checked before each one."""
-        call = current_call()
-        while self.more(st):
-            if call is not None and call.stop:
-                call.raise_stop()
-            self.advance(st, body_fn(self.body_inputs(st), captured))
-        return self.finish(st)
-
 
 class LoopState:
     """One Loop call's progress: trip count, cond, iteration number, carried values and
@@ -175,18 +184,6 @@ class LoopState:
         self.i = 0
         self.carried = carried
         self.scans: list[list[Any]] = [[] for _ in range(n_scan)]
-
-
-def _loop(ctx: KernelContext) -> Any:
-    """Loop(M?, cond?, carried...) -> (final carried..., stacked scan outputs...)."""
-    spec = LoopSpec(ctx)
-    body_fn = ctx.subgraph("body")
-    n_in = ctx.n_inputs
-
-    def loop(*args: Any) -> Any:
-        return spec.run(body_fn, spec.begin(args[:n_in]), args[n_in:])
-
-    return loop
 
 
 # -- Scan ----------------------------------------------------------------------------------------
@@ -246,7 +243,7 @@ def _scan_output(elems: list[Any], rev: bool, axis: int, empty: np.ndarray) -> n
     return y
 
 
-class ScanSpec:
+class ScanSpec(_Iteration):
     """Load-time facts of one Scan-9+ node and its iteration steps, shared by the kernel and
     by the dataflow executor's non-strict Scan (as ``LoopSpec``: the steps never read
     captured values, so a Scan over zero slices needs none of them)."""
@@ -305,16 +302,6 @@ class ScanSpec:
             )
         return outs[0] if self.n_out == 1 else tuple(outs[: self.n_out])
 
-    def run(self, body_fn: SubgraphFn, st: ScanState, captured: Sequence[Any]) -> Any:
-        """Run the remaining slices with ``body_fn`` and return the node's outputs. The
-        thread's current call (deadline, cancellation) is checked before each one."""
-        call = current_call()
-        while self.more(st):
-            if call is not None and call.stop:
-                call.raise_stop()
-            self.advance(st, body_fn(self.body_inputs(st), captured))
-        return self.finish(st)
-
 
 class ScanState:
     """One Scan call's progress: states, the (moved, reversed) scan sequences, the slice
@@ -328,18 +315,6 @@ class ScanState:
         self.T = seqs[0].shape[0] if seqs else 0
         self.t = 0
         self.elems: list[list[Any]] = [[] for _ in range(n_scan_out)]
-
-
-def _scan(ctx: KernelContext) -> Any:
-    """Scan-9+: (states..., scan inputs...) -> (final states..., scan outputs...)."""
-    spec = ScanSpec(ctx)
-    body_fn = ctx.subgraph("body")
-    n_in = ctx.n_inputs
-
-    def scan(*args: Any) -> Any:
-        return spec.run(body_fn, spec.begin(args[:n_in]), args[n_in:])
-
-    return scan
 
 
 def iteration_spec(ctx: KernelContext) -> LoopSpec | ScanSpec | None:
@@ -401,9 +376,28 @@ def _scan8(ctx: KernelContext) -> Any:
     return scan8
 
 
+def _iterate(spec_type: type[LoopSpec] | type[ScanSpec]) -> Any:
+    """The kernel builder for Loop (``LoopSpec``) or Scan-9+ (``ScanSpec``): the spec and
+    the body's callable made at load; each call begins a state and runs every iteration."""
+
+    def build(ctx: KernelContext) -> Any:
+        spec: Any = spec_type(ctx)  # LoopSpec or ScanSpec: one begin/run protocol
+        body_fn = ctx.subgraph("body")
+        n_in = ctx.n_inputs
+
+        def iterate(*args: Any) -> Any:
+            return spec.run(body_fn, spec.begin(args[:n_in]), args[n_in:])
+
+        return iterate
+
+    return build
+
+
 def register_kernels(registry: KernelRegistry) -> None:
     """Register If, Loop and Scan (Scan-8 and Scan-9+ semantics)."""
     registry.add("If", _if, since=1, flags=_FLAGS)
-    registry.add("Loop", _loop, since=1, flags=_FLAGS)
+    # Loop(M?, cond?, carried...) -> (final carried..., stacked scan outputs...)
+    registry.add("Loop", _iterate(LoopSpec), since=1, flags=_FLAGS)
     registry.add("Scan", _scan8, since=8, until=8, flags=_FLAGS)
-    registry.add("Scan", _scan, since=9, flags=_FLAGS)
+    # Scan-9+: (states..., scan inputs...) -> (final states..., scan outputs...)
+    registry.add("Scan", _iterate(ScanSpec), since=9, flags=_FLAGS)

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -212,19 +213,15 @@ def _cubic_coeffs(t: np.ndarray) -> list[np.ndarray]:
     ]
 
 
-def _grid_sample(ctx: KernelContext) -> ComputeFn:
-    """GridSample-16/20/22: ``(X [N, C, *D], grid [N, *O, nd]) -> Y [N, C, *O]``."""
-    mode = _str(ctx.attr("mode", "linear" if ctx.opset >= 20 else "bilinear"))
-    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
-    padding = _str(ctx.attr("padding_mode", "zeros"))
-    align = bool(ctx.attr("align_corners", 0))
-    if mode not in ("linear", "nearest", "cubic"):
-        raise ctx.unsupported(f"mode {mode!r}")
-    if padding not in ("zeros", "border", "reflection"):
-        raise ctx.unsupported(f"padding_mode {padding!r}")
+_Taps = tuple[list[np.ndarray], list[np.ndarray | None]]
 
-    def taps(x: np.ndarray, size: int) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
-        """Integer tap indices (clamped, safe to gather) and weights for one dim."""
+
+def _grid_taps(mode: str, padding: str, align: bool) -> Callable[[np.ndarray, int], _Taps]:
+    """GridSample's ``taps(x, size) -> (indices, weights)`` for one dim: integer tap indices
+    (clamped, safe to gather) and their weights (None: weight 1) under ``mode`` and
+    ``padding``."""
+
+    def taps(x: np.ndarray, size: int) -> _Taps:
         lo_b, hi_b = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
         if mode == "nearest":
             idx = [x.astype(np.int64)]
@@ -252,6 +249,22 @@ def _grid_sample(ctx: KernelContext) -> ComputeFn:
                 r = _reflect(i.astype(np.float64), lo_b, hi_b).astype(np.int64)
                 out_idx.append(np.clip(r, 0, size - 1))
         return out_idx, weights
+
+    return taps
+
+
+def _grid_sample(ctx: KernelContext) -> ComputeFn:
+    """GridSample-16/20/22: ``(X [N, C, *D], grid [N, *O, nd]) -> Y [N, C, *O]``."""
+    mode = _str(ctx.attr("mode", "linear" if ctx.opset >= 20 else "bilinear"))
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    padding = _str(ctx.attr("padding_mode", "zeros"))
+    align = bool(ctx.attr("align_corners", 0))
+    if mode not in ("linear", "nearest", "cubic"):
+        raise ctx.unsupported(f"mode {mode!r}")
+    if padding not in ("zeros", "border", "reflection"):
+        raise ctx.unsupported(f"padding_mode {padding!r}")
+
+    taps = _grid_taps(mode, padding, align)
 
     def grid_sample(X: np.ndarray, grid: np.ndarray) -> np.ndarray:
         N, C = X.shape[0], X.shape[1]

@@ -83,6 +83,22 @@ def _matmul_cost(
     return Cost(2.0 * y * k, 4.0 * (float(np.prod(ins[0])) + float(np.prod(ins[1])) + y))
 
 
+def _gemm_b(b_const: Any, dt: np.dtype | None, alpha: float, trans_b: bool) -> np.ndarray | None:
+    """Gemm's constant B' (transposed when transB) with alpha folded in, for a BLAS dtype;
+    None otherwise (B and alpha then apply per call)."""
+    if b_const is None or dt is None or dt not in _BLAS:
+        return None
+    # Keep the layout the model stores B in (a transposed view when transB=1): every
+    # output column is then the same dot product BLAS computes for onnxruntime, so equal
+    # weight rows give bit-equal outputs. Re-laying out [out,in] weights as [in,out]
+    # changes the summation order per column (a few ulp), which softmax over huge
+    # logits turns into visibly different probabilities (the classic light CNNs).
+    b_arr = np.ascontiguousarray(b_const, dtype=dt)
+    if alpha != 1.0:
+        b_arr = (b_arr * alpha).astype(dt)
+    return b_arr.T if trans_b else b_arr
+
+
 def _gemm(ctx: KernelContext) -> ComputeFn:
     """Gemm(A, B, C?) -> alpha * A' @ B' + beta * C (A' = A.T if transA, B' = B.T if transB).
 
@@ -99,25 +115,11 @@ def _gemm(ctx: KernelContext) -> ComputeFn:
     if dt is None and b_const is not None:
         dt = b_const.dtype
     dt = None if dt is None else np.dtype(dt)
-    is_float = dt is not None and dt.kind in "fc"
-
-    bt: np.ndarray | None = None  # B', alpha folded in when float
-    alpha_done = False
-    if b_const is not None and dt is not None and dt in _BLAS:
-        # Keep the layout the model stores B in (a transposed view when transB=1): every
-        # output column is then the same dot product BLAS computes for onnxruntime, so equal
-        # weight rows give bit-equal outputs. Re-laying out [out,in] weights as [in,out]
-        # changes the summation order per column (a few ulp), which softmax over huge
-        # logits turns into visibly different probabilities (the classic light CNNs).
-        b_arr = np.ascontiguousarray(b_const, dtype=dt)
-        if alpha != 1.0:
-            b_arr = (b_arr * alpha).astype(dt)
-            alpha_done = True
-        bt = b_arr.T if trans_b else b_arr
+    bt = _gemm_b(b_const, dt, alpha, trans_b)  # B', alpha folded in
     ct: np.ndarray | None = None  # beta * C
-    if has_c and c_const is not None and is_float:
+    if has_c and c_const is not None and dt is not None and dt.kind in "fc":
         ct = (c_const * beta).astype(dt) if beta != 1.0 else c_const.astype(dt)
-    scale_alpha = alpha != 1.0 and not alpha_done
+    scale_alpha = alpha != 1.0 and bt is None
 
     if bt is not None and ct is not None and not scale_alpha:
         bt_, ct_ = bt, ct

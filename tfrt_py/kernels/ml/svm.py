@@ -131,26 +131,12 @@ def _svm_classifier(ctx: KernelContext) -> ComputeFn:
     prob_b = attr_floats(ctx, "prob_b", np.float64)
     have_proba = prob_a is not None and len(prob_a) > 0
     tname, transform = post_transform(ctx)
-    all_positive = bool((coef >= 0).all())
     n_pairs = k * (k - 1) // 2
 
     if n_sv == 0:  # liblinear mode
         if len(coef) % k:
             raise ctx.unsupported("coefficients do not split into one row per class")
-        w_t = coef.reshape(k, -1).T.astype(_F32).copy()
-        r0 = np.float32(rho[0])
-
-        def svm_linear(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            s = _x32(x) @ w_t
-            s += r0
-            pick = s.argmax(axis=1)
-            if n_pairs == 1:
-                top = s.max(axis=1)
-                win = (top >= 0.5) if all_positive else (top > 0)
-                pick = np.where(win, 1, pick)
-            return labels.take(pick), transform(s)
-
-        return svm_linear
+        return _svm_linear(labels, coef, np.float32(rho[0]), transform)
 
     assert vpc is not None
     sv = attr_floats(ctx, "support_vectors", np.float64)
@@ -159,23 +145,8 @@ def _svm_classifier(ctx: KernelContext) -> ComputeFn:
     if len(vpc) != k or len(coef) != (k - 1) * n_sv or len(rho) < n_pairs:
         raise ctx.unsupported("vectors_per_class, coefficients and rho do not fit the classes")
     kern = _kernel(ctx, sv.reshape(n_sv, -1).T.copy())
-    coef2 = coef.reshape(k - 1, n_sv)
-    starts = np.concatenate([[0], np.cumsum(vpc)]).astype(np.int64)
-    # Pairwise decision values as one matmul: D = K @ A + rho, A (n_sv, n_pairs).
-    a = np.zeros((n_sv, n_pairs), dtype=np.float64)
-    pi, pj = [], []
-    col = 0
-    for i in range(k - 1):
-        for j in range(i + 1, k):
-            si, sj = slice(starts[i], starts[i + 1]), slice(starts[j], starts[j + 1])
-            a[si, col] = coef2[j - 1, si]
-            a[sj, col] = coef2[i, sj]
-            pi.append(i)
-            pj.append(j)
-            col += 1
-    a32 = a.astype(_F32)
+    a32, win_i, win_j = _pairwise(coef.reshape(k - 1, n_sv), vpc)
     rho32 = rho[:n_pairs].astype(_F32)
-    win_i, win_j = np.asarray(pi), np.asarray(pj)
     if have_proba:
         assert prob_a is not None and prob_b is not None
         pa, pb = prob_a[:n_pairs].astype(_F32), prob_b[:n_pairs].astype(_F32)
@@ -202,6 +173,48 @@ def _svm_classifier(ctx: KernelContext) -> ComputeFn:
         return label, transform(d)
 
     return svm_classifier
+
+
+def _svm_linear(
+    labels: np.ndarray, coef: np.ndarray, r0: np.float32, transform: Callable[..., np.ndarray]
+) -> ComputeFn:
+    """SVMClassifier without support vectors (liblinear): scores ``X @ coefficients.T + r0``,
+    the label the best class (for two classes: class 1 when the top score wins)."""
+    k = len(labels)
+    w_t = coef.reshape(k, -1).T.astype(_F32).copy()
+    all_positive = bool((coef >= 0).all())
+    n_pairs = k * (k - 1) // 2
+
+    def svm_linear(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        s = _x32(x) @ w_t
+        s += r0
+        pick = s.argmax(axis=1)
+        if n_pairs == 1:
+            top = s.max(axis=1)
+            win = (top >= 0.5) if all_positive else (top > 0)
+            pick = np.where(win, 1, pick)
+        return labels.take(pick), transform(s)
+
+    return svm_linear
+
+
+def _pairwise(coef2: np.ndarray, vpc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(A float32 (n_sv, n_pairs), i, j per pair): one-vs-one decision values are one matmul
+    ``K @ A + rho`` (libsvm's layout: ``coef2`` (k - 1, n_sv), ``vpc`` vectors per class)."""
+    k = len(vpc)
+    starts = np.concatenate([[0], np.cumsum(vpc)]).astype(np.int64)
+    a = np.zeros((coef2.shape[1], k * (k - 1) // 2), dtype=np.float64)
+    pi, pj = [], []
+    col = 0
+    for i in range(k - 1):
+        for j in range(i + 1, k):
+            si, sj = slice(starts[i], starts[i + 1]), slice(starts[j], starts[j + 1])
+            a[si, col] = coef2[j - 1, si]
+            a[sj, col] = coef2[i, sj]
+            pi.append(i)
+            pj.append(j)
+            col += 1
+    return a.astype(_F32), np.asarray(pi), np.asarray(pj)
 
 
 def _coupling(r_pairs: np.ndarray, k: int, pi: np.ndarray, pj: np.ndarray) -> np.ndarray:

@@ -24,7 +24,13 @@ from .common import ML_DOMAIN, as_2d, attr_floats, attr_ints, attr_strings, post
 from .common import logistic as _logistic
 from .tree import LEQ, MEMBER, MODE_NAMES, Forest, TreeSpec
 
-__all__ = ["aggregate_name", "parse_spec_v3", "parse_spec_v5", "register_kernels"]
+__all__ = [
+    "aggregate_name",
+    "binary_base_rule",
+    "parse_spec_v3",
+    "parse_spec_v5",
+    "register_kernels",
+]
 
 _AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
 _F32 = np.dtype(np.float32)
@@ -88,15 +94,7 @@ def _spec_v3(ctx: KernelContext, prefix: str, n_targets: int) -> TreeSpec:
     _, first = np.unique(tinv, return_index=True)
     roots = ref[np.sort(first)]
 
-    w_tids = attr_ints(ctx, f"{prefix}_treeids")
-    w_nids = attr_ints(ctx, f"{prefix}_nodeids")
-    w_ids = attr_ints(ctx, f"{prefix}_ids")
-    w_vals = attr_floats(ctx, f"{prefix}_weights", np.float64)
-    if w_tids is None or w_nids is None or w_ids is None or w_vals is None:
-        w_tids = w_nids = w_ids = np.zeros(0, np.int64)
-        w_vals = np.zeros(0)
-    if not len(w_tids) == len(w_nids) == len(w_ids) == len(w_vals):
-        raise ctx.unsupported(f"the {prefix}_* attributes differ in length")
+    w_tids, w_nids, w_ids, w_vals = _weight_attrs(ctx, prefix)
     tp = np.minimum(np.searchsorted(utids, w_tids), max(len(utids) - 1, 0))
     known = (utids[tp] == w_tids) if len(utids) else np.zeros(len(w_tids), bool)
     wpos, wok = find(tp, w_nids)
@@ -116,6 +114,23 @@ def _spec_v3(ctx: KernelContext, prefix: str, n_targets: int) -> TreeSpec:
         leaf_weight=w_vals[keep].astype(np.float64),
         n_targets=n_targets,
     )
+
+
+def _weight_attrs(
+    ctx: KernelContext, prefix: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The leaf weights' ({prefix}_treeids, _nodeids, _ids, _weights); all empty when one is
+    missing."""
+    w_tids = attr_ints(ctx, f"{prefix}_treeids")
+    w_nids = attr_ints(ctx, f"{prefix}_nodeids")
+    w_ids = attr_ints(ctx, f"{prefix}_ids")
+    w_vals = attr_floats(ctx, f"{prefix}_weights", np.float64)
+    if w_tids is None or w_nids is None or w_ids is None or w_vals is None:
+        w_tids = w_nids = w_ids = np.zeros(0, np.int64)
+        w_vals = np.zeros(0)
+    if not len(w_tids) == len(w_nids) == len(w_ids) == len(w_vals):
+        raise ctx.unsupported(f"the {prefix}_* attributes differ in length")
+    return w_tids, w_nids, w_ids, w_vals
 
 
 def _spec_v5(ctx: KernelContext) -> TreeSpec:
@@ -296,72 +311,20 @@ def _tree_ensemble_classifier(ctx: KernelContext) -> ComputeFn:
     base = attr_floats(ctx, "base_values", np.float64)
     base = np.zeros(0) if base is None else base
     forests = _Forests(ctx, spec, _cmp_dtype)
-    class_ids = spec.leaf_target
-    binary_case = n_classes == 2 and len(np.unique(class_ids)) == 1
-    all_positive = bool((spec.leaf_weight >= 0).all())
+    binary_case = n_classes == 2 and len(np.unique(spec.leaf_target)) == 1
     # ORT's non-binary-case 2-class fallback labels are the literal 1 / 0 (or their index
     # for string labels).
     raw_pos = labels[1] if strs or binary_case else np.int64(1)
     raw_neg = labels[0] if strs or binary_case else np.int64(0)
+    if n_classes == 2:
+        return _two_class_classifier(
+            forests, labels, base, (raw_neg, raw_pos), binary_case, (tname, transform)
+        )
+    if n_classes > 2:
+        finalize = _many_class_finalize(forests, labels, base, transform)
+    else:
+        finalize = _one_class_finalize(base, raw_pos if strs else 1, raw_neg if strs else 0)
     cmp_dtype = forests.cmp_dtype
-    nb = len(base)
-    # Every class beyond the base values surely gets a vote: argmax needs no has-mask.
-    some = next(iter(forests.by_dtype.values()))
-    plain_argmax = some.has_static is not None and bool(some.has_static[min(nb, n_classes) :].all())
-
-    def finalize(s: np.ndarray, forest: Forest, idx: np.ndarray) -> tuple[Any, np.ndarray]:
-        if n_classes > 2:
-            k = min(nb, n_classes)
-            if k:
-                s[:, :k] += base[:k].astype(s.dtype)
-            if plain_argmax:
-                pick = s.argmax(axis=1)
-            else:
-                has = forest.has_score(idx).copy()
-                has[:, :k] = True
-                pick = np.where(has, s, -np.inf).argmax(axis=1)
-            return labels.take(pick), transform(s)
-        if n_classes == 1:
-            s = s + (base[-1] if nb else 0)
-            return np.where(s[:, 0] > 0, raw_pos if strs else 1, raw_neg if strs else 0), s
-        has = forest.has_score(idx)
-        h0, h1 = has[:, 0], has[:, 1]
-        s0, s1 = s[:, 0], s[:, 1]
-        two: Any = True
-        if nb == 2:
-            t1 = np.where(h1, base[1] + s0, s1 + base[1])
-            s0 = np.where(h1, -t1, s0 + base[0])
-            s1 = t1
-        elif nb == 1:
-            s0 = s0 + base[0]
-            two = h1
-        elif nb == 0:
-            two = h1
-        # onnxruntime writes 0 for a class no leaf voted for, base value or not
-        s0 = np.where(h0, s0, 0).astype(s.dtype, copy=False)
-        s1 = np.where(h1, s1, 0).astype(s.dtype, copy=False)
-        pos = np.where(h1, s1, s0)
-        if binary_case:
-            win = pos > (0.5 if all_positive else 0)
-            label = np.where(win, labels[1], labels[0])
-            mode = 0 if all_positive else 2
-        else:
-            label = np.where(pos > 0, raw_pos, raw_neg)
-            mode = 3 if nb == 0 else -1
-        both = transform(np.stack([s0, s1], axis=1).astype(s.dtype, copy=False))
-        if two is True:
-            return label, both
-        if tname == "PROBIT":
-            one = np.stack([probit(s0), np.zeros_like(s0)], axis=1)
-        elif tname == "LOGISTIC" and mode >= 0:
-            one = np.stack([_logistic(-s0), _logistic(s0)], axis=1)
-        elif mode == 0:
-            one = np.stack([1 - s0, s0], axis=1)
-        elif mode in (2, 3):
-            one = np.stack([-s0, s0], axis=1)
-        else:
-            one = np.stack([s0, np.zeros_like(s0)], axis=1)
-        return label, np.where(two[:, None], both, one)
 
     def tree_classifier(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         dt = cmp_dtype(x.dtype)
@@ -373,6 +336,120 @@ def _tree_ensemble_classifier(ctx: KernelContext) -> ComputeFn:
         return np.asarray(label, dtype=labels.dtype), scores.astype(np.float32, copy=False)
 
     return tree_classifier
+
+
+_Finalize = Callable[[np.ndarray, Forest, np.ndarray], tuple[Any, np.ndarray]]
+
+
+def _many_class_finalize(
+    forests: _Forests, labels: np.ndarray, base: np.ndarray, transform: Callable[..., Any]
+) -> _Finalize:
+    """(label, scores) from the summed votes of more than two classes: base values added to
+    the first classes; the label is the best class that got a vote or a base value."""
+    n_classes = len(labels)
+    k = min(len(base), n_classes)
+    # Every class beyond the base values surely gets a vote: argmax needs no has-mask.
+    some = next(iter(forests.by_dtype.values()))
+    plain_argmax = some.has_static is not None and bool(some.has_static[k:].all())
+
+    def finalize(s: np.ndarray, forest: Forest, idx: np.ndarray) -> tuple[Any, np.ndarray]:
+        if k:
+            s[:, :k] += base[:k].astype(s.dtype)
+        if plain_argmax:
+            pick = s.argmax(axis=1)
+        else:
+            has = forest.has_score(idx).copy()
+            has[:, :k] = True
+            pick = np.where(has, s, -np.inf).argmax(axis=1)
+        return labels.take(pick), transform(s)
+
+    return finalize
+
+
+def _one_class_finalize(base: np.ndarray, pos_label: Any, neg_label: Any) -> _Finalize:
+    """(label, scores) of one class: the last base value added, the label by the sign."""
+    nb = len(base)
+
+    def finalize(s: np.ndarray, forest: Forest, idx: np.ndarray) -> tuple[Any, np.ndarray]:
+        s = s + (base[-1] if nb else 0)
+        return np.where(s[:, 0] > 0, pos_label, neg_label), s
+
+    return finalize
+
+
+def binary_base_rule(select: Callable[[Any, Any, Any], Any]) -> Callable[..., tuple[Any, ...]]:
+    """onnxruntime's base values on a two-class classifier's score columns, for NumPy columns
+    (``select`` np.where) and compiled scalars alike: ``(s0, s1, h1, base, nb) -> (s0, s1,
+    two)``, ``two`` true where both columns are scores (``h1``: class 1 got a vote)."""
+
+    def add_binary_base(s0: Any, s1: Any, h1: Any, base: Any, nb: int) -> tuple[Any, ...]:
+        two: Any = True
+        if nb == 2:
+            t1 = select(h1, base[1] + s0, s1 + base[1])
+            s0 = select(h1, -t1, s0 + base[0])
+            s1 = t1
+        elif nb == 1:
+            s0 = s0 + base[0]
+            two = h1
+        elif nb == 0:
+            two = h1
+        return s0, s1, two
+
+    return add_binary_base
+
+
+def _two_class_classifier(
+    forests: _Forests,
+    labels: np.ndarray,
+    base: np.ndarray,
+    raw_labels: tuple[Any, Any],
+    binary_case: bool,
+    post: tuple[str, Callable[..., Any]],
+) -> ComputeFn:
+    """TreeEnsembleClassifier with two classes: the positive score picks one of
+    ``raw_labels`` (negative, positive); where class 1 got no vote, the second score column
+    is derived from the first as onnxruntime does (``binary_case``: one weight class)."""
+    raw_neg, raw_pos = raw_labels
+    tname, transform = post
+    add_binary_base = binary_base_rule(np.where)
+    nb = len(base)
+    all_positive = bool((forests.spec.leaf_weight >= 0).all())
+    threshold = 0.5 if binary_case and all_positive else 0
+    # onnxruntime's one-column cases: 0 (1 - s, s), 2 and 3 (-s, s), -1 (s, 0)
+    if binary_case:
+        mode = 0 if all_positive else 2
+    else:
+        mode = 3 if nb == 0 else -1
+    cmp_dtype = forests.cmp_dtype
+
+    def tree_classifier_two(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        dt = cmp_dtype(x.dtype)
+        forest = forests.get(dt)
+        idx = forest.leaves(_features(x, dt))
+        s = forest.aggregate(idx, "SUM")
+        has = forest.has_score(idx)
+        h0, h1 = has[:, 0], has[:, 1]
+        s0, s1, two = add_binary_base(s[:, 0], s[:, 1], h1, base, nb)
+        # onnxruntime writes 0 for a class no leaf voted for, base value or not
+        s0 = np.where(h0, s0, 0).astype(s.dtype, copy=False)
+        s1 = np.where(h1, s1, 0).astype(s.dtype, copy=False)
+        label = np.where(np.where(h1, s1, s0) > threshold, raw_pos, raw_neg)
+        scores = transform(np.stack([s0, s1], axis=1).astype(s.dtype, copy=False))
+        if two is not True:
+            if tname == "PROBIT":
+                one = np.stack([probit(s0), np.zeros_like(s0)], axis=1)
+            elif tname == "LOGISTIC" and mode >= 0:
+                one = np.stack([_logistic(-s0), _logistic(s0)], axis=1)
+            elif mode == 0:
+                one = np.stack([1 - s0, s0], axis=1)
+            elif mode in (2, 3):
+                one = np.stack([-s0, s0], axis=1)
+            else:
+                one = np.stack([s0, np.zeros_like(s0)], axis=1)
+            scores = np.where(two[:, None], scores, one)
+        return np.asarray(label, dtype=labels.dtype), scores.astype(np.float32, copy=False)
+
+    return tree_classifier_two
 
 
 def register_kernels(registry: KernelRegistry) -> None:

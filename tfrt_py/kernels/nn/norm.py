@@ -18,7 +18,7 @@ Outputs keep X's dtype. Single-output forms accept ``out=``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -31,6 +31,8 @@ from .norm_group import row_stats
 __all__ = ["register_kernels"]
 
 _sum = np.add.reduce
+#: ndarray, short for BatchNormalization's per-call signatures (X, scale, B, mean, var, out).
+_Array: TypeAlias = np.ndarray
 
 
 # -- BatchNormalization ------------------------------------------------------------------
@@ -77,12 +79,7 @@ def _batch_normalization(ctx: KernelContext) -> ComputeFn:
         return batch_norm_folded
 
     def batch_norm(
-        x: np.ndarray,
-        s: np.ndarray,
-        b: np.ndarray,
-        m: np.ndarray,
-        v: np.ndarray,
-        out: np.ndarray | None = None,
+        x: _Array, s: _Array, b: _Array, m: _Array, v: _Array, out: _Array | None = None
     ) -> np.ndarray:
         a = s / np.sqrt(v + eps)
         sh = b - m * a
@@ -97,12 +94,7 @@ def _batch_norm_training(ctx: KernelContext, eps: float, momentum: float) -> Com
     n_out = ctx.n_outputs
 
     def batch_norm_train(
-        x: np.ndarray,
-        s: np.ndarray,
-        b: np.ndarray,
-        m: np.ndarray,
-        v: np.ndarray,
-        out: np.ndarray | None = None,
+        x: _Array, s: _Array, b: _Array, m: _Array, v: _Array, out: _Array | None = None
     ) -> Any:
         axes = (0, *range(2, x.ndim))
         xf = x.astype(np.float32) if x.dtype == np.float16 else x

@@ -284,6 +284,27 @@ def _lstm_prep(spec: RnnSpec, input_forget: bool) -> Prep:
 # -- the generic compute ----------------------------------------------------------------------
 
 
+def _prepare_constant(
+    ctx: KernelContext, spec: RnnSpec, prep: Prep, has_c: bool
+) -> tuple[Any, ...] | None:
+    """(dtype, H, input weights, bias, steps) prepared at load when W, R, B (and P) are
+    constants, else None (prepared per call)."""
+    W_c, R_c, B_c = ctx.const_input(1), ctx.const_input(2), ctx.const_input(3)
+    P_c = ctx.const_input(7) if has_c else None
+    if (
+        W_c is None
+        or R_c is None
+        or (B_c is None and ctx.has_input(3))
+        or (P_c is None and has_c and ctx.has_input(7))
+    ):
+        return None
+    dt0 = float_compute_dtype(W_c.dtype)
+    prepared = (dt0, R_c.shape[-1], *prep(W_c, R_c, B_c, P_c, dt0))
+    if spec.hidden_size is not None and spec.hidden_size != R_c.shape[-1]:
+        raise ctx.unsupported(f"hidden_size {spec.hidden_size} but R is {R_c.shape}")
+    return prepared
+
+
 def _build(ctx: KernelContext, spec: RnnSpec, G: int, prep: Prep, has_c: bool) -> Any:
     """The compute function shared by the three ops; ``G`` gates per direction."""
     nd = spec.num_directions
@@ -291,21 +312,7 @@ def _build(ctx: KernelContext, spec: RnnSpec, G: int, prep: Prep, has_c: bool) -
     layout = spec.layout
     n_out = ctx.n_outputs
     want = tuple(ctx.has_output(i) for i in range(n_out))
-    W_c, R_c, B_c = ctx.const_input(1), ctx.const_input(2), ctx.const_input(3)
-    P_c = ctx.const_input(7) if has_c else None
-    const = (
-        W_c is not None
-        and R_c is not None
-        and (B_c is not None or not ctx.has_input(3))
-        and (P_c is not None or not (has_c and ctx.has_input(7)))
-    )
-    prepared = None
-    if const:
-        assert W_c is not None and R_c is not None
-        dt0 = float_compute_dtype(W_c.dtype)
-        prepared = (dt0, R_c.shape[-1], *prep(W_c, R_c, B_c, P_c, dt0))
-        if spec.hidden_size is not None and spec.hidden_size != R_c.shape[-1]:
-            raise ctx.unsupported(f"hidden_size {spec.hidden_size} but R is {R_c.shape}")
+    prepared = _prepare_constant(ctx, spec, prep, has_c)
 
     def compute(
         X: np.ndarray,

@@ -54,15 +54,22 @@ def probit(p):
     return _SQRT2_32 * r
 
 
+@njit(nogil=True, cache=False, inline="always")
+def _max_of(buf, off, n):
+    """The largest of ``buf[off:off + n]`` (-inf when ``n`` is 0; NaN entries are passed)."""
+    mx = -math.inf
+    for j in range(n):
+        v = buf[off + j]
+        if v > mx:
+            mx = v
+    return mx
+
+
 @njit(nogil=True, cache=False)
 def post(buf, off, n, code):
     """Apply post transform ``code`` to ``buf[off:off + n]`` in place."""
     if code == 1:
-        mx = -math.inf
-        for j in range(n):
-            v = buf[off + j]
-            if v > mx:
-                mx = v
+        mx = _max_of(buf, off, n)
         tot = 0.0
         for j in range(n):
             e = math.exp(float(buf[off + j]) - mx)
@@ -74,11 +81,7 @@ def post(buf, off, n, code):
         for j in range(n):
             buf[off + j] = logistic(float(buf[off + j]))
     elif code == 3:
-        mx = -math.inf
-        for j in range(n):
-            v = buf[off + j]
-            if v > mx:
-                mx = v
+        mx = _max_of(buf, off, n)
         tot = 0.0
         for j in range(n):
             v = float(buf[off + j])

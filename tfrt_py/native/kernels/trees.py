@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from ...kernels.ml.tree_ops import binary_base_rule
 from .post import logistic, post, probit
 
 __all__ = [
@@ -176,6 +177,15 @@ forest_lt = _row(_walk_lt)
 forest_mixed = _row(_walk_mixed)
 
 
+@njit(nogil=True, cache=False, inline="always")
+def _pick(cond, a, b):
+    return a if cond else b
+
+
+#: onnxruntime's base values on two classes: the NumPy kernel's code, compiled for scalars.
+_add_binary_base = njit(nogil=True, cache=False)(binary_base_rule(_pick))
+
+
 @njit(nogil=True, cache=False)
 def tree_cls_finish(acc, ao, has, ho, c, base, base_t, labels, bin_labels, binary_case,
                     all_positive, code, lab, lo, y, yo):  # fmt: skip
@@ -209,17 +219,7 @@ def tree_cls_finish(acc, ao, has, ho, c, base, base_t, labels, bin_labels, binar
         y[yo] = s
         return
     h0, h1 = has[ho], has[ho + 1]
-    s0, s1 = float(acc[ao]), float(acc[ao + 1])
-    two = True
-    if nb == 2:
-        t1 = base[1] + s0 if h1 else s1 + base[1]
-        s0 = -t1 if h1 else s0 + base[0]
-        s1 = t1
-    elif nb == 1:
-        s0 = s0 + base[0]
-        two = h1
-    elif nb == 0:
-        two = h1
+    s0, s1, two = _add_binary_base(float(acc[ao]), float(acc[ao + 1]), h1, base, nb)
     s0 = s0 if h0 else 0.0
     s1 = s1 if h1 else 0.0
     y[yo] = s0

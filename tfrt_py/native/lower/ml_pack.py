@@ -62,57 +62,28 @@ def _tree_depths(kids: np.ndarray, roots: np.ndarray, n: int) -> np.ndarray:
     return depth
 
 
-def pack_forest(spec: TreeSpec, dtype: np.dtype) -> PackedForest:
-    """The packed arrays of ``spec`` for comparisons in ``dtype`` (float32/float64).
-    ValueError for BRANCH_MEMBER (not lowered), bad references or a cycle."""
-    dtype = np.dtype(dtype)
-    n = len(spec.feature)
-    mode = np.asarray(spec.mode, np.int64)
-    if (mode == MEMBER).any():
-        raise ValueError("BRANCH_MEMBER nodes have no native form")
-    n_leaves = int(spec.n_leaves)
-    for name, ref in (("true", spec.true_ref), ("false", spec.false_ref), ("root", spec.roots)):
-        r = np.asarray(ref, np.int64)
-        if len(r) and (r.max() >= n or (~r[r < 0]).max(initial=-1) >= n_leaves):
-            raise ValueError(f"a {name} reference points to a node or leaf that does not exist")
-    if n and int(np.asarray(spec.feature).min()) < 0:
-        raise ValueError("a negative feature id")
+def _comparisons(
+    spec: TreeSpec, mode: np.ndarray
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """(kind, flags per internal node, true and false references) as the walk compares (see
+    the module docstring of ``native.kernels.trees``)."""
     missing = np.asarray(spec.missing_true, bool)
     modes = set(np.unique(mode).tolist())
     t_ref = np.asarray(spec.true_ref, np.int64)
     f_ref = np.asarray(spec.false_ref, np.int64)
     if modes <= {LEQ} or modes <= {LT}:
-        kind = 0 if modes <= {LEQ} else 1
-        flags = missing.astype(np.int32)
-        true_k, false_k = t_ref, f_ref
-    else:
-        kind = 2
-        swap = np.isin(mode, (GT, GTE, NEQ))
-        true_k = np.where(swap, f_ref, t_ref)
-        false_k = np.where(swap, t_ref, f_ref)
-        nan_true = (missing | (mode == NEQ)) ^ swap
-        use_lt = np.isin(mode, (LEQ, LT, GT, GTE))
-        use_eq = np.isin(mode, (LEQ, EQ, GT, NEQ))
-        flags = (use_lt * 1 + use_eq * 2 + nan_true * 4).astype(np.int32)
-    total = n + n_leaves
+        return (0 if modes <= {LEQ} else 1), missing.astype(np.int32), t_ref, f_ref
+    swap = np.isin(mode, (GT, GTE, NEQ))
+    nan_true = (missing | (mode == NEQ)) ^ swap
+    use_lt = np.isin(mode, (LEQ, LT, GT, GTE))
+    use_eq = np.isin(mode, (LEQ, EQ, GT, NEQ))
+    flags = (use_lt * 1 + use_eq * 2 + nan_true * 4).astype(np.int32)
+    return 2, flags, np.where(swap, f_ref, t_ref), np.where(swap, t_ref, f_ref)
 
-    def combined(ref: np.ndarray) -> np.ndarray:
-        ref = np.asarray(ref, np.int64)
-        return np.where(ref >= 0, ref, n + ~ref)
 
-    # Leaves are nodes too (index n + k), looping on themselves: feature 0, threshold NaN
-    # (every comparison false), no flags; every lane of a group then steps alike.
-    kids = np.repeat(np.arange(total, dtype=np.int64), 2)
-    kids[0 : 2 * n : 2], kids[1 : 2 * n : 2] = combined(false_k), combined(true_k)
-    roots = combined(np.asarray(spec.roots, np.int64))
-    depth = _tree_depths(kids, roots, n)
-    thr = np.full(total, np.nan, dtype)
-    with np.errstate(over="ignore", invalid="ignore"):
-        thr[:n] = np.asarray(spec.threshold, np.float64).astype(dtype)
-    feat = np.zeros(total, np.int32)
-    feat[:n] = np.asarray(spec.feature, np.int64)
-    flags = np.concatenate([flags, np.zeros(n_leaves, np.int32)])
-    # Leaf weights, summed per (leaf, target), in CSR order.
+def _leaf_weights(spec: TreeSpec, n_leaves: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Leaf weights summed per (leaf, target), in CSR form: (lptr int32, targets, sums
+    float64). ValueError for a target or leaf out of range."""
     c = int(spec.n_targets)
     leaf = np.asarray(spec.leaf_index, np.int64)
     tgt = np.asarray(spec.leaf_target, np.int64)
@@ -133,8 +104,46 @@ def pack_forest(spec: TreeSpec, dtype: np.dtype) -> PackedForest:
     np.add.at(sums, inv, w)
     u_leaf, u_tgt = uniq // max(c, 1), uniq % max(c, 1)
     lptr = np.searchsorted(u_leaf, np.arange(n_leaves + 1)).astype(np.int32)
+    return lptr, u_tgt, sums
+
+
+def pack_forest(spec: TreeSpec, dtype: np.dtype) -> PackedForest:
+    """The packed arrays of ``spec`` for comparisons in ``dtype`` (float32/float64).
+    ValueError for BRANCH_MEMBER (not lowered), bad references or a cycle."""
+    dtype = np.dtype(dtype)
+    n = len(spec.feature)
+    mode = np.asarray(spec.mode, np.int64)
+    if (mode == MEMBER).any():
+        raise ValueError("BRANCH_MEMBER nodes have no native form")
+    n_leaves = int(spec.n_leaves)
+    for name, ref in (("true", spec.true_ref), ("false", spec.false_ref), ("root", spec.roots)):
+        r = np.asarray(ref, np.int64)
+        if len(r) and (r.max() >= n or (~r[r < 0]).max(initial=-1) >= n_leaves):
+            raise ValueError(f"a {name} reference points to a node or leaf that does not exist")
+    if n and int(np.asarray(spec.feature).min()) < 0:
+        raise ValueError("a negative feature id")
+    kind, flags, true_k, false_k = _comparisons(spec, mode)
+    total = n + n_leaves
+
+    def combined(ref: np.ndarray) -> np.ndarray:
+        ref = np.asarray(ref, np.int64)
+        return np.where(ref >= 0, ref, n + ~ref)
+
+    # Leaves are nodes too (index n + k), looping on themselves: feature 0, threshold NaN
+    # (every comparison false), no flags; every lane of a group then steps alike.
+    kids = np.repeat(np.arange(total, dtype=np.int64), 2)
+    kids[0 : 2 * n : 2], kids[1 : 2 * n : 2] = combined(false_k), combined(true_k)
+    roots = combined(np.asarray(spec.roots, np.int64))
+    depth = _tree_depths(kids, roots, n)
+    thr = np.full(total, np.nan, dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        thr[:n] = np.asarray(spec.threshold, np.float64).astype(dtype)
+    feat = np.zeros(total, np.int32)
+    feat[:n] = np.asarray(spec.feature, np.int64)
+    flags = np.concatenate([flags, np.zeros(n_leaves, np.int32)])
+    lptr, ltgt, sums = _leaf_weights(spec, n_leaves)
     i32 = np.iinfo(np.int32)
-    if max(2 * total, len(uniq)) >= i32.max:
+    if max(2 * total, len(sums)) >= i32.max:
         raise ValueError("the forest is too large for int32 indices")
     if n and int(np.asarray(spec.feature).max()) >= 1 << 28:
         raise ValueError("a feature id above 2**28")
@@ -147,10 +156,10 @@ def pack_forest(spec: TreeSpec, dtype: np.dtype) -> PackedForest:
         nodes=nodes.ravel(),
         roots=roots.astype(np.int32),
         lptr=lptr,
-        ltgt=u_tgt.astype(np.int32),
+        ltgt=ltgt.astype(np.int32),
         lval=sums.astype(dtype),
         kind=kind,
-        n_targets=c,
+        n_targets=int(spec.n_targets),
         max_feature=int(np.max(spec.feature, initial=-1)),
         depth=depth.astype(np.int32),
         n_internal=n,

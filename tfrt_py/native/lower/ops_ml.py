@@ -58,18 +58,26 @@ def _no(cx: Any, reason: str) -> NoReturn:
     raise AssertionError(reason)  # not reached
 
 
+#: The sources of the machine code generated modules link (package-relative): the native
+#: kernels and what they compile from elsewhere (the BLAS and packed-gemm bindings, the
+#: tree classifier's base-value rule).
+KERNEL_SOURCES = (
+    *(f"native/kernels/{name}.py" for name in ("post", "svm", "trees", "blas", "fastmath")),
+    "kernels/lib/blas.py",
+    "kernels/lib/gemm_packed.py",
+    "kernels/ml/tree_ops.py",
+)
+
+
 @functools.cache
 def kernel_version() -> int:
-    """A number that changes with the kernels' source: generated modules state it, so
+    """A number that changes with ``KERNEL_SOURCES``: generated modules state it, so
     numba's cache of a module (which holds the kernels' machine code) is not reused after
     the kernels change."""
     h = hashlib.sha256()
-    native = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    lib = os.path.join(os.path.dirname(native), "kernels", "lib")
-    for path in (*(os.path.join(native, "kernels", f"{name}.py")
-                   for name in ("post", "svm", "trees", "blas", "fastmath")),
-                 os.path.join(lib, "blas.py"), os.path.join(lib, "gemm_packed.py")):  # fmt: skip
-        with open(path, "rb") as f:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for rel in KERNEL_SOURCES:
+        with open(os.path.join(root, *rel.split("/")), "rb") as f:
             h.update(f.read())
     return int(h.hexdigest()[:12], 16)
 

@@ -179,17 +179,15 @@ class Trial:
         return out
 
 
-def fast_entry(table: dict[Any, Entry], slow: Callable[..., Any], in_names: Sequence[str],
-               dtypes: Sequence[np.dtype]) -> Callable[..., Any]:  # fmt: skip
-    """The generated ``run(feeds, outputs=None)`` (see the module docstring)."""
+def _compiled_run(in_names: Sequence[str], dtypes: Sequence[np.dtype], hit: list[str],
+                  env: dict[str, Any]) -> Callable[..., Any]:  # fmt: skip
+    """Compile ``run(feeds, outputs=None)``: called without ``outputs``, with exactly the
+    inputs ``in_names`` (bound to ``x0``...), each of its dtype in ``dtypes``, it runs the
+    source lines ``hit`` (which return, or fall through); anything else, or any exception,
+    goes to ``env["slow"]``. ``env``: the names ``hit`` uses (never model text: names and
+    dtypes reach the source only as these bindings)."""
     n = len(in_names)
-    xs = [f"x{k}" for k in range(n)]
     same = " and ".join(f"x{k}.dtype is d{k}" for k in range(n)) or "True"
-    key = (
-        "x0.shape"
-        if n == 1
-        else "(" + ", ".join(f"x{k}.shape" for k in range(n)) + ("," if n == 1 else "") + ")"
-    )
     src = "\n".join([
         "def run(feeds, outputs=None):",
         "    if outputs is None:",
@@ -197,18 +195,29 @@ def fast_entry(table: dict[Any, Entry], slow: Callable[..., Any], in_names: Sequ
         f"            if len(feeds) == {n}:",
         *[f"                x{k} = feeds[n{k}]" for k in range(n)],
         f"                if {same}:",
-        f"                    f = table.get({key if n else '()'})",
-        "                    if f is not None:",
-        f"                        return f(feeds{''.join(', ' + x for x in xs)})",
+        *["                    " + line for line in hit],
         "        except Exception:",
         "            pass",
         "    return slow(feeds, outputs)",
     ])  # fmt: skip
-    env: dict[str, Any] = {"table": table, "slow": slow}
     env.update({f"d{k}": np.dtype(dt.name) for k, dt in enumerate(dtypes)})
     env.update({f"n{k}": name for k, name in enumerate(in_names)})
     exec(compile(src, "<tfrt_py native entry>", "exec"), env)
     return env["run"]
+
+
+def fast_entry(table: dict[Any, Entry], slow: Callable[..., Any], in_names: Sequence[str],
+               dtypes: Sequence[np.dtype]) -> Callable[..., Any]:  # fmt: skip
+    """The generated ``run(feeds, outputs=None)`` (see the module docstring)."""
+    n = len(in_names)
+    xs = "".join(f", x{k}" for k in range(n))
+    key = "x0.shape" if n == 1 else "(" + ", ".join(f"x{k}.shape" for k in range(n)) + ")"
+    hit = [
+        f"f = table.get({key if n else '()'})",
+        "if f is not None:",
+        f"    return f(feeds{xs})",
+    ]
+    return _compiled_run(in_names, dtypes, hit, {"table": table, "slow": slow})
 
 
 def direct_entry(fn: Any, params: Sequence[np.ndarray], in_names: Sequence[str],
@@ -226,26 +235,9 @@ def direct_entry(fn: Any, params: Sequence[np.ndarray], in_names: Sequence[str],
         return r if fins[k] is None else f"F{k}({r})"
 
     args = ", ".join([*(f"x{k}" for k in range(n)), *(f"P{i}" for i in range(len(params)))])
-    same = " and ".join(f"x{k}.dtype is d{k}" for k in range(n)) or "True"
     result = "{" + ", ".join(f"o{k}: {val(k)}" for k in range(len(out_names))) + "}"
-    src = "\n".join([
-        "def run(feeds, outputs=None):",
-        "    if outputs is None:",
-        "        try:",
-        f"            if len(feeds) == {n}:",
-        *[f"                x{k} = feeds[n{k}]" for k in range(n)],
-        f"                if {same}:",
-        f"                    r = fn({args})",
-        f"                    return {result}",
-        "        except Exception:",
-        "            pass",
-        "    return slow(feeds, outputs)",
-    ])  # fmt: skip
     env: dict[str, Any] = {"fn": fn, "slow": slow}
     env.update({f"P{i}": p for i, p in enumerate(params)})
-    env.update({f"d{k}": np.dtype(dt.name) for k, dt in enumerate(dtypes)})
-    env.update({f"n{k}": name for k, name in enumerate(in_names)})
     env.update({f"o{k}": name for k, name in enumerate(out_names)})
     env.update({f"F{k}": f for k, f in enumerate(fins) if f is not None})
-    exec(compile(src, "<tfrt_py native entry>", "exec"), env)
-    return env["run"]
+    return _compiled_run(in_names, dtypes, [f"r = fn({args})", f"return {result}"], env)
