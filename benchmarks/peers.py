@@ -105,7 +105,7 @@ def tflite_runner(anchor: Any, threads: int) -> tuple[Runner, Getter]:
     if __package__:  # imported as benchmarks.peers (tests/test_bench_peers.py)
         from .peers_tflite import build_tflite
     else:  # imported by a script in benchmarks/, whose folder is on sys.path
-        from peers_tflite import build_tflite
+        from peers_tflite import build_tflite  # type: ignore[no-redef]
 
     interp = Interpreter(model_content=build_tflite(anchor), num_threads=threads)
     interp.allocate_tensors()

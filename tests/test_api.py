@@ -5,7 +5,6 @@ executor (the ``executor`` fixture)."""
 from __future__ import annotations
 import __future__
 
-import threading
 import types
 
 import numpy as np
@@ -15,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tests.support.executors import load_on
+from tests.support.threads import threads_disagreeing
 from tfrt_py.errors import InputError
 from tfrt_py.ir import GraphBuilder
 
@@ -140,20 +140,7 @@ def test_concurrent_runs_from_threads_agree(executor: str) -> None:
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((5, 3)).astype(np.float32) for _ in range(8)]
     expected = [m.run({"x": x})["y"] for x in xs]
-    errors: list[str] = []
-
-    def worker(i: int) -> None:
-        for _ in range(200):
-            if not np.array_equal(m.run({"x": xs[i]})["y"], expected[i]):
-                errors.append(f"thread {i} disagreed")
-                return
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert threads_disagreeing(lambda x: m.run({"x": x})["y"], xs, expected, calls=200) == []
 
 
 @pytest.mark.anyio

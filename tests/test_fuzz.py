@@ -21,6 +21,7 @@ example counts: the machine is shared.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import threading
@@ -176,7 +177,7 @@ def check_against_ort(data: bytes, what: str, seed: int = 0) -> int:
         if feeds is None:
             continue
         try:
-            got = guarded(lambda m=model: m.run(feeds), f"{what} [{ex}]: run")
+            got = guarded(functools.partial(model.run, feeds), f"{what} [{ex}]: run")
         except (ExecutionError, InputError) as e:
             assert want is None, f"{what} [{ex}]: onnxruntime runs it, tfrt_py raised {e}"
             continue
@@ -389,7 +390,7 @@ def run_random_model(case: RandomModel) -> None:
             # (a shape conflict between constants that ONNX inference finds but no
             # load-time pass of tfrt_py evaluates).
             try:
-                guarded(lambda m=loaded: m.run(feeds), f"{what} [{ex}]: run")
+                guarded(functools.partial(loaded.run, feeds), f"{what} [{ex}]: run")
             except TfrtError:
                 continue
             except Exception as e:
@@ -409,7 +410,7 @@ def run_random_model(case: RandomModel) -> None:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                m = guarded(lambda ex=ex: tfrt_py.load(data, executor=ex), f"{what} [{ex}]")
+                m = guarded(functools.partial(tfrt_py.load, data, executor=ex), f"{what} [{ex}]")
         except (ValueError, UnsupportedOpError) as e:
             if ex == "native":
                 continue
@@ -419,7 +420,7 @@ def run_random_model(case: RandomModel) -> None:
         except Exception as e:  # the failure this module hunts for
             raise AssertionError(f"{what} [{ex}]: load raised {type(e).__name__}: {e}") from e
         try:
-            got = guarded(lambda m=m: m.run(feeds), f"{what} [{ex}]: run")
+            got = guarded(functools.partial(m.run, feeds), f"{what} [{ex}]: run")
         except (ExecutionError, InputError) as e:
             assert want is None, f"{what} [{ex}]: onnxruntime runs it, tfrt_py raised {e}"
             continue

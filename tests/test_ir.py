@@ -64,7 +64,7 @@ def test_verifier_rejects_duplicate_names() -> None:
 
 def test_nested_graph_may_use_outer_values_and_reports_them_free() -> None:
     x = Value("x")
-    outer_c = Value("k", const=np.float32(2.0))
+    outer_c = Value("k", const=np.array(2.0, np.float32))
     inner_out = Value("io")
     body = Graph("then", [], [inner_out], [Node("Mul", [x, outer_c], [inner_out], name="m")])
     cond, y = Value("cond"), Value("y")

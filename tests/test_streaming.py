@@ -18,9 +18,17 @@ import tfrt_py
 from tfrt_py.errors import ExecutionError, InputError, ModelLoadError
 from tfrt_py.ir import GraphBuilder
 from tfrt_py.streaming import last_stats, transfer
+from tfrt_py.streaming.pipeline import StreamedProgram
 
 H = 32
 LAYER_BYTES = H * H * 4 + H * 4  # weight + bias, each 64-byte aligned (128 and 4096 are)
+
+
+def _streamed(sm: tfrt_py.Model) -> StreamedProgram:
+    """The streaming executor serving ``sm``."""
+    rt = sm.runtime
+    assert isinstance(rt, StreamedProgram)
+    return rt
 
 
 def save_mlp(
@@ -85,7 +93,7 @@ def test_streamed_outputs_equal_normal_load(tmp_path: Any) -> None:
         assert_same(got, ref.run(f))
     stats = last_stats(sm)
     assert stats is not None and stats.batches == 7 and stats.windows == 3
-    assert stats.steps == 3 * len(sm.runtime.stages)
+    assert stats.steps == 3 * len(_streamed(sm).stages)
 
 
 def test_run_with_outputs_buffer(tmp_path: Any) -> None:
@@ -142,7 +150,7 @@ def test_budget_smaller_than_a_stage_fails_at_load_saying_how_much(tmp_path: Any
     f = feeds(3)
     for got, want in zip(sm.run_batches(f), tfrt_py.load(path).run_batches(f)):
         assert_same(got, want)
-    assert sm.runtime.arena.nbytes <= H * H * 4
+    assert _streamed(sm).arena.nbytes <= H * H * 4
 
 
 def test_bad_budget_is_a_value_error(tmp_path: Any) -> None:
@@ -186,10 +194,10 @@ def test_stage_plan_fits_the_budget_and_describe_shows_it(tmp_path: Any) -> None
     path, _ = save_mlp(tmp_path, layers=8)
     budget = 4 * LAYER_BYTES + 100
     sm = tfrt_py.load(path, memory_budget=budget)
-    stages = sm.runtime.stages
+    stages = _streamed(sm).stages
     assert len(stages) == 4  # two layers per stage: half the budget each
     assert all(st.nbytes <= budget // 2 for st in stages)
-    assert sm.runtime.arena.nbytes <= budget
+    assert _streamed(sm).arena.nbytes <= budget
     text = sm.describe()
     assert "executor: stream" in text
     for st in stages:
@@ -203,7 +211,7 @@ def test_tied_weight_read_by_two_stages(tmp_path: Any) -> None:
     path, _ = save_mlp(tmp_path, layers=6, tie=True)
     ref = tfrt_py.load(path)
     sm = tfrt_py.load(path, memory_budget=3 * LAYER_BYTES)
-    names = [[w.value.name for w in st.weights] for st in sm.runtime.stages]
+    names = [[w.value.name for w in st.weights] for st in _streamed(sm).stages]
     assert sum("w0" in n for n in names) == 2
     for got, f in zip(sm.run_batches(feeds(3)), feeds(3)):
         assert_same(got, ref.run(f))
@@ -219,7 +227,7 @@ def test_outputs_viewing_the_arena_are_copied_out(tmp_path: Any) -> None:
     f = feeds(4)
     for got, want in zip(sm.run_batches(f, window=2), ref.run_batches(f)):
         assert_same(got, want)
-        assert not np.may_share_memory(got["w1flat"], sm.runtime.arena.buf)
+        assert not np.may_share_memory(got["w1flat"], _streamed(sm).arena.buf)
 
 
 def _probe_model(tmp_path: Any, seen: dict[str, Any]) -> tfrt_py.Model:
@@ -247,7 +255,7 @@ def test_next_stage_is_read_while_this_one_computes(
 ) -> None:
     seen: dict[str, Any] = {"started": threading.Event(), "timeout": 30.0 if overlap else 0.3}
     sm = _probe_model(tmp_path, seen)
-    stage1 = {w.ref.name for w in sm.runtime.stages[1].weights}
+    stage1 = {w.ref.name for w in _streamed(sm).stages[1].weights}
     real = transfer._pread_full
 
     def spy(fd: int, dst: memoryview, offset: int, name: str) -> None:
@@ -347,7 +355,7 @@ def test_weight_captured_by_a_nested_graph(tmp_path: Any) -> None:
               location="more.bin", size_threshold=1024)  # fmt: skip
     ref = tfrt_py.load(path)
     sm = tfrt_py.load(path, memory_budget=3 * LAYER_BYTES)
-    holder = [st for st in sm.runtime.stages if any(w.value.name == "wif" for w in st.weights)]
+    holder = [st for st in _streamed(sm).stages if any(w.value.name == "wif" for w in st.weights)]
     assert [n.op_type for n in holder[0].nodes if n.op_type == "If"] == ["If"]
     f = [{"x": np.abs(a["x"])} for a in feeds(2)] + [{"x": -np.abs(a["x"])} for a in feeds(2)]
     for got, want in zip(sm.run_batches(f, window=3), ref.run_batches(f)):

@@ -4,7 +4,7 @@ tests (``test_layers.py``, ``test_runtime_calls.py``) and the generated package 
 
 from __future__ import annotations
 
-__all__ = ["LAYERS", "LINE_BUDGET", "MODULE_BUDGET"]
+__all__ = ["INNER_LAYERS", "LAYERS", "LINE_BUDGET", "MODULE_BUDGET", "OTHERS"]
 
 #: The stack, lowest first. A module may import from its own top-level package and from
 #: packages in lower layers; never from the same layer's other packages or from above.
@@ -24,6 +24,38 @@ LAYERS: list[set[str]] = [
     {"serving"},
     {"cli", "examples"},
 ]
+
+#: Stacks inside packages, lowest first: a package's parts (its direct modules and
+#: subpackages, by name) import only parts of lower layers, never a part of their own layer
+#: (so ``plan*`` and ``dataflow*`` of one layer stay apart) nor above. ``OTHERS`` is every
+#: part not named (the kernel families, added without an edit here); a package without it
+#: must name every part, so a new module is placed on purpose. The package's
+#: ``__init__`` (its facade) may import any part.
+OTHERS = "*"
+INNER_LAYERS: dict[str, list[set[str]]] = {
+    "kernels": [{"base"}, {"registry", "common", "lib"}, {OTHERS}, {"fused"}, {"families"}],
+    "native": [{"kernels", "lower"}, {"runtime"}],
+    "executors": [
+        {"inline_policy", "dims", "plan"},
+        {"base", "program"},
+        {"plan_probe", "plan_build", "dataflow_schedule"},
+        {"plan_codegen", "dataflow_run"},
+        {"plan_generic", "dataflow_control"},
+        {"interpreter", "dataflow"},
+        {"async_executor"},
+    ],
+    "serving": [
+        {"limits"},
+        {"errors", "run", "metrics"},
+        {"admission", "arrays", "batching", "codec", "repository", "prefork"},
+        {"body", "served", "v2_codec"},
+        {"hub", "v2_binary"},
+        {"handling"},
+        {"v2"},
+        {"app"},
+    ],
+    "streaming": [{"gate", "partition"}, {"transfer"}, {"pipeline"}, {"loader"}],
+}
 
 #: Lines of Python a top-level package may hold (its subpackages included) before it is
 #: split or trimmed: the growth a reviewer sees in ``make lint``'s table. Raising one is a

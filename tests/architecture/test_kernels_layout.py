@@ -1,6 +1,8 @@
 """The kernels package's layout rules: family subpackages registered in one list, no import
-cycles, no family importing another (but ``fused``, which composes them), and kernels
-import nothing above them (errors, ir, calls and concurrency only: the intra-op pool)."""
+cycles, and kernels import nothing above them (errors, ir, calls and concurrency only: the
+intra-op pool). That no family imports another (but ``fused``, which composes them) and
+the compute library ``lib`` imports no family is ``INNER_LAYERS["kernels"]``, checked by
+``test_layers.py``."""
 
 from __future__ import annotations
 
@@ -81,47 +83,6 @@ def test_kernels_import_nothing_above_them() -> None:
 
 #: The one family that composes others (the compiler's fused ops run other families'
 #: compute cores); no family imports it.
-_COMPOSITE = "fused"
-
-
-def test_no_family_imports_another() -> None:
-    """Families share code through kernels/common.py and the compute library
-    (``kernels/lib``), never through each other; ``fused`` alone may import other
-    families, and none imports it."""
-
-    def family(m: str) -> str | None:
-        parts = m.split(".")
-        return parts[2] if len(parts) >= 3 and parts[2] in _FAMILIES else None
-
-    bad = {
-        (m, i)
-        for m in _MODULES
-        for i in _imports(m)
-        if family(m) and family(i) and family(i) != family(m) and family(m) != _COMPOSITE
-    }
-    assert not bad, sorted(bad)
-
-
-def test_the_compute_library_imports_no_family() -> None:
-    """``kernels/lib`` is below the families: it imports none of them."""
-    lib = [m for m in _MODULES if m.startswith(f"tfrt_py.kernels.{_LIB}")]
-    assert lib
-    bad = {
-        (m, i)
-        for m in lib
-        for i in _imports(m)
-        if i.startswith("tfrt_py.kernels.") and i.split(".")[2] in _FAMILIES
-    }
-    assert not bad, sorted(bad)
-
-
-def test_registry_and_base_import_no_family() -> None:
-    for low in ("tfrt_py.kernels.base", "tfrt_py.kernels.registry"):
-        assert {i for i in _imports(low) if i.startswith("tfrt_py.kernels")} <= {
-            "tfrt_py.kernels.base"
-        }, low
-
-
 def test_default_registry_is_the_union_of_the_families() -> None:
     assert _FAMILIES == [
         "contrib",

@@ -11,8 +11,10 @@ import ast
 import os
 from collections import defaultdict
 
+import pytest
+
 import tfrt_py
-from tests.architecture.stack import LAYERS
+from tests.architecture.stack import INNER_LAYERS, LAYERS, OTHERS
 
 ROOT = os.path.dirname(tfrt_py.__file__)
 
@@ -134,6 +136,65 @@ def test_imports_follow_the_layer_stack() -> None:
 def test_every_package_has_a_layer() -> None:
     for mod in _modules():
         _layer(_top(mod))
+
+
+def _part(mod: str, package: str) -> str | None:
+    """The part of ``package`` (a direct module or subpackage) ``mod`` is in; None for the
+    package's ``__init__`` and for modules of other packages."""
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == package else None
+
+
+def _inner_layer(package: str, part: str) -> int:
+    stack = INNER_LAYERS[package]
+    for i, layer in enumerate(stack):
+        if part in layer:
+            return i
+    for i, layer in enumerate(stack):
+        if OTHERS in layer:
+            return i
+    raise AssertionError(
+        f"tfrt_py.{package}.{part} is in no layer of INNER_LAYERS[{package!r}] "
+        "(tests/architecture/stack.py): place it"
+    )
+
+
+def _inner_violations(edges: dict[str, set[str]], package: str) -> list[str]:
+    bad = []
+    for mod, targets in sorted(edges.items()):
+        src = _part(mod, package)
+        for t in sorted(targets):
+            dst = _part(t, package)
+            if src is None or dst is None or dst == src:
+                continue
+            ls, ld = _inner_layer(package, src), _inner_layer(package, dst)
+            if ld >= ls:
+                bad.append(f"{mod} imports {t} ({package} layer {ls} -> {ld})")
+    return bad
+
+
+@pytest.mark.parametrize("package", sorted(INNER_LAYERS))
+def test_imports_inside_a_package_follow_its_stack(package: str) -> None:
+    bad = _inner_violations(_imports(_modules()), package)
+    assert not bad, "imports against the package's stack:\n" + "\n".join(bad)
+
+
+def test_every_part_of_a_stacked_package_has_a_layer() -> None:
+    for mod in _modules():
+        package = _top(mod)
+        part = _part(mod, package)
+        if package in INNER_LAYERS and part is not None:
+            _inner_layer(package, part)
+
+
+def test_the_inner_check_finds_an_upward_and_a_sideways_import() -> None:
+    edges = {
+        "tfrt_py.executors.program": {"tfrt_py.executors.interpreter"},
+        "tfrt_py.executors.plan_build": {"tfrt_py.executors.dataflow_schedule"},
+        "tfrt_py.executors.interpreter": {"tfrt_py.executors.program"},
+    }
+    bad = _inner_violations(edges, "executors")
+    assert [b.split(" imports")[0].rsplit(".", 1)[1] for b in bad] == ["plan_build", "program"]
 
 
 def test_the_checker_finds_a_cycle() -> None:

@@ -1,14 +1,14 @@
 """The native tier's layout: three rooms and one registry of op lowerings.
 
-``lower/`` (load time: graph -> source) imports nothing of ``runtime/``; ``kernels/`` (the
-numba kernels generated code imports by path) imports neither; the root holds only the
-package's ``__init__``. Every op the tier lowers is one record of ``lowerings()``, and a
+The root holds only the package's ``__init__`` and the rooms. (That ``lower/`` (load time:
+graph -> source) and ``kernels/`` (the numba kernels generated code imports by path) import
+nothing of ``runtime/`` nor of each other is ``INNER_LAYERS["native"]``, checked by
+``test_layers.py``.) Every op the tier lowers is one record of ``lowerings()``, and a
 second record for an op, or a view with an emitter, is refused.
 """
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
@@ -22,46 +22,12 @@ _ROOT = Path(native_pkg.__file__).parent
 _ROOMS = ("lower", "kernels", "runtime")
 
 
-def _imported_rooms(path: Path) -> set[str]:
-    """The native rooms ``path`` imports (relative imports resolved)."""
-    parts = list(path.relative_to(_ROOT).with_suffix("").parts)
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = parts[: len(parts) - node.level]
-                target = [*base, *(node.module or "").split(".")]
-                if node.level > len(parts):  # above native/
-                    continue
-            else:
-                mod = (node.module or "").split(".")
-                if mod[:2] != ["tfrt_py", "native"]:
-                    continue
-                target = mod[2:]
-            if target and target[0] in _ROOMS:
-                found.add(target[0])
-    return found
-
-
 def test_the_root_holds_only_the_package() -> None:
     files = sorted(p.name for p in _ROOT.glob("*.py"))
     assert files == ["__init__.py"]
     assert sorted(p.name for p in _ROOT.iterdir() if p.is_dir() and p.name in _ROOMS) == sorted(
         _ROOMS
     )
-
-
-@pytest.mark.parametrize(
-    ("room", "allowed"), [("lower", {"lower"}), ("kernels", {"kernels"}), ("runtime", set(_ROOMS))]
-)
-def test_rooms_import_only_downward(room: str, allowed: set[str]) -> None:
-    bad = {
-        (str(p.relative_to(_ROOT)), r)
-        for p in (_ROOT / room).rglob("*.py")
-        for r in _imported_rooms(p)
-        if r not in allowed
-    }
-    assert not bad, sorted(bad)
 
 
 def test_every_lowered_op_is_one_record() -> None:

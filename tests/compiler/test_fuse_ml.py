@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 import tfrt_py
 from tests.support.jit_paths import spy_compiled
 from tests.support.paths import DATA
+from tests.support.spies import record_calls
 from tfrt_py.compiler.pipeline import PASSES
 from tfrt_py.kernels.fused import ml as fused_ml
 from tfrt_py.kernels.fused.ml import CHUNK_ELEMENTS, pairwise_sq_dist
@@ -28,6 +29,13 @@ def _ops(model: tfrt_py.Model) -> list[str]:
     return [n.op_type for n in model.prepared.graph.nodes]
 
 
+def _features(model: tfrt_py.Model) -> int:
+    """The KNN model's number of features (its input's second dim)."""
+    shape = model.inputs[0].shape
+    assert shape is not None and isinstance(shape[1], int)
+    return shape[1]
+
+
 def test_the_exported_knn_scan_is_fused_with_the_scans_values(jit: str) -> None:
     fused = tfrt_py.load(KNN, executor="sync")
     plain = tfrt_py.load(KNN, executor="sync", optimize=NO_ML)
@@ -35,7 +43,7 @@ def test_the_exported_knn_scan_is_fused_with_the_scans_values(jit: str) -> None:
     assert "Scan" not in _ops(fused) and "PairwiseSqDist" in _ops(fused)
     assert "Scan" in _ops(plain)
     rng = np.random.default_rng(0)
-    features = fused.inputs[0].shape[1]
+    features = _features(fused)
     for n in (1, 7, 300):  # 300 rows: several chunks of the training rows
         x = {"X": rng.standard_normal((n, features)).astype(np.float32)}
         got, want = fused.run(x), plain.run(x)
@@ -60,9 +68,9 @@ def test_pairwise_sq_dist_is_the_scans_arithmetic(
     replayed, up to MAX_K features) and NumPy; the compiled kernel serves what it takes."""
     calls = spy_compiled(monkeypatch, fused_ml, "pairwise_sq_dist_f")
     rng = np.random.default_rng(m + n + k)
-    y = rng.standard_normal((m, k)).astype(dtype)
-    x = (3 * rng.standard_normal((n, k))).astype(dtype)
-    want = np.empty((m, n), dtype)
+    y: np.ndarray = rng.standard_normal((m, k)).astype(dtype)
+    x: np.ndarray = (3 * rng.standard_normal((n, k))).astype(dtype)
+    want: np.ndarray = np.empty((m, n), dtype)
     for i in range(m):  # the Scan body, one row per iteration
         want[i] = np.add.reduce(np.square(x - y[i]), axis=1, dtype=dtype)
     got = pairwise_sq_dist(y, x)
@@ -157,12 +165,10 @@ def test_the_knn_model_reads_no_environment_per_call(
     from tfrt_py.kernels.lib import jit as jit_module
 
     model = tfrt_py.load(KNN, executor="sync")
-    features = model.inputs[0].shape[1]
+    features = _features(model)
     x = {model.inputs[0].name: np.ones((3, features), np.float32)}
     model.run(x)
-    reads: list[int] = []
-    real = jit_module.jit_enabled
-    monkeypatch.setattr(jit_module, "jit_enabled", lambda: reads.append(1) or real())
+    reads = record_calls(monkeypatch, jit_module, "jit_enabled", lambda *a: 1)
     for _ in range(3):
         model.run(x)
     assert reads == []

@@ -173,7 +173,8 @@ def _se_nodes(act1: str, gate: str, x_first: bool) -> list[onnx.NodeProto]:
     else:
         nodes.append(mk(act1, ["c1"], ["h"]))
     nodes.append(mk("Conv", ["h", "w2", "b2"], ["c2"]))
-    nodes.append(mk(gate, ["c2"], ["s"], **({"alpha": 1 / 6} if gate == "HardSigmoid" else {})))
+    gate_attrs: dict[str, Any] = {"alpha": 1 / 6} if gate == "HardSigmoid" else {}
+    nodes.append(mk(gate, ["c2"], ["s"], **gate_attrs))
     nodes.append(mk("Mul", ["x", "s"] if x_first else ["s", "x"], ["y"]))
     return nodes
 

@@ -11,11 +11,12 @@ import pytest
 from hypothesis import given
 
 import tfrt_py
+from tests.support.agreement import assert_agrees_with_unoptimized
 from tests.support.models import build
 from tests.support.random_graphs import PROPERTY, random_graph
 from tfrt_py.compiler import PASSES, estimate_cost, graph_cost
 from tfrt_py.compiler.pipeline import ENV_DISABLE
-from tfrt_py.ir import Graph, GraphBuilder
+from tfrt_py.ir import Graph, GraphBuilder, Node, TensorType, Value
 
 F32 = np.float32
 
@@ -61,6 +62,13 @@ def test_identity_and_dropout_removed() -> None:
     assert _report(model, "identity") == "removed 1 Dropout, 2 Identity"
 
 
+def _out(node: Node) -> Value:
+    """The node's first output (every node here has one)."""
+    v = node.outputs[0]
+    assert v is not None
+    return v
+
+
 def test_shape_inference_fills_every_value() -> None:
     b = GraphBuilder("untyped")
     x = b.input("x", F32, (2, 8))
@@ -69,11 +77,11 @@ def test_shape_inference_fills_every_value() -> None:
     h = b.op("Reshape", h, b.const(np.array([-1], np.int64)))
     b.output(b.op("ReduceSum", h, keepdims=0), "y")
     graph = b.build()
-    assert graph.nodes[0].outputs[0].type is None  # the builder records no types
+    assert _out(graph.nodes[0]).type is None  # the builder records no types
     model = _agree(graph, {"x": _rng_feed((2, 8))}, {"shapes"})
     for node in model.graph.nodes:
-        t = node.outputs[0].type
-        assert t is not None and t.is_static and t.dtype == np.float32, (node, t)
+        t = _out(node).type
+        assert isinstance(t, TensorType) and t.is_static and t.dtype == np.float32, (node, t)
     assert _report(model, "shapes").startswith("6/6 values typed, 6 with static shapes")
 
 
@@ -195,14 +203,7 @@ def test_all_passes_keep_random_graphs_equal(case: Any) -> None:
 @pytest.mark.parametrize("only", PASSES)
 def test_each_pass_alone_keeps_test_models_equal(name: str, only: str) -> None:
     case = build(name)
-    model = tfrt_py.load(case.model, optimize={only, "shapes"})
-    plain = tfrt_py.load(case.model, optimize=False)
-    for feed in case.feeds:
-        want = plain.run(feed)
-        for _ in range(2):
-            got = model.run(feed)
-            for k in want:
-                np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
+    assert_agrees_with_unoptimized(tfrt_py.load(case.model, optimize={only, "shapes"}), case)
 
 
 def test_passes_switch_off_by_argument_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,7 +228,7 @@ def test_the_callers_graph_is_not_mutated() -> None:
     before = [(n.op_type, [v.name for v in n.outputs if v]) for n in graph.nodes]
     tfrt_py.load(graph)
     assert [(n.op_type, [v.name for v in n.outputs if v]) for n in graph.nodes] == before
-    assert all(n.outputs[0].type is None for n in graph.nodes[:-1])
+    assert all(_out(n).type is None for n in graph.nodes[:-1])
 
 
 def test_describe_reports_every_pass_and_the_loaded_ops() -> None:

@@ -27,17 +27,6 @@ from tfrt_py.concurrency import (
 ROOT = str(REPO_ROOT)
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("asyncio", id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-        pytest.param("trio", id="trio"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    return request.param
-
-
 @pytest.fixture
 def host() -> Any:
     with HostContext(num_workers=2, name="test-host") as h:

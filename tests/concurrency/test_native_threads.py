@@ -434,16 +434,20 @@ def test_a_split_linear_runs_its_bias_and_activation_inside_the_native_blocks(
     assert len(calls) == 2
 
 
+#: One of the epilogue steps ``linear_par.fused_for`` takes.
+_Step = tuple[str, int, dict[str, Any], tuple[int, ...]]
+
+
 def test_a_float64_gelu_keeps_the_step_kernels() -> None:
     """GELU and the logistic compile for float32 only: a float64 Linear gets no fused
     epilogue (its NumPy steps run after the product)."""
     from tfrt_py.kernels.lib import linear_par
 
-    steps = [("Gelu", 20, {}, (-1,))]
+    steps: list[_Step] = [("Gelu", 20, {}, (-1,))]
     assert linear_par.fused_for(steps, np.zeros(8), np.dtype(np.float64)) is None
     assert linear_par.fused_for(steps, np.zeros(8, np.float32), np.dtype(np.float32)) is not None
     assert linear_par.fused_for([], None, np.dtype(np.float32)) is None  # nothing to do
-    two = [("Relu", 14, {}, (-1,)), ("Relu", 14, {}, (-1,))]
+    two: list[_Step] = [("Relu", 14, {}, (-1,)), ("Relu", 14, {}, (-1,))]
     assert linear_par.fused_for(two, None, np.dtype(np.float32)) is None
 
 

@@ -3,8 +3,10 @@ process budget (``load(threads=)``, ``$TFRT_PY_THREADS``) and single-threaded BL
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ def test_pool_runs_every_part_and_the_caller_takes_part() -> None:
     seen: list[tuple[int, int]] = []
     lock = threading.Lock()
 
-    def part(i: int) -> object:
+    def part(i: int) -> Callable[[], None]:
         def run() -> None:
             with lock:
                 seen.append((i, threading.get_ident()))
@@ -49,7 +51,7 @@ def test_a_busy_helper_never_stalls_the_caller() -> None:
     other.start()
     started.wait(10)  # the other job's caller and the helper are both inside it
     ran: list[int] = []
-    pool.run([lambda i=i: ran.append(i) for i in range(8)])
+    pool.run([functools.partial(ran.append, i) for i in range(8)])
     assert sorted(ran) == list(range(8)) and not release.is_set()
     release.set()
     other.join(30)

@@ -16,6 +16,7 @@ import pytest
 import tfrt_py
 from tests.support.dataflow import F32, Calls, N, _agree, _branchy, _wide
 from tests.support.executors import load_on
+from tests.support.threads import threads_disagreeing
 from tfrt_py.concurrency import AsyncValue, HostContext
 from tfrt_py.executors import compile_program
 from tfrt_py.executors.dataflow import DataflowExecutor
@@ -166,20 +167,7 @@ def test_8_threads_call_run(executor: str, with_async_kernel: bool, host: HostCo
     ref = tfrt_py.load(ref_graph, executor="sync", custom_kernels=ref_kernels)
     xs = _inputs(8)
     expected = [ref.run({"x": x})["y"] for x in xs]
-    errors: list[str] = []
-
-    def worker(i: int) -> None:
-        for _ in range(25):
-            if not np.array_equal(model.run({"x": xs[i]})["y"], expected[i]):
-                errors.append(f"thread {i} disagreed")
-                return
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert threads_disagreeing(lambda x: model.run({"x": x})["y"], xs, expected, calls=25) == []
 
 
 def test_run_on_a_worker_of_the_same_host_does_not_wait_on_the_pool(

@@ -41,7 +41,7 @@ def _v(name: str, ty: Any = VEC) -> Value:
 def _node(op: str, ins: list[Value | None], outs: list[Value], **attrs: Any) -> Node:
     domain = attrs.pop("domain", "")
     opset = 1 if domain else 17
-    return Node(op, ins, outs, attrs, name=attrs.pop("name", outs[0].name), domain=domain,
+    return Node(op, ins, list(outs), attrs, name=attrs.pop("name", outs[0].name), domain=domain,
                 opset=opset)  # fmt: skip
 
 
@@ -221,7 +221,7 @@ async def test_capture_error_forwards_and_names_the_failing_node(
     order = Order()
     order.fail_slow = True
     model = load_on("async", model_fn(), host=host, custom_kernels=order.kernels())
-    feeds = {"x": X, "M": np.array(3, I64), "xs": np.ones((3, 2), F32)}
+    feeds: dict[str, np.ndarray] = {"x": X, "M": np.array(3, I64), "xs": np.ones((3, 2), F32)}
     feeds = {k: v for k, v in feeds.items() if k in {i.name for i in model.inputs}}
     with pytest.raises(ExecutionError, match="'slow' \\(Slow\\) failed: OSError"):
         await _call(model, feeds, "run_async")
@@ -419,7 +419,7 @@ def _nested_numpy(x: np.ndarray, trips: int, go: bool) -> dict[str, np.ndarray]:
     return {"acc": acc, "hs": hs_arr, "final": final, "ys": ys_arr}
 
 
-FEEDS = [
+FEEDS: list[dict[str, np.ndarray]] = [
     {"x": X, "M": np.array(5, I64), "go": np.array(True)},  # cond stops it first
     {"x": np.array([-0.5, 0.25], F32), "M": np.array(3, I64), "go": np.array(True)},
     {"x": X, "M": np.array(0, I64), "go": np.array(True)},  # zero trips
@@ -435,7 +435,9 @@ def test_nested_control_flow_agrees_with_numpy(executor: str, host: HostContext)
         df = DataflowExecutor(
             compile_program(graph, reg), reg, expensive=model_cost(graph).expensive
         )
-        assert len(df.ctrls) == 2 and len(df.ctrls[0].body.ctrls) == 1
+        assert len(df.ctrls) == 2
+        body = df.ctrls[0].body
+        assert isinstance(body, DataflowExecutor) and len(body.ctrls) == 1
     ref = tfrt_py.load(graph, executor="sync")
     for feed in FEEDS:
         expected = _nested_numpy(feed["x"], int(feed["M"]), bool(feed["go"]))

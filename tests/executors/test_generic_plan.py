@@ -14,6 +14,7 @@ import pytest
 
 import tfrt_py
 from tests.support.paths import DATA as TEST_DATA
+from tests.support.spies import record_calls
 from tfrt_py.compiler.shape_model import fit_shape_model
 from tfrt_py.errors import ExecutionError, InputError
 from tfrt_py.executors import interpreter as interp_mod
@@ -79,13 +80,8 @@ def test_a_new_signature_runs_no_probe_and_generates_no_code(
     not run the plain way and no code is generated."""
     model = tfrt_py.load(_attention_graph(), executor="sync")
     model.run(_feeds(1, 9))  # bucket (1, 16): checked by one plain run
-    plain_runs = []
-    real = interp_mod.run_env
-    monkeypatch.setattr(interp_mod, "run_env", lambda *a: plain_runs.append(1) or real(*a))
-    generated = []
-    real_gen = interp_mod.generate
-    monkeypatch.setattr(interp_mod, "generate", lambda *a, **k: generated.append(1)
-                        or real_gen(*a, **k))  # fmt: skip
+    plain_runs = record_calls(monkeypatch, interp_mod, "run_env", lambda *a: 1)
+    generated = record_calls(monkeypatch, interp_mod, "generate", lambda *a: 1)
     for seq in range(9, 17):  # every other length of the bucket
         feeds = _feeds(1, seq, seed=seq)
         got = model.run(feeds)
@@ -206,11 +202,11 @@ def test_a_kernel_error_on_the_generic_plan_names_the_node() -> None:
     i = b.input("i", np.int64, ("n",))
     b.output(b.op("Gather", x, i, axis=0), "y")
     model = tfrt_py.load(b.build(), executor="sync")
-    x = np.ones((3, 4), F32)
-    np.testing.assert_array_equal(model.run({"x": x, "i": np.array([0, 2, 1])})["y"], x)
+    xv = np.ones((3, 4), F32)
+    np.testing.assert_array_equal(model.run({"x": xv, "i": np.array([0, 2, 1])})["y"], xv)
     with pytest.raises(ExecutionError, match="Gather"):
-        model.run({"x": x, "i": np.array([0, 7, 1])})
-    np.testing.assert_array_equal(model.run({"x": x, "i": np.array([2, 2, 2])})["y"], x)
+        model.run({"x": xv, "i": np.array([0, 7, 1])})
+    np.testing.assert_array_equal(model.run({"x": xv, "i": np.array([2, 2, 2])})["y"], xv)
 
 
 def test_dim_variables_follow_the_declared_symbols() -> None:
@@ -255,11 +251,9 @@ def test_float_shape_arithmetic_is_served_by_the_generic_plan(
     model = tfrt_py.load(b.build(), executor="sync")
     rt = model.runtime
     model.run({"x": np.ones((5, 4), F32)})  # bucket (8,): checked
-    plain = []
-    real = interp_mod.run_env
-    monkeypatch.setattr(interp_mod, "run_env", lambda *a: plain.append(1) or real(*a))
+    plain = record_calls(monkeypatch, interp_mod, "run_env", lambda *a: 1)
     for rows in (6, 7, 8, 5):
-        x = np.arange(rows * 4, dtype=F32).reshape(rows, 4)
-        np.testing.assert_allclose(model.run({"x": x})["y"], x * rows / 2, rtol=1e-6)
+        xv = np.arange(rows * 4, dtype=F32).reshape(rows, 4)
+        np.testing.assert_allclose(model.run({"x": xv})["y"], xv * rows / 2, rtol=1e-6)
     assert plain == [] and rt._generic is not None  # type: ignore[attr-defined]
     assert rt._generic.made >= 4  # type: ignore[attr-defined]

@@ -16,10 +16,13 @@ import numpy as np
 import pytest
 
 import tfrt_py
+from tests.support.agreement import assert_agrees_with_unoptimized
 from tests.support.executors import load_on
 from tests.support.models import build
 from tests.support.paths import ROOT as REPO_ROOT
 from tfrt_py.errors import ExecutionError, InputError
+from tfrt_py.executors.interpreter import SyncInterpreter
+from tfrt_py.executors.plan import MemoryPlan
 from tfrt_py.ir import GraphBuilder
 
 F32 = np.float32
@@ -171,9 +174,16 @@ def test_dynamic_batch_plans_per_signature(monkeypatch: pytest.MonkeyPatch) -> N
             got, want = model.run(feed), plain.run(feed)
             for k in want:
                 np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
-    sigs = {p.signature for p in model.runtime.plans()}  # type: ignore[union-attr]
+    sigs = {p.signature for p in _plans(model)}
     assert len(sigs) == len(case.feeds)
     assert "plan(s), one per input signature" in model.describe()
+
+
+def _plans(model: tfrt_py.Model) -> list[MemoryPlan]:
+    """The memory plans the model's sync interpreter has made, one per input signature."""
+    rt = model.runtime
+    assert isinstance(rt, SyncInterpreter)
+    return rt.plans()
 
 
 def test_plan_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,9 +191,9 @@ def test_plan_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _mlp(batch="N")
     for batch in range(1, 12):
         model.run(_feed(batch=batch))
-    assert len(model.runtime.plans()) == 8  # type: ignore[union-attr]
+    assert len(_plans(model)) == 8
     model.run(_feed(batch=1))  # evicted signatures are simply planned again
-    assert len(model.runtime.plans()) == 8  # type: ignore[union-attr]
+    assert len(_plans(model)) == 8
 
 
 def test_bad_feeds_fall_back_to_full_validation(executor: str) -> None:
@@ -240,11 +250,4 @@ def test_memory_plan_reports_the_arena() -> None:
 def test_every_test_model_agrees_planned_and_unoptimized() -> None:
     for name in ("mlp", "cnn", "transformer_erf", "recommender", "if_loop", "gru"):
         case = build(name)
-        model = tfrt_py.load(case.model)
-        plain = tfrt_py.load(case.model, optimize=False)
-        for feed in case.feeds:
-            want = plain.run(feed)
-            for _ in range(2):
-                got = model.run(feed)
-                for k in want:
-                    np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
+        assert_agrees_with_unoptimized(tfrt_py.load(case.model), case)

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tfrt_py
+from tests.support.classic_cnns import CLASSIC_CNNS, LIGHT_DIR
 from tests.support.models import build
 from tests.support.random_graphs import PROPERTY, random_graph
 from tfrt_py.executors.plan import ALIGN, Buffer, lower_bound, plan_offsets
@@ -164,27 +165,9 @@ def test_transformer_block_arena_near_lower_bound() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name",
-    [
-        "bvlc_alexnet",
-        "densenet121",
-        "inception_v1",
-        "inception_v2",
-        "resnet50",
-        "shufflenet",
-        "squeezenet",
-        "vgg19",
-        "zfnet512",
-    ],
-)
+@pytest.mark.parametrize("name", CLASSIC_CNNS)
 def test_classic_cnn_arena_near_lower_bound(name: str) -> None:
-    import os
-
-    import onnx
-
-    path = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light")
-    model = tfrt_py.load(os.path.join(path, f"light_{name}.onnx"), executor="sync")
+    model = tfrt_py.load(str(LIGHT_DIR / f"light_{name}.onnx"), executor="sync")
     shape = tuple(d if isinstance(d, int) else 1 for d in model.inputs[0].shape or ())
     plan = model.memory_plan({model.inputs[0].name: shape})
     _assert_no_live_overlap(plan.buffers)

@@ -24,9 +24,9 @@ def test_same_start_tells_the_planners_in_place_view_from_other_buffers() -> Non
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_addresses_of_strided_head_views_match_ctypes(dtype: type) -> None:
-    q = np.zeros((2, 16, 4, 8), dtype)
+    q: np.ndarray = np.zeros((2, 16, 4, 8), dtype)
     heads = q.transpose(0, 2, 1, 3)  # (batch, heads, seq, dim) view: not contiguous
-    out = np.zeros((2, 4, 16, 16), dtype)
+    out: np.ndarray = np.zeros((2, 4, 16, 16), dtype)
     got = addr.addresses(heads, heads[:, :, 1:], out)
     want = [heads.ctypes.data, heads[:, :, 1:].ctypes.data, out.ctypes.data]
     assert got.dtype == np.uint64 and got.tolist() == [*want, out.ctypes.data]  # d: c

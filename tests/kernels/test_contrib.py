@@ -77,7 +77,7 @@ def _stored(logical: np.ndarray, trans: int, trans_batch: int) -> np.ndarray:
 def test_fused_matmul_transposes(trans_a: int, trans_b: int, batch_a: int, batch_b: int) -> None:
     a = _stored(_f(3, 2, 4, 5), trans_a, batch_a)
     b = _stored(_f(3, 2, 5, 6), trans_b, batch_b)
-    attrs = {"transA": trans_a, "transB": trans_b, "transBatchA": batch_a}
+    attrs: dict[str, Any] = {"transA": trans_a, "transB": trans_b, "transBatchA": batch_a}
     attrs |= {"transBatchB": batch_b, "alpha": 0.5}
     check_node("FusedMatMul", [a, b], attrs, consts=((), (1,)))
 
@@ -135,7 +135,7 @@ _B, _S, _H = 2, 3, 37
 )
 @pytest.mark.parametrize("outputs", [(True,), (True, True, True, True), (True, False, False, True)])
 def test_skip_layer_normalization(inputs: str, outputs: tuple[bool, ...]) -> None:
-    ins = [_f(_B, _S, _H), _f(_B, _S, _H), _f(_H), _f(_H), _f(_H)]
+    ins: list[np.ndarray | None] = [_f(_B, _S, _H), _f(_B, _S, _H), _f(_H), _f(_H), _f(_H)]
     given = inputs.split()
     ins = [a if i < len(given) and given[i] != "-" else None for i, a in enumerate(ins)]
     check_node(

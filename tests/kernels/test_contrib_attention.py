@@ -228,7 +228,7 @@ def test_the_mask_memo_keeps_small_masks_only() -> None:
             for i, a in enumerate(ins)]  # fmt: skip
     node = Node("Attention", vals, [Value("y"), Value("present")], {"num_heads": heads},
                 name="n", domain="com.microsoft", opset=1)  # fmt: skip
-    fn = reg.lookup("com.microsoft", "Attention", 1).build(KernelContext(node))
+    fn: Any = reg.lookup("com.microsoft", "Attention", 1).build(KernelContext(node))  # .mask_memo
     for end in (5, 900, 2000):
         fn(x, w, None, np.full(b, end, np.int32), past)
     assert len(fn.mask_memo) == 0

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tfrt_py.compiler.dynamic import content_determined, shape_determined
+from tfrt_py.ir import TensorType
 from tfrt_py.kernels.families import default_registry
 
 RNG = np.random.default_rng(11)
@@ -70,7 +71,7 @@ def test_values_after_a_skip_norm_are_typed_fused_and_signature_fixed(norm: str)
     (skip_norm,) = [n for n in graph.nodes if n.op_type == norm]
     (gelu,) = [n for n in graph.nodes if n.op_type == "FastGelu"]
     for v in (skip_norm.outputs[0], skip_norm.outputs[3], gelu.outputs[0]):
-        assert v is not None and v.type is not None and v.type.shape is not None
+        assert v is not None and isinstance(v.type, TensorType) and v.type.shape is not None
     fixed = shape_determined(graph, lambda n: None)
     assert id(skip_norm.outputs[0]) in fixed and id(gelu.outputs[0]) in fixed
     (shape,) = [n for n in graph.nodes if n.op_type == "Shape"]

@@ -8,31 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.kernel_harness import (
-    build_node,
-    check_vs_ort,
-    ort_run,
-    reference_run,
-    registry_of,
-)
+from tests.support.kernel_harness import Harness, reference_run
 from tfrt_py.kernels.nn import conv, conv_deform, conv_transpose
 
-_REG = registry_of(conv, conv_transpose, conv_deform)
+KERNEL_FAMILIES = (conv, conv_transpose, conv_deform)
 _RNG = np.random.default_rng(0)
-
-
-def _build(
-    op: str, inputs: list[Any], attrs: dict[str, Any], const: tuple[int, ...] = (), opset=19
-):
-    return build_node(_REG, op, inputs, attrs, opset=opset, const=const)
-
-
-def _ort(op: str, inputs: list[Any], attrs: dict[str, Any], opset=19, n_out=1) -> list[Any]:
-    return ort_run(op, inputs, attrs, opset=opset, n_out=n_out)
-
-
-def _check(op: str, inputs: list[Any], attrs: dict[str, Any], rtol=1e-4, atol=1e-4, opset=19):
-    check_vs_ort(_REG, op, inputs, attrs, opset=opset, rtol=rtol, atol=atol)
 
 
 def _r(*shape: int, dtype: Any = np.float32) -> np.ndarray:
@@ -55,31 +35,31 @@ CONV_CASES = [
 
 
 @pytest.mark.parametrize(("xs", "ws", "attrs"), CONV_CASES)
-def test_conv_matches_onnxruntime(xs, ws, attrs) -> None:
+def test_conv_matches_onnxruntime(harness: Harness, xs, ws, attrs) -> None:
     x, w, b = _r(*xs), _r(*ws), _r(ws[0])
-    _check("Conv", [x, w, b], attrs)
-    _check("Conv", [x, w], attrs)
+    harness.check("Conv", [x, w, b], attrs)
+    harness.check("Conv", [x, w], attrs)
 
 
-def test_conv_out_and_float16() -> None:
+def test_conv_out_and_float16(harness: Harness) -> None:
     x, w, b = _r(1, 3, 6, 6), _r(4, 3, 3, 3), _r(4)
-    fn = _build("Conv", [x, w, b], {"pads": [1, 1, 1, 1]}, const=(1, 2))
+    fn = harness.build("Conv", [x, w, b], {"pads": [1, 1, 1, 1]}, const=(1, 2))
     want = fn(x, w, b)
     out = np.empty_like(want)
     assert fn(x, w, b, out=out) is out
     np.testing.assert_array_equal(out, want)
     x16, w16, b16 = x.astype(np.float16), w.astype(np.float16), b.astype(np.float16)
-    got = _build("Conv", [x16, w16, b16], {"pads": [1, 1, 1, 1]})(x16, w16, b16)
+    got = harness.build("Conv", [x16, w16, b16], {"pads": [1, 1, 1, 1]})(x16, w16, b16)
     assert got.dtype == np.float16
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=2e-2)
 
 
-def test_conv_new_input_shape_reuses_kernel() -> None:
+def test_conv_new_input_shape_reuses_kernel(harness: Harness) -> None:
     w = _r(4, 3, 3, 3)
-    fn = _build("Conv", [_r(1, 3, 8, 8), w], {"auto_pad": "SAME_UPPER"}, const=(1,))
+    fn = harness.build("Conv", [_r(1, 3, 8, 8), w], {"auto_pad": "SAME_UPPER"}, const=(1,))
     for shape in [(1, 3, 8, 8), (2, 3, 5, 7), (1, 3, 8, 8)]:
         x = _r(*shape)
-        (want,) = _ort("Conv", [x, w], {"auto_pad": "SAME_UPPER"})
+        (want,) = harness.ort("Conv", [x, w], {"auto_pad": "SAME_UPPER"})
         np.testing.assert_allclose(fn(x, w), want, rtol=1e-4, atol=1e-4)
 
 
@@ -93,16 +73,16 @@ CONVT_CASES = [
 
 
 @pytest.mark.parametrize(("xs", "ws", "attrs"), CONVT_CASES)
-def test_conv_transpose_matches_onnxruntime(xs, ws, attrs) -> None:
+def test_conv_transpose_matches_onnxruntime(harness: Harness, xs, ws, attrs) -> None:
     x, w, b = _r(*xs), _r(*ws), _r(ws[1] * attrs.get("group", 1))
-    _check("ConvTranspose", [x, w, b], attrs)
+    harness.check("ConvTranspose", [x, w, b], attrs)
 
 
-def test_conv_integer_and_qlinear_conv() -> None:
+def test_conv_integer_and_qlinear_conv(harness: Harness) -> None:
     x = _RNG.integers(0, 256, (1, 3, 6, 6)).astype(np.uint8)
     w = _RNG.integers(0, 256, (4, 3, 3, 3)).astype(np.uint8)
     xzp, wzp = np.array(120, np.uint8), np.array(130, np.uint8)
-    _check("ConvInteger", [x, w, xzp, wzp], {"pads": [1, 1, 1, 1]}, opset=10)
+    harness.check("ConvInteger", [x, w, xzp, wzp], {"pads": [1, 1, 1, 1]}, opset=10)
     wi = _RNG.integers(-128, 128, (4, 3, 3, 3)).astype(np.int8)
     args = [
         x,
@@ -121,34 +101,34 @@ def test_conv_integer_and_qlinear_conv() -> None:
     # hand-written loop agree with this kernel.
     (want,) = reference_run("QLinearConv", args, {"strides": [2, 2]}, opset=10)
     for const in ((), (3, 5)):
-        got = _build("QLinearConv", args, {"strides": [2, 2]}, const, opset=10)(*args)
+        got = harness.build("QLinearConv", args, {"strides": [2, 2]}, const=const, opset=10)(*args)
         assert got.dtype == np.uint8
         assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
 
 
-def test_col2im_inverts_im2col_counts() -> None:
+def test_col2im_inverts_im2col_counts(harness: Harness) -> None:
     # Col2Im of all-ones columns counts how many blocks cover each pixel
     ones = np.ones((1, 2 * 4, 9), np.float32)  # C=2, block 2x2, 3x3 blocks over 4x4
-    fn = _build("Col2Im", [ones, np.array([4, 4]), np.array([2, 2])], {}, opset=18)
+    fn = harness.build("Col2Im", [ones, np.array([4, 4]), np.array([2, 2])], {}, opset=18)
     y = fn(ones, np.array([4, 4]), np.array([2, 2]))
     cover = np.array([1, 2, 2, 1], np.float32)
     np.testing.assert_array_equal(y[0, 0], np.outer(cover, cover))
 
 
-def test_deform_conv_zero_offset_is_conv() -> None:
+def test_deform_conv_zero_offset_is_conv(harness: Harness) -> None:
     x, w, b = _r(1, 4, 6, 7), _r(6, 2, 3, 3), _r(6)
     attrs = {"group": 2, "pads": [1, 1, 1, 1], "strides": [2, 1]}
-    (want,) = _ort("Conv", [x, w, b], attrs)
+    (want,) = harness.ort("Conv", [x, w, b], attrs)
     offset = np.zeros((1, 2 * 3 * 3 * 2, *want.shape[2:]), np.float32)
-    fn = _build("DeformConv", [x, w, offset, b], {**attrs, "offset_group": 2}, opset=19)
+    fn = harness.build("DeformConv", [x, w, offset, b], {**attrs, "offset_group": 2}, opset=19)
     np.testing.assert_allclose(fn(x, w, offset, b), want, rtol=1e-4, atol=1e-4)
 
 
-def test_conv_bad_attributes_fail_at_load() -> None:
+def test_conv_bad_attributes_fail_at_load(harness: Harness) -> None:
     from tfrt_py.errors import UnsupportedOpError
 
     x, w = _r(1, 4, 5, 5), _r(3, 2, 3, 3)
     with pytest.raises(UnsupportedOpError):
-        _build("Conv", [x, w], {"group": 2}, const=(1,))  # 3 output channels, 2 groups
+        harness.build("Conv", [x, w], {"group": 2}, const=(1,))  # 3 output channels, 2 groups
     with pytest.raises(UnsupportedOpError):
-        _build("Conv", [x, w], {"auto_pad": "SAME"})
+        harness.build("Conv", [x, w], {"auto_pad": "SAME"})

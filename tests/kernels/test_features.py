@@ -50,10 +50,10 @@ def test_a_switched_off_path_says_which_switch() -> None:
 
 def test_describe_shows_the_fast_paths_once_decided() -> None:
     model = tfrt_py.load("tfrt_py/examples/mlp_small.onnx")
-    feeds = {
-        s.name: np.zeros([d if isinstance(d, int) else 1 for d in s.shape], s.dtype)
-        for s in model.inputs
-    }
+    feeds = {}
+    for s in model.inputs:
+        assert s.shape is not None
+        feeds[s.name] = np.zeros([d if isinstance(d, int) else 1 for d in s.shape], s.dtype)
     model.run(feeds)
     text = model.describe()
     assert "fast paths of this process:" in text

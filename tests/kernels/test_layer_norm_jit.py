@@ -11,14 +11,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.kernel_harness import build_node, ort_run, registry_of
+from tests.support.kernel_harness import Harness
 from tfrt_py.kernels.lib.jit import ENV_JIT
 from tfrt_py.kernels.lib.norm_jit import layer_norm_rows, rms_norm_rows
 from tfrt_py.kernels.nn import norm
 
 pytest.importorskip("numba", reason="the compiled kernel needs numba (the [native] extra)")
 
-_REG = registry_of(norm)
+KERNEL_FAMILIES = (norm,)
+KERNEL_OPSET = 17
 _RNG = np.random.default_rng(7)
 
 
@@ -26,18 +27,23 @@ def _f(*shape: int, dtype: Any = np.float32, loc: float = 0.0) -> np.ndarray:
     return (_RNG.standard_normal(shape) + loc).astype(dtype)
 
 
-def _ln(inputs: list[Any], attrs: dict[str, Any], stash: int = 1) -> Any:
-    return build_node(_REG, "LayerNormalization", inputs, {**attrs, "stash_type": stash},
-                      opset=17, const=tuple(range(1, len(inputs))))  # fmt: skip
+def _ln(harness: Harness, inputs: list[Any], attrs: dict[str, Any], stash: int = 1) -> Any:
+    attrs = {**attrs, "stash_type": stash}
+    return harness.build("LayerNormalization", inputs, attrs, const=tuple(range(1, len(inputs))))
 
 
-def _both(monkeypatch: pytest.MonkeyPatch, inputs: list[Any], attrs: dict[str, Any],
-          stash: int = 1) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def _both(
+    harness: Harness,
+    monkeypatch: pytest.MonkeyPatch,
+    inputs: list[Any],
+    attrs: dict[str, Any],
+    stash: int = 1,
+) -> tuple[np.ndarray, np.ndarray]:
     """(compiled path result, NumPy path result) of one node on ``inputs``."""
     monkeypatch.setenv(ENV_JIT, "1")
-    fast = _ln(inputs, attrs, stash)(*inputs)
+    fast = _ln(harness, inputs, attrs, stash)(*inputs)
     monkeypatch.setenv(ENV_JIT, "0")
-    slow = _ln(inputs, attrs, stash)(*inputs)
+    slow = _ln(harness, inputs, attrs, stash)(*inputs)
     monkeypatch.setenv(ENV_JIT, "1")
     return np.asarray(fast), np.asarray(slow)
 
@@ -51,23 +57,24 @@ def test_kernel_is_compiled_for_float32_and_float64_only() -> None:
 @pytest.mark.parametrize("shape", [(1, 16, 128), (3, 197, 192), (5, 7), (2, 3, 1)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_float32_rows_match_onnxruntime_and_numpy(
-    monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...], bias: bool
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...], bias: bool
 ) -> None:
     x = _f(*shape, loc=3.0)  # an offset mean: the one-pass variance must still be right
     params = [_f(shape[-1])] + ([_f(shape[-1])] if bias else [])
     attrs = {"epsilon": 1e-12}
-    fast, slow = _both(monkeypatch, [x, *params], attrs)
-    (want,) = ort_run("LayerNormalization", [x, *params], attrs, opset=17)
+    fast, slow = _both(harness, monkeypatch, [x, *params], attrs)
+    (want,) = harness.ort("LayerNormalization", [x, *params], attrs)
     np.testing.assert_allclose(fast, want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(fast, slow, rtol=1e-4, atol=1e-5)
 
 
 def test_float64_two_pass_keeps_precision_with_a_large_mean(
+    harness: Harness,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     x = _f(4, 64, dtype=np.float64) * 1e-3 + 1e6  # var ~1e-6 under a mean of 1e6
     s, b = _f(64, dtype=np.float64), _f(64, dtype=np.float64)
-    fast, slow = _both(monkeypatch, [x, s, b], {"epsilon": 0.0}, stash=11)
+    fast, slow = _both(harness, monkeypatch, [x, s, b], {"epsilon": 0.0}, stash=11)
     xc = x - x.mean(axis=-1, keepdims=True)
     want = xc / np.sqrt((xc * xc).mean(axis=-1, keepdims=True)) * s + b
     # a one-pass float64 variance (E[x^2] - mean^2) would be off by ~1e-4 here, not 1e-6
@@ -76,23 +83,24 @@ def test_float64_two_pass_keeps_precision_with_a_large_mean(
 
 
 def test_axis_over_several_trailing_dims_and_broadcast_parameters(
+    harness: Harness,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     x = _f(2, 3, 4, 5)
     cases = (({"axis": 2}, (4, 5)), ({"axis": -1}, (1, 1, 5)), ({"axis": 1}, (3, 4, 5)))
     for attrs, s_shape in cases:
         s, b = _f(*s_shape), _f(*s_shape)
-        fast, slow = _both(monkeypatch, [x, s, b], attrs)
-        (want,) = ort_run("LayerNormalization", [x, s, b], attrs, opset=17)
+        fast, slow = _both(harness, monkeypatch, [x, s, b], attrs)
+        (want,) = harness.ort("LayerNormalization", [x, s, b], attrs)
         assert fast.shape == x.shape
         np.testing.assert_allclose(fast, want, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(fast, slow, rtol=1e-4, atol=1e-5)
 
 
-def test_calls_the_kernel_does_not_fit_take_the_numpy_path() -> None:
+def test_calls_the_kernel_does_not_fit_take_the_numpy_path(harness: Harness) -> None:
     x = _f(6, 8)
     s, b = _f(8), _f(8)
-    fn = _ln([x, s, b], {})
+    fn = _ln(harness, [x, s, b], {})
     want = fn(x, s, b)
     # a strided input and a strided out
     xt = np.ascontiguousarray(x.T).T
@@ -109,6 +117,7 @@ def test_calls_the_kernel_does_not_fit_take_the_numpy_path() -> None:
 
 
 def test_a_strided_input_is_copied_once_and_takes_the_compiled_rows(
+    harness: Harness,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """MobileViT's unfolded patches reach LayerNorm as a transposed view: one copy, then
@@ -130,9 +139,8 @@ def test_a_strided_input_is_copied_once_and_takes_the_compiled_rows(
     base = _f(4, 64, 256)
     x = base.transpose(0, 2, 1)  # (4, 256, 64), strided
     s, b = _f(64), _f(64)
-    fn = _ln([x, s, b], {})
-    want = ort_run("LayerNormalization", [np.ascontiguousarray(x), s, b], {"stash_type": 1},
-                   opset=17)[0]  # fmt: skip
+    fn = _ln(harness, [x, s, b], {})
+    want = harness.ort("LayerNormalization", [np.ascontiguousarray(x), s, b], {"stash_type": 1})[0]
     np.testing.assert_allclose(fn(x, s, b), want, rtol=1e-5, atol=1e-5)
     assert calls == [1]
     out = base.reshape(4, 256, 64)  # the view's own memory as the destination
@@ -140,13 +148,13 @@ def test_a_strided_input_is_copied_once_and_takes_the_compiled_rows(
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
-def test_one_kernel_called_with_other_parameters_and_ranks() -> None:
+def test_one_kernel_called_with_other_parameters_and_ranks(harness: Harness) -> None:
     """The kernel remembers the last Scale/B it checked (a model passes the same
     constants every call); other arrays, an in-place change of the same ones, another
     rank and parameters that grow the result are each checked again."""
     x = _f(6, 8)
     s, b = _f(8), _f(8)
-    fn = _ln([x, s, b], {})
+    fn = _ln(harness, [x, s, b], {})
 
     def ref(x: np.ndarray, s: np.ndarray, b: np.ndarray) -> np.ndarray:
         m = x.mean(axis=-1, keepdims=True)
@@ -168,13 +176,15 @@ def test_one_kernel_called_with_other_parameters_and_ranks() -> None:
     np.testing.assert_allclose(got, ref(x, s4, b2), rtol=1e-5, atol=1e-5)
 
 
-def test_nan_and_inf_rows_follow_the_numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nan_and_inf_rows_follow_the_numpy_path(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     x = _f(4, 16)
     x[1, 3] = np.nan
     x[2, 5] = np.inf
     s, b = _f(16), _f(16)
     with np.errstate(invalid="ignore"):  # the NumPy path warns on inf - inf
-        fast, slow = _both(monkeypatch, [x, s, b], {})
+        fast, slow = _both(harness, monkeypatch, [x, s, b], {})
     np.testing.assert_array_equal(np.isnan(fast), np.isnan(slow))
     ok = ~np.isnan(slow)
     np.testing.assert_allclose(fast[ok], slow[ok], rtol=1e-4, atol=1e-5)
@@ -183,7 +193,7 @@ def test_nan_and_inf_rows_follow_the_numpy_path(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_rms_normalization_rows_match_onnxruntime_and_numpy(
-    monkeypatch: pytest.MonkeyPatch, dtype: Any
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, dtype: Any
 ) -> None:
     x = _f(2, 7, 48, dtype=dtype, loc=2.0)
     s = _f(48, dtype=dtype)
@@ -191,8 +201,8 @@ def test_rms_normalization_rows_match_onnxruntime_and_numpy(
     outs = []
     for flag in ("1", "0"):
         monkeypatch.setenv(ENV_JIT, flag)
-        fn = build_node(_REG, "RMSNormalization", [x, s], {"epsilon": 1e-6, "stash_type": stash},
-                        opset=23, const=(1,))  # fmt: skip
+        attrs = {"epsilon": 1e-6, "stash_type": stash}
+        fn = harness.build("RMSNormalization", [x, s], attrs, opset=23, const=(1,))
         outs.append(np.asarray(fn(x, s)))
     monkeypatch.setenv(ENV_JIT, "1")
     ms = (x.astype(np.float64) ** 2).mean(axis=-1, keepdims=True)
@@ -204,7 +214,9 @@ def test_rms_normalization_rows_match_onnxruntime_and_numpy(
 
 
 @pytest.mark.parametrize("op", ["LayerNormalization", "RMSNormalization"])
-def test_the_compiled_rows_serve_the_common_calls(monkeypatch: pytest.MonkeyPatch, op: str) -> None:
+def test_the_compiled_rows_serve_the_common_calls(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
     """Scale only (no bias), contiguous float32, last axis: the compiled rows take it
     (a fit check that sends every call to NumPy would pass every agreement test)."""
     served: list[bool] = []
@@ -218,7 +230,6 @@ def test_the_compiled_rows_serve_the_common_calls(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(norm, "_compiled_rows", spy)
     monkeypatch.setenv(ENV_JIT, "1")
     x, s = _f(3, 5, 32), _f(32)
-    fn = build_node(_REG, op, [x, s], {}, opset=23 if op == "RMSNormalization" else 17,
-                    const=(1,))  # fmt: skip
+    fn = harness.build(op, [x, s], {}, opset=23 if op == "RMSNormalization" else 17, const=(1,))
     fn(x, s)
     assert served == [True]

@@ -8,25 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.kernel_harness import build_node, check_vs_ort, ort_run, registry_of
+from tests.support.kernel_harness import Harness
 from tfrt_py.kernels import linalg
 
-_REG = registry_of(linalg)
+KERNEL_FAMILIES = (linalg,)
 _RNG = np.random.default_rng(0)
-
-
-def _build(
-    op: str, inputs: list[Any], attrs: dict[str, Any], const: tuple[int, ...] = (), opset=19
-):
-    return build_node(_REG, op, inputs, attrs, opset=opset, const=const)
-
-
-def _ort(op: str, inputs: list[Any], attrs: dict[str, Any], opset=19, n_out=1) -> list[Any]:
-    return ort_run(op, inputs, attrs, opset=opset, n_out=n_out)
-
-
-def _check(op: str, inputs: list[Any], attrs: dict[str, Any], rtol=1e-4, atol=1e-4, opset=19):
-    check_vs_ort(_REG, op, inputs, attrs, opset=opset, rtol=rtol, atol=atol)
 
 
 def _r(*shape: int, dtype: Any = np.float32) -> np.ndarray:
@@ -44,21 +30,21 @@ GEMM_CASES = [
 
 
 @pytest.mark.parametrize(("sa", "sb", "sc", "attrs"), GEMM_CASES)
-def test_gemm_matches_onnxruntime(sa, sb, sc, attrs) -> None:
+def test_gemm_matches_onnxruntime(harness: Harness, sa, sb, sc, attrs) -> None:
     ins = [_r(*sa), _r(*sb)] + ([] if sc is None else [_r(*sc)])
-    _check("Gemm", ins, attrs, rtol=1e-5, atol=1e-5)
+    harness.check("Gemm", ins, attrs, tol=1e-5)
 
 
-def test_gemm_out_and_int() -> None:
+def test_gemm_out_and_int(harness: Harness) -> None:
     a, b, c = _r(3, 4), _r(4, 5), _r(5)
-    fn = _build("Gemm", [a, b, c], {"alpha": 2.0}, const=(1, 2))
+    fn = harness.build("Gemm", [a, b, c], {"alpha": 2.0}, const=(1, 2))
     out = np.empty((3, 5), np.float32)
     assert fn(a, b, c, out=out) is out
     np.testing.assert_allclose(out, 2 * a @ b + c, rtol=1e-5, atol=1e-5)
     ai = _RNG.integers(-5, 5, (3, 4)).astype(np.int32)
     bi = _RNG.integers(-5, 5, (4, 2)).astype(np.int32)
     ci = _RNG.integers(-5, 5, (2,)).astype(np.int32)
-    got = _build("Gemm", [ai, bi, ci], {}, const=(1, 2))(ai, bi, ci)
+    got = harness.build("Gemm", [ai, bi, ci], {}, const=(1, 2))(ai, bi, ci)
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, ai @ bi + ci)
 
@@ -66,19 +52,19 @@ def test_gemm_out_and_int() -> None:
 @pytest.mark.parametrize(
     ("sa", "sb"), [((2, 3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((2, 1, 3, 4), (5, 4, 2))]
 )
-def test_matmul_shapes_const_and_out(sa, sb) -> None:
+def test_matmul_shapes_const_and_out(harness: Harness, sa, sb) -> None:
     a, b = _r(*sa), _r(*sb)
-    _check("MatMul", [a, b], {}, rtol=1e-5, atol=1e-5)
-    fn = _build("MatMul", [a, b], {}, const=(1,))
+    harness.check("MatMul", [a, b], {}, tol=1e-5)
+    fn = harness.build("MatMul", [a, b], {}, const=(1,))
     want = np.matmul(a, b)
     out = np.empty_like(want)
     assert fn(a, b, out=out) is out
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
-def test_matmul_float16_keeps_dtype() -> None:
+def test_matmul_float16_keeps_dtype(harness: Harness) -> None:
     a, b = _r(3, 8, dtype=np.float16), _r(8, 2, dtype=np.float16)
-    got = _build("MatMul", [a, b], {})(a, b)
+    got = harness.build("MatMul", [a, b], {})(a, b)
     assert got.dtype == np.float16
     np.testing.assert_allclose(got, a.astype(np.float32) @ b.astype(np.float32), rtol=1e-2)
 
@@ -98,35 +84,37 @@ def test_matmul_float16_keeps_dtype() -> None:
         ("ii,ij->j", [(3, 3), (3, 4)]),  # diagonal: np.einsum fallback
     ],
 )
-def test_einsum_matches_numpy(eq, shapes) -> None:
+def test_einsum_matches_numpy(harness: Harness, eq, shapes) -> None:
     ins = [_r(*s) for s in shapes]
-    fn = _build("Einsum", ins, {"equation": eq}, opset=12)
+    fn = harness.build("Einsum", ins, {"equation": eq}, opset=12)
     got = fn(*ins)
     want = np.einsum(eq.replace(" ", ""), *ins)
     assert isinstance(got, np.ndarray) and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_det_batched() -> None:
+def test_det_batched(harness: Harness) -> None:
     x = _r(2, 3, 3, 3)
-    got = _build("Det", [x], {}, opset=11)(x)
+    got = harness.build("Det", [x], {}, opset=11)(x)
     assert got.shape == (2, 3) and got.dtype == np.float32
     np.testing.assert_allclose(got, np.linalg.det(x), rtol=1e-5)
 
 
-def test_matmul_integer_per_row_and_column_zero_points() -> None:
+def test_matmul_integer_per_row_and_column_zero_points(harness: Harness) -> None:
     a = _RNG.integers(0, 256, (4, 300)).astype(np.uint8)  # K > 258: float64 path
     b = _RNG.integers(-128, 128, (300, 3)).astype(np.int8)
     azp = _RNG.integers(0, 256, (4,)).astype(np.uint8)
     bzp = _RNG.integers(-128, 128, (3,)).astype(np.int8)
     want = (a.astype(np.int64) - azp[:, None].astype(np.int64)) @ (b.astype(np.int64) - bzp)
     for const in ((), (1, 3)):
-        got = _build("MatMulInteger", [a, b, azp, bzp], {}, const, opset=10)(a, b, azp, bzp)
+        got = harness.build("MatMulInteger", [a, b, azp, bzp], {}, const=const, opset=10)(
+            a, b, azp, bzp
+        )
         assert got.dtype == np.int32
         np.testing.assert_array_equal(got, want)
 
 
-def test_qlinear_matmul_matches_onnxruntime() -> None:
+def test_qlinear_matmul_matches_onnxruntime(harness: Harness) -> None:
     a = _RNG.integers(0, 256, (3, 16)).astype(np.uint8)
     b = _RNG.integers(0, 256, (16, 4)).astype(np.uint8)
     args = [
@@ -139,8 +127,8 @@ def test_qlinear_matmul_matches_onnxruntime() -> None:
         np.array(0.1, np.float32),
         np.array(120, np.uint8),
     ]
-    (want,) = _ort("QLinearMatMul", args, {}, opset=10)
+    (want,) = harness.ort("QLinearMatMul", args, {}, opset=10)
     for const in ((), (3, 5)):
-        got = _build("QLinearMatMul", args, {}, const, opset=10)(*args)
+        got = harness.build("QLinearMatMul", args, {}, const=const, opset=10)(*args)
         assert got.dtype == np.uint8
         assert np.abs(got.astype(int) - want.astype(int)).max() <= 1

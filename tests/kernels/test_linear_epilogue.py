@@ -205,7 +205,7 @@ def test_rank3_linear_runs_inline_as_one_product(
         assert np.isnan(big[..., 1::2]).all()
 
 
-def _wide_linear(shape: list[object], act: str) -> bytes:
+def _wide_linear(shape: list[str | int], act: str) -> bytes:
     """A Linear big enough to split over the threads (256 rows x 192 @ 192 x 768), bias
     and an activation (decomposed erf GELU, or Relu)."""
     rng = np.random.default_rng(8)
@@ -242,7 +242,7 @@ def _wide_linear(shape: list[object], act: str) -> bytes:
 @pytest.mark.parametrize("act", ["Gelu", "Relu"])
 @pytest.mark.parametrize("shape", [["n", 192], [2, "s", 192], [256, 192]], ids=str)
 def test_a_split_linear_finishes_each_block_of_rows(
-    executor: str, act: str, shape: list[object], monkeypatch: pytest.MonkeyPatch
+    executor: str, act: str, shape: list[str | int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The bias and activation run per block of rows inside ``gemm.matmul_into`` (on the
     thread that computed the block): the same values as the unfused graph, on the

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tfrt_py
-from tests.support.trees import random_trees
+from tests.support.trees import ML, random_classifier, random_regressor, tree_inputs
 from tfrt_py.ir import Node, Value
 from tfrt_py.kernels import KernelContext, default_registry
 
@@ -23,9 +23,6 @@ skl2onnx = pytest.importorskip("skl2onnx")
 from sklearn import ensemble, linear_model, preprocessing, svm, tree  # noqa: E402
 from sklearn.datasets import make_classification, make_regression  # noqa: E402
 from sklearn.pipeline import make_pipeline  # noqa: E402
-
-ML = "ai.onnx.ml"
-
 
 # -- helpers ------------------------------------------------------------------------------
 
@@ -161,24 +158,18 @@ def test_one_hot_encoder_strings() -> None:
 # -- hand-built tree ensembles --------------------------------------------------------------
 
 
-def _random_trees(rng: np.random.RandomState, n_targets: int, prefix: str) -> dict[str, Any]:
-    """Random TreeEnsemble{Regressor,Classifier} attributes: mixed modes, missing tracks."""
-    return random_trees(rng, n_targets, prefix, [4] * 4)
+#: Four trees of depth 4 at most: mixed node modes, missing-value tracks.
+_DEPTHS = [4] * 4
 
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE", "MIN", "MAX"])
 def test_tree_ensemble_regressor_random(seed: int, aggregate: str) -> None:
     rng = np.random.RandomState(seed)
-    attrs = _random_trees(rng, 3, "target")
-    attrs.update(n_targets=3, aggregate_function=aggregate, post_transform="NONE")
-    if seed % 2:
-        attrs["base_values"] = [0.5, -1.0, 2.0]
-    node = helper.make_node("TreeEnsembleRegressor", ["X"], ["Y"], domain=ML, **attrs)
+    node = random_regressor(rng, seed, aggregate, _DEPTHS)
     x_info = helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])
     y_info = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 3])
-    x = rng.choice([-1.0, 0.0, 0.25, 0.5, 1.0], size=(50, 3)).astype(np.float32)
-    x[rng.rand(50, 3) < 0.15] = np.nan
+    x = tree_inputs(rng, 50)
     _assert_same(_model(node, [x_info], [y_info], 3), {"X": x})
 
 
@@ -186,19 +177,13 @@ def test_tree_ensemble_regressor_random(seed: int, aggregate: str) -> None:
 @pytest.mark.parametrize("transform", ["NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO"])
 def test_tree_ensemble_classifier_random(seed: int, transform: str) -> None:
     rng = np.random.RandomState(seed)
-    n_classes = 2 + seed % 2
-    attrs = _random_trees(rng, 1 if seed == 2 else n_classes, "class")
-    attrs.update(classlabels_int64s=list(range(10, 10 + n_classes)), post_transform=transform)
-    if seed == 3:
-        attrs["base_values"] = [0.1] * n_classes
-    node = helper.make_node("TreeEnsembleClassifier", ["X"], ["L", "Y"], domain=ML, **attrs)
+    node, n_classes = random_classifier(rng, seed, transform, _DEPTHS)
     x_info = helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])
     outs = [
         helper.make_tensor_value_info("L", TensorProto.INT64, [None]),
         helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, n_classes]),
     ]
-    x = rng.choice([-1.0, 0.0, 0.25, 0.5, 1.0], size=(50, 3)).astype(np.float32)
-    x[rng.rand(50, 3) < 0.15] = np.nan
+    x = tree_inputs(rng, 50)
     _assert_same(_model(node, [x_info], outs, 3), {"X": x})
 
 

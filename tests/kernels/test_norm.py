@@ -8,37 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.kernel_harness import build_node, check_vs_ort, ort_run, registry_of
+from tests.support.kernel_harness import Harness
 from tfrt_py.kernels.nn import norm, norm_group
 
-_REG = registry_of(norm, norm_group)
+KERNEL_FAMILIES = (norm, norm_group)
 _RNG = np.random.default_rng(1)
-
-
-def _build(
-    op: str,
-    inputs: list[Any],
-    attrs: dict[str, Any],
-    opset: int,
-    const: tuple[int, ...] = (),
-    n_out: int = 1,
-) -> Any:
-    return build_node(_REG, op, inputs, attrs, opset=opset, const=const, n_out=n_out)
-
-
-def _ort(op: str, inputs: list[Any], attrs: dict[str, Any], opset: int, n_out: int = 1) -> Any:
-    return ort_run(op, inputs, attrs, opset=opset, n_out=n_out)
-
-
-def _check(
-    op: str,
-    inputs: list[Any],
-    attrs: dict[str, Any],
-    opset: int,
-    n_out: int = 1,
-    tol: float = 1e-4,
-) -> None:
-    check_vs_ort(_REG, op, inputs, attrs, opset=opset, n_out=n_out, rtol=tol, atol=tol)
 
 
 def _f(*shape: int, dtype: Any = np.float32) -> np.ndarray:
@@ -47,20 +21,22 @@ def _f(*shape: int, dtype: Any = np.float32) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 @pytest.mark.parametrize("opset", [7, 9, 15])
-def test_batch_norm_inference(dtype: Any, opset: int) -> None:
+def test_batch_norm_inference(harness: Harness, dtype: Any, opset: int) -> None:
     c = 3
     params = [_f(c, dtype=dtype), _f(c, dtype=dtype), _f(c, dtype=dtype)]
     var = (np.abs(_f(c)) + 0.1).astype(dtype)
     tol = 1e-2 if dtype == np.float16 else 1e-4
     for x in (_f(2, c, 4, 5, dtype=dtype), _f(2, c, dtype=dtype)):
-        _check("BatchNormalization", [x, *params, var], {"epsilon": 1e-3}, opset, tol=tol)
+        harness.check(
+            "BatchNormalization", [x, *params, var], {"epsilon": 1e-3}, opset=opset, tol=tol
+        )
 
 
-def test_batch_norm_folded_out_and_training() -> None:
+def test_batch_norm_folded_out_and_training(harness: Harness) -> None:
     x = _f(2, 3, 4, 5)
     p = [_f(3), _f(3), _f(3), np.abs(_f(3)) + 0.1]
-    fn = _build("BatchNormalization", [x, *p], {}, 15, const=(1, 2, 3, 4))
-    want = _ort("BatchNormalization", [x, *p], {}, 15)[0]
+    fn = harness.build("BatchNormalization", [x, *p], {}, opset=15, const=(1, 2, 3, 4))
+    want = harness.ort("BatchNormalization", [x, *p], {}, opset=15)[0]
     out = np.empty_like(x)
     assert fn(x, *p, out=out) is out
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
@@ -68,48 +44,50 @@ def test_batch_norm_folded_out_and_training() -> None:
     fn(xin, *p, out=xin)  # registered inplace
     np.testing.assert_allclose(xin, want, rtol=1e-5, atol=1e-5)
     attrs = {"training_mode": 1, "momentum": 0.7}
-    _check("BatchNormalization", [x, *p], attrs, 15, n_out=3)
+    harness.check("BatchNormalization", [x, *p], attrs, opset=15, n_out=3)
 
 
-def test_layer_norm_outputs_axis_and_out() -> None:
+def test_layer_norm_outputs_axis_and_out(harness: Harness) -> None:
     x = _f(2, 3, 4)
     for axis in (-1, 1):
         shp = x.shape[axis:]
-        _check("LayerNormalization", [x, _f(*shp), _f(*shp)], {"axis": axis}, 17, n_out=3)
-    _check("LayerNormalization", [x, _f(4)], {"epsilon": 1e-2}, 17)
+        harness.check(
+            "LayerNormalization", [x, _f(*shp), _f(*shp)], {"axis": axis}, opset=17, n_out=3
+        )
+    harness.check("LayerNormalization", [x, _f(4)], {"epsilon": 1e-2}, opset=17)
     h = _f(2, 5, dtype=np.float16)
-    _check("LayerNormalization", [h, _f(5, dtype=np.float16)], {}, 17, tol=1e-2)
+    harness.check("LayerNormalization", [h, _f(5, dtype=np.float16)], {}, opset=17, tol=1e-2)
     s, b = _f(4), _f(4)
-    fn = _build("LayerNormalization", [x, s, b], {}, 17)
+    fn = harness.build("LayerNormalization", [x, s, b], {}, opset=17)
     out = np.empty_like(x)
     assert fn(x, s, b, out=out) is out
     np.testing.assert_allclose(out, fn(x, s, b), rtol=1e-6)
 
 
-def test_group_norm_scale_per_group_vs_per_channel() -> None:
+def test_group_norm_scale_per_group_vs_per_channel(harness: Harness) -> None:
     x = _f(2, 6, 3, 3)
-    _check("GroupNormalization", [x, _f(6), _f(6)], {"num_groups": 3}, 21)
+    harness.check("GroupNormalization", [x, _f(6), _f(6)], {"num_groups": 3}, opset=21)
     s, b = _f(3), _f(3)  # opset 18: per group, broadcast to the group's channels
-    y18 = _build("GroupNormalization", [x, s, b], {"num_groups": 3}, 18)(x, s, b)
-    y21 = _build("GroupNormalization", [x, s, b], {"num_groups": 3}, 21)
+    y18 = harness.build("GroupNormalization", [x, s, b], {"num_groups": 3}, opset=18)(x, s, b)
+    y21 = harness.build("GroupNormalization", [x, s, b], {"num_groups": 3}, opset=21)
     np.testing.assert_allclose(y18, y21(x, np.repeat(s, 2), np.repeat(b, 2)), rtol=1e-6)
 
 
-def test_instance_lrn_mvn_lp_rms() -> None:
+def test_instance_lrn_mvn_lp_rms(harness: Harness) -> None:
     x = _f(2, 5, 4, 3)
-    _check("InstanceNormalization", [x, _f(5), _f(5)], {"epsilon": 1e-3}, 6)
-    _check("InstanceNormalization", [_f(2, 5, 7), _f(5), _f(5)], {}, 6)
+    harness.check("InstanceNormalization", [x, _f(5), _f(5)], {"epsilon": 1e-3}, opset=6)
+    harness.check("InstanceNormalization", [_f(2, 5, 7), _f(5), _f(5)], {}, opset=6)
     for size in (1, 3, 5):
-        _check("LRN", [x], {"size": size, "alpha": 0.01, "beta": 0.6, "bias": 2.0}, 13)
-    _check("MeanVarianceNormalization", [x], {}, 13)
-    _check("MeanVarianceNormalization", [x], {"axes": [1, 3]}, 13)
+        harness.check("LRN", [x], {"size": size, "alpha": 0.01, "beta": 0.6, "bias": 2.0}, opset=13)
+    harness.check("MeanVarianceNormalization", [x], {}, opset=13)
+    harness.check("MeanVarianceNormalization", [x], {"axes": [1, 3]}, opset=13)
     for p in (1, 2):
-        _check("LpNormalization", [x], {"p": p, "axis": 1}, 1)
+        harness.check("LpNormalization", [x], {"p": p, "axis": 1}, opset=1)
     z = np.zeros((2, 3), np.float32)
-    assert np.array_equal(_build("LpNormalization", [z], {}, 22)(z), z)  # 0/0 -> 0
+    assert np.array_equal(harness.build("LpNormalization", [z], {}, opset=22)(z), z)  # 0/0 -> 0
     s = _f(3)
     xr = _f(2, 4, 3)
     want = xr / np.sqrt(np.mean(xr.astype(np.float64) ** 2, -1, keepdims=True) + 1e-5) * s
-    got = _build("RMSNormalization", [xr, s], {}, 23)(xr, s)
+    got = harness.build("RMSNormalization", [xr, s], {}, opset=23)(xr, s)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

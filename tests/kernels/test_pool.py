@@ -7,25 +7,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.kernel_harness import build_node, check_vs_ort, ort_run, registry_of
+from tests.support.kernel_harness import Harness
 from tfrt_py.kernels.nn import pool
 
-_REG = registry_of(pool)
+KERNEL_FAMILIES = (pool,)
 _RNG = np.random.default_rng(0)
-
-
-def _build(
-    op: str, inputs: list[Any], attrs: dict[str, Any], const: tuple[int, ...] = (), opset=19
-):
-    return build_node(_REG, op, inputs, attrs, opset=opset, const=const)
-
-
-def _ort(op: str, inputs: list[Any], attrs: dict[str, Any], opset=19, n_out=1) -> list[Any]:
-    return ort_run(op, inputs, attrs, opset=opset, n_out=n_out)
-
-
-def _check(op: str, inputs: list[Any], attrs: dict[str, Any], rtol=1e-4, atol=1e-4, opset=19):
-    check_vs_ort(_REG, op, inputs, attrs, opset=opset, rtol=rtol, atol=atol)
 
 
 def _r(*shape: int, dtype: Any = np.float32) -> np.ndarray:
@@ -67,10 +53,10 @@ POOL_CASES = [
 
 
 @pytest.mark.parametrize(("op", "xs", "attrs"), POOL_CASES)
-def test_pool_matches_onnxruntime(op, xs, attrs) -> None:
+def test_pool_matches_onnxruntime(harness: Harness, op, xs, attrs) -> None:
     x = _r(*xs)
-    (want,) = _ort(op, [x], attrs)
-    fn = _build(op, [x], attrs)
+    (want,) = harness.ort(op, [x], attrs)
+    fn = harness.build(op, [x], attrs)
     got = fn(x)
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
@@ -81,34 +67,34 @@ def test_pool_matches_onnxruntime(op, xs, attrs) -> None:
 
 
 @pytest.mark.parametrize("storage_order", [0, 1])
-def test_maxpool_indices_match_onnxruntime(storage_order) -> None:
+def test_maxpool_indices_match_onnxruntime(harness: Harness, storage_order) -> None:
     x = _r(2, 3, 7, 6)
     attrs = {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 1, 1]}
     attrs["storage_order"] = storage_order
-    want_y, want_i = _ort("MaxPool", [x], attrs, n_out=2)
-    y, i = build_node(_REG, "MaxPool", [x], attrs, opset=19, n_out=2)(x)
+    want_y, want_i = harness.ort("MaxPool", [x], attrs, n_out=2)
+    y, i = harness.build("MaxPool", [x], attrs, n_out=2)(x)
     np.testing.assert_array_equal(y, want_y)
     np.testing.assert_array_equal(i, want_i)
     assert i.dtype == np.int64
 
 
-def test_maxpool_int8_and_avgpool_float16() -> None:
+def test_maxpool_int8_and_avgpool_float16(harness: Harness) -> None:
     x = _RNG.integers(-128, 128, (1, 2, 6, 6)).astype(np.int8)
     attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
-    (want,) = _ort("MaxPool", [x], attrs)
-    np.testing.assert_array_equal(_build("MaxPool", [x], attrs)(x), want)
+    (want,) = harness.ort("MaxPool", [x], attrs)
+    np.testing.assert_array_equal(harness.build("MaxPool", [x], attrs)(x), want)
     x16 = _r(1, 2, 6, 6, dtype=np.float16)
-    got = _build("AveragePool", [x16], attrs)(x16)
+    got = harness.build("AveragePool", [x16], attrs)(x16)
     assert got.dtype == np.float16
-    (want16,) = _ort("AveragePool", [x16.astype(np.float32)], attrs)
+    (want16,) = harness.ort("AveragePool", [x16.astype(np.float32)], attrs)
     np.testing.assert_allclose(got, want16, rtol=2e-3, atol=2e-3)
 
 
-def test_maxunpool_inverts_maxpool() -> None:
+def test_maxunpool_inverts_maxpool(harness: Harness) -> None:
     x = _r(1, 2, 6, 6)
     attrs = {"kernel_shape": [2, 2], "strides": [2, 2]}
-    want_y, want_i = _ort("MaxPool", [x], attrs, n_out=2)
-    fn = _build("MaxUnpool", [want_y, want_i], attrs)
+    want_y, want_i = harness.ort("MaxPool", [x], attrs, n_out=2)
+    fn = harness.build("MaxUnpool", [want_y, want_i], attrs)
     up = fn(want_y, want_i)
-    (want,) = _ort("MaxUnpool", [want_y, want_i], attrs)
+    (want,) = harness.ort("MaxUnpool", [want_y, want_i], attrs)
     np.testing.assert_array_equal(up, want)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,12 +24,11 @@ import pytest
 from onnx import numpy_helper
 
 import tfrt_py
+from tests.support.classic_cnns import CLASSIC_CNNS, LIGHT_DIR
 
 pytestmark = pytest.mark.slow
 
-_DATA = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data"
-LIGHT_DIR = _DATA / "light"
-REAL_DIR = _DATA / "real"
+REAL_DIR = LIGHT_DIR.parent / "real"
 _LIGHT_URL = "onnx/backend/test/data/light/"
 
 
@@ -72,17 +70,7 @@ CASES = classic_cases()
 
 def test_all_nine_found() -> None:
     names = {c.name for c in CASES}
-    assert names == {
-        "bvlc_alexnet",
-        "densenet121",
-        "inception_v1",
-        "inception_v2",
-        "resnet50",
-        "shufflenet",
-        "squeezenet",
-        "vgg19",
-        "zfnet512",
-    }
+    assert names == set(CLASSIC_CNNS)
     assert all(c.path.exists() for c in CASES)
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tfrt_py
+from tests.support.spies import record_calls
 from tfrt_py.concurrency.threads import configure
 from tfrt_py.ir import Graph, GraphBuilder
 from tfrt_py.native.runtime import tier as tier_mod
@@ -154,7 +155,9 @@ def test_a_native_answer_that_disagrees_is_not_served(monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize("batch", ["N", 3])
-def test_read_only_feeds_take_the_fast_entry(batch: str | int) -> None:
+def test_read_only_feeds_take_the_fast_entry(
+    batch: str | int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Feeds that are read-only views (Ray Data's batches, np.frombuffer over a request)
     reach the compiled code as they are: after the first call of a signature no call goes
     back to the slow path (which validates and copies every feed)."""
@@ -165,9 +168,7 @@ def test_read_only_feeds_take_the_fast_entry(batch: str | int) -> None:
     x.flags.writeable = False
     _check(native, sync, x)
     tier = native.native
-    slow_calls = []
-    check = tier._check
-    tier._check = lambda feeds: slow_calls.append(1) or check(feeds)
+    slow_calls = record_calls(monkeypatch, tier, "_check", lambda *a: 1)
     for _ in range(3):
         _check(native, sync, x)
     assert slow_calls == []

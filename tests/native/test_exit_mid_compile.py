@@ -72,7 +72,7 @@ class _Watch:
         optimize = lib._optimize_final_module
         watch = self
 
-        def optimize_watched(self: object) -> object:
+        def optimize_watched(self: codegen.CPUCodeLibrary) -> object:
             f = sys._getframe(1)
             while f is not None and not any(n in f.f_code.co_filename for n in _NESTED):
                 f = f.f_back  # type: ignore[assignment]

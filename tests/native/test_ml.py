@@ -15,7 +15,7 @@ import pytest
 
 import tfrt_py
 from tests.support.paths import DATA as TEST_DATA
-from tests.support.trees import random_trees
+from tests.support.trees import ML, random_classifier, random_regressor, tree_inputs
 
 ZOO = str(TEST_DATA / "ml_zoo")
 MODELS = sorted(f[:-5] for f in os.listdir(ZOO) if f.endswith(".onnx"))
@@ -131,15 +131,8 @@ def test_bad_feeds_raise_like_sync() -> None:
 
 # -- hand-built forests: every node mode, missing-value tracks, aggregates, base values ----
 
-ML = "ai.onnx.ml"
-
-
-def _random_trees(rng: np.random.RandomState, n_targets: int, prefix: str) -> dict[str, Any]:
-    """Random TreeEnsemble{Regressor,Classifier} attributes: mixed modes, missing tracks,
-    trees of different depths."""
-    return random_trees(
-        rng, n_targets, prefix, [1 + t % 5 for t in range(11)]
-    )  # > 1 group of lanes
+#: Eleven trees of different depths (more than one group of lanes).
+_DEPTHS = [1 + t % 5 for t in range(11)]
 
 
 def _hand_model(node: Any, outs: list[Any]) -> bytes:
@@ -154,9 +147,7 @@ def _hand_model(node: Any, outs: list[Any]) -> bytes:
 
 
 def _hand_feeds(rng: np.random.RandomState, n: int) -> dict[str, np.ndarray]:
-    x = rng.choice([-1.0, 0.0, 0.25, 0.5, 1.0], size=(n, 3)).astype(np.float32)
-    x[rng.rand(n, 3) < 0.15] = np.nan
-    return {"X": x}
+    return {"X": tree_inputs(rng, n)}
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -165,11 +156,7 @@ def test_hand_built_regressor(seed: int, aggregate: str) -> None:
     from onnx import TensorProto, helper
 
     rng = np.random.RandomState(seed)
-    attrs = _random_trees(rng, 3, "target")
-    attrs.update(n_targets=3, aggregate_function=aggregate, post_transform="NONE")
-    if seed % 2:
-        attrs["base_values"] = [0.5, -1.0, 2.0]
-    node = helper.make_node("TreeEnsembleRegressor", ["X"], ["Y"], domain=ML, **attrs)
+    node = random_regressor(rng, seed, aggregate, _DEPTHS)
     data = _hand_model(node, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 3])])
     model = tfrt_py.load(data, executor="native", native="eager")
     sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
@@ -184,12 +171,7 @@ def test_hand_built_classifier(seed: int, transform: str) -> None:
     from onnx import TensorProto, helper
 
     rng = np.random.RandomState(seed)
-    n_classes = 2 + seed % 2
-    attrs = _random_trees(rng, 1 if seed == 2 else n_classes, "class")
-    attrs.update(classlabels_int64s=list(range(10, 10 + n_classes)), post_transform=transform)
-    if seed == 3:
-        attrs["base_values"] = [0.1] * n_classes
-    node = helper.make_node("TreeEnsembleClassifier", ["X"], ["L", "Y"], domain=ML, **attrs)
+    node, n_classes = random_classifier(rng, seed, transform, _DEPTHS)
     outs = [helper.make_tensor_value_info("L", TensorProto.INT64, [None]),
             helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, n_classes])]  # fmt: skip
     data = _hand_model(node, outs)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 
 import tfrt_py
 from tfrt_py.errors import ExecutionError, InputError
-from tfrt_py.ir import Graph, GraphBuilder
+from tfrt_py.ir import Graph, GraphBuilder, TensorType
 from tfrt_py.native import Declined, NativeUnavailable
 from tfrt_py.native.runtime import tier as tier_mod
 
@@ -102,11 +102,13 @@ def _tiny_graph() -> Graph:
 def _feeds(g: Graph) -> dict[str, np.ndarray]:
     out = {}
     for v in g.inputs:
-        shape, dtype = v.type.shape, v.type.dtype  # type: ignore[union-attr]
-        if dtype.kind == "i":
-            out[v.name] = np.array([0, 9, -2, 4], dtype)
+        t = v.type
+        assert isinstance(t, TensorType) and t.dtype is not None
+        if t.dtype.kind == "i":
+            out[v.name] = np.array([0, 9, -2, 4], t.dtype)
         else:
-            out[v.name] = _rand(*shape)
+            assert t.is_static, t
+            out[v.name] = _rand(*cast("tuple[int, ...]", t.shape))
     return out
 
 
@@ -263,11 +265,11 @@ def test_float_to_int_cast_of_nan_and_infinities_is_defined(to: Any) -> None:
     native = tfrt_py.load(b.build(), executor="native", native="eager")
     assert native.native.state == "ready"
     big = 2.0**40 if to is np.int32 else 2.0**70
-    x = np.array([np.nan, np.inf, -np.inf, big, -big, 2.7, -2.7, 0.0], F32)
+    xv = np.array([np.nan, np.inf, -np.inf, big, -big, 2.7, -2.7, 0.0], F32)
     with np.errstate(invalid="ignore"):
-        want = x.astype(to)
+        want = xv.astype(to)
     low = np.iinfo(to).min
-    np.testing.assert_array_equal(native.run({"x": x})["y"], [low] * 5 + [2, -2, 0])
+    np.testing.assert_array_equal(native.run({"x": xv})["y"], [low] * 5 + [2, -2, 0])
     np.testing.assert_array_equal(want[5:], [2, -2, 0])
 
 

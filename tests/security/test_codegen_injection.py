@@ -10,6 +10,7 @@ marker directory, which must not exist afterwards.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -121,7 +122,7 @@ def test_payload_names_do_not_run_and_the_model_answers(
 
 
 def _plan_sources(model: tfrt_py.Model) -> list[str]:
-    rt = model.runtime
+    rt: Any = model.runtime  # the native tier (its .interp) or the sync interpreter
     interp = rt.interp if model.native is not None else rt if model.executor == "sync" else None
     if interp is None:
         return []
@@ -187,8 +188,10 @@ def test_a_string_where_a_number_belongs_declines() -> None:
 
 
 def test_literal() -> None:
-    for x in [0, 7, -3, 2**70, True, False, np.int64(-5), np.bool_(True), 0.1, -2.5, 1e300,
-              float("inf"), float("-inf"), -0.0, np.float32(0.2), np.float64(-1e-310)]:  # fmt: skip
+    values: list[Any] = [0, 7, -3, 2**70, True, False, np.int64(-5), np.bool_(True), 0.1, -2.5,
+                         1e300, float("inf"), float("-inf"), -0.0, np.float32(0.2),
+                         np.float64(-1e-310)]  # fmt: skip
+    for x in values:
         text = literal(x)
         back = eval(text, {"np": np, "__builtins__": {}})  # our own text only
         assert back == x or (type(back) is float and np.float64(back) == np.float64(x))

@@ -7,6 +7,7 @@ the model answers with the labels as data."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,9 +29,9 @@ def _native_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def _model(labels: list[str], names: list[str], text: str, op: str) -> bytes:
     """X[N,2] -> classifier (string labels) -> label, scores -> ZipMap -> probabilities."""
-    extra = {"note": text} if text else {}
+    extra: dict[str, Any] = {"note": text} if text else {}
     if op == "tree":
-        attrs = dict(
+        attrs: dict[str, Any] = dict(
             nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[1, 0, 0],
             nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[0.5, 0.0, 0.0],
             nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import tfrt_py
-from tfrt_py.ir import Graph, GraphBuilder
+from tfrt_py.ir import Graph, GraphBuilder, TensorType
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -45,7 +45,9 @@ def _mlp(width: int, depth: int, act: str) -> Graph:
 
 def _ready_and_right(model: tfrt_py.Model, graph: Graph, deadline: float) -> dict[str, Any]:
     ok = model.native.wait(max(0.0, deadline - time.monotonic()))
-    x = np.linspace(-1, 1, 2 * graph.inputs[0].type.shape[1], dtype=F32).reshape(2, -1)
+    t = graph.inputs[0].type
+    assert isinstance(t, TensorType) and t.shape is not None and isinstance(t.shape[1], int)
+    x = np.linspace(-1, 1, 2 * t.shape[1], dtype=F32).reshape(2, -1)
     want = tfrt_py.load(graph, executor="sync").run({"x": x})["y"]
     got = model.run({"x": x})["y"]
     return {

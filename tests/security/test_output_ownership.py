@@ -8,6 +8,7 @@ arrays; a one-output Split yields an array, not a 1-tuple.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from tests.support.executors import load_on
 from tfrt_py.errors import InputError
 
 
-def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[Any] = (),
+def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: Sequence[Any] = (),
            opset: int = 17) -> bytes:  # fmt: skip
     graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
@@ -180,7 +181,7 @@ def test_matrix_feed_is_read_as_an_array(executor: str, request: pytest.FixtureR
 def test_split_with_one_output(executor: str, opset: int) -> None:
     """A one-output Split returned a 1-tuple: the next Squeeze failed (torchvision's SSDLite
     export), and as a graph output it had a wrong shape (1, 2, 3) silently."""
-    attrs = {"num_outputs": 1} if opset >= 18 else {}
+    attrs: dict[str, Any] = {"num_outputs": 1} if opset >= 18 else {}
     split = helper.make_node("Split", ["x"], ["s"], axis=0, **attrs)
     axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
     squeeze = helper.make_node("Unsqueeze", ["s", "axes"], ["y"])

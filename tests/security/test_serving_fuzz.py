@@ -133,8 +133,9 @@ def tensors(draw: st.DrawFn) -> Any:
     shape = draw(st.lists(st.integers(0, 4), min_size=0, max_size=4))
     leaf = draw(SCALARS)
     arr = np.full(shape, 0.5).tolist() if shape else 0.5
-    if shape and draw(st.booleans()) and np.prod(shape) > 0:
-        node = arr
+    odd_leaf = draw(st.booleans()) if shape else False
+    if odd_leaf and np.prod(shape) > 0:
+        node: Any = arr
         for _ in shape[:-1]:
             node = node[0]
         node[0] = leaf

@@ -47,7 +47,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def served(layout: tuple[Path, Path]) -> Iterator[tuple[str, ModelServer, list[str]]]:
     log: list[str] = []
-    server = ModelServer(repository=layout[0], log=log.append, model_control="explicit")
+    server = ModelServer(repository=str(layout[0]), log=log.append, model_control="explicit")
     with ServerThread(create_app(server)) as url:
         yield url, server, log
 

@@ -138,6 +138,29 @@ def test_unfinished_iterator_does_not_block_another_threads_run(tmp_path: Any) -
     _check([first, *it], xs)  # the iterator carries on, reloading what it lost
 
 
+def _run_meanwhile(
+    model: tfrt_py.Model,
+    x: np.ndarray,
+    go_on: threading.Event,
+    consumer: threading.Thread,
+    out: dict[str, Any],
+    xs: list[np.ndarray],
+    parked: str,
+) -> None:
+    """While ``consumer``'s iterator is parked (until ``go_on``), ``model.run`` on ``x``
+    from another thread returns without waiting for it; then both results are right."""
+    other, box = _in_thread(lambda: model.run({"x": x}))
+    other.join(JOIN_S)
+    still_waiting = other.is_alive()
+    go_on.set()
+    consumer.join(JOIN_S)
+    other.join(JOIN_S)
+    assert not still_waiting, f"run() waited for {parked}"
+    assert "error" not in box and "error" not in out, (box, out)
+    np.testing.assert_allclose(box["result"]["y"], expected(x), rtol=1e-6)
+    _check(out["result"], xs)
+
+
 def test_slow_feed_source_does_not_block_another_threads_run(tmp_path: Any) -> None:
     model, _ = _streamed(tmp_path)
     xs = [_x(i) for i in range(3)]
@@ -152,17 +175,7 @@ def test_slow_feed_source_does_not_block_another_threads_run(tmp_path: Any) -> N
 
     consumer, out = _in_thread(lambda: list(model.run_batches(slow_feeds(), window=1)))
     assert pulled_first.wait(JOIN_S)
-    x = _x(7)
-    other, box = _in_thread(lambda: model.run({"x": x}))
-    other.join(JOIN_S)
-    still_waiting = other.is_alive()
-    go_on.set()
-    consumer.join(JOIN_S)
-    other.join(JOIN_S)
-    assert not still_waiting, "run() waited for a stalled feed source of another run"
-    assert "error" not in box and "error" not in out, (box, out)
-    np.testing.assert_allclose(box["result"]["y"], expected(x), rtol=1e-6)
-    _check(out["result"], xs)
+    _run_meanwhile(model, _x(7), go_on, consumer, out, xs, "a stalled feed source of another run")
 
 
 def test_unfinished_async_iterator_does_not_block_a_sync_run(tmp_path: Any) -> None:
@@ -182,17 +195,7 @@ def test_unfinished_async_iterator_does_not_block_a_sync_run(tmp_path: Any) -> N
 
     consumer, out = _in_thread(lambda: asyncio.run(consume()))
     assert parked.wait(JOIN_S)
-    x = _x(5)
-    other, box = _in_thread(lambda: model.run({"x": x}))
-    other.join(JOIN_S)
-    still_waiting = other.is_alive()
-    go_on.set()
-    consumer.join(JOIN_S)
-    other.join(JOIN_S)
-    assert not still_waiting, "run() waited for an unfinished async iterator"
-    assert "error" not in box and "error" not in out, (box, out)
-    np.testing.assert_allclose(box["result"]["y"], expected(x), rtol=1e-6)
-    _check(out["result"], xs)
+    _run_meanwhile(model, _x(5), go_on, consumer, out, xs, "an unfinished async iterator")
 
 
 def test_interleaved_iterators_each_keep_their_own_state(tmp_path: Any) -> None:

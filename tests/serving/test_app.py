@@ -126,7 +126,7 @@ def test_npy_in_npy_out(client: httpx.Client) -> None:
 def test_npz_for_a_many_input_model(client: httpx.Client) -> None:
     feeds = {f"f{i}": np.full((1, 1), 10.0 * i, np.float32) for i in range(18)}
     buf = io.BytesIO()
-    np.savez(buf, **feeds)
+    np.savez(buf, **feeds)  # type: ignore[arg-type]  # numpy's stub: kwds could be allow_pickle
     r = client.post(
         "/v1/models/ads:predict",
         content=buf.getvalue(),

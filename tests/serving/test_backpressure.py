@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 import tfrt_py
+from tests.support.waiting import until
 from tfrt_py.concurrency import HostContext
 from tfrt_py.serving import ModelConfig, ModelServer, ServerThread, create_app
 
@@ -72,12 +72,16 @@ def gate_model(batch: bool = False) -> bytes:
     return helper.make_model(graph, opset_imports=opsets, ir_version=8).SerializeToString()
 
 
-def until(cond: Callable[[], bool], what: str) -> None:
-    for _ in range(3000):
-        if cond():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
+def gate_server(
+    gate: Gate, host: HostContext, model: bytes | ModelConfig | None = None, **options: Any
+) -> ModelServer:
+    """A server of one model, "gate" (``gate_model()`` unless ``model``), whose Hold
+    kernel is ``gate``, loaded on ``host``."""
+    return ModelServer(
+        {"gate": gate_model() if model is None else model},
+        load_options={"custom_kernels": {("app", "Hold"): gate}, "host": host},
+        **options,
+    )
 
 
 @pytest.fixture
@@ -107,12 +111,7 @@ def v2_body(x: list[float], **params: Any) -> dict[str, Any]:
 
 def test_a_full_queue_is_503_with_retry_after_at_once(host: HostContext) -> None:
     gate = Gate()
-    server = ModelServer(
-        {"gate": gate_model()},
-        max_concurrency=1,
-        max_queue=2,
-        load_options={"custom_kernels": {("app", "Hold"): gate}, "host": host},
-    )
+    server = gate_server(gate, host, max_concurrency=1, max_queue=2)
     app = create_app(server)
     answers: list[httpx.Response] = []
     threads = []
@@ -197,11 +196,7 @@ def test_max_concurrency_bounds_the_calls_in_flight(host: HostContext) -> None:
 def test_the_batcher_takes_higher_priorities_first(host: HostContext) -> None:
     gate = Gate()
     config = ModelConfig(gate_model(batch=True), batching="on", max_batch=2, max_wait_us=0)
-    server = ModelServer(
-        {"gate": config},
-        max_concurrency=1,
-        load_options={"custom_kernels": {("app", "Hold"): gate}, "host": host},
-    )
+    server = gate_server(gate, host, config, max_concurrency=1)
     answers: list[httpx.Response] = []
     try:
         with ServerThread(create_app(server)) as url:
@@ -215,13 +210,16 @@ def test_the_batcher_takes_higher_priorities_first(host: HostContext) -> None:
                 doc["inputs"][0]["shape"] = [1, 2]
                 return doc
 
+            def queued(n: int) -> Callable[[], bool]:
+                return lambda: served.queued == n
+
             threads = [post_in_thread(url, path, row(1), answers)]
             until(lambda: gate.inside == 1, "the first batch runs")
             for i in (2, 3):  # one at a time: their arrival order is part of the test
                 threads.append(post_in_thread(url, path, row(i), answers))
-                until(lambda i=i: served.queued == i - 1, f"request {i} queued")
+                until(queued(i - 1), f"request {i} queued")
             threads.append(post_in_thread(url, path, row(4, priority=1), answers))
-            until(lambda: served.queued == 3, "a priority-1 request queued after them")
+            until(queued(3), "a priority-1 request queued after them")
             gate.open.set()
             for t in threads:
                 t.join(120)
@@ -234,11 +232,7 @@ def test_the_batcher_takes_higher_priorities_first(host: HostContext) -> None:
 
 def test_a_deadline_reached_in_the_queue_is_504_and_leaves_the_queue(host: HostContext) -> None:
     gate = Gate()
-    server = ModelServer(
-        {"gate": gate_model()},
-        max_concurrency=1,
-        load_options={"custom_kernels": {("app", "Hold"): gate}, "host": host},
-    )
+    server = gate_server(gate, host, max_concurrency=1)
     answers: list[httpx.Response] = []
     try:
         with ServerThread(create_app(server)) as url:
@@ -264,12 +258,7 @@ def _drain_case(host: HostContext, close_timeout: float, open_gate: bool) -> lis
     shut (it is cancelled after ``close_timeout``); the log lines."""
     gate = Gate()
     log: list[str] = []
-    server = ModelServer(
-        {"gate": gate_model()},
-        load_options={"custom_kernels": {("app", "Hold"): gate}, "host": host},
-        close_timeout=close_timeout,
-        log=log.append,
-    )
+    server = gate_server(gate, host, close_timeout=close_timeout, log=log.append)
     server.start()
     served = server.get("gate")
     assert served is not None and served.warmed

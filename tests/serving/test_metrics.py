@@ -86,7 +86,8 @@ def test_counters_and_histograms_match_the_requests_sent(url: str) -> None:
     finally:
         c.close()
     with httpx.Client(base_url=url, timeout=60) as h:  # v1: 2 answers, 1 refusal
-        for body in ({"inputs": {"x": X.tolist()}},) * 2 + ({"inputs": {}},):
+        bodies: tuple[dict[str, Any], ...] = ({"inputs": {"x": X.tolist()}},) * 2
+        for body in (*bodies, {"inputs": {}}):
             h.post("/v1/models/mlp:predict", json=body)
     responses = asyncio.run(_rows_requests(url, 2 * BATCH))
     assert all(r.status_code == 200 for r in responses)

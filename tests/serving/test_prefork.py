@@ -57,7 +57,9 @@ def expected(models: dict[str, Path]) -> tuple[np.ndarray, np.ndarray]:
     """(x, y) for 4 rows: the external model (memory-mapped: cheap here) computes y; the
     embedded one holds the same weights (same seed)."""
     m = tfrt_py.load(models["external"])
-    d = m.inputs[0].shape[1]  # type: ignore[index]
+    shape = m.inputs[0].shape
+    assert shape is not None and isinstance(shape[1], int)
+    d = shape[1]
     x = np.random.default_rng(0).standard_normal((4, d)).astype(np.float32)
     return x, m.run({"x": x})["y"]
 
@@ -197,7 +199,7 @@ def _kill_one_under_load(
     time.sleep(0.5)
     victim = min(pids)
     os.kill(victim, signal.SIGKILL)
-    new = set()
+    new: set[int] = set()
     end = time.monotonic() + 60
     while time.monotonic() < end and not new:
         new = server.workers(2) - pids

@@ -9,8 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
 import tfrt_py
+from tests.support.waiting import until
 from tfrt_py.concurrency import HostContext
 from tfrt_py.examples import make_models
 from tfrt_py.serving import ModelServer, ServerThread, create_app
@@ -70,14 +70,6 @@ class Hold:
         return x
 
 
-def until(cond: Callable[[], bool], what: str) -> None:
-    for _ in range(3000):
-        if cond():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     root = tmp_path / "models"
@@ -114,7 +106,7 @@ X2 = np.array([[1.0, -2.0]], np.float32)
 
 def test_the_newest_versions_are_served(repo: Path) -> None:
     log: list[str] = []
-    server = ModelServer(repository=repo, log=log.append, model_control="explicit")
+    server = ModelServer(repository=str(repo), log=log.append, model_control="explicit")
     assert sorted(server.configs) == ["aff", "mlp"]
     assert any("'bad name'" in line for line in log) and any("'empty'" in line for line in log)
     with ServerThread(create_app(server)) as url:
@@ -140,7 +132,7 @@ def test_load_swaps_in_a_new_version_without_dropping_requests_in_flight(
     hold = Hold()
     save(affine(1.0, 0.0, hold=True), repo / "gate" / "1" / "model.onnx")
     server = ModelServer(
-        repository=repo,
+        repository=str(repo),
         load_options={"custom_kernels": {("app", "Hold"): hold}, "host": host},
         model_control="explicit",
     )
@@ -173,7 +165,8 @@ def test_load_swaps_in_a_new_version_without_dropping_requests_in_flight(
 
 
 def test_unload_then_load(repo: Path) -> None:
-    with ServerThread(create_app(ModelServer(repository=repo, model_control="explicit"))) as url:
+    server = ModelServer(repository=str(repo), model_control="explicit")
+    with ServerThread(create_app(server)) as url:
         c = client_for(url)
         try:
             c.unload_model("aff")
@@ -200,7 +193,8 @@ def test_unload_then_load(repo: Path) -> None:
 
 
 def test_a_version_that_fails_to_load_leaves_the_old_one_serving(repo: Path) -> None:
-    with ServerThread(create_app(ModelServer(repository=repo, model_control="explicit"))) as url:
+    server = ModelServer(repository=str(repo), model_control="explicit")
+    with ServerThread(create_app(server)) as url:
         c = client_for(url)
         try:
             bad = repo / "aff" / "3" / "model.onnx"
@@ -262,7 +256,7 @@ def test_tfrt_py_serve_a_directory(repo: Path, tmp_path: Path) -> None:
 
 
 def test_loading_and_unloading_are_off_unless_asked_for(repo: Path) -> None:
-    with ServerThread(create_app(ModelServer(repository=repo))) as url:
+    with ServerThread(create_app(ModelServer(repository=str(repo)))) as url:
         c = client_for(url)
         try:
             for call in (c.load_model, c.unload_model):

@@ -3,11 +3,17 @@ executor) and run the same node through onnxruntime, so a kernel family is check
 
 ``const`` names the input positions given to the kernel as load-time constants, so both
 the constant-weight path (prepared at load) and the runtime path are exercised.
+
+A test module uses these through ``Harness`` (the ``harness`` fixture of
+``tests/kernels/conftest.py``): the module declares the kernel families it tests
+(``KERNEL_FAMILIES``) and, where its checks differ from the defaults, ``KERNEL_OPSET`` and
+``KERNEL_TOL``; ``harness_for`` reads them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -19,7 +25,21 @@ from tfrt_py.ir import Node, TensorType, Value
 from tfrt_py.kernels.base import ComputeFn, KernelContext
 from tfrt_py.kernels.registry import KernelRegistry
 
-__all__ = ["build_node", "check_vs_ort", "ort_run", "registry_of"]
+__all__ = [
+    "DEFAULT_OPSET",
+    "DEFAULT_TOL",
+    "Harness",
+    "build_node",
+    "check_vs_ort",
+    "harness_for",
+    "ort_run",
+    "reference_run",
+    "registry_of",
+]
+
+#: The opset of a check that names none, and the rtol and atol of ``Harness.check``.
+DEFAULT_OPSET = 19
+DEFAULT_TOL = 1e-4
 
 
 def registry_of(*families: ModuleType) -> KernelRegistry:
@@ -123,3 +143,84 @@ def check_vs_ort(
             g = np.asarray(g)
             assert g.dtype == w.dtype and g.shape == w.shape, (const, g.dtype, w.dtype, g.shape)
             np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+@dataclass(frozen=True)
+class Harness:
+    """The one-node helpers above bound to one registry, with a test module's defaults:
+    ``opset`` for a call that names none, ``tol`` (rtol and atol) for ``check``."""
+
+    registry: KernelRegistry
+    opset: int = DEFAULT_OPSET
+    tol: float = DEFAULT_TOL
+
+    @classmethod
+    def of(
+        cls, *families: ModuleType, opset: int = DEFAULT_OPSET, tol: float = DEFAULT_TOL
+    ) -> Harness:
+        """A harness over a registry holding only ``families``."""
+        return cls(registry_of(*families), opset, tol)
+
+    def _opset(self, opset: int | None) -> int:
+        return self.opset if opset is None else opset
+
+    def build(
+        self,
+        op: str,
+        inputs: Sequence[Any],
+        attrs: dict[str, Any],
+        *,
+        const: tuple[int, ...] = (),
+        opset: int | None = None,
+        n_out: int = 1,
+    ) -> ComputeFn:
+        """``build_node`` on this registry."""
+        return build_node(
+            self.registry, op, inputs, attrs, opset=self._opset(opset), const=const, n_out=n_out
+        )
+
+    def ort(
+        self,
+        op: str,
+        inputs: Sequence[Any],
+        attrs: dict[str, Any],
+        *,
+        opset: int | None = None,
+        n_out: int = 1,
+    ) -> list[Any]:
+        """``ort_run`` at this harness's opset unless ``opset`` is given."""
+        return ort_run(op, inputs, attrs, opset=self._opset(opset), n_out=n_out)
+
+    def check(
+        self,
+        op: str,
+        inputs: Sequence[Any],
+        attrs: dict[str, Any],
+        *,
+        tol: float | None = None,
+        opset: int | None = None,
+        n_out: int = 1,
+    ) -> None:
+        """``check_vs_ort`` on this registry, ``tol`` as both rtol and atol."""
+        tol = self.tol if tol is None else tol
+        check_vs_ort(
+            self.registry,
+            op,
+            inputs,
+            attrs,
+            opset=self._opset(opset),
+            n_out=n_out,
+            rtol=tol,
+            atol=tol,
+        )
+
+
+def harness_for(module: ModuleType) -> Harness:
+    """The harness a test module declares: its ``KERNEL_FAMILIES``, with its
+    ``KERNEL_OPSET`` and ``KERNEL_TOL`` where it sets them."""
+    families: tuple[ModuleType, ...] = module.KERNEL_FAMILIES
+    return Harness.of(
+        *families,
+        opset=getattr(module, "KERNEL_OPSET", DEFAULT_OPSET),
+        tol=getattr(module, "KERNEL_TOL", DEFAULT_TOL),
+    )

@@ -92,6 +92,7 @@ def main() -> None:
     mobile = TinyMobileNet()
     for m in mobile.modules():  # non-trivial BatchNorm statistics, so the fold matters
         if isinstance(m, nn.BatchNorm2d):
+            assert m.running_mean is not None and m.running_var is not None  # tracked stats
             m.running_mean.uniform_(-0.5, 0.5)
             m.running_var.uniform_(0.5, 2.0)
             m.weight.data.uniform_(0.5, 1.5)
