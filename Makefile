@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-floor lint unit conformance bench bench-zoo bench-zoo-classic \
+.PHONY: demo test test-slow test-floor test-fallbacks lint unit conformance bench bench-zoo bench-zoo-classic \
 	bench-zoo-transformers bench-zoo-vision bench-dynamic zoo-transformers-test-files clean
 
 $(STAMP): pyproject.toml
@@ -88,10 +88,16 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	PYTHONPATH=. $(BIN)/python -m tests.architecture.package_map --budget
 
+# `make test` is the suite a developer runs (under 15 minutes on 2 cores); the slow part
+# (marked `slow`: the ONNX node-case sweep, the classic CNNs) is `make test-slow`, which CI
+# runs too (.ci/run).
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 
 test: lint unit
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
 
 # The suite on the declared minimum versions (.ci/floor.txt) in a venv of its own. The
 # slow tests (the ONNX node cases, whose expected outputs belong to the installed onnx,
@@ -107,6 +113,17 @@ $(FLOOR_STAMP): pyproject.toml .ci/floor.txt
 
 test-floor: $(FLOOR_STAMP)
 	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow"
+
+# The fallback legs (CI): the fast paths switched off, so what runs where they are off runs
+# too. Compiled kernels and the packed gemm off: every kernel's NumPy path, on the kernel,
+# executor and model tests. The native pool off: numba's own TBB workers under the
+# native tier and the split kernels.
+FALLBACK_TESTS := tests/kernels tests/executors tests/models tests/test_api.py
+test-fallbacks: $(STAMP)
+	TFRT_PY_JIT=0 TFRT_PY_PACKED_GEMM=0 $(BIN)/python -m pytest -q -p no:cacheprovider \
+	    -m "not slow" $(FALLBACK_TESTS)
+	TFRT_PY_NATIVE_POOL=0 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" \
+	    tests/native tests/concurrency/test_native_threads.py
 
 # The ONNX backend node cases, each data set called twice on one loaded model (the second
 # call runs the planned code); benchmarks/conformance.py --help for the counting rules.
