@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import tfrt_py
 from tests.support.classic_cnns import CLASSIC_CNNS, LIGHT_DIR
+from tests.support.jit_paths import compiled_only
 from tests.support.models import build
 from tests.support.random_graphs import PROPERTY, random_graph
 from tfrt_py.executors.plan import ALIGN, Buffer, lower_bound, plan_offsets
@@ -110,6 +111,7 @@ def test_inplace_chain_uses_two_buffers() -> None:
     assert plan.arena_bytes == plan.lower_bound_bytes == 4 * 64 * 4
 
 
+@compiled_only
 def test_a_kernel_written_in_place_gets_its_input_as_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """The arena hands an in-place kernel the very view object of its input (same offset,
     shape and dtype: one view), so ``out is x`` -- no address test per call."""

@@ -30,7 +30,8 @@ def _fresh(env: dict[str, str]) -> str:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, **env},
+        # a clean slate: no TFRT_PY_* switch of this run (CI's fallback leg) leaks in
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("TFRT_PY_")}, **env},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout

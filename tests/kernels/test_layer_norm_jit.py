@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support.jit_paths import compiled_only
 from tests.support.kernel_harness import Harness
 from tfrt_py.kernels.lib.jit import ENV_JIT
 from tfrt_py.kernels.lib.norm_jit import layer_norm_rows, rms_norm_rows
@@ -48,6 +49,7 @@ def _both(
     return np.asarray(fast), np.asarray(slow)
 
 
+@compiled_only
 def test_kernel_is_compiled_for_float32_and_float64_only() -> None:
     assert layer_norm_rows(np.dtype(np.float32)) is not None
     assert layer_norm_rows(np.dtype(np.float64)) is not None
@@ -116,6 +118,7 @@ def test_calls_the_kernel_does_not_fit_take_the_numpy_path(harness: Harness) -> 
     np.testing.assert_allclose(x2, want, rtol=1e-5, atol=1e-6)
 
 
+@compiled_only
 def test_a_strided_input_is_copied_once_and_takes_the_compiled_rows(
     harness: Harness,
     monkeypatch: pytest.MonkeyPatch,

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support.jit_paths import compiled_only
 from tests.support.kernel_harness import Harness
 from tfrt_py.kernels.lib.jit import ENV_JIT
 from tfrt_py.kernels.lib.softmax_jit import SHORT_ROW, SPLIT_MIN_ELEMENTS, softmax_rows_f32
@@ -43,6 +44,7 @@ def _both(
     return fast, slow
 
 
+@compiled_only
 def test_kernel_compiles() -> None:
     assert softmax_rows_f32() is not None
 
@@ -137,6 +139,7 @@ def test_an_out_overlapping_the_input_in_part(harness: Harness, n: int, shift: i
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
+@compiled_only
 def test_short_rows_of_a_large_input_take_the_compiled_rows(
     harness: Harness,
     monkeypatch: pytest.MonkeyPatch,

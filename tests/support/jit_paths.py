@@ -3,6 +3,7 @@ numba) and again with the NumPy paths (``TFRT_PY_JIT=0``). Import them into a te
 
 * ``jit``: asked for by name; its value is ``"jit"`` or ``"numpy"``;
 * ``both_paths``: the same, autouse: every test of the module runs twice;
+* ``compiled_only``: a mark for a test of a compiled kernel itself;
 * ``spy_compiled(monkeypatch, module, getter)``: records what the compiled kernel that
   ``module.getter()`` hands out returns, each time it runs.
 """
@@ -16,7 +17,13 @@ import pytest
 
 from tfrt_py.kernels.lib.jit import ENV_JIT, jit_enabled
 
-__all__ = ["both_paths", "jit", "spy_compiled"]
+__all__ = ["both_paths", "compiled_only", "jit", "spy_compiled"]
+
+#: For a test of a compiled kernel itself: skipped where this run has them off.
+compiled_only = pytest.mark.skipif(
+    not jit_enabled(),
+    reason="compiled kernels are off in this run (no numba, or $TFRT_PY_JIT=0: CI's fallback leg)",
+)
 
 
 def _select(param: str, monkeypatch: pytest.MonkeyPatch) -> str:
