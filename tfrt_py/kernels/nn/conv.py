@@ -26,7 +26,14 @@ from ..lib.gemm import matmul_cols_into
 from ..lib.quant import requantize
 from ..registry import KernelRegistry
 from .conv_blocked import blocked_conv_fn
-from .conv_common import Spatial, bias_vector, conv_geometry, parse_spatial, scratch
+from .conv_common import (
+    ConvNode,
+    Spatial,
+    bias_vector,
+    conv_geometry,
+    parse_spatial,
+    scratch,
+)
 from .conv_depthwise import depthwise_conv_fn
 from .conv_direct import ACTIVATIONS, Epilogue, make_epilogue
 
@@ -66,6 +73,124 @@ class _Plan(NamedTuple):
 ConvCore = Callable[[np.ndarray, Any, Any], np.ndarray]
 
 
+def _contiguous_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The byte strides of a C-contiguous array of ``shape``."""
+    strides = [itemsize]
+    for d in reversed(shape[1:]):
+        strides.append(strides[-1] * d)
+    return tuple(reversed(strides))
+
+
+def _make_plan(
+    ctx: KernelContext,
+    sp: Spatial,
+    group: int,
+    itemsize: int,
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+) -> _Plan:
+    """The plan of one (input, weights) shape pair; ValueError when they do not fit the
+    node's attributes."""
+    node = f"{ctx.op_type} {ctx.node_name!r}"
+    if len(x_shape) != len(w_shape) or len(x_shape) < 3:
+        raise ValueError(f"{node}: input {x_shape}, W {w_shape}")
+    n, c = x_shape[:2]
+    m, cg = w_shape[:2]
+    if c != cg * group or m % group:
+        raise ValueError(f"{node}: input channels {c}, weights {w_shape}, group={group}")
+    kernel, strides, dil, pads = sp.resolve(w_shape[2:])
+    r = len(kernel)
+    if len(strides) != r or len(dil) != r or len(pads) != 2 * r:
+        raise ValueError(f"{node}: attributes do not match rank {r}")
+    begin, end, out_sp = conv_geometry(x_shape[2:], kernel, strides, dil, pads, sp.auto_pad)
+    if any(b < 0 or e < 0 for b, e in zip(begin, end)):
+        raise ValueError(f"{node}: negative pads {pads}")
+    padded_shape = (n, c, *(i + b + e for i, b, e in zip(x_shape[2:], begin, end)))
+    interior = (slice(None), slice(None), *(slice(b, b + i) for b, i in zip(begin, x_shape[2:])))
+    xp_strides = _contiguous_strides(padded_shape, itemsize)
+    k_strides = tuple(a * d for a, d in zip(xp_strides[2:], dil))
+    ksize = int(np.prod(kernel))
+    cgk = cg * ksize
+    mg = m // group
+    o = int(np.prod(out_sp))
+    if group == 1:
+        cols_shape: tuple[int, ...] = (cgk, o) if n == 1 else (n, cgk, o)
+        w2_shape: tuple[int, ...] = (m, cgk)
+        mm_shape: tuple[int, ...] = (m, o) if n == 1 else (n, m, o)
+    else:
+        cols_shape = (n, group, cgk, o)
+        w2_shape = (group, mg, cgk)
+        mm_shape = (n, group, mg, o)
+    if group > 1 and cg == 1 and all(s == 1 for s in strides) and ksize > 1:
+        # "extended grid": a stride-1 depthwise conv's im2col rows are runs of the
+        # flattened padded image, computed on an (O_1, P_2, ..., P_r) grid and cropped
+        length = out_sp[0] * int(np.prod(padded_shape[3:]))
+        tail = sum((k - 1) * ks // itemsize for k, ks in zip(kernel[1:], k_strides[1:]))
+        padded_size = int(np.prod(padded_shape))
+        return _Plan(
+            True,
+            False,
+            padded_shape,
+            interior,
+            (n, group, cg, *kernel, length),
+            (xp_strides[0], xp_strides[1] * cg, xp_strides[1], *k_strides, itemsize),
+            (n, group, cgk, length),
+            w2_shape,
+            mm_shape,
+            (n, m, *out_sp),
+            True,
+            padded_size,
+            padded_size + tail,
+            (n, m, out_sp[0], *padded_shape[3:]),
+            (slice(None), slice(None), slice(None), *(slice(0, d) for d in out_sp[1:])),
+        )
+    pad = any(begin) or any(end)
+    direct = not pad and all(k == 1 for k in kernel) and all(s == 1 for s in strides)
+    out_strides = (a * s for a, s in zip(xp_strides[2:], strides))
+    return _Plan(
+        bool(pad),
+        direct,
+        padded_shape,
+        interior,
+        (n, group, cg, *kernel, *out_sp),
+        (xp_strides[0], xp_strides[1] * cg, xp_strides[1], *k_strides, *out_strides),
+        cols_shape,
+        w2_shape,
+        mm_shape,
+        (n, m, *out_sp),
+    )
+
+
+def _const_weights(
+    ctx: KernelContext,
+    sp: Spatial,
+    group: int,
+    w_const: np.ndarray,
+    cdt: np.dtype,
+    plans: dict[Any, _Plan],
+) -> np.ndarray:
+    """The constant weights checked against the node and reshaped for the matmul, in
+    ``cdt``; the input's static shape, when it has one, is planned into ``plans``."""
+    if w_const.ndim < 3:
+        raise ctx.unsupported(f"weights of rank {w_const.ndim}; expected >= 3")
+    if w_const.shape[0] % group:
+        raise ctx.unsupported(f"{w_const.shape[0]} output channels, group={group}")
+    if sp.kernel_shape is not None and tuple(sp.kernel_shape) != w_const.shape[2:]:
+        raise ctx.unsupported(f"kernel_shape {sp.kernel_shape} != weights {w_const.shape}")
+    ksize = int(np.prod(w_const.shape[2:]))
+    m, cg = w_const.shape[:2]
+    shape2 = (m, cg * ksize) if group == 1 else (group, m // group, cg * ksize)
+    w2 = np.ascontiguousarray(w_const.reshape(shape2), dtype=cdt)
+    t = ctx.input_type(0)
+    if t is not None and t.is_static and t.shape is not None and len(t.shape) >= 3:
+        shp = tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
+        try:
+            plans[shp] = _make_plan(ctx, sp, group, cdt.itemsize, shp, tuple(w_const.shape))
+        except ValueError as e:
+            raise ctx.unsupported(str(e)) from e
+    return w2
+
+
 def make_conv_core(
     ctx: KernelContext,
     sp: Spatial,
@@ -83,128 +208,22 @@ def make_conv_core(
     if group < 1:
         raise ctx.unsupported(f"group={group}")
     itemsize = cdt.itemsize
-    w2_const: np.ndarray | None = None
-    if w_const is not None:
-        if w_const.ndim < 3:
-            raise ctx.unsupported(f"weights of rank {w_const.ndim}; expected >= 3")
-        if w_const.shape[0] % group:
-            raise ctx.unsupported(f"{w_const.shape[0]} output channels, group={group}")
-        if sp.kernel_shape is not None and tuple(sp.kernel_shape) != w_const.shape[2:]:
-            raise ctx.unsupported(f"kernel_shape {sp.kernel_shape} != weights {w_const.shape}")
     plans: dict[Any, _Plan] = {}
-
-    def make_plan(x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> _Plan:
-        if len(x_shape) != len(w_shape) or len(x_shape) < 3:
-            raise ValueError(f"{ctx.op_type} {ctx.node_name!r}: input {x_shape}, W {w_shape}")
-        n, c = x_shape[:2]
-        m, cg = w_shape[:2]
-        if c != cg * group or m % group:
-            raise ValueError(
-                f"{ctx.op_type} {ctx.node_name!r}: input channels {c}, weights {w_shape}, "
-                f"group={group}"
-            )
-        kernel, strides, dil, pads = sp.resolve(w_shape[2:])
-        r = len(kernel)
-        if len(strides) != r or len(dil) != r or len(pads) != 2 * r:
-            raise ValueError(f"{ctx.op_type} {ctx.node_name!r}: attributes do not match rank {r}")
-        begin, end, out_sp = conv_geometry(x_shape[2:], kernel, strides, dil, pads, sp.auto_pad)
-        pad = any(begin) or any(end)
-        padded_sp = tuple(i + b + e for i, b, e in zip(x_shape[2:], begin, end))
-        interior = (
-            slice(None),
-            slice(None),
-            *(slice(b, b + i) for b, i in zip(begin, x_shape[2:])),
-        )
-        if any(b < 0 or e < 0 for b, e in zip(begin, end)):
-            raise ValueError(f"{ctx.op_type} {ctx.node_name!r}: negative pads {pads}")
-        ksize = int(np.prod(kernel))
-        o = int(np.prod(out_sp))
-        mg = m // group
-        direct = not pad and all(k == 1 for k in kernel) and all(s == 1 for s in strides)
-        # strides of the contiguous padded buffer
-        pst = [itemsize]
-        for d in reversed((n, c, *padded_sp)[1:]):
-            pst.append(pst[-1] * d)
-        pst.reverse()
-        xp_strides = tuple(pst)
-        cgk = cg * ksize
-        if group == 1:
-            cols_shape: tuple[int, ...] = (cgk, o) if n == 1 else (n, cgk, o)
-            w2_shape: tuple[int, ...] = (m, cgk)
-            mm_shape: tuple[int, ...] = (m, o) if n == 1 else (n, m, o)
-        else:
-            cols_shape = (n, group, cgk, o)
-            w2_shape = (group, mg, cgk)
-            mm_shape = (n, group, mg, o)
-        view_shape = (n, group, cg, *kernel, *out_sp)
-        k_strides = tuple(a * d for a, d in zip(xp_strides[2:], dil))
-        view_strides = (
-            xp_strides[0],
-            xp_strides[1] * cg,
-            xp_strides[1],
-            *k_strides,
-            *(a * s for a, s in zip(xp_strides[2:], strides)),
-        )
-        if group > 1 and cg == 1 and all(s == 1 for s in strides) and ksize > 1:
-            inner = int(np.prod(padded_sp[1:]))
-            length = out_sp[0] * inner
-            tail = sum((k - 1) * ks // itemsize for k, ks in zip(kernel[1:], k_strides[1:]))
-            return _Plan(
-                True,
-                False,
-                (n, c, *padded_sp),
-                interior,
-                (n, group, cg, *kernel, length),
-                (xp_strides[0], xp_strides[1] * cg, xp_strides[1], *k_strides, itemsize),
-                (n, group, cgk, length),
-                w2_shape,
-                mm_shape,
-                (n, m, *out_sp),
-                True,
-                n * c * int(np.prod(padded_sp)),
-                n * c * int(np.prod(padded_sp)) + tail,
-                (n, m, out_sp[0], *padded_sp[1:]),
-                (slice(None), slice(None), slice(None), *(slice(0, o) for o in out_sp[1:])),
-            )
-        return _Plan(
-            bool(pad),
-            direct,
-            (n, c, *padded_sp),
-            interior,
-            view_shape,
-            view_strides,
-            cols_shape,
-            w2_shape,
-            mm_shape,
-            (n, m, *out_sp),
-        )
-
-    w_shape_const = None if w_const is None else tuple(w_const.shape)
-    if w_const is not None:
-        ksize = int(np.prod(w_const.shape[2:]))
-        m, cg = w_const.shape[:2]
-        shape2 = (m, cg * ksize) if group == 1 else (group, m // group, cg * ksize)
-        w2_const = np.ascontiguousarray(w_const.reshape(shape2), dtype=cdt)
-        t = ctx.input_type(0)
-        if t is not None and t.is_static and t.shape is not None and len(t.shape) >= 3:
-            shp = tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
-            try:
-                plans[shp] = make_plan(shp, tuple(w_const.shape))
-            except ValueError as e:
-                raise ctx.unsupported(str(e)) from e
+    w2_const = None if w_const is None else _const_weights(ctx, sp, group, w_const, cdt, plans)
+    w_shape_const: tuple[int, ...] = () if w_const is None else tuple(w_const.shape)
 
     def core(x: np.ndarray, w: Any, out: Any) -> np.ndarray:
         if w2_const is not None:
             key: Any = x.shape
             plan = plans.get(key)
             if plan is None:
-                plan = plans[key] = make_plan(x.shape, w_shape_const)  # type: ignore[arg-type]
+                plan = plans[key] = _make_plan(ctx, sp, group, itemsize, x.shape, w_shape_const)
             w2 = w2_const
         else:
             key = (x.shape, w.shape)
             plan = plans.get(key)
             if plan is None:
-                plan = plans[key] = make_plan(x.shape, w.shape)
+                plan = plans[key] = _make_plan(ctx, sp, group, itemsize, x.shape, w.shape)
             w2 = w.reshape(plan.w2_shape).astype(cdt, copy=False)
         if x.dtype != cdt:
             x = x.astype(cdt)
@@ -306,8 +325,9 @@ def _conv_fn(
         b_c = np.ascontiguousarray(b_const, dtype=cdt)
     same = cdt == dt
     epilogue = make_epilogue(epi)
-    depthwise = depthwise_conv_fn(sp, group, w_const, b_c, cdt, epi) if same else None
-    blocked = blocked_conv_fn(sp, group, w_const, b_c, cdt, epi) if same else None
+    node = ConvNode(sp, group, w_const, b_c, cdt, epi)
+    depthwise = depthwise_conv_fn(node) if same else None
+    blocked = blocked_conv_fn(node) if same else None
 
     def conv(
         x: np.ndarray, w: np.ndarray, b: Any = None, r: Any = None, out: Any = None

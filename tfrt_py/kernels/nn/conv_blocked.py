@@ -42,7 +42,7 @@ from ...concurrency.threads import intra_pool
 from ..common import scratch
 from ..lib import blas, gemm
 from ..lib.jit import CONTRACT, Jitted
-from .conv_common import Spatial, bias_vector, conv_geometry
+from .conv_common import ConvNode, bias_vector, conv_geometry
 from .conv_direct import (
     _EPILOGUE_COLS,
     ACTIVATIONS,
@@ -55,7 +55,7 @@ from .conv_direct import (
     act_fns,
     numpy_act_after,
 )
-from .conv_im2col import IM2COL, IM2COL_PAR, im2col_rows, im2col_rows_flat, im2col_rows_s2
+from .conv_im2col import IM2COL, IM2COL_PAR, im2col_rows
 from .conv_pointwise import POINTWISE_PAR, filter_blocks
 
 __all__ = ["BlockedPlan", "blocked_conv_fn", "plan_blocked", "run_blocked"]
@@ -134,7 +134,7 @@ def _prepare_blocked_par(module_globals: dict[str, Any]) -> bool:
 _BLOCKED_PAR = Jitted(
     _blocked_par,
     _warm_blocked_par,
-    helpers=(im2col_rows, im2col_rows_s2, im2col_rows_flat, _act_row, _epilogue_row),
+    helpers=(im2col_rows, _act_row, _epilogue_row),
     fastmath=CONTRACT,
     parallel=True,
     prepare=_prepare_blocked_par,
@@ -183,6 +183,52 @@ class BlockedPlan(NamedTuple):
     route: str = "parts"
 
 
+def _pool_blocks(
+    n: int, group: int, oh: int, parts: int
+) -> tuple[tuple[int, int, int, int, int], ...]:
+    """The Python pool's blocks, ``parts`` per image: (image, first group, end group, first
+    output row, end row), rows of output for one group, else groups."""
+    if group == 1:
+        step = -(-oh // parts)
+        spans = [(0, 1, r0, min(oh, r0 + step)) for r0 in range(0, oh, step)]
+    else:
+        step = -(-group // parts)
+        spans = [(g0, min(group, g0 + step), 0, oh) for g0 in range(0, group, step)]
+    return tuple((i, *span) for i in range(n) for span in spans)
+
+
+def _filter_blocks(
+    n: int, c_in: int, m: int, threads: int, direct: bool
+) -> tuple[Any, np.ndarray | None, Any, np.ndarray | None]:
+    """(compiled kernel, its (image, m0, m1) blocks, compiled im2col or None, its (image,
+    c0, c1) blocks) of the filter-block path on native threads; all None without it."""
+    native = POINTWISE_PAR.get()
+    if native is None:
+        return None, None, None, None
+    t = min(threads, native_threads.max_threads())
+    native_blocks = filter_blocks(n, m, gemm.PARTS_PER_THREAD * t)
+    if direct:
+        return native, native_blocks, None, None
+    parts = min(gemm.PARTS_PER_THREAD * t, c_in)
+    im2col_blocks = np.array(
+        [(i, c_in * j // parts, c_in * (j + 1) // parts) for i in range(n) for j in range(parts)],
+        np.int64,
+    )
+    return native, native_blocks, IM2COL_PAR.get(), im2col_blocks
+
+
+def _row_blocks(n: int, oh: int, threads: int) -> tuple[Any, np.ndarray | None, int]:
+    """(compiled ``_blocked_par``, its (image, first output row, end row) blocks, the most
+    rows in one) for the row-block path on native threads; (None, None, 0) without it."""
+    par = _BLOCKED_PAR.get()
+    if par is None:
+        return None, None, 0
+    t = min(threads, native_threads.max_threads(), oh)  # a block of rows per thread per image
+    rows = [(oh * j // t, oh * (j + 1) // t) for j in range(t)]
+    par_blocks = np.array([(i, r0, r1) for i in range(n) for r0, r1 in rows], np.int64)
+    return par, par_blocks, -(-oh // t)
+
+
 def plan_blocked(
     x_shape: tuple[int, ...],
     w_shape: tuple[int, ...],
@@ -214,49 +260,23 @@ def plan_blocked(
     split = threads > 1 and macs >= _SPLIT_MIN_MACS
     # gemm.PARTS_PER_THREAD blocks per thread per image; cache-sized blocks measured
     # slower too: each block packs the weights again and BLAS packs its own panels
-    parts = gemm.PARTS_PER_THREAD * threads if split else 1
-    if group == 1:
-        step = -(-oh // parts)
-        spans = [(0, 1, r0, min(oh, r0 + step)) for r0 in range(0, oh, step)]
-    else:
-        step = -(-group // parts)
-        spans = [(g0, min(group, g0 + step), 0, oh) for g0 in range(0, group, step)]
-    blocks = tuple((i, *span) for i in range(n) for span in spans)
+    blocks = _pool_blocks(n, group, oh, gemm.PARTS_PER_THREAD * threads if split else 1)
     geo = np.array(
         [kh, kw, strides[0], strides[1], dilations[0], dilations[1], pads_begin[0],
          pads_begin[1], ow],
         np.int64,
     )  # fmt: skip
-    numpy_act = numpy_act_after(epi, dtype)
-    native, native_blocks = None, None
-    im2col_par, im2col_blocks = None, None
-    if (
-        group == 1 and threads > 1 and m >= _NATIVE_MIN_FILTERS
-        and macs >= gemm.NATIVE_SPLIT_MIN_MACS and (direct or m > oh * ow)
-    ):  # fmt: skip
+    native_size = group == 1 and threads > 1 and macs >= gemm.NATIVE_SPLIT_MIN_MACS
+    native, native_blocks, im2col_par, im2col_blocks = None, None, None, None
+    if native_size and m >= _NATIVE_MIN_FILTERS and (direct or m > oh * ow):
         # filter blocks: a 1x1 conv as it is; a conv with more filters than output
         # pixels (row blocks would be a few pixels wide) after one im2col per image
-        native = POINTWISE_PAR.get()
-        if native is not None:
-            t = min(threads, native_threads.max_threads())
-            native_blocks = filter_blocks(n, m, gemm.PARTS_PER_THREAD * t)
-            if not direct:
-                im2col_par = IM2COL_PAR.get()
-                c_in = x_shape[1]
-                parts = min(gemm.PARTS_PER_THREAD * t, c_in)
-                im2col_blocks = np.array(
-                    [(i, c_in * j // parts, c_in * (j + 1) // parts)
-                     for i in range(n) for j in range(parts)],
-                    np.int64,
-                )  # fmt: skip
+        native, native_blocks, im2col_par, im2col_blocks = _filter_blocks(
+            n, x_shape[1], m, threads, direct
+        )
     par, par_blocks, par_rows = None, None, 0
-    if group == 1 and native is None and threads > 1 and macs >= gemm.NATIVE_SPLIT_MIN_MACS:
-        par = _BLOCKED_PAR.get()
-        if par is not None:  # a block of output rows per thread per image
-            t = min(threads, native_threads.max_threads(), oh)
-            rows = [(oh * j // t, oh * (j + 1) // t) for j in range(t)]
-            par_blocks = np.array([(i, r0, r1) for i in range(n) for r0, r1 in rows], np.int64)
-            par_rows = -(-oh // t)
+    if native_size and native is None:
+        par, par_blocks, par_rows = _row_blocks(n, oh, threads)
     if native is not None:
         route = "filters"
     elif par is not None:
@@ -266,27 +286,61 @@ def plan_blocked(
     else:
         route = "parts"
     return BlockedPlan(
-        None if direct else im2col,
-        epilogue,
-        geo,
-        group,
-        k,
-        (n, m, oh, ow),
-        blocks,
-        split and len(blocks) > 1,
-        _jit_act(epi, dtype),
-        epi if numpy_act else Epilogue(),
-        _params(epi, dtype),
-        act_fns(),
-        native,
-        native_blocks,
-        im2col_par,
-        im2col_blocks,
-        par,
-        par_blocks,
-        par_rows,
-        route,
-    )
+        im2col=None if direct else im2col, epilogue=epilogue, geo=geo, group=group, k=k,
+        out_shape=(n, m, oh, ow), blocks=blocks, split=split and len(blocks) > 1,
+        act=_jit_act(epi, dtype), epi=epi if numpy_act_after(epi, dtype) else Epilogue(),
+        params=_params(epi, dtype), fns=act_fns(), native=native, native_blocks=native_blocks,
+        im2col_par=im2col_par, im2col_blocks=im2col_blocks, par=par, par_blocks=par_blocks,
+        par_rows=par_rows, route=route,
+    )  # fmt: skip
+
+
+def _run_filters(
+    plan: BlockedPlan, x: np.ndarray, w2: np.ndarray, y: np.ndarray, bb: np.ndarray,
+    res: np.ndarray | None,
+) -> np.ndarray:  # fmt: skip
+    """``run_blocked``'s "filters" route: blocks of filters on native threads, each block's
+    epilogue on the thread that computed it (``conv_pointwise``), over the input (1x1) or
+    its im2col columns."""
+    dt = x.dtype
+    n, m, oh, ow = plan.out_shape
+    o = oh * ow
+    native_threads.enter(intra_pool().threads)
+    if plan.im2col is None:
+        src = x.reshape(n, x.shape[1], o)
+    else:
+        src = scratch(1, (n, plan.k, o), dt)
+        if plan.im2col_par is not None and plan.im2col_blocks is not None:
+            plan.im2col_par(x, src, plan.geo, plan.im2col_blocks)
+        else:
+            for i in range(n):
+                plan.im2col(x, i, src[i], plan.geo, 0, x.shape[1], 0, oh)
+    r3n = _EMPTY3[dt] if res is None else res.reshape(n, m, o)
+    plan.native(src, w2, y.reshape(n, m, o), bb, r3n, plan.native_blocks, plan.act,
+                plan.params)  # fmt: skip
+    if plan.epi.act:
+        _numpy_act(y, plan.epi, plan.fns)
+    return y
+
+
+def _run_rows(
+    plan: BlockedPlan, blocks: np.ndarray, x: np.ndarray, w2: np.ndarray, y: np.ndarray,
+    bb: np.ndarray, res: np.ndarray | None,
+) -> np.ndarray:  # fmt: skip
+    """``run_blocked``'s "rows" route: ``_blocked_par`` over ``blocks`` (``plan.par_blocks``)
+    of output rows on native threads."""
+    dt = x.dtype
+    n, m, oh, ow = plan.out_shape
+    o = oh * ow
+    direct = plan.im2col is None
+    cols = scratch(1, (len(blocks), 0 if direct else plan.k * plan.par_rows * ow), dt)
+    r3n = _EMPTY3[dt] if res is None else res.reshape(n, m, o)
+    native_threads.enter(intra_pool().threads)
+    plan.par(x, w2, y.reshape(n, m, o), bb, r3n, plan.geo, blocks, cols, plan.act,
+             plan.params, direct)  # fmt: skip
+    if plan.epi.act:
+        _numpy_act(y, plan.epi, plan.fns)
+    return y
 
 
 def run_blocked(
@@ -308,35 +362,9 @@ def run_blocked(
     bb = _EMPTY1[dt] if b is None else b
     route = plan.route
     if route == "filters" and plan.native_blocks is not None:
-        # blocks of filters on native threads, each block's epilogue on the thread that
-        # computed it (conv_pointwise), over the input (1x1) or its im2col columns
-        native_threads.enter(intra_pool().threads)
-        if plan.im2col is None:
-            src = x.reshape(n, x.shape[1], o)
-        else:
-            src = scratch(1, (n, plan.k, o), dt)
-            if plan.im2col_par is not None and plan.im2col_blocks is not None:
-                plan.im2col_par(x, src, plan.geo, plan.im2col_blocks)
-            else:
-                for i in range(n):
-                    plan.im2col(x, i, src[i], plan.geo, 0, x.shape[1], 0, oh)
-        r3n = _EMPTY3[dt] if res is None else res.reshape(n, m, o)
-        plan.native(src, w3[0], y.reshape(n, m, o), bb, r3n, plan.native_blocks, plan.act,
-                    plan.params)  # fmt: skip
-        if plan.epi.act:
-            _numpy_act(y, plan.epi, plan.fns)
-        return y
+        return _run_filters(plan, x, w3[0], y, bb, res)
     if route == "rows" and plan.par_blocks is not None:
-        blocks = plan.par_blocks
-        direct = plan.im2col is None
-        cols = scratch(1, (len(blocks), 0 if direct else plan.k * plan.par_rows * ow), dt)
-        r3n = _EMPTY3[dt] if res is None else res.reshape(n, m, o)
-        native_threads.enter(intra_pool().threads)
-        plan.par(x, w3[0], y.reshape(n, m, o), bb, r3n, plan.geo, blocks, cols, plan.act,
-                 plan.params, direct)  # fmt: skip
-        if plan.epi.act:
-            _numpy_act(y, plan.epi, plan.fns)
-        return y
+        return _run_rows(plan, plan.par_blocks, x, w3[0], y, bb, res)
     if route == "whole":
         # one image, one group, one block (most convs of a small net at batch 1): the
         # block straight, without the closures and views of the general path (~6 µs)
@@ -393,20 +421,14 @@ def run_blocked(
     return y
 
 
-def blocked_conv_fn(
-    sp: Spatial,
-    group: int,
-    w_const: np.ndarray | None,
-    b_c: np.ndarray | None,
-    cdt: np.dtype,
-    epi: Epilogue,
-) -> Callable[..., np.ndarray | None] | None:
+def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     """``fn(x, b, r, out)`` running the blocked conv for a one-group 2-D conv with constant
     weights, or None when it cannot apply; ``fn`` itself returns None for an input shape
     or call the whole-image path serves better or alone: more output channels than output
     pixels (each block would pack the whole weight matrix again), an input of another
     dtype, a residual of another shape, negative pads (filter blocks on native threads,
     ``conv_pointwise``, take the first case when they are there)."""
+    sp, group, w_const, b_c, cdt, epi = node
     if w_const is None or w_const.ndim != 4 or cdt not in _EMPTY1:
         return None
     if (

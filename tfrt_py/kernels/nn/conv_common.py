@@ -2,26 +2,27 @@
 
 Spatial attribute parsing (kernel_shape, strides, dilations, pads, auto_pad), the ONNX
 output-size and padding rules, col2im slice planning, ``bias_vector`` (a call's bias as
-one vector, for the three conv paths), ``depthwise_plan`` (the direct depthwise/grouped
-kernel's table; pure Python, so it sits here, imported by both of its users);
-``scratch`` (per-thread buffers) is
-``kernels.common``'s, re-exported here. All the
-shape arithmetic runs once per input shape (plans are memoised by shape); none of it runs
-per call when the shape repeats.
+one vector, for the three conv paths), ``ConvNode`` (a Conv node as the compiled paths
+take it), ``depthwise_plan`` (the direct depthwise/grouped kernel's table; pure Python, so
+it sits here, imported by both of its users); ``scratch`` (per-thread buffers) is
+``kernels.common``'s, re-exported here. All the shape arithmetic runs once per input shape
+(plans are memoised by shape); none of it runs per call when the shape repeats.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..base import KernelContext
 from ..common import attr_str, scratch
+from ..lib.activations import Epilogue
 
 __all__ = [
+    "ConvNode",
     "Spatial",
     "attr_ints",
     "bias_vector",
@@ -165,6 +166,18 @@ def col2im_slices(
     return result
 
 
+class ConvNode(NamedTuple):
+    """A Conv node as its compiled paths (``conv_depthwise``, ``conv_blocked``) take it at
+    load."""
+
+    sp: Spatial
+    group: int
+    w_const: np.ndarray | None  # the constant weights (M, C/group, *kernel), or None
+    b_c: np.ndarray | None  # the constant bias in ``cdt``, or None
+    cdt: np.dtype  # the compute dtype
+    epi: Epilogue
+
+
 def bias_vector(b: Any, b_c: np.ndarray | None, cdt: np.dtype) -> np.ndarray | None:
     """A conv call's bias as a contiguous 1-D ``cdt`` array: ``b_c`` (the constant bias,
     converted at load) when there is one, else ``b`` converted; None without a bias."""
@@ -174,22 +187,19 @@ def bias_vector(b: Any, b_c: np.ndarray | None, cdt: np.dtype) -> np.ndarray | N
 
 
 def depthwise_plan(
-    x_shape: tuple[int, ...],
-    w_shape: tuple[int, ...],
-    out_shape: tuple[int, ...],
-    strides: tuple[int, int],
-    pads: tuple[int, int, int, int],
-    dilations: tuple[int, int],
-) -> tuple[np.ndarray, int, int]:
-    """(table, phase-plane elements, grid elements) for ``_depthwise2d``: the table is
-    [q, sw, grid loop length, tap offsets..., then per (input row, column phase) with
-    columns: input row, first column, count, offset in the phase planes]."""
-    h, wd = x_shape[2:]
-    kh, kw = w_shape[2:]
-    oh, ow = out_shape[2:]
+    in_hw: tuple[int, ...], kernel: tuple[int, ...], out_hw: tuple[int, ...],
+    strides: tuple[int, ...], pads_begin: tuple[int, ...], dilations: tuple[int, ...],
+) -> tuple[np.ndarray, int, int]:  # fmt: skip
+    """(table, phase-plane elements, grid elements) for ``_depthwise2d`` over (H, W) planes
+    ``in_hw`` and (OH, OW) ``out_hw``: the table is [q, sw, grid loop length, tap
+    offsets..., then per (input row, column phase) with columns: input row, first column,
+    count, offset in the phase planes]."""
+    h, wd = in_hw
+    kh, kw = kernel
+    oh, ow = out_hw
     sh, sw = strides
     dh, dw = dilations
-    ph, pw = pads[0], pads[1]
+    ph, pw = pads_begin
     # a grid row holds OW outputs plus the widest tap shift; a plane row the padded input
     q = max(ow + ((kw - 1) * dw) // sw, -(-(wd + pw) // sw))
     rows = max(oh + ((kh - 1) * dh) // sh, -(-(h + ph) // sh)) + 1

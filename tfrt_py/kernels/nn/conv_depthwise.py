@@ -20,7 +20,7 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from . import conv_depthwise3
-from .conv_common import Spatial, bias_vector, conv_geometry, depthwise_plan, scratch
+from .conv_common import ConvNode, bias_vector, conv_geometry, depthwise_plan, scratch
 from .conv_direct import (
     _DEPTHWISE,
     _DEPTHWISE_PAR,
@@ -102,7 +102,9 @@ def plan_depthwise(
         work = x_shape[2] * x_shape[3] * 9 * w_shape[0] * n
         par_kernel = conv_depthwise3.DEPTHWISE3_PAR
     else:
-        tab, xp_len, acc_len = depthwise_plan(x_shape, w_shape, out_shape, strides, pads, dilations)
+        tab, xp_len, acc_len = depthwise_plan(
+            x_shape[2:], w_shape[2:], out_shape[2:], strides, pads[:2], dilations
+        )
         work = acc_len * w_shape[2] * w_shape[3] * w_shape[0] * cg * n
         par_kernel = _DEPTHWISE_PAR
     par = par_kernel.get() if blocks and work >= DEPTHWISE_NATIVE_SPLIT_MIN_MACS else None
@@ -182,17 +184,11 @@ def _depthwise_block(
 DEPTHWISE_MIN_WORK = 400
 
 
-def depthwise_conv_fn(
-    sp: Spatial,
-    group: int,
-    w_const: np.ndarray | None,
-    b_c: np.ndarray | None,
-    cdt: np.dtype,
-    epi: Epilogue,
-) -> Callable[..., Any] | None:
+def depthwise_conv_fn(node: ConvNode) -> Callable[..., Any] | None:
     """``fn(x, b, r, out)`` running ``run_depthwise`` for a 2-D depthwise
     conv with constant weights, or None when it does not apply; ``fn`` itself returns None
     for an input shape where im2col is the better (or only) path."""
+    sp, group, w_const, b_c, cdt, epi = node
     if w_const is None or w_const.ndim != 4 or group < 2:
         return None
     cg, taps = w_const.shape[1], w_const.shape[2] * w_const.shape[3]

@@ -50,7 +50,7 @@ from ..lib.activations import (
 )
 from ..lib.erf import erf
 from ..lib.gelu_jit import gelu_erf_f32
-from ..lib.jit import CONTRACT, Jitted
+from ..lib.jit import CONTRACT, Jitted, inline, uses
 from ..lib.sigmoid_jit import sigmoid_f32
 from .conv_common import depthwise_plan, scratch
 
@@ -107,6 +107,99 @@ def _epilogue_row(
         _act_row(row, bm if has_b else neg0, act, p)
 
 
+@inline
+def _accumulate_taps(
+    acc: Any, xs: Any, wm: Any, tab: Any, span: int
+) -> None:  # pragma: no cover - numba only
+    """``acc[:span]`` += every tap of the kernel ``wm`` (KH, KW) times the phase planes
+    ``xs`` at the tap's offset (``tab[3:]``): ``_depthwise2d``'s multiply-adds. Inlined
+    (``jit.inline``)."""
+    kh_, kw_ = wm.shape
+    n_taps = kh_ * kw_
+    # several taps per pass over the grid: fewer loop set-ups and fewer
+    # loads and stores of acc (per-tap overhead dominates small planes)
+    k = 0
+    if n_taps == 9:  # 3x3: the whole kernel in one pass
+        w0, w1, w2 = wm[0, 0], wm[0, 1], wm[0, 2]
+        w3, w4, w5 = wm[1, 0], wm[1, 1], wm[1, 2]
+        w6, w7, w8 = wm[2, 0], wm[2, 1], wm[2, 2]
+        s0, s1, s2 = xs[tab[3] :], xs[tab[4] :], xs[tab[5] :]
+        s3, s4, s5 = xs[tab[6] :], xs[tab[7] :], xs[tab[8] :]
+        s6, s7, s8 = xs[tab[9] :], xs[tab[10] :], xs[tab[11] :]
+        for t in range(span):
+            acc[t] += (
+                (w0 * s0[t] + w1 * s1[t] + w2 * s2[t])
+                + (w3 * s3[t] + w4 * s4[t] + w5 * s5[t])
+                + (w6 * s6[t] + w7 * s7[t] + w8 * s8[t])
+            )
+        k = 9
+    elif kw_ == 5:  # a kernel row (five taps) per pass: 5x5 in five
+        for i in range(kh_):
+            j0 = 3 + 5 * i
+            w0, w1, w2 = wm[i, 0], wm[i, 1], wm[i, 2]
+            w3, w4 = wm[i, 3], wm[i, 4]
+            s0, s1, s2 = xs[tab[j0] :], xs[tab[j0 + 1] :], xs[tab[j0 + 2] :]
+            s3, s4 = xs[tab[j0 + 3] :], xs[tab[j0 + 4] :]
+            for t in range(span):
+                acc[t] += (w0 * s0[t] + w1 * s1[t]) + (w2 * s2[t] + w3 * s3[t] + w4 * s4[t])
+        k = n_taps
+    elif kw_ == 7:  # seven taps per pass: ConvNeXt's 7x7 in seven
+        for i in range(kh_):
+            j0 = 3 + 7 * i
+            w0, w1, w2 = wm[i, 0], wm[i, 1], wm[i, 2]
+            w3, w4, w5, w6 = wm[i, 3], wm[i, 4], wm[i, 5], wm[i, 6]
+            s0, s1, s2 = xs[tab[j0] :], xs[tab[j0 + 1] :], xs[tab[j0 + 2] :]
+            s3, s4 = xs[tab[j0 + 3] :], xs[tab[j0 + 4] :]
+            s5, s6 = xs[tab[j0 + 5] :], xs[tab[j0 + 6] :]
+            for t in range(span):
+                acc[t] += ((w0 * s0[t] + w1 * s1[t]) + (w2 * s2[t] + w3 * s3[t])) + (
+                    (w4 * s4[t] + w5 * s5[t]) + w6 * s6[t]
+                )
+        k = n_taps
+    while k + 3 <= n_taps:  # other kernels: three taps a pass
+        w0 = wm[k // kw_, k % kw_]
+        w1 = wm[(k + 1) // kw_, (k + 1) % kw_]
+        w2 = wm[(k + 2) // kw_, (k + 2) % kw_]
+        s0 = xs[tab[3 + k] :]
+        s1 = xs[tab[4 + k] :]
+        s2 = xs[tab[5 + k] :]
+        for t in range(span):
+            acc[t] += w0 * s0[t] + w1 * s1[t] + w2 * s2[t]
+        k += 3
+    while k < n_taps:
+        wv = wm[k // kw_, k % kw_]
+        src = xs[tab[3 + k] :]
+        for t in range(span):
+            acc[t] += wv * src[t]
+        k += 1
+
+
+@inline
+def _finish_channel(
+    acc: Any, res: Any, om: Any, n: int, m: int, has_res: bool, q: int, span: int, act: int,
+    p: Any,
+) -> None:  # pragma: no cover - numba only  # fmt: skip
+    """Output channel ``m`` of image ``n``: its grid ``acc`` + ``res[n, m]`` (``has_res``),
+    the activation, then the crop into ``om`` (OH, OW): ``_depthwise2d``'s epilogue.
+    Inlined (``jit.inline``)."""
+    oh_, ow_ = om.shape
+    # flat indices into one 2-D view per channel (a view per output row cost ~25 ns a
+    # row, half the kernel's time on 7x7 and 14x14 planes)
+    if has_res:
+        rm = res[n, m]
+        for oh in range(oh_):
+            ab = np.uint64(oh) * np.uint64(q)
+            for i in range(ow_):
+                acc[ab + np.uint64(i)] += rm[oh, i]
+    if act != 0:
+        _act_row(acc[:span], -p[2], act, p)
+    for oh in range(oh_):
+        ab = np.uint64(oh) * np.uint64(q)
+        for i in range(ow_):
+            om[oh, i] = acc[ab + np.uint64(i)]
+
+
+@uses(_accumulate_taps, _finish_channel)
 def _depthwise2d(
     x: Any, w: Any, b: Any, res: Any, out: Any, tab: Any, act: int, p: Any, xp: Any, acc: Any,
     n0: int, n1: int, g0: int, g1: int,
@@ -124,11 +217,10 @@ def _depthwise2d(
     (``conv_common.depthwise_plan``) holds q, the tap offsets and, per (input row, column
     phase), where its run lands; all divisions are done there, none here."""
     m_, cg, kh_, kw_ = w.shape
-    oh_, ow_ = out.shape[2], out.shape[3]
     mg = m_ // (x.shape[1] // cg)
     seg = xp.shape[0] // cg
-    q, sw, span, n_taps = tab[0], tab[1], tab[2], kh_ * kw_
-    runs = tab[3 + n_taps :]
+    q, sw, span = tab[0], tab[1], tab[2]
+    runs = tab[3 + kh_ * kw_ :]
     n_runs = runs.shape[0] // 4
     has_res = res.shape[0] > 0
     zero = p[2]
@@ -181,82 +273,8 @@ def _depthwise2d(
                 for t in range(span):
                     acc[t] = bm
                 for ci in range(cg):
-                    xs = xp[ci * seg : (ci + 1) * seg]
-                    wm = w[m, ci]
-                    # several taps per pass over the grid: fewer loop set-ups and fewer
-                    # loads and stores of acc (per-tap overhead dominates small planes)
-                    k = 0
-                    if n_taps == 9:  # 3x3: the whole kernel in one pass
-                        w0, w1, w2 = wm[0, 0], wm[0, 1], wm[0, 2]
-                        w3, w4, w5 = wm[1, 0], wm[1, 1], wm[1, 2]
-                        w6, w7, w8 = wm[2, 0], wm[2, 1], wm[2, 2]
-                        s0, s1, s2 = xs[tab[3] :], xs[tab[4] :], xs[tab[5] :]
-                        s3, s4, s5 = xs[tab[6] :], xs[tab[7] :], xs[tab[8] :]
-                        s6, s7, s8 = xs[tab[9] :], xs[tab[10] :], xs[tab[11] :]
-                        for t in range(span):
-                            acc[t] += (
-                                (w0 * s0[t] + w1 * s1[t] + w2 * s2[t])
-                                + (w3 * s3[t] + w4 * s4[t] + w5 * s5[t])
-                                + (w6 * s6[t] + w7 * s7[t] + w8 * s8[t])
-                            )
-                        k = 9
-                    elif kw_ == 5:  # a kernel row (five taps) per pass: 5x5 in five
-                        for i in range(kh_):
-                            j0 = 3 + 5 * i
-                            w0, w1, w2 = wm[i, 0], wm[i, 1], wm[i, 2]
-                            w3, w4 = wm[i, 3], wm[i, 4]
-                            s0, s1, s2 = xs[tab[j0] :], xs[tab[j0 + 1] :], xs[tab[j0 + 2] :]
-                            s3, s4 = xs[tab[j0 + 3] :], xs[tab[j0 + 4] :]
-                            for t in range(span):
-                                acc[t] += (w0 * s0[t] + w1 * s1[t]) + (
-                                    w2 * s2[t] + w3 * s3[t] + w4 * s4[t]
-                                )
-                        k = n_taps
-                    elif kw_ == 7:  # seven taps per pass: ConvNeXt's 7x7 in seven
-                        for i in range(kh_):
-                            j0 = 3 + 7 * i
-                            w0, w1, w2 = wm[i, 0], wm[i, 1], wm[i, 2]
-                            w3, w4, w5, w6 = wm[i, 3], wm[i, 4], wm[i, 5], wm[i, 6]
-                            s0, s1, s2 = xs[tab[j0] :], xs[tab[j0 + 1] :], xs[tab[j0 + 2] :]
-                            s3, s4 = xs[tab[j0 + 3] :], xs[tab[j0 + 4] :]
-                            s5, s6 = xs[tab[j0 + 5] :], xs[tab[j0 + 6] :]
-                            for t in range(span):
-                                acc[t] += (
-                                    (w0 * s0[t] + w1 * s1[t]) + (w2 * s2[t] + w3 * s3[t])
-                                ) + ((w4 * s4[t] + w5 * s5[t]) + w6 * s6[t])
-                        k = n_taps
-                    while k + 3 <= n_taps:  # other kernels: three taps a pass
-                        w0 = wm[k // kw_, k % kw_]
-                        w1 = wm[(k + 1) // kw_, (k + 1) % kw_]
-                        w2 = wm[(k + 2) // kw_, (k + 2) % kw_]
-                        s0 = xs[tab[3 + k] :]
-                        s1 = xs[tab[4 + k] :]
-                        s2 = xs[tab[5 + k] :]
-                        for t in range(span):
-                            acc[t] += w0 * s0[t] + w1 * s1[t] + w2 * s2[t]
-                        k += 3
-                    while k < n_taps:
-                        wv = wm[k // kw_, k % kw_]
-                        src = xs[tab[3 + k] :]
-                        for t in range(span):
-                            acc[t] += wv * src[t]
-                        k += 1
-                # residual and activation on the grid, then the crop: flat indices into
-                # one 2-D view per channel (a view per output row cost ~25 ns a row,
-                # half the kernel's time on 7x7 and 14x14 planes)
-                if has_res:
-                    rm = res[n, m]
-                    for oh in range(oh_):
-                        ab = np.uint64(oh) * np.uint64(q)
-                        for i in range(ow_):
-                            acc[ab + np.uint64(i)] += rm[oh, i]
-                if act != 0:
-                    _act_row(acc[:span], -p[2], act, p)
-                om = out[n, m]
-                for oh in range(oh_):
-                    ab = np.uint64(oh) * np.uint64(q)
-                    for i in range(ow_):
-                        om[oh, i] = acc[ab + np.uint64(i)]
+                    _accumulate_taps(acc, xp[ci * seg : (ci + 1) * seg], w[m, ci], tab, span)
+                _finish_channel(acc, res, out[n, m], n, m, has_res, q, span, act, p)
 
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
@@ -339,7 +357,7 @@ def _warm_epilogue_cols(fn: Any) -> None:
 def _warm_depthwise(fn: Any) -> None:
     f = np.float32
     x, w, y = np.zeros((1, 2, 3, 3), f), np.zeros((2, 1, 2, 2), f), np.zeros((1, 2, 2, 2), f)
-    tab, n_xp, n_acc = depthwise_plan(x.shape, w.shape, y.shape, (1, 1), (0, 0, 0, 0), (1, 1))
+    tab, n_xp, n_acc = depthwise_plan((3, 3), (2, 2), (2, 2), (1, 1), (0, 0), (1, 1))
     fn(x, w, np.zeros(2, f), np.zeros((0, 0, 0, 0), f), y, tab, 0, np.zeros(7, f),
        np.zeros(n_xp, f), np.zeros(n_acc, f), 0, 1, 0, 2)  # fmt: skip
 
@@ -347,7 +365,7 @@ def _warm_depthwise(fn: Any) -> None:
 def _warm_depthwise_par(fn: Any) -> None:
     f = np.float32
     x, w, y = np.zeros((1, 2, 3, 3), f), np.zeros((2, 1, 2, 2), f), np.zeros((1, 2, 2, 2), f)
-    tab, n_xp, n_acc = depthwise_plan(x.shape, w.shape, y.shape, (1, 1), (0, 0, 0, 0), (1, 1))
+    tab, n_xp, n_acc = depthwise_plan((3, 3), (2, 2), (2, 2), (1, 1), (0, 0), (1, 1))
     blocks = np.array([[0, 1, 0, 1], [0, 1, 1, 2]], np.int64)
     fn(x, w, np.zeros(2, f), np.zeros((0, 0, 0, 0), f), y, tab, 0, np.zeros(7, f),
        np.zeros((2, n_xp + n_acc), f), n_xp, blocks)  # fmt: skip

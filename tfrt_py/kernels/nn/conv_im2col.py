@@ -21,62 +21,47 @@ from typing import Any
 
 import numpy as np
 
-from ..lib.jit import Jitted
+from ..lib.jit import Jitted, inline, uses
 
 __all__ = ["IM2COL", "IM2COL_PAR", "im2col_rows", "im2col_rows_flat", "im2col_rows_s2"]
 
 
-def im2col_rows(  # pragma: no cover - numba only
-    x: Any, n: int, cols: Any, geo: Any, c0: int, c1: int, oh0: int, oh1: int
-) -> None:
-    """cols[(c - c0, i, j), (oh - oh0) * OW + ow] =
-    x[n, c, oh*sh - pt + i*dh, ow*sw - pl + j*dw] for channels c0 <= c < c1, zero outside
-    the image. ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl, OW]."""
-    h_, w_ = x.shape[2], x.shape[3]
-    kh_, kw_, sh, sw, dh, dw, pt, pl, ow_ = (
-        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8],
-    )  # fmt: skip
-    zero = cols.dtype.type(0)
-    if sw == 2 and dw == 1 and ow_ >= 16:
-        im2col_rows_s2(x, n, cols, geo, c0, c1, oh0, oh1)
-        return
-    if sh == 1 and sw == 1 and ow_ == w_:
-        im2col_rows_flat(x, n, cols, geo, c0, c1, oh0, oh1)
-        return
-    r = 0
-    for c in range(c0, c1):
-        xc = x[n, c]
-        for i in range(kh_):
-            for j in range(kw_):
-                row = cols[r]
-                r += 1
-                off = j * dw - pl
-                # the output columns whose tap lands inside the row: lo <= ow < hi
-                lo = 0 if off >= 0 else (-off + sw - 1) // sw
-                hi = (w_ - 1 - off) // sw + 1 if w_ - 1 - off >= 0 else 0
-                hi = min(hi, ow_)
-                lo = min(lo, hi)
-                for oh in range(oh0, oh1):
-                    ih = oh * sh - pt + i * dh
-                    d = np.uint64((oh - oh0) * ow_)
-                    if ih < 0 or ih >= h_:
-                        for t in range(ow_):
-                            row[d + np.uint64(t)] = zero
-                        continue
-                    src = xc[ih]
-                    for t in range(lo):
-                        row[d + np.uint64(t)] = zero
-                    base = np.uint64(lo * sw + off)
-                    dl = d + np.uint64(lo)
-                    if sw == 1:
-                        for t in range(hi - lo):
-                            row[dl + np.uint64(t)] = src[base + np.uint64(t)]
-                    else:
-                        su = np.uint64(sw)
-                        for t in range(hi - lo):
-                            row[dl + np.uint64(t)] = src[base + np.uint64(t) * su]
-                    for t in range(hi, ow_):
-                        row[d + np.uint64(t)] = zero
+@inline
+def _copy_tap(  # pragma: no cover - numba only
+    row: Any, plane: Any, ih0: int, sh: int, oh0: int, oh1: int, off: int, sw: int, w_: int,
+    ow_: int, c0: int, step: int,
+) -> None:  # fmt: skip
+    """One tap's im2col row for output rows ``[oh0, oh1)``: output (oh, ow) is input row
+    ``oh * sh + ih0``, column ``ow * sw + off`` (of ``w_``), read at ``plane[oh * sh + ih0,
+    c0 + ow * step]``; zero where that falls outside the image. Inlined (``jit.inline``)."""
+    h_ = plane.shape[0]
+    zero = row.dtype.type(0)
+    # the output columns whose tap lands inside the row: lo <= ow < hi
+    lo = 0 if off >= 0 else (-off + sw - 1) // sw
+    hi = (w_ - 1 - off) // sw + 1 if w_ - 1 - off >= 0 else 0
+    hi = min(hi, ow_)
+    lo = min(lo, hi)
+    for oh in range(oh0, oh1):
+        ih = oh * sh + ih0
+        d = np.uint64((oh - oh0) * ow_)
+        if ih < 0 or ih >= h_:
+            for t in range(ow_):
+                row[d + np.uint64(t)] = zero
+            continue
+        src = plane[ih]
+        for t in range(lo):
+            row[d + np.uint64(t)] = zero
+        base = np.uint64(c0 + lo * step)
+        dl = d + np.uint64(lo)
+        if step == 1:
+            for t in range(hi - lo):
+                row[dl + np.uint64(t)] = src[base + np.uint64(t)]
+        else:
+            su = np.uint64(step)
+            for t in range(hi - lo):
+                row[dl + np.uint64(t)] = src[base + np.uint64(t) * su]
+        for t in range(hi, ow_):
+            row[d + np.uint64(t)] = zero
 
 
 def im2col_rows_flat(  # pragma: no cover - numba only
@@ -129,6 +114,7 @@ def im2col_rows_flat(  # pragma: no cover - numba only
                             row[b + t] = zero
 
 
+@uses(_copy_tap)
 def im2col_rows_s2(  # pragma: no cover - numba only
     x: Any, n: int, cols: Any, geo: Any, c0: int, c1: int, oh0: int, oh1: int
 ) -> None:
@@ -138,7 +124,6 @@ def im2col_rows_s2(  # pragma: no cover - numba only
     strided gather (the ResNet stem's 7x7/2 im2col was 1.6 ns an element)."""
     h_, w_ = x.shape[2], x.shape[3]
     kh_, kw_, sh, dh, pt, pl, ow_ = geo[0], geo[1], geo[2], geo[4], geo[6], geo[7], geo[8]
-    zero = cols.dtype.type(0)
     half = (w_ + 1) // 2
     ph = np.empty((2, h_, half), cols.dtype)  # [even columns, odd columns] of one channel
     npair = w_ // 2
@@ -155,31 +140,37 @@ def im2col_rows_s2(  # pragma: no cover - numba only
                 ev[npair] = xc[ih, w_ - 1]
         for i in range(kh_):
             for j in range(kw_):
-                row = cols[r]
-                r += 1
                 off = j - pl  # input column 2 * ow + off: phase off % 2, at ow + off // 2
-                p = ph[off % 2]
-                shift = off // 2
-                lo = 0 if off >= 0 else (-off + 1) // 2
-                hi = (w_ - 1 - off) // 2 + 1 if w_ - 1 - off >= 0 else 0
-                hi = min(hi, ow_)
-                lo = min(lo, hi)
-                for oh in range(oh0, oh1):
-                    ih = oh * sh - pt + i * dh
-                    d = np.uint64((oh - oh0) * ow_)
-                    if ih < 0 or ih >= h_:
-                        for t in range(ow_):
-                            row[d + np.uint64(t)] = zero
-                        continue
-                    src = p[ih]
-                    for t in range(lo):
-                        row[d + np.uint64(t)] = zero
-                    dl = d + np.uint64(lo)
-                    base = np.uint64(lo + shift)
-                    for t in range(hi - lo):
-                        row[dl + np.uint64(t)] = src[base + np.uint64(t)]
-                    for t in range(hi, ow_):
-                        row[d + np.uint64(t)] = zero
+                plane = ph[off % 2]
+                _copy_tap(cols[r], plane, i * dh - pt, sh, oh0, oh1, off, 2, w_, ow_, off // 2, 1)
+                r += 1
+
+
+@uses(_copy_tap, im2col_rows_s2, im2col_rows_flat)
+def im2col_rows(  # pragma: no cover - numba only
+    x: Any, n: int, cols: Any, geo: Any, c0: int, c1: int, oh0: int, oh1: int
+) -> None:
+    """cols[(c - c0, i, j), (oh - oh0) * OW + ow] =
+    x[n, c, oh*sh - pt + i*dh, ow*sw - pl + j*dw] for channels c0 <= c < c1, zero outside
+    the image. ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl, OW]."""
+    w_ = x.shape[3]
+    kh_, kw_, sh, sw, dh, dw, pt, pl, ow_ = (
+        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8],
+    )  # fmt: skip
+    if sw == 2 and dw == 1 and ow_ >= 16:
+        im2col_rows_s2(x, n, cols, geo, c0, c1, oh0, oh1)
+        return
+    if sh == 1 and sw == 1 and ow_ == w_:
+        im2col_rows_flat(x, n, cols, geo, c0, c1, oh0, oh1)
+        return
+    r = 0
+    for c in range(c0, c1):
+        xc = x[n, c]
+        for i in range(kh_):
+            for j in range(kw_):
+                off = j * dw - pl
+                _copy_tap(cols[r], xc, i * dh - pt, sh, oh0, oh1, off, sw, w_, ow_, off, sw)
+                r += 1
 
 
 def _warm_im2col(fn: Any) -> None:
@@ -188,7 +179,7 @@ def _warm_im2col(fn: Any) -> None:
         fn(np.zeros((1, 1, 2, 2), t), 0, np.zeros((9, 4), t), geo, 0, 1, 0, 2)
 
 
-IM2COL = Jitted(im2col_rows, _warm_im2col, helpers=(im2col_rows_s2, im2col_rows_flat))
+IM2COL = Jitted(im2col_rows, _warm_im2col)
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
 numba: Any = None
@@ -217,6 +208,6 @@ def _warm_im2col_par(fn: Any) -> None:
 IM2COL_PAR = Jitted(
     _im2col_par,
     _warm_im2col_par,
-    helpers=(im2col_rows, im2col_rows_s2, im2col_rows_flat),
+    helpers=(im2col_rows,),
     parallel=True,
 )

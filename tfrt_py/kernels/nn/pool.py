@@ -51,6 +51,8 @@ def _plan(
     scale_dtype: Any = np.float32,
     indices: int = -1,  # MaxPool with Indices: storage_order (0/1); -1 without
 ) -> _Plan:
+    """The plan of a windowed pool for one input shape; ValueError when the shape does not
+    fit the node's attributes."""
     r = len(x_shape) - 2
     kernel, strides, dil, pads = sp.resolve()
     if r < 1 or len(kernel) != r or len(strides) != r or len(dil) != r or len(pads) != 2 * r:
@@ -67,9 +69,8 @@ def _plan(
     padded_sp = tuple(n + b + e for n, b, e in zip(in_sp, begin, end_used))
     pad = any(begin) or any(end_used)
     interior = (slice(None), slice(None), *(slice(b, b + n) for b, n in zip(begin, in_sp)))
-    slices: list[tuple[slice, ...]] = []
-    for pos in np.ndindex(*kernel):
-        sl = (
+    slices = [
+        (
             slice(None),
             slice(None),
             *(
@@ -77,10 +78,8 @@ def _plan(
                 for p, d, o, s in zip(pos, dil, out_sp, strides)
             ),
         )
-        slices.append(sl)
-    ksize = int(np.prod(kernel))
-    osize = int(np.prod(out_sp))
-    reduce = osize <= 4 and ksize > 4
+        for pos in np.ndindex(*kernel)
+    ]
     steps = [1]
     for d in reversed((*x_shape[:2], *padded_sp)[1:]):
         steps.append(steps[-1] * d)
@@ -91,50 +90,20 @@ def _plan(
         *(a * s for a, s in zip(steps[2:], strides)),
         *(a * d for a, d in zip(steps[2:], dil)),
     )
-    scale: Any = None
+    scale = None
     if avg >= 0:
-        counts = []
-        for i in range(r):
-            lo, hi = (0, begin[i] + in_sp[i] + end[i]) if avg else (begin[i], begin[i] + in_sp[i])
-            win = np.arange(out_sp[i])[:, None] * strides[i] + np.arange(kernel[i]) * dil[i]
-            counts.append(((win >= lo) & (win < hi)).sum(axis=1))
-        div = np.ones((), np.float64)
-        for cnt in counts:
-            div = np.multiply.outer(div, cnt)
-        if np.all(div == ksize):
-            scale = 1.0 / ksize
-        else:
-            scale = (1.0 / np.maximum(div, 1)).astype(scale_dtype)
-    nc_base: Any = None
-    out_base: Any = None
-    k_base: Any = None
+        scale = _average_scale(in_sp, kernel, strides, dil, begin, end, out_sp, avg, scale_dtype)
+    nc_base = out_base = k_base = None
     if indices >= 0:
-        # element strides of the unpadded input's spatial dims in the index order
-        dims = list(in_sp)
-        st = [1] * r
-        if indices == 0:
-            for i in range(r - 2, -1, -1):
-                st[i] = st[i + 1] * dims[i + 1]
-        else:
-            for i in range(1, r):
-                st[i] = st[i - 1] * dims[i - 1]
-        out_base = np.zeros((), np.int64)
-        k_base = np.zeros((), np.int64)
-        for i in range(r):
-            ob = (np.arange(out_sp[i], dtype=np.int64) * strides[i] - begin[i]) * st[i]
-            kb = np.arange(kernel[i], dtype=np.int64) * dil[i] * st[i]
-            out_base = np.add.outer(out_base, ob)
-            k_base = np.add.outer(k_base, kb)
-        k_base = k_base.reshape(-1)
-        nsp = int(np.prod(in_sp))
-        n, c = x_shape[:2]
-        nc_base = (np.arange(n * c, dtype=np.int64) * nsp).reshape((n, c) + (1,) * r)
+        nc_base, out_base, k_base = _index_bases(
+            x_shape, kernel, strides, dil, begin, out_sp, indices
+        )
     return _Plan(
         bool(pad),
         (*x_shape[:2], *padded_sp),
         interior,
         slices,
-        reduce,
+        int(np.prod(out_sp)) <= 4 and int(np.prod(kernel)) > 4,
         (*x_shape[:2], *out_sp, *kernel),
         view_steps,
         (*x_shape[:2], *out_sp),
@@ -143,6 +112,70 @@ def _plan(
         out_base,
         k_base,
     )
+
+
+def _average_scale(
+    in_sp: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    dil: tuple[int, ...],
+    begin: tuple[int, ...],
+    end: tuple[int, ...],
+    out_sp: tuple[int, ...],
+    count_include_pad: int,
+    scale_dtype: Any,
+) -> Any:
+    """AveragePool's 1/divisor per output position: a scalar when every window counts the
+    whole kernel, else an array of ``out_sp`` in ``scale_dtype``."""
+    counts = []
+    for i in range(len(in_sp)):
+        if count_include_pad:
+            lo, hi = 0, begin[i] + in_sp[i] + end[i]
+        else:
+            lo, hi = begin[i], begin[i] + in_sp[i]
+        win = np.arange(out_sp[i])[:, None] * strides[i] + np.arange(kernel[i]) * dil[i]
+        counts.append(((win >= lo) & (win < hi)).sum(axis=1))
+    div = np.ones((), np.float64)
+    for cnt in counts:
+        div = np.multiply.outer(div, cnt)
+    ksize = int(np.prod(kernel))
+    if np.all(div == ksize):
+        return 1.0 / ksize
+    return (1.0 / np.maximum(div, 1)).astype(scale_dtype)
+
+
+def _index_bases(
+    x_shape: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    dil: tuple[int, ...],
+    begin: tuple[int, ...],
+    out_sp: tuple[int, ...],
+    storage_order: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """MaxPool's Indices as (nc_base, out_base, k_base): the flat input index of output
+    ``o``'s window tap ``k`` in channel ``nc`` is ``nc_base + out_base[o] + k_base[k]``."""
+    in_sp = x_shape[2:]
+    r = len(in_sp)
+    # element strides of the unpadded input's spatial dims in the index order
+    st = [1] * r
+    if storage_order == 0:
+        for i in range(r - 2, -1, -1):
+            st[i] = st[i + 1] * in_sp[i + 1]
+    else:
+        for i in range(1, r):
+            st[i] = st[i - 1] * in_sp[i - 1]
+    out_base = np.zeros((), np.int64)
+    k_base = np.zeros((), np.int64)
+    for i in range(r):
+        ob = (np.arange(out_sp[i], dtype=np.int64) * strides[i] - begin[i]) * st[i]
+        kb = np.arange(kernel[i], dtype=np.int64) * dil[i] * st[i]
+        out_base = np.add.outer(out_base, ob)
+        k_base = np.add.outer(k_base, kb)
+    nsp = int(np.prod(in_sp))
+    n, c = x_shape[:2]
+    nc_base = (np.arange(n * c, dtype=np.int64) * nsp).reshape((n, c) + (1,) * r)
+    return nc_base, out_base, k_base.reshape(-1)
 
 
 def _window_view(xp: np.ndarray, plan: _Plan) -> np.ndarray:

@@ -29,7 +29,7 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..common import scratch
-from ..lib.jit import Jitted
+from ..lib.jit import Jitted, inline, uses
 
 __all__ = ["MaxPoolPlan", "plan_max_pool", "run_max_pool"]
 
@@ -46,13 +46,92 @@ def _mx(a: Any, v: Any) -> Any:  # pragma: no cover - numba only
     return v if (v > a) | (v != v) else a
 
 
+@inline
+def _rows_max(xc: Any, tmp: Any, top: int, kh_: int, dh: int) -> bool:  # pragma: no cover
+    """``tmp`` = the elementwise max of the window's input rows ``top + i * dh`` (i < KH)
+    that lie inside the image ``xc`` (H, W); False, ``tmp`` untouched, when none does.
+    Inlined (``jit.inline``)."""
+    h_, w_ = xc.shape
+    i = 0
+    while i < kh_ and top + i * dh < 0:
+        i += 1
+    i_end = i
+    while i_end < kh_ and top + i_end * dh < h_:
+        i_end += 1
+    if i == i_end:
+        return False
+    r0 = xc[top + i * dh]
+    if i_end - i >= 3:
+        r1 = xc[top + (i + 1) * dh]
+        r2 = xc[top + (i + 2) * dh]
+        for t in range(w_):
+            tmp[t] = _mx(_mx(r0[t], r1[t]), r2[t])
+        i += 3
+    elif i_end - i == 2:
+        r1 = xc[top + (i + 1) * dh]
+        for t in range(w_):
+            tmp[t] = _mx(r0[t], r1[t])
+        i += 2
+    else:
+        for t in range(w_):
+            tmp[t] = r0[t]
+        i += 1
+    while i < i_end:  # windows of more than three rows
+        r = xc[top + i * dh]
+        for t in range(w_):
+            tmp[t] = _mx(tmp[t], r[t])
+        i += 1
+    return True
+
+
+@inline
+def _columns_max(
+    o: Any, tmp: Any, w_: int, lo: int, hi: int, kw_: int, sw: int, dw: int, pl: int
+) -> None:  # pragma: no cover - numba only
+    """``o[ow]`` = the max of ``tmp`` (a row of ``w_``) over output ``ow``'s window columns,
+    those inside the row only; ``[lo, hi)`` are the windows wholly inside. Inlined
+    (``jit.inline``)."""
+    ow_ = o.shape[0]
+    # (unsigned offsets: these taps are inside, and numba skips the
+    # negative-index wraparound that keeps LLVM from vectorizing)
+    one, two, ulo = np.uint64(1), np.uint64(2), np.uint64(lo)
+    if sw == 2 and dw == 1 and kw_ == 3:
+        base = np.uint64(2 * lo - pl)
+        for t in range(hi - lo):
+            i0 = base + two * np.uint64(t)
+            o[ulo + np.uint64(t)] = _mx(_mx(tmp[i0], tmp[i0 + one]), tmp[i0 + two])
+    elif sw == 1 and dw == 1 and kw_ == 3:
+        base = np.uint64(lo - pl)
+        for t in range(hi - lo):
+            i0 = base + np.uint64(t)
+            o[ulo + np.uint64(t)] = _mx(_mx(tmp[i0], tmp[i0 + one]), tmp[i0 + two])
+    else:
+        for ow in range(lo, hi):
+            first_tap = ow * sw - pl
+            a = tmp[first_tap]
+            for j in range(1, kw_):
+                a = _mx(a, tmp[first_tap + j * dw])
+            o[ow] = a
+    for e in range(lo + ow_ - hi):  # windows reaching into the padding
+        ow = e if e < lo else hi + e - lo
+        a = -np.inf  # stays so for a window inside the padding
+        first = True
+        for j in range(kw_):
+            iw = ow * sw - pl + j * dw
+            if 0 <= iw < w_:
+                a = tmp[iw] if first else _mx(a, tmp[iw])
+                first = False
+        o[ow] = a
+
+
+@uses(_mx, _rows_max, _columns_max)
 def _max_pool2d(
     x: Any, out: Any, geo: Any, tmp: Any, n0: int, n1: int, c0: int, c1: int
 ) -> None:  # pragma: no cover - numba only
     """out[n, c] = max over the window for images ``[n0, n1)`` and channels ``[c0, c1)``.
     ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl]; ``tmp`` holds one output row's row maxima
     (W elements)."""
-    h_, w_ = x.shape[2], x.shape[3]
+    w_ = x.shape[3]
     oh_, ow_ = out.shape[2], out.shape[3]
     kh_, kw_, sh, sw, dh, dw, pt, pl = (
         geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7],
@@ -62,77 +141,19 @@ def _max_pool2d(
     last = w_ - 1 - (kw_ - 1) * dw + pl  # the last window start (times sw) fully inside
     hi = 0 if last < 0 else min(ow_, last // sw + 1)
     lo = min(lo, hi)
-    s2k3 = sw == 2 and dw == 1 and kw_ == 3
-    s1k3 = sw == 1 and dw == 1 and kw_ == 3
     for n in range(n0, n1):
         for c in range(c0, c1):
             xc = x[n, c]
             oc = out[n, c]
             for oh in range(oh_):
-                # 1. tmp = the max over the window's rows inside the image (>= 1 of them)
+                # 1. tmp = the max over the window's rows inside the image (>= 1 of them),
+                # 2. the output row: the max over each window's columns of tmp
                 o = oc[oh]
-                i = 0
-                while i < kh_ and oh * sh - pt + i * dh < 0:
-                    i += 1
-                i_end = i
-                while i_end < kh_ and oh * sh - pt + i_end * dh < h_:
-                    i_end += 1
-                if i == i_end:  # a window inside the padding (pads >= the kernel)
+                if _rows_max(xc, tmp, oh * sh - pt, kh_, dh):
+                    _columns_max(o, tmp, w_, lo, hi, kw_, sw, dw, pl)
+                else:  # a window inside the padding (pads >= the kernel)
                     for t in range(ow_):
                         o[t] = -np.inf
-                    continue
-                r0 = xc[oh * sh - pt + i * dh]
-                if i_end - i >= 3:
-                    r1 = xc[oh * sh - pt + (i + 1) * dh]
-                    r2 = xc[oh * sh - pt + (i + 2) * dh]
-                    for t in range(w_):
-                        tmp[t] = _mx(_mx(r0[t], r1[t]), r2[t])
-                    i += 3
-                elif i_end - i == 2:
-                    r1 = xc[oh * sh - pt + (i + 1) * dh]
-                    for t in range(w_):
-                        tmp[t] = _mx(r0[t], r1[t])
-                    i += 2
-                else:
-                    for t in range(w_):
-                        tmp[t] = r0[t]
-                    i += 1
-                while i < i_end:  # windows of more than three rows
-                    r = xc[oh * sh - pt + i * dh]
-                    for t in range(w_):
-                        tmp[t] = _mx(tmp[t], r[t])
-                    i += 1
-                # 2. the output row: the max over each window's columns of tmp
-                # (unsigned offsets: these taps are inside, and numba skips the
-                # negative-index wraparound that keeps LLVM from vectorizing)
-                one, two, ulo = np.uint64(1), np.uint64(2), np.uint64(lo)
-                if s2k3:
-                    base = np.uint64(2 * lo - pl)
-                    for t in range(hi - lo):
-                        i0 = base + two * np.uint64(t)
-                        o[ulo + np.uint64(t)] = _mx(_mx(tmp[i0], tmp[i0 + one]), tmp[i0 + two])
-                elif s1k3:
-                    base = np.uint64(lo - pl)
-                    for t in range(hi - lo):
-                        i0 = base + np.uint64(t)
-                        o[ulo + np.uint64(t)] = _mx(_mx(tmp[i0], tmp[i0 + one]), tmp[i0 + two])
-                else:
-                    for ow in range(lo, hi):
-                        i0 = ow * sw - pl
-                        a = tmp[i0]
-                        for j in range(1, kw_):
-                            a = _mx(a, tmp[i0 + j * dw])
-                        o[ow] = a
-                for e in range(lo + ow_ - hi):  # windows reaching into the padding
-                    ow = e if e < lo else hi + e - lo
-                    a = -np.inf  # stays so for a window inside the padding
-                    first = True
-                    for j in range(kw_):
-                        iw = ow * sw - pl + j * dw
-                        if 0 <= iw < w_:
-                            a = tmp[iw] if first else _mx(a, tmp[iw])
-                            first = False
-                    o[ow] = a
 
 
 def _warm(fn: Any) -> None:
@@ -142,7 +163,7 @@ def _warm(fn: Any) -> None:
         fn(x, y, geo, np.zeros(3, t), 0, 1, 0, 1)
 
 
-_MAX_POOL = Jitted(_max_pool2d, _warm, helpers=(_mx,))
+_MAX_POOL = Jitted(_max_pool2d, _warm)
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
 numba: Any = None
@@ -163,7 +184,7 @@ def _warm_par(fn: Any) -> None:
         fn(x, y, geo, np.zeros((2, 3), t), blocks)
 
 
-_MAX_POOL_PAR = Jitted(_max_pool2d_par, _warm_par, helpers=(_mx, _max_pool2d), parallel=True)
+_MAX_POOL_PAR = Jitted(_max_pool2d_par, _warm_par, helpers=(_max_pool2d,), parallel=True)
 
 
 class MaxPoolPlan(NamedTuple):
