@@ -49,6 +49,8 @@ import tempfile
 import time
 from typing import Any
 
+from peers import ort_session
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DECODERS_DIR = os.path.join(HERE, "models", "decoders")
@@ -115,17 +117,6 @@ def windows(samples: list[tuple[float, float, float]]) -> dict[str, Any]:
 
 
 # -- runtimes -------------------------------------------------------------------------------
-
-
-def ort_session(path: str, threads: int) -> Any:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    if threads > 0:
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
 def _close(a: Any, b: Any, scale_tol: float = 2e-3) -> bool:

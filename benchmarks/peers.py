@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PEERS", "describe", "missing", "peer_runners"]
+__all__ = ["PEERS", "describe", "missing", "ort_session", "peer_runners"]
 
 Runner = Callable[[], object]
 Getter = Callable[[], list[np.ndarray]]
@@ -74,6 +74,19 @@ def describe(peers: tuple[str, ...], threads: int) -> str:
     if not parts:
         return "peers: none"
     return f"peers: {', '.join(parts)}; {threads} thread(s) each"
+
+
+def ort_session(path: str, threads: int = 0) -> Any:
+    """An onnxruntime CPU session; ``threads`` > 0: that many intra-op threads and no spinning
+    between calls (a timed session that leaves the cores to the runtime it alternates with)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if threads > 0:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
 def default_threads() -> int:

@@ -3,10 +3,10 @@
     python benchmarks/planner_table.py [--models alexnet,resnet50,...] [--batch 1]
 
 For the classic CNNs inside the onnx package (``onnx/backend/test/data/light``) and a
-pre-LN transformer block (the test suite's ``transformer_erf``, at several sequence
-batches), prints: the arena the planner chose, the lower bound (the largest sum of live
-buffer bytes at any step: no arena can be smaller), their ratio, the bytes without any
-reuse (every planned value its own buffer), and how many kernels ran in place.
+pre-LN transformer block (the test suite's ``transformer_erf``, from ``tests/support``, at
+several sequence batches), prints: the arena the planner chose, the lower bound (the largest
+sum of live buffer bytes at any step: no arena can be smaller), their ratio, the bytes
+without any reuse (every planned value its own buffer), and how many kernels ran in place.
 """
 
 from __future__ import annotations
@@ -14,24 +14,15 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import sys
 import time
 
-import onnx
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.support
 
 import tfrt_py
-
-LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-CNNS = (
-    "bvlc_alexnet",
-    "densenet121",
-    "inception_v1",
-    "inception_v2",
-    "resnet50",
-    "shufflenet",
-    "squeezenet",
-    "vgg19",
-    "zfnet512",
-)
+from tests.support.classic_cnns import CLASSIC_CNNS as CNNS
+from tests.support.classic_cnns import LIGHT_DIR as LIGHT
+from tests.support.models import build
 
 
 def _kb(n: float) -> str:
@@ -61,11 +52,6 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in a.models.split(","):
         if name == "transformer":
-            try:  # the test suite's model: needs the repository root on the path
-                from tests.support.models import build
-            except ModuleNotFoundError:
-                print("| transformer block | (tests.support not importable: PYTHONPATH=.) |")
-                continue
             case = build("transformer_erf")
             t0 = time.perf_counter()
             model = tfrt_py.load(case.model, executor="sync")

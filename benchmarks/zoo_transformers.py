@@ -65,6 +65,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # The thread variables must be set before NumPy's BLAS loads: these imports come after.
 import numpy as np  # noqa: E402
 import transformer_zoo as zoo  # noqa: E402
+from peers import ort_session  # noqa: E402
 
 import tfrt_py  # noqa: E402
 from tfrt_py.bench import measure  # noqa: E402
@@ -76,22 +77,9 @@ RTOL, ATOL = 1e-4, 1e-4
 MODELS_DIR = os.path.join(HERE, "models", "transformers")
 
 
-def _session(path: str, threads: int = 0) -> Any:
-    """An onnxruntime CPU session; ``threads`` > 0: that many intra-op threads, no spinning
-    between calls (the timed session)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    if threads > 0:
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-
-
 def reference(path: str, shapes: tuple[tuple[int, int], ...], vocab: int) -> dict[str, Any]:
     """Feeds and onnxruntime's output per shape, keyed ``<b>x<s>/<name>``."""
-    sess = _session(path)
+    sess = ort_session(path)
     ref: dict[str, Any] = {}
     for b, s in shapes:
         f = zoo.feeds(b, s, vocab)
@@ -239,7 +227,7 @@ def bench(a: argparse.Namespace, names: list[str]) -> None:
         model = tfrt_py.load(path, threads=threads)  # the same thread count as onnxruntime
         if model.native is not None:
             model.native.wait()
-        sess = _session(path, threads)
+        sess = ort_session(path, threads)
         for b, s in shapes:
             f = zoo.feeds(b, s, size.vocab)
             if model.native is not None:  # auto compiles a signature once it is hot: warm it
