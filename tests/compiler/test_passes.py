@@ -99,6 +99,28 @@ def test_fold_constants_and_shape_chains() -> None:
     assert _report(model, "fold").startswith("folded 4 nodes into constants")
 
 
+def test_fold_picks_the_static_dims_of_a_shape_whose_other_dims_vary() -> None:
+    # scaled dot-product attention's exports: scale = 1 / sqrt(Shape(q)[-1]), per call
+    b = GraphBuilder("fold_partial")
+    x = b.input("x", F32, ("batch", 3, 4))
+    shape = b.op("Shape", x)
+    last = b.op("Slice", shape, b.const(np.array([-1], np.int64)),
+                b.const(np.array([2**63 - 1], np.int64)))  # fmt: skip
+    scale = b.op("Sqrt", b.op("Cast", last, to=1))
+    first = b.op("Gather", shape, b.const(np.array([0], np.int64)), axis=0)  # varies
+    target = b.op("Concat", first, b.const(np.array([-1], np.int64)), axis=0)
+    b.output(b.op("Mul", b.op("Reshape", x, target), scale), "y")
+    graph = b.build()
+    model = _agree(graph, {"x": _rng_feed((2, 3, 4))}, {"shapes", "fold"})
+    _agree(graph, {"x": _rng_feed((5, 3, 4))}, {"shapes", "fold"})
+    ops = _ops(model)
+    assert "Slice" not in ops and "Sqrt" not in ops and "Cast" not in ops
+    assert ops["Gather"] == 1 and ops["Shape"] == 1  # the batch dim stays computed
+    np.testing.assert_allclose(
+        model.run({"x": np.ones((2, 3, 4), F32)})["y"], np.full((2, 12), 2.0, F32)
+    )
+
+
 def test_dead_code_removed_but_custom_kernels_kept() -> None:
     calls = []
 
@@ -172,8 +194,49 @@ def test_fuse_linear_matmul_bias_activation() -> None:
     model = _agree(b.build(), {"x": _rng_feed((3, 8))}, {"shapes", "fuse_linear"})
     assert _ops(model) == Counter({"Linear": 3})
     assert _report(model, "fuse_linear") == (
-        "3 Linear nodes (2 with bias, 2 with activation, 1 input scalings folded into the weights)"
+        "3 Linear nodes (2 with bias, 2 with activation, 1 input scalings and 0 output "
+        "scalings folded into the weights)"
     )
+
+
+def _head_split(b: GraphBuilder, x: Value, w: Any, perm: list[int]) -> Value:
+    """(B, S, 8) -> Linear -> (B, S, 2, 4) -> Transpose(perm): an attention head split."""
+    h = b.op("Add", b.op("MatMul", x, b.const(w)), b.const(np.linspace(-1, 1, 8).astype(F32)))
+    return b.op("Transpose", b.op("Reshape", h, b.const(np.array([0, 0, 2, 4], np.int64))),
+                perm=perm)  # fmt: skip
+
+
+def test_fuse_linear_folds_a_scaling_after_the_head_split() -> None:
+    w = np.random.default_rng(1).standard_normal((8, 8)).astype(F32)
+    b = GraphBuilder("qk_scale")
+    x = b.input("x", F32, ("batch", "seq", 8))
+    q = b.op("Mul", _head_split(b, x, w, [0, 2, 1, 3]), b.const(np.float32(0.42)))
+    k = b.op("Mul", b.const(np.array([0.42], F32)), _head_split(b, x, w, [0, 2, 3, 1]))
+    b.output(b.op("MatMul", q, k), "scores")
+    graph = b.build()
+    for shape in ((1, 3, 8), (2, 5, 8)):
+        model = _agree(graph, {"x": _rng_feed(shape)}, {"shapes", "fuse_linear"})
+    assert _ops(model) == Counter({"Linear": 2, "Reshape": 2, "Transpose": 2, "MatMul": 1})
+    assert "2 output scalings" in _report(model, "fuse_linear")
+
+
+@pytest.mark.parametrize("case", ["activation", "read_twice", "per_column", "above_one"])
+def test_fuse_linear_keeps_a_scaling_it_cannot_fold(case: str) -> None:
+    w = np.random.default_rng(2).standard_normal((8, 8)).astype(F32)
+    b = GraphBuilder("kept_scale")
+    x = b.input("x", F32, (2, 3, 8))
+    h = b.op("MatMul", x, b.const(w))
+    h = b.op("Relu", h) if case == "activation" else h  # relu(x) * c: c must stay after
+    t = b.op("Transpose", b.op("Reshape", h, b.const(np.array([0, 0, 2, 4], np.int64))),
+             perm=[0, 2, 1, 3])  # fmt: skip
+    c = np.linspace(0.5, 2, 4).astype(F32) if case == "per_column" else np.float32(-0.5)
+    c = np.float32(2.0) if case == "above_one" else c  # W c or x W c could overflow
+    b.output(b.op("Mul", t, b.const(c)), "y")
+    if case == "read_twice":
+        b.output(b.op("Neg", t), "t")
+    model = _agree(b.build(), {"x": _rng_feed((2, 3, 8))}, {"shapes", "fuse_linear"})
+    assert _ops(model)["Mul"] == 1
+    assert "0 output scalings" in _report(model, "fuse_linear")
 
 
 def test_fuse_elementwise_chains() -> None:

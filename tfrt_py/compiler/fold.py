@@ -2,11 +2,14 @@
 
 Shape and Size of a value whose shape is static fold too, so shape arithmetic chains
 (Shape -> Gather -> Concat -> Reshape) collapse into a constant target shape, which the
-Reshape kernel then sees at load. Folding runs the real kernels, so a folded constant is
-exactly what the call would have computed. A node is left alone when its kernel fails or
-warns on the constants (the call then fails or warns as it would have), when it returns
-something that is not a tensor, or when an output would exceed ``FOLD_MAX_BYTES`` --
-predicted before the kernel runs (``load_limits``), and checked again after.
+Reshape kernel then sees at load. A Gather or Slice of a Shape that picks only static
+dims of a value whose other dims vary folds as well (scaled dot-product attention's
+exports compute their scale from ``Shape(q)[-1]``, the head size, at every call).
+Folding runs the real kernels, so a folded constant is exactly what the call would have
+computed. A node is left alone when its kernel fails or warns on the constants (the call
+then fails or warns as it would have), when it returns something that is not a tensor,
+or when an output would exceed ``FOLD_MAX_BYTES`` -- predicted before the kernel runs
+(``load_limits``), and checked again after.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def fold_constants(graph: Graph, ctx: PassContext) -> str:
     for node in graph.nodes:
         if not is_pure(node, flags_of(node)):
             continue
-        args = _const_args(node)
+        args = _const_args(node, ctx)
         if args is None:
             continue
         results = _run(node, ctx, args)
@@ -58,9 +61,14 @@ def fold_constants(graph: Graph, ctx: PassContext) -> str:
     return f"folded {len(folded)} nodes into constants{detail}, {n_bytes:,} bytes"
 
 
-def _const_args(node: Node) -> list[Any] | None:
+def _const_args(node: Node, ctx: PassContext) -> list[Any] | None:
     """The node's input arrays when all are load-time constants, else None. A Shape/Size
-    input only needs a static shape: a zero-memory broadcast view stands in for it."""
+    input only needs a static shape: a zero-memory broadcast view stands in for it. A
+    Gather/Slice of a Shape whose picked dims are static gets those dims
+    (``_static_part``)."""
+    part = _static_part(node, ctx)
+    if part is not None:
+        return part
     args: list[Any] = []
     for v in node.inputs:
         if v is None:
@@ -76,6 +84,54 @@ def _const_args(node: Node) -> list[Any] | None:
         else:
             return None
     return args
+
+
+def _shape_dims(shape_node: Node) -> list[Any] | None:
+    """The dims ``shape_node`` (an ONNX Shape) returns, ints where static and None where
+    not, after its ``start``/``end`` (opset 15); None when its input's rank is unknown."""
+    v = shape_node.inputs[0] if shape_node.inputs else None
+    t = None if v is None else v.type
+    dims = getattr(t, "shape", None)
+    if dims is None:
+        return None
+    got = [d if isinstance(d, int) and not isinstance(d, bool) else None for d in dims]
+    rank = len(got)
+    start, end = int(shape_node.attrs.get("start", 0)), shape_node.attrs.get("end")
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    stop = rank if end is None else int(end)
+    stop = min(max(stop + rank if stop < 0 else stop, 0), rank)
+    return got[start:stop]
+
+
+def _static_part(node: Node, ctx: PassContext) -> list[Any] | None:
+    """For ``Gather(Shape(x), idx)`` or ``Slice(Shape(x), ...)`` with constant indices or
+    bounds: the arguments that fold it (the picked dims as an int64 array standing in for
+    the Shape, the rest as they are) when every dim it picks is static, else None. The
+    kernel runs once on the dims' positions to learn which it picks."""
+    if node.domain != "" or node.op_type not in ("Gather", "Slice") or not node.inputs:
+        return None
+    src = node.inputs[0]
+    shape_node = None if src is None else src.producer
+    if shape_node is None or shape_node.op_type != "Shape" or shape_node.domain != "":
+        return None
+    if any(v is not None and v.const is None for v in node.inputs[1:]):
+        return None
+    dims = _shape_dims(shape_node)
+    if dims is None or all(d is None for d in dims):
+        return None
+    rest = [None if v is None else v.const for v in node.inputs[1:]]
+    try:
+        kdef = ctx.registry.lookup(node.domain, node.op_type, node.opset, node.name)
+        fn = kdef.build(KernelContext(node))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            picked = np.asarray(fn(np.arange(len(dims), dtype=np.int64), *rest))
+    except Exception:  # noqa: BLE001 - left to the call, which fails as it would have
+        return None
+    if picked.dtype.kind not in "iu" or any(dims[int(i)] is None for i in picked.reshape(-1)):
+        return None
+    known = np.array([d if d is not None else -1 for d in dims], dtype=np.int64)
+    return [known, *rest]
 
 
 def _run(node: Node, ctx: PassContext, args: list[Any]) -> list[np.ndarray] | None:

@@ -2,9 +2,12 @@
 one ``tfrt_py.fused::Linear`` node (kernel in ``kernels/fused/linear.py``).
 
 Inference-only: weights are constants, so Gemm's ``transB`` and ``alpha`` fold into the
-weight and ``beta`` into the bias at load. A group fuses only when each intermediate value
-is read by the next node alone (and is not a graph output); the fused node keeps the last
-node's output Value, so names and types are unchanged.
+weight and ``beta`` into the bias at load, as do a constant scaling of the input
+(``_fold_scale``) and a one-element constant scaling of the output reached through ops
+that only move elements (``_fold_output_scale``: the sqrt(scale) scaled dot-product
+attention's exports put on Q and K after the head split). A group fuses only when each
+intermediate value is read by the next node alone (and is not a graph output); the fused
+node keeps the last node's output Value, so names and types are unchanged.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def fuse_linear(graph: Graph, ctx: PassContext) -> str:
     flags_of = flags_lookup(ctx)
     consts: list[Value] = []
     replaced: dict[int, Node | None] = {}  # id(old node) -> fused node at its place, or None
-    n_bias = n_act = n_scale = n = 0
+    n_bias = n_act = n_scale = n_out_scale = n = 0
     for node in graph.nodes:
         if id(node) in replaced:
             continue
@@ -71,6 +74,14 @@ def fuse_linear(graph: Graph, ctx: PassContext) -> str:
             extras += act_extras
             out = nxt.outputs[0]
             group.append(nxt)
+        post = None if steps else _fold_output_scale(out, w, uses)  # type: ignore[arg-type]
+        if post is not None:
+            c, mul, writer = post
+            w = (w * c).astype(w.dtype)
+            bias = None if bias is None else (bias * c).astype(bias.dtype)
+            out = _drop_scaling(mul, writer, out)  # type: ignore[arg-type]
+            replaced[id(mul)] = None
+            n_out_scale += 1
         wv = Value(f"{node.name}/W", const=w)
         bv = None if bias is None else Value(f"{node.name}/bias", const=bias)
         consts += [c for c in (wv, bv) if c is not None]
@@ -96,7 +107,7 @@ def fuse_linear(graph: Graph, ctx: PassContext) -> str:
     graph.opsets.setdefault(DOMAIN, 1)
     return (
         f"{n} Linear nodes ({n_bias} with bias, {n_act} with activation, "
-        f"{n_scale} input scalings folded into the weights)"
+        f"{n_scale} input scalings and {n_out_scale} output scalings folded into the weights)"
     )
 
 
@@ -168,6 +179,59 @@ def _fold_scale(
     col = np.broadcast_to(c.reshape(-1), (k,))[:, None]
     scaled = (w / col) if p.op_type == "Div" else (w * col)
     return v, scaled.astype(w.dtype), p
+
+
+#: Ops that only move or relabel elements: a one-element scaling after them may be done
+#: before them.
+_LAYOUT = frozenset(op_names("Reshape Transpose Squeeze Unsqueeze Flatten Identity"))
+
+
+def _fold_output_scale(y: Value, w: np.ndarray, uses: Uses) -> tuple[Any, Node, Node | None] | None:
+    """When the Linear's output ``y`` reaches ``Mul(t, c)`` through ops that only move
+    elements (``_LAYOUT``; scaled dot-product attention's exports scale Q and K by
+    sqrt(scale) after the head split: Reshape, Transpose, Mul), each value read by the next
+    node alone and none a graph output, with ``c`` one constant element of W's dtype, 0 <
+    |c| <= 1, that adds no axes: (c as a scalar, the Mul, the last layout node or None when
+    the Mul reads ``y`` itself). ``(x @ W + b) * c == x @ (W c) + b c`` to rounding; with
+    |c| <= 1 no partial sum of the scaled product can overflow where the original's did
+    not (a larger c could turn a finite output near float32's max into inf)."""
+    v, writer = y, None
+    for _ in range(8):  # a short chain: nothing real has more
+        nxt = uses.only_reader(v)
+        if nxt is None or nxt.domain != "" or len(nxt.outputs) != 1 or nxt.outputs[0] is None:
+            return None
+        if nxt.op_type in _LAYOUT:
+            if nxt.inputs[0] is not v:
+                return None
+            v, writer = nxt.outputs[0], nxt
+            continue
+        if nxt.op_type != "Mul" or len(nxt.inputs) != 2:
+            return None
+        other = nxt.inputs[1] if nxt.inputs[0] is v else nxt.inputs[0]
+        if other is None or other.const is None or other.const.size != 1:
+            return None
+        c = other.const
+        rank = len(getattr(v.type, "shape", None) or ()) if v.type is not None else None
+        if c.dtype != w.dtype or tensor_dtype(v) != w.dtype or rank is None or c.ndim > rank:
+            return None
+        scale = float(c.reshape(()).item())
+        if not 0.0 < abs(scale) <= 1.0:  # also no NaN: |c| > 1 could overflow W c or x W c
+            return None
+        return scale, nxt, writer
+    return None
+
+
+def _drop_scaling(mul: Node, writer: Node | None, y: Value) -> Value:
+    """Take ``mul`` (scaling the layout chain's result) out: the chain's last node, or the
+    Linear when ``writer`` is None, writes the Mul's output Value (its name and consumers
+    kept). Returns the Value the Linear writes."""
+    out = mul.outputs[0]
+    assert out is not None
+    if writer is None:
+        return out
+    writer.outputs = [out]
+    out.producer = writer
+    return y
 
 
 def _bias_of(add: Node, y: Value, w: np.ndarray, x: Value) -> np.ndarray | None:

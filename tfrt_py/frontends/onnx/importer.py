@@ -88,15 +88,21 @@ def _check_known_opsets(opsets: dict[str, int]) -> None:
 
 
 def _with_inferred_types(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with value_info filled by ONNX shape inference, when it succeeds."""
+    """The model with value_info filled by ONNX shape inference, when it succeeds: with
+    data propagation first (the static dims a computed Reshape target keeps, such as an
+    attention head split's head count and size), without it if that fails."""
     if model.ByteSize() > 1 << 30:
         return model  # inference serializes the model; skip it for huge ones
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # noqa: BLE001 - inference is best effort; declared types still apply
-        return model
+    for data_prop in (True, False):  # data_prop: Shape -> Gather -> Reshape chains give dims
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return onnx.shape_inference.infer_shapes(
+                    model, strict_mode=False, data_prop=data_prop
+                )
+        except Exception:  # noqa: BLE001 - inference is best effort; declared types still apply
+            continue
+    return model
 
 
 class _Importer:
