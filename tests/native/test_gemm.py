@@ -22,11 +22,12 @@ F32 = np.float32
 
 
 @pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 12, 13, 16, 37])
-@pytest.mark.parametrize(("k", "n"), [(1, 16), (3, 32), (128, 48)])
+@pytest.mark.parametrize(("k", "n"), [(1, 16), (3, 32), (128, 48), (1024, 80), (2049, 48)])
 @pytest.mark.parametrize("flags", [0, 1, 2, 3], ids=["plain", "bias", "relu", "bias-relu"])
 def test_product_matches_numpy(m: int, k: int, n: int, flags: int) -> None:
     """Every row count (whole tiles of six and each remainder 1-5), odd depths, several
-    panels, each epilogue; operands at offsets inside larger flat arrays, rows strided; a
+    panels, several blocks of panels (1024: two panels a block, the last one alone; 2049:
+    one a block), each epilogue; operands at offsets inside larger flat arrays, rows strided; a
     NaN in x stays NaN through ReLU."""
     rng = np.random.default_rng(m * 1000 + k + n)
     ldx, ldy = k + 3, n + 16

@@ -51,6 +51,9 @@ MR = 6  # rows per tile
 NR = 16  # columns per panel (two 8-float vectors)
 #: panels per tile for the rows left after whole tiles: 8-12 accumulators each
 _PANELS_FOR_ROWS = {1: 4, 2: 3, 3: 2, 4: 1, 5: 1}
+#: The whole tiles walk W in blocks of panels of about this many bytes (in L2): per block,
+#: tile by tile (its rows of x stay in L1), the block's panels.
+PANEL_BLOCK_BYTES = 128 * 1024
 SYMBOL = "tfrt_py_sgemm_p16"
 
 _LOCK = threading.Lock()
@@ -107,13 +110,22 @@ class _PackedGemmIR:
     def text(self) -> str:
         """The whole function: full tiles, then the 1..MR-1 rows left."""
         b, c = self.b, self.c
-        # whole tiles of MR rows, panel by panel (twelve accumulators each)
+        # whole tiles of MR rows (twelve accumulators each): per block of panels (in L2),
+        # tile by tile (the tile's rows of x in L1), the block's panels
         full = b.mul(b.sdiv(self.m_rows, c(MR)), c(MR))
+        per_block = b.sdiv(c(PANEL_BLOCK_BYTES), b.mul(self.k_len, c(4 * NR)))
+        per_block = b.select(b.icmp_signed("<", per_block, c(1)), c(1), per_block)
 
-        def tiles_of_panel(p: Any) -> None:
-            self.loop(c(0), full, MR, lambda m0: self.tile(p, m0, MR, 1))
+        def block(p0: Any) -> None:
+            end = b.add(p0, per_block)
+            end = b.select(b.icmp_signed(">", end, self.panels), self.panels, end)
 
-        self.loop(c(0), self.panels, 1, tiles_of_panel)
+            def panels_of_tile(m0: Any) -> None:
+                self.loop(p0, end, 1, lambda p: self.tile(p, m0, MR, 1))
+
+            self.loop(c(0), full, MR, panels_of_tile)
+
+        self.loop_by(c(0), self.panels, per_block, block)
         # the 1..MR-1 rows left: several panels per tile, so that a single row still keeps
         # eight independent accumulators (an FMA's latency covered), then panel by panel
         done = self.fn.append_basic_block()
@@ -147,23 +159,64 @@ class _PackedGemmIR:
         b.branch(head)
         b.position_at_end(after)
 
-    def tile(self, p: Any, m0: Any, rows: int, npan: int) -> None:
-        """Rows m0..m0+rows of panels p..p+npan: a k loop over 2*rows*npan accumulators,
-        then the epilogue and the stores."""
-        b, c, ir, v8 = self.b, self.c, self.ir, self.v8
+    def loop_by(self, start: Any, end: Any, step: Any, body: Any) -> None:
+        """``for i in range(start, end, step): body(i)`` (``step`` an IR value >= 1)."""
+        b = self.b
         pre = b.block
-        head, body, done = (self.fn.append_basic_block() for _ in range(3))
+        head, inner, after = (self.fn.append_basic_block() for _ in range(3))
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(self.i64)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, end), inner, after)
+        b.position_at_end(inner)
+        body(i)
+        i.add_incoming(b.add(i, step), b.block)
+        b.branch(head)
+        b.position_at_end(after)
+
+    def tile(self, p: Any, m0: Any, rows: int, npan: int) -> None:
+        """Rows m0..m0+rows of panels p..p+npan: a k loop over 2*rows*npan accumulators, two
+        steps of k an iteration (then the odd one), then the epilogue and the stores."""
+        b, c = self.b, self.c
+        pre = b.block
+        head, body, odd_head, odd, done = (self.fn.append_basic_block() for _ in range(5))
         b.branch(head)
         b.position_at_end(head)
         k = b.phi(self.i64)
         k.add_incoming(c(0), pre)
         acc = []
         for _ in range(2 * rows * npan):
-            a = b.phi(v8)
+            a = b.phi(self.v8)
             a.add_incoming(self.zero, pre)
             acc.append(a)
-        b.cbranch(b.icmp_signed("<", k, self.k_len), body, done)
+        b.cbranch(b.icmp_signed("<=", b.add(k, c(2)), self.k_len), body, odd_head)
         b.position_at_end(body)
+        new = self.k_step(p, m0, rows, npan, k, acc)
+        new = self.k_step(p, m0, rows, npan, b.add(k, c(1)), new)
+        k.add_incoming(b.add(k, c(2)), b.block)
+        for a, v in zip(acc, new, strict=True):
+            a.add_incoming(v, b.block)
+        b.branch(head)
+        # the odd k left (K odd): one more step
+        b.position_at_end(odd_head)
+        b.cbranch(b.icmp_signed("<", k, self.k_len), odd, done)
+        b.position_at_end(odd)
+        last = self.k_step(p, m0, rows, npan, k, acc)
+        b.branch(done)
+        b.position_at_end(done)
+        out = []
+        for a, v in zip(acc, last, strict=True):
+            phi = b.phi(self.v8)
+            phi.add_incoming(a, odd_head)
+            phi.add_incoming(v, odd)
+            out.append(phi)
+        self.epilogue(p, m0, rows, npan, out)
+
+    def k_step(self, p: Any, m0: Any, rows: int, npan: int, k: Any, acc: list[Any]) -> list[Any]:
+        """One k of the tile: the panels' two vectors at row k, each x[m, k] broadcast,
+        ``acc`` + their products (the accumulators' new values)."""
+        b, c, ir, v8 = self.b, self.c, self.ir, self.v8
         wv = []
         for j in range(npan):
             at = b.add(b.mul(b.add(p, c(j)), b.mul(self.k_len, c(NR))), b.mul(k, c(NR)))
@@ -175,12 +228,7 @@ class _PackedGemmIR:
             xb = b.insert_element(ir.Constant(v8, ir.Undefined), xs, ir.Constant(self.i32, 0))
             xb = b.shuffle_vector(xb, ir.Constant(v8, ir.Undefined), self.splat)
             new += [b.call(self.fma, [wv[q], xb, acc[r * 2 * npan + q]]) for q in range(2 * npan)]
-        k.add_incoming(b.add(k, c(1)), b.block)
-        for a, v in zip(acc, new, strict=True):
-            a.add_incoming(v, b.block)
-        b.branch(head)
-        b.position_at_end(done)
-        self.epilogue(p, m0, rows, npan, acc)
+        return new
 
     def epilogue(self, p: Any, m0: Any, rows: int, npan: int, acc: list[Any]) -> None:
         """+ bias (flag 1; the pointer is always readable), then ReLU (flag 2; NaN kept, as
