@@ -10,8 +10,11 @@ packs W again on every call, and for a transformer's products at batch 1 (16 x 1
 x 512) that copy is a third of the call: 64 GFLOP/s, against ~85 here and ~100 for a big
 product on one core of this machine. The micro-tile is 6 rows x 16 columns: per k two
 vector loads of the panel, six broadcasts of x, twelve fused multiply-adds into twelve
-AVX accumulators; each panel is walked by tiles of 6 rows, then one tile of the 1-5 rows
-left. x and y are row-major with leading dimensions ``ldx``/``ldy``, so a block of a
+AVX accumulators, two k steps an iteration. The whole tiles walk W in blocks of panels of
+about ``PANEL_BLOCK_BYTES`` (in L2), within a block tile by tile (a tile's rows of x stay
+in L1) and panel by panel; then the 1-5 rows left, in tiles of several panels. Each
+output is the same chain of fused multiply-adds in any order of the loops, so results do
+not depend on it. x and y are row-major with leading dimensions ``ldx``/``ldy``, so a block of a
 larger array is an operand as it is.
 
 The kernel is LLVM IR built here with llvmlite (no optimization passes: the IR is
