@@ -128,7 +128,7 @@ class _PackedGemmIR:
 
             self.loop(c(0), full, MR, panels_of_tile)
 
-        self.loop_by(c(0), self.panels, per_block, block)
+        self.loop(c(0), self.panels, per_block, block, whole=False)
         # the 1..MR-1 rows left: several panels per tile, so that a single row still keeps
         # eight independent accumulators (an FMA's latency covered), then panel by panel
         done = self.fn.append_basic_block()
@@ -146,35 +146,23 @@ class _PackedGemmIR:
         b.ret_void()
         return str(self.mod)
 
-    def loop(self, start: Any, end: Any, step: int, body: Any) -> None:
-        """``for i in range(start, end - step + 1, step): body(i)`` at the builder."""
+    def loop(self, start: Any, end: Any, step: Any, body: Any, *, whole: bool = True) -> None:
+        """``for i in range(start, end - step + 1, step): body(i)`` at the builder (whole
+        steps only); ``whole=False``: ``range(start, end, step)``. ``step`` an int or an IR
+        value >= 1."""
         b = self.b
+        st = self.c(step) if isinstance(step, int) else step
         pre = b.block
         head, inner, after = (self.fn.append_basic_block() for _ in range(3))
         b.branch(head)
         b.position_at_end(head)
         i = b.phi(self.i64)
         i.add_incoming(start, pre)
-        b.cbranch(b.icmp_signed("<=", b.add(i, self.c(step)), end), inner, after)
+        go = b.icmp_signed("<=", b.add(i, st), end) if whole else b.icmp_signed("<", i, end)
+        b.cbranch(go, inner, after)
         b.position_at_end(inner)
         body(i)
-        i.add_incoming(b.add(i, self.c(step)), b.block)
-        b.branch(head)
-        b.position_at_end(after)
-
-    def loop_by(self, start: Any, end: Any, step: Any, body: Any) -> None:
-        """``for i in range(start, end, step): body(i)`` (``step`` an IR value >= 1)."""
-        b = self.b
-        pre = b.block
-        head, inner, after = (self.fn.append_basic_block() for _ in range(3))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(self.i64)
-        i.add_incoming(start, pre)
-        b.cbranch(b.icmp_signed("<", i, end), inner, after)
-        b.position_at_end(inner)
-        body(i)
-        i.add_incoming(b.add(i, step), b.block)
+        i.add_incoming(b.add(i, st), b.block)
         b.branch(head)
         b.position_at_end(after)
 
