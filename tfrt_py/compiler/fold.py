@@ -120,15 +120,11 @@ def _static_part(node: Node, ctx: PassContext) -> list[Any] | None:
     if dims is None or all(d is None for d in dims):
         return None
     rest = [None if v is None else v.const for v in node.inputs[1:]]
-    try:
-        kdef = ctx.registry.lookup(node.domain, node.op_type, node.opset, node.name)
-        fn = kdef.build(KernelContext(node))
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            picked = np.asarray(fn(np.arange(len(dims), dtype=np.int64), *rest))
-    except Exception:  # noqa: BLE001 - left to the call, which fails as it would have
+    got = _run(node, ctx, [np.arange(len(dims), dtype=np.int64), *rest])
+    picked = None if got is None else got[0]
+    if picked is None or picked.dtype.kind not in "iu":
         return None
-    if picked.dtype.kind not in "iu" or any(dims[int(i)] is None for i in picked.reshape(-1)):
+    if any(dims[int(i)] is None for i in picked.reshape(-1)):
         return None
     known = np.array([d if d is not None else -1 for d in dims], dtype=np.int64)
     return [known, *rest]
