@@ -16,13 +16,19 @@ unwrapped, never as an ExecutionError.
 
 Threading: ``stop``/``reason`` are written by the timer thread or the cancelling thread
 and read by any thread running the call (a plain attribute: a late read costs at most one
-more kernel or iteration). ``on_stop`` callbacks run on the thread that stops the call.
+more kernel or iteration). ``on_stop`` callbacks run on the thread that stops the call; one
+that raises is logged and the others still run.
+
+Any timeout is safe: the timer sleeps at most ``MAX_WAIT_S`` at a time (a deadline 1e300 s
+away, or ``inf``, stays queued and never fires), so no value can overflow the wait and end
+the timer thread -- which would leave every later deadline in the process unenforced.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import math
 import os
 import threading
@@ -42,6 +48,11 @@ __all__ = [
     "current_call",
     "entered",
 ]
+
+#: The longest the timer thread sleeps before looking at its heap again (seconds); far
+#: below the platform's wait limit (``threading.TIMEOUT_MAX``).
+MAX_WAIT_S = 3600.0
+_log = logging.getLogger("tfrt_py.calls")
 
 
 class CallCancelled(TfrtError, RuntimeError):
@@ -114,7 +125,10 @@ class CallContext:
             self.stop = True
             callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
-            fn()
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - the stopping thread (the timer) must live on
+                _log.exception("a call's on_stop callback raised")
 
     def on_stop(self, fn: Callable[[], object]) -> None:
         """Call ``fn()`` when the call stops (at once if it has)."""
@@ -231,7 +245,7 @@ class _Timer:
                     entry = self._heap[0]
                     delay = entry[0] - time.monotonic()
                     if entry[2] is not None and delay > 0:
-                        self._cv.wait(delay)
+                        self._cv.wait(min(delay, MAX_WAIT_S))
                         continue
                     heapq.heappop(self._heap)
                     call = entry[2]

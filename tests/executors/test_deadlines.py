@@ -11,6 +11,8 @@ No test asserts a duration: waits are generous upper bounds on a hang.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -22,6 +24,7 @@ from onnx import TensorProto, helper
 
 import tfrt_py
 from tests.support.executors import load_on
+from tests.support.paths import ROOT
 from tfrt_py.errors import DeadlineExceeded
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -255,6 +258,67 @@ def test_max_concurrency_from_threads_and_a_deadline_while_waiting(executor: str
     holder.join(30)
     np.testing.assert_array_equal(model.run({"x": X}, timeout=5)["y"], X * 2)
     assert gate.most == 1
+
+
+_HUGE_TIMEOUT_SCRIPT = """
+import sys
+import numpy as np
+import tfrt_py
+from tests.executors.test_deadlines import RUNAWAY, X, _feeds, _loop_model
+from tfrt_py.errors import DeadlineExceeded
+
+model = tfrt_py.load(_loop_model(), executor="sync")
+for t in (1e300, float("inf"), 2.0**63 / 1e6):
+    np.testing.assert_array_equal(model.run(_feeds(3), timeout=t)["y"], -X)
+try:
+    model.run(_feeds(RUNAWAY), timeout=0.3)
+except DeadlineExceeded:
+    print("deadline fired")
+"""
+
+
+def test_a_huge_timeout_leaves_the_deadline_thread_alive() -> None:
+    """N1: a timeout of 1e300 s (or inf, or a v2 request's 2**63 µs) overflowed the
+    process-wide timer thread's wait and killed it; later deadlines never fired. In a
+    child process: without the fix the runaway Loop runs until the child is killed."""
+    out = subprocess.run([sys.executable, "-c", _HUGE_TIMEOUT_SCRIPT], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "deadline fired" in out.stdout
+    assert "OverflowError" not in out.stderr
+
+
+def test_a_huge_timeout_while_waiting_for_a_concurrency_slot() -> None:
+    """N1: the in-flight bound's wait took the call's whole remaining time as a lock
+    timeout, and 1e300 s raised OverflowError instead of waiting."""
+    gate = _Gate()
+    model = tfrt_py.load(_gate_model(), custom_kernels={("app", "Hold"): gate},
+                         max_concurrency=1)  # fmt: skip
+    holder = threading.Thread(target=model.run, args=({"x": X},))
+    holder.start()
+    for _ in range(500):
+        if gate.inside == 1:
+            break
+        time.sleep(0.01)
+    results: list[Any] = []
+    waiter = threading.Thread(target=lambda: results.append(_run_or_error(model, 1e300)))
+    waiter.start()
+    for _ in range(500):
+        if (model.limiter is not None and model.limiter.waiting == 1) or results:
+            break
+        time.sleep(0.01)
+    gate.release.set()
+    holder.join(30)
+    waiter.join(30)
+    assert len(results) == 1 and isinstance(results[0], dict), results
+    np.testing.assert_array_equal(results[0]["y"], X * 2)
+
+
+def _run_or_error(model: tfrt_py.Model, timeout: float) -> Any:
+    try:
+        return model.run({"x": X}, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - the test reports what the call raised
+        return e
 
 
 def test_describe_says_how_run_async_runs() -> None:

@@ -73,6 +73,75 @@ def test_offsets_property(spec: list[tuple[int, int, int]]) -> None:
     assert all(b.offset + b.nbytes <= arena for b in bufs)
 
 
+def _reference_best_fit(order: list[Buffer]) -> list[int]:
+    """The best fit as first written: every placed buffer scanned for each new one."""
+    placed: list[Buffer] = []
+    offsets = []
+    for b in order:
+        size = -(-b.nbytes // ALIGN) * ALIGN
+        live = sorted((p for p in placed if p.overlaps_in_time(b)), key=lambda p: p.offset)
+        best, best_gap, end = -1, -1, 0
+        for p in live:
+            gap = p.offset - end
+            if gap >= size and (best < 0 or gap < best_gap):
+                best, best_gap = end, gap
+            end = max(end, p.offset + -(-p.nbytes // ALIGN) * ALIGN)
+        b.offset = best if best >= 0 else end
+        placed.append(b)
+        offsets.append(b.offset)
+    return offsets
+
+
+@PROPERTY
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 5000), st.integers(0, 300), st.integers(0, 80)),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_the_indexed_best_fit_places_as_the_full_scan(spec: list[tuple[int, int, int]]) -> None:
+    """The greedy finds the buffers overlapping in time through an index of step blocks
+    (a scan of every placed buffer was quadratic: 80 s at 25k nodes); same offsets."""
+    from tfrt_py.executors.plan import _place
+
+    bufs = [Buffer(n, first, first + span) for n, first, span in spec]
+    want = _reference_best_fit([Buffer(b.nbytes, b.first, b.last) for b in bufs])
+    _place(bufs)
+    assert [b.offset for b in bufs] == want
+
+
+@PROPERTY
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5000), st.integers(0, 40), st.integers(0, 12)),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_the_sweep_places_validly(spec: list[tuple[int, int, int]]) -> None:
+    """Above ``GREEDY_MAX_PAIRS`` pairs live at once, one sweep places the buffers."""
+    from tfrt_py.executors import plan
+
+    bufs = [Buffer(n, first, first + span) for n, first, span in spec]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plan, "GREEDY_MAX_PAIRS", -1)
+        arena = plan_offsets(bufs)
+    _assert_no_live_overlap(bufs)
+    assert arena >= lower_bound(bufs)
+    assert all(b.offset + b.nbytes <= arena for b in bufs)
+
+
+def test_the_sweep_reuses_what_dead_buffers_free() -> None:
+    from tfrt_py.executors import plan
+
+    chain = [Buffer(100, k, k + 1) for k in range(50)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plan, "GREEDY_MAX_PAIRS", -1)
+        assert plan_offsets(chain) == 2 * 128  # ping-pong, as the greedy's
+    _assert_no_live_overlap(chain)
+
+
 # -- plans of real programs ---------------------------------------------------------------------
 
 

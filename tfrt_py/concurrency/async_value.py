@@ -145,7 +145,10 @@ class AsyncValue(Generic[T]):
             gate = threading.Lock()
             gate.acquire()
             self.and_then(gate.release)
-            if not gate.acquire(timeout=-1 if timeout is None else timeout):
+            # a timeout past the platform's limit (1e300, inf) waits without one: the
+            # lock would raise OverflowError
+            limit = -1 if timeout is None or timeout >= threading.TIMEOUT_MAX else timeout
+            if not gate.acquire(timeout=limit):
                 raise TimeoutError(f"{self!r} not available after {timeout} s")
         return self.value
 

@@ -20,6 +20,14 @@ evaluation of the formulas (no run of the program, no planning, no code generati
 the first signature of each dim bucket is checked against a plain run first. A generic
 plan that fails its check is retired and the model plans per signature from then on.
 
+A program of more than ``MAX_PLANNED_INSTRS`` instructions (a graph of 100k nodes, from a
+stranger) is never planned: planning and compiling its code would cost seconds on every
+first call, so each call runs it in order, dropping each value after its last reader
+(``Program.run_freeing``), linear in the nodes.
+
+A call's deadline covers its planning: a first call whose deadline passed while it ran
+raises DeadlineExceeded before it plans.
+
 Threading: ``run`` is safe from many threads at once. Each call takes an arena from its
 plan's free list (or makes one), so concurrent calls never share buffers. Plan creation
 happens outside any lock except for the cache insert; two threads making the same plan
@@ -57,7 +65,7 @@ class _Plan:
     def __init__(self, program: Program, layout: Layout) -> None:
         self.program = program
         self.layout = layout
-        self.line_node: dict[tuple[Any, int], int] = {}
+        self.line_node: dict[tuple[int, int], int] = {}
         self.gen: Generated | None = None
         size = layout.plan.arena_bytes
         self._views = layout.views
@@ -89,7 +97,7 @@ class _Plan:
         tb = e.__traceback__
         idx = None
         while tb is not None and idx is None:
-            idx = self.line_node.get((tb.tb_frame.f_code, tb.tb_lineno))
+            idx = self.line_node.get((id(tb.tb_frame.f_code), tb.tb_lineno))
             tb = tb.tb_next
         if idx is None:
             return e
@@ -101,6 +109,10 @@ class _Plan:
         err = ExecutionError(node.name, node.op_type, e)
         err.__cause__ = e
         return err
+
+
+#: Programs with more instructions than this run unplanned (see the module docstring).
+MAX_PLANNED_INSTRS = 20_000
 
 
 class SyncInterpreter(Executor):
@@ -153,7 +165,11 @@ class SyncInterpreter(Executor):
         self._generic_gen: Generated | None = None
         self._generic_plan: _Plan | None = None
         self.generic_note = "" if shape_fit is None else shape_fit.reason
-        if shape_fit is not None and shape_fit.model is not None:
+        #: too long to plan: every call runs the program, freeing values as it goes
+        self.unplanned = len(program.instrs) > MAX_PLANNED_INSTRS
+        if self.unplanned:
+            self.generic_note = ""
+        elif shape_fit is not None and shape_fit.model is not None:
             self._make_generic(shape_fit)
 
     # -- the slow path -------------------------------------------------------------------
@@ -195,13 +211,20 @@ class SyncInterpreter(Executor):
             kinds = ["user" if k == "fresh" else k for k in generic.layout.output_kinds]
             return self._finish_env(env, kinds, args, bufs)
         plan = None if sig is None else self._plans.get(sig)
+        if plan is None and self.unplanned:
+            prev = set_current(call)
+            try:
+                vals = self._program.run_freeing(args)
+            finally:
+                set_current(prev)
+            return self._finish_env(vals, self._plain_kinds, args, bufs, outputs_only=True)
         if plan is None:
             env = self._plain_env(args, call)  # this call's answer, and the probe
             kinds = self._plain_kinds
             if sig is not None and generic is None:
                 # The layout's alias analysis says which outputs may be feeds, constants or
                 # views of them; its "fresh" outputs were made here without ``out=``.
-                made = self._make_plan(sig, env).layout.output_kinds
+                made = self._make_plan(sig, env, call).layout.output_kinds
                 kinds = ["user" if k == "fresh" else k for k in made]
             return self._finish_env(env, kinds, args, bufs)
         assert plan.gen is not None
@@ -226,11 +249,17 @@ class SyncInterpreter(Executor):
             set_current(prev)
 
     def _finish_env(
-        self, env: list[Any], kinds: Sequence[str], args: Sequence[Any], bufs: Sequence[Any]
+        self,
+        env: list[Any],
+        kinds: Sequence[str],
+        args: Sequence[Any],
+        bufs: Sequence[Any],
+        outputs_only: bool = False,
     ) -> Any:
-        """The outputs of a plain run: ``kinds`` (the layout's), and a copy of any output
-        that is a feed, a constant or an earlier output."""
-        vals = [env[s] for s in self._program.output_slots]
+        """The outputs of a plain run (``env``: its environment, or with ``outputs_only``
+        the outputs in order): ``kinds`` (the layout's), and a copy of any output that is
+        a feed, a constant or an earlier output."""
+        vals = list(env) if outputs_only else [env[s] for s in self._program.output_slots]
         kinds = [
             "copy"
             if any(v is a for a in args)
@@ -310,8 +339,17 @@ class SyncInterpreter(Executor):
         return user_output(v, self._out_types[k], self._const_ids)
 
     # -- plans ---------------------------------------------------------------------------
-    def _make_plan(self, sig: tuple[Any, ...], env: list[Any]) -> _Plan:
+    def _make_plan(
+        self, sig: tuple[Any, ...], env: list[Any], call: CallContext | None = None
+    ) -> _Plan:
+        """The plan for ``sig`` from a plain run's ``env``; ``call``'s deadline or
+        cancellation is checked before, between and after the planning phases (a plan
+        stopped half-way is dropped, a finished one kept) and raises."""
+        if call is not None:
+            call.check()
         layout = build_layout(self._program, env, self._determined, sig, self._computed_once)
+        if call is not None:
+            call.check()
         plan = _Plan(self._program, layout)
         helpers = {
             "_slow": self._slow,
@@ -332,6 +370,8 @@ class SyncInterpreter(Executor):
                 self._plans.pop(next(iter(self._plans)))
             self._plans[sig] = plan
             self.run = gen.run
+        if call is not None:
+            call.check()
         return plan
 
     def memory_plan(self, shapes: Mapping[str, Sequence[int]]) -> MemoryPlan:
@@ -353,6 +393,10 @@ class SyncInterpreter(Executor):
         sig = _signature(args)
         if sig is None:
             raise InputError("memory_plan: the model has non-tensor inputs; nothing is planned")
+        if self.unplanned:
+            raise ValueError(f"memory_plan: the model has {len(self._program.instrs):,} "
+                             f"instructions (more than {MAX_PLANNED_INSTRS:,}); it runs "
+                             "unplanned")  # fmt: skip
         generic = self._generic
         if generic is not None:
             inst = generic.instance(args)
@@ -383,6 +427,10 @@ class SyncInterpreter(Executor):
         """``describe()``'s memory lines: the generic plan, or the plans made so far."""
         if self._generic is not None:
             return self._generic.describe_lines()
+        if self.unplanned:
+            return [f"  memory: not planned: {len(self._program.instrs):,} instructions (more "
+                    f"than {MAX_PLANNED_INSTRS:,}); each value is freed after its last "
+                    "reader"]  # fmt: skip
         note = [f"  generic plan: not used: {self.generic_note}"] if self.generic_note else []
         return note + self._signature_plan_lines()
 

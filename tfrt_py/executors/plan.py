@@ -8,6 +8,12 @@ intervals of program steps, so a kernel's output never shares memory with an inp
 is still live at that step, except where the planner chose to run the kernel in place
 (then the two values are one buffer).
 
+The greedy's work is the number of pairs of buffers live at once (each placement looks at
+the buffers overlapping it in time, found through an index of step blocks). A plan above
+``GREEDY_MAX_PAIRS`` such pairs (a graph of 100k values all live at once, from a stranger)
+is placed instead by one sweep over the steps, best fit in the gaps that buffers freed
+(``_sweep``): a valid plan in about n log n, less tight.
+
 ``lower_bound_bytes`` is the largest sum of live buffer bytes at any step: no arena can be
 smaller, so ``arena_bytes / lower_bound_bytes`` says how much fragmentation costs.
 
@@ -16,14 +22,20 @@ A MemoryPlan is immutable after ``plan_offsets``; it is shared by every call tha
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ALIGN", "Buffer", "MemoryPlan", "lower_bound", "plan_offsets"]
+__all__ = ["ALIGN", "GREEDY_MAX_PAIRS", "Buffer", "MemoryPlan", "lower_bound", "plan_offsets"]
 
 #: Every buffer starts at a multiple of this many bytes (a cache line; AVX-512 friendly).
 ALIGN = 64
+#: Above this many pairs of buffers live at the same time, the sweep places them.
+GREEDY_MAX_PAIRS = 2_000_000
+#: The greedy indexes placed buffers by blocks of 2**_BLOCK_SHIFT steps.
+_BLOCK_SHIFT = 5
 
 
 def _aligned(n: int) -> int:
@@ -103,6 +115,8 @@ def plan_offsets(buffers: Sequence[Buffer]) -> int:
         if b.nbytes == 0:
             b.offset = 0
     sized = [b for b in buffers if b.nbytes > 0]
+    if _live_pairs(sized) > GREEDY_MAX_PAIRS:
+        return _sweep(sized)
     by_size = sorted(sized, key=lambda b: (-_aligned(b.nbytes), b.first))
     best = _place(by_size)
     offsets = [b.offset for b in sized]
@@ -134,21 +148,80 @@ def _by_breadth(buffers: list[Buffer]) -> list[Buffer]:
 def _place(order: list[Buffer]) -> int:
     """Best fit in ``order``: each buffer goes into the smallest gap between the buffers
     already placed whose lifetimes overlap its own, or after the last of them."""
-    placed: list[Buffer] = []
+    index: dict[int, list[tuple[int, Buffer]]] = {}  # step block -> (seq, placed buffer)
     arena = 0
-    for b in order:
+    for seq, b in enumerate(order):
         size = _aligned(b.nbytes)
-        live = sorted((p for p in placed if p.overlaps_in_time(b)), key=lambda p: p.offset)
+        blocks = range(b.first >> _BLOCK_SHIFT, (b.last >> _BLOCK_SHIFT) + 1)
+        found = {q: p for k in blocks for q, p in index.get(k, ()) if p.overlaps_in_time(b)}
+        # by offset, then placement order (what a scan of every placed buffer gave)
+        live = sorted(found.items(), key=lambda qp: (qp[1].offset, qp[0]))
         best, best_gap, end = -1, -1, 0
-        for p in live:
+        for _, p in live:
             gap = p.offset - end
             if gap >= size and (best < 0 or gap < best_gap):
                 best, best_gap = end, gap
             end = max(end, p.offset + _aligned(p.nbytes))
         b.offset = best if best >= 0 else end
-        placed.append(b)
+        for k in blocks:
+            index.setdefault(k, []).append((seq, b))
         arena = max(arena, b.offset + size)
     return arena
+
+
+def _live_pairs(buffers: Sequence[Buffer]) -> int:
+    """How many pairs of ``buffers`` are live at a common step (n log n)."""
+    firsts = sorted(b.first for b in buffers)
+    lasts = sorted(b.last for b in buffers)
+    # per buffer: the others starting by its last step, less those ended before its first
+    total = sum(bisect.bisect_right(firsts, b.last) - bisect.bisect_left(lasts, b.first) - 1
+                for b in buffers)  # fmt: skip
+    return total // 2
+
+
+def _sweep(buffers: list[Buffer]) -> int:
+    """Place ``buffers`` in one pass over the steps: at each buffer's first step, the
+    buffers whose last step is behind it give their room back (merged with free
+    neighbours), and it takes the smallest free gap it fits, or the arena's end."""
+    free: list[int] = []  # offsets of free gaps, sorted
+    gap_size: dict[int, int] = {}  # offset -> size of the free gap there
+    ending: list[tuple[int, int, int]] = []  # (last step, seq, offset) of placed buffers
+    sizes: dict[int, int] = {}
+    arena = 0
+    order = sorted(range(len(buffers)), key=lambda i: (buffers[i].first, -buffers[i].nbytes))
+    for seq in order:
+        b = buffers[seq]
+        while ending and ending[0][0] < b.first:
+            _, q, off = heapq.heappop(ending)
+            _give_back(free, gap_size, off, sizes.pop(q))
+        size = _aligned(b.nbytes)
+        fits = [off for off in free if gap_size[off] >= size]
+        if fits:
+            off = min(fits, key=lambda o: (gap_size[o], o))
+            rest = gap_size.pop(off) - size
+            free.remove(off)
+            if rest:
+                bisect.insort(free, off + size)
+                gap_size[off + size] = rest
+        else:
+            off = arena
+            arena += size
+        b.offset = off
+        sizes[seq] = size
+        heapq.heappush(ending, (b.last, seq, off))
+    return arena
+
+
+def _give_back(free: list[int], gap_size: dict[int, int], off: int, size: int) -> None:
+    """Return [off, off + size) to the free gaps, merged with the gaps on either side."""
+    k = bisect.bisect_left(free, off)
+    if k < len(free) and free[k] == off + size:  # the gap after
+        size += gap_size.pop(free.pop(k))
+    if k > 0 and free[k - 1] + gap_size[free[k - 1]] == off:  # the gap before
+        gap_size[free[k - 1]] += size
+        return
+    free.insert(k, off)
+    gap_size[off] = size
 
 
 def lower_bound(buffers: Sequence[Buffer]) -> int:

@@ -55,10 +55,13 @@ class Generated:
     run_checked: Callable[..., Any]
     run_call: Callable[..., Any]
     source: str
-    line_node: dict[tuple[Any, int], int]  # (code object, line) -> instruction index
+    line_node: dict[tuple[int, int], int]  # (id of the code object, line) -> instruction index
 
 
 _KEYWORD_OUT_UFUNCS = (np.maximum, np.minimum)
+#: Programs binding more names than this (kernels, constants, shapes) bind them as the
+#: generated module's globals instead of closure cells (``generate``).
+MAX_CLOSURE_BINDS = 2000
 
 
 def _out_positional(fn: Any, n_args: int) -> bool:
@@ -158,7 +161,7 @@ class _Emitter:
                 for key, val in got.env.items():
                     self.binds[names[key]] = val
                 fields = {f"in{j}": a for j, a in enumerate(args)} | {"out": out} | names
-                return [ln.format(**fields) for ln in got.lines]
+                return [ln.format_map(fields) for ln in got.lines]  # no copy of fields per line
         if _out_positional(fn, len(args)):
             return [f"{out} = {k}({', '.join([*args, out])})"]
         return [f"{out} = {k}({', '.join([*args, f'out={out}'])})"]
@@ -392,15 +395,20 @@ def generate(
     if generic is not None:
         binds.update(_insts=generic.insts)
     # Body lines sit inside "def run" at 4 spaces; shift everything one level under _make.
+    # A small program's names are _make's parameters (closure cells: the fastest loads);
+    # a long one's are the module's globals: a call with one keyword per name matches each
+    # against every parameter, and cells by the thousand slow the compile, both quadratic.
     lines = src.lines
-    text = "\n".join(
-        [lines[0].replace("__BINDS__", ", ".join(binds))] + ["  " + ln for ln in lines[1:]]
-    )
+    closure = len(binds) <= MAX_CLOSURE_BINDS
+    params = ", ".join(binds) if closure else ""
+    text = "\n".join([lines[0].replace("__BINDS__", params)] + ["  " + ln for ln in lines[1:]])
     code = compile(text, f"<tfrt_py plan {id(layout):x}>", "exec")
-    ns: dict[str, Any] = {}
+    ns: dict[str, Any] = {} if closure else dict(binds)
     exec(code, ns)
-    run, run_checked, run_call = ns["_make"](**binds)
-    line_node = {(run.__code__, ln): i for ln, i in fast_where.items()}
-    line_node.update({(run_checked.__code__, ln): i for ln, i in checked_where.items()})
-    line_node.update({(run_call.__code__, ln): i for ln, i in call_where.items()})
+    run, run_checked, run_call = ns["_make"](**binds) if closure else ns["_make"]()
+    # keyed by the code object's id (the plan keeps the functions alive): hashing a code
+    # object hashes all of it, which made this quadratic in the program's length
+    line_node = {(id(run.__code__), ln): i for ln, i in fast_where.items()}
+    line_node.update({(id(run_checked.__code__), ln): i for ln, i in checked_where.items()})
+    line_node.update({(id(run_call.__code__), ln): i for ln, i in call_where.items()})
     return Generated(run, run_checked, run_call, text, line_node)

@@ -99,10 +99,12 @@ class Program:
         self.input_slots = input_slots
         self.capture_slots = capture_slots
         self.output_slots = output_slots
-        # (fn, ins, out slot or out slots, single) tuples: the loop unpacks without lookups.
+        # (fn, ins, out slot or out slots, single, slots to clear after it) tuples: the loop
+        # unpacks without lookups; ``_freeing`` (made on first use) clears dead values.
         self._plain: list[Any] = [
-            (i.fn, i.ins, i.outs[0] if i.single else i.outs, i.single) for i in instrs
+            (i.fn, i.ins, i.outs[0] if i.single else i.outs, i.single, ()) for i in instrs
         ]
+        self._freeing: list[Any] | None = None
 
     def run(self, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:
         """Run on ``inputs`` (and a nested graph's ``captured`` values); the outputs."""
@@ -119,18 +121,45 @@ class Program:
             env[slot] = val
         return env
 
-    def execute(self, env: list[Any], start: int = 0, stop: int | None = None) -> None:
+    def run_freeing(self, inputs: Sequence[Any]) -> list[Any]:
+        """``run`` that drops each value after its last reader, so a run holds only the
+        live values (as NumPy code would): the sync interpreter's way to run a program too
+        long to plan. Same errors as ``execute``."""
+        env = self.env_for(inputs)
+        self.execute(env, free=True)
+        return [env[s] for s in self.output_slots]
+
+    def _freeing_instrs(self) -> list[Any]:
+        if self._freeing is None:
+            keep = {*self.input_slots, *self.capture_slots, *self.output_slots}
+            keep |= {s for s, t in enumerate(self.template) if t is not None}
+            last: dict[int, int] = {}
+            for k, ins in enumerate(self.instrs):
+                for s in (*ins.ins, *ins.outs):
+                    last[s] = k
+            frees: list[list[int]] = [[] for _ in self.instrs]
+            for s, k in last.items():
+                if s > _SINK_SLOT and s not in keep:
+                    frees[k].append(s)
+            self._freeing = [(*t[:4], tuple(f)) for t, f in zip(self._plain, frees)]
+        return self._freeing
+
+    def execute(
+        self, env: list[Any], start: int = 0, stop: int | None = None, *, free: bool = False
+    ) -> None:
         """Run the instructions ``start:stop`` (default: all) in order over ``env`` (the
-        caller's own list).
+        caller's own list); ``free``: clear each value's slot after its last reader.
 
         Raises ExecutionError naming the node whose kernel failed. The thread's current
         call (``tfrt_py.calls``), if any, is checked before each kernel: its deadline or
         cancellation raises DeadlineExceeded / CallCancelled, never wrapped."""
         call = current_call()
         step = start
-        plain = self._plain if start == 0 and stop is None else self._plain[start:stop]
+        plain = self._freeing_instrs() if free else self._plain
+        if start != 0 or stop is not None:
+            plain = plain[start:stop]
         try:
-            for fn, ins, outs, single in plain:
+            for fn, ins, outs, single, dead in plain:
                 if call is not None and call.stop:
                     call.raise_stop(None if self.nested else self.instrs[step].node)
                 r = fn(*[env[i] for i in ins])
@@ -139,6 +168,9 @@ class Program:
                 else:
                     for o, x in zip(outs, r):
                         env[o] = x
+                if dead:
+                    for s in dead:
+                        env[s] = None
                 step += 1
         except CallCancelled:
             raise

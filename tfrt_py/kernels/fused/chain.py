@@ -6,7 +6,10 @@ result (the accumulator) into the output. The plain chain is registered ``inplac
 output may reuse ``head``'s buffer): the fusion pass only makes one when ``head`` is read
 by the first step alone; otherwise it makes the Shared one. Both support ``out=`` and offer
 an inline form (``base.Inline``): the steps' NumPy calls as statements of the sync
-interpreter's generated code, so a planned call pays no Python frame for the chain.
+interpreter's generated code, so a planned call pays no Python frame for the chain. Only
+chains of at most ``MAX_INLINE_STEPS`` steps: past that one frame is nothing against the
+steps' NumPy calls, and a chain of thousands of steps made the generated code (and its
+compile, on a first call) as long as the chain.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from ..registry import KernelRegistry
 from .domain import DOMAIN, Step
 from .steps import build_step, step_code
 
-__all__ = ["register_kernels"]
+__all__ = ["MAX_INLINE_STEPS", "register_kernels"]
+
+#: Longer chains are called, not inlined into the sync interpreter's generated code.
+MAX_INLINE_STEPS = 64
 
 
 def _chain(registry: KernelRegistry) -> Any:
@@ -47,7 +53,8 @@ def _chain(registry: KernelRegistry) -> Any:
                 lines += step_code(s[0], fn, args, "{out}", dtype, env, f"step{i}")
             return Inline(lines, env)
 
-        ctx.offer_inline(inline)
+        if len(steps) <= MAX_INLINE_STEPS:
+            ctx.offer_inline(inline)
         return chain
 
     return build
