@@ -90,6 +90,31 @@ def test_a_planted_numba_index_beside_a_tampered_module_is_not_loaded(
     _check_answers(second)
 
 
+def test_a_planted_index_under_numba_cache_dir_is_not_loaded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 33, N3: with ``$NUMBA_CACHE_DIR`` set numba keeps its index there, not in
+    ``__pycache__``; a tampered module's index there was left in place and unpickled."""
+    from numba.core import caching, config
+
+    _use_cache(monkeypatch, tmp_path / "cache")
+    numba_dir = tmp_path / "numba_cache"
+    numba_dir.mkdir(mode=0o700)
+    monkeypatch.setattr(config, "CACHE_DIR", str(numba_dir))  # what the variable sets
+    first = tfrt_py.load(_graph(), executor="native", native="eager")
+    path = Path(first.native.compiled.path)
+    where = numba_dir / caching._CacheLocator.get_suitable_cache_subpath(str(path))
+    index = glob.glob(str(where / (path.stem + ".*.nbi")))
+    assert index, list(numba_dir.rglob("*"))
+    mark = tmp_path / "pwned_by_pickle"
+    Path(index[0]).write_bytes(pickle.dumps(_Payload(mark)))
+    path.write_text(path.read_text() + "\n# changed\n")
+    second = tfrt_py.load(_graph(), executor="native", native="eager")
+    assert not mark.exists()
+    assert second.native.state == "ready"
+    _check_answers(second)
+
+
 def test_a_new_cache_dir_is_private(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     d = tmp_path / "new" / "native"
     _use_cache(monkeypatch, d)

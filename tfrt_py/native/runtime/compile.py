@@ -13,7 +13,8 @@ Trust (model files and cache dirs may be hostile; docs/security.md):
   imported. The file exists for numba's cache, which keys its index by the file's
   content; before use its content is compared with the source, and a file that differs
   (tampered, truncated, a symlink) is replaced atomically, and numba's index and data
-  files for that module are deleted unread (they are pickles: loading one runs code).
+  files for that module are deleted unread (they are pickles: loading one runs code),
+  in ``__pycache__`` and, with ``$NUMBA_CACHE_DIR`` set, where numba keeps them there.
 * The cache dir (and ``$NUMBA_CACHE_DIR`` when set) must pass ``cachedir.check_dir``
   (created 0700, owned by us, nobody else can write it or swap it), else
   ``UnsafeCacheDir``: then nobody but its owner can plant a module or a numba pickle
@@ -114,6 +115,20 @@ def _same_file(path: str, data: bytes) -> bool:
         return f.read(len(data) + 1) == data
 
 
+def _numba_index_dirs(path: str) -> list[str]:
+    """Where numba keeps the index and data files of the module at ``path``: its
+    ``__pycache__``, and with ``$NUMBA_CACHE_DIR`` set the directory numba names for the
+    module's directory there (numba's own ``get_suitable_cache_subpath``)."""
+    dirs = [os.path.join(os.path.dirname(path), "__pycache__")]
+    from numba.core import caching, config
+
+    numba_dir = str(getattr(config, "CACHE_DIR", "") or "")
+    if numba_dir:
+        sub = caching._CacheLocator.get_suitable_cache_subpath(path)
+        dirs.append(os.path.join(numba_dir, sub))
+    return dirs
+
+
 def _write_verified(d: str, name: str, source: str) -> str:
     """``<d>/<name>.py`` holding exactly ``source``: rewritten (and numba's files for it
     deleted unread) when it is missing or differs."""
@@ -121,9 +136,10 @@ def _write_verified(d: str, name: str, source: str) -> str:
     data = source.encode()
     if _same_file(path, data):
         return path
-    for stale in glob.glob(os.path.join(glob.escape(d), "__pycache__", glob.escape(name) + ".*")):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(stale)
+    for where in _numba_index_dirs(path):
+        for stale in glob.glob(os.path.join(glob.escape(where), glob.escape(name) + ".*")):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
     fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
