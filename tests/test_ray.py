@@ -156,6 +156,28 @@ def test_wrong_dtype_and_missing_column_name_the_column(models: dict[str, Path])
         Predictor(models["mlp"], output_names=["nope"])
 
 
+def test_list_columns_and_misaligned_columns(models: dict[str, Path]):
+    """Issue 33, N5: a list-valued column failed with a misleading "not one row per row"
+    error, and a column of another length was passed through silently."""
+    p = Predictor(models["mlp"], columns={"x": "pixels"})
+    x = sm.mlp_data(8)
+    want = p({"pixels": x})
+    got = p({"pixels": x.tolist(), "note": ["n"] * 8})
+    for name in want:
+        if name != "pixels":
+            np.testing.assert_array_equal(got[name], want[name])
+    with pytest.raises(ValueError, match=r"column 'note' has 5 rows, column 'pixels' 8"):
+        p({"pixels": x, "note": np.array(["n"] * 5, dtype=object)})
+    with pytest.raises(ValueError, match=r"column 'pixels' has 7 rows, column 'id' 8"):
+        p({"id": np.arange(8), "pixels": x[:7]})
+    with pytest.raises(ValueError, match=r"column 'scale' is a ndarray of shape \(\), not a"):
+        p({"pixels": x, "scale": np.array(2.0)})
+    with pytest.raises(InputError, match=r"column 'pixels' is a list of rows that makes no"):
+        p({"pixels": [[1.0, 2.0], [1.0]]})
+    with pytest.raises(InputError, match=r"makes no float32 array"):
+        p({"pixels": [["a"] * sm.MLP_IN] * 8})
+
+
 def test_output_names_and_pass_through(models: dict[str, Path]):
     p = Predictor(models["gbt"], output_names=["output_label"])
     x = sm.gbt_data(16)

@@ -21,8 +21,10 @@ float column per class, ``<output>_<label>``: the ZipMap node is cut off at load
 (N, classes) scores sliced, never turned into N Python dicts. String inputs take Ray's
 string columns (object arrays of ``str``) as they come.
 
-A bad batch fails naming the column: a missing column (with the columns the batch has), or
-a column whose dtype or shape the input does not take (with what it expects).
+A bad batch fails naming the column: a missing column (with the columns the batch has), a
+column whose dtype or shape the input does not take (with what it expects), a column
+whose length differs from the others', or one that is not a column of rows (a scalar).
+A column given as a list of rows is taken as the array it makes, of the input's dtype.
 """
 
 from __future__ import annotations
@@ -86,10 +88,14 @@ class Predictor:
         if extra:
             raise ValueError(f"columns maps {extra}, which are not model inputs; inputs: {inputs}")
         self.columns = {name: (columns or {}).get(name, name) for name in inputs}
+        #: input name -> its numeric dtype: a column given as a Python list takes it
+        self._dtypes = {s.name: s.dtype for s in self.model.inputs
+                        if s.dtype is not None and np.dtype(s.dtype).kind in "biuf"}  # fmt: skip
 
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """``batch`` with the model's outputs added as columns (see the module docstring);
         ValueError/InputError naming the column for a batch the model cannot take."""
+        rows = _batch_rows(batch)
         feeds = {}
         for name, col in self.columns.items():
             if col not in batch:
@@ -98,12 +104,11 @@ class Predictor:
                     f"tfrt_py.ray.Predictor: the batch has no {what}; its columns: "
                     f"{sorted(batch)[:20]}"
                 )
-            feeds[name] = _column_array(batch[col], col)
+            feeds[name] = _column_array(batch[col], col, self._dtypes.get(name))
         try:
             (out,) = self.model.run_batches([feeds])
         except InputError as e:
             raise InputError(f"tfrt_py.ray.Predictor: {self._which(e)}: {e}") from None
-        rows = _rows(batch, feeds)
         result = dict(batch)
         for name in self.output_names:
             value = out[name]
@@ -154,9 +159,19 @@ def _actor_cpus() -> int | None:
     return max(1, int(cpus)) if cpus else None
 
 
-def _column_array(value: Any, col: str) -> Any:
-    """A column as the model takes it: an ndarray; a variable-shaped tensor column (an
-    object array of arrays) cannot be one input."""
+def _column_array(value: Any, col: str, dtype: Any = None) -> Any:
+    """A column as the model takes it: an ndarray (a list of rows becomes one, of the
+    input's ``dtype`` when it is numeric: a list has none of its own); a variable-shaped
+    tensor column (an object array of arrays, or ragged lists) cannot be one input."""
+    if isinstance(value, (list, tuple)):
+        try:
+            value = np.asarray(value, dtype=dtype)
+        except (ValueError, TypeError) as e:
+            what = "array" if dtype is None else f"{np.dtype(dtype)} array"
+            raise InputError(
+                f"tfrt_py.ray.Predictor: column {col!r} is a list of rows that makes no "
+                f"{what} (rows of different shapes, or values of another type: {e})"
+            ) from None
     if isinstance(value, np.ndarray) and value.dtype == object and value.size:
         first = value.flat[0]
         if isinstance(first, np.ndarray):
@@ -170,12 +185,29 @@ def _column_array(value: Any, col: str) -> Any:
     return value
 
 
-def _rows(batch: Mapping[str, Any], feeds: Mapping[str, Any]) -> int:
-    for v in (*feeds.values(), *batch.values()):
+def _batch_rows(batch: Mapping[str, Any]) -> int:
+    """The batch's number of rows: every column's length, which must agree (a column of
+    another length would be passed through, or fed, misaligned with the others)."""
+    lengths: dict[str, int] = {}
+    for col, v in batch.items():
         shape = getattr(v, "shape", None)
-        if shape:
-            return int(shape[0])
-    return 0
+        try:
+            n = int(shape[0]) if shape is not None else len(v)
+        except (TypeError, IndexError):
+            raise ValueError(
+                f"tfrt_py.ray.Predictor: column {col!r} is a {type(v).__name__}"
+                f"{'' if shape is None else f' of shape {tuple(shape)}'}, not a column of "
+                "rows"
+            ) from None
+        lengths[col] = n
+    if len(set(lengths.values())) > 1:
+        first = next(iter(lengths))
+        bad = next(c for c, n in lengths.items() if n != lengths[first])
+        raise ValueError(
+            f"tfrt_py.ray.Predictor: the batch's columns differ in length: column {bad!r} "
+            f"has {lengths[bad]} rows, column {first!r} {lengths[first]}"
+        )
+    return next(iter(lengths.values()), 0)
 
 
 def _source(model: Any, load_options: dict[str, Any]) -> tuple[Any, dict[str, list[Any]]]:
