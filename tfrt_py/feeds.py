@@ -30,21 +30,26 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
     """A model input or output: name, dtype (None when unknown), shape (None when even the
-    rank is unknown; a dim is an int, a symbolic name, or None)."""
+    rank is unknown; a dim is an int, a symbolic name, or None), and ``type``: the value's
+    type as text -- "tensor" for tensors, else what it is (``seq<map<int64,float32[*]>>``
+    for a scikit-learn classifier's ZipMap probabilities, ``optional<...>``)."""
 
     name: str
     dtype: np.dtype | None
     shape: tuple[int | str | None, ...] | None
+    type: str = "tensor"
 
     def __str__(self) -> str:
+        if self.type != "tensor":
+            return f"{self.name}: {self.type}"
         return f"{self.name}: {TensorType(self.dtype, self.shape)}"
 
 
 def spec_of(v: Value) -> TensorSpec:
     t = v.type
-    if isinstance(t, TensorType):
-        return TensorSpec(v.name, t.dtype, t.shape)
-    return TensorSpec(v.name, None, None)
+    if isinstance(t, TensorType) or t is None:
+        return TensorSpec(v.name, t.dtype if t else None, t.shape if t else None)
+    return TensorSpec(v.name, None, None, str(t))
 
 
 def _describe(spec: TensorSpec) -> str:

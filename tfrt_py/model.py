@@ -21,7 +21,15 @@ import collections
 import inspect
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,12 +40,14 @@ from .concurrency import HostContext, Limiter, native_threads
 from .concurrency.threads import configure as configure_threads
 from .concurrency.threads import limit_blas
 from .concurrency.threads import threads as thread_budget
+from .errors import InputError
 from .executors.base import Executor
 from .feeds import FeedChecker, TensorSpec, spec_of, warmup_feeds
 from .ir import Graph, verify
 from .kernels import KernelContext, KernelFlags, KernelRegistry, default_registry
 from .kernels.fused import register_kernels as register_fused
 from .kernels.lib.features import format_features
+from .metadata import ModelMetadata, from_graph, from_proto
 from .profiling import ProfileReport, profile
 from .selection import EXECUTORS, finish, select_executor
 
@@ -117,18 +127,19 @@ def load(
     limiter = None if max_concurrency is None else Limiter(max_concurrency)
     t0 = time.perf_counter()
     registry = _with_custom(default_registry(), custom_kernels)
-    read, origin = _read(source, base_dir, memory_budget, registry, optimize, executor)  # 1. read
+    read, origin, meta = _read(source, base_dir, memory_budget, registry, optimize, executor)
     if not isinstance(read, Graph):  # streamed: tfrt_py.streaming prepared and selected it
         runtime = finish(read, read.prepared, host)
         limit_blas()
         return Model(read.graph, runtime, read.prepared, origin,
-                     time.perf_counter() - t0, default_timeout, limiter)  # fmt: skip
+                     time.perf_counter() - t0, default_timeout, limiter, meta)  # fmt: skip
     prepared = prepare(read, registry, optimize)  # 2. prepare
     check = FeedChecker(prepared.graph.inputs)  # 3. select
     runtime = select_executor(executor, prepared, check, host=host, native_mode=native)
     limit_blas()  # a BLAS the preparation loaded (SciPy's, through numba) runs one thread too
     load_s = time.perf_counter() - t0  # 4. the facade
-    model = Model(prepared.graph, runtime, prepared, origin, load_s, default_timeout, limiter)
+    model = Model(prepared.graph, runtime, prepared, origin, load_s, default_timeout, limiter,
+                  meta)  # fmt: skip
     if warmup is not None:
         model.warmup(warmup)
     return model
@@ -149,10 +160,10 @@ def _read(
     registry: KernelRegistry,
     optimize: bool | Collection[str] | None,
     executor: str,
-) -> tuple[Graph | StreamedProgram, str]:
-    """Stage 1: the verified IR graph of ``source`` and where it came from (for messages),
-    or the executor ``tfrt_py.streaming`` made of a model whose weights exceed
-    ``memory_budget``."""
+) -> tuple[Graph | StreamedProgram, str, ModelMetadata]:
+    """Stage 1: the verified IR graph of ``source``, where it came from (for messages) and
+    its metadata, or the executor ``tfrt_py.streaming`` made of a model whose weights
+    exceed ``memory_budget``."""
     if isinstance(source, Graph):
         if base_dir is not None:
             raise ValueError("base_dir is for ONNX sources; a tfrt_py.ir.Graph has no files")
@@ -162,11 +173,13 @@ def _read(
                 "already holds its weights in memory (save it as ONNX with external data)"
             )
         graph, origin = source, f"graph {source.name!r}"
+        meta = from_graph(source.name, source.opsets)
     else:
         from .frontends.onnx import import_model, read_model
 
         proto, base_dir = read_model(source, base_dir)
         origin = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "ONNX model"
+        meta = from_proto(proto)
         if memory_budget is not None:
             from .streaming import load_streamed
 
@@ -175,10 +188,10 @@ def _read(
                 optimize=optimize, executor=executor,
             )  # fmt: skip
             if streamed is not None:
-                return streamed, origin
+                return streamed, origin, meta
         graph = import_model(proto, base_dir, registry.has)
     verify(graph)
-    return graph, origin
+    return graph, origin, meta
 
 
 def _with_custom(base: KernelRegistry, custom: CustomKernels | None) -> KernelRegistry:
@@ -246,8 +259,12 @@ class Model:
         load_s: float,
         timeout: float | None = None,
         limiter: Limiter | None = None,
+        metadata: ModelMetadata | None = None,
     ) -> None:
         self._graph = graph
+        #: What the ONNX file says about itself (producer, versions, doc strings,
+        #: ``metadata_props``): ``tfrt_py.metadata``; read-only.
+        self.metadata = metadata if metadata is not None else from_graph(graph.name, graph.opsets)
         self._runtime = runtime
         self._prepared = prepared
         self._origin = origin
@@ -298,6 +315,7 @@ class Model:
         outputs: Mapping[str, np.ndarray] | None = None,
         *,
         timeout: float | None = None,
+        output_names: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run the model on ``feeds`` (input name -> array); outputs by name, in
         ``model.outputs`` order, each a fresh array the caller owns. Raises InputError for
@@ -306,7 +324,13 @@ class Model:
         usable either way.
 
         ``outputs`` (name -> array of the output's shape and dtype) are filled in place and
-        returned; they must not overlap a feed."""
+        returned; they must not overlap a feed. ``output_names``: return only these
+        outputs, in this order (onnxruntime's ``run(output_names, ...)``; an unknown name
+        is an InputError before anything runs). The graph is not pruned per call: every
+        output is still computed."""
+        if output_names is not None:
+            wanted = self._wanted(output_names)
+            return self._pick(self.run(feeds, outputs, timeout=timeout), wanted)
         if self._plain and timeout is None:
             return self._runtime.run(feeds, outputs)
         call = self._call(timeout)
@@ -325,7 +349,11 @@ class Model:
             _end_call(held, call)
 
     async def run_async(
-        self, feeds: Mapping[str, Any], *, timeout: float | None = None
+        self,
+        feeds: Mapping[str, Any],
+        *,
+        timeout: float | None = None,
+        output_names: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """``run``, awaitable from asyncio, uvloop or trio code, never blocking the loop for
         longer than a hop to a worker would cost: a call the cost model calls cheaper than
@@ -333,7 +361,10 @@ class Model:
         the loop, expensive ones on the pool). Cancelling the awaiting task stops the
         call's kernels (and a running Loop/Scan at its next iteration); past ``timeout``
         it raises DeadlineExceeded at once. With ``max_concurrency`` it first waits for a
-        slot (first come, first served; cancellable)."""
+        slot (first come, first served; cancellable). ``output_names`` as in ``run``."""
+        if output_names is not None:
+            wanted = self._wanted(output_names)
+            return self._pick(await self.run_async(feeds, timeout=timeout), wanted)
         call = self._call(timeout)
         limiter = self._limiter
         held = None  # the limiter once its slot is ours
@@ -344,6 +375,25 @@ class Model:
             return await self._runtime.run_async(feeds, call)
         finally:
             _end_call(held, call)
+
+    def _wanted(self, output_names: Sequence[str]) -> list[str]:
+        """``output_names`` checked against the model's outputs (InputError)."""
+        if isinstance(output_names, (str, bytes)) or not all(
+            isinstance(n, str) for n in output_names
+        ):
+            raise InputError(
+                f"output_names must be a list of output names, got {output_names!r:.200}"
+            )
+        names = [o.name for o in self.outputs]
+        unknown = [n for n in output_names if n not in names]
+        if unknown:
+            raise InputError(f"output_names: {unknown!r:.200} are not outputs of this model; "
+                             f"its outputs: {names!r:.500}")  # fmt: skip
+        return list(output_names)
+
+    @staticmethod
+    def _pick(out: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
+        return {n: out[n] for n in wanted}
 
     async def _acquire(self, limiter: Limiter, call: CallContext | None) -> None:
         if call is None:

@@ -13,7 +13,7 @@ LAYERS: list[set[str]] = [
     {"errors"},
     {"concurrency", "calls"},
     {"ir"},
-    {"feeds", "kernels", "frontends"},
+    {"feeds", "metadata", "kernels", "frontends"},
     {"executors"},
     {"compiler"},
     {"native", "streaming"},

@@ -67,8 +67,11 @@ def to_value_type(tp: onnx.TypeProto) -> ValueType | None:
         return SequenceType(to_value_type(tp.sequence_type.elem_type))
     if which == "optional_type":
         return OptionalType(to_value_type(tp.optional_type.elem_type))
-    if which == "map_type":
-        return OpaqueType("map")
+    if which == "map_type":  # named by its types (enums, never model text)
+        mt = tp.map_type
+        key = onnx_dtype(mt.key_type).name if mt.key_type else "?"
+        value = to_value_type(mt.value_type)
+        return OpaqueType(f"map<{'string' if key == 'object' else key},{value}>")
     return None
 
 
