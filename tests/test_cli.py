@@ -100,3 +100,89 @@ def test_check_agreement_names_the_disagreeing_runner() -> None:
     check_agreement({"a": good, "b": good})
     with pytest.raises(AssertionError, match="b output 0 vs a"):
         check_agreement({"a": good, "b": bad})
+
+
+def _cli_without(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in a process where ``module`` cannot be imported (as if not installed)."""
+    code = (f"import sys; sys.modules[{module!r}] = None; sys.argv = ['tfrt-py', *{args!r}]; "
+            "from tfrt_py.cli import main; main()")  # fmt: skip
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+def test_bench_without_onnxruntime_says_what_to_install_before_any_work() -> None:
+    """Issue 33: no user extra installs onnxruntime, and bench's default --vs ended in a
+    30-line traceback."""
+    r = _cli_without("onnxruntime", "bench", MLP, "--seconds", "0.1")
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "--vs onnxruntime needs onnxruntime, which is not installed" in r.stderr
+    assert "--vs none" in r.stderr
+    r = _cli_without("onnxruntime", "bench", MLP, "--seconds", "0.1", "--vs", "none")
+    assert r.returncode == 0, r.stderr
+    assert "tfrt_py[" in r.stdout and "onnxruntime" not in r.stdout
+    r = cli("bench", MLP, "--vs", "tensorflow")
+    assert r.returncode == 2 and "Invalid value for '--vs'" in r.stderr
+
+
+def test_plot_without_matplotlib_fails_before_the_run(tmp_path: Path) -> None:
+    r = _cli_without("matplotlib", "profile", MLP, "--plot", str(tmp_path / "p.png"))
+    assert r.returncode == 2, r.stderr
+    assert "--plot needs matplotlib" in r.stderr
+    assert "µs" not in r.stdout  # nothing was profiled first
+
+
+def test_run_summarizes_and_writes_outputs(tmp_path: Path) -> None:
+    r = cli("run", MLP, "--output", str(tmp_path / "o.npz"))
+    assert r.returncode == 0, r.stderr
+    assert "probs float32[1, 10] min" in r.stdout and "[[" not in r.stdout
+    saved = np.load(tmp_path / "o.npz", allow_pickle=False)
+    assert saved["probs"].shape == (1, 10)
+    r = cli("run", MLP, "-o", str(tmp_path / "o.json"))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "o.json").read_text())
+    np.testing.assert_allclose(doc["probs"], saved["probs"], rtol=1e-6)
+    r = cli("run", MLP, "-o", str(tmp_path / "o.txt"))
+    assert r.returncode == 2 and "must end in .npz or .json" in r.stderr
+
+
+def test_random_ids_stay_inside_the_tables_they_index(tmp_path: Path) -> None:
+    """Issue 33: random ints in [0, 4) for a BERT's token_type_ids (a 2-row table) failed
+    with "index 2 is out of bounds"."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    words = numpy_helper.from_array(rng.standard_normal((50, 8)).astype(np.float32), "words")
+    types = numpy_helper.from_array(rng.standard_normal((2, 8)).astype(np.float32), "types")
+    nodes = [
+        helper.make_node("Gather", ["words", "input_ids"], ["w"]),
+        helper.make_node("Cast", ["token_type_ids"], ["tt"], to=TensorProto.INT64),
+        helper.make_node("Gather", ["types", "tt"], ["t"]),
+        helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["m", "axis"], ["m3"]),
+        helper.make_node("Add", ["w", "t"], ["s"]),
+        helper.make_node("Mul", ["s", "m3"], ["y"]),
+    ]
+    ids = [helper.make_tensor_value_info(n, TensorProto.INT64, ["B", 64])
+           for n in ("input_ids", "token_type_ids", "attention_mask")]  # fmt: skip
+    axis = numpy_helper.from_array(np.array([2], np.int64), "axis")
+    graph = helper.make_graph(nodes, "embed", ids,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[words, types, axis])  # fmt: skip
+    path = tmp_path / "embed.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                     .SerializeToString())  # fmt: skip
+    r = cli("run", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "y float32[1, 64, 8]" in r.stdout
+
+
+def test_inspect_json() -> None:
+    r = cli("inspect", ADS, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["inputs"][0] == {"name": "f0", "type": "tensor", "dtype": "float32",
+                                "shape": [1, 1]}  # fmt: skip
+    assert doc["ops_as_loaded"]["Div"] == 18 and sum(doc["ops"].values()) == doc["nodes"]
+    assert doc["executor"] in ("sync", "async", "native")
+    assert doc["metadata"]["opset_imports"] and isinstance(doc["describe"], list)

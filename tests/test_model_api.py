@@ -115,3 +115,10 @@ def test_non_tensor_outputs_say_what_they_are() -> None:
     assert model.inputs[0].type == "tensor"
     out = model.run({"p": np.array([[0.25, 0.75]], np.float32)})
     assert out["probs"] == [{4: 0.25, 5: 0.75}]
+
+
+def test_custom_kernels_that_are_not_a_mapping_are_a_clear_error() -> None:
+    """docs/serving.md's placeholder ``custom_kernels: {...}`` is a set: load failed with
+    an AttributeError (the server then showed the model UNAVAILABLE without a reason)."""
+    with pytest.raises(ValueError, match=r"custom_kernels must be a mapping .* got a set"):
+        tfrt_py.load(_two_outputs(), custom_kernels={Ellipsis})  # type: ignore[arg-type]

@@ -28,6 +28,15 @@ def _fail(msg: str) -> NoReturn:
     sys.exit(2)
 
 
+def _need(module: str, what: str, extra: str, alternative: str = "") -> None:
+    """Fail before any work when ``what`` needs ``module`` and it is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        more = f", {alternative}" if alternative else ""
+        _fail(f"{what} needs {module}, which is not installed: pip install '{extra}'{more}")
+
+
 def _load(path: str, executor: str = "auto", **options: Any) -> Any:
     import tfrt_py
 
@@ -81,31 +90,141 @@ def main() -> None:
 @click.argument("model_path", metavar="MODEL")
 @click.option("--input", "-i", "inputs", multiple=True, help="name=file.npy (repeatable)")
 @click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
-def run(model_path: str, inputs: tuple[str, ...], executor: str) -> None:
-    """Run MODEL once; random inputs of the right shape unless --input is given."""
+@click.option(
+    "--output",
+    "-o",
+    "output_path",
+    type=click.Path(dir_okay=False),
+    help="write the outputs: .npz (arrays) or .json (any output)",
+)
+def run(model_path: str, inputs: tuple[str, ...], executor: str, output_path: str | None) -> None:
+    """Run MODEL once and summarize each output (shape, dtype, range); random inputs of
+    the right shape unless --input is given (integer ids stay inside the tables they
+    index; inputs named like a mask are ones)."""
     from rich.console import Console
 
+    if output_path is not None and not output_path.endswith((".npz", ".json")):
+        _fail(f"--output {output_path!r}: the file must end in .npz or .json")
     model = _load(model_path, executor)
     feeds = _parse_inputs(model, inputs)
     try:
         outputs = model.run(feeds)
     except (TfrtError, ValueError, RuntimeError) as e:
         _fail(str(e))
-    console = Console()
-    console.print(f"[bold]{model_path}[/] executor={model.executor}")
+    console = Console(highlight=False)
+    console.print(f"[bold]{escape_markup(model_path)}[/] executor={model.executor}")
     for name, value in outputs.items():
-        arr = np.asarray(value) if not isinstance(value, list) else value
-        shape = f"{arr.dtype}{list(arr.shape)}" if isinstance(arr, np.ndarray) else "list"
-        console.print(f"[cyan]{name}[/] {shape}\n{arr}")
+        console.print(f"[cyan]{escape_markup(name)}[/] {escape_markup(_summary(value))}")
+    if output_path is not None:
+        _write_outputs(output_path, outputs)
+        console.print(f"outputs: {escape_markup(output_path)}")
+
+
+def escape_markup(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _summary(value: Any) -> str:
+    """One line about an output: dtype[shape] and its range (never the whole array)."""
+    if isinstance(value, list):
+        return f"list of {len(value)} {type(value[0]).__name__ if value else 'items'}"
+    arr = np.asarray(value)
+    head = f"{arr.dtype}{list(arr.shape)}"
+    if arr.size and arr.dtype.kind in "biuf":
+        with np.errstate(all="ignore"):
+            lo, hi = arr.min(), arr.max()
+            mean = arr.mean(dtype=np.float64)
+        return f"{head} min {lo:.6g} max {hi:.6g} mean {mean:.6g}"
+    if arr.size:
+        return f"{head} first {np.ravel(arr)[0]!r:.60}"
+    return head
+
+
+def _write_outputs(path: str, outputs: dict[str, Any]) -> None:
+    """``outputs`` to ``path``: .npz holds arrays only (no pickles), .json anything."""
+    import json
+
+    try:
+        if path.endswith(".npz"):
+            arrays = {}
+            for name, value in outputs.items():
+                arr = np.asarray(value) if not isinstance(value, list) else None
+                if arr is None or arr.dtype == object:
+                    _fail(f"--output {path!r}: output {name!r} is not a numeric array; "
+                          "write .json instead")  # fmt: skip
+                arrays[name] = arr
+            _savez(path, arrays)
+        else:
+            with open(path, "w") as f:
+                json.dump({k: _jsonable(v) for k, v in outputs.items()}, f)
+    except OSError as e:
+        _fail(f"--output {path!r}: {e}")
+
+
+def _savez(path: str, arrays: dict[str, np.ndarray]) -> None:
+    """``np.savez`` without its keyword arguments: an output may be named "allow_pickle"."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", allowZip64=True) as zf:
+        for name, arr in arrays.items():
+            with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, arr, allow_pickle=False)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(_jsonable(k)): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 @main.command()
 @click.argument("model_path", metavar="MODEL")
 @click.option("--executor", type=EXECUTOR_CHOICE, default="auto", show_default=True)
-def inspect(model_path: str, executor: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead")
+def inspect(model_path: str, executor: str, as_json: bool) -> None:
     """Inputs/outputs, op histogram, executor and why."""
     model = _load(model_path, executor)
-    click.echo(model.describe())
+    if not as_json:
+        click.echo(model.describe())
+        return
+    import json
+
+    click.echo(json.dumps(_inspect_doc(model_path, model), indent=2))
+
+
+def _inspect_doc(model_path: str, model: Any) -> dict[str, Any]:
+    """``inspect --json``: what ``describe()`` says, as data."""
+    import collections
+
+    def spec(s: Any) -> dict[str, Any]:
+        return {"name": s.name, "type": s.type,
+                "dtype": None if s.dtype is None else str(s.dtype),
+                "shape": None if s.shape is None else list(s.shape)}  # fmt: skip
+
+    ops = collections.Counter(
+        f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in model.graph.nodes
+    )
+    meta = model.metadata.as_dict()
+    return {
+        "model": model_path,
+        "executor": model.executor,
+        "load_seconds": round(model._load_s, 6),
+        "inputs": [spec(s) for s in model.inputs],
+        "outputs": [spec(s) for s in model.outputs],
+        "nodes": len(model.graph.nodes),
+        "ops": dict(ops.most_common()),
+        "ops_as_loaded": dict(model.prepared.loaded_ops.most_common()),
+        "metadata": meta,
+        "describe": model.describe().splitlines(),
+    }
 
 
 @main.command()
@@ -136,6 +255,8 @@ def profile(
     """Where MODEL's time goes, per node: µs, share, GFLOP/s, input shapes."""
     from .bench.runners import random_feeds
 
+    if plot_path:
+        _need("matplotlib", "--plot", "tfrt-py[bench]")
     model = _load(model_path, executor)
     feeds = random_feeds(model, batch=batch)
     feeds.update(_parse_inputs(model, inputs) if inputs else {})
@@ -157,7 +278,14 @@ def profile(
 
 @main.command()
 @click.argument("model_path", metavar="MODEL")
-@click.option("--vs", multiple=True, default=("onnxruntime",), show_default=True)
+@click.option(
+    "--vs",
+    multiple=True,
+    type=click.Choice(["onnxruntime", "none"]),
+    default=("onnxruntime",),
+    show_default=True,
+    help="the runtime to time against; none: tfrt_py alone",
+)
 @click.option("--executor", "executors", multiple=True, type=EXECUTOR_CHOICE, default=("auto",))
 @click.option("--seconds", type=float, default=3.0, show_default=True)
 @click.option("--batch", type=int, default=1, show_default=True, help="size of dynamic dims")
@@ -172,7 +300,8 @@ def bench(
     json_path: str | None,
     plot_path: str | None,
 ) -> None:
-    """Latency of MODEL on tfrt_py against onnxruntime: interleaved, paired bursts."""
+    """Latency of MODEL on tfrt_py against onnxruntime (``--vs none``: tfrt_py alone):
+    interleaved, paired bursts."""
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import Progress
@@ -182,6 +311,11 @@ def bench(
     from .bench.report import plot, to_json
     from .bench.runners import check_agreement, make_runners, random_feeds
 
+    vs = tuple(v for v in vs if v != "none")
+    if "onnxruntime" in vs:
+        _need("onnxruntime", "--vs onnxruntime", "tfrt-py[bench]", "or pass --vs none")
+    if plot_path:
+        _need("matplotlib", "--plot", "tfrt-py[bench]")
     model = _load(model_path)
     feeds = random_feeds(model, batch=batch)
     try:

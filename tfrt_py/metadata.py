@@ -9,7 +9,7 @@ cannot make ``describe()`` or a server's metadata answer huge. Immutable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -39,6 +39,13 @@ class ModelMetadata:
     metadata_props: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
     ir_version: int = 0
     opset_imports: MappingProxyType[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field, the mappings as plain dicts (JSON-ready)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["metadata_props"] = dict(self.metadata_props)
+        out["opset_imports"] = dict(self.opset_imports)
+        return out
 
 
 def _text(s: Any) -> str:

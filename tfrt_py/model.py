@@ -195,6 +195,13 @@ def _read(
 
 
 def _with_custom(base: KernelRegistry, custom: CustomKernels | None) -> KernelRegistry:
+    if custom is None:
+        return base
+    if not isinstance(custom, Mapping):
+        raise ValueError(
+            "custom_kernels must be a mapping {(domain, op_type): kernel}, got a "
+            f"{type(custom).__name__}"
+        )
     if not custom:
         return base
     reg = base.copy()

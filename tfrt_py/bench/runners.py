@@ -17,21 +17,62 @@ __all__ = ["check_agreement", "make_runners", "random_feeds"]
 
 
 def random_feeds(model: tfrt_py.Model, seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
-    """Inputs of the right dtype and shape; symbolic or unknown dims become ``batch``."""
+    """Inputs of the right dtype and shape; symbolic or unknown dims become ``batch``.
+    Integer inputs that index a table (token ids: ``id_limits``) take values inside it;
+    ones named like a mask are ones; other integers are in [0, 4)."""
     rng = np.random.default_rng(seed)
+    limits = id_limits(model.graph)
     feeds: dict[str, np.ndarray] = {}
     for spec in model.inputs:
         shape = tuple(d if isinstance(d, int) else batch for d in (spec.shape or ()))
         dtype = spec.dtype if spec.dtype is not None else np.dtype(np.float32)
         if dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind in "iu" and "mask" in spec.name.lower():
+            feeds[spec.name] = np.ones(shape, dtype)
         elif dtype.kind in "iu":
-            feeds[spec.name] = rng.integers(0, 4, shape).astype(dtype)
+            high = max(1, min(4, limits.get(spec.name, 4)))
+            feeds[spec.name] = rng.integers(0, high, shape).astype(dtype)
         elif dtype.kind == "b":
             feeds[spec.name] = rng.integers(0, 2, shape).astype(bool)
         else:
             feeds[spec.name] = np.full(shape, "a", dtype=object)
     return feeds
+
+
+#: Ops an id passes through unchanged on its way to a table.
+_ID_VIEWS = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
+#: (op type, index of the ids input, index of the table input) of the ops that index one:
+#: ONNX's Gather and onnxruntime's embedding ops (word, position, segment tables).
+_TABLE_OPS = {"Gather": ((1, 0),), "EmbedLayerNormalization": ((0, 2), (1, 4))}
+
+
+def id_limits(graph: Any) -> dict[str, int]:
+    """Input name -> the smallest table it indexes (rows of a constant Gather table, or of
+    an embedding op's word/segment table), for integer inputs that are ids: random ids
+    past it would fail with "index out of bounds" (a BERT's token_type_ids index 2 rows)."""
+    readers: dict[int, list[tuple[Any, int]]] = {}
+    for node in graph.nodes:
+        for k, v in enumerate(node.inputs):
+            if v is not None:
+                readers.setdefault(id(v), []).append((node, k))
+    out: dict[str, int] = {}
+    for v in graph.inputs:
+        todo, seen = [v], {id(v)}
+        while todo:
+            cur = todo.pop()
+            for node, k in readers.get(id(cur), ()):
+                if node.op_type in _ID_VIEWS and k == 0:
+                    for o in node.outputs:
+                        if o is not None and id(o) not in seen:
+                            seen.add(id(o))
+                            todo.append(o)
+                for ids_at, table_at in _TABLE_OPS.get(node.op_type, ()):
+                    table = node.inputs[table_at] if table_at < len(node.inputs) else None
+                    if k == ids_at and table is not None and table.const is not None:
+                        rows = int(np.shape(table.const)[0]) if np.ndim(table.const) else 1
+                        out[v.name] = min(out.get(v.name, rows), rows)
+    return out
 
 
 def make_runners(
