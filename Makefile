@@ -1,11 +1,12 @@
 # The whole set-up is two commands: `make demo` and `make test`. Each makes its own
-# virtual environment (.venv) on first use and reinstalls when pyproject.toml changes.
+# virtual environment on first use (.venv-demo: only what the demo needs, the native tier
+# and onnxruntime; .venv: the test extra) and reinstalls when pyproject.toml changes.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-floor test-fallbacks lint unit conformance bench bench-zoo bench-zoo-classic \
+.PHONY: demo dist test test-slow test-floor test-fallbacks test-wheel lint unit conformance bench bench-zoo bench-zoo-classic \
 	bench-zoo-transformers bench-zoo-vision bench-dynamic zoo-transformers-test-files clean
 
 $(STAMP): pyproject.toml
@@ -15,11 +16,33 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 EXAMPLE := tfrt_py/examples/mlp_small.onnx
+DEMO_VENV := .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed
 
-demo: $(STAMP)
-	$(BIN)/tfrt-py inspect $(EXAMPLE)
-	$(BIN)/tfrt-py run $(EXAMPLE)
-	$(BIN)/tfrt-py bench $(EXAMPLE) --seconds 3
+$(DEMO_STAMP): pyproject.toml
+	$(PY) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(DEMO_VENV)/bin/python -m pip install --quiet -e ".[native,bench]"
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(DEMO_VENV)/bin/tfrt-py inspect $(EXAMPLE)
+	$(DEMO_VENV)/bin/tfrt-py run $(EXAMPLE)
+	$(DEMO_VENV)/bin/tfrt-py bench $(EXAMPLE) --seconds 3
+
+# The wheel (dist/), and what CI checks of it: installed into a fresh venv with the native
+# extra, outside the clone, it loads and runs its bundled model (.ci/wheel_smoke.py).
+WHEEL_VENV := .venv-wheel
+dist:
+	rm -rf dist build
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+
+test-wheel: dist
+	rm -rf $(WHEEL_VENV)
+	$(PY) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(WHEEL_VENV)/bin/python -m pip install --quiet "$$(ls dist/tfrt_py-*.whl)[native]"
+	cd "$$(mktemp -d)" && $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/.ci/wheel_smoke.py
 
 # Optional peers (benchmarks/peers.py): each is measured where it installs. torch is pinned
 # to the release this machine keeps on disk (one torch for the peers and the zoos).
@@ -131,4 +154,5 @@ conformance: $(STAMP)
 	$(BIN)/python benchmarks/conformance.py
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) $(DEMO_VENV) $(WHEEL_VENV) build dist *.egg-info .mypy_cache \
+	    .ruff_cache .pytest_cache
