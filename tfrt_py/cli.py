@@ -486,7 +486,10 @@ def _serve_models(
     model_paths: tuple[str, ...], executor: str, max_concurrency: int
 ) -> tuple[dict[str, Any], ModelRepository | None]:
     """``serve``'s models by name, loaded, and the ModelRepository they came from (None for
-    model files); a bad path or name fails the command."""
+    model files); a bad path or name fails the command. In a repository a model that
+    fails to load does not: it is served as UNAVAILABLE with the reason (the index says
+    so, readiness waits for it; ``--model-control-mode explicit`` can unload or reload
+    it) and the others serve."""
     import os
 
     from .serving import ModelConfig, ModelRepository
@@ -500,8 +503,17 @@ def _serve_models(
         found, _ = repository.scan()  # the ModelServer logs what it skipped
         if not found:
             _fail(f"no models in the repository {model_paths[0]!r} (NAME.onnx, NAME/1/model.onnx)")
+        import tfrt_py
+
         for name, entry in found.items():
-            model = _load(entry.path, executor, max_concurrency=max_concurrency)
+            try:
+                model = tfrt_py.load(entry.path, executor=executor, max_concurrency=max_concurrency)
+            except (TfrtError, ValueError, OSError) as e:
+                click.echo(f"tfrt-py serve: repository: model {name!r} failed to load ({e}); "
+                           "it is UNAVAILABLE, the others serve", err=True)  # fmt: skip
+                # the server tries it once more and keeps the reason for the index
+                models[name] = ModelConfig(entry.path, executor=executor, version=entry.version)
+                continue
             models[name] = ModelConfig(model, version=entry.version)
     else:
         for path in model_paths:

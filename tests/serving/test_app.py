@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -109,6 +110,42 @@ def test_json_predict_converts_floats_explicitly(client: httpx.Client) -> None:
     np.testing.assert_allclose(r.json()["outputs"]["probs"], want, rtol=1e-6, atol=1e-7)
 
 
+def test_tf_serving_row_format_and_a_bare_curl_body(client: httpx.Client) -> None:
+    """Issue 38: ``{"instances": [...]}`` (TF Serving / KServe v1 rows) was refused, and a
+    JSON body sent with curl -d's form Content-Type was a 415."""
+    want = MODELS["mlp"].run({"x": X})["probs"]
+    r = client.post("/v1/models/mlp:predict", json={"instances": X.tolist()})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json()["predictions"], want, rtol=1e-6, atol=1e-7)
+    body = json.dumps({"instances": X.tolist()}).encode()
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    r = client.post("/v1/models/mlp:predict", content=body, headers=form)
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json()["predictions"], want, rtol=1e-6, atol=1e-7)
+    row = {f"f{i}": [0.5 * i] for i in range(18)}
+    r = client.post("/v1/models/ads:predict", json={"instances": [row]})
+    assert r.status_code == 200, r.text
+    feeds = {k: np.array([v], np.float32) for k, v in row.items()}
+    np.testing.assert_allclose(r.json()["predictions"], MODELS["ads"].run(feeds)["a1"], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "needle"),
+    [
+        ("mlp", {"instances": []}, "non-empty list of rows"),
+        ("mlp", {"instances": [{"x": [0.0] * 64}, [0.0] * 64]}, "mixes objects and values"),
+        ("ads", {"instances": [[0.0]]}, "this model has 18 inputs"),
+        ("ads", {"instances": [{"f0": [1.0]}, {"f1": [1.0]}]}, "every row names the same"),
+        ("mlp", {"instances": [[0.0] * 64], "inputs": {}}, 'beside "instances"'),
+    ],
+)
+def test_bad_rows_are_400(client: httpx.Client, model: str, body: Any, needle: str) -> None:
+    r = client.post(f"/v1/models/{model}:predict", json=body)
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]
+    assert_serving(client)
+
+
 def test_npy_in_npy_out(client: httpx.Client) -> None:
     buf = io.BytesIO()
     np.save(buf, X)
@@ -192,7 +229,8 @@ def test_bad_json_input_is_4xx_naming_the_problem(
         (b'{"inputs": {"x": [[1, 2}', "application/json", 400, "malformed JSON"),
         (b"\xff\xfe", "application/json", 400, "malformed JSON"),
         (b"not an npy file", "application/x-npy", 400, "not a valid .npy"),
-        (b"x=1", "application/x-www-form-urlencoded", 415, "Content-Type"),
+        (b"x=1", "application/x-www-form-urlencoded", 400, "malformed JSON"),  # curl -d's type
+        (b"x=1", "image/png", 415, "Content-Type"),
     ],
 )
 def test_malformed_bodies_are_4xx(

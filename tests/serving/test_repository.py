@@ -255,6 +255,38 @@ def test_tfrt_py_serve_a_directory(repo: Path, tmp_path: Path) -> None:
         assert proc.wait(60) == -signal.SIGTERM, log.read_text()
 
 
+def test_one_bad_model_in_a_repository_does_not_stop_serve(repo: Path, tmp_path: Path) -> None:
+    """Issue 38: a model that fails to load stopped ``tfrt-py serve DIR`` from starting,
+    even in explicit mode; now the others serve, the index says UNAVAILABLE with the
+    reason, and unloading it makes the server ready."""
+    (repo / "broken.onnx").write_bytes(b"not an onnx file")
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [TFRT_PY, "serve", str(repo), "--port", "0", "--model-control-mode", "explicit"],
+            stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+    try:
+        until(lambda: "on http://" in log.read_text() or proc.poll() is not None, "bound")
+        assert proc.poll() is None, log.read_text()
+        url = log.read_text().split("on http://")[1].split()[0]
+        c = client_for(f"http://{url}")
+        try:
+            np.testing.assert_allclose(infer(c, "aff", X2), X2 * 3)
+            index = {m["name"]: m for m in c.get_model_repository_index()}
+            assert index["broken"]["state"] == "UNAVAILABLE"
+            assert "broken" in index["broken"]["reason"] and index["aff"]["state"] == "READY"
+            assert not c.is_server_ready()  # strict readiness: every model it serves
+            c.unload_model("broken")
+            until(c.is_server_ready, "ready once the broken model is unloaded")
+        finally:
+            c.close()
+        assert "model 'broken' failed to load" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == -signal.SIGTERM, log.read_text()
+
+
 def test_loading_and_unloading_are_off_unless_asked_for(repo: Path) -> None:
     with ServerThread(create_app(ModelServer(repository=str(repo)))) as url:
         c = client_for(url)

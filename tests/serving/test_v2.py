@@ -343,6 +343,20 @@ def test_a_compressed_body_is_415(client: triton.InferenceServerClient) -> None:
         (b'{"inputs": []}', {"Inference-Header-Content-Length": "abc"}, "must be a number"),
         (b'{"inputs": []}', {"Inference-Header-Content-Length": "99"}, "only 14 bytes"),
         (b'{"inputs": []}xyz', {"Inference-Header-Content-Length": "14"}, "3 bytes of binary"),
+        # issue 38's four small faults: each was a misleading message or a 200
+        (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2**62, 4],
+                                 "data": [0]}]}).encode(), {},
+         "dim 4611686018427387904 is too large"),
+        (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64],
+                                 "parameters": {"binary_data_size": 256}}]}).encode()
+         + np.zeros(64, np.float32).tobytes() + b"\xff", {},
+         "binary tensor data follows a JSON header whose length the Inference-Header"),
+        (b'{"inputs": []}' + b"\x00" * 8, {}, "binary tensor data after the JSON needs the"),
+        (b'{"inputs": []}', [("Inference-Header-Content-Length", "14"),
+                             ("Inference-Header-Content-Length", "14")], "given 2 times"),
+        (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64],
+                                 "data": [[0.0] * 32, [0.0] * 32]}]}).encode(), {},
+         '"data" is nested as [2, 32], but the shape is [1, 64]'),
     ],
 )  # fmt: skip
 def test_malformed_requests_are_400_as_json(

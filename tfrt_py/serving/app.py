@@ -110,12 +110,12 @@ def _v1_routes(server: ModelServer) -> list[Route]:
         fmt = body_format(request.headers.get("content-type", JSON))
         deadline = Deadline(server.timeout)
         body = await read_in_time(request, server, deadline)
-        feeds = await request_feeds(
+        feeds, rows = await request_feeds(
             body, fmt, model.inputs, server.max_decoded_bytes, server.decode_pool
         )
         outputs = await run_in_time(model, feeds, deadline)
         payload, media = await response_body(
-            model.name, outputs, request.headers.get("accept", ""), server.decode_pool
+            model.name, outputs, request.headers.get("accept", ""), server.decode_pool, rows
         )
         return Response(payload, media_type=media)
 

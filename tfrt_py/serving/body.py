@@ -26,6 +26,7 @@ from .codec import (
     NPY,
     NPZ,
     encode_outputs,
+    encode_predictions,
     is_npz_request,
     json_feeds,
     parse_json,
@@ -45,6 +46,7 @@ __all__ = [
 
 T = TypeVar("T")
 _BINARY = (NPY, NPZ, "application/octet-stream")
+_FORM = "application/x-www-form-urlencoded"
 
 
 def body_format(content_type: str) -> str:
@@ -52,7 +54,8 @@ def body_format(content_type: str) -> str:
     ctype = content_type.split(";")[0].strip().lower()
     if ctype in _BINARY:
         return NPY
-    if ctype in (JSON, "") or ctype.endswith("+json"):
+    # curl -d sends application/x-www-form-urlencoded: a JSON body sent the bare way
+    if ctype in (JSON, "", _FORM, "text/plain") or ctype.endswith("+json"):
         return JSON
     raise RequestError(
         415, f"Content-Type {ctype[:100]!r} is not supported; send {JSON}, {NPY} or {NPZ}"
@@ -82,30 +85,38 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def decode_feeds(
     body: bytes, fmt: str, specs: Sequence[TensorSpec], max_decoded: int
-) -> dict[str, Any]:
-    """Feeds from a body of format ``fmt`` (``body_format``); RequestError naming the
-    problem. Pure: runs on the loop or on a decode thread."""
+) -> tuple[dict[str, Any], bool]:
+    """(feeds, rows) from a body of format ``fmt`` (``body_format``); ``rows``: the body
+    was TF Serving's ``{"instances": [...]}`` (answered ``{"predictions": [...]}``).
+    RequestError naming the problem. Pure: runs on the loop or on a decode thread."""
     if fmt == NPY:
-        return array_feeds(body, specs, max_decoded)
-    return json_feeds(parse_json(body), specs)
+        return array_feeds(body, specs, max_decoded), False
+    inputs, rows = parse_json(body, specs)
+    return json_feeds(inputs, specs), rows
 
 
 async def request_feeds(
     body: bytes, fmt: str, specs: Sequence[TensorSpec], max_decoded: int, pool: Executor
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], bool]:
     """``decode_feeds`` on the loop for a small body, on ``pool`` for a large one."""
     big = len(body) > INLINE_DECODE_BYTES
     return await maybe_offload(big, pool, decode_feeds, body, fmt, specs, max_decoded)
 
 
 async def response_body(
-    model: str, outputs: Mapping[str, np.ndarray], accept: str, pool: Executor
+    model: str,
+    outputs: Mapping[str, np.ndarray],
+    accept: str,
+    pool: Executor,
+    rows: bool = False,
 ) -> tuple[bytes, str]:
-    """The response payload and its media type for ``accept``; encoded on ``pool`` when
-    the outputs are large."""
+    """The response payload and its media type for ``accept`` (``rows``: a JSON answer in
+    TF Serving's row format); encoded on ``pool`` when the outputs are large."""
     fmt = response_type(accept)
     size = sum(int(getattr(v, "nbytes", 0)) for v in outputs.values())
     big = size > INLINE_ENCODE_BYTES
+    if rows and fmt == JSON:
+        return await maybe_offload(big, pool, encode_predictions, outputs), JSON
     payload = await maybe_offload(big, pool, encode_outputs, model, outputs, fmt)
     media = JSON if fmt == JSON else NPZ if is_npz_request(fmt, outputs) else NPY
     return payload, media

@@ -44,6 +44,7 @@ __all__ = [
     "encode_outputs",
     "json_feeds",
     "load_json",
+    "encode_predictions",
     "parse_json",
     "response_type",
     "spec_json",
@@ -99,21 +100,67 @@ def load_json(body: bytes, what: str = "JSON body") -> Any:
         raise RequestError(400, f"malformed {what}: {_short(e)}") from None
 
 
-def parse_json(body: bytes) -> dict[str, Any]:
-    """The ``inputs`` object of a JSON request body (400 for anything else: malformed,
-    nested too deeply, numbers too long, not ``{"inputs": {...}}``)."""
+def parse_json(body: bytes, specs: Sequence[TensorSpec] = ()) -> tuple[dict[str, Any], bool]:
+    """(input name -> JSON value, rows) of a JSON request body: the columnar
+    ``{"inputs": {name: nested lists}}``, or TF Serving's row format ``{"instances":
+    [row, ...]}`` (rows True), each row an object ``{name: value}`` or, for a model of one
+    input (``specs``), its value; the rows are stacked into each input's first dim. 400 for
+    anything else: malformed, nested too deeply, numbers too long, another shape."""
     doc = load_json(body)
+    if isinstance(doc, dict) and "instances" in doc:
+        extra = sorted(k for k in doc if k not in ("instances", "signature_name"))
+        if extra:
+            raise RequestError(400, f'unknown field(s) {names_list(extra)} beside "instances"')
+        return _columns(doc["instances"], specs), True
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), dict):
         raise RequestError(
-            400, 'the JSON body must be an object {"inputs": {input name: nested lists}}'
+            400,
+            'the JSON body must be an object {"inputs": {input name: nested lists}} or '
+            '{"instances": [row, ...]}',
         )
-    extra = sorted(k for k in doc if k != "inputs")
+    extra = sorted(k for k in doc if k not in ("inputs", "signature_name"))
     if extra:
         raise RequestError(
             400, f'unknown field(s) {names_list(extra)} in the JSON body; only "inputs"'
         )
     inputs: dict[str, Any] = doc["inputs"]
-    return inputs
+    return inputs, False
+
+
+def _columns(rows: Any, specs: Sequence[TensorSpec]) -> dict[str, Any]:
+    """TF Serving's ``instances`` as columns: input name -> the list of its rows."""
+    if not isinstance(rows, list) or not rows:
+        raise RequestError(400, '"instances" must be a non-empty list of rows')
+    if all(isinstance(r, dict) for r in rows):
+        names = list(rows[0])
+        for i, r in enumerate(rows):
+            if list(r) != names:
+                raise RequestError(
+                    400, f"instances[{i}] names {names_list(list(r))}, instances[0] "
+                    f"{names_list(names)}: every row names the same inputs",
+                )  # fmt: skip
+        return {n: [r[n] for r in rows] for n in names}
+    if any(isinstance(r, dict) for r in rows):
+        raise RequestError(400, '"instances" mixes objects and values; use one form')
+    if len(specs) != 1:
+        raise RequestError(
+            400, f"this model has {len(specs)} inputs: each row of \"instances\" must be an "
+            f"object naming them ({names_list([s.name for s in specs])})",
+        )  # fmt: skip
+    return {specs[0].name: rows}
+
+
+def encode_predictions(outputs: Mapping[str, np.ndarray]) -> bytes:
+    """TF Serving's row-format answer ``{"predictions": [...]}``: per row, the one output's
+    value, or an object of every output's."""
+    arrays = {k: np.asarray(v) for k, v in outputs.items()}
+    if len(arrays) == 1:
+        preds: Any = next(iter(arrays.values())).tolist()
+    else:
+        n = min((a.shape[0] for a in arrays.values() if a.ndim), default=0)
+        preds = [{k: a[i].tolist() if a.ndim else a.tolist() for k, a in arrays.items()}
+                 for i in range(n)]  # fmt: skip
+    return json.dumps({"predictions": preds}, separators=(",", ":"), allow_nan=True).encode()
 
 
 def _short(e: BaseException, limit: int = 300) -> str:

@@ -170,7 +170,7 @@ def _infer_handler(server: ModelServer) -> Handler:
             server.decode_pool,
             decode_infer,
             body,
-            request.headers.get(HEADER_LENGTH),
+            _header_length(request),
             model.name,
             model.inputs,
             model.outputs,
@@ -244,3 +244,12 @@ def _repository_routes(server: ModelServer) -> list[Route]:
         _route("/v2/repository/models/{name}/load", repository_load, "POST"),
         _route("/v2/repository/models/{name}/unload", repository_unload, "POST"),
     ]
+
+
+def _header_length(request: Any) -> str | None:
+    """The one ``Inference-Header-Content-Length`` of a request (None: absent); 400 when it
+    comes more than once (which one splits the body would be a guess)."""
+    values = request.headers.getlist(HEADER_LENGTH)
+    if len(values) > 1:
+        raise RequestError(400, f"{HEADER_LENGTH} is given {len(values)} times; give it once")
+    return values[0] if values else None

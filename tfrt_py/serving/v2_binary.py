@@ -57,13 +57,33 @@ def decode_infer(
     """The checked request and its feeds from a v2 body (``header_length``: the value of
     ``Inference-Header-Content-Length``, None when absent)."""
     head, data = _split(body, header_length)
-    doc = load_json(head, "JSON request" if data is None else "JSON request header")
+    if data is None and not _is_utf8(head):
+        raise RequestError(
+            400,
+            "the body is not UTF-8 JSON: binary tensor data follows a JSON header whose length "
+            f"the {HEADER_LENGTH} header gives, and this request has none",
+        )
+    try:
+        doc = load_json(head, "JSON request" if data is None else "JSON request header")
+    except RequestError as e:
+        if data is None and "Extra data" in e.message:
+            raise RequestError(400, f"{e.message}; binary tensor data after the JSON needs "
+                                    f"the {HEADER_LENGTH} header") from None  # fmt: skip
+        raise
     req = parse_request(doc, model, inputs, outputs, max_decoded, data is not None)
     feeds = _binary_inputs(req.inputs, data) if data is not None else {}
     for t in req.inputs:
         if t.binary_size is None:
             feeds[t.spec.name] = tensor_from_json(t)
     return req, feeds
+
+
+def _is_utf8(body: bytes) -> bool:
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview | None]:

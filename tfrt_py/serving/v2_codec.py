@@ -290,10 +290,15 @@ def _shape(value: Any, spec: TensorSpec, model: str) -> tuple[int, ...]:
             400, f'input {name!r}: "shape" must be a list of at most {MAX_TENSOR_RANK} ints'
         )
     for d in value:
-        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < 2**62:
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
             raise RequestError(
                 400, f"input {name!r}: shape {str(value)[:100]}: dims are integers >= 0"
             )
+        if d >= 2**62:
+            raise RequestError(
+                400, f"input {name!r}: shape {str(value)[:100]}: dim {str(d)[:30]} is too "
+                "large (dims are below 2**62)",
+            )  # fmt: skip
     if math.prod(max(d, 1) for d in value) >= 2**62:
         raise RequestError(
             400, f"input {name!r}: shape {str(value)[:200]}: its dims multiply to 2**62 or more"
@@ -341,8 +346,15 @@ def _parse_outputs(
 
 
 def tensor_from_json(t: TensorIn) -> np.ndarray:
-    """A JSON input's ``data`` (flat row-major or nested) as an array of its shape."""
+    """A JSON input's ``data`` (flat row-major, or nested as its shape) as an array of its
+    shape; data nested otherwise (``[[1, 2], [3, 4]]`` for shape [4]) is a 400."""
     arr = convert_value(t.spec, t.data)
+    if arr.ndim > 1 and arr.shape != tuple(t.shape):
+        raise RequestError(
+            400,
+            f'input {t.spec.name!r}: "data" is nested as {list(arr.shape)}, but the shape is '
+            f"{list(t.shape)}; give it flat (row-major) or nested as the shape",
+        )
     if arr.size != t.count:
         raise RequestError(
             400,
