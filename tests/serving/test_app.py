@@ -146,6 +146,15 @@ def test_bad_rows_are_400(client: httpx.Client, model: str, body: Any, needle: s
     assert_serving(client)
 
 
+def test_a_batching_models_triton_config(client: httpx.Client) -> None:
+    """With batching on, Triton's config gives max_batch_size and dims without the batch."""
+    assert client.get("/v1/models/wide").json()["batching"]["enabled"]
+    cfg = client.get("/v2/models/wide/config").json()
+    assert cfg["max_batch_size"] == 4 and "dynamic_batching" in cfg
+    spec = MODELS["wide"].inputs[0]
+    assert cfg["input"][0]["dims"] == [d if isinstance(d, int) else -1 for d in spec.shape[1:]]
+
+
 def test_npy_in_npy_out(client: httpx.Client) -> None:
     buf = io.BytesIO()
     np.save(buf, X)

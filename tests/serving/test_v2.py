@@ -153,6 +153,42 @@ def test_health_and_server_metadata(client: triton.InferenceServerClient) -> Non
     assert not client.is_model_ready("nope")
 
 
+def test_model_config_and_statistics(client: triton.InferenceServerClient) -> None:
+    """Issue 38: /config and /stats answered 404, so tritonclient's get_model_config and
+    get_inference_statistics failed (perf_analyzer and model_analyzer read them)."""
+    cfg = client.get_model_config("mlp")
+    assert cfg["name"] == "mlp" and cfg["max_batch_size"] == 0
+    assert [(t["name"], t["data_type"], t["dims"]) for t in cfg["input"]] == [
+        ("x", "TYPE_FP32", [1, 64])]  # fmt: skip
+    assert [(t["name"], t["data_type"], t["dims"]) for t in cfg["output"]] == [
+        ("probs", "TYPE_FP32", [1, 10])]  # fmt: skip
+    assert client.get_model_config("mlp", "1") == cfg
+
+    def totals() -> dict[str, Any]:
+        (stats,) = client.get_inference_statistics("mlp")["model_stats"]
+        assert (stats["name"], stats["version"]) == ("mlp", "1")
+        return stats
+
+    before = totals()
+    for _ in range(3):
+        client.infer("mlp", [tensor("x", X, "FP32")])
+    with pytest.raises(InferenceServerException):
+        client.infer("mlp", [tensor("x", X[:, :32], "FP32")])  # refused: a failure
+    after = totals()
+    grew = {k: after["inference_stats"][k]["count"] - before["inference_stats"][k]["count"]
+            for k in ("success", "fail", "queue", "compute_infer")}  # fmt: skip
+    assert grew == {"success": 3, "fail": 1, "queue": 3, "compute_infer": 3}
+    assert after["inference_count"] - before["inference_count"] == 3
+    assert after["execution_count"] - before["execution_count"] == 3
+    assert after["inference_stats"]["compute_infer"]["ns"] > before["inference_stats"][
+        "compute_infer"]["ns"]  # fmt: skip
+    assert after["last_inference"] > 0
+    every = client.get_inference_statistics()["model_stats"]
+    assert {s["name"] for s in every} == set(MODELS)
+    with pytest.raises(InferenceServerException):
+        client.get_model_config("nope")
+
+
 def test_model_metadata(client: triton.InferenceServerClient) -> None:
     meta = client.get_model_metadata("mlp")
     assert meta["name"] == "mlp" and meta["versions"] == ["1"]

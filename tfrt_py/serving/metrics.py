@@ -32,6 +32,7 @@ the gauges are read from the live models when ``/metrics`` is scraped (on the lo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -68,7 +69,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class ModelMetrics:
-    """The metrics of one served (model, version): ``request``, ``queued``, ``batch``."""
+    """The metrics of one served (model, version): ``request``, ``queued``, ``batch``,
+    ``computed``; besides Prometheus's, the totals of Triton's statistics extension
+    (``inference_stats``, read by ``GET /v2/models/NAME/stats``)."""
 
     def __init__(self, server: ServerMetrics, model: str, version: str) -> None:
         self._server = server
@@ -77,9 +80,42 @@ class ModelMetrics:
         self._batch = server.batch_rows.labels(model, version)
         self._requests: dict[tuple[str, int], Any] = {}
         self._durations: dict[str, Any] = {}
+        #: Triton's names -> [count, nanoseconds]
+        self.totals: dict[str, list[int]] = {
+            k: [0, 0] for k in ("success", "fail", "queue", "compute_infer")
+        }
+        self.executions = 0  # model calls (a batch is one)
+        self.last_inference_ms = 0  # wall clock of the last successful request
+
+    def inference_stats(self, name: str, version: str) -> dict[str, Any]:
+        """This model's entry of Triton's ``model_stats`` (statistics extension)."""
+        zero = {"count": 0, "ns": 0}
+        stats = {k: {"count": c, "ns": ns} for k, (c, ns) in self.totals.items()}
+        stats.update(compute_input=zero, compute_output=zero, cache_hit=zero, cache_miss=zero)
+        return {
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.totals["success"][0],
+            "execution_count": self.executions,
+            "inference_stats": stats,
+            "batch_stats": [],
+        }
+
+    def computed(self, seconds: float) -> None:
+        """One model call (a request's, or a batch's) took ``seconds``."""
+        self.executions += 1
+        t = self.totals["compute_infer"]
+        t[0] += 1
+        t[1] += int(seconds * 1e9)
 
     def request(self, protocol: str, code: int, seconds: float) -> None:
         """One answered request of ``protocol`` with status ``code``."""
+        t = self.totals["success" if code < 400 else "fail"]
+        t[0] += 1
+        t[1] += int(seconds * 1e9)
+        if code < 400:
+            self.last_inference_ms = int(time.time() * 1000)
         key = (protocol, code)
         counter = self._requests.get(key)
         if counter is None:
@@ -95,6 +131,9 @@ class ModelMetrics:
     def queued(self, seconds: float) -> None:
         """One request's wait from admission to the start of its call."""
         self._queue.observe(seconds)
+        t = self.totals["queue"]
+        t[0] += 1
+        t[1] += int(seconds * 1e9)
 
     def batch(self, rows: int) -> None:
         """One call of the micro-batcher, on ``rows`` rows (before padding)."""
@@ -105,6 +144,11 @@ class _NoMetrics(ModelMetrics):
     """Records nothing (a ServedModel made outside a ModelServer)."""
 
     def __init__(self) -> None:
+        self.totals = {k: [0, 0] for k in ("success", "fail", "queue", "compute_infer")}
+        self.executions = 0
+        self.last_inference_ms = 0
+
+    def computed(self, seconds: float) -> None:
         pass
 
     def request(self, protocol: str, code: int, seconds: float) -> None:

@@ -166,7 +166,9 @@ class ServedModel:
 
         def finished(task: asyncio.Task[Any]) -> None:
             self.calls.discard(task)
-            self.admission.release(loop.time() - start)
+            took = loop.time() - start
+            self.admission.release(took)
+            self.metrics.computed(took)
             if not task.cancelled():
                 task.exception()  # retrieved: a call whose request left is not logged
 

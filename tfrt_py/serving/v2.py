@@ -139,15 +139,63 @@ def _model_routes(server: ModelServer) -> list[Route]:
             return json_response({"ready": False, "error": e.message}, status)
         return json_response({"name": m.name, "version": m.version, "ready": True})
 
+    async def model_config(request: Request) -> Response:
+        return json_response(_config(loaded(request)))
+
+    async def model_stats(request: Request) -> Response:
+        m = loaded(request)
+        return json_response({"model_stats": [m.metrics.inference_stats(m.name, m.version)]})
+
+    async def all_stats(request: Request) -> Response:
+        stats = [m.metrics.inference_stats(m.name, m.version) for m in server.models.values()]
+        return json_response({"model_stats": stats})
+
     counted_infer = counted(server, "v2", errors_as_json(_infer_handler(server)))
-    model_routes: list[Route] = []
+    model_routes: list[Route] = [_route("/v2/models/stats", all_stats, "GET")]
     for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         model_routes += [
             _route(base, model_metadata, "GET"),
             _route(base + "/ready", model_ready, "GET"),
+            _route(base + "/config", model_config, "GET"),
+            _route(base + "/stats", model_stats, "GET"),
             Route(base + "/infer", counted_infer, methods=["POST"]),
         ]
     return model_routes
+
+
+def _config(m: ServedModel) -> dict[str, Any]:
+    """Triton's model configuration (JSON) of a served model, as tritonclient's
+    ``get_model_config`` and perf_analyzer read it: with batching on, ``max_batch_size``
+    and dims without the batch dim; else 0 and the whole shape (-1: any size)."""
+    batched = m.policy.enabled
+
+    def tensors(specs: Any, kind: str) -> list[dict[str, Any]]:
+        out = []
+        for s in specs:
+            dims = metadata_shape(s.shape)
+            out.append({
+                "name": s.name,
+                "data_type": "TYPE_" + (datatype_of(s.dtype) or "INVALID").replace(
+                    "BYTES", "STRING"),
+                "dims": dims[1:] if batched and dims else dims,
+                **({"format": "FORMAT_NONE"} if kind == "input" else {"label_filename": ""}),
+            })  # fmt: skip
+        return out
+
+    config: dict[str, Any] = {
+        "name": m.name,
+        "platform": PLATFORM,
+        "backend": "tfrt_py",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": m.policy.max_batch if batched else 0,
+        "input": tensors(m.inputs, "input"),
+        "output": tensors(m.outputs, "output"),
+        "instance_group": [{"name": m.name, "kind": "KIND_CPU", "count": 1}],
+        "parameters": {},
+    }
+    if batched:
+        config["dynamic_batching"] = {"max_queue_delay_microseconds": m.policy.max_wait_us}
+    return config
 
 
 def _infer_handler(server: ModelServer) -> Handler:
