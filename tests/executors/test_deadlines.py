@@ -241,17 +241,23 @@ def test_max_concurrency_bounds_calls_in_flight(executor: str) -> None:
     assert model.limiter is not None and model.limiter.in_flight == 0
 
 
-def test_max_concurrency_from_threads_and_a_deadline_while_waiting(executor: str) -> None:
-    gate = _Gate()
-    model = load_on(
-        executor, _gate_model(), custom_kernels={("app", "Hold"): gate}, max_concurrency=1
-    )
+def _hold_the_slot(model: tfrt_py.Model, gate: _Gate) -> threading.Thread:
+    """A thread whose call is inside the gate kernel (so it holds the only slot)."""
     holder = threading.Thread(target=model.run, args=({"x": X},))
     holder.start()
     for _ in range(500):
         if gate.inside == 1:
             break
         time.sleep(0.01)
+    return holder
+
+
+def test_max_concurrency_from_threads_and_a_deadline_while_waiting(executor: str) -> None:
+    gate = _Gate()
+    model = load_on(
+        executor, _gate_model(), custom_kernels={("app", "Hold"): gate}, max_concurrency=1
+    )
+    holder = _hold_the_slot(model, gate)
     with pytest.raises(DeadlineExceeded):  # waited for the slot past its deadline
         model.run({"x": X}, timeout=0.2)
     gate.release.set()
@@ -294,12 +300,7 @@ def test_a_huge_timeout_while_waiting_for_a_concurrency_slot() -> None:
     gate = _Gate()
     model = tfrt_py.load(_gate_model(), custom_kernels={("app", "Hold"): gate},
                          max_concurrency=1)  # fmt: skip
-    holder = threading.Thread(target=model.run, args=({"x": X},))
-    holder.start()
-    for _ in range(500):
-        if gate.inside == 1:
-            break
-        time.sleep(0.01)
+    holder = _hold_the_slot(model, gate)
     results: list[Any] = []
     waiter = threading.Thread(target=lambda: results.append(_run_or_error(model, 1e300)))
     waiter.start()
