@@ -33,9 +33,9 @@ demo: $(DEMO_STAMP)
 # The wheel (dist/), and what CI checks of it: installed into a fresh venv with the native
 # extra, outside the clone, it loads and runs its bundled model (.ci/wheel_smoke.py).
 WHEEL_VENV := .venv-wheel
-dist:
+dist: $(STAMP)
 	rm -rf dist build
-	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
 
 test-wheel: dist
 	rm -rf $(WHEEL_VENV)
