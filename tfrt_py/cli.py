@@ -112,15 +112,15 @@ def run(model_path: str, inputs: tuple[str, ...], executor: str, output_path: st
     except (TfrtError, ValueError, RuntimeError) as e:
         _fail(str(e))
     console = Console(highlight=False)
-    console.print(f"[bold]{escape_markup(model_path)}[/] executor={model.executor}")
+    console.print(f"[bold]{_escape(model_path)}[/] executor={model.executor}")
     for name, value in outputs.items():
-        console.print(f"[cyan]{escape_markup(name)}[/] {escape_markup(_summary(value))}")
+        console.print(f"[cyan]{_escape(name)}[/] {_escape(_summary(value))}")
     if output_path is not None:
         _write_outputs(output_path, outputs)
-        console.print(f"outputs: {escape_markup(output_path)}")
+        console.print(f"outputs: {_escape(output_path)}")
 
 
-def escape_markup(text: str) -> str:
+def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)

@@ -71,6 +71,17 @@ def test_a_tampered_module_is_not_executed(monkeypatch: pytest.MonkeyPatch, tmp_
     assert path.read_text() == second.native.lowered.source  # rewritten
 
 
+def _plant_and_reload(index: Path, module: Path, mark: Path) -> None:
+    """Plant a pickle (which would create ``mark``) as numba's ``index``, tamper with the
+    generated ``module``, load again: the pickle must not run, the model must answer."""
+    index.write_bytes(pickle.dumps(_Payload(mark)))
+    module.write_text(module.read_text() + "\n# changed\n")
+    second = tfrt_py.load(_graph(), executor="native", native="eager")
+    assert not mark.exists()
+    assert second.native.state == "ready"
+    _check_answers(second)
+
+
 def test_a_planted_numba_index_beside_a_tampered_module_is_not_loaded(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -81,13 +92,7 @@ def test_a_planted_numba_index_beside_a_tampered_module_is_not_loaded(
     path = Path(first.native.compiled.path)
     index = glob.glob(str(path.parent / "__pycache__" / (path.stem + ".*.nbi")))
     assert index, os.listdir(path.parent / "__pycache__")
-    mark = tmp_path / "pwned_by_pickle"
-    Path(index[0]).write_bytes(pickle.dumps(_Payload(mark)))
-    path.write_text(path.read_text() + "\n# changed\n")
-    second = tfrt_py.load(_graph(), executor="native", native="eager")
-    assert not mark.exists()
-    assert second.native.state == "ready"
-    _check_answers(second)
+    _plant_and_reload(Path(index[0]), path, tmp_path / "pwned_by_pickle")
 
 
 def test_a_planted_index_under_numba_cache_dir_is_not_loaded(
@@ -106,13 +111,7 @@ def test_a_planted_index_under_numba_cache_dir_is_not_loaded(
     where = numba_dir / caching._CacheLocator.get_suitable_cache_subpath(str(path))
     index = glob.glob(str(where / (path.stem + ".*.nbi")))
     assert index, list(numba_dir.rglob("*"))
-    mark = tmp_path / "pwned_by_pickle"
-    Path(index[0]).write_bytes(pickle.dumps(_Payload(mark)))
-    path.write_text(path.read_text() + "\n# changed\n")
-    second = tfrt_py.load(_graph(), executor="native", native="eager")
-    assert not mark.exists()
-    assert second.native.state == "ready"
-    _check_answers(second)
+    _plant_and_reload(Path(index[0]), path, tmp_path / "pwned_by_pickle")
 
 
 def test_a_new_cache_dir_is_private(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -182,46 +182,70 @@ def _live_pairs(buffers: Sequence[Buffer]) -> int:
 def _sweep(buffers: list[Buffer]) -> int:
     """Place ``buffers`` in one pass over the steps: at each buffer's first step, the
     buffers whose last step is behind it give their room back (merged with free
-    neighbours), and it takes the smallest free gap it fits, or the arena's end."""
-    free: list[int] = []  # offsets of free gaps, sorted
-    gap_size: dict[int, int] = {}  # offset -> size of the free gap there
-    ending: list[tuple[int, int, int]] = []  # (last step, seq, offset) of placed buffers
-    sizes: dict[int, int] = {}
+    neighbours), and it takes the smallest free gap it fits (found by bisection), or the
+    arena's end."""
+    gaps = _Gaps()
+    ending: list[tuple[int, int, int, int]] = []  # (last step, seq, offset, size) placed
     arena = 0
     order = sorted(range(len(buffers)), key=lambda i: (buffers[i].first, -buffers[i].nbytes))
     for seq in order:
         b = buffers[seq]
         while ending and ending[0][0] < b.first:
-            _, q, off = heapq.heappop(ending)
-            _give_back(free, gap_size, off, sizes.pop(q))
+            _, _, off, size = heapq.heappop(ending)
+            gaps.give_back(off, size)
         size = _aligned(b.nbytes)
-        fits = [off for off in free if gap_size[off] >= size]
-        if fits:
-            off = min(fits, key=lambda o: (gap_size[o], o))
-            rest = gap_size.pop(off) - size
-            free.remove(off)
-            if rest:
-                bisect.insort(free, off + size)
-                gap_size[off + size] = rest
-        else:
+        off = gaps.take(size)
+        if off < 0:
             off = arena
             arena += size
         b.offset = off
-        sizes[seq] = size
-        heapq.heappush(ending, (b.last, seq, off))
+        heapq.heappush(ending, (b.last, seq, off, size))
     return arena
 
 
-def _give_back(free: list[int], gap_size: dict[int, int], off: int, size: int) -> None:
-    """Return [off, off + size) to the free gaps, merged with the gaps on either side."""
-    k = bisect.bisect_left(free, off)
-    if k < len(free) and free[k] == off + size:  # the gap after
-        size += gap_size.pop(free.pop(k))
-    if k > 0 and free[k - 1] + gap_size[free[k - 1]] == off:  # the gap before
-        gap_size[free[k - 1]] += size
-        return
-    free.insert(k, off)
-    gap_size[off] = size
+class _Gaps:
+    """The free gaps of ``_sweep``'s arena: by offset (to merge neighbours) and by
+    (size, offset) (best fit), both sorted lists kept by bisection."""
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+        self.size_at: dict[int, int] = {}
+        self.by_size: list[tuple[int, int]] = []
+
+    def _add(self, off: int, size: int) -> None:
+        bisect.insort(self.offsets, off)
+        self.size_at[off] = size
+        bisect.insort(self.by_size, (size, off))
+
+    def _remove(self, off: int) -> int:
+        size = self.size_at.pop(off)
+        del self.offsets[bisect.bisect_left(self.offsets, off)]
+        del self.by_size[bisect.bisect_left(self.by_size, (size, off))]
+        return size
+
+    def take(self, size: int) -> int:
+        """The offset of the smallest gap of at least ``size`` bytes, taken (its rest stays
+        free); -1 when none fits."""
+        k = bisect.bisect_left(self.by_size, (size, -1))
+        if k == len(self.by_size):
+            return -1
+        gap, off = self.by_size[k]
+        self._remove(off)
+        if gap > size:
+            self._add(off + size, gap - size)
+        return off
+
+    def give_back(self, off: int, size: int) -> None:
+        """Free [off, off + size), merged with the gaps on either side."""
+        k = bisect.bisect_left(self.offsets, off)
+        if k < len(self.offsets) and self.offsets[k] == off + size:  # the gap after
+            size += self._remove(off + size)
+        if k > 0:
+            before = self.offsets[k - 1]
+            if before + self.size_at[before] == off:  # the gap before
+                size += self._remove(before)
+                off = before
+        self._add(off, size)
 
 
 def lower_bound(buffers: Sequence[Buffer]) -> int:
