@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "SPLIT_MIN_MACS",
     "batch_layout",
     "gemv_cols",
+    "gemv_split_pays",
     "matmul_batched_into",
     "matmul_cols_into",
     "matmul_into",
@@ -45,9 +47,12 @@ SPLIT_MIN_MACS = 6 << 20
 #: Products split on native threads (``concurrency.native_threads``: no GIL, ~4 µs a
 #: split) from this many multiply-adds: a 192x32 @ 32x784 product (4.8M, 120 µs whole).
 NATIVE_SPLIT_MIN_MACS = 1 << 20
-#: A product of one row by a matrix of at least this many bytes splits by columns on
+#: A product of one row by a matrix of at least this many bytes may split by columns on
 #: native threads (``wide_gemv``): a classifier's 1x1280 @ 1280x1000 at the end of a CNN
-#: reads 5 MB that the convolutions have pushed out of cache.
+#: reads 5 MB that the convolutions have pushed out of cache. Whether the split pays is
+#: measured per shape (``gemv_split_pays``): it costs a parallel region's start, which
+#: on the 2-core Zen 3 host (2026-11-29) was more than the split saved at every size up
+#: to 9 MB, cold or warm (1x1024 @ 1024x256: 70 µs split, 28 µs on one thread).
 GEMV_SPLIT_MIN_BYTES = 1 << 20
 #: Blocks per thread of the budget: one (the caller takes a block a slow helper has not
 #: started). Two per thread measured slower on the 2-core machine without AVX-512
@@ -138,8 +143,56 @@ def splits(m: int, k: int, n: int, itemsize: int) -> bool:
 def wide_gemv(rows: int, k: int, n: int, itemsize: int) -> bool:
     """Whether a product of ``rows`` by a (k, n) matrix is one worth splitting by columns
     on native threads (``gemv_cols``): one row, a matrix of at least
-    ``GEMV_SPLIT_MIN_BYTES`` (read from memory, not cache) wide enough for two blocks."""
-    return rows == 1 and k * n * itemsize >= GEMV_SPLIT_MIN_BYTES and n >= 2 * _MIN_COLS
+    ``GEMV_SPLIT_MIN_BYTES`` wide enough for two blocks, on a host where the split was
+    measured faster than one thread (``gemv_split_pays``)."""
+    if rows != 1 or k * n * itemsize < GEMV_SPLIT_MIN_BYTES or n < 2 * _MIN_COLS:
+        return False
+    return gemv_split_pays(k, n, itemsize, intra_pool().threads)
+
+
+#: (k, n, itemsize, threads) -> whether ``gemv_cols`` beat one thread on this host. Written
+#: once per shape by whichever thread asks first (a race measures twice, harmlessly).
+_GEMV_SPLIT_PAYS: dict[tuple[int, int, int, int], bool] = {}
+#: The split must take at most this share of the one-thread time to be chosen.
+_GEMV_SPLIT_GAIN = 0.8
+_GEMV_PROBE_ROUNDS = 5
+
+
+def gemv_split_pays(k: int, n: int, itemsize: int, threads: int) -> bool:
+    """Whether a one-row product by a (k, n) float matrix runs faster split by columns over
+    ``threads`` native threads than as one BLAS call, measured the first time a shape is
+    asked (a few calls of each, alternating, on a matrix of that shape: ~1 ms per MB,
+    once per process) and remembered. False without threads, without the native kernel
+    (not remembered: it may be ready later) or for a dtype it does not take. Which is
+    faster depends on the host: a parallel region's start against the bandwidth one
+    core gets; no fixed size decides it on every CPU."""
+    if threads < 2 or itemsize not in (4, 8):
+        return False
+    key = (k, n, itemsize, threads)
+    got = _GEMV_SPLIT_PAYS.get(key)
+    if got is None:
+        if _GEMV_COLS.get() is None:
+            return False
+        got = _GEMV_SPLIT_PAYS[key] = _measure_gemv_split(k, n, itemsize, threads)
+    return got
+
+
+def _measure_gemv_split(k: int, n: int, itemsize: int, threads: int) -> bool:
+    dtype = np.float32 if itemsize == 4 else np.float64
+    a = np.ones((1, k), dtype)
+    w = np.full((k, n), 0.5, dtype)
+    out = np.empty((1, n), dtype)
+    whole, split = math.inf, math.inf
+    clock = time.perf_counter
+    for _ in range(_GEMV_PROBE_ROUNDS + 1):  # the first round warms both
+        t0 = clock()
+        np.matmul(a, w, out=out)
+        t1 = clock()
+        if not gemv_cols(a, w, out, threads):
+            return False
+        t2 = clock()
+        whole, split = min(whole, t1 - t0), min(split, t2 - t1)
+    return split <= _GEMV_SPLIT_GAIN * whole
 
 
 def gemv_cols(a: np.ndarray, b: np.ndarray, out: np.ndarray, t: int) -> bool:
