@@ -13,7 +13,7 @@ import numpy as np
 from ..ir import Graph, Node, Value
 from .context import PassContext, flags_lookup
 from .dynamic import is_pure
-from .rewrite import Uses, attrs_key, can_replace, replace_uses
+from .rewrite import Uses, attrs_key, can_replace, replace_many, replace_uses
 
 __all__ = [
     "eliminate_common_subexpressions",
@@ -107,7 +107,10 @@ def eliminate_common_subexpressions(graph: Graph, ctx: PassContext) -> str:
     seen: dict[Any, Node] = {}
     keep: list[Node] = []
     merged = 0
+    new_for: dict[int, Value] = {}  # merged outputs -> the first's, replaced in one walk
     for node in graph.nodes:
+        if new_for and any(v is not None and id(v) in new_for for v in node.inputs):
+            node.inputs = [None if v is None else new_for.get(id(v), v) for v in node.inputs]
         if not is_pure(node, flags_of(node)):
             keep.append(node)
             continue
@@ -131,14 +134,19 @@ def eliminate_common_subexpressions(graph: Graph, ctx: PassContext) -> str:
             continue
         for o, f in pairs:
             assert f is not None
-            replace_uses(graph, o, f)
+            if any(v is o for v in graph.outputs):
+                replace_uses(graph, o, f)  # the output keeps its name
+            else:
+                new_for[id(o)] = f
         merged += 1
     graph.nodes = keep
+    replace_many(graph, new_for)
     return f"merged {merged} nodes and {n_const} constants"
 
 
 def _merge_constants(graph: Graph) -> int:
     seen: dict[Any, Value] = {}
+    new_for: dict[int, Value] = {}
     merged = 0
     out_ids = {id(v) for v in graph.outputs}
     for c in graph.constants:
@@ -149,6 +157,8 @@ def _merge_constants(graph: Graph) -> int:
             continue
         key = (arr.dtype.str, arr.shape, np.ascontiguousarray(arr).tobytes())
         first = seen.setdefault(key, c)
-        if first is not c and replace_uses(graph, c, first):
+        if first is not c:
+            new_for[id(c)] = first
             merged += 1
+    replace_many(graph, new_for)
     return merged

@@ -21,6 +21,7 @@ __all__ = [
     "drop_unused_constants",
     "make_const",
     "op_names",
+    "replace_many",
     "replace_uses",
     "static_shape",
     "tensor_dtype",
@@ -138,6 +139,21 @@ def replace_uses(graph: Graph, old: Value, new: Value) -> bool:
         graph.outputs = [new if o is old else o for o in graph.outputs]
     _replace_in(graph, old, new)
     return True
+
+
+def replace_many(graph: Graph, new_for: dict[int, Value]) -> None:
+    """Make every reader of each value ``v`` with ``id(v)`` in ``new_for`` read
+    ``new_for[id(v)]`` instead, nested graphs included, in one walk of the graph (a
+    ``replace_uses`` per value walks it per value: quadratic when thousands merge). The
+    values must not be graph outputs (those keep their names: ``replace_uses``)."""
+    if not new_for:
+        return
+    for node in graph.nodes:
+        if any(v is not None and id(v) in new_for for v in node.inputs):
+            node.inputs = [None if v is None else new_for.get(id(v), v) for v in node.inputs]
+        for _, sub in node.subgraphs():
+            replace_many(sub, new_for)
+            sub.outputs = [new_for.get(id(v), v) for v in sub.outputs]
 
 
 def _replace_in(graph: Graph, old: Value, new: Value) -> None:
