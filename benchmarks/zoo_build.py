@@ -137,7 +137,19 @@ def zoo(small: bool) -> dict[str, Callable[[], Any]]:
                                     random_state=0)  # fmt: skip
         return _mltools("xgboost", est.fit(x, y), f)
 
+    def iforest() -> Any:
+        from sklearn.ensemble import IsolationForest
+
+        est = IsolationForest(n_estimators=5 if small else 50, random_state=0)
+        return _skl(est.fit(x), f)
+
+    def kmeans() -> Any:
+        from sklearn.cluster import KMeans
+
+        return _skl(KMeans(8, n_init=1, random_state=0).fit(x), f)
+
     models: dict[str, Callable[[], Any]] = {
+        "sklearn_isolation_forest": iforest, "sklearn_kmeans": kmeans,
         "sklearn_random_forest": rf, "sklearn_hist_gradient_boosting": hgb,
         "sklearn_svc_proba": svc, "sklearn_scaler_logreg": logreg, "sklearn_knn": knn,
         "lightgbm_classifier": lgbm, "xgboost_classifier": xgb,

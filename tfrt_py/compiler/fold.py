@@ -26,7 +26,7 @@ from .dynamic import is_pure
 from .load_limits import predicted_nbytes
 from .rewrite import make_const, static_shape, tensor_dtype
 
-__all__ = ["FOLD_MAX_BYTES", "fold_constants"]
+__all__ = ["FOLD_MAX_BYTES", "fold_constants", "run_kernel"]
 
 #: Outputs larger than this stay computed per call (64 MiB): folding trades model memory
 #: for call time, and a huge broadcast (ConstantOfShape, Expand) can cost more to hold.
@@ -46,7 +46,7 @@ def fold_constants(graph: Graph, ctx: PassContext) -> str:
         args = _const_args(node, ctx)
         if args is None:
             continue
-        results = _run(node, ctx, args)
+        results = run_kernel(node, ctx, args)
         if results is None:
             continue
         for v, r in zip(node.outputs, results):
@@ -120,7 +120,7 @@ def _static_part(node: Node, ctx: PassContext) -> list[Any] | None:
     if dims is None or all(d is None for d in dims):
         return None
     rest = [None if v is None else v.const for v in node.inputs[1:]]
-    got = _run(node, ctx, [np.arange(len(dims), dtype=np.int64), *rest])
+    got = run_kernel(node, ctx, [np.arange(len(dims), dtype=np.int64), *rest])
     picked = None if got is None else got[0]
     if picked is None or picked.dtype.kind not in "iu":
         return None
@@ -130,7 +130,10 @@ def _static_part(node: Node, ctx: PassContext) -> list[Any] | None:
     return [known, *rest]
 
 
-def _run(node: Node, ctx: PassContext, args: list[Any]) -> list[np.ndarray] | None:
+def run_kernel(node: Node, ctx: PassContext, args: list[Any]) -> list[np.ndarray] | None:
+    """``node``'s kernel run on ``args`` at load: its outputs as arrays, or None when the
+    kernel fails or warns, returns something that is not a tensor, or an output would
+    exceed ``FOLD_MAX_BYTES`` (predicted before it runs, checked after)."""
     if predicted_nbytes(node, args) > FOLD_MAX_BYTES:
         return None  # never compute it to find out (a few bytes of model can ask for GBs)
     try:

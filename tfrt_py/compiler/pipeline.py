@@ -53,6 +53,7 @@ def _passes() -> dict[str, PassFn]:
         fuse_linear,
         fuse_ml,
         fuse_transformer,
+        fuse_trees,
         fuse_vision,
         hoist,
         shapes,
@@ -69,6 +70,7 @@ def _passes() -> dict[str, PassFn]:
         "fuse_transformer": fuse_transformer.fuse_transformer,
         "fuse_vision": fuse_vision.fuse_vision,
         "fuse_ml": fuse_ml.fuse_ml,
+        "fuse_trees": fuse_trees.fuse_trees,
         "fuse_linear": fuse_linear.fuse_linear,
         "fuse_elementwise": fuse_elementwise.fuse_elementwise_chains,
     }
@@ -89,6 +91,8 @@ PASSES = (
     # after fuse_transformer: it names the GELUs and LayerNorms this pass looks for
     "fuse_vision",
     "fuse_ml",
+    # before fuse_elementwise: it folds the elementwise nodes after a tree into its leaves
+    "fuse_trees",
     "fuse_linear",
     "fuse_elementwise",
 )

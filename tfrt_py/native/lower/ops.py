@@ -211,6 +211,20 @@ def _softmax(cx: Any, node: Node) -> list[str]:
     return [*loop_nest([outer, inner], shift, "q"), *flat, *loop_nest([outer, inner], scale, "q")]
 
 
+#: How each accumulating reduction folds an element ``v`` into ``acc`` (ReduceMax/Min
+#: compare instead) and what it stores from ``acc`` over ``n`` elements: ONNX's
+#: definitions, accumulated in the output's float type as onnxruntime does.
+_REDUCE_STEPS = {
+    "ReduceSum": "+= {v}", "ReduceMean": "+= {v}", "ReduceSumSquare": "+= {v} * {v}",
+    "ReduceL1": "+= abs({v})", "ReduceL2": "+= {v} * {v}", "ReduceLogSum": "+= {v}",
+    "ReduceProd": "*= {v}",
+}  # fmt: skip
+_REDUCE_RESULTS = {
+    "ReduceMean": "{acc} / {n}", "ReduceL2": "np.sqrt({acc})", "ReduceLogSum": "np.log({acc})",
+}  # fmt: skip
+_REDUCE_OPS = ("ReduceMax", "ReduceMin", *_REDUCE_STEPS)
+
+
 def _reduce(cx: Any, node: Node) -> list[str]:
     x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
     _float(cx, y)
@@ -235,19 +249,21 @@ def _reduce(cx: Any, node: Node) -> list[str]:
 
     def body(kv: list[str]) -> list[str]:
         base = " + ".join([x.off] + [f"{v} * {literal(st[d])}" for v, d in zip(kv, kept)])
-        init = {"ReduceMax": f"{t}(-np.inf)", "ReduceMin": f"{t}(np.inf)"}.get(op, f"{t}(0.0)")
+        init = {"ReduceMax": f"{t}(-np.inf)", "ReduceMin": f"{t}(np.inf)",
+                "ReduceProd": f"{t}(1.0)"}.get(op, f"{t}(0.0)")  # fmt: skip
         # the reduction's loop indices are tagged per node: a bare "r0" would be the
         # output view r0 (numba: "Cannot unify array(float32, 1d, C) and int64")
         inner = [f"{g}v = {x.buf}[{base} + " + " + ".join(
             f"{g}r{j} * {literal(st[a])}" for j, a in enumerate(axes)) + "]"]  # fmt: skip
-        if op in ("ReduceSum", "ReduceMean"):
-            inner.append(f"{g}acc += {g}v")
+        step = _REDUCE_STEPS.get(op)
+        if step is not None:
+            inner.append(f"{g}acc " + step.format(v=f"{g}v"))
         else:
             cmp = ">" if op == "ReduceMax" else "<"
             inner += [f"if {g}v {cmp} {g}acc or {g}v != {g}v:", f"    {g}acc = {g}v"]
         lines = [f"{g}acc = {init}"]
         lines += loop_nest([x.shape[a] for a in axes], lambda _: inner, f"{g}r")
-        res = f"{g}acc / {t}({literal(count)})" if op == "ReduceMean" else f"{g}acc"
+        res = _REDUCE_RESULTS.get(op, "{acc}").format(acc=f"{g}acc", n=f"{t}({literal(count)})")
         pos = " + ".join([y.off] + [f"{v} * {literal(s)}" for v, s in zip(kv, ost)])
         lines.append(f"{y.buf}[{pos}] = {res}")
         return lines
@@ -396,7 +412,7 @@ def register_lowerings(reg: Registry) -> None:
     reg.add("", "Transpose", _transpose, rows=rows.transpose)
     reg.add("", "Gather", _gather, rows=rows.gather)
     reg.add("", "Cast", _cast, rows=rows.any_rows)
-    for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"):
+    for op in _REDUCE_OPS:
         reg.add("", op, _reduce, rows=rows.reduce)
     for op in SCALAR_OPS:
         if op != "Identity":  # a view (registry.VIEW_OPS)
