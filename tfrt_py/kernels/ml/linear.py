@@ -15,6 +15,7 @@ import numpy as np
 
 from ..base import OUT, OUT_INPLACE, ComputeFn, KernelContext
 from ..registry import KernelRegistry
+from . import linear_jit as jit
 from .common import ML_DOMAIN, as_2d, attr_floats, attr_ints, attr_strings, post_transform
 
 __all__ = ["class_labels", "register_kernels"]
@@ -157,13 +158,31 @@ def _linear_classifier(ctx: KernelContext) -> ComputeFn:
     elif len(labels) < n_cls:
         raise ctx.unsupported(f"{len(labels)} class labels for {n_cls} classes")
     ldtype = labels.dtype
+    if binary:  # label = pair[s > 0]: one take instead of a where and a cast
+        pair = np.array([neg, pos], dtype=ldtype)
+    how = {"NONE": jit.NONE, "LOGISTIC": jit.LOGISTIC, "SOFTMAX": jit.SOFTMAX}.get(tname)
+    if binary and (not two or how == jit.SOFTMAX):
+        how = None
+    fast = None if how is None else jit.linear_classifier()
+    mode = (jit.BINARY if binary else jit.MULTI) | (how or 0)
+    w_rows = np.ascontiguousarray(w_t.T)  # (C, K)
+    width = 2 if binary else n_cls
+    picks = pair if binary else labels
 
     def linear_classifier(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        s = as_2d(_float(x)) @ w_t
+        x2 = as_2d(_float(x))
+        if (
+            fast is not None and x2.flags.c_contiguous and x2.shape[1] == w_rows.shape[1]
+            and x2.size * n_cls <= jit.MAX_MACS
+        ):  # fmt: skip
+            idx = np.empty(x2.shape[0], np.int64)
+            scores = np.empty((x2.shape[0], width), _F32)
+            fast(x2, w_rows, b, mode, idx, scores)
+            return picks.take(idx), scores
+        s = x2 @ w_t
         s += b
         if binary:
-            s0 = s[:, 0]
-            label = np.where(s0 > 0, pos, neg).astype(ldtype, copy=False)
+            label = pair.take((s[:, 0] > 0).view(np.int8))
             if tname == "PROBIT":
                 s = transform(s)
             if two:

@@ -1,0 +1,100 @@
+"""A compiled LinearClassifier pass (logistic regression's export): each row's dot
+products with the coefficient rows, the intercepts, the label's index and the scores'
+post transform in one pass. NumPy's form is ten calls of ~1 µs each on the one-row calls a
+served model gets (a product, an add, an argmax, a take, the transform's four or five).
+
+``linear_classifier()`` gives ``fn(x, w, b, mode, idx, scores)``: ``x`` a C-contiguous
+(N, K) float32 array, ``w`` (C, K) and ``b`` (C,) float32; writes ``idx[i]`` (int64) and
+``scores[i]`` (float32) as ``linear._linear_classifier``'s NumPy path does, all in
+float32 (the transforms as ``common``'s: ``_logistic``, ``_softmax``):
+
+* ``MULTI`` + 0/1/2 (NONE, LOGISTIC, SOFTMAX): C scores, ``idx`` the first maximum of the
+  untransformed scores (a NaN counts as the maximum, as ``argmax``);
+* ``BINARY`` + 0/1 (NONE, LOGISTIC), C = 1 with two labels: ``idx`` 1 where the score
+  ``s`` > 0, scores ``[1 - s, s]`` or ``[sigmoid(-s), sigmoid(s)]``.
+
+None without numba (``jit.py``): the caller keeps NumPy's calls. Any thread (no GIL).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..lib.jit import Jitted
+
+__all__ = ["BINARY", "LOGISTIC", "MAX_MACS", "MULTI", "NONE", "SOFTMAX", "linear_classifier"]
+
+NONE, LOGISTIC, SOFTMAX = 0, 1, 2
+#: Bigger products go to BLAS (the pass's dot products are plain loops): a batch of 1000
+#: rows by 20 features by 3 classes is 60k.
+MAX_MACS = 1 << 16
+MULTI, BINARY = 0, 8
+
+
+def _sigmoid(v: Any) -> Any:  # pragma: no cover - numba only
+    e = np.exp(-abs(v))
+    d = e + np.float32(1.0)
+    return e / d if v < 0 else np.float32(1.0) / d
+
+
+def _linear_classifier(
+    x: Any, w: Any, b: Any, mode: int, idx: Any, scores: Any
+) -> None:  # pragma: no cover - numba only
+    n, k = x.shape
+    c = w.shape[0]
+    how = mode & 7
+    one = np.float32(1.0)
+    for i in range(n):
+        for r in range(c):
+            acc = np.float32(0.0)
+            for j in range(k):
+                acc += x[i, j] * w[r, j]
+            scores[i, r] = acc + b[r]
+        if mode & BINARY:
+            s = scores[i, 0]
+            idx[i] = 1 if s > 0 else 0
+            if how == LOGISTIC:
+                scores[i, 0] = _sigmoid(-s)
+                scores[i, 1] = _sigmoid(s)
+            else:
+                scores[i, 0] = one - s
+                scores[i, 1] = s
+            continue
+        best = 0
+        bv = scores[i, 0]
+        for r in range(1, c):
+            v = scores[i, r]
+            if bv == bv and (v > bv or v != v):
+                best, bv = r, v
+        idx[i] = best
+        if how == LOGISTIC:
+            for r in range(c):
+                scores[i, r] = _sigmoid(scores[i, r])
+        elif how == SOFTMAX:
+            mx = scores[i, 0]
+            for r in range(1, c):
+                mx = max(mx, scores[i, r])
+            tot = np.float32(0.0)
+            for r in range(c):
+                e = np.exp(scores[i, r] - mx)
+                scores[i, r] = e
+                tot += e
+            for r in range(c):
+                scores[i, r] = scores[i, r] / tot
+
+
+def _warm(fn: Any) -> None:
+    x = np.ones((1, 2), np.float32)
+    for mode in (MULTI | NONE, BINARY | LOGISTIC):
+        fn(x, np.ones((1, 2), np.float32), np.ones(1, np.float32), mode,
+           np.empty(1, np.int64), np.empty((1, 2), np.float32))  # fmt: skip
+
+
+_LINEAR_CLASSIFIER = Jitted(_linear_classifier, _warm, helpers=(_sigmoid,))
+
+
+def linear_classifier() -> Any:
+    """The compiled pass, or None (numba missing or ``$TFRT_PY_JIT=0``)."""
+    return _LINEAR_CLASSIFIER.get()
