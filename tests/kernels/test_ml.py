@@ -155,6 +155,34 @@ def test_one_hot_encoder_strings() -> None:
     _assert_same(model, {"X": x})
 
 
+@pytest.mark.parametrize("shape", [(5,), (5, 2), (1, 1)])
+def test_one_hot_encoder_string_edges_match_onnxruntime(shape: tuple[int, ...]) -> None:
+    """Empty strings, non-ASCII text and values unseen at fit time, in every input rank."""
+    node = helper.make_node("OneHotEncoder", ["X"], ["Y"], domain=ML, zeros=1,
+                            cats_strings=["", "café", "red", "日本"])  # fmt: skip
+    g = helper.make_graph(
+        [node], "ohe", [helper.make_tensor_value_info("X", TensorProto.STRING, None)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                                helper.make_opsetid(ML, 1)])  # fmt: skip
+    pool = np.array(["", "café", "red", "日本", "unseen", "Red", " red"], dtype=object)
+    x = pool[np.arange(int(np.prod(shape))) % len(pool)].reshape(shape)
+    _assert_same(model, {"X": x})
+
+
+def test_one_hot_encoder_strict_and_odd_elements() -> None:
+    """``zeros=0`` refuses an unseen string; None in an object array is an unseen value."""
+    strict = _build("OneHotEncoder", {"cats_strings": ["a", "b"], "zeros": 0}, 1)
+    np.testing.assert_array_equal(strict(np.array([["b"]], dtype=object)), [[[0.0, 1.0]]])
+    with pytest.raises(ValueError, match="not among the categories"):
+        strict(np.array(["a", "zz"], dtype=object))
+    loose = _build("OneHotEncoder", {"cats_strings": ["a", "b"]}, 1)
+    np.testing.assert_array_equal(loose(np.array([None, "a"], dtype=object)), [[0, 0], [1, 0]])
+    with pytest.raises(TypeError):
+        loose(np.array([1.0, 2.0], np.float32))
+
+
 # -- hand-built tree ensembles --------------------------------------------------------------
 
 
