@@ -183,3 +183,24 @@ def test_skl2onnx_text_vectorizers_match_onnxruntime(vectorizer: Any, options: A
         for ex in ("sync", "async"):
             (got,) = tfrt_py.load(onx, executor=ex).run({"input": rows}).values()
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "pattern", ["[a-z]+", "\\b\\w+\\b", "a|ab", "(ab)+", "\\w\\w", "[ab]b*", "(?:a|b)c?"]
+)
+def test_tokenexp_scan_equals_finditer_when_no_match_is_too_short(pattern: str) -> None:
+    """The kernel takes ``finditer``'s matches when every match of the pattern spans at
+    least ``mincharnum`` characters (skl2onnx's ``[a-zA-Z0-9_]+``): the same tokens as the
+    scan the module docstring defines, on random strings."""
+    import re
+
+    from tfrt_py.kernels.contrib.regex import compile_model_regex, min_match_width
+    from tfrt_py.kernels.contrib.tokenizer import _match_tokens
+
+    rx = compile_model_regex(pattern)
+    assert min_match_width(rx) >= 1
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        s = "".join(rng.choice(list("abc _-é"), int(rng.integers(0, 12))))
+        assert [m.group() for m in rx.finditer(s)] == _match_tokens(s, rx, 1), s
+    assert min_match_width(re.compile("a*")) == 0 and min_match_width(re.compile("\\b")) == 0

@@ -315,6 +315,24 @@ def test_tfidf_vectorizer_matches_ort() -> None:
     np.testing.assert_allclose(fn(x), want)
 
 
+@pytest.mark.parametrize("mode", ["TF", "IDF", "TFIDF"])
+@pytest.mark.parametrize(("min_n", "max_n", "skip"), [(1, 1, 0), (1, 1, 3), (1, 2, 2), (2, 2, 0)])
+def test_tfidf_vectorizer_strings_match_ort(mode: str, min_n: int, max_n: int, skip: int) -> None:
+    """Unigrams (counted in one pass over the tokens), bigrams with skips, padding tokens
+    in the pool, strings of every kind."""
+    attrs: dict[str, Any] = dict(
+        mode=mode, min_gram_length=min_n, max_gram_length=max_n, max_skip_count=skip,
+        ngram_counts=[0, 4], ngram_indexes=[0, 1, 2, 3, 4, 5],
+        pool_strings=["a", "#", "", "é", "a", "#", "é", "a"],
+        weights=[1.0, 0.5, 2.0, 1.0, 3.0, 1.5],
+    )  # fmt: skip
+    x = np.array([["a", "a", "é", "#", "", "z"], ["é", "a", "#", "#", "a", "é"]], dtype=object)
+    fn = kernel("TfIdfVectorizer", 1, opset=9, **attrs)
+    (want,) = run_ort("TfIdfVectorizer", [x], 1, 9, [TensorProto.FLOAT], **attrs)
+    np.testing.assert_allclose(fn(x), want)
+    np.testing.assert_allclose(fn(x[0]), want[0])
+
+
 # -- vision -------------------------------------------------------------------------------
 
 

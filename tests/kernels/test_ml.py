@@ -298,6 +298,30 @@ def test_zipmap_and_dict_vectorizer() -> None:
     np.testing.assert_array_equal(dv({"c": 2.0, "a": 1.0, "zz": 5.0}), [[1.0, 0.0, 2.0]])
 
 
+@pytest.mark.parametrize("norm", ["MAX", "L1", "L2"])
+@pytest.mark.parametrize("shape", [(1, 10), (7, 3), (2, 5000), (4,), (3, 0)])
+def test_normalizer_matches_onnxruntime(norm: str, shape: tuple[int, ...], jit: str) -> None:
+    """Every norm on one row, many rows, a long sparse row (a TF-IDF vocabulary), 1-D input
+    and no columns; zero, negative and NaN rows; the compiled pass and NumPy's."""
+    rng = np.random.default_rng(len(shape) * 100 + shape[-1])
+    x = (rng.standard_normal(shape) * (rng.random(shape) < 0.3)).astype(np.float32)
+    if x.ndim == 2 and x.shape[0] > 2 and x.shape[1]:
+        x[0] = 0.0
+        x[1] = -np.abs(x[1]) - 1
+        x[2, 0] = np.nan
+    node = helper.make_node("Normalizer", ["X"], ["Y"], domain=ML, norm=norm)
+    g = helper.make_graph(
+        [node], "norm", [helper.make_tensor_value_info("X", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                                helper.make_opsetid(ML, 1)])  # fmt: skip
+    want = _ort(model, {"X": x})[0]
+    got = np.asarray(_ours(model, {"X": x})[0])
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+
+
 def test_normalizer_zero_row_and_out() -> None:
     fn = _build("Normalizer", {"norm": "L2"}, 1)
     x = np.array([[0, 0, 0], [3, -4, 0]], np.int64)

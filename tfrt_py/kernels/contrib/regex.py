@@ -125,3 +125,12 @@ def compile_model_regex(pattern: str) -> re.Pattern[str]:
         raise
     except (re.error, ValueError, RecursionError, OverflowError) as e:
         raise RegexRefused(f"invalid pattern: {e}") from e
+
+
+def min_match_width(pattern: re.Pattern[str]) -> int:
+    """The fewest characters any match of ``pattern`` spans (0 when it can match the empty
+    string, or when the parser cannot say)."""
+    try:
+        return int(_sre_parse.parse(pattern.pattern, pattern.flags).getwidth()[0])
+    except Exception:  # noqa: BLE001 - unknown: assume empty matches are possible
+        return 0

@@ -34,7 +34,7 @@ import numpy as np
 from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
-from .regex import RegexRefused, compile_model_regex
+from .regex import RegexRefused, compile_model_regex, min_match_width
 
 __all__ = ["register_kernels"]
 
@@ -87,6 +87,13 @@ def _match_tokens(s: str, rx: re.Pattern[str], min_chars: int) -> list[str]:
     return row
 
 
+def _all_matches(rx: re.Pattern[str]) -> Callable[[str], list[str]]:
+    def all_matches(s: str) -> list[str]:
+        return [m.group() for m in rx.finditer(s)]
+
+    return all_matches
+
+
 def _tokenizer(ctx: KernelContext) -> ComputeFn:
     """Tokenizer-1: ``fn(X) -> Y``, strings to padded token rows."""
     mark = bool(int(ctx.attr("mark")))
@@ -122,11 +129,15 @@ def _tokenizer(ctx: KernelContext) -> ComputeFn:
 
         else:
             rx = compile_model_regex(_text(tokenexp))
+            if min_chars <= min_match_width(rx):
+                # every match is long enough and none is empty: the scan is finditer's
+                split = rx.findall if rx.groups == 0 else _all_matches(rx)
+            else:
 
-            def match_in(s: str) -> list[str]:
-                return _match_tokens(s, rx, min_chars)
+                def match_in(s: str) -> list[str]:
+                    return _match_tokens(s, rx, min_chars)
 
-            split = match_in
+                split = match_in
 
     except RegexRefused as e:
         raise ctx.unsupported(f"pattern refused: {e}") from e

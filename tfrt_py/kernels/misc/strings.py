@@ -133,14 +133,21 @@ def _tfidf_vectorizer(ctx: KernelContext) -> ComputeFn:
                 table.setdefault(tuple(pool[pos : pos + n]), indexes[gram_id])
             gram_id += 1
     lengths = [n for n in range(max(min_n, 1), max_n + 1)]
+    unigrams = {k[0]: v for k, v in table.items() if len(k) == 1}  # no tuple per token
 
     def count_row(row: list[Any], freq: np.ndarray) -> None:
         size = len(row)
+        if 1 in lengths:
+            get = unigrams.get
+            for tok in row:
+                col = get(tok)
+                if col is not None:
+                    freq[col] += 1
         for skip in range(max_skip + 1):
             step = skip + 1
             for n in lengths:
-                if n == 1 and skip > 0:
-                    continue  # unigrams do not depend on the skip
+                if n == 1:
+                    continue  # counted above: unigrams do not depend on the skip
                 span = (n - 1) * step
                 for s in range(size - span):
                     col = table.get(tuple(row[s : s + span + 1 : step]))

@@ -54,16 +54,28 @@ def _scaler(ctx: KernelContext) -> ComputeFn:
 
 
 def _normalizer(ctx: KernelContext) -> ComputeFn:
-    """Normalizer: each row divided by its MAX, L1 or L2 norm (float32); a row whose norm
-    is 0 is copied unchanged. 1-D X is one row."""
+    """Normalizer: each row divided by its MAX (of its non-NaN values, as onnxruntime),
+    L1 or L2 norm (float32); a row whose norm is 0 is copied unchanged. 1-D X is one row."""
     norm = ctx.attr("norm", "MAX")
     if norm not in ("MAX", "L1", "L2"):
         raise ctx.unsupported(f"norm {norm!r} is not MAX, L1 or L2")
 
+    fast = jit.normalizer()
+    code = jit.NORMS[norm]
+
     def normalizer(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         x2 = as_2d(_float(x))
+        if fast is not None and x2.flags.c_contiguous and (out is None or out.flags.c_contiguous):
+            y = np.empty(x2.shape, _F32) if out is None else out.reshape(x2.shape)
+            fast(x2, code, y)
+            return y.reshape(x.shape) if out is None else out
         if norm == "MAX":
-            d = x2.max(axis=1, keepdims=True) if x2.shape[1] else np.ones((len(x2), 1), _F32)
+            # onnxruntime's running std::max skips NaN (fmax); an all-NaN row stays NaN
+            d = (
+                np.fmax.reduce(x2, axis=1, keepdims=True)
+                if x2.shape[1]
+                else np.ones((len(x2), 1), _F32)
+            )
         elif norm == "L1":
             d = np.abs(x2).sum(axis=1, keepdims=True)
         else:

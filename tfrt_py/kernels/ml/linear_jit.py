@@ -24,7 +24,10 @@ import numpy as np
 
 from ..lib.jit import Jitted
 
-__all__ = ["BINARY", "LOGISTIC", "MAX_MACS", "MULTI", "NONE", "SOFTMAX", "linear_classifier"]
+__all__ = [
+    "BINARY", "LOGISTIC", "MAX_MACS", "MULTI", "NONE", "NORMS", "SOFTMAX", "linear_classifier",
+    "normalizer",
+]  # fmt: skip
 
 NONE, LOGISTIC, SOFTMAX = 0, 1, 2
 #: Bigger products go to BLAS (the pass's dot products are plain loops): a batch of 1000
@@ -98,3 +101,44 @@ _LINEAR_CLASSIFIER = Jitted(_linear_classifier, _warm, helpers=(_sigmoid,))
 def linear_classifier() -> Any:
     """The compiled pass, or None (numba missing or ``$TFRT_PY_JIT=0``)."""
     return _LINEAR_CLASSIFIER.get()
+
+
+#: Normalizer's norms as the compiled pass's codes.
+NORMS = {"MAX": 0, "L1": 1, "L2": 2}
+
+
+def _normalize_rows(x: Any, norm: int, out: Any) -> None:  # pragma: no cover - numba only
+    """``out[i] = x[i] / d`` with ``d`` the row's MAX (of its non-NaN values), L1 or L2
+    norm (summed in float64, then float32), and 1 where that is 0: ``linear._normalizer``'s
+    NumPy path."""
+    n, k = x.shape
+    for i in range(n):
+        if norm == 0:  # onnxruntime's std::max from float's lowest: NaNs are skipped
+            d = np.float32(-3.4028234663852886e38)
+            for j in range(k):
+                v = x[i, j]
+                if v > d:
+                    d = v
+        else:
+            acc = 0.0  # float64: a long sparse row (a TF-IDF vocabulary) keeps its digits
+            for j in range(k):
+                v = np.float64(x[i, j])
+                acc += abs(v) if norm == 1 else v * v
+            d = np.float32(acc) if norm == 1 else np.float32(np.sqrt(acc))
+        if d == 0:
+            d = np.float32(1.0)
+        for j in range(k):
+            out[i, j] = x[i, j] / d
+
+
+def _warm_normalize(fn: Any) -> None:
+    for norm in NORMS.values():
+        fn(np.ones((1, 2), np.float32), norm, np.empty((1, 2), np.float32))
+
+
+_NORMALIZE = Jitted(_normalize_rows, _warm_normalize)
+
+
+def normalizer() -> Any:
+    """The compiled Normalizer pass, or None (numba missing or ``$TFRT_PY_JIT=0``)."""
+    return _NORMALIZE.get()
