@@ -6,14 +6,15 @@ FusedMatMul (``activation``), the fused normalizations SkipLayerNormalization,
 SkipSimplifiedLayerNormalization and EmbedLayerNormalization (``norm``), Attention
 (``attention``) -- what onnxruntime's transformer optimizer writes into a model -- and
 Tokenizer (``tokenizer``, its patterns compiled by ``regex``), which skl2onnx's text
-vectorizers emit. Semantics follow onnxruntime's CPU provider, which the tests compare
+vectorizers emit, and the QOperator ops onnxruntime's quantization tool writes
+(``quantized``). Semantics follow onnxruntime's CPU provider, which the tests compare
 against (``tests/test_kernels_contrib*.py``).
 """
 
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from . import activation, attention, norm, tokenizer
+from . import activation, attention, norm, quantized, tokenizer
 
 __all__ = ["register_kernels"]
 
@@ -24,3 +25,4 @@ def register_kernels(registry: KernelRegistry) -> None:
     norm.register_kernels(registry)
     attention.register_kernels(registry)
     tokenizer.register_kernels(registry)
+    quantized.register_kernels(registry)

@@ -1,0 +1,180 @@
+"""onnxruntime's QOperator ops (com.microsoft QLinearAdd, QLinearMul, QLinearSigmoid,
+QLinearLeakyRelu, QLinearGlobalAveragePool, QLinearConcat, QGemm) against onnxruntime's CPU
+provider on random cases with the edges: values saturating at both type limits, zero points
+at both ends of their range, uint8 and int8, broadcasting, per-column scales; and bad
+constant scales refused at load, naming the node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tfrt_py
+from tests.support.contrib import node_model, ort_outputs, runtime_feeds, tfrt_outputs
+from tfrt_py.errors import UnsupportedOpError
+
+RNG = np.random.default_rng(11)
+F32 = np.float32
+
+
+def _q(shape: tuple[int, ...], dt: Any) -> np.ndarray:
+    info = np.iinfo(dt)
+    x = RNG.integers(info.min, info.max + 1, shape).astype(dt)
+    flat = x.reshape(-1)
+    if flat.size >= 2:
+        flat[0], flat[-1] = info.min, info.max
+    return x
+
+
+def _s(v: float) -> np.ndarray:
+    return np.array(v, F32)
+
+
+def _z(v: int, dt: Any) -> np.ndarray:
+    return np.array(v, dt)
+
+
+def _check(op: str, inputs: list[Any], attrs: dict[str, Any] | None = None,
+           const: tuple[int, ...] = ()) -> None:  # fmt: skip
+    """Every executor, every call: the outputs equal onnxruntime's (floats to 1e-6)."""
+    model = node_model(op, inputs, attrs, const=const)
+    feeds = runtime_feeds(inputs, const)
+    want = ort_outputs(model, feeds)
+    for ex in ("sync", "async"):
+        m = tfrt_py.load(model, executor=ex)
+        for _ in range(2):
+            got = tfrt_outputs(m, feeds)
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype and g.shape == w.shape, (op, g.dtype, w.dtype)
+                if g.dtype.kind == "f":
+                    np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+                else:
+                    np.testing.assert_array_equal(g, w)
+
+
+DTYPES = [np.uint8, np.int8]
+ZPS = {np.uint8: (0, 128, 255), np.int8: (-128, 0, 127)}
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("shapes", [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((1, 5), (3, 1))])
+def test_binary(op: str, dt: Any, shapes: tuple[tuple[int, ...], ...]) -> None:
+    for za, zc in [(ZPS[dt][0], ZPS[dt][2]), (ZPS[dt][1], ZPS[dt][1]), (ZPS[dt][2], ZPS[dt][0])]:
+        a, b = _q(shapes[0], dt), _q(shapes[1], dt)
+        scales = (0.02, 0.05, 0.01) if op == "QLinearAdd" else (0.02, 0.05, 0.5)
+        inputs = [a, _s(scales[0]), _z(za, dt), b, _s(scales[1]), _z(ZPS[dt][1], dt),
+                  _s(scales[2]), _z(zc, dt)]  # fmt: skip
+        _check(op, inputs, const=(1, 2, 4, 5, 6, 7))
+        _check(op, inputs)
+
+
+@pytest.mark.parametrize("op", ["QLinearSigmoid", "QLinearLeakyRelu"])
+@pytest.mark.parametrize("dt", DTYPES)
+def test_unary(op: str, dt: Any) -> None:
+    x = np.arange(256, dtype=np.int64).astype(np.uint8).view(dt).reshape(4, 64)
+    attrs = {"alpha": 0.1} if op == "QLinearLeakyRelu" else {}
+    for zx, zy in [(ZPS[dt][0], ZPS[dt][2]), (ZPS[dt][1], ZPS[dt][1])]:
+        inputs = [x, _s(0.05), _z(zx, dt), _s(1.0 / 256 if op == "QLinearSigmoid" else 0.04),
+                  _z(zy, dt)]  # fmt: skip
+        _check(op, inputs, attrs, const=(1, 2, 3, 4))
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_global_average_pool(dt: Any, channels_last: int) -> None:
+    for shape in [(2, 3, 7, 7), (1, 5, 1, 1), (1, 4, 3, 2, 2)]:
+        x = _q(shape, dt)
+        inputs = [x, _s(0.03), _z(ZPS[dt][2], dt), _s(0.02), _z(ZPS[dt][0], dt)]
+        _check("QLinearGlobalAveragePool", inputs, {"channels_last": channels_last},
+               const=(1, 2, 3, 4))  # fmt: skip
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_concat(dt: Any) -> None:
+    xs = [_q((2, k, 3), dt) for k in (1, 4, 2)]
+    inputs: list[Any] = [_s(0.05), _z(ZPS[dt][1], dt)]
+    for x, (s, z) in zip(xs, [(0.05, ZPS[dt][1]), (0.2, ZPS[dt][0]), (0.01, ZPS[dt][2])]):
+        inputs += [x, _s(s), _z(z, dt)]
+    _check("QLinearConcat", inputs, {"axis": 1})
+
+
+# QGemm: onnxruntime's u8 x s8 kernels on CPUs without VNNI sum pairs of products in
+# 16 bits and saturate (so does its QLinearConv: ResNet-18 off by up to 44 units on such a
+# host); B's int8 values stay within +-64 there, where no pair can saturate. u8 x u8 is exact.
+@pytest.mark.parametrize(
+    ("a_dt", "b_dt"), [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)]
+)
+@pytest.mark.parametrize("trans", [(0, 0), (1, 0), (0, 1)])
+@pytest.mark.parametrize("requant", [True, False])
+def test_qgemm(a_dt: Any, b_dt: Any, trans: tuple[int, int], requant: bool) -> None:
+    m, k, n = 5, 33, 7
+    a = _q((k, m) if trans[0] else (m, k), a_dt)
+    b = _q((n, k) if trans[1] else (k, n), b_dt)
+    if b_dt == np.int8:
+        b = (b // 2).astype(np.int8)
+        if a_dt == np.int8:
+            a = (a // 2).astype(np.int8)
+    c = RNG.integers(-5000, 5000, (n,)).astype(np.int32)
+    b_scale = RNG.uniform(0.001, 0.01, n).astype(F32)
+    b_zp = np.zeros(n, b_dt)  # onnxruntime takes per-column zero points of 0 only for s8
+    if b_dt == np.uint8:
+        b_zp = RNG.integers(0, 256, n).astype(b_dt)
+    a_zp = _z(ZPS[a_dt][1], a_dt)
+    y: list[Any] = [_s(0.05), _z(ZPS[a_dt][0], a_dt)] if requant else []
+    inputs = [a, _s(0.02), a_zp, b, b_scale, b_zp, c, *y]
+    attrs = {"transA": trans[0], "transB": trans[1], "alpha": 0.75}
+    _check("QGemm", inputs, attrs, const=(1, 2, 3, 4, 5, 6, 7, 8)[: len(inputs) - 1])
+
+
+@pytest.mark.parametrize("scale", [0.0, float("nan"), -1.0, float("inf")])
+def test_bad_constant_scale_is_refused_at_load(scale: float) -> None:
+    x = _q((2, 3), np.uint8)
+    inputs = [x, _s(scale), _z(0, np.uint8), x, _s(0.1), _z(0, np.uint8), _s(0.1),
+              _z(0, np.uint8)]  # fmt: skip
+    model = node_model("QLinearAdd", inputs, const=(1, 2, 4, 5, 6, 7))
+    model.graph.node[0].name = "the_add"
+    with pytest.raises(UnsupportedOpError, match=r"the_add.*positive and finite"):
+        tfrt_py.load(model)
+
+
+def test_bad_scale_at_run_time_is_an_error_and_the_model_stays_usable() -> None:
+    x = _q((2, 3), np.uint8)
+    inputs = [x, _s(0.1), _z(0, np.uint8), x, _s(0.1), _z(0, np.uint8), _s(0.1),
+              _z(0, np.uint8)]  # fmt: skip
+    model = tfrt_py.load(node_model("QLinearAdd", inputs))
+    feeds = runtime_feeds(inputs)
+    good = model.run(feeds)["y0"]
+    with pytest.raises(tfrt_py.errors.TfrtError, match="positive and finite"):
+        model.run({**feeds, "i6": _s(0.0)})
+    np.testing.assert_array_equal(model.run(feeds)["y0"], good)
+
+
+@pytest.mark.parametrize(
+    ("acc", "sa", "sb", "sy"),
+    [
+        (13408, 0.07115039974451065, 0.006491904146969318, 0.08542311936616898),
+        (432, 0.07784067094326019, 0.029768450185656548, 0.02063976787030697),
+        (3475, 0.0672711730003357, 0.059586361050605774, 0.09844060242176056),
+        (6324, 0.023357108235359192, 0.04812176898121834, 0.05169515684247017),
+    ],
+)
+def test_requantize_rounds_in_float32_as_onnxruntime(
+    acc: int, sa: float, sb: float, sy: float
+) -> None:
+    """The accumulator times the output scale rounds as MLAS's requantize does, in float32:
+    these cases fall on the other side of .5 in float64 (found by search; a float64
+    requantize left a quantized ResNet-18 7e-3 of its output scale from onnxruntime, float32
+    matches it bit for bit)."""
+    row = np.zeros((1, 64), np.uint8)
+    q, r = divmod(acc, 255)
+    row[0, :q] = 255
+    row[0, q] = r
+    inputs = [row, _s(sa), _z(0, np.uint8), np.ones((64, 1), np.uint8), _s(sb), _z(0, np.uint8),
+              _s(sy), _z(0, np.uint8)]  # fmt: skip
+    model = node_model("QLinearMatMul", inputs, domain="", const=(1, 2, 3, 4, 5, 6, 7))
+    want = ort_outputs(model, runtime_feeds(inputs, (1, 2, 3, 4, 5, 6, 7)))
+    got = tfrt_outputs(model, runtime_feeds(inputs, (1, 2, 3, 4, 5, 6, 7)))
+    np.testing.assert_array_equal(got[0], want[0])
