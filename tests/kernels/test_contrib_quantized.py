@@ -234,3 +234,58 @@ def test_matmul_nbits_bad_models_are_refused_at_load(attrs: dict[str, Any], matc
     with pytest.raises(UnsupportedOpError, match="the_proj") as e:
         tfrt_py.load(model)
     assert match in str(e.value)
+
+
+# -- QAttention, QEmbedLayerNormalization --------------------------------------------------
+
+
+def _close(inputs: list[Any], op: str, attrs: dict[str, Any], const: tuple[int, ...],
+           outputs: tuple[bool, ...] = (True,)) -> None:  # fmt: skip
+    for c in (const, ()):
+        model = node_model(op, inputs, attrs, const=c, outputs=outputs)
+        feeds = runtime_feeds(inputs, c)
+        want = ort_outputs(model, feeds)
+        got = tfrt_outputs(model, feeds)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            scale = max(float(np.abs(w).max()), 1e-6)
+            np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize("per_column", [False, True])
+@pytest.mark.parametrize("mask", [False, True])
+def test_qattention(per_column: bool, mask: bool) -> None:
+    b, s, h, heads = 2, 5, 16, 2
+    x = _q((b, s, h), np.uint8)
+    w = (_q((h, 3 * h), np.int8) // 2).astype(np.int8)  # no u8 x s8 pair saturates (QGemm)
+    bias = RNG.standard_normal(3 * h).astype(F32)
+    ws = RNG.uniform(0.01, 0.05, 3 * h).astype(F32) if per_column else _s(0.02)
+    wz = np.zeros(3 * h, np.int8) if per_column else _z(0, np.int8)
+    mask_index = np.array([5, 3], np.int32) if mask else None
+    inputs = [x, w, bias, _s(0.03), ws, mask_index, _z(128, np.uint8), wz]
+    _close(inputs, "QAttention", {"num_heads": heads}, const=(1, 2, 3, 4, 6, 7))
+
+
+def test_qembed_layer_normalization() -> None:
+    b, s, h, vocab = 2, 6, 8, 20
+    ids = RNG.integers(0, vocab, (b, s)).astype(np.int32)
+    seg = RNG.integers(0, 2, (b, s)).astype(np.int32)
+    tables = [_q((vocab, h), np.uint8), _q((16, h), np.uint8), _q((2, h), np.uint8),
+              _q((h,), np.uint8), _q((h,), np.uint8)]  # fmt: skip
+    scales = [_s(v) for v in (0.02, 0.01, 0.03, 0.004, 0.002)]
+    zps = [_z(v, np.uint8) for v in (128, 0, 255, 3, 128)]
+    mask = np.ones((b, s), np.int32)
+    mask[1, 4:] = 0
+    inputs = [ids, seg, *tables, mask, *scales, *zps]
+    _close(inputs, "QEmbedLayerNormalization", {"epsilon": 1e-12}, const=tuple(range(2, 7)) +
+           tuple(range(8, 18)), outputs=(True, True))  # fmt: skip
+
+
+def test_qattention_bad_constant_weight_scale_is_refused_at_load() -> None:
+    h = 8
+    inputs = [_q((1, 3, h), np.uint8), _q((h, 3 * h), np.int8), np.zeros(3 * h, F32), _s(0.1),
+              _s(0.0), None, _z(0, np.uint8), _z(0, np.int8)]  # fmt: skip
+    model = node_model("QAttention", inputs, {"num_heads": 2}, const=(1, 2, 3, 4, 6, 7))
+    model.graph.node[0].name = "the_attention"
+    with pytest.raises(UnsupportedOpError, match=r"the_attention.*positive and finite"):
+        tfrt_py.load(model)

@@ -7,14 +7,14 @@ SkipSimplifiedLayerNormalization and EmbedLayerNormalization (``norm``), Attenti
 (``attention``) -- what onnxruntime's transformer optimizer writes into a model -- and
 Tokenizer (``tokenizer``, its patterns compiled by ``regex``), which skl2onnx's text
 vectorizers emit, and the QOperator ops onnxruntime's quantization tool writes
-(``quantized``). Semantics follow onnxruntime's CPU provider, which the tests compare
-against (``tests/test_kernels_contrib*.py``).
+(``quantized``, ``quantized_transformer``). Semantics follow onnxruntime's CPU provider,
+which the tests compare against (``tests/test_kernels_contrib*.py``).
 """
 
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from . import activation, attention, norm, quantized, tokenizer
+from . import activation, attention, norm, quantized, quantized_transformer, tokenizer
 
 __all__ = ["register_kernels"]
 
@@ -26,3 +26,4 @@ def register_kernels(registry: KernelRegistry) -> None:
     attention.register_kernels(registry)
     tokenizer.register_kernels(registry)
     quantized.register_kernels(registry)
+    quantized_transformer.register_kernels(registry)
