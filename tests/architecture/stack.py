@@ -61,7 +61,7 @@ INNER_LAYERS: dict[str, list[set[str]]] = {
 #: split or trimmed: the growth a reviewer sees in ``make lint``'s table. Raising one is a
 #: decision recorded in the commit that does it.
 LINE_BUDGET: dict[str, int] = {
-    "kernels": 20000,
+    "kernels": 21000,  # 2026-11-29: onnxruntime's quantized ops (contrib/quantized*.py)
     "native": 6000,
     "executors": 4500,
     "compiler": 4500,

@@ -289,3 +289,29 @@ def test_qattention_bad_constant_weight_scale_is_refused_at_load() -> None:
     model.graph.node[0].name = "the_attention"
     with pytest.raises(UnsupportedOpError, match=r"the_attention.*positive and finite"):
         tfrt_py.load(model)
+
+
+@pytest.mark.parametrize(("a_dt", "b_dt"), [(np.uint8, np.int8), (np.uint8, np.uint8)])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_matmul_integer_to_float(a_dt: Any, b_dt: Any, per_column: bool) -> None:
+    k, n = 40, 6
+    a = _q((2, 3, k), a_dt)
+    b = _q((k, n), b_dt)
+    if b_dt == np.int8:
+        b = (b // 2).astype(np.int8)
+    bs = RNG.uniform(0.01, 0.1, n).astype(F32) if per_column else _s(0.03)
+    bz = _q((n,), b_dt) if per_column and b_dt == np.uint8 else None
+    inputs = [a, b, _s(0.02), bs, _z(ZPS[a_dt][1], a_dt), bz, RNG.standard_normal(n).astype(F32)]
+    _close(inputs, "MatMulIntegerToFloat", {}, const=(1, 3, 5, 6))
+
+
+@pytest.mark.parametrize("b_zp", [False, True])
+def test_dynamic_quantize_matmul(b_zp: bool) -> None:
+    k, n = 33, 5
+    a = RNG.standard_normal((4, k)).astype(F32)
+    a[0, 0] = 0.0
+    b = (_q((k, n), np.int8) // 2).astype(np.int8)
+    zp = np.zeros(n, np.int8) if b_zp else None
+    inputs = [a, b, RNG.uniform(0.01, 0.1, n).astype(F32), zp, RNG.standard_normal(n).astype(F32)]
+    _close(inputs, "DynamicQuantizeMatMul", {}, const=(1, 2, 3, 4))
+    _close([np.abs(a), *inputs[1:]], "DynamicQuantizeMatMul", {}, const=(1, 2, 3, 4))

@@ -1,7 +1,9 @@
 """Kernels (contrib): onnxruntime's quantized operators in the QOperator format that
 ``onnxruntime.quantization.quantize_static`` writes -- QLinearAdd, QLinearMul,
 QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePool, QLinearConcat, QGemm -- and the
-4-bit (and 2/8-bit) weight-only MatMulNBits of ``matmul_nbits_quantizer``.
+4-bit (and 2/8-bit) weight-only MatMulNBits of ``matmul_nbits_quantizer``, and the
+MatMulIntegerToFloat / DynamicQuantizeMatMul that onnxruntime's optimizer makes of
+``quantize_dynamic``'s products.
 
 Each computes what onnxruntime's CPU provider computes: the inputs dequantized with their
 (per-tensor) scale and zero point, the float op, the result quantized with the output's
@@ -332,6 +334,61 @@ def _matmul_nbits(ctx: KernelContext) -> ComputeFn:
     return matmul_nbits
 
 
+# -- MatMulIntegerToFloat, DynamicQuantizeMatMul -------------------------------------------
+
+
+def _integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any, a_zp: Any,
+                      b_zp: Any, bias: Any) -> np.ndarray:  # fmt: skip
+    """``(A - a_zp) @ (B - b_zp)`` exactly, times ``a_scale * b_scale`` (b's per column) in
+    float32, plus bias: onnxruntime's order (the scales' product first)."""
+    for x, what in ((a, "A"), (b, "B")):
+        if x.dtype not in _EIGHT_BIT:
+            raise TypeError(f"{what} must be uint8 or int8, not {x.dtype}")
+    if b.ndim != 2 or a.ndim < 1 or a.shape[-1] != b.shape[0]:
+        raise ValueError(f"A {a.shape} and B {b.shape} do not multiply")
+    n = b.shape[1]
+    bs = np.asarray(b_scale, _F32).reshape(-1)
+    if bs.size not in (1, n) or not np.all(np.isfinite(bs)):
+        raise ValueError("b_scale must be one finite value or one per column")
+    bz = None if b_zp is None else np.asarray(b_zp).reshape(-1)
+    cdt = _cdt(b.shape[0])
+    acc = np.matmul(_a_side(a, _zp(a_zp, "a_zero_point"), cdt), _b_side(b, bz, cdt))
+    y = acc.astype(_F32) * (_F32(_scalar(a_scale, "a_scale")) * bs)
+    if bias is not None:
+        y += np.asarray(bias, _F32)
+    return y
+
+
+def _matmul_integer_to_float(ctx: KernelContext) -> ComputeFn:
+    """MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zp?, b_zp?, bias?) -> float32."""
+    _check_scalars(ctx, (2, 4), (2,))
+
+    def matmul_integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any,
+                                a_zp: Any = None, b_zp: Any = None,
+                                bias: Any = None) -> np.ndarray:  # fmt: skip
+        return _integer_to_float(a, b, a_scale, b_scale, a_zp, b_zp, bias)
+
+    return matmul_integer_to_float
+
+
+def _dynamic_quantize_matmul(ctx: KernelContext) -> ComputeFn:
+    """DynamicQuantizeMatMul(A float, B, b_scale, b_zp?, bias?): A quantized to uint8 as
+    DynamicQuantizeLinear does (its range widened to hold 0), then MatMulIntegerToFloat."""
+
+    def dynamic_quantize_matmul(a: np.ndarray, b: np.ndarray, b_scale: Any, b_zp: Any = None,
+                                bias: Any = None) -> np.ndarray:  # fmt: skip
+        if a.dtype != _F32:
+            raise TypeError(f"A must be float32, not {a.dtype}")
+        hi = _F32(max(0.0, float(a.max()))) if a.size else _F32(0)
+        lo = _F32(min(0.0, float(a.min()))) if a.size else _F32(0)
+        scale = _F32(1.0 if hi == lo else (hi - lo)) / _F32(255)
+        zp = float(np.rint(min(255.0, max(0.0, float(_F32(0) - lo / scale)))))
+        q = _quantize(a, float(scale), zp, np.dtype(np.uint8))
+        return _integer_to_float(q, b, scale, b_scale, np.uint8(zp), b_zp, bias)
+
+    return dynamic_quantize_matmul
+
+
 def register_kernels(registry: KernelRegistry) -> None:
     """Register the QOperator contrib ops."""
     registry.add("QLinearAdd", _binary(np.add), domain=MS_DOMAIN, since=1)
@@ -344,3 +401,5 @@ def register_kernels(registry: KernelRegistry) -> None:
     registry.add("QLinearConcat", _concat, domain=MS_DOMAIN, since=1)
     registry.add("QGemm", _qgemm, domain=MS_DOMAIN, since=1)
     registry.add("MatMulNBits", _matmul_nbits, domain=MS_DOMAIN, since=1)
+    registry.add("MatMulIntegerToFloat", _matmul_integer_to_float, domain=MS_DOMAIN, since=1)
+    registry.add("DynamicQuantizeMatMul", _dynamic_quantize_matmul, domain=MS_DOMAIN, since=1)
