@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..lib.quant import exact_dtype as _cdt
+from ..lib.quant import minus_zero_point_cols as _b_side
+from ..lib.quant import minus_zero_point_rows as _a_side
 from ..lib.quant import requantize
-from ..linalg.matmul_integer import _a_side, _b_side, _cdt
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
 

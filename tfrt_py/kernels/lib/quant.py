@@ -1,4 +1,6 @@
-"""The one requantize of the integer kernels (QLinearMatMul, QLinearConv, ...).
+"""The one requantize of the integer kernels (QLinearMatMul, QLinearConv, ...), and the
+helpers their exact integer products on float BLAS share (``exact_dtype``, the operands
+minus their zero points).
 
 ``requantize(acc, scale, y_zp, default)``: an integer accumulator times a float scale (the
 inputs' scales over the output's, broadcast to ``acc``), plus the output zero point,
@@ -15,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["requantize"]
+__all__ = ["exact_dtype", "minus_zero_point_cols", "minus_zero_point_rows", "requantize"]
 
 
 def requantize(acc: np.ndarray, scale: Any, y_zp: Any, default: np.dtype) -> np.ndarray:
@@ -28,3 +30,31 @@ def requantize(acc: np.ndarray, scale: Any, y_zp: Any, default: np.dtype) -> np.
     info = np.iinfo(odt)
     np.clip(r, info.min, info.max, out=r)
     return r.astype(odt)
+
+
+_F32_MAX_K = (2**24) // (255 * 255)
+
+
+def exact_dtype(k: int) -> type[np.floating[Any]]:
+    """The float type in which a product of 8-bit operands over ``k`` terms is exact on
+    BLAS: float32 while every partial sum stays below 2**24 (k <= 258), else float64."""
+    return np.float32 if k <= _F32_MAX_K else np.float64
+
+
+def minus_zero_point_rows(a: np.ndarray, zp: Any, cdt: Any) -> np.ndarray:
+    """A - zero point; a 1-D zero point (or scale) is per row of A."""
+    af = a.astype(cdt)
+    if zp is not None:
+        z = np.asarray(zp)
+        if z.ndim == 1 and z.size > 1:
+            z = z.reshape(-1, 1)
+        af -= z.astype(cdt)
+    return af
+
+
+def minus_zero_point_cols(b: np.ndarray, zp: Any, cdt: Any) -> np.ndarray:
+    """B - zero point; a 1-D zero point is per column of B (broadcasts as is)."""
+    bf = b.astype(cdt)
+    if zp is not None:
+        bf -= np.asarray(zp).astype(cdt)
+    return bf

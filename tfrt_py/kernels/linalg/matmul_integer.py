@@ -12,35 +12,13 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..lib.quant import exact_dtype as _cdt
+from ..lib.quant import minus_zero_point_cols as _b_side
+from ..lib.quant import minus_zero_point_rows as _a_side
 from ..lib.quant import requantize
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
-
-_F32_MAX_K = (2**24) // (255 * 255)
-
-
-def _cdt(k: int) -> type[np.floating[Any]]:
-    return np.float32 if k <= _F32_MAX_K else np.float64
-
-
-def _a_side(a: np.ndarray, zp: Any, cdt: Any) -> np.ndarray:
-    """A - zero point; a 1-D zero point (or scale) is per row of A."""
-    af = a.astype(cdt)
-    if zp is not None:
-        z = np.asarray(zp)
-        if z.ndim == 1 and z.size > 1:
-            z = z.reshape(-1, 1)
-        af -= z.astype(cdt)
-    return af
-
-
-def _b_side(b: np.ndarray, zp: Any, cdt: Any) -> np.ndarray:
-    """B - zero point; a 1-D zero point is per column of B (broadcasts as is)."""
-    bf = b.astype(cdt)
-    if zp is not None:
-        bf -= np.asarray(zp).astype(cdt)
-    return bf
 
 
 def _row(v: Any) -> np.ndarray:
