@@ -148,6 +148,41 @@ def zoo(small: bool) -> dict[str, Callable[[], Any]]:
 
         return _skl(KMeans(8, n_init=1, random_state=0).fit(x), f)
 
+    def wider() -> dict[str, Callable[[], Any]]:
+        """The rest of what a user is likely to export with skl2onnx (issue 39's list)."""
+        from sklearn import decomposition, linear_model, naive_bayes, neighbors, svm
+        from sklearn.impute import SimpleImputer
+        from sklearn.mixture import GaussianMixture
+        from sklearn.neural_network import MLPClassifier
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import MinMaxScaler, StandardScaler
+
+        xn = MinMaxScaler().fit_transform(x).astype(np.float32)  # non-negative: MultinomialNB
+        xm = x.copy()
+        xm[::7, 3] = np.nan  # missing values for the imputer
+        ests: dict[str, Any] = {
+            "sklearn_pca": lambda: decomposition.PCA(5).fit(x),
+            "sklearn_truncated_svd": lambda: decomposition.TruncatedSVD(5).fit(x),
+            "sklearn_gaussian_nb": lambda: naive_bayes.GaussianNB().fit(x, y),
+            "sklearn_multinomial_nb": lambda: naive_bayes.MultinomialNB().fit(xn, y),
+            "sklearn_mlp": lambda: MLPClassifier((32,), max_iter=50, random_state=0).fit(x, y),
+            "sklearn_ridge": lambda: linear_model.Ridge().fit(x, y.astype(np.float32)),
+            "sklearn_sgd": lambda: linear_model.SGDClassifier(random_state=0).fit(x, y),
+            "sklearn_linear_svc": lambda: svm.LinearSVC(random_state=0).fit(x, y),
+            "sklearn_knn_regressor": lambda: neighbors.KNeighborsRegressor(5).fit(x[:300], y[:300]),
+            "sklearn_gaussian_mixture": lambda: GaussianMixture(
+                4, reg_covar=1e-3, random_state=0
+            ).fit(x),
+            "sklearn_imputer_scaler_logreg": lambda: make_pipeline(
+                SimpleImputer(), StandardScaler(), linear_model.LogisticRegression()
+            ).fit(xm, y),
+        }  # fmt: skip
+
+        def export(make: Callable[[], Any]) -> Callable[[], Any]:
+            return lambda: _skl(make(), f)
+
+        return {name: export(make) for name, make in ests.items()}
+
     models: dict[str, Callable[[], Any]] = {
         "sklearn_isolation_forest": iforest, "sklearn_kmeans": kmeans,
         "sklearn_random_forest": rf, "sklearn_hist_gradient_boosting": hgb,
@@ -156,6 +191,8 @@ def zoo(small: bool) -> dict[str, Callable[[], Any]]:
     }  # fmt: skip
     if small:
         models.update(_variants(x, y, f))
+    else:
+        models.update(wider())
     return models
 
 

@@ -51,6 +51,10 @@ def _elementwise_graph() -> Graph:
         "l2_02": b.op("ReduceL2", h, axes=[0, 2], keepdims=1),
         "logsum": b.op("ReduceLogSum", b.op("Abs", h), axes=[2], keepdims=0),
         "prod1": b.op("ReduceProd", h, axes=[1], keepdims=0),
+        "lse_last": b.op("ReduceLogSumExp", h, axes=[-1], keepdims=1),
+        "lse_02": b.op(
+            "ReduceLogSumExp", b.op("Mul", h, b.const(np.array(40.0, F32))), axes=[0, 2], keepdims=0
+        ),  # large values: the max keeps exp finite
         "softmax1": b.op("Softmax", h, axis=1),
         "logsoftmax": b.op("LogSoftmax", h, axis=-1),
         "transpose": b.op("Transpose", h, perm=[2, 0, 1]),
@@ -276,6 +280,26 @@ def test_float_to_int_cast_of_nan_and_infinities_is_defined(to: Any) -> None:
     low = np.iinfo(to).min
     np.testing.assert_array_equal(native.run({"x": xv})["y"], [low] * 5 + [2, -2, 0])
     np.testing.assert_array_equal(want[5:], [2, -2, 0])
+
+
+def test_log_sum_exp_of_infinities_and_nan_matches_onnxruntime() -> None:
+    """The native ReduceLogSumExp subtracts the row's maximum; an infinite maximum (a row of
+    -inf, a row holding +inf) and a NaN give what onnxruntime gives, not inf - inf."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("ReduceLogSumExp", ["x"], ["y"], axes=[1], keepdims=0)
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 4])
+    y_info = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    g = helper.make_graph([node], "lse", [x_info], [y_info])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    xv = np.array([[-np.inf] * 4, [np.inf, 1, 2, 3], [np.nan, 1, 2, 3], [100, 90, 80, 70],
+                   [-3, -1, 0.5, 2]], F32)  # fmt: skip
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": xv})[0]
+    m = tfrt_py.load(model, executor="native", native="eager")
+    assert m.native.state == "ready"
+    np.testing.assert_allclose(m.run({"x": xv})["y"], want, rtol=1e-6)
 
 
 def test_max_and_min_match_numpy() -> None:

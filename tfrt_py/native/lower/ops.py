@@ -221,8 +221,10 @@ _REDUCE_STEPS = {
 }  # fmt: skip
 _REDUCE_RESULTS = {
     "ReduceMean": "{acc} / {n}", "ReduceL2": "np.sqrt({acc})", "ReduceLogSum": "np.log({acc})",
+    # an infinite (or NaN) maximum is the result itself: inf - inf would make a NaN
+    "ReduceLogSumExp": "np.log({acc}) + {mx} if abs({mx}) < np.inf else {mx}",
 }  # fmt: skip
-_REDUCE_OPS = ("ReduceMax", "ReduceMin", *_REDUCE_STEPS)
+_REDUCE_OPS = ("ReduceMax", "ReduceMin", "ReduceLogSumExp", *_REDUCE_STEPS)
 
 
 def _reduce(cx: Any, node: Node) -> list[str]:
@@ -256,14 +258,26 @@ def _reduce(cx: Any, node: Node) -> list[str]:
         inner = [f"{g}v = {x.buf}[{base} + " + " + ".join(
             f"{g}r{j} * {literal(st[a])}" for j, a in enumerate(axes)) + "]"]  # fmt: skip
         step = _REDUCE_STEPS.get(op)
-        if step is not None:
+        if op == "ReduceLogSumExp":
+            pass  # its two loops are written below
+        elif step is not None:
             inner.append(f"{g}acc " + step.format(v=f"{g}v"))
         else:
             cmp = ">" if op == "ReduceMax" else "<"
             inner += [f"if {g}v {cmp} {g}acc or {g}v != {g}v:", f"    {g}acc = {g}v"]
         lines = [f"{g}acc = {init}"]
+        if op == "ReduceLogSumExp":  # max first: log(sum(exp(v - max))) + max, as onnxruntime
+            at = inner[0].split(" = ", 1)[1]
+            lines = [f"{g}mx = {t}(-np.inf)"]
+            lines += loop_nest([x.shape[a] for a in axes], lambda _: [
+                f"{g}v = {at}", f"if {g}v > {g}mx or {g}v != {g}v:", f"    {g}mx = {g}v",
+            ], f"{g}r")  # fmt: skip
+            lines.append(f"{g}acc = {t}(0.0)")
+            inner = [inner[0], f"{g}acc += np.exp({g}v - {g}mx)"]
         lines += loop_nest([x.shape[a] for a in axes], lambda _: inner, f"{g}r")
-        res = _REDUCE_RESULTS.get(op, "{acc}").format(acc=f"{g}acc", n=f"{t}({literal(count)})")
+        res = _REDUCE_RESULTS.get(op, "{acc}").format(
+            acc=f"{g}acc", n=f"{t}({literal(count)})", mx=f"{g}mx"
+        )
         pos = " + ".join([y.off] + [f"{v} * {literal(s)}" for v, s in zip(kv, ost)])
         lines.append(f"{y.buf}[{pos}] = {res}")
         return lines
