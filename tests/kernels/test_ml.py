@@ -155,17 +155,23 @@ def test_one_hot_encoder_strings() -> None:
     _assert_same(model, {"X": x})
 
 
+def _one_node(op: str, x_type: int, **attrs: Any) -> onnx.ModelProto:
+    """A model of one ai.onnx.ml node ``X -> Y`` (Y float32, shapes left to the op)."""
+    node = helper.make_node(op, ["X"], ["Y"], domain=ML, **attrs)
+    g = helper.make_graph(
+        [node], op, [helper.make_tensor_value_info("X", x_type, None)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ML, 1)]
+    )
+
+
 @pytest.mark.parametrize("shape", [(5,), (5, 2), (1, 1)])
 def test_one_hot_encoder_string_edges_match_onnxruntime(shape: tuple[int, ...]) -> None:
     """Empty strings, non-ASCII text and values unseen at fit time, in every input rank."""
-    node = helper.make_node("OneHotEncoder", ["X"], ["Y"], domain=ML, zeros=1,
-                            cats_strings=["", "café", "red", "日本"])  # fmt: skip
-    g = helper.make_graph(
-        [node], "ohe", [helper.make_tensor_value_info("X", TensorProto.STRING, None)],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
-    )  # fmt: skip
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                                helper.make_opsetid(ML, 1)])  # fmt: skip
+    model = _one_node("OneHotEncoder", TensorProto.STRING, zeros=1,
+                      cats_strings=["", "café", "red", "日本"])  # fmt: skip
     pool = np.array(["", "café", "red", "日本", "unseen", "Red", " red"], dtype=object)
     x = pool[np.arange(int(np.prod(shape))) % len(pool)].reshape(shape)
     _assert_same(model, {"X": x})
@@ -309,13 +315,7 @@ def test_normalizer_matches_onnxruntime(norm: str, shape: tuple[int, ...], jit: 
         x[0] = 0.0
         x[1] = -np.abs(x[1]) - 1
         x[2, 0] = np.nan
-    node = helper.make_node("Normalizer", ["X"], ["Y"], domain=ML, norm=norm)
-    g = helper.make_graph(
-        [node], "norm", [helper.make_tensor_value_info("X", TensorProto.FLOAT, None)],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
-    )  # fmt: skip
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                                helper.make_opsetid(ML, 1)])  # fmt: skip
+    model = _one_node("Normalizer", TensorProto.FLOAT, norm=norm)
     want = _ort(model, {"X": x})[0]
     got = np.asarray(_ours(model, {"X": x})[0])
     assert got.shape == want.shape

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..lib.quant import dynamic_quantize, requantize
 from ..lib.quant import exact_dtype as _cdt
 from ..lib.quant import minus_zero_point_cols as _b_side
 from ..lib.quant import minus_zero_point_rows as _a_side
-from ..lib.quant import requantize
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
 
@@ -99,12 +99,20 @@ def _saturate(r: np.ndarray, dt: np.dtype) -> np.ndarray:
     return r.astype(dt)
 
 
-def _dequantize(x: np.ndarray, scale: float, zp: float) -> np.ndarray:
-    if x.dtype not in _EIGHT_BIT:
-        raise TypeError(f"quantized tensors are uint8 or int8, not {x.dtype}")
-    r = x.astype(_F32)
-    r -= _F32(zp)
-    r *= _F32(scale)
+def dequantize(q: Any, scale: Any, zp: Any, what: str) -> np.ndarray:
+    """``(q - zp) * scale`` in float32 for 8-bit ``q``; the scale (and zero point) one value
+    or one per column; TypeError / ValueError naming ``what`` for another dtype or a scale
+    that is not positive and finite. QAttention and QEmbedLayerNormalization use it too."""
+    q = np.asarray(q)
+    if q.dtype not in _EIGHT_BIT:
+        raise TypeError(f"{what}: quantized values are uint8 or int8, not {q.dtype}")
+    s = np.asarray(scale, _F32)
+    if not np.all(np.isfinite(s)) or np.any(s <= 0):
+        raise ValueError(f"{what}: a scale is not positive and finite")
+    r = q.astype(_F32)
+    if zp is not None:
+        r -= np.asarray(zp).astype(_F32)
+    r *= s
     return r
 
 
@@ -148,7 +156,7 @@ def _unary_table(fn: Any) -> Any:
             if x.dtype not in _EIGHT_BIT:
                 raise TypeError(f"quantized tensors are uint8 or int8, not {x.dtype}")
             codes = np.arange(256, dtype=np.int64).astype(np.uint8).view(x.dtype)
-            v = _dequantize(codes, _scalar(x_scale, "X_scale"), _zp(x_zp, "X_zero_point"))
+            v = dequantize(codes, _scalar(x_scale, "X_scale"), _zp(x_zp, "X_zero_point"), "X")
             table = _quantize(fn(v, alpha), _scalar(y_scale, "Y_scale"),
                               _zp(y_zp, "Y_zero_point"), dt)  # fmt: skip
             return table.take(x.view(np.uint8).astype(np.intp))
@@ -198,7 +206,7 @@ def _concat(ctx: KernelContext) -> ComputeFn:
         ys, yz = _scalar(y_scale, "Y_scale"), _zp(y_zp, "Y_zero_point")
         dt = _out_dtype(rest[0], y_zp)
         parts = [
-            _quantize(_dequantize(x, _scalar(s, "X_scale"), _zp(z, "X_zero_point")), ys, yz, dt)
+            _quantize(dequantize(x, _scalar(s, "X_scale"), _zp(z, "X_zero_point"), "X"), ys, yz, dt)
             for x, s, z in zip(rest[0::3], rest[1::3], rest[2::3])
         ]
         return np.concatenate(parts, axis=axis)
@@ -381,12 +389,8 @@ def _dynamic_quantize_matmul(ctx: KernelContext) -> ComputeFn:
                                 bias: Any = None) -> np.ndarray:  # fmt: skip
         if a.dtype != _F32:
             raise TypeError(f"A must be float32, not {a.dtype}")
-        hi = _F32(max(0.0, float(a.max()))) if a.size else _F32(0)
-        lo = _F32(min(0.0, float(a.min()))) if a.size else _F32(0)
-        scale = _F32(1.0 if hi == lo else (hi - lo)) / _F32(255)
-        zp = float(np.rint(min(255.0, max(0.0, float(_F32(0) - lo / scale)))))
-        q = _quantize(a, float(scale), zp, np.dtype(np.uint8))
-        return _integer_to_float(q, b, scale, b_scale, np.uint8(zp), b_zp, bias)
+        q, scale, zp = dynamic_quantize(a)
+        return _integer_to_float(q, b, scale, b_scale, zp, b_zp, bias)
 
     return dynamic_quantize_matmul
 

@@ -24,6 +24,7 @@ from ..base import ComputeFn, KernelContext
 from .activation import MS_DOMAIN
 from .attention import _attention
 from .norm import _embed_layer_normalization
+from .quantized import dequantize
 
 __all__ = ["register_kernels"]
 
@@ -40,20 +41,6 @@ def _inner(ctx: KernelContext, op: str, picks: list[int]) -> KernelContext:
                               opset=1))  # fmt: skip
 
 
-def _dequantize(q: Any, scale: Any, zp: Any, what: str) -> np.ndarray:
-    q = np.asarray(q)
-    if q.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
-        raise TypeError(f"{what}: quantized values are uint8 or int8, not {q.dtype}")
-    s = np.asarray(scale, _F32)
-    if not np.all(np.isfinite(s)) or np.any(s <= 0):
-        raise ValueError(f"{what}: a scale is not positive and finite")
-    r = q.astype(_F32)
-    if zp is not None:
-        r -= np.asarray(zp).astype(_F32)
-    r *= s
-    return r
-
-
 def _const_dequantized(ctx: KernelContext, q: int, s: int, z: int, what: str) -> np.ndarray | None:
     """The operand dequantized at load when it, its scale and zero point are constant."""
     if not ctx.has_input(q):
@@ -62,7 +49,7 @@ def _const_dequantized(ctx: KernelContext, q: int, s: int, z: int, what: str) ->
     if vals[0] is None or vals[1] is None or (ctx.has_input(z) and vals[2] is None):
         return None
     try:
-        return _dequantize(vals[0], vals[1], vals[2], what)
+        return dequantize(vals[0], vals[1], vals[2], what)
     except (TypeError, ValueError) as e:
         raise ctx.unsupported(str(e)) from e
 
@@ -76,10 +63,10 @@ def _qattention(ctx: KernelContext) -> ComputeFn:
                    weight_zero_point: Any = None, past: Any = None) -> Any:  # fmt: skip
         if np.asarray(input_scale).size != 1:
             raise ValueError("QAttention: input_scale must hold one value")
-        x = _dequantize(input, input_scale, input_zero_point, "QAttention input")
+        x = dequantize(input, input_scale, input_zero_point, "QAttention input")
         w = w_const
         if w is None:
-            w = _dequantize(weight, weight_scale, weight_zero_point, "QAttention weight")
+            w = dequantize(weight, weight_scale, weight_zero_point, "QAttention weight")
         return attention(x, w, bias, mask_index, past)
 
     return qattention
@@ -103,7 +90,7 @@ def _qembed_layer_normalization(ctx: KernelContext) -> ComputeFn:
             if c is not None or args[q - 2] is None:
                 tables.append(c)
             else:
-                tables.append(_dequantize(args[q - 2], args[s - 2], args[z - 2],
+                tables.append(dequantize(args[q - 2], args[s - 2], args[z - 2],
                                           f"QEmbedLayerNormalization {what}"))  # fmt: skip
         word, pos, seg, gamma, beta = tables
         return embed(input_ids, segment_ids, word, pos, seg, gamma, beta, args[5])

@@ -17,7 +17,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["exact_dtype", "minus_zero_point_cols", "minus_zero_point_rows", "requantize"]
+__all__ = [
+    "dynamic_quantize", "exact_dtype", "minus_zero_point_cols", "minus_zero_point_rows",
+    "requantize",
+]  # fmt: skip
 
 
 def requantize(acc: np.ndarray, scale: Any, y_zp: Any, default: np.dtype) -> np.ndarray:
@@ -58,3 +61,18 @@ def minus_zero_point_cols(b: np.ndarray, zp: Any, cdt: Any) -> np.ndarray:
     if zp is not None:
         bf -= np.asarray(zp).astype(cdt)
     return bf
+
+
+def dynamic_quantize(x: np.ndarray) -> tuple[np.ndarray, np.float32, np.uint8]:
+    """DynamicQuantizeLinear's arithmetic (float32, as onnxruntime): ``x``'s range widened
+    to hold 0 mapped onto uint8; returns (codes, scale, zero point)."""
+    f32 = np.float32
+    maxx = f32(max(0.0, float(x.max()))) if x.size else f32(0)
+    minx = f32(min(0.0, float(x.min()))) if x.size else f32(0)
+    scale = f32(1.0 if maxx == minx else (maxx - minx)) / f32(255)
+    zp = np.rint(min(255.0, max(0.0, float(f32(0) - minx / scale))))
+    y = np.divide(x, scale, dtype=f32)
+    np.rint(y, out=y)
+    y += f32(zp)
+    np.clip(y, 0, 255, out=y)
+    return y.astype(np.uint8), f32(scale), np.uint8(zp)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..lib.quant import dynamic_quantize
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -195,18 +196,10 @@ def _dequantize_linear(ctx: KernelContext) -> ComputeFn:
 
 def _dynamic_quantize_linear(ctx: KernelContext) -> ComputeFn:
     """DynamicQuantizeLinear-11: ``x -> (y uint8, y_scale float32 scalar, zp uint8)``."""
-    f32 = np.float32
 
     def dynamic_quantize_linear(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        maxx = f32(max(0.0, float(x.max()))) if x.size else f32(0)
-        minx = f32(min(0.0, float(x.min()))) if x.size else f32(0)
-        scale = f32(1.0 if maxx == minx else (maxx - minx)) / f32(255)
-        zp = np.rint(min(255.0, max(0.0, float(f32(0) - minx / scale))))
-        y = np.divide(x, scale, dtype=f32)
-        np.rint(y, out=y)
-        y += f32(zp)
-        np.clip(y, 0, 255, out=y)
-        return y.astype(np.uint8), np.array(scale, dtype=x.dtype), np.array(zp, dtype=np.uint8)
+        y, scale, zp = dynamic_quantize(x)
+        return y, np.array(scale, dtype=x.dtype), np.array(zp, dtype=np.uint8)
 
     return dynamic_quantize_linear
 
