@@ -4,16 +4,15 @@ concurrent callers and a fork, and step aside (the Python pool's path) when swit
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.support.jit_paths import spying_jitted
 from tfrt_py.concurrency import native_threads
 from tfrt_py.concurrency.threads import configure
 from tfrt_py.kernels.lib import gemm
@@ -29,24 +28,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 F32 = np.dtype(np.float32)
-
-
-@contextlib.contextmanager
-def _spying(jitted: Any) -> Iterator[list[int]]:
-    """``jitted``'s compiled function counted: the list gets an entry per call."""
-    real = jitted.get()
-    assert real is not None
-    calls: list[int] = []
-
-    def spy(*args: object) -> None:
-        calls.append(1)
-        real(*args)
-
-    jitted._compiled = spy
-    try:
-        yield calls
-    finally:
-        jitted._compiled = real
 
 
 @pytest.fixture(autouse=True)
@@ -211,7 +192,7 @@ def test_a_1x1_conv_splits_its_filters_on_native_threads(n: int) -> None:
     b = rng.standard_normal(m).astype(np.float32)
     res = rng.standard_normal((n, m, h, h)).astype(np.float32)
     epi = Epilogue(act="Relu", residual=True)
-    with _spying(conv_pointwise.POINTWISE_PAR) as calls:
+    with spying_jitted(conv_pointwise.POINTWISE_PAR) as calls:
         plan = plan_blocked(x.shape, w.shape, (n, m, h, h), (1, 1), (0, 0), (1, 1), F32, epi)
         assert plan is not None and plan.native is not None
         got = run_blocked(plan, x, w.reshape(1, m, c), b, res, None)
@@ -231,7 +212,7 @@ def test_more_filters_than_pixels_split_the_filters_after_one_im2col(act: str) -
     x = rng.standard_normal((n, c, h, h)).astype(np.float32)
     w = rng.standard_normal((m, c, 3, 3)).astype(np.float32) * 0.1
     b = rng.standard_normal(m).astype(np.float32)
-    with _spying(conv_pointwise.POINTWISE_PAR) as calls:
+    with spying_jitted(conv_pointwise.POINTWISE_PAR) as calls:
         plan = plan_blocked(x.shape, w.shape, (n, m, h, h), (1, 1), (1, 1), (1, 1), F32,
                             Epilogue(act=act))  # fmt: skip
         assert plan is not None and plan.native is not None and plan.im2col is not None
@@ -247,114 +228,6 @@ def test_more_filters_than_pixels_split_the_filters_after_one_im2col(act: str) -
     else:
         want = want * np.clip(want / 6 + 0.5, 0, 1)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-
-
-@contextlib.contextmanager
-def _gemv_split_decided(k: int, n: int, pays: bool) -> Iterator[None]:
-    """The host's measured answer for a one-row product by a (k, n) float32 matrix on two
-    threads set to ``pays`` (this host's own answer restored after)."""
-    key = (k, n, 4, 2)
-    before = gemm._GEMV_SPLIT_PAYS.get(key)
-    gemm._GEMV_SPLIT_PAYS[key] = pays
-    try:
-        yield
-    finally:
-        if before is None:
-            gemm._GEMV_SPLIT_PAYS.pop(key, None)
-        else:
-            gemm._GEMV_SPLIT_PAYS[key] = before
-
-
-def test_one_row_by_a_big_matrix_splits_its_columns_where_it_pays() -> None:
-    """A classifier's 1x1280 @ 1280x1000 (5 MB of weights) splits its columns over the
-    threads, one BLAS gemv each, through ``matmul_into`` and a loaded Gemm alike (weights
-    as (K, N) or, transB, (N, K)), on a host where the split was measured faster."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    import tfrt_py
-
-    rng = np.random.default_rng(4)
-    a = rng.standard_normal((1, 1280)).astype(np.float32)
-    w = rng.standard_normal((1280, 1000)).astype(np.float32)
-    bias = rng.standard_normal(1000).astype(np.float32)
-    with _gemv_split_decided(1280, 1000, True):
-        assert gemm.wide_gemv(1, 1280, 1000, 4) and not gemm.wide_gemv(1, 128, 1000, 4)
-        assert not gemm.wide_gemv(2, 1280, 1000, 4)  # gemm rows, not a gemv
-        with _spying(gemm._GEMV_COLS) as calls:
-            got = gemm.matmul_into(a, w)
-        assert calls == [1]
-        np.testing.assert_allclose(got, a @ w, rtol=1e-4, atol=1e-3)
-        for trans_b in (0, 1):  # torch.onnx writes a Linear as Gemm(transB=1) of (N, K)
-            g = helper.make_graph(
-                [helper.make_node("Gemm", ["x", "w", "b"], ["g"], transB=trans_b),
-                 helper.make_node("Relu", ["g"], ["y"])],
-                "g",
-                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1280])],
-                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                [numpy_helper.from_array(w.T.copy() if trans_b else w, "w"),
-                 numpy_helper.from_array(bias, "b")],
-            )  # fmt: skip
-            model = tfrt_py.load(onnx.helper.make_model(g), executor="sync")
-            with _spying(gemm._GEMV_COLS) as calls:
-                for _ in range(2):  # the probe, then the planned code
-                    y = model.run({"x": a})["y"]
-                    np.testing.assert_allclose(y, np.maximum(a @ w + bias, 0), rtol=1e-4, atol=1e-3)
-            assert len(calls) == 2, trans_b
-
-
-def test_a_gemv_split_measured_slower_stays_on_one_thread() -> None:
-    """Where the split measured slower than one BLAS call (a parallel region's start
-    costs more than the second thread saves: the 2-core hosts), the product stays whole,
-    in ``matmul_into`` and in a loaded model's planned code."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    import tfrt_py
-
-    rng = np.random.default_rng(5)
-    a = rng.standard_normal((1, 1024)).astype(np.float32)
-    w = rng.standard_normal((1024, 256)).astype(np.float32)
-    with _gemv_split_decided(1024, 256, False):
-        assert not gemm.wide_gemv(1, 1024, 256, 4)
-        with _spying(gemm._GEMV_COLS) as calls:
-            got = gemm.matmul_into(a, w)
-        assert calls == []
-        np.testing.assert_allclose(got, a @ w, rtol=1e-4, atol=1e-3)
-        g = helper.make_graph(
-            [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 1024])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-            [numpy_helper.from_array(w, "w")],
-        )  # fmt: skip
-        model = tfrt_py.load(onnx.helper.make_model(g), executor="sync")
-        with _spying(gemm._GEMV_COLS) as calls:
-            for _ in range(3):
-                y = model.run({"x": a})["y"]
-                np.testing.assert_allclose(y, a @ w, rtol=1e-4, atol=1e-3)
-        assert calls == []
-
-
-def test_the_gemv_split_is_measured_once_per_shape(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first question about a shape measures both ways on this host and remembers the
-    answer; later questions (every call of a plan) do not measure again."""
-    key = (1536, 384, 4, 2)
-    gemm._GEMV_SPLIT_PAYS.pop(key, None)
-    measured: list[tuple[int, ...]] = []
-    real = gemm._measure_gemv_split
-
-    def counting(*args: int) -> bool:
-        measured.append(args)
-        return real(*args)
-
-    monkeypatch.setattr(gemm, "_measure_gemv_split", counting)
-    first = gemm.gemv_split_pays(1536, 384, 4, 2)
-    assert measured == [(1536, 384, 4, 2)] and gemm._GEMV_SPLIT_PAYS[key] is first
-    for _ in range(3):
-        assert gemm.wide_gemv(1, 1536, 384, 4) is first
-    assert len(measured) == 1
-    assert not gemm.gemv_split_pays(1536, 384, 4, 1)  # one thread: nothing to split over
-    gemm._GEMV_SPLIT_PAYS.pop(key, None)
 
 
 @pytest.mark.parametrize(
@@ -411,7 +284,7 @@ def test_stacked_products_run_their_row_blocks_on_native_threads(
         a = np.ascontiguousarray(a.swapaxes(-2, -3)).swapaxes(-2, -3)
         b = np.ascontiguousarray(b.swapaxes(-2, -3)).swapaxes(-2, -3)
         assert not (a.flags.c_contiguous or b.flags.c_contiguous)
-    with _spying(gemm._MATMUL_BATCHED) as calls:
+    with spying_jitted(gemm._MATMUL_BATCHED) as calls:
         got = gemm.matmul_batched_into(a, b, trans_b=trans_b)
         out = np.full(want.shape, np.nan, np.float32)
         got2 = gemm.matmul_batched_into(a, b, out, trans_b=trans_b)
@@ -435,14 +308,14 @@ def test_stacks_whose_batch_needs_two_strides_run_on_native_threads(trans_b: boo
     else:
         a = rng.standard_normal((4, 4, 64, 64)).astype(np.float32)
         b, want = v, a @ np.ascontiguousarray(v)
-    with _spying(gemm._MATMUL_BATCHED) as calls:
+    with spying_jitted(gemm._MATMUL_BATCHED) as calls:
         got = gemm.matmul_batched_into(a, b, trans_b=trans_b)
     assert calls == [1]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     six = rng.standard_normal((2, 3, 4, 5, 64, 16)).astype(np.float32)[:, :, ::2]
     six = six.transpose(1, 0, 2, 3, 4, 5)  # (3, 2, 2, 5, 64, 16): no two-stride split
     a6 = rng.standard_normal((3, 2, 2, 5, 64, 64)).astype(np.float32)
-    with _spying(gemm._MATMUL_BATCHED) as calls:
+    with spying_jitted(gemm._MATMUL_BATCHED) as calls:
         got6 = gemm.matmul_batched_into(a6, six)
     assert calls == []
     np.testing.assert_allclose(got6, a6 @ np.ascontiguousarray(six), rtol=1e-5, atol=1e-4)
@@ -497,7 +370,7 @@ def test_a_split_linear_runs_its_bias_and_activation_inside_the_native_blocks(
     else:
         want = formula(v)
     packed = linear_par._LINEAR_PACKED.get() is not None
-    with _spying(linear_par._LINEAR_PACKED if packed else linear_par._LINEAR_PAR) as calls:
+    with spying_jitted(linear_par._LINEAR_PACKED if packed else linear_par._LINEAR_PAR) as calls:
         model = tfrt_py.load(m, executor="sync")  # the kernel is picked at load
         for _ in range(2):  # the probe, then the planned code
             got = model.run({"x": x})["y"]
@@ -536,7 +409,7 @@ def test_long_softmax_rows_split_on_native_threads(shape: tuple[int, int]) -> No
     x = (rng.standard_normal(shape) * 4).astype(np.float32)
     fn = softmax_jit.softmax_rows_f32()
     assert fn is not None
-    with _spying(softmax_jit._SOFTMAX_LONG_PAR) as calls:
+    with spying_jitted(softmax_jit._SOFTMAX_LONG_PAR) as calls:
         y = np.full_like(x, np.nan)
         fn(x, y)
     e = np.exp(x - x.max(axis=1, keepdims=True))
@@ -550,7 +423,7 @@ def test_a_channel_layer_norm_splits_its_pixels_on_native_threads() -> None:
     rng = np.random.default_rng(6)
     x = rng.standard_normal((1, 80, 56, 56)).astype(np.float32)  # ConvNeXt-Atto's first stage
     g, b = rng.standard_normal(80).astype(np.float32), rng.standard_normal(80).astype(np.float32)
-    with _spying(norm_channel._CHANNEL_LN_PAR) as calls:
+    with spying_jitted(norm_channel._CHANNEL_LN_PAR) as calls:
         y = norm_channel.channel_layer_norm_fn()(x, g, b, 1e-6)
     assert calls == [1]
     d = x - x.mean(axis=1, keepdims=True)
@@ -575,7 +448,7 @@ def test_a_max_pool_splits_on_native_threads(n: int, c: int, h: int, pad: int) -
     plan = pool_direct.plan_max_pool(x.shape, (3, 3), (n, c, oh, oh), (2, 2), (pad, pad),
                                      (1, 1), F32)  # fmt: skip
     assert plan is not None and plan.split
-    with _spying(pool_direct._MAX_POOL_PAR) as calls:
+    with spying_jitted(pool_direct._MAX_POOL_PAR) as calls:
         y = pool_direct.run_max_pool(plan, x, None)
     assert calls == [1]
     xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-np.inf)
@@ -595,7 +468,7 @@ def test_a_large_squeeze_excite_splits_its_channels_on_native_threads() -> None:
     w2 = (rng.standard_normal((96, 24, 1, 1)) * 0.3).astype(np.float32)
     b1, b2 = rng.standard_normal(24).astype(np.float32), rng.standard_normal(96).astype(np.float32)
     fn = se.squeeze_excite_fn(w1, b1, w2, b2, Epilogue(act="Relu"), Epilogue(act="Sigmoid"))
-    with _spying(se._SE_PAR) as calls:
+    with spying_jitted(se._SE_PAR) as calls:
         y = fn(x)
     assert calls == [1]
     h = np.maximum(x.mean(axis=(2, 3)) @ w1[:, :, 0, 0].T + b1, 0)

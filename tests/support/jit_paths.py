@@ -5,11 +5,15 @@ numba) and again with the NumPy paths (``TFRT_PY_JIT=0``). Import them into a te
 * ``both_paths``: the same, autouse: every test of the module runs twice;
 * ``compiled_only``: a mark for a test of a compiled kernel itself;
 * ``spy_compiled(monkeypatch, module, getter)``: records what the compiled kernel that
-  ``module.getter()`` hands out returns, each time it runs.
+  ``module.getter()`` hands out returns, each time it runs;
+* ``spying_jitted(jitted)``: a context in which a ``Jitted``'s compiled function counts
+  its calls.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -17,7 +21,7 @@ import pytest
 
 from tfrt_py.kernels.lib.jit import ENV_JIT, jit_enabled
 
-__all__ = ["both_paths", "compiled_only", "jit", "spy_compiled"]
+__all__ = ["both_paths", "compiled_only", "jit", "spy_compiled", "spying_jitted"]
 
 #: For a test of a compiled kernel itself: skipped where this run has them off.
 compiled_only = pytest.mark.skipif(
@@ -66,3 +70,21 @@ def spy_compiled(monkeypatch: pytest.MonkeyPatch, module: ModuleType, getter: st
 
     monkeypatch.setattr(module, getter, spy)
     return calls
+
+
+@contextlib.contextmanager
+def spying_jitted(jitted: Any) -> Iterator[list[int]]:
+    """``jitted``'s compiled function counted: the list gets an entry per call."""
+    real = jitted.get()
+    assert real is not None
+    calls: list[int] = []
+
+    def spy(*args: object) -> None:
+        calls.append(1)
+        real(*args)
+
+    jitted._compiled = spy
+    try:
+        yield calls
+    finally:
+        jitted._compiled = real
