@@ -189,10 +189,9 @@ def zoo(small: bool) -> dict[str, Callable[[], Any]]:
         "sklearn_svc_proba": svc, "sklearn_scaler_logreg": logreg, "sklearn_knn": knn,
         "lightgbm_classifier": lgbm, "xgboost_classifier": xgb,
     }  # fmt: skip
+    models.update(wider())
     if small:
         models.update(_variants(x, y, f))
-    else:
-        models.update(wider())
     return models
 
 

@@ -39,7 +39,7 @@ def _features(model: tfrt_py.Model) -> int:
 def test_the_exported_knn_scan_is_fused_with_the_scans_values(jit: str) -> None:
     fused = tfrt_py.load(KNN, executor="sync")
     plain = tfrt_py.load(KNN, executor="sync", optimize=NO_ML)
-    assert _report(fused) == "1 pairwise-distance Scan(s) -> PairwiseSqDist"
+    assert _report(fused).startswith("1 pairwise-distance Scan(s) -> PairwiseSqDist")
     assert "Scan" not in _ops(fused) and "PairwiseSqDist" in _ops(fused)
     assert "Scan" in _ops(plain)
     rng = np.random.default_rng(0)
@@ -172,3 +172,91 @@ def test_the_knn_model_reads_no_environment_per_call(
     for _ in range(3):
         model.run(x)
     assert reads == []
+
+
+def _label_lookup_model(
+    *,
+    classes: np.ndarray,
+    target: list[int] | None = None,
+    cast: bool = True,
+    expose: bool = False,
+    from_scores: bool = True,
+) -> bytes:
+    """skl2onnx's label lookup: ``ArrayFeatureExtractor(classes, ArgMax(S))`` (or of the
+    indices fed directly), a Cast, then ``Reshape(., target)``; ``expose`` also makes the
+    lookup a graph output."""
+    target = [-1] if target is None else target
+    nodes = []
+    if from_scores:
+        nodes.append(helper.make_node("ArgMax", ["S"], ["idx"], axis=1, keepdims=1))
+    ml = "ai.onnx.ml"
+    nodes.append(
+        helper.make_node("ArrayFeatureExtractor", ["classes", "idx"], ["found"], domain=ml)
+    )
+    flat_in = "found"
+    if cast:
+        nodes.append(helper.make_node("Cast", ["found"], ["as_float"], to=TensorProto.FLOAT))
+        flat_in = "as_float"
+    nodes.append(helper.make_node("Reshape", [flat_in, "target"], ["label"]))
+    elem = TensorProto.FLOAT if cast else helper.np_dtype_to_tensor_dtype(classes.dtype)
+    outs = [helper.make_tensor_value_info("label", elem, None)]
+    if expose:
+        outs.append(helper.make_tensor_value_info("found", helper.np_dtype_to_tensor_dtype(
+            classes.dtype), None))  # fmt: skip
+    inp = (helper.make_tensor_value_info("S", TensorProto.FLOAT, ["n", 4]) if from_scores
+           else helper.make_tensor_value_info("idx", TensorProto.INT64, ["n", 1]))  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "lookup", [inp], outs,
+        [numpy_helper.from_array(classes, "classes"),
+         numpy_helper.from_array(np.array(target, np.int64), "target")],
+    )  # fmt: skip
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ml, 3)]
+    )
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+CLASSES = np.array([3, 7, 11, 20], np.int64)
+
+
+@pytest.mark.parametrize(
+    ("kw", "gathered"),
+    [
+        ({}, True),
+        ({"cast": False}, True),
+        ({"target": [1, -1]}, False),  # the (1, N) layout is kept: not a flattening
+        ({"expose": True}, False),  # the lookup itself is read in its (1, N) layout
+        ({"classes": np.arange(8, dtype=np.int64).reshape(2, 4)}, False),  # not a 1-D table
+    ],
+)
+def test_only_a_flattened_label_lookup_becomes_a_gather(kw: dict, gathered: bool) -> None:
+    data = _label_lookup_model(**{"classes": CLASSES, **kw})
+    model = tfrt_py.load(data, executor="sync")
+    plain = tfrt_py.load(data, executor="sync", optimize=NO_ML)
+    ops = _ops(model)
+    assert ("Gather" in ops) is gathered and ("ArrayFeatureExtractor" in ops) is not gathered
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    for n in (1, 6):
+        feeds = {"S": rng.standard_normal((n, 4)).astype(np.float32)}
+        want = sess.run(None, feeds)
+        got, unfused = model.run(feeds), plain.run(feeds)
+        for (name, g), w in zip(got.items(), want):
+            assert g.shape == w.shape and g.dtype == w.dtype, name
+            np.testing.assert_array_equal(g, w, err_msg=name)
+            np.testing.assert_array_equal(unfused[name], w, err_msg=name)
+
+
+@pytest.mark.parametrize("executor", ["sync", "native"])
+def test_a_gathered_label_lookup_still_rejects_indices_out_of_range(executor: str) -> None:
+    data = _label_lookup_model(classes=CLASSES, from_scores=False)
+    model = tfrt_py.load(data, executor=executor, native="eager")
+    assert "Gather" in _ops(model)
+    good = {"idx": np.array([[0], [3], [-1]], np.int64)}
+    want = CLASSES[[0, 3, -1]].astype(np.float32)
+    np.testing.assert_array_equal(model.run(good)["label"], want)
+    for bad in ([[4]], [[0], [-5]], [[2**40]]):
+        with pytest.raises(tfrt_py.errors.TfrtError, match=r"out of (range|bounds)"):
+            model.run({"idx": np.array(bad, np.int64)})
+    np.testing.assert_array_equal(model.run(good)["label"], want)  # still usable

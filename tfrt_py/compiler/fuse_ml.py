@@ -17,6 +17,17 @@ directions, a body of exactly those ops (Identity chains allowed; ``Sub`` in eit
 order, the square makes them equal), axes ``[1]``/``[-1]`` as attribute or constant input,
 ``keepdims=0``, and the state and the scanned tensor of rank 2. Anything else is left to
 the general Scan kernel. Model text never reaches code: the replacement is graph data.
+
+skl2onnx's classifiers (GaussianNB, MultinomialNB, MLP, SGD, ...) look their labels up
+with ``ArrayFeatureExtractor(classes, ArgMax(scores))``, whose 1-D ``classes`` make the
+output (1, N) -- the rows of the batch laid along axis 1 -- and then flatten it with
+``Reshape(., [-1])``, possibly after a Cast. The pass makes such a lookup a
+``Gather(classes, indices, axis=0)`` (shape of the indices, (N, 1)): the same elements in
+the same order once flattened, and a per-row op, so the native tier can lower the whole
+model once for every batch size. Matched strictly: ``classes`` a 1-D constant, every path
+from the lookup through Casts (or Identities) ending in a ``Reshape`` to the constant
+``[-1]``, nothing on the way a graph output. Indices out of range raise as before (Gather
+and ArrayFeatureExtractor accept the same range, ``-len(classes)`` up to ``len - 1``).
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import numpy as np
 
 from ..ir import Graph, Node, TensorType, Value
 from ..kernels.fused.domain import DOMAIN
+from ..kernels.ml.common import ML_DOMAIN
 from .context import PassContext
 from .rewrite import Uses
 
@@ -38,18 +50,76 @@ def fuse_ml(graph: Graph, ctx: PassContext) -> str:
     uses = Uses(graph)
     nodes: list[Node] = []
     count = 0
+    lookups = 0
     for node in graph.nodes:
+        if _label_lookup(node, uses, graph.opsets.get("", 13)):
+            lookups += 1
         new = _pairwise_scan(node, uses)
         if new is None:
             nodes.append(node)
             continue
         nodes.extend(new)
         count += 1
-    if not count:
+    if not count and not lookups:
         return "nothing to fuse"
     graph.nodes = nodes
-    graph.opsets.setdefault(DOMAIN, 1)
-    return f"{count} pairwise-distance Scan(s) -> PairwiseSqDist"
+    said = []
+    if count:
+        graph.opsets.setdefault(DOMAIN, 1)
+        said.append(f"{count} pairwise-distance Scan(s) -> PairwiseSqDist")
+    if lookups:
+        said.append(f"{lookups} label lookup(s) ArrayFeatureExtractor -> Gather")
+    return "; ".join(said)
+
+
+def _label_lookup(node: Node, uses: Uses, opset: int) -> bool:
+    """Turn ``node`` into ``Gather(classes, indices)`` in place when it is a label lookup
+    whose (1, N) layout only reaches ``Reshape(., [-1])`` (module docstring). True if it did."""
+    if node.op_type != "ArrayFeatureExtractor" or node.domain != ML_DOMAIN:
+        return False
+    if len(node.inputs) != 2 or len(node.outputs) != 1 or None in node.inputs:
+        return False
+    classes, out = node.inputs[0], node.outputs[0]
+    if classes is None or classes.const is None or np.asarray(classes.const).ndim != 1:
+        return False
+    if out is None or not _flattened_only(out, uses):
+        return False
+    node.op_type, node.domain, node.opset, node.attrs = "Gather", "", opset, {"axis": 0}
+    _forget_shapes(out, uses)
+    return True
+
+
+def _flattened_only(v: Value, uses: Uses) -> bool:
+    """Every reader of ``v`` is a Cast/Identity leading on to the same, or a Reshape of
+    ``v`` (as its data) to the constant ``[-1]``; ``v`` and the Casts are no graph output."""
+    readers = uses.readers.get(id(v), [])
+    if not readers or uses.is_output(v):
+        return False
+    for r in readers:
+        if r.domain != "" or list(r.subgraphs()) or not r.inputs or r.inputs[0] is not v:
+            return False
+        if r.op_type in ("Cast", "Identity") and len(r.inputs) == 1:
+            if len(r.outputs) != 1 or r.outputs[0] is None:
+                return False
+            if not _flattened_only(r.outputs[0], uses):
+                return False
+        elif r.op_type == "Reshape" and len(r.inputs) == 2 and r.inputs[1] is not None:
+            target = r.inputs[1].const
+            if target is None or np.asarray(target).reshape(-1).tolist() != [-1]:
+                return False
+        else:
+            return False
+    return True
+
+
+def _forget_shapes(v: Value, uses: Uses) -> None:
+    """The lookup's output and the Casts after it change shape ((1, N) to the indices'):
+    keep their dtypes, drop their shapes (the Reshapes' outputs keep theirs)."""
+    if isinstance(v.type, TensorType):
+        v.type = TensorType(v.type.dtype, None)
+    for r in uses.readers.get(id(v), []):
+        if r.op_type != "Reshape" and r.outputs[0] is not None:
+            _forget_shapes(r.outputs[0], uses)
 
 
 def _rank(v: Value | None) -> int | None:
