@@ -60,7 +60,7 @@ DECODERS = ("gpt2", "llama")
 FIRST_S = 10.0
 SEQ = (8, 128)
 NEW_TOKENS = 48
-PROMPT = 16
+PROMPT = (4, 64)  # each round's prompt length, drawn uniformly: every round new signatures
 
 
 # -- the host ---------------------------------------------------------------------------------
@@ -280,7 +280,8 @@ def child_generate(path: str, seconds: float, threads: int) -> dict[str, Any]:
     same = 0
     i = 0
     while time.perf_counter() - t_load < seconds:
-        prompt = rng.integers(1, 1000, (1, PROMPT)).astype(np.int64)
+        length = int(rng.integers(PROMPT[0], PROMPT[1] + 1))
+        prompt = rng.integers(1, 1000, (1, length)).astype(np.int64)
         at = time.perf_counter() - t_load
         got: list[Any] = [None, None]
         tps = [0.0, 0.0]
@@ -620,7 +621,8 @@ def main() -> None:
             print(f"generate: {name} ...", flush=True)
             res[name] = run_child("generate", [path, str(a.seconds), th])
         everything["generate"] = res
-        report += [f"## Greedy generation ({PROMPT}-token prompt, {NEW_TOKENS} new tokens)",
+        lo, hi = PROMPT
+        report += [f"## Greedy generation (prompts of {lo}..{hi} tokens, {NEW_TOKENS} new tokens)",
                    "", *generate_table(res), ""]  # fmt: skip
     if "compile" in parts:
         res = {}

@@ -19,7 +19,7 @@ from tfrt_py.compiler.shape_model import fit_shape_model
 from tfrt_py.errors import ExecutionError, InputError
 from tfrt_py.executors import interpreter as interp_mod
 from tfrt_py.executors import plan_generic
-from tfrt_py.executors.dims import DimVars, bucket_of
+from tfrt_py.executors.dims import MAX_DIM, DimVars, Fitted, ShapeModel, bucket_of
 from tfrt_py.ir import GraphBuilder
 
 F32 = np.float32
@@ -257,3 +257,33 @@ def test_float_shape_arithmetic_is_served_by_the_generic_plan(
         np.testing.assert_allclose(model.run({"x": xv})["y"], xv * rows / 2, rtol=1e-6)
     assert plain == [] and rt._generic is not None  # type: ignore[attr-defined]
     assert rt._generic.made >= 4  # type: ignore[attr-defined]
+
+
+def test_dim_relations_hold_exactly_at_huge_dims() -> None:
+    """The relations are checked in one int64 product while the dims are small; a dim of
+    2**31 or more (a zero-size feed may carry one) takes exact Python integers, so no
+    wrap-around can make a broken relation look kept."""
+    dv = DimVars.of([("a", "b"), ("a + b",), ("a - b",)])
+    assert dv is not None
+    assert dv.values([(3, 2), (5,), (1,)]) == (3, 2)
+    assert dv.values([(3, 2), (6,), (1,)]) is None
+    big = 1 << 62
+    assert dv.values([(big, big - 1), (2 * big - 1,), (1,)]) == (big, big - 1)
+    # in int64, big + big wraps to -2**63: the relation "a + b" must still be broken here
+    assert dv.values([(big, big), (-(1 << 63),), (0,)]) is None
+    assert dv.values([(3, 2, 1), (5,), (1,)]) is None  # a rank broken
+
+
+def test_the_evaluation_rounds_only_what_may_be_fractional() -> None:
+    """Rows with integer coefficients are whole at every signature and are not rounded
+    (while a bound keeps them below ``MAX_DIM``); a row with a fractional coefficient
+    (half a dim) must still come out whole, and a dim past the bound is refused."""
+    dv = DimVars.of([("n",)])
+    assert dv is not None
+    coef = np.array([[3.0, 2.0], [0.0, 0.5]])  # 2n + 3 and n / 2
+    whole = ShapeModel(dv, coef, {7: Fitted(0, 1)}, {8: Fitted(1, 1, (1,), np.int64)})
+    np.testing.assert_array_equal(whole.evaluate((6,)), [15.0, 3.0])
+    assert whole.evaluate((7,)) is None  # 3.5 is no integer value
+    exact = ShapeModel(dv, coef[:1], {7: Fitted(0, 1)}, {})
+    np.testing.assert_array_equal(exact.evaluate((7,)), [17.0])
+    assert exact.evaluate((MAX_DIM // 2,)) is None  # 2n + 3 past the dims' bound

@@ -67,6 +67,11 @@ class DimVars:
     names: tuple[str, ...]
     dims: tuple[tuple[tuple[tuple[int, ...], int] | None, ...], ...]
     reads: tuple[tuple[int, int], ...]
+    # made by __post_init__ from ``dims``: what ``values`` checks in one integer product
+    _ranks: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _ruled: list[tuple[int, int]] = field(init=False, repr=False, compare=False)
+    _coef: np.ndarray = field(init=False, repr=False, compare=False)
+    _const: np.ndarray = field(init=False, repr=False, compare=False)
 
     @staticmethod
     def of(shapes: Sequence[Sequence[Any] | None]) -> DimVars | None:
@@ -126,34 +131,47 @@ class DimVars:
     def n(self) -> int:
         return len(self.names)
 
+    def __post_init__(self) -> None:
+        # the relations as one integer product: the ruled dims' (input, axis), their
+        # coefficients over the variables and their constants
+        at = [(k, a) for k, row in enumerate(self.dims) for a, r in enumerate(row) if r]
+        rules = [r for row in self.dims for r in row if r]
+        coef = np.array([r[0] for r in rules], np.int64).reshape(len(rules), len(self.names))
+        object.__setattr__(self, "_ranks", tuple(len(row) for row in self.dims))
+        object.__setattr__(self, "_ruled", at)
+        object.__setattr__(self, "_coef", coef)
+        object.__setattr__(self, "_const", np.array([r[1] for r in rules], np.int64))
+
     def values(self, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
         """The variables' values for inputs of these shapes, or None when the shapes break
         a declared relation (a mask longer than past + sequence) or a rank."""
-        vals = []
-        for k, a in self.reads:
-            s = shapes[k]
-            if a >= len(s):
+        for shape, rank in zip(shapes, self._ranks):
+            if len(shape) != rank:
                 return None
-            vals.append(int(s[a]))
-        for shape, row in zip(shapes, self.dims):
-            if len(shape) != len(row):
-                return None
+        vals = tuple(int(shapes[k][a]) for k, a in self.reads)
+        if not self._ruled:
+            return vals
+        if max(vals, default=0) < 1 << 31:  # products in int64 cannot overflow
+            want = self._coef @ np.array(vals, np.int64) + self._const
+            got = [shapes[k][a] for k, a in self._ruled]
+            return vals if want.tolist() == got else None
+        for shape, row in zip(shapes, self.dims):  # exact Python integers
             for d, rule in zip(shape, row):
                 if rule is not None:
                     coef, const = rule
                     if d != sum(c * v for c, v in zip(coef, vals)) + const:
                         return None
-        return tuple(vals)
+        return vals
 
 
 def monomials(vals: Sequence[int]) -> np.ndarray:
     """The 2**n products of the variables' subsets (bit j of the index: variable j in
     it), as float64: the basis every multilinear polynomial is a row over."""
-    out = np.ones(1 << len(vals), np.float64)
-    for j, v in enumerate(vals):
-        bit = 1 << j
-        out[bit : 2 * bit] = out[:bit] * float(v)
-    return out
+    out = [1.0]
+    for v in vals:
+        f = float(v)
+        out += [m * f for m in out]
+    return np.array(out, np.float64)
 
 
 def bucket_of(vals: Sequence[int]) -> tuple[int, ...]:
@@ -194,6 +212,13 @@ class ShapeModel:
             if np.dtype(f.dtype).kind in "biu":
                 whole[f.start : f.start + f.n] = True
         self._whole = whole
+        # whole rows with integer coefficients are exact integers at integer variables
+        # (while below 2**53: ``evaluate`` bounds them first); only the others are rounded
+        integral = np.all(self.coef == np.rint(self.coef), axis=1)
+        self._round = whole & ~integral
+        self._round_any = bool(self._round.any())
+        self._abs_rows = float(np.abs(self.coef[whole & integral]).sum(axis=1).max(initial=0.0))
+        self._coef_t = np.ascontiguousarray(self.coef.T)  # raw = monomials @ coef.T
         #: values no variable changes, made once
         self._constant: dict[int, np.ndarray] = {}
         for s, f in self.values.items():
@@ -208,18 +233,28 @@ class ShapeModel:
         do not hold there."""
         if not self.coef.size:
             return np.zeros(0, np.float64)
-        raw = self.coef @ monomials(vals)
-        whole = raw[self._whole]
+        raw = monomials(vals) @ self._coef_t
+        if self._abs_rows * math.prod(max(int(v), 1) for v in vals) >= MAX_DIM:
+            whole_rows = self._whole  # the bound too loose: check every whole row
+        elif self._round_any:
+            whole_rows = self._round  # the integral rows are exact and in range
+        else:
+            return raw
+        whole = raw[whole_rows]
         got = np.rint(whole)
         if not np.all(np.abs(whole - got) < 1e-6) or not np.all(np.abs(got) < MAX_DIM):
             return None
-        raw[self._whole] = got
+        raw[whole_rows] = got
         return raw
 
     def shape(self, slot: int, rows: np.ndarray) -> tuple[int, ...] | None:
         f = self.shapes[slot]
         dims = tuple(int(d) for d in rows[f.start : f.start + f.n])
         return None if any(d < 0 for d in dims) else dims
+
+    def constant(self, slot: int) -> np.ndarray | None:
+        """The slot's value when no variable changes it (made once, shared), else None."""
+        return self._constant.get(slot)
 
     def value(self, slot: int, rows: np.ndarray) -> np.ndarray:
         """The slot's value at these rows (one that depends on no variable is made once

@@ -96,12 +96,12 @@ class Arena:
         base = self.base
         made: dict[tuple[Any, ...], np.ndarray] = {}
         out = []
-        for off, shape, dt in inst.views:
-            key = (off, shape, dt)
-            v = made.get(key)
+        ndarray = np.ndarray
+        for view in inst.views:
+            v = made.get(view)
             if v is None:
-                n = math.prod(shape) * dt.itemsize
-                v = made[key] = base[off : off + n].view(dt).reshape(shape)
+                off, shape, dt = view
+                v = made[view] = ndarray(shape, dt, base, off)  # a view of base, at off
             out.append(v)
         views = tuple(out)
         if len(self.views) >= MAX_ARENA_VIEWS:
@@ -124,22 +124,9 @@ class GenericPlan:
         self._buckets: dict[tuple[int, ...], tuple[list[int], list[int], int]] = {}
         self._baked, self._fresh = instance_slots(program, layout)
         self._bake_plan(program, layout, model)
-        spans: list[tuple[int, int, int]] = []
-        idx: list[int] = []
-        at = 0
-        for s in layout.shapes:
-            f = model.shapes[s]
-            spans.append((s, at, at + f.n))
-            idx.extend(range(f.start, f.start + f.n))
-            at += f.n
-        self._dim_spans = spans  # (slot, from, to) in ``_dim_rows``' order
-        self._dim_rows = np.array(idx, np.intp)
+        self._index_slots(layout, model)
         self._dtypes = {s: dt for s, (_, dt) in layout.shapes.items()}
-        member_pos: dict[int, tuple[int, int]] = {}
-        for owner, members in layout.members.items():
-            for k, m in enumerate(members):
-                member_pos[m] = (owner, k)
-        self._member_pos = member_pos
+        self._index_values(model)
         self._input_shapes = [
             tuple(d if isinstance(d, int) else None for d in (v.type.shape or ()))  # type: ignore[union-attr]
             for v in program.graph.inputs
@@ -171,11 +158,11 @@ class GenericPlan:
         rows = self.model.evaluate(vals)
         if rows is None:
             return None
-        lay = self.layout
-        shape_of = self._shapes_at(rows)
-        if shape_of is None:
+        got_shapes = self._shapes_at(rows)
+        if got_shapes is None:
             return None
-        sizes = [self._nbytes(s, shape_of) for s in lay.owners]
+        shape_of, nb = got_shapes
+        sizes = [nb[k] for k in self._owner_at]
         bucket = bucket_of(vals)
         got = self._bucket(bucket)
         if got is not None and all(a <= b for a, b in zip(sizes, got[1])):
@@ -183,30 +170,107 @@ class GenericPlan:
         else:
             offsets, nbytes = self._place(sizes)
         views = []
-        for s, _, _, dt in lay.views:
-            off = offsets[lay.buffer_index[s]]
-            pos = self._member_pos.get(s)
-            if pos is not None:
-                owner, k = pos
-                off += sum(self._nbytes(m, shape_of) for m in lay.members[owner][:k])
-            views.append((off, shape_of[s], dt))
+        for k, buf, before, dt in self._view_plan:
+            off = offsets[buf]
+            for j in before:
+                off += nb[j]
+            views.append((off, shape_of[k], dt))
         try:
             consts = self._baked_values(args, rows)
         except Exception:  # noqa: BLE001 - the plain run raises the model's own error
             return None
-        consts += [shape_of[s] for s in self._fresh]
+        consts += [shape_of[k] for k in self._fresh_at]
         self.made += 1
         return Instance(key, vals, bucket, tuple(consts), tuple(views), max(nbytes, 1), rows,
                         offsets)  # fmt: skip
 
-    def _shapes_at(self, rows: np.ndarray) -> dict[int, tuple[int, ...]] | None:
-        """Every planned slot's shape at these rows (one gather and one conversion for all
-        of them); None when a dim is negative."""
-        dims = rows[self._dim_rows]
+    def _index_slots(self, layout: Layout, model: ShapeModel) -> None:
+        """What ``_shapes_at`` and ``instance`` gather. The planned slots (by their position
+        in ``layout.shapes``, their *index*) share few distinct shape formulas (a layer's
+        values repeat the previous layer's): each distinct formula is evaluated once, its
+        dims as rows of the model followed by a 1 (so a product per formula is one
+        ``reduceat``, scalars included). Also the buffers' owners, the fresh outputs and,
+        per view, its buffer and the members of a join laid out before it (whose bytes
+        offset it)."""
+        index = {s: k for k, s in enumerate(layout.shapes)}
+        distinct: dict[bytes, int] = {}
+        of_slot: list[int] = []
+        spans: list[tuple[int, int]] = []
+        idx: list[int] = []
+        one = model.coef.shape[0]  # the row appended to every evaluation: 1.0
+        starts: list[int] = []
+        for s in layout.shapes:
+            f = model.shapes[s]
+            key = bytes([f.n]) + model.coef[f.start : f.start + f.n].tobytes()
+            u = distinct.get(key)
+            if u is None:
+                u = distinct[key] = len(spans)
+                starts.append(len(idx))
+                spans.append((len(idx), len(idx) + f.n))
+                idx.extend(range(f.start, f.start + f.n))
+                idx.append(one)
+            of_slot.append(u)
+        self._dim_spans = spans  # per formula: (from, to) in ``_dim_rows``
+        self._dim_rows = np.array(idx, np.intp)
+        self._prod_starts = np.array(starts, np.intp)
+        self._formula_of = np.array(of_slot, np.intp)  # per index: its formula
+        self._itemsizes = np.array([dt.itemsize for _, dt in layout.shapes.values()], np.float64)
+        self._owner_at = [index[s] for s in layout.owners]
+        self._fresh_at = [of_slot[index[s]] for s in self._fresh]
+        before: dict[int, list[int]] = {}
+        for members in layout.members.values():
+            for k, m in enumerate(members):
+                before[m] = [index[x] for x in members[:k]]
+        self._view_plan = [(of_slot[index[s]], layout.buffer_index[s], before.get(s, []), dt)
+                           for s, _, _, dt in layout.views]  # fmt: skip
+
+    def _shapes_at(self, rows: np.ndarray) -> tuple[list[tuple[int, ...]], list[int]] | None:
+        """At these rows: every distinct shape (by formula) and every planned slot's bytes
+        (by index): one gather, one product and one conversion for all of them; None when
+        a dim is negative."""
+        dims = np.append(rows, 1.0)[self._dim_rows]
         if dims.size and dims.min() < 0:
             return None
         flat = dims.astype(np.int64).tolist()
-        return {s: tuple(flat[a:b]) for s, a, b in self._dim_spans}
+        shapes = [tuple(flat[a:b]) for a, b in self._dim_spans]
+        if not len(self._prod_starts):
+            return shapes, []
+        counts = np.multiply.reduceat(dims, self._prod_starts)[self._formula_of]
+        return shapes, (counts * self._itemsizes).astype(np.int64).tolist()
+
+    def _index_values(self, model: ShapeModel) -> None:
+        """How ``_formula_values`` makes each formula value an instance needs: a constant
+        one (no variable changes it) as it is, else a slice of the gather-and-cast of the
+        rows of every value of its dtype (one per dtype)."""
+        gathers: dict[str, list[int]] = {}
+        self._value_plan: dict[int, Any] = {}
+        for s, f in model.values.items():
+            const = model.constant(s)
+            if const is not None:
+                self._value_plan[s] = const
+                continue
+            dt = np.dtype(f.dtype).str
+            idx = gathers.setdefault(dt, [])
+            k = list(gathers).index(dt)
+            self._value_plan[s] = (k, f.shape, len(idx) * np.dtype(dt).itemsize)
+            idx.extend(range(f.start, f.start + f.n))
+        self._casts = [(np.array(idx, np.intp), np.dtype(dt)) for dt, idx in gathers.items()]
+
+    def _formula_values(self, slots: list[int], rows: np.ndarray) -> list[Any]:
+        """``model.value(s, rows)`` for each slot of ``slots`` (read-only to the program:
+        slices of one gather-and-cast of ``rows`` per dtype)."""
+        cast = [rows[idx].astype(dt) for idx, dt in self._casts]
+        dts = [dt for _, dt in self._casts]
+        ndarray = np.ndarray
+        out = []
+        for s in slots:
+            how = self._value_plan[s]
+            if isinstance(how, ndarray):
+                out.append(how)
+            else:
+                k, shape, offset = how
+                out.append(ndarray(shape, dts[k], cast[k], offset))  # a view of the cast
+        return out
 
     def _bake_plan(self, program: Program, layout: Layout, model: ShapeModel) -> None:
         """Which baked instructions an instance runs (those the formulas do not give) and
@@ -225,12 +289,12 @@ class GenericPlan:
         """The baked slots' values for this signature: from the model's formulas where it
         has them, else by running their instructions (a position table's rows, a mask's
         pattern: a few small kernels) on these feeds."""
-        program, value = self.program, self.model.value
+        program = self.program
         if not self._bake_run:
-            return [value(s, rows) for s in self._baked]
+            return self._formula_values(self._baked, rows)
         env = program.env_for(args)
-        for s in self._bake_values:
-            env[s] = value(s, rows)
+        for s, v in zip(self._bake_values, self._formula_values(self._bake_values, rows)):
+            env[s] = v
         execute = program.execute
         for i in self._bake_run:
             execute(env, i, i + 1)
@@ -260,10 +324,11 @@ class GenericPlan:
         got = self._buckets.get(bucket)
         if got is None:
             rows = self.model.evaluate(bucket)
-            shape_of = None if rows is None else self._shapes_at(rows)
-            if shape_of is None:
+            got_shapes = None if rows is None else self._shapes_at(rows)
+            if got_shapes is None:
                 return None
-            sizes = [self._nbytes(s, shape_of) for s in self.layout.owners]
+            nb = got_shapes[1]
+            sizes = [nb[k] for k in self._owner_at]
             offsets, nbytes = self._place(sizes)
             got = self._buckets[bucket] = (offsets, sizes, nbytes)
         return got
