@@ -6,9 +6,9 @@ thread layer, no kernel build. A path decided on first use (the native threads, 
 packed gemm) reads "not yet" until a kernel has asked for it; the CPU's vector features
 come from ``/proc/cpuinfo`` (Linux), else llvmlite when numba has already loaded it.
 
-The CPU features are the ones kernels dispatch on: AVX2 and FMA (the packed gemm's
-micro-tile, numba's vectorized loops), AVX-512 and VNNI (reported; no kernel of ours is
-specialized for them yet: numba's loops use them where LLVM picks them for the host).
+The CPU features are the ones kernels dispatch on: AVX-512F, AVX2 and FMA (the packed
+gemm's micro-tile: its line names the path, ``gemm_packed``), numba's vectorized loops
+(LLVM picks the host's widths), VNNI (reported; no integer kernel of ours uses it yet).
 """
 
 from __future__ import annotations
@@ -85,12 +85,17 @@ def _threads() -> list[Feature]:
 def _packed() -> Feature:
     if switched_off(gemm_packed.ENV_PACKED_GEMM):
         return Feature("packed gemm", False, f"${gemm_packed.ENV_PACKED_GEMM}=0")
-    state = gemm_packed.state()
-    if state is None:
+    got = gemm_packed.chosen()
+    if got is None:
         return Feature("packed gemm", None, "built on the first float32 product that uses it")
-    if state:
-        return Feature("packed gemm", True, "float32 products on weights packed at load")
-    return Feature("packed gemm", False, "needs numba and llvmlite's JIT on AVX2+FMA or aarch64")
+    path, why, shape = got
+    if shape is not None:
+        tiles = f"{shape.mr}x{shape.nr} tiles"
+        return Feature("packed gemm", True, f"path {path}, {tiles} ({why}); float32 products "
+                       "on weights packed at load")  # fmt: skip
+    if path == "portable" and why.startswith("the kernel did not build"):
+        return Feature("packed gemm", False, f"{why}: needs numba and llvmlite's JIT")
+    return Feature("packed gemm", False, f"path {path} ({why}): NumPy's gemm")
 
 
 def _cpu() -> Feature:

@@ -4,119 +4,201 @@ Used by the native tier's products (``native/lower/products.py``: packed at lowe
 only packed) and by the interpreter's split Linear (``linear_par``: a second copy of
 weights of at most ``linear_par.PACK_MAX_BYTES``).
 
-``y[m, :] = x[m, :] @ W`` for ``m < M``, W (K x N, N a multiple of 16) packed by
-``pack16`` into N/16 panels of K x 16 floats (each panel's rows contiguous). OpenBLAS
-packs W again on every call, and for a transformer's products at batch 1 (16 x 128 @ 128
-x 512) that copy is a third of the call: 64 GFLOP/s, against ~85 here and ~100 for a big
-product on one core of this machine. The micro-tile is 6 rows x 16 columns: per k two
-vector loads of the panel, six broadcasts of x, twelve fused multiply-adds into twelve
-AVX accumulators, two k steps an iteration. The whole tiles walk W in blocks of panels of
-about ``PANEL_BLOCK_BYTES`` (in L2), within a block tile by tile (a tile's rows of x stay
-in L1) and panel by panel; then the 1-5 rows left, in tiles of several panels. Each
-output is the same chain of fused multiply-adds in any order of the loops, so results do
-not depend on it. x and y are row-major with leading dimensions ``ldx``/``ldy``, so a block of a
-larger array is an operand as it is.
+``y[m, :] = x[m, :] @ W`` for ``m < M``, W (K x N, N a multiple of the panel width nr)
+packed by ``pack`` into N/nr panels of K x nr floats (each panel's rows contiguous).
+OpenBLAS packs W again on every call, and for a transformer's products at batch 1 (16 x
+128 @ 128 x 512) that copy is a third of the call. The micro-tile is mr rows x nr columns
+(``TileShape``): per k two vector loads of the panel, mr broadcasts of x, 2 * mr fused
+multiply-adds into as many vector accumulators, two k steps an iteration. The whole tiles
+walk W in blocks of panels of about ``PANEL_BLOCK_BYTES`` (in L2), within a block tile by
+tile (a tile's rows of x stay in L1) and panel by panel; then the rows left, in tiles of
+several panels. Each output is the same chain of fused multiply-adds in any order of the
+loops, so results do not depend on it. x and y are row-major with leading dimensions
+``ldx``/``ldy``, so a block of a larger array is an operand as it is.
+
+Paths, as MLAS dispatches (``host_paths``; ``$TFRT_PY_ISA`` forces one the host has):
+``avx512`` 8 x 32 tiles in zmm registers (``P32``), ``avx2`` and ``neon`` 6 x 16 tiles in
+256-bit vectors or register pairs (``P16``), ``portable`` none (the callers keep NumPy's
+gemm). One path per process, decided on the first ``available()``; on a 2-core AVX-512
+Xeon (2026-11-29, one thread, GFLOP/s) the AVX-512 tile against the AVX2 one and
+OpenBLAS's SkylakeX sgemm: 64x576 @ 576x3136 74 / 52 / 64, 16x128 @ 128x512 97 / 73 / 70,
+ViT-Tiny's 197x192 @ 192x768 71 / 47 / 70.
 
 The kernel is LLVM IR built here with llvmlite (no optimization passes: the IR is
 already the loop wanted), compiled once per process and registered with LLVM as the
-symbol ``tfrt_py_sgemm_p16``, which numba code calls through an ``ExternalFunction``
+symbol ``tfrt_py_sgemm_packed``, which numba code calls through an ``ExternalFunction``
 (as ``kernels.lib.blas`` does NumPy's gemm): a cached generated module resolves the name
 when it loads, so ``kernel()`` comes first. Nothing is built at import: ``available()``
-builds and registers the kernel on its first call (once per process, thread-safe) and
-says whether this host runs it (False on an x86 CPU without AVX2 and FMA, or without
+decides the path and builds and registers its kernel on the first call (once per
+process, thread-safe), and says whether there is one (False on ``portable``, or without
 llvmlite's JIT: the callers keep NumPy's gemm); ``kernel()`` is the numba wrapper
-``gemm_p16``, or None there. ``from ...gemm_packed import gemm_p16`` (the generated
-modules' form) gives ``kernel()`` and fails with ImportError where it is None.
+``sgemm_packed``, or None there. ``from ...gemm_packed import sgemm_packed`` (the
+generated modules' form) gives ``kernel()`` and fails with ImportError where it is None.
 
-``gemm_p16(x, xo, ldx, w, wo, y, yo, ldy, m, k, n, b, bo, flags)``: element offsets into
-flat arrays; ``flags`` 1 adds the bias ``b[bo:bo + n]`` to every row, 2 then applies ReLU
-(NaN kept) as the rows are stored (``b`` must be readable for n floats even without flag
-1). Stateless; any thread.
+``sgemm_packed(x, xo, ldx, w, wo, y, yo, ldy, m, k, n, b, bo, flags, nr)``: element
+offsets into flat arrays; ``flags`` 1 adds the bias ``b[bo:bo + n]`` to every row, 2 then
+applies ReLU (NaN kept) as the rows are stored (``b`` must be readable for n floats even
+without flag 1); ``nr`` the panel width the weights were packed for, which must be this
+process's (else ValueError: nothing bakes a width into cached code, the packed array or
+the generated call carries it). Stateless; any thread.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir
 
-__all__ = ["ENV_PACKED_GEMM", "MR", "available", "kernel", "pack16", "state"]
+__all__ = [
+    "ENV_ISA",
+    "ENV_PACKED_GEMM",
+    "P16",
+    "P32",
+    "TileShape",
+    "available",
+    "chosen",
+    "host_paths",
+    "kernel",
+    "pack",
+    "path",
+    "state",
+    "tile",
+]
 
 #: ``TFRT_PY_PACKED_GEMM=0``: no packed-weight products (the Linear kernel and the native
 #: tier's products keep NumPy's gemm); CI runs the suite's fallback leg so.
 ENV_PACKED_GEMM = "TFRT_PY_PACKED_GEMM"
+#: ``TFRT_PY_ISA=avx512|avx2|neon|portable``: the kernel path, when the host has it (read
+#: once, when the kernel is first built); portable: no packed kernel, NumPy's gemm.
+ENV_ISA = "TFRT_PY_ISA"
 
-MR = 6  # rows per tile
-NR = 16  # columns per panel (two 8-float vectors)
-#: panels per tile for the rows left after whole tiles: 8-12 accumulators each
-_PANELS_FOR_ROWS = {1: 4, 2: 3, 3: 2, 4: 1, 5: 1}
+
+class TileShape(NamedTuple):
+    """One build of the kernel: ``vw`` floats per vector, ``mr`` rows per whole tile (2 *
+    ``mr`` accumulators), panels of ``nr`` = 2 * ``vw`` columns; ``panels_for_rows[r]``:
+    panels per tile for the r < ``mr`` rows left (8-16 accumulators each)."""
+
+    vw: int
+    mr: int
+    panels_for_rows: dict[int, int]
+
+    @property
+    def nr(self) -> int:
+        return 2 * self.vw
+
+
+#: AVX2 and NEON (two registers per vector): 6 x 16 tiles, twelve 256-bit accumulators.
+P16 = TileShape(8, 6, {1: 4, 2: 3, 3: 2, 4: 1, 5: 1})
+#: AVX-512: 8 x 32 tiles, sixteen zmm accumulators (twelve rows spilled: 32 registers hold
+#: 24 accumulators but not two k steps' loads besides).
+P32 = TileShape(16, 8, {1: 4, 2: 3, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1})
+#: the tile of each path; "portable" has none (NumPy's gemm)
+_TILES = {"avx512": P32, "avx2": P16, "neon": P16}
 #: The whole tiles walk W in blocks of panels of about this many bytes (in L2): per block,
 #: tile by tile (its rows of x stay in L1), the block's panels.
 PANEL_BLOCK_BYTES = 128 * 1024
-SYMBOL = "tfrt_py_sgemm_p16"
+SYMBOL = "tfrt_py_sgemm_packed"
+_WIDE_ATTRS = '\nattributes #0 = { "min-legal-vector-width"="512" "prefer-vector-width"="512" }\n'
 
 _LOCK = threading.Lock()
-_STATE: list[Any] = []  # [(ExternalFunction type, execution engine)] or [None]
+#: [(path, why, tile or None, numba ExternalFunction or None, engine or None)] once decided
+_STATE: list[tuple[str, str, TileShape | None, Any, Any]] = []
 
 
-def pack16(w: np.ndarray) -> np.ndarray:
-    """W (K x N, N % 16 == 0) as the kernel's panels: (N/16, K, 16), C order, float32."""
+def pack(w: np.ndarray, shape: TileShape | None = None) -> np.ndarray:
+    """W (K x N, N a multiple of the panel width) as the kernel's panels: (N/nr, K, nr), C
+    order, float32; ``shape``: this process's tile (``tile()``) unless given."""
+    shape = shape or tile()
+    if shape is None:
+        raise ValueError("no packed-weight gemm kernel in this process")
     k, n = w.shape
-    return np.ascontiguousarray(w.astype(np.float32).reshape(k, n // NR, NR).transpose(1, 0, 2))
+    nr = shape.nr
+    return np.ascontiguousarray(w.astype(np.float32).reshape(k, n // nr, nr).transpose(1, 0, 2))
 
 
-def _host_ok() -> bool:
+def host_paths() -> list[str]:
+    """The kernel paths this host runs, widest first (``portable`` always)."""
     import llvmlite.binding as llvm
 
     triple = llvm.get_process_triple()
+    if triple.startswith("aarch64"):
+        return ["neon", "portable"]  # NEON: fma and two registers per vector
     if not triple.startswith(("x86_64", "i386", "i686")):
-        return triple.startswith("aarch64")  # NEON: fma and two registers per vector
+        return ["portable"]
     feats = llvm.get_host_cpu_features()
-    return bool(feats.get("avx2")) and bool(feats.get("fma"))
+    out = []
+    if feats.get("avx2") and feats.get("fma"):
+        if feats.get("avx512f"):
+            out.append("avx512")
+        out.append("avx2")
+    return [*out, "portable"]
+
+
+def _choose() -> tuple[str, str]:
+    """(path, why): ``$TFRT_PY_ISA`` when the host has it, else the host's widest."""
+    have = host_paths()
+    asked = os.environ.get(ENV_ISA, "").strip().lower()
+    if asked and asked in have:
+        return asked, f"${ENV_ISA}={asked}"
+    why = "the host's widest"
+    if asked:
+        why = f"${ENV_ISA}={asked} is not a path of this host ({', '.join(have)})"
+    return have[0], why
 
 
 class _PackedGemmIR:
-    """Builds the module of ``tfrt_py_sgemm_p16(x, ldx, w, y, ldy, M, K, panels, bias,
-    flags)`` with llvmlite's IR builder: whole tiles of ``MR`` rows panel by panel, then the
-    rows left in tiles of several panels (``_PANELS_FOR_ROWS``). One use: ``text()``."""
+    """Builds the module of ``SYMBOL(x, ldx, w, y, ldy, M, K, panels, bias, flags, nr) ->
+    status`` to one ``TileShape`` with llvmlite's IR builder: whole tiles of ``mr`` rows
+    panel by panel, then the rows left in tiles of several panels. The status is 0, or 1
+    (nothing done) when ``nr`` is not this build's panel width. One use: ``text()``."""
 
-    def __init__(self) -> None:
+    def __init__(self, shape: TileShape) -> None:
         import llvmlite.ir as ir
 
         self.ir = ir
+        self.vw, self.mr, self.nr = vw, _, nr = shape.vw, shape.mr, 2 * shape.vw
+        self.panels_for_rows = shape.panels_for_rows
         f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
         self.i64, self.i32 = i64, i32
-        self.v8 = v8 = ir.VectorType(f32, 8)
+        self.v8 = v8 = ir.VectorType(f32, vw)
         fp, self.v8p = f32.as_pointer(), v8.as_pointer()
         self.mod = ir.Module(name="tfrt_py_gemm")
-        self.fma = ir.Function(self.mod, ir.FunctionType(v8, [v8, v8, v8]), name="llvm.fma.v8f32")
-        self.fn = ir.Function(self.mod, ir.FunctionType(ir.VoidType(), [fp, i64, fp, fp, i64,
-                              i64, i64, i64, fp, i64]), name=SYMBOL)  # fmt: skip
+        self.fma = ir.Function(self.mod, ir.FunctionType(v8, [v8, v8, v8]),
+                               name=f"llvm.fma.v{vw}f32")  # fmt: skip
+        self.fn = ir.Function(self.mod, ir.FunctionType(i64, [fp, i64, fp, fp, i64, i64, i64,
+                              i64, fp, i64, i64]), name=SYMBOL)  # fmt: skip
         (self.x, self.ldx, self.w, self.y, self.ldy, self.m_rows, self.k_len, self.panels,
-         self.bias, flags) = self.fn.args  # fmt: skip
+         self.bias, flags, width) = self.fn.args  # fmt: skip
         for a in (self.x, self.w, self.y):
             a.add_attribute("noalias")
-        self.b = b = ir.IRBuilder(self.fn.append_basic_block("entry"))
-        self.zero = ir.Constant(v8, [0.0] * 8)
-        self.splat = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
+        entry = self.fn.append_basic_block("entry")
+        self.b = b = ir.IRBuilder(entry)
+        wrong, work = self.fn.append_basic_block("wrong_width"), self.fn.append_basic_block()
+        b.cbranch(b.icmp_signed("!=", width, self.c(nr)), wrong, work)
+        b.position_at_end(wrong)
+        b.ret(self.c(1))
+        b.position_at_end(work)
+        self.zero = ir.Constant(v8, [0.0] * vw)
+        self.splat = ir.Constant(ir.VectorType(i32, vw), [0] * vw)
         self.add_bias = b.icmp_unsigned("!=", b.and_(flags, self.c(1)), self.c(0))
         self.relu = b.icmp_unsigned("!=", b.and_(flags, self.c(2)), self.c(0))
-        self.none = ir.Constant(ir.VectorType(ir.IntType(1), 8), [0] * 8)
+        self.none = ir.Constant(ir.VectorType(ir.IntType(1), vw), [0] * vw)
 
     def c(self, v: int) -> Any:
         return self.ir.Constant(self.i64, v)
 
     def text(self) -> str:
-        """The whole function: full tiles, then the 1..MR-1 rows left."""
+        """The whole function: full tiles, then the 1..mr-1 rows left."""
         b, c = self.b, self.c
-        # whole tiles of MR rows (twelve accumulators each): per block of panels (in L2),
+        # whole tiles of mr rows (2 * mr accumulators each): per block of panels (in L2),
         # tile by tile (the tile's rows of x in L1), the block's panels
-        full = b.mul(b.sdiv(self.m_rows, c(MR)), c(MR))
-        per_block = b.sdiv(c(PANEL_BLOCK_BYTES), b.mul(self.k_len, c(4 * NR)))
+        full = b.mul(b.sdiv(self.m_rows, c(self.mr)), c(self.mr))
+        per_block = b.sdiv(c(PANEL_BLOCK_BYTES), b.mul(self.k_len, c(4 * self.nr)))
         per_block = b.select(b.icmp_signed("<", per_block, c(1)), c(1), per_block)
 
         def block(p0: Any) -> None:
@@ -124,27 +206,34 @@ class _PackedGemmIR:
             end = b.select(b.icmp_signed(">", end, self.panels), self.panels, end)
 
             def panels_of_tile(m0: Any) -> None:
-                self.loop(p0, end, 1, lambda p: self.tile(p, m0, MR, 1))
+                self.loop(p0, end, 1, lambda p: self.tile(p, m0, self.mr, 1))
 
-            self.loop(c(0), full, MR, panels_of_tile)
+            self.loop(c(0), full, self.mr, panels_of_tile)
 
         self.loop(c(0), self.panels, per_block, block, whole=False)
-        # the 1..MR-1 rows left: several panels per tile, so that a single row still keeps
+        # the 1..mr-1 rows left: several panels per tile, so that a single row still keeps
         # eight independent accumulators (an FMA's latency covered), then panel by panel
         done = self.fn.append_basic_block()
         sw = b.switch(b.sub(self.m_rows, full), done)
-        for rows in range(1, MR):
+        for rows in range(1, self.mr):
             blk = self.fn.append_basic_block()
             sw.add_case(c(rows), blk)
             b.position_at_end(blk)
-            npan = _PANELS_FOR_ROWS[rows]
+            npan = self.panels_for_rows[rows]
             start = b.mul(b.sdiv(self.panels, c(npan)), c(npan))
             self.loop(c(0), self.panels, npan, lambda p, r=rows, q=npan: self.tile(p, full, r, q))
             self.loop(start, self.panels, 1, lambda p, r=rows: self.tile(p, full, r, 1))
             b.branch(done)
         b.position_at_end(done)
-        b.ret_void()
-        return str(self.mod)
+        b.ret(c(0))
+        text = str(self.mod)
+        if self.vw * 32 > 256:
+            # LLVM splits vectors wider than a CPU's preferred width (256 bits on the
+            # AVX-512 Xeons) unless the function asks for the wide registers
+            head, rest = text.split(f'define i64 @"{SYMBOL}"(', 1)
+            args, body = rest.split(")", 1)
+            text = f'{head}define i64 @"{SYMBOL}"({args}) #0{body}' + _WIDE_ATTRS
+        return text
 
     def loop(self, start: Any, end: Any, step: Any, body: Any, *, whole: bool = True) -> None:
         """``for i in range(start, end - step + 1, step): body(i)`` at the builder (whole
@@ -210,8 +299,8 @@ class _PackedGemmIR:
         b, c, ir, v8 = self.b, self.c, self.ir, self.v8
         wv = []
         for j in range(npan):
-            at = b.add(b.mul(b.add(p, c(j)), b.mul(self.k_len, c(NR))), b.mul(k, c(NR)))
-            wv += [b.load(b.bitcast(b.gep(self.w, [b.add(at, c(8 * h))]), self.v8p), align=4)
+            at = b.add(b.mul(b.add(p, c(j)), b.mul(self.k_len, c(self.nr))), b.mul(k, c(self.nr)))
+            wv += [b.load(b.bitcast(b.gep(self.w, [b.add(at, c(self.vw * h))]), self.v8p), align=4)
                    for h in range(2)]  # fmt: skip
         new = []
         for r in range(rows):
@@ -226,9 +315,9 @@ class _PackedGemmIR:
         the interpreter's x < 0 ? 0 : x), and the stores of the tile's rows."""
         b, c, zero = self.b, self.c, self.zero
         for j in range(npan):
-            col = b.mul(b.add(p, c(j)), c(NR))
-            bv = [b.load(b.bitcast(b.gep(self.bias, [b.add(col, c(8 * h))]), self.v8p), align=4)
-                  for h in range(2)]  # fmt: skip
+            col = b.mul(b.add(p, c(j)), c(self.nr))
+            at = [b.gep(self.bias, [b.add(col, c(self.vw * h))]) for h in range(2)]
+            bv = [b.load(b.bitcast(a, self.v8p), align=4) for a in at]
             bv = [b.select(self.add_bias, v, zero) for v in bv]
             for r in range(rows):
                 row = b.add(b.mul(b.add(m0, c(r)), self.ldy), col)
@@ -236,32 +325,60 @@ class _PackedGemmIR:
                     v = b.fadd(acc[r * 2 * npan + 2 * j + h], bv[h])
                     neg = b.select(self.relu, b.fcmp_ordered("<", v, zero), self.none)
                     v = b.select(neg, zero, v)
-                    b.store(v, b.bitcast(b.gep(self.y, [b.add(row, c(8 * h))]), self.v8p),
+                    b.store(v, b.bitcast(b.gep(self.y, [b.add(row, c(self.vw * h))]), self.v8p),
                             align=4)  # fmt: skip
 
 
-def _build() -> str:
-    """The module text of ``tfrt_py_sgemm_p16`` (``_PackedGemmIR``)."""
-    return _PackedGemmIR().text()
+def _build(shape: TileShape = P16) -> str:
+    """The module text of the kernel built to ``shape`` (``_PackedGemmIR``)."""
+    return _PackedGemmIR(shape).text()
 
 
-def _register() -> Any:
+def _register() -> tuple[str, str, TileShape | None, Any, Any]:
     try:
         from numba import types
 
-        if not _host_ok():
-            return None
-        engine = compile_ir(_build(), host_cpu=True, opt=3)
+        path, why = _choose()
+        shape = _TILES.get(path)
+        if shape is None:
+            return path, why, None, None, None
+        engine = compile_ir(_build(shape), host_cpu=True, opt=3)
         add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
-    except Exception:  # noqa: BLE001 - no llvmlite JIT here: the lowering keeps gemm
-        return None
+    except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the lowering keeps gemm
+        return "portable", f"the kernel did not build: {type(e).__name__}", None, None, None
     p, n = types.uintp, types.int64
-    return types.ExternalFunction(SYMBOL, types.void(p, n, p, p, n, n, n, n, p, n)), engine
+    fn = types.ExternalFunction(SYMBOL, types.int64(p, n, p, p, n, n, n, n, p, n, n))
+    return path, why, shape, fn, engine
+
+
+def _decided() -> tuple[str, str, TileShape | None, Any, Any]:
+    with _LOCK:
+        if not _STATE:
+            _STATE.append(_register())
+        return _STATE[0]
 
 
 def state() -> bool | None:
     """``available()``'s answer once decided, None before (builds nothing)."""
-    return (_STATE[0] is not None) if _STATE else None
+    return (_STATE[0][2] is not None) if _STATE else None
+
+
+def chosen() -> tuple[str, str, TileShape | None] | None:
+    """(path, why, tile) once decided, None before (builds nothing)."""
+    return _STATE[0][:3] if _STATE else None
+
+
+def path() -> tuple[str, str]:
+    """(this process's kernel path, why it was chosen): ``avx512``, ``avx2``, ``neon`` or
+    ``portable``. Decides (and builds the kernel) on the first call."""
+    got = _decided()
+    return got[0], got[1]
+
+
+def tile() -> TileShape | None:
+    """The tile this process's kernel computes (so ``pack``'s panel width), None where
+    ``available()`` is False."""
+    return _decided()[2] if available() else None
 
 
 def available() -> bool:
@@ -270,34 +387,31 @@ def available() -> bool:
     NumPy's gemm)."""
     if switched_off(ENV_PACKED_GEMM):
         return False
-    with _LOCK:
-        if not _STATE:
-            _STATE.append(_register())
-        return _STATE[0] is not None
+    return _decided()[2] is not None
 
 
-_p16: Any = None  # the registered kernel as a numba ExternalFunction (set by kernel())
+_kern: Any = None  # the registered kernel as a numba ExternalFunction (set by kernel())
 _KERNEL: list[Any] = []  # [the compiled wrapper] once built
 
 
 def kernel() -> Any:
-    """The numba wrapper ``gemm_p16`` (signature below), built on first use; None where
-    ``available()`` is False. Thread-safe."""
-    global _p16
+    """The numba wrapper ``sgemm_packed`` (signature in the module docstring), built on
+    first use; None where ``available()`` is False. Thread-safe."""
+    global _kern
     if not available():
         return None
     with _LOCK:
         if not _KERNEL:
             from numba import njit
 
-            _p16 = _STATE[0][0]
-            _KERNEL.append(njit(nogil=True, cache=True)(_gemm_p16))
+            _kern = _STATE[0][3]
+            _KERNEL.append(njit(nogil=True, cache=True)(_sgemm_packed))
         return _KERNEL[0]
 
 
 def __getattr__(name: str) -> Any:
-    """``gemm_p16``: ``kernel()``, for ``from ...gemm_packed import gemm_p16``."""
-    if name == "gemm_p16":
+    """``sgemm_packed``: ``kernel()``, for ``from ...gemm_packed import sgemm_packed``."""
+    if name == "sgemm_packed":
         fn = kernel()
         if fn is not None:
             return fn
@@ -305,9 +419,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _gemm_p16(x, xo, ldx, w, wo, y, yo, ldy, m, k, n, b, bo, flags):
+def _sgemm_packed(x, xo, ldx, w, wo, y, yo, ldy, m, k, n, b, bo, flags, nr):
     px = x.ctypes.data + np.uint64(xo * 4)
     pw = w.ctypes.data + np.uint64(wo * 4)
     py = y.ctypes.data + np.uint64(yo * 4)
     pb = b.ctypes.data + np.uint64(bo * 4)
-    _p16(px, ldx, pw, py, ldy, m, k, n // 16, pb, flags)
+    if _kern(px, ldx, pw, py, ldy, m, k, n // nr, pb, flags, nr) != 0:
+        raise ValueError("weights packed for another panel width than this process's kernel")

@@ -55,7 +55,7 @@ class Fused(NamedTuple):
     kernel: Any  # the compiled _linear_par
     packed: np.ndarray | None = None
     packed_kernel: Any = None  # the compiled _linear_packed
-    flags: int = 0  # gemm_p16's epilogue: 1 bias, 2 ReLU
+    flags: int = 0  # sgemm_packed's epilogue: 1 bias, 2 ReLU
 
     def run(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, edges: Any) -> bool:
         """``out = act(a @ w + bias)`` in the row blocks between ``edges`` on native
@@ -69,7 +69,7 @@ class Fused(NamedTuple):
         if self.bias.shape[0] not in (0, w.shape[1]):
             return False
         pk = self.packed
-        if pk is not None and pk.shape[0] * 16 == w.shape[1] and pk.shape[1] == a.shape[1]:
+        if pk is not None and pk.shape[0] * pk.shape[2] == w.shape[1] and pk.shape[1] == a.shape[1]:
             b = self.bias if self.flags & 1 else self.packed
             act = 0 if self.flags & 2 else self.act
             self.packed_kernel(a, self.packed, out, b, edges, act, self.params, self.flags)
@@ -117,10 +117,11 @@ def _linear_packed(  # pragma: no cover - numba only
     readable for N floats either way), then ``act`` (0: none) per row."""
     k = a.shape[1]
     n = y.shape[1]
+    nr = wp.shape[2]
     neg0 = -p[2]
     for q in numba.prange(edges.shape[0] - 1):
         r0, r1 = edges[q], edges[q + 1]
-        gemm_p16(a, r0 * k, k, wp, 0, y, r0 * n, n, r1 - r0, k, n, b, 0, flags)
+        sgemm_packed(a, r0 * k, k, wp, 0, y, r0 * n, n, r1 - r0, k, n, b, 0, flags, nr)
         if act != 0:
             for r in range(r0, r1):
                 _act_row(y[r], neg0, act, p)
@@ -133,31 +134,39 @@ def _linear_serial(  # pragma: no cover - numba only
     row, without a parallel loop's launch."""
     m, k = a.shape
     n = y.shape[1]
-    gemm_p16(a, 0, k, wp, 0, y, 0, n, m, k, n, b, 0, flags)
+    sgemm_packed(a, 0, k, wp, 0, y, 0, n, m, k, n, b, 0, flags, wp.shape[2])
     if act != 0:
         neg0 = -p[2]
         for r in range(m):
             _act_row(y[r], neg0, act, p)
 
 
+def _panel_width() -> int:
+    """This process's packed panel width, 0 while there is no packed kernel."""
+    from .gemm_packed import tile
+
+    shape = tile()
+    return 0 if shape is None else shape.nr
+
+
 def _warm_serial(fn: Any) -> None:
-    t = np.float32
-    a, y, wp = np.ones((2, 3), t), np.zeros((2, 16), t), np.ones((1, 3, 16), t)
-    fn(a, wp, y, np.zeros(16, t), 8, np.zeros(35, t), 1)
+    t, nr = np.float32, _panel_width() or 16
+    a, y, wp = np.ones((2, 3), t), np.zeros((2, nr), t), np.ones((1, 3, nr), t)
+    fn(a, wp, y, np.zeros(nr, t), 8, np.zeros(35, t), 1)
 
 
 def _warm_packed(fn: Any) -> None:
-    t = np.float32
-    a, y = np.ones((2, 3), t), np.zeros((2, 16), t)
-    wp = np.ones((1, 3, 16), t)
-    fn(a, wp, y, np.zeros(16, t), np.array([0, 1, 2], np.int64), 8, np.zeros(35, t), 1)
+    t, nr = np.float32, _panel_width() or 16
+    a, y = np.ones((2, 3), t), np.zeros((2, nr), t)
+    wp = np.ones((1, 3, nr), t)
+    fn(a, wp, y, np.zeros(nr, t), np.array([0, 1, 2], np.int64), 8, np.zeros(35, t), 1)
 
 
 def _prepare_packed(module_globals: dict[str, Any]) -> bool:
     from .gemm_packed import kernel
 
     fn = kernel()  # None: no numba, or a host the kernel does not run on
-    module_globals["gemm_p16"] = fn
+    module_globals["sgemm_packed"] = fn
     return fn is not None
 
 
@@ -182,7 +191,7 @@ _LINEAR_SERIAL = Jitted(
     _linear_serial, _warm_serial, helpers=(_act_row,), fastmath=CONTRACT,
     prepare=_prepare_packed,
 )  # fmt: skip
-gemm_p16: Any = None  # set by _prepare_packed
+sgemm_packed: Any = None  # set by _prepare_packed
 
 
 class Serial(NamedTuple):
@@ -191,7 +200,7 @@ class Serial(NamedTuple):
     product's time), the bias and a ReLU applied as the rows are stored, another
     activation after (``conv_direct``'s ``_act_row``). Immutable; any thread."""
 
-    packed: np.ndarray  # (N/16, K, 16)
+    packed: np.ndarray  # (N/nr, K, nr): gemm_packed.pack's panels
     bias: np.ndarray  # (N,), or the packed weight when there is no bias (never read)
     act: int
     params: np.ndarray
@@ -204,7 +213,7 @@ class Serial(NamedTuple):
         pk = self.packed
         if (
             a.dtype != np.float32 or out.dtype != np.float32 or a.ndim != 2 or out.ndim != 2
-            or a.shape[1] != pk.shape[1] or out.shape[1] != pk.shape[0] * 16
+            or a.shape[1] != pk.shape[1] or out.shape[1] != pk.shape[0] * pk.shape[2]
             or out.shape[0] != a.shape[0]
             or not (a.flags.c_contiguous and out.flags.c_contiguous)
         ):  # fmt: skip
@@ -219,12 +228,12 @@ def serial_for(
     w: np.ndarray,
 ) -> Serial | None:
     """The one-thread packed product of a float32 Linear with weight ``w`` (a multiple of
-    16 columns, at most ``PACK_MAX_BYTES``: the packed copy is a second one), bias
-    ``bias`` (one value per column, or None) and ``steps`` (none, or one activation
-    reading only the product that ``conv_direct`` compiles); None otherwise, or without
-    numba or a host the kernel runs on."""
+    the packed panel width's columns, at most ``PACK_MAX_BYTES``: the packed copy is a
+    second one), bias ``bias`` (one value per column, or None) and ``steps`` (none, or one
+    activation reading only the product that ``conv_direct`` compiles); None otherwise,
+    or without numba or a host the kernel runs on."""
     f32 = np.dtype(np.float32)
-    if w.ndim != 2 or w.dtype != f32 or w.shape[1] % 16 or w.nbytes > PACK_MAX_BYTES:
+    if w.ndim != 2 or w.dtype != f32 or w.nbytes > PACK_MAX_BYTES:
         return None
     if len(steps) > 1 or (steps and tuple(steps[0][3]) != (-1,)):
         return None
@@ -234,11 +243,12 @@ def serial_for(
     if bias is not None and (bias.dtype != f32 or bias.size != w.shape[1]):
         return None
     kernel = _LINEAR_SERIAL.get()
-    if kernel is None:
+    nr = _panel_width()
+    if kernel is None or not nr or w.shape[1] % nr:
         return None
-    from .gemm_packed import pack16
+    from .gemm_packed import pack
 
-    packed = pack16(w)
+    packed = pack(w)
     relu = epi.act == "Relu"
     flags = (1 if bias is not None else 0) | (2 if relu else 0)
     b = np.ascontiguousarray(bias.reshape(-1)) if bias is not None else packed.reshape(-1)
@@ -277,8 +287,8 @@ def fused_for(
     one activation reading only the product) and whose bias is ``bias`` (one value per
     column, or None), or None when it has none (no bias and no step), another step, or
     numba's native threads are not there. With the constant weight ``w`` (float32, a
-    multiple of 16 columns, at most ``PACK_MAX_BYTES``) and the packed kernel available,
-    it carries ``w`` packed."""
+    multiple of the panel width's columns, at most ``PACK_MAX_BYTES``) and the packed
+    kernel available, it carries ``w`` packed."""
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         return None
@@ -295,14 +305,18 @@ def fused_for(
     b = np.zeros(0, dtype) if bias is None else np.ascontiguousarray(bias)
     act = ACTIVATIONS[epi.act]
     fused = Fused(b, act, _params(epi, dtype), kernel)
-    if w is None or w.ndim != 2 or w.shape[1] % 16 or dtype != np.dtype(np.float32):
+    if w is None or w.ndim != 2 or dtype != np.dtype(np.float32):
         return fused
     if w.nbytes > PACK_MAX_BYTES:  # the packed copy is a second one: bounded
         return fused
     packed_kernel = _LINEAR_PACKED.get()
     if packed_kernel is None:
         return fused
-    from .gemm_packed import pack16
+    from .gemm_packed import pack
+
+    nr = _panel_width()
+    if not nr or w.shape[1] % nr:
+        return fused
 
     flags = (1 if bias is not None else 0) | (2 if epi.act == "Relu" else 0)
-    return fused._replace(packed=pack16(w), packed_kernel=packed_kernel, flags=flags)
+    return fused._replace(packed=pack(w), packed_kernel=packed_kernel, flags=flags)

@@ -4,9 +4,9 @@ Attention's projection (``packed_product``).
 In signature bodies and rows mode's bodies (``cx.packed_products``) a constant float32 weight
 goes to the packed-panel kernel (``kernels/lib/gemm_packed``): packed into its panels here,
 at lowering, and stored in place of the matrix. Where that does not apply (another
-dtype, a width not a multiple of 16, a static body, a host without the kernel) the
-product is ``emit.matmul``'s (NumPy's gemm or loops). Runs at load on the loading
-thread.
+dtype, a width not a multiple of the kernel's panel width, a static body, a host without
+the kernel) the product is ``emit.matmul``'s (NumPy's gemm or loops). Runs at load on the
+loading thread.
 """
 
 from __future__ import annotations
@@ -23,41 +23,47 @@ from .source import literal
 
 __all__ = ["PACKED_IMPORT", "packed_product", "weights_product"]
 
-PACKED_IMPORT = "from tfrt_py.kernels.lib.gemm_packed import gemm_p16"
+PACKED_IMPORT = "from tfrt_py.kernels.lib.gemm_packed import sgemm_packed"
 
 
 @functools.cache
-def _kernel() -> bool:
+def _panel_width() -> int:
+    """This process's packed panel width; 0 without the kernel (no JIT for it here, or
+    the portable path)."""
     from ...kernels.lib import gemm_packed
 
-    return gemm_packed.kernel() is not None  # None: no JIT for it on this host
+    if gemm_packed.kernel() is None:
+        return 0
+    shape = gemm_packed.tile()
+    return 0 if shape is None else shape.nr
 
 
 def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int, int, int],
                    ldx: int, bias: Ref | None = None,
                    relu: bool = False) -> list[str] | None:  # fmt: skip
     """``y[m, :] = x[m, :] @ w [+ bias] [ReLU]`` (x rows ``ldx`` elements apart, y
-    contiguous (M, N), ``bias`` N floats) as one ``gemm_p16`` call over ``w`` packed, the
+    contiguous (M, N), ``bias`` N floats) as one ``sgemm_packed`` call over ``w`` packed, the
     epilogue applied as the kernel stores; None where that does not apply."""
     m, k, n = mkn
-    if not cx.packed_products or w is None or w.ndim != 2 or w.shape != (k, n) or n % 16:
+    if not cx.packed_products or w is None or w.ndim != 2 or w.shape != (k, n):
         return None
     if str(w.dtype) != "float32" or x.dtype != w.dtype or y.dtype != w.dtype:
         return None
     if bias is not None and (bias.size != n or bias.dtype != w.dtype):
         return None
-    if not _kernel():
+    nr = _panel_width()
+    if not nr or n % nr:
         return None
-    from ...kernels.lib.gemm_packed import pack16
+    from ...kernels.lib.gemm_packed import pack
 
-    panels = cx.put_const(pack16(w))
+    panels = cx.put_const(pack(w))
     cx.imports.add(PACKED_IMPORT)
     K, N = literal(k), literal(n)
     b = bias if bias is not None else panels  # read without flag 1, never used
     flags = (1 if bias is not None else 0) | (2 if relu else 0)
-    return [f"gemm_p16({x.buf}, {x.off}, {literal(ldx)}, {panels.buf}, {panels.off}, "
+    return [f"sgemm_packed({x.buf}, {x.off}, {literal(ldx)}, {panels.buf}, {panels.off}, "
             f"{y.buf}, {y.off}, {N}, {literal(m)}, {K}, {N}, {b.buf}, {b.off}, "
-            f"{literal(flags)})"]  # fmt: skip
+            f"{literal(flags)}, {literal(nr)})"]  # fmt: skip
 
 
 def weights_product(cx: Any, a: Ref, bv: Value | None, y: Ref, trans_a: bool,
