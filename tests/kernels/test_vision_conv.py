@@ -240,10 +240,62 @@ def test_3x3_stride_1_depthwise_reads_the_input_directly(
         assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
 
 
+# (x shape, channel multiplier) at stride 2: even and odd heights and widths (an odd one
+# has a last output row/column with two taps), MobileNet's 14x14 and 28x28, a batch, a
+# channel multiplier of 2; planes of at least DEPTHWISE_MIN_WORK / 9 output pixels.
+DW3S2_CASES = [
+    ((1, 8, 14, 14), 1),
+    ((1, 4, 15, 17), 1),
+    ((1, 4, 28, 28), 1),
+    ((2, 6, 13, 16), 1),
+    ((1, 16, 14, 15), 2),
+    ((1, 3, 39, 39), 1),
+]
+
+
+@pytest.mark.parametrize("act", ["none", "Relu", "Clip", "SiLU"])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize(("x_shape", "mult"), DW3S2_CASES)
+def test_3x3_stride_2_depthwise_reads_the_input_directly(
+    depthwise_plans: list[Any], x_shape: Any, mult: int, residual: bool, act: str
+) -> None:
+    """The stride-2 kernel's inside columns, first and last rows and columns, and
+    epilogue against onnxruntime; an infinity and a NaN next to the padding (a padded tap
+    adds nothing, no 0 * inf); and the plan took that kernel wherever numba is."""
+    from tfrt_py.kernels.nn.conv_depthwise3s2 import DEPTHWISE3S2
+
+    n, c, h, wd = x_shape
+    x, w, b = _r(*x_shape), _r(c * mult, 1, 3, 3), _r(c * mult)
+    x[0, 0, 0, 0], x[0, 0, h - 1, wd - 1], x[0, c - 1, 0, wd // 2] = np.inf, np.nan, -np.inf
+    feeds, inits = {"x": x}, {"w": w, "b": b}
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[1, 1, 1, 1],
+                            strides=[2, 2])  # fmt: skip
+    nodes, last = [conv], "y"
+    oh, ow = (h - 1) // 2 + 1, (wd - 1) // 2 + 1
+    if residual:
+        feeds["r"] = _r(n, c * mult, oh, ow)
+        nodes.append(helper.make_node("Add", [last, "r"], ["s"]))
+        last = "s"
+    if act == "Clip":
+        inits["lo"], inits["hi"] = np.array(0.0, np.float32), np.array(6.0, np.float32)
+        nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["z"]))
+    elif act == "SiLU":
+        nodes += [helper.make_node("Sigmoid", [last], ["g"]),
+                  helper.make_node("Mul", [last, "g"], ["z"])]  # fmt: skip
+    elif act != "none":
+        nodes.append(helper.make_node(act, [last], ["z"]))
+    out = "z" if act != "none" else last
+    _check(_model(nodes, feeds, [out], inits), feeds)
+    compiled = DEPTHWISE3S2.get()
+    if compiled is not None:
+        assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
+
+
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "attrs"),
     [
-        ((1, 4, 16, 16), (4, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+        ((1, 4, 48, 48), (4, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # big
+        ((1, 4, 32, 32), (4, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [3, 3]}),
         ((1, 4, 16, 16), (4, 1, 3, 3), {"pads": [1, 0, 1, 1]}),
         ((1, 4, 16, 16), (4, 1, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
         ((1, 4, 16, 16), (4, 1, 5, 5), {"pads": [2, 2, 2, 2]}),
@@ -253,16 +305,17 @@ def test_3x3_stride_1_depthwise_reads_the_input_directly(
 def test_other_depthwise_geometries_keep_the_padded_grid(
     depthwise_plans: list[Any], x_shape: Any, w_shape: Any, attrs: dict[str, Any]
 ) -> None:
-    """Strides, other pads, dilations, other kernels and planes under 3x3 take
-    ``conv_direct._depthwise2d``."""
+    """Strides other than 1 (and 2 up to ``S2_DIRECT_MAX_PIXELS`` output pixels), other
+    pads, dilations, other kernels and planes under 3x3 take ``conv_direct._depthwise2d``."""
     from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3
+    from tfrt_py.kernels.nn.conv_depthwise3s2 import DEPTHWISE3S2
 
     x, w, b = _r(*x_shape), _r(*w_shape), _r(w_shape[0])
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=x_shape[1], **attrs)
     _check(_model([node], {"x": x}, ["y"], {"w": w, "b": b}), {"x": x}, optimize=False)
-    compiled = DEPTHWISE3.get()
-    if compiled is not None:
-        assert depthwise_plans and all(p.fn is not compiled for p in depthwise_plans)
+    compiled = {DEPTHWISE3.get(), DEPTHWISE3S2.get()} - {None}
+    if compiled:
+        assert depthwise_plans and all(p.fn not in compiled for p in depthwise_plans)
 
 
 # -- grouped convs with few channels per group: the direct kernel --------------------------

@@ -5,6 +5,8 @@ threads.
 The compiled loop itself (``_depthwise2d``, polyphase on an extended grid, epilogue
 included) lives in ``conv_direct`` beside the other loops that call ``_act_row`` (numba's
 disk cache keys a function by its own file); its table, ``conv_common.depthwise_plan``.
+3x3 convs with one pixel of padding at stride 1 or 2 read the input directly instead
+(``conv_depthwise3``, ``conv_depthwise3s2``).
 
 ``depthwise_conv_fn`` is to ``conv`` what ``conv_blocked.blocked_conv_fn`` is: ``fn(x, b,
 r, out)`` or None. Thread-safe: plans are immutable; state is per-thread scratch.
@@ -19,7 +21,7 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
-from . import conv_depthwise3
+from . import conv_depthwise3, conv_depthwise3s2
 from .conv_common import ConvNode, bias_vector, conv_geometry, depthwise_plan, scratch
 from .conv_direct import (
     _DEPTHWISE,
@@ -38,6 +40,7 @@ __all__ = [
     "DEPTHWISE_NATIVE_SPLIT_MIN_MACS",
     "DEPTHWISE_SPLIT_MIN_MACS",
     "GROUPED_DIRECT_MAX_CHANNELS",
+    "S2_DIRECT_MAX_PIXELS",
     "DepthwisePlan",
     "depthwise_conv_fn",
     "plan_depthwise",
@@ -56,6 +59,13 @@ DEPTHWISE_SPLIT_MIN_MACS = 1 << 20
 #: split, no GIL): 576x14x14 at stride 2 (~0.4M, 118 µs on one thread) took 77 µs so.
 DEPTHWISE_NATIVE_SPLIT_MIN_MACS = 1 << 17
 
+
+#: A 3x3 stride-2 depthwise conv reads its input directly (``conv_depthwise3s2``) up to
+#: this many output pixels a channel; bigger planes keep the polyphase grid, whose loops
+#: vectorize (stride-2 taps do not). 2-core AVX-512 Xeon, one process, interleaved, µs:
+#: 960x14x14 247 against 401, 576x14x14 157/240, 192x28x28 124/145, 32x40x40 40/43; but
+#: 144x56x56 407/354 and 96x112x112 915/710.
+S2_DIRECT_MAX_PIXELS = 400
 
 _NO_TABLE = np.zeros(1, np.int64)  # conv_depthwise3's kernels take no table
 
@@ -95,12 +105,17 @@ def plan_depthwise(
         return None
     n, cg = x_shape[0], w_shape[1]
     blocks = max(n, x_shape[1] // cg) >= 2
-    fn3 = conv_depthwise3.DEPTHWISE3.get()
-    if fn3 is not None and conv_depthwise3.fits(x_shape, w_shape, strides, pads, dilations):
-        # 3x3, stride 1, one pixel of padding: straight from the input, no scratch
+    direct = None  # 3x3, one pixel of padding: straight from the input, no scratch
+    if conv_depthwise3.fits(x_shape, w_shape, strides, pads, dilations):
+        direct = conv_depthwise3.DEPTHWISE3, conv_depthwise3.DEPTHWISE3_PAR
+    elif (conv_depthwise3s2.fits(x_shape, w_shape, strides, pads, dilations)
+          and out_shape[2] * out_shape[3] <= S2_DIRECT_MAX_PIXELS):  # fmt: skip
+        direct = conv_depthwise3s2.DEPTHWISE3S2, conv_depthwise3s2.DEPTHWISE3S2_PAR
+    fn3 = None if direct is None else direct[0].get()
+    if direct is not None and fn3 is not None:
         fn, tab, xp_len, acc_len = fn3, _NO_TABLE, 0, 0
-        work = x_shape[2] * x_shape[3] * 9 * w_shape[0] * n
-        par_kernel = conv_depthwise3.DEPTHWISE3_PAR
+        work = out_shape[2] * out_shape[3] * 9 * w_shape[0] * n
+        par_kernel = direct[1]
     else:
         tab, xp_len, acc_len = depthwise_plan(
             x_shape[2:], w_shape[2:], out_shape[2:], strides, pads[:2], dilations
