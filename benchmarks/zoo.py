@@ -87,6 +87,16 @@ def _assert_same(got: dict, saved: np.lib.npyio.NpzFile, batch: int) -> None:
             np.testing.assert_array_equal(val.astype(want.dtype), want, err_msg=name)
 
 
+def _feeds(saved: np.lib.npyio.NpzFile, batch: int) -> dict[str, np.ndarray]:
+    """The saved feeds at ``batch``: ``X``, or every named input (strings as object
+    arrays, as a user passes them)."""
+    named = {k[3 : -len(f"_{batch}")]: saved[k] for k in saved.files
+             if k.startswith("in:") and k.endswith(f"_{batch}")}  # fmt: skip
+    if not named:
+        return {"X": saved[f"X_{batch}"]}
+    return {k: v.astype(object) if v.dtype.kind == "U" else v for k, v in named.items()}
+
+
 def bench(name: str, source: object, feeds_by_batch: dict, seconds: float,
           saved: object = None, spinning: bool = False) -> list[dict]:  # fmt: skip
     import onnxruntime as ort
@@ -144,7 +154,7 @@ def main() -> None:
             continue
         name, path = f[:-5], os.path.join(args.zoo, f)
         saved = np.load(os.path.join(args.zoo, name + ".npz"))
-        feeds = {b: {"X": saved[f"X_{b}"]} for b in (1, 1000)}
+        feeds = {b: _feeds(saved, b) for b in (1, 1000)}
         rows += bench(name, path, feeds, args.seconds, saved, args.ort_spinning)
         if not args.no_load_times:
             loads[name] = _load_times(path)

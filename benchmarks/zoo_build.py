@@ -7,9 +7,11 @@ downloaded.
 Each model is trained on random data (``make_classification`` / ``make_regression``,
 fixed seeds) and exported as its exporter does by default: scikit-learn via skl2onnx
 (RandomForest, HistGradientBoosting, SVC(probability=True), StandardScaler +
-LogisticRegression, KNeighbors), LightGBM and XGBoost via onnxmltools. Every input has a
+LogisticRegression, KNeighbors, the wider list of issue 39, and ``zoo_text``'s pipelines
+over string inputs), LightGBM and XGBoost via onnxmltools. Every input has a
 dynamic batch dim. For each model the script writes ``NAME.onnx`` and ``NAME.npz``: the
-feeds at batch 1 and 1000 and onnxruntime's outputs for them (``benchmarks/zoo.py`` checks
+feeds at batch 1 and 1000 (``X_<batch>``, or ``in:<input>_<batch>`` for models with named
+inputs) and onnxruntime's outputs for them (``benchmarks/zoo.py`` checks
 tfrt_py against them). ``--small`` makes tiny versions (a few trees, a few support
 vectors) and a few variants (string labels, binary, regressors) for the tests, a few
 hundred KB in all, so ``make test`` needs none of the exporters.
@@ -192,6 +194,10 @@ def zoo(small: bool) -> dict[str, Callable[[], Any]]:
     models.update(wider())
     if small:
         models.update(_variants(x, y, f))
+    else:
+        from zoo_text import models as text_models
+
+        models.update(text_models())
     return models
 
 
@@ -274,10 +280,17 @@ def main() -> None:
         sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
         n_in = sess.get_inputs()[0].shape[1]
         saved: dict[str, np.ndarray] = {}
+        feeds_of = getattr(models[name], "feeds", None)  # named inputs (zoo_text)
         for batch in (1, 1000) if not args.small else (1, 37):
-            xb = rng.standard_normal((batch, n_in)).astype(np.float32)
-            saved[f"X_{batch}"] = xb
-            for out, val in zip(sess.get_outputs(), sess.run(None, {"X": xb})):
+            if feeds_of is None:
+                feeds = {"X": rng.standard_normal((batch, n_in)).astype(np.float32)}
+                saved[f"X_{batch}"] = feeds["X"]
+            else:
+                feeds = feeds_of(rng, batch)
+                saved.update({f"in:{k}_{batch}": v for k, v in feeds.items()})
+                feeds = {k: v.astype(object) if v.dtype.kind == "U" else v
+                         for k, v in feeds.items()}  # fmt: skip
+            for out, val in zip(sess.get_outputs(), sess.run(None, feeds)):
                 if isinstance(val, list):  # ZipMap: rows of {label: probability}
                     keys = list(val[0])
                     saved[f"{out.name}_{batch}"] = np.array([[r[k] for k in keys] for r in val])

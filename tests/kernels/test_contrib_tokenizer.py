@@ -204,3 +204,38 @@ def test_tokenexp_scan_equals_finditer_when_no_match_is_too_short(pattern: str) 
         s = "".join(rng.choice(list("abc _-é"), int(rng.integers(0, 12))))
         assert [m.group() for m in rx.finditer(s)] == _match_tokens(s, rx, 1), s
     assert min_match_width(re.compile("a*")) == 0 and min_match_width(re.compile("\\b")) == 0
+
+
+def _megabyte_rows() -> np.ndarray:
+    """1 MB strings: the corpus's words, one word with no separator in it, non-ASCII
+    text, separators only; and an empty string."""
+    words = " ".join(str(r[0]) for r in _CORPUS).split()
+    rng = np.random.default_rng(0)
+    mb = 1 << 20
+    text = " ".join(rng.choice(words, mb // 3))[:mb]
+    return np.array(
+        [[text], ["ka" * (mb // 2)], [("grün ßü ünïcödé, " * (mb // 17))[:mb]], [" ,." * (mb // 3)],
+         [""]], dtype=object,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("vectorizer", "options"), _vectorizers())
+def test_megabyte_strings_match_onnxruntime(vectorizer: Any, options: Any) -> None:
+    """A 1 MB string is tokenized and counted as onnxruntime does (work linear in its
+    length: one regular-expression scan and a dict lookup per token), and the model stays
+    usable after it."""
+    import onnxruntime as ort
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import StringTensorType
+
+    vectorizer.fit(_CORPUS.ravel())
+    onx = convert_sklearn(vectorizer, initial_types=[("input", StringTensorType([None, 1]))],
+                          options=options, target_opset=17)  # fmt: skip
+    sess = ort.InferenceSession(onx.SerializeToString(), providers=["CPUExecutionProvider"])
+    model = tfrt_py.load(onx, executor="sync")
+    rows = _megabyte_rows()
+    (want,) = sess.run(None, {"input": rows})
+    (got,) = model.run({"input": rows}).values()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    (small,) = model.run({"input": _CORPUS[:2]}).values()
+    np.testing.assert_allclose(small, sess.run(None, {"input": _CORPUS[:2]})[0], rtol=1e-5)
