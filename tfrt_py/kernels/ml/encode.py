@@ -12,6 +12,7 @@ CastMap a (1, n) tensor of the map's values ordered by key.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -179,22 +180,26 @@ def _one_hot_encoder(ctx: KernelContext) -> ComputeFn:
     return one_hot_encoder
 
 
-def _one_hot_strings(get: Callable[[Any], Any], n: int, strict: bool) -> ComputeFn:
-    """OneHotEncoder over string categories: a 1 set per known value into zeros (a
-    dict lookup per element; NumPy's compare against every category made a row cost
-    ~7 µs)."""
+def _one_hot_strings(get: Callable[..., Any], n: int, strict: bool) -> ComputeFn:
+    """OneHotEncoder over string categories: each element's index by one dict lookup
+    (``map`` over ``dict.get``, ``n`` for an unknown value: no Python loop per element;
+    NumPy's compare against every category made a row cost ~7 µs), then one scatter of
+    ones into zeros."""
 
     def one_hot_strings(x: np.ndarray) -> np.ndarray:
         if not _is_str(x):
             raise TypeError(f"OneHotEncoder categories do not match input dtype {x.dtype}")
         keys = x.reshape(-1).tolist()
+        idx = np.fromiter(map(get, keys, repeat(n)), np.intp, len(keys))
+        known = idx < n
+        if strict and not known.all():
+            raise ValueError("OneHotEncoder: an input value is not among the categories")
         out = np.zeros((len(keys), n), np.float32)
-        for i, k in enumerate(keys):
-            j = get(k)
-            if j is not None:
-                out[i, j] = 1.0
-            elif strict:
-                raise ValueError("OneHotEncoder: an input value is not among the categories")
+        rows = np.arange(len(keys))
+        if known.all():
+            out[rows, idx] = 1.0
+        else:
+            out[rows[known], idx[known]] = 1.0
         return out.reshape(*x.shape, n)
 
     return one_hot_strings
