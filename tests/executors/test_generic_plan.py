@@ -196,6 +196,22 @@ def test_instances_are_bounded_and_made_again(monkeypatch: pytest.MonkeyPatch) -
     assert len(model.runtime._generic.insts) <= 3  # type: ignore[attr-defined]
 
 
+def test_a_full_instance_table_forgets_its_older_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the table is full the oldest signatures go, the newest stay served (a full
+    clear made every signature of current traffic new again)."""
+    monkeypatch.setattr(plan_generic, "MAX_INSTANCES", 4)
+    g = _attention_graph()
+    model = tfrt_py.load(g, executor="sync")
+    generic = model.runtime._generic  # type: ignore[attr-defined]
+    for seq in range(2, 7):  # five signatures through a table of four
+        model.run(_feeds(1, seq, seed=seq))
+    kept = sorted(shape[0][1] for shape in generic.insts)  # the x feeds' seq
+    assert kept == [4, 5, 6], kept
+    made = generic.made
+    model.run(_feeds(1, 5, seed=1))  # still served: no instance made again
+    assert generic.made == made
+
+
 def test_a_kernel_error_on_the_generic_plan_names_the_node() -> None:
     b = GraphBuilder("gather")
     x = b.input("x", F32, ("n", 4))

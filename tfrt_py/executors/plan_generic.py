@@ -46,7 +46,8 @@ from .program import Program
 
 __all__ = ["MAX_INSTANCES", "Arena", "GenericPlan", "Instance"]
 
-#: Instances kept (a dict cleared when full: a new signature costs microseconds).
+#: Instances kept (when full, the older half is forgotten: a new signature costs a few
+#: hundred microseconds).
 MAX_INSTANCES = 4096
 #: Bytes of baked values the kept instances may hold together (position tables per length).
 MAX_INSTANCE_BYTES = 64 << 20
@@ -70,6 +71,10 @@ class Instance:
         self.nbytes = nbytes
         self.rows = rows
         self.offsets = offsets
+
+
+def _baked_bytes(inst: Instance) -> int:
+    return sum(c.nbytes for c in inst.consts if isinstance(c, np.ndarray))
 
 
 class Arena:
@@ -302,18 +307,24 @@ class GenericPlan:
 
     def publish(self, inst: Instance) -> None:
         """Serve ``inst``'s key from the fast entry (its bucket is verified)."""
-        size = sum(c.nbytes for c in inst.consts if isinstance(c, np.ndarray))
+        size = _baked_bytes(inst)
         if len(self.insts) >= MAX_INSTANCES or self._held + size > MAX_INSTANCE_BYTES:
-            self.insts = self._reset()
+            self._evict_older_half()
         self._held += size
         self.insts[inst.key] = inst
 
-    def _reset(self) -> dict[Any, Instance]:
-        """Forget every instance (they are cheap to make again); the generated code holds
-        this very dict, so it is cleared in place."""
-        self.insts.clear()
-        self._held = 0
-        return self.insts
+    def _evict_older_half(self) -> None:
+        """Forget the older half of the instances (first published first; they are cheap
+        to make again), so the signatures of current traffic stay served; the generated
+        code holds this very dict, so it is changed in place. Runs on a calling thread: a
+        key another thread removes first is skipped."""
+        old = list(self.insts)[: max(1, len(self.insts) // 2)]
+        for key in old:
+            gone = self.insts.pop(key, None)
+            if gone is not None:
+                self._held -= _baked_bytes(gone)
+        if not self.insts:
+            self._held = 0
 
     def _nbytes(self, s: int, shape_of: dict[int, tuple[int, ...]]) -> int:
         return math.prod(shape_of[s]) * self._dtypes[s].itemsize
