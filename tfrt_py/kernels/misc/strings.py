@@ -99,6 +99,11 @@ def _regex_full_match(ctx: KernelContext) -> ComputeFn:
     return regex_full_match
 
 
+#: Up to this many tokens TfIdfVectorizer counts in Python (a scatter-add's NumPy calls
+#: cost several microseconds).
+_FEW_TOKENS = 256
+
+
 def _tfidf_vectorizer(ctx: KernelContext) -> ComputeFn:
     """TfIdfVectorizer-9: ``X [C] or [B, C] -> Y float32 [out] or [B, out]``."""
     mode = _str(ctx.attr("mode"))
@@ -157,7 +162,12 @@ def _tfidf_vectorizer(ctx: KernelContext) -> ComputeFn:
     def tfidf_vectorizer(X: np.ndarray) -> np.ndarray:
         rows = X.reshape(1, -1) if X.ndim < 2 else X
         freq = np.zeros((rows.shape[0], out_size), dtype=np.float32)
-        if table and rows.size and lengths == [1]:
+        if table and rows.size <= _FEW_TOKENS:  # a few tokens: NumPy's calls cost more
+            for r, row in enumerate(rows.tolist()):
+                counts = freq[r]
+                for col in row_columns(row):
+                    counts[col] += 1
+        elif table and rows.size and lengths == [1]:
             # unigrams only: every token's column by one dict lookup, then one scatter-add
             # (an item update per token from Python cost ~150 ns each)
             tokens = rows.reshape(-1).tolist()
