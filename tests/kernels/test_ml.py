@@ -167,9 +167,10 @@ def _one_node(op: str, x_type: int, **attrs: Any) -> onnx.ModelProto:
     )
 
 
-@pytest.mark.parametrize("shape", [(5,), (5, 2), (1, 1)])
+@pytest.mark.parametrize("shape", [(5,), (5, 2), (1, 1), (40, 3)])
 def test_one_hot_encoder_string_edges_match_onnxruntime(shape: tuple[int, ...]) -> None:
-    """Empty strings, non-ASCII text and values unseen at fit time, in every input rank."""
+    """Empty strings, non-ASCII text and values unseen at fit time, in every input rank,
+    a few elements (a Python loop) and many (one map over the lookup, one scatter)."""
     model = _one_node("OneHotEncoder", TensorProto.STRING, zeros=1,
                       cats_strings=["", "café", "red", "日本"])  # fmt: skip
     pool = np.array(["", "café", "red", "日本", "unseen", "Red", " red"], dtype=object)
@@ -185,6 +186,10 @@ def test_one_hot_encoder_strict_and_odd_elements() -> None:
         strict(np.array(["a", "zz"], dtype=object))
     loose = _build("OneHotEncoder", {"cats_strings": ["a", "b"]}, 1)
     np.testing.assert_array_equal(loose(np.array([None, "a"], dtype=object)), [[0, 0], [1, 0]])
+    many = np.array([None, "a", "b", "zz"] * 10, dtype=object)  # the vectorized form
+    np.testing.assert_array_equal(loose(many), [[0, 0], [1, 0], [0, 1], [0, 0]] * 10)
+    with pytest.raises(ValueError, match="not among the categories"):
+        strict(many)
     with pytest.raises(TypeError):
         loose(np.array([1.0, 2.0], np.float32))
 
