@@ -66,7 +66,7 @@ def _ptr(a: np.ndarray, off: int) -> int:
     return a.ctypes.data + 4 * off
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 7, 8, 9, 12, 13, 16, 37])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 7, 8, 9, 13, 37])
 @pytest.mark.parametrize(("k", "n"), [(1, 32), (3, 64), (128, 96), (1024, 160), (2049, 64)])
 @pytest.mark.parametrize("flags", [0, 1, 2, 3], ids=["plain", "bias", "relu", "bias-relu"])
 def test_every_path_matches_numpy(
@@ -210,7 +210,8 @@ print(json.dumps({"path": path, "why": why, "line": line, "err": out}))
 """
 
 
-@pytest.mark.parametrize("asked", ["avx512", "avx2", "neon", "portable", "sse9"])
+@pytest.mark.slow  # a fresh process per path (~8 s each)
+@pytest.mark.parametrize("asked", [*HOST, "sse9"])  # each path the host has; one it lacks
 def test_tfrt_py_isa_forces_a_path_the_host_has(asked: str) -> None:
     """``TFRT_PY_ISA`` picks the path in a fresh process when the host has it (the models'
     products then run on it and agree with NumPy, and ``describe()``'s features line names
