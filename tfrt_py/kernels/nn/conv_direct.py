@@ -465,23 +465,27 @@ def _numpy_act(y: np.ndarray, epi: Epilogue, fns: tuple[Any, Any] = (None, None)
     ):  # fmt: skip
         sig(y.reshape(-1), act == "SiLU")
     elif act == "Sigmoid":
-        np.negative(y, out=y)
-        np.exp(y, out=y)
-        y += t(1)
-        np.reciprocal(y, out=y)
+        with np.errstate(over="ignore"):  # exp(-y) -> inf: sigmoid 0, silently as ORT
+            np.negative(y, out=y)
+            np.exp(y, out=y)
+            y += t(1)
+            np.reciprocal(y, out=y)
     elif act == "SiLU":  # y * sigmoid(y) = y / (1 + exp(-y))
-        s = np.negative(y, out=scratch(1, y.shape, y.dtype))
-        np.exp(s, out=s)
-        s += t(1)
-        np.divide(y, s, out=y)
+        # exp(-y) -> inf gives -0 (or NaN at -inf: -inf * 0), silently as onnxruntime
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = np.negative(y, out=scratch(1, y.shape, y.dtype))
+            np.exp(s, out=s)
+            s += t(1)
+            np.divide(y, s, out=y)
     elif act == "LeakyRelu":
         np.multiply(y, np.where(y < 0, t(epi.alpha), t(1)), out=y)
     elif act == "Gelu":  # the Gelu kernel's operations: (erf(y / sqrt 2) + 1) * y * 0.5
         if y.dtype != np.float32 or gelu is None or gelu(y, y) is None:
-            g = np.multiply(y, t(1.0 / math.sqrt(2.0)), out=scratch(1, y.shape, y.dtype))
-            erf(g, out=g)
-            g += t(1)
-            np.multiply(g, y, out=y)
-            y *= t(0.5)
+            with np.errstate(invalid="ignore"):  # -inf: 0 * -inf is NaN, as onnxruntime's
+                g = np.multiply(y, t(1.0 / math.sqrt(2.0)), out=scratch(1, y.shape, y.dtype))
+                erf(g, out=g)
+                g += t(1)
+                np.multiply(g, y, out=y)
+                y *= t(0.5)
     else:
         raise ValueError(f"unknown activation {act!r}")
