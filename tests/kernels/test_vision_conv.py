@@ -205,24 +205,21 @@ def depthwise_plans(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return record_calls(monkeypatch, conv_depthwise, "run_depthwise")
 
 
-@pytest.mark.parametrize("act", ["none", "Relu", "Clip", "HardSwish", "SiLU"])
-@pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize(("x_shape", "mult"), DW3_CASES)
-def test_3x3_stride_1_depthwise_reads_the_input_directly(
-    depthwise_plans: list[Any], x_shape: Any, mult: int, residual: bool, act: str
-) -> None:
-    """Every output of the kernel's four steps (inner rows, first and last row, first and
-    last column, epilogue) against onnxruntime, with each activation and a residual; and
-    the plan took that kernel (not the padded-grid one) wherever numba is."""
-    from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3
-
-    n, c, h, wd = x_shape
-    x, w, b = _r(*x_shape), _r(c * mult, 1, 3, 3), _r(c * mult)
+def _depthwise3x3(
+    x: np.ndarray, mult: int, stride: int, residual: bool, act: str
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A 3x3 depthwise conv with one pixel of padding at ``stride`` over ``x`` (channel
+    multiplier ``mult``), then a residual Add and an activation (``none``, an op name,
+    ``Clip`` to [0, 6] or ``SiLU`` as Sigmoid and Mul): the model and its feeds."""
+    n, c, h, wd = x.shape
+    w, b = _r(c * mult, 1, 3, 3), _r(c * mult)
     feeds, inits = {"x": x}, {"w": w, "b": b}
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[1, 1, 1, 1])]
-    last = "y"
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[1, 1, 1, 1],
+                            strides=[stride, stride])  # fmt: skip
+    nodes, last = [conv], "y"
     if residual:
-        feeds["r"] = _r(n, c * mult, h, wd)
+        oh, ow = (h - 1) // stride + 1, (wd - 1) // stride + 1
+        feeds["r"] = _r(n, c * mult, oh, ow)
         nodes.append(helper.make_node("Add", [last, "r"], ["s"]))
         last = "s"
     if act == "Clip":
@@ -234,7 +231,21 @@ def test_3x3_stride_1_depthwise_reads_the_input_directly(
     elif act != "none":
         nodes.append(helper.make_node(act, [last], ["z"]))
     out = "z" if act != "none" else last
-    _check(_model(nodes, feeds, [out], inits), feeds)
+    return _model(nodes, feeds, [out], inits), feeds
+
+
+@pytest.mark.parametrize("act", ["none", "Relu", "Clip", "HardSwish", "SiLU"])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize(("x_shape", "mult"), DW3_CASES)
+def test_3x3_stride_1_depthwise_reads_the_input_directly(
+    depthwise_plans: list[Any], x_shape: Any, mult: int, residual: bool, act: str
+) -> None:
+    """Every output of the kernel's four steps (inner rows, first and last row, first and
+    last column, epilogue) against onnxruntime, with each activation and a residual; and
+    the plan took that kernel (not the padded-grid one) wherever numba is."""
+    from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3
+
+    _check(*_depthwise3x3(_r(*x_shape), mult, 1, residual, act))
     compiled = DEPTHWISE3.get()
     if compiled is not None:
         assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
@@ -262,30 +273,12 @@ def test_3x3_stride_2_depthwise_reads_the_input_directly(
     """The stride-2 kernel's inside columns, first and last rows and columns, and
     epilogue against onnxruntime; an infinity and a NaN next to the padding (a padded tap
     adds nothing, no 0 * inf); and the plan took that kernel wherever numba is."""
-    from tfrt_py.kernels.nn.conv_depthwise3s2 import DEPTHWISE3S2
+    from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3S2
 
-    n, c, h, wd = x_shape
-    x, w, b = _r(*x_shape), _r(c * mult, 1, 3, 3), _r(c * mult)
+    _, c, h, wd = x_shape
+    x = _r(*x_shape)
     x[0, 0, 0, 0], x[0, 0, h - 1, wd - 1], x[0, c - 1, 0, wd // 2] = np.inf, np.nan, -np.inf
-    feeds, inits = {"x": x}, {"w": w, "b": b}
-    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[1, 1, 1, 1],
-                            strides=[2, 2])  # fmt: skip
-    nodes, last = [conv], "y"
-    oh, ow = (h - 1) // 2 + 1, (wd - 1) // 2 + 1
-    if residual:
-        feeds["r"] = _r(n, c * mult, oh, ow)
-        nodes.append(helper.make_node("Add", [last, "r"], ["s"]))
-        last = "s"
-    if act == "Clip":
-        inits["lo"], inits["hi"] = np.array(0.0, np.float32), np.array(6.0, np.float32)
-        nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["z"]))
-    elif act == "SiLU":
-        nodes += [helper.make_node("Sigmoid", [last], ["g"]),
-                  helper.make_node("Mul", [last, "g"], ["z"])]  # fmt: skip
-    elif act != "none":
-        nodes.append(helper.make_node(act, [last], ["z"]))
-    out = "z" if act != "none" else last
-    _check(_model(nodes, feeds, [out], inits), feeds)
+    _check(*_depthwise3x3(x, mult, 2, residual, act))
     compiled = DEPTHWISE3S2.get()
     if compiled is not None:
         assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
@@ -307,8 +300,7 @@ def test_other_depthwise_geometries_keep_the_padded_grid(
 ) -> None:
     """Strides other than 1 (and 2 up to ``S2_DIRECT_MAX_PIXELS`` output pixels), other
     pads, dilations, other kernels and planes under 3x3 take ``conv_direct._depthwise2d``."""
-    from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3
-    from tfrt_py.kernels.nn.conv_depthwise3s2 import DEPTHWISE3S2
+    from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3, DEPTHWISE3S2
 
     x, w, b = _r(*x_shape), _r(*w_shape), _r(w_shape[0])
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=x_shape[1], **attrs)

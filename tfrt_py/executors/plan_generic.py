@@ -260,12 +260,13 @@ class GenericPlan:
             self._value_plan[s] = (k, f.shape, len(idx) * np.dtype(dt).itemsize)
             idx.extend(range(f.start, f.start + f.n))
         self._casts = [(np.array(idx, np.intp), np.dtype(dt)) for dt, idx in gathers.items()]
+        self._cast_dtypes = [dt for _, dt in self._casts]
 
     def _formula_values(self, slots: list[int], rows: np.ndarray) -> list[Any]:
         """``model.value(s, rows)`` for each slot of ``slots`` (read-only to the program:
         slices of one gather-and-cast of ``rows`` per dtype)."""
         cast = [rows[idx].astype(dt) for idx, dt in self._casts]
-        dts = [dt for _, dt in self._casts]
+        dts = self._cast_dtypes
         ndarray = np.ndarray
         out = []
         for s in slots:

@@ -142,10 +142,11 @@ def _tfidf_vectorizer(ctx: KernelContext) -> ComputeFn:
     unigrams = {k[0]: v for k, v in table.items() if len(k) == 1}  # no tuple per token
 
     unigram_get = unigrams.get
+    has_unigrams = 1 in lengths
 
     def row_columns(row: list[Any]) -> list[int]:
         """The output column of every n-gram of ``row`` in the table, with repeats."""
-        cols = [c for c in map(unigram_get, row) if c is not None] if 1 in lengths else []
+        cols = [c for c in map(unigram_get, row) if c is not None] if has_unigrams else []
         size = len(row)
         for skip in range(max_skip + 1):
             step = skip + 1

@@ -6,7 +6,7 @@ The compiled loop itself (``_depthwise2d``, polyphase on an extended grid, epilo
 included) lives in ``conv_direct`` beside the other loops that call ``_act_row`` (numba's
 disk cache keys a function by its own file); its table, ``conv_common.depthwise_plan``.
 3x3 convs with one pixel of padding at stride 1 or 2 read the input directly instead
-(``conv_depthwise3``, ``conv_depthwise3s2``).
+(``conv_depthwise3``).
 
 ``depthwise_conv_fn`` is to ``conv`` what ``conv_blocked.blocked_conv_fn`` is: ``fn(x, b,
 r, out)`` or None. Thread-safe: plans are immutable; state is per-thread scratch.
@@ -21,7 +21,7 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
-from . import conv_depthwise3, conv_depthwise3s2
+from . import conv_depthwise3
 from .conv_common import ConvNode, bias_vector, conv_geometry, depthwise_plan, scratch
 from .conv_direct import (
     _DEPTHWISE,
@@ -60,7 +60,7 @@ DEPTHWISE_SPLIT_MIN_MACS = 1 << 20
 DEPTHWISE_NATIVE_SPLIT_MIN_MACS = 1 << 17
 
 
-#: A 3x3 stride-2 depthwise conv reads its input directly (``conv_depthwise3s2``) up to
+#: A 3x3 stride-2 depthwise conv reads its input directly (``conv_depthwise3.DEPTHWISE3S2``) up to
 #: this many output pixels a channel; bigger planes keep the polyphase grid, whose loops
 #: vectorize (stride-2 taps do not). 2-core AVX-512 Xeon, one process, interleaved, µs:
 #: 960x14x14 247 against 401, 576x14x14 157/240, 192x28x28 124/145, 32x40x40 40/43; but
@@ -108,9 +108,9 @@ def plan_depthwise(
     direct = None  # 3x3, one pixel of padding: straight from the input, no scratch
     if conv_depthwise3.fits(x_shape, w_shape, strides, pads, dilations):
         direct = conv_depthwise3.DEPTHWISE3, conv_depthwise3.DEPTHWISE3_PAR
-    elif (conv_depthwise3s2.fits(x_shape, w_shape, strides, pads, dilations)
+    elif (conv_depthwise3.fits(x_shape, w_shape, strides, pads, dilations, stride=2)
           and out_shape[2] * out_shape[3] <= S2_DIRECT_MAX_PIXELS):  # fmt: skip
-        direct = conv_depthwise3s2.DEPTHWISE3S2, conv_depthwise3s2.DEPTHWISE3S2_PAR
+        direct = conv_depthwise3.DEPTHWISE3S2, conv_depthwise3.DEPTHWISE3S2_PAR
     fn3 = None if direct is None else direct[0].get()
     if direct is not None and fn3 is not None:
         fn, tab, xp_len, acc_len = fn3, _NO_TABLE, 0, 0
