@@ -58,4 +58,7 @@ def native_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TFRT_PY_CACHE_DIR", str(tmp_path_factory.mktemp("native_cache")))
         mp.setenv("TFRT_PY_NATIVE", "0")
+        # loads wait for the compiled kernels, as tests expect them: the cold start (NumPy
+        # paths first, tfrt_py.cold_start) is tested in fresh processes, test_cold_start.py
+        mp.setenv("TFRT_PY_COLD_START", "0")
         yield

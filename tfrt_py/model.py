@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import inspect
 import os
+import threading
 import time
 from collections.abc import (
     AsyncIterator,
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import cold_start
 from .calls import CallContext, check_timeout
 from .compiler.prepare import Prepared, prepare
 from .concurrency import HostContext, Limiter, native_threads
@@ -48,8 +50,8 @@ from .kernels import KernelContext, KernelFlags, KernelRegistry, default_registr
 from .kernels.fused import register_kernels as register_fused
 from .kernels.lib.features import format_features
 from .metadata import ModelMetadata, from_graph, from_proto
-from .profiling import ProfileReport, profile
-from .selection import EXECUTORS, finish, select_executor
+from .profiling import ProfileReport, native_note, profile
+from .selection import EXECUTORS, finish, rebuild, select_executor
 
 if TYPE_CHECKING:
     from .streaming import StreamedProgram
@@ -97,7 +99,9 @@ def load(
     from disk by stage (executor "stream", see ``tfrt_py.streaming``); else a normal load.
 
     ``native``: "background" serves calls on the sync interpreter until the native code is
-    compiled; "eager" compiles before returning.
+    compiled; "eager" compiles before returning. In a fresh process "background" builds
+    on the kernels' NumPy paths (no ~1-2 s wait for numba) and switches to the compiled
+    kernels once warm (``tfrt_py.cold_start``, ``Model.wait_compiled``).
 
     ``timeout`` (seconds): the default deadline of every call (``run(..., timeout=)``
     overrides it per call); ``max_concurrency``: at most this many calls in flight, the
@@ -127,19 +131,23 @@ def load(
     limiter = None if max_concurrency is None else Limiter(max_concurrency)
     t0 = time.perf_counter()
     registry = _with_custom(default_registry(), custom_kernels)
-    read, origin, meta = _read(source, base_dir, memory_budget, registry, optimize, executor)
-    if not isinstance(read, Graph):  # streamed: tfrt_py.streaming prepared and selected it
-        runtime = finish(read, read.prepared, host)
-        limit_blas()
-        return Model(read.graph, runtime, read.prepared, origin,
-                     time.perf_counter() - t0, default_timeout, limiter, meta)  # fmt: skip
-    prepared = prepare(read, registry, optimize)  # 2. prepare
-    check = FeedChecker(prepared.graph.inputs)  # 3. select
-    runtime = select_executor(executor, prepared, check, host=host, native_mode=native)
-    limit_blas()  # a BLAS the preparation loaded (SciPy's, through numba) runs one thread too
-    load_s = time.perf_counter() - t0  # 4. the facade
-    model = Model(prepared.graph, runtime, prepared, origin, load_s, default_timeout, limiter,
-                  meta)  # fmt: skip
+    # a cold process builds on NumPy paths and switches later (tfrt_py.cold_start)
+    with cold_start.building(native if memory_budget is None else "eager") as cold:
+        read, origin, meta = _read(source, base_dir, memory_budget, registry, optimize, executor)
+        if not isinstance(read, Graph):  # streamed: tfrt_py.streaming prepared and selected it
+            runtime = finish(read, read.prepared, host)
+            limit_blas()
+            return Model(read.graph, runtime, read.prepared, origin,
+                         time.perf_counter() - t0, default_timeout, limiter, meta)  # fmt: skip
+        prepared = prepare(read, registry, optimize)  # 2. prepare
+        check = FeedChecker(prepared.graph.inputs)  # 3. select
+        runtime = select_executor(executor, prepared, check, host=host, native_mode=native)
+        limit_blas()  # a BLAS the preparation loaded (SciPy's, via numba) runs one thread too
+        load_s = time.perf_counter() - t0  # 4. the facade
+        model = Model(prepared.graph, runtime, prepared, origin, load_s, default_timeout,
+                      limiter, meta)  # fmt: skip
+        if cold:
+            model._switched = cold_start.switch_later(model)
     if warmup is not None:
         model.warmup(warmup)
     return model
@@ -288,6 +296,7 @@ class Model:
         self.outputs: list[TensorSpec] = [spec_of(v) for v in graph.outputs]
         #: signatures warmed up and the seconds it took (``warmup``)
         self._warmup: tuple[int, float] = (0, 0.0)
+        self._switched: threading.Event | None = None  # cold start's switch (cold_start)
 
     @property
     def graph(self) -> Graph:
@@ -458,6 +467,21 @@ class Model:
                 yield await self.run_async(f, timeout=timeout)
 
     # -- warm-up ---------------------------------------------------------------------------
+    def wait_compiled(self, timeout: float | None = None, *, native: bool = True) -> bool:
+        """Block until this model runs on compiled code: the compiled kernels, when a cold
+        process built it on NumPy paths (``load``'s ``native``), and (``native``) the native
+        compiles started so far on the native tier. False on timeout (it serves meanwhile)."""
+        t0, tier = time.monotonic(), self.native if native else None
+        if not cold_start.await_switch(self._switched, timeout):
+            return False
+        left = None if timeout is None else max(0.0, timeout - time.monotonic() + t0)
+        return tier is None or bool(tier.wait(left))
+
+    def _use_compiled_kernels(self) -> None:
+        """The program rebuilt on the compiled kernels, switched to by one attribute write
+        (``tfrt_py.cold_start``'s warm-up, on the native worker's thread)."""
+        self._runtime, self._prepared = rebuild(self._runtime, self._prepared)
+
     def warmup(self, signatures: Iterable[Mapping[str, Any]]) -> float:
         """Prepare these input signatures now (see ``load(warmup=)``); seconds taken.
 
@@ -470,6 +494,7 @@ class Model:
         """
         t0 = time.perf_counter()
         feeds_list = [warmup_feeds(self.inputs, item) for item in signatures]
+        cold_start.await_switch(self._switched, None)  # warm what serves from now on
         tier = self.native
         for feeds in feeds_list:
             self.run(feeds)
@@ -504,7 +529,7 @@ class Model:
 
         report = profile(self._prepared, kind, build, feeds, repeat)
         if kind == "native":
-            report.note = _native_note(self._runtime, feeds, repeat)
+            report.note = native_note(self._runtime, feeds, repeat)
         return report
 
     def memory_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> Any:
@@ -543,6 +568,8 @@ class Model:
         )
         lines.append("  fast paths of this process:")
         lines += [f"    {line}" for line in format_features()]
+        if self._switched is not None:
+            lines.append(f"  {cold_start.describe()}")
         if self._warmup[0]:
             lines.append(f"  warmup: {self._warmup[0]} signature(s) in {self._warmup[1]:.2f} s")
         if self._timeout is not None:
@@ -571,19 +598,3 @@ def _remaining(call: CallContext | None) -> float | None:
     if call is None or call.timeout is None:
         return None
     return max(0.0, call.deadline - time.monotonic())
-
-
-def _native_note(runtime: Executor, feeds: Mapping[str, Any], repeat: int) -> str:
-    """The native function's own median µs per call, for a native model's profile."""
-    tier: Any = runtime
-    tier.wait(300)  # a profile is not a hot path: let a background compile finish
-    if tier.state != "ready":
-        return f"native: {tier.state}; the figures above are the sync interpreter's"
-    walls = []
-    for _ in range(repeat + 1):
-        t0 = time.perf_counter_ns()
-        runtime.run(feeds)
-        walls.append((time.perf_counter_ns() - t0) / 1e3)
-    us = sorted(walls[1:])[len(walls[1:]) // 2]
-    return (f"native: the model runs as one numba function, {us:,.1f} µs per call (median); "
-            "the per-node figures above are the sync interpreter's")  # fmt: skip

@@ -24,8 +24,10 @@ Streamed models (``load(memory_budget=)``) are chosen before import, by
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .compiler.cost import THRESHOLDS
 from .compiler.prepare import Prepared
@@ -37,14 +39,16 @@ from .executors.async_executor import AsyncExecutor
 from .executors.base import Executor
 from .executors.inline_policy import InlinePolicy
 from .executors.interpreter import SyncInterpreter
+from .executors.program import compile_program
 from .feeds import FeedChecker
 from .ir import Node, TensorType
-from .native.lower.graph import Declined, Lowered, blockers
 from .native.runtime.cachedir import UnsafeCacheDir, cache_dir
 from .native.runtime.compile import NativeUnavailable, available
-from .native.runtime.tier import NativeTier, plan_lowering
 
-__all__ = ["EXECUTORS", "NATIVE_ENV", "finish", "select_executor"]
+if TYPE_CHECKING:  # the native tier's modules are imported when a model may use it
+    from .native.lower.graph import Lowered
+
+__all__ = ["EXECUTORS", "NATIVE_ENV", "finish", "rebuild", "select_executor"]
 
 #: The executors a caller may ask for; "auto" picks per model.
 EXECUTORS = ("auto", "sync", "async", "native")
@@ -66,7 +70,6 @@ def select_executor(
     """The executor for ``prepared`` (see the module docstring)."""
     if requested not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {requested!r}")
-    program = prepared.program
     async_nodes = _async_nodes(prepared)
     if requested == "sync" and async_nodes:
         raise _unsupported(async_nodes[0], "async kernels need the async executor "
@@ -79,35 +82,73 @@ def select_executor(
         kind = requested
     ex: Executor
     if kind == "async":
-        ex = AsyncExecutor(
-            program, prepared.registry, check, _off_loop(prepared), host, _loop_budget(prepared)
-        )
+        ex = _async_executor(prepared, check, host)
     else:
-        interp = SyncInterpreter(
-            program, prepared.determined, check, computed_once=prepared.computed_per_signature,
-            shape_fit=_shape_fit(prepared),
-        )  # fmt: skip
+        interp = _interpreter(prepared, check)
         lowered: Lowered | None = None
         native = False
         if kind == "native":
+            from .native.runtime.tier import plan_lowering
+
             if not available():
                 raise NativeUnavailable(
                     "executor='native' needs numba, which cannot be imported here "
                     "(pip install 'tfrt-py[native]'); use executor='sync' or 'auto'"
                 )
             cache_dir()  # UnsafeCacheDir before any work
-            lowered, native = plan_lowering(prepared.graph, program), True
+            lowered, native = plan_lowering(prepared.graph, prepared.program), True
         elif requested == "auto":
             native, lowered, why, reason = _auto_native(prepared, why)
             if reason:
                 notes.append(f"native tier: not used: {reason}")
         # auto measures the native tier against the interpreter per signature (tier.py)
+        from .native.runtime.tier import NativeTier
+
         ex = interp if not native else NativeTier(
-            lowered, program, check, interp, mode=native_mode, measure=requested == "auto",
+            lowered, prepared.program, check, interp, mode=native_mode, measure=requested == "auto",
             graph=prepared.graph)  # fmt: skip
     ex.why = why
     ex.notes = tuple(notes)
     return finish(ex, prepared, host)
+
+
+def rebuild(ex: Executor, old: Prepared) -> tuple[Executor, Prepared]:
+    """``ex``'s kind over a new program of ``old``'s graph (its kernels built anew), and
+    that Prepared: a new sync interpreter or async executor with ``ex``'s why, notes and
+    host; the native tier keeps itself and takes a new interpreter
+    (``NativeTier.use_interpreter``). For a cold process's models switching to the compiled
+    kernels (``tfrt_py.cold_start``)."""
+    from .native.runtime.tier import NativeTier
+
+    prepared = dataclasses.replace(old, program=compile_program(old.graph, old.registry))
+    check = FeedChecker(prepared.graph.inputs)
+    if isinstance(ex, NativeTier):
+        ex.use_interpreter(_interpreter(prepared, check), prepared.program)
+        return ex, prepared
+    if isinstance(ex, AsyncExecutor):
+        new: Executor = _async_executor(prepared, check, ex.host)
+    elif isinstance(ex, SyncInterpreter):
+        new = _interpreter(prepared, check)
+    else:
+        raise TypeError(f"no rebuild for executor {ex.name!r}")
+    new.why, new.notes = ex.why, ex.notes
+    return finish(new, prepared, ex.host), prepared
+
+
+def _interpreter(prepared: Prepared, check: FeedChecker) -> SyncInterpreter:
+    return SyncInterpreter(
+        prepared.program, prepared.determined, check,
+        computed_once=prepared.computed_per_signature, shape_fit=_shape_fit(prepared),
+    )  # fmt: skip
+
+
+def _async_executor(
+    prepared: Prepared, check: FeedChecker, host: HostContext | None
+) -> AsyncExecutor:
+    return AsyncExecutor(
+        prepared.program, prepared.registry, check, _off_loop(prepared), host,
+        _loop_budget(prepared),
+    )  # fmt: skip
 
 
 def _shape_fit(prepared: Prepared) -> Fit | None:
@@ -216,6 +257,9 @@ def _auto_native(prepared: Prepared, why: str) -> tuple[bool, Lowered | None, st
     """(native?, lowered (None: per signature), why, reason it is not used or "")."""
     if not available():
         return False, None, why, "numba cannot be imported (pip install 'tfrt-py[native]')"
+    from .native.lower.graph import Declined, blockers
+    from .native.runtime.tier import plan_lowering
+
     reasons = blockers(prepared.graph)
     if reasons:
         return False, None, why, "; ".join(reasons)

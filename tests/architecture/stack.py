@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"executors"},
     {"compiler"},
     {"native", "streaming"},
-    {"selection", "profiling", "sharing"},
+    {"selection", "profiling", "sharing", "cold_start"},
     {"model"},
     {"tfrt_py", "onnx_backend"},
     {"bench", "ray"},
@@ -62,7 +62,7 @@ INNER_LAYERS: dict[str, list[set[str]]] = {
 #: decision recorded in the commit that does it.
 LINE_BUDGET: dict[str, int] = {
     "kernels": 21000,  # 2026-11-29: onnxruntime's quantized ops (contrib/quantized*.py)
-    "native": 6000,
+    "native": 6200,  # 2026-11-29: the cold start (lazy facade, relowering, a new interpreter)
     "executors": 4500,
     "compiler": 4500,
     "serving": 4200,

@@ -146,11 +146,16 @@ def _hand_model(node: Any, outs: list[Any]) -> bytes:
     return m.SerializeToString()
 
 
+#: Random ensembles per case: the first seed in ``make test``, the others (each a native
+#: compile of a new ensemble, ~4 s) in ``make test-slow``.
+_SEEDS = [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2, 3))]
+
+
 def _hand_feeds(rng: np.random.RandomState, n: int) -> dict[str, np.ndarray]:
     return {"X": tree_inputs(rng, n)}
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", _SEEDS[:3])
 @pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE", "MIN", "MAX"])
 def test_hand_built_regressor(seed: int, aggregate: str) -> None:
     from onnx import TensorProto, helper
@@ -165,7 +170,7 @@ def test_hand_built_regressor(seed: int, aggregate: str) -> None:
         assert_same(model.run(feeds), {"Y": sess.run(None, feeds)[0]}, f"{aggregate} {n}")
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", _SEEDS)
 @pytest.mark.parametrize("transform", ["NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT"])
 def test_hand_built_classifier(seed: int, transform: str) -> None:
     from onnx import TensorProto, helper

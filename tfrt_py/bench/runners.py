@@ -86,8 +86,7 @@ def make_runners(
     outputs: dict[str, Callable[[], list[np.ndarray]]] = {}
     for ex in executors:
         model = tfrt_py.load(source, executor=ex)
-        if model.native is not None:  # time the native function, not the tier-up
-            model.native.wait()
+        model.wait_compiled()  # time the compiled code, not a cold start's or the tier-up
         name = f"tfrt_py[{model.executor}]"
 
         def run(model: tfrt_py.Model = model) -> dict[str, np.ndarray]:

@@ -10,7 +10,6 @@ to the cores, and closed at interpreter exit. Every method is thread-safe.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import os
@@ -190,6 +189,8 @@ class HostContext:
         self._bg_thread = thread
 
     def _loop_main(self, ready: threading.Event) -> None:
+        import asyncio  # here, not at import: ``import tfrt_py`` stays without asyncio
+
         loop = asyncio.new_event_loop()
         self._bg_bridge = AsyncioBridge(loop, threading.get_ident())
         ready.set()

@@ -15,13 +15,15 @@ the bridge is made (a loop runs on one thread). trio is imported only when trio 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from threading import get_ident
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "AsyncioBridge",
@@ -33,7 +35,20 @@ __all__ = [
 ]
 
 _log = logging.getLogger("tfrt_py.concurrency")
-_get_running_loop = asyncio.events._get_running_loop
+
+
+def _get_running_loop() -> Any:
+    """The asyncio (or uvloop) loop running on this thread, or None. asyncio is not
+    imported for this (a process without it runs no asyncio loop: ~30 ms off
+    ``import tfrt_py``); once it is, this name is rebound to asyncio's own C function,
+    so later calls cost nothing extra."""
+    global _get_running_loop
+    events = sys.modules.get("asyncio.events")
+    if events is None:
+        return None
+    _get_running_loop = events._get_running_loop
+    return _get_running_loop()
+
 
 AsyncFn = Callable[..., Coroutine[Any, Any, Any]]
 

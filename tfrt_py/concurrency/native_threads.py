@@ -36,7 +36,7 @@ import sys
 import threading
 from typing import Any
 
-from . import native_pool
+from . import compiled_gate, native_pool
 from .env_switch import switched_off
 
 __all__ = [
@@ -62,7 +62,7 @@ _TLS = threading.local()
 
 def ready() -> bool:
     """Whether compiled kernels may run their parts in numba ``prange`` loops on TBB."""
-    if switched_off(ENV_NATIVE_THREADS):
+    if switched_off(ENV_NATIVE_THREADS) or compiled_gate.held():
         return False
     if _STATE:
         return _STATE[0]

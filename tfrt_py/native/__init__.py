@@ -8,7 +8,29 @@ imported only when something is compiled.
 
 from __future__ import annotations
 
-from .lower.graph import Declined, blockers, lower
-from .runtime.compile import CACHE_ENV, NativeUnavailable, available
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .lower.graph import Declined, blockers, lower
+    from .runtime.compile import CACHE_ENV, NativeUnavailable, available
 
 __all__ = ["CACHE_ENV", "Declined", "NativeUnavailable", "available", "blockers", "lower"]
+
+#: Where each name lives: imported on first use, so ``import tfrt_py`` and a load that
+#: lowers nothing do not import the lowering (~40 ms).
+_HOMES = {
+    "Declined": ".lower.graph",
+    "blockers": ".lower.graph",
+    "lower": ".lower.graph",
+    "CACHE_ENV": ".runtime.compile",
+    "NativeUnavailable": ".runtime.compile",
+    "available": ".runtime.compile",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home, __name__), name)

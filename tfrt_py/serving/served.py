@@ -177,13 +177,15 @@ class ServedModel:
         return result
 
     def warm(self) -> None:
-        """One call on generated feeds (and the batch probe when batching), then the
+        """A cold start's switch to the compiled kernels awaited (``Model.wait_compiled``),
+        one call on generated feeds (and the batch probe when batching), then the
         configured signatures (``Model.warmup``: plans checked, native code compiled);
         synchronous. A failure is recorded in ``warm_error`` (the server is then not
         ready)."""
         from ..bench.runners import random_feeds
 
         try:
+            self.model.wait_compiled(native=False)  # a cold start: on the compiled kernels
             self.model.run(random_feeds(self.model, seed=0))
             if self.policy.enabled:
                 self._probe_batch(random_feeds(self.model, seed=1, batch=2))

@@ -51,6 +51,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir
 
@@ -385,7 +386,7 @@ def available() -> bool:
     """Whether the kernel is built and registered (once per process; thread-safe). False
     while ``$TFRT_PY_PACKED_GEMM`` is ``0`` (read on each call; the products then keep
     NumPy's gemm)."""
-    if switched_off(ENV_PACKED_GEMM):
+    if switched_off(ENV_PACKED_GEMM) or compiled_gate.held():
         return False
     return _decided()[2] is not None
 

@@ -15,7 +15,9 @@ flags itself (``fastmath``: only ``contract``, fused multiply-adds, which change
 and nothing else, is used).
 
 Thread-safe: the first ``get`` compiles under a lock; later ones return the dispatcher.
-Nothing here imports numba until a builder calls ``get``.
+Nothing here imports numba until a builder calls ``get`` (or ``import_numba``); a cold
+process's ``load()`` holds them back while they warm in the background
+(``tfrt_py.cold_start``).
 """
 
 from __future__ import annotations
@@ -27,10 +29,19 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ...concurrency import native_threads
+from ...concurrency import compiled_gate, native_threads
 from ...concurrency.env_switch import switched_off
 
-__all__ = ["CONTRACT", "ENV_JIT", "Jitted", "inline", "jit_enabled", "uses"]
+__all__ = [
+    "CONTRACT",
+    "ENV_JIT",
+    "Jitted",
+    "import_numba",
+    "imported",
+    "inline",
+    "jit_enabled",
+    "uses",
+]
 
 #: ``TFRT_PY_JIT=0`` turns the numba kernels off: every kernel takes its NumPy path.
 ENV_JIT = "TFRT_PY_JIT"
@@ -46,9 +57,10 @@ _NUMBA: list[Any] = []  # [module] once imported, [None] when it cannot be
 
 
 def jit_enabled() -> bool:
-    """Whether compiled kernels may be used: numba is installed and ``$TFRT_PY_JIT`` is
-    not ``0``. Does not import numba."""
-    if switched_off(ENV_JIT):
+    """Whether compiled kernels may be used: numba is installed, ``$TFRT_PY_JIT`` is not
+    ``0`` and a cold process's warm-up does not hold them back on this thread
+    (``concurrency.compiled_gate``). Does not import numba."""
+    if switched_off(ENV_JIT) or compiled_gate.held():
         return False
     if _NUMBA:
         return _NUMBA[0] is not None
@@ -56,6 +68,16 @@ def jit_enabled() -> bool:
         return importlib.util.find_spec("numba") is not None
     except (ImportError, ValueError):  # a broken install is "no numba", as in ``_numba``
         return False
+
+
+def imported() -> bool:
+    """Whether this process tried to import numba for the compiled kernels (``_numba``)."""
+    return bool(_NUMBA)
+
+
+def import_numba() -> bool:
+    """Import numba now, unless ``jit_enabled()`` is False; whether it is imported."""
+    return jit_enabled() and _numba() is not None
 
 
 def _numba() -> Any:

@@ -11,11 +11,11 @@ loading thread.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
 
+from ...concurrency import compiled_gate
 from ...ir import Value
 from .emit import matmul
 from .loops import Ref
@@ -26,16 +26,22 @@ __all__ = ["PACKED_IMPORT", "packed_product", "weights_product"]
 PACKED_IMPORT = "from tfrt_py.kernels.lib.gemm_packed import sgemm_packed"
 
 
-@functools.cache
 def _panel_width() -> int:
     """This process's packed panel width; 0 without the kernel (no JIT for it here, or
-    the portable path)."""
+    the portable path), and 0 (not remembered) while a cold process holds the compiled
+    kernels back on this thread (``concurrency.compiled_gate``)."""
+    if _WIDTH:
+        return _WIDTH[0]
     from ...kernels.lib import gemm_packed
 
-    if gemm_packed.kernel() is None:
+    if compiled_gate.held():
         return 0
-    shape = gemm_packed.tile()
-    return 0 if shape is None else shape.nr
+    shape = gemm_packed.tile() if gemm_packed.kernel() is not None else None
+    _WIDTH[:] = [0 if shape is None else shape.nr]
+    return _WIDTH[0]
+
+
+_WIDTH: list[int] = []  # [the width] once decided
 
 
 def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int, int, int],

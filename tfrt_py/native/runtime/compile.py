@@ -40,11 +40,13 @@ import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import TfrtError
-from ..lower.graph import Lowered
 from .cachedir import CACHE_ENV, UnsafeCacheDir, cache_dir, check_dir, make_private
+
+if TYPE_CHECKING:
+    from ..lower.graph import Lowered
 
 __all__ = [
     "CACHE_ENV",

@@ -28,6 +28,7 @@ for before a signature is seen). After ``fork()`` the child compiles what was wa
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import weakref
 from collections.abc import Mapping
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ...calls import CallContext
+from ...concurrency import compiled_gate
 from ...concurrency.threads import limit_blas
 from ...errors import InputError
 from ...executors.base import Executor
@@ -78,10 +80,14 @@ class _Job:
     shapes to lower first, in ``_prepare``), compiled by the compile server when it can
     (``server_seconds``: its time there), then loaded and installed by ``_compile``."""
 
-    def __init__(self, tier: NativeTier, key: Any, lowered: Lowered | None) -> None:
+    def __init__(self, tier: NativeTier, key: Any, lowered: Lowered | None,
+                 relower: bool = False) -> None:  # fmt: skip
         self.tier = weakref.ref(tier)
         self.key = key
         self.lowered = lowered
+        #: lowered while a cold process held the compiled kernels back (without packed
+        #: products): lowered again on the worker, which may use them
+        self.relower = relower
         self.state = "compiling"
         self.error: str | None = None
         self.compiled: Compiled | None = None
@@ -90,12 +96,18 @@ class _Job:
 
     def _prepare(self) -> bool:
         """Lower the module if it is not yet (in this process); False: the job failed."""
-        if self.lowered is not None:
+        if self.lowered is not None and not self.relower:
             return True
         tier = self.tier()
         try:
             if tier is None:
                 raise RuntimeError("the model was dropped")
+            if self.relower:
+                self.lowered = plan_lowering(tier.graph, tier.program)
+                self.relower = False
+                if self.lowered is None:
+                    raise RuntimeError("the model no longer lowers as one module")
+                return True
             # the table keys one input's signature by its shape, several by their shapes
             one = len(tier.graph.inputs) == 1
             shapes = [self.key] if one else list(self.key)
@@ -198,13 +210,16 @@ class NativeTier(Executor):
             self.run = self._fast
             return
         self.state = "compiling"
-        self._main = _Job(self, None, lowered)
+        cold = compiled_gate.held()  # lowered without the compiled kernels: again later
+        self._main = _Job(self, None, lowered, relower=cold)
         if mode == "eager":
             worker.compile_now(self._main)
             if self.state == "failed":
                 from .compile import NativeUnavailable
 
                 raise NativeUnavailable(f"native compilation failed: {self.error}")
+        elif cold:  # after the cold start's warm-up (tfrt_py.cold_start)
+            compiled_gate.after_release(functools.partial(worker.submit, self._main))
         else:
             worker.submit(self._main)
 
@@ -225,6 +240,17 @@ class NativeTier(Executor):
             self.error = job.error
             self.state = "failed"
         with self._lock:
+            self.table.clear()
+
+    def use_interpreter(self, interp: Any, program: Program) -> None:
+        """Serve the interpreter's share with ``interp`` over ``program`` from now on (a
+        cold process's model switched to the compiled kernels, ``tfrt_py.cold_start``);
+        the measured choices between native code and the old interpreter are forgotten.
+        Calls in flight finish on the old one."""
+        with self._lock:
+            self.interp = interp
+            self.program = self._program = program
+            self.choices.clear()
             self.table.clear()
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -14,6 +14,8 @@ queue holds weak references). A job runs in three phases:
 3. ``_compile()`` in this process: the machine code loaded from the disk cache the child
    filled (tens of milliseconds), and the tier switched.
 
+A job with ``in_process = True`` (``tfrt_py.cold_start``'s warm-up) skips phase 2; one with
+``not_before`` starts no earlier (waiting with no lock held: an exit does not wait for it).
 ``compile_now(job)`` runs phases 1 and 3 on the caller's thread (``native="eager"``).
 Phases 1 and 3 hold ``_compiling``: they are the only times this process runs LLVM for a
 compile.
@@ -40,12 +42,14 @@ import itertools
 import os
 import queue
 import threading
+import time
 import weakref
 from typing import Any
 
+from ...concurrency import compiled_gate
 from .compile_server import CompileServer, ServerGone
 
-__all__ = ["FORK_WAIT_S", "SERVER_ENV", "compile_now", "server", "submit"]
+__all__ = ["FORK_WAIT_S", "SERVER_ENV", "closing", "compile_now", "server", "submit", "wake"]
 
 #: How long ``fork()`` waits for a running native compile to finish.
 FORK_WAIT_S = 60.0
@@ -65,6 +69,7 @@ _broken: str | None = None
 #: Set at exit: no compile starts any more.
 _closed: str | None = None
 _server = CompileServer()
+_wake = threading.Event()
 
 
 def server() -> CompileServer:
@@ -77,14 +82,43 @@ def _work(jobs: queue.SimpleQueue[tuple[int, weakref.ref[Any]]]) -> None:
         key, ref = jobs.get()
         job = ref()
         if job is not None:
+            _await_start(job)
             _run(job)
             del job
         _pending.pop(key, None)
 
 
+def _await_start(job: Any) -> None:
+    """A job with ``not_before`` (a ``time.monotonic()`` value, read again after each
+    wake-up) starts no earlier, waiting without any lock held, so an exit meanwhile does
+    not wait for it; ``wake()`` and the exit end the wait early."""
+    while _closed is None:
+        left = getattr(job, "not_before", 0.0) - time.monotonic()
+        if left <= 0:
+            return
+        _wake.wait(left)
+        _wake.clear()
+
+
+def wake() -> None:
+    """Make a waiting job look at its ``not_before`` again (it was moved earlier)."""
+    _wake.set()
+
+
 def _run(job: Any) -> None:
-    """The three phases of a background job (see the module docstring)."""
-    if os.environ.get(SERVER_ENV) == "0" or not _server.usable():
+    """The three phases of a background job (see the module docstring), on the worker
+    thread, which may use the compiled kernels while a cold process holds them back from
+    callers (``compiled_gate.warming``)."""
+    with compiled_gate.warming():
+        _phases(job)
+
+
+def _phases(job: Any) -> None:
+    if (
+        getattr(job, "in_process", False)
+        or os.environ.get(SERVER_ENV) == "0"
+        or (not _server.usable())
+    ):
         compile_now(job)
         return
     with _compiling:
@@ -117,6 +151,12 @@ def _startable(job: Any) -> bool:
     return True
 
 
+def closing() -> bool:
+    """Whether the process is exiting (no compile starts any more): a long job checks
+    this between its steps and stops."""
+    return _closed is not None
+
+
 def submit(job: Any) -> None:
     """Queue ``job`` for the background worker (started on first use)."""
     global _worker
@@ -146,6 +186,7 @@ def _at_exit() -> None:
     no phase starts after ``_closed`` is set, and one in flight is waited for."""
     global _closed
     _closed = "the process is exiting"
+    _wake.set()
     _server.close()
     with _compiling:
         pass

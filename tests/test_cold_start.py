@@ -1,0 +1,163 @@
+"""A fresh process's first result does not wait for numba (``tfrt_py.cold_start``, issue 33).
+
+Each case is a fresh interpreter (the test process itself is warm, and runs with
+``$TFRT_PY_COLD_START=0``: conftest), started without that switch: it loads a bundled
+model, calls it and reports whether numba was imported by then, then waits for the switch
+to the compiled kernels and calls again. Before the cold start, ``load()`` imported numba
+and read every kernel from numba's cache on the loading thread (~1-2 s); now the model is
+built on NumPy paths, served at once, and switched in the background.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from tests.support.paths import ROOT
+from tfrt_py.kernels.lib.jit import jit_enabled
+
+pytestmark = pytest.mark.skipif(
+    not jit_enabled(),
+    reason="numba is not installed (or TFRT_PY_JIT=0): a process has no compiled kernels to warm",
+)
+
+MLP = str(ROOT / "tfrt_py" / "examples" / "mlp_small.onnx")
+
+_PROBE = """
+import json, sys
+import numpy as np
+import tfrt_py
+
+m = tfrt_py.load({model!r}, executor={executor!r}, native={native!r})
+rng = np.random.default_rng(0)
+feeds = {{s.name: rng.random([d if isinstance(d, int) else 3 for d in s.shape]).astype(np.float32)
+          for s in m.inputs}}
+first = m.run(feeds)
+numba_at_first = "numba" in sys.modules
+before = m.runtime, getattr(m.runtime, "interp", None)
+ok = m.wait_compiled(120)
+after = m.run(feeds)
+print(json.dumps({{
+    "numba_at_first": numba_at_first,
+    "waited": ok,
+    "numba_after": "numba" in sys.modules,
+    "cold": m._switched is not None,
+    "rebuilt": (m.runtime, getattr(m.runtime, "interp", None)) != before,
+    "diff": max(float(np.abs(first[k] - after[k]).max()) for k in first),
+    "describe": [ln for ln in m.describe().splitlines() if "cold start" in ln],
+}}))
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TFRT_PY_COLD_START"}
+    env.update(extra)
+    return env
+
+
+def _probe(executor: str = "auto", native: str = "background", **env: str) -> dict[str, Any]:
+    src = _PROBE.format(model=MLP, executor=executor, native=native)
+    out = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True,
+                         cwd=str(ROOT), env=_env(**env), timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    report: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return report
+
+
+@pytest.mark.parametrize("executor", ["auto", "sync", "async"])
+def test_the_first_result_does_not_wait_for_numba_and_the_model_switches_later(
+    executor: str,
+) -> None:
+    r = _probe(executor)
+    assert r["cold"] and not r["numba_at_first"], r
+    assert r["waited"] and r["numba_after"] and r["rebuilt"], r
+    assert r["diff"] <= 1e-5, r  # NumPy paths and compiled kernels agree
+    assert any("switched to the compiled kernels" in ln for ln in r["describe"]), r
+
+
+def test_the_switch_turns_cold_starts_off() -> None:
+    r = _probe(TFRT_PY_COLD_START="0")
+    assert not r["cold"] and r["numba_at_first"] and not r["rebuilt"], r
+
+
+def test_an_eager_load_builds_on_the_compiled_kernels() -> None:
+    r = _probe(native="eager")
+    assert not r["cold"] and r["numba_at_first"], r
+
+
+def test_without_compiled_kernels_nothing_is_warmed() -> None:
+    r = _probe("sync", TFRT_PY_JIT="0", TFRT_PY_PACKED_GEMM="0")
+    assert not r["cold"] and not r["numba_after"] and not r["rebuilt"], r
+
+
+_TWO = """
+import json
+import tfrt_py
+from tfrt_py import cold_start
+
+a = tfrt_py.load({model!r}, executor="sync")
+cold_start.hurry()  # the warm-up starts now: the second load meets it in flight
+b = tfrt_py.load({model!r}, executor="async")
+ok = a.wait_compiled(120) and b.wait_compiled(120)
+print(json.dumps({{"ok": ok, "switched": [a._switched.is_set(), b._switched is None or
+                                            b._switched.is_set()]}}))
+"""
+
+
+def test_a_model_loaded_during_the_warm_up_switches_too() -> None:
+    out = subprocess.run([sys.executable, "-c", _TWO.format(model=MLP)], capture_output=True,
+                         text=True, cwd=str(ROOT), env=_env(), timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["ok"] and all(r["switched"]), r
+
+
+_EXIT = """
+import atexit, json, os, signal, sys, time
+import numpy as np
+import tfrt_py
+from tfrt_py import cold_start
+
+m = tfrt_py.load({model!r})
+m.run({{s.name: np.ones([d if isinstance(d, int) else 1 for d in s.shape], np.float32)
+       for s in m.inputs}})
+atexit.register(lambda: print(json.dumps({{"in_flight": cold_start._job is not None}})))
+cold_start.hurry()
+time.sleep({delay})
+way = {way!r}
+if way == "exit3":
+    sys.exit(3)
+if way == "sigterm":
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+"""
+_WAYS = [("return", 0), ("exit3", 3), ("sigterm", 0)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals: Linux")
+def test_processes_that_exit_during_the_warm_up_exit_cleanly() -> None:
+    """The warm-up imports numba and builds with LLVM on the worker thread: an exit meanwhile
+    waits for the step in flight (LLVM must not be torn down under it) and then ends with
+    the expected status, never an abort or a segfault."""
+    cases = [(_WAYS[i % 3], 0.05 * i) for i in range(9)]
+
+    def run(case: tuple[tuple[str, int], float]) -> tuple[str, int, int, str]:
+        (way, expected), delay = case
+        src = _EXIT.format(model=MLP, delay=delay, way=way)
+        out = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True,
+                             cwd=str(ROOT), env=_env(), timeout=300)  # fmt: skip
+        return way, expected, out.returncode, out.stdout + out.stderr[-2000:]
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(run, cases))
+    bad = [r for r in results if r[2] != r[1]]
+    assert not bad, bad
+    in_flight = sum('"in_flight": true' in r[3] for r in results)
+    assert in_flight >= 5, results  # the case under test: most exits met the warm-up

@@ -1,0 +1,238 @@
+"""A fresh process's first result without waiting for numba.
+
+The first compiled kernel of a process costs ~1-2 s: numba, llvmlite and SciPy's BLAS
+imported, numba's CPU target initialized, each kernel's machine code read from numba's
+disk cache, the packed gemm built by LLVM. A small model's whole load is tens of
+milliseconds of that budget. So in a *cold* process -- numba installed and enabled, and
+not yet imported by tfrt_py -- ``load()`` (``native="background"``, the default) builds
+the model on its kernels' NumPy paths, which compute the same values, and serves it at
+once; the process-wide native worker (``native/runtime/worker.py``) then warms the
+compiled kernels, rebuilds each such model's program on them and switches the model to
+it (``Model._use_compiled_kernels``: the executor's interpreter, or the whole executor,
+replaced by one attribute write; calls in flight finish on the old one).
+
+How (``concurrency.compiled_gate``): ``building(native_mode)`` wraps a load. The first
+cold load ``hold()``s the compiled kernels -- every thread but the warm-up's takes NumPy
+paths, so no caller imports numba -- and when the last cold build in flight ends, one
+``_Warmup`` job is queued on the worker (after the load, so it does not slow the load).
+It runs in this process under the worker's compile lock (LLVM at exit: the worker's exit
+handler waits for a step in flight, and the job stops between steps once the process
+exits), switches every model registered by ``switch_later``, then ``release()``s the
+kernels for good. A load with ``native="eager"`` waits for a warm-up in flight and builds
+on the compiled kernels, as does every load once the process is warm.
+
+``$TFRT_PY_COLD_START=0``: no cold builds; ``load()`` waits for the compiled kernels (the
+behaviour before). ``warm_now()`` warms on the caller's thread (tests, servers that want
+the compiled kernels before their first request).
+
+Thread-safe: the state below is guarded by ``_lock``; the job runs on the worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .concurrency import compiled_gate
+from .concurrency.env_switch import switched_off
+from .kernels.lib import gemm_packed, jit
+from .native.runtime import worker
+
+__all__ = [
+    "ENV_COLD_START",
+    "START_DELAY_S",
+    "await_switch",
+    "building",
+    "describe",
+    "hurry",
+    "switch_later",
+    "wait_released",
+    "warm_now",
+]
+
+#: ``TFRT_PY_COLD_START=0``: ``load()`` waits for the compiled kernels in a cold process.
+ENV_COLD_START = "TFRT_PY_COLD_START"
+#: The warm-up starts this long after the last cold load: a script that loads, calls and
+#: exits sooner ends without waiting for it (the exit waits for a warm-up step in flight:
+#: LLVM must not be torn down under it). ``Model.wait_compiled``/``warmup`` start it now.
+START_DELAY_S = 0.5
+
+_lock = threading.Lock()
+#: Loads building on NumPy paths now.
+_building = 0
+#: (model, its switched event) waiting for the compiled kernels.
+_waiting: list[tuple[weakref.ref[Any], threading.Event]] = []
+_job: _Warmup | None = None
+#: Set while the compiled kernels are not held.
+_released = threading.Event()
+_released.set()
+#: What the last warm-up did, for ``describe()``.
+_record: list[str] = []
+
+
+def _cold() -> bool:
+    """Whether the compiled kernels would make a load wait now (caller holds ``_lock``)."""
+    return not switched_off(ENV_COLD_START) and not jit.imported() and jit.jit_enabled()
+
+
+def _enter(native_mode: str) -> bool:
+    global _building
+    with _lock:
+        if native_mode == "background" and (compiled_gate.held() or _cold()):
+            compiled_gate.hold()
+            _released.clear()
+            _building += 1
+            return True
+    wait_released()  # an eager load (or a warm process) builds on the compiled kernels
+    return False
+
+
+def _leave() -> None:
+    global _building, _job
+    with _lock:
+        _building -= 1
+        if _building == 0 and _job is None:
+            _job = _Warmup()
+            worker.submit(_job)
+
+
+@contextmanager
+def building(native_mode: str) -> Iterator[bool]:
+    """Around a load's build: yields whether it builds on NumPy paths (then the model
+    must be given to ``switch_later`` inside the block, or it keeps them)."""
+    cold = _enter(native_mode)
+    try:
+        yield cold
+    finally:
+        if cold:
+            _leave()
+
+
+def switch_later(model: Any) -> threading.Event:
+    """Have the warm-up switch ``model`` (``model._use_compiled_kernels()``) to the
+    compiled kernels; the event is set once it did, or once it cannot."""
+    done = threading.Event()
+    with _lock:
+        _waiting.append((weakref.ref(model), done))
+    return done
+
+
+def wait_released(timeout: float | None = None) -> bool:
+    """Block until no warm-up holds the compiled kernels back (starting a waiting one
+    now); False on timeout."""
+    if not _released.is_set():
+        hurry()
+    return _released.wait(timeout)
+
+
+def await_switch(switched: threading.Event | None, timeout: float | None) -> bool:
+    """Wait until a model's switch (``switch_later``'s event; None: built on the compiled
+    kernels) is done, starting the warm-up now; False on timeout."""
+    if switched is None or switched.is_set():
+        return True
+    hurry()
+    return switched.wait(timeout)
+
+
+def hurry() -> None:
+    """Start a warm-up that waits for its ``START_DELAY_S`` now (someone waits for it)."""
+    job = _job
+    if job is not None and job.not_before:
+        job.not_before = 0.0
+        worker.wake()
+
+
+def warm_now() -> None:
+    """Warm the compiled kernels on this thread (numba imported, the packed gemm built);
+    later loads build on them at once. Models built cold still switch in the background."""
+    with compiled_gate.warming():
+        jit.import_numba()
+        gemm_packed.available()
+
+
+def describe() -> str:
+    """A line on this process's cold start, "" when it had none."""
+    with _lock:
+        if _building or _job is not None:
+            return "cold start: NumPy paths while the compiled kernels warm in the background"
+        return _record[-1] if _record else ""
+
+
+class _Warmup:
+    """The worker job (``worker.py``'s protocol, run in this process): warm, switch the
+    waiting models, release."""
+
+    in_process = True
+
+    def __init__(self) -> None:
+        self.state = "compiling"
+        self._t0 = time.perf_counter()
+        #: when the worker may start it (``START_DELAY_S``; ``hurry`` moves it to now)
+        self.not_before = time.monotonic() + START_DELAY_S
+
+    def _prepare(self) -> bool:
+        with compiled_gate.warming():
+            jit.import_numba()
+            if not worker.closing():
+                gemm_packed.available()
+        return True
+
+    def _compile(self) -> None:
+        switched, failed = 0, ""
+        with compiled_gate.warming():
+            while not worker.closing():
+                with _lock:
+                    batch = list(_waiting)
+                    _waiting.clear()
+                if not batch:
+                    break
+                for ref, done in batch:
+                    model = ref()
+                    try:
+                        if model is not None:
+                            model._use_compiled_kernels()
+                            switched += 1
+                    except Exception as e:  # noqa: BLE001 - the model keeps its NumPy paths
+                        failed = f"; a model kept its NumPy paths: {type(e).__name__}: {e}"
+                    finally:
+                        done.set()
+                    del model
+        secs = time.perf_counter() - self._t0
+        self._end("ready", f"cold start: {switched} model(s) switched to the compiled "
+                           f"kernels {secs:.2f} s after load{failed}")  # fmt: skip
+
+    def _fail(self, reason: str) -> None:
+        self._end("failed", f"cold start: the compiled kernels did not warm ({reason}); "
+                            "NumPy paths serve")  # fmt: skip
+
+    def _end(self, state: str, note: str) -> None:
+        """Release the kernels (under ``_lock``, so a load cannot slip in between), and
+        set every waiting event: nobody waits on a job that ended."""
+        global _job
+        with _lock:
+            self.state = state
+            _record[:] = [note]
+            rest = list(_waiting) if state != "ready" or worker.closing() else []
+            if state != "ready" or worker.closing():
+                _waiting.clear()
+            if _building == 0:
+                compiled_gate.release()
+                _released.set()
+            _job = None
+        for _, done in rest:
+            done.set()
+
+
+def _after_fork_child() -> None:
+    """A child forked mid-load gets a fresh lock (the parent's may be held)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_child)
