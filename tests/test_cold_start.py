@@ -40,6 +40,8 @@ feeds = {{s.name: rng.random([d if isinstance(d, int) else 3 for d in s.shape]).
           for s in m.inputs}}
 first = m.run(feeds)
 numba_at_first = "numba" in sys.modules
+lowering_at_first = "tfrt_py.native.lower.graph" in sys.modules
+executor_at_first = m.executor
 before = m.runtime, getattr(m.runtime, "interp", None)
 ok = m.wait_compiled(120)
 after = m.run(feeds)
@@ -47,6 +49,8 @@ print(json.dumps({{
     "numba_at_first": numba_at_first,
     "waited": ok,
     "numba_after": "numba" in sys.modules,
+    "lowering_at_first": lowering_at_first,
+    "executors": [executor_at_first, m.executor],
     "cold": m._switched is not None,
     "rebuilt": (m.runtime, getattr(m.runtime, "interp", None)) != before,
     "diff": max(float(np.abs(first[k] - after[k]).max()) for k in first),
@@ -56,7 +60,8 @@ print(json.dumps({{
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TFRT_PY_COLD_START"}
+    """This process's environment less conftest's switches (a user's defaults)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TFRT_PY_COLD_START", "TFRT_PY_NATIVE")}
     env.update(extra)
     return env
 
@@ -79,6 +84,10 @@ def test_the_first_result_does_not_wait_for_numba_and_the_model_switches_later(
     assert r["waited"] and r["numba_after"] and r["rebuilt"], r
     assert r["diff"] <= 1e-5, r  # NumPy paths and compiled kernels agree
     assert any("switched to the compiled kernels" in ln for ln in r["describe"]), r
+    if executor == "auto":  # a tiny model: the native tier, chosen (and lowered) after the switch
+        assert not r["lowering_at_first"] and r["executors"] == ["sync", "native"], r
+    else:
+        assert r["executors"] == [executor, executor], r
 
 
 def test_the_switch_turns_cold_starts_off() -> None:

@@ -261,9 +261,8 @@ class Model:
     """A loaded model. Create with ``tfrt_py.load``.
 
     ``inputs``/``outputs`` are TensorSpecs; ``executor`` names the executor serving it
-    (``runtime`` is that Executor object; ``prepared`` the compiler's result).
-    Thread-safe: ``run`` may be called from many threads at once.
-    """
+    (``runtime`` is that Executor object, which a cold start's switch may replace, and
+    ``prepared`` the compiler's result). ``run`` may be called from many threads at once."""
 
     def __init__(
         self,
@@ -471,16 +470,17 @@ class Model:
         """Block until this model runs on compiled code: the compiled kernels, when a cold
         process built it on NumPy paths (``load``'s ``native``), and (``native``) the native
         compiles started so far on the native tier. False on timeout (it serves meanwhile)."""
-        t0, tier = time.monotonic(), self.native if native else None
+        t0 = time.monotonic()
         if not cold_start.await_switch(self._switched, timeout):
             return False
+        tier = self.native if native else None  # after the switch: it may make the tier
         left = None if timeout is None else max(0.0, timeout - time.monotonic() + t0)
         return tier is None or bool(tier.wait(left))
 
     def _use_compiled_kernels(self) -> None:
-        """The program rebuilt on the compiled kernels, switched to by one attribute write
-        (``tfrt_py.cold_start``'s warm-up, on the native worker's thread)."""
+        """Switch to a program on the compiled kernels (cold_start's worker thread)."""
         self._runtime, self._prepared = rebuild(self._runtime, self._prepared)
+        self.executor = self._runtime.name
 
     def warmup(self, signatures: Iterable[Mapping[str, Any]]) -> float:
         """Prepare these input signatures now (see ``load(warmup=)``); seconds taken.

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from .compiler.cost import THRESHOLDS
 from .compiler.prepare import Prepared
 from .compiler.shape_model import Fit, fit_shape_model
-from .concurrency import HostContext
+from .concurrency import HostContext, compiled_gate
 from .concurrency.threads import threads as thread_budget
 from .errors import UnsupportedOpError
 from .executors.async_executor import AsyncExecutor
@@ -97,16 +97,20 @@ def select_executor(
                 )
             cache_dir()  # UnsafeCacheDir before any work
             lowered, native = plan_lowering(prepared.graph, prepared.program), True
+        elif requested == "auto" and compiled_gate.held():
+            interp.native_deferred = True  # no lowering on a cold start's load path
+            notes.append("native tier: decided once the compiled kernels are warm "
+                         "(a cold start: tfrt_py.cold_start)")  # fmt: skip
         elif requested == "auto":
             native, lowered, why, reason = _auto_native(prepared, why)
             if reason:
                 notes.append(f"native tier: not used: {reason}")
-        # auto measures the native tier against the interpreter per signature (tier.py)
-        from .native.runtime.tier import NativeTier
+        ex = interp
+        if native:  # auto measures the native tier against the interpreter (tier.py)
+            from .native.runtime.tier import NativeTier
 
-        ex = interp if not native else NativeTier(
-            lowered, prepared.program, check, interp, mode=native_mode, measure=requested == "auto",
-            graph=prepared.graph)  # fmt: skip
+            ex = NativeTier(lowered, prepared.program, check, interp, mode=native_mode,
+                            measure=requested == "auto", graph=prepared.graph)  # fmt: skip
     ex.why = why
     ex.notes = tuple(notes)
     return finish(ex, prepared, host)
@@ -116,12 +120,16 @@ def rebuild(ex: Executor, old: Prepared) -> tuple[Executor, Prepared]:
     """``ex``'s kind over a new program of ``old``'s graph (its kernels built anew), and
     that Prepared: a new sync interpreter or async executor with ``ex``'s why, notes and
     host; the native tier keeps itself and takes a new interpreter
-    (``NativeTier.use_interpreter``). For a cold process's models switching to the compiled
-    kernels (``tfrt_py.cold_start``)."""
+    (``NativeTier.use_interpreter``); an interpreter whose native choice "auto" deferred
+    is selected again (it may become the native tier). For a cold process's models
+    switching to the compiled kernels (``tfrt_py.cold_start``)."""
     from .native.runtime.tier import NativeTier
 
     prepared = dataclasses.replace(old, program=compile_program(old.graph, old.registry))
     check = FeedChecker(prepared.graph.inputs)
+    if ex.native_deferred:  # "auto" on a cold start: the native tier's choice now
+        return select_executor("auto", prepared, check, host=ex.host,
+                               native_mode="background"), prepared  # fmt: skip
     if isinstance(ex, NativeTier):
         ex.use_interpreter(_interpreter(prepared, check), prepared.program)
         return ex, prepared

@@ -52,6 +52,8 @@ class Executor:
     inline: InlinePolicy | None = None
     host: HostContext | None = None
     notes: tuple[str, ...] = ()
+    #: "auto" left the native tier's choice to a cold start's switch (``selection``)
+    native_deferred = False
     #: The cost model's µs per call, and how much inline work a loop's thread may do
     #: between two yields to its loop (see ``yield_if_due``).
     call_us = 0.0
