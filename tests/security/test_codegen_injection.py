@@ -21,7 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tfrt_py.errors import TfrtError
-from tfrt_py.native import Declined, lower
+from tfrt_py.native import Declined
+from tfrt_py.native.lower.graph import lower
 from tfrt_py.native.lower.source import audit, literal
 
 F32 = np.float32

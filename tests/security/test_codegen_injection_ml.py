@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import tfrt_py
-from tfrt_py.native import lower
+from tfrt_py.native.lower.graph import lower
 
 ML = "ai.onnx.ml"
 

@@ -12,17 +12,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .lower.graph import Declined, blockers, lower
+    from .lower.graph import Declined, blockers
     from .runtime.compile import CACHE_ENV, NativeUnavailable, available
 
-__all__ = ["CACHE_ENV", "Declined", "NativeUnavailable", "available", "blockers", "lower"]
+# (the lowering function is ``lower.graph.lower``: the name ``lower`` here is its package)
+__all__ = ["CACHE_ENV", "Declined", "NativeUnavailable", "available", "blockers"]
 
 #: Where each name lives: imported on first use, so ``import tfrt_py`` and a load that
 #: lowers nothing do not import the lowering (~40 ms).
 _HOMES = {
     "Declined": ".lower.graph",
     "blockers": ".lower.graph",
-    "lower": ".lower.graph",
     "CACHE_ENV": ".runtime.compile",
     "NativeUnavailable": ".runtime.compile",
     "available": ".runtime.compile",

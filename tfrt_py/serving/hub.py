@@ -37,7 +37,7 @@ from .limits import (
     DEFAULT_TIMEOUT_S,
     decoded_limit,
 )
-from .metrics import ServerMetrics
+from .metrics import ServerMetrics, share_across_workers
 from .repository import ModelRepository, check_name
 from .served import ServedModel
 
@@ -163,7 +163,7 @@ class ModelServer:
         self.errors: dict[str, str] = {}
         self.unloaded: set[str] = set()
         self.calls: set[asyncio.Task[Any]] = set()
-        self.metrics = ServerMetrics(lambda: self.models.values(), lambda: self.ready)
+        self.metrics = self._new_metrics(None)
         self.decode_pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="tfrt_py-decode")
         self._started = False
         self._lock = threading.Lock()
@@ -176,6 +176,18 @@ class ModelServer:
             if name not in self.unloaded:
                 return message
         return None
+
+    def _new_metrics(self, shared_dir: str | None) -> ServerMetrics:
+        return ServerMetrics(lambda: self.models.values(), lambda: self.ready, shared_dir)
+
+    def share_metrics(self, directory: str) -> None:
+        """A pre-forked worker, before it serves: its counters and histograms go to the
+        workers' shared ``directory`` and a scrape answers their sum (``metrics``); every
+        served model's recorder is made anew there."""
+        share_across_workers(directory)
+        self.metrics = self._new_metrics(directory)
+        for m in self.models.values():
+            m.metrics = self.metrics.for_model(m.name, m.version)
 
     @property
     def ready(self) -> bool:

@@ -28,10 +28,20 @@ start of the model call that carries it (a batch's call for a batched request).
 Each ServerMetrics has its own registry (two servers in one process do not mix).
 prometheus_client's metrics are thread-safe; here they are updated on the event loop, and
 the gauges are read from the live models when ``/metrics`` is scraped (on the loop).
+
+Under ``serve --workers N`` (``prefork``) a scrape reaches any one worker, so each worker's
+own counts would jump between scrapes, which Prometheus reads as counter resets. There
+every worker, right after the fork, records its counters and histograms in
+prometheus_client's multiprocess files (``share_across_workers``: one directory the master
+made, deleted when it ends) and answers a scrape with their sum over every worker, dead
+ones included (counts never go down). The gauges read at scrape time (in flight, queued,
+ready) and the process metrics stay the answering worker's (its pid is in the response's
+``x-tfrt-py-worker`` header); so do the Triton statistics of ``/v2/models/NAME/stats``.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -54,6 +64,7 @@ __all__ = [
     "NO_METRICS",
     "ModelMetrics",
     "ServerMetrics",
+    "share_across_workers",
 ]
 
 #: The exposition format's Content-Type.
@@ -169,8 +180,18 @@ class ServerMetrics:
     (objects with ``name``, ``version``, ``warmed``, ``in_flight_requests``, ``queued``,
     ``admission.in_flight``); ``ready()`` the server's readiness."""
 
-    def __init__(self, models: Callable[[], Iterable[Any]], ready: Callable[[], bool]) -> None:
-        reg = self.registry = CollectorRegistry()
+    def __init__(
+        self,
+        models: Callable[[], Iterable[Any]],
+        ready: Callable[[], bool],
+        shared_dir: str | None = None,
+    ) -> None:
+        """``shared_dir``: the multiprocess directory of a pre-forked server's workers
+        (``share_across_workers`` set this process up for it): the counters and
+        histograms are kept there and a scrape sums them over every worker."""
+        self.registry = CollectorRegistry()
+        # shared: the counts live in the directory's files, collected from there
+        reg = self.registry if shared_dir is None else None
         mv = ["model", "version"]
         self.requests = Counter(
             "tfrt_py_requests",
@@ -205,10 +226,14 @@ class ServerMetrics:
             ["protocol"],
             registry=reg,
         )
-        ProcessCollector(registry=reg)
-        PlatformCollector(registry=reg)
-        GCCollector(registry=reg)
-        reg.register(_Live(models, ready))
+        if shared_dir is not None:
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            MultiProcessCollector(self.registry, path=shared_dir)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.registry.register(_Live(models, ready))
 
     def for_model(self, model: str, version: str) -> ModelMetrics:
         return ModelMetrics(self, model, version)
@@ -216,6 +241,17 @@ class ServerMetrics:
     def exposition(self) -> bytes:
         """The text format of every metric now."""
         return generate_latest(self.registry)
+
+
+def share_across_workers(directory: str) -> None:
+    """In a pre-forked worker, before its ServerMetrics is made: prometheus_client keeps
+    the values of metrics made from now on in this process's files under ``directory``
+    (its multiprocess mode, which it otherwise decides from ``$PROMETHEUS_MULTIPROC_DIR``
+    at import, before the fork). Process-wide: the worker serves one server."""
+    from prometheus_client import values
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    values.ValueClass = values.MultiProcessValue()
 
 
 class _Live(Collector):

@@ -35,8 +35,10 @@ import contextlib
 import gc
 import importlib.util
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -152,24 +154,38 @@ def run_prefork(
     if on_bound is not None:
         on_bound(_url(sock))
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    # the workers' counters, summed by whichever answers a scrape (serving.metrics)
+    shared = tempfile.mkdtemp(prefix="tfrt_py_metrics_") if server is not None else None
 
     def worker_main(slot: int) -> None:
+        if server is not None and shared is not None:
+            server.share_metrics(shared)
         n = configure_worker(workers, threads)
         say(f"tfrt-py serve: worker {slot} started (pid {os.getpid()}, {n} thread(s))")
         config = _config(_WorkerHeader(app), loop, log_level, drain_timeout, max_head_bytes)
         _Server(config, exit_after=drain_timeout + EXIT_GRACE_S).run(sockets=[sock])
 
-    _Supervisor(worker_main, workers, drain_timeout + EXIT_GRACE_S + 1, say).run()
-    sock.close()
+    def cleanup() -> None:  # before the master ends (by the signal it got, maybe)
+        sock.close()
+        if shared is not None:
+            shutil.rmtree(shared, ignore_errors=True)
+
+    _Supervisor(worker_main, workers, drain_timeout + EXIT_GRACE_S + 1, say, cleanup).run()
 
 
 class _Supervisor:
     """The master's loop: fork, reap, replace, stop. Main thread only (signals)."""
 
     def __init__(
-        self, target: Callable[[int], None], n: int, stop_after: float, say: Callable[[str], object]
+        self,
+        target: Callable[[int], None],
+        n: int,
+        stop_after: float,
+        say: Callable[[str], object],
+        cleanup: Callable[[], object] = lambda: None,
     ) -> None:
         self.target = target
+        self.cleanup = cleanup
         self.n = n
         self.stop_after = stop_after
         self.say = say
@@ -199,6 +215,7 @@ class _Supervisor:
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
+            self.cleanup()
         if self.stop_signal is not None:
             signal.raise_signal(self.stop_signal)  # end as the signal says, as uvicorn does
 
