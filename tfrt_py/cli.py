@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import numpy as np
+from click.core import ParameterSource
 
 from .errors import TfrtError
 
@@ -425,6 +426,15 @@ def bench(
     "code compiled), e.g. input_ids=1x128,attention_mask=1x128; MODEL:... for one model, "
     "else every model with those inputs; repeatable",
 )
+@click.option(
+    "--grpc-port",
+    type=click.IntRange(0, 65535),
+    default=8001,
+    show_default=True,
+    help="the protocol over gRPC too (tritonclient.grpc; needs grpcio: tfrt-py[grpc]); 0 "
+    "picks a free port (printed)",
+)
+@click.option("--no-grpc", is_flag=True, help="serve HTTP only")
 @click.option("--log-level", default="warning", show_default=True, help="uvicorn's")
 @click.option(
     "--workers",
@@ -449,14 +459,16 @@ def serve(
     model_control_mode: str,
     executor: str,
     warmup: tuple[str, ...],
+    grpc_port: int,
+    no_grpc: bool,
     log_level: str,
     workers: int,
 ) -> None:
     """Serve MODEL... (each named by its file stem), or the model repository DIR
     (NAME.onnx or NAME/VERSION/model.onnx), over HTTP (uvicorn, uvloop): the Open
     Inference Protocol (KServe v2: /v2/models/NAME/infer, tritonclient's binary tensors,
-    the repository API), POST /v1/models/NAME:predict, GET /metrics (Prometheus),
-    /healthz, /readyz. Requests are limited in size (--max-body-bytes,
+    the repository API; over gRPC too, --grpc-port), POST /v1/models/NAME:predict, GET
+    /metrics (Prometheus), /healthz, /readyz. Requests are limited in size (--max-body-bytes,
     --max-decoded-bytes), time (--timeout) and number (--max-concurrency, --max-queue)."""
     try:
         from .serving import ModelServer
@@ -479,7 +491,10 @@ def serve(
         log=lambda msg: click.echo(msg, err=True),
         warmup=[_parse_signature(w, set(models)) for w in warmup],
     )
-    _run_server(server, models, host, port, log_level, drain_timeout, workers)
+    # asked for by --grpc-port: it must serve; by default: logged if it cannot
+    explicit = click.get_current_context().get_parameter_source("grpc_port")
+    grpc = None if no_grpc else (f"{host}:{grpc_port}", explicit is ParameterSource.COMMANDLINE)
+    _run_server(server, models, host, port, log_level, drain_timeout, workers, grpc)
 
 
 def _serve_models(
@@ -538,22 +553,32 @@ def _run_server(
     log_level: str,
     drain_timeout: float,
     workers: int,
+    grpc: tuple[str, bool] | None = None,
 ) -> None:
     """Serve ``server``'s app (serving ``models``) until shutdown, in ``workers``
-    processes; a port that cannot be bound fails the command."""
+    processes, with gRPC on ``grpc`` (address, required); a port that cannot be bound
+    fails the command."""
     from .serving import create_app, run_server
 
     def bound(url: str) -> None:
         click.echo(f"tfrt-py serve: {', '.join(models)} on {url}", err=True)
 
     run: Any = run_server
+    if grpc is not None and workers > 1 and grpc[0].endswith(":0"):  # one port for all
+        import socket
+
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.bind((host, 0))
+            grpc = (f"{host}:{probe.getsockname()[1]}", grpc[1])
     if workers > 1:
         from .serving.prefork import run_prefork
 
         run = functools.partial(run_prefork, workers=workers, log=lambda m: click.echo(m, err=True))
     try:
         run(
-            create_app(server),
+            create_app(
+                server, grpc=grpc[0] if grpc else None, grpc_required=bool(grpc and grpc[1])
+            ),
             host,
             port,
             log_level=log_level,

@@ -65,17 +65,22 @@ def create_app(
     models: ModelServer | Mapping[str, Any] | None = None,
     *,
     debug: bool = False,
+    grpc: str | None = None,
+    grpc_required: bool = True,
     **server_options: Any,
 ) -> Starlette:
     """A Starlette app serving ``models``: a ModelServer, or a mapping name -> source
     (path, bytes, loaded Model, ModelConfig) with ``server_options`` for ModelServer
     (repository, batching, max_batch, max_wait_us, max_body_bytes, max_decoded_bytes,
-    timeout, max_concurrency, max_queue, load_options, warmup, log)."""
+    timeout, max_concurrency, max_queue, load_options, warmup, log). ``grpc``: "host:port"
+    to serve the protocol over gRPC too, on the same loop (``grpc_service``; port 0 picks
+    one: ``app.state.grpc_port``); ``grpc_required=False`` logs and serves HTTP alone when
+    grpcio is missing or the port cannot be bound."""
     server = models if isinstance(models, ModelServer) else ModelServer(models, **server_options)
     app = Starlette(
         debug=debug,
         routes=[*_v1_routes(server), *v2_routes(server)],
-        lifespan=_lifespan(server),
+        lifespan=_lifespan(server, grpc, grpc_required),
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
     app.state.model_server = server
@@ -83,20 +88,44 @@ def create_app(
 
 
 def _lifespan(
-    server: ModelServer,
+    server: ModelServer, grpc: str | None, grpc_required: bool
 ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
-    """Start ``server`` (in a thread) before the app serves; drain and close it after."""
+    """Start ``server`` (in a thread) and the gRPC frontend before the app serves; stop
+    gRPC, drain and close the server after."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(server.start)
+        frontend = await _start_grpc(server, grpc, grpc_required) if grpc else None
+        app.state.grpc_port = frontend.port if frontend is not None else None
         try:
             yield
         finally:
+            if frontend is not None:
+                await frontend.stop(server.close_timeout)
             await server.drain()
             await asyncio.to_thread(server.close)
 
     return lifespan
+
+
+async def _start_grpc(server: ModelServer, address: str, required: bool) -> Any:
+    """The started GrpcFrontend on ``address``, or None (logged) when not ``required``
+    and grpcio is missing or the address cannot be bound."""
+    try:
+        from .grpc_service import GrpcFrontend
+
+        frontend = GrpcFrontend(server, address)
+        port = await frontend.start()
+    except (ImportError, RuntimeError) as e:
+        if required:
+            raise
+        server.say(f"tfrt-py serve: gRPC off ({type(e).__name__}: {e}; "
+                   "pip install 'tfrt-py[grpc]' for grpcio)")  # fmt: skip
+        return None
+    host = address.rpartition(":")[0]
+    server.say(f"tfrt-py serve: gRPC (inference.GRPCInferenceService) on {host}:{port}")
+    return frontend
 
 
 def _v1_routes(server: ModelServer) -> list[Route]:

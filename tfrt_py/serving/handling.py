@@ -116,16 +116,22 @@ def counted(server: ModelServer, protocol: str, fn: Handler) -> Handler:
 
 
 def served_model(server: ModelServer, request: Request, version: str | None = None) -> ServedModel:
-    """The ready model the route names (and ``version``, when given); 404 unknown model or
-    version, 503 not loaded or not warmed. Recorded for ``counted``."""
-    name = request.path_params["name"]
+    """The ready model the route names (``find_model``), recorded for ``counted``."""
+    m = find_model(server, request.path_params["name"], version)
+    request.state.served = m
+    return m
+
+
+def find_model(server: ModelServer, name: str, version: str | None = None) -> ServedModel:
+    """The ready model ``name`` (and ``version``, when given); 404 unknown model or version,
+    503 not loaded or not warmed."""
     m = server.get(name)
     if m is not None and version is not None and version != m.version:
         raise RequestError(
-            404, f"model {name!r} has no version {version[:40]!r} loaded; it serves {m.version!r}"
+            404,
+            f"model {name[:100]!r} has no version {version[:40]!r} loaded; it serves {m.version!r}",
         )
     if m is not None and m.warmed:
-        request.state.served = m
         return m
     if name not in server.configs:
         raise RequestError(404, f"unknown model {name[:100]!r}; models: {sorted(server.configs)}")

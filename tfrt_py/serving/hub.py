@@ -177,6 +177,27 @@ class ModelServer:
                 return message
         return None
 
+    def index(self) -> list[dict[str, Any]]:
+        """The repository index: every configured model by name, READY or UNAVAILABLE
+        with the reason (the v2 repository extension's and gRPC's RepositoryIndex)."""
+        index = []
+        for name in sorted(self.configs):
+            m = self.get(name)
+            entry: dict[str, Any] = {"name": name, "version": m.version if m else ""}
+            if m is not None and m.warmed:
+                entry["state"] = "READY"
+            else:
+                entry["state"] = "UNAVAILABLE"
+                entry["reason"] = (
+                    "unloaded" if name in self.unloaded else self.errors.get(name, "loading")
+                )
+            index.append(entry)
+        return index
+
+    def say(self, message: str) -> None:
+        """Log ``message`` where the server logs (its ``log``)."""
+        self._log(message)
+
     def _new_metrics(self, shared_dir: str | None) -> ServerMetrics:
         return ServerMetrics(lambda: self.models.values(), lambda: self.ready, shared_dir)
 

@@ -53,7 +53,7 @@ from .served import ServedModel
 from .v2_binary import HEADER_LENGTH, decode_infer, encode_infer
 from .v2_codec import datatype_of, metadata_shape
 
-__all__ = ["EXTENSIONS", "PLATFORM", "v2_routes"]
+__all__ = ["EXTENSIONS", "PLATFORM", "tensor_meta", "v2_routes"]
 
 #: The protocol extensions served (``GET /v2``).
 EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy", "parameters"]
@@ -61,7 +61,8 @@ EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy", "para
 PLATFORM = "tfrt_py_onnx"
 
 
-def _tensor_meta(specs: Any) -> list[dict[str, Any]]:
+def tensor_meta(specs: Any) -> list[dict[str, Any]]:
+    """A model's inputs or outputs as the protocol's metadata (name, datatype, shape)."""
     return [
         {
             "name": s.name,
@@ -126,8 +127,8 @@ def _model_routes(server: ModelServer) -> list[Route]:
                 "name": m.name,
                 "versions": [m.version],
                 "platform": PLATFORM,
-                "inputs": _tensor_meta(m.inputs),
-                "outputs": _tensor_meta(m.outputs),
+                "inputs": tensor_meta(m.inputs),
+                "outputs": tensor_meta(m.outputs),
             }
         )
 
@@ -247,19 +248,7 @@ def _repository_routes(server: ModelServer) -> list[Route]:
 
     async def repository_index(request: Request) -> Response:
         await read_body(request, server.max_body_bytes)
-        index = []
-        for name in sorted(server.configs):
-            m = server.get(name)
-            entry: dict[str, Any] = {"name": name, "version": m.version if m else ""}
-            if m is not None and m.warmed:
-                entry["state"] = "READY"
-            else:
-                entry["state"] = "UNAVAILABLE"
-                entry["reason"] = (
-                    "unloaded" if name in server.unloaded else server.errors.get(name, "loading")
-                )
-            index.append(entry)
-        return json_response(index)
+        return json_response(server.index())
 
     async def _load_request(request: Request) -> None:
         """The body of a load/unload request: empty, or JSON whose parameters we can honour

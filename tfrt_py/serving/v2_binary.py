@@ -70,6 +70,19 @@ def decode_infer(
             raise RequestError(400, f"{e.message}; binary tensor data after the JSON needs "
                                     f"the {HEADER_LENGTH} header") from None  # fmt: skip
         raise
+    return decode_document(doc, data, model, inputs, outputs, max_decoded)
+
+
+def decode_document(
+    doc: Any,
+    data: memoryview | None,
+    model: str,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    max_decoded: int,
+) -> tuple[InferRequest, dict[str, np.ndarray]]:
+    """The checked request and its feeds from a parsed v2 document and the binary data
+    after it (None: none; the gRPC frontend's raw contents, joined)."""
     req = parse_request(doc, model, inputs, outputs, max_decoded, data is not None)
     feeds = _binary_inputs(req.inputs, data) if data is not None else {}
     for t in req.inputs:
@@ -177,7 +190,7 @@ def encode_infer(
             )
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if binary:
-            blob = _encode_bytes(arr) if datatype == "BYTES" else _encode_fixed(arr)
+            blob = encode_blob(arr, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
@@ -191,6 +204,11 @@ def encode_infer(
     if not blobs:
         return head, {}, JSON
     return head + b"".join(blobs), {HEADER_LENGTH: str(len(head))}, OCTETS
+
+
+def encode_blob(arr: np.ndarray, datatype: str) -> bytes:
+    """An output's binary form: little-endian row-major, or length-prefixed BYTES."""
+    return _encode_bytes(arr) if datatype == "BYTES" else _encode_fixed(arr)
 
 
 def _encode_fixed(arr: np.ndarray) -> bytes:
