@@ -14,7 +14,10 @@ protocol:
 * ``v2``: ``POST /v2/models/NAME/infer`` through Triton's own asyncio client
   (``tritonclient.http.aio``, aiohttp) with binary tensors in and out, as a Triton user
   would send them. Its client costs more CPU per request than the raw v1 client, and
-  client and server share the cores: the v2 figures include that.
+  client and server share the cores: the v2 figures include that;
+* ``grpc``: the same requests over gRPC (``--grpc-port``) through
+  ``tritonclient.grpc.aio``, raw contents in and out, ``concurrency`` calls in flight on
+  one channel (HTTP/2 multiplexes them), as its users send them.
 
 Every response is checked -- status 200 and outputs equal to a local ``model.run`` of the
 same input -- and counted as failed otherwise; the script exits 1 if any request failed.
@@ -136,6 +139,8 @@ async def drive(
     seconds, latencies (ms), failed count."""
     if protocol == "v2":
         return await drive_v2(port, case, requests, concurrency)
+    if protocol == "grpc":
+        return await drive_grpc(port, case, requests, concurrency)
     head = (
         f"POST /v1/models/{case.name}:predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         f"Content-Type: application/json\r\nContent-Length: "
@@ -223,6 +228,54 @@ async def drive_v2(port: int, case: Case, requests: int, concurrency: int) -> di
     }
 
 
+async def drive_grpc(port: int, case: Case, requests: int, concurrency: int) -> dict[str, Any]:
+    """``drive`` over gRPC (``port``: the server's gRPC port), tritonclient's asyncio
+    client, ``concurrency`` calls in flight."""
+    import tritonclient.grpc as tgrpc
+    import tritonclient.grpc.aio as tgrpc_aio
+    from tritonclient.utils import InferenceServerException
+
+    client = tgrpc_aio.InferenceServerClient(f"127.0.0.1:{port}")
+    inputs = []
+    for x in case.xs:
+        t = tgrpc.InferInput(case.input_name, list(x.shape), "FP32")
+        t.set_data_from_numpy(x)
+        inputs.append(t)
+    names = list(case.expected[0])
+    latencies: list[float] = []
+    failed = 0
+    counter = iter(range(requests))
+
+    async def worker() -> None:
+        nonlocal failed
+        for i in counter:
+            k = i % len(inputs)
+            t0 = time.perf_counter()
+            try:
+                result = await client.infer(case.name, [inputs[k]])
+            except InferenceServerException:
+                failed += 1
+                continue
+            latencies.append((time.perf_counter() - t0) * 1e3)
+            want = case.expected[k]
+            if not all(
+                np.allclose(result.as_numpy(n), want[n], rtol=1e-4, atol=1e-5) for n in names
+            ):
+                failed += 1
+
+    t0 = time.perf_counter()
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await client.close()
+    return {
+        "seconds": time.perf_counter() - t0,
+        "latencies": latencies,
+        "failed": failed,
+        "requests": requests,
+    }
+
+
 async def _get_json(port: int, path: str) -> Any:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
@@ -256,7 +309,18 @@ def start_server(
         )
     with open(log, "wb") as err:
         proc = subprocess.Popen(
-            [TFRT_PY, "serve", *paths, "--port", "0", "--batching", batching, *extra],
+            [
+                TFRT_PY,
+                "serve",
+                *paths,
+                "--port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--batching",
+                batching,
+                *extra,
+            ],
             stderr=err,
             env=env,
         )
@@ -268,6 +332,16 @@ def start_server(
             break
         time.sleep(0.05)
     raise SystemExit(f"tfrt-py serve did not start:\n{_read(log)}")
+
+
+def grpc_port(log: str) -> int:
+    """The gRPC port a started server printed (once its app is up)."""
+    for _ in range(1200):
+        m = re.search(r"GRPCInferenceService\) on 127\.0\.0\.1:(\d+)", _read(log))
+        if m:
+            return int(m.group(1))
+        time.sleep(0.05)
+    raise SystemExit(f"tfrt-py serve printed no gRPC port:\n{_read(log)}")
 
 
 def _read(path: str) -> str:
@@ -294,17 +368,19 @@ async def run_pair(
     try:
         for proc, port in servers.values():
             await wait_ready(port, proc)
+        grpc = {m: grpc_port(os.path.join(tmp, f"{m}-{blas}.log")) for m in modes}
         per_round = max(1, a.requests // a.rounds)
         for case in cases:
             for proto in a.protocols.split(","):
                 runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
                 before = {}
                 for m, (_, port) in servers.items():
-                    await drive(port, case, min(300, a.requests), a.concurrency, proto)  # warm-up
+                    at = grpc[m] if proto == "grpc" else port
+                    await drive(at, case, min(300, a.requests), a.concurrency, proto)  # warm-up
                     before[m] = (await _get_json(port, f"/v1/models/{case.name}"))[1]["batching"]
                 for k in range(a.rounds):
                     for m in modes if k % 2 == 0 else modes[::-1]:
-                        port = servers[m][1]
+                        port = grpc[m] if proto == "grpc" else servers[m][1]
                         runs[m].append(await drive(port, case, per_round, a.concurrency, proto))
                 for m, (_, port) in servers.items():
                     after = (await _get_json(port, f"/v1/models/{case.name}"))[1]["batching"]
@@ -342,7 +418,7 @@ def main() -> None:
     ap.add_argument(
         "--protocols",
         default="v1,v2",
-        help="v1 (JSON, raw client) and/or v2 (binary tensors, tritonclient)",
+        help="v1 (JSON, raw client), v2 (binary tensors, tritonclient), grpc (tritonclient)",
     )
     ap.add_argument(
         "--blas-threads",
