@@ -74,7 +74,9 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
-        if "depth" in str(e).lower() or "recursion" in str(e).lower():
+        said = "depth" in str(e).lower() or "recursion" in str(e).lower()
+        # protobuf 6's parser gives no reason: measure the nesting ourselves
+        if said or _nesting(data, onnx.ModelProto.DESCRIPTOR, NEST_LIMIT) >= NEST_LIMIT:
             raise ModelLoadError(
                 f"{where} is not a valid ONNX model: its messages nest deeper than the "
                 f"protobuf parser allows (subgraphs nested about 30 levels deep): {e}"
@@ -89,6 +91,51 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
         raise ModelLoadError(f"{where} has no ir_version and no opset_import: not an ONNX model")
     _check_text(model, where)
     return model
+
+
+#: Sub-message depth past which protobuf's parsers refuse a message (upb's default).
+NEST_LIMIT = 100
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """(value, position after it); position -1 when the bytes end inside it."""
+    value = shift = 0
+    while pos < len(data) and shift < 64:
+        b = data[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+    return 0, -1
+
+
+def _nesting(data: bytes, desc: Any, limit: int) -> int:
+    """How deep sub-messages nest in ``data`` (wire bytes of a ``desc`` message), counted
+    up to ``limit``; malformed bytes end a message's scan. Iterative and linear in
+    ``len(data)``: a message's bytes are read once, at its own level (its sub-messages
+    are skipped by length there and read when their turn comes)."""
+    stack = [(0, len(data), desc, 1)]
+    deepest = 0
+    while stack and deepest < limit:
+        pos, end, d, depth = stack.pop()
+        deepest = max(deepest, depth)
+        while 0 <= pos < end:
+            key, pos = _varint(data, pos)
+            wire = key & 7
+            if pos < 0 or wire in (3, 4) or wire > 5:
+                break
+            if wire == 0:
+                _, pos = _varint(data, pos)
+            elif wire in (1, 5):
+                pos += 8 if wire == 1 else 4
+            else:
+                n, pos = _varint(data, pos)
+                f = d.fields_by_number.get(key >> 3) if pos >= 0 else None
+                if f is not None and f.message_type is not None and pos + n <= end:
+                    stack.append((pos, pos + n, f.message_type, depth + 1))
+                pos = pos + n if pos >= 0 else -1
+    return deepest
 
 
 _STRING = FieldDescriptor.TYPE_STRING
