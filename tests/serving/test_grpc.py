@@ -20,7 +20,7 @@ pytest.importorskip("grpc", reason="grpcio is not installed (the [grpc] extra)")
 
 import tritonclient.grpc as tgrpc
 import tritonclient.grpc.aio as tgrpc_aio
-from tritonclient.grpc import service_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import InferenceServerException
 
 import tfrt_py
@@ -82,15 +82,17 @@ def test_the_schema_is_tritonclients_on_the_wire() -> None:
     for path, cls in MESSAGES.items():
         ours = cls.DESCRIPTOR
         outer, *inner = path.split(".")
-        theirs = service_pb2.DESCRIPTOR.message_types_by_name[outer]
+        pb = service_pb2 if outer in service_pb2.DESCRIPTOR.message_types_by_name else None
+        theirs = (pb or model_config_pb2).DESCRIPTOR.message_types_by_name[outer]
         for part in inner:
             theirs = theirs.nested_types_by_name[part]
         for f in ours.fields:
             g = theirs.fields_by_name[f.name]
 
             def shape(d: Any) -> tuple[Any, ...]:
-                mt = d.message_type
-                return (d.number, d.type, d.is_repeated, mt.full_name if mt else None,
+                mt, et = d.message_type, d.enum_type
+                values = [(v.name, v.number) for v in et.values] if et else None
+                return (d.number, d.type, d.is_repeated, mt.full_name if mt else None, values,
                         mt.GetOptions().map_entry if mt else None,
                         d.containing_oneof.name if d.containing_oneof else None)  # fmt: skip
 
@@ -113,6 +115,11 @@ def test_sync_client_health_metadata_infer_and_statistics(served: tuple[str, str
             np.testing.assert_allclose(res.as_numpy(out.name), want, rtol=1e-5, atol=1e-6)
     stats = c.get_inference_statistics(NAME)
     assert stats.model_stats[0].inference_count >= 2
+    config = c.get_model_config(NAME).config
+    assert config.name == NAME and config.input[0].name == "x"
+    assert model_config_pb2.DataType.Name(config.input[0].data_type) == "TYPE_FP32"
+    assert list(config.output[0].dims)[-1] == 4
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     index = c.get_model_repository_index()
     assert {m.name for m in index.models} == {NAME, "other"}
     assert all(m.state == "READY" for m in index.models)

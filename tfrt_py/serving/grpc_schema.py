@@ -32,8 +32,9 @@ _SCALARS = {
 }  # fmt: skip
 
 # A field: (name, number, type); a type ending in "*" is repeated, "map:T" is
-# map<string, T>, "?name" after a type puts the field in that oneof. Message types are
-# named from the package ("ModelInferRequest.InferInputTensor").
+# map<string, T>, "enum:E" an enum of ``_ENUMS``, "?name" after a type puts the field in
+# that oneof. Message and enum types are named from the package
+# ("ModelInferRequest.InferInputTensor").
 _TENSOR_META = [("name", 1, "string"), ("datatype", 2, "string"), ("shape", 3, "int64*")]
 _IO_TENSOR = [*_TENSOR_META, ("parameters", 4, "map:InferParameter"),
               ("contents", 5, "InferTensorContents")]  # fmt: skip
@@ -134,6 +135,65 @@ _TABLE: dict[str, list[tuple[str, int, str]]] = {
         ("reason", 4, "string"),
     ],
     "RepositoryIndexResponse": [("models", 1, "RepositoryIndexResponse.ModelIndex*")],
+    # Triton's model configuration (model_config.proto): the fields a served model has.
+    "ModelConfigRequest": _NAME_VERSION,
+    "ModelConfigResponse": [("config", 1, "ModelConfig")],
+    "ModelVersionPolicy.Latest": [("num_versions", 1, "uint32")],
+    "ModelVersionPolicy": [("latest", 1, "ModelVersionPolicy.Latest?policy_choice")],
+    "ModelInput": [
+        ("name", 1, "string"),
+        ("data_type", 2, "enum:DataType"),
+        ("format", 3, "enum:ModelInput.Format"),
+        ("dims", 4, "int64*"),
+    ],
+    "ModelOutput": [
+        ("name", 1, "string"),
+        ("data_type", 2, "enum:DataType"),
+        ("dims", 3, "int64*"),
+        ("label_filename", 4, "string"),
+    ],
+    "ModelInstanceGroup": [
+        ("name", 1, "string"),
+        ("count", 2, "int32"),
+        ("kind", 4, "enum:ModelInstanceGroup.Kind"),
+    ],
+    "ModelDynamicBatching": [("max_queue_delay_microseconds", 2, "uint64")],
+    "ModelParameter": [("string_value", 1, "string")],
+    "ModelConfig": [
+        ("name", 1, "string"),
+        ("platform", 2, "string"),
+        ("version_policy", 3, "ModelVersionPolicy"),
+        ("max_batch_size", 4, "int32"),
+        ("input", 5, "ModelInput*"),
+        ("output", 6, "ModelOutput*"),
+        ("instance_group", 7, "ModelInstanceGroup*"),
+        ("dynamic_batching", 11, "ModelDynamicBatching?scheduling_choice"),
+        ("parameters", 14, "map:ModelParameter"),
+        ("backend", 17, "string"),
+    ],
+}
+
+#: Enums: name -> value names, numbered from 0 in order.
+_ENUMS: dict[str, list[str]] = {
+    "DataType": [
+        "TYPE_INVALID",
+        "TYPE_BOOL",
+        "TYPE_UINT8",
+        "TYPE_UINT16",
+        "TYPE_UINT32",
+        "TYPE_UINT64",
+        "TYPE_INT8",
+        "TYPE_INT16",
+        "TYPE_INT32",
+        "TYPE_INT64",
+        "TYPE_FP16",
+        "TYPE_FP32",
+        "TYPE_FP64",
+        "TYPE_STRING",
+        "TYPE_BF16",
+    ],
+    "ModelInput.Format": ["FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"],
+    "ModelInstanceGroup.Kind": ["KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL"],
 }
 
 #: The RPCs served: name -> (request message, response message).
@@ -146,6 +206,7 @@ RPCS = {
     "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
     "ModelStatistics": ("ModelStatisticsRequest", "ModelStatisticsResponse"),
     "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse"),
+    "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse"),
 }
 
 
@@ -169,7 +230,9 @@ def _add_field(msg: Any, name: str, number: int, spec: str) -> None:
     repeated = spec.endswith("*")
     spec = spec.rstrip("*")
     f.label = _F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
-    if spec in _SCALARS:
+    if spec.startswith("enum:"):
+        f.type, f.type_name = _F.TYPE_ENUM, f".{PACKAGE}.{spec[5:]}"
+    elif spec in _SCALARS:
         f.type = _SCALARS[spec]
     else:
         f.type, f.type_name = _F.TYPE_MESSAGE, f".{PACKAGE}.{spec}"
@@ -198,6 +261,11 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
         msg = (made[outer].nested_type if outer else fd.message_type).add(name=inner)
         made[path] = msg
         _PATHS[id(msg)] = path
+    for path, values in _ENUMS.items():
+        outer, _, inner = path.rpartition(".")
+        enum = (made[outer].enum_type if outer else fd.enum_type).add(name=inner)
+        for number, value in enumerate(values):
+            enum.value.add(name=value, number=number)
     for path, fields in _TABLE.items():
         for name, number, spec in fields:
             _add_field(made[path], name, number, spec)

@@ -3,7 +3,8 @@
 aio), perf_analyzer and KServe's gRPC clients.
 
 Served RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
-ModelInfer, ModelStatistics and RepositoryIndex (messages: ``grpc_schema``). Others answer
+ModelInfer, ModelStatistics, RepositoryIndex and ModelConfig (the HTTP route's Triton
+configuration, ``v2.triton_config``; messages: ``grpc_schema``). Others answer
 UNIMPLEMENTED, as gRPC does for any unknown method.
 
 ModelInfer is the HTTP route's request in another envelope: the message is turned into the
@@ -39,7 +40,7 @@ from .grpc_schema import MESSAGES, RPCS, SERVICE
 from .handling import Deadline, find_model, run_in_time
 from .hub import ModelServer
 from .served import ServedModel
-from .v2 import EXTENSIONS, PLATFORM, tensor_meta
+from .v2 import EXTENSIONS, PLATFORM, tensor_meta, triton_config
 from .v2_binary import decode_document, encode_blob
 from .v2_codec import datatype_of
 
@@ -159,6 +160,13 @@ class _Rpcs:
             doc.pop("batch_stats", None)
             stats.append(MESSAGES["ModelStatistics"](**doc))
         return MESSAGES["ModelStatisticsResponse"](model_stats=stats)
+
+    async def ModelConfig(self, req: Any, ctx: Any) -> Any:
+        from google.protobuf import json_format
+
+        config = triton_config(find_model(self.server, req.name, req.version or None))
+        message = json_format.ParseDict(config, MESSAGES["ModelConfig"]())
+        return MESSAGES["ModelConfigResponse"](config=message)
 
     async def RepositoryIndex(self, req: Any, ctx: Any) -> Any:
         entry = MESSAGES["RepositoryIndexResponse.ModelIndex"]

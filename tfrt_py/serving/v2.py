@@ -53,7 +53,7 @@ from .served import ServedModel
 from .v2_binary import HEADER_LENGTH, decode_infer, encode_infer
 from .v2_codec import datatype_of, metadata_shape
 
-__all__ = ["EXTENSIONS", "PLATFORM", "tensor_meta", "v2_routes"]
+__all__ = ["EXTENSIONS", "PLATFORM", "tensor_meta", "triton_config", "v2_routes"]
 
 #: The protocol extensions served (``GET /v2``).
 EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy", "parameters"]
@@ -141,7 +141,7 @@ def _model_routes(server: ModelServer) -> list[Route]:
         return json_response({"name": m.name, "version": m.version, "ready": True})
 
     async def model_config(request: Request) -> Response:
-        return json_response(_config(loaded(request)))
+        return json_response(triton_config(loaded(request)))
 
     async def model_stats(request: Request) -> Response:
         m = loaded(request)
@@ -164,7 +164,7 @@ def _model_routes(server: ModelServer) -> list[Route]:
     return model_routes
 
 
-def _config(m: ServedModel) -> dict[str, Any]:
+def triton_config(m: ServedModel) -> dict[str, Any]:
     """Triton's model configuration (JSON) of a served model, as tritonclient's
     ``get_model_config`` and perf_analyzer read it: with batching on, ``max_batch_size``
     and dims without the batch dim; else 0 and the whole shape (-1: any size)."""
