@@ -33,8 +33,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import numpy as np
-
 from .errors import RequestError
 from .grpc_schema import MESSAGES, RPCS, SERVICE
 from .handling import Deadline, find_model, run_in_time
@@ -42,7 +40,7 @@ from .hub import ModelServer
 from .served import ServedModel
 from .v2 import EXTENSIONS, PLATFORM, tensor_meta, triton_config
 from .v2_binary import decode_document, encode_blob
-from .v2_codec import datatype_of
+from .v2_codec import answer_array, datatype_of
 
 __all__ = ["GrpcFrontend"]
 
@@ -208,7 +206,7 @@ def _response(model: ServedModel, rid: str, names: list[str], outputs: dict[str,
     tensor = MESSAGES["ModelInferResponse.InferOutputTensor"]
     out, raw = [], []
     for name in names:
-        arr = np.asarray(outputs[name])
+        arr = answer_array(name, outputs[name])
         datatype = datatype_of(arr.dtype)
         if datatype is None:
             raise RequestError(

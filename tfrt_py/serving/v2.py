@@ -51,7 +51,7 @@ from .hub import ModelServer
 from .limits import INLINE_DECODE_BYTES, INLINE_ENCODE_BYTES
 from .served import ServedModel
 from .v2_binary import HEADER_LENGTH, decode_infer, encode_infer
-from .v2_codec import datatype_of, metadata_shape
+from .v2_codec import metadata_shape, spec_datatype
 
 __all__ = ["EXTENSIONS", "PLATFORM", "tensor_meta", "triton_config", "v2_routes"]
 
@@ -66,7 +66,7 @@ def tensor_meta(specs: Any) -> list[dict[str, Any]]:
     return [
         {
             "name": s.name,
-            "datatype": datatype_of(s.dtype) or f"UNSUPPORTED({s.dtype})",
+            "datatype": spec_datatype(s) or f"UNSUPPORTED({s.type})",
             "shape": metadata_shape(s.shape),
         }
         for s in specs
@@ -176,7 +176,7 @@ def triton_config(m: ServedModel) -> dict[str, Any]:
             dims = metadata_shape(s.shape)
             out.append({
                 "name": s.name,
-                "data_type": "TYPE_" + (datatype_of(s.dtype) or "INVALID").replace(
+                "data_type": "TYPE_" + (spec_datatype(s) or "INVALID").replace(
                     "BYTES", "STRING"),
                 "dims": dims[1:] if batched and dims else dims,
                 **({"format": "FORMAT_NONE"} if kind == "input" else {"label_filename": ""}),

@@ -33,6 +33,7 @@ from .errors import RequestError
 from .v2_codec import (
     InferRequest,
     TensorIn,
+    answer_array,
     datatype_of,
     json_data,
     parse_request,
@@ -182,7 +183,7 @@ def encode_infer(
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for name, binary in req.outputs:
-        arr = np.asarray(outputs[name])
+        arr = answer_array(name, outputs[name])
         datatype = datatype_of(arr.dtype)
         if datatype is None:
             raise RequestError(

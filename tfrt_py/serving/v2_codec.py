@@ -34,6 +34,7 @@ functions: thread-safe (large bodies are decoded on the server's decode threads)
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,11 +51,13 @@ from .limits import MAX_PRIORITY, MAX_TENSOR_RANK
 __all__ = [
     "InferRequest",
     "TensorIn",
+    "answer_array",
     "datatype_of",
     "datatypes",
     "json_data",
     "metadata_shape",
     "parse_request",
+    "spec_datatype",
     "tensor_from_json",
 ]
 
@@ -90,6 +93,40 @@ def datatype_of(dtype: np.dtype | None) -> str | None:
     if dtype.kind in "US":
         return "BYTES"
     return None
+
+
+def spec_datatype(spec: TensorSpec) -> str | None:
+    """The v2 datatype an output is answered in: its tensor's, or BYTES for a sequence of
+    maps (skl2onnx's ZipMap: one JSON object per row, ``answer_array``); None when no
+    datatype carries it (other sequences, maps, optionals)."""
+    if spec.type.startswith("seq<map<"):
+        return "BYTES"
+    return datatype_of(spec.dtype)
+
+
+def answer_array(name: str, value: Any) -> np.ndarray:
+    """An output's value as the array a v2 response carries: a tensor as it is; a
+    sequence of maps (ZipMap's ``[{class: p}, ...]``) as one JSON object text per row,
+    keys as strings, in the map's order; anything else that is not a tensor a 501."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, list) and all(isinstance(row, dict) for row in value):
+        out = np.empty(len(value), object)
+        for i, row in enumerate(value):
+            out[i] = json.dumps({str(k): _plain(v) for k, v in row.items()}, allow_nan=True)
+        return out
+    if np.isscalar(value):
+        return np.asarray(value)
+    raise RequestError(
+        501,
+        f"output {name!r} is a {type(value).__name__}, which no v2 datatype carries "
+        "(tensors and sequences of maps are answered)",
+    )
+
+
+def _plain(v: Any) -> Any:
+    """A map value as JSON writes it (NumPy scalars as Python numbers)."""
+    return v.item() if isinstance(v, np.generic) else v
 
 
 def metadata_shape(shape: Sequence[int | str | None] | None) -> list[int]:
