@@ -190,6 +190,40 @@ def test_aio_client_infers_concurrently(served: tuple[str, str]) -> None:
     assert len(asyncio.run(main())) == 4
 
 
+def test_a_stream_of_requests_is_answered_in_order_and_survives_a_bad_one(
+    served: tuple[str, str],
+) -> None:
+    """ModelStreamInfer through tritonclient's aio stream: answers in order, a request for
+    an unknown model answered in-band with its error, the stream going on after it."""
+    address, _ = served
+
+    xs = [_x(r) for r in (1, 2, 3)]
+
+    async def main() -> list[tuple[Any, Any]]:
+        c = tgrpc_aio.InferenceServerClient(address)
+
+        async def requests() -> Any:
+            yield {"model_name": NAME, "inputs": _inputs(tgrpc_aio, xs[0])}
+            yield {"model_name": "nope", "inputs": _inputs(tgrpc_aio, xs[1])}
+            yield {"model_name": NAME, "inputs": _inputs(tgrpc_aio, xs[2])}
+
+        got: list[tuple[Any, Any]] = []
+        try:
+            async for result, error in c.stream_infer(requests()):
+                got.append((result, error))
+                if len(got) == 3:
+                    break
+        finally:
+            await c.close()
+        return got
+
+    got = asyncio.run(main())
+    assert [e is None for _, e in got] == [True, False, True]
+    assert "unknown model" in str(got[1][1])
+    for x, (res, _) in zip((xs[0], xs[2]), (got[0], got[2])):
+        np.testing.assert_allclose(res.as_numpy("y"), _expected(x)[0], rtol=1e-5, atol=1e-6)
+
+
 def test_grpc_requests_are_counted_in_the_metrics(served: tuple[str, str]) -> None:
     import httpx
 

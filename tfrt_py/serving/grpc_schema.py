@@ -19,7 +19,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-__all__ = ["MESSAGES", "PACKAGE", "SERVICE"]
+__all__ = ["MESSAGES", "PACKAGE", "RPCS", "SERVICE", "STREAMS"]
 
 PACKAGE = "inference"
 SERVICE = "inference.GRPCInferenceService"
@@ -101,6 +101,10 @@ _TABLE: dict[str, list[tuple[str, int, str]]] = {
         ("parameters", 4, "map:InferParameter"),
         ("outputs", 5, "ModelInferResponse.InferOutputTensor*"),
         ("raw_output_contents", 6, "bytes*"),
+    ],
+    "ModelStreamInferResponse": [
+        ("error_message", 1, "string"),
+        ("infer_response", 2, "ModelInferResponse"),
     ],
     "ModelStatisticsRequest": _NAME_VERSION,
     "StatisticDuration": [("count", 1, "uint64"), ("ns", 2, "uint64")],
@@ -208,6 +212,8 @@ RPCS = {
     "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse"),
     "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse"),
 }
+#: The streaming RPCs served (a stream of requests, a stream of responses).
+STREAMS = {"ModelStreamInfer": ("ModelInferRequest", "ModelStreamInferResponse")}
 
 
 def _add_field(msg: Any, name: str, number: int, spec: str) -> None:
@@ -270,9 +276,11 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
         for name, number, spec in fields:
             _add_field(made[path], name, number, spec)
     service = fd.service.add(name="GRPCInferenceService")
-    for rpc, (req, resp) in RPCS.items():
+    for rpc, (req, resp) in [*RPCS.items(), *STREAMS.items()]:
+        streams = rpc in STREAMS
         service.method.add(name=rpc, input_type=f".{PACKAGE}.{req}",
-                           output_type=f".{PACKAGE}.{resp}")  # fmt: skip
+                           output_type=f".{PACKAGE}.{resp}", client_streaming=streams,
+                           server_streaming=streams)  # fmt: skip
     return fd
 
 

@@ -4,7 +4,9 @@ aio), perf_analyzer and KServe's gRPC clients.
 
 Served RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
 ModelInfer, ModelStatistics, RepositoryIndex and ModelConfig (the HTTP route's Triton
-configuration, ``v2.triton_config``; messages: ``grpc_schema``). Others answer
+configuration, ``v2.triton_config``), and ModelStreamInfer: a stream of ModelInfer
+requests answered in order on one stream, a failed request answered in-band with its
+``error_message`` while the stream goes on (messages: ``grpc_schema``). Others answer
 UNIMPLEMENTED, as gRPC does for any unknown method.
 
 ModelInfer is the HTTP route's request in another envelope: the message is turned into the
@@ -34,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .errors import RequestError
-from .grpc_schema import MESSAGES, RPCS, SERVICE
+from .grpc_schema import MESSAGES, RPCS, SERVICE, STREAMS
 from .handling import Deadline, find_model, run_in_time
 from .hub import ModelServer
 from .served import ServedModel
@@ -171,6 +173,14 @@ class _Rpcs:
         index = [e for e in self.server.index() if not req.ready or e["state"] == "READY"]
         return MESSAGES["RepositoryIndexResponse"](models=[entry(**e) for e in index])
 
+    async def ModelStreamInfer(self, requests: Any, ctx: Any) -> Any:
+        answer = MESSAGES["ModelStreamInferResponse"]
+        async for req in requests:
+            try:
+                yield answer(infer_response=await self.ModelInfer(req, ctx))
+            except RequestError as e:
+                yield answer(error_message=e.message)
+
     async def ModelInfer(self, req: Any, ctx: Any) -> Any:
         t0 = time.perf_counter()
         server, model, code = self.server, None, 500
@@ -258,6 +268,12 @@ class GrpcFrontend:
             )
             for name, (req, resp) in RPCS.items()
         }
+        for name, (req, resp) in STREAMS.items():
+            handlers[name] = grpc.stream_stream_rpc_method_handler(
+                getattr(rpcs, name),
+                request_deserializer=MESSAGES[req].FromString,
+                response_serializer=MESSAGES[resp].SerializeToString,
+            )
         limit = int(self.server.max_body_bytes)
         self._grpc = aio.server(options=[("grpc.max_receive_message_length", limit),
                                          ("grpc.max_send_message_length", -1)])  # fmt: skip
