@@ -279,3 +279,28 @@ def test_tfrt_py_serve_speaks_grpc(tmp_path: Any) -> None:
         proc.wait(60)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_repository_load_and_unload_over_grpc(tmp_path: Any) -> None:
+    """RepositoryModelUnload/Load with model_control explicit: the model goes UNAVAILABLE
+    and comes back; without it, PERMISSION_DENIED; a config sent along, INVALID_ARGUMENT."""
+    path = str(tmp_path / "m.onnx")
+    _write_model(path)
+    for control in ("explicit", "none"):
+        app = create_app({"m": path}, grpc="127.0.0.1:0", model_control=control)
+        with ServerThread(app):
+            c = tgrpc.InferenceServerClient(f"127.0.0.1:{app.state.grpc_port}")
+            if control == "none":
+                with pytest.raises(InferenceServerException) as e:
+                    c.unload_model("m")
+                assert "PERMISSION_DENIED" in str(e.value.status())
+                continue
+            c.unload_model("m")
+            assert not c.is_model_ready("m")
+            index = c.get_model_repository_index()
+            assert [(m.name, m.state) for m in index.models] == [("m", "UNAVAILABLE")]
+            c.load_model("m")
+            assert c.is_model_ready("m")
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model("m", config='{"max_batch_size": 8}')
+            assert "INVALID_ARGUMENT" in str(e.value.status())

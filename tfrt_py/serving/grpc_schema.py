@@ -139,6 +139,24 @@ _TABLE: dict[str, list[tuple[str, int, str]]] = {
         ("reason", 4, "string"),
     ],
     "RepositoryIndexResponse": [("models", 1, "RepositoryIndexResponse.ModelIndex*")],
+    "ModelRepositoryParameter": [
+        ("bool_param", 1, "bool?parameter_choice"),
+        ("int64_param", 2, "int64?parameter_choice"),
+        ("string_param", 3, "string?parameter_choice"),
+        ("bytes_param", 4, "bytes?parameter_choice"),
+    ],
+    "RepositoryModelLoadRequest": [
+        ("repository_name", 1, "string"),
+        ("model_name", 2, "string"),
+        ("parameters", 3, "map:ModelRepositoryParameter"),
+    ],
+    "RepositoryModelLoadResponse": [],
+    "RepositoryModelUnloadRequest": [
+        ("repository_name", 1, "string"),
+        ("model_name", 2, "string"),
+        ("parameters", 3, "map:ModelRepositoryParameter"),
+    ],
+    "RepositoryModelUnloadResponse": [],
     # Triton's model configuration (model_config.proto): the fields a served model has.
     "ModelConfigRequest": _NAME_VERSION,
     "ModelConfigResponse": [("config", 1, "ModelConfig")],
@@ -211,6 +229,8 @@ RPCS = {
     "ModelStatistics": ("ModelStatisticsRequest", "ModelStatisticsResponse"),
     "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse"),
     "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse"),
+    "RepositoryModelLoad": ("RepositoryModelLoadRequest", "RepositoryModelLoadResponse"),
+    "RepositoryModelUnload": ("RepositoryModelUnloadRequest", "RepositoryModelUnloadResponse"),
 }
 #: The streaming RPCs served (a stream of requests, a stream of responses).
 STREAMS = {"ModelStreamInfer": ("ModelInferRequest", "ModelStreamInferResponse")}

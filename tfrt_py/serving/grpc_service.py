@@ -3,8 +3,10 @@
 aio), perf_analyzer and KServe's gRPC clients.
 
 Served RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
-ModelInfer, ModelStatistics, RepositoryIndex and ModelConfig (the HTTP route's Triton
-configuration, ``v2.triton_config``), and ModelStreamInfer: a stream of ModelInfer
+ModelInfer, ModelStatistics, RepositoryIndex, RepositoryModelLoad/Unload (as the HTTP
+repository routes: 403 unless ``model_control`` is "explicit", a config or files sent
+along refused), ModelConfig (the HTTP route's Triton configuration,
+``v2.triton_config``), and ModelStreamInfer: a stream of ModelInfer
 requests answered in order on one stream, a failed request answered in-band with its
 ``error_message`` while the stream goes on (messages: ``grpc_schema``). Others answer
 UNIMPLEMENTED, as gRPC does for any unknown method.
@@ -173,6 +175,16 @@ class _Rpcs:
         index = [e for e in self.server.index() if not req.ready or e["state"] == "READY"]
         return MESSAGES["RepositoryIndexResponse"](models=[entry(**e) for e in index])
 
+    async def RepositoryModelLoad(self, req: Any, ctx: Any) -> Any:
+        _only_repository_models(req)
+        await self.server.load_model(req.model_name)
+        return MESSAGES["RepositoryModelLoadResponse"]()
+
+    async def RepositoryModelUnload(self, req: Any, ctx: Any) -> Any:
+        _only_repository_models(req)
+        await self.server.unload_model(req.model_name)
+        return MESSAGES["RepositoryModelUnloadResponse"]()
+
     async def ModelStreamInfer(self, requests: Any, ctx: Any) -> Any:
         answer = MESSAGES["ModelStreamInferResponse"]
         async for req in requests:
@@ -210,6 +222,16 @@ class _Rpcs:
                 model.metrics.request("grpc", code, time.perf_counter() - t0)
             elif req.model_name not in server.configs:
                 server.metrics.unknown.labels("grpc").inc()
+
+
+def _only_repository_models(req: Any) -> None:
+    """A load or unload names its model; a config or files sent along are refused (models
+    come from the repository), as on the HTTP route."""
+    sent = sorted(k for k in req.parameters if k == "config" or k.startswith("file:"))
+    if sent:
+        raise RequestError(
+            400, f"loading with {sent[:4]} is not supported; models come from the repository"
+        )
 
 
 def _response(model: ServedModel, rid: str, names: list[str], outputs: dict[str, Any]) -> Any:
