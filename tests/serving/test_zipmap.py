@@ -102,3 +102,37 @@ def test_labels_still_answer_as_int64(served: tuple[str, str]) -> None:
     body = {"inputs": inputs, "outputs": [{"name": "output_label"}]}
     r = httpx.post(url + "/v2/models/clf/infer", json=body)
     assert r.status_code == 200 and r.json()["outputs"][0]["datatype"] == "INT64"
+
+
+def test_the_dense_form_is_one_fp32_column_per_class(
+    served: tuple[str, str], zipmap_model: tuple[str, np.ndarray]
+) -> None:
+    """``"parameters": {"dense": true}`` on the output: FP32 [rows, classes], columns in
+    the classes' order, over JSON and gRPC."""
+    url, address = served
+    path, x = zipmap_model
+    want = np.array([list(row.values()) for row in _reference(path, x)], np.float32)
+    body = {
+        "inputs": [{"name": "X", "datatype": "FP32", "shape": list(x.shape),
+                    "data": x.ravel().tolist()}],
+        "outputs": [{"name": "output_probability", "parameters": {"dense": True}}],
+    }  # fmt: skip
+    r = httpx.post(url + "/v2/models/clf/infer", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()["outputs"][0]
+    assert out["datatype"] == "FP32" and out["shape"] == [len(x), 3]
+    np.testing.assert_allclose(np.reshape(out["data"], out["shape"]), want, rtol=1e-5, atol=1e-6)
+
+    import tritonclient.grpc as tgrpc
+    from tritonclient.grpc import service_pb2
+
+    stub = tgrpc.InferenceServerClient(address)
+    req = service_pb2.ModelInferRequest(model_name="clf")
+    t = req.inputs.add(name="X", datatype="FP32", shape=list(x.shape))
+    req.raw_input_contents.append(x.tobytes())
+    o = req.outputs.add(name="output_probability")
+    o.parameters["dense"].bool_param = True
+    resp = stub._client_stub.ModelInfer(req)
+    assert t.name == "X" and resp.outputs[0].datatype == "FP32"
+    got = np.frombuffer(resp.raw_output_contents[0], np.float32).reshape(resp.outputs[0].shape)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -211,7 +211,8 @@ class _Rpcs:
             if checked.timeout_s is not None:
                 deadline.tighten(checked.timeout_s)
             outputs = await run_in_time(model, feeds, deadline, checked.level)
-            response = _response(model, req.id, [n for n, _ in checked.outputs], outputs)
+            names = [n for n, _ in checked.outputs]
+            response = _response(model, req.id, names, outputs, checked.dense)
             code = 200
             return response
         except RequestError as e:
@@ -234,11 +235,13 @@ def _only_repository_models(req: Any) -> None:
         )
 
 
-def _response(model: ServedModel, rid: str, names: list[str], outputs: dict[str, Any]) -> Any:
+def _response(
+    model: ServedModel, rid: str, names: list[str], outputs: dict[str, Any], dense: Any
+) -> Any:
     tensor = MESSAGES["ModelInferResponse.InferOutputTensor"]
     out, raw = [], []
     for name in names:
-        arr = answer_array(name, outputs[name])
+        arr = answer_array(name, outputs[name], name in dense)
         datatype = datatype_of(arr.dtype)
         if datatype is None:
             raise RequestError(

@@ -183,7 +183,7 @@ def encode_infer(
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for name, binary in req.outputs:
-        arr = answer_array(name, outputs[name])
+        arr = answer_array(name, outputs[name], name in req.dense)
         datatype = datatype_of(arr.dtype)
         if datatype is None:
             raise RequestError(

@@ -104,12 +104,23 @@ def spec_datatype(spec: TensorSpec) -> str | None:
     return datatype_of(spec.dtype)
 
 
-def answer_array(name: str, value: Any) -> np.ndarray:
+def answer_array(name: str, value: Any, dense: bool = False) -> np.ndarray:
     """An output's value as the array a v2 response carries: a tensor as it is; a
     sequence of maps (ZipMap's ``[{class: p}, ...]``) as one JSON object text per row,
-    keys as strings, in the map's order; anything else that is not a tensor a 501."""
+    keys as strings, in the map's order -- or, ``dense``, FP32 [rows, classes], the
+    columns in that order (every row must have the same keys); anything else that is
+    not a tensor a 501."""
     if isinstance(value, np.ndarray):
         return value
+    if dense and isinstance(value, list) and all(isinstance(row, dict) for row in value):
+        keys = list(value[0]) if value else []
+        if any(list(row) != keys for row in value):
+            raise RequestError(
+                422, f"output {name!r}: its rows have different keys, so no dense form"
+            )
+        return np.array([list(row.values()) for row in value], np.float32).reshape(
+            len(value), len(keys)
+        )
     if isinstance(value, list) and all(isinstance(row, dict) for row in value):
         out = np.empty(len(value), object)
         for i, row in enumerate(value):
@@ -153,13 +164,16 @@ class TensorIn:
 
 @dataclass(frozen=True)
 class InferRequest:
-    """A checked request: ``outputs`` are (name, binary?) in the order to answer them."""
+    """A checked request: ``outputs`` are (name, binary?) in the order to answer them;
+    ``dense``: the sequence-of-maps outputs asked for as one column per class
+    (``"parameters": {"dense": true}``, ``answer_array``)."""
 
     id: str | None
     inputs: list[TensorIn]
     outputs: list[tuple[str, bool]]
     timeout_s: float | None
     level: int
+    dense: frozenset[str] = frozenset()
 
 
 def _obj(value: Any, what: str) -> dict[str, Any]:
@@ -213,9 +227,10 @@ def parse_request(
     level = priority_level(_uint(params.get("priority", 0), "parameters.priority", MAX_PRIORITY))
     binary_out = _flag(params.get("binary_data_output", False), "parameters.binary_data_output")
     tensors = _parse_inputs(doc.get("inputs"), model, inputs, max_decoded, binary)
-    wanted = _parse_outputs(doc.get("outputs"), model, outputs, binary_out)
+    dense: set[str] = set()
+    wanted = _parse_outputs(doc.get("outputs"), model, outputs, binary_out, dense)
     timeout = timeout_us / 1e6 if timeout_us else None
-    return InferRequest(rid, tensors, wanted, timeout, level)
+    return InferRequest(rid, tensors, wanted, timeout, level, frozenset(dense))
 
 
 def _parse_inputs(
@@ -353,8 +368,10 @@ def _shape(value: Any, spec: TensorSpec, model: str) -> tuple[int, ...]:
 
 
 def _parse_outputs(
-    value: Any, model: str, specs: Sequence[TensorSpec], binary_default: bool
+    value: Any, model: str, specs: Sequence[TensorSpec], binary_default: bool, dense: set[str]
 ) -> list[tuple[str, bool]]:
+    """The outputs asked for, (name, binary?) in order; adds to ``dense`` the ones asked
+    for with ``"dense": true``."""
     names = [s.name for s in specs]
     if value is None:
         return [(n, binary_default) for n in names]
@@ -379,6 +396,8 @@ def _parse_outputs(
             raise RequestError(400, f"output {name!r}: classification is not supported")
         flag = params.get("binary_data", binary_default)
         wanted.append((name, _flag(flag, f"output {name!r}: parameters.binary_data")))
+        if _flag(params.get("dense", False), f"output {name!r}: parameters.dense"):
+            dense.add(name)
     return wanted
 
 
