@@ -184,7 +184,6 @@ async def drive_v2(port: int, case: Case, requests: int, concurrency: int) -> di
     in and out."""
     import tritonclient.http as triton
     import tritonclient.http.aio as triton_aio
-    from tritonclient.utils import InferenceServerException
 
     client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}", conn_limit=concurrency)
     inputs = []
@@ -192,40 +191,12 @@ async def drive_v2(port: int, case: Case, requests: int, concurrency: int) -> di
         t = triton.InferInput(case.input_name, list(x.shape), "FP32")
         t.set_data_from_numpy(x, binary_data=True)
         inputs.append(t)
-    names = list(case.expected[0])
-    outputs = [triton.InferRequestedOutput(n, binary_data=True) for n in names]
-    latencies: list[float] = []
-    failed = 0
-    counter = iter(range(requests))
+    outputs = [triton.InferRequestedOutput(n, binary_data=True) for n in case.expected[0]]
 
-    async def worker() -> None:
-        nonlocal failed
-        for i in counter:
-            k = i % len(inputs)
-            t0 = time.perf_counter()
-            try:
-                result = await client.infer(case.name, [inputs[k]], outputs=outputs)
-            except (InferenceServerException, OSError):
-                failed += 1
-                continue
-            latencies.append((time.perf_counter() - t0) * 1e3)
-            want = case.expected[k]
-            if not all(
-                np.allclose(result.as_numpy(n), want[n], rtol=1e-4, atol=1e-5) for n in names
-            ):
-                failed += 1
+    async def infer(k: int) -> Any:
+        return await client.infer(case.name, [inputs[k]], outputs=outputs)
 
-    t0 = time.perf_counter()
-    try:
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    finally:
-        await client.close()
-    return {
-        "seconds": time.perf_counter() - t0,
-        "latencies": latencies,
-        "failed": failed,
-        "requests": requests,
-    }
+    return await _clients(infer, client, case, requests, concurrency)
 
 
 async def drive_grpc(port: int, case: Case, requests: int, concurrency: int) -> dict[str, Any]:
@@ -233,7 +204,6 @@ async def drive_grpc(port: int, case: Case, requests: int, concurrency: int) -> 
     client, ``concurrency`` calls in flight."""
     import tritonclient.grpc as tgrpc
     import tritonclient.grpc.aio as tgrpc_aio
-    from tritonclient.utils import InferenceServerException
 
     client = tgrpc_aio.InferenceServerClient(f"127.0.0.1:{port}")
     inputs = []
@@ -241,6 +211,20 @@ async def drive_grpc(port: int, case: Case, requests: int, concurrency: int) -> 
         t = tgrpc.InferInput(case.input_name, list(x.shape), "FP32")
         t.set_data_from_numpy(x)
         inputs.append(t)
+
+    async def infer(k: int) -> Any:
+        return await client.infer(case.name, [inputs[k]])
+
+    return await _clients(infer, client, case, requests, concurrency)
+
+
+async def _clients(
+    infer: Any, client: Any, case: Case, requests: int, concurrency: int
+) -> dict[str, Any]:
+    """``requests`` calls of ``infer(body index)`` from ``concurrency`` tasks sharing
+    ``client`` (closed at the end): every answer checked against ``case.expected``."""
+    from tritonclient.utils import InferenceServerException
+
     names = list(case.expected[0])
     latencies: list[float] = []
     failed = 0
@@ -249,11 +233,11 @@ async def drive_grpc(port: int, case: Case, requests: int, concurrency: int) -> 
     async def worker() -> None:
         nonlocal failed
         for i in counter:
-            k = i % len(inputs)
+            k = i % len(case.xs)
             t0 = time.perf_counter()
             try:
-                result = await client.infer(case.name, [inputs[k]])
-            except InferenceServerException:
+                result = await infer(k)
+            except (InferenceServerException, OSError):
                 failed += 1
                 continue
             latencies.append((time.perf_counter() - t0) * 1e3)
