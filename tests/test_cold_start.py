@@ -170,3 +170,27 @@ def test_processes_that_exit_during_the_warm_up_exit_cleanly() -> None:
     assert not bad, bad
     in_flight = sum('"in_flight": true' in r[3] for r in results)
     assert in_flight >= 5, results  # the case under test: most exits met the warm-up
+
+
+_SHARE = """
+import json
+import tfrt_py
+from tfrt_py.sharing import share_weights
+
+m = tfrt_py.load({model!r})
+cold = m._switched is not None and not m._switched.is_set()
+share_weights(m)
+print(json.dumps({{"cold": cold, "switched": m._switched.is_set()}}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="share_weights: Linux")
+def test_share_weights_switches_a_cold_model_first() -> None:
+    """Before a fork (serve --workers, gunicorn --preload): the compiled kernels' own
+    arrays (packed weights) must exist before the weights are shared, not be made later
+    in every worker."""
+    out = subprocess.run([sys.executable, "-c", _SHARE.format(model=MLP)], capture_output=True,
+                         text=True, cwd=str(ROOT), env=_env(), timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r == {"cold": True, "switched": True}, r

@@ -97,9 +97,15 @@ def share_weights(*models: Any, min_bytes: int = MIN_SHARED_BYTES) -> SharedWeig
     file-backed and shared with processes forked afterwards; see the module docstring.
     Idempotent (a second call finds nothing anonymous). Raises OSError when the cache
     file cannot be made or mapped (the arrays are then unchanged, or remapped to identical
-    bytes). Call it in the parent, before forking, with no call writing into a model."""
+    bytes). Call it in the parent, before forking, with no call writing into a model. A
+    Model a cold process built on NumPy paths is first switched to the compiled kernels
+    (``Model.wait_compiled``), so what they hold is shared as well."""
     if not sys.platform.startswith("linux"):
         return SharedWeights(reason="only on Linux (needs /proc/self/maps and mmap MAP_FIXED)")
+    for m in models:  # a cold start's switch first: the compiled kernels' packed copies
+        wait = getattr(m, "wait_compiled", None)  # of the weights are shared too
+        if wait is not None:
+            wait(native=False)
     with _LOCK:
         arrays = list(_arrays_of(models))
         maps = _Maps.read()
