@@ -31,6 +31,7 @@ Thread-safe: the state below is guarded by ``_lock``; the job runs on the worker
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import weakref
@@ -176,7 +177,7 @@ class _Warmup:
         self.not_before = time.monotonic() + START_DELAY_S
 
     def _prepare(self) -> bool:
-        with compiled_gate.warming():
+        with compiled_gate.warming(), _short_switches():
             jit.import_numba()
             if not worker.closing():
                 gemm_packed.available()
@@ -184,7 +185,7 @@ class _Warmup:
 
     def _compile(self) -> None:
         switched, failed = 0, ""
-        with compiled_gate.warming():
+        with compiled_gate.warming(), _short_switches():
             while not worker.closing():
                 with _lock:
                     batch = list(_waiting)
@@ -226,6 +227,26 @@ class _Warmup:
             _job = None
         for _, done in rest:
             done.set()
+
+
+#: The GIL switch interval during a warm-up (seconds; CPython's default is 0.005).
+WARM_SWITCH_S = 0.0002
+
+
+@contextmanager
+def _short_switches() -> Iterator[None]:
+    """A shorter GIL switch interval while the warm-up runs. Importing numba and reading
+    the kernels' caches is thousands of small file operations, each releasing the GIL:
+    a thread calling the model back to back then takes it and keeps it for a whole
+    interval (5 ms) every time, and the warm-up took 8 s instead of ~1 s under such load
+    (the calls kept to the NumPy paths all that time). Process-wide, for the warm-up
+    only; restored after."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, WARM_SWITCH_S))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def _after_fork_child() -> None:
