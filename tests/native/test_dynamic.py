@@ -3,6 +3,8 @@ signature mode (bounded) for anything else, and what declines rows mode."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -280,11 +282,24 @@ def test_without_the_compile_server_the_compile_runs_in_process(
     assert job.state == "ready" and job.server_seconds is None
 
 
+def _pending_input(pid: int) -> int:
+    """Bytes written to process ``pid``'s stdin and not yet read by it (Linux)."""
+    import fcntl
+    import struct
+    import termios
+
+    with open(f"/proc/{pid}/fd/0", "rb", buffering=0) as f:
+        return int(struct.unpack("i", fcntl.ioctl(f, termios.FIONREAD, b"\0\0\0\0"))[0])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
 def test_a_killed_compile_server_fails_the_job_and_the_next_compile_starts_a_new_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The child dies mid-compile: that signature stays on the interpreter (right answers,
-    the reason in ``describe()``), and the next compile starts a new child."""
+    the reason in ``describe()``), and the next compile starts a new child. The child is
+    stopped first and killed once the request sits unread in its stdin, so it cannot have
+    answered: the kill lands inside the compile on every run."""
     import os
     import signal
     import time
@@ -295,16 +310,21 @@ def test_a_killed_compile_server_fails_the_job_and_the_next_compile_starts_a_new
     srv = worker.server()
     model = tfrt_py.load(_sequence(), executor="native")
     sync = tfrt_py.load(_sequence(), executor="sync")
-    x = RNG.standard_normal((2, 17)).astype(F32)
-    model.run({"x": x})
-    job = model.native.sigs[(2, 17)]
-    deadline = time.monotonic() + 120
-    while srv.pid is None and job.state == "compiling" and time.monotonic() < deadline:
-        time.sleep(0.01)
+    model.run({"x": RNG.standard_normal((2, 16)).astype(F32)})  # the child is up and idle
+    assert model.native.wait(120)
     pid = srv.pid
-    if job.state != "compiling" or pid is None:
-        pytest.skip("the compile ended before the child could be killed")
-    os.kill(pid, signal.SIGKILL)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        x = RNG.standard_normal((2, 17)).astype(F32)
+        model.run({"x": x})
+        job = model.native.sigs[(2, 17)]
+        deadline = time.monotonic() + 120
+        while _pending_input(pid) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert job.state == "compiling"
+    finally:
+        os.kill(pid, signal.SIGKILL)
     assert model.native.wait(120)
     assert job.state == "failed" and "compile server stopped" in (job.error or "")
     _check(model, sync, x)  # served by the interpreter
@@ -314,6 +334,33 @@ def test_a_killed_compile_server_fails_the_job_and_the_next_compile_starts_a_new
     assert model.native.sigs[(2, 19)].state == "ready"
     assert srv.pid is not None and srv.pid != pid
     _check(model, sync, y)
+
+
+def test_a_compile_server_that_died_idle_has_its_pipes_closed_before_the_next_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A child that died between compiles (killed, OOM) is replaced at the next compile;
+    the old child's pipes are closed then, not left to the garbage collector (which warns
+    about an unclosed file, in whatever code runs when it collects)."""
+    import os
+    import signal
+
+    from tfrt_py.native.runtime import worker
+
+    monkeypatch.delenv("TFRT_PY_COMPILE_SERVER", raising=False)
+    srv = worker.server()
+    model = tfrt_py.load(_sequence(), executor="native")
+    model.run({"x": RNG.standard_normal((2, 23)).astype(F32)})
+    assert model.native.wait(120)
+    old = srv._proc
+    assert old is not None and old.stdin is not None and old.stdout is not None
+    os.kill(old.pid, signal.SIGKILL)
+    old.wait(30)
+    model.run({"x": RNG.standard_normal((2, 25)).astype(F32)})
+    assert model.native.wait(120)
+    assert model.native.sigs[(2, 25)].state == "ready"
+    assert srv._proc is not old
+    assert old.stdin.closed and old.stdout.closed
 
 
 def test_a_new_cache_dir_gets_a_new_compile_server(

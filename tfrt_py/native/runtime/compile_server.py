@@ -95,10 +95,10 @@ class CompileServer:
         proc = self._proc
         env = _environment()
         key = _compile_settings(env)
-        if proc is not None and proc.poll() is None:
-            if key == self._settings:
+        if proc is not None:
+            if proc.poll() is None and key == self._settings:
                 return proc
-            self._kill(proc)
+            self._kill(proc)  # stale or dead: its pipes are closed here, not left to the GC
         proc = self._proc = _spawn(env)
         self._settings = key
         try:
