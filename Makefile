@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo dist test test-slow test-floor test-fallbacks test-wheel lint unit conformance bench bench-zoo bench-zoo-classic \
-	bench-zoo-transformers bench-zoo-vision bench-dynamic zoo-transformers-test-files clean
+	bench-zoo-transformers bench-zoo-vision bench-dynamic bench-generate zoo-transformers-test-files clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -102,6 +102,12 @@ bench-zoo-vision: $(ZOO_STAMP)
 # figure against onnxruntime in one process, interleaved, the first 10 s after load apart.
 bench-dynamic: $(ZOO_STAMP)
 	$(ZOO_RUN) benchmarks/dynamic_shapes.py --out $(ZOO_OUT)/dynamic_shapes
+
+# Generation (issue 37): Model.generate against onnxruntime's NumPy loop, plain and with IO
+# binding, on optimum's GPT-2, Llama (grouped KV heads) and a ~110M GPT-2-small-shaped
+# export: tokens/s, the first generation after load, decode steps at past 16..512.
+bench-generate: $(ZOO_STAMP)
+	$(ZOO_RUN) benchmarks/generate.py --out $(ZOO_OUT)/generate
 
 # mypy checks tfrt_py and the tests pyproject.toml names; the last line prints each
 # package's lines against its budget (tests/architecture/stack.py).

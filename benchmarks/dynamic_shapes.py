@@ -389,6 +389,10 @@ if arch == "gpt2":
     cfg = tr.GPT2Config(vocab_size=1000, n_embd=256, n_layer=4, n_head=4, n_positions=1024,
                         bos_token_id=0, eos_token_id=0)
     m = tr.GPT2LMHeadModel(cfg)
+elif arch == "gpt2-100m":  # GPT-2 small's shape (12 layers, 768 wide), a 32k vocabulary
+    cfg = tr.GPT2Config(vocab_size=32000, n_embd=768, n_layer=12, n_head=12, n_positions=1024,
+                        bos_token_id=0, eos_token_id=0)
+    m = tr.GPT2LMHeadModel(cfg)
 else:
     cfg = tr.LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=688,
                          num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,

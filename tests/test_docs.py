@@ -4,9 +4,9 @@ docs/serving.md's example failed).
 
 Each block runs as a script in a fresh process, in a directory holding the files the docs
 name (``model.onnx``, ``mlp_small.onnx``, ``wide.onnx``, ``big.onnx``, a ``models/``
-repository; all made here, nothing downloaded), with top-level ``await`` and ``async for``
-allowed (the README shows calls from async code). An HTML comment right above a block
-says how to run it:
+repository, ``decoder.onnx``: a KV-cache decoder with optimum's names; all made here,
+nothing downloaded), with top-level ``await`` and ``async for`` allowed (the README shows
+calls from async code). An HTML comment right above a block says how to run it:
 
 * ``<!-- doc-test: continues -->``: after the block before it in the same file, as one
   script;
@@ -88,6 +88,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copy(mlp, d / name)
     sm.wide_model(d / "wide.onnx", 1, external=False)
     sm.wide_model(d / "big.onnx", 16, external=True)  # x float32[N, 1024], weights beside it
+    from tests.support.models.decoder import decoder
+
+    (d / "decoder.onnx").write_bytes(decoder(kv_heads=2).SerializeToString())
     (d / "models" / "ads" / "1").mkdir(parents=True)
     shutil.copy(EXAMPLES / "ads_normalize.onnx", d / "models" / "ads" / "1" / "model.onnx")
     return d

@@ -45,6 +45,7 @@ from .concurrency.threads import threads as thread_budget
 from .errors import InputError
 from .executors.base import Executor
 from .feeds import FeedChecker, TensorSpec, spec_of, warmup_feeds
+from .generation import GenerationMixin
 from .ir import Graph, verify
 from .kernels import KernelContext, KernelFlags, KernelRegistry, default_registry
 from .kernels.fused import register_kernels as register_fused
@@ -257,12 +258,13 @@ def _custom_builder(fn: Callable[..., Any], is_async: bool) -> Callable[[KernelC
     return build
 
 
-class Model:
+class Model(GenerationMixin):
     """A loaded model. Create with ``tfrt_py.load``.
 
     ``inputs``/``outputs`` are TensorSpecs; ``executor`` names the executor serving it
     (``runtime`` is that Executor object, which a cold start's switch may replace, and
-    ``prepared`` the compiler's result). ``run`` may be called from many threads at once."""
+    ``prepared`` the compiler's result). ``run`` may be called from many threads at once.
+    A KV-cache decoder also generates (``generate``/``stream``/``generate_async``)."""
 
     def __init__(
         self,
@@ -344,8 +346,8 @@ class Model:
         is an InputError before anything runs). The graph is not pruned per call: every
         output is still computed."""
         if output_names is not None:
-            wanted = self._wanted(output_names)
-            return self._pick(self.run(feeds, outputs, timeout=timeout), wanted)
+            wanted, out = self._wanted(output_names), self.run(feeds, outputs, timeout=timeout)
+            return {n: out[n] for n in wanted}
         if self._plain and timeout is None:
             return self._runtime.run(feeds, outputs)
         call = self._call(timeout)
@@ -378,8 +380,8 @@ class Model:
         it raises DeadlineExceeded at once. With ``max_concurrency`` it first waits for a
         slot (first come, first served; cancellable). ``output_names`` as in ``run``."""
         if output_names is not None:
-            wanted = self._wanted(output_names)
-            return self._pick(await self.run_async(feeds, timeout=timeout), wanted)
+            wanted, out = self._wanted(output_names), await self.run_async(feeds, timeout=timeout)
+            return {n: out[n] for n in wanted}
         call = self._call(timeout)
         limiter = self._limiter
         held = None  # the limiter once its slot is ours
@@ -405,10 +407,6 @@ class Model:
             raise InputError(f"output_names: {unknown!r:.200} are not outputs of this model; "
                              f"its outputs: {names!r:.500}")  # fmt: skip
         return list(output_names)
-
-    @staticmethod
-    def _pick(out: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
-        return {n: out[n] for n in wanted}
 
     async def _acquire(self, limiter: Limiter, call: CallContext | None) -> None:
         if call is None:

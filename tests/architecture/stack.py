@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"executors"},
     {"compiler"},
     {"native", "streaming"},
-    {"selection", "profiling", "sharing", "cold_start"},
+    {"selection", "profiling", "sharing", "cold_start", "generation"},
     {"model"},
     {"tfrt_py", "onnx_backend"},
     {"bench", "ray"},
@@ -73,6 +73,7 @@ LINE_BUDGET: dict[str, int] = {
     "ir": 900,
     "bench": 500,
     "ray": 400,
+    "generation": 900,  # 2026-11-29: generate/stream/generate_async (issue 37)
 }
 #: The budget of a top-level module (``model.py``, ``cli.py``, ...).
 MODULE_BUDGET = 600

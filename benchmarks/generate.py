@@ -1,0 +1,275 @@
+"""Generation: tfrt_py's ``Model.generate`` against onnxruntime driving the same export from
+a NumPy loop, plain and with IO binding (issue 37).
+
+    python benchmarks/generate.py [--decoders gpt2,llama,gpt2-100m] [--rounds 5]
+        [--new-tokens 64] [--prompts 16,128] [--pasts 16,128,512] [--threads 1]
+        [--out DIR]
+
+Models: optimum's ``text-generation-with-past`` exports from configs and a fixed seed
+(``dynamic_shapes.decoder_paths``; nothing downloaded): GPT-2 4 layers/256, Llama 4
+layers/256 with grouped KV heads, and a GPT-2-small-shaped model of ~110M parameters.
+Each model is measured in a fresh child process (tfrt_py ``auto`` with an empty native
+cache dir, as a new user's first process, and an onnxruntime session on the same file):
+
+* **tokens**: greedy generation of 12 tokens, batch 1 and batch 4 (prompts of 5..16
+  tokens, left-padded), compared token for token with the onnxruntime loop;
+* **generate**: tokens/s of a greedy generation of ``--new-tokens`` from a random prompt
+  of each ``--prompts`` length, the three runtimes alternating, ``--rounds`` rounds; the
+  first round (the first generation after load) is reported apart from the median of the
+  rest;
+* **step**: one decode step (one new token) at each ``--pasts`` past length, the same
+  feeds repeated, runtimes alternating: median ms, and the growth from the shortest past
+  to the longest (the issue's target is <= 1.2x from 16 to 512).
+
+Threads: one per runtime by default (``--threads``). Benchmark with ``OPENBLAS_CORETYPE``
+and ``OPENBLAS_L2_SIZE`` unset (``make bench-generate`` does). Needs what ``make
+bench-zoo`` installs (torch, transformers, optimum-onnx).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from dynamic_shapes import decoder_paths, host_line  # noqa: E402
+from peers import ort_session  # noqa: E402
+
+DECODERS = ("gpt2", "llama", "gpt2-100m")
+
+
+# -- the onnxruntime loops a user writes --------------------------------------------------------
+
+
+class OrtLoop:
+    """Greedy generation with onnxruntime from NumPy, transformers' conventions (left
+    padding, positions ``cumsum(mask) - 1``); ``binding=True`` keeps the cache in
+    OrtValues between steps (IO binding: no copy of the cache through NumPy)."""
+
+    def __init__(self, sess: Any, binding: bool) -> None:
+        self.sess = sess
+        self.binding = binding
+        self.names = {i.name for i in sess.get_inputs()}
+        self.cache = [i for i in sess.get_inputs() if i.name.startswith("past_key_values")]
+        self.outs = [o.name for o in sess.get_outputs()]
+
+    def feeds(self, ids: Any, mask: Any, pos: Any, past: dict[str, Any]) -> dict[str, Any]:
+        f = {"input_ids": ids, **past}
+        if "attention_mask" in self.names:
+            f["attention_mask"] = mask
+        if "position_ids" in self.names:
+            f["position_ids"] = pos
+        return f
+
+    def empty(self, batch: int) -> dict[str, Any]:
+        import numpy as np
+
+        return {
+            i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), np.float32) for i in self.cache
+        }
+
+    def generate(self, prompts: list[list[int]], n: int) -> Any:
+        import numpy as np
+
+        width, batch = max(map(len, prompts)), len(prompts)
+        ids = np.zeros((batch, width), np.int64)
+        mask = np.zeros((batch, width), np.int64)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p) :], mask[r, width - len(p) :] = p, 1
+        pos = np.maximum(mask.cumsum(1) - 1, 0)
+        past: dict[str, Any] = self.empty(batch)
+        made = [ids]
+        step = ids
+        for _ in range(n):
+            logits, past = self.step(self.feeds(step, mask, pos, past))
+            step = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
+            made.append(step)
+            mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], 1)
+            pos = pos[:, -1:] + 1
+        return np.concatenate(made, 1)
+
+    def step(self, feeds: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        if not self.binding:
+            res = dict(zip(self.outs, self.sess.run(None, feeds)))
+            return res["logits"], {k: res[k.replace("past_key_values", "present")]
+                                   for k in feeds if k.startswith("past_key_values")}  # fmt: skip
+        io = self.sess.io_binding()
+        for k, v in feeds.items():
+            if type(v).__name__ == "OrtValue":
+                io.bind_ortvalue_input(k, v)
+            else:
+                io.bind_cpu_input(k, v)
+        for o in self.outs:
+            io.bind_output(o)
+        self.sess.run_with_iobinding(io)
+        vals = dict(zip(self.outs, io.get_outputs()))
+        past = {k: vals[k.replace("past_key_values", "present")]
+                for k in feeds if k.startswith("past_key_values")}  # fmt: skip
+        return vals["logits"].numpy(), past
+
+
+# -- the child: one model -------------------------------------------------------------------------
+
+
+def child(path: str, rounds: int, new: int, prompts: list[int], pasts: list[int],
+          threads: int) -> dict[str, Any]:  # fmt: skip
+    import numpy as np
+
+    import tfrt_py
+
+    t0 = time.perf_counter()
+    model = tfrt_py.load(path, threads=threads)
+    load_s = time.perf_counter() - t0
+    sess = ort_session(path, threads)
+    plain, bound = OrtLoop(sess, False), OrtLoop(sess, True)
+    vocab = model.decoder().vocab or 1000
+    rng = np.random.default_rng(0)
+    res: dict[str, Any] = {"load_s": load_s, "executor": model.executor, "tokens": {}}
+
+    one = [rng.integers(0, vocab, 16).tolist()]
+    four = [rng.integers(0, vocab, int(k)).tolist() for k in (5, 16, 9, 12)]
+    for label, ps in (("batch 1", one), ("batch 4", four)):
+        want = plain.generate(ps, 12)
+        got = model.generate(ps, max_new_tokens=12)
+        res["tokens"][label] = bool((np.asarray(got) == want).all())
+
+    runners = {
+        "tfrt_py": lambda p: model.generate(p, max_new_tokens=new),
+        "ort": lambda p: plain.generate(p, new),
+        "ort+iobinding": lambda p: bound.generate(p, new),
+    }
+    res["generate"] = {}
+    for plen in prompts:
+        times: dict[str, list[float]] = {k: [] for k in runners}
+        for r in range(rounds):
+            prompt = [rng.integers(0, vocab, plen).tolist()]
+            order = list(runners) if r % 2 == 0 else list(reversed(runners))
+            for k in order:
+                t = time.perf_counter()
+                runners[k](prompt)
+                times[k].append(time.perf_counter() - t)
+        res["generate"][plen] = {
+            k: {"first_tok_s": new / v[0], "tok_s": new / statistics.median(v[1:] or v)}
+            for k, v in times.items()
+        }
+
+    res["step"] = {}
+    dec = model.decoder()
+    for p in pasts:
+        prompt = rng.integers(0, vocab, p)[None]
+        pre = {"input_ids": prompt}
+        for c in dec.cache:
+            pre[c.past] = c.empty(1)
+        if dec.attention_mask:
+            pre[dec.attention_mask] = np.ones((1, p), np.int64)
+        if dec.position_ids:
+            pre[dec.position_ids] = np.arange(p, dtype=np.int64)[None]
+        out = model.run(pre)
+        feeds: dict[str, Any] = {"input_ids": np.array([[1]], np.int64)}
+        for c in dec.cache:
+            feeds[c.past] = out[c.present]
+        if dec.attention_mask:
+            feeds[dec.attention_mask] = np.ones((1, p + 1), np.int64)
+        if dec.position_ids:
+            feeds[dec.position_ids] = np.array([[p]], np.int64)
+        t_ms: list[float] = []
+        o_ms: list[float] = []
+        for i in range(40):
+            for k in (0, 1) if i % 2 == 0 else (1, 0):
+                t = time.perf_counter()
+                if k == 0:
+                    model.run(feeds)
+                else:
+                    sess.run(None, feeds)
+                (t_ms if k == 0 else o_ms).append((time.perf_counter() - t) * 1e3)
+        res["step"][p] = {"tfrt_py": statistics.median(t_ms[8:]),
+                          "ort": statistics.median(o_ms[8:])}  # fmt: skip
+    return res
+
+
+# -- the parent ------------------------------------------------------------------------------------
+
+
+def run_child(path: str, a: argparse.Namespace) -> dict[str, Any]:
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory() as cache:
+        env["TFRT_PY_CACHE_DIR"] = cache
+        args = [sys.executable, __file__, "--child", path, str(a.rounds), str(a.new_tokens),
+                a.prompts, a.pasts, str(a.threads)]  # fmt: skip
+        r = subprocess.run(args, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def table(results: dict[str, dict[str, Any]], a: argparse.Namespace) -> list[str]:
+    lines = ["| model | tokens (b1, b4) | prompt | tfrt_py tok/s (first) | ort tok/s | "
+             "ort+iobinding tok/s | vs ort | vs iobinding |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    steps = ["| model | " + " | ".join(f"step @{p} tfrt / ort ms" for p in a.pasts.split(","))
+             + " | growth tfrt | growth ort | step ratio (geomean) |",
+             "|---|" + "---:|" * (len(a.pasts.split(",")) + 3)]  # fmt: skip
+    for name, r in results.items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error'][:120]} |")
+            continue
+        exact = ", ".join("exact" if v else "DIFFER" for v in r["tokens"].values())
+        for plen, g in r["generate"].items():
+            t, o, b = g["tfrt_py"], g["ort"], g["ort+iobinding"]
+            vs_o, vs_b = t["tok_s"] / o["tok_s"], t["tok_s"] / b["tok_s"]
+            lines.append(f"| {name} | {exact} | {plen} | {t['tok_s']:.0f} "
+                         f"({t['first_tok_s']:.0f}) | {o['tok_s']:.0f} | {b['tok_s']:.0f} | "
+                         f"{vs_o:.2f}x | {vs_b:.2f}x |")  # fmt: skip
+        st = r["step"]
+        ps = list(st)
+        ratios = [st[p]["tfrt_py"] / st[p]["ort"] for p in ps]
+        geo = statistics.geometric_mean(ratios)
+        cells = " | ".join(f"{st[p]['tfrt_py']:.2f} / {st[p]['ort']:.2f}" for p in ps)
+        growth_t = st[ps[-1]]["tfrt_py"] / st[ps[0]]["tfrt_py"]
+        growth_o = st[ps[-1]]["ort"] / st[ps[0]]["ort"]
+        steps.append(f"| {name} | {cells} | {growth_t:.2f}x | {growth_o:.2f}x | {geo:.2f}x |")
+    return [*lines, "", *steps]
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        path, rounds, new, prompts, pasts, threads = sys.argv[2:8]
+        res = child(path, int(rounds), int(new), [int(x) for x in prompts.split(",")],
+                    [int(x) for x in pasts.split(",")], int(threads))  # fmt: skip
+        print(json.dumps(res))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--decoders", default=",".join(DECODERS))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prompts", default="16,128")
+    ap.add_argument("--pasts", default="16,128,512")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "generate"))
+    a = ap.parse_args()
+    results = {}
+    for name, path in decoder_paths(a.decoders.split(",")).items():
+        print(f"generate: {name} ...", flush=True)
+        results[name] = run_child(path, a)
+    lines = [f"# Generation ({time.strftime('%Y-%m-%d')})", "",
+             f"Host: {host_line()}; {a.threads} thread(s) per runtime; {a.rounds} rounds; "
+             f"{a.new_tokens} new tokens; greedy.", "", *table(results, a)]  # fmt: skip
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "generate.json"), "w") as f:
+        json.dump({"host": host_line(), "results": results}, f, indent=1)
+    with open(os.path.join(a.out, "generate.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

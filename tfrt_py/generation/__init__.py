@@ -1,0 +1,18 @@
+"""Generation on KV-cache decoders: ``Model.generate``, ``Model.stream`` and
+``Model.generate_async`` (``mixin``), over a decoder signature read from the model's names
+(``decoder``), checked prompts and settings (``prompts``), token choice (``sampling``) and
+one generation's step state (``steps``)."""
+
+from .decoder import CachePair, Decoder, read_decoder
+from .mixin import GenerateOptions, GenerationMixin
+from .prompts import MAX_CACHE_BYTES, MAX_NEW_TOKENS
+
+__all__ = [
+    "MAX_CACHE_BYTES",
+    "MAX_NEW_TOKENS",
+    "CachePair",
+    "Decoder",
+    "GenerateOptions",
+    "GenerationMixin",
+    "read_decoder",
+]
