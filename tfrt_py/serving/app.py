@@ -43,6 +43,7 @@ from starlette.routing import Route
 
 from .body import body_format, read_body, request_feeds, response_body
 from .codec import JSON
+from .generate import generate_routes
 from .handling import (
     Deadline,
     Handler,
@@ -79,7 +80,7 @@ def create_app(
     server = models if isinstance(models, ModelServer) else ModelServer(models, **server_options)
     app = Starlette(
         debug=debug,
-        routes=[*_v1_routes(server), *v2_routes(server)],
+        routes=[*_v1_routes(server), *v2_routes(server), *generate_routes(server)],
         lifespan=_lifespan(server, grpc, grpc_required),
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )

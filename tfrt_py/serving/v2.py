@@ -56,7 +56,7 @@ from .v2_codec import metadata_shape, spec_datatype
 __all__ = ["EXTENSIONS", "PLATFORM", "tensor_meta", "triton_config", "v2_routes"]
 
 #: The protocol extensions served (``GET /v2``).
-EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy", "parameters"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy", "parameters", "generate"]
 #: A model's ``platform`` in its metadata.
 PLATFORM = "tfrt_py_onnx"
 
