@@ -119,14 +119,18 @@ lint: $(STAMP)
 
 # `make test` is the suite a developer runs (under 15 minutes on 2 cores); the slow part
 # (marked `slow`: the ONNX node-case sweep, the classic CNNs) is `make test-slow`, which CI
-# runs too (.ci/run).
+# runs too (.ci/run). Tests run in TEST_WORKERS processes (pytest-xdist), a test file's
+# tests in one of them (their module fixtures built once): on a clean clone most of the
+# time is numba compiling the kernels into their cache, one kernel per core.
+TEST_WORKERS ?= 2
+PYTEST := -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+	$(BIN)/python $(PYTEST) -m "not slow"
 
 test: lint unit
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
+	$(BIN)/python $(PYTEST) -m slow
 
 # The suite on the declared minimum versions (.ci/floor.txt) in a venv of its own. The
 # slow tests (the ONNX node cases, whose expected outputs belong to the installed onnx,
@@ -141,7 +145,7 @@ $(FLOOR_STAMP): pyproject.toml .ci/floor.txt
 	touch $(FLOOR_STAMP)
 
 test-floor: $(FLOOR_STAMP)
-	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow"
+	$(FLOOR_VENV)/bin/python $(PYTEST) -m "not slow"
 
 # The fallback legs (CI): the fast paths switched off, so what runs where they are off runs
 # too. Compiled kernels and the packed gemm off: every kernel's NumPy path, on the kernel,
@@ -149,9 +153,8 @@ test-floor: $(FLOOR_STAMP)
 # native tier and the split kernels.
 FALLBACK_TESTS := tests/kernels tests/executors tests/models tests/test_api.py
 test-fallbacks: $(STAMP)
-	TFRT_PY_JIT=0 TFRT_PY_PACKED_GEMM=0 $(BIN)/python -m pytest -q -p no:cacheprovider \
-	    -m "not slow" $(FALLBACK_TESTS)
-	TFRT_PY_NATIVE_POOL=0 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" \
+	TFRT_PY_JIT=0 TFRT_PY_PACKED_GEMM=0 $(BIN)/python $(PYTEST) -m "not slow" $(FALLBACK_TESTS)
+	TFRT_PY_NATIVE_POOL=0 $(BIN)/python $(PYTEST) -m "not slow" \
 	    tests/native tests/concurrency/test_native_threads.py
 
 # The ONNX backend node cases, each data set called twice on one loaded model (the second
