@@ -14,12 +14,16 @@ cache dir, as a new user's first process, and an onnxruntime session on the same
 * **tokens**: greedy generation of 12 tokens, batch 1 and batch 4 (prompts of 5..16
   tokens, left-padded), compared token for token with the onnxruntime loop;
 * **generate**: tokens/s of a greedy generation of ``--new-tokens`` from a random prompt
-  of each ``--prompts`` length, the three runtimes alternating, ``--rounds`` rounds; the
-  first round (the first generation after load) is reported apart from the median of the
+  of each ``--prompts`` length, the three runtimes and the prompt lengths alternating,
+  ``--rounds`` rounds; the first round (the first generations after load, which a cold
+  process serves on the kernels' NumPy paths) is reported apart from the median of the
   rest;
 * **step**: one decode step (one new token) at each ``--pasts`` past length, the same
   feeds repeated, runtimes alternating: median ms, and the growth from the shortest past
-  to the longest (the issue's target is <= 1.2x from 16 to 512).
+  to the longest (the issue's target is <= 1.2x from 16 to 512). tfrt_py's step runs as
+  ``generate`` runs it (the cache in one buffer, written in place, once it passes
+  ``IN_PLACE_BYTES`` on a model that grows it by ``Concat``); onnxruntime's as a user's
+  loop does.
 
 Threads: one per runtime by default (``--threads``). Benchmark with ``OPENBLAS_CORETYPE``
 and ``OPENBLAS_L2_SIZE`` unset (``make bench-generate`` does). Needs what ``make
@@ -125,6 +129,7 @@ def child(path: str, rounds: int, new: int, prompts: list[int], pasts: list[int]
     import numpy as np
 
     import tfrt_py
+    from tfrt_py.generation.steps import IN_PLACE_BYTES
 
     t0 = time.perf_counter()
     model = tfrt_py.load(path, threads=threads)
@@ -147,20 +152,20 @@ def child(path: str, rounds: int, new: int, prompts: list[int], pasts: list[int]
         "ort": lambda p: plain.generate(p, new),
         "ort+iobinding": lambda p: bound.generate(p, new),
     }
-    res["generate"] = {}
-    for plen in prompts:
-        times: dict[str, list[float]] = {k: [] for k in runners}
-        for r in range(rounds):
+    times: dict[int, dict[str, list[float]]] = {p: {k: [] for k in runners} for p in prompts}
+    for r in range(rounds):  # the prompt lengths interleaved: both meet the first seconds
+        for plen in prompts:
             prompt = [rng.integers(0, vocab, plen).tolist()]
             order = list(runners) if r % 2 == 0 else list(reversed(runners))
             for k in order:
                 t = time.perf_counter()
                 runners[k](prompt)
-                times[k].append(time.perf_counter() - t)
-        res["generate"][plen] = {
-            k: {"first_tok_s": new / v[0], "tok_s": new / statistics.median(v[1:] or v)}
-            for k, v in times.items()
-        }
+                times[plen][k].append(time.perf_counter() - t)
+    res["generate"] = {
+        plen: {k: {"first_tok_s": new / v[0], "tok_s": new / statistics.median(v[1:] or v)}
+               for k, v in by.items()}
+        for plen, by in times.items()
+    }  # fmt: skip
 
     res["step"] = {}
     dec = model.decoder()
@@ -175,21 +180,31 @@ def child(path: str, rounds: int, new: int, prompts: list[int], pasts: list[int]
             pre[dec.position_ids] = np.arange(p, dtype=np.int64)[None]
         out = model.run(pre)
         feeds: dict[str, Any] = {"input_ids": np.array([[1]], np.int64)}
-        for c in dec.cache:
-            feeds[c.past] = out[c.present]
+        ort_feeds: dict[str, Any] = {"input_ids": feeds["input_ids"]}
+        grown = dec.in_place and p * dec.bytes_per_token(1) >= IN_PLACE_BYTES
+        bufs: dict[str, Any] | None = {} if grown else None
+        for c in dec.cache:  # as generate() steps: the cache in one buffer past the size
+            ort_feeds[c.past] = out[c.present]
+            if bufs is None:
+                feeds[c.past] = out[c.present]
+                continue
+            buf = c.buffer(1, p + 1)
+            buf[c.upto(p)] = out[c.present]
+            feeds[c.past], bufs[c.present] = buf[c.upto(p)], buf[c.upto(p + 1)]
         if dec.attention_mask:
             feeds[dec.attention_mask] = np.ones((1, p + 1), np.int64)
         if dec.position_ids:
             feeds[dec.position_ids] = np.array([[p]], np.int64)
+        ort_feeds.update({k: v for k, v in feeds.items() if not k.startswith("past")})
         t_ms: list[float] = []
         o_ms: list[float] = []
         for i in range(40):
             for k in (0, 1) if i % 2 == 0 else (1, 0):
                 t = time.perf_counter()
                 if k == 0:
-                    model.run(feeds)
+                    model.run(feeds, bufs)
                 else:
-                    sess.run(None, feeds)
+                    sess.run(None, ort_feeds)
                 (t_ms if k == 0 else o_ms).append((time.perf_counter() - t) * 1e3)
         res["step"][p] = {"tfrt_py": statistics.median(t_ms[8:]),
                           "ort": statistics.median(o_ms[8:])}  # fmt: skip

@@ -4,6 +4,7 @@ onnxruntime; sampling's rules; every bad input refused before a step runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -65,6 +66,38 @@ def test_a_batch_of_different_lengths_matches_onnxruntime_and_each_row_alone(
     np.testing.assert_array_equal(got, want)
     for row, prompt in zip(got, PROMPTS):  # left padding changes nothing a row sees
         np.testing.assert_array_equal(row[-10:], model.generate(prompt, max_new_tokens=10)[-10:])
+
+
+@pytest.mark.parametrize("from_length", [0, 8])
+def test_the_cache_grows_in_one_buffer_and_gives_the_copying_loops_tokens(
+    model: tfrt_py.Model, monkeypatch: pytest.MonkeyPatch, from_length: int
+) -> None:
+    """present = Concat(past, new): once the cache passes IN_PLACE_BYTES (here: from the
+    first step, or from 8 positions on) each cache lives in one buffer, every step's
+    present output is a view of it (no step copies the cache); the tokens are those of the
+    loop that feeds the fresh present arrays back."""
+    from tfrt_py.generation import steps
+
+    dec = read_decoder(model)
+    assert dec.in_place
+    monkeypatch.setattr(steps, "IN_PLACE_BYTES", from_length * dec.bytes_per_token(2))
+    seen: list[Any] = []
+    real = model.run
+
+    def spy(feeds: Any, outputs: Any = None, **kw: Any) -> Any:
+        seen.append(outputs)
+        return real(feeds, outputs, **kw)
+
+    monkeypatch.setattr(model, "run", spy)
+    got = model.generate(PROMPTS[:2], max_new_tokens=6)
+    name = dec.cache[0].present
+    in_place = [o for o in seen if o is not None]
+    assert len(seen) == 6 and len(in_place) == (6 if from_length == 0 else 3)  # lengths 8, 9, 10
+    assert len({id(o[name].base) for o in in_place}) == 1
+    assert in_place[-1][name].shape[2] == 6 + 5
+    monkeypatch.undo()
+    monkeypatch.setattr(model, "_decoder", dataclasses.replace(dec, in_place=False))
+    np.testing.assert_array_equal(model.generate(PROMPTS[:2], max_new_tokens=6), got)
 
 
 def test_a_padded_array_with_its_mask_is_the_same_as_the_ragged_list(model: tfrt_py.Model) -> None:

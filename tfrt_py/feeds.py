@@ -22,7 +22,9 @@ __all__ = [
     "FeedChecker",
     "TensorSpec",
     "check_output_buffers",
+    "concat_prefixes",
     "fill_outputs",
+    "is_prefix",
     "warmup_feeds",
 ]
 
@@ -245,8 +247,38 @@ class FeedChecker:
                     )
 
 
+def concat_prefixes(graph: Any) -> dict[int, tuple[int, int]]:
+    """Output index -> (input index, axis) for each graph output made by a Concat whose
+    first operand is a graph input: a KV cache's ``present = Concat(past, new)``. Such an
+    output's buffer may hold that feed as its prefix (``check_output_buffers``)."""
+    inputs = {id(v): i for i, v in enumerate(graph.inputs)}
+    found = {}
+    for k, v in enumerate(graph.outputs):
+        node = v.producer
+        if node is None or node.op_type != "Concat" or node.domain or len(node.inputs) < 2:
+            continue
+        first = node.inputs[0]
+        if first is not None and id(first) in inputs and "axis" in node.attrs:
+            found[k] = (inputs[id(first)], int(node.attrs["axis"]))
+    return found
+
+
+def is_prefix(buf: np.ndarray, feed: np.ndarray, axis: int) -> bool:
+    """``feed`` is exactly ``buf``'s first positions along ``axis``: the same memory from
+    the same address, with the same strides."""
+    if buf.ndim != feed.ndim or buf.dtype != feed.dtype or buf.strides != feed.strides:
+        return False
+    ax = axis % buf.ndim
+    same = all(a == b for i, (a, b) in enumerate(zip(buf.shape, feed.shape)) if i != ax)
+    start = buf.__array_interface__["data"][0]
+    return same and feed.shape[ax] <= buf.shape[ax] and start == feed.__array_interface__["data"][0]
+
+
 def check_output_buffers(
-    outputs: Mapping[str, Any], names: Sequence[str], feeds: Sequence[Any]
+    outputs: Mapping[str, Any],
+    names: Sequence[str],
+    feeds: Sequence[Any],
+    prefixes: Mapping[int, tuple[int, int]] | None = None,
 ) -> list[Any]:
     """Validate the caller's ``run(feeds, outputs=)`` buffers; returns one entry per output
     name (None where no buffer was given).
@@ -255,29 +287,59 @@ def check_output_buffers(
     and a buffer that overlaps a feed or another buffer: kernels write outputs while later
     kernels still read feeds (a fused ``Relu(x*W)+x``), so an overlap would give wrong
     results; refusing it is cheaper than planning around it. Overlap is checked exactly
-    (``np.shares_memory``) only when the bounds overlap (``np.may_share_memory``)."""
+    (``np.shares_memory``) only when the bounds overlap (``np.may_share_memory``).
+
+    The one overlap allowed: ``prefixes`` (``concat_prefixes``) names outputs made by
+    ``Concat(feed, ...)``, whose buffer may start with that very feed (a KV cache grown in
+    place: the Concat writes only what follows it, and the feed's values never change)."""
     unknown = [k for k in outputs if k not in names]
     if unknown:
         raise InputError(f"outputs: unknown output(s) {unknown}; outputs are {list(names)}")
     bufs = [outputs.get(n) for n in names]
-    given: list[tuple[str, np.ndarray]] = []
-    for name, b in zip(names, bufs):
+    arrays = [(k, f, _owner(f)) for k, f in enumerate(feeds) if isinstance(f, np.ndarray)]
+    given: list[tuple[str, np.ndarray, Any]] = []
+    for i, (name, b) in enumerate(zip(names, bufs)):
         if b is None:
             continue
         if not (isinstance(b, np.ndarray) and b.flags.writeable):
             what = type(b).__name__ if not isinstance(b, np.ndarray) else "a read-only array"
             raise InputError(f"outputs[{name!r}] must be a writeable numpy array, got {what}")
-        for k, f in enumerate(feeds):
-            if isinstance(f, np.ndarray) and _overlap(b, f):
-                raise InputError(
-                    f"outputs[{name!r}] shares memory with feed #{k}: outputs are written "
-                    "while feeds are still read; pass a separate buffer"
-                )
-        for other, ob in given:
-            if _overlap(b, ob):
+        owner = _owner(b)
+        allowed = prefixes.get(i) if prefixes else None
+        for k, f, f_owner in arrays:
+            if _apart(owner, f_owner):
+                continue
+            if allowed is not None and allowed[0] == k and is_prefix(b, f, allowed[1]):
+                continue
+            if not _overlap(b, f):
+                continue
+            raise InputError(
+                f"outputs[{name!r}] shares memory with feed #{k}: outputs are written "
+                "while feeds are still read; pass a separate buffer"
+            )
+        for other, ob, ob_owner in given:
+            if not _apart(owner, ob_owner) and _overlap(b, ob):
                 raise InputError(f"outputs[{name!r}] shares memory with outputs[{other!r}]")
-        given.append((name, b))
+        given.append((name, b, owner))
     return bufs
+
+
+def _owner(a: np.ndarray) -> np.ndarray | None:
+    """The array that allocated ``a``'s memory, or None when something else owns it (a
+    bytes object, an mmap, a foreign buffer)."""
+    while True:
+        base = a.base
+        if base is None:
+            return a if a.flags.owndata else None
+        if not isinstance(base, np.ndarray):
+            return None
+        a = base
+
+
+def _apart(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    """Two arrays that allocated their own memory are two allocations: they cannot
+    overlap (one identity test in place of a memory-bounds test per pair)."""
+    return a is not None and b is not None and a is not b
 
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
@@ -292,12 +354,15 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def fill_outputs(
-    results: dict[str, np.ndarray], outputs: Mapping[str, Any], feeds: Sequence[Any] = ()
+    results: dict[str, np.ndarray],
+    outputs: Mapping[str, Any],
+    feeds: Sequence[Any] = (),
+    prefixes: Mapping[int, tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
     """Copy ``results`` into the caller's ``outputs`` buffers (``run(feeds, outputs=)`` on
     executors that do not write into them directly); InputError as
     ``check_output_buffers``, or for a buffer whose shape or dtype does not match."""
-    check_output_buffers(outputs, list(results), feeds)
+    check_output_buffers(outputs, list(results), feeds, prefixes)
     for name, buf in outputs.items():
         got = np.asarray(results[name])
         if buf.shape != got.shape or buf.dtype != got.dtype:

@@ -371,6 +371,7 @@ class Model(GenerationMixin):
         *,
         timeout: float | None = None,
         output_names: Sequence[str] | None = None,
+        outputs: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         """``run``, awaitable from asyncio, uvloop or trio code, never blocking the loop for
         longer than a hop to a worker would cost: a call the cost model calls cheaper than
@@ -378,9 +379,10 @@ class Model(GenerationMixin):
         the loop, expensive ones on the pool). Cancelling the awaiting task stops the
         call's kernels (and a running Loop/Scan at its next iteration); past ``timeout``
         it raises DeadlineExceeded at once. With ``max_concurrency`` it first waits for a
-        slot (first come, first served; cancellable). ``output_names`` as in ``run``."""
+        slot (first come, first served; cancellable). ``output_names``/``outputs``: ``run``'s."""
         if output_names is not None:
-            wanted, out = self._wanted(output_names), await self.run_async(feeds, timeout=timeout)
+            wanted = self._wanted(output_names)
+            out = await self.run_async(feeds, timeout=timeout, outputs=outputs)
             return {n: out[n] for n in wanted}
         call = self._call(timeout)
         limiter = self._limiter
@@ -389,7 +391,7 @@ class Model(GenerationMixin):
             if limiter is not None:
                 await self._acquire(limiter, call)
                 held = limiter
-            return await self._runtime.run_async(feeds, call)
+            return await self._runtime.run_async(feeds, call, outputs)
         finally:
             _end_call(held, call)
 

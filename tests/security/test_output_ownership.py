@@ -151,6 +151,47 @@ def test_output_buffer_overlapping_a_feed_is_refused(executor: str) -> None:
     np.testing.assert_allclose(buf, want)
 
 
+def _cache_model() -> bytes:
+    """A KV cache's shape: present = Concat(past, new) along axis 1, read by a product."""
+    nodes = [
+        helper.make_node("Concat", ["past", "new"], ["present"], axis=1),
+        helper.make_node("ReduceSum", ["present", "axes"], ["total"], keepdims=0),
+    ]
+    ins = [_info("past", [2, "p"]), _info("new", [2, 1])]
+    outs = [_info("present", [2, "t"]), _info("total", [2])]
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    return _model(nodes, ins, outs, [axes], opset=13)
+
+
+def test_a_concat_output_buffer_may_start_with_its_first_feed(executor: str) -> None:
+    """The generation's in-place cache: the present buffer starts with the past feed (the
+    same memory); the model writes the new column after it, the past stays as it was."""
+    model = load_on(executor, _cache_model())
+    buf = np.zeros((2, 6), np.float32)
+    for p in range(5):
+        past, new = buf[:, :p], np.full((2, 1), p + 1.0, np.float32)
+        want = np.concatenate([past, new], axis=1)
+        out = model.run({"past": past, "new": new}, outputs={"present": buf[:, : p + 1]})
+        np.testing.assert_array_equal(out["present"], want)
+        np.testing.assert_array_equal(out["total"], want.sum(axis=1))
+        assert np.shares_memory(out["present"], buf)
+    np.testing.assert_array_equal(buf[0], [1, 2, 3, 4, 5, 0])
+
+
+def test_a_concat_buffer_that_holds_its_feed_elsewhere_is_refused(executor: str) -> None:
+    model = load_on(executor, _cache_model())
+    buf = np.zeros((2, 6), np.float32)
+    new = np.ones((2, 1), np.float32)
+    with pytest.raises(InputError, match="shares memory with feed"):  # past not at the start
+        model.run({"past": buf[:, 1:3], "new": new}, outputs={"present": buf[:, :3]})
+    with pytest.raises(InputError, match="shares memory with feed"):  # the second operand
+        model.run({"past": np.zeros((2, 2), np.float32), "new": buf[:, :1]},
+                  outputs={"present": buf[:, :3]})  # fmt: skip
+    with pytest.raises(InputError, match="shares memory with feed"):  # another output
+        outs = {"present": np.zeros((2, 3), np.float32), "total": buf[:, 0]}
+        model.run({"past": buf[:, :2], "new": new}, outputs=outs)
+
+
 @pytest.mark.parametrize(
     ("buf", "what"),
     [("read-only", "read-only"), ("list", "got list")],

@@ -77,7 +77,7 @@ def _events(r: httpx.Response) -> list[dict[str, Any]]:
 def test_generate_answers_the_prompt_and_the_tokens(served: Any) -> None:
     url, model, _ = served
     want = model.generate(PROMPT, max_new_tokens=8).tolist()
-    req = {"id": "q1", "input_ids": PROMPT, "parameters": {"max_tokens": 8}}
+    req: dict[str, Any] = {"id": "q1", "input_ids": PROMPT, "parameters": {"max_tokens": 8}}
     r = httpx.post(url + "/v2/models/lm/generate", json=req)
     assert r.status_code == 200, r.text
     body = r.json()

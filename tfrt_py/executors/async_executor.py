@@ -20,7 +20,7 @@ import numpy as np
 
 from ..calls import CallContext
 from ..concurrency import HostContext, default_host
-from ..feeds import FeedChecker, check_output_buffers, fill_outputs
+from ..feeds import FeedChecker, check_output_buffers, concat_prefixes, fill_outputs
 from ..ir import Node
 from ..kernels import KernelRegistry
 from .base import Executor, yield_if_due
@@ -57,6 +57,7 @@ class AsyncExecutor(Executor):
         self._check = check
         self._out_names = [v.name for v in graph.outputs]
         self._out_types = [v.type for v in graph.outputs]
+        self._prefixes = concat_prefixes(graph)  # outputs whose buffer may hold their feed
         self._const_ids = constant_ids(graph)
         self._iterates = any(n.op_type in _ITERATING for n in graph.walk())
 
@@ -78,17 +79,22 @@ class AsyncExecutor(Executor):
     ) -> dict[str, Any]:
         args = self._check(feeds)
         if outputs is not None:
-            check_output_buffers(outputs, self._out_names, args)
+            check_output_buffers(outputs, self._out_names, args, self._prefixes)
         results = self.dataflow.run(args, self.host or default_host(), call)
         out = self._to_user(results, args)
-        return out if outputs is None else fill_outputs(out, outputs, args)
+        return out if outputs is None else fill_outputs(out, outputs, args, self._prefixes)
 
     async def run_async(
-        self, feeds: Mapping[str, Any], call: CallContext | None = None
+        self,
+        feeds: Mapping[str, Any],
+        call: CallContext | None = None,
+        outputs: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Cheap kernels on this loop's thread, expensive ones on the pool, async kernels
-        as tasks of this loop."""
+        as tasks of this loop; ``outputs`` as ``run``'s."""
         args = self._check(feeds)
+        if outputs is not None:
+            check_output_buffers(outputs, self._out_names, args, self._prefixes)
         own = call is None and self._iterates
         if own:
             call = CallContext()
@@ -99,7 +105,8 @@ class AsyncExecutor(Executor):
                 assert call is not None
                 call.finish()
         await yield_if_due(self.call_us, self.loop_slice_us)  # if it ran inline, in part
-        return self._to_user(results, args)
+        out = self._to_user(results, args)
+        return out if outputs is None else fill_outputs(out, outputs, args, self._prefixes)
 
     def _to_user(self, results: list[Any], args: list[Any]) -> dict[str, Any]:
         values = owned_outputs(results, self._out_types, args, self._const_ids)

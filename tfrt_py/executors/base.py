@@ -10,7 +10,7 @@ streamed program. What each must provide:
   callers look it up per call.
 * ``run_call(feeds, outputs, call)``: the same under a ``CallContext`` (a deadline or a
   canceller): DeadlineExceeded / CallCancelled between kernels and Loop/Scan iterations.
-* ``run_async(feeds, call)``: awaitable from asyncio, uvloop or trio. The default here runs
+* ``run_async(feeds, call, outputs)``: awaitable from asyncio, uvloop or trio. The default runs
   the call inline on the loop's thread when the cost model says the whole call is cheaper
   than a hop to a worker (``InlinePolicy``), and otherwise on the host's pool, so the loop
   stays free; cancelling the awaiting task stops the worker at its next kernel or
@@ -73,12 +73,16 @@ class Executor:
         raise NotImplementedError
 
     async def run_async(
-        self, feeds: Mapping[str, Any], call: CallContext | None = None
+        self,
+        feeds: Mapping[str, Any],
+        call: CallContext | None = None,
+        outputs: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Inline when the call is cheaper than a hop (``inline``), else offloaded."""
+        """Inline when the call is cheaper than a hop (``inline``), else offloaded;
+        ``outputs`` as ``run``'s."""
         policy = self.inline
         if policy is None:
-            r = self.run(feeds) if call is None else self.run_call(feeds, None, call)
+            r = self.run(feeds, outputs) if call is None else self.run_call(feeds, outputs, call)
             await yield_if_due(self.call_us, self.loop_slice_us)
             return r
         host = self.host or default_host()
@@ -87,7 +91,7 @@ class Executor:
         scale = policy.scale(feeds)
         if policy.inline(scale):
             t0 = time.perf_counter()
-            r = self.run(feeds) if call is None else self.run_call(feeds, None, call)
+            r = self.run(feeds, outputs) if call is None else self.run_call(feeds, outputs, call)
             us = (time.perf_counter() - t0) * 1e6
             policy.observe(us, scale)
             await yield_if_due(us, self.loop_slice_us)
@@ -99,7 +103,7 @@ class Executor:
             policy.observe((time.perf_counter() - t0) * 1e6, scale)
             return r
 
-        return await offload(host, timed, feeds, call)
+        return await offload(host, timed, feeds, call, outputs)
 
     def describe_lines(self) -> list[str]:
         """This executor's ``describe()`` lines (the selector's notes and the run_async
@@ -139,9 +143,13 @@ async def yield_if_due(us: float, slice_us: float) -> None:
 
 
 async def offload(
-    host: HostContext, fn: Any, feeds: Mapping[str, Any], call: CallContext | None
+    host: HostContext,
+    fn: Any,
+    feeds: Mapping[str, Any],
+    call: CallContext | None,
+    outputs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``fn(feeds, None, call)`` on one of ``host``'s workers, awaited on this loop.
+    """``fn(feeds, outputs, call)`` on one of ``host``'s workers, awaited on this loop.
 
     The worker runs under ``call`` (made here when the caller has none, so that cancelling
     the awaiting task stops the worker at its next kernel or Loop iteration). When the call
@@ -154,7 +162,7 @@ async def offload(
 
     def work() -> None:
         try:
-            result = fn(feeds, None, call)
+            result = fn(feeds, outputs, call)
         except BaseException as e:  # noqa: BLE001 - the awaiting task must hear of it
             _settle(done, None, e)
         else:

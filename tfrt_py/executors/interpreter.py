@@ -47,7 +47,7 @@ import numpy as np
 
 from ..calls import CallCancelled, CallContext, set_current
 from ..errors import DeadlineExceeded, ExecutionError, InputError
-from ..feeds import check_output_buffers
+from ..feeds import check_output_buffers, concat_prefixes
 from .base import Executor
 from .plan import ALIGN, MemoryPlan
 from .plan_build import Layout, build_layout
@@ -147,6 +147,7 @@ class SyncInterpreter(Executor):
         self._in_names = [v.name for v in graph.inputs]
         self._out_names = [v.name for v in graph.outputs]
         self._out_types = [v.type for v in graph.outputs]
+        self._prefixes = concat_prefixes(graph)  # outputs whose buffer may hold their feed
         fixed = set(program.input_slots) | {
             s for s, t in enumerate(program.template) if t is not None and s > 1
         }
@@ -190,7 +191,7 @@ class SyncInterpreter(Executor):
         bufs = (
             [None] * len(self._out_names)
             if outs is None
-            else check_output_buffers(outs, self._out_names, args)
+            else check_output_buffers(outs, self._out_names, args, self._prefixes)
         )
         sig = _signature(args)
         generic = self._generic

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..feeds import concat_prefixes
 
 __all__ = ["CachePair", "Decoder", "read_decoder"]
 
@@ -61,6 +62,16 @@ class CachePair:
                 for i, d in enumerate(self.shape)]  # fmt: skip
         return np.zeros(dims, self.dtype)
 
+    def buffer(self, batch: int, length: int) -> np.ndarray:
+        """A buffer holding this cache for ``batch`` rows up to ``length`` positions."""
+        dims = [batch if i == 0 else length if i == self.axis else int(d)
+                for i, d in enumerate(self.shape)]  # fmt: skip
+        return np.empty(dims, self.dtype)
+
+    def upto(self, n: int) -> tuple[slice, ...]:
+        """The index of this cache's first ``n`` positions."""
+        return (*(slice(None),) * self.axis, slice(0, n))
+
     def bytes_per_token(self, batch: int) -> int:
         """Bytes one more token adds to this cache tensor."""
         n = batch * self.dtype.itemsize
@@ -87,6 +98,9 @@ class Decoder:
     positions_dtype: np.dtype[Any]
     vocab: int | None
     max_positions: int | None
+    #: every ``present`` is ``Concat(past, new)`` along the cache's axis: the generation
+    #: keeps each cache in one buffer and the model writes only the new rows into it
+    in_place: bool = False
 
     def bytes_per_token(self, batch: int) -> int:
         return sum(c.bytes_per_token(batch) for c in self.cache)
@@ -130,7 +144,22 @@ def read_decoder(model: Any) -> Decoder:
         positions_dtype=_int_dtype(inputs.get("position_ids")),
         vocab=_static_last(outputs["logits"].shape),
         max_positions=_position_limit(model, "position_ids" in inputs),
+        in_place=_grown_in_place(model, cache),
     )
+
+
+def _grown_in_place(model: Any, cache: tuple[CachePair, ...]) -> bool:
+    """Every cache output is a Concat of its own past input first, along the cache's
+    sequence axis (``feeds.concat_prefixes``): its buffer may then start with that past."""
+    g = model.graph
+    outs = {v.name: k for k, v in enumerate(g.outputs)}
+    ins = {v.name: k for k, v in enumerate(g.inputs)}
+    prefixes = concat_prefixes(g)
+    for c in cache:
+        found = prefixes.get(outs.get(c.present, -1))
+        if found is None or found[0] != ins.get(c.past) or found[1] % len(c.shape) != c.axis:
+            return False
+    return True
 
 
 def _int_dtype(spec: Any) -> np.dtype[Any]:

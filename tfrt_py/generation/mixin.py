@@ -107,7 +107,7 @@ class GenerationMixin:
         steps, prompt, deadline = self._begin(input_ids, max_new_tokens, kw)
         made = []
         while not steps.done:
-            made.append(steps.advance(self._step(steps.feeds, deadline)))
+            made.append(steps.advance(self._step(steps, deadline)))
         out = np.concatenate([prompt.ids.astype(np.int64), np.stack(made, axis=1)], axis=1)
         return out[0] if prompt.flat else out
 
@@ -121,12 +121,12 @@ class GenerationMixin:
 
     def _stream(self, steps: Steps, flat: bool, deadline: _Deadline) -> Iterator[Any]:
         while not steps.done:
-            tokens = steps.advance(self._step(steps.feeds, deadline))
+            tokens = steps.advance(self._step(steps, deadline))
             yield int(tokens[0]) if flat else tokens
 
-    def _step(self, feeds: dict[str, Any], deadline: _Deadline) -> dict[str, Any]:
+    def _step(self, steps: Steps, deadline: _Deadline) -> dict[str, Any]:
         try:
-            return self.run(feeds, timeout=deadline.left())  # type: ignore[attr-defined]
+            return self.run(steps.feeds, steps.outputs, timeout=deadline.left())  # type: ignore[attr-defined]
         except DeadlineExceeded as e:
             raise deadline.exceeded(e) from None
 
@@ -148,7 +148,9 @@ class GenerationMixin:
         while not steps.done:
             await checkpoint_if_cancelled()  # a step that never suspended still stops here
             try:
-                out = await self.run_async(steps.feeds, timeout=deadline.left())  # type: ignore[attr-defined]
+                out = await self.run_async(  # type: ignore[attr-defined]
+                    steps.feeds, timeout=deadline.left(), outputs=steps.outputs
+                )
             except DeadlineExceeded as e:
                 raise deadline.exceeded(e) from None
             tokens = steps.advance(out)

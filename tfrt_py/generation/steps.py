@@ -3,11 +3,17 @@
 
 The first step feeds the whole (left-padded) prompt with an empty cache; each later step
 feeds the token just chosen, the mask grown by one column, the next position, and the
-``present`` outputs of the step before as the ``past`` inputs. Positions count tokens, not
-padding (``cumsum(mask) - 1``, as transformers computes them), so a left-padded row gets
-the positions it would get alone. A row that produced an end-of-sequence token is
-finished: it is fed ``pad`` from then on and its tokens are ``pad``; the generation ends
-when every row has finished or ``max_new_tokens`` were made.
+``present`` outputs of the step before as the ``past`` inputs. When the model grows its
+cache by ``Concat(past, new)`` (``Decoder.in_place``) and the cache passes
+``IN_PLACE_BYTES``, each cache moves (once) into a buffer of the generation's final
+length: a step then feeds the buffer's first ``P`` positions as ``past`` and hands the
+first ``P + S`` as the ``present`` output buffer (``run(..., outputs=)``), so the model
+writes only the new rows and no step copies the cache. Below that size the copy costs
+less than a call with output buffers (their checks: ~0.1-0.2 ms a step on a 2-core Xeon).
+Positions count tokens, not padding (``cumsum(mask) - 1``, as transformers computes
+them), so a left-padded row gets the positions it would get alone. A row that produced
+an end-of-sequence token is finished: it is fed ``pad`` from then on and its tokens are
+``pad``; the generation ends when every row has finished or ``max_new_tokens`` were made.
 
 Owned by one caller, on one thread at a time (an async generator's steps may hop threads;
 they never overlap).
@@ -23,7 +29,12 @@ from .decoder import Decoder
 from .prompts import Prompt, Settings
 from .sampling import pick
 
-__all__ = ["Steps"]
+__all__ = ["IN_PLACE_BYTES", "Steps"]
+
+#: The cache size (all layers, keys and values) from which a generation keeps its cache in
+#: one buffer written in place: a copy of 1 MiB costs about what the output buffers' checks
+#: cost per step (``benchmarks/generate.py``'s steps at past 16..512 show both).
+IN_PLACE_BYTES = 1 << 20
 
 
 class Steps:
@@ -43,9 +54,27 @@ class Steps:
         self.made = 0
         self.done = False
         self.feeds: dict[str, Any] = {dec.input_ids: prompt.ids}
-        for c in dec.cache:
-            self.feeds[c.past] = c.empty(batch)
+        #: the output buffers of the next step (None: the model allocates its outputs)
+        self.outputs: dict[str, Any] | None = None
+        self._length = 0  # cache positions filled
+        self._final = prompt.ids.shape[1] + s.max_new_tokens
+        self._buffers: list[np.ndarray] = []
+        #: the cache length from which the cache lives in buffers written in place
+        self._in_place_at = IN_PLACE_BYTES // max(1, dec.bytes_per_token(batch))
+        if dec.in_place and prompt.ids.shape[1] >= self._in_place_at:
+            self._buffers = [c.buffer(batch, self._final) for c in dec.cache]
+            self._feed_cache(prompt.ids.shape[1])
+        else:
+            for c in dec.cache:
+                self.feeds[c.past] = c.empty(batch)
         self._feed_mask_and_positions(self._position)
+
+    def _feed_cache(self, new: int) -> None:
+        """The buffers' views for a step adding ``new`` positions to ``_length``."""
+        self.outputs = {}
+        for c, buf in zip(self._dec.cache, self._buffers):
+            self.feeds[c.past] = buf[c.upto(self._length)]
+            self.outputs[c.present] = buf[c.upto(self._length + new)]
 
     def _feed_mask_and_positions(self, positions: np.ndarray) -> None:
         dec = self._dec
@@ -66,14 +95,22 @@ class Steps:
             self._finished |= np.isin(tokens, self._eos)
         self.done = self.made >= s.max_new_tokens or bool(self._finished.all())
         if self.done:
-            self.feeds = {}
+            self.feeds, self.outputs = {}, None
             return tokens
         batch = len(tokens)
         nxt = self._position[:, -1:] + 1
+        self._length += int(self.feeds[dec.input_ids].shape[1])
         self._position = nxt
         self._mask = np.concatenate([self._mask, np.ones((batch, 1), np.int64)], axis=1)
         self.feeds = {dec.input_ids: tokens[:, None].astype(dec.ids_dtype)}
-        for c in dec.cache:
-            self.feeds[c.past] = out[c.present]
+        if not self._buffers and dec.in_place and self._length >= self._in_place_at:
+            self._buffers = [c.buffer(batch, self._final) for c in dec.cache]
+            for c, buf in zip(dec.cache, self._buffers):  # the one copy of the cache
+                buf[c.upto(self._length)] = out[c.present]
+        if self._buffers:
+            self._feed_cache(1)
+        else:
+            for c in dec.cache:
+                self.feeds[c.past] = out[c.present]
         self._feed_mask_and_positions(nxt)
         return tokens

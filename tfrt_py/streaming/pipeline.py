@@ -316,15 +316,19 @@ class StreamedProgram(Executor):
             run.restart()
 
     async def run_async(
-        self, feeds: Mapping[str, Any], call: CallContext | None = None
+        self,
+        feeds: Mapping[str, Any],
+        call: CallContext | None = None,
+        outputs: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         if call is not None:
             call.check()
         it = self.run_batches_async([feeds], window=1)
         try:
-            return await it.__anext__()
+            results = await it.__anext__()
         finally:
             await it.aclose()
+        return results if outputs is None else fill_outputs(results, outputs)
 
     def run_call(
         self, feeds: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None, call: CallContext

@@ -239,10 +239,18 @@ def _size(ctx: KernelContext) -> ComputeFn:
 
 
 def _concat(ctx: KernelContext) -> ComputeFn:
-    """Concat(*xs) -> one array joined along ``axis`` (default 1 before opset 4)."""
+    """Concat(*xs) -> one array joined along ``axis`` (default 1 before opset 4). An ``out``
+    that shares memory with ``xs[0]`` is the caller's buffer that starts with that very
+    feed (a KV cache grown in place: the one overlap ``feeds.check_output_buffers`` lets
+    through, checked exactly before the call; the executors never plan one): only the rest
+    is written."""
     axis = int(ctx.attr("axis", 1) if ctx.opset < 4 else ctx.attr("axis"))
 
     def concat(*xs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if out is not None and len(xs) == 2 and np.may_share_memory(out, xs[0]):
+            n = xs[0].shape[axis]
+            out[_axis_key(axis, n, n + xs[1].shape[axis])] = xs[1]
+            return out
         return np.concatenate(xs, axis=axis, out=out)
 
     return concat

@@ -42,7 +42,7 @@ from ...concurrency.threads import limit_blas
 from ...errors import InputError
 from ...executors.base import Executor
 from ...executors.program import Program
-from ...feeds import check_output_buffers
+from ...feeds import check_output_buffers, concat_prefixes
 from ...ir import Graph
 from ..lower.graph import Lowered, lower
 from . import worker
@@ -398,7 +398,7 @@ class NativeTier(Executor):
         names = [v.name for v in self.graph.outputs]
         bufs = {} if not outputs else dict(outputs)
         if bufs:
-            check_output_buffers(bufs, names, args)
+            check_output_buffers(bufs, names, args, concat_prefixes(self.graph))
         if not all(type(a) is np.ndarray for a in args):
             return self.interp.run(feeds, outputs)
         ready = [
