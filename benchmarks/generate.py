@@ -25,6 +25,10 @@ cache dir, as a new user's first process, and an onnxruntime session on the same
   ``IN_PLACE_BYTES`` on a model that grows it by ``Concat``); onnxruntime's as a user's
   loop does.
 
+* **serve**: ``tfrt-py serve`` in its own process streaming ``generate_stream`` to 1, 4
+  and 16 concurrent clients (``--streams``; httpx, server-sent events): tokens/s of all
+  streams together and the time to the first token, beside the prompt's own time.
+
 Threads: one per runtime by default (``--threads``). Benchmark with ``OPENBLAS_CORETYPE``
 and ``OPENBLAS_L2_SIZE`` unset (``make bench-generate`` does). Needs what ``make
 bench-zoo`` installs (torch, transformers, optimum-onnx).
@@ -211,6 +215,87 @@ def child(path: str, rounds: int, new: int, prompts: list[int], pasts: list[int]
     return res
 
 
+# -- tfrt-py serve: streams over HTTP -------------------------------------------------------------
+
+
+def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str, Any]:
+    """``tfrt-py serve`` (a real process) streaming ``generate_stream`` to ``levels``
+    concurrent clients (httpx, server-sent events): aggregate tokens/s, and the time to the
+    first token against the prompt's own time (one ``run`` of the 16-token prompt in this
+    process, measured beside it)."""
+    import asyncio
+
+    import httpx
+    import numpy as np
+    import serve_load
+
+    import tfrt_py
+
+    name = os.path.splitext(os.path.basename(path))[0]
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 1000, 16).tolist() for _ in range(64)]
+    local = tfrt_py.load(path)
+    local.generate(prompts[0], max_new_tokens=2)
+    prefill = []
+    for p in prompts[:16]:
+        t = time.perf_counter()
+        local.generate(p, max_new_tokens=1)
+        prefill.append(time.perf_counter() - t)
+
+    async def one(client: Any, prompt: list[int]) -> tuple[float, int]:
+        body = {"input_ids": prompt, "parameters": {"max_tokens": new}}
+        t0 = time.perf_counter()
+        first, n = 0.0, 0
+        url = f"/v2/models/{name}/generate_stream"
+        async with client.stream("POST", url, json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    n += 1
+                    if n == 1:
+                        first = time.perf_counter() - t0
+        return first, n
+
+    async def level(port: int, k: int) -> dict[str, Any]:
+        limits = httpx.Limits(max_connections=k)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits,
+                                     timeout=600) as client:  # fmt: skip
+            await one(client, prompts[0])  # this level's connections and signatures
+            t0 = time.perf_counter()
+            got = await asyncio.gather(*(one(client, prompts[(i * 7) % 64])
+                                         for i in range(k * rounds)))  # fmt: skip
+            total = time.perf_counter() - t0
+        firsts = [f for f, _ in got]
+        return {"streams": k, "tok_s": sum(n for _, n in got) / total,
+                "first_p50_ms": statistics.median(firsts) * 1e3,
+                "first_p99_ms": float(np.percentile(firsts, 99)) * 1e3}  # fmt: skip
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = serve_load.start_server([path], "off", os.path.join(tmp, "log"),
+                                             ["--no-grpc"], "default")  # fmt: skip
+        try:
+            asyncio.run(serve_load.wait_ready(port, proc))
+            res = [asyncio.run(level(port, k)) for k in levels]
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return {"prefill_ms": statistics.median(prefill) * 1e3, "levels": res}
+
+
+def serve_table(results: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["| model | streams | tokens/s (all streams) | vs 1 stream | first token p50 / p99 ms "
+             "| the prompt's own time ms |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, r in results.items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error'][:120]} |")
+            continue
+        one = r["levels"][0]["tok_s"]
+        for lv in r["levels"]:
+            lines.append(f"| {name} | {lv['streams']} | {lv['tok_s']:.0f} | "
+                         f"{lv['tok_s'] / one:.2f}x | {lv['first_p50_ms']:.1f} / "
+                         f"{lv['first_p99_ms']:.1f} | {r['prefill_ms']:.1f} |")  # fmt: skip
+    return lines
+
+
 # -- the parent ------------------------------------------------------------------------------------
 
 
@@ -269,18 +354,33 @@ def main() -> None:
     ap.add_argument("--prompts", default="16,128")
     ap.add_argument("--pasts", default="16,128,512")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--streams", default="1,4,16", help="concurrent streams ('' to skip)")
+    ap.add_argument("--serve-decoders", default="gpt2,llama")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "generate"))
     a = ap.parse_args()
     results = {}
-    for name, path in decoder_paths(a.decoders.split(",")).items():
+    paths = decoder_paths(a.decoders.split(","))
+    for name, path in paths.items():
         print(f"generate: {name} ...", flush=True)
         results[name] = run_child(path, a)
     lines = [f"# Generation ({time.strftime('%Y-%m-%d')})", "",
              f"Host: {host_line()}; {a.threads} thread(s) per runtime; {a.rounds} rounds; "
              f"{a.new_tokens} new tokens; greedy.", "", *table(results, a)]  # fmt: skip
+    served: dict[str, Any] = {}
+    if a.streams:
+        levels = [int(x) for x in a.streams.split(",")]
+        for name in a.serve_decoders.split(","):
+            if name in paths:
+                print(f"serve: {name} ...", flush=True)
+                try:
+                    served[name] = serve_part(paths[name], levels, a.new_tokens, 2)
+                except Exception as e:  # noqa: BLE001 - reported, the rest still measured
+                    served[name] = {"error": f"{type(e).__name__}: {e}"}
+        lines += ["", f"## tfrt-py serve, generate_stream ({a.new_tokens} tokens a stream, "
+                  "16-token prompts, httpx)", "", *serve_table(served)]  # fmt: skip
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "generate.json"), "w") as f:
-        json.dump({"host": host_line(), "results": results}, f, indent=1)
+        json.dump({"host": host_line(), "results": results, "serve": served}, f, indent=1)
     with open(os.path.join(a.out, "generate.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
