@@ -289,3 +289,17 @@ def test_the_position_limit_comes_from_config_json_beside_the_file(tmp_path: Any
     with pytest.raises(InputError, match="exceed the model's 20 positions"):
         m.generate(list(range(10)), max_new_tokens=11)
     assert m.generate(list(range(10)), max_new_tokens=10).shape == (20,)
+
+
+def test_generated_feeds_of_a_decoder_are_a_first_step(model: tfrt_py.Model) -> None:
+    """tfrt-py bench/run and the server's warm-up call a model on generated feeds; a
+    decoder's dims are tied (the mask spans past + new), so it gets a generation's first
+    step (before: the mask and the past were one position each, and optimum's GPT-2
+    failed its warm-up: the server never became ready)."""
+    from tfrt_py.bench.runners import random_feeds
+
+    feeds = random_feeds(model, batch=2)
+    assert feeds["input_ids"].shape == (2, 4) and feeds["attention_mask"].shape == (2, 4)
+    assert feeds["past_key_values.0.key"].shape[2] == 0
+    np.testing.assert_array_equal(feeds["position_ids"], [[0, 1, 2, 3]] * 2)
+    assert model.run(feeds)["present.0.key"].shape[2] == 4

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 import tfrt_py
+from tfrt_py.generation import first_step_feeds
 
 __all__ = ["check_agreement", "make_runners", "random_feeds"]
 
@@ -19,7 +20,12 @@ __all__ = ["check_agreement", "make_runners", "random_feeds"]
 def random_feeds(model: tfrt_py.Model, seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
     """Inputs of the right dtype and shape; symbolic or unknown dims become ``batch``.
     Integer inputs that index a table (token ids: ``id_limits``) take values inside it;
-    ones named like a mask are ones; other integers are in [0, 4)."""
+    ones named like a mask are ones; other integers are in [0, 4). A KV-cache decoder gets
+    the first step of a generation (``batch`` prompts of 4 tokens, an empty cache): its
+    dims are tied to each other (the mask spans past + new)."""
+    decoder = first_step_feeds(model, batch)
+    if decoder is not None:
+        return decoder
     rng = np.random.default_rng(seed)
     limits = id_limits(model.graph)
     feeds: dict[str, np.ndarray] = {}

@@ -4,7 +4,7 @@
 one generation's step state (``steps``)."""
 
 from .decoder import CachePair, Decoder, read_decoder
-from .mixin import GenerateOptions, GenerationMixin
+from .mixin import GenerateOptions, GenerationMixin, first_step_feeds
 from .prompts import MAX_CACHE_BYTES, MAX_NEW_TOKENS
 
 __all__ = [
@@ -14,5 +14,6 @@ __all__ = [
     "Decoder",
     "GenerateOptions",
     "GenerationMixin",
+    "first_step_feeds",
     "read_decoder",
 ]

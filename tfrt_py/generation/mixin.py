@@ -18,12 +18,26 @@ from typing import Any, TypedDict, Unpack
 import numpy as np
 
 from ..calls import check_timeout
-from ..errors import DeadlineExceeded
+from ..errors import DeadlineExceeded, InputError
 from .decoder import Decoder, read_decoder
 from .prompts import Prompt, read_prompt, read_settings
 from .steps import Steps
 
-__all__ = ["GenerateOptions", "GenerationMixin"]
+__all__ = ["GenerateOptions", "GenerationMixin", "first_step_feeds"]
+
+
+def first_step_feeds(model: Any, batch: int = 1, length: int = 4) -> dict[str, Any] | None:
+    """The feeds of a generation's first step (``batch`` prompts of ``length`` token 0,
+    an empty cache): valid feeds for a decoder, whose inputs' dims are tied to each other
+    (the mask spans past + new) as no generic dummy feed can know. None for a model that
+    is not a KV-cache decoder."""
+    try:
+        dec = read_decoder(model)
+    except InputError:
+        return None
+    prompt = read_prompt(dec, [[0] * length] * batch, None)
+    s = read_settings(dec, prompt, 1, None, None, False, 1.0, None, None)
+    return Steps(dec, prompt, s, None).feeds
 
 
 class GenerateOptions(TypedDict, total=False):
