@@ -220,9 +220,9 @@ def child(path: str, rounds: int, new: int, prompts: list[int], pasts: list[int]
 
 def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str, Any]:
     """``tfrt-py serve`` (a real process) streaming ``generate_stream`` to ``levels``
-    concurrent clients (httpx, server-sent events): aggregate tokens/s, and the time to the
-    first token against the prompt's own time (one ``run`` of the 16-token prompt in this
-    process, measured beside it)."""
+    concurrent clients (httpx, server-sent events), each client ``rounds`` streams one
+    after another: aggregate tokens/s, and the time to the first token against the
+    prompt's own time (a one-token generation of a 16-token prompt in this process)."""
     import asyncio
 
     import httpx
@@ -233,7 +233,7 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
 
     name = os.path.splitext(os.path.basename(path))[0]
     rng = np.random.default_rng(5)
-    prompts = [rng.integers(0, 1000, 16).tolist() for _ in range(64)]
+    prompts = [rng.integers(0, 1000, 16).tolist() for _ in range(max(levels) * rounds + 1)]
     local = tfrt_py.load(path)
     local.generate(prompts[0], max_new_tokens=2)
     prefill = []
@@ -242,27 +242,38 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
         local.generate(p, max_new_tokens=1)
         prefill.append(time.perf_counter() - t)
 
-    async def one(client: Any, prompt: list[int]) -> tuple[float, int]:
-        body = {"input_ids": prompt, "parameters": {"max_tokens": new}}
+    used = max(levels) * rounds + 1  # the prompts the clients send, generated alone first
+    expected = [local.generate(p, max_new_tokens=new)[16:].tolist() for p in prompts[:used]]
+    mismatched = 0
+
+    async def one(client: Any, k: int) -> tuple[float, int]:
+        nonlocal mismatched
+        body = {"input_ids": prompts[k], "parameters": {"max_tokens": new}}
         t0 = time.perf_counter()
-        first, n = 0.0, 0
+        first, toks = 0.0, []
         url = f"/v2/models/{name}/generate_stream"
         async with client.stream("POST", url, json=body) as r:
             async for line in r.aiter_lines():
                 if line.startswith("data: "):
-                    n += 1
-                    if n == 1:
+                    toks.append(json.loads(line[6:])["output_ids"][0])
+                    if len(toks) == 1:
                         first = time.perf_counter() - t0
-        return first, n
+        mismatched += toks != expected[k]
+        return first, len(toks)
 
     async def level(port: int, k: int) -> dict[str, Any]:
         limits = httpx.Limits(max_connections=k)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits,
                                      timeout=600) as client:  # fmt: skip
-            await one(client, prompts[0])  # this level's connections and signatures
+            await one(client, 0)  # this level's connections and signatures
+            got: list[tuple[float, int]] = []
+
+            async def stream_after_stream(w: int) -> None:  # one client: a stream at a time
+                for r in range(rounds):
+                    got.append(await one(client, 1 + w * rounds + r))
+
             t0 = time.perf_counter()
-            got = await asyncio.gather(*(one(client, prompts[(i * 7) % 64])
-                                         for i in range(k * rounds)))  # fmt: skip
+            await asyncio.gather(*(stream_after_stream(w) for w in range(k)))
             total = time.perf_counter() - t0
         firsts = [f for f, _ in got]
         return {"streams": k, "tok_s": sum(n for _, n in got) / total,
@@ -278,12 +289,14 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
         finally:
             proc.terminate()
             proc.wait(30)
-    return {"prefill_ms": statistics.median(prefill) * 1e3, "levels": res}
+    return {"prefill_ms": statistics.median(prefill) * 1e3, "levels": res,
+            "mismatched": mismatched}  # fmt: skip
 
 
 def serve_table(results: dict[str, dict[str, Any]]) -> list[str]:
     lines = ["| model | streams | tokens/s (all streams) | vs 1 stream | first token p50 / p99 ms "
-             "| the prompt's own time ms |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| the prompt's own time ms | streams unlike generate() |",
+             "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, r in results.items():
         if "error" in r:
             lines.append(f"| {name} | error: {r['error'][:120]} |")
@@ -292,7 +305,8 @@ def serve_table(results: dict[str, dict[str, Any]]) -> list[str]:
         for lv in r["levels"]:
             lines.append(f"| {name} | {lv['streams']} | {lv['tok_s']:.0f} | "
                          f"{lv['tok_s'] / one:.2f}x | {lv['first_p50_ms']:.1f} / "
-                         f"{lv['first_p99_ms']:.1f} | {r['prefill_ms']:.1f} |")  # fmt: skip
+                         f"{lv['first_p99_ms']:.1f} | {r['prefill_ms']:.1f} | "
+                         f"{r['mismatched']} |")  # fmt: skip
     return lines
 
 
@@ -373,7 +387,7 @@ def main() -> None:
             if name in paths:
                 print(f"serve: {name} ...", flush=True)
                 try:
-                    served[name] = serve_part(paths[name], levels, a.new_tokens, 2)
+                    served[name] = serve_part(paths[name], levels, a.new_tokens, 4)
                 except Exception as e:  # noqa: BLE001 - reported, the rest still measured
                     served[name] = {"error": f"{type(e).__name__}: {e}"}
         lines += ["", f"## tfrt-py serve, generate_stream ({a.new_tokens} tokens a stream, "

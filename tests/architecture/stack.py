@@ -45,7 +45,7 @@ INNER_LAYERS: dict[str, list[set[str]]] = {
         {"async_executor"},
     ],
     "serving": [
-        {"limits", "grpc_schema"},
+        {"limits", "grpc_schema", "gen_batching"},
         {"errors", "run", "metrics"},
         {"admission", "arrays", "batching", "codec", "repository", "prefork"},
         {"body", "served", "v2_codec"},

@@ -4,16 +4,20 @@
 one generation's step state (``steps``)."""
 
 from .decoder import CachePair, Decoder, read_decoder
-from .mixin import GenerateOptions, GenerationMixin, first_step_feeds
+from .mixin import Deadline, GenerateOptions, GenerationMixin, first_step_feeds, start
 from .prompts import MAX_CACHE_BYTES, MAX_NEW_TOKENS
+from .steps import Steps
 
 __all__ = [
     "MAX_CACHE_BYTES",
     "MAX_NEW_TOKENS",
     "CachePair",
+    "Deadline",
     "Decoder",
     "GenerateOptions",
     "GenerationMixin",
+    "Steps",
     "first_step_feeds",
     "read_decoder",
+    "start",
 ]

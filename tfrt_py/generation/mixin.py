@@ -11,6 +11,7 @@ usable. ``timeout`` bounds the whole generation (DeadlineExceeded).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypedDict, Unpack
@@ -23,7 +24,7 @@ from .decoder import Decoder, read_decoder
 from .prompts import Prompt, read_prompt, read_settings
 from .steps import Steps
 
-__all__ = ["GenerateOptions", "GenerationMixin", "first_step_feeds"]
+__all__ = ["Deadline", "GenerateOptions", "GenerationMixin", "first_step_feeds", "start"]
 
 
 def first_step_feeds(model: Any, batch: int = 1, length: int = 4) -> dict[str, Any] | None:
@@ -54,7 +55,7 @@ class GenerateOptions(TypedDict, total=False):
     timeout: float | None
 
 
-class _Deadline:
+class Deadline:
     """What is left of a generation's ``timeout`` (None: no deadline)."""
 
     def __init__(self, timeout: Any) -> None:
@@ -75,6 +76,30 @@ class _Deadline:
         return DeadlineExceeded(self.timeout or e.timeout, e.node_name, e.op_type)
 
 
+def start(model: Any, input_ids: Any, max_new_tokens: int, kw: GenerateOptions,
+          in_place: bool = True) -> tuple[Steps, Prompt, Deadline]:  # fmt: skip
+    """One generation on ``model``, checked and ready for its first step: its Steps, its
+    Prompt and its Deadline (InputError/TypeError for anything wrong, before a step).
+    ``in_place=False`` keeps the cache in the model's outputs (a caller that batches the
+    steps of many generations moves the caches itself)."""
+    unknown = set(kw) - set(GenerateOptions.__annotations__)
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments {sorted(unknown)!r:.200}")
+    dec = model.decoder()
+    if not in_place and dec.in_place:
+        dec = dataclasses.replace(dec, in_place=False)
+    prompt = read_prompt(dec, input_ids, kw.get("attention_mask"))
+    s = read_settings(dec, prompt, max_new_tokens, kw.get("eos_token_id"),
+                      kw.get("pad_token_id"), kw.get("do_sample", False),
+                      kw.get("temperature", 1.0), kw.get("top_k"), kw.get("top_p"))  # fmt: skip
+    deadline = Deadline(kw.get("timeout"))
+    rng = None
+    if s.do_sample:
+        seed = kw.get("seed")
+        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    return Steps(dec, prompt, s, rng), prompt, deadline
+
+
 class GenerationMixin:
     """The generation methods of ``tfrt_py.Model`` (which supplies ``run``, ``run_async``,
     ``inputs``, ``outputs`` and ``graph``)."""
@@ -90,21 +115,8 @@ class GenerationMixin:
         return dec
 
     def _begin(self, input_ids: Any, max_new_tokens: int,
-               kw: GenerateOptions) -> tuple[Steps, Prompt, _Deadline]:  # fmt: skip
-        unknown = set(kw) - set(GenerateOptions.__annotations__)
-        if unknown:
-            raise TypeError(f"unexpected keyword arguments {sorted(unknown)!r:.200}")
-        dec = self.decoder()
-        prompt = read_prompt(dec, input_ids, kw.get("attention_mask"))
-        s = read_settings(dec, prompt, max_new_tokens, kw.get("eos_token_id"),
-                          kw.get("pad_token_id"), kw.get("do_sample", False),
-                          kw.get("temperature", 1.0), kw.get("top_k"), kw.get("top_p"))  # fmt: skip
-        deadline = _Deadline(kw.get("timeout"))
-        rng = None
-        if s.do_sample:
-            seed = kw.get("seed")
-            rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-        return Steps(dec, prompt, s, rng), prompt, deadline
+               kw: GenerateOptions) -> tuple[Steps, Prompt, Deadline]:  # fmt: skip
+        return start(self, input_ids, max_new_tokens, kw)
 
     def generate(self, input_ids: Any, max_new_tokens: int = 20,
                  **kw: Unpack[GenerateOptions]) -> np.ndarray:  # fmt: skip
@@ -133,12 +145,12 @@ class GenerationMixin:
         steps, prompt, deadline = self._begin(input_ids, max_new_tokens, kw)
         return self._stream(steps, prompt.flat, deadline)
 
-    def _stream(self, steps: Steps, flat: bool, deadline: _Deadline) -> Iterator[Any]:
+    def _stream(self, steps: Steps, flat: bool, deadline: Deadline) -> Iterator[Any]:
         while not steps.done:
             tokens = steps.advance(self._step(steps, deadline))
             yield int(tokens[0]) if flat else tokens
 
-    def _step(self, steps: Steps, deadline: _Deadline) -> dict[str, Any]:
+    def _step(self, steps: Steps, deadline: Deadline) -> dict[str, Any]:
         try:
             return self.run(steps.feeds, steps.outputs, timeout=deadline.left())  # type: ignore[attr-defined]
         except DeadlineExceeded as e:
@@ -156,7 +168,7 @@ class GenerationMixin:
         return self._stream_async(steps, prompt.flat, deadline)
 
     async def _stream_async(self, steps: Steps, flat: bool,
-                            deadline: _Deadline) -> AsyncIterator[Any]:  # fmt: skip
+                            deadline: Deadline) -> AsyncIterator[Any]:  # fmt: skip
         from anyio.lowlevel import checkpoint_if_cancelled  # not at import: cold start
 
         while not steps.done:

@@ -38,8 +38,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import DeadlineExceeded, InputError, TfrtError
+from ..generation import start
 from .codec import load_json
 from .errors import RequestError
+from .gen_batching import GenerationBatcher
 from .handling import Deadline, counted, errors_as_json, json_response, read_in_time, served_model
 from .hub import ModelServer
 from .served import ServedModel
@@ -58,6 +60,7 @@ _PARAMETER_NAMES = {
 _SAMPLING = {"temperature", "top_k", "top_p", "seed"}
 _IGNORED = {"stream", "exclude_input_in_output", "timeout"}
 _tokenizers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_batchers: weakref.WeakKeyDictionary[Any, GenerationBatcher] = weakref.WeakKeyDictionary()
 
 
 def generate_routes(server: ModelServer) -> list[Route]:
@@ -106,7 +109,7 @@ class _Job:
             raise RequestError(504, f"the deadline of {deadline.timeout or 0:g} s passed "
                                     "before the generation started")  # fmt: skip
         try:  # everything generate refuses is refused here, before a status line goes out
-            self.stream = model.model.generate_async(prompt, timeout=left, **options)
+            self.stream = _generations(model, prompt, left, options)
         except (InputError, TypeError) as e:
             raise RequestError(400, f"model {model.name!r}: {e}") from None
 
@@ -203,6 +206,24 @@ class _Job:
                 yield b"data: " + json.dumps(event).encode() + b"\n\n"
         except RequestError as e:
             yield b"data: " + json.dumps({**head, "error": e.message}).encode() + b"\n\n"
+
+
+def _generations(model: ServedModel, prompt: Any, left: float | None,
+                 options: dict[str, Any]) -> AsyncIterator[Any]:  # fmt: skip
+    """The tokens of one request's generation: through the model's GenerationBatcher (its
+    steps batched with the other streams') for one prompt on a decoder that fits, else
+    ``generate_async`` on its own. Raises what ``generate`` refuses."""
+    m = model.model
+    flat = bool(prompt) and not isinstance(prompt[0], list)
+    if not flat or not GenerationBatcher.fits(m):
+        return m.generate_async(prompt, timeout=left, **options)
+    kw: Any = {k: v for k, v in options.items() if k != "max_new_tokens"}
+    kw["timeout"] = left
+    steps, _, deadline = start(m, prompt, options["max_new_tokens"], kw, in_place=False)
+    batcher = _batchers.get(model)
+    if batcher is None:
+        batcher = _batchers[model] = GenerationBatcher(m)
+    return batcher.stream(steps, deadline, flat=True)
 
 
 def _tokenizer(model: ServedModel) -> Any:
