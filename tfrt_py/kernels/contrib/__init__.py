@@ -4,7 +4,8 @@ contain.
 Registered in domain ``com.microsoft`` (``activation.MS_DOMAIN``): the GELU variants and
 FusedMatMul (``activation``), the fused normalizations SkipLayerNormalization,
 SkipSimplifiedLayerNormalization and EmbedLayerNormalization (``norm``), Attention
-(``attention``) -- what onnxruntime's transformer optimizer writes into a model -- and
+(``attention``) -- what onnxruntime's transformer optimizer writes into a model --,
+GroupQueryAttention (``gqa``: onnxruntime-genai's decoders) and
 Tokenizer (``tokenizer``, its patterns compiled by ``regex``), which skl2onnx's text
 vectorizers emit, and the QOperator ops onnxruntime's quantization tool writes
 (``quantized``, ``quantized_transformer``). Semantics follow onnxruntime's CPU provider,
@@ -14,7 +15,7 @@ which the tests compare against (``tests/test_kernels_contrib*.py``).
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from . import activation, attention, norm, quantized, quantized_transformer, tokenizer
+from . import activation, attention, gqa, norm, quantized, quantized_transformer, tokenizer
 
 __all__ = ["register_kernels"]
 
@@ -24,6 +25,7 @@ def register_kernels(registry: KernelRegistry) -> None:
     activation.register_kernels(registry)
     norm.register_kernels(registry)
     attention.register_kernels(registry)
+    gqa.register_kernels(registry)
     tokenizer.register_kernels(registry)
     quantized.register_kernels(registry)
     quantized_transformer.register_kernels(registry)

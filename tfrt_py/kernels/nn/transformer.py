@@ -4,6 +4,8 @@ CausalConvWithState, LinearAttention and FlexAttention (ai.onnx.preview).
 * RotaryEmbedding-23: 4-D ``(B, H, S, D)`` or 3-D ``(B, S, H*D)`` input (``num_heads``),
   half-split or ``interleaved`` rotation of the first ``rotary_embedding_dim`` features,
   caches gathered by ``position_ids`` or given per ``(B, S)``.
+* RotaryEmbedding-1 (com.microsoft): the same rotation, inputs ``(input, position_ids,
+  cos_cache, sin_cache)``, ``position_ids`` per ``(B, S)`` or one offset.
 * SwiGLU-28: ``Swish_alpha(A) * B`` with equal shapes.
 * CausalConvWithState-27: depthwise causal 1-D convolution with carried state, optional
   fused SiLU; returns ``(output, present_state)``.
@@ -245,10 +247,34 @@ def _flex_attention(ctx: KernelContext) -> ComputeFn:
     return flex_attention
 
 
+def _ms_rotary_embedding(ctx: KernelContext) -> ComputeFn:
+    """RotaryEmbedding-1 (com.microsoft, onnxruntime-genai's exports): ``(input,
+    position_ids, cos_cache, sin_cache) -> output``, RotaryEmbedding-23's rotation with its
+    inputs in this order; ``position_ids`` is ``(B, S)``, or one offset (positions
+    ``offset + i``). Packed batching is refused."""
+    if int(ctx.attr("is_packed_batching", 0)):
+        raise ctx.unsupported("is_packed_batching=1 is not supported")
+    rotate = _rotary_embedding(ctx)
+
+    def ms_rotary_embedding(x: np.ndarray, position_ids: np.ndarray, cos_cache: np.ndarray,
+                            sin_cache: np.ndarray) -> np.ndarray:  # fmt: skip
+        pos = np.asarray(position_ids).astype(np.int64, copy=False)
+        if pos.size == 1:  # an offset: the sequence's positions follow it
+            seq = x.shape[2] if x.ndim == 4 else x.shape[1]
+            pos = np.broadcast_to(pos.reshape(-1)[0] + np.arange(seq), (x.shape[0], seq))
+        if pos.size and (pos.min() < 0 or pos.max() >= cos_cache.shape[0]):
+            raise ValueError(f"RotaryEmbedding: a position is outside the cache of "
+                             f"{cos_cache.shape[0]}")  # fmt: skip
+        return rotate(x, cos_cache, sin_cache, pos)
+
+    return ms_rotary_embedding
+
+
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register RotaryEmbedding, SwiGLU, CausalConvWithState, LinearAttention and
-    FlexAttention (ai.onnx.preview)."""
+    """Register RotaryEmbedding (23, and com.microsoft's), SwiGLU, CausalConvWithState,
+    LinearAttention and FlexAttention (ai.onnx.preview)."""
     registry.add("RotaryEmbedding", _rotary_embedding, since=23, flags=OUT)
+    registry.add("RotaryEmbedding", _ms_rotary_embedding, domain="com.microsoft", since=1)
     registry.add("SwiGLU", _swiglu, since=28, flags=OUT)
     registry.add("CausalConvWithState", _causal_conv_with_state, since=27)
     registry.add("LinearAttention", _linear_attention, since=27)

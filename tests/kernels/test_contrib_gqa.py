@@ -1,0 +1,123 @@
+"""GroupQueryAttention (com.microsoft) against onnxruntime's CPU provider: the first
+prompt and decode steps over a past, grouped heads, rotary (halves and pairs), softcap,
+a local window, rows whose valid length is shorter (seqlens_k); what it refuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import tfrt_py
+from tfrt_py.errors import UnsupportedOpError
+
+F = TensorProto.FLOAT
+H, D = 4, 16  # onnxruntime rotates heads of a multiple of 16
+
+
+def _model(kv: int, rotary: int = 0, **attrs: Any) -> bytes:
+    names = ["q", "k", "v", "pk", "pv", "seqlens_k", "total"]
+    ins = [
+        helper.make_tensor_value_info("q", F, ["b", "s", H * D]),
+        helper.make_tensor_value_info("k", F, ["b", "s", kv * D]),
+        helper.make_tensor_value_info("v", F, ["b", "s", kv * D]),
+        helper.make_tensor_value_info("pk", F, ["b", kv, "p", D]),
+        helper.make_tensor_value_info("pv", F, ["b", kv, "p", D]),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["b"]),
+        helper.make_tensor_value_info("total", TensorProto.INT32, []),
+    ]
+    if rotary:
+        names += ["cos", "sin"]
+        ins += [helper.make_tensor_value_info(n, F, [64, D // 2]) for n in ("cos", "sin")]
+    node = helper.make_node("GroupQueryAttention", names, ["o", "pko", "pvo"],
+                            domain="com.microsoft", num_heads=H, kv_num_heads=kv,
+                            do_rotary=rotary, **attrs)  # fmt: skip
+    outs = [helper.make_tensor_value_info(n, F, None) for n in ("o", "pko", "pvo")]
+    graph = helper.make_graph([node], "gqa", ins, outs)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+
+def _feeds(rng: np.random.Generator, kv: int, b: int, s: int, p: int,
+           lens: list[int] | None = None, rotary: int = 0) -> dict[str, Any]:  # fmt: skip
+    f: dict[str, Any] = {
+        "q": rng.standard_normal((b, s, H * D)).astype(np.float32),
+        "k": rng.standard_normal((b, s, kv * D)).astype(np.float32),
+        "v": rng.standard_normal((b, s, kv * D)).astype(np.float32),
+        "pk": rng.standard_normal((b, kv, p, D)).astype(np.float32),
+        "pv": rng.standard_normal((b, kv, p, D)).astype(np.float32),
+        "seqlens_k": np.array(lens if lens is not None else [p + s - 1] * b, np.int32),
+        "total": np.array(p + s, np.int32),
+    }
+    if rotary:
+        angle = np.arange(64)[:, None] / 10000 ** (np.arange(D // 2)[None] / (D // 2))
+        f["cos"], f["sin"] = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+    return f
+
+
+CASES = [
+    # (kv heads, batch, new, past, lens, attrs)
+    (4, 1, 5, 0, None, {}),
+    (2, 2, 5, 0, None, {}),
+    (1, 2, 1, 7, None, {}),
+    (2, 2, 1, 9, None, {"do_rotary": 1}),
+    (2, 1, 6, 0, None, {"do_rotary": 1, "rotary_interleaved": 1}),
+    (2, 1, 3, 4, None, {"do_rotary": 1}),
+    (2, 2, 1, 6, [6, 3], {}),
+    (2, 1, 1, 12, None, {"softcap": 2.0}),
+    (2, 1, 6, 0, None, {"local_window_size": 3}),
+    (2, 2, 5, 0, [4, 2], {}),
+    (2, 1, 1, 8, None, {"scale": 0.3}),
+]
+
+
+@pytest.mark.parametrize(("kv", "b", "s", "p", "lens", "attrs"), CASES)
+def test_matches_onnxruntime(kv: int, b: int, s: int, p: int, lens: Any, attrs: Any) -> None:
+    attrs = dict(attrs)
+    rotary = attrs.pop("do_rotary", 0)
+    model = _model(kv, rotary, **attrs)
+    feeds = _feeds(np.random.default_rng(kv * 100 + s * 10 + p), kv, b, s, p, lens, rotary)
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = tfrt_py.load(model).run(feeds)
+    for name, w in zip(("o", "pko", "pvo"), want):
+        np.testing.assert_allclose(got[name], w, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+def test_refused_options_name_themselves() -> None:
+    with pytest.raises(UnsupportedOpError, match="smooth_softmax"):
+        tfrt_py.load(_model(2, smooth_softmax=1))
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("offset", [False, True])
+@pytest.mark.parametrize("rot_dim", [0, 8])
+def test_ms_rotary_embedding_matches_onnxruntime(interleaved: int, offset: bool,
+                                                 rot_dim: int) -> None:  # fmt: skip
+    """com.microsoft RotaryEmbedding (genai's exports): positions per row or one offset,
+    halves or pairs, all or the first ``rotary_embedding_dim`` features."""
+    b, s = 2, 5
+    pos_shape = [1] if offset else [b, s]
+    ins = [helper.make_tensor_value_info("x", F, [b, s, H * D]),
+           helper.make_tensor_value_info("pos", TensorProto.INT64, pos_shape),
+           helper.make_tensor_value_info("cos", F, [64, (rot_dim or D) // 2]),
+           helper.make_tensor_value_info("sin", F, [64, (rot_dim or D) // 2])]  # fmt: skip
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"],
+                            domain="com.microsoft", interleaved=interleaved, num_heads=H,
+                            rotary_embedding_dim=rot_dim)  # fmt: skip
+    graph = helper.make_graph([node], "rope", ins, [helper.make_tensor_value_info("y", F, None)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets).SerializeToString()
+    rng = np.random.default_rng(3)
+    half = (rot_dim or D) // 2
+    angle = np.arange(64)[:, None] / 10000 ** (np.arange(half)[None] / half)
+    feeds = {
+        "x": rng.standard_normal((b, s, H * D)).astype(np.float32),
+        "pos": np.array([7]) if offset else rng.integers(0, 60, (b, s)),
+        "cos": np.cos(angle).astype(np.float32),
+        "sin": np.sin(angle).astype(np.float32),
+    }
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(tfrt_py.load(model).run(feeds)["y"], want, rtol=1e-5, atol=1e-5)
