@@ -303,3 +303,24 @@ def test_generated_feeds_of_a_decoder_are_a_first_step(model: tfrt_py.Model) -> 
     assert feeds["past_key_values.0.key"].shape[2] == 0
     np.testing.assert_array_equal(feeds["position_ids"], [[0, 1, 2, 3]] * 2)
     assert model.run(feeds)["present.0.key"].shape[2] == 4
+
+
+def test_a_genai_style_decoder_generates_onnxruntimes_tokens() -> None:
+    """onnxruntime-genai's shape of decoder (GroupQueryAttention with rotary, seqlens_k
+    from the mask, the simplified norms): token-exact with onnxruntime at batch 1 and for
+    rows of one length; rows of different lengths are refused (its attention takes them
+    padded on the right, generate() pads on the left)."""
+    from tests.support.models.decoder import genai_decoder
+
+    onx = genai_decoder().SerializeToString()
+    sess = ort.InferenceSession(onx, providers=["CPUExecutionProvider"])
+    model = tfrt_py.load(onx)
+    dec = read_decoder(model)
+    assert not dec.pads_left and not dec.in_place
+    np.testing.assert_array_equal(model.generate(PROMPTS[0], max_new_tokens=10),
+                                  reference_greedy(sess, PROMPTS[:1], 10)[0])  # fmt: skip
+    even = [[3, 14, 15], [9, 26, 5]]
+    np.testing.assert_array_equal(model.generate(even, max_new_tokens=8),
+                                  reference_greedy(sess, even, 8))  # fmt: skip
+    with pytest.raises(InputError, match="padded on the right"):
+        model.generate(PROMPTS[:2], max_new_tokens=4)

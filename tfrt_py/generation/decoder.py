@@ -101,6 +101,9 @@ class Decoder:
     #: every ``present`` is ``Concat(past, new)`` along the cache's axis: the generation
     #: keeps each cache in one buffer and the model writes only the new rows into it
     in_place: bool = False
+    #: rows of different lengths may be padded on the left (false for GroupQueryAttention,
+    #: whose ``seqlens_k`` counts a row's tokens from its start: right padding)
+    pads_left: bool = True
 
     def bytes_per_token(self, batch: int) -> int:
         return sum(c.bytes_per_token(batch) for c in self.cache)
@@ -145,6 +148,7 @@ def read_decoder(model: Any) -> Decoder:
         vocab=_static_last(outputs["logits"].shape),
         max_positions=_position_limit(model, "position_ids" in inputs),
         in_place=_grown_in_place(model, cache),
+        pads_left=not any(n.op_type == "GroupQueryAttention" for n in model.graph.walk()),
     )
 
 

@@ -72,6 +72,10 @@ def read_prompt(dec: Decoder, input_ids: Any, attention_mask: Any) -> Prompt:
     if dec.attention_mask is None and not mask.all():
         raise InputError("input_ids: rows of different lengths (or a mask with zeros) need "
                          "an attention_mask input, and this model has none")  # fmt: skip
+    if not dec.pads_left and not mask.all():
+        raise InputError("input_ids: this model's GroupQueryAttention takes rows padded on "
+                         "the right, and generate() pads on the left: give rows of one "
+                         "length (or one prompt per call)")  # fmt: skip
     if (mask.sum(axis=1) == 0).any():
         raise InputError("attention_mask: a row masks every token of its prompt")
     check_tokens(dec, ids[mask != 0], "input_ids")

@@ -153,3 +153,63 @@ def reference_greedy(session: Any, prompts: list[list[int]], new_tokens: int) ->
         mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], 1)
         positions = positions[:, -1:] + 1
     return np.concatenate(out_ids, 1)
+
+
+def genai_decoder(*, layers: int = 2, heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
+                  seed: int = 11) -> onnx.ModelProto:  # fmt: skip
+    """A decoder shaped as onnxruntime-genai's model builder writes one: ``input_ids``,
+    ``attention_mask`` and ``past_key_values.N.key/value`` in, ``logits`` and
+    ``present.N.key/value`` out; in the graph ``seqlens_k`` and ``total_sequence_length``
+    from the mask, SimplifiedLayerNormalization and com.microsoft
+    SkipSimplifiedLayerNormalization, and com.microsoft GroupQueryAttention with rotary
+    (cos/sin caches as initializers). Random weights from a fixed seed."""
+    dim = heads * head_dim
+    net = Net("genai_decoder", seed=seed)
+    ms = "com.microsoft"
+    axes1 = net.const("axes1", np.array([1], np.int64))
+    lens = net.op("Sub", net.op("ReduceSum", "attention_mask", axes1, keepdims=0),
+                  net.const("one64", np.array(1, np.int64)))  # fmt: skip
+    seqlens = net.op("Cast", lens, to=onnx.TensorProto.INT32)
+    total = net.op("Cast", net.op("Squeeze", net.op("Shape", "attention_mask", start=1, end=2),
+                                  net.const("axis0", np.array([0], np.int64))),
+                   to=onnx.TensorProto.INT32)  # fmt: skip
+    half = head_dim // 2
+    angle = np.arange(MAX_POSITIONS)[:, None] / 10000 ** (np.arange(half)[None] / half)
+    cos = net.const("cos_cache", np.cos(angle).astype(np.float32))
+    sin = net.const("sin_cache", np.sin(angle).astype(np.float32))
+    x = net.op("Gather", net.weight("embed", (VOCAB, dim), scale=1.0), "input_ids")
+    skip = x  # the residual stream; the first layer's norm has no skip input
+    for layer in range(layers):
+        g = net.uniform(f"n{layer}a", (dim,), 0.8, 1.2)
+        if layer == 0:
+            h = net.op("SimplifiedLayerNormalization", x, g, axis=-1, epsilon=1e-6)
+        else:
+            h, _, _, skip = net.op_multi("SkipSimplifiedLayerNormalization", x, skip, g,
+                                         outputs=4, domain=ms, epsilon=1e-6)  # fmt: skip
+        q = net.op("MatMul", h, net.weight(f"q{layer}", (dim, dim)))
+        k = net.op("MatMul", h, net.weight(f"k{layer}", (dim, kv_heads * head_dim)))
+        v = net.op("MatMul", h, net.weight(f"v{layer}", (dim, kv_heads * head_dim)))
+        past_k, past_v = f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"
+        attn = net.op_multi("GroupQueryAttention", q, k, v, past_k, past_v, seqlens, total,
+                            cos, sin, domain=ms, num_heads=heads, kv_num_heads=kv_heads,
+                            do_rotary=1,
+                            outputs=[f"attn{layer}", f"present.{layer}.key",
+                                     f"present.{layer}.value"])[0]  # fmt: skip
+        x = net.op("MatMul", attn, net.weight(f"o{layer}", (dim, dim)))
+    g = net.uniform("nf", (dim,), 0.8, 1.2)
+    h = net.op_multi("SkipSimplifiedLayerNormalization", x, skip, g, outputs=1, domain=ms,
+                     epsilon=1e-6)[0]  # fmt: skip
+    net.op("MatMul", h, net.weight("lm_head", (dim, VOCAB), scale=2.0), outputs=["logits"])
+    inputs = [
+        tensor_info("input_ids", INT64, ["batch_size", "sequence_length"]),
+        tensor_info("attention_mask", INT64, ["batch_size", "total_sequence_length"]),
+    ]
+    cache: list[int | str | None] = ["batch_size", kv_heads, "past_sequence_length", head_dim]
+    outputs = [tensor_info("logits", FLOAT, ["batch_size", "sequence_length", VOCAB])]
+    for layer in range(layers):
+        for part in ("key", "value"):
+            inputs.append(tensor_info(f"past_key_values.{layer}.{part}", FLOAT, cache))
+            grown: list[int | str | None] = ["batch_size", kv_heads, "total_sequence_length",
+                                             head_dim]  # fmt: skip
+            outputs.append(tensor_info(f"present.{layer}.{part}", FLOAT, grown))
+    return net.model(inputs, outputs, opset=17, extra_opsets={ms: 1}, check=False)
