@@ -308,8 +308,8 @@ def test_generated_feeds_of_a_decoder_are_a_first_step(model: tfrt_py.Model) -> 
 def test_a_genai_style_decoder_generates_onnxruntimes_tokens() -> None:
     """onnxruntime-genai's shape of decoder (GroupQueryAttention with rotary, seqlens_k
     from the mask, the simplified norms): token-exact with onnxruntime at batch 1 and for
-    rows of one length; rows of different lengths are refused (its attention takes them
-    padded on the right, generate() pads on the left)."""
+    rows of one length; rows of different lengths are padded on the right, as its
+    attention takes them, and each gets the tokens it gets alone."""
     from tests.support.models.decoder import genai_decoder
 
     onx = genai_decoder().SerializeToString()
@@ -322,5 +322,8 @@ def test_a_genai_style_decoder_generates_onnxruntimes_tokens() -> None:
     even = [[3, 14, 15], [9, 26, 5]]
     np.testing.assert_array_equal(model.generate(even, max_new_tokens=8),
                                   reference_greedy(sess, even, 8))  # fmt: skip
+    ragged = model.generate(PROMPTS, max_new_tokens=6)
+    for row, prompt in zip(ragged, PROMPTS):
+        np.testing.assert_array_equal(row[-6:], model.generate(prompt, max_new_tokens=6)[-6:])
     with pytest.raises(InputError, match="padded on the right"):
-        model.generate(PROMPTS[:2], max_new_tokens=4)
+        model.generate(np.array([[0, 5, 6]]), max_new_tokens=2, attention_mask=[[0, 1, 1]])

@@ -5,8 +5,9 @@ before the first token and the model is untouched.
 A prompt is one sequence (a list of ints or a 1-D array: tokens come back as ints) or a
 batch (a list of lists or a 2-D array: tokens come back as arrays of one per row). Rows of
 different lengths are padded on the left, as decoders need (the new token of every row
-then sits in the last column); an ``attention_mask`` given with a 2-D array says which
-entries are padding already.
+then sits in the last column), or on the right for GroupQueryAttention models (their
+``seqlens_k`` counts each row's tokens from its start; ``Decoder.pads_left``); an
+``attention_mask`` given with a 2-D array says which entries are padding already.
 """
 
 from __future__ import annotations
@@ -64,18 +65,17 @@ def read_prompt(dec: Decoder, input_ids: Any, attention_mask: Any) -> Prompt:
     width = max(len(r) for r in rows)
     ids = np.zeros((len(rows), width), dec.ids_dtype)
     mask = np.zeros((len(rows), width), np.int64)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = r
-        mask[i, width - len(r) :] = 1
+    for i, r in enumerate(rows):  # the padding on the side the model takes it
+        at = slice(width - len(r), width) if dec.pads_left else slice(0, len(r))
+        ids[i, at], mask[i, at] = r, 1
     if attention_mask is not None:
         mask = _given_mask(attention_mask, ids.shape, flat)
+        if not dec.pads_left and not (np.diff(mask, axis=1) <= 0).all():
+            raise InputError("attention_mask: this model's GroupQueryAttention takes rows "
+                             "padded on the right (ones, then zeros)")  # fmt: skip
     if dec.attention_mask is None and not mask.all():
         raise InputError("input_ids: rows of different lengths (or a mask with zeros) need "
                          "an attention_mask input, and this model has none")  # fmt: skip
-    if not dec.pads_left and not mask.all():
-        raise InputError("input_ids: this model's GroupQueryAttention takes rows padded on "
-                         "the right, and generate() pads on the left: give rows of one "
-                         "length (or one prompt per call)")  # fmt: skip
     if (mask.sum(axis=1) == 0).any():
         raise InputError("attention_mask: a row masks every token of its prompt")
     check_tokens(dec, ids[mask != 0], "input_ids")

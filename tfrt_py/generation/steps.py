@@ -49,6 +49,8 @@ class Steps:
         batch = prompt.ids.shape[0]
         self._mask = prompt.mask
         self._position = np.maximum(np.cumsum(prompt.mask, axis=1) - 1, 0)
+        #: right-padded rows (``Decoder.pads_left`` false): where each prompt ends
+        self._last = None if dec.pads_left else prompt.mask.sum(axis=1) - 1
         self._finished = np.zeros(batch, bool)
         self._eos = np.array(sorted(s.eos), np.int64)
         self.made = 0
@@ -88,7 +90,11 @@ class Steps:
         next step's feeds (or ``done``)."""
         dec, s = self._dec, self._s
         logits = np.asarray(out[dec.logits])
-        tokens = pick(logits[:, -1, :], s, self._rng)
+        if self._last is None:
+            last = logits[:, -1, :]
+        else:  # a right-padded prompt: each row's own last token
+            last, self._last = logits[np.arange(len(logits)), self._last], None
+        tokens = pick(last, s, self._rng)
         tokens[self._finished] = s.pad
         self.made += 1
         if self._eos.size:
