@@ -231,3 +231,33 @@ def test_concurrent_streams_share_batched_steps_and_get_their_own_tokens(served:
     assert got == want
     batcher = next(iter(gen._batchers.values()))
     assert batcher.rows > batcher.ticks  # some steps carried several streams
+
+
+def test_generations_past_the_models_limit_are_503_and_slots_come_back(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each generation holds a cache: a served model runs at most MAX_GENERATIONS at once
+    (here 1), the next gets 503 with Retry-After, and a slot comes back when its stream
+    ends or its client hangs up."""
+    from tfrt_py.serving import generate as gen
+
+    url, _, counted = served
+    monkeypatch.setattr(gen, "MAX_GENERATIONS", 1)
+    counted.delay = 0.02
+    body = {"input_ids": PROMPT, "max_tokens": 40}
+    try:
+        with httpx.stream("POST", url + "/v2/models/lm/generate_stream", json=body) as s:
+            lines = s.iter_lines()  # kept: a dropped iterator closes the response
+            assert next(lines).startswith("data: ")
+            r = httpx.post(url + "/v2/models/lm/generate", json=body)
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert "generations already" in r.json()["error"]
+        deadline = time.monotonic() + 10  # the hang-up gives the slot back
+        while time.monotonic() < deadline:
+            r = httpx.post(url + "/v2/models/lm/generate", json={**body, "max_tokens": 2})
+            if r.status_code != 503:
+                break
+            time.sleep(0.1)
+        assert r.status_code == 200
+    finally:
+        counted.delay = 0.0

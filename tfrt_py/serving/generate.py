@@ -15,7 +15,9 @@ in the model file's directory (read once, at most ``TOKENIZER_MAX_BYTES``).
 
 Answer: ``{"id"?, "model_name", "model_version", "output_ids": [...], "text_output"?}``
 (``output_ids`` a list per row for a batch); each stream event has the step's token(s)
-(and the text they add). Errors before the first token are 4xx/5xx ``{"error": ...}``
+(and the text they add: a line's tokens are decoded together, so each event costs the
+line, not the whole text). At most ``MAX_GENERATIONS`` run per model at once (then 503
+with Retry-After). Errors before the first token are 4xx/5xx ``{"error": ...}``
 (400 for anything ``generate`` refuses, naming it); an error after it is a last event
 ``{"error": ...}`` (the status line went out with the first). A client that hangs up
 cancels its generation at the step in flight: no step runs for a reader that is gone.
@@ -46,7 +48,7 @@ from .handling import Deadline, counted, errors_as_json, json_response, read_in_
 from .hub import ModelServer
 from .served import ServedModel
 
-__all__ = ["TOKENIZER_MAX_BYTES", "generate_routes"]
+__all__ = ["MAX_GENERATIONS", "TOKENIZER_MAX_BYTES", "generate_routes"]
 
 #: The largest ``tokenizer.json`` read beside a model.
 TOKENIZER_MAX_BYTES = 64 << 20
@@ -59,8 +61,13 @@ _PARAMETER_NAMES = {
 }  # fmt: skip
 _SAMPLING = {"temperature", "top_k", "top_p", "seed"}
 _IGNORED = {"stream", "exclude_input_in_output", "timeout"}
+#: The most generations one served model runs at once: each holds a cache of up to
+#: ``generation.MAX_CACHE_BYTES``, so a stranger's requests must not add them unbounded
+#: (more wait for a 503's Retry-After).
+MAX_GENERATIONS = 64
 _tokenizers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _batchers: weakref.WeakKeyDictionary[Any, GenerationBatcher] = weakref.WeakKeyDictionary()
+_live: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # per served model
 
 
 def generate_routes(server: ModelServer) -> list[Route]:
@@ -108,10 +115,15 @@ class _Job:
         if left is not None and left <= 0:
             raise RequestError(504, f"the deadline of {deadline.timeout or 0:g} s passed "
                                     "before the generation started")  # fmt: skip
+        if _live.get(model, 0) >= MAX_GENERATIONS:
+            raise RequestError(503, f"model {model.name!r} runs {MAX_GENERATIONS} generations "
+                                    "already; retry later", {"Retry-After": "1"})  # fmt: skip
         try:  # everything generate refuses is refused here, before a status line goes out
             self.stream = _generations(model, prompt, left, options)
         except (InputError, TypeError) as e:
             raise RequestError(400, f"model {model.name!r}: {e}") from None
+        _live[model] = _live.get(model, 0) + 1  # given back when the job goes (_release)
+        self._release = weakref.finalize(self, _release, weakref.ref(model))
 
     @classmethod
     async def read(cls, server: ModelServer, request: Request) -> _Job:
@@ -156,7 +168,8 @@ class _Job:
         return cls(model, doc, prompt, tokenizer, options, deadline, keep)
 
     async def tokens(self) -> AsyncIterator[Any]:
-        """The generation's tokens; its errors as RequestErrors (504 for the deadline)."""
+        """The generation's tokens; its errors as RequestErrors (504 for the deadline).
+        Its slot among the model's ``MAX_GENERATIONS`` is given back when it ends."""
         try:
             async for tok in self.stream:
                 yield tok
@@ -169,6 +182,8 @@ class _Job:
         except TfrtError as e:
             msg = f"failed on this input: {e}"
             raise RequestError(422, f"model {self.model.name!r} {msg}") from None
+        finally:
+            self._release()
 
     def _head(self) -> dict[str, Any]:
         head: dict[str, Any] = {"model_name": self.model.name, "model_version": self.model.version}
@@ -193,19 +208,28 @@ class _Job:
     async def events(self) -> AsyncIterator[bytes]:
         """The SSE body: one event per step; an error event ends a failed generation."""
         head = self._head()
-        seen: list[int] = []
-        text = ""
+        window: list[int] = []  # the tokens since the last newline, decoded together
+        text = ""  # what they decoded to
         try:
             async for tok in self.tokens():
                 event: dict[str, Any] = {**head, "output_ids": [int(tok)] if self.flat
                                          else [int(t) for t in tok]}  # fmt: skip
                 if self.tokenizer is not None and self.flat:
-                    seen.append(int(tok))
-                    now = self.tokenizer.decode(seen)
+                    window.append(int(tok))
+                    now = self.tokenizer.decode(window)
                     event["text_output"], text = now[len(text) :], now
+                    if now.endswith("\n"):  # as transformers' TextStreamer: a line is done
+                        window, text = [], ""
                 yield b"data: " + json.dumps(event).encode() + b"\n\n"
         except RequestError as e:
             yield b"data: " + json.dumps({**head, "error": e.message}).encode() + b"\n\n"
+
+
+def _release(model: weakref.ref[Any]) -> None:
+    """A job's slot given back (once: ``weakref.finalize`` runs its function once)."""
+    m = model()
+    if m is not None and _live.get(m, 0) > 0:
+        _live[m] -= 1
 
 
 def _generations(model: ServedModel, prompt: Any, left: float | None,
