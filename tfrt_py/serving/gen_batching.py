@@ -9,7 +9,9 @@ the padding), each row's own ``position_ids``, one token per row. Every row's lo
 the tail of its ``present`` outputs go back to its Steps, which choose its token exactly
 as a lone generation would (a row sees the same positions and keys; the padding is masked
 out). A generation that finished, failed, passed its deadline or whose reader went away
-leaves the batch at the next tick; the others go on.
+leaves the batch at the next tick; the others go on. The price: each tick copies every
+live cache into the padded batch (the model's weights are read once for all rows, which
+is what pays on a CPU).
 
 Only for decoders that take ``attention_mask`` and ``position_ids`` (a padded row needs
 both); ``GenerationBatcher.fits`` says so, and the server generates the others alone.
@@ -56,7 +58,7 @@ class GenerationBatcher:
         self._new: list[_Stream] = []
         self._live: list[_Stream] = []
         self._task: asyncio.Task[None] | None = None
-        #: batched steps run, and the rows they carried (``describe``)
+        #: batched steps run, and the rows they carried (read by tests and benchmarks)
         self.ticks = 0
         self.rows = 0
 

@@ -187,6 +187,7 @@ class NativeTier(Executor):
         self.mode = mode
         self.measure = measure
         self.graph = graph if graph is not None else program.graph
+        self._prefixes = concat_prefixes(self.graph)  # outputs whose buffer may hold a feed
         self.program = self._program = program
         self._check = check
         self.form = "signature" if lowered is None else lowered.mode
@@ -398,7 +399,7 @@ class NativeTier(Executor):
         names = [v.name for v in self.graph.outputs]
         bufs = {} if not outputs else dict(outputs)
         if bufs:
-            check_output_buffers(bufs, names, args, concat_prefixes(self.graph))
+            check_output_buffers(bufs, names, args, self._prefixes)
         if not all(type(a) is np.ndarray for a in args):
             return self.interp.run(feeds, outputs)
         ready = [
