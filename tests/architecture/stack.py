@@ -62,10 +62,12 @@ INNER_LAYERS: dict[str, list[set[str]]] = {
 #: split or trimmed: the growth a reviewer sees in ``make lint``'s table. Raising one is a
 #: decision recorded in the commit that does it.
 LINE_BUDGET: dict[str, int] = {
-    "kernels": 21000,  # 2026-11-29: onnxruntime's quantized ops (contrib/quantized*.py)
+    # 2026-11-29: onnxruntime's quantized ops (contrib/quantized*.py); then the integer
+    # kernels (lib/qgemm_packed.py, lib/qgemm_rows.py, nn/conv_qint8.py: issue 36)
+    "kernels": 22500,
     "native": 6200,  # 2026-11-29: the cold start (lazy facade, relowering, a new interpreter)
     "executors": 4500,
-    "compiler": 4500,
+    "compiler": 5300,  # 2026-11-29: fuse_qdq and channels_last (integer QDQ graphs, issue 36)
     "serving": 5400,  # 2026-11-29: gRPC (grpc_schema, grpc_service), ZipMap, the generate extension
     "concurrency": 2200,
     "frontends": 1600,

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..lib.jit import Jitted
+from ..lib.qgemm_rows import IntegerWeights
 from ..lib.quant import dynamic_quantize, requantize
 from ..lib.quant import exact_dtype as _cdt
 from ..lib.quant import minus_zero_point_cols as _b_side
@@ -128,6 +130,16 @@ def _binary(op: Any) -> Any:
             sa, sb = _scalar(a_scale, "A_scale"), _scalar(b_scale, "B_scale")
             sc = _scalar(c_scale, "C_scale")
             za, zb = _zp(a_zp, "A_zero_point"), _zp(b_zp, "B_zero_point")
+            if op is np.add and a.shape == b.shape and a.dtype == b.dtype:
+                fused = _ADD.get()
+                if fused is not None:
+                    info = np.iinfo(dt)
+                    y = np.empty(a.shape, dt)
+                    fused(np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1),
+                          _F32(za), _F32(_F32(sa) / _F32(sc)), _F32(zb), _F32(_F32(sb) / _F32(sc)),
+                          _F32(_zp(c_zp, "C_zero_point")), _F32(info.min), _F32(info.max),
+                          y.reshape(-1))  # fmt: skip
+                    return y
             ia, ib = _codes(a), _codes(b)
             if op is np.add:  # MLAS: the scale ratios in float32, the zero point before rounding
                 r = (ia - _F32(za)) * _F32(_F32(sa) / _F32(sc))
@@ -141,6 +153,31 @@ def _binary(op: Any) -> Any:
         return qlinear_binary
 
     return build
+
+
+def _qadd(a, b, za, ra, zb, rb, zc, lo, hi, y):  # pragma: no cover - numba only
+    """QLinearAdd of two same-shape operands in one pass: the NumPy path's float32 steps
+    (``(a - za) * ra + (b - zb) * rb + zc``, saturated, rounded half to even)."""
+    magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even
+    n = a.shape[0]
+    for blk in numba.prange((n + 4095) // 4096):
+        for i in range(blk * 4096, min(n, blk * 4096 + 4096)):
+            u = np.uint64(i)
+            r = (np.float32(a[u]) - za) * ra
+            r = r + (np.float32(b[u]) - zb) * rb
+            r = min(max(r + zc, lo), hi)
+            y[u] = (r + magic) - magic
+
+
+def _warm_qadd(fn: Any) -> None:
+    f = _F32(1)
+    for dt in _EIGHT_BIT:
+        x = np.ones(3, dt)
+        fn(x, x, f, f, f, f, f, f, f, np.empty(3, dt))
+
+
+_ADD = Jitted(_qadd, _warm_qadd, parallel=True)
+numba: Any = None  # set by Jitted(parallel=True) before _qadd compiles
 
 
 def _unary_table(fn: Any) -> Any:
@@ -223,6 +260,7 @@ def _qgemm(ctx: KernelContext) -> ComputeFn:
     alpha = float(ctx.attr("alpha", 1.0))
     trans_a = bool(int(ctx.attr("transA", 0)))
     trans_b = bool(int(ctx.attr("transB", 0)))
+    packed = _integer_weights(ctx, 3, 5, trans_b)
 
     def qgemm(a: np.ndarray, a_scale: Any, a_zp: Any, b: np.ndarray, b_scale: Any, b_zp: Any,
               c: Any = None, y_scale: Any = None, y_zp: Any = None) -> np.ndarray:  # fmt: skip
@@ -237,8 +275,7 @@ def _qgemm(ctx: KernelContext) -> ComputeFn:
         bz = None if b_zp is None else np.asarray(b_zp).reshape(-1)
         if bs.size not in (1, n) or (bz is not None and bz.size != bs.size):
             raise ValueError("QGemm: b's scale and zero point are one value or one per column")
-        cdt = _cdt(a2.shape[1])
-        acc = np.matmul(_a_side(a2, _zp(a_zp, "a_zero_point"), cdt), _b_side(b2, bz, cdt))
+        acc = _product(a2, a_zp, b2, bz, packed)
         if c is not None:
             acc = acc + np.asarray(c, dtype=np.int64)
         scale = alpha * _scalar(a_scale, "a_scale") * bs
@@ -347,8 +384,35 @@ def _matmul_nbits(ctx: KernelContext) -> ComputeFn:
 # -- MatMulIntegerToFloat, DynamicQuantizeMatMul -------------------------------------------
 
 
+def _integer_weights(ctx: KernelContext, b_idx: int, zp_idx: int,
+                     trans: bool = False) -> IntegerWeights | None:  # fmt: skip
+    """B (transposed when ``trans``) packed for the integer kernel when it and its zero
+    point (or its absence) are constants."""
+    b = ctx.const_input(b_idx)
+    if b is None or (ctx.has_input(zp_idx) and ctx.const_input(zp_idx) is None):
+        return None
+    zp = ctx.const_input(zp_idx)
+    if zp is not None and zp.ndim > 1:
+        return None
+    return IntegerWeights.make(b.T if trans and b.ndim == 2 else b, zp)
+
+
+def _product(a: np.ndarray, a_zp: Any, b: np.ndarray, bz: Any,
+             packed: IntegerWeights | None) -> np.ndarray:  # fmt: skip
+    """The exact ``(A - a_zp) @ (B - bz)``: on the integer kernel over B packed at load,
+    else on float BLAS."""
+    zp = _zp(a_zp, "a_zero_point")
+    if packed is not None:
+        acc = packed.product(a, None if a_zp is None else np.asarray(a_zp).reshape(()))
+        if acc is not None:
+            return acc
+    cdt = _cdt(b.shape[0])
+    return np.matmul(_a_side(a, zp, cdt), _b_side(b, bz, cdt))
+
+
 def _integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any, a_zp: Any,
-                      b_zp: Any, bias: Any) -> np.ndarray:  # fmt: skip
+                      b_zp: Any, bias: Any,
+                      packed: IntegerWeights | None = None) -> np.ndarray:  # fmt: skip
     """``(A - a_zp) @ (B - b_zp)`` exactly, times ``a_scale * b_scale`` (b's per column) in
     float32, plus bias: onnxruntime's order (the scales' product first)."""
     for x, what in ((a, "A"), (b, "B")):
@@ -361,8 +425,7 @@ def _integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any, 
     if bs.size not in (1, n) or not np.all(np.isfinite(bs)):
         raise ValueError("b_scale must be one finite value or one per column")
     bz = None if b_zp is None else np.asarray(b_zp).reshape(-1)
-    cdt = _cdt(b.shape[0])
-    acc = np.matmul(_a_side(a, _zp(a_zp, "a_zero_point"), cdt), _b_side(b, bz, cdt))
+    acc = _product(a, a_zp, b, bz, packed)
     y = acc.astype(_F32) * (_F32(_scalar(a_scale, "a_scale")) * bs)
     if bias is not None:
         y += np.asarray(bias, _F32)
@@ -372,11 +435,12 @@ def _integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any, 
 def _matmul_integer_to_float(ctx: KernelContext) -> ComputeFn:
     """MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zp?, b_zp?, bias?) -> float32."""
     _check_scalars(ctx, (2, 4), (2,))
+    packed = _integer_weights(ctx, 1, 5)
 
     def matmul_integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any,
                                 a_zp: Any = None, b_zp: Any = None,
                                 bias: Any = None) -> np.ndarray:  # fmt: skip
-        return _integer_to_float(a, b, a_scale, b_scale, a_zp, b_zp, bias)
+        return _integer_to_float(a, b, a_scale, b_scale, a_zp, b_zp, bias, packed)
 
     return matmul_integer_to_float
 
@@ -384,13 +448,14 @@ def _matmul_integer_to_float(ctx: KernelContext) -> ComputeFn:
 def _dynamic_quantize_matmul(ctx: KernelContext) -> ComputeFn:
     """DynamicQuantizeMatMul(A float, B, b_scale, b_zp?, bias?): A quantized to uint8 as
     DynamicQuantizeLinear does (its range widened to hold 0), then MatMulIntegerToFloat."""
+    packed = _integer_weights(ctx, 1, 3)
 
     def dynamic_quantize_matmul(a: np.ndarray, b: np.ndarray, b_scale: Any, b_zp: Any = None,
                                 bias: Any = None) -> np.ndarray:  # fmt: skip
         if a.dtype != _F32:
             raise TypeError(f"A must be float32, not {a.dtype}")
         q, scale, zp = dynamic_quantize(a)
-        return _integer_to_float(q, b, scale, b_scale, zp, b_zp, bias)
+        return _integer_to_float(q, b, scale, b_scale, zp, b_zp, bias, packed)
 
     return dynamic_quantize_matmul
 

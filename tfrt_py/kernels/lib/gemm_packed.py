@@ -175,6 +175,7 @@ class _PackedGemmIR:
                               i64, fp, i64, i64]), name=SYMBOL)  # fmt: skip
         (self.x, self.ldx, self.w, self.y, self.ldy, self.m_rows, self.k_len, self.panels,
          self.bias, flags, width) = self.fn.args  # fmt: skip
+        self.symbol = SYMBOL
         for a in (self.x, self.w, self.y):
             a.add_attribute("noalias")
         entry = self.fn.append_basic_block("entry")
@@ -199,6 +200,7 @@ class _PackedGemmIR:
         # whole tiles of mr rows (2 * mr accumulators each): per block of panels (in L2),
         # tile by tile (the tile's rows of x in L1), the block's panels
         full = b.mul(b.sdiv(self.m_rows, c(self.mr)), c(self.mr))
+        # a panel's row (one k, or one group of k) is 4 * nr bytes in every build
         per_block = b.sdiv(c(PANEL_BLOCK_BYTES), b.mul(self.k_len, c(4 * self.nr)))
         per_block = b.select(b.icmp_signed("<", per_block, c(1)), c(1), per_block)
 
@@ -231,9 +233,9 @@ class _PackedGemmIR:
         if self.vw * 32 > 256:
             # LLVM splits vectors wider than a CPU's preferred width (256 bits on the
             # AVX-512 Xeons) unless the function asks for the wide registers
-            head, rest = text.split(f'define i64 @"{SYMBOL}"(', 1)
+            head, rest = text.split(f'define i64 @"{self.symbol}"(', 1)
             args, body = rest.split(")", 1)
-            text = f'{head}define i64 @"{SYMBOL}"({args}) #0{body}' + _WIDE_ATTRS
+            text = f'{head}define i64 @"{self.symbol}"({args}) #0{body}' + _WIDE_ATTRS
         return text
 
     def loop(self, start: Any, end: Any, step: Any, body: Any, *, whole: bool = True) -> None:

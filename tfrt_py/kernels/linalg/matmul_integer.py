@@ -1,8 +1,11 @@
 """Kernels (linalg): integer and quantized matmuls (MatMulInteger, QLinearMatMul).
 
-8-bit operands minus their zero points are multiplied exactly on float BLAS: float32 when
-the reduction is short enough for every partial sum to stay below 2**24 (K <= 258), else
-float64. Constant B (minus its constant zero point) is converted once at load.
+A constant 2-D B with a constant (or no) zero point is packed at load for the integer
+kernel (``lib.qgemm_rows``: exact u8 x s8 sums in int32, VNNI where the CPU has it).
+Otherwise, and where that kernel does not run, the 8-bit operands minus their zero points
+are multiplied exactly on float BLAS: float32 when the reduction is short enough for every
+partial sum to stay below 2**24 (K <= 258), else float64; a constant B (minus its constant
+zero point) converted once at load.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..lib.qgemm_rows import IntegerWeights
 from ..lib.quant import exact_dtype as _cdt
 from ..lib.quant import minus_zero_point_cols as _b_side
 from ..lib.quant import minus_zero_point_rows as _a_side
@@ -38,13 +42,26 @@ def _b_const(ctx: KernelContext, b_idx: int, zp_idx: int) -> tuple[np.ndarray | 
     return _b_side(b, ctx.const_input(zp_idx), cdt), cdt
 
 
+def _integer_weights(ctx: KernelContext, b_idx: int, zp_idx: int) -> IntegerWeights | None:
+    """B packed for the integer kernel when it and its zero point (or its absence) are
+    constants."""
+    if ctx.has_input(zp_idx) and ctx.const_input(zp_idx) is None:
+        return None
+    return IntegerWeights.make(ctx.const_input(b_idx), ctx.const_input(zp_idx))
+
+
 def _matmul_integer(ctx: KernelContext) -> ComputeFn:
     """MatMulInteger(A, B, a_zero_point?, b_zero_point?) -> int32 (A - azp) @ (B - bzp).
 
     a_zero_point is scalar or per row of A; b_zero_point scalar or per column of B."""
     bf_const, cdt_const = _b_const(ctx, 1, 3)
+    packed = _integer_weights(ctx, 1, 3)
 
     def matmul_integer(a: np.ndarray, b: np.ndarray, a_zp: Any = None, b_zp: Any = None) -> Any:
+        if packed is not None:
+            acc = packed.product(a, a_zp)
+            if acc is not None:
+                return acc
         if bf_const is not None:
             cdt, bf = cdt_const, bf_const
         else:
@@ -67,6 +84,7 @@ def _qlinear_matmul(ctx: KernelContext) -> ComputeFn:
                 f"input {i} of type {dt}: only the 8-bit integer types are supported"
             )
     bf_const, cdt_const = _b_const(ctx, 3, 5)
+    packed = _integer_weights(ctx, 3, 5)
 
     def qlinear_matmul(
         a: np.ndarray,
@@ -78,12 +96,14 @@ def _qlinear_matmul(ctx: KernelContext) -> ComputeFn:
         y_scale: np.ndarray,
         y_zp: Any = None,
     ) -> np.ndarray:
-        if bf_const is not None:
-            cdt, bf = cdt_const, bf_const
-        else:
-            cdt = _cdt(a.shape[-1])
-            bf = _b_side(b, b_zp, cdt)
-        acc = np.matmul(_a_side(a, a_zp, cdt), bf)
+        acc = None if packed is None or np.asarray(a_scale).size > 1 else packed.product(a, a_zp)
+        if acc is None:
+            if bf_const is not None:
+                cdt, bf = cdt_const, bf_const
+            else:
+                cdt = _cdt(a.shape[-1])
+                bf = _b_side(b, b_zp, cdt)
+            acc = np.matmul(_a_side(a, a_zp, cdt), bf)
         scale = (_row(a_scale) * np.asarray(b_scale) / np.asarray(y_scale)).astype(np.float64)
         return requantize(acc, scale, y_zp, a.dtype)
 

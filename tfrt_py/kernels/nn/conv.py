@@ -168,9 +168,11 @@ def _const_weights(
     w_const: np.ndarray,
     cdt: np.dtype,
     plans: dict[Any, _Plan],
+    static_input: bool = True,
 ) -> np.ndarray:
     """The constant weights checked against the node and reshaped for the matmul, in
-    ``cdt``; the input's static shape, when it has one, is planned into ``plans``."""
+    ``cdt``; the input's static shape, when it has one (and ``static_input``: the node's
+    input is the NCHW operand), is planned into ``plans``."""
     if w_const.ndim < 3:
         raise ctx.unsupported(f"weights of rank {w_const.ndim}; expected >= 3")
     if w_const.shape[0] % group:
@@ -181,7 +183,7 @@ def _const_weights(
     m, cg = w_const.shape[:2]
     shape2 = (m, cg * ksize) if group == 1 else (group, m // group, cg * ksize)
     w2 = np.ascontiguousarray(w_const.reshape(shape2), dtype=cdt)
-    t = ctx.input_type(0)
+    t = ctx.input_type(0) if static_input else None
     if t is not None and t.is_static and t.shape is not None and len(t.shape) >= 3:
         shp = tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
         try:
@@ -197,6 +199,7 @@ def make_conv_core(
     group: int,
     w_const: np.ndarray | None,
     cdt: np.dtype,
+    static_input: bool = True,
 ) -> ConvCore:
     """The math of a grouped N-D convolution, without bias, computing in ``cdt``.
 
@@ -209,7 +212,8 @@ def make_conv_core(
         raise ctx.unsupported(f"group={group}")
     itemsize = cdt.itemsize
     plans: dict[Any, _Plan] = {}
-    w2_const = None if w_const is None else _const_weights(ctx, sp, group, w_const, cdt, plans)
+    w2_const = None if w_const is None else _const_weights(ctx, sp, group, w_const, cdt, plans,
+                                                           static_input)  # fmt: skip
     w_shape_const: tuple[int, ...] = () if w_const is None else tuple(w_const.shape)
 
     def core(x: np.ndarray, w: Any, out: Any) -> np.ndarray:
@@ -408,11 +412,35 @@ def _conv_integer(ctx: KernelContext) -> ComputeFn:
     return conv_integer
 
 
-def _qlinear_conv(ctx: KernelContext) -> ComputeFn:
+def _qlinear_conv_ms(ctx: KernelContext) -> ComputeFn:
+    """com.microsoft QLinearConv: ONNX's, with ``channels_last=1`` taking x as (N, H, W, C)
+    and giving y as (N, OH, OW, Co) (what the ``channels_last`` pass makes of integer
+    convs); NCHW operands transposed around the ONNX kernel where the integer one cannot
+    take x."""
+    if not int(ctx.attr("channels_last", 0)):
+        return _qlinear_conv(ctx)
+    nchw = _qlinear_conv(ctx, channels_last=True)
+    integer = getattr(nchw, "integer", None)
+
+    def qlinear_conv_nhwc(x: np.ndarray, *rest: Any) -> np.ndarray:
+        if integer is not None and x.ndim == 4:
+            y = integer.run(x, channels_last=True)
+            if y is not None:
+                return y
+        if x.ndim != 4:
+            raise ValueError(f"channels_last QLinearConv takes a 4-D x, not rank {x.ndim}")
+        y = nchw(np.ascontiguousarray(x.transpose(0, 3, 1, 2)), *rest)
+        return np.ascontiguousarray(y.transpose(0, 2, 3, 1))
+
+    return qlinear_conv_nhwc
+
+
+def _qlinear_conv(ctx: KernelContext, channels_last: bool = False) -> ComputeFn:
     """QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B?) -> quantized y.
 
     y = saturate(round((x-xzp) conv (w-wzp) + B) * x_scale*w_scale/y_scale) + y_zp), with
-    per-tensor or per-output-channel w_scale/w_zp; rounding half to even."""
+    per-tensor or per-output-channel w_scale/w_zp; rounding half to even. ``channels_last``:
+    the node's x is NHWC (the NCHW function made here gets it transposed)."""
     sp = parse_spatial(ctx)
     group = int(ctx.attr("group", 1))
     w_raw = ctx.const_input(3)
@@ -421,7 +449,8 @@ def _qlinear_conv(ctx: KernelContext) -> ComputeFn:
     w_const = None
     if w_raw is not None and (wzp_const is not None or not ctx.has_input(5)):
         w_const = _zp_weights(w_raw, wzp_const, cdt)
-    core = make_conv_core(ctx, sp, group, w_const, cdt)
+    core = make_conv_core(ctx, sp, group, w_const, cdt, static_input=not channels_last)
+    integer = _qconv_plan(ctx, sp, group, w_raw)
 
     def qlinear_conv(
         x: np.ndarray,
@@ -434,6 +463,10 @@ def _qlinear_conv(ctx: KernelContext) -> ComputeFn:
         y_zp: Any = None,
         b: Any = None,
     ) -> np.ndarray:
+        if integer is not None:
+            y = integer.run(x)
+            if y is not None:
+                return y
         xf = x.astype(cdt)
         if x_zp is not None:
             xf -= np.asarray(x_zp, dtype=cdt).reshape(())
@@ -448,7 +481,34 @@ def _qlinear_conv(ctx: KernelContext) -> ComputeFn:
         scale = (np.asarray(x_scale) * ws / np.asarray(y_scale)).astype(np.float64)
         return requantize(acc, scale, y_zp, x.dtype)
 
+    qlinear_conv.integer = integer  # type: ignore[attr-defined]
     return qlinear_conv
+
+
+def _qconv_plan(ctx: KernelContext, sp: Any, group: int, w: np.ndarray | None) -> Any:
+    """``conv_qint8``'s plan when every operand but x is a constant and the conv is 2-D,
+    ungrouped or depthwise, with explicit (or no) padding; else None (the exact float
+    path)."""
+    if w is None or w.ndim != 4 or sp.auto_pad not in ("NOTSET", "VALID"):
+        return None
+    depthwise = group > 1 and w.shape[1] == 1 and group == w.shape[0]
+    if group != 1 and not depthwise:
+        return None
+    consts = [ctx.const_input(i) for i in (1, 2, 4, 5, 6, 7)]
+    if any(v is None for v in consts) or (ctx.has_input(8) and ctx.const_input(8) is None):
+        return None
+    x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = consts
+    kernel, strides, dilations, pads = sp.resolve(w.shape[2:])
+    if sp.auto_pad == "VALID":
+        pads = (0, 0, 0, 0)
+    if tuple(kernel) != tuple(w.shape[2:]):
+        return None
+    geo = (*kernel, *strides, *dilations, pads[0], pads[1], pads[2], pads[3])
+    bias = ctx.const_input(8) if ctx.has_input(8) else None
+    from .conv_qint8 import plan, plan_depthwise
+
+    make = plan_depthwise if depthwise else plan
+    return make(w, w_scale, w_zp, x_scale, x_zp, y_scale, y_zp, bias, geo)
 
 
 def register_kernels(registry: KernelRegistry) -> None:
@@ -456,3 +516,4 @@ def register_kernels(registry: KernelRegistry) -> None:
     registry.add("Conv", _conv, since=1, flags=OUT, cost=conv_cost)
     registry.add("ConvInteger", _conv_integer, since=10)
     registry.add("QLinearConv", _qlinear_conv, since=10)
+    registry.add("QLinearConv", _qlinear_conv_ms, domain="com.microsoft", since=1)

@@ -1,0 +1,183 @@
+"""The integer product kernel (``kernels/lib/qgemm_packed.py``) on every path this host has,
+and what is built on it: ``lib/qgemm_rows.IntegerWeights`` (MatMulInteger, QLinearMatMul,
+QGemm, ...) and ``nn/conv_qint8`` (QLinearConv NCHW, channels-last, depthwise).
+
+Each result is compared exactly with an int64 reference, on random cases with the edges:
+codes at both type limits (every product at its extreme: no path may saturate), zero points
+at both ends, K not a multiple of the group or the vector width, rows and columns not
+whole tiles. A path the host lacks is skipped with the reason; a test that expects the
+integer path checks that it ran (the plan exists)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tfrt_py.kernels.lib import qgemm_packed
+from tfrt_py.kernels.lib.qgemm_rows import IntegerWeights
+from tfrt_py.kernels.lib.quant import requantize
+from tfrt_py.kernels.nn import conv_qint8
+
+PATHS = ["vnni512", "avx512", "vnni256", "avx2"]
+RNG = np.random.default_rng(36)
+
+
+def _host_paths() -> list[str]:
+    try:
+        return qgemm_packed.host_paths()
+    except ImportError:  # no llvmlite: no path at all
+        return ["portable"]
+
+
+def _need_kernel() -> None:
+    if qgemm_packed.available() is None:
+        pytest.skip(f"no integer kernel in this process ({qgemm_packed.path()[1]})")
+
+
+def _codes(shape: tuple[int, ...], dt: Any) -> np.ndarray:
+    info = np.iinfo(dt)
+    x = RNG.integers(info.min, info.max + 1, shape).astype(dt)
+    flat = x.reshape(-1)
+    if flat.size >= 2:
+        flat[0], flat[-1] = info.min, info.max
+    return x
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_path_is_exact_at_the_extremes(path: str) -> None:
+    if path not in _host_paths():
+        pytest.skip(f"this CPU has no {path} path ({', '.join(_host_paths())})")
+    built = qgemm_packed.build(path)
+    tile = built.tile
+    for m, k, n in [(1, 1, 1), (7, 5, 3), (9, 64, 33), (17, 577, 70), (3, 1100, 130)]:
+        a = _codes((m, k), np.uint8)
+        w = _codes((k, n), np.int8)
+        a[0, :] = 255  # the largest products, summed over the whole of K
+        w[:, 0] = -128
+        kp = -(-k // tile.g) * tile.g
+        a2 = np.zeros((m, kp), qgemm_packed.a_dtype(tile))
+        a2[:, :k] = a
+        got = qgemm_packed.qgemm(built, a2, qgemm_packed.pack(w, tile), m)[:, :n]
+        want = a.astype(np.int64) @ w.astype(np.int64)
+        np.testing.assert_array_equal(got, want)
+        assert got[0, 0] == 255 * -128 * k
+
+
+def test_a_matrix_packed_for_another_path_is_refused() -> None:
+    paths = [p for p in PATHS if p in _host_paths()]
+    if len(paths) < 2 or all(qgemm_packed.TILES[p].nr == qgemm_packed.TILES[paths[0]].nr
+                             and qgemm_packed.TILES[p].g == qgemm_packed.TILES[paths[0]].g
+                             for p in paths):  # fmt: skip
+        pytest.skip("this CPU has only one integer kernel layout")
+    first, other = qgemm_packed.build(paths[0]), qgemm_packed.TILES[paths[-1]]
+    packed = qgemm_packed.pack(np.ones((8, 4), np.int8), other)
+    a = np.ones((2, 8), qgemm_packed.a_dtype(first.tile))
+    with pytest.raises(ValueError, match=r"another path|layout"):
+        qgemm_packed.qgemm(first, a, packed, 2)
+
+
+def test_the_path_is_chosen_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    have = _host_paths()
+    for asked in have:
+        monkeypatch.setenv(qgemm_packed.ENV_QGEMM, asked)
+        assert qgemm_packed._choose() == (asked, f"${qgemm_packed.ENV_QGEMM}={asked}")
+    monkeypatch.setenv(qgemm_packed.ENV_QGEMM, "sse9")
+    path, why = qgemm_packed._choose()
+    assert path == have[0] and "not a path of this host" in why
+    monkeypatch.delenv(qgemm_packed.ENV_QGEMM)
+    monkeypatch.setenv("TFRT_PY_ISA", "portable")
+    assert qgemm_packed._choose()[0] == "portable"
+
+
+@pytest.mark.parametrize("a_dt", [np.uint8, np.int8])
+@pytest.mark.parametrize("b_dt", [np.int8, np.uint8])
+def test_integer_weights_products_with_zero_points(a_dt: Any, b_dt: Any) -> None:
+    _need_kernel()
+    for m, k, n in [(1, 3, 5), (16, 130, 40), (5, 259, 3)]:
+        a, b = _codes((m, k), a_dt), _codes((k, n), b_dt)
+        ainfo, binfo = np.iinfo(a_dt), np.iinfo(b_dt)
+        for a_zp, b_zp in [
+            (None, None),
+            (np.array(ainfo.max, a_dt), np.array(binfo.min, b_dt)),
+            (RNG.integers(ainfo.min, ainfo.max + 1, m).astype(a_dt),
+             RNG.integers(binfo.min, binfo.max + 1, n).astype(b_dt)),
+        ]:  # fmt: skip
+            plan = IntegerWeights.make(b, b_zp)
+            assert plan is not None
+            got = plan.product(a, a_zp)
+            az = 0 if a_zp is None else a_zp.astype(np.int64).reshape(-1, 1)
+            bz = 0 if b_zp is None else b_zp.astype(np.int64)
+            want = (a.astype(np.int64) - az) @ (b.astype(np.int64) - bz)
+            assert got is not None and got.dtype == np.int32
+            np.testing.assert_array_equal(got, want)
+    plan = IntegerWeights.make(_codes((4, 2), b_dt), None)
+    assert plan is not None
+    assert plan.product(np.ones((2, 4), np.float32), None) is None  # not codes: the caller's
+    assert plan.product(np.ones((2, 5), a_dt), None) is None  # another K
+
+
+def _reference(x: np.ndarray, xz: Any, w: np.ndarray, wz: np.ndarray, b: Any, xs: Any,
+               ws: Any, ys: Any, yz: Any, geo: tuple[int, ...]) -> np.ndarray:  # fmt: skip
+    kh, kw, sh, sw, dh, dw, pt, pl, pb, pr = geo
+    xf = np.pad(x.astype(np.int64) - xz.astype(np.int64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    oh = (xf.shape[2] - ((kh - 1) * dh + 1)) // sh + 1
+    ow = (xf.shape[3] - ((kw - 1) * dw + 1)) // sw + 1
+    wf = w.astype(np.int64) - wz.astype(np.int64).reshape(-1, 1, 1, 1)
+    groups = x.shape[1] // w.shape[1]
+    acc = np.zeros((x.shape[0], w.shape[0], oh, ow), np.int64)
+    per = w.shape[0] // groups
+    for gi in range(groups):
+        xg = xf[:, gi * w.shape[1] : (gi + 1) * w.shape[1]]
+        for i in range(kh):
+            for j in range(kw):
+                patch = xg[:, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh,
+                           j * dw : j * dw + sw * (ow - 1) + 1 : sw]  # fmt: skip
+                acc[:, gi * per : (gi + 1) * per] += np.einsum(
+                    "nchw,oc->nohw", patch, wf[gi * per : (gi + 1) * per, :, i, j]
+                )
+    if b is not None:
+        acc += b.reshape(1, -1, 1, 1)
+    scale = (xs * ws.reshape(-1) / ys).astype(np.float32).reshape(1, -1, 1, 1)
+    return requantize(acc, scale, yz, np.uint8)
+
+
+@pytest.mark.parametrize("depthwise", [False, True], ids=["conv", "depthwise"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_integer_convs_are_exact(depthwise: bool, channels_last: bool) -> None:
+    _need_kernel()
+    for case in range(24):
+        xdt, wdt, ydt = ((np.uint8, np.int8)[case % 2], (np.int8, np.uint8)[case // 2 % 2],
+                         (np.uint8, np.int8)[case // 4 % 2])  # fmt: skip
+        c = int(RNG.integers(1, 20))
+        co = c if depthwise else int(RNG.integers(1, 70))
+        pointwise = case % 5 == 0
+        kh, kw = (1, 1) if pointwise else (int(RNG.integers(1, 5)), int(RNG.integers(1, 5)))
+        sh, sw = (1, 1) if pointwise else (int(RNG.integers(1, 3)), int(RNG.integers(1, 3)))
+        dh, dw = (1, 1) if pointwise else (int(RNG.integers(1, 3)), int(RNG.integers(1, 3)))
+        pads = [0] * 4 if pointwise else [int(v) for v in RNG.integers(0, 3, 4)]
+        h, w_ = int(RNG.integers(kh * dh, 14)), int(RNG.integers(kw * dw, 14))
+        xinfo, winfo, yinfo = np.iinfo(xdt), np.iinfo(wdt), np.iinfo(ydt)
+        x = _codes((2, c, h, w_), xdt)
+        w = _codes((co, 1 if depthwise else c, kh, kw), wdt)
+        xz = np.array((xinfo.min, xinfo.max, 0)[case % 3], xdt)
+        yz = np.array((yinfo.max, yinfo.min)[case % 2], ydt)
+        wz = (RNG.integers(winfo.min, winfo.max + 1, co) if case % 4 == 0 else
+              np.full(co, 0 if wdt == np.int8 else 128)).astype(wdt)  # fmt: skip
+        b = RNG.integers(-50000, 50000, co).astype(np.int32) if case % 6 else None
+        xs, ys = np.array(0.02, np.float32), np.array(RNG.uniform(0.05, 2.0), np.float32)
+        ws = RNG.uniform(0.001, 0.01, co).astype(np.float32)
+        geo = (kh, kw, sh, sw, dh, dw, *pads)
+        make = conv_qint8.plan_depthwise if depthwise else conv_qint8.plan
+        plan = make(w, ws, wz, xs, xz, ys, yz, b, geo)
+        assert plan is not None, "the integer path did not plan"
+        want = _reference(x, xz, w, wz, b, xs, ws, ys, yz, geo)
+        if channels_last:
+            got = plan.run(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), channels_last=True)
+            assert got is not None
+            got = got.transpose(0, 3, 1, 2)
+        else:
+            got = plan.run(x)
+        assert got is not None and got.dtype == want.dtype, (case, ydt)
+        np.testing.assert_array_equal(got, want, err_msg=f"case {case}, geo {geo}")

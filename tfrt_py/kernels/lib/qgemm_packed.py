@@ -1,0 +1,330 @@
+"""An exact 8-bit integer product of rows by a constant matrix packed once at load: the
+int32 accumulators of ``C[m, n] = sum_k A[m, k] * W[k, n]`` with A unsigned 8-bit codes
+(activations) and W signed 8-bit codes (weights), the integer kernels' core (QLinearConv,
+QLinearMatMul, MatMulInteger and what onnxruntime's QDQ groups become at load).
+
+Paths, as MLAS's U8S8 kernels dispatch (``host_paths``; ``$TFRT_PY_QGEMM`` forces one the
+host has, else ``$TFRT_PY_ISA``'s family picks, else the host's widest):
+
+* ``vnni512``: AVX512-VNNI ``vpdpbusd`` on zmm registers, 8 x 32 tiles: each instruction
+  sums four u8 x s8 products into each of 16 int32 lanes (exact: no 16-bit stage);
+* ``vnni256``: the same on ymm registers, 6 x 16 tiles (AVX-VNNI: Alder Lake and later);
+* ``avx512``: AVX-512BW without VNNI: the codes widened to int16 (at packing, and by the
+  caller for A), ``vpmaddwd`` pairs into int32, 8 x 32 tiles;
+* ``avx2``: the same on ymm registers, 6 x 16 tiles;
+* ``portable``: none (the callers compute exactly on float BLAS, as before this kernel).
+
+No path saturates: ``vpmaddubsw`` (MLAS's AVX2 U8S8 path, which sums two products in
+int16 and saturates) is not used, so every path gives the exact sum for every code.
+
+Layouts. K is taken in groups of ``g`` (4 codes per int32 lane for VNNI, 2 int16 per lane
+otherwise), padded with zeros to a whole group. ``pack(w)`` (K x N int8, N padded with zero
+columns to the panel width ``nr``) makes ``(N/nr, K/g, nr, g)`` in the path's element type
+(int8, or int16 for the widening paths). A's rows are ``lda`` elements apart, each holding
+``K/g * g`` elements (zeros past K) of the path's type: uint8 codes for VNNI, the codes as
+int16 otherwise (``a_dtype()``).
+
+The kernel is LLVM IR built with llvmlite on ``gemm_packed``'s tile walker (blocks of
+panels in L2, whole tiles, then the rows left in tiles of several panels), compiled once per
+process on first use and registered as the symbol ``tfrt_py_qgemm_packed`` for numba code
+(``kernel()``: an ExternalFunction ``(a, lda, w, c, ldc, m, k_groups, panels, layout) ->
+status``, pointers as integers; status 1, nothing done, when ``layout`` is not this
+process's ``layout_code()``: packed data never meets another path's kernel). ``build(path)``
+compiles any path the host has apart from the process's (tests, benchmarks). Stateless
+kernels; any thread; the build is once per process under a lock.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ...concurrency import compiled_gate
+from ...concurrency.env_switch import switched_off
+from ...concurrency.llvm_jit import add_symbol, compile_ir
+from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, _PackedGemmIR
+
+__all__ = [
+    "ENV_QGEMM", "TILES", "QTile", "a_dtype", "available", "build", "chosen", "host_paths",
+    "kernel", "layout_code", "pack", "path", "qgemm",
+]  # fmt: skip
+
+#: ``TFRT_PY_QGEMM=vnni512|vnni256|avx512|avx2|portable``: the integer kernel's path, when
+#: the host has it (read once, when the kernel is first built).
+ENV_QGEMM = "TFRT_PY_QGEMM"
+SYMBOL = "tfrt_py_qgemm_packed"
+
+
+class QTile(NamedTuple):
+    """One build: ``vw`` int32 lanes per vector, ``mr`` rows per whole tile, panels of
+    ``nr`` = 2 * ``vw`` columns, ``g`` codes per lane (4: VNNI; 2: int16 pairs)."""
+
+    vw: int
+    mr: int
+    g: int
+    panels_for_rows: dict[int, int]
+
+    @property
+    def nr(self) -> int:
+        return 2 * self.vw
+
+    @property
+    def vnni(self) -> bool:
+        return self.g == 4
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The packed weights' (and A's) element type without the sign: int8 / int16."""
+        return np.dtype(np.int8 if self.vnni else np.int16)
+
+
+_ROWS_512 = {1: 4, 2: 3, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1}
+_ROWS_256 = {1: 4, 2: 3, 3: 2, 4: 1, 5: 1}
+TILES = {
+    "vnni512": QTile(16, 8, 4, _ROWS_512),
+    "avx512": QTile(16, 8, 2, _ROWS_512),
+    "vnni256": QTile(8, 6, 4, _ROWS_256),
+    "avx2": QTile(8, 6, 2, _ROWS_256),
+}
+_INTRINSIC = {  # path -> (name, argument vector, result vector) of the product step
+    "vnni512": ("llvm.x86.avx512.vpdpbusd.512", (32, 16), 16),
+    "vnni256": ("llvm.x86.avx512.vpdpbusd.256", (32, 8), 8),
+    "avx512": ("llvm.x86.avx512.pmaddw.d.512", (16, 32), 16),
+    "avx2": ("llvm.x86.avx2.pmadd.wd", (16, 16), 8),
+}
+
+
+def layout_code(shape: QTile) -> int:
+    """The number a packed matrix and the kernel agree on: panel width and group."""
+    return shape.nr * 8 + shape.g
+
+
+def a_dtype(shape: QTile) -> np.dtype:
+    """A's element type for ``shape``: uint8 codes (VNNI) or the codes as int16."""
+    return np.dtype(np.uint8 if shape.vnni else np.int16)
+
+
+def pack(w: np.ndarray, shape: QTile) -> np.ndarray:
+    """W (K x N signed 8-bit codes, any integer dtype holding -128..127) as ``shape``'s
+    panels ``(ceil(N/nr), ceil(K/g), nr, g)``, zero-padded, C order."""
+    k, n = w.shape
+    g, nr = shape.g, shape.nr
+    kp, np_ = -(-k // g) * g, -(-n // nr) * nr
+    full = np.zeros((kp, np_), shape.dtype)
+    full[:k, :n] = w
+    return np.ascontiguousarray(full.reshape(kp // g, g, np_ // nr, nr).transpose(2, 0, 3, 1))
+
+
+def host_paths() -> list[str]:
+    """The integer kernel paths this host runs, widest first (``portable`` always)."""
+    import llvmlite.binding as llvm
+
+    if not llvm.get_process_triple().startswith("x86_64"):
+        return ["portable"]
+    f = llvm.get_host_cpu_features()
+    out = []
+    if f.get("avx512bw"):
+        if f.get("avx512vnni"):
+            out.append("vnni512")
+        out.append("avx512")
+    if f.get("avx2"):
+        if f.get("avxvnni") or (f.get("avx512vnni") and f.get("avx512vl")):
+            out.append("vnni256")
+        out.append("avx2")
+    return [*out, "portable"]
+
+
+def _choose() -> tuple[str, str]:
+    have = host_paths()
+    asked = os.environ.get(ENV_QGEMM, "").strip().lower()
+    if asked:
+        if asked in have:
+            return asked, f"${ENV_QGEMM}={asked}"
+        return have[0], f"${ENV_QGEMM}={asked} is not a path of this host ({', '.join(have)})"
+    isa = os.environ.get(ENV_ISA, "").strip().lower()
+    if isa == "portable":
+        return "portable", f"${ENV_ISA}=portable"
+    if isa in ("avx512", "avx2"):
+        import llvmlite.binding as llvm
+
+        # an AVX2 host's VNNI is AVX-VNNI: AVX-512 VNNI's ymm form does not stand for it
+        real_vex_vnni = bool(llvm.get_host_cpu_features().get("avxvnni"))
+        family = ["vnni512", "avx512"] if isa == "avx512" else ["vnni256", "avx2"]
+        for p in family:
+            if p in have and (p != "vnni256" or real_vex_vnni):
+                return p, f"${ENV_ISA}={isa}"
+    return have[0], "the host's widest"
+
+
+class _QGemmIR(_PackedGemmIR):
+    """``SYMBOL(a, lda, w, c, ldc, M, Kg, panels, layout) -> status`` for one path: the
+    tile walker of ``gemm_packed`` over int32 accumulators; per group of k, the panels'
+    vectors, each row's group of A broadcast as one int32, the path's product step."""
+
+    def __init__(self, path: str, symbol: str) -> None:
+        import llvmlite.ir as ir
+
+        shape = TILES[path]
+        self.ir, self.vnni = ir, shape.vnni
+        self.vw, self.mr, self.nr = shape.vw, shape.mr, shape.nr
+        self.panels_for_rows = shape.panels_for_rows
+        i64, i32, i8 = ir.IntType(64), ir.IntType(32), ir.IntType(8)
+        self.i64, self.i32 = i64, i32
+        self.v8 = vi = ir.VectorType(i32, shape.vw)  # the accumulators' type
+        self.vip = vi.as_pointer()
+        self.mod = ir.Module(name="tfrt_py_qgemm")
+        name, (lanes, n), out = _INTRINSIC[path]
+        elem = ir.IntType(lanes)
+        self.varg = ir.VectorType(elem, n)
+        self.step = ir.Function(self.mod, ir.FunctionType(vi, [vi, vi, vi] if self.vnni else
+                                [self.varg, self.varg]), name=name)  # fmt: skip
+        del out
+        self.esize = 1 if self.vnni else 2
+        ep = (i8 if self.vnni else ir.IntType(16)).as_pointer()
+        self.symbol = symbol
+        self.fn = ir.Function(self.mod, ir.FunctionType(i64, [ep, i64, ep, i32.as_pointer(),
+                              i64, i64, i64, i64, i64]), name=symbol)  # fmt: skip
+        (self.x, self.ldx, self.w, self.y, self.ldy, self.m_rows, self.k_len, self.panels,
+         layout) = self.fn.args  # fmt: skip
+        for a in (self.x, self.w, self.y):
+            a.add_attribute("noalias")
+        entry = self.fn.append_basic_block("entry")
+        self.b = b = ir.IRBuilder(entry)
+        wrong, work = self.fn.append_basic_block("wrong_layout"), self.fn.append_basic_block()
+        b.cbranch(b.icmp_signed("!=", layout, self.c(layout_code(shape))), wrong, work)
+        b.position_at_end(wrong)
+        b.ret(self.c(1))
+        b.position_at_end(work)
+        self.zero = ir.Constant(vi, [0] * shape.vw)
+        self.splat = ir.Constant(ir.VectorType(i32, shape.vw), [0] * shape.vw)
+        self.g = shape.g
+
+    def k_step(self, p: Any, m0: Any, rows: int, npan: int, k: Any, acc: list[Any]) -> list[Any]:
+        """One group of k: the panels' vectors at group k, each row's group of A broadcast,
+        ``acc`` + their products."""
+        b, c, ir, vi = self.b, self.c, self.ir, self.v8
+        wv = []
+        row_len = b.mul(self.k_len, c(self.nr * self.g))
+        for j in range(npan):
+            at = b.add(b.mul(b.add(p, c(j)), row_len), b.mul(k, c(self.nr * self.g)))
+            for h in range(2):
+                at_h = b.gep(self.w, [b.add(at, c(self.vw * self.g * h))])
+                wv.append(b.load(b.bitcast(at_h, self.vip), align=self.esize))
+        new = []
+        for r in range(rows):
+            at = b.add(b.mul(b.add(m0, c(r)), self.ldx), b.mul(k, c(self.g)))
+            xs = b.load(b.bitcast(b.gep(self.x, [at]), self.i32.as_pointer()), align=1)
+            xb = b.insert_element(ir.Constant(vi, ir.Undefined), xs, ir.Constant(self.i32, 0))
+            xb = b.shuffle_vector(xb, ir.Constant(vi, ir.Undefined), self.splat)
+            for q in range(2 * npan):
+                a = acc[r * 2 * npan + q]
+                if self.vnni:  # vpdpbusd(acc, unsigned bytes, signed bytes)
+                    new.append(b.call(self.step, [a, xb, wv[q]]))
+                else:
+                    prod = b.call(self.step, [b.bitcast(wv[q], self.varg),
+                                              b.bitcast(xb, self.varg)])  # fmt: skip
+                    new.append(b.add(a, prod))
+        return new
+
+    def epilogue(self, p: Any, m0: Any, rows: int, npan: int, acc: list[Any]) -> None:
+        """The tile's int32 accumulators stored as they are."""
+        b, c = self.b, self.c
+        for j in range(npan):
+            col = b.mul(b.add(p, c(j)), c(self.nr))
+            for r in range(rows):
+                row = b.add(b.mul(b.add(m0, c(r)), self.ldy), col)
+                for h in range(2):
+                    at = b.gep(self.y, [b.add(row, c(self.vw * h))])
+                    b.store(acc[r * 2 * npan + 2 * j + h], b.bitcast(at, self.vip), align=4)
+
+
+class Built(NamedTuple):
+    """A compiled path: its tile, the engine that owns the code, a ctypes callable."""
+
+    path: str
+    tile: QTile
+    engine: Any
+    call: Any
+
+
+def build(path: str, symbol: str | None = None) -> Built:
+    """Compile ``path`` (one of ``host_paths()`` but portable) now, apart from the
+    process's kernel: for tests and benchmarks. Raises what llvmlite raises."""
+    sym = symbol or f"{SYMBOL}_{path}"
+    engine = compile_ir(_QGemmIR(path, sym).text(), host_cpu=True, opt=3)
+    p, n = ctypes.c_void_p, ctypes.c_int64
+    call = ctypes.CFUNCTYPE(n, p, n, p, p, n, n, n, n, n)(engine.get_function_address(sym))
+    return Built(path, TILES[path], engine, call)
+
+
+def qgemm(built: Built, a: np.ndarray, packed: np.ndarray, m: int) -> np.ndarray:
+    """The int32 product of A's first ``m`` rows (``a_dtype`` codes, rows padded to whole
+    groups) by ``packed`` through ``built`` (ctypes; the GIL released while it runs):
+    an (m, panels * nr) array."""
+    shape = built.tile
+    panels, kg = packed.shape[0], packed.shape[1]
+    if a.dtype != a_dtype(shape) or a.shape[1] < kg * shape.g or not a.flags.c_contiguous:
+        raise ValueError("A is not in this path's layout")
+    c = np.empty((m, panels * shape.nr), np.int32)
+    st = built.call(a.ctypes.data, a.shape[1], packed.ctypes.data, c.ctypes.data, c.shape[1],
+                    m, kg, panels, layout_code(shape))  # fmt: skip
+    if st:
+        raise ValueError("packed for another path")
+    return c
+
+
+_LOCK = threading.Lock()
+_STATE: list[tuple[str, str, Built | None, Any]] = []  # [(path, why, built, external fn)]
+
+
+def _register() -> tuple[str, str, Built | None, Any]:
+    try:
+        from numba import types
+
+        path_, why = _choose()
+        if path_ == "portable":
+            return path_, why, None, None
+        built = build(path_, SYMBOL)
+        add_symbol(SYMBOL, built.engine.get_function_address(SYMBOL))
+    except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the callers stay exact on BLAS
+        return "portable", f"the kernel did not build: {type(e).__name__}", None, None
+    p, n = types.uintp, types.int64
+    fn = types.ExternalFunction(SYMBOL, types.int64(p, n, p, p, n, n, n, n, n))
+    return path_, why, built, fn
+
+
+def _decided() -> tuple[str, str, Built | None, Any]:
+    with _LOCK:
+        if not _STATE:
+            _STATE.append(_register())
+        return _STATE[0]
+
+
+def chosen() -> tuple[str, str] | None:
+    """(path, why) once decided, None before (builds nothing)."""
+    return _STATE[0][:2] if _STATE else None
+
+
+def path() -> tuple[str, str]:
+    """(this process's path, why): decides and builds on the first call."""
+    got = _decided()
+    return got[0], got[1]
+
+
+def available() -> Built | None:
+    """This process's compiled kernel, or None (``portable``, no llvmlite JIT, or
+    ``$TFRT_PY_PACKED_GEMM=0``, read on each call, which turns the integer kernel off
+    with the float one)."""
+    if switched_off(ENV_PACKED_GEMM) or compiled_gate.held():
+        return None
+    return _decided()[2]
+
+
+def kernel() -> Any:
+    """The numba ExternalFunction of the registered kernel (signature in the module
+    docstring), None where ``available()`` is None."""
+    return _decided()[3] if available() is not None else None

@@ -1,0 +1,463 @@
+"""QLinearConv on integers: a 2-D, ungrouped quantized convolution with constant weights
+on ``lib.qgemm_packed``'s exact u8 x s8 kernel, requantized as it is stored.
+
+Per image: the input is staged channels-last (``xt[h * W + w, c]``, int8 codes shifted by
+128 to unsigned, in the kernel's A type), then the output pixels go in blocks of rows
+(and, when there are few, of weight panels too) over numba's native threads; per block:
+its im2row (``a[r, (i * KW + j) * C + c]``: a tap's channels are one contiguous run of
+the staged row; the input's zero point in the padding), one kernel call for the block's
+int32 sums, then the requantize into the NCHW output while they are in cache:
+``y = saturate(rint(float32(acc + bias') * scale[co]) + y_zp)`` with
+``bias' = B - x_zp * colsum(w)`` (and ``- w_zp[co] * rowsum(a) + K * x_zp * w_zp[co]``
+for weights with a zero point) folded at load, float32 arithmetic as MLAS's requantize.
+
+``plan(...)`` makes the load-time part (None where the kernel or numba is missing, or the
+conv is outside this form: grouped, not 2-D, a sum that could leave int32); ``QConvPlan.run``
+is called per image batch from any thread: each call's buffers are its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..lib import qgemm_packed
+from ..lib.jit import Jitted
+
+__all__ = ["QConvPlan", "QDepthwisePlan", "plan", "plan_depthwise"]
+
+numba: Any = None  # set by Jitted(parallel=True) before the loop below compiles
+qgemm_kernel: Any = None  # the ExternalFunction, set by _prepare
+
+#: the output rows (pixels) of one block: its im2row and int32 sums stay in L2
+_BLOCK_BYTES = 96 * 1024
+#: the largest reduction whose u8 x s8 sums certainly fit in int32
+_MAX_K = (2**31 - 1) // (255 * 128)
+
+
+class QConvPlan(NamedTuple):
+    """The load-time half of an integer QLinearConv. Immutable."""
+
+    packed: np.ndarray  # weights (KH*KW*C x Co, tap-major) in the kernel's panels
+    bias: np.ndarray  # int32 per output channel, the zero-point terms folded in
+    scale: np.ndarray  # float32 per output channel: x_scale * w_scale / y_scale
+    wzp: np.ndarray  # int32 per output channel (zero: symmetric weights)
+    x_shift: int  # 128 for int8 inputs (made unsigned), 0 for uint8
+    x_zp: int  # the input's zero point after the shift
+    y_zp: float
+    lo: float
+    hi: float
+    y_dtype: np.dtype
+    geo: np.ndarray  # int64: kh, kw, sh, sw, dh, dw, pad top, pad left, pad bottom, pad right
+    channels: int
+    layout: int
+    a_dtype: np.dtype
+    kernel: Any
+
+    def run(self, x: np.ndarray, channels_last: bool = False) -> np.ndarray | None:
+        """y for ``x`` (N, C, H, W), or (N, H, W, C) -> (N, OH, OW, Co) with
+        ``channels_last``; None when ``x`` does not fit the plan (the caller then runs the
+        exact float path)."""
+        if x.ndim != 4 or x.shape[3 if channels_last else 1] != self.channels:
+            return None
+        if x.dtype != (np.int8 if self.x_shift == 128 else np.uint8):
+            return None
+        kh, kw, sh, sw, dh, dw, pt, pl, pb, pr = (int(v) for v in self.geo)
+        n, h, w, c = x.shape if channels_last else (x.shape[0], *x.shape[2:], x.shape[1])
+        oh = (h + pt + pb - ((kh - 1) * dh + 1)) // sh + 1
+        ow = (w + pl + pr - ((kw - 1) * dw + 1)) // sw + 1
+        if oh <= 0 or ow <= 0:
+            return None
+        co = self.bias.shape[0]
+        y = np.empty((n, oh, ow, co) if channels_last else (n, co, oh, ow), self.y_dtype)
+        if n == 0:
+            return y
+        kg, g = self.packed.shape[1], self.packed.shape[3]
+        rb = max(8, min(256, _BLOCK_BYTES // (kg * g * self.a_dtype.itemsize + co * 4)))
+        rb = -(-rb // 8) * 8
+        p = oh * ow
+        panels = self.packed.shape[0]
+        ncol = 1 if -(-p // rb) >= 4 or panels < 2 else min(panels, 4)
+        xs = np.ascontiguousarray(x).reshape((n, h * w, c) if channels_last else (n, c, h * w))
+        # channels-last uint8 codes are the kernel's A as they are: no staging copy
+        direct = channels_last and self.x_shift == 0 and self.a_dtype == np.uint8
+        # (+ g: the kernel reads whole groups; the weights past K are zero)
+        xt = np.empty((1 if direct else h * w * c) + g, self.a_dtype)
+        flags = int(channels_last) | (2 if direct else 0)
+        geo = np.concatenate([self.geo, np.array([h, w, flags], np.int64)])
+        self.kernel(xs, xt, self.x_shift, self.x_zp, geo, ow, self.packed, self.layout,
+                    self.bias, self.scale, self.wzp, self.y_zp, self.lo, self.hi, rb, ncol,
+                    y.reshape(n, p, co) if channels_last else y.reshape(n, co, p))  # fmt: skip
+        return y
+
+
+def plan(
+    w: np.ndarray, w_scale: Any, w_zp: Any, x_scale: Any, x_zp: Any, y_scale: Any, y_zp: Any,
+    bias: Any, geo: tuple[int, ...],
+) -> QConvPlan | None:  # fmt: skip
+    """The plan of a QLinearConv with these constants, or None (see the module doc). The
+    input's dtype is x_zp's (uint8 without one); the output's y_zp's (likewise)."""
+    built = qgemm_packed.available()
+    fn = _QCONV.get() if built is not None else None
+    if built is None or fn is None or w.ndim != 4 or w.dtype not in (np.uint8, np.int8):
+        return None
+    co, c, kh, kw = w.shape
+    k = c * kh * kw
+    sizes = [np.asarray(v).size for v in (x_scale, x_zp, y_scale, y_zp) if v is not None]
+    if any(s != 1 for s in sizes) or any(
+        v is not None and np.asarray(v).size not in (1, co) for v in (w_scale, w_zp)
+    ):
+        return None
+    if k > _MAX_K or co == 0 or k == 0:
+        return None
+    xdt = np.dtype(np.uint8) if x_zp is None else np.asarray(x_zp).dtype
+    ydt = np.dtype(np.uint8) if y_zp is None else np.asarray(y_zp).dtype
+    if xdt not in (np.uint8, np.int8) or ydt not in (np.uint8, np.int8):
+        return None
+    shape = built.tile
+    # weights as signed codes: uint8 ones shifted by 128 (their zero point with them)
+    wi = w.astype(np.int64)
+    wz = np.zeros(co, np.int64) if w_zp is None else np.broadcast_to(
+        np.asarray(w_zp).astype(np.int64).reshape(-1), (co,)).copy()  # fmt: skip
+    if w.dtype == np.uint8:
+        wi -= 128
+        wz -= 128
+    x_shift = 128 if xdt == np.int8 else 0
+    zx = (0 if x_zp is None else int(np.asarray(x_zp).reshape(()))) + x_shift
+    w_taps = wi.transpose(2, 3, 1, 0).reshape(k, co)  # (i, j, c) x co: the im2row order
+    colsum = w_taps.sum(axis=0)
+    b = np.zeros(co, np.int64) if bias is None else np.asarray(bias).astype(np.int64)
+    b = b - zx * colsum + k * zx * wz
+    if np.abs(b).max() >= 2**31 or np.abs(wz).max() * 255 * k >= 2**31:
+        return None  # beyond int32 (the float path stays exact)
+    scale = np.asarray(x_scale) * np.asarray(w_scale).reshape(-1) / np.asarray(y_scale)
+    scale = np.broadcast_to(np.asarray(scale, np.float32), (co,)).copy()
+    info = np.iinfo(ydt)
+    zy = 0.0 if y_zp is None else float(np.asarray(y_zp).reshape(()))
+    return QConvPlan(
+        qgemm_packed.pack(w_taps, shape), b.astype(np.int32), scale, wz.astype(np.int32),
+        x_shift, zx, zy, float(info.min), float(info.max), ydt, np.array(geo, np.int64), c,
+        qgemm_packed.layout_code(shape), qgemm_packed.a_dtype(shape), fn,
+    )  # fmt: skip
+
+
+class QDepthwisePlan(NamedTuple):
+    """The load-time half of an integer depthwise QLinearConv (group = channels, one
+    filter each): int32 sums over the input minus its zero point, per channel on native
+    threads. Immutable."""
+
+    w: np.ndarray  # int32 (C, KH, KW): the weights minus their zero points
+    w_last: np.ndarray  # the same as (KH, KW, C), for channels-last inputs
+    bias: np.ndarray  # int32 per channel
+    scale: np.ndarray  # float32 per channel
+    x_zp: int
+    y_zp: float
+    lo: float
+    hi: float
+    x_dtype: np.dtype
+    y_dtype: np.dtype
+    geo: np.ndarray  # int64: as QConvPlan's
+    kernel: Any
+    kernel_last: Any
+
+    def run(self, x: np.ndarray, channels_last: bool = False) -> np.ndarray | None:
+        """y for ``x`` (N, C, H, W), or (N, H, W, C) -> (N, OH, OW, C) with
+        ``channels_last``; None when ``x`` does not fit the plan."""
+        c = self.w.shape[0]
+        if x.ndim != 4 or x.shape[3 if channels_last else 1] != c or x.dtype != self.x_dtype:
+            return None
+        kh, kw, sh, sw, dh, dw, pt, pl, pb, pr = (int(v) for v in self.geo)
+        n, h, w = (x.shape[0], x.shape[1], x.shape[2]) if channels_last else (
+            x.shape[0], x.shape[2], x.shape[3])  # fmt: skip
+        oh = (h + pt + pb - ((kh - 1) * dh + 1)) // sh + 1
+        ow = (w + pl + pr - ((kw - 1) * dw + 1)) // sw + 1
+        if oh <= 0 or ow <= 0:
+            return None
+        y = np.empty((n, oh, ow, c) if channels_last else (n, c, oh, ow), self.y_dtype)
+        if n:
+            fn, w_ = (self.kernel_last, self.w_last) if channels_last else (self.kernel, self.w)
+            fn(np.ascontiguousarray(x), self.x_zp, self.geo, w_, self.bias, self.scale,
+               self.y_zp, self.lo, self.hi, y)  # fmt: skip
+        return y
+
+
+def plan_depthwise(
+    w: np.ndarray, w_scale: Any, w_zp: Any, x_scale: Any, x_zp: Any, y_scale: Any, y_zp: Any,
+    bias: Any, geo: tuple[int, ...],
+) -> QDepthwisePlan | None:  # fmt: skip
+    """The plan of a depthwise QLinearConv (``w`` (C, 1, KH, KW)) with these constants, or
+    None (numba missing, scales or zero points of other lengths, sums beyond int32)."""
+    fn, fn_last = _QDEPTHWISE.get(), _QDEPTHWISE_LAST.get()
+    if (
+        fn is None
+        or fn_last is None
+        or w.ndim != 4
+        or w.shape[1] != 1
+        or w.dtype not in (np.uint8, np.int8)
+    ):
+        return None
+    c = w.shape[0]
+    sizes = [np.asarray(v).size for v in (x_scale, x_zp, y_scale, y_zp) if v is not None]
+    if any(s != 1 for s in sizes) or any(
+        v is not None and np.asarray(v).size not in (1, c) for v in (w_scale, w_zp)
+    ):
+        return None
+    if w.shape[2] * w.shape[3] * 255 * 255 >= 2**31:
+        return None
+    xdt = np.dtype(np.uint8) if x_zp is None else np.asarray(x_zp).dtype
+    ydt = np.dtype(np.uint8) if y_zp is None else np.asarray(y_zp).dtype
+    if xdt not in (np.uint8, np.int8) or ydt not in (np.uint8, np.int8):
+        return None
+    wz = 0 if w_zp is None else np.asarray(w_zp).astype(np.int64).reshape(-1, 1, 1)
+    wi = (w[:, 0].astype(np.int64) - wz).astype(np.int32)
+    b = np.zeros(c, np.int64) if bias is None else np.asarray(bias).astype(np.int64)
+    if b.shape != (c,) or np.abs(b).max(initial=0) >= 2**31:
+        return None
+    scale = np.asarray(x_scale) * np.asarray(w_scale).reshape(-1) / np.asarray(y_scale)
+    scale = np.broadcast_to(np.asarray(scale, np.float32), (c,)).copy()
+    info = np.iinfo(ydt)
+    zx = 0 if x_zp is None else int(np.asarray(x_zp).reshape(()))
+    zy = 0.0 if y_zp is None else float(np.asarray(y_zp).reshape(()))
+    return QDepthwisePlan(wi, np.ascontiguousarray(wi.transpose(1, 2, 0)), b.astype(np.int32),
+                          scale, zx, zy, float(info.min), float(info.max), xdt, ydt,
+                          np.array(geo, np.int64), fn, fn_last)  # fmt: skip
+
+
+def _qdepthwise(x, zx, geo, w, bias, scale, zy, lo, hi, y):  # pragma: no cover - numba only
+    n_, c_, h_, w_ = x.shape
+    kh, kw, sh, sw, dh, dw, pt, pl = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
+    oh_, ow_ = y.shape[2], y.shape[3]
+    hp = max(h_ + pt, (oh_ - 1) * sh + (kh - 1) * dh + 1)
+    wp = max(w_ + pl, (ow_ - 1) * sw + (kw - 1) * dw + 1)
+    flo, fhi, fz = np.float32(lo - zy), np.float32(hi - zy), np.float32(zy)
+    magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even
+    zx32 = np.int32(zx)
+    us = np.uint64(sw)
+    for nc in numba.prange(n_ * c_):  # unsigned indices: the loops vectorize
+        n = nc // c_
+        c = nc - n * c_
+        xp = np.zeros(hp * wp, np.int32)  # the input minus its zero point, zero padded
+        for ih in range(h_):
+            src = x[n, c, ih]
+            d = np.uint64((ih + pt) * wp + pl)
+            for iw in range(w_):
+                xp[d + np.uint64(iw)] = np.int32(src[np.uint64(iw)]) - zx32
+        acc = np.zeros(oh_ * ow_, np.int32)
+        for i in range(kh):
+            for j in range(kw):
+                wv = w[c, i, j]
+                for oh in range(oh_):
+                    a0 = np.uint64(oh * ow_)
+                    x0 = np.uint64((oh * sh + i * dh) * wp + j * dw)
+                    if sw == 1:
+                        for ow in range(ow_):
+                            acc[a0 + np.uint64(ow)] += wv * xp[x0 + np.uint64(ow)]
+                    else:
+                        for ow in range(ow_):
+                            acc[a0 + np.uint64(ow)] += wv * xp[x0 + np.uint64(ow) * us]
+        bq, sq = bias[c], scale[c]
+        out = y[n, c]
+        for oh in range(oh_):
+            orow = out[oh]
+            a0 = np.uint64(oh * ow_)
+            for ow in range(ow_):
+                v = min(max(np.float32(acc[a0 + np.uint64(ow)] + bq) * sq, flo), fhi)
+                orow[np.uint64(ow)] = ((v + magic) - magic) + fz
+
+
+def _qdepthwise_last(x, zx, geo, w, bias, scale, zy, lo, hi, y):  # pragma: no cover - numba
+    # x (N, H, W, C), w (KH, KW, C), y (N, OH, OW, C): per output row on native threads,
+    # each pixel's taps summed over the channels as one vector run
+    n_, h_, w_, c_ = x.shape
+    kh, kw, sh, sw, dh, dw, pt, pl = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
+    oh_, ow_ = y.shape[1], y.shape[2]
+    flo, fhi, fz = np.float32(lo - zy), np.float32(hi - zy), np.float32(zy)
+    magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even
+    zx32 = np.int32(zx)
+    for row in numba.prange(n_ * oh_):
+        n = row // oh_
+        oh = row - n * oh_
+        acc = np.empty(c_, np.int32)
+        for ow in range(ow_):
+            for c in range(c_):
+                acc[np.uint64(c)] = 0
+            for i in range(kh):
+                ih = oh * sh - pt + i * dh
+                if ih < 0 or ih >= h_:
+                    continue
+                for j in range(kw):
+                    iw = ow * sw - pl + j * dw
+                    if iw < 0 or iw >= w_:
+                        continue
+                    src = x[n, ih, iw]
+                    wt = w[i, j]
+                    for c in range(c_):
+                        uc = np.uint64(c)
+                        acc[uc] += wt[uc] * (np.int32(src[uc]) - zx32)
+            out = y[n, oh, ow]
+            for c in range(c_):
+                uc = np.uint64(c)
+                v = min(max(np.float32(acc[uc] + bias[uc]) * scale[uc], flo), fhi)
+                out[uc] = ((v + magic) - magic) + fz
+
+
+def _warm_depthwise_last(fn: Any) -> None:
+    geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 1, 1], np.int64)
+    w = np.ones((3, 3, 1), np.int32)
+    one = np.zeros(1, np.int32)
+    for xdt in (np.uint8, np.int8):
+        for ydt in (np.uint8, np.int8):
+            fn(np.ones((1, 4, 4, 1), xdt), 0, geo, w, one, np.ones(1, np.float32), 0.0, 0.0,
+               255.0, np.empty((1, 4, 4, 1), ydt))  # fmt: skip
+
+
+def _warm_depthwise(fn: Any) -> None:
+    geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 1, 1], np.int64)
+    w = np.ones((1, 3, 3), np.int32)
+    one = np.zeros(1, np.int32)
+    for xdt in (np.uint8, np.int8):
+        for ydt in (np.uint8, np.int8):
+            x = np.ones((1, 1, 4, 4), xdt)
+            fn(x, 0, geo, w, one, np.ones(1, np.float32), 0.0, 0.0, 255.0,
+               np.empty((1, 1, 4, 4), ydt))  # fmt: skip
+
+
+def _qconv(x, xt, x_shift, zx, geo, ow_, wp, layout, bias, scale, wzp, zy, lo, hi, rb, ncol,
+           y):  # pragma: no cover - numba only  # fmt: skip
+    # geo[12] flags: 1 channels last (x (N, H*W, C), y (N, P, Co); else x (N, C, H*W), y
+    # (N, Co, P)), 2 x's codes are A as they are (no staging into xt). Unsigned flat
+    # indices, so that the copies and the requantize vectorize.
+    h_, w_, flags = geo[10], geo[11], geo[12]
+    nhwc, direct = (flags & 1) != 0, (flags & 2) != 0
+    n_ = x.shape[0]
+    c_ = x.shape[2] if nhwc else x.shape[1]
+    kh, kw, sh, sw, dh, dw, pt, pl = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
+    co_, p_ = (y.shape[2], y.shape[1]) if nhwc else (y.shape[1], y.shape[2])
+    panels, kg, nr, g = wp.shape
+    kp = kg * g
+    kk = kh * kw * c_
+    esize = wp.itemsize
+    nrb = (p_ + rb - 1) // rb
+    pcol = (panels + ncol - 1) // ncol
+    asym = False
+    for q in range(co_):
+        if wzp[q] != 0:
+            asym = True
+    # a 1x1 conv over every pixel reads its rows of A straight from the staged input
+    pointwise = (
+        kh == 1 and kw == 1 and sh == 1 and sw == 1 and geo[6] + geo[7] + geo[8] + geo[9] == 0
+    )
+    hw_ = h_ * w_
+    nsb = (hw_ + 31) // 32
+    uc = np.uint64(c_)
+    fz = np.float32(zy)
+    flo, fhi = np.float32(lo - zy), np.float32(hi - zy)
+    magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even
+    xflat = x.reshape(-1)
+    for n in range(n_):
+        src_all = xt
+        base_in = np.uint64(0)
+        if direct:
+            src_all = xflat.view(xt.dtype)
+            base_in = np.uint64(n * hw_ * c_)
+        elif nhwc:
+            xn = x[n].reshape(-1)
+            for sb in numba.prange(nsb):
+                for t in range(sb * 32 * c_, min(hw_, sb * 32 + 32) * c_):
+                    xt[np.uint64(t)] = np.int32(xn[np.uint64(t)]) + x_shift
+        else:
+            # channels-last staging in blocks of 32 pixels: the block's rows stay in L1
+            for sb in numba.prange(nsb):
+                s0 = sb * 32
+                s1 = min(hw_, s0 + 32)
+                for c in range(c_):
+                    xc = x[n, c]
+                    for s in range(s0, s1):
+                        xt[np.uint64(s) * uc + np.uint64(c)] = np.int32(xc[np.uint64(s)]) + x_shift
+        for blk in numba.prange(nrb * ncol):
+            p0 = (blk // ncol) * rb
+            rows = min(rb, p_ - p0)
+            pa = (blk % ncol) * pcol
+            pb = min(panels, pa + pcol)
+            if pa >= pb:
+                continue
+            if pointwise:
+                a = src_all[base_in + np.uint64(p0) * uc :]
+                lda = c_
+            else:
+                lda = kp
+                a = np.empty(rows * kp + g, xt.dtype)
+                for r in range(rows):
+                    oh = (p0 + r) // ow_
+                    ow = (p0 + r) - oh * ow_
+                    ar = np.uint64(r * kp)
+                    for i in range(kh):
+                        ih = oh * sh - pt + i * dh
+                        for j in range(kw):
+                            iw = ow * sw - pl + j * dw
+                            d = ar + np.uint64((i * kw + j) * c_)
+                            if ih >= 0 and ih < h_ and iw >= 0 and iw < w_:
+                                src = base_in + np.uint64(ih * w_ + iw) * uc
+                                for c in range(c_):
+                                    a[d + np.uint64(c)] = src_all[src + np.uint64(c)]
+                            else:
+                                for c in range(c_):
+                                    a[d + np.uint64(c)] = zx
+                    for t in range(kk, kp):
+                        a[ar + np.uint64(t)] = 0
+            ncols = (pb - pa) * nr
+            acc = np.empty(rows * ncols, np.int32)
+            qgemm_kernel(a.ctypes.data, lda, wp.ctypes.data + pa * kg * nr * g * esize,
+                         acc.ctypes.data, ncols, rows, kg, pb - pa, layout)  # fmt: skip
+            q0, q1 = pa * nr, min(co_, pb * nr)
+            nq = q1 - q0
+            tmp = np.empty(nq, np.float32)
+            for r in range(rows):
+                rs = np.int32(0)
+                if asym:
+                    for t in range(kk):
+                        rs += np.int32(a[np.uint64(r * lda + t)])
+                base = np.uint64(r * ncols)
+                for q in range(nq):  # MLAS's order: scale, clamp, round, + zero point
+                    uq = np.uint64(q)
+                    qq = np.uint64(q0) + uq
+                    v = np.float32(acc[base + uq] + bias[qq] - wzp[qq] * rs) * scale[qq]
+                    v = min(max(v, flo), fhi)
+                    tmp[uq] = ((v + magic) - magic) + fz
+                if nhwc:
+                    yrow = y[n, p0 + r]
+                    for q in range(nq):
+                        yrow[np.uint64(q0 + q)] = tmp[np.uint64(q)]
+                else:
+                    yo = np.uint64(p0 + r)
+                    for q in range(nq):
+                        y[n, q0 + q, yo] = tmp[np.uint64(q)]
+
+
+def _warm(fn: Any) -> None:
+    built = qgemm_packed.available()
+    if built is None:
+        return
+    shape = built.tile
+    wp = qgemm_packed.pack(np.ones((9, 2), np.int8), shape)
+    geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 4, 4, 0], np.int64)
+    adt = qgemm_packed.a_dtype(shape)
+    for xdt in (np.uint8, np.int8):
+        for ydt in (np.uint8, np.int8):
+            x = np.ones((1, 1, 16), xdt)
+            y = np.empty((1, 2, 16), ydt)
+            z = np.zeros(2, np.int32)
+            fn(x, np.empty(16 + shape.g, adt), 0, 0, geo, 4, wp, qgemm_packed.layout_code(shape), z,
+               np.ones(2, np.float32), z, 0.0, 0.0, 255.0, 8, 1, y)  # fmt: skip
+
+
+def _prepare(module_globals: dict[str, Any]) -> bool:
+    fn = qgemm_packed.kernel()
+    module_globals["qgemm_kernel"] = fn
+    return fn is not None
+
+
+_QCONV = Jitted(_qconv, _warm, parallel=True, prepare=_prepare)
+_QDEPTHWISE = Jitted(_qdepthwise, _warm_depthwise, parallel=True)
+_QDEPTHWISE_LAST = Jitted(_qdepthwise_last, _warm_depthwise_last, parallel=True)
