@@ -46,12 +46,14 @@ def _passes() -> dict[str, PassFn]:
     # Imported here: each pass module imports kernels, which the pipeline's importers
     # (model.py) should not pay for before a model is loaded.
     from . import (
+        channels_last,
         cleanup,
         fold,
         fuse_conv,
         fuse_elementwise,
         fuse_linear,
         fuse_ml,
+        fuse_qdq,
         fuse_transformer,
         fuse_trees,
         fuse_vision,
@@ -62,9 +64,11 @@ def _passes() -> dict[str, PassFn]:
     return {
         "identity": cleanup.remove_identities,
         "shapes": shapes.infer_shapes,
+        "fuse_qdq": fuse_qdq.fuse_qdq,
         "fold": fold.fold_constants,
         "cse": cleanup.eliminate_common_subexpressions,
         "dce": cleanup.eliminate_dead_code,
+        "channels_last": channels_last.channels_last,
         "hoist": hoist.hoist_over_concat,
         "fuse_conv": fuse_conv.fuse_conv,
         "fuse_transformer": fuse_transformer.fuse_transformer,
@@ -80,9 +84,13 @@ def _passes() -> dict[str, PassFn]:
 PASSES = (
     "identity",
     "shapes",
+    # before fold: it would make the weights' DequantizeLinear nodes float constants
+    "fuse_qdq",
     "fold",
     "cse",
     "dce",
+    # after fuse_qdq and dce: the integer convs it made, without the DQs left unread
+    "channels_last",
     # before hoist: hoisting Relu(a), Relu(b) -> Concat over the Concat would keep the
     # Relus out of the convs' epilogues (SqueezeNet's fire modules)
     "fuse_conv",
