@@ -253,7 +253,7 @@ def profile(
     trace_path: str | None,
     plot_path: str | None,
 ) -> None:
-    """Where MODEL's time goes, per node: µs, share, GFLOP/s, input shapes."""
+    """Where MODEL's time goes, per node: µs, share, GOP/s, input shapes."""
     from .bench.runners import random_feeds
 
     if plot_path:

@@ -513,10 +513,10 @@ class Model(GenerationMixin):
     def profile(self, feeds: Mapping[str, Any], repeat: int = 20) -> ProfileReport:
         """Where a call's time goes: ``repeat`` calls (after a warm-up) of this model's
         executor kind with every kernel timed; per node its op, input shapes, µs, share and
-        GFLOP/s, sorted (``print(report)``, ``report.save_trace("t.json")`` for Perfetto /
-        chrome://tracing). A native model is profiled on the sync interpreter (its native
-        function runs the same nodes as one call; the report says how long that call
-        takes). The model itself is not changed."""
+        GOP/s (float or integer operations), sorted (``print(report)``,
+        ``report.save_trace("t.json")`` for Perfetto / chrome://tracing). A native model is
+        profiled on the sync interpreter (its native function runs the same nodes as one
+        call; the report says how long that call takes). The model itself is not changed."""
         kind = self.executor
         if kind == "stream":
             raise ValueError("profile: streamed models are not profiled yet (time run_batches)")

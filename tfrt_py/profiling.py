@@ -9,7 +9,8 @@ native model is timed as one call: its nodes are one numba function.
 Each kernel call records (node index, thread, start, end) into the run's event list
 (``list.append``: atomic, so the async executor's worker threads record without a lock).
 The report aggregates the medians over ``repeat`` calls: per node its op, input shapes, µs,
-share of the call, and GFLOP/s where the cost model knows the node's FLOPs (priced on
+share of the call, and GOP/s where the cost model knows the node's operations (float or
+integer multiply-adds as two; priced on
 the shapes the call really had); ``save_trace``
 writes the last call's events in Chrome trace-event format (Perfetto, chrome://tracing),
 one track per thread. Runs on the calling thread; the model is not changed.
@@ -80,7 +81,7 @@ class ProfileReport:
         lines = [
             f"profile: executor {self.executor}, {self.repeat} call(s), median "
             f"{self.call_us:,.1f} µs per call",
-            f"{'node':<{w}}  {'op':<22} {'µs':>10} {'%':>6} {'GFLOP/s':>8}  input shapes",
+            f"{'node':<{w}}  {'op':<22} {'µs':>10} {'%':>6} {'GOP/s':>8}  input shapes",
         ]
         for n in nodes:
             gf = f"{n.gflops:8.2f}" if n.gflops is not None else f"{'':8}"

@@ -126,3 +126,17 @@ def test_ms_qlinearconv_channels_last_matches_onnxruntime(dt: Any, group: int) -
         if "onnxruntime" in type(e).__module__:
             pytest.skip(f"onnxruntime refuses this com.microsoft QLinearConv: {e}")
         raise
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+@pytest.mark.parametrize(
+    "k,s,p,d,ceil", [(3, 2, 1, 1, 0), (2, 2, 0, 1, 0), (3, 1, 1, 1, 0), (3, 2, 0, 1, 1),
+                     (3, 2, 1, 2, 0), (5, 3, 2, 1, 1)],
+)  # fmt: skip
+def test_nhwc_max_pool_matches_onnxruntime(dt: Any, k: int, s: int, p: int, d: int,
+                                           ceil: int) -> None:  # fmt: skip
+    info = np.iinfo(dt)
+    x = RNG.integers(info.min, info.max + 1, (2, 9, 11, 5)).astype(dt)
+    attrs = {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4, "dilations": [d, d],
+             "ceil_mode": ceil}  # fmt: skip
+    check_node("NhwcMaxPool", [x], attrs)

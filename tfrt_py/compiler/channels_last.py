@@ -7,9 +7,10 @@ Each 2-D ``QLinearConv`` with constant weights, scales and zero points becomes
 ``com.microsoft::QLinearConv(channels_last=1)`` between ``Transpose`` nodes (to NHWC before,
 back to NCHW after, the back one writing the original output Value so readers are
 unchanged). ``com.microsoft`` QLinearAdd/QLinearMul whose two tensor inputs both come from
-such a back-transpose, and QLinearGlobalAveragePool, QLinearSigmoid and QLinearLeakyRelu
-whose input does, read the NHWC values instead (the pooling with ``channels_last=1``) and get
-a back-transpose of their own. A back-transpose that nothing reads any more is removed, so
+such a back-transpose, and QLinearGlobalAveragePool, QLinearSigmoid, QLinearLeakyRelu and
+an 8-bit 2-D MaxPool (without Indices) whose input does, read the NHWC values instead (the
+pooling with ``channels_last=1``, the MaxPool as ``com.microsoft::NhwcMaxPool``) and get a
+back-transpose of their own. A back-transpose that nothing reads any more is removed, so
 a chain of integer ops pays one transpose in and one out. Runs only where the integer
 conv kernel can (``kernels.lib.qgemm_packed``: numba, an x86 CPU with AVX2); elsewhere the
 NCHW float path stays.
@@ -19,6 +20,8 @@ Top-level graph only; names of new Values derive from the old ones.
 from __future__ import annotations
 
 from collections import Counter
+
+import numpy as np
 
 from ..ir import Graph, Node, Value
 from ..ir.types import TensorType
@@ -31,6 +34,7 @@ MS = "com.microsoft"
 TO_NHWC = [0, 2, 3, 1]
 TO_NCHW = [0, 3, 1, 2]
 _UNARY = ("QLinearSigmoid", "QLinearLeakyRelu")
+_EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
 def _integer_kernel_possible() -> bool:
@@ -74,6 +78,14 @@ def _conv_eligible(node: Node) -> bool:
 
 def _tensor_inputs(node: Node) -> tuple[int, ...] | None:
     """The inputs a channels-last form of ``node`` reads as NHWC, None if it has none."""
+    if node.domain == "" and node.op_type == "MaxPool":
+        x = node.inputs[0]
+        t = x.type if x is not None else None
+        one_out = len(node.outputs) == 1 or all(v is None for v in node.outputs[1:])
+        ks = node.attrs.get("kernel_shape")
+        if one_out and isinstance(t, TensorType) and t.dtype in _EIGHT_BIT and ks and len(ks) == 2:
+            return (0,)
+        return None
     if node.domain != MS:
         return None
     if node.op_type in ("QLinearAdd", "QLinearMul") and len(node.inputs) >= 6:
@@ -113,7 +125,7 @@ def channels_last(graph: Graph, ctx: PassContext) -> str:
         conv = _conv_eligible(node)
         idx = (0,) if conv else _tensor_inputs(node)
         y = node.outputs[0] if node.outputs else None
-        if idx is None or y is None or len(node.outputs) != 1:
+        if idx is None or y is None:
             out.append(node)
             continue
         if not conv and not all(
@@ -127,11 +139,15 @@ def channels_last(graph: Graph, ctx: PassContext) -> str:
             assert v is not None
             ins[i] = nhwc(v)
         attrs = dict(node.attrs)
-        if conv or node.op_type == "QLinearGlobalAveragePool":
+        op = node.op_type
+        if conv or op == "QLinearGlobalAveragePool":
             attrs["channels_last"] = 1
+        elif op == "MaxPool":  # onnxruntime's contrib op for 8-bit NHWC max pooling
+            op = "NhwcMaxPool"
+            attrs.pop("storage_order", None)
+            ins = ins[:1]
         y_nhwc = _permuted(y, TO_NHWC, f"{y.name}/nhwc")
-        out.append(Node(node.op_type, ins, [y_nhwc], attrs, name=f"{node.name}/nhwc", domain=MS,
-                        opset=1))  # fmt: skip
+        out.append(Node(op, ins, [y_nhwc], attrs, name=f"{node.name}/nhwc", domain=MS, opset=1))
         back = Node("Transpose", [y_nhwc], [y], {"perm": TO_NCHW}, name=f"{y.name}/to_nchw",
                     opset=13)  # fmt: skip
         out.append(back)

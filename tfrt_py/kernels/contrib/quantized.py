@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ...concurrency import native_threads
+from ...concurrency.threads import intra_pool
 from ..base import ComputeFn, KernelContext
 from ..lib.jit import Jitted
 from ..lib.qgemm_rows import IntegerWeights
@@ -135,6 +137,7 @@ def _binary(op: Any) -> Any:
                 if fused is not None:
                     info = np.iinfo(dt)
                     y = np.empty(a.shape, dt)
+                    native_threads.enter(intra_pool().threads)
                     fused(np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1),
                           _F32(za), _F32(_F32(sa) / _F32(sc)), _F32(zb), _F32(_F32(sb) / _F32(sc)),
                           _F32(_zp(c_zp, "C_zero_point")), _F32(info.min), _F32(info.max),

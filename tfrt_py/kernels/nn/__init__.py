@@ -6,7 +6,18 @@ layers (``rnn``), Attention (``attention``) and the other transformer ops (``tra
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from . import attention, conv, conv_deform, conv_transpose, norm, norm_group, pool, rnn, transformer
+from . import (
+    attention,
+    conv,
+    conv_deform,
+    conv_transpose,
+    norm,
+    norm_group,
+    pool,
+    pool_nhwc,
+    rnn,
+    transformer,
+)  # fmt: skip
 
 __all__ = ["register_kernels"]
 
@@ -17,6 +28,7 @@ def register_kernels(registry: KernelRegistry) -> None:
     conv_transpose.register_kernels(registry)
     conv_deform.register_kernels(registry)
     pool.register_kernels(registry)
+    pool_nhwc.register_kernels(registry)
     norm.register_kernels(registry)
     norm_group.register_kernels(registry)
     rnn.register_kernels(registry)

@@ -370,6 +370,15 @@ def conv_cost(ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[i
     return Cost(flops, 4.0 * (float(np.prod(ins[0])) + float(np.prod(w)) + float(np.prod(y))))
 
 
+def qconv_cost(ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> Cost:
+    """QLinearConv's cost (NCHW or channels-last: the same products): 8-bit operands."""
+    if len(ins) < 4 or not outs:
+        return Cost(0.0, 0.0)
+    w, y = ins[3], outs[0]
+    ops = 2.0 * float(np.prod(y)) * float(np.prod(w[1:]))
+    return Cost(ops, float(np.prod(ins[0])) + float(np.prod(w)) + float(np.prod(y)))
+
+
 def _int_compute_dtype(w_const: np.ndarray | None) -> np.dtype:
     """float32 is exact for 8-bit products summed over <= 2**24 // 255**2 = 258 terms."""
     if w_const is not None and w_const.ndim >= 2 and int(np.prod(w_const.shape[1:])) <= 258:
@@ -515,5 +524,5 @@ def register_kernels(registry: KernelRegistry) -> None:
     """Register Conv, ConvInteger and QLinearConv."""
     registry.add("Conv", _conv, since=1, flags=OUT, cost=conv_cost)
     registry.add("ConvInteger", _conv_integer, since=10)
-    registry.add("QLinearConv", _qlinear_conv, since=10)
-    registry.add("QLinearConv", _qlinear_conv_ms, domain="com.microsoft", since=1)
+    registry.add("QLinearConv", _qlinear_conv, since=10, cost=qconv_cost)
+    registry.add("QLinearConv", _qlinear_conv_ms, domain="com.microsoft", since=1, cost=qconv_cost)

@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...concurrency import native_threads
+from ...concurrency.threads import intra_pool
 from ..lib import qgemm_packed
 from ..lib.jit import Jitted
 
@@ -78,7 +80,10 @@ class QConvPlan(NamedTuple):
         rb = -(-rb // 8) * 8
         p = oh * ow
         panels = self.packed.shape[0]
-        ncol = 1 if -(-p // rb) >= 4 or panels < 2 else min(panels, 4)
+        threads = native_threads.enter(intra_pool().threads)
+        # few row blocks: the panels split too (each part repeats its blocks' im2row)
+        nrb = -(-p // rb)
+        ncol = 1 if nrb >= 2 * threads else max(1, min(panels, -(-2 * threads // nrb)))
         xs = np.ascontiguousarray(x).reshape((n, h * w, c) if channels_last else (n, c, h * w))
         # channels-last uint8 codes are the kernel's A as they are: no staging copy
         direct = channels_last and self.x_shift == 0 and self.a_dtype == np.uint8
@@ -176,6 +181,7 @@ class QDepthwisePlan(NamedTuple):
             return None
         y = np.empty((n, oh, ow, c) if channels_last else (n, c, oh, ow), self.y_dtype)
         if n:
+            native_threads.enter(intra_pool().threads)
             fn, w_ = (self.kernel_last, self.w_last) if channels_last else (self.kernel, self.w)
             fn(np.ascontiguousarray(x), self.x_zp, self.geo, w_, self.bias, self.scale,
                self.y_zp, self.lo, self.hi, y)  # fmt: skip
@@ -392,18 +398,34 @@ def _qconv(x, xt, x_shift, zx, geo, ow_, wp, layout, bias, scale, wzp, zy, lo, h
                     oh = (p0 + r) // ow_
                     ow = (p0 + r) - oh * ow_
                     ar = np.uint64(r * kp)
+                    iw0 = ow * sw - pl
+                    # the taps j in [j0, j1) fall inside the row: with dw == 1 they are one
+                    # run of (j1 - j0) * C elements of the input, copied as one loop
+                    j0 = 0 if iw0 >= 0 else min(kw, (-iw0 + dw - 1) // dw)
+                    j1 = max(j0, min(kw, (w_ - 1 - iw0) // dw + 1)) if iw0 < w_ else j0
                     for i in range(kh):
                         ih = oh * sh - pt + i * dh
-                        for j in range(kw):
-                            iw = ow * sw - pl + j * dw
-                            d = ar + np.uint64((i * kw + j) * c_)
-                            if ih >= 0 and ih < h_ and iw >= 0 and iw < w_:
-                                src = base_in + np.uint64(ih * w_ + iw) * uc
+                        d = ar + np.uint64(i * kw * c_)
+                        if ih < 0 or ih >= h_:
+                            for t in range(kw * c_):
+                                a[d + np.uint64(t)] = zx
+                            continue
+                        for t in range(j0 * c_):
+                            a[d + np.uint64(t)] = zx
+                        for t in range(j1 * c_, kw * c_):
+                            a[d + np.uint64(t)] = zx
+                        row = base_in + np.uint64(ih * w_) * uc
+                        if dw == 1:
+                            src = row + np.uint64(iw0 + j0) * uc
+                            dj = d + np.uint64(j0 * c_)
+                            for t in range((j1 - j0) * c_):
+                                a[dj + np.uint64(t)] = src_all[src + np.uint64(t)]
+                        else:
+                            for j in range(j0, j1):
+                                src = row + np.uint64(iw0 + j * dw) * uc
+                                dj = d + np.uint64(j * c_)
                                 for c in range(c_):
-                                    a[d + np.uint64(c)] = src_all[src + np.uint64(c)]
-                            else:
-                                for c in range(c_):
-                                    a[d + np.uint64(c)] = zx
+                                    a[dj + np.uint64(c)] = src_all[src + np.uint64(c)]
                     for t in range(kk, kp):
                         a[ar + np.uint64(t)] = 0
             ncols = (pb - pa) * nr
