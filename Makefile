@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo dist test test-slow test-floor test-fallbacks test-wheel lint unit conformance bench bench-zoo bench-zoo-classic \
-	bench-zoo-transformers bench-zoo-vision bench-dynamic bench-generate zoo-transformers-test-files clean
+	bench-zoo-transformers bench-zoo-vision bench-zoo-quant bench-dynamic bench-generate \
+	zoo-transformers-test-files clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -95,6 +96,13 @@ bench-zoo-vision: $(ZOO_STAMP)
 	    --png $(ZOO_OUT)/vision_zoo.png --json $(ZOO_OUT)/vision_zoo.json
 	$(ZOO_RUN) benchmarks/vision_zoo.py --batches 1 --busy \
 	    --png $(ZOO_OUT)/vision_zoo_busy.png --json $(ZOO_OUT)/vision_zoo_busy.json
+
+# onnxruntime.quantization's models (QDQ / QOperator static int8 CNNs, dynamic int8 BERTs,
+# a 4-bit MatMulNBits Llama decoder step), tfrt_py int8 against onnxruntime int8 and
+# tfrt_py fp32, interleaved, batch 1 and 8 (benchmarks/quant_zoo.py --help).
+bench-zoo-quant: $(ZOO_STAMP)
+	mkdir -p $(ZOO_OUT)
+	$(ZOO_RUN) benchmarks/quant_zoo.py --batches 1,8 --json $(ZOO_OUT)/quant_zoo.json
 
 # Shapes that change on every call (issue 32): variable-length text on the transformer zoo,
 # random batches on the vision zoo, greedy generation on optimum's GPT-2 and Llama exports,
