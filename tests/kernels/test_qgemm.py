@@ -95,7 +95,7 @@ def test_the_path_is_chosen_from_the_environment(monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize("b_dt", [np.int8, np.uint8])
 def test_integer_weights_products_with_zero_points(a_dt: Any, b_dt: Any) -> None:
     _need_kernel()
-    for m, k, n in [(1, 3, 5), (16, 130, 40), (5, 259, 3)]:
+    for m, k, n in [(1, 3, 5), (16, 130, 40), (5, 259, 3), (70, 300, 200)]:  # the last split
         a, b = _codes((m, k), a_dt), _codes((k, n), b_dt)
         ainfo, binfo = np.iinfo(a_dt), np.iinfo(b_dt)
         for a_zp, b_zp in [

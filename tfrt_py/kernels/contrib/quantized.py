@@ -25,10 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ...concurrency import native_threads
-from ...concurrency.threads import intra_pool
 from ..base import ComputeFn, KernelContext
-from ..lib.jit import Jitted
 from ..lib.qgemm_rows import IntegerWeights
 from ..lib.quant import dynamic_quantize, requantize
 from ..lib.quant import exact_dtype as _cdt
@@ -36,6 +33,7 @@ from ..lib.quant import minus_zero_point_cols as _b_side
 from ..lib.quant import minus_zero_point_rows as _a_side
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
+from .quantized_elementwise import channel_sums, compiled_binary, compiled_lookup
 
 __all__ = ["register_kernels"]
 
@@ -120,67 +118,60 @@ def dequantize(q: Any, scale: Any, zp: Any, what: str) -> np.ndarray:
     return r
 
 
+def _binary_params(add: bool, a_dtype: np.dtype, a_scale: Any, a_zp: Any, b_scale: Any,
+                   b_zp: Any, c_scale: Any, c_zp: Any) -> tuple[np.dtype, np.ndarray]:  # fmt: skip
+    """(output dtype, float32 [za, zb, r0, r1, zc, lo, hi]): ``compiled_binary``'s
+    constants; the ratios in float32, as MLAS (add: sa/sc and sb/sc; mul: sa*sb/sc)."""
+    dt = a_dtype if c_zp is None else np.asarray(c_zp).dtype
+    if dt not in _EIGHT_BIT:
+        raise TypeError(f"quantized tensors are uint8 or int8, not {dt}")
+    sa, sb = _F32(_scalar(a_scale, "A_scale")), _F32(_scalar(b_scale, "B_scale"))
+    sc = _F32(_scalar(c_scale, "C_scale"))
+    r = (sa / sc, sb / sc) if add else (sa * sb / sc, _F32(0))
+    info = np.iinfo(dt)
+    za, zb = _zp(a_zp, "A_zero_point"), _zp(b_zp, "B_zero_point")
+    zc = _zp(c_zp, "C_zero_point")
+    return dt, np.array([za, zb, r[0], r[1], zc, info.min, info.max], _F32)
+
+
 def _binary(op: Any) -> Any:
+    add = op is np.add
+
     def build(ctx: KernelContext) -> ComputeFn:
         _check_scalars(ctx, (1, 2, 4, 5, 6, 7), (1, 4, 6))
+        # constant scales and zero points (what the quantization tool writes): their
+        # arithmetic once, at load, for the input type they imply
+        consts = [ctx.const_input(i) for i in (1, 2, 4, 5, 6, 7)]
+        fixed = None
+        if all(c is not None for c in consts) and np.asarray(consts[1]).dtype in _EIGHT_BIT:
+            fixed = _binary_params(add, np.asarray(consts[1]).dtype, *consts)
 
         def qlinear_binary(
             a: np.ndarray, a_scale: Any, a_zp: Any, b: np.ndarray, b_scale: Any, b_zp: Any,
             c_scale: Any, c_zp: Any = None,
         ) -> np.ndarray:  # fmt: skip
-            dt = _out_dtype(a, c_zp)
-            sa, sb = _scalar(a_scale, "A_scale"), _scalar(b_scale, "B_scale")
-            sc = _scalar(c_scale, "C_scale")
-            za, zb = _zp(a_zp, "A_zero_point"), _zp(b_zp, "B_zero_point")
-            if op is np.add and a.shape == b.shape and a.dtype == b.dtype:
-                fused = _ADD.get()
-                if fused is not None:
-                    info = np.iinfo(dt)
-                    y = np.empty(a.shape, dt)
-                    native_threads.enter(intra_pool().threads)
-                    fused(np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1),
-                          _F32(za), _F32(_F32(sa) / _F32(sc)), _F32(zb), _F32(_F32(sb) / _F32(sc)),
-                          _F32(_zp(c_zp, "C_zero_point")), _F32(info.min), _F32(info.max),
-                          y.reshape(-1))  # fmt: skip
-                    return y
-            ia, ib = _codes(a), _codes(b)
-            if op is np.add:  # MLAS: the scale ratios in float32, the zero point before rounding
-                r = (ia - _F32(za)) * _F32(_F32(sa) / _F32(sc))
-                r = r + (ib - _F32(zb)) * _F32(_F32(sb) / _F32(sc))  # may broadcast r
+            if fixed is not None and a.dtype == fixed[0]:
+                dt, params = fixed
             else:
-                r = (ia - _F32(za)) * (ib - _F32(zb))
-                r *= _F32(_F32(sa) * _F32(sb) / _F32(sc))
-            r += _F32(_zp(c_zp, "C_zero_point"))
+                dt, params = _binary_params(add, a.dtype, a_scale, a_zp, b_scale, b_zp,
+                                            c_scale, c_zp)  # fmt: skip
+            y = compiled_binary(add, a, b, params, dt)
+            if y is not None:
+                return y
+            za, zb, r0, r1, zc = (_F32(v) for v in params[:5])
+            ia, ib = _codes(a), _codes(b)
+            if add:
+                r = (ia - za) * r0
+                r = r + (ib - zb) * r1  # may broadcast r
+            else:
+                r = (ia - za) * (ib - zb)
+                r *= r0
+            r += zc
             return _saturate(r, dt)
 
         return qlinear_binary
 
     return build
-
-
-def _qadd(a, b, za, ra, zb, rb, zc, lo, hi, y):  # pragma: no cover - numba only
-    """QLinearAdd of two same-shape operands in one pass: the NumPy path's float32 steps
-    (``(a - za) * ra + (b - zb) * rb + zc``, saturated, rounded half to even)."""
-    magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even
-    n = a.shape[0]
-    for blk in numba.prange((n + 4095) // 4096):
-        for i in range(blk * 4096, min(n, blk * 4096 + 4096)):
-            u = np.uint64(i)
-            r = (np.float32(a[u]) - za) * ra
-            r = r + (np.float32(b[u]) - zb) * rb
-            r = min(max(r + zc, lo), hi)
-            y[u] = (r + magic) - magic
-
-
-def _warm_qadd(fn: Any) -> None:
-    f = _F32(1)
-    for dt in _EIGHT_BIT:
-        x = np.ones(3, dt)
-        fn(x, x, f, f, f, f, f, f, f, np.empty(3, dt))
-
-
-_ADD = Jitted(_qadd, _warm_qadd, parallel=True)
-numba: Any = None  # set by Jitted(parallel=True) before _qadd compiles
 
 
 def _unary_table(fn: Any) -> Any:
@@ -190,16 +181,33 @@ def _unary_table(fn: Any) -> Any:
         _check_scalars(ctx, (1, 2, 3, 4), (1, 3))
         alpha = float(ctx.attr("alpha", 0.01))
 
+        def make_table(dt_in: np.dtype, x_scale: Any, x_zp: Any, y_scale: Any,
+                       y_zp: Any) -> np.ndarray:  # fmt: skip
+            dt = _out_dtype(np.empty(0, dt_in), y_zp)
+            codes = np.arange(256, dtype=np.int64).astype(np.uint8).view(dt_in)
+            v = dequantize(codes, _scalar(x_scale, "X_scale"), _zp(x_zp, "X_zero_point"), "X")
+            return _quantize(fn(v, alpha), _scalar(y_scale, "Y_scale"),
+                             _zp(y_zp, "Y_zero_point"), dt)  # fmt: skip
+
+        # constant scales and zero points (what the quantization tool writes): the table
+        # is made once, at load, for the input type they imply
+        consts = [ctx.const_input(i) for i in (1, 2, 3, 4)]
+        fixed = None
+        if all(c is not None for c in consts):
+            dt_in = np.asarray(consts[1]).dtype
+            if dt_in in _EIGHT_BIT:
+                fixed = (dt_in, make_table(dt_in, *consts))
+
         def qlinear_unary(x: np.ndarray, x_scale: Any, x_zp: Any, y_scale: Any,
                           y_zp: Any = None) -> np.ndarray:  # fmt: skip
-            dt = _out_dtype(x, y_zp)
             if x.dtype not in _EIGHT_BIT:
                 raise TypeError(f"quantized tensors are uint8 or int8, not {x.dtype}")
-            codes = np.arange(256, dtype=np.int64).astype(np.uint8).view(x.dtype)
-            v = dequantize(codes, _scalar(x_scale, "X_scale"), _zp(x_zp, "X_zero_point"), "X")
-            table = _quantize(fn(v, alpha), _scalar(y_scale, "Y_scale"),
-                              _zp(y_zp, "Y_zero_point"), dt)  # fmt: skip
-            return table.take(x.view(np.uint8).astype(np.intp))
+            if fixed is not None and fixed[0] == x.dtype:
+                table = fixed[1]
+            else:
+                table = make_table(x.dtype, x_scale, x_zp, y_scale, y_zp)
+            y = compiled_lookup(x, table)
+            return y if y is not None else table.take(x.view(np.uint8).astype(np.intp))
 
         return qlinear_unary
 
@@ -228,7 +236,10 @@ def _global_average_pool(ctx: KernelContext) -> ComputeFn:
         axes = tuple(range(1, x.ndim - 1)) if last else tuple(range(2, x.ndim))
         n = int(np.prod([x.shape[a] for a in axes]))
         zp = _zp(x_zp, "x_zero_point")
-        acc = x.sum(axis=axes, keepdims=True, dtype=np.int64) - np.int64(round(zp)) * n
+        sums = channel_sums(x, last)
+        if sums is None:
+            sums = x.sum(axis=axes, keepdims=True, dtype=np.int64)
+        acc = sums - np.int64(round(zp)) * n
         scale = _scalar(x_scale, "x_scale") / (_scalar(y_scale, "y_scale") * max(n, 1))
         return requantize(acc, scale, None if y_zp is None else np.asarray(y_zp).reshape(()), dt)
 

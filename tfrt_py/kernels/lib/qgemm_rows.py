@@ -6,8 +6,9 @@ DynamicQuantizeMatMul compute before they scale, when B is an initializer.
 their zero point with them) and keeps its column sums; ``product(a, a_zp)`` gives the
 int32 ``(A - a_zp) @ (B - b_zp)`` for 8-bit A (int8 codes shifted by 128 to unsigned,
 a_zp scalar or one per row of A's last two dims' rows):
-``sum_k a*b' - a_zp' * colsum(b') - b_zp'[n] * rowsum(a) + K * a_zp' * b_zp'[n]``, every
-term exact in int64 before the int32 result. One kernel call per product (ctypes, the GIL
+``sum_k a*b' - a_zp' * colsum(b') - b_zp'[n] * rowsum(a) + K * a_zp' * b_zp'[n]``, in
+int32 in place (every term fits: K <= ``MAX_K``); the result is a view of the kernel's
+padded output when N is not a whole number of panels. One kernel call per product (ctypes, the GIL
 released while it runs). None from ``make`` where there is no kernel (the callers keep
 their exact float products); None from ``product`` for an A it does not take. Immutable
 after ``make``; any thread.
@@ -19,23 +20,47 @@ from typing import Any
 
 import numpy as np
 
+from ...concurrency import native_threads
+from ...concurrency.threads import intra_pool
 from . import qgemm_packed
+from .jit import Jitted
 
 __all__ = ["IntegerWeights"]
 
 #: the longest reduction whose u8 x s8 sums stay inside int32
 MAX_K = (2**31 - 1) // (255 * 128)
+#: products of at least this many multiply-adds split over native threads
+_SPLIT_OPS = 1 << 20
+
+numba: Any = None  # set by Jitted(parallel=True) before _split compiles
+qgemm_kernel: Any = None  # the ExternalFunction, set by _prepare
 
 
 class IntegerWeights:
     """A constant B (K x N) packed for the integer kernel, with its column sums."""
 
-    __slots__ = ("built", "colsum", "k", "n", "packed", "wz")
+    __slots__ = ("built", "colsum32", "k", "n", "packed", "wz", "wz32")
 
     def __init__(self, built: Any, packed: np.ndarray, colsum: np.ndarray, wz: np.ndarray,
                  k: int, n: int) -> None:  # fmt: skip
-        self.built, self.packed, self.colsum, self.wz, self.k, self.n = (
-            built, packed, colsum, wz, k, n)  # fmt: skip
+        self.built, self.packed, self.wz, self.k, self.n = built, packed, wz, k, n
+        # padded to the panels' columns, as the kernel's output
+        self.colsum32 = np.zeros(packed.shape[0] * packed.shape[2], np.int32)
+        self.colsum32[:n] = colsum
+        self.wz32 = np.zeros(self.colsum32.shape[0], np.int64)
+        self.wz32[:n] = wz
+
+    def _product(self, a2: np.ndarray, m: int) -> np.ndarray:
+        """The kernel's int32 output (m, panels * nr): split over native threads by panels
+        when the product is worth it (one ctypes call otherwise)."""
+        panels = self.packed.shape[0]
+        fn = _SPLIT.get() if m * self.k * panels * self.packed.shape[2] >= _SPLIT_OPS else None
+        if fn is None or panels < 2:
+            return qgemm_packed.qgemm(self.built, a2, self.packed, m)
+        threads = native_threads.enter(intra_pool().threads)
+        c = np.empty((m, panels * self.packed.shape[2]), np.int32)
+        fn(a2, self.packed, c, m, qgemm_packed.layout_code(self.built.tile), min(threads, panels))
+        return c
 
     @classmethod
     def make(cls, b: np.ndarray | None, b_zp: Any) -> IntegerWeights | None:
@@ -86,10 +111,49 @@ class IntegerWeights:
                 np.add(rows, 128, out=a2[:, : self.k], dtype=np.int16)
         else:
             a2[:, : self.k] = rows
-        acc = qgemm_packed.qgemm(self.built, a2, self.packed, m)[:, : self.n].astype(np.int64)
-        zcol = zx.reshape(-1, 1)
-        acc -= zcol * self.colsum
+        acc = self._product(a2, m)
+        # the corrections in int32, in place: every term and the exact result fit (K <= MAX_K)
+        if zx.size == 1:
+            if zx[0]:
+                acc -= np.int32(zx[0]) * self.colsum32
+        else:
+            acc -= zx.astype(np.int32).reshape(-1, 1) * self.colsum32
         if self.wz.any():
-            acc -= a2.sum(axis=1, dtype=np.int64).reshape(-1, 1) * self.wz
-            acc += self.k * zcol * self.wz
-        return acc.astype(np.int32).reshape((*a.shape[:-1], self.n))
+            zcol = zx.reshape(-1, 1)
+            rows_sum = a2.sum(axis=1, dtype=np.int64).reshape(-1, 1)
+            acc -= (rows_sum * self.wz32 - self.k * zcol * self.wz32).astype(np.int32)
+        out = acc[:, : self.n] if acc.shape[1] != self.n else acc
+        return out.reshape((*a.shape[:-1], self.n))
+
+
+def _split(a, packed, c, m, layout, parts):  # pragma: no cover - numba only
+    panels, kg, nr, g = packed.shape
+    per = (panels + parts - 1) // parts
+    esize = packed.itemsize
+    for part in numba.prange(parts):
+        p0 = part * per
+        p1 = min(panels, p0 + per)
+        if p0 < p1:
+            w = packed.ctypes.data + p0 * kg * nr * g * esize
+            out = c.ctypes.data + p0 * nr * 4
+            qgemm_kernel(a.ctypes.data, a.shape[1], w, out, c.shape[1], m, kg, p1 - p0, layout)
+
+
+def _warm_split(fn: Any) -> None:
+    built = qgemm_packed.available()
+    if built is None:
+        return
+    shape = built.tile
+    packed = qgemm_packed.pack(np.ones((4, 2 * shape.nr), np.int8), shape)
+    a = np.ones((2, 4), qgemm_packed.a_dtype(shape))
+    c = np.empty((2, 2 * shape.nr), np.int32)
+    fn(a, packed, c, 2, qgemm_packed.layout_code(shape), 2)
+
+
+def _prepare(module_globals: dict[str, Any]) -> bool:
+    fn = qgemm_packed.kernel()
+    module_globals["qgemm_kernel"] = fn
+    return fn is not None
+
+
+_SPLIT = Jitted(_split, _warm_split, parallel=True, prepare=_prepare)

@@ -1,0 +1,186 @@
+"""Compiled paths of the elementwise QOperator ops (``quantized.py``): QLinearAdd and
+QLinearMul in one pass over their operands, the 256-entry tables of QLinearSigmoid /
+QLinearLeakyRelu looked up without widening the codes to indices, and the channel sums of
+QLinearGlobalAveragePool (int32 partial sums over a pixel's channel vector).
+
+``compiled_binary`` takes operands that broadcast to the output as (rows, last axis) views
+without copies: equal shapes, a per-channel operand of a channels-last tensor (a
+squeeze-excitation scale, (1, 1, 1, C) against (1, H, W, C)), a scalar. Its float32 steps
+are the NumPy path's, in its order: add ``(a - za) * ra + (b - zb) * rb + zc``, mul
+``(a - za) * (b - zb) * r + zc``, then saturated and rounded half to even. Either returns
+None where numba is off or the operands do not fit (the caller's NumPy path runs). Row
+blocks on native threads; any thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...concurrency import native_threads
+from ...concurrency.threads import intra_pool
+from ..lib.jit import Jitted
+
+__all__ = ["channel_sums", "compiled_binary", "compiled_lookup"]
+
+numba: Any = None  # set by Jitted(parallel=True) before the loops below compile
+_F32 = np.float32
+_EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
+#: elements per parallel block
+_BLOCK = 16384
+
+
+def _rows(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``x`` broadcast to ``shape`` as a (rows, last axis) view, None if that needs a copy."""
+    v = np.broadcast_to(x, shape)
+    w = v.view()
+    try:
+        w.shape = (int(np.prod(shape[:-1])), shape[-1])
+    except AttributeError:  # the broadcast strides do not merge
+        return None
+    return w
+
+
+def compiled_binary(add: bool, a: np.ndarray, b: np.ndarray, params: np.ndarray,
+                    dt: np.dtype) -> np.ndarray | None:  # fmt: skip
+    """QLinearAdd (``add``) or QLinearMul of 8-bit ``a`` and ``b`` into ``dt``; ``params``
+    float32 [za, zb, r0, r1, zc, lo, hi] (add: r0 = sa/sc, r1 = sb/sc; mul: r0 = sa*sb/sc);
+    None as the module doc says."""
+    if a.dtype not in _EIGHT_BIT or b.dtype not in _EIGHT_BIT:
+        return None
+    fn = _BINARY.get()
+    if fn is None:
+        return None
+    if a.shape == b.shape and a.ndim:
+        shape = a.shape
+        rows = (-1, shape[-1])
+        a2 = np.ascontiguousarray(a).reshape(rows)
+        b2 = np.ascontiguousarray(b).reshape(rows)
+    else:
+        try:
+            shape = np.broadcast_shapes(a.shape, b.shape)
+        except ValueError:
+            return None
+        if not shape:
+            return None
+        a2, b2 = _rows(a, shape), _rows(b, shape)  # type: ignore[assignment]
+        if a2 is None or b2 is None:
+            return None
+    y = np.empty(shape, dt)
+    if y.size:
+        native_threads.enter(intra_pool().threads)
+        fn(add, a2, b2, params, y.reshape(a2.shape))
+    return y
+
+
+def compiled_lookup(x: np.ndarray, table: np.ndarray) -> np.ndarray | None:
+    """``table[x]`` for 8-bit ``x`` (the table indexed by its bytes), or None."""
+    fn = _LOOKUP.get()
+    if fn is None or x.dtype not in _EIGHT_BIT or x.size == 0:
+        return None
+    y = np.empty(x.shape, table.dtype)
+    native_threads.enter(intra_pool().threads)
+    fn(np.ascontiguousarray(x).reshape(-1).view(np.uint8), table, y.reshape(-1))
+    return y
+
+
+def channel_sums(x: np.ndarray, last: bool) -> np.ndarray | None:
+    """The int64 sums of 8-bit ``x`` over its spatial dims, shaped as ``x.sum(axes,
+    keepdims=True)`` (NCHW..., or N...C when ``last``), or None where numba is off."""
+    fn = _SUMS.get()
+    if fn is None or x.dtype not in _EIGHT_BIT or x.ndim < 3 or x.size == 0:
+        return None
+    n = x.shape[0]
+    c = x.shape[-1] if last else x.shape[1]
+    xs = np.ascontiguousarray(x).reshape((n, -1, c) if last else (n, c, -1))
+    out = np.empty((n, c), np.int64)
+    native_threads.enter(intra_pool().threads)
+    fn(xs, last, out)
+    keep = [1] * x.ndim
+    keep[0] = n
+    keep[-1 if last else 1] = c
+    return out.reshape(keep)
+
+
+def _sums(x, last, out):  # pragma: no cover - numba only
+    n_, c_ = out.shape
+    if last:  # (N, P, C): per image, the pixels' channel vectors summed in int32
+        p_ = x.shape[1]
+        for n in numba.prange(n_):
+            acc = np.zeros(c_, np.int64)
+            for p0 in range(0, p_, 8192):  # int32 partial sums: 8192 * 255 fits
+                part = np.zeros(c_, np.int32)
+                for p in range(p0, min(p_, p0 + 8192)):
+                    row = x[n, p]
+                    for c in range(c_):
+                        part[np.uint64(c)] += np.int32(row[np.uint64(c)])
+                for c in range(c_):
+                    acc[c] += part[c]
+            for c in range(c_):
+                out[n, c] = acc[c]
+    else:  # (N, C, P): one contiguous run per channel
+        for nc in numba.prange(n_ * c_):
+            n = nc // c_
+            c = nc - n * c_
+            row = x[n, c]
+            total = np.int64(0)
+            for p in range(row.shape[0]):
+                total += np.int64(row[np.uint64(p)])
+            out[n, c] = total
+
+
+def _warm_sums(fn: Any) -> None:
+    for dt in _EIGHT_BIT:
+        for last in (True, False):
+            fn(np.ones((1, 2, 3), dt), last, np.empty((1, 3) if last else (1, 2), np.int64))
+
+
+def _qbinary(add, a, b, params, y):  # pragma: no cover - numba only
+    rows, cols = y.shape
+    za, zb, r0, r1, zc, lo, hi = (params[0], params[1], params[2], params[3], params[4],
+                                  params[5], params[6])  # fmt: skip
+    magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even
+    per = max(1, 16384 // max(cols, 1))
+    for blk in numba.prange((rows + per - 1) // per):
+        for r in range(blk * per, min(rows, blk * per + per)):
+            ar, br, yr = a[r], b[r], y[r]
+            if add:
+                for j in range(cols):
+                    v = (np.float32(ar[j]) - za) * r0 + (np.float32(br[j]) - zb) * r1
+                    v = min(max(v + zc, lo), hi)
+                    yr[j] = (v + magic) - magic
+            else:
+                for j in range(cols):
+                    v = (np.float32(ar[j]) - za) * (np.float32(br[j]) - zb) * r0
+                    v = min(max(v + zc, lo), hi)
+                    yr[j] = (v + magic) - magic
+
+
+def _qlookup(x, table, y):  # pragma: no cover - numba only
+    n = x.shape[0]
+    for blk in numba.prange((n + 16383) // 16384):
+        for i in range(blk * 16384, min(n, blk * 16384 + 16384)):
+            u = np.uint64(i)
+            y[u] = table[x[u]]
+
+
+def _warm_binary(fn: Any) -> None:
+    p = np.ones(7, _F32)
+    for dt in _EIGHT_BIT:
+        x = np.ones((2, 3), dt)
+        row = np.broadcast_to(np.ones((1, 3), dt), (2, 3))
+        for add in (True, False):
+            fn(add, x, x, p, np.empty((2, 3), dt))
+            fn(add, x, row, p, np.empty((2, 3), dt))
+            fn(add, row, x, p, np.empty((2, 3), dt))
+
+
+def _warm_lookup(fn: Any) -> None:
+    for dt in _EIGHT_BIT:
+        fn(np.zeros(3, np.uint8), np.zeros(256, dt), np.empty(3, dt))
+
+
+_BINARY = Jitted(_qbinary, _warm_binary, parallel=True)
+_LOOKUP = Jitted(_qlookup, _warm_lookup, parallel=True)
+_SUMS = Jitted(_sums, _warm_sums, parallel=True)
