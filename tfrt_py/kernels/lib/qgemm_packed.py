@@ -50,13 +50,14 @@ from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, _PackedGemmIR
 
 __all__ = [
     "ENV_QGEMM", "TILES", "QTile", "a_dtype", "available", "build", "chosen", "host_paths",
-    "kernel", "layout_code", "pack", "path", "qgemm",
+    "kernel", "kernel_requant", "layout_code", "pack", "path", "qgemm", "qgemm_requant",
 ]  # fmt: skip
 
 #: ``TFRT_PY_QGEMM=vnni512|vnni256|avx512|avx2|portable``: the integer kernel's path, when
 #: the host has it (read once, when the kernel is first built).
 ENV_QGEMM = "TFRT_PY_QGEMM"
 SYMBOL = "tfrt_py_qgemm_packed"
+SYMBOL_REQUANT = "tfrt_py_qgemm_requant"
 
 
 class QTile(NamedTuple):
@@ -165,9 +166,10 @@ class _QGemmIR(_PackedGemmIR):
     tile walker of ``gemm_packed`` over int32 accumulators; per group of k, the panels'
     vectors, each row's group of A broadcast as one int32, the path's product step."""
 
-    def __init__(self, path: str, symbol: str) -> None:
+    def __init__(self, path: str, symbol: str, requant: bool = False) -> None:
         import llvmlite.ir as ir
 
+        self.requant = requant
         shape = TILES[path]
         self.ir, self.vnni = ir, shape.vnni
         self.vw, self.mr, self.nr = shape.vw, shape.mr, shape.nr
@@ -186,10 +188,15 @@ class _QGemmIR(_PackedGemmIR):
         self.esize = 1 if self.vnni else 2
         ep = (i8 if self.vnni else ir.IntType(16)).as_pointer()
         self.symbol = symbol
-        self.fn = ir.Function(self.mod, ir.FunctionType(i64, [ep, i64, ep, i32.as_pointer(),
-                              i64, i64, i64, i64, i64]), name=symbol)  # fmt: skip
+        f32 = ir.FloatType()
+        out_t = i8.as_pointer() if requant else i32.as_pointer()
+        extra = [i32.as_pointer(), f32.as_pointer(), f32.as_pointer(), i64] if requant else []
+        self.fn = ir.Function(self.mod, ir.FunctionType(i64, [ep, i64, ep, out_t, i64, i64, i64,
+                              i64, i64, *extra]), name=symbol)  # fmt: skip
         (self.x, self.ldx, self.w, self.y, self.ldy, self.m_rows, self.k_len, self.panels,
-         layout) = self.fn.args  # fmt: skip
+         layout) = self.fn.args[:9]  # fmt: skip
+        if requant:
+            self.bias, self.scale, params, self.n_valid = self.fn.args[9:]
         for a in (self.x, self.w, self.y):
             a.add_attribute("noalias")
         entry = self.fn.append_basic_block("entry")
@@ -202,6 +209,17 @@ class _QGemmIR(_PackedGemmIR):
         self.zero = ir.Constant(vi, [0] * shape.vw)
         self.splat = ir.Constant(ir.VectorType(i32, shape.vw), [0] * shape.vw)
         self.g = shape.g
+        if requant:  # the output's [lo - zp, hi - zp, zp] splat once
+            self.vf = vf = ir.VectorType(f32, shape.vw)
+            self.vb = ir.VectorType(i8, shape.vw)
+            lo, hi, zp = (b.load(b.gep(params, [self.c(i)])) for i in range(3))
+
+            def splat(v: Any) -> Any:
+                e = b.insert_element(ir.Constant(vf, ir.Undefined), v, ir.Constant(i32, 0))
+                return b.shuffle_vector(e, ir.Constant(vf, ir.Undefined), self.splat)
+
+            self.lo, self.hi, self.zp = splat(lo), splat(hi), splat(zp)
+            self.magic = ir.Constant(vf, [12582912.0] * shape.vw)
 
     def k_step(self, p: Any, m0: Any, rows: int, npan: int, k: Any, acc: list[Any]) -> list[Any]:
         """One group of k: the panels' vectors at group k, each row's group of A broadcast,
@@ -231,7 +249,10 @@ class _QGemmIR(_PackedGemmIR):
         return new
 
     def epilogue(self, p: Any, m0: Any, rows: int, npan: int, acc: list[Any]) -> None:
-        """The tile's int32 accumulators stored as they are."""
+        """The tile's int32 accumulators stored as they are, or requantized to bytes."""
+        if self.requant:
+            self.requant_epilogue(p, m0, rows, npan, acc)
+            return
         b, c = self.b, self.c
         for j in range(npan):
             col = b.mul(b.add(p, c(j)), c(self.nr))
@@ -240,6 +261,33 @@ class _QGemmIR(_PackedGemmIR):
                 for h in range(2):
                     at = b.gep(self.y, [b.add(row, c(self.vw * h))])
                     b.store(acc[r * 2 * npan + 2 * j + h], b.bitcast(at, self.vip), align=4)
+
+    def requant_epilogue(self, p: Any, m0: Any, rows: int, npan: int, acc: list[Any]) -> None:
+        """MLAS's requantize as the tile is stored: (acc + bias[col]) as float32 times
+        scale[col], clamped to [lo - zp, hi - zp], rounded half to even (the 1.5 * 2**23
+        addition), + zp, stored as one byte per column; a vector whose first column is at
+        or past ``n_valid`` is not stored (the caller's row holds whole vectors up to it)."""
+        b, c = self.b, self.c
+        vfp, vbp = self.vf.as_pointer(), self.vb.as_pointer()
+        for j in range(npan):
+            for h in range(2):
+                col = b.add(b.mul(b.add(p, c(j)), c(self.nr)), c(self.vw * h))
+                store, after = self.fn.append_basic_block(), self.fn.append_basic_block()
+                b.cbranch(b.icmp_signed("<", col, self.n_valid), store, after)
+                b.position_at_end(store)
+                bias = b.load(b.bitcast(b.gep(self.bias, [col]), self.vip), align=4)
+                scale = b.load(b.bitcast(b.gep(self.scale, [col]), vfp), align=4)
+                for r in range(rows):
+                    v = b.add(acc[r * 2 * npan + 2 * j + h], bias)
+                    f = b.fmul(b.sitofp(v, self.vf), scale)
+                    f = b.select(b.fcmp_ordered("<", f, self.lo), self.lo, f)
+                    f = b.select(b.fcmp_ordered(">", f, self.hi), self.hi, f)
+                    f = b.fadd(b.fsub(b.fadd(f, self.magic), self.magic), self.zp)
+                    q = b.trunc(b.fptosi(f, self.v8), self.vb)
+                    at = b.add(b.mul(b.add(m0, c(r)), self.ldy), col)
+                    b.store(q, b.bitcast(b.gep(self.y, [at]), vbp), align=1)
+                b.branch(after)
+                b.position_at_end(after)
 
 
 class Built(NamedTuple):
@@ -251,14 +299,31 @@ class Built(NamedTuple):
     call: Any
 
 
-def build(path: str, symbol: str | None = None) -> Built:
+def build(path: str, symbol: str | None = None, requant: bool = False) -> Built:
     """Compile ``path`` (one of ``host_paths()`` but portable) now, apart from the
-    process's kernel: for tests and benchmarks. Raises what llvmlite raises."""
-    sym = symbol or f"{SYMBOL}_{path}"
-    engine = compile_ir(_QGemmIR(path, sym).text(), host_cpu=True, opt=3)
+    process's kernel: for tests and benchmarks. ``requant``: the form that requantizes to
+    bytes as it stores (``qgemm_requant``). Raises what llvmlite raises."""
+    sym = symbol or f"{SYMBOL}_{path}{'_requant' if requant else ''}"
+    engine = compile_ir(_QGemmIR(path, sym, requant).text(), host_cpu=True, opt=3)
     p, n = ctypes.c_void_p, ctypes.c_int64
-    call = ctypes.CFUNCTYPE(n, p, n, p, p, n, n, n, n, n)(engine.get_function_address(sym))
+    args = [p, n, p, p, n, n, n, n, n] + ([p, p, p, n] if requant else [])
+    call = ctypes.CFUNCTYPE(n, *args)(engine.get_function_address(sym))
     return Built(path, TILES[path], engine, call)
+
+
+def qgemm_requant(built: Built, a: np.ndarray, packed: np.ndarray, m: int, bias: np.ndarray,
+                  scale: np.ndarray, params: np.ndarray, n_valid: int,
+                  y: np.ndarray) -> None:  # fmt: skip
+    """``y[:m, :n_valid]`` (8-bit, rows ``y.shape[1]`` apart, room for whole vectors up to
+    ``n_valid``) = the product of A's rows by ``packed`` requantized: bias (int32) and
+    scale (float32) padded to the panels' columns, ``params`` float32 [lo - zp, hi - zp,
+    zp]. Through ``built``, a ``requant`` build (ctypes)."""
+    panels, kg = packed.shape[0], packed.shape[1]
+    st = built.call(a.ctypes.data, a.shape[1], packed.ctypes.data, y.ctypes.data, y.shape[1],
+                    m, kg, panels, layout_code(built.tile), bias.ctypes.data, scale.ctypes.data,
+                    params.ctypes.data, n_valid)  # fmt: skip
+    if st:
+        raise ValueError("packed for another path")
 
 
 def qgemm(built: Built, a: np.ndarray, packed: np.ndarray, m: int) -> np.ndarray:
@@ -278,26 +343,35 @@ def qgemm(built: Built, a: np.ndarray, packed: np.ndarray, m: int) -> np.ndarray
 
 
 _LOCK = threading.Lock()
-_STATE: list[tuple[str, str, Built | None, Any]] = []  # [(path, why, built, external fn)]
+_STATE: list[tuple[str, str, Built | None, Any, Any]] = []  # [(path, why, built, fn, requant fn)]
 
 
-def _register() -> tuple[str, str, Built | None, Any]:
+def _register() -> tuple[str, str, Built | None, Any, Any]:
     try:
         from numba import types
 
         path_, why = _choose()
         if path_ == "portable":
-            return path_, why, None, None
+            return path_, why, None, None, None
         built = build(path_, SYMBOL)
         add_symbol(SYMBOL, built.engine.get_function_address(SYMBOL))
+        fused = build(path_, SYMBOL_REQUANT, requant=True)
+        add_symbol(SYMBOL_REQUANT, fused.engine.get_function_address(SYMBOL_REQUANT))
     except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the callers stay exact on BLAS
-        return "portable", f"the kernel did not build: {type(e).__name__}", None, None
+        return "portable", f"the kernel did not build: {type(e).__name__}", None, None, None
+    _ENGINES.append(fused)
     p, n = types.uintp, types.int64
     fn = types.ExternalFunction(SYMBOL, types.int64(p, n, p, p, n, n, n, n, n))
-    return path_, why, built, fn
+    fn_requant = types.ExternalFunction(
+        SYMBOL_REQUANT, types.int64(p, n, p, p, n, n, n, n, n, p, p, p, n)
+    )
+    return path_, why, built, fn, fn_requant
 
 
-def _decided() -> tuple[str, str, Built | None, Any]:
+_ENGINES: list[Built] = []  # the requantizing build, kept alive with its code
+
+
+def _decided() -> tuple[str, str, Built | None, Any, Any]:
     with _LOCK:
         if not _STATE:
             _STATE.append(_register())
@@ -328,3 +402,10 @@ def kernel() -> Any:
     """The numba ExternalFunction of the registered kernel (signature in the module
     docstring), None where ``available()`` is None."""
     return _decided()[3] if available() is not None else None
+
+
+def kernel_requant() -> Any:
+    """The numba ExternalFunction of the requantizing kernel ``(a, lda, w, y, ldy, m,
+    k_groups, panels, layout, bias, scale, params, n_valid) -> status`` (as
+    ``qgemm_requant``), None where ``available()`` is None."""
+    return _decided()[4] if available() is not None else None

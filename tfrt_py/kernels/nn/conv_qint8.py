@@ -30,7 +30,8 @@ from ..lib.jit import Jitted
 __all__ = ["QConvPlan", "QDepthwisePlan", "plan", "plan_depthwise"]
 
 numba: Any = None  # set by Jitted(parallel=True) before the loop below compiles
-qgemm_kernel: Any = None  # the ExternalFunction, set by _prepare
+qgemm_kernel: Any = None  # the ExternalFunctions, set by _prepare
+qgemm_requant: Any = None
 
 #: the output rows (pixels) of one block: its im2row and int32 sums stay in L2
 _BLOCK_BYTES = 96 * 1024
@@ -42,8 +43,8 @@ class QConvPlan(NamedTuple):
     """The load-time half of an integer QLinearConv. Immutable."""
 
     packed: np.ndarray  # weights (KH*KW*C x Co, tap-major) in the kernel's panels
-    bias: np.ndarray  # int32 per output channel, the zero-point terms folded in
-    scale: np.ndarray  # float32 per output channel: x_scale * w_scale / y_scale
+    bias: np.ndarray  # int32 per output channel (zero past Co), the zero-point terms folded in
+    scale: np.ndarray  # float32 per output channel (zero past Co): x_scale * w_scale / y_scale
     wzp: np.ndarray  # int32 per output channel (zero: symmetric weights)
     x_shift: int  # 128 for int8 inputs (made unsigned), 0 for uint8
     x_zp: int  # the input's zero point after the shift
@@ -56,6 +57,8 @@ class QConvPlan(NamedTuple):
     layout: int
     a_dtype: np.dtype
     kernel: Any
+    params: np.ndarray  # float32 [lo - y_zp, hi - y_zp, y_zp]: the fused requantize's
+    vw: int  # the kernel's vector width (a fused store writes whole vectors)
 
     def run(self, x: np.ndarray, channels_last: bool = False) -> np.ndarray | None:
         """y for ``x`` (N, C, H, W), or (N, H, W, C) -> (N, OH, OW, Co) with
@@ -71,7 +74,7 @@ class QConvPlan(NamedTuple):
         ow = (w + pl + pr - ((kw - 1) * dw + 1)) // sw + 1
         if oh <= 0 or ow <= 0:
             return None
-        co = self.bias.shape[0]
+        co = self.wzp.shape[0]
         y = np.empty((n, oh, ow, co) if channels_last else (n, co, oh, ow), self.y_dtype)
         if n == 0:
             return y
@@ -93,6 +96,7 @@ class QConvPlan(NamedTuple):
         geo = np.concatenate([self.geo, np.array([h, w, flags], np.int64)])
         self.kernel(xs, xt, self.x_shift, self.x_zp, geo, ow, self.packed, self.layout,
                     self.bias, self.scale, self.wzp, self.y_zp, self.lo, self.hi, rb, ncol,
+                    self.params, self.vw,
                     y.reshape(n, p, co) if channels_last else y.reshape(n, co, p))  # fmt: skip
         return y
 
@@ -140,10 +144,15 @@ def plan(
     scale = np.broadcast_to(np.asarray(scale, np.float32), (co,)).copy()
     info = np.iinfo(ydt)
     zy = 0.0 if y_zp is None else float(np.asarray(y_zp).reshape(()))
+    packed = qgemm_packed.pack(w_taps, shape)
+    npad = packed.shape[0] * shape.nr  # bias and scale padded to whole panels: the fused
+    bias_p, scale_p = np.zeros(npad, np.int32), np.zeros(npad, np.float32)  # store reads them
+    bias_p[:co], scale_p[:co] = b, scale
+    params = np.array([info.min - zy, info.max - zy, zy], np.float32)
     return QConvPlan(
-        qgemm_packed.pack(w_taps, shape), b.astype(np.int32), scale, wz.astype(np.int32),
-        x_shift, zx, zy, float(info.min), float(info.max), ydt, np.array(geo, np.int64), c,
-        qgemm_packed.layout_code(shape), qgemm_packed.a_dtype(shape), fn,
+        packed, bias_p, scale_p, wz.astype(np.int32), x_shift, zx, zy, float(info.min),
+        float(info.max), ydt, np.array(geo, np.int64), c, qgemm_packed.layout_code(shape),
+        qgemm_packed.a_dtype(shape), fn, params, shape.vw,
     )  # fmt: skip
 
 
@@ -273,39 +282,43 @@ def _qdepthwise(x, zx, geo, w, bias, scale, zy, lo, hi, y):  # pragma: no cover 
 
 
 def _qdepthwise_last(x, zx, geo, w, bias, scale, zy, lo, hi, y):  # pragma: no cover - numba
-    # x (N, H, W, C), w (KH, KW, C), y (N, OH, OW, C): per output row on native threads,
-    # each pixel's taps summed over the channels as one vector run
+    # x (N, H, W, C), w (KH, KW, C), y (N, OH, OW, C): per output row on native threads; per
+    # tap, the output pixels whose tap lies inside the row in one branch-free run, each
+    # pixel's channels one vector multiply-add
     n_, h_, w_, c_ = x.shape
     kh, kw, sh, sw, dh, dw, pt, pl = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
     oh_, ow_ = y.shape[1], y.shape[2]
     flo, fhi, fz = np.float32(lo - zy), np.float32(hi - zy), np.float32(zy)
     magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even
     zx32 = np.int32(zx)
+    uc = np.uint64(c_)
     for row in numba.prange(n_ * oh_):
         n = row // oh_
         oh = row - n * oh_
-        acc = np.empty(c_, np.int32)
-        for ow in range(ow_):
-            for c in range(c_):
-                acc[np.uint64(c)] = 0
-            for i in range(kh):
-                ih = oh * sh - pt + i * dh
-                if ih < 0 or ih >= h_:
-                    continue
-                for j in range(kw):
-                    iw = ow * sw - pl + j * dw
-                    if iw < 0 or iw >= w_:
-                        continue
-                    src = x[n, ih, iw]
-                    wt = w[i, j]
+        acc = np.zeros(ow_ * c_, np.int32)
+        for i in range(kh):
+            ih = oh * sh - pt + i * dh
+            if ih < 0 or ih >= h_:
+                continue
+            xrow = x[n, ih].reshape(-1)
+            for j in range(kw):
+                off = j * dw - pl  # input column of output 0's tap: ow * sw + off
+                lo_ow = 0 if off >= 0 else min(ow_, (-off + sw - 1) // sw)
+                hi_ow = min(ow_, (w_ - 1 - off) // sw + 1) if w_ - 1 - off >= 0 else 0
+                wt = w[i, j]
+                for ow in range(lo_ow, hi_ow):
+                    a0 = np.uint64(ow) * uc
+                    x0 = np.uint64(ow * sw + off) * uc
                     for c in range(c_):
-                        uc = np.uint64(c)
-                        acc[uc] += wt[uc] * (np.int32(src[uc]) - zx32)
-            out = y[n, oh, ow]
+                        u = np.uint64(c)
+                        acc[a0 + u] += wt[u] * (np.int32(xrow[x0 + u]) - zx32)
+        out = y[n, oh].reshape(-1)
+        for ow in range(ow_):
+            a0 = np.uint64(ow) * uc
             for c in range(c_):
-                uc = np.uint64(c)
-                v = min(max(np.float32(acc[uc] + bias[uc]) * scale[uc], flo), fhi)
-                out[uc] = ((v + magic) - magic) + fz
+                u = np.uint64(c)
+                v = min(max(np.float32(acc[a0 + u] + bias[u]) * scale[u], flo), fhi)
+                out[a0 + u] = ((v + magic) - magic) + fz
 
 
 def _warm_depthwise_last(fn: Any) -> None:
@@ -330,7 +343,7 @@ def _warm_depthwise(fn: Any) -> None:
 
 
 def _qconv(x, xt, x_shift, zx, geo, ow_, wp, layout, bias, scale, wzp, zy, lo, hi, rb, ncol,
-           y):  # pragma: no cover - numba only  # fmt: skip
+           params, vw, y):  # pragma: no cover - numba only  # fmt: skip
     # geo[12] flags: 1 channels last (x (N, H*W, C), y (N, P, Co); else x (N, C, H*W), y
     # (N, Co, P)), 2 x's codes are A as they are (no staging into xt). Unsigned flat
     # indices, so that the copies and the requantize vectorize.
@@ -429,17 +442,38 @@ def _qconv(x, xt, x_shift, zx, geo, ow_, wp, layout, bias, scale, wzp, zy, lo, h
                     for t in range(kk, kp):
                         a[ar + np.uint64(t)] = 0
             ncols = (pb - pa) * nr
-            acc = np.empty(rows * ncols, np.int32)
-            qgemm_kernel(a.ctypes.data, lda, wp.ctypes.data + pa * kg * nr * g * esize,
-                         acc.ctypes.data, ncols, rows, kg, pb - pa, layout)  # fmt: skip
             q0, q1 = pa * nr, min(co_, pb * nr)
             nq = q1 - q0
+            wpa = wp.ctypes.data + pa * kg * nr * g * esize
+            if not asym:  # the kernel requantizes as it stores (symmetric weights)
+                bq, sq = bias.ctypes.data + q0 * 4, scale.ctypes.data + q0 * 4
+                if nhwc and co_ % vw == 0:  # straight into the output's rows
+                    dst = y.ctypes.data + (n * p_ + p0) * co_ + q0
+                    qgemm_requant(a.ctypes.data, lda, wpa, dst, co_, rows, kg, pb - pa, layout,
+                                  bq, sq, params.ctypes.data, nq)  # fmt: skip
+                    continue
+                t8 = np.empty(rows * ncols, y.dtype)
+                qgemm_requant(a.ctypes.data, lda, wpa, t8.ctypes.data, ncols, rows, kg, pb - pa,
+                              layout, bq, sq, params.ctypes.data, ncols)  # fmt: skip
+                for r in range(rows):
+                    base = np.uint64(r * ncols)
+                    if nhwc:
+                        yrow = y[n, p0 + r]
+                        for q in range(nq):
+                            yrow[np.uint64(q0 + q)] = t8[base + np.uint64(q)]
+                    else:
+                        yo = np.uint64(p0 + r)
+                        for q in range(nq):
+                            y[n, q0 + q, yo] = t8[base + np.uint64(q)]
+                continue
+            acc = np.empty(rows * ncols, np.int32)
+            qgemm_kernel(a.ctypes.data, lda, wpa, acc.ctypes.data, ncols, rows, kg, pb - pa,
+                         layout)  # fmt: skip
             tmp = np.empty(nq, np.float32)
             for r in range(rows):
                 rs = np.int32(0)
-                if asym:
-                    for t in range(kk):
-                        rs += np.int32(a[np.uint64(r * lda + t)])
+                for t in range(kk):
+                    rs += np.int32(a[np.uint64(r * lda + t)])
                 base = np.uint64(r * ncols)
                 for q in range(nq):  # MLAS's order: scale, clamp, round, + zero point
                     uq = np.uint64(q)
@@ -469,15 +503,17 @@ def _warm(fn: Any) -> None:
         for ydt in (np.uint8, np.int8):
             x = np.ones((1, 1, 16), xdt)
             y = np.empty((1, 2, 16), ydt)
-            z = np.zeros(2, np.int32)
-            fn(x, np.empty(16 + shape.g, adt), 0, 0, geo, 4, wp, qgemm_packed.layout_code(shape), z,
-               np.ones(2, np.float32), z, 0.0, 0.0, 255.0, 8, 1, y)  # fmt: skip
+            z, bias = np.zeros(2, np.int32), np.zeros(shape.nr, np.int32)
+            params = np.array([0, 255, 0], np.float32)
+            fn(x, np.empty(16 + shape.g, adt), 0, 0, geo, 4, wp, qgemm_packed.layout_code(shape),
+               bias, np.ones(shape.nr, np.float32), z, 0.0, 0.0, 255.0, 8, 1, params, shape.vw,
+               y)  # fmt: skip
 
 
 def _prepare(module_globals: dict[str, Any]) -> bool:
-    fn = qgemm_packed.kernel()
-    module_globals["qgemm_kernel"] = fn
-    return fn is not None
+    fn, fused = qgemm_packed.kernel(), qgemm_packed.kernel_requant()
+    module_globals["qgemm_kernel"], module_globals["qgemm_requant"] = fn, fused
+    return fn is not None and fused is not None
 
 
 _QCONV = Jitted(_qconv, _warm, parallel=True, prepare=_prepare)
