@@ -147,7 +147,8 @@ def channels_last(graph: Graph, ctx: PassContext) -> str:
             attrs.pop("storage_order", None)
             ins = ins[:1]
         y_nhwc = _permuted(y, TO_NHWC, f"{y.name}/nhwc")
-        out.append(Node(op, ins, [y_nhwc], attrs, name=f"{node.name}/nhwc", domain=MS, opset=1))
+        # the node keeps its name: errors and profiles name the user's node
+        out.append(Node(op, ins, [y_nhwc], attrs, name=node.name, domain=MS, opset=1))
         back = Node("Transpose", [y_nhwc], [y], {"perm": TO_NCHW}, name=f"{y.name}/to_nchw",
                     opset=13)  # fmt: skip
         out.append(back)

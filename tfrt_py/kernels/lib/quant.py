@@ -20,8 +20,8 @@ import numpy as np
 from .jit import Jitted
 
 __all__ = [
-    "dynamic_quantize", "exact_dtype", "minus_zero_point_cols", "minus_zero_point_rows",
-    "requantize",
+    "check_constants", "dynamic_quantize", "exact_dtype", "minus_zero_point_cols",
+    "minus_zero_point_rows", "requantize",
 ]  # fmt: skip
 
 
@@ -35,6 +35,30 @@ def requantize(acc: np.ndarray, scale: Any, y_zp: Any, default: np.dtype) -> np.
     info = np.iinfo(odt)
     np.clip(r, info.min, info.max, out=r)
     return r.astype(odt)
+
+
+def check_constants(ctx: Any, scales: dict[int, int], zero_points: dict[int, int]) -> None:
+    """Load-time checks of a quantized op's constant scales and zero points (inputs not
+    given, or given at run time, are left to the kernel): each scale input ``i`` holds one
+    value or ``scales[i]`` values (0: one only; -1: any number), all positive and finite;
+    each zero point ``i`` one value or ``zero_points[i]`` (likewise). A bad model is refused with
+    ``ctx.unsupported`` (the node named), never run to a wrong answer."""
+    for table, what in ((scales, "scale"), (zero_points, "zero point")):
+        for i, per_axis in table.items():
+            if not ctx.has_input(i):
+                continue
+            c = ctx.const_input(i)
+            if c is None:
+                continue
+            a = np.asarray(c)
+            if a.size != 1 and per_axis >= 0 and (per_axis == 0 or a.size != per_axis):
+                want = "one value" if per_axis == 0 else f"one value or {per_axis}"
+                raise ctx.unsupported(f"input {i} ({what}) has {a.size} values: {want} expected")
+            if what == "scale":
+                f = a.astype(np.float64)
+                if not np.all(np.isfinite(f)) or np.any(f <= 0):
+                    raise ctx.unsupported(f"input {i} (scale) holds {f.reshape(-1)[:4]}: "
+                                          "scales must be positive and finite")  # fmt: skip
 
 
 _F32_MAX_K = (2**24) // (255 * 255)

@@ -16,10 +16,10 @@ import numpy as np
 
 from ..base import ComputeFn, Cost, KernelContext
 from ..lib.qgemm_rows import IntegerWeights
+from ..lib.quant import check_constants, requantize
 from ..lib.quant import exact_dtype as _cdt
 from ..lib.quant import minus_zero_point_cols as _b_side
 from ..lib.quant import minus_zero_point_rows as _a_side
-from ..lib.quant import requantize
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -83,6 +83,10 @@ def _qlinear_matmul(ctx: KernelContext) -> ComputeFn:
             raise ctx.unsupported(
                 f"input {i} of type {dt}: only the 8-bit integer types are supported"
             )
+    b = ctx.const_input(3)
+    n = 0 if b is None or b.ndim < 1 else int(b.shape[-1])
+    a_rows = -1  # a's scale and zero point may be per row (their count is A's rows)
+    check_constants(ctx, {1: a_rows, 4: n, 6: 0}, {2: a_rows, 5: n, 7: 0})
     bf_const, cdt_const = _b_const(ctx, 3, 5)
     packed = _integer_weights(ctx, 3, 5)
 

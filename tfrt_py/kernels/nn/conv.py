@@ -23,7 +23,7 @@ import numpy as np
 from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import compute_dtype
 from ..lib.gemm import matmul_cols_into
-from ..lib.quant import requantize
+from ..lib.quant import check_constants, requantize
 from ..registry import KernelRegistry
 from .conv_blocked import blocked_conv_fn
 from .conv_common import (
@@ -453,6 +453,8 @@ def _qlinear_conv(ctx: KernelContext, channels_last: bool = False) -> ComputeFn:
     sp = parse_spatial(ctx)
     group = int(ctx.attr("group", 1))
     w_raw = ctx.const_input(3)
+    co = 0 if w_raw is None or w_raw.ndim < 1 else int(w_raw.shape[0])
+    check_constants(ctx, {1: 0, 4: co, 6: 0}, {2: 0, 5: co, 7: 0})
     wzp_const = ctx.const_input(5)
     cdt = _int_compute_dtype(w_raw)
     w_const = None
