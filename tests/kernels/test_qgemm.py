@@ -140,7 +140,7 @@ def _reference(x: np.ndarray, xz: Any, w: np.ndarray, wz: np.ndarray, b: Any, xs
     if b is not None:
         acc += b.reshape(1, -1, 1, 1)
     scale = (xs * ws.reshape(-1) / ys).astype(np.float32).reshape(1, -1, 1, 1)
-    return requantize(acc, scale, yz, np.uint8)
+    return requantize(acc, scale, yz, np.dtype(np.uint8))
 
 
 @pytest.mark.parametrize("depthwise", [False, True], ids=["conv", "depthwise"])
