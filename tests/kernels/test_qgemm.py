@@ -181,3 +181,40 @@ def test_integer_convs_are_exact(depthwise: bool, channels_last: bool) -> None:
             got = plan.run(x)
         assert got is not None and got.dtype == want.dtype, (case, ydt)
         np.testing.assert_array_equal(got, want, err_msg=f"case {case}, geo {geo}")
+
+
+def _at_page_end(shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, Any]:
+    """An array whose last byte is followed by a page that cannot be read (reading past
+    its end crashes the process instead of passing unseen)."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    pages = -(-nbytes // page) + 1
+    buf = mmap.mmap(-1, pages * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mprotect(ctypes.c_void_p(base + (pages - 1) * page), page, 0) != 0:
+        pytest.skip("mprotect is not available")
+    off = (pages - 1) * page - nbytes
+    x = np.frombuffer(buf, dtype, count=int(np.prod(shape)), offset=off).reshape(shape)
+    return x, buf
+
+
+def test_a_pointwise_conv_reads_nothing_past_its_input() -> None:
+    """A channels-last 1x1 conv over 3 channels: the kernel takes its rows in groups of 4
+    codes; the last row's group must not reach past the input (the guard page)."""
+    _need_kernel()
+    x, keep = _at_page_end((1, 5, 7, 3), np.uint8)
+    x[...] = 7
+    w = np.ones((8, 3, 1, 1), np.int8)
+    plan = conv_qint8.plan(w, np.full(8, 0.01, np.float32), None, np.array(0.02, np.float32),
+                           np.array(3, np.uint8), np.array(0.1, np.float32),
+                           np.array(5, np.uint8), None, (1, 1, 1, 1, 1, 1, 0, 0, 0, 0))  # fmt: skip
+    assert plan is not None
+    y = plan.run(x, channels_last=True)
+    assert y is not None and y.shape == (1, 5, 7, 8)
+    # (7 - 3) * 3 channels * 0.02 * 0.01 / 0.1 = 0.024 -> 0, + 5
+    assert (y == 5).all()
+    del keep

@@ -101,6 +101,17 @@ def enter(threads: int) -> int:
     return t
 
 
+#: work (elements or multiply-adds) below which a kernel's loop runs on its caller alone:
+#: the parts would cost more to hand out than to run
+SMALL_WORK = 1 << 16
+
+
+def enter_for(work: int, threads: int) -> int:
+    """``enter(threads)``, or ``enter(1)`` for ``work`` below ``SMALL_WORK`` (its loops then
+    run on the calling thread, without a parallel region). Returns the threads set."""
+    return enter(1 if work < SMALL_WORK else threads)
+
+
 def edges(size: int, parts: int) -> Any:
     """``[size * i // parts for i in 0..parts]`` as an int64 array: the block boundaries a
     parallel kernel's ``prange`` loop walks, made once per (size, parts) (kernels call

@@ -69,7 +69,7 @@ def compiled_binary(add: bool, a: np.ndarray, b: np.ndarray, params: np.ndarray,
             return None
     y = np.empty(shape, dt)
     if y.size:
-        native_threads.enter(intra_pool().threads)
+        native_threads.enter_for(y.size, intra_pool().threads)
         fn(add, a2, b2, params, y.reshape(a2.shape))
     return y
 
@@ -80,7 +80,7 @@ def compiled_lookup(x: np.ndarray, table: np.ndarray) -> np.ndarray | None:
     if fn is None or x.dtype not in _EIGHT_BIT or x.size == 0:
         return None
     y = np.empty(x.shape, table.dtype)
-    native_threads.enter(intra_pool().threads)
+    native_threads.enter_for(x.size, intra_pool().threads)
     fn(np.ascontiguousarray(x).reshape(-1).view(np.uint8), table, y.reshape(-1))
     return y
 
@@ -95,7 +95,7 @@ def channel_sums(x: np.ndarray, last: bool) -> np.ndarray | None:
     c = x.shape[-1] if last else x.shape[1]
     xs = np.ascontiguousarray(x).reshape((n, -1, c) if last else (n, c, -1))
     out = np.empty((n, c), np.int64)
-    native_threads.enter(intra_pool().threads)
+    native_threads.enter_for(x.size, intra_pool().threads)
     fn(xs, last, out)
     keep = [1] * x.ndim
     keep[0] = n

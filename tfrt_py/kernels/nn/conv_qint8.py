@@ -83,13 +83,15 @@ class QConvPlan(NamedTuple):
         rb = -(-rb // 8) * 8
         p = oh * ow
         panels = self.packed.shape[0]
-        threads = native_threads.enter(intra_pool().threads)
+        threads = native_threads.enter_for(n * p * co * kg * g, intra_pool().threads)
         # few row blocks: the panels split too (each part repeats its blocks' im2row)
         nrb = -(-p // rb)
         ncol = 1 if nrb >= 2 * threads else max(1, min(panels, -(-2 * threads // nrb)))
         xs = np.ascontiguousarray(x).reshape((n, h * w, c) if channels_last else (n, c, h * w))
         # channels-last uint8 codes are the kernel's A as they are: no staging copy
-        direct = channels_last and self.x_shift == 0 and self.a_dtype == np.uint8
+        # (a 1x1 conv reads its rows in whole groups of g: past the end of x unless C is a
+        # multiple of g, so then x is staged into xt, which has the room)
+        direct = channels_last and self.x_shift == 0 and self.a_dtype == np.uint8 and c % g == 0
         # (+ g: the kernel reads whole groups; the weights past K are zero)
         xt = np.empty((1 if direct else h * w * c) + g, self.a_dtype)
         flags = int(channels_last) | (2 if direct else 0)
@@ -190,7 +192,7 @@ class QDepthwisePlan(NamedTuple):
             return None
         y = np.empty((n, oh, ow, c) if channels_last else (n, c, oh, ow), self.y_dtype)
         if n:
-            native_threads.enter(intra_pool().threads)
+            native_threads.enter_for(n * oh * ow * c * kh * kw, intra_pool().threads)
             fn, w_ = (self.kernel_last, self.w_last) if channels_last else (self.kernel, self.w)
             fn(np.ascontiguousarray(x), self.x_zp, self.geo, w_, self.bias, self.scale,
                self.y_zp, self.lo, self.hi, y)  # fmt: skip

@@ -87,7 +87,7 @@ def _nhwc_max_pool_kernel(ctx: KernelContext) -> ComputeFn:
         fill = int(np.iinfo(x.dtype).min)
         if fn is not None:
             if y.size:
-                native_threads.enter(intra_pool().threads)
+                native_threads.enter_for(y.size * kernel[0] * kernel[1], intra_pool().threads)
                 fn(np.ascontiguousarray(x), geo, fill, y)
             return y
         # NumPy: the max over each tap's strided view, padding as the type's minimum
