@@ -20,7 +20,9 @@ MS = "com.microsoft"
 
 
 def _kernel_or_skip() -> None:
-    if qgemm_packed.available() is None:
+    from tfrt_py.compiler.channels_last import _integer_kernel_possible
+
+    if qgemm_packed.available() is None or not _integer_kernel_possible():
         pytest.skip(f"no integer conv kernel here ({qgemm_packed.path()[1]}): the pass is off")
 
 

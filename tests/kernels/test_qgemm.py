@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tfrt_py.kernels.lib import qgemm_packed
+from tfrt_py.kernels.lib.jit import jit_enabled
 from tfrt_py.kernels.lib.qgemm_rows import IntegerWeights
 from tfrt_py.kernels.lib.quant import requantize
 from tfrt_py.kernels.nn import conv_qint8
@@ -31,9 +32,13 @@ def _host_paths() -> list[str]:
         return ["portable"]
 
 
-def _need_kernel() -> None:
+def _need_kernel(numba: bool = False) -> None:
+    """Skip unless this process has the integer kernel (and, with ``numba``, the compiled
+    loops the convs drive it from)."""
     if qgemm_packed.available() is None:
         pytest.skip(f"no integer kernel in this process ({qgemm_packed.path()[1]})")
+    if numba and not jit_enabled():
+        pytest.skip("numba is off here ($TFRT_PY_JIT=0 or not installed): convs stay on BLAS")
 
 
 def _codes(shape: tuple[int, ...], dt: Any) -> np.ndarray:
@@ -146,7 +151,7 @@ def _reference(x: np.ndarray, xz: Any, w: np.ndarray, wz: np.ndarray, b: Any, xs
 @pytest.mark.parametrize("depthwise", [False, True], ids=["conv", "depthwise"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_integer_convs_are_exact(depthwise: bool, channels_last: bool) -> None:
-    _need_kernel()
+    _need_kernel(numba=True)
     for case in range(24):
         xdt, wdt, ydt = ((np.uint8, np.int8)[case % 2], (np.int8, np.uint8)[case // 2 % 2],
                          (np.uint8, np.int8)[case // 4 % 2])  # fmt: skip
@@ -205,7 +210,7 @@ def _at_page_end(shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, Any]:
 def test_a_pointwise_conv_reads_nothing_past_its_input() -> None:
     """A channels-last 1x1 conv over 3 channels: the kernel takes its rows in groups of 4
     codes; the last row's group must not reach past the input (the guard page)."""
-    _need_kernel()
+    _need_kernel(numba=True)
     x, keep = _at_page_end((1, 5, 7, 3), np.uint8)
     x[...] = 7
     w = np.ones((8, 3, 1, 1), np.int8)
