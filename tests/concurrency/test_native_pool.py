@@ -253,3 +253,41 @@ def test_the_pool_protocol_under_stress() -> None:
         t.join(timeout=240)
     assert not any(t.is_alive() for t in threads), "a loop never finished"
     assert errors == []
+
+
+_ALTERNATING = textwrap.dedent(
+    """
+    import sys, time
+    import numba, numpy as np
+    from tfrt_py.concurrency import native_pool, native_threads
+
+    @numba.njit(parallel=True, nogil=True)
+    def bump(y, parts):
+        for b in numba.prange(parts):
+            y[b] += 1
+
+    assert native_threads.ready() and native_pool.installed()
+    y = np.zeros(16, np.int64)
+    calls = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < float(sys.argv[1]):
+        native_threads.enter(2)
+        for k in range(1000):
+            bump(y, 2 + 7 * (k & 1))  # 2 parts, then 9: the next loop has more parts
+        calls += 1000
+    assert y.sum() == calls // 2 * (2 + 9), (int(y.sum()), calls)
+    print("ok", calls)
+    """
+)
+
+
+def test_back_to_back_loops_of_growing_part_counts_finish() -> None:
+    """One caller alternating loops of 2 and 9 parts. Before the pool closed a task's word
+    before writing the next task's fields (I7 in native_pool.ll), a worker that read the
+    old word and then the new part count claimed a part the old task never had; the next
+    loop's caller then waited forever (within a second here). Every part runs once: the
+    sum says so; a hang fails the subprocess's timeout."""
+    done = subprocess.run(
+        [sys.executable, "-c", _ALTERNATING, "3"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]

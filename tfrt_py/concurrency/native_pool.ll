@@ -25,6 +25,13 @@
 ;      (seq_cst), and wakes when it is set. Of the two orders, one sees the other.
 ;  I6  Worker k (1-based) runs parts only while k < the task's thread count (@..._nth):
 ;      a loop asked for fewer threads than the pool has never uses the others.
+;  I7  A worker may read the last task's word and then a field of the next one (the owner
+;      wrote it in between). The owner therefore closes the word first -- the new
+;      generation with every part taken -- and writes the fields with release, read with
+;      acquire: a worker that saw any new field fails its cmpxchg on the old word. Before
+;      I7, one that saw the new part count (larger than the old) claimed a part the old
+;      task never had, ran the new task's part, and took one from @..._pending too many:
+;      the caller then waited forever (consecutive loops of different part counts).
 ;
 ; Linux x86-64 only: syscall 202 is futex; op 128 is FUTEX_WAIT_PRIVATE, 129
 ; FUTEX_WAKE_PRIVATE; `pause` is the x86 spin hint.
@@ -128,9 +135,10 @@ top:
   ; acquire: pairs with the owner's release store of a new generation (I2)
   %v = load atomic i64, ptr @tfrt_py_pool_next acquire, align 8
   %idx = and i64 %v, 4294967295
-  ; monotonic: ordered by the acquire above (I2)
-  %n = load atomic i64, ptr @tfrt_py_pool_n monotonic, align 8
-  %nth = load atomic i64, ptr @tfrt_py_pool_nth monotonic, align 8
+  ; acquire: a count of a newer task than %v's implies the word was closed (I7), so the
+  ; cmpxchg below fails rather than claim a part %v's task never had
+  %n = load atomic i64, ptr @tfrt_py_pool_n acquire, align 8
+  %nth = load atomic i64, ptr @tfrt_py_pool_nth acquire, align 8
   %more = icmp ult i64 %idx, %n
   %mine = icmp ult i64 %k, %nth
   %go = and i1 %more, %mine
@@ -138,13 +146,13 @@ top:
 read:
   ; monotonic: fields of the generation in %v, ordered by its acquire (I2); stale only if
   ; the generation moved on, which makes the cmpxchg below fail (I3)
-  %fn = load atomic ptr, ptr @tfrt_py_pool_fn monotonic, align 8
-  %args = load atomic ptr, ptr @tfrt_py_pool_args monotonic, align 8
-  %dims = load atomic ptr, ptr @tfrt_py_pool_dims monotonic, align 8
-  %steps = load atomic ptr, ptr @tfrt_py_pool_steps monotonic, align 8
-  %data = load atomic ptr, ptr @tfrt_py_pool_data monotonic, align 8
-  %argl = load atomic i64, ptr @tfrt_py_pool_argl monotonic, align 8
-  %arrc = load atomic i64, ptr @tfrt_py_pool_arrc monotonic, align 8
+  %fn = load atomic ptr, ptr @tfrt_py_pool_fn acquire, align 8
+  %args = load atomic ptr, ptr @tfrt_py_pool_args acquire, align 8
+  %dims = load atomic ptr, ptr @tfrt_py_pool_dims acquire, align 8
+  %steps = load atomic ptr, ptr @tfrt_py_pool_steps acquire, align 8
+  %data = load atomic ptr, ptr @tfrt_py_pool_data acquire, align 8
+  %argl = load atomic i64, ptr @tfrt_py_pool_argl acquire, align 8
+  %arrc = load atomic i64, ptr @tfrt_py_pool_arrc acquire, align 8
   %v1 = add i64 %v, 1
   ; acq_rel: the claim of part %idx of generation %v (I3); fails if anyone moved the word
   %r = cmpxchg ptr @tfrt_py_pool_next, i64 %v, i64 %v1 acq_rel monotonic
@@ -245,24 +253,28 @@ publish:
   %lt = icmp slt i64 %nthreads, %all
   %nth = select i1 %lt, i64 %nthreads, i64 %all
   %argl = add i64 %inner, 1
-  ; monotonic: the task's fields, ordered by the release store of @tfrt_py_pool_next (I2)
-  store atomic ptr %fn, ptr @tfrt_py_pool_fn monotonic, align 8
-  store atomic ptr %args, ptr @tfrt_py_pool_args monotonic, align 8
-  store atomic ptr %dims, ptr @tfrt_py_pool_dims monotonic, align 8
-  store atomic ptr %steps, ptr @tfrt_py_pool_steps monotonic, align 8
-  store atomic ptr %data, ptr @tfrt_py_pool_data monotonic, align 8
-  store atomic i64 %argl, ptr @tfrt_py_pool_argl monotonic, align 8
-  store atomic i64 %arrc, ptr @tfrt_py_pool_arrc monotonic, align 8
-  store atomic i64 %n, ptr @tfrt_py_pool_n monotonic, align 8
-  store atomic i64 %nth, ptr @tfrt_py_pool_nth monotonic, align 8
-  %n32 = trunc i64 %n to i32
-  ; seq_cst: every part is pending before any can be claimed (I4)
-  store atomic i32 %n32, ptr @tfrt_py_pool_pending seq_cst, align 4
   ; monotonic: only the owner writes the generation (I1)
   %g = load atomic i32, ptr @tfrt_py_pool_gen monotonic, align 4
   %g1 = add i32 %g, 1
   %g64 = zext i32 %g1 to i64
   %nx = shl i64 %g64, 32
+  ; seq_cst: I7, the new generation with no part to claim, before any field changes: a
+  ; worker that read the last task's word and then a field of this one fails its cmpxchg
+  %closed = or i64 %nx, 4294967295
+  store atomic i64 %closed, ptr @tfrt_py_pool_next seq_cst, align 8
+  ; release: the task's fields (I2, I7: a worker that reads one sees the word closed)
+  store atomic ptr %fn, ptr @tfrt_py_pool_fn release, align 8
+  store atomic ptr %args, ptr @tfrt_py_pool_args release, align 8
+  store atomic ptr %dims, ptr @tfrt_py_pool_dims release, align 8
+  store atomic ptr %steps, ptr @tfrt_py_pool_steps release, align 8
+  store atomic ptr %data, ptr @tfrt_py_pool_data release, align 8
+  store atomic i64 %argl, ptr @tfrt_py_pool_argl release, align 8
+  store atomic i64 %arrc, ptr @tfrt_py_pool_arrc release, align 8
+  store atomic i64 %n, ptr @tfrt_py_pool_n release, align 8
+  store atomic i64 %nth, ptr @tfrt_py_pool_nth release, align 8
+  %n32 = trunc i64 %n to i32
+  ; seq_cst: every part is pending before any can be claimed (I4)
+  store atomic i32 %n32, ptr @tfrt_py_pool_pending seq_cst, align 4
   ; release: publishes the fields above with part 0 of the new generation (I2, I3)
   store atomic i64 %nx, ptr @tfrt_py_pool_next release, align 8
   store atomic i32 %g1, ptr @tfrt_py_pool_gen monotonic, align 4

@@ -19,8 +19,10 @@ compiled once per process by ``llvm_jit``, llvmlite's MCJIT, no C compiler):
 ``threads - 1`` native workers, at most one per other CPU the process may use (pthreads
 started through ctypes, never holding the GIL), and one task slot.
 
-* A caller that takes the slot (a compare-and-swap of its ``pthread_self``) publishes the
-  task -- the loop's function, arguments and part count -- under a new generation, writes
+* A caller that takes the slot (a compare-and-swap of its ``pthread_self``) first closes
+  the claim word (the new generation with no part left: a worker still reading the last
+  task fails its claim once it sees any field of this one), then publishes the task -- the
+  loop's function, arguments and part count -- under the new generation, writes
   it to the futex word of each worker the loop's thread count takes (waking those that
   sleep: a worker past that count is never woken) and claims parts itself. Parts are claimed
   with a compare-and-swap on (generation << 32 | next part), so a worker that wakes late
