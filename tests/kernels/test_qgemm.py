@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tfrt_py.concurrency import native_threads
 from tfrt_py.kernels.lib import qgemm_packed
 from tfrt_py.kernels.lib.jit import jit_enabled
 from tfrt_py.kernels.lib.qgemm_rows import IntegerWeights
@@ -39,6 +40,9 @@ def _need_kernel(numba: bool = False) -> None:
         pytest.skip(f"no integer kernel in this process ({qgemm_packed.path()[1]})")
     if numba and not jit_enabled():
         pytest.skip("numba is off here ($TFRT_PY_JIT=0 or not installed): convs stay on BLAS")
+    if numba and not native_threads.ready():
+        pytest.skip(f"numba's thread layer is not running here ({native_threads.state()[1]}): "
+                    "the parallel conv loops are off, convs stay on BLAS")  # fmt: skip
 
 
 def _codes(shape: tuple[int, ...], dt: Any) -> np.ndarray:
