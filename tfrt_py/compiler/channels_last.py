@@ -39,19 +39,22 @@ _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
 def _integer_kernel_possible() -> bool:
     """Whether this host can run the integer conv kernel, decided without building it (a
-    cold load must not import numba or LLVM on the caller's thread): numba on, the packed
-    kernels not switched off, an x86 CPU with AVX2. Where the kernel then does not build,
-    the channels-last convs transpose around the NCHW path: the same values."""
+    cold load must not import numba or LLVM on the caller's thread): numba and TBB (its
+    thread layer) installed and on, the packed kernels not switched off, an x86 CPU with
+    AVX2. Where the kernel then does not build, the channels-last convs transpose around
+    the NCHW path: the same values."""
     import importlib.util
 
     from ..concurrency.env_switch import switched_off
+    from ..concurrency.native_threads import _tbb_importable
     from ..kernels.lib.features import cpu_flags
     from ..kernels.lib.gemm_packed import ENV_PACKED_GEMM
     from ..kernels.lib.jit import ENV_JIT
 
     if switched_off(ENV_JIT) or switched_off(ENV_PACKED_GEMM) or not cpu_flags().get("AVX2"):
         return False
-    return importlib.util.find_spec("numba") is not None
+    # the conv loops are numba's parallel ones: without its thread layer they are off
+    return importlib.util.find_spec("numba") is not None and _tbb_importable()
 
 
 def _permuted(v: Value, perm: list[int], name: str) -> Value:
