@@ -45,16 +45,18 @@ def _integer_kernel_possible() -> bool:
     the NCHW path: the same values."""
     import importlib.util
 
+    from ..concurrency import native_threads
     from ..concurrency.env_switch import switched_off
-    from ..concurrency.native_threads import _tbb_importable
     from ..kernels.lib.features import cpu_flags
     from ..kernels.lib.gemm_packed import ENV_PACKED_GEMM
     from ..kernels.lib.jit import ENV_JIT
 
-    if switched_off(ENV_JIT) or switched_off(ENV_PACKED_GEMM) or not cpu_flags().get("AVX2"):
+    if any(switched_off(e) for e in (ENV_JIT, ENV_PACKED_GEMM, native_threads.ENV_NATIVE_THREADS)):
+        return False
+    if not cpu_flags().get("AVX2") or importlib.util.find_spec("numba") is None:
         return False
     # the conv loops are numba's parallel ones: without its thread layer they are off
-    return importlib.util.find_spec("numba") is not None and _tbb_importable()
+    return native_threads.layer_expected()
 
 
 def _permuted(v: Value, perm: list[int], name: str) -> Value:

@@ -43,6 +43,7 @@ __all__ = [
     "ENV_NATIVE_THREADS",
     "edges",
     "enter",
+    "layer_expected",
     "max_threads",
     "plane_blocks",
     "ready",
@@ -195,6 +196,19 @@ def state() -> tuple[bool | None, str]:
     if not _STATE:
         return None, "starts with the first split kernel"
     return _STATE[0], (_WHY[0] if _WHY else "")
+
+
+def layer_expected() -> bool:
+    """Whether the layer runs or is expected to, deciding nothing and importing nothing:
+    its state once decided, else whether TBB's library is installed where ``_tbb_importable``
+    looks (or numba's TBB pool is already imported)."""
+    on, _ = state()
+    if on is not None:
+        return bool(on)
+    if "numba.np.ufunc.tbbpool" in sys.modules:
+        return True
+    dirs = {os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")}
+    return any(os.path.exists(os.path.join(d, "libtbb.so.12")) for d in dirs)
 
 
 def _tbb_importable() -> bool:
