@@ -8,7 +8,8 @@ come from ``/proc/cpuinfo`` (Linux), else llvmlite when numba has already loaded
 
 The CPU features are the ones kernels dispatch on: AVX-512F, AVX2 and FMA (the packed
 gemm's micro-tile: its line names the path, ``gemm_packed``), numba's vectorized loops
-(LLVM picks the host's widths), VNNI (reported; no integer kernel of ours uses it yet).
+(LLVM picks the host's widths), AVX-512 VNNI and AVX-VNNI (the integer kernel's paths:
+its line names the one chosen, ``qgemm_packed``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import NamedTuple
 
 from ...concurrency import native_pool, native_threads
 from ...concurrency.env_switch import switched_off
-from . import gemm_packed
+from . import gemm_packed, qgemm_packed
 from .jit import ENV_JIT, jit_enabled
 
 __all__ = ["Feature", "cpu_flags", "features", "format_features"]
@@ -98,6 +99,19 @@ def _packed() -> Feature:
     return Feature("packed gemm", False, f"path {path} ({why}): NumPy's gemm")
 
 
+def _integer() -> Feature:
+    if switched_off(gemm_packed.ENV_PACKED_GEMM):
+        return Feature("integer gemm", False, f"${gemm_packed.ENV_PACKED_GEMM}=0")
+    got = qgemm_packed.chosen()
+    if got is None:
+        return Feature("integer gemm", None, "built on the first 8-bit product that uses it")
+    path, why = got
+    if path == "portable":
+        return Feature("integer gemm", False, f"{why}: exact 8-bit products on float BLAS")
+    return Feature("integer gemm", True, f"path {path} ({why}); u8 x s8 products on weights "
+                   "packed at load")  # fmt: skip
+
+
 def _cpu() -> Feature:
     flags = cpu_flags()
     if not flags:
@@ -108,7 +122,7 @@ def _cpu() -> Feature:
 
 def features() -> list[Feature]:
     """The fast paths of this process, in a fixed order. Starts and imports nothing."""
-    return [_cpu(), _numba(), *_threads(), _packed(), _scipy()]
+    return [_cpu(), _numba(), *_threads(), _packed(), _integer(), _scipy()]
 
 
 def _scipy() -> Feature:
