@@ -49,7 +49,7 @@ import tempfile
 import time
 from typing import Any
 
-from peers import ort_session
+from peers import cpu_model_and_flags, ort_session
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -68,17 +68,7 @@ PROMPT = (4, 64)  # each round's prompt length, drawn uniformly: every round new
 
 def host_line() -> str:
     """The CPU, its widest SIMD path, and the cores this process may use."""
-    model, flags = "?", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "?":
-                    model = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    model, flags = cpu_model_and_flags()
     isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
     if "avx512_vnni" in flags:
         isa += "+VNNI"

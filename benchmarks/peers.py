@@ -52,6 +52,23 @@ PEERS: dict[str, str] = {
 """Column name -> the package (import name) it needs."""
 
 
+def cpu_model_and_flags() -> tuple[str, set[str]]:
+    """The CPU's model name and its feature flags from /proc/cpuinfo ("?" and none where it
+    cannot be read)."""
+    model, flags = "?", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "?":
+                    model = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return model, flags
+
+
 def installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 

@@ -35,19 +35,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import importlib.metadata as metadata
-import io
 import json
-import logging
 import os
 import subprocess
 import sys
 import time
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from transformer_zoo import quiet
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -110,22 +107,6 @@ def paths(name: str, tag: str) -> tuple[str, str, str]:
 # -- the child: one model ----------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """The quantizer's and exporters' chatter off (its warnings, progress lines)."""
-    logging.disable(logging.WARNING)
-    try:
-        with (
-            warnings.catch_warnings(),
-            contextlib.redirect_stdout(io.StringIO()),
-            contextlib.redirect_stderr(io.StringIO()),
-        ):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(logging.NOTSET)
-
-
 class SeededImages:
     """``onnxruntime.quantization.CalibrationDataReader``: ``n`` standard-normal images of
     batch 1 from a seeded generator (the same samples on every build)."""
@@ -169,7 +150,7 @@ def _vision(spec: Spec, src: str, dst: str) -> None:
 
     pre = dst + ".pre.onnx"
     try:
-        with _quiet():
+        with quiet():
             quant_pre_process(src, pre)
             quantize_static(
                 pre, dst, _reader(pre, CALIBRATION_SAMPLES),
@@ -190,7 +171,7 @@ def _dynamic(src: str, dst: str) -> None:
     # untyped for ONNX shape inference: without a default type the tool stops at the first
     # MatMul after one ("Unable to find data type for weight_name=...", as it suggests).
     extra = {"DefaultTensorType": onnx.TensorProto.FLOAT}
-    with _quiet():
+    with quiet():
         quantize_dynamic(src, dst, weight_type=QuantType.QInt8, extra_options=extra)
 
 
@@ -198,7 +179,7 @@ def _nbits(src: str, dst: str) -> None:
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    with _quiet():
+    with quiet():
         q = MatMulNBitsQuantizer(onnx.load(src), bits=4, block_size=32, is_symmetric=False)
         q.process()
         q.model.save_model_to_file(dst, use_external_data_format=False)

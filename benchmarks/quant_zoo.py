@@ -53,6 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import quant_build  # noqa: E402
+from peers import cpu_model_and_flags  # noqa: E402
 
 TOLERANCE = 2e-2
 RUNNERS = ("tfrt_py int8", "onnxruntime int8", "tfrt_py fp32")
@@ -61,17 +62,7 @@ RESULT = "quant_zoo result: "
 
 def host_isa() -> str:
     """The CPU's name and its int8-relevant ISA from /proc/cpuinfo."""
-    model, flags = "?", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "?":
-                    model = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    model, flags = cpu_model_and_flags()
     if "avx512f" in flags:
         isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512 (no VNNI)"
     elif "avx2" in flags:

@@ -181,7 +181,7 @@ _NAMES = {"input_names": ["input_ids", "attention_mask"], "output_names": ["last
 
 
 @contextlib.contextmanager
-def _quiet() -> Any:
+def quiet() -> Any:
     """The exporters' and optimizer's chatter (progress lines, deprecation warnings) off."""
     logging.disable(logging.WARNING)
     try:
@@ -202,7 +202,7 @@ def _export(arch: str, size: Size, exporter: str, path: str, eager: bool = False
     model = torch_model(arch, size, eager)
     ids = torch.randint(0, size.vocab, (2, 16))
     mask = torch.ones(2, 16, dtype=torch.int64)
-    with _quiet(), torch.inference_mode(False), torch.no_grad():
+    with quiet(), torch.inference_mode(False), torch.no_grad():
         if exporter == "torchscript":
             axes = {0: "batch", 1: "sequence"}
             torch.onnx.export(
@@ -222,7 +222,7 @@ def _export(arch: str, size: Size, exporter: str, path: str, eager: bool = False
 def _ort_python_optimize(src: str, dst: str, arch: str, size: Size) -> None:
     from onnxruntime.transformers.optimizer import optimize_model
 
-    with _quiet():
+    with quiet():
         opt = optimize_model(
             src, model_type=_ORT_TYPES[arch], num_heads=size.heads, hidden_size=size.hidden
         )

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tfrt_py
-from tests.support.contrib import node_model, ort_outputs, runtime_feeds, tfrt_outputs
+from tests.support.contrib import edge_codes, node_model, ort_outputs, runtime_feeds, tfrt_outputs
 from tfrt_py.errors import UnsupportedOpError
 
 RNG = np.random.default_rng(11)
@@ -20,12 +20,7 @@ F32 = np.float32
 
 
 def _q(shape: tuple[int, ...], dt: Any) -> np.ndarray:
-    info = np.iinfo(dt)
-    x = RNG.integers(info.min, info.max + 1, shape).astype(dt)
-    flat = x.reshape(-1)
-    if flat.size >= 2:
-        flat[0], flat[-1] = info.min, info.max
-    return x
+    return edge_codes(RNG, shape, dt)
 
 
 def _s(v: float) -> np.ndarray:

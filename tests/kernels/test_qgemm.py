@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support.contrib import edge_codes
 from tfrt_py.concurrency import native_threads
 from tfrt_py.kernels.lib import qgemm_packed
 from tfrt_py.kernels.lib.jit import jit_enabled
@@ -46,12 +47,7 @@ def _need_kernel(numba: bool = False) -> None:
 
 
 def _codes(shape: tuple[int, ...], dt: Any) -> np.ndarray:
-    info = np.iinfo(dt)
-    x = RNG.integers(info.min, info.max + 1, shape).astype(dt)
-    flat = x.reshape(-1)
-    if flat.size >= 2:
-        flat[0], flat[-1] = info.min, info.max
-    return x
+    return edge_codes(RNG, shape, dt)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -19,7 +19,15 @@ from onnx import helper, numpy_helper
 
 import tfrt_py
 
-__all__ = ["MS", "assert_same", "check_node", "node_model", "ort_outputs", "tfrt_outputs"]
+__all__ = [
+    "MS",
+    "assert_same",
+    "check_node",
+    "edge_codes",
+    "node_model",
+    "ort_outputs",
+    "tfrt_outputs",
+]
 
 MS = "com.microsoft"
 EXECUTORS = ("sync", "async")
@@ -29,6 +37,17 @@ def _elem(a: np.ndarray) -> int:
     if a.dtype == object:
         return onnx.TensorProto.STRING
     return helper.np_dtype_to_tensor_dtype(a.dtype)
+
+
+def edge_codes(rng: np.random.Generator, shape: tuple[int, ...], dt: Any) -> np.ndarray:
+    """Random integer codes of ``dt`` with its minimum first and its maximum last (when
+    there are two elements): the saturation edges every quantized test wants."""
+    info = np.iinfo(dt)
+    x = rng.integers(info.min, info.max + 1, shape).astype(dt)
+    flat = x.reshape(-1)
+    if flat.size >= 2:
+        flat[0], flat[-1] = info.min, info.max
+    return x
 
 
 def node_model(

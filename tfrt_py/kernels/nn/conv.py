@@ -426,30 +426,16 @@ def _qlinear_conv_ms(ctx: KernelContext) -> ComputeFn:
     and giving y as (N, OH, OW, Co) (what the ``channels_last`` pass makes of integer
     convs); NCHW operands transposed around the ONNX kernel where the integer one cannot
     take x."""
-    if not int(ctx.attr("channels_last", 0)):
-        return _qlinear_conv(ctx)
-    nchw = _qlinear_conv(ctx, channels_last=True)
-    integer = getattr(nchw, "integer", None)
-
-    def qlinear_conv_nhwc(x: np.ndarray, *rest: Any) -> np.ndarray:
-        if integer is not None and x.ndim == 4:
-            y = integer.run(x, channels_last=True)
-            if y is not None:
-                return y
-        if x.ndim != 4:
-            raise ValueError(f"channels_last QLinearConv takes a 4-D x, not rank {x.ndim}")
-        y = nchw(np.ascontiguousarray(x.transpose(0, 3, 1, 2)), *rest)
-        return np.ascontiguousarray(y.transpose(0, 2, 3, 1))
-
-    return qlinear_conv_nhwc
+    return _qlinear_conv(ctx, channels_last=bool(int(ctx.attr("channels_last", 0))))
 
 
 def _qlinear_conv(ctx: KernelContext, channels_last: bool = False) -> ComputeFn:
     """QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B?) -> quantized y.
 
     y = saturate(round((x-xzp) conv (w-wzp) + B) * x_scale*w_scale/y_scale) + y_zp), with
-    per-tensor or per-output-channel w_scale/w_zp; rounding half to even. ``channels_last``:
-    the node's x is NHWC (the NCHW function made here gets it transposed)."""
+    per-tensor or per-output-channel w_scale/w_zp; rounding half to even. ``channels_last``
+    (com.microsoft's attribute): x (N, H, W, C) -> y (N, OH, OW, Co), on the integer kernel
+    or else transposed around the NCHW path."""
     sp = parse_spatial(ctx)
     group = int(ctx.attr("group", 1))
     w_raw = ctx.const_input(3)
@@ -492,8 +478,20 @@ def _qlinear_conv(ctx: KernelContext, channels_last: bool = False) -> ComputeFn:
         scale = (np.asarray(x_scale) * ws / np.asarray(y_scale)).astype(np.float64)
         return requantize(acc, scale, y_zp, x.dtype)
 
-    qlinear_conv.integer = integer  # type: ignore[attr-defined]
-    return qlinear_conv
+    if not channels_last:
+        return qlinear_conv
+
+    def qlinear_conv_nhwc(x: np.ndarray, *rest: Any) -> np.ndarray:
+        if x.ndim != 4:
+            raise ValueError(f"channels_last QLinearConv takes a 4-D x, not rank {x.ndim}")
+        if integer is not None:
+            y = integer.run(x, channels_last=True)
+            if y is not None:
+                return y
+        y = qlinear_conv(np.ascontiguousarray(x.transpose(0, 3, 1, 2)), *rest)
+        return np.ascontiguousarray(y.transpose(0, 2, 3, 1))
+
+    return qlinear_conv_nhwc
 
 
 def _qconv_plan(ctx: KernelContext, sp: Any, group: int, w: np.ndarray | None) -> Any:

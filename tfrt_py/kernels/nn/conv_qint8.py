@@ -323,25 +323,21 @@ def _qdepthwise_last(x, zx, geo, w, bias, scale, zy, lo, hi, y):  # pragma: no c
                 out[a0 + u] = ((v + magic) - magic) + fz
 
 
-def _warm_depthwise_last(fn: Any) -> None:
-    geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 1, 1], np.int64)
-    w = np.ones((3, 3, 1), np.int32)
-    one = np.zeros(1, np.int32)
-    for xdt in (np.uint8, np.int8):
-        for ydt in (np.uint8, np.int8):
-            fn(np.ones((1, 4, 4, 1), xdt), 0, geo, w, one, np.ones(1, np.float32), 0.0, 0.0,
-               255.0, np.empty((1, 4, 4, 1), ydt))  # fmt: skip
+def _warm_depthwise_for(last: bool) -> Any:
+    """The warm-up of the NCHW (``last`` False) or channels-last depthwise kernel: each pair
+    of input and output 8-bit types, a 3x3 window over one 4x4 channel."""
 
+    def warm(fn: Any) -> None:
+        geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 1, 1], np.int64)
+        w = np.ones((3, 3, 1) if last else (1, 3, 3), np.int32)
+        one = np.zeros(1, np.int32)
+        shape = (1, 4, 4, 1) if last else (1, 1, 4, 4)
+        for xdt in (np.uint8, np.int8):
+            for ydt in (np.uint8, np.int8):
+                fn(np.ones(shape, xdt), 0, geo, w, one, np.ones(1, np.float32), 0.0, 0.0,
+                   255.0, np.empty(shape, ydt))  # fmt: skip
 
-def _warm_depthwise(fn: Any) -> None:
-    geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 1, 1], np.int64)
-    w = np.ones((1, 3, 3), np.int32)
-    one = np.zeros(1, np.int32)
-    for xdt in (np.uint8, np.int8):
-        for ydt in (np.uint8, np.int8):
-            x = np.ones((1, 1, 4, 4), xdt)
-            fn(x, 0, geo, w, one, np.ones(1, np.float32), 0.0, 0.0, 255.0,
-               np.empty((1, 1, 4, 4), ydt))  # fmt: skip
+    return warm
 
 
 def _qconv(x, xt, x_shift, zx, geo, ow_, wp, layout, bias, scale, wzp, zy, lo, hi, rb, ncol,
@@ -519,5 +515,5 @@ def _prepare(module_globals: dict[str, Any]) -> bool:
 
 
 _QCONV = Jitted(_qconv, _warm, parallel=True, prepare=_prepare)
-_QDEPTHWISE = Jitted(_qdepthwise, _warm_depthwise, parallel=True)
-_QDEPTHWISE_LAST = Jitted(_qdepthwise_last, _warm_depthwise_last, parallel=True)
+_QDEPTHWISE = Jitted(_qdepthwise, _warm_depthwise_for(False), parallel=True)
+_QDEPTHWISE_LAST = Jitted(_qdepthwise_last, _warm_depthwise_for(True), parallel=True)
