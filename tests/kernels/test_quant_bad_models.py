@@ -1,6 +1,7 @@
 """Quantized models with bad constants are refused at load with a ``tfrt_py.errors``
 exception naming the node (issue 36): a scale that is zero, negative or not finite, or
-per-axis scales and zero points of the wrong length. Without the checks these ran to a
+per-axis scales and zero points of the wrong length; QuantizeLinear/DequantizeLinear with a
+constant scale of zero or not finite. Without the checks these ran to a
 wrong answer (a zero scale gave the output zero point everywhere)."""
 
 from __future__ import annotations
@@ -87,3 +88,35 @@ def test_good_constants_still_load_and_run() -> None:
     assert y.shape == (1, 4, 5, 5) and (y == 5).all()  # x at its zero point: y at its own
     out = tfrt_py.load(_matmul([0.01] * 4)).run({"a": np.full((2, 6), 3, np.uint8)})["y"]
     assert (out == 5).all()
+
+
+def _qdq(op: str, scale: Any) -> onnx.ModelProto:
+    x_type = TensorProto.FLOAT if op == "QuantizeLinear" else TensorProto.UINT8
+    inits = [nh.from_array(np.asarray(scale, np.float32), "s"),
+             nh.from_array(np.array(3, np.uint8), "z")]  # fmt: skip
+    node = helper.make_node(op, ["x", "s", "z"], ["y"], name="the_qdq", axis=1)
+    x = helper.make_tensor_value_info("x", x_type, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)
+    m = helper.make_model(helper.make_graph([node], "g", [x], [y], initializer=inits),
+                          opset_imports=[helper.make_opsetid("", 19)])  # fmt: skip
+    m.ir_version = 9
+    return m
+
+
+@pytest.mark.parametrize("op", ["QuantizeLinear", "DequantizeLinear"])
+@pytest.mark.parametrize("scale", [0.0, np.nan, -np.inf, [0.1, 0.0, 0.2]])
+def test_a_qdq_with_a_zero_or_non_finite_scale_is_refused_at_load(op: str, scale: Any) -> None:
+    with pytest.raises(ModelLoadError, match="nonzero and finite") as e:
+        tfrt_py.load(_qdq(op, scale))
+    assert "the_qdq" in str(e.value)
+
+
+@pytest.mark.parametrize("op", ["QuantizeLinear", "DequantizeLinear"])
+def test_a_qdq_with_good_scales_runs(op: str) -> None:
+    m = tfrt_py.load(_qdq(op, [0.5, 0.25, 2.0]))
+    x = np.array([[3, 4, 5], [1, 2, 3]], np.float32 if op == "QuantizeLinear" else np.uint8)
+    y = m.run({"x": x})["y"]
+    if op == "QuantizeLinear":
+        assert y.dtype == np.uint8 and y.tolist() == [[9, 19, 5], [5, 11, 5]]  # 2.5 and 1.5 round to even
+    else:
+        assert y.tolist() == [[0.0, 0.25, 4.0], [-1.0, -0.25, 0.0]]

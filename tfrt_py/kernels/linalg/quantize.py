@@ -104,6 +104,7 @@ def _quantize_linear(ctx: KernelContext) -> ComputeFn:
 
     c_scale = ctx.const_input(1)
     c_zp = ctx.const_input(2)
+    _check_scale(ctx, c_scale)
     laid_scale = None if c_scale is None else _Laid(c_scale, axis, block, False)
     laid_zp = None if c_zp is None else _Laid(c_zp, axis, block, False)
 
@@ -150,6 +151,20 @@ def _quantize_linear(ctx: KernelContext) -> ComputeFn:
     return quantize_linear
 
 
+def _check_scale(ctx: KernelContext, scale: np.ndarray | None) -> None:
+    """A constant scale must be nonzero and finite: zero divides by zero in QuantizeLinear
+    and turns every DequantizeLinear output into 0, a model fault, refused at load."""
+    if scale is None or scale.size == 0:
+        return
+    v = np.asarray(scale)
+    if v.dtype.kind == "V":  # ml_dtypes scale (e.g. float8e8m0)
+        v = v.astype(np.float32)
+    bad = ~np.isfinite(v) | (v == 0)
+    if bad.any():
+        first = float(v.reshape(-1)[int(np.argmax(bad.reshape(-1)))])
+        raise ctx.unsupported(f"a scale is {first}: scales must be nonzero and finite")
+
+
 def _finfo_max(dt: np.dtype) -> Any:
     import ml_dtypes
 
@@ -170,6 +185,7 @@ def _dequantize_linear(ctx: KernelContext) -> ComputeFn:
     f32 = np.dtype(np.float32)
     c_scale = ctx.const_input(1)
     c_zp = ctx.const_input(2)
+    _check_scale(ctx, c_scale)
     laid_scale = None if c_scale is None else _Laid(c_scale, axis, block, True)
     laid_zp = None
     if c_zp is not None and c_zp.dtype.name not in _FLOAT8:
