@@ -516,7 +516,11 @@ class Model(GenerationMixin):
         GOP/s (float or integer operations), sorted (``print(report)``,
         ``report.save_trace("t.json")`` for Perfetto / chrome://tracing). A native model is
         profiled on the sync interpreter (its native function runs the same nodes as one
-        call; the report says how long that call takes). The model itself is not changed."""
+        call; the report says how long that call takes). In a cold process it first waits
+        for the compiled kernels (``cold_start``): what it times is what the model serves
+        on from then on, not the NumPy paths that stand in while they warm. The model itself
+        is not changed."""
+        cold_start.await_switch(self._switched, None)
         kind = self.executor
         if kind == "stream":
             raise ValueError("profile: streamed models are not profiled yet (time run_batches)")
