@@ -509,27 +509,23 @@ class Model(GenerationMixin):
         self._warmup = (self._warmup[0] + len(feeds_list), self._warmup[1] + spent)
         return spent
 
-    # -- introspection -------------------------------------------------------------------
     def profile(self, feeds: Mapping[str, Any], repeat: int = 20) -> ProfileReport:
         """Where a call's time goes: ``repeat`` calls (after a warm-up) of this model's
         executor kind with every kernel timed; per node its op, input shapes, µs, share and
         GOP/s (float or integer operations), sorted (``print(report)``,
         ``report.save_trace("t.json")`` for Perfetto / chrome://tracing). A native model is
         profiled on the sync interpreter (its native function runs the same nodes as one
-        call; the report says how long that call takes). In a cold process it first waits
-        for the compiled kernels (``cold_start``): what it times is what the model serves
-        on from then on, not the NumPy paths that stand in while they warm. The model itself
-        is not changed."""
+        call; the report says how long that call takes). A cold process first waits for
+        the compiled kernels (``cold_start``). The model itself is not changed."""
         cold_start.await_switch(self._switched, None)
         kind = self.executor
         if kind == "stream":
             raise ValueError("profile: streamed models are not profiled yet (time run_batches)")
-        check = FeedChecker(self._prepared.graph.inputs)
-        host = self._runtime.host
+        check, host = FeedChecker(self._prepared.graph.inputs), self._runtime.host
 
         def build(timed: Prepared) -> Executor:
-            return select_executor("async" if kind == "async" else "sync", timed, check,
-                                   host=host, native_mode="background")  # fmt: skip
+            ex = "async" if kind == "async" else "sync"
+            return select_executor(ex, timed, check, host=host, native_mode="background")
 
         report = profile(self._prepared, kind, build, feeds, repeat)
         if kind == "native":

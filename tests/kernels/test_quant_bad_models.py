@@ -117,6 +117,9 @@ def test_a_qdq_with_good_scales_runs(op: str) -> None:
     x = np.array([[3, 4, 5], [1, 2, 3]], np.float32 if op == "QuantizeLinear" else np.uint8)
     y = m.run({"x": x})["y"]
     if op == "QuantizeLinear":
-        assert y.dtype == np.uint8 and y.tolist() == [[9, 19, 5], [5, 11, 5]]  # 2.5 and 1.5 round to even
+        assert y.dtype == np.uint8 and y.tolist() == [
+            [9, 19, 5],
+            [5, 11, 5],
+        ]  # 2.5 and 1.5 round to even
     else:
         assert y.tolist() == [[0.0, 0.25, 4.0], [-1.0, -0.25, 0.0]]

@@ -50,6 +50,7 @@ def _passes() -> dict[str, PassFn]:
         cleanup,
         fold,
         fuse_conv,
+        fuse_dynamic_quant,
         fuse_elementwise,
         fuse_linear,
         fuse_ml,
@@ -65,6 +66,7 @@ def _passes() -> dict[str, PassFn]:
         "identity": cleanup.remove_identities,
         "shapes": shapes.infer_shapes,
         "fuse_qdq": fuse_qdq.fuse_qdq,
+        "fuse_dynamic_quant": fuse_dynamic_quant.fuse_dynamic_quant,
         "fold": fold.fold_constants,
         "cse": cleanup.eliminate_common_subexpressions,
         "dce": cleanup.eliminate_dead_code,
@@ -86,6 +88,8 @@ PASSES = (
     "shapes",
     # before fold: it would make the weights' DequantizeLinear nodes float constants
     "fuse_qdq",
+    # before fold and fuse_elementwise: the Cast and Muls it takes into the integer product
+    "fuse_dynamic_quant",
     "fold",
     "cse",
     "dce",

@@ -8,14 +8,26 @@ SkipSimplifiedLayerNormalization and EmbedLayerNormalization (``norm``), Attenti
 GroupQueryAttention (``gqa``: onnxruntime-genai's decoders) and
 Tokenizer (``tokenizer``, its patterns compiled by ``regex``), which skl2onnx's text
 vectorizers emit, and the QOperator ops onnxruntime's quantization tool writes
-(``quantized``, ``quantized_transformer``). Semantics follow onnxruntime's CPU provider,
+(``quantized``, ``quantized_transformer``) and the 2/4/8-bit weight-only MatMulNBits
+(``matmul_nbits``). Semantics follow onnxruntime's CPU provider,
 which the tests compare against (``tests/test_kernels_contrib*.py``).
 """
 
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from . import activation, attention, gqa, norm, quantized, quantized_transformer, tokenizer
+from . import (
+    activation,
+    attention,
+    gather_block_quantized,
+    gqa,
+    matmul_nbits,
+    norm,
+    quantized,
+    quantized_softmax_pool,
+    quantized_transformer,
+    tokenizer,
+)
 
 __all__ = ["register_kernels"]
 
@@ -29,3 +41,6 @@ def register_kernels(registry: KernelRegistry) -> None:
     tokenizer.register_kernels(registry)
     quantized.register_kernels(registry)
     quantized_transformer.register_kernels(registry)
+    quantized_softmax_pool.register_kernels(registry)
+    gather_block_quantized.register_kernels(registry)
+    matmul_nbits.register_kernels(registry)

@@ -1,7 +1,6 @@
 """Kernels (contrib): onnxruntime's quantized operators in the QOperator format that
 ``onnxruntime.quantization.quantize_static`` writes -- QLinearAdd, QLinearMul,
 QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePool, QLinearConcat, QGemm -- and the
-4-bit (and 2/8-bit) weight-only MatMulNBits of ``matmul_nbits_quantizer``, and the
 MatMulIntegerToFloat / DynamicQuantizeMatMul that onnxruntime's optimizer makes of
 ``quantize_dynamic``'s products.
 
@@ -303,98 +302,6 @@ def _qgemm(ctx: KernelContext) -> ComputeFn:
     return qgemm
 
 
-# -- MatMulNBits ---------------------------------------------------------------------------
-
-_NBITS = (2, 4, 8)
-
-
-def _unpack_codes(b: np.ndarray, bits: int, n: int, k_blocks: int, block: int) -> np.ndarray:
-    """(N, k_blocks * block) integer codes from (N, k_blocks, blob) bytes, low bits first."""
-    per = 8 // bits
-    flat = b.reshape(n, k_blocks, -1)
-    shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
-    codes = (flat[..., None] >> shifts) & np.uint8((1 << bits) - 1)
-    return codes.reshape(n, k_blocks * block)
-
-
-def _matmul_nbits_weight(ctx: KernelContext, b: np.ndarray, scales: np.ndarray,
-                         zp: np.ndarray | None, k: int, n: int, bits: int,
-                         block: int) -> np.ndarray:  # fmt: skip
-    """The dequantized weight, float32 (K, N): ``(code - zero_point) * scale`` per block."""
-    k_blocks = -(-k // block)
-    blob = block * bits // 8
-    if b.dtype != np.uint8 or b.size != n * k_blocks * blob:
-        raise ctx.unsupported(
-            f"B holds {b.size} {b.dtype} values; (N={n}, {k_blocks} blocks, {blob} bytes) "
-            f"uint8 were expected"
-        )
-    if scales.size != n * k_blocks:
-        raise ctx.unsupported(f"scales hold {scales.size} values, not N * blocks = {n * k_blocks}")
-    s = scales.astype(np.float32).reshape(n, k_blocks)
-    if not np.all(np.isfinite(s)):
-        raise ctx.unsupported("a scale is not finite")
-    codes = _unpack_codes(b, bits, n, k_blocks, block).astype(np.float32)
-    if zp is None:
-        z = np.full((n, k_blocks), float(1 << (bits - 1)), np.float32)
-    elif zp.dtype == np.uint8:
-        row = -(-k_blocks * bits // 8)
-        if zp.size != n * row:
-            raise ctx.unsupported(f"zero_points hold {zp.size} bytes, not N * {row}")
-        z = _unpack_codes(zp.reshape(n, 1, row), bits, n, 1, row * 8 // bits)[:, :k_blocks]
-        z = z.astype(np.float32)
-    else:
-        if zp.size != n * k_blocks:
-            raise ctx.unsupported(f"zero_points hold {zp.size} values, not N * blocks")
-        z = zp.astype(np.float32).reshape(n, k_blocks)
-    w = (codes.reshape(n, k_blocks, block) - z[..., None]) * s[..., None]
-    return np.ascontiguousarray(w.reshape(n, k_blocks * block)[:, :k].T)
-
-
-def _matmul_nbits(ctx: KernelContext) -> ComputeFn:
-    """MatMulNBits(A, B, scales, zero_points?, g_idx?, bias?; K, N, bits, block_size):
-    ``A @ dequantize(B)^T + bias`` with B's ``bits``-bit codes in blocks of ``block_size``
-    along K. The constant weight is dequantized once at load (float32 products, as
-    onnxruntime's ``accuracy_level`` 0); a weight given at run time is dequantized per
-    call."""
-    k = int(ctx.attr("K"))
-    n = int(ctx.attr("N"))
-    bits = int(ctx.attr("bits", 4))
-    block = int(ctx.attr("block_size"))
-    if bits not in _NBITS:
-        raise ctx.unsupported(f"bits={bits}: only 2, 4 and 8 are supported")
-    if block < 16 or block & (block - 1):
-        raise ctx.unsupported(f"block_size={block} must be a power of two of at least 16")
-    if k <= 0 or n <= 0:
-        raise ctx.unsupported(f"K={k} and N={n} must be positive")
-    if ctx.has_input(4) and ctx.const_input(4) is not None:
-        g = np.asarray(ctx.const_input(4)).reshape(-1)
-        if not np.array_equal(g, np.arange(k) // block):
-            raise ctx.unsupported("g_idx that reorders the blocks is not supported")
-    consts = [ctx.const_input(i) for i in (1, 2)]
-    zp_const = ctx.const_input(3) if ctx.has_input(3) else None
-    w_const = None
-    if all(c is not None for c in consts) and (not ctx.has_input(3) or zp_const is not None):
-        w_const = _matmul_nbits_weight(ctx, np.asarray(consts[0]), np.asarray(consts[1]),
-                                       None if zp_const is None else np.asarray(zp_const),
-                                       k, n, bits, block)  # fmt: skip
-
-    def matmul_nbits(a: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_points: Any = None,
-                     g_idx: Any = None, bias: Any = None) -> np.ndarray:  # fmt: skip
-        if a.shape[-1] != k:
-            raise ValueError(f"MatMulNBits: A's last dim is {a.shape[-1]}, not K={k}")
-        w = w_const
-        if w is None:
-            w = _matmul_nbits_weight(ctx, np.asarray(b), np.asarray(scales),
-                                     None if zero_points is None else np.asarray(zero_points),
-                                     k, n, bits, block)  # fmt: skip
-        y = np.matmul(a.astype(np.float32, copy=False), w)
-        if bias is not None:
-            y += np.asarray(bias, np.float32).reshape(n)
-        return y.astype(a.dtype, copy=False)
-
-    return matmul_nbits
-
-
 # -- MatMulIntegerToFloat, DynamicQuantizeMatMul -------------------------------------------
 
 
@@ -440,7 +347,8 @@ def _integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any, 
         raise ValueError("b_scale must be one finite value or one per column")
     bz = None if b_zp is None else np.asarray(b_zp).reshape(-1)
     acc = _product(a, a_zp, b, bz, packed)
-    y = acc.astype(_F32) * (_F32(_scalar(a_scale, "a_scale")) * bs)
+    y = acc.astype(_F32)  # then in place: one float32 array a call
+    y *= _F32(_scalar(a_scale, "a_scale")) * bs
     if bias is not None:
         y += np.asarray(bias, _F32)
     return y
@@ -485,6 +393,5 @@ def register_kernels(registry: KernelRegistry) -> None:
     )  # fmt: skip
     registry.add("QLinearConcat", _concat, domain=MS_DOMAIN, since=1)
     registry.add("QGemm", _qgemm, domain=MS_DOMAIN, since=1)
-    registry.add("MatMulNBits", _matmul_nbits, domain=MS_DOMAIN, since=1)
     registry.add("MatMulIntegerToFloat", _matmul_integer_to_float, domain=MS_DOMAIN, since=1)
     registry.add("DynamicQuantizeMatMul", _dynamic_quantize_matmul, domain=MS_DOMAIN, since=1)

@@ -8,10 +8,10 @@ int32 ``(A - a_zp) @ (B - b_zp)`` for 8-bit A (int8 codes shifted by 128 to unsi
 a_zp scalar or one per row of A's last two dims' rows):
 ``sum_k a*b' - a_zp' * colsum(b') - b_zp'[n] * rowsum(a) + K * a_zp' * b_zp'[n]``, in
 int32 in place (every term fits: K <= ``MAX_K``); the result is a view of the kernel's
-padded output when N is not a whole number of panels. One kernel call per product (ctypes, the GIL
-released while it runs). None from ``make`` where there is no kernel (the callers keep
-their exact float products); None from ``product`` for an A it does not take. Immutable
-after ``make``; any thread.
+padded output when N is not a whole number of panels. The kernel is called from numba's
+loop over parts (by ctypes where numba's loops are off), the GIL released while it runs.
+None from ``make`` where there is no kernel (the callers keep their exact float products);
+None from ``product`` for an A it does not take. Immutable after ``make``; any thread.
 """
 
 from __future__ import annotations
@@ -52,12 +52,14 @@ class IntegerWeights:
 
     def _product(self, a2: np.ndarray, m: int) -> np.ndarray:
         """The kernel's int32 output (m, panels * nr): split over native threads by panels
-        when the product is worth it (one ctypes call otherwise)."""
+        when the product is worth it, else one part on this thread (both through numba:
+        a ctypes call costs ~10 µs more); one ctypes call where numba's loops are off."""
         panels = self.packed.shape[0]
-        fn = _SPLIT.get() if m * self.k * panels * self.packed.shape[2] >= _SPLIT_OPS else None
-        if fn is None or panels < 2:
+        fn = _SPLIT.get()
+        if fn is None:
             return qgemm_packed.qgemm(self.built, a2, self.packed, m)
-        threads = native_threads.enter(intra_pool().threads)
+        ops = m * self.k * panels * self.packed.shape[2]
+        threads = native_threads.enter(intra_pool().threads if ops >= _SPLIT_OPS else 1)
         c = np.empty((m, panels * self.packed.shape[2]), np.int32)
         fn(a2, self.packed, c, m, qgemm_packed.layout_code(self.built.tile), min(threads, panels))
         return c
