@@ -123,6 +123,37 @@ def test_integer_weights_products_with_zero_points(a_dt: Any, b_dt: Any) -> None
     assert plan.product(np.ones((2, 5), a_dt), None) is None  # another K
 
 
+@pytest.mark.parametrize("a_dt", [np.uint8, np.int8])
+@pytest.mark.parametrize("b_dt", [np.int8, np.uint8])
+def test_scaled_products_are_the_separate_steps_bit_for_bit(a_dt: Any, b_dt: Any) -> None:
+    """``product_scaled`` (MatMulIntegerToFloat's store: zero points, scale and bias as the
+    kernel's parts store) equals float32(product) * scale + bias, rounded step by step as
+    the Cast, Mul and Add nodes it stands for; it runs compiled (not the NumPy fallback)."""
+    _need_kernel(numba=True)
+    from tfrt_py.kernels.lib import qgemm_rows
+
+    assert qgemm_rows._SCALED.get() is not None
+    for m, k, n in [(1, 3, 5), (16, 130, 40), (64, 256, 200)]:  # the last split over parts
+        a, b = _codes((2, m, k), a_dt), _codes((k, n), b_dt)
+        b_zp = np.array(np.iinfo(b_dt).min + 3, b_dt)
+        plan = IntegerWeights.make(b, b_zp)
+        assert plan is not None
+        scale = RNG.uniform(-1e-3, 1e-3, n).astype(np.float32)
+        bias = RNG.standard_normal(n).astype(np.float32)
+        for a_zp, bz in [(np.array(np.iinfo(a_dt).max, a_dt), bias), (None, None)]:
+            got = plan.product_scaled(a, a_zp, scale, bz)
+            acc = plan.product(a, a_zp)
+            assert got is not None and acc is not None and got.shape == (2, m, n)
+            want = acc.astype(np.float32) * scale
+            if bz is not None:
+                want = want + bz
+            np.testing.assert_array_equal(got, want)
+    per_row = np.zeros(2 * 16, np.uint8)
+    plan = IntegerWeights.make(_codes((130, 40), np.int8), None)
+    assert plan is not None  # one zero point a row: the caller scales product()'s sums
+    assert plan.product_scaled(_codes((32, 130), np.uint8), per_row, scale[:40], None) is None
+
+
 def _reference(x: np.ndarray, xz: Any, w: np.ndarray, wz: np.ndarray, b: Any, xs: Any,
                ws: Any, ys: Any, yz: Any, geo: tuple[int, ...]) -> np.ndarray:  # fmt: skip
     kh, kw, sh, sw, dh, dw, pt, pl, pb, pr = geo

@@ -346,22 +346,58 @@ def _integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any, 
     if bs.size not in (1, n) or not np.all(np.isfinite(bs)):
         raise ValueError("b_scale must be one finite value or one per column")
     bz = None if b_zp is None else np.asarray(b_zp).reshape(-1)
+    mult = _F32(_scalar(a_scale, "a_scale")) * bs
+    if packed is not None:  # the scaling (and bias) as the kernel stores its sums
+        b1 = None if bias is None else np.asarray(bias, _F32)
+        if b1 is None or b1.shape == (n,):
+            zp = None if a_zp is None else np.asarray(a_zp).reshape(-1)
+            zp = None if zp is None or zp.size != 1 else zp.reshape(())
+            per_col = np.ascontiguousarray(np.broadcast_to(mult, (n,)))
+            y = packed.product_scaled(a, zp, per_col, b1)
+            if y is not None:
+                return y
     acc = _product(a, a_zp, b, bz, packed)
     y = acc.astype(_F32)  # then in place: one float32 array a call
-    y *= _F32(_scalar(a_scale, "a_scale")) * bs
+    y *= mult
     if bias is not None:
         y += np.asarray(bias, _F32)
     return y
 
 
+def _scaled_constants(ctx: KernelContext, packed: IntegerWeights | None, n: int,
+                      scale_idx: int, bias_idx: int) -> tuple[np.ndarray, Any] | None:  # fmt: skip
+    """B's scale (one per column, float32) and the bias (or None) made at load for
+    ``product_scaled``, when both are constants of the right size (else None)."""
+    bs = ctx.const_input(scale_idx)
+    bias = ctx.const_input(bias_idx) if ctx.has_input(bias_idx) else None
+    if packed is None or bs is None or (ctx.has_input(bias_idx) and bias is None):
+        return None
+    bs = np.asarray(bs, _F32).reshape(-1)
+    if bs.size not in (1, n) or not np.all(np.isfinite(bs)):
+        return None
+    if bias is not None and np.asarray(bias).shape != (n,):
+        return None
+    bias = None if bias is None else np.ascontiguousarray(bias, _F32)
+    return np.ascontiguousarray(np.broadcast_to(bs, (n,))), bias
+
+
 def _matmul_integer_to_float(ctx: KernelContext) -> ComputeFn:
-    """MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zp?, b_zp?, bias?) -> float32."""
+    """MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zp?, b_zp?, bias?) -> float32. With
+    B, its scale and zero point and the bias constants (what ``fuse_dynamic_quant`` and
+    onnxruntime's optimizer make), one ``product_scaled`` call: the scaling as the kernel
+    stores."""
     _check_scalars(ctx, (2, 4), (2,))
     packed = _integer_weights(ctx, 1, 5)
+    b = ctx.const_input(1)
+    fixed = None if b is None or b.ndim != 2 else _scaled_constants(ctx, packed, b.shape[1], 3, 6)
 
     def matmul_integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any,
                                 a_zp: Any = None, b_zp: Any = None,
                                 bias: Any = None) -> np.ndarray:  # fmt: skip
+        if fixed is not None and packed is not None and np.size(a_scale) == 1:
+            y = packed.product_scaled(a, a_zp, fixed[0] * _F32(a_scale), fixed[1])
+            if y is not None:
+                return y
         return _integer_to_float(a, b, a_scale, b_scale, a_zp, b_zp, bias, packed)
 
     return matmul_integer_to_float

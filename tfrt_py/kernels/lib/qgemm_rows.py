@@ -87,9 +87,9 @@ class IntegerWeights:
         packed = qgemm_packed.pack(bi, built.tile)
         return cls(built, packed, bi.sum(axis=0), wz, k, n)
 
-    def product(self, a: np.ndarray, a_zp: Any) -> np.ndarray | None:
-        """int32 ``(A - a_zp) @ (B - b_zp)`` with A's leading dims kept, or None when A is not
-        8-bit with K columns or a_zp is neither one value nor one per row."""
+    def _rows(self, a: np.ndarray, a_zp: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """A's rows in the kernel's layout (m, K padded to whole groups) and the zero
+        point(s) of those codes (int64, one or one per row), or None (``product``)."""
         if a.dtype not in (np.uint8, np.int8) or a.ndim < 1 or a.shape[-1] != self.k:
             return None
         rows = a.reshape(-1, self.k)
@@ -103,7 +103,10 @@ class IntegerWeights:
         shape = self.built.tile
         g = shape.g
         kp = -(-self.k // g) * g
-        a2 = np.empty((m, kp), qgemm_packed.a_dtype(shape))
+        adt = qgemm_packed.a_dtype(shape)
+        if a.dtype == adt and kp == self.k and rows.flags.c_contiguous:
+            return rows, zx  # already the kernel's layout: no copy
+        a2 = np.empty((m, kp), adt)
         a2[:, self.k :] = 0
         if a.dtype == np.int8:  # signed codes + 128: unsigned, the zero point with them
             zx = zx + 128
@@ -113,7 +116,16 @@ class IntegerWeights:
                 np.add(rows, 128, out=a2[:, : self.k], dtype=np.int16)
         else:
             a2[:, : self.k] = rows
-        acc = self._product(a2, m)
+        return a2, zx
+
+    def product(self, a: np.ndarray, a_zp: Any) -> np.ndarray | None:
+        """int32 ``(A - a_zp) @ (B - b_zp)`` with A's leading dims kept, or None when A is not
+        8-bit with K columns or a_zp is neither one value nor one per row."""
+        got = self._rows(a, a_zp)
+        if got is None:
+            return None
+        a2, zx = got
+        acc = self._product(a2, a2.shape[0])
         # the corrections in int32, in place: every term and the exact result fit (K <= MAX_K)
         if zx.size == 1:
             if zx[0]:
@@ -126,6 +138,34 @@ class IntegerWeights:
             acc -= (rows_sum * self.wz32 - self.k * zcol * self.wz32).astype(np.int32)
         out = acc[:, : self.n] if acc.shape[1] != self.n else acc
         return out.reshape((*a.shape[:-1], self.n))
+
+    def product_scaled(self, a: np.ndarray, a_zp: Any, scale: np.ndarray,
+                       bias: np.ndarray | None) -> np.ndarray | None:  # fmt: skip
+        """float32 ``float32(product(a, a_zp)) * scale + bias`` (``scale`` and ``bias``
+        float32, one per column; each step rounded as the separate nodes round: no fused
+        multiply-add; no bias adds 0.0), the zero-point corrections and the scaling done
+        as each part's panels are stored; None where ``product`` is None, a_zp is one per
+        row or numba's loops are off (the caller scales ``product``'s sums)."""
+        fn = _SCALED.get()
+        got = None if fn is None else self._rows(a, a_zp)
+        if got is None or got[1].size != 1:
+            return None
+        a2, zx = got
+        m = a2.shape[0]
+        panels, nr = self.packed.shape[0], self.packed.shape[2]
+        ops = m * self.k * panels * nr
+        threads = native_threads.enter(intra_pool().threads if ops >= _SPLIT_OPS else 1)
+        c = np.empty((m, panels * nr), np.int32)
+        y = np.empty((m, self.n), np.float32)
+        with_wz = bool(self.wz.any())
+        rowsum = a2.sum(axis=1, dtype=np.int64) if with_wz else _NO_ROWS
+        fn(a2, self.packed, c, m, qgemm_packed.layout_code(self.built.tile), min(threads, panels),
+           int(zx[0]), self.colsum32, self.wz32, rowsum, with_wz, self.k, scale,
+           np.zeros(self.n, np.float32) if bias is None else bias, y)  # fmt: skip
+        return y.reshape((*a.shape[:-1], self.n))
+
+
+_NO_ROWS = np.zeros(1, np.int64)
 
 
 def _split(a, packed, c, m, layout, parts):  # pragma: no cover - numba only
@@ -141,6 +181,43 @@ def _split(a, packed, c, m, layout, parts):  # pragma: no cover - numba only
             qgemm_kernel(a.ctypes.data, a.shape[1], w, out, c.shape[1], m, kg, p1 - p0, layout)
 
 
+def _split_scaled(
+    a, packed, c, m, layout, parts, zx, colsum, wz, rowsum, with_wz, k, scale, bias, y
+):  # pragma: no cover - numba only
+    panels, kg, nr, g = packed.shape
+    n = y.shape[1]
+    per = (panels + parts - 1) // parts
+    esize = packed.itemsize
+    for part in numba.prange(parts):
+        p0 = part * per
+        p1 = min(panels, p0 + per)
+        if p0 < p1:
+            w = packed.ctypes.data + p0 * kg * nr * g * esize
+            out = c.ctypes.data + p0 * nr * 4
+            qgemm_kernel(a.ctypes.data, a.shape[1], w, out, c.shape[1], m, kg, p1 - p0, layout)
+            c0, c1 = p0 * nr, min(n, p1 * nr)
+            # the corrections in float64, where every term and sum is exact (|.| < 2**53),
+            # and its loops vectorize (numba's int32 arithmetic widens to int64)
+            corr = np.empty(c1 - c0, np.float64)
+            wzf = np.empty(c1 - c0, np.float64)
+            for col in range(c0, c1):
+                corr[col - c0] = np.float64(zx * colsum[col])
+                wzf[col - c0] = np.float64(wz[col])
+            sc = scale[c0:c1]
+            bs = bias[c0:c1]
+            for r in range(m):
+                cr = c[r, c0:c1]
+                yr = y[r, c0:c1]
+                if with_wz:
+                    shift = np.float64(rowsum[r] - k * zx)
+                    for i in range(c1 - c0):
+                        v = np.float64(cr[i]) - corr[i] - wzf[i] * shift
+                        yr[i] = np.float32(v) * sc[i] + bs[i]
+                else:
+                    for i in range(c1 - c0):
+                        yr[i] = np.float32(np.float64(cr[i]) - corr[i]) * sc[i] + bs[i]
+
+
 def _warm_split(fn: Any) -> None:
     built = qgemm_packed.available()
     if built is None:
@@ -152,6 +229,21 @@ def _warm_split(fn: Any) -> None:
     fn(a, packed, c, 2, qgemm_packed.layout_code(shape), 2)
 
 
+def _warm_scaled(fn: Any) -> None:
+    built = qgemm_packed.available()
+    if built is None:
+        return
+    shape = built.tile
+    n = 2 * shape.nr
+    packed = qgemm_packed.pack(np.ones((4, n), np.int8), shape)
+    a = np.ones((2, 4), qgemm_packed.a_dtype(shape))
+    c = np.empty((2, n), np.int32)
+    cols = np.zeros(n, np.int32)
+    fn(a, packed, c, 2, qgemm_packed.layout_code(shape), 2, 1, cols, np.zeros(n, np.int64),
+       np.zeros(2, np.int64), True, 4, np.ones(n, np.float32), np.ones(n, np.float32),
+       np.empty((2, n - 1), np.float32))  # fmt: skip
+
+
 def _prepare(module_globals: dict[str, Any]) -> bool:
     fn = qgemm_packed.kernel()
     module_globals["qgemm_kernel"] = fn
@@ -159,3 +251,5 @@ def _prepare(module_globals: dict[str, Any]) -> bool:
 
 
 _SPLIT = Jitted(_split, _warm_split, parallel=True, prepare=_prepare)
+# no fast-math: the float steps round as the Cast, Mul and Add nodes they stand for
+_SCALED = Jitted(_split_scaled, _warm_scaled, parallel=True, prepare=_prepare)
