@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
-from ..lib.qgemm_rows import IntegerWeights
+from ..lib.qgemm_rows import IntegerWeights, integer_product_cost
 from ..lib.quant import dynamic_quantize, requantize
 from ..lib.quant import exact_dtype as _cdt
 from ..lib.quant import minus_zero_point_cols as _b_side
@@ -349,11 +349,10 @@ def _integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any, 
     mult = _F32(_scalar(a_scale, "a_scale")) * bs
     if packed is not None:  # the scaling (and bias) as the kernel stores its sums
         b1 = None if bias is None else np.asarray(bias, _F32)
-        if b1 is None or b1.shape == (n,):
-            zp = None if a_zp is None else np.asarray(a_zp).reshape(-1)
-            zp = None if zp is None or zp.size != 1 else zp.reshape(())
+        zp = None if a_zp is None else np.asarray(a_zp)
+        if (b1 is None or b1.shape == (n,)) and (zp is None or zp.size == 1):
             per_col = np.ascontiguousarray(np.broadcast_to(mult, (n,)))
-            y = packed.product_scaled(a, zp, per_col, b1)
+            y = packed.product_scaled(a, None if zp is None else zp.reshape(()), per_col, b1)
             if y is not None:
                 return y
     acc = _product(a, a_zp, b, bz, packed)
@@ -428,6 +427,8 @@ def register_kernels(registry: KernelRegistry) -> None:
         "QLinearGlobalAveragePool", _global_average_pool, domain=MS_DOMAIN, since=1
     )  # fmt: skip
     registry.add("QLinearConcat", _concat, domain=MS_DOMAIN, since=1)
-    registry.add("QGemm", _qgemm, domain=MS_DOMAIN, since=1)
-    registry.add("MatMulIntegerToFloat", _matmul_integer_to_float, domain=MS_DOMAIN, since=1)
-    registry.add("DynamicQuantizeMatMul", _dynamic_quantize_matmul, domain=MS_DOMAIN, since=1)
+    registry.add("QGemm", _qgemm, domain=MS_DOMAIN, since=1, cost=integer_product_cost(3))
+    registry.add("MatMulIntegerToFloat", _matmul_integer_to_float, domain=MS_DOMAIN, since=1,
+                 cost=integer_product_cost(1))  # fmt: skip
+    registry.add("DynamicQuantizeMatMul", _dynamic_quantize_matmul, domain=MS_DOMAIN, since=1,
+                 cost=integer_product_cost(1))  # fmt: skip

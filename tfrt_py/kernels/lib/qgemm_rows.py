@@ -22,10 +22,11 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
+from ..base import Cost, KernelContext
 from . import qgemm_packed
 from .jit import Jitted
 
-__all__ = ["IntegerWeights"]
+__all__ = ["IntegerWeights", "integer_product_cost"]
 
 #: the longest reduction whose u8 x s8 sums stay inside int32
 MAX_K = (2**31 - 1) // (255 * 128)
@@ -253,3 +254,16 @@ def _prepare(module_globals: dict[str, Any]) -> bool:
 _SPLIT = Jitted(_split, _warm_split, parallel=True, prepare=_prepare)
 # no fast-math: the float steps round as the Cast, Mul and Add nodes they stand for
 _SCALED = Jitted(_split_scaled, _warm_scaled, parallel=True, prepare=_prepare)
+
+
+def integer_product_cost(b_idx: int) -> Any:
+    """The cost function of an integer product whose B is input ``b_idx``: two operations
+    a multiply-add (the profile's GOP/s), the operands and the output read or written."""
+
+    def cost(ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> Cost:
+        if len(ins) <= b_idx or not outs or not ins[0]:
+            return Cost(0.0, 0.0)
+        y = float(np.prod(outs[0]))
+        return Cost(2.0 * y * ins[0][-1], float(np.prod(ins[0])) + float(np.prod(ins[b_idx])) + y)
+
+    return cost

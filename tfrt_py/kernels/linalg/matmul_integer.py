@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..base import ComputeFn, Cost, KernelContext
-from ..lib.qgemm_rows import IntegerWeights
+from ..base import ComputeFn, KernelContext
+from ..lib.qgemm_rows import IntegerWeights, integer_product_cost
 from ..lib.quant import check_constants, requantize
 from ..lib.quant import exact_dtype as _cdt
 from ..lib.quant import minus_zero_point_cols as _b_side
@@ -114,17 +114,7 @@ def _qlinear_matmul(ctx: KernelContext) -> ComputeFn:
     return qlinear_matmul
 
 
-def _cost(b_idx: int) -> Any:
-    def cost(ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> Cost:
-        if len(ins) <= b_idx or not outs or not ins[0]:
-            return Cost(0.0, 0.0)
-        y = float(np.prod(outs[0]))
-        return Cost(2.0 * y * ins[0][-1], float(np.prod(ins[0])) + float(np.prod(ins[b_idx])) + y)
-
-    return cost
-
-
 def register_kernels(registry: KernelRegistry) -> None:
     """Register MatMulInteger and QLinearMatMul."""
-    registry.add("MatMulInteger", _matmul_integer, since=10, cost=_cost(1))
-    registry.add("QLinearMatMul", _qlinear_matmul, since=10, cost=_cost(3))
+    registry.add("MatMulInteger", _matmul_integer, since=10, cost=integer_product_cost(1))
+    registry.add("QLinearMatMul", _qlinear_matmul, since=10, cost=integer_product_cost(3))
