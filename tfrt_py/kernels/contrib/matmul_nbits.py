@@ -50,6 +50,9 @@ _F32 = np.float32
 GEMV_ROWS = 3
 #: the most float32 values of a dequantized chunk of columns (4 MB)
 CHUNK_FLOATS = 1 << 20
+#: multiply-adds from which a GEMV splits over threads (below, a second thread's start
+#: costs more than its half: 256 x 688 took 21 µs on one thread, 24 on two)
+_GEMV_SPLIT = 1 << 18
 #: columns a GEMV inner loop carries (its accumulators: four zmm or eight ymm registers)
 _NC = 64
 
@@ -156,8 +159,8 @@ class NBitsWeight:
         ap = self.padded(a)
         gemv = (_GEMV4 if self.nibbles else _GEMV8).get() if m <= GEMV_ROWS else None
         if gemv is not None:
-            parts = min(native_threads.enter_for(m * self.k * n_pad, intra_pool().threads),
-                        n_pad // _NC)  # fmt: skip
+            many = m * self.k * n_pad >= _GEMV_SPLIT
+            parts = min(native_threads.enter(intra_pool().threads if many else 1), n_pad // _NC)
             gemv(ap, self.codes, self.scale, self.scale_zp, y, parts)
             return y[:, : self.n] if n_pad != self.n else y
         gemm = _GEMM.get()
@@ -329,6 +332,8 @@ def _matmul_nbits(ctx: KernelContext) -> ComputeFn:
         fixed = NBitsWeight(ctx, np.asarray(consts[0]), np.asarray(consts[1]),
                             None if zp_const is None else np.asarray(zp_const),
                             k, n, bits, block)  # fmt: skip
+        for loops in (_GEMV4 if bits == 4 else _GEMV8, _GEMM):
+            loops.get()  # compiled (or read from numba's cache) at load, not on a call
 
     def matmul_nbits(a: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_points: Any = None,
                      g_idx: Any = None, bias: Any = None) -> np.ndarray:  # fmt: skip

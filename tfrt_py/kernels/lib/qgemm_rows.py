@@ -86,6 +86,8 @@ class IntegerWeights:
             bi -= 128
             wz -= 128
         packed = qgemm_packed.pack(bi, built.tile)
+        _SPLIT.get()  # numba's loops compiled (or read from its cache) at load, not on a call
+        _SCALED.get()
         return cls(built, packed, bi.sum(axis=0), wz, k, n)
 
     def _rows(self, a: np.ndarray, a_zp: Any) -> tuple[np.ndarray, np.ndarray] | None:
