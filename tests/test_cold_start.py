@@ -219,3 +219,35 @@ def test_profile_times_the_compiled_kernels_not_the_cold_stand_ins() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r == {"cold": True, "switched": True}, r
+
+
+_FIT = """
+import json
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import tfrt_py
+
+w = numpy_helper.from_array(np.ones((8, 4), np.float32), "w")
+g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+model.ir_version = 9
+m = tfrt_py.load(model, executor="sync")
+before = m.runtime.generic_note
+m.wait_compiled(120)
+m.run({{"x": np.ones((3, 8), np.float32)}})
+print(json.dumps({{"before": before, "after": m.runtime._generic is not None}}))
+"""
+
+
+def test_a_cold_load_does_not_fit_the_shape_model_its_switch_replaces() -> None:
+    """The stand-in interpreter of a cold load plans per signature: the shape model's
+    probes would run the model 2**n + 2 times on the NumPy paths (2 s of a quantized
+    ResNet-18's load); the interpreter the switch makes fits it, on the compiled kernels."""
+    out = subprocess.run([sys.executable, "-c", _FIT.format()], capture_output=True, text=True,
+                         cwd=str(ROOT), env=_env(), timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "cold start's stand-in" in r["before"] and r["after"] is True, r

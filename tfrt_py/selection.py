@@ -161,9 +161,14 @@ def _async_executor(
 
 def _shape_fit(prepared: Prepared) -> Fit | None:
     """The shape model behind the sync interpreter's one plan for every signature (None:
-    static shapes, or ``$TFRT_PY_GENERIC_PLAN=0``: plans per signature)."""
+    static shapes, or ``$TFRT_PY_GENERIC_PLAN=0``: plans per signature). Not fitted for a
+    cold start's stand-in (``compiled_gate.held()``): its probes would run the whole model
+    ``2**n + 2`` times on the NumPy paths (2 s of a quantized ResNet-18's load) for an
+    interpreter the warm-up replaces; the replacement fits on the compiled kernels."""
     if os.environ.get(GENERIC_ENV) == "0":
         return Fit(None, f"${GENERIC_ENV}=0")
+    if compiled_gate.held():
+        return Fit(None, "a cold start's stand-in: plans per signature until the switch")
     inputs = prepared.graph.inputs
     if all(isinstance(v.type, TensorType) and v.type.is_static for v in inputs):
         return None
