@@ -21,7 +21,7 @@ from .jit import Jitted
 
 __all__ = [
     "check_constants", "dynamic_quantize", "exact_dtype", "minus_zero_point_cols",
-    "minus_zero_point_rows", "requantize",
+    "minus_zero_point_rows", "quantize_codes", "requantize",
 ]  # fmt: skip
 
 
@@ -129,3 +129,42 @@ def _warm_codes(fn: Any) -> None:
 
 
 _CODES = Jitted(_codes, _warm_codes)
+
+
+def quantize_codes(x: np.ndarray, scale: np.float32, zp: np.float32,
+                   out_dtype: np.dtype) -> np.ndarray | None:  # fmt: skip
+    """QuantizeLinear's per-tensor codes of float32 ``x`` in one compiled pass: ``x /
+    scale`` in float32, rounded half to even, plus ``zp``, saturated to uint8/int8 -- the
+    NumPy path's steps and results (NaN gives code 0, as its cast does); None where numba
+    is off or the output is not 8-bit (the caller's NumPy path)."""
+    fn = _QUANTIZE.get()
+    if fn is None or x.dtype != np.float32 or out_dtype not in (np.uint8, np.int8):
+        return None
+    lo, hi = (0.0, 255.0) if out_dtype == np.uint8 else (-128.0, 127.0)
+    y = np.empty(x.shape, out_dtype)
+    fn(np.ascontiguousarray(x).reshape(-1), scale, zp, np.float32(lo), np.float32(hi),
+       y.reshape(-1))  # fmt: skip
+    return y
+
+
+def _quantize(x, scale, zp, lo, hi, y):  # pragma: no cover - numba only
+    magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even
+    big = np.float32(4194304.0)  # 2**22: beyond it every code saturates anyway
+    for i in range(x.shape[0]):
+        u = np.uint64(i)
+        v = x[u] / scale
+        if v != v:  # NaN
+            y[u] = 0
+        else:
+            v = min(max(v, -big), big)
+            v = ((v + magic) - magic) + zp
+            y[u] = min(max(v, lo), hi)
+
+
+def _warm_quantize(fn: Any) -> None:
+    for dt in (np.uint8, np.int8):
+        fn(np.ones(3, np.float32), np.float32(1), np.float32(0), np.float32(0),
+           np.float32(127), np.empty(3, dt))  # fmt: skip
+
+
+_QUANTIZE = Jitted(_quantize, _warm_quantize)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
-from ..lib.quant import dynamic_quantize
+from ..lib.quant import dynamic_quantize, quantize_codes
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -107,11 +107,22 @@ def _quantize_linear(ctx: KernelContext) -> ComputeFn:
     _check_scale(ctx, c_scale)
     laid_scale = None if c_scale is None else _Laid(c_scale, axis, block, False)
     laid_zp = None if c_zp is None else _Laid(c_zp, axis, block, False)
+    # per tensor, float32, to 8 bits (an input's Q in every QDQ model): one compiled pass
+    one_pass = None
+    zp_fixed = c_zp.size == 1 if c_zp is not None else not ctx.has_input(2)
+    scale_fixed = c_scale is not None and c_scale.size == 1 and c_scale.dtype == np.float32
+    if scale_fixed and zp_fixed and prec is None and fixed in (np.uint8, np.int8):
+        zp0 = 0.0 if c_zp is None else float(np.asarray(c_zp).reshape(-1)[0])
+        one_pass = (np.float32(c_scale.reshape(-1)[0]), np.float32(zp0))  # type: ignore[union-attr]
 
     def quantize_linear(
         x: np.ndarray, y_scale: np.ndarray, y_zero_point: np.ndarray | None = None
     ) -> np.ndarray:
         shape = x.shape
+        if one_pass is not None and x.dtype == np.float32:
+            y = quantize_codes(x, one_pass[0], one_pass[1], fixed)  # type: ignore[arg-type]
+            if y is not None:
+                return y
         if laid_scale is not None:
             scale = laid_scale.get(shape)
         else:
