@@ -15,7 +15,9 @@ import pytest
 
 import tfrt_py
 from tests.support.contrib import node_model, ort_outputs, runtime_feeds, tfrt_outputs
+from tfrt_py.concurrency import native_threads
 from tfrt_py.kernels.contrib import matmul_nbits
+from tfrt_py.kernels.lib import gemm_packed
 from tfrt_py.kernels.lib.jit import jit_enabled
 
 RNG = np.random.default_rng(36)
@@ -77,9 +79,15 @@ def test_the_product_matches_the_definition(m: int, k: int, n: int, block: int, 
 
 @pytest.mark.skipif(not jit_enabled(), reason="numba is not installed (or TFRT_PY_JIT=0)")
 def test_the_compiled_loops_are_the_ones_that_run() -> None:
-    """Where numba runs, the product takes the compiled GEMV and dequantization (not the
-    NumPy chunks): their dispatchers exist in this process and answer the right values."""
-    for jitted in (matmul_nbits._GEMV4, matmul_nbits._GEMV8, matmul_nbits._GEMM):
+    """Where numba's parallel loops run, the product takes the compiled GEMV and, where
+    the packed float gemm is built, the panels' product (not the NumPy chunks): their
+    dispatchers exist in this process and answer the right values."""
+    if not native_threads.ready():
+        pytest.skip(f"numba's thread layer is not running here ({native_threads.state()[1]})")
+    loops = [matmul_nbits._GEMV4, matmul_nbits._GEMV8]
+    if gemm_packed.available():
+        loops.append(matmul_nbits._GEMM)
+    for jitted in loops:
         assert jitted.get() is not None, jitted.fn.__name__
     inputs = _inputs(1, 64, 70, 4, 32, "none")
     model = tfrt_py.load(node_model("MatMulNBits", inputs,
