@@ -56,7 +56,9 @@ def _reference(inputs: list[Any], k: int, n: int, bits: int, block: int) -> np.n
 
 
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 40])
-@pytest.mark.parametrize(("k", "n", "block"), [(16, 6, 16), (200, 130, 32), (1000, 64, 128)])
+@pytest.mark.parametrize(
+    ("k", "n", "block"), [(16, 6, 16), (200, 130, 32), (1000, 64, 128), (300, 70, 256)]
+)
 @pytest.mark.parametrize("bits", [2, 4, 8])
 @pytest.mark.parametrize("zp", ["none", "packed", "float"])
 def test_the_product_matches_the_definition(m: int, k: int, n: int, block: int, bits: int,
