@@ -75,6 +75,15 @@ def _probe(executor: str = "auto", native: str = "background", **env: str) -> di
     return report
 
 
+def _script(src: str) -> dict[str, Any]:
+    """Run ``src`` in a fresh interpreter (a user's environment); its last line, as JSON."""
+    out = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True,
+                         cwd=str(ROOT), env=_env(), timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    report: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return report
+
+
 @pytest.mark.parametrize("executor", ["auto", "sync", "async"])
 def test_the_first_result_does_not_wait_for_numba_and_the_model_switches_later(
     executor: str,
@@ -189,10 +198,7 @@ def test_share_weights_switches_a_cold_model_first() -> None:
     """Before a fork (serve --workers, gunicorn --preload): the compiled kernels' own
     arrays (packed weights) must exist before the weights are shared, not be made later
     in every worker."""
-    out = subprocess.run([sys.executable, "-c", _SHARE.format(model=MLP)], capture_output=True,
-                         text=True, cwd=str(ROOT), env=_env(), timeout=300)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = _script(_SHARE.format(model=MLP))
     assert r == {"cold": True, "switched": True}, r
 
 
@@ -214,10 +220,7 @@ def test_profile_times_the_compiled_kernels_not_the_cold_stand_ins() -> None:
     """``profile()`` in a fresh process (``tfrt-py profile``) waits for the switch to the
     compiled kernels: before, it timed the NumPy paths that serve while they warm (a
     quantized BERT's integer products showed 9x their real cost)."""
-    out = subprocess.run([sys.executable, "-c", _PROFILE.format(model=MLP)], capture_output=True,
-                         text=True, cwd=str(ROOT), env=_env(), timeout=300)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = _script(_PROFILE.format(model=MLP))
     assert r == {"cold": True, "switched": True}, r
 
 
@@ -246,8 +249,5 @@ def test_a_cold_load_does_not_fit_the_shape_model_its_switch_replaces() -> None:
     """The stand-in interpreter of a cold load plans per signature: the shape model's
     probes would run the model 2**n + 2 times on the NumPy paths (2 s of a quantized
     ResNet-18's load); the interpreter the switch makes fits it, on the compiled kernels."""
-    out = subprocess.run([sys.executable, "-c", _FIT.format()], capture_output=True, text=True,
-                         cwd=str(ROOT), env=_env(), timeout=300)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = _script(_FIT.format())
     assert "cold start's stand-in" in r["before"] and r["after"] is True, r

@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 import tfrt_py
-from tests.support.contrib import edge_codes, node_model, ort_outputs, runtime_feeds, tfrt_outputs
+from tests.support.contrib import (
+    edge_codes,
+    nbits_inputs,
+    node_model,
+    ort_outputs,
+    runtime_feeds,
+    tfrt_outputs,
+)
 from tfrt_py.errors import UnsupportedOpError
 
 RNG = np.random.default_rng(11)
@@ -180,17 +187,7 @@ def test_requantize_rounds_in_float32_as_onnxruntime(
 
 def _nbits_inputs(k: int, n: int, bits: int, block: int, zp: str, bias: bool,
                   a_shape: tuple[int, ...]) -> list[Any]:  # fmt: skip
-    k_blocks = -(-k // block)
-    b = RNG.integers(0, 256, (n, k_blocks, block * bits // 8)).astype(np.uint8)
-    scales = RNG.uniform(0.01, 0.1, (n * k_blocks,)).astype(F32)
-    zps: Any = None
-    if zp == "packed":
-        zps = RNG.integers(0, 256, (n, -(-k_blocks * bits // 8))).astype(np.uint8)
-    elif zp == "float":
-        zps = RNG.uniform(0, 2**bits - 1, (n, k_blocks)).astype(F32)
-    a = RNG.standard_normal((*a_shape, k)).astype(F32)
-    extra = [None, RNG.standard_normal(n).astype(F32)] if bias else []
-    return [a, b, scales, zps, *extra]
+    return nbits_inputs(RNG, a_shape, k, n, bits, block, zp, bias)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 import tfrt_py
-from tests.support.contrib import node_model, ort_outputs, runtime_feeds, tfrt_outputs
+from tests.support.contrib import (
+    nbits_inputs,
+    node_model,
+    ort_outputs,
+    runtime_feeds,
+    tfrt_outputs,
+)
 from tfrt_py.concurrency import native_threads
 from tfrt_py.kernels.contrib import matmul_nbits
 from tfrt_py.kernels.lib import gemm_packed
@@ -25,16 +31,7 @@ F32 = np.float32
 
 
 def _inputs(m: int, k: int, n: int, bits: int, block: int, zp: str) -> list[Any]:
-    k_blocks = -(-k // block)
-    b = RNG.integers(0, 256, (n, k_blocks, block * bits // 8)).astype(np.uint8)
-    scales = RNG.uniform(0.01, 0.1, (n * k_blocks,)).astype(F32)
-    zps: Any = None
-    if zp == "packed":
-        zps = RNG.integers(0, 256, (n, -(-k_blocks * bits // 8))).astype(np.uint8)
-    elif zp == "float":
-        zps = RNG.uniform(0, 2**bits - 1, (n, k_blocks)).astype(F32)
-    a = RNG.standard_normal((m, k)).astype(F32)
-    return [a, b, scales, zps, None, RNG.standard_normal(n).astype(F32)]
+    return nbits_inputs(RNG, (m,), k, n, bits, block, zp, bias=True)
 
 
 def _reference(inputs: list[Any], k: int, n: int, bits: int, block: int) -> np.ndarray:
@@ -86,7 +83,7 @@ def test_the_compiled_loops_are_the_ones_that_run() -> None:
     dispatchers exist in this process and answer the right values."""
     if not native_threads.ready():
         pytest.skip(f"numba's thread layer is not running here ({native_threads.state()[1]})")
-    loops = [matmul_nbits._GEMV4, matmul_nbits._GEMV8]
+    loops = [matmul_nbits._GEMV]
     if gemm_packed.available():
         loops.append(matmul_nbits._GEMM)
     for jitted in loops:

@@ -24,6 +24,7 @@ __all__ = [
     "assert_same",
     "check_node",
     "edge_codes",
+    "nbits_inputs",
     "node_model",
     "ort_outputs",
     "tfrt_outputs",
@@ -48,6 +49,24 @@ def edge_codes(rng: np.random.Generator, shape: tuple[int, ...], dt: Any) -> np.
     if flat.size >= 2:
         flat[0], flat[-1] = info.min, info.max
     return x
+
+
+def nbits_inputs(rng: np.random.Generator, a_shape: tuple[int, ...], k: int, n: int,
+                 bits: int, block: int, zp: str, bias: bool) -> list[Any]:  # fmt: skip
+    """MatMulNBits' inputs (A float32 ``a_shape + (k,)``, B's ``bits``-bit codes in blocks,
+    scales; zero points ``"none"``, ``"packed"`` or ``"float"``; with ``bias``, g_idx absent
+    and a bias): random, from ``rng``."""
+    k_blocks = -(-k // block)
+    b = rng.integers(0, 256, (n, k_blocks, block * bits // 8)).astype(np.uint8)
+    scales = rng.uniform(0.01, 0.1, (n * k_blocks,)).astype(np.float32)
+    zps: Any = None
+    if zp == "packed":
+        zps = rng.integers(0, 256, (n, -(-k_blocks * bits // 8))).astype(np.uint8)
+    elif zp == "float":
+        zps = rng.uniform(0, 2**bits - 1, (n, k_blocks)).astype(np.float32)
+    a = rng.standard_normal((*a_shape, k)).astype(np.float32)
+    extra = [None, rng.standard_normal(n).astype(np.float32)] if bias else []
+    return [a, b, scales, zps, *extra]
 
 
 def node_model(

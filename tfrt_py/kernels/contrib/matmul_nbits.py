@@ -6,21 +6,22 @@ output column n and block, ``(code - zero_point) * scale``; the zero point absen
 ``2**(bits - 1)``, packed (``bits`` a code, low bits first) or float.
 
 A constant weight stays quantized in memory (what a 4-bit model is for: a 1B-parameter
-decoder is 0.5 GB at 4 bits and 4 GB dequantized). At load it is laid out once, K-major:
-``codes`` (K rows, N columns; 4-bit codes two to a byte, an even and an odd k, as in B;
-2- and 8-bit codes one to a byte), ``scale`` and ``scale * zero_point`` per (block, n),
-float32. Then, with numba:
+decoder is 0.5 GB at 4 bits and 4 GB dequantized). At load it is laid out once in panels
+of 64 output columns, K-major within a panel (``NBitsWeight``: 4-bit codes two to a byte,
+an even and an odd k, as in B; 2- and 8-bit codes one to a byte), with ``scale`` and
+``scale * zero_point`` per (block, column), float32. Then, with numba:
 
-* up to ``GEMV_ROWS`` rows of A (a decode step): ``_gemv4`` / ``_gemv8`` walk the codes once,
-  unpacking them in registers, for each block ``d[n] = sum_k code[k, n] * a[k]`` over a
-  chunk of columns (a loop over n: vectorized without reassociating sums) and
-  ``y[n] += scale * d[n] - scale * zero_point * sum_k a[k]``; columns split over native
-  threads;
-* more rows (a prompt): chunks of columns dequantized to float32 (``_dequant``; at most
-  ``CHUNK_FLOATS`` floats at a time) and multiplied on BLAS.
+* up to ``GEMV_ROWS`` rows of A (a decode step): ``_gemv`` walks each 64-column panel's
+  codes once, unpacking them in registers, for each block ``d[n] = sum_k code[k, n] *
+  a[k]`` (a loop over n: vectorized without reassociating sums) and ``y[n] += scale * d[n]
+  - scale * zero_point * sum_k a[k]``; panels split over native threads from
+  ``_GEMV_SPLIT`` multiply-adds;
+* more rows (a prompt): ``_gemm`` dequantizes each panel into the packed float gemm's
+  panel layout (``lib/gemm_packed``) and multiplies there, one panel a thread at a time.
 
-Without numba (or while a cold process warms it) the same chunked dequantization runs in
-NumPy: slower, the same memory bound. Results are float32 sums in another order than
+Without numba (or while a cold process warms it) the panels are dequantized in NumPy, at
+most ``CHUNK_FLOATS`` floats at a time, and multiplied on NumPy's BLAS: slower, the same
+memory bound. Results are float32 sums in another order than
 onnxruntime's (within 1e-5 relative on its tests). ``accuracy_level`` is read and not
 followed: products are float32 at every level (onnxruntime's level 4 quantizes A to int8
 per block; this is its accuracy, not its speed). A weight given at run time is dequantized
@@ -157,11 +158,11 @@ class NBitsWeight:
         if m == 0:
             return y[:, : self.n]
         ap = self.padded(a)
-        gemv = (_GEMV4 if self.nibbles else _GEMV8).get() if m <= GEMV_ROWS else None
+        gemv = _GEMV.get() if m <= GEMV_ROWS else None
         if gemv is not None:
             many = m * self.k * n_pad >= _GEMV_SPLIT
             parts = min(native_threads.enter(intra_pool().threads if many else 1), n_pad // _NC)
-            gemv(ap, self.codes, self.scale, self.scale_zp, y, parts)
+            gemv(ap, self.codes, self.scale, self.scale_zp, y, parts, self.nibbles)
             return y[:, : self.n] if n_pad != self.n else y
         gemm = _GEMM.get()
         if gemm is not None and gemm_packed.available():
@@ -180,11 +181,13 @@ class NBitsWeight:
 # -- the compiled loops (numba; the GIL released while they run) ----------------------------
 
 
-def _gemv4(a, codes, scale, scale_zp, y, parts):  # pragma: no cover - numba only
+def _gemv(a, codes, scale, scale_zp, y, parts, nibbles):  # pragma: no cover - numba only
+    # per panel of 64 columns and row of A: per block d[n] = sum_k code[k, n] * a[k] (a
+    # row of codes is two k's nibbles, or one k's byte), then y += scale * d - scale_zp * s
     m_rows = a.shape[0]
     chunks, rows, _ = codes.shape
     k_blocks = scale.shape[1]
-    half = rows // k_blocks
+    per_blk = rows // k_blocks
     per = (chunks + parts - 1) // parts
     sixteenth = np.float32(0.0625)
     sixteen = np.float32(16.0)
@@ -197,45 +200,23 @@ def _gemv4(a, codes, scale, scale_zp, y, parts):  # pragma: no cover - numba onl
                 for blk in range(k_blocks):
                     d[:] = 0.0
                     s = np.float32(0.0)
-                    for j in range(blk * half, (blk + 1) * half):
-                        xe = a[m, 2 * j]
-                        xo = a[m, 2 * j + 1]
-                        s += xe + xo
+                    for j in range(blk * per_blk, (blk + 1) * per_blk):
                         row = codes[chunk, j]
-                        for i in range(64):
-                            # the nibbles in float arithmetic: numba's integer ops widen
-                            # to int64, whose conversions LLVM does not vectorize
-                            f = np.float32(row[i])
-                            hi = np.floor(f * sixteenth)
-                            d[i] += (f - hi * sixteen) * xe + hi * xo
-                    sr = scale[chunk, blk]
-                    zr = scale_zp[chunk, blk]
-                    for i in range(64):
-                        acc[i] += sr[i] * d[i] - zr[i] * s
-                y[m, chunk * 64 : chunk * 64 + 64] = acc
-
-
-def _gemv8(a, codes, scale, scale_zp, y, parts):  # pragma: no cover - numba only
-    m_rows = a.shape[0]
-    chunks, rows, _ = codes.shape
-    k_blocks = scale.shape[1]
-    block = rows // k_blocks
-    per = (chunks + parts - 1) // parts
-    for part in numba.prange(parts):
-        d = np.empty(64, np.float32)
-        acc = np.empty(64, np.float32)
-        for chunk in range(part * per, min(chunks, (part + 1) * per)):
-            for m in range(m_rows):
-                acc[:] = 0.0
-                for blk in range(k_blocks):
-                    d[:] = 0.0
-                    s = np.float32(0.0)
-                    for j in range(blk * block, (blk + 1) * block):
-                        x = a[m, j]
-                        s += x
-                        row = codes[chunk, j]
-                        for i in range(64):
-                            d[i] += np.float32(row[i]) * x
+                        if nibbles:
+                            xe = a[m, 2 * j]
+                            xo = a[m, 2 * j + 1]
+                            s += xe + xo
+                            for i in range(64):
+                                # the nibbles in float arithmetic: numba's integer ops
+                                # widen to int64, whose conversions LLVM does not vectorize
+                                f = np.float32(row[i])
+                                hi = np.floor(f * sixteenth)
+                                d[i] += (f - hi * sixteen) * xe + hi * xo
+                        else:
+                            x = a[m, j]
+                            s += x
+                            for i in range(64):
+                                d[i] += np.float32(row[i]) * x
                     sr = scale[chunk, blk]
                     zr = scale_zp[chunk, blk]
                     for i in range(64):
@@ -278,13 +259,11 @@ def _gemm(a, codes, scale, scale_zp, y, parts, nr, nibbles):  # pragma: no cover
                          bias, 0, 0, nr)  # fmt: skip
 
 
-def _warm_gemv(rows: int) -> Any:
-    def warm(fn: Any) -> None:
-        one = np.ones((1, 1, 64), _F32)
+def _warm_gemv(fn: Any) -> None:
+    one = np.ones((1, 1, 64), _F32)
+    for nibbles, rows in ((True, 8), (False, 16)):
         fn(np.ones((1, 16), _F32), np.ones((1, rows, 64), np.uint8), one, one,
-           np.empty((1, 64), _F32), 1)  # fmt: skip
-
-    return warm
+           np.empty((1, 64), _F32), 1, nibbles)  # fmt: skip
 
 
 def _warm_gemm(fn: Any) -> None:
@@ -301,8 +280,7 @@ def _prepare_gemm(module_globals: dict[str, Any]) -> bool:
     return fn is not None
 
 
-_GEMV4 = Jitted(_gemv4, _warm_gemv(8), fastmath=CONTRACT, parallel=True)
-_GEMV8 = Jitted(_gemv8, _warm_gemv(16), fastmath=CONTRACT, parallel=True)
+_GEMV = Jitted(_gemv, _warm_gemv, fastmath=CONTRACT, parallel=True)
 _GEMM = Jitted(_gemm, _warm_gemm, fastmath=CONTRACT, parallel=True, prepare=_prepare_gemm)
 
 
@@ -332,7 +310,7 @@ def _matmul_nbits(ctx: KernelContext) -> ComputeFn:
         fixed = NBitsWeight(ctx, np.asarray(consts[0]), np.asarray(consts[1]),
                             None if zp_const is None else np.asarray(zp_const),
                             k, n, bits, block)  # fmt: skip
-        for loops in (_GEMV4 if bits == 4 else _GEMV8, _GEMM):
+        for loops in (_GEMV, _GEMM):
             loops.get()  # compiled (or read from numba's cache) at load, not on a call
 
     def matmul_nbits(a: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_points: Any = None,
