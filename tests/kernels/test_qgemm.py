@@ -100,7 +100,7 @@ def test_the_path_is_chosen_from_the_environment(monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize("b_dt", [np.int8, np.uint8])
 def test_integer_weights_products_with_zero_points(a_dt: Any, b_dt: Any) -> None:
     _need_kernel()
-    for m, k, n in [(1, 3, 5), (16, 130, 40), (5, 259, 3), (70, 300, 200)]:  # the last split
+    for m, k, n in [(1, 3, 5), (16, 130, 40), (5, 259, 3), (96, 700, 260)]:  # the last split
         a, b = _codes((m, k), a_dt), _codes((k, n), b_dt)
         ainfo, binfo = np.iinfo(a_dt), np.iinfo(b_dt)
         for a_zp, b_zp in [
@@ -133,7 +133,7 @@ def test_scaled_products_are_the_separate_steps_bit_for_bit(a_dt: Any, b_dt: Any
     from tfrt_py.kernels.lib import qgemm_rows
 
     assert qgemm_rows._SCALED.get() is not None
-    for m, k, n in [(1, 3, 5), (16, 130, 40), (64, 256, 200)]:  # the last split over parts
+    for m, k, n in [(1, 3, 5), (16, 130, 40), (96, 700, 260)]:  # the last split over parts
         a, b = _codes((2, m, k), a_dt), _codes((k, n), b_dt)
         b_zp = np.array(np.iinfo(b_dt).min + 3, b_dt)
         plan = IntegerWeights.make(b, b_zp)
