@@ -346,18 +346,9 @@ def _integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any, 
     if bs.size not in (1, n) or not np.all(np.isfinite(bs)):
         raise ValueError("b_scale must be one finite value or one per column")
     bz = None if b_zp is None else np.asarray(b_zp).reshape(-1)
-    mult = _F32(_scalar(a_scale, "a_scale")) * bs
-    if packed is not None:  # the scaling (and bias) as the kernel stores its sums
-        b1 = None if bias is None else np.asarray(bias, _F32)
-        zp = None if a_zp is None else np.asarray(a_zp)
-        if (b1 is None or b1.shape == (n,)) and (zp is None or zp.size == 1):
-            per_col = np.ascontiguousarray(np.broadcast_to(mult, (n,)))
-            y = packed.product_scaled(a, None if zp is None else zp.reshape(()), per_col, b1)
-            if y is not None:
-                return y
     acc = _product(a, a_zp, b, bz, packed)
     y = acc.astype(_F32)  # then in place: one float32 array a call
-    y *= mult
+    y *= _F32(_scalar(a_scale, "a_scale")) * bs
     if bias is not None:
         y += np.asarray(bias, _F32)
     return y
@@ -380,6 +371,21 @@ def _scaled_constants(ctx: KernelContext, packed: IntegerWeights | None, n: int,
     return np.ascontiguousarray(np.broadcast_to(bs, (n,))), bias
 
 
+def _scaled(
+    packed: IntegerWeights | None,
+    fixed: tuple[np.ndarray, Any] | None,
+    a: np.ndarray,
+    a_scale: Any,
+    a_zp: Any,
+) -> np.ndarray | None:
+    """``product_scaled`` with the constants made at load (``_scaled_constants``), or None
+    (the caller's ``_integer_to_float``)."""
+    if packed is None or fixed is None:
+        return None
+    return packed.product_scaled(a, a_zp, fixed[0] * _F32(_scalar(a_scale, "a_scale")),
+                                 fixed[1])  # fmt: skip
+
+
 def _matmul_integer_to_float(ctx: KernelContext) -> ComputeFn:
     """MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zp?, b_zp?, bias?) -> float32. With
     B, its scale and zero point and the bias constants (what ``fuse_dynamic_quant`` and
@@ -393,10 +399,9 @@ def _matmul_integer_to_float(ctx: KernelContext) -> ComputeFn:
     def matmul_integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any,
                                 a_zp: Any = None, b_zp: Any = None,
                                 bias: Any = None) -> np.ndarray:  # fmt: skip
-        if fixed is not None and packed is not None and np.size(a_scale) == 1:
-            y = packed.product_scaled(a, a_zp, fixed[0] * _F32(a_scale), fixed[1])
-            if y is not None:
-                return y
+        y = _scaled(packed, fixed, a, a_scale, a_zp)
+        if y is not None:
+            return y
         return _integer_to_float(a, b, a_scale, b_scale, a_zp, b_zp, bias, packed)
 
     return matmul_integer_to_float
@@ -406,12 +411,17 @@ def _dynamic_quantize_matmul(ctx: KernelContext) -> ComputeFn:
     """DynamicQuantizeMatMul(A float, B, b_scale, b_zp?, bias?): A quantized to uint8 as
     DynamicQuantizeLinear does (its range widened to hold 0), then MatMulIntegerToFloat."""
     packed = _integer_weights(ctx, 1, 3)
+    b = ctx.const_input(1)
+    fixed = None if b is None or b.ndim != 2 else _scaled_constants(ctx, packed, b.shape[1], 2, 4)
 
     def dynamic_quantize_matmul(a: np.ndarray, b: np.ndarray, b_scale: Any, b_zp: Any = None,
                                 bias: Any = None) -> np.ndarray:  # fmt: skip
         if a.dtype != _F32:
             raise TypeError(f"A must be float32, not {a.dtype}")
         q, scale, zp = dynamic_quantize(a)
+        y = _scaled(packed, fixed, q, scale, zp)
+        if y is not None:
+            return y
         return _integer_to_float(q, b, scale, b_scale, zp, b_zp, bias, packed)
 
     return dynamic_quantize_matmul
