@@ -442,3 +442,24 @@ def test_matmul_nbits_quantizer_gather(symmetric: bool) -> None:
     quantizer.process()
     feeds = {"ids": np.array([[0, 49, -1], [-50, 7, 7]], np.int64)}
     _tool_case(quantizer.model.model, feeds, {"GatherBlockQuantized"})
+
+
+def test_softmax_keeps_a_bounded_number_of_tables() -> None:
+    """The exp table depends on the row length, which the request's shape picks: past
+    ``TABLES_KEPT`` lengths a table is made per call and not kept (before, one was kept
+    for every length a caller ever sent)."""
+    from tfrt_py.kernels.contrib.quantized_softmax_pool import TABLES_KEPT
+
+    x = edge_codes(RNG, (1, 4), np.uint8)
+    model = node_model("QLinearSoftmax", _softmax_inputs(x, 0.05, 1 / 256, 0),
+                       {"opset": 13}, const=(1, 2, 3, 4))  # fmt: skip
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "d"
+    m = tfrt_py.load(model, executor="sync")
+    fn = next(i.fn for i in m._prepared.program.instrs if i.node.op_type == "QLinearSoftmax")
+    tables = next(c.cell_contents for c in fn.__closure__ or ()
+                  if isinstance(c.cell_contents, dict))  # fmt: skip
+    for d in range(1, TABLES_KEPT + 40):
+        x = edge_codes(RNG, (1, d), np.uint8)
+        y = m.run({"i0": x})[m.outputs[0].name]
+        assert y.shape == (1, d)
+    assert len(tables) == TABLES_KEPT

@@ -52,9 +52,12 @@ from .quantized import (
 )
 from .quantized_elementwise import compiled_lookup
 
-__all__ = ["register_kernels"]
+__all__ = ["TABLES_KEPT", "register_kernels"]
 
 _F32 = np.float32
+#: QLinearSoftmax keeps the exp tables of this many row lengths (a request's shape picks
+#: the length: past it, a table is made per call and not kept)
+TABLES_KEPT = 64
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
@@ -102,7 +105,7 @@ def _softmax(ctx: KernelContext) -> ComputeFn:
     opset = int(ctx.attr("opset"))
     axis = int(ctx.attr("axis", -1))
     xs_const = ctx.const_input(1)
-    tables: dict[int, np.ndarray] = {}  # by row length, for a constant X_scale
+    tables: dict[int, np.ndarray] = {}  # by row length, for a constant X_scale; bounded
 
     def qlinear_softmax(x: np.ndarray, x_scale: Any, x_zp: Any, y_scale: Any,
                         y_zp: Any = None) -> np.ndarray:  # fmt: skip
@@ -117,7 +120,7 @@ def _softmax(ctx: KernelContext) -> ComputeFn:
         table = tables.get(d) if xs_const is not None else None
         if table is None:
             table = _exp_table(_scalar(x_scale, "X_scale"), d)
-            if xs_const is not None:
+            if xs_const is not None and len(tables) < TABLES_KEPT:
                 tables[d] = table
         codes = rows.astype(np.intp)
         codes -= codes.max(axis=-1, keepdims=True)
