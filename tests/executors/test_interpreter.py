@@ -196,6 +196,28 @@ def test_plan_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(_plans(model)) == 8
 
 
+def test_after_the_cache_filled_a_new_signature_is_planned_on_its_second_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Traffic of ever-new shapes must not make (and drop) a plan per call: once eight
+    plans were made, a signature's first call only runs the program, its second plans."""
+    monkeypatch.setenv("TFRT_PY_GENERIC_PLAN", "0")
+    model = _mlp(batch="N")
+    plain = _mlp(batch="N", executor="async")
+    for batch in range(1, 9):
+        model.run(_feed(batch=batch))
+    first_eight = {p.signature for p in _plans(model)}
+    assert len(first_eight) == 8
+    for batch in range(9, 40):  # new every call: answered, nothing planned
+        np.testing.assert_allclose(model.run(_feed(3, batch))["probs"],
+                                   plain.run(_feed(3, batch))["probs"], rtol=1e-5)  # fmt: skip
+    assert {p.signature for p in _plans(model)} == first_eight
+    for _ in range(2):  # seen before: planned, then served by its plan
+        np.testing.assert_allclose(model.run(_feed(4, 20))["probs"],
+                                   plain.run(_feed(4, 20))["probs"], rtol=1e-5)  # fmt: skip
+    assert len({p.signature for p in _plans(model)} - first_eight) == 1
+
+
 def test_bad_feeds_fall_back_to_full_validation(executor: str) -> None:
     model = _mlp(executor=executor)
     feeds = _feed()

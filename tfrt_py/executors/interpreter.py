@@ -10,7 +10,11 @@ lookups, no allocation but the outputs handed to the user.
 
 Plans are cached per signature (at most ``max_plans``; the oldest is dropped). ``run`` is
 always the newest plan's fast entry, which checks the feeds' signature in line and falls
-back to ``_slow`` (full feed validation, plan lookup or creation) on any mismatch.
+back to ``_slow`` (full feed validation, plan lookup or creation) on any mismatch. Once
+``max_plans`` plans have been made (traffic of more shapes than the cache keeps), a new
+signature's plain run makes its plan only when the signature comes back
+(``_plan_now``): ever-new lengths would otherwise make a plan per call, each dropped
+unused -- planning and generating code cost a BERT ~8 ms against its ~2 ms plain run.
 
 A model with dynamic dims whose shapes the compiler's shape model describes
 (``compiler.shape_model``: every planned shape a formula in batch, sequence, past, ...)
@@ -113,6 +117,8 @@ class _Plan:
 
 #: Programs with more instructions than this run unplanned (see the module docstring).
 MAX_PLANNED_INSTRS = 20_000
+#: New signatures remembered, once the plan cache has churned, so that a second sight plans.
+SEEN_ONCE_MAX = 256
 
 
 class SyncInterpreter(Executor):
@@ -143,6 +149,9 @@ class SyncInterpreter(Executor):
         self._check = check
         self._max_plans = max_plans
         self._plans: dict[tuple[Any, ...], _Plan] = {}
+        self._plans_made = 0
+        #: signatures run plainly once and not planned (``_plan_now``), oldest first
+        self._seen_once: dict[tuple[Any, ...], None] = {}
         self._lock = threading.Lock()
         self._in_names = [v.name for v in graph.inputs]
         self._out_names = [v.name for v in graph.outputs]
@@ -222,7 +231,7 @@ class SyncInterpreter(Executor):
         if plan is None:
             env = self._plain_env(args, call)  # this call's answer, and the probe
             kinds = self._plain_kinds
-            if sig is not None and generic is None:
+            if sig is not None and generic is None and self._plan_now(sig):
                 # The layout's alias analysis says which outputs may be feeds, constants or
                 # views of them; its "fresh" outputs were made here without ``out=``.
                 made = self._make_plan(sig, env, call).layout.output_kinds
@@ -340,6 +349,22 @@ class SyncInterpreter(Executor):
         return user_output(v, self._out_types[k], self._const_ids)
 
     # -- plans ---------------------------------------------------------------------------
+    def _plan_now(self, sig: tuple[Any, ...]) -> bool:
+        """Whether ``sig``'s plain run should make its plan: always until ``max_plans``
+        plans were made; after that only for a signature seen before (kept for the last
+        ``SEEN_ONCE_MAX`` new ones)."""
+        if self._plans_made < self._max_plans:
+            return True
+        with self._lock:
+            if sig in self._seen_once:
+                del self._seen_once[sig]
+                return True
+            self._seen_once[sig] = None
+            if len(self._seen_once) > SEEN_ONCE_MAX:
+                for old in list(self._seen_once)[: SEEN_ONCE_MAX // 2]:
+                    del self._seen_once[old]
+        return False
+
     def _make_plan(
         self, sig: tuple[Any, ...], env: list[Any], call: CallContext | None = None
     ) -> _Plan:
@@ -370,6 +395,7 @@ class SyncInterpreter(Executor):
             while len(self._plans) >= self._max_plans:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[sig] = plan
+            self._plans_made += 1
             self.run = gen.run
         if call is not None:
             call.check()
