@@ -36,7 +36,7 @@ import sys
 import threading
 from typing import Any
 
-from . import compiled_gate, native_pool
+from . import compiled_gate, native_pool, numba_target
 from .env_switch import switched_off
 
 __all__ = [
@@ -165,7 +165,7 @@ def _start_tbb() -> str:
     if wanted not in ("", "default", "tbb"):
         return f"$NUMBA_THREADING_LAYER={wanted}"  # the user's choice for their own code
     try:
-        import numba
+        numba = numba_target.import_numba()
         from numba.np.ufunc import parallel
     except Exception:  # noqa: BLE001 - a broken numba install is "no numba"
         return "numba is not installed"

@@ -7,9 +7,10 @@ packed gemm) reads "not yet" until a kernel has asked for it; the CPU's vector f
 come from ``/proc/cpuinfo`` (Linux), else llvmlite when numba has already loaded it.
 
 The CPU features are the ones kernels dispatch on: AVX-512F, AVX2 and FMA (the packed
-gemm's micro-tile: its line names the path, ``gemm_packed``), numba's vectorized loops
-(LLVM picks the host's widths), AVX-512 VNNI and AVX-VNNI (the integer kernel's paths:
-its line names the one chosen, ``qgemm_packed``).
+gemm's micro-tile: its line names the path, ``gemm_packed``; numba's vectorized loops:
+512-bit vectors on the avx512 path, the numba line says, ``numba_target``), AVX-512 VNNI
+and AVX-VNNI (the integer kernel's paths: its line names the one chosen,
+``qgemm_packed``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import sys
 from typing import NamedTuple
 
-from ...concurrency import native_pool, native_threads
+from ...concurrency import native_pool, native_threads, numba_target
 from ...concurrency.env_switch import switched_off
 from . import gemm_packed, qgemm_packed
 from .jit import ENV_JIT, jit_enabled
@@ -68,7 +69,8 @@ def _numba() -> Feature:
         return Feature("numba kernels", False, "numba is not installed")
     numba = sys.modules.get("numba")
     version = f"numba {numba.__version__}" if numba is not None else "numba (not loaded yet)"
-    return Feature("numba kernels", True, version)
+    width = numba_target.state()
+    return Feature("numba kernels", True, f"{version}; {width}" if width else version)
 
 
 def _threads() -> list[Feature]:

@@ -45,14 +45,15 @@ the generated call carries it). Stateless; any thread.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...concurrency import compiled_gate
+from ...concurrency import compiled_gate, numba_target
 from ...concurrency.env_switch import switched_off
+from ...concurrency.isa import ENV_ISA, host_paths
+from ...concurrency.isa import choose as _choose
 from ...concurrency.llvm_jit import add_symbol, compile_ir
 
 __all__ = [
@@ -74,9 +75,6 @@ __all__ = [
 #: ``TFRT_PY_PACKED_GEMM=0``: no packed-weight products (the Linear kernel and the native
 #: tier's products keep NumPy's gemm); CI runs the suite's fallback leg so.
 ENV_PACKED_GEMM = "TFRT_PY_PACKED_GEMM"
-#: ``TFRT_PY_ISA=avx512|avx2|neon|portable``: the kernel path, when the host has it (read
-#: once, when the kernel is first built); portable: no packed kernel, NumPy's gemm.
-ENV_ISA = "TFRT_PY_ISA"
 
 
 class TileShape(NamedTuple):
@@ -120,36 +118,6 @@ def pack(w: np.ndarray, shape: TileShape | None = None) -> np.ndarray:
     k, n = w.shape
     nr = shape.nr
     return np.ascontiguousarray(w.astype(np.float32).reshape(k, n // nr, nr).transpose(1, 0, 2))
-
-
-def host_paths() -> list[str]:
-    """The kernel paths this host runs, widest first (``portable`` always)."""
-    import llvmlite.binding as llvm
-
-    triple = llvm.get_process_triple()
-    if triple.startswith("aarch64"):
-        return ["neon", "portable"]  # NEON: fma and two registers per vector
-    if not triple.startswith(("x86_64", "i386", "i686")):
-        return ["portable"]
-    feats = llvm.get_host_cpu_features()
-    out = []
-    if feats.get("avx2") and feats.get("fma"):
-        if feats.get("avx512f"):
-            out.append("avx512")
-        out.append("avx2")
-    return [*out, "portable"]
-
-
-def _choose() -> tuple[str, str]:
-    """(path, why): ``$TFRT_PY_ISA`` when the host has it, else the host's widest."""
-    have = host_paths()
-    asked = os.environ.get(ENV_ISA, "").strip().lower()
-    if asked and asked in have:
-        return asked, f"${ENV_ISA}={asked}"
-    why = "the host's widest"
-    if asked:
-        why = f"${ENV_ISA}={asked} is not a path of this host ({', '.join(have)})"
-    return have[0], why
 
 
 class _PackedGemmIR:
@@ -405,10 +373,9 @@ def kernel() -> Any:
         return None
     with _LOCK:
         if not _KERNEL:
-            from numba import njit
-
+            numba = numba_target.import_numba()
             _kern = _STATE[0][3]
-            _KERNEL.append(njit(nogil=True, cache=True)(_sgemm_packed))
+            _KERNEL.append(numba.njit(nogil=True, cache=True)(_sgemm_packed))
         return _KERNEL[0]
 
 

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ...concurrency import compiled_gate, native_threads
+from ...concurrency import compiled_gate, native_threads, numba_target
 from ...concurrency.env_switch import switched_off
 
 __all__ = [
@@ -85,9 +85,7 @@ def _numba() -> Any:
         if not _NUMBA:
             mod: Any = None
             try:
-                import numba
-
-                mod = numba
+                mod = numba_target.import_numba()
             except Exception:  # noqa: BLE001 - a broken numba install is "no numba"
                 mod = None
             _NUMBA.append(mod)

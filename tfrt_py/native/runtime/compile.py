@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...concurrency import numba_target
 from ...errors import TfrtError
 from .cachedir import CACHE_ENV, UnsafeCacheDir, cache_dir, check_dir, make_private
 
@@ -87,11 +88,14 @@ def available() -> bool:
 
 
 def _host_key() -> str:
+    """The host's part of a generated module's name: versions, CPU and the features
+    numba compiles for (``numba_target``, which sets them before anything compiles; the
+    compile server's child is given this process's)."""
     import llvmlite
-    import numba
     from llvmlite import binding
 
-    cpu = binding.get_host_cpu_name() + binding.get_host_cpu_features().flatten()
+    numba = numba_target.import_numba()
+    cpu = binding.get_host_cpu_name() + numba_target.cpu_features()
     return f"{numba.__version__}|{llvmlite.__version__}|{sys.version}|{platform.machine()}|{cpu}"
 
 

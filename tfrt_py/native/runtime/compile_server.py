@@ -145,12 +145,15 @@ class CompileServer:
 
 
 def _environment() -> dict[str, str]:
-    """This process's environment as the child must see it: the cache dir resolved (the
-    child must fill the very cache this process loads from)."""
+    """This process's environment as the child must see it: the cache dir resolved and
+    numba's CPU features this process's loops take (``numba_target.cpu_features``): the
+    child must fill the very cache entries this process loads."""
+    from ...concurrency import numba_target
     from .cachedir import CACHE_ENV, cache_dir
 
     env = dict(os.environ)
     env[CACHE_ENV] = cache_dir()
+    env["NUMBA_CPU_FEATURES"] = numba_target.cpu_features()
     return env
 
 
