@@ -13,6 +13,9 @@ pairs, medians of 150 calls, ms): EfficientNet-B0 21.7-23.2 / 24.2-30.0, ConvNeX
 9.1-9.3 / 10.0-11.2, BERT-2L/128 at 8 x 128 tokens 13.6-13.8 / 15.2-15.7 and at 5 x 100
 6.3-6.4 / 6.5-6.8; MobileNetV2, MobileNetV3-small, ResNet-18 and the int8 ResNet-18 and
 EfficientNet-B0 moved within the noise (their time is in the packed gemm and OpenBLAS).
+The vision zoo at batch 1 against onnxruntime (both at 2 threads, two rounds each):
+geomean 1.60-1.61x with 512-bit loops, 1.71x with 256 (EfficientNet-B0 1.53-1.61x /
+1.98-2.02x, MobileNetV3-small 1.76-1.86x / 1.99-2.10x).
 
 numba makes its CPU target once per process, at its first compile or cache load, so:
 
