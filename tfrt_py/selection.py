@@ -16,7 +16,7 @@ load on the loading thread, after ``compiler.prepare``, and returns the Executor
   class) and the cost model calls it tiny (``THRESHOLDS.native_max_flops``;
   ``$TFRT_PY_NATIVE=0`` turns this off), the generated function fits the compile budget
   (``native/lower/budget.py``, ``$TFRT_PY_NATIVE_BUDGET``) and the cache dir is safe
-  (``native/runtime/cachedir.py``); else *sync*, with the reason in ``describe()``.
+  (``concurrency/cachedir.py``); else *sync*, with the reason in ``describe()``.
 
 Streamed models (``load(memory_budget=)``) are chosen before import, by
 ``tfrt_py.streaming``, and get the same policy and notes here (``finish``).
@@ -33,6 +33,7 @@ from .compiler.cost import THRESHOLDS
 from .compiler.prepare import Prepared
 from .compiler.shape_model import Fit, fit_shape_model
 from .concurrency import HostContext, compiled_gate
+from .concurrency.cachedir import UnsafeCacheDir, cache_dir
 from .concurrency.threads import threads as thread_budget
 from .errors import UnsupportedOpError
 from .executors.async_executor import AsyncExecutor
@@ -42,7 +43,6 @@ from .executors.interpreter import SyncInterpreter
 from .executors.program import compile_program
 from .feeds import FeedChecker
 from .ir import Node, TensorType
-from .native.runtime.cachedir import UnsafeCacheDir, cache_dir
 from .native.runtime.compile import NativeUnavailable, available
 
 if TYPE_CHECKING:  # the native tier's modules are imported when a model may use it

@@ -288,7 +288,7 @@ def _cache_parent() -> str | None:
 
 def _remap(ranges: list[tuple[int, int]]) -> None:
     """Write the pages of ``ranges`` to a private cache file, check it, map it over them."""
-    from .native.runtime.cachedir import check_dir
+    from .concurrency.cachedir import check_dir
 
     d = tempfile.mkdtemp(prefix=CACHE_PREFIX, dir=_cache_parent())  # 0700, a fresh name
     path = os.path.join(d, "weights.bin")

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import tfrt_py
+from tfrt_py.concurrency.cachedir import UnsafeCacheDir
 from tfrt_py.ir import Graph, GraphBuilder
-from tfrt_py.native.runtime.cachedir import UnsafeCacheDir
 
 F32 = np.float32
 W = np.random.default_rng(3).standard_normal((4, 3)).astype(F32)

@@ -95,7 +95,7 @@ def _packed() -> Feature:
     if shape is not None:
         tiles = f"{shape.mr}x{shape.nr} tiles"
         return Feature("packed gemm", True, f"path {path}, {tiles} ({why}); float32 products "
-                       "on weights packed at load")  # fmt: skip
+                       f"on weights packed at load; {gemm_packed.origin()}")  # fmt: skip
     if path == "portable" and why.startswith("the kernel did not build"):
         return Feature("packed gemm", False, f"{why}: needs numba and llvmlite's JIT")
     return Feature("packed gemm", False, f"path {path} ({why}): NumPy's gemm")

@@ -45,6 +45,7 @@ the generated call carries it). Stateless; any thread.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from typing import Any, NamedTuple
 
@@ -54,7 +55,7 @@ from ...concurrency import compiled_gate, numba_target
 from ...concurrency.env_switch import switched_off
 from ...concurrency.isa import ENV_ISA, host_paths
 from ...concurrency.isa import choose as _choose
-from ...concurrency.llvm_jit import add_symbol, compile_ir
+from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 
 __all__ = [
     "ENV_ISA",
@@ -313,13 +314,31 @@ def _register() -> tuple[str, str, TileShape | None, Any, Any]:
         shape = _TILES.get(path)
         if shape is None:
             return path, why, None, None, None
-        engine = compile_ir(_build(shape), host_cpu=True, opt=3)
+        engine, cached = compile_ir_cached(lambda: _build(shape), ir_key(shape), opt=3)
+        _ORIGIN[:] = ["the machine code from the cache" if cached else "built"]
         add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
     except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the lowering keeps gemm
         return "portable", f"the kernel did not build: {type(e).__name__}", None, None, None
     p, n = types.uintp, types.int64
     fn = types.ExternalFunction(SYMBOL, types.int64(p, n, p, p, n, n, n, n, p, n, n))
     return path, why, shape, fn, engine
+
+
+#: ["built"] or ["the machine code from the cache"], once the kernel is made
+_ORIGIN: list[str] = []
+
+
+def ir_key(shape: TileShape) -> str:
+    """What this build's IR depends on (``llvm_jit.compile_ir_cached``'s key): this file,
+    whose code writes it, the tile and the symbol."""
+    with open(__file__, "rb") as f:
+        source = hashlib.sha256(f.read()).hexdigest()
+    return f"gemm_packed|{source}|{shape!r}|{SYMBOL}"
+
+
+def origin() -> str:
+    """How the process's kernel was made ("" before it was, or where there is none)."""
+    return _ORIGIN[0] if _ORIGIN else ""
 
 
 def _decided() -> tuple[str, str, TileShape | None, Any, Any]:

@@ -37,6 +37,7 @@ kernels; any thread; the build is once per process under a lock.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import threading
 from typing import Any, NamedTuple
@@ -45,7 +46,7 @@ import numpy as np
 
 from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
-from ...concurrency.llvm_jit import add_symbol, compile_ir
+from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, _PackedGemmIR
 
 __all__ = [
@@ -304,7 +305,9 @@ def build(path: str, symbol: str | None = None, requant: bool = False) -> Built:
     process's kernel: for tests and benchmarks. ``requant``: the form that requantizes to
     bytes as it stores (``qgemm_requant``). Raises what llvmlite raises."""
     sym = symbol or f"{SYMBOL}_{path}{'_requant' if requant else ''}"
-    engine = compile_ir(_QGemmIR(path, sym, requant).text(), host_cpu=True, opt=3)
+    with open(__file__, "rb") as f:  # the IR's generator: a change builds anew
+        key = f"qgemm_packed|{hashlib.sha256(f.read()).hexdigest()}|{path}|{sym}|{requant}"
+    engine, _ = compile_ir_cached(lambda: _QGemmIR(path, sym, requant).text(), key, opt=3)
     p, n = ctypes.c_void_p, ctypes.c_int64
     args = [p, n, p, p, n, n, n, n, n] + ([p, p, p, n] if requant else [])
     call = ctypes.CFUNCTYPE(n, *args)(engine.get_function_address(sym))

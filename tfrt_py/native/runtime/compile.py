@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...concurrency import numba_target
+from ...concurrency.cachedir import CACHE_ENV, UnsafeCacheDir, cache_dir, check_dir, make_private
 from ...errors import TfrtError
-from .cachedir import CACHE_ENV, UnsafeCacheDir, cache_dir, check_dir, make_private
 
 if TYPE_CHECKING:
     from ..lower.graph import Lowered

@@ -149,7 +149,7 @@ def _environment() -> dict[str, str]:
     numba's CPU features this process's loops take (``numba_target.cpu_features``): the
     child must fill the very cache entries this process loads."""
     from ...concurrency import numba_target
-    from .cachedir import CACHE_ENV, cache_dir
+    from ...concurrency.cachedir import CACHE_ENV, cache_dir
 
     env = dict(os.environ)
     env[CACHE_ENV] = cache_dir()
@@ -161,7 +161,7 @@ def _compile_settings(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
     """The part of ``env`` that changes how the child compiles or where it caches: the
     resolved cache dir and numba's variables. (tfrt_py's other variables shape the source,
     which this process generates; other variables a host may change at will.)"""
-    from .cachedir import CACHE_ENV
+    from ...concurrency.cachedir import CACHE_ENV
 
     return tuple(sorted((k, v) for k, v in env.items() if k.startswith("NUMBA_") or k == CACHE_ENV))
 

@@ -1,7 +1,8 @@
-"""The native tier's cache directory, and whether to trust it.
+"""The private cache directory, and whether to trust it.
 
-Generated modules and numba's cache (whose index and data files are pickles: loading
-one runs code) live in one directory. It is trusted only if nobody but this user can put
+The native tier's generated modules, numba's cache for them (whose index and data files
+are pickles: loading one runs code) and the packed gemms' machine code
+(``llvm_jit.compile_ir_cached``) live in one directory. It is trusted only if nobody but this user can put
 files there: ``cache_dir()`` creates it with mode 0700 and ``check_dir`` refuses, with
 ``UnsafeCacheDir`` naming the problem, a directory that is not ours, is writable by group
 or others, or sits below a directory others may write without the sticky bit (they could
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import stat
 
-from ...errors import TfrtError
+from ..errors import TfrtError
 
 __all__ = ["CACHE_ENV", "UnsafeCacheDir", "cache_dir", "check_dir", "make_private"]
 
