@@ -2,12 +2,12 @@
 
 The native tier's generated modules, numba's cache for them (whose index and data files
 are pickles: loading one runs code) and the packed gemms' machine code
-(``llvm_jit.compile_ir_cached``) live in one directory. It is trusted only if nobody but this user can put
-files there: ``cache_dir()`` creates it with mode 0700 and ``check_dir`` refuses, with
-``UnsafeCacheDir`` naming the problem, a directory that is not ours, is writable by group
-or others, or sits below a directory others may write without the sticky bit (they could
-rename ours away and put their own in its place). The owners of the directories above are
-not checked (only their modes). Stat calls only; thread-safe.
+(``llvm_jit.compile_ir_cached``) live in one directory. It is trusted only if nobody but
+this user can put files there: ``cache_dir()`` creates it with mode 0700 and
+``check_dir`` refuses, with ``UnsafeCacheDir`` naming the problem, a directory that is not
+ours, is writable by group or others, or sits below a directory others may write without
+the sticky bit (they could rename ours away and put their own in its place). The owners of
+the directories above are not checked (only their modes). Stat calls only; thread-safe.
 """
 
 from __future__ import annotations
