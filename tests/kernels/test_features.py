@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import tfrt_py
 from tfrt_py.kernels.lib.features import cpu_flags, features, format_features
@@ -98,3 +99,28 @@ def test_the_cpu_line_names_the_vector_features_the_kernels_dispatch_on() -> Non
     cpu = format_features()[0]
     for name, on in flags.items():
         assert (f" {name}" in cpu) == on, (name, cpu)
+
+
+def test_the_numba_line_says_why_the_compiled_kernels_are_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a cold start's warm-up holds the compiled kernels back, the numba line says
+    so (it said "numba is not installed"); ``$TFRT_PY_JIT=0`` names the switch."""
+    from tfrt_py.concurrency import compiled_gate
+    from tfrt_py.kernels.lib.jit import why_off
+
+    def numba_line() -> str:
+        return next(ln for ln in format_features() if ln.startswith("numba kernels:"))
+
+    monkeypatch.setenv("TFRT_PY_JIT", "0")
+    assert numba_line() == "numba kernels: off ($TFRT_PY_JIT=0)"
+    monkeypatch.delenv("TFRT_PY_JIT")
+    if why_off():
+        return  # no numba in this run: nothing is held back
+    compiled_gate.hold()
+    try:
+        line = numba_line()
+    finally:
+        compiled_gate.release()
+    assert line == "numba kernels: off (a cold start's warm-up holds them back until it switches)"
+    assert numba_line().startswith("numba kernels: on")

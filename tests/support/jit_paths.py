@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tfrt_py.kernels.lib.jit import ENV_JIT, jit_enabled
+from tfrt_py.kernels.lib.jit import ENV_JIT, jit_enabled, why_off
 
 __all__ = ["both_paths", "compiled_only", "jit", "spy_compiled", "spying_jitted"]
 
@@ -36,7 +36,7 @@ def _select(param: str, monkeypatch: pytest.MonkeyPatch) -> str:
     else:
         monkeypatch.setenv(ENV_JIT, "1")
         if not jit_enabled():
-            pytest.skip("numba is not installed: the compiled kernels cannot run")
+            pytest.skip(f"the compiled kernels cannot run: {why_off()}")
     return param
 
 

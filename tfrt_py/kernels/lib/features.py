@@ -23,7 +23,7 @@ from typing import NamedTuple
 from ...concurrency import native_pool, native_threads, numba_target
 from ...concurrency.env_switch import switched_off
 from . import gemm_packed, qgemm_packed
-from .jit import ENV_JIT, jit_enabled
+from .jit import why_off
 
 __all__ = ["Feature", "cpu_flags", "features", "format_features"]
 
@@ -63,10 +63,9 @@ def cpu_flags() -> dict[str, bool]:
 
 
 def _numba() -> Feature:
-    if switched_off(ENV_JIT):
-        return Feature("numba kernels", False, f"${ENV_JIT}=0")
-    if not jit_enabled():
-        return Feature("numba kernels", False, "numba is not installed")
+    off = why_off()
+    if off:
+        return Feature("numba kernels", False, off)
     numba = sys.modules.get("numba")
     version = f"numba {numba.__version__}" if numba is not None else "numba (not loaded yet)"
     width = numba_target.state()

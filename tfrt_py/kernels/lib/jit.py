@@ -41,6 +41,7 @@ __all__ = [
     "inline",
     "jit_enabled",
     "uses",
+    "why_off",
 ]
 
 #: ``TFRT_PY_JIT=0`` turns the numba kernels off: every kernel takes its NumPy path.
@@ -59,7 +60,8 @@ _NUMBA: list[Any] = []  # [module] once imported, [None] when it cannot be
 def jit_enabled() -> bool:
     """Whether compiled kernels may be used: numba is installed, ``$TFRT_PY_JIT`` is not
     ``0`` and a cold process's warm-up does not hold them back on this thread
-    (``concurrency.compiled_gate``). Does not import numba."""
+    (``concurrency.compiled_gate``). Does not import numba. (Asked per call by some
+    kernels: ``why_off`` says why, off the hot path.)"""
     if switched_off(ENV_JIT) or compiled_gate.held():
         return False
     if _NUMBA:
@@ -68,6 +70,22 @@ def jit_enabled() -> bool:
         return importlib.util.find_spec("numba") is not None
     except (ImportError, ValueError):  # a broken install is "no numba", as in ``_numba``
         return False
+
+
+def why_off() -> str:
+    """Why compiled kernels may not be used on this thread now ("" when they may): the
+    reason ``jit_enabled()`` is False. Does not import numba."""
+    if switched_off(ENV_JIT):
+        return f"${ENV_JIT}=0"
+    if compiled_gate.held():
+        return "a cold start's warm-up holds them back until it switches"
+    if _NUMBA:
+        return "" if _NUMBA[0] is not None else "numba failed to import in this process"
+    try:
+        found = importlib.util.find_spec("numba") is not None
+    except (ImportError, ValueError):  # a broken install is "no numba", as in ``_numba``
+        found = False
+    return "" if found else "numba is not installed"
 
 
 def imported() -> bool:
