@@ -63,7 +63,7 @@ def test_a_second_build_loads_the_machine_code(
     assert len(_objects(cache)) == 2
 
 
-@pytest.mark.parametrize("damage", ["truncated", "flipped", "empty"])
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "empty", "link"])
 def test_a_damaged_object_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                      damage: str) -> None:  # fmt: skip
     cache = tmp_path / "cache"
@@ -74,11 +74,20 @@ def test_a_damaged_object_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyP
         data = data[: len(data) // 2]
     elif damage == "flipped":
         data[-10] ^= 0xFF
-    else:
+    elif damage == "empty":
         data = bytearray()
-    path.write_bytes(bytes(data))
+    if damage == "link":  # a link to a whole object elsewhere: not followed, not touched
+        elsewhere = tmp_path / "elsewhere.o"
+        elsewhere.write_bytes(bytes(data))
+        path.unlink()
+        path.symlink_to(elsewhere)
+    else:
+        path.write_bytes(bytes(data))
     assert _build(cache, monkeypatch) == (43, False, [1])
     assert _build(cache, monkeypatch) == (43, True, [])  # the rebuilt file is whole
+    assert not path.is_symlink()
+    if damage == "link":
+        assert (tmp_path / "elsewhere.o").read_bytes() == bytes(data)
 
 
 def test_an_unsafe_cache_dir_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
