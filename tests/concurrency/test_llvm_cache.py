@@ -31,7 +31,8 @@ define i64 @"tfrt_py_cache_test_{tag}"(i64 %a, i64 %b) {{
 
 
 def _build(cache: Path, monkeypatch: pytest.MonkeyPatch, tag: str = "a", add: int = 1,
-           key: str = "k1") -> tuple[int, bool, list[int]]:  # fmt: skip
+           key: str = "k1",
+           sources: tuple[str, ...] = ()) -> tuple[int, bool, list[int]]:  # fmt: skip
     """(f(6, 7) by the engine, whether it came from the cache, how often the IR was made)."""
     monkeypatch.setenv("TFRT_PY_CACHE_DIR", str(cache))
     made: list[int] = []
@@ -40,7 +41,7 @@ def _build(cache: Path, monkeypatch: pytest.MonkeyPatch, tag: str = "a", add: in
         made.append(1)
         return _IR.format(tag=tag, add=add)
 
-    engine, cached = compile_ir_cached(make, key, opt=2)
+    engine, cached = compile_ir_cached(make, key, sources, opt=2)
     fn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)(
         engine.get_function_address(f"tfrt_py_cache_test_{tag}")
     )
@@ -61,6 +62,26 @@ def test_a_second_build_loads_the_machine_code(
     assert _build(cache, monkeypatch) == (43, True, [])  # no IR made, nothing compiled
     assert _build(cache, monkeypatch, tag="b", add=2, key="k2") == (44, False, [1])
     assert len(_objects(cache)) == 2
+
+
+def test_a_changed_generator_file_builds_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The code writing the IR is part of the key: an upgrade that changes it (or the
+    base class it builds on, in another file) never loads the old machine code."""
+    cache, gen = tmp_path / "cache", tmp_path / "generator.py"
+    gen.write_text("version 1")
+    assert _build(cache, monkeypatch, sources=(str(gen),)) == (43, False, [1])
+    assert _build(cache, monkeypatch, sources=(str(gen),)) == (43, True, [])
+    gen.write_text("version 2")
+    assert _build(cache, monkeypatch, sources=(str(gen),)) == (43, False, [1])
+
+
+def test_the_integer_kernels_key_covers_the_base_generator() -> None:
+    from tfrt_py.kernels.lib import gemm_packed, qgemm_packed
+
+    assert gemm_packed.__file__ in qgemm_packed.IR_SOURCES
+    assert qgemm_packed.__file__ in qgemm_packed.IR_SOURCES
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "empty", "link"])

@@ -66,19 +66,22 @@ def compile_ir(
     return engine
 
 
-def compile_ir_cached(make_ir: Callable[[], str], key: str, *, opt: int = 2) -> tuple[Any, bool]:
+def compile_ir_cached(
+    make_ir: Callable[[], str], key: str, sources: tuple[str, ...], *, opt: int = 2
+) -> tuple[Any, bool]:
     """``compile_ir(make_ir(), host_cpu=True, opt=opt)`` with its machine code kept in the
     private cache dir (``cachedir.cache_dir()``): (engine, whether it came from there).
 
-    The file's name hashes ``key`` (the caller's: everything the IR depends on, its
-    generator's source included), ``opt``, llvmlite's version and this CPU's name and
-    features, so a later process on this host loads the object instead of building the IR
-    and compiling it (the packed gemm: 0.46 s on a 2-core Xeon, 0.26 s of it building the
-    IR in Python, holding the GIL). A file is trusted because nobody else can write the
-    directory (``check_dir``) and used only if it is a regular file whose SHA-256 matches
-    (a torn write or a link is deleted and rebuilt); it is written to a temporary name and
-    renamed (mode 0600). An unusable
-    cache dir, or a failed write, compiles as ``compile_ir`` does."""
+    The file's name hashes ``key`` (the build's parameters: tile, symbol, ...), the
+    content of every file in ``sources`` (the code that writes the IR, base classes'
+    files included: a change to any builds anew), ``opt``, llvmlite's version and this
+    CPU's name and features, so a later process on this host loads the object instead
+    of building the IR and compiling it (the packed gemm: 0.46 s on a 2-core Xeon, 0.26 s
+    of it building the IR in Python, holding the GIL). A file is trusted because nobody
+    else can write the directory (``check_dir``) and used only if it is a regular file
+    whose SHA-256 matches (a torn write or a link is deleted and rebuilt); it is written to
+    a temporary name and renamed (mode 0600). An unusable cache dir, or a failed write,
+    compiles as ``compile_ir`` does."""
     import llvmlite
     import llvmlite.binding as llvm
 
@@ -87,7 +90,11 @@ def compile_ir_cached(make_ir: Callable[[], str], key: str, *, opt: int = 2) -> 
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     host = f"{llvm.get_host_cpu_name()}|{llvm.get_host_cpu_features().flatten()}"
-    digest = hashlib.sha256(f"{key}\0{opt}\0{llvmlite.__version__}\0{host}".encode()).hexdigest()
+    h = hashlib.sha256(f"{key}\0{opt}\0{llvmlite.__version__}\0{host}".encode())
+    for src in sources:
+        with open(src, "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+    digest = h.hexdigest()
     try:
         path: str | None = os.path.join(cache_dir(), f"llvm_{digest[:40]}.o")
     except (UnsafeCacheDir, OSError):

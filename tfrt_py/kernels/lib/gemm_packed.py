@@ -45,7 +45,6 @@ the generated call carries it). Stateless; any thread.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from typing import Any, NamedTuple
 
@@ -314,7 +313,8 @@ def _register() -> tuple[str, str, TileShape | None, Any, Any]:
         shape = _TILES.get(path)
         if shape is None:
             return path, why, None, None, None
-        engine, cached = compile_ir_cached(lambda: _build(shape), ir_key(shape), opt=3)
+        key = f"gemm_packed|{shape!r}|{SYMBOL}"
+        engine, cached = compile_ir_cached(lambda: _build(shape), key, (__file__,), opt=3)
         _ORIGIN[:] = ["the machine code from the cache" if cached else "built"]
         add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
     except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the lowering keeps gemm
@@ -326,14 +326,6 @@ def _register() -> tuple[str, str, TileShape | None, Any, Any]:
 
 #: ["built"] or ["the machine code from the cache"], once the kernel is made
 _ORIGIN: list[str] = []
-
-
-def ir_key(shape: TileShape) -> str:
-    """What this build's IR depends on (``llvm_jit.compile_ir_cached``'s key): this file,
-    whose code writes it, the tile and the symbol."""
-    with open(__file__, "rb") as f:
-        source = hashlib.sha256(f.read()).hexdigest()
-    return f"gemm_packed|{source}|{shape!r}|{SYMBOL}"
 
 
 def origin() -> str:

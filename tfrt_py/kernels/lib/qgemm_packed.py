@@ -37,7 +37,6 @@ kernels; any thread; the build is once per process under a lock.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import threading
 from typing import Any, NamedTuple
@@ -47,11 +46,26 @@ import numpy as np
 from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
+from . import gemm_packed
 from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, _PackedGemmIR
 
 __all__ = [
-    "ENV_QGEMM", "TILES", "QTile", "a_dtype", "available", "build", "chosen", "host_paths",
-    "kernel", "kernel_requant", "layout_code", "pack", "path", "qgemm", "qgemm_requant",
+    "ENV_QGEMM",
+    "IR_SOURCES",
+    "TILES",
+    "QTile",
+    "a_dtype",
+    "available",
+    "build",
+    "chosen",
+    "host_paths",
+    "kernel",
+    "kernel_requant",
+    "layout_code",
+    "pack",
+    "path",
+    "qgemm",
+    "qgemm_requant",
 ]  # fmt: skip
 
 #: ``TFRT_PY_QGEMM=vnni512|vnni256|avx512|avx2|portable``: the integer kernel's path, when
@@ -59,6 +73,9 @@ __all__ = [
 ENV_QGEMM = "TFRT_PY_QGEMM"
 SYMBOL = "tfrt_py_qgemm_packed"
 SYMBOL_REQUANT = "tfrt_py_qgemm_requant"
+#: The code that writes the IR (``_QGemmIR`` builds on ``gemm_packed._PackedGemmIR``): the
+#: cached machine code (``compile_ir_cached``) is rebuilt when either file changes.
+IR_SOURCES = (gemm_packed.__file__, __file__)
 
 
 class QTile(NamedTuple):
@@ -305,9 +322,9 @@ def build(path: str, symbol: str | None = None, requant: bool = False) -> Built:
     process's kernel: for tests and benchmarks. ``requant``: the form that requantizes to
     bytes as it stores (``qgemm_requant``). Raises what llvmlite raises."""
     sym = symbol or f"{SYMBOL}_{path}{'_requant' if requant else ''}"
-    with open(__file__, "rb") as f:  # the IR's generator: a change builds anew
-        key = f"qgemm_packed|{hashlib.sha256(f.read()).hexdigest()}|{path}|{sym}|{requant}"
-    engine, _ = compile_ir_cached(lambda: _QGemmIR(path, sym, requant).text(), key, opt=3)
+    key = f"qgemm_packed|{path}|{sym}|{requant}"
+    engine, _ = compile_ir_cached(lambda: _QGemmIR(path, sym, requant).text(), key,
+                                  IR_SOURCES, opt=3)  # fmt: skip
     p, n = ctypes.c_void_p, ctypes.c_int64
     args = [p, n, p, p, n, n, n, n, n] + ([p, p, p, n] if requant else [])
     call = ctypes.CFUNCTYPE(n, *args)(engine.get_function_address(sym))
