@@ -60,16 +60,8 @@ _NUMBA: list[Any] = []  # [module] once imported, [None] when it cannot be
 def jit_enabled() -> bool:
     """Whether compiled kernels may be used: numba is installed, ``$TFRT_PY_JIT`` is not
     ``0`` and a cold process's warm-up does not hold them back on this thread
-    (``concurrency.compiled_gate``). Does not import numba. (Asked per call by some
-    kernels: ``why_off`` says why, off the hot path.)"""
-    if switched_off(ENV_JIT) or compiled_gate.held():
-        return False
-    if _NUMBA:
-        return _NUMBA[0] is not None
-    try:
-        return importlib.util.find_spec("numba") is not None
-    except (ImportError, ValueError):  # a broken install is "no numba", as in ``_numba``
-        return False
+    (``concurrency.compiled_gate``). Does not import numba; ``why_off`` says why not."""
+    return not why_off()
 
 
 def why_off() -> str:
