@@ -101,26 +101,43 @@ def test_the_cpu_line_names_the_vector_features_the_kernels_dispatch_on() -> Non
         assert (f" {name}" in cpu) == on, (name, cpu)
 
 
+_HELD = """
+from tfrt_py.concurrency import compiled_gate
+from tfrt_py.kernels.lib.features import format_features
+from tfrt_py.kernels.lib.jit import why_off
+
+def numba_line():
+    return next(ln for ln in format_features() if ln.startswith("numba kernels:"))
+
+if why_off():
+    print("SKIP", why_off())
+    raise SystemExit
+compiled_gate.hold()
+try:
+    print(numba_line())
+finally:
+    compiled_gate.release()
+print(numba_line())
+"""
+
+
 def test_the_numba_line_says_why_the_compiled_kernels_are_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """While a cold start's warm-up holds the compiled kernels back, the numba line says
-    so (it said "numba is not installed"); ``$TFRT_PY_JIT=0`` names the switch."""
-    from tfrt_py.concurrency import compiled_gate
-    from tfrt_py.kernels.lib.jit import why_off
-
-    def numba_line() -> str:
-        return next(ln for ln in format_features() if ln.startswith("numba kernels:"))
-
+    so (it said "numba is not installed"); ``$TFRT_PY_JIT=0`` names the switch. The hold
+    runs in a fresh process: held kernels would send this process's other tests to the
+    NumPy paths."""
     monkeypatch.setenv("TFRT_PY_JIT", "0")
-    assert numba_line() == "numba kernels: off ($TFRT_PY_JIT=0)"
-    monkeypatch.delenv("TFRT_PY_JIT")
-    if why_off():
-        return  # no numba in this run: nothing is held back
-    compiled_gate.hold()
-    try:
-        line = numba_line()
-    finally:
-        compiled_gate.release()
-    assert line == "numba kernels: off (a cold start's warm-up holds them back until it switches)"
-    assert numba_line().startswith("numba kernels: on")
+    line = next(ln for ln in format_features() if ln.startswith("numba kernels:"))
+    assert line == "numba kernels: off ($TFRT_PY_JIT=0)"
+    done = subprocess.run([sys.executable, "-c", _HELD], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TFRT_PY_JIT": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    if lines[0].startswith("SKIP"):
+        pytest.skip(f"the compiled kernels cannot run here: {lines[0][5:]}")
+    assert lines[0] == (
+        "numba kernels: off (a cold start's warm-up holds them back until it switches)"
+    ), lines
+    assert lines[1].startswith("numba kernels: on"), lines
