@@ -159,11 +159,20 @@ class _PackedGemmIR:
         self.relu = b.icmp_unsigned("!=", b.and_(flags, self.c(2)), self.c(0))
         self.none = ir.Constant(ir.VectorType(ir.IntType(1), vw), [0] * vw)
 
+    #: steps of k per iteration of a tile's loop (then one more where K is odd)
+    UNROLL = 2
+
     def c(self, v: int) -> Any:
         return self.ir.Constant(self.i64, v)
 
     def text(self) -> str:
         """The whole function: full tiles, then the 1..mr-1 rows left."""
+        self.walk()
+        return self.finish()
+
+    def walk(self) -> None:
+        """Emit the tiles over ``self.panels`` whole panels: full tiles of ``mr`` rows, then
+        the 1..mr-1 rows left."""
         b, c = self.b, self.c
         # whole tiles of mr rows (2 * mr accumulators each): per block of panels (in L2),
         # tile by tile (the tile's rows of x in L1), the block's panels
@@ -196,7 +205,11 @@ class _PackedGemmIR:
             self.loop(start, self.panels, 1, lambda p, r=rows: self.tile(p, full, r, 1))
             b.branch(done)
         b.position_at_end(done)
-        b.ret(c(0))
+
+    def finish(self) -> str:
+        """Return 0 at the builder and give the module's text (the wide-vector attributes
+        where the vectors are wider than 256 bits)."""
+        self.b.ret(self.c(0))
         text = str(self.mod)
         if self.vw * 32 > 256:
             # LLVM splits vectors wider than a CPU's preferred width (256 bits on the
@@ -229,6 +242,13 @@ class _PackedGemmIR:
     def tile(self, p: Any, m0: Any, rows: int, npan: int) -> None:
         """Rows m0..m0+rows of panels p..p+npan: a k loop over 2*rows*npan accumulators, two
         steps of k an iteration (then the odd one), then the epilogue and the stores."""
+        out = self.k_loop(p, m0, rows, npan, [self.zero] * (2 * rows * npan))
+        self.epilogue(p, m0, rows, npan, out)
+
+    def k_loop(self, p: Any, m0: Any, rows: int, npan: int, start: list[Any]) -> list[Any]:
+        """The k loop of a tile from the accumulators' values ``start`` (at the builder's
+        block); ``UNROLL`` steps an iteration, then the odd one. Returns their values
+        after it, at the builder's (new) block."""
         b, c = self.b, self.c
         pre = b.block
         head, body, odd_head, odd, done = (self.fn.append_basic_block() for _ in range(5))
@@ -237,15 +257,17 @@ class _PackedGemmIR:
         k = b.phi(self.i64)
         k.add_incoming(c(0), pre)
         acc = []
-        for _ in range(2 * rows * npan):
+        for v0 in start:
             a = b.phi(self.v8)
-            a.add_incoming(self.zero, pre)
+            a.add_incoming(v0, pre)
             acc.append(a)
-        b.cbranch(b.icmp_signed("<=", b.add(k, c(2)), self.k_len), body, odd_head)
+        u = self.UNROLL
+        b.cbranch(b.icmp_signed("<=", b.add(k, c(u)), self.k_len), body, odd_head)
         b.position_at_end(body)
         new = self.k_step(p, m0, rows, npan, k, acc)
-        new = self.k_step(p, m0, rows, npan, b.add(k, c(1)), new)
-        k.add_incoming(b.add(k, c(2)), b.block)
+        for step in range(1, u):
+            new = self.k_step(p, m0, rows, npan, b.add(k, c(step)), new)
+        k.add_incoming(b.add(k, c(u)), b.block)
         for a, v in zip(acc, new, strict=True):
             a.add_incoming(v, b.block)
         b.branch(head)
@@ -262,24 +284,31 @@ class _PackedGemmIR:
             phi.add_incoming(a, odd_head)
             phi.add_incoming(v, odd)
             out.append(phi)
-        self.epilogue(p, m0, rows, npan, out)
+        return out
 
     def k_step(self, p: Any, m0: Any, rows: int, npan: int, k: Any, acc: list[Any]) -> list[Any]:
         """One k of the tile: the panels' two vectors at row k, each x[m, k] broadcast,
         ``acc`` + their products (the accumulators' new values)."""
         b, c, ir, v8 = self.b, self.c, self.ir, self.v8
-        wv = []
-        for j in range(npan):
-            at = b.add(b.mul(b.add(p, c(j)), b.mul(self.k_len, c(self.nr))), b.mul(k, c(self.nr)))
-            wv += [b.load(b.bitcast(b.gep(self.w, [b.add(at, c(self.vw * h))]), self.v8p), align=4)
-                   for h in range(2)]  # fmt: skip
+        wv = [v for j in range(npan) for v in self.panel_vectors(p, j, k)]
         new = []
         for r in range(rows):
-            xs = b.load(b.gep(self.x, [b.add(b.mul(b.add(m0, c(r)), self.ldx), k)]))
+            xs = b.load(b.gep(self.x, [b.add(b.mul(b.add(m0, c(r)), self.ldx), self.a_col(k))]))
             xb = b.insert_element(ir.Constant(v8, ir.Undefined), xs, ir.Constant(self.i32, 0))
             xb = b.shuffle_vector(xb, ir.Constant(v8, ir.Undefined), self.splat)
             new += [b.call(self.fma, [wv[q], xb, acc[r * 2 * npan + q]]) for q in range(2 * npan)]
         return new
+
+    def a_col(self, k: Any) -> Any:
+        """The column of x (the rows broadcast) that step ``k`` reads."""
+        return k
+
+    def panel_vectors(self, p: Any, j: int, k: Any) -> list[Any]:
+        """Panel ``p + j``'s two vectors at row ``k`` (panels of K x nr, one after another)."""
+        b, c = self.b, self.c
+        at = b.add(b.mul(b.add(p, c(j)), b.mul(self.k_len, c(self.nr))), b.mul(k, c(self.nr)))
+        return [b.load(b.bitcast(b.gep(self.w, [b.add(at, c(self.vw * h))]), self.v8p), align=4)
+                for h in range(2)]  # fmt: skip
 
     def epilogue(self, p: Any, m0: Any, rows: int, npan: int, acc: list[Any]) -> None:
         """+ bias (flag 1; the pointer is always readable), then ReLU (flag 2; NaN kept, as

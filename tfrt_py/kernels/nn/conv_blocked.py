@@ -42,6 +42,7 @@ from ...concurrency.threads import intra_pool
 from ..common import scratch
 from ..lib import blas, gemm
 from ..lib.jit import CONTRACT, Jitted
+from . import conv_cols
 from .conv_common import ConvNode, bias_vector, conv_geometry
 from .conv_direct import (
     _EPILOGUE_COLS,
@@ -177,9 +178,12 @@ class BlockedPlan(NamedTuple):
     par: Any = None
     par_blocks: np.ndarray | None = None
     par_rows: int = 0  # the most output rows in one of them
-    # which of ``run_blocked``'s paths runs it: "filters" (``native``), "rows" (``par``),
-    # "whole" (one image, one group, one block on the caller) or "parts" (``blocks``,
-    # on the intra-op pool when ``split``)
+    # a one-group float32 conv on ``conv_cols`` (the gemm_cols kernel), on native threads
+    # or the caller; None: not this path
+    cols: conv_cols.ColsPlan | None = None
+    # which of ``run_blocked``'s paths runs it: "filters" (``native``), "cols" (``cols``),
+    # "rows" (``par``), "whole" (one image, one group, one block on the caller) or
+    # "parts" (``blocks``, on the intra-op pool when ``split``)
     route: str = "parts"
 
 
@@ -285,13 +289,20 @@ def plan_blocked(
         route = "whole"
     else:
         route = "parts"
+    cols = None
+    serial = route == "whole" or (route == "parts" and not (split and len(blocks) > 1))
+    if dtype == np.float32 and group == 1 and (route == "rows" or serial):
+        cols_threads = 1 if serial else min(threads, native_threads.max_threads())
+        cols = conv_cols.plan(x_shape, m, (kh, kw), out_shape, strides, pads_begin, dilations,
+                              _jit_act(epi, dtype), _params(epi, dtype), cols_threads)  # fmt: skip
+        route = route if cols is None else "cols"
     return BlockedPlan(
         im2col=None if direct else im2col, epilogue=epilogue, geo=geo, group=group, k=k,
         out_shape=(n, m, oh, ow), blocks=blocks, split=split and len(blocks) > 1,
         act=_jit_act(epi, dtype), epi=epi if numpy_act_after(epi, dtype) else Epilogue(),
         params=_params(epi, dtype), fns=act_fns(), native=native, native_blocks=native_blocks,
         im2col_par=im2col_par, im2col_blocks=im2col_blocks, par=par, par_blocks=par_blocks,
-        par_rows=par_rows, route=route,
+        par_rows=par_rows, cols=cols, route=route,
     )  # fmt: skip
 
 
@@ -343,6 +354,34 @@ def _run_rows(
     return y
 
 
+def _run_cols(
+    plan: BlockedPlan, cp: conv_cols.ColsPlan, x: np.ndarray, w2: np.ndarray, y: np.ndarray,
+    bb: np.ndarray, res: np.ndarray | None, w_taps: np.ndarray | None,
+) -> np.ndarray:  # fmt: skip
+    """``run_blocked``'s "cols" route (``conv_cols``): blocks of output rows on native
+    threads or the caller, sub-block by sub-block; ``w_taps``: the weights as
+    ``conv_cols.taps_first`` gives them (made here when None and GRID needs them)."""
+    n, m, oh, ow = plan.out_shape
+    o = oh * ow
+    parallel = len(cp.blocks) > 1 and cp.fn is conv_cols.COLS_PAR.get()
+    cols = scratch(1, (len(cp.blocks) if parallel else 1, max(1, cp.scratch_floats)), x.dtype)
+    if cp.mode == conv_cols.GRID:
+        xpad = scratch(0, cp.xpad_shape, x.dtype)
+        kh, kw = int(plan.geo[0]), int(plan.geo[1])
+        if w_taps is None:  # (a 1x1 conv's taps-first weights are its weights)
+            w_taps = w2 if kh * kw == 1 else conv_cols.taps_first(w2.reshape(m, -1, kh, kw))
+        w2 = w_taps
+    else:
+        xpad = _EMPTY3[x.dtype]
+    if parallel:
+        native_threads.enter(intra_pool().threads)
+    conv_cols.run(cp, x, w2, y.reshape(n, m, o), bb, None if res is None else res.reshape(n, m, o),
+                  plan.geo, plan.params, cols, xpad)  # fmt: skip
+    if plan.epi.act:
+        _numpy_act(y, plan.epi, plan.fns)
+    return y
+
+
 def run_blocked(
     plan: BlockedPlan,
     x: np.ndarray,
@@ -350,11 +389,14 @@ def run_blocked(
     b: np.ndarray | None,
     res: np.ndarray | None,
     out: np.ndarray | None,
+    w_taps: np.ndarray | None = None,
 ) -> np.ndarray:
     """The convolution of ``x`` (C-contiguous (N, C, H, W), the plan's dtype) by ``w3``
     (group, M/group, K), plus ``b`` (M,) and ``res`` (N, M, OH, OW C-contiguous), then the
-    activation, into ``out`` (C-contiguous) or a new array. The caller's thread takes part
-    in the blocks; helpers of the intra-op pool take the rest."""
+    activation, into ``out`` (C-contiguous) or a new array. ``w_taps``: the same weights
+    as ``conv_cols.taps_first`` orders them, made once by the caller (else per call where
+    the "cols" route needs them). The caller's thread takes part in the blocks; helpers of
+    the intra-op pool take the rest."""
     dt = x.dtype
     n, m, oh, ow = plan.out_shape
     o = oh * ow
@@ -363,6 +405,8 @@ def run_blocked(
     route = plan.route
     if route == "filters" and plan.native_blocks is not None:
         return _run_filters(plan, x, w3[0], y, bb, res)
+    if route == "cols" and plan.cols is not None:
+        return _run_cols(plan, plan.cols, x, w3[0], y, bb, res, w_taps)
     if route == "rows" and plan.par_blocks is not None:
         return _run_rows(plan, plan.par_blocks, x, w3[0], y, bb, res)
     if route == "whole":
@@ -440,6 +484,11 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     if IM2COL.get() is None or _EPILOGUE_COLS.get() is None:
         return None
     w3 = np.ascontiguousarray(w_const.reshape(group, w_const.shape[0] // group, -1), dtype=cdt)
+    # the filters taps-first for conv_cols' stride-1 form (GRID), made only for convs that
+    # may take it (a 1x1 conv's taps-first weights are its weights)
+    stride1 = sp.strides is None or all(s == 1 for s in sp.strides)
+    grid = group == 1 and cdt == np.float32 and stride1 and w_const.shape[2:] != (1, 1)
+    w_taps = conv_cols.taps_first(w_const) if grid else None
     w_shape = tuple(w_const.shape)
     plans: dict[tuple[int, ...], BlockedPlan | None] = {}
 
@@ -473,6 +522,7 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
             bb,
             None if r is None else np.ascontiguousarray(r),
             out if direct else None,
+            w_taps,
         )
         if out is not None and not direct:
             out[...] = y

@@ -1,0 +1,208 @@
+"""The one-group float32 conv on the gemm_cols kernel (kernels/nn/conv_cols.py,
+kernels/lib/gemm_cols.py): the kernel against a float64 product (partial panels, taps at
+offsets, every epilogue flag, NaN through ReLU/Clip, nothing written past N), each form
+of the conv (GRID, DIRECT, IM2COL) against onnxruntime with the route checked, the AVX2
+tile in a fresh process, and the BLAS route when the kernel is switched off."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tfrt_py
+from tests.support.spies import record_calls
+from tfrt_py.concurrency import isa
+from tfrt_py.kernels.lib import gemm_cols
+from tfrt_py.kernels.lib.jit import jit_enabled, why_off
+from tfrt_py.kernels.nn import conv_blocked, conv_cols
+
+pytestmark = pytest.mark.skipif(not jit_enabled(), reason=why_off() or "numba kernels off")
+
+_RNG = np.random.default_rng(29)
+
+
+def _need_kernel() -> None:
+    if not gemm_cols.available():
+        pytest.skip("no gemm_cols kernel on this host (portable path, or packed gemm off)")
+
+
+def _call(a: np.ndarray, c: np.ndarray, toff: np.ndarray, k: int, n: int, flags: int,
+          bias: np.ndarray, res: np.ndarray, lohi: np.ndarray, ldy: int) -> np.ndarray:  # fmt: skip
+    m = a.shape[0]
+    y = np.full((m, ldy), 7.0, np.float32)
+    fn = gemm_cols.kernel()
+    cf = c.ravel()
+    fn(a, 0, a.shape[1], cf, 0, c.shape[1], toff, y, 0, ldy, m, k, n, bias, res, 0,
+       res.shape[1], lohi, flags, gemm_cols.panel_width())  # fmt: skip
+    return y
+
+
+def _want(a: Any, c: Any, toff: Any, k: int, n: int, flags: int, bias: Any, res: Any,
+          lohi: Any) -> np.ndarray:  # fmt: skip
+    cf = c.ravel().astype(np.float64)
+    ldc = c.shape[1]
+    acc = np.zeros((a.shape[0], n))
+    for t, off in enumerate(toff):
+        rows = np.stack([cf[off + r * ldc : off + r * ldc + n] for r in range(k)])
+        acc += a[:, t * k : (t + 1) * k].astype(np.float64) @ rows
+    if flags & gemm_cols.FLAG_BIAS:
+        acc += bias[:, None]
+    if flags & gemm_cols.FLAG_RESIDUAL:
+        acc += res[:, :n]
+    if flags & gemm_cols.FLAG_RELU:
+        acc = np.where(acc < 0, 0, acc)
+    if flags & gemm_cols.FLAG_CLIP:
+        acc = np.where(acc < lohi[0], lohi[0], np.where(acc > lohi[1], lohi[1], acc))
+    return acc
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "taps"),
+    [(1, 1, 1, 1), (13, 37, 45, 1), (14, 5, 32, 1), (29, 64, 100, 1), (64, 16, 70, 9),
+     (15, 3, 33, 4), (30, 200, 17, 1)],
+)  # fmt: skip
+@pytest.mark.parametrize("flags", [0, 1, 1 | 4, 1 | 4 | 2, 1 | 8, 4 | 8])
+def test_the_kernel_matches_a_float64_product(
+    m: int, k: int, n: int, taps: int, flags: int
+) -> None:
+    _need_kernel()
+    ldc = n + 3
+    toff = np.array([t * 2 + (t % 3) for t in range(taps)], np.int64)
+    rows = k + (int(toff.max()) // ldc) + 2
+    a = _RNG.standard_normal((m, taps * k)).astype(np.float32)
+    c = _RNG.standard_normal((rows, ldc)).astype(np.float32)
+    bias = _RNG.standard_normal(m).astype(np.float32)
+    res = _RNG.standard_normal((m, n)).astype(np.float32)
+    lohi = np.array([-0.5, 0.75], np.float32)
+    y = _call(a, c, toff, k, n, flags, bias, res, lohi, n + 5)
+    want = _want(a, c, toff, k, n, flags, bias, res, lohi)
+    scale = 1.0 + float(np.abs(want).max())
+    np.testing.assert_allclose(y[:, :n], want, rtol=0, atol=2e-5 * scale * np.sqrt(taps * k))
+    assert (y[:, n:] == 7.0).all()  # the partial panel's masked stores write nothing past N
+
+
+def test_nan_passes_relu_and_clip_and_inf_saturates() -> None:
+    _need_kernel()
+    a = np.ones((3, 2), np.float32)
+    c = np.array([[np.nan, 1.0, -np.inf, 5.0], [0.0, -3.0, 0.0, 0.0]], np.float32)
+    z = np.zeros(3, np.float32)
+    lohi = np.array([0.0, 6.0], np.float32)
+    toff = np.zeros(1, np.int64)
+    relu = _call(a, c, toff, 2, 4, gemm_cols.FLAG_RELU, z, np.zeros((3, 4), np.float32), lohi, 4)
+    clip = _call(a, c, toff, 2, 4, gemm_cols.FLAG_CLIP, z, np.zeros((3, 4), np.float32), lohi, 4)
+    assert np.isnan(relu[:, 0]).all() and np.isnan(clip[:, 0]).all()
+    np.testing.assert_array_equal(relu[0, 1:], [0.0, 0.0, 5.0])
+    np.testing.assert_array_equal(clip[0, 1:], [0.0, 0.0, 5.0])
+
+
+def _model(x: np.ndarray, w: np.ndarray, attrs: dict[str, Any], act: str, residual: bool) -> Any:
+    inits: dict[str, Any] = {"w": w, "b": _RNG.standard_normal((w.shape[0],)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)]
+    last = "c"
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)]
+    if residual:
+        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
+        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, None))
+        last = "s"
+    if act == "Clip":
+        inits["lo"], inits["hi"] = np.float32(-0.5), np.float32(1.5)
+        nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["y"]))
+    else:
+        nodes.append(helper.make_node(act, [last], ["y"]))
+    out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    consts = [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()]
+    g = helper.make_graph(nodes, "g", inputs, out, consts)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+CASES = [
+    # (x shape, w shape, Conv attributes, the form conv_cols takes)
+    ((1, 16, 20, 20), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
+    ((2, 8, 17, 23), (20, 8, 5, 3), {"pads": [2, 0, 1, 2], "dilations": [2, 1]}, conv_cols.GRID),
+    ((1, 12, 9, 9), (40, 12, 1, 1), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
+    # a 7x7 plane (fewer filters than pixels: more would take conv_blocked's filter blocks)
+    ((1, 64, 7, 7), (40, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
+    ((2, 24, 14, 14), (48, 24, 1, 1), {}, conv_cols.DIRECT),
+    ((1, 8, 29, 30), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, conv_cols.IM2COL),
+    ((1, 3, 40, 40), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, conv_cols.IM2COL),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs", "mode"), CASES)
+@pytest.mark.parametrize(
+    ("act", "residual"), [("Relu", True), ("Clip", False), ("HardSwish", True)]
+)
+def test_each_form_matches_onnxruntime_on_the_cols_route(
+    monkeypatch: pytest.MonkeyPatch, x_shape: Any, w_shape: Any, attrs: dict[str, Any],
+    mode: int, act: str, residual: bool,
+) -> None:  # fmt: skip
+    _need_kernel()
+    plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
+    x = _RNG.standard_normal(x_shape).astype(np.float32)
+    w = (_RNG.standard_normal(w_shape) * 0.2).astype(np.float32)
+    m = _model(x, w, attrs, act, residual)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"x": x}
+    if residual:
+        shape = sess.run(None, {"x": x, "r": np.zeros((1,), np.float32)})[0].shape
+        feeds["r"] = _RNG.standard_normal(shape).astype(np.float32)
+    model = tfrt_py.load(m, executor="sync")
+    for _ in range(2):
+        np.testing.assert_allclose(model.run(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-4,
+                                   atol=1e-4)  # fmt: skip
+    assert plans and plans[-1].route == "cols" and plans[-1].cols.mode == mode
+
+
+def test_without_the_kernel_the_blas_route_gives_the_same_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _need_kernel()
+    x = _RNG.standard_normal((1, 16, 20, 20)).astype(np.float32)
+    w = (_RNG.standard_normal((32, 16, 3, 3)) * 0.2).astype(np.float32)
+    m = _model(x, w, {"pads": [1, 1, 1, 1]}, "Relu", False)
+    on = tfrt_py.load(m, executor="sync").run({"x": x})["y"]
+    monkeypatch.setenv("TFRT_PY_PACKED_GEMM", "0")
+    plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
+    off = tfrt_py.load(m, executor="sync").run({"x": x})["y"]
+    assert plans and plans[-1].route != "cols"
+    np.testing.assert_allclose(off, on, rtol=1e-4, atol=1e-4)
+
+
+_AVX2_CHILD = """
+import numpy as np
+from tfrt_py.kernels.lib import gemm_cols, gemm_packed
+assert gemm_packed.path()[0] == "avx2", gemm_packed.path()
+assert gemm_cols.available() and gemm_cols.panel_width() == 16
+rng = np.random.default_rng(1)
+m, k, n, taps = 13, 21, 37, 3
+a = rng.standard_normal((m, taps * k)).astype(np.float32)
+c = rng.standard_normal((k + 4, n + 7)).astype(np.float32)
+toff = np.array([0, 1, n + 8], np.int64)
+y = np.full((m, n + 2), 7.0, np.float32)
+b = rng.standard_normal(m).astype(np.float32)
+gemm_cols.kernel()(a, 0, taps * k, c.ravel(), 0, n + 7, toff, y, 0, n + 2, m, k, n, b, y, 0,
+                   n + 2, np.zeros(2, np.float32), 3, 16)
+cf = c.ravel().astype(np.float64)
+want = sum(a[:, t * k:(t + 1) * k] @ np.stack([cf[o + r * (n + 7):o + r * (n + 7) + n]
+           for r in range(k)]) for t, o in enumerate(toff)) + b[:, None]
+assert np.allclose(y[:, :n], np.maximum(want, 0), atol=1e-4), abs(y[:, :n] - want).max()
+assert (y[:, n:] == 7.0).all()
+print("avx2 ok")
+"""
+
+
+def test_the_avx2_tile_in_a_fresh_process() -> None:
+    """``TFRT_PY_ISA=avx2`` builds the 6 x 16 tile (two k a step) with the tap loop."""
+    if "avx2" not in isa.host_paths():
+        pytest.skip("this host has no AVX2/FMA path")
+    env = {**os.environ, "TFRT_PY_ISA": "avx2", "TFRT_PY_COLD_START": "0"}
+    done = subprocess.run([sys.executable, "-c", _AVX2_CHILD], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "avx2 ok" in done.stdout, done.stderr[-3000:]
