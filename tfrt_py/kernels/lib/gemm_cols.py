@@ -88,7 +88,8 @@ class _ColsGemmIR(_PackedGemmIR):
 
         shape, self.UNROLL = _tile_for(path_tile)
         self.ir = ir
-        self.vw, self.mr, self.nr = vw, _, nr = shape.vw, shape.mr, 2 * shape.vw
+        vw = shape.vw
+        self.vw, self.mr, self.nr = vw, shape.mr, 2 * vw
         self.panels_for_rows = shape.panels_for_rows
         f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
         self.i64, self.i32 = i64, i32
@@ -108,17 +109,7 @@ class _ColsGemmIR(_PackedGemmIR):
          self.m_rows, self.k_len, self.n_cols, self.bias, self.res, self.ldr, lohi, flags,
          width) = self.fn.args  # fmt: skip
         self.symbol = SYMBOL
-        for a in (self.x, self.w, self.y):
-            a.add_attribute("noalias")
-        entry = self.fn.append_basic_block("entry")
-        self.b = b = ir.IRBuilder(entry)
-        wrong, work = self.fn.append_basic_block("wrong_width"), self.fn.append_basic_block()
-        b.cbranch(b.icmp_signed("!=", width, self.c(nr)), wrong, work)
-        b.position_at_end(wrong)
-        b.ret(self.c(1))
-        b.position_at_end(work)
-        self.zero = ir.Constant(v8, [0.0] * vw)
-        self.splat = ir.Constant(ir.VectorType(i32, vw), [0] * vw)
+        b = self.start(width)
         self.none = ir.Constant(vm, [0] * vw)
 
         def on(bit: int) -> Any:
@@ -127,7 +118,7 @@ class _ColsGemmIR(_PackedGemmIR):
         self.add_bias, self.relu = on(FLAG_BIAS), on(FLAG_RELU)
         self.add_res, self.clip = on(FLAG_RESIDUAL), on(FLAG_CLIP)
         self.lo, self.hi = (self.splat_of(b.load(b.gep(lohi, [self.c(i)]))) for i in (0, 1))
-        self.panels = b.sdiv(self.n_cols, self.c(nr))
+        self.panels = b.sdiv(self.n_cols, self.c(self.nr))
         self.mask: tuple[Any, Any] | None = None  # the partial panel's lanes, while emitted
         self.tap_off: Any = None  # the tap's element offset into c, in the tap loop
         self.tap_k: Any = None  # the tap's first column of a, in the tap loop

@@ -130,7 +130,8 @@ class _PackedGemmIR:
         import llvmlite.ir as ir
 
         self.ir = ir
-        self.vw, self.mr, self.nr = vw, _, nr = shape.vw, shape.mr, 2 * shape.vw
+        vw = shape.vw
+        self.vw, self.mr, self.nr = vw, shape.mr, 2 * vw
         self.panels_for_rows = shape.panels_for_rows
         f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
         self.i64, self.i32 = i64, i32
@@ -144,20 +145,26 @@ class _PackedGemmIR:
         (self.x, self.ldx, self.w, self.y, self.ldy, self.m_rows, self.k_len, self.panels,
          self.bias, flags, width) = self.fn.args  # fmt: skip
         self.symbol = SYMBOL
-        for a in (self.x, self.w, self.y):
-            a.add_attribute("noalias")
-        entry = self.fn.append_basic_block("entry")
-        self.b = b = ir.IRBuilder(entry)
-        wrong, work = self.fn.append_basic_block("wrong_width"), self.fn.append_basic_block()
-        b.cbranch(b.icmp_signed("!=", width, self.c(nr)), wrong, work)
-        b.position_at_end(wrong)
-        b.ret(self.c(1))
-        b.position_at_end(work)
-        self.zero = ir.Constant(v8, [0.0] * vw)
-        self.splat = ir.Constant(ir.VectorType(i32, vw), [0] * vw)
+        b = self.start(width)
         self.add_bias = b.icmp_unsigned("!=", b.and_(flags, self.c(1)), self.c(0))
         self.relu = b.icmp_unsigned("!=", b.and_(flags, self.c(2)), self.c(0))
         self.none = ir.Constant(ir.VectorType(ir.IntType(1), vw), [0] * vw)
+
+    def start(self, width: Any) -> Any:
+        """The function's entry (x, w, y noalias): status 1 when ``width`` is not ``nr``;
+        sets ``b`` (at the work's block), ``zero`` and ``splat``; returns ``b``."""
+        ir = self.ir
+        for a in (self.x, self.w, self.y):
+            a.add_attribute("noalias")
+        self.b = b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        wrong, work = self.fn.append_basic_block("wrong_width"), self.fn.append_basic_block()
+        b.cbranch(b.icmp_signed("!=", width, self.c(self.nr)), wrong, work)
+        b.position_at_end(wrong)
+        b.ret(self.c(1))
+        b.position_at_end(work)
+        self.zero = ir.Constant(self.v8, [0.0] * self.vw)
+        self.splat = ir.Constant(ir.VectorType(self.i32, self.vw), [0] * self.vw)
+        return b
 
     #: steps of k per iteration of a tile's loop (then one more where K is odd)
     UNROLL = 2
