@@ -84,20 +84,10 @@ class _ColsGemmIR(_PackedGemmIR):
     tap."""
 
     def __init__(self, path_tile: TileShape) -> None:
-        import llvmlite.ir as ir
-
         shape, self.UNROLL = _tile_for(path_tile)
-        self.ir = ir
-        vw = shape.vw
-        self.vw, self.mr, self.nr = vw, shape.mr, 2 * vw
-        self.panels_for_rows = shape.panels_for_rows
-        f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
-        self.i64, self.i32 = i64, i32
-        self.v8 = v8 = ir.VectorType(f32, vw)
-        fp, self.v8p = f32.as_pointer(), v8.as_pointer()
+        ir, fp, i64 = self.types(shape, "tfrt_py_gemm_cols")
+        mod, v8, i32, vw = self.mod, self.v8, self.i32, self.vw
         self.vmask = vm = ir.VectorType(ir.IntType(1), vw)
-        self.mod = mod = ir.Module(name="tfrt_py_gemm_cols")
-        self.fma = ir.Function(mod, ir.FunctionType(v8, [v8, v8, v8]), name=f"llvm.fma.v{vw}f32")
         self.mload = ir.Function(mod, ir.FunctionType(v8, [self.v8p, i32, vm, v8]),
                                  name=f"llvm.masked.load.v{vw}f32.p0v{vw}f32")  # fmt: skip
         self.mstore = ir.Function(mod, ir.FunctionType(ir.VoidType(), [v8, self.v8p, i32, vm]),
@@ -110,7 +100,6 @@ class _ColsGemmIR(_PackedGemmIR):
          width) = self.fn.args  # fmt: skip
         self.symbol = SYMBOL
         b = self.start(width)
-        self.none = ir.Constant(vm, [0] * vw)
 
         def on(bit: int) -> Any:
             return b.icmp_unsigned("!=", b.and_(flags, self.c(bit)), self.c(0))
@@ -176,15 +165,7 @@ class _ColsGemmIR(_PackedGemmIR):
         self.mask = (b.icmp_signed("<", lane[0], splat64), b.icmp_signed("<", lane[1], splat64))
         full = b.mul(b.sdiv(self.m_rows, c(self.mr)), c(self.mr))
         self.loop(c(0), full, self.mr, lambda m0: self.tile(last, m0, self.mr, 1))
-        rest = self.fn.append_basic_block()
-        sw = b.switch(b.sub(self.m_rows, full), rest)
-        for rows in range(1, self.mr):
-            blk = self.fn.append_basic_block()
-            sw.add_case(c(rows), blk)
-            b.position_at_end(blk)
-            self.tile(last, full, rows, 1)
-            b.branch(rest)
-        b.position_at_end(rest)
+        self.rows_left(full, lambda rows: self.tile(last, full, rows, 1))
         b.branch(done)
         b.position_at_end(done)
         self.mask = None
@@ -281,10 +262,9 @@ def register(module_globals: dict[str, Any]) -> bool:
 
 def kernel() -> Any:
     """``sgemm_cols(a, ao, lda, c, co, ldc, toff, y, yo, ldy, m, k, n, bias, r, ro, ldr,
-    lohi, flags, nr)`` (element offsets into float32 arrays, ``toff`` int64 tap offsets;
-    ``nr``: ``panel_width()``) for
-    Python callers, or None where ``available()`` is False. Raises ValueError if ``nr`` is
-    not the kernel's."""
+    lohi, flags, nr)`` (element offsets into float32 arrays, ``toff`` int64 tap offsets,
+    ``nr`` ``panel_width()``) for Python callers (tests), or None where ``available()``
+    is False. Raises ValueError if ``nr`` is not the kernel's."""
     global _kern
     if not available():
         return None

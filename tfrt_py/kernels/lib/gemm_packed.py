@@ -127,19 +127,7 @@ class _PackedGemmIR:
     (nothing done) when ``nr`` is not this build's panel width. One use: ``text()``."""
 
     def __init__(self, shape: TileShape) -> None:
-        import llvmlite.ir as ir
-
-        self.ir = ir
-        vw = shape.vw
-        self.vw, self.mr, self.nr = vw, shape.mr, 2 * vw
-        self.panels_for_rows = shape.panels_for_rows
-        f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
-        self.i64, self.i32 = i64, i32
-        self.v8 = v8 = ir.VectorType(f32, vw)
-        fp, self.v8p = f32.as_pointer(), v8.as_pointer()
-        self.mod = ir.Module(name="tfrt_py_gemm")
-        self.fma = ir.Function(self.mod, ir.FunctionType(v8, [v8, v8, v8]),
-                               name=f"llvm.fma.v{vw}f32")  # fmt: skip
+        ir, fp, i64 = self.types(shape, "tfrt_py_gemm")
         self.fn = ir.Function(self.mod, ir.FunctionType(i64, [fp, i64, fp, fp, i64, i64, i64,
                               i64, fp, i64, i64]), name=SYMBOL)  # fmt: skip
         (self.x, self.ldx, self.w, self.y, self.ldy, self.m_rows, self.k_len, self.panels,
@@ -148,11 +136,30 @@ class _PackedGemmIR:
         b = self.start(width)
         self.add_bias = b.icmp_unsigned("!=", b.and_(flags, self.c(1)), self.c(0))
         self.relu = b.icmp_unsigned("!=", b.and_(flags, self.c(2)), self.c(0))
-        self.none = ir.Constant(ir.VectorType(ir.IntType(1), vw), [0] * vw)
+
+    def types(self, shape: TileShape, module: str) -> tuple[Any, Any, Any]:
+        """Set the tile's sizes, the IR types (``i64``, ``i32``, ``v8`` -- a vector of ``vw``
+        floats -- and ``v8p``), the module ``mod`` named ``module`` and its ``fma``
+        intrinsic; returns (llvmlite.ir, a float pointer type, i64) for the signature."""
+        import llvmlite.ir as ir
+
+        self.ir = ir
+        vw = shape.vw
+        self.vw, self.mr, self.nr = vw, shape.mr, 2 * vw
+        self.panels_for_rows = shape.panels_for_rows
+        f32, i64 = ir.FloatType(), ir.IntType(64)
+        self.i64, self.i32 = i64, ir.IntType(32)
+        self.v8 = v8 = ir.VectorType(f32, vw)
+        self.v8p = v8.as_pointer()
+        self.mod = ir.Module(name=module)
+        self.fma = ir.Function(self.mod, ir.FunctionType(v8, [v8, v8, v8]),
+                               name=f"llvm.fma.v{vw}f32")  # fmt: skip
+        return ir, f32.as_pointer(), i64
 
     def start(self, width: Any) -> Any:
         """The function's entry (x, w, y noalias): status 1 when ``width`` is not ``nr``;
-        sets ``b`` (at the work's block), ``zero`` and ``splat``; returns ``b``."""
+        sets ``b`` (at the work's block), ``zero``, ``splat`` and ``none`` (no lane);
+        returns ``b``."""
         ir = self.ir
         for a in (self.x, self.w, self.y):
             a.add_attribute("noalias")
@@ -164,6 +171,7 @@ class _PackedGemmIR:
         b.position_at_end(work)
         self.zero = ir.Constant(self.v8, [0.0] * self.vw)
         self.splat = ir.Constant(ir.VectorType(self.i32, self.vw), [0] * self.vw)
+        self.none = ir.Constant(ir.VectorType(ir.IntType(1), self.vw), [0] * self.vw)
         return b
 
     #: steps of k per iteration of a tile's loop (then one more where K is odd)
@@ -198,18 +206,28 @@ class _PackedGemmIR:
             self.loop(c(0), full, self.mr, panels_of_tile)
 
         self.loop(c(0), self.panels, per_block, block, whole=False)
+
         # the 1..mr-1 rows left: several panels per tile, so that a single row still keeps
         # eight independent accumulators (an FMA's latency covered), then panel by panel
+        def left(rows: int) -> None:
+            npan = self.panels_for_rows[rows]
+            start = b.mul(b.sdiv(self.panels, c(npan)), c(npan))
+            self.loop(c(0), self.panels, npan, lambda p: self.tile(p, full, rows, npan))
+            self.loop(start, self.panels, 1, lambda p: self.tile(p, full, rows, 1))
+
+        self.rows_left(full, left)
+
+    def rows_left(self, full: Any, emit: Any) -> None:
+        """``emit(rows)`` for the 1..mr-1 rows after the ``full`` ones (a switch on how many
+        there are); the builder continues after it."""
+        b = self.b
         done = self.fn.append_basic_block()
         sw = b.switch(b.sub(self.m_rows, full), done)
         for rows in range(1, self.mr):
             blk = self.fn.append_basic_block()
-            sw.add_case(c(rows), blk)
+            sw.add_case(self.c(rows), blk)
             b.position_at_end(blk)
-            npan = self.panels_for_rows[rows]
-            start = b.mul(b.sdiv(self.panels, c(npan)), c(npan))
-            self.loop(c(0), self.panels, npan, lambda p, r=rows, q=npan: self.tile(p, full, r, q))
-            self.loop(start, self.panels, 1, lambda p, r=rows: self.tile(p, full, r, 1))
+            emit(rows)
             b.branch(done)
         b.position_at_end(done)
 

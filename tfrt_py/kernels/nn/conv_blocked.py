@@ -40,7 +40,7 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..common import scratch
-from ..lib import blas, gemm
+from ..lib import blas, gemm, gemm_cols
 from ..lib.jit import CONTRACT, Jitted
 from . import conv_cols
 from .conv_common import ConvNode, bias_vector, conv_geometry
@@ -363,17 +363,16 @@ def _run_cols(
     ``conv_cols.taps_first`` gives them (made here when None and GRID needs them)."""
     n, m, oh, ow = plan.out_shape
     o = oh * ow
-    parallel = len(cp.blocks) > 1 and cp.fn is conv_cols.COLS_PAR.get()
-    cols = scratch(1, (len(cp.blocks) if parallel else 1, max(1, cp.scratch_floats)), x.dtype)
+    cols = scratch(1, (len(cp.blocks) if cp.parallel else 1, max(1, cp.scratch_floats)), x.dtype)
     if cp.mode == conv_cols.GRID:
         xpad = scratch(0, cp.xpad_shape, x.dtype)
-        kh, kw = int(plan.geo[0]), int(plan.geo[1])
-        if w_taps is None:  # (a 1x1 conv's taps-first weights are its weights)
+        if w_taps is None:  # direct callers (a 1x1 conv's taps-first weights are its weights)
+            kh, kw = int(plan.geo[0]), int(plan.geo[1])
             w_taps = w2 if kh * kw == 1 else conv_cols.taps_first(w2.reshape(m, -1, kh, kw))
         w2 = w_taps
     else:
         xpad = _EMPTY3[x.dtype]
-    if parallel:
+    if cp.parallel:
         native_threads.enter(intra_pool().threads)
     conv_cols.run(cp, x, w2, y.reshape(n, m, o), bb, None if res is None else res.reshape(n, m, o),
                   plan.geo, plan.params, cols, xpad)  # fmt: skip
@@ -489,6 +488,8 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     stride1 = sp.strides is None or all(s == 1 for s in sp.strides)
     grid = group == 1 and cdt == np.float32 and stride1 and w_const.shape[2:] != (1, 1)
     w_taps = conv_cols.taps_first(w_const) if grid else None
+    if group == 1 and cdt == np.float32:
+        gemm_cols.available()  # its kernel built (or loaded) at load, not on a first call
     w_shape = tuple(w_const.shape)
     plans: dict[tuple[int, ...], BlockedPlan | None] = {}
 

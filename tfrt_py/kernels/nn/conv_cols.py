@@ -195,6 +195,7 @@ class ColsPlan(NamedTuple):
     """How ``run`` computes one input shape (immutable)."""
 
     fn: Any  # COLS_PAR's or COLS_ONE's compiled function
+    parallel: bool  # COLS_PAR's, over more than one block: one scratch per block
     mode: int  # IM2COL, DIRECT or GRID
     blocks: np.ndarray  # (image, first output row, end row) per block (one per thread)
     sub: int  # output rows per sub-block
@@ -249,9 +250,9 @@ def plan(
     scratch_floats = {IM2COL: k * sub * ow, DIRECT: 0, GRID: m * sub * width}[mode]
     flag = _FUSED.get(act) if mode != GRID else None
     lohi = np.array([params[0], params[1]], np.float32)
-    return ColsPlan(fn, mode, blocks, sub, scratch_floats, act if flag is None else 0,
-                    flag or 0, lohi, np.zeros(m, np.float32), gemm_cols.panel_width(), toff,
-                    pads, xpad_shape)  # fmt: skip
+    return ColsPlan(fn, threads > 1 and len(blocks) > 1, mode, blocks, sub, scratch_floats,
+                    act if flag is None else 0, flag or 0, lohi, np.zeros(m, np.float32),
+                    gemm_cols.panel_width(), toff, pads, xpad_shape)  # fmt: skip
 
 
 def run(
