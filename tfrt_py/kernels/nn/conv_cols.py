@@ -15,7 +15,10 @@ block's columns come in one of three forms (``plan`` picks it per input shape):
   output (pw - OW wasted columns a row) goes to a scratch and each channel's rows are
   cropped into the output, bias, residual and activation applied as they are
   (``_epilogue_row``).
-* DIRECT (1x1, stride 1, no pads): the input's columns read in place.
+* 1x1 stride-1 unpadded convs are not taken (``plan`` returns None): read in place with
+  the plane as leading dimension the kernel lost to OpenBLAS's packed product on
+  MobileNet's projections (one thread: 32x112x112 -> 16 601 vs 436 µs, 144x56x56 -> 24
+  792 vs 429), so ``conv_blocked``'s BLAS routes keep them.
 * IM2COL (strided convs): im2col of ``sub`` output rows at a time into a cache-sized
   scratch (``BLOCK_BYTES``), then the kernel with the epilogue fused.
 
@@ -42,7 +45,7 @@ from ..lib.jit import CONTRACT, Jitted, inline
 from .conv_direct import _epilogue_row
 from .conv_im2col import im2col_rows
 
-__all__ = ["BLOCK_BYTES", "COLS_ONE", "COLS_PAR", "DIRECT", "GRID", "IM2COL", "ColsPlan", "plan",
+__all__ = ["BLOCK_BYTES", "COLS_ONE", "COLS_PAR", "GRID", "IM2COL", "ColsPlan", "plan",
            "run", "taps_first"]  # fmt: skip
 
 #: A sub-block's im2col columns take about this many bytes (with the weights' rows they
@@ -57,9 +60,9 @@ numba: Any = None
 _sgemm_cols: Any = None
 
 
-#: How ``_block`` forms a block's columns: the im2col copy, a 1x1 stride-1 conv's input
-#: in place, or (stride 1) the padded input on an extended grid, one tap an offset.
-IM2COL, DIRECT, GRID = 0, 1, 2
+#: How ``_block`` forms a block's columns: the im2col copy, or (stride 1) the padded input
+#: on an extended grid, one tap an offset.
+IM2COL, GRID = 0, 1
 
 
 @inline
@@ -70,11 +73,11 @@ def _block(  # pragma: no cover - numba only
 ) -> None:  # fmt: skip
     """Output rows ``[r0, r1)`` of image ``i``, ``sub`` rows at a time, into ``y3`` (N, M,
     OH*OW). IM2COL: im2col into ``cols``, the kernel with ``flags``' epilogue, then the
-    activation ``act`` (0: none or fused) over the sub-block's rows. DIRECT: the input's
-    columns read in place, the same epilogue. GRID: the kernel reads the padded image
-    ``xpad`` (N, C, L) in place, K = C an offset ``toff[t]`` a tap, on the extended grid
-    (rows ``pw`` wide) into ``cols`` (M x rows*pw); each channel's rows are then cropped to
-    OW into ``y3`` and finished there (bias, residual, activation ``act``)."""
+    activation ``act`` (0: none or fused) over the sub-block's rows. GRID: the kernel
+    reads the padded image ``xpad`` (N, C, L) in place, K = C an offset ``toff[t]`` a
+    tap, on the extended grid (rows ``pw`` wide) into ``cols`` (M x rows*pw); each
+    channel's rows are then cropped to OW into ``y3`` and finished there (bias,
+    residual, activation ``act``)."""
     m = w2.shape[0]
     o = y3.shape[2]
     ow = geo[8]
@@ -88,7 +91,7 @@ def _block(  # pragma: no cover - numba only
         p0, npx = s0 * ow, (s1 - s0) * ow
         at = np.uint64(i * m * o + p0) * four
         dst = y3.ctypes.data + at
-        if mode == 2:
+        if mode == GRID:
             n_ext = (s1 - s0) * pw
             src = xpad.ctypes.data + np.uint64(i * xpad.shape[1] * xpad.shape[2] + s0 * pw) * four
             out = cols.ctypes.data
@@ -105,16 +108,11 @@ def _block(  # pragma: no cover - numba only
                 _epilogue_row(row, b[mm] if has_b else zero, rr, has_b, has_res, act, p)
             continue
         k = w2.shape[1]
-        if mode == 1:
-            src = x.ctypes.data + np.uint64(i * c_in * o + p0) * four
-            ldc = o
-        else:
-            im2col_rows(x, i, cols[: k * npx].reshape((k, npx)), geo, 0, c_in, s0, s1)
-            src = cols.ctypes.data
-            ldc = npx
+        im2col_rows(x, i, cols[: k * npx].reshape((k, npx)), geo, 0, c_in, s0, s1)
         rp = res3.ctypes.data + at if has_res else dst
-        _sgemm_cols(w2.ctypes.data, k, src, ldc, toff.shape[0], toff.ctypes.data, dst, o, m,
-                    k, npx, b.ctypes.data, rp, o, lohi.ctypes.data, flags, nr)  # fmt: skip
+        _sgemm_cols(w2.ctypes.data, k, cols.ctypes.data, npx, toff.shape[0],
+                    toff.ctypes.data, dst, o, m, k, npx, b.ctypes.data, rp, o,
+                    lohi.ctypes.data, flags, nr)  # fmt: skip
         if act != 0:
             for mm in range(m):
                 _act_row(y3[i, mm, p0 : p0 + npx], -zero, act, p)
@@ -146,7 +144,7 @@ def _cols_par(  # pragma: no cover - numba only
     """The blocks (rows ``(image, first output row, end row)``) in a ``prange`` loop on
     native threads, block ``q`` with ``cols_buf[q]`` as its scratch (``_block``); GRID
     pads the images first (``pads``: top, left, row width)."""
-    if mode == 2:
+    if mode == GRID:
         _pad_images(x, xpad, pads[0], pads[1], pads[2])
     for q in numba.prange(blocks.shape[0]):
         _block(x, xpad, w2, y3, b, res3, geo, blocks[q, 0], blocks[q, 1], blocks[q, 2], sub,
@@ -159,7 +157,7 @@ def _cols_one(  # pragma: no cover - numba only
     toff: Any, pads: Any,
 ) -> None:  # fmt: skip
     """``_cols_par`` on the caller's thread, block after block, all with ``cols_buf[0]``."""
-    if mode == 2:
+    if mode == GRID:
         _pad_images(x, xpad, pads[0], pads[1], pads[2])
     for q in range(blocks.shape[0]):
         _block(x, xpad, w2, y3, b, res3, geo, blocks[q, 0], blocks[q, 1], blocks[q, 2], sub,
@@ -196,7 +194,7 @@ class ColsPlan(NamedTuple):
 
     fn: Any  # COLS_PAR's or COLS_ONE's compiled function
     parallel: bool  # COLS_PAR's, over more than one block: one scratch per block
-    mode: int  # IM2COL, DIRECT or GRID
+    mode: int  # IM2COL or GRID
     blocks: np.ndarray  # (image, first output row, end row) per block (one per thread)
     sub: int  # output rows per sub-block
     scratch_floats: int  # a block's scratch: its im2col columns or its extended output
@@ -229,8 +227,8 @@ def plan(
     stride1 = tuple(strides) == (1, 1)
     toff, pads, xpad_shape = np.zeros(1, np.int64), np.zeros(3, np.int64), (0, 0, 0)
     if stride1 and taps == 1 and not any(pads_begin) and (oh, ow) == (h, w):
-        mode, k = DIRECT, c
-    elif stride1:
+        return None  # a 1x1 conv reading its input: the BLAS routes (module doc)
+    if stride1:
         mode, k = GRID, c
         dh, dw = dilations
         pw = ow + (kw - 1) * dw  # the padded row: pads left and right included
@@ -247,7 +245,7 @@ def plan(
     want = max(MIN_BLOCK_PIXELS, BLOCK_BYTES // (4 * k))
     width = int(pads[2]) if mode == GRID else ow
     sub = max(1, min(oh, -(-want // width)))
-    scratch_floats = {IM2COL: k * sub * ow, DIRECT: 0, GRID: m * sub * width}[mode]
+    scratch_floats = m * sub * width if mode == GRID else k * sub * ow
     flag = _FUSED.get(act) if mode != GRID else None
     lohi = np.array([params[0], params[1]], np.float32)
     return ColsPlan(fn, threads > 1 and len(blocks) > 1, mode, blocks, sub, scratch_floats,
