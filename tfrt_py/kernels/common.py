@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from ..ir.dtypes import ElemType
 from .base import KernelContext
 
 __all__ = [
+    "ShapeMemo",
     "attr_str",
     "compute_dtype",
     "const_ints",
@@ -103,6 +104,35 @@ def ones_vector(n: int, char: str) -> np.ndarray:
     v = np.ones(n, dtype=char)
     v.flags.writeable = False
     return v
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+#: The most plans one kernel keeps by input shape (``ShapeMemo``).
+SHAPE_MEMO_CAP = 256
+
+
+class ShapeMemo(dict[K, V]):
+    """A kernel's plans by input shape (or another per-call key), at most ``cap`` of them.
+
+    Look-ups are ``dict``'s own (``get``, ``in``, ``[]``: nothing added on the hot path);
+    ``put(key, plan)`` stores and returns ``plan``, first emptying the memo when it holds
+    ``cap`` already. A model with free dims fed ever-new shapes -- a stranger's requests --
+    then cannot grow a kernel's memo without bound; a workload of a few shapes keeps them
+    all. Any thread: the clear and the store are each one atomic dict operation, and a plan
+    lost to a clear is made again."""
+
+    __slots__ = ("cap",)
+
+    def __init__(self, cap: int = SHAPE_MEMO_CAP) -> None:
+        super().__init__()
+        self.cap = cap
+
+    def put(self, key: K, plan: V) -> V:
+        if len(self) >= self.cap:
+            self.clear()
+        self[key] = plan
+        return plan
 
 
 _TLS = threading.local()

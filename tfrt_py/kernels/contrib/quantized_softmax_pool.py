@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
-from ..common import attr_str, to_ints
+from ..common import ShapeMemo, attr_str, to_ints
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
 from .quantized import (
@@ -226,15 +226,15 @@ def _average_pool(ctx: KernelContext) -> ComputeFn:
     if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
         raise ctx.unsupported(f"auto_pad={auto_pad!r}")
     whole_image = _global_average_pool(ctx)
-    plans: dict[tuple[int, ...], _PoolPlan] = {}
+    plans: ShapeMemo[tuple[int, ...], _PoolPlan] = ShapeMemo()
 
     def qlinear_average_pool(x: np.ndarray, x_scale: Any, x_zp: Any, y_scale: Any,
                              y_zp: Any = None) -> np.ndarray:  # fmt: skip
         dt = _same_type(x, x_zp, y_zp)
         plan = plans.get(x.shape)
         if plan is None:
-            plan = plans[x.shape] = _pool_plan(x.shape, last, kernel, strides, pads, auto_pad,
-                                               ceil, include_pad)  # fmt: skip
+            plan = plans.put(x.shape, _pool_plan(x.shape, last, kernel, strides, pads, auto_pad,
+                                                 ceil, include_pad))  # fmt: skip
         if plan.whole:
             return whole_image(x, x_scale, x_zp, y_scale, y_zp)
         xp = np.zeros(plan.padded, _F32)

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
-from ..common import compute_dtype
+from ..common import ShapeMemo, compute_dtype
 from ..registry import KernelRegistry
 
 __all__ = ["parse_einsum", "register_kernels"]
@@ -138,7 +138,7 @@ def _einsum(ctx: KernelContext) -> ComputeFn:
         return einsum1
 
     if n == 2:
-        plans: dict[Any, _Plan2 | None] = {}
+        plans: ShapeMemo[Any, _Plan2 | None] = ShapeMemo()
 
         def einsum2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             key = (a.shape, b.shape)
@@ -146,7 +146,7 @@ def _einsum(ctx: KernelContext) -> ComputeFn:
                 plan = plans[key]
             except KeyError:
                 (ta, tb), out = parse_einsum(eq, [a.ndim, b.ndim])
-                plan = plans[key] = _plan2(ta, tb, out, a.shape, b.shape)
+                plan = plans.put(key, _plan2(ta, tb, out, a.shape, b.shape))
             odt = a.dtype
             cast = wide or compute_dtype(odt) != odt
             if cast:
@@ -159,7 +159,7 @@ def _einsum(ctx: KernelContext) -> ComputeFn:
 
         return einsum2
 
-    paths: dict[Any, Any] = {}
+    paths: ShapeMemo[Any, Any] = ShapeMemo()
     types = [ctx.input_type(i) for i in range(n)]
     if all(t is not None and t.is_static for t in types):
         shapes = [tuple(t.shape) for t in types]  # type: ignore[union-attr,arg-type]
@@ -173,7 +173,7 @@ def _einsum(ctx: KernelContext) -> ComputeFn:
         key = tuple(o.shape for o in ops)
         path = paths.get(key)
         if path is None:
-            path = paths[key] = np.einsum_path(eq, *ops, optimize="greedy")[0]
+            path = paths.put(key, np.einsum_path(eq, *ops, optimize="greedy")[0])
         odt = ops[0].dtype
         if wide or compute_dtype(odt) != odt:
             ops = tuple(o.astype(np.float32) for o in ops)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..base import OUT, ComputeFn, Cost, KernelContext
-from ..common import compute_dtype
+from ..common import ShapeMemo, compute_dtype
 from ..lib.gemm import matmul_cols_into
 from ..lib.quant import check_constants, requantize
 from ..registry import KernelRegistry
@@ -211,7 +211,7 @@ def make_conv_core(
     if group < 1:
         raise ctx.unsupported(f"group={group}")
     itemsize = cdt.itemsize
-    plans: dict[Any, _Plan] = {}
+    plans: ShapeMemo[Any, _Plan] = ShapeMemo()
     w2_const = None if w_const is None else _const_weights(ctx, sp, group, w_const, cdt, plans,
                                                            static_input)  # fmt: skip
     w_shape_const: tuple[int, ...] = () if w_const is None else tuple(w_const.shape)
@@ -221,13 +221,13 @@ def make_conv_core(
             key: Any = x.shape
             plan = plans.get(key)
             if plan is None:
-                plan = plans[key] = _make_plan(ctx, sp, group, itemsize, x.shape, w_shape_const)
+                plan = plans.put(key, _make_plan(ctx, sp, group, itemsize, x.shape, w_shape_const))
             w2 = w2_const
         else:
             key = (x.shape, w.shape)
             plan = plans.get(key)
             if plan is None:
-                plan = plans[key] = _make_plan(ctx, sp, group, itemsize, x.shape, w.shape)
+                plan = plans.put(key, _make_plan(ctx, sp, group, itemsize, x.shape, w.shape))
             w2 = w.reshape(plan.w2_shape).astype(cdt, copy=False)
         if x.dtype != cdt:
             x = x.astype(cdt)

@@ -39,7 +39,7 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
-from ..common import scratch
+from ..common import ShapeMemo, scratch
 from ..lib import blas, gemm, gemm_cols
 from ..lib.jit import CONTRACT, Jitted
 from . import conv_cols
@@ -491,7 +491,7 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     if group == 1 and cdt == np.float32:
         gemm_cols.available()  # its kernel built (or loaded) at load, not on a first call
     w_shape = tuple(w_const.shape)
-    plans: dict[tuple[int, ...], BlockedPlan | None] = {}
+    plans: ShapeMemo[tuple[int, ...], BlockedPlan | None] = ShapeMemo()
 
     def plan_for(shape: tuple[int, ...]) -> BlockedPlan | None:
         if len(shape) != 4 or shape[1] != w_shape[1] * group:
@@ -509,7 +509,7 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         if x.shape in plans:
             plan = plans[x.shape]
         else:
-            plan = plans[x.shape] = plan_for(x.shape)
+            plan = plans.put(x.shape, plan_for(x.shape))
         if plan is None or x.dtype != cdt:
             return None
         if r is not None and (r.shape != plan.out_shape or r.dtype != cdt):

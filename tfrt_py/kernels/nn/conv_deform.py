@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
-from ..common import compute_dtype
+from ..common import ShapeMemo, compute_dtype
 from ..registry import KernelRegistry
 from .conv_common import attr_ints
 
@@ -36,7 +36,7 @@ def _deform_conv(ctx: KernelContext) -> ComputeFn:
     t = ctx.input_type(0)
     if t is not None and t.rank is not None and t.rank != 4:
         raise ctx.unsupported("only 2-D DeformConv (4-D X) is supported")
-    bases: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
+    bases: ShapeMemo[Any, tuple[np.ndarray, np.ndarray]] = ShapeMemo()
 
     def base_pos(kernel: tuple[int, int], out_sp: tuple[int, int]) -> tuple[Any, Any]:
         key = (kernel, out_sp)
@@ -49,7 +49,7 @@ def _deform_conv(ctx: KernelContext) -> ComputeFn:
             kw = np.arange(kernel[1])[None, :, None, None] * d[1]
             oh = np.arange(out_sp[0])[None, None, :, None] * s[0] - p[0]
             ow = np.arange(out_sp[1])[None, None, None, :] * s[1] - p[1]
-            b = bases[key] = ((kh + oh).astype(np.float64), (kw + ow).astype(np.float64))
+            b = bases.put(key, ((kh + oh).astype(np.float64), (kw + ow).astype(np.float64)))
         return b
 
     def deform_conv(

@@ -21,6 +21,7 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
+from ..common import ShapeMemo
 from . import conv_depthwise3
 from .conv_common import ConvNode, bias_vector, conv_geometry, depthwise_plan, scratch
 from .conv_direct import (
@@ -213,7 +214,7 @@ def depthwise_conv_fn(node: ConvNode) -> Callable[..., Any] | None:
         return None
     w4 = np.ascontiguousarray(w_const, dtype=cdt)
     zeros = np.zeros(w4.shape[0], cdt)
-    plans: dict[tuple[int, ...], Any] = {}
+    plans: ShapeMemo[tuple[int, ...], Any] = ShapeMemo()
 
     def plan_for(shape: tuple[int, ...]) -> Any:
         if len(shape) != 4 or shape[1] != group * w4.shape[1]:
@@ -231,7 +232,7 @@ def depthwise_conv_fn(node: ConvNode) -> Callable[..., Any] | None:
     def depthwise(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
         got = plans.get(x.shape)
         if got is None:
-            got = plans[x.shape] = plan_for(x.shape)
+            got = plans.put(x.shape, plan_for(x.shape))
         if got is False or x.dtype != cdt:
             return None
         plan, out_shape = got

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
-from ..common import compute_dtype
+from ..common import ShapeMemo, compute_dtype
 from ..registry import KernelRegistry
 from .conv_common import Spatial, attr_ints, col2im_slices, parse_spatial
 
@@ -129,14 +129,14 @@ def _conv_transpose(ctx: KernelContext) -> ComputeFn:
     wt_cache: dict[Any, np.ndarray] = {}
     if w_const is not None and dt0 is not None:
         wt_cache[np.dtype(dt0)] = _transposed_weights(w_const, group, compute_dtype(np.dtype(dt0)))
-    plans: dict[Any, _TPlan] = {}
+    plans: ShapeMemo[Any, _TPlan] = ShapeMemo()
 
     def conv_transpose(x: np.ndarray, w: np.ndarray, b: Any = None) -> np.ndarray:
         key = x.shape if w_const is not None else (x.shape, w.shape)
         plan = plans.get(key)
         if plan is None:
-            plan = plans[key] = _transpose_plan(
-                ctx, sp, group, out_pad_attr, out_shape_attr, x.shape, w.shape
+            plan = plans.put(
+                key, _transpose_plan(ctx, sp, group, out_pad_attr, out_shape_attr, x.shape, w.shape)
             )
         dt = x.dtype
         cdt = compute_dtype(dt)
@@ -160,7 +160,7 @@ def _col2im(ctx: KernelContext) -> ComputeFn:
 
     Rearranges column blocks into an image, summing overlaps (the inverse of im2col)."""
     sp = parse_spatial(ctx)
-    plans: dict[Any, tuple[tuple[int, ...], tuple[int, ...], list[Any]]] = {}
+    plans: ShapeMemo[Any, tuple[tuple[int, ...], tuple[int, ...], list[Any]]] = ShapeMemo()
 
     def make_plan(
         x_shape: tuple[int, ...], image: tuple[int, ...], block: tuple[int, ...]
@@ -187,7 +187,7 @@ def _col2im(ctx: KernelContext) -> ComputeFn:
         key = (x.shape, tuple(image_shape.tolist()), tuple(block_shape.tolist()))
         plan = plans.get(key)
         if plan is None:
-            plan = plans[key] = make_plan(x.shape, key[1], key[2])
+            plan = plans.put(key, make_plan(x.shape, key[1], key[2]))
         cols_shape, out_shape, slices = plan
         dt = x.dtype
         cdt = compute_dtype(dt)

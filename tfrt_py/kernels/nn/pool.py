@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..base import OUT, ComputeFn, KernelContext
-from ..common import compute_dtype, ones_vector
+from ..common import ShapeMemo, compute_dtype, ones_vector
 from ..registry import KernelRegistry
 from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
 from .pool_direct import plan_max_pool, run_max_pool
@@ -223,20 +223,20 @@ def _max_pool(ctx: KernelContext) -> ComputeFn:
     want_idx = ctx.has_output(1)
     r = len(sp.kernel_shape)
     axes = _kr(r)
-    plans: dict[Any, _Plan] = {}
+    plans: ShapeMemo[Any, _Plan] = ShapeMemo()
     idx_mode = storage_order if want_idx else -1
 
     def get_plan(x: np.ndarray) -> _Plan:
         plan = plans.get(x.shape)
         if plan is None:
-            plan = plans[x.shape] = _plan(ctx, sp, x.shape, ceil_mode, indices=idx_mode)
+            plan = plans.put(x.shape, _plan(ctx, sp, x.shape, ceil_mode, indices=idx_mode))
         return plan
 
     def fill_of(dt: np.dtype) -> Any:
         return -np.inf if dt.kind == "f" else np.iinfo(dt).min
 
     if not want_idx:
-        direct: dict[Any, Any] = {}
+        direct: ShapeMemo[Any, Any] = ShapeMemo()
 
         def direct_plan(x: np.ndarray) -> Any:
             if x.ndim != 4 or r != 2:
@@ -254,7 +254,7 @@ def _max_pool(ctx: KernelContext) -> ComputeFn:
             key = (x.shape, x.dtype)
             dp = direct.get(key, False)
             if dp is False:
-                dp = direct[key] = direct_plan(x)
+                dp = direct.put(key, direct_plan(x))
             if dp is not None and x.flags.c_contiguous and (out is None or out.flags.c_contiguous):
                 return run_max_pool(dp, x, out)
             plan = get_plan(x)
@@ -298,12 +298,12 @@ def _average_pool(ctx: KernelContext) -> ComputeFn:
     dt0 = ctx.input_dtype(0)
     sdt = compute_dtype(np.dtype(dt0 if dt0 is not None else np.float32))
     axes = _kr(len(sp.kernel_shape))
-    plans: dict[Any, _Plan] = {}
+    plans: ShapeMemo[Any, _Plan] = ShapeMemo()
 
     def average_pool(x: np.ndarray, out: Any = None) -> np.ndarray:
         plan = plans.get(x.shape)
         if plan is None:
-            plan = plans[x.shape] = _plan(ctx, sp, x.shape, ceil_mode, avg=cip, scale_dtype=sdt)
+            plan = plans.put(x.shape, _plan(ctx, sp, x.shape, ceil_mode, avg=cip, scale_dtype=sdt))
         dt = x.dtype
         cdt = compute_dtype(dt)
         xc = x if cdt == dt else x.astype(cdt)
@@ -341,12 +341,12 @@ def _lp_pool(ctx: KernelContext) -> ComputeFn:
     if p <= 0:
         raise ctx.unsupported(f"p={p}")
     axes = _kr(len(sp.kernel_shape))
-    plans: dict[Any, _Plan] = {}
+    plans: ShapeMemo[Any, _Plan] = ShapeMemo()
 
     def lp_pool(x: np.ndarray) -> np.ndarray:
         plan = plans.get(x.shape)
         if plan is None:
-            plan = plans[x.shape] = _plan(ctx, sp, x.shape, ceil_mode)
+            plan = plans.put(x.shape, _plan(ctx, sp, x.shape, ceil_mode))
         dt = x.dtype
         xc = x.astype(compute_dtype(dt))
         xa = np.square(xc) if p == 2.0 else np.power(np.abs(xc), p)
