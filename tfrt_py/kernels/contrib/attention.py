@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, Cost, KernelContext
-from ..common import float_compute_dtype, to_ints
+from ..common import ShapeMemo, float_compute_dtype, to_ints
 from ..lib.sdpa import softmax_attention
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
@@ -136,7 +136,7 @@ def _sizes(ctx: KernelContext, heads: int) -> tuple[int, int, int] | None:
 def _mask_memo(fill: float) -> tuple[Any, dict[tuple[Any, ...], np.ndarray | None]]:
     """(``additive_mask(mask, b, s, t, p, cdt)``, its memo): ``_key_mask`` as (B, 1, 1 or
     S, T), None when it masks nothing; memoized for small masks (read-only arrays)."""
-    masks: dict[tuple[Any, ...], np.ndarray | None] = {}
+    masks: ShapeMemo[tuple[Any, ...], np.ndarray | None] = ShapeMemo(_MASK_MEMO)
 
     def additive_mask(
         mask: np.ndarray, b: int, s: int, t: int, p: int, cdt: np.dtype
@@ -151,9 +151,7 @@ def _mask_memo(fill: float) -> tuple[Any, dict[tuple[Any, ...], np.ndarray | Non
             got = add if add.any() else None
             if add.nbytes > _MASK_MEMO_BYTES:
                 return got
-            if len(masks) >= _MASK_MEMO:
-                masks.clear()
-            masks[key] = got
+            masks.put(key, got)
         return got  # type: ignore[return-value]
 
     return additive_mask, masks

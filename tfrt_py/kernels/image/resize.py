@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
-from ..common import attr_str
+from ..common import ShapeMemo, attr_str
 from ..registry import KernelRegistry
 from .resize_plan import AxisPlan, Params, output_geometry, plan_axis
 
@@ -331,7 +331,7 @@ def _resize_fn(
 ) -> Callable[..., np.ndarray]:
     """A compute function ``resize(x, *rest)``; ``get(rest)`` gives (scales, sizes, roi)
     when they are not load-time constants (``static``)."""
-    cache: dict[Any, Runner] = {}
+    cache: ShapeMemo[Any, Runner] = ShapeMemo(_CACHE_LIMIT)
     if static is not None and static_shape is not None and static_dtype is not None:
         key0 = (static_shape, static_dtype.num)
         cache[key0] = _make_runner(p, static_shape, static_dtype, *static)
@@ -344,9 +344,7 @@ def _resize_fn(
             if args[0] is None and args[1] is None:
                 raise ValueError("Resize: one of 'scales' and 'sizes' must be given")
             run = _make_runner(p, x.shape, x.dtype, *args)
-            if len(cache) >= _CACHE_LIMIT:
-                cache.clear()
-            cache[key] = run
+            cache.put(key, run)
         return run(x)
 
     return resize
