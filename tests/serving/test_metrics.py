@@ -7,6 +7,7 @@ queue and readiness gauges; process figures."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -118,12 +119,57 @@ def test_counters_and_histograms_match_the_requests_sent(url: str) -> None:
         value(after, "tfrt_py_request_duration_seconds_bucket", **mlp, protocol="v2", le="+Inf")
         >= 5
     )
+    # Triton's counters (the parser names a counter's sample NAME_total)
+    assert delta("nv_inference_request_success_total", **mlp) == 5
+    assert delta("nv_inference_request_failure_total", **mlp) == 3
+    assert delta("nv_inference_exec_count_total", **mlp) == 5
+    assert delta("nv_inference_count_total", **mlp) == 5
+    assert delta("nv_inference_exec_count_total", **rows) == 2  # a batch is one execution
+    assert delta("nv_inference_count_total", **rows) == 2 * BATCH  # of BATCH inferences
+    assert delta("nv_inference_request_duration_us_total", **mlp) > 0
+    assert delta("nv_inference_compute_infer_duration_us_total", **rows) > 0
+    assert value(after, "nv_inference_compute_input_duration_us_total", **mlp) == 0
+    # compute time: one observation per request, a batch's time for each request in it
+    assert delta("tfrt_py_compute_duration_seconds_count", **mlp) == 5
+    assert delta("tfrt_py_compute_duration_seconds_count", **rows) == 2 * BATCH
+    assert value(after, "tfrt_py_last_inference_timestamp_seconds", **mlp) > 1e9
     # gauges, read at the scrape
     for labels in (mlp, rows):
         assert value(after, "tfrt_py_model_ready", **labels) == 1
         assert value(after, "tfrt_py_requests_in_flight", **labels) == 0
         assert value(after, "tfrt_py_calls_in_flight", **labels) == 0
         assert value(after, "tfrt_py_requests_queued", **labels) == 0
+        assert value(after, "nv_inference_pending_request_count", **labels) == 0
     assert value(after, "tfrt_py_server_ready") == 1
     assert value(after, "process_resident_memory_bytes") > 0
     assert value(after, "process_cpu_seconds_total") > 0
+
+
+def test_triton_counters_are_written_under_tritons_own_names(url: str) -> None:
+    """Triton users chart ``nv_inference_request_success`` (no ``_total``, which
+    prometheus_client would add); ``/stats`` is read from the same counters."""
+    c = triton.InferenceServerClient(url.removeprefix("http://"))
+    try:
+        t = triton.InferInput("x", [1, 64], "FP32")
+        t.set_data_from_numpy(X)
+        c.infer("mlp", [t])
+        (stats,) = c.get_inference_statistics("mlp")["model_stats"]
+    finally:
+        c.close()
+    text = httpx.get(f"{url}/metrics", timeout=60).text
+    assert "# TYPE nv_inference_request_success counter" in text
+    assert "nv_inference_request_success_total" not in text
+    lines = dict(re.findall(r'(?m)^(nv_inference_\w+)\{model="mlp",version="1"\} (\S+)$', text))
+    assert set(lines) >= {
+        "nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
+        "nv_inference_exec_count", "nv_inference_request_duration_us",
+        "nv_inference_queue_duration_us", "nv_inference_compute_input_duration_us",
+        "nv_inference_compute_infer_duration_us", "nv_inference_compute_output_duration_us",
+        "nv_inference_pending_request_count",
+    }  # fmt: skip
+    assert float(lines["nv_inference_request_success"]) >= 1
+    assert stats["inference_stats"]["success"]["count"] == float(
+        lines["nv_inference_request_success"]
+    )
+    us = float(lines["nv_inference_compute_infer_duration_us"])
+    assert abs(stats["inference_stats"]["compute_infer"]["ns"] - us * 1e3) <= 1

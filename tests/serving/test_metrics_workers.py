@@ -1,6 +1,8 @@
-"""``tfrt-py serve --workers 2``: one set of counters, whichever worker answers a scrape
+"""``tfrt-py serve --workers 2``: one set of metrics, whichever worker answers a scrape
 (issue 38). Before, each worker kept its own counts, a scrape reached one worker at random
-and the totals jumped between scrapes (Prometheus reads a drop as a counter reset).
+and the totals jumped between scrapes (Prometheus reads a drop as a counter reset); then
+the counters were shared, but Triton's statistics (``/v2/models/NAME/stats``) and the
+gauges (in flight, queued) stayed the answering worker's.
 
 A real server in a subprocess (two forked workers behind one socket), requests and scrapes
 from httpx on fresh connections, the exposition parsed by prometheus_client's own parser.
@@ -8,6 +10,7 @@ from httpx on fresh connections, the exposition parsed by prometheus_client's ow
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -15,13 +18,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.paths import ROOT
+from tfrt_py.serving.metrics import REFRESH_S
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork: Linux")
 
@@ -42,9 +50,12 @@ def _answered(exposition: str) -> float:
     return total
 
 
-def test_metrics_count_every_workers_requests_on_every_scrape() -> None:
+@contextlib.contextmanager
+def serving(*args: str) -> Iterator[tuple[str, list[str]]]:
+    """A real ``tfrt-py serve ... --workers 2`` (base URL, its output lines so far), ready:
+    both workers have answered ``/readyz``. Stopped by SIGTERM at the end."""
     proc = subprocess.Popen(
-        [BIN + "tfrt-py", "serve", MLP, "--port", "0", "--workers", "2", "--batching", "off"],
+        [BIN + "tfrt-py", "serve", *args, "--port", "0", "--workers", "2", "--no-grpc"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     lines: list[str] = []
@@ -73,6 +84,26 @@ def test_metrics_count_every_workers_requests_on_every_scrape() -> None:
                 workers.add(r.headers[HEADER])
             time.sleep(0.02)
         assert len(workers) == 2, "\n".join(lines)
+        yield base, lines
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+        reader.join(10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+def _samples(exposition: str, name: str) -> list[tuple[dict[str, str], float]]:
+    return [
+        (s.labels, s.value)
+        for family in text_string_to_metric_families(exposition)
+        for s in family.samples
+        if s.name == name
+    ]
+
+
+def test_metrics_count_every_workers_requests_on_every_scrape() -> None:
+    with serving(MLP, "--batching", "off") as (base, _):
         name = os.path.splitext(os.path.basename(MLP))[0]
         meta = httpx.get(f"{base}/v2/models/{name}", timeout=10).json()
         body = {"inputs": [
@@ -85,16 +116,85 @@ def test_metrics_count_every_workers_requests_on_every_scrape() -> None:
             r = httpx.post(f"{base}/v2/models/{name}/infer", json=body, timeout=30)
             assert r.status_code == 200, r.text[:300]
             served.add(r.headers[HEADER])
-        assert served == workers  # both workers answered some (fresh connections)
-        seen: dict[str, list[float]] = {}
+        assert len(served) == 2  # both workers answered some (fresh connections)
+        seen: dict[str, list[tuple[float, ...]]] = {}
         for _ in range(SCRAPES):
             r = httpx.get(base + "/metrics", timeout=10)
-            seen.setdefault(r.headers[HEADER], []).append(_answered(r.text))
+            success = re.findall(r"(?m)^nv_inference_request_success\{.*\} (\S+)$", r.text)
+            ready = _samples(r.text, "tfrt_py_model_ready")
+            stats = httpx.get(f"{base}/v2/models/{name}/stats", timeout=10).json()
+            (entry,) = stats["model_stats"]
+            seen.setdefault(r.headers[HEADER], []).append((
+                _answered(r.text),
+                sum(map(float, success)),  # Triton's name, as Triton writes it (no _total)
+                entry["inference_stats"]["success"]["count"],  # Triton's statistics
+                entry["inference_count"],
+                entry["execution_count"],
+                *(v for _, v in ready),  # one series (no pid label): every worker ready
+            ))  # fmt: skip
         counts = [c for cs in seen.values() for c in cs]
-        assert counts == [REQUESTS] * SCRAPES, seen
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-        reader.join(10)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        assert counts == [(REQUESTS,) * 5 + (1.0,)] * SCRAPES, seen
+
+
+def test_gauges_sum_the_live_workers_and_forget_dead_ones(tmp_path: Any) -> None:
+    """A request held in one worker's batcher (a 30 s batch wait) is queued and in flight
+    on every scrape, whichever worker answers it (each worker sets its gauges every
+    second); once both workers are killed and replaced, the dead holder's gauges are gone
+    (the master forgets them) and the sums read 0."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "rows", [x], [y])
+    path = str(tmp_path / "rows.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    args = (path, "--batching", "on", "--max-batch", "4", "--max-wait-us", "30000000")
+    with serving(*args) as (base, lines):
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+        held = threading.Thread(
+            target=lambda: _post_quietly(f"{base}/v2/models/rows/infer", body), daemon=True
+        )
+        held.start()
+
+        def gauges() -> tuple[str, float, float]:
+            r = httpx.get(base + "/metrics", timeout=10)
+            queued = _samples(r.text, "tfrt_py_requests_queued")
+            flight = _samples(r.text, "tfrt_py_requests_in_flight")
+            return r.headers[HEADER], sum(v for _, v in queued), sum(v for _, v in flight)
+
+        end = time.monotonic() + 20
+        while gauges()[1:] != (1.0, 1.0) and time.monotonic() < end:
+            time.sleep(0.1)
+        time.sleep(2 * REFRESH_S)  # the holder has set its gauges since
+        by_worker: dict[str, list[tuple[float, float]]] = {}
+        for _ in range(40):
+            answered_by, queued, flight = gauges()
+            by_worker.setdefault(answered_by, []).append((queued, flight))
+            if len(by_worker) == 2 and min(len(v) for v in by_worker.values()) >= 3:
+                break
+        assert len(by_worker) == 2, by_worker
+        assert all(v == [(1.0, 1.0)] * len(v) for v in by_worker.values()), by_worker
+
+        pids = [int(m.group(1)) for ln in lines if (m := re.search(r"started \(pid (\d+)", ln))]
+        assert len(pids) == 2, lines
+        for worker in pids:
+            os.kill(worker, signal.SIGKILL)
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            started = [ln for ln in lines if re.search(r"started \(pid (\d+)", ln)]
+            if len(started) >= 4:
+                break
+            time.sleep(0.1)
+        ready: set[str] = set()
+        while len(ready) < 2 and time.monotonic() < end:
+            r = httpx.get(base + "/readyz", timeout=5)
+            if r.status_code == 200:
+                ready.add(r.headers[HEADER])
+            time.sleep(0.05)
+        assert len(ready) == 2, lines
+        held.join(30)
+        assert [gauges()[1:] for _ in range(6)] == [(0.0, 0.0)] * 6
+
+
+def _post_quietly(url: str, body: dict[str, Any]) -> None:
+    """POST that may lose its connection (its worker is killed)."""
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.post(url, json=body, timeout=60)

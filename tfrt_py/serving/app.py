@@ -91,17 +91,22 @@ def create_app(
 def _lifespan(
     server: ModelServer, grpc: str | None, grpc_required: bool
 ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
-    """Start ``server`` (in a thread) and the gRPC frontend before the app serves; stop
-    gRPC, drain and close the server after."""
+    """Start ``server`` (in a thread), the gRPC frontend and, in a pre-forked worker, the
+    task that sets its gauges, before the app serves; stop them, drain and close the server
+    after."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(server.start)
         frontend = await _start_grpc(server, grpc, grpc_required) if grpc else None
         app.state.grpc_port = frontend.port if frontend is not None else None
+        # a pre-forked worker's gauges, summed with the other workers' at a scrape
+        gauges = asyncio.create_task(server.metrics.live.every()) if server.metrics.shared else None
         try:
             yield
         finally:
+            if gauges is not None:
+                gauges.cancel()
             if frontend is not None:
                 await frontend.stop(server.close_timeout)
             await server.drain()

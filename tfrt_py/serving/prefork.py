@@ -170,7 +170,13 @@ def run_prefork(
         if shared is not None:
             shutil.rmtree(shared, ignore_errors=True)
 
-    _Supervisor(worker_main, workers, drain_timeout + EXIT_GRACE_S + 1, say, cleanup).run()
+    def ended(pid: int) -> None:  # a worker's live gauges leave the sums
+        if shared is not None:
+            from .metrics import forget_worker
+
+            forget_worker(shared, pid)
+
+    _Supervisor(worker_main, workers, drain_timeout + EXIT_GRACE_S + 1, say, cleanup, ended).run()
 
 
 class _Supervisor:
@@ -183,9 +189,11 @@ class _Supervisor:
         stop_after: float,
         say: Callable[[str], object],
         cleanup: Callable[[], object] = lambda: None,
+        ended: Callable[[int], object] = lambda pid: None,
     ) -> None:
         self.target = target
         self.cleanup = cleanup
+        self.ended = ended  # called with a reaped worker's pid
         self.n = n
         self.stop_after = stop_after
         self.say = say
@@ -254,6 +262,7 @@ class _Supervisor:
             slot = self.pids.pop(pid, None)
             if slot is None:
                 continue
+            self.ended(pid)
             lived = time.monotonic() - self.started[slot]
             self.say(
                 f"tfrt-py serve: worker {slot} (pid {pid}) {_status(status)} after "

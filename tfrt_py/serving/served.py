@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import DeadlineExceeded
 from ..feeds import FeedChecker
 from .admission import Admission
-from .batching import BatchInfo, BatchPolicy, MicroBatcher, per_row_flops
+from .batching import BatchInfo, BatchPolicy, MicroBatcher, batch_dim_problem, per_row_flops
 from .codec import spec_json
 from .errors import RequestError
 from .limits import DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_QUEUE, DEFAULT_PRIORITY
@@ -77,6 +77,9 @@ class ServedModel:
         self.inputs = list(model.inputs)
         self.outputs = list(model.outputs)
         self._names = [s.name for s in self.inputs]
+        #: the input whose first dim counts a request's rows (None: no batch dim)
+        batched = self._names and batch_dim_problem(model) is None
+        self._batch_input = self._names[0] if batched else None
         self._check = FeedChecker(model.graph.inputs)
         self.row_flops = per_row_flops(model)
         self.timeout = timeout
@@ -98,6 +101,14 @@ class ServedModel:
             if p.enabled
             else None
         )
+
+    def _rows(self, feeds: Mapping[str, Any]) -> int:
+        """The rows of one request's feeds: its first input's first dim when the model
+        has a batch dim (Triton counts a batch of n as n inferences), else 1."""
+        if self._batch_input is None:
+            return 1
+        shape = getattr(feeds.get(self._batch_input), "shape", ())
+        return int(shape[0]) if shape else 1
 
     @property
     def queued(self) -> int:
@@ -128,7 +139,9 @@ class ServedModel:
             if self.batcher is not None:
                 return await self.batcher.submit(checked.arrays, level)
             loop = asyncio.get_running_loop()
-            return await self.call(checked, timeout, level=level, arrivals=(loop.time(),))
+            rows = self._rows(checked)
+            return await self.call(checked, timeout, level=level, arrivals=(loop.time(),),
+                                   rows=rows)  # fmt: skip
         finally:
             self.in_flight_requests -= 1
 
@@ -136,7 +149,9 @@ class ServedModel:
         self, feeds: dict[str, np.ndarray], info: BatchInfo
     ) -> dict[str, np.ndarray]:
         self.metrics.batch(info.rows)
-        return await self.call(feeds, None, level=info.level, arrivals=info.arrivals)
+        return await self.call(
+            feeds, None, level=info.level, arrivals=info.arrivals, rows=info.rows
+        )
 
     async def call(
         self,
@@ -145,11 +160,13 @@ class ServedModel:
         *,
         level: int = DEFAULT_PRIORITY,
         arrivals: Sequence[float] = (),
+        rows: int = 1,
     ) -> dict[str, np.ndarray]:
         """Run the model once on checked feeds once a slot is free (waiting at ``level``),
         with a deadline ``timeout`` seconds from now (None: the server's timeout from the
         call's start); DeadlineExceeded if it passes while waiting. The queue time of the
-        requests that ``arrivals`` (loop clock) stand for is recorded."""
+        requests that ``arrivals`` (loop clock) stand for is recorded, and the call's
+        compute time for each of them (``rows`` rows in all: Triton's inference count)."""
         loop = asyncio.get_running_loop()
         entry = loop.time()
         await self.admission.acquire(level)
@@ -168,7 +185,7 @@ class ServedModel:
             self.calls.discard(task)
             took = loop.time() - start
             self.admission.release(took)
-            self.metrics.computed(took)
+            self.metrics.computed(took, max(1, len(arrivals)), rows)
             if not task.cancelled():
                 task.exception()  # retrieved: a call whose request left is not logged
 
