@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..feeds import TensorSpec
+from . import json_pieces
 from .errors import RequestError, names_list
 from .limits import JSON_MAX_FLOAT_CHARS, JSON_MAX_INT_DIGITS
 
@@ -155,12 +156,12 @@ def encode_predictions(outputs: Mapping[str, np.ndarray]) -> bytes:
     value, or an object of every output's."""
     arrays = {k: np.asarray(v) for k, v in outputs.items()}
     if len(arrays) == 1:
-        preds: Any = next(iter(arrays.values())).tolist()
+        preds: Any = next(iter(arrays.values()))
     else:
         n = min((a.shape[0] for a in arrays.values() if a.ndim), default=0)
         preds = [{k: a[i].tolist() if a.ndim else a.tolist() for k, a in arrays.items()}
                  for i in range(n)]  # fmt: skip
-    return json.dumps({"predictions": preds}, separators=(",", ":"), allow_nan=True).encode()
+    return json_pieces.dumps({"predictions": preds})
 
 
 def _short(e: BaseException, limit: int = 300) -> str:
@@ -301,8 +302,8 @@ def response_type(accept: str) -> str:
 def encode_outputs(model: str, outputs: Mapping[str, np.ndarray], fmt: str) -> bytes:
     """The response body: JSON ``{"model", "outputs"}``; .npy for one output (else .npz)."""
     if fmt == JSON:
-        doc = {"model": model, "outputs": {k: np.asarray(v).tolist() for k, v in outputs.items()}}
-        return json.dumps(doc, separators=(",", ":"), allow_nan=True).encode()
+        doc = {"model": model, "outputs": {k: np.asarray(v) for k, v in outputs.items()}}
+        return json_pieces.dumps(doc)
     buf = io.BytesIO()
     try:
         if fmt == NPY and len(outputs) == 1:

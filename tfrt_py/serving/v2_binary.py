@@ -20,7 +20,6 @@ server's decode threads for large ones.
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..feeds import TensorSpec
+from . import json_pieces
 from .codec import JSON, load_json
 from .errors import RequestError
 from .v2_codec import (
@@ -201,7 +201,7 @@ def encode_infer(
     if req.id is not None:
         doc["id"] = req.id
     doc["outputs"] = entries
-    head = json.dumps(doc, separators=(",", ":"), allow_nan=True).encode()
+    head = json_pieces.dumps(doc)
     if not blobs:
         return head, {}, JSON
     return head + b"".join(blobs), {HEADER_LENGTH: str(len(head))}, OCTETS

@@ -420,8 +420,11 @@ def tensor_from_json(t: TensorIn) -> np.ndarray:
     return arr.reshape(t.shape)
 
 
-def json_data(name: str, arr: np.ndarray) -> list[Any]:
-    """An output's values as the flat row-major list of a JSON response."""
+def json_data(name: str, arr: np.ndarray) -> list[Any] | np.ndarray:
+    """An output's values as the flat row-major list of a JSON response: numbers as a
+    flat array (``json_pieces.dumps`` writes it as a list, in pieces when large)."""
+    if arr.dtype.kind != "O":
+        return arr.ravel()
     flat = arr.ravel().tolist()
     if arr.dtype.kind == "O":
         for i, v in enumerate(flat):
