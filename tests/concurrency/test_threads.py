@@ -3,6 +3,7 @@ process budget (``load(threads=)``, ``$TFRT_PY_THREADS``) and single-threaded BL
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -13,7 +14,7 @@ import pytest
 import threadpoolctl
 
 import tfrt_py
-from tfrt_py.concurrency.intraop import IntraOpPool
+from tfrt_py.concurrency.intraop import MAX_THREADS, IntraOpPool
 from tfrt_py.concurrency.threads import THREADS_ENV, configure, threads
 from tfrt_py.ir import GraphBuilder
 from tfrt_py.kernels.lib.gemm import matmul_cols_into, matmul_into
@@ -33,6 +34,28 @@ def test_pool_runs_every_part_and_the_caller_takes_part() -> None:
 
     pool.run([part(i) for i in range(16)])
     assert sorted(i for i, _ in seen) == list(range(16))
+    pool.close()
+
+
+def test_a_large_budget_runs_on_at_most_max_threads() -> None:
+    """A 16-thread budget: the parts run on the caller and at most MAX_THREADS - 1 helpers
+    (16 threads queueing for the GIL made ResNet-18 slower than 4 did, and than 1), while
+    the pool still reports the budget, which compiled kernels split their work by."""
+    pool = IntraOpPool(16)
+    seen: set[int] = set()
+    lock = threading.Lock()
+    gate = threading.Barrier(MAX_THREADS, timeout=10)
+
+    def part() -> None:
+        with lock:
+            seen.add(threading.get_ident())
+        with contextlib.suppress(threading.BrokenBarrierError):
+            gate.wait()  # the first MAX_THREADS parts meet: every helper gets a part
+
+    pool.run([part] * 64)
+    assert pool.threads == 16
+    assert len(seen) == MAX_THREADS
+    assert len(pool._helpers) == MAX_THREADS - 1
     pool.close()
 
 
