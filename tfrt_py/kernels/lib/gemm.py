@@ -290,11 +290,12 @@ def _matmul_blocks(
 
 
 def _warm_matmul_blocks(fn: Any) -> None:
-    for t in (np.float32, np.float64):
-        a, b = np.ones((4, 3), t), np.ones((3, 2), t)
-        for cols in (False, True):
-            fn(a, b, np.empty((4, 2), t), np.array([0, 1, 2], np.int64), cols, False)
-            fn(a, b.T.copy(), np.empty((4, 2), t), np.array([0, 1, 2], np.int64), cols, True)
+    t = np.float32
+    a, b = np.ones((4, 3), t), np.ones((3, 2), t)
+    edges = native_threads.edges(2, 2)  # read-only, as the kernel's
+    for cols in (False, True):
+        fn(a, b, np.empty((4, 2), t), edges, cols, False)
+        fn(a, b.T.copy(), np.empty((4, 2), t), edges, cols, True)
 
 
 def _prepare_matmul_blocks(module_globals: dict[str, Any]) -> bool:
@@ -329,10 +330,11 @@ def _gemv_cols(x: Any, w: Any, y: Any, edges: Any, trans: bool) -> None:  # prag
 
 
 def _warm_gemv_cols(fn: Any) -> None:
-    for t in (np.float32, np.float64):
-        x, w = np.ones(3, t), np.ones((3, 4), t)
-        fn(x, w, np.empty(4, t), np.array([0, 2, 4], np.int64), False)
-        fn(x, w.T.copy(), np.empty(4, t), np.array([0, 2, 4], np.int64), True)
+    t = np.float32
+    x, w = np.ones(3, t), np.ones((3, 4), t)  # weights as the kernel gets them: copies
+    edges = native_threads.edges(4, 2)  # read-only, as the kernel's
+    fn(x, w, np.empty(4, t), edges, False)
+    fn(x, w.T.copy(), np.empty(4, t), edges, True)
 
 
 _GEMV_COLS = Jitted(_gemv_cols, _warm_gemv_cols, parallel=True, prepare=_prepare_matmul_blocks)

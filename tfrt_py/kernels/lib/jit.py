@@ -36,6 +36,7 @@ __all__ = [
     "CONTRACT",
     "ENV_JIT",
     "Jitted",
+    "frozen",
     "import_numba",
     "imported",
     "inline",
@@ -191,6 +192,14 @@ class Jitted:
         self._failed = False
         self._lock = threading.Lock()
 
+    def usable(self) -> bool:
+        """Whether ``get()`` may give the compiled function here (it has not failed, numba
+        may be used, the parallel layer is ready), without compiling it: a plan asks this
+        before it knows it will call the function."""
+        if self._failed or not jit_enabled():
+            return False
+        return not self._parallel or native_threads.ready()
+
     def get(self) -> Any:
         """The compiled function, or None when the NumPy path must run."""
         if not jit_enabled() or (self._parallel and not native_threads.ready()):
@@ -227,6 +236,14 @@ class Jitted:
                 except Exception:  # noqa: BLE001 - any compile failure: the NumPy path
                     self._failed = True
             return self._compiled
+
+
+def frozen(a: Any) -> Any:
+    """``a`` made read-only, for ``warm`` functions: a model's constant weights reach the
+    kernels read-only, and numba compiles a read-only array argument apart from a writable
+    one, so a warm-up on writable weights compiles a signature no model calls."""
+    a.flags.writeable = False
+    return a
 
 
 def _stamp_helper_files(

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..lib.jit import Jitted
+from ..lib.jit import Jitted, frozen
 
 __all__ = ["MIN_ELEMENTS", "bias_relu"]
 
@@ -50,8 +50,7 @@ def _bias_relu(y: Any, b: Any, relu: bool) -> None:  # pragma: no cover - numba 
 
 
 def _warm(fn: Any) -> None:
-    for t in (np.float32, np.float64):
-        fn(np.zeros((1, 2), t), np.zeros(2, t), True)
+    fn(np.zeros((1, 2), np.float32), frozen(np.zeros(2, np.float32)), True)
 
 
 _BIAS_RELU = Jitted(_bias_relu, _warm)

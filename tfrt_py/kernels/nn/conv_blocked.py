@@ -41,7 +41,7 @@ from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..common import ShapeMemo, scratch
 from ..lib import blas, gemm, gemm_cols
-from ..lib.jit import CONTRACT, Jitted
+from ..lib.jit import CONTRACT, Jitted, frozen
 from . import conv_cols
 from .conv_common import ConvNode, bias_vector, conv_geometry
 from .conv_direct import (
@@ -120,12 +120,12 @@ def _blocked_par(  # pragma: no cover - numba only
 
 
 def _warm_blocked_par(fn: Any) -> None:
-    for t in (np.float32, np.float64):
-        geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
-        x, w2, y3 = np.ones((1, 1, 2, 2), t), np.ones((2, 9), t), np.zeros((1, 2, 4), t)
-        blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
-        e1, e3 = np.zeros(0, t), np.zeros((0, 0, 0), t)
-        fn(x, w2, y3, e1, e3, geo, blocks, np.zeros((2, 18), t), 0, np.zeros(35, t), False)
+    t = np.float32
+    geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
+    x, w2, y3 = np.ones((1, 1, 2, 2), t), frozen(np.ones((2, 9), t)), np.zeros((1, 2, 4), t)
+    blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
+    b, e3 = frozen(np.zeros(2, t)), np.zeros((0, 0, 0), t)  # weights, bias: a model's
+    fn(x, w2, y3, b, e3, geo, blocks, np.zeros((2, 18), t), 0, np.zeros(35, t), False)
 
 
 def _prepare_blocked_par(module_globals: dict[str, Any]) -> bool:
@@ -278,17 +278,13 @@ def plan_blocked(
         native, native_blocks, im2col_par, im2col_blocks = _filter_blocks(
             n, x_shape[1], m, threads, direct
         )
-    par, par_blocks, par_rows = None, None, 0
-    if native_size and native is None:
-        par, par_blocks, par_rows = _row_blocks(n, oh, threads)
+    whole = n == 1 and group == 1 and not (split and len(blocks) > 1)
     if native is not None:
         route = "filters"
-    elif par is not None:
+    elif native_size and _BLOCKED_PAR.usable():
         route = "rows"  # from NATIVE_SPLIT_MIN_MACS: below the pool's _SPLIT_MIN_MACS too
-    elif n == 1 and group == 1 and not (split and len(blocks) > 1):
-        route = "whole"
     else:
-        route = "parts"
+        route = "whole" if whole else "parts"
     cols = None
     serial = route == "whole" or (route == "parts" and not (split and len(blocks) > 1))
     if dtype == np.float32 and group == 1 and (route == "rows" or serial):
@@ -296,6 +292,11 @@ def plan_blocked(
         cols = conv_cols.plan(x_shape, m, (kh, kw), out_shape, strides, pads_begin, dilations,
                               _jit_act(epi, dtype), _params(epi, dtype), cols_threads)  # fmt: skip
         route = route if cols is None else "cols"
+    par, par_blocks, par_rows = None, None, 0
+    if route == "rows":  # compiled only for a conv that takes it (not one "cols" took)
+        par, par_blocks, par_rows = _row_blocks(n, oh, threads)
+        if par is None:  # it failed to compile
+            route = "whole" if whole else "parts"
     return BlockedPlan(
         im2col=None if direct else im2col, epilogue=epilogue, geo=geo, group=group, k=k,
         out_shape=(n, m, oh, ow), blocks=blocks, split=split and len(blocks) > 1,

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..lib import gemm_cols
 from ..lib.activations import ACTIVATIONS, _act_row
-from ..lib.jit import CONTRACT, Jitted, inline
+from ..lib.jit import CONTRACT, Jitted, frozen, inline
 from .conv_direct import _epilogue_row
 from .conv_im2col import im2col_rows
 
@@ -167,11 +167,11 @@ def _cols_one(  # pragma: no cover - numba only
 def _warm(fn: Any) -> None:
     f = np.float32
     geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
-    x, w2, y3 = np.ones((1, 1, 2, 2), f), np.ones((2, 9), f), np.zeros((1, 2, 4), f)
+    x, w2, y3 = np.ones((1, 1, 2, 2), f), frozen(np.ones((2, 9), f)), np.zeros((1, 2, 4), f)
     blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
     toff = np.zeros(1, np.int64)
-    for mode in (IM2COL, GRID):
-        fn(x, np.zeros((1, 1, 20), f), w2, y3, np.zeros(2, f), np.zeros((0, 0, 0), f), geo,
+    for mode in (IM2COL, GRID):  # weights and bias read-only, as a model's (taps_first)
+        fn(x, np.zeros((1, 1, 20), f), w2, y3, frozen(np.zeros(2, f)), np.zeros((0, 0, 0), f), geo,
            blocks, np.zeros((2, 18), f), 0, np.zeros(35, f), np.zeros(2, f), 0,
            gemm_cols.panel_width(), mode, 1, toff, np.array([1, 1, 4], np.int64))  # fmt: skip
 
@@ -278,7 +278,9 @@ def run(
 def taps_first(w: np.ndarray) -> np.ndarray:
     """Weights (M, C, KH, KW) as GRID's operand: (M, KH*KW*C), each tap's channels
     together (float32, C order)."""
-    return np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(w.shape[0], -1), dtype=np.float32)
+    out = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(w.shape[0], -1), dtype=np.float32)
+    out.flags.writeable = False  # as the weights it stands for (one compiled signature)
+    return out
 
 
 _EMPTY3 = np.zeros((0, 0, 0), np.float32)

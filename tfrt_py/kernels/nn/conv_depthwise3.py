@@ -51,7 +51,8 @@ from typing import Any
 
 import numpy as np
 
-from ..lib.jit import CONTRACT, Jitted
+from ...concurrency import native_threads
+from ..lib.jit import CONTRACT, Jitted, frozen
 from .conv_direct import _act_row
 
 __all__ = ["DEPTHWISE3", "DEPTHWISE3S2", "DEPTHWISE3S2_PAR", "DEPTHWISE3_PAR", "fits"]
@@ -255,12 +256,16 @@ def _depthwise3s2_par(  # pragma: no cover - numba only
 def _warmer(out_hw: tuple[int, int]) -> Any:
     """The warm-up of a kernel over a 3x4 plane whose output plane is ``out_hw``."""
 
-    def warm(fn: Any) -> None:
-        for t in (np.float32, np.float64):
-            x, w = np.zeros((1, 2, 3, 4), t), np.zeros((2, 1, 3, 3), t)
-            e = np.zeros(0, t)
-            fn(x, w, np.zeros(2, t), np.zeros((0, 0, 0, 0), t), np.zeros((1, 2, *out_hw), t),
-               np.zeros(1, np.int64), 0, np.zeros(35, t), e, e, 0, 1, 0, 2)  # fmt: skip
+    def warm(fn: Any) -> None:  # float32, weights and bias read-only: as a model calls it
+        t = np.float32
+        x, w, b = (
+            np.zeros((1, 2, 3, 4), t),
+            frozen(np.zeros((2, 1, 3, 3), t)),
+            frozen(np.zeros(2, t)),
+        )
+        e = np.zeros(0, t)
+        fn(x, w, b, np.zeros((0, 0, 0, 0), t), np.zeros((1, 2, *out_hw), t),
+           np.zeros(1, np.int64), 0, np.zeros(35, t), e, e, 0, 1, 0, 2)  # fmt: skip
 
     return warm
 
@@ -268,13 +273,17 @@ def _warmer(out_hw: tuple[int, int]) -> Any:
 def _warmer_par(out_hw: tuple[int, int]) -> Any:
     """The same for a kernel's parallel loop over two blocks."""
 
-    def warm(fn: Any) -> None:
-        for t in (np.float32, np.float64):
-            x, w = np.zeros((1, 2, 3, 4), t), np.zeros((2, 1, 3, 3), t)
-            blocks = np.array([[0, 1, 0, 1], [0, 1, 1, 2]], np.int64)
-            out = np.zeros((1, 2, *out_hw), t)
-            fn(x, w, np.zeros(2, t), np.zeros((0, 0, 0, 0), t), out, np.zeros(1, np.int64), 0,
-               np.zeros(35, t), np.zeros((2, 0), t), 0, blocks)  # fmt: skip
+    def warm(fn: Any) -> None:  # as a model calls it: read-only weights, bias, blocks
+        t = np.float32
+        x, w, b = (
+            np.zeros((1, 2, 3, 4), t),
+            frozen(np.zeros((2, 1, 3, 3), t)),
+            frozen(np.zeros(2, t)),
+        )
+        blocks = native_threads.plane_blocks(1, 2, 2)
+        out = np.zeros((1, 2, *out_hw), t)
+        fn(x, w, b, np.zeros((0, 0, 0, 0), t), out, np.zeros(1, np.int64), 0,
+           np.zeros(35, t), np.zeros((2, 0), t), 0, blocks)  # fmt: skip
 
     return warm
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from ...concurrency import native_threads
 from ..lib.activations import (
     ACTIVATIONS,
     Epilogue,
@@ -50,7 +51,7 @@ from ..lib.activations import (
 )
 from ..lib.erf import erf
 from ..lib.gelu_jit import gelu_erf_f32
-from ..lib.jit import CONTRACT, Jitted, inline, uses
+from ..lib.jit import CONTRACT, Jitted, frozen, inline, uses
 from ..lib.sigmoid_jit import sigmoid_f32
 from .conv_common import depthwise_plan, scratch
 
@@ -349,25 +350,33 @@ def _warm_epilogue(fn: Any) -> None:
 
 
 def _warm_epilogue_cols(fn: Any) -> None:
-    for t in (np.float32, np.float64):
-        e1, e2 = np.zeros(0, t), np.zeros((0, 0), t)
-        fn(np.zeros((2, 3), t), e1, e2, 0, 3, 0, np.zeros(7, t))
+    t = np.float32
+    e1, e2 = np.zeros(0, t), np.zeros((0, 0), t)
+    fn(np.zeros((2, 3), t), e1, e2, 0, 3, 0, np.zeros(7, t))
 
 
-def _warm_depthwise(fn: Any) -> None:
+def _warm_depthwise(fn: Any) -> None:  # as a model calls it: read-only weights and bias
     f = np.float32
-    x, w, y = np.zeros((1, 2, 3, 3), f), np.zeros((2, 1, 2, 2), f), np.zeros((1, 2, 2, 2), f)
+    x, w, y = (
+        np.zeros((1, 2, 3, 3), f),
+        frozen(np.zeros((2, 1, 2, 2), f)),
+        np.zeros((1, 2, 2, 2), f),
+    )
     tab, n_xp, n_acc = depthwise_plan((3, 3), (2, 2), (2, 2), (1, 1), (0, 0), (1, 1))
-    fn(x, w, np.zeros(2, f), np.zeros((0, 0, 0, 0), f), y, tab, 0, np.zeros(7, f),
+    fn(x, w, frozen(np.zeros(2, f)), np.zeros((0, 0, 0, 0), f), y, tab, 0, np.zeros(7, f),
        np.zeros(n_xp, f), np.zeros(n_acc, f), 0, 1, 0, 2)  # fmt: skip
 
 
-def _warm_depthwise_par(fn: Any) -> None:
+def _warm_depthwise_par(fn: Any) -> None:  # read-only weights, bias and blocks
     f = np.float32
-    x, w, y = np.zeros((1, 2, 3, 3), f), np.zeros((2, 1, 2, 2), f), np.zeros((1, 2, 2, 2), f)
+    x, w, y = (
+        np.zeros((1, 2, 3, 3), f),
+        frozen(np.zeros((2, 1, 2, 2), f)),
+        np.zeros((1, 2, 2, 2), f),
+    )
     tab, n_xp, n_acc = depthwise_plan((3, 3), (2, 2), (2, 2), (1, 1), (0, 0), (1, 1))
-    blocks = np.array([[0, 1, 0, 1], [0, 1, 1, 2]], np.int64)
-    fn(x, w, np.zeros(2, f), np.zeros((0, 0, 0, 0), f), y, tab, 0, np.zeros(7, f),
+    blocks = native_threads.plane_blocks(1, 2, 2)
+    fn(x, w, frozen(np.zeros(2, f)), np.zeros((0, 0, 0, 0), f), y, tab, 0, np.zeros(7, f),
        np.zeros((2, n_xp + n_acc), f), n_xp, blocks)  # fmt: skip
 
 

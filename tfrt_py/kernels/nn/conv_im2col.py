@@ -174,9 +174,9 @@ def im2col_rows(  # pragma: no cover - numba only
 
 
 def _warm_im2col(fn: Any) -> None:
-    for t in (np.float32, np.float64):
-        geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
-        fn(np.zeros((1, 1, 2, 2), t), 0, np.zeros((9, 4), t), geo, 0, 1, 0, 2)
+    t = np.float32  # the models' dtype; another compiles on its first use (warm.py)
+    geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
+    fn(np.zeros((1, 1, 2, 2), t), 0, np.zeros((9, 4), t), geo, 0, 1, 0, 2)
 
 
 IM2COL = Jitted(im2col_rows, _warm_im2col)
@@ -199,10 +199,10 @@ def _im2col_par(x: Any, cols: Any, geo: Any, blocks: Any) -> None:  # pragma: no
 
 
 def _warm_im2col_par(fn: Any) -> None:
-    for t in (np.float32, np.float64):
-        geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
-        blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
-        fn(np.zeros((1, 2, 2, 2), t), np.zeros((1, 18, 4), t), geo, blocks)
+    t = np.float32
+    geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
+    blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
+    fn(np.zeros((1, 2, 2, 2), t), np.zeros((1, 18, 4), t), geo, blocks)
 
 
 IM2COL_PAR = Jitted(

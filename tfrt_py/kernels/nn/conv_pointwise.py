@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..lib import blas
-from ..lib.jit import CONTRACT, Jitted
+from ..lib.jit import CONTRACT, Jitted, frozen
 from .conv_direct import SHORT_RUN, _act_row, _epilogue_row, _epilogue_run
 
 __all__ = ["POINTWISE_PAR", "filter_blocks"]
@@ -77,11 +77,11 @@ def _pointwise_par(  # pragma: no cover - numba only
 
 
 def _warm_pointwise_par(fn: Any) -> None:
-    for t in (np.float32, np.float64):
-        x3, w2, y3 = np.ones((1, 3, 4), t), np.ones((2, 3), t), np.zeros((1, 2, 4), t)
-        blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
-        e1, e3 = np.zeros(0, t), np.zeros((0, 0, 0), t)
-        fn(x3, w2, y3, e1, e3, blocks, 0, np.zeros(35, t))
+    t = np.float32
+    x3, w2, y3 = np.ones((1, 3, 4), t), frozen(np.ones((2, 3), t)), np.zeros((1, 2, 4), t)
+    blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
+    b, e3 = frozen(np.zeros(2, t)), np.zeros((0, 0, 0), t)
+    fn(x3, w2, y3, b, e3, blocks, 0, np.zeros(35, t))
 
 
 def _prepare(module_globals: dict[str, Any]) -> bool:
