@@ -50,7 +50,7 @@ class _Job:
 
 #: The most threads that run one split here, caller included. A part is a Python call
 #: that takes the GIL to start its native work, and past a few threads they queue for it:
-#: on a 16-core Xeon (Sapphire Rapids) without TBB, ResNet-18 at batch 1 split over this
+#: on a 16-core Xeon (Emerald Rapids) without TBB, ResNet-18 at batch 1 split over this
 #: pool took 56.8 ms on 1 thread, 24.8 ms on 4 and 38.7 ms on 16 (MobileNetV2: 15.7 ms on
 #: 1, 30.6 ms on 16). Compiled kernels on native threads (``native_threads``) use the whole
 #: budget; this pool is their fallback and the path of NumPy-level splits.
