@@ -200,10 +200,22 @@ class Jitted:
             return False
         return not self._parallel or native_threads.ready()
 
+    def lazy(self) -> Callable[..., Any]:
+        """A stand-in for ``get()``'s function that compiles it on its first call: for a
+        plan that holds a kernel it will rarely call (a split conv's serial form, used if
+        the thread budget drops to one), so a model does not compile what it never runs.
+        Compiles whatever ``$TFRT_PY_JIT`` says by then (the plan was made with it on);
+        RuntimeError (the node's ExecutionError) if the function cannot be compiled."""
+        return _LazyKernel(self)
+
     def get(self) -> Any:
         """The compiled function, or None when the NumPy path must run."""
         if not jit_enabled() or (self._parallel and not native_threads.ready()):
             return None
+        return self._compile()
+
+    def _compile(self) -> Any:
+        """The compiled function (compiled now if not yet), or None when it cannot be."""
         compiled = self._compiled
         if compiled is not None or self._failed:
             return compiled
@@ -236,6 +248,25 @@ class Jitted:
                 except Exception:  # noqa: BLE001 - any compile failure: the NumPy path
                     self._failed = True
             return self._compiled
+
+
+class _LazyKernel:
+    """``Jitted.lazy()``'s callable: compiles on its first call, then calls the function."""
+
+    __slots__ = ("_fn", "_jitted")
+
+    def __init__(self, jitted: Jitted) -> None:
+        self._jitted = jitted
+        self._fn: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        fn = self._fn
+        if fn is None:
+            fn = self._fn = self._jitted._compile()
+            if fn is None:  # the executor reports it as the node's ExecutionError
+                name = self._jitted.fn.__name__
+                raise RuntimeError(f"the compiled kernel {name} is unavailable")
+        return fn(*args)
 
 
 def frozen(a: Any) -> Any:

@@ -163,7 +163,7 @@ class BlockedPlan(NamedTuple):
     act: int  # the compiled activation code (0: none, or a NumPy one after)
     epi: Epilogue  # for Sigmoid/SiLU (float64 Gelu): NumPy (or compiled) over y afterwards
     params: np.ndarray
-    fns: tuple[Any, Any]  # conv_direct.act_fns()
+    fns: tuple[Any, Any]  # conv_direct.act_fns(epi)
     # a 1x1 conv with enough filters for blocks of filters on native threads, each with
     # its epilogue (``conv_pointwise``): the compiled kernel and its (image, m0, m1)
     # blocks; None: not this path
@@ -247,8 +247,7 @@ def plan_blocked(
     or None (module doc)."""
     if len(x_shape) != 4 or dtype not in _EMPTY1 or epi.act not in ACTIVATIONS:
         return None
-    im2col, epilogue = IM2COL.get(), _EPILOGUE_COLS.get()
-    if im2col is None or epilogue is None:
+    if not (IM2COL.usable() and _EPILOGUE_COLS.usable()):
         return None
     n = x_shape[0]
     m, cg, kh, kw = w_shape
@@ -297,11 +296,21 @@ def plan_blocked(
         par, par_blocks, par_rows = _row_blocks(n, oh, threads)
         if par is None:  # it failed to compile
             route = "whole" if whole else "parts"
+    # the serial im2col and epilogue: compiled now for the routes that call them, on their
+    # first call for the others (which fall back to them only in corner cases)
+    blas_route = route in ("whole", "parts")
+    im2col_now = blas_route or (
+        route == "filters" and (im2col_par is None or im2col_blocks is None)
+    )
+    im2col = IM2COL.get() if im2col_now and not direct else IM2COL.lazy()
+    epilogue = _EPILOGUE_COLS.get() if blas_route else _EPILOGUE_COLS.lazy()
+    if im2col is None or epilogue is None:
+        return None
     return BlockedPlan(
         im2col=None if direct else im2col, epilogue=epilogue, geo=geo, group=group, k=k,
         out_shape=(n, m, oh, ow), blocks=blocks, split=split and len(blocks) > 1,
         act=_jit_act(epi, dtype), epi=epi if numpy_act_after(epi, dtype) else Epilogue(),
-        params=_params(epi, dtype), fns=act_fns(), native=native, native_blocks=native_blocks,
+        params=_params(epi, dtype), fns=act_fns(epi), native=native, native_blocks=native_blocks,
         im2col_par=im2col_par, im2col_blocks=im2col_blocks, par=par, par_blocks=par_blocks,
         par_rows=par_rows, cols=cols, route=route,
     )  # fmt: skip
@@ -481,7 +490,7 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         or (group > 1 and w_const.shape[1] < _MIN_GROUP_CHANNELS)
     ):
         return None
-    if IM2COL.get() is None or _EPILOGUE_COLS.get() is None:
+    if not (IM2COL.usable() and _EPILOGUE_COLS.usable()):
         return None
     w3 = np.ascontiguousarray(w_const.reshape(group, w_const.shape[0] // group, -1), dtype=cdt)
     # the filters taps-first for conv_cols' stride-1 form (GRID), made only for convs that

@@ -75,7 +75,7 @@ class DepthwisePlan(NamedTuple):
     """Everything ``run_depthwise`` needs for one input shape, made once."""
 
     fn: Any  # the compiled kernel
-    fns: tuple[Any, Any]  # act_fns()
+    fns: tuple[Any, Any]  # act_fns(epi)
     tab: np.ndarray
     xp_len: int
     acc_len: int
@@ -101,8 +101,7 @@ def plan_depthwise(
     unavailable (numba missing or ``$TFRT_PY_JIT=0``) or the dtype is not
     float32/float64: the caller runs im2col, which is faster than any NumPy formulation
     of the direct loop we measured."""
-    fn = _DEPTHWISE.get()
-    if dtype not in _EMPTY or len(x_shape) != 4 or fn is None:
+    if dtype not in _EMPTY or len(x_shape) != 4 or not _DEPTHWISE.usable():
         return None
     n, cg = x_shape[0], w_shape[1]
     blocks = max(n, x_shape[1] // cg) >= 2
@@ -112,21 +111,25 @@ def plan_depthwise(
     elif (conv_depthwise3.fits(x_shape, w_shape, strides, pads, dilations, stride=2)
           and out_shape[2] * out_shape[3] <= S2_DIRECT_MAX_PIXELS):  # fmt: skip
         direct = conv_depthwise3.DEPTHWISE3S2, conv_depthwise3.DEPTHWISE3S2_PAR
-    fn3 = None if direct is None else direct[0].get()
-    if direct is not None and fn3 is not None:
-        fn, tab, xp_len, acc_len = fn3, _NO_TABLE, 0, 0
+    if direct is not None and direct[0].usable():
+        serial, par_kernel = direct
+        tab, xp_len, acc_len = _NO_TABLE, 0, 0
         work = out_shape[2] * out_shape[3] * 9 * w_shape[0] * n
-        par_kernel = direct[1]
     else:
         tab, xp_len, acc_len = depthwise_plan(
             x_shape[2:], w_shape[2:], out_shape[2:], strides, pads[:2], dilations
         )
         work = acc_len * w_shape[2] * w_shape[3] * w_shape[0] * cg * n
-        par_kernel = _DEPTHWISE_PAR
+        serial, par_kernel = _DEPTHWISE, _DEPTHWISE_PAR
     par = par_kernel.get() if blocks and work >= DEPTHWISE_NATIVE_SPLIT_MIN_MACS else None
     split = blocks and (work >= DEPTHWISE_SPLIT_MIN_MACS or par is not None)
+    # the serial form runs a plan that does not split, or one whose thread budget drops to
+    # one: compiled now only for the first (a first process compiles what it calls)
+    fn = serial.lazy() if split and par is not None else serial.get()
+    if fn is None:
+        return None
     return DepthwisePlan(
-        fn, act_fns(), tab, xp_len * cg, acc_len, _jit_act(epi, dtype), _params(epi, dtype),
+        fn, act_fns(epi), tab, xp_len * cg, acc_len, _jit_act(epi, dtype), _params(epi, dtype),
         split, numpy_act_after(epi, dtype), par,
     )  # fmt: skip
 

@@ -404,7 +404,7 @@ def make_epilogue(epi: Epilogue) -> Callable[..., np.ndarray]:
     """``fn(y, b, res)`` applying ``epi`` to ``y`` (N, M, *spatial) in place: ``+ b`` per
     channel (None: none), ``+ res`` (``y``'s shape; None: none), then the activation;
     returns ``y``. Whether the compiled pass is used is settled here, at load."""
-    compiled, fns = _EPILOGUE.get(), act_fns()
+    compiled, fns = _EPILOGUE.get(), act_fns(epi)
     # per compute dtype: (the compiled loop's activation code, NumPy's activation after)
     modes = {dt: (_jit_act(epi, dt), numpy_act_after(epi, dt)) for dt in _EMPTY}
 
@@ -438,10 +438,13 @@ def apply_epilogue(
     return make_epilogue(epi)(y, b, res)
 
 
-def act_fns() -> tuple[Any, Any]:
+def act_fns(epi: Epilogue) -> tuple[Any, Any]:
     """(``sigmoid_jit.sigmoid_f32()``, ``gelu_jit.gelu_erf_f32()``): the compiled float32
-    activations ``_numpy_act`` may use, each None without numba; asked at load."""
-    return sigmoid_f32(), gelu_erf_f32()
+    activations ``_numpy_act`` may use for ``epi``'s activation, each None without numba
+    or when ``epi`` does not need it (then it is not compiled); asked at load."""
+    act = epi.act
+    return (sigmoid_f32() if act in ("Sigmoid", "SiLU") else None,
+            gelu_erf_f32() if act == "Gelu" else None)  # fmt: skip
 
 
 def _numpy_act(y: np.ndarray, epi: Epilogue, fns: tuple[Any, Any] = (None, None)) -> None:
