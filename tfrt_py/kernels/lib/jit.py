@@ -210,9 +210,7 @@ class Jitted:
 
     def get(self) -> Any:
         """The compiled function, or None when the NumPy path must run."""
-        if not jit_enabled() or (self._parallel and not native_threads.ready()):
-            return None
-        return self._compile()
+        return self._compile() if self.usable() else None
 
     def _compile(self) -> Any:
         """The compiled function (compiled now if not yet), or None when it cannot be."""
