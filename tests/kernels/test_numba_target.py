@@ -75,9 +75,15 @@ def test_the_avx512_path_compiles_numba_loops_with_512_bit_vectors() -> None:
 
 
 @pytest.mark.parametrize("path", [p for p in ("avx2", "portable") if p in HOST])
-def test_other_paths_keep_numbas_default_width(path: str) -> None:
+def test_other_paths_compile_numba_loops_without_512_bit_vectors(path: str) -> None:
+    """On an AVX-512 host a forced narrower path asks for 256-bit vectors (LLVM's Zen 4
+    tuning takes zmm by default: this failed on an AMD EPYC host); elsewhere numba's
+    default stays, which has no zmm to take."""
     got = _probe(TFRT_PY_ISA=path)
-    assert got["state"] == f"numba's default (path {path})", got
+    if "avx512" in HOST:
+        assert got["state"] == f"256-bit vectors (path {path})", got
+    else:
+        assert got["state"] == f"numba's default (path {path})", got
     assert not got["narrow_off"] and not got["zmm"], got
 
 

@@ -4,9 +4,11 @@ numba compiles for the host CPU, but LLVM tunes AVX-512 Xeons (skylake-avx512,
 cascadelake, icelake-server, sapphirerapids, ...) to prefer 256-bit vectors (the tuning
 feature ``prefer-256-bit``), so numba's loops -- every compiled kernel and the native
 tier's whole-model functions -- ran in ymm registers where zmm ones exist, while MLAS and
-our packed gemm use zmm there. On the ``avx512`` path (``isa.choose()``, so
-``TFRT_PY_ISA=avx2`` keeps 256 bits) ``import_numba()`` gives numba the host's features
-with ``-prefer-256-bit`` before numba's CPU target is made. On a 2-core Xeon (Ice Lake,
+our packed gemm use zmm there. On the ``avx512`` path (``isa.choose()``)
+``import_numba()`` gives numba the host's features with ``-prefer-256-bit`` before numba's
+CPU target is made. A narrower path forced on an AVX-512 host (``TFRT_PY_ISA=avx2``) gets
+``+prefer-256-bit``: LLVM's Zen 4 tuning (znver4) prefers 512-bit vectors, so numba's
+default there would put the avx2 path's loops in zmm registers. On a 2-core Xeon (Ice Lake,
 AVX-512; one thread, the sync interpreter, batch 1, processes alternating 512/256, three
 pairs, medians of 150 calls, ms): EfficientNet-B0 21.7-23.2 / 24.2-30.0, ConvNeXt-Atto
 17.9-18.4 / 19.7-20.6, ViT-Tiny 34.7-37.9 / 35.5-45.5, the int8 MobileNetV2 (QDQ)
@@ -38,12 +40,14 @@ from typing import Any
 
 from . import isa
 
-__all__ = ["NARROW", "WIDE", "cpu_features", "import_numba", "state"]
+__all__ = ["NARROW", "NARROW_STATE", "WIDE", "cpu_features", "import_numba", "state"]
 
 #: LLVM's tuning feature that keeps an AVX-512 Xeon's vectorized loops at 256 bits.
 NARROW = "prefer-256-bit"
 #: ``state()``'s answer when numba's loops take 512-bit vectors.
 WIDE = "512-bit vectors (path avx512)"
+#: ``state()``'s answer (with the path) when a narrower path is forced on an AVX-512 host.
+NARROW_STATE = "256-bit vectors"
 
 _lock = threading.Lock()
 _decided: list[str] = []  # [what ``_configure`` did], once it ran
@@ -94,10 +98,14 @@ def _configure() -> str:
         if config.CPU_NAME is not None or config.CPU_FEATURES is not None:
             return "numba's default: $NUMBA_CPU_NAME/$NUMBA_CPU_FEATURES are set"
         path, _why = isa.choose()
-        if path != "avx512":
-            return f"numba's default (path {path})"
-        config.CPU_FEATURES = f"{codegen.get_host_cpu_features()},-{NARROW}"
-        return WIDE
+        host = str(codegen.get_host_cpu_features())
+        if path == "avx512":
+            config.CPU_FEATURES = f"{host},-{NARROW}"
+            return WIDE
+        if "+avx512f" in host.split(","):  # a narrower path forced on an AVX-512 host
+            config.CPU_FEATURES = f"{host},+{NARROW}"  # Zen 4's tuning would take zmm
+            return f"{NARROW_STATE} (path {path})"
+        return f"numba's default (path {path})"
     except Exception as e:  # noqa: BLE001 - numba's internals moved: keep its default
         return f"numba's default ({type(e).__name__}: {e})"
 
