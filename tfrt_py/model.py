@@ -18,13 +18,11 @@ HostContext (the caller's ``host=``, or ``default_host()``).
 from __future__ import annotations
 
 import collections
-import inspect
 import os
 import threading
 import time
 from collections.abc import (
     AsyncIterator,
-    Callable,
     Collection,
     Iterable,
     Iterator,
@@ -47,19 +45,17 @@ from .executors.base import Executor
 from .feeds import FeedChecker, TensorSpec, spec_of, warmup_feeds
 from .generation import GenerationMixin
 from .ir import Graph, verify
-from .kernels import KernelContext, KernelFlags, KernelRegistry, default_registry
-from .kernels.fused import register_kernels as register_fused
-from .kernels.lib.features import format_features
+from .kernels import KernelRegistry, default_registry
+from .kernels.custom import CustomKernels, with_custom
 from .metadata import ModelMetadata, from_graph, from_proto
-from .profiling import ProfileReport, native_note, profile
 from .selection import EXECUTORS, finish, rebuild, select_executor
 
 if TYPE_CHECKING:
+    from .profiling import ProfileReport
     from .streaming import StreamedProgram
 
 __all__ = ["EXECUTORS", "Model", "load"]
 
-CustomKernels = Mapping[tuple[str, str], Callable[..., Any]]
 #: ``load(..., native=...)``: compile in the background (serve on the interpreter
 #: meanwhile) or before ``load`` returns.
 NATIVE_MODES = ("background", "eager")
@@ -131,7 +127,7 @@ def load(
     default_timeout = check_timeout(timeout)
     limiter = None if max_concurrency is None else Limiter(max_concurrency)
     t0 = time.perf_counter()
-    registry = _with_custom(default_registry(), custom_kernels)
+    registry = with_custom(default_registry(), custom_kernels)
     # a cold process builds on NumPy paths and switches later (tfrt_py.cold_start)
     with cold_start.building(native if memory_budget is None else "eager") as cold:
         read, origin, meta = _read(source, base_dir, memory_budget, registry, optimize, executor)
@@ -201,61 +197,6 @@ def _read(
         graph = import_model(proto, base_dir, registry.has)
     verify(graph)
     return graph, origin, meta
-
-
-def _with_custom(base: KernelRegistry, custom: CustomKernels | None) -> KernelRegistry:
-    if custom is None:
-        return base
-    if not isinstance(custom, Mapping):
-        raise ValueError(
-            "custom_kernels must be a mapping {(domain, op_type): kernel}, got a "
-            f"{type(custom).__name__}"
-        )
-    if not custom:
-        return base
-    reg = base.copy()
-    for key, fn in custom.items():
-        if not (isinstance(key, tuple) and len(key) == 2 and callable(fn)):
-            raise ValueError(
-                f"custom_kernels maps (domain, op_type) tuples to callables, got {key!r}: {fn!r}"
-            )
-        domain, op_type = key
-        is_async = inspect.iscoroutinefunction(fn)
-        reg.add(
-            op_type,
-            _custom_builder(fn, is_async),
-            domain=domain,
-            flags=KernelFlags(pure=False, is_async=is_async),
-        )
-    register_fused(reg)  # again: the fused ops' steps resolve against the custom kernels
-    return reg
-
-
-def _custom_builder(fn: Callable[..., Any], is_async: bool) -> Callable[[KernelContext], Any]:
-    def build(ctx: KernelContext) -> Any:
-        attrs = dict(ctx.attrs)
-        n_out = ctx.n_outputs
-        if is_async:
-            if not attrs and n_out == 1:
-                return fn
-
-            async def call_async(*xs: Any) -> Any:
-                r = await fn(*xs, **attrs)
-                return r if n_out == 1 else tuple(r)
-
-            return call_async
-        if not attrs:
-            if n_out == 1:
-                return fn
-            return lambda *xs: tuple(fn(*xs))
-
-        def call(*xs: Any) -> Any:
-            r = fn(*xs, **attrs)
-            return r if n_out == 1 else tuple(r)
-
-        return call
-
-    return build
 
 
 class Model(GenerationMixin):
@@ -514,9 +455,11 @@ class Model(GenerationMixin):
         executor kind with every kernel timed; per node its op, input shapes, µs, share and
         GOP/s (float or integer operations), sorted (``print(report)``,
         ``report.save_trace("t.json")`` for Perfetto / chrome://tracing). A native model is
-        profiled on the sync interpreter (its native function runs the same nodes as one
-        call; the report says how long that call takes). A cold process first waits for
-        the compiled kernels (``cold_start``). The model itself is not changed."""
+        profiled on the sync interpreter (its function runs the same nodes as one call; the
+        report says how long it takes). A cold process first waits for the compiled kernels
+        (``cold_start``). The model itself is not changed."""
+        from .profiling import native_note, profile  # here: `import tfrt_py` skips the profiler
+
         cold_start.await_switch(self._switched, None)
         kind = self.executor
         if kind == "stream":
@@ -567,6 +510,8 @@ class Model(GenerationMixin):
             "; BLAS single-threaded)"
         )
         lines.append("  fast paths of this process:")
+        from .kernels.lib.features import format_features  # (imports the integer gemm)
+
         lines += [f"    {line}" for line in format_features()]
         if self._switched is not None:
             lines.append(f"  {cold_start.describe()}")

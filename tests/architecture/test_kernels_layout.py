@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 import tfrt_py.kernels as kernels_pkg
+from tests.architecture import module_ops
 from tfrt_py.kernels import KernelRegistry, default_registry
+from tfrt_py.kernels.families import FAMILIES
 
 _ROOT = Path(kernels_pkg.__file__).parent
 #: The compute library (``kernels/lib``): shared by the families, itself no family.
@@ -107,6 +109,16 @@ def test_default_registry_is_the_union_of_the_families() -> None:
         assert not ops & union, f"{family} registers ops another family has"
         union |= ops
     assert union == set(default_registry().ops())
+
+
+def test_the_lazy_index_lists_what_each_kernel_module_registers() -> None:
+    """``kernels/module_ops.py`` (the default registry imports a module when one of its
+    ops is first looked up) is what the modules register today; a kernel added without
+    regenerating it would never be found."""
+    assert module_ops.render() == module_ops.INDEX.read_text(encoding="utf-8"), (
+        "kernels/module_ops.py is stale: python -m tests.architecture.module_ops --write"
+    )
+    assert set(FAMILIES) == set(_FAMILIES)
 
 
 @pytest.mark.parametrize("family", _FAMILIES)

@@ -1,17 +1,29 @@
 """KernelRegistry lookups: a missing op's UnsupportedOpError says what is registered instead
-(nearest names of the domain, the domains that have the op, the opsets it is served at)."""
+(nearest names of the domain, the domains that have the op, the opsets it is served at);
+kernel modules added lazily load on the first lookup of one of their ops, once, also
+under racing threads, and never over a kernel registered in their place."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
 import tfrt_py
+from tests.support.paths import ROOT
 from tfrt_py.errors import UnsupportedOpError
 from tfrt_py.kernels import ComputeFn, KernelContext, KernelRegistry, default_registry
+from tfrt_py.kernels.registry import Register
 
 
 def _identity(ctx: KernelContext) -> ComputeFn:
@@ -92,3 +104,116 @@ def test_load_reports_the_suggestion_naming_the_node() -> None:
     model.graph.node.append(fixed)
     out = tfrt_py.load(model.SerializeToString()).run({"x": np.array([-1.0, 2.0], np.float32)})
     np.testing.assert_array_equal(out["y"], [0.0, 2.0])
+
+
+# --- lazy kernel modules: imported the first time one of their ops is looked up ----------
+
+_FRESH = """
+import json, sys
+import numpy as np
+import tfrt_py
+m = tfrt_py.load({model!r}, executor="sync")
+x = np.ones((1, m.inputs[0].shape[1]), np.float32)
+m.run({{m.inputs[0].name: x}})
+print(json.dumps(sorted(k for k in sys.modules if k.startswith("tfrt_py.kernels."))))
+"""
+
+
+def test_a_model_imports_only_the_kernel_modules_its_ops_use() -> None:
+    """The bundled MLP (Gemm, Relu, Softmax; fused into Linear) imports those kernel
+    modules in a fresh process, not the convolution stack, the contrib ops or the trees
+    (all of them were imported by every ``load()`` before)."""
+    model = str(ROOT / "tfrt_py" / "examples" / "mlp_small.onnx")
+    env = {k: v for k, v in os.environ.items() if k != "TFRT_PY_COLD_START"}
+    out = subprocess.run([sys.executable, "-c", _FRESH.format(model=model)], capture_output=True,
+                         text=True, cwd=str(ROOT), env=env, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert {"tfrt_py.kernels.linalg.matmul", "tfrt_py.kernels.fused.linear"} <= loaded
+    for unused in ("nn.conv", "nn.pool", "fused.vision", "contrib.quantized", "ml.tree_ops",
+                   "image.resize", "reduce.reductions", "misc.strings"):  # fmt: skip
+        assert f"tfrt_py.kernels.{unused}" not in loaded, unused
+
+
+def _loader_counting(calls: list[str], name: str, op: str) -> Callable[[], Register]:
+    def load() -> Register:
+        calls.append(name)
+
+        def register(reg: KernelRegistry) -> None:
+            reg.add(op, _identity)
+
+        return register
+
+    return load
+
+
+def test_a_lazy_module_loads_once_on_first_lookup_and_listing_loads_the_rest() -> None:
+    calls: list[str] = []
+    reg = KernelRegistry()
+    reg.add_lazy("a", [("", "OpA")], _loader_counting(calls, "a", "OpA"))
+    reg.add_lazy("b", [("ai.onnx", "OpB")], _loader_counting(calls, "b", "OpB"))
+    assert calls == []
+    assert reg.has("", "OpA", 1) and reg.lookup("", "OpA", 1).op_type == "OpA"
+    assert reg.lookup("", "OpA", 2).op_type == "OpA"
+    assert calls == ["a"]
+    assert reg.ops() == [("", "OpA"), ("", "OpB")]
+    assert calls == ["a", "b"]
+
+
+def test_a_kernel_added_over_a_lazy_one_wins_even_before_the_lazy_one_loads() -> None:
+    """A custom kernel registered into a copy of the default registry replaces the built-in
+    one for its op; the built-in module, loaded by that ``add``, cannot overwrite it later."""
+    calls: list[str] = []
+    reg = KernelRegistry()
+    reg.add_lazy("m", [("", "Op"), ("", "Other")], _loader_counting(calls, "m", "Op"))
+    mine = reg.copy()
+
+    def custom(ctx: KernelContext) -> ComputeFn:
+        return lambda x: x + 1
+
+    mine.add("Op", custom)
+    assert mine.lookup("", "Op", 1).build is custom
+    assert not mine.has("", "Other", 1)  # the module (loaded by add) registered only Op
+    assert mine.lookup("", "Op", 1).build is custom
+    assert reg.lookup("", "Op", 1).build is _identity  # the original loads its own, untouched
+    assert calls == ["m", "m"]
+
+
+def test_threads_looking_up_a_pending_module_all_find_its_kernels() -> None:
+    """Lookups racing a lazy module's first load wait for it instead of reporting the op
+    missing, and the module is loaded once."""
+    calls: list[str] = []
+    started = threading.Event()
+
+    def slow_loader() -> Register:
+        calls.append("slow")
+        started.set()
+
+        def register(reg: KernelRegistry) -> None:
+            for i in range(200):
+                reg.add(f"Op{i}", _identity)
+                time.sleep(0.0005)  # let the other threads run mid-registration
+
+        return register
+
+    reg = KernelRegistry()
+    reg.add_lazy("slow", [("", f"Op{i}") for i in range(200)], slow_loader)
+    with ThreadPoolExecutor(8) as pool:
+        found = list(pool.map(lambda i: reg.lookup("", f"Op{199 - i}", 1).op_type, range(64)))
+    assert found == [f"Op{199 - i}" for i in range(64)]
+    assert calls == ["slow"]
+
+
+def test_a_lazy_module_that_fails_to_load_says_so_and_is_tried_again() -> None:
+    attempts: list[int] = []
+
+    def broken() -> Register:
+        attempts.append(1)
+        raise ImportError("no such kernel module")
+
+    reg = KernelRegistry()
+    reg.add_lazy("broken", [("", "Op")], broken)
+    for _ in range(2):
+        with pytest.raises(ImportError, match="no such kernel module"):
+            reg.lookup("", "Op", 1)
+    assert len(attempts) == 2

@@ -2,13 +2,16 @@
 
 Family subpackages register explicitly (``register_kernels(registry)``, as TFRT's static
 registration); ``families.default_registry()`` builds the full registry once, on first use.
+A kernel module can be added *lazily* (``add_lazy``): the registry knows which ops it
+serves and imports it, and runs its ``register_kernels``, the first time one of them is
+looked up, so a process that loads an MLP never imports the convolution kernels.
 This module imports only ``base`` and ``errors``: the families import it, never the reverse.
 """
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..errors import UnsupportedOpError
@@ -19,6 +22,8 @@ __all__ = ["CostFn", "KernelDef", "KernelRegistry"]
 _PURE = KernelFlags()
 
 CostFn = Callable[[KernelContext, list[tuple[int, ...]], list[tuple[int, ...]]], Cost]
+#: A kernel module's or family's ``register_kernels``: adds its kernels to the registry given.
+Register = Callable[["KernelRegistry"], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +43,70 @@ class KernelDef:
 
 
 class KernelRegistry:
-    """Maps (domain, op_type) to kernel defs. Filled at start-up, read-only after; lookups
-    are thread-safe because nothing mutates the registry once built."""
+    """Maps (domain, op_type) to kernel defs.
+
+    Thread-safety: filled at start-up (``add``, ``add_lazy``) by one thread, read by many
+    after. The only mutation after that is a lazy unit's first use (``_load``), which
+    registers it under ``_lock`` before its ops stop being pending, so a reader
+    sees an op either pending (and waits for the lock) or fully registered."""
 
     def __init__(self) -> None:
         self._defs: dict[tuple[str, str], list[KernelDef]] = {}
+        #: (domain, op_type) -> the name of the lazy unit (``add_lazy``) serving it, until loaded.
+        self._pending: dict[tuple[str, str], str] = {}
+        #: lazy unit -> (its ops, its ``register_kernels`` loader), until loaded.
+        self._lazy: dict[str, tuple[tuple[tuple[str, str], ...], Callable[[], Register]]] = {}
+        self._loading: set[str] = set()  # the lazy units whose register_kernels runs now
+        self._lock = threading.RLock()
+
+    def add_lazy(
+        self, name: str, ops: Iterable[tuple[str, str]], loader: Callable[[], Register]
+    ) -> None:
+        """Register kernels lazily under ``name``: they serve exactly ``ops`` ((domain,
+        op_type)), and ``loader()`` (importing their module) returns the
+        ``register_kernels`` that is called the first time one of ``ops`` is looked up or
+        the registry is listed. It must register nothing outside ``ops``
+        (``tests/architecture`` checks the built-in index)."""
+        keys = tuple(("" if d == "ai.onnx" else d, op) for d, op in ops)
+        self._lazy[name] = (keys, loader)
+        for key in keys:
+            self._pending[key] = name
+
+    def reset_lazy(
+        self, name: str, ops: Iterable[tuple[str, str]], loader: Callable[[], Register]
+    ) -> None:
+        """Drop the defs of ``ops`` and add them lazily again (``add_lazy``), so that their
+        builders bind to this registry when next used (a copy with custom kernels
+        re-registers the fused ops, whose steps resolve against the registry they are
+        registered into)."""
+        keys = tuple(("" if d == "ai.onnx" else d, op) for d, op in ops)
+        with self._lock:
+            for key in keys:
+                self._defs.pop(key, None)
+        self.add_lazy(name, keys, loader)
+
+    def _load(self, key: tuple[str, str]) -> None:
+        """Load the lazy unit serving ``key``, if one is pending: once, under ``_lock``
+        (reentrant: its ``register_kernels`` calls ``add`` on this registry, whose builders
+        may keep it). Its ops stay pending until every one is registered, so a thread
+        looking one up waits here instead of finding it missing."""
+        with self._lock:
+            name = self._pending.get(key)
+            if name is None or name in self._loading:
+                return
+            keys, loader = self._lazy[name]
+            self._loading.add(name)
+            try:
+                loader()(self)
+            finally:
+                self._loading.discard(name)
+            for k in keys:
+                del self._pending[k]
+            del self._lazy[name]
+
+    def _load_all(self) -> None:
+        while self._pending:
+            self._load(next(iter(self._pending)))
 
     def add(
         self,
@@ -58,6 +122,8 @@ class KernelRegistry:
         """Register ``build`` for ``op_type``. A later registration for an overlapping
         opset range of the same op replaces the earlier one (custom kernels override)."""
         domain = "" if domain == "ai.onnx" else domain
+        if (domain, op_type) in self._pending:
+            self._load((domain, op_type))  # so that this registration overrides the built-in
         new = KernelDef(domain, op_type, since, until, build, flags, cost)
         defs = self._defs.setdefault((domain, op_type), [])
         defs[:] = [d for d in defs if not _overlaps(d, new)]
@@ -70,6 +136,9 @@ class KernelRegistry:
         it, or the nearest op names of the domain ("did you mean ...")."""
         domain = "" if domain == "ai.onnx" else domain
         defs = self._defs.get((domain, op_type))
+        if not defs and (domain, op_type) in self._pending:
+            self._load((domain, op_type))
+            defs = self._defs.get((domain, op_type))
         if not defs:
             raise UnsupportedOpError(
                 op_type, domain, opset, node_name, self._missing(domain, op_type)
@@ -85,6 +154,7 @@ class KernelRegistry:
 
     def _missing(self, domain: str, op_type: str) -> str:
         """Why nothing serves ``op_type`` in ``domain``, with what comes closest."""
+        self._load_all()
         detail = "no kernel for this op"
         elsewhere = sorted(d for d, op in self._defs if op == op_type)
         if elsewhere:
@@ -102,16 +172,24 @@ class KernelRegistry:
 
     def has(self, domain: str, op_type: str, opset: int) -> bool:
         """Whether a kernel serves ``op_type`` at ``opset``."""
-        defs = self._defs.get(("" if domain == "ai.onnx" else domain, op_type), ())
-        return any(d.covers(opset) for d in defs)
+        key = ("" if domain == "ai.onnx" else domain, op_type)
+        if key in self._pending:
+            self._load(key)
+        return any(d.covers(opset) for d in self._defs.get(key, ()))
 
     def ops(self, domain: str | None = None) -> list[tuple[str, str]]:
         """Every (domain, op_type) registered, optionally of one domain, sorted."""
+        self._load_all()
         return sorted(k for k in self._defs if domain is None or k[0] == domain)
 
     def copy(self) -> KernelRegistry:
+        """An independent registry with the same kernels; what is still lazy here stays
+        lazy there (each registry loads it into itself)."""
         other = KernelRegistry()
-        other._defs = {k: list(v) for k, v in self._defs.items()}
+        with self._lock:
+            other._defs = {k: list(v) for k, v in self._defs.items()}
+            other._pending = dict(self._pending)
+            other._lazy = dict(self._lazy)
         return other
 
 
@@ -133,6 +211,8 @@ def _ranges(defs: list[KernelDef]) -> str:
 
 def _close_names(op_type: str, names: list[str]) -> list[str]:
     """Up to three of ``names`` nearest to ``op_type`` (case-insensitive), best first."""
+    import difflib  # here, on the error path: `import tfrt_py` does not pay for it
+
     by_lower: dict[str, str] = {}
     for n in sorted(names):
         by_lower.setdefault(n.lower(), n)

@@ -16,24 +16,26 @@ which the tests compare against (``tests/test_kernels_contrib*.py``).
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from . import (
-    activation,
-    attention,
-    gather_block_quantized,
-    gqa,
-    matmul_nbits,
-    norm,
-    quantized,
-    quantized_softmax_pool,
-    quantized_transformer,
-    tokenizer,
-)
 
 __all__ = ["register_kernels"]
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register this family's kernels."""
+    """Register this family's kernels. Its modules are imported here, not with the
+    package: the default registry imports only the modules whose ops a model uses."""
+    from . import (
+        activation,
+        attention,
+        gather_block_quantized,
+        gqa,
+        matmul_nbits,
+        norm,
+        quantized,
+        quantized_softmax_pool,
+        quantized_transformer,
+        tokenizer,
+    )
+
     activation.register_kernels(registry)
     norm.register_kernels(registry)
     attention.register_kernels(registry)

@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from . import flow, sequence
 
 __all__ = ["register_kernels"]
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register this family's kernels."""
+    """Register this family's kernels. Its modules are imported here, not with the
+    package: the default registry imports only the modules whose ops a model uses."""
+    from . import flow, sequence
+
     flow.register_kernels(registry)
     sequence.register_kernels(registry)

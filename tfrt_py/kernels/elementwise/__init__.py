@@ -11,13 +11,15 @@ ONNX's output dtype, and takes ``out=`` (single output, registered ``supports_ou
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from . import activation, binary, cast, unary
 
 __all__ = ["register_kernels"]
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register this family's kernels."""
+    """Register this family's kernels. Its modules are imported here, not with the
+    package: the default registry imports only the modules whose ops a model uses."""
+    from . import activation, binary, cast, unary
+
     unary.register_kernels(registry)
     activation.register_kernels(registry)
     binary.register_kernels(registry)

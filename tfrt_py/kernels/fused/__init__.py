@@ -17,7 +17,6 @@ are the registry's own kernels for those ops. No other family imports it.
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from . import chain, linear, ml, vision
 from .domain import DOMAIN as DOMAIN
 from .domain import Step as Step
 
@@ -26,7 +25,10 @@ __all__ = ["DOMAIN", "Step", "register_kernels"]
 
 def register_kernels(registry: KernelRegistry) -> None:
     """Register the fused ops into ``registry``; ``Linear``'s and the chains' elementwise
-    steps are looked up in ``registry`` when a node is built."""
+    steps are looked up in ``registry`` when a node is built. The kernel modules are
+    imported here, not with the package: the compiler's passes import ``domain`` only."""
+    from . import chain, linear, ml, vision
+
     linear.register_kernels(registry)
     chain.register_kernels(registry)
     vision.register_kernels(registry)

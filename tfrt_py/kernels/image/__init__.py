@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from . import resize, vision
 
 __all__ = ["register_kernels"]
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register this family's kernels."""
+    """Register this family's kernels. Its modules are imported here, not with the
+    package: the default registry imports only the modules whose ops a model uses."""
+    from . import resize, vision
+
     resize.register_kernels(registry)
     vision.register_kernels(registry)

@@ -10,13 +10,15 @@ follow onnxruntime where the ONNX-ML spec leaves details open.
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from . import encode, linear, svm, tree_ops
 
 __all__ = ["register_kernels"]
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register this family's kernels."""
+    """Register this family's kernels. Its modules are imported here, not with the
+    package: the default registry imports only the modules whose ops a model uses."""
+    from . import encode, linear, svm, tree_ops
+
     linear.register_kernels(registry)
     encode.register_kernels(registry)
     svm.register_kernels(registry)

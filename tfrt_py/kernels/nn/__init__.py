@@ -6,24 +6,26 @@ layers (``rnn``), Attention (``attention``) and the other transformer ops (``tra
 from __future__ import annotations
 
 from ..registry import KernelRegistry
-from . import (
-    attention,
-    conv,
-    conv_deform,
-    conv_transpose,
-    norm,
-    norm_group,
-    pool,
-    pool_nhwc,
-    rnn,
-    transformer,
-)  # fmt: skip
 
 __all__ = ["register_kernels"]
 
 
 def register_kernels(registry: KernelRegistry) -> None:
-    """Register this family's kernels."""
+    """Register this family's kernels. Its modules are imported here, not with the
+    package: the default registry imports only the modules whose ops a model uses."""
+    from . import (
+        attention,
+        conv,
+        conv_deform,
+        conv_transpose,
+        norm,
+        norm_group,
+        pool,
+        pool_nhwc,
+        rnn,
+        transformer,
+    )
+
     conv.register_kernels(registry)
     conv_transpose.register_kernels(registry)
     conv_deform.register_kernels(registry)
