@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 import math
 import os
 import threading
@@ -52,7 +51,6 @@ __all__ = [
 #: The longest the timer thread sleeps before looking at its heap again (seconds); far
 #: below the platform's wait limit (``threading.TIMEOUT_MAX``).
 MAX_WAIT_S = 3600.0
-_log = logging.getLogger("tfrt_py.calls")
 
 
 class CallCancelled(TfrtError, RuntimeError):
@@ -127,8 +125,10 @@ class CallContext:
         for fn in callbacks:
             try:
                 fn()
-            except Exception:  # noqa: BLE001 - the stopping thread (the timer) must live on
-                _log.exception("a call's on_stop callback raised")
+            except Exception:  # the stopping thread (the timer) must live on
+                import logging  # here, when it happens: `import tfrt_py` skips logging
+
+                logging.getLogger("tfrt_py.calls").exception("a call's on_stop callback raised")
 
     def on_stop(self, fn: Callable[[], object]) -> None:
         """Call ``fn()`` when the call stops (at once if it has)."""

@@ -36,7 +36,6 @@ from .concurrency import HostContext, compiled_gate
 from .concurrency.cachedir import UnsafeCacheDir, cache_dir
 from .concurrency.threads import threads as thread_budget
 from .errors import UnsupportedOpError
-from .executors.async_executor import AsyncExecutor
 from .executors.base import Executor
 from .executors.inline_policy import InlinePolicy
 from .executors.interpreter import SyncInterpreter
@@ -45,7 +44,8 @@ from .feeds import FeedChecker
 from .ir import Node, TensorType
 from .native.runtime.compile import NativeUnavailable, available
 
-if TYPE_CHECKING:  # the native tier's modules are imported when a model may use it
+if TYPE_CHECKING:  # imported when a model may use them
+    from .executors.async_executor import AsyncExecutor
     from .native.lower.graph import Lowered
 
 __all__ = ["EXECUTORS", "NATIVE_ENV", "finish", "rebuild", "select_executor"]
@@ -133,7 +133,7 @@ def rebuild(ex: Executor, old: Prepared) -> tuple[Executor, Prepared]:
     if isinstance(ex, NativeTier):
         ex.use_interpreter(_interpreter(prepared, check), prepared.program)
         return ex, prepared
-    if isinstance(ex, AsyncExecutor):
+    if ex.name == "async":
         new: Executor = _async_executor(prepared, check, ex.host)
     elif isinstance(ex, SyncInterpreter):
         new = _interpreter(prepared, check)
@@ -153,6 +153,8 @@ def _interpreter(prepared: Prepared, check: FeedChecker) -> SyncInterpreter:
 def _async_executor(
     prepared: Prepared, check: FeedChecker, host: HostContext | None
 ) -> AsyncExecutor:
+    from .executors.async_executor import AsyncExecutor  # here: a sync model skips the import
+
     return AsyncExecutor(
         prepared.program, prepared.registry, check, _off_loop(prepared), host,
         _loop_budget(prepared),
@@ -180,7 +182,7 @@ def finish(ex: Executor, prepared: Prepared, host: HostContext | None) -> Execut
     ex.host = host
     ex.call_us = prepared.cost.call_us()
     ex.loop_slice_us = THRESHOLDS.loop_slice_us
-    if not isinstance(ex, AsyncExecutor):
+    if ex.name != "async":
         ex.inline = InlinePolicy(prepared.cost.call_us(), prepared.graph.inputs, _opaque(prepared))
     return ex
 

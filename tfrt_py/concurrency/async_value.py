@@ -28,7 +28,6 @@ the rest of tfrt_py.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Generator, Iterable
 from typing import Any, Generic, TypeVar
@@ -49,7 +48,6 @@ _STATE_NAMES = ("pending", "available", "error")
 #: value. One lock for all values: it is held for a few bytecodes, and a lock per value
 #: would cost an allocation per value (most values never see contention).
 _LOCK = threading.Lock()
-_log = logging.getLogger("tfrt_py.concurrency")
 
 
 class AsyncValue(Generic[T]):
@@ -204,5 +202,7 @@ def run_when_ready(values: Iterable[AsyncValue[Any]], fn: Callable[[], object]) 
 def _call(fn: Callable[[], object]) -> None:
     try:
         fn()
-    except Exception:  # noqa: BLE001 - a callback's failure must not stop the others
-        _log.exception("AsyncValue callback %r raised", fn)
+    except Exception:  # a callback's failure must not stop the others (logged, not raised)
+        import logging  # here: a callback that raises is rare, and logging costs 2 ms to import
+
+        logging.getLogger("tfrt_py.concurrency").exception("AsyncValue callback %r raised", fn)

@@ -11,7 +11,6 @@ to the cores, and closed at interpreter exit. Every method is thread-safe.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import queue
 import threading
@@ -22,8 +21,6 @@ from typing import Any
 from .loop_bridge import AsyncioBridge, LoopBridge, current_bridge
 
 __all__ = ["CancelToken", "HostContext", "default_host"]
-
-_log = logging.getLogger("tfrt_py.concurrency")
 
 
 class CancelToken:
@@ -59,8 +56,12 @@ class CancelToken:
         for fn in callbacks:
             try:
                 fn()
-            except Exception:  # noqa: BLE001 - one failing callback must not stop the others
-                _log.exception("cancellation callback %r raised", fn)
+            except Exception:  # one failing callback must not stop the others
+                import logging  # here, when it happens: `import tfrt_py` skips logging
+
+                logging.getLogger("tfrt_py.concurrency").exception(
+                    "cancellation callback %r raised", fn
+                )
 
 
 def _core_count() -> int:
@@ -158,8 +159,12 @@ class HostContext:
             fn, args = item
             try:
                 fn(*args)
-            except BaseException:  # noqa: BLE001 - a worker thread must survive any work item
-                _log.exception("work item %r raised on a worker thread", fn)
+            except BaseException:  # a worker thread must survive any work item
+                import logging  # here, when it happens: `import tfrt_py` skips logging
+
+                logging.getLogger("tfrt_py.concurrency").exception(
+                    "work item %r raised on a worker thread", fn
+                )
 
     # -- event loops --------------------------------------------------------------------------
     def loop_bridge(self) -> LoopBridge:

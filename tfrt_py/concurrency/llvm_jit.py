@@ -17,10 +17,8 @@ serialize (each compiles once, under its own lock).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import stat
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +88,8 @@ def compile_ir_cached(
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     host = f"{llvm.get_host_cpu_name()}|{llvm.get_host_cpu_features().flatten()}"
+    import hashlib  # here, with llvmlite: `import tfrt_py` does not pay for them
+
     h = hashlib.sha256(f"{key}\0{opt}\0{llvmlite.__version__}\0{host}".encode())
     for src in sources:
         with open(src, "rb") as f:
@@ -133,6 +133,8 @@ def _read_object(path: str) -> bytes | None:
     else:
         with os.fdopen(fd, "rb") as f:
             data = f.read() if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else b""
+    import hashlib
+
     head = len(_MAGIC)
     obj = data[head + 32 :]
     if data[:head] == _MAGIC and hashlib.sha256(obj).digest() == data[head : head + 32]:
@@ -143,6 +145,9 @@ def _read_object(path: str) -> bytes | None:
 
 
 def _write_object(path: str, obj: bytes) -> None:
+    import hashlib
+    import tempfile
+
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".llvm_", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

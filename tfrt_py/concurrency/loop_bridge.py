@@ -16,7 +16,6 @@ the bridge is made (a loop runs on one thread). trio is imported only when trio 
 from __future__ import annotations
 
 import contextlib
-import logging
 import sys
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from threading import get_ident
@@ -33,8 +32,6 @@ __all__ = [
     "current_bridge",
     "wait_until_available",
 ]
-
-_log = logging.getLogger("tfrt_py.concurrency")
 
 
 def _get_running_loop() -> Any:
@@ -264,8 +261,10 @@ async def _drive(afn: AsyncFn, args: Sequence[Any], on_done: DoneFn) -> None:
 def _notify(on_done: DoneFn, value: Any, error: BaseException | None) -> None:
     try:
         on_done(value, error)
-    except Exception:  # noqa: BLE001 - never let a callback kill the loop's task
-        _log.exception("on_done callback %r raised", on_done)
+    except Exception:  # never let a callback kill the loop's task
+        import logging  # here, when it happens: `import tfrt_py` skips logging
+
+        logging.getLogger("tfrt_py.concurrency").exception("on_done callback %r raised", on_done)
 
 
 def current_bridge() -> LoopBridge | None:

@@ -19,7 +19,8 @@ on its own threads; their splits share the same intra-op pool, whose helpers onl
 work when they are idle, so inter-op and intra-op never multiply past the budget by more
 than the pool's helpers.
 
-Thread-safe. Imports nothing of tfrt_py; threadpoolctl is imported on first use.
+Thread-safe. Imports nothing of tfrt_py but ``intraop`` and ``openblas``; threadpoolctl is
+imported when a BLAS other than OpenBLAS is loaded, or ``blas_threads()`` is asked.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .intraop import IntraOpPool
+from .openblas import direct_blas
 
 __all__ = [
     "THREADS_ENV",
@@ -207,7 +209,9 @@ def _mapped_blas() -> Any:
 
 
 def _single_threaded_blas() -> None:
-    """NumPy's BLAS to one thread, process-wide (threadpoolctl); a no-op without it.
+    """NumPy's BLAS to one thread, process-wide: OpenBLAS builds directly through their C
+    API (``openblas.direct_blas``), any other BLAS through threadpoolctl (a no-op without
+    it).
 
     threadpoolctl's scan of the loaded libraries is done again only when a BLAS library
     was mapped since the last one (SciPy's own OpenBLAS comes with ``scipy.linalg``);
@@ -221,20 +225,22 @@ def _single_threaded_blas() -> None:
     scan runs only when a BLAS arrived, under the import lock (``under_import_lock``).
     Caller holds ``_lock``."""
     global _blas_scan
-    try:
-        import threadpoolctl
-    except ImportError:
-        return
     n_modules = len(sys.modules)
     if _blas_scan is not None and _blas_scan[0] == n_modules:
         blas = _blas_scan[2]  # nothing imported since: no library can have arrived
         mapped = _blas_scan[1]
     else:
-        mapped = _mapped_blas()  # ~2 ms: read only after an import
+        mapped = _mapped_blas()  # ~1 ms: read only after an import
         if _blas_scan is None or _blas_scan[1] != mapped:
-            controller: Any = under_import_lock(threadpoolctl.ThreadpoolController)
-            blas = controller.select(user_api="blas")
-            mapped = _mapped_blas()  # threadpoolctl may have loaded libraries itself
+            blas = direct_blas(mapped) if isinstance(mapped, frozenset) else None
+            if blas is None:  # not only OpenBLAS: threadpoolctl knows the others
+                try:
+                    import threadpoolctl
+                except ImportError:
+                    return
+                controller: Any = under_import_lock(threadpoolctl.ThreadpoolController)
+                blas = controller.select(user_api="blas")
+                mapped = _mapped_blas()  # threadpoolctl may have loaded libraries itself
         else:
             blas = _blas_scan[2]
     if any(lib.num_threads != 1 for lib in blas.lib_controllers):

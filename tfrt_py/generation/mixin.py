@@ -14,15 +14,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import numpy as np
 
 from ..calls import check_timeout
 from ..errors import DeadlineExceeded, InputError
-from .decoder import Decoder, read_decoder
-from .prompts import Prompt, read_prompt, read_settings
-from .steps import Steps
+
+if TYPE_CHECKING:  # imported where a model first generates: ``import tfrt_py`` skips them
+    from .decoder import Decoder
+    from .prompts import Prompt
+    from .steps import Steps
 
 __all__ = ["Deadline", "GenerateOptions", "GenerationMixin", "first_step_feeds", "start"]
 
@@ -32,6 +34,10 @@ def first_step_feeds(model: Any, batch: int = 1, length: int = 4) -> dict[str, A
     an empty cache): valid feeds for a decoder, whose inputs' dims are tied to each other
     (the mask spans past + new) as no generic dummy feed can know. None for a model that
     is not a KV-cache decoder."""
+    from .decoder import read_decoder
+    from .prompts import read_prompt, read_settings
+    from .steps import Steps
+
     try:
         dec = read_decoder(model)
     except InputError:
@@ -82,6 +88,9 @@ def start(model: Any, input_ids: Any, max_new_tokens: int, kw: GenerateOptions,
     Prompt and its Deadline (InputError/TypeError for anything wrong, before a step).
     ``in_place=False`` keeps the cache in the model's outputs (a caller that batches the
     steps of many generations moves the caches itself)."""
+    from .prompts import read_prompt, read_settings
+    from .steps import Steps
+
     unknown = set(kw) - set(GenerateOptions.__annotations__)
     if unknown:
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)!r:.200}")
@@ -111,6 +120,8 @@ class GenerationMixin:
         KV-cache decoder."""
         dec = self._decoder
         if dec is None:
+            from .decoder import read_decoder
+
             dec = self._decoder = read_decoder(self)
         return dec
 

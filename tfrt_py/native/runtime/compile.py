@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import hashlib
 import importlib.util
 import os
 import platform
@@ -173,6 +172,8 @@ def compile_source(source: str) -> Compiled:
         raise NativeUnavailable(f"numba cannot be imported: {e}") from e
     d = cache_dir()
     _numba_cache_dir()
+    import hashlib  # here: `import tfrt_py` does not pay for it
+
     key = hashlib.sha256((source + "\0" + host).encode()).hexdigest()[:32]
     name = f"tfrt_native_{key}"
     path = _write_verified(d, name, source)
