@@ -217,3 +217,45 @@ def test_a_lazy_module_that_fails_to_load_says_so_and_is_tried_again() -> None:
         with pytest.raises(ImportError, match="no such kernel module"):
             reg.lookup("", "Op", 1)
     assert len(attempts) == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_a_module_loads_can_load_it_itself() -> None:
+    """A prefork server's master may fork while a background thread (the cold start's
+    warm-up) loads a kernel module under the registry's lock: the child's lookups must
+    not wait for a thread that does not exist there."""
+    inside, release = threading.Event(), threading.Event()
+
+    def loader() -> Register:
+        def register(reg: KernelRegistry) -> None:
+            if threading.current_thread() is not threading.main_thread():
+                inside.set()
+                release.wait(30)
+            reg.add("Op", _identity)
+
+        return register
+
+    reg = KernelRegistry()
+    reg.add_lazy("slow", [("", "Op")], loader)
+    loading = threading.Thread(target=reg.lookup, args=("", "Op", 1))
+    loading.start()
+    assert inside.wait(30)
+    pid = os.fork()
+    if pid == 0:  # the child: its lookup loads the module on this (main) thread
+        code = 0 if reg.lookup("", "Op", 1).op_type == "Op" else 1
+        os._exit(code)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child hung on the registry's lock")
+            time.sleep(0.01)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        release.set()
+        loading.join(30)

@@ -10,7 +10,9 @@ This module imports only ``base`` and ``errors``: the families import it, never 
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -48,7 +50,9 @@ class KernelRegistry:
     Thread-safety: filled at start-up (``add``, ``add_lazy``) by one thread, read by many
     after. The only mutation after that is a lazy unit's first use (``_load``), which
     registers it under ``_lock`` before its ops stop being pending, so a reader
-    sees an op either pending (and waits for the lock) or fully registered."""
+    sees an op either pending (and waits for the lock) or fully registered. A child forked
+    while another thread of its parent loaded a unit gets a fresh lock, and loads that unit
+    again on its first use (registering is idempotent)."""
 
     def __init__(self) -> None:
         self._defs: dict[tuple[str, str], list[KernelDef]] = {}
@@ -58,6 +62,7 @@ class KernelRegistry:
         self._lazy: dict[str, tuple[tuple[tuple[str, str], ...], Callable[[], Register]]] = {}
         self._loading: set[str] = set()  # the lazy units whose register_kernels runs now
         self._lock = threading.RLock()
+        _REGISTRIES.add(self)
 
     def add_lazy(
         self, name: str, ops: Iterable[tuple[str, str]], loader: Callable[[], Register]
@@ -224,3 +229,19 @@ def _overlaps(a: KernelDef, b: KernelDef) -> bool:
     a_hi = a.until if a.until is not None else 10**9
     b_hi = b.until if b.until is not None else 10**9
     return a.since <= b_hi and b.since <= a_hi
+
+
+#: Every registry, for the fork handler.
+_REGISTRIES: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A lock held by a parent's thread that does not exist in the child is held for ever:
+    give each registry a new one (a unit the parent was loading is still pending here)."""
+    for reg in list(_REGISTRIES):
+        reg._lock = threading.RLock()
+        reg._loading = set()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
