@@ -247,7 +247,7 @@ assert "_blocked_par" not in names, names  # the BLAS route's kernel: not this c
 assert not any("float64" in a for _, a in seen), seen  # nothing for another dtype
 cols = [a for n, a in seen if n == "_cols_par"]
 assert len(cols) == 1, cols  # warmed with the signature the call then uses
-from tfrt_py.kernels.nn import conv_im2col, conv_direct, conv_depthwise, conv_depthwise3
+from tfrt_py.kernels.nn import conv_im2col, conv_direct, conv_depthwise, conv_depthwise_same
 from tfrt_py.kernels.lib import gelu_jit, sigmoid_jit
 # the serial im2col and epilogue of the BLAS routes: not this conv's
 assert conv_im2col.IM2COL._compiled is None and conv_blocked._EPILOGUE_COLS._compiled is None
@@ -269,16 +269,16 @@ xp = np.pad(xd, ((0, 0), (0, 0), (1, 1), (1, 1)))
 want = sum(xp[:, :, i:i + 28, j:j + 28] * wd[None, :, 0, i, j, None, None]
            for i in range(3) for j in range(3))
 assert np.allclose(yd, np.maximum(want, 0), atol=1e-4)
-assert conv_depthwise3.DEPTHWISE3_PAR._compiled is not None
-assert conv_depthwise3.DEPTHWISE3._compiled is None
+same, same_par = conv_depthwise_same.kernels(3)
+assert same_par._compiled is not None and same._compiled is None
 assert conv_direct._DEPTHWISE._compiled is None
 assert sigmoid_jit._SIGMOID._compiled is None
 assert gelu_jit._GELU._compiled is None and gelu_jit._GELU_INPLACE._compiled is None
 # the serial form still runs when asked (compiled on its first call)
 dplan.fn(xd, wd, bd, np.zeros((0, 0, 0, 0), np.float32), yd, dplan.tab, dplan.act,
-         dplan.params, np.zeros(0, np.float32), np.zeros(0, np.float32), 0, 1, 0, 64)
+         dplan.params, np.zeros(dplan.xp_len, np.float32), np.zeros(0, np.float32), 0, 1, 0, 64)
 assert np.allclose(yd, np.maximum(want, 0), atol=1e-4)
-assert conv_depthwise3.DEPTHWISE3._compiled is not None
+assert same._compiled is not None
 print("compiles ok")
 """
 

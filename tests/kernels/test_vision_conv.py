@@ -181,11 +181,12 @@ def test_depthwise_split_over_threads_with_residual_and_activation(
     assert "residual Adds" in _report(model, "fuse_conv")
 
 
-# -- 3x3 stride-1 depthwise straight from the input (conv_depthwise3) ----------------------
+# -- 3x3 stride-1 depthwise: taps in registers (conv_depthwise_same), straight from the --
+# -- input on big planes (conv_depthwise3) -------------------------------------------------
 
 # (x shape, channel multiplier): three rows, three columns (planes of at least
 # DEPTHWISE_MIN_WORK / 9 pixels: smaller ones take im2col), odd sizes, MobileNet's 7x7
-# and 14x14, a batch, a channel multiplier of 2.
+# and 14x14, a batch, a channel multiplier of 2; and a plane over SAME_3X3_MAX_PIXELS.
 DW3_CASES = [
     ((1, 8, 3, 16), 1),
     ((1, 4, 3, 17), 1),
@@ -194,6 +195,8 @@ DW3_CASES = [
     ((1, 16, 7, 7), 2),
     ((1, 8, 14, 14), 1),
     ((1, 3, 29, 31), 1),
+    ((1, 4, 2, 30), 1),
+    ((1, 2, 57, 59), 1),
 ]
 
 
@@ -240,15 +243,101 @@ def _depthwise3x3(
 def test_3x3_stride_1_depthwise_reads_the_input_directly(
     depthwise_plans: list[Any], x_shape: Any, mult: int, residual: bool, act: str
 ) -> None:
-    """Every output of the kernel's four steps (inner rows, first and last row, first and
-    last column, epilogue) against onnxruntime, with each activation and a residual; and
-    the plan took that kernel (not the padded-grid one) wherever numba is."""
+    """Every output of the kernels' steps (inner rows, first and last rows and columns,
+    epilogue) against onnxruntime, with each activation and a residual; and the plan took
+    the register kernel (``conv_depthwise_same``) up to ``SAME_3X3_MAX_PIXELS`` a plane,
+    ``conv_depthwise3``'s above it, not the padded grid, wherever numba is."""
+    from tfrt_py.kernels.nn.conv_depthwise import SAME_3X3_MAX_PIXELS
     from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3
+    from tfrt_py.kernels.nn.conv_depthwise_same import kernels
 
-    _check(*_depthwise3x3(_r(*x_shape), mult, 1, residual, act))
-    compiled = DEPTHWISE3.get()
+    x = _r(*x_shape)
+    _, c, h, wd = x_shape
+    x[0, 0, 1, 0], x[0, c - 1, h - 1, wd - 1] = np.inf, np.nan  # next to a masked wrap
+    _check(*_depthwise3x3(x, mult, 1, residual, act))
+    same = kernels(3)[0].get()
+    kernel = same if h * wd <= SAME_3X3_MAX_PIXELS else DEPTHWISE3.get()
+    if same is not None:
+        assert depthwise_plans and all(p.fn is kernel for p in depthwise_plans)
+
+
+# (x shape, channel multiplier, K): EfficientNet's 5x5 at 7x7 and 14x14 and ConvNeXt's 7x7
+# at 7x7 and 14x14, a plane narrower or shorter than the kernel, a batch, a multiplier of 2;
+# at least DEPTHWISE_MIN_WORK / (K * K) pixels a plane (fewer take im2col).
+SAME_CASES = [
+    ((1, 8, 7, 7), 1, 5),
+    ((1, 6, 14, 14), 1, 5),
+    ((2, 4, 5, 9), 2, 5),
+    ((1, 4, 3, 11), 1, 5),
+    ((1, 8, 7, 7), 1, 7),
+    ((1, 4, 14, 14), 1, 7),
+    ((1, 4, 9, 3), 1, 7),
+]
+
+
+@pytest.mark.parametrize("act", ["none", "Relu", "Clip", "SiLU"])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize(("x_shape", "mult", "k"), SAME_CASES)
+def test_5x5_and_7x7_stride_1_same_depthwise_keep_the_taps_in_registers(
+    depthwise_plans: list[Any], x_shape: Any, mult: int, k: int, residual: bool, act: str
+) -> None:
+    """The K x K kernels with K // 2 of padding against onnxruntime: every output (a tap
+    that wraps into the next row masked, never multiplied: an infinity there must not
+    become a NaN), each activation, a residual; and the plan took ``conv_depthwise_same``'s
+    kernel (the padded grid before: 1152x7x7 5x5 249 against 91 µs) wherever numba is."""
+    from tfrt_py.kernels.nn.conv_depthwise_same import kernels
+
+    n, c, h, wd = x_shape
+    x = _r(*x_shape)
+    x[0, 0, 1, 0], x[0, c - 1, 0, wd - 1], x[n - 1, 0, h - 1, 0] = np.inf, -np.inf, np.nan
+    w, b = _r(c * mult, 1, k, k), _r(c * mult)
+    feeds, inits = {"x": x}, {"w": w, "b": b}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[k // 2] * 4)]
+    last = "y"
+    if residual:
+        feeds["r"] = _r(n, c * mult, h, wd)
+        nodes.append(helper.make_node("Add", [last, "r"], ["s"]))
+        last = "s"
+    if act == "Clip":
+        inits["lo"], inits["hi"] = np.array(0.0, np.float32), np.array(6.0, np.float32)
+        nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["z"]))
+    elif act == "SiLU":
+        nodes += [helper.make_node("Sigmoid", [last], ["g"]),
+                  helper.make_node("Mul", [last, "g"], ["z"])]  # fmt: skip
+    elif act != "none":
+        nodes.append(helper.make_node(act, [last], ["z"]))
+    _check(_model(nodes, feeds, ["z" if act != "none" else last], inits), feeds)
+    compiled = kernels(k)[0].get()
     if compiled is not None:
         assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
+
+
+def test_the_same_padding_kernel_in_float64_and_on_threads() -> None:
+    """float64 convs (compiled on first use) and the parallel form over channel blocks,
+    against a padded NumPy reference."""
+    from tfrt_py.concurrency.threads import configure
+    from tfrt_py.kernels.nn import conv_depthwise as cdw
+    from tfrt_py.kernels.nn.conv_direct import Epilogue
+
+    for dt, threads in ((np.float64, 1), (np.float32, 2)):
+        configure(threads)
+        try:
+            x = _r(1, 32, 14, 14, dtype=dt)
+            w, b = _r(32, 1, 5, 5, dtype=dt), _r(32, dtype=dt)
+            plan = cdw.plan_depthwise(x.shape, w.shape, (1, 32, 14, 14), (1, 1), (2, 2, 2, 2),
+                                      (1, 1), Epilogue(), np.dtype(dt))  # fmt: skip
+            if plan is None:
+                pytest.skip("numba is not installed (or TFRT_PY_JIT=0)")
+            got = cdw.run_depthwise(plan, x, w, b, np.empty_like(x), None, Epilogue())
+        finally:
+            configure(None)
+        xp = np.pad(x, ((0, 0), (0, 0), (2, 2), (2, 2)))
+        want = b[None, :, None, None] + sum(
+            xp[:, :, i : i + 14, j : j + 14] * w[None, :, 0, i, j, None, None]
+            for i in range(5)
+            for j in range(5)
+        )
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 # (x shape, channel multiplier) at stride 2: even and odd heights and widths (an odd one
@@ -291,21 +380,24 @@ def test_3x3_stride_2_depthwise_reads_the_input_directly(
         ((1, 4, 32, 32), (4, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [3, 3]}),
         ((1, 4, 16, 16), (4, 1, 3, 3), {"pads": [1, 0, 1, 1]}),
         ((1, 4, 16, 16), (4, 1, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
-        ((1, 4, 16, 16), (4, 1, 5, 5), {"pads": [2, 2, 2, 2]}),
-        ((1, 4, 2, 30), (4, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+        ((1, 4, 16, 16), (4, 1, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),
+        ((1, 4, 16, 16), (4, 1, 5, 5), {"pads": [2, 1, 2, 1]}),
     ],
 )
 def test_other_depthwise_geometries_keep_the_padded_grid(
     depthwise_plans: list[Any], x_shape: Any, w_shape: Any, attrs: dict[str, Any]
 ) -> None:
     """Strides other than 1 (and 2 up to ``S2_DIRECT_MAX_PIXELS`` output pixels), other
-    pads, dilations, other kernels and planes under 3x3 take ``conv_direct._depthwise2d``."""
+    pads, dilations and a 5x5 kernel at stride 2 or with other pads take
+    ``conv_direct._depthwise2d``."""
     from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3, DEPTHWISE3S2
+    from tfrt_py.kernels.nn.conv_depthwise_same import kernels
 
     x, w, b = _r(*x_shape), _r(*w_shape), _r(w_shape[0])
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=x_shape[1], **attrs)
     _check(_model([node], {"x": x}, ["y"], {"w": w, "b": b}), {"x": x}, optimize=False)
-    compiled = {DEPTHWISE3.get(), DEPTHWISE3S2.get()} - {None}
+    compiled = {DEPTHWISE3.get(), DEPTHWISE3S2.get(), *(kernels(k)[0].get() for k in (3, 5))}
+    compiled -= {None}
     if compiled:
         assert depthwise_plans and all(p.fn not in compiled for p in depthwise_plans)
 

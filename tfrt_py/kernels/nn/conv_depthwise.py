@@ -6,7 +6,9 @@ The compiled loop itself (``_depthwise2d``, polyphase on an extended grid, epilo
 included) lives in ``conv_direct`` beside the other loops that call ``_act_row`` (numba's
 disk cache keys a function by its own file); its table, ``conv_common.depthwise_plan``.
 3x3 convs with one pixel of padding at stride 1 or 2 read the input directly instead
-(``conv_depthwise3``).
+(``conv_depthwise3``), and 3x3 (on planes up to ``SAME_3X3_MAX_PIXELS``), 5x5 and 7x7 ones
+with "same" padding at stride 1 keep every output's taps in a register
+(``conv_depthwise_same``).
 
 ``depthwise_conv_fn`` is to ``conv`` what ``conv_blocked.blocked_conv_fn`` is: ``fn(x, b,
 r, out)`` or None. Thread-safe: plans are immutable; state is per-thread scratch.
@@ -22,7 +24,7 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..common import ShapeMemo
-from . import conv_depthwise3
+from . import conv_depthwise3, conv_depthwise_same
 from .conv_common import ConvNode, bias_vector, conv_geometry, depthwise_plan, scratch
 from .conv_direct import (
     _DEPTHWISE,
@@ -42,6 +44,7 @@ __all__ = [
     "DEPTHWISE_SPLIT_MIN_MACS",
     "GROUPED_DIRECT_MAX_CHANNELS",
     "S2_DIRECT_MAX_PIXELS",
+    "SAME_3X3_MAX_PIXELS",
     "DepthwisePlan",
     "depthwise_conv_fn",
     "plan_depthwise",
@@ -67,6 +70,12 @@ DEPTHWISE_NATIVE_SPLIT_MIN_MACS = 1 << 17
 #: 960x14x14 247 against 401, 576x14x14 157/240, 192x28x28 124/145, 32x40x40 40/43; but
 #: 144x56x56 407/354 and 96x112x112 915/710.
 S2_DIRECT_MAX_PIXELS = 400
+
+#: 3x3 stride-1 convs take ``conv_depthwise_same``'s kernel up to this many input pixels a
+#: channel, ``conv_depthwise3``'s above (measured equal at 56x56: 187 against 198 µs for
+#: 144 channels; larger planes unmeasured with it). 2-core AMD EPYC Zen 4, one thread, µs:
+#: 960x7x7 34/96, 576x14x14 53/99, 192x28x28 65/79.
+SAME_3X3_MAX_PIXELS = 56 * 56
 
 _NO_TABLE = np.zeros(1, np.int64)  # conv_depthwise3's kernels take no table
 
@@ -106,16 +115,22 @@ def plan_depthwise(
     n, cg = x_shape[0], w_shape[1]
     blocks = max(n, x_shape[1] // cg) >= 2
     direct = None  # 3x3, one pixel of padding: straight from the input, no scratch
-    if conv_depthwise3.fits(x_shape, w_shape, strides, pads, dilations):
+    tab, xp_len, acc_len = _NO_TABLE, 0, 0
+    k_same = conv_depthwise_same.fits(x_shape, w_shape, strides, pads, dilations)
+    if k_same and (k_same > 3 or x_shape[2] * x_shape[3] <= SAME_3X3_MAX_PIXELS):
+        direct = conv_depthwise_same.kernels(k_same)  # every tap in a register
+        tab = conv_depthwise_same.masks(x_shape[2], x_shape[3], k_same)
+        xp_len = conv_depthwise_same.scratch_len(x_shape[2], x_shape[3], k_same)
+    elif conv_depthwise3.fits(x_shape, w_shape, strides, pads, dilations):
         direct = conv_depthwise3.DEPTHWISE3, conv_depthwise3.DEPTHWISE3_PAR
     elif (conv_depthwise3.fits(x_shape, w_shape, strides, pads, dilations, stride=2)
           and out_shape[2] * out_shape[3] <= S2_DIRECT_MAX_PIXELS):  # fmt: skip
         direct = conv_depthwise3.DEPTHWISE3S2, conv_depthwise3.DEPTHWISE3S2_PAR
     if direct is not None and direct[0].usable():
         serial, par_kernel = direct
-        tab, xp_len, acc_len = _NO_TABLE, 0, 0
-        work = out_shape[2] * out_shape[3] * 9 * w_shape[0] * n
+        work = out_shape[2] * out_shape[3] * w_shape[2] * w_shape[3] * w_shape[0] * n
     else:
+        tab, xp_len, acc_len = _NO_TABLE, 0, 0
         tab, xp_len, acc_len = depthwise_plan(
             x_shape[2:], w_shape[2:], out_shape[2:], strides, pads[:2], dilations
         )
