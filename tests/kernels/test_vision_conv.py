@@ -359,16 +359,58 @@ DW3S2_CASES = [
 def test_3x3_stride_2_depthwise_reads_the_input_directly(
     depthwise_plans: list[Any], x_shape: Any, mult: int, residual: bool, act: str
 ) -> None:
-    """The stride-2 kernel's inside columns, first and last rows and columns, and
-    epilogue against onnxruntime; an infinity and a NaN next to the padding (a padded tap
-    adds nothing, no 0 * inf); and the plan took that kernel wherever numba is."""
-    from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3S2
+    """The stride-2 kernel over the input's four phase planes (``conv_depthwise_same``):
+    inside columns, first and last rows and columns (an odd size has a last output row
+    or column with two taps), epilogue, against onnxruntime; an infinity and a NaN next
+    to the padding (a padded tap adds nothing, no 0 * inf); and the plan took that kernel
+    wherever numba is (``conv_depthwise3``'s up to 400 output pixels and the padded grid
+    above before: 192x28x28 115 -> 54 µs, 96x112x112 352 -> 245, one thread, Zen 4)."""
+    from tfrt_py.kernels.nn.conv_depthwise_same import kernels
 
     _, c, h, wd = x_shape
     x = _r(*x_shape)
     x[0, 0, 0, 0], x[0, 0, h - 1, wd - 1], x[0, c - 1, 0, wd // 2] = np.inf, np.nan, -np.inf
     _check(*_depthwise3x3(x, mult, 2, residual, act))
-    compiled = DEPTHWISE3S2.get()
+    compiled = kernels(3, 2)[0].get()
+    if compiled is not None:
+        assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
+
+
+# (x shape, channel multiplier) for EfficientNet's 5x5 stride-2 layers: even and odd
+# sizes, a batch, a multiplier of 2.
+DW5S2_CASES = [((1, 8, 14, 14), 1), ((1, 4, 15, 17), 1), ((2, 4, 28, 27), 1), ((1, 4, 9, 10), 2)]
+
+
+@pytest.mark.parametrize("act", ["none", "Relu", "SiLU"])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize(("x_shape", "mult"), DW5S2_CASES)
+def test_5x5_stride_2_depthwise_runs_over_phase_planes(
+    depthwise_plans: list[Any], x_shape: Any, mult: int, residual: bool, act: str
+) -> None:
+    """5x5, two pixels of padding, stride 2 (the padded grid before: 112x28x28 89 -> 53
+    µs) against onnxruntime, with special values near the borders."""
+    from tfrt_py.kernels.nn.conv_depthwise_same import kernels
+
+    n, c, h, wd = x_shape
+    oh, ow = (h + 1) // 2, (wd + 1) // 2
+    x = _r(*x_shape)
+    x[0, 0, 1, 0], x[n - 1, c - 1, h - 1, wd - 2], x[0, 0, 2, wd - 1] = np.inf, np.nan, -np.inf
+    w, b = _r(c * mult, 1, 5, 5), _r(c * mult)
+    feeds, inits = {"x": x}, {"w": w, "b": b}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[2, 2, 2, 2],
+                              strides=[2, 2])]  # fmt: skip
+    last = "y"
+    if residual:
+        feeds["r"] = _r(n, c * mult, oh, ow)
+        nodes.append(helper.make_node("Add", [last, "r"], ["s"]))
+        last = "s"
+    if act == "SiLU":
+        nodes += [helper.make_node("Sigmoid", [last], ["g"]),
+                  helper.make_node("Mul", [last, "g"], ["z"])]  # fmt: skip
+    elif act != "none":
+        nodes.append(helper.make_node(act, [last], ["z"]))
+    _check(_model(nodes, feeds, ["z" if act != "none" else last], inits), feeds)
+    compiled = kernels(5, 2)[0].get()
     if compiled is not None:
         assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
 
@@ -376,27 +418,27 @@ def test_3x3_stride_2_depthwise_reads_the_input_directly(
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "attrs"),
     [
-        ((1, 4, 48, 48), (4, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # big
+        ((1, 4, 48, 48), (4, 1, 3, 3), {"pads": [1, 0, 1, 0], "strides": [2, 2]}),
         ((1, 4, 32, 32), (4, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [3, 3]}),
         ((1, 4, 16, 16), (4, 1, 3, 3), {"pads": [1, 0, 1, 1]}),
         ((1, 4, 16, 16), (4, 1, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
-        ((1, 4, 16, 16), (4, 1, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),
+        ((1, 4, 16, 16), (4, 1, 5, 5), {"pads": [2, 1, 2, 1], "strides": [2, 2]}),
         ((1, 4, 16, 16), (4, 1, 5, 5), {"pads": [2, 1, 2, 1]}),
     ],
 )
 def test_other_depthwise_geometries_keep_the_padded_grid(
     depthwise_plans: list[Any], x_shape: Any, w_shape: Any, attrs: dict[str, Any]
 ) -> None:
-    """Strides other than 1 (and 2 up to ``S2_DIRECT_MAX_PIXELS`` output pixels), other
-    pads, dilations and a 5x5 kernel at stride 2 or with other pads take
-    ``conv_direct._depthwise2d``."""
-    from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3, DEPTHWISE3S2
+    """Strides other than 1 and 2, other pads (at stride 2 too), dilations and a 5x5
+    kernel with other pads take ``conv_direct._depthwise2d``."""
+    from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3
     from tfrt_py.kernels.nn.conv_depthwise_same import kernels
 
     x, w, b = _r(*x_shape), _r(*w_shape), _r(w_shape[0])
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=x_shape[1], **attrs)
     _check(_model([node], {"x": x}, ["y"], {"w": w, "b": b}), {"x": x}, optimize=False)
-    compiled = {DEPTHWISE3.get(), DEPTHWISE3S2.get(), *(kernels(k)[0].get() for k in (3, 5))}
+    compiled = {DEPTHWISE3.get(), *(kernels(k)[0].get() for k in (3, 5)),
+                *(kernels(k, 2)[0].get() for k in (3, 5))}  # fmt: skip
     compiled -= {None}
     if compiled:
         assert depthwise_plans and all(p.fn not in compiled for p in depthwise_plans)

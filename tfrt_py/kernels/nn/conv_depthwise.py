@@ -5,10 +5,10 @@ threads.
 The compiled loop itself (``_depthwise2d``, polyphase on an extended grid, epilogue
 included) lives in ``conv_direct`` beside the other loops that call ``_act_row`` (numba's
 disk cache keys a function by its own file); its table, ``conv_common.depthwise_plan``.
-3x3 convs with one pixel of padding at stride 1 or 2 read the input directly instead
-(``conv_depthwise3``), and 3x3 (on planes up to ``SAME_3X3_MAX_PIXELS``), 5x5 and 7x7 ones
-with "same" padding at stride 1 keep every output's taps in a register
-(``conv_depthwise_same``).
+3x3 convs with one pixel of padding at stride 1 on big planes read the input directly
+instead (``conv_depthwise3``), and 3x3 (on planes up to ``SAME_3X3_MAX_PIXELS``), 5x5 and 7x7 ones
+with "same" padding at stride 1, and 3x3 and 5x5 ones at stride 2, keep every output's
+taps in a register (``conv_depthwise_same``).
 
 ``depthwise_conv_fn`` is to ``conv`` what ``conv_blocked.blocked_conv_fn`` is: ``fn(x, b,
 r, out)`` or None. Thread-safe: plans are immutable; state is per-thread scratch.
@@ -43,7 +43,6 @@ __all__ = [
     "DEPTHWISE_NATIVE_SPLIT_MIN_MACS",
     "DEPTHWISE_SPLIT_MIN_MACS",
     "GROUPED_DIRECT_MAX_CHANNELS",
-    "S2_DIRECT_MAX_PIXELS",
     "SAME_3X3_MAX_PIXELS",
     "DepthwisePlan",
     "depthwise_conv_fn",
@@ -63,13 +62,6 @@ DEPTHWISE_SPLIT_MIN_MACS = 1 << 20
 #: split, no GIL): 576x14x14 at stride 2 (~0.4M, 118 µs on one thread) took 77 µs so.
 DEPTHWISE_NATIVE_SPLIT_MIN_MACS = 1 << 17
 
-
-#: A 3x3 stride-2 depthwise conv reads its input directly (``conv_depthwise3.DEPTHWISE3S2``) up to
-#: this many output pixels a channel; bigger planes keep the polyphase grid, whose loops
-#: vectorize (stride-2 taps do not). 2-core AVX-512 Xeon, one process, interleaved, µs:
-#: 960x14x14 247 against 401, 576x14x14 157/240, 192x28x28 124/145, 32x40x40 40/43; but
-#: 144x56x56 407/354 and 96x112x112 915/710.
-S2_DIRECT_MAX_PIXELS = 400
 
 #: 3x3 stride-1 convs take ``conv_depthwise_same``'s kernel up to this many input pixels a
 #: channel, ``conv_depthwise3``'s above (measured equal at 56x56: 187 against 198 µs for
@@ -117,15 +109,17 @@ def plan_depthwise(
     direct = None  # 3x3, one pixel of padding: straight from the input, no scratch
     tab, xp_len, acc_len = _NO_TABLE, 0, 0
     k_same = conv_depthwise_same.fits(x_shape, w_shape, strides, pads, dilations)
+    k_s2 = conv_depthwise_same.fits_s2(x_shape, w_shape, strides, pads, dilations)
     if k_same and (k_same > 3 or x_shape[2] * x_shape[3] <= SAME_3X3_MAX_PIXELS):
         direct = conv_depthwise_same.kernels(k_same)  # every tap in a register
         tab = conv_depthwise_same.masks(x_shape[2], x_shape[3], k_same)
         xp_len = conv_depthwise_same.scratch_len(x_shape[2], x_shape[3], k_same)
+    elif k_s2:  # the same at stride 2, over the input's four phase planes
+        direct = conv_depthwise_same.kernels(k_s2, 2)
+        tab = conv_depthwise_same.masks_s2(x_shape[2], x_shape[3], k_s2)
+        xp_len = conv_depthwise_same.scratch_len_s2(x_shape[2], x_shape[3], k_s2)
     elif conv_depthwise3.fits(x_shape, w_shape, strides, pads, dilations):
         direct = conv_depthwise3.DEPTHWISE3, conv_depthwise3.DEPTHWISE3_PAR
-    elif (conv_depthwise3.fits(x_shape, w_shape, strides, pads, dilations, stride=2)
-          and out_shape[2] * out_shape[3] <= S2_DIRECT_MAX_PIXELS):  # fmt: skip
-        direct = conv_depthwise3.DEPTHWISE3S2, conv_depthwise3.DEPTHWISE3S2_PAR
     if direct is not None and direct[0].usable():
         serial, par_kernel = direct
         work = out_shape[2] * out_shape[3] * w_shape[2] * w_shape[3] * w_shape[0] * n

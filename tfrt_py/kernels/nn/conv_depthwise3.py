@@ -26,23 +26,8 @@ planes of at least 3x3. Sums run in another order than im2col + GEMM: results di
 rounding only. Compiled with ``jit.CONTRACT`` (fused multiply-adds). Thread-safe: no
 state.
 
-The stride-2 kernel (``_depthwise3s2``, ``DEPTHWISE3S2``: MobileNet's and EfficientNet's
-downsampling depthwise layers, on small planes: ``conv_depthwise.S2_DIRECT_MAX_PIXELS``).
-``conv_direct._depthwise2d`` runs a stride-2 conv polyphase over a padded copy of each
-channel: at the small planes of a network's last stages its per-channel copies and grid
-passes cost more than the taps (576x14x14: 307 µs, onnxruntime 168). Here, per channel,
-output row ``oh`` reads input rows ``2 oh - 1 .. 2 oh + 1`` and output column ``ow`` input
-columns ``2 ow - 1 .. 2 ow + 1``:
-
-1. per output row, the columns whose three taps fall inside the image (``1 <= ow <= (W -
-   2) // 2``): the bias plus the taps of the tap rows inside the image (the first output
-   row has no row above, the last one none below when H is odd: a row in the padding
-   adds nothing, where a zero weight would make 0 * inf a NaN);
-2. the first column (two taps a row) and, when W is odd, the last (two taps a row);
-3. the residual, then the activation over the plane while it is in cache
-   (``conv_direct``'s ``_act_row``).
-
-Each output sums its taps row by row (a row's three, then the rows).
+Smaller planes (up to ``conv_depthwise.SAME_3X3_MAX_PIXELS``) and stride 2 take
+``conv_depthwise_same``'s kernels, which keep every output's taps in a register.
 """
 
 from __future__ import annotations
@@ -55,7 +40,7 @@ from ...concurrency import native_threads
 from ..lib.jit import CONTRACT, Jitted, frozen
 from .conv_direct import _act_row
 
-__all__ = ["DEPTHWISE3", "DEPTHWISE3S2", "DEPTHWISE3S2_PAR", "DEPTHWISE3_PAR", "fits"]
+__all__ = ["DEPTHWISE3", "DEPTHWISE3_PAR", "fits"]
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
 numba: Any = None
@@ -67,15 +52,13 @@ def fits(
     strides: tuple[int, int],
     pads: tuple[int, int, int, int],
     dilations: tuple[int, int],
-    stride: int = 1,
 ) -> bool:
-    """Whether the kernel of ``stride`` (1: ``DEPTHWISE3``, 2: ``DEPTHWISE3S2``) computes
-    the conv: 2-D, one input channel per group, a 3x3 kernel at that stride in both
-    dimensions and dilation 1, one pixel of padding on every side, a plane of at least
-    3x3."""
+    """Whether ``DEPTHWISE3`` computes the conv: 2-D, one input channel per group, a 3x3
+    kernel at stride 1 and dilation 1, one pixel of padding on every side, a plane of at
+    least 3x3."""
     return (
         len(x_shape) == 4 and w_shape[1] == 1 and tuple(w_shape[2:]) == (3, 3)
-        and tuple(strides) == (stride, stride) and tuple(dilations) == (1, 1)
+        and tuple(strides) == (1, 1) and tuple(dilations) == (1, 1)
         and tuple(pads) == (1, 1, 1, 1) and x_shape[2] >= 3 and x_shape[3] >= 3
     )  # fmt: skip
 
@@ -169,90 +152,6 @@ def _depthwise3_par(  # pragma: no cover - numba only
                     blocks[k, 0], blocks[k, 1], blocks[k, 2], blocks[k, 3])  # fmt: skip
 
 
-def _depthwise3s2(  # pragma: no cover - numba only
-    x: Any, w: Any, b: Any, res: Any, out: Any, tab: Any, act: int, p: Any, xp: Any, acc: Any,
-    n0: int, n1: int, g0: int, g1: int,
-) -> None:  # fmt: skip
-    """out[n, m] = act(conv(x[n, g], w[m]) + b[m] (+ res[n, m])) for images ``[n0, n1)``
-    and input channels ``[g0, g1)`` (output channels ``g * mult .. (g + 1) * mult``);
-    ``res`` empty: no residual. ``tab``, ``xp``, ``acc``: unused (``_depthwise2d``'s).
-    Flat unsigned indices into the whole arrays, as ``conv_depthwise3``."""
-    h, wd = x.shape[2], x.shape[3]
-    oh_n, ow_n = out.shape[2], out.shape[3]
-    hw, ohw = h * wd, oh_n * ow_n
-    c_in, m_out = x.shape[1], w.shape[0]
-    mult = m_out // c_in
-    has_res = res.shape[0] > 0
-    zero = p[2]
-    ow_hi = (wd - 2) // 2  # the last output column whose taps are all inside
-    uw, u1, u2 = np.uint64(wd), np.uint64(1), np.uint64(2)
-    xa, ya, wa = x.reshape(x.size), out.reshape(out.size), w.reshape(w.size)
-    for n in range(n0, n1):
-        for g in range(g0, g1):
-            xb = np.uint64((n * c_in + g) * hw)
-            for m in range(g * mult, (g + 1) * mult):
-                yb = np.uint64((n * m_out + m) * ohw)
-                wb = np.uint64(m * 9)
-                w0, w1, w2 = wa[wb], wa[wb + u1], wa[wb + u2]
-                w3, w4, w5 = wa[wb + np.uint64(3)], wa[wb + np.uint64(4)], wa[wb + np.uint64(5)]
-                w6, w7, w8 = wa[wb + np.uint64(6)], wa[wb + np.uint64(7)], wa[wb + np.uint64(8)]
-                bm = b[m]
-                for oh in range(oh_n):
-                    yr = yb + np.uint64(oh * ow_n)
-                    # input rows 2 oh - 1 (not for the first row), 2 oh, 2 oh + 1 (not
-                    # past the last): a row in the padding adds nothing (0 * inf is NaN)
-                    top, low = oh >= 1, 2 * oh + 1 <= h - 1
-                    rb = xb + np.uint64(2 * oh) * uw
-                    ra = rb - uw if top else rb
-                    rc = rb + uw if low else rb
-                    # 1. columns with all three taps inside: 2 ow - 1 .. 2 ow + 1
-                    for ow in range(1, ow_hi + 1):
-                        c = np.uint64(2 * ow - 1)
-                        a, u, z = ra + c, rb + c, rc + c
-                        mid = w3 * xa[u] + w4 * xa[u + u1] + w5 * xa[u + u2]
-                        if top:
-                            mid = (w0 * xa[a] + w1 * xa[a + u1] + w2 * xa[a + u2]) + mid
-                        if low:
-                            mid = mid + (w6 * xa[z] + w7 * xa[z + u1] + w8 * xa[z + u2])
-                        ya[yr + np.uint64(ow)] = bm + mid
-                    # 2. the first column (taps 0, 1) and a last one past the image's
-                    # (taps 2 ow - 1, 2 ow)
-                    mid = w4 * xa[rb] + w5 * xa[rb + u1]
-                    if top:
-                        mid = (w1 * xa[ra] + w2 * xa[ra + u1]) + mid
-                    if low:
-                        mid = mid + (w7 * xa[rc] + w8 * xa[rc + u1])
-                    ya[yr] = bm + mid
-                    for ow in range(ow_hi + 1, ow_n):
-                        c = np.uint64(2 * ow - 1)
-                        a, u, z = ra + c, rb + c, rc + c
-                        mid = w3 * xa[u] + w4 * xa[u + u1]
-                        if top:
-                            mid = (w0 * xa[a] + w1 * xa[a + u1]) + mid
-                        if low:
-                            mid = mid + (w6 * xa[z] + w7 * xa[z + u1])
-                        ya[yr + np.uint64(ow)] = bm + mid
-                # 3. residual, activation, over the plane while it is in cache
-                yf = ya[yb : yb + np.uint64(ohw)]
-                if has_res:
-                    rf = res[n, m].reshape(ohw)
-                    for t in range(ohw):
-                        yf[t] += rf[t]
-                if act != 0:
-                    _act_row(yf, -zero, act, p)
-
-
-def _depthwise3s2_par(  # pragma: no cover - numba only
-    x: Any, w: Any, b: Any, res: Any, out: Any, tab: Any, act: int, p: Any, buf: Any,
-    xp_len: int, blocks: Any,
-) -> None:  # fmt: skip
-    """``_depthwise3s2`` over ``blocks`` (rows n0, n1, g0, g1) in a ``prange`` loop on
-    native threads (``_depthwise2d_par``'s signature; ``buf``, ``xp_len`` unused)."""
-    for k in numba.prange(blocks.shape[0]):
-        _depthwise3s2(x, w, b, res, out, tab, act, p, buf[k], buf[k],
-                      blocks[k, 0], blocks[k, 1], blocks[k, 2], blocks[k, 3])  # fmt: skip
-
-
 def _warmer(out_hw: tuple[int, int]) -> Any:
     """The warm-up of a kernel over a 3x4 plane whose output plane is ``out_hw``."""
 
@@ -292,9 +191,4 @@ DEPTHWISE3 = Jitted(_depthwise3, _warmer((3, 4)), helpers=(_act_row,), fastmath=
 DEPTHWISE3_PAR = Jitted(
     _depthwise3_par, _warmer_par((3, 4)), helpers=(_act_row, _depthwise3), fastmath=CONTRACT,
     parallel=True,
-)  # fmt: skip
-DEPTHWISE3S2 = Jitted(_depthwise3s2, _warmer((2, 2)), helpers=(_act_row,), fastmath=CONTRACT)
-DEPTHWISE3S2_PAR = Jitted(
-    _depthwise3s2_par, _warmer_par((2, 2)), helpers=(_act_row, _depthwise3s2),
-    fastmath=CONTRACT, parallel=True,
 )  # fmt: skip

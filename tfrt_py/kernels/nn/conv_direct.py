@@ -468,7 +468,8 @@ def _numpy_act(y: np.ndarray, epi: Epilogue, fns: tuple[Any, Any] = (None, None)
         np.maximum(tmp, t(0), out=tmp)
         np.minimum(tmp, t(1), out=tmp)
         if act == "HardSwish":
-            np.multiply(y, tmp, out=y)
+            with np.errstate(invalid="ignore"):  # -inf: -inf * 0 is NaN, as onnxruntime's
+                np.multiply(y, tmp, out=y)
         else:
             np.copyto(y, tmp)
     elif (
