@@ -208,16 +208,16 @@ def depthwise_plans(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return record_calls(monkeypatch, conv_depthwise, "run_depthwise")
 
 
-def _depthwise3x3(
-    x: np.ndarray, mult: int, stride: int, residual: bool, act: str
+def _depthwise(
+    x: np.ndarray, mult: int, stride: int, residual: bool, act: str, k: int = 3
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """A 3x3 depthwise conv with one pixel of padding at ``stride`` over ``x`` (channel
-    multiplier ``mult``), then a residual Add and an activation (``none``, an op name,
-    ``Clip`` to [0, 6] or ``SiLU`` as Sigmoid and Mul): the model and its feeds."""
+    """A K x K (3x3) depthwise conv with K // 2 pixels of padding at ``stride`` over ``x``
+    (channel multiplier ``mult``), then a residual Add and an activation (``none``, an op
+    name, ``Clip`` to [0, 6] or ``SiLU`` as Sigmoid and Mul): the model and its feeds."""
     n, c, h, wd = x.shape
-    w, b = _r(c * mult, 1, 3, 3), _r(c * mult)
+    w, b = _r(c * mult, 1, k, k), _r(c * mult)
     feeds, inits = {"x": x}, {"w": w, "b": b}
-    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[1, 1, 1, 1],
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[k // 2] * 4,
                             strides=[stride, stride])  # fmt: skip
     nodes, last = [conv], "y"
     if residual:
@@ -254,7 +254,7 @@ def test_3x3_stride_1_depthwise_reads_the_input_directly(
     x = _r(*x_shape)
     _, c, h, wd = x_shape
     x[0, 0, 1, 0], x[0, c - 1, h - 1, wd - 1] = np.inf, np.nan  # next to a masked wrap
-    _check(*_depthwise3x3(x, mult, 1, residual, act))
+    _check(*_depthwise(x, mult, 1, residual, act))
     same = kernels(3)[0].get()
     kernel = same if h * wd <= SAME_3X3_MAX_PIXELS else DEPTHWISE3.get()
     if same is not None:
@@ -290,23 +290,7 @@ def test_5x5_and_7x7_stride_1_same_depthwise_keep_the_taps_in_registers(
     n, c, h, wd = x_shape
     x = _r(*x_shape)
     x[0, 0, 1, 0], x[0, c - 1, 0, wd - 1], x[n - 1, 0, h - 1, 0] = np.inf, -np.inf, np.nan
-    w, b = _r(c * mult, 1, k, k), _r(c * mult)
-    feeds, inits = {"x": x}, {"w": w, "b": b}
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[k // 2] * 4)]
-    last = "y"
-    if residual:
-        feeds["r"] = _r(n, c * mult, h, wd)
-        nodes.append(helper.make_node("Add", [last, "r"], ["s"]))
-        last = "s"
-    if act == "Clip":
-        inits["lo"], inits["hi"] = np.array(0.0, np.float32), np.array(6.0, np.float32)
-        nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["z"]))
-    elif act == "SiLU":
-        nodes += [helper.make_node("Sigmoid", [last], ["g"]),
-                  helper.make_node("Mul", [last, "g"], ["z"])]  # fmt: skip
-    elif act != "none":
-        nodes.append(helper.make_node(act, [last], ["z"]))
-    _check(_model(nodes, feeds, ["z" if act != "none" else last], inits), feeds)
+    _check(*_depthwise(x, mult, 1, residual, act, k))
     compiled = kernels(k)[0].get()
     if compiled is not None:
         assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
@@ -370,7 +354,7 @@ def test_3x3_stride_2_depthwise_reads_the_input_directly(
     _, c, h, wd = x_shape
     x = _r(*x_shape)
     x[0, 0, 0, 0], x[0, 0, h - 1, wd - 1], x[0, c - 1, 0, wd // 2] = np.inf, np.nan, -np.inf
-    _check(*_depthwise3x3(x, mult, 2, residual, act))
+    _check(*_depthwise(x, mult, 2, residual, act))
     compiled = kernels(3, 2)[0].get()
     if compiled is not None:
         assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
@@ -392,24 +376,9 @@ def test_5x5_stride_2_depthwise_runs_over_phase_planes(
     from tfrt_py.kernels.nn.conv_depthwise_same import kernels
 
     n, c, h, wd = x_shape
-    oh, ow = (h + 1) // 2, (wd + 1) // 2
     x = _r(*x_shape)
     x[0, 0, 1, 0], x[n - 1, c - 1, h - 1, wd - 2], x[0, 0, 2, wd - 1] = np.inf, np.nan, -np.inf
-    w, b = _r(c * mult, 1, 5, 5), _r(c * mult)
-    feeds, inits = {"x": x}, {"w": w, "b": b}
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[2, 2, 2, 2],
-                              strides=[2, 2])]  # fmt: skip
-    last = "y"
-    if residual:
-        feeds["r"] = _r(n, c * mult, oh, ow)
-        nodes.append(helper.make_node("Add", [last, "r"], ["s"]))
-        last = "s"
-    if act == "SiLU":
-        nodes += [helper.make_node("Sigmoid", [last], ["g"]),
-                  helper.make_node("Mul", [last, "g"], ["z"])]  # fmt: skip
-    elif act != "none":
-        nodes.append(helper.make_node(act, [last], ["z"]))
-    _check(_model(nodes, feeds, ["z" if act != "none" else last], inits), feeds)
+    _check(*_depthwise(x, mult, 2, residual, act, 5))
     compiled = kernels(5, 2)[0].get()
     if compiled is not None:
         assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)

@@ -109,7 +109,7 @@ def plan_depthwise(
     direct = None  # 3x3, one pixel of padding: straight from the input, no scratch
     tab, xp_len, acc_len = _NO_TABLE, 0, 0
     k_same = conv_depthwise_same.fits(x_shape, w_shape, strides, pads, dilations)
-    k_s2 = conv_depthwise_same.fits_s2(x_shape, w_shape, strides, pads, dilations)
+    k_s2 = conv_depthwise_same.fits(x_shape, w_shape, strides, pads, dilations, stride=2)
     if k_same and (k_same > 3 or x_shape[2] * x_shape[3] <= SAME_3X3_MAX_PIXELS):
         direct = conv_depthwise_same.kernels(k_same)  # every tap in a register
         tab = conv_depthwise_same.masks(x_shape[2], x_shape[3], k_same)

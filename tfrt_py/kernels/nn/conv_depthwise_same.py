@@ -41,7 +41,7 @@ from ...concurrency import native_threads
 from ..lib.jit import CONTRACT, Jitted, frozen, inline
 from .conv_direct import _act_row
 
-__all__ = ["SIZES", "SIZES_S2", "fits", "fits_s2", "kernels", "masks", "masks_s2", "scratch_len",
+__all__ = ["SIZES", "SIZES_S2", "fits", "kernels", "masks", "masks_s2", "scratch_len",
            "scratch_len_s2"]  # fmt: skip
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loops below compile.
@@ -59,17 +59,18 @@ def fits(
     strides: tuple[int, ...],
     pads: tuple[int, ...],
     dilations: tuple[int, ...],
+    stride: int = 1,
 ) -> int:
-    """The kernel size K when these kernels compute the conv (2-D, one input channel per
-    group, a K x K kernel of ``SIZES`` at stride 1 and dilation 1, K // 2 of padding on
-    every side), else 0."""
+    """The kernel size K when these kernels compute the conv at ``stride`` (1 or 2): 2-D,
+    one input channel per group, a K x K kernel of ``SIZES`` (``SIZES_S2`` at stride 2),
+    dilation 1, K // 2 of padding on every side; else 0."""
     if len(x_shape) != 4 or w_shape[1] != 1 or w_shape[2] != w_shape[3]:
         return 0
     k = int(w_shape[2])
     p = k // 2
     ok = (
-        k in SIZES and tuple(strides) == (1, 1) and tuple(dilations) == (1, 1)
-        and tuple(pads) == (p, p, p, p)
+        k in (SIZES if stride == 1 else SIZES_S2) and tuple(strides) == (stride, stride)
+        and tuple(dilations) == (1, 1) and tuple(pads) == (p, p, p, p)
     )  # fmt: skip
     return k if ok else 0
 
@@ -85,6 +86,18 @@ def masks(h: int, w: int, k: int) -> np.ndarray:
     col = np.arange(h * w, dtype=np.int64) % w
     shifted = col[None, :] + np.arange(k, dtype=np.int64)[:, None] - k // 2
     return np.ascontiguousarray(((shifted >= 0) & (shifted < w)).astype(np.uint8))
+
+
+@inline
+def _bounds(act: int, p: Any) -> tuple[Any, Any, bool]:  # pragma: no cover - numba only
+    """(lo, hi, after): ReLU (act 1) and Clip (act 2) as a clamp in the outputs' loop
+    (NaN kept), no-op bounds for the others, which ``_act_row`` applies after (``after``)."""
+    inf = p[6]
+    if act == 1:
+        return p[2], inf, False
+    if act == 2:
+        return p[0], p[1], False
+    return -inf, inf, act != 0
 
 
 @inline
@@ -108,12 +121,7 @@ def _planes(  # pragma: no cover - numba only
     xa, ya = x.reshape(x.size), out.reshape(out.size)
     wa, ta = w.reshape(w.size), tab.reshape(tab.size)
     ra = res.reshape(res.size)
-    inf = p[6]
-    lo, hi, after = -inf, inf, act != 0  # act 1 (Relu) and 2 (Clip) clamp in the loop
-    if act == 1:
-        lo, after = zero, False
-    elif act == 2:
-        lo, hi, after = p[0], p[1], False
+    lo, hi, after = _bounds(act, p)
     for t in range(pk * wd + pk):  # 1. the margins: zero for the whole call
         xp[t] = zero
         xp[base + uhw + np.uint64(t)] = zero
@@ -187,25 +195,6 @@ def _same7_par(x: Any, w: Any, b: Any, res: Any, out: Any, tab: Any, act: int, p
                 blocks[q, 0], blocks[q, 1], blocks[q, 2], blocks[q, 3], 7)  # fmt: skip
 
 
-def fits_s2(
-    x_shape: tuple[int, ...],
-    w_shape: tuple[int, ...],
-    strides: tuple[int, ...],
-    pads: tuple[int, ...],
-    dilations: tuple[int, ...],
-) -> int:
-    """``fits`` at stride 2: the kernel size K, else 0."""
-    if len(x_shape) != 4 or w_shape[1] != 1 or w_shape[2] != w_shape[3]:
-        return 0
-    k = int(w_shape[2])
-    p = k // 2
-    ok = (
-        k in SIZES_S2 and tuple(strides) == (2, 2) and tuple(dilations) == (1, 1)
-        and tuple(pads) == (p, p, p, p)
-    )  # fmt: skip
-    return k if ok else 0
-
-
 def _phase_geometry(h: int, w: int, k: int) -> tuple[int, int, int, int]:
     """(OH, OW, M, L): the output plane, the zero rows above and below each phase plane,
     and one phase plane's length in the scratch."""
@@ -261,12 +250,7 @@ def _planes_s2(  # pragma: no cover - numba only
     xa, ya = x.reshape(x.size), out.reshape(out.size)
     wa, ta = w.reshape(w.size), tab.reshape(tab.size)
     ra = res.reshape(res.size)
-    inf = p[6]
-    lo, hi, after = -inf, inf, act != 0
-    if act == 1:
-        lo, after = zero, False
-    elif act == 2:
-        lo, hi, after = p[0], p[1], False
+    lo, hi, after = _bounds(act, p)
     for t in range(4 * plane):
         xp[t] = zero
     h0, h1, w0, w1 = (h + 1) // 2, h // 2, (wd + 1) // 2, wd // 2
@@ -377,7 +361,7 @@ def _warmer_par(k: int, stride: int) -> Any:
     return warm
 
 
-_HELPERS = (_act_row, _planes, _planes_s2)
+_HELPERS = (_act_row, _bounds, _planes, _planes_s2)
 _PAIRS = (
     (1, 3, _same3, _same3_par), (1, 5, _same5, _same5_par), (1, 7, _same7, _same7_par),
     (2, 3, _s2_3, _s2_3_par), (2, 5, _s2_5, _s2_5_par),
