@@ -41,7 +41,7 @@ from typing import Any
 
 from .concurrency import compiled_gate
 from .concurrency.env_switch import switched_off
-from .kernels.lib import gemm_packed, jit
+from .kernels.lib import jit
 from .native.runtime import worker
 
 __all__ = [
@@ -151,6 +151,8 @@ def hurry() -> None:
 def warm_now() -> None:
     """Warm the compiled kernels on this thread (numba imported, the packed gemm built);
     later loads build on them at once. Models built cold still switch in the background."""
+    from .kernels.lib import gemm_packed  # here: `import tfrt_py` does not build its tables
+
     with compiled_gate.warming():
         jit.import_numba()
         gemm_packed.available()
@@ -177,6 +179,8 @@ class _Warmup:
         self.not_before = time.monotonic() + START_DELAY_S
 
     def _prepare(self) -> bool:
+        from .kernels.lib import gemm_packed
+
         with compiled_gate.warming(), _short_switches():
             jit.import_numba()
             if not worker.closing():
