@@ -297,10 +297,12 @@ def test_5x5_and_7x7_stride_1_same_depthwise_keep_the_taps_in_registers(
 
 
 def test_the_same_padding_kernel_in_float64_and_on_threads() -> None:
-    """float64 convs (compiled on first use) and the parallel form over channel blocks,
-    against a padded NumPy reference."""
+    """float64 convs (compiled on first use) and the parallel form over channel blocks
+    (the plan's, where native threads are on), against a padded NumPy reference."""
+    from tfrt_py.concurrency import native_threads
     from tfrt_py.concurrency.threads import configure
     from tfrt_py.kernels.nn import conv_depthwise as cdw
+    from tfrt_py.kernels.nn.conv_depthwise_same import kernels
     from tfrt_py.kernels.nn.conv_direct import Epilogue
 
     for dt, threads in ((np.float64, 1), (np.float32, 2)):
@@ -312,6 +314,8 @@ def test_the_same_padding_kernel_in_float64_and_on_threads() -> None:
                                       (1, 1), Epilogue(), np.dtype(dt))  # fmt: skip
             if plan is None:
                 pytest.skip("numba is not installed (or TFRT_PY_JIT=0)")
+            if threads > 1 and native_threads.ready():
+                assert plan.par is kernels(5)[1].get()
             got = cdw.run_depthwise(plan, x, w, b, np.empty_like(x), None, Epilogue())
         finally:
             configure(None)

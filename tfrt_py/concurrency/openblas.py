@@ -57,7 +57,7 @@ class DirectBlas:
             lib.set_num_threads(limits)
 
 
-def _entry(lib: ctypes.CDLL, name: str) -> tuple[Callable[[], int], Callable[[int], None]] | None:
+def _entry(lib: ctypes.CDLL) -> tuple[Callable[[], int], Callable[[int], None]] | None:
     for prefix in _PREFIXES:
         for suffix in _SUFFIXES:
             get = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
@@ -85,7 +85,7 @@ def direct_blas(mapped: Iterable[bytes]) -> DirectBlas | None:
             lib = ctypes.CDLL(path)  # already mapped: the loader hands back its handle
         except OSError:
             return None
-        found = _entry(lib, path)
+        found = _entry(lib)
         if found is None:
             return None
         libs.append(_Library(path, *found))

@@ -72,7 +72,7 @@ class KernelRegistry:
         ``register_kernels`` that is called the first time one of ``ops`` is looked up or
         the registry is listed. It must register nothing outside ``ops``
         (``tests/architecture`` checks the built-in index)."""
-        keys = tuple(("" if d == "ai.onnx" else d, op) for d, op in ops)
+        keys = tuple(_key(d, op) for d, op in ops)
         self._lazy[name] = (keys, loader)
         for key in keys:
             self._pending[key] = name
@@ -84,7 +84,7 @@ class KernelRegistry:
         builders bind to this registry when next used (a copy with custom kernels
         re-registers the fused ops, whose steps resolve against the registry they are
         registered into)."""
-        keys = tuple(("" if d == "ai.onnx" else d, op) for d, op in ops)
+        keys = tuple(_key(d, op) for d, op in ops)
         with self._lock:
             for key in keys:
                 self._defs.pop(key, None)
@@ -126,11 +126,11 @@ class KernelRegistry:
     ) -> None:
         """Register ``build`` for ``op_type``. A later registration for an overlapping
         opset range of the same op replaces the earlier one (custom kernels override)."""
-        domain = "" if domain == "ai.onnx" else domain
-        if (domain, op_type) in self._pending:
-            self._load((domain, op_type))  # so that this registration overrides the built-in
-        new = KernelDef(domain, op_type, since, until, build, flags, cost)
-        defs = self._defs.setdefault((domain, op_type), [])
+        key = _key(domain, op_type)
+        if key in self._pending:
+            self._load(key)  # so that this registration overrides the built-in
+        new = KernelDef(key[0], op_type, since, until, build, flags, cost)
+        defs = self._defs.setdefault(key, [])
         defs[:] = [d for d in defs if not _overlaps(d, new)]
         defs.append(new)
         defs.sort(key=lambda d: d.since)
@@ -139,11 +139,12 @@ class KernelRegistry:
         """The def serving this op at this opset. Otherwise an UnsupportedOpError that says
         what is registered instead: the opset range(s) of the op, the domain(s) that have
         it, or the nearest op names of the domain ("did you mean ...")."""
-        domain = "" if domain == "ai.onnx" else domain
-        defs = self._defs.get((domain, op_type))
-        if not defs and (domain, op_type) in self._pending:
-            self._load((domain, op_type))
-            defs = self._defs.get((domain, op_type))
+        key = _key(domain, op_type)
+        domain = key[0]
+        defs = self._defs.get(key)
+        if not defs and key in self._pending:
+            self._load(key)
+            defs = self._defs.get(key)
         if not defs:
             raise UnsupportedOpError(
                 op_type, domain, opset, node_name, self._missing(domain, op_type)
@@ -177,7 +178,7 @@ class KernelRegistry:
 
     def has(self, domain: str, op_type: str, opset: int) -> bool:
         """Whether a kernel serves ``op_type`` at ``opset``."""
-        key = ("" if domain == "ai.onnx" else domain, op_type)
+        key = _key(domain, op_type)
         if key in self._pending:
             self._load(key)
         return any(d.covers(opset) for d in self._defs.get(key, ()))
@@ -196,6 +197,11 @@ class KernelRegistry:
             other._pending = dict(self._pending)
             other._lazy = dict(self._lazy)
         return other
+
+
+def _key(domain: str, op_type: str) -> tuple[str, str]:
+    """The registry's key of an op: ONNX's default domain spelled "" (as nodes carry it)."""
+    return ("" if domain == "ai.onnx" else domain, op_type)
 
 
 def _ranges(defs: list[KernelDef]) -> str:

@@ -118,13 +118,12 @@ def plan_depthwise(
         direct = conv_depthwise_same.kernels(k_s2, 2)
         tab = conv_depthwise_same.masks_s2(x_shape[2], x_shape[3], k_s2)
         xp_len = conv_depthwise_same.scratch_len_s2(x_shape[2], x_shape[3], k_s2)
-    elif conv_depthwise3.fits(x_shape, w_shape, strides, pads, dilations):
+    elif k_same == 3 and x_shape[2] >= 3 and x_shape[3] >= 3:  # a bigger plane
         direct = conv_depthwise3.DEPTHWISE3, conv_depthwise3.DEPTHWISE3_PAR
     if direct is not None and direct[0].usable():
         serial, par_kernel = direct
         work = out_shape[2] * out_shape[3] * w_shape[2] * w_shape[3] * w_shape[0] * n
     else:
-        tab, xp_len, acc_len = _NO_TABLE, 0, 0
         tab, xp_len, acc_len = depthwise_plan(
             x_shape[2:], w_shape[2:], out_shape[2:], strides, pads[:2], dilations
         )

@@ -40,27 +40,10 @@ from ...concurrency import native_threads
 from ..lib.jit import CONTRACT, Jitted, frozen
 from .conv_direct import _act_row
 
-__all__ = ["DEPTHWISE3", "DEPTHWISE3_PAR", "fits"]
+__all__ = ["DEPTHWISE3", "DEPTHWISE3_PAR"]
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles.
 numba: Any = None
-
-
-def fits(
-    x_shape: tuple[int, ...],
-    w_shape: tuple[int, ...],
-    strides: tuple[int, int],
-    pads: tuple[int, int, int, int],
-    dilations: tuple[int, int],
-) -> bool:
-    """Whether ``DEPTHWISE3`` computes the conv: 2-D, one input channel per group, a 3x3
-    kernel at stride 1 and dilation 1, one pixel of padding on every side, a plane of at
-    least 3x3."""
-    return (
-        len(x_shape) == 4 and w_shape[1] == 1 and tuple(w_shape[2:]) == (3, 3)
-        and tuple(strides) == (1, 1) and tuple(dilations) == (1, 1)
-        and tuple(pads) == (1, 1, 1, 1) and x_shape[2] >= 3 and x_shape[3] >= 3
-    )  # fmt: skip
 
 
 def _depthwise3(  # pragma: no cover - numba only
