@@ -145,6 +145,7 @@ def load(
                       limiter, meta)  # fmt: skip
         if cold:
             model._switched = cold_start.switch_later(model)
+            model._plain = False  # calls tell the warm-up (cold_start.in_call) until it switches
     if warmup is not None:
         model.warmup(warmup)
     return model
@@ -291,6 +292,26 @@ class Model(GenerationMixin):
             return {n: out[n] for n in wanted}
         if self._plain and timeout is None:
             return self._runtime.run(feeds, outputs)
+        if self._on_stand_in():
+            with cold_start.in_call():
+                return self._run(feeds, outputs, timeout)
+        return self._run(feeds, outputs, timeout)
+
+    def _on_stand_in(self) -> bool:
+        """Whether a cold start's stand-in serves this model still (its warm-up yields to
+        calls: ``cold_start.in_call``). Once it switched (or failed to), calls without a
+        deadline or a limit go straight to the executor again."""
+        switched = self._switched
+        if switched is None or switched.is_set():
+            self._plain = self._timeout is None and self._limiter is None
+            return False
+        return True
+
+    def _run(
+        self, feeds: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None,
+        timeout: float | None,
+    ) -> dict[str, np.ndarray]:  # fmt: skip
+        """``run`` with a call context (a deadline) or a concurrency limit."""
         call = self._call(timeout)
         limiter = self._limiter
         held = None  # the limiter once its slot is ours
@@ -325,6 +346,15 @@ class Model(GenerationMixin):
             wanted = self._wanted(output_names)
             out = await self.run_async(feeds, timeout=timeout, outputs=outputs)
             return {n: out[n] for n in wanted}
+        if self._on_stand_in():
+            with cold_start.in_call():
+                return await self._run_async(feeds, timeout, outputs)
+        return await self._run_async(feeds, timeout, outputs)
+
+    async def _run_async(
+        self, feeds: Mapping[str, Any], timeout: float | None,
+        outputs: Mapping[str, np.ndarray] | None,
+    ) -> dict[str, np.ndarray]:  # fmt: skip
         call = self._call(timeout)
         limiter = self._limiter
         held = None  # the limiter once its slot is ours
@@ -422,6 +452,7 @@ class Model(GenerationMixin):
         """Switch to a program on the compiled kernels (cold_start's worker thread)."""
         self._runtime, self._prepared = rebuild(self._runtime, self._prepared)
         self.executor = self._runtime.name
+        self._plain = self._timeout is None and self._limiter is None
 
     def warmup(self, signatures: Iterable[Mapping[str, Any]]) -> float:
         """Prepare these input signatures now (see ``load(warmup=)``); seconds taken.

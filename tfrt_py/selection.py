@@ -56,6 +56,11 @@ EXECUTORS = ("auto", "sync", "async", "native")
 NATIVE_ENV = "TFRT_PY_NATIVE"
 #: ``$TFRT_PY_GENERIC_PLAN=0``: the sync interpreter plans per input signature.
 GENERIC_ENV = "TFRT_PY_GENERIC_PLAN"
+#: A cold start's stand-in fits the shape model only when its probes, on the kernels'
+#: NumPy paths, are estimated at no more than this (~20-50 ms): a BERT-2L/128's are ~70
+#: MFLOP and its stand-in then serves new lengths at ~1.4 ms instead of 3-5 ms (a plan and
+#: generated code per length); a CNN's at full resolution are GFLOPs.
+STAND_IN_PROBE_FLOPS = 2e8
 _ITERATING = frozenset({"Loop", "Scan", "SequenceMap"})
 
 
@@ -163,18 +168,24 @@ def _async_executor(
 
 def _shape_fit(prepared: Prepared) -> Fit | None:
     """The shape model behind the sync interpreter's one plan for every signature (None:
-    static shapes, or ``$TFRT_PY_GENERIC_PLAN=0``: plans per signature). Not fitted for a
-    cold start's stand-in (``compiled_gate.held()``): its probes would run the whole model
-    ``2**n + 2`` times on the NumPy paths (2 s of a quantized ResNet-18's load) for an
-    interpreter the warm-up replaces; the replacement fits on the compiled kernels."""
+    static shapes, or ``$TFRT_PY_GENERIC_PLAN=0``: plans per signature). A cold start's
+    stand-in (``compiled_gate.held()``) fits it only when its probes are cheap
+    (``STAND_IN_PROBE_FLOPS``): they run the whole model ``2**n + 2`` times on the NumPy
+    paths (2 s of a quantized ResNet-18's load) for an interpreter the warm-up replaces;
+    the replacement fits on the compiled kernels."""
     if os.environ.get(GENERIC_ENV) == "0":
         return Fit(None, f"${GENERIC_ENV}=0")
-    if compiled_gate.held():
-        return Fit(None, "a cold start's stand-in: plans per signature until the switch")
     inputs = prepared.graph.inputs
     if all(isinstance(v.type, TensorType) and v.type.is_static for v in inputs):
         return None
-    return fit_shape_model(prepared.program, prepared.determined, prepared.computed_per_signature)
+    program, determined = prepared.program, prepared.determined
+    if compiled_gate.held():
+        fit = fit_shape_model(program, determined, prepared.computed_per_signature,
+                              STAND_IN_PROBE_FLOPS, prepared.cost.flops)  # fmt: skip
+        if fit.model is None:
+            fit.reason = f"a cold start's stand-in: {fit.reason}; plans per signature"
+        return fit
+    return fit_shape_model(program, determined, prepared.computed_per_signature)
 
 
 def finish(ex: Executor, prepared: Prepared, host: HostContext | None) -> Executor:

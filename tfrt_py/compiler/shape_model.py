@@ -38,7 +38,7 @@ from ..executors.program import Program
 from ..ir import TensorType
 from .load_limits import guarded_env
 
-__all__ = ["CHECK_POINTS", "GRID", "MAX_VARS", "Fit", "fit_shape_model"]
+__all__ = ["CHECK_POINTS", "GRID", "MAX_VARS", "Fit", "fit_shape_model", "probe_scale"]
 
 #: More variables than this: 2**n probes cost too much at load; plans stay per signature.
 MAX_VARS = 4
@@ -109,10 +109,31 @@ def _inputs_ok(program: Program) -> str:
     return ""
 
 
+def _points(n: int) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The grid probes and the check probes for ``n`` variables."""
+    # itertools.product varies the last variable fastest; monomials index variable j by bit j
+    grid = list(itertools.product(*[GRID] * n))
+    checks = [tuple(_check_point(j, w) for j in range(n)) for w in range(CHECK_POINTS)]
+    return grid, checks
+
+
+def probe_scale(n: int) -> int:
+    """The probes' work for ``n`` variables in units of one run with every variable at 1:
+    the sum over the probes of the product of their values (a cost linear in each dim)."""
+    grid, checks = _points(n)
+    return sum(math.prod(p) for p in [*grid, *checks])
+
+
 def fit_shape_model(
-    program: Program, determined: set[int], computed_once: set[int] | frozenset[int]
+    program: Program,
+    determined: set[int],
+    computed_once: set[int] | frozenset[int],
+    max_probe_flops: float | None = None,
+    flops_at_ones: float = 0.0,
 ) -> Fit:
-    """The shape model of ``program``'s top level (see the module docstring)."""
+    """The shape model of ``program``'s top level (see the module docstring). With
+    ``max_probe_flops``, refused when the probes would cost more: ``flops_at_ones`` (the
+    cost model's estimate with every dim variable at 1) times ``probe_scale``."""
     bad = _inputs_ok(program)
     if bad:
         return Fit(None, bad)
@@ -124,9 +145,11 @@ def fit_shape_model(
         return Fit(None, "static shapes: one plan")
     if n > MAX_VARS:
         return Fit(None, f"{n} dim variables (at most {MAX_VARS} are fitted)")
-    grid = list(itertools.product(*[GRID] * n))
-    # itertools.product varies the last variable fastest; monomials index variable j by bit j
-    checks = [tuple(_check_point(j, w) for j in range(n)) for w in range(CHECK_POINTS)]
+    if max_probe_flops is not None and flops_at_ones * probe_scale(n) > max_probe_flops:
+        est = flops_at_ones * probe_scale(n) / 1e6
+        return Fit(None, f"its probes (est. {est:.0f} MFLOP) cost more than "
+                         f"{max_probe_flops / 1e6:.0f} MFLOP here")  # fmt: skip
+    grid, checks = _points(n)
     envs = []
     try:
         for vals in [*grid, *checks]:
