@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from ..base import OUT, OUT_INPLACE, ComputeFn, Cost, KernelContext
-from ..lib.erf import erf
 from ..lib.gelu_jit import gelu_erf_f32
+from ..lib.gelu_numpy import gelu_erf, gelu_tanh
 from ..lib.sigmoid_jit import flat_f32, gelu_tanh_f32, in_place
 from ..registry import KernelRegistry
 
@@ -38,9 +38,6 @@ __all__ = ["MS_DOMAIN", "register_kernels"]
 
 #: onnxruntime's contrib-op domain.
 MS_DOMAIN = "com.microsoft"
-
-_INV_SQRT2 = 1.0 / math.sqrt(2.0)
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def _wide(fn: ComputeFn) -> ComputeFn:
@@ -60,31 +57,6 @@ def _wide(fn: ComputeFn) -> ComputeFn:
     return widened
 
 
-def _gelu_exact(t: np.ndarray, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """``x/2 (1 + erf(x/sqrt 2))`` using scratch ``t`` (a fresh array holding a copy of
-    ``x`` or ``x`` scaled); the result goes to ``out`` (may alias ``x``) or ``t``."""
-    t *= _INV_SQRT2
-    erf(t, out=t)
-    t += 1.0
-    r = np.multiply(t, x, out=t if out is None else out)
-    r *= 0.5
-    return r
-
-
-def _gelu_tanh(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` into ``out`` (may alias ``x``)."""
-    t = np.multiply(x, x)
-    t *= 0.044715
-    t += 1.0
-    t *= x
-    t *= _SQRT_2_OVER_PI
-    np.tanh(t, out=t)
-    t += 1.0
-    r = np.multiply(t, x, out=t if out is None else out)
-    r *= 0.5
-    return r
-
-
 def _gelu(ctx: KernelContext) -> ComputeFn:
     """Gelu-1 (com.microsoft): ``fn(X, out=None) -> X/2 (1 + erf(X / sqrt 2))`` (float32:
     the compiled one-pass loop of ``kernels/lib/gelu_jit`` when numba is there)."""
@@ -95,7 +67,7 @@ def _gelu(ctx: KernelContext) -> ComputeFn:
             y = fast(X, out)
             if y is not None:
                 return y
-        return _gelu_exact(X.copy(), X, out)
+        return gelu_erf(X, out)
 
     return _wide(gelu)
 
@@ -111,7 +83,7 @@ def _bias_gelu(ctx: KernelContext) -> ComputeFn:
             y = fast(x, x)
             if y is not None:
                 return y
-        return _gelu_exact(x.copy(), x, x)
+        return gelu_erf(x, x)
 
     return _wide(bias_gelu)
 
@@ -132,9 +104,9 @@ def _fast_gelu(ctx: KernelContext) -> ComputeFn:
                 fast(y.reshape(-1))
                 return y
         if bias is None:
-            return _gelu_tanh(X, out)
+            return gelu_tanh(X, out)
         x = np.add(X, bias, out=out)
-        return _gelu_tanh(x, x)
+        return gelu_tanh(x, x)
 
     return _wide(fast_gelu)
 

@@ -15,14 +15,13 @@ one ufunc call.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
 
 from ..base import OUT_INPLACE, ComputeFn, KernelContext
-from ..lib.erf import erf
 from ..lib.gelu_jit import gelu_erf_f32
+from ..lib.gelu_numpy import gelu_erf, gelu_tanh
 from ..lib.sigmoid_jit import flat_f32, gelu_tanh_f32, in_place, sigmoid_f32
 from ..registry import KernelRegistry
 
@@ -232,10 +231,6 @@ def _shrink(ctx: KernelContext) -> ComputeFn:
     return _native_float(ctx, shrink)
 
 
-_INV_SQRT2 = 1.0 / math.sqrt(2.0)
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-
 def _gelu(ctx: KernelContext) -> ComputeFn:
     """Gelu(x) = x/2 (1 + erf(x / sqrt 2)); approximate="tanh":
     x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
@@ -250,12 +245,7 @@ def _gelu(ctx: KernelContext) -> ComputeFn:
                 y = fast(x, out)
                 if y is not None:
                     return y
-            t = np.multiply(x, _INV_SQRT2, out=...)
-            t = erf(t, out=t)
-            t += 1
-            r = np.multiply(t, x, out=t if out is None else out)
-            r *= 0.5
-            return r
+            return gelu_erf(x, out)
 
     elif approximate == "tanh":
         fast_tanh = gelu_tanh_f32()  # one compiled pass for float32, when numba is there
@@ -263,16 +253,7 @@ def _gelu(ctx: KernelContext) -> ComputeFn:
         def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
             if fast_tanh is not None and flat_f32(x, out):
                 return in_place(fast_tanh, x, out)
-            t = np.multiply(x, x, out=...)
-            t *= 0.044715
-            t += 1
-            t *= x
-            t *= _SQRT_2_OVER_PI
-            np.tanh(t, out=t)
-            t += 1
-            r = np.multiply(t, x, out=t if out is None else out)
-            r *= 0.5
-            return r
+            return gelu_tanh(x, out)
 
     else:
         raise ctx.unsupported(f"approximate={approximate!r}")

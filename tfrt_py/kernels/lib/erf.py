@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from .chunks import by_chunks
+
 __all__ = ["erf", "erf_f32", "erf_f64"]
 
 # float32 rational: erf(x) ~= x * P(x^2) / Q(x^2) on [-4, 4] (highest degree first).
@@ -233,13 +235,18 @@ def _erf_scalar(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     return r.astype(x.dtype)
 
 
+def _erf_f32_into(x: np.ndarray, out: np.ndarray) -> None:
+    erf_f32(x, out=out)
+
+
 def erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """erf keeping ``x``'s float dtype (float64 exact to 1 ulp, others via float32)."""
     dt = x.dtype
     if dt == _F32:
         if x.size <= _SCALAR_MAX_F32:
             return _erf_scalar(x, out)
-        return erf_f32(x, out=out)
+        y = by_chunks(_erf_f32_into, x, out)
+        return erf_f32(x, out=out) if y is None else y
     if dt == _F64:
         if x.size <= _SCALAR_MAX_F64:
             return _erf_scalar(x, out)
