@@ -3,6 +3,8 @@ the whole arrays, in place or not, and no piecing where it would be wrong."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from tfrt_py.kernels.lib.erf import erf, erf_f32
 from tfrt_py.kernels.lib.gelu_numpy import _gelu_erf, _gelu_tanh, gelu_erf, gelu_tanh
 
 _N = 3 * CHUNK + 123  # pieces, and a short last one
+_Gelu = Callable[..., np.ndarray]
 
 
 def _x(dtype: type = np.float32) -> np.ndarray:
@@ -21,13 +24,15 @@ def _x(dtype: type = np.float32) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(("pieced", "whole"), [(gelu_erf, _gelu_erf), (gelu_tanh, _gelu_tanh)])
-def test_gelu_in_pieces_is_bitwise_the_whole_array_pass(pieced, whole, dtype) -> None:  # type: ignore[no-untyped-def]
+def test_gelu_in_pieces_is_bitwise_the_whole_array_pass(
+    pieced: _Gelu, whole: _Gelu, dtype: type
+) -> None:
     x = _x(dtype)
     with np.errstate(invalid="ignore"):  # -inf: 0 * -inf, in pieces as whole
         _gelu_cases(pieced, whole, x)
 
 
-def _gelu_cases(pieced, whole, x) -> None:  # type: ignore[no-untyped-def]
+def _gelu_cases(pieced: _Gelu, whole: _Gelu, x: np.ndarray) -> None:
     ref = whole(x, None)
     np.testing.assert_array_equal(pieced(x), ref)
     out = np.empty_like(x)
