@@ -88,7 +88,7 @@ _no_calls = threading.Event()
 _no_calls.set()
 _calls_lock = threading.Lock()
 #: The least share of the wall time since a warm-up began that it keeps under calls.
-MIN_SHARE = 0.25
+MIN_SHARE = 0.5
 #: The longest a warm-up waits at once for the calls in flight to end.
 PAUSE_MAX_S = 0.02
 #: Whether the warm-up in progress yields to calls (cleared by ``hurry``, set by a new job).

@@ -149,9 +149,14 @@ def rebuild(ex: Executor, old: Prepared) -> tuple[Executor, Prepared]:
 
 
 def _interpreter(prepared: Prepared, check: FeedChecker) -> SyncInterpreter:
+    fit = _shape_fit(prepared)
+    # a cold start's stand-in with dynamic dims and no generic plan runs unplanned: a plan
+    # per signature (a decoder's step: ~20 ms) would not pay back before the switch
+    per_signature = fit is None or fit.model is not None or not compiled_gate.held()
     return SyncInterpreter(
         prepared.program, prepared.determined, check,
-        computed_once=prepared.computed_per_signature, shape_fit=_shape_fit(prepared),
+        computed_once=prepared.computed_per_signature, shape_fit=fit,
+        per_signature=per_signature,
     )  # fmt: skip
 
 
@@ -183,7 +188,7 @@ def _shape_fit(prepared: Prepared) -> Fit | None:
         fit = fit_shape_model(program, determined, prepared.computed_per_signature,
                               STAND_IN_PROBE_FLOPS, prepared.cost.flops)  # fmt: skip
         if fit.model is None:
-            fit.reason = f"a cold start's stand-in: {fit.reason}; plans per signature"
+            fit.reason = f"a cold start's stand-in: {fit.reason}"
         return fit
     return fit_shape_model(program, determined, prepared.computed_per_signature)
 

@@ -141,6 +141,7 @@ class SyncInterpreter(Executor):
         computed_once: AbstractSet[int] = frozenset(),
         max_plans: int = 8,
         shape_fit: Any = None,
+        per_signature: bool = True,
     ) -> None:
         graph = program.graph
         self._program = program
@@ -148,6 +149,10 @@ class SyncInterpreter(Executor):
         self._computed_once = computed_once
         self._check = check
         self._max_plans = max_plans
+        #: False: no plan per signature (a cold start's stand-in with dynamic dims and no
+        #: generic plan: a plan, ~10-20 ms of a decoder's, would not pay back before the
+        #: switch); calls without the generic plan run freeing values as they go
+        self.per_signature = per_signature
         self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._plans_made = 0
         #: signatures run plainly once and not planned (``_plan_now``), oldest first
@@ -221,7 +226,7 @@ class SyncInterpreter(Executor):
             kinds = ["user" if k == "fresh" else k for k in generic.layout.output_kinds]
             return self._finish_env(env, kinds, args, bufs)
         plan = None if sig is None else self._plans.get(sig)
-        if plan is None and self.unplanned:
+        if plan is None and (self.unplanned or not self.per_signature):
             prev = set_current(call)
             try:
                 vals = self._program.run_freeing(args)
@@ -459,6 +464,12 @@ class SyncInterpreter(Executor):
                     f"than {MAX_PLANNED_INSTRS:,}); each value is freed after its last "
                     "reader"]  # fmt: skip
         note = [f"  generic plan: not used: {self.generic_note}"] if self.generic_note else []
+        if not self.per_signature:
+            return [
+                *note,
+                "  memory: not planned per signature (a cold start's stand-in: "
+                "each value is freed after its last reader until the switch)",
+            ]
         return note + self._signature_plan_lines()
 
     def _signature_plan_lines(self) -> list[str]:
