@@ -24,7 +24,8 @@ on the compiled kernels, as does every load once the process is warm.
 The warm-up yields to calls (``in_call``): while a call on a stand-in runs, the warm-up
 thread pauses at its next Python function call (a trace function on that thread only),
 so the call is not slowed by it; the warm-up keeps at least ``MIN_SHARE`` of the wall time
-since it began, and stops yielding once someone waits for it (``hurry``). Without it,
+since it began, yields only to short calls (``SHORT_CALL_S``), and stops yielding once
+someone waits for it (``hurry``). Without it,
 calls in the second after a cold load took 10-45 ms instead of ~1.5 (BERT-2L on the NumPy
 paths): each NumPy operation that releases the GIL handed it to the warm-up.
 
@@ -93,6 +94,13 @@ MIN_SHARE = 0.5
 PAUSE_MAX_S = 0.02
 #: Whether the warm-up in progress yields to calls (cleared by ``hurry``, set by a new job).
 _yielding = True
+#: The warm-up yields only to calls shorter than this (the recent calls' smoothed time,
+#: ``_call_s``): a stand-in call of tens of milliseconds loses little to the warm-up, while
+#: its NumPy paths can be many times slower than the compiled kernels the warm-up brings
+#: (MobileNetV2 at batch 1..32: the first 10 s went from 2.6x to 4.8x onnxruntime's time
+#: when the warm-up yielded to them).
+SHORT_CALL_S = 0.03
+_call_s = 0.0
 
 
 def _cold() -> bool:
@@ -175,14 +183,16 @@ def hurry() -> None:
 def in_call() -> Iterator[None]:
     """Around a call on a model still on its stand-in (``Model.run``/``run_async``): the
     warm-up pauses meanwhile (see the module docstring). Any thread."""
-    global _calls
+    global _calls, _call_s
     with _calls_lock:
         _calls += 1
         _no_calls.clear()
+    t0 = time.perf_counter()
     try:
         yield
     finally:
         with _calls_lock:
+            _call_s = 0.5 * (_call_s + time.perf_counter() - t0)
             _calls -= 1
             if not _calls:
                 _no_calls.set()
@@ -329,7 +339,7 @@ class _Yielder:
             self._pause()
 
     def _pause(self) -> None:
-        if not _yielding:
+        if not _yielding or _call_s >= SHORT_CALL_S:  # no yielding: no tracing either
             sys.settrace(None)
             return
         now = time.perf_counter()
@@ -341,10 +351,11 @@ class _Yielder:
 
 def _after_fork_child() -> None:
     """A child forked mid-load gets fresh locks (the parent's may be held) and no calls."""
-    global _lock, _calls_lock, _calls
+    global _lock, _calls_lock, _calls, _call_s
     _lock = threading.Lock()
     _calls_lock = threading.Lock()
     _calls = 0
+    _call_s = 0.0
     _no_calls.set()
 
 

@@ -42,6 +42,7 @@ the caller's own buffers passed as ``outs``.
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -119,6 +120,9 @@ class _Plan:
 MAX_PLANNED_INSTRS = 20_000
 #: New signatures remembered, once the plan cache has churned, so that a second sight plans.
 SEEN_ONCE_MAX = 256
+#: A plan's cost per instruction, roughly (planning and generating its code: ~8 ms for
+#: MobileNetV2's 55 instructions, ~20 ms for a GPT-2 decoder's; 2-core Zen 4).
+PLAN_S_PER_INSTR = 150e-6
 
 
 class SyncInterpreter(Executor):
@@ -149,10 +153,14 @@ class SyncInterpreter(Executor):
         self._computed_once = computed_once
         self._check = check
         self._max_plans = max_plans
-        #: False: no plan per signature (a cold start's stand-in with dynamic dims and no
-        #: generic plan: a plan, ~10-20 ms of a decoder's, would not pay back before the
-        #: switch); calls without the generic plan run freeing values as they go
+        #: False: plans per signature only for a program whose calls cost more than its
+        #: plans would (``_plans_pay``: a cold start's stand-in with dynamic dims and no
+        #: generic plan, where a plan must pay back before the switch; a decoder's step
+        #: costs ~2.5 ms unplanned and its plan ~20 ms, a CNN's call tens of ms and its
+        #: plan a few); other calls run freeing values as they go
         self.per_signature = per_signature
+        self._unplanned_s = float("inf")  # the cheapest unplanned call's time
+        self._unplanned_n = 0
         self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._plans_made = 0
         #: signatures run plainly once and not planned (``_plan_now``), oldest first
@@ -226,12 +234,15 @@ class SyncInterpreter(Executor):
             kinds = ["user" if k == "fresh" else k for k in generic.layout.output_kinds]
             return self._finish_env(env, kinds, args, bufs)
         plan = None if sig is None else self._plans.get(sig)
-        if plan is None and (self.unplanned or not self.per_signature):
+        if plan is None and (self.unplanned or not self._plans_pay()):
             prev = set_current(call)
+            t0 = time.perf_counter()
             try:
                 vals = self._program.run_freeing(args)
             finally:
                 set_current(prev)
+            self._unplanned_s = min(self._unplanned_s, time.perf_counter() - t0)
+            self._unplanned_n += 1
             return self._finish_env(vals, self._plain_kinds, args, bufs, outputs_only=True)
         if plan is None:
             env = self._plain_env(args, call)  # this call's answer, and the probe
@@ -354,6 +365,15 @@ class SyncInterpreter(Executor):
         return user_output(v, self._out_types[k], self._const_ids)
 
     # -- plans ---------------------------------------------------------------------------
+    def _plans_pay(self) -> bool:
+        """Whether plans per signature are made (see ``per_signature``): always, or once
+        two unplanned calls were seen and the cheapest cost more than a plan's estimate
+        (a first call's one-time costs do not count)."""
+        return self.per_signature or (
+            self._unplanned_n >= 2
+            and self._unplanned_s > PLAN_S_PER_INSTR * len(self._program.instrs)
+        )
+
     def _plan_now(self, sig: tuple[Any, ...]) -> bool:
         """Whether ``sig``'s plain run should make its plan: always until ``max_plans``
         plans were made; after that only for a signature seen before (kept for the last
@@ -464,11 +484,12 @@ class SyncInterpreter(Executor):
                     f"than {MAX_PLANNED_INSTRS:,}); each value is freed after its last "
                     "reader"]  # fmt: skip
         note = [f"  generic plan: not used: {self.generic_note}"] if self.generic_note else []
-        if not self.per_signature:
+        if not self._plans_pay():
             return [
                 *note,
-                "  memory: not planned per signature (a cold start's stand-in: "
-                "each value is freed after its last reader until the switch)",
+                "  memory: not planned per signature (a cold start's stand-in whose calls "
+                "cost less than their plans would: each value is freed after its last "
+                "reader until the switch)",
             ]
         return note + self._signature_plan_lines()
 
