@@ -46,6 +46,8 @@ import numpy as np
 
 from ..base import ComputeFn, Cost, KernelContext
 from ..common import ShapeMemo, float_compute_dtype, to_ints
+from ..lib.gemm import splits
+from ..lib.linear_par import Serial, serial_for
 from ..lib.sdpa import softmax_attention
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
@@ -94,9 +96,10 @@ def _key_mask(
 _MASK_MEMO_MAX = 1024
 #: ... when their additive form takes at most this many bytes (a request cannot make the
 #: memo hold more than _MASK_MEMO times this) ...
-_MASK_MEMO_BYTES = 1 << 16
-#: ... at most this many of them (the memo is emptied when full).
-_MASK_MEMO = 64
+_MASK_MEMO_BYTES = 1 << 14
+#: ... at most this many of them (the memo is emptied when full: a mask per length of
+#: variable-length text, 8..128 tokens, emptied a memo of 64 every few calls).
+_MASK_MEMO = 256
 
 
 @lru_cache(maxsize=64)
@@ -157,6 +160,29 @@ def _mask_memo(fill: float) -> tuple[Any, dict[tuple[Any, ...], np.ndarray | Non
     return additive_mask, masks
 
 
+def _packed_projection(ctx: KernelContext) -> tuple[Any, Any, Serial] | None:
+    """(weights, bias, their one-thread packed product with the bias added as it stores)
+    for constant float32 weights and bias (``linear_par.serial_for``: NumPy's gemm packs
+    the weights again on every call); None otherwise, or without the packed kernel."""
+    w, b = ctx.const_input(1), ctx.const_input(2)
+    if w is None or w.ndim != 2 or w.dtype != np.float32:
+        return None
+    if ctx.has_input(2) and (b is None or b.dtype != np.float32 or b.shape != (w.shape[1],)):
+        return None
+    serial = serial_for([], b, w)
+    return None if serial is None else (w, b, serial)
+
+
+def _project(serial: Serial, x: np.ndarray, total: int) -> np.ndarray | None:
+    """``x @ W + b`` by ``serial`` when it stays on one thread (``gemm.splits``: a product
+    the intra-op pool would split keeps NumPy's path); None when it does not apply."""
+    m, k = x.shape
+    if x.dtype != np.float32 or not x.flags.c_contiguous or splits(m, k, total, 4):
+        return None
+    out = np.empty((m, total), np.float32)
+    return out if serial.run(x, out) else None
+
+
 def _attention(ctx: KernelContext) -> ComputeFn:
     """Attention-1 (com.microsoft): ``(input, weights, bias?, mask_index?, past?,
     attention_bias?, past_sequence_length?) -> (output, present?)``; the softmax attention
@@ -168,6 +194,7 @@ def _attention(ctx: KernelContext) -> ComputeFn:
     want_present = ctx.has_output(1)
     n_out = ctx.n_outputs
     additive_mask, masks = _mask_memo(float(ctx.attr("mask_filter_value", -10000.0)))
+    packed = _packed_projection(ctx)
 
     def attention(
         input: np.ndarray,
@@ -193,9 +220,13 @@ def _attention(ctx: KernelContext) -> ComputeFn:
         x = input.reshape(b * s, -1)
         if x.dtype != cdt:
             x = x.astype(cdt)
-        qkv = x @ weights.astype(cdt, copy=False)
-        if bias is not None:
-            qkv += bias
+        qkv = None
+        if packed is not None and weights is packed[0] and bias is packed[1]:
+            qkv = _project(packed[2], x, total)
+        if qkv is None:
+            qkv = x @ weights.astype(cdt, copy=False)
+            if bias is not None:
+                qkv += bias
         q = qkv[:, :dq].reshape(b, s, heads, hq).transpose(0, 2, 1, 3)
         k = qkv[:, dq : dq + dk].reshape(b, s, heads, hq).transpose(0, 2, 1, 3)
         v = qkv[:, dq + dk :].reshape(b, s, heads, hv).transpose(0, 2, 1, 3)
