@@ -25,9 +25,9 @@ The warm-up yields to calls (``in_call``): while a call on a stand-in runs, the 
 thread pauses at its next Python function call (a trace function on that thread only),
 so the call is not slowed by it; the warm-up keeps at least ``MIN_SHARE`` of the wall time
 since it began, yields only to short calls (``SHORT_CALL_S``), and stops yielding once
-someone waits for it (``hurry``). Without it,
-calls in the second after a cold load took 10-45 ms instead of ~1.5 (BERT-2L on the NumPy
-paths): each NumPy operation that releases the GIL handed it to the warm-up.
+someone waits for it (``hurry``). Without it, calls in the second after a cold load took
+10-45 ms instead of ~1.5 (BERT-2L on the NumPy paths): each NumPy operation that released
+the GIL handed it to the warm-up.
 
 ``$TFRT_PY_COLD_START=0``: no cold builds; ``load()`` waits for the compiled kernels (the
 behaviour before). ``warm_now()`` warms on the caller's thread (tests, servers that want
@@ -311,8 +311,9 @@ class _Yielder:
     ``trace`` as that thread's trace function (``sys.settrace``: this thread only, not
     over a tracer already there, such as a debugger's or coverage's), which at every Python
     function call waits for the calls in flight to end (``PAUSE_MAX_S`` at a time) as long
-    as the warm-up has had ``MIN_SHARE`` of the wall time since it began. ``hurry`` (any
-    thread) ends the yielding; ``paused`` sums the waits."""
+    as the warm-up has had ``MIN_SHARE`` of the wall time since it began. Calls of
+    ``SHORT_CALL_S`` or more (smoothed) and ``hurry`` (any thread) end the yielding and the
+    trace; ``paused`` sums the waits."""
 
     def __init__(self) -> None:
         self.paused = 0.0
