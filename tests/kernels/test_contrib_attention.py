@@ -13,7 +13,10 @@ import pytest
 
 import tfrt_py
 from tests.support.contrib import check_node, node_model
-from tests.support.jit_paths import both_paths  # noqa: F401 - autouse: compiled and NumPy
+from tests.support.jit_paths import (  # noqa: F401 - both_paths, autouse: compiled and NumPy
+    both_paths,
+    spy_served,
+)
 from tfrt_py.errors import ExecutionError, UnsupportedOpError
 
 _RNG = np.random.default_rng(99)
@@ -248,15 +251,7 @@ def test_constant_weights_project_on_the_packed_product(monkeypatch: pytest.Monk
     from tfrt_py.kernels.contrib import attention as att
     from tfrt_py.kernels.lib.linear_par import serial_for
 
-    ran: list[bool] = []
-    real = att._project
-
-    def spy(*args: Any) -> Any:
-        out = real(*args)
-        ran.append(out is not None)
-        return out
-
-    monkeypatch.setattr(att, "_project", spy)
+    ran = spy_served(monkeypatch, att, "_project")
     x, w, b = _f(2, 7, 16), _f(16, 96), _f(96)
     _check([x, w, b, np.array([5, 7], np.int32)], consts=((1, 2),), rtol=1e-4, atol=1e-4)
     _check([x, w, None], consts=((1,),), rtol=1e-4, atol=1e-4)  # no bias

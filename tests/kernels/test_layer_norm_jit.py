@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.jit_paths import compiled_only
+from tests.support.jit_paths import compiled_only, spy_served
 from tests.support.kernel_harness import Harness
 from tfrt_py.kernels.lib.jit import ENV_JIT
 from tfrt_py.kernels.lib.norm_jit import layer_norm_rows, rms_norm_rows
@@ -222,15 +222,7 @@ def test_the_compiled_rows_serve_the_common_calls(
 ) -> None:
     """Scale only (no bias), contiguous float32, last axis: the compiled rows take it
     (a fit check that sends every call to NumPy would pass every agreement test)."""
-    served: list[bool] = []
-    real = norm._compiled_rows
-
-    def spy(*args: Any) -> Any:
-        r = real(*args)
-        served.append(r is not None)
-        return r
-
-    monkeypatch.setattr(norm, "_compiled_rows", spy)
+    served = spy_served(monkeypatch, norm, "_compiled_rows")
     monkeypatch.setenv(ENV_JIT, "1")
     x, s = _f(3, 5, 32), _f(32)
     fn = harness.build(op, [x, s], {}, opset=23 if op == "RMSNormalization" else 17, const=(1,))

@@ -6,6 +6,8 @@ numba) and again with the NumPy paths (``TFRT_PY_JIT=0``). Import them into a te
 * ``compiled_only``: a mark for a test of a compiled kernel itself;
 * ``spy_compiled(monkeypatch, module, getter)``: records what the compiled kernel that
   ``module.getter()`` hands out returns, each time it runs;
+* ``spy_served(monkeypatch, module, name)``: records whether a fast path that answers None
+  where it does not apply served each call;
 * ``spying_jitted(jitted)``: a context in which a ``Jitted``'s compiled function counts
   its calls.
 """
@@ -21,7 +23,7 @@ import pytest
 
 from tfrt_py.kernels.lib.jit import ENV_JIT, jit_enabled, why_off
 
-__all__ = ["both_paths", "compiled_only", "jit", "spy_compiled", "spying_jitted"]
+__all__ = ["both_paths", "compiled_only", "jit", "spy_compiled", "spy_served", "spying_jitted"]
 
 #: For a test of a compiled kernel itself: skipped where this run has them off.
 compiled_only = pytest.mark.skipif(
@@ -70,6 +72,21 @@ def spy_compiled(monkeypatch: pytest.MonkeyPatch, module: ModuleType, getter: st
 
     monkeypatch.setattr(module, getter, spy)
     return calls
+
+
+def spy_served(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str) -> list[bool]:
+    """Replace ``module.<name>``, a fast path that answers None when it does not apply, so
+    that each call appends whether it served (answered something else than None)."""
+    real = getattr(module, name)
+    served: list[bool] = []
+
+    def spy(*args: Any) -> Any:
+        out = real(*args)
+        served.append(out is not None)
+        return out
+
+    monkeypatch.setattr(module, name, spy)
+    return served
 
 
 @contextlib.contextmanager
