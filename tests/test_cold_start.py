@@ -268,7 +268,7 @@ def test_a_cold_load_fits_the_shape_model_only_when_its_probes_are_cheap() -> No
         "cold": True, "note": "", "fitted": True, "plans": 0}, cheap  # fmt: skip
     assert cheap["after"] is True, cheap
     # est. 34 MFLOP a run at b=1, 14 runs' worth of probes
-    dear = _script(_FIT.format(k=1024, chain=80))
+    dear = _script(_FIT.format(k=1024, chain=200))
     assert dear["before"]["cold"] is True and dear["before"]["fitted"] is False, dear
     assert "cold start's stand-in" in dear["before"]["note"], dear
     assert "MFLOP" in dear["before"]["note"], dear
@@ -280,7 +280,8 @@ def test_a_stand_in_plans_per_signature_only_when_its_calls_cost_more_than_plans
     to cost more than a plan would (``PLAN_S_PER_INSTR`` per instruction): a decoder's
     stand-in planned every step (~20 ms a GPT-2 step against ~2.5 unplanned), a CNN's
     calls of tens of milliseconds gain from their arenas."""
-    cheap_calls = _script(_FIT.format(k=1024, chain=80))  # 81 instructions, ~2 ms calls
+    # 201 instructions (a plan est. 30 ms), calls of a few ms
+    cheap_calls = _script(_FIT.format(k=1024, chain=200))
     assert cheap_calls["before"]["plans"] == 0, cheap_calls
     assert "not planned per signature" in cheap_calls["before"]["memory"][0], cheap_calls
     dear_calls = _script(_FIT.format(k=8192, chain=0))  # 1 instruction, ~10 ms calls
