@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tfrt_py
-from tests.support.jit_paths import spy_compiled
+from tests.support.jit_paths import compiled_only, spy_compiled
 from tfrt_py.kernels.ml import linear_jit
 
 ML = "ai.onnx.ml"
@@ -77,3 +77,27 @@ def test_small_products_take_the_compiled_pass(monkeypatch: pytest.MonkeyPatch, 
     assert len(calls) - before == (1 if jit == "jit" else 0)
     model.run({"X": np.ones((4000, 6), np.float32)})  # 72k multiply-adds: BLAS
     assert len(calls) - before == (1 if jit == "jit" else 0)
+
+
+@compiled_only
+@pytest.mark.parametrize("mode", [linear_jit.MULTI | linear_jit.SOFTMAX, linear_jit.MULTI,
+                                  linear_jit.BINARY | linear_jit.LOGISTIC])  # fmt: skip
+def test_rows_four_at_a_time_give_the_bits_of_one_at_a_time(mode: int) -> None:
+    """The compiled pass sums four rows' scores at once (four independent chains), each in
+    the one-row loop's order: the same float32 bits as the rows one by one (the tail's
+    loop), NaN rows included."""
+    fn = linear_jit.linear_classifier()
+    rng = np.random.default_rng(7)
+    c = 1 if mode & linear_jit.BINARY else 3
+    x = (rng.standard_normal((11, 20)) * 3).astype(np.float32)
+    x[5, 3] = np.nan
+    w = rng.standard_normal((c, 20)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    width = 2 if mode & linear_jit.BINARY else c
+    idx, scores = np.empty(11, np.int64), np.empty((11, width), np.float32)
+    fn(x, w, b, mode, idx, scores)
+    for i in range(11):
+        one_idx, one = np.empty(1, np.int64), np.empty((1, width), np.float32)
+        fn(x[i : i + 1], w, b, mode, one_idx, one)
+        assert one_idx[0] == idx[i]
+        np.testing.assert_array_equal(one[0], scores[i])
