@@ -248,10 +248,9 @@ def test_constant_weights_project_on_the_packed_product(monkeypatch: pytest.Monk
     BERT's variable-length traffic went from 1.09x to 0.95x onnxruntime's time); the same
     answers as onnxruntime, and the packed product really ran where the compiled kernels
     are on. 96 columns: a multiple of every packed panel width."""
-    from tfrt_py.kernels.contrib import attention as att
-    from tfrt_py.kernels.lib.linear_par import serial_for
+    from tfrt_py.kernels.lib.linear_par import Serial, serial_for
 
-    ran = spy_served(monkeypatch, att, "_project")
+    ran = spy_served(monkeypatch, Serial, "one_thread")
     x, w, b = _f(2, 7, 16), _f(16, 96), _f(96)
     _check([x, w, b, np.array([5, 7], np.int32)], consts=((1, 2),), rtol=1e-4, atol=1e-4)
     _check([x, w, None], consts=((1,),), rtol=1e-4, atol=1e-4)  # no bias

@@ -74,10 +74,11 @@ def spy_compiled(monkeypatch: pytest.MonkeyPatch, module: ModuleType, getter: st
     return calls
 
 
-def spy_served(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str) -> list[bool]:
-    """Replace ``module.<name>``, a fast path that answers None when it does not apply, so
-    that each call appends whether it served (answered something else than None)."""
-    real = getattr(module, name)
+def spy_served(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[bool]:
+    """Replace ``owner.<name>`` (a module's function or a class's method), a fast path that
+    answers None when it does not apply, so that each call appends whether it served
+    (answered something else than None)."""
+    real = getattr(owner, name)
     served: list[bool] = []
 
     def spy(*args: Any) -> Any:
@@ -85,7 +86,7 @@ def spy_served(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str) -
         served.append(out is not None)
         return out
 
-    monkeypatch.setattr(module, name, spy)
+    monkeypatch.setattr(owner, name, spy)
     return served
 
 

@@ -46,7 +46,6 @@ import numpy as np
 
 from ..base import ComputeFn, Cost, KernelContext
 from ..common import ShapeMemo, float_compute_dtype, to_ints
-from ..lib.gemm import splits
 from ..lib.linear_par import Serial, serial_for
 from ..lib.sdpa import softmax_attention
 from ..registry import KernelRegistry
@@ -173,16 +172,6 @@ def _packed_projection(ctx: KernelContext) -> tuple[Any, Any, Serial] | None:
     return None if serial is None else (w, b, serial)
 
 
-def _project(serial: Serial, x: np.ndarray, total: int) -> np.ndarray | None:
-    """``x @ W + b`` by ``serial`` when it stays on one thread (``gemm.splits``: a product
-    the intra-op pool would split keeps NumPy's path); None when it does not apply."""
-    m, k = x.shape
-    if x.dtype != np.float32 or not x.flags.c_contiguous or splits(m, k, total, 4):
-        return None
-    out = np.empty((m, total), np.float32)
-    return out if serial.run(x, out) else None
-
-
 def _attention(ctx: KernelContext) -> ComputeFn:
     """Attention-1 (com.microsoft): ``(input, weights, bias?, mask_index?, past?,
     attention_bias?, past_sequence_length?) -> (output, present?)``; the softmax attention
@@ -222,7 +211,7 @@ def _attention(ctx: KernelContext) -> ComputeFn:
             x = x.astype(cdt)
         qkv = None
         if packed is not None and weights is packed[0] and bias is packed[1]:
-            qkv = _project(packed[2], x, total)
+            qkv = packed[2].one_thread(x, None)
         if qkv is None:
             qkv = x @ weights.astype(cdt, copy=False)
             if bias is not None:

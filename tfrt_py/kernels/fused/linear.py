@@ -26,7 +26,6 @@ from ..lib.gemm import (
     NATIVE_SPLIT_MIN_MACS,
     SPLIT_MIN_MACS,
     matmul_into,
-    splits,
     wide_gemv,
 )
 from ..lib.linear_par import Serial, fused_for, serial_for
@@ -78,7 +77,7 @@ def _linear(registry: KernelRegistry) -> Any:
 
         def linear(x: np.ndarray, *rest: Any, out: np.ndarray | None = None) -> np.ndarray:
             if serial is not None:
-                y = _on_one_thread(serial, x, out, k, n)
+                y = serial.one_thread(x, out)
                 if y is not None:
                     return y
             if (
@@ -185,22 +184,6 @@ def _block_epilogue(
     return finish
 
 
-def _on_one_thread(
-    serial: Serial, x: np.ndarray, out: np.ndarray | None, k: int, n: int
-) -> np.ndarray | None:
-    """``serial``'s packed product when the product stays on one thread (``gemm.splits``
-    says whether ``matmul_into`` would split it) and the arrays are C-contiguous
-    float32; None: the caller's path runs."""
-    if not k or not x.flags.c_contiguous or (out is not None and not out.flags.c_contiguous):
-        return None
-    a = x if x.ndim == 2 else x.reshape(-1, k)
-    m = a.shape[0]
-    if splits(m, k, n, 4):
-        return None
-    y = np.empty((*x.shape[:-1], n), np.float32) if out is None else out
-    return y if serial.run(a, y if y.ndim == 2 else y.reshape(m, n)) else None
-
-
 def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
                inline: _LinearInline, epi: _BiasRelu | None, blocks: Any,
                serial: Serial | None = None) -> Any:  # fmt: skip
@@ -209,12 +192,11 @@ def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
     pass for bias and Relu when ``epi`` is given and the output is big enough; with
     ``serial``, products that stay on one thread run on the packed weight)."""
     add = np.add
-    k, n = w.shape
 
     def linear(x: np.ndarray, *_consts: Any, out: np.ndarray | None = None) -> np.ndarray:
         # _consts: W and B as the node's inputs; the kernel holds them since load
         if serial is not None:
-            y = _on_one_thread(serial, x, out, k, n)
+            y = serial.one_thread(x, out)
             if y is not None:
                 return y
         if blocks is not None and (out is None or out.flags.c_contiguous):

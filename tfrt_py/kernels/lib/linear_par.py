@@ -25,6 +25,7 @@ import numpy as np
 
 from . import blas
 from .activations import ACTIVATIONS, Epilogue, _act_row, _params, numpy_act_after
+from .gemm import splits
 from .jit import CONTRACT, Jitted
 
 __all__ = ["PACK_MAX_BYTES", "Fused", "Serial", "fused_for", "serial_for"]
@@ -220,6 +221,20 @@ class Serial(NamedTuple):
             return False
         self.kernel(a, pk, out, self.bias, self.act, self.params, self.flags)
         return True
+
+    def one_thread(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
+        """``act(x @ W + b)`` for ``x`` (..., K) into ``out`` (or a new array) when the
+        product stays on one thread (``gemm.splits`` says whether ``matmul_into`` would
+        split it) and the arrays are C-contiguous float32; None: the caller's path runs."""
+        k = self.packed.shape[1]
+        if not k or not x.flags.c_contiguous or (out is not None and not out.flags.c_contiguous):
+            return None
+        a = x if x.ndim == 2 else x.reshape(-1, k)
+        m, n = a.shape[0], self.packed.shape[0] * self.packed.shape[2]
+        if splits(m, k, n, 4):
+            return None
+        y = np.empty((*x.shape[:-1], n), np.float32) if out is None else out
+        return y if self.run(a, y if y.ndim == 2 else y.reshape(m, n)) else None
 
 
 def serial_for(
