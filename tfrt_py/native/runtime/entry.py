@@ -11,9 +11,10 @@ goes to the tier's slow path.
 An entry is a callable ``(feeds, x0, x1, ...) -> dict``: ``native_entry`` (the compiled
 function, then the finishers: ZipMap dicts, string labels), ``threads_entry`` (rows mode:
 the batch split over a few threads, the compiled function releases the GIL), or the sync
-interpreter. ``Trial`` serves a signature's first calls alternating its candidates, times
-them, checks the first native answer against the interpreter's, and then puts the fastest
-in the table (``describe()`` shows the figures).
+interpreter. ``Trial`` serves a bucket's first calls (a signature's, or in rows mode a power-of-two
+class of batch sizes') alternating its candidates, times them, checks the first native
+answer against the interpreter's, and then serves the fastest, which the tier puts in
+the table (``describe()`` shows the figures).
 
 Thread-safe: tables are plain dicts mutated by single stores (the GIL); a trial's lists
 may lose a sample to a race, never a result.
@@ -138,35 +139,45 @@ def agree(a: Any, b: Any) -> bool:
 
 class Trial:
     """A signature's first calls: each candidate ``(name, entry)`` in turn, ``WARMUP +
-    SAMPLES`` times, then ``decide(best_name, figures)`` (median µs per candidate). The
+    SAMPLES`` times, then ``decide(best_name, figures)`` (median µs per candidate, per unit
+    of ``size`` when given). The
     first candidate's first answer is compared with ``reference``'s (the interpreter's);
     a disagreement calls ``disagree(reason)`` and stops the trial."""
 
     def __init__(self, cands: list[tuple[str, Entry]], reference: Entry,
                  decide: Callable[[str, dict[str, float]], None],
-                 disagree: Callable[[str], None]) -> None:  # fmt: skip
+                 disagree: Callable[[str], None],
+                 size: Callable[[tuple[Any, ...]], int] | None = None) -> None:  # fmt: skip
         self.cands = cands
+        #: the work of a call's inputs (rows mode: its rows), which times are divided by:
+        #: a bucket's calls come in several sizes
+        self.size = size
         self.reference = reference
         self.decide = decide
         self.disagree = disagree
         self.calls = 0
         self.times: dict[str, list[float]] = {name: [] for name, _ in cands}
         self.done = False
+        #: what serves once done: the fastest candidate, or ``reference`` on a disagreement
+        self.best: Entry = reference
 
     def __call__(self, feeds: Any, *xs: Any) -> dict[str, Any]:
+        if self.done:
+            return self.best(feeds, *xs)
         i = self.calls
         self.calls = i + 1
         name, entry = self.cands[i % len(self.cands)]
-        if self.done:
-            return entry(feeds, *xs)
         t0 = time.perf_counter()
         out = entry(feeds, *xs)
         dt = time.perf_counter() - t0
+        if self.size is not None:
+            dt /= max(1, self.size(xs))
         if i == 0:
             want = self.reference(feeds, *xs)
             bad = [k for k in want if k not in out or not agree(out[k], want[k])]
             if bad:
                 self.done = True
+                self.best = self.reference
                 self.disagree(f"the native result of output {bad[0]!r} disagrees with the "
                               "sync interpreter's")  # fmt: skip
                 return want
@@ -175,7 +186,9 @@ class Trial:
         if not self.done and all(len(t) >= SAMPLES for t in self.times.values()):
             self.done = True
             figures = {n: statistics.median(t) * 1e6 for n, t in self.times.items()}
-            self.decide(min(figures, key=figures.__getitem__), figures)
+            best = min(figures, key=figures.__getitem__)
+            self.best = dict(self.cands)[best]
+            self.decide(best, figures)
         return out
 
 

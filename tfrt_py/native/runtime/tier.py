@@ -199,6 +199,10 @@ class NativeTier(Executor):
         self._counts: dict[Any, _Counted] = {}
         self._window = 0
         self.choices: dict[Any, tuple[str, dict[str, float]]] = {}
+        #: the trial deciding each bucket (rows mode: every batch size of a power-of-two
+        #: class shares it), and the native entry of each compiled function
+        self._trials: dict[Any, Trial] = {}
+        self._natives: dict[int, tuple[Compiled, Any]] = {}
         self._lock = threading.Lock()
         self._main: _Job | None = None
         self._fast = fast_entry(self.table, self._slow, [v.name for v in self.graph.inputs],
@@ -252,6 +256,7 @@ class NativeTier(Executor):
             self.interp = interp
             self.program = self._program = program
             self.choices.clear()
+            self._trials.clear()
             self.table.clear()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -335,7 +340,7 @@ class NativeTier(Executor):
                         self._remember(key, self._interp_entry)
             return self._interp_entry
         low, comp = job.lowered, job.compiled
-        nat = native_entry(comp.fn, low.params, low.output_names, low.finishers, len(args))
+        nat = self._native(low, comp, len(args))
         if not self.measure:
             self._remember(key, nat)
             self._go_direct(low, comp)
@@ -356,21 +361,55 @@ class NativeTier(Executor):
             pick = dict(cands).get(chosen[0], nat)
             self._remember(key, pick)
             return pick
+        trial = self._trials.get(bucket)
+        if trial is None or trial.done or dict(trial.cands).get("native") is not nat:
+            trial = self._trials[bucket] = self._trial(bucket, cands, low, comp)
+        self._remember(key, trial)
+        return trial
+
+    def _trial(self, bucket: Any, cands: list[tuple[str, Any]], low: Lowered,
+               comp: Compiled) -> Trial:  # fmt: skip
+        """The trial deciding ``bucket``, shared by every signature in it (rows mode: the
+        batch sizes of one power-of-two class; with a trial per size, random batch sizes
+        never finished one and every call ran both tiers and compared them). Its decision
+        replaces it wherever the table holds it."""
+
+        def settle(entry: Any) -> None:
+            with self._lock:
+                for k in [k for k, v in self.table.items() if v is trial]:
+                    self.table[k] = entry
+                self._trials.pop(bucket, None)
 
         def decide(best: str, figures: dict[str, float]) -> None:
             self.choices[bucket] = (best, figures)
-            self._remember(key, dict(cands)[best])
+            settle(dict(cands)[best])
             if best == "native":
                 self._go_direct(low, comp)
 
         def disagree(reason: str) -> None:
             self.error = reason
             self.choices[bucket] = ("sync", {})
-            self._remember(key, self._interp_entry)
+            settle(self._interp_entry)
 
-        trial = Trial(cands, self._interp_entry, decide, disagree)
-        self._remember(key, trial)
+        size = None
+        if low.mode == "rows":
+            k = list(low.batched).index(True)
+            size = lambda xs: int(xs[k].shape[0])  # noqa: E731 - the rows of a call
+        trial = Trial(cands, self._interp_entry, decide, disagree, size)
         return trial
+
+    def _native(self, low: Lowered, comp: Compiled, n_in: int) -> Any:
+        """The native entry calling ``comp``'s function: made once per compiled function
+        (rows mode serves every batch size with one; making it per signature compiled a
+        small Python function on each new size)."""
+        got = self._natives.get(id(comp))
+        if got is None or got[0] is not comp:
+            if len(self._natives) >= _MAX_TABLE:
+                self._natives.clear()
+            got = (comp, native_entry(comp.fn, low.params, low.output_names, low.finishers,
+                                      n_in))  # fmt: skip
+            self._natives[id(comp)] = got
+        return got[1]
 
     def _go_direct(self, low: Lowered, comp: Compiled) -> None:
         """A static-shape model served natively: ``run`` calls the function straight."""
@@ -442,12 +481,11 @@ class NativeTier(Executor):
         how = "the whole model as one numba function, the sync interpreter until compiled"
         lines = [*self.interp.plan_lines(), "  " + self.describe()]
         for bucket, (best, figs) in list(self.choices.items()):
-            what = (
-                f"batch {1 << (bucket[1] - 1) if bucket[1] else 0}+ rows"
-                if isinstance(bucket, tuple) and bucket[:1] == ("rows",)
-                else f"shapes {bucket}"
-            )
-            shown = ", ".join(f"{n} {us:,.1f} µs" for n, us in figs.items()) or "not timed"
+            rows = isinstance(bucket, tuple) and bucket[:1] == ("rows",)
+            what = f"batch {1 << (bucket[1] - 1) if bucket[1] else 0}+ rows" if rows else (
+                f"shapes {bucket}")  # fmt: skip
+            unit = "µs a row" if rows else "µs"
+            shown = ", ".join(f"{n} {us:,.3g} {unit}" for n, us in figs.items()) or "not timed"
             lines.append(f"    measured ({what}): {shown}; serving: {best}")
         return [*lines, f"  executor: native ({self.why}; {how})"]
 
