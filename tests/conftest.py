@@ -49,16 +49,32 @@ def shuffled_ready_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SCHEDULE_SEED_ENV, "8675309")
 
 
+#: The switches every test process runs under, set in ``pytest_configure``: before
+#: collection, which imports test modules and so whatever they load at import (the Flask
+#: example loads its model there). "auto" keeps models off the native tier
+#: (``TFRT_PY_NATIVE=0``) so the other tests see the sync interpreter deterministically
+#: and no background compiles compete for the CPU; test_native.py turns it back on. Loads
+#: wait for the compiled kernels (``TFRT_PY_COLD_START=0``), as tests expect them: the cold
+#: start (NumPy paths first, tfrt_py.cold_start) is tested in fresh processes,
+#: test_cold_start.py. A cold start begun at collection held the compiled kernels back
+#: from the tests that ran during its warm-up (CI, on a cold numba cache).
+SUITE_ENV = {"TFRT_PY_NATIVE": "0", "TFRT_PY_COLD_START": "0"}
+_suite_mp = pytest.MonkeyPatch()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, value in SUITE_ENV.items():
+        _suite_mp.setenv(name, value)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _suite_mp.undo()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def native_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The native tier compiles into one cache dir per session (each model compiles once
-    per session; nothing leaks into ~/.cache). "auto" keeps models off the native tier
-    (``TFRT_PY_NATIVE=0``) so the other tests see the sync interpreter deterministically
-    and no background compiles compete for the CPU; test_native.py turns it back on."""
+    per session; nothing leaks into ~/.cache)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TFRT_PY_CACHE_DIR", str(tmp_path_factory.mktemp("native_cache")))
-        mp.setenv("TFRT_PY_NATIVE", "0")
-        # loads wait for the compiled kernels, as tests expect them: the cold start (NumPy
-        # paths first, tfrt_py.cold_start) is tested in fresh processes, test_cold_start.py
-        mp.setenv("TFRT_PY_COLD_START", "0")
         yield
