@@ -181,6 +181,7 @@ def _read(
         graph, origin = source, f"graph {source.name!r}"
         meta = from_graph(source.name, source.opsets)
     else:
+        from .compiler.shapes import propagates_fully
         from .frontends.onnx import import_model, read_model
 
         proto, base_dir = read_model(source, base_dir)
@@ -195,7 +196,7 @@ def _read(
             )  # fmt: skip
             if streamed is not None:
                 return streamed, origin, meta
-        graph = import_model(proto, base_dir, registry.has)
+        graph = import_model(proto, base_dir, registry.has, types_complete=propagates_fully)
     verify(graph)
     return graph, origin, meta
 

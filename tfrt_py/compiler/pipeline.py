@@ -12,6 +12,7 @@ mutated. It runs once per load on the caller's thread.
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from collections.abc import Collection
@@ -42,45 +43,51 @@ class PassReport:
         return f"{self.name}: {self.summary} ({self.seconds * 1e3:.1f} ms)"
 
 
-def _passes() -> dict[str, PassFn]:
-    # Imported here: each pass module imports kernels, which the pipeline's importers
-    # (model.py) should not pay for before a model is loaded.
-    from . import (
-        channels_last,
-        cleanup,
-        fold,
-        fuse_conv,
-        fuse_dynamic_quant,
-        fuse_elementwise,
-        fuse_linear,
-        fuse_ml,
-        fuse_qdq,
-        fuse_transformer,
-        fuse_trees,
-        fuse_vision,
-        hoist,
-        shapes,
-    )
+#: Each pass as (module, function), imported when it first runs: a pass module imports
+#: kernels, which neither the pipeline's importers (model.py) nor a model the pass has
+#: nothing to do for (``TRIGGERS``) should pay for.
+_PASS_FNS = {
+    "identity": ("cleanup", "remove_identities"),
+    "shapes": ("shapes", "infer_shapes"),
+    "fuse_qdq": ("fuse_qdq", "fuse_qdq"),
+    "fuse_dynamic_quant": ("fuse_dynamic_quant", "fuse_dynamic_quant"),
+    "fold": ("fold", "fold_constants"),
+    "cse": ("cleanup", "eliminate_common_subexpressions"),
+    "dce": ("cleanup", "eliminate_dead_code"),
+    "channels_last": ("channels_last", "channels_last"),
+    "hoist": ("hoist", "hoist_over_concat"),
+    "fuse_conv": ("fuse_conv", "fuse_conv"),
+    "fuse_transformer": ("fuse_transformer", "fuse_transformer"),
+    "fuse_vision": ("fuse_vision", "fuse_vision"),
+    "fuse_ml": ("fuse_ml", "fuse_ml"),
+    "fuse_trees": ("fuse_trees", "fuse_trees"),
+    "fuse_linear": ("fuse_linear", "fuse_linear"),
+    "fuse_elementwise": ("fuse_elementwise", "fuse_elementwise_chains"),
+}
 
-    return {
-        "identity": cleanup.remove_identities,
-        "shapes": shapes.infer_shapes,
-        "fuse_qdq": fuse_qdq.fuse_qdq,
-        "fuse_dynamic_quant": fuse_dynamic_quant.fuse_dynamic_quant,
-        "fold": fold.fold_constants,
-        "cse": cleanup.eliminate_common_subexpressions,
-        "dce": cleanup.eliminate_dead_code,
-        "channels_last": channels_last.channels_last,
-        "hoist": hoist.hoist_over_concat,
-        "fuse_conv": fuse_conv.fuse_conv,
-        "fuse_transformer": fuse_transformer.fuse_transformer,
-        "fuse_vision": fuse_vision.fuse_vision,
-        "fuse_ml": fuse_ml.fuse_ml,
-        "fuse_trees": fuse_trees.fuse_trees,
-        "fuse_linear": fuse_linear.fuse_linear,
-        "fuse_elementwise": fuse_elementwise.fuse_elementwise_chains,
-    }
 
+def pass_fn(name: str) -> PassFn:
+    """The function of pass ``name`` (its module imported now if it was not)."""
+    module, fn = _PASS_FNS[name]
+    found: PassFn = getattr(importlib.import_module(f"{__package__}.{module}"), fn)
+    return found
+
+
+#: Passes that only act on a graph holding one of these op types (any domain; each is
+#: the pass's own first test), and what each reports when it holds none: then the pass's
+#: module is not even imported (a small model's first load in a fresh process is mostly
+#: imports, issue 33). tests/compiler/test_pipeline_triggers.py holds each report to the
+#: pass's own on a graph without them.
+TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
+    "fuse_qdq": (frozenset({"QuantizeLinear"}), "nothing to fuse"),
+    "fuse_dynamic_quant": (frozenset({"MatMulInteger"}), "nothing to fuse"),
+    "channels_last": (frozenset({"QLinearConv"}), "nothing to do"),
+    "fuse_conv": (frozenset({"Conv"}), "nothing to fuse"),
+    "hoist": (frozenset({"Concat"}), "nothing to hoist"),
+    "fuse_vision": (frozenset({"LayerNormalization", "Gelu", "Mul"}), "nothing to fuse"),
+    "fuse_ml": (frozenset({"ArrayFeatureExtractor", "Scan"}), "nothing to fuse"),
+    "fuse_trees": (frozenset({"TreeEnsembleRegressor", "Sum"}), "nothing to fuse"),
+}
 
 #: Every pass, in the order they run.
 PASSES = (
@@ -145,20 +152,23 @@ def optimize(
         return graph, [PassReport(name, False, "") for name in PASSES]
     g = clone_graph(graph)
     ctx = PassContext(registry)
-    fns = _passes()
     reports: list[PassReport] = []
     for name in PASSES:
         if name not in passes:
             reports.append(PassReport(name, False, ""))
             continue
         t0 = time.perf_counter()
-        summary = fns[name](g, ctx)
+        trigger = TRIGGERS.get(name)
+        if trigger is not None and not any(n.op_type in trigger[0] for n in g.nodes):
+            reports.append(PassReport(name, True, trigger[1], time.perf_counter() - t0))
+            continue
+        summary = pass_fn(name)(g, ctx)
         reports.append(PassReport(name, True, summary, time.perf_counter() - t0))
         if name == "fold" and "shapes" in passes:
             # Folded shape inputs (Reshape targets) make more types known: infer again and
             # report the final count under "shapes".
             t0 = time.perf_counter()
-            again = fns["shapes"](g, ctx)
+            again = pass_fn("shapes")(g, ctx)
             k = PASSES.index("shapes")
             first = reports[k]
             reports[k] = PassReport("shapes", True, again, first.seconds + time.perf_counter() - t0)

@@ -39,11 +39,22 @@ HasKernel = Callable[[str, str, int], bool]
 StreamHook = Callable[[onnx.TensorProto], Value | None]
 
 
+#: Answers whether the types of a graph imported without ONNX shape inference are complete
+#: (filling them in place where it can): the compiler's own propagation
+#: (``compiler.shapes.propagates_fully``), which the importer's layer cannot import.
+TypesComplete = Callable[[Graph], bool]
+
+#: ``import_model`` tries a model without ONNX shape inference only when its initializers
+#: hold at most this many bytes: the try imports them, and a failed try imports them again.
+TRY_WITHOUT_INFERENCE_BYTES = 16 << 20
+
+
 def import_model(
     model: onnx.ModelProto,
     base_dir: str | None,
     has_kernel: HasKernel | None = None,
     stream: StreamHook | None = None,
+    types_complete: TypesComplete | None = None,
 ) -> Graph:
     """Import ``model``'s main graph. Raises ModelLoadError/GraphError with the node name.
 
@@ -52,7 +63,15 @@ def import_model(
 
     Overridable initializers (``overridable_initializers``) become graph inputs after the
     declared ones, with the initializer as their ``Value.default``: the caller may feed
-    them, else the initializer is used (as onnxruntime does). They are never streamed."""
+    them, else the initializer is used (as onnxruntime does). They are never streamed.
+
+    ``types_complete``: a small model (no local functions, no subgraphs, a kernel for every
+    node so nothing becomes a schema function's body, initializers within
+    ``TRY_WITHOUT_INFERENCE_BYTES``) is first imported without ONNX shape inference, and
+    kept when ``types_complete`` fills in every value's type from the declared ones;
+    otherwise it is imported with inference, as without the argument. ONNX's first
+    inference in a process builds its schema registry (~10-12 ms, most of a small model's
+    load)."""
     opsets: dict[str, int] = {}
     for imp in model.opset_import:
         opsets["" if imp.domain == "ai.onnx" else imp.domain] = int(imp.version)
@@ -62,11 +81,36 @@ def import_model(
     check_nesting(model)  # before anything recursive (shape inference, protobuf) sees it
     inliner = FunctionInliner(model.functions)
     inliner.check_calls(model.graph)  # recursion and blow-up, before shape inference
-    imp = _Importer(opsets, base_dir, inliner, has_kernel)
-    imp.stream = stream
-    imp.overridable = overridable_initializers(model)
-    graph = _with_inferred_types(model).graph
-    return imp.graph(graph, {}, graph.name or "main")
+    overridable = overridable_initializers(model)
+
+    def run(gp: onnx.GraphProto, inliner: FunctionInliner) -> tuple[Graph, _Importer]:
+        imp = _Importer(opsets, base_dir, inliner, has_kernel)
+        imp.stream = stream
+        imp.overridable = overridable
+        return imp.graph(gp, {}, gp.name or "main"), imp
+
+    if types_complete is not None and stream is None and _may_skip_inference(model):
+        # its own (empty) inliner: a failed try leaves the names of the import below as is
+        graph, imp = run(model.graph, FunctionInliner(()))
+        if not imp.expanded and types_complete(graph):
+            return graph
+    return run(_with_inferred_types(model).graph, inliner)[0]
+
+
+def _may_skip_inference(model: onnx.ModelProto) -> bool:
+    """Whether ``import_model`` may try ``model`` without ONNX shape inference (cheap)."""
+    if model.functions:
+        return False
+    size = 0
+    for t in model.graph.initializer:
+        size += len(t.raw_data) or t.ByteSize()
+        if size > TRY_WITHOUT_INFERENCE_BYTES or t.data_location == onnx.TensorProto.EXTERNAL:
+            return False
+    for node in model.graph.node:
+        for a in node.attribute:
+            if a.type in (_A.GRAPH, _A.GRAPHS):
+                return False
+    return True
 
 
 def _newest_opsets() -> dict[str, int]:
@@ -123,6 +167,7 @@ class _Importer:
         self.overridable: frozenset[str] = frozenset()  # the main graph's only
         self._depth = 0  # subgraphs entered (limits.MAX_GRAPH_DEPTH)
         self._calls = 0  # functions being inlined (limits.MAX_FUNCTION_DEPTH)
+        self.expanded = False  # a node without a kernel was offered to its schema function
 
     def subgraph(self, gp: onnx.GraphProto, outer: dict[str, Value], name: str) -> Graph:
         """Import a nested graph (an attribute), at most ``MAX_GRAPH_DEPTH`` levels deep
@@ -243,6 +288,7 @@ class _Importer:
             opsets = {**opsets, domain: 1}  # ONNX wants an import; custom ops often lack one
         opset = opsets[domain]
         if self.has_kernel is not None and not self.has_kernel(domain, np_.op_type, opset):
+            self.expanded = True  # the body may depend on the inputs' inferred types
             found = schema_function(np_, opset, [self.protos.get(n) for n in np_.input])
             if found is not None:
                 fn, defaults = found
