@@ -1,5 +1,5 @@
 """The ONNX importer skips ONNX shape inference where the compiler's own propagation types
-every value (``import_model(types_complete=)``, ``compiler.shapes.propagates_fully``).
+every value (``import_model(own_types=)``, ``compiler.shapes.propagates_fully``).
 
 ONNX's first inference in a process builds its schema registry (~10-12 ms, the largest
 part of a small model's load in a fresh process, issue 33). Skipping it must not change
@@ -22,11 +22,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tfrt_py.compiler import shapes
-from tfrt_py.compiler.shapes import propagates_fully
-from tfrt_py.frontends.onnx import import_model
+from tfrt_py.compiler.shapes import AS_ONNX, propagates_fully
+from tfrt_py.frontends.onnx import OwnTypes, import_model
 from tfrt_py.frontends.onnx.importer import TRY_WITHOUT_INFERENCE_BYTES
 from tfrt_py.ir import Graph
 from tfrt_py.kernels import default_registry
+
+OWN = OwnTypes(AS_ONNX, propagates_fully)
 
 
 def _mlp(batch: str | int = "N", hidden: int = 16, rng_seed: int = 0) -> onnx.ModelProto:
@@ -70,7 +72,7 @@ def _types(g: Graph) -> list[tuple[str, str]]:
 
 def _both(model: onnx.ModelProto) -> tuple[Graph, Graph]:
     has = default_registry().has
-    return (import_model(model, None, has, types_complete=propagates_fully),
+    return (import_model(model, None, has, own_types=OWN),
             import_model(model, None, has))  # fmt: skip
 
 
@@ -168,7 +170,7 @@ def test_a_node_without_a_kernel_is_imported_with_inference(
 
     calls = _InferenceCalls(monkeypatch)
     model = _without_a_kernel()
-    skipped = import_model(model, None, has, types_complete=propagates_fully)
+    skipped = import_model(model, None, has, own_types=OWN)
     inferred = import_model(model, None, has)
     assert calls.n == 2
     assert "Mish" not in {n.op_type for n in skipped.nodes}
@@ -203,7 +205,7 @@ def test_every_shipped_onnx_model_the_propagation_takes_gets_the_types_of_infere
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                skipped = import_model(model, None, has, types_complete=complete)
+                skipped = import_model(model, None, has, own_types=OwnTypes(AS_ONNX, complete))
             except Exception:  # noqa: BLE001 - models our importer refuses are not the point
                 continue
             if not took or not took[-1]:

@@ -9,13 +9,13 @@ arrays are cast only when NumPy calls the cast safe (e.g. int8 -> float32).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .errors import InputError
 from .ir import TensorType, Value
+from .records import record
 
 __all__ = [
     "CheckedFeeds",
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TensorSpec:
     """A model input or output: name, dtype (None when unknown), shape (None when even the
     rank is unknown; a dim is an int, a symbolic name, or None), and ``type``: the value's

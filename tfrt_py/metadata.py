@@ -9,9 +9,11 @@ cannot make ``describe()`` or a server's metadata answer huge. Immutable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from types import MappingProxyType
 from typing import Any
+
+from .records import record
 
 __all__ = ["MAX_PROPS", "MAX_TEXT", "ModelMetadata", "from_graph", "from_proto"]
 
@@ -21,7 +23,7 @@ MAX_TEXT = 4096
 MAX_PROPS = 256
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ModelMetadata:
     """``producer_name``/``producer_version`` (the exporter: "pytorch", "skl2onnx", ...),
     ``domain``, ``model_version``, ``doc_string``, ``graph_name``, ``graph_doc_string``,

@@ -181,8 +181,8 @@ def _read(
         graph, origin = source, f"graph {source.name!r}"
         meta = from_graph(source.name, source.opsets)
     else:
-        from .compiler.shapes import propagates_fully
-        from .frontends.onnx import import_model, read_model
+        from .compiler.shapes import AS_ONNX, propagates_fully
+        from .frontends.onnx import OwnTypes, import_model, read_model
 
         proto, base_dir = read_model(source, base_dir)
         origin = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "ONNX model"
@@ -196,7 +196,9 @@ def _read(
             )  # fmt: skip
             if streamed is not None:
                 return streamed, origin, meta
-        graph = import_model(proto, base_dir, registry.has, types_complete=propagates_fully)
+        graph = import_model(
+            proto, base_dir, registry.has, own_types=OwnTypes(AS_ONNX, propagates_fully)
+        )
     verify(graph)
     return graph, origin, meta
 

@@ -24,7 +24,6 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,13 +33,14 @@ from .compiler.prepare import Prepared
 from .executors.base import Executor
 from .executors.program import Instr, Program
 from .feeds import FeedChecker
+from .records import record
 
 __all__ = ["NodeProfile", "ProfileReport", "native_note", "profile"]
 
 Event = tuple[int, int, int, int]  # (node index, thread id, start ns, end ns)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NodeProfile:
     """One node's figures over the profiled calls (µs: median per call)."""
 
@@ -53,7 +53,7 @@ class NodeProfile:
     gflops: float | None
 
 
-@dataclass
+@record
 class ProfileReport:
     """What ``Model.profile`` returns: per-node figures sorted by time, the call's median
     wall time, and the last call's events for a trace."""

@@ -42,7 +42,7 @@ from .executors.interpreter import SyncInterpreter
 from .executors.program import compile_program
 from .feeds import FeedChecker
 from .ir import Node, TensorType
-from .native.runtime.compile import NativeUnavailable, available
+from .native.runtime.availability import NativeUnavailable, available
 
 if TYPE_CHECKING:  # imported when a model may use them
     from .executors.async_executor import AsyncExecutor

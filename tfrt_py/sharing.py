@@ -49,10 +49,12 @@ import threading
 import types
 import weakref
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
+
+from .records import record
 
 __all__ = ["MIN_SHARED_BYTES", "SharedWeights", "describe_lines", "share_weights"]
 
@@ -68,7 +70,7 @@ _PINNED: list[Any] = []  # remapped arrays: never freed (see the module docstrin
 _LOCK = threading.Lock()
 
 
-@dataclass
+@record
 class SharedWeights:
     """What ``share_weights`` did: ``shared_bytes`` in ``arrays`` arrays moved to the
     shared cache, ``file_bytes`` already file-backed (external data), ``private_bytes``

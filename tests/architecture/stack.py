@@ -10,7 +10,7 @@ __all__ = ["INNER_LAYERS", "LAYERS", "LINE_BUDGET", "MODULE_BUDGET", "OTHERS"]
 #: packages in lower layers; never from the same layer's other packages or from above.
 #: ("tfrt_py" is the package root, the public facade that re-exports ``model``.)
 LAYERS: list[set[str]] = [
-    {"errors"},
+    {"errors", "records"},
     {"concurrency", "calls"},
     {"ir"},
     {"feeds", "metadata", "kernels", "frontends"},

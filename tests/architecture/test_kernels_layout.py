@@ -23,7 +23,7 @@ _ROOT = Path(kernels_pkg.__file__).parent
 _LIB = "lib"
 _FAMILIES = sorted(m.name for m in pkgutil.iter_modules([str(_ROOT)]) if m.ispkg and m.name != _LIB)
 #: What kernels may import from tfrt_py besides themselves.
-_BELOW = {"tfrt_py.errors", "tfrt_py.ir", "tfrt_py.calls", "tfrt_py.concurrency"}
+_BELOW = {"tfrt_py.errors", "tfrt_py.records", "tfrt_py.ir", "tfrt_py.calls", "tfrt_py.concurrency"}
 
 
 def _module_name(path: Path) -> str:

@@ -12,12 +12,14 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from ..records import record
 
 __all__ = ["BenchResult", "measure"]
 
 
-@dataclass
+@record
 class BenchResult:
     """Per-call latency of one runner: µs statistics over bursts, and the paired ratio."""
 

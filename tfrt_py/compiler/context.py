@@ -6,16 +6,16 @@ passes import this module, never the pipeline.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..ir import Node
 from ..kernels import KernelFlags, KernelRegistry
+from ..records import record
 
 __all__ = ["PassContext", "PassFn", "flags_lookup"]
 
 
-@dataclass
+@record
 class PassContext:
     """What a pass may use besides the graph: the registry the model runs with (fused
     kernels included)."""

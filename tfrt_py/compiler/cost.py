@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from ..ir import Graph, Node, TensorType, Value
 from ..kernels import Cost, KernelContext, KernelRegistry, default_registry
+from ..records import record
 from .rewrite import op_names
 
 __all__ = [
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Thresholds:
     """Every figure the runtime's decisions rest on (measured on the anchor machine:
     2 cores, NumPy on one core; ``shared/anchors.md``)."""
@@ -102,7 +102,7 @@ _HEAVY_OPS = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NodeCost:
     """One node's estimate: FLOPs and bytes per call, µs (None: a shape is unknown), and
     its class for the async executor."""
@@ -113,7 +113,7 @@ class NodeCost:
     expensive: bool
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ModelCost:
     """A loaded graph's costs, computed once (``model_cost``). ``nodes`` maps ``id(node)``
     (top-level and nested nodes) to its NodeCost; the totals are over the top level."""

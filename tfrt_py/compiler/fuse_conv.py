@@ -25,7 +25,6 @@ output Value, so names and types are unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,7 @@ import numpy as np
 from ..ir import Graph, Node, TensorType, Value
 from ..kernels.fused.domain import DOMAIN
 from ..kernels.lib.activations import ACTIVATIONS
+from ..records import record
 from .context import PassContext
 from .rewrite import Uses
 
@@ -84,7 +84,7 @@ def fuse_conv(graph: Graph, ctx: PassContext) -> str:
     )
 
 
-@dataclass
+@record
 class _Group:
     """A conv and what follows it, as far as it fuses: its nodes in order, the folded
     weights and bias, the value the group ends at, the residual and the activation."""

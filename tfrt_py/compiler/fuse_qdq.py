@@ -40,11 +40,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 
 from ..ir import Graph, Node, Value
+from ..records import record
 from .context import PassContext
 from .rewrite import Uses, op_names, tensor_dtype
 
@@ -61,7 +62,7 @@ class _Refused(Exception):
     """The group stays float; the message is the reason the report gives."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _QParams:
     """One DQ's or Q's quantization: the quantized tensor (a DQ's input, a Q's output), the
     scale and zero point Values, their constant data (zero point: zeros when absent)."""
@@ -153,7 +154,7 @@ def _redundant(act: Node, q: _QParams) -> bool:
     )
 
 
-@dataclass
+@record
 class _Edits:
     """The rewrite under way: who reads what (before it), the nodes replaced (None:
     removed), the zero points made for DQs/Qs without one, the new constants."""

@@ -16,10 +16,10 @@ import importlib
 import os
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from ..ir import Graph, verify
 from ..kernels import KernelRegistry
+from ..records import record
 from .context import PassContext, PassFn
 from .rewrite import clone_graph, drop_unused_constants
 
@@ -28,7 +28,7 @@ __all__ = ["ENV_DISABLE", "PASSES", "PassReport", "optimize", "select_passes"]
 ENV_DISABLE = "TFRT_PY_DISABLE_PASSES"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PassReport:
     """One pass's outcome: its name, whether it ran, its one-line summary, its time."""
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from ..executors.program import Program, compile_program
 from ..ir import Graph
 from ..kernels import KernelRegistry
+from ..records import record
 from .context import PassContext, flags_lookup
 from .cost import ModelCost, model_cost
 from .dynamic import signature_determined
@@ -26,7 +26,7 @@ from .pipeline import PassReport, optimize, select_passes
 __all__ = ["Prepared", "prepare"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Prepared:
     """The optimized graph, the registry it runs with, what each pass did, the compiled
     program, its cost, and the values whose shape the signature determines."""

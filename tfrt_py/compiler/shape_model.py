@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +35,7 @@ from ..executors.plan_build import BAKE_MAX_BYTES
 from ..executors.plan_probe import value_slots
 from ..executors.program import Program
 from ..ir import TensorType
+from ..records import record
 from .load_limits import guarded_env
 
 __all__ = ["CHECK_POINTS", "GRID", "MAX_VARS", "Fit", "fit_shape_model", "probe_scale"]
@@ -54,7 +54,7 @@ def _check_point(j: int, which: int) -> int:
 CHECK_POINTS = 2
 
 
-@dataclass
+@record
 class Fit:
     """The fitted model (None: plans stay per signature, ``reason`` says why), the probe
     environment at the first check point (the plan's structure is read from it) and the

@@ -24,7 +24,7 @@ from .dynamic import is_pure, shape_determined
 from .load_limits import guarded_env, zero_feeds
 from .rewrite import op_names
 
-__all__ = ["infer_shapes", "propagates_fully"]
+__all__ = ["AS_ONNX", "infer_shapes", "propagates_fully"]
 
 _UNARY = frozenset(
     op_names(
@@ -66,16 +66,16 @@ def infer_shapes(graph: Graph, ctx: PassContext) -> str:
 
 #: Standard ops (from opset 7: older binary ops broadcast by an ``axis`` attribute) whose
 #: output types ``_propagate`` derives as ONNX's shape inference does, when it derives them.
-_AS_ONNX = (_UNARY - {"Dropout"}) | _BROADCAST | _COMPARE | {"Where"} | {
+AS_ONNX = (_UNARY - {"Dropout"}) | _BROADCAST | _COMPARE | {"Where"} | {
     "MatMul", "Gemm", "Concat", "Transpose", "Reshape"}  # fmt: skip
 
 
 def propagates_fully(graph: Graph) -> bool:
     """Whether this pass's propagation alone types every node output of ``graph`` (dtype
     and every dim known, static or named) -- the frontend's test for a graph imported
-    without ONNX shape inference (``frontends.onnx.import_model(types_complete=)``).
-    Only graphs of ``_AS_ONNX`` ops qualify; types are filled in place either way."""
-    if any(n.domain != "" or n.op_type not in _AS_ONNX or n.opset < 7 for n in graph.nodes):
+    without ONNX shape inference (``frontends.onnx.OwnTypes``). Only graphs of ``AS_ONNX``
+    ops qualify; types are filled in place either way."""
+    if any(n.domain != "" or n.op_type not in AS_ONNX or n.opset < 7 for n in graph.nodes):
         return False
     for node in graph.nodes:
         _propagate(node)

@@ -23,10 +23,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
+
+from ..records import record
 
 __all__ = ["MAX_DIM", "DimVars", "ShapeModel", "bucket_of", "monomials"]
 
@@ -57,7 +59,7 @@ def _parse(sym: str) -> list[tuple[int, str]] | None:
     return terms or None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DimVars:
     """The variables of a model's input dims and how every dynamic input dim follows
     from them. ``dims[k][a]``: None (static) or (coefficients over the variables,
@@ -179,7 +181,7 @@ def bucket_of(vals: Sequence[int]) -> tuple[int, ...]:
     return tuple(0 if v <= 0 else 1 << (int(v) - 1).bit_length() for v in vals)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Fitted:
     """A slot's fitted formula: its rows in ``ShapeModel.coef`` (``start``, ``n``), and
     for a value formula its shape and dtype."""
@@ -190,7 +192,7 @@ class Fitted:
     dtype: Any = None
 
 
-@dataclass
+@record
 class ShapeModel:
     """Every fitted slot's shape (``shapes``) and every fitted shape-arithmetic value
     (``values``) as rows of ``coef`` over ``monomials(vars)``. ``depends[slot]``: the

@@ -25,8 +25,10 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from ..records import record
 
 __all__ = ["ALIGN", "GREEDY_MAX_PAIRS", "Buffer", "MemoryPlan", "lower_bound", "plan_offsets"]
 
@@ -42,7 +44,7 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-@dataclass
+@record
 class Buffer:
     """One region of the arena: ``nbytes`` at ``offset``, live from step ``first`` to step
     ``last`` (inclusive), holding ``values`` (several when a kernel ran in place)."""
@@ -64,7 +66,7 @@ class Buffer:
         )
 
 
-@dataclass
+@record
 class MemoryPlan:
     """The plan for one input signature.
 

@@ -26,11 +26,12 @@ Built once per signature on the thread that made the first call; immutable after
 from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
 
+from ..records import record
 from .dims import ShapeModel
 from .plan import Buffer, MemoryPlan, lower_bound, plan_offsets
 from .program import Instr, Program
@@ -42,7 +43,7 @@ DEL_MIN_BYTES = 1 << 16
 _RESERVED = (0, 1)  # the program's None and sink slots
 
 
-@dataclass
+@record
 class Layout:
     """Where each value of one signature lives, and the arena's memory plan.
 

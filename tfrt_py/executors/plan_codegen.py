@@ -35,19 +35,19 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..calls import set_current
+from ..records import record
 from .plan_build import Layout
 from .program import Program
 
 __all__ = ["Generated", "Generic", "generate", "instance_slots"]
 
 
-@dataclass
+@record
 class Generated:
     """The generated entry points and what maps a failing line back to its node."""
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import InputError
 from ..feeds import concat_prefixes
+from ..records import record
 
 __all__ = ["CachePair", "Decoder", "read_decoder"]
 
@@ -44,7 +44,7 @@ _PAIR_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CachePair:
     """One cache tensor: fed as ``past``, returned as ``present``. ``axis`` is its sequence
     axis; ``shape`` the input's declared dims (ints, or None/str where dynamic: the batch
@@ -81,7 +81,7 @@ class CachePair:
         return n
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Decoder:
     """The generation-facing signature of a model (see the module docstring). ``vocab`` is
     the logits' last dim when known (token ids are checked against it);

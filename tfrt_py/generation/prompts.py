@@ -13,12 +13,12 @@ then sits in the last column), or on the right for GroupQueryAttention models (t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import InputError
+from ..records import record
 from .decoder import Decoder
 
 __all__ = ["MAX_CACHE_BYTES", "MAX_NEW_TOKENS", "Prompt", "Settings", "read_prompt"]
@@ -31,7 +31,7 @@ MAX_CACHE_BYTES = 4 << 30
 MAX_BATCH = 4096
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Prompt:
     """``ids`` [batch, length] (left-padded), ``mask`` the same shape (1 = a token, 0 =
     padding), ``flat``: the caller gave one sequence (tokens come back as ints)."""
@@ -41,7 +41,7 @@ class Prompt:
     flat: bool
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Settings:
     """How to pick tokens and when to stop (see ``GenerationMixin.generate``)."""
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
+
+from ..records import record
 
 #: One dimension: a static size, a symbolic name (``"batch"``), or ``None`` (unknown).
 Dim = int | str | None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TensorType:
     """A tensor's element type and shape.
 
@@ -39,7 +39,7 @@ class TensorType:
         return f"{dt}[{dims}]"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SequenceType:
     """An ONNX sequence of values of one element type."""
 
@@ -49,7 +49,7 @@ class SequenceType:
         return f"seq<{self.elem}>"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class OptionalType:
     """An ONNX optional: holds a value of ``elem`` or nothing."""
 
@@ -59,7 +59,7 @@ class OptionalType:
         return f"optional<{self.elem}>"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class OpaqueType:
     """Anything else (maps from ai.onnx.ml ZipMap, unknown types)."""
 

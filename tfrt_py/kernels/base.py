@@ -36,7 +36,6 @@ kernel's Python frame -- or None where it does not apply. The executor reads it 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,6 +43,7 @@ import numpy as np
 from ..errors import UnsupportedOpError
 from ..ir import Graph, Node, TensorType
 from ..ir.dtypes import numpy_dtype
+from ..records import record
 
 __all__ = [
     "CONTROL_FLOW",
@@ -67,7 +67,7 @@ ComputeFn = Callable[..., Any]
 SubgraphFn = Callable[[Sequence[Any], Sequence[Any]], list[Any]]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Inline:
     """Statements that replace a kernel's call in generated code. In ``lines``, ``{out}``
     and ``{in0}``, ``{in1}``... stand for the call's output and inputs, and ``{key}`` for
@@ -100,7 +100,7 @@ class Cost(NamedTuple):
     bytes: float
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class KernelFlags:
     """Properties executors and the planner may rely on.
 

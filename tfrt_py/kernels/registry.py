@@ -14,9 +14,9 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from ..errors import UnsupportedOpError
+from ..records import record
 from .base import Cost, KernelBuilder, KernelContext, KernelFlags
 
 __all__ = ["CostFn", "KernelDef", "KernelRegistry"]
@@ -28,7 +28,7 @@ CostFn = Callable[[KernelContext, list[tuple[int, ...]], list[tuple[int, ...]]],
 Register = Callable[["KernelRegistry"], None]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class KernelDef:
     """One registered kernel: serves ``op_type`` in ``domain`` for opsets since..until."""
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .lower.graph import Declined, blockers
-    from .runtime.compile import CACHE_ENV, NativeUnavailable, available
+    from .runtime.availability import NativeUnavailable, available
+    from .runtime.compile import CACHE_ENV
 
 # (the lowering function is ``lower.graph.lower``: the name ``lower`` here is its package)
 __all__ = ["CACHE_ENV", "Declined", "NativeUnavailable", "available", "blockers"]
@@ -24,8 +25,8 @@ _HOMES = {
     "Declined": ".lower.graph",
     "blockers": ".lower.graph",
     "CACHE_ENV": ".runtime.compile",
-    "NativeUnavailable": ".runtime.compile",
-    "available": ".runtime.compile",
+    "NativeUnavailable": ".runtime.availability",
+    "available": ".runtime.availability",
 }
 
 

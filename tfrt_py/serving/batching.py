@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..compiler.cost import graph_cost
 from ..kernels import default_registry
+from ..records import record
 from .limits import DEFAULT_PRIORITY
 
 __all__ = [
@@ -54,7 +54,7 @@ MODES = ("auto", "on", "off")
 RunFn = Callable[..., Awaitable[dict[str, np.ndarray]]]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class BatchPolicy:
     """Whether a served model batches, its limits, and why (for ``GET /v1/models``)."""
 
@@ -116,7 +116,7 @@ def choose_policy(
     return BatchPolicy(True, mb, mw, f"on: {flops / 1e6:.2f} MFLOP per row with a batch dim")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class BatchInfo:
     """What a call of ``run`` carries (``MicroBatcher(..., with_info=True)``): when each of
     its requests was submitted (the loop's clock), their highest priority (lowest level)

@@ -26,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
 
 from ..errors import DeadlineExceeded
 from ..generation import Deadline, Steps
+from ..records import record
 
 __all__ = ["MAX_BATCH", "GenerationBatcher"]
 
@@ -40,7 +41,7 @@ __all__ = ["MAX_BATCH", "GenerationBatcher"]
 MAX_BATCH = 32
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class _Stream:
     steps: Steps
     deadline: Deadline

@@ -24,9 +24,10 @@ import asyncio
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from ..records import record
 from .batching import MODES, choose_policy
 from .errors import RequestError
 from .limits import (
@@ -59,7 +60,7 @@ MODEL_CONTROL = ("none", "explicit")
 DECODE_THREADS = 2
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ModelConfig:
     """One model to serve: ``source`` (a path, bytes, ONNX proto or a loaded
     ``tfrt_py.Model``), the ``version`` it is served as, and per-model overrides of the

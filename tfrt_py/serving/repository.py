@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 
+from ..records import record
 from .errors import RequestError
 
 __all__ = ["Entry", "ModelRepository", "check_name"]
@@ -47,7 +47,7 @@ def check_name(name: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Entry:
     """One model of the repository: its name, the version found and the resolved path of
     its ``.onnx`` file (inside the repository)."""

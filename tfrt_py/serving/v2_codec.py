@@ -37,12 +37,12 @@ import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..feeds import TensorSpec
+from ..records import record
 from .admission import priority_level
 from .codec import convert_value
 from .errors import RequestError, names_list
@@ -147,7 +147,7 @@ def metadata_shape(shape: Sequence[int | str | None] | None) -> list[int]:
     return [d if isinstance(d, int) else -1 for d in shape]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TensorIn:
     """One request input, checked against the model: its ``spec`` and ``dtype`` (the
     model's; object for strings), the shape asked for, the element count, and either
@@ -162,7 +162,7 @@ class TensorIn:
     binary_size: int | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class InferRequest:
     """A checked request: ``outputs`` are (name, binary?) in the order to answer them;
     ``dense``: the sequence-of-maps outputs asked for as one column per class

@@ -31,8 +31,9 @@ from ..compiler.pipeline import select_passes
 from ..compiler.prepare import prepare
 from ..errors import ModelLoadError, UnsupportedOpError
 from ..frontends.onnx import import_model
+from ..frontends.onnx.external_ref import external_ref
 from ..frontends.onnx.overridable import overridable_initializers
-from ..frontends.onnx.tensors import external_ref, is_external, onnx_dtype, tensor_shape
+from ..frontends.onnx.tensors import is_external, onnx_dtype, tensor_shape
 from ..ir import Graph, TensorType, Value, verify
 from ..kernels import KernelRegistry
 from .partition import ALIGN, Stage, compile_stages, max_node_weights, partition

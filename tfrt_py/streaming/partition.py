@@ -14,14 +14,15 @@ model's FLOP estimate. Pure functions of the IR, run once per load on the caller
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from ..compiler.cost import estimate_cost
 from ..errors import ModelLoadError
 from ..executors.program import Program, compile_program, node_captures
-from ..frontends.onnx.tensors import ExternalRef
+from ..frontends.onnx.external_ref import ExternalRef
 from ..ir import Graph, Node, Value
 from ..kernels import KernelRegistry
+from ..records import record
 
 __all__ = [
     "ALIGN",
@@ -42,7 +43,7 @@ def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class StreamedWeight:
     """One weight of one stage: the graph input that stands for it, where its bytes live on
     disk, and where they go inside the stage's region of the arena."""
@@ -52,7 +53,7 @@ class StreamedWeight:
     offset: int
 
 
-@dataclass
+@record
 class Stage:
     """A run of nodes (topological order) and the streamed weights they read."""
 

@@ -39,7 +39,6 @@ from collections.abc import (
     Iterator,
     Mapping,
 )
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,6 +51,7 @@ from ..executors.base import Executor
 from ..executors.program import user_output
 from ..feeds import FeedChecker, fill_outputs
 from ..ir import Graph, Value
+from ..records import record
 from .gate import Gate, Lease
 from .partition import Stage
 from .transfer import Transfers, WeightArena
@@ -62,7 +62,7 @@ __all__ = ["DEFAULT_WINDOW", "StreamInfo", "StreamStats", "StreamedProgram", "ru
 DEFAULT_WINDOW = 4
 
 
-@dataclass
+@record
 class StreamStats:
     """One run's figures. ``compute_s``: stage compute summed; ``transfer_s``: reads summed
     (the disk's busy time, reads are sequential; ``first_transfer_s`` the first stage's,
@@ -91,7 +91,7 @@ class StreamStats:
         )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class StreamInfo:
     """Load-time facts for ``describe()``: the budget, the streamed weights (bytes, tensors,
     files), the constants that stay resident, and the arena's size."""
@@ -105,22 +105,22 @@ class StreamInfo:
 
 
 # What the run's step generator asks its driver for.
-@dataclass
+@record
 class _Need:  # the next window: a list of raw feeds (empty at the end)
     n: int
 
 
-@dataclass
+@record
 class _Wait:  # the value of this AsyncValue
     av: AsyncValue[Any]
 
 
-@dataclass
+@record
 class _Compute:  # run fn() (sync: inline; async: on the pool), send back nothing
     fn: Callable[[], None]
 
 
-@dataclass
+@record
 class _Emit:  # hand these results to the caller; ``final``: the run uses the arena no more
     results: list[dict[str, np.ndarray]]
     final: bool

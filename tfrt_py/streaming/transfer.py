@@ -33,7 +33,7 @@ import numpy as np
 from ..concurrency import AsyncValue, HostContext, run_when_ready
 from ..errors import ExecutionError
 from ..frontends.onnx.external import open_external
-from ..frontends.onnx.tensors import ExternalRef
+from ..frontends.onnx.external_ref import ExternalRef
 from .partition import ALIGN, Stage
 
 __all__ = ["TransferStats", "Transfers", "WeightArena"]

@@ -19,13 +19,14 @@ import onnx
 
 from ...errors import GraphError, ModelLoadError
 from ...ir import Graph, Node, TensorType, Value, ValueType
+from ...records import record
 from . import limits
 from .functions import FunctionInliner, inline_call, schema_function
 from .limits import check_nesting
 from .overridable import defaulted_input, overridable_initializers
 from .tensors import to_array, to_value_type
 
-__all__ = ["import_model"]
+__all__ = ["OwnTypes", "import_model"]
 
 _A = onnx.AttributeProto
 
@@ -39,10 +40,16 @@ HasKernel = Callable[[str, str, int], bool]
 StreamHook = Callable[[onnx.TensorProto], Value | None]
 
 
-#: Answers whether the types of a graph imported without ONNX shape inference are complete
-#: (filling them in place where it can): the compiler's own propagation
-#: (``compiler.shapes.propagates_fully``), which the importer's layer cannot import.
-TypesComplete = Callable[[Graph], bool]
+@record(frozen=True)
+class OwnTypes:
+    """A type propagation offered to ``import_model`` (``model.py`` offers the compiler's,
+    ``compiler.shapes``, which this layer cannot import): ``ops``, the standard op types it
+    types as ONNX's shape inference does; ``complete(graph)`` fills in the types it can,
+    in place, and says whether every node output got one (dtype and every dim)."""
+
+    ops: frozenset[str]
+    complete: Callable[[Graph], bool]
+
 
 #: ``import_model`` tries a model without ONNX shape inference only when its initializers
 #: hold at most this many bytes: the try imports them, and a failed try imports them again.
@@ -54,7 +61,7 @@ def import_model(
     base_dir: str | None,
     has_kernel: HasKernel | None = None,
     stream: StreamHook | None = None,
-    types_complete: TypesComplete | None = None,
+    own_types: OwnTypes | None = None,
 ) -> Graph:
     """Import ``model``'s main graph. Raises ModelLoadError/GraphError with the node name.
 
@@ -65,11 +72,11 @@ def import_model(
     declared ones, with the initializer as their ``Value.default``: the caller may feed
     them, else the initializer is used (as onnxruntime does). They are never streamed.
 
-    ``types_complete``: a small model (no local functions, no subgraphs, a kernel for every
-    node so nothing becomes a schema function's body, initializers within
-    ``TRY_WITHOUT_INFERENCE_BYTES``) is first imported without ONNX shape inference, and
-    kept when ``types_complete`` fills in every value's type from the declared ones;
-    otherwise it is imported with inference, as without the argument. ONNX's first
+    ``own_types``: a small model of ``own_types.ops`` only (no local functions, no
+    subgraphs, a kernel for every node so nothing becomes a schema function's body,
+    initializers within ``TRY_WITHOUT_INFERENCE_BYTES``) is first imported without ONNX
+    shape inference, and kept when ``own_types.complete`` types every value from the
+    declared ones; otherwise it is imported with inference, as without the argument. ONNX's first
     inference in a process builds its schema registry (~10-12 ms, most of a small model's
     load)."""
     opsets: dict[str, int] = {}
@@ -89,28 +96,27 @@ def import_model(
         imp.overridable = overridable
         return imp.graph(gp, {}, gp.name or "main"), imp
 
-    if types_complete is not None and stream is None and _may_skip_inference(model):
+    if own_types is not None and stream is None and _may_skip_inference(model, own_types.ops):
         # its own (empty) inliner: a failed try leaves the names of the import below as is
         graph, imp = run(model.graph, FunctionInliner(()))
-        if not imp.expanded and types_complete(graph):
+        if not imp.expanded and own_types.complete(graph):
             return graph
     return run(_with_inferred_types(model).graph, inliner)[0]
 
 
-def _may_skip_inference(model: onnx.ModelProto) -> bool:
+def _may_skip_inference(model: onnx.ModelProto, ops: frozenset[str]) -> bool:
     """Whether ``import_model`` may try ``model`` without ONNX shape inference (cheap)."""
     if model.functions:
         return False
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ops:
+            return False
     size = 0
     for t in model.graph.initializer:
         size += len(t.raw_data) or t.ByteSize()
         if size > TRY_WITHOUT_INFERENCE_BYTES or t.data_location == onnx.TensorProto.EXTERNAL:
             return False
-    for node in model.graph.node:
-        for a in node.attribute:
-            if a.type in (_A.GRAPH, _A.GRAPHS):
-                return False
-    return True
+    return not any(a.type in (_A.GRAPH, _A.GRAPHS) for n in model.graph.node for a in n.attribute)
 
 
 def _newest_opsets() -> dict[str, int]:

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ...records import record
+
 __all__ = ["AxisPlan", "Params", "output_geometry", "plan_axis"]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Params:
     """A Resize node's attributes, resolved at load."""
 
@@ -40,7 +41,7 @@ class Params:
     axes: tuple[int, ...] | None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AxisPlan:
     """How one axis is resampled: ``index`` [out] (nearest) or ``taps`` (indices [out, n]
     clamped to the input, weights [out, n]) for interpolation; and the output positions to

@@ -18,10 +18,12 @@ Set membership (TreeEnsemble 5, BRANCH_MEMBER) is a sorted lookup of complex key
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
+
+from ...records import record
 
 __all__ = ["EQ", "GT", "GTE", "LEQ", "LT", "MEMBER", "NEQ", "Forest", "TreeSpec"]
 
@@ -49,7 +51,7 @@ _CHUNK = 1 << 21
 _WALK_BLOCK = 1 << 15
 
 
-@dataclass
+@record
 class TreeSpec:
     """Trees in neutral form. References: ``j >= 0`` is internal node j, ``~k`` leaf k."""
 

@@ -12,11 +12,11 @@ it sits here, imported by both of its users); ``scratch`` (per-thread buffers) i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...records import record
 from ..base import KernelContext
 from ..common import attr_str, scratch
 from ..lib.activations import Epilogue
@@ -43,7 +43,7 @@ def attr_ints(ctx: KernelContext, name: str) -> tuple[int, ...] | None:
     return tuple(int(i) for i in v)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Spatial:
     """Spatial attributes of a conv/pool node; ``None`` fields default by rank at plan time."""
 

@@ -15,11 +15,11 @@ float32 for narrower floats (float16, bfloat16), cast back on output.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ...records import record
 from ..base import KernelContext
 
 __all__ = [
@@ -145,7 +145,7 @@ def make_activation(name: str, alpha: float, beta: float) -> Activation:
     raise KeyError(name)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RnnSpec:
     """The attributes every recurrent op shares, parsed once at load."""
 

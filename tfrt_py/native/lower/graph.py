@@ -25,7 +25,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +35,7 @@ from ...executors.plan import Buffer, plan_offsets
 from ...executors.program import Program
 from ...ir import Graph, Node, TensorType, Value
 from ...kernels.lib import blas
+from ...records import record
 from . import registry
 from .budget import OverBudget, budget, check, precheck
 from .context import NodeContext
@@ -59,7 +59,7 @@ TILE_ROWS = 64
 _NP_TYPES = {"f4": "float32", "f8": "float64", "i8": "int64", "i4": "int32", "b1": "boolean"}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Lowered:
     """The generated module source and what calling its ``run`` needs. The names are a
     side table (the source never contains them): ``run``'s arguments are the inputs in

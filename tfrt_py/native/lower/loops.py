@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from ...records import record
 from .source import literal
 
 __all__ = [
@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Ref:
     """A tensor in the generated code: flat array ``buf`` from element ``off`` (an
     expression of ours: ``literal`` of an int, a temporary, or a placeholder ``@n@``

@@ -7,11 +7,10 @@ generated modules.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ...kernels.ml.tree import EQ, GT, GTE, LEQ, LT, MEMBER, NEQ, TreeSpec
+from ...records import record
 
 __all__ = ["AGG_CODES", "FOREST_ROW", "KERNEL_CODES", "POST_CODES", "PackedForest", "pack_forest"]
 
@@ -25,7 +24,7 @@ AGG_CODES = {"SUM": 0, "AVERAGE": 0, "MIN": 1, "MAX": 2}
 FOREST_ROW = ("forest_leq", "forest_lt", "forest_mixed")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PackedForest:
     """The arrays of a forest (see the module docstring) and its sizes."""
 

@@ -17,10 +17,10 @@ Load time; the records are immutable once collected.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from ...ir import Node
+from ...records import record
 
 __all__ = ["Emitter", "OpLowering", "Registry", "RowRule"]
 
@@ -31,7 +31,7 @@ Emitter = Callable[[Any, Node], list[str]]
 RowRule = Callable[[Node, int, list[bool]], bool]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class OpLowering:
     """One op's lowering. ``emit`` is None for a view. ``rows`` None: rows mode declines
     a graph that runs the op on batched values. ``weight``: compile units the op needs at

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import importlib.util
 import os
 import platform
 import stat
@@ -38,12 +37,12 @@ import tempfile
 import time
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...concurrency import numba_target
 from ...concurrency.cachedir import CACHE_ENV, UnsafeCacheDir, cache_dir, check_dir, make_private
-from ...errors import TfrtError
+from ...records import record
+from .availability import NativeUnavailable, available
 
 if TYPE_CHECKING:
     from ..lower.graph import Lowered
@@ -61,11 +60,7 @@ __all__ = [
 ]
 
 
-class NativeUnavailable(TfrtError, RuntimeError):
-    """numba cannot be imported here, so the native tier cannot run."""
-
-
-@dataclass(frozen=True)
+@record(frozen=True)
 class Compiled:
     """The compiled entry point and how it was obtained."""
 
@@ -75,15 +70,6 @@ class Compiled:
     seconds: float
     #: Rows mode: ``run_into(inputs, outputs, params, lo, hi)``, rows lo:hi (else None).
     fn_into: Callable[..., Any] | None = None
-
-
-def available() -> bool:
-    """Whether numba looks importable (does not import it; ``pip install 'tfrt-py[native]'``
-    installs it)."""
-    try:
-        return importlib.util.find_spec("numba") is not None
-    except (ImportError, ValueError):  # an import hook refusing it, a broken install
-        return False
 
 
 def _host_key() -> str:
