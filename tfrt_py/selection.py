@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 
 from .compiler.cost import THRESHOLDS
 from .compiler.prepare import Prepared
-from .compiler.shape_model import Fit, fit_shape_model
 from .concurrency import HostContext, compiled_gate
 from .concurrency.cachedir import UnsafeCacheDir, cache_dir
 from .concurrency.threads import threads as thread_budget
@@ -45,6 +44,7 @@ from .ir import Node, TensorType
 from .native.runtime.availability import NativeUnavailable, available
 
 if TYPE_CHECKING:  # imported when a model may use them
+    from .compiler.shape_model import Fit
     from .executors.async_executor import AsyncExecutor
     from .native.lower.graph import Lowered
 
@@ -178,11 +178,14 @@ def _shape_fit(prepared: Prepared) -> Fit | None:
     (``STAND_IN_PROBE_FLOPS``): they run the whole model ``2**n + 2`` times on the NumPy
     paths (2 s of a quantized ResNet-18's load) for an interpreter the warm-up replaces;
     the replacement fits on the compiled kernels."""
+    inputs = prepared.graph.inputs
+    static = all(isinstance(v.type, TensorType) and v.type.is_static for v in inputs)
+    if static and os.environ.get(GENERIC_ENV) != "0":
+        return None
+    from .compiler.shape_model import Fit, fit_shape_model  # here: static models skip it
+
     if os.environ.get(GENERIC_ENV) == "0":
         return Fit(None, f"${GENERIC_ENV}=0")
-    inputs = prepared.graph.inputs
-    if all(isinstance(v.type, TensorType) and v.type.is_static for v in inputs):
-        return None
     program, determined = prepared.program, prepared.determined
     if compiled_gate.held():
         fit = fit_shape_model(program, determined, prepared.computed_per_signature,

@@ -36,7 +36,7 @@ import sys
 import threading
 from typing import Any
 
-from . import compiled_gate, native_pool, numba_target
+from . import compiled_gate, numba_target
 from .env_switch import switched_off
 
 __all__ = [
@@ -77,6 +77,8 @@ def runner() -> str:
     """Who runs the parallel loops' parts, for ``describe()``."""
     if not ready():
         return "the intra-op pool"
+    from . import native_pool  # here: a process without compiled kernels never loads it
+
     return "native threads (tfrt_py's pool)" if native_pool.installed() else "native threads (TBB)"
 
 
@@ -184,6 +186,8 @@ def _start_tbb() -> str:
         parallel._launch_threads()  # TBB registers its parallel_for: the pool's replaces it
     except Exception as e:  # noqa: BLE001 - TBB failed to start: no native threads
         return f"TBB did not start ({type(e).__name__})"
+    from . import native_pool
+
     native_pool.install(_MAX[0])
     return ""
 

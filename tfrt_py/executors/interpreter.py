@@ -46,7 +46,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -57,9 +57,11 @@ from .base import Executor
 from .plan import ALIGN, MemoryPlan
 from .plan_build import Layout, build_layout
 from .plan_codegen import Generated, generate
-from .plan_generic import GenericPlan, Instance
 from .plan_probe import run_env
 from .program import Program, constant_ids, named_deadline, user_output
+
+if TYPE_CHECKING:
+    from .plan_generic import GenericPlan, Instance
 
 __all__ = ["SyncInterpreter"]
 
@@ -322,6 +324,8 @@ class SyncInterpreter(Executor):
         layout = build_layout(
             self._program, env, self._determined, sig or (), self._computed_once, model
         )
+        from .plan_generic import GenericPlan  # here: only models with dynamic dims use it
+
         generic = GenericPlan(self._program, layout, model)
         plan = _Plan(self._program, layout)
         helpers = {"_slow": self._slow, "_failed": plan.failed, "_cp": self._copy,

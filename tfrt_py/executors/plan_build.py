@@ -27,14 +27,16 @@ from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
 from dataclasses import field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..records import record
-from .dims import ShapeModel
 from .plan import Buffer, MemoryPlan, lower_bound, plan_offsets
 from .program import Instr, Program
+
+if TYPE_CHECKING:
+    from .dims import ShapeModel
 
 __all__ = ["DEL_MIN_BYTES", "Layout", "build_layout"]
 

@@ -1,0 +1,42 @@
+"""A fresh process's first result imports only what a small static model needs (issue 33:
+the first result of a new process against onnxruntime's, where most of our time is
+imports). Each module below was imported by that path before it was made lazy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.support.paths import ROOT
+
+_FIRST_RESULT = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+import numpy as np
+import tfrt_py
+m = tfrt_py.load({str(ROOT / "tfrt_py" / "examples" / "mlp_small.onnx")!r})
+m.run({{s.name: np.ones([1 if isinstance(d, str) else d for d in s.shape], np.float32)
+        for s in m.inputs}})
+print(" ".join(sorted(k for k in sys.modules if k.startswith("tfrt_py"))))
+"""
+
+#: Not imported for a static MLP's first result, and why not.
+NOT_NEEDED = {
+    "tfrt_py.executors.dims": "the shape model: models with dynamic dims only",
+    "tfrt_py.executors.plan_generic": "the one plan for every signature: dynamic dims only",
+    "tfrt_py.compiler.shape_model": "fitting the shape model: dynamic dims only",
+    "tfrt_py.concurrency.native_pool": "the compiled kernels' thread pool: installed by them",
+    "tfrt_py.native.runtime.compile": "compiling a lowered model: the native tier only",
+    "tfrt_py.frontends.onnx.external_ref": "external data: models that have it",
+}
+
+
+def test_a_static_models_first_result_imports_only_what_it_uses() -> None:
+    """In a user's environment: without conftest's switches (a cold start where numba is
+    installed, the native tier in the background)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TFRT_PY_COLD_START", "TFRT_PY_NATIVE")}
+    out = subprocess.run([sys.executable, "-c", _FIRST_RESULT], capture_output=True, text=True,
+                         timeout=300, check=True, env=env).stdout.split()  # fmt: skip
+    assert "tfrt_py.executors.interpreter" in out  # it did run
+    assert {m: why for m, why in NOT_NEEDED.items() if m in out} == {}
