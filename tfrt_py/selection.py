@@ -150,9 +150,10 @@ def rebuild(ex: Executor, old: Prepared) -> tuple[Executor, Prepared]:
 
 def _interpreter(prepared: Prepared, check: FeedChecker) -> SyncInterpreter:
     fit = _shape_fit(prepared)
-    # a cold start's stand-in with dynamic dims and no generic plan runs unplanned: a plan
-    # per signature (a decoder's step: ~20 ms) would not pay back before the switch
-    per_signature = fit is None or fit.model is not None or not compiled_gate.held()
+    # a cold start's stand-in without a generic plan plans a signature only once its calls
+    # cost more than a plan: a decoder step's plan (~20 ms) would not pay back before the
+    # switch, nor a small model's (~2 ms of a fresh process's first result)
+    per_signature = (fit is not None and fit.model is not None) or not compiled_gate.held()
     return SyncInterpreter(
         prepared.program, prepared.determined, check,
         computed_once=prepared.computed_per_signature, shape_fit=fit,

@@ -156,10 +156,10 @@ class SyncInterpreter(Executor):
         self._check = check
         self._max_plans = max_plans
         #: False: plans per signature only for a program whose calls cost more than its
-        #: plans would (``_plans_pay``: a cold start's stand-in with dynamic dims and no
-        #: generic plan, where a plan must pay back before the switch; a decoder's step
-        #: costs ~2.5 ms unplanned and its plan ~20 ms, a CNN's call tens of ms and its
-        #: plan a few); other calls run freeing values as they go
+        #: plans would (``_plans_pay``: a cold start's stand-in without a generic plan,
+        #: where a plan must pay back before the switch; a decoder's step costs ~2.5 ms
+        #: unplanned and its plan ~20 ms, a CNN's call tens of ms and its plan a few);
+        #: other calls run freeing values as they go
         self.per_signature = per_signature
         self._unplanned_s = float("inf")  # the cheapest unplanned call's time
         self._unplanned_n = 0
