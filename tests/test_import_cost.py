@@ -29,6 +29,10 @@ NOT_NEEDED = {
     "tfrt_py.concurrency.native_pool": "the compiled kernels' thread pool: installed by them",
     "tfrt_py.native.runtime.compile": "compiling a lowered model: the native tier only",
     "tfrt_py.frontends.onnx.external_ref": "external data: models that have it",
+    **{
+        f"tfrt_py.compiler.{p}": "a pass without its trigger ops (pipeline.TRIGGERS)"
+        for p in ("fuse_qdq", "fuse_conv", "channels_last", "fuse_trees", "fuse_ml", "hoist")
+    },
 }
 
 
@@ -39,4 +43,5 @@ def test_a_static_models_first_result_imports_only_what_it_uses() -> None:
     out = subprocess.run([sys.executable, "-c", _FIRST_RESULT], capture_output=True, text=True,
                          timeout=300, check=True, env=env).stdout.split()  # fmt: skip
     assert "tfrt_py.executors.interpreter" in out  # it did run
+    assert "tfrt_py.compiler.fuse_linear" in out  # and the passes that apply
     assert {m: why for m, why in NOT_NEEDED.items() if m in out} == {}

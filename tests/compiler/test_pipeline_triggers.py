@@ -1,18 +1,16 @@
 """Passes gated by their trigger ops (``compiler.pipeline.TRIGGERS``): a pass whose ops the
 graph lacks is reported as the pass itself would report it, changes nothing, and its
 module is never imported (a small model's first load in a fresh process is mostly
-imports, issue 33)."""
+imports, issue 33; tests/test_import_cost.py checks that a fresh process does not import
+them)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 
 import numpy as np
 import pytest
 
-from tests.support.paths import ROOT
 from tfrt_py.compiler.context import PassContext
 from tfrt_py.compiler.pipeline import TRIGGERS, pass_fn
 from tfrt_py.compiler.rewrite import clone_graph
@@ -40,26 +38,6 @@ def test_a_gated_pass_reports_and_does_what_the_pass_does_without_its_ops(name: 
     before = format_graph(graph)
     assert pass_fn(name)(graph, PassContext(default_registry())) == said
     assert format_graph(graph) == before
-
-
-_FRESH = f"""
-import sys
-sys.path.insert(0, {str(ROOT)!r})
-import numpy as np
-import tfrt_py
-m = tfrt_py.load({str(ROOT / "tfrt_py" / "examples" / "mlp_small.onnx")!r})
-m.run({{s.name: np.ones([1 if isinstance(d, str) else d for d in s.shape], np.float32)
-        for s in m.inputs}})
-print(" ".join(sorted(k for k in sys.modules if k.startswith("tfrt_py.compiler."))))
-"""
-
-
-def test_loading_an_mlp_imports_none_of_the_passes_it_has_nothing_for() -> None:
-    out = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True, text=True,
-                         timeout=300, check=True).stdout.split()  # fmt: skip
-    assert "tfrt_py.compiler.fuse_linear" in out  # it ran the passes that apply
-    for gated in ("fuse_qdq", "fuse_conv", "channels_last", "fuse_trees", "fuse_ml", "hoist"):
-        assert f"tfrt_py.compiler.{gated}" not in out, out
 
 
 @pytest.mark.slow

@@ -75,7 +75,7 @@ def _leaky_relu(ctx: KernelContext) -> ComputeFn:
     pick = np.maximum if alpha <= 1.0 else np.minimum
 
     def leaky_relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        t = np.multiply(x, alpha, out=...)
+        t = np.asarray(np.multiply(x, alpha))
         return pick(x, t, out=t if out is None else out)
 
     return _native_float(ctx, leaky_relu)
@@ -85,12 +85,12 @@ def _elu_like(alpha: float, gamma: float, inv_alpha: float | None) -> ComputeFn:
     """gamma * (max(x, 0) + alpha * expm1(min(x, 0) [* inv_alpha])): Elu, Selu, Celu."""
 
     def elu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        t = np.minimum(x, 0, out=...)
+        t = np.asarray(np.minimum(x, 0))
         if inv_alpha is not None:
             t *= inv_alpha
         np.expm1(t, out=t)
         t *= alpha
-        r = np.maximum(x, 0, out=... if out is None else out)
+        r = np.asarray(np.maximum(x, 0, out=out))
         r += t
         if gamma != 1.0:
             r *= gamma
@@ -128,7 +128,7 @@ def _sigmoid(ctx: KernelContext) -> ComputeFn:
     def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         if fast is not None and flat_f32(x, out):
             return in_place(fast, x, out)
-        r = np.negative(x, out=... if out is None else out)
+        r = np.asarray(np.negative(x, out=out))
         np.exp(r, out=r)
         r += 1
         return np.reciprocal(r, out=r)
@@ -142,7 +142,7 @@ def _hard_sigmoid(ctx: KernelContext) -> ComputeFn:
     beta = float(ctx.attr("beta", 0.5))
 
     def hard_sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        r = np.multiply(x, alpha, out=... if out is None else out)
+        r = np.asarray(np.multiply(x, alpha, out=out))
         r += beta
         np.maximum(r, 0, out=r)
         return np.minimum(r, 1, out=r)
@@ -155,7 +155,7 @@ def _hard_swish(ctx: KernelContext) -> ComputeFn:
     sixth = 1.0 / 6.0
 
     def hard_swish(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        t = np.multiply(x, sixth, out=...)
+        t = np.asarray(np.multiply(x, sixth))
         t += 0.5
         np.maximum(t, 0, out=t)
         np.minimum(t, 1, out=t)
@@ -177,7 +177,7 @@ def _softsign(ctx: KernelContext) -> ComputeFn:
     """Softsign(x) = x / (1 + |x|)."""
 
     def softsign(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        t = np.absolute(x, out=...)
+        t = np.asarray(np.absolute(x))
         t += 1
         return np.divide(x, t, out=t if out is None else out)
 
@@ -188,7 +188,7 @@ def _mish(ctx: KernelContext) -> ComputeFn:
     """Mish(x) = x * tanh(softplus(x))."""
 
     def mish(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        t = np.logaddexp(x, 0, out=...)
+        t = np.asarray(np.logaddexp(x, 0))
         np.tanh(t, out=t)
         return np.multiply(x, t, out=t if out is None else out)
 
@@ -200,7 +200,7 @@ def _thresholded_relu(ctx: KernelContext) -> ComputeFn:
     alpha = float(ctx.attr("alpha", 1.0))
 
     def thresholded_relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        keep = np.greater(x, alpha, out=...)
+        keep = np.asarray(np.greater(x, alpha))
         if out is None:
             return np.where(keep, x, 0)
         if out is not x:
@@ -218,10 +218,10 @@ def _shrink(ctx: KernelContext) -> ComputeFn:
     lambd = float(ctx.attr("lambd", 0.5))
 
     def shrink(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        hi = np.greater(x, lambd, out=...)
-        lo = np.less(x, -lambd, out=...)
+        hi = np.asarray(np.greater(x, lambd))
+        lo = np.asarray(np.less(x, -lambd))
         r = np.empty_like(x) if out is None else out
-        mid = np.logical_or(hi, lo, out=...)
+        mid = np.asarray(np.logical_or(hi, lo))
         np.logical_not(mid, out=mid)
         np.subtract(x, bias, out=r, where=hi)
         np.add(x, bias, out=r, where=lo)
@@ -269,7 +269,7 @@ def _swish(ctx: KernelContext) -> ComputeFn:
     def swish(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         if fast is not None and flat_f32(x, out):
             return in_place(fast, x, out)
-        t = np.multiply(x, neg_alpha, out=...)
+        t = np.asarray(np.multiply(x, neg_alpha))
         np.exp(t, out=t)
         t += 1
         return np.divide(x, t, out=t if out is None else out)
@@ -281,7 +281,7 @@ def _prelu(ctx: KernelContext) -> ComputeFn:
     """PRelu(x, slope) = x if x >= 0 else slope * x; slope broadcasts to x's shape."""
 
     def prelu(x: np.ndarray, slope: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        neg = np.less(x, 0, out=...)
+        neg = np.asarray(np.less(x, 0))
         if out is None:
             out = np.array(x, copy=True)
         elif out is not x:

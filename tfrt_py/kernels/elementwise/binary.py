@@ -50,8 +50,8 @@ def _binary_builder(uf: np.ufunc) -> KernelBuilder:
 # -- Div -----------------------------------------------------------------------------------
 def _trunc_div(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> Any:
     """Signed integer division rounding toward zero (C semantics), as ONNX Div."""
-    q, r = np.divmod(a, b, out=...)
-    fix = np.not_equal(r, 0, out=...)
+    q, r = (np.asarray(v) for v in np.divmod(a, b))
+    fix = np.asarray(np.not_equal(r, 0))
     fix &= q < 0  # floor and trunc differ only for inexact negative quotients
     q += fix
     if out is None:
@@ -179,12 +179,12 @@ def _fold(uf: np.ufunc, n: int) -> ComputeFn:
         return uf
 
     def many(*xs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        r = uf(xs[0], xs[1], out=... if out is None else out)
+        r = np.asarray(uf(xs[0], xs[1], out=out))
         for x in xs[2:]:
             if out is not None or x.shape == r.shape:
                 uf(r, x, out=r)
             else:
-                r = uf(r, x, out=...)
+                r = np.asarray(uf(r, x))
         return r
 
     return many
@@ -239,7 +239,7 @@ def _clip_const(lo: Any, hi: Any) -> ComputeFn:
         return clip_hi
 
     def clip(x: np.ndarray, *_: Any, out: np.ndarray | None = None) -> Any:
-        r = np.maximum(x, lo, out=... if out is None else out)
+        r = np.asarray(np.maximum(x, lo, out=out))
         return np.minimum(r, hi, out=r)
 
     return clip
@@ -252,7 +252,7 @@ def _clip_dynamic(
     out: np.ndarray | None = None,
 ) -> Any:
     if lo is not None:
-        r = np.maximum(x, lo, out=... if out is None else out)
+        r = np.asarray(np.maximum(x, lo, out=out))
         if hi is not None:
             np.minimum(r, hi, out=r)
         return r

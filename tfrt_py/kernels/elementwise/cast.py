@@ -72,7 +72,7 @@ def _saturate(x: np.ndarray, dt: np.dtype) -> np.ndarray:
     lo, hi = float(fi.min), float(fi.max)
     if x.dtype.kind != "f":
         x = x.astype(np.float32)
-    r = np.maximum(x, lo, out=...)
+    r = np.asarray(np.maximum(x, lo))
     np.minimum(r, hi, out=r)
     return r.astype(dt)
 

@@ -54,7 +54,7 @@ _P4 = np.float32(4.0)
 
 def _horner(z: np.ndarray, coeffs: tuple[Any, ...]) -> np.ndarray:
     """coeffs[0]*z^n + ... + coeffs[n], evaluated in place in one new array."""
-    r = np.multiply(z, coeffs[0], out=...)
+    r = np.asarray(np.multiply(z, coeffs[0]))
     r += coeffs[1]
     for c in coeffs[2:]:
         r *= z
@@ -64,9 +64,9 @@ def _horner(z: np.ndarray, coeffs: tuple[Any, ...]) -> np.ndarray:
 
 def erf_f32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """erf of a float32 array (NaN propagates), into ``out`` when given."""
-    xc = np.maximum(x, _M4, out=...)
+    xc = np.asarray(np.maximum(x, _M4))
     np.minimum(xc, _P4, out=xc)
-    z = np.multiply(xc, xc, out=...)
+    z = np.asarray(np.multiply(xc, xc))
     p = _horner(z, _P32)
     p *= xc
     q = _horner(z, _Q32)

@@ -33,7 +33,7 @@ def gelu_tanh(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 def _gelu_erf(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    t = np.multiply(x, _INV_SQRT2, out=...)
+    t = np.asarray(np.multiply(x, _INV_SQRT2))
     t = erf(t, out=t)
     t += 1
     r = np.multiply(t, x, out=t if out is None else out)
@@ -42,7 +42,7 @@ def _gelu_erf(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 
 
 def _gelu_tanh(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    t = np.multiply(x, x, out=...)
+    t = np.asarray(np.multiply(x, x))
     t *= 0.044715
     t += 1
     t *= x
