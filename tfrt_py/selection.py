@@ -293,7 +293,6 @@ def _auto_native(prepared: Prepared, why: str) -> tuple[bool, Lowered | None, st
     if not available():
         return False, None, why, "numba cannot be imported (pip install 'tfrt-py[native]')"
     from .native.lower.graph import Declined, blockers
-    from .native.runtime.tier import plan_lowering
 
     reasons = blockers(prepared.graph)
     if reasons:
@@ -305,6 +304,8 @@ def _auto_native(prepared: Prepared, why: str) -> tuple[bool, Lowered | None, st
         too_big = (f"every op lowers, but at est. {flops / 1e6:.2f} MFLOP per call the model "
                    "is not tiny (executor='native' forces it)")  # fmt: skip
         return False, None, why, too_big
+    from .native.runtime.tier import plan_lowering  # here: only a model it may lower
+
     try:
         cache_dir()
         lowered = plan_lowering(prepared.graph, prepared.program)
