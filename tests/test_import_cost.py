@@ -31,7 +31,16 @@ NOT_NEEDED = {
     "tfrt_py.frontends.onnx.external_ref": "external data: models that have it",
     **{
         f"tfrt_py.compiler.{p}": "a pass without its trigger ops (pipeline.TRIGGERS)"
-        for p in ("fuse_qdq", "fuse_conv", "channels_last", "fuse_trees", "fuse_ml", "hoist")
+        for p in (
+            "fuse_qdq",
+            "fuse_conv",
+            "channels_last",
+            "fuse_trees",
+            "fuse_ml",
+            "hoist",
+            "fuse_transformer",
+            "fuse_attention",
+        )
     },
 }
 

@@ -84,6 +84,12 @@ TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
     "channels_last": (frozenset({"QLinearConv"}), "nothing to do"),
     "fuse_conv": (frozenset({"Conv"}), "nothing to fuse"),
     "hoist": (frozenset({"Concat"}), "nothing to hoist"),
+    # GELU (Erf/Tanh), LayerNorm/RMSNorm (ReduceMean), SiLU (Sigmoid); a MatMul whose B is
+    # transposed, and so attention, and a scaling moved before a Transpose need a Transpose
+    "fuse_transformer": (
+        frozenset({"Erf", "Tanh", "ReduceMean", "Sigmoid", "Transpose"}),
+        "nothing to fuse",
+    ),
     "fuse_vision": (frozenset({"LayerNormalization", "Gelu", "Mul"}), "nothing to fuse"),
     "fuse_ml": (frozenset({"ArrayFeatureExtractor", "Scan"}), "nothing to fuse"),
     "fuse_trees": (frozenset({"TreeEnsembleRegressor", "Sum"}), "nothing to fuse"),
