@@ -59,8 +59,10 @@ def _finish(cls: T, *, frozen: bool, eq: bool, slots: bool) -> T:
     made.__record_compared__ = _key([f.name for f in fields if f.compare])
     if "__eq__" not in body:
         made.__eq__ = _eq
-    explicit_hash = body.get("__hash__") is not None
-    if not explicit_hash:  # dataclass's rule for eq=True without unsafe_hash
+    # dataclass's rule for eq=True without unsafe_hash: a body's __hash__ is kept, unless it
+    # is the None Python writes for a body that defines __eq__ alone
+    explicit_hash = "__hash__" in body and not (body["__hash__"] is None and "__eq__" in body)
+    if not explicit_hash:
         if frozen:
             hashed = [f.name for f in fields if (f.compare if f.hash is None else f.hash)]
             made.__record_hashed__ = _key(hashed)
