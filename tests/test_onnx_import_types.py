@@ -21,6 +21,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
+from tests.support.jit_paths import spy_served
 from tfrt_py.compiler import shapes
 from tfrt_py.compiler.shapes import AS_ONNX, propagates_fully
 from tfrt_py.frontends.onnx import OwnTypes, import_model
@@ -52,18 +53,9 @@ def _mlp(batch: str | int = "N", hidden: int = 16, rng_seed: int = 0) -> onnx.Mo
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-class _InferenceCalls:
-    """Counts ONNX shape inference runs (the real function still runs)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.n = 0
-        real = onnx.shape_inference.infer_shapes
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.n += 1
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(onnx.shape_inference, "infer_shapes", counted)
+def _inference_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """One entry per ONNX shape inference run (the real function still runs)."""
+    return spy_served(monkeypatch, onnx.shape_inference, "infer_shapes")
 
 
 def _types(g: Graph) -> list[tuple[str, str]]:
@@ -79,9 +71,9 @@ def _both(model: onnx.ModelProto) -> tuple[Graph, Graph]:
 def test_a_model_the_propagation_types_is_imported_without_onnx_inference(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls = _InferenceCalls(monkeypatch)
+    calls = _inference_calls(monkeypatch)
     skipped, inferred = _both(_mlp())
-    assert calls.n == 1  # the second import only
+    assert len(calls) == 1  # the second import only
     assert _types(skipped) == _types(inferred)
     assert dict(_types(skipped))["y"] == "float32[N,3]"
 
@@ -89,13 +81,13 @@ def test_a_model_the_propagation_types_is_imported_without_onnx_inference(
 def test_load_gives_the_answers_of_an_import_with_inference(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls = _InferenceCalls(monkeypatch)
+    calls = _inference_calls(monkeypatch)
     x = np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32)
     model = tfrt_py.load(_mlp().SerializeToString())
-    assert calls.n == 0
+    assert len(calls) == 0
     monkeypatch.setattr(shapes, "propagates_fully", lambda g: False)
     before = tfrt_py.load(_mlp().SerializeToString())
-    assert calls.n == 1
+    assert len(calls) == 1
     np.testing.assert_array_equal(model.run({"x": x})["y"], before.run({"x": x})["y"])
     assert str(model.outputs[0].shape) == str(before.outputs[0].shape)
 
@@ -152,9 +144,9 @@ def _old_concat() -> onnx.ModelProto:
 def test_onnx_inference_still_runs_where_the_propagation_cannot_type_everything(
     monkeypatch: pytest.MonkeyPatch, make: Any
 ) -> None:
-    calls = _InferenceCalls(monkeypatch)
+    calls = _inference_calls(monkeypatch)
     skipped, inferred = _both(make())
-    assert calls.n == 2  # each import inferred
+    assert len(calls) == 2  # each import inferred
     assert _types(skipped) == _types(inferred)
 
 
@@ -168,11 +160,11 @@ def test_a_node_without_a_kernel_is_imported_with_inference(
     def has(domain: str, op: str, opset: int) -> bool:
         return op != "Mish" and registry.has(domain, op, opset)
 
-    calls = _InferenceCalls(monkeypatch)
+    calls = _inference_calls(monkeypatch)
     model = _without_a_kernel()
     skipped = import_model(model, None, has, own_types=OWN)
     inferred = import_model(model, None, has)
-    assert calls.n == 2
+    assert len(calls) == 2
     assert "Mish" not in {n.op_type for n in skipped.nodes}
     assert _types(skipped) == _types(inferred)
 

@@ -179,13 +179,13 @@ def _shape_fit(prepared: Prepared) -> Fit | None:
     (``STAND_IN_PROBE_FLOPS``): they run the whole model ``2**n + 2`` times on the NumPy
     paths (2 s of a quantized ResNet-18's load) for an interpreter the warm-up replaces;
     the replacement fits on the compiled kernels."""
+    generic_off = os.environ.get(GENERIC_ENV) == "0"
     inputs = prepared.graph.inputs
-    static = all(isinstance(v.type, TensorType) and v.type.is_static for v in inputs)
-    if static and os.environ.get(GENERIC_ENV) != "0":
+    if not generic_off and all(isinstance(v.type, TensorType) and v.type.is_static for v in inputs):
         return None
     from .compiler.shape_model import Fit, fit_shape_model  # here: static models skip it
 
-    if os.environ.get(GENERIC_ENV) == "0":
+    if generic_off:
         return Fit(None, f"${GENERIC_ENV}=0")
     program, determined = prepared.program, prepared.determined
     if compiled_gate.held():

@@ -81,8 +81,8 @@ def spy_served(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[b
     real = getattr(owner, name)
     served: list[bool] = []
 
-    def spy(*args: Any) -> Any:
-        out = real(*args)
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
         served.append(out is not None)
         return out
 

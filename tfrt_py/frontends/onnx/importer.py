@@ -76,9 +76,9 @@ def import_model(
     subgraphs, a kernel for every node so nothing becomes a schema function's body,
     initializers within ``TRY_WITHOUT_INFERENCE_BYTES``) is first imported without ONNX
     shape inference, and kept when ``own_types.complete`` types every value from the
-    declared ones; otherwise it is imported with inference, as without the argument. ONNX's first
-    inference in a process builds its schema registry (~10-12 ms, most of a small model's
-    load)."""
+    declared ones; otherwise it is imported with inference, as without the argument.
+    ONNX's first inference in a process builds its schema registry (~10-12 ms, most of a
+    small model's load)."""
     opsets: dict[str, int] = {}
     for imp in model.opset_import:
         opsets["" if imp.domain == "ai.onnx" else imp.domain] = int(imp.version)
