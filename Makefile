@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo dist test test-slow test-floor test-fallbacks test-wheel lint unit conformance bench bench-zoo bench-zoo-classic \
+.PHONY: bench-first-result demo dist test test-slow test-floor test-fallbacks test-wheel lint unit conformance bench bench-zoo bench-zoo-classic \
 	bench-zoo-transformers bench-zoo-vision bench-zoo-quant bench-dynamic bench-generate \
 	zoo-transformers-test-files clean
 
@@ -116,6 +116,12 @@ bench-dynamic: $(ZOO_STAMP)
 # export: tokens/s, the first generation after load, decode steps at past 16..512.
 bench-generate: $(ZOO_STAMP)
 	$(ZOO_RUN) benchmarks/generate.py --out $(ZOO_OUT)/generate
+
+# A new process's first result (issue 33): whole processes (import, load, run, exit) of
+# tfrt_py and onnxruntime interleaved, tfrt_py with its import cache warm, cold and off.
+bench-first-result: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	$(ZOO_RUN) benchmarks/first_result.py
 
 # mypy checks tfrt_py and the tests pyproject.toml names; the last line prints each
 # package's lines against its budget (tests/architecture/stack.py).

@@ -57,8 +57,10 @@ def shuffled_ready_queue(monkeypatch: pytest.MonkeyPatch) -> None:
 #: wait for the compiled kernels (``TFRT_PY_COLD_START=0``), as tests expect them: the cold
 #: start (NumPy paths first, tfrt_py.cold_start) is tested in fresh processes,
 #: test_cold_start.py. A cold start begun at collection held the compiled kernels back
-#: from the tests that ran during its warm-up (CI, on a cold numba cache).
-SUITE_ENV = {"TFRT_PY_NATIVE": "0", "TFRT_PY_COLD_START": "0"}
+#: from the tests that ran during its warm-up (CI, on a cold numba cache). Every load
+#: imports its ONNX file (``TFRT_PY_GRAPH_CACHE=0``): tests that count the importer's work
+#: or lower its limits see it run; test_graph_cache.py turns the cache on.
+SUITE_ENV = {"TFRT_PY_NATIVE": "0", "TFRT_PY_COLD_START": "0", "TFRT_PY_GRAPH_CACHE": "0"}
 _suite_mp = pytest.MonkeyPatch()
 
 

@@ -44,15 +44,15 @@ from .errors import InputError
 from .executors.base import Executor
 from .feeds import FeedChecker, TensorSpec, spec_of, warmup_feeds
 from .generation import GenerationMixin
-from .ir import Graph, verify
-from .kernels import KernelRegistry, default_registry
+from .ir import Graph
+from .kernels import default_registry
 from .kernels.custom import CustomKernels, with_custom
-from .metadata import ModelMetadata, from_graph, from_proto
+from .metadata import ModelMetadata, from_graph
+from .reading import read_source
 from .selection import EXECUTORS, finish, rebuild, select_executor
 
 if TYPE_CHECKING:
     from .profiling import ProfileReport
-    from .streaming import StreamedProgram
 
 __all__ = ["EXECUTORS", "Model", "load"]
 
@@ -130,19 +130,20 @@ def load(
     registry = with_custom(default_registry(), custom_kernels)
     # a cold process builds on NumPy paths and switches later (tfrt_py.cold_start)
     with cold_start.building(native if memory_budget is None else "eager") as cold:
-        read, origin, meta = _read(source, base_dir, memory_budget, registry, optimize, executor)
+        read, origin, meta, how = read_source(source, base_dir, memory_budget, registry,
+                                              optimize, executor)  # fmt: skip
         if not isinstance(read, Graph):  # streamed: tfrt_py.streaming prepared and selected it
             runtime = finish(read, read.prepared, host)
             limit_blas()
             return Model(read.graph, runtime, read.prepared, origin,
-                         time.perf_counter() - t0, default_timeout, limiter, meta)  # fmt: skip
+                         time.perf_counter() - t0, default_timeout, limiter, meta, how)  # fmt: skip
         prepared = prepare(read, registry, optimize)  # 2. prepare
         check = FeedChecker(prepared.graph.inputs)  # 3. select
         runtime = select_executor(executor, prepared, check, host=host, native_mode=native)
         limit_blas()  # a BLAS the preparation loaded (SciPy's, via numba) runs one thread too
         load_s = time.perf_counter() - t0  # 4. the facade
         model = Model(prepared.graph, runtime, prepared, origin, load_s, default_timeout,
-                      limiter, meta)  # fmt: skip
+                      limiter, meta, how)  # fmt: skip
         if cold:
             model._switched = cold_start.switch_later(model)
             model._plain = False  # calls tell the warm-up (cold_start.in_call) until it switches
@@ -157,50 +158,6 @@ def _check_choices(native: str, executor: str) -> None:
         raise ValueError(f"native must be one of {NATIVE_MODES}, got {native!r}")
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-
-
-def _read(
-    source: Any,
-    base_dir: str | os.PathLike[str] | None,
-    memory_budget: int | None,
-    registry: KernelRegistry,
-    optimize: bool | Collection[str] | None,
-    executor: str,
-) -> tuple[Graph | StreamedProgram, str, ModelMetadata]:
-    """Stage 1: the verified IR graph of ``source``, where it came from (for messages) and
-    its metadata, or the executor ``tfrt_py.streaming`` made of a model whose weights
-    exceed ``memory_budget``."""
-    if isinstance(source, Graph):
-        if base_dir is not None:
-            raise ValueError("base_dir is for ONNX sources; a tfrt_py.ir.Graph has no files")
-        if memory_budget is not None:
-            raise ValueError(
-                "memory_budget streams ONNX external-data weights from disk; a tfrt_py.ir.Graph "
-                "already holds its weights in memory (save it as ONNX with external data)"
-            )
-        graph, origin = source, f"graph {source.name!r}"
-        meta = from_graph(source.name, source.opsets)
-    else:
-        from .compiler.shapes import AS_ONNX, propagates_fully
-        from .frontends.onnx import OwnTypes, import_model, read_model
-
-        proto, base_dir = read_model(source, base_dir)
-        origin = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "ONNX model"
-        meta = from_proto(proto)
-        if memory_budget is not None:
-            from .streaming import load_streamed
-
-            streamed = load_streamed(
-                proto, base_dir, memory_budget=memory_budget, origin=origin, registry=registry,
-                optimize=optimize, executor=executor,
-            )  # fmt: skip
-            if streamed is not None:
-                return streamed, origin, meta
-        graph = import_model(
-            proto, base_dir, registry.has, own_types=OwnTypes(AS_ONNX, propagates_fully)
-        )
-    verify(graph)
-    return graph, origin, meta
 
 
 class Model(GenerationMixin):
@@ -221,8 +178,12 @@ class Model(GenerationMixin):
         timeout: float | None = None,
         limiter: Limiter | None = None,
         metadata: ModelMetadata | None = None,
+        obtained: str = "",
     ) -> None:
         self._graph = graph
+        #: How ``load`` got the graph ("imported", "the graph read from the import
+        #: cache", ...), for ``describe()``.
+        self._obtained = obtained
         #: What the ONNX file says about itself (producer, versions, doc strings,
         #: ``metadata_props``): ``tfrt_py.metadata``; read-only.
         self.metadata = metadata if metadata is not None else from_graph(graph.name, graph.opsets)
@@ -527,7 +488,8 @@ class Model(GenerationMixin):
         n_params = sum(int(c.const.size) for c in self._graph.constants if c.const is not None)
         lines = [
             f"model: {self._origin}",
-            f"  loaded in {self._load_s * 1e3:.1f} ms",
+            f"  loaded in {self._load_s * 1e3:.1f} ms"
+            + (f" ({self._obtained})" if self._obtained else ""),
             "  inputs:  " + ", ".join(str(s) for s in self.inputs),
             "  outputs: " + ", ".join(str(s) for s in self.outputs),
             f"  nodes: {len(self._graph.nodes)} ({sum(ops.values())} counting nested graphs), "

@@ -3,12 +3,11 @@
 External-data weights are *not* loaded here: the importer maps them from their files
 (memory-mapped, not copied; ``external.open_external`` decides which files may be opened)
 and names the tensor when a file is refused, missing or short. This module only decides
-the directory they are read from.
+the directory they are read from (``frontends.source``, which reads a path's bytes).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import onnx
@@ -16,58 +15,31 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from ...errors import ModelLoadError
+from ..source import check_base_dir, model_bytes
 
-__all__ = ["read_model"]
+__all__ = ["parse_model", "read_model"]
 
 
 def read_model(source: Any, base_dir: Any = None) -> tuple[onnx.ModelProto, str | None]:
-    """Return (ModelProto, directory its external data is read from) for ``source``.
-
-    A path source reads external data from the file's own directory; ``base_dir`` may
-    only repeat that directory (anything else is a ValueError: one model, one directory).
-    A bytes or ModelProto source has no directory: ``base_dir`` gives it; without one the
-    directory is None and any external-data tensor fails the load with a ModelLoadError
-    saying to pass ``base_dir`` (the current directory is never assumed). A ``base_dir``
-    that is not an existing directory is a ValueError.
-    """
-    given = None if base_dir is None else _base_dir(base_dir)
+    """Return (ModelProto, directory its external data is read from) for ``source``: a
+    path, bytes or a ModelProto. The directory follows ``frontends.source.model_bytes``'s
+    rule; a ModelProto has none unless ``base_dir`` gives it."""
     if isinstance(source, onnx.ModelProto):
+        given = None if base_dir is None else check_base_dir(base_dir)
         _check_text(source, "ONNX model")
         return source, given
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        return _parse(bytes(source), "<bytes>"), given
-    if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        if not os.path.exists(path):
-            raise ModelLoadError(f"model file not found: {path}")
-        if os.path.isdir(path):
-            raise ModelLoadError(f"model path is a directory, not an ONNX file: {path}")
-        own = os.path.dirname(os.path.abspath(path))
-        if given is not None and os.path.realpath(given) != os.path.realpath(own):
-            raise ValueError(
-                f"base_dir={given!r} differs from the model file's directory {own!r}: a model "
-                "loaded from a path reads its external data from its own directory (pass "
-                "base_dir only with bytes or an onnx.ModelProto)"
-            )
-        with open(path, "rb") as f:
-            data = f.read()
-        return _parse(data, path), own
-    raise ModelLoadError(
-        f"cannot load a model from {type(source).__name__}: "
-        "expected a path, bytes, onnx.ModelProto or tfrt_py.ir.Graph"
-    )
+    read = model_bytes(source, base_dir)
+    if read is None:
+        raise ModelLoadError(
+            f"cannot load a model from {type(source).__name__}: "
+            "expected a path, bytes, onnx.ModelProto or tfrt_py.ir.Graph"
+        )
+    data, where, directory = read
+    return parse_model(data, where), directory
 
 
-def _base_dir(base_dir: Any) -> str:
-    if not isinstance(base_dir, (str, os.PathLike)):
-        raise ValueError(f"base_dir must be a directory path, got {type(base_dir).__name__}")
-    path = os.fspath(base_dir)
-    if not isinstance(path, str) or "\0" in path or not os.path.isdir(path):
-        raise ValueError(f"base_dir must be an existing directory, got {base_dir!r}")
-    return os.path.abspath(path)
-
-
-def _parse(data: bytes, where: str) -> onnx.ModelProto:
+def parse_model(data: bytes, where: str) -> onnx.ModelProto:
+    """``data`` parsed as an ONNX model; ModelLoadError saying why not (``where`` names it)."""
     if not data:
         raise ModelLoadError(f"{where} is empty, not an ONNX model")
     model = onnx.ModelProto()

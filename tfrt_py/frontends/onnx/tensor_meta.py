@@ -10,7 +10,7 @@ import onnx
 from ...errors import ModelLoadError
 from ...ir.dtypes import numpy_dtype
 
-__all__ = ["MAX_TENSOR_BYTES", "is_external", "onnx_dtype", "tensor_shape"]
+__all__ = ["MAX_TENSOR_BYTES", "is_external", "onnx_dtype", "tensor_shape", "uses_external_data"]
 
 
 def onnx_dtype(elem_type: int) -> np.dtype:
@@ -49,3 +49,33 @@ def tensor_shape(t: onnx.TensorProto) -> tuple[int, ...]:
 def is_external(t: onnx.TensorProto) -> bool:
     """Whether ``t``'s data lives in an external file."""
     return t.data_location == onnx.TensorProto.EXTERNAL
+
+
+def uses_external_data(model: onnx.ModelProto) -> bool:
+    """Whether any tensor of ``model`` -- an initializer, a sparse initializer, a tensor
+    attribute, in any graph or model-local function -- keeps its data in an external file.
+    Iterative: the importer has bounded the nesting by the time this runs."""
+    graphs: list[onnx.GraphProto] = [model.graph]
+    nodes: list[onnx.NodeProto] = [n for f in model.functions for n in f.node]
+    tensors: list[onnx.TensorProto] = []
+    while graphs or nodes:
+        if graphs:
+            g = graphs.pop()
+            tensors.extend(g.initializer)
+            for sp in g.sparse_initializer:
+                tensors += (sp.values, sp.indices)
+            nodes.extend(g.node)
+            continue
+        for a in nodes.pop().attribute:
+            if a.HasField("t"):
+                tensors.append(a.t)
+            tensors.extend(a.tensors)
+            for sp in [a.sparse_tensor, *a.sparse_tensors]:
+                tensors += (sp.values, sp.indices)
+            if a.HasField("g"):
+                graphs.append(a.g)
+            graphs.extend(a.graphs)
+        if any(is_external(t) for t in tensors):
+            return True
+        tensors.clear()
+    return any(is_external(t) for t in tensors)
