@@ -55,7 +55,7 @@ def _entries(graphs_dir: str) -> list[str]:
 
 
 def _round_trip(graph: Graph, meta: ModelMetadata) -> tuple[Graph, ModelMetadata]:
-    data = b"".join(encode(graph, meta))
+    data = b"".join(bytes(c) for c in encode(graph, meta))
     return decode(io.BytesIO(data), len(data))
 
 
@@ -239,7 +239,7 @@ def test_every_damaged_byte_is_a_miss_or_the_same_graph() -> None:
     model = _model_with_everything()
     graph = import_model(model, None, default_registry().has)
     meta = from_proto(model)
-    data = bytearray(b"".join(encode(graph, meta)))
+    data = bytearray(b"".join(bytes(c) for c in encode(graph, meta)))
     rng = random.Random(0)
     caught = 0
     for trial in range(400):

@@ -55,9 +55,10 @@ class Unsupported(Exception):
     """The graph holds something the codec does not write: do not cache it."""
 
 
-def encode(graph: Graph, meta: ModelMetadata) -> list[bytes]:
-    """``graph`` (as imported: no pass has run) and ``meta`` as chunks of bytes to write one
-    after the other (joined, they are what ``decode`` reads)."""
+def encode(graph: Graph, meta: ModelMetadata) -> list[Any]:
+    """``graph`` (as imported: no pass has run) and ``meta`` as chunks to write one after
+    the other (joined, they are what ``decode`` reads): bytes, and each array's own memory
+    as a flat uint8 view (not copied; valid while ``graph`` is unchanged)."""
     enc = _Encoder()
     root = enc.graph(graph)
     header = {
@@ -129,7 +130,7 @@ class _Encoder:
     def __init__(self) -> None:
         self.values: list[list[Any]] = []
         self.array_table: list[list[Any]] = []
-        self.blobs: list[bytes] = []
+        self.blobs: list[Any] = []
         self.size = 0
         self._value_ids: dict[int, int] = {}
         self._graph_ids: set[int] = set()
@@ -179,7 +180,7 @@ class _Encoder:
                 raise Unsupported("an object array holds something other than str")
             self.array_table.append([name, list(a.shape), items])
             return idx
-        data = np.ascontiguousarray(a).tobytes()
+        data: Any = np.ascontiguousarray(a).reshape(-1).view(np.uint8)  # a buffer
         self.array_table.append([name, list(a.shape), self.size, len(data), zlib.crc32(data)])
         self.blobs.append(data)
         self.size = _aligned(self.size + len(data))
