@@ -503,6 +503,10 @@ def test_the_least_recently_used_entries_go(cache_on: str, monkeypatch: pytest.M
         order.append(new)
         os.utime(new, (1000 + i, 1000 + i))  # used in this order
     assert _entries(cache_on) == sorted(order[2:])
+    monkeypatch.setattr(graph_cache, "MAX_BYTES", 2 * os.path.getsize(order[-1]))
+    base.doc_string = "version 5"
+    tfrt_py.load(base.SerializeToString())  # a sixth entry: only two fit the bytes
+    assert len(_entries(cache_on)) == 2 and order[-1] in _entries(cache_on)
 
 
 def test_the_key_covers_the_importer_sources(

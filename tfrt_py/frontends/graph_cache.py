@@ -6,19 +6,19 @@ ms of ~0.2 s: protobuf, onnx's C++ module, ml_dtypes and ``importlib.metadata``,
 onnx calls for its version). Like OpenVINO's model cache, ``load()`` keeps the graph the
 ONNX importer made -- before any pass, so every load option still applies -- in
 ``graph_codec``'s format under ``<cache dir>/graphs`` (``concurrency.cachedir``: created
-0700 and used only when nobody else can write it), keyed by a BLAKE2b digest of the model's
-bytes, the sources that decide what the importer makes (tfrt_py's version among them) and
-the onnx package installed. A hit reads one file; a miss imports as before and then writes the
-entry (under a temporary name, renamed).
+0700 and used only when nobody else can write it), keyed by a BLAKE2b digest of the
+model's bytes, of the sources that decide what the importer makes (tfrt_py's version among
+them) and of the onnx package installed. A hit reads one file; a miss imports as before
+and then writes the entry (under a temporary name, renamed).
 
 Which loads use it (``eligible``): a path or bytes source of at most ``MAX_MODEL_BYTES``,
 without custom kernels or ``memory_budget``; a model with external data, or with anything
 else the codec does not write, is imported every time (``graph_codec.Unsupported``).
-``$TFRT_PY_GRAPH_CACHE=0`` turns it off. At most ``MAX_ENTRIES`` files are kept (the least
-recently used go). Every failure -- an unsafe or unwritable directory, a truncated,
-foreign or corrupt file -- is a miss: the load imports the model and serves it as without
-the cache; a corrupt entry is replaced. Thread- and process-safe: entries are written whole
-and renamed into place, and readers read whole files.
+``$TFRT_PY_GRAPH_CACHE=0`` turns it off. At most ``MAX_ENTRIES`` files and ``MAX_BYTES``
+are kept (the least recently used go). Every failure -- an unsafe or unwritable
+directory, a truncated, foreign or corrupt file -- is a miss: the load imports the model
+and serves it as without the cache, and a corrupt entry is replaced. Thread- and
+process-safe: entries are written whole and renamed into place, and read whole.
 """
 
 from __future__ import annotations
@@ -33,14 +33,24 @@ from ..ir.graph import Graph
 from ..metadata import ModelMetadata
 from .graph_codec import MAGIC, Unsupported, decode, encode
 
-__all__ = ["ENV", "MAX_ENTRIES", "MAX_MODEL_BYTES", "eligible", "key", "lookup", "store"]
+__all__ = [
+    "ENV",
+    "MAX_BYTES",
+    "MAX_ENTRIES",
+    "MAX_MODEL_BYTES",
+    "eligible",
+    "key",
+    "lookup",
+    "store",
+]
 
 #: ``$TFRT_PY_GRAPH_CACHE=0``: every load imports the ONNX file.
 ENV = "TFRT_PY_GRAPH_CACHE"
 #: Larger models are not cached (their load is the weights', not onnx's import).
 MAX_MODEL_BYTES = 64 << 20
-#: Entries kept; a store beyond it deletes the least recently used.
+#: Entries and bytes kept; a store beyond either deletes the least recently used.
 MAX_ENTRIES = 256
+MAX_BYTES = 1 << 30
 _SUFFIX = ".tgraph"
 #: Files whose code decides what the importer makes from given bytes (relative to tfrt_py).
 _SOURCES = (
@@ -52,7 +62,6 @@ _SOURCES = (
     "frontends/graph_cache.py",
 )
 _SOURCE_DIRS = ("frontends/onnx", "ir")
-_salt_lock = threading.Lock()
 _salt: bytes | None = None
 
 
@@ -130,14 +139,21 @@ def _entry(digest: str) -> str | None:
 
 
 def _prune(d: str) -> None:
-    """Delete the least recently used entries beyond ``MAX_ENTRIES`` (and stale temps)."""
+    """Delete the least recently used files (entries, and temporaries a killed process
+    left) until at most ``MAX_ENTRIES`` files and ``MAX_BYTES`` remain."""
     try:
-        entries = [e for e in os.scandir(d) if e.is_file(follow_symlinks=False)]
-        if len(entries) <= MAX_ENTRIES:
-            return
-        entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime_ns)
-        for e in entries[: len(entries) - MAX_ENTRIES]:
-            os.unlink(e.path)
+        entries = []
+        for e in os.scandir(d):
+            if e.is_file(follow_symlinks=False):
+                st = e.stat(follow_symlinks=False)
+                entries.append((st.st_mtime_ns, st.st_size, e.path))
+        entries.sort()
+        count, total = len(entries), sum(size for _, size, _ in entries)
+        for _, size, path in entries:
+            if count <= MAX_ENTRIES and total <= MAX_BYTES:
+                return
+            os.unlink(path)
+            count, total = count - 1, total - size
     except OSError:
         pass
 
@@ -146,25 +162,25 @@ def _installation() -> bytes:
     """What, besides the model's bytes, decides the imported graph: the codec's format and
     the size and mtime of the importer's sources (tfrt_py's ``__init__``, holding its
     version, among them: an upgrade rewrites them all) and of the onnx package's (its shape
-    inference types values). Computed once per process."""
+    inference types values). Computed once per process; no lock (threads racing on the
+    first load compute the same bytes, and a fork never inherits a held lock)."""
     global _salt
-    with _salt_lock:
-        if _salt is None:
-            from importlib.util import find_spec
+    if _salt is None:
+        from importlib.util import find_spec
 
-            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            files = [os.path.join(root, f) for f in _SOURCES]
-            for sub in _SOURCE_DIRS:
-                with os.scandir(os.path.join(root, sub)) as it:
-                    files += sorted(e.path for e in it if e.name.endswith(".py"))
-            spec = find_spec("onnx")
-            files.append(spec.origin if spec is not None and spec.origin else "")
-            parts = [f"format {MAGIC!r}"]
-            for f in files:
-                try:
-                    st = os.stat(f)
-                    parts.append(f"{f}:{st.st_size}:{st.st_mtime_ns}")
-                except OSError:
-                    parts.append(f"{f}:-")
-            _salt = "\n".join(parts).encode("utf-8", "surrogateescape")
-        return _salt
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        files = [os.path.join(root, f) for f in _SOURCES]
+        for sub in _SOURCE_DIRS:
+            with os.scandir(os.path.join(root, sub)) as it:
+                files += sorted(e.path for e in it if e.name.endswith(".py"))
+        spec = find_spec("onnx")
+        files.append(spec.origin if spec is not None and spec.origin else "")
+        parts = [f"format {MAGIC!r}"]
+        for f in files:
+            try:
+                st = os.stat(f)
+                parts.append(f"{f}:{st.st_size}:{st.st_mtime_ns}")
+            except OSError:
+                parts.append(f"{f}:-")
+        _salt = "\n".join(parts).encode("utf-8", "surrogateescape")
+    return _salt
