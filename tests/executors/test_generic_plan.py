@@ -7,6 +7,7 @@ whose formulas fail that check falls back to plans per signature, still right.""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -20,6 +21,7 @@ from tfrt_py.errors import ExecutionError, InputError
 from tfrt_py.executors import interpreter as interp_mod
 from tfrt_py.executors import plan_generic
 from tfrt_py.executors.dims import MAX_DIM, DimVars, Fitted, ShapeModel, bucket_of
+from tfrt_py.executors.program import Program
 from tfrt_py.ir import GraphBuilder
 
 F32 = np.float32
@@ -54,6 +56,22 @@ def _feeds(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {"x": rng.standard_normal((batch, seq, 16)).astype(F32), "mask": mask}
 
 
+def _plain_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per run of the program outside a plan: a per-signature probe
+    (``run_env``) or a bucket's check (``Program.run_shapes``)."""
+    runs = record_calls(monkeypatch, interp_mod, "run_env", lambda *a: 1)
+    monkeypatch.setattr(Program, "run_shapes", _counted(Program.run_shapes, runs))
+    return runs
+
+
+def _counted(fn: Any, runs: list[int]) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        runs.append(1)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def _reference(graph: object, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return tfrt_py.load(graph, executor="async").run(feeds)
 
@@ -80,7 +98,7 @@ def test_a_new_signature_runs_no_probe_and_generates_no_code(
     not run the plain way and no code is generated."""
     model = tfrt_py.load(_attention_graph(), executor="sync")
     model.run(_feeds(1, 9))  # bucket (1, 16): checked by one plain run
-    plain_runs = record_calls(monkeypatch, interp_mod, "run_env", lambda *a: 1)
+    plain_runs = _plain_runs(monkeypatch)
     generated = record_calls(monkeypatch, interp_mod, "generate", lambda *a: 1)
     for seq in range(9, 17):  # every other length of the bucket
         feeds = _feeds(1, seq, seed=seq)
@@ -131,6 +149,30 @@ def test_formulas_that_fail_their_check_retire_the_plan_and_answers_stay_right()
     for n in (9, 3, 12, 1):  # plans per signature from now on, every answer right
         x = np.arange(n, dtype=F32)[None]
         np.testing.assert_array_equal(model.run({"x": x})["y"], x[:, :6] * 2)
+
+
+def test_a_buckets_check_keeps_shapes_not_activations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first call of a bucket frees each activation after its last reader and keeps
+    its shape (on a big batch, keeping them all touched hundreds of MB of fresh pages):
+    the check still sees every shape, and the values its formulas give."""
+    from tfrt_py.executors.program import Shaped
+
+    envs = record_calls(monkeypatch, plan_generic.GenericPlan, "verify", lambda _s, _i, e: e)
+    model = tfrt_py.load(_attention_graph(), executor="sync")
+    rt = model.runtime
+    generic = rt._generic  # type: ignore[attr-defined]
+    feeds = _feeds(2, 9)
+    np.testing.assert_allclose(
+        model.run(feeds)["y"], _reference(_attention_graph(), feeds)["y"], rtol=1e-5, atol=1e-5
+    )
+    (env,) = envs
+    assert generic.verified  # the check passed
+    shaped = [s for s in generic.model.shapes if isinstance(env[s], Shaped)]
+    assert shaped  # activations were let go, their shapes kept
+    assert {env[s].shape for s in shaped} >= {(2, 9, 16), (2, 9, 9)}  # projections, scores
+    assert not any(isinstance(env[s], Shaped) for s in generic.model.values)
+    for s in rt._program.output_slots:  # type: ignore[attr-defined]
+        assert isinstance(env[s], np.ndarray)
 
 
 def test_memory_plan_is_the_buckets_and_fits_every_signature_in_it() -> None:
@@ -267,7 +309,7 @@ def test_float_shape_arithmetic_is_served_by_the_generic_plan(
     model = tfrt_py.load(b.build(), executor="sync")
     rt = model.runtime
     model.run({"x": np.ones((5, 4), F32)})  # bucket (8,): checked
-    plain = record_calls(monkeypatch, interp_mod, "run_env", lambda *a: 1)
+    plain = _plain_runs(monkeypatch)
     for rows in (6, 7, 8, 5):
         xv = np.arange(rows * 4, dtype=F32).reshape(rows, 4)
         np.testing.assert_allclose(model.run({"x": xv})["y"], xv * rows / 2, rtol=1e-6)

@@ -225,8 +225,9 @@ class SyncInterpreter(Executor):
                 generic.publish(inst)
                 return self._run_instance(inst, args, bufs, call)
             # the first signature of its bucket (or one the formulas do not cover): a
-            # plain run answers, and checks the formulas
-            env = self._plain_env(args, call)
+            # plain run answers, and checks the formulas (every shape; values only where
+            # the formulas give one, so the run holds only its live activations)
+            env = self._verifying_env(args, call, generic.checked_values)
             if inst is not None:
                 why = generic.verify(inst, env)
                 if why:
@@ -267,6 +268,17 @@ class SyncInterpreter(Executor):
         else:
             vals = plan.gen.run_call(args, bufs, call)
         return self._finish(vals, layout.output_kinds, bufs)
+
+    def _verifying_env(
+        self, args: Sequence[Any], call: CallContext | None, values: frozenset[int]
+    ) -> list[Any]:
+        """Run the program on ``args`` under ``call``, keeping every value's shape and the
+        values of ``values`` (and of the inputs, constants and outputs)."""
+        prev = set_current(call)
+        try:
+            return self._program.run_shapes(args, values)
+        finally:
+            set_current(prev)
 
     def _plain_env(self, args: Sequence[Any], call: CallContext | None) -> list[Any]:
         """Run the program on ``args`` keeping every value, under ``call``."""

@@ -21,8 +21,9 @@ a bigger bucket needs more bytes. So memory follows the concurrency and the larg
 seen, not the number of signatures.
 
 Verification: the first signature of each bucket is run the plain way by the interpreter
-(``run_env``: every value kept) and every fitted shape and value is compared with the
-instance's (``verify``); a mismatch retires the generic plan (the interpreter then plans
+(``Program.run_shapes``: every shape kept, and the values the formulas give; the other
+activations freed after their last reader) and every fitted shape and value is compared
+with the instance's (``verify``); a mismatch retires the generic plan (the interpreter then plans
 per signature, as it does for models without a shape model) and ``describe()`` says why.
 
 Thread-safety: instances and bucket plans are made outside any lock and published with one
@@ -122,6 +123,8 @@ class GenericPlan:
         self.program = program
         self.layout = layout
         self.model = model
+        #: The slots whose values ``verify`` compares (of the others it reads shapes).
+        self.checked_values = frozenset(model.values)
         #: verified instances by key: the generated fast entry's table
         self.insts: dict[Any, Instance] = {}
         self._held = 0  # bytes of baked values in the kept instances
@@ -353,8 +356,10 @@ class GenericPlan:
 
     # -- verification --------------------------------------------------------------------
     def verify(self, inst: Instance, env: list[Any]) -> str:
-        """ "" when every fitted shape and value agrees with ``env`` (a plain run of this
-        instance's feeds), else what disagreed; a success verifies the instance's bucket."""
+        """ "" when every fitted shape and value agrees with ``env`` (a run of this
+        instance's feeds keeping every shape and the ``checked_values``:
+        ``Program.run_shapes``), else what disagreed; a success verifies the instance's
+        bucket."""
         model = self.model
         for s in model.shapes:
             x = env[s]

@@ -25,6 +25,7 @@ from ..kernels.base import ComputeFn, InlineFn, KernelFlags
 __all__ = [
     "Instr",
     "Program",
+    "Shaped",
     "compile_program",
     "constant_ids",
     "named_deadline",
@@ -105,6 +106,8 @@ class Program:
             (i.fn, i.ins, i.outs[0] if i.single else i.outs, i.single, ()) for i in instrs
         ]
         self._freeing: list[Any] | None = None
+        #: ``run_shapes``' freeing lists, by the extra slots whose values it keeps.
+        self._shape_runs: dict[frozenset[int], list[Any]] = {}
 
     def run(self, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:
         """Run on ``inputs`` (and a nested graph's ``captured`` values); the outputs."""
@@ -129,9 +132,23 @@ class Program:
         self.execute(env, free=True)
         return [env[s] for s in self.output_slots]
 
-    def _freeing_instrs(self) -> list[Any]:
-        if self._freeing is None:
-            keep = {*self.input_slots, *self.capture_slots, *self.output_slots}
+    def run_shapes(self, inputs: Sequence[Any], values: frozenset[int]) -> list[Any]:
+        """The environment of a run that keeps the values of the inputs, constants,
+        outputs and ``values`` slots; every other value is replaced, after its last
+        reader, by a ``Shaped`` holding only its shape (``np.shape`` reads it). A probe
+        that needs every shape but few values (``plan_generic.verify``) then holds only
+        the live values, as NumPy code would: on a big batch, keeping every activation
+        touched hundreds of MB of fresh pages. Same errors as ``execute``."""
+        plain = self._shape_runs.get(values)
+        if plain is None:
+            plain = self._shape_runs[values] = self._freeing_instrs(values)
+        env = self.env_for(inputs)
+        self.execute(env, instrs=plain, shapes=True)
+        return env
+
+    def _freeing_instrs(self, extra: frozenset[int] = frozenset()) -> list[Any]:
+        if extra or self._freeing is None:
+            keep = {*self.input_slots, *self.capture_slots, *self.output_slots, *extra}
             keep |= {s for s, t in enumerate(self.template) if t is not None}
             last: dict[int, int] = {}
             for k, ins in enumerate(self.instrs):
@@ -141,21 +158,33 @@ class Program:
             for s, k in last.items():
                 if s > _SINK_SLOT and s not in keep:
                     frees[k].append(s)
-            self._freeing = [(*t[:4], tuple(f)) for t, f in zip(self._plain, frees)]
+            made = [(*t[:4], tuple(f)) for t, f in zip(self._plain, frees)]
+            if extra:
+                return made
+            self._freeing = made
         return self._freeing
 
     def execute(
-        self, env: list[Any], start: int = 0, stop: int | None = None, *, free: bool = False
+        self,
+        env: list[Any],
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        free: bool = False,
+        instrs: list[Any] | None = None,
+        shapes: bool = False,
     ) -> None:
         """Run the instructions ``start:stop`` (default: all) in order over ``env`` (the
-        caller's own list); ``free``: clear each value's slot after its last reader.
+        caller's own list); ``free``: clear each value's slot after its last reader
+        (``instrs``: a freeing list of ``_freeing_instrs``; ``shapes``: leave a ``Shaped``
+        there instead of None).
 
         Raises ExecutionError naming the node whose kernel failed. The thread's current
         call (``tfrt_py.calls``), if any, is checked before each kernel: its deadline or
         cancellation raises DeadlineExceeded / CallCancelled, never wrapped."""
         call = current_call()
         step = start
-        plain = self._freeing_instrs() if free else self._plain
+        plain = instrs if instrs is not None else self._freeing_instrs() if free else self._plain
         if start != 0 or stop is not None:
             plain = plain[start:stop]
         try:
@@ -169,8 +198,11 @@ class Program:
                     for o, x in zip(outs, r):
                         env[o] = x
                 if dead:
-                    for s in dead:
-                        env[s] = None
+                    if shapes:
+                        _leave_shapes(env, dead)
+                    else:
+                        for s in dead:
+                            env[s] = None
                 step += 1
         except CallCancelled:
             raise
@@ -186,6 +218,23 @@ class Program:
         except Exception as e:
             node = self.instrs[step].node
             raise ExecutionError(node.name, node.op_type, e) from e
+
+
+class Shaped:
+    """What ``Program.run_shapes`` leaves of a value it freed: its shape."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+
+def _leave_shapes(env: list[Any], slots: Sequence[int]) -> None:
+    """Replace each array in ``slots`` by its ``Shaped`` (other values stay: small)."""
+    for s in slots:
+        x = env[s]
+        if isinstance(x, np.ndarray):
+            env[s] = Shaped(x.shape)
 
 
 def named_deadline(e: DeadlineExceeded, node: Node) -> DeadlineExceeded:
