@@ -20,9 +20,12 @@ from tests.support.agreement import assert_agrees_with_unoptimized
 from tests.support.executors import load_on
 from tests.support.models import build
 from tests.support.paths import ROOT as REPO_ROOT
+from tests.support.spies import record_calls
 from tfrt_py.errors import ExecutionError, InputError
+from tfrt_py.executors import interpreter as interp_mod
 from tfrt_py.executors.interpreter import SyncInterpreter
 from tfrt_py.executors.plan import MemoryPlan
+from tfrt_py.feeds import FeedChecker
 from tfrt_py.ir import GraphBuilder
 
 F32 = np.float32
@@ -208,14 +211,37 @@ def test_after_the_cache_filled_a_new_signature_is_planned_on_its_second_call(
         model.run(_feed(batch=batch))
     first_eight = {p.signature for p in _plans(model)}
     assert len(first_eight) == 8
+    probes = record_calls(monkeypatch, interp_mod, "run_env", lambda *a: 1)
     for batch in range(9, 40):  # new every call: answered, nothing planned
         np.testing.assert_allclose(model.run(_feed(3, batch))["probs"],
                                    plain.run(_feed(3, batch))["probs"], rtol=1e-5)  # fmt: skip
     assert {p.signature for p in _plans(model)} == first_eight
+    assert probes == []  # they ran freeing values, not keeping every one for a probe
     for _ in range(2):  # seen before: planned, then served by its plan
         np.testing.assert_allclose(model.run(_feed(4, 20))["probs"],
                                    plain.run(_feed(4, 20))["probs"], rtol=1e-5)  # fmt: skip
     assert len({p.signature for p in _plans(model)} - first_eight) == 1
+
+
+def test_a_stand_in_plans_only_a_signature_that_comes_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cold start's stand-in (``per_signature=False``) lives seconds: once its calls cost
+    more than plans, it still plans only a signature seen before; a new one runs freeing
+    values (a probe keeping every value of a big batch costs far more than the call)."""
+    monkeypatch.setenv("TFRT_PY_GENERIC_PLAN", "0")
+    model = _mlp(batch="N")
+    prep = model.prepared
+    rt = SyncInterpreter(prep.program, prep.determined, FeedChecker(prep.graph.inputs),
+                         per_signature=False)  # fmt: skip
+    monkeypatch.setattr(interp_mod, "PLAN_S_PER_INSTR", 0.0)  # every call dearer than a plan
+    batches = (2, 2, 3, 4, 5, 2, 2)
+    want = [model.run(_feed(1, b))["probs"] for b in batches]
+    probes = record_calls(monkeypatch, interp_mod, "run_env", lambda *a: 1)
+    for b, w in zip(batches, want, strict=True):
+        np.testing.assert_allclose(rt.run(_feed(1, b))["probs"], w, rtol=1e-6)
+    assert probes == [1]  # batch 2's third call, once the plans paid (two unplanned calls)
+    assert len(rt.plans()) == 1
 
 
 def test_bad_feeds_fall_back_to_full_validation(executor: str) -> None:

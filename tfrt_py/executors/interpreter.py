@@ -237,7 +237,9 @@ class SyncInterpreter(Executor):
             kinds = ["user" if k == "fresh" else k for k in generic.layout.output_kinds]
             return self._finish_env(env, kinds, args, bufs)
         plan = None if sig is None else self._plans.get(sig)
-        if plan is None and (self.unplanned or not self._plans_pay()):
+        if plan is None and (self.unplanned or sig is None or not self._plan_now(sig)):
+            # no plan for this call: run freeing values as they go (a probe keeping every
+            # value costs far more on big activations: fresh pages for all of them)
             prev = set_current(call)
             t0 = time.perf_counter()
             try:
@@ -249,12 +251,11 @@ class SyncInterpreter(Executor):
             return self._finish_env(vals, self._plain_kinds, args, bufs, outputs_only=True)
         if plan is None:
             env = self._plain_env(args, call)  # this call's answer, and the probe
-            kinds = self._plain_kinds
-            if sig is not None and generic is None and self._plan_now(sig):
-                # The layout's alias analysis says which outputs may be feeds, constants or
-                # views of them; its "fresh" outputs were made here without ``out=``.
-                made = self._make_plan(sig, env, call).layout.output_kinds
-                kinds = ["user" if k == "fresh" else k for k in made]
+            # The layout's alias analysis says which outputs may be feeds, constants or
+            # views of them; its "fresh" outputs were made here without ``out=``.
+            assert sig is not None  # (the branch above takes every call without one)
+            made = self._make_plan(sig, env, call).layout.output_kinds
+            kinds = ["user" if k == "fresh" else k for k in made]
             return self._finish_env(env, kinds, args, bufs)
         assert plan.gen is not None
         layout = plan.layout
@@ -391,13 +392,18 @@ class SyncInterpreter(Executor):
         )
 
     def _plan_now(self, sig: tuple[Any, ...]) -> bool:
-        """Whether ``sig``'s plain run should make its plan: always until ``max_plans``
-        plans were made; after that only for a signature seen before (kept for the last
-        ``SEEN_ONCE_MAX`` new ones)."""
-        if self._plans_made < self._max_plans:
+        """Whether ``sig``'s call should probe and make its plan (else it runs freeing
+        values): always until ``max_plans`` plans were made; after that -- and from the
+        start on a cold start's stand-in (not ``per_signature``), which lives seconds and
+        whose plan pays only for a signature that comes back -- only for a signature seen
+        before (kept for the last ``SEEN_ONCE_MAX`` new ones) and once plans pay
+        (``_plans_pay``)."""
+        if self.per_signature and self._plans_made < self._max_plans:
             return True
         with self._lock:
             if sig in self._seen_once:
+                if not self._plans_pay():
+                    return False
                 del self._seen_once[sig]
                 return True
             self._seen_once[sig] = None
