@@ -28,6 +28,11 @@ CONV_CASES = [
     ((1, 3, 7, 8), (4, 3, 2, 2), {"auto_pad": "VALID", "strides": [2, 3]}),
     ((1, 8, 9, 9), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}),  # depthwise
     ((1, 4, 9, 9), (8, 1, 3, 3), {"group": 4, "strides": [2, 2]}),  # depthwise x2
+    # 2-D depthwise on the NumPy paths: conv_common.depthwise_taps
+    ((2, 6, 11, 10), (6, 1, 3, 3), {"group": 6, "strides": [2, 2], "pads": [1, 0, 2, 1]}),
+    ((1, 5, 12, 12), (5, 1, 5, 5), {"group": 5, "dilations": [2, 1], "pads": [4, 2, 4, 2]}),
+    ((1, 4, 7, 9), (4, 1, 1, 3), {"group": 4, "auto_pad": "SAME_UPPER", "strides": [1, 2]}),
+    ((3, 7, 6, 6), (7, 1, 3, 3), {"group": 7, "auto_pad": "VALID"}),
     ((2, 6, 5, 5), (4, 6, 1, 1), {}),  # 1x1 direct
     ((1, 6, 8, 8), (4, 3, 1, 1), {"group": 2, "strides": [2, 2]}),
     ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), {"pads": [1, 0, 1, 0, 1, 1], "strides": [1, 2, 2]}),
@@ -39,6 +44,19 @@ def test_conv_matches_onnxruntime(harness: Harness, xs, ws, attrs) -> None:
     x, w, b = _r(*xs), _r(*ws), _r(ws[0])
     harness.check("Conv", [x, w, b], attrs)
     harness.check("Conv", [x, w], attrs)
+
+
+@pytest.mark.parametrize("block_bytes", [1, 200, 1 << 20])
+def test_depthwise_taps_over_channel_blocks(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, block_bytes: int
+) -> None:
+    """Blocks of one, a few and all channels give onnxruntime's answer (the block size
+    only decides how much of the output stays in L2 across the taps)."""
+    from tfrt_py.kernels.nn import conv_common
+
+    monkeypatch.setattr(conv_common, "TAP_BLOCK_BYTES", block_bytes)
+    x, w, b = _r(2, 9, 8, 7), _r(9, 1, 3, 3), _r(9)
+    harness.check("Conv", [x, w, b], {"group": 9, "pads": [1, 1, 1, 1], "strides": [1, 2]})
 
 
 def test_conv_out_and_float16(harness: Harness) -> None:

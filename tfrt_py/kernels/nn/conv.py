@@ -31,6 +31,7 @@ from .conv_common import (
     Spatial,
     bias_vector,
     conv_geometry,
+    depthwise_taps,
     parse_spatial,
     scratch,
 )
@@ -67,6 +68,9 @@ class _Plan(NamedTuple):
     flat_len: int = 0  # padded_size plus the tail the last run reads past it
     ext_shape: tuple[int, ...] = ()
     crop: tuple[slice, ...] = ()
+    # 2-D depthwise (one output channel per group): (kernel, strides, dilations) for
+    # ``conv_common.depthwise_taps``, which needs no im2col matrix
+    taps: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
 
 
 # core(x, w, out) -> result of shape out_shape in the compute dtype
@@ -121,6 +125,20 @@ def _make_plan(
         cols_shape = (n, group, cgk, o)
         w2_shape = (group, mg, cgk)
         mm_shape = (n, group, mg, o)
+    if group > 1 and cg == 1 and mg == 1 and r == 2 and ksize > 1:
+        return _Plan(
+            bool(any(begin) or any(end)),
+            False,
+            padded_shape,
+            interior,
+            (),
+            (),
+            (),
+            w2_shape,
+            mm_shape,
+            (n, m, *out_sp),
+            taps=(tuple(kernel), tuple(strides), tuple(dil)),
+        )
     if group > 1 and cg == 1 and all(s == 1 for s in strides) and ksize > 1:
         # "extended grid": a stride-1 depthwise conv's im2col rows are runs of the
         # flattened padded image, computed on an (O_1, P_2, ..., P_r) grid and cropped
@@ -231,6 +249,15 @@ def make_conv_core(
             w2 = w.reshape(plan.w2_shape).astype(cdt, copy=False)
         if x.dtype != cdt:
             x = x.astype(cdt)
+        if plan.taps is not None:
+            if plan.pad:
+                xp = scratch(0, plan.padded_shape, cdt)
+                xp.fill(0)
+                xp[plan.interior] = x
+            else:
+                xp = x
+            res = np.empty(plan.out_shape, cdt) if out is None else out
+            return depthwise_taps(xp, w2.reshape(w2.shape[0], -1), res, *plan.taps)
         if plan.ext:
             buf = scratch(0, (plan.flat_len,), cdt)
             buf.fill(0)
