@@ -98,7 +98,8 @@ _yielding = True
 #: ``_call_s``): a stand-in call of tens of milliseconds loses little to the warm-up, while
 #: its NumPy paths can be many times slower than the compiled kernels the warm-up brings
 #: (MobileNetV2 at batch 1..32: the first 10 s went from 2.6x to 4.8x onnxruntime's time
-#: when the warm-up yielded to them).
+#: when the warm-up yielded to them). ``switch_later`` seeds ``_call_s`` with the cost
+#: model's estimate, so a model known to be dear gets no yielding from its first call.
 SHORT_CALL_S = 0.03
 _call_s = 0.0
 
@@ -145,9 +146,17 @@ def building(native_mode: str) -> Iterator[bool]:
 def switch_later(model: Any) -> threading.Event:
     """Have the warm-up switch ``model`` (``model._use_compiled_kernels()``) to the
     compiled kernels; the event is set once it did, or once it cannot."""
+    global _call_s
     done = threading.Event()
     with _lock:
         _waiting.append((weakref.ref(model), done))
+    # the cost model's time for a call on the compiled kernels (dims as 1; the stand-in's
+    # NumPy paths are slower still) tells a long call before one was timed: the warm-up
+    # then does not yield to the model's first calls (a CNN's first stand-in call of
+    # seconds gave ~1 s of the warm-up away)
+    est_s = model.prepared.cost.call_us() * 1e-6
+    with _calls_lock:
+        _call_s = max(_call_s, est_s)
     return done
 
 
