@@ -248,11 +248,8 @@ def depthwise_taps(
     Wo) contiguous, of ``xp``'s float dtype. Unlike im2col, which copied the input once
     per tap (1.3 GB for MobileNetV2's widest depthwise layer at batch 30), it needs one
     block-sized temporary (``scratch`` slot 1). Any thread."""
-    n_img, c = out.shape[:2]
-    ho, wo = out.shape[2:]
-    kh, kw = kernel
-    sh, sw = strides
-    dh, dw = dil
+    n_img, c, ho, wo = out.shape
+    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dil
     cb = max(1, min(c, TAP_BLOCK_BYTES // max(1, ho * wo * out.itemsize)))
     tmp = scratch(1, (cb, ho, wo), out.dtype)
     wt = w.reshape(c, kh * kw, 1, 1)
