@@ -381,6 +381,20 @@ def test_a_damaged_entry_is_reimported_and_replaced(cache_on: str, damage: str) 
     assert "read from the import cache" in tfrt_py.load(MLP).describe()
 
 
+def test_an_entry_whose_graph_does_not_verify_is_a_miss(cache_on: str) -> None:
+    """Well-formed bytes of a malformed graph (an output nothing defines): reimported."""
+    ref = tfrt_py.load(MLP)
+    (entry,) = _entries(cache_on)
+    bad = Graph("bad")
+    bad.outputs.append(Value("defined_nowhere"))
+    with open(entry, "wb") as f:
+        f.writelines(encode(bad, ModelMetadata()))
+    again = tfrt_py.load(MLP)
+    assert "kept in the import cache" in again.describe()
+    feeds = _feeds(ref)
+    np.testing.assert_array_equal(ref.run(feeds)["probs"], again.run(feeds)["probs"])
+
+
 def test_an_entry_that_is_a_link_is_not_followed(cache_on: str, tmp_path: Any) -> None:
     tfrt_py.load(MLP)
     (entry,) = _entries(cache_on)

@@ -29,7 +29,9 @@ import stat
 import threading
 
 from ..concurrency.env_switch import switched_off
+from ..errors import GraphError
 from ..ir.graph import Graph
+from ..ir.verifier import verify
 from ..metadata import ModelMetadata
 from .graph_codec import MAGIC, Unsupported, decode, encode
 
@@ -83,7 +85,8 @@ def key(data: bytes) -> str:
 
 
 def lookup(digest: str) -> tuple[Graph, ModelMetadata] | None:
-    """The graph and metadata stored under ``digest``, or None (a miss, whatever the cause)."""
+    """The graph (verified, like an imported one) and metadata stored under ``digest``, or
+    None (a miss, whatever the cause)."""
     path = _entry(digest)
     if path is None:
         return None
@@ -94,7 +97,11 @@ def lookup(digest: str) -> tuple[Graph, ModelMetadata] | None:
             if not stat.S_ISREG(st.st_mode):
                 return None
             found = decode(f, st.st_size)
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
+        verify(found[0])  # as an imported graph is; a malformed one is a miss
+    except (
+        OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError,
+        GraphError,
+    ):  # fmt: skip
         return None
     with contextlib.suppress(OSError):
         os.utime(path)  # least recently used goes first
