@@ -35,35 +35,13 @@ def read_source(
 ) -> tuple[Graph | StreamedProgram, str, ModelMetadata, str]:
     """Stage 1: the verified IR graph of ``source``, where it came from (for messages), its
     metadata and how the graph was obtained (for ``describe()``), or the executor
-    ``tfrt_py.streaming`` made of a model whose weights exceed ``memory_budget``."""
+    ``tfrt_py.streaming`` made of a model whose weights exceed ``memory_budget``.
+
+    An ONNX path or bytes source without custom kernels or ``memory_budget`` goes through
+    the imported-graph cache (``frontends.graph_cache``): a hit imports no ``onnx``; a miss
+    imports the model and stores its graph before any pass changes it."""
     if isinstance(source, Graph):
-        if base_dir is not None:
-            raise ValueError("base_dir is for ONNX sources; a tfrt_py.ir.Graph has no files")
-        if memory_budget is not None:
-            raise ValueError(
-                "memory_budget streams ONNX external-data weights from disk; a tfrt_py.ir.Graph "
-                "already holds its weights in memory (save it as ONNX with external data)"
-            )
-        graph, origin = source, f"graph {source.name!r}"
-        meta = from_graph(source.name, source.opsets)
-    else:
-        return _read_onnx(source, base_dir, memory_budget, registry, optimize, executor)
-    verify(graph)
-    return graph, origin, meta, "built in Python"
-
-
-def _read_onnx(
-    source: Any,
-    base_dir: str | os.PathLike[str] | None,
-    memory_budget: int | None,
-    registry: KernelRegistry,
-    optimize: bool | Collection[str] | None,
-    executor: str,
-) -> tuple[Graph | StreamedProgram, str, ModelMetadata, str]:
-    """``read_source`` of an ONNX source (path, bytes or ModelProto). A path or bytes source
-    without custom kernels or ``memory_budget`` goes through the imported-graph cache
-    (``frontends.graph_cache``): a hit imports no ``onnx``; a miss imports the model and
-    stores its graph before any pass changes it."""
+        return _python_graph(source, base_dir, memory_budget)
     from .frontends import graph_cache
     from .frontends.source import model_bytes
 
@@ -108,3 +86,18 @@ def _read_onnx(
     ):
         how = "imported; the graph kept in the import cache for the next load"
     return graph, origin, meta, how
+
+
+def _python_graph(
+    graph: Graph, base_dir: Any, memory_budget: int | None
+) -> tuple[Graph, str, ModelMetadata, str]:
+    """``read_source`` of a ``tfrt_py.ir.Graph``: verified as it is."""
+    if base_dir is not None:
+        raise ValueError("base_dir is for ONNX sources; a tfrt_py.ir.Graph has no files")
+    if memory_budget is not None:
+        raise ValueError(
+            "memory_budget streams ONNX external-data weights from disk; a tfrt_py.ir.Graph "
+            "already holds its weights in memory (save it as ONNX with external data)"
+        )
+    verify(graph)
+    return graph, f"graph {graph.name!r}", from_graph(graph.name, graph.opsets), "built in Python"
