@@ -126,6 +126,70 @@ def test_the_transformer_zoo_bert_matches_onnxruntime_at_every_length() -> None:
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def _t5_feeds(rng: np.random.Generator, batch: int, seq: int) -> dict[str, np.ndarray]:
+    mask = np.ones((batch, seq), np.int64)
+    mask[-1, seq - seq // 3 :] = 0
+    return {"input_ids": rng.integers(0, 100, (batch, seq)).astype(np.int64),
+            "attention_mask": mask}  # fmt: skip
+
+
+_T5_WARNINGS = (  # T5's position buckets take log(0) and cast its -inf, as exported
+    pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning"),
+)
+
+
+@_T5_WARNINGS[0]
+@_T5_WARNINGS[1]
+def test_baked_values_are_shared_by_signatures_with_the_same_inputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """T5's relative-position table is baked per signature and depends on the length
+    alone: new batches at a known length reuse it, and the instances no longer each hold
+    a copy (a T5 at random shapes evicted instances by bytes and made them again)."""
+    path = str(DATA / "t5-encoder.onnx")
+    model = tfrt_py.load(path, executor="sync")
+    generic = model.runtime._generic  # type: ignore[attr-defined]
+    assert generic is not None and generic._bake_run, model.runtime.generic_note  # type: ignore[attr-defined]
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+
+    def check(batch: int, seq: int) -> None:
+        feeds = _t5_feeds(rng, batch, seq)
+        (want,) = sess.run(None, feeds)
+        got = model.run(feeds)["last_hidden_state"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+    for batch in (1, 2, 3, 4, 5):
+        check(batch, 9)
+        check(batch, 20)
+    by_part: dict[int, list[int]] = {}
+    for key, ran in generic._ran.items():
+        by_part.setdefault(key[0], []).append(sum(v.nbytes for v in ran))
+    table = max(by_part, key=lambda n: max(by_part[n]))  # the part with the biggest results
+    assert len(by_part[table]) == 2  # one per length, whatever the batch
+    assert max(inst.held for inst in generic.insts.values()) < max(by_part[table])
+
+
+@_T5_WARNINGS[0]
+@_T5_WARNINGS[1]
+def test_shared_baked_values_and_instances_are_forgotten_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(plan_generic, "MAX_INSTANCE_BYTES", 1)  # every new table overflows
+    path = str(DATA / "t5-encoder.onnx")
+    model = tfrt_py.load(path, executor="sync")
+    generic = model.runtime._generic  # type: ignore[attr-defined]
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for batch, seq in [(1, 9), (2, 9), (1, 20), (2, 20), (1, 9), (3, 33)]:
+        feeds = _t5_feeds(rng, batch, seq)
+        (want,) = sess.run(None, feeds)
+        np.testing.assert_allclose(model.run(feeds)["last_hidden_state"], want,
+                                   rtol=1e-4, atol=1e-4)  # fmt: skip
+        assert len(generic._ran) <= 1 and len(generic.insts) <= 2
+
+
 def _clamped_graph() -> object:
     """y = x[:, :min(seq, 6)] * 2: the output's length is min(seq, 6), which is seq at
     every probe point (2, 3, 4, 5) and not beyond: a formula that fails its check later."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -59,11 +59,13 @@ MAX_ARENA_VIEWS = 1024
 class Instance:
     """One signature of a generic plan: see the module docstring. Immutable."""
 
-    __slots__ = ("bucket", "consts", "key", "nbytes", "offsets", "rows", "vals", "views")
+    __slots__ = ("bucket", "consts", "held", "key", "nbytes", "offsets", "rows", "vals", "views")
 
     def __init__(self, key: Any, vals: tuple[int, ...], bucket: tuple[int, ...],
                  consts: tuple[Any, ...], views: tuple[tuple[int, tuple[int, ...], Any], ...],
-                 nbytes: int, rows: np.ndarray, offsets: list[int]) -> None:  # fmt: skip
+                 nbytes: int, rows: np.ndarray, offsets: list[int], held: int) -> None:  # fmt: skip
+        #: bytes of baked values this instance alone holds (shared ones: ``GenericPlan``'s)
+        self.held = held
         self.key = key
         self.vals = vals
         self.bucket = bucket
@@ -74,8 +76,8 @@ class Instance:
         self.offsets = offsets
 
 
-def _baked_bytes(inst: Instance) -> int:
-    return sum(c.nbytes for c in inst.consts if isinstance(c, np.ndarray))
+def _array_bytes(values: Sequence[Any]) -> int:
+    return sum(v.nbytes for v in values if isinstance(v, np.ndarray))
 
 
 class Arena:
@@ -114,6 +116,56 @@ class Arena:
             self.views = {}
         self.views[inst.key] = views
         return views
+
+
+class _BakePart(NamedTuple):
+    """Baked instructions that share no slot with the others' (``_independent_parts``):
+    the instructions (program order), the positions in ``_bake_values`` of the formula
+    values they read, the feeds they read (by shape), and the baked slots they write."""
+
+    run: list[int]
+    formulas: list[int]
+    feeds: list[int]
+    baked: list[int]
+
+
+def _independent_parts(
+    program: Program, run: list[int], formula_slots: list[int], baked: list[int]
+) -> list[_BakePart]:
+    """``run`` split into parts that read and write none of each other's slots, so each
+    one's results depend on its own inputs alone."""
+    parent = list(range(len(run)))
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    writer: dict[int, int] = {}
+    for k, i in enumerate(run):
+        for s in program.instrs[i].ins:
+            if s in writer:
+                parent[root(k)] = root(writer[s])
+        for s in program.instrs[i].outs:
+            if s > 1:
+                writer[s] = k
+    groups: dict[int, list[int]] = {}
+    for k in range(len(run)):
+        groups.setdefault(root(k), []).append(k)
+    position = {s: k for k, s in enumerate(formula_slots)}
+    feeds = {s: k for k, s in enumerate(program.input_slots)}
+    parts = []
+    for members in groups.values():
+        ins = {s for k in members for s in program.instrs[run[k]].ins}
+        outs = {s for k in members for s in program.instrs[run[k]].outs}
+        parts.append(_BakePart(
+            [run[k] for k in members],
+            sorted(position[s] for s in ins if s in position),
+            sorted(feeds[s] for s in ins if s in feeds),
+            [s for s in baked if s in outs],
+        ))  # fmt: skip
+    return parts
 
 
 class GenericPlan:
@@ -184,13 +236,13 @@ class GenericPlan:
                 off += nb[j]
             views.append((off, shape_of[k], dt))
         try:
-            consts = self._baked_values(args, rows)
+            consts, held = self._baked_values(args, rows)
         except Exception:  # noqa: BLE001 - the plain run raises the model's own error
             return None
         consts += [shape_of[k] for k in self._fresh_at]
         self.made += 1
         return Instance(key, vals, bucket, tuple(consts), tuple(views), max(nbytes, 1), rows,
-                        offsets)  # fmt: skip
+                        offsets, held)  # fmt: skip
 
     def _index_slots(self, layout: Layout, model: ShapeModel) -> None:
         """What ``_shapes_at`` and ``instance`` gather. The planned slots (by their position
@@ -291,27 +343,65 @@ class GenericPlan:
             if not all(s in model.values for s in outs):
                 run.append(i)
         self._bake_run = run
-        need = set(self._baked) | {s for i in run for s in program.instrs[i].ins}
+        run_ins = {s for i in run for s in program.instrs[i].ins}
+        need = set(self._baked) | run_ins
         self._bake_values = sorted(s for s in need if s in model.values)
+        self._bake_parts = _independent_parts(program, run, self._bake_values, self._baked)
+        #: each part's results, by its inputs (``_bake_parts``), shared by the instances
+        self._ran: dict[Any, list[Any]] = {}
+        self._ran_held = 0
 
-    def _baked_values(self, args: Sequence[Any], rows: np.ndarray) -> list[Any]:
-        """The baked slots' values for this signature: from the model's formulas where it
-        has them, else by running their instructions (a position table's rows, a mask's
-        pattern: a few small kernels) on these feeds."""
+    def _baked_values(self, args: Sequence[Any], rows: np.ndarray) -> tuple[list[Any], int]:
+        """The baked slots' values for this signature, and the bytes of those this instance
+        alone holds: from the model's formulas where it has them, else by running their
+        instructions (a position table's rows, a mask's pattern: a few small kernels) on
+        these feeds -- each independent part once per distinct input (``_ran``: a T5's
+        position table depends on the length alone, not on the batch)."""
         program = self.program
         if not self._bake_run:
-            return self._formula_values(self._baked, rows)
-        env = program.env_for(args)
-        for s, v in zip(self._bake_values, self._formula_values(self._bake_values, rows)):
-            env[s] = v
-        execute = program.execute
-        for i in self._bake_run:
-            execute(env, i, i + 1)
-        return [env[s] for s in self._baked]
+            vals = self._formula_values(self._baked, rows)
+            return vals, _array_bytes(vals)
+        formulas = self._formula_values(self._bake_values, rows)
+        got = dict(zip(self._bake_values, formulas))
+        shared: set[int] = set()
+        for n, part in enumerate(self._bake_parts):
+            key = (
+                n,
+                tuple((formulas[k].dtype.str, formulas[k].shape, formulas[k].tobytes())
+                      for k in part.formulas),
+                tuple(args[k].shape for k in part.feeds),
+            )  # fmt: skip
+            ran = self._ran.get(key)
+            if ran is None:
+                env = program.env_for(args)
+                for s, v in got.items():
+                    env[s] = v
+                execute = program.execute
+                for i in part.run:
+                    execute(env, i, i + 1)
+                ran = [env[s] for s in part.baked]
+                self._keep_ran(key, ran)
+            got.update(zip(part.baked, ran))
+            shared.update(part.baked)
+        vals = [got[s] for s in self._baked]
+        return vals, _array_bytes([v for s, v in zip(self._baked, vals) if s not in shared])
+
+    def _keep_ran(self, key: Any, ran: list[Any]) -> None:
+        """Share ``ran`` with later instances. Beyond ``MAX_INSTANCE_BYTES`` the shared
+        results and the instances (which hold them) are forgotten together, so memory
+        stays bounded (the generated code holds ``insts``: cleared in place)."""
+        size = _array_bytes(ran)
+        if self._ran_held + size > MAX_INSTANCE_BYTES:
+            self._ran = {}
+            self._ran_held = 0
+            self.insts.clear()
+            self._held = 0
+        self._ran[key] = ran
+        self._ran_held += size
 
     def publish(self, inst: Instance) -> None:
         """Serve ``inst``'s key from the fast entry (its bucket is verified)."""
-        size = _baked_bytes(inst)
+        size = inst.held
         if len(self.insts) >= MAX_INSTANCES or self._held + size > MAX_INSTANCE_BYTES:
             self._evict_older_half()
         self._held += size
@@ -326,7 +416,7 @@ class GenericPlan:
         for key in old:
             gone = self.insts.pop(key, None)
             if gone is not None:
-                self._held -= _baked_bytes(gone)
+                self._held -= gone.held
         if not self.insts:
             self._held = 0
 
