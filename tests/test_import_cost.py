@@ -56,3 +56,17 @@ def test_a_static_models_first_result_imports_only_what_it_uses() -> None:
     assert "tfrt_py.executors.interpreter" in out  # it did run
     assert "tfrt_py.compiler.fuse_linear" in out  # and the passes that apply
     assert {m: why for m, why in NOT_NEEDED.items() if m in out} == {}
+
+
+def test_with_its_three_switches_off_a_process_imports_no_numba() -> None:
+    """docs/configuration.md: ``TFRT_PY_JIT=0`` alone leaves the native tier and the
+    packed-weight product, each with its own switch; all three off, neither numba nor
+    llvmlite is imported (a deployment without a JIT)."""
+    script = _FIRST_RESULT.replace(
+        'print(" ".join(sorted(k for k in sys.modules if k.startswith("tfrt_py"))))',
+        'print(" ".join(sorted(k for k in ("numba", "llvmlite") if k in sys.modules)) or "-")',
+    )
+    env = {**os.environ, "TFRT_PY_NATIVE": "0", "TFRT_PY_JIT": "0", "TFRT_PY_PACKED_GEMM": "0"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300, check=True, env=env).stdout.split()  # fmt: skip
+    assert out == ["-"], out
