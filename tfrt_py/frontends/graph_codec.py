@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.dtypes import _ML_DTYPES, _NUMPY, numpy_dtype
+from ..ir.dtypes import elem_type, numpy_dtype
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import OpaqueType, OptionalType, SequenceType, TensorType
 from ..metadata import ModelMetadata
@@ -42,13 +42,10 @@ from ..metadata import ModelMetadata
 __all__ = ["MAGIC", "Unsupported", "decode", "encode"]
 
 #: The first bytes of every encoded graph; the last byte is the format's version.
-MAGIC = b"TFRTPYGRAPH\x01"
+MAGIC = b"TFRTPYGRAPH\x02"
 #: The header's length and its CRC-32.
 _LENGTH = struct.Struct("<QI")
 _ALIGN = 64
-#: NumPy dtype name -> ONNX element code for the ml_dtypes types (decoded via ir.dtypes).
-_ML_CODES = {name: int(code) for code, name in _ML_DTYPES.items()}
-_NATIVE = frozenset(_NUMPY.values()) - {"object"}
 
 
 class Unsupported(Exception):
@@ -102,18 +99,13 @@ def _aligned(n: int) -> int:
 
 
 def _dtype_name(dt: np.dtype) -> str:
-    name = dt.name
-    if name in _NATIVE or name in _ML_CODES or name == "object":
-        if name in _NATIVE and not dt.isnative:
-            raise Unsupported(f"byte-swapped array ({dt})")
-        return name
-    raise Unsupported(f"dtype {dt} is not an ONNX element type")
-
-
-def _dtype(name: str) -> np.dtype:
-    if name in _NATIVE or name == "object":
-        return np.dtype(name)
-    return numpy_dtype(_ML_CODES[name])
+    """``dt`` as its ONNX element type's name (``numpy_dtype`` reads it back)."""
+    t = elem_type(dt)
+    if t is None:
+        raise Unsupported(f"dtype {dt} is not an ONNX element type")
+    if dt.itemsize > 1 and dt.kind != "O" and not dt.isnative:
+        raise Unsupported(f"byte-swapped array ({dt})")
+    return t.name
 
 
 def _mapped(a: np.ndarray) -> bool:
@@ -174,7 +166,7 @@ class _Encoder:
             raise Unsupported(f"array of type {type(a).__name__} (external data?)")
         name = _dtype_name(a.dtype)
         idx = len(self.array_table)
-        if name == "object":
+        if a.dtype.kind == "O":
             items = a.ravel().tolist()
             if not all(type(s) is str for s in items):
                 raise Unsupported("an object array holds something other than str")
@@ -228,7 +220,7 @@ class _Decoder:
         self.values = [self.value(entry) for entry in header["values"]]
 
     def array(self, entry: list[Any]) -> np.ndarray:
-        dt = _dtype(entry[0])
+        dt = numpy_dtype(entry[0])
         shape = tuple(_index(d) for d in entry[1])
         if dt.kind == "O":
             arr = np.empty(len(entry[2]), dtype=object)
@@ -259,7 +251,7 @@ class _Decoder:
             return None
         tag = t[0]
         if tag == "t":
-            dtype = None if t[1] is None else _dtype(t[1])
+            dtype = None if t[1] is None else numpy_dtype(t[1])
             shape = None if t[2] is None else tuple(_dim(d) for d in t[2])
             return TensorType(dtype, shape)
         if tag == "s":

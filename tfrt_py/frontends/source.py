@@ -16,13 +16,13 @@ from typing import Any
 
 from ..errors import ModelLoadError
 
-__all__ = ["check_base_dir", "model_bytes"]
+__all__ = ["given_base_dir", "model_bytes"]
 
 
 def model_bytes(source: Any, base_dir: Any = None) -> tuple[bytes, str, str | None] | None:
     """(the model's bytes, how messages name them, its external-data directory) for a path
     or bytes ``source``; None for any other source (the caller decides about those)."""
-    given = None if base_dir is None else check_base_dir(base_dir)
+    given = None if base_dir is None else given_base_dir(base_dir)
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source), "<bytes>", given
     if not isinstance(source, (str, os.PathLike)):
@@ -46,7 +46,7 @@ def model_bytes(source: Any, base_dir: Any = None) -> tuple[bytes, str, str | No
     return data, path, own
 
 
-def check_base_dir(base_dir: Any) -> str:
+def given_base_dir(base_dir: Any) -> str:
     """``base_dir`` as an absolute path; ValueError unless it names an existing directory."""
     if not isinstance(base_dir, (str, os.PathLike)):
         raise ValueError(f"base_dir must be a directory path, got {type(base_dir).__name__}")

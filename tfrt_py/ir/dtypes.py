@@ -4,7 +4,8 @@ ONNX names a tensor's element type by a ``TensorProto.DataType`` code: a TensorP
 ``data_type``, a TypeProto's ``elem_type``, and attributes such as Cast's ``to``, EyeLike's
 ``dtype`` or QuantizeLinear's ``output_dtype``. The IR and the kernels use NumPy dtypes.
 ``numpy_dtype`` maps a code (or its ONNX name, as Cast-1 spells it: ``"FLOAT"``) to the
-dtype; the frontend and every kernel go through it.
+dtype; the frontend and every kernel go through it (``elem_type`` is the way back, for
+the import cache's files). NumPy's own types are looked up without importing ml_dtypes.
 
 The codes and names are ONNX's own (``onnx/onnx.proto``), kept here so that the IR does not
 import onnx; a test checks the table against ``onnx.helper.tensor_dtype_to_np_dtype``.
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ElemType", "is_sub_byte", "numpy_dtype"]
+__all__ = ["ElemType", "elem_type", "is_sub_byte", "numpy_dtype"]
 
 
 class ElemType(enum.IntEnum):
@@ -106,8 +107,14 @@ _SUB_BYTE = frozenset(
 
 
 @functools.cache
+def _native() -> dict[int, np.dtype]:
+    """The types NumPy has itself: looked up without importing ml_dtypes."""
+    return {int(t): np.dtype(name) for t, name in _NUMPY.items()}
+
+
+@functools.cache
 def _table() -> dict[int, np.dtype]:
-    table = {int(t): np.dtype(name) for t, name in _NUMPY.items()}
+    table = dict(_native())
     try:
         import ml_dtypes
     except ImportError:  # pragma: no cover - onnx depends on ml_dtypes
@@ -134,10 +141,23 @@ def numpy_dtype(elem_type: int | str | Any) -> np.dtype:
             code = int(elem_type)
         except (TypeError, ValueError):
             raise ValueError(f"{elem_type!r} is not an ONNX element type") from None
-    dt = _table().get(code)
+    dt = _native().get(code)
+    if dt is None:
+        dt = _table().get(code)
     if dt is None:
         raise ValueError(f"ONNX element type {elem_type!r} has no NumPy dtype")
     return dt
+
+
+@functools.cache
+def _by_dtype_name() -> dict[str, ElemType]:
+    return {name: t for table in (_NUMPY, _ML_DTYPES) for t, name in table.items()}
+
+
+def elem_type(dt: np.dtype) -> ElemType | None:
+    """The ONNX element type of NumPy dtype ``dt`` (by name: ml_dtypes is not imported),
+    or None for a dtype ONNX has no type for. ``numpy_dtype`` is its inverse."""
+    return _by_dtype_name().get(dt.name)
 
 
 def is_sub_byte(dt: np.dtype) -> bool:

@@ -15,7 +15,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from ...errors import ModelLoadError
-from ..source import check_base_dir, model_bytes
+from ..source import given_base_dir, model_bytes
 
 __all__ = ["parse_model", "read_model"]
 
@@ -25,7 +25,7 @@ def read_model(source: Any, base_dir: Any = None) -> tuple[onnx.ModelProto, str 
     path, bytes or a ModelProto. The directory follows ``frontends.source.model_bytes``'s
     rule; a ModelProto has none unless ``base_dir`` gives it."""
     if isinstance(source, onnx.ModelProto):
-        given = None if base_dir is None else check_base_dir(base_dir)
+        given = None if base_dir is None else given_base_dir(base_dir)
         _check_text(source, "ONNX model")
         return source, given
     read = model_bytes(source, base_dir)

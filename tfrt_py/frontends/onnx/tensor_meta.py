@@ -57,25 +57,25 @@ def uses_external_data(model: onnx.ModelProto) -> bool:
     Iterative: the importer has bounded the nesting by the time this runs."""
     graphs: list[onnx.GraphProto] = [model.graph]
     nodes: list[onnx.NodeProto] = [n for f in model.functions for n in f.node]
-    tensors: list[onnx.TensorProto] = []
     while graphs or nodes:
         if graphs:
             g = graphs.pop()
-            tensors.extend(g.initializer)
-            for sp in g.sparse_initializer:
-                tensors += (sp.values, sp.indices)
+            if any(map(is_external, g.initializer)) or any(
+                map(_external_sparse, g.sparse_initializer)
+            ):
+                return True
             nodes.extend(g.node)
             continue
         for a in nodes.pop().attribute:
-            if a.HasField("t"):
-                tensors.append(a.t)
-            tensors.extend(a.tensors)
-            for sp in [a.sparse_tensor, *a.sparse_tensors]:
-                tensors += (sp.values, sp.indices)
+            if (a.HasField("t") and is_external(a.t)) or any(map(is_external, a.tensors)):
+                return True
+            if _external_sparse(a.sparse_tensor) or any(map(_external_sparse, a.sparse_tensors)):
+                return True
             if a.HasField("g"):
                 graphs.append(a.g)
             graphs.extend(a.graphs)
-        if any(is_external(t) for t in tensors):
-            return True
-        tensors.clear()
-    return any(is_external(t) for t in tensors)
+    return False
+
+
+def _external_sparse(sp: onnx.SparseTensorProto) -> bool:
+    return is_external(sp.values) or is_external(sp.indices)

@@ -254,6 +254,7 @@ def depthwise_taps(
     tmp = scratch(1, (cb, ho, wo), out.dtype)
     wt = w.reshape(c, kh * kw, 1, 1)
     hspan, wspan = sh * (ho - 1) + 1, sw * (wo - 1) + 1
+    taps = [(i * dh, j * dw) for i in range(kh) for j in range(kw)]  # each tap's origin
     for n in range(n_img):
         for c0 in range(0, c, cb):
             c1 = min(c, c0 + cb)
@@ -261,9 +262,8 @@ def depthwise_taps(
             ob = out[n, c0:c1]
             t = tmp[: c1 - c0]
             wb = wt[c0:c1]
-            for k in range(kh * kw):
-                i, j = divmod(k, kw)
-                v = xb[:, i * dh : i * dh + hspan : sh, j * dw : j * dw + wspan : sw]
+            for k, (y0, x0) in enumerate(taps):
+                v = xb[:, y0 : y0 + hspan : sh, x0 : x0 + wspan : sw]
                 if k == 0:
                     np.multiply(v, wb[:, 0], out=ob)
                 else:
