@@ -281,13 +281,29 @@ _ALTERNATING = textwrap.dedent(
 )
 
 
-def test_back_to_back_loops_of_growing_part_counts_finish() -> None:
+@pytest.mark.parametrize("spin", ["", "0", "1000"])
+def test_back_to_back_loops_of_growing_part_counts_finish(spin: str) -> None:
     """One caller alternating loops of 2 and 9 parts. Before the pool closed a task's word
     before writing the next task's fields (I7 in native_pool.ll), a worker that read the
     old word and then the new part count claimed a part the old task never had; the next
     loop's caller then waited forever (within a second here). Every part runs once: the
-    sum says so; a hang fails the subprocess's timeout."""
+    sum says so; a hang fails the subprocess's timeout. With the workers' spin after short
+    parts (I8) at its default, off, and long enough that they never sleep between loops."""
+    env = {**os.environ, native_pool.ENV_WORKER_SPIN: spin}
     done = subprocess.run(
-        [sys.executable, "-c", _ALTERNATING, "3"], capture_output=True, text=True, timeout=120
-    )
+        [sys.executable, "-c", _ALTERNATING, "3"], capture_output=True, text=True, timeout=120,
+        env=env,
+    )  # fmt: skip
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [("", None), ("0", 0.0), ("150", 150.0), ("-1", None), ("1e9", None), ("fast", None)],
+)
+def test_the_workers_spin_comes_from_the_environment(
+    raw: str, want: float | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``$TFRT_PY_WORKER_SPIN_US``: 0 to 1000 µs; anything else is the default."""
+    monkeypatch.setenv(native_pool.ENV_WORKER_SPIN, raw)
+    assert native_pool.worker_spin_us() == (native_pool._WORKER_SPIN_US if want is None else want)

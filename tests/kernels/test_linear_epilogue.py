@@ -51,7 +51,7 @@ def test_epilogue_matches_the_unfused_graph(
 
     monkeypatch.setattr(fk, "bias_relu", lambda: counting)  # what the Linear gets at load
     # the NumPy product and this epilogue: the path without the packed one-thread product
-    # (float64, widths not a multiple of 16, weights over 1 MiB; tested below)
+    # (float64, weights over 1 MiB; tested below and in test_linear_packed)
     monkeypatch.setattr(fk, "serial_for", lambda *a: None)
     data = _mlp(bias_shape, relu)
     fused = tfrt_py.load(data, executor=executor)

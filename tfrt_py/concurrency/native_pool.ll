@@ -32,6 +32,12 @@
 ;      I7, one that saw the new part count (larger than the old) claimed a part the old
 ;      task never had, ran the new task's part, and took one from @..._pending too many:
 ;      the caller then waited forever (consecutive loops of different part counts).
+;  I8  A worker spins for the next task (watching its word) only after it ran parts of
+;      the last one that took it less than @tfrt_py_pool_short_t cycles (a wake-up would
+;      cost as much as such parts); one that ran nothing, or long parts, sleeps at once.
+;      The spin starts at @tfrt_py_pool_spin_t cycles, doubles (up to 8 times that) when
+;      a task comes soon after the worker went to sleep, and falls back when tasks come
+;      rarely. A spin only reads the word; the sleep after it is I5's.
 ;
 ; Linux x86-64 only: syscall 202 is futex; op 128 is FUTEX_WAIT_PRIVATE, 129
 ; FUTEX_WAKE_PRIVATE; `pause` is the x86 spin hint.
@@ -62,6 +68,10 @@
 @tfrt_py_pool_nworkers = global i64 0, align 64
 ; the caller's spin on the parts in flight, in `pause` instructions, before it sleeps
 @tfrt_py_pool_spin_c = global i64 0, align 8
+; a worker's first spin for the next task, in time-stamp cycles, before it sleeps (I8)
+@tfrt_py_pool_spin_t = global i64 0, align 8
+; parts shorter than this many cycles (the time-stamp counter's) are followed by a spin (I8)
+@tfrt_py_pool_short_t = global i64 0, align 8
 ; pthread_self of worker k at [k] (for @tfrt_py_pool_thread_id)
 @tfrt_py_pool_wtid = global [64 x i64] zeroinitializer, align 64
 ; per worker, a cache line: [0] the futex word a task's generation is written to, [1] 1
@@ -72,6 +82,7 @@
 declare i64 @tfrt_py_libc_syscall(i64, ...)
 declare i64 @tfrt_py_libc_pthread_self()
 declare void @llvm.x86.sse2.pause()
+declare i64 @llvm.readcyclecounter()
 declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)
 
 ; %n `pause` instructions: an opaque spin for tests and benchmarks (pause_address()).
@@ -89,6 +100,13 @@ body:
   br label %head
 done:
   ret void
+}
+
+; the time-stamp counter, for native_pool.py to measure its rate. Touches no state.
+define i64 @tfrt_py_pool_cycles() {
+entry:
+  %t = call i64 @llvm.readcyclecounter()
+  ret i64 %t
 }
 
 ; part %i of the task: the loop function over one schedule row, its array arguments
@@ -125,13 +143,15 @@ go:
   ret void
 }
 
-; claim and run parts of the current task until none is left (thread %k: 0 the caller).
+; claim and run parts of the current task until none is left (thread %k: 0 the caller);
+; returns how many this thread ran.
 ; Invariant: runs a part only after its own cmpxchg claimed it (I3) and only while
 ; %k < nth (I6); the thread that finishes the last part wakes a sleeping caller (I4, I5).
-define private void @claim(i64 %k) noinline {
+define private i64 @claim(i64 %k) noinline {
 entry:
   br label %top
 top:
+  %ran = phi i64 [0, %entry], [%ran, %read], [%ran1, %run], [%ran1, %check], [%ran1, %wake]
   ; acquire: pairs with the owner's release store of a new generation (I2)
   %v = load atomic i64, ptr @tfrt_py_pool_next acquire, align 8
   %idx = and i64 %v, 4294967295
@@ -161,6 +181,7 @@ read:
 run:
   call void @run_part(ptr %fn, ptr %args, ptr %dims, ptr %steps, ptr %data,
                       i64 %argl, i64 %arrc, i64 %idx)
+  %ran1 = add i64 %ran, 1
   ; seq_cst: publishes the part's writes to the caller's acquire of 0 (I4), and orders
   ; before the read of @tfrt_py_pool_waiting (I5, the waker's side)
   %old = atomicrmw sub ptr @tfrt_py_pool_pending, i32 1 seq_cst
@@ -177,7 +198,7 @@ wake:
                                                  i64 129, i64 1)
   br label %top
 done:
-  ret void
+  ret i64 %ran
 }
 
 ; worker %arg (k >= 1) forever: claim parts, then sleep on its wake word until a new
@@ -193,13 +214,41 @@ entry:
   store atomic i64 %self, ptr %slot seq_cst, align 8
   %word = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %k, i64 0
   %asleep = getelementptr [64 x [16 x i32]], ptr @tfrt_py_pool_wake, i64 0, i64 %k, i64 1
+  ; monotonic: tuning knobs native_pool.py sets before it starts the workers (I8)
+  %base = load atomic i64, ptr @tfrt_py_pool_spin_t monotonic, align 8
+  %short = load atomic i64, ptr @tfrt_py_pool_short_t monotonic, align 8
+  %most = shl i64 %base, 3
   br label %loop
 loop:
+  ; %lim: this worker's spin after short parts, in cycles (I8: adapted at each wake-up)
+  %lim = phi i64 [%base, %entry], [%lim, %ws], [%lim2, %adapt]
   ; seq_cst: the generation this round serves, read before claiming (I5)
   %seen = load atomic i32, ptr %word seq_cst, align 4
-  call void @claim(i64 %k)
-  br label %sleep
+  %t0 = call i64 @llvm.readcyclecounter()
+  %got = call i64 @claim(i64 %k)
+  %t1 = call i64 @llvm.readcyclecounter()
+  ; I8: spin only after running short parts
+  %took = sub i64 %t1, %t0
+  %ran = icmp ne i64 %got, 0
+  %quick = icmp ult i64 %took, %short
+  %spins = and i1 %ran, %quick
+  %l = select i1 %spins, i64 %lim, i64 0
+  br label %ws
+ws:
+  ; the next task's word, watched for %l cycles (I8); a new generation: serve it
+  %gs = load atomic i32, ptr %word seq_cst, align 4
+  %moved = icmp ne i32 %gs, %seen
+  br i1 %moved, label %loop, label %wsc
+wsc:
+  %now = call i64 @llvm.readcyclecounter()
+  %spent = sub i64 %now, %t1
+  %more = icmp ult i64 %spent, %l
+  br i1 %more, label %wsp, label %sleep
+wsp:
+  call void @llvm.x86.sse2.pause()
+  br label %ws
 sleep:
+  %ts = call i64 @llvm.readcyclecounter()
   ; seq_cst store then load: I5, the sleeper's side (announce, then re-read the word)
   store atomic i32 1, ptr %asleep seq_cst, align 4
   %g = load atomic i32, ptr %word seq_cst, align 4
@@ -216,7 +265,22 @@ woke:
   store atomic i32 0, ptr %asleep seq_cst, align 4
   %g2 = load atomic i32, ptr %word seq_cst, align 4
   %again = icmp eq i32 %g2, %seen
-  br i1 %again, label %sleep, label %loop
+  br i1 %again, label %sleep, label %adapt
+adapt:
+  ; I8: a task that came within 4 spins of the sleep doubles the spin (at most 8 times
+  ; the base); one that came after 64 of the longest spins resets it to the base
+  %tw = call i64 @llvm.readcyclecounter()
+  %slept = sub i64 %tw, %ts
+  %lim4 = shl i64 %lim, 2
+  %soon = icmp ult i64 %slept, %lim4
+  %dbl = shl i64 %lim, 1
+  %cap = icmp ugt i64 %dbl, %most
+  %grown = select i1 %cap, i64 %most, i64 %dbl
+  %most64 = shl i64 %most, 6
+  %late = icmp ugt i64 %slept, %most64
+  %kept = select i1 %late, i64 %base, i64 %lim
+  %lim2 = select i1 %soon, i64 %grown, i64 %kept
+  br label %loop
 }
 
 ; numba's `numba_parallel_for(fn, args, dims, steps, data, inner_ndim, array_count,
@@ -300,7 +364,7 @@ kn:
   %kk1 = add i64 %kk, 1
   br label %kh
 work:
-  call void @claim(i64 0)
+  %mine0 = call i64 @claim(i64 0)
   ; monotonic: a tuning knob native_pool.py sets; any value read is valid
   %spin = load atomic i64, ptr @tfrt_py_pool_spin_c monotonic, align 8
   br label %wh

@@ -75,6 +75,23 @@ __all__ = [
 ENV_NATIVE_POOL = "TFRT_PY_NATIVE_POOL"
 
 _CALLER_SPIN_US = 20.0  # the caller's spin on the parts in flight before it sleeps
+#: ``TFRT_PY_WORKER_SPIN_US``: a worker's first spin for the next task after it ran short
+#: parts (``_SHORT_PART_US``), before it sleeps; ``0``: it sleeps at once (read when the
+#: pool starts).
+ENV_WORKER_SPIN = "TFRT_PY_WORKER_SPIN_US"
+#: The default. A decode step's one-row products come tens of µs apart and a futex wake
+#: costs ~10 µs on a VM, as much as splitting such a product saves (1x256 @ 256x704 from
+#: L3, 2-core Zen 4 VM, 2026-11-30: one thread 10.8 µs, in two parts 10.4 when the worker
+#: sleeps, 5.9 when it spins). The spin adapts per worker (the IR's I8): it doubles, up to
+#: 8 times this, while tasks come soon after a worker went to sleep, and falls back when
+#: they come rarely.
+_WORKER_SPIN_US = 20.0
+_MAX_WORKER_SPIN_US = 1000.0
+#: Only parts shorter than this are followed by a spin: a CNN's convolutions run parts of
+#: hundreds of µs, where a wake-up is noise, and a spin next to a busy neighbour takes the
+#: caller's core (ResNet-18 with a busy neighbour: 33 ms without spin, 42 with 20 µs
+#: after every loop).
+_SHORT_PART_US = 20.0
 _MAX_WORKERS = 63  # the IR's per-worker arrays hold 64 threads
 
 _STATE: dict[str, Any] = {}  # engine, addresses, workers; set once by install()
@@ -134,10 +151,10 @@ def install(threads: int) -> bool:
         return False
     addr = {n: engine.get_function_address(n) for n in
             ("tfrt_py_parallel_for", "tfrt_py_pool_thread_id", "tfrt_py_pool_worker",
-             "tfrt_py_pool_pause")}  # fmt: skip
+             "tfrt_py_pool_pause", "tfrt_py_pool_cycles")}  # fmt: skip
     glob = {
         n: engine.get_global_value_address(f"tfrt_py_pool_{n}")
-        for n in ("n", "owner", "wake", "waiting", "nworkers", "spin_c")
+        for n in ("n", "owner", "wake", "waiting", "nworkers", "spin_c", "spin_t", "short_t")
     }
     _STATE.update(engine=engine, addr=addr, glob=glob, libc=libc, workers=0, want=want)
     _set_spins()
@@ -197,6 +214,31 @@ def _set_spins() -> None:
         best = min(best, (time.perf_counter() - t0) / 20_000)
     per_us = 1e-6 / max(best, 1e-10)
     _i64("spin_c").value = int(_CALLER_SPIN_US * per_us)
+    spin_us, cycles = worker_spin_us(), _cycles_per_us()
+    _i64("spin_t").value = int(spin_us * cycles)
+    _i64("short_t").value = int(_SHORT_PART_US * cycles) if spin_us else 0
+
+
+def _cycles_per_us() -> float:
+    """The time-stamp counter's ticks per µs, over ~1 ms of wall time."""
+    cycles = ctypes.CFUNCTYPE(ctypes.c_int64)(_STATE["addr"]["tfrt_py_pool_cycles"])
+    clock = time.perf_counter
+    t0, c0 = clock(), cycles()
+    while clock() - t0 < 1e-3:
+        pass
+    t1, c1 = clock(), cycles()
+    return max(c1 - c0, 0) / max((t1 - t0) * 1e6, 1e-9)
+
+
+def worker_spin_us() -> float:
+    """The workers' spin after a part, in µs: ``$TFRT_PY_WORKER_SPIN_US`` (0 to
+    ``_MAX_WORKER_SPIN_US``; anything else is the default), read when the pool starts."""
+    raw = os.environ.get(ENV_WORKER_SPIN, "").strip()
+    try:
+        got = float(raw) if raw else _WORKER_SPIN_US
+    except ValueError:
+        return _WORKER_SPIN_US
+    return got if 0.0 <= got <= _MAX_WORKER_SPIN_US else _WORKER_SPIN_US
 
 
 def _start_workers() -> None:

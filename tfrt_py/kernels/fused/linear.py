@@ -7,7 +7,8 @@ list of at most one step (``domain.Step``). A rank-2 Linear with a per-column bi
 Relu (or no activation) whose output has at least ``bias_act_jit.MIN_ELEMENTS`` elements
 finishes with one compiled pass instead of NumPy's add and maximum (the same values; numba
 required). A float32 product that stays on one thread runs on the weight packed at load
-(``linear_par.Serial``).
+(``linear_par.Serial``), and one of at most ``COLS_MAX_ROWS`` rows by a big enough weight
+splits by columns on the native threads (``Serial.split``).
 
 The kernel supports ``out=`` and offers an inline form (``base.Inline``, ``_LinearInline``):
 the same calls as statements of the sync interpreter's generated code, so a planned call
@@ -28,7 +29,7 @@ from ..lib.gemm import (
     matmul_into,
     wide_gemv,
 )
-from ..lib.linear_par import Serial, fused_for, serial_for
+from ..lib.linear_par import COLS_MAX_ROWS, Serial, fused_for, serial_for
 from ..linalg.bias_act_jit import MIN_ELEMENTS as EPILOGUE_MIN
 from ..linalg.bias_act_jit import bias_relu
 from ..registry import KernelRegistry
@@ -312,11 +313,13 @@ class _LinearInline:
     def _serial(
         self, sr: Serial, x_shape: Any, n_in: int, static: bool, dtype: Any
     ) -> Inline | None:
-        """With a packed weight: a product that stays on one thread (``gemm.splits``: under
-        ``NATIVE_SPLIT_MIN_MACS``, not a wide one-row product) calls the packed kernel
-        straight from the generated code, bias and activation included (the kernel's
-        Python layers cost ~2 µs a call, as much as a small product); anything else --
-        a product that splits, a strided array -- calls the kernel."""
+        """With a packed weight: a product of at most ``COLS_MAX_ROWS`` rows by a weight big
+        enough splits by columns (``Serial.split``); a product that stays on one thread
+        (``gemm.splits``: under ``NATIVE_SPLIT_MIN_MACS``, not a wide one-row product)
+        calls the packed kernel straight from the generated code, bias and activation
+        included (the kernel's Python layers cost ~2 µs a call, as much as a small
+        product); anything else -- a product that splits, a strided array -- calls the
+        kernel."""
         k, n, w = self.k, self.n, self.w
         if np.dtype(dtype) != np.float32 or not k or self.kernel is None:
             return None
@@ -326,9 +329,17 @@ class _LinearInline:
             "rk": (-1, k), "rn": (-1, n),
         }  # fmt: skip
         cond = "{in0}.flags.c_contiguous and {out}.flags.c_contiguous"
+        few = ""
+        if sr.cols is not None:
+            env.update(split=sr.split, few=COLS_MAX_ROWS * n)
+            few = cond + " and {out}.size <= {few}"
         if static:
             rows = int(np.prod(x_shape[:-1], dtype=np.int64))
-            if rows * k * n >= NATIVE_SPLIT_MIN_MACS or wide_gemv(rows, k, n, w.itemsize):
+            if rows > COLS_MAX_ROWS:
+                few = ""
+            if not few and (
+                rows * k * n >= NATIVE_SPLIT_MIN_MACS or wide_gemv(rows, k, n, w.itemsize)
+            ):
                 return None
         else:
             env["small"] = -(-NATIVE_SPLIT_MIN_MACS // k)  # out.size under it: m*k*n < min
@@ -339,10 +350,13 @@ class _LinearInline:
         a, o = ("{in0}", "{out}") if len(x_shape) == 2 else (
             "{in0}.reshape({rk})", "{out}.reshape({rn})")  # fmt: skip
         rest = "".join(f", {{in{j}}}" for j in range(1, n_in))
-        return Inline([
+        lines = [
             f"if {cond}: {{sk}}({a}, {{pk}}, {o}, {{sb}}, {{sact}}, {{sprm}}, {{sfl}})",
             f"else: {{kernel}}({{in0}}{rest}, out={{out}})",
-        ], env)  # fmt: skip
+        ]
+        if few:
+            lines = [f"if {few} and {{split}}({a}, {o}): pass", "el" + lines[0], lines[1]]
+        return Inline(lines, env)
 
     def _unknown_rows(self, rank: int, n_in: int) -> Inline | None:
         """A generic plan's Linear (the rows change with the signature): a product too

@@ -23,17 +23,37 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...concurrency import native_threads
+from ...concurrency.threads import intra_pool
 from . import blas
 from .activations import ACTIVATIONS, Epilogue, _act_row, _params, numpy_act_after
 from .gemm import splits
 from .jit import CONTRACT, Jitted
 
-__all__ = ["PACK_MAX_BYTES", "Fused", "Serial", "fused_for", "serial_for"]
+__all__ = [
+    "COLS_MAX_ROWS",
+    "PACK_MAX_BYTES",
+    "Fused",
+    "Serial",
+    "fused_for",
+    "pack_padded",
+    "serial_for",
+]
 
 #: The largest weight a Linear keeps a packed copy of besides its own (the unsplit
 #: products use the original): ViT-Tiny's biggest is 0.6 MB; a 256 MB matrix is served
 #: by NumPy's gemm alone rather than held twice.
 PACK_MAX_BYTES = 1 << 20
+#: A product of at most this many rows by a packed weight of at least ``COLS_MIN_BYTES``
+#: splits by columns (``Serial.split``): it streams the weight (a decode step's
+#: projections), so two threads read it in about half the time -- when the workers are
+#: awake (``native_pool``'s spin after short parts). 2-core Zen 4 VM (AVX-512, weights
+#: from L3, 2026-11-30, µs): 1x256 @ 256x704 10.8 -> 5.9, 1x704 @ 704x256 10.5 -> 5.7,
+#: 1x256 @ 256x256 4.2 -> 3.1, 1x256 @ 256x64 1.6 -> 1.8 (too small).
+COLS_MAX_ROWS = 4
+COLS_MIN_BYTES = 128 << 10
+#: Panels per part at least (a part's weight columns: 2 x nr).
+COLS_MIN_PANELS = 2
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop below compiles, and
 #: NumPy's BLAS gemm (``blas.register``, its ``prepare``).
@@ -128,18 +148,59 @@ def _linear_packed(  # pragma: no cover - numba only
                 _act_row(y[r], neg0, act, p)
 
 
+def _panels_into(  # pragma: no cover - numba only
+    a: Any, wp: Any, y: Any, b: Any, flags: int, p0: int, p1: int
+) -> None:
+    """y[:, p0 * nr : min(p1 * nr, N)] = a @ W's panels p0..p1 [+ b] (``flags``: 1 bias,
+    2 ReLU), N being ``y``'s width. A last panel that reaches past N (``pack_padded``'s
+    zero columns) is computed into a scratch of one panel's width and its first columns
+    copied: the kernel stores whole panels."""
+    m, k = a.shape
+    n = y.shape[1]
+    nr = wp.shape[2]
+    full = min(p1, n // nr)
+    if full > p0:
+        sgemm_packed(a, 0, k, wp, p0 * k * nr, y, p0 * nr, n, m, k, (full - p0) * nr, b,
+                     p0 * nr, flags, nr)  # fmt: skip
+    if p1 > full:  # the padded panel (only the last one is)
+        c0 = full * nr
+        tail = np.empty((m, nr), np.float32)
+        sgemm_packed(a, 0, k, wp, full * k * nr, tail, 0, nr, m, k, nr, b, c0, flags, nr)
+        for r in range(m):
+            for j in range(n - c0):
+                y[r, c0 + j] = tail[r, j]
+
+
 def _linear_serial(  # pragma: no cover - numba only
     a: Any, wp: Any, y: Any, b: Any, act: int, p: Any, flags: int
 ) -> None:
-    """y = act(a @ W [+ b]) on this thread: ``_linear_packed`` for one block of every
-    row, without a parallel loop's launch."""
-    m, k = a.shape
-    n = y.shape[1]
-    sgemm_packed(a, 0, k, wp, 0, y, 0, n, m, k, n, b, 0, flags, wp.shape[2])
+    """y = act(a @ W [+ b]) on this thread, W in ``pack_padded``'s panels (``b``, when
+    used, padded likewise)."""
+    m = a.shape[0]
+    _panels_into(a, wp, y, b, flags, 0, wp.shape[0])
     if act != 0:
         neg0 = -p[2]
         for r in range(m):
             _act_row(y[r], neg0, act, p)
+
+
+def _linear_cols(  # pragma: no cover - numba only
+    a: Any, wp: Any, y: Any, b: Any, act: int, p: Any, flags: int, edges: Any
+) -> None:
+    """``_linear_serial`` split by columns: the panels between consecutive ``edges`` per
+    part of a ``prange`` loop on native threads, each with its activation. For few rows,
+    where the product streams the weight: each thread reads its own columns."""
+    m = a.shape[0]
+    n = y.shape[1]
+    nr = wp.shape[2]
+    neg0 = -p[2]
+    for q in numba.prange(edges.shape[0] - 1):
+        p0, p1 = edges[q], edges[q + 1]
+        _panels_into(a, wp, y, b, flags, p0, p1)
+        if act != 0:
+            c1 = min(p1 * nr, n)
+            for r in range(m):
+                _act_row(y[r, p0 * nr : c1], neg0, act, p)
 
 
 def _panel_width() -> int:
@@ -154,6 +215,14 @@ def _warm_serial(fn: Any) -> None:
     t, nr = np.float32, _panel_width() or 16
     a, y, wp = np.ones((2, 3), t), np.zeros((2, nr), t), np.ones((1, 3, nr), t)
     fn(a, wp, y, np.zeros(nr, t), 8, np.zeros(35, t), 1)
+
+
+def _warm_cols(fn: Any) -> None:
+    t, nr = np.float32, _panel_width() or 16
+    a, y, wp = np.ones((1, 3), t), np.zeros((1, 2 * nr - 1), t), np.ones((2, 3, nr), t)
+    edges = np.array([0, 1, 2], np.int64)
+    edges.flags.writeable = False  # as native_threads.edges gives them
+    fn(a, wp, y, np.zeros(2 * nr, t), 8, np.zeros(35, t), 1, edges)
 
 
 def _warm_packed(fn: Any) -> None:
@@ -189,52 +258,85 @@ _LINEAR_PACKED = Jitted(
     prepare=_prepare_packed,
 )  # fmt: skip
 _LINEAR_SERIAL = Jitted(
-    _linear_serial, _warm_serial, helpers=(_act_row,), fastmath=CONTRACT,
+    _linear_serial, _warm_serial, helpers=(_act_row, _panels_into), fastmath=CONTRACT,
     prepare=_prepare_packed,
+)  # fmt: skip
+_LINEAR_COLS = Jitted(
+    _linear_cols, _warm_cols, helpers=(_act_row, _panels_into), fastmath=CONTRACT,
+    parallel=True, prepare=_prepare_packed,
 )  # fmt: skip
 sgemm_packed: Any = None  # set by _prepare_packed
 
 
 class Serial(NamedTuple):
-    """A float32 Linear's product on one thread over its weight packed at load
-    (``gemm_packed``: NumPy's gemm packs the weight again on every call, a third of a small
-    product's time), the bias and a ReLU applied as the rows are stored, another
-    activation after (``conv_direct``'s ``_act_row``). Immutable; any thread."""
+    """A float32 Linear's product over its weight packed at load (``gemm_packed``:
+    NumPy's gemm packs the weight again on every call, a third of a small product's
+    time), the bias and a ReLU applied as the rows are stored, another activation after
+    (``conv_direct``'s ``_act_row``): on this thread, or for a few rows split by columns
+    over the native threads (``split``). Immutable; any thread."""
 
-    packed: np.ndarray  # (N/nr, K, nr): gemm_packed.pack's panels
-    bias: np.ndarray  # (N,), or the packed weight when there is no bias (never read)
+    packed: np.ndarray  # (ceil(N/nr), K, nr): pack_padded's panels
+    bias: np.ndarray  # (panels * nr,) zero-padded, or the packed weight when there is no bias
     act: int
     params: np.ndarray
     flags: int
     kernel: Any
+    n: int  # W's columns
+    cols: Any = None  # the compiled _linear_cols when the weight is big enough to split
 
-    def run(self, a: np.ndarray, out: np.ndarray) -> bool:
-        """``out = act(a @ W + b)`` for ``a`` (M, K) and ``out`` (M, N), both C-contiguous
-        float32; False (nothing done) for anything else."""
+    def fits(self, a: np.ndarray, out: np.ndarray) -> bool:
+        """Whether ``a`` (M, K) and ``out`` (M, N) are C-contiguous float32 of this product's
+        shapes."""
         pk = self.packed
-        if (
+        return not (
             a.dtype != np.float32 or out.dtype != np.float32 or a.ndim != 2 or out.ndim != 2
-            or a.shape[1] != pk.shape[1] or out.shape[1] != pk.shape[0] * pk.shape[2]
+            or a.shape[1] != pk.shape[1] or out.shape[1] != self.n
             or out.shape[0] != a.shape[0]
             or not (a.flags.c_contiguous and out.flags.c_contiguous)
-        ):  # fmt: skip
+        )  # fmt: skip
+
+    def run(self, a: np.ndarray, out: np.ndarray) -> bool:
+        """``out = act(a @ W + b)`` on this thread for ``a`` (M, K) and ``out`` (M, N), both
+        C-contiguous float32; False (nothing done) for anything else."""
+        if not self.fits(a, out):
             return False
-        self.kernel(a, pk, out, self.bias, self.act, self.params, self.flags)
+        self.kernel(a, self.packed, out, self.bias, self.act, self.params, self.flags)
+        return True
+
+    def split(self, a: np.ndarray, out: np.ndarray) -> bool:
+        """``run`` split by columns over the native threads of this call's budget, for at
+        most ``COLS_MAX_ROWS`` rows (a product that streams its weight: each thread reads
+        its own panels); False (nothing done) when it would not split or the arrays do
+        not fit."""
+        cols = self.cols
+        if cols is None or a.shape[0] > COLS_MAX_ROWS or not self.fits(a, out):
+            return False
+        panels = self.packed.shape[0]
+        blocks = min(native_threads.enter(intra_pool().threads), panels // COLS_MIN_PANELS)
+        if blocks < 2:
+            return False
+        cols(a, self.packed, out, self.bias, self.act, self.params, self.flags,
+             native_threads.edges(panels, blocks))  # fmt: skip
         return True
 
     def one_thread(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
         """``act(x @ W + b)`` for ``x`` (..., K) into ``out`` (or a new array) when the
-        product stays on one thread (``gemm.splits`` says whether ``matmul_into`` would
-        split it) and the arrays are C-contiguous float32; None: the caller's path runs."""
+        product is for the packed weight: a few rows split by columns (``split``), or a
+        product that stays on one thread (``gemm.splits`` says whether ``matmul_into``
+        would split it), the arrays C-contiguous float32; None: the caller's path runs."""
         k = self.packed.shape[1]
         if not k or not x.flags.c_contiguous or (out is not None and not out.flags.c_contiguous):
             return None
         a = x if x.ndim == 2 else x.reshape(-1, k)
-        m, n = a.shape[0], self.packed.shape[0] * self.packed.shape[2]
-        if splits(m, k, n, 4):
+        m, n = a.shape[0], self.n
+        few = self.cols is not None and m <= COLS_MAX_ROWS
+        if not few and splits(m, k, n, 4):
             return None
         y = np.empty((*x.shape[:-1], n), np.float32) if out is None else out
-        return y if self.run(a, y if y.ndim == 2 else y.reshape(m, n)) else None
+        y2 = y if y.ndim == 2 else y.reshape(m, n)
+        if few and self.split(a, y2):
+            return y
+        return y if self.run(a, y2) else None
 
 
 def serial_for(
@@ -242,11 +344,11 @@ def serial_for(
     bias: np.ndarray | None,
     w: np.ndarray,
 ) -> Serial | None:
-    """The one-thread packed product of a float32 Linear with weight ``w`` (a multiple of
-    the packed panel width's columns, at most ``PACK_MAX_BYTES``: the packed copy is a
-    second one), bias ``bias`` (one value per column, or None) and ``steps`` (none, or one
-    activation reading only the product that ``conv_direct`` compiles); None otherwise,
-    or without numba or a host the kernel runs on."""
+    """The packed product of a float32 Linear with weight ``w`` (at least one panel wide, at most
+    ``PACK_MAX_BYTES``: the packed copy is a second one), bias ``bias`` (one value per
+    column, or None) and ``steps`` (none, or one activation reading only the product that
+    ``conv_direct`` compiles), split by columns for a few rows when ``w`` has at least
+    ``COLS_MIN_BYTES``; None otherwise, or without numba or a host the kernel runs on."""
     f32 = np.dtype(np.float32)
     if w.ndim != 2 or w.dtype != f32 or w.nbytes > PACK_MAX_BYTES:
         return None
@@ -259,16 +361,36 @@ def serial_for(
         return None
     kernel = _LINEAR_SERIAL.get()
     nr = _panel_width()
-    if kernel is None or not nr or w.shape[1] % nr:
+    if kernel is None or not nr or w.shape[1] < nr:  # narrower: NumPy's gemm, as before
         return None
-    from .gemm_packed import pack
-
-    packed = pack(w)
+    packed = pack_padded(w)
     relu = epi.act == "Relu"
     flags = (1 if bias is not None else 0) | (2 if relu else 0)
-    b = np.ascontiguousarray(bias.reshape(-1)) if bias is not None else packed.reshape(-1)
+    if bias is not None:
+        b = np.zeros(packed.shape[0] * nr, np.float32)
+        b[: w.shape[1]] = bias.reshape(-1)
+    else:
+        b = packed.reshape(-1)
     act = 0 if relu else ACTIVATIONS[epi.act]
-    return Serial(packed, b, act, _params(epi, f32), flags, kernel)
+    cols = None
+    if w.nbytes >= COLS_MIN_BYTES and packed.shape[0] >= 2 * COLS_MIN_PANELS:
+        cols = _LINEAR_COLS.get()
+    return Serial(packed, b, act, _params(epi, f32), flags, kernel, w.shape[1], cols)
+
+
+def pack_padded(w: np.ndarray) -> np.ndarray:
+    """``gemm_packed.pack`` of ``w`` (K x N) with N rounded up to the panel width by zero
+    columns: (ceil(N/nr), K, nr)."""
+    from .gemm_packed import pack
+
+    nr = _panel_width()
+    k, n = w.shape
+    pad = -n % nr
+    if not pad:
+        return pack(w)
+    wide = np.zeros((k, n + pad), np.float32)
+    wide[:, :n] = w
+    return pack(wide)
 
 
 def _epilogue_of(op: str, attrs: dict[str, Any]) -> Epilogue | None:
