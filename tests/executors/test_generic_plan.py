@@ -275,6 +275,38 @@ def test_threads_with_different_lengths_at_once_get_their_own_answers() -> None:
     assert not errors, errors[0]
 
 
+def test_a_new_signature_of_a_checked_bucket_stays_on_the_fast_entry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new length in a checked bucket is adopted by the generated entry itself (the
+    instance made and published there): the slow path -- the feeds checked again, the
+    answer finished apart -- is not taken. Feeds whose shapes break a static dim, a rank
+    or the symbols' relations still get the slow path's InputError, also in a checked
+    bucket, and the model keeps answering."""
+    slow = record_calls(monkeypatch, interp_mod.SyncInterpreter, "_slow", lambda *a: 1)
+    g = _attention_graph()
+    model = tfrt_py.load(g, executor="sync")
+    model.run(_feeds(1, 9))  # bucket (1, 16): checked by the slow path
+    assert len(slow) == 1
+    for seq in range(10, 17):
+        feeds = _feeds(1, seq, seed=seq)
+        np.testing.assert_allclose(model.run(feeds)["y"], _reference(g, feeds)["y"],
+                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert len(slow) == 1
+    bad = [
+        {"x": np.ones((1, 12, 15), F32), "mask": np.ones((1, 12), F32)},  # static 16
+        {"x": np.ones((1, 12, 16, 1), F32), "mask": np.ones((1, 12), F32)},  # rank
+        {"x": np.ones((1, 12, 16), F32), "mask": np.ones((1, 13), F32)},  # seq differs
+    ]
+    for feeds in bad:
+        with pytest.raises(InputError):
+            model.run(feeds)
+    assert len(slow) == 1 + len(bad)
+    feeds = _feeds(1, 14, seed=2)
+    np.testing.assert_allclose(model.run(feeds)["y"], _reference(g, feeds)["y"],
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
 def test_caller_buffers_deadlines_and_bad_feeds_on_the_generic_plan() -> None:
     g = _attention_graph()
     model = tfrt_py.load(g, executor="sync", timeout=30)

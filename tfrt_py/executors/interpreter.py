@@ -342,7 +342,7 @@ class SyncInterpreter(Executor):
         generic = GenericPlan(self._program, layout, model)
         plan = _Plan(self._program, layout)
         helpers = {"_slow": self._slow, "_failed": plan.failed, "_cp": self._copy,
-                   "_uo": self._user}  # fmt: skip
+                   "_uo": self._user, "_adopt": generic.adopt}  # fmt: skip
         gen = generate(self._program, layout, self._in_names, self._out_names, helpers,
                        generic.new_arena, env, generic=generic)  # fmt: skip
         plan.gen = gen

@@ -7,9 +7,10 @@ source holds no model text: names are bound as closure constants (``feeds[_n0]``
 what ``feeds['x']`` does), never pasted in. The closures:
 
 * ``run(feeds, outs=None)``: the fast path. Checks in line that ``feeds`` has exactly this
-  signature (``type(x) is ndarray``, ``x.dtype is d``, ``x.shape == h``), else hands the
-  call to ``_slow``; takes an arena from the free list; calls each kernel in program order
-  with ``out=`` its arena view; returns the outputs dict.
+  signature (``type(x) is ndarray``, ``x.dtype is d``, ``x.shape == h``; a generic plan:
+  the shapes' instance, one made by ``_adopt`` for a new signature of a verified bucket),
+  else hands the call to ``_slow``; takes an arena from the free list; calls each kernel
+  in program order with ``out=`` its arena view; returns the outputs dict.
 * ``run_checked(args, outs)``: the same body for validated feeds and optional caller
   output buffers; returns the raw output values for ``_finish``.
 * ``run_call(args, outs, call)``: ``run_checked`` under a ``tfrt_py.calls.CallContext``
@@ -237,9 +238,12 @@ class _Source:
         if self.generic is not None:
             key = ", ".join(f"v{s}.shape" for s in in_slots)
             src.append(f"    _k = ({key}{',' if n_in == 1 else ''})")
+            args = ", ".join(f"v{s}" for s in in_slots)
             src.append("    _i = _insts.get(_k)")
             src.append("    if _i is None:")
-            src.append("        return _slow(feeds, outs)")
+            src.append(f"        _i = _adopt(_k, ({args}{',' if n_in == 1 else ''}))")
+            src.append("        if _i is None:")
+            src.append("            return _slow(feeds, outs)")
             self._unpack_instance()
         where = self._body("run", body)
         results = []
@@ -359,8 +363,10 @@ def generate(
     generic: Generic | None = None,
 ) -> Generated:
     """Generate the entry points of ``layout``. ``helpers`` binds ``_slow``, ``_failed``,
-    ``_cp`` (copy an output), ``_uo`` (user_output for output k: ``_uo(v, k)``); ``env``
-    is the probe run's values (the baked instructions' outputs).
+    ``_cp`` (copy an output), ``_uo`` (user_output for output k: ``_uo(v, k)``) and, for
+    a generic plan, ``_adopt`` (``_adopt(key, args)``: the published instance of a new
+    signature whose feeds the entry checked, or None for the slow path); ``env`` is the
+    probe run's values (the baked instructions' outputs).
 
     ``generic``: the layout serves every signature of a shape model. The code then checks
     no shapes: the feeds' shapes are the key of an *instance* (``generic.insts``) holding

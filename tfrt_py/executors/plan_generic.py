@@ -181,7 +181,7 @@ class GenericPlan:
         self.insts: dict[Any, Instance] = {}
         self._held = 0  # bytes of baked values in the kept instances
         self.verified: set[tuple[int, ...]] = set()
-        self._buckets: dict[tuple[int, ...], tuple[list[int], list[int], int]] = {}
+        self._buckets: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, int]] = {}
         self._baked, self._fresh = instance_slots(program, layout)
         self._bake_plan(program, layout, model)
         self._index_slots(layout, model)
@@ -191,6 +191,10 @@ class GenericPlan:
             tuple(d if isinstance(d, int) else None for d in (v.type.shape or ()))  # type: ignore[union-attr]
             for v in program.graph.inputs
         ]
+        self._ranks = [len(s) for s in self._input_shapes]
+        #: (input, axis, size) of every static input dim: what ``adopt`` checks
+        self._static = [(k, a, d) for k, s in enumerate(self._input_shapes)
+                        for a, d in enumerate(s) if d is not None]  # fmt: skip
         #: figures for describe(): instances made, bucket plans made
         self.made = 0
 
@@ -202,6 +206,27 @@ class GenericPlan:
         return self._input_shapes[k]
 
     # -- instances -----------------------------------------------------------------------
+    def adopt(self, key: tuple[tuple[int, ...], ...], args: Sequence[Any]) -> Instance | None:
+        """The generated fast entry's new signature: ``args`` are the feeds in input order,
+        each already an ndarray of its input's dtype (the entry checked), ``key`` their
+        shapes. Checks what ``FeedChecker`` would check of the shapes (ranks, static dims;
+        the symbols' relations are ``DimVars.values``'), makes the instance and publishes
+        it when its bucket is verified; None otherwise (the slow path then checks the
+        feeds, runs the call and verifies the bucket). Any thread."""
+        for shape, rank in zip(key, self._ranks):
+            if len(shape) != rank:
+                return None
+        for k, a, d in self._static:
+            if key[k][a] != d:
+                return None
+        vals = self.model.vars.values(key)
+        if vals is None or bucket_of(vals) not in self.verified:
+            return None
+        inst = self._make(key, vals, args)
+        if inst is not None:
+            self.publish(inst)
+        return inst
+
     def instance(self, args: Sequence[Any]) -> Instance | None:
         """The instance for these validated feeds: the published one, or one made now
         (not published: ``publish`` after its bucket is verified); None when the model's
@@ -211,10 +236,12 @@ class GenericPlan:
         inst = self.insts.get(key)
         if inst is not None:
             return inst
-        shapes = [a.shape for a in args]
-        vals = self.model.vars.values(shapes)
-        if vals is None:
-            return None
+        vals = self.model.vars.values(key)
+        return None if vals is None else self._make(key, vals, args)
+
+    def _make(self, key: Any, vals: tuple[int, ...], args: Sequence[Any]) -> Instance | None:
+        """``instance``'s work for feeds ``args`` of shapes ``key`` whose variables are
+        ``vals``."""
         rows = self.model.evaluate(vals)
         if rows is None:
             return None
@@ -222,19 +249,18 @@ class GenericPlan:
         if got_shapes is None:
             return None
         shape_of, nb = got_shapes
-        sizes = [nb[k] for k in self._owner_at]
+        sizes = nb[self._owner_at]
         bucket = bucket_of(vals)
         got = self._bucket(bucket)
-        if got is not None and all(a <= b for a, b in zip(sizes, got[1])):
+        if got is not None and bool((sizes <= got[1]).all()):
             offsets, nbytes = got[0], got[2]
         else:
             offsets, nbytes = self._place(sizes)
-        views = []
-        for k, buf, before, dt in self._view_plan:
-            off = offsets[buf]
-            for j in before:
-                off += nb[j]
-            views.append((off, shape_of[k], dt))
+        # each view at its buffer's offset plus the bytes of the join members before it
+        ahead = np.cumsum(nb[self._before_flat]) if len(self._before_flat) else nb[:0]
+        ahead = np.concatenate(([0], ahead))
+        offs = offsets[self._view_bufs] + ahead[self._before_ends] - ahead[self._before_starts]
+        views = zip(offs.tolist(), [shape_of[k] for k in self._view_formulas], self._view_dts)
         try:
             consts, held = self._baked_values(args, rows)
         except Exception:  # noqa: BLE001 - the plain run raises the model's own error
@@ -242,7 +268,7 @@ class GenericPlan:
         consts += [shape_of[k] for k in self._fresh_at]
         self.made += 1
         return Instance(key, vals, bucket, tuple(consts), tuple(views), max(nbytes, 1), rows,
-                        offsets, held)  # fmt: skip
+                        offsets.tolist(), held)  # fmt: skip
 
     def _index_slots(self, layout: Layout, model: ShapeModel) -> None:
         """What ``_shapes_at`` and ``instance`` gather. The planned slots (by their position
@@ -275,28 +301,41 @@ class GenericPlan:
         self._prod_starts = np.array(starts, np.intp)
         self._formula_of = np.array(of_slot, np.intp)  # per index: its formula
         self._itemsizes = np.array([dt.itemsize for _, dt in layout.shapes.values()], np.float64)
-        self._owner_at = [index[s] for s in layout.owners]
+        self._owner_at = np.array([index[s] for s in layout.owners], np.intp)
         self._fresh_at = [of_slot[index[s]] for s in self._fresh]
         before: dict[int, list[int]] = {}
         for members in layout.members.values():
             for k, m in enumerate(members):
                 before[m] = [index[x] for x in members[:k]]
-        self._view_plan = [(of_slot[index[s]], layout.buffer_index[s], before.get(s, []), dt)
-                           for s, _, _, dt in layout.views]  # fmt: skip
+        # per view: its formula, its buffer, and the span of ``_before_flat`` listing the
+        # join members laid out before it in that buffer
+        flat: list[int] = []
+        starts, ends = [], []
+        for s, _, _, _ in layout.views:
+            starts.append(len(flat))
+            flat.extend(before.get(s, []))
+            ends.append(len(flat))
+        self._view_formulas = [of_slot[index[s]] for s, _, _, _ in layout.views]
+        self._view_bufs = np.array([layout.buffer_index[s] for s, _, _, _ in layout.views],
+                                   np.intp)  # fmt: skip
+        self._view_dts = [dt for _, _, _, dt in layout.views]
+        self._before_flat = np.array(flat, np.intp)
+        self._before_starts = np.array(starts, np.intp)
+        self._before_ends = np.array(ends, np.intp)
 
-    def _shapes_at(self, rows: np.ndarray) -> tuple[list[tuple[int, ...]], list[int]] | None:
+    def _shapes_at(self, rows: np.ndarray) -> tuple[list[tuple[int, ...]], np.ndarray] | None:
         """At these rows: every distinct shape (by formula) and every planned slot's bytes
-        (by index): one gather, one product and one conversion for all of them; None when
-        a dim is negative."""
+        (by index, int64): one gather, one product and one conversion for all of them; None
+        when a dim is negative."""
         dims = np.append(rows, 1.0)[self._dim_rows]
         if dims.size and dims.min() < 0:
             return None
         flat = dims.astype(np.int64).tolist()
         shapes = [tuple(flat[a:b]) for a, b in self._dim_spans]
         if not len(self._prod_starts):
-            return shapes, []
+            return shapes, np.zeros(0, np.int64)
         counts = np.multiply.reduceat(dims, self._prod_starts)[self._formula_of]
-        return shapes, (counts * self._itemsizes).astype(np.int64).tolist()
+        return shapes, (counts * self._itemsizes).astype(np.int64)
 
     def _index_values(self, model: ShapeModel) -> None:
         """How ``_formula_values`` makes each formula value an instance needs: a constant
@@ -376,9 +415,7 @@ class GenericPlan:
                 env = program.env_for(args)
                 for s, v in got.items():
                     env[s] = v
-                execute = program.execute
-                for i in part.run:
-                    execute(env, i, i + 1)
+                program.execute_each(env, part.run)
                 ran = [env[s] for s in part.baked]
                 self._keep_ran(key, ran)
             got.update(zip(part.baked, ran))
@@ -423,26 +460,25 @@ class GenericPlan:
     def _nbytes(self, s: int, shape_of: dict[int, tuple[int, ...]]) -> int:
         return math.prod(shape_of[s]) * self._dtypes[s].itemsize
 
-    def _bucket(self, bucket: tuple[int, ...]) -> tuple[list[int], list[int], int] | None:
+    def _bucket(self, bucket: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int] | None:
         """(offsets per buffer, bytes per buffer, arena bytes) at the bucket's largest
-        dims; None when the formulas do not hold there."""
+        dims (int64 arrays); None when the formulas do not hold there."""
         got = self._buckets.get(bucket)
         if got is None:
             rows = self.model.evaluate(bucket)
             got_shapes = None if rows is None else self._shapes_at(rows)
             if got_shapes is None:
                 return None
-            nb = got_shapes[1]
-            sizes = [nb[k] for k in self._owner_at]
+            sizes = got_shapes[1][self._owner_at]
             offsets, nbytes = self._place(sizes)
             got = self._buckets[bucket] = (offsets, sizes, nbytes)
         return got
 
-    def _place(self, sizes: list[int]) -> tuple[list[int], int]:
+    def _place(self, sizes: np.ndarray) -> tuple[np.ndarray, int]:
         bufs = [Buffer(n, b.first, b.last, b.values) for n, b in
-                zip(sizes, self.layout.plan.buffers)]  # fmt: skip
+                zip(sizes.tolist(), self.layout.plan.buffers)]  # fmt: skip
         arena = plan_offsets(bufs)
-        return [b.offset for b in bufs], arena
+        return np.array([b.offset for b in bufs], np.int64), arena
 
     # -- verification --------------------------------------------------------------------
     def verify(self, inst: Instance, env: list[Any]) -> str:

@@ -219,6 +219,30 @@ class Program:
             node = self.instrs[step].node
             raise ExecutionError(node.name, node.op_type, e) from e
 
+    def execute_each(self, env: list[Any], indices: Sequence[int]) -> None:
+        """``execute`` for the instructions at ``indices`` (in program order, others
+        skipped), over ``env``: a generic plan's baked instructions. The same errors,
+        naming the node that failed; no call is checked (they are a few small kernels)."""
+        plain = self._plain
+        k = 0
+        try:
+            for k in indices:
+                fn, ins, outs, single, _ = plain[k]
+                r = fn(*[env[i] for i in ins])
+                if single:
+                    env[outs] = r
+                else:
+                    for o, x in zip(outs, r):
+                        env[o] = x
+        except ExecutionError as e:
+            node = self.instrs[k].node
+            if e.node_name == node.name:
+                raise
+            raise ExecutionError(node.name, node.op_type, e) from e
+        except Exception as e:
+            node = self.instrs[k].node
+            raise ExecutionError(node.name, node.op_type, e) from e
+
 
 class Shaped:
     """What ``Program.run_shapes`` leaves of a value it freed: its shape."""
