@@ -37,7 +37,10 @@
 ;      cost as much as such parts); one that ran nothing, or long parts, sleeps at once.
 ;      The spin starts at @tfrt_py_pool_spin_t cycles, doubles (up to 8 times that) when
 ;      a task comes soon after the worker went to sleep, and falls back when tasks come
-;      rarely. A spin only reads the word; the sleep after it is I5's.
+;      rarely. A spin only reads the word and the time-stamp counter -- no `pause`: under
+;      KVM, pause-loop exiting takes a vCPU that spins with it off the CPU, and the task
+;      then waits for the host to run it again (Llama's decode-step products found the
+;      worker asleep or late 2.5x as often) -- and the sleep after it is I5's.
 ;
 ; Linux x86-64 only: syscall 202 is futex; op 128 is FUTEX_WAIT_PRIVATE, 129
 ; FUTEX_WAKE_PRIVATE; `pause` is the x86 spin hint.
@@ -245,7 +248,7 @@ wsc:
   %more = icmp ult i64 %spent, %l
   br i1 %more, label %wsp, label %sleep
 wsp:
-  call void @llvm.x86.sse2.pause()
+  ; no `pause` here (I8)
   br label %ws
 sleep:
   %ts = call i64 @llvm.readcyclecounter()
