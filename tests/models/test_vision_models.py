@@ -26,12 +26,12 @@ _MODELS = {
     ),
     "tiny_vit_op17.onnx": (
         "nothing to fuse",
-        "1 GELU, 0 SiLU, 0 LayerNorm, 0 RMSNorm, 1 MatMulTransB, 1 SoftmaxAttention "
+        "1 GELU, 0 SiLU, 0 LayerNorm, 0 RMSNorm, 1 MatMulTransB, 1 SoftmaxAttention, 0 RotaryHalf "
         "(0 scalings moved before a Transpose)",
     ),
     "tiny_vit_op14.onnx": (
         "nothing to fuse",
-        "1 GELU, 0 SiLU, 2 LayerNorm, 0 RMSNorm, 1 MatMulTransB, 1 SoftmaxAttention "
+        "1 GELU, 0 SiLU, 2 LayerNorm, 0 RMSNorm, 1 MatMulTransB, 1 SoftmaxAttention, 0 RotaryHalf "
         "(0 scalings moved before a Transpose)",
     ),
 }

@@ -28,7 +28,9 @@ one op whose kernel runs it in a few passes:
   node, whose
   kernel (``kernels/lib/sdpa.py``) runs blocks of query rows through the three steps while
   their scores are in cache instead of writing the whole score tensor and reading it back
-  twice.
+  twice;
+* the rotate-half rotary embedding of Llama-style decoders (``fuse_rotary.py``, first): a
+  ``tfrt_py.fused::RotaryHalf(x, cos, sin, h)`` node.
 
 Every intermediate value must be read inside its pattern only (and not be a graph output);
 constants must match to float32 precision. The replacement takes the pattern's last
@@ -46,6 +48,7 @@ from ..ir import Graph, Node, Value
 from ..kernels.fused.domain import DOMAIN
 from .context import PassContext
 from .fuse_attention import fuse_attention, matmul_transb, move_scalar_mul_before_transpose
+from .fuse_rotary import fuse_rotary
 from .rewrite import Uses
 
 __all__ = ["fuse_transformer"]
@@ -55,9 +58,10 @@ def fuse_transformer(graph: Graph, ctx: PassContext) -> str:
     """The pass. Returns its one-line report."""
     counts = {
         "GELU": 0, "SiLU": 0, "LayerNorm": 0, "RMSNorm": 0, "MatMulTransB": 0,
-        "SoftmaxAttention": 0,
+        "SoftmaxAttention": 0, "RotaryHalf": 0,
     }  # fmt: skip
     n_moved = move_scalar_mul_before_transpose(graph)
+    counts["RotaryHalf"] = fuse_rotary(graph)
     uses = Uses(graph)
     replaced: dict[int, Node | None] = {}
     for node in graph.nodes:
@@ -81,7 +85,7 @@ def fuse_transformer(graph: Graph, ctx: PassContext) -> str:
             replaced[id(o)] = None
         replaced[id(_last(graph, old))] = new
         counts[kind] += 1
-    if not replaced and not n_moved:
+    if not replaced and not n_moved and not counts["RotaryHalf"]:
         return "nothing to fuse"
     graph.nodes = [r for r in (replaced.get(id(nd), nd) for nd in graph.nodes) if r is not None]
     counts["SoftmaxAttention"] = fuse_attention(graph)

@@ -85,9 +85,10 @@ TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
     "fuse_conv": (frozenset({"Conv"}), "nothing to fuse"),
     "hoist": (frozenset({"Concat"}), "nothing to hoist"),
     # GELU (Erf/Tanh), LayerNorm/RMSNorm (ReduceMean), SiLU (Sigmoid); a MatMul whose B is
-    # transposed, and so attention, and a scaling moved before a Transpose need a Transpose
+    # transposed, and so attention, and a scaling moved before a Transpose need a Transpose;
+    # the rotary embedding a Neg
     "fuse_transformer": (
-        frozenset({"Erf", "Tanh", "ReduceMean", "Sigmoid", "Transpose"}),
+        frozenset({"Erf", "Tanh", "ReduceMean", "Sigmoid", "Transpose", "Neg"}),
         "nothing to fuse",
     ),
     "fuse_vision": (frozenset({"LayerNormalization", "Gelu", "Mul"}), "nothing to fuse"),
