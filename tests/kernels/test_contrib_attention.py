@@ -256,3 +256,23 @@ def test_constant_weights_project_on_the_packed_product(monkeypatch: pytest.Monk
     _check([x, w, None], consts=((1,),), rtol=1e-4, atol=1e-4)  # no bias
     # where the packed product exists here (both_paths' compiled leg, the packed gemm on)
     assert any(ran) == (serial_for([], None, w) is not None), ran
+
+
+def test_a_long_input_projects_split_by_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows enough for the row split (the packed product's one thread would serve them
+    alone): the projection goes through ``gemm.matmul_into``, which splits it over the
+    thread budget (before, one NumPy product on one thread: an onnxruntime-optimized
+    BERT at 128 tokens spent most of its Attention there); onnxruntime's answers."""
+    from tfrt_py.kernels.contrib import attention as attention_mod
+
+    seen: list[tuple[int, ...]] = []
+    real = attention_mod.matmul_into
+
+    def spy(a: np.ndarray, b: np.ndarray, *rest: Any, **kw: Any) -> Any:
+        seen.append(a.shape)
+        return real(a, b, *rest, **kw)
+
+    monkeypatch.setattr(attention_mod, "matmul_into", spy)
+    x, w, b = _f(1, 130, 64), _f(64, 192), _f(192)
+    _check([x, w, b], consts=((1, 2),), rtol=1e-4, atol=1e-4)
+    assert (130, 64) in seen

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..base import ComputeFn, Cost, KernelContext
 from ..common import ShapeMemo, float_compute_dtype, to_ints
+from ..lib.gemm import matmul_into
 from ..lib.linear_par import Serial, serial_for
 from ..lib.sdpa import softmax_attention
 from ..registry import KernelRegistry
@@ -212,8 +213,8 @@ def _attention(ctx: KernelContext) -> ComputeFn:
         qkv = None
         if packed is not None and weights is packed[0] and bias is packed[1]:
             qkv = packed[2].one_thread(x, None)
-        if qkv is None:
-            qkv = x @ weights.astype(cdt, copy=False)
+        if qkv is None:  # many rows (split over the threads by rows), or another dtype
+            qkv = matmul_into(np.ascontiguousarray(x), weights.astype(cdt, copy=False))
             if bias is not None:
                 qkv += bias
         q = qkv[:, :dq].reshape(b, s, heads, hq).transpose(0, 2, 1, 3)
