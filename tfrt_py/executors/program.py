@@ -173,11 +173,13 @@ class Program:
         free: bool = False,
         instrs: list[Any] | None = None,
         shapes: bool = False,
+        at: Sequence[int] | None = None,
     ) -> None:
         """Run the instructions ``start:stop`` (default: all) in order over ``env`` (the
         caller's own list); ``free``: clear each value's slot after its last reader
         (``instrs``: a freeing list of ``_freeing_instrs``; ``shapes``: leave a ``Shaped``
-        there instead of None).
+        there instead of None). ``at``: the program indices of ``instrs``' entries when
+        they are not the program's in order (``execute_each``), for naming a failure.
 
         Raises ExecutionError naming the node whose kernel failed. The thread's current
         call (``tfrt_py.calls``), if any, is checked before each kernel: its deadline or
@@ -190,7 +192,8 @@ class Program:
         try:
             for fn, ins, outs, single, dead in plain:
                 if call is not None and call.stop:
-                    call.raise_stop(None if self.nested else self.instrs[step].node)
+                    stop_at = step if at is None else at[step]
+                    call.raise_stop(None if self.nested else self.instrs[stop_at].node)
                 r = fn(*[env[i] for i in ins])
                 if single:
                     env[outs] = r
@@ -209,39 +212,26 @@ class Program:
         except DeadlineExceeded as e:
             if self.nested:
                 raise
-            raise named_deadline(e, self.instrs[step].node) from None
-        except ExecutionError as e:
-            node = self.instrs[step].node
-            if e.node_name == node.name:
-                raise
-            raise ExecutionError(node.name, node.op_type, e) from e
+            raise named_deadline(e, self.instrs[step if at is None else at[step]].node) from None
         except Exception as e:
-            node = self.instrs[step].node
-            raise ExecutionError(node.name, node.op_type, e) from e
+            named = _naming(e, self.instrs[step if at is None else at[step]].node)
+            if named is e:
+                raise
+            raise named from e
 
     def execute_each(self, env: list[Any], indices: Sequence[int]) -> None:
         """``execute`` for the instructions at ``indices`` (in program order, others
-        skipped), over ``env``: a generic plan's baked instructions. The same errors,
-        naming the node that failed; no call is checked (they are a few small kernels)."""
+        skipped), over ``env``: a generic plan's baked instructions."""
         plain = self._plain
-        k = 0
-        try:
-            for k in indices:
-                fn, ins, outs, single, _ = plain[k]
-                r = fn(*[env[i] for i in ins])
-                if single:
-                    env[outs] = r
-                else:
-                    for o, x in zip(outs, r):
-                        env[o] = x
-        except ExecutionError as e:
-            node = self.instrs[k].node
-            if e.node_name == node.name:
-                raise
-            raise ExecutionError(node.name, node.op_type, e) from e
-        except Exception as e:
-            node = self.instrs[k].node
-            raise ExecutionError(node.name, node.op_type, e) from e
+        self.execute(env, instrs=[plain[k] for k in indices], at=indices)
+
+
+def _naming(e: Exception, node: Node) -> Exception:
+    """What a failure ``e`` of ``node``'s kernel raises: ``e`` itself when it is an
+    ExecutionError naming ``node``, else an ExecutionError naming ``node`` around it."""
+    if isinstance(e, ExecutionError) and e.node_name == node.name:
+        return e
+    return ExecutionError(node.name, node.op_type, e)
 
 
 class Shaped:
