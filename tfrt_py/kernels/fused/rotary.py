@@ -6,10 +6,11 @@ of range clamps).
 When ``cos`` and ``sin`` broadcast to ``x``'s shape along every axis but the last, which
 they share with ``x``: each element is ``x * cos -/+ x' * sin`` with the same float
 operations as the seven nodes it replaces (negation is exact; no contraction into FMA),
-so the same bits -- in one compiled pass for rank 4 (Hugging Face's (batch, heads, length,
-head size) with cos/sin (batch or 1, 1, length, head size); numba), else in three NumPy
-passes. Anything else runs the nodes' composition in NumPy. Supports ``out=``.
-Thread-safe: no state.
+so the same bits -- in one compiled pass for float32 at rank 4 (Hugging Face's (batch,
+heads, length, head size) with cos/sin (batch or 1, 1, length, head size); numba, compiled
+at load for float32 only: float16 has no numba arithmetic, and another dtype would compile
+inside a call), else in three NumPy passes. Anything else runs the nodes' composition in
+NumPy. Supports ``out=``. Thread-safe: no state.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def rotary_half(
     d = x.shape[-1] if x.ndim else 1
     k = _point(h, d)
     if _fits(x.shape, cos) and _fits(x.shape, sin) and cos.dtype == sin.dtype == x.dtype:
-        if compiled is not None and x.ndim == 4 == cos.ndim == sin.ndim:
+        if compiled is not None and x.dtype == np.float32 and x.ndim == 4 == cos.ndim == sin.ndim:
             y = np.empty(x.shape, x.dtype) if out is None else out
             compiled(x, cos, sin, k, y)
             return y
