@@ -169,7 +169,7 @@ def test_the_kernel_follows_slices_index_rules_for_any_half() -> None:
         for fn in (None, compiled):
             got = rotary_half(q, c, s, np.array([h], np.int64), compiled=fn)
             np.testing.assert_array_equal(got, want)
-    for dt in (np.float16, np.float64):  # the NumPy passes: no compile inside a call
+    for dt in ("float16", "float64"):  # the NumPy passes: no compile inside a call
         q2, c2, s2 = q.astype(dt), c.astype(dt), s.astype(dt)
         want = q2 * c2 + np.concatenate([-q2[..., 4:], q2[..., :4]], axis=-1) * s2
         got = rotary_half(q2, c2, s2, np.array([4], np.int64), compiled=compiled)

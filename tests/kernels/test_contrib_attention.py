@@ -250,7 +250,7 @@ def test_constant_weights_project_on_the_packed_product(monkeypatch: pytest.Monk
     are on. 96 columns: a multiple of every packed panel width."""
     from tfrt_py.kernels.lib.linear_par import Serial, serial_for
 
-    ran = spy_served(monkeypatch, Serial, "one_thread")
+    ran = spy_served(monkeypatch, Serial, "packed_product")
     x, w, b = _f(2, 7, 16), _f(16, 96), _f(96)
     _check([x, w, b, np.array([5, 7], np.int32)], consts=((1, 2),), rtol=1e-4, atol=1e-4)
     _check([x, w, None], consts=((1,),), rtol=1e-4, atol=1e-4)  # no bias

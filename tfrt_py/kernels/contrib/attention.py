@@ -212,7 +212,7 @@ def _attention(ctx: KernelContext) -> ComputeFn:
             x = x.astype(cdt)
         qkv = None
         if packed is not None and weights is packed[0] and bias is packed[1]:
-            qkv = packed[2].one_thread(x, None)
+            qkv = packed[2].packed_product(x, None)
         if qkv is None:  # many rows (split over the threads by rows), or another dtype
             qkv = matmul_into(np.ascontiguousarray(x), weights.astype(cdt, copy=False))
             if bias is not None:

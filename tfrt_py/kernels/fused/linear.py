@@ -78,7 +78,7 @@ def _linear(registry: KernelRegistry) -> Any:
 
         def linear(x: np.ndarray, *rest: Any, out: np.ndarray | None = None) -> np.ndarray:
             if serial is not None:
-                y = serial.one_thread(x, out)
+                y = serial.packed_product(x, out)
                 if y is not None:
                     return y
             if (
@@ -197,7 +197,7 @@ def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
     def linear(x: np.ndarray, *_consts: Any, out: np.ndarray | None = None) -> np.ndarray:
         # _consts: W and B as the node's inputs; the kernel holds them since load
         if serial is not None:
-            y = serial.one_thread(x, out)
+            y = serial.packed_product(x, out)
             if y is not None:
                 return y
         if blocks is not None and (out is None or out.flags.c_contiguous):

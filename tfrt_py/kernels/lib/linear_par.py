@@ -319,7 +319,7 @@ class Serial(NamedTuple):
              native_threads.edges(panels, blocks))  # fmt: skip
         return True
 
-    def one_thread(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
+    def packed_product(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
         """``act(x @ W + b)`` for ``x`` (..., K) into ``out`` (or a new array) when the
         product is for the packed weight: a few rows split by columns (``split``), or a
         product that stays on one thread (``gemm.splits`` says whether ``matmul_into``
