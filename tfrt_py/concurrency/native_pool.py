@@ -28,10 +28,14 @@ started through ctypes, never holding the GIL), and one task slot.
   with a compare-and-swap on (generation << 32 | next part), so a worker that wakes late
   never runs a part of a finished task. The caller then waits for the parts in flight,
   spinning with ``pause`` for ``_CALLER_SPIN_US``, then on a futex.
-* A worker sleeps on its futex word as soon as it finds no part to claim. It does not
-  spin: where a worker and the caller share a core (the scheduler puts them
-  together next to a busy process), a spinning worker takes the caller's time (ResNet-18
-  with a busy neighbour: 48 ms with 100 µs of worker spin, 35 without).
+* A worker that finds no part to claim sleeps on its futex word -- after a short spin
+  watching that word only when the parts it just ran were short (``_SHORT_PART_US``: a
+  decode step's column blocks, where a wake-up costs as much as a part), 20-160 µs,
+  adaptive (``$TFRT_PY_WORKER_SPIN_US``; the IR's I8), without ``pause`` (KVM's
+  pause-loop exiting deschedules such a vCPU). Long parts never spin: where a worker and
+  the caller share a core (the scheduler puts them together next to a busy process), a
+  spinning worker takes the caller's time (ResNet-18 with a busy neighbour: 48 ms with
+  100 µs of worker spin after every loop, 35 without).
 * Workers are pinned, worker k to the k-th CPU of the process's affinity, when the pool
   covers them all (as onnxruntime pins its default intra-op workers; the caller is not
   pinned): unpinned, a worker woken after the caller slept (an app server between
