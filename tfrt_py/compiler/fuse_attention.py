@@ -1,10 +1,7 @@
 """The attention patterns of ``fuse_transformer``: scores ``MatMul(A, Transpose(B))`` as a
 ``tfrt_py.fused::MatMulTransB`` node (one-element scalings of A and B as its alpha
 inputs; a scalar ``Mul`` after the Transpose moved before it first), and ``MatMul(Softmax(
-MatMulTransB(Q, K) [* s] [+ bias]), V)`` as a ``tfrt_py.fused::SoftmaxAttention`` node,
-also with torch's ``Where(IsNaN(w), 0, w)`` between the Softmax and the MatMul (its
-exported ``scaled_dot_product_attention``: optimum's GPT-2 and Llama) as ``nan_to_zero=1``.
-The
+MatMulTransB(Q, K) [* s]), V)`` as a ``tfrt_py.fused::SoftmaxAttention`` node. The
 module docstring of ``fuse_transformer`` states the patterns' conditions; same contract
 (every intermediate read inside its pattern only). Pure graph rewriting, on the loading
 thread.
@@ -14,11 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ..ir import Graph, Node, Value
 from ..kernels.fused.domain import DOMAIN
-from .rewrite import Uses, tensor_dtype
+from .rewrite import Uses
 
 __all__ = ["fuse_attention", "matmul_transb", "move_scalar_mul_before_transpose"]
 
@@ -57,16 +52,12 @@ def matmul_transb(mm: Node, uses: Uses) -> tuple[str, Node, list[Node]] | None:
 
 
 def fuse_attention(graph: Graph) -> int:
-    """``MatMul(Softmax(MatMulTransB(Q, K, ...) [* s] [+ bias]), V)`` -> ``SoftmaxAttention(Q,
-    K, V, sa, sb, [s], [bias])`` where each intermediate is read by the next node alone (and
-    is not a graph output), ``s`` (scores scaled after the product, ``(q @ k^T) * scale``)
-    holds one element of the scores' float type, ``bias`` is any float32 value (the kernel
-    computes the unfused form when it would broadcast the scores to a larger shape), and
-    the Softmax runs over the last axis of float32 scores of known rank (opset 13's
-    ``axis``, or an older opset's flattening from the last axis: the same). Between the
-    Softmax and the MatMul, ``Where(IsNaN(w), c, w)`` with ``c`` one element equal to 0
-    (``w`` read by those two alone) is taken too, as ``nan_to_zero=1``. Returns how many
-    were replaced."""
+    """``MatMul(Softmax(MatMulTransB(Q, K, ...) [* s]), V)`` -> ``SoftmaxAttention(Q, K, V,
+    sa, sb, [s])`` where each intermediate is read by the next node alone (and is not a
+    graph output), ``s`` (scores scaled after the product, ``(q @ k^T) * scale``) holds
+    one element of the scores' float type, and the Softmax runs over the last axis of
+    float32 scores of known rank (opset 13's ``axis``, or an older opset's flattening from
+    the last axis: the same). Returns how many were replaced."""
     uses = Uses(graph)
     replaced: dict[int, Node | None] = {}
     for sm in graph.nodes:
@@ -81,78 +72,31 @@ def fuse_attention(graph: Graph) -> int:
         axis = int(sm.attrs.get("axis", -1 if sm.opset >= 13 else 1))
         if axis % rank != rank - 1:
             continue
-        found = _biased_scores(scores, uses, rank)
-        cleanup = _nan_to_zero(probs, uses)
-        weights = probs if cleanup is None else cleanup[1].outputs[0]
-        mm = None if weights is None else uses.only_reader(weights)
+        found = _scores(scores, uses, rank)
+        mm = uses.only_reader(probs)
         if found is None or mm is None or mm.op_type != "MatMul" or mm.domain != "":
             continue
-        if len(mm.inputs) != 2 or mm.inputs[0] is not weights or mm.inputs[1] is None:
+        if len(mm.inputs) != 2 or mm.inputs[0] is not probs or mm.inputs[1] is None:
             continue
-        qk, mul, post, add, bias = found
+        qk, mul, post = found
         scales = list(qk.inputs[2:4])  # sa, sb: none, or both slots (None where absent)
-        if post is not None or bias is not None:
+        if post is not None:
             scales = [*scales, *[None] * (2 - len(scales)), post]
         new = Node(
             "SoftmaxAttention",
-            [qk.inputs[0], qk.inputs[1], mm.inputs[1], *scales, *([] if bias is None else [bias])],
+            [qk.inputs[0], qk.inputs[1], mm.inputs[1], *scales],
             list(mm.outputs),
-            {"nan_to_zero": 1} if cleanup is not None else {},
+            {},
             name=f"{mm.name}/attention",
             domain=DOMAIN,
             opset=1,
         )
-        for gone in (qk, mul, add, sm, *(cleanup or ())):
+        for gone in (qk, mul, sm):
             if gone is not None:
                 replaced[id(gone)] = None
         replaced[id(mm)] = new
     graph.nodes = [r for r in (replaced.get(id(nd), nd) for nd in graph.nodes) if r is not None]
     return sum(1 for r in replaced.values() if r is not None)
-
-
-def _biased_scores(
-    scores: Value, uses: Uses, rank: int
-) -> tuple[Node, Node | None, Value | None, Node | None, Value | None] | None:
-    """``_scores``' answer and (the Add, the bias) when ``scores`` is ``x + bias`` of such
-    scores ``x`` (read by the Add alone) and a float32 ``bias``; else (None, None)."""
-    add = scores.producer
-    if add is not None and add.op_type == "Add" and add.domain == "" and len(add.inputs) == 2:
-        for i in (0, 1):
-            x, bias = add.inputs[i], add.inputs[1 - i]
-            if x is None or bias is None or x is bias or uses.only_reader(x) is not add:
-                continue
-            if str(tensor_dtype(bias)) != "float32":
-                continue
-            found = _scores(x, uses, rank)
-            if found is not None:
-                return (*found, add, bias)
-    found = _scores(scores, uses, rank)
-    return None if found is None else (*found, None, None)
-
-
-def _nan_to_zero(probs: Value, uses: Uses) -> tuple[Node, Node] | None:
-    """(IsNaN, Where) when ``probs`` is read by ``IsNaN`` and ``Where(IsNaN(probs), c,
-    probs)`` alone, ``c`` one constant element equal to 0, the IsNaN's output read by the
-    Where alone; else None."""
-    readers = uses.readers.get(id(probs), [])
-    if len(readers) != 2 or uses.is_output(probs):
-        return None
-    isnan = next((r for r in readers if r.op_type == "IsNaN" and r.domain == ""), None)
-    where = next((r for r in readers if r.op_type == "Where" and r.domain == ""), None)
-    if isnan is None or where is None or len(where.inputs) != 3 or not isnan.outputs:
-        return None
-    cond, zero, other = where.inputs
-    if cond is None or cond is not isnan.outputs[0] or other is not probs:
-        return None
-    if uses.only_reader(cond) is not where:
-        return None
-    c = None if zero is None else zero.const
-    if c is None or c.size != 1 or c.dtype != np.float32 or float(c.reshape(-1)[0]) != 0.0:
-        return None
-    out = where.outputs[0] if where.outputs else None
-    if out is None or uses.is_output(out):
-        return None
-    return isnan, where
 
 
 def _scores(scores: Value, uses: Uses, rank: int) -> tuple[Node, Node | None, Value | None] | None:

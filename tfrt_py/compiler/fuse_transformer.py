@@ -23,9 +23,9 @@ one op whose kernel runs it in a few passes:
   are exactly the same); one-element scalings of A and of B (scaled dot-product
   attention's sqrt(scale) on Q and K) become the node's optional third and fourth
   inputs, applied as the product's alpha;
-* attention, ``MatMul(Softmax(MatMulTransB(Q, K) [* s] [+ bias]), V)`` with the Softmax
-  over the last axis (and torch's ``Where(IsNaN(w), 0, w)`` after it, as ``nan_to_zero``):
-  a ``tfrt_py.fused::SoftmaxAttention(Q, K, V, [sa, sb, s, bias])`` node, whose
+* attention without a mask, ``MatMul(Softmax(MatMulTransB(Q, K) [* s]), V)`` with the
+  Softmax over the last axis: a ``tfrt_py.fused::SoftmaxAttention(Q, K, V, [sa, sb, s])``
+  node, whose
   kernel (``kernels/lib/sdpa.py``) runs blocks of query rows through the three steps while
   their scores are in cache instead of writing the whole score tensor and reading it back
   twice;

@@ -15,11 +15,9 @@ LayerNormalization over axis 1 alone of an (N, C, *spatial) tensor
 NumPy's broadcasting over the leading axes; BLAS reads the transposed view directly (a
 column-major operand), so the Transpose costs no copy. Supports ``out=``.
 
-``SoftmaxAttention(Q, K, V, [sa, sb, s, bias])`` (from ``fuse_transformer``): ``softmax(sa sb
-s Q @ swapaxes(K, -1, -2) + bias, axis=-1) @ V`` in blocks of query rows
-(``kernels/lib/sdpa.py``); the one-element scalings and the bias (broadcast to the scores,
-added after the scaling) are optional (None where absent). ``nan_to_zero=1``: NaN weights
-are 0 (torch's ``Where(IsNaN(w), 0, w)`` after the Softmax).
+``SoftmaxAttention(Q, K, V, [sa, sb, s])`` (from ``fuse_transformer``): ``softmax(sa sb s Q
+@ swapaxes(K, -1, -2), axis=-1) @ V`` in blocks of query rows (``kernels/lib/sdpa.py``); the
+one-element scalings are optional (None where absent).
 Supports ``out=``.
 
 ``SqueezeExcite(X, W1, B1, W2, B2)`` (from ``fuse_vision``): GlobalAveragePool, two 1x1
@@ -35,7 +33,7 @@ import numpy as np
 
 from ..base import Cost, KernelContext, KernelFlags
 from ..lib.gemm import matmul_batched_into
-from ..lib.sdpa import attention_steps, softmax_attention
+from ..lib.sdpa import softmax_attention
 from ..nn.conv import Epilogue, conv_cost, conv_with_epilogue
 from ..nn.norm_channel import channel_layer_norm_fn
 from ..nn.squeeze_excite import squeeze_excite_fn
@@ -128,38 +126,18 @@ def _matmul_transb(ctx: KernelContext) -> Any:
 
 
 def _softmax_attention(ctx: KernelContext) -> Any:
-    """SoftmaxAttention: ``fn(q, k, v, sa=None, sb=None, s=None, bias=None, out=None)``;
-    ``nan_to_zero=1``: NaN weights are 0."""
-    nan_to_zero = bool(ctx.attr("nan_to_zero", 0))
+    """SoftmaxAttention: ``fn(q, k, v, sa=None, sb=None, s=None, out=None)``."""
 
     def softmax_attention_fn(
-        q: np.ndarray, k: np.ndarray, v: np.ndarray, *rest: Any, out: Any = None
+        q: np.ndarray, k: np.ndarray, v: np.ndarray, *scales: Any, out: Any = None
     ) -> Any:
         alpha = 1.0
-        for s in rest[:3]:
+        for s in scales:
             if s is not None:
                 alpha *= float(np.asarray(s).reshape(-1)[0])
-        bias = rest[3] if len(rest) > 3 else None
-        try:
-            return softmax_attention(q, k, v, alpha, out, bias=bias, nan_to_zero=nan_to_zero)
-        except ValueError:
-            if bias is None:
-                raise
-            # A bias that broadcasts the scores to a larger shape: the unfused ops' answer.
-            return _grown_attention(q, k, v, alpha, bias, nan_to_zero, out)
+        return softmax_attention(q, k, v, alpha, out)
 
     return softmax_attention_fn
-
-
-def _grown_attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, alpha: float, bias: np.ndarray,
-    nan_to_zero: bool, out: Any,
-) -> np.ndarray:  # fmt: skip
-    """SoftmaxAttention whose ``bias`` broadcasts the scores to a larger shape: the steps
-    of the ops it replaced, on ``q`` broadcast to the grown scores' rows."""
-    rows = np.broadcast_shapes(q.shape[:-1], (*k.shape[:-2], 1), bias.shape[:-1])
-    q = np.broadcast_to(q, (*rows, q.shape[-1]))
-    return attention_steps(q, k, v, alpha, bias=bias, out=out, nan_to_zero=nan_to_zero)[0]
 
 
 def _softmax_attention_cost(

@@ -14,20 +14,18 @@ threads. Operands may be strided views (a head split of one projection) whose ba
 dimensions collapse into two strides (``gemm.batch_layout``; planned once per shapes and
 strides); the bias is read in place through its broadcast strides.
 
-``softmax_attention(q, k, v, alpha, out, bias=, empty=, grouped=, nan_to_zero=)`` takes
-that path for float32 stacks of one batch shape with numba's TBB layer
-(``concurrency.native_threads``) and NumPy's BLAS; anything else (float64, 16-bit types,
-broadcast batch dims, small, no numba) runs ``attention_steps``, the reference formulation
-with the same semantics (``Softmax`` opset 13 along the last axis: a row with a NaN, an all
-``-inf`` row or one whose max is ``+inf`` gives NaN). ``bias``: an array broadcastable to
-the scores, or a tuple of them added in turn (each rounded as it is added: onnxruntime adds
-its attention bias before the mask). ``grouped``: k and v may have fewer heads (axis -3)
-than q, a divisor of its count: query head ``h`` reads key head ``h // (Hq // Hk)``
-(GQA/MQA); otherwise the batch dimensions broadcast as NumPy's. ``empty``: a bool mask
-broadcastable to ``(..., Lq, 1)`` of rows whose weights are all zero (their output rows are
-0: the rows ONNX Attention's masks hide entirely). ``nan_to_zero``: NaN weights are 0
-(torch's exported ``scaled_dot_product_attention`` does ``Where(IsNaN(w), 0, w)``: a row
-the mask hides entirely, all ``-inf``, gives 0, not NaN). ``attention_steps`` also takes a
+``softmax_attention(q, k, v, alpha, out, bias=, empty=, grouped=)`` takes that path for
+float32 stacks of one batch shape with numba's TBB layer (``concurrency.native_threads``)
+and NumPy's BLAS; anything else (float64, 16-bit types, broadcast batch dims, small, no
+numba) runs ``attention_steps``, the reference formulation with the same semantics
+(``Softmax`` opset 13 along the last axis: a row with a NaN, an all ``-inf`` row or one
+whose max is ``+inf`` gives NaN). ``bias``: an array broadcastable to the scores, or a
+tuple of them added in turn (each rounded as it is added: onnxruntime adds its attention
+bias before the mask). ``grouped``: k and v may have fewer heads (axis -3) than q, a
+divisor of its count: query head ``h`` reads key head ``h // (Hq // Hk)`` (GQA/MQA);
+otherwise the batch dimensions broadcast as NumPy's. ``empty``: a bool mask
+broadcastable to ``(..., Lq, 1)`` of rows whose weights are all zero (their output rows
+are 0: the rows ONNX Attention's masks hide entirely). ``attention_steps`` also takes a
 ``softcap``, a ``precision`` for the softmax and a ``tap`` (returns one intermediate: the
 scores, capped, biased, or the weights). Thread-safe: no state but the compiled function
 and the plans (dict writes); each block allocates its own scratch.
@@ -104,13 +102,12 @@ def _add_bias(s: Any, bias: Any, dims: Any, i: int, r0: int) -> None:  # pragma:
 
 
 def _sdpa_blocks(
-    ptr: Any, dims: Any, blocks: Any, c: Any, alpha: float, bias: Any, nan_zero: bool
+    ptr: Any, dims: Any, blocks: Any, c: Any, alpha: float, bias: Any
 ) -> None:  # pragma: no cover - numba only
     """For the ``blocks`` rows (matrix i, first query row, end row) in a ``prange`` loop:
     S = alpha * q[i, r0:r1] @ k[i // group].T (gemm into the block's own scratch), the
     bias (when ``bias`` is not empty: ``_add_bias``), the softmax of each row of S
-    (``_softmax_long_rows``; ``nan_zero``: its NaN weights then 0), out[i, r0:r1] = S @
-    v[i // group] (gemm). ``ptr``: the
+    (``_softmax_long_rows``), out[i, r0:r1] = S @ v[i // group] (gemm). ``ptr``: the
     addresses of q, k, v and out; ``dims`` = [Lq, Lk, d, dv, matrices per outer batch step
     of q and of k, group, then per operand (q, k, v, out) its inner batch, row and outer
     batch strides, then the bias layout] in elements; float32."""
@@ -134,8 +131,6 @@ def _sdpa_blocks(
         if bias.shape[0]:
             _add_bias(s, bias, dims, i, r0)
         _softmax_long_rows(s, s, c, 0, rows)
-        if nan_zero:
-            s[np.isnan(s)] = 0
         _sgemm(101, 111, 111, rows, dv, lk, np.float32(1), s.ctypes.data, lk, pv, lv_,
                np.float32(0), po, lo_)  # fmt: skip
 
@@ -152,9 +147,9 @@ def _warm(fn: Any) -> None:
     )
     blocks = np.array([[0, 0, 2], [0, 2, 3], [1, 0, 3]], np.int64)
     bias = np.zeros(10, np.float32)
-    fn(ptr, dims, blocks, EXP_CONSTS, 1.0, bias, False)
+    fn(ptr, dims, blocks, EXP_CONSTS, 1.0, bias)
     bias.flags.writeable = False
-    fn(ptr, dims, blocks, EXP_CONSTS, 1.0, bias, False)
+    fn(ptr, dims, blocks, EXP_CONSTS, 1.0, bias)
 
 
 def _prepare(module_globals: dict[str, Any]) -> bool:
@@ -192,15 +187,14 @@ def softmax_attention(
     bias: Bias = None,
     empty: np.ndarray | None = None,
     grouped: bool = False,
-    nan_to_zero: bool = False,
 ) -> np.ndarray:
     """``softmax(alpha * q @ swapaxes(k, -1, -2) + bias, axis=-1) @ v`` into ``out`` when
-    given; ``empty`` rows zero, ``grouped`` heads, ``nan_to_zero`` weights (module doc)."""
+    given; ``empty`` rows zero, ``grouped`` heads (module doc)."""
     group = _group(q, k) if grouped else 1
-    y = _fused(q, k, v, alpha, out, bias, group, nan_to_zero)
+    y = _fused(q, k, v, alpha, out, bias, group)
     if y is None:
         return attention_steps(q, k, v, alpha, bias=bias, empty=empty, grouped=grouped,
-                               out=out, nan_to_zero=nan_to_zero)[0]  # fmt: skip
+                               out=out)[0]  # fmt: skip
     if empty is not None:
         np.copyto(y, np.float32(0), where=empty)
     return y
@@ -219,7 +213,6 @@ def attention_steps(
     precision: np.dtype | None = None,
     tap: int | None = None,
     out: np.ndarray | None = None,
-    nan_to_zero: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The reference formulation, step by step in ``q``'s dtype (a 16-bit one splits
     ``alpha`` as ``sqrt(alpha)`` on q and k), scores capped by ``softcap * tanh(s /
@@ -248,8 +241,6 @@ def attention_steps(
     got = s.copy() if tap == TAP_BIASED else got
     w = s if precision is None or precision == dt else s.astype(precision)
     _softmax(w)
-    if nan_to_zero:
-        np.copyto(w, w.dtype.type(0), where=np.isnan(w))
     if empty is not None:
         np.copyto(w, w.dtype.type(0), where=empty)
     got = w if tap == TAP_WEIGHTS else got
@@ -304,7 +295,6 @@ def _fused(
     out: np.ndarray | None,
     bias: Bias,
     group: int,
-    nan_to_zero: bool,
 ) -> np.ndarray | None:
     """The blocked path, or None when it does not apply (module doc)."""
     oks = None if out is None else (out.shape, out.strides, out.dtype)
@@ -328,8 +318,7 @@ def _fused(
         return None
     y = np.empty((*scores[:-1], head[3]), np.float32) if out is None else out
     native_threads.enter(intra_pool().threads if work >= _SPLIT_MIN_MACS else 1)
-    dims = np.array((*head, *b[1]), np.int64)
-    fn(addresses(q, k, v, y), dims, blocks, EXP_CONSTS, alpha, b[0], nan_to_zero)
+    fn(addresses(q, k, v, y), np.array((*head, *b[1]), np.int64), blocks, EXP_CONSTS, alpha, b[0])
     return y
 
 
