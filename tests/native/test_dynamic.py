@@ -64,9 +64,11 @@ def test_a_batch_mixing_op_falls_back_to_signatures(monkeypatch: pytest.MonkeyPa
     native = tfrt_py.load(g, executor="native", native="eager")
     sync = tfrt_py.load(g, executor="sync")
     assert native.native.form == "signature"
-    for n in (3, 5, 3):
+    for n in (3, 5, 3, 12):
         _check(native, sync, RNG.standard_normal((n, 4)).astype(F32))
-    assert "(3, 4)" in native.describe() and "(5, 4)" in native.describe()
+    # one function for the box of batch sizes 2..8, one for 9..16 (generic.py)
+    assert "N in 2..8" in native.describe() and "N in 9..16" in native.describe()
+    assert len(native.native.sigs) == 2
 
 
 def _shape_arithmetic() -> Graph:
@@ -97,7 +99,7 @@ def test_shape_arithmetic_is_folded_per_signature() -> None:
     assert native.native.form == "signature"
     for n in (2, 1, 5, 1):
         _check(native, sync, RNG.standard_normal((n, 3, 4)).astype(F32))
-    assert "(1, 3, 4)" in native.describe() and "(5, 3, 4)" in native.describe()
+    assert "N=1" in native.describe() and "N in 2..8" in native.describe()
 
 
 def test_signatures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,10 +120,10 @@ def test_background_signature_compiles_while_the_interpreter_serves() -> None:
     x = RNG.standard_normal((2, 7)).astype(F32)
     _check(native, sync, x)  # served by the interpreter, compile queued
     assert native.native.wait(120)
-    job = native.native.sigs[(2, 7)]
-    assert job.state == "ready", job.error  # a one-input signature lowers (it did not)
+    job = native.native.job((2, 7))
+    assert job is not None and job.state == "ready", job  # a one-input signature lowers
     _check(native, sync, x)
-    assert "compiled: [(2, 7)]" in native.describe()
+    assert "compiled: S in 2..8" in native.describe()
 
 
 def test_auto_picks_native_for_a_dynamic_batch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -229,30 +231,33 @@ def _auto(monkeypatch: pytest.MonkeyPatch, **kw: object) -> tfrt_py.Model:
     return model
 
 
-def test_auto_compiles_only_the_signatures_that_are_hot(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ever-new lengths compile nothing (the interpreter's one plan serves them); a length
-    that keeps coming back compiles once it is hot."""
+def test_auto_compiles_only_the_boxes_that_are_hot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls count per box of dims, whatever their exact lengths: a box whose lengths
+    keep coming compiles one function for all of them once hot; a box that sees a few
+    calls compiles nothing (the interpreter's one plan serves it)."""
     model = _auto(monkeypatch)
     sync = tfrt_py.load(_sequence(), executor="sync")
     tier = model.native
-    for _ in range(3):
-        for s in range(3, 12):
-            _check(model, sync, RNG.standard_normal((2, s)).astype(F32))
+    for s in (9, 12, 15):  # a few calls in the box 9..16
+        _check(model, sync, RNG.standard_normal((2, s)).astype(F32))
+    for k in range(tier_mod.HOT_CALLS - 1):  # every length of 2..8, one call short of hot
+        _check(model, sync, RNG.standard_normal((2, 2 + k % 7)).astype(F32))
     assert len(tier.sigs) == 0
     x = RNG.standard_normal((2, 5)).astype(F32)
-    for _ in range(tier_mod.HOT_CALLS):
-        _check(model, sync, x)
-    assert list(tier.sigs) == [(2, 5)]
-    assert tier.wait(120)
     _check(model, sync, x)
-    assert "one numba function per hot input signature" in model.describe()
+    assert list(tier.sigs) == [("box", ((1, 8),))]
+    assert tier.wait(120)
+    for s in range(2, 9):
+        _check(model, sync, RNG.standard_normal((2, s)).astype(F32))
+    assert len(tier._natives) == 1  # one native entry for every length of the box
+    assert "one numba function per hot box of dims" in model.describe()
 
 
 def test_warmup_prepares_signatures_before_load_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _auto(monkeypatch, warmup=[{"x": (2, 7)}, {"x": np.ones((2, 9), F32)}])
     tier = model.native
     states = {k: j.state for k, j in tier.sigs.items()}
-    assert states == {(2, 7): "ready", (2, 9): "ready"}, states
+    assert states == {("box", ((1, 8),)): "ready", ("box", ((8, 16),)): "ready"}, states
     assert tier.choices  # the measured choice was made during the warm-up, not on a call
     assert "warmup: 2 signature(s)" in model.describe()
     sync = tfrt_py.load(_sequence(), executor="sync")
@@ -282,7 +287,7 @@ def test_a_background_compile_runs_in_the_compile_server(monkeypatch: pytest.Mon
     x = RNG.standard_normal((2, 13)).astype(F32)
     model.run({"x": x})
     assert model.native.wait(120)
-    job = model.native.sigs[(2, 13)]
+    job = model.native.job((2, 13))
     assert job.state == "ready", job.error
     assert job.server_seconds is not None and worker.server().compiles == before + 1
     assert job.compiled.cache_hit  # this process loaded what the child compiled
@@ -297,7 +302,7 @@ def test_without_the_compile_server_the_compile_runs_in_process(
     x = RNG.standard_normal((2, 15)).astype(F32)
     model.run({"x": x})
     assert model.native.wait(120)
-    job = model.native.sigs[(2, 15)]
+    job = model.native.job((2, 15))
     assert job.state == "ready" and job.server_seconds is None
 
 
@@ -337,7 +342,7 @@ def test_a_killed_compile_server_fails_the_job_and_the_next_compile_starts_a_new
     try:
         x = RNG.standard_normal((2, 17)).astype(F32)
         model.run({"x": x})
-        job = model.native.sigs[(2, 17)]
+        job = model.native.job((2, 17))
         deadline = time.monotonic() + 120
         while _pending_input(pid) == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -350,7 +355,7 @@ def test_a_killed_compile_server_fails_the_job_and_the_next_compile_starts_a_new
     y = RNG.standard_normal((2, 19)).astype(F32)
     model.run({"x": y})
     assert model.native.wait(120)
-    assert model.native.sigs[(2, 19)].state == "ready"
+    assert model.native.job((2, 19)).state == "ready"
     assert srv.pid is not None and srv.pid != pid
     _check(model, sync, y)
 
@@ -375,9 +380,9 @@ def test_a_compile_server_that_died_idle_has_its_pipes_closed_before_the_next_st
     assert old is not None and old.stdin is not None and old.stdout is not None
     os.kill(old.pid, signal.SIGKILL)
     old.wait(30)
-    model.run({"x": RNG.standard_normal((2, 25)).astype(F32)})
+    model.run({"x": RNG.standard_normal((2, 45)).astype(F32)})  # another box
     assert model.native.wait(120)
-    assert model.native.sigs[(2, 25)].state == "ready"
+    assert model.native.job((2, 45)).state == "ready"
     assert srv._proc is not old
     assert old.stdin.closed and old.stdout.closed
 
@@ -397,8 +402,8 @@ def test_a_new_cache_dir_gets_a_new_compile_server(
     assert model.native.wait(120)
     first = srv.pid
     monkeypatch.setenv("TFRT_PY_CACHE_DIR", str(tmp_path))
-    model.run({"x": RNG.standard_normal((2, 23)).astype(F32)})
+    model.run({"x": RNG.standard_normal((2, 50)).astype(F32)})  # another box
     assert model.native.wait(120)
-    job = model.native.sigs[(2, 23)]
+    job = model.native.job((2, 50))
     assert job.state == "ready" and job.compiled.cache_hit, job.error
     assert srv.pid != first and str(tmp_path) in job.compiled.path

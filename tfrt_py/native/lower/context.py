@@ -15,7 +15,7 @@ import numpy as np
 
 from ...executors.plan import ALIGN, Buffer
 from ...ir import Graph, Node, Value
-from .emit import tname
+from .emit import BLAS_MIN_MACS, tname
 from .loops import Ref
 from .source import Declined, literal
 
@@ -57,6 +57,14 @@ class NodeContext:
         self._same: dict[tuple[Any, ...], Ref] = {}  # (shape, dtype, digest) -> ref
         #: value id -> its value for this signature (``fold.shape_values``): constants
         self.folded: dict[int, np.ndarray] = {}
+        #: elements to reserve for each constant packed, in order (``generic.py``: the room
+        #: a box's largest signature needs, so that every signature packs alike)
+        self.const_room: tuple[int, ...] | None = None
+        #: the choices between two correct forms of code (``choose``) made so far, and the
+        #: ones to make instead (``generic.py``: the box's top's, so that every sample of
+        #: a box writes the same code)
+        self.choices: list[bool] = []
+        self.replay: tuple[bool, ...] | None = None
 
     def share_constants(self, other: NodeContext) -> None:
         """Start from ``other``'s packed constants (a copy: ``other`` is unchanged); a
@@ -66,6 +74,23 @@ class NodeContext:
         self.hoisted = list(other.hoisted)
         self.packed = list(other.packed)
         self._same = {_digest(arr): r for arr, r in other.packed}
+
+    def choose(self, value: bool) -> bool:
+        """A choice between two correct forms of code: ``value``, or when replaying the
+        choice made at the same point of the lowering replayed."""
+        k = len(self.choices)
+        if self.replay is not None:
+            if k >= len(self.replay):
+                raise Declined(["the lowering's choices differ from the plan's"])
+            value = self.replay[k]
+        self.choices.append(value)
+        return value
+
+    def blas_for(self, macs: int) -> bool:
+        """Whether a product of ``macs`` multiply-adds calls BLAS (``emit.matmul`` still
+        checks its layout): big enough for it (``emit.BLAS_MIN_MACS``), where this body
+        may call it (``blas``)."""
+        return self.blas and self.choose(macs >= BLAS_MIN_MACS)
 
     def decline(self, reason: str) -> NoReturn:
         n = self.node
@@ -81,10 +106,18 @@ class NodeContext:
         t = tname(arr.dtype)
         off = self.param_size.get(t, 0)
         self.params.setdefault(t, []).append(arr.ravel())
-        pad = (-(off + arr.size)) % (ALIGN // arr.dtype.itemsize or 1)
+        size = arr.size
+        if self.const_room is not None:
+            k = len(self.packed)
+            if k >= len(self.const_room) or self.const_room[k] < arr.size:
+                raise Declined(["the constants differ from the plan's"])
+            size = self.const_room[k]
+            if size > arr.size:
+                self.params[t].append(np.zeros(size - arr.size, arr.dtype))
+        pad = (-(off + size)) % (ALIGN // arr.dtype.itemsize or 1)
         if pad:
             self.params[t].append(np.zeros(pad, arr.dtype))
-        self.param_size[t] = off + arr.size + pad
+        self.param_size[t] = off + size + pad
         ref = Ref(f"P_{t}", literal(off), tuple(arr.shape), arr.dtype)
         self.packed.append((arr, ref))
         return ref

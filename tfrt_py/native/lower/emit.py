@@ -102,14 +102,14 @@ def matmul(
 ) -> list[str]:
     """``y[m, j] = sum_k x[m, k] * w[k, j]`` (element strides ``x_st`` = (m, k), ``w_st``
     = (k, j); ``y`` contiguous [M, N]). Loop order m, k, j with j innermost (LLVM
-    vectorizes it without reassociation), k unrolled by 2; with ``blas``, big float
-    products with several rows call NumPy's gemm instead (``kern_blas``: the module must
+    vectorizes it without reassociation), k unrolled by 2; with ``blas`` (the caller's
+    ``NodeContext.blas_for``: big enough), float products with several rows call NumPy's
+    gemm instead (``kern_blas``: the module must
     import ``BLAS_IMPORT``)."""
     m_, k_, n_ = mkn
     M, K, N = (literal(v) for v in (m_, k_, n_))
     t = tname(y.dtype)
-    big = m_ > 1 and m_ * k_ * n_ >= BLAS_MIN_MACS
-    if blas and big and t in ("f4", "f8") and x_st == (k_, 1) and w_st == (n_, 1):
+    if blas and m_ > 1 and t in ("f4", "f8") and x_st == (k_, 1) and w_st == (n_, 1):
         args = f"{x.buf}, {x.off}, {w.buf}, {w.off}, {y.buf}, {y.off}, {M}, {K}, {N}"
         return [f"gemm_{t}({args})"]
     xm, xk = x_st
@@ -128,20 +128,18 @@ def matmul(
         j = "j" if wj == 1 else f"j * {literal(wj)}"
         return f"{w.buf}[{w.off} + ({kexpr}) * {literal(wk)} + {j}]"
 
-    k2 = k_ - k_ % 2
-    if k2:
-        # Two rows per pass: LLVM vectorizes this form (four rows defeat its cost model).
-        lines.append(f"for k in range(0, {literal(k2)}, 2):")
-        lines.append(f"    {tag}x0 = {xs('k')}")
-        lines.append(f"    {tag}x1 = {xs('k + 1')}")
-        lines.append(f"    for j in range({N}):")
-        lines.append(
-            f"        {y.buf}[{yrow} + j] += {tag}x0 * {ws('k')} + {tag}x1 * {ws('k + 1')}"
-        )
-    if k_ > k2:
-        lines.append(f"{tag}x0 = {xs(literal(k2))}")
-        lines.append(f"for j in range({N}):")
-        lines.append(f"    {y.buf}[{yrow} + j] += {tag}x0 * {ws(literal(k2))}")
+    # Two rows per pass (LLVM vectorizes this form; four rows defeat its cost model), an
+    # odd last row on its own: the same text for every K (``generic.py``)
+    k2 = f"{K} // 2 * 2"
+    lines.append(f"for k in range(0, {k2}, 2):")
+    lines.append(f"    {tag}x0 = {xs('k')}")
+    lines.append(f"    {tag}x1 = {xs('k + 1')}")
+    lines.append(f"    for j in range({N}):")
+    lines.append(f"        {y.buf}[{yrow} + j] += {tag}x0 * {ws('k')} + {tag}x1 * {ws('k + 1')}")
+    lines.append(f"for k in range({k2}, {K}):")
+    lines.append(f"    {tag}x0 = {xs('k')}")
+    lines.append(f"    for j in range({N}):")
+    lines.append(f"        {y.buf}[{yrow} + j] += {tag}x0 * {ws('k')}")
     if m_ > 1:
         lines = [f"for m in range({M}):"] + ["    " + ln for ln in lines]
     return lines

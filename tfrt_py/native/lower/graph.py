@@ -48,7 +48,7 @@ from .rowwise import check_rows
 from .runs import find_runs, lower_run_middle
 from .source import Declined, audit, literal
 
-__all__ = ["VIEW_OPS", "Declined", "Lowered", "blockers", "dynamic_inputs", "lower"]
+__all__ = ["VIEW_OPS", "Declined", "Lowered", "Room", "blockers", "dynamic_inputs", "lower"]
 
 #: The default domain's views: their output is their input's memory (no code).
 VIEW_OPS = frozenset(registry.VIEW_OPS)
@@ -57,6 +57,17 @@ VIEW_OPS = frozenset(registry.VIEW_OPS)
 #: row. 64 rows reach ~95% of a long gemm's rate for the small layers rows mode serves.
 TILE_ROWS = 64
 _NP_TYPES = {"f4": "float32", "f8": "float64", "i8": "int64", "i4": "int32", "b1": "boolean"}
+
+
+@record(frozen=True)
+class Room:
+    """What ``generic.py`` holds fixed while it lowers the samples of a box, as the box's
+    top lowered them: bytes per arena buffer and elements per constant (each at least
+    a sample's own), and the choices between forms of code (``NodeContext.choose``)."""
+
+    arena: tuple[int, ...]
+    consts: tuple[int, ...]
+    choices: tuple[bool, ...]
 
 
 @record(frozen=True)
@@ -74,7 +85,8 @@ class Lowered:
     input_dtypes: tuple[np.dtype, ...]
     units: int  # compile units (budget.py)
     #: "static" (declared static shapes), "signature" (one input signature's shapes,
-    #: ``shapes``) or "rows" (any batch size: the graph lowered for one row, looped).
+    #: ``shapes``), "rows" (any batch size: the graph lowered for one row, looped) or
+    #: "box" (every signature whose dim variables lie in ``box``: ``generic.py``).
     mode: str = "static"
     shapes: tuple[tuple[int, ...], ...] = ()
     #: Per output: None (the array), ("zipmap", labels) or ("labels", names): the entry
@@ -84,6 +96,16 @@ class Lowered:
     batched: tuple[bool, ...] = ()
     out_rows: tuple[tuple[int, ...], ...] = ()
     out_dtypes: tuple[np.dtype, ...] = ()
+    #: Signature mode: per arena buffer (in the order the lowering made them) its dtype
+    #: alias, bytes, first and last step: what ``generic.lower_bucket`` plans with.
+    arena: tuple[tuple[str, int, int, int], ...] = ()
+    #: Signature mode: per constant packed, its dtype alias, offset in ``P_<alias>`` and
+    #: size (elements).
+    consts: tuple[tuple[str, int, int], ...] = ()
+    #: Signature mode: the choices between two correct forms of code the lowering made
+    #: (``NodeContext.choose``), in order.
+    choices: tuple[bool, ...] = ()
+    box: tuple[tuple[int, int], ...] = ()
 
     @property
     def key(self) -> str:
@@ -191,13 +213,18 @@ def lower(
     limit: int | None = None,
     shapes: list[tuple[int, ...]] | None = None,
     rows: bool = False,
+    room: Room | None = None,
+    audited: bool = True,
 ) -> Lowered:
     """The module for ``graph`` (compiled as ``program``), at most ``limit`` compile units
     (default ``budget.budget()``: ``$TFRT_PY_NATIVE_BUDGET``). ``shapes`` lowers one input
     signature of a graph with dynamic dims; ``rows`` lowers the graph for one row and loops
-    over a dynamic first dim (``rowwise``: only when rows are independent). Raises Declined
-    (OverBudget above the budget), and only Declined: an unexpected error while lowering
-    becomes one too."""
+    over a dynamic first dim (``rowwise``: only when rows are independent); ``room``
+    (with ``shapes``) lays the arena and the constants out as ``Room`` says and makes its
+    choices (``generic`` lowers every signature of a box as its top); ``audited=False``
+    skips ``source.audit`` (``generic`` audits the module it makes of the samples).
+    Raises Declined (OverBudget above the budget), and only Declined: an unexpected error
+    while lowering becomes one too."""
     reasons = blockers(graph)
     if reasons:
         raise Declined(reasons)
@@ -206,7 +233,7 @@ def lower(
     limit = budget() if limit is None else limit
     precheck(graph, limit)
     try:
-        return _lower(graph, program, fastmath, limit, shapes, rows)
+        return _lower(graph, program, fastmath, limit, shapes, rows, room, audited)
     except Declined:
         raise
     except Exception as e:  # any failure keeps the model off the native tier
@@ -214,7 +241,8 @@ def lower(
 
 
 def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
-           shapes: list[tuple[int, ...]] | None, rows: bool) -> Lowered:  # fmt: skip
+           shapes: list[tuple[int, ...]] | None, rows: bool,
+           room: Room | None = None, audited: bool = True) -> Lowered:  # fmt: skip
     batched = [False] * len(graph.inputs)
     if rows:
         if any(n.domain == "" and n.op_type in ("Shape", "Size") for n in shape_arithmetic(graph)):
@@ -235,6 +263,8 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
         specs = _input_specs(graph, shapes, None)
         probed, values = _probe(graph, program, specs)
         cx = NodeContext(graph, probed)
+        if room is not None:
+            cx.const_room, cx.replay = room.consts, room.choices
         # one signature's big products on NumPy's gemm (a transformer's projections; the
         # loops reach a third of its rate there); small ones stay loops (BLAS_MIN_MACS)
         cx.blas = shapes is not None and blas.available()
@@ -272,7 +302,8 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
         except OverBudget:
             pass  # the tile body doubles the code: rows one at a time fit
     return _assemble(graph, cx, sig, prologue, body, fastmath, limit, specs, batched,
-                     shapes is not None)  # fmt: skip
+                     shapes is not None, sizes=None if room is None else room.arena,
+                     audited=audited)  # fmt: skip
 
 
 def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool]) -> list[str]:
@@ -393,10 +424,17 @@ def _label_view(cx: NodeContext, node: Node, x_v: Value) -> list[str]:
     return []
 
 
-def _planned(cx: NodeContext, body: list[str], arenas: dict[str, int]) -> str:
-    """``body`` as text with its arena offsets planned; ``arenas`` grows to hold them."""
+def _planned(cx: NodeContext, body: list[str], arenas: dict[str, int],
+             sizes: tuple[int, ...] | None = None) -> str:  # fmt: skip
+    """``body`` as text with its arena offsets planned (buffers as big as ``sizes`` says,
+    when given); ``arenas`` grows to hold them."""
     by_dtype: dict[str, list[tuple[int, Buffer]]] = {}
+    if sizes is not None and (len(sizes) != len(cx.buffers) or any(
+            n < buf.nbytes for n, (buf, _) in zip(sizes, cx.buffers.values()))):  # fmt: skip
+        raise Declined(["an arena buffer is bigger than its room (planned at another signature)"])
     for root, (buf, t) in cx.buffers.items():
+        if sizes is not None:
+            buf = Buffer(sizes[root], buf.first, buf.last)
         by_dtype.setdefault(t, []).append((root, buf))
     subst: dict[str, str] = {}
     for t, items in by_dtype.items():
@@ -414,11 +452,12 @@ def _planned(cx: NodeContext, body: list[str], arenas: dict[str, int]) -> str:
 def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str],
               body: list[str], fastmath: bool, limit: int, specs: list[Any],
               batched: list[bool], signature: bool,
-              tile: tuple[NodeContext, list[str]] | None = None) -> Lowered:  # fmt: skip
+              tile: tuple[NodeContext, list[str]] | None = None,
+              sizes: tuple[int, ...] | None = None, audited: bool = True) -> Lowered:  # fmt: skip
     """The module. ``tile`` (rows mode): the tile body and its context, whose constants
     (a superset of ``cx``'s, at the same offsets) are the ones packed."""
     arenas: dict[str, int] = {}
-    text = _planned(cx, body, arenas)
+    text = _planned(cx, body, arenas, sizes)
     tile_text = None
     packed = cx
     if tile is not None:
@@ -465,7 +504,8 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         src = [*head, *_rows_functions(cx, sig, psig, pargs, ins, prologue, setup, text,
                                        specs, batched, out_specs, deco, tile_text)]  # fmt: skip
     source = "\n".join(src)
-    audit(source)
+    if audited:
+        audit(source)
     units = check(source, limit)
     return Lowered(
         source,
@@ -481,6 +521,13 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         batched=tuple(batched) if rows else (),
         out_rows=tuple(tuple(shape[1:]) for shape, _ in out_specs) if rows else (),
         out_dtypes=tuple(np.dtype(dt) for _, dt in out_specs),
+        arena=tuple((t, b.nbytes, b.first, b.last) for b, t in cx.buffers.values())
+        if signature
+        else (),
+        consts=tuple((tname(a.dtype), int(r.off), a.size) for a, r in packed.packed)
+        if signature
+        else (),
+        choices=tuple(cx.choices) if signature else (),
     )
 
 

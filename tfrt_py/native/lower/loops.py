@@ -130,32 +130,37 @@ LANES = 4
 
 def lane_reduce(name: str, n: int, load: Callable[[str], str], kind: str, t: str) -> list[str]:
     """Lines leaving in ``name`` the max (``kind`` "max": NaN wins, as the interpreter) or
-    the sum ("sum") of ``load(j)`` for j < n. Rows whose length is a multiple of ``LANES``
-    (at least two of them) keep that many accumulators, combined at the end: a float add
-    or compare waits for the one before it, and LLVM may not reorder them without
-    fast-math."""
-    lanes = LANES if n % LANES == 0 and n >= 2 * LANES else 1
-    ks = range(lanes)
+    the sum ("sum") of ``load(j)`` for j < n. The row is read ``LANES`` elements a step
+    into that many accumulators, combined at the end (a float add or compare waits for the
+    one before it, and LLVM may not reorder them without fast-math), and its last
+    ``n % LANES`` elements go to the first. The text is the same for every ``n`` but the
+    literal ``n`` itself (``generic.py`` fits it over a box of dims)."""
+    ks = range(LANES)
+    whole = f"{literal(n)} // {literal(LANES)} * {literal(LANES)}"
     if kind == "sum":
         lines = [f"{name}{k} = {t}(0.0)" for k in ks]
-        start = 0
     else:
-        lines = [f"{name}{k} = {load(literal(k))}" for k in ks]
-        start = lanes
-    lines.append(f"for j in range({literal(start)}, {literal(n)}, {literal(lanes)}):")
+        first = load("0")
+        lines = [f"{name}0 = {first}", *(f"{name}{k} = {name}0" for k in ks[1:])]
+    lines.append(f"for j in range(0, {whole}, {literal(LANES)}):")
     for k in ks:
-        v = load(f"j + {literal(k)}" if k else "j")
-        if kind == "sum":
-            lines.append(f"    {name}{k} += {v}")
-        else:
-            lines += [f"    {name}v = {v}", f"    if {name}v > {name}{k} or {name}v != {name}v:",
-                      f"        {name}{k} = {name}v"]  # fmt: skip
+        # parenthesized: ``load`` may multiply it by a stride
+        lines += _accumulate(name, f"{name}{k}", load(f"(j + {literal(k)})" if k else "j"), kind)
+    lines.append(f"for j in range({whole}, {literal(n)}):")
+    lines += _accumulate(name, f"{name}0", load("j"), kind)
     if kind == "sum":
         return [*lines, f"{name} = {pairwise([f'{name}{k}' for k in ks])}"]
     lines.append(f"{name} = {name}0")
     for k in ks[1:]:
         lines += [f"if {name}{k} > {name} or {name}{k} != {name}{k}:", f"    {name} = {name}{k}"]
     return lines
+
+
+def _accumulate(name: str, acc: str, v: str, kind: str) -> list[str]:
+    if kind == "sum":
+        return [f"    {acc} += {v}"]
+    return [f"    {name}v = {v}", f"    if {name}v > {acc} or {name}v != {name}v:",
+            f"        {acc} = {name}v"]  # fmt: skip
 
 
 def pairwise(terms: list[str]) -> str:

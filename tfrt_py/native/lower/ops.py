@@ -103,7 +103,9 @@ def linear_lines(cx: Any, node: Node, x: Ref, w: Ref | None, y: Ref, ins: list[R
     else:
         assert w is not None
         k, n = w.shape
-        lines = matmul(cx.tag, x, w, y, (x.size // k, k, n), (k, 1), (n, 1), blas=cx.blas)
+        lines = matmul(
+            cx.tag, x, w, y, (x.size // k, k, n), (k, 1), (n, 1), blas=cx.blas_for(x.size * n)
+        )
     steps = _steps(cx, list(node.attrs.get("activation", [])))
     if len(ins) > 2 and ins[2] is not None:
         steps.insert(0, ("Add", {}, (-1, 2)))
@@ -244,6 +246,10 @@ def _reduce(cx: Any, node: Node) -> list[str]:
         axes = list(range(rank))
     axes = sorted({a + rank if a < 0 else a for a in axes})
     kept = [d for d in range(rank) if d not in axes]
+    if math.prod(x.shape[d] for d in kept) != y.size:
+        # the kernel read the axes otherwise (an opset before 18 ignores an axes input):
+        # the loops would write past the output
+        cx.decline(f"reducing {x.shape} over axes {axes} does not give {y.shape}")
     st = strides(x.shape)
     t, g, op = tname(y.dtype), cx.tag, node.op_type
     count = math.prod(x.shape[a] for a in axes)

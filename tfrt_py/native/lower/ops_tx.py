@@ -123,7 +123,9 @@ def _batched_matmul(cx: Any, node: Node) -> list[str]:
         sub_a = Ref(a.buf, f"{a.off} + {bq} * {literal(a_mat)}", (m, k), a.dtype, a.root)
         sub_b = Ref(b.buf, f"{b.off} + {bq} * {literal(b_mat)}", (k, n), b.dtype, b.root)
         sub_y = Ref(y.buf, f"{y.off} + {bq} * {literal(y_mat)}", (m, n), y.dtype, y.root)
-        inner = matmul(g, sub_a, sub_b, sub_y, (m, k, n), (k, 1), (n, 1), blas=cx.blas)
+        inner = matmul(
+            g, sub_a, sub_b, sub_y, (m, k, n), (k, 1), (n, 1), blas=cx.blas_for(m * k * n)
+        )
         return [f"for {bq} in range({literal(math.prod(batch))}):"] + ["    " + ln for ln in inner]
     ast = bcast_strides(a.shape[:-2], batch)
     bst = bcast_strides(b.shape[:-2], batch)
@@ -475,7 +477,9 @@ def _attention_projection(cx: Any, node: Node, x: Ref, qkv: Ref) -> list[str]:
     lines = packed_product(cx, x, wc, qkv, mkn, hin)
     if lines is None:
         w_ref = cx.ref(node.inputs[1])
-        lines = matmul(cx.tag, x, w_ref, qkv, mkn, (hin, 1), (d3, 1), blas=cx.blas)
+        lines = matmul(
+            cx.tag, x, w_ref, qkv, mkn, (hin, 1), (d3, 1), blas=cx.blas_for(math.prod(mkn))
+        )
     if _input(node, 2) is not None:
         bias = cx.ref(_input(node, 2))
         if bias.size != d3 or bias.dtype != qkv.dtype:

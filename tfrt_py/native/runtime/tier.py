@@ -1,11 +1,11 @@
 """Tiered execution: the sync interpreter serves a native model until compiled code for
 the call's input signature is ready; then the call goes to the native entry.
 
-Three forms (``Lowered.mode``): *static* (the declared shapes), *rows* (inputs with a
-dynamic first dim whose rows are independent: one function for every batch size) and
-*signature* (other dynamic dims: one function per input signature, at most
-``MAX_SIGNATURES`` kept, least recently compiled dropped; each lowered and compiled on
-first sight while the interpreter serves that call).
+Three forms: *static* (the declared shapes), *rows* (inputs with a dynamic first dim
+whose rows are independent: one function for every batch size) and *signature* (other
+dynamic dims: one function per box of dims, ``Lowered.mode`` "box", ``generic.py``; a box
+that declines, one function per input signature in it; at most ``MAX_SIGNATURES`` kept,
+least recently started dropped; each lowered and compiled while the interpreter serves).
 
 ``NativeTier.run(feeds, outputs=None)`` is what ``Model.run`` calls: ``entry.fast_entry``,
 which looks the feeds' shapes up in ``table``; a miss goes to ``_slow``: full validation by
@@ -41,9 +41,11 @@ from ...concurrency import compiled_gate
 from ...concurrency.threads import limit_blas
 from ...errors import InputError
 from ...executors.base import Executor
+from ...executors.dims import DimVars
 from ...executors.program import Program
 from ...feeds import check_output_buffers, concat_prefixes
 from ...ir import Graph
+from ..lower.generic import box_of, describe_box, lower_box
 from ..lower.graph import Lowered, lower
 from . import worker
 from .compile import Compiled, compile_lowered
@@ -62,8 +64,8 @@ __all__ = ["MAX_SIGNATURES", "MODES", "NativeTier", "plan_lowering"]
 #: ``load(..., native=...)``: compile in the background (serve on the interpreter
 #: meanwhile) or before ``load`` returns.
 MODES = ("background", "eager")
-#: Signature mode keeps at most this many compiled signatures.
-MAX_SIGNATURES = 8
+#: Signature mode keeps at most this many compiled functions (boxes and signatures).
+MAX_SIGNATURES = 16
 #: Under ``auto`` (``measure``), signature mode compiles a signature once it is *hot*: this
 #: many of its calls counted, counts halving every ``HOT_WINDOW`` calls the interpreter
 #: serves. Traffic that repeats a few shapes compiles them; traffic of ever-new lengths
@@ -107,6 +109,10 @@ class _Job:
                 self.relower = False
                 if self.lowered is None:
                     raise RuntimeError("the model no longer lowers as one module")
+                return True
+            if _is_box(self.key):  # every signature of a box of dims (generic.py)
+                assert tier.dims is not None
+                self.lowered = lower_box(tier.graph, tier.program, tier.dims, self.key[1])
                 return True
             # the table keys one input's signature by its shape, several by their shapes
             one = len(tier.graph.inputs) == 1
@@ -191,6 +197,10 @@ class NativeTier(Executor):
         self.program = self._program = program
         self._check = check
         self.form = "signature" if lowered is None else lowered.mode
+        #: signature mode: the dim variables, whose boxes get one function each
+        #: (``generic.py``), and the boxes that declined (their signatures compile alone)
+        self.dims = DimVars.of([v.type.shape for v in self.graph.inputs])  # type: ignore[union-attr]
+        self._box_declined: set[Any] = set()
         self.error: str | None = None
         self.compiled: Compiled | None = None
         self.table: dict[Any, Any] = {}
@@ -245,6 +255,8 @@ class NativeTier(Executor):
             self.error = job.error
             self.state = "failed"
         with self._lock:
+            if _is_box(job.key):  # its signatures compile one by one from now on
+                self._box_declined.add(job.key)
             self.table.clear()
 
     def use_interpreter(self, interp: Any, program: Program) -> None:
@@ -264,6 +276,24 @@ class NativeTier(Executor):
         timeout."""
         jobs = [j for j in [self._main, *self.sigs.values()] if j is not None]
         return all(j.done.wait(timeout) for j in jobs)
+
+    def _job_key(self, key: Any) -> Any:
+        """Signature mode: what compiles for the signature ``key``: its box of dims
+        (``("box", box)``), or the signature itself when the box declined or the shapes
+        break the inputs' declared relations."""
+        if self.dims is None or not self.dims.n:
+            return key
+        shapes = [key] if len(self.graph.inputs) == 1 else list(key)
+        vals = self.dims.values(shapes)
+        if vals is None:
+            return key
+        box = ("box", box_of(vals))
+        return key if box in self._box_declined else box
+
+    def job(self, key: Any) -> _Job | None:
+        """Signature mode: the compile job serving the signature ``key`` (its box's, or
+        its own), None before one started."""
+        return self.sigs.get(self._job_key(key))
 
     def _sig_job(self, key: Any) -> _Job | None:
         """Signature mode: the job for ``key`` (started now if new); None if it failed."""
@@ -297,12 +327,14 @@ class NativeTier(Executor):
         return self.run(feeds, outputs)
 
     def compile_signature(self, key: Any) -> _Job | None:
-        """Signature mode: start compiling ``key`` (input shapes, as the table keys them)
-        now, hot or not (``warmup``); the job, or None in other modes."""
+        """Signature mode: start compiling ``key`` (input shapes, as the table keys them,
+        or a ``_job_key``) now, hot or not (``warmup``); the job, or None in other modes."""
         if self.form != "signature":
             return None
+        if not _is_box(key):
+            self.table.pop(key, None)
+            key = self._job_key(key)
         self._counts.pop(key, None)
-        self.table.pop(key, None)
         return self._sig_job(key)
 
     def warm(self, feeds: Mapping[str, Any]) -> None:
@@ -324,15 +356,16 @@ class NativeTier(Executor):
 
     def _entry(self, key: Any, args: list[np.ndarray]) -> Any:
         """The entry for this signature, put in the table once it is final."""
-        if self.form == "signature" and self.measure and key not in self.sigs:
-            counted = self._counts.get(key)
+        jkey = self._job_key(key) if self.form == "signature" else key
+        if self.form == "signature" and self.measure and jkey not in self.sigs:
+            counted = self._counts.get(jkey)  # a box's signatures count together
             if counted is None:
                 if len(self._counts) >= _MAX_TABLE:
                     self._counts.clear()
-                counted = self._counts[key] = _Counted(self, key)
+                counted = self._counts[jkey] = _Counted(self, jkey)
             self._remember(key, counted)
             return counted
-        job = self._main if self.form != "signature" else self._sig_job(key)
+        job = self._main if self.form != "signature" else self._sig_job(jkey)
         if job is None or job.state != "ready" or job.compiled is None or job.lowered is None:
             if job is not None and job.state != "ready":
                 with self._lock:  # an install clears the table under this lock
@@ -428,9 +461,12 @@ class NativeTier(Executor):
         return int(args[k].shape[0])
 
     def _bucket(self, key: Any, args: list[np.ndarray], low: Lowered) -> Any:
-        """Rows mode decides per batch-size class (powers of two); others per signature."""
+        """Rows mode decides per batch-size class (powers of two), a box's function once
+        for the box; others per signature."""
         if low.mode == "rows":
             return ("rows", self._rows(args, low).bit_length())
+        if low.mode == "box":
+            return ("box", low.box)
         return key
 
     def _slow(self, feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None) -> Any:
@@ -483,21 +519,28 @@ class NativeTier(Executor):
         for bucket, (best, figs) in list(self.choices.items()):
             rows = isinstance(bucket, tuple) and bucket[:1] == ("rows",)
             what = f"batch {1 << (bucket[1] - 1) if bucket[1] else 0}+ rows" if rows else (
-                f"shapes {bucket}")  # fmt: skip
+                self._what(bucket))  # fmt: skip
             unit = "µs a row" if rows else "µs"
             shown = ", ".join(f"{n} {us:,.3g} {unit}" for n, us in figs.items()) or "not timed"
             lines.append(f"    measured ({what}): {shown}; serving: {best}")
         return [*lines, f"  executor: native ({self.why}; {how})"]
 
+    def _what(self, key: Any) -> str:
+        if _is_box(key) and self.dims is not None:
+            return describe_box(key[1], self.dims.names)
+        return f"shapes {key}"
+
     def describe(self) -> str:
         """One line for ``Model.describe()`` (more lines in ``describe_lines``)."""
         if self.form == "signature":
-            done = [k for k, j in list(self.sigs.items()) if j.state == "ready"]
-            failed = [f"{k}: {j.error}" for k, j in list(self.sigs.items()) if j.state == "failed"]
-            which = (f"hot input signature ({HOT_CALLS} of the recent calls)"
-                     if self.measure else "input signature")  # fmt: skip
+            jobs = list(self.sigs.items())
+            done = [self._what(k) for k, j in jobs if j.state == "ready"]
+            failed = [f"{self._what(k)}: {j.error}" for k, j in jobs if j.state == "failed"]
+            which = (f"hot box of dims or input signature ({HOT_CALLS} of the recent calls)"
+                     if self.measure else "box of dims or input signature")  # fmt: skip
+            secs = sum(j.compiled.seconds for _, j in jobs if j.compiled is not None)
             text = (f"native: one numba function per {which}, at most {MAX_SIGNATURES}; "
-                    f"compiled: {done or 'none yet'}")  # fmt: skip
+                    f"compiled: {'; '.join(done) or 'none yet'} ({secs:.1f} s)")  # fmt: skip
             return text + (f"; declined: {failed}" if failed else "")
         assert self.lowered is not None
         n, units = self.lowered.n_nodes, self.lowered.units
@@ -517,6 +560,10 @@ class NativeTier(Executor):
             f"native: {n} nodes as one numba function ({units} compile units) for {what}, "
             f"{how} in {c.seconds:.2f} s ({c.path}){note}"
         )
+
+
+def _is_box(key: Any) -> bool:
+    return type(key) is tuple and len(key) == 2 and key[0] == "box"
 
 
 def plan_lowering(graph: Graph, program: Program) -> Lowered | None:

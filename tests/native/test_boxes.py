@@ -1,0 +1,178 @@
+"""The native tier's boxes of dims (issue 32, item 2; ``native/lower/generic.py``): one
+compiled function serves every signature whose dims lie in a box, and a box whose code is
+not one function of the dims declines to one function per signature."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tfrt_py
+from tfrt_py.ir import Graph, GraphBuilder
+from tfrt_py.native.lower.generic import AXIS_ALL, box_of, monomial_exponents, samples
+
+F32 = np.float32
+RNG = np.random.default_rng(32)
+
+
+def _attention_like() -> Graph:
+    """Scores over the sequence (B, S, S), a softmax over them, their product with the
+    values, a LayerNorm-like mean over the features: what a text model does with S."""
+    b = GraphBuilder("att")
+    x = b.input("x", F32, ("B", "S", 8))
+    q = b.op("MatMul", x, b.const(RNG.standard_normal((8, 8)).astype(F32)))
+    s = b.op("MatMul", q, b.op("Relu", b.op("Transpose", x, perm=[0, 2, 1])))
+    p = b.op("Softmax", b.op("Tanh", s), axis=-1)  # (a Tanh: no attention fusion)
+    y = b.op("MatMul", p, x)
+    b.output(b.op("ReduceMax", y, axes=[-1], keepdims=0), "m")
+    b.output(b.op("Softmax", y, axis=1), "y")  # over the sequence: a strided axis
+    return b.build()
+
+
+def _check(native: tfrt_py.Model, sync: tfrt_py.Model, feeds: dict[str, np.ndarray]) -> None:
+    got, want = native.run(feeds), sync.run(feeds)
+    for k in want:
+        assert got[k].shape == want[k].shape, k
+        np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=2e-6, err_msg=k)
+
+
+def test_one_function_serves_every_signature_of_a_box() -> None:
+    g = _attention_like()
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    tier = native.native
+    assert tier.form == "signature"
+    for _ in range(30):
+        b, s = int(RNG.integers(1, 4)), int(RNG.integers(9, 17))
+        _check(native, sync, {"x": RNG.standard_normal((b, s, 8)).astype(F32)})
+    # batch 1, and batch 2..8, each with sequence 9..16: two functions, not one per pair
+    assert set(tier.sigs) == {("box", ((0, 1), (8, 16))), ("box", ((1, 8), (8, 16)))}
+    assert all(j.lowered is not None and j.lowered.mode == "box" for j in tier.sigs.values())
+    assert len(tier._natives) == 2
+    text = native.describe()
+    assert "B=1, S in 9..16" in text and "B in 2..8, S in 9..16" in text
+
+
+def test_a_box_function_refuses_shapes_outside_its_box() -> None:
+    """Called straight with a signature of another box, the function raises (it checks
+    its dims against the box before it touches an element), and the tier still answers
+    that signature correctly through its own box."""
+    g = _attention_like()
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    _check(native, sync, {"x": RNG.standard_normal((1, 12, 8)).astype(F32)})
+    job = native.native.job((1, 12, 8))
+    assert job is not None and job.compiled is not None and job.lowered is not None
+    with pytest.raises(ValueError, match="wrong shape"):
+        job.compiled.fn(np.zeros((1, 17, 8), F32), *job.lowered.params)
+    _check(native, sync, {"x": RNG.standard_normal((1, 17, 8)).astype(F32)})
+
+
+def _causal_mask_from_shape() -> Graph:
+    """A (S, S) mask made from the feed's shape (Trilu of ConstantOfShape): folded into a
+    constant per signature, whose layout is no prefix of the largest's."""
+    b = GraphBuilder("causal")
+    x = b.input("x", F32, (1, "S"))
+    n = b.op("Gather", b.op("Shape", x), b.const(np.array([1], np.int64)), axis=0)
+    square = b.op("Concat", n, n, axis=0)
+    ones = b.op("ConstantOfShape", square, value=np.array([1.0], F32))
+    mask = b.op("Trilu", ones, upper=0)
+    b.output(b.op("MatMul", x, mask), "y")
+    return b.build()
+
+
+def _shrinking_buffer() -> Graph:
+    """A buffer that shrinks as the dim grows: ``z[:, S:]`` of a fixed-size feed."""
+    b = GraphBuilder("shrink")
+    x = b.input("x", F32, (1, "S"))
+    z = b.input("z", F32, (1, 40))
+    start = b.op("Gather", b.op("Shape", x), b.const(np.array([1], np.int64)), axis=0)
+    tail = b.op("Slice", b.op("Relu", z), start, b.const(np.array([40], np.int64)),
+                b.const(np.array([1], np.int64)))  # fmt: skip
+    b.output(b.op("Concat", b.op("Relu", x), b.op("Tanh", tail), axis=1), "y")
+    return b.build()
+
+
+@pytest.mark.parametrize(
+    ("build", "why"),
+    [
+        (_causal_mask_from_shape, "a constant of the code changes with the dims"),
+        (_shrinking_buffer, "arena buffer is bigger"),
+    ],
+    ids=["constant", "arena"],
+)
+def test_a_box_that_is_not_one_function_declines_to_signatures(build: object, why: str) -> None:
+    g = build()  # type: ignore[operator]
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    tier = native.native
+    for s in (9, 13, 9, 16):
+        feeds = {"x": RNG.standard_normal((1, s)).astype(F32)}
+        if len(g.inputs) > 1:
+            feeds["z"] = RNG.standard_normal((1, 40)).astype(F32)
+        _check(native, sync, feeds)
+    box = ("box", ((8, 16),))
+    assert tier.sigs[box].state == "failed" and why in (tier.sigs[box].error or "")
+    # its signatures then compiled one by one, and served natively
+    assert {(1, 9), (1, 13), (1, 16)} <= {k if len(g.inputs) == 1 else k[0]
+                                          for k in tier.sigs if k != box}  # fmt: skip
+    assert "declined" in native.describe()
+
+
+def test_a_strided_lane_reduction_reads_the_right_elements() -> None:
+    """A softmax over a strided axis whose length is a multiple of 4: the reduction's
+    four lanes read ``x[(j + k) * stride]`` (they read ``x[j + k * stride]``: wrong
+    answers, before and after boxes, at static shapes too)."""
+    for shape in ((8, 4), (12, 3)):
+        b = GraphBuilder("strided")
+        x = b.input("x", F32, shape)
+        b.output(b.op("Softmax", x, axis=0), "y")
+        g = b.build()
+        native = tfrt_py.load(g, executor="native", native="eager")
+        sync = tfrt_py.load(g, executor="sync")
+        assert native.native.form == "static"
+        _check(native, sync, {"x": RNG.standard_normal(shape).astype(F32)})
+
+
+def test_a_reduction_whose_axes_the_opset_ignores_declines() -> None:
+    """ReduceMax with an axes *input* before opset 18: the kernel ignores it and reduces
+    everything; the lowering read it and wrote a (2, 3) result into the () output, past
+    its end (a heap corruption). It now declines: the model runs on the interpreter."""
+    from tfrt_py.native.lower.graph import lower
+    from tfrt_py.native.lower.source import Declined
+
+    b = GraphBuilder("axes_input")
+    x = b.input("x", F32, (2, 3, 4))
+    b.output(b.op("ReduceMax", x, b.const(np.array([-1], np.int64)), keepdims=0), "m")
+    g = b.build()
+    sync = tfrt_py.load(g, executor="sync")
+    assert sync.run({"x": np.ones((2, 3, 4), F32)})["m"].shape == ()
+    prepared = sync.prepared
+    with pytest.raises(Declined, match="does not give"):
+        lower(prepared.graph, prepared.program)
+
+
+def test_boxes_and_their_samples() -> None:
+    assert box_of((0, 1, 2, 8, 9, 16, 17, 100)) == (
+        (-1, 0),
+        (0, 1),
+        (1, 8),
+        (1, 8),
+        (8, 16),
+        (8, 16),
+        (16, 32),
+        (64, 128),
+    )
+    wide = (64, 128)
+    vals = sorted({p[0] for p in samples((wide,))})
+    assert {65, 66, 127, 128} <= set(vals)
+    assert {v % 16 for v in vals} == set(range(16))  # every residue: n % 4 choices differ
+    assert samples(((8, 16),))[0] == (16,)  # the top first: the arena is laid out there
+    assert len(samples(((8, 16),))) == 8 <= AXIS_ALL  # a narrow box: every value
+    grid = samples(((1, 8), (64, 128)))
+    assert {(2, 65), (8, 128), (2, 128), (8, 65)} <= set(grid)
+    assert (0, 0) in monomial_exponents(((1, 8), (64, 128)))
+    assert (1, 2) in monomial_exponents(((1, 8), (64, 128)))  # batch x length x length
+    assert all(sum(e) <= 3 for e in monomial_exponents(((1, 8), (64, 128))))
+    with pytest.raises(tfrt_py.errors.TfrtError, match="dims vary"):
+        samples(((1, 8), (8, 16), (16, 32)))
