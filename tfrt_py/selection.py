@@ -13,9 +13,11 @@ load on the loading thread, after ``compiler.prepare``, and returns the Executor
   of one on the sync interpreter (parallel branches of expensive kernels); else *native*
   when numba imports, every op lowers (dynamic dims too: rows mode or per signature,
   ``native/runtime/tier.py``; auto then measures native against the interpreter per batch-size
-  class) and the cost model calls it tiny (``THRESHOLDS.native_max_flops``;
-  ``$TFRT_PY_NATIVE=0`` turns this off), the generated function fits the compile budget
-  (``native/lower/budget.py``, ``$TFRT_PY_NATIVE_BUDGET``) and the cache dir is safe
+  class or box of dims) and the cost model calls it tiny (``THRESHOLDS.native_max_flops``),
+  or small with dims other than the batch (``native_dynamic_max_flops``: one function per
+  box of dims, ``native/lower/generic.py``) (``$TFRT_PY_NATIVE=0`` turns this off), the
+  generated function fits the compile budget (``native/lower/budget.py``,
+  ``$TFRT_PY_NATIVE_BUDGET``) and the cache dir is safe
   (``concurrency/cachedir.py``); else *sync*, with the reason in ``describe()``.
 
 Streamed models (``load(memory_budget=)``) are chosen before import, by
@@ -292,7 +294,7 @@ def _auto_native(prepared: Prepared, why: str) -> tuple[bool, Lowered | None, st
     """(native?, lowered (None: per signature), why, reason it is not used or "")."""
     if not available():
         return False, None, why, "numba cannot be imported (pip install 'tfrt-py[native]')"
-    from .native.lower.graph import Declined, blockers
+    from .native.lower.graph import Declined, blockers, dynamic_inputs
 
     reasons = blockers(prepared.graph)
     if reasons:
@@ -300,9 +302,11 @@ def _auto_native(prepared: Prepared, why: str) -> tuple[bool, Lowered | None, st
     if os.environ.get(NATIVE_ENV) == "0":
         return False, None, why, f"${NATIVE_ENV}=0"
     flops = prepared.cost.flops
-    if flops > THRESHOLDS.native_max_flops:
-        too_big = (f"every op lowers, but at est. {flops / 1e6:.2f} MFLOP per call the model "
-                   "is not tiny (executor='native' forces it)")  # fmt: skip
+    too_big = (f"every op lowers, but at est. {flops / 1e6:.2f} MFLOP per call the model "
+               "is not tiny (executor='native' forces it)")  # fmt: skip
+    big = flops > THRESHOLDS.native_max_flops
+    if flops > THRESHOLDS.native_dynamic_max_flops or (big and not any(dynamic_inputs(
+            prepared.graph))):  # fmt: skip
         return False, None, why, too_big
     from .native.runtime.tier import plan_lowering  # here: only a model it may lower
 
@@ -311,11 +315,17 @@ def _auto_native(prepared: Prepared, why: str) -> tuple[bool, Lowered | None, st
         lowered = plan_lowering(prepared.graph, prepared.program)
     except (Declined, UnsafeCacheDir, OSError) as e:
         return False, None, why, f"{type(e).__name__}: {e}"
+    if not big:
+        what = "a tiny model"
+    elif lowered is None:  # dynamic dims: boxes, measured against the interpreter
+        what = "a model with dynamic dims"
+    else:
+        return False, None, why, too_big
     return (
         True,
         lowered,
         (
-            f"auto: a tiny model (est. {flops / 1e6:.3f} MFLOP per call, no async kernels, "
+            f"auto: {what} (est. {flops / 1e6:.3f} MFLOP per call, no async kernels, "
             "better served by one thread) whose ops all lower"
         ),
         "",

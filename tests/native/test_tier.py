@@ -253,9 +253,10 @@ def test_onnxruntime_bert_front_agrees_with_the_sync_interpreter(dims: tuple[Any
              "seg": np.array([[0, 0, 1, 1, 1], [0, 1, 0, 0, 0]], np.int32),
              "mask": np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.int32)}  # fmt: skip
     native.run(feeds)
-    native.native.wait()  # a signature compiles on its first call
+    native.native.wait()  # a signature compiles on its first call (a box: its top 16 is
+    # past the 10 positions the model has, so the box ends at 10)
     assert native.native.state == "ready"
-    assert "compiled: B in 2..8, S in 2..8" in native.describe() or dims == (2, 5)
+    assert "compiled: B in 2..16, S in 2..10" in native.describe() or dims == (2, 5)
     for _ in range(2):
         _assert_same(native.run(feeds), sync.run(feeds))
     bad = dict(feeds, ids=np.array([[1, 7, 20, 0, 3], [4, 4, 2, 0, 0]], np.int32))

@@ -3,7 +3,7 @@ linearly with the generated function (a 300-node chain took 18 s, a 1000-step fu
 71 s and 1.9 GB; 5000 nodes never finished), so a model whose function would be too big
 is not compiled.
 
-The measure is *compile units*: one per line of the generated function, plus
+The measure is *compile units*: one per line of code of the generated function, plus
 ``LIBM_UNITS`` per call of a vectorized math function (``np.exp``, ``np.tanh``, ``**``,
 ``kern_math.expf``, ...; each expands into a long instruction sequence LLVM then
 optimizes). ``DEFAULT_BUDGET`` units compile in roughly 10 s on one core.
@@ -32,6 +32,7 @@ __all__ = ["BUDGET_ENV", "DEFAULT_BUDGET", "LIBM_UNITS", "OverBudget", "budget",
 BUDGET_ENV = "TFRT_PY_NATIVE_BUDGET"
 DEFAULT_BUDGET = 1500
 LIBM_UNITS = 16
+_NOT_CODE = re.compile(r"^[ \t]*(?:#[^\n]*)?$", re.M)
 _LIBM = re.compile(r"np\.(?:exp|expm1|log|tanh|sin|cos)\(|\bexpf\(|\*\*")
 
 
@@ -55,10 +56,13 @@ def budget() -> int:
 
 
 def units(source: str) -> int:
-    """The compile units of a generated module: the lines of its functions (from the
-    first ``@njit``) plus ``LIBM_UNITS`` per math-library call."""
+    """The compile units of a generated module: the lines of code of its functions (from
+    the first ``@njit``; comments and blank lines compile to nothing: a decoder step's
+    folded shape arithmetic leaves a ``# node N: folded`` line per node) plus
+    ``LIBM_UNITS`` per math-library call."""
     body = source.split("\n@njit(", 1)[-1]
-    return body.count("\n") + LIBM_UNITS * len(_LIBM.findall(body))
+    code = body.count("\n") - len(_NOT_CODE.findall(body))
+    return code + LIBM_UNITS * len(_LIBM.findall(body))
 
 
 def _refuse(need: str, limit: int) -> OverBudget:

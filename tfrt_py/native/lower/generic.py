@@ -51,7 +51,7 @@ from ...executors.dims import DimVars
 from ...executors.program import Program
 from ...ir import Graph
 from .budget import check
-from .graph import Lowered, Room, lower
+from .graph import Lowered, Room, lower, probe
 from .source import Declined, audit, literal
 
 __all__ = [
@@ -84,17 +84,19 @@ _VAR_NAME = re.compile(rf"\b{_VAR}\d")
 
 def box_of(vals: Sequence[int]) -> Box:
     """The box of these variable values: 0 and 1 alone (a dim of 1 broadcasts, and the
-    lowering drops it), then (1, 8], and above 8 the powers of two, (2**k, 2**(k+1)]."""
+    lowering drops it), then (1, 16], and above 16 the powers of eight: (16, 128],
+    (128, 1024], ... Few boxes, few compiles: a decoder's growing past needs two up to
+    128 tokens, three up to 1024 (each function's arena is sized for its box's top)."""
     out = []
     for v in vals:
         v = int(v)
         if v <= 1:
             out.append((v - 1, v))
-        elif v <= 8:
-            out.append((1, 8))
-        else:
-            hi = 1 << (v - 1).bit_length()
-            out.append((hi // 2, hi))
+            continue
+        hi = 16
+        while hi < v:
+            hi *= 8
+        out.append((1 if hi == 16 else hi // 8, hi))
     return tuple(out)
 
 
@@ -193,17 +195,51 @@ def input_shapes(graph: Graph, dims: DimVars, vals: Sequence[int]) -> list[tuple
 
 def lower_box(graph: Graph, program: Program, dims: DimVars, box: Box, *,
               limit: int | None = None) -> Lowered:  # fmt: skip
-    """The module serving every signature in ``box`` (module docstring); Declined when
-    the lowering is not the same function of the dims at every sample. A cold process's
+    """The module serving every signature in ``box`` (module docstring; ``Lowered.box``
+    may end lower, where the model stops running: ``_fitting``); Declined when the
+    lowering is not the same function of the dims at every sample. A cold process's
     compiled kernels released meanwhile (``compiled_gate``: the lowering then changes
     between samples) lower the box again."""
     held = compiled_gate.held()
     try:
-        return _lower_box(graph, program, dims, box, limit)
+        return _lower_box(graph, program, dims, _fitting(graph, program, dims, box), limit)
     except Declined:
         if compiled_gate.held() == held:
             raise
-    return _lower_box(graph, program, dims, box, limit)
+    return _lower_box(graph, program, dims, _fitting(graph, program, dims, box), limit)
+
+
+def _fitting(graph: Graph, program: Program, dims: DimVars, box: Box) -> Box:
+    """``box``, or with the tops of its varying dims lowered to the largest values the
+    model runs at (a BERT's 512 positions in the box 129..1024): each found by bisection
+    over probe runs, which fail past it, the other dims at their tops. Unchanged when
+    the top runs or no such values exist."""
+    free = [j for j, (lo, hi) in enumerate(box) if hi - lo > 1]
+    cur = [hi for _, hi in box]
+    if _runs(graph, program, dims, cur):
+        return box
+    for j in free:
+        good, bad = box[j][0], cur[j]  # good: runs (or the box's floor)
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            if _runs(graph, program, dims, [*cur[:j], mid, *cur[j + 1 :]]):
+                good = mid
+            else:
+                bad = mid
+        if good > box[j][0]:
+            cur[j] = good
+            break
+    if cur == [hi for _, hi in box] or not _runs(graph, program, dims, cur):
+        return box  # the box's own lowering says why it fails
+    return tuple((lo, c) for (lo, _), c in zip(box, cur))
+
+
+def _runs(graph: Graph, program: Program, dims: DimVars, vals: Sequence[int]) -> bool:
+    try:
+        probe(graph, program, input_shapes(graph, dims, vals))
+    except Declined:
+        return False
+    return True
 
 
 def _lower_box(graph: Graph, program: Program, dims: DimVars, box: Box,

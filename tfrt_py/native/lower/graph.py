@@ -48,7 +48,16 @@ from .rowwise import check_rows
 from .runs import find_runs, lower_run_middle
 from .source import Declined, audit, literal
 
-__all__ = ["VIEW_OPS", "Declined", "Lowered", "Room", "blockers", "dynamic_inputs", "lower"]
+__all__ = [
+    "VIEW_OPS",
+    "Declined",
+    "Lowered",
+    "Room",
+    "blockers",
+    "dynamic_inputs",
+    "lower",
+    "probe",
+]
 
 #: The default domain's views: their output is their input's memory (no code).
 VIEW_OPS = frozenset(registry.VIEW_OPS)
@@ -147,6 +156,12 @@ def blockers(graph: Graph) -> list[str]:
         reasons.append("ops without a native lowering: " + ", ".join(
             f"{k} x{c}" for k, c in bad.most_common()))  # fmt: skip
     return reasons
+
+
+def probe(graph: Graph, program: Program, shapes: list[tuple[int, ...]]) -> None:
+    """Run the shape probe for this input signature alone; Declined when it fails (the
+    model cannot run at these shapes, or would compute too much)."""
+    _probe(graph, program, _input_specs(graph, shapes, None))
 
 
 def _shapes(

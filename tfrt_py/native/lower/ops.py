@@ -192,7 +192,7 @@ def _softmax(cx: Any, node: Node) -> list[str]:
     # SHORT_ROW take each pass while the row is in L1; shorter ones (a loop of a few
     # iterations does not vectorize) the exponentials over the whole input in one loop.
     cx.imports.add(EXP_IMPORT)
-    by_row = inner == 1 and n > SHORT_ROW
+    by_row = inner == 1 and cx.choose(n > SHORT_ROW)  # (either form is right)
 
     def shift(iv: list[str]) -> list[str]:
         o, i = iv

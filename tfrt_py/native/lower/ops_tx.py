@@ -138,7 +138,7 @@ def _batched_matmul(cx: Any, node: Node) -> list[str]:
         sub_b = Ref(b.buf, f"{b.off} + {literal(bo)}", (k, n), b.dtype, b.root)
         sub_y = Ref(y.buf, f"{y.off} + {literal(q * y_mat)}", (m, n), y.dtype, y.root)
         lines += matmul(f"{g}q{q}_", sub_a, sub_b, sub_y, (m, k, n), (k, 1), (n, 1),
-                        blas=cx.blas)  # fmt: skip
+                        blas=cx.blas_for(m * k * n))  # fmt: skip
     return lines
 
 

@@ -1,9 +1,10 @@
 """Every op the native tier lowers, collected once: ``lowerings()``.
 
 Each ops module registers its records (``register_lowerings``: ``ops`` the default
-domain's and the fused ops' code, ``ops_tx`` the transformer ops', ``ops_ml`` the
-classic-ML ops'); the views are registered here. The lowering (``graph``), rows mode
-(``rowwise``), the compile budget (``budget``) and ``blockers`` read this one table.
+domain's and the fused ops' code, ``ops_tx`` the transformer ops', ``ops_dec`` a
+decoder step's fused ops, ``ops_ml`` the classic-ML ops'); the views are registered
+here. The lowering (``graph``), rows mode (``rowwise``), the compile budget (``budget``)
+and ``blockers`` read this one table.
 
 Built on first use (thread-safe: ``functools.cache`` over a pure function), immutable.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from . import ops, ops_ml, ops_tx, rows
+from . import ops, ops_dec, ops_ml, ops_tx, rows
 from .records import Registry
 
 __all__ = ["VIEW_OPS", "lowerings"]
@@ -29,5 +30,6 @@ def lowerings() -> Registry:
         reg.add("", op, rows=rows.any_rows, view=True, weight=0)
     ops.register_lowerings(reg)
     ops_tx.register_lowerings(reg)
+    ops_dec.register_lowerings(reg)
     ops_ml.register_lowerings(reg)
     return reg

@@ -114,6 +114,14 @@ def _gelu(a: list[str], at: dict[str, Any], t: str) -> str:
     return f"(({erf} + {t}(1.0)) * {x} * {t}(0.5))"
 
 
+def _swish(a: list[str], at: dict[str, Any], t: str) -> str:
+    """x * sigmoid(alpha x) = x / (1 + exp(-alpha x)) (SiLU at alpha 1: Llama's MLP),
+    float32 through kern_math's vectorizable expf."""
+    x, na = a[0], _c(t, -float(at.get("alpha", 1.0)))
+    exp = "expf" if t == "f4" else "np.exp"
+    return f"({x} / ({t}(1.0) + {exp}({na} * {x})))"
+
+
 def _unary(fmt: str) -> Callable[[list[str], dict[str, Any], str], str]:
     return lambda a, at, t: fmt.format(x=a[0], t=t)
 
@@ -131,6 +139,7 @@ SCALAR_OPS: dict[str, Callable[[list[str], dict[str, Any], str], str]] = {
     "HardSwish": _hard_swish,
     "Clip": _clip,
     "Gelu": _gelu,
+    "Swish": _swish,
     "Sigmoid": _unary("({t}(1.0) / ({t}(1.0) + np.exp(-{x})))"),
     "Tanh": _unary("np.tanh({x})"),
     "Exp": _unary("np.exp({x})"),

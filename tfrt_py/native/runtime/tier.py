@@ -45,7 +45,7 @@ from ...executors.dims import DimVars
 from ...executors.program import Program
 from ...feeds import check_output_buffers, concat_prefixes
 from ...ir import Graph
-from ..lower.generic import box_of, describe_box, lower_box
+from ..lower.generic import box_of, describe_box, input_shapes, lower_box
 from ..lower.graph import Lowered, lower
 from . import worker
 from .compile import Compiled, compile_lowered
@@ -534,7 +534,11 @@ class NativeTier(Executor):
         """One line for ``Model.describe()`` (more lines in ``describe_lines``)."""
         if self.form == "signature":
             jobs = list(self.sigs.items())
-            done = [self._what(k) for k, j in jobs if j.state == "ready"]
+            done = [
+                self._what(("box", j.lowered.box) if j.lowered and j.lowered.box else k)
+                for k, j in jobs
+                if j.state == "ready"
+            ]  # (a box may end lower)
             failed = [f"{self._what(k)}: {j.error}" for k, j in jobs if j.state == "failed"]
             which = (f"hot box of dims or input signature ({HOT_CALLS} of the recent calls)"
                      if self.measure else "box of dims or input signature")  # fmt: skip
@@ -569,7 +573,7 @@ def _is_box(key: Any) -> bool:
 def plan_lowering(graph: Graph, program: Program) -> Lowered | None:
     """The module for ``graph`` (static shapes, or rows mode for a dynamic first dim
     whose rows are independent), or None for signature mode: other dynamic dims, after
-    checking that the signature with every dynamic dim 1 lowers. Raises Declined."""
+    checking that the signature with every dim variable 1 lowers. Raises Declined."""
     from ..lower.graph import dynamic_inputs
     from ..lower.source import Declined
 
@@ -580,7 +584,11 @@ def plan_lowering(graph: Graph, program: Program) -> Lowered | None:
     except Declined as e:
         if not any(r.startswith("rows:") for r in e.reasons):
             raise
-    shapes = [tuple(d if isinstance(d, int) else 1 for d in v.type.shape)  # type: ignore[union-attr]
-              for v in graph.inputs]  # fmt: skip
+    dims = DimVars.of([v.type.shape for v in graph.inputs])  # type: ignore[union-attr]
+    if dims is None:
+        shapes = [tuple(d if isinstance(d, int) else 1 for d in v.type.shape)  # type: ignore[union-attr]
+                  for v in graph.inputs]  # fmt: skip
+    else:  # every variable 1: a dim declared as a sum (past + sequence) is their sum
+        shapes = input_shapes(graph, dims, [1] * dims.n)
     lower(graph, program, shapes=shapes)
     return None

@@ -1,0 +1,138 @@
+"""Lowerings for the fused ops a KV-cache decoder's step is made of (issues 32 and 37):
+``MatMulTransB`` (the scores ``Q @ K^T``, ``compiler/fuse_transformer.py``) and
+``RotaryHalf`` (the rotate-half rotary embedding, ``compiler/fuse_rotary.py``). With them
+optimum's GPT-2 and Llama exports lower whole, and a box of past lengths
+(``generic.py``) serves every step of a generation with one function.
+
+Same contract as ``ops.py``: ``fn(cx, node) -> lines``; a case not handled calls
+``cx.decline``. Pure functions of the node; run at load or on the compile worker.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ...ir import Node, Value
+from .emit import tname
+from .loops import Ref, bcast_strides, index, lane_reduce, loop_nest, strides
+from .records import Registry
+from .source import literal
+
+__all__ = ["register_lowerings"]
+
+_FUSED = "tfrt_py.fused"
+
+
+def _scalar(cx: Any, v: Value | None) -> float:
+    """A one-element scale input's value (1.0 when omitted); a scale known only at run
+    time declines."""
+    if v is None:
+        return 1.0
+    c = cx.const(v)
+    if c is None or np.asarray(c).size != 1:
+        cx.decline("a scale given at run time")
+    return float(np.asarray(c).reshape(-1)[0])
+
+
+def _matmul_transb(cx: Any, node: Node) -> list[str]:
+    """``y = sa sb a @ swapaxes(b, -1, -2)`` over a stack of matrices (a and b of the
+    output's batch): per matrix BLAS's gemm with b transposed where this body calls BLAS
+    and the product is big enough (``NodeContext.blas_for``), else a dot product per
+    element over b's contiguous rows."""
+    a, b, y = cx.ref(node.inputs[0]), cx.ref(node.inputs[1]), cx.out(node.outputs[0])
+    if str(y.dtype) not in ("float32", "float64") or a.dtype != b.dtype or a.dtype != y.dtype:
+        cx.decline(f"MatMulTransB of {a.dtype} x {b.dtype}")
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        cx.decline("MatMulTransB of a vector")
+    m, k = a.shape[-2:]
+    n, k2 = b.shape[-2:]
+    batch = y.shape[:-2]
+    if k != k2 or y.shape[-2:] != (m, n) or a.shape[:-2] != batch or b.shape[:-2] != batch:
+        cx.decline(f"MatMulTransB of shapes {a.shape} x {b.shape} -> {y.shape}")
+    alpha = 1.0
+    for v in node.inputs[2:]:
+        alpha *= _scalar(cx, v)
+    g, t = cx.tag, tname(y.dtype)
+    M, K, N = literal(m), literal(k), literal(n)
+    bq = f"{g}bq"
+    ao = f"{a.off} + {bq} * {literal(m * k)}"
+    bo = f"{b.off} + {bq} * {literal(n * k)}"
+    yo = f"{y.off} + {bq} * {literal(m * n)}"
+    if t == "f4" and cx.blas_for(m * k * n):
+        body = [f"gemm_f4_ld({a.buf}, {ao}, {K}, {b.buf}, {bo}, {K}, True, {y.buf}, {yo}, "
+                f"{N}, {M}, {K}, {N}, {literal(alpha)})"]  # fmt: skip
+    else:
+        s = f"{g}s"
+
+        def dot(j: str) -> str:
+            return f"{a.buf}[{ao} + {g}m * {K} + {j}] * {b.buf}[{bo} + {g}n * {K} + {j}]"
+
+        store = f"{y.buf}[{yo} + {g}m * {N} + {g}n] = {s} * {t}({literal(alpha)})"
+        body = [f"for {g}m in range({M}):", f"    for {g}n in range({N}):",
+                *["        " + ln for ln in lane_reduce(s, k, dot, "sum", t)],
+                f"        {store}"]  # fmt: skip
+    return [f"for {bq} in range({literal(math.prod(batch))}):", *["    " + ln for ln in body]]
+
+
+def _point(cx: Any, v: Value | None, d: int) -> int:
+    """RotaryHalf's split point: ONNX Slice's index rules for a constant ``h``."""
+    c = cx.const(v) if v is not None else None
+    if c is None or np.asarray(c).size != 1:
+        cx.decline("a rotary split given at run time")
+    h = int(np.asarray(c).reshape(-1)[0])
+    if h < 0:
+        h += d
+    return min(max(h, 0), d)
+
+
+def _rotary_half(cx: Any, node: Node) -> list[str]:
+    """``y = x * cos + Concat(-x[..., h:], x[..., :h]) * sin``, cos and sin broadcast to x
+    on every axis but the last, which they share with it."""
+    x, cos, sin = (cx.ref(v) for v in node.inputs[:3])
+    y = cx.out(node.outputs[0])
+    if str(y.dtype) not in ("float32", "float64") or not (x.dtype == cos.dtype == sin.dtype):
+        cx.decline(f"RotaryHalf of {x.dtype}")
+    if not x.shape or y.shape != x.shape:
+        cx.decline(f"RotaryHalf of shape {x.shape}")
+    d = x.shape[-1]
+    for r in (cos, sin):
+        if not r.shape or r.shape[-1] != d:
+            cx.decline(f"RotaryHalf's tables of shape {r.shape} for {x.shape}")
+    k = _point(cx, node.inputs[3] if len(node.inputs) > 3 else None, d)
+    rows = x.shape[:-1]
+    try:
+        cst = [s * d for s in bcast_strides(cos.shape[:-1], rows)]
+        sst = [s * d for s in bcast_strides(sin.shape[:-1], rows)]
+    except ValueError:
+        cx.decline(f"RotaryHalf's tables of shape {cos.shape} for {x.shape}")
+    xst = [s * d for s in strides(rows)]
+    g = cx.tag
+
+    def body(iv: list[str]) -> list[str]:
+        xo = index(x.off, iv, xst)
+        yo = index(y.off, iv, xst)
+        co, so = index(cos.off, iv, cst), index(sin.off, iv, sst)
+
+        def at(r: Ref, o: str, j: str) -> str:
+            return f"{r.buf}[{o} + {j}]"
+
+        m, K = literal(d - k), literal(k)
+        return [
+            f"for {g}j in range({m}):",
+            f"    {at(y, yo, g + 'j')} = {at(x, xo, g + 'j')} * {at(cos, co, g + 'j')} - "
+            f"{at(x, xo, f'{K} + {g}j')} * {at(sin, so, g + 'j')}",
+            f"for {g}j in range({K}):",
+            f"    {at(y, yo, f'{m} + {g}j')} = {at(x, xo, f'{m} + {g}j')} * "
+            f"{at(cos, co, f'{m} + {g}j')} + {at(x, xo, g + 'j')} * {at(sin, so, f'{m} + {g}j')}",
+        ]
+
+    return loop_nest(rows, body, f"{g}i")
+
+
+def register_lowerings(reg: Registry) -> None:
+    """The decoder ops lowered here (no row rule: rows mode declines them)."""
+    reg.add(_FUSED, "MatMulTransB", _matmul_transb)
+    reg.add(_FUSED, "RotaryHalf", _rotary_half)
