@@ -6,31 +6,34 @@ every dim a number in the code. Traffic whose lengths change on every call (text
 decoder's growing past, a dynamic batcher's batch sizes) then rarely repeats a signature,
 and little of it ever runs native code. ``lower_box`` makes one module that serves every
 signature whose dim variables (``executors.dims.DimVars``: batch, sequence, past, ...)
-lie in a box, each variable in a range ``(lo, hi]`` (``box_of``: powers of two).
+lie in a box, each variable in a range ``(lo, hi]`` (``box_of``: 2..16, then powers of
+eight; a top the model cannot run at is lowered by bisection, ``_fitting``).
 
 How. Inside a box the lowering changes nothing but integers: loop extents, strides,
-offsets, sizes. So the module is lowered at sample points of the box (``samples``) with its
-arena buffers placed, at every point, where the box's largest signature puts them
-(``graph.lower(sizes=...)``). Their token streams must then be equal except for integer
-literals, and every integer that differs between them is fitted as a polynomial in the
-variables with integer coefficients (``monomial_exponents``: each variable squared at
-most, degree three at most: sizes such as batch x heads x length x length), which must
-give the integer exactly at every sample. The module is the top sample's source with
-those integers replaced by their polynomials over ``dv0``, ``dv1`` ..., which the
-function reads from its feeds' shapes and checks against the box. Anything else declines
-(``Declined``: a lowering that chose differently at some sample, a constant that changes
-with the dims, a number that is not such a polynomial), and the tier lowers that box's
+offsets, sizes. So the module is lowered at sample points of the box (``samples``) with
+one layout (``graph.Room``): arena buffers placed and constants packed where the box's top
+signature has them, and the choices between two correct forms of code
+(``NodeContext.choose``: BLAS or loops, ...) made as the top made them. The texts between
+their numbers must then be equal, and every integer that differs between them is fitted
+as a polynomial in the variables with integer coefficients (``monomial_exponents``: each
+variable squared at most, degree three at most: sizes such as batch x heads x length x
+length), which must give the integer exactly at every sample. The module is the top
+sample's source with those integers replaced by their polynomials over ``dv0``, ``dv1``
+..., which the function reads from its feeds' shapes and checks against the box, and with
+every element index read as ``np.uint64`` (``_unsigned_indices``). Anything else declines
+(``Declined``: a lowering that differs at some sample, a constant that is not a prefix of
+the top's, a number that is not such a polynomial), and the tier lowers that box's
 signatures one by one, as before.
 
 Why it holds between samples. A variable's samples are all its values when the box holds
 at most ``AXIS_ALL`` of them; else the two lowest and two highest values and a run of
 ``AXIS_ALL`` consecutive values: every residue modulo 16 (a choice made on ``n % 4``, a
 vector width, a panel width differs between samples), and both ends of the range (a
-choice made on a threshold, such as the MACs that send a product to BLAS, differs between
-its ends). A shape that is a floor division or a clamp of a variable fits no polynomial at
-that many points. Arena buffers: a buffer's size at every point of the box (its fitted
-polynomial, evaluated at each point) must be at most its size at the top, where it was
-placed; the places do not overlap there, so they do not anywhere in the box.
+choice made on a threshold that is not replayed differs between its ends). A shape that
+is a floor division or a clamp of a variable fits no polynomial at that many points.
+Arena buffers: a buffer's size at every point of the box (its fitted polynomial,
+evaluated at each point) must be at most its size at the top, where it was placed; the
+places do not overlap there, so they do not anywhere in the box.
 
 The source keeps the rule of ``source.py``: it is our template with our numbers and our
 identifiers; ``audit`` checks it again.
@@ -50,7 +53,7 @@ from ...concurrency import compiled_gate
 from ...executors.dims import DimVars
 from ...executors.program import Program
 from ...ir import Graph
-from .budget import check
+from .budget import budget, check
 from .graph import Lowered, Room, lower, probe
 from .source import Declined, audit, literal
 
@@ -267,7 +270,7 @@ def _lower_box(graph: Graph, program: Program, dims: DimVars, box: Box,
     audit(source)
     return Lowered(
         source, top.params, top.input_names, top.output_names, top.n_nodes,
-        top.input_dtypes, check(source, limit if limit is not None else _limit()),
+        top.input_dtypes, check(source, limit if limit is not None else budget()),
         mode="box", finishers=top.finishers, out_dtypes=top.out_dtypes, box=box,
     )  # fmt: skip
 
@@ -285,12 +288,6 @@ def _same_constants(low: Lowered, top: Lowered) -> bool:
     return all(mine[t].dtype == theirs[t].dtype and mine[t].size == theirs[t].size
                and np.array_equal(mine[t][o : o + n], theirs[t][o : o + n])
                for t, o, n in low.consts)  # fmt: skip
-
-
-def _limit() -> int:
-    from .budget import budget
-
-    return budget()
 
 
 def _check_arena(lows: list[Lowered], points: list[tuple[int, ...]], box: Box,
