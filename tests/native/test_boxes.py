@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 
 import tfrt_py
+from tfrt_py.executors.dims import DimVars
 from tfrt_py.ir import Graph, GraphBuilder
+from tfrt_py.native.lower import generic
 from tfrt_py.native.lower.generic import AXIS_ALL, box_of, monomial_exponents, samples
+from tfrt_py.native.lower.source import Declined
 
 F32 = np.float32
 RNG = np.random.default_rng(32)
@@ -170,3 +173,32 @@ def test_boxes_and_their_samples() -> None:
     assert all(sum(e) <= 3 for e in monomial_exponents(((1, 16), (64, 128))))
     with pytest.raises(tfrt_py.errors.TfrtError, match="dims vary"):
         samples(((1, 16), (16, 128), (128, 1024)))
+
+
+def test_the_arena_check_stays_bounded_for_a_big_box() -> None:
+    """A buffer that shrinks as a dim grows is checked at every point of the box; two dims
+    of 1025..8192 are 51 million points, which the check refuses instead of evaluating
+    (it built the whole grid: gigabytes, for a request's dims)."""
+    box = ((1024, 8192), (1024, 8192))
+    points = samples(box)
+    exps = monomial_exponents(box)
+
+    class Low:  # what the check reads of a sample's lowering
+        def __init__(self, n: int) -> None:
+            self.arena = (("f4", n, 0, 1),)
+
+    lows = [Low(1 << 20) for _ in points]  # constant: grows with nothing, passes at once
+    generic._check_arena(lows, box, exps, generic._design(points, exps))  # type: ignore[arg-type]
+    lows = [Low(40_000 - p[0] - p[1]) for p in points]  # shrinks as the dims grow
+    with pytest.raises(Declined, match="too big to check"):
+        generic._check_arena(lows, box, exps, generic._design(points, exps))  # type: ignore[arg-type]
+
+
+def test_a_box_lowering_stops_when_the_process_exits() -> None:
+    g = _attention_like()
+    prepared = tfrt_py.load(g, executor="sync").prepared
+    dims = DimVars.of([v.type.shape for v in prepared.graph.inputs])  # type: ignore[union-attr]
+    assert dims is not None
+    with pytest.raises(Declined, match="exiting"):
+        generic.lower_box(prepared.graph, prepared.program, dims, ((0, 1), (16, 128)),
+                          stop=lambda: True)  # fmt: skip

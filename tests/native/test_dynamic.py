@@ -243,9 +243,12 @@ def test_auto_compiles_only_the_boxes_that_are_hot(monkeypatch: pytest.MonkeyPat
     for k in range(tier_mod.HOT_CALLS - 1):  # lengths of 2..16, one call short of hot
         _check(model, sync, RNG.standard_normal((2, 2 + k % 15)).astype(F32))
     assert len(tier.sigs) == 0
+    counted = tier._counts[("box", ((1, 16),))]
     x = RNG.standard_normal((2, 5)).astype(F32)
     _check(model, sync, x)
     assert list(tier.sigs) == [("box", ((1, 16),))]
+    # the box's signatures no longer reach its count (each call asked for the job again)
+    assert counted not in tier.table.values()
     assert tier.wait(120)
     for s in range(2, 17):
         _check(model, sync, RNG.standard_normal((2, s)).astype(F32))

@@ -45,7 +45,7 @@ import ast
 import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -58,6 +58,7 @@ from .graph import Lowered, Room, lower, probe
 from .source import Declined, audit, literal
 
 __all__ = [
+    "ARENA_CHECK_POINTS",
     "AXIS_ALL",
     "MAX_DIM",
     "MAX_FREE",
@@ -76,6 +77,8 @@ AXIS_ALL = 16
 MAX_FREE = 2
 #: Boxes reach no further (the arena check evaluates sizes at every point in int64).
 MAX_DIM = 1 << 16
+#: The most points of a box at which the arena check evaluates a buffer's size.
+ARENA_CHECK_POINTS = 1 << 16
 #: A box: per variable, (lo, hi): the values lo < v <= hi.
 Box = tuple[tuple[int, int], ...]
 _VAR = "dv"
@@ -197,19 +200,23 @@ def input_shapes(graph: Graph, dims: DimVars, vals: Sequence[int]) -> list[tuple
 
 
 def lower_box(graph: Graph, program: Program, dims: DimVars, box: Box, *,
-              limit: int | None = None) -> Lowered:  # fmt: skip
+              limit: int | None = None,
+              stop: Callable[[], bool] | None = None) -> Lowered:  # fmt: skip
     """The module serving every signature in ``box`` (module docstring; ``Lowered.box``
     may end lower, where the model stops running: ``_fitting``); Declined when the
     lowering is not the same function of the dims at every sample. A cold process's
     compiled kernels released meanwhile (``compiled_gate``: the lowering then changes
-    between samples) lower the box again."""
+    between samples) lower the box again. ``stop()`` true between two samples (the
+    process is exiting: ``worker.closing``) declines at once: an exit waits for a
+    lowering in flight, and a box is ~20 of them."""
     held = compiled_gate.held()
     try:
-        return _lower_box(graph, program, dims, _fitting(graph, program, dims, box), limit)
+        return _lower_box(graph, program, dims, _fitting(graph, program, dims, box), limit,
+                          stop)  # fmt: skip
     except Declined:
         if compiled_gate.held() == held:
             raise
-    return _lower_box(graph, program, dims, _fitting(graph, program, dims, box), limit)
+    return _lower_box(graph, program, dims, _fitting(graph, program, dims, box), limit, stop)
 
 
 def _fitting(graph: Graph, program: Program, dims: DimVars, box: Box) -> Box:
@@ -246,7 +253,7 @@ def _runs(graph: Graph, program: Program, dims: DimVars, vals: Sequence[int]) ->
 
 
 def _lower_box(graph: Graph, program: Program, dims: DimVars, box: Box,
-               limit: int | None) -> Lowered:  # fmt: skip
+               limit: int | None, stop: Callable[[], bool] | None) -> Lowered:  # fmt: skip
     points = samples(box)
     top = lower(graph, program, shapes=input_shapes(graph, dims, points[0]), limit=limit,
                 audited=False)  # fmt: skip
@@ -255,6 +262,8 @@ def _lower_box(graph: Graph, program: Program, dims: DimVars, box: Box,
     )
     lows = [top]
     for p in points[1:]:
+        if stop is not None and stop():
+            raise Declined(["the process is exiting"])
         low = lower(graph, program, shapes=input_shapes(graph, dims, p), limit=limit,
                     room=room, audited=False)  # fmt: skip
         if [(t, a, b) for t, _, a, b in low.arena] != [(t, a, b) for t, _, a, b in top.arena]:
@@ -265,7 +274,7 @@ def _lower_box(graph: Graph, program: Program, dims: DimVars, box: Box,
         lows.append(low)
     exps = monomial_exponents(box)
     design = _design(points, exps)
-    _check_arena(lows, points, box, exps, design)
+    _check_arena(lows, box, exps, design)
     source = _generalize(lows, points, design, exps, box, dims)
     audit(source)
     return Lowered(
@@ -290,23 +299,34 @@ def _same_constants(low: Lowered, top: Lowered) -> bool:
                for t, o, n in low.consts)  # fmt: skip
 
 
-def _check_arena(lows: list[Lowered], points: list[tuple[int, ...]], box: Box,
-                 exps: list[tuple[int, ...]], design: list[list[int]]) -> None:  # fmt: skip
-    """Every buffer at every point of the box is at most its size at the top."""
+def _check_arena(lows: list[Lowered], box: Box, exps: list[tuple[int, ...]],
+                 design: list[list[int]]) -> None:  # fmt: skip
+    """Every buffer at every point of the box is at most its size at the top. A size
+    polynomial with no negative coefficient grows with every dim (they are >= 0 in a box):
+    its largest value is the top's. The others are evaluated at every point of the box,
+    which may hold at most ``ARENA_CHECK_POINTS`` (a bigger one declines: the check's own
+    memory stays bounded whatever dims a request brings)."""
     if not lows[0].arena:
         return
     sizes = np.array([[n for _, n, _, _ in low.arena] for low in lows], np.int64)
-    coef = _fit(sizes, design)
-    if coef is None:
+    fitted = _fit(sizes, design)
+    if fitted is None:
         raise Declined([f"an arena buffer's size is not a polynomial of the dims in {box}"])
-    grid = np.array(list(itertools.product(*(range(lo + 1, hi + 1) for lo, hi in box))),
-                    np.int64)  # fmt: skip
-    mono = np.ones((len(grid), len(exps)), np.int64)
+    coef = np.array(fitted, np.int64)  # buffers x monomials
+    falling = np.any(coef < 0, axis=1)
+    if not falling.any():
+        return
+    if math.prod(hi - lo for lo, hi in box) > ARENA_CHECK_POINTS:
+        raise Declined([f"the box {box} is too big to check its arena buffers at every point"])
+    axes = np.meshgrid(*(np.arange(lo + 1, hi + 1, dtype=np.int64) for lo, hi in box),
+                       indexing="ij")  # fmt: skip
+    grid = [a.ravel() for a in axes]
+    mono = np.ones((len(grid[0]), len(exps)), np.int64)
     for m, e in enumerate(exps):
         for j, k in enumerate(e):
-            mono[:, m] *= grid[:, j] ** k
-    at = mono @ np.array(coef, np.int64).T  # points x buffers
-    if np.any(at > sizes[0][None, :]) or np.any(at < 0):
+            mono[:, m] *= grid[j] ** k
+    at = mono @ coef[falling].T  # points x the buffers that may shrink as a dim grows
+    if np.any(at > sizes[0][falling][None, :]) or np.any(at < 0):
         raise Declined([f"an arena buffer is bigger inside the box {box} than at its top"])
 
 

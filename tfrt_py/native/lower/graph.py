@@ -44,6 +44,7 @@ from .fold import shape_arithmetic, shape_values
 from .loops import Ref, strides
 from .ops_ml import KERNEL_IMPORTS, kernel_version
 from .registry import lowerings
+from .rows_source import NP_TYPES, TILE_ROWS, rows_functions, tuple_text
 from .rowwise import check_rows
 from .runs import find_runs, lower_run_middle
 from .source import Declined, audit, literal
@@ -61,11 +62,6 @@ __all__ = [
 
 #: The default domain's views: their output is their input's memory (no code).
 VIEW_OPS = frozenset(registry.VIEW_OPS)
-#: Rows mode also lowers the graph for this many rows at once when a product there is big
-#: enough for BLAS (``emit.BLAS_MIN_MACS``): whole tiles run that body, the rest row by
-#: row. 64 rows reach ~95% of a long gemm's rate for the small layers rows mode serves.
-TILE_ROWS = 64
-_NP_TYPES = {"f4": "float32", "f8": "float64", "i8": "int64", "i4": "int32", "b1": "boolean"}
 
 
 @record(frozen=True)
@@ -106,7 +102,7 @@ class Lowered:
     out_rows: tuple[tuple[int, ...], ...] = ()
     out_dtypes: tuple[np.dtype, ...] = ()
     #: Signature mode: per arena buffer (in the order the lowering made them) its dtype
-    #: alias, bytes, first and last step: what ``generic.lower_bucket`` plans with.
+    #: alias, bytes, first and last step: what ``generic.lower_box`` plans with.
     arena: tuple[tuple[str, int, int, int], ...] = ()
     #: Signature mode: per constant packed, its dtype alias, offset in ``P_<alias>`` and
     #: size (elements).
@@ -114,6 +110,7 @@ class Lowered:
     #: Signature mode: the choices between two correct forms of code the lowering made
     #: (``NodeContext.choose``), in order.
     choices: tuple[bool, ...] = ()
+    #: Box mode: per dim variable, the values (lo, hi] the function serves.
     box: tuple[tuple[int, int], ...] = ()
 
     @property
@@ -290,7 +287,7 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
             cx.folded[vid] = arr
     sig, prologue = [], []
     for k, (shape, dtype) in enumerate(specs):
-        t = _NP_TYPES[tname(dtype)]
+        t = NP_TYPES[tname(dtype)]
         # Feeds are typed read-only: the code never writes them, and a read-only array
         # (Ray's object store, np.frombuffer over a request) then calls it without a copy;
         # a writable one converts to the read-only type in numba's dispatcher at no cost.
@@ -454,7 +451,7 @@ def _planned(cx: NodeContext, body: list[str], arenas: dict[str, int],
     subst: dict[str, str] = {}
     for t, items in by_dtype.items():
         size = plan_offsets([b for _, b in items])
-        item = np.dtype(_NP_TYPES[t] if t != "b1" else "bool").itemsize
+        item = np.dtype(NP_TYPES[t] if t != "b1" else "bool").itemsize
         arenas[t] = max(arenas.get(t, 1), size // item, 1)
         for root, b in items:
             subst[f"@{root}@"] = literal(b.offset // item)
@@ -483,7 +480,7 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
     imports = sorted(cx.imports | packed.imports | ({EXP_IMPORT} if expf_used else set()))
     param_types = sorted(packed.params)
     params = tuple(np.concatenate(packed.params[t]) for t in param_types)
-    psig = [f"types.Array(types.{_NP_TYPES[t]}, 1, 'C')" for t in param_types]
+    psig = [f"types.Array(types.{NP_TYPES[t]}, 1, 'C')" for t in param_types]
     pargs = [f"P_{t}" for t in param_types]
     ins = [f"a{k}" for k in range(len(graph.inputs))]
     n_out = len(graph.outputs)
@@ -512,11 +509,11 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         for k, (shape, dtype) in enumerate(out_specs):
             outs += [f"    o{k} = np.empty({_shape_literal(shape)}, {tname(dtype)})",
                      f"    r{k} = o{k}.reshape({literal(max(1, math.prod(shape)))})"]  # fmt: skip
-        src = [*head, f"SIG = {_tuple(sig + psig)}", "", "", deco.format(sig="SIG"),
+        src = [*head, f"SIG = {tuple_text(sig + psig)}", "", "", deco.format(sig="SIG"),
                f"def run({', '.join(ins + pargs)}):", *prologue, *setup, *outs, text,
                f"    return {', '.join(f'o{k}' for k in range(n_out))}", ""]  # fmt: skip
     else:
-        src = [*head, *_rows_functions(cx, sig, psig, pargs, ins, prologue, setup, text,
+        src = [*head, *rows_functions(cx, sig, psig, pargs, ins, prologue, setup, text,
                                        specs, batched, out_specs, deco, tile_text)]  # fmt: skip
     source = "\n".join(src)
     if audited:
@@ -552,82 +549,6 @@ def _finisher(cx: NodeContext, v: Value) -> Any:
     if id(v) in cx.label_tables:
         return ("labels", cx.label_tables[id(v)])
     return None
-
-
-def _rows_functions(cx: NodeContext, sig: list[str], psig: list[str], pargs: list[str],
-                    ins: list[str], prologue: list[str], setup: list[str], text: str,
-                    specs: list[Any], batched: list[bool], out_specs: list[Any],
-                    deco: str, tile_text: str | None) -> list[str]:  # fmt: skip
-    """Rows mode: ``rows(x.., r.., P.., lo, hi)`` runs rows ``lo:hi`` of flat feeds and
-    outputs: whole tiles of ``TILE_ROWS`` through ``tile_text`` (when given), the rest
-    through the one-row body; ``run(a.., P..)`` checks, allocates and runs every row;
-    ``run_into(a.., o.., P.., lo, hi)`` fills rows of outputs the caller allocated
-    (threads split a batch this way)."""
-    n_in, n_out = len(specs), len(out_specs)
-    first = batched.index(True)
-    flat = [f"types.Array(types.{_NP_TYPES[tname(dt)]}, 1, 'C', readonly=True)" for _, dt in specs]
-    oflat = [f"types.Array(types.{_NP_TYPES[tname(dt)]}, 1, 'C')" for _, dt in out_specs]
-    ofull = [f"types.Array(types.{_NP_TYPES[tname(dt)]}, {len(shape)}, 'C')"
-             for shape, dt in out_specs]  # fmt: skip
-    xs = [f"x{k}" for k in range(n_in)]
-    rs = [f"r{k}" for k in range(n_out)]
-    os_ = [f"o{k}" for k in range(n_out)]
-    i64 = ["types.int64", "types.int64"]
-
-    def offsets(rw: str) -> list[str]:
-        lines = [f"        xv{k} = x{k}[{rw} * {literal(math.prod(specs[k][0]))}:]"
-                 for k in range(n_in) if batched[k]]  # fmt: skip
-        return lines + [f"        rv{k} = r{k}[{rw} * {literal(math.prod(shape))}:]"
-                        for k, (shape, _) in enumerate(out_specs)]  # fmt: skip
-
-    loop = []
-    start = "lo"
-    if tile_text is not None:
-        T = literal(TILE_ROWS)
-        loop += [f"    tiled = lo + (hi - lo) // {T} * {T}",
-                 f"    for tw in range(lo, tiled, {T}):", *offsets("tw")]  # fmt: skip
-        loop += ["    " + ln for ln in tile_text.split("\n")]
-        start = "tiled"
-    loop += [f"    for rw in range({start}, hi):", *offsets("rw")]
-    loop += ["    " + ln for ln in text.split("\n")]
-    pre = [f"    nb = a{first}.shape[0]", *prologue]
-    alloc = []
-    for k, (shape, dt) in enumerate(out_specs):
-        dims = ", ".join(["nb", *(literal(d) for d in shape[1:])])
-        alloc += [f"    o{k} = np.empty(({dims},), {tname(dt)})",
-                  f"    r{k} = o{k}.reshape(nb * {literal(math.prod(shape))})"]  # fmt: skip
-    call = f"    rows({', '.join(xs + rs + pargs)}, {{lo}}, {{hi}})"
-    return [
-        f"SIG_ROWS = {_tuple(flat + oflat + psig + i64)}",
-        f"SIG = {_tuple(sig + psig)}",
-        f"SIG_INTO = {_tuple(sig + ofull + psig + i64)}",
-        "",
-        "",
-        deco.format(sig="SIG_ROWS"),
-        f"def rows({', '.join(xs + rs + pargs)}, lo, hi):",
-        *setup,
-        *loop,
-        "",
-        "",
-        deco.format(sig="SIG"),
-        f"def run({', '.join(ins + pargs)}):",
-        *pre,
-        *alloc,
-        call.format(lo="0", hi="nb"),
-        f"    return {', '.join(os_)}",
-        "",
-        "",
-        deco.format(sig="SIG_INTO"),
-        f"def run_into({', '.join(ins + os_ + pargs)}, lo, hi):",
-        *pre,
-        *[f"    r{k} = o{k}.reshape(o{k}.size)" for k in range(n_out)],
-        call.format(lo="lo", hi="hi"),
-        "",
-    ]
-
-
-def _tuple(items: list[str]) -> str:
-    return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
 
 
 def _shape_literal(shape: tuple[int, ...]) -> str:

@@ -73,8 +73,9 @@ MAX_SIGNATURES = 16
 #: every length. ``executor="native"`` compiles every signature on first sight.
 HOT_CALLS = 16
 HOT_WINDOW = 256
-#: Entries kept in the shape table (rows mode sees every batch size).
-_MAX_TABLE = 256
+#: Entries kept in the shape table (rows mode sees every batch size; a box of text at
+#: batch 1..8 and lengths 8..128 holds ~1,000 signatures, each a miss when it is not kept).
+_MAX_TABLE = 4096
 
 
 class _Job:
@@ -112,7 +113,8 @@ class _Job:
                 return True
             if _is_box(self.key):  # every signature of a box of dims (generic.py)
                 assert tier.dims is not None
-                self.lowered = lower_box(tier.graph, tier.program, tier.dims, self.key[1])
+                self.lowered = lower_box(tier.graph, tier.program, tier.dims, self.key[1],
+                                         stop=worker.closing)  # fmt: skip
                 return True
             # the table keys one input's signature by its shape, several by their shapes
             one = len(tier.graph.inputs) == 1
@@ -170,8 +172,9 @@ class _Counted:
         tier = self.tier
         self.n += 1
         tier._count()
-        if self.n >= HOT_CALLS:
+        if self.n == HOT_CALLS:
             tier.compile_signature(self.key)
+            tier._forget(self)  # its signatures ask the job from now on, not this count
         return tier.interp.run(feeds)
 
 
@@ -290,6 +293,11 @@ class NativeTier(Executor):
         box = ("box", box_of(vals))
         return key if box in self._box_declined else box
 
+    def _in_box(self, key: Any, box: tuple[tuple[int, int], ...]) -> bool:
+        assert self.dims is not None
+        vals = self.dims.values([key] if len(self.graph.inputs) == 1 else list(key))
+        return vals is not None and all(lo < v <= hi for v, (lo, hi) in zip(vals, box))
+
     def job(self, key: Any) -> _Job | None:
         """Signature mode: the compile job serving the signature ``key`` (its box's, or
         its own), None before one started."""
@@ -346,6 +354,12 @@ class NativeTier(Executor):
             self.compile_signature(args[0].shape if len(args) == 1 else
                                    tuple(a.shape for a in args))  # fmt: skip
 
+    def _forget(self, entry: Any) -> None:
+        """Drop the table's keys that lead to ``entry`` (their next call looks again)."""
+        with self._lock:
+            for k in [k for k, v in self.table.items() if v is entry]:
+                del self.table[k]
+
     def _count(self) -> None:
         """One call served by a counted entry: every ``HOT_WINDOW`` calls, counts halve."""
         self._window += 1
@@ -373,6 +387,10 @@ class NativeTier(Executor):
                         self._remember(key, self._interp_entry)
             return self._interp_entry
         low, comp = job.lowered, job.compiled
+        if low.mode == "box" and not self._in_box(key, low.box):
+            # past where the box's model runs (``generic._fitting``): the interpreter says why
+            self._remember(key, self._interp_entry)
+            return self._interp_entry
         nat = self._native(low, comp, len(args))
         if not self.measure:
             self._remember(key, nat)
