@@ -17,6 +17,7 @@ import onnx
 import pytest
 
 import tfrt_py
+from tfrt_py.native.lower.generic import describe_box
 from tests.support.paths import DATA as TEST_DATA
 
 DATA = str(TEST_DATA / "transformers")
@@ -107,23 +108,43 @@ def test_optimized_variants_carry_the_contrib_ops() -> None:
 NATIVE = tuple(MANIFEST["models"])
 
 
-@pytest.mark.slow  # a numba compile per model and signature, ~8 s each
+def _compiled_job(model: Any, feeds: dict[str, np.ndarray]) -> Any:
+    """Call with ``feeds`` until the native tier's compile for their signature is ready:
+    its box of dims, or (the box declined) the signature alone, which starts on the call
+    after the decline. The job."""
+    key = tuple(feeds[n].shape for n in ("input_ids", "attention_mask"))
+    for _ in range(3):
+        model.run(feeds)
+        assert model.native.wait(timeout=300)
+        job = model.native.job(key)
+        if job is not None and job.state == "ready":
+            return job
+    raise AssertionError(f"no native code for {key}: {model.native.describe()}")
+
+
+@pytest.mark.slow  # a numba compile per model and box of dims, ~8-20 s each
 @pytest.mark.parametrize("name", [p for p in _params() if p.values[0] in NATIVE])
 def test_native_tier_agrees_with_onnxruntime(name: str) -> None:
-    """The whole model as one numba function per input signature: each signature's
-    compiled answer (awaited: the interpreter serves while it compiles) agrees with
-    onnxruntime, and the signatures are what ``describe()`` lists."""
+    """The whole model as numba functions, one per box of dims (or per input signature
+    where a box declines): each signature's compiled answer (awaited: the interpreter
+    serves while it compiles) agrees with onnxruntime, and ``describe()`` lists what
+    serves it."""
     ref = _reference(name)
     model = tfrt_py.load(os.path.join(DATA, f"{name}.onnx"), executor="native")
     assert model.native is not None and model.native.form == "signature"
     # every signature for the TorchScript exports; one for the others (a compile each)
     shapes = SHAPES if name in ("bert", "distilbert", "gpt2", "t5-encoder") else SHAPES[:1]
     for b, s in shapes:
-        model.run(_feeds(ref, b, s))
-        assert model.native.wait(timeout=300)
-        got = model.run(_feeds(ref, b, s))["last_hidden_state"]
+        feeds = _feeds(ref, b, s)
+        job = _compiled_job(model, feeds)
+        got = model.run(feeds)["last_hidden_state"]
         want = ref[f"{b}x{s}/last_hidden_state"]
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"{b}x{s}")
+        box = job.lowered.box
+        if box:  # one function for the box: the signature lies in it
+            assert all(lo < v <= hi for v, (lo, hi) in zip((b, s), box)), (box, b, s)
+            label = describe_box(box, model.native.dims.names)
+        else:
+            label = f"(({b}, {s}), ({b}, {s}))"
+        assert label in model.native.describe(), model.describe()
     assert model.native.error is None
-    listed = model.describe()
-    assert all(f"(({b}, {s}), ({b}, {s}))" in listed for b, s in shapes), listed
