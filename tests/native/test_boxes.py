@@ -123,6 +123,42 @@ def test_a_box_that_is_not_one_function_declines_to_signatures(build: object, wh
     assert "declined" in native.describe()
 
 
+def _relative_positions() -> Graph:
+    """What a T5 computes from its length alone: Range over S, the (S, S) table of
+    distances, clipped at S - 1 (a scalar of the shape, read as data), a ConstantOfShape
+    fill, all int64 until a Cast: folded per signature, a table that is no prefix of the
+    largest one's."""
+    b = GraphBuilder("relative")
+    x = b.input("x", F32, (1, "S"))
+    i64 = lambda *v: b.const(np.array(v, np.int64))  # noqa: E731
+    n = b.op("Gather", b.op("Shape", x), i64(1), axis=0)
+    r = b.op("Range", b.op("Squeeze", n, i64(0)), b.op("Squeeze", b.op("Mul", n, i64(2)), i64(0)),
+             b.const(np.array(1, np.int64)))  # fmt: skip
+    rel = b.op("Sub", b.op("Unsqueeze", r, i64(0)), b.op("Unsqueeze", r, i64(1)))
+    far = b.op("Min", b.op("Abs", rel), b.op("Sub", n, i64(3)))
+    fill = b.op("ConstantOfShape", b.op("Concat", n, n, axis=0), value=np.array([2], np.int64))
+    table = b.op("Cast", b.op("Add", b.op("Neg", far), fill), to=1)
+    b.output(b.op("MatMul", x, table), "y")
+    return b.build()
+
+
+def test_length_arithmetic_becomes_code_in_a_box() -> None:
+    """A box whose folded position tables change with the length is lowered again with
+    them as code (Range, integer arithmetic, ConstantOfShape, a scalar of the shape
+    written by code): one function for the box, not one per length (it declined to
+    signatures before)."""
+    g = _relative_positions()
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    for s in (2, 13, 16, 5, 9):
+        _check(native, sync, {"x": RNG.standard_normal((1, s)).astype(F32)})
+    box = ("box", ((1, 16),))
+    job = native.native.sigs[box]
+    assert job.state == "ready", job.error
+    assert job.lowered is not None and job.lowered.mode == "box"
+    assert "np.arange" not in job.lowered.source and set(native.native.sigs) == {box}
+
+
 def test_a_strided_lane_reduction_reads_the_right_elements() -> None:
     """A softmax over a strided axis whose length is a multiple of 4: the reduction's
     four lanes read ``x[(j + k) * stride]`` (they read ``x[j + k * stride]``: wrong

@@ -57,6 +57,11 @@ class NodeContext:
         self._same: dict[tuple[Any, ...], Ref] = {}  # (shape, dtype, digest) -> ref
         #: value id -> its value for this signature (``fold.shape_values``): constants
         self.folded: dict[int, np.ndarray] = {}
+        #: folded values that a node reads as data written by code into the arena, not
+        #: packed (``generic.py``: small values that change inside a box, whose numbers
+        #: it fits), and the lines writing them, which ``_body`` puts before the node
+        self.spelled: frozenset[int] = frozenset()
+        self.pre: list[str] = []
         #: elements to reserve for each constant packed, in order (``generic.py``: the room
         #: a box's largest signature needs, so that every signature packs alike)
         self.const_room: tuple[int, ...] | None = None
@@ -139,7 +144,12 @@ class NodeContext:
             value = self.const(v)
             if value is None:
                 self.decline(f"value {v.name!r} has no native storage")
-            r = self.refs[id(v)] = self.put_const(value)
+            if id(v) in self.spelled and v.const is None:
+                r = self.refs[id(v)] = self.new_buffer(tuple(value.shape), value.dtype)
+                self.pre += [f"{r.buf}[{r.off} + {literal(k)}] = {literal(x)}"
+                             for k, x in enumerate(value.ravel().tolist())]  # fmt: skip
+            else:
+                r = self.refs[id(v)] = self.put_const(value)
         if r.root >= 0:
             self.buffers[r.root][0].last = self.step
         return r

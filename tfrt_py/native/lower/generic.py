@@ -54,7 +54,7 @@ from ...executors.dims import DimVars
 from ...executors.program import Program
 from ...ir import Graph
 from .budget import budget, check
-from .graph import Lowered, Room, lower, probe
+from .graph import Lowered, Room, folded_values, lower, probe
 from .source import Declined, audit, literal
 
 __all__ = [
@@ -79,12 +79,17 @@ MAX_FREE = 2
 MAX_DIM = 1 << 16
 #: The most points of a box at which the arena check evaluates a buffer's size.
 ARENA_CHECK_POINTS = 1 << 16
+#: Folded values of at most this many elements that change inside a box are written by
+#: code (``_sized_by_dims``).
+SPELLED_MAX = 16
 #: A box: per variable, (lo, hi): the values lo < v <= hi.
 Box = tuple[tuple[int, int], ...]
 _VAR = "dv"
 #: The numbers of generated source (``source.literal``'s forms), split out: the text
 #: between them must be the same at every sample.
-_NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)(?![\w.])")
+_NUMBER = re.compile(r"(\(-\d+\)|(?<![\w.])\d+(?:\.\d*)?(?:[eE][-+]?\d+)?(?![\w.]))")
+#: An integer among them: ``literal`` writes a negative one parenthesized.
+_INT = re.compile(r"\d+|\(-\d+\)")
 _VAR_NAME = re.compile(rf"\b{_VAR}\d")
 
 
@@ -252,11 +257,52 @@ def _runs(graph: Graph, program: Program, dims: DimVars, vals: Sequence[int]) ->
     return True
 
 
+class _ConstantsDiffer(Declined):
+    """A sample's folded constants are not the start of the top's."""
+
+
 def _lower_box(graph: Graph, program: Program, dims: DimVars, box: Box,
                limit: int | None, stop: Callable[[], bool] | None) -> Lowered:  # fmt: skip
+    """The box's module with the shape arithmetic folded; where a folded value is not a
+    prefix of the top's (a T5's relative-position buckets, a causal mask built from
+    Range: a length x length table), lowered again with every shape value whose size
+    changes inside the box kept as code (``_sized_by_dims``)."""
+    try:
+        return _lower_samples(graph, program, dims, box, limit, stop, frozenset(),
+                              frozenset())  # fmt: skip
+    except _ConstantsDiffer as e:
+        folded = list(e.reasons)
+    keep, spell = _sized_by_dims(graph, program, dims, box)
+    try:
+        if keep or spell:
+            return _lower_samples(graph, program, dims, box, limit, stop, keep, spell)
+    except Declined as e:
+        raise Declined([*folded, f"kept as code: {e}"]) from None
+    raise Declined(folded)
+
+
+def _sized_by_dims(graph: Graph, program: Program, dims: DimVars,
+                   box: Box) -> tuple[frozenset[int], frozenset[int]]:  # fmt: skip
+    """The shape values (``fold.shape_values``) to lower as code: those folded at one end
+    of the box and not the other, or with another shape there; and the small ones whose
+    elements differ, which code writes where a node reads them (their numbers fitted
+    like the rest: a T5's length, read by its bucket arithmetic)."""
+    ends = [tuple(hi for _, hi in box), tuple(lo + 1 if hi - lo > 1 else hi for lo, hi in box)]
+    top, low = (folded_values(graph, program, input_shapes(graph, dims, e)) for e in ends)
+    keep = frozenset(v for v in top.keys() | low.keys()
+                     if v not in top or v not in low or top[v].shape != low[v].shape)  # fmt: skip
+    spell = frozenset(v for v in top.keys() & low.keys() - keep
+                      if top[v].size <= SPELLED_MAX and top[v].dtype.kind in "iuf"
+                      and not np.array_equal(top[v], low[v]))  # fmt: skip
+    return keep, spell
+
+
+def _lower_samples(graph: Graph, program: Program, dims: DimVars, box: Box,
+                   limit: int | None, stop: Callable[[], bool] | None,
+                   keep: frozenset[int], spell: frozenset[int]) -> Lowered:  # fmt: skip
     points = samples(box)
     top = lower(graph, program, shapes=input_shapes(graph, dims, points[0]), limit=limit,
-                audited=False)  # fmt: skip
+                audited=False, keep=keep, spell=spell)  # fmt: skip
     room = Room(
         tuple(n for _, n, _, _ in top.arena), tuple(n for _, _, n in top.consts), top.choices
     )
@@ -265,12 +311,12 @@ def _lower_box(graph: Graph, program: Program, dims: DimVars, box: Box,
         if stop is not None and stop():
             raise Declined(["the process is exiting"])
         low = lower(graph, program, shapes=input_shapes(graph, dims, p), limit=limit,
-                    room=room, audited=False)  # fmt: skip
+                    room=room, audited=False, keep=keep, spell=spell)  # fmt: skip
         if [(t, a, b) for t, _, a, b in low.arena] != [(t, a, b) for t, _, a, b in top.arena]:
             raise Declined([f"the arena's buffers change inside the box {box} (at {p})"])
         if not _same_constants(low, top):
-            raise Declined([f"a constant of the code changes with the dims inside the box "
-                            f"{box} (at {p})"])  # fmt: skip
+            raise _ConstantsDiffer([f"a constant of the code changes with the dims inside "
+                                    f"the box {box} (at {p})"])  # fmt: skip
         lows.append(low)
     exps = monomial_exponents(box)
     design = _design(points, exps)
@@ -347,12 +393,12 @@ def _generalize(lows: list[Lowered], points: list[tuple[int, ...]], design: list
         texts = [s[i] for s in splits]
         if all(t == texts[0] for t in texts):
             continue
-        if i % 2 == 0 or not all(t.isdigit() for t in texts):  # text, or a float
+        if i % 2 == 0 or not all(_INT.fullmatch(t) for t in texts):  # text, or a float
             raise changed(next(k for k, t in enumerate(texts) if t != texts[0]))
         varying.append(i)
     if _VAR_NAME.search(lows[0].source):
         raise Declined(["internal: the code already uses a dim variable's name"])
-    values = np.array([[int(s[i]) for s in splits] for i in varying], object)
+    values = np.array([[int(s[i].strip("()")) for s in splits] for i in varying], object)
     coef = _fit(values.T, design) if varying else []
     if coef is None:
         raise Declined([f"a number of the code is not a polynomial of the dims in {box}"])

@@ -161,6 +161,13 @@ def probe(graph: Graph, program: Program, shapes: list[tuple[int, ...]]) -> None
     _probe(graph, program, _input_specs(graph, shapes, None))
 
 
+def folded_values(graph: Graph, program: Program,
+                  shapes: list[tuple[int, ...]]) -> dict[int, np.ndarray]:  # fmt: skip
+    """The shape arithmetic a signature's lowering folds into constants (value id ->
+    value; ``fold.shape_values``); Declined when the probe fails."""
+    return shape_values(graph, _probe(graph, program, _input_specs(graph, shapes, None))[1])
+
+
 def _shapes(
     graph: Graph, program: Program, specs: list[tuple[tuple[int, ...], np.dtype]]
 ) -> dict[int, tuple[tuple[int, ...], np.dtype]]:
@@ -227,6 +234,8 @@ def lower(
     rows: bool = False,
     room: Room | None = None,
     audited: bool = True,
+    keep: frozenset[int] = frozenset(),
+    spell: frozenset[int] = frozenset(),
 ) -> Lowered:
     """The module for ``graph`` (compiled as ``program``), at most ``limit`` compile units
     (default ``budget.budget()``: ``$TFRT_PY_NATIVE_BUDGET``). ``shapes`` lowers one input
@@ -234,7 +243,10 @@ def lower(
     over a dynamic first dim (``rowwise``: only when rows are independent); ``room``
     (with ``shapes``) lays the arena and the constants out as ``Room`` says and makes its
     choices (``generic`` lowers every signature of a box as its top); ``audited=False``
-    skips ``source.audit`` (``generic`` audits the module it makes of the samples).
+    skips ``source.audit`` (``generic`` audits the module it makes of the samples);
+    ``keep``: ids of shape-arithmetic values lowered as code, not folded into constants
+    (``generic``: those whose size changes inside a box); ``spell``: folded values a node
+    reads as data written into the arena by code (``NodeContext.spelled``).
     Raises Declined (OverBudget above the budget), and only Declined: an unexpected error
     while lowering becomes one too."""
     reasons = blockers(graph)
@@ -245,7 +257,8 @@ def lower(
     limit = budget() if limit is None else limit
     precheck(graph, limit)
     try:
-        return _lower(graph, program, fastmath, limit, shapes, rows, room, audited)
+        return _lower(graph, program, fastmath, limit, shapes, rows, room, audited, keep,
+                      spell)  # fmt: skip
     except Declined:
         raise
     except Exception as e:  # any failure keeps the model off the native tier
@@ -254,7 +267,9 @@ def lower(
 
 def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
            shapes: list[tuple[int, ...]] | None, rows: bool,
-           room: Room | None = None, audited: bool = True) -> Lowered:  # fmt: skip
+           room: Room | None = None, audited: bool = True,
+           keep: frozenset[int] = frozenset(),
+           spell: frozenset[int] = frozenset()) -> Lowered:  # fmt: skip
     batched = [False] * len(graph.inputs)
     if rows:
         if any(n.domain == "" and n.op_type in ("Shape", "Size") for n in shape_arithmetic(graph)):
@@ -284,7 +299,9 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
         # one signature: the shape arithmetic is constants (rows mode probes two batch
         # sizes, whose shape values differ: it keeps the nodes)
         for vid, arr in shape_values(graph, values).items():
-            cx.folded[vid] = arr
+            if vid not in keep:
+                cx.folded[vid] = arr
+        cx.spelled = spell
     sig, prologue = [], []
     for k, (shape, dtype) in enumerate(specs):
         t = NP_TYPES[tname(dtype)]
@@ -340,7 +357,9 @@ def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool]) 
             i += 1
             continue
         body += [f"    # node {i}"]
-        body += ["    " + ln for ln in _lower_node(cx, nodes[i])]
+        lines = _lower_node(cx, nodes[i])
+        body += ["    " + ln for ln in [*cx.pre, *lines]]
+        cx.pre = []
         n = runs.get(i, 0)
         if n:
             middle = nodes[i + 1 : i + n - 1]
@@ -348,6 +367,7 @@ def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool]) 
             first_out = cx.refs[id(nodes[i].outputs[0])]
             loop = lower_run_middle(cx, middle, first_out)
             if loop is not None:
+                loop, cx.pre = [*cx.pre, *loop], []
                 cx.step = i + n - 2
                 cx.extend(*[cx.refs[id(v)] for v in (nodes[i].outputs[0], middle[-1].outputs[0])])
                 body += [f"    # nodes {i + 1} to {i + n - 2} as one loop"]
@@ -360,7 +380,8 @@ def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool]) 
         if k not in cx.written:  # a feed, a constant, a view or a duplicate: copy it
             src = cx.refs[id(v)] if id(v) in cx.refs else cx.ref(v)
             dst = Ref(cx.out_buf.get(k, f"r{k}"), "0", src.shape, src.dtype)
-            body += ["    " + ln for ln in copy_strided(dst, src, strides(src.shape))]
+            lines, cx.pre = [*cx.pre, *copy_strided(dst, src, strides(src.shape))], []
+            body += ["    " + ln for ln in lines]
             cx.shapes[id(v)] = (src.shape, src.dtype)
             cx.written.add(k)
     return body

@@ -49,10 +49,16 @@ def _steps(cx: Any, raw: list[Any]) -> list[Step]:
     return out
 
 
+#: Elementwise ops lowered on integers too: their wraparound is NumPy's (a box's position
+#: arithmetic, ``generic.py``: relative positions, a T5's buckets).
+_INT_OPS = frozenset({"Add", "Sub", "Mul", "Abs", "Neg", "Max", "Min"})
+
+
 def _map(cx: Any, node: Node) -> list[str]:
     """A plain elementwise op: one step reading every input."""
     y = cx.out(node.outputs[0])
-    _float(cx, y)
+    if not (node.op_type in _INT_OPS and str(y.dtype) in ("int64", "int32")):
+        _float(cx, y)
     ins = [None if v is None else cx.ref(v) for v in node.inputs]
     if node.op_type in ("Max", "Min", "Add", "Mul", "Sub", "Div", "Pow") and len(ins) != 2:
         cx.decline(f"{node.op_type} with {len(ins)} inputs")
@@ -412,6 +418,34 @@ def _cast(cx: Any, node: Node) -> list[str]:
     return loop_nest([x.size], lambda iv: [line])
 
 
+def _range(cx: Any, node: Node) -> list[str]:
+    """Range of known start and delta (a box of dims keeps a length-dependent one as code,
+    ``generic.py``): ``start + i * delta``."""
+    known = [cx.const(v) if v is not None else None for v in node.inputs[:3]]
+    if len(known) != 3 or any(k is None or k.size != 1 for k in known):
+        cx.decline("Range of values known only at run time")
+    start, limit, delta = (k.reshape(-1)[0] for k in known)  # type: ignore[union-attr]
+    y = cx.out(node.outputs[0])
+    if delta == 0 or y.size != max(math.ceil((limit - start) / delta), 0):
+        cx.decline("Range whose length is not the probe's")
+    t = tname(y.dtype)
+    line = f"{y.buf}[{y.off} + i0] = {t}({literal(start.item())} + i0 * {literal(delta.item())})"
+    return loop_nest([y.size], lambda iv: [line])
+
+
+def _constant_of_shape(cx: Any, node: Node) -> list[str]:
+    """ConstantOfShape of a known shape: a fill (``generic.py`` keeps a length-dependent
+    one as code)."""
+    y = cx.out(node.outputs[0])
+    v = node.attrs.get("value")
+    value = np.zeros(1, np.float32) if v is None else np.asarray(v).reshape(-1)
+    if value.size != 1 or value.dtype != y.dtype or value.dtype.kind not in "biuf":
+        cx.decline(f"ConstantOfShape value {value.dtype}[{value.size}]")
+    t = tname(y.dtype)
+    fill = f"{t}({literal(value[0].item())})"
+    return loop_nest([y.size], lambda iv: [f"{y.buf}[{y.off} + i0] = {fill}"])
+
+
 def _steps_weight(node: Node) -> int:
     steps = node.attrs.get("steps")
     return len(steps) if isinstance(steps, (list, tuple)) else 1
@@ -432,6 +466,8 @@ def register_lowerings(reg: Registry) -> None:
     reg.add("", "Transpose", _transpose, rows=rows.transpose)
     reg.add("", "Gather", _gather, rows=rows.gather)
     reg.add("", "Cast", _cast, rows=rows.any_rows)
+    reg.add("", "Range", _range, rows=rows.any_rows)
+    reg.add("", "ConstantOfShape", _constant_of_shape, rows=rows.any_rows)
     for op in _REDUCE_OPS:
         reg.add("", op, _reduce, rows=rows.reduce)
     for op in SCALAR_OPS:
