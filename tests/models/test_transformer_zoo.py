@@ -17,8 +17,8 @@ import onnx
 import pytest
 
 import tfrt_py
-from tfrt_py.native.lower.generic import describe_box
 from tests.support.paths import DATA as TEST_DATA
+from tfrt_py.native.lower.generic import describe_box
 
 DATA = str(TEST_DATA / "transformers")
 with open(os.path.join(DATA, "manifest.json"), encoding="utf-8") as _f:
