@@ -159,6 +159,27 @@ def test_length_arithmetic_becomes_code_in_a_box() -> None:
     assert "np.arange" not in job.lowered.source and set(native.native.sigs) == {box}
 
 
+def test_a_value_folded_only_at_the_small_end_of_a_box_becomes_code() -> None:
+    """Shape arithmetic is folded up to ``SHAPE_VALUE_MAX`` elements: a (S, 128) fill is
+    code at the box's top (S = 1024) and was a constant at its small end, which packed a
+    bigger constant than the top's plan had room for (BERT's token-type embeddings at
+    batch 2..16 x sequence 17..128 declined to signatures so). Now one function."""
+    b = GraphBuilder("fill")
+    x = b.input("x", F32, (1, "S"))
+    n = b.op("Gather", b.op("Shape", x), b.const(np.array([1], np.int64)), axis=0)
+    width = b.const(np.array([128], np.int64))
+    ones = b.op("ConstantOfShape", b.op("Concat", n, width, axis=0), value=np.array([1.0], F32))
+    b.output(b.op("MatMul", b.op("Tanh", x), ones), "y")
+    g = b.build()
+    native = tfrt_py.load(g, executor="native", native="eager")
+    sync = tfrt_py.load(g, executor="sync")
+    for s in (1000, 129, 700):
+        _check(native, sync, {"x": RNG.standard_normal((1, s)).astype(F32)})
+    box = ("box", ((128, 1024),))
+    assert set(native.native.sigs) == {box}
+    assert native.native.sigs[box].state == "ready", native.native.sigs[box].error
+
+
 def test_a_strided_lane_reduction_reads_the_right_elements() -> None:
     """A softmax over a strided axis whose length is a multiple of 4: the reduction's
     four lanes read ``x[(j + k) * stride]`` (they read ``x[j + k * stride]``: wrong

@@ -17,7 +17,7 @@ from ...executors.plan import ALIGN, Buffer
 from ...ir import Graph, Node, Value
 from .emit import BLAS_MIN_MACS, tname
 from .loops import Ref
-from .source import Declined, literal
+from .source import ConstantsDiffer, Declined, literal
 
 __all__ = ["NodeContext"]
 
@@ -115,7 +115,7 @@ class NodeContext:
         if self.const_room is not None:
             k = len(self.packed)
             if k >= len(self.const_room) or self.const_room[k] < arr.size:
-                raise Declined(["the constants differ from the plan's"])
+                raise ConstantsDiffer(["the constants differ from the plan's"])
             size = self.const_room[k]
             if size > arr.size:
                 self.params[t].append(np.zeros(size - arr.size, arr.dtype))

@@ -55,7 +55,7 @@ from ...executors.program import Program
 from ...ir import Graph
 from .budget import budget, check
 from .graph import Lowered, Room, folded_values, lower, probe
-from .source import Declined, audit, literal
+from .source import ConstantsDiffer, Declined, audit, literal
 
 __all__ = [
     "ARENA_CHECK_POINTS",
@@ -257,10 +257,6 @@ def _runs(graph: Graph, program: Program, dims: DimVars, vals: Sequence[int]) ->
     return True
 
 
-class _ConstantsDiffer(Declined):
-    """A sample's folded constants are not the start of the top's."""
-
-
 def _lower_box(graph: Graph, program: Program, dims: DimVars, box: Box,
                limit: int | None, stop: Callable[[], bool] | None) -> Lowered:  # fmt: skip
     """The box's module with the shape arithmetic folded; where a folded value is not a
@@ -270,7 +266,7 @@ def _lower_box(graph: Graph, program: Program, dims: DimVars, box: Box,
     try:
         return _lower_samples(graph, program, dims, box, limit, stop, frozenset(),
                               frozenset())  # fmt: skip
-    except _ConstantsDiffer as e:
+    except ConstantsDiffer as e:
         folded = list(e.reasons)
     keep, spell = _sized_by_dims(graph, program, dims, box)
     try:
@@ -315,7 +311,7 @@ def _lower_samples(graph: Graph, program: Program, dims: DimVars, box: Box,
         if [(t, a, b) for t, _, a, b in low.arena] != [(t, a, b) for t, _, a, b in top.arena]:
             raise Declined([f"the arena's buffers change inside the box {box} (at {p})"])
         if not _same_constants(low, top):
-            raise _ConstantsDiffer([f"a constant of the code changes with the dims inside "
+            raise ConstantsDiffer([f"a constant of the code changes with the dims inside "
                                     f"the box {box} (at {p})"])  # fmt: skip
         lows.append(low)
     exps = monomial_exponents(box)

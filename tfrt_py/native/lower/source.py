@@ -27,7 +27,7 @@ import numpy as np
 
 from ...errors import TfrtError
 
-__all__ = ["Declined", "audit", "literal"]
+__all__ = ["ConstantsDiffer", "Declined", "audit", "literal"]
 
 
 class Declined(TfrtError, ValueError):
@@ -36,6 +36,11 @@ class Declined(TfrtError, ValueError):
     def __init__(self, reasons: list[str]) -> None:
         super().__init__("; ".join(reasons))
         self.reasons = reasons
+
+
+class ConstantsDiffer(Declined):
+    """A box's sample packs other constants than its top (``generic.py``): the shape
+    arithmetic folded at one signature is not the start of the top's."""
 
 
 def literal(x: Any) -> str:
