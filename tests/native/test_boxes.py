@@ -156,7 +156,7 @@ def test_length_arithmetic_becomes_code_in_a_box() -> None:
     job = native.native.sigs[box]
     assert job.state == "ready", job.error
     assert job.lowered is not None and job.lowered.mode == "box"
-    assert "np.arange" not in job.lowered.source and set(native.native.sigs) == {box}
+    assert set(native.native.sigs) == {box}  # no signature compiled alone
 
 
 def test_a_value_folded_only_at_the_small_end_of_a_box_becomes_code() -> None:
