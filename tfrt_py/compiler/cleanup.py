@@ -1,5 +1,5 @@
-"""Clean-up passes: identity/dropout removal, dead code elimination, common
-subexpression elimination (nodes and small constants).
+"""Clean-up passes: identity/dropout removal (and a Cast to the type its input already
+has), dead code elimination, common subexpression elimination (nodes and small constants).
 
 All three only touch the top-level graph and keep every graph output's public name.
 """
@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, Value
+from ..ir.dtypes import numpy_dtype
 from .context import PassContext, flags_lookup
 from .dynamic import is_pure
 from .rewrite import Uses, attrs_key, can_replace, replace_many, replace_uses
@@ -26,8 +27,11 @@ _CSE_CONST_MAX_BYTES = 1 << 16
 
 
 def remove_identities(graph: Graph, ctx: PassContext) -> str:
-    """Identity, and Dropout in inference mode, read their input through: readers read the
-    input instead. The pass's report counts what it removed."""
+    """Identity, Dropout in inference mode, and a Cast to the dtype its input is known to
+    have (torch's ``.float()`` of a float32 tensor: T5's norms and scores) read their
+    input through: readers read the input instead. The pass's report counts what it
+    removed. The pipeline runs it again once shapes are inferred (``pipeline.optimize``),
+    when the Casts' input types are known."""
     uses = Uses(graph)
     removed: dict[str, int] = {}
     keep: list[Node] = []
@@ -49,6 +53,8 @@ def _passthrough_source(node: Node, uses: Uses) -> Value | None:
         return None
     if node.op_type == "Identity":
         return node.inputs[0]
+    if node.op_type == "Cast":
+        return node.inputs[0] if _same_type_cast(node) else None
     if node.op_type != "Dropout":
         return None
     if len(node.outputs) > 1 and node.outputs[1] is not None and uses.count(node.outputs[1]):
@@ -58,6 +64,19 @@ def _passthrough_source(node: Node, uses: Uses) -> Value | None:
         if tm is None or bool(tm):
             return None  # training mode, or not known at load
     return node.inputs[0]
+
+
+def _same_type_cast(node: Node) -> bool:
+    """Whether Cast ``node`` converts to the dtype its input already has (then it is an
+    Identity: every ONNX Cast between equal types returns the input's values)."""
+    t = node.inputs[0].type  # type: ignore[union-attr]
+    have = getattr(t, "dtype", None)
+    if have is None or "to" not in node.attrs:
+        return False
+    try:
+        return numpy_dtype(node.attrs["to"]) == have
+    except ValueError:
+        return False
 
 
 def eliminate_dead_code(graph: Graph, ctx: PassContext) -> str:

@@ -51,6 +51,12 @@ class NodeContext:
         self.finishers: dict[int, Any] = {}  # graph output value id -> finisher
         self.readers: dict[int, int] = collections.Counter(
             id(v) for n in graph.nodes for v in n.inputs if v is not None)  # fmt: skip
+        #: value id -> the (node, input position) reading it, once per input read
+        self.consumers: dict[int, list[tuple[Node, int]]] = {}
+        for n in graph.nodes:
+            for slot, v in enumerate(n.inputs):
+                if v is not None:
+                    self.consumers.setdefault(id(v), []).append((n, slot))
         self.uses_kernels = False
         self.imports: set[str] = set()  # import lines the code needs (``emit``'s)
         self.packed: list[tuple[np.ndarray, Ref]] = []  # every constant put, with its ref

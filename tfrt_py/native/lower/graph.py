@@ -356,6 +356,10 @@ def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool]) 
             body += [f"    # node {i}: folded"]  # shape arithmetic: constants here
             i += 1
             continue
+        if _only_shape_read(cx, nodes[i]):
+            body += [f"    # node {i}: only its shape is read"]
+            i += 1
+            continue
         body += [f"    # node {i}"]
         lines = _lower_node(cx, nodes[i])
         body += ["    " + ln for ln in [*cx.pre, *lines]]
@@ -385,6 +389,30 @@ def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool]) 
             cx.shapes[id(v)] = (src.shape, src.dtype)
             cx.written.add(k)
     return body
+
+
+def _only_shape_read(cx: NodeContext, node: Node) -> bool:
+    """Whether no node reads ``node``'s outputs' data: none is a graph output and every
+    reader is folded shape arithmetic (a Shape of T5's K heads). The folded readers took
+    the shapes from the probe; the node need not run."""
+    outs = [v for v in node.outputs if v is not None]
+    if not outs or node.domain != "" or node.op_type not in _DATA_ONLY:
+        return False
+    for v in outs:
+        if id(v) in cx.outputs:
+            return False
+        for reader, _ in cx.consumers.get(id(v), ()):
+            if not reader.outputs or not all(o is None or id(o) in cx.folded
+                                             for o in reader.outputs):  # fmt: skip
+                return False
+    return True
+
+
+#: Ops whose only effect is their outputs' data (never raise on data they are given a
+#: valid shape for): the ones ``_only_shape_read`` may leave out.
+_DATA_ONLY = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+                        "Identity", "Cast", "Relu", "Add", "Sub", "Mul", "Div", "MatMul",
+                        "Concat"})  # fmt: skip
 
 
 def _tile(graph: Graph, program: Program, row_cx: NodeContext,

@@ -75,7 +75,9 @@ _STRINGS = re.compile(
     """
 )
 #: The only comments: node numbers (indices into the graph's nodes, never names).
-_COMMENTS = re.compile(r"# node \d+(: folded)?|# nodes \d+ to \d+ as one loop")
+_COMMENTS = re.compile(
+    r"# node \d+(: folded|: only its shape is read)?|# nodes \d+ to \d+ as one loop"
+)
 _PLAIN = frozenset({
     tokenize.NAME, tokenize.NUMBER, tokenize.OP, tokenize.NEWLINE, tokenize.NL,
     tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER,
