@@ -103,7 +103,8 @@ def select_executor(
                     "(pip install 'tfrt-py[native]'); use executor='sync' or 'auto'"
                 )
             cache_dir()  # UnsafeCacheDir before any work
-            lowered, native = plan_lowering(prepared.graph, prepared.program), True
+            lowered, native = plan_lowering(prepared.graph, prepared.program,
+                                            probe_budget=False), True  # fmt: skip
         elif requested == "auto" and compiled_gate.held():
             interp.native_deferred = True  # no lowering on a cold start's load path
             notes.append("native tier: decided once the compiled kernels are warm "

@@ -80,3 +80,35 @@ def test_a_native_model_shows_its_compile_units() -> None:
     model = tfrt_py.load(_chain(6, fused=False), native="eager")
     assert model.executor == "native"
     assert f"({model.native.lowered.units} compile units)" in model.describe()
+
+
+def _softmaxes(n: int) -> bytes:
+    """``n`` softmaxes over x[B, S, 16] (dims the native tier serves with boxes)."""
+    nodes, prev = [], "x"
+    for i in range(n):
+        out = f"h{i}" if i < n - 1 else "y"
+        nodes.append(helper.make_node("Softmax", [prev], [out], axis=-1))
+        prev = out
+    graph = helper.make_graph(
+        nodes, "softmaxes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", 16])],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_executor_native_leaves_the_budget_to_each_box_of_a_dynamic_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """executor="native" on a model with dynamic dims loads (its load-time lowering is a
+    probe: in a cold process, longer than the code that compiles; it refused Llama's
+    decoder at 1,525 units of a 1,500 budget); each box meets the budget when it compiles,
+    and one over it declines to the interpreter, saying why. "auto" still refuses."""
+    data = _softmaxes(4)
+    monkeypatch.setenv(BUDGET_ENV, "60")  # above the lower bound, below any box's units
+    assert tfrt_py.load(data).executor == "sync"
+    model = tfrt_py.load(data, executor="native", native="eager")
+    x = np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32)
+    want = tfrt_py.load(data, executor="sync").run({"x": x})["y"]
+    np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-6)
+    np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-6)
+    text = model.describe()
+    assert "declined" in text and "budget is 60" in text, text

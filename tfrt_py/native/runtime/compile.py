@@ -150,7 +150,12 @@ def compile_lowered(lowered: Lowered) -> Compiled:
 
 
 def compile_source(source: str) -> Compiled:
-    """``compile_lowered`` for a module's source (the compile server's child calls it)."""
+    """``compile_lowered`` for a module's source (the compile server's child calls it).
+    What compiles is the source with its ``run`` cut into parts (``lower.split``: numba's
+    front end grows faster than linearly with a function), keyed and cached as such."""
+    from ..lower.split import split_run
+
+    source = split_run(source)
     t0 = time.perf_counter()
     try:
         host = _host_key()

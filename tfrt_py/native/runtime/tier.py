@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import sys
 import threading
 import weakref
 from collections.abc import Mapping
@@ -588,10 +589,13 @@ def _is_box(key: Any) -> bool:
     return type(key) is tuple and len(key) == 2 and key[0] == "box"
 
 
-def plan_lowering(graph: Graph, program: Program) -> Lowered | None:
+def plan_lowering(graph: Graph, program: Program, *, probe_budget: bool = True) -> Lowered | None:
     """The module for ``graph`` (static shapes, or rows mode for a dynamic first dim
     whose rows are independent), or None for signature mode: other dynamic dims, after
-    checking that the signature with every dim variable 1 lowers. Raises Declined."""
+    checking that the signature with every dim variable 1 lowers (within the compile
+    budget unless not ``probe_budget``: ``executor="native"``, whose boxes each meet it
+    when they compile). Raises Declined."""
+    from ..lower.budget import budget, precheck
     from ..lower.graph import dynamic_inputs
     from ..lower.source import Declined
 
@@ -608,5 +612,9 @@ def plan_lowering(graph: Graph, program: Program) -> Lowered | None:
                   for v in graph.inputs]  # fmt: skip
     else:  # every variable 1: a dim declared as a sum (past + sequence) is their sum
         shapes = input_shapes(graph, dims, [1] * dims.n)
-    lower(graph, program, shapes=shapes)
+    # A probe that the ops lower, not the code that compiles. In a cold process (the
+    # packed products held back: executor="native" at load) it is longer than that code:
+    # Llama's 1,525 units against 1,325. "auto" probes once the kernels are warm.
+    precheck(graph, budget())
+    lower(graph, program, shapes=shapes, limit=None if probe_budget else sys.maxsize)
     return None
