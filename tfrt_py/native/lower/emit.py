@@ -28,8 +28,8 @@ _TNAMES = {"float32": "f4", "float64": "f8", "int64": "i8", "int32": "i4", "bool
 BLAS_MIN_MACS = 1 << 12
 #: The import line of a module whose code calls ``gemm_f4``/``gemm_f8``.
 BLAS_IMPORT = "from tfrt_py.native.kernels.blas import gemm_f4, gemm_f4_ld, gemm_f8"
-#: The import line of a module whose code calls ``expf``.
-EXP_IMPORT = "from tfrt_py.native.kernels.fastmath import expf"
+#: The import line of a module whose code calls ``expf`` or ``expf_neg``.
+EXP_IMPORT = "from tfrt_py.native.kernels.fastmath import expf, expf_neg"
 
 
 def tname(dtype: Any) -> str:

@@ -193,7 +193,8 @@ def _softmax(cx: Any, node: Node) -> list[str]:
     if log or t != "f4":
         return loop_nest([outer, inner], body, "q")
     # float32, as the interpreter's softmax_jit: the max and the sum in independent
-    # chains, the exponentials with kern_math.expf (libm's expf is a call per element)
+    # chains, the exponentials of x - max (<= 0) with fastmath.expf_neg (libm's expf is a
+    # call per element)
     # in a loop LLVM vectorizes, the scaling by the sum's reciprocal. Rows longer than
     # SHORT_ROW take each pass while the row is in L1; shorter ones (a loop of a few
     # iterations does not vectorize) the exponentials over the whole input in one loop.
@@ -202,7 +203,7 @@ def _softmax(cx: Any, node: Node) -> list[str]:
 
     def shift(iv: list[str]) -> list[str]:
         o, i = iv
-        v = f"expf({at(x, o, 'j', i)} - {g}mx)" if by_row else f"{at(x, o, 'j', i)} - {g}mx"
+        v = f"expf_neg({at(x, o, 'j', i)} - {g}mx)" if by_row else f"{at(x, o, 'j', i)} - {g}mx"
         return [*lane_reduce(f"{g}mx", n, lambda j: at(x, o, j, i), "max", t),
                 f"for j in range({N}):", f"    {at(y, o, 'j', i)} = {v}"]  # fmt: skip
 
@@ -215,7 +216,7 @@ def _softmax(cx: Any, node: Node) -> list[str]:
     if by_row:
         return loop_nest([outer], lambda iv: shift([iv[0], "0"]) + scale([iv[0], "0"]), "q")
     flat = [f"for q in range({literal(outer * n * inner)}):",
-            f"    {y.buf}[{y.off} + q] = expf({y.buf}[{y.off} + q])"]  # fmt: skip
+            f"    {y.buf}[{y.off} + q] = expf_neg({y.buf}[{y.off} + q])"]  # fmt: skip
     return [*loop_nest([outer, inner], shift, "q"), *flat, *loop_nest([outer, inner], scale, "q")]
 
 

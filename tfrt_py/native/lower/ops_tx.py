@@ -557,7 +557,7 @@ def _attention_heads(
             f"                {sc.buf}[{sc.off} + i * {S} + j] -= {g}mx",
             # the exponentials in one flat loop without a reduction: LLVM vectorizes it
             f"        for q in range({literal(s_ * s_)}):",
-            f"            {sc.buf}[{sc.off} + q] = expf({sc.buf}[{sc.off} + q])",
+            f"            {sc.buf}[{sc.off} + q] = expf_neg({sc.buf}[{sc.off} + q])",
             f"        for i in range({S}):",
             *["            " + ln for ln in lane_reduce(f"{g}sum", s_, score, "sum", "f4")],
             f"            {g}r = f4(1.0) / {g}sum",
