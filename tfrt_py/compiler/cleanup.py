@@ -74,9 +74,15 @@ def _same_type_cast(node: Node) -> bool:
     if have is None or "to" not in node.attrs:
         return False
     try:
-        return numpy_dtype(node.attrs["to"]) == have
+        to = numpy_dtype(node.attrs["to"])
     except ValueError:
         return False
+    # Only types every kernel computes in: a bfloat16/float16 value may be held in float32
+    # between kernels, and its Cast is then the rounding (ONNX's bf16 attention cases)
+    return to == have and to.name in _EXACT_TYPES
+
+
+_EXACT_TYPES = frozenset({"float32", "float64", "int64", "int32", "bool"})
 
 
 def eliminate_dead_code(graph: Graph, ctx: PassContext) -> str:

@@ -147,17 +147,6 @@ def select_passes(optimize: bool | Collection[str] | None) -> frozenset[str]:
     return frozenset(chosen - disabled)
 
 
-def _merged(first: PassReport, again: str, seconds: float) -> PassReport:
-    """``first`` with a second run's summary ``again`` and time added."""
-    if again == "nothing to remove":
-        summary = first.summary
-    elif first.summary == "nothing to remove":
-        summary = again
-    else:
-        summary = f"{first.summary}; then {again}"
-    return PassReport(first.name, True, summary, first.seconds + seconds)
-
-
 def optimize(
     graph: Graph, registry: KernelRegistry, passes: frozenset[str]
 ) -> tuple[Graph, list[PassReport]]:
@@ -190,12 +179,6 @@ def optimize(
             k = PASSES.index("shapes")
             first = reports[k]
             reports[k] = PassReport("shapes", True, again, first.seconds + time.perf_counter() - t0)
-        if name == "fold" and "identity" in passes:
-            # the Casts to the type their input has are known now that the types are
-            t0 = time.perf_counter()
-            again = pass_fn("identity")(g, ctx)
-            k = PASSES.index("identity")
-            reports[k] = _merged(reports[k], again, time.perf_counter() - t0)
     drop_unused_constants(g)
     verify(g)
     return g, reports
