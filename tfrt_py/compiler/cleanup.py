@@ -30,8 +30,8 @@ def remove_identities(graph: Graph, ctx: PassContext) -> str:
     """Identity, Dropout in inference mode, and a Cast to the dtype its input is known to
     have (torch's ``.float()`` of a float32 tensor: T5's norms and scores) read their
     input through: readers read the input instead. The pass's report counts what it
-    removed. The pipeline runs it again once shapes are inferred (``pipeline.optimize``),
-    when the Casts' input types are known."""
+    removed. A Cast goes only where its input's type is known here (an ONNX file's own
+    inference) and is one every kernel computes in (``_EXACT_TYPES``)."""
     uses = Uses(graph)
     removed: dict[str, int] = {}
     keep: list[Node] = []

@@ -50,10 +50,8 @@ def _pow2(k):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def expf(x):
-    xc = min(max(x, _LO), _HI)
-    kf = np.floor(xc * _LOG2E + np.float32(0.5))
-    r = xc - kf * _LN2_HI - kf * _LN2_LO
+def _poly(r):
+    """e**r for |r| <= ln(2)/2: the degree-7 Taylor polynomial, by Horner."""
     p = np.float32(1.0 / 5040.0)
     p = p * r + np.float32(1.0 / 720.0)
     p = p * r + np.float32(1.0 / 120.0)
@@ -61,7 +59,15 @@ def expf(x):
     p = p * r + np.float32(1.0 / 6.0)
     p = p * r + np.float32(0.5)
     p = p * r + np.float32(1.0)
-    p = p * r + np.float32(1.0)
+    return p * r + np.float32(1.0)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def expf(x):
+    xc = min(max(x, _LO), _HI)
+    kf = np.floor(xc * _LOG2E + np.float32(0.5))
+    r = xc - kf * _LN2_HI - kf * _LN2_LO
+    p = _poly(r)
     k = np.int32(kf)
     k1 = k >> 1
     y = p * _pow2(k1) * _pow2(k - k1)
@@ -75,14 +81,7 @@ def expf_neg(x):
     xc = max(x, _LO_NORMAL)
     kf = np.floor(xc * _LOG2E + np.float32(0.5))  # -126..0
     r = xc - kf * _LN2_HI - kf * _LN2_LO
-    p = np.float32(1.0 / 5040.0)
-    p = p * r + np.float32(1.0 / 720.0)
-    p = p * r + np.float32(1.0 / 120.0)
-    p = p * r + np.float32(1.0 / 24.0)
-    p = p * r + np.float32(1.0 / 6.0)
-    p = p * r + np.float32(0.5)
-    p = p * r + np.float32(1.0)
-    p = p * r + np.float32(1.0)
+    p = _poly(r)
     y = p * _pow2(np.int32(kf))
     y = np.float32(0.0) if x < _LO_NORMAL else y
     return x if x != x else y
