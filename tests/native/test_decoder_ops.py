@@ -95,13 +95,30 @@ def test_auto_puts_small_models_with_dynamic_dims_on_the_native_tier(
 
 
 @pytest.mark.slow
-def test_a_generation_runs_its_steps_on_boxes_and_matches_onnxruntime() -> None:
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_a_generation_runs_its_steps_on_boxes_and_matches_onnxruntime(
+    kv_heads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Greedy decoding of 20 tokens: the steps over past lengths 6..25 run on two
-    compiled functions (past 2..16 and 17..128), and the tokens are onnxruntime's."""
-    onx = decoder(kv_heads=4).SerializeToString()
+    compiled functions (past 2..16 and 17..128), and the tokens are onnxruntime's; with
+    grouped KV heads (repeated by Tile) too. The compiled code makes each present apart,
+    so no step is handed a cache buffer to copy it into, however big the cache."""
+    from tfrt_py.generation import steps
+
+    onx = decoder(kv_heads=kv_heads).SerializeToString()
     model = tfrt_py.load(onx, executor="native", native="eager")
+    monkeypatch.setattr(steps, "IN_PLACE_BYTES", 0)
+    seen: list[object] = []
+    real = model.run
+
+    def spy(feeds: object, outputs: object = None, **kw: object) -> object:
+        seen.append(outputs)
+        return real(feeds, outputs, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(model, "run", spy)
     prompt = [3, 14, 15, 9, 26, 5]
     got = model.generate(prompt, max_new_tokens=20)
+    assert seen == [None] * 20
     session = ort.InferenceSession(onx, providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(got, reference_greedy(session, [prompt], 20)[0])
     ready = {k for k, j in model.native.sigs.items() if j.state == "ready"}

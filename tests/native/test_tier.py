@@ -143,7 +143,7 @@ def test_every_lowered_op_agrees_with_the_sync_interpreter(build: Any, optimize:
 
 def _transformer_ops_graph() -> Graph:
     """The ops small transformers add (issue 14): casts to and from bool, logic and
-    comparisons, IsNaN, Where, Expand, stacked MatMul (one batch, and a broadcast one),
+    comparisons, IsNaN, Where, Expand, Tile, stacked MatMul (one batch, and a broadcast one),
     LayerNormalization with and without bias, RMSNormalization, Split, both GELUs,
     GatherND, and onnxruntime's SkipLayerNormalization (with its sum output),
     SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization, BiasGelu, FastGelu
@@ -172,6 +172,8 @@ def _transformer_ops_graph() -> Graph:
         "nan_guard": b.op("Where", b.op("IsNaN", z), zero, z),
         "where": b.op("Where", b.op("Greater", x, zero), x, b.const(np.array(-1.5, F32))),
         "expand": b.op("Expand", b.const(_rand(1, 1, 8)), b.const(np.array([2, 3, 8], np.int64))),
+        "tile": b.op("Tile", x, b.const(np.array([2, 1, 3], np.int64))),
+        "tile_int": b.op("Tile", mask, b.const(np.array([1, 2], np.int64))),
         "bmm": b.op("MatMul", x, b.op("Transpose", x, perm=[0, 2, 1])),
         "bmm_bcast": b.op("MatMul", x, b.const(_rand(1, 8, 4))),
         "ln": b.op("LayerNormalization", x, scale, bias, axis=-1, epsilon=1e-5),

@@ -52,6 +52,11 @@ class Executor:
     inline: InlinePolicy | None = None
     host: HostContext | None = None
     notes: tuple[str, ...] = ()
+    #: ``run(feeds, outputs)`` writes an output made by ``Concat(feed, ...)`` straight into
+    #: a caller's buffer that starts with that feed (only the new rows), rather than
+    #: computing it apart and copying it in: generation keeps a KV cache in one buffer
+    #: only on an executor that does (``generation.steps``)
+    writes_concat_in_place = False
     #: "auto" left the native tier's choice to a cold start's switch (``selection``)
     native_deferred = False
     #: The cost model's µs per call, and how much inline work a loop's thread may do

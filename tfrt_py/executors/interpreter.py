@@ -137,6 +137,7 @@ class SyncInterpreter(Executor):
     """
 
     name = "sync"
+    writes_concat_in_place = True  # (its Concat kernel's ``out=``: only the new rows)
 
     def __init__(
         self,

@@ -87,7 +87,10 @@ def start(model: Any, input_ids: Any, max_new_tokens: int, kw: GenerateOptions,
     """One generation on ``model``, checked and ready for its first step: its Steps, its
     Prompt and its Deadline (InputError/TypeError for anything wrong, before a step).
     ``in_place=False`` keeps the cache in the model's outputs (a caller that batches the
-    steps of many generations moves the caches itself)."""
+    steps of many generations moves the caches itself), as does an executor that would
+    copy each whole cache into its buffer (``Executor.writes_concat_in_place``: the
+    native tier's compiled code and the async executor make ``present`` apart; there one
+    copy, the model's own Concat, is the least a step can do)."""
     from .prompts import read_prompt, read_settings
     from .steps import Steps
 
@@ -95,7 +98,7 @@ def start(model: Any, input_ids: Any, max_new_tokens: int, kw: GenerateOptions,
     if unknown:
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)!r:.200}")
     dec = model.decoder()
-    if not in_place and dec.in_place:
+    if dec.in_place and not (in_place and model.runtime.writes_concat_in_place):
         dec = dataclasses.replace(dec, in_place=False)
     prompt = read_prompt(dec, input_ids, kw.get("attention_mask"))
     s = read_settings(dec, prompt, max_new_tokens, kw.get("eos_token_id"),

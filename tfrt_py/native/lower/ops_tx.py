@@ -103,6 +103,32 @@ def _expand(cx: Any, node: Node) -> list[str]:
     return loop_nest(shape, body)
 
 
+def _tile(cx: Any, node: Node) -> list[str]:
+    """Tile: ``y[i] = x[i mod x.shape]`` on every axis; the repeats are folded (the
+    output's shape is known for the signature). Each axis is walked as (repeat, position)
+    so the source index needs no modulo."""
+    x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
+    if x.dtype != y.dtype or len(x.shape) != len(y.shape):
+        cx.decline("Tile changing the dtype or rank")
+    if y.size == 0:
+        return []
+    shape: list[int] = []
+    ys: list[int] = []
+    xs: list[int] = []
+    for n, m, so, sx in zip(x.shape, y.shape, strides(y.shape), strides(x.shape)):
+        if m % n:
+            cx.decline("Tile whose output is not a multiple of its input")
+        shape += [m // n, n]
+        ys += [n * so, so]
+        xs += [0, sx]
+    dims, st = coalesce(shape, [ys, xs])
+
+    def body(iv: list[str]) -> list[str]:
+        return [f"{y.buf}[{index(y.off, iv, st[0])}] = {x.buf}[{index(x.off, iv, st[1])}]"]
+
+    return loop_nest(dims, body)
+
+
 def _batched_matmul(cx: Any, node: Node) -> list[str]:
     """MatMul of two operands of rank >= 3 whose batch dims agree or broadcast (attention's
     products): one ``emit.matmul`` per matrix of the output's batch, loops or BLAS."""
@@ -584,6 +610,7 @@ def register_lowerings(reg: Registry) -> None:
     for op in _LOGIC:
         reg.add("", op, _logic)
     reg.add("", "Expand", _expand)
+    reg.add("", "Tile", _tile)
     reg.add("", "LayerNormalization", _norm)
     reg.add("", "RMSNormalization", _norm)
 
