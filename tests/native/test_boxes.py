@@ -4,6 +4,8 @@ not one function of the dims declines to one function per signature."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -100,7 +102,9 @@ def _shrinking_buffer() -> Graph:
 @pytest.mark.parametrize(
     ("build", "why"),
     [
-        (_causal_mask_from_shape, "a constant of the code changes with the dims"),
+        # (the mask differs inside the box: as constants, or on a host whose panel width
+        # divides the top's width only, as the product's form; kept as code it declines)
+        (_causal_mask_from_shape, "kept as code: Trilu"),
         (_shrinking_buffer, "arena buffer is bigger"),
     ],
     ids=["constant", "arena"],
@@ -259,3 +263,40 @@ def test_a_box_lowering_stops_when_the_process_exits() -> None:
     with pytest.raises(Declined, match="exiting"):
         generic.lower_box(prepared.graph, prepared.program, dims, ((0, 1), (16, 128)),
                           stop=lambda: True)  # fmt: skip
+
+
+def _grown() -> Graph:
+    """A KV cache's step: ``present = Concat(past, Relu(new) * 2)``, ``past`` of any length."""
+    b = GraphBuilder("grown")
+    past = b.input("past", F32, (1, "P", 4))
+    new = b.input("new", F32, (1, 1, 4))
+    b.output(b.op("Concat", past, b.op("Mul", b.op("Relu", new), b.const(np.array(2.0, F32))),
+                  axis=1), "present")  # fmt: skip
+    return b.build()
+
+
+def test_a_new_signature_in_a_compiled_box_skips_the_checked_path() -> None:
+    """Each call a new length (a cache fed back): once its box is compiled and chosen, a
+    signature never seen goes from the entry to the box's function (``NativeTier.boxes``)
+    without the feed checker or a new table entry, fed-back outputs included (their dtype
+    objects are numba's, equal to NumPy's but not the same object); a feed the box's
+    function refuses still gets the checker's InputError, and the model stays usable."""
+    native = tfrt_py.load(_grown(), executor="native", native="eager")
+    tier = native.native
+    new = np.array([[[1.0, -2.0, 3.0, -4.0]]], F32)
+    past = RNG.standard_normal((1, 17, 4)).astype(F32)
+    out = native.run({"past": past, "new": new})["present"]  # compiles the box 17..128
+    assert list(tier.boxes) == [((16, 128),)]
+    seen = len(tier.table)
+    for _ in range(20):
+        want = np.concatenate([out, np.maximum(new, 0) * 2], axis=1)
+        # an equal dtype that is another object, as a cached numba function's outputs carry
+        fed = out.view(pickle.loads(pickle.dumps(np.dtype(F32))))
+        out = native.run({"past": fed, "new": new})["present"]
+        np.testing.assert_array_equal(out, want)
+    assert out.shape == (1, 38, 4) and len(tier.table) == seen
+    with pytest.raises(tfrt_py.errors.InputError):
+        native.run({"past": out, "new": np.zeros((1, 2, 4), F32)})
+    with pytest.raises(tfrt_py.errors.InputError):
+        native.run({"past": np.zeros((1, 40, 5), F32), "new": new})
+    np.testing.assert_array_equal(native.run({"past": out, "new": new})["present"][:, :38], out)

@@ -17,7 +17,7 @@ from ...executors.plan import ALIGN, Buffer
 from ...ir import Graph, Node, Value
 from .emit import BLAS_MIN_MACS, tname
 from .loops import Ref
-from .source import ConstantsDiffer, Declined, literal
+from .source import ChoicesDiffer, ConstantsDiffer, Declined, literal
 
 __all__ = ["NodeContext"]
 
@@ -92,7 +92,7 @@ class NodeContext:
         k = len(self.choices)
         if self.replay is not None:
             if k >= len(self.replay):
-                raise Declined(["the lowering's choices differ from the plan's"])
+                raise ChoicesDiffer(["the lowering's choices differ from the plan's"])
             value = self.replay[k]
         self.choices.append(value)
         return value

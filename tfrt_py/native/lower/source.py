@@ -43,6 +43,13 @@ class ConstantsDiffer(Declined):
     arithmetic folded at one signature is not the start of the top's."""
 
 
+class ChoicesDiffer(ConstantsDiffer):
+    """A box's sample makes more choices between forms of code than its top
+    (``NodeContext.choose``): a folded constant of another shape took another form (a
+    weight whose width is a panel's multiple at the top only). As for other constants,
+    the box is lowered again with that shape arithmetic kept as code."""
+
+
 def literal(x: Any) -> str:
     """``x`` as a Python expression of the generated module (which imports NumPy as
     ``np``). Only Python or NumPy bools, integers and floats are accepted, and each is

@@ -200,7 +200,9 @@ def _compiled_run(in_names: Sequence[str], dtypes: Sequence[np.dtype], hit: list
     goes to ``env["slow"]``. ``env``: the names ``hit`` uses (never model text: names and
     dtypes reach the source only as these bindings)."""
     n = len(in_names)
-    same = " and ".join(f"x{k}.dtype is d{k}" for k in range(n)) or "True"
+    # ``is`` first; ``==`` for an equal dtype object that is not NumPy's own (the arrays
+    # a cached numba function returns carry dtypes unpickled with it: a KV cache fed back)
+    same = " and ".join(f"(x{k}.dtype is d{k} or x{k}.dtype == d{k})" for k in range(n)) or "True"
     src = "\n".join([
         "def run(feeds, outputs=None):",
         "    if outputs is None:",
@@ -220,8 +222,14 @@ def _compiled_run(in_names: Sequence[str], dtypes: Sequence[np.dtype], hit: list
 
 
 def fast_entry(table: dict[Any, Entry], slow: Callable[..., Any], in_names: Sequence[str],
-               dtypes: Sequence[np.dtype]) -> Callable[..., Any]:  # fmt: skip
-    """The generated ``run(feeds, outputs=None)`` (see the module docstring)."""
+               dtypes: Sequence[np.dtype], boxes: dict[Any, Entry] | None = None,
+               reads: Sequence[tuple[int, int]] = ()) -> Callable[..., Any]:  # fmt: skip
+    """The generated ``run(feeds, outputs=None)`` (see the module docstring). With
+    ``boxes`` (signature mode: box of dim values -> entry) a signature not in ``table``
+    tries its box: the dims read from the shapes at ``reads`` (input, axis), ``box_of``
+    them. A box's compiled function checks every feed's shape against its dims and
+    raises on a mismatch (which then takes ``slow``, as any exception does); the
+    interpreter's entry checks the feeds itself."""
     n = len(in_names)
     xs = "".join(f", x{k}" for k in range(n))
     key = "x0.shape" if n == 1 else "(" + ", ".join(f"x{k}.shape" for k in range(n)) + ")"
@@ -230,7 +238,18 @@ def fast_entry(table: dict[Any, Entry], slow: Callable[..., Any], in_names: Sequ
         "if f is not None:",
         f"    return f(feeds{xs})",
     ]
-    return _compiled_run(in_names, dtypes, hit, {"table": table, "slow": slow})
+    env: dict[str, Any] = {"table": table, "slow": slow}
+    if boxes is not None and reads:
+        from ..lower.generic import box_of
+
+        dims = ", ".join(f"x{k}.shape[{a}]" for k, a in reads)
+        hit += [
+            f"f = boxes.get(box_of(({dims},)))",
+            "if f is not None:",
+            f"    return f(feeds{xs})",
+        ]
+        env.update(boxes=boxes, box_of=box_of)
+    return _compiled_run(in_names, dtypes, hit, env)
 
 
 def direct_entry(fn: Any, params: Sequence[np.ndarray], in_names: Sequence[str],

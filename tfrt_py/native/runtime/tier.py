@@ -208,6 +208,10 @@ class NativeTier(Executor):
         self.error: str | None = None
         self.compiled: Compiled | None = None
         self.table: dict[Any, Any] = {}
+        #: signature mode: a box's final entry (served natively or by the interpreter, as
+        #: decided) for every signature in it, found from the shapes on a ``table`` miss
+        #: (a growing KV cache or text of any length: a new signature on most calls)
+        self.boxes: dict[Any, Any] = {}
         self.sigs: collections.OrderedDict[Any, _Job] = collections.OrderedDict()
         #: signature mode: calls the interpreter served per signature not compiled yet
         self._counts: dict[Any, _Counted] = {}
@@ -220,7 +224,9 @@ class NativeTier(Executor):
         self._lock = threading.Lock()
         self._main: _Job | None = None
         self._fast = fast_entry(self.table, self._slow, [v.name for v in self.graph.inputs],
-                                [np.dtype(v.type.dtype) for v in self.graph.inputs])  # type: ignore[union-attr]  # fmt: skip
+                                [np.dtype(v.type.dtype) for v in self.graph.inputs],  # type: ignore[union-attr]
+                                self.boxes if self.form == "signature" else None,
+                                self.dims.reads if self.dims else ())  # fmt: skip
         self._interp_entry = lambda feeds, *xs: self.interp.run(feeds)
         #: The entry Model.run calls: the interpreter now, the native entry when ready.
         self.run: Any = self._run_interp
@@ -250,6 +256,7 @@ class NativeTier(Executor):
             self.compiled = job.compiled
             self.lowered = job.lowered
             self.table.clear()
+            self.boxes.clear()
             if job is self._main:
                 self.state = "ready"
                 self.run = self._fast
@@ -262,6 +269,7 @@ class NativeTier(Executor):
             if _is_box(job.key):  # its signatures compile one by one from now on
                 self._box_declined.add(job.key)
             self.table.clear()
+            self.boxes.clear()
 
     def use_interpreter(self, interp: Any, program: Program) -> None:
         """Serve the interpreter's share with ``interp`` over ``program`` from now on (a
@@ -274,6 +282,7 @@ class NativeTier(Executor):
             self.choices.clear()
             self._trials.clear()
             self.table.clear()
+            self.boxes.clear()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every compile started so far finished (ready or failed); False on
@@ -313,6 +322,7 @@ class NativeTier(Executor):
                 while len(self.sigs) > MAX_SIGNATURES:
                     self.sigs.popitem(last=False)
                     self.table.clear()
+                    self.boxes.clear()
                 fresh = True
             else:
                 fresh = False
@@ -393,8 +403,11 @@ class NativeTier(Executor):
             self._remember(key, self._interp_entry)
             return self._interp_entry
         nat = self._native(low, comp, len(args))
+        whole = self.form == "signature" and low.mode == "box" and jkey == ("box", low.box)
         if not self.measure:
             self._remember(key, nat)
+            if whole:
+                self.boxes[low.box] = nat
             self._go_direct(low, comp)
             return nat
         bucket = self._bucket(key, args, low)
@@ -412,6 +425,8 @@ class NativeTier(Executor):
         if chosen is not None:
             pick = dict(cands).get(chosen[0], nat)
             self._remember(key, pick)
+            if whole:
+                self.boxes[low.box] = pick
             return pick
         trial = self._trials.get(bucket)
         if trial is None or trial.done or dict(trial.cands).get("native") is not nat:
