@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tests.support.contrib import check_node
+from tests.support.ort_quant import SATURATES, u8s8_saturates
 from tfrt_py.kernels.lib import qgemm_packed
 
 RNG = np.random.default_rng(7)
@@ -96,6 +97,8 @@ def test_a_quantized_cnn_runs_channels_last_with_the_same_values() -> None:
         assert "transposes: 1 in, 1 out" in report, report  # the output is NCHW again
         got = m.run({"x": x})["y"]
         np.testing.assert_array_equal(got, nchw.run({"x": x})["y"])
+        if u8s8_saturates():  # (its QLinearConv's sums: the NCHW run above is the reference)
+            continue
         # onnxruntime's vectorized QLinearAdd rounds a few sums the other way (1 unit)
         assert np.abs(got.astype(np.int64) - want.astype(np.int64)).max() <= 1
 
@@ -113,6 +116,8 @@ def test_the_pass_leaves_float_models_alone() -> None:
 @pytest.mark.parametrize("dt", [np.uint8, np.int8])
 @pytest.mark.parametrize("group", [1, 4])
 def test_ms_qlinearconv_channels_last_matches_onnxruntime(dt: Any, group: int) -> None:
+    if dt == np.uint8 and u8s8_saturates():
+        pytest.skip(SATURATES)
     info = np.iinfo(dt)
     x = RNG.integers(info.min, info.max + 1, (2, 7, 9, 4)).astype(dt)
     w = RNG.integers(-128, 128, (4, 4 // group, 3, 3)).astype(np.int8)

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import (
@@ -23,6 +22,7 @@ from onnxruntime.quantization import (
 )
 
 import tfrt_py
+from tests.support.ort_quant import qdq_session
 from tfrt_py.compiler import PASSES
 
 F32 = np.float32
@@ -101,7 +101,7 @@ def _agrees(path: Path, feeds: dict[str, np.ndarray]) -> tfrt_py.Model:
     for quantized outputs, within 2e-2 of the largest magnitude for float ones. Returns the
     sync model."""
     proto = onnx.load(str(path))
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = qdq_session(str(path))
     want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
     units = _output_units(proto)
     models = {ex: tfrt_py.load(str(path), executor=ex) for ex in EXECUTORS}
