@@ -3,10 +3,11 @@ and the measured choice between native code and the sync interpreter.
 
 ``fast_entry(...)`` generates the function ``Model.run`` calls (names are bound as
 variables ``n<k>``/``o<k>``, never pasted: they are model text). It checks ``len(feeds)``,
-fetches each feed, checks that its dtype *is* the input's native-order dtype, and looks the
-feeds' shapes up in ``table`` (one dict per tier): the entry there serves the call.
-Anything else -- a new signature, another dtype object, ``outputs=``, any exception --
-goes to the tier's slow path.
+fetches each feed, checks that its dtype is (or equals) the input's native-order dtype,
+and looks the feeds' shapes up in ``table`` (one dict per tier), then, in signature mode,
+the box of the dims they hold up in ``boxes``: the entry found serves the call. Anything
+else -- a signature of no decided box, another dtype, ``outputs=``, any exception -- goes
+to the tier's slow path.
 
 An entry is a callable ``(feeds, x0, x1, ...) -> dict``: ``native_entry`` (the compiled
 function, then the finishers: ZipMap dicts, string labels), ``threads_entry`` (rows mode:

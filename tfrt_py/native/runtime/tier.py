@@ -8,7 +8,8 @@ that declines, one function per input signature in it; at most ``MAX_SIGNATURES`
 least recently started dropped; each lowered and compiled while the interpreter serves).
 
 ``NativeTier.run(feeds, outputs=None)`` is what ``Model.run`` calls: ``entry.fast_entry``,
-which looks the feeds' shapes up in ``table``; a miss goes to ``_slow``: full validation by
+which looks the feeds' shapes up in ``table`` (signature mode: then their box of dims up in
+``boxes``, a decided box's entry); a miss goes to ``_slow``: full validation by
 the model's FeedChecker (the sync executor's InputErrors), native byte order and
 contiguous aligned copies (read-only feeds are taken as they are: compiled code types
 its feeds read-only), then the signature's entry (made now), and if the native call
@@ -255,8 +256,7 @@ class NativeTier(Executor):
         with self._lock:
             self.compiled = job.compiled
             self.lowered = job.lowered
-            self.table.clear()
-            self.boxes.clear()
+            self._forget_entries()
             if job is self._main:
                 self.state = "ready"
                 self.run = self._fast
@@ -268,8 +268,7 @@ class NativeTier(Executor):
         with self._lock:
             if _is_box(job.key):  # its signatures compile one by one from now on
                 self._box_declined.add(job.key)
-            self.table.clear()
-            self.boxes.clear()
+            self._forget_entries()
 
     def use_interpreter(self, interp: Any, program: Program) -> None:
         """Serve the interpreter's share with ``interp`` over ``program`` from now on (a
@@ -281,8 +280,7 @@ class NativeTier(Executor):
             self.program = self._program = program
             self.choices.clear()
             self._trials.clear()
-            self.table.clear()
-            self.boxes.clear()
+            self._forget_entries()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every compile started so far finished (ready or failed); False on
@@ -321,8 +319,7 @@ class NativeTier(Executor):
                 job = self.sigs[key] = _Job(self, key, None)
                 while len(self.sigs) > MAX_SIGNATURES:
                     self.sigs.popitem(last=False)
-                    self.table.clear()
-                    self.boxes.clear()
+                    self._forget_entries()
                 fresh = True
             else:
                 fresh = False
@@ -403,11 +400,10 @@ class NativeTier(Executor):
             self._remember(key, self._interp_entry)
             return self._interp_entry
         nat = self._native(low, comp, len(args))
-        whole = self.form == "signature" and low.mode == "box" and jkey == ("box", low.box)
+        # a final entry serves the whole box (its function checks every feed's shape)
+        box = low.box if self.form == "signature" and jkey == ("box", low.box) else None
         if not self.measure:
-            self._remember(key, nat)
-            if whole:
-                self.boxes[low.box] = nat
+            self._remember(key, nat, box)
             self._go_direct(low, comp)
             return nat
         bucket = self._bucket(key, args, low)
@@ -424,9 +420,7 @@ class NativeTier(Executor):
                 low.out_dtypes, low.batched)))  # fmt: skip
         if chosen is not None:
             pick = dict(cands).get(chosen[0], nat)
-            self._remember(key, pick)
-            if whole:
-                self.boxes[low.box] = pick
+            self._remember(key, pick, box)
             return pick
         trial = self._trials.get(bucket)
         if trial is None or trial.done or dict(trial.cands).get("native") is not nat:
@@ -484,10 +478,19 @@ class NativeTier(Executor):
             self.run = direct_entry(comp.fn, low.params, low.input_names, low.output_names,
                                     low.input_dtypes, low.finishers, self._slow)  # fmt: skip
 
-    def _remember(self, key: Any, entry: Any) -> None:
+    def _forget_entries(self) -> None:
+        """Drop every signature's and box's entry (under ``_lock``: a compile installed or
+        failed, a function dropped, another interpreter): the next calls decide again."""
+        self.table.clear()
+        self.boxes.clear()
+
+    def _remember(self, key: Any, entry: Any, box: Any = None) -> None:
+        """``entry`` serves the signature ``key``, and every signature of ``box`` if given."""
         if len(self.table) >= _MAX_TABLE:
             self.table.clear()
         self.table[key] = entry
+        if box is not None:
+            self.boxes[box] = entry
 
     @staticmethod
     def _rows(args: list[np.ndarray], low: Lowered) -> int:
