@@ -309,6 +309,25 @@ def test_generated_feeds_of_a_decoder_are_a_first_step(model: tfrt_py.Model) -> 
     assert model.run(feeds)["present.0.key"].shape[2] == 4
 
 
+@pytest.mark.parametrize("executor", ["sync", "async"])
+def test_a_decoder_with_fused_multihead_attention_generates_onnxruntimes_tokens(
+    executor: str,
+) -> None:
+    """Attention fused to com.microsoft MultiHeadAttention with the past, the padding
+    mask and the projections' biases (as onnxruntime's transformer optimizer writes a
+    decoder): token-exact with onnxruntime's loop for one prompt and for left-padded rows
+    of different lengths."""
+    onx = decoder(fused=True).SerializeToString()
+    sess = ort.InferenceSession(onx, providers=["CPUExecutionProvider"])
+    model = tfrt_py.load(onx, executor=executor)
+    assert [c.present for c in read_decoder(model).cache[:2]] == ["present.0.key",
+                                                                  "present.0.value"]  # fmt: skip
+    np.testing.assert_array_equal(model.generate(PROMPTS[0], max_new_tokens=10),
+                                  reference_greedy(sess, PROMPTS[:1], 10)[0])  # fmt: skip
+    np.testing.assert_array_equal(model.generate(PROMPTS, max_new_tokens=8),
+                                  reference_greedy(sess, PROMPTS, 8))  # fmt: skip
+
+
 def test_a_genai_style_decoder_generates_onnxruntimes_tokens() -> None:
     """onnxruntime-genai's shape of decoder (GroupQueryAttention with rotary, seqlens_k
     from the mask, the simplified norms): token-exact with onnxruntime at batch 1 and for

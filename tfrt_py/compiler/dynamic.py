@@ -100,7 +100,7 @@ _SHAPE_ONLY_DOMAINS = frozenset({"tfrt_py.fused"})
 _CONTRIB_SHAPE_ONLY = frozenset(
     ("com.microsoft", op) for op in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
     "BiasGelu", "FastGelu", "Gelu", "QuickGelu", "FusedMatMul", "Attention",
-    "EmbedLayerNormalization")
+    "EmbedLayerNormalization", "MultiHeadAttention")
 )  # fmt: skip
 
 

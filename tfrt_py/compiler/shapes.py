@@ -268,6 +268,31 @@ def _attention(node: Node, ins: list[TensorType | None], out: Value) -> None:
     _set(out, t.dtype, (t.shape[0], t.shape[1], v_hidden))
 
 
+def _mha(node: Node, ins: list[TensorType | None], out: Value) -> None:
+    """com.microsoft MultiHeadAttention: output (batch, sequence, v_hidden) from query
+    (B, S, D) and value (B, L, Dv) or (B, N, L, Hv), or packed KV (Dv = D), or from packed
+    QKV (B, L, N, 3, H) alone (N * H)."""
+    q = ins[0]
+    if q is None or q.shape is None:
+        return
+    k = ins[1] if len(ins) > 1 else None
+    v = ins[2] if len(ins) > 2 else None
+    vs = v.shape if v is not None else None
+    if len(q.shape) == 5 and k is None:
+        n, h = q.shape[2], q.shape[4]
+        if isinstance(n, int) and isinstance(h, int):
+            _set(out, q.dtype, (q.shape[0], q.shape[1], n * h))
+        return
+    if len(q.shape) != 3:
+        return
+    if vs is not None and len(vs) == 3:
+        _set(out, q.dtype, (q.shape[0], q.shape[1], vs[2]))
+    elif vs is not None and len(vs) == 4 and isinstance(vs[1], int) and isinstance(vs[3], int):
+        _set(out, q.dtype, (q.shape[0], q.shape[1], vs[1] * vs[3]))
+    elif v is None and k is not None and k.shape is not None and len(k.shape) == 5:
+        _set(out, q.dtype, q.shape)
+
+
 def _embed_layer_norm(node: Node, ins: list[TensorType | None], out: Value) -> None:
     """com.microsoft EmbedLayerNormalization: (batch, sequence, hidden) in the word
     embedding's dtype from input_ids (batch, sequence); mask_index (batch,) int32."""
@@ -316,6 +341,7 @@ _CONTRIB_RULES = {
     **{(_MS, op): _same_as_input for op in ("SkipLayerNormalization",
        "SkipSimplifiedLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "QuickGelu")},
     (_MS, "Attention"): _attention,
+    (_MS, "MultiHeadAttention"): _mha,
     (_MS, "EmbedLayerNormalization"): _embed_layer_norm,
     (_MS, "FusedMatMul"): _fused_matmul,
 }  # fmt: skip

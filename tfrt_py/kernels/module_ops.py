@@ -308,6 +308,7 @@ MODULE_OPS: dict[str, tuple[tuple[str, str], ...]] = {
     "contrib.gather_block_quantized": (("com.microsoft", "GatherBlockQuantized"),),
     "contrib.gqa": (("com.microsoft", "GroupQueryAttention"),),
     "contrib.matmul_nbits": (("com.microsoft", "MatMulNBits"),),
+    "contrib.mha": (("com.microsoft", "MultiHeadAttention"),),
     "contrib.norm": (
         ("", "SimplifiedLayerNormalization"),
         ("com.microsoft", "EmbedLayerNormalization"),

@@ -33,10 +33,16 @@ def decoder(
     positions: bool = True,
     mask: bool = True,
     seed: int = 7,
+    fused: bool = False,
 ) -> onnx.ModelProto:
     """The decoder (see the module docstring). ``positions=False`` computes positions in
     the graph (past length + index) and has no ``position_ids`` input; ``mask=False`` has
-    no ``attention_mask`` (causal masking only)."""
+    no ``attention_mask`` (causal masking only); ``fused=True`` writes each attention as
+    one com.microsoft MultiHeadAttention with the past, the padding mask and the
+    projections' biases (the form onnxruntime's transformer optimizer fuses a decoder's
+    attention to; needs ``kv_heads == heads`` and ``mask``)."""
+    if fused and (kv_heads != heads or not mask):
+        raise ValueError("fused attention: kv_heads == heads, with a mask")
     dim = heads * head_dim
     net = Net("tiny_decoder", seed=seed)
     made: dict[str, str] = {}
@@ -78,8 +84,22 @@ def decoder(
         return net.op("Transpose", net.op("Reshape", h, i64(f"to{n}", [0, 0, n, head_dim])),
                       perm=perm)  # fmt: skip
 
+    key_mask = net.op("Cast", "attention_mask", to=onnx.TensorProto.INT32) if fused else ""
     for layer in range(layers):
         h = norm(x, f"ln{layer}a")
+        if fused:
+            proj = [net.op("MatMul", h, net.weight(f"{p}{layer}", (dim, dim))) for p in "qkv"]
+            ctx = net.op_multi("MultiHeadAttention", *proj, net.weight(f"qkv_b{layer}", (3 * dim,)),
+                               key_mask, "", f"past_key_values.{layer}.key",
+                               f"past_key_values.{layer}.value", domain="com.microsoft",
+                               num_heads=heads, unidirectional=1,
+                               outputs=[f"attn{layer}", f"present.{layer}.key",
+                                        f"present.{layer}.value"])[0]  # fmt: skip
+            x = net.op("Add", x, net.op("MatMul", ctx, net.weight(f"o{layer}", (dim, dim))))
+            f = net.op("MatMul", norm(x, f"ln{layer}b"), net.weight(f"f{layer}", (dim, 2 * dim)))
+            f = net.op("Mul", f, net.op("Sigmoid", f))
+            x = net.op("Add", x, net.op("MatMul", f, net.weight(f"g{layer}", (2 * dim, dim))))
+            continue
         q = split(net.op("MatMul", h, net.weight(f"q{layer}", (dim, dim))), heads, [0, 2, 1, 3])
         kv = []
         for part in ("key", "value"):
@@ -124,6 +144,9 @@ def decoder(
         for part in ("key", "value"):
             inputs.append(tensor_info(f"past_key_values.{layer}.{part}", FLOAT, cache))
             outputs.append(tensor_info(f"present.{layer}.{part}", FLOAT, grown))
+    if fused:
+        return net.model(inputs, outputs, opset=17, extra_opsets={"com.microsoft": 1},
+                         check=False)  # fmt: skip
     return net.model(inputs, outputs, opset=17)
 
 

@@ -5,7 +5,8 @@ Registered in domain ``com.microsoft`` (``activation.MS_DOMAIN``): the GELU vari
 FusedMatMul (``activation``), the fused normalizations SkipLayerNormalization,
 SkipSimplifiedLayerNormalization and EmbedLayerNormalization (``norm``), Attention
 (``attention``) -- what onnxruntime's transformer optimizer writes into a model --,
-GroupQueryAttention (``gqa``: onnxruntime-genai's decoders) and
+GroupQueryAttention (``gqa``: onnxruntime-genai's decoders), MultiHeadAttention (``mha``:
+the optimizer's cross attention and decoders with a past) and
 Tokenizer (``tokenizer``, its patterns compiled by ``regex``), which skl2onnx's text
 vectorizers emit, and the QOperator ops onnxruntime's quantization tool writes
 (``quantized``, ``quantized_transformer``) and the 2/4/8-bit weight-only MatMulNBits
@@ -29,6 +30,7 @@ def register_kernels(registry: KernelRegistry) -> None:
         gather_block_quantized,
         gqa,
         matmul_nbits,
+        mha,
         norm,
         quantized,
         quantized_softmax_pool,
@@ -40,6 +42,7 @@ def register_kernels(registry: KernelRegistry) -> None:
     norm.register_kernels(registry)
     attention.register_kernels(registry)
     gqa.register_kernels(registry)
+    mha.register_kernels(registry)
     tokenizer.register_kernels(registry)
     quantized.register_kernels(registry)
     quantized_transformer.register_kernels(registry)
