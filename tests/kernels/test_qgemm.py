@@ -21,7 +21,7 @@ from tfrt_py.kernels.lib import qgemm_packed
 from tfrt_py.kernels.lib.jit import jit_enabled
 from tfrt_py.kernels.lib.qgemm_rows import IntegerWeights
 from tfrt_py.kernels.lib.quant import requantize
-from tfrt_py.kernels.nn import conv_qint8
+from tfrt_py.kernels.nn import conv_qdepthwise, conv_qint8
 
 PATHS = ["vnni512", "avx512", "vnni256", "avx2"]
 RNG = np.random.default_rng(36)
@@ -205,7 +205,7 @@ def test_integer_convs_are_exact(depthwise: bool, channels_last: bool) -> None:
         xs, ys = np.array(0.02, np.float32), np.array(RNG.uniform(0.05, 2.0), np.float32)
         ws = RNG.uniform(0.001, 0.01, co).astype(np.float32)
         geo = (kh, kw, sh, sw, dh, dw, *pads)
-        make = conv_qint8.plan_depthwise if depthwise else conv_qint8.plan
+        make = conv_qdepthwise.plan_depthwise if depthwise else conv_qint8.plan
         plan = make(w, ws, wz, xs, xz, ys, yz, b, geo)
         assert plan is not None, "the integer path did not plan"
         want = _reference(x, xz, w, wz, b, xs, ws, ys, yz, geo)
@@ -217,6 +217,48 @@ def test_integer_convs_are_exact(depthwise: bool, channels_last: bool) -> None:
             got = plan.run(x)
         assert got is not None and got.dtype == want.dtype, (case, ydt)
         np.testing.assert_array_equal(got, want, err_msg=f"case {case}, geo {geo}")
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize(
+    ("window", "bias", "sums"),
+    [
+        ((3, 3), 50_000, "float32"),  # the nine-tap form
+        ((16, 16), 130_000, "float32"),  # 256 * 255**2 + 130,000 < 2**24: still exact
+        ((16, 16), 131_000, "int32"),  # past 2**24: float32 could round
+        ((3, 3), 2**24, "int32"),
+        ((1, 2), -70_000, "float32"),
+    ],
+)
+def test_depthwise_sums_in_float32_only_where_they_are_exact(
+    window: tuple[int, int], bias: int, sums: str, channels_last: bool
+) -> None:
+    """Every product at its largest magnitude (x codes 255 against a zero point of 0,
+    weights 255 away from theirs): the plan sums in float32 exactly when the window's
+    sums and the bias stay below 2**24, else in int32, and both equal the reference."""
+    _need_kernel(numba=True)
+    kh, kw = window
+    c = 5
+    x = np.full((2, c, kh + 2, kw + 3), 255, np.uint8)
+    x[1, :, 0, 0] = 0
+    w = np.zeros((c, 1, kh, kw), np.uint8)  # minus a zero point of 255: -255
+    wz = np.full(c, 255, np.uint8)
+    b = np.full(c, bias, np.int32)
+    b[1] = -bias
+    xs, ys = np.array(0.02, np.float32), np.array(7.0, np.float32)
+    ws = np.full(c, 0.003, np.float32)
+    xz, yz = np.array(0, np.uint8), np.array(128, np.uint8)
+    geo = (kh, kw, 1, 1, 1, 1, 1, 0, 1, 1)
+    plan = conv_qdepthwise.plan_depthwise(w, ws, wz, xs, xz, ys, yz, b, geo)
+    assert plan is not None and plan.sums == sums
+    want = _reference(x, xz, w, wz, b, xs, ws, ys, yz, geo)
+    if channels_last:
+        got = plan.run(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), channels_last=True)
+        assert got is not None
+        got = got.transpose(0, 3, 1, 2)
+    else:
+        got = plan.run(x)
+    np.testing.assert_array_equal(got, want)
 
 
 def _at_page_end(shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, Any]:

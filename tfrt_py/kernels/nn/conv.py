@@ -541,7 +541,8 @@ def _qconv_plan(ctx: KernelContext, sp: Any, group: int, w: np.ndarray | None) -
         return None
     geo = (*kernel, *strides, *dilations, pads[0], pads[1], pads[2], pads[3])
     bias = ctx.const_input(8) if ctx.has_input(8) else None
-    from .conv_qint8 import plan, plan_depthwise
+    from .conv_qdepthwise import plan_depthwise
+    from .conv_qint8 import plan
 
     make = plan_depthwise if depthwise else plan
     return make(w, w_scale, w_zp, x_scale, x_zp, y_scale, y_zp, bias, geo)

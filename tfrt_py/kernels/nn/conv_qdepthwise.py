@@ -1,0 +1,301 @@
+"""Depthwise QLinearConv on integer codes (group = channels, one filter each), exact.
+
+``y[c] = saturate(rint(float32(sum_taps (x - x_zp) * (w[c] - w_zp[c]) + bias[c]) * scale[c])
++ y_zp)``, ``scale = x_scale * w_scale[c] / y_scale``, the input's zero point in the
+padding: the integer formulation of ``conv_qint8``, whose requantize it shares.
+
+The sums run in **float32** wherever that is exact: every product is at most 255 x 255 in
+magnitude, so a window of ``KH * KW`` taps plus the bias stays below 2**24, where float32
+holds every integer, when ``KH * KW * 255**2 + max|bias| < 2**24`` (3x3: biases below
+~16.2 million) -- the same integers as int32 sums, in any order, and LLVM vectorizes
+float32 multiply-adds (numba widens int32 products to int64, which AVX2 has no vector
+multiply for: the int32 form ran at ~3.6 G multiply-adds/s on a Zen 3 core, the float32
+3x3 form several times that). Elsewhere (larger windows or biases) the same source runs
+on int32 arrays. ``QDepthwisePlan.sums`` says which.
+
+Channels-last (N, H, W, C), the layout ``compiler/channels_last.py`` gives a quantized
+CNN: per band of output rows on native threads, the input rows the band reads minus the
+zero point, zero padded, into the band's own buffer (``BAND_BYTES``: it stays in L2), then
+per output pixel a vector over the channels: for 3x3 the nine taps in one expression (no
+accumulator traffic), the requantize in the same loop.
+NCHW: per plane, the padded plane, then tap by tap over it.
+
+``plan_depthwise(...)`` makes the load-time part (None where numba is missing or the conv
+is outside this form); ``QDepthwisePlan.run`` is called per batch from any thread: each
+call's buffers are its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ...concurrency import native_threads
+from ...concurrency.threads import intra_pool
+from ..lib.jit import Jitted
+
+__all__ = ["F32_EXACT", "QDepthwisePlan", "plan_depthwise"]
+
+numba: Any = None  # set by Jitted(parallel=True) before the loops below compile
+
+#: Integers up to this magnitude are exact in float32.
+F32_EXACT = 1 << 24
+
+
+class QDepthwisePlan(NamedTuple):
+    """The load-time half of a depthwise QLinearConv. Immutable."""
+
+    w: np.ndarray  # (C, KH, KW) in the sums' type: the weights minus their zero points
+    w_last: np.ndarray  # the same as (KH, KW, C), for channels-last inputs
+    bias: np.ndarray  # per channel, in the sums' type
+    scale: np.ndarray  # float32 per channel
+    x_zp: Any  # the input's zero point, a scalar of the sums' type
+    y_zp: float
+    lo: float
+    hi: float
+    x_dtype: np.dtype
+    y_dtype: np.dtype
+    geo: np.ndarray  # int64: kh, kw, sh, sw, dh, dw, pad top, left, bottom, right
+    kernel: Any
+    kernel_last: Any
+    sums: str  # "float32" (exact there: module doc) or "int32"
+
+    def run(self, x: np.ndarray, channels_last: bool = False) -> np.ndarray | None:
+        """y for ``x`` (N, C, H, W), or (N, H, W, C) -> (N, OH, OW, C) with
+        ``channels_last``; None when ``x`` does not fit the plan."""
+        c = self.w.shape[0]
+        if x.ndim != 4 or x.shape[3 if channels_last else 1] != c or x.dtype != self.x_dtype:
+            return None
+        kh, kw, sh, sw, dh, dw, pt, pl, pb, pr = (int(v) for v in self.geo)
+        n, h, w = (x.shape[0], x.shape[1], x.shape[2]) if channels_last else (
+            x.shape[0], x.shape[2], x.shape[3])  # fmt: skip
+        oh = (h + pt + pb - ((kh - 1) * dh + 1)) // sh + 1
+        ow = (w + pl + pr - ((kw - 1) * dw + 1)) // sw + 1
+        if oh <= 0 or ow <= 0:
+            return None
+        y = np.empty((n, oh, ow, c) if channels_last else (n, c, oh, ow), self.y_dtype)
+        if n:
+            native_threads.enter_for(n * oh * ow * c * kh * kw, intra_pool().threads)
+            xc = np.ascontiguousarray(x)
+            if channels_last:
+                wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
+                band = _band(oh, sh, (kh - 1) * dh + 1, wp * c * self.w.dtype.itemsize)
+                self.kernel_last(xc, self.x_zp, self.geo, self.w_last, self.bias, self.scale,
+                                 self.y_zp, self.lo, self.hi, y, band)  # fmt: skip
+            else:
+                self.kernel(xc, self.x_zp, self.geo, self.w, self.bias, self.scale, self.y_zp,
+                            self.lo, self.hi, y)  # fmt: skip
+        return y
+
+
+#: Bytes of input rows a channels-last band converts for its output rows (within L2).
+BAND_BYTES = 192 * 1024
+#: At least this many bands per image where there are rows for them (the threads' parts).
+MIN_BANDS = 4
+
+
+def _band(oh: int, sh: int, reach: int, row_bytes: int) -> int:
+    """Output rows a channels-last band computes: its input rows (``(band - 1) * sh +
+    reach``) within ``BAND_BYTES``, and at least ``MIN_BANDS`` bands when ``oh`` allows."""
+    fit = (BAND_BYTES // max(row_bytes, 1) - reach) // sh + 1
+    return max(1, min(fit, -(-oh // MIN_BANDS)))
+
+
+def plan_depthwise(
+    w: np.ndarray, w_scale: Any, w_zp: Any, x_scale: Any, x_zp: Any, y_scale: Any, y_zp: Any,
+    bias: Any, geo: tuple[int, ...],
+) -> QDepthwisePlan | None:  # fmt: skip
+    """The plan of a depthwise QLinearConv (``w`` (C, 1, KH, KW)) with these constants, or
+    None (numba missing, scales or zero points of other lengths, sums beyond int32)."""
+    fn, fn_last = _QDEPTHWISE.get(), _QDEPTHWISE_LAST.get()
+    if (
+        fn is None
+        or fn_last is None
+        or w.ndim != 4
+        or w.shape[1] != 1
+        or w.dtype not in (np.uint8, np.int8)
+    ):
+        return None
+    c = w.shape[0]
+    sizes = [np.asarray(v).size for v in (x_scale, x_zp, y_scale, y_zp) if v is not None]
+    if any(s != 1 for s in sizes) or any(
+        v is not None and np.asarray(v).size not in (1, c) for v in (w_scale, w_zp)
+    ):
+        return None
+    taps = w.shape[2] * w.shape[3]
+    if taps * 255 * 255 >= 2**31:
+        return None
+    xdt = np.dtype(np.uint8) if x_zp is None else np.asarray(x_zp).dtype
+    ydt = np.dtype(np.uint8) if y_zp is None else np.asarray(y_zp).dtype
+    if xdt not in (np.uint8, np.int8) or ydt not in (np.uint8, np.int8):
+        return None
+    wz = 0 if w_zp is None else np.asarray(w_zp).astype(np.int64).reshape(-1, 1, 1)
+    wi = w[:, 0].astype(np.int64) - wz
+    b = np.zeros(c, np.int64) if bias is None else np.asarray(bias).astype(np.int64)
+    if b.shape != (c,) or np.abs(b).max(initial=0) >= 2**31 - taps * 255 * 255:
+        return None
+    exact = taps * 255 * 255 + int(np.abs(b).max(initial=0)) < F32_EXACT
+    st = np.dtype(np.float32) if exact else np.dtype(np.int32)
+    scale = np.asarray(x_scale) * np.asarray(w_scale).reshape(-1) / np.asarray(y_scale)
+    scale = np.broadcast_to(np.asarray(scale, np.float32), (c,)).copy()
+    info = np.iinfo(ydt)
+    zx = 0 if x_zp is None else int(np.asarray(x_zp).reshape(()))
+    zy = 0.0 if y_zp is None else float(np.asarray(y_zp).reshape(()))
+    ws = wi.astype(st)
+    return QDepthwisePlan(ws, np.ascontiguousarray(ws.transpose(1, 2, 0)), b.astype(st),
+                          scale, st.type(zx), zy, float(info.min), float(info.max), xdt, ydt,
+                          np.array(geo, np.int64), fn, fn_last, st.name)  # fmt: skip
+
+
+def _qdepthwise(x, zx, geo, w, bias, scale, zy, lo, hi, y):  # pragma: no cover - numba only
+    # x (N, C, H, W), w (C, KH, KW): per plane on native threads
+    n_, c_, h_, w_ = x.shape
+    kh, kw, sh, sw, dh, dw, pt, pl = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
+    oh_, ow_ = y.shape[2], y.shape[3]
+    hp = max(h_ + pt, (oh_ - 1) * sh + (kh - 1) * dh + 1)
+    wp = max(w_ + pl, (ow_ - 1) * sw + (kw - 1) * dw + 1)
+    flo, fhi, fz = np.float32(lo - zy), np.float32(hi - zy), np.float32(zy)
+    magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even
+    us = np.uint64(sw)
+    for nc in numba.prange(n_ * c_):  # unsigned indices: the loops vectorize
+        n = nc // c_
+        c = nc - n * c_
+        xp = np.zeros(hp * wp, w.dtype)  # the input minus its zero point, zero padded
+        for ih in range(h_):
+            src = x[n, c, ih]
+            d = np.uint64((ih + pt) * wp + pl)
+            for iw in range(w_):
+                xp[d + np.uint64(iw)] = src[np.uint64(iw)] - zx
+        acc = np.zeros(oh_ * ow_, w.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                wv = w[c, i, j]
+                for oh in range(oh_):
+                    a0 = np.uint64(oh * ow_)
+                    x0 = np.uint64((oh * sh + i * dh) * wp + j * dw)
+                    if sw == 1:
+                        for ow in range(ow_):
+                            acc[a0 + np.uint64(ow)] += wv * xp[x0 + np.uint64(ow)]
+                    else:
+                        for ow in range(ow_):
+                            acc[a0 + np.uint64(ow)] += wv * xp[x0 + np.uint64(ow) * us]
+        bq, sq = bias[c], scale[c]
+        out = y[n, c]
+        for oh in range(oh_):
+            orow = out[oh]
+            a0 = np.uint64(oh * ow_)
+            for ow in range(ow_):
+                v = min(max(np.float32(acc[a0 + np.uint64(ow)] + bq) * sq, flo), fhi)
+                orow[np.uint64(ow)] = ((v + magic) - magic) + fz
+
+
+def _qdepthwise_last(x, zx, geo, w, bias, scale, zy, lo, hi, y, band):  # pragma: no cover
+    # x (N, H, W, C), w (KH, KW, C), y (N, OH, OW, C): per band of ``band`` output rows on
+    # native threads; per band, the input rows it reads minus the zero point as the sums'
+    # type, zero padded, into a buffer of its own (sized to stay in L2), then its rows
+    n_, h_, w_, c_ = x.shape
+    kh, kw, sh, sw, dh, dw, pt, pl = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
+    oh_, ow_ = y.shape[1], y.shape[2]
+    wp = max(w_ + pl, (ow_ - 1) * sw + (kw - 1) * dw + 1)
+    flo, fhi, fz = np.float32(lo - zy), np.float32(hi - zy), np.float32(zy)
+    magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even
+    uc = np.uint64(c_)
+    rowlen = np.uint64(wp) * uc
+    dj = np.uint64(dw) * uc
+    di = np.uint64(dh) * rowlen
+    nb = (oh_ + band - 1) // band
+    for task in numba.prange(n_ * nb):
+        n = task // nb
+        b0 = (task - n * nb) * band
+        b1 = min(oh_, b0 + band)
+        rows = (b1 - 1 - b0) * sh + (kh - 1) * dh + 1
+        xs = np.empty(rows * wp * c_, w.dtype)
+        for r in range(rows):
+            ih = b0 * sh - pt + r
+            d = np.uint64(r) * rowlen
+            if ih < 0 or ih >= h_:
+                for q in range(wp * c_):
+                    xs[d + np.uint64(q)] = 0
+                continue
+            src = x[n, ih].reshape(-1)
+            for q in range(pl * c_):
+                xs[d + np.uint64(q)] = 0
+            d2 = d + np.uint64(pl) * uc
+            for q in range(w_ * c_):
+                xs[d2 + np.uint64(q)] = src[np.uint64(q)] - zx
+            for q in range((pl + w_) * c_, wp * c_):
+                xs[d + np.uint64(q)] = 0
+        for oh in range(b0, b1):
+            base = np.uint64((oh - b0) * sh) * rowlen
+            out = y[n, oh].reshape(-1)
+            if kh == 3 and kw == 3:  # the nine taps in one expression per channel vector
+                w0, w1, w2, w3, w4 = w[0, 0], w[0, 1], w[0, 2], w[1, 0], w[1, 1]
+                w5, w6, w7, w8 = w[1, 2], w[2, 0], w[2, 1], w[2, 2]
+                for ow in range(ow_):
+                    p0 = base + np.uint64(ow * sw) * uc
+                    p1, p3 = p0 + dj, p0 + di
+                    p2, p4, p6 = p1 + dj, p3 + dj, p3 + di
+                    p5, p7 = p4 + dj, p6 + dj
+                    p8 = p7 + dj
+                    o = np.uint64(ow) * uc
+                    for c in range(c_):
+                        u = np.uint64(c)
+                        s = (
+                            (w0[u] * xs[p0 + u] + w1[u] * xs[p1 + u] + w2[u] * xs[p2 + u])
+                            + (w3[u] * xs[p3 + u] + w4[u] * xs[p4 + u] + w5[u] * xs[p5 + u])
+                            + (w6[u] * xs[p6 + u] + w7[u] * xs[p7 + u] + w8[u] * xs[p8 + u])
+                        )
+                        v = min(max(np.float32(s + bias[u]) * scale[u], flo), fhi)
+                        out[o + u] = ((v + magic) - magic) + fz
+                continue
+            acc = np.empty(c_, w.dtype)
+            for ow in range(ow_):
+                acc[:] = 0
+                for i in range(kh):
+                    for j in range(kw):
+                        wt = w[i, j]
+                        x0 = base + np.uint64(i) * di + np.uint64(ow * sw) * uc + np.uint64(j) * dj
+                        for c in range(c_):
+                            u = np.uint64(c)
+                            acc[u] += wt[u] * xs[x0 + u]
+                o = np.uint64(ow) * uc
+                for c in range(c_):
+                    u = np.uint64(c)
+                    v = min(max(np.float32(acc[u] + bias[u]) * scale[u], flo), fhi)
+                    out[o + u] = ((v + magic) - magic) + fz
+
+
+def _warm_depthwise_for(last: bool) -> Any:
+    """The warm-up of the NCHW (``last`` False) or channels-last depthwise kernel: each pair
+    of input and output 8-bit types, both sums' types, 3x3 and 1x2 windows over one
+    4x4 channel."""
+
+    def warm(fn: Any) -> None:
+        for kh, kw in ((3, 3), (1, 2)):
+            geo = np.array([kh, kw, 1, 1, 1, 1, 0, 0, 0, 0], np.int64)
+            shape = (1, 4, 4, 1) if last else (1, 1, 4, 4)
+            oshape = (1, 5 - kh, 5 - kw, 1) if last else (1, 1, 5 - kh, 5 - kw)
+            for st in (np.float32, np.int32):
+                w = np.ones((kh, kw, 1) if last else (1, kh, kw), st)
+                for xdt in (np.uint8, np.int8):
+                    for ydt in (np.uint8, np.int8):
+                        args = (
+                            np.ones(shape, xdt),
+                            st(0),
+                            geo,
+                            w,
+                            np.zeros(1, st),
+                            np.ones(1, np.float32),
+                            0.0,
+                            0.0,
+                            255.0,
+                            np.empty(oshape, ydt),
+                        )
+                        fn(*args, *((2,) if last else ()))
+
+    return warm
+
+
+_QDEPTHWISE = Jitted(_qdepthwise, _warm_depthwise_for(False), parallel=True)
+_QDEPTHWISE_LAST = Jitted(_qdepthwise_last, _warm_depthwise_for(True), parallel=True)
