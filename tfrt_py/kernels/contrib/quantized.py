@@ -20,6 +20,7 @@ with more than one element where one is required, is a load error naming the nod
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from ..lib.quant import minus_zero_point_cols as _b_side
 from ..lib.quant import minus_zero_point_rows as _a_side
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
-from .quantized_elementwise import channel_sums, compiled_binary, compiled_lookup
+from .quantized_elementwise import channel_means, compiled_binary, compiled_lookup
 
 __all__ = ["register_kernels"]
 
@@ -223,7 +224,8 @@ def _leaky_relu(v: np.ndarray, alpha: float) -> np.ndarray:
 
 def _global_average_pool(ctx: KernelContext) -> ComputeFn:
     """QLinearGlobalAveragePool(X, x_scale, x_zp, y_scale, y_zp): the mean over the spatial
-    dims (NCHW..., or N...C with ``channels_last``), requantized."""
+    dims (NCHW..., or N...C with ``channels_last``), requantized: ``saturate(rint(float32(
+    sum - x_zp * P) * float32(x_scale / (y_scale * P))) + y_zp)``."""
     _check_scalars(ctx, (1, 2, 3, 4), (1, 3))
     last = bool(int(ctx.attr("channels_last", 0)))
 
@@ -233,14 +235,15 @@ def _global_average_pool(ctx: KernelContext) -> ComputeFn:
             raise ValueError(f"QLinearGlobalAveragePool: input of rank {x.ndim}, not >= 3")
         dt = _out_dtype(x, y_zp)
         axes = tuple(range(1, x.ndim - 1)) if last else tuple(range(2, x.ndim))
-        n = int(np.prod([x.shape[a] for a in axes]))
-        zp = _zp(x_zp, "x_zero_point")
-        sums = channel_sums(x, last)
-        if sums is None:
-            sums = x.sum(axis=axes, keepdims=True, dtype=np.int64)
-        acc = sums - np.int64(round(zp)) * n
+        n = math.prod([x.shape[a] for a in axes])
+        zp = round(_zp(x_zp, "x_zero_point"))
         scale = _scalar(x_scale, "x_scale") / (_scalar(y_scale, "y_scale") * max(n, 1))
-        return requantize(acc, scale, None if y_zp is None else np.asarray(y_zp).reshape(()), dt)
+        yz = None if y_zp is None else np.asarray(y_zp).reshape(())
+        y = channel_means(x, last, zp, scale, 0.0 if yz is None else float(yz), dt)
+        if y is not None:
+            return y
+        acc = x.sum(axis=axes, keepdims=True, dtype=np.int64) - np.int64(zp) * n
+        return requantize(acc, scale, yz, dt)
 
     return qlinear_global_average_pool
 

@@ -1,7 +1,8 @@
 """Compiled paths of the elementwise QOperator ops (``quantized.py``): QLinearAdd and
 QLinearMul in one pass over their operands, the 256-entry tables of QLinearSigmoid /
-QLinearLeakyRelu looked up without widening the codes to indices, and the channel sums of
-QLinearGlobalAveragePool (int32 partial sums over a pixel's channel vector).
+QLinearLeakyRelu looked up without widening the codes to indices, and
+QLinearGlobalAveragePool's sums and requantize in one pass (int32 partial sums over a
+pixel's channel vector).
 
 ``compiled_binary`` takes operands that broadcast to the output as (rows, last axis) views
 without copies: equal shapes, a per-channel operand of a channels-last tensor (a
@@ -22,7 +23,7 @@ from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..lib.jit import Jitted
 
-__all__ = ["channel_sums", "compiled_binary", "compiled_lookup"]
+__all__ = ["channel_means", "compiled_binary", "compiled_lookup"]
 
 numba: Any = None  # set by Jitted(parallel=True) before the loops below compile
 _F32 = np.float32
@@ -85,28 +86,35 @@ def compiled_lookup(x: np.ndarray, table: np.ndarray) -> np.ndarray | None:
     return y
 
 
-def channel_sums(x: np.ndarray, last: bool) -> np.ndarray | None:
-    """The int64 sums of 8-bit ``x`` over its spatial dims, shaped as ``x.sum(axes,
-    keepdims=True)`` (NCHW..., or N...C when ``last``), or None where numba is off."""
-    fn = _SUMS.get()
+def channel_means(x: np.ndarray, last: bool, zx: int, scale: float, zy: float,
+                  dt: np.dtype) -> np.ndarray | None:  # fmt: skip
+    """QLinearGlobalAveragePool's result in one compiled pass: per image and channel of
+    8-bit ``x`` (NCHW..., or N...C when ``last``), ``saturate(rint(float32(sum - zx * P) *
+    float32(scale)) + float32(zy))`` in ``dt`` over its P pixels (the int64 sums exact,
+    then ``lib.quant.requantize``'s float32 steps), shaped as ``x.sum(axes,
+    keepdims=True)``; None where numba is off or ``x`` is empty."""
+    fn = _MEANS.get()
     if fn is None or x.dtype not in _EIGHT_BIT or x.ndim < 3 or x.size == 0:
         return None
     n = x.shape[0]
     c = x.shape[-1] if last else x.shape[1]
     xs = np.ascontiguousarray(x).reshape((n, -1, c) if last else (n, c, -1))
-    out = np.empty((n, c), np.int64)
-    native_threads.enter_for(x.size, intra_pool().threads)
-    fn(xs, last, out)
     keep = [1] * x.ndim
     keep[0] = n
     keep[-1 if last else 1] = c
-    return out.reshape(keep)
+    y = np.empty(keep, dt)
+    info = np.iinfo(dt)
+    native_threads.enter_for(x.size, intra_pool().threads)
+    fn(xs, last, np.int64(zx), _F32(scale), _F32(zy), _F32(info.min), _F32(info.max),
+       y.reshape(n, c))  # fmt: skip
+    return y
 
 
-def _sums(x, last, out):  # pragma: no cover - numba only
-    n_, c_ = out.shape
+def _means(x, last, zx, scale, zy, lo, hi, y):  # pragma: no cover - numba only
+    n_, c_ = y.shape
+    p_ = x.shape[1] if last else x.shape[2]
+    off = zx * p_
     if last:  # (N, P, C): per image, the pixels' channel vectors summed in int32
-        p_ = x.shape[1]
         for n in numba.prange(n_):
             acc = np.zeros(c_, np.int64)
             for p0 in range(0, p_, 8192):  # int32 partial sums: 8192 * 255 fits
@@ -118,22 +126,29 @@ def _sums(x, last, out):  # pragma: no cover - numba only
                 for c in range(c_):
                     acc[c] += part[c]
             for c in range(c_):
-                out[n, c] = acc[c]
-    else:  # (N, C, P): one contiguous run per channel
-        for nc in numba.prange(n_ * c_):
-            n = nc // c_
-            c = nc - n * c_
-            row = x[n, c]
-            total = np.int64(0)
-            for p in range(row.shape[0]):
-                total += np.int64(row[np.uint64(p)])
-            out[n, c] = total
+                v = np.rint(np.float32(acc[c] - off) * scale) + zy
+                y[n, c] = min(max(v, lo), hi)
+    else:  # (N, C, P): one contiguous run per channel, channels in blocks of ~64K codes
+        per = max(1, 65536 // max(p_, 1))
+        for blk in numba.prange((n_ * c_ + per - 1) // per):
+            for nc in range(blk * per, min(n_ * c_, blk * per + per)):
+                n = nc // c_
+                c = nc - n * c_
+                row = x[n, c]
+                total = np.int64(0)
+                for p in range(p_):
+                    total += np.int64(row[np.uint64(p)])
+                v = np.rint(np.float32(total - off) * scale) + zy
+                y[n, c] = min(max(v, lo), hi)
 
 
-def _warm_sums(fn: Any) -> None:
+def _warm_means(fn: Any) -> None:
+    one = _F32(1)
     for dt in _EIGHT_BIT:
         for last in (True, False):
-            fn(np.ones((1, 2, 3), dt), last, np.empty((1, 3) if last else (1, 2), np.int64))
+            for ydt in _EIGHT_BIT:
+                fn(np.ones((1, 2, 3), dt), last, np.int64(0), one, one, _F32(0), _F32(255),
+                   np.empty((1, 3) if last else (1, 2), ydt))  # fmt: skip
 
 
 def _qbinary(add, a, b, params, y):  # pragma: no cover - numba only
@@ -183,4 +198,4 @@ def _warm_lookup(fn: Any) -> None:
 
 _BINARY = Jitted(_qbinary, _warm_binary, parallel=True)
 _LOOKUP = Jitted(_qlookup, _warm_lookup, parallel=True)
-_SUMS = Jitted(_sums, _warm_sums, parallel=True)
+_MEANS = Jitted(_means, _warm_means, parallel=True)
