@@ -55,6 +55,7 @@ _PASS_FNS = {
     "cse": ("cleanup", "eliminate_common_subexpressions"),
     "dce": ("cleanup", "eliminate_dead_code"),
     "channels_last": ("channels_last", "channels_last"),
+    "fuse_qtable": ("fuse_qtable", "fuse_qtable"),
     "hoist": ("hoist", "hoist_over_concat"),
     "fuse_conv": ("fuse_conv", "fuse_conv"),
     "fuse_transformer": ("fuse_transformer", "fuse_transformer"),
@@ -82,6 +83,7 @@ TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
     "fuse_qdq": (frozenset({"QuantizeLinear"}), "nothing to fuse"),
     "fuse_dynamic_quant": (frozenset({"MatMulInteger"}), "nothing to fuse"),
     "channels_last": (frozenset({"QLinearConv"}), "nothing to do"),
+    "fuse_qtable": (frozenset({"QLinearSigmoid", "QLinearLeakyRelu"}), "nothing to fuse"),
     "fuse_conv": (frozenset({"Conv"}), "nothing to fuse"),
     "hoist": (frozenset({"Concat"}), "nothing to hoist"),
     # GELU (Erf/Tanh), LayerNorm/RMSNorm (ReduceMean), SiLU (Sigmoid); a MatMul whose B is
@@ -109,6 +111,8 @@ PASSES = (
     "dce",
     # after fuse_qdq and dce: the integer convs it made, without the DQs left unread
     "channels_last",
+    # after channels_last: the pairs it makes channels-last are elementwise there too
+    "fuse_qtable",
     # before hoist: hoisting Relu(a), Relu(b) -> Concat over the Concat would keep the
     # Relus out of the convs' epilogues (SqueezeNet's fire modules)
     "fuse_conv",

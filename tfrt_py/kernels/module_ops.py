@@ -342,6 +342,7 @@ MODULE_OPS: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "fused.linear": (("tfrt_py.fused", "Linear"),),
     "fused.ml": (("tfrt_py.fused", "PairwiseSqDist"),),
+    "fused.qtable": (("tfrt_py.fused", "QTable"),),
     "fused.rotary": (("tfrt_py.fused", "RotaryHalf"),),
     "fused.vision": (
         ("tfrt_py.fused", "ChannelLayerNorm"),

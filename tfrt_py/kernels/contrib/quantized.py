@@ -174,21 +174,21 @@ def _binary(op: Any) -> Any:
     return build
 
 
+def _make_table(fn: Any, alpha: float, dt_in: np.dtype, x_scale: Any, x_zp: Any,
+                y_scale: Any, y_zp: Any) -> np.ndarray:  # fmt: skip
+    """The 256 output codes of unary ``fn`` for the input codes in byte order."""
+    dt = _out_dtype(np.empty(0, dt_in), y_zp)
+    codes = np.arange(256, dtype=np.int64).astype(np.uint8).view(dt_in)
+    v = dequantize(codes, _scalar(x_scale, "X_scale"), _zp(x_zp, "X_zero_point"), "X")
+    return _quantize(fn(v, alpha), _scalar(y_scale, "Y_scale"), _zp(y_zp, "Y_zero_point"), dt)
+
+
 def _unary_table(fn: Any) -> Any:
     """A unary op through a 256-entry table indexed by the input's bytes."""
 
     def build(ctx: KernelContext) -> ComputeFn:
         _check_scalars(ctx, (1, 2, 3, 4), (1, 3))
         alpha = float(ctx.attr("alpha", 0.01))
-
-        def make_table(dt_in: np.dtype, x_scale: Any, x_zp: Any, y_scale: Any,
-                       y_zp: Any) -> np.ndarray:  # fmt: skip
-            dt = _out_dtype(np.empty(0, dt_in), y_zp)
-            codes = np.arange(256, dtype=np.int64).astype(np.uint8).view(dt_in)
-            v = dequantize(codes, _scalar(x_scale, "X_scale"), _zp(x_zp, "X_zero_point"), "X")
-            return _quantize(fn(v, alpha), _scalar(y_scale, "Y_scale"),
-                             _zp(y_zp, "Y_zero_point"), dt)  # fmt: skip
-
         # constant scales and zero points (what the quantization tool writes): the table
         # is made once, at load, for the input type they imply
         consts = [ctx.const_input(i) for i in (1, 2, 3, 4)]
@@ -196,7 +196,7 @@ def _unary_table(fn: Any) -> Any:
         if all(c is not None for c in consts):
             dt_in = np.asarray(consts[1]).dtype
             if dt_in in _EIGHT_BIT:
-                fixed = (dt_in, make_table(dt_in, *consts))
+                fixed = (dt_in, _make_table(fn, alpha, dt_in, *consts))
 
         def qlinear_unary(x: np.ndarray, x_scale: Any, x_zp: Any, y_scale: Any,
                           y_zp: Any = None) -> np.ndarray:  # fmt: skip
@@ -205,13 +205,38 @@ def _unary_table(fn: Any) -> Any:
             if fixed is not None and fixed[0] == x.dtype:
                 table = fixed[1]
             else:
-                table = make_table(x.dtype, x_scale, x_zp, y_scale, y_zp)
+                table = _make_table(fn, alpha, x.dtype, x_scale, x_zp, y_scale, y_zp)
             y = compiled_lookup(x, table)
             return y if y is not None else table.take(x.view(np.uint8).astype(np.intp))
 
         return qlinear_unary
 
     return build
+
+
+def unary_times_input_table(op: str, alpha: float, unary: list[Any], mul: list[Any],
+                            x_first: bool) -> np.ndarray | None:  # fmt: skip
+    """The 256 codes of ``QLinearMul(x, op(x))`` (``x_first``; else ``QLinearMul(op(x),
+    x)``) for the input codes in byte order: the unary's table (``op`` QLinearSigmoid or
+    QLinearLeakyRelu; ``unary`` its constant X_scale, X_zp, Y_scale, Y_zp), then the
+    product's float32 steps on each pair of codes (``mul``: A_scale, A_zp, B_scale, B_zp,
+    C_scale, C_zp): the codes the two kernels give, as one lookup (``fused::QTable``).
+    None for another op or for codes that are not 8-bit."""
+    fn = {"QLinearSigmoid": _sigmoid, "QLinearLeakyRelu": _leaky_relu}.get(op)
+    dt_in = np.asarray(unary[1]).dtype
+    if fn is None or dt_in not in _EIGHT_BIT:
+        return None
+    x = np.arange(256, dtype=np.int64).astype(np.uint8).view(dt_in)
+    fx = _make_table(fn, alpha, dt_in, *unary)
+    a, b = (x, fx) if x_first else (fx, x)
+    if np.asarray(mul[1]).dtype != a.dtype or np.asarray(mul[3]).dtype != b.dtype:
+        return None
+    dt, params = _binary_params(False, a.dtype, *mul)
+    za, zb, r0, _, zc = (_F32(v) for v in params[:5])
+    r = (_codes(a) - za) * (_codes(b) - zb)
+    r *= r0
+    r += zc
+    return _saturate(r, dt)
 
 
 def _sigmoid(v: np.ndarray, _alpha: float) -> np.ndarray:

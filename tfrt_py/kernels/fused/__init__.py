@@ -6,7 +6,8 @@ that a model's run-time code is all at or below ``executors/`` (the compiler is 
 only). ``Linear`` (``linear``: a product with its bias and activations),
 ``ElementwiseChain``/``ElementwiseChainShared`` (``chain``), the vision and transformer
 ops (``vision``: Conv with its epilogue, ChannelLayerNorm, SqueezeExcite, MatMulTransB,
-SoftmaxAttention; ``rotary``: RotaryHalf) and ``PairwiseSqDist`` (``ml``). ``domain`` has
+SoftmaxAttention; ``rotary``: RotaryHalf), ``PairwiseSqDist`` (``ml``) and ``QTable``
+(``qtable``: a quantized SiLU's codes as one lookup). ``domain`` has
 the domain's name and the form of a fused step.
 
 This is the one family that composes others: a fused op runs the other families' compute
@@ -27,10 +28,11 @@ def register_kernels(registry: KernelRegistry) -> None:
     """Register the fused ops into ``registry``; ``Linear``'s and the chains' elementwise
     steps are looked up in ``registry`` when a node is built. The kernel modules are
     imported here, not with the package: the compiler's passes import ``domain`` only."""
-    from . import chain, linear, ml, rotary, vision
+    from . import chain, linear, ml, qtable, rotary, vision
 
     linear.register_kernels(registry)
     rotary.register_kernels(registry)
     chain.register_kernels(registry)
     vision.register_kernels(registry)
     ml.register_kernels(registry)
+    qtable.register_kernels(registry)
