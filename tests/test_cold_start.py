@@ -329,6 +329,8 @@ waited = m.wait_compiled(120) if {hurry} else switched  # hurry: someone waits f
 stop.set()
 for t in threads:
     t.join()
+# the job records its note just after it switched the last model: read it once it ended
+cold_start.wait_released(30)
 print(json.dumps({{"switched": switched, "waited": waited, "calls": calls,
                    "secs": time.monotonic() - t0, "note": cold_start.describe()}}))
 """
