@@ -24,6 +24,7 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
+from ..common import ShapeMemo
 from ..lib import qgemm_packed
 from ..lib.jit import Jitted
 
@@ -35,6 +36,8 @@ qgemm_requant: Any = None
 
 #: the output rows (pixels) of one block: its im2row and int32 sums stay in L2
 _BLOCK_BYTES = 96 * 1024
+#: input shapes a plan keeps the per-shape part of its calls for (``ShapeMemo``)
+_CALLS_MAX = 64
 #: the largest reduction whose u8 x s8 sums certainly fit in int32
 _MAX_K = (2**31 - 1) // (255 * 128)
 
@@ -60,47 +63,83 @@ class QConvPlan(NamedTuple):
     params: np.ndarray  # float32 [lo - y_zp, hi - y_zp, y_zp]: the fused requantize's
     vw: int  # the kernel's vector width (a fused store writes whole vectors)
 
+    calls: ShapeMemo[tuple[Any, ...], _Call]  # per (input shape, layout): ``_layout``'s
+
     def run(self, x: np.ndarray, channels_last: bool = False) -> np.ndarray | None:
         """y for ``x`` (N, C, H, W), or (N, H, W, C) -> (N, OH, OW, Co) with
         ``channels_last``; None when ``x`` does not fit the plan (the caller then runs the
         exact float path)."""
-        if x.ndim != 4 or x.shape[3 if channels_last else 1] != self.channels:
-            return None
         if x.dtype != (np.int8 if self.x_shift == 128 else np.uint8):
             return None
-        kh, kw, sh, sw, dh, dw, pt, pl, pb, pr = (int(v) for v in self.geo)
-        n, h, w, c = x.shape if channels_last else (x.shape[0], *x.shape[2:], x.shape[1])
-        oh = (h + pt + pb - ((kh - 1) * dh + 1)) // sh + 1
-        ow = (w + pl + pr - ((kw - 1) * dw + 1)) // sw + 1
-        if oh <= 0 or ow <= 0:
-            return None
-        co = self.wzp.shape[0]
-        y = np.empty((n, oh, ow, co) if channels_last else (n, co, oh, ow), self.y_dtype)
-        if n == 0:
+        key = (x.shape, channels_last)
+        lay = self.calls.get(key)
+        if lay is None:
+            lay = _layout(self, x.shape, channels_last)
+            if lay is None:
+                return None
+            self.calls.put(key, lay)
+        y = np.empty(lay.y_shape, self.y_dtype)
+        if lay.rows is None:
             return y
-        kg, g = self.packed.shape[1], self.packed.shape[3]
-        rb = max(8, min(256, _BLOCK_BYTES // (kg * g * self.a_dtype.itemsize + co * 4)))
-        rb = -(-rb // 8) * 8
-        p = oh * ow
-        panels = self.packed.shape[0]
-        threads = native_threads.enter_for(n * p * co * kg * g, intra_pool().threads)
+        threads = native_threads.enter_for(lay.work, intra_pool().threads)
         # few row blocks: the panels split too (each part repeats its blocks' im2row)
-        nrb = -(-p // rb)
+        nrb, panels = lay.row_blocks, self.packed.shape[0]
         ncol = 1 if nrb >= 2 * threads else max(1, min(panels, -(-2 * threads // nrb)))
-        xs = np.ascontiguousarray(x).reshape((n, h * w, c) if channels_last else (n, c, h * w))
-        # channels-last uint8 codes are the kernel's A as they are: no staging copy
-        # (a 1x1 conv reads its rows in whole groups of g: past the end of x unless C is a
-        # multiple of g, so then x is staged into xt, which has the room)
-        direct = channels_last and self.x_shift == 0 and self.a_dtype == np.uint8 and c % g == 0
-        # (+ g: the kernel reads whole groups; the weights past K are zero)
-        xt = np.empty((1 if direct else h * w * c) + g, self.a_dtype)
-        flags = int(channels_last) | (2 if direct else 0)
-        geo = np.concatenate([self.geo, np.array([h, w, flags], np.int64)])
-        self.kernel(xs, xt, self.x_shift, self.x_zp, geo, ow, self.packed, self.layout,
-                    self.bias, self.scale, self.wzp, self.y_zp, self.lo, self.hi, rb, ncol,
-                    self.params, self.vw,
-                    y.reshape(n, p, co) if channels_last else y.reshape(n, co, p))  # fmt: skip
+        self.kernel(np.ascontiguousarray(x).reshape(lay.xs_shape),
+                    np.empty(lay.xt_len, self.a_dtype), self.x_shift, self.x_zp, lay.geo,
+                    lay.ow, self.packed, self.layout, self.bias, self.scale, self.wzp,
+                    self.y_zp, self.lo, self.hi, lay.rb, ncol, self.params, self.vw,
+                    y.reshape(lay.rows))  # fmt: skip
         return y
+
+
+class _Call(NamedTuple):
+    """What ``QConvPlan.run`` computes from an input shape, made once per shape."""
+
+    y_shape: tuple[int, ...]
+    rows: tuple[int, ...] | None  # the output as the kernel writes it (None: no images)
+    xs_shape: tuple[int, ...]  # the input as the kernel reads it
+    xt_len: int  # the staging buffer's elements
+    geo: np.ndarray  # the plan's geometry, then h, w and the flags
+    ow: int
+    rb: int  # output rows a block
+    row_blocks: int
+    work: int  # multiply-adds: how many threads
+
+
+def _layout(p: QConvPlan, shape: tuple[int, ...], channels_last: bool) -> _Call | None:
+    """``run``'s per-shape part for ``p`` (None: the input does not fit the plan)."""
+    if len(shape) != 4 or shape[3 if channels_last else 1] != p.channels:
+        return None
+    kh, kw, sh, sw, dh, dw, pt, pl, pb, pr = (int(v) for v in p.geo)
+    n, h, w, c = shape if channels_last else (shape[0], *shape[2:], shape[1])
+    oh = (h + pt + pb - ((kh - 1) * dh + 1)) // sh + 1
+    ow = (w + pl + pr - ((kw - 1) * dw + 1)) // sw + 1
+    if oh <= 0 or ow <= 0:
+        return None
+    co = p.wzp.shape[0]
+    y_shape = (n, oh, ow, co) if channels_last else (n, co, oh, ow)
+    kg, g = p.packed.shape[1], p.packed.shape[3]
+    rb = max(8, min(256, _BLOCK_BYTES // (kg * g * p.a_dtype.itemsize + co * 4)))
+    rb = -(-rb // 8) * 8
+    q = oh * ow
+    # channels-last uint8 codes are the kernel's A as they are: no staging copy
+    # (a 1x1 conv reads its rows in whole groups of g: past the end of x unless C is a
+    # multiple of g, so then x is staged into xt, which has the room)
+    direct = channels_last and p.x_shift == 0 and p.a_dtype == np.uint8 and c % g == 0
+    flags = int(channels_last) | (2 if direct else 0)
+    return _Call(
+        y_shape,
+        ((n, q, co) if channels_last else (n, co, q)) if n else None,
+        (n, h * w, c) if channels_last else (n, c, h * w),
+        # (+ g: the kernel reads whole groups; the weights past K are zero)
+        (1 if direct else h * w * c) + g,
+        np.concatenate([p.geo, np.array([h, w, flags], np.int64)]),
+        ow,
+        rb,
+        -(-q // rb),
+        n * q * co * kg * g,
+    )
 
 
 def plan(
@@ -154,7 +193,7 @@ def plan(
     return QConvPlan(
         packed, bias_p, scale_p, wz.astype(np.int32), x_shift, zx, zy, float(info.min),
         float(info.max), ydt, np.array(geo, np.int64), c, qgemm_packed.layout_code(shape),
-        qgemm_packed.a_dtype(shape), fn, params, shape.vw,
+        qgemm_packed.a_dtype(shape), fn, params, shape.vw, ShapeMemo(_CALLS_MAX),
     )  # fmt: skip
 
 
