@@ -86,6 +86,35 @@ def test_matches_onnxruntime(kv: int, b: int, s: int, p: int, lens: Any, attrs: 
         np.testing.assert_allclose(got[name], w, rtol=2e-5, atol=2e-5, err_msg=name)
 
 
+@pytest.mark.parametrize(("kv", "b", "s", "p", "lens", "attrs"),
+                         [c for c in CASES if "softcap" not in c[5]])  # fmt: skip
+def test_the_compiled_small_call_path_and_the_numpy_path_both_match(
+    kv: int, b: int, s: int, p: int, lens: Any, attrs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small float32 calls (a decode step) take ``gqa_jit``'s one compiled pass: it runs
+    (counted) and matches onnxruntime; with it off (``MAX_WORK`` 0) the NumPy path does."""
+    from tfrt_py.kernels.contrib import gqa_jit
+
+    if gqa_jit.kernel() is None:
+        pytest.skip("numba is off here ($TFRT_PY_JIT=0 or not installed): no compiled pass")
+    attrs = dict(attrs)
+    rotary = attrs.pop("do_rotary", 0)
+    model = _model(kv, rotary, **attrs)
+    feeds = _feeds(np.random.default_rng(kv * 100 + s * 10 + p), kv, b, s, p, lens, rotary)
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    ran = []
+    real = gqa_jit.kernel
+    monkeypatch.setattr(gqa_jit, "kernel", lambda: ran.append(1) or real())
+    m = tfrt_py.load(model, executor="sync")
+    for work in (gqa_jit.MAX_WORK, 0):
+        monkeypatch.setattr(gqa_jit, "MAX_WORK", work)
+        ran.clear()
+        got = m.run(feeds)
+        assert bool(ran) == bool(work), (work, ran)
+        for name, w in zip(("o", "pko", "pvo"), want):
+            np.testing.assert_allclose(got[name], w, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
 def test_refused_options_name_themselves() -> None:
     with pytest.raises(UnsupportedOpError, match="smooth_softmax"):
         tfrt_py.load(_model(2, smooth_softmax=1))

@@ -36,6 +36,7 @@ import numpy as np
 from ..base import ComputeFn, Cost, KernelContext
 from ..lib.sdpa import attention_steps, softmax_attention
 from ..registry import KernelRegistry
+from . import gqa_jit
 from .activation import MS_DOMAIN
 
 __all__ = ["register_kernels"]
@@ -91,6 +92,36 @@ def _gqa(ctx: KernelContext) -> ComputeFn:
     if rotary and not (ctx.has_input(7) and ctx.has_input(8)):
         raise ctx.unsupported("do_rotary=1 needs cos_cache and sin_cache")
 
+    flags = int(rotary) | (2 if interleaved else 0)
+
+    def _small(query: np.ndarray, key: np.ndarray, value: np.ndarray, past_key: Any,
+               past_value: Any, start: np.ndarray, lens: np.ndarray, cos_cache: Any,
+               sin_cache: Any, n: int, head: int, p: int) -> Any:  # fmt: skip
+        """The compiled pass (``gqa_jit``) for a small float32 call, else None."""
+        b, s, _ = query.shape
+        if softcap > 0 or s * (p + s) * n * head > gqa_jit.MAX_WORK:
+            return None
+        fn = gqa_jit.kernel()
+        f4 = np.dtype(np.float32)
+        arrays = [query, key, value] + ([past_key, past_value] if p else [])
+        arrays += [cos_cache, sin_cache] if rotary else []
+        if fn is None or any(a is None or a.dtype != f4 for a in arrays):
+            return None
+        none = np.zeros((b, kv_heads, 0, head), f4)
+        tab = np.zeros((1, max(1, head // 2)), f4)
+        out = np.empty((b, s, n, head), f4)
+        pk = np.empty((b, kv_heads, p + s, head), f4)
+        pv = np.empty((b, kv_heads, p + s, head), f4)
+        fn(np.ascontiguousarray(query).reshape(b, s, n, head),
+           np.ascontiguousarray(key).reshape(b, s, kv_heads, head),
+           np.ascontiguousarray(value).reshape(b, s, kv_heads, head),
+           np.ascontiguousarray(past_key) if p else none,
+           np.ascontiguousarray(past_value) if p else none, start, lens,
+           np.ascontiguousarray(cos_cache) if rotary else tab,
+           np.ascontiguousarray(sin_cache) if rotary else tab, flags,
+           f4.type(scale_attr or 1.0 / math.sqrt(head)), window, out, pk, pv)  # fmt: skip
+        return out.reshape(b, s, n * head), pk, pv
+
     def gqa(query: np.ndarray, key: np.ndarray, value: np.ndarray,
             past_key: np.ndarray | None = None, past_value: np.ndarray | None = None,
             seqlens_k: np.ndarray | None = None, total: Any = None,
@@ -114,15 +145,22 @@ def _gqa(ctx: KernelContext) -> ComputeFn:
         if (start < 0).any() or (start > p).any():
             raise ValueError("GroupQueryAttention: seqlens_k does not fit the past and the "
                              "new tokens")  # fmt: skip
+        if rotary:
+            assert cos_cache is not None and sin_cache is not None
+            last = int(start.max()) + s - 1
+            if last >= cos_cache.shape[0]:
+                raise ValueError(f"GroupQueryAttention: position {last} is past the "
+                                 f"rotary cache of {cos_cache.shape[0]}")  # fmt: skip
+        small = _small(query, key, value, past_key, past_value, start, lens, cos_cache,
+                       sin_cache, heads, head, p)  # fmt: skip
+        if small is not None:
+            return small
         q = query.reshape(b, s, heads, head).transpose(0, 2, 1, 3)
         k = key.reshape(b, s, kv_heads, head).transpose(0, 2, 1, 3)
         v = value.reshape(b, s, kv_heads, head).transpose(0, 2, 1, 3)
         pos = start[:, None] + np.arange(s)[None]  # (B, S)
         if rotary:
             assert cos_cache is not None and sin_cache is not None
-            if pos.max() >= cos_cache.shape[0]:
-                raise ValueError(f"GroupQueryAttention: position {pos.max()} is past the "
-                                 f"rotary cache of {cos_cache.shape[0]}")  # fmt: skip
             cos, sin = cos_cache[pos][:, None], sin_cache[pos][:, None]  # (B, 1, S, H/2)
             q, k = _rotate(q, cos, sin, interleaved), _rotate(k, cos, sin, interleaved)
         k = _grown(past_key, k, start, p)
