@@ -109,13 +109,17 @@ def predicted_nbytes(node: Node, args: Sequence[Any]) -> float:
     return best
 
 
-def zero_feeds(specs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray] | None:
+def zero_feeds(specs: Sequence[tuple[tuple[int, ...], np.dtype]],
+               attend: bool = False) -> list[np.ndarray] | None:  # fmt: skip
     """Zero arrays of these (shape, dtype), or None when together they would exceed
-    ``LOAD_MAX_BYTES`` (checked before anything is allocated)."""
+    ``LOAD_MAX_BYTES`` (checked before anything is allocated). ``attend``: integer and
+    bool inputs hold ones instead (a mask that attends, ids in range: what the shape
+    model's probes feed; a decoder's ``seqlens_k`` made of an all-zero mask is -1)."""
     total = sum(math.prod(max(d, 0) for d in shape) * dt.itemsize for shape, dt in specs)
     if total > LOAD_MAX_BYTES:
         return None
-    return [np.zeros(shape, dt) for shape, dt in specs]
+    return [np.ones(shape, dt) if attend and dt.kind in "biu" else np.zeros(shape, dt)
+            for shape, dt in specs]  # fmt: skip
 
 
 def guarded_env(program: Program, feeds: Sequence[np.ndarray]) -> list[Any] | None:

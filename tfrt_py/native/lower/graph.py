@@ -181,11 +181,11 @@ def _probe(
 ) -> tuple[dict[int, tuple[tuple[int, ...], np.dtype]], dict[int, Any]]:
     """(every value's shape and dtype, every value) for inputs of these (shape, dtype),
     from a probe run on zero feeds."""
-    feeds = zero_feeds(specs)
+    feeds = zero_feeds(specs, attend=True)
     try:
         with np.errstate(all="ignore"):
             env = None if feeds is None else guarded_env(program, feeds)
-    except ExecutionError as e:  # e.g. a Slice whose steps are a feed: zeros are invalid
+    except ExecutionError as e:  # e.g. an index a feed gives past a dim of 1
         raise Declined([f"shapes cannot be probed on zero feeds ({e})"]) from e
     if env is None:
         raise Declined([f"the shape probe would compute more than {LOAD_MAX_BYTES:,} bytes"])

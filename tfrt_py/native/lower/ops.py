@@ -238,7 +238,9 @@ _REDUCE_OPS = ("ReduceMax", "ReduceMin", "ReduceLogSumExp", *_REDUCE_STEPS)
 
 def _reduce(cx: Any, node: Node) -> list[str]:
     x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
-    _float(cx, y)
+    integer = node.op_type == "ReduceSum" and str(y.dtype) in ("int64", "int32")
+    if not integer:  # (an integer sum: a mask's length, which wraps as NumPy's does)
+        _float(cx, y)
     rank = len(x.shape)
     axes_in = node.inputs[1] if len(node.inputs) > 1 else None
     if axes_in is not None:
@@ -264,8 +266,9 @@ def _reduce(cx: Any, node: Node) -> list[str]:
 
     def body(kv: list[str]) -> list[str]:
         base = " + ".join([x.off] + [f"{v} * {literal(st[d])}" for v, d in zip(kv, kept)])
+        zero = f"{t}(0)" if integer else f"{t}(0.0)"
         init = {"ReduceMax": f"{t}(-np.inf)", "ReduceMin": f"{t}(np.inf)",
-                "ReduceProd": f"{t}(1.0)"}.get(op, f"{t}(0.0)")  # fmt: skip
+                "ReduceProd": f"{t}(1.0)"}.get(op, zero)  # fmt: skip
         # the reduction's loop indices are tagged per node: a bare "r0" would be the
         # output view r0 (numba: "Cannot unify array(float32, 1d, C) and int64")
         inner = [f"{g}v = {x.buf}[{base} + " + " + ".join(

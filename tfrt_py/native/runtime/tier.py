@@ -43,11 +43,10 @@ from ...concurrency import compiled_gate
 from ...concurrency.threads import limit_blas
 from ...errors import InputError
 from ...executors.base import Executor
-from ...executors.dims import DimVars
 from ...executors.program import Program
 from ...feeds import check_output_buffers, concat_prefixes
 from ...ir import Graph
-from ..lower.generic import box_of, describe_box, input_shapes, lower_box
+from ..lower.generic import box_of, describe_box, input_shapes, lower_box, native_dim_vars
 from ..lower.graph import Lowered, lower
 from . import worker
 from .compile import Compiled, compile_lowered
@@ -204,7 +203,7 @@ class NativeTier(Executor):
         self.form = "signature" if lowered is None else lowered.mode
         #: signature mode: the dim variables, whose boxes get one function each
         #: (``generic.py``), and the boxes that declined (their signatures compile alone)
-        self.dims = DimVars.of([v.type.shape for v in self.graph.inputs])  # type: ignore[union-attr]
+        self.dims = native_dim_vars(self.graph)
         self._box_declined: set[Any] = set()
         self.error: str | None = None
         self.compiled: Compiled | None = None
@@ -624,7 +623,7 @@ def plan_lowering(graph: Graph, program: Program, *, probe_budget: bool = True) 
     except Declined as e:
         if not any(r.startswith("rows:") for r in e.reasons):
             raise
-    dims = DimVars.of([v.type.shape for v in graph.inputs])  # type: ignore[union-attr]
+    dims = native_dim_vars(graph)
     if dims is None:
         shapes = [tuple(d if isinstance(d, int) else 1 for d in v.type.shape)  # type: ignore[union-attr]
                   for v in graph.inputs]  # fmt: skip
