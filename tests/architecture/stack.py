@@ -88,8 +88,9 @@ LINE_BUDGET: dict[str, int] = {
     # parts numba types one at a time (lower/split.py: a Llama box compiles in 18 s, not 32);
     # onnxruntime-genai's GroupQueryAttention (lower/ops_gqa.py) and its tied dims (issue 37)
     "native": 7500,
-    # 2026-11-30: a bucket's check keeps shapes only (Program.run_shapes); baked parts shared
-    "executors": 4700,
+    # 2026-11-30: a bucket's check keeps shapes only (Program.run_shapes); baked parts shared;
+    # 2026-12-01: genai's total_sequence_length tied to past + sequence (dims.genai_tied)
+    "executors": 4750,
     # 2026-11-29: fuse_qdq and channels_last (integer QDQ graphs, issue 36); 2026-11-30:
     # fuse_rotary (Llama-style decoders' rotary embedding, issue 37); 2026-12-01: fuse_qtable
     # (a quantized SiLU as one lookup, issue 36)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ExecutionError
-from ..executors.dims import DimVars, Fitted, ShapeModel, monomials
+from ..executors.dims import DimVars, Fitted, ShapeModel, genai_tied, monomials
 from ..executors.plan_build import BAKE_MAX_BYTES
 from ..executors.plan_probe import value_slots
 from ..executors.program import Program
@@ -137,7 +137,7 @@ def fit_shape_model(
     bad = _inputs_ok(program)
     if bad:
         return Fit(None, bad)
-    dv = DimVars.of([v.type.shape for v in program.graph.inputs])  # type: ignore[union-attr]
+    dv = DimVars.of(genai_tied([v.type.shape for v in program.graph.inputs]))  # type: ignore[union-attr]
     if dv is None:
         return Fit(None, "an input of unknown rank")
     n = dv.n

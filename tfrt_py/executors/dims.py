@@ -30,7 +30,7 @@ import numpy as np
 
 from ..records import record
 
-__all__ = ["MAX_DIM", "DimVars", "ShapeModel", "bucket_of", "monomials"]
+__all__ = ["MAX_DIM", "DimVars", "ShapeModel", "bucket_of", "genai_tied", "monomials"]
 
 #: No dim or shape-arithmetic value a model computes may exceed this (float64 evaluation
 #: is exact below 2**53; a bigger figure is no real tensor).
@@ -57,6 +57,25 @@ def _parse(sym: str) -> list[tuple[int, str]] | None:
         terms.append((-1 if sign == "-" else 1, tok))
         pos = m.end()
     return terms or None
+
+
+#: onnxruntime-genai's model builder names its decoders' dims so: the mask's length is the
+#: past's plus the new tokens' (its GroupQueryAttention raises otherwise)
+_GENAI_TOTAL = ("total_sequence_length", "past_sequence_length", "sequence_length")
+
+
+def genai_tied(shapes: Sequence[Sequence[Any] | None]) -> list[Any]:
+    """``shapes`` with onnxruntime-genai's ``total_sequence_length`` written as
+    ``past_sequence_length + sequence_length`` where the inputs name all three (else as
+    they are): one variable fewer, and the relation ``DimVars.values`` then checks (a call
+    that breaks it gets None: it is served without the formulas)."""
+    named = {d for shape in shapes if shape for d in shape if isinstance(d, str)}
+    total, past, seq = _GENAI_TOTAL
+    if not all(n in named for n in _GENAI_TOTAL):
+        return list(shapes)
+    tied = f"{past} + {seq}"
+    return [None if shape is None else [tied if d == total else d for d in shape]
+            for shape in shapes]  # fmt: skip
 
 
 @record(frozen=True)

@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ...concurrency import compiled_gate
-from ...executors.dims import DimVars
+from ...executors.dims import DimVars, genai_tied
 from ...executors.program import Program
 from ...ir import Graph
 from .budget import budget, check
@@ -188,26 +188,14 @@ def _poly(coef: Sequence[int], exps: Sequence[tuple[int, ...]]) -> str:
     return "(" + (" + ".join(terms) or "0") + ")"
 
 
-#: onnxruntime-genai's model builder names its decoders' dims so; the mask's length is the
-#: past's plus the new tokens' (its GroupQueryAttention raises otherwise)
-_GENAI_TOTAL = ("total_sequence_length", "past_sequence_length", "sequence_length")
-
-
 def native_dim_vars(graph: Graph) -> DimVars | None:
     """The dim variables the native tier's boxes range over: ``DimVars.of`` the inputs'
-    declared shapes, with onnxruntime-genai's ``total_sequence_length`` read as
-    ``past_sequence_length + sequence_length`` where the inputs name all three (declared as
-    free symbols, a box would vary the mask's length apart from the past's, and its samples
-    break the decoder: every box declined, each length compiled alone). A call whose
-    shapes break that relation matches no box (the interpreter serves it)."""
-    shapes = [v.type.shape for v in graph.inputs]  # type: ignore[union-attr]
-    named = {d for shape in shapes if shape for d in shape if isinstance(d, str)}
-    total, past, seq = _GENAI_TOTAL
-    if all(n in named for n in _GENAI_TOTAL):
-        tied = f"{past} + {seq}"
-        shapes = [None if shape is None else [tied if d == total else d for d in shape]
-                  for shape in shapes]  # fmt: skip
-    return DimVars.of(shapes)
+    declared shapes as ``dims.genai_tied`` reads them (onnxruntime-genai's
+    ``total_sequence_length`` is past + sequence: declared as a free symbol, a box would
+    vary the mask's length apart from the past's, its samples break the decoder, and
+    every box declined, each length compiled alone). A call whose shapes break the
+    relation matches no box (the interpreter serves it)."""
+    return DimVars.of(genai_tied([v.type.shape for v in graph.inputs]))  # type: ignore[union-attr]
 
 
 def input_shapes(graph: Graph, dims: DimVars, vals: Sequence[int]) -> list[tuple[int, ...]]:
