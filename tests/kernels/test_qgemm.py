@@ -179,6 +179,16 @@ def _reference(x: np.ndarray, xz: Any, w: np.ndarray, wz: np.ndarray, b: Any, xs
     return requantize(acc, scale, yz, np.dtype(np.uint8))
 
 
+def _run_nchw(plan: Any, x: np.ndarray, channels_last: bool) -> np.ndarray | None:
+    """``plan.run`` on NCHW ``x``, or on its channels-last copy with the result read back
+    as NCHW."""
+    if not channels_last:
+        return plan.run(x)
+    got = plan.run(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), channels_last=True)
+    assert got is not None
+    return got.transpose(0, 3, 1, 2)
+
+
 @pytest.mark.parametrize("depthwise", [False, True], ids=["conv", "depthwise"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_integer_convs_are_exact(depthwise: bool, channels_last: bool) -> None:
@@ -209,12 +219,7 @@ def test_integer_convs_are_exact(depthwise: bool, channels_last: bool) -> None:
         plan = make(w, ws, wz, xs, xz, ys, yz, b, geo)
         assert plan is not None, "the integer path did not plan"
         want = _reference(x, xz, w, wz, b, xs, ws, ys, yz, geo)
-        if channels_last:
-            got = plan.run(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), channels_last=True)
-            assert got is not None
-            got = got.transpose(0, 3, 1, 2)
-        else:
-            got = plan.run(x)
+        got = _run_nchw(plan, x, channels_last)
         assert got is not None and got.dtype == want.dtype, (case, ydt)
         np.testing.assert_array_equal(got, want, err_msg=f"case {case}, geo {geo}")
 
@@ -252,13 +257,7 @@ def test_depthwise_sums_in_float32_only_where_they_are_exact(
     plan = conv_qdepthwise.plan_depthwise(w, ws, wz, xs, xz, ys, yz, b, geo)
     assert plan is not None and plan.sums == sums
     want = _reference(x, xz, w, wz, b, xs, ws, ys, yz, geo)
-    if channels_last:
-        got = plan.run(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), channels_last=True)
-        assert got is not None
-        got = got.transpose(0, 3, 1, 2)
-    else:
-        got = plan.run(x)
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(_run_nchw(plan, x, channels_last), want)
 
 
 def _at_page_end(shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, Any]:

@@ -112,6 +112,26 @@ def _future(s: int, t: int, past: int, dt: np.dtype) -> np.ndarray:
     return bias
 
 
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask: Any,
+           attention_bias: Any, causal: bool, past: int, dt: np.dtype) -> np.ndarray:  # fmt: skip
+    """The heads (B, N, S|T, H) attended and merged to (B, S, N * Hv) in ``dt``: scores
+    ``scale * q k^T`` plus ``attention_bias`` then the additive ``mask`` (onnxruntime's
+    rounding of a masked row), with ``causal`` (S > 1) query ``i`` not seeing keys after
+    ``past + i`` (a -inf bias: their weight exactly 0); softmax; times V
+    (``lib.sdpa.softmax_attention``, the heads' rows written into the merged output in
+    place). Shared by com.microsoft Attention and MultiHeadAttention."""
+    b, n, s, _ = q.shape
+    hv = v.shape[3]
+    if causal and s > 1:  # never a whole row: key past + i is seen
+        fut = _future(s, k.shape[2], past, q.dtype)
+        mask = fut if mask is None else mask + fut
+    ab = attention_bias
+    terms = mask if ab is None else ab if mask is None else (ab, mask)
+    y = np.empty((b, s, n, hv), q.dtype)
+    softmax_attention(q, k, v, scale, y.transpose(0, 2, 1, 3), bias=terms)
+    return y.reshape(b, s, n * hv).astype(dt, copy=False)
+
+
 _NOT_MADE = object()
 
 
@@ -229,16 +249,8 @@ def _attention(ctx: KernelContext) -> ComputeFn:
             v = np.concatenate((past[1].astype(cdt, copy=False), v), axis=2)
         t = p + s
         add = None if mask_index is None else additive_mask(mask_index, b, s, t, p, cdt)
-        if causal_attr and s > 1:  # never a whole row: key p + i is seen
-            fut = _future(s, t, p, cdt)
-            add = fut if add is None else add + fut
-        # attention_bias first, then the mask (onnxruntime's rounding of a masked row)
-        ab = attention_bias
-        terms = add if ab is None else ab if add is None else (ab, add)
-        scale = scale_attr or 1.0 / math.sqrt(hq)
-        y = np.empty((b, s, heads, hv), cdt)  # the heads' rows go into it in place
-        softmax_attention(q, k, v, scale, y.transpose(0, 2, 1, 3), bias=terms)
-        y = y.reshape(b, s, heads * hv).astype(dt, copy=False)
+        y = attend(q, k, v, scale_attr or 1.0 / math.sqrt(hq), add, attention_bias,
+                   causal_attr, p, dt)  # fmt: skip
         if n_out == 1:
             return y
         present = np.stack((k, v)).astype(dt, copy=False) if want_present else None

@@ -44,10 +44,9 @@ import numpy as np
 
 from ..base import ComputeFn, Cost, KernelContext
 from ..common import float_compute_dtype
-from ..lib.sdpa import softmax_attention
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
-from .attention import _future, _mask_memo
+from .attention import _mask_memo, attend
 
 __all__ = ["register_kernels"]
 
@@ -209,18 +208,10 @@ def _mha(ctx: KernelContext) -> ComputeFn:
         if key_padding_mask is not None:
             _check_mask(key_padding_mask, b, s, t)
             add = additive_mask(key_padding_mask, b, s, t, p, cdt)
-        if causal and s > 1:  # never a whole row: key p + i is seen
-            fut = _future(s, t, p, cdt)
-            add = fut if add is None else add + fut
-        ab = attention_bias
-        if ab is not None:
-            _check_bias(ab, b, heads, s, t)
-        terms = add if ab is None else ab if add is None else (ab, add)
-        hv = v.shape[3]
-        scale = scale_attr or 1.0 / math.sqrt(hq)
-        y = np.empty((b, s, heads, hv), cdt)  # the heads' rows go into it in place
-        softmax_attention(q, k, v, scale, y.transpose(0, 2, 1, 3), bias=terms)
-        y = y.reshape(b, s, heads * hv).astype(dt, copy=False)
+        if attention_bias is not None:
+            _check_bias(attention_bias, b, heads, s, t)
+        y = attend(q, k, v, scale_attr or 1.0 / math.sqrt(hq), add, attention_bias, causal,
+                   p, dt)  # fmt: skip
         if n_out == 1:
             return y
         outs: list[Any] = [y]

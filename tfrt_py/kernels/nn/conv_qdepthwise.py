@@ -33,12 +33,15 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
+from ..common import ShapeMemo
 from ..lib.jit import Jitted
 
 __all__ = ["F32_EXACT", "QDepthwisePlan", "plan_depthwise"]
 
 numba: Any = None  # set by Jitted(parallel=True) before the loops below compile
 
+#: input shapes a plan keeps the per-shape part of its calls for (``ShapeMemo``)
+_CALLS_MAX = 64
 #: Integers up to this magnitude are exact in float32.
 F32_EXACT = 1 << 24
 
@@ -61,32 +64,51 @@ class QDepthwisePlan(NamedTuple):
     kernel_last: Any
     sums: str  # "float32" (exact there: module doc) or "int32"
 
+    calls: ShapeMemo[tuple[Any, ...], tuple[tuple[int, ...], int, int]]  # ``_layout``'s
+
     def run(self, x: np.ndarray, channels_last: bool = False) -> np.ndarray | None:
         """y for ``x`` (N, C, H, W), or (N, H, W, C) -> (N, OH, OW, C) with
         ``channels_last``; None when ``x`` does not fit the plan."""
-        c = self.w.shape[0]
-        if x.ndim != 4 or x.shape[3 if channels_last else 1] != c or x.dtype != self.x_dtype:
+        if x.dtype != self.x_dtype:
             return None
-        kh, kw, sh, sw, dh, dw, pt, pl, pb, pr = (int(v) for v in self.geo)
-        n, h, w = (x.shape[0], x.shape[1], x.shape[2]) if channels_last else (
-            x.shape[0], x.shape[2], x.shape[3])  # fmt: skip
-        oh = (h + pt + pb - ((kh - 1) * dh + 1)) // sh + 1
-        ow = (w + pl + pr - ((kw - 1) * dw + 1)) // sw + 1
-        if oh <= 0 or ow <= 0:
-            return None
-        y = np.empty((n, oh, ow, c) if channels_last else (n, c, oh, ow), self.y_dtype)
-        if n:
-            native_threads.enter_for(n * oh * ow * c * kh * kw, intra_pool().threads)
+        key = (x.shape, channels_last)
+        lay = self.calls.get(key)
+        if lay is None:
+            lay = _layout(self, x.shape, channels_last)
+            if lay is None:
+                return None
+            self.calls.put(key, lay)
+        y_shape, work, band = lay
+        y = np.empty(y_shape, self.y_dtype)
+        if y_shape[0]:
+            native_threads.enter_for(work, intra_pool().threads)
             xc = np.ascontiguousarray(x)
             if channels_last:
-                wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
-                band = _band(oh, sh, (kh - 1) * dh + 1, wp * c * self.w.dtype.itemsize)
                 self.kernel_last(xc, self.x_zp, self.geo, self.w_last, self.bias, self.scale,
                                  self.y_zp, self.lo, self.hi, y, band)  # fmt: skip
             else:
                 self.kernel(xc, self.x_zp, self.geo, self.w, self.bias, self.scale, self.y_zp,
                             self.lo, self.hi, y)  # fmt: skip
         return y
+
+
+def _layout(p: QDepthwisePlan, shape: tuple[int, ...],
+            channels_last: bool) -> tuple[tuple[int, ...], int, int] | None:  # fmt: skip
+    """``run``'s per-shape part: (output shape, multiply-adds, channels-last band), or
+    None when an input of ``shape`` does not fit the plan."""
+    c = p.w.shape[0]
+    if len(shape) != 4 or shape[3 if channels_last else 1] != c:
+        return None
+    kh, kw, sh, sw, dh, dw, pt, pl, pb, pr = (int(v) for v in p.geo)
+    n, h, w = (shape[0], shape[1], shape[2]) if channels_last else (shape[0], *shape[2:])
+    oh = (h + pt + pb - ((kh - 1) * dh + 1)) // sh + 1
+    ow = (w + pl + pr - ((kw - 1) * dw + 1)) // sw + 1
+    if oh <= 0 or ow <= 0:
+        return None
+    wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
+    band = _band(oh, sh, (kh - 1) * dh + 1, wp * c * p.w.dtype.itemsize)
+    y_shape = (n, oh, ow, c) if channels_last else (n, c, oh, ow)
+    return y_shape, n * oh * ow * c * kh * kw, band
 
 
 #: Bytes of input rows a channels-last band converts for its output rows (within L2).
@@ -145,7 +167,8 @@ def plan_depthwise(
     ws = wi.astype(st)
     return QDepthwisePlan(ws, np.ascontiguousarray(ws.transpose(1, 2, 0)), b.astype(st),
                           scale, st.type(zx), zy, float(info.min), float(info.max), xdt, ydt,
-                          np.array(geo, np.int64), fn, fn_last, st.name)  # fmt: skip
+                          np.array(geo, np.int64), fn, fn_last, st.name,
+                          ShapeMemo(_CALLS_MAX))  # fmt: skip
 
 
 def _qdepthwise(x, zx, geo, w, bias, scale, zy, lo, hi, y):  # pragma: no cover - numba only
