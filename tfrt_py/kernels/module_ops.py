@@ -344,6 +344,7 @@ MODULE_OPS: dict[str, tuple[tuple[str, str], ...]] = {
     "fused.ml": (("tfrt_py.fused", "PairwiseSqDist"),),
     "fused.qtable": (("tfrt_py.fused", "QTable"),),
     "fused.rotary": (("tfrt_py.fused", "RotaryHalf"),),
+    "fused.text": (("tfrt_py.fused", "TextVectorize"),),
     "fused.vision": (
         ("tfrt_py.fused", "ChannelLayerNorm"),
         ("tfrt_py.fused", "Conv"),

@@ -36,7 +36,14 @@ from re import _constants as _c  # type: ignore[attr-defined]
 from re import _parser as _sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
-__all__ = ["MAX_NESTED_REPEAT", "MAX_PATTERN_CHARS", "RegexRefused", "compile_model_regex"]
+__all__ = [
+    "MAX_NESTED_REPEAT",
+    "MAX_PATTERN_CHARS",
+    "RegexRefused",
+    "ascii_run_class",
+    "compile_model_regex",
+    "min_match_width",
+]
 
 #: Longest pattern accepted, in characters.
 MAX_PATTERN_CHARS = 4096
@@ -134,3 +141,31 @@ def min_match_width(pattern: re.Pattern[str]) -> int:
         return int(_sre_parse.parse(pattern.pattern, pattern.flags).getwidth()[0])
     except Exception:  # noqa: BLE001 - unknown: assume empty matches are possible
         return 0
+
+
+def ascii_run_class(pattern: re.Pattern[str]) -> frozenset[int] | None:
+    """The ASCII codes of ``C`` where ``pattern`` is ``C+`` for one character class ``C``
+    (a class, category or literal; one or more, unbounded; no anchors, no IGNORECASE)
+    whose members are all ASCII: then its matches are exactly the maximal runs of those
+    characters (the fused text front finds them with ``bytes.translate``). Else None."""
+    if pattern.flags & re.IGNORECASE or not pattern.flags & re.ASCII:
+        return None
+    try:
+        tree = list(_sre_parse.parse(pattern.pattern, pattern.flags))
+    except Exception:  # noqa: BLE001 - unknown: say no
+        return None
+    if len(tree) != 1 or tree[0][0] is not _c.MAX_REPEAT:
+        return None
+    lo, hi, sub = tree[0][1]
+    sub = list(sub)
+    if lo != 1 or hi != _c.MAXREPEAT or len(sub) != 1:
+        return None
+    op, av = sub[0]
+    items = [(op, av)] if op is _c.LITERAL else list(av) if op is _c.IN else None
+    ascii_cats = {_c.CATEGORY_WORD, _c.CATEGORY_DIGIT, _c.CATEGORY_SPACE}
+    for kind, val in items or [(None, None)]:
+        ok = ((kind is _c.LITERAL and val < 128) or (kind is _c.RANGE and val[1] < 128)
+              or (kind is _c.CATEGORY and val in ascii_cats))  # fmt: skip
+        if not ok:
+            return None
+    return frozenset(c for c in range(128) if pattern.fullmatch(chr(c)))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
 from .regex import RegexRefused, compile_model_regex, min_match_width
 
-__all__ = ["register_kernels"]
+__all__ = ["Splitter", "register_kernels", "splitter"]
 
 _START = "\x02"
 _END = "\x03"
@@ -94,8 +94,19 @@ def _all_matches(rx: re.Pattern[str]) -> Callable[[str], list[str]]:
     return all_matches
 
 
-def _tokenizer(ctx: KernelContext) -> ComputeFn:
-    """Tokenizer-1: ``fn(X) -> Y``, strings to padded token rows."""
+class Splitter(NamedTuple):
+    """A Tokenizer node's attributes read at load: ``split(str) -> tokens`` (one element's
+    tokens, no markers, no padding), whether rows are marked, the pad value. Any thread."""
+
+    split: Callable[[str], list[str]]
+    mark: bool
+    pad: str
+
+
+def splitter(ctx: KernelContext) -> Splitter:
+    """The Tokenizer node of ``ctx`` as a ``Splitter`` (``ctx.unsupported`` on a bad
+    attribute or a refused pattern). The kernel and the fused text front
+    (``fused.text``) split with it."""
     mark = bool(int(ctx.attr("mark")))
     pad = _text(ctx.attr("pad_value"))
     min_chars = int(ctx.attr("mincharnum"))
@@ -141,6 +152,12 @@ def _tokenizer(ctx: KernelContext) -> ComputeFn:
 
     except RegexRefused as e:
         raise ctx.unsupported(f"pattern refused: {e}") from e
+    return Splitter(split, mark, pad)
+
+
+def _tokenizer(ctx: KernelContext) -> ComputeFn:
+    """Tokenizer-1: ``fn(X) -> Y``, strings to padded token rows."""
+    split, mark, pad = splitter(ctx)
 
     def tokenizer(X: np.ndarray) -> np.ndarray:
         if X.ndim not in (1, 2):

@@ -6,8 +6,9 @@ that a model's run-time code is all at or below ``executors/`` (the compiler is 
 only). ``Linear`` (``linear``: a product with its bias and activations),
 ``ElementwiseChain``/``ElementwiseChainShared`` (``chain``), the vision and transformer
 ops (``vision``: Conv with its epilogue, ChannelLayerNorm, SqueezeExcite, MatMulTransB,
-SoftmaxAttention; ``rotary``: RotaryHalf), ``PairwiseSqDist`` (``ml``) and ``QTable``
-(``qtable``: a quantized SiLU's codes as one lookup). ``domain`` has
+SoftmaxAttention; ``rotary``: RotaryHalf), ``PairwiseSqDist`` (``ml``), ``QTable``
+(``qtable``: a quantized SiLU's codes as one lookup) and ``TextVectorize`` (``text``: a
+text vectorizer's tokenizing and counting in one pass). ``domain`` has
 the domain's name and the form of a fused step.
 
 This is the one family that composes others: a fused op runs the other families' compute
@@ -28,7 +29,7 @@ def register_kernels(registry: KernelRegistry) -> None:
     """Register the fused ops into ``registry``; ``Linear``'s and the chains' elementwise
     steps are looked up in ``registry`` when a node is built. The kernel modules are
     imported here, not with the package: the compiler's passes import ``domain`` only."""
-    from . import chain, linear, ml, qtable, rotary, vision
+    from . import chain, linear, ml, qtable, rotary, text, vision
 
     linear.register_kernels(registry)
     rotary.register_kernels(registry)
@@ -36,3 +37,4 @@ def register_kernels(registry: KernelRegistry) -> None:
     vision.register_kernels(registry)
     ml.register_kernels(registry)
     qtable.register_kernels(registry)
+    text.register_kernels(registry)

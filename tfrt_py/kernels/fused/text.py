@@ -1,0 +1,334 @@
+"""The kernel of ``TextVectorize``, the fused op of ``compiler/fuse_text.py``, in the private
+domain ``tfrt_py.fused``: what skl2onnx writes for a CountVectorizer or TfidfVectorizer --
+``[StringNormalizer] -> Tokenizer -> [Flatten] -> TfIdfVectorizer`` on a string pool -- as
+one node, and with it, where they follow, ``[Mul by a constant] -> [Normalizer L1/L2] ->
+LinearClassifier | LinearRegressor`` (the linear model of the pipeline).
+
+Attribute ``stages``: each fused node as ``(op_type, domain, opset, name, attrs)`` with
+its attributes as sorted ``(key, value)`` pairs, in graph order; ``scale``: a fused Mul's
+constant broadcast to the vectorizer's width (float32). The node's outputs are the last
+stage's.
+
+Fast paths, for a ``[C]`` input of ``str`` elements, at least one:
+
+* the front: each string once -- its case change, its tokens (the Tokenizer's own
+  splitter), the n-gram columns of those tokens (the TfIdfVectorizer's own table) -- into
+  the counts, without the padded matrix of token strings between the nodes;
+* with a linear model: the counts stay sparse. Each row's distinct columns and counts,
+  their weights and the Mul's scale, the row's norm over them, then the products with the
+  model's coefficients of those columns only (float64 sums), and the model's own kernel
+  (built with identity coefficients, its intercepts, post transform and labels) on those
+  scores: no ``[C, width]`` matrix at all. Within float32 rounding of the unfused nodes.
+
+The front's output is exactly the unfused nodes' because the fast path is only taken where
+padding and row markers cannot count: a normalizer without stop words (which would drop
+elements), a Flatten at axis 1 (a no-op on ``[C, T]``), a pad value and markers in no
+n-gram of the pool. The sparse path also needs every weight, scale and coefficient finite
+(a dense zero times an infinity is NaN). Anything else -- another rank, an empty input,
+elements that are not ``str`` -- runs the stages' own kernels one after the other.
+
+Load-time state only (read-only after); any thread.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from functools import partial
+from itertools import chain, repeat
+from typing import Any
+
+import numpy as np
+
+from ...ir import Node, Value
+from ..base import ComputeFn, Cost, KernelContext
+from ..contrib.regex import ascii_run_class
+from ..contrib.tokenizer import splitter
+from ..misc.strings import TfIdfTable, normalizer_parts
+from ..ml.common import attr_floats
+from ..registry import KernelRegistry
+from .domain import DOMAIN
+
+__all__ = ["FRONT", "HEADS", "SMALL", "Stage", "register_kernels"]
+
+#: One fused node: ``(op_type, domain, opset, name, sorted attribute pairs)``.
+Stage = tuple[str, str, int, str, tuple[tuple[str, Any], ...]]
+#: A token's column in the pool, or None (``dict.get``: also takes a default).
+Get = Callable[..., Any]
+
+#: The front's op types, and the linear models a sparse path ends in.
+FRONT = ("StringNormalizer", "Tokenizer", "Flatten", "TfIdfVectorizer")
+HEADS = ("LinearClassifier", "LinearRegressor")
+_MARKERS = ("\x02", "\x03")  # the Tokenizer's row markers (``mark=1``)
+_SEP = "\x00"  # joins a call's strings for one scan (``_Front.rows``)
+_NUL_OR_SPACE = frozenset(b"\x00 \t\n\r\x0b\x0c")  # bytes.split's whitespace, and NUL
+_F64 = np.float64
+#: A call of one row of up to this many tokens takes ``_Sparse.one_row``.
+SMALL = 4096
+
+
+def _stage_ctx(ctx: KernelContext, stage: Stage, attrs: dict[str, Any] | None = None
+               ) -> KernelContext:  # fmt: skip
+    op, domain, opset, name, pairs = stage
+    node = Node(op, [ctx.node.inputs[0]], [Value("_")], attrs or dict(pairs), name=name,
+                domain=domain, opset=opset)  # fmt: skip
+    return KernelContext(node)
+
+
+class _Front:
+    """The fused front of one node: ``rows(items)`` -> (each element's tokens, a unigram
+    table, and ``get``, token -> column or None; or each element's n-gram columns and
+    None). Raises TypeError for an
+    element that is not a ``str``.
+
+    Where the token pattern is ``C+`` for an ASCII character class ``C`` without NUL or
+    whitespace (``regex.ascii_run_class``; skl2onnx writes ``[a-zA-Z0-9_]+``) and the
+    table holds unigrams only, the tokens are the runs of ``C`` found without the regex
+    engine: the elements joined with NUL (none may hold one), the case change, UTF-8,
+    every byte outside ``C`` but NUL made a space (``bytes.translate``: a non-ASCII
+    character's bytes are all >= 0x80, so outside ``C``), then split at NUL and at spaces
+    -- the same tokens, as bytes, looked up in the pool's ASCII unigrams."""
+
+    def __init__(self, change: Any, split: Callable[[str], list[str]], table: TfIdfTable) -> None:
+        self.change, self.split, self.table = change, split, table
+        self.str_get = table.unigrams.get
+        self.byte_table: bytes | None = None
+        rx = getattr(split, "__self__", None)
+        cls = ascii_run_class(rx) if isinstance(rx, re.Pattern) and table.unigrams_only else None
+        if cls is not None and not cls & _NUL_OR_SPACE:
+            self.byte_table = bytes(c if c in cls or c == 0 else 0x20 for c in range(256))
+            ascii_cols = {k.encode(): v for k, v in table.unigrams.items() if k.isascii()}
+            self.byte_get = ascii_cols.get
+
+    def tokens(self, items: list[Any]) -> list[list[Any]]:
+        change, split = self.change, self.split
+        if change is not None:  # str.lower and str.upper refuse anything but a str
+            return list(map(split, map(change, items)))
+        if not all(type(s) is str for s in items):
+            raise TypeError("not all elements are str")
+        return list(map(split, items))
+
+    def rows(self, items: list[Any]) -> tuple[list[list[Any]], Get | None]:
+        if self.byte_table is not None:
+            text = _SEP.join(items)
+            if text.count(_SEP) == len(items) - 1:
+                if self.change is not None:
+                    text = self.change(text)
+                data = text.encode("utf-8", "surrogatepass").translate(self.byte_table)
+                return list(map(bytes.split, data.split(b"\x00"))), self.byte_get
+        if self.table.unigrams_only:
+            return self.tokens(items), self.str_get
+        return list(map(self.table.row_columns, self.tokens(items))), None
+
+
+def _front(ctxs: dict[str, KernelContext]) -> _Front | None:
+    """The fast front of the stages ``ctxs``, or None where it would not give the unfused
+    output (see the module docstring)."""
+    change = None
+    if "StringNormalizer" in ctxs:
+        change, stops, _ = normalizer_parts(ctxs["StringNormalizer"])
+        if stops:
+            return None
+    if "Flatten" in ctxs and int(ctxs["Flatten"].attr("axis", 1)) != 1:
+        return None
+    split, mark, pad = splitter(ctxs["Tokenizer"])
+    table = TfIdfTable(ctxs["TfIdfVectorizer"])
+    if pad in table.pool or (mark and any(m in table.pool for m in _MARKERS)):
+        return None
+    return _Front(change, split, table)
+
+
+class _Sparse:
+    """The linear model over the sparse counts (see the module docstring). ``scores(rows)``
+    -> float32 ``[len(rows), outputs]`` before the intercepts.
+
+    A column's value is ``count * scale`` (``scale``: the IDF weight where the mode uses
+    it, times the Mul's), or ``scale`` where the mode is IDF (presence); its share of the
+    scores is that value times the column's coefficients, so ``w_scaled`` (coefficients
+    times scale) summed over a row's tokens with repeats is the row's scores for counts,
+    divided by the row's norm. An L1 norm is the tokens' ``|scale|`` summed; L2 and
+    presence need each column once (``np.unique``, or a dict for a few tokens)."""
+
+    def __init__(self, table: TfIdfTable, scale: np.ndarray | None, norm: str,
+                 coefs: np.ndarray) -> None:  # fmt: skip
+        self.table, self.norm, self.width = table, norm, table.out_size
+        col_scale = np.ones(self.width, _F64)
+        if table.mode != "TF" and table.weights is not None:
+            col_scale *= table.weights
+        if scale is not None:
+            col_scale *= scale
+        self.col_scale, self.abs_scale = col_scale, np.abs(col_scale)
+        self.col_scale_list: list[float] = col_scale.tolist()
+        self.abs_scale_list: list[float] = self.abs_scale.tolist()
+        self.w_t = np.ascontiguousarray(coefs.T, dtype=_F64)  # (width, outputs)
+        self.w_scaled = np.ascontiguousarray(coefs.T * col_scale[:, None], dtype=_F64)
+        self.presence = table.mode == "IDF"  # a column counts once, whatever its count
+        self.distinct = self.presence or norm == "L2"
+        self.outputs = coefs.shape[0]
+
+    def _columns(self, rows: list[list[Any]], get: Get | None) -> tuple[np.ndarray, np.ndarray]:
+        """(each counted column, its row), flat, in row order."""
+        n = len(rows)
+        lens = np.fromiter(map(len, rows), np.intp, n)
+        flat = list(chain.from_iterable(rows))
+        if get is not None:
+            cols = np.fromiter(map(get, flat, repeat(-1)), np.intp, len(flat))
+        else:
+            cols = np.fromiter(flat, np.intp, len(flat))
+        row = np.repeat(np.arange(n, dtype=np.intp), lens)
+        keep = cols >= 0
+        return cols[keep], row[keep]
+
+    def scores(self, rows: list[list[Any]], get: Get | None) -> np.ndarray:
+        if len(rows) == 1 and len(rows[0]) <= SMALL:
+            return self.one_row(rows[0], get)
+        return self.scores_at(*self._columns(rows, get), len(rows))
+
+    def scores_at(self, cols: np.ndarray, row: np.ndarray, n: int) -> np.ndarray:
+        """``scores`` of ``n`` rows from each counted column and its row (row order)."""
+        out = np.zeros((n, self.outputs), np.float32)
+        if not cols.size:
+            return out
+        counts = None
+        if self.distinct:
+            keys, counts = np.unique(row * self.width + cols, return_counts=True)
+            row, cols = np.divmod(keys, self.width)
+        v = self.w_scaled[cols]
+        if counts is not None and not self.presence:
+            v *= counts[:, None]
+        if self.norm:
+            if self.norm == "L1":
+                d = np.bincount(row, self.abs_scale[cols], minlength=n)
+            else:
+                x = self.col_scale[cols]
+                if counts is not None and not self.presence:
+                    x = x * counts
+                d = np.sqrt(np.bincount(row, x * x, minlength=n))
+            d[d == 0] = 1
+            v /= d[row, None]
+        starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
+        out[row[starts]] = np.add.reduceat(v, starts, axis=0)
+        return out
+
+    def one_row(self, row: list[Any], get: Get | None) -> np.ndarray:
+        """``scores`` of one row of a few tokens: Python's floats where NumPy's calls would
+        cost more than their work (``math.hypot`` is the L2 norm)."""
+        cols = row if get is None else [c for c in map(get, row) if c is not None]
+        if not cols:
+            return np.zeros((1, self.outputs), np.float32)
+        if not self.distinct:  # counts: the scaled coefficients summed over the tokens
+            y = np.add.reduce(self.w_scaled.take(cols, axis=0), axis=0, keepdims=True)
+            if self.norm == "L1":
+                d = sum(map(self.abs_scale_list.__getitem__, cols))
+                if d:
+                    y /= d
+            return y.astype(np.float32)
+        agg = dict.fromkeys(cols, 0)
+        for c in cols:
+            agg[c] += 1
+        cols, cs = list(agg), self.col_scale_list
+        vals = [cs[c] for c in cols] if self.presence else [k * cs[c] for c, k in agg.items()]
+        d = 0.0
+        if self.norm == "L2":
+            d = math.hypot(*vals)
+        elif self.norm == "L1":
+            d = sum(map(abs, vals))
+        if d:
+            vals = [v / d for v in vals]
+        return np.dot(vals, self.w_t.take(cols, axis=0)).astype(np.float32).reshape(1, -1)
+
+
+def _sparse_head(registry: KernelRegistry, ctx: KernelContext, stages: Sequence[Stage],
+                 table: TfIdfTable) -> tuple[_Sparse, ComputeFn] | None:  # fmt: skip
+    """(the sparse scores, the head's kernel on them), or None where the sparse path would
+    not stay within float32 rounding of the dense one (see the module docstring)."""
+    ops = [s[0] for s in stages]
+    head = stages[-1]
+    if head[0] not in HEADS:
+        return None
+    norm = ""
+    if "Normalizer" in ops:
+        norm = str(dict(stages[ops.index("Normalizer")][4]).get("norm", "MAX"))
+        if norm not in ("L1", "L2"):
+            return None
+    scale = ctx.attr("scale", None)
+    attrs = dict(head[4])
+    hctx = _stage_ctx(ctx, head)
+    coefs = attr_floats(hctx, "coefficients", _F64)
+    if coefs is None or not coefs.size or coefs.size % table.out_size:
+        return None
+    coefs = coefs.reshape(-1, table.out_size)
+    finite = [coefs] + [a for a in (scale, table.weights) if a is not None]
+    if not all(np.isfinite(a).all() for a in finite):
+        return None
+    attrs.pop("coefficients_as_tensor", None)
+    attrs["coefficients"] = np.eye(len(coefs), dtype=np.float32).reshape(-1).tolist()
+    on_scores = registry.lookup(head[1], head[0], head[2], head[3]).build(
+        _stage_ctx(ctx, head, attrs)
+    )
+    sparse = _Sparse(table, None if scale is None else np.asarray(scale, _F64), norm, coefs)
+    return sparse, on_scores
+
+
+def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], ComputeFn]:
+    def build(ctx: KernelContext) -> ComputeFn:
+        stages: Sequence[Stage] = list(ctx.attr("stages"))
+        ops = [s[0] for s in stages]
+        if "Tokenizer" not in ops or "TfIdfVectorizer" not in ops:
+            raise ctx.unsupported("TextVectorize fuses a Tokenizer and a TfIdfVectorizer")
+        scale = ctx.attr("scale", None)
+        fns: list[Callable[[Any], Any]] = []
+        for s in stages:
+            if s[0] == "Mul":
+                if scale is None:
+                    raise ctx.unsupported("a fused Mul needs its scale")
+                fns.append(partial(np.multiply, np.asarray(scale, np.float32)))
+            else:
+                fns.append(registry.lookup(s[1], s[0], s[2], s[3]).build(_stage_ctx(ctx, s)))
+        front = {s[0]: _stage_ctx(ctx, s) for s in stages if s[0] in FRONT}
+        n_front = max(ops.index(op) for op in front) + 1
+        fast = _front(front)
+
+        def stages_one_by_one(X: np.ndarray) -> Any:
+            y = X
+            for fn in fns:
+                y = fn(y)
+            return y
+
+        if fast is None:
+            return stages_one_by_one
+        table = fast.table
+        rest = fns[n_front:]
+        head = _sparse_head(registry, ctx, stages, table) if rest else None
+
+        def text_vectorize(X: np.ndarray) -> Any:
+            if X.ndim != 1 or X.size == 0:
+                return stages_one_by_one(X)
+            try:
+                rows, get = fast.rows(X.tolist())
+            except TypeError:  # bytes or other objects: the Tokenizer decodes them
+                return stages_one_by_one(X)
+            if head is not None:
+                sparse, on_scores = head
+                return on_scores(sparse.scores(rows, get))
+            y = table.counts(rows) if get is None else table.count_tokens(rows, get)
+            y = table.weigh(y)
+            for fn in rest:
+                y = fn(y)
+            return y
+
+        return text_vectorize
+
+    return build
+
+
+def _cost(ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> Cost:
+    n = float(np.prod(ins[0])) if ins else 0.0
+    y = float(np.prod(outs[0])) if outs else 0.0
+    return Cost(100.0 * n, 100.0 * n + 4.0 * y)
+
+
+def register_kernels(registry: KernelRegistry) -> None:
+    """Register ``TextVectorize`` into ``registry`` (its stages are built from it)."""
+    registry.add("TextVectorize", _text_vectorize(registry), domain=DOMAIN, cost=_cost)
