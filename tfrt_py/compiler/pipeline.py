@@ -60,6 +60,7 @@ _PASS_FNS = {
     "fuse_conv": ("fuse_conv", "fuse_conv"),
     "fuse_transformer": ("fuse_transformer", "fuse_transformer"),
     "fuse_vision": ("fuse_vision", "fuse_vision"),
+    "encode_strings": ("encode_strings", "encode_strings"),
     "fuse_text": ("fuse_text", "fuse_text"),
     "fuse_ml": ("fuse_ml", "fuse_ml"),
     "fuse_trees": ("fuse_trees", "fuse_trees"),
@@ -95,6 +96,7 @@ TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
         "nothing to fuse",
     ),
     "fuse_vision": (frozenset({"LayerNormalization", "Gelu", "Mul"}), "nothing to fuse"),
+    "encode_strings": (frozenset({"OneHotEncoder"}), "nothing to encode"),
     "fuse_text": (frozenset({"Tokenizer"}), "nothing to fuse"),
     "fuse_ml": (frozenset({"ArrayFeatureExtractor", "Scan"}), "nothing to fuse"),
     "fuse_trees": (frozenset({"TreeEnsembleRegressor", "Sum"}), "nothing to fuse"),
@@ -122,6 +124,7 @@ PASSES = (
     "fuse_transformer",
     # after fuse_transformer: it names the GELUs and LayerNorms this pass looks for
     "fuse_vision",
+    "encode_strings",
     "fuse_text",
     "fuse_ml",
     # before fuse_elementwise: it folds the elementwise nodes after a tree into its leaves

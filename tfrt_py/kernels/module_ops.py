@@ -341,7 +341,10 @@ MODULE_OPS: dict[str, tuple[tuple[str, str], ...]] = {
         ("tfrt_py.fused", "ElementwiseChainShared"),
     ),
     "fused.linear": (("tfrt_py.fused", "Linear"),),
-    "fused.ml": (("tfrt_py.fused", "PairwiseSqDist"),),
+    "fused.ml": (
+        ("tfrt_py.fused", "PairwiseSqDist"),
+        ("tfrt_py.fused", "StringIds"),
+    ),
     "fused.qtable": (("tfrt_py.fused", "QTable"),),
     "fused.rotary": (("tfrt_py.fused", "RotaryHalf"),),
     "fused.text": (("tfrt_py.fused", "TextVectorize"),),

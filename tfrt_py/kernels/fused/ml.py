@@ -11,10 +11,17 @@ compiled kernel (the same sums in the same order, ten times faster; ``X`` transp
 at load when it is a constant, as skl2onnx's training set is); otherwise work is done in
 chunks of rows of ``Y`` so the broadcast temporary stays under ``CHUNK_ELEMENTS`` elements
 whatever the batch. No ``out=``: returns a fresh array. Any thread.
+
+``StringIds(x)`` (``compiler/encode_strings.py``): each element of a string tensor as its
+index in the attribute ``vocab`` (a tuple of str), -1 for anything else, int64 of ``x``'s
+shape; a tensor that is not of strings is the TypeError the OneHotEncoder it stands before
+gives. The native tier calls ``string_ids`` at its entry instead (``encoder``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -24,7 +31,7 @@ from ..ml.pairwise_jit import MAX_K, pairwise_sq_dist_f
 from ..registry import KernelRegistry
 from .domain import DOMAIN
 
-__all__ = ["CHUNK_ELEMENTS", "pairwise_sq_dist", "register_kernels"]
+__all__ = ["CHUNK_ELEMENTS", "encoder", "pairwise_sq_dist", "register_kernels"]
 
 #: The broadcast temporary's size bound (elements): 256 KiB of float32, cache-resident.
 CHUNK_ELEMENTS = 1 << 16
@@ -99,6 +106,33 @@ def _pairwise_cost(
     return Cost(3.0 * d * k, 4.0 * (float(np.prod(ins[0])) + float(np.prod(ins[1])) + d))
 
 
+def encoder(vocab: tuple[str, ...]) -> Callable[[np.ndarray], np.ndarray]:
+    """``x -> int64 ids`` for ``StringIds`` of ``vocab`` (see the module docstring)."""
+    get = {s: i for i, s in enumerate(vocab)}.get
+
+    def string_ids(x: np.ndarray) -> np.ndarray:
+        if x.dtype != np.dtype(object) and x.dtype.kind not in "US":
+            raise TypeError(f"OneHotEncoder categories do not match input dtype {x.dtype}")
+        flat = x.reshape(-1).tolist()
+        return np.fromiter(map(get, flat, repeat(-1)), np.int64, len(flat)).reshape(x.shape)
+
+    return string_ids
+
+
+def _string_ids(ctx: KernelContext) -> Any:
+    vocab = ctx.attr("vocab")
+    if not all(isinstance(s, str) for s in vocab):
+        raise ctx.unsupported("StringIds takes a vocabulary of str")
+    return encoder(tuple(vocab))
+
+
+def _string_ids_cost(ctx: KernelContext, ins: list[tuple[int, ...]],
+                     outs: list[tuple[int, ...]]) -> Cost:  # fmt: skip
+    n = float(np.prod(ins[0])) if ins else 0.0
+    return Cost(20.0 * n, 16.0 * n)
+
+
 def register_kernels(registry: KernelRegistry) -> None:
     """Register the classic-ML pass's fused ops into ``registry``"""
     registry.add("PairwiseSqDist", _pairwise, domain=DOMAIN, cost=_pairwise_cost)
+    registry.add("StringIds", _string_ids, domain=DOMAIN, cost=_string_ids_cost)

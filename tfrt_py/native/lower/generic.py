@@ -334,6 +334,7 @@ def _lower_samples(graph: Graph, program: Program, dims: DimVars, box: Box,
         source, top.params, top.input_names, top.output_names, top.n_nodes,
         top.input_dtypes, check(source, limit if limit is not None else budget()),
         mode="box", finishers=top.finishers, out_dtypes=top.out_dtypes, box=box,
+        encoders=top.encoders,
     )  # fmt: skip
 
 

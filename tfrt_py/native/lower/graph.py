@@ -34,6 +34,7 @@ from ...errors import ExecutionError
 from ...executors.plan import Buffer, plan_offsets
 from ...executors.program import Program
 from ...ir import Graph, Node, TensorType, Value
+from ...kernels.fused.domain import DOMAIN
 from ...kernels.lib import blas
 from ...records import record
 from . import registry
@@ -112,6 +113,10 @@ class Lowered:
     choices: tuple[bool, ...] = ()
     #: Box mode: per dim variable, the values (lo, hi] the function serves.
     box: tuple[tuple[int, int], ...] = ()
+    #: Per input: None, or the vocabulary of the ``StringIds`` node that alone reads it (a
+    #: string input): the entry maps the feed to ids (``kernels.fused.ml.encoder``) and
+    #: the function takes those (int64); ``input_dtypes`` holds the feed's dtype.
+    encoders: tuple[Any, ...] = ()
 
     @property
     def key(self) -> str:
@@ -133,14 +138,43 @@ def dynamic_inputs(graph: Graph) -> list[bool]:
     return [_static(v) is None for v in graph.inputs]
 
 
+def encoded_inputs(graph: Graph) -> dict[int, tuple[str, ...]]:
+    """Input index -> vocabulary, for each string input whose one reader is a
+    ``tfrt_py.fused::StringIds`` (``compiler/encode_strings.py``) and which is no graph
+    output: the entry maps it to ids, the function never sees strings."""
+    readers: dict[int, list[Node]] = {}
+    for n in graph.nodes:
+        for x in n.inputs:
+            if x is not None:
+                readers.setdefault(id(x), []).append(n)
+    outs = {id(v) for v in graph.outputs}
+    got = {}
+    for k, v in enumerate(graph.inputs):
+        rs = readers.get(id(v), [])
+        if (len(rs) == 1 and rs[0].domain == DOMAIN and rs[0].op_type == "StringIds"
+                and id(v) not in outs):  # fmt: skip
+            got[k] = tuple(rs[0].attrs["vocab"])
+    return got
+
+
+def _as_called(graph: Graph, specs: list[Any]) -> list[Any]:
+    """``specs`` with the encoded inputs as the function gets them: int64 ids."""
+    encoded = encoded_inputs(graph)
+    return [(shape, np.dtype(np.int64)) if k in encoded else (shape, dt)
+            for k, (shape, dt) in enumerate(specs)]  # fmt: skip
+
+
 def blockers(graph: Graph) -> list[str]:
     """Why ``graph`` cannot lower (empty: it may; ``lower`` can still decline on an
     attribute, a dynamic dim it cannot loop over, ...). Cheap: no code is generated."""
     reasons = []
-    for v in graph.inputs:
+    encoded = encoded_inputs(graph)
+    for k, v in enumerate(graph.inputs):
         t = v.type
         if not isinstance(t, TensorType) or t.dtype is None or t.shape is None:
             reasons.append(f"input {v.name!r} has unknown rank or dtype ({v.type})")
+        elif k in encoded:
+            continue  # strings mapped to ids by the entry
         elif str(t.dtype) not in ("float32", "float64", "int64", "int32", "bool"):
             reasons.append(f"input {v.name!r} has dtype {t.dtype}")
     folded = {id(n) for n in shape_arithmetic(graph)}  # constants per signature
@@ -182,6 +216,10 @@ def _probe(
     """(every value's shape and dtype, every value) for inputs of these (shape, dtype),
     from a probe run on zero feeds."""
     feeds = zero_feeds(specs, attend=True)
+    if feeds is not None:  # a string input holds a known value (an encoder may refuse others)
+        for k, vocab in encoded_inputs(graph).items():
+            if vocab:
+                feeds[k] = np.full(feeds[k].shape, vocab[0], dtype=object)
     try:
         with np.errstate(all="ignore"):
             env = None if feeds is None else guarded_env(program, feeds)
@@ -303,7 +341,7 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
                 cx.folded[vid] = arr
         cx.spelled = spell
     sig, prologue = [], []
-    for k, (shape, dtype) in enumerate(specs):
+    for k, (shape, dtype) in enumerate(_as_called(graph, specs)):
         t = NP_TYPES[tname(dtype)]
         # Feeds are typed read-only: the code never writes them, and a read-only array
         # (Ray's object store, np.frombuffer over a request) then calls it without a copy;
@@ -340,8 +378,7 @@ def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool]) 
     outputs to ``r<k>``; in rows mode batched inputs to ``xv<k>`` and outputs to ``rv<k>``,
     views from the current row, so every index is provably non-negative: numba then adds
     no negative-index wraparound, and LLVM vectorizes the loops)."""
-    for k, v in enumerate(graph.inputs):
-        shape, dtype = specs[k]
+    for k, (v, (shape, dtype)) in enumerate(zip(graph.inputs, _as_called(graph, specs))):
         cx.refs[id(v)] = Ref(f"xv{k}" if batched[k] else f"x{k}", "0", shape, dtype)
     if any(batched):
         for k in range(len(graph.outputs)):
@@ -563,7 +600,8 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
                f"    return {', '.join(f'o{k}' for k in range(n_out))}", ""]  # fmt: skip
     else:
         src = [*head, *rows_functions(cx, sig, psig, pargs, ins, prologue, setup, text,
-                                       specs, batched, out_specs, deco, tile_text)]  # fmt: skip
+                                       _as_called(graph, specs), batched, out_specs, deco,
+                                       tile_text)]  # fmt: skip
     source = "\n".join(src)
     if audited:
         audit(source)
@@ -576,6 +614,7 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         len(graph.nodes),
         tuple(np.dtype(dt) for _, dt in specs),
         units,
+        encoders=tuple(encoded_inputs(graph).get(k) for k in range(len(graph.inputs))),
         mode="rows" if rows else ("signature" if signature else "static"),
         shapes=tuple(shape for shape, _ in specs) if signature else (),
         finishers=tuple(_finisher(cx, v) for v in graph.outputs),

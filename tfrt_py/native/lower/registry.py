@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 
-from . import ops, ops_dec, ops_gqa, ops_ml, ops_tx, rows
+from . import ops, ops_dec, ops_encode, ops_gqa, ops_ml, ops_tx, rows
 from .records import Registry
 
 __all__ = ["VIEW_OPS", "lowerings"]
@@ -34,4 +34,5 @@ def lowerings() -> Registry:
     ops_dec.register_lowerings(reg)
     ops_gqa.register_lowerings(reg)
     ops_ml.register_lowerings(reg)
+    ops_encode.register_lowerings(reg)
     return reg

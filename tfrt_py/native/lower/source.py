@@ -79,7 +79,7 @@ _STRINGS = re.compile(
     '''tfrt_py\ native\ code\ \(generated;\ do\ not\ edit\)\.'''
     | "\"\"tfrt_py\ native\ code\ \(generated;\ do\ not\ edit\)\.\"\""
     | 'C' | 'numpy' | 'contract' | 'feed\ \d+:\ wrong\ shape' | 'Gather(ND)?\ index\ out\ of\ range'
-    | 'GroupQueryAttention\ input\ out\ of\ range'
+    | 'GroupQueryAttention\ input\ out\ of\ range' | 'OneHotEncoder\ value\ not\ a\ category'
     """
 )
 #: The only comments: node numbers (indices into the graph's nodes, never names).

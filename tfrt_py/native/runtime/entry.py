@@ -72,10 +72,30 @@ def _finisher(spec: Any) -> Callable[[np.ndarray], Any] | None:
     return lambda a: table.take(a)
 
 
+def _encoders(encoders: Sequence[Any], n_in: int) -> list[Callable[[np.ndarray], Any] | None]:
+    """Per input: None, or the function mapping its strings to the ids the compiled
+    function takes (``Lowered.encoders``)."""
+    from ...kernels.fused.ml import encoder
+
+    got = list(encoders) + [None] * (n_in - len(encoders))
+    return [None if v is None else encoder(tuple(v)) for v in got[:n_in]]
+
+
+def _args(encs: Sequence[Any], env: dict[str, Any]) -> list[str]:
+    """The compiled function's input arguments: ``x<k>``, or ``E<k>(x<k>)`` for an
+    encoded input (``E<k>`` bound in ``env``)."""
+    env.update({f"E{k}": e for k, e in enumerate(encs) if e is not None})
+    return [f"x{k}" if e is None else f"E{k}(x{k})" for k, e in enumerate(encs)]
+
+
 def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str],
-                 finishers: Sequence[Any], n_in: int) -> Entry:  # fmt: skip
-    """``(feeds, x0, ...) -> {name: output}`` calling ``fn(x0, ..., *params)``."""
+                 finishers: Sequence[Any], n_in: int,
+                 encoders: Sequence[Any] = ()) -> Entry:  # fmt: skip
+    """``(feeds, x0, ...) -> {name: output}`` calling ``fn(x0, ..., *params)`` (an
+    encoded input's ids in place of its strings)."""
     xs = [f"x{k}" for k in range(n_in)]
+    env: dict[str, Any] = {"fn": fn}
+    called = _args(_encoders(encoders, n_in), env)
     fins = [_finisher(f) for f in finishers]
     one = len(out_names) == 1
 
@@ -85,10 +105,9 @@ def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str]
 
     src = "\n".join([
         f"def native(feeds, {', '.join(xs)}):",
-        f"    r = fn({', '.join([*xs, *(f'P{i}' for i in range(len(params)))])})",
+        f"    r = fn({', '.join([*called, *(f'P{i}' for i in range(len(params)))])})",
         "    return {" + ", ".join(f"o{k}: {val(k)}" for k in range(len(out_names))) + "}",
     ])  # fmt: skip
-    env: dict[str, Any] = {"fn": fn}
     env.update({f"P{i}": p for i, p in enumerate(params)})
     env.update({f"o{k}": n for k, n in enumerate(out_names)})
     env.update({f"F{k}": f for k, f in enumerate(fins) if f is not None})
@@ -98,7 +117,8 @@ def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str]
 
 def threads_entry(fn_into: Any, params: Sequence[np.ndarray], out_names: Sequence[str],
                   finishers: Sequence[Any], out_rows: Sequence[tuple[int, ...]],
-                  out_dtypes: Sequence[np.dtype], batched: Sequence[bool]) -> Entry:  # fmt: skip
+                  out_dtypes: Sequence[np.dtype], batched: Sequence[bool],
+                  encoders: Sequence[Any] = ()) -> Entry:  # fmt: skip
     """Rows mode over a few threads: the outputs are allocated here, the batch is cut in
     ``split_threads()`` blocks of rows, each filled by ``fn_into(xs, outs, params, lo, hi)``
     as one part of the process's intra-op pool (whose caller takes part and steals the
@@ -106,8 +126,11 @@ def threads_entry(fn_into: Any, params: Sequence[np.ndarray], out_names: Sequenc
 
     fins = [_finisher(f) for f in finishers]
     first = list(batched).index(True)
+    encs = _encoders(encoders, len(batched))
 
     def threaded(feeds: Any, *xs: np.ndarray) -> dict[str, Any]:
+        if any(e is not None for e in encs):
+            xs = tuple(x if e is None else e(x) for x, e in zip(xs, encs))
         n = xs[first].shape[0]
         outs = [np.empty((n, *rest), dt) for rest, dt in zip(out_rows, out_dtypes)]
         k = split_threads()
@@ -255,7 +278,8 @@ def fast_entry(table: dict[Any, Entry], slow: Callable[..., Any], in_names: Sequ
 
 def direct_entry(fn: Any, params: Sequence[np.ndarray], in_names: Sequence[str],
                  out_names: Sequence[str], dtypes: Sequence[np.dtype], finishers: Sequence[Any],
-                 slow: Callable[..., Any]) -> Callable[..., Any]:  # fmt: skip
+                 slow: Callable[..., Any],
+                 encoders: Sequence[Any] = ()) -> Callable[..., Any]:  # fmt: skip
     """A static-shape model's ``run`` once native code serves it: no table, the compiled
     function called straight (its explicit signature and in-function shape check reject
     anything unusual, which then takes ``slow``)."""
@@ -267,9 +291,10 @@ def direct_entry(fn: Any, params: Sequence[np.ndarray], in_names: Sequence[str],
         r = "r" if one else f"r[{k}]"
         return r if fins[k] is None else f"F{k}({r})"
 
-    args = ", ".join([*(f"x{k}" for k in range(n)), *(f"P{i}" for i in range(len(params)))])
-    result = "{" + ", ".join(f"o{k}: {val(k)}" for k in range(len(out_names))) + "}"
     env: dict[str, Any] = {"fn": fn, "slow": slow}
+    called = _args(_encoders(encoders, n), env)
+    args = ", ".join([*called, *(f"P{i}" for i in range(len(params)))])
+    result = "{" + ", ".join(f"o{k}: {val(k)}" for k in range(len(out_names))) + "}"
     env.update({f"P{i}": p for i, p in enumerate(params)})
     env.update({f"o{k}": name for k, name in enumerate(out_names)})
     env.update({f"F{k}": f for k, f in enumerate(fins) if f is not None})

@@ -416,7 +416,7 @@ class NativeTier(Executor):
         ):
             cands.insert(1, ("native threads", threads_entry(
                 comp.fn_into, low.params, low.output_names, low.finishers, low.out_rows,
-                low.out_dtypes, low.batched)))  # fmt: skip
+                low.out_dtypes, low.batched, low.encoders)))  # fmt: skip
         if chosen is not None:
             pick = dict(cands).get(chosen[0], nat)
             self._remember(key, pick, box)
@@ -467,7 +467,7 @@ class NativeTier(Executor):
             if len(self._natives) >= _MAX_TABLE:
                 self._natives.clear()
             got = (comp, native_entry(comp.fn, low.params, low.output_names, low.finishers,
-                                      n_in))  # fmt: skip
+                                      n_in, low.encoders))  # fmt: skip
             self._natives[id(comp)] = got
         return got[1]
 
@@ -475,7 +475,8 @@ class NativeTier(Executor):
         """A static-shape model served natively: ``run`` calls the function straight."""
         if low.mode == "static" and self.form == "static":
             self.run = direct_entry(comp.fn, low.params, low.input_names, low.output_names,
-                                    low.input_dtypes, low.finishers, self._slow)  # fmt: skip
+                                    low.input_dtypes, low.finishers, self._slow,
+                                    low.encoders)  # fmt: skip
 
     def _forget_entries(self) -> None:
         """Drop every signature's and box's entry (under ``_lock``: a compile installed or
