@@ -98,7 +98,9 @@ def test_string_columns_run_in_compiled_code_and_match_onnxruntime() -> None:
     m = tfrt_py.load(model, executor="native", native="eager")
     report = m.describe()
     assert m.executor == "native", report
-    assert "encode_strings: 2 string inputs mapped to ids" in report, report
+    assert "encode_strings: 2 string inputs mapped to ids once, for their encoders" in report, (
+        report
+    )
     assert "nodes as one numba function" in report, report
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     sync = tfrt_py.load(model, executor="sync")
@@ -137,6 +139,87 @@ def test_an_unknown_value_under_zeros_0_is_refused_and_the_model_stays_usable() 
 def test_a_string_input_read_otherwise_keeps_its_strings() -> None:
     m = tfrt_py.load(_model(color_out=True), executor="sync")
     report = m.describe()
-    assert "encode_strings: 1 string inputs mapped to ids" in report, report
+    assert "encode_strings: 1 string inputs mapped to ids once, for their encoders" in report, (
+        report
+    )
     feeds = _feeds(3, 2)
     np.testing.assert_array_equal(m.run(feeds)["color"], feeds["color"])
+
+
+def _ordinal_model() -> onnx.ModelProto:
+    """What skl2onnx writes for an OrdinalEncoder before a linear model: a LabelEncoder per
+    column (string keys to int64 codes; float keys to floats; int64 keys), Casts, a
+    Concat, a LinearRegressor."""
+    nodes = [
+        helper.make_node(
+            "LabelEncoder",
+            ["color"],
+            ["c1"],
+            domain=ML,
+            keys_strings=COLORS,
+            values_int64s=[0, 1, 2, 3, 4],
+            default_int64=-1,
+        ),
+        helper.make_node(
+            "LabelEncoder",
+            ["n"],
+            ["n1"],
+            domain=ML,
+            keys_floats=[0.5, -1.0, 2.0, -0.0],
+            values_floats=[1.0, 2.0, 4.0, 8.0],
+            default_float=-7.0,
+        ),
+        helper.make_node(
+            "LabelEncoder",
+            ["k"],
+            ["k1"],
+            domain=ML,
+            keys_int64s=[7, 3, -1],
+            values_int64s=[10, 20, 30],
+            default_int64=99,
+        ),
+        helper.make_node("Cast", ["c1"], ["c2"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["k1"], ["k2"], to=TensorProto.FLOAT),
+        helper.make_node("Concat", ["c2", "n1", "k2"], ["feat"], axis=1),
+        helper.make_node(
+            "LinearRegressor",
+            ["feat"],
+            ["y"],
+            domain=ML,
+            coefficients=[0.5, -1.0, 0.25, 2.0, 0.125],
+            intercepts=[1.0],
+        ),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("color", TensorProto.STRING, [None, 1]),
+        helper.make_tensor_value_info("n", TensorProto.FLOAT, [None, 2]),
+        helper.make_tensor_value_info("k", TensorProto.INT64, [None, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes, "ordinal", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])]
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ML, 3)]
+    )
+    model.ir_version = 9
+    return model
+
+
+def test_label_encoders_of_an_ordinal_encoding_run_in_compiled_code() -> None:
+    model = _ordinal_model()
+    m = tfrt_py.load(model, executor="native", native="eager")
+    report = m.describe()
+    assert m.executor == "native", report
+    assert "encode_strings: 1 string inputs mapped to ids once" in report, report
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(4)
+    for n in (1, 9, 200):
+        color = np.empty((n, 1), dtype=object)
+        color[:, 0] = [SEEN["color"][int(i)] for i in rng.integers(0, len(SEEN["color"]), n)]
+        feeds = {
+            "color": color,
+            "n": rng.choice(np.array([0.5, -1.0, np.nan, 2.0, 3.0, -0.0], np.float32), (n, 2)),
+            "k": rng.choice(np.array([7, 3, -1, 0], np.int64), (n, 2)),
+        }
+        want = sess.run(None, feeds)[0]
+        np.testing.assert_allclose(m.run(feeds)["y"], want, rtol=1e-6)

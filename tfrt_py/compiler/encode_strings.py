@@ -1,11 +1,12 @@
 """String inputs as integer ids at the boundary: a graph input of strings whose every
-reader is a ``OneHotEncoder`` on string categories gets one ``tfrt_py.fused::StringIds``
-node (kernel: ``kernels/fused/ml.py``) mapping each string to its index in the sorted
-union of those categories (-1 for any other value), and each OneHotEncoder then takes
-the ids, its ``cats_strings`` rewritten as the categories' ids in ``cats_int64s``. The
-outputs are the same for every input: a string equal to a category gets that category's
-column, anything else (unseen at fit time, empty, another type) matches none, and
-``zeros=0`` still refuses it.
+reader is a ``OneHotEncoder`` on string categories or a ``LabelEncoder`` from string keys
+to numbers (skl2onnx's OrdinalEncoder) gets one ``tfrt_py.fused::StringIds`` node
+(kernel: ``kernels/fused/ml.py``) mapping each string to its index in the sorted union of
+those categories and keys (-1 for any other value), and each reader then takes the ids,
+its ``cats_strings``/``keys_strings`` rewritten as their ids in ``cats_int64s``/
+``keys_int64s``. The outputs are the same for every input: a string equal to a category
+or key gets its column or value, anything else (unseen at fit time, empty, another type)
+matches none (the default value; ``zeros=0`` still refuses it).
 
 So the graph's only string op is that first node, which the native tier runs at its
 entry (``native/lower/graph.encoded_inputs``): a ColumnTransformer's string columns no
@@ -32,11 +33,21 @@ def _text(s: Any) -> str:
     return s.decode("utf-8", errors="surrogateescape") if isinstance(s, bytes) else str(s)
 
 
+#: Per reader: its string attribute, the integer one that replaces it.
+_KEYS = {"OneHotEncoder": ("cats_strings", "cats_int64s"),
+         "LabelEncoder": ("keys_strings", "keys_int64s")}  # fmt: skip
+
+
 def _categories(node: Node) -> list[str] | None:
-    """A OneHotEncoder's string categories, or None for another node."""
-    if node.op_type != "OneHotEncoder" or node.domain != _ML or len(node.inputs) != 1:
+    """The string categories of a OneHotEncoder, or the string keys of a LabelEncoder
+    (opset 2 or later) with numeric values; None for any other node."""
+    if node.op_type not in _KEYS or node.domain != _ML or len(node.inputs) != 1:
         return None
-    cats = node.attrs.get("cats_strings")
+    if node.op_type == "LabelEncoder":
+        values = ("values_strings", "values_tensor", "keys_tensor", "default_tensor")
+        if node.opset < 2 or any(node.attrs.get(a) is not None for a in values):
+            return None
+    cats = node.attrs.get(_KEYS[node.op_type][0])
     return [_text(c) for c in cats] if cats else None
 
 
@@ -59,11 +70,12 @@ def encode_strings(graph: Graph, ctx: PassContext) -> str:
                          name=f"{readers[0].name}/ids", domain=DOMAIN, opset=1))  # fmt: skip
         for r, cs in zip(readers, cats):
             r.inputs = [ids if x is v else x for x in r.inputs]
-            attrs = {k: a for k, a in r.attrs.items() if k != "cats_strings"}
-            attrs["cats_int64s"] = [index[c] for c in cs or ()]
+            strings, ints = _KEYS[r.op_type]
+            attrs = {k: a for k, a in r.attrs.items() if k != strings}
+            attrs[ints] = [index[c] for c in cs or ()]
             r.attrs = attrs
     if not made:
         return "nothing to encode"
     graph.nodes = [*made, *graph.nodes]
     graph.opsets.setdefault(DOMAIN, 1)
-    return f"{len(made)} string inputs mapped to ids once, for their one-hot encoders"
+    return f"{len(made)} string inputs mapped to ids once, for their encoders"

@@ -21,7 +21,7 @@ from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .common import ML_DOMAIN, attr_ints, attr_strings
 
-__all__ = ["register_kernels", "zipmap_rows"]
+__all__ = ["Lookup", "label_lookup", "register_kernels", "zipmap_rows"]
 
 _OBJ = np.dtype(object)
 
@@ -30,8 +30,11 @@ def _is_str(x: np.ndarray) -> bool:
     return x.dtype == _OBJ or x.dtype.kind in "US"
 
 
-class _Lookup:
-    """Maps keys to values (array in, array out), with a default for unknown keys."""
+class Lookup:
+    """Maps keys to values (array in, array out), with a default for unknown keys.
+    Numeric keys: ``keys`` sorted without repeats (the last of equal keys wins, as in a
+    dict built in order), ``values`` alike, ``nan_value`` the value of a NaN key (or
+    None), ``key_dtype`` what inputs are cast to."""
 
     def __init__(self, keys: np.ndarray, values: np.ndarray, default: Any) -> None:
         self.out_dtype = values.dtype
@@ -95,13 +98,25 @@ def _label_encoder(ctx: KernelContext) -> ComputeFn:
     if ctx.opset < 2:
         classes = np.array(attr_strings(ctx, "classes_strings") or [], dtype=object)
         index = np.arange(len(classes), dtype=np.int64)
-        to_int = _Lookup(classes, index, int(ctx.attr("default_int64", -1)))
-        to_str = _Lookup(index, classes, ctx.attr("default_string", "_Unused"))
+        to_int = Lookup(classes, index, int(ctx.attr("default_int64", -1)))
+        to_str = Lookup(index, classes, ctx.attr("default_string", "_Unused"))
 
         def label_encoder_v1(x: np.ndarray) -> np.ndarray:
             return to_int(x) if _is_str(x) else to_str(x)
 
         return label_encoder_v1
+    lookup = label_lookup(ctx)
+
+    def label_encoder(x: np.ndarray) -> np.ndarray:
+        return lookup(x)
+
+    return label_encoder
+
+
+def label_lookup(ctx: KernelContext) -> Lookup:
+    """A LabelEncoder (opset 2 or later) node's keys, values and default as a ``Lookup``
+    (``ctx.unsupported`` on bad attributes). The kernel maps with it; the native lowering
+    compiles its sorted keys."""
     k = _first(ctx, ("keys_tensor", "keys_strings", "keys_int64s", "keys_floats"))
     v = _first(ctx, ("values_tensor", "values_strings", "values_int64s", "values_floats"))
     if k is None or v is None:
@@ -121,12 +136,7 @@ def _label_encoder(ctx: KernelContext) -> ComputeFn:
         default = ctx.attr("default_float", -0.0)
     if dt != _OBJ:
         default = np.asarray(default).astype(dt)
-    lookup = _Lookup(keys, values, default)
-
-    def label_encoder(x: np.ndarray) -> np.ndarray:
-        return lookup(x)
-
-    return label_encoder
+    return Lookup(keys, values, default)
 
 
 def _category_mapper(ctx: KernelContext) -> ComputeFn:
@@ -138,8 +148,8 @@ def _category_mapper(ctx: KernelContext) -> ComputeFn:
     if len(strs) != len(ints):
         raise ctx.unsupported("cats_strings and cats_int64s differ in length")
     s_arr = np.array(strs, dtype=object)
-    to_int = _Lookup(s_arr, ints, int(ctx.attr("default_int64", -1)))
-    to_str = _Lookup(ints, s_arr, ctx.attr("default_string", "_Unused"))
+    to_int = Lookup(s_arr, ints, int(ctx.attr("default_int64", -1)))
+    to_str = Lookup(ints, s_arr, ctx.attr("default_string", "_Unused"))
 
     def category_mapper(x: np.ndarray) -> np.ndarray:
         return to_int(x) if _is_str(x) else to_str(x)
@@ -160,7 +170,7 @@ def _one_hot_encoder(ctx: KernelContext) -> ComputeFn:
     else:
         raise ctx.unsupported("cats_int64s or cats_strings is required")
     n = len(cats)
-    lookup = _Lookup(cats, np.arange(n, dtype=np.int64), -1)
+    lookup = Lookup(cats, np.arange(n, dtype=np.int64), -1)
     strict = int(ctx.attr("zeros", 1)) == 0
     numeric = cats.dtype != _OBJ
     rng = np.arange(n, dtype=np.int64)

@@ -1,7 +1,8 @@
 """Lowerings of the categorical encoders: ``ai.onnx.ml::OneHotEncoder`` on integer
-categories, and ``tfrt_py.fused::StringIds`` (``compiler/encode_strings.py``), which
-needs no code: it reads a string input the entry has already mapped to ids
-(``graph.encoded_inputs``), so its output is that input's memory.
+categories, ``LabelEncoder`` (opset 2 and later) from numbers to numbers, and
+``tfrt_py.fused::StringIds`` (``compiler/encode_strings.py``), which needs no code: it
+reads a string input the entry has already mapped to ids (``graph.encoded_inputs``), so
+its output is that input's memory.
 
 OneHotEncoder: per element, a 1 in the column of the category equal to it (compared as
 int64, as the kernel does) and 0 elsewhere; an element equal to no category gives a row
@@ -9,6 +10,11 @@ of zeros, or with ``zeros=0`` raises in the generated code (a fixed message), an
 tier then runs the interpreter, which raises the kernel's error. Integer inputs only
 (a float's cast to int64 is the kernel's to make); categories without repeats (the
 kernel's lookup keeps the last of equal keys).
+
+LabelEncoder: the kernel's own table (``kernels.ml.encode.label_lookup``: keys sorted
+without repeats, the last of equal keys winning), a binary search per element over the
+input cast to the keys' type (integer inputs for integer keys, floats for float keys:
+another cast is the kernel's), NaN mapped as a NaN key says, else the default.
 
 Load time; pure functions of the node and the context.
 """
@@ -23,8 +29,9 @@ from ...ir import Node
 from ...kernels.base import KernelContext
 from ...kernels.fused.domain import DOMAIN
 from ...kernels.ml.common import attr_ints, attr_strings
+from ...kernels.ml.encode import label_lookup
 from . import rows
-from .emit import copy_strided
+from .emit import copy_strided, tname
 from .loops import strides
 from .records import Registry
 from .source import literal
@@ -84,7 +91,52 @@ def _one_hot_encoder(cx: Any, node: Node) -> list[str]:
     return lines
 
 
+def _label_encoder(cx: Any, node: Node) -> list[str]:
+    ctx = KernelContext(node)
+    if ctx.opset < 2:
+        _no(cx, "LabelEncoder-1 (string classes)")
+    look = label_lookup(ctx)
+    if look.str_keys or look.out_dtype.kind not in "iuf":
+        _no(cx, "LabelEncoder with string keys or values")
+    x = cx.ref(node.inputs[0])
+    y = cx.out(node.outputs[0])
+    kd = look.key_dtype
+    if x.dtype.kind not in "iuf" or (kd.kind in "iu") != (x.dtype.kind in "iu"):
+        _no(cx, f"LabelEncoder of {x.dtype} by {kd} keys")  # the kernel's cast is its own
+    if y.dtype != look.out_dtype or y.size != x.size:
+        _no(cx, "LabelEncoder output")
+    n, g, kt = len(look.keys), cx.tag, tname(kd)
+    keys = cx.const_slice(look.keys) if n else "0"
+    vals = cx.const_slice(look.values) if n else "0"
+    default = literal(np.asarray(look.default).item())
+    nan = None if look.nan_value is None else literal(np.asarray(look.nan_value).item())
+    yt = tname(y.dtype)
+    lines = [
+        f"for {g}i in range({literal(x.size)}):",
+        f"    {g}v = {kt}({x.buf}[{x.off} + {g}i])",
+        f"    {g}r = {yt}({default})",
+    ]
+    if nan is not None:
+        lines += [f"    if {g}v != {g}v:", f"        {g}r = {yt}({nan})"]
+    if n:  # the first key not below v (binary search over the sorted keys)
+        lines += [
+            f"    {g}lo = 0",
+            f"    {g}hi = {literal(n)}",
+            f"    while {g}lo < {g}hi:",
+            f"        {g}mid = ({g}lo + {g}hi) // 2",
+            f"        if {keys}[{g}mid] < {g}v:",
+            f"            {g}lo = {g}mid + 1",
+            "        else:",
+            f"            {g}hi = {g}mid",
+            f"    if {g}lo < {literal(n)} and {keys}[{g}lo] == {g}v:",
+            f"        {g}r = {vals}[{g}lo]",
+        ]
+    lines.append(f"    {y.buf}[{y.off} + {g}i] = {g}r")
+    return lines
+
+
 def register_lowerings(reg: Registry) -> None:
-    """StringIds and OneHotEncoder, each row by itself."""
+    """StringIds, OneHotEncoder and LabelEncoder, each row by itself."""
     reg.add(DOMAIN, "StringIds", _string_ids, rows=rows.any_rows, weight=0)
     reg.add(_ML, "OneHotEncoder", _one_hot_encoder, rows=rows.only_first)
+    reg.add(_ML, "LabelEncoder", _label_encoder, rows=rows.any_rows)
