@@ -1,5 +1,6 @@
 """The classic zoo's pipelines with string inputs (issue 39): TF-IDF and count vectorizers
-before a logistic regression, and a ColumnTransformer over string and numeric columns.
+before a logistic regression, and ColumnTransformers over string and numeric columns (one
+hot before a logistic regression, ordinal codes before a random forest).
 
 Built by ``zoo_build.py`` from fixed seeds (a synthetic corpus of pseudo-words, nothing
 downloaded). Each builder has a ``feeds(rng, batch)`` attribute: the named inputs the
@@ -124,10 +125,37 @@ def _column_transformer() -> Any:
 _column_transformer.feeds = lambda rng, batch: _column_frame(rng, batch, fit=False)  # type: ignore[attr-defined]
 
 
+def _column_ordinal_forest() -> Any:
+    """String columns through an OrdinalEncoder (unknown values -1) before a random forest:
+    skl2onnx writes a LabelEncoder per column (string keys to codes)."""
+    import pandas as pd
+    from skl2onnx.common.data_types import FloatTensorType, StringTensorType
+    from sklearn.compose import ColumnTransformer
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OrdinalEncoder
+
+    cols = _column_frame(np.random.default_rng(9), 2000, fit=True)
+    frame = pd.DataFrame({k: v[:, 0] for k, v in cols.items()})
+    y = (frame["color"].str.len() + (frame["n2"] > 0)) % 3
+    codes = OrdinalEncoder(handle_unknown="use_encoded_value", unknown_value=-1)
+    pre = ColumnTransformer([("strings", codes, ["color", "size"]),
+                             ("numbers", "passthrough", ["n1", "n2"])])  # fmt: skip
+    forest = RandomForestClassifier(50, max_depth=8, random_state=0)
+    est = make_pipeline(pre, forest).fit(frame, y)
+    types = [("color", StringTensorType([None, 1])), ("size", StringTensorType([None, 1])),
+             ("n1", FloatTensorType([None, 1])), ("n2", FloatTensorType([None, 1]))]  # fmt: skip
+    return _export(est, types)
+
+
+_column_ordinal_forest.feeds = _column_transformer.feeds  # type: ignore[attr-defined]
+
+
 def models() -> dict[str, Callable[[], Any]]:
     """name -> builder (each with its ``feeds``)."""
     return {
         "sklearn_tfidf_logreg": _vectorizer("tfidf"),
         "sklearn_count_logreg": _vectorizer("count"),
         "sklearn_column_strings_logreg": _column_transformer,
+        "sklearn_column_ordinal_forest": _column_ordinal_forest,
     }
