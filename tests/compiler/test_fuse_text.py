@@ -36,9 +36,11 @@ TEXTS = [
 
 def _model(mode: str = "TF", grams: int = 1, skip: int = 0, mul: bool = False,
            norm: str | None = None, head: str | None = "classifier", normalizer: bool = True,
-           pattern: str = PATTERN, mark: int = 0, pad: str = "#") -> onnx.ModelProto:  # fmt: skip
+           pattern: str = PATTERN, mark: int = 0, pad: str = "#",
+           post: bool = False) -> onnx.ModelProto:  # fmt: skip
     """text [N, 1] -> Reshape [-1] -> [StringNormalizer LOWER] -> Tokenizer -> Flatten ->
-    TfIdfVectorizer -> [Mul] -> [Normalizer] -> [LinearClassifier | LinearRegressor]."""
+    TfIdfVectorizer -> [Mul] -> [Normalizer] -> [LinearClassifier | LinearRegressor];
+    ``post``: an L1 Normalizer of the classifier's scores (skl2onnx's after a softmax)."""
     uni = sorted(set(POOL))
     pool = uni + (["ka", "lo", "mi", "ka", "ze", "ka"] if grams == 2 else [])
     counts = [0, len(uni)] if grams == 2 else [0]
@@ -91,8 +93,13 @@ def _model(mode: str = "TF", grams: int = 1, skip: int = 0, mul: bool = False,
             "LinearClassifier", [y], ["label", "scores"], domain=ML, coefficients=coefs,
             intercepts=[0.1, -0.2, 0.05], classlabels_ints=[0, 1, 2], post_transform="SOFTMAX",
         ))  # fmt: skip
+        scores = "scores"
+        if post:
+            nodes.append(helper.make_node("Normalizer", [scores], ["probs"], domain=ML,
+                                          norm="L1"))  # fmt: skip
+            scores = "probs"
         outs = [helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
-                helper.make_tensor_value_info("scores", TensorProto.FLOAT, [None, 3])]  # fmt: skip
+                helper.make_tensor_value_info(scores, TensorProto.FLOAT, [None, 3])]  # fmt: skip
     elif head == "regressor":
         nodes.append(helper.make_node("LinearRegressor", [y], ["pred"], domain=ML,
                                       coefficients=coefs, intercepts=[0.5, 0.0, -1.0],
@@ -132,9 +139,9 @@ def _batches() -> list[list[Any]]:
 
 
 CASES: list[dict[str, Any]] = [
-    {"mode": "TF"},
+    {"mode": "TF", "post": True},
     {"mode": "TF", "normalizer": False},
-    {"mode": "TFIDF", "mul": True, "norm": "L2"},
+    {"mode": "TFIDF", "mul": True, "norm": "L2", "post": True},
     {"mode": "TFIDF", "norm": "L1", "head": "regressor"},
     {"mode": "IDF", "norm": "L2"},
     {"mode": "TF", "mul": True, "norm": "MAX"},  # MAX stays dense
@@ -154,7 +161,9 @@ def test_the_fused_vectorizer_gives_the_unfused_nodes_outputs(case: dict[str, An
     unfused = tfrt_py.load(model, executor="sync", optimize=set(PASSES) - {"fuse_text"})
     report = fused.describe()
     assert "fuse_text: 1 text vectorizers" in report, report
-    assert "TfIdfVectorizer" not in report.split("ops as loaded")[0].split("ops:")[1]
+    ops = report.split("ops as loaded")[0].split("ops:")[1]
+    assert "TfIdfVectorizer" not in ops
+    assert ("Normalizer" in ops) == (case.get("norm") == "MAX"), ops  # the rest fuse
     linear = case.get("head", "classifier") is not None and case.get("norm") != "MAX"
     assert (", 1 with their linear model" in report) == linear, report
     for texts in _batches():

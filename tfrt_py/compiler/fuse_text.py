@@ -5,9 +5,10 @@ CountVectorizer and TfidfVectorizer, becomes ``tfrt_py.fused::TextVectorize`` (k
 the padded matrix of token strings between the nodes.
 
 Only where each fused node's output has the next one as its only reader (and is no graph
-output), and the normalizer has no stop words (it would drop elements, not tokens). The
-fused node takes the TfIdfVectorizer's name and output Value; the other stages' attributes
-travel in its ``stages`` attribute. Top-level graph only. Load time.
+output), and the normalizer has no stop words (it would drop elements, not tokens). A
+Normalizer that alone reads a LinearClassifier's scores comes too. The fused node takes the
+place and name of the last node before that Normalizer, and the chain's outputs; the
+stages' attributes travel in its ``stages`` attribute. Top-level graph only. Load time.
 """
 
 from __future__ import annotations
@@ -110,6 +111,17 @@ def _tail(tfidf: Node, uses: Uses) -> tuple[list[Node], np.ndarray | None]:
     return [], None
 
 
+def _post(head: Node, uses: Uses) -> Node | None:
+    """The Normalizer that alone reads a LinearClassifier's scores, or None."""
+    if not _is(head, "LinearClassifier", _ML) or len(head.outputs) != 2:
+        return None
+    scores = head.outputs[1]
+    nxt = _reader(scores, uses)
+    if nxt is None or not _is(nxt, "Normalizer", _ML) or not nxt.outputs:
+        return None
+    return nxt if nxt.outputs[0] is not None else None
+
+
 def fuse_text(graph: Graph, ctx: PassContext) -> str:
     """The pass. Returns its one-line report."""
     uses = Uses(graph)
@@ -124,16 +136,22 @@ def fuse_text(graph: Graph, ctx: PassContext) -> str:
         front, x = got
         tail, scale = _tail(node, uses)
         chain = [*front, *tail]
-        last = chain[-1]
+        last = anchor = chain[-1]
+        outputs = list(last.outputs)
+        post = _post(last, uses) if tail else None
+        if post is not None:  # the scores' Normalizer (skl2onnx's L1 after a softmax)
+            chain.append(post)
+            outputs = [last.outputs[0], post.outputs[0]]
+            last = post
         stages = tuple((n.op_type, n.domain, n.opset, n.name, tuple(sorted(n.attrs.items())))
                        for n in chain)  # fmt: skip
         attrs: dict[str, object] = {"stages": stages}
         if scale is not None:
             attrs["scale"] = scale
-        fused = Node("TextVectorize", [x], list(last.outputs), attrs, name=last.name,
+        fused = Node("TextVectorize", [x], outputs, attrs, name=anchor.name,
                      domain=DOMAIN, opset=1)  # fmt: skip
-        graph.nodes[graph.nodes.index(last)] = fused
-        gone.update(id(n) for n in chain[:-1])
+        graph.nodes[graph.nodes.index(anchor)] = fused  # before every reader of its outputs
+        gone.update(id(n) for n in chain if n is not anchor)
         made += 1
         heads += bool(tail)
     if not made:

@@ -2,7 +2,8 @@
 domain ``tfrt_py.fused``: what skl2onnx writes for a CountVectorizer or TfidfVectorizer --
 ``[StringNormalizer] -> Tokenizer -> [Flatten] -> TfIdfVectorizer`` on a string pool -- as
 one node, and with it, where they follow, ``[Mul by a constant] -> [Normalizer L1/L2] ->
-LinearClassifier | LinearRegressor`` (the linear model of the pipeline).
+LinearClassifier | LinearRegressor`` (the linear model of the pipeline) and a Normalizer
+of the classifier's scores.
 
 Attribute ``stages``: each fused node as ``(op_type, domain, opset, name, attrs)`` with
 its attributes as sorted ``(key, value)`` pairs, in graph order; ``scale``: a fused Mul's
@@ -290,17 +291,22 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
         n_front = max(ops.index(op) for op in front) + 1
         fast = _front(front)
 
+        # a Normalizer after the linear model normalizes its scores (its second output)
+        head_at = next((i for i, op in enumerate(ops) if op in HEADS), len(ops))
+        post = fns[head_at + 1] if head_at + 1 < len(ops) else None
+        fns_to_head = fns[: head_at + 1]
+
         def stages_one_by_one(X: np.ndarray) -> Any:
             y = X
-            for fn in fns:
+            for fn in fns_to_head:
                 y = fn(y)
-            return y
+            return y if post is None else (y[0], post(y[1]))
 
         if fast is None:
             return stages_one_by_one
         table = fast.table
-        rest = fns[n_front:]
-        head = _sparse_head(registry, ctx, stages, table) if rest else None
+        rest = fns_to_head[n_front:]
+        head = _sparse_head(registry, ctx, stages[: head_at + 1], table) if rest else None
 
         def text_vectorize(X: np.ndarray) -> Any:
             if X.ndim != 1 or X.size == 0:
@@ -311,12 +317,13 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
                 return stages_one_by_one(X)
             if head is not None:
                 sparse, on_scores = head
-                return on_scores(sparse.scores(rows, get))
-            y = table.counts(rows) if get is None else table.count_tokens(rows, get)
-            y = table.weigh(y)
-            for fn in rest:
-                y = fn(y)
-            return y
+                y = on_scores(sparse.scores(rows, get))
+            else:
+                y = table.counts(rows) if get is None else table.count_tokens(rows, get)
+                y = table.weigh(y)
+                for fn in rest:
+                    y = fn(y)
+            return y if post is None else (y[0], post(y[1]))
 
         return text_vectorize
 
