@@ -4,7 +4,9 @@ batch 1 and 1000, plus cold compile and warm (cached) load times.
     python benchmarks/zoo.py [--zoo benchmarks/zoo] [--seconds S] [--out DIR]
 
 Run ``benchmarks/zoo_build.py`` first (``make bench-zoo`` does both). Each model is loaded
-with ``executor="auto", native="eager"`` and called until auto's measured choice is made;
+with ``executor="auto", native="eager"``, waited for until it runs on compiled code
+(``wait_compiled``: the steady state, not a cold process's first seconds, which
+``benchmarks/first_result.py`` measures) and called until auto's measured choice is made;
 its outputs are checked against the onnxruntime outputs the builder saved; then both are
 timed interleaved in this process (``tfrt_py.bench.measure``), ratio = tfrt_py / onnxruntime
 (below 1: faster); onnxruntime's thread spinning is off unless ``--ort-spinning`` (its
@@ -113,6 +115,8 @@ def bench(name: str, source: object, feeds_by_batch: dict, seconds: float,
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     rows = []
+    model.run(next(iter(feeds_by_batch.values())))
+    model.wait_compiled(120)  # the steady state: a cold process's first seconds are not it
     for batch, feeds in feeds_by_batch.items():
         for _ in range(30):  # auto's trial for this batch class
             got = model.run(feeds)
