@@ -1,8 +1,9 @@
-"""Fuse a text vectorizer's front into one node: ``[StringNormalizer] -> Tokenizer ->
-[Flatten] -> TfIdfVectorizer`` (pool of strings), what skl2onnx writes for scikit-learn's
-CountVectorizer and TfidfVectorizer, becomes ``tfrt_py.fused::TextVectorize`` (kernel:
-``kernels/fused/text.py``), which takes each string once and counts its n-grams without
-the padded matrix of token strings between the nodes.
+"""Fuse a text vectorizer's front into one node: ``[Reshape to [-1]] -> [StringNormalizer]
+-> Tokenizer -> [Flatten] -> TfIdfVectorizer`` (pool of strings), what skl2onnx writes for
+scikit-learn's CountVectorizer and TfidfVectorizer, becomes
+``tfrt_py.fused::TextVectorize`` (kernel: ``kernels/fused/text.py``), which takes each
+string once and counts its n-grams without the padded matrix of token strings between
+the nodes.
 
 Only where each fused node's output has the next one as its only reader (and is no graph
 output), and the normalizer has no stop words (it would drop elements, not tokens). A
@@ -61,6 +62,13 @@ def _front(tfidf: Node, uses: Uses) -> tuple[list[Node], Value] | None:
     if norm is not None and not norm.attrs.get("stopwords"):
         chain.insert(0, norm)
         v = norm.inputs[0]
+        assert v is not None
+    flat = _producer(v, "Reshape", chain[0], uses)  # skl2onnx's [N, 1] -> [N]
+    shape = flat.inputs[1] if flat is not None and len(flat.inputs) == 2 else None
+    to_1d = shape is not None and shape.const is not None
+    if flat is not None and to_1d and shape.const.reshape(-1).tolist() == [-1]:  # type: ignore[union-attr]
+        chain.insert(0, flat)
+        v = flat.inputs[0]
         assert v is not None
     return chain, v
 

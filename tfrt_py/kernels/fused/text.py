@@ -5,6 +5,7 @@ one node, and with it, where they follow, ``[Mul by a constant] -> [Normalizer L
 LinearClassifier | LinearRegressor`` (the linear model of the pipeline) and a Normalizer
 of the classifier's scores.
 
+A leading ``Reshape`` to ``[-1]`` (skl2onnx's, of the ``[N, 1]`` input) is a stage too.
 Attribute ``stages``: each fused node as ``(op_type, domain, opset, name, attrs)`` with
 its attributes as sorted ``(key, value)`` pairs, in graph order; ``scale``: a fused Mul's
 constant broadcast to the vectorizer's width (float32). The node's outputs are the last
@@ -281,7 +282,9 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
         scale = ctx.attr("scale", None)
         fns: list[Callable[[Any], Any]] = []
         for s in stages:
-            if s[0] == "Mul":
+            if s[0] == "Reshape":  # the pass fuses a Reshape to [-1] only
+                fns.append(np.ravel)
+            elif s[0] == "Mul":
                 if scale is None:
                     raise ctx.unsupported("a fused Mul needs its scale")
                 fns.append(partial(np.multiply, np.asarray(scale, np.float32)))
@@ -296,11 +299,14 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
         post = fns[head_at + 1] if head_at + 1 < len(ops) else None
         fns_to_head = fns[: head_at + 1]
 
-        def stages_one_by_one(X: np.ndarray) -> Any:
+        def stages_one_by_one(X: np.ndarray, start: int = 0) -> Any:
             y = X
-            for fn in fns_to_head:
+            for fn in fns_to_head[start:]:
                 y = fn(y)
             return y if post is None else (y[0], post(y[1]))
+
+        ravel = ops[0] == "Reshape"
+        stages_after_ravel = partial(stages_one_by_one, start=1 if ravel else 0)
 
         if fast is None:
             return stages_one_by_one
@@ -309,12 +315,14 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
         head = _sparse_head(registry, ctx, stages[: head_at + 1], table) if rest else None
 
         def text_vectorize(X: np.ndarray) -> Any:
+            if ravel:
+                X = X.reshape(-1)
             if X.ndim != 1 or X.size == 0:
-                return stages_one_by_one(X)
+                return stages_after_ravel(X)
             try:
                 rows, get = fast.rows(X.tolist())
             except TypeError:  # bytes or other objects: the Tokenizer decodes them
-                return stages_one_by_one(X)
+                return stages_after_ravel(X)
             if head is not None:
                 sparse, on_scores = head
                 y = on_scores(sparse.scores(rows, get))
