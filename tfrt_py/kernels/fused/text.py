@@ -21,6 +21,8 @@ Fast paths, for a ``[C]`` input of ``str`` elements, at least one:
   model's coefficients of those columns only (float64 sums), and the model's own kernel
   (built with identity coefficients, its intercepts, post transform and labels) on those
   scores: no ``[C, width]`` matrix at all. Within float32 rounding of the unfused nodes.
+  One row under a SOFTMAX classifier with integer labels (and an L1 Normalizer of its
+  scores, skl2onnx's) takes the softmax in Python's floats (``_SoftmaxRow``).
 
 The front's output is exactly the unfused nodes' because the fast path is only taken where
 padding and row markers cannot count: a normalizer without stop words (which would drop
@@ -184,7 +186,7 @@ class _Sparse:
 
     def scores(self, rows: list[list[Any]], get: Get | None) -> np.ndarray:
         if len(rows) == 1 and len(rows[0]) <= SMALL:
-            return self.one_row(rows[0], get)
+            return self.one_row(rows[0], get).astype(np.float32)
         return self.scores_at(*self._columns(rows, get), len(rows))
 
     def scores_at(self, cols: np.ndarray, row: np.ndarray, n: int) -> np.ndarray:
@@ -214,18 +216,19 @@ class _Sparse:
         return out
 
     def one_row(self, row: list[Any], get: Get | None) -> np.ndarray:
-        """``scores`` of one row of a few tokens: Python's floats where NumPy's calls would
-        cost more than their work (``math.hypot`` is the L2 norm)."""
+        """``scores`` of one row of a few tokens, float64 ``(1, outputs)``: Python's floats
+        where NumPy's calls would cost more than their work (``math.hypot`` is the L2
+        norm)."""
         cols = row if get is None else [c for c in map(get, row) if c is not None]
         if not cols:
-            return np.zeros((1, self.outputs), np.float32)
+            return np.zeros((1, self.outputs), _F64)
         if not self.distinct:  # counts: the scaled coefficients summed over the tokens
-            y = np.add.reduce(self.w_scaled.take(cols, axis=0), axis=0, keepdims=True)
+            y: np.ndarray = np.add.reduce(self.w_scaled.take(cols, axis=0), axis=0, keepdims=True)
             if self.norm == "L1":
                 d = sum(map(self.abs_scale_list.__getitem__, cols))
                 if d:
                     y /= d
-            return y.astype(np.float32)
+            return y
         agg = dict.fromkeys(cols, 0)
         for c in cols:
             agg[c] += 1
@@ -238,7 +241,48 @@ class _Sparse:
             d = sum(map(abs, vals))
         if d:
             vals = [v / d for v in vals]
-        return np.dot(vals, self.w_t.take(cols, axis=0)).astype(np.float32).reshape(1, -1)
+        return np.dot(vals, self.w_t.take(cols, axis=0)).reshape(1, -1)
+
+
+class _SoftmaxRow:
+    """One row's LinearClassifier with a SOFTMAX (and integer labels), and an L1 Normalizer
+    of its scores after it or none, in Python's floats: ``(scores float64 (1, C) before
+    the intercepts) -> (label, probabilities)``, what the two kernels give within float32
+    rounding (the label is the first of the highest scores, as theirs) at a third of their
+    calls' cost."""
+
+    def __init__(self, intercepts: np.ndarray, labels: np.ndarray, l1: bool) -> None:
+        self.b = intercepts.astype(_F64).tolist()
+        self.labels, self.l1 = labels.tolist(), l1
+
+    def __call__(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        s = [v + b for v, b in zip(y[0].tolist(), self.b)]
+        top = max(s)
+        e = [math.exp(v - top) for v in s]
+        total = sum(e)  # >= 1: the top's own term
+        p = [v / total for v in e]
+        if self.l1:
+            total = sum(p)
+            p = [v / total for v in p]
+        return (np.array([self.labels[s.index(top)]], np.int64),
+                np.array([p], np.float32))  # fmt: skip
+
+
+def _softmax_row(head: Stage, post: Stage | None, n_cls: int) -> _SoftmaxRow | None:
+    """The fast one-row head where ``head`` and ``post`` are what it computes."""
+    attrs = dict(head[4])
+    post_norm = dict(post[4]).get("norm", "MAX") if post is not None else None
+    labels = attrs.get("classlabels_ints")
+    intercepts = attrs.get("intercepts")
+    if (head[0] != "LinearClassifier" or attrs.get("post_transform", "NONE") != "SOFTMAX"
+            or post_norm not in (None, "L1") or attrs.get("classlabels_strings")
+            or not labels or len(labels) != n_cls or n_cls < 2
+            or intercepts is None or len(intercepts) != n_cls):  # fmt: skip
+        return None
+    inter = np.asarray(intercepts, np.float32)
+    if not np.isfinite(inter).all():
+        return None
+    return _SoftmaxRow(inter, np.asarray(labels, np.int64), post is not None)
 
 
 def _sparse_head(registry: KernelRegistry, ctx: KernelContext, stages: Sequence[Stage],
@@ -313,6 +357,10 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
         table = fast.table
         rest = fns_to_head[n_front:]
         head = _sparse_head(registry, ctx, stages[: head_at + 1], table) if rest else None
+        quick = None
+        if head is not None:
+            post_stage = stages[head_at + 1] if post is not None else None
+            quick = _softmax_row(stages[head_at], post_stage, head[0].outputs)
 
         def text_vectorize(X: np.ndarray) -> Any:
             if ravel:
@@ -325,6 +373,8 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
                 return stages_after_ravel(X)
             if head is not None:
                 sparse, on_scores = head
+                if quick is not None and len(rows) == 1 and len(rows[0]) <= SMALL:
+                    return quick(sparse.one_row(rows[0], get))
                 y = on_scores(sparse.scores(rows, get))
             else:
                 y = table.counts(rows) if get is None else table.count_tokens(rows, get)
