@@ -65,7 +65,7 @@ bench: $(STAMP)
 # optimum-onnx exports the decoders with their KV cache (bench-dynamic); it pins
 # transformers below 4.58.
 ZOO_PACKAGES := "torch==2.14.1" "torchvision==0.29.1" timm onnxscript transformers \
-	lightgbm xgboost onnxmltools optimum-onnx
+	lightgbm xgboost onnxmltools optimum-onnx catboost
 ZOO_RUN := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. $(BIN)/python
 ZOO_OUT := benchmarks/results
 ZOO_STAMP := $(VENV)/.zoo-installed
@@ -76,7 +76,8 @@ $(ZOO_STAMP): $(STAMP)
 
 bench-zoo: bench-zoo-classic bench-zoo-transformers bench-zoo-vision
 
-# sklearn/skl2onnx, LightGBM and XGBoost (onnxmltools) at batch 1 and 1000.
+# sklearn/skl2onnx, LightGBM and XGBoost (onnxmltools), CatBoost (its own export) at batch
+# 1 and 1000.
 bench-zoo-classic: $(ZOO_STAMP)
 	$(ZOO_RUN) benchmarks/zoo_build.py --out benchmarks/zoo
 	$(ZOO_RUN) benchmarks/zoo.py --zoo benchmarks/zoo --out $(ZOO_OUT)

@@ -139,6 +139,27 @@ def zoo(small: bool) -> dict[str, Callable[[], Any]]:
                                     random_state=0)  # fmt: skip
         return _mltools("xgboost", est.fit(x, y), f)
 
+    def catboost() -> Any:
+        """CatBoost's own ONNX export (a TreeEnsembleClassifier and a ZipMap), its input
+        named ``X`` as the zoo's feeds are."""
+        import tempfile
+
+        import catboost
+        import onnx
+
+        est = catboost.CatBoostClassifier(iterations=trees, depth=6, random_seed=0,
+                                          verbose=False, thread_count=1).fit(x, y)  # fmt: skip
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "catboost.onnx")
+            est.save_model(path, format="onnx", export_parameters={
+                "onnx_domain": "ai.catboost", "onnx_model_version": 1})  # fmt: skip
+            model = onnx.load(path)
+        for v in model.graph.input:
+            v.name = "X" if v.name == "features" else v.name
+        for node in model.graph.node:
+            node.input[:] = ["X" if i == "features" else i for i in node.input]
+        return model
+
     def iforest() -> Any:
         from sklearn.ensemble import IsolationForest
 
@@ -197,6 +218,7 @@ def zoo(small: bool) -> dict[str, Callable[[], Any]]:
     else:
         from zoo_text import models as text_models
 
+        models["catboost_classifier"] = catboost  # skipped where catboost is not installed
         models.update(text_models())
     return models
 
