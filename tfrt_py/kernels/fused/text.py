@@ -83,8 +83,7 @@ def _stage_ctx(ctx: KernelContext, stage: Stage, attrs: dict[str, Any] | None = 
 class _Front:
     """The fused front of one node: ``rows(items)`` -> (each element's tokens, a unigram
     table, and ``get``, token -> column or None; or each element's n-gram columns and
-    None). Raises TypeError for an
-    element that is not a ``str``.
+    None). Raises TypeError for an element that is not a ``str``.
 
     Where the token pattern is ``C+`` for an ASCII character class ``C`` without NUL or
     whitespace (``regex.ascii_run_class``; skl2onnx writes ``[a-zA-Z0-9_]+``) and the
