@@ -3,7 +3,8 @@ encoders is mapped to ids once per call (``compiler/encode_strings.py`` makes th
 ``StringIds`` node, the native entry runs it), and the compiled function does the rest
 (``native/lower/ops_encode.py``: OneHotEncoder on integer categories). Checked against
 onnxruntime and the sync interpreter on the values a categorical column meets: seen,
-unseen at fit time, empty, non-ASCII, bytes, a fixed-width NumPy string array, at batch
+unseen at fit time, empty, non-ASCII, bytes, None, numbers, a 100 kB string, a
+fixed-width NumPy string array, at batch
 sizes the rows loop serves; ``zeros=0`` refuses an unknown value with the kernel's error
 and the model stays usable; an input that is read otherwise keeps its strings."""
 
@@ -119,7 +120,10 @@ def test_feeds_of_other_forms_agree_with_the_interpreter() -> None:
     as_bytes = dict(feeds, color=np.array([[s.encode()] for s in feeds["color"][:, 0]],
                                           dtype=object))  # fmt: skip
     fixed = dict(feeds, size=feeds["size"].astype(str))  # a NumPy '<U2' array
-    for f in (as_bytes, fixed):
+    odd = dict(
+        feeds, color=np.array([[None], [3], ["red"], [1.5], [""], ["x" * 100_000]], dtype=object)
+    )  # not strings, or a long one: unknown
+    for f in (as_bytes, fixed, odd):
         _same(m.run(f), unencoded.run(f))
 
 
