@@ -1,12 +1,12 @@
-"""String inputs on the native tier (issue 39): a string input read only by one-hot
-encoders is mapped to ids once per call (``compiler/encode_strings.py`` makes the
+"""String inputs on the native tier (issue 39): a string input read only by one-hot or
+label encoders is mapped to ids once per call (``compiler/encode_strings.py`` makes the
 ``StringIds`` node, the native entry runs it), and the compiled function does the rest
-(``native/lower/ops_encode.py``: OneHotEncoder on integer categories). Checked against
-onnxruntime and the sync interpreter on the values a categorical column meets: seen,
-unseen at fit time, empty, non-ASCII, bytes, None, numbers, a 100 kB string, a
-fixed-width NumPy string array, at batch
-sizes the rows loop serves; ``zeros=0`` refuses an unknown value with the kernel's error
-and the model stays usable; an input that is read otherwise keeps its strings."""
+(``native/lower/ops_encode.py``: OneHotEncoder on integer categories, LabelEncoder).
+Checked against onnxruntime and the sync interpreter on the values a categorical column
+meets: seen, unseen at fit time, empty, non-ASCII, bytes, None, numbers, a 100 kB string,
+a fixed-width NumPy string array, at batch sizes the rows loop serves; ``zeros=0``
+refuses an unknown value with the kernel's error and the model stays usable; an input
+that is read otherwise keeps its strings."""
 
 from __future__ import annotations
 
