@@ -227,3 +227,27 @@ def test_label_encoders_of_an_ordinal_encoding_run_in_compiled_code() -> None:
         }
         want = sess.run(None, feeds)[0]
         np.testing.assert_allclose(m.run(feeds)["y"], want, rtol=1e-6)
+
+
+def test_a_category_mapper_becomes_a_label_encoder_of_ids() -> None:
+    nodes = [
+        helper.make_node("CategoryMapper", ["color"], ["c1"], domain=ML, cats_strings=COLORS,
+                         cats_int64s=[10, 20, 30, 40, 50], default_int64=-5),
+        helper.make_node("Cast", ["c1"], ["c2"], to=TensorProto.FLOAT),
+        helper.make_node("LinearRegressor", ["c2"], ["y"], domain=ML, coefficients=[0.5],
+                         intercepts=[1.0]),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "mapper", [helper.make_tensor_value_info("color", TensorProto.STRING, [None, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(ML, 1)])  # fmt: skip
+    model.ir_version = 9
+    m = tfrt_py.load(model, executor="native", native="eager")
+    report = m.describe()
+    assert m.executor == "native" and "CategoryMapper" not in report.split("ops as loaded")[0]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n, seed in ((1, 0), (40, 1)):
+        feeds = {"color": _feeds(n, seed)["color"]}
+        np.testing.assert_allclose(m.run(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-6)

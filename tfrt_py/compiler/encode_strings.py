@@ -1,6 +1,7 @@
 """String inputs as integer ids at the boundary: a graph input of strings whose every
-reader is a ``OneHotEncoder`` on string categories or a ``LabelEncoder`` from string keys
-to numbers (skl2onnx's OrdinalEncoder) gets one ``tfrt_py.fused::StringIds`` node
+reader is a ``OneHotEncoder`` on string categories, a ``LabelEncoder`` from string keys
+to numbers (skl2onnx's OrdinalEncoder) or a ``CategoryMapper`` (which becomes the
+``LabelEncoder`` of its pairs) gets one ``tfrt_py.fused::StringIds`` node
 (kernel: ``kernels/fused/ml.py``) mapping each string to its index in the sorted union of
 those categories and keys (-1 for any other value), and each reader then takes the ids,
 its ``cats_strings``/``keys_strings`` rewritten as their ids in ``cats_int64s``/
@@ -33,9 +34,11 @@ def _text(s: Any) -> str:
     return s.decode("utf-8", errors="surrogateescape") if isinstance(s, bytes) else str(s)
 
 
-#: Per reader: its string attribute, the integer one that replaces it.
+#: Per reader: its string attribute, the integer one that replaces it (a CategoryMapper
+#: becomes the LabelEncoder of its pairs).
 _KEYS = {"OneHotEncoder": ("cats_strings", "cats_int64s"),
-         "LabelEncoder": ("keys_strings", "keys_int64s")}  # fmt: skip
+         "LabelEncoder": ("keys_strings", "keys_int64s"),
+         "CategoryMapper": ("cats_strings", "keys_int64s")}  # fmt: skip
 
 
 def _categories(node: Node) -> list[str] | None:
@@ -46,6 +49,10 @@ def _categories(node: Node) -> list[str] | None:
     if node.op_type == "LabelEncoder":
         values = ("values_strings", "values_tensor", "keys_tensor", "default_tensor")
         if node.opset < 2 or any(node.attrs.get(a) is not None for a in values):
+            return None
+    if node.op_type == "CategoryMapper":  # strings -> int64 (the direction of the input)
+        ints = node.attrs.get("cats_int64s") or []
+        if len(ints) != len(node.attrs.get("cats_strings") or ()):
             return None
     cats = node.attrs.get(_KEYS[node.op_type][0])
     return [_text(c) for c in cats] if cats else None
@@ -73,6 +80,10 @@ def encode_strings(graph: Graph, ctx: PassContext) -> str:
             strings, ints = _KEYS[r.op_type]
             attrs = {k: a for k, a in r.attrs.items() if k != strings}
             attrs[ints] = [index[c] for c in cs or ()]
+            if r.op_type == "CategoryMapper":  # the same map as a LabelEncoder of ids
+                attrs = {ints: attrs[ints], "values_int64s": list(r.attrs["cats_int64s"]),
+                         "default_int64": int(r.attrs.get("default_int64", -1))}  # fmt: skip
+                r.op_type, r.opset = "LabelEncoder", 2
             r.attrs = attrs
     if not made:
         return "nothing to encode"

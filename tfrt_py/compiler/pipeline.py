@@ -96,7 +96,10 @@ TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
         "nothing to fuse",
     ),
     "fuse_vision": (frozenset({"LayerNormalization", "Gelu", "Mul"}), "nothing to fuse"),
-    "encode_strings": (frozenset({"OneHotEncoder", "LabelEncoder"}), "nothing to encode"),
+    "encode_strings": (
+        frozenset({"OneHotEncoder", "LabelEncoder", "CategoryMapper"}),
+        "nothing to encode",
+    ),
     "fuse_text": (frozenset({"Tokenizer"}), "nothing to fuse"),
     "fuse_ml": (frozenset({"ArrayFeatureExtractor", "Scan"}), "nothing to fuse"),
     "fuse_trees": (frozenset({"TreeEnsembleRegressor", "Sum"}), "nothing to fuse"),
