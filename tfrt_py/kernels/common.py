@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -132,6 +133,16 @@ class ShapeMemo(dict[K, V]):
         if len(self) >= self.cap:
             self.clear()
         self[key] = plan
+        return plan
+
+    def made(self, key: K, make: Callable[..., V | None], *args: Any) -> V | None:
+        """The plan of ``key``, made by ``make(*args)`` and stored on a miss; None (not
+        stored) where ``make`` gives None."""
+        plan = self.get(key)
+        if plan is None:
+            plan = make(*args)
+            if plan is not None:
+                self.put(key, plan)
         return plan
 
 

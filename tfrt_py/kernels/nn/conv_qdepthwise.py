@@ -71,13 +71,9 @@ class QDepthwisePlan(NamedTuple):
         ``channels_last``; None when ``x`` does not fit the plan."""
         if x.dtype != self.x_dtype:
             return None
-        key = (x.shape, channels_last)
-        lay = self.calls.get(key)
+        lay = self.calls.made((x.shape, channels_last), _layout, self, x.shape, channels_last)
         if lay is None:
-            lay = _layout(self, x.shape, channels_last)
-            if lay is None:
-                return None
-            self.calls.put(key, lay)
+            return None
         y_shape, work, band = lay
         y = np.empty(y_shape, self.y_dtype)
         if y_shape[0]:

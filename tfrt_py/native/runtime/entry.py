@@ -127,9 +127,10 @@ def threads_entry(fn_into: Any, params: Sequence[np.ndarray], out_names: Sequenc
     fins = [_finisher(f) for f in finishers]
     first = list(batched).index(True)
     encs = _encoders(encoders, len(batched))
+    encoded = any(e is not None for e in encs)
 
     def threaded(feeds: Any, *xs: np.ndarray) -> dict[str, Any]:
-        if any(e is not None for e in encs):
+        if encoded:
             xs = tuple(x if e is None else e(x) for x, e in zip(xs, encs))
         n = xs[first].shape[0]
         outs = [np.empty((n, *rest), dt) for rest, dt in zip(out_rows, out_dtypes)]
