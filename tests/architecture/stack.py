@@ -44,7 +44,7 @@ INNER_LAYERS: dict[str, list[set[str]]] = {
     "native": [{"kernels", "lower"}, {"runtime"}],
     "executors": [
         {"inline_policy", "dims", "plan"},
-        {"base", "program"},
+        {"base", "program", "straight"},
         {"plan_probe", "plan_build", "dataflow_schedule"},
         {"plan_codegen", "dataflow_run"},
         {"plan_generic", "dataflow_control"},
@@ -82,8 +82,9 @@ LINE_BUDGET: dict[str, int] = {
     # GroupQueryAttention's compiled decode-step pass (contrib/gqa_jit.py: issue 37);
     # 2026-12-01 (later): fused::TextVectorize, a text vectorizer and its linear model on
     # sparse counts, one row's softmax in Python's floats (fused/text.py); StringIds and
-    # the LabelEncoder's shared table (fused/ml.py, ml/encode.py): issue 39
-    "kernels": 26800,
+    # the LabelEncoder's shared table (fused/ml.py, ml/encode.py): issue 39;
+    # fused::DictLinear, a wide DictVectorizer's linear model on each map's keys (fused/dicts.py)
+    "kernels": 26950,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,
@@ -94,13 +95,15 @@ LINE_BUDGET: dict[str, int] = {
     # (lower/ops_encode.py: issue 39)
     "native": 7700,
     # 2026-11-30: a bucket's check keeps shapes only (Program.run_shapes); baked parts shared;
-    # 2026-12-01: genai's total_sequence_length tied to past + sequence (dims.genai_tied)
-    "executors": 4750,
+    # 2026-12-01: genai's total_sequence_length tied to past + sequence (dims.genai_tied);
+    # straight-line code for the interpreter's unplanned calls (straight.py)
+    "executors": 4850,
     # 2026-11-29: fuse_qdq and channels_last (integer QDQ graphs, issue 36); 2026-11-30:
     # fuse_rotary (Llama-style decoders' rotary embedding, issue 37); 2026-12-01: fuse_qtable
     # (a quantized SiLU as one lookup, issue 36); fuse_text (a text vectorizer's front and
-    # linear model) and encode_strings (string columns as ids, CategoryMapper), issue 39
-    "compiler": 5900,
+    # linear model) and encode_strings (string columns as ids, CategoryMapper), issue 39;
+    # fuse_dict (a wide DictVectorizer and its linear model)
+    "compiler": 5950,
     # 2026-11-29: gRPC (grpc_schema, grpc_service), ZipMap, the generate extension; 2026-11-30:
     # Triton's metrics and gauges across workers (metrics.py), JSON answers in pieces
     "serving": 5800,

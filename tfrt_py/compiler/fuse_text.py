@@ -21,7 +21,7 @@ from ..kernels.fused.domain import DOMAIN
 from .context import PassContext
 from .rewrite import Uses
 
-__all__ = ["fuse_text"]
+__all__ = ["fuse_text", "linear_tail", "scores_normalizer"]
 
 _ONNX = ("", "ai.onnx")
 _ML = ("ai.onnx.ml",)
@@ -96,15 +96,16 @@ def _reader(v: Value | None, uses: Uses) -> Node | None:
     return uses.only_reader(v) if v is not None else None
 
 
-def _tail(tfidf: Node, uses: Uses) -> tuple[list[Node], np.ndarray | None]:
+def linear_tail(front: Node, uses: Uses, width: int) -> tuple[list[Node], np.ndarray | None]:
     """The ``[Mul] -> [Normalizer L1 | L2] -> LinearClassifier | LinearRegressor`` after
-    ``tfidf`` (each the only reader of the one before) and the Mul's scale, or ``([], None)``."""
+    ``front`` (a vectorizer of ``width`` columns; each node the only reader of the one
+    before) and the Mul's scale, or ``([], None)``."""
     tail: list[Node] = []
     scale = None
-    v = tfidf.outputs[0] if tfidf.outputs else None
+    v = front.outputs[0] if front.outputs else None
     nxt = _reader(v, uses)
     if nxt is not None and v is not None and _is(nxt, "Mul"):
-        scale = _scale(nxt, v, _width(tfidf))
+        scale = _scale(nxt, v, width)
         if scale is None:
             return [], None
         tail.append(nxt)
@@ -119,7 +120,7 @@ def _tail(tfidf: Node, uses: Uses) -> tuple[list[Node], np.ndarray | None]:
     return [], None
 
 
-def _post(head: Node, uses: Uses) -> Node | None:
+def scores_normalizer(head: Node, uses: Uses) -> Node | None:
     """The Normalizer that alone reads a LinearClassifier's scores, or None."""
     if not _is(head, "LinearClassifier", _ML) or len(head.outputs) != 2:
         return None
@@ -142,11 +143,11 @@ def fuse_text(graph: Graph, ctx: PassContext) -> str:
         if got is None:
             continue
         front, x = got
-        tail, scale = _tail(node, uses)
+        tail, scale = linear_tail(node, uses, _width(node))
         chain = [*front, *tail]
         last = anchor = chain[-1]
         outputs = list(last.outputs)
-        post = _post(last, uses) if tail else None
+        post = scores_normalizer(last, uses) if tail else None
         if post is not None:  # the scores' Normalizer (skl2onnx's L1 after a softmax)
             chain.append(post)
             outputs = [last.outputs[0], post.outputs[0]]

@@ -62,6 +62,7 @@ _PASS_FNS = {
     "fuse_vision": ("fuse_vision", "fuse_vision"),
     "encode_strings": ("encode_strings", "encode_strings"),
     "fuse_text": ("fuse_text", "fuse_text"),
+    "fuse_dict": ("fuse_dict", "fuse_dict"),
     "fuse_ml": ("fuse_ml", "fuse_ml"),
     "fuse_trees": ("fuse_trees", "fuse_trees"),
     "fuse_linear": ("fuse_linear", "fuse_linear"),
@@ -101,6 +102,7 @@ TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
         "nothing to encode",
     ),
     "fuse_text": (frozenset({"Tokenizer"}), "nothing to fuse"),
+    "fuse_dict": (frozenset({"DictVectorizer"}), "nothing to fuse"),
     "fuse_ml": (frozenset({"ArrayFeatureExtractor", "Scan"}), "nothing to fuse"),
     "fuse_trees": (frozenset({"TreeEnsembleRegressor", "Sum"}), "nothing to fuse"),
 }
@@ -129,6 +131,7 @@ PASSES = (
     "fuse_vision",
     "encode_strings",
     "fuse_text",
+    "fuse_dict",
     "fuse_ml",
     # before fuse_elementwise: it folds the elementwise nodes after a tree into its leaves
     "fuse_trees",

@@ -59,6 +59,7 @@ from .plan_build import Layout, build_layout
 from .plan_codegen import Generated, generate
 from .plan_probe import run_env
 from .program import Program, constant_ids, named_deadline, user_output
+from .straight import straight_line
 
 if TYPE_CHECKING:
     from .plan_generic import GenericPlan, Instance
@@ -120,6 +121,7 @@ class _Plan:
 
 #: Programs with more instructions than this run unplanned (see the module docstring).
 MAX_PLANNED_INSTRS = 20_000
+_UNMADE = object()  # ``SyncInterpreter._straight`` before its first use
 #: New signatures remembered, once the plan cache has churned, so that a second sight plans.
 SEEN_ONCE_MAX = 256
 #: A plan's cost per instruction, roughly (planning and generating its code: ~8 ms for
@@ -181,9 +183,13 @@ class SyncInterpreter(Executor):
         for s in program.output_slots:
             self._plain_kinds.append("copy" if s in fixed or s in seen else "user")
             seen.add(s)
+        #: the program's constants (the template keeps them alive, so their ids stay theirs)
         self._consts = [t for t in program.template[2:] if t is not None]
+        self._const_set = frozenset(map(id, self._consts))
         self._const_ids = constant_ids(graph)
         self._pure = all(i.flags.pure and not i.flags.is_async for i in program.instrs)
+        #: the straight-line code of unplanned calls (``_unplanned``), made on first use
+        self._straight: Any = _UNMADE
         #: The entry point: the newest plan's fast path, or the slow path before any plan.
         self.run: Any = self._slow
         #: the generic plan and its generated code (None: plans per signature), and why not
@@ -241,12 +247,8 @@ class SyncInterpreter(Executor):
         if plan is None and (self.unplanned or sig is None or not self._plan_now(sig)):
             # no plan for this call: run freeing values as they go (a probe keeping every
             # value costs far more on big activations: fresh pages for all of them)
-            prev = set_current(call)
             t0 = time.perf_counter()
-            try:
-                vals = self._program.run_freeing(args)
-            finally:
-                set_current(prev)
+            vals = self._unplanned(args, call)
             self._unplanned_s = min(self._unplanned_s, time.perf_counter() - t0)
             self._unplanned_n += 1
             return self._finish_env(vals, self._plain_kinds, args, bufs, outputs_only=True)
@@ -270,6 +272,25 @@ class SyncInterpreter(Executor):
         else:
             vals = plan.gen.run_call(args, bufs, call)
         return self._finish(vals, layout.output_kinds, bufs)
+
+    def _unplanned(self, args: Sequence[Any], call: CallContext | None) -> list[Any]:
+        """The outputs of a call no plan serves: the program's straight-line code
+        (``straight.py``) where it has one and the call has no context to check, else
+        ``run_freeing`` under ``call`` (which also names a failing node: the straight
+        code's failure runs it again, the kernels being pure)."""
+        straight = self._straight
+        if straight is _UNMADE:
+            straight = self._straight = straight_line(self._program) if self._pure else None
+        if straight is not None and call is None:
+            try:
+                return straight(args)
+            except Exception:  # noqa: BLE001 - rerun below to raise it named
+                pass
+        prev = set_current(call)
+        try:
+            return self._program.run_freeing(args)
+        finally:
+            set_current(prev)
 
     def _verifying_env(
         self, args: Sequence[Any], call: CallContext | None, values: frozenset[int]
@@ -302,15 +323,14 @@ class SyncInterpreter(Executor):
         the outputs in order): ``kinds`` (the layout's), and a copy of any output that is
         a feed, a constant or an earlier output."""
         vals = list(env) if outputs_only else [env[s] for s in self._program.output_slots]
-        kinds = [
-            "copy"
-            if any(v is a for a in args)
-            or any(v is c for c in self._consts)
-            or any(v is w for w in vals[:k])
-            else kind
-            for k, (v, kind) in enumerate(zip(vals, kinds))
-        ]
-        return self._finish(vals, kinds, bufs)
+        taken = set(map(id, args))
+        consts = self._const_set
+        own = []
+        for v, kind in zip(vals, kinds):
+            i = id(v)
+            own.append("copy" if i in taken or i in consts else kind)
+            taken.add(i)
+        return self._finish(vals, own, bufs)
 
     def _run_instance(
         self, inst: Instance, args: Sequence[Any], bufs: Sequence[Any], call: CallContext | None

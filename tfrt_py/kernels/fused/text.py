@@ -54,7 +54,17 @@ from ..ml.common import attr_floats
 from ..registry import KernelRegistry
 from .domain import DOMAIN
 
-__all__ = ["FRONT", "HEADS", "SMALL", "Stage", "register_kernels"]
+__all__ = [
+    "FRONT",
+    "HEADS",
+    "SMALL",
+    "Stage",
+    "head_coefficients",
+    "head_on_scores",
+    "register_kernels",
+    "softmax_row",
+    "stage_ctx",
+]
 
 #: One fused node: ``(op_type, domain, opset, name, sorted attribute pairs)``.
 Stage = tuple[str, str, int, str, tuple[tuple[str, Any], ...]]
@@ -72,7 +82,7 @@ _F64 = np.float64
 SMALL = 4096
 
 
-def _stage_ctx(ctx: KernelContext, stage: Stage, attrs: dict[str, Any] | None = None
+def stage_ctx(ctx: KernelContext, stage: Stage, attrs: dict[str, Any] | None = None
                ) -> KernelContext:  # fmt: skip
     op, domain, opset, name, pairs = stage
     node = Node(op, [ctx.node.inputs[0]], [Value("_")], attrs or dict(pairs), name=name,
@@ -250,24 +260,25 @@ class _SoftmaxRow:
     rounding (the label is the first of the highest scores, as theirs) at a third of their
     calls' cost."""
 
-    def __init__(self, intercepts: np.ndarray, labels: np.ndarray, l1: bool) -> None:
+    def __init__(self, intercepts: np.ndarray, labels: np.ndarray) -> None:
         self.b = intercepts.astype(_F64).tolist()
-        self.labels, self.l1 = labels.tolist(), l1
+        self.labels = labels.tolist()
 
     def __call__(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        s = [v + b for v, b in zip(y[0].tolist(), self.b)]
+        return self.row(y[0].tolist())
+
+    def row(self, scores: list[float]) -> tuple[np.ndarray, np.ndarray]:
+        """``__call__`` of the one row's scores as a list."""
+        s = [v + b for v, b in zip(scores, self.b)]
         top = max(s)
         e = [math.exp(v - top) for v in s]
         total = sum(e)  # >= 1: the top's own term
-        p = [v / total for v in e]
-        if self.l1:
-            total = sum(p)
-            p = [v / total for v in p]
+        # the L1 Normalizer after it divides by a sum that is 1 within float64 rounding
         return (np.array([self.labels[s.index(top)]], np.int64),
-                np.array([p], np.float32))  # fmt: skip
+                np.array([[v / total for v in e]], np.float32))  # fmt: skip
 
 
-def _softmax_row(head: Stage, post: Stage | None, n_cls: int) -> _SoftmaxRow | None:
+def softmax_row(head: Stage, post: Stage | None, n_cls: int) -> _SoftmaxRow | None:
     """The fast one-row head where ``head`` and ``post`` are what it computes."""
     attrs = dict(head[4])
     post_norm = dict(post[4]).get("norm", "MAX") if post is not None else None
@@ -281,7 +292,26 @@ def _softmax_row(head: Stage, post: Stage | None, n_cls: int) -> _SoftmaxRow | N
     inter = np.asarray(intercepts, np.float32)
     if not np.isfinite(inter).all():
         return None
-    return _SoftmaxRow(inter, np.asarray(labels, np.int64), post is not None)
+    return _SoftmaxRow(inter, np.asarray(labels, np.int64))
+
+
+def head_coefficients(ctx: KernelContext, head: Stage, width: int) -> np.ndarray | None:
+    """A linear model's coefficients as float64 ``(outputs, width)``, or None where they
+    are missing or are no whole rows of ``width``."""
+    coefs = attr_floats(stage_ctx(ctx, head), "coefficients", _F64)
+    if coefs is None or not coefs.size or coefs.size % width:
+        return None
+    return coefs.reshape(-1, width)
+
+
+def head_on_scores(registry: KernelRegistry, ctx: KernelContext, head: Stage,
+                   outputs: int) -> ComputeFn:  # fmt: skip
+    """The linear model's own kernel for scores already multiplied by its coefficients:
+    built with identity coefficients, and its intercepts, post transform and labels."""
+    attrs = dict(head[4])
+    attrs.pop("coefficients_as_tensor", None)
+    attrs["coefficients"] = np.eye(outputs, dtype=np.float32).reshape(-1).tolist()
+    return registry.lookup(head[1], head[0], head[2], head[3]).build(stage_ctx(ctx, head, attrs))
 
 
 def _sparse_head(registry: KernelRegistry, ctx: KernelContext, stages: Sequence[Stage],
@@ -298,20 +328,13 @@ def _sparse_head(registry: KernelRegistry, ctx: KernelContext, stages: Sequence[
         if norm not in ("L1", "L2"):
             return None
     scale = ctx.attr("scale", None)
-    attrs = dict(head[4])
-    hctx = _stage_ctx(ctx, head)
-    coefs = attr_floats(hctx, "coefficients", _F64)
-    if coefs is None or not coefs.size or coefs.size % table.out_size:
+    coefs = head_coefficients(ctx, head, table.out_size)
+    if coefs is None:
         return None
-    coefs = coefs.reshape(-1, table.out_size)
     finite = [coefs] + [a for a in (scale, table.weights) if a is not None]
     if not all(np.isfinite(a).all() for a in finite):
         return None
-    attrs.pop("coefficients_as_tensor", None)
-    attrs["coefficients"] = np.eye(len(coefs), dtype=np.float32).reshape(-1).tolist()
-    on_scores = registry.lookup(head[1], head[0], head[2], head[3]).build(
-        _stage_ctx(ctx, head, attrs)
-    )
+    on_scores = head_on_scores(registry, ctx, head, len(coefs))
     sparse = _Sparse(table, None if scale is None else np.asarray(scale, _F64), norm, coefs)
     return sparse, on_scores
 
@@ -332,8 +355,8 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
                     raise ctx.unsupported("a fused Mul needs its scale")
                 fns.append(partial(np.multiply, np.asarray(scale, np.float32)))
             else:
-                fns.append(registry.lookup(s[1], s[0], s[2], s[3]).build(_stage_ctx(ctx, s)))
-        front = {s[0]: _stage_ctx(ctx, s) for s in stages if s[0] in FRONT}
+                fns.append(registry.lookup(s[1], s[0], s[2], s[3]).build(stage_ctx(ctx, s)))
+        front = {s[0]: stage_ctx(ctx, s) for s in stages if s[0] in FRONT}
         n_front = max(ops.index(op) for op in front) + 1
         fast = _front(front)
 
@@ -359,7 +382,7 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
         quick = None
         if head is not None:
             post_stage = stages[head_at + 1] if post is not None else None
-            quick = _softmax_row(stages[head_at], post_stage, head[0].outputs)
+            quick = softmax_row(stages[head_at], post_stage, head[0].outputs)
 
         def text_vectorize(X: np.ndarray) -> Any:
             if ravel:

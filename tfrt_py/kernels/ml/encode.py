@@ -281,7 +281,7 @@ def _dict_vectorizer(ctx: KernelContext) -> ComputeFn:
     vocab: list[Any] = list(strs) if strs else (ints.tolist() if ints is not None else [])
     if not vocab:
         raise ctx.unsupported("string_vocabulary or int64_vocabulary is required")
-    index = {k: i for i, k in enumerate(vocab)}
+    get = {k: i for i, k in enumerate(vocab)}.get
     out_t = ctx.node.outputs[0].type if ctx.node.outputs and ctx.node.outputs[0] else None
     out_dtype = getattr(out_t, "dtype", None) or np.dtype(np.float32)
     width = len(vocab)
@@ -289,9 +289,8 @@ def _dict_vectorizer(ctx: KernelContext) -> ComputeFn:
     def dict_vectorizer(m: Any) -> np.ndarray:
         maps = [m] if isinstance(m, Mapping) else list(m)
         out = np.zeros((len(maps), width), dtype=out_dtype)
-        for r, d in enumerate(maps):
-            for key, val in d.items():
-                j = index.get(key.item() if isinstance(key, np.generic) else key)
+        for r, d in enumerate(maps):  # NumPy scalar keys hash and compare as their values
+            for j, val in zip(map(get, d), d.values()):
                 if j is not None:
                     out[r, j] = val
         return out
