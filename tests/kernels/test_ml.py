@@ -13,9 +13,11 @@ import pytest
 from onnx import TensorProto, helper
 
 import tfrt_py
+from tests.support.jit_paths import spy_compiled
 from tests.support.trees import ML, random_classifier, random_regressor, tree_inputs
 from tfrt_py.ir import Node, Value
 from tfrt_py.kernels import KernelContext, default_registry
+from tfrt_py.kernels.ml import tree_jit
 
 sklearn = pytest.importorskip("sklearn")
 skl2onnx = pytest.importorskip("skl2onnx")
@@ -203,18 +205,24 @@ _DEPTHS = [4] * 4
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE", "MIN", "MAX"])
-def test_tree_ensemble_regressor_random(seed: int, aggregate: str) -> None:
+def test_tree_ensemble_regressor_random(seed: int, aggregate: str, jit: str,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """On the compiled walk (``tree_jit``) and NumPy's; each walk checked to have run."""
+    walks = spy_compiled(monkeypatch, tree_jit, "walker")
     rng = np.random.RandomState(seed)
     node = random_regressor(rng, seed, aggregate, _DEPTHS)
     x_info = helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])
     y_info = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 3])
     x = tree_inputs(rng, 50)
     _assert_same(_model(node, [x_info], [y_info], 3), {"X": x})
+    assert bool(walks) == (jit == "jit")
 
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("transform", ["NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO"])
-def test_tree_ensemble_classifier_random(seed: int, transform: str) -> None:
+def test_tree_ensemble_classifier_random(seed: int, transform: str, jit: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    walks = spy_compiled(monkeypatch, tree_jit, "walker")
     rng = np.random.RandomState(seed)
     node, n_classes = random_classifier(rng, seed, transform, _DEPTHS)
     x_info = helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])
@@ -224,6 +232,7 @@ def test_tree_ensemble_classifier_random(seed: int, transform: str) -> None:
     ]
     x = tree_inputs(rng, 50)
     _assert_same(_model(node, [x_info], outs, 3), {"X": x})
+    assert bool(walks) == (jit == "jit")
 
 
 def _build(op: str, attrs: dict[str, Any], opset: int, n_in: int = 1, n_out: int = 1) -> Any:

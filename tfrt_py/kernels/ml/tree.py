@@ -6,7 +6,9 @@ one combined node index (internal nodes first, then leaves) holding the feature 
 threshold, and the next index for "condition false" / "condition true" at ``2 i`` /
 ``2 i + 1``. Leaves point to themselves, so every (row, tree) pair walks exactly
 ``depth`` steps and all of them are evaluated at once with a handful of ``take`` calls
-per step, never a Python loop over rows or nodes.
+per step, never a Python loop over rows or nodes; where numba is on, the kernel builder
+gives the forest ``tree_jit``'s compiled walk instead (``Forest.walk``), which takes each
+pair to its leaf in one loop.
 
 Comparison semantics follow onnxruntime: thresholds are converted to the comparison dtype
 (float32 unless the input is float64) and a NaN feature goes to the true branch when the
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...records import record
+from .tree_jit import MIXED, pack
 
 __all__ = ["EQ", "GT", "GTE", "LEQ", "LT", "MEMBER", "NEQ", "Forest", "TreeSpec"]
 
@@ -106,8 +109,12 @@ class Forest:
         nxt = np.repeat(np.arange(n_total, dtype=np.intp), 2)  # leaves loop on themselves
         nanflag = np.zeros(n_total, dtype=bool)
         self.same_op = None
+        #: the compiled walk (``tree_jit.walker()``), set by the kernel builder, or None
+        self.walk: Any = None
+        self.op_code = MIXED
         if len(modes) == 1 and MEMBER not in modes:
-            self.same_op = _SAME_MODE_OPS[modes.pop()]
+            self.op_code = modes.pop()
+            self.same_op = _SAME_MODE_OPS[self.op_code]
             nxt[0 : 2 * n_nodes : 2] = false_next
             nxt[1 : 2 * n_nodes : 2] = true_next
             nanflag[:n_nodes] = missing
@@ -125,6 +132,7 @@ class Forest:
             self.use_lt, self.use_eq = use_lt, use_eq
         self.feat, self.thr, self.nxt = feat, thr, nxt
         self.nanflag = nanflag if nanflag.any() else None
+        self._walk_args: tuple[Any, ...] | None = None  # ``tree_jit.pack``'s, on first use
         self.member_keys = _member_keys(spec.members, dtype) if spec.members else None
         self._compile_weights(spec, n_total)
 
@@ -135,6 +143,22 @@ class Forest:
         if f <= self.max_feature:
             raise ValueError(f"input has {f} features, the trees use feature {self.max_feature}")
         t = self.n_trees
+        walk = self.walk
+        if (
+            walk is not None
+            and self.member_keys is None
+            and X.dtype == self.dtype
+            and (X.flags.c_contiguous)
+        ):
+            args = self._walk_args
+            if args is None:
+                nodes, flags, meta = pack(self.roots, self.feat, self.nxt, self.n_nodes,
+                                          self.depth, self.op_code, self.nanflag,
+                                          self.use_lt, self.use_eq)  # fmt: skip
+                args = self._walk_args = (nodes, self.thr, flags, meta)
+            out = np.empty((n, t), dtype=np.intp)
+            walk(X, *args, out)
+            return out
         step = max(1, _WALK_BLOCK // max(t, 1))
         if n <= step:
             return self._walk(X).reshape(n, t)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
+from . import tree_jit
 from .common import ML_DOMAIN, as_2d, attr_floats, attr_ints, attr_strings, post_transform, probit
 from .common import logistic as _logistic
 from .tree import LEQ, MEMBER, MODE_NAMES, Forest, TreeSpec
@@ -203,6 +204,7 @@ class _Forests:
         self.spec = spec
         self.cmp_dtype = cmp_dtype
         self.by_dtype: dict[np.dtype, Forest] = {}
+        self.walk = tree_jit.walker()  # asked once, at build (a cold start rebuilds)
         try:
             self.get(cmp_dtype(ctx.input_dtype(0) or _F32))
         except ValueError as e:
@@ -211,7 +213,9 @@ class _Forests:
     def get(self, dt: np.dtype) -> Forest:
         f = self.by_dtype.get(dt)
         if f is None:
-            f = self.by_dtype[dt] = Forest(self.spec, dt)
+            f = Forest(self.spec, dt)
+            f.walk = self.walk
+            self.by_dtype[dt] = f
         return f
 
 
