@@ -20,8 +20,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
+from tests.support.jit_paths import spy_compiled
 from tfrt_py.compiler.pipeline import PASSES
 from tfrt_py.kernels.contrib.regex import ascii_run_class, compile_model_regex
+from tfrt_py.kernels.fused import text_jit
 from tfrt_py.kernels.fused.text import _Front
 from tfrt_py.kernels.misc.strings import TfIdfTable
 
@@ -155,7 +157,12 @@ CASES: list[dict[str, Any]] = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[str(sorted(c.items())) for c in CASES])
-def test_the_fused_vectorizer_gives_the_unfused_nodes_outputs(case: dict[str, Any]) -> None:
+def test_the_fused_vectorizer_gives_the_unfused_nodes_outputs(
+    case: dict[str, Any], jit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the compiled one-row pass (``text_jit``) and the Python one; each checked to have
+    served where it applies (one row under a linear model)."""
+    passes = spy_compiled(monkeypatch, text_jit, "row_pass")
     model = _model(**case)
     fused = tfrt_py.load(model, executor="sync")
     unfused = tfrt_py.load(model, executor="sync", optimize=set(PASSES) - {"fuse_text"})
@@ -169,6 +176,8 @@ def test_the_fused_vectorizer_gives_the_unfused_nodes_outputs(case: dict[str, An
     for texts in _batches():
         feeds = _feeds(texts)
         _check(fused.run(feeds), unfused.run(feeds))
+    sparse_head = linear and case.get("pad") != "ka"  # a pad in the pool: the stages alone
+    assert bool(passes) == (jit == "jit" and sparse_head), len(passes)
 
 
 @pytest.mark.parametrize("case", CASES[:5], ids=[str(sorted(c.items())) for c in CASES[:5]])

@@ -21,8 +21,10 @@ Fast paths, for a ``[C]`` input of ``str`` elements, at least one:
   model's coefficients of those columns only (float64 sums), and the model's own kernel
   (built with identity coefficients, its intercepts, post transform and labels) on those
   scores: no ``[C, width]`` matrix at all. Within float32 rounding of the unfused nodes.
-  One row under a SOFTMAX classifier with integer labels (and an L1 Normalizer of its
-  scores, skl2onnx's) takes the softmax in Python's floats (``_SoftmaxRow``).
+  One row takes ``text_jit``'s compiled pass from its columns to its scores, and under a
+  SOFTMAX classifier with integer labels (and an L1 Normalizer of its scores, skl2onnx's)
+  on to its probabilities and label (``_CompiledRow``); without numba, Python's floats
+  (``_Sparse.one_row``, ``_SoftmaxRow``).
 
 The front's output is exactly the unfused nodes' because the fast path is only taken where
 padding and row markers cannot count: a normalizer without stop words (which would drop
@@ -52,6 +54,7 @@ from ..contrib.tokenizer import splitter
 from ..misc.strings import TfIdfTable, normalizer_parts
 from ..ml.common import attr_floats
 from ..registry import KernelRegistry
+from . import text_jit
 from .domain import DOMAIN
 
 __all__ = [
@@ -278,6 +281,36 @@ class _SoftmaxRow:
                 np.array([[v / total for v in e]], np.float32))  # fmt: skip
 
 
+class _CompiledRow:
+    """``_Sparse.one_row`` (and ``_SoftmaxRow`` after it, where there is one) as one call of
+    ``text_jit``'s compiled pass: ``(tokens, get) -> (label, probabilities)`` with the
+    softmax head, else the float32 ``(1, outputs)`` scores before the intercepts."""
+
+    def __init__(self, fn: Any, sparse: _Sparse, quick: _SoftmaxRow | None) -> None:
+        self.fn, self.outputs = fn, sparse.outputs
+        self.w = sparse.w_t if sparse.distinct else sparse.w_scaled
+        self.col_scale = sparse.col_scale if sparse.distinct else sparse.abs_scale
+        norm = {"": 0, "L1": 1, "L2": 2}[sparse.norm]
+        self.meta = np.array([sparse.distinct, sparse.presence, norm, quick is not None],
+                             np.int64)  # fmt: skip
+        self.b = np.asarray(quick.b if quick is not None else np.zeros(self.outputs), _F64)
+        self.labels = quick.labels if quick is not None else None
+
+    @classmethod
+    def make(cls, sparse: _Sparse, quick: _SoftmaxRow | None) -> _CompiledRow | None:
+        fn = text_jit.row_pass()
+        return None if fn is None else cls(fn, sparse, quick)
+
+    def __call__(self, row: list[Any], get: Get | None) -> Any:
+        cols = row if get is None else [c for c in map(get, row) if c is not None]
+        out = np.empty(self.outputs, _F64)
+        best = self.fn(np.array(cols, np.int64), self.col_scale, self.w, self.meta, self.b, out)
+        scores = out.astype(np.float32).reshape(1, -1)
+        if self.labels is None:
+            return scores
+        return np.array([self.labels[best]], np.int64), scores
+
+
 def softmax_row(head: Stage, post: Stage | None, n_cls: int) -> _SoftmaxRow | None:
     """The fast one-row head where ``head`` and ``post`` are what it computes."""
     attrs = dict(head[4])
@@ -380,9 +413,11 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
         rest = fns_to_head[n_front:]
         head = _sparse_head(registry, ctx, stages[: head_at + 1], table) if rest else None
         quick = None
+        compiled = None
         if head is not None:
             post_stage = stages[head_at + 1] if post is not None else None
             quick = softmax_row(stages[head_at], post_stage, head[0].outputs)
+            compiled = _CompiledRow.make(head[0], quick)
 
         def text_vectorize(X: np.ndarray) -> Any:
             if ravel:
@@ -395,8 +430,15 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
                 return stages_after_ravel(X)
             if head is not None:
                 sparse, on_scores = head
-                if quick is not None and len(rows) == 1 and len(rows[0]) <= SMALL:
-                    return quick(sparse.one_row(rows[0], get))
+                if len(rows) == 1 and len(rows[0]) <= SMALL:
+                    if compiled is not None:
+                        got = compiled(rows[0], get)
+                        if quick is not None:
+                            return got
+                        y = on_scores(got)
+                        return y if post is None else (y[0], post(y[1]))
+                    if quick is not None:
+                        return quick(sparse.one_row(rows[0], get))
                 y = on_scores(sparse.scores(rows, get))
             else:
                 y = table.counts(rows) if get is None else table.count_tokens(rows, get)
