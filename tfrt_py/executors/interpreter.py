@@ -225,8 +225,11 @@ class SyncInterpreter(Executor):
             else check_output_buffers(outs, self._out_names, args, self._prefixes)
         )
         sig = _signature(args)
+        if sig is None:  # a map or sequence input: no plan holds it
+            vals = self._unplanned(args, call)
+            return self._finish_env(vals, self._plain_kinds, args, bufs, outputs_only=True)
         generic = self._generic
-        if generic is not None and sig is not None:
+        if generic is not None:
             inst = generic.instance(args)
             if inst is not None and inst.bucket in generic.verified:
                 generic.publish(inst)
@@ -243,8 +246,8 @@ class SyncInterpreter(Executor):
                     generic.publish(inst)
             kinds = ["user" if k == "fresh" else k for k in generic.layout.output_kinds]
             return self._finish_env(env, kinds, args, bufs)
-        plan = None if sig is None else self._plans.get(sig)
-        if plan is None and (self.unplanned or sig is None or not self._plan_now(sig)):
+        plan = self._plans.get(sig)
+        if plan is None and (self.unplanned or not self._plan_now(sig)):
             # no plan for this call: run freeing values as they go (a probe keeping every
             # value costs far more on big activations: fresh pages for all of them)
             t0 = time.perf_counter()
@@ -256,7 +259,6 @@ class SyncInterpreter(Executor):
             env = self._plain_env(args, call)  # this call's answer, and the probe
             # The layout's alias analysis says which outputs may be feeds, constants or
             # views of them; its "fresh" outputs were made here without ``out=``.
-            assert sig is not None  # (the branch above takes every call without one)
             made = self._make_plan(sig, env, call).layout.output_kinds
             kinds = ["user" if k == "fresh" else k for k in made]
             return self._finish_env(env, kinds, args, bufs)

@@ -287,7 +287,7 @@ def _dict_vectorizer(ctx: KernelContext) -> ComputeFn:
     width = len(vocab)
 
     def dict_vectorizer(m: Any) -> np.ndarray:
-        maps = [m] if isinstance(m, Mapping) else list(m)
+        maps = [m] if type(m) is dict or isinstance(m, Mapping) else list(m)
         out = np.zeros((len(maps), width), dtype=out_dtype)
         for r, d in enumerate(maps):  # NumPy scalar keys hash and compare as their values
             for j, val in zip(map(get, d), d.values()):
