@@ -2,12 +2,13 @@
 of ``DictVectorizer -> LogisticRegression`` (with its ZipMap, as skl2onnx writes it by
 default, and without) and ``DictVectorizer -> RandomForestClassifier``, fitted from fixed
 seeds on maps of 8 of 40 string keys, and the logistic regression on one-hot maps of 8 of
-10,000 keys (``"k123": 1.0``, what a DictVectorizer of categorical fields makes; fused
-into ``DictLinear``). onnxruntime takes one map per call, so batch 1 only.
+10,000 keys (``"k123": 1.0``, what a DictVectorizer of categorical fields makes).
+onnxruntime takes one map per call, so batch 1 only.
 
-Per model: tfrt_py ``auto`` (the fused ``DictLinear`` where there is a linear model), the
-same without ``fuse_dict``, and onnxruntime, interleaved in one process
-(``tfrt_py.bench.measure``); each answer is checked against onnxruntime's first.
+Per model: tfrt_py ``auto`` (``encode_maps``: the map made the DictVectorizer's row as
+the feeds are checked, so the native tier compiles the rest), the same without
+``encode_maps`` (the nodes on the sync interpreter), and onnxruntime, interleaved in one
+process (``tfrt_py.bench.measure``); each answer is checked against onnxruntime's first.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. python benchmarks/dict_pipeline.py
 """
@@ -84,7 +85,7 @@ def main() -> None:
     rng = np.random.default_rng(1)
     feed = {"input": _maps(rng, 1)[0] | {"unseen": 2.0}}
     wide_feed = {"input": _maps(rng, 1, WIDE, one_hot=True)[0] | {"unseen": 1.0}}
-    print("| model | tfrt_py auto µs | without fuse_dict µs | onnxruntime µs | ratio | "
+    print("| model | tfrt_py auto µs | without encode_maps µs | onnxruntime µs | ratio | "
           "matches |\n|---|---|---|---|---|---|")  # fmt: skip
     for name, model in models().items():
         print(
@@ -106,7 +107,7 @@ def bench(name: str, data: bytes, feed: dict[str, Any], seconds: float) -> str:
     so.intra_op_num_threads = 1
     sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     ours = tfrt_py.load(data)
-    plain = tfrt_py.load(data, optimize=set(PASSES) - {"fuse_dict"})
+    plain = tfrt_py.load(data, optimize=set(PASSES) - {"encode_maps"})
     for m in (ours, plain):
         m.wait_compiled(60)
     names = [o.name for o in sess.get_outputs()]

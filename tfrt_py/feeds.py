@@ -48,10 +48,19 @@ class TensorSpec:
 
 
 def spec_of(v: Value) -> TensorSpec:
+    if v.convert is not None:  # what the model declares, not the form it runs on
+        return TensorSpec(v.name, None, None, str(v.convert.declared))
     t = v.type
     if isinstance(t, TensorType) or t is None:
         return TensorSpec(v.name, t.dtype if t else None, t.shape if t else None)
     return TensorSpec(v.name, None, None, str(t))
+
+
+def spec_of_type(v: Value) -> TensorSpec:
+    """``spec_of`` from the value's own type (the form it runs on)."""
+    t = v.type
+    assert isinstance(t, TensorType)
+    return TensorSpec(v.name, t.dtype, t.shape)
 
 
 def _describe(spec: TensorSpec) -> str:
@@ -60,7 +69,8 @@ def _describe(spec: TensorSpec) -> str:
 
 class _InputCheck:
     __slots__ = (
-        "default", "dtype", "is_tensor", "name", "shape", "spec", "static_shape", "symbols",
+        "convert", "default", "dtype", "is_tensor", "name", "shape", "spec", "static_shape",
+        "symbols",
     )  # fmt: skip
 
     def __init__(self, v: Value) -> None:
@@ -68,8 +78,10 @@ class _InputCheck:
         self.name = v.name
         self.default = v.default  # an overridable initializer's value when not fed
         self.is_tensor = isinstance(v.type, TensorType) or v.type is None
-        self.dtype = self.spec.dtype
-        self.shape = self.spec.shape
+        self.convert = v.convert  # a map made the row the model runs on
+        run_spec = self.spec if v.convert is None else spec_of_type(v)
+        self.dtype = run_spec.dtype
+        self.shape = run_spec.shape
         static = self.shape is not None and all(isinstance(d, int) for d in self.shape)
         self.static_shape = self.shape if static else None
         self.symbols = (
@@ -79,6 +91,8 @@ class _InputCheck:
     def __call__(self, value: Any) -> np.ndarray:
         if not self.is_tensor:
             return value  # sequences, optionals: passed through to the kernels
+        if self.convert is not None and type(value) is not np.ndarray:
+            value = self.convert(value)
         if type(value) is np.ndarray and value.dtype == self.dtype:
             if value.shape == self.static_shape:
                 return value

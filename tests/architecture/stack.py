@@ -83,7 +83,6 @@ LINE_BUDGET: dict[str, int] = {
     # 2026-12-01 (later): fused::TextVectorize, a text vectorizer and its linear model on
     # sparse counts, one row's softmax in Python's floats (fused/text.py); StringIds and
     # the LabelEncoder's shared table (fused/ml.py, ml/encode.py): issue 39;
-    # fused::DictLinear, a wide DictVectorizer's linear model on each map's keys (fused/dicts.py);
     # the tree ensembles' compiled walk (ml/tree_jit.py); a text's one-row sparse scores and
     # softmax in one compiled pass (fused/text_jit.py)
     "kernels": 27250,
@@ -104,7 +103,7 @@ LINE_BUDGET: dict[str, int] = {
     # fuse_rotary (Llama-style decoders' rotary embedding, issue 37); 2026-12-01: fuse_qtable
     # (a quantized SiLU as one lookup, issue 36); fuse_text (a text vectorizer's front and
     # linear model) and encode_strings (string columns as ids, CategoryMapper), issue 39;
-    # fuse_dict (a wide DictVectorizer and its linear model)
+    # encode_maps (a DictVectorizer's map input as its row)
     "compiler": 5950,
     # 2026-11-29: gRPC (grpc_schema, grpc_service), ZipMap, the generate extension; 2026-11-30:
     # Triton's metrics and gauges across workers (metrics.py), JSON answers in pieces

@@ -48,6 +48,7 @@ class PassReport:
 #: nothing to do for (``TRIGGERS``) should pay for.
 _PASS_FNS = {
     "identity": ("cleanup", "remove_identities"),
+    "encode_maps": ("encode_maps", "encode_maps"),
     "shapes": ("shapes", "infer_shapes"),
     "fuse_qdq": ("fuse_qdq", "fuse_qdq"),
     "fuse_dynamic_quant": ("fuse_dynamic_quant", "fuse_dynamic_quant"),
@@ -62,7 +63,6 @@ _PASS_FNS = {
     "fuse_vision": ("fuse_vision", "fuse_vision"),
     "encode_strings": ("encode_strings", "encode_strings"),
     "fuse_text": ("fuse_text", "fuse_text"),
-    "fuse_dict": ("fuse_dict", "fuse_dict"),
     "fuse_ml": ("fuse_ml", "fuse_ml"),
     "fuse_trees": ("fuse_trees", "fuse_trees"),
     "fuse_linear": ("fuse_linear", "fuse_linear"),
@@ -83,6 +83,7 @@ def pass_fn(name: str) -> PassFn:
 #: imports, issue 33). tests/compiler/test_pipeline_triggers.py holds each report to the
 #: pass's own on a graph without them.
 TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
+    "encode_maps": (frozenset({"DictVectorizer"}), "nothing to encode"),
     "fuse_qdq": (frozenset({"QuantizeLinear"}), "nothing to fuse"),
     "fuse_dynamic_quant": (frozenset({"MatMulInteger"}), "nothing to fuse"),
     "channels_last": (frozenset({"QLinearConv"}), "nothing to do"),
@@ -102,7 +103,6 @@ TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
         "nothing to encode",
     ),
     "fuse_text": (frozenset({"Tokenizer"}), "nothing to fuse"),
-    "fuse_dict": (frozenset({"DictVectorizer"}), "nothing to fuse"),
     "fuse_ml": (frozenset({"ArrayFeatureExtractor", "Scan"}), "nothing to fuse"),
     "fuse_trees": (frozenset({"TreeEnsembleRegressor", "Sum"}), "nothing to fuse"),
 }
@@ -110,6 +110,8 @@ TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
 #: Every pass, in the order they run.
 PASSES = (
     "identity",
+    # before shapes: the map input it makes a tensor gives its readers static shapes
+    "encode_maps",
     "shapes",
     # before fold: it would make the weights' DequantizeLinear nodes float constants
     "fuse_qdq",
@@ -131,7 +133,6 @@ PASSES = (
     "fuse_vision",
     "encode_strings",
     "fuse_text",
-    "fuse_dict",
     "fuse_ml",
     # before fuse_elementwise: it folds the elementwise nodes after a tree into its leaves
     "fuse_trees",

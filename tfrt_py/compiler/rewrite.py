@@ -35,7 +35,7 @@ def clone_graph(graph: Graph, outer: dict[int, Value] | None = None) -> Graph:
 
     def new(v: Value) -> Value:
         c = Value(v.name, v.type, v.const)
-        c.default = v.default
+        c.default, c.convert = v.default, v.convert
         vmap[id(v)] = c
         return c
 

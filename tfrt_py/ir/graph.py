@@ -22,7 +22,7 @@ __all__ = ["Graph", "Node", "Value"]
 class Value:
     """One SSA value: a graph input, a constant, or one output of one node."""
 
-    __slots__ = ("const", "default", "name", "producer", "type")
+    __slots__ = ("const", "convert", "default", "name", "producer", "type")
 
     def __init__(
         self,
@@ -40,6 +40,10 @@ class Value:
         #: initializer): the value used when the caller does not feed it. Not a constant:
         #: the optimizer must not fold through it.
         self.default: np.ndarray | None = None
+        #: For a graph input the model takes in another form than ``type`` (a map that a
+        #: DictVectorizer made a row of: ``compiler/encode_maps.py``): ``convert(feed)``
+        #: gives the ``type`` array, ``convert.declared`` the type the model declares.
+        self.convert: Any = None
         if const is not None and type is None:
             self.type = TensorType(const.dtype, tuple(const.shape))
 

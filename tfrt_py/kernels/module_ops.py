@@ -340,7 +340,6 @@ MODULE_OPS: dict[str, tuple[tuple[str, str], ...]] = {
         ("tfrt_py.fused", "ElementwiseChain"),
         ("tfrt_py.fused", "ElementwiseChainShared"),
     ),
-    "fused.dicts": (("tfrt_py.fused", "DictLinear"),),
     "fused.linear": (("tfrt_py.fused", "Linear"),),
     "fused.ml": (
         ("tfrt_py.fused", "PairwiseSqDist"),

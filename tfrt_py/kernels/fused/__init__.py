@@ -8,8 +8,7 @@ only). ``Linear`` (``linear``: a product with its bias and activations),
 ops (``vision``: Conv with its epilogue, ChannelLayerNorm, SqueezeExcite, MatMulTransB,
 SoftmaxAttention; ``rotary``: RotaryHalf), ``PairwiseSqDist`` (``ml``), ``QTable``
 (``qtable``: a quantized SiLU's codes as one lookup) and ``TextVectorize`` (``text``: a
-text vectorizer's tokenizing and counting in one pass) and ``DictLinear`` (``dicts``: a
-DictVectorizer and its linear model on each map's known keys). ``domain`` has
+text vectorizer's tokenizing and counting in one pass). ``domain`` has
 the domain's name and the form of a fused step.
 
 This is the one family that composes others: a fused op runs the other families' compute
@@ -30,7 +29,7 @@ def register_kernels(registry: KernelRegistry) -> None:
     """Register the fused ops into ``registry``; ``Linear``'s and the chains' elementwise
     steps are looked up in ``registry`` when a node is built. The kernel modules are
     imported here, not with the package: the compiler's passes import ``domain`` only."""
-    from . import chain, dicts, linear, ml, qtable, rotary, text, vision
+    from . import chain, linear, ml, qtable, rotary, text, vision
 
     linear.register_kernels(registry)
     rotary.register_kernels(registry)
@@ -39,4 +38,3 @@ def register_kernels(registry: KernelRegistry) -> None:
     ml.register_kernels(registry)
     qtable.register_kernels(registry)
     text.register_kernels(registry)
-    dicts.register_kernels(registry)

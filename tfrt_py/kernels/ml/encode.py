@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import InputError
 from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .common import ML_DOMAIN, attr_ints, attr_strings
 
-__all__ = ["Lookup", "label_lookup", "register_kernels", "zipmap_rows"]
+__all__ = ["Lookup", "MapRow", "label_lookup", "register_kernels", "zipmap_rows"]
 
 _OBJ = np.dtype(object)
 
@@ -296,6 +297,26 @@ def _dict_vectorizer(ctx: KernelContext) -> ComputeFn:
         return out
 
     return dict_vectorizer
+
+
+class MapRow:
+    """A DictVectorizer at the model's boundary (``compiler/encode_maps.py``): ``(map) ->
+    (1, vocabulary)`` row, the node's own kernel ``fn``; ``declared``: the input's declared
+    type. Anything but a map, or a value NumPy does not make a number, is an
+    ``InputError`` naming the input. Read-only after load; any thread."""
+
+    def __init__(self, fn: Callable[[Any], np.ndarray], declared: Any, name: str) -> None:
+        self.fn, self.declared, self.name = fn, declared, name
+
+    def __call__(self, value: Any) -> np.ndarray:
+        if type(value) is not dict and not isinstance(value, Mapping):
+            raise InputError(f"input {self.name!r}: expected a map ({self.declared}), got "
+                             f"{type(value).__name__}")  # fmt: skip
+        try:
+            return self.fn(value)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise InputError(f"input {self.name!r}: a value of the map is no number ({e})"
+                             ) from None  # fmt: skip
 
 
 def _to_string(v: Any) -> str:

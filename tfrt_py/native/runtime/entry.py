@@ -218,13 +218,21 @@ class Trial:
 
 
 def _compiled_run(in_names: Sequence[str], dtypes: Sequence[np.dtype], hit: list[str],
-                  env: dict[str, Any]) -> Callable[..., Any]:  # fmt: skip
+                  env: dict[str, Any],
+                  converts: Sequence[Any] = ()) -> Callable[..., Any]:  # fmt: skip
     """Compile ``run(feeds, outputs=None)``: called without ``outputs``, with exactly the
     inputs ``in_names`` (bound to ``x0``...), each of its dtype in ``dtypes``, it runs the
     source lines ``hit`` (which return, or fall through); anything else, or any exception,
     goes to ``env["slow"]``. ``env``: the names ``hit`` uses (never model text: names and
-    dtypes reach the source only as these bindings)."""
+    dtypes reach the source only as these bindings). ``converts``: per input None or its
+    ``Value.convert`` (a map made a row), applied to the feed first (``C<k>``)."""
     n = len(in_names)
+    conv = list(converts) + [None] * (n - len(converts))
+    env.update({f"C{k}": c for k, c in enumerate(conv) if c is not None})
+
+    def fetch(k: int) -> str:
+        return f"feeds[n{k}]" if conv[k] is None else f"C{k}(feeds[n{k}])"
+
     # ``is`` first; ``==`` for an equal dtype object that is not NumPy's own (the arrays
     # a cached numba function returns carry dtypes unpickled with it: a KV cache fed back)
     same = " and ".join(f"(x{k}.dtype is d{k} or x{k}.dtype == d{k})" for k in range(n)) or "True"
@@ -233,7 +241,7 @@ def _compiled_run(in_names: Sequence[str], dtypes: Sequence[np.dtype], hit: list
         "    if outputs is None:",
         "        try:",
         f"            if len(feeds) == {n}:",
-        *[f"                x{k} = feeds[n{k}]" for k in range(n)],
+        *[f"                x{k} = {fetch(k)}" for k in range(n)],
         f"                if {same}:",
         *["                    " + line for line in hit],
         "        except Exception:",
@@ -248,7 +256,8 @@ def _compiled_run(in_names: Sequence[str], dtypes: Sequence[np.dtype], hit: list
 
 def fast_entry(table: dict[Any, Entry], slow: Callable[..., Any], in_names: Sequence[str],
                dtypes: Sequence[np.dtype], boxes: dict[Any, Entry] | None = None,
-               reads: Sequence[tuple[int, int]] = ()) -> Callable[..., Any]:  # fmt: skip
+               reads: Sequence[tuple[int, int]] = (),
+               converts: Sequence[Any] = ()) -> Callable[..., Any]:  # fmt: skip
     """The generated ``run(feeds, outputs=None)`` (see the module docstring). With
     ``boxes`` (signature mode: box of dim values -> entry) a signature not in ``table``
     tries its box: the dims read from the shapes at ``reads`` (input, axis), ``box_of``
@@ -274,13 +283,13 @@ def fast_entry(table: dict[Any, Entry], slow: Callable[..., Any], in_names: Sequ
             f"    return f(feeds{xs})",
         ]
         env.update(boxes=boxes, box_of=box_of)
-    return _compiled_run(in_names, dtypes, hit, env)
+    return _compiled_run(in_names, dtypes, hit, env, converts)
 
 
 def direct_entry(fn: Any, params: Sequence[np.ndarray], in_names: Sequence[str],
                  out_names: Sequence[str], dtypes: Sequence[np.dtype], finishers: Sequence[Any],
-                 slow: Callable[..., Any],
-                 encoders: Sequence[Any] = ()) -> Callable[..., Any]:  # fmt: skip
+                 slow: Callable[..., Any], encoders: Sequence[Any] = (),
+                 converts: Sequence[Any] = ()) -> Callable[..., Any]:  # fmt: skip
     """A static-shape model's ``run`` once native code serves it: no table, the compiled
     function called straight (its explicit signature and in-function shape check reject
     anything unusual, which then takes ``slow``)."""
@@ -299,4 +308,5 @@ def direct_entry(fn: Any, params: Sequence[np.ndarray], in_names: Sequence[str],
     env.update({f"P{i}": p for i, p in enumerate(params)})
     env.update({f"o{k}": name for k, name in enumerate(out_names)})
     env.update({f"F{k}": f for k, f in enumerate(fins) if f is not None})
-    return _compiled_run(in_names, dtypes, [f"r = fn({args})", f"return {result}"], env)
+    return _compiled_run(in_names, dtypes, [f"r = fn({args})", f"return {result}"], env,
+                         converts)  # fmt: skip

@@ -226,7 +226,8 @@ class NativeTier(Executor):
         self._fast = fast_entry(self.table, self._slow, [v.name for v in self.graph.inputs],
                                 [np.dtype(v.type.dtype) for v in self.graph.inputs],  # type: ignore[union-attr]
                                 self.boxes if self.form == "signature" else None,
-                                self.dims.reads if self.dims else ())  # fmt: skip
+                                self.dims.reads if self.dims else (),
+                                [v.convert for v in self.graph.inputs])  # fmt: skip
         self._interp_entry = lambda feeds, *xs: self.interp.run(feeds)
         #: The entry Model.run calls: the interpreter now, the native entry when ready.
         self.run: Any = self._run_interp
@@ -476,7 +477,8 @@ class NativeTier(Executor):
         if low.mode == "static" and self.form == "static":
             self.run = direct_entry(comp.fn, low.params, low.input_names, low.output_names,
                                     low.input_dtypes, low.finishers, self._slow,
-                                    low.encoders)  # fmt: skip
+                                    low.encoders,
+                                    [v.convert for v in self.graph.inputs])  # fmt: skip
 
     def _forget_entries(self) -> None:
         """Drop every signature's and box's entry (under ``_lock``: a compile installed or

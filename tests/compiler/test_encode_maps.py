@@ -1,10 +1,11 @@
-"""``fuse_dict``: ``DictVectorizer -> [Normalizer L1 | L2] -> LinearClassifier |
-LinearRegressor [-> Normalizer of the scores]`` (skl2onnx's DictVectorizer pipelines)
-becomes one ``tfrt_py.fused::DictLinear``. Checked against the unfused nodes (labels
-exactly, scores within float32 rounding) and against onnxruntime, on the maps an endpoint
-meets: known and unknown keys, an empty map, NumPy scalar keys, a NaN value, integer keys,
-many maps in a list (tfrt_py's own: onnxruntime takes one map); and a value that is no
-number fails as the unfused nodes fail."""
+"""``encode_maps``: a map input read by a DictVectorizer (skl2onnx's DictVectorizer
+pipelines) becomes the DictVectorizer's ``[1, vocabulary]`` row as the feeds are checked,
+so the sync interpreter plans the model and the native tier compiles it. Checked against
+the unencoded nodes (labels exactly, scores within float32 rounding) on the sync
+interpreter and the native tier, and against onnxruntime, on the maps an endpoint meets:
+known and unknown keys, an empty map, NumPy scalar keys, a NaN value, integer keys; the
+model still declares the map; anything but a map, or a value that is no number, is an
+``InputError`` and the model stays usable."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ import pytest
 from onnx import TensorProto, helper
 
 import tfrt_py
-from tfrt_py.compiler.fuse_dict import SPARSE_MIN_WIDTH
 from tfrt_py.compiler.pipeline import PASSES
+from tfrt_py.errors import InputError
 
 ML = "ai.onnx.ml"
-KEYS = [f"f{i}" for i in range(SPARSE_MIN_WIDTH + 40)]  # wide enough to fuse
+KEYS = [f"f{i}" for i in range(40)]
+UNENCODED = set(PASSES) - {"encode_maps"}
 
 
 def _model(norm: str | None = None, head: str = "softmax", post: bool = False,
@@ -102,23 +104,23 @@ def _close(got: dict[str, Any], want: dict[str, Any], rtol: float = 2e-6) -> Non
             np.testing.assert_allclose(got[k], v, rtol=rtol, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.parametrize("executor", ["sync", "native"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_the_fused_node_gives_the_unfused_nodes_outputs(case: dict[str, Any]) -> None:
+def test_the_encoded_input_gives_the_nodes_outputs(case: dict[str, Any], executor: str) -> None:
     model = _model(**case)
-    fused = tfrt_py.load(model, executor="sync")
-    unfused = tfrt_py.load(model, executor="sync", optimize=set(PASSES) - {"fuse_dict"})
-    report = fused.describe()
-    assert "fuse_dict: 1 DictVectorizers" in report, report
+    encoded = tfrt_py.load(model, executor=executor, native="eager")
+    plain = tfrt_py.load(model, executor="sync", optimize=UNENCODED)
+    report = encoded.describe()
+    assert "encode_maps: 1 map inputs" in report, report
     ops = report.split("ops as loaded")[0].split("ops:")[1]
-    assert "DictLinear" in ops and "DictVectorizer" not in ops, ops
-    maps = _maps(case.get("int_keys", False))
-    for m in maps:
-        _close(fused.run({"m": m}), unfused.run({"m": m}))
-    _close(fused.run({"m": maps}), unfused.run({"m": maps}))  # a list of maps: one row each
+    assert "DictVectorizer" not in ops, ops
+    assert encoded.inputs[0].type.startswith("map<") and encoded.inputs[0].dtype is None
+    for m in _maps(case.get("int_keys", False)) * 2:  # twice: the planned or compiled path
+        _close(encoded.run({"m": m}), plain.run({"m": m}))
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_the_fused_node_matches_onnxruntime(case: dict[str, Any]) -> None:
+def test_the_encoded_input_matches_onnxruntime(case: dict[str, Any]) -> None:
     model = _model(**case)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     ours = tfrt_py.load(model)
@@ -127,45 +129,40 @@ def test_the_fused_node_matches_onnxruntime(case: dict[str, Any]) -> None:
         _close(ours.run({"m": m}), want, rtol=1e-5)
 
 
-def test_numpy_keys_and_a_nan_value_are_read_as_the_unfused_nodes_read_them() -> None:
+@pytest.mark.parametrize("executor", ["sync", "native"])
+def test_numpy_keys_and_a_nan_value_are_read_as_the_nodes_read_them(executor: str) -> None:
     model = _model(head="SOFTMAX", post=True)
-    fused = tfrt_py.load(model, executor="sync")
-    unfused = tfrt_py.load(model, executor="sync", optimize=set(PASSES) - {"fuse_dict"})
+    encoded = tfrt_py.load(model, executor=executor, native="eager")
+    plain = tfrt_py.load(model, executor="sync", optimize=UNENCODED)
     np_keys = {np.str_("f1"): 1.5, np.str_("f3"): -2.0, "zz": 4.0}
-    _close(fused.run({"m": np_keys}), unfused.run({"m": np_keys}))
-    plain_keys = {"f1": 1.5, "f3": -2.0}
-    _close(fused.run({"m": np_keys}), unfused.run({"m": plain_keys}))
-    got, want = fused.run({"m": {"f2": float("nan")}}), unfused.run({"m": {"f2": float("nan")}})
+    _close(encoded.run({"m": np_keys}), plain.run({"m": np_keys}))
+    _close(encoded.run({"m": np_keys}), plain.run({"m": {"f1": 1.5, "f3": -2.0}}))
+    got, want = encoded.run({"m": {"f2": float("nan")}}), plain.run({"m": {"f2": float("nan")}})
     assert np.isnan(got["probs"]).all() and np.isnan(want["probs"]).all()
 
 
-def test_a_value_that_is_no_number_fails_as_the_unfused_nodes_fail() -> None:
-    model = _model(head="SOFTMAX")
-    for optimize in (None, set(PASSES) - {"fuse_dict"}):
-        m = tfrt_py.load(model, executor="sync", optimize=optimize)
-        with pytest.raises(tfrt_py.errors.TfrtError):
-            m.run({"m": {"f1": "not a number"}})
-        assert m.run({"m": {"f1": 1.0}})["label"].shape == (1,)  # the model stays usable
+@pytest.mark.parametrize("executor", ["sync", "native"])
+def test_anything_but_a_map_of_numbers_is_an_input_error(executor: str) -> None:
+    m = tfrt_py.load(_model(head="SOFTMAX"), executor=executor, native="eager")
+    good = m.run({"m": {"f1": 1.0}})
+    bad_inputs = (
+        ({"f1": "not a number"}, "no number"),
+        ([{"f1": 1.0}], "expected a map"),
+        ("f1", "expected a map"),
+        (np.zeros((2, len(KEYS)), np.float32), "dim 0"),
+    )
+    for bad, says in bad_inputs:
+        with pytest.raises(InputError, match=says):
+            m.run({"m": bad})
+        _close(m.run({"m": {"f1": 1.0}}), good)  # the model stays usable
 
 
-def test_a_small_vocabulary_stays_on_the_dense_nodes() -> None:
-    model = _model(head="SOFTMAX", post=True, width=SPARSE_MIN_WIDTH)
-    m = tfrt_py.load(model, executor="sync")
-    assert "fuse_dict: nothing to fuse" in m.describe()
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    for feed in _maps(False)[1:]:
-        feed = {k: v for k, v in feed.items() if k not in KEYS[SPARSE_MIN_WIDTH:]}
-        if not feed:
-            continue
-        want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"m": feed})))
-        _close(m.run({"m": feed}), want, rtol=1e-5)
-
-
-def test_a_mul_between_keeps_the_nodes_apart() -> None:
+def test_a_map_input_read_by_another_node_too_stays_a_map() -> None:
     model = _model(head="SOFTMAX")
     g = model.graph
-    g.initializer.append(onnx.numpy_helper.from_array(np.full(len(KEYS), 2, np.float32), "two"))
-    g.node.insert(1, helper.make_node("Mul", ["vec", "two"], ["vec2"]))
-    g.node[2].input[0] = "vec2"
-    report = tfrt_py.load(model, executor="sync").describe()
-    assert "fuse_dict: nothing to fuse" in report, report
+    g.node.append(helper.make_node("DictVectorizer", ["m"], ["vec2"], domain=ML,
+                                   string_vocabulary=KEYS[:3]))  # fmt: skip
+    g.output.append(helper.make_tensor_value_info("vec2", TensorProto.FLOAT, [1, 3]))
+    m = tfrt_py.load(model, executor="sync")
+    assert "encode_maps: nothing to encode" in m.describe()
+    np.testing.assert_array_equal(m.run({"m": {"f1": 2.0}})["vec2"], [[0.0, 2.0, 0.0]])
