@@ -21,7 +21,7 @@ from ..kernels.fused.domain import DOMAIN
 from .context import PassContext
 from .rewrite import Uses
 
-__all__ = ["fuse_text", "linear_tail", "scores_normalizer"]
+__all__ = ["fuse_text"]
 
 _ONNX = ("", "ai.onnx")
 _ML = ("ai.onnx.ml",)

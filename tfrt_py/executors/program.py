@@ -146,6 +146,11 @@ class Program:
         self.execute(env, instrs=plain, shapes=True)
         return env
 
+    def dead_after(self) -> list[tuple[int, ...]]:
+        """Per instruction, the slots whose value no later instruction reads and that are
+        no input, output or constant: what ``run_freeing`` clears after it."""
+        return [t[4] for t in self._freeing_instrs()]
+
     def _freeing_instrs(self, extra: frozenset[int] = frozenset()) -> list[Any]:
         if extra or self._freeing is None:
             keep = {*self.input_slots, *self.capture_slots, *self.output_slots, *extra}

@@ -42,15 +42,7 @@ def straight_line(program: Any) -> Callable[[Sequence[Any]], list[Any]] | None:
             return "None"
         return f"C{s}" if s in consts else f"s{s}"
 
-    keep = {*program.input_slots, *program.output_slots}
-    last: dict[int, int] = {}
-    for k, ins in enumerate(program.instrs):
-        for s in (*ins.ins, *ins.outs):
-            last[s] = k
-    dead: list[list[int]] = [[] for _ in program.instrs]
-    for s, k in last.items():
-        if s > _SINK_SLOT and s not in keep and s not in consts:
-            dead[k].append(s)
+    dead = program.dead_after()
     n_in = len(program.input_slots)
     lines = ["def straight(inputs):"]
     if n_in:

@@ -57,17 +57,7 @@ from ..registry import KernelRegistry
 from . import text_jit
 from .domain import DOMAIN
 
-__all__ = [
-    "FRONT",
-    "HEADS",
-    "SMALL",
-    "Stage",
-    "head_coefficients",
-    "head_on_scores",
-    "register_kernels",
-    "softmax_row",
-    "stage_ctx",
-]
+__all__ = ["FRONT", "HEADS", "SMALL", "Stage", "register_kernels"]
 
 #: One fused node: ``(op_type, domain, opset, name, sorted attribute pairs)``.
 Stage = tuple[str, str, int, str, tuple[tuple[str, Any], ...]]
