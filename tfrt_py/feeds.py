@@ -56,13 +56,6 @@ def spec_of(v: Value) -> TensorSpec:
     return TensorSpec(v.name, None, None, str(t))
 
 
-def spec_of_type(v: Value) -> TensorSpec:
-    """``spec_of`` from the value's own type (the form it runs on)."""
-    t = v.type
-    assert isinstance(t, TensorType)
-    return TensorSpec(v.name, t.dtype, t.shape)
-
-
 def _describe(spec: TensorSpec) -> str:
     return f"{TensorType(spec.dtype, spec.shape)}"
 
@@ -79,9 +72,9 @@ class _InputCheck:
         self.default = v.default  # an overridable initializer's value when not fed
         self.is_tensor = isinstance(v.type, TensorType) or v.type is None
         self.convert = v.convert  # a map made the row the model runs on
-        run_spec = self.spec if v.convert is None else spec_of_type(v)
-        self.dtype = run_spec.dtype
-        self.shape = run_spec.shape
+        t = v.type  # the form the model runs on (``spec`` may declare another)
+        self.dtype = t.dtype if isinstance(t, TensorType) else None
+        self.shape = t.shape if isinstance(t, TensorType) else None
         static = self.shape is not None and all(isinstance(d, int) for d in self.shape)
         self.static_shape = self.shape if static else None
         self.symbols = (

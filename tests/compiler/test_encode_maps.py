@@ -115,6 +115,7 @@ def test_the_encoded_input_gives_the_nodes_outputs(case: dict[str, Any], executo
     ops = report.split("ops as loaded")[0].split("ops:")[1]
     assert "DictVectorizer" not in ops, ops
     assert encoded.inputs[0].type.startswith("map<") and encoded.inputs[0].dtype is None
+    assert encoded.executor == executor  # the native tier took the model (a map: never)
     for m in _maps(case.get("int_keys", False)) * 2:  # twice: the planned or compiled path
         _close(encoded.run({"m": m}), plain.run({"m": m}))
 

@@ -183,9 +183,8 @@ class SyncInterpreter(Executor):
         for s in program.output_slots:
             self._plain_kinds.append("copy" if s in fixed or s in seen else "user")
             seen.add(s)
-        #: the program's constants (the template keeps them alive, so their ids stay theirs)
-        self._consts = [t for t in program.template[2:] if t is not None]
-        self._const_set = frozenset(map(id, self._consts))
+        #: the ids of the program's constants (the template keeps them alive)
+        self._const_set = frozenset(id(t) for t in program.template[2:] if t is not None)
         self._const_ids = constant_ids(graph)
         self._pure = all(i.flags.pure and not i.flags.is_async for i in program.instrs)
         #: the straight-line code of unplanned calls (``_unplanned``), made on first use

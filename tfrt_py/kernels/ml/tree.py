@@ -7,8 +7,8 @@ threshold, and the next index for "condition false" / "condition true" at ``2 i`
 ``2 i + 1``. Leaves point to themselves, so every (row, tree) pair walks exactly
 ``depth`` steps and all of them are evaluated at once with a handful of ``take`` calls
 per step, never a Python loop over rows or nodes; where numba is on, the kernel builder
-gives the forest ``tree_jit``'s compiled walk instead (``Forest.walk``), which takes each
-pair to its leaf in one loop.
+gives the forest ``tree_jit``'s compiled walk instead (``Forest.use_walk``), which takes
+each pair to its leaf in one loop.
 
 Comparison semantics follow onnxruntime: thresholds are converted to the comparison dtype
 (float32 unless the input is float64) and a NaN feature goes to the true branch when the
@@ -109,8 +109,8 @@ class Forest:
         nxt = np.repeat(np.arange(n_total, dtype=np.intp), 2)  # leaves loop on themselves
         nanflag = np.zeros(n_total, dtype=bool)
         self.same_op = None
-        #: the compiled walk (``tree_jit.walker()``), set by the kernel builder, or None
-        self.walk: Any = None
+        #: the compiled walk and its arrays (``use_walk``), or None: NumPy's walk
+        self._compiled: tuple[Any, tuple[Any, ...]] | None = None
         self.op_code = MIXED
         if len(modes) == 1 and MEMBER not in modes:
             self.op_code = modes.pop()
@@ -132,9 +132,17 @@ class Forest:
             self.use_lt, self.use_eq = use_lt, use_eq
         self.feat, self.thr, self.nxt = feat, thr, nxt
         self.nanflag = nanflag if nanflag.any() else None
-        self._walk_args: tuple[Any, ...] | None = None  # ``tree_jit.pack``'s, on first use
         self.member_keys = _member_keys(spec.members, dtype) if spec.members else None
         self._compile_weights(spec, n_total)
+
+    def use_walk(self, walk: Any) -> None:
+        """Walk with ``walk`` (``tree_jit.walker()``; the kernel builder's, at load), its
+        arrays packed now. Set membership keeps NumPy's walk."""
+        if walk is None or self.member_keys is not None:
+            return
+        nodes, flags, meta = pack(self.roots, self.feat, self.nxt, self.n_nodes, self.depth,
+                                  self.op_code, self.nanflag, self.use_lt, self.use_eq)  # fmt: skip
+        self._compiled = (walk, (nodes, self.thr, flags, meta))
 
     # -- leaves ---------------------------------------------------------------------------
     def leaves(self, X: np.ndarray) -> np.ndarray:
@@ -143,21 +151,10 @@ class Forest:
         if f <= self.max_feature:
             raise ValueError(f"input has {f} features, the trees use feature {self.max_feature}")
         t = self.n_trees
-        walk = self.walk
-        if (
-            walk is not None
-            and self.member_keys is None
-            and X.dtype == self.dtype
-            and (X.flags.c_contiguous)
-        ):
-            args = self._walk_args
-            if args is None:
-                nodes, flags, meta = pack(self.roots, self.feat, self.nxt, self.n_nodes,
-                                          self.depth, self.op_code, self.nanflag,
-                                          self.use_lt, self.use_eq)  # fmt: skip
-                args = self._walk_args = (nodes, self.thr, flags, meta)
+        compiled = self._compiled
+        if compiled is not None and X.dtype == self.dtype and X.flags.c_contiguous:
             out = np.empty((n, t), dtype=np.intp)
-            walk(X, *args, out)
+            compiled[0](X, *compiled[1], out)
             return out
         step = max(1, _WALK_BLOCK // max(t, 1))
         if n <= step:

@@ -214,7 +214,7 @@ class _Forests:
         f = self.by_dtype.get(dt)
         if f is None:
             f = Forest(self.spec, dt)
-            f.walk = self.walk
+            f.use_walk(self.walk)
             self.by_dtype[dt] = f
         return f
 
