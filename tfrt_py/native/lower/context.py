@@ -19,7 +19,11 @@ from .emit import BLAS_MIN_MACS, tname
 from .loops import Ref
 from .source import ChoicesDiffer, ConstantsDiffer, Declined, literal
 
-__all__ = ["NodeContext"]
+__all__ = ["CACHE_DECLINE", "NodeContext"]
+
+#: How a reason that only the in-place form of a KV cache declines starts: ``lower`` then
+#: lowers the graph again with the cache copied (``cache.py``).
+CACHE_DECLINE = "cache in place:"
 
 
 class NodeContext:
@@ -45,6 +49,11 @@ class NodeContext:
         self.param_size: dict[str, int] = {}
         self.buffers: dict[int, tuple[Buffer, str]] = {}  # root -> (buffer, dtype alias)
         self.written: set[int] = set()  # output positions already written
+        #: a KV cache written in place (``cache.py``): the past inputs' value ids (their
+        #: data is never read: it is already in the present's buffer), and per present's
+        #: output position the expression of its matrix stride in that buffer
+        self.unread: set[int] = set()
+        self.cache_mat: dict[int, str] = {}
         self.out_buf: dict[int, str] = {}  # output position -> row view (rows mode)
         self.hoisted: list[str] = []  # lines before the body: constant slices
         self.label_tables: dict[int, Any] = {}  # value id -> string labels it indexes
@@ -141,8 +150,19 @@ class NodeContext:
         return self.folded.get(id(v))
 
     def ref(self, v: Value | None) -> Ref:
+        """``v``'s ref, contiguous: a KV cache in place (``cache.py``) declines here."""
+        r = self.stack_ref(v)
+        if r.mat:
+            self.decline(f"{CACHE_DECLINE} the present is read by a lowering of flat tensors")
+        return r
+
+    def stack_ref(self, v: Value | None) -> Ref:
+        """``v``'s ref, which may be a stack of matrices (``Ref.mat``): for the lowerings
+        that index each matrix by its own offset."""
         if v is None:
             self.decline("an omitted input")
+        if id(v) in self.unread:
+            self.decline(f"{CACHE_DECLINE} the past is read beyond its Concat")
         if id(v) in self.label_tables or id(v) in self.finishers:
             self.decline("string labels or ZipMap output read by another node")
         r = self.refs.get(id(v))
@@ -168,7 +188,8 @@ class NodeContext:
         tname(dtype)  # Declined for a dtype the lowering does not know
         if k is not None:
             self.written.add(k)
-            r = Ref(self.out_buf.get(k, f"r{k}"), "0", shape, dtype)
+            r = Ref(self.out_buf.get(k, f"r{k}"), "0", shape, dtype,
+                    mat=self.cache_mat.get(k, ""))  # fmt: skip
         else:
             r = self.new_buffer(shape, dtype)
         self.refs[id(v)] = r

@@ -318,7 +318,8 @@ def _lower_samples(graph: Graph, program: Program, dims: DimVars, box: Box,
         if stop is not None and stop():
             raise Declined(["the process is exiting"])
         low = lower(graph, program, shapes=input_shapes(graph, dims, p), limit=limit,
-                    room=room, audited=False, keep=keep, spell=spell)  # fmt: skip
+                    room=room, audited=False, keep=keep, spell=spell,
+                    cache=bool(top.caches))  # fmt: skip
         if [(t, a, b) for t, _, a, b in low.arena] != [(t, a, b) for t, _, a, b in top.arena]:
             raise Declined([f"the arena's buffers change inside the box {box} (at {p})"])
         if not _same_constants(low, top):
@@ -334,7 +335,7 @@ def _lower_samples(graph: Graph, program: Program, dims: DimVars, box: Box,
         source, top.params, top.input_names, top.output_names, top.n_nodes,
         top.input_dtypes, check(source, limit if limit is not None else budget()),
         mode="box", finishers=top.finishers, out_dtypes=top.out_dtypes, box=box,
-        encoders=top.encoders,
+        encoders=top.encoders, caches=top.caches,
     )  # fmt: skip
 
 

@@ -39,7 +39,8 @@ from ...kernels.lib import blas
 from ...records import record
 from . import registry
 from .budget import OverBudget, budget, check, precheck
-from .context import NodeContext
+from .cache import cache_pairs, cache_prologue
+from .context import CACHE_DECLINE, NodeContext
 from .emit import BLAS_IMPORT, EXP_IMPORT, copy_strided, tname
 from .fold import shape_arithmetic, shape_values
 from .loops import Ref, strides
@@ -117,6 +118,9 @@ class Lowered:
     #: string input): the entry maps the feed to ids (``kernels.fused.ml.encoder``) and
     #: the function takes those (int64); ``input_dtypes`` holds the feed's dtype.
     encoders: tuple[Any, ...] = ()
+    #: (past input, present output) index pairs of a KV cache written in place
+    #: (``cache.py``): ``run`` takes one buffer per pair after the inputs, before ``params``
+    caches: tuple[tuple[int, int], ...] = ()
 
     @property
     def key(self) -> str:
@@ -274,6 +278,7 @@ def lower(
     audited: bool = True,
     keep: frozenset[int] = frozenset(),
     spell: frozenset[int] = frozenset(),
+    cache: bool | None = None,
 ) -> Lowered:
     """The module for ``graph`` (compiled as ``program``), at most ``limit`` compile units
     (default ``budget.budget()``: ``$TFRT_PY_NATIVE_BUDGET``). ``shapes`` lowers one input
@@ -284,7 +289,10 @@ def lower(
     skips ``source.audit`` (``generic`` audits the module it makes of the samples);
     ``keep``: ids of shape-arithmetic values lowered as code, not folded into constants
     (``generic``: those whose size changes inside a box); ``spell``: folded values a node
-    reads as data written into the arena by code (``NodeContext.spelled``).
+    reads as data written into the arena by code (``NodeContext.spelled``); ``cache``:
+    a signature's KV cache written in place (``cache.py``) -- None tries it and lowers
+    again with the cache copied where only that form declines (``generic`` passes the
+    top's outcome to its samples).
     Raises Declined (OverBudget above the budget), and only Declined: an unexpected error
     while lowering becomes one too."""
     reasons = blockers(graph)
@@ -294,9 +302,16 @@ def lower(
         raise Declined(["nested graphs"])
     limit = budget() if limit is None else limit
     precheck(graph, limit)
+    pairs = cache_pairs(graph) if shapes is not None and not rows and cache is not False else ()
     try:
+        try:
+            return _lower(graph, program, fastmath, limit, shapes, rows, room, audited, keep,
+                          spell, pairs)  # fmt: skip
+        except Declined as e:
+            if not pairs or cache or not any(r.startswith(CACHE_DECLINE) for r in e.reasons):
+                raise
         return _lower(graph, program, fastmath, limit, shapes, rows, room, audited, keep,
-                      spell)  # fmt: skip
+                      spell, ())  # fmt: skip
     except Declined:
         raise
     except Exception as e:  # any failure keeps the model off the native tier
@@ -307,7 +322,8 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
            shapes: list[tuple[int, ...]] | None, rows: bool,
            room: Room | None = None, audited: bool = True,
            keep: frozenset[int] = frozenset(),
-           spell: frozenset[int] = frozenset()) -> Lowered:  # fmt: skip
+           spell: frozenset[int] = frozenset(),
+           pairs: tuple[tuple[int, int], ...] = ()) -> Lowered:  # fmt: skip
     batched = [False] * len(graph.inputs)
     if rows:
         if any(n.domain == "" and n.op_type in ("Shape", "Size") for n in shape_arithmetic(graph)):
@@ -341,12 +357,15 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
                 cx.folded[vid] = arr
         cx.spelled = spell
     sig, prologue = [], []
+    pasts = {k for k, _ in pairs}
     for k, (shape, dtype) in enumerate(_as_called(graph, specs)):
         t = NP_TYPES[tname(dtype)]
         # Feeds are typed read-only: the code never writes them, and a read-only array
         # (Ray's object store, np.frombuffer over a request) then calls it without a copy;
         # a writable one converts to the read-only type in numba's dispatcher at no cost.
-        sig.append(f"types.Array(types.{t}, {len(shape)}, 'C', readonly=True)")
+        # A cache's past may be a view of its buffer: any layout, never read flat.
+        layout = "A" if k in pasts else "C"
+        sig.append(f"types.Array(types.{t}, {len(shape)}, '{layout}', readonly=True)")
         lo = 1 if batched[k] else 0
         conds = " or ".join(f"a{k}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape)
                             if d >= lo)  # fmt: skip
@@ -357,7 +376,11 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
             prologue += [f"    if {conds}:", f"        raise ValueError('feed {k}: wrong shape')"]
         size = f"nb * {literal(max(1, math.prod(shape)))}" if batched[k] else literal(
             max(1, math.prod(shape)))  # fmt: skip
-        prologue.append(f"    x{k} = a{k}.reshape({size})")
+        if k not in pasts:
+            prologue.append(f"    x{k} = a{k}.reshape({size})")
+    if pairs:
+        prologue += cache_prologue(cx, pairs, graph)
+        sig += [f"types.Array(types.float32, {len(specs[k][0])}, 'C')" for k, _ in pairs]
     body = _body(graph, cx, specs, batched)
     if cx.blas and any("gemm_f" in ln for ln in body):
         cx.imports.add(BLAS_IMPORT)
@@ -370,7 +393,7 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
             pass  # the tile body doubles the code: rows one at a time fit
     return _assemble(graph, cx, sig, prologue, body, fastmath, limit, specs, batched,
                      shapes is not None, sizes=None if room is None else room.arena,
-                     audited=audited)  # fmt: skip
+                     audited=audited, pairs=pairs)  # fmt: skip
 
 
 def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool]) -> list[str]:
@@ -551,9 +574,11 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
               body: list[str], fastmath: bool, limit: int, specs: list[Any],
               batched: list[bool], signature: bool,
               tile: tuple[NodeContext, list[str]] | None = None,
-              sizes: tuple[int, ...] | None = None, audited: bool = True) -> Lowered:  # fmt: skip
+              sizes: tuple[int, ...] | None = None, audited: bool = True,
+              pairs: tuple[tuple[int, int], ...] = ()) -> Lowered:  # fmt: skip
     """The module. ``tile`` (rows mode): the tile body and its context, whose constants
-    (a superset of ``cx``'s, at the same offsets) are the ones packed."""
+    (a superset of ``cx``'s, at the same offsets) are the ones packed. ``pairs``: a KV
+    cache in place (``cache.py``), whose buffers ``run`` takes after the inputs."""
     arenas: dict[str, int] = {}
     text = _planned(cx, body, arenas, sizes)
     tile_text = None
@@ -568,7 +593,8 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
     params = tuple(np.concatenate(packed.params[t]) for t in param_types)
     psig = [f"types.Array(types.{NP_TYPES[t]}, 1, 'C')" for t in param_types]
     pargs = [f"P_{t}" for t in param_types]
-    ins = [f"a{k}" for k in range(len(graph.inputs))]
+    ins = [f"a{k}" for k in range(len(graph.inputs))] + [f"c{i}" for i in range(len(pairs))]
+    presents = {j for _, j in pairs}
     n_out = len(graph.outputs)
     out_specs = [cx.shapes[id(v)] for v in graph.outputs]
     rows = any(batched)
@@ -593,6 +619,8 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
     if not rows:
         outs = []
         for k, (shape, dtype) in enumerate(out_specs):
+            if k in presents:  # bound by the cache's prologue
+                continue
             outs += [f"    o{k} = np.empty({_shape_literal(shape)}, {tname(dtype)})",
                      f"    r{k} = o{k}.reshape({literal(max(1, math.prod(shape)))})"]  # fmt: skip
         src = [*head, f"SIG = {tuple_text(sig + psig)}", "", "", deco.format(sig="SIG"),
@@ -628,6 +656,7 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         if signature
         else (),
         choices=tuple(cx.choices) if signature else (),
+        caches=pairs,
     )
 
 

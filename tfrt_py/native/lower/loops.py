@@ -34,19 +34,24 @@ __all__ = [
 class Ref:
     """A tensor in the generated code: flat array ``buf`` from element ``off`` (an
     expression of ours: ``literal`` of an int, a temporary, or a placeholder ``@n@``
-    resolved once the arena is planned), C order."""
+    resolved once the arena is planned), C order; with ``mat`` (an expression of ours) a
+    stack of matrices over its last two dims, each C-ordered, matrix ``q`` from element
+    ``off + q * mat`` (a KV cache written in place, ``cache.py``: only the lowerings that
+    ask for it by ``NodeContext.stack_ref`` see such a ref)."""
 
     buf: str
     off: str
     shape: tuple[int, ...]
     dtype: np.dtype
     root: int = -1  # the arena buffer it lives in (-1: input, constant or output)
+    mat: str = ""
 
     @property
     def size(self) -> int:
         return math.prod(self.shape)
 
     def reshaped(self, shape: Sequence[int]) -> Ref:
+        assert not self.mat, "a stack of matrices is not reshaped"
         return Ref(self.buf, self.off, tuple(shape), self.dtype, self.root)
 
 

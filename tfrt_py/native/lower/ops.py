@@ -22,6 +22,7 @@ from ...ir import Node
 from ...kernels.fused.domain import DOMAIN
 from ...kernels.lib.softmax_jit import SHORT_ROW
 from . import rows
+from .cache import concat_in_place
 from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import Ref, lane_reduce, loop_nest, strides
 from .ops_tx import batched_matmul
@@ -303,6 +304,8 @@ def _reduce(cx: Any, node: Node) -> list[str]:
 
 def _concat(cx: Any, node: Node) -> list[str]:
     y = cx.out(node.outputs[0])
+    if y.mat:  # a KV cache's present, written in place
+        return concat_in_place(cx, node, y)
     axis = int(node.attrs["axis"])
     axis += len(y.shape) if axis < 0 else 0
     outer = math.prod(y.shape[:axis])

@@ -24,6 +24,12 @@ from .source import literal
 __all__ = ["register_lowerings"]
 
 _FUSED = "tfrt_py.fused"
+#: The import line of a module whose code calls ``dot_rows_f4``.
+ROWDOT_IMPORT = "from tfrt_py.native.kernels.rowdot import dot_rows_f4"
+#: Float32 scores with at most this many query rows a matrix (a decode step's one) take a
+#: dot product per key row (``dot_rows_f4``): BLAS packs the keys first, 4-5x the time at
+#: one row (2-core Zen 3: 10 against 53 µs for 4 heads of 513 x 64); they break even near 6.
+ROWDOT_MAX_ROWS = 4
 
 
 def _scalar(cx: Any, v: Value | None) -> float:
@@ -39,10 +45,11 @@ def _scalar(cx: Any, v: Value | None) -> float:
 
 def _matmul_transb(cx: Any, node: Node) -> list[str]:
     """``y = sa sb a @ swapaxes(b, -1, -2)`` over a stack of matrices (a and b of the
-    output's batch): per matrix BLAS's gemm with b transposed where this body calls BLAS
-    and the product is big enough (``NodeContext.blas_for``), else a dot product per
+    output's batch): per matrix, at most ``ROWDOT_MAX_ROWS`` rows of float32 ``a`` as one
+    ``dot_rows_f4`` call a row; else BLAS's gemm with b transposed where this body calls
+    BLAS and the product is big enough (``NodeContext.blas_for``); else a dot product per
     element over b's contiguous rows."""
-    a, b, y = cx.ref(node.inputs[0]), cx.ref(node.inputs[1]), cx.out(node.outputs[0])
+    a, b, y = cx.ref(node.inputs[0]), cx.stack_ref(node.inputs[1]), cx.out(node.outputs[0])
     if str(y.dtype) not in ("float32", "float64") or a.dtype != b.dtype or a.dtype != y.dtype:
         cx.decline(f"MatMulTransB of {a.dtype} x {b.dtype}")
     if len(a.shape) < 2 or len(b.shape) < 2:
@@ -59,9 +66,14 @@ def _matmul_transb(cx: Any, node: Node) -> list[str]:
     M, K, N = literal(m), literal(k), literal(n)
     bq = f"{g}bq"
     ao = f"{a.off} + {bq} * {literal(m * k)}"
-    bo = f"{b.off} + {bq} * {literal(n * k)}"
+    bo = f"{b.off} + {bq} * {b.mat or literal(n * k)}"  # b: maybe a KV cache in place
     yo = f"{y.off} + {bq} * {literal(m * n)}"
-    if t == "f4" and cx.blas_for(m * k * n):
+    if t == "f4" and cx.choose(m <= ROWDOT_MAX_ROWS):
+        cx.imports.add(ROWDOT_IMPORT)
+        body = [f"for {g}m in range({M}):",
+                f"    dot_rows_f4({a.buf}, {ao} + {g}m * {K}, {b.buf}, {bo}, {y.buf}, "
+                f"{yo} + {g}m * {N}, {N}, {K}, {literal(alpha)})"]  # fmt: skip
+    elif t == "f4" and cx.blas_for(m * k * n):
         body = [f"gemm_f4_ld({a.buf}, {ao}, {K}, {b.buf}, {bo}, {K}, True, {y.buf}, {yo}, "
                 f"{N}, {M}, {K}, {N}, {literal(alpha)})"]  # fmt: skip
     else:

@@ -62,7 +62,10 @@ def _no(cx: Any, reason: str) -> NoReturn:
 #: kernels and what they compile from elsewhere (the BLAS and packed-gemm bindings, the
 #: tree classifier's base-value rule).
 KERNEL_SOURCES = (
-    *(f"native/kernels/{name}.py" for name in ("post", "svm", "trees", "blas", "fastmath")),
+    *(
+        f"native/kernels/{name}.py"
+        for name in ("post", "svm", "trees", "blas", "fastmath", "rowdot")
+    ),
     "kernels/lib/blas.py",
     "kernels/lib/gemm_packed.py",
     "kernels/ml/tree_ops.py",

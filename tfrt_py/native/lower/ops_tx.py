@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...ir import Node, Value
+from .context import CACHE_DECLINE
 from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import (
     LANES,
@@ -132,7 +133,7 @@ def _tile(cx: Any, node: Node) -> list[str]:
 def _batched_matmul(cx: Any, node: Node) -> list[str]:
     """MatMul of two operands of rank >= 3 whose batch dims agree or broadcast (attention's
     products): one ``emit.matmul`` per matrix of the output's batch, loops or BLAS."""
-    a, b, y = cx.ref(node.inputs[0]), cx.ref(node.inputs[1]), cx.out(node.outputs[0])
+    a, b, y = cx.ref(node.inputs[0]), cx.stack_ref(node.inputs[1]), cx.out(node.outputs[0])
     if str(y.dtype) not in _FLOATS or a.dtype != b.dtype:
         cx.decline(f"MatMul of {a.dtype} x {b.dtype}")
     if len(a.shape) < 2 or len(b.shape) < 2:
@@ -147,12 +148,15 @@ def _batched_matmul(cx: Any, node: Node) -> list[str]:
     if a.shape[:-2] == b.shape[:-2] == batch:  # one loop over the stack
         bq = f"{g}bq"
         sub_a = Ref(a.buf, f"{a.off} + {bq} * {literal(a_mat)}", (m, k), a.dtype, a.root)
-        sub_b = Ref(b.buf, f"{b.off} + {bq} * {literal(b_mat)}", (k, n), b.dtype, b.root)
+        # b may be a KV cache in place: its matrices ``b.mat`` apart
+        sub_b = Ref(b.buf, f"{b.off} + {bq} * {b.mat or literal(b_mat)}", (k, n), b.dtype, b.root)
         sub_y = Ref(y.buf, f"{y.off} + {bq} * {literal(y_mat)}", (m, n), y.dtype, y.root)
         inner = matmul(
             g, sub_a, sub_b, sub_y, (m, k, n), (k, 1), (n, 1), blas=cx.blas_for(m * k * n)
         )
         return [f"for {bq} in range({literal(math.prod(batch))}):"] + ["    " + ln for ln in inner]
+    if b.mat:
+        cx.decline(f"{CACHE_DECLINE} MatMul broadcasting a present over its batch")
     ast = bcast_strides(a.shape[:-2], batch)
     bst = bcast_strides(b.shape[:-2], batch)
     lines: list[str] = []
@@ -618,7 +622,7 @@ def register_lowerings(reg: Registry) -> None:
 def batched_matmul(cx: Any, node: Node) -> list[str] | None:
     """The batched form of MatMul when both operands are stacks of matrices (None: the 2-D
     weights form applies)."""
-    b = cx.ref(node.inputs[1])
+    b = cx.stack_ref(node.inputs[1])
     if len(b.shape) <= 2:
         return None
     return _batched_matmul(cx, node)

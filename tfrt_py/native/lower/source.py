@@ -78,7 +78,8 @@ _STRINGS = re.compile(
     r"""(?x)
     '''tfrt_py\ native\ code\ \(generated;\ do\ not\ edit\)\.'''
     | "\"\"tfrt_py\ native\ code\ \(generated;\ do\ not\ edit\)\.\"\""
-    | 'C' | 'numpy' | 'contract' | 'feed\ \d+:\ wrong\ shape' | 'Gather(ND)?\ index\ out\ of\ range'
+    | 'C' | 'A' | 'numpy' | 'contract' | 'feed\ \d+:\ wrong\ shape' | 'cache\ \d+:\ wrong\ shape'
+    | 'cache\ \d+:\ the\ past\ overlaps\ its\ buffer' | 'Gather(ND)?\ index\ out\ of\ range'
     | 'GroupQueryAttention\ input\ out\ of\ range' | 'OneHotEncoder\ value\ not\ a\ category'
     """
 )

@@ -88,23 +88,74 @@ def _args(encs: Sequence[Any], env: dict[str, Any]) -> list[str]:
     return [f"x{k}" if e is None else f"E{k}(x{k})" for k, e in enumerate(encs)]
 
 
+def _cache_target(name: str, rank: int) -> Callable[[Any], np.ndarray]:
+    """``outs -> array``: the buffer a KV cache's present is written into (``lower/cache.py``):
+    the C-ordered float32 array of which the caller's ``outs[name]`` is the first positions
+    along the sequence axis (itself, or the array it is a view of), or an empty array (the
+    function allocates the present) when there is none such."""
+    empty = np.empty((0,) * rank, np.float32)
+
+    def target(outs: Any) -> np.ndarray:
+        v = outs.get(name) if outs else None
+        if type(v) is not np.ndarray:
+            return empty
+        b = v if v.flags.c_contiguous else v.base
+        if (type(b) is np.ndarray and b.dtype == np.float32 and b.dtype.isnative
+                and b.flags.c_contiguous and b.flags.writeable and b.ndim == rank == v.ndim
+                and b.strides == v.strides and b.ctypes.data == v.ctypes.data
+                and b.shape[:-2] == v.shape[:-2] and b.shape[-1] == v.shape[-1]
+                and b.shape[-2] >= v.shape[-2]):  # fmt: skip
+            return b
+        return empty
+
+    return target
+
+
+def _written_in(name: str) -> Callable[[np.ndarray, np.ndarray, Any], Any]:
+    """``(result, target, outs) -> output``: the caller's buffer ``outs[name]`` when the
+    function wrote the present there (``target`` was not empty), else the result."""
+
+    def output(r: np.ndarray, t: np.ndarray, outs: Any) -> Any:
+        if t.size:
+            v = outs[name]
+            if v.shape == r.shape:
+                return v
+        return r
+
+    return output
+
+
 def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str],
-                 finishers: Sequence[Any], n_in: int,
-                 encoders: Sequence[Any] = ()) -> Entry:  # fmt: skip
-    """``(feeds, x0, ...) -> {name: output}`` calling ``fn(x0, ..., *params)`` (an
-    encoded input's ids in place of its strings)."""
+                 finishers: Sequence[Any], n_in: int, encoders: Sequence[Any] = (),
+                 caches: Sequence[tuple[int, int]] = (),
+                 ranks: Sequence[int] = ()) -> Entry:  # fmt: skip
+    """``(feeds, x0, ..., outs=None) -> {name: output}`` calling ``fn(x0, ..., *params)``
+    (an encoded input's ids in place of its strings). ``caches``: (past input, present
+    output) pairs of a KV cache in place, whose buffers (``_cache_target`` of ``outs``, the
+    caller's output buffers) the function takes after the inputs; such an entry has
+    ``cache_pasts``, the past inputs it takes in any layout (views of those buffers)."""
     xs = [f"x{k}" for k in range(n_in)]
     env: dict[str, Any] = {"fn": fn}
     called = _args(_encoders(encoders, n_in), env)
+    targets = []
+    for i, (_, j) in enumerate(caches):
+        env[f"T{i}"] = _cache_target(out_names[j], ranks[i])
+        env[f"U{i}"] = _written_in(out_names[j])
+        targets.append(f"    t{i} = T{i}(outs)")
+        called.append(f"t{i}")
+    written = {j: i for i, (_, j) in enumerate(caches)}
     fins = [_finisher(f) for f in finishers]
     one = len(out_names) == 1
 
     def val(k: int) -> str:
         r = "r" if one else f"r[{k}]"
+        if k in written:
+            return f"U{written[k]}({r}, t{written[k]}, outs)"
         return r if fins[k] is None else f"F{k}({r})"
 
     src = "\n".join([
-        f"def native(feeds, {', '.join(xs)}):",
+        f"def native(feeds, {', '.join([*xs, 'outs=None'])}):",
+        *targets,
         f"    r = fn({', '.join([*called, *(f'P{i}' for i in range(len(params)))])})",
         "    return {" + ", ".join(f"o{k}: {val(k)}" for k in range(len(out_names))) + "}",
     ])  # fmt: skip
@@ -112,7 +163,9 @@ def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str]
     env.update({f"o{k}": n for k, n in enumerate(out_names)})
     env.update({f"F{k}": f for k, f in enumerate(fins) if f is not None})
     exec(compile(src, "<tfrt_py native call>", "exec"), env)
-    return env["native"]
+    native = env["native"]
+    native.cache_pasts = frozenset(k for k, _ in caches)
+    return native
 
 
 def threads_entry(fn_into: Any, params: Sequence[np.ndarray], out_names: Sequence[str],
@@ -246,6 +299,15 @@ def _compiled_run(in_names: Sequence[str], dtypes: Sequence[np.dtype], hit: list
         *["                    " + line for line in hit],
         "        except Exception:",
         "            pass",
+        *([] if "cached" not in env else [
+            "    else:",
+            "        try:",
+            "            r = cached(feeds, outputs)",
+            "            if r is not None:",
+            "                return r",
+            "        except Exception:",
+            "            pass",
+        ]),
         "    return slow(feeds, outputs)",
     ])  # fmt: skip
     env.update({f"d{k}": np.dtype(dt.name) for k, dt in enumerate(dtypes)})
@@ -257,8 +319,11 @@ def _compiled_run(in_names: Sequence[str], dtypes: Sequence[np.dtype], hit: list
 def fast_entry(table: dict[Any, Entry], slow: Callable[..., Any], in_names: Sequence[str],
                dtypes: Sequence[np.dtype], boxes: dict[Any, Entry] | None = None,
                reads: Sequence[tuple[int, int]] = (),
-               converts: Sequence[Any] = ()) -> Callable[..., Any]:  # fmt: skip
-    """The generated ``run(feeds, outputs=None)`` (see the module docstring). With
+               converts: Sequence[Any] = (),
+               cached: Callable[..., Any] | None = None) -> Callable[..., Any]:  # fmt: skip
+    """The generated ``run(feeds, outputs=None)`` (see the module docstring); a call with
+    ``outputs`` tries ``cached(feeds, outputs)`` first when given (a KV cache's buffers:
+    None or an exception sends it to ``slow``). With
     ``boxes`` (signature mode: box of dim values -> entry) a signature not in ``table``
     tries its box: the dims read from the shapes at ``reads`` (input, axis), ``box_of``
     them. A box's compiled function checks every feed's shape against its dims and
@@ -273,6 +338,8 @@ def fast_entry(table: dict[Any, Entry], slow: Callable[..., Any], in_names: Sequ
         f"    return f(feeds{xs})",
     ]
     env: dict[str, Any] = {"table": table, "slow": slow}
+    if cached is not None:
+        env["cached"] = cached
     if boxes is not None and reads:
         from ..lower.generic import box_of
 

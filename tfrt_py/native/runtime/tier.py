@@ -46,6 +46,7 @@ from ...executors.base import Executor
 from ...executors.program import Program
 from ...feeds import check_output_buffers, concat_prefixes
 from ...ir import Graph
+from ..lower.cache import cache_pairs
 from ..lower.generic import box_of, describe_box, input_shapes, lower_box, native_dim_vars
 from ..lower.graph import Lowered, lower
 from . import worker
@@ -198,6 +199,12 @@ class NativeTier(Executor):
         self.measure = measure
         self.graph = graph if graph is not None else program.graph
         self._prefixes = concat_prefixes(self.graph)  # outputs whose buffer may hold a feed
+        #: generation may keep the cache in buffers written in place (``lower/cache.py``):
+        #: signature mode with cache pairs, until a function lowers without them
+        pairs = cache_pairs(self.graph) if lowered is None else ()
+        self.writes_concat_in_place = bool(pairs)
+        #: (past input index, present name) of those pairs (``_cache_call``)
+        self._cache_io = [(k, self.graph.outputs[j].name) for k, j in pairs]
         self.program = self._program = program
         self._check = check
         self.form = "signature" if lowered is None else lowered.mode
@@ -227,7 +234,8 @@ class NativeTier(Executor):
                                 [np.dtype(v.type.dtype) for v in self.graph.inputs],  # type: ignore[union-attr]
                                 self.boxes if self.form == "signature" else None,
                                 self.dims.reads if self.dims else (),
-                                [v.convert for v in self.graph.inputs])  # fmt: skip
+                                [v.convert for v in self.graph.inputs],
+                                self._cache_call if pairs else None)  # fmt: skip
         self._interp_entry = lambda feeds, *xs: self.interp.run(feeds)
         #: The entry Model.run calls: the interpreter now, the native entry when ready.
         self.run: Any = self._run_interp
@@ -256,6 +264,8 @@ class NativeTier(Executor):
         with self._lock:
             self.compiled = job.compiled
             self.lowered = job.lowered
+            if job.lowered is not None and not job.lowered.caches:
+                self.writes_concat_in_place = False  # its cache would be copied twice
             self._forget_entries()
             if job is self._main:
                 self.state = "ready"
@@ -467,8 +477,9 @@ class NativeTier(Executor):
         if got is None or got[0] is not comp:
             if len(self._natives) >= _MAX_TABLE:
                 self._natives.clear()
+            ranks = [len(self.graph.inputs[k].type.shape or ()) for k, _ in low.caches]  # type: ignore[union-attr]
             got = (comp, native_entry(comp.fn, low.params, low.output_names, low.finishers,
-                                      n_in, low.encoders))  # fmt: skip
+                                      n_in, low.encoders, low.caches, ranks))  # fmt: skip
             self._natives[id(comp)] = got
         return got[1]
 
@@ -508,6 +519,49 @@ class NativeTier(Executor):
             return ("box", low.box)
         return key
 
+    def _cache_call(self, feeds: Mapping[str, Any], outputs: Mapping[str, Any]) -> Any:
+        """A decoder step whose output buffers are exactly its presents', each a view of an
+        array of its own of which the past fed is a view too (``generation/steps.py``), on
+        a compiled function that writes its cache in place: that function's result, with
+        ``check_output_buffers``' overlap checks replaced by these identities (no other
+        feed is a view of those arrays, or of anything but an array). None: ``_slow``."""
+        inputs = self.graph.inputs
+        pairs = self._cache_io
+        if len(feeds) != len(inputs) or len(outputs) != len(pairs):
+            return None
+        xs = [feeds[v.name] for v in inputs]
+        for x, v in zip(xs, inputs):
+            if type(x) is not np.ndarray or x.dtype != v.type.dtype:  # type: ignore[union-attr]
+                return None
+        key = xs[0].shape if len(xs) == 1 else tuple(x.shape for x in xs)
+        entry: Any = self.table.get(key)
+        if entry is None and self.dims is not None:
+            entry = self.boxes.get(box_of(tuple(xs[k].shape[a] for k, a in self.dims.reads)))
+        if not getattr(entry, "cache_pasts", None):
+            return None
+        owners: list[np.ndarray] = []
+        for k, name in pairs:
+            buf = outputs.get(name)
+            if type(buf) is not np.ndarray:
+                return None
+            b = buf if buf.base is None else buf.base
+            if type(b) is not np.ndarray or b.base is not None or xs[k].base is not b:
+                return None
+            owners.append(b)
+        if len({id(b) for b in owners}) != len(owners):
+            return None
+        pasts = {k for k, _ in pairs}
+        for k, x in enumerate(xs):
+            up = x.base
+            if k not in pasts and up is not None and (
+                    type(up) is not np.ndarray or any(up is b for b in owners)):  # fmt: skip
+                return None
+        res = entry(feeds, *xs, outs=outputs)
+        for _, name in pairs:
+            if res[name] is not outputs[name]:
+                return None
+        return res
+
     def _slow(self, feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None) -> Any:
         args = self._check(feeds)
         names = [v.name for v in self.graph.outputs]
@@ -516,18 +570,20 @@ class NativeTier(Executor):
             check_output_buffers(bufs, names, args, self._prefixes)
         if not all(type(a) is np.ndarray for a in args):
             return self.interp.run(feeds, outputs)
-        ready = [
-            a
-            if a.flags.c_contiguous and a.flags.aligned and a.dtype.isnative
-            else np.array(a, dtype=a.dtype.newbyteorder("="), order="C")
-            for a in args
-        ]
-        key = ready[0].shape if len(ready) == 1 else tuple(a.shape for a in ready)
-        entry = self.table.get(key) or self._entry(key, ready)
+        key = args[0].shape if len(args) == 1 else tuple(a.shape for a in args)
+        entry = self.table.get(key) or self._entry(key, args)
         if entry is self._interp_entry:
             return self.interp.run(feeds, outputs)
+        # a KV cache in place takes its pasts as they are (views of the output buffers)
+        pasts: frozenset[int] = getattr(entry, "cache_pasts", frozenset())
+        ready = [
+            a
+            if (a.flags.c_contiguous or k in pasts) and a.flags.aligned and a.dtype.isnative
+            else np.array(a, dtype=a.dtype.newbyteorder("="), order="C")
+            for k, a in enumerate(args)
+        ]
         try:
-            res = entry(feeds, *ready)
+            res = entry(feeds, *ready, outs=bufs) if pasts else entry(feeds, *ready)
         except Exception:  # noqa: BLE001 - the interpreter raises the executor's error
             vals = [np.array(v) if isinstance(v, np.ndarray) else v
                     for v in self._program.run(args)]  # fmt: skip
@@ -542,7 +598,8 @@ class NativeTier(Executor):
                         f"outputs[{name!r}]: buffer is {buf.dtype}{list(buf.shape)}, "
                         f"the output is {v.dtype}{list(v.shape)}"
                     )
-                np.copyto(buf, v)
+                if v is not buf:  # (a KV cache in place returns the buffer it wrote)
+                    np.copyto(buf, v)
                 v = buf
             out[name] = v
         return out

@@ -1,0 +1,169 @@
+"""A KV cache written in place by native code (``native/lower/cache.py``): a decoder step
+whose presents are ``Concat(past, new)`` takes each present's buffer and writes only the
+new positions there; a past that is the buffer's prefix is not copied; the results are
+onnxruntime's whether the buffers are given or not; a buffer that overlaps a feed, is
+too short, or holds the past elsewhere than at its start is refused or copied as
+``run(outputs=)`` promises; the decoder whose presents are tiled (grouped heads) keeps
+the copying form."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import tfrt_py
+from tests.support.models.decoder import VOCAB, decoder
+from tfrt_py.errors import InputError
+from tfrt_py.native.lower.cache import cache_pairs
+from tfrt_py.native.runtime import tier as tier_module
+
+LAYERS, KV, HEAD = 2, 4, 8
+CAP = 40  # positions in each cache buffer
+RNG = np.random.default_rng(11)
+
+
+@pytest.fixture(scope="module")
+def onnx_bytes() -> bytes:
+    return decoder(layers=LAYERS, kv_heads=KV, head_dim=HEAD).SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def model(onnx_bytes: bytes) -> tfrt_py.Model:
+    return tfrt_py.load(onnx_bytes, executor="native", native="eager")
+
+
+@pytest.fixture(scope="module")
+def session(onnx_bytes: bytes) -> ort.InferenceSession:
+    return ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
+
+
+def _cache_names() -> list[tuple[str, str]]:
+    return [(f"past_key_values.{i}.{p}", f"present.{i}.{p}") for i in range(LAYERS)
+            for p in ("key", "value")]  # fmt: skip
+
+
+def _feeds(past: int) -> dict[str, Any]:
+    f: dict[str, Any] = {
+        "input_ids": RNG.integers(0, VOCAB, (1, 1)).astype(np.int64),
+        "attention_mask": np.ones((1, past + 1), np.int64),
+        "position_ids": np.array([[past]], np.int64),
+    }
+    for name, _ in _cache_names():
+        f[name] = RNG.standard_normal((1, KV, past, HEAD)).astype(np.float32)
+    return f
+
+
+def _in_buffers(feeds: dict[str, Any], past: int) -> tuple[dict[str, Any], dict[str, Any],
+                                                          dict[str, np.ndarray]]:  # fmt: skip
+    """The feeds with each past the prefix of a buffer of CAP positions (NaN after it),
+    the output buffers (each present that buffer's first past + 1 positions), and the
+    buffers."""
+    fed, outs, bufs = dict(feeds), {}, {}
+    for past_name, present in _cache_names():
+        b = np.full((1, KV, CAP, HEAD), np.nan, np.float32)
+        b[:, :, :past] = feeds[past_name]
+        fed[past_name] = b[:, :, :past]
+        outs[present] = b[:, :, : past + 1]
+        bufs[present] = b
+    return fed, outs, bufs
+
+
+def _check(got: dict[str, Any], want: list[np.ndarray], session: ort.InferenceSession) -> None:
+    for out, w in zip(session.get_outputs(), want):
+        np.testing.assert_allclose(np.asarray(got[out.name]), w, rtol=1e-4, atol=1e-5,
+                                   err_msg=out.name)  # fmt: skip
+
+
+def test_the_pairs_are_found_and_a_tiled_present_keeps_the_copy(onnx_bytes: bytes) -> None:
+    m = tfrt_py.load(onnx_bytes, executor="native")
+    graph = m.native.graph
+    pairs = cache_pairs(graph)
+    names = [(graph.inputs[k].name, graph.outputs[j].name) for k, j in pairs]
+    assert names == _cache_names()
+    assert m.runtime.writes_concat_in_place
+    tiled = tfrt_py.load(decoder(layers=LAYERS, kv_heads=2, head_dim=HEAD).SerializeToString(),
+                         executor="native")  # fmt: skip
+    assert cache_pairs(tiled.native.graph) == ()  # Tile reads the present
+    assert not tiled.runtime.writes_concat_in_place
+
+
+def test_a_step_writes_only_its_new_rows_into_the_buffers(
+    model: tfrt_py.Model, session: ort.InferenceSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past 20 (the box 17..128): the presents returned are the caller's views, the
+    positions after the new one still hold their NaN, the past's are unchanged, and the
+    call took the cache path (no output-buffer checker) once compiled."""
+    feeds = _feeds(20)
+    want = session.run(None, feeds)
+    model.run(feeds)  # compiles the box (eager) and decides it
+    fed, outs, bufs = _in_buffers(feeds, 20)
+    checked: list[int] = []
+    real = tier_module.check_output_buffers
+
+    def counted(*a: Any, **k: Any) -> Any:
+        checked.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(tier_module, "check_output_buffers", counted)
+    for _ in range(3):  # the same step again: it writes the same new row
+        got = model.run(fed, outputs=outs)
+    _check(got, want, session)
+    assert checked == []
+    assert any(j.lowered is not None and j.lowered.caches for j in model.native.sigs.values())
+    for past_name, present in _cache_names():
+        assert got[present] is outs[present]
+        b = bufs[present]
+        np.testing.assert_array_equal(b[:, :, :20], feeds[past_name])
+        assert np.isnan(b[:, :, 21:]).all()
+
+
+def test_without_buffers_the_presents_are_made_apart(
+    model: tfrt_py.Model, session: ort.InferenceSession
+) -> None:
+    feeds = _feeds(33)
+    got = model.run(feeds)
+    _check(got, session.run(None, feeds), session)
+    assert all(got[p].flags.owndata or got[p].base is not None for _, p in _cache_names())
+    np.testing.assert_array_equal(got["present.0.key"][:, :, :33], feeds["past_key_values.0.key"])
+
+
+def test_a_past_apart_from_its_buffer_is_copied_in(
+    model: tfrt_py.Model, session: ort.InferenceSession
+) -> None:
+    feeds = _feeds(25)
+    want = session.run(None, feeds)
+    _, outs, bufs = _in_buffers(feeds, 25)
+    for b in bufs.values():
+        b[:] = np.nan  # the buffers hold nothing: the feeds are separate arrays
+    got = model.run(feeds, outputs=outs)
+    _check(got, want, session)
+    for past_name, present in _cache_names():
+        np.testing.assert_array_equal(bufs[present][:, :, :25], feeds[past_name])
+        assert np.isnan(bufs[present][:, :, 26:]).all()
+
+
+def test_bad_buffers_are_refused_and_the_model_stays_usable(
+    model: tfrt_py.Model, session: ort.InferenceSession
+) -> None:
+    feeds = _feeds(22)
+    want = session.run(None, feeds)
+    fed, outs, bufs = _in_buffers(feeds, 22)
+    shifted = dict(fed)  # the past two positions into its buffer, overlapping the present
+    b = bufs["present.0.key"]
+    b[:, :, 2:24] = feeds["past_key_values.0.key"]
+    shifted["past_key_values.0.key"] = b[:, :, 2:24]
+    with pytest.raises(InputError, match="shares memory"):
+        model.run(shifted, outputs=outs)
+    short = dict(outs)
+    short["present.1.value"] = np.empty((1, KV, 5, HEAD), np.float32)
+    with pytest.raises(InputError, match=r"present\.1\.value"):
+        model.run(fed, outputs=short)
+    ids = dict(fed)  # another feed inside a cache buffer
+    ids["input_ids"] = bufs["present.1.key"].view(np.int64)[:1, :1, 5, :1].reshape(1, 1)
+    with pytest.raises(InputError, match="shares memory"):
+        model.run(ids, outputs=outs)
+    fed, outs, _ = _in_buffers(feeds, 22)
+    _check(model.run(fed, outputs=outs), want, session)

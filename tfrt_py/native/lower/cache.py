@@ -1,0 +1,131 @@
+"""A KV cache written in place by native code (issue 37, item 2).
+
+A decoder's step makes each ``present = Concat(past, new)`` along the cache's sequence
+axis and returns it; fed back as the next step's ``past`` that copies the whole cache every
+step (at past 512 the copies of a 4-layer GPT-2 move 8 MB a step). ``cache_pairs(graph)``
+finds the pairs whose in-place form this lowering writes: the sequence axis is the
+second-to-last (``[batch, heads, sequence, head size]``), the past is read by nothing
+but its Concat (and Shape), and the present by nothing but the scores' keys
+(``MatMulTransB``) and the values of a stacked MatMul (and Shape), which index each
+(batch, head) matrix by its own offset. The function then takes one more argument per
+pair, the buffer the present is written into (``c<i>``, C-ordered, of any length along the
+sequence axis from the present's up): its first positions are the past when the past
+feed is exactly that prefix (the same address and strides: generation's buffers), and
+are copied from the feed otherwise (a past elsewhere inside the buffer raises, as
+``run(outputs=)``'s overlap check does); the new rows are the only ones the Concat writes. An
+empty ``c<i>`` asks the function to allocate the present (a call without output
+buffers). The present returned is the buffer's view of the present's length; the past
+argument is typed ``'A'`` (a view of that buffer is not C-contiguous) and never read as
+flat data (``NodeContext.unread``). Any other reader of either declines with
+``CACHE_DECLINE``, and ``lower`` lowers the graph again with the cache copied.
+
+Pure functions of the graph and shapes; load time or the compile worker.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...feeds import concat_prefixes
+from ...ir import Graph, Node, Value
+from .context import CACHE_DECLINE, NodeContext
+from .loops import Ref
+from .source import literal
+
+__all__ = ["cache_pairs", "cache_prologue", "concat_in_place"]
+
+_FUSED = "tfrt_py.fused"
+#: (domain, op, input position) of the readers of a present this lowering handles
+_STACK_READERS = frozenset({(_FUSED, "MatMulTransB", 1), ("", "MatMul", 1)})
+
+
+def _readers(graph: Graph, v: Value) -> list[tuple[Node, int]]:
+    return [(n, i) for n in graph.nodes for i, x in enumerate(n.inputs) if x is v]
+
+
+def cache_pairs(graph: Graph) -> tuple[tuple[int, int], ...]:
+    """(past input index, present output index) of every cache pair written in place, in
+    output order; () unless every Concat-grown output qualifies (one form per function)."""
+    found = concat_prefixes(graph)
+    pairs = []
+    for j, (k, axis) in sorted(found.items()):
+        out, past = graph.outputs[j], graph.inputs[k]
+        shape = out.type.shape if out.type is not None else None  # type: ignore[union-attr]
+        node = out.producer
+        if shape is None or node is None or len(shape) < 3 or len(node.inputs) != 2:
+            return ()
+        if axis % len(shape) != len(shape) - 2 or str(out.type.dtype) != "float32":  # type: ignore[union-attr]
+            return ()
+        if sum(o is out for o in graph.outputs) != 1 or any(o is past for o in graph.outputs):
+            return ()
+        for reader, _ in _readers(graph, past):
+            if reader is not node and reader.op_type != "Shape":
+                return ()
+        for reader, slot in _readers(graph, out):
+            known = (reader.domain, reader.op_type, slot) in _STACK_READERS
+            if reader.op_type != "Shape" and not known:
+                return ()
+        pairs.append((k, j))
+    return tuple(pairs)
+
+
+def cache_prologue(cx: NodeContext, pairs: tuple[tuple[int, int], ...],
+                   graph: Graph) -> list[str]:  # fmt: skip
+    """The function's lines that take each pair's buffer ``c<i>`` (allocated when empty,
+    checked, the past copied in unless it is the buffer's prefix) and bind the present's
+    flat view ``r<j>``, its matrix stride ``cs<i>`` and the view returned, ``o<j>``."""
+    lines = []
+    for i, (k, j) in enumerate(pairs):
+        shape, _ = cx.shapes[id(graph.outputs[j])]
+        past, _ = cx.shapes[id(graph.inputs[k])]
+        ax, rank = len(shape) - 2, len(shape)
+        c = f"c{i}"
+        wrong = " or ".join([*(f"{c}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape)
+                               if d != ax), f"{c}.shape[{ax}] < {literal(shape[ax])}"])  # fmt: skip
+        iv = [f"i{d}" for d in range(rank)]
+        copy = []
+        for d in range(rank):
+            copy.append("    " * (d + 1) + f"for {iv[d]} in range({literal(past[d])}):")
+        at = ", ".join(iv)
+        copy.append("    " * (rank + 1) + f"{c}[{at}] = a{k}[{at}]")
+        upto = ", ".join([":"] * ax + [f":{literal(shape[ax])}"])
+        lines += [
+            f"if {c}.size == 0:",
+            f"    {c} = np.empty(({', '.join(literal(n) for n in shape)},), f4)",
+            f"elif {wrong}:",
+            f"    raise ValueError('cache {i}: wrong shape')",
+            f"if {c}.ctypes.data != a{k}.ctypes.data or {c}.strides != a{k}.strides:",
+            # a past inside the buffer but not its prefix: ``run(outputs=)`` refuses that
+            f"    if {c}.ctypes.data <= a{k}.ctypes.data < {c}.ctypes.data + {c}.nbytes:",
+            f"        raise ValueError('cache {i}: the past overlaps its buffer')",
+            *copy,
+            f"cs{i} = {c}.shape[{ax}] * {literal(shape[-1])}",
+            f"r{j} = {c}.reshape({c}.size)",
+            f"o{j} = {c}[{upto}]",
+        ]
+        cx.unread.add(id(graph.inputs[k]))
+        cx.cache_mat[j] = f"cs{i}"
+    return ["    " + ln for ln in lines]
+
+
+def concat_in_place(cx: Any, node: Node, y: Ref) -> list[str]:
+    """A present's Concat in place: only the new positions, at the past's length along the
+    sequence axis of each (batch, head) matrix of ``y``'s buffer."""
+    past_v, new_v = node.inputs
+    if past_v is None or new_v is None or id(past_v) not in cx.unread:
+        cx.decline(f"{CACHE_DECLINE} a present that is not Concat(past, new)")
+    x = cx.ref(new_v)
+    ax = len(y.shape) - 2
+    if x.dtype != y.dtype or x.shape[:ax] != y.shape[:ax] or x.shape[-1] != y.shape[-1]:
+        cx.decline(f"{CACHE_DECLINE} Concat of {x.dtype}{list(x.shape)}")
+    outer = math.prod(y.shape[:ax])
+    width = x.shape[ax] * x.shape[-1]
+    start = (y.shape[ax] - x.shape[ax]) * y.shape[-1]
+    W = literal(width)
+    return [
+        f"for o in range({literal(outer)}):",
+        f"    for c in range({W}):",
+        f"        {y.buf}[{y.off} + o * {y.mat} + {literal(start)} + c] = "
+        f"{x.buf}[{x.off} + o * {W} + c]",
+    ]
