@@ -3,8 +3,8 @@ whose presents are ``Concat(past, new)`` takes each present's buffer and writes 
 new positions there; a past that is the buffer's prefix is not copied; the results are
 onnxruntime's whether the buffers are given or not; a buffer that overlaps a feed, is
 too short, or holds the past elsewhere than at its start is refused or copied as
-``run(outputs=)`` promises; the decoder whose presents are tiled (grouped heads) keeps
-the copying form."""
+``run(outputs=)`` promises; grouped KV heads (each present tiled for its query heads)
+read the buffer in place too; a present read by any other op keeps the copying form."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 import tfrt_py
 from tests.support.models.decoder import VOCAB, decoder
 from tfrt_py.errors import InputError
+from tfrt_py.ir import GraphBuilder
 from tfrt_py.native.lower.cache import cache_pairs
 from tfrt_py.native.runtime import tier as tier_module
 
@@ -25,9 +26,14 @@ CAP = 40  # positions in each cache buffer
 RNG = np.random.default_rng(11)
 
 
-@pytest.fixture(scope="module")
-def onnx_bytes() -> bytes:
-    return decoder(layers=LAYERS, kv_heads=KV, head_dim=HEAD).SerializeToString()
+@pytest.fixture(scope="module", params=[KV, 2], ids=["heads", "grouped"])
+def onnx_bytes(request: pytest.FixtureRequest) -> bytes:
+    """KV heads as many as the query heads, or 2 (each tiled for 2 query heads)."""
+    return decoder(layers=LAYERS, kv_heads=request.param, head_dim=HEAD).SerializeToString()
+
+
+def _kv(model: tfrt_py.Model) -> int:
+    return int(model.inputs[-1].shape[1])  # type: ignore[index, arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +51,14 @@ def _cache_names() -> list[tuple[str, str]]:
             for p in ("key", "value")]  # fmt: skip
 
 
-def _feeds(past: int) -> dict[str, Any]:
+def _feeds(past: int, kv: int) -> dict[str, Any]:
     f: dict[str, Any] = {
         "input_ids": RNG.integers(0, VOCAB, (1, 1)).astype(np.int64),
         "attention_mask": np.ones((1, past + 1), np.int64),
         "position_ids": np.array([[past]], np.int64),
     }
     for name, _ in _cache_names():
-        f[name] = RNG.standard_normal((1, KV, past, HEAD)).astype(np.float32)
+        f[name] = RNG.standard_normal((1, kv, past, HEAD)).astype(np.float32)
     return f
 
 
@@ -63,7 +69,7 @@ def _in_buffers(feeds: dict[str, Any], past: int) -> tuple[dict[str, Any], dict[
     buffers."""
     fed, outs, bufs = dict(feeds), {}, {}
     for past_name, present in _cache_names():
-        b = np.full((1, KV, CAP, HEAD), np.nan, np.float32)
+        b = np.full((1, feeds[past_name].shape[1], CAP, HEAD), np.nan, np.float32)
         b[:, :, :past] = feeds[past_name]
         fed[past_name] = b[:, :, :past]
         outs[present] = b[:, :, : past + 1]
@@ -77,17 +83,22 @@ def _check(got: dict[str, Any], want: list[np.ndarray], session: ort.InferenceSe
                                    err_msg=out.name)  # fmt: skip
 
 
-def test_the_pairs_are_found_and_a_tiled_present_keeps_the_copy(onnx_bytes: bytes) -> None:
+def test_the_pairs_are_found_and_another_reader_keeps_the_copy(onnx_bytes: bytes) -> None:
     m = tfrt_py.load(onnx_bytes, executor="native")
     graph = m.native.graph
     pairs = cache_pairs(graph)
     names = [(graph.inputs[k].name, graph.outputs[j].name) for k, j in pairs]
     assert names == _cache_names()
     assert m.runtime.writes_concat_in_place
-    tiled = tfrt_py.load(decoder(layers=LAYERS, kv_heads=2, head_dim=HEAD).SerializeToString(),
-                         executor="native")  # fmt: skip
-    assert cache_pairs(tiled.native.graph) == ()  # Tile reads the present
-    assert not tiled.runtime.writes_concat_in_place
+    b = GraphBuilder("doubled")
+    past = b.input("past", np.float32, (1, 2, "P", 4))
+    new = b.input("new", np.float32, (1, 2, 1, 4))
+    present = b.op("Concat", past, new, axis=2)
+    b.output(present, "present")
+    b.output(b.op("Mul", present, b.const(np.array(2.0, np.float32))), "doubled")
+    other = tfrt_py.load(b.build(), executor="native")
+    assert cache_pairs(other.native.graph) == ()  # Mul reads the present as flat data
+    assert not other.runtime.writes_concat_in_place
 
 
 def test_a_step_writes_only_its_new_rows_into_the_buffers(
@@ -96,7 +107,7 @@ def test_a_step_writes_only_its_new_rows_into_the_buffers(
     """Past 20 (the box 17..128): the presents returned are the caller's views, the
     positions after the new one still hold their NaN, the past's are unchanged, and the
     call took the cache path (no output-buffer checker) once compiled."""
-    feeds = _feeds(20)
+    feeds = _feeds(20, _kv(model))
     want = session.run(None, feeds)
     model.run(feeds)  # compiles the box (eager) and decides it
     fed, outs, bufs = _in_buffers(feeds, 20)
@@ -123,7 +134,7 @@ def test_a_step_writes_only_its_new_rows_into_the_buffers(
 def test_without_buffers_the_presents_are_made_apart(
     model: tfrt_py.Model, session: ort.InferenceSession
 ) -> None:
-    feeds = _feeds(33)
+    feeds = _feeds(33, _kv(model))
     got = model.run(feeds)
     _check(got, session.run(None, feeds), session)
     assert all(got[p].flags.owndata or got[p].base is not None for _, p in _cache_names())
@@ -133,7 +144,7 @@ def test_without_buffers_the_presents_are_made_apart(
 def test_a_past_apart_from_its_buffer_is_copied_in(
     model: tfrt_py.Model, session: ort.InferenceSession
 ) -> None:
-    feeds = _feeds(25)
+    feeds = _feeds(25, _kv(model))
     want = session.run(None, feeds)
     _, outs, bufs = _in_buffers(feeds, 25)
     for b in bufs.values():
@@ -148,7 +159,7 @@ def test_a_past_apart_from_its_buffer_is_copied_in(
 def test_bad_buffers_are_refused_and_the_model_stays_usable(
     model: tfrt_py.Model, session: ort.InferenceSession
 ) -> None:
-    feeds = _feeds(22)
+    feeds = _feeds(22, _kv(model))
     want = session.run(None, feeds)
     fed, outs, bufs = _in_buffers(feeds, 22)
     shifted = dict(fed)  # the past two positions into its buffer, overlapping the present
@@ -158,7 +169,7 @@ def test_bad_buffers_are_refused_and_the_model_stays_usable(
     with pytest.raises(InputError, match="shares memory"):
         model.run(shifted, outputs=outs)
     short = dict(outs)
-    short["present.1.value"] = np.empty((1, KV, 5, HEAD), np.float32)
+    short["present.1.value"] = np.empty((1, _kv(model), 5, HEAD), np.float32)
     with pytest.raises(InputError, match=r"present\.1\.value"):
         model.run(fed, outputs=short)
     ids = dict(fed)  # another feed inside a cache buffer

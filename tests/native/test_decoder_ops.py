@@ -101,10 +101,9 @@ def test_a_generation_runs_its_steps_on_boxes_and_matches_onnxruntime(
 ) -> None:
     """Greedy decoding of 20 tokens: the steps over past lengths 6..25 run on two
     compiled functions (past 2..16 and 17..128), and the tokens are onnxruntime's; with
-    grouped KV heads (repeated by Tile) too. Without Tile the compiled code writes each
-    cache in place (``native/lower/cache.py``): every step is handed the same buffers;
-    with it the code makes each present apart, and no step is handed a buffer to copy
-    it into, however big the cache."""
+    grouped KV heads (repeated by Tile) too. The compiled code writes each cache in place
+    (``native/lower/cache.py``; the Tile reads it there): every step is handed the same
+    buffers."""
     from tfrt_py.generation import steps
 
     onx = decoder(kv_heads=kv_heads).SerializeToString()
@@ -120,12 +119,9 @@ def test_a_generation_runs_its_steps_on_boxes_and_matches_onnxruntime(
     monkeypatch.setattr(model, "run", spy)
     prompt = [3, 14, 15, 9, 26, 5]
     got = model.generate(prompt, max_new_tokens=20)
-    if kv_heads == 4:
-        assert model.runtime.writes_concat_in_place
-        assert len(seen) == 20 and all(o is not None for o in seen)
-        assert len({id(o["present.1.value"].base) for o in seen}) == 1  # type: ignore[index]
-    else:
-        assert not model.runtime.writes_concat_in_place and seen == [None] * 20
+    assert model.runtime.writes_concat_in_place
+    assert len(seen) == 20 and all(o is not None for o in seen)
+    assert len({id(o["present.1.value"].base) for o in seen}) == 1  # type: ignore[index]
     session = ort.InferenceSession(onx, providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(got, reference_greedy(session, [prompt], 20)[0])
     ready = {k for k, j in model.native.sigs.items() if j.state == "ready"}

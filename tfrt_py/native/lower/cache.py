@@ -1,23 +1,27 @@
 """A KV cache written in place by native code (issue 37, item 2).
 
 A decoder's step makes each ``present = Concat(past, new)`` along the cache's sequence
-axis and returns it; fed back as the next step's ``past`` that copies the whole cache every
-step (at past 512 the copies of a 4-layer GPT-2 move 8 MB a step). ``cache_pairs(graph)``
-finds the pairs whose in-place form this lowering writes: the sequence axis is the
-second-to-last (``[batch, heads, sequence, head size]``), the past is read by nothing
-but its Concat (and Shape), and the present by nothing but the scores' keys
-(``MatMulTransB``) and the values of a stacked MatMul (and Shape), which index each
-(batch, head) matrix by its own offset. The function then takes one more argument per
-pair, the buffer the present is written into (``c<i>``, C-ordered, of any length along the
-sequence axis from the present's up): its first positions are the past when the past
-feed is exactly that prefix (the same address and strides: generation's buffers), and
-are copied from the feed otherwise (a past elsewhere inside the buffer raises, as
-``run(outputs=)``'s overlap check does); the new rows are the only ones the Concat writes. An
-empty ``c<i>`` asks the function to allocate the present (a call without output
-buffers). The present returned is the buffer's view of the present's length; the past
-argument is typed ``'A'`` (a view of that buffer is not C-contiguous) and never read as
-flat data (``NodeContext.unread``). Any other reader of either declines with
-``CACHE_DECLINE``, and ``lower`` lowers the graph again with the cache copied.
+axis and returns it; fed back as the next step's ``past`` that copies the whole cache
+every step (at past 512 the copies of a 4-layer GPT-2 move 8 MB a step).
+``cache_pairs(graph)`` finds the pairs whose in-place form this lowering writes: the
+sequence axis is the second-to-last (``[batch, heads, sequence, head size]``), the past
+is read by nothing but its Concat (and Shape), and the present by nothing but the
+scores' keys (``MatMulTransB``) and the values of a stacked MatMul (and Shape), which
+index each (batch, head) matrix by its own offset -- directly, or through views and an
+Expand or Tile that repeat each KV head for a group of query heads (``stack_view``: no
+copy either).
+
+The function then takes one more argument per pair, ``c<i>``: the buffer the present is
+written into (C-ordered, of any length along the sequence axis from the present's up).
+Its first positions are the past when the past feed is exactly that prefix (the same
+address and strides: generation's buffers), else they are copied from the feed (a past
+elsewhere inside the buffer raises, as ``run(outputs=)``'s overlap check refuses it);
+the Concat writes only the new positions. An empty ``c<i>`` asks the function to
+allocate the present (a call without output buffers). The present returned is the
+buffer's view of the present's length; the past argument is typed ``'A'`` (a view of the
+buffer is not C-contiguous) and never read as flat data (``NodeContext.unread``). Any
+other reader of either declines with ``CACHE_DECLINE``, and ``lower`` lowers the graph
+again with the cache copied.
 
 Pure functions of the graph and shapes; load time or the compile worker.
 """
@@ -33,15 +37,43 @@ from .context import CACHE_DECLINE, NodeContext
 from .loops import Ref
 from .source import literal
 
-__all__ = ["cache_pairs", "cache_prologue", "concat_in_place"]
+__all__ = [
+    "cache_pairs",
+    "cache_prologue",
+    "concat_in_place",
+    "is_stack_view",
+    "matrix_at",
+    "stack_view",
+]
 
 _FUSED = "tfrt_py.fused"
 #: (domain, op, input position) of the readers of a present this lowering handles
 _STACK_READERS = frozenset({(_FUSED, "MatMulTransB", 1), ("", "MatMul", 1)})
+#: Ops of the default domain that read a present as views of its matrices (``stack_view``):
+#: optimum's grouped KV heads, ``Reshape(Expand(Unsqueeze(present)))`` (or a Tile)
+_STACK_VIEWS = frozenset({"Unsqueeze", "Reshape", "Squeeze", "Identity", "Expand", "Tile"})
 
 
 def _readers(graph: Graph, v: Value) -> list[tuple[Node, int]]:
     return [(n, i) for n in graph.nodes for i, x in enumerate(n.inputs) if x is v]
+
+
+def _read_as_stacks(graph: Graph, v: Value) -> bool:
+    """Whether every reader of ``v`` (and of the views and Expands of it, none a graph
+    output) is a Shape, or reads it as a stack of matrices (``_STACK_READERS``)."""
+    outs = {id(o) for o in graph.outputs}
+    todo = [v]
+    while todo:
+        for reader, slot in _readers(graph, todo.pop()):
+            if reader.op_type == "Shape" or (reader.domain, reader.op_type, slot) in _STACK_READERS:
+                continue
+            if reader.domain or reader.op_type not in _STACK_VIEWS or slot != 0:
+                return False
+            y = reader.outputs[0] if reader.outputs else None
+            if y is None or id(y) in outs:
+                return False
+            todo.append(y)
+    return True
 
 
 def cache_pairs(graph: Graph) -> tuple[tuple[int, int], ...]:
@@ -62,10 +94,8 @@ def cache_pairs(graph: Graph) -> tuple[tuple[int, int], ...]:
         for reader, _ in _readers(graph, past):
             if reader is not node and reader.op_type != "Shape":
                 return ()
-        for reader, slot in _readers(graph, out):
-            known = (reader.domain, reader.op_type, slot) in _STACK_READERS
-            if reader.op_type != "Shape" and not known:
-                return ()
+        if not _read_as_stacks(graph, out):
+            return ()
         pairs.append((k, j))
     return tuple(pairs)
 
@@ -129,3 +159,46 @@ def concat_in_place(cx: Any, node: Node, y: Ref) -> list[str]:
         f"        {y.buf}[{y.off} + o * {y.mat} + {literal(start)} + c] = "
         f"{x.buf}[{x.off} + o * {W} + c]",
     ]
+
+
+def is_stack_view(cx: Any, node: Node) -> bool:
+    """Whether ``node`` is a view or Expand of a present in place (``stack_view``)."""
+    first = node.inputs[0] if node.inputs else None
+    r = cx.refs.get(id(first)) if first is not None else None
+    return r is not None and bool(r.mat) and not node.domain and node.op_type in _STACK_VIEWS
+
+
+def stack_view(cx: Any, node: Node) -> list[str]:
+    """A view of a present in place as other stacks of the same matrices (their last two
+    dims unchanged, as many), or an Expand or Tile of its last stack dim from 1 to ``r``
+    (each matrix read ``r`` times: ``Ref.rep``): no code."""
+    x = cx.stack_ref(node.inputs[0])
+    y = node.outputs[0]
+    if y is None or id(y) in cx.outputs:
+        cx.decline(f"{CACHE_DECLINE} a view of a present that is an output")
+    if any(v is not None and cx.const(v) is None for v in node.inputs[1:]):
+        cx.decline(f"{CACHE_DECLINE} {node.op_type} of a present by a shape known at run time")
+    shape = tuple(cx.shapes[id(y)][0])
+    stack, into = x.shape[:-2], shape[:-2]
+    if len(shape) < 2 or shape[-2:] != x.shape[-2:]:
+        cx.decline(f"{CACHE_DECLINE} {node.op_type} of a present's matrices")
+    rep = x.rep
+    if node.op_type in ("Expand", "Tile"):
+        if not stack or len(into) != len(stack) or into[:-1] != stack[:-1] or stack[-1] != 1:
+            cx.decline(f"{CACHE_DECLINE} {node.op_type} of a present {list(x.shape)} to "
+                       f"{list(shape)}")  # fmt: skip
+        rep *= into[-1]
+    elif math.prod(into) != math.prod(stack):
+        cx.decline(f"{CACHE_DECLINE} {node.op_type} of a present {list(x.shape)}")
+    cx.refs[id(y)] = Ref(x.buf, x.off, shape, x.dtype, x.root, x.mat, rep)
+    return []
+
+
+def matrix_at(r: Ref, q: str, size: int) -> str:
+    """The offset of matrix ``q`` (an expression) of the stack ``r`` whose matrices hold
+    ``size`` elements: contiguous, or a present in place (``Ref.mat``, ``Ref.rep``)."""
+    if not r.mat:
+        return f"{r.off} + {q} * {literal(size)}"
+    if r.rep > 1:
+        return f"{r.off} + {q} // {literal(r.rep)} * {r.mat}"
+    return f"{r.off} + {q} * {r.mat}"

@@ -39,7 +39,7 @@ from ...kernels.lib import blas
 from ...records import record
 from . import registry
 from .budget import OverBudget, budget, check, precheck
-from .cache import cache_pairs, cache_prologue
+from .cache import cache_pairs, cache_prologue, is_stack_view, stack_view
 from .context import CACHE_DECLINE, NodeContext
 from .emit import BLAS_IMPORT, EXP_IMPORT, copy_strided, tname
 from .fold import shape_arithmetic, shape_values
@@ -505,6 +505,8 @@ def _lower_node(cx: NodeContext, node: Node) -> list[str]:
     first = node.inputs[0] if node.inputs else None
     if first is not None and id(first) in cx.label_tables:
         return _label_view(cx, node, first)
+    if is_stack_view(cx, node):  # grouped KV heads over a cache in place
+        return stack_view(cx, node)
     if node.domain == "" and node.op_type in VIEW_OPS:
         if any(v is not None and cx.const(v) is None for v in node.inputs[1:]):
             # The output shape would be the probe's, baked in: only constant shapes/axes.

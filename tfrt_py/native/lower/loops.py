@@ -36,8 +36,8 @@ class Ref:
     expression of ours: ``literal`` of an int, a temporary, or a placeholder ``@n@``
     resolved once the arena is planned), C order; with ``mat`` (an expression of ours) a
     stack of matrices over its last two dims, each C-ordered, matrix ``q`` from element
-    ``off + q * mat`` (a KV cache written in place, ``cache.py``: only the lowerings that
-    ask for it by ``NodeContext.stack_ref`` see such a ref)."""
+    ``off + (q // rep) * mat`` (a KV cache written in place, ``cache.py``: only the
+    lowerings that ask for it by ``NodeContext.stack_ref`` see such a ref)."""
 
     buf: str
     off: str
@@ -45,6 +45,9 @@ class Ref:
     dtype: np.dtype
     root: int = -1  # the arena buffer it lives in (-1: input, constant or output)
     mat: str = ""
+    #: with ``mat``: matrix ``q`` is the cache's ``q // rep`` (grouped KV heads, each read
+    #: by ``rep`` query heads: ``cache.stack_view`` of an Expand)
+    rep: int = 1
 
     @property
     def size(self) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...ir import Node, Value
+from .cache import matrix_at
 from .emit import tname
 from .loops import Ref, bcast_strides, index, lane_reduce, loop_nest, strides
 from .records import Registry
@@ -66,7 +67,7 @@ def _matmul_transb(cx: Any, node: Node) -> list[str]:
     M, K, N = literal(m), literal(k), literal(n)
     bq = f"{g}bq"
     ao = f"{a.off} + {bq} * {literal(m * k)}"
-    bo = f"{b.off} + {bq} * {b.mat or literal(n * k)}"  # b: maybe a KV cache in place
+    bo = matrix_at(b, bq, n * k)  # b: maybe a KV cache in place
     yo = f"{y.off} + {bq} * {literal(m * n)}"
     if t == "f4" and cx.choose(m <= ROWDOT_MAX_ROWS):
         cx.imports.add(ROWDOT_IMPORT)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...ir import Node, Value
+from .cache import matrix_at
 from .context import CACHE_DECLINE
 from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import (
@@ -148,8 +149,8 @@ def _batched_matmul(cx: Any, node: Node) -> list[str]:
     if a.shape[:-2] == b.shape[:-2] == batch:  # one loop over the stack
         bq = f"{g}bq"
         sub_a = Ref(a.buf, f"{a.off} + {bq} * {literal(a_mat)}", (m, k), a.dtype, a.root)
-        # b may be a KV cache in place: its matrices ``b.mat`` apart
-        sub_b = Ref(b.buf, f"{b.off} + {bq} * {b.mat or literal(b_mat)}", (k, n), b.dtype, b.root)
+        # b may be a KV cache in place (cache.py)
+        sub_b = Ref(b.buf, matrix_at(b, bq, b_mat), (k, n), b.dtype, b.root)
         sub_y = Ref(y.buf, f"{y.off} + {bq} * {literal(y_mat)}", (m, n), y.dtype, y.root)
         inner = matmul(
             g, sub_a, sub_b, sub_y, (m, k, n), (k, 1), (n, 1), blas=cx.blas_for(m * k * n)
