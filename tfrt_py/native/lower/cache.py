@@ -11,8 +11,10 @@ index each (batch, head) matrix by its own offset -- directly, or through views 
 Expand or Tile that repeat each KV head for a group of query heads (``stack_view``: no
 copy either).
 
-The function then takes one more argument per pair, ``c<i>``: the buffer the present is
-written into (C-ordered, of any length along the sequence axis from the present's up).
+The function then takes two more arguments per pair: ``c<i>``, the buffer the present is
+written into (C-ordered, of any length along the sequence axis from the present's up),
+and ``v<i>``, the caller's output buffer, which must be its first positions (else the
+function raises and the tier's checked path takes the call).
 Its first positions are the past when the past feed is exactly that prefix (the same
 address and strides: generation's buffers), else they are copied from the feed (a past
 elsewhere inside the buffer raises, as ``run(outputs=)``'s overlap check refuses it);
@@ -110,9 +112,13 @@ def cache_prologue(cx: NodeContext, pairs: tuple[tuple[int, int], ...],
         shape, _ = cx.shapes[id(graph.outputs[j])]
         past, _ = cx.shapes[id(graph.inputs[k])]
         ax, rank = len(shape) - 2, len(shape)
-        c = f"c{i}"
-        wrong = " or ".join([*(f"{c}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape)
-                               if d != ax), f"{c}.shape[{ax}] < {literal(shape[ax])}"])  # fmt: skip
+        c, v = f"c{i}", f"v{i}"
+        wrong = " or ".join([
+            *(f"{c}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape) if d != ax),
+            f"{c}.shape[{ax}] < {literal(shape[ax])}",
+            *(f"{v}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape)),
+            f"{v}.ctypes.data != {c}.ctypes.data or {v}.strides != {c}.strides",
+        ])  # fmt: skip
         iv = [f"i{d}" for d in range(rank)]
         copy = []
         for d in range(rank):

@@ -119,7 +119,8 @@ class Lowered:
     #: the function takes those (int64); ``input_dtypes`` holds the feed's dtype.
     encoders: tuple[Any, ...] = ()
     #: (past input, present output) index pairs of a KV cache written in place
-    #: (``cache.py``): ``run`` takes one buffer per pair after the inputs, before ``params``
+    #: (``cache.py``): ``run`` takes a buffer per pair after the inputs, then the caller's
+    #: view of it per pair, then ``params``
     caches: tuple[tuple[int, int], ...] = ()
 
     @property
@@ -381,6 +382,8 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
     if pairs:
         prologue += cache_prologue(cx, pairs, graph)
         sig += [f"types.Array(types.float32, {len(specs[k][0])}, 'C')" for k, _ in pairs]
+        sig += [f"types.Array(types.float32, {len(specs[k][0])}, 'A', readonly=True)"
+                for k, _ in pairs]  # fmt: skip
     body = _body(graph, cx, specs, batched)
     if cx.blas and any("gemm_f" in ln for ln in body):
         cx.imports.add(BLAS_IMPORT)
@@ -595,7 +598,8 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
     params = tuple(np.concatenate(packed.params[t]) for t in param_types)
     psig = [f"types.Array(types.{NP_TYPES[t]}, 1, 'C')" for t in param_types]
     pargs = [f"P_{t}" for t in param_types]
-    ins = [f"a{k}" for k in range(len(graph.inputs))] + [f"c{i}" for i in range(len(pairs))]
+    ins = [f"a{k}" for k in range(len(graph.inputs))]
+    ins += [f"c{i}" for i in range(len(pairs))] + [f"v{i}" for i in range(len(pairs))]
     presents = {j for _, j in pairs}
     n_out = len(graph.outputs)
     out_specs = [cx.shapes[id(v)] for v in graph.outputs]

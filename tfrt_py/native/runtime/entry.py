@@ -88,36 +88,33 @@ def _args(encs: Sequence[Any], env: dict[str, Any]) -> list[str]:
     return [f"x{k}" if e is None else f"E{k}(x{k})" for k, e in enumerate(encs)]
 
 
-def _cache_target(name: str, rank: int) -> Callable[[Any], np.ndarray]:
-    """``outs -> array``: the buffer a KV cache's present is written into (``lower/cache.py``):
-    the C-ordered float32 array of which the caller's ``outs[name]`` is the first positions
-    along the sequence axis (itself, or the array it is a view of), or an empty array (the
-    function allocates the present) when there is none such."""
+def _cache_target(name: str, rank: int) -> Callable[[Any], tuple[np.ndarray, np.ndarray]]:
+    """``outs -> (buffer, view)``: the caller's ``outs[name]`` and the array it is a view of
+    (itself when it owns its memory), which a KV cache's present is written into
+    (``lower/cache.py``: the function checks that the view is the buffer's first positions
+    and takes only C-ordered, writeable float32 buffers, else raises); two empty arrays
+    (the function allocates the present) when there is no such output buffer."""
     empty = np.empty((0,) * rank, np.float32)
 
-    def target(outs: Any) -> np.ndarray:
+    def target(outs: Any) -> tuple[np.ndarray, np.ndarray]:
         v = outs.get(name) if outs else None
         if type(v) is not np.ndarray:
-            return empty
-        b = v if v.flags.c_contiguous else v.base
-        if (type(b) is np.ndarray and b.dtype == np.float32 and b.dtype.isnative
-                and b.flags.c_contiguous and b.flags.writeable and b.ndim == rank == v.ndim
-                and b.strides == v.strides and b.ctypes.data == v.ctypes.data
-                and b.shape[:-2] == v.shape[:-2] and b.shape[-1] == v.shape[-1]
-                and b.shape[-2] >= v.shape[-2]):  # fmt: skip
-            return b
-        return empty
+            return empty, empty
+        b = v.base
+        if b is None:
+            return v, v
+        return (b, v) if type(b) is np.ndarray else (empty, empty)
 
     return target
 
 
-def _written_in(name: str) -> Callable[[np.ndarray, np.ndarray, Any], Any]:
-    """``(result, target, outs) -> output``: the caller's buffer ``outs[name]`` when the
-    function wrote the present there (``target`` was not empty), else the result."""
+def _written_in(name: str) -> Callable[[np.ndarray, Any, Any], Any]:
+    """``(result, (buffer, view), outs) -> output``: the caller's ``outs[name]`` when the
+    function wrote the present there (the buffer was not empty), else the result."""
 
-    def output(r: np.ndarray, t: np.ndarray, outs: Any) -> Any:
-        if t.size:
-            v = outs[name]
+    def output(r: np.ndarray, t: Any, outs: Any) -> Any:
+        if t[0].size:
+            v = t[1]
             if v.shape == r.shape:
                 return v
         return r
@@ -142,7 +139,7 @@ def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str]
         env[f"T{i}"] = _cache_target(out_names[j], ranks[i])
         env[f"U{i}"] = _written_in(out_names[j])
         targets.append(f"    t{i} = T{i}(outs)")
-        called.append(f"t{i}")
+    called += [f"t{i}[0]" for i in range(len(caches))] + [f"t{i}[1]" for i in range(len(caches))]
     written = {j: i for i, (_, j) in enumerate(caches)}
     fins = [_finisher(f) for f in finishers]
     one = len(out_names) == 1
