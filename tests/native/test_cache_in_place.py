@@ -178,3 +178,23 @@ def test_bad_buffers_are_refused_and_the_model_stays_usable(
         model.run(ids, outputs=outs)
     fed, outs, _ = _in_buffers(feeds, 22)
     _check(model.run(fed, outputs=outs), want, session)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "prefix", "transposed", "reversed", "empty"])
+def test_a_past_of_any_layout_is_copied_into_its_buffer(layout: str) -> None:
+    """``copy_past_f4``: the past's rows as runs where its last stride is one element, the
+    element-wise loop for other strides; the positions after the past are left alone."""
+    from tfrt_py.native.kernels.rowdot import copy_past_f4
+
+    r = RNG.random
+    past = {
+        "contiguous": lambda: r((1, 4, 50, 8), np.float32),
+        "prefix": lambda: r((2, 4, 60, 8), np.float32)[:, :, :50],
+        "transposed": lambda: r((1, 4, 8, 50), np.float32).transpose(0, 1, 3, 2),
+        "reversed": lambda: r((1, 4, 50, 8), np.float32)[:, ::-1],
+        "empty": lambda: np.zeros((1, 4, 0, 8), np.float32),
+    }[layout]()
+    buf = np.full((*past.shape[:2], past.shape[2] + 3, past.shape[3]), np.nan, np.float32)
+    copy_past_f4(past, buf)
+    np.testing.assert_array_equal(buf[:, :, : past.shape[2]], past)
+    assert np.isnan(buf[:, :, past.shape[2] :]).all()

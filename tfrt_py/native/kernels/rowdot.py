@@ -1,5 +1,6 @@
-"""Dot products of one vector with many rows, for generated native code: the attention
-scores of a decode step (``q @ K^T`` with one or a few query rows, ``ops_dec.py``).
+"""Kernels of a decode step's attention for generated native code: the scores of one or a
+few query rows (``q @ K^T``, ``ops_dec.py``), and the copy of a past into the buffer of a
+KV cache written in place (``lower/cache.py``).
 
 ``dot_rows_f4(a, ao, b, bo, c, co, n, k, alpha)``: ``c[co + i] = alpha * a[ao:ao + k] .
 b[bo + i*k : bo + i*k + k]`` for ``i < n`` (flat float32 arrays, element offsets). BLAS's
@@ -14,9 +15,11 @@ bounds (the generated code's offsets are its own).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
-__all__ = ["dot_rows_f4"]
+__all__ = ["copy_past_f4", "dot_rows_f4"]
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
@@ -47,3 +50,52 @@ def dot_rows_f4(a, ao, b, bo, c, co, n, k, alpha):  # pragma: no cover - compile
             s0 += a[a0 + np.uint64(j)] * b[r + np.uint64(j)]
         c[np.uint64(co + i)] = s0 * s
         i += 1
+
+
+@intrinsic
+def _voidptr(typingctx, addr):  # pragma: no cover - compiled
+    """The integer address ``addr`` as a ``void*`` (for ``numba.carray``)."""
+    if not isinstance(addr, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(addr), codegen
+
+
+@njit(nogil=True, cache=True)
+def copy_past_f4(a, c):  # pragma: no cover - compiled
+    """``c[:, :, :P] = a`` for a float32 past ``a`` [B, H, P, D] of any strides (a view of a
+    longer buffer, or an array of its own) into ``c`` [B, H, T >= P, D], C-ordered: each
+    row of ``D`` read as one contiguous run where ``a``'s last stride is one element (a
+    NumPy-speed copy; the element-wise loop over a strided ``'A'`` array does not
+    vectorize and ran at a third of it). Negative or partial-element strides take that
+    element-wise loop."""
+    n0, n1, n2, n3 = a.shape
+    if a.size == 0:
+        return
+    s0, s1, s2, s3 = a.strides
+    if min(s0, s1, s2, s3) < 0 or (s0 | s1 | s2 | s3) % 4:
+        for i0 in range(n0):
+            for i1 in range(n1):
+                for i2 in range(n2):
+                    for i3 in range(n3):
+                        c[i0, i1, i2, i3] = a[i0, i1, i2, i3]
+        return
+    s0, s1, s2, s3 = s0 // 4, s1 // 4, s2 // 4, s3 // 4
+    extent = (n0 - 1) * s0 + (n1 - 1) * s1 + (n2 - 1) * s2 + (n3 - 1) * s3 + 1
+    src = carray(_voidptr(a.ctypes.data), (extent,), np.float32)  # type: ignore[call-arg]
+    dst = c.reshape(c.size)
+    t = c.shape[2]
+    for i0 in range(n0):
+        for i1 in range(n1):
+            for i2 in range(n2):
+                so = np.uint64(i0 * s0 + i1 * s1 + i2 * s2)
+                do = np.uint64(((i0 * n1 + i1) * t + i2) * n3)
+                if s3 == 1:
+                    for i3 in range(n3):
+                        dst[do + np.uint64(i3)] = src[so + np.uint64(i3)]
+                else:
+                    for i3 in range(n3):
+                        dst[do + np.uint64(i3)] = src[so + np.uint64(i3 * s3)]

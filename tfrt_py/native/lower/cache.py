@@ -4,7 +4,7 @@ A decoder's step makes each ``present = Concat(past, new)`` along the cache's se
 axis and returns it; fed back as the next step's ``past`` that copies the whole cache
 every step (at past 512 the copies of a 4-layer GPT-2 move 8 MB a step).
 ``cache_pairs(graph)`` finds the pairs whose in-place form this lowering writes: the
-sequence axis is the second-to-last (``[batch, heads, sequence, head size]``), the past
+cache is ``[batch, heads, sequence, head size]`` (the sequence axis second-to-last), the past
 is read by nothing but its Concat (and Shape), and the present by nothing but the
 scores' keys (``MatMulTransB``) and the values of a stacked MatMul (and Shape), which
 index each (batch, head) matrix by its own offset -- directly, or through views and an
@@ -49,6 +49,8 @@ __all__ = [
 ]
 
 _FUSED = "tfrt_py.fused"
+#: The import line of a module whose code copies a past into its buffer.
+COPY_IMPORT = "from tfrt_py.native.kernels.rowdot import copy_past_f4"
 #: (domain, op, input position) of the readers of a present this lowering handles
 _STACK_READERS = frozenset({(_FUSED, "MatMulTransB", 1), ("", "MatMul", 1)})
 #: Ops of the default domain that read a present as views of its matrices (``stack_view``):
@@ -87,7 +89,7 @@ def cache_pairs(graph: Graph) -> tuple[tuple[int, int], ...]:
         out, past = graph.outputs[j], graph.inputs[k]
         shape = out.type.shape if out.type is not None else None  # type: ignore[union-attr]
         node = out.producer
-        if shape is None or node is None or len(shape) < 3 or len(node.inputs) != 2:
+        if shape is None or node is None or len(shape) != 4 or len(node.inputs) != 2:
             return ()
         if axis % len(shape) != len(shape) - 2 or str(out.type.dtype) != "float32":  # type: ignore[union-attr]
             return ()
@@ -107,11 +109,11 @@ def cache_prologue(cx: NodeContext, pairs: tuple[tuple[int, int], ...],
     """The function's lines that take each pair's buffer ``c<i>`` (allocated when empty,
     checked, the past copied in unless it is the buffer's prefix) and bind the present's
     flat view ``r<j>``, its matrix stride ``cs<i>`` and the view returned, ``o<j>``."""
-    lines = []
+    lines: list[str] = []
+    cx.imports.add(COPY_IMPORT)
     for i, (k, j) in enumerate(pairs):
         shape, _ = cx.shapes[id(graph.outputs[j])]
-        past, _ = cx.shapes[id(graph.inputs[k])]
-        ax, rank = len(shape) - 2, len(shape)
+        ax = len(shape) - 2
         c, v = f"c{i}", f"v{i}"
         wrong = " or ".join([
             *(f"{c}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape) if d != ax),
@@ -119,12 +121,6 @@ def cache_prologue(cx: NodeContext, pairs: tuple[tuple[int, int], ...],
             *(f"{v}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape)),
             f"{v}.ctypes.data != {c}.ctypes.data or {v}.strides != {c}.strides",
         ])  # fmt: skip
-        iv = [f"i{d}" for d in range(rank)]
-        copy = []
-        for d in range(rank):
-            copy.append("    " * (d + 1) + f"for {iv[d]} in range({literal(past[d])}):")
-        at = ", ".join(iv)
-        copy.append("    " * (rank + 1) + f"{c}[{at}] = a{k}[{at}]")
         upto = ", ".join([":"] * ax + [f":{literal(shape[ax])}"])
         lines += [
             f"if {c}.size == 0:",
@@ -135,7 +131,7 @@ def cache_prologue(cx: NodeContext, pairs: tuple[tuple[int, int], ...],
             # a past inside the buffer but not its prefix: ``run(outputs=)`` refuses that
             f"    if {c}.ctypes.data <= a{k}.ctypes.data < {c}.ctypes.data + {c}.nbytes:",
             f"        raise ValueError('cache {i}: the past overlaps its buffer')",
-            *copy,
+            f"    copy_past_f4(a{k}, {c})",
             f"cs{i} = {c}.shape[{ax}] * {literal(shape[-1])}",
             f"r{j} = {c}.reshape({c}.size)",
             f"o{j} = {c}[{upto}]",
