@@ -40,6 +40,7 @@ from .loops import Ref
 from .source import literal
 
 __all__ = [
+    "CACHE_RANK",
     "cache_pairs",
     "cache_prologue",
     "concat_in_place",
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 _FUSED = "tfrt_py.fused"
+#: The rank of every cache written in place: [batch, heads, sequence, head size].
+CACHE_RANK = 4
 #: The import line of a module whose code copies a past into its buffer.
 COPY_IMPORT = "from tfrt_py.native.kernels.rowdot import copy_past_f4"
 #: (domain, op, input position) of the readers of a present this lowering handles
@@ -89,7 +92,7 @@ def cache_pairs(graph: Graph) -> tuple[tuple[int, int], ...]:
         out, past = graph.outputs[j], graph.inputs[k]
         shape = out.type.shape if out.type is not None else None  # type: ignore[union-attr]
         node = out.producer
-        if shape is None or node is None or len(shape) != 4 or len(node.inputs) != 2:
+        if shape is None or node is None or len(shape) != CACHE_RANK or len(node.inputs) != 2:
             return ()
         if axis % len(shape) != len(shape) - 2 or str(out.type.dtype) != "float32":  # type: ignore[union-attr]
             return ()

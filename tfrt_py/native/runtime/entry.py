@@ -33,6 +33,7 @@ import numpy as np
 
 from ...concurrency.threads import intra_pool, threads
 from ...kernels.ml.encode import zipmap_rows
+from ..lower.cache import CACHE_RANK
 
 __all__ = [
     "PAR_MIN_ROWS",
@@ -88,13 +89,14 @@ def _args(encs: Sequence[Any], env: dict[str, Any]) -> list[str]:
     return [f"x{k}" if e is None else f"E{k}(x{k})" for k, e in enumerate(encs)]
 
 
-def _cache_target(name: str, rank: int) -> Callable[[Any], tuple[np.ndarray, np.ndarray]]:
+def _cache_target(name: str) -> Callable[[Any], tuple[np.ndarray, np.ndarray]]:
     """``outs -> (buffer, view)``: the caller's ``outs[name]`` and the array it is a view of
     (itself when it owns its memory), which a KV cache's present is written into
     (``lower/cache.py``: the function checks that the view is the buffer's first positions
-    and takes only C-ordered, writeable float32 buffers, else raises); two empty arrays
-    (the function allocates the present) when there is no such output buffer."""
-    empty = np.empty((0,) * rank, np.float32)
+    of the present's shape and takes only C-ordered, writeable float32 buffers, else
+    raises); two empty arrays (the function allocates the present) when there is no such
+    output buffer."""
+    empty = np.empty((0,) * CACHE_RANK, np.float32)
 
     def target(outs: Any) -> tuple[np.ndarray, np.ndarray]:
         v = outs.get(name) if outs else None
@@ -108,24 +110,15 @@ def _cache_target(name: str, rank: int) -> Callable[[Any], tuple[np.ndarray, np.
     return target
 
 
-def _written_in(name: str) -> Callable[[np.ndarray, Any, Any], Any]:
-    """``(result, (buffer, view), outs) -> output``: the caller's ``outs[name]`` when the
-    function wrote the present there (the buffer was not empty), else the result."""
-
-    def output(r: np.ndarray, t: Any, outs: Any) -> Any:
-        if t[0].size:
-            v = t[1]
-            if v.shape == r.shape:
-                return v
-        return r
-
-    return output
+def _written_in(r: np.ndarray, t: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """A present's output: the caller's view when the function wrote it there (the buffer
+    was not empty: the function checked the view), else the array it made."""
+    return t[1] if t[0].size else r
 
 
 def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str],
                  finishers: Sequence[Any], n_in: int, encoders: Sequence[Any] = (),
-                 caches: Sequence[tuple[int, int]] = (),
-                 ranks: Sequence[int] = ()) -> Entry:  # fmt: skip
+                 caches: Sequence[tuple[int, int]] = ()) -> Entry:  # fmt: skip
     """``(feeds, x0, ..., outs=None) -> {name: output}`` calling ``fn(x0, ..., *params)``
     (an encoded input's ids in place of its strings). ``caches``: (past input, present
     output) pairs of a KV cache in place, whose buffers (``_cache_target`` of ``outs``, the
@@ -136,9 +129,9 @@ def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str]
     called = _args(_encoders(encoders, n_in), env)
     targets = []
     for i, (_, j) in enumerate(caches):
-        env[f"T{i}"] = _cache_target(out_names[j], ranks[i])
-        env[f"U{i}"] = _written_in(out_names[j])
+        env[f"T{i}"] = _cache_target(out_names[j])
         targets.append(f"    t{i} = T{i}(outs)")
+    env["U"] = _written_in
     called += [f"t{i}[0]" for i in range(len(caches))] + [f"t{i}[1]" for i in range(len(caches))]
     written = {j: i for i, (_, j) in enumerate(caches)}
     fins = [_finisher(f) for f in finishers]
@@ -147,7 +140,7 @@ def native_entry(fn: Any, params: Sequence[np.ndarray], out_names: Sequence[str]
     def val(k: int) -> str:
         r = "r" if one else f"r[{k}]"
         if k in written:
-            return f"U{written[k]}({r}, t{written[k]}, outs)"
+            return f"U({r}, t{written[k]})"
         return r if fins[k] is None else f"F{k}({r})"
 
     src = "\n".join([

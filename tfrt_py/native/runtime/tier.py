@@ -203,8 +203,10 @@ class NativeTier(Executor):
         #: signature mode with cache pairs, until a function lowers without them
         pairs = cache_pairs(self.graph) if lowered is None else ()
         self.writes_concat_in_place = bool(pairs)
-        #: (past input index, present name) of those pairs (``_cache_call``)
+        #: (past input index, present name) of those pairs, and the inputs' names and
+        #: dtypes (``_cache_call``)
         self._cache_io = [(k, self.graph.outputs[j].name) for k, j in pairs]
+        self._in_specs = [(v.name, np.dtype(v.type.dtype)) for v in self.graph.inputs]  # type: ignore[union-attr]
         self.program = self._program = program
         self._check = check
         self.form = "signature" if lowered is None else lowered.mode
@@ -477,9 +479,8 @@ class NativeTier(Executor):
         if got is None or got[0] is not comp:
             if len(self._natives) >= _MAX_TABLE:
                 self._natives.clear()
-            ranks = [len(self.graph.inputs[k].type.shape or ()) for k, _ in low.caches]  # type: ignore[union-attr]
             got = (comp, native_entry(comp.fn, low.params, low.output_names, low.finishers,
-                                      n_in, low.encoders, low.caches, ranks))  # fmt: skip
+                                      n_in, low.encoders, low.caches))  # fmt: skip
             self._natives[id(comp)] = got
         return got[1]
 
@@ -525,13 +526,13 @@ class NativeTier(Executor):
         a compiled function that writes its cache in place: that function's result, with
         ``check_output_buffers``' overlap checks replaced by these identities (no other
         feed is a view of those arrays, or of anything but an array). None: ``_slow``."""
-        inputs = self.graph.inputs
+        specs = self._in_specs
         pairs = self._cache_io
-        if len(feeds) != len(inputs) or len(outputs) != len(pairs):
+        if len(feeds) != len(specs) or len(outputs) != len(pairs):
             return None
-        xs = [feeds[v.name] for v in inputs]
-        for x, v in zip(xs, inputs):
-            if type(x) is not np.ndarray or x.dtype != v.type.dtype:  # type: ignore[union-attr]
+        xs = [feeds[name] for name, _ in specs]
+        for x, (_, dt) in zip(xs, specs):
+            if type(x) is not np.ndarray or x.dtype != dt:
                 return None
         key = xs[0].shape if len(xs) == 1 else tuple(x.shape for x in xs)
         entry: Any = self.table.get(key)
