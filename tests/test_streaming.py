@@ -256,14 +256,14 @@ def test_next_stage_is_read_while_this_one_computes(
     seen: dict[str, Any] = {"started": threading.Event(), "timeout": 30.0 if overlap else 0.3}
     sm = _probe_model(tmp_path, seen)
     stage1 = {w.ref.name for w in _streamed(sm).stages[1].weights}
-    real = transfer._pread_full
+    real = transfer.pread_full
 
     def spy(fd: int, dst: memoryview, offset: int, name: str) -> None:
         if name in stage1:
             seen["started"].set()
         real(fd, dst, offset, name)
 
-    monkeypatch.setattr(transfer, "_pread_full", spy)
+    monkeypatch.setattr(transfer, "pread_full", spy)
     sm.run_batches(feeds(1), overlap=overlap).__next__()
     assert seen["overlapped"] is overlap
 

@@ -62,7 +62,7 @@ INNER_LAYERS: dict[str, list[set[str]]] = {
         {"grpc_service"},
         {"app"},
     ],
-    "streaming": [{"gate", "partition"}, {"transfer"}, {"pipeline"}, {"loader"}],
+    "streaming": [{"gate", "rows"}, {"partition"}, {"transfer"}, {"pipeline"}, {"loader"}],
 }
 
 #: Lines of Python a top-level package may hold (its subpackages included) before it is
@@ -114,7 +114,7 @@ LINE_BUDGET: dict[str, int] = {
     "concurrency": 2500,
     # 2026-11-30: the import cache (graph_cache.py, graph_codec.py: issue 33's first result)
     "frontends": 2000,
-    "streaming": 1500,
+    "streaming": 1650,
     "ir": 900,
     "bench": 500,
     "ray": 400,

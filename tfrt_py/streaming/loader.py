@@ -16,6 +16,9 @@ they fit the budget the model loads as usual (external data memory-mapped) and
    how much budget is needed;
 4. the weight arena is sized for the largest pair of consecutive stages (at most the
    budget minus the resident constants).
+
+A table read only by Gathers of rows (a token embedding) is not streamed whole: each such
+Gather reads the rows it needs from the file when it runs (``rows.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import onnx
 from ..compiler.pipeline import select_passes
 from ..compiler.prepare import prepare
 from ..errors import ModelLoadError, UnsupportedOpError
+from ..executors.program import node_captures
 from ..frontends.onnx import import_model
 from ..frontends.onnx.external_ref import external_ref
 from ..frontends.onnx.overridable import overridable_initializers
@@ -38,6 +42,7 @@ from ..ir import Graph, TensorType, Value, verify
 from ..kernels import KernelRegistry
 from .partition import ALIGN, Stage, compile_stages, max_node_weights, partition
 from .pipeline import StreamedProgram, StreamInfo
+from .rows import row_read_weights
 
 __all__ = ["load_streamed"]
 
@@ -88,6 +93,9 @@ def load_streamed(
     user_inputs = [v for v in g.inputs if id(v) not in weights]
     resident = sum(int(c.const.nbytes) for c in g.constants if c.const is not None)
     limit = (budget - resident) // ALIGN * ALIGN
+    captured = {id(v) for n in g.nodes for v in node_captures(n)}
+    rows = row_read_weights(g, weights, captured)
+    weights = {i: r for i, r in weights.items() if i not in rows}  # the arena's
     room = max_node_weights(g, weights)
     if limit < room[0]:
         need, node = room
@@ -98,12 +106,12 @@ def load_streamed(
             f"resident take {resident:,} bytes; needs memory_budget >= {resident + need:,} "
             f"bytes (>= {resident + 2 * need:,} to overlap reading with compute)"
         )
-    stages = partition(g, weights, limit // 2, limit, reg, needed_hint=resident)
+    stages = partition(g, weights, limit // 2, limit, reg, needed_hint=resident, rows=rows)
     compile_stages(g, stages, reg)
     _check_sync_kernels(stages)
     arena = _arena_bytes(stages, limit)
     info = StreamInfo(budget, streamed, len(refs), len({r.path for r in refs.values()}),
-                      resident, arena)  # fmt: skip
+                      resident, arena, sum(r.nbytes for r in rows.values()))  # fmt: skip
     prog = StreamedProgram(stages, user_inputs, list(g.outputs), arena, None, info)
     prog.graph = Graph(g.name, inputs=user_inputs, outputs=list(g.outputs), nodes=list(g.nodes),
                        constants=list(g.constants), opsets=dict(g.opsets))  # fmt: skip
@@ -132,7 +140,8 @@ def _embedded_bytes(t: onnx.TensorProto) -> int:
 
 def _check_sync_kernels(stages: list[Stage]) -> None:
     for st in stages:
-        assert st.program is not None
+        if st.program is None:  # a row-gather stage
+            continue
         for ins in st.program.instrs:
             if ins.flags.is_async:
                 n = ins.node

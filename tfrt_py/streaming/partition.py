@@ -23,6 +23,7 @@ from ..frontends.onnx.external_ref import ExternalRef
 from ..ir import Graph, Node, Value
 from ..kernels import KernelRegistry
 from ..records import record
+from .rows import RowGather
 
 __all__ = [
     "ALIGN",
@@ -68,6 +69,8 @@ class Stage:
     drop_after: list[int] = field(default_factory=list)
     flops: float = 0.0
     program: Program | None = None
+    #: A stage of one Gather of a row-read weight (``rows.py``): no program, no weights.
+    gather: RowGather | None = None
 
     def op_summary(self) -> str:
         counts: dict[str, int] = {}
@@ -104,19 +107,30 @@ def partition(
     registry: KernelRegistry,
     *,
     needed_hint: int = 0,
+    rows: dict[int, ExternalRef] | None = None,
 ) -> list[Stage]:
     """Cut ``graph`` into stages whose weights fit in ``cap`` bytes where possible.
 
-    ``refs`` maps the id of each streamed-weight input Value to its ExternalRef. A node
+    ``refs`` maps the id of each streamed-weight input Value to its ExternalRef; ``rows``
+    the row-read weights (``rows.row_read_weights``, not in ``refs``): each Gather of one
+    is a stage of its own (``Stage.gather``), between the stages around it. A node
     whose own weights exceed ``limit`` (the bytes the arena may use) is a ModelLoadError
     that names the node and says how much budget would be needed (``needed_hint`` bytes
     are added: the resident constants the budget also covers).
     """
+    rows = rows or {}
     groups: list[tuple[list[Node], dict[int, Value]]] = []
     cur_nodes: list[Node] = []
     cur_w: dict[int, Value] = {}
     cur_bytes = 0
     for node in graph.nodes:
+        data = node.inputs[0] if node.inputs else None
+        if data is not None and id(data) in rows:  # a Gather of rows: a stage of its own
+            if cur_nodes:
+                groups.append((cur_nodes, cur_w))
+            groups.append(([node], {}))
+            cur_nodes, cur_w, cur_bytes = [], {}, 0
+            continue
         ws = {id(v): v for v in _reads(node) if id(v) in refs}
         need = sum(aligned(refs[i].nbytes) for i in ws)
         if need > limit:
@@ -137,8 +151,9 @@ def partition(
     for v in graph.outputs:  # a graph output that is a weight: the last stage loads it
         if id(v) in refs and id(v) not in cur_w:
             cur_w[id(v)] = v
-    groups.append((cur_nodes, cur_w))
-    return _stages(graph, groups, refs, registry)
+    if cur_nodes or cur_w or not groups:
+        groups.append((cur_nodes, cur_w))
+    return _stages(graph, groups, refs, registry, rows)
 
 
 def _stages(
@@ -146,6 +161,7 @@ def _stages(
     groups: list[tuple[list[Node], dict[int, Value]]],
     refs: dict[int, ExternalRef],
     registry: KernelRegistry,
+    rows: dict[int, ExternalRef],
 ) -> list[Stage]:
     n = len(groups)
     produced: dict[int, int] = {}
@@ -169,7 +185,7 @@ def _stages(
         seen: set[int] = set()
         for node in nodes:
             for v in _reads(node):
-                if id(v) in seen or id(v) in wmap or produced.get(id(v)) == s:
+                if id(v) in seen or id(v) in wmap or id(v) in rows or produced.get(id(v)) == s:
                     continue
                 seen.add(id(v))
                 (st.constants if v.is_const else st.inputs).append(v)
@@ -179,6 +195,11 @@ def _stages(
                     st.outputs.append(o)
         st.outputs += [v for v in wmap.values() if any(v is o for o in graph.outputs)]
         st.drop_after = [i for i, last in last_read.items() if last == s and i not in refs]
+        data = nodes[0].inputs[0] if len(nodes) == 1 and nodes[0].inputs else None
+        if data is not None and id(data) in rows:
+            out = nodes[0].outputs[0]
+            assert out is not None and nodes[0].inputs[1] is not None
+            st.gather = RowGather(nodes[0], rows[id(data)], nodes[0].inputs[1], out)
         stages.append(st)
     return stages
 
@@ -186,8 +207,10 @@ def _stages(
 def compile_stages(graph: Graph, stages: list[Stage], registry: KernelRegistry) -> None:
     """Compile each stage as its own Program: inputs are the stage's activations then its
     weights (in ``Stage.weights`` order), outputs its ``outputs``. Builds kernels only; no
-    weight byte is read."""
+    weight byte is read. A row-gather stage has no program."""
     for st in stages:
+        if st.gather is not None:
+            continue
         sub = Graph(
             f"{graph.name}/stage{st.index}",
             inputs=st.inputs + [w.value for w in st.weights],

@@ -54,6 +54,7 @@ from ..ir import Graph, Value
 from ..records import record
 from .gate import Gate, Lease
 from .partition import Stage
+from .rows import read_rows
 from .transfer import Transfers, WeightArena
 
 __all__ = ["DEFAULT_WINDOW", "StreamInfo", "StreamStats", "StreamedProgram", "run_each_async"]
@@ -80,13 +81,16 @@ class StreamStats:
     bytes_read: int = 0
     reads: int = 0
     overlap: bool = True
+    #: bytes the row-gather stages read (also in ``bytes_read``), on the computing thread
+    row_bytes: int = 0
 
     def summary(self) -> str:
         return (
             f"{self.batches} batch(es) in {self.windows} window(s), {self.steps} stage steps "
             f"({self.reads} stage reads): wall {self.wall_s * 1e3:.1f} ms, "
             f"compute {self.compute_s * 1e3:.1f} ms, transfer {self.transfer_s * 1e3:.1f} ms "
-            f"({self.bytes_read / 1e6:.1f} MB), waiting for transfer {self.wait_s * 1e3:.1f} ms"
+            f"({self.bytes_read / 1e6:.1f} MB, {self.row_bytes / 1e6:.1f} MB of it by rows), "
+            f"waiting for transfer {self.wait_s * 1e3:.1f} ms"
             f"{'' if self.overlap else ', overlap off'}"
         )
 
@@ -102,6 +106,8 @@ class StreamInfo:
     n_files: int
     resident_bytes: int
     arena_bytes: int
+    #: bytes of the row-read tables (``rows.py``): read by rows, never into the arena
+    row_bytes: int = 0
 
 
 # What the run's step generator asks its driver for.
@@ -201,7 +207,19 @@ class StreamedProgram(Executor):
             f"    weight arena {_size(i.arena_bytes)} (two regions), resident constants "
             f"{_size(i.resident_bytes)}; run_batches window default {DEFAULT_WINDOW}",
         ]
+        if i.row_bytes:
+            lines.append(
+                f"    {_size(i.row_bytes)} of tables read only by Gathers of rows: "
+                "each reads its rows from disk when it runs, not streamed whole"
+            )
         for st in self.stages:
+            if st.gather is not None:
+                r = st.gather.ref
+                lines.append(
+                    f"    stage {st.index}: Gather of rows of {r.name!r:.80} "
+                    f"({_size(r.nbytes)} table), read by rows"
+                )
+                continue
             lines.append(
                 f"    stage {st.index}: {len(st.nodes)} nodes ({st.op_summary()}), "
                 f"{len(st.weights)} weights {_size(st.nbytes)}, est. "
@@ -346,9 +364,20 @@ class StreamedProgram(Executor):
         args = self._check(feeds)
         return {id(v): a for v, a in zip(self._inputs, args)}
 
-    def run_stage(self, st: Stage, weights: list[np.ndarray], envs: list[dict[int, Any]]) -> None:
+    def run_stage(
+        self, st: Stage, weights: list[np.ndarray], envs: list[dict[int, Any]], stats: StreamStats
+    ) -> None:
         """Run stage ``st`` for every batch env of a window; outputs that view the arena are
-        copied out (the arena is overwritten after the stage), dead values dropped."""
+        copied out (the arena is overwritten after the stage), dead values dropped. A
+        row-gather stage reads its rows from the weight file here (``rows.read_rows``)."""
+        g = st.gather
+        if g is not None:
+            for env in envs:
+                env[id(g.output)], got = read_rows(g, env[id(g.indices)], self.drop_cache)
+                stats.row_bytes += got
+                for i in st.drop_after:
+                    env.pop(i, None)
+            return
         prog = st.program
         assert prog is not None
         buf = self.arena.buf
@@ -446,7 +475,7 @@ class _Run:
                 weights = yield _Wait(self.weights())
                 t2 = time.perf_counter()
                 stats.wait_s += t2 - t
-                yield _Compute(functools.partial(prog.run_stage, st, weights, envs))
+                yield _Compute(functools.partial(prog.run_stage, st, weights, envs, stats))
                 stats.compute_s += time.perf_counter() - t2
                 del weights
                 self.computed()
@@ -471,6 +500,7 @@ class _Run:
                 st.transfer_s += ts.seconds
                 st.bytes_read += ts.bytes
                 st.reads += ts.reads
+            st.bytes_read += st.row_bytes
             st.first_transfer_s = self.scheds[0].stats.first_seconds
             self.prog.last_stats = st
             gate.release(self.lease)

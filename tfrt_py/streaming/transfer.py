@@ -35,6 +35,7 @@ from ..errors import ExecutionError
 from ..frontends.onnx.external import open_external
 from ..frontends.onnx.external_ref import ExternalRef
 from .partition import ALIGN, Stage
+from .rows import pread_full
 
 __all__ = ["TransferStats", "Transfers", "WeightArena"]
 
@@ -146,7 +147,7 @@ class Transfers:
                 r = w.ref
                 name = r.name
                 fd = self._fd(r)
-                _pread_full(fd, buf[base + w.offset : base + w.offset + r.nbytes], r.offset, r.name)
+                pread_full(fd, buf[base + w.offset : base + w.offset + r.nbytes], r.offset, r.name)
                 if self._drop_cache and _DONTNEED is not None:
                     os.posix_fadvise(fd, r.offset, r.nbytes, _DONTNEED)
                 self.stats.bytes += r.nbytes
@@ -210,16 +211,3 @@ def _failed(stage: Stage, tensor: str | None, cause: BaseException) -> Execution
     if tensor is not None:
         what += f" of tensor {tensor!r}"
     return ExecutionError(what, "WeightTransfer", cause)
-
-
-def _pread_full(fd: int, dst: memoryview, offset: int, name: str) -> None:
-    """Read exactly ``len(dst)`` bytes at ``offset`` (short reads retried)."""
-    pos, n = 0, len(dst)
-    while pos < n:
-        got = os.preadv(fd, [dst[pos:]], offset + pos)
-        if got <= 0:
-            raise OSError(
-                f"tensor {name!r}: weight file ended after {pos} of {n} bytes at offset "
-                f"{offset} (was it truncated after load?)"
-            )
-        pos += got
