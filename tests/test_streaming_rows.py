@@ -5,8 +5,10 @@ same results as a normal load, errors that name the node, the model usable after
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
+import anyio
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -14,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
-from tfrt_py.errors import ExecutionError
+from tfrt_py.errors import DeadlineExceeded, ExecutionError
 from tfrt_py.streaming import last_stats, rows
 from tfrt_py.streaming.pipeline import StreamedProgram
 from tfrt_py.streaming.rows import row_read_weights
@@ -85,13 +87,12 @@ def test_a_streamed_decoder_generates_onnxruntimes_tokens_reading_its_embeddings
     want = reference_greedy(sess, prompts, 6)
     np.testing.assert_array_equal(m.generate(prompts, max_new_tokens=6), want)
     np.testing.assert_array_equal(m.generate(prompts[0], max_new_tokens=6), want[0])
-    # a decode step read a few rows of each table, not the tables
     tables = [st.gather.ref.nbytes for st in _streamed(m).stages if st.gather is not None]
     assert tables
-    st = last_stats(m)
-    assert st is not None and 0 < st.row_bytes < sum(tables), st
-    streamed = sum(s.nbytes for s in _streamed(m).stages)
-    assert st.bytes_read <= streamed + st.row_bytes
+    st = last_stats(m)  # one chained run for the whole generation: 6 steps
+    assert st is not None and st.windows == 6, st
+    assert 0 < st.row_bytes < st.windows * sum(tables) / 2, st  # rows, not the tables
+    assert st.steps <= st.reads <= st.steps + 1, st  # at most the one read ahead at the end
 
 
 def test_a_streamed_decoder_streams_tokens_like_generate(tmp_path: Any) -> None:
@@ -101,6 +102,39 @@ def test_a_streamed_decoder_streams_tokens_like_generate(tmp_path: Any) -> None:
     whole = tfrt_py.load(path)
     want = whole.generate([3, 4, 5], max_new_tokens=5)
     assert list(m.stream([3, 4, 5], max_new_tokens=5)) == want[3:].tolist()
+
+    async def tokens() -> list[int]:
+        return [t async for t in m.generate_async([3, 4, 5], max_new_tokens=5)]
+
+    assert anyio.run(tokens) == want[3:].tolist()
+    st = last_stats(m)
+    assert st is not None and st.windows == 5  # the async steps chained too
+
+
+def test_an_abandoned_stream_does_not_hold_the_model(tmp_path: Any) -> None:
+    """A stream left after two tokens keeps its run parked: other calls preempt it, and
+    the stream, resumed, reads its weights again and gives generate's tokens."""
+    path = _external(decoder(layers=2), tmp_path, "decoder.onnx")
+    m = tfrt_py.load(path, memory_budget=_weight_bytes(path) // 4)
+    want = tfrt_py.load(path).generate([3, 4, 5], max_new_tokens=6)[3:].tolist()
+    it = m.stream([3, 4, 5], max_new_tokens=6)
+    got = [next(it), next(it)]
+    np.testing.assert_array_equal(m.generate([3, 4, 5], max_new_tokens=6)[3:], want)
+    done: list[Any] = []
+    t = threading.Thread(target=lambda: done.append(m.generate([3, 4, 5], max_new_tokens=6)))
+    t.start()
+    t.join(60)
+    assert not t.is_alive() and done[0][3:].tolist() == want
+    assert got + list(it) == want
+
+
+def test_a_step_past_the_deadline_ends_the_chain_and_the_model_runs_on(tmp_path: Any) -> None:
+    path = _external(decoder(layers=2), tmp_path, "decoder.onnx")
+    m = tfrt_py.load(path, memory_budget=_weight_bytes(path) // 4)
+    with pytest.raises(DeadlineExceeded):
+        m.generate([3, 4, 5], max_new_tokens=50, timeout=0.01)  # mid-generation, mostly
+    want = tfrt_py.load(path).generate([3, 4, 5], max_new_tokens=4)
+    np.testing.assert_array_equal(m.generate([3, 4, 5], max_new_tokens=4), want)
 
 
 def test_rows_equal_gather_for_any_indices(

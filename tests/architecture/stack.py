@@ -62,7 +62,7 @@ INNER_LAYERS: dict[str, list[set[str]]] = {
         {"grpc_service"},
         {"app"},
     ],
-    "streaming": [{"gate", "rows"}, {"partition"}, {"transfer"}, {"pipeline"}, {"loader"}],
+    "streaming": [{"gate", "rows"}, {"partition"}, {"transfer"}, {"pipeline"}, {"chain", "loader"}],
 }
 
 #: Lines of Python a top-level package may hold (its subpackages included) before it is
@@ -118,7 +118,7 @@ LINE_BUDGET: dict[str, int] = {
     "ir": 900,
     "bench": 500,
     "ray": 400,
-    "generation": 900,  # 2026-11-29: generate/stream/generate_async (issue 37)
+    "generation": 950,  # 2026-11-29: generate/stream/generate_async; 12-01: step chains (issue 37)
 }
 #: The budget of a top-level module (``model.py``, ``cli.py``, ...).
 MODULE_BUDGET = 600

@@ -22,6 +22,7 @@ from ..calls import check_timeout
 from ..errors import DeadlineExceeded, InputError
 
 if TYPE_CHECKING:  # imported where a model first generates: ``import tfrt_py`` skips them
+    from ..streaming.chain import AsyncStepChain, StepChain
     from .decoder import Decoder
     from .prompts import Prompt
     from .steps import Steps
@@ -146,8 +147,13 @@ class GenerationMixin:
         before anything runs."""
         steps, prompt, deadline = self._begin(input_ids, max_new_tokens, kw)
         made = []
-        while not steps.done:
-            made.append(steps.advance(self._step(steps, deadline)))
+        chain = self._chain()
+        try:
+            while not steps.done:
+                made.append(steps.advance(self._step(steps, deadline, chain)))
+        finally:
+            if chain is not None:
+                chain.close()
         out = np.concatenate([prompt.ids.astype(np.int64), np.stack(made, axis=1)], axis=1)
         return out[0] if prompt.flat else out
 
@@ -160,12 +166,32 @@ class GenerationMixin:
         return self._stream(steps, prompt.flat, deadline)
 
     def _stream(self, steps: Steps, flat: bool, deadline: Deadline) -> Iterator[Any]:
-        while not steps.done:
-            tokens = steps.advance(self._step(steps, deadline))
-            yield int(tokens[0]) if flat else tokens
-
-    def _step(self, steps: Steps, deadline: Deadline) -> dict[str, Any]:
+        chain = self._chain()
         try:
+            while not steps.done:
+                tokens = steps.advance(self._step(steps, deadline, chain))
+                yield int(tokens[0]) if flat else tokens
+        finally:
+            if chain is not None:
+                chain.close()
+
+    def _chain(self, asynchronous: bool = False) -> Any:
+        """A streamed model's step chain for one generation (each step's first stage read
+        while the step before computes: ``streaming.chain``; ``AsyncStepChain`` when
+        ``asynchronous``), or None: each step is a ``run``, as with ``max_concurrency``
+        (each step takes a slot)."""
+        rt = self.runtime  # type: ignore[attr-defined]
+        if rt.name != "stream" or getattr(self, "_limiter", None) is not None:
+            return None
+        from ..streaming import chain
+
+        return (chain.AsyncStepChain if asynchronous else chain.StepChain)(rt)
+
+    def _step(self, steps: Steps, deadline: Deadline, chain: StepChain | None) -> dict[str, Any]:
+        try:
+            if chain is not None:
+                call = self._call(deadline.left())  # type: ignore[attr-defined]
+                return chain.run(steps.feeds, steps.outputs, call)
             return self.run(steps.feeds, steps.outputs, timeout=deadline.left())  # type: ignore[attr-defined]
         except DeadlineExceeded as e:
             raise deadline.exceeded(e) from None
@@ -185,13 +211,36 @@ class GenerationMixin:
                             deadline: Deadline) -> AsyncIterator[Any]:  # fmt: skip
         from anyio.lowlevel import checkpoint_if_cancelled  # not at import: cold start
 
-        while not steps.done:
-            await checkpoint_if_cancelled()  # a step that never suspended still stops here
-            try:
-                out = await self.run_async(  # type: ignore[attr-defined]
-                    steps.feeds, timeout=deadline.left(), outputs=steps.outputs
-                )
-            except DeadlineExceeded as e:
-                raise deadline.exceeded(e) from None
-            tokens = steps.advance(out)
-            yield int(tokens[0]) if flat else tokens
+        chain = self._chain(asynchronous=True)
+        try:
+            while not steps.done:
+                await checkpoint_if_cancelled()  # a step that never suspended still stops here
+                try:
+                    if chain is not None:
+                        out = await self._chain_step(chain, steps, deadline)
+                    else:
+                        out = await self.run_async(  # type: ignore[attr-defined]
+                            steps.feeds, timeout=deadline.left(), outputs=steps.outputs
+                        )
+                except DeadlineExceeded as e:
+                    raise deadline.exceeded(e) from None
+                tokens = steps.advance(out)
+                yield int(tokens[0]) if flat else tokens
+        finally:
+            if chain is not None:
+                await chain.aclose()
+
+    async def _chain_step(self, chain: AsyncStepChain, steps: Steps,
+                          deadline: Deadline) -> dict[str, Any]:  # fmt: skip
+        """One step on ``chain`` within the generation's deadline (else the model's
+        ``timeout``): past it the step is cancelled (which ends the chain's run)."""
+        import anyio
+
+        left = deadline.left()
+        if left is None:
+            left = getattr(self, "_timeout", None)
+        if left is None:
+            return await chain.run(steps.feeds, steps.outputs)
+        with anyio.move_on_after(left):
+            return await chain.run(steps.feeds, steps.outputs)
+        raise DeadlineExceeded(left)

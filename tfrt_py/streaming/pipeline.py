@@ -231,16 +231,23 @@ class StreamedProgram(Executor):
 
     # -- the sync form ------------------------------------------------------------------------
     def run_batches(
-        self, feeds: Iterable[Mapping[str, Any]], window: int | None = None, overlap: bool = True
+        self,
+        feeds: Iterable[Mapping[str, Any]],
+        window: int | None = None,
+        overlap: bool = True,
+        chained: bool = False,
     ) -> Generator[dict[str, np.ndarray], None, None]:
         """Results per batch, in order; runs on the calling thread as it is iterated. While
         the consumer holds a result or the feeds iterable is producing the next batches, the
-        run is parked: another call that needs the arena preempts it (see ``gate``)."""
+        run is parked: another call that needs the arena preempts it (see ``gate``).
+        ``chained``: each window's feeds are taken only after the window before was handed
+        over (they may depend on its results: ``chain.StepChain``), and the next window's
+        first stage is read while this window's last stage computes."""
         n = _window(window)
         it = iter(feeds)
         run = _Run(self, self.host or default_host(), overlap)
         _wait_for(self._gate, run.lease)
-        ops = _Steps(run.steps(n))
+        ops = _Steps(run.steps(n, chained))
         try:
             for op in ops:
                 if isinstance(op, _Need):
@@ -292,16 +299,17 @@ class StreamedProgram(Executor):
 
     # -- the async form -----------------------------------------------------------------------
     async def run_batches_async(
-        self, feeds: Any, window: int | None = None, overlap: bool = True
+        self, feeds: Any, window: int | None = None, overlap: bool = True, chained: bool = False
     ) -> AsyncGenerator[dict[str, np.ndarray], None]:
         """Results per batch; ``feeds`` is an iterable or an async iterable. Stage compute
         runs on the host's pool; cancelling the consuming task ends the run (in-flight
-        compute and reads finish before the next run may start)."""
+        compute and reads finish before the next run may start). ``chained``: as
+        ``run_batches``'."""
         n = _window(window)
         host = self.host or default_host()
         run = _Run(self, host, overlap)
         await _await_for(self._gate, run.lease)
-        ops = _Steps(run.steps(n))
+        ops = _Steps(run.steps(n, chained))
         pending: list[AsyncValue[Any]] = []
         aiter_ = feeds.__aiter__() if hasattr(feeds, "__aiter__") else None
         it = None if aiter_ is not None else iter(feeds)
@@ -452,7 +460,11 @@ class _Run:
         for st in stages:
             self.request(st)
 
-    def steps(self, window: int) -> Generator[_Op, Any, None]:
+    def steps(self, window: int, chained: bool = False) -> Generator[_Op, Any, None]:
+        """The run's operations for its driver. Unchained, the next window is taken from the
+        feeds before the last stage computes; chained, after this window's results were
+        handed over, its first stage requested ahead (read while the last stage computes:
+        a generation's next step, which a run that ends drops)."""
         prog, stats = self.prog, self.stats
         stages = prog.stages
         raw: list[Mapping[str, Any]] = yield _Need(window)
@@ -467,6 +479,8 @@ class _Run:
             for s, st in enumerate(stages):
                 if s + 1 < len(stages):
                     self.request(stages[s + 1])
+                elif chained:
+                    self.request(stages[0])
                 else:
                     nxt = yield _Need(window)
                     if nxt:
@@ -480,7 +494,11 @@ class _Run:
                 del weights
                 self.computed()
                 stats.steps += 1
-            yield _Emit([prog.results(e) for e in envs], final=not nxt)
+            if chained:
+                yield _Emit([prog.results(e) for e in envs], final=False)
+                nxt = yield _Need(window)
+            else:
+                yield _Emit([prog.results(e) for e in envs], final=not nxt)
             raw = nxt
 
     def finish(self, pending: list[AsyncValue[Any]]) -> AsyncValue[None]:
