@@ -63,9 +63,10 @@ bench: $(STAMP)
 # committed files: tests/data/). OpenBLAS runs the kernels it picks for this CPU (the anchor
 # machines pin OPENBLAS_CORETYPE for the tests only). `make bench-zoo` runs every zoo.
 # optimum-onnx exports the decoders with their KV cache (bench-dynamic); it pins
-# transformers below 4.58.
+# transformers below 4.58; onnxruntime-genai 0.11.4 is the last whose model builder imports
+# with it (the llama-genai decoder of bench-generate).
 ZOO_PACKAGES := "torch==2.14.1" "torchvision==0.29.1" timm onnxscript transformers \
-	lightgbm xgboost onnxmltools optimum-onnx catboost
+	lightgbm xgboost onnxmltools optimum-onnx catboost "onnxruntime-genai==0.11.4"
 ZOO_RUN := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. $(BIN)/python
 ZOO_OUT := benchmarks/results
 ZOO_STAMP := $(VENV)/.zoo-installed

@@ -383,24 +383,33 @@ elif arch == "gpt2-100m":  # GPT-2 small's shape (12 layers, 768 wide), a 32k vo
     cfg = tr.GPT2Config(vocab_size=32000, n_embd=768, n_layer=12, n_head=12, n_positions=1024,
                         bos_token_id=0, eos_token_id=0)
     m = tr.GPT2LMHeadModel(cfg)
-else:
+else:  # llama, and llama-genai: the same model through onnxruntime-genai's model builder
     cfg = tr.LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=688,
                          num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
                          max_position_embeddings=1024)
     m = tr.LlamaForCausalLM(cfg)
 m.eval().save_pretrained(tmp)
-main_export(tmp, output=out, task="text-generation-with-past", do_validation=False)
+if arch == "llama-genai":  # GroupQueryAttention (packed QKV, rotary), the simplified norms
+    import os, shutil, subprocess
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", tmp,
+                    "-o", out, "-p", "fp32", "-e", "cpu", "-c", os.path.join(tmp, "cache")])
+    # (it fails after writing the model, saving a tokenizer the random model has not got)
+    shutil.copy(os.path.join(tmp, "config.json"), out)
+else:
+    main_export(tmp, output=out, task="text-generation-with-past", do_validation=False)
 """
 
 
 def decoder_paths(names: list[str]) -> dict[str, str]:
-    """optimum exports from configs and a fixed seed (a child process imports torch)."""
+    """optimum exports from configs and a fixed seed (a child process imports torch);
+    ``llama-genai``: the Llama config through onnxruntime-genai's model builder."""
     out = {}
     for n in names:
         d = os.path.join(DECODERS_DIR, n)
         path = os.path.join(d, "model.onnx")
         if not os.path.exists(path):
-            print(f"exporting decoder {n} with optimum ...", flush=True)
+            how = "onnxruntime-genai" if n.endswith("-genai") else "optimum"
+            print(f"exporting decoder {n} with {how} ...", flush=True)
             with tempfile.TemporaryDirectory() as tmp:
                 r = subprocess.run([sys.executable, "-c", _DECODER_SCRIPT, n, d, tmp],
                                    capture_output=True, text=True)  # fmt: skip

@@ -348,14 +348,16 @@ def test_a_genai_style_decoder_gets_one_plan_for_every_step() -> None:
         model.run(feeds)
 
 
-def test_a_genai_style_decoder_generates_onnxruntimes_tokens() -> None:
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_genai_style_decoder_generates_onnxruntimes_tokens(packed: bool) -> None:
     """onnxruntime-genai's shape of decoder (GroupQueryAttention with rotary, seqlens_k
-    from the mask, the simplified norms): token-exact with onnxruntime at batch 1 and for
-    rows of one length; rows of different lengths are padded on the right, as its
-    attention takes them, and each gets the tokens it gets alone."""
+    from the mask, the simplified norms; ``packed``: one QKV input, as its model builder
+    writes the attention): token-exact with onnxruntime at batch 1 and for rows of one
+    length; rows of different lengths are padded on the right, as its attention takes
+    them, and each gets the tokens it gets alone."""
     from tests.support.models.decoder import genai_decoder
 
-    onx = genai_decoder().SerializeToString()
+    onx = genai_decoder(packed=packed).SerializeToString()
     sess = ort.InferenceSession(onx, providers=["CPUExecutionProvider"])
     model = tfrt_py.load(onx)
     dec = read_decoder(model)

@@ -18,12 +18,22 @@ F = TensorProto.FLOAT
 H, D = 4, 16  # onnxruntime rotates heads of a multiple of 16
 
 
-def _model(kv: int, rotary: int = 0, **attrs: Any) -> bytes:
+def _model(kv: int, rotary: int = 0, packed: bool = False, width: Any = None,
+           **attrs: Any) -> bytes:  # fmt: skip
+    """One GroupQueryAttention; ``packed``: queries, keys and values in one input ``qkv``
+    (no key and value inputs), as onnxruntime-genai's model builder writes it, its last
+    dim declared ``width`` (default (H + 2 kv) D)."""
     names = ["q", "k", "v", "pk", "pv", "seqlens_k", "total"]
     ins = [
         helper.make_tensor_value_info("q", F, ["b", "s", H * D]),
         helper.make_tensor_value_info("k", F, ["b", "s", kv * D]),
         helper.make_tensor_value_info("v", F, ["b", "s", kv * D]),
+    ]
+    if packed:
+        names[:3] = ["qkv", "", ""]
+        w = (H + 2 * kv) * D if width is None else width
+        ins = [helper.make_tensor_value_info("qkv", F, ["b", "s", w])]
+    ins += [
         helper.make_tensor_value_info("pk", F, ["b", kv, "p", D]),
         helper.make_tensor_value_info("pv", F, ["b", kv, "p", D]),
         helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["b"]),
@@ -42,7 +52,8 @@ def _model(kv: int, rotary: int = 0, **attrs: Any) -> bytes:
 
 
 def _feeds(rng: np.random.Generator, kv: int, b: int, s: int, p: int,
-           lens: list[int] | None = None, rotary: int = 0) -> dict[str, Any]:  # fmt: skip
+           lens: list[int] | None = None, rotary: int = 0,
+           packed: bool = False) -> dict[str, Any]:  # fmt: skip
     f: dict[str, Any] = {
         "q": rng.standard_normal((b, s, H * D)).astype(np.float32),
         "k": rng.standard_normal((b, s, kv * D)).astype(np.float32),
@@ -55,6 +66,8 @@ def _feeds(rng: np.random.Generator, kv: int, b: int, s: int, p: int,
     if rotary:
         angle = np.arange(64)[:, None] / 10000 ** (np.arange(D // 2)[None] / (D // 2))
         f["cos"], f["sin"] = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+    if packed:
+        f["qkv"] = np.concatenate([f.pop("q"), f.pop("k"), f.pop("v")], axis=-1)
     return f
 
 
@@ -118,6 +131,36 @@ def test_the_compiled_small_call_path_and_the_numpy_path_both_match(
         assert bool(ran) == bool(work), (work, ran)
         for name, w in zip(("o", "pko", "pvo"), want):
             np.testing.assert_allclose(got[name], w, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+PACKED = [c for c in CASES if c[0] in (1, 2) and "softcap" not in cast(dict, c[5])][:6]
+
+
+@pytest.mark.parametrize(("kv", "b", "s", "p", "lens", "attrs"), PACKED)
+@pytest.mark.parametrize("small", [True, False])
+def test_packed_qkv_matches_onnxruntime(
+    kv: int, b: int, s: int, p: int, lens: Any, attrs: Any, small: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The model builder's packed form (one ``qkv`` input, no key and value): the same
+    outputs as onnxruntime's, on the compiled small-call pass and on the NumPy path."""
+    from tfrt_py.kernels.contrib import gqa_jit
+
+    if not small:
+        monkeypatch.setattr(gqa_jit, "MAX_WORK", 0)
+    attrs = dict(attrs)
+    rotary = attrs.pop("do_rotary", 0)
+    model = _model(kv, rotary, packed=True, **attrs)
+    feeds = _feeds(np.random.default_rng(kv * 100 + s * 10 + p), kv, b, s, p, lens, rotary,
+                   packed=True)  # fmt: skip
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = tfrt_py.load(model, executor="sync").run(feeds)
+    for name, w in zip(("o", "pko", "pvo"), want):
+        np.testing.assert_allclose(got[name], w, rtol=2e-5, atol=2e-5, err_msg=name)
+    bad = dict(feeds, qkv=feeds["qkv"][..., :-1])  # not (heads + 2 KV heads) x head size
+    free = _model(kv, rotary, packed=True, width="w", **attrs)
+    with pytest.raises(tfrt_py.errors.ExecutionError, match="packed QKV"):
+        tfrt_py.load(free, executor="sync").run(bad)
 
 
 def test_refused_options_name_themselves() -> None:

@@ -31,12 +31,13 @@ from tfrt_py.errors import ExecutionError
         (2, 1, 2, 5, None, {"scale": 0.3}),  # (onnxruntime: batch 1 for S > 1 over a past)
     ],
 )
+@pytest.mark.parametrize("packed", [False, True])  # True: one qkv input (the model builder's)
 def test_the_native_lowering_matches_onnxruntime(kv: int, b: int, s: int, p: int, lens: Any,
-                                                 attrs: Any) -> None:  # fmt: skip
+                                                 attrs: Any, packed: bool) -> None:  # fmt: skip
     attrs = dict(attrs)
     rotary = attrs.pop("do_rotary", 0)
-    model = _model(kv, rotary, **attrs)
-    feeds = _feeds(np.random.default_rng(7 + s * 10 + p), kv, b, s, p, lens, rotary)
+    model = _model(kv, rotary, packed=packed, **attrs)
+    feeds = _feeds(np.random.default_rng(7 + s * 10 + p), kv, b, s, p, lens, rotary, packed)
     want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
     m = tfrt_py.load(model, executor="native", native="eager")
     m.warmup([feeds])
@@ -73,11 +74,13 @@ def test_a_seqlens_k_past_the_cache_raises_the_kernels_error() -> None:
 
 
 @pytest.mark.slow
-def test_a_genai_decoder_generates_onnxruntimes_tokens_on_boxes() -> None:
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_genai_decoder_generates_onnxruntimes_tokens_on_boxes(packed: bool) -> None:
     """The mask's ``total_sequence_length`` is read as past + sequence, so the decode steps
     share a box of past lengths (declared as a free symbol, every box declined and each
-    length compiled alone: 250 s to settle instead of 50)."""
-    onx = genai_decoder().SerializeToString()
+    length compiled alone: 250 s to settle instead of 50). ``packed``: the attention reads
+    one QKV input, as the model builder writes it."""
+    onx = genai_decoder(packed=packed).SerializeToString()
     model = tfrt_py.load(onx, executor="native", native="eager")
     assert model.native.dims.names == ("batch_size", "sequence_length", "past_sequence_length")
     prompt = [3, 14, 15, 9, 26, 5]

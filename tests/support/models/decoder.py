@@ -179,13 +179,15 @@ def reference_greedy(session: Any, prompts: list[list[int]], new_tokens: int) ->
 
 
 def genai_decoder(*, layers: int = 2, heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
-                  seed: int = 11) -> onnx.ModelProto:  # fmt: skip
+                  seed: int = 11, packed: bool = False) -> onnx.ModelProto:  # fmt: skip
     """A decoder shaped as onnxruntime-genai's model builder writes one: ``input_ids``,
     ``attention_mask`` and ``past_key_values.N.key/value`` in, ``logits`` and
     ``present.N.key/value`` out; in the graph ``seqlens_k`` and ``total_sequence_length``
     from the mask, SimplifiedLayerNormalization and com.microsoft
     SkipSimplifiedLayerNormalization, and com.microsoft GroupQueryAttention with rotary
-    (cos/sin caches as initializers). Random weights from a fixed seed."""
+    (cos/sin caches as initializers). Random weights from a fixed seed. ``packed``: one
+    MatMul makes queries, keys and values side by side and the attention reads them as
+    one input (no key and value), as the model builder writes it."""
     dim = heads * head_dim
     net = Net("genai_decoder", seed=seed)
     ms = "com.microsoft"
@@ -209,9 +211,13 @@ def genai_decoder(*, layers: int = 2, heads: int = 4, kv_heads: int = 2, head_di
         else:
             h, _, _, skip = net.op_multi("SkipSimplifiedLayerNormalization", x, skip, g,
                                          outputs=4, domain=ms, epsilon=1e-6)  # fmt: skip
-        q = net.op("MatMul", h, net.weight(f"q{layer}", (dim, dim)))
-        k = net.op("MatMul", h, net.weight(f"k{layer}", (dim, kv_heads * head_dim)))
-        v = net.op("MatMul", h, net.weight(f"v{layer}", (dim, kv_heads * head_dim)))
+        if packed:
+            width = (heads + 2 * kv_heads) * head_dim
+            q, k, v = net.op("MatMul", h, net.weight(f"qkv{layer}", (dim, width))), "", ""
+        else:
+            q = net.op("MatMul", h, net.weight(f"q{layer}", (dim, dim)))
+            k = net.op("MatMul", h, net.weight(f"k{layer}", (dim, kv_heads * head_dim)))
+            v = net.op("MatMul", h, net.weight(f"v{layer}", (dim, kv_heads * head_dim)))
         past_k, past_v = f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"
         attn = net.op_multi("GroupQueryAttention", q, k, v, past_k, past_v, seqlens, total,
                             cos, sin, domain=ms, num_heads=heads, kv_num_heads=kv_heads,

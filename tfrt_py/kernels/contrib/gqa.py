@@ -5,7 +5,9 @@ onnxruntime-genai's decoders (Llama, Phi, Qwen, Mistral exports of its model bui
 cos_cache?, sin_cache?) -> (output, present_key, present_value)``:
 
 * ``query`` ``(B, S, N*H)``, ``key``/``value`` ``(B, S, Nkv*H)`` (``num_heads`` N,
-  ``kv_num_heads`` Nkv dividing it); the past ``(B, Nkv, P, H)`` (absent: P = 0).
+  ``kv_num_heads`` Nkv dividing it); the past ``(B, Nkv, P, H)`` (absent: P = 0). Packed
+  QKV (no ``key`` and ``value``: what the model builder writes) is one ``query``
+  ``(B, S, (N + 2 Nkv) * H)``, its queries, keys and values side by side.
 * ``seqlens_k[b]`` is row ``b``'s total length minus one. A first prompt (no past) starts
   every row at 0 (a row shorter than S is padded on the right); after a past, row ``b``'s
   new tokens start at ``a_b = seqlens_k[b] + 1 - S`` (``P`` when the rows are even).
@@ -19,7 +21,7 @@ cos_cache?, sin_cache?) -> (output, present_key, present_value)``:
   k^T`` (default ``1/sqrt(H)``), with ``softcap = c > 0`` capped to ``c * tanh(x / c)``;
   softmax; times V; query head ``h`` reads KV head ``h // (N / Nkv)``.
 
-Refused at load, naming the option: packed QKV (no ``key``), ``position_ids``,
+Refused at load, naming the option: a ``value`` without a ``key``, ``position_ids``,
 ``attention_bias`` and ``head_sink`` inputs, ``smooth_softmax``, quantized caches. At run
 time a past buffer longer than ``seqlens_k`` allows (the shared past/present buffer form,
 ``past_present_share_buffer``) is an error: this kernel grows the cache by concatenation.
@@ -72,6 +74,16 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) 
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
+def _unpacked(qkv: np.ndarray, heads: int, kv_heads: int) -> tuple[np.ndarray, ...]:
+    """Packed QKV ``(B, S, (N + 2 Nkv) * H)`` as views of its queries, keys and values."""
+    if qkv.ndim != 3 or qkv.shape[-1] % (heads + 2 * kv_heads):
+        raise ValueError(f"GroupQueryAttention: packed QKV {qkv.shape} does not fit {heads} "
+                         f"heads and {kv_heads} KV heads")  # fmt: skip
+    h = qkv.shape[-1] // (heads + 2 * kv_heads)
+    q, kv = heads * h, kv_heads * h
+    return qkv[..., :q], qkv[..., q : q + kv], qkv[..., q + kv :]
+
+
 def _gqa(ctx: KernelContext) -> ComputeFn:
     heads = int(ctx.attr("num_heads"))
     kv_heads = int(ctx.attr("kv_num_heads"))
@@ -84,8 +96,9 @@ def _gqa(ctx: KernelContext) -> ComputeFn:
     interleaved = bool(ctx.attr("rotary_interleaved", 0))
     if int(ctx.attr("smooth_softmax", 0)):
         raise ctx.unsupported("smooth_softmax=1 is not supported")
-    if not ctx.has_input(1):
-        raise ctx.unsupported("packed QKV (no key input) is not supported")
+    packed = not ctx.has_input(1)
+    if packed and ctx.has_input(2):
+        raise ctx.unsupported("a value input without a key input is not supported")
     for i, name in _REFUSED_INPUTS.items():
         if ctx.has_input(i):
             raise ctx.unsupported(f"the {name} input is not supported")
@@ -122,11 +135,14 @@ def _gqa(ctx: KernelContext) -> ComputeFn:
            f4.type(scale_attr or 1.0 / math.sqrt(head)), window, out, pk, pv)  # fmt: skip
         return out.reshape(b, s, n * head), pk, pv
 
-    def gqa(query: np.ndarray, key: np.ndarray, value: np.ndarray,
+    def gqa(query: np.ndarray, key: np.ndarray | None, value: np.ndarray | None,
             past_key: np.ndarray | None = None, past_value: np.ndarray | None = None,
             seqlens_k: np.ndarray | None = None, total: Any = None,
             cos_cache: np.ndarray | None = None, sin_cache: np.ndarray | None = None,
             *_: Any) -> Any:  # fmt: skip
+        if packed:
+            query, key, value = _unpacked(query, heads, kv_heads)
+        assert key is not None and value is not None
         b, s, width = query.shape
         head = width // heads
         if width % heads or key.shape[-1] != kv_heads * head or key.shape[:2] != (b, s):

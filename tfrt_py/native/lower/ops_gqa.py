@@ -12,9 +12,11 @@ scores ``scale * q.k``, softmax, times V. A seqlens_k that does not fit the past
 position past the rotary cache, raises in the generated code (a fixed message), and the
 tier then runs the interpreter, which raises the kernel's error.
 
-Declined: packed QKV, position_ids / attention_bias / head_sink inputs, softcap, a local
-window, smooth_softmax, another dtype than float32. Same contract as ``ops.py``:
-``fn(cx, node) -> lines``; pure; load time or the compile worker.
+Packed QKV (no ``key``/``value``: the model builder's form) reads the queries, keys and
+values from their columns of the one input. Declined: position_ids / attention_bias /
+head_sink inputs, softcap, a local window, smooth_softmax, another dtype than float32.
+Same contract as ``ops.py``: ``fn(cx, node) -> lines``; pure; load time or the compile
+worker.
 """
 
 from __future__ import annotations
@@ -49,18 +51,29 @@ def _gqa(cx: Any, node: Node) -> list[str]:
         cx.decline("GroupQueryAttention heads")
     if float(at_.get("softcap", 0.0)) > 0 or int(at_.get("local_window_size", -1)) > 0:
         cx.decline("GroupQueryAttention with softcap or a local window")
-    if int(at_.get("smooth_softmax", 0)) or _input(node, 1) is None:
-        cx.decline("GroupQueryAttention: smooth_softmax or packed QKV")
+    packed = _input(node, 1) is None
+    if int(at_.get("smooth_softmax", 0)) or (packed and _input(node, 2) is not None):
+        cx.decline("GroupQueryAttention: smooth_softmax, or a value without a key")
     if any(_input(node, i) is not None for i in (9, 10, 11)):
         cx.decline("GroupQueryAttention with position_ids, attention_bias or head_sink")
     rotary = bool(int(at_.get("do_rotary", 0)))
     inter = bool(int(at_.get("rotary_interleaved", 0)))
-    q, k, v = (cx.ref(node.inputs[i]) for i in range(3))
+    q = cx.ref(node.inputs[0])
+    k, v = (q, q) if packed else (cx.ref(node.inputs[1]), cx.ref(node.inputs[2]))
     if any(str(r.dtype) != "float32" or len(r.shape) != 3 for r in (q, k, v)):
         cx.decline("GroupQueryAttention of another dtype or rank")
-    b_, s_, width = q.shape
-    h_ = width // heads
-    if width % heads or k.shape != (b_, s_, kvh * h_) or v.shape != k.shape or h_ % 2:
+    b_, s_, row = q.shape
+    h_ = row // (heads + 2 * kvh) if packed else row // heads
+    width = heads * h_
+    # each token's row in q, k and v: its length, and where the part read starts
+    rq, rk = (row, row) if packed else (width, kvh * h_)
+    cq, ck, cv = (0, width, width + kvh * h_) if packed else (0, 0, 0)
+    fits = (
+        row == (heads + 2 * kvh) * h_
+        if packed
+        else (row == width and k.shape == (b_, s_, kvh * h_) and v.shape == k.shape)
+    )
+    if not fits or h_ % 2 or h_ == 0:
         cx.decline(f"GroupQueryAttention of shapes {q.shape}, {k.shape}, {v.shape}")
     pk_v, pv_v = _input(node, 3), _input(node, 4)
     past = None if pk_v is None or pv_v is None else (cx.ref(pk_v), cx.ref(pv_v))
@@ -92,10 +105,11 @@ def _gqa(cx: Any, node: Node) -> list[str]:
     qr = cx.new_buffer((s_, heads, h_), q.dtype)
     w = cx.new_buffer((t_,), q.dtype)
     acc = cx.new_buffer((h_,), q.dtype)
-    cx.extend(*([q, k, v, lens] + ([] if past is None else list(past))))
+    cx.extend(*([q] + ([] if packed else [k, v]) + [lens] + ([] if past is None else list(past))))
     cx.imports.add(EXP_IMPORT)
     g = cx.tag
     B, S, N, KV, H, HALF, T, P = (literal(x) for x in (b_, s_, heads, kvh, h_, half, t_, p_))
+    RQ, RK, CQ, CK, CV = (literal(x) for x in (rq, rk, cq, ck, cv))
     scale = float(at_.get("scale", 0.0)) or 1.0 / math.sqrt(h_)
 
     def rotate(dst: str, src: str, src_ref: Ref, dst_ref: Ref, pos: str) -> list[str]:
@@ -133,12 +147,12 @@ def _gqa(cx: Any, node: Node) -> list[str]:
                  f"                {_at(pv, here)} = {_at(past[1], there)}"]  # fmt: skip
     else:
         body += ["            pass"]
-    new = f"(({g}b * {S} + {g}j - {g}at) * {KV} + {g}g) * {H}"
+    new = f"({g}b * {S} + {g}j - {g}at) * {RK} + {g}g * {H}"
     body += [f"        elif {g}j < {g}at + {S}:",
              f"            {g}src = {new}",
-             *["            " + ln for ln in rotate(f"{g}o", f"{g}src", k, pk, f"{g}j")],
+             *["            " + ln for ln in rotate(f"{g}o", f"{g}src + {CK}", k, pk, f"{g}j")],
              f"            for {g}d in range({H}):",
-             f"                {_at(pv, f'{g}o + {g}d')} = {_at(v, f'{g}src + {g}d')}",
+             f"                {_at(pv, f'{g}o + {g}d')} = {_at(v, f'{g}src + {CV} + {g}d')}",
              "        else:",
              f"            for {g}d in range({H}):",
              f"                {_at(pk, f'{g}o + {g}d')} = f4(0.0)",
@@ -148,7 +162,7 @@ def _gqa(cx: Any, node: Node) -> list[str]:
     body += [f"for {g}i in range({S}):",
              f"    for {g}n in range({N}):",
              f"        {g}qo = ({g}i * {N} + {g}n) * {H}",
-             f"        {g}src = (({g}b * {S} + {g}i) * {N} + {g}n) * {H}",
+             f"        {g}src = ({g}b * {S} + {g}i) * {RQ} + {CQ} + {g}n * {H}",
              *["        " + ln for ln in rotate(f"{g}qo", f"{g}src", q, qr, f"({g}at + {g}i)")],
              f"for {g}i in range({S}):",
              f"    {g}hi = min({g}at + {g}i, {g}len)",
