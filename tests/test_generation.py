@@ -361,7 +361,7 @@ def test_a_genai_style_decoder_generates_onnxruntimes_tokens(packed: bool) -> No
     sess = ort.InferenceSession(onx, providers=["CPUExecutionProvider"])
     model = tfrt_py.load(onx)
     dec = read_decoder(model)
-    assert not dec.pads_left and not dec.in_place
+    assert not dec.pads_left and dec.in_place  # its attention grows each past: one buffer
     np.testing.assert_array_equal(model.generate(PROMPTS[0], max_new_tokens=10),
                                   reference_greedy(sess, PROMPTS[:1], 10)[0])  # fmt: skip
     even = [[3, 14, 15], [9, 26, 5]]

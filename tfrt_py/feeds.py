@@ -256,13 +256,23 @@ class FeedChecker:
 
 def concat_prefixes(graph: Any) -> dict[int, tuple[int, int]]:
     """Output index -> (input index, axis) for each graph output made by a Concat whose
-    first operand is a graph input: a KV cache's ``present = Concat(past, new)``. Such an
-    output's buffer may hold that feed as its prefix (``check_output_buffers``)."""
+    first operand is a graph input -- a KV cache's ``present = Concat(past, new)`` -- or
+    that is a com.microsoft GroupQueryAttention's present (output 1 or 2) of its past
+    (input 3 or 4) (axis 2: it grows its past by the new keys or values). Such an output's
+    buffer may hold that feed as its prefix (``check_output_buffers``)."""
     inputs = {id(v): i for i, v in enumerate(graph.inputs)}
     found = {}
     for k, v in enumerate(graph.outputs):
         node = v.producer
-        if node is None or node.op_type != "Concat" or node.domain or len(node.inputs) < 2:
+        if node is None or len(node.inputs) < 2:
+            continue
+        if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft":
+            slot = next((i for i, o in enumerate(node.outputs) if o is v), 0)
+            past = node.inputs[slot + 2] if slot in (1, 2) and len(node.inputs) > slot + 2 else None
+            if past is not None and id(past) in inputs:
+                found[k] = (inputs[id(past)], 2)
+            continue
+        if node.op_type != "Concat" or node.domain:
             continue
         first = node.inputs[0]
         if first is not None and id(first) in inputs and "axis" in node.attrs:

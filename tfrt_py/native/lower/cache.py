@@ -5,7 +5,8 @@ axis and returns it; fed back as the next step's ``past`` that copies the whole 
 every step (at past 512 the copies of a 4-layer GPT-2 move 8 MB a step).
 ``cache_pairs(graph)`` finds the pairs whose in-place form this lowering writes: the
 cache is ``[batch, heads, sequence, head size]`` (the sequence axis second-to-last), the past
-is read by nothing but its Concat (and Shape), and the present by nothing but the
+is read by nothing but its Concat or GroupQueryAttention (and Shape; the attention writes
+its presents in place itself: ``ops_gqa.py``), and the present by nothing but the
 scores' keys (``MatMulTransB``) and the values of a stacked MatMul (and Shape), which
 index each (batch, head) matrix by its own offset -- directly, or through views and an
 Expand or Tile that repeat each KV head for a group of query heads (``stack_view``: no
@@ -92,7 +93,9 @@ def cache_pairs(graph: Graph) -> tuple[tuple[int, int], ...]:
         out, past = graph.outputs[j], graph.inputs[k]
         shape = out.type.shape if out.type is not None else None  # type: ignore[union-attr]
         node = out.producer
-        if shape is None or node is None or len(shape) != CACHE_RANK or len(node.inputs) != 2:
+        if shape is None or node is None or len(shape) != CACHE_RANK:
+            return ()
+        if node.op_type == "Concat" and len(node.inputs) != 2:
             return ()
         if axis % len(shape) != len(shape) - 2 or str(out.type.dtype) != "float32":  # type: ignore[union-attr]
             return ()

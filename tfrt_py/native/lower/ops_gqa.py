@@ -8,9 +8,10 @@ pass ``gqa_jit.py`` has the same loops): per batch row, where its new tokens go 
 run time; the presents (the past up to ``at``, the new keys -- rotated when
 ``do_rotary`` -- and values, zeros after); the rotated queries; per query row ``i`` and
 head, the keys ``j <= min(at + i, seqlens_k)`` (the head's KV head ``n // (N / Nkv)``):
-scores ``scale * q.k``, softmax, times V. A seqlens_k that does not fit the past, or a
-position past the rotary cache, raises in the generated code (a fixed message), and the
-tier then runs the interpreter, which raises the kernel's error.
+scores ``scale * q.k`` (``dot_rows_f4``: sums in vector lanes), softmax, times V. A
+seqlens_k that does not fit the past, or a position past the rotary cache, raises in the
+generated code (a fixed message), and the tier then runs the interpreter, which raises
+the kernel's error.
 
 Packed QKV (no ``key``/``value``: the model builder's form) reads the queries, keys and
 values from their columns of the one input. Declined: position_ids / attention_bias /
@@ -25,8 +26,10 @@ import math
 from typing import Any
 
 from ...ir import Node, Value
+from .context import CACHE_DECLINE
 from .emit import EXP_IMPORT
 from .loops import Ref
+from .ops_dec import ROWDOT_IMPORT
 from .records import Registry
 from .source import literal
 
@@ -76,10 +79,21 @@ def _gqa(cx: Any, node: Node) -> list[str]:
     if not fits or h_ % 2 or h_ == 0:
         cx.decline(f"GroupQueryAttention of shapes {q.shape}, {k.shape}, {v.shape}")
     pk_v, pv_v = _input(node, 3), _input(node, 4)
-    past = None if pk_v is None or pv_v is None else (cx.ref(pk_v), cx.ref(pv_v))
-    p_ = 0 if past is None else past[0].shape[2]
-    if past is not None and any(r.shape != (b_, kvh, p_, h_) or str(r.dtype) != "float32"
-                                for r in past):  # fmt: skip
+    # in place (``cache.py``): the presents' buffers already start with the pasts, which
+    # are not read here; only the new positions (and the zeros after a short row) are written
+    in_place = pk_v is not None and id(pk_v) in cx.unread
+    if in_place and (pv_v is None or id(pv_v) not in cx.unread):
+        cx.decline(f"{CACHE_DECLINE} one of GroupQueryAttention's presents")
+    past = None
+    if pk_v is not None and pv_v is not None:
+        past = (
+            [cx.shapes[id(x)] for x in (pk_v, pv_v)]
+            if in_place
+            else [(r.shape, r.dtype) for r in (cx.ref(pk_v), cx.ref(pv_v))]
+        )
+    p_ = 0 if past is None else past[0][0][2]
+    if past is not None and any(tuple(sh) != (b_, kvh, p_, h_) or str(dt) != "float32"
+                                for sh, dt in past):  # fmt: skip
         cx.decline("GroupQueryAttention's past of another shape")
     lens_v = _input(node, 5)
     lens = cx.ref(lens_v)
@@ -102,11 +116,17 @@ def _gqa(cx: Any, node: Node) -> list[str]:
     pv = cx.out(outs[2]) if outs[2] is not None else cx.new_buffer((b_, kvh, t_, h_), q.dtype)
     if y.shape != (b_, s_, width) or pk.shape != (b_, kvh, t_, h_) or pv.shape != pk.shape:
         cx.decline("GroupQueryAttention's outputs")
+    if bool(pk.mat) != in_place or bool(pv.mat) != in_place:
+        cx.decline(f"{CACHE_DECLINE} GroupQueryAttention's presents")
+    # each (batch, KV head) matrix of a present: its own stride (a buffer in place) or T x H
+    MK, MV = pk.mat or literal(t_ * h_), pv.mat or literal(t_ * h_)
     qr = cx.new_buffer((s_, heads, h_), q.dtype)
     w = cx.new_buffer((t_,), q.dtype)
     acc = cx.new_buffer((h_,), q.dtype)
-    cx.extend(*([q] + ([] if packed else [k, v]) + [lens] + ([] if past is None else list(past))))
+    pasts = [] if past is None or in_place else [cx.ref(pk_v), cx.ref(pv_v)]
+    cx.extend(*([q] + ([] if packed else [k, v]) + [lens] + pasts))
     cx.imports.add(EXP_IMPORT)
+    cx.imports.add(ROWDOT_IMPORT)
     g = cx.tag
     B, S, N, KV, H, HALF, T, P = (literal(x) for x in (b_, s_, heads, kvh, h_, half, t_, p_))
     RQ, RK, CQ, CK, CV = (literal(x) for x in (rq, rk, cq, ck, cv))
@@ -136,29 +156,31 @@ def _gqa(cx: Any, node: Node) -> list[str]:
     # the presents
     body = [f"for {g}g in range({KV}):",
             f"    for {g}j in range({T}):",
-            f"        {g}o = (({g}b * {KV} + {g}g) * {T} + {g}j) * {H}",
+            f"        {g}ok = ({g}b * {KV} + {g}g) * {MK} + {g}j * {H}",
+            f"        {g}ov = ({g}b * {KV} + {g}g) * {MV} + {g}j * {H}",
             f"        if {g}j < {g}at:"]  # fmt: skip
-    if past is not None:
+    if past is not None and not in_place:
+        pk_r, pv_r = pasts
         src = f"(({g}b * {KV} + {g}g) * {P} + {g}j) * {H}"
-        here, there = f"{g}o + {g}d", f"{g}src + {g}d"
+        there = f"{g}src + {g}d"
         body += [f"            {g}src = {src}",
                  f"            for {g}d in range({H}):",
-                 f"                {_at(pk, here)} = {_at(past[0], there)}",
-                 f"                {_at(pv, here)} = {_at(past[1], there)}"]  # fmt: skip
-    else:
+                 f"                {_at(pk, f'{g}ok + {g}d')} = {_at(pk_r, there)}",
+                 f"                {_at(pv, f'{g}ov + {g}d')} = {_at(pv_r, there)}"]  # fmt: skip
+    else:  # no past, or the buffer's first positions are the past
         body += ["            pass"]
     new = f"({g}b * {S} + {g}j - {g}at) * {RK} + {g}g * {H}"
     body += [f"        elif {g}j < {g}at + {S}:",
              f"            {g}src = {new}",
-             *["            " + ln for ln in rotate(f"{g}o", f"{g}src + {CK}", k, pk, f"{g}j")],
+             *["            " + ln for ln in rotate(f"{g}ok", f"{g}src + {CK}", k, pk, f"{g}j")],
              f"            for {g}d in range({H}):",
-             f"                {_at(pv, f'{g}o + {g}d')} = {_at(v, f'{g}src + {CV} + {g}d')}",
+             f"                {_at(pv, f'{g}ov + {g}d')} = {_at(v, f'{g}src + {CV} + {g}d')}",
              "        else:",
              f"            for {g}d in range({H}):",
-             f"                {_at(pk, f'{g}o + {g}d')} = f4(0.0)",
-             f"                {_at(pv, f'{g}o + {g}d')} = f4(0.0)"]  # fmt: skip
+             f"                {_at(pk, f'{g}ok + {g}d')} = f4(0.0)",
+             f"                {_at(pv, f'{g}ov + {g}d')} = f4(0.0)"]  # fmt: skip
     # the rotated queries, then the attention of each query row and head
-    key_at = f"{g}kv + {g}j * {H} + {g}d"
+    value_at = f"{g}vv + {g}j * {H} + {g}d"
     body += [f"for {g}i in range({S}):",
              f"    for {g}n in range({N}):",
              f"        {g}qo = ({g}i * {N} + {g}n) * {H}",
@@ -167,17 +189,15 @@ def _gqa(cx: Any, node: Node) -> list[str]:
              f"for {g}i in range({S}):",
              f"    {g}hi = min({g}at + {g}i, {g}len)",
              f"    for {g}n in range({N}):",
-             f"        {g}kv = (({g}b * {KV} + {g}n // {literal(heads // kvh)}) * {T}) * {H}",
+             f"        {g}kv = ({g}b * {KV} + {g}n // {literal(heads // kvh)}) * {MK}",
+             f"        {g}vv = ({g}b * {KV} + {g}n // {literal(heads // kvh)}) * {MV}",
              f"        {g}qo = ({g}i * {N} + {g}n) * {H}",
              f"        {g}mx = f4(-np.inf)",
+             f"        dot_rows_f4({qr.buf}, {qr.off} + {g}qo, {pk.buf}, {pk.off} + {g}kv, "
+             f"{w.buf}, {w.off}, {g}hi + 1, {H}, f4({literal(scale)}))",
              f"        for {g}j in range({g}hi + 1):",
-             f"            {g}dot = f4(0.0)",
-             f"            for {g}d in range({H}):",
-             f"                {g}dot += {_at(qr, f'{g}qo + {g}d')} * {_at(pk, key_at)}",
-             f"            {g}sc = f4({g}dot * f4({literal(scale)}))",
-             f"            {_at(w, f'{g}j')} = {g}sc",
-             f"            if {g}sc > {g}mx:",
-             f"                {g}mx = {g}sc",
+             f"            if {_at(w, f'{g}j')} > {g}mx:",
+             f"                {g}mx = {_at(w, f'{g}j')}",
              f"        {g}tot = f4(0.0)",
              f"        for {g}j in range({g}hi + 1):",
              f"            {g}e = expf_neg({_at(w, f'{g}j')} - {g}mx)",
@@ -188,7 +208,7 @@ def _gqa(cx: Any, node: Node) -> list[str]:
              f"        for {g}j in range({g}hi + 1):",
              f"            {g}wj = {_at(w, f'{g}j')} / {g}tot",
              f"            for {g}d in range({H}):",
-             f"                {_at(acc, f'{g}d')} += {g}wj * {_at(pv, key_at)}",
+             f"                {_at(acc, f'{g}d')} += {g}wj * {_at(pv, value_at)}",
              f"        {g}yo = (({g}b * {S} + {g}i) * {N} + {g}n) * {H}",
              f"        for {g}d in range({H}):",
              f"            {_at(y, f'{g}yo + {g}d')} = {_at(acc, f'{g}d')}"]  # fmt: skip
