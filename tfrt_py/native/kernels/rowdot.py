@@ -1,5 +1,6 @@
 """Kernels of a decode step's attention for generated native code: the scores of one or a
-few query rows (``q @ K^T``, ``ops_dec.py``), and the copy of a past into the buffer of a
+few query rows (``q @ K^T``, ``ops_dec.py``), a row's softmax and its product with the
+values (``softmax_rows_f4``, ``ops_gqa.py``), and the copy of a past into the buffer of a
 KV cache written in place (``lower/cache.py``).
 
 ``dot_rows_f4(a, ao, b, bo, c, co, n, k, alpha)``: ``c[co + i] = alpha * a[ao:ao + k] .
@@ -19,7 +20,9 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["copy_past_f4", "dot_rows_f4"]
+from .fastmath import expf_neg
+
+__all__ = ["copy_past_f4", "dot_rows_f4", "softmax_rows_f4"]
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
@@ -50,6 +53,49 @@ def dot_rows_f4(a, ao, b, bo, c, co, n, k, alpha):  # pragma: no cover - compile
             s0 += a[a0 + np.uint64(j)] * b[r + np.uint64(j)]
         c[np.uint64(co + i)] = s0 * s
         i += 1
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def softmax_rows_f4(w, wo, n, v, vo, k, y, yo):  # pragma: no cover - compiled
+    """``w[wo:wo + n]`` (one query row's scores) softmaxed in place, then ``y[yo:yo + k] =
+    sum_j w[wo + j] * v[vo + j*k : vo + j*k + k]`` (the row's attention output over ``n``
+    value rows of ``k``). Sums reassociated (vector lanes), four value rows a step; the
+    exponentials by ``fastmath.expf_neg``; NaN propagates."""
+    w0 = np.uint64(wo)
+    mx = np.float32(-np.inf)
+    for j in range(n):
+        x = w[w0 + np.uint64(j)]
+        if x > mx:
+            mx = x
+    tot = np.float32(0.0)
+    for j in range(n):
+        e = expf_neg(w[w0 + np.uint64(j)] - mx)
+        w[w0 + np.uint64(j)] = e
+        tot += e
+    inv = np.float32(1.0) / tot
+    y0 = np.uint64(yo)
+    kk = np.uint64(k)
+    for d in range(k):
+        y[y0 + np.uint64(d)] = np.float32(0.0)
+    j = 0
+    while j + 4 <= n:
+        p0 = w[w0 + np.uint64(j)] * inv
+        p1 = w[w0 + np.uint64(j + 1)] * inv
+        p2 = w[w0 + np.uint64(j + 2)] * inv
+        p3 = w[w0 + np.uint64(j + 3)] * inv
+        r = np.uint64(vo + j * k)
+        for d in range(k):
+            dd = np.uint64(d)
+            y[y0 + dd] += (p0 * v[r + dd] + p1 * v[r + kk + dd]
+                           + p2 * v[r + np.uint64(2) * kk + dd]
+                           + p3 * v[r + np.uint64(3) * kk + dd])  # fmt: skip
+        j += 4
+    while j < n:
+        pj = w[w0 + np.uint64(j)] * inv
+        r = np.uint64(vo + j * k)
+        for d in range(k):
+            y[y0 + np.uint64(d)] += pj * v[r + np.uint64(d)]
+        j += 1
 
 
 @intrinsic

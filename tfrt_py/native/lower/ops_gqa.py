@@ -8,10 +8,10 @@ pass ``gqa_jit.py`` has the same loops): per batch row, where its new tokens go 
 run time; the presents (the past up to ``at``, the new keys -- rotated when
 ``do_rotary`` -- and values, zeros after); the rotated queries; per query row ``i`` and
 head, the keys ``j <= min(at + i, seqlens_k)`` (the head's KV head ``n // (N / Nkv)``):
-scores ``scale * q.k`` (``dot_rows_f4``: sums in vector lanes), softmax, times V. A
-seqlens_k that does not fit the past, or a position past the rotary cache, raises in the
-generated code (a fixed message), and the tier then runs the interpreter, which raises
-the kernel's error.
+scores ``scale * q.k`` (``dot_rows_f4``), softmax and times V (``softmax_rows_f4``): sums
+in vector lanes. A seqlens_k that does not fit the past, or a position past the rotary
+cache, raises in the generated code (a fixed message), and the tier then runs the
+interpreter, which raises the kernel's error.
 
 Packed QKV (no ``key``/``value``: the model builder's form) reads the queries, keys and
 values from their columns of the one input. Declined: position_ids / attention_bias /
@@ -27,7 +27,6 @@ from typing import Any
 
 from ...ir import Node, Value
 from .context import CACHE_DECLINE
-from .emit import EXP_IMPORT
 from .loops import Ref
 from .ops_dec import ROWDOT_IMPORT
 from .records import Registry
@@ -36,6 +35,8 @@ from .source import literal
 __all__ = ["register_lowerings"]
 
 _MS = "com.microsoft"
+#: The import line of a module whose code calls ``softmax_rows_f4``.
+SOFTMAX_IMPORT = "from tfrt_py.native.kernels.rowdot import softmax_rows_f4"
 _RAISE = "raise ValueError('GroupQueryAttention input out of range')"
 
 
@@ -122,11 +123,10 @@ def _gqa(cx: Any, node: Node) -> list[str]:
     MK, MV = pk.mat or literal(t_ * h_), pv.mat or literal(t_ * h_)
     qr = cx.new_buffer((s_, heads, h_), q.dtype)
     w = cx.new_buffer((t_,), q.dtype)
-    acc = cx.new_buffer((h_,), q.dtype)
     pasts = [] if past is None or in_place else [cx.ref(pk_v), cx.ref(pv_v)]
     cx.extend(*([q] + ([] if packed else [k, v]) + [lens] + pasts))
-    cx.imports.add(EXP_IMPORT)
     cx.imports.add(ROWDOT_IMPORT)
+    cx.imports.add(SOFTMAX_IMPORT)
     g = cx.tag
     B, S, N, KV, H, HALF, T, P = (literal(x) for x in (b_, s_, heads, kvh, h_, half, t_, p_))
     RQ, RK, CQ, CK, CV = (literal(x) for x in (rq, rk, cq, ck, cv))
@@ -180,7 +180,6 @@ def _gqa(cx: Any, node: Node) -> list[str]:
              f"                {_at(pk, f'{g}ok + {g}d')} = f4(0.0)",
              f"                {_at(pv, f'{g}ov + {g}d')} = f4(0.0)"]  # fmt: skip
     # the rotated queries, then the attention of each query row and head
-    value_at = f"{g}vv + {g}j * {H} + {g}d"
     body += [f"for {g}i in range({S}):",
              f"    for {g}n in range({N}):",
              f"        {g}qo = ({g}i * {N} + {g}n) * {H}",
@@ -192,26 +191,11 @@ def _gqa(cx: Any, node: Node) -> list[str]:
              f"        {g}kv = ({g}b * {KV} + {g}n // {literal(heads // kvh)}) * {MK}",
              f"        {g}vv = ({g}b * {KV} + {g}n // {literal(heads // kvh)}) * {MV}",
              f"        {g}qo = ({g}i * {N} + {g}n) * {H}",
-             f"        {g}mx = f4(-np.inf)",
              f"        dot_rows_f4({qr.buf}, {qr.off} + {g}qo, {pk.buf}, {pk.off} + {g}kv, "
              f"{w.buf}, {w.off}, {g}hi + 1, {H}, f4({literal(scale)}))",
-             f"        for {g}j in range({g}hi + 1):",
-             f"            if {_at(w, f'{g}j')} > {g}mx:",
-             f"                {g}mx = {_at(w, f'{g}j')}",
-             f"        {g}tot = f4(0.0)",
-             f"        for {g}j in range({g}hi + 1):",
-             f"            {g}e = expf_neg({_at(w, f'{g}j')} - {g}mx)",
-             f"            {_at(w, f'{g}j')} = {g}e",
-             f"            {g}tot += {g}e",
-             f"        for {g}d in range({H}):",
-             f"            {_at(acc, f'{g}d')} = f4(0.0)",
-             f"        for {g}j in range({g}hi + 1):",
-             f"            {g}wj = {_at(w, f'{g}j')} / {g}tot",
-             f"            for {g}d in range({H}):",
-             f"                {_at(acc, f'{g}d')} += {g}wj * {_at(pv, value_at)}",
              f"        {g}yo = (({g}b * {S} + {g}i) * {N} + {g}n) * {H}",
-             f"        for {g}d in range({H}):",
-             f"            {_at(y, f'{g}yo + {g}d')} = {_at(acc, f'{g}d')}"]  # fmt: skip
+             f"        softmax_rows_f4({w.buf}, {w.off}, {g}hi + 1, {pv.buf}, {pv.off} + {g}vv, "
+             f"{H}, {y.buf}, {y.off} + {g}yo)"]  # fmt: skip
     return lines + ["    " + ln for ln in body]
 
 
