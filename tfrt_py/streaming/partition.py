@@ -83,6 +83,12 @@ def _reads(node: Node) -> list[Value]:
     return [v for v in node.inputs if v is not None] + node_captures(node)
 
 
+def _row_table(node: Node, rows: dict[int, ExternalRef]) -> ExternalRef | None:
+    """The row-read table ``node`` gathers from (its data input), or None."""
+    data = node.inputs[0] if node.inputs else None
+    return rows.get(id(data)) if data is not None else None
+
+
 def max_node_weights(graph: Graph, refs: dict[int, ExternalRef]) -> tuple[int, Node | None]:
     """The most streamed-weight bytes (64-byte aligned) any one node reads, and that node:
     the arena room a budget must leave, since a node's weights are resident together. A
@@ -124,8 +130,7 @@ def partition(
     cur_w: dict[int, Value] = {}
     cur_bytes = 0
     for node in graph.nodes:
-        data = node.inputs[0] if node.inputs else None
-        if data is not None and id(data) in rows:  # a Gather of rows: a stage of its own
+        if _row_table(node, rows) is not None:  # a Gather of rows: a stage of its own
             if cur_nodes:
                 groups.append((cur_nodes, cur_w))
             groups.append(([node], {}))
@@ -195,11 +200,11 @@ def _stages(
                     st.outputs.append(o)
         st.outputs += [v for v in wmap.values() if any(v is o for o in graph.outputs)]
         st.drop_after = [i for i, last in last_read.items() if last == s and i not in refs]
-        data = nodes[0].inputs[0] if len(nodes) == 1 and nodes[0].inputs else None
-        if data is not None and id(data) in rows:
-            out = nodes[0].outputs[0]
-            assert out is not None and nodes[0].inputs[1] is not None
-            st.gather = RowGather(nodes[0], rows[id(data)], nodes[0].inputs[1], out)
+        table = _row_table(nodes[0], rows) if len(nodes) == 1 else None
+        if table is not None:
+            out, idx = nodes[0].outputs[0], nodes[0].inputs[1]
+            assert out is not None and idx is not None
+            st.gather = RowGather(nodes[0], table, idx, out)
         stages.append(st)
     return stages
 
