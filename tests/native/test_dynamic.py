@@ -256,6 +256,30 @@ def test_auto_compiles_only_the_boxes_that_are_hot(monkeypatch: pytest.MonkeyPat
     assert "one numba function per hot box of dims" in model.describe()
 
 
+def test_calls_under_a_deadline_compile_their_box(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls with a deadline (every offloaded ``run_async`` is one) count towards their
+    box's compile as plain calls do -- a model only ever called so stayed interpreted --
+    and while the interpreter serves them, it runs them under their deadline."""
+    import asyncio
+
+    model = _auto(monkeypatch)
+    sync = tfrt_py.load(_sequence(), executor="sync")
+    tier = model.native
+    calls = record_calls(monkeypatch, tier.interp, "run_call", lambda feeds, outs, call: call)
+    for k in range(tier_mod.HOT_CALLS):
+        x = RNG.standard_normal((2, 2 + k % 15)).astype(F32)
+        np.testing.assert_allclose(model.run({"x": x}, timeout=60)["y"], sync.run({"x": x})["y"],
+                                   rtol=2e-5, atol=1e-6)  # fmt: skip
+    assert list(tier.sigs) == [("box", ((1, 16),))]
+    assert len(calls) == tier_mod.HOT_CALLS and all(c is not None for c in calls)
+    assert tier.wait(120)
+    for s in (3, 11, 16):
+        x = RNG.standard_normal((2, s)).astype(F32)
+        got = asyncio.run(model.run_async({"x": x}, timeout=60))
+        np.testing.assert_allclose(got["y"], sync.run({"x": x})["y"], rtol=2e-5, atol=1e-6)
+    assert len(tier._natives) == 1  # the box's compiled function served them
+
+
 def test_warmup_prepares_signatures_before_load_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _auto(monkeypatch, warmup=[{"x": (2, 7)}, {"x": np.ones((2, 9), F32)}])
     tier = model.native

@@ -177,7 +177,7 @@ class _Counted:
         if self.n == HOT_CALLS:
             tier.compile_signature(self.key)
             tier._forget(self)  # its signatures ask the job from now on, not this count
-        return tier.interp.run(feeds)
+        return tier._interp_run(feeds)
 
 
 class NativeTier(Executor):
@@ -238,7 +238,10 @@ class NativeTier(Executor):
                                 self.dims.reads if self.dims else (),
                                 [v.convert for v in self.graph.inputs],
                                 self._cache_call if pairs else None)  # fmt: skip
-        self._interp_entry = lambda feeds, *xs: self.interp.run(feeds)
+        #: the CallContext of the ``run_call`` on this thread (None: a plain ``run``): the
+        #: interpreter serves such a call under it (deadline, cancellation per node)
+        self._calls = threading.local()
+        self._interp_entry = lambda feeds, *xs: self._interp_run(feeds)
         #: The entry Model.run calls: the interpreter now, the native entry when ready.
         self.run: Any = self._run_interp
         if lowered is None:
@@ -347,12 +350,29 @@ class NativeTier(Executor):
         return self.interp.run(feeds, outputs)
 
     def run_call(self, feeds: Mapping[str, Any], outputs: Any, call: CallContext) -> Any:
-        """``run`` under a deadline or canceller: the interpreter's checked path until
-        native code is ready; then the call is checked before the native call."""
-        if self.state != "ready" or (self.form == "signature" and not self.table):
+        """``run`` under a deadline or canceller (every offloaded ``run_async`` is one): the
+        interpreter's checked path until native code is ready; then the call takes ``run``'s
+        entries as a plain call does -- in signature mode its signature counts towards
+        its box's compile (a model only ever called so must not stay interpreted) -- and
+        an entry the interpreter serves runs under ``call`` (``_interp_run``); a native
+        call is checked before it starts."""
+        if self.state != "ready":
             return self.interp.run_call(feeds, outputs, call)
         call.check()
-        return self.run(feeds, outputs)
+        local = self._calls
+        local.call = call
+        try:
+            return self.run(feeds, outputs)
+        finally:
+            local.call = None
+
+    def _interp_run(self, feeds: Mapping[str, Any], outputs: Any = None) -> Any:
+        """The interpreter's share of a call: under the ``run_call`` in progress on this
+        thread, if any."""
+        call = getattr(self._calls, "call", None)
+        if call is None:
+            return self.interp.run(feeds, outputs)
+        return self.interp.run_call(feeds, outputs, call)
 
     def compile_signature(self, key: Any) -> _Job | None:
         """Signature mode: start compiling ``key`` (input shapes, as the table keys them,
@@ -570,11 +590,11 @@ class NativeTier(Executor):
         if bufs:
             check_output_buffers(bufs, names, args, self._prefixes)
         if not all(type(a) is np.ndarray for a in args):
-            return self.interp.run(feeds, outputs)
+            return self._interp_run(feeds, outputs)
         key = args[0].shape if len(args) == 1 else tuple(a.shape for a in args)
         entry = self.table.get(key) or self._entry(key, args)
         if entry is self._interp_entry:
-            return self.interp.run(feeds, outputs)
+            return self._interp_run(feeds, outputs)
         # a KV cache in place takes its pasts as they are (views of the output buffers)
         pasts: frozenset[int] = getattr(entry, "cache_pasts", frozenset())
         ready = [
