@@ -35,8 +35,10 @@ cache dir, as a new user's first process, and an onnxruntime session on the same
   ``Concat`` there); onnxruntime's as a user's loop does.
 
 * **serve**: ``tfrt-py serve`` in its own process streaming ``generate_stream`` to 1, 4
-  and 16 concurrent clients (``--streams``; httpx, server-sent events): tokens/s of all
-  streams together and the time to the first token, beside the prompt's own time.
+  and 16 concurrent clients (``--streams``; httpx, server-sent events): a warm-up until
+  one stream's tokens/s settles (its trace printed apart), then ``--serve-rounds`` rounds
+  of every level interleaved: tokens/s of all streams together (median over rounds) and
+  the time to the first token, beside the prompt's own time.
 
 Threads: one per runtime by default (``--threads``). Benchmark with ``OPENBLAS_CORETYPE``
 and ``OPENBLAS_L2_SIZE`` unset (``make bench-generate`` does). Needs what ``make
@@ -264,11 +266,22 @@ def child(path: str, rounds: int, new: int, prompts: list[int], pasts: list[int]
 # -- tfrt-py serve: streams over HTTP -------------------------------------------------------------
 
 
+#: The serve part's warm-up: at least this long, at most ``SERVE_WARMUP_MAX_S``, until the
+#: last ``SETTLED_RUNS`` one-stream runs agree within ``SETTLED_SPREAD``.
+SERVE_WARMUP_MIN_S, SERVE_WARMUP_MAX_S = 20.0, 240.0
+SETTLED_RUNS, SETTLED_SPREAD = 3, 0.15
+
+
 def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str, Any]:
     """``tfrt-py serve`` (a real process) streaming ``generate_stream`` to ``levels``
-    concurrent clients (httpx, server-sent events), each client ``rounds`` streams one
-    after another: aggregate tokens/s, and the time to the first token against the
-    prompt's own time (a one-token generation of a 16-token prompt in this process)."""
+    concurrent clients (httpx, server-sent events). First a warm-up, reported apart (the
+    first seconds of a fresh server: the interpreter serves while each box of dims a
+    generation crosses compiles once hot): runs of one and of the most streams
+    alternating until the one-stream runs settle (``SETTLED_*``). Then ``rounds`` rounds,
+    each a run of every level (each of ``k`` clients two streams one after another):
+    aggregate tokens/s per level (median over rounds) and the time to the first token
+    against the prompt's own time (a one-token generation of a 16-token prompt in this
+    process, after its own warm-up)."""
     import asyncio
 
     import httpx
@@ -279,17 +292,17 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
 
     name = os.path.splitext(os.path.basename(path))[0]
     rng = np.random.default_rng(5)
-    prompts = [rng.integers(0, 1000, 16).tolist() for _ in range(max(levels) * rounds + 1)]
+    per = 2  # streams each client runs one after another in a level's run
+    prompts = [rng.integers(0, 1000, 16).tolist() for _ in range(64)]
     local = tfrt_py.load(path)
-    local.generate(prompts[0], max_new_tokens=2)
+    for p in prompts[:20]:
+        local.generate(p, max_new_tokens=2)
     prefill = []
     for p in prompts[:16]:
         t = time.perf_counter()
         local.generate(p, max_new_tokens=1)
         prefill.append(time.perf_counter() - t)
-
-    used = max(levels) * rounds + 1  # the prompts the clients send, generated alone first
-    expected = [local.generate(p, max_new_tokens=new)[16:].tolist() for p in prompts[:used]]
+    expected = [local.generate(p, max_new_tokens=new)[16:].tolist() for p in prompts]
     mismatched = 0
 
     async def one(client: Any, k: int) -> tuple[float, int]:
@@ -307,40 +320,67 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
         mismatched += toks != expected[k]
         return first, len(toks)
 
-    async def level(port: int, k: int) -> dict[str, Any]:
-        limits = httpx.Limits(max_connections=k)
+    async def run_level(client: Any, k: int) -> tuple[float, list[float]]:
+        """k clients, each ``per`` streams one after another: tokens/s of all, firsts."""
+        got: list[tuple[float, int]] = []
+
+        async def stream_after_stream(w: int) -> None:
+            for r in range(per):
+                got.append(await one(client, (w * per + r) % len(prompts)))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(stream_after_stream(w) for w in range(k)))
+        return sum(n for _, n in got) / (time.perf_counter() - t0), [f for f, _ in got]
+
+    async def session(port: int) -> dict[str, Any]:
+        limits = httpx.Limits(max_connections=max(levels))
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits,
                                      timeout=600) as client:  # fmt: skip
-            await one(client, 0)  # this level's connections and signatures
-            got: list[tuple[float, int]] = []
-
-            async def stream_after_stream(w: int) -> None:  # one client: a stream at a time
-                for r in range(rounds):
-                    got.append(await one(client, 1 + w * rounds + r))
-
+            trace: list[tuple[float, int, float]] = []  # (s since ready, streams, tok/s)
             t0 = time.perf_counter()
-            await asyncio.gather(*(stream_after_stream(w) for w in range(k)))
-            total = time.perf_counter() - t0
-        firsts = [f for f, _ in got]
-        return {"streams": k, "tok_s": sum(n for _, n in got) / total,
-                "first_p50_ms": statistics.median(firsts) * 1e3,
-                "first_p99_ms": float(np.percentile(firsts, 99)) * 1e3}  # fmt: skip
+            ones: list[float] = []
+            while True:
+                for k in (1, max(levels)):
+                    tok_s, _ = await run_level(client, k)
+                    trace.append((time.perf_counter() - t0, k, tok_s))
+                    if k == 1:
+                        ones.append(tok_s)
+                spent = time.perf_counter() - t0
+                last = ones[-SETTLED_RUNS:]
+                settled = len(last) == SETTLED_RUNS and max(last) <= min(last) * (
+                    1 + SETTLED_SPREAD)  # fmt: skip
+                if spent >= SERVE_WARMUP_MAX_S or (settled and spent >= SERVE_WARMUP_MIN_S):
+                    break
+            rates: dict[int, list[float]] = {k: [] for k in levels}
+            firsts: dict[int, list[float]] = {k: [] for k in levels}
+            for _ in range(rounds):
+                for k in levels:
+                    tok_s, fs = await run_level(client, k)
+                    rates[k].append(tok_s)
+                    firsts[k] += fs
+        res = [{"streams": k, "tok_s": statistics.median(rates[k]),
+                "tok_s_range": [min(rates[k]), max(rates[k])],
+                "first_p50_ms": statistics.median(firsts[k]) * 1e3,
+                "first_p99_ms": float(np.percentile(firsts[k], 99)) * 1e3}
+               for k in levels]  # fmt: skip
+        return {"levels": res, "warmup": trace, "settled_after_s": trace[-1][0]}
 
     with tempfile.TemporaryDirectory() as tmp:
         proc, port = serve_load.start_server([path], "off", os.path.join(tmp, "log"),
                                              ["--no-grpc"], "default")  # fmt: skip
         try:
             asyncio.run(serve_load.wait_ready(port, proc))
-            res = [asyncio.run(level(port, k)) for k in levels]
+            got = asyncio.run(session(port))
         finally:
             proc.terminate()
             proc.wait(30)
-    return {"prefill_ms": statistics.median(prefill) * 1e3, "levels": res,
+    return {"prefill_ms": statistics.median(prefill) * 1e3, **got, "rounds": rounds,
             "mismatched": mismatched}  # fmt: skip
 
 
 def serve_table(results: dict[str, dict[str, Any]]) -> list[str]:
-    lines = ["| model | streams | tokens/s (all streams) | vs 1 stream | first token p50 / p99 ms "
+    lines = ["| model | streams | tokens/s, all streams: median (range) over rounds | vs 1 stream "
+             "| first token p50 / p99 ms "
              "| the prompt's own time ms | streams unlike generate() |",
              "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, r in results.items():
@@ -349,10 +389,17 @@ def serve_table(results: dict[str, dict[str, Any]]) -> list[str]:
             continue
         one = r["levels"][0]["tok_s"]
         for lv in r["levels"]:
-            lines.append(f"| {name} | {lv['streams']} | {lv['tok_s']:.0f} | "
+            lo, hi = lv["tok_s_range"]
+            lines.append(f"| {name} | {lv['streams']} | {lv['tok_s']:.0f} ({lo:.0f}-{hi:.0f}) | "
                          f"{lv['tok_s'] / one:.2f}x | {lv['first_p50_ms']:.1f} / "
                          f"{lv['first_p99_ms']:.1f} | {r['prefill_ms']:.1f} | "
                          f"{r['mismatched']} |")  # fmt: skip
+    for name, r in results.items():
+        if "warmup" in r:
+            shown = ", ".join(f"{t:.0f} s: {k} x {v:.0f}" for t, k, v in r["warmup"])
+            lines.append("")
+            lines.append(f"{name}, the warm-up after the server was ready (streams x tok/s; "
+                         f"settled after {r['settled_after_s']:.0f} s): {shown}")  # fmt: skip
     return lines
 
 
@@ -417,6 +464,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--streams", default="1,4,16", help="concurrent streams ('' to skip)")
     ap.add_argument("--serve-decoders", default="gpt2,llama")
+    ap.add_argument(
+        "--serve-rounds",
+        type=int,
+        default=6,
+        help="rounds of every streams level, after the server's warm-up",
+    )
     ap.add_argument("--out", default=os.path.join(HERE, "results", "generate"))
     a = ap.parse_args()
     results = {}
@@ -434,7 +487,7 @@ def main() -> None:
             if name in paths:
                 print(f"serve: {name} ...", flush=True)
                 try:
-                    served[name] = serve_part(paths[name], levels, a.new_tokens, 4)
+                    served[name] = serve_part(paths[name], levels, a.new_tokens, a.serve_rounds)
                 except Exception as e:  # noqa: BLE001 - reported, the rest still measured
                     served[name] = {"error": f"{type(e).__name__}: {e}"}
         lines += ["", f"## tfrt-py serve, generate_stream ({a.new_tokens} tokens a stream, "
