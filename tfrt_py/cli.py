@@ -47,12 +47,17 @@ def _load(path: str, executor: str = "auto", **options: Any) -> Any:
         _fail(str(e))
 
 
-def _parse_signature(text: str, models: set[str]) -> tuple[str | None, dict[str, Any]]:
+def _parse_signature(text: str, models: set[str]) -> tuple[str | None, Any]:
     """``--warmup``'s ``[MODEL:]NAME=DIMS[,NAME=DIMS...]`` (DIMS like 1x128) -> (the model
-    it is for, or None: every model with those inputs; input name -> shape)."""
+    it is for, or None: every model with those inputs; input name -> shape), or
+    ``[MODEL:]generate`` -> (the model or None: every decoder; a ``GenerationWarmup``)."""
+    from .serving.served import GenerationWarmup
+
     model, sep, rest = text.partition(":")
     if not sep or model not in models or "=" in model:
         model, rest = None, text  # type: ignore[assignment]
+    if rest.strip() == "generate":
+        return model, GenerationWarmup(named=model is not None)
     out: dict[str, Any] = {}
     for part in rest.split(","):
         name, sep, dims = part.strip().partition("=")
@@ -421,10 +426,12 @@ def bench(
     "--warmup",
     "warmup",
     multiple=True,
-    metavar="[MODEL:]NAME=DIMS[,...]",
+    metavar="[MODEL:]NAME=DIMS[,...]|[MODEL:]generate",
     help="an input signature to run before /readyz answers 200 (plans checked, native "
     "code compiled), e.g. input_ids=1x128,attention_mask=1x128; MODEL:... for one model, "
-    "else every model with those inputs; repeatable",
+    "else every model with those inputs; 'generate': a decoder's generation steps "
+    "(prompts of 16 tokens, pasts up to 128, batched as the generate routes batch them); "
+    "repeatable",
 )
 @click.option(
     "--grpc-port",

@@ -261,3 +261,29 @@ def test_generations_past_the_models_limit_are_503_and_slots_come_back(
         assert r.status_code == 200
     finally:
         counted.delay = 0.0
+
+
+def test_warmup_generate_prepares_the_decoders_steps_before_ready() -> None:
+    """``--warmup generate``: a decoder's prompt and one-token steps (batched too, as the
+    generate routes batch them) are prepared before /readyz; a model that is not a
+    decoder is skipped, or, when the warm-up names it, is not ready and says why."""
+    from tests.support.models import build
+    from tfrt_py.cli import _parse_signature
+    from tfrt_py.serving.served import GenerationWarmup
+
+    assert _parse_signature("generate", {"lm"}) == (None, GenerationWarmup())
+    assert _parse_signature("lm:generate", {"lm"}) == ("lm", GenerationWarmup(named=True))
+    lm, mlp = tfrt_py.load(decoder(kv_heads=2)), tfrt_py.load(build("mlp").model)
+    every = GenerationWarmup(prompts=(4,), pasts=(6,), batched=2)
+    with ServerThread(create_app({"lm": lm, "mlp": mlp}, warmup=[(None, every)])) as url:
+        assert httpx.get(url + "/readyz").json()["status"] == "ready"
+        # a prompt and a step after 6 positions, at batch 1 and 2
+        assert "warmup: 4 signature(s)" in lm.describe()
+        assert "warmup:" not in mlp.describe()
+        r = httpx.post(url + "/v2/models/lm/generate",
+                       json={"input_ids": PROMPT, "parameters": {"max_tokens": 4}})  # fmt: skip
+        assert r.json()["output_ids"] == lm.generate(PROMPT, max_new_tokens=4).tolist()
+    named = GenerationWarmup(named=True)
+    with ServerThread(create_app({"mlp": build("mlp").model}, warmup=[("mlp", named)])) as url:
+        r = httpx.get(url + "/readyz")
+        assert r.status_code == 503 and "not a KV-cache decoder" in r.json()["error"], r.text

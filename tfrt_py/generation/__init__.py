@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .mixin import Deadline, GenerateOptions, GenerationMixin, first_step_feeds, start
+from .mixin import Deadline, GenerateOptions, GenerationMixin, start
+from .warm import first_step_feeds
 
 if TYPE_CHECKING:
     from .decoder import CachePair, Decoder, read_decoder

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import numpy as np
 
 from ..calls import check_timeout
-from ..errors import DeadlineExceeded, InputError
+from ..errors import DeadlineExceeded
 
 if TYPE_CHECKING:  # imported where a model first generates: ``import tfrt_py`` skips them
     from ..streaming.chain import AsyncStepChain, StepChain
@@ -27,25 +27,7 @@ if TYPE_CHECKING:  # imported where a model first generates: ``import tfrt_py`` 
     from .prompts import Prompt
     from .steps import Steps
 
-__all__ = ["Deadline", "GenerateOptions", "GenerationMixin", "first_step_feeds", "start"]
-
-
-def first_step_feeds(model: Any, batch: int = 1, length: int = 4) -> dict[str, Any] | None:
-    """The feeds of a generation's first step (``batch`` prompts of ``length`` token 0,
-    an empty cache): valid feeds for a decoder, whose inputs' dims are tied to each other
-    (the mask spans past + new) as no generic dummy feed can know. None for a model that
-    is not a KV-cache decoder."""
-    from .decoder import read_decoder
-    from .prompts import read_prompt, read_settings
-    from .steps import Steps
-
-    try:
-        dec = read_decoder(model)
-    except InputError:
-        return None
-    prompt = read_prompt(dec, [[0] * length] * batch, None)
-    s = read_settings(dec, prompt, 1, None, None, False, 1.0, None, None)
-    return Steps(dec, prompt, s, None).feeds
+__all__ = ["Deadline", "GenerateOptions", "GenerationMixin", "start"]
 
 
 class GenerateOptions(TypedDict, total=False):
@@ -132,6 +114,18 @@ class GenerationMixin:
     def _begin(self, input_ids: Any, max_new_tokens: int,
                kw: GenerateOptions) -> tuple[Steps, Prompt, Deadline]:  # fmt: skip
         return start(self, input_ids, max_new_tokens, kw)
+
+    def warmup_generation(self, prompts: Sequence[int] = (16,), pasts: Sequence[int] = (16, 128),
+                          batches: Sequence[int] = (1,)) -> float:  # fmt: skip
+        """Prepare the steps a generation takes (``Model.warmup`` on each): for every batch
+        size, the first step of prompts of each length in ``prompts`` and a one-token step
+        after each of ``pasts`` cached positions -- on the native tier, each one's box of
+        dims compiled now and awaited, so that a generation's steps up to those lengths
+        run compiled from the first token. Seconds taken. InputError for a model that is
+        not a KV-cache decoder; ValueError for lengths or sizes < 1."""
+        from .warm import step_feeds
+
+        return float(self.warmup(step_feeds(self, prompts, pasts, batches)))  # type: ignore[attr-defined]
 
     def generate(self, input_ids: Any, max_new_tokens: int = 20,
                  **kw: Unpack[GenerateOptions]) -> np.ndarray:  # fmt: skip

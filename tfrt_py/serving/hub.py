@@ -40,7 +40,7 @@ from .limits import (
 )
 from .metrics import ServerMetrics, share_across_workers
 from .repository import ModelRepository, check_name
-from .served import ServedModel
+from .served import GenerationWarmup, ServedModel
 
 __all__ = [
     "DECODE_THREADS",
@@ -89,7 +89,8 @@ class ModelServer:
     ``host``, ``optimize``, ``executor``...; they win over a ModelConfig's).
     ``model_control="explicit"`` lets the repository API load and unload models (off by
     default: 403). ``warmup``: (model name or None for every model with those inputs,
-    input signature) pairs each model runs (``Model.warmup``) before it is ready."""
+    input signature) pairs each model runs (``Model.warmup``) before it is ready; a
+    ``GenerationWarmup`` in place of a signature prepares a decoder's generation."""
 
     def __init__(
         self,
@@ -108,7 +109,7 @@ class ModelServer:
         model_control: str = "none",
         log: Callable[[str], object] | None = None,
         close_timeout: float = CLOSE_TIMEOUT_S,
-        warmup: Sequence[tuple[str | None, Mapping[str, Any]]] = (),
+        warmup: Sequence[tuple[str | None, Mapping[str, Any] | GenerationWarmup]] = (),
     ) -> None:
         self._log = log or (lambda _msg: None)
         self.repository = (
@@ -159,7 +160,8 @@ class ModelServer:
         #: (model name or None, input signature): what each model runs (``Model.warmup``)
         #: before it is ready; an item without a name goes to every model that has every
         #: input it names
-        self.warmup = [(m, dict(item)) for m, item in warmup]
+        self.warmup = [(m, item if isinstance(item, GenerationWarmup) else dict(item))
+                       for m, item in warmup]  # fmt: skip
         self.models: dict[str, ServedModel] = {}
         self.errors: dict[str, str] = {}
         self.unloaded: set[str] = set()
@@ -281,7 +283,13 @@ class ModelServer:
             warmup=[
                 w
                 for m, w in self.warmup
-                if m == name or (m is None and set(w) <= {s.name for s in model.inputs})
+                if m == name
+                or (
+                    m is None
+                    and (
+                        isinstance(w, GenerationWarmup) or set(w) <= {s.name for s in model.inputs}
+                    )
+                )
             ],
         )
         served.warm()

@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DeadlineExceeded
+from ..errors import DeadlineExceeded, InputError
 from ..feeds import FeedChecker
+from ..records import record
 from .admission import Admission
 from .batching import BatchInfo, BatchPolicy, MicroBatcher, batch_dim_problem, per_row_flops
 from .codec import spec_json
@@ -44,7 +45,21 @@ from .errors import RequestError
 from .limits import DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_QUEUE, DEFAULT_PRIORITY
 from .metrics import NO_METRICS, ModelMetrics
 
-__all__ = ["ServedModel"]
+__all__ = ["GenerationWarmup", "ServedModel"]
+
+
+@record(frozen=True)
+class GenerationWarmup:
+    """``--warmup generate`` (``[MODEL:]generate``): a decoder's generation steps prepared
+    before the model is ready (``Model.warmup_generation``: prompts of ``prompts`` tokens,
+    one-token steps after ``pasts`` positions, at batch 1 and, where the server batches
+    concurrent streams' steps, at ``batched`` rows). ``named``: given for this model, so a
+    model that is not a decoder fails its warm-up; else it applies to the decoders only."""
+
+    named: bool = False
+    prompts: tuple[int, ...] = (16,)
+    pasts: tuple[int, ...] = (16, 128)
+    batched: int = 4
 
 
 class ServedModel:
@@ -66,10 +81,11 @@ class ServedModel:
         max_queue: int = DEFAULT_MAX_QUEUE,
         calls: set[asyncio.Task[Any]] | None = None,
         metrics: ModelMetrics = NO_METRICS,
-        warmup: Sequence[Mapping[str, Any]] = (),
+        warmup: Sequence[Mapping[str, Any] | GenerationWarmup] = (),
     ) -> None:
         self.name = name
-        #: signatures ``warm`` prepares (``Model.warmup``) before the model is ready
+        #: signatures ``warm`` prepares (``Model.warmup``, ``Model.warmup_generation``)
+        #: before the model is ready
         self.warmup = list(warmup)
         self.version = version
         self.model = model
@@ -210,12 +226,31 @@ class ServedModel:
                 b = self.batcher
                 for size in sorted({b.bucket(r) for r in range(2, b.max_batch + 1)}):
                     self.model.run(random_feeds(self.model, batch=size))
-            if self.warmup:
-                self.model.warmup(self.warmup)
+            shapes = [w for w in self.warmup if not isinstance(w, GenerationWarmup)]
+            if shapes:
+                self.model.warmup(shapes)
+            for w in self.warmup:
+                if isinstance(w, GenerationWarmup):
+                    self._warm_generation(w)
         except Exception as e:  # noqa: BLE001 - reported by /readyz, naming the model
             self.warm_error = f"model {self.name!r}: warm-up call failed: {e}"
             return
         self.warmed = True
+
+    def _warm_generation(self, w: GenerationWarmup) -> None:
+        """``Model.warmup_generation`` for a decoder (its batched steps too where the
+        generate routes batch them); a model that is not a decoder: an error if ``w``
+        names it, else nothing to do."""
+        from .gen_batching import GenerationBatcher
+
+        try:
+            self.model.decoder()
+        except InputError as e:
+            if w.named:
+                raise InputError(f"--warmup generate: {e}") from None
+            return
+        batches = (1, w.batched) if GenerationBatcher.fits(self.model) and w.batched > 1 else (1,)
+        self.model.warmup_generation(w.prompts, w.pasts, batches)
 
     def _probe_batch(self, feeds: dict[str, np.ndarray]) -> None:
         both = self.model.run(feeds)
