@@ -119,7 +119,7 @@ LINE_BUDGET: dict[str, int] = {
     "ir": 900,
     "bench": 500,
     "ray": 400,
-    "generation": 1000,  # 2026-11-29: generate/stream/generate_async; 12-01: step chains; 12-02: warm-up (issue 37)
+    "generation": 1000,  # 11-29: generate/stream; 12-01: step chains; 12-02: warm-up (issue 37)
 }
 #: The budget of a top-level module (``model.py``, ``cli.py``, ...).
 MODULE_BUDGET = 600
