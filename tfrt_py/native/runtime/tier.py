@@ -360,11 +360,12 @@ class NativeTier(Executor):
             return self.interp.run_call(feeds, outputs, call)
         call.check()
         local = self._calls
+        outer = getattr(local, "call", None)  # a run_call this one runs inside, if any
         local.call = call
         try:
             return self.run(feeds, outputs)
         finally:
-            local.call = None
+            local.call = outer
 
     def _interp_run(self, feeds: Mapping[str, Any], outputs: Any = None) -> Any:
         """The interpreter's share of a call: under the ``run_call`` in progress on this
