@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import tfrt_py
 from tests.support.spies import record_calls
 from tfrt_py.concurrency import native_threads, threads
-from tfrt_py.kernels.lib import gemm
+from tfrt_py.kernels.lib import gemm, gemm_packed
 from tfrt_py.kernels.lib.jit import jit_enabled
 from tfrt_py.kernels.nn import conv_blocked, conv_depthwise, conv_im2col, conv_pointwise
 
@@ -187,12 +187,14 @@ def test_a_conv_between_the_native_and_the_pool_thresholds_runs_on_native_thread
 
 
 def test_more_channels_than_pixels_takes_filter_blocks_or_the_whole_image_path(
-    plans: list[Any],
+    plans: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """512 filters over a 7x7 output: blocks of output rows would be a few pixels wide and
+    """512 filters over a 7x7 output, the packed kernels switched off (so conv_cols'
+    filter blocks are not there): blocks of output rows would be a few pixels wide and
     each would pack the whole weight matrix again. With native threads the filters are
     split instead (one im2col, then a block of filters per thread with its epilogue);
     without them the whole-image GEMM serves it."""
+    monkeypatch.setenv(gemm_packed.ENV_PACKED_GEMM, "0")
     x = _r(1, 64, 7, 7)
     inits = {"w": _r(512, 64, 3, 3) * 0.1}
     m = _model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], x, inits)
@@ -216,12 +218,15 @@ def test_more_channels_than_pixels_takes_filter_blocks_or_the_whole_image_path(
     ],
 )
 def test_filter_blocks_im2col_runs_in_channel_blocks_on_native_threads(
-    plans: list[Any], x_shape: Any, w_shape: Any, attrs: dict[str, Any]
-) -> None:
+    plans: list[Any], x_shape: Any, w_shape: Any, attrs: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     """The im2col before the filter blocks runs in blocks of channels per image on native
     threads (it ran on the caller alone: 194 of a 256 -> 256 3x3 conv's 1425 µs over
     14x14); the blocks cover every channel of every image once, and the conv matches
-    onnxruntime."""
+    onnxruntime. The packed kernels are switched off: with them conv_cols' filter blocks
+    take these convs (``test_conv_cols``)."""
+    monkeypatch.setenv(gemm_packed.ENV_PACKED_GEMM, "0")
     x = _r(*x_shape)
     m = _model([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], x,
                {"w": _r(*w_shape) * 0.1})  # fmt: skip

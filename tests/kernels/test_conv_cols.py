@@ -128,8 +128,11 @@ CASES = [
     ((1, 16, 20, 20), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
     ((2, 8, 17, 23), (20, 8, 5, 3), {"pads": [2, 0, 1, 2], "dilations": [2, 1]}, conv_cols.GRID),
     ((1, 12, 9, 9), (40, 12, 1, 1), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
-    # a 7x7 plane (fewer filters than pixels: more would take conv_blocked's filter blocks)
+    # a 7x7 plane: fewer filters than pixels (blocks of rows), then more (ResNet-18's last
+    # stage: blocks of filters where there are threads), stride 1 and stride 2
     ((1, 64, 7, 7), (40, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
+    ((1, 64, 7, 7), (200, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
+    ((2, 24, 10, 10), (130, 24, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, conv_cols.IM2COL),
     ((2, 24, 14, 14), (48, 24, 1, 1), {}, None),  # 1x1 reading its input: BLAS's route
     ((1, 8, 29, 30), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, conv_cols.IM2COL),
     ((1, 3, 40, 40), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, conv_cols.IM2COL),
@@ -163,6 +166,67 @@ def test_each_form_matches_onnxruntime_on_the_cols_route(
         assert plans[-1].route != "cols" and plans[-1].cols is None
     else:
         assert plans[-1].route == "cols" and plans[-1].cols.mode == mode
+
+
+@pytest.mark.parametrize(
+    ("n", "m", "oh", "ow", "threads"),
+    [(1, 512, 7, 7, 2), (2, 200, 7, 7, 2), (1, 64, 56, 56, 2), (1, 64, 3, 40, 2),
+     (1, 5, 2, 2, 4), (3, 64, 7, 7, 1), (1, 512, 7, 7, 3)],
+)  # fmt: skip
+def test_blocks_cover_every_output_row_and_filter_once(
+    n: int, m: int, oh: int, ow: int, threads: int
+) -> None:
+    """Per image, the blocks tile (output rows x filters) exactly once: rows split where
+    there are more pixels than filters, filters (at the kernel's tile rows) where there
+    are fewer (or fewer rows than two a thread); one block per image on one thread."""
+    blocks = conv_cols._blocks(n, m, oh, ow, threads)
+    assert blocks.shape[1] == 5
+    q = gemm_cols.tile_rows()
+    for i in range(n):
+        seen = np.zeros((oh, m), np.int64)
+        for _, r0, r1, m0, m1 in blocks[blocks[:, 0] == i]:
+            assert r1 > r0 and m1 > m0
+            seen[r0:r1, m0:m1] += 1
+        assert (seen == 1).all()
+        mine = blocks[blocks[:, 0] == i]
+        assert len(mine) <= max(1, threads)
+        by_filters = threads > 1 and (m > oh * ow or oh < 2 * threads)
+        if threads == 1:
+            assert len(mine) == 1
+        elif by_filters:
+            assert (mine[:, 1] == 0).all() and (mine[:, 2] == oh).all()
+            if q:
+                assert (mine[:-1, 4] % q == 0).all()
+        else:
+            assert (mine[:, 3] == 0).all() and (mine[:, 4] == m).all()
+
+
+def test_few_pixels_split_by_filters_on_native_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """512 filters over 7x7 (ResNet-18's last stage) on two threads: conv_cols' blocks of
+    filters (before: BLAS's filter blocks after an im2col, or the whole-image product on
+    one thread), matching onnxruntime."""
+    _need_kernel()
+    from tfrt_py.concurrency import native_threads
+    from tfrt_py.concurrency import threads as tfrt_threads
+
+    plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
+    x = _RNG.standard_normal((1, 128, 7, 7)).astype(np.float32)
+    w = (_RNG.standard_normal((512, 128, 3, 3)) * 0.05).astype(np.float32)
+    m = _model(x, w, {"pads": [1, 1, 1, 1]}, "Relu", True)
+    r = _RNG.standard_normal((1, 512, 7, 7)).astype(np.float32)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for threads in (1, 2):
+        model = tfrt_py.load(m, executor="sync", threads=threads)
+        for _ in range(2):
+            np.testing.assert_allclose(model.run({"x": x, "r": r})["y"],
+                                       sess.run(None, {"x": x, "r": r})[0], rtol=1e-4,
+                                       atol=1e-4)  # fmt: skip
+        cp = plans[-1].cols
+        assert plans[-1].route == "cols" and cp is not None and cp.mode == conv_cols.GRID
+        pool = tfrt_threads.threads() > 1 and native_threads.max_threads() > 1
+        if threads == 2 and native_threads.ready() and pool:
+            assert cp.parallel and len(cp.blocks) == 2
+            assert (cp.blocks[:, 2] == 7).all() and cp.blocks[0, 4] == cp.blocks[1, 3]
 
 
 def test_without_the_kernel_the_blas_route_gives_the_same_values(

@@ -49,7 +49,7 @@ from .gemm_packed import TileShape, _PackedGemmIR
 from .gemm_packed import available as packed_available
 
 __all__ = ["FLAG_BIAS", "FLAG_CLIP", "FLAG_RELU", "FLAG_RESIDUAL", "available", "kernel",
-           "register"]  # fmt: skip
+           "panel_width", "register", "tile_rows"]  # fmt: skip
 
 FLAG_BIAS, FLAG_RELU, FLAG_RESIDUAL, FLAG_CLIP = 1, 2, 4, 8
 SYMBOL = "tfrt_py_sgemm_cols"
@@ -274,6 +274,13 @@ def kernel() -> Any:
             _kern = _STATE[0]
             _KERNEL.append(numba.njit(nogil=True, cache=True)(_sgemm_cols))
         return _KERNEL[0]
+
+
+def tile_rows() -> int:
+    """The rows of the kernel's tile on this process's path (14 on AVX-512, else the packed
+    gemm's); 0 where there is none. Builds nothing."""
+    shape = gemm_packed.tile()
+    return 0 if shape is None else _tile_for(shape)[0].mr
 
 
 def panel_width() -> int:

@@ -145,6 +145,8 @@ _BLOCKED_PAR = Jitted(
 _EMPTY1 = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}
 _EMPTY2 = {np.dtype(t): np.zeros((0, 0), t) for t in (np.float32, np.float64)}
 _EMPTY3 = {np.dtype(t): np.zeros((0, 0, 0), t) for t in (np.float32, np.float64)}
+#: conv_cols' padded rows where it has none (IM2COL): one empty block
+_NO_PAD = {np.dtype(t): np.zeros((1, 0, 0), t) for t in (np.float32, np.float64)}
 
 
 class BlockedPlan(NamedTuple):
@@ -271,25 +273,35 @@ def plan_blocked(
     )  # fmt: skip
     native_size = group == 1 and threads > 1 and macs >= gemm.NATIVE_SPLIT_MIN_MACS
     native, native_blocks, im2col_par, im2col_blocks = None, None, None, None
+    cols = None
+    one_f32 = dtype == np.float32 and group == 1
+    act, params = _jit_act(epi, dtype), _params(epi, dtype)
     if native_size and m >= _NATIVE_MIN_FILTERS and (direct or m > oh * ow):
         # filter blocks: a 1x1 conv as it is; a conv with more filters than output
-        # pixels (row blocks would be a few pixels wide) after one im2col per image
-        native, native_blocks, im2col_par, im2col_blocks = _filter_blocks(
-            n, x_shape[1], m, threads, direct
-        )
+        # pixels (row blocks would be a few pixels wide): conv_cols' blocks of filters
+        # (the weights read as they are), else BLAS's after one im2col per image
+        if one_f32 and not direct:
+            cols = conv_cols.plan(x_shape, m, (kh, kw), out_shape, strides, pads_begin,
+                                  dilations, act, params,
+                                  min(threads, native_threads.max_threads()))  # fmt: skip
+        if cols is None:
+            native, native_blocks, im2col_par, im2col_blocks = _filter_blocks(
+                n, x_shape[1], m, threads, direct
+            )
     whole = n == 1 and group == 1 and not (split and len(blocks) > 1)
-    if native is not None:
+    if cols is not None:
+        route = "cols"
+    elif native is not None:
         route = "filters"
     elif native_size and _BLOCKED_PAR.usable():
         route = "rows"  # from NATIVE_SPLIT_MIN_MACS: below the pool's _SPLIT_MIN_MACS too
     else:
         route = "whole" if whole else "parts"
-    cols = None
     serial = route == "whole" or (route == "parts" and not (split and len(blocks) > 1))
-    if dtype == np.float32 and group == 1 and (route == "rows" or serial):
+    if cols is None and one_f32 and (route == "rows" or serial):
         cols_threads = 1 if serial else min(threads, native_threads.max_threads())
         cols = conv_cols.plan(x_shape, m, (kh, kw), out_shape, strides, pads_begin, dilations,
-                              _jit_act(epi, dtype), _params(epi, dtype), cols_threads)  # fmt: skip
+                              act, params, cols_threads)  # fmt: skip
         route = route if cols is None else "cols"
     par, par_blocks, par_rows = None, None, 0
     if route == "rows":  # compiled only for a conv that takes it (not one "cols" took)
@@ -309,8 +321,8 @@ def plan_blocked(
     return BlockedPlan(
         im2col=None if direct else im2col, epilogue=epilogue, geo=geo, group=group, k=k,
         out_shape=(n, m, oh, ow), blocks=blocks, split=split and len(blocks) > 1,
-        act=_jit_act(epi, dtype), epi=epi if numpy_act_after(epi, dtype) else Epilogue(),
-        params=_params(epi, dtype), fns=act_fns(epi), native=native, native_blocks=native_blocks,
+        act=act, epi=epi if numpy_act_after(epi, dtype) else Epilogue(),
+        params=params, fns=act_fns(epi), native=native, native_blocks=native_blocks,
         im2col_par=im2col_par, im2col_blocks=im2col_blocks, par=par, par_blocks=par_blocks,
         par_rows=par_rows, cols=cols, route=route,
     )  # fmt: skip
@@ -381,7 +393,7 @@ def _run_cols(
             w_taps = w2 if kh * kw == 1 else conv_cols.taps_first(w2.reshape(m, -1, kh, kw))
         w2 = w_taps
     else:
-        xpad = _EMPTY3[x.dtype]
+        xpad = _NO_PAD[x.dtype]
     if cp.parallel:
         native_threads.enter(intra_pool().threads)
     conv_cols.run(cp, x, w2, y.reshape(n, m, o), bb, None if res is None else res.reshape(n, m, o),
@@ -479,8 +491,9 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     weights, or None when it cannot apply; ``fn`` itself returns None for an input shape
     or call the whole-image path serves better or alone: more output channels than output
     pixels (each block would pack the whole weight matrix again), an input of another
-    dtype, a residual of another shape, negative pads (filter blocks on native threads,
-    ``conv_pointwise``, take the first case when they are there)."""
+    dtype, a residual of another shape, negative pads (``conv_cols``' kernel, which reads
+    the weights as they are, or filter blocks on native threads, ``conv_pointwise``, take
+    the first case when they are there)."""
     sp, group, w_const, b_c, cdt, epi = node
     if w_const is None or w_const.ndim != 4 or cdt not in _EMPTY1:
         return None
@@ -513,7 +526,8 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         out_shape = (shape[0], w_shape[0], *out_sp)
         plan = plan_blocked(shape, w_shape, out_shape, strides, begin, dil, cdt, epi)
         few_pixels = group == 1 and w_shape[0] > out_sp[0] * out_sp[1]
-        return None if plan is not None and plan.native is None and few_pixels else plan
+        blas_blocks = plan is not None and plan.native is None and plan.cols is None
+        return None if blas_blocks and few_pixels else plan
 
     def blocked(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
         if x.shape in plans:

@@ -7,11 +7,12 @@ rows per thread (for a ResNet's first stages megabytes, written to memory and re
 OpenBLAS packs the weights again on every call, and the epilogue is another pass. Here a
 block's columns come in one of three forms (``plan`` picks it per input shape):
 
-* GRID (stride 1, any kernel, dilation and pads): no im2col at all. The image is copied
-  once, zero-padded, into planes of rows ``pw`` = OW + (KW-1)*DW wide; on that extended
-  grid, tap (i, j)'s column for output t is the padded plane at t + i*DH*pw + j*DW, so
-  the kernel reads every tap's rows in place at an offset (``toff``), K = C a tap, with
-  the filters ordered taps-first (``taps_first``, made once at load). The extended
+* GRID (stride 1, any kernel, dilation and pads): no im2col at all. Each block copies the
+  rows of the image it reads, zero-padded, into its own planes (``_pad_rows``, on its
+  thread) of rows ``pw`` = OW + (KW-1)*DW wide; on that extended grid, tap (i, j)'s
+  column for output t is the padded plane at t + i*DH*pw + j*DW, so the kernel reads
+  every tap's rows in place at an offset (``toff``), K = C a tap, with the filters
+  ordered taps-first (``taps_first``, made once at load). The extended
   output (pw - OW wasted columns a row) goes to a scratch and each channel's rows are
   cropped into the output, bias, residual and activation applied as they are
   (``_epilogue_row``).
@@ -22,19 +23,25 @@ block's columns come in one of three forms (``plan`` picks it per input shape):
 * IM2COL (strided convs): im2col of ``sub`` output rows at a time into a cache-sized
   scratch (``BLOCK_BYTES``), then the kernel with the epilogue fused.
 
-Each thread takes blocks of output rows (``COLS_PAR``: a ``prange`` over them; one thread:
-``COLS_ONE`` on the caller) and walks them ``sub`` rows at a time. Activations other than
-ReLU and Clip run over each sub-block right after its product (``activations._act_row``,
-while it is in cache). On a 2-core AVX-512 Xeon (one thread, interleaved with
-onnxruntime in one process, 2026-11-29) ResNet-18 went from 2.25-2.29x onnxruntime's time
-to 1.94-1.96x (74.5 -> 56.6 ms), its 3x3 convs from 38-53 to 59-88 GFLOP/s (the kernel
-alone: 102-113 on the extended grid); onnxruntime's NCHWc kernels run them at 82-126.
+Each thread takes a block of output rows (``COLS_PAR``: a ``prange`` over them; one thread:
+``COLS_ONE`` on the caller) and walks it ``sub`` rows at a time; an output with fewer
+pixels than filters (or rows than two a thread) is split by filters instead (``_blocks``).
+Activations other than ReLU and Clip run over each sub-block right after its product
+(``activations._act_row``, while it is in cache). On a 2-core AVX-512 Xeon (one thread,
+interleaved with onnxruntime in one process, 2026-11-29) ResNet-18 went from 2.25-2.29x
+onnxruntime's time to 1.94-1.96x (74.5 -> 56.6 ms), its 3x3 convs from 38-53 to 59-88
+GFLOP/s (the kernel alone: 102-113 on the extended grid); onnxruntime's NCHWc kernels run
+them at 82-126. The few-pixel convs (256x14x14 and 512x7x7 3x3, which took the whole-image
+BLAS product on one thread and BLAS's filter blocks on two) and the padding on each block's
+thread: 2-core Zen 4 (AVX-512), one thread, 76 -> 94 and 59 -> 82 GFLOP/s; ResNet-18
+1.33x -> 1.27x onnxruntime at one thread, 1.40-1.43x -> 1.36-1.37x at two (2026-12-02).
 numba and the kernel only: ``plan`` returns None without them (``conv_blocked`` keeps its
 BLAS routes). Thread-safe: plans are immutable; scratch is per thread.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -67,18 +74,20 @@ IM2COL, GRID = 0, 1
 
 @inline
 def _block(  # pragma: no cover - numba only
-    x: Any, xpad: Any, w2: Any, y3: Any, b: Any, res3: Any, geo: Any, i: int, r0: int,
-    r1: int, sub: int, cols: Any, act: int, p: Any, lohi: Any, flags: int, nr: int,
-    mode: int, toff: Any, pw: int,
+    x: Any, xb: Any, w2: Any, y3: Any, b: Any, res3: Any, geo: Any, i: int, r0: int,
+    r1: int, m0: int, m1: int, sub: int, cols: Any, act: int, p: Any, lohi: Any, flags: int,
+    nr: int, mode: int, toff: Any, pads: Any,
 ) -> None:  # fmt: skip
-    """Output rows ``[r0, r1)`` of image ``i``, ``sub`` rows at a time, into ``y3`` (N, M,
-    OH*OW). IM2COL: im2col into ``cols``, the kernel with ``flags``' epilogue, then the
-    activation ``act`` (0: none or fused) over the sub-block's rows. GRID: the kernel
-    reads the padded image ``xpad`` (N, C, L) in place, K = C an offset ``toff[t]`` a
-    tap, on the extended grid (rows ``pw`` wide) into ``cols`` (M x rows*pw); each
-    channel's rows are then cropped to OW into ``y3`` and finished there (bias,
-    residual, activation ``act``)."""
+    """Output rows ``[r0, r1)`` of filters ``[m0, m1)`` of image ``i``, ``sub`` rows at a
+    time, into ``y3`` (N, M, OH*OW). IM2COL: im2col into ``cols``, the kernel with
+    ``flags``' epilogue, then the activation ``act`` (0: none or fused) over the
+    sub-block's rows. GRID: the block's padded rows of image ``i`` are written into its
+    own ``xb`` (C, L) first (``_pad_rows``); the kernel reads them in place, K = C an
+    offset ``toff[t]`` a tap, on the extended grid (rows ``pads[2]`` wide) into ``cols``
+    ((m1 - m0) x rows*pw); each channel's rows are then cropped to OW into ``y3`` and
+    finished there (bias, residual, activation ``act``)."""
     m = w2.shape[0]
+    mb = m1 - m0
     o = y3.shape[2]
     ow = geo[8]
     c_in = x.shape[1]
@@ -86,21 +95,26 @@ def _block(  # pragma: no cover - numba only
     has_res = res3.shape[0] > 0
     zero = p[2]
     four = np.uint64(4)
+    wa = w2.ctypes.data + np.uint64(m0 * w2.shape[1]) * four  # the block's filters
+    ba = b.ctypes.data + np.uint64(m0 if b.shape[0] > m0 else 0) * four
+    pw = pads[2]
+    if mode == GRID:
+        _pad_rows(x, xb, i, r0, r1 + pads[3], pads[0], pads[1], pw)
     for s0 in range(r0, r1, sub):
         s1 = min(r1, s0 + sub)
         p0, npx = s0 * ow, (s1 - s0) * ow
-        at = np.uint64(i * m * o + p0) * four
+        at = np.uint64((i * m + m0) * o + p0) * four
         dst = y3.ctypes.data + at
         if mode == GRID:
             n_ext = (s1 - s0) * pw
-            src = xpad.ctypes.data + np.uint64(i * xpad.shape[1] * xpad.shape[2] + s0 * pw) * four
+            src = xb.ctypes.data + np.uint64((s0 - r0) * pw) * four
             out = cols.ctypes.data
-            _sgemm_cols(w2.ctypes.data, w2.shape[1], src, xpad.shape[2], toff.shape[0],
-                        toff.ctypes.data, out, n_ext, m, c_in, n_ext, b.ctypes.data, out,
+            _sgemm_cols(wa, w2.shape[1], src, xb.shape[1], toff.shape[0],
+                        toff.ctypes.data, out, n_ext, mb, c_in, n_ext, ba, out,
                         n_ext, lohi.ctypes.data, 0, nr)  # fmt: skip
-            for mm in range(m):
+            for mm in range(m0, m1):
                 row = y3[i, mm, p0 : p0 + npx]
-                src_m = cols[mm * n_ext : (mm + 1) * n_ext]
+                src_m = cols[(mm - m0) * n_ext : (mm - m0 + 1) * n_ext]
                 for r in range(s1 - s0):
                     for t in range(ow):
                         row[r * ow + t] = src_m[r * pw + t]
@@ -110,30 +124,46 @@ def _block(  # pragma: no cover - numba only
         k = w2.shape[1]
         im2col_rows(x, i, cols[: k * npx].reshape((k, npx)), geo, 0, c_in, s0, s1)
         rp = res3.ctypes.data + at if has_res else dst
-        _sgemm_cols(w2.ctypes.data, k, cols.ctypes.data, npx, toff.shape[0],
-                    toff.ctypes.data, dst, o, m, k, npx, b.ctypes.data, rp, o,
+        _sgemm_cols(wa, k, cols.ctypes.data, npx, toff.shape[0],
+                    toff.ctypes.data, dst, o, mb, k, npx, ba, rp, o,
                     lohi.ctypes.data, flags, nr)  # fmt: skip
         if act != 0:
-            for mm in range(m):
+            for mm in range(m0, m1):
                 _act_row(y3[i, mm, p0 : p0 + npx], -zero, act, p)
 
 
 @inline
-def _pad_images(x: Any, xpad: Any, pt: int, pl: int, pw: int) -> None:  # pragma: no cover
-    """``xpad`` (N, C, L): each channel zero-padded, rows ``pw`` wide, ``pt`` rows above
-    and ``pl`` columns left of the image; zeros to the end of each plane."""
-    n_, c_, h_, w_ = x.shape
-    zero = xpad.dtype.type(0)
-    for i in range(n_):
-        for c in range(c_):
-            plane = xpad[i, c]
-            for t in range(plane.shape[0]):
-                plane[t] = zero
-            for r in range(h_):
-                d = (pt + r) * pw + pl
+def _pad_rows(  # pragma: no cover - numba only
+    x: Any, xb: Any, i: int, q0: int, q1: int, pt: int, pl: int, pw: int
+) -> None:
+    """Rows ``[q0, q1)`` of image ``i``'s zero-padded planes (rows ``pw`` wide, ``pt`` rows
+    above and ``pl`` columns left of the image) into ``xb`` (C, L) from its row 0; the
+    rest of each plane (what the last row's last taps read past it) zeroed. Each element
+    written once: the margins as zeros, the image's values copied."""
+    _, c_, h_, w_ = x.shape
+    zero = xb.dtype.type(0)
+    pr = pw - pl - w_  # columns right of the image
+    for c in range(c_):
+        plane = xb[c]
+        d = 0
+        for q in range(q0, q1):
+            r = q - pt
+            if r < 0 or r >= h_:
+                for t in range(pw):
+                    plane[d + t] = zero
+            else:
                 src = x[i, c, r]
+                for t in range(pl):
+                    plane[d + t] = zero
+                dd = d + pl
                 for t in range(w_):
-                    plane[d + t] = src[t]
+                    plane[dd + t] = src[t]
+                dd += w_
+                for t in range(pr):
+                    plane[dd + t] = zero
+            d += pw
+        for t in range(d, plane.shape[0]):
+            plane[t] = zero
 
 
 def _cols_par(  # pragma: no cover - numba only
@@ -141,14 +171,13 @@ def _cols_par(  # pragma: no cover - numba only
     cols_buf: Any, act: int, p: Any, lohi: Any, flags: int, nr: int, mode: int, sub: int,
     toff: Any, pads: Any,
 ) -> None:  # fmt: skip
-    """The blocks (rows ``(image, first output row, end row)``) in a ``prange`` loop on
-    native threads, block ``q`` with ``cols_buf[q]`` as its scratch (``_block``); GRID
-    pads the images first (``pads``: top, left, row width)."""
-    if mode == GRID:
-        _pad_images(x, xpad, pads[0], pads[1], pads[2])
+    """The blocks (rows ``(image, first output row, end row, first filter, end filter)``,
+    ``_blocks``) in a ``prange`` loop on native threads, block ``q`` with ``cols_buf[q]``
+    as its scratch and (GRID) ``xpad[q]`` as its padded rows (``_block``)."""
     for q in numba.prange(blocks.shape[0]):
-        _block(x, xpad, w2, y3, b, res3, geo, blocks[q, 0], blocks[q, 1], blocks[q, 2], sub,
-               cols_buf[q], act, p, lohi, flags, nr, mode, toff, pads[2])  # fmt: skip
+        _block(x, xpad[q], w2, y3, b, res3, geo, blocks[q, 0], blocks[q, 1], blocks[q, 2],
+               blocks[q, 3], blocks[q, 4], sub, cols_buf[q], act, p, lohi, flags, nr, mode,
+               toff, pads)  # fmt: skip
 
 
 def _cols_one(  # pragma: no cover - numba only
@@ -156,31 +185,31 @@ def _cols_one(  # pragma: no cover - numba only
     cols_buf: Any, act: int, p: Any, lohi: Any, flags: int, nr: int, mode: int, sub: int,
     toff: Any, pads: Any,
 ) -> None:  # fmt: skip
-    """``_cols_par`` on the caller's thread, block after block, all with ``cols_buf[0]``."""
-    if mode == GRID:
-        _pad_images(x, xpad, pads[0], pads[1], pads[2])
+    """``_cols_par`` on the caller's thread, block after block, all with ``cols_buf[0]`` and
+    ``xpad[0]``."""
     for q in range(blocks.shape[0]):
-        _block(x, xpad, w2, y3, b, res3, geo, blocks[q, 0], blocks[q, 1], blocks[q, 2], sub,
-               cols_buf[0], act, p, lohi, flags, nr, mode, toff, pads[2])  # fmt: skip
+        _block(x, xpad[0], w2, y3, b, res3, geo, blocks[q, 0], blocks[q, 1], blocks[q, 2],
+               blocks[q, 3], blocks[q, 4], sub, cols_buf[0], act, p, lohi, flags, nr, mode,
+               toff, pads)  # fmt: skip
 
 
 def _warm(fn: Any) -> None:
     f = np.float32
     geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 2], np.int64)
     x, w2, y3 = np.ones((1, 1, 2, 2), f), frozen(np.ones((2, 9), f)), np.zeros((1, 2, 4), f)
-    blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
+    blocks = np.array([[0, 0, 1, 0, 2], [0, 1, 2, 0, 2]], np.int64)
     toff = np.zeros(1, np.int64)
     for mode in (IM2COL, GRID):  # weights and bias read-only, as a model's (taps_first)
-        fn(x, np.zeros((1, 1, 20), f), w2, y3, frozen(np.zeros(2, f)), np.zeros((0, 0, 0), f), geo,
+        fn(x, np.zeros((2, 1, 20), f), w2, y3, frozen(np.zeros(2, f)), np.zeros((0, 0, 0), f), geo,
            blocks, np.zeros((2, 18), f), 0, np.zeros(35, f), np.zeros(2, f), 0,
-           gemm_cols.panel_width(), mode, 1, toff, np.array([1, 1, 4], np.int64))  # fmt: skip
+           gemm_cols.panel_width(), mode, 1, toff, np.array([1, 1, 4, 2], np.int64))  # fmt: skip
 
 
 def _prepare(module_globals: dict[str, Any]) -> bool:
     return gemm_cols.register(module_globals)
 
 
-_HELPERS = (im2col_rows, _act_row, _epilogue_row, _block, _pad_images)
+_HELPERS = (im2col_rows, _act_row, _epilogue_row, _block, _pad_rows)
 COLS_PAR = Jitted(_cols_par, _warm, helpers=_HELPERS, fastmath=CONTRACT, parallel=True,
                   prepare=_prepare)  # fmt: skip
 COLS_ONE = Jitted(_cols_one, _warm, helpers=_HELPERS, fastmath=CONTRACT, prepare=_prepare)
@@ -195,7 +224,7 @@ class ColsPlan(NamedTuple):
     fn: Any  # COLS_PAR's or COLS_ONE's compiled function
     parallel: bool  # COLS_PAR's, over more than one block: one scratch per block
     mode: int  # IM2COL or GRID
-    blocks: np.ndarray  # (image, first output row, end row) per block (one per thread)
+    blocks: np.ndarray  # (image, first output row, end row, first filter, end filter)
     sub: int  # output rows per sub-block
     scratch_floats: int  # a block's scratch: its im2col columns or its extended output
     act: int  # the activation code ``_act_row`` applies after the kernel (0: none)
@@ -204,8 +233,9 @@ class ColsPlan(NamedTuple):
     zeros: np.ndarray  # M zeros: the bias pointer when there is none
     nr: int
     toff: np.ndarray  # GRID: each tap's offset into a padded plane (int64); else [0]
-    pads: np.ndarray  # GRID: (rows above, columns left, row width); else zeros
-    xpad_shape: tuple[int, ...]  # GRID: (N, C, plane length); else (0, 0, 0)
+    pads: np.ndarray  # GRID: (rows above, columns left, row width, rows a block reads
+    # below its last output row); else zeros
+    xpad_shape: tuple[int, ...]  # GRID: (blocks, C, a block's padded rows); else (0, 0, 0)
 
 
 def plan(
@@ -225,30 +255,30 @@ def plan(
     oh, ow = out_shape[2], out_shape[3]
     taps = kh * kw
     stride1 = tuple(strides) == (1, 1)
-    toff, pads, xpad_shape = np.zeros(1, np.int64), np.zeros(3, np.int64), (0, 0, 0)
+    toff, pads, xpad_shape = np.zeros(1, np.int64), np.zeros(4, np.int64), (0, 0, 0)
     if stride1 and taps == 1 and not any(pads_begin) and (oh, ow) == (h, w):
         return None  # a 1x1 conv reading its input: the BLAS routes (module doc)
+    blocks = _blocks(n, m, oh, ow, threads)
+    parallel = threads > 1 and len(blocks) > 1
     if stride1:
         mode, k = GRID, c
         dh, dw = dilations
         pw = ow + (kw - 1) * dw  # the padded row: pads left and right included
-        hp = oh + (kh - 1) * dh
-        plane = hp * pw + (kw - 1) * dw  # what the last row's last taps read past it
+        halo = (kh - 1) * dh  # the padded rows below a block's last output row it reads
+        rows = int((blocks[:, 2] - blocks[:, 1]).max()) + halo
+        plane = rows * pw + (kw - 1) * dw  # what the last row's last taps read past it
         toff = np.array([i * dh * pw + j * dw for i in range(kh) for j in range(kw)], np.int64)
-        pads = np.array([pads_begin[0], pads_begin[1], pw], np.int64)
-        xpad_shape = (n, c, plane)
+        pads = np.array([pads_begin[0], pads_begin[1], pw, halo], np.int64)
+        xpad_shape = (len(blocks) if parallel else 1, c, plane)
     else:
         mode, k = IM2COL, c * taps
-    per = max(1, min(threads, oh))
-    rows = [(oh * j // per, oh * (j + 1) // per) for j in range(per)]
-    blocks = np.array([(i, r0, r1) for i in range(n) for r0, r1 in rows], np.int64)
     want = max(MIN_BLOCK_PIXELS, BLOCK_BYTES // (4 * k))
     width = int(pads[2]) if mode == GRID else ow
     sub = max(1, min(oh, -(-want // width)))
     scratch_floats = m * sub * width if mode == GRID else k * sub * ow
     flag = _FUSED.get(act) if mode != GRID else None
     lohi = np.array([params[0], params[1]], np.float32)
-    return ColsPlan(fn, threads > 1 and len(blocks) > 1, mode, blocks, sub, scratch_floats,
+    return ColsPlan(fn, parallel, mode, blocks, sub, scratch_floats,
                     act if flag is None else 0, flag or 0, lohi, np.zeros(m, np.float32),
                     gemm_cols.panel_width(), toff, pads, xpad_shape)  # fmt: skip
 
@@ -260,8 +290,8 @@ def run(
 ) -> None:  # fmt: skip
     """``y3`` (N, M, OH*OW) = the conv of ``x`` (C-contiguous float32) by ``w2`` (M, K; for
     GRID the filters' taps outermost: ``taps_first``), + ``b`` + ``res3``, then the
-    activation; ``cols`` a (blocks, scratch_floats) scratch, ``xpad`` GRID's padded images
-    (``xpad_shape``)."""
+    activation; ``cols`` a (blocks, scratch_floats) scratch, ``xpad`` GRID's padded rows
+    (``xpad_shape``; any (1, 0, 0) array for IM2COL)."""
     flags = cp.flags
     if b is not None and b.shape[0]:
         flags |= gemm_cols.FLAG_BIAS
@@ -273,6 +303,24 @@ def run(
         res3 = _EMPTY3
     cp.fn(x, xpad, w2, y3, b, res3, geo, cp.blocks, cols, cp.act, params, cp.lohi, flags,
           cp.nr, cp.mode, cp.sub, cp.toff, cp.pads)  # fmt: skip
+
+
+def _blocks(n: int, m: int, oh: int, ow: int, threads: int) -> np.ndarray:
+    """(image, first output row, end row, first filter, end filter) per block: one block of
+    output rows per thread per image; where the output has fewer pixels than filters
+    (ResNet's last stages: 512 filters over 7x7) or fewer rows than two a thread, one
+    block of filters per thread per image instead, cut at the kernel's tile rows (a row
+    split would leave each thread a panel or two of columns, mostly masked)."""
+    per = max(1, threads)
+    if per > 1 and (m > oh * ow or oh < 2 * per):
+        q = gemm_cols.tile_rows() or 1
+        tiles = -(-m // q)
+        cuts = sorted({min(m, q * (tiles * j // per)) for j in range(per + 1)} | {m})
+        spans = [(0, oh, a, b) for a, b in itertools.pairwise(cuts) if b > a]
+    else:
+        per = min(per, oh)
+        spans = [(oh * j // per, oh * (j + 1) // per, 0, m) for j in range(per)]
+    return np.array([(i, *span) for i in range(n) for span in spans], np.int64)
 
 
 def taps_first(w: np.ndarray) -> np.ndarray:
