@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: bench-first-result demo dist test test-slow test-floor test-fallbacks test-wheel lint unit conformance bench bench-zoo bench-zoo-classic \
 	bench-zoo-transformers bench-zoo-vision bench-zoo-quant bench-dynamic bench-generate bench-generate-streamed \
-	zoo-transformers-test-files clean
+	bench-kernels zoo-transformers-test-files clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -98,6 +98,12 @@ bench-zoo-vision: $(ZOO_STAMP)
 	    --png $(ZOO_OUT)/vision_zoo.png --json $(ZOO_OUT)/vision_zoo.json
 	$(ZOO_RUN) benchmarks/vision_zoo.py --batches 1 --busy \
 	    --png $(ZOO_OUT)/vision_zoo_busy.png --json $(ZOO_OUT)/vision_zoo_busy.json
+
+# Each kernel path this host has (TFRT_PY_ISA=avx512, avx2, ...; a child process each):
+# GFLOP/s of the packed gemm and the convs against the path's measured FMA peak and
+# onnxruntime on the zoo's shapes, one thread (issue 35).
+bench-kernels: $(STAMP)
+	$(ZOO_RUN) benchmarks/kernels.py --json $(ZOO_OUT)/kernels.json
 
 # onnxruntime.quantization's models (QDQ / QOperator static int8 CNNs, dynamic int8 BERTs,
 # a 4-bit MatMulNBits Llama decoder step), tfrt_py int8 against onnxruntime int8 and
