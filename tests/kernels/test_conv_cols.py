@@ -277,6 +277,50 @@ def test_the_avx2_tile_in_a_fresh_process() -> None:
     assert done.returncode == 0 and "avx2 ok" in done.stdout, done.stderr[-3000:]
 
 
+_FIRST_PARALLEL_CHILD = """
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+import tfrt_py
+from tfrt_py.concurrency import native_threads
+from tfrt_py.kernels.nn import conv_blocked
+
+plans = []
+run = conv_blocked.run_blocked
+conv_blocked.run_blocked = lambda plan, *a, **k: (plans.append(plan), run(plan, *a, **k))[1]
+rng = np.random.default_rng(0)
+w = (rng.standard_normal((256, 64, 3, 3)) * 0.1).astype(np.float32)
+g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 10, 10])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                      [numpy_helper.from_array(w, "w")])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+model = tfrt_py.load(m.SerializeToString(), executor="sync", threads=2)
+x = rng.standard_normal((1, 64, 10, 10)).astype(np.float32)
+model.run({"x": x})
+if not native_threads.ready() or native_threads.max_threads() < 2:
+    print("no native threads")
+else:
+    cp = plans[-1].cols
+    assert plans[-1].route == "cols" and cp is not None and cp.parallel, plans[-1]
+    print("parallel ok")
+"""
+
+
+def test_a_models_first_parallel_conv_is_planned_on_native_threads() -> None:
+    """A fresh process whose first parallel kernel is a cols conv: its plan splits over the
+    native threads (``max_threads`` read 1 before they were set up, so such a conv --
+    a one-conv model, or the stem of a CNN -- was planned serial and ran on one core)."""
+    _need_kernel()
+    env = {**os.environ, "TFRT_PY_COLD_START": "0"}
+    env.pop("TFRT_PY_THREADS", None)
+    done = subprocess.run([sys.executable, "-c", _FIRST_PARALLEL_CHILD], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    if "no native threads" in done.stdout:
+        pytest.skip("no native threads (numba's TBB layer) in a fresh process here")
+    assert "parallel ok" in done.stdout
+
+
 _COMPILES_CHILD = """
 import numpy as np
 from numba.core import event

@@ -223,6 +223,13 @@ def _filter_blocks(
     return native, native_blocks, IM2COL_PAR.get(), im2col_blocks
 
 
+def _native_threads(threads: int) -> int:
+    """The threads a plan made now may split over on native threads: ``threads`` capped at
+    numba's, 1 where they are not there. Sets them up first (``max_threads`` reads 1 until
+    then: a model whose first parallel kernel was this conv planned it serial)."""
+    return min(threads, native_threads.max_threads()) if native_threads.ready() else 1
+
+
 def _row_blocks(n: int, oh: int, threads: int) -> tuple[Any, np.ndarray | None, int]:
     """(compiled ``_blocked_par``, its (image, first output row, end row) blocks, the most
     rows in one) for the row-block path on native threads; (None, None, 0) without it."""
@@ -283,7 +290,7 @@ def plan_blocked(
         if one_f32 and not direct:
             cols = conv_cols.plan(x_shape, m, (kh, kw), out_shape, strides, pads_begin,
                                   dilations, act, params,
-                                  min(threads, native_threads.max_threads()))  # fmt: skip
+                                  _native_threads(threads))  # fmt: skip
         if cols is None:
             native, native_blocks, im2col_par, im2col_blocks = _filter_blocks(
                 n, x_shape[1], m, threads, direct
@@ -299,7 +306,7 @@ def plan_blocked(
         route = "whole" if whole else "parts"
     serial = route == "whole" or (route == "parts" and not (split and len(blocks) > 1))
     if cols is None and one_f32 and (route == "rows" or serial):
-        cols_threads = 1 if serial else min(threads, native_threads.max_threads())
+        cols_threads = 1 if serial else _native_threads(threads)
         cols = conv_cols.plan(x_shape, m, (kh, kw), out_shape, strides, pads_begin, dilations,
                               act, params, cols_threads)  # fmt: skip
         route = route if cols is None else "cols"
