@@ -796,6 +796,12 @@ def test_max_pool_matches_onnxruntime(
             (2, 3, 31, 31),
             {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 0, 0], "ceil_mode": 1},
         ),
+        # stride 2, width 3 over short rows of both parities (its even/odd column runs:
+        # SqueezeNet's 27 and 13, rows of 5 and 4, a right pad only)
+        ((1, 4, 27, 27), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+        ((1, 2, 13, 13), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        ((1, 2, 6, 5), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1]}),
+        ((1, 2, 7, 4), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 0, 0]}),
     ],
 )
 def test_max_pool_compiled_matches_numpy_fold(
@@ -807,6 +813,7 @@ def test_max_pool_compiled_matches_numpy_fold(
         pytest.skip("numba is not installed")
     x = _r(*x_shape)
     x[0, 0, 2, 3] = np.nan
+    x[0, -1, 1, 2] = np.nan  # an even column too (the de-interleaved runs)
     m = _model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], {"x": x}, ["y"], {}, opset=12)
     got = {}
     for flag in ("1", "0"):
