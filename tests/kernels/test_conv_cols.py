@@ -229,6 +229,27 @@ def test_few_pixels_split_by_filters_on_native_threads(monkeypatch: pytest.Monke
             assert (cp.blocks[:, 2] == 7).all() and cp.blocks[0, 4] == cp.blocks[1, 3]
 
 
+@pytest.mark.parametrize(("side", "cols"), [(7, True), (13, False), (14, True)])
+def test_few_pixel_convs_take_cols_where_its_columns_pay(
+    monkeypatch: pytest.MonkeyPatch, side: int, cols: bool
+) -> None:
+    """More filters than pixels: conv_cols where the columns its kernel computes (extended
+    rows, partial panels) cost less than the pixels at BLAS's share of its speed
+    (``conv_blocked._cols_pays``): 7x7 (64 columns for 49 pixels) and 14x14 (224 for
+    196) take it, 13x13 (224 for 169) stays on BLAS; the values match onnxruntime."""
+    _need_kernel()
+    plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
+    x = _RNG.standard_normal((1, 32, side, side)).astype(np.float32)
+    w = (_RNG.standard_normal((256, 32, 3, 3)) * 0.1).astype(np.float32)
+    m = _model(x, w, {"pads": [1, 1, 1, 1]}, "Relu", False)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    model = tfrt_py.load(m, executor="sync")
+    np.testing.assert_allclose(model.run({"x": x})["y"], sess.run(None, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    taken = bool(plans) and plans[-1].route == "cols"
+    assert taken == cols
+
+
 def test_without_the_kernel_the_blas_route_gives_the_same_values(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -290,12 +311,12 @@ conv_blocked.run_blocked = lambda plan, *a, **k: (plans.append(plan), run(plan, 
 rng = np.random.default_rng(0)
 w = (rng.standard_normal((256, 64, 3, 3)) * 0.1).astype(np.float32)
 g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
-                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 10, 10])],
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 14, 14])],
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                       [numpy_helper.from_array(w, "w")])
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 model = tfrt_py.load(m.SerializeToString(), executor="sync", threads=2)
-x = rng.standard_normal((1, 64, 10, 10)).astype(np.float32)
+x = rng.standard_normal((1, 64, 14, 14)).astype(np.float32)
 model.run({"x": x})
 if not native_threads.ready() or native_threads.max_threads() < 2:
     print("no native threads")

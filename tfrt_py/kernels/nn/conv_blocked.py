@@ -223,6 +223,25 @@ def _filter_blocks(
     return native, native_blocks, IM2COL_PAR.get(), im2col_blocks
 
 
+#: BLAS's speed on a few-pixel conv's product (filters x K @ K x pixels) as a share of
+#: conv_cols' kernel's, by output pixels: OpenBLAS's SkylakeX sgemm on a 2-core Zen 4, one
+#: thread (2026-12-02): 57-61 GFLOP/s at 49 pixels, 75-80 at 169 and 196, where the kernel
+#: ran at ~100 on whole panels.
+_BLAS_SHARE_FEW, _BLAS_SHARE = 0.6, 0.8
+_FEW = 64
+
+
+def _cols_pays(cp: conv_cols.ColsPlan, oh: int, ow: int) -> bool:
+    """Whether conv_cols' plan ``cp`` beats BLAS on a conv with more filters than pixels:
+    the columns its kernel computes (extended rows and partial panels included) against
+    the pixels at BLAS's share of its speed. 512x7x7 3x3: 64 columns against 49 / 0.6
+    (cols: 25% faster, measured); 13x13: 224 against 169 / 0.8 (BLAS: 6-15% faster);
+    256x14x14: 224 against 196 / 0.8 (cols: 13-15% faster)."""
+    pixels = oh * ow
+    share = _BLAS_SHARE_FEW if pixels < _FEW else _BLAS_SHARE
+    return conv_cols.computed_columns(cp, oh, ow) * share <= pixels
+
+
 def _native_threads(threads: int) -> int:
     """The threads a plan made now may split over on native threads: ``threads`` capped at
     numba's, 1 where they are not there. Sets them up first (``max_threads`` reads 1 until
@@ -291,6 +310,8 @@ def plan_blocked(
             cols = conv_cols.plan(x_shape, m, (kh, kw), out_shape, strides, pads_begin,
                                   dilations, act, params,
                                   _native_threads(threads))  # fmt: skip
+            if cols is not None and not _cols_pays(cols, oh, ow):
+                cols = None
         if cols is None:
             native, native_blocks, im2col_par, im2col_blocks = _filter_blocks(
                 n, x_shape[1], m, threads, direct
@@ -309,6 +330,8 @@ def plan_blocked(
         cols_threads = 1 if serial else _native_threads(threads)
         cols = conv_cols.plan(x_shape, m, (kh, kw), out_shape, strides, pads_begin, dilations,
                               act, params, cols_threads)  # fmt: skip
+        if cols is not None and m > oh * ow and not _cols_pays(cols, oh, ow):
+            cols = None
         route = route if cols is None else "cols"
     par, par_blocks, par_rows = None, None, 0
     if route == "rows":  # compiled only for a conv that takes it (not one "cols" took)

@@ -52,8 +52,8 @@ from ..lib.jit import CONTRACT, Jitted, frozen, inline
 from .conv_direct import _epilogue_row
 from .conv_im2col import im2col_rows
 
-__all__ = ["BLOCK_BYTES", "COLS_ONE", "COLS_PAR", "GRID", "IM2COL", "ColsPlan", "plan",
-           "run", "taps_first"]  # fmt: skip
+__all__ = ["BLOCK_BYTES", "COLS_ONE", "COLS_PAR", "GRID", "IM2COL", "ColsPlan",
+           "computed_columns", "plan", "run", "taps_first"]  # fmt: skip
 
 #: A sub-block's im2col columns take about this many bytes (with the weights' rows they
 #: stay in a core's L2 between the copy and the product).
@@ -321,6 +321,18 @@ def _blocks(n: int, m: int, oh: int, ow: int, threads: int) -> np.ndarray:
         per = min(per, oh)
         spans = [(oh * j // per, oh * (j + 1) // per, 0, m) for j in range(per)]
     return np.array([(i, *span) for i in range(n) for span in spans], np.int64)
+
+
+def computed_columns(cp: ColsPlan, oh: int, ow: int) -> int:
+    """The columns the kernel computes for one image's rows (each sub-block's columns --
+    GRID: its extended rows -- rounded up to whole panels), the useful ones ``oh * ow``
+    among them."""
+    width = int(cp.pads[2]) if cp.mode == GRID else ow
+    total = 0
+    for r0 in range(0, oh, cp.sub):
+        cols = (min(oh, r0 + cp.sub) - r0) * width
+        total += -(-cols // cp.nr) * cp.nr
+    return total
 
 
 def taps_first(w: np.ndarray) -> np.ndarray:
