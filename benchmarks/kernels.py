@@ -267,7 +267,8 @@ def table(res: dict) -> str:
     peak = res["peak_gflops"]
     out = [
         f"### path {res['path']} ({res['why']}; numba: {res['numba']}); one core's measured "
-        f"peak {peak:.1f} GFLOP/s",
+        f"peak {peak:.1f} GFLOP/s; onnxruntime on its own kernels (MLAS picks its path: "
+        f"TFRT_PY_ISA does not change it)",
         "",
         "| kind | shape | tfrt_py kernel GFLOP/s | tfrt_py GFLOP/s (% peak) | onnxruntime GFLOP/s "
         "(% peak) | tfrt_py / onnxruntime time | max rel diff |",

@@ -264,6 +264,17 @@ def bench_one(
     return Row(name, exporter, batch, t.median_us / 1e3, o.median_us / 1e3, t.ratio, err)
 
 
+def kernel_path() -> str:
+    """tfrt_py's kernel path in this process (``TFRT_PY_ISA``; the packed gemm's tile and
+    numba's vector width follow it), and why."""
+    with contextlib.suppress(Exception):
+        from tfrt_py.kernels.lib import gemm_packed
+
+        p, why = gemm_packed.path()
+        return f"{p} ({why})"
+    return "?"
+
+
 def environment() -> str:
     """One line on what the figures depend on: versions, BLAS kernels and threads, load."""
     import numpy as np
@@ -281,9 +292,9 @@ def environment() -> str:
             blas = f"{i.get('internal_api')} {i.get('architecture')} x{i.get('num_threads')}"
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     return (
-        f"numpy {np.__version__} ({blas}), onnxruntime {ort.__version__}, "
-        f"numba kernels {'on' if jit_enabled() else 'off'}, {os.cpu_count()} CPUs, "
-        f"load average {load}"
+        f"tfrt_py kernel path {kernel_path()}, numpy {np.__version__} ({blas}), onnxruntime "
+        f"{ort.__version__}, numba kernels {'on' if jit_enabled() else 'off'}, "
+        f"{os.cpu_count()} CPUs, load average {load}"
     )
 
 
@@ -379,6 +390,7 @@ def main() -> None:
     if a.threads:
         label += f", {a.threads} thread(s) each"
     label += ", onnxruntime spinning " + ("on" if a.ort_spinning else "off")
+    label += f", tfrt_py path {kernel_path()}"
     with busy_neighbour(a.busy), blas_threads(a.threads):
         for name in names:
             for ex in exporters:
