@@ -7,9 +7,12 @@ milliseconds of that budget. So in a *cold* process -- numba installed and enabl
 not yet imported by tfrt_py -- ``load()`` (``native="background"``, the default) builds
 the model on its kernels' NumPy paths, which compute the same values, and serves it at
 once; the process-wide native worker (``native/runtime/worker.py``) then warms the
-compiled kernels, rebuilds each such model's program on them and switches the model to
-it (``Model._use_compiled_kernels``: the executor's interpreter, or the whole executor,
-replaced by one attribute write; calls in flight finish on the old one).
+compiled kernels, rebuilds each such model's program on them and, once it has released
+the kernels, switches the model to it (``Model._compiled_switch``: the executor's
+interpreter, or the whole executor, replaced by one attribute write; calls in flight
+finish on the old one). Switching only after the release matters: a call on a switched
+model while the kernels were still held on its thread planned its shapes on NumPy paths
+for good (the first of two models loaded together stayed 3-4x slower).
 
 How (``concurrency.compiled_gate``): ``building(native_mode)`` wraps a load. The first
 cold load ``hold()``s the compiled kernels -- every thread but the warm-up's takes NumPy
@@ -237,6 +240,9 @@ class _Warmup:
         #: when the worker may start it (``START_DELAY_S``; ``hurry`` moves it to now)
         self.not_before = time.monotonic() + START_DELAY_S
         self.yielder = _Yielder()
+        #: (what switches a model to its compiled program, its switched event), built by
+        #: ``_compile`` and run by ``_end`` when it releases the kernels
+        self._built: list[tuple[Any, threading.Event]] = []
 
     def _prepare(self) -> bool:
         from .kernels.lib import gemm_packed
@@ -259,12 +265,13 @@ class _Warmup:
                 for ref, done in batch:
                     model = ref()
                     try:
-                        if model is not None:
-                            model._use_compiled_kernels()
+                        if model is None:
+                            done.set()
+                        else:  # built now, switched once the kernels are released (_end)
+                            self._built.append((model._compiled_switch(), done))
                             switched += 1
                     except Exception as e:  # noqa: BLE001 - the model keeps its NumPy paths
                         failed = f"; a model kept its NumPy paths: {type(e).__name__}: {e}"
-                    finally:
                         done.set()
                     del model
         secs = time.perf_counter() - self._t0
@@ -287,12 +294,35 @@ class _Warmup:
             rest = list(_waiting) if state != "ready" or worker.closing() else []
             if state != "ready" or worker.closing():
                 _waiting.clear()
+            # the built models switch when the kernels are released: now, or (a cold load
+            # still building) at the next warm-up's release
+            for install, done in self._built:
+                compiled_gate.after_release(_switcher(install, done))
+            unswitched = [done for _, done in self._built] if worker.closing() else []
+            self._built = []
             if _building == 0:
                 compiled_gate.release()
                 _released.set()
             _job = None
         for _, done in rest:
             done.set()
+        for done in unswitched:  # the process exits: nobody waits on a switch to come
+            done.set()
+
+
+def _switcher(install: Any, done: threading.Event) -> Any:
+    """What ``compiled_gate.release`` runs for a built model: switch it, then tell its
+    waiters (a failure leaves it on its NumPy paths; nothing raises into the release)."""
+
+    def switch() -> None:
+        try:
+            install()
+        except Exception:  # noqa: BLE001 - the model keeps its NumPy paths
+            pass
+        finally:
+            done.set()
+
+    return switch
 
 
 #: The GIL switch interval during a warm-up (seconds; CPython's default is 0.005).

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import (
     AsyncIterator,
+    Callable,
     Collection,
     Iterable,
     Iterator,
@@ -412,11 +413,21 @@ class Model(GenerationMixin):
         left = None if timeout is None else max(0.0, timeout - time.monotonic() + t0)
         return tier is None or bool(tier.wait(left))
 
-    def _use_compiled_kernels(self) -> None:
-        """Switch to a program on the compiled kernels (cold_start's worker thread)."""
-        self._runtime, self._prepared = rebuild(self._runtime, self._prepared)
-        self.executor = self._runtime.name
-        self._plain = self._timeout is None and self._limiter is None
+    def _compiled_switch(self) -> Callable[[], None]:
+        """Build this model's program on the compiled kernels now (cold_start's worker
+        thread, inside ``compiled_gate.warming()``) and return what switches the model to
+        it: cold_start runs that once the kernels are released, so no call runs the new
+        program while the gate still holds the kernels back on callers' threads (there,
+        its kernels would plan their shapes on NumPy paths, for good)."""
+        runtime, prepared, apply = rebuild(self._runtime, self._prepared)
+
+        def install() -> None:
+            apply()
+            self._runtime, self._prepared = runtime, prepared
+            self.executor = runtime.name
+            self._plain = self._timeout is None and self._limiter is None
+
+        return install
 
     def warmup(self, signatures: Iterable[Mapping[str, Any]]) -> float:
         """Prepare these input signatures now (see ``load(warmup=)``); seconds taken.

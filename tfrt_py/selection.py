@@ -124,10 +124,15 @@ def select_executor(
     return finish(ex, prepared, host)
 
 
-def rebuild(ex: Executor, old: Prepared) -> tuple[Executor, Prepared]:
-    """``ex``'s kind over a new program of ``old``'s graph (its kernels built anew), and
-    that Prepared: a new sync interpreter or async executor with ``ex``'s why, notes and
-    host; the native tier keeps itself and takes a new interpreter
+def _nothing() -> None:
+    return None
+
+
+def rebuild(ex: Executor, old: Prepared) -> tuple[Executor, Prepared, Callable[[], None]]:
+    """``ex``'s kind over a new program of ``old``'s graph (its kernels built anew), that
+    Prepared, and what the caller runs when it installs them: a new sync interpreter or
+    async executor with ``ex``'s why, notes and host (nothing to run); the native tier
+    keeps itself and takes a new interpreter when the callable runs
     (``NativeTier.use_interpreter``); an interpreter whose native choice "auto" deferred
     is selected again (it may become the native tier). For a cold process's models
     switching to the compiled kernels (``tfrt_py.cold_start``)."""
@@ -137,10 +142,10 @@ def rebuild(ex: Executor, old: Prepared) -> tuple[Executor, Prepared]:
     check = FeedChecker(prepared.graph.inputs)
     if ex.native_deferred:  # "auto" on a cold start: the native tier's choice now
         return select_executor("auto", prepared, check, host=ex.host,
-                               native_mode="background"), prepared  # fmt: skip
+                               native_mode="background"), prepared, _nothing  # fmt: skip
     if isinstance(ex, NativeTier):
-        ex.use_interpreter(_interpreter(prepared, check), prepared.program)
-        return ex, prepared
+        interp = _interpreter(prepared, check)
+        return ex, prepared, lambda: ex.use_interpreter(interp, prepared.program)
     if ex.name == "async":
         new: Executor = _async_executor(prepared, check, ex.host)
     elif isinstance(ex, SyncInterpreter):
@@ -148,7 +153,7 @@ def rebuild(ex: Executor, old: Prepared) -> tuple[Executor, Prepared]:
     else:
         raise TypeError(f"no rebuild for executor {ex.name!r}")
     new.why, new.notes = ex.why, ex.notes
-    return finish(new, prepared, ex.host), prepared
+    return finish(new, prepared, ex.host), prepared, _nothing
 
 
 def _interpreter(prepared: Prepared, check: FeedChecker) -> SyncInterpreter:
