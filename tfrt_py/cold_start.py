@@ -147,7 +147,7 @@ def building(native_mode: str) -> Iterator[bool]:
 
 
 def switch_later(model: Any) -> threading.Event:
-    """Have the warm-up switch ``model`` (``model._use_compiled_kernels()``) to the
+    """Have the warm-up switch ``model`` (``model._compiled_switch()``) to the
     compiled kernels; the event is set once it did, or once it cannot."""
     global _call_s
     done = threading.Event()
