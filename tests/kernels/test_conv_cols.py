@@ -346,6 +346,31 @@ def test_a_models_first_parallel_conv_is_planned_on_native_threads() -> None:
     assert "parallel ok" in done.stdout
 
 
+_SWITCHED_OFF_FIRST_CHILD = """
+import os
+import numpy as np
+os.environ["TFRT_PY_PACKED_GEMM"] = "0"
+from tfrt_py.kernels.nn import conv_cols
+args = ((1, 16, 20, 20), 32, (3, 3), (1, 32, 20, 20), (1, 1), (1, 1), (1, 1), 0,
+        np.zeros(35, np.float32))
+assert conv_cols.plan(*args, 1) is None and conv_cols.plan(*args, 2) is None
+del os.environ["TFRT_PY_PACKED_GEMM"]
+assert conv_cols.plan(*args, 1) is not None and conv_cols.plan(*args, 2) is not None
+print("back on")
+"""
+
+
+def test_planning_while_switched_off_leaves_the_kernels_for_later() -> None:
+    """``$TFRT_PY_PACKED_GEMM=0`` is read on each call: a plan made while it is set takes
+    BLAS, and once it is unset the next plan takes the kernel again (planning compiled
+    the kernels first, whose set-up then failed for the rest of the process)."""
+    _need_kernel()
+    env = {**os.environ, "TFRT_PY_COLD_START": "0"}
+    done = subprocess.run([sys.executable, "-c", _SWITCHED_OFF_FIRST_CHILD], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "back on" in done.stdout, done.stderr[-3000:]
+
+
 _COMPILES_CHILD = """
 import numpy as np
 from numba.core import event

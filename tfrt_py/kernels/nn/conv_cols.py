@@ -247,8 +247,10 @@ def plan(
     over ``x_shape`` (N, C, H, W) into ``out_shape``, compiled activation code ``act``
     (its ``params``), over ``threads`` native threads (one block of rows per thread per
     image; 1: on the caller); None where the kernel or numba is not there."""
+    if not gemm_cols.available():  # first: while $TFRT_PY_PACKED_GEMM=0 (read per call),
+        return None  # compiling the kernels would fail for the rest of the process
     fn = (COLS_PAR if threads > 1 else COLS_ONE).get()
-    if fn is None or not gemm_cols.available():
+    if fn is None:
         return None
     n, c, h, w = x_shape
     kh, kw = kernel
