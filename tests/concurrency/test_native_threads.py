@@ -202,10 +202,17 @@ def test_a_1x1_conv_splits_its_filters_on_native_threads(n: int) -> None:
 
 
 @pytest.mark.parametrize("act", ["SiLU", "HardSwish"])
-def test_more_filters_than_pixels_split_the_filters_after_one_im2col(act: str) -> None:
-    """ResNet's last 3x3 convs (512 filters over 7x7) and EfficientNet's 1x1s over 7x7:
-    blocks of filters, each with its epilogue, over one im2col of each image."""
+def test_more_filters_than_pixels_split_the_filters_after_one_im2col(
+    act: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ResNet's last 3x3 convs (512 filters over 7x7) and EfficientNet's 1x1s over 7x7,
+    without the packed kernels (with them, conv_cols' filter blocks take the 3x3s:
+    test_conv_cols): blocks of filters, each with its epilogue, over one im2col of each
+    image."""
+    from tfrt_py.kernels.lib import gemm_packed
     from tfrt_py.kernels.nn.conv_blocked import plan_blocked, run_blocked
+
+    monkeypatch.setenv(gemm_packed.ENV_PACKED_GEMM, "0")
 
     rng = np.random.default_rng(3)
     n, c, m, h = 2, 64, 256, 7
