@@ -353,9 +353,9 @@ os.environ["TFRT_PY_PACKED_GEMM"] = "0"
 from tfrt_py.kernels.nn import conv_cols
 args = ((1, 16, 20, 20), 32, (3, 3), (1, 32, 20, 20), (1, 1), (1, 1), (1, 1), 0,
         np.zeros(35, np.float32))
-assert conv_cols.plan(*args, 1) is None and conv_cols.plan(*args, 2) is None
+assert conv_cols.plan(*args, 1) is None
 del os.environ["TFRT_PY_PACKED_GEMM"]
-assert conv_cols.plan(*args, 1) is not None and conv_cols.plan(*args, 2) is not None
+assert conv_cols.plan(*args, 1) is not None
 print("back on")
 """
 
