@@ -105,11 +105,12 @@ def _peak_ir(vw: int) -> str:
         s = b.fadd(s, a)
     b.ret(b.extract_element(s, ir.Constant(ir.IntType(32), 0)))
     text = str(mod)
-    if vw * 32 > 256:
-        text = text.replace('define float @"tfrt_py_peak"(i64 %".1")',
-                            'define float @"tfrt_py_peak"(i64 %".1") #0') + (
-            '\nattributes #0 = { "min-legal-vector-width"="512" "prefer-vector-width"="512" }\n'
-        )  # fmt: skip
+    if vw * 32 > 256:  # zmm registers: as gemm_packed asks for them (LLVM splits otherwise)
+        from tfrt_py.kernels.lib.gemm_packed import _WIDE_ATTRS
+
+        head, rest = text.split('define float @"tfrt_py_peak"(', 1)
+        args, body = rest.split(")", 1)
+        text = f'{head}define float @"tfrt_py_peak"({args}) #0{body}' + _WIDE_ATTRS
     return text
 
 
