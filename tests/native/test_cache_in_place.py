@@ -62,17 +62,18 @@ def _feeds(past: int, kv: int) -> dict[str, Any]:
     return f
 
 
-def _in_buffers(feeds: dict[str, Any], past: int) -> tuple[dict[str, Any], dict[str, Any],
-                                                          dict[str, np.ndarray]]:  # fmt: skip
-    """The feeds with each past the prefix of a buffer of CAP positions (NaN after it),
-    the output buffers (each present that buffer's first past + 1 positions), and the
-    buffers."""
+def _in_buffers(feeds: dict[str, Any], past: int, rows: int = 1) -> tuple[
+        dict[str, Any], dict[str, Any], dict[str, np.ndarray]]:  # fmt: skip
+    """The feeds with each past the prefix of a buffer of CAP positions and ``rows`` batch
+    rows (NaN after the feed's), the output buffers (each present that buffer's first
+    past + 1 positions of the feed's rows), and the buffers."""
     fed, outs, bufs = dict(feeds), {}, {}
     for past_name, present in _cache_names():
-        b = np.full((1, feeds[past_name].shape[1], CAP, HEAD), np.nan, np.float32)
-        b[:, :, :past] = feeds[past_name]
-        fed[past_name] = b[:, :, :past]
-        outs[present] = b[:, :, : past + 1]
+        b = np.full((rows, feeds[past_name].shape[1], CAP, HEAD), np.nan, np.float32)
+        n = len(feeds[past_name])
+        b[:n, :, :past] = feeds[past_name]
+        fed[past_name] = b[:n, :, :past]
+        outs[present] = b[:n, :, : past + 1]
         bufs[present] = b
     return fed, outs, bufs
 
@@ -129,6 +130,32 @@ def test_a_step_writes_only_its_new_rows_into_the_buffers(
         b = bufs[present]
         np.testing.assert_array_equal(b[:, :, :20], feeds[past_name])
         assert np.isnan(b[:, :, 21:]).all()
+
+
+def test_a_buffer_with_more_rows_than_the_step_is_written_in_place(
+    model: tfrt_py.Model, session: ort.InferenceSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A served batch keeps one buffer for every row it may seat (``serving/gen_cache.py``)
+    and steps with its first rows: the step still takes the cache path and writes only
+    its own rows' new positions."""
+    feeds = _feeds(20, _kv(model))
+    want = session.run(None, feeds)
+    model.run(feeds)
+    fed, outs, bufs = _in_buffers(feeds, 20, rows=3)
+    checked: list[int] = []
+    real = tier_module.check_output_buffers
+
+    def counted(*a: Any, **k: Any) -> Any:
+        checked.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(tier_module, "check_output_buffers", counted)
+    got = model.run(fed, outputs=outs)
+    _check(got, want, session)
+    assert checked == []
+    for _, present in _cache_names():
+        assert got[present] is outs[present]
+        assert np.isnan(bufs[present][1:]).all() and np.isnan(bufs[present][:1, :, 21:]).all()
 
 
 def test_without_buffers_the_presents_are_made_apart(

@@ -87,7 +87,9 @@ class Steps:
 
     def advance(self, out: dict[str, Any]) -> np.ndarray:
         """The tokens (int64 [batch]) the step that returned ``out`` chose; sets up the
-        next step's feeds (or ``done``)."""
+        next step's feeds (or ``done``). A caller that keeps the cache itself (batched
+        serving, without buffers here) may give None for each present: the next step's
+        pasts are then None."""
         dec, s = self._dec, self._s
         logits = np.asarray(out[dec.logits])
         if self._last is None:

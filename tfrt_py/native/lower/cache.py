@@ -13,15 +13,17 @@ Expand or Tile that repeat each KV head for a group of query heads (``stack_view
 copy either).
 
 The function then takes two more arguments per pair: ``c<i>``, the buffer the present is
-written into (C-ordered, of any length along the sequence axis from the present's up),
-and ``v<i>``, the caller's output buffer, which must be its first positions (else the
-function raises and the tier's checked path takes the call).
+written into (C-ordered, of any length along the sequence axis from the present's up,
+and of as many batch rows or more: served batches keep one buffer for all the rows they
+may seat, ``serving/gen_cache.py``), and ``v<i>``, the caller's output buffer, which
+must be its first rows and positions (else the function raises and the tier's checked
+path takes the call).
 Its first positions are the past when the past feed is exactly that prefix (the same
 address and strides: generation's buffers), else they are copied from the feed (a past
 elsewhere inside the buffer raises, as ``run(outputs=)``'s overlap check refuses it);
 the Concat writes only the new positions. An empty ``c<i>`` asks the function to
 allocate the present (a call without output buffers). The present returned is the
-buffer's view of the present's length; the past argument is typed ``'A'`` (a view of the
+buffer's view of the present's rows and length; the past argument is typed ``'A'`` (a view of the
 buffer is not C-contiguous) and never read as flat data (``NodeContext.unread``). Any
 other reader of either declines with ``CACHE_DECLINE``, and ``lower`` lowers the graph
 again with the cache copied.
@@ -122,12 +124,13 @@ def cache_prologue(cx: NodeContext, pairs: tuple[tuple[int, int], ...],
         ax = len(shape) - 2
         c, v = f"c{i}", f"v{i}"
         wrong = " or ".join([
-            *(f"{c}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape) if d != ax),
+            f"{c}.shape[0] < {literal(shape[0])}",
+            *(f"{c}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape) if d not in (0, ax)),
             f"{c}.shape[{ax}] < {literal(shape[ax])}",
             *(f"{v}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape)),
             f"{v}.ctypes.data != {c}.ctypes.data or {v}.strides != {c}.strides",
         ])  # fmt: skip
-        upto = ", ".join([":"] * ax + [f":{literal(shape[ax])}"])
+        upto = ", ".join([f":{literal(shape[0])}", *[":"] * (ax - 1), f":{literal(shape[ax])}"])
         lines += [
             f"if {c}.size == 0:",
             f"    {c} = np.empty(({', '.join(literal(n) for n in shape)},), f4)",

@@ -1,0 +1,147 @@
+"""Continuous batching's batch-wide cache (``serving/gen_batching.py`` over
+``serving/gen_cache.py``), in one process on a real asyncio loop with a real decoder: rows
+join with prompts shorter and longer than the batch, leave from the middle, and the batch
+moves left once every row carries padding; every stream's tokens are the ones
+``Model.generate`` gives it alone. Over HTTP: tests/serving/test_generate.py."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tfrt_py
+from tests.support.models.decoder import decoder
+from tfrt_py.generation.mixin import start
+from tfrt_py.serving import gen_cache
+from tfrt_py.serving.gen_batching import GenerationBatcher
+
+#: (prompt, new tokens, ticks to wait before it starts): a long prompt arrives once the
+#: batch is narrower than it (the others move right), short streams end while longer ones
+#: go on (the last row moves into their place)
+PLAN = [
+    ([3, 14, 15], 20, 0),
+    ([9, 26], 4, 0),
+    ([5, 35, 8, 9, 7, 9, 3, 2, 38, 4, 6, 26, 43, 3, 1, 2, 7, 5, 11], 9, 2),
+    ([1], 7, 3),
+    ([44, 12, 6, 30], 14, 5),
+]
+
+
+@pytest.fixture(scope="module")
+def model() -> tfrt_py.Model:
+    return tfrt_py.load(decoder(kv_heads=2), executor="sync")
+
+
+def _serve_all(batcher: GenerationBatcher, m: tfrt_py.Model) -> list[list[int]]:
+    """Every stream of PLAN through ``batcher``, each started after its ticks."""
+
+    async def one(prompt: list[int], n: int, after: int) -> list[int]:
+        while batcher.ticks < after:
+            await asyncio.sleep(0)
+        steps, _, deadline = start(m, prompt, n, {}, in_place=False)
+        return [t async for t in batcher.stream(steps, deadline, flat=True)]
+
+    async def every() -> list[list[int]]:
+        return list(await asyncio.gather(*(one(p, n, a) for p, n, a in PLAN)))
+
+    return asyncio.run(every())
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["written-in-place", "copied-in"])
+def test_rows_that_join_leave_and_move_get_the_tokens_they_get_alone(
+    model: tfrt_py.Model, in_place: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gen_cache, "SLACK", 3)  # the batch moves left within this plan
+    monkeypatch.setattr(gen_cache, "FIRST_LENGTH", 4)  # and its buffers grow
+    want = [model.generate(p, max_new_tokens=n)[len(p) :].tolist() for p, n, _ in PLAN]
+    batcher = GenerationBatcher(model)
+    assert batcher.dec.in_place  # the decoder's presents are Concat(past, new)
+    if not in_place:  # as for a model whose presents are not a Concat of its pasts
+        batcher.dec = dataclasses.replace(batcher.dec, in_place=False)
+        batcher._cache = gen_cache.BatchCache(batcher.dec)
+    moves: list[int] = []
+    sizes: list[int] = []
+    real_move, real_fit = gen_cache.BatchCache._move, gen_cache.BatchCache._fit
+
+    def move(self: gen_cache.BatchCache, by: int) -> None:
+        moves.append(by)
+        real_move(self, by)
+
+    def fit(self: gen_cache.BatchCache, rows: int, length: int) -> None:
+        real_fit(self, rows, length)
+        sizes.append(self._mask.shape[1] - 1)
+
+    monkeypatch.setattr(gen_cache.BatchCache, "_move", move)
+    monkeypatch.setattr(gen_cache.BatchCache, "_fit", fit)
+    got = _serve_all(batcher, model)
+    assert got == want
+    assert batcher.rows > batcher.ticks  # steps carried several rows
+    assert any(by > 0 for by in moves) and any(by < 0 for by in moves)
+    assert len(set(sizes)) >= 3  # the buffers grew twice or more
+    assert not batcher._cache.rows and batcher._cache.length == 0
+
+
+def test_padding_is_zeros_and_the_mask_covers_it(model: tfrt_py.Model) -> None:
+    """A row shorter than the batch sits right-aligned behind zeros its mask hides; the
+    row that was longest keeps its cache as its own generation made it."""
+    dec = model.decoder()
+    cache = gen_cache.BatchCache(dec)
+    rows = []
+    for prompt in ([3, 14, 15, 9, 26], [7, 2]):
+        steps, _, _ = start(model, prompt, 4, {}, in_place=False)
+        out = model.run(steps.feeds)
+        steps.advance(out)
+        rows.append((steps, out))
+        cache.join(steps, steps.feeds)
+    feeds, outputs = cache.feeds([s for s, _ in rows])
+    assert outputs is not None and cache.length == 5
+    np.testing.assert_array_equal(feeds[dec.attention_mask], [[1] * 6, [0, 0, 0, 1, 1, 1]])
+    c = dec.cache[0]
+    past = feeds[c.past]
+    np.testing.assert_array_equal(past[0], rows[0][1][c.present][0])
+    assert not past[1, :, :3].any()
+    np.testing.assert_array_equal(past[1, :, 3:], rows[1][1][c.present][0])
+    out = model.run(feeds, outputs=outputs)
+    for r, (steps, _) in enumerate(rows):  # each row's logits are its own step's
+        alone = model.run(steps.feeds)
+        np.testing.assert_allclose(out[dec.logits][r], alone[dec.logits][0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_failed_tick_ends_its_rows_and_the_next_streams_start_clean(
+    model: tfrt_py.Model,
+) -> None:
+    """A tick whose call fails ends every row in it with the error; the batch is dropped
+    (a late call may still write its buffers) and later streams are served right."""
+    batcher = GenerationBatcher(model)
+    real = model.run_async
+    calls = 0
+
+    async def fail_the_first_tick(feeds: Any, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if kw.get("outputs") is not None and calls < 4:
+            raise tfrt_py.errors.InputError("this tick fails")
+        return await real(feeds, **kw)
+
+    async def one(prompt: list[int]) -> Any:
+        steps, _, deadline = start(model, prompt, 5, {}, in_place=False)
+        try:
+            return [t async for t in batcher.stream(steps, deadline, flat=True)]
+        except tfrt_py.errors.InputError as e:
+            return str(e)
+
+    async def run() -> tuple[list[Any], list[Any]]:
+        first = list(await asyncio.gather(one([3, 14]), one([9])))
+        return first, list(await asyncio.gather(one([3, 14]), one([9])))
+
+    model.run_async = fail_the_first_tick  # type: ignore[method-assign]
+    try:
+        first, then = asyncio.run(run())
+    finally:
+        del model.run_async
+    assert first == ["this tick fails", "this tick fails"]
+    assert then == [model.generate(p, max_new_tokens=5)[len(p) :].tolist() for p in ([3, 14], [9])]
