@@ -1,8 +1,9 @@
 """Continuous batching's batch-wide cache (``serving/gen_batching.py`` over
-``serving/gen_cache.py``), in one process on a real asyncio loop with a real decoder: rows
-join with prompts shorter and longer than the batch, leave from the middle, and the batch
-moves left once every row carries padding; every stream's tokens are the ones
-``Model.generate`` gives it alone. Over HTTP: tests/serving/test_generate.py."""
+``serving/gen_cache.py``), in one process on a real asyncio loop with a real decoder:
+prompts that arrive together run as one call, rows join with prompts shorter and longer
+than the batch, leave from the middle, and the batch moves left once every row carries
+padding; every stream's tokens are the ones ``Model.generate`` gives it alone. Over HTTP:
+tests/serving/test_generate.py."""
 
 from __future__ import annotations
 
@@ -77,8 +78,18 @@ def test_rows_that_join_leave_and_move_get_the_tokens_they_get_alone(
 
     monkeypatch.setattr(gen_cache.BatchCache, "_move", move)
     monkeypatch.setattr(gen_cache.BatchCache, "_fit", fit)
+    prompts: list[tuple[int, ...]] = []  # (rows, width) of each prompt call
+    real_run = model.run_async
+
+    async def run_async(feeds: Any, **kw: Any) -> Any:
+        if feeds["input_ids"].shape[1] > 1:
+            prompts.append(feeds["input_ids"].shape)
+        return await real_run(feeds, **kw)
+
+    monkeypatch.setattr(model, "run_async", run_async)
     got = _serve_all(batcher, model)
     assert got == want
+    assert (2, 3) in prompts  # the two prompts that came together ran as one call
     assert batcher.rows > batcher.ticks  # steps carried several rows
     assert any(by > 0 for by in moves) and any(by < 0 for by in moves)
     assert len(set(sizes)) >= 3  # the buffers grew twice or more

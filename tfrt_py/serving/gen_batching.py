@@ -2,8 +2,9 @@
 in flight run as one batched step of the model.
 
 Each generation keeps its own state (``generation.Steps``: its tokens, its end, its
-sampling). A new generation's first step (its prompt) runs alone and gives its cache;
-then it takes a row of the batch (``gen_cache.BatchCache``: every row's cache in one
+sampling). A new generation's first step (its prompt) runs with the other new prompts of
+about its length (left-padded to the longest, masked) and gives its cache; then it takes
+a row of the batch (``gen_cache.BatchCache``: every row's cache in one
 buffer per cache tensor, kept from tick to tick, left-padded to the longest row with
 ``attention_mask`` zero on the padding, written in place when the model's presents are
 ``Concat(past, new)``). Each tick of the one scheduler task runs every seated
@@ -31,6 +32,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import field
 from typing import Any
+
+import numpy as np
 
 from ..errors import DeadlineExceeded
 from ..generation import Deadline, Steps
@@ -97,18 +100,18 @@ class GenerationBatcher:
             s.gone = True
 
     async def _run(self) -> None:
-        """The scheduler: first steps of new generations alone, then one batched step of
-        every seated one, until none is left. A fault of its own ends every generation
-        with it (none waits forever)."""
+        """The scheduler: the prompts of new generations (batched by length), then one
+        batched step of every seated one, until none is left. A fault of its own ends
+        every generation with it (none waits forever)."""
         try:
             while self._new or self._waiting or self._cache.rows:
                 while self._new:
-                    s = self._new.pop(0)
-                    if not s.gone:
-                        await self._first(s)
-                self._seat()
+                    group = self._prompts()
+                    if group:
+                        await self._first(group)
+                timeout = self._seat()
                 if self._cache.rows:
-                    await self._tick()
+                    await self._tick(timeout)
                 await asyncio.sleep(0)  # new requests join the next tick
         except BaseException as e:
             for s in [*self._new, *self._waiting, *self._cache.rows]:
@@ -117,43 +120,107 @@ class GenerationBatcher:
             self._cache = BatchCache(self.dec)
             raise
 
-    async def _first(self, s: _Stream) -> None:
-        """``s``'s prompt, alone (its own cache comes out of it); then it waits for a row."""
+    def _prompts(self) -> list[_Stream]:
+        """The next new generations whose prompts run as one call: the first waiting and
+        the others within a factor of two of its length (less padding), up to
+        ``MAX_BATCH``; the rest stay for the next call."""
+        ids = self.dec.input_ids
+        self._new = [s for s in self._new if not s.gone]
+        if not self._new:
+            return []
+        n = self._new[0].steps.feeds[ids].shape[1]
+        group: list[_Stream] = []
+        rest: list[_Stream] = []
+        for s in self._new:
+            fits = len(group) < MAX_BATCH and n <= 2 * s.steps.feeds[ids].shape[1] <= 4 * n
+            (group if fits else rest).append(s)
+        self._new = rest
+        return group
+
+    async def _first(self, group: list[_Stream]) -> None:
+        """The prompts of ``group`` as one call (left-padded to the longest, the padding
+        masked), each row's cache coming out of it; then each waits for a row."""
+        ids = self.dec.input_ids
+        group, timeout = self._in_time(group)
+        if not group:
+            return
+        lengths = [s.steps.feeds[ids].shape[1] for s in group]
+        feeds = group[0].steps.feeds if len(group) == 1 else self._prompt_feeds(group, lengths)
         try:
-            out = await self.model.run_async(s.steps.feeds, timeout=s.deadline.left())
+            out = await self.model.run_async(feeds, timeout=timeout)
         except asyncio.CancelledError:
             raise
-        except BaseException as e:  # noqa: BLE001 - the generation's answer
-            self._end(s, e)
-            return
-        if self._advance(s, out):
-            self._waiting.append(s)
-
-    def _seat(self) -> None:
-        """Rows out for the generations that went away or ran out of time; rows in for
-        those waiting, up to ``MAX_BATCH``."""
-        cache = self._cache
-        for s in list(cache.rows):
-            if s.gone:
-                cache.leave(s)
-                continue
-            try:
-                s.deadline.left()
-            except DeadlineExceeded as e:
-                cache.leave(s)
+        except BaseException as e:  # noqa: BLE001 - the generations' answer
+            for s in group:
                 self._end(s, e)
+            return
+        width = max(lengths)
+        for r, (s, n) in enumerate(zip(group, lengths)):
+            mine = out if len(group) == 1 else self._prompt_row(out, r, width - n)
+            if self._advance(s, mine):
+                self._waiting.append(s)
+
+    def _prompt_feeds(self, group: list[_Stream], lengths: list[int]) -> dict[str, Any]:
+        """The feeds of ``group``'s prompts as one batch, each row left-padded."""
+        dec, k, width = self.dec, len(group), max(lengths)
+        assert dec.attention_mask is not None and dec.position_ids is not None
+        feeds: dict[str, Any] = {}
+        for name, dt in ((dec.input_ids, dec.ids_dtype), (dec.attention_mask, dec.mask_dtype),
+                         (dec.position_ids, dec.positions_dtype)):  # fmt: skip
+            a = feeds[name] = np.zeros((k, width), dt)
+            for r, (s, n) in enumerate(zip(group, lengths)):
+                a[r, width - n :] = s.steps.feeds[name][0]
+        for c in dec.cache:
+            feeds[c.past] = c.empty(k)
+        return feeds
+
+    def _prompt_row(self, out: dict[str, Any], r: int, pad: int) -> dict[str, Any]:
+        """Row ``r``'s outputs of a batched prompt call, as its own call would give them
+        (its cache without the padding: a view, copied when the row joins)."""
+        dec = self.dec
+        mine = {dec.logits: out[dec.logits][r : r + 1]}
+        for c in dec.cache:
+            mine[c.present] = out[c.present][r : r + 1][
+                (*(slice(None),) * c.axis, slice(pad, None))
+            ]
+        return mine
+
+    def _seat(self) -> float | None:
+        """Rows out for the generations that went away or ran out of time; rows in for
+        those waiting, up to ``MAX_BATCH``. The seconds left to the seated ones."""
+        cache = self._cache
+        for s in [s for s in cache.rows if s.gone]:
+            cache.leave(s)
         while self._waiting and len(cache.rows) < MAX_BATCH:
             s = self._waiting.pop(0)
             if not s.gone:
                 cache.join(s, s.steps.feeds)
+        ready, timeout = self._in_time(cache.rows)
+        for s in [s for s in cache.rows if s not in ready]:
+            cache.leave(s)
+        return timeout
 
-    async def _tick(self) -> None:
-        """One batched step of every seated generation."""
+    def _in_time(self, streams: list[_Stream]) -> tuple[list[_Stream], float | None]:
+        """Those of ``streams`` before their deadlines (the others ended with it), and the
+        seconds left to the first of those deadlines (None: none has one)."""
+        ready: list[_Stream] = []
+        left: list[float] = []
+        for s in streams:
+            try:
+                t = s.deadline.left()
+            except DeadlineExceeded as e:
+                self._end(s, e)
+                continue
+            ready.append(s)
+            if t is not None:
+                left.append(t)
+        return ready, min(left, default=None)
+
+    async def _tick(self, timeout: float | None) -> None:
+        """One batched step of every seated generation (``timeout``: ``_seat``'s)."""
         cache, dec = self._cache, self.dec
         rows = list(cache.rows)
         feeds, outputs = cache.feeds([s.steps for s in rows])
-        left = [s.deadline.left() for s in rows]
-        timeout = min((t for t in left if t is not None), default=None)
         try:
             out = await self.model.run_async(feeds, timeout=timeout, outputs=outputs)
         except asyncio.CancelledError:
