@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tfrt_py
-from tests.support.models.decoder import decoder
+from tests.support.models.decoder import MAX_POSITIONS, decoder
 from tfrt_py.generation.mixin import start
 from tfrt_py.serving import gen_cache
 from tfrt_py.serving.gen_batching import GenerationBatcher
@@ -93,7 +93,7 @@ def test_rows_that_join_leave_and_move_get_the_tokens_they_get_alone(
     assert batcher.rows > batcher.ticks  # steps carried several rows
     assert any(by > 0 for by in moves) and any(by < 0 for by in moves)
     assert len(set(sizes)) >= 3  # the buffers grew twice or more
-    assert not batcher._cache.rows and batcher._cache.length == 0
+    assert not batcher._cache.rows and batcher._cache.length == 0 and not batcher._cache._bufs
 
 
 def test_padding_is_zeros_and_the_mask_covers_it(model: tfrt_py.Model) -> None:
@@ -156,3 +156,23 @@ def test_a_failed_tick_ends_its_rows_and_the_next_streams_start_clean(
         del model.run_async
     assert first == ["this tick fails", "this tick fails"]
     assert then == [model.generate(p, max_new_tokens=5)[len(p) :].tolist() for p in ([3, 14], [9])]
+
+
+def test_the_buffers_grow_no_further_than_the_positions_need_and_go_when_idle(
+    model: tfrt_py.Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gen_cache, "SLACK", 3)
+    dec = model.decoder()
+    assert dec.max_positions == MAX_POSITIONS
+    cache = gen_cache.BatchCache(dec)
+    steps, _, _ = start(model, list(range(1, 41)), 4, {}, in_place=False)
+    steps.advance(model.run(steps.feeds))
+    cache.join(steps, steps.feeds)
+    for _ in range(2):  # the second step needs 42 positions: doubled, the buffers would hold 82
+        feeds, outputs = cache.feeds([steps])
+        out = model.run(feeds, outputs=outputs)
+        cache.advanced(out)
+        steps.advance({**{c.present: None for c in dec.cache}, dec.logits: out[dec.logits]})
+    assert 42 <= cache._mask.shape[1] - 1 <= MAX_POSITIONS + 3 + 1
+    cache.leave(steps)
+    assert cache.length == 0 and not cache._bufs

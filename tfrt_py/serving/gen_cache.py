@@ -14,7 +14,8 @@ Copies happen only when the batch changes: a row that joins brings its prompt's 
 (once); a row that leaves is replaced by the last row; a row longer than ``length`` moves
 the others right; once every row carries at least ``SLACK`` positions of padding, all
 move left (so ``length`` stays within ``SLACK`` of the longest row); and the buffers grow
-by doubling. Padding always holds zeros, never NaN, so masked scores stay finite.
+by doubling (up to what the model's positions can need). An empty batch drops its
+buffers. Padding always holds zeros, never NaN, so masked scores stay finite.
 
 Owned by one GenerationBatcher on its event loop's thread. The model reads and writes the
 buffers only inside a tick's ``run_async``, which the batcher awaits before it changes the
@@ -81,8 +82,9 @@ class BatchCache:
             self.rows[r], self._own[r] = self.rows[last], self._own[last]
         self.rows.pop()
         self._own.pop()
-        if not self.rows:
+        if not self.rows:  # an idle batch holds no memory
             self.length = 0
+            self._bufs, self._mask = [], np.zeros((0, 1), self.dec.mask_dtype)
 
     def feeds(self, steps: list[Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """A tick's feeds for the rows, whose ``steps`` (``generation.Steps``, in row order)
@@ -136,13 +138,18 @@ class BatchCache:
 
     def _fit(self, rows: int, length: int) -> None:
         """Buffers holding at least ``rows`` rows of ``length`` positions (doubled when they
-        grow; what they held is kept)."""
+        grow, never past what the model's positions and ``SLACK`` can need; what they held
+        is kept)."""
         have_rows = self._mask.shape[0]
         have_len = self._mask.shape[1] - 1
         if rows <= have_rows and length <= have_len:
             return
         rows = max(rows, 2 * have_rows, 4) if rows > have_rows else have_rows
-        length = max(length, 2 * have_len, FIRST_LENGTH) if length > have_len else have_len
+        if length > have_len:
+            most = (self.dec.max_positions or 1 << 62) + SLACK + 1
+            length = max(length, min(max(2 * have_len, FIRST_LENGTH), most))
+        else:
+            length = have_len
         b, n = len(self.rows), self.length
         bufs = [np.zeros(c.buffer(rows, length).shape, c.dtype) for c in self.dec.cache]
         for c, buf, old in zip(self.dec.cache, bufs, self._bufs):
