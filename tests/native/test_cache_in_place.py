@@ -78,6 +78,20 @@ def _in_buffers(feeds: dict[str, Any], past: int, rows: int = 1) -> tuple[
     return fed, outs, bufs
 
 
+def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets an item for each call of the output-buffer checker (the tier's
+    checked path; a step on the cache path never calls it)."""
+    checked: list[int] = []
+    real = tier_module.check_output_buffers
+
+    def counted(*a: Any, **k: Any) -> Any:
+        checked.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(tier_module, "check_output_buffers", counted)
+    return checked
+
+
 def _check(got: dict[str, Any], want: list[np.ndarray], session: ort.InferenceSession) -> None:
     for out, w in zip(session.get_outputs(), want):
         np.testing.assert_allclose(np.asarray(got[out.name]), w, rtol=1e-4, atol=1e-5,
@@ -112,14 +126,7 @@ def test_a_step_writes_only_its_new_rows_into_the_buffers(
     want = session.run(None, feeds)
     model.run(feeds)  # compiles the box (eager) and decides it
     fed, outs, bufs = _in_buffers(feeds, 20)
-    checked: list[int] = []
-    real = tier_module.check_output_buffers
-
-    def counted(*a: Any, **k: Any) -> Any:
-        checked.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(tier_module, "check_output_buffers", counted)
+    checked = _count_checks(monkeypatch)
     for _ in range(3):  # the same step again: it writes the same new row
         got = model.run(fed, outputs=outs)
     _check(got, want, session)
@@ -142,14 +149,7 @@ def test_a_buffer_with_more_rows_than_the_step_is_written_in_place(
     want = session.run(None, feeds)
     model.run(feeds)
     fed, outs, bufs = _in_buffers(feeds, 20, rows=3)
-    checked: list[int] = []
-    real = tier_module.check_output_buffers
-
-    def counted(*a: Any, **k: Any) -> Any:
-        checked.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(tier_module, "check_output_buffers", counted)
+    checked = _count_checks(monkeypatch)
     got = model.run(fed, outputs=outs)
     _check(got, want, session)
     assert checked == []

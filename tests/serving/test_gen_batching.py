@@ -109,7 +109,7 @@ def test_padding_is_zeros_and_the_mask_covers_it(model: tfrt_py.Model) -> None:
         rows.append((steps, out))
         cache.join(steps, steps.feeds)
     feeds, outputs = cache.feeds([s for s, _ in rows])
-    assert outputs is not None and cache.length == 5
+    assert outputs is not None and cache.length == 5 and dec.attention_mask is not None
     np.testing.assert_array_equal(feeds[dec.attention_mask], [[1] * 6, [0, 0, 0, 1, 1, 1]])
     c = dec.cache[0]
     past = feeds[c.past]
