@@ -283,9 +283,10 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
     serving meanwhile): runs of one and of the most streams alternating until the
     one-stream runs settle (``SETTLED_*``). Then ``rounds`` rounds,
     each a run of every level (each of ``k`` clients two streams one after another):
-    aggregate tokens/s per level (median over rounds) and the time to the first token
+    aggregate tokens/s per level (median over rounds), the time to the first token
     against the prompt's own time (a one-token generation of a 16-token prompt in this
-    process, after its own warm-up)."""
+    process, after its own warm-up), and the CPU time a token cost the server process and
+    the clients (this process; they share the host's cores)."""
     import asyncio
 
     import httpx
@@ -324,17 +325,23 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
         mismatched += toks != expected[k]
         return first, len(toks)
 
-    async def run_level(client: Any, k: int) -> tuple[float, list[float]]:
-        """k clients, each ``per`` streams one after another: tokens/s of all, firsts."""
+    server_pid = 0  # set once the server runs
+
+    async def run_level(client: Any, k: int) -> tuple[float, list[float], float, float]:
+        """k clients, each ``per`` streams one after another: tokens/s of all, firsts, and
+        the CPU ms a token cost the server process and this (client) process."""
         got: list[tuple[float, int]] = []
 
         async def stream_after_stream(w: int) -> None:
             for r in range(per):
                 got.append(await one(client, (w * per + r) % len(prompts)))
 
-        t0 = time.perf_counter()
+        t0, s0, c0 = time.perf_counter(), cpu_seconds(server_pid), time.process_time()
         await asyncio.gather(*(stream_after_stream(w) for w in range(k)))
-        return sum(n for _, n in got) / (time.perf_counter() - t0), [f for f, _ in got]
+        n = sum(n for _, n in got)
+        server_ms = (cpu_seconds(server_pid) - s0) * 1e3 / max(1, n)
+        client_ms = (time.process_time() - c0) * 1e3 / max(1, n)
+        return n / (time.perf_counter() - t0), [f for f, _ in got], server_ms, client_ms
 
     async def session(port: int) -> dict[str, Any]:
         limits = httpx.Limits(max_connections=max(levels))
@@ -345,7 +352,7 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
             ones: list[float] = []
             while True:
                 for k in (1, max(levels)):
-                    tok_s, _ = await run_level(client, k)
+                    tok_s, *_ = await run_level(client, k)
                     trace.append((time.perf_counter() - t0, k, tok_s))
                     if k == 1:
                         ones.append(tok_s)
@@ -357,15 +364,19 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
                     break
             rates: dict[int, list[float]] = {k: [] for k in levels}
             firsts: dict[int, list[float]] = {k: [] for k in levels}
+            cpu: dict[int, list[tuple[float, float]]] = {k: [] for k in levels}
             for _ in range(rounds):
                 for k in levels:
-                    tok_s, fs = await run_level(client, k)
+                    tok_s, fs, server_ms, client_ms = await run_level(client, k)
                     rates[k].append(tok_s)
                     firsts[k] += fs
+                    cpu[k].append((server_ms, client_ms))
         res = [{"streams": k, "tok_s": statistics.median(rates[k]),
                 "tok_s_range": [min(rates[k]), max(rates[k])],
                 "first_p50_ms": statistics.median(firsts[k]) * 1e3,
-                "first_p99_ms": float(np.percentile(firsts[k], 99)) * 1e3}
+                "first_p99_ms": float(np.percentile(firsts[k], 99)) * 1e3,
+                "server_cpu_ms_per_token": statistics.median(c[0] for c in cpu[k]),
+                "client_cpu_ms_per_token": statistics.median(c[1] for c in cpu[k])}
                for k in levels]  # fmt: skip
         return {"levels": res, "warmup": trace, "settled_after_s": trace[-1][0]}
 
@@ -386,6 +397,7 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
         proc, port = serve_load.start_server([path], "off", os.path.join(tmp, "log"),
                                              ["--no-grpc", "--warmup", "generate"],
                                              "default")  # fmt: skip
+        server_pid = proc.pid
         try:
             listening = time.perf_counter() - t_start
             ready_s = listening + asyncio.run(ready(port, proc))
@@ -397,11 +409,23 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
             "ready_s": ready_s, "mismatched": mismatched}  # fmt: skip
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (Linux ``/proc``; 0.0 where it
+    cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def serve_table(results: dict[str, dict[str, Any]]) -> list[str]:
     lines = ["| model | streams | tokens/s, all streams: median (range) over rounds | vs 1 stream "
              "| first token p50 / p99 ms "
-             "| the prompt's own time ms | streams unlike generate() |",
-             "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| the prompt's own time ms | CPU ms a token: server / clients "
+             "| streams unlike generate() |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, r in results.items():
         if "error" in r:
             lines.append(f"| {name} | error: {r['error'][:120]} |")
@@ -412,7 +436,8 @@ def serve_table(results: dict[str, dict[str, Any]]) -> list[str]:
             lines.append(f"| {name} | {lv['streams']} | {lv['tok_s']:.0f} ({lo:.0f}-{hi:.0f}) | "
                          f"{lv['tok_s'] / one:.2f}x | {lv['first_p50_ms']:.1f} / "
                          f"{lv['first_p99_ms']:.1f} | {r['prefill_ms']:.1f} | "
-                         f"{r['mismatched']} |")  # fmt: skip
+                         f"{lv['server_cpu_ms_per_token']:.3f} / "
+                         f"{lv['client_cpu_ms_per_token']:.3f} | {r['mismatched']} |")  # fmt: skip
     for name, r in results.items():
         if "warmup" in r:
             shown = ", ".join(f"{t:.0f} s: {k} x {v:.0f}" for t, k, v in r["warmup"])
