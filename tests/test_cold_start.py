@@ -423,3 +423,39 @@ def test_the_warm_up_knows_a_dear_models_calls_are_long_before_one_ran() -> None
     assert dear["call_s"] >= cold_start.SHORT_CALL_S, dear
     cheap = _script(_SEED.format(k=16))
     assert cheap["cold"] and cheap["call_s"] < cold_start.SHORT_CALL_S, cheap
+
+
+_SWITCH_FAILS = """
+import json
+import numpy as np
+import tfrt_py
+from tfrt_py import cold_start
+from tfrt_py.model import Model
+
+real = Model._compiled_switch
+
+def failing(self):
+    real(self)  # built on the compiled kernels; then the switch itself fails
+    def install():
+        raise RuntimeError("no room for the compiled program")
+    return install
+
+Model._compiled_switch = failing
+m = tfrt_py.load({model!r}, executor="sync")
+x = {{s.name: np.ones([d if isinstance(d, int) else 1 for d in s.shape], np.float32)
+      for s in m.inputs}}
+before = m.run(x)
+waited = m.wait_compiled(120)
+after = m.run(x)
+same = all(np.allclose(before[k], after[k]) for k in before)
+print(json.dumps({{"waited": waited, "same": bool(same), "line": cold_start.describe()}}))
+"""
+
+
+def test_a_model_whose_switch_fails_keeps_serving_and_the_failure_is_said() -> None:
+    """A built model whose switch to the compiled kernels fails keeps its NumPy paths and
+    its answers, and ``cold_start.describe()`` says so (the failure was swallowed
+    silently)."""
+    r = _script(_SWITCH_FAILS.format(model=MLP))
+    assert r["waited"] and r["same"], r
+    assert "could not switch" in r["line"] and "no room for the compiled program" in r["line"], r

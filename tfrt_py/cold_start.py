@@ -225,7 +225,7 @@ def describe() -> str:
     with _lock:
         if _building or _job is not None:
             return "cold start: NumPy paths while the compiled kernels warm in the background"
-        return _record[-1] if _record else ""
+        return "; ".join(_record)
 
 
 class _Warmup:
@@ -312,13 +312,16 @@ class _Warmup:
 
 def _switcher(install: Any, done: threading.Event) -> Any:
     """What ``compiled_gate.release`` runs for a built model: switch it, then tell its
-    waiters (a failure leaves it on its NumPy paths; nothing raises into the release)."""
+    waiters. A failure leaves it on its NumPy paths and is said in ``describe()``'s line;
+    nothing raises into the release (which may run under ``_lock``: no lock taken here)."""
 
     def switch() -> None:
         try:
             install()
-        except Exception:  # noqa: BLE001 - the model keeps its NumPy paths
-            pass
+        except Exception as e:  # noqa: BLE001 - the model keeps its NumPy paths
+            _record.append(f"cold start: a model built on the compiled kernels could not "
+                           f"switch to them and keeps its NumPy paths: "
+                           f"{type(e).__name__}: {e}"[:500])  # fmt: skip
         finally:
             done.set()
 
