@@ -168,6 +168,31 @@ def test_each_form_matches_onnxruntime_on_the_cols_route(
         assert plans[-1].route == "cols" and plans[-1].cols.mode == mode
 
 
+@pytest.mark.parametrize("act", ["Relu", "Clip", "Identity"])
+def test_grid_crop_without_bias_keeps_nan_and_finishes_every_row(
+    monkeypatch: pytest.MonkeyPatch, act: str
+) -> None:
+    """GRID's crop (``_crop_grid``) without a bias: the ReLU/Clip of its one pass keeps a
+    NaN (a NaN pixel poisons the outputs whose windows hold it), saturates infinities, and
+    every output row of every channel is written (the output is pre-filled with a
+    sentinel)."""
+    _need_kernel()
+    plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
+    x = _RNG.standard_normal((1, 8, 21, 19)).astype(np.float32)
+    x[0, 3, 5, 7], x[0, 1, 0, 0], x[0, 2, 20, 18] = np.nan, np.inf, -np.inf
+    w = (_RNG.standard_normal((24, 8, 3, 3)) * 0.2).astype(np.float32)
+    m = _model(x, w, {"pads": [1, 1, 1, 1]}, act, residual=False)
+    m.graph.node[0].input.pop()  # no bias
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x})[0]
+    model = tfrt_py.load(m, executor="sync")
+    for _ in range(2):
+        got = model.run({"x": x}, outputs={"y": np.full(want.shape, 7.0, np.float32)})["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert np.isnan(want).any() and plans[-1].route == "cols"
+    assert plans[-1].cols.mode == conv_cols.GRID and plans[-1].epi.act in ("Relu", "Clip", "")
+
+
 @pytest.mark.parametrize(
     ("n", "m", "oh", "ow", "threads"),
     [(1, 512, 7, 7, 2), (2, 200, 7, 7, 2), (1, 64, 56, 56, 2), (1, 64, 3, 40, 2),
