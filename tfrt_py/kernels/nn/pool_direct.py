@@ -11,7 +11,9 @@ skipped, never read, so padding never wins; a window wholly inside the padding g
 offsets (unsigned indices), which vectorize (stride 2: the row maxima's even and odd
 columns split into two runs first; reading them at stride 2 in the output loop left it
 scalar: 64x111x111 3x3/2, one Zen 4 thread, 405 -> 240 µs, 256x27x27 192 -> 100);
-others take the general loop. NaN propagates
+others take the general loop. Planes and rows are read and written through flat unsigned
+indices, never views (a view a row cost ~90 ns an output row: one Zen 5 thread, 64x111x111
+456 -> 249 µs, 256x27x27 340 -> 182; onnxruntime's 120 and 34). NaN propagates
 as with ``np.maximum`` (a window holding NaN gives NaN). float32/float64, no Indices
 output; None from ``plan_max_pool`` (numba missing, ``$TFRT_PY_JIT=0``, other dtypes) keeps
 ``pool``'s NumPy fold (one strided ``np.maximum`` per tap). 64x111x111, 3x3 stride 2:
@@ -50,11 +52,12 @@ def _mx(a: Any, v: Any) -> Any:  # pragma: no cover - numba only
 
 
 @inline
-def _rows_max(xc: Any, tmp: Any, top: int, kh_: int, dh: int) -> bool:  # pragma: no cover
-    """``tmp`` = the elementwise max of the window's input rows ``top + i * dh`` (i < KH)
-    that lie inside the image ``xc`` (H, W); False, ``tmp`` untouched, when none does.
-    Inlined (``jit.inline``)."""
-    h_, w_ = xc.shape
+def _rows_max(
+    xf: Any, xo: int, h_: int, w_: int, tmp: Any, top: int, kh_: int, dh: int
+) -> bool:  # pragma: no cover - numba only
+    """``tmp[:w_]`` = the elementwise max of the window's input rows ``top + i * dh`` (i <
+    KH) that lie inside the plane at ``xf[xo:]`` (H x W, flat); False, ``tmp`` untouched,
+    when none does. Inlined (``jit.inline``)."""
     i = 0
     while i < kh_ and top + i * dh < 0:
         i += 1
@@ -63,70 +66,76 @@ def _rows_max(xc: Any, tmp: Any, top: int, kh_: int, dh: int) -> bool:  # pragma
         i_end += 1
     if i == i_end:
         return False
-    r0 = xc[top + i * dh]
+    u = np.uint64
+    a0 = u(xo + (top + i * dh) * w_)
     if i_end - i >= 3:
-        r1 = xc[top + (i + 1) * dh]
-        r2 = xc[top + (i + 2) * dh]
+        a1, a2 = a0 + u(dh * w_), a0 + u(2 * dh * w_)
         for t in range(w_):
-            tmp[t] = _mx(_mx(r0[t], r1[t]), r2[t])
+            k = u(t)
+            tmp[k] = _mx(_mx(xf[a0 + k], xf[a1 + k]), xf[a2 + k])
         i += 3
     elif i_end - i == 2:
-        r1 = xc[top + (i + 1) * dh]
+        a1 = a0 + u(dh * w_)
         for t in range(w_):
-            tmp[t] = _mx(r0[t], r1[t])
+            k = u(t)
+            tmp[k] = _mx(xf[a0 + k], xf[a1 + k])
         i += 2
     else:
         for t in range(w_):
-            tmp[t] = r0[t]
+            k = u(t)
+            tmp[k] = xf[a0 + k]
         i += 1
     while i < i_end:  # windows of more than three rows
-        r = xc[top + i * dh]
+        a = u(xo + (top + i * dh) * w_)
         for t in range(w_):
-            tmp[t] = _mx(tmp[t], r[t])
+            k = u(t)
+            tmp[k] = _mx(tmp[k], xf[a + k])
         i += 1
     return True
 
 
 @inline
 def _columns_max(
-    o: Any, tmp: Any, w_: int, lo: int, hi: int, kw_: int, sw: int, dw: int, pl: int
-) -> None:  # pragma: no cover - numba only
-    """``o[ow]`` = the max of ``tmp`` (a row of ``w_``) over output ``ow``'s window columns,
-    those inside the row only; ``[lo, hi)`` are the windows wholly inside. Inlined
-    (``jit.inline``)."""
-    ow_ = o.shape[0]
+    of: Any, oo: int, ow_: int, tmp: Any, w_: int, lo: int, hi: int, kw_: int, sw: int,
+    dw: int, pl: int,
+) -> None:  # fmt: skip  # pragma: no cover - numba only
+    """``of[oo + ow]`` = the max of ``tmp`` (a row of ``w_``) over output ``ow``'s window
+    columns, those inside the row only (ow < ``ow_``); ``[lo, hi)`` are the windows
+    wholly inside. Inlined (``jit.inline``)."""
     # (unsigned offsets: these taps are inside, and numba skips the
     # negative-index wraparound that keeps LLVM from vectorizing)
-    one, two, ulo = np.uint64(1), np.uint64(2), np.uint64(lo)
+    u = np.uint64
+    one, two = u(1), u(2)
+    dst = u(oo + lo)
     if sw == 2 and dw == 1 and kw_ == 3:
         # the window columns b + 2t, +1, +2 de-interleaved first (even and odd columns,
         # a loop LLVM vectorizes with shuffles), then each output from three contiguous
         # runs: the stride-2 reads in the output loop kept it scalar at these row lengths
         n = hi - lo
-        base = np.uint64(2 * lo - pl)
-        ev = tmp[w_ : w_ + n + 1]
-        od = tmp[w_ + n + 1 : w_ + 2 * n + 1]
+        base = u(2 * lo - pl)
+        ev, od = u(w_), u(w_ + n + 1)
         for t in range(n):
-            i0 = base + two * np.uint64(t)
-            ev[t] = tmp[i0]
-            od[t] = tmp[i0 + one]
+            k = u(t)
+            i0 = base + two * k
+            tmp[ev + k] = tmp[i0]
+            tmp[od + k] = tmp[i0 + one]
         if n > 0:
-            ev[n] = tmp[base + two * np.uint64(n)]
+            tmp[ev + u(n)] = tmp[base + two * u(n)]
         for t in range(n):
-            u = np.uint64(t)
-            o[ulo + u] = _mx(_mx(ev[u], od[u]), ev[u + one])
+            k = u(t)
+            of[dst + k] = _mx(_mx(tmp[ev + k], tmp[od + k]), tmp[ev + k + one])
     elif sw == 1 and dw == 1 and kw_ == 3:
-        base = np.uint64(lo - pl)
+        base = u(lo - pl)
         for t in range(hi - lo):
-            i0 = base + np.uint64(t)
-            o[ulo + np.uint64(t)] = _mx(_mx(tmp[i0], tmp[i0 + one]), tmp[i0 + two])
+            i0 = base + u(t)
+            of[dst + u(t)] = _mx(_mx(tmp[i0], tmp[i0 + one]), tmp[i0 + two])
     else:
         for ow in range(lo, hi):
             first_tap = ow * sw - pl
             a = tmp[first_tap]
             for j in range(1, kw_):
                 a = _mx(a, tmp[first_tap + j * dw])
-            o[ow] = a
+            of[oo + ow] = a
     for e in range(lo + ow_ - hi):  # windows reaching into the padding
         ow = e if e < lo else hi + e - lo
         a = -np.inf  # stays so for a window inside the padding
@@ -136,7 +145,7 @@ def _columns_max(
             if 0 <= iw < w_:
                 a = tmp[iw] if first else _mx(a, tmp[iw])
                 first = False
-        o[ow] = a
+        of[oo + ow] = a
 
 
 @uses(_mx, _rows_max, _columns_max)
@@ -145,12 +154,14 @@ def _max_pool2d(
 ) -> None:  # pragma: no cover - numba only
     """out[n, c] = max over the window for images ``[n0, n1)`` and channels ``[c0, c1)``.
     ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl]; ``tmp`` holds one output row's row maxima
-    (W elements), then (stride 2, width 3) their even and odd columns (W + 2 more)."""
-    w_ = x.shape[3]
+    (W elements), then (stride 2, width 3) their even and odd columns (W + 2 more).
+    ``x`` and ``out`` C-contiguous (flat indices: module doc)."""
+    c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     oh_, ow_ = out.shape[2], out.shape[3]
     kh_, kw_, sh, sw, dh, dw, pt, pl = (
         geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7],
     )  # fmt: skip
+    xf, of = x.reshape(-1), out.reshape(-1)
     # output columns whose every tap lies inside the row: lo <= ow < hi
     lo = 0 if pl <= 0 else (pl + sw - 1) // sw
     last = w_ - 1 - (kw_ - 1) * dw + pl  # the last window start (times sw) fully inside
@@ -158,17 +169,17 @@ def _max_pool2d(
     lo = min(lo, hi)
     for n in range(n0, n1):
         for c in range(c0, c1):
-            xc = x[n, c]
-            oc = out[n, c]
+            xo = (n * c_ + c) * h_ * w_
+            oo = (n * c_ + c) * oh_ * ow_
             for oh in range(oh_):
                 # 1. tmp = the max over the window's rows inside the image (>= 1 of them),
                 # 2. the output row: the max over each window's columns of tmp
-                o = oc[oh]
-                if _rows_max(xc, tmp, oh * sh - pt, kh_, dh):
-                    _columns_max(o, tmp, w_, lo, hi, kw_, sw, dw, pl)
+                at = oo + oh * ow_
+                if _rows_max(xf, xo, h_, w_, tmp, oh * sh - pt, kh_, dh):
+                    _columns_max(of, at, ow_, tmp, w_, lo, hi, kw_, sw, dw, pl)
                 else:  # a window inside the padding (pads >= the kernel)
                     for t in range(ow_):
-                        o[t] = -np.inf
+                        of[at + t] = -np.inf
 
 
 def _warm(fn: Any) -> None:
