@@ -296,6 +296,12 @@ def _im2col_reference(
         ((1, 2, 5, 11), (1, 7), (1, 1), (1, 1), (0, 3), (5, 11), (1, 4)),
         ((1, 2, 8, 8), (3, 3), (1, 1), (1, 1), (0, 0), (6, 6), (0, 6)),  # valid: row runs
         ((1, 2, 9, 40), (3, 3), (2, 2), (1, 1), (1, 1), (5, 20), (0, 5)),  # stride 2
+        # stride 2, blocks of rows: only the rows a block reads are split into even and
+        # odd columns (the rest of the planes are never written)
+        ((1, 2, 23, 40), (3, 3), (2, 2), (1, 1), (1, 1), (12, 20), (3, 7)),
+        ((1, 2, 30, 40), (7, 7), (2, 2), (1, 1), (3, 3), (15, 20), (5, 9)),
+        ((1, 2, 30, 40), (7, 7), (2, 2), (1, 1), (3, 3), (15, 20), (13, 15)),
+        ((1, 2, 21, 40), (3, 3), (2, 2), (2, 1), (2, 1), (11, 20), (6, 11)),
     ],
 )
 def test_compiled_im2col_matches_its_definition(

@@ -54,9 +54,12 @@ from .conv_im2col import im2col_rows
 __all__ = ["BLOCK_BYTES", "COLS_ONE", "COLS_PAR", "GRID", "IM2COL", "ColsPlan",
            "computed_columns", "plan", "run", "taps_first"]  # fmt: skip
 
-#: A sub-block's im2col columns take about this many bytes (with the weights' rows they
-#: stay in a core's L2 between the copy and the product).
-BLOCK_BYTES = 256 * 1024
+#: A sub-block's im2col columns take about this many bytes (about half a core's L2 on
+#: the hosts measured). 256 KB cut a strided 3x3 conv's product into calls of 4-5 panel
+#: columns, each walking every filter again: one Zen 5 thread, interleaved, 64x56x56 ->
+#: 128 3x3/2 137 -> 150 GFLOP/s, 128x28x28 -> 256 127 -> 142; 1 MB no better, the other
+#: forms unchanged.
+BLOCK_BYTES = 512 * 1024
 #: ... but at least this many output pixels (two panels of the AVX-512 tile): fewer would
 #: leave the kernel on its masked partial panel.
 MIN_BLOCK_PIXELS = 64

@@ -127,10 +127,14 @@ def im2col_rows_s2(  # pragma: no cover - numba only
     half = (w_ + 1) // 2
     ph = np.empty((2, h_, half), cols.dtype)  # [even columns, odd columns] of one channel
     npair = w_ // 2
+    # only the input rows these output rows read (a block of a few output rows split
+    # every row of the plane: the ResNet stem's 28 blocks each split all 224)
+    ih0 = max(0, oh0 * sh - pt)
+    ih1 = min(h_, (oh1 - 1) * sh - pt + (kh_ - 1) * dh + 1)
     r = 0
     for c in range(c0, c1):
         xc = x[n, c]
-        for ih in range(h_):
+        for ih in range(ih0, ih1):
             ev, od = ph[0, ih], ph[1, ih]
             for k in range(npair):
                 u = np.uint64(k)
