@@ -802,6 +802,10 @@ def test_max_pool_matches_onnxruntime(
         ((1, 2, 13, 13), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
         ((1, 2, 6, 5), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1]}),
         ((1, 2, 7, 4), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 0, 0]}),
+        # 3x3 stride 2 over wide rows: the whole-plane passes in blocks of output rows
+        # (six a block at 300 columns, the last one short), edge columns on both sides
+        ((1, 2, 77, 300), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 0]}),
+        ((1, 2, 40, 301), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
     ],
 )
 def test_max_pool_compiled_matches_numpy_fold(

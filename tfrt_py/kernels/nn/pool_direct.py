@@ -13,7 +13,10 @@ columns split into two runs first; reading them at stride 2 in the output loop l
 scalar: 64x111x111 3x3/2, one Zen 4 thread, 405 -> 240 µs, 256x27x27 192 -> 100);
 others take the general loop. Planes and rows are read and written through flat unsigned
 indices, never views (a view a row cost ~90 ns an output row: one Zen 5 thread, 64x111x111
-456 -> 249 µs, 256x27x27 340 -> 182; onnxruntime's 120 and 34). NaN propagates
+456 -> 249 µs, 256x27x27 340 -> 182). 3x3 stride-2 pools (ResNet's, SqueezeNet's,
+ShuffleNet's) take the rows whose windows lie inside by two long passes over blocks of
+input rows (``_plane_3x3s2``): 249 -> 239 and 182 -> 61 µs (onnxruntime 148 and 35; 128x55x55
+409 -> 104, onnxruntime 65). NaN propagates
 as with ``np.maximum`` (a window holding NaN gives NaN). float32/float64, no Indices
 output; None from ``plan_max_pool`` (numba missing, ``$TFRT_PY_JIT=0``, other dtypes) keeps
 ``pool``'s NumPy fold (one strided ``np.maximum`` per tap). 64x111x111, 3x3 stride 2:
@@ -44,6 +47,12 @@ SPLIT_MIN_WORK = 1 << 21
 #: ... and from this much work when native threads take the parts (~4 µs a split, no
 #: GIL): SqueezeNet's last 256x27x27 3x3/2 pool (1.7M) took 134 µs on one thread.
 NATIVE_SPLIT_MIN_WORK = 1 << 19
+
+
+#: The 3x3 stride-2 passes (``_plane_3x3s2``) take blocks of output rows of about this
+#: many floats of their two buffers (32 KB: in L1 with what they read). One Zen 5 thread:
+#: 64x112x112 over whole planes 321 µs, in blocks 216 (row by row 252).
+PLANE_CHUNK_FLOATS = 8192
 
 
 def _mx(a: Any, v: Any) -> Any:  # pragma: no cover - numba only
@@ -148,13 +157,56 @@ def _columns_max(
         of[oo + ow] = a
 
 
-@uses(_mx, _rows_max, _columns_max)
+@inline
+def _plane_3x3s2(
+    xf: Any, xo: int, w_: int, of: Any, oo: int, ow_: int, tmp: Any, r0: int, r1: int,
+    pt: int, pl: int, lo: int, hi: int,
+) -> None:  # fmt: skip  # pragma: no cover - numba only
+    """Output rows ``[r0, r1)`` of a 3x3 stride-2 pool whose windows lie inside the plane
+    (``xf[xo:]``, rows ``w_`` wide) vertically, in two long contiguous passes over every
+    input row from the first window's to the last's: ``tmp[:n]`` the max of each element
+    and the two below it, ``tmp[n:2n]`` the max of that and its two right neighbours;
+    each output is then read at its window's corner, and the columns ``[lo, hi)`` leave
+    out (windows reaching into the padding) come from the first pass. Row by row the
+    loops were 13-27 elements long, scalar under 512-bit vectors."""
+    u = np.uint64
+    n = (2 * (r1 - 1 - r0) + 1) * w_
+    a = u(xo + (2 * r0 - pt) * w_)
+    w1, w2, one, two = u(w_), u(2 * w_), u(1), u(2)
+    for j in range(n):
+        k = a + u(j)
+        tmp[u(j)] = _mx(_mx(xf[k], xf[k + w1]), xf[k + w2])
+    h = u(n)
+    for j in range(n - 2):
+        k = u(j)
+        tmp[h + k] = _mx(_mx(tmp[k], tmp[k + one]), tmp[k + two])
+    for oh in range(r0, r1):
+        row = 2 * (oh - r0) * w_
+        dst = oo + oh * ow_
+        src = h + u(row - pl)
+        for ow in range(lo, hi):
+            of[u(dst + ow)] = tmp[src + two * u(ow)]
+        for e in range(lo + ow_ - hi):  # windows reaching into the padding
+            ow = e if e < lo else hi + e - lo
+            acc = -np.inf
+            first = True
+            for j in range(3):
+                iw = 2 * ow - pl + j
+                if 0 <= iw < w_:
+                    acc = tmp[row + iw] if first else _mx(acc, tmp[row + iw])
+                    first = False
+            of[dst + ow] = acc
+
+
+@uses(_mx, _rows_max, _columns_max, _plane_3x3s2)
 def _max_pool2d(
     x: Any, out: Any, geo: Any, tmp: Any, n0: int, n1: int, c0: int, c1: int
 ) -> None:  # pragma: no cover - numba only
     """out[n, c] = max over the window for images ``[n0, n1)`` and channels ``[c0, c1)``.
     ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl]; ``tmp`` holds one output row's row maxima
-    (W elements), then (stride 2, width 3) their even and odd columns (W + 2 more).
+    (W elements), then (stride 2, width 3) their even and odd columns (W + 2 more); 3x3
+    stride 2 takes its inside rows by whole-plane passes where ``tmp`` has room for two
+    planes (``plan_max_pool`` gives it).
     ``x`` and ``out`` C-contiguous (flat indices: module doc)."""
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     oh_, ow_ = out.shape[2], out.shape[3]
@@ -167,11 +219,25 @@ def _max_pool2d(
     last = w_ - 1 - (kw_ - 1) * dw + pl  # the last window start (times sw) fully inside
     hi = 0 if last < 0 else min(ow_, last // sw + 1)
     lo = min(lo, hi)
+    # 3x3 stride 2 (ResNet's, SqueezeNet's, ShuffleNet's pools): the output rows whose
+    # windows lie inside vertically in whole-plane passes (``_plane_3x3s2``)
+    r0, r1 = 0, 0
+    if kh_ == 3 and kw_ == 3 and sh == 2 and sw == 2 and dh == 1 and dw == 1:
+        r0 = min(oh_, (pt + 1) // 2)
+        r1 = max(r0, min(oh_, (h_ - 3 + pt) // 2 + 1))
+        if r1 - r0 < 2 or tmp.shape[0] < 2 * (2 * (r1 - 1 - r0) + 1) * w_:
+            r0, r1 = 0, 0
+    chunk = max(2, PLANE_CHUNK_FLOATS // (4 * w_))  # output rows: 2 passes of 2 input rows
     for n in range(n0, n1):
         for c in range(c0, c1):
             xo = (n * c_ + c) * h_ * w_
             oo = (n * c_ + c) * oh_ * ow_
+            for q in range(r0, r1, chunk):  # a chunk's two passes stay in L1
+                _plane_3x3s2(xf, xo, w_, of, oo, ow_, tmp, q, min(r1, q + chunk), pt, pl, lo,
+                             hi)  # fmt: skip
             for oh in range(oh_):
+                if r0 <= oh < r1:
+                    continue
                 # 1. tmp = the max over the window's rows inside the image (>= 1 of them),
                 # 2. the output row: the max over each window's columns of tmp
                 at = oo + oh * ow_
@@ -246,8 +312,12 @@ def plan_max_pool(
         work >= NATIVE_SPLIT_MIN_WORK and _MAX_POOL_PAR.get() is not None
     )
     split = intra_pool().threads > 1 and enough and max(x_shape[:2]) > 1
-    # a row's maxima, then (stride 2, width 3) its even and odd columns
-    return MaxPoolPlan(fn, geo, 2 * x_shape[3] + 2, tuple(out_shape), split)
+    # a row's maxima, then (stride 2, width 3) its even and odd columns; 3x3 stride 2 the
+    # two passes over a plane (``_plane_3x3s2``)
+    tmp_len = 2 * x_shape[3] + 2
+    if tuple(kernel) == (3, 3) and tuple(strides) == (2, 2) and tuple(dilations) == (1, 1):
+        tmp_len = max(tmp_len, 2 * x_shape[2] * x_shape[3])
+    return MaxPoolPlan(fn, geo, tmp_len, tuple(out_shape), split)
 
 
 def run_max_pool(plan: MaxPoolPlan, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
