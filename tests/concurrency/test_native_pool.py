@@ -111,6 +111,22 @@ def test_two_parts_of_a_loop_run_at_once_on_threads_with_their_own_ids() -> None
     assert ids == [0, 1]
 
 
+def test_a_loop_stamps_its_publish_time_for_the_workers_wake_up_clock() -> None:
+    """I8: a worker spins after long parts only while its wake-ups come late after the
+    publish; the publish time is written by each loop that goes to the workers, and the
+    threshold is set when the pool starts."""
+    if native_pool.workers() == 0:
+        pytest.skip("one CPU: loops run in their caller, nothing is published")
+    native_threads.enter(2)
+    x = np.random.default_rng(0).random((64, 1000))
+    stamp = native_pool._i64("pub_t")
+    assert native_pool._i64("wake_t").value > 0
+    _row_sums(x)
+    first = stamp.value
+    _row_sums(x)
+    assert first > 0 and stamp.value > first
+
+
 def test_a_parallel_reduction_sums_what_numpy_sums() -> None:
     native_threads.enter(2)
     x = np.random.default_rng(0).random(1_000_003)

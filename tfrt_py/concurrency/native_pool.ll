@@ -34,7 +34,15 @@
 ;      the caller then waited forever (consecutive loops of different part counts).
 ;  I8  A worker spins for the next task (watching its word) only after it ran parts of
 ;      the last one that took it less than @tfrt_py_pool_short_t cycles (a wake-up would
-;      cost as much as such parts); one that ran nothing, or long parts, sleeps at once.
+;      cost as much as such parts), or after any parts while its wake-ups are slow: its
+;      last futex wake came more than @tfrt_py_pool_wake_t cycles after the task was
+;      published (@tfrt_py_pool_pub_t) -- an idle vCPU halted, 30-90 µs on a 2-core
+;      Firecracker VM, paid by every kernel of a CNN -- unless it was preempted lately (a
+;      busy process shares the CPU, and spinning there spends the worker's share, so its
+;      next part waits behind the neighbour): a worker preempted since its last task
+;      (getrusage's involuntary context switches, read once a task) tries such spins
+;      again only 256 tasks later. One that ran nothing, or long parts while wake-ups are
+;      fast, sleeps at once.
 ;      The spin starts at @tfrt_py_pool_spin_t cycles, doubles (up to 8 times that) when
 ;      a task comes soon after the worker went to sleep, and falls back when tasks come
 ;      rarely. A spin only reads the word and the time-stamp counter -- no `pause`: under
@@ -75,6 +83,10 @@
 @tfrt_py_pool_spin_t = global i64 0, align 8
 ; parts shorter than this many cycles (the time-stamp counter's) are followed by a spin (I8)
 @tfrt_py_pool_short_t = global i64 0, align 8
+; a wake-up later than this many cycles after the publish is slow (I8)
+@tfrt_py_pool_wake_t = global i64 0, align 8
+; the time-stamp counter when the last task was published (I8; the owner writes it)
+@tfrt_py_pool_pub_t = global i64 0, align 8
 ; pthread_self of worker k at [k] (for @tfrt_py_pool_thread_id)
 @tfrt_py_pool_wtid = global [64 x i64] zeroinitializer, align 64
 ; per worker, a cache line: [0] the futex word a task's generation is written to, [1] 1
@@ -220,11 +232,24 @@ entry:
   ; monotonic: tuning knobs native_pool.py sets before it starts the workers (I8)
   %base = load atomic i64, ptr @tfrt_py_pool_spin_t monotonic, align 8
   %short = load atomic i64, ptr @tfrt_py_pool_short_t monotonic, align 8
+  %slow_t = load atomic i64, ptr @tfrt_py_pool_wake_t monotonic, align 8
   %most = shl i64 %base, 3
+  ; tasks left before a spin for slow wake-ups may be tried again after a preemption (I8)
+  %coolp = alloca i64, align 8
+  store i64 0, ptr %coolp, align 8
+  ; getrusage(RUSAGE_THREAD): ru_nivcsw (offset 136) counts this worker's preemptions
+  %ru = alloca [18 x i64], align 8
+  %nivp = getelementptr [18 x i64], ptr %ru, i64 0, i64 17
+  %ru0 = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 98, i64 1, ptr %ru)
+  %niv0 = load i64, ptr %nivp, align 8
+  %nivlast = alloca i64, align 8
+  store i64 %niv0, ptr %nivlast, align 8
   br label %loop
 loop:
   ; %lim: this worker's spin after short parts, in cycles (I8: adapted at each wake-up)
   %lim = phi i64 [%base, %entry], [%lim, %ws], [%lim2, %adapt]
+  ; %slow: its last wake-up was slow (I8)
+  %slow = phi i1 [false, %entry], [%slow, %ws], [%slow2, %adapt]
   ; seq_cst: the generation this round serves, read before claiming (I5)
   %seen = load atomic i32, ptr %word seq_cst, align 4
   %t0 = call i64 @llvm.readcyclecounter()
@@ -234,7 +259,23 @@ loop:
   %took = sub i64 %t1, %t0
   %ran = icmp ne i64 %got, 0
   %quick = icmp ult i64 %took, %short
-  %spins = and i1 %ran, %quick
+  ; I8: preempted since the last task (a busy process shares the CPU): no spin for slow
+  ; wake-ups over the next 256 tasks
+  %rus = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 98, i64 1, ptr %ru)
+  %niv = load i64, ptr %nivp, align 8
+  %nivw = load i64, ptr %nivlast, align 8
+  store i64 %niv, ptr %nivlast, align 8
+  %bumped = icmp ne i64 %niv, %nivw
+  %cool = load i64, ptr %coolp, align 8
+  %cool1 = sub i64 %cool, 1
+  %cool0 = icmp eq i64 %cool, 0
+  %cooldec = select i1 %cool0, i64 0, i64 %cool1
+  %cool2 = select i1 %bumped, i64 256, i64 %cooldec
+  store i64 %cool2, ptr %coolp, align 8
+  %cooled = icmp eq i64 %cool2, 0
+  %slowok = and i1 %slow, %cooled
+  %worth = or i1 %quick, %slowok
+  %spins = and i1 %ran, %worth
   %l = select i1 %spins, i64 %lim, i64 0
   br label %ws
 ws:
@@ -274,6 +315,10 @@ adapt:
   ; the base); one that came after 64 of the longest spins resets it to the base
   %tw = call i64 @llvm.readcyclecounter()
   %slept = sub i64 %tw, %ts
+  ; monotonic: any publish time read is a valid guess (I8)
+  %pub = load atomic i64, ptr @tfrt_py_pool_pub_t monotonic, align 8
+  %lat = sub i64 %tw, %pub
+  %slow2 = icmp ugt i64 %lat, %slow_t
   %lim4 = shl i64 %lim, 2
   %soon = icmp ult i64 %slept, %lim4
   %dbl = shl i64 %lim, 1
@@ -345,6 +390,9 @@ publish:
   ; release: publishes the fields above with part 0 of the new generation (I2, I3)
   store atomic i64 %nx, ptr @tfrt_py_pool_next release, align 8
   store atomic i32 %g1, ptr @tfrt_py_pool_gen monotonic, align 4
+  ; monotonic: the workers' wake-up clock (I8), before any is told
+  %tp = call i64 @llvm.readcyclecounter()
+  store atomic i64 %tp, ptr @tfrt_py_pool_pub_t monotonic, align 8
   br label %kh
 kh:
   ; workers 1 .. nth-1 are told, each on its own futex word; a sleeping one is woken (I6)

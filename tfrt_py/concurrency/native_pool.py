@@ -32,10 +32,12 @@ started through ctypes, never holding the GIL), and one task slot.
   watching that word only when the parts it just ran were short (``_SHORT_PART_US``: a
   decode step's column blocks, where a wake-up costs as much as a part), 20-160 µs,
   adaptive (``$TFRT_PY_WORKER_SPIN_US``; the IR's I8), without ``pause`` (KVM's
-  pause-loop exiting deschedules such a vCPU). Long parts never spin: where a worker and
-  the caller share a core (the scheduler puts them together next to a busy process), a
-  spinning worker takes the caller's time (ResNet-18 with a busy neighbour: 48 ms with
-  100 µs of worker spin after every loop, 35 without).
+  pause-loop exiting deschedules such a vCPU). Long parts spin only while the worker's
+  wake-ups are slow (``_SLOW_WAKE_US`` after the publish: an idle vCPU halted, which a
+  VM's host takes tens of µs to run again, once per kernel of a CNN) and it was not
+  preempted lately: where a worker shares a core with a busy process, a spinning worker
+  spends its share and its next part waits behind the neighbour (ResNet-18 with a busy
+  neighbour: 48 ms with 100 µs of worker spin after every loop, 35 without).
 * Workers are pinned, worker k to the k-th CPU of the process's affinity, when the pool
   covers them all (as onnxruntime pins its default intra-op workers; the caller is not
   pinned): unpinned, a worker woken after the caller slept (an app server between
@@ -96,6 +98,16 @@ _MAX_WORKER_SPIN_US = 1000.0
 #: caller's core (ResNet-18 with a busy neighbour: 33 ms without spin, 42 with 20 µs
 #: after every loop).
 _SHORT_PART_US = 20.0
+#: ... and after any part while the worker's wake-ups are slow: a futex wake later than
+#: this after the task's publish (an idle vCPU halted: on a 2-core Firecracker VM 30-90
+#: µs, paid by each of a CNN's kernels), unless the worker was preempted in its last 256
+#: tasks (a busy process shares its CPU: the IR's I8). A spin after every part takes a
+#: busy neighbour's CPU share from the worker: ResNet-18 1.35-1.42x -> 1.75-1.85x
+#: onnxruntime's time there. 2-core Zen 5 VM, each model against onnxruntime in one
+#: process, BLAS variables unset: quiet, SqueezeNet 1.70-2.09x -> 1.60-1.75x, MobileNetV2
+#: 1.43-1.63x -> 1.30-1.37x (64 tasks: 1.36x and 1.16x, but 4-10% slower next to a busy
+#: process); busy neighbour unchanged (1.33-1.40x, 1.60-1.62x, 1.33-1.39x).
+_SLOW_WAKE_US = 10.0
 _MAX_WORKERS = 63  # the IR's per-worker arrays hold 64 threads
 
 _STATE: dict[str, Any] = {}  # engine, addresses, workers; set once by install()
@@ -156,10 +168,9 @@ def install(threads: int) -> bool:
     addr = {n: engine.get_function_address(n) for n in
             ("tfrt_py_parallel_for", "tfrt_py_pool_thread_id", "tfrt_py_pool_worker",
              "tfrt_py_pool_pause", "tfrt_py_pool_cycles")}  # fmt: skip
-    glob = {
-        n: engine.get_global_value_address(f"tfrt_py_pool_{n}")
-        for n in ("n", "owner", "wake", "waiting", "nworkers", "spin_c", "spin_t", "short_t")
-    }
+    names = ("n", "owner", "wake", "waiting", "nworkers", "spin_c", "spin_t", "short_t",
+             "wake_t", "pub_t")  # fmt: skip
+    glob = {n: engine.get_global_value_address(f"tfrt_py_pool_{n}") for n in names}
     _STATE.update(engine=engine, addr=addr, glob=glob, libc=libc, workers=0, want=want)
     _set_spins()
     _start_workers()
@@ -221,6 +232,7 @@ def _set_spins() -> None:
     spin_us, cycles = worker_spin_us(), _cycles_per_us()
     _i64("spin_t").value = int(spin_us * cycles)
     _i64("short_t").value = int(_SHORT_PART_US * cycles) if spin_us else 0
+    _i64("wake_t").value = int(_SLOW_WAKE_US * cycles)
 
 
 def _cycles_per_us() -> float:
