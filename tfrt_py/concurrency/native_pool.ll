@@ -240,6 +240,8 @@ entry:
   ; getrusage(RUSAGE_THREAD): ru_nivcsw (offset 136) counts this worker's preemptions
   %ru = alloca [18 x i64], align 8
   %nivp = getelementptr [18 x i64], ptr %ru, i64 0, i64 17
+  ; 0 where the call fails (a sandbox without getrusage): never counted as preempted
+  store i64 0, ptr %nivp, align 8
   %ru0 = call i64 (i64, ...) @tfrt_py_libc_syscall(i64 98, i64 1, ptr %ru)
   %niv0 = load i64, ptr %nivp, align 8
   %nivlast = alloca i64, align 8

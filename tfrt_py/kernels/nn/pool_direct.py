@@ -203,15 +203,15 @@ def _max_pool2d(
     x: Any, out: Any, geo: Any, tmp: Any, n0: int, n1: int, c0: int, c1: int
 ) -> None:  # pragma: no cover - numba only
     """out[n, c] = max over the window for images ``[n0, n1)`` and channels ``[c0, c1)``.
-    ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl]; ``tmp`` holds one output row's row maxima
-    (W elements), then (stride 2, width 3) their even and odd columns (W + 2 more); 3x3
-    stride 2 takes its inside rows by whole-plane passes where ``tmp`` has room for two
-    planes (``plan_max_pool`` gives it).
+    ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl, chunk]; ``tmp`` holds one output row's row
+    maxima (W elements), then (stride 2, width 3) their even and odd columns (W + 2 more);
+    3x3 stride 2 takes its inside rows ``chunk`` at a time by the plane passes where
+    ``tmp`` has room for their two buffers (``plan_max_pool`` sets both; chunk 0: none).
     ``x`` and ``out`` C-contiguous (flat indices: module doc)."""
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     oh_, ow_ = out.shape[2], out.shape[3]
-    kh_, kw_, sh, sw, dh, dw, pt, pl = (
-        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7],
+    kh_, kw_, sh, sw, dh, dw, pt, pl, chunk = (
+        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8],
     )  # fmt: skip
     xf, of = x.reshape(-1), out.reshape(-1)
     # output columns whose every tap lies inside the row: lo <= ow < hi
@@ -222,17 +222,17 @@ def _max_pool2d(
     # 3x3 stride 2 (ResNet's, SqueezeNet's, ShuffleNet's pools): the output rows whose
     # windows lie inside vertically in whole-plane passes (``_plane_3x3s2``)
     r0, r1 = 0, 0
-    if kh_ == 3 and kw_ == 3 and sh == 2 and sw == 2 and dh == 1 and dw == 1:
+    if chunk > 0 and kh_ == 3 and kw_ == 3 and sh == 2 and sw == 2 and dh == 1 and dw == 1:
         r0 = min(oh_, (pt + 1) // 2)
         r1 = max(r0, min(oh_, (h_ - 3 + pt) // 2 + 1))
-        if r1 - r0 < 2 or tmp.shape[0] < 2 * (2 * (r1 - 1 - r0) + 1) * w_:
+        most = min(chunk, r1 - r0)  # output rows a block: 2 buffers of 2 * most - 1 rows
+        if r1 - r0 < 2 or tmp.shape[0] < 2 * (2 * most - 1) * w_:
             r0, r1 = 0, 0
-    chunk = max(2, PLANE_CHUNK_FLOATS // (4 * w_))  # output rows: 2 passes of 2 input rows
     for n in range(n0, n1):
         for c in range(c0, c1):
             xo = (n * c_ + c) * h_ * w_
             oo = (n * c_ + c) * oh_ * ow_
-            for q in range(r0, r1, chunk):  # a chunk's two passes stay in L1
+            for q in range(r0, r1, max(chunk, 1)):  # a chunk's two passes stay in L1
                 _plane_3x3s2(xf, xo, w_, of, oo, ow_, tmp, q, min(r1, q + chunk), pt, pl, lo,
                              hi)  # fmt: skip
             for oh in range(oh_):
@@ -251,7 +251,7 @@ def _max_pool2d(
 def _warm(fn: Any) -> None:
     t = np.float32
     x, y = np.zeros((1, 1, 3, 3), t), np.zeros((1, 1, 2, 2), t)
-    geo = np.array([2, 2, 1, 1, 1, 1, 0, 0], np.int64)
+    geo = np.array([2, 2, 1, 1, 1, 1, 0, 0, 0], np.int64)
     fn(x, y, geo, np.zeros(3, t), 0, 1, 0, 1)
 
 
@@ -271,7 +271,7 @@ def _max_pool2d_par(x: Any, out: Any, geo: Any, tmp: Any, blocks: Any) -> None: 
 def _warm_par(fn: Any) -> None:
     t = np.float32
     x, y = np.zeros((1, 2, 3, 3), t), np.zeros((1, 2, 2, 2), t)
-    geo = np.array([2, 2, 1, 1, 1, 1, 0, 0], np.int64)
+    geo = np.array([2, 2, 1, 1, 1, 1, 0, 0, 0], np.int64)
     blocks = native_threads.plane_blocks(1, 2, 2)  # read-only, as the kernel's
     fn(x, y, geo, np.zeros((2, 3), t), blocks)
 
@@ -302,9 +302,16 @@ def plan_max_pool(
     fn = _MAX_POOL.get()
     if fn is None or dtype not in (np.float32, np.float64) or len(x_shape) != 4:
         return None
+    # a row's maxima, then (stride 2, width 3) its even and odd columns; 3x3 stride 2 the
+    # two buffers of the plane passes (``_plane_3x3s2``) for ``chunk`` output rows a block
+    w = x_shape[3]
+    tmp_len, chunk = 2 * w + 2, 0
+    if tuple(kernel) == (3, 3) and tuple(strides) == (2, 2) and tuple(dilations) == (1, 1):
+        chunk = max(2, PLANE_CHUNK_FLOATS // (4 * w))  # 2 buffers of 2 * chunk - 1 rows
+        tmp_len = max(tmp_len, 2 * (2 * chunk - 1) * w)
     geo = np.array(
         [kernel[0], kernel[1], strides[0], strides[1], dilations[0], dilations[1],
-         pads_begin[0], pads_begin[1]],
+         pads_begin[0], pads_begin[1], chunk],
         np.int64,
     )  # fmt: skip
     work = int(np.prod(x_shape)) * kernel[0] * kernel[1]
@@ -312,11 +319,6 @@ def plan_max_pool(
         work >= NATIVE_SPLIT_MIN_WORK and _MAX_POOL_PAR.get() is not None
     )
     split = intra_pool().threads > 1 and enough and max(x_shape[:2]) > 1
-    # a row's maxima, then (stride 2, width 3) its even and odd columns; 3x3 stride 2 the
-    # two passes over a plane (``_plane_3x3s2``)
-    tmp_len = 2 * x_shape[3] + 2
-    if tuple(kernel) == (3, 3) and tuple(strides) == (2, 2) and tuple(dilations) == (1, 1):
-        tmp_len = max(tmp_len, 2 * x_shape[2] * x_shape[3])
     return MaxPoolPlan(fn, geo, tmp_len, tuple(out_shape), split)
 
 
