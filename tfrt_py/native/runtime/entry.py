@@ -12,10 +12,11 @@ to the tier's slow path.
 An entry is a callable ``(feeds, x0, x1, ...) -> dict``: ``native_entry`` (the compiled
 function, then the finishers: ZipMap dicts, string labels), ``threads_entry`` (rows mode:
 the batch split over a few threads, the compiled function releases the GIL), or the sync
-interpreter. ``Trial`` serves a bucket's first calls (a signature's, or in rows mode a power-of-two
-class of batch sizes') alternating its candidates, times them, checks the first native
-answer against the interpreter's, and then serves the fastest, which the tier puts in
-the table (``describe()`` shows the figures).
+interpreter. ``Trial`` serves a bucket's first calls (a signature's, a box's, or in rows mode
+a power-of-two class of batch sizes'), running every candidate on each call's feeds and
+timing them side by side, checks the first native answer against the interpreter's, and
+then serves the fastest, which the tier puts in the table (``describe()`` shows the
+figures).
 
 Thread-safe: tables are plain dicts mutated by single stores (the GIL); a trial's lists
 may lose a sample to a race, never a result.
@@ -50,8 +51,8 @@ Entry = Callable[..., dict[str, Any]]
 
 #: Rows mode: batches of at least this many rows also try the threaded entry.
 PAR_MIN_ROWS = 256
-#: Calls per candidate in a trial: one warm-up (the interpreter plans on its first call of
-#: a signature), then the timed ones.
+#: Calls of a trial (each runs every candidate): one warm-up (the interpreter plans on its
+#: first call of a signature), then the timed ones.
 WARMUP, SAMPLES = 1, 3
 
 
@@ -206,25 +207,32 @@ def agree(a: Any, b: Any) -> bool:
 
 
 class Trial:
-    """A signature's first calls: each candidate ``(name, entry)`` in turn, ``WARMUP +
-    SAMPLES`` times, then ``decide(best_name, figures)`` (median µs per candidate, per unit
-    of ``size`` when given). The
-    first candidate's first answer is compared with ``reference``'s (the interpreter's);
-    a disagreement calls ``disagree(reason)`` and stops the trial."""
+    """A bucket's first calls, each running every candidate ``(name, entry)`` on the same
+    feeds (the order rotating from call to call), ``WARMUP + SAMPLES`` calls, then
+    ``decide(best_name, figures)``: the best is the candidate whose time over the first
+    candidate's, call by call, has the least median; ``figures`` are each candidate's
+    median µs (per unit of ``size`` when given). Paired because a bucket's calls differ
+    in shape: a box of dims spans calls of 34 to 2,048 tokens, and timing each candidate
+    on calls of its own compared shapes, not code (BERT's native box lost to the
+    interpreter in 2 of 6 cold starts, and the interpreter then served it for good).
+    The first call's answers are compared with ``reference``'s (the interpreter's: run
+    apart only when it is not a candidate); a disagreement calls ``disagree(reason)``
+    and stops the trial. Trial calls cost the candidates' sum: a few calls a bucket."""
 
     def __init__(self, cands: list[tuple[str, Entry]], reference: Entry,
                  decide: Callable[[str, dict[str, float]], None],
                  disagree: Callable[[str], None],
                  size: Callable[[tuple[Any, ...]], int] | None = None) -> None:  # fmt: skip
         self.cands = cands
-        #: the work of a call's inputs (rows mode: its rows), which times are divided by:
-        #: a bucket's calls come in several sizes
+        #: the work of a call's inputs (rows mode: its rows), which the figures are per
         self.size = size
         self.reference = reference
         self.decide = decide
         self.disagree = disagree
         self.calls = 0
         self.times: dict[str, list[float]] = {name: [] for name, _ in cands}
+        #: per candidate, its time over the first candidate's on the same call
+        self.ratios: dict[str, list[float]] = {name: [] for name, _ in cands}
         self.done = False
         #: what serves once done: the fastest candidate, or ``reference`` on a disagreement
         self.best: Entry = reference
@@ -234,27 +242,36 @@ class Trial:
             return self.best(feeds, *xs)
         i = self.calls
         self.calls = i + 1
-        name, entry = self.cands[i % len(self.cands)]
-        t0 = time.perf_counter()
-        out = entry(feeds, *xs)
-        dt = time.perf_counter() - t0
-        if self.size is not None:
-            dt /= max(1, self.size(xs))
+        n = len(self.cands)
+        outs: dict[str, dict[str, Any]] = {}
+        dts: dict[str, float] = {}
+        for j in range(n):
+            name, entry = self.cands[(i + j) % n]
+            t0 = time.perf_counter()
+            outs[name] = entry(feeds, *xs)
+            dts[name] = time.perf_counter() - t0
+        first = self.cands[0][0]
+        out = outs[first]
         if i == 0:
-            want = self.reference(feeds, *xs)
-            bad = [k for k in want if k not in out or not agree(out[k], want[k])]
-            if bad:
-                self.done = True
-                self.best = self.reference
-                self.disagree(f"the native result of output {bad[0]!r} disagrees with the "
-                              "sync interpreter's")  # fmt: skip
-                return want
-        if i >= WARMUP * len(self.cands):
-            self.times[name].append(dt)
-        if not self.done and all(len(t) >= SAMPLES for t in self.times.values()):
+            ref = next((outs[nm] for nm, e in self.cands if e is self.reference), None)
+            want = self.reference(feeds, *xs) if ref is None else ref
+            for name, got in outs.items():
+                bad = [k for k in want if k not in got or not agree(got[k], want[k])]
+                if bad:
+                    self.done = True
+                    self.best = self.reference
+                    self.disagree(f"the {name} result of output {bad[0]!r} disagrees "
+                                  "with the sync interpreter's")  # fmt: skip
+                    return want
+        if i >= WARMUP:
+            per = max(1, self.size(xs)) if self.size is not None else 1
+            for name, dt in dts.items():
+                self.times[name].append(dt / per)
+                self.ratios[name].append(dt / max(dts[first], 1e-9))
+        if not self.done and i + 1 >= WARMUP + SAMPLES:
             self.done = True
-            figures = {n: statistics.median(t) * 1e6 for n, t in self.times.items()}
-            best = min(figures, key=figures.__getitem__)
+            figures = {nm: statistics.median(t) * 1e6 for nm, t in self.times.items()}
+            best = min(self.ratios, key=lambda nm: statistics.median(self.ratios[nm]))
             self.best = dict(self.cands)[best]
             self.decide(best, figures)
         return out

@@ -16,7 +16,8 @@ its feeds read-only), then the signature's entry (made now), and if the native c
 still fails the prepared program, which raises the interpreter's ExecutionError naming
 the node. With ``measure`` (``executor="auto"``) a signature's first calls are a
 ``entry.Trial`` between native code, the interpreter (and, for big batches in rows mode,
-the threaded rows entry): the fastest keeps serving that batch-size class.
+the threaded rows entry), run side by side on the same feeds: the fastest keeps serving
+that bucket (a signature, a box, a batch-size class).
 
 Threading: ``run`` may be called from many threads at once; compiled functions allocate
 their arena per call and release the GIL (``nogil``). Compiles run on one process-wide
