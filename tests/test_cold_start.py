@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.support.paths import ROOT
-from tfrt_py import cold_start
+from tfrt_py.concurrency import call_yield
 from tfrt_py.kernels.lib.jit import jit_enabled
 
 pytestmark = pytest.mark.skipif(
@@ -400,7 +400,7 @@ import json
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 import tfrt_py
-from tfrt_py import cold_start
+from tfrt_py.concurrency import call_yield
 
 k = {k}
 w = numpy_helper.from_array(np.ones((k, k), np.float32), "w")
@@ -408,7 +408,7 @@ g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, k])],
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
 m = tfrt_py.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
-print(json.dumps({{"cold": not m._switched.is_set(), "call_s": cold_start._call_s,
+print(json.dumps({{"cold": not m._switched.is_set(), "call_s": call_yield.call_s(),
                   "est_s": m.prepared.cost.call_us() * 1e-6}}))
 """
 
@@ -419,10 +419,10 @@ def test_the_warm_up_knows_a_dear_models_calls_are_long_before_one_ran() -> None
     first call (a CNN's first stand-in call of seconds gave ~1 s of the warm-up away); a
     cheap model's calls are yielded to as before."""
     dear = _script(_SEED.format(k=4096))  # 64 x 4096 x 4096: ~1 GFLOP a call
-    assert dear["cold"] and dear["est_s"] >= cold_start.SHORT_CALL_S, dear
-    assert dear["call_s"] >= cold_start.SHORT_CALL_S, dear
+    assert dear["cold"] and dear["est_s"] >= call_yield.SHORT_CALL_S, dear
+    assert dear["call_s"] >= call_yield.SHORT_CALL_S, dear
     cheap = _script(_SEED.format(k=16))
-    assert cheap["cold"] and cheap["call_s"] < cold_start.SHORT_CALL_S, cheap
+    assert cheap["cold"] and cheap["call_s"] < call_yield.SHORT_CALL_S, cheap
 
 
 _SWITCH_FAILS = """

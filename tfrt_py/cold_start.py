@@ -24,7 +24,8 @@ exits), switches every model registered by ``switch_later``, then ``release()``s
 kernels for good. A load with ``native="eager"`` waits for a warm-up in flight and builds
 on the compiled kernels, as does every load once the process is warm.
 
-The warm-up yields to calls (``in_call``): while a call on a stand-in runs, the warm-up
+The warm-up yields to calls (``in_call``; ``concurrency.call_yield``, which the native
+tier's background lowering uses too): while a call on a stand-in runs, the warm-up
 thread pauses at its next Python function call (a trace function on that thread only),
 so the call is not slowed by it; the warm-up keeps at least ``MIN_SHARE`` of the wall time
 since it began, yields only to short calls (``SHORT_CALL_S``), and stops yielding once
@@ -42,15 +43,14 @@ Thread-safe: the state below is guarded by ``_lock``; the job runs on the worker
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from .concurrency import compiled_gate
+from .concurrency import call_yield, compiled_gate
 from .concurrency.env_switch import switched_off
 from .kernels.lib import jit
 from .native.runtime import worker
@@ -86,25 +86,8 @@ _released = threading.Event()
 _released.set()
 #: What the last warm-up did, for ``describe()``.
 _record: list[str] = []
-#: Calls on stand-in models now (``in_call``), and set while there are none.
-_calls = 0
-_no_calls = threading.Event()
-_no_calls.set()
-_calls_lock = threading.Lock()
-#: The least share of the wall time since a warm-up began that it keeps under calls.
-MIN_SHARE = 0.5
-#: The longest a warm-up waits at once for the calls in flight to end.
-PAUSE_MAX_S = 0.02
 #: Whether the warm-up in progress yields to calls (cleared by ``hurry``, set by a new job).
 _yielding = True
-#: The warm-up yields only to calls shorter than this (the recent calls' smoothed time,
-#: ``_call_s``): a stand-in call of tens of milliseconds loses little to the warm-up, while
-#: its NumPy paths can be many times slower than the compiled kernels the warm-up brings
-#: (MobileNetV2 at batch 1..32: the first 10 s went from 2.6x to 4.8x onnxruntime's time
-#: when the warm-up yielded to them). ``switch_later`` seeds ``_call_s`` with the cost
-#: model's estimate, so a model known to be dear gets no yielding from its first call.
-SHORT_CALL_S = 0.03
-_call_s = 0.0
 
 
 def _cold() -> bool:
@@ -149,7 +132,6 @@ def building(native_mode: str) -> Iterator[bool]:
 def switch_later(model: Any) -> threading.Event:
     """Have the warm-up switch ``model`` (``model._compiled_switch()``) to the
     compiled kernels; the event is set once it did, or once it cannot."""
-    global _call_s
     done = threading.Event()
     with _lock:
         _waiting.append((weakref.ref(model), done))
@@ -157,9 +139,7 @@ def switch_later(model: Any) -> threading.Event:
     # NumPy paths are slower still) tells a long call before one was timed: the warm-up
     # then does not yield to the model's first calls (a CNN's first stand-in call of
     # seconds gave ~1 s of the warm-up away)
-    est_s = model.prepared.cost.call_us() * 1e-6
-    with _calls_lock:
-        _call_s = max(_call_s, est_s)
+    call_yield.seed_call_s(model.prepared.cost.call_us() * 1e-6)
     return done
 
 
@@ -191,23 +171,10 @@ def hurry() -> None:
         worker.wake()
 
 
-@contextmanager
-def in_call() -> Iterator[None]:
+def in_call() -> AbstractContextManager[None]:
     """Around a call on a model still on its stand-in (``Model.run``/``run_async``): the
-    warm-up pauses meanwhile (see the module docstring). Any thread."""
-    global _calls, _call_s
-    with _calls_lock:
-        _calls += 1
-        _no_calls.clear()
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        with _calls_lock:
-            _call_s = 0.5 * (_call_s + time.perf_counter() - t0)
-            _calls -= 1
-            if not _calls:
-                _no_calls.set()
+    warm-up pauses meanwhile (``concurrency.call_yield``). Any thread."""
+    return call_yield.in_call()
 
 
 def warm_now() -> None:
@@ -239,7 +206,7 @@ class _Warmup:
         self._t0 = time.perf_counter()
         #: when the worker may start it (``START_DELAY_S``; ``hurry`` moves it to now)
         self.not_before = time.monotonic() + START_DELAY_S
-        self.yielder = _Yielder()
+        self.yielder = call_yield.Yielder(lambda: _yielding)
         #: (what switches a model to its compiled program, its switched event), built by
         #: ``_compile`` and run by ``_end`` when it releases the kernels
         self._built: list[tuple[Any, threading.Event]] = []
@@ -247,7 +214,7 @@ class _Warmup:
     def _prepare(self) -> bool:
         from .kernels.lib import gemm_packed
 
-        with compiled_gate.warming(), _short_switches(), self.yielder.tracing():
+        with compiled_gate.warming(), call_yield.background(self.yielder):
             jit.import_numba()
             if not worker.closing():
                 gemm_packed.available()
@@ -255,7 +222,7 @@ class _Warmup:
 
     def _compile(self) -> None:
         switched, failed = 0, ""
-        with compiled_gate.warming(), _short_switches(), self.yielder.tracing():
+        with compiled_gate.warming(), call_yield.background(self.yielder):
             while not worker.closing():
                 with _lock:
                     batch = list(_waiting)
@@ -328,78 +295,10 @@ def _switcher(install: Any, done: threading.Event) -> Any:
     return switch
 
 
-#: The GIL switch interval during a warm-up (seconds; CPython's default is 0.005).
-WARM_SWITCH_S = 0.0002
-
-
-@contextmanager
-def _short_switches() -> Iterator[None]:
-    """A shorter GIL switch interval while the warm-up runs. Importing numba and reading
-    the kernels' caches is thousands of small file operations, each releasing the GIL:
-    a thread calling the model back to back then takes it and keeps it for a whole
-    interval (5 ms) every time, and the warm-up took 8 s instead of ~1 s under such load
-    (the calls kept to the NumPy paths all that time). Process-wide, for the warm-up
-    only; restored after."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, WARM_SWITCH_S))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
-
-
-class _Yielder:
-    """Pauses the warm-up thread while calls on stand-ins run: ``tracing()`` installs
-    ``trace`` as that thread's trace function (``sys.settrace``: this thread only, not
-    over a tracer already there, such as a debugger's or coverage's), which at every Python
-    function call waits for the calls in flight to end (``PAUSE_MAX_S`` at a time) as long
-    as the warm-up has had ``MIN_SHARE`` of the wall time since it began. Calls of
-    ``SHORT_CALL_S`` or more (smoothed) and ``hurry`` (any thread) end the yielding and the
-    trace; ``paused`` sums the waits."""
-
-    def __init__(self) -> None:
-        self.paused = 0.0
-        self._t0 = 0.0
-
-    @contextmanager
-    def tracing(self) -> Iterator[None]:
-        """Yield to calls inside this block (the warm-up thread's steps)."""
-        if not _yielding or sys.gettrace() is not None:
-            yield
-            return
-        if not self._t0:
-            self._t0 = time.perf_counter()
-        sys.settrace(self.trace)
-        try:
-            yield
-        finally:
-            sys.settrace(None)
-
-    def trace(self, frame: Any, event: str, arg: Any) -> None:
-        """The trace function: a call event of the warm-up thread (kept cheap: it runs at
-        every Python function call of the warm-up)."""
-        if _calls or not _yielding:
-            self._pause()
-
-    def _pause(self) -> None:
-        if not _yielding or _call_s >= SHORT_CALL_S:  # no yielding: no tracing either
-            sys.settrace(None)
-            return
-        now = time.perf_counter()
-        budget = (1.0 - MIN_SHARE) * (now - self._t0) - self.paused
-        if budget > 0.0:
-            _no_calls.wait(min(budget, PAUSE_MAX_S))
-            self.paused += time.perf_counter() - now
-
-
 def _after_fork_child() -> None:
-    """A child forked mid-load gets fresh locks (the parent's may be held) and no calls."""
-    global _lock, _calls_lock, _calls, _call_s
+    """A child forked mid-load gets a fresh lock."""
+    global _lock
     _lock = threading.Lock()
-    _calls_lock = threading.Lock()
-    _calls = 0
-    _call_s = 0.0
-    _no_calls.set()
 
 
 if hasattr(os, "register_at_fork"):

@@ -38,6 +38,8 @@ from . import cold_start
 from .calls import CallContext, check_timeout
 from .compiler.prepare import Prepared, prepare
 from .concurrency import HostContext, Limiter, native_threads
+from .concurrency.call_yield import BACKGROUND as _BACKGROUND
+from .concurrency.call_yield import in_call
 from .concurrency.threads import configure as configure_threads
 from .concurrency.threads import limit_blas
 from .concurrency.threads import threads as thread_budget
@@ -255,17 +257,18 @@ class Model(GenerationMixin):
         if output_names is not None:
             wanted, out = self._wanted(output_names), self.run(feeds, outputs, timeout=timeout)
             return {n: out[n] for n in wanted}
-        if self._plain and timeout is None:
+        if self._plain and timeout is None and not _BACKGROUND[0]:
             return self._runtime.run(feeds, outputs)
-        if self._on_stand_in():
-            with cold_start.in_call():
+        if self._on_stand_in() or _BACKGROUND[0]:
+            with in_call():
                 return self._run(feeds, outputs, timeout)
         return self._run(feeds, outputs, timeout)
 
     def _on_stand_in(self) -> bool:
         """Whether a cold start's stand-in serves this model still (its warm-up yields to
-        calls: ``cold_start.in_call``). Once it switched (or failed to), calls without a
-        deadline or a limit go straight to the executor again."""
+        calls: ``concurrency.call_yield.in_call``, as background lowering does while
+        ``_BACKGROUND[0]``). Once it switched (or failed to), calls without a deadline or
+        a limit go straight to the executor again."""
         switched = self._switched
         if switched is None or switched.is_set():
             self._plain = self._timeout is None and self._limiter is None
@@ -311,8 +314,8 @@ class Model(GenerationMixin):
             wanted = self._wanted(output_names)
             out = await self.run_async(feeds, timeout=timeout, outputs=outputs)
             return {n: out[n] for n in wanted}
-        if self._on_stand_in():
-            with cold_start.in_call():
+        if self._on_stand_in() or _BACKGROUND[0]:
+            with in_call():
                 return await self._run_async(feeds, timeout, outputs)
         return await self._run_async(feeds, timeout, outputs)
 

@@ -18,7 +18,9 @@ A job with ``in_process = True`` (``tfrt_py.cold_start``'s warm-up) skips phase 
 ``not_before`` starts no earlier (waiting with no lock held: an exit does not wait for it).
 ``compile_now(job)`` runs phases 1 and 3 on the caller's thread (``native="eager"``).
 Phases 1 and 3 hold ``_compiling``: they are the only times this process runs LLVM for a
-compile.
+compile. On the worker thread they run inside ``concurrency.call_yield.background()``:
+they step aside at their Python function calls while calls run (a second of lowering
+otherwise made every call wait 5 ms for the GIL after each product it released it for).
 
 Exit: an ``atexit`` handler closes the server (its child is killed; a phase 2 in flight
 fails), then takes ``_compiling`` -- waiting for a phase 1 or 3 in flight to finish --
@@ -46,7 +48,7 @@ import time
 import weakref
 from typing import Any
 
-from ...concurrency import compiled_gate
+from ...concurrency import call_yield, compiled_gate
 from .compile_server import CompileServer, ServerGone
 
 __all__ = ["FORK_WAIT_S", "SERVER_ENV", "closing", "compile_now", "server", "submit", "wake"]
@@ -114,30 +116,33 @@ def _run(job: Any) -> None:
 
 
 def _phases(job: Any) -> None:
-    if (
-        getattr(job, "in_process", False)
-        or os.environ.get(SERVER_ENV) == "0"
-        or (not _server.usable())
-    ):
-        compile_now(job)
+    if getattr(job, "in_process", False):
+        compile_now(job)  # the cold start's warm-up: it yields to calls itself
+        return
+    if os.environ.get(SERVER_ENV) == "0" or not _server.usable():
+        with call_yield.background():
+            compile_now(job)
         return
     with _compiling:
         if not _startable(job):
             return
-        if not job._prepare():
-            return
+        with call_yield.background():
+            if not job._prepare():
+                return
     try:
         job.server_seconds = _server.compile(job.source())
     except ServerGone as e:
         if _closed is None and _server.disabled:
-            compile_now(job)  # the server cannot start here: compile in this process
+            with call_yield.background():
+                compile_now(job)  # the server cannot start here: compile in this process
             return
         job._fail(f"the compile server stopped: {e}")
         return
     except Exception as e:  # noqa: BLE001 - numba's own error for this module
         job._fail(f"{type(e).__name__}: {e}")
         return
-    compile_now(job)
+    with call_yield.background():
+        compile_now(job)
 
 
 def _startable(job: Any) -> bool:
