@@ -56,7 +56,7 @@ def test_the_workers_in_process_phases_run_as_background_work(
 
 
 def _model() -> Any:
-    k = 384
+    k = 512
     w = numpy_helper.from_array(np.full((k, k), 1e-3, np.float32), "w")
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
              helper.make_node("MatMul", ["h", "w"], ["y"])]  # fmt: skip

@@ -214,7 +214,7 @@ class _Warmup:
     def _prepare(self) -> bool:
         from .kernels.lib import gemm_packed
 
-        with compiled_gate.warming(), call_yield.background(self.yielder):
+        with compiled_gate.warming(), call_yield.background(self.yielder, short=True):
             jit.import_numba()
             if not worker.closing():
                 gemm_packed.available()
@@ -222,7 +222,7 @@ class _Warmup:
 
     def _compile(self) -> None:
         switched, failed = 0, ""
-        with compiled_gate.warming(), call_yield.background(self.yielder):
+        with compiled_gate.warming(), call_yield.background(self.yielder, short=True):
             while not worker.closing():
                 with _lock:
                     batch = list(_waiting)

@@ -10,11 +10,13 @@ switch interval (5 ms) to get it back, every time. BERT-2L at a random batch of 
 length of 8..128 ran at 3-4x onnxruntime's time for the second each box was lowered
 (2-core Zen 5), and 100-200 ms calls appeared.
 
-So such work runs inside ``Yielder.tracing()`` (a trace function on that thread only,
-``sys.settrace``) and ``short_switches()``: at each Python function call it makes, the
-background thread waits while calls are in flight (``PAUSE_MAX_S`` at a time), as long as
-it has had ``MIN_SHARE`` of the wall time since it began; it does not yield to calls of
-``SHORT_CALL_S`` or more (smoothed), which lose little to it. Calls tell it they run with
+So such work runs inside ``background()``, ``Yielder.tracing()`` (a trace function on that
+thread only, ``sys.settrace``): at each Python function call it makes, the background
+thread waits while calls are in flight (``PAUSE_MAX_S`` at a time), as long as it has had
+``MIN_SHARE`` of the wall time since it began; it does not yield to calls of
+``SHORT_CALL_S`` or more (smoothed), which lose little to it, nor (a box's phases) to calls
+under ``MIN_CALL_S``, which lose more to the pausing. The warm-up also shortens the GIL
+switch interval (``short_switches()``) against its import storms. Calls tell it they run with
 ``in_call()`` -- ``Model.run`` does while ``BACKGROUND[0]`` (the number of background
 Python phases running, which ``background()`` maintains) is non-zero or the model is on a
 cold start's stand-in; otherwise its fast path reads that one list item and nothing more.
@@ -30,11 +32,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 __all__ = [
     "BACKGROUND",
+    "MIN_CALL_S",
     "MIN_SHARE",
     "PAUSE_MAX_S",
     "SHORT_CALL_S",
@@ -57,8 +60,14 @@ PAUSE_MAX_S = 0.02
 #: at batch 1..32: the first 10 s went from 2.6x to 4.8x onnxruntime's time when the
 #: warm-up yielded to them).
 SHORT_CALL_S = 0.03
-#: The GIL switch interval while background Python runs (seconds; CPython's default is
-#: 0.005).
+#: ... and, for a native tier's phases, only to calls of at least this long (smoothed): a
+#: 75 µs native call lost more to the wake-ups of a thread pausing for it than to the GIL
+#: (BERT 1x16 while 1x24 compiled: p99 2.0x of before with every call yielded to, 1.07x
+#: without these).
+MIN_CALL_S = 0.0003
+#: The GIL switch interval during a cold start's warm-up (seconds; CPython's default is
+#: 0.005). Not for a box's lowering, where it only added forced switches (BERT-2L at batch
+#: 1..8, its first 10 s: 1.15x onnxruntime's time with it, 0.91x without).
 WARM_SWITCH_S = 0.0002
 
 #: Background Python phases running now (``background()``); ``Model.run`` reads item 0.
@@ -118,14 +127,15 @@ def short_switches() -> Iterator[None]:
 
 
 @contextmanager
-def background(yielder: Yielder | None = None) -> Iterator[Yielder]:
-    """Around a background thread's Python phase: calls tell it they run (``BACKGROUND``),
-    the switch interval is short, and ``yielder``'s (default: a new one's) tracing is on."""
+def background(yielder: Yielder | None = None, short: bool = False) -> Iterator[Yielder]:
+    """Around a background thread's Python phase: calls tell it they run (``BACKGROUND``)
+    and ``yielder``'s tracing is on (default: a new one that does not yield to calls under
+    ``MIN_CALL_S``); ``short``: the switch interval is short too (``short_switches``)."""
     with _calls_lock:
         BACKGROUND[0] += 1
-    y = Yielder() if yielder is None else yielder
+    y = Yielder(min_call_s=MIN_CALL_S) if yielder is None else yielder
     try:
-        with short_switches(), y.tracing():
+        with short_switches() if short else nullcontext(), y.tracing():
             yield y
     finally:
         with _calls_lock:
@@ -137,14 +147,16 @@ class Yielder:
     thread's trace function (this thread only, not over a tracer already there, such as
     a debugger's or coverage's), which at every Python function call waits for the calls
     in flight to end (``PAUSE_MAX_S`` at a time) as long as the thread has had
-    ``MIN_SHARE`` of the wall time since it began. Calls of ``SHORT_CALL_S`` or more
-    (smoothed) and ``wanted()`` turning False (someone waits for the work) end the
-    yielding and the trace; ``paused`` sums the waits."""
+    ``MIN_SHARE`` of the wall time since it began, unless the calls (smoothed) are
+    shorter than ``min_call_s``. Calls of ``SHORT_CALL_S`` or more (smoothed) and
+    ``wanted()`` turning False (someone waits for the work) end the yielding and the
+    trace; ``paused`` sums the waits."""
 
-    def __init__(self, wanted: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, wanted: Callable[[], bool] = lambda: True, min_call_s: float = 0.0) -> None:
         self.paused = 0.0
         self._t0 = 0.0
         self._wanted = wanted
+        self._min_call_s = min_call_s
 
     @contextmanager
     def tracing(self) -> Iterator[None]:
@@ -169,6 +181,8 @@ class Yielder:
     def _pause(self) -> None:
         if not self._wanted() or _call_s >= SHORT_CALL_S:  # no yielding: no tracing either
             sys.settrace(None)
+            return
+        if _call_s < self._min_call_s:
             return
         now = time.perf_counter()
         budget = (1.0 - MIN_SHARE) * (now - self._t0) - self.paused
