@@ -102,3 +102,24 @@ def test_background_python_pauses_while_a_model_call_runs() -> None:
         pytest.skip("another tracer (a debugger's or coverage's) owns the trace hook")
     assert got["paused"] > 0.0, got
     assert call_yield.BACKGROUND[0] == 0
+
+
+def test_a_stopped_yielder_takes_its_trace_off_at_the_next_call() -> None:
+    """``stop`` (``cold_start.hurry``: someone waits for the warm-up) ends the yielding;
+    the trace function does not stay on the background thread, costing each of its Python
+    calls, until a model call happens to come."""
+    got: dict[str, Any] = {}
+
+    def background() -> None:
+        with call_yield.background() as y:
+            got["before"] = sys.gettrace() == y.trace
+            y.stop()
+            _step(0)
+            got["after"] = sys.gettrace()
+
+    t = threading.Thread(target=background)
+    t.start()
+    t.join(10)
+    if not got["before"]:
+        pytest.skip("another tracer (a debugger's or coverage's) owns the trace hook")
+    assert got["after"] is None, got

@@ -24,14 +24,14 @@ exits), switches every model registered by ``switch_later``, then ``release()``s
 kernels for good. A load with ``native="eager"`` waits for a warm-up in flight and builds
 on the compiled kernels, as does every load once the process is warm.
 
-The warm-up yields to calls (``in_call``; ``concurrency.call_yield``, which the native
-tier's background lowering uses too): while a call on a stand-in runs, the warm-up
-thread pauses at its next Python function call (a trace function on that thread only),
-so the call is not slowed by it; the warm-up keeps at least ``MIN_SHARE`` of the wall time
-since it began, yields only to short calls (``SHORT_CALL_S``), and stops yielding once
-someone waits for it (``hurry``). Without it, calls in the second after a cold load took
-10-45 ms instead of ~1.5 (BERT-2L on the NumPy paths): each NumPy operation that released
-the GIL handed it to the warm-up.
+The warm-up yields to calls (``concurrency.call_yield``, which the native tier's
+background lowering uses too; ``Model.run`` marks its calls): while a call on a stand-in
+runs, the warm-up thread pauses at its next Python function call (a trace function on
+that thread only), so the call is not slowed by it; the warm-up keeps at least
+``MIN_SHARE`` of the wall time since it began, yields only to short calls
+(``SHORT_CALL_S``), and stops yielding once someone waits for it (``hurry``). Without
+it, calls in the second after a cold load took 10-45 ms instead of ~1.5 (BERT-2L on the
+NumPy paths): each NumPy operation that released the GIL handed it to the warm-up.
 
 ``$TFRT_PY_COLD_START=0``: no cold builds; ``load()`` waits for the compiled kernels (the
 behaviour before). ``warm_now()`` warms on the caller's thread (tests, servers that want
@@ -47,7 +47,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 from .concurrency import call_yield, compiled_gate
@@ -62,7 +62,6 @@ __all__ = [
     "building",
     "describe",
     "hurry",
-    "in_call",
     "switch_later",
     "wait_released",
     "warm_now",
@@ -166,15 +165,11 @@ def hurry() -> None:
     global _yielding
     _yielding = False
     job = _job
+    if job is not None:
+        job.yielder.stop()
     if job is not None and job.not_before:
         job.not_before = 0.0
         worker.wake()
-
-
-def in_call() -> AbstractContextManager[None]:
-    """Around a call on a model still on its stand-in (``Model.run``/``run_async``): the
-    warm-up pauses meanwhile (``concurrency.call_yield``). Any thread."""
-    return call_yield.in_call()
 
 
 def warm_now() -> None:

@@ -149,7 +149,7 @@ def load(
                       limiter, meta, how)  # fmt: skip
         if cold:
             model._switched = cold_start.switch_later(model)
-            model._plain = False  # calls tell the warm-up (cold_start.in_call) until it switches
+            model._plain = False  # calls tell the warm-up (call_yield.in_call) until it switches
     if warmup is not None:
         model.warmup(warmup)
     return model

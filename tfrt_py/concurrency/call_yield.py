@@ -157,6 +157,13 @@ class Yielder:
         self._t0 = 0.0
         self._wanted = wanted
         self._min_call_s = min_call_s
+        #: set by ``stop`` (any thread): the trace removes itself at the next call event
+        self._stopped = False
+
+    def stop(self) -> None:
+        """End the yielding (someone waits for the work); the trace goes at the thread's
+        next Python function call. Any thread."""
+        self._stopped = True
 
     @contextmanager
     def tracing(self) -> Iterator[None]:
@@ -175,11 +182,11 @@ class Yielder:
     def trace(self, frame: Any, event: str, arg: Any) -> None:
         """The trace function: a call event of the background thread (kept cheap: it runs
         at every Python function call there)."""
-        if _calls:
+        if _calls or self._stopped:
             self._pause()
 
     def _pause(self) -> None:
-        if not self._wanted() or _call_s >= SHORT_CALL_S:  # no yielding: no tracing either
+        if self._stopped or not self._wanted() or _call_s >= SHORT_CALL_S:  # no more tracing
             sys.settrace(None)
             return
         if _call_s < self._min_call_s:
