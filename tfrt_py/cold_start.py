@@ -85,8 +85,6 @@ _released = threading.Event()
 _released.set()
 #: What the last warm-up did, for ``describe()``.
 _record: list[str] = []
-#: Whether the warm-up in progress yields to calls (cleared by ``hurry``, set by a new job).
-_yielding = True
 
 
 def _cold() -> bool:
@@ -107,11 +105,10 @@ def _enter(native_mode: str) -> bool:
 
 
 def _leave() -> None:
-    global _building, _job, _yielding
+    global _building, _job
     with _lock:
         _building -= 1
         if _building == 0 and _job is None:
-            _yielding = True
             _job = _Warmup()
             worker.submit(_job)
 
@@ -162,12 +159,11 @@ def await_switch(switched: threading.Event | None, timeout: float | None) -> boo
 def hurry() -> None:
     """Start a warm-up that waits for its ``START_DELAY_S`` now, and stop it yielding to
     calls (someone waits for it)."""
-    global _yielding
-    _yielding = False
     job = _job
-    if job is not None:
-        job.yielder.stop()
-    if job is not None and job.not_before:
+    if job is None:
+        return
+    job.yielder.stop()
+    if job.not_before:
         job.not_before = 0.0
         worker.wake()
 
@@ -201,7 +197,7 @@ class _Warmup:
         self._t0 = time.perf_counter()
         #: when the worker may start it (``START_DELAY_S``; ``hurry`` moves it to now)
         self.not_before = time.monotonic() + START_DELAY_S
-        self.yielder = call_yield.Yielder(lambda: _yielding)
+        self.yielder = call_yield.Yielder()
         #: (what switches a model to its compiled program, its switched event), built by
         #: ``_compile`` and run by ``_end`` when it releases the kernels
         self._built: list[tuple[Any, threading.Event]] = []

@@ -37,6 +37,14 @@ def _cand(clock: _Clock, per_token_s: float, log: list[str], name: str) -> Any:
     return run
 
 
+def _trial(native: Any, sync: Any, decided: list[Any], size: Any = None) -> entry.Trial:
+    """A trial between ``native`` and ``sync`` (also the reference) whose decisions land in
+    ``decided``; a disagreement fails the test."""
+    return entry.Trial([("native", native), ("sync", sync)], sync,
+                       lambda best, fig: decided.append((best, fig)),
+                       lambda why: pytest.fail(why), size)  # fmt: skip
+
+
 def test_a_box_trial_compares_the_candidates_on_the_same_calls(clock: _Clock) -> None:
     """Native costs half the interpreter's time on every call, but the calls alternate
     between 64 and 2,048 tokens: timed on calls of their own (even calls native, odd ones
@@ -45,9 +53,7 @@ def test_a_box_trial_compares_the_candidates_on_the_same_calls(clock: _Clock) ->
     native = _cand(clock, 1e-6, log, "native")
     sync = _cand(clock, 2e-6, log, "sync")
     decided: list[tuple[str, dict[str, float]]] = []
-    trial = entry.Trial([("native", native), ("sync", sync)], sync,
-                        lambda best, fig: decided.append((best, fig)),
-                        lambda why: pytest.fail(why))  # fmt: skip
+    trial = _trial(native, sync, decided)
     shapes = [(1, 64), (8, 256)] * 4
     for shape in shapes:
         x = np.ones(shape, np.int64)
@@ -83,10 +89,7 @@ def test_a_rows_trial_reports_its_figures_per_row(clock: _Clock) -> None:
     native = _cand(clock, 3e-6, log, "native")
     sync = _cand(clock, 1e-6, log, "sync")
     decided: list[tuple[str, dict[str, float]]] = []
-    trial = entry.Trial([("native", native), ("sync", sync)], sync,
-                        lambda best, fig: decided.append((best, fig)),
-                        lambda why: pytest.fail(why),
-                        size=lambda xs: int(xs[0].shape[0]))  # fmt: skip
+    trial = _trial(native, sync, decided, size=lambda xs: int(xs[0].shape[0]))
     for n in (4, 8, 16, 32):
         x = np.ones((n, 10), np.int64)
         trial({"x": x}, x)

@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -149,13 +149,12 @@ class Yielder:
     in flight to end (``PAUSE_MAX_S`` at a time) as long as the thread has had
     ``MIN_SHARE`` of the wall time since it began, unless the calls (smoothed) are
     shorter than ``min_call_s``. Calls of ``SHORT_CALL_S`` or more (smoothed) and
-    ``wanted()`` turning False (someone waits for the work) end the yielding and the
-    trace; ``paused`` sums the waits."""
+    ``stop()`` (someone waits for the work) end the yielding and the trace; ``paused``
+    sums the waits."""
 
-    def __init__(self, wanted: Callable[[], bool] = lambda: True, min_call_s: float = 0.0) -> None:
+    def __init__(self, min_call_s: float = 0.0) -> None:
         self.paused = 0.0
         self._t0 = 0.0
-        self._wanted = wanted
         self._min_call_s = min_call_s
         #: set by ``stop`` (any thread): the trace removes itself at the next call event
         self._stopped = False
@@ -168,7 +167,7 @@ class Yielder:
     @contextmanager
     def tracing(self) -> Iterator[None]:
         """Yield to calls inside this block (the background thread's steps)."""
-        if not self._wanted() or sys.gettrace() is not None:
+        if self._stopped or sys.gettrace() is not None:
             yield
             return
         if not self._t0:
@@ -186,7 +185,7 @@ class Yielder:
             self._pause()
 
     def _pause(self) -> None:
-        if self._stopped or not self._wanted() or _call_s >= SHORT_CALL_S:  # no more tracing
+        if self._stopped or _call_s >= SHORT_CALL_S:  # no more tracing
             sys.settrace(None)
             return
         if _call_s < self._min_call_s:
