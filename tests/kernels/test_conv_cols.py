@@ -1,8 +1,7 @@
 """The one-group float32 conv on the gemm_cols kernel (kernels/nn/conv_cols.py,
 kernels/lib/gemm_cols.py): the kernel against a float64 product (partial panels, taps at
 offsets, every epilogue flag, NaN through ReLU/Clip, nothing written past N), each form
-of the conv (GRID, IM2COL; a 1x1 stride-1 conv left to BLAS) against onnxruntime with the
-route checked, the AVX2
+of the conv (GRID, IM2COL, DIRECT) against onnxruntime with the route checked, the AVX2
 tile in a fresh process, and the BLAS route when the kernel is switched off."""
 
 from __future__ import annotations
@@ -133,7 +132,12 @@ CASES = [
     ((1, 64, 7, 7), (40, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
     ((1, 64, 7, 7), (200, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
     ((2, 24, 10, 10), (130, 24, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, conv_cols.IM2COL),
-    ((2, 24, 14, 14), (48, 24, 1, 1), {}, None),  # 1x1 reading its input: BLAS's route
+    # 1x1 stride-1 unpadded: the input itself (DIRECT), two images, a partial panel
+    # (13x13), more filters than pixels (blocks of filters), long planes
+    ((2, 24, 14, 14), (48, 24, 1, 1), {}, conv_cols.DIRECT),
+    ((1, 40, 13, 13), (30, 40, 1, 1), {}, conv_cols.DIRECT),
+    ((1, 64, 5, 5), (100, 64, 1, 1), {}, conv_cols.DIRECT),
+    ((1, 8, 41, 40), (16, 8, 1, 1), {}, conv_cols.DIRECT),
     ((1, 8, 29, 30), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, conv_cols.IM2COL),
     ((1, 3, 40, 40), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, conv_cols.IM2COL),
 ]
@@ -145,7 +149,7 @@ CASES = [
 )
 def test_each_form_matches_onnxruntime_on_the_cols_route(
     monkeypatch: pytest.MonkeyPatch, x_shape: Any, w_shape: Any, attrs: dict[str, Any],
-    mode: int | None, act: str, residual: bool,
+    mode: int, act: str, residual: bool,
 ) -> None:  # fmt: skip
     _need_kernel()
     plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
@@ -161,11 +165,7 @@ def test_each_form_matches_onnxruntime_on_the_cols_route(
     for _ in range(2):
         np.testing.assert_allclose(model.run(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-4,
                                    atol=1e-4)  # fmt: skip
-    assert plans
-    if mode is None:
-        assert plans[-1].route != "cols" and plans[-1].cols is None
-    else:
-        assert plans[-1].route == "cols" and plans[-1].cols.mode == mode
+    assert plans and plans[-1].route == "cols" and plans[-1].cols.mode == mode
 
 
 @pytest.mark.parametrize("act", ["Relu", "Clip", "Identity"])

@@ -304,9 +304,9 @@ def plan_blocked(
     act, params = _jit_act(epi, dtype), _params(epi, dtype)
     if native_size and m >= _NATIVE_MIN_FILTERS and (direct or m > oh * ow):
         # filter blocks: a 1x1 conv as it is; a conv with more filters than output
-        # pixels (row blocks would be a few pixels wide): conv_cols' blocks of filters
-        # (the weights read as they are), else BLAS's after one im2col per image
-        if one_f32 and not direct:
+        # pixels (row blocks would be a few pixels wide): conv_cols' blocks (the weights
+        # and a 1x1 conv's input read as they are), else BLAS's after one im2col per image
+        if one_f32:
             cols = conv_cols.plan(x_shape, m, (kh, kw), out_shape, strides, pads_begin,
                                   dilations, act, params,
                                   _native_threads(threads))  # fmt: skip
