@@ -316,12 +316,13 @@ class _PackedGemmIR:
         ``acc`` + their products (the accumulators' new values)."""
         b, c, ir, v8 = self.b, self.c, self.ir, self.v8
         wv = [v for j in range(npan) for v in self.panel_vectors(p, j, k)]
+        nv = len(wv)  # the vectors a row of the tile accumulates
         new = []
         for r in range(rows):
             xs = b.load(b.gep(self.x, [b.add(b.mul(b.add(m0, c(r)), self.ldx), self.a_col(k))]))
             xb = b.insert_element(ir.Constant(v8, ir.Undefined), xs, ir.Constant(self.i32, 0))
             xb = b.shuffle_vector(xb, ir.Constant(v8, ir.Undefined), self.splat)
-            new += [b.call(self.fma, [wv[q], xb, acc[r * 2 * npan + q]]) for q in range(2 * npan)]
+            new += [b.call(self.fma, [wv[q], xb, acc[r * nv + q]]) for q in range(nv)]
         return new
 
     def a_col(self, k: Any) -> Any:
