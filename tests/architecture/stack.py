@@ -96,8 +96,9 @@ LINE_BUDGET: dict[str, int] = {
     # string inputs mapped to ids at the entry, OneHotEncoder and LabelEncoder
     # (lower/ops_encode.py: issue 39); 2026-12-01: a KV cache written in place and decode
     # scores by dot products (lower/cache.py, kernels/rowdot.py: issue 37); 12-02: packed
-    # QKV and presents in place in GroupQueryAttention (lower/ops_gqa.py: issue 37)
-    "native": 8300,
+    # QKV and presents in place in GroupQueryAttention (lower/ops_gqa.py: issue 37); rows
+    # narrower than ROW_VIEW_MIN read at offsets, not through views (rows_source.row_refs)
+    "native": 8350,
     # 2026-11-30: a bucket's check keeps shapes only (Program.run_shapes); baked parts shared;
     # 2026-12-01: genai's total_sequence_length tied to past + sequence (dims.genai_tied);
     # straight-line code for the interpreter's unplanned calls (straight.py)

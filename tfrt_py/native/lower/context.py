@@ -54,7 +54,8 @@ class NodeContext:
         #: output position the expression of its matrix stride in that buffer
         self.unread: set[int] = set()
         self.cache_mat: dict[int, str] = {}
-        self.out_buf: dict[int, str] = {}  # output position -> row view (rows mode)
+        #: output position -> (array, element offset) of the current row (rows mode)
+        self.out_buf: dict[int, tuple[str, str]] = {}
         self.hoisted: list[str] = []  # lines before the body: constant slices
         self.label_tables: dict[int, Any] = {}  # value id -> string labels it indexes
         self.finishers: dict[int, Any] = {}  # graph output value id -> finisher
@@ -188,8 +189,8 @@ class NodeContext:
         tname(dtype)  # Declined for a dtype the lowering does not know
         if k is not None:
             self.written.add(k)
-            r = Ref(self.out_buf.get(k, f"r{k}"), "0", shape, dtype,
-                    mat=self.cache_mat.get(k, ""))  # fmt: skip
+            buf, off = self.out_buf.get(k, (f"r{k}", "0"))
+            r = Ref(buf, off, shape, dtype, mat=self.cache_mat.get(k, ""))
         else:
             r = self.new_buffer(shape, dtype)
         self.refs[id(v)] = r

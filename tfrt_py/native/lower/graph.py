@@ -46,7 +46,7 @@ from .fold import shape_arithmetic, shape_values
 from .loops import Ref, strides
 from .ops_ml import KERNEL_IMPORTS, kernel_version
 from .registry import lowerings
-from .rows_source import NP_TYPES, TILE_ROWS, rows_functions, tuple_text
+from .rows_source import NP_TYPES, TILE_ROWS, row_refs, rows_functions, tuple_text
 from .rowwise import check_rows
 from .runs import find_runs, lower_run_middle
 from .source import Declined, audit, literal
@@ -399,16 +399,22 @@ def _lower(graph: Graph, program: Program, fastmath: bool, limit: int,
                      audited=audited, pairs=pairs)  # fmt: skip
 
 
-def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool]) -> list[str]:
+def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool],
+          tile: bool = False) -> list[str]:  # fmt: skip
     """The lines computing every node into ``cx``'s refs (inputs bound to ``x<k>``,
-    outputs to ``r<k>``; in rows mode batched inputs to ``xv<k>`` and outputs to ``rv<k>``,
-    views from the current row, so every index is provably non-negative: numba then adds
-    no negative-index wraparound, and LLVM vectorizes the loops)."""
+    outputs to ``r<k>``; in rows mode (``rows_source.row_refs``) batched inputs to ``xv<k>``
+    and outputs to ``rv<k>``, views from the current row (or ``tile``'s first row), so
+    every index is provably non-negative: numba then adds no negative-index wraparound,
+    and LLVM vectorizes the loops; a row narrower than ``ROW_VIEW_MIN`` elements is read
+    and written at the offset ``xo<k>``/``ro<k>`` instead, without a view's reference
+    counting on every row)."""
     for k, (v, (shape, dtype)) in enumerate(zip(graph.inputs, _as_called(graph, specs))):
-        cx.refs[id(v)] = Ref(f"xv{k}" if batched[k] else f"x{k}", "0", shape, dtype)
+        buf, off = row_refs("x", k, shape, tile) if batched[k] else (f"x{k}", "0")
+        cx.refs[id(v)] = Ref(buf, off, shape, dtype)
     if any(batched):
-        for k in range(len(graph.outputs)):
-            cx.out_buf[k] = f"rv{k}"
+        for k, v in enumerate(graph.outputs):  # a feed or constant output: shape later
+            known = cx.shapes.get(id(v))
+            cx.out_buf[k] = row_refs("r", k, known[0], tile) if known else (f"rv{k}", "0")
     body: list[str] = []
     runs = find_runs(graph, cx)
     nodes = graph.nodes
@@ -446,7 +452,8 @@ def _body(graph: Graph, cx: NodeContext, specs: list[Any], batched: list[bool]) 
     for k, v in enumerate(graph.outputs):
         if k not in cx.written:  # a feed, a constant, a view or a duplicate: copy it
             src = cx.refs[id(v)] if id(v) in cx.refs else cx.ref(v)
-            dst = Ref(cx.out_buf.get(k, f"r{k}"), "0", src.shape, src.dtype)
+            buf, off = cx.out_buf.get(k, (f"r{k}", "0"))
+            dst = Ref(buf, off, src.shape, src.dtype)
             lines, cx.pre = [*cx.pre, *copy_strided(dst, src, strides(src.shape))], []
             body += ["    " + ln for ln in lines]
             cx.shapes[id(v)] = (src.shape, src.dtype)
@@ -495,7 +502,7 @@ def _tile(graph: Graph, program: Program, row_cx: NodeContext,
         cx.blas = True
         cx.packed_products = True
         cx.share_constants(row_cx)
-        body = _body(graph, cx, specs, batched)
+        body = _body(graph, cx, specs, batched, tile=True)
     except Declined:
         return None
     if not any("gemm_" in ln for ln in body):  # NumPy's gemm or the packed kernel
