@@ -182,9 +182,15 @@ def test_a_forked_child_runs_split_kernels_after_the_parent_did() -> None:
 
 
 @pytest.mark.parametrize("n", [1, 2])
-def test_a_1x1_conv_splits_its_filters_on_native_threads(n: int) -> None:
+def test_a_1x1_conv_splits_its_filters_on_native_threads(
+    n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the packed kernels (with them, conv_cols' DIRECT blocks take 1x1 convs:
+    test_conv_cols), BLAS's filter blocks with their epilogue on native threads."""
+    from tfrt_py.kernels.lib import gemm_packed
     from tfrt_py.kernels.nn.conv_blocked import plan_blocked, run_blocked
 
+    monkeypatch.setenv(gemm_packed.ENV_PACKED_GEMM, "0")
     rng = np.random.default_rng(n)
     c, m, h = 96, 192, 28
     x = rng.standard_normal((n, c, h, h)).astype(np.float32)
