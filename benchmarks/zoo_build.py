@@ -148,7 +148,8 @@ def zoo(small: bool) -> dict[str, Callable[[], Any]]:
         import onnx
 
         est = catboost.CatBoostClassifier(iterations=trees, depth=6, random_seed=0,
-                                          verbose=False, thread_count=1).fit(x, y)  # fmt: skip
+                                          verbose=False, thread_count=1,
+                                          allow_writing_files=False).fit(x, y)  # fmt: skip
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "catboost.onnx")
             est.save_model(path, format="onnx", export_parameters={

@@ -116,8 +116,8 @@ def test_blocked_conv_matches_onnxruntime(
     filter_blocks_only = w_shape[0] > want.shape[2] * want.shape[3] and attrs.get("group", 1) == 1
     if filter_blocks_only and not native_threads.ready():
         # without native threads: conv_cols' one block where the kernel is there (a 3x3
-        # over 7x7: its columns pay against BLAS), else the whole-image path
-        cols = tuple(w_shape[2:]) != (1, 1) and gemm_cols.available()
+        # or a 1x1 over 7x7: its columns pay against BLAS), else the whole-image path
+        cols = gemm_cols.available()
         assert (bool(plans) and plans[-1].route == "cols") if cols else not plans
     else:
         assert plans, "the blocked path did not run"
