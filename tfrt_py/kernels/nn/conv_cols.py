@@ -5,7 +5,7 @@ ReLU/Clip applied before its one store where it can.
 ``conv_blocked``'s BLAS routes copy the im2col matrix of a whole image, or of one block of
 rows per thread (for a ResNet's first stages megabytes, written to memory and read back),
 OpenBLAS packs the weights again on every call, and the epilogue is another pass. Here a
-block's columns come in one of three forms (``plan`` picks it per input shape):
+block's columns come in one of these forms (``plan`` picks it per input shape):
 
 * GRID (stride 1, any kernel, dilation and pads): no im2col at all. Each block copies the
   rows of the image it reads, zero-padded, into its own planes (``_pad_rows``, on its
@@ -92,7 +92,8 @@ def _block(  # pragma: no cover - numba only
     own ``xb`` (C, L) first (``_pad_rows``); the kernel reads them in place, K = C an
     offset ``toff[t]`` a tap, on the extended grid (rows ``pads[2]`` wide) into ``cols``
     ((m1 - m0) x rows*pw); each channel's rows are then cropped to OW into ``y3`` and
-    finished there (bias, residual, activation ``act``)."""
+    finished there (bias, residual, activation ``act``). DIRECT: the kernel reads image
+    ``i``'s planes in place (K = C, ``ldc`` the plane), the epilogue as IM2COL's."""
     m = w2.shape[0]
     mb = m1 - m0
     o = y3.shape[2]
