@@ -310,6 +310,42 @@ def test_stacked_products_run_their_row_blocks_on_native_threads(
     np.testing.assert_allclose(got2, want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("heads", [4, 12])
+def test_scores_over_a_transposed_key_view_run_on_the_kernel(heads: int, threads: int) -> None:
+    """BERT's scores as torch.onnx writes them: Q a (0, 2, 1, 3) view of the projection and
+    K^T one Transpose (0, 2, 3, 1) of it, whose columns (not rows) have unit stride. The
+    kernel reads K^T as the transpose of its swapped view (NumPy took a strided loop at
+    half speed), with the blocks on native threads from ``NATIVE_SPLIT_MIN_MACS`` and on
+    the caller below it; the plan is made once per signature. One stacked matrix under the
+    split size stays NumPy's single gemm."""
+    configure(threads)
+    rng = np.random.default_rng(heads)
+    proj = rng.standard_normal((1, 64, heads, 64)).astype(np.float32)
+    q, kt = proj.transpose(0, 2, 1, 3), proj.transpose(0, 2, 3, 1)
+    assert kt.strides[-1] != 4 and kt.strides[-2] == 4
+    want = np.ascontiguousarray(q) @ np.ascontiguousarray(kt)
+    gemm._BATCHED_PLANS.clear()
+    with spying_jitted(gemm._MATMUL_BATCHED) as calls:
+        got = gemm.matmul_batched_into(q, kt)
+        out = np.full(want.shape, np.nan, np.float32)
+        got2 = gemm.matmul_batched_into(q, kt, out)
+        got3 = gemm.matmul_batched_into(q, kt)
+    assert calls == [1, 1, 1]
+    plans = [p for p in gemm._BATCHED_PLANS.values() if p is not None and p.shape == want.shape]
+    assert len(plans) == 2  # without and with ``out``
+    big = heads * 64**3 >= gemm.NATIVE_SPLIT_MIN_MACS
+    assert all(p.trans_b and p.threads == (threads if big else 1) for p in plans)
+    for g in (got, got2, got3):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-4)
+    assert got2 is out
+    one = rng.standard_normal((1, 1, 32, 32)).astype(np.float32)
+    with spying_jitted(gemm._MATMUL_BATCHED) as calls:
+        got1 = gemm.matmul_batched_into(one, one)
+    assert calls == []
+    np.testing.assert_allclose(got1, one @ one, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_stacks_whose_batch_needs_two_strides_run_on_native_threads(trans_b: bool) -> None:
     """MobileViT's attention: Q, K and V are (patches, heads) views of one projection whose

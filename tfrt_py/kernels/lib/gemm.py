@@ -12,7 +12,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -478,11 +478,12 @@ def matmul_batched_into(
 ) -> np.ndarray:
     """``alpha * a @ b`` (``trans_b``: ``a @ b.swapaxes(-1, -2)``) for stacks of matrices of
     one batch shape (attention's per-head products, often strided views of one
-    projection), into ``out`` when given: the batch's row blocks on native threads when
-    they pay and every operand is a float32/float64 stack of one dtype with unit inner
-    stride and batch dimensions that collapse to two strides (``batch_layout``; ``alpha`` is
-    BLAS's), else ``np.matmul`` (times ``alpha`` after). Same result as ``np.matmul`` to
-    rounding (exactly, for ``alpha`` 1)."""
+    projection), into ``out`` when given: on the compiled kernel (one BLAS gemm per row
+    block; the blocks on native threads when the product is large enough) when every
+    operand is a float32/float64 stack of one dtype, each matrix with unit stride along its
+    rows or (B) its columns, and batch dimensions that collapse to two strides
+    (``batch_layout``; ``alpha`` is BLAS's), else ``np.matmul`` (times ``alpha`` after).
+    Same result as ``np.matmul`` to rounding (exactly, for ``alpha`` 1)."""
     if alpha != 1.0:
         y = _matmul_batched_into(a, b, out, trans_b, alpha)
         if y is None:
@@ -493,52 +494,88 @@ def matmul_batched_into(
     return np.matmul(a, b.swapaxes(-1, -2) if trans_b else b, out=out) if y is None else y
 
 
+class _BatchedPlan(NamedTuple):
+    """How ``_matmul_batched`` computes one signature of operands (``_plan_batched``)."""
+
+    dims: np.ndarray  # the kernel's dims (never written)
+    blocks: np.ndarray  # (matrix, first row, end row) per block (never written)
+    trans_b: bool  # B as stored is the transpose of the product's right side
+    shape: tuple[int, ...]  # the output's shape
+    threads: int  # native threads for the blocks (1: the caller alone)
+    single: bool  # float32 (else float64)
+
+
 def _matmul_batched_into(
     a: np.ndarray, b: np.ndarray, out: np.ndarray | None, trans_b: bool, alpha: float
 ) -> np.ndarray | None:
-    """``matmul_batched_into`` on native threads, or None when it does not apply."""
-    bt = b.swapaxes(-1, -2) if trans_b else b
+    """``matmul_batched_into`` on the compiled kernel, or None when it does not apply. The
+    plan is made once per signature of the operands (shapes, strides, dtypes, the thread
+    budget): a call is one dict lookup, the addresses and the kernel."""
     t = intra_pool().threads
+    key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, trans_b, t,
+           None if out is None else (out.shape, out.strides, out.dtype))  # fmt: skip
+    plan = _BATCHED_PLANS.get(key, _UNPLANNED)
+    if plan is _UNPLANNED:
+        plan = _plan_batched(a, b, out, trans_b, t)
+        if len(_BATCHED_PLANS) >= 1024:  # requests of ever new shapes: start again
+            _BATCHED_PLANS.clear()
+        _BATCHED_PLANS[key] = plan
+    if plan is None:
+        return None
+    fn = _MATMUL_BATCHED.get()
+    if fn is None:
+        return None
+    y = np.empty(plan.shape, a.dtype) if out is None else out
+    native_threads.enter(plan.threads)
+    fn(addresses(a, b, y), plan.dims, plan.blocks, plan.trans_b, plan.single, alpha)
+    return y
+
+
+def _plan_batched(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray | None, trans_b: bool, t: int
+) -> _BatchedPlan | None:
+    """The plan of ``a @ (b^T if trans_b else b)`` for stacks of one batch shape and float
+    dtype, or None (``np.matmul`` then): a B whose rows are strided and columns are not
+    (a transposed view: attention's K^T as one Transpose of the heads) is read as the
+    transpose of its swapped view. Products of ``NATIVE_SPLIT_MIN_MACS`` and more split
+    into row blocks on ``t`` native threads; smaller ones run one block per matrix on the
+    caller (NumPy would loop over strided heads at half BLAS's speed)."""
     if (
-        t < 2
+        not native_threads.ready()
         or a.ndim < 3
         or a.ndim != b.ndim
         or a.shape[:-2] != b.shape[:-2]
         or a.dtype != b.dtype
         or a.dtype not in _FLOATS
-        or (
-            out is not None and (out.dtype != a.dtype or out.shape != (*a.shape[:-1], bt.shape[-1]))
-        )
     ):
         return None
+    bt = b.swapaxes(-1, -2) if trans_b else b
     m, k = a.shape[-2], a.shape[-1]
     n = bt.shape[-1]
-    batch = math.prod(a.shape[:-2])
-    if bt.shape[-2] != k or batch * m * k * n < NATIVE_SPLIT_MIN_MACS:
+    shape = (*a.shape[:-1], n)
+    if bt.shape[-2] != k or (out is not None and (out.dtype != a.dtype or out.shape != shape)):
         return None
-    y = np.empty((*a.shape[:-1], n), a.dtype) if out is None else out
+    if b.strides[-1] != b.itemsize and b.strides[-2] == b.itemsize and b.shape[-1] > 1:
+        b, trans_b = b.swapaxes(-1, -2), not trans_b  # the same product, B read transposed
+    batch = math.prod(a.shape[:-2])
+    threads = t if batch * m * k * n >= NATIVE_SPLIT_MIN_MACS else 1
+    if batch < 2 and threads < 2:
+        return None  # one matrix on one thread: np.matmul's single gemm
+    y = np.empty(shape, a.dtype) if out is None else out
     lay = batch_layout((a, k), (b, k if trans_b else n), (y, n))
-    fn = _MATMUL_BATCHED.get()
-    if fn is None or lay is None:
+    if lay is None:
         return None
     inner, (sa, sb, sc) = lay
-    threads = native_threads.enter(t)
-    per = max(1, min(-(-2 * threads // batch), m // 16))  # row blocks per matrix
-    blocks = _BATCH_BLOCKS.get((batch, m, per))
-    if blocks is None:
-        rows = [(m * j // per, m * (j + 1) // per) for j in range(per)]
-        blocks = np.array([(i, r0, r1) for i in range(batch) for r0, r1 in rows], np.int64)
-        if len(_BATCH_BLOCKS) >= 1024:  # requests of ever new shapes: start again
-            _BATCH_BLOCKS.clear()
-        _BATCH_BLOCKS[(batch, m, per)] = blocks
-    ptr = addresses(a, b, y)
+    per = max(1, min(-(-2 * threads // batch), m // 16)) if threads > 1 else 1
+    rows = [(m * j // per, m * (j + 1) // per) for j in range(per)]
+    blocks = np.array([(i, r0, r1) for i in range(batch) for r0, r1 in rows], np.int64)
     dims = np.array(
         [m, k, n, sa[1], sa[2], sb[1], sb[2], sc[1], sc[2], inner, sa[0], sb[0], sc[0]], np.int64
     )
-    fn(ptr, dims, blocks, trans_b, a.dtype == np.float32, alpha)
-    return y
+    return _BatchedPlan(dims, blocks, trans_b, shape, threads, a.dtype == np.float32)
 
 
-#: ``matmul_batched_into``'s blocks by (batch, rows, row blocks per matrix) (a dict write
-#: is atomic).
-_BATCH_BLOCKS: dict[tuple[int, int, int], np.ndarray] = {}
+_UNPLANNED: Any = object()
+#: ``_matmul_batched_into``'s plans by operand signature (a dict read and write are atomic;
+#: two threads planning one signature at once make equal plans).
+_BATCHED_PLANS: dict[tuple[Any, ...], _BatchedPlan | None] = {}
