@@ -70,6 +70,46 @@ def test_every_path_is_exact_at_the_extremes(path: str) -> None:
         assert got[0, 0] == 255 * -128 * k
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_every_path_stores_scaled_floats_as_the_separate_steps(path: str) -> None:
+    """The float-storing build (MatMulIntegerToFloat's store): ``float32(acc - a_zp *
+    colsum - wz * row_term) * (scale * a_scale) + bias`` equals the int64 reference rounded
+    step by step, at the extremes (the largest sums, zero points at both ends, a column
+    count that ends inside a vector: nothing stored past it)."""
+    if path not in _host_paths():
+        pytest.skip(f"this CPU has no {path} path ({', '.join(_host_paths())})")
+    built = qgemm_packed.build(path, scaled=True)
+    tile = built.tile
+    for m, k, n, a_zp in [(1, 1, 1, 0), (7, 5, 3, 255), (9, 64, 33, 0), (17, 577, 70, 128),
+                          (3, 1100, 130, 255)]:  # fmt: skip
+        a = _codes((m, k), np.uint8).astype(np.int64)
+        w = _codes((k, n), np.int8).astype(np.int64)
+        a[0, :], w[:, 0] = 255, -128
+        packed = qgemm_packed.pack(w, tile)
+        npad = packed.shape[0] * tile.nr
+        wz = np.zeros(npad, np.int32)
+        wz[:n] = RNG.integers(-128, 128, n)
+        wz[0] = -128
+        colsum = np.zeros(npad, np.int32)
+        colsum[:n] = w.sum(axis=0)
+        row_term = (a.sum(axis=1) - k * a_zp).astype(np.int32)
+        scale, bias = np.zeros(npad, np.float32), np.zeros(npad, np.float32)
+        scale[:n] = RNG.uniform(1e-4, 1e-2, n)
+        bias[:n] = RNG.standard_normal(n)
+        a_scale = np.array([0.037], np.float32)
+        kp = -(-k // tile.g) * tile.g
+        a2 = np.zeros((m, kp), qgemm_packed.a_dtype(tile))
+        a2[:, :k] = a
+        y = np.full((m, npad), np.nan, np.float32)
+        qgemm_packed.qgemm_scaled(built, a2, packed, m, colsum, wz, row_term, scale, bias,
+                                  a_scale, a_zp, n, y)  # fmt: skip
+        exact = (a - a_zp) @ (w - wz[:n].astype(np.int64))
+        want = exact.astype(np.float32) * (scale[:n] * a_scale[0]) + bias[:n]
+        np.testing.assert_array_equal(y[:, :n], want)
+        vw = tile.vw
+        assert np.isnan(y[:, -(-n // vw) * vw :]).all()  # whole vectors past N: untouched
+
+
 def test_a_matrix_packed_for_another_path_is_refused() -> None:
     paths = [p for p in PATHS if p in _host_paths()]
     if len(paths) < 2 or all(qgemm_packed.TILES[p].nr == qgemm_packed.TILES[paths[0]].nr
@@ -147,6 +187,15 @@ def test_scaled_products_are_the_separate_steps_bit_for_bit(a_dt: Any, b_dt: Any
             want = acc.astype(np.float32) * scale
             if bz is not None:
                 want = want + bz
+            np.testing.assert_array_equal(got, want)
+            # the constants padded at load, A's scale apart (MatMulIntegerToFloat's call)
+            pb = None if bz is None else plan.padded(bz)
+            a_scale = np.float32(0.37)
+            got = plan.product_scaled(a, a_zp, plan.padded(scale), pb, a_scale)
+            want = acc.astype(np.float32) * (scale * a_scale)
+            if bz is not None:
+                want = want + bz
+            assert got is not None
             np.testing.assert_array_equal(got, want)
     per_row = np.zeros(2 * 16, np.uint8)
     plan = IntegerWeights.make(_codes((130, 40), np.int8), None)

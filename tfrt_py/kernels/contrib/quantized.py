@@ -385,7 +385,8 @@ def _integer_to_float(a: np.ndarray, b: np.ndarray, a_scale: Any, b_scale: Any, 
 def _scaled_constants(ctx: KernelContext, packed: IntegerWeights | None, n: int,
                       scale_idx: int, bias_idx: int) -> tuple[np.ndarray, Any] | None:  # fmt: skip
     """B's scale (one per column, float32) and the bias (or None) made at load for
-    ``product_scaled``, when both are constants of the right size (else None)."""
+    ``product_scaled``, padded to the kernel's columns, when both are constants of the
+    right size (else None)."""
     bs = ctx.const_input(scale_idx)
     bias = ctx.const_input(bias_idx) if ctx.has_input(bias_idx) else None
     if packed is None or bs is None or (ctx.has_input(bias_idx) and bias is None):
@@ -395,8 +396,8 @@ def _scaled_constants(ctx: KernelContext, packed: IntegerWeights | None, n: int,
         return None
     if bias is not None and np.asarray(bias).shape != (n,):
         return None
-    bias = None if bias is None else np.ascontiguousarray(bias, _F32)
-    return np.ascontiguousarray(np.broadcast_to(bs, (n,))), bias
+    bias = None if bias is None else packed.padded(np.asarray(bias, _F32))
+    return packed.padded(np.broadcast_to(bs, (n,))), bias
 
 
 def _scaled(
@@ -410,8 +411,7 @@ def _scaled(
     (the caller's ``_integer_to_float``)."""
     if packed is None or fixed is None:
         return None
-    return packed.product_scaled(a, a_zp, fixed[0] * _F32(_scalar(a_scale, "a_scale")),
-                                 fixed[1])  # fmt: skip
+    return packed.product_scaled(a, a_zp, fixed[0], fixed[1], _F32(_scalar(a_scale, "a_scale")))
 
 
 def _matmul_integer_to_float(ctx: KernelContext) -> ComputeFn:

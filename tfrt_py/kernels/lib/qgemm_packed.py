@@ -61,11 +61,13 @@ __all__ = [
     "host_paths",
     "kernel",
     "kernel_requant",
+    "kernel_scaled",
     "layout_code",
     "pack",
     "path",
     "qgemm",
     "qgemm_requant",
+    "qgemm_scaled",
 ]  # fmt: skip
 
 #: ``TFRT_PY_QGEMM=vnni512|vnni256|avx512|avx2|portable``: the integer kernel's path, when
@@ -73,6 +75,7 @@ __all__ = [
 ENV_QGEMM = "TFRT_PY_QGEMM"
 SYMBOL = "tfrt_py_qgemm_packed"
 SYMBOL_REQUANT = "tfrt_py_qgemm_requant"
+SYMBOL_SCALED = "tfrt_py_qgemm_scaled"
 #: The code that writes the IR (``_QGemmIR`` builds on ``gemm_packed._PackedGemmIR``): the
 #: cached machine code (``compile_ir_cached``) is rebuilt when either file changes.
 IR_SOURCES = (gemm_packed.__file__, __file__)
@@ -184,10 +187,11 @@ class _QGemmIR(_PackedGemmIR):
     tile walker of ``gemm_packed`` over int32 accumulators; per group of k, the panels'
     vectors, each row's group of A broadcast as one int32, the path's product step."""
 
-    def __init__(self, path: str, symbol: str, requant: bool = False) -> None:
+    def __init__(self, path: str, symbol: str, requant: bool = False,
+                 scaled: bool = False) -> None:  # fmt: skip
         import llvmlite.ir as ir
 
-        self.requant = requant
+        self.requant, self.scaled = requant, scaled
         shape = TILES[path]
         self.ir, self.vnni = ir, shape.vnni
         self.vw, self.mr, self.nr = shape.vw, shape.mr, shape.nr
@@ -207,14 +211,20 @@ class _QGemmIR(_PackedGemmIR):
         ep = (i8 if self.vnni else ir.IntType(16)).as_pointer()
         self.symbol = symbol
         f32 = ir.FloatType()
-        out_t = i8.as_pointer() if requant else i32.as_pointer()
+        out_t = i8.as_pointer() if requant else (f32.as_pointer() if scaled else i32.as_pointer())
         extra = [i32.as_pointer(), f32.as_pointer(), f32.as_pointer(), i64] if requant else []
+        if scaled:
+            i32p, f32p = i32.as_pointer(), f32.as_pointer()
+            extra = [i32p, i32p, i32p, f32p, f32p, f32p, i64, i64]
         self.fn = ir.Function(self.mod, ir.FunctionType(i64, [ep, i64, ep, out_t, i64, i64, i64,
                               i64, i64, *extra]), name=symbol)  # fmt: skip
         (self.x, self.ldx, self.w, self.y, self.ldy, self.m_rows, self.k_len, self.panels,
          layout) = self.fn.args[:9]  # fmt: skip
         if requant:
             self.bias, self.scale, params, self.n_valid = self.fn.args[9:]
+        if scaled:
+            (self.colsum, self.wz, self.row_term, self.scale, self.bias, a_scale, a_zp,
+             self.n_valid) = self.fn.args[9:]  # fmt: skip
         for a in (self.x, self.w, self.y):
             a.add_attribute("noalias")
         entry = self.fn.append_basic_block("entry")
@@ -238,6 +248,14 @@ class _QGemmIR(_PackedGemmIR):
 
             self.lo, self.hi, self.zp = splat(lo), splat(hi), splat(zp)
             self.magic = ir.Constant(vf, [12582912.0] * shape.vw)
+        if scaled:  # A's scale and zero point splat once
+            self.vf = vf = ir.VectorType(f32, shape.vw)
+            e = b.insert_element(ir.Constant(vf, ir.Undefined), b.load(a_scale),
+                                 ir.Constant(i32, 0))  # fmt: skip
+            self.a_scale = b.shuffle_vector(e, ir.Constant(vf, ir.Undefined), self.splat)
+            e = b.insert_element(ir.Constant(vi, ir.Undefined), b.trunc(a_zp, i32),
+                                 ir.Constant(i32, 0))  # fmt: skip
+            self.a_zp = b.shuffle_vector(e, ir.Constant(vi, ir.Undefined), self.splat)
 
     def k_step(self, p: Any, m0: Any, rows: int, npan: int, k: Any, acc: list[Any]) -> list[Any]:
         """One group of k: the panels' vectors at group k, each row's group of A broadcast,
@@ -270,6 +288,9 @@ class _QGemmIR(_PackedGemmIR):
         """The tile's int32 accumulators stored as they are, or requantized to bytes."""
         if self.requant:
             self.requant_epilogue(p, m0, rows, npan, acc)
+            return
+        if self.scaled:
+            self.scaled_epilogue(p, m0, rows, npan, acc)
             return
         b, c = self.b, self.c
         for j in range(npan):
@@ -307,6 +328,39 @@ class _QGemmIR(_PackedGemmIR):
                 b.branch(after)
                 b.position_at_end(after)
 
+    def scaled_epilogue(self, p: Any, m0: Any, rows: int, npan: int, acc: list[Any]) -> None:
+        """MatMulIntegerToFloat's store: ``float32(acc - a_zp * colsum[col] - wz[col] *
+        row_term[row]) * (scale[col] * a_scale) + bias[col]``, the corrections in int32
+        (exact: every term and the result fit; wrapping partial sums cancel), each float step
+        rounded on its own (no fused multiply-add), as the separate Cast, Mul and Add round;
+        a vector whose first column is at or past ``n_valid`` is not stored."""
+        b, c, ir = self.b, self.c, self.ir
+        vfp = self.vf.as_pointer()
+        for j in range(npan):
+            for h in range(2):
+                col = b.add(b.mul(b.add(p, c(j)), c(self.nr)), c(self.vw * h))
+                store, after = self.fn.append_basic_block(), self.fn.append_basic_block()
+                b.cbranch(b.icmp_signed("<", col, self.n_valid), store, after)
+                b.position_at_end(store)
+                colsum = b.load(b.bitcast(b.gep(self.colsum, [col]), self.vip), align=4)
+                corr = b.mul(colsum, self.a_zp)
+                wz = b.load(b.bitcast(b.gep(self.wz, [col]), self.vip), align=4)
+                scale = b.load(b.bitcast(b.gep(self.scale, [col]), vfp), align=4)
+                scale = b.fmul(scale, self.a_scale)
+                bias = b.load(b.bitcast(b.gep(self.bias, [col]), vfp), align=4)
+                for r in range(rows):
+                    row = b.add(m0, c(r))
+                    t = b.load(b.gep(self.row_term, [row]), align=4)
+                    tv = b.insert_element(ir.Constant(self.v8, ir.Undefined), t,
+                                          ir.Constant(self.i32, 0))  # fmt: skip
+                    tv = b.shuffle_vector(tv, ir.Constant(self.v8, ir.Undefined), self.splat)
+                    v = b.sub(b.sub(acc[r * 2 * npan + 2 * j + h], corr), b.mul(wz, tv))
+                    f = b.fadd(b.fmul(b.sitofp(v, self.vf), scale), bias)
+                    at = b.add(b.mul(row, self.ldy), col)
+                    b.store(f, b.bitcast(b.gep(self.y, [at]), vfp), align=4)
+                b.branch(after)
+                b.position_at_end(after)
+
 
 class Built(NamedTuple):
     """A compiled path: its tile, the engine that owns the code, a ctypes callable."""
@@ -317,16 +371,20 @@ class Built(NamedTuple):
     call: Any
 
 
-def build(path: str, symbol: str | None = None, requant: bool = False) -> Built:
+def build(path: str, symbol: str | None = None, requant: bool = False,
+          scaled: bool = False) -> Built:  # fmt: skip
     """Compile ``path`` (one of ``host_paths()`` but portable) now, apart from the
     process's kernel: for tests and benchmarks. ``requant``: the form that requantizes to
-    bytes as it stores (``qgemm_requant``). Raises what llvmlite raises."""
-    sym = symbol or f"{SYMBOL}_{path}{'_requant' if requant else ''}"
-    key = f"qgemm_packed|{path}|{sym}|{requant}"
-    engine, _ = compile_ir_cached(lambda: _QGemmIR(path, sym, requant).text(), key,
+    bytes as it stores (``qgemm_requant``); ``scaled``: the form that stores float32
+    (``qgemm_scaled``). Raises what llvmlite raises."""
+    form = "_requant" if requant else ("_scaled" if scaled else "")
+    sym = symbol or f"{SYMBOL}_{path}{form}"
+    key = f"qgemm_packed|{path}|{sym}|{requant}|{scaled}"
+    engine, _ = compile_ir_cached(lambda: _QGemmIR(path, sym, requant, scaled).text(), key,
                                   IR_SOURCES, opt=3)  # fmt: skip
     p, n = ctypes.c_void_p, ctypes.c_int64
     args = [p, n, p, p, n, n, n, n, n] + ([p, p, p, n] if requant else [])
+    args += [p, p, p, p, p, p, n, n] if scaled else []
     call = ctypes.CFUNCTYPE(n, *args)(engine.get_function_address(sym))
     return Built(path, TILES[path], engine, call)
 
@@ -363,35 +421,41 @@ def qgemm(built: Built, a: np.ndarray, packed: np.ndarray, m: int) -> np.ndarray
 
 
 _LOCK = threading.Lock()
-_STATE: list[tuple[str, str, Built | None, Any, Any]] = []  # [(path, why, built, fn, requant fn)]
+#: [(path, why, built, fn, requant fn, scaled fn)]
+_STATE: list[tuple[str, str, Built | None, Any, Any, Any]] = []
 
 
-def _register() -> tuple[str, str, Built | None, Any, Any]:
+def _register() -> tuple[str, str, Built | None, Any, Any, Any]:
     try:
         from numba import types
 
         path_, why = _choose()
         if path_ == "portable":
-            return path_, why, None, None, None
+            return path_, why, None, None, None, None
         built = build(path_, SYMBOL)
         add_symbol(SYMBOL, built.engine.get_function_address(SYMBOL))
         fused = build(path_, SYMBOL_REQUANT, requant=True)
         add_symbol(SYMBOL_REQUANT, fused.engine.get_function_address(SYMBOL_REQUANT))
+        scaled = build(path_, SYMBOL_SCALED, scaled=True)
+        add_symbol(SYMBOL_SCALED, scaled.engine.get_function_address(SYMBOL_SCALED))
     except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the callers stay exact on BLAS
-        return "portable", f"the kernel did not build: {type(e).__name__}", None, None, None
-    _ENGINES.append(fused)
+        return "portable", f"the kernel did not build: {type(e).__name__}", None, None, None, None
+    _ENGINES.extend((fused, scaled))
     p, n = types.uintp, types.int64
     fn = types.ExternalFunction(SYMBOL, types.int64(p, n, p, p, n, n, n, n, n))
     fn_requant = types.ExternalFunction(
         SYMBOL_REQUANT, types.int64(p, n, p, p, n, n, n, n, n, p, p, p, n)
     )
-    return path_, why, built, fn, fn_requant
+    fn_scaled = types.ExternalFunction(
+        SYMBOL_SCALED, types.int64(p, n, p, p, n, n, n, n, n, p, p, p, p, p, p, n, n)
+    )
+    return path_, why, built, fn, fn_requant, fn_scaled
 
 
-_ENGINES: list[Built] = []  # the requantizing build, kept alive with its code
+_ENGINES: list[Built] = []  # the requantizing and scaling builds, kept alive with their code
 
 
-def _decided() -> tuple[str, str, Built | None, Any, Any]:
+def _decided() -> tuple[str, str, Built | None, Any, Any, Any]:
     with _LOCK:
         if not _STATE:
             _STATE.append(_register())
@@ -429,3 +493,27 @@ def kernel_requant() -> Any:
     k_groups, panels, layout, bias, scale, params, n_valid) -> status`` (as
     ``qgemm_requant``), None where ``available()`` is None."""
     return _decided()[4] if available() is not None else None
+
+
+def kernel_scaled() -> Any:
+    """The numba ExternalFunction of the float-storing kernel ``(a, lda, w, y, ldy, m,
+    k_groups, panels, layout, colsum, wz, row_term, scale, bias, a_scale, a_zp, n_valid)
+    -> status`` (as ``qgemm_scaled``), None where ``available()`` is None."""
+    return _decided()[5] if available() is not None else None
+
+
+def qgemm_scaled(built: Built, a: np.ndarray, packed: np.ndarray, m: int, colsum: np.ndarray,
+                 wz: np.ndarray, row_term: np.ndarray, scale: np.ndarray, bias: np.ndarray,
+                 a_scale: np.ndarray, a_zp: int, n_valid: int, y: np.ndarray) -> None:  # fmt: skip
+    """``y[:m, :n_valid]`` (float32, rows ``y.shape[1]`` apart, room for whole vectors up
+    to ``n_valid``) = ``float32(acc - a_zp * colsum - wz * row_term[row]) * (scale *
+    a_scale) + bias`` for the int32 product ``acc`` of A's rows by ``packed``: colsum and
+    wz int32, scale and bias float32, all padded to the panels' columns; row_term int32
+    per row; a_scale one float32. Through ``built``, a ``scaled`` build (ctypes)."""
+    panels, kg = packed.shape[0], packed.shape[1]
+    st = built.call(a.ctypes.data, a.shape[1], packed.ctypes.data, y.ctypes.data, y.shape[1],
+                    m, kg, panels, layout_code(built.tile), colsum.ctypes.data, wz.ctypes.data,
+                    row_term.ctypes.data, scale.ctypes.data, bias.ctypes.data,
+                    a_scale.ctypes.data, a_zp, n_valid)  # fmt: skip
+    if st:
+        raise ValueError("packed for another path")

@@ -35,12 +35,13 @@ _SPLIT_OPS = 1 << 20
 
 numba: Any = None  # set by Jitted(parallel=True) before _split compiles
 qgemm_kernel: Any = None  # the ExternalFunction, set by _prepare
+qgemm_scaled: Any = None  # the float-storing one, set by _prepare_scaled
 
 
 class IntegerWeights:
     """A constant B (K x N) packed for the integer kernel, with its column sums."""
 
-    __slots__ = ("built", "colsum32", "k", "n", "packed", "wz", "wz32")
+    __slots__ = ("built", "colsum32", "k", "n", "packed", "wz", "wz32", "wz_i32")
 
     def __init__(self, built: Any, packed: np.ndarray, colsum: np.ndarray, wz: np.ndarray,
                  k: int, n: int) -> None:  # fmt: skip
@@ -50,6 +51,7 @@ class IntegerWeights:
         self.colsum32[:n] = colsum
         self.wz32 = np.zeros(self.colsum32.shape[0], np.int64)
         self.wz32[:n] = wz
+        self.wz_i32 = self.wz32.astype(np.int32)
 
     def _product(self, a2: np.ndarray, m: int) -> np.ndarray:
         """The kernel's int32 output (m, panels * nr): split over native threads by panels
@@ -142,13 +144,22 @@ class IntegerWeights:
         out = acc[:, : self.n] if acc.shape[1] != self.n else acc
         return out.reshape((*a.shape[:-1], self.n))
 
-    def product_scaled(self, a: np.ndarray, a_zp: Any, scale: np.ndarray,
-                       bias: np.ndarray | None) -> np.ndarray | None:  # fmt: skip
-        """float32 ``float32(product(a, a_zp)) * scale + bias`` (``scale`` and ``bias``
-        float32, one per column; each step rounded as the separate nodes round: no fused
-        multiply-add; no bias adds 0.0), the zero-point corrections and the scaling done
-        as each part's panels are stored; None where ``product`` is None, a_zp is one per
-        row or numba's loops are off (the caller scales ``product``'s sums)."""
+    def padded(self, v: np.ndarray) -> np.ndarray:
+        """A per-column float32 vector (length N) padded with zeros to the panels' columns,
+        as ``product_scaled`` reads its scale and bias (make them once, at load)."""
+        out = np.zeros(self.colsum32.shape[0], np.float32)
+        out[: self.n] = v
+        return out
+
+    def product_scaled(self, a: np.ndarray, a_zp: Any, scale: np.ndarray, bias: np.ndarray | None,
+                       a_scale: Any = 1.0) -> np.ndarray | None:  # fmt: skip
+        """float32 ``float32(product(a, a_zp)) * (scale * a_scale) + bias`` (``scale`` and
+        ``bias`` float32, one per column, or ``padded``; ``a_scale`` one float32; each step
+        rounded as the separate nodes round: no fused multiply-add; no bias adds 0.0), the
+        zero-point corrections and the scaling done by the kernel as it stores each tile
+        (``qgemm_packed``'s scaled form); None where ``product`` is None, a_zp is one per
+        row or numba's loops are off (the caller scales ``product``'s sums). The result is
+        a view of a wider output when N is not a whole number of vectors."""
         fn = _SCALED.get()
         got = None if fn is None else self._rows(a, a_zp)
         if got is None or got[1].size != 1:
@@ -156,19 +167,51 @@ class IntegerWeights:
         a2, zx = got
         m = a2.shape[0]
         panels, nr = self.packed.shape[0], self.packed.shape[2]
-        ops = m * self.k * panels * nr
+        npad = panels * nr
+        scale = scale if scale.shape[0] == npad else self.padded(scale)
+        if bias is None:
+            bias = _no_bias(npad)
+        elif bias.shape[0] != npad:
+            bias = self.padded(bias)
+        ops = m * self.k * npad
         threads = native_threads.enter(intra_pool().threads if ops >= _SPLIT_OPS else 1)
-        c = np.empty((m, panels * nr), np.int32)
-        y = np.empty((m, self.n), np.float32)
-        with_wz = bool(self.wz.any())
-        rowsum = a2.sum(axis=1, dtype=np.int64) if with_wz else _NO_ROWS
-        fn(a2, self.packed, c, m, qgemm_packed.layout_code(self.built.tile), min(threads, panels),
-           int(zx[0]), self.colsum32, self.wz32, rowsum, with_wz, self.k, scale,
-           np.zeros(self.n, np.float32) if bias is None else bias, y)  # fmt: skip
-        return y.reshape((*a.shape[:-1], self.n))
+        vw = nr // 2
+        width = self.n if self.n % vw == 0 else -(-self.n // vw) * vw
+        y = np.empty((m, width), np.float32)
+        zx0 = int(zx[0])
+        if self.wz.any():  # B's zero points: A's row sums enter (a rare weight)
+            row_term = (a2.sum(axis=1, dtype=np.int64) - self.k * zx0).astype(np.int32)
+        else:
+            row_term = _zero_rows(m)
+        fn(a2, self.packed, y, m, qgemm_packed.layout_code(self.built.tile), min(threads, panels),
+           self.colsum32, self.wz_i32, row_term, scale, bias, np.full(1, a_scale, np.float32),
+           zx0, self.n)  # fmt: skip
+        out = y if width == self.n else y[:, : self.n]
+        return out.reshape((*a.shape[:-1], self.n))
 
 
-_NO_ROWS = np.zeros(1, np.int64)
+def _zero_rows(m: int) -> np.ndarray:
+    """At least ``m`` int32 zeros (shared: never written): the row terms of a B without
+    zero points."""
+    got = _ZERO_ROWS[0]
+    if got.shape[0] < m:
+        got = _ZERO_ROWS[0] = np.zeros(max(m, 2 * got.shape[0]), np.int32)
+    return got
+
+
+_ZERO_ROWS = [np.zeros(256, np.int32)]
+
+
+def _no_bias(npad: int) -> np.ndarray:
+    """Zeros for ``npad`` columns (shared: never written): the bias of a product without
+    one."""
+    got = _ZEROS.get(npad)
+    if got is None:
+        got = _ZEROS[npad] = np.zeros(npad, np.float32)
+    return got
+
+
+_ZEROS: dict[int, np.ndarray] = {}
 
 
 def _split(a, packed, c, m, layout, parts):  # pragma: no cover - numba only
@@ -185,40 +228,26 @@ def _split(a, packed, c, m, layout, parts):  # pragma: no cover - numba only
 
 
 def _split_scaled(
-    a, packed, c, m, layout, parts, zx, colsum, wz, rowsum, with_wz, k, scale, bias, y
+    a, packed, y, m, layout, parts, colsum, wz, row_term, scale, bias, a_scale, zx, n
 ):  # pragma: no cover - numba only
     panels, kg, nr, g = packed.shape
-    n = y.shape[1]
+    if parts == 1:  # no parallel region
+        qgemm_scaled(a.ctypes.data, a.shape[1], packed.ctypes.data, y.ctypes.data, y.shape[1], m,
+                     kg, panels, layout, colsum.ctypes.data, wz.ctypes.data, row_term.ctypes.data,
+                     scale.ctypes.data, bias.ctypes.data, a_scale.ctypes.data, zx, n)  # fmt: skip
+        return
     per = (panels + parts - 1) // parts
     esize = packed.itemsize
     for part in numba.prange(parts):
         p0 = part * per
         p1 = min(panels, p0 + per)
         if p0 < p1:
-            w = packed.ctypes.data + p0 * kg * nr * g * esize
-            out = c.ctypes.data + p0 * nr * 4
-            qgemm_kernel(a.ctypes.data, a.shape[1], w, out, c.shape[1], m, kg, p1 - p0, layout)
-            c0, c1 = p0 * nr, min(n, p1 * nr)
-            # the corrections in float64, where every term and sum is exact (|.| < 2**53),
-            # and its loops vectorize (numba's int32 arithmetic widens to int64)
-            corr = np.empty(c1 - c0, np.float64)
-            wzf = np.empty(c1 - c0, np.float64)
-            for col in range(c0, c1):
-                corr[col - c0] = np.float64(zx * colsum[col])
-                wzf[col - c0] = np.float64(wz[col])
-            sc = scale[c0:c1]
-            bs = bias[c0:c1]
-            for r in range(m):
-                cr = c[r, c0:c1]
-                yr = y[r, c0:c1]
-                if with_wz:
-                    shift = np.float64(rowsum[r] - k * zx)
-                    for i in range(c1 - c0):
-                        v = np.float64(cr[i]) - corr[i] - wzf[i] * shift
-                        yr[i] = np.float32(v) * sc[i] + bs[i]
-                else:
-                    for i in range(c1 - c0):
-                        yr[i] = np.float32(np.float64(cr[i]) - corr[i]) * sc[i] + bs[i]
+            c0 = p0 * nr
+            qgemm_scaled(a.ctypes.data, a.shape[1], packed.ctypes.data + p0 * kg * nr * g * esize,
+                         y.ctypes.data + c0 * 4, y.shape[1], m, kg, p1 - p0, layout,
+                         colsum.ctypes.data + c0 * 4, wz.ctypes.data + c0 * 4,
+                         row_term.ctypes.data, scale.ctypes.data + c0 * 4,
+                         bias.ctypes.data + c0 * 4, a_scale.ctypes.data, zx, n - c0)  # fmt: skip
 
 
 def _warm_split(fn: Any) -> None:
@@ -240,11 +269,11 @@ def _warm_scaled(fn: Any) -> None:
     n = 2 * shape.nr
     packed = qgemm_packed.pack(np.ones((4, n), np.int8), shape)
     a = np.ones((2, 4), qgemm_packed.a_dtype(shape))
-    c = np.empty((2, n), np.int32)
     cols = np.zeros(n, np.int32)
-    fn(a, packed, c, 2, qgemm_packed.layout_code(shape), 2, 1, cols, np.zeros(n, np.int64),
-       np.zeros(2, np.int64), True, 4, np.ones(n, np.float32), np.ones(n, np.float32),
-       np.empty((2, n - 1), np.float32))  # fmt: skip
+    for parts in (1, 2):
+        fn(a, packed, np.empty((2, n), np.float32), 2, qgemm_packed.layout_code(shape), parts,
+           cols, cols, cols[:2], np.ones(n, np.float32), np.ones(n, np.float32),
+           np.ones(1, np.float32), 1, n)  # fmt: skip
 
 
 def _prepare(module_globals: dict[str, Any]) -> bool:
@@ -253,9 +282,14 @@ def _prepare(module_globals: dict[str, Any]) -> bool:
     return fn is not None
 
 
+def _prepare_scaled(module_globals: dict[str, Any]) -> bool:
+    fn = qgemm_packed.kernel_scaled()
+    module_globals["qgemm_scaled"] = fn
+    return fn is not None
+
+
 _SPLIT = Jitted(_split, _warm_split, parallel=True, prepare=_prepare)
-# no fast-math: the float steps round as the Cast, Mul and Add nodes they stand for
-_SCALED = Jitted(_split_scaled, _warm_scaled, parallel=True, prepare=_prepare)
+_SCALED = Jitted(_split_scaled, _warm_scaled, parallel=True, prepare=_prepare_scaled)
 
 
 def integer_product_cost(b_idx: int) -> Any:
