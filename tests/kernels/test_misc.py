@@ -240,6 +240,48 @@ def test_dynamic_quantize_linear_matches_ort() -> None:
     assert z == wz
 
 
+def test_dynamic_quantize_is_one_compiled_call_with_the_numpy_paths_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``lib.quant.dynamic_quantize`` (DynamicQuantizeLinear, DynamicQuantizeMatMul): one
+    compiled call finds the range on the float bits, the scale, the zero point and the
+    codes; every answer equals the NumPy path's (``$TFRT_PY_JIT=0``) bit for bit: values of
+    one sign, zeros of both signs, constants, denormals, the float32 limits, a strided
+    view, half steps (rounding half to even); NaN and infinity leave it for NumPy's (which
+    warns of nothing)."""
+    pytest.importorskip("numba", reason="the compiled path is numba's")
+    from tests.support.jit_paths import spying_jitted
+    from tfrt_py.kernels.lib import quant
+
+    rng = np.random.default_rng(11)
+    finite = [
+        rng.standard_normal(1000).astype(np.float32) * 3 + 0.5,
+        np.abs(rng.standard_normal(100)).astype(np.float32),
+        -np.abs(rng.standard_normal(100)).astype(np.float32),
+        np.zeros(7, np.float32),
+        np.array([-0.0, -0.0], np.float32),
+        np.full(5, -3.0, np.float32),
+        np.full(5, 2.5, np.float32),
+        np.array([-0.0, 1e-40, -1e-40], np.float32),
+        np.array([3.4e38, -3.4e38, 1.0], np.float32),
+        rng.standard_normal((3, 5, 7)).astype(np.float32)[:, ::2],
+        (rng.integers(-255, 256, 999) / 2).astype(np.float32),
+    ]
+    others = [np.array([1.0, np.nan], np.float32), np.array([1.0, -np.inf], np.float32)]
+    if quant._DYNAMIC.get() is None:
+        pytest.skip("numba is off in this process")
+    got = []
+    with spying_jitted(quant._DYNAMIC) as calls:
+        got = [quant.dynamic_quantize(x) for x in finite + others]
+    assert len(calls) == len(finite) + len(others)  # the NaN/inf cases return False
+    monkeypatch.setenv("TFRT_PY_JIT", "0")
+    for x, (y, s, z) in zip(finite + others, got, strict=True):
+        wy, ws, wz = quant.dynamic_quantize(x)
+        assert y.shape == x.shape and y.dtype == np.uint8
+        np.testing.assert_array_equal(y, wy)
+        assert (s == ws or (np.isnan(s) and np.isnan(ws))) and z == wz
+
+
 # -- signal -------------------------------------------------------------------------------
 
 

@@ -91,44 +91,70 @@ def minus_zero_point_cols(b: np.ndarray, zp: Any, cdt: Any) -> np.ndarray:
 
 def dynamic_quantize(x: np.ndarray) -> tuple[np.ndarray, np.float32, np.uint8]:
     """DynamicQuantizeLinear's arithmetic (float32, as onnxruntime): ``x``'s range widened
-    to hold 0 mapped onto uint8; returns (codes, scale, zero point). A contiguous float32
-    ``x`` takes NumPy's range and one compiled pass for the codes: the same steps."""
+    to hold 0 mapped onto uint8; returns (codes, scale, zero point). A float32 ``x`` of
+    finite values takes one compiled call (``_dynamic``: the range, the scale and zero
+    point, the codes: the same steps); NaN or infinity, or numba off, the NumPy path."""
     f32 = np.float32
-    codes = _CODES.get() if x.dtype == f32 and x.size else None
-    if codes is not None:
-        lo, hi = float(x.min()), float(x.max())  # NumPy's vector reductions; NaN if any
-        if np.isfinite(lo) and np.isfinite(hi):
-            maxx, minx = f32(max(0.0, hi)), f32(min(0.0, lo))
-            scale = f32(1.0 if maxx == minx else (maxx - minx)) / f32(255)
-            zp = np.rint(min(255.0, max(0.0, float(f32(0) - minx / scale))))
-            y = np.empty(x.shape, np.uint8)
-            codes(np.ascontiguousarray(x).reshape(-1), scale, f32(zp), y.reshape(-1))
-            return y, f32(scale), np.uint8(zp)
-    maxx = f32(max(0.0, float(x.max()))) if x.size else f32(0)
-    minx = f32(min(0.0, float(x.min()))) if x.size else f32(0)
-    scale = f32(1.0 if maxx == minx else (maxx - minx)) / f32(255)
-    zp = np.rint(min(255.0, max(0.0, float(f32(0) - minx / scale))))
-    y = np.divide(x, scale, dtype=f32)
-    np.rint(y, out=y)
-    y += f32(zp)
-    np.clip(y, 0, 255, out=y)
-    return y.astype(np.uint8), f32(scale), np.uint8(zp)
+    fn = _DYNAMIC.get() if x.dtype == f32 and x.size else None
+    if fn is not None:
+        flat = np.ascontiguousarray(x).reshape(-1)
+        y = np.empty(x.shape, np.uint8)
+        params = np.empty(2, f32)
+        if fn(flat, flat.view(np.int32), y.reshape(-1), params):
+            return y, params[0], np.uint8(params[1])
+    with np.errstate(over="ignore", invalid="ignore"):  # the limits' range, NaN: no warnings
+        maxx = f32(max(0.0, float(x.max()))) if x.size else f32(0)
+        minx = f32(min(0.0, float(x.min()))) if x.size else f32(0)
+        scale = f32(1.0 if maxx == minx else (maxx - minx)) / f32(255)
+        zp = np.rint(min(255.0, max(0.0, float(f32(0) - minx / scale))))
+        y = np.divide(x, scale, dtype=f32)
+        np.rint(y, out=y)
+        y += f32(zp)
+        np.clip(y, 0, 255, out=y)
+        return y.astype(np.uint8), f32(scale), np.uint8(zp)
 
 
-def _codes(x, scale, zp, y):  # pragma: no cover - numba only
+def _dynamic(x, bits, y, params):  # pragma: no cover - numba only
+    """``dynamic_quantize`` of flat float32 ``x`` (``bits``: the same memory as int32) into
+    ``y``; ``params`` gets (scale, zero point). False (nothing written) when ``x`` holds
+    NaN or infinity. The range is found on the bits, where loops vectorize without
+    fast-math: a positive float's bits order as the float does, and the most negative
+    value has the largest magnitude bits among the sign-set ones."""
+    top = np.int32(0)  # the largest positive value's bits (0: none above 0)
+    neg = np.int32(0)  # the magnitude bits of the most negative value
+    low = np.int32(0x7FFFFFFF)
+    for i in range(bits.shape[0]):
+        b = bits[i]
+        top = b if b > top else top
+        m = b & low if b < 0 else np.int32(0)
+        neg = m if m > neg else neg
+    if top >= np.int32(0x7F800000) or neg >= np.int32(0x7F800000):
+        return False  # infinity or NaN: the NumPy path's arithmetic
+    both = np.empty(2, np.int32)
+    both[0] = top
+    both[1] = neg
+    f = both.view(np.float32)
+    maxx = f[0]
+    minx = -f[1]
+    scale = (np.float32(1.0) if maxx == minx else np.float32(maxx - minx)) / np.float32(255)
+    q = np.float64(np.float32(np.float32(0) - np.float32(minx / scale)))
+    zp = np.float32(np.rint(min(255.0, max(0.0, q))))
     magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even
     for i in range(x.shape[0]):
-        u = np.uint64(i)
-        v = x[u] / scale  # |v| <= 255 + 1: x lies within the range the scale covers
+        v = x[i] / scale  # |v| <= 255 + 1: x lies within the range the scale covers
         v = ((v + magic) - magic) + zp
-        y[u] = min(max(v, np.float32(0)), np.float32(255))
+        y[i] = min(max(v, np.float32(0)), np.float32(255))
+    params[0] = scale
+    params[1] = zp
+    return True
 
 
-def _warm_codes(fn: Any) -> None:
-    fn(np.ones(3, np.float32), np.float32(1), np.float32(0), np.empty(3, np.uint8))
+def _warm_dynamic(fn: Any) -> None:
+    x = np.ones(3, np.float32)
+    fn(x, x.view(np.int32), np.empty(3, np.uint8), np.empty(2, np.float32))
 
 
-_CODES = Jitted(_codes, _warm_codes)
+_DYNAMIC = Jitted(_dynamic, _warm_dynamic)
 
 
 def quantize_codes(x: np.ndarray, scale: np.float32, zp: np.float32,
