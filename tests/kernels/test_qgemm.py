@@ -344,3 +344,48 @@ def test_a_pointwise_conv_reads_nothing_past_its_input() -> None:
     # (7 - 3) * 3 channels * 0.02 * 0.01 / 0.1 = 0.024 -> 0, + 5
     assert (y == 5).all()
     del keep
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_stem_convs_read_their_rows_in_place(channels_last: bool) -> None:
+    """Few input channels (RGB, grayscale), symmetric weights, no dilation: the plan takes
+    ``conv_qrows`` (the staged, row-interleaved input read in place: no im2row), and its
+    answers are the exact reference's: 3x3/2 and 7x7/2 stems, asymmetric pads, output
+    channels that are and are not whole vectors, both input and output types. Weights with
+    zero points or a dilation keep the im2row form."""
+    _need_kernel(numba=True)
+    cases = [  # c, co, h, w, geo
+        (3, 32, 33, 30, (3, 3, 2, 2, 1, 1, 1, 1, 1, 1)),
+        (3, 64, 29, 31, (7, 7, 2, 2, 1, 1, 3, 3, 3, 3)),
+        (1, 5, 12, 9, (3, 2, 1, 2, 1, 1, 0, 2, 1, 0)),
+        (4, 20, 10, 11, (5, 3, 3, 1, 1, 1, 2, 0, 0, 1)),
+        (2, 48, 8, 8, (1, 1, 1, 1, 1, 1, 0, 0, 0, 0)),
+    ]
+    for case, (c, co, h, w_, geo) in enumerate(cases):
+        xdt, ydt = (np.uint8, np.int8)[case % 2], (np.int8, np.uint8)[case % 2]
+        wdt = (np.int8, np.uint8)[case // 2 % 2]
+        x = _codes((2, c, h, w_), xdt)
+        w = _codes((co, c, geo[0], geo[1]), wdt)
+        w[0] = np.iinfo(wdt).min  # the largest sums
+        x[0] = np.iinfo(xdt).max
+        xz = np.array(np.iinfo(xdt).min + 7, xdt)
+        yz = np.array(np.iinfo(ydt).max - 3, ydt)
+        wz = np.full(co, 0 if wdt == np.int8 else 128).astype(wdt)  # symmetric
+        b = RNG.integers(-50000, 50000, co).astype(np.int32)
+        xs, ys = np.array(0.02, np.float32), np.array(RNG.uniform(0.05, 2.0), np.float32)
+        ws = RNG.uniform(0.001, 0.01, co).astype(np.float32)
+        plan = conv_qint8.plan(w, ws, wz, xs, xz, ys, yz, b, geo)
+        assert plan is not None and plan.rows_packed is not None, case
+        want = _reference(x, xz, w, wz, b, xs, ws, ys, yz, geo)
+        got = _run_nchw(plan, x, channels_last)
+        assert got is not None and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want, err_msg=f"case {case}, geo {geo}")
+    w = _codes((8, 3, 3, 3), np.int8)
+    one = np.array(0.01, np.float32)
+    zp = np.zeros(8, np.int8)
+    zp[2] = 5
+    asym = conv_qint8.plan(w, one, zp, one, None, one, None, None, (3, 3, 1, 1, 1, 1, 1, 1, 1, 1))
+    dilated = conv_qint8.plan(w, one, None, one, None, one, None, None,
+                              (3, 3, 1, 1, 2, 2, 0, 0, 0, 0))  # fmt: skip
+    assert asym is not None and dilated is not None
+    assert asym.rows_packed is None and dilated.rows_packed is None

@@ -27,6 +27,7 @@ from ...concurrency.threads import intra_pool
 from ..common import ShapeMemo
 from ..lib import qgemm_packed
 from ..lib.jit import Jitted
+from . import conv_qrows
 
 __all__ = ["QConvPlan", "plan"]
 
@@ -64,6 +65,9 @@ class QConvPlan(NamedTuple):
     vw: int  # the kernel's vector width (a fused store writes whole vectors)
 
     calls: ShapeMemo[tuple[Any, ...], _Call]  # per (input shape, layout): ``_layout``'s
+    #: the weights for ``conv_qrows`` (few input channels, symmetric), or None (im2row)
+    rows_packed: np.ndarray | None = None
+    rows_kernel: Any = None
 
     def run(self, x: np.ndarray, channels_last: bool = False) -> np.ndarray | None:
         """y for ``x`` (N, C, H, W), or (N, H, W, C) -> (N, OH, OW, Co) with
@@ -78,6 +82,15 @@ class QConvPlan(NamedTuple):
         if lay.rows is None:
             return y
         threads = native_threads.enter_for(lay.work, intra_pool().threads)
+        if self.rows_packed is not None:
+            pt, pl, pb, pr = (int(v) for v in self.geo[6:10])
+            h, w = int(lay.geo[10]), int(lay.geo[11])
+            xp = np.empty((h + pt + pb) * (w + pl + pr) * conv_qrows.CP, self.a_dtype)
+            self.rows_kernel(np.ascontiguousarray(x).reshape(lay.xs_shape), xp,
+                             conv_qrows.staged_words(xp), self.x_shift, self.x_zp, lay.geo,
+                             lay.ow, self.rows_packed, self.layout, self.bias, self.scale,
+                             self.params, self.vw, y.reshape(lay.rows))  # fmt: skip
+            return y
         # few row blocks: the panels split too (each part repeats its blocks' im2row)
         nrb, panels = lay.row_blocks, self.packed.shape[0]
         ncol = 1 if nrb >= 2 * threads else max(1, min(panels, -(-2 * threads // nrb)))
@@ -186,10 +199,14 @@ def plan(
     bias_p, scale_p = np.zeros(npad, np.int32), np.zeros(npad, np.float32)  # store reads them
     bias_p[:co], scale_p[:co] = b, scale
     params = np.array([info.min - zy, info.max - zy, zy], np.float32)
+    # a stem (few channels, symmetric weights, no dilation): rows read in place, no im2row
+    rows_kernel = conv_qrows.kernel() if c <= conv_qrows.MAX_CHANNELS else None
+    stem = rows_kernel is not None and not wz.any() and geo[4] == geo[5] == 1
     return QConvPlan(
         packed, bias_p, scale_p, wz.astype(np.int32), x_shift, zx, zy, float(info.min),
         float(info.max), ydt, np.array(geo, np.int64), c, qgemm_packed.layout_code(shape),
         qgemm_packed.a_dtype(shape), fn, params, shape.vw, ShapeMemo(_CALLS_MAX),
+        conv_qrows.pack_rows(wi, shape) if stem else None, rows_kernel if stem else None,
     )  # fmt: skip
 
 
