@@ -389,3 +389,28 @@ def test_stem_convs_read_their_rows_in_place(channels_last: bool) -> None:
                               (3, 3, 1, 1, 2, 2, 0, 0, 0, 0))  # fmt: skip
     assert asym is not None and dilated is not None
     assert asym.rows_packed is None and dilated.rows_packed is None
+
+
+def test_a_conv_with_large_weights_over_few_pixels_reads_them_once() -> None:
+    """ResNet's last stage: 3x3x512 -> 512 weights (2.4 MB) over 7x7 pixels. All pixels go
+    in one block of rows (the weights stream once; the panels split over the threads
+    instead), and the answer is the exact reference's; a conv with small weights keeps
+    its blocks of rows."""
+    _need_kernel(numba=True)
+    c = co = 512
+    x = _codes((1, c, 7, 7), np.uint8)
+    w = _codes((co, c, 3, 3), np.int8)
+    xz, yz = np.array(3, np.uint8), np.array(0, np.uint8)
+    xs, ys = np.array(0.02, np.float32), np.array(40.0, np.float32)
+    ws = RNG.uniform(0.001, 0.01, co).astype(np.float32)
+    geo = (3, 3, 1, 1, 1, 1, 1, 1, 1, 1)
+    plan = conv_qint8.plan(w, ws, None, xs, xz, ys, yz, None, geo)
+    assert plan is not None
+    lay = conv_qint8._layout(plan, (1, 7, 7, c), True)
+    assert lay is not None and lay.row_blocks == 1
+    want = _reference(x, xz, w, np.zeros(co, np.int8), None, xs, ws, ys, yz, geo)
+    np.testing.assert_array_equal(_run_nchw(plan, x, True), want)
+    small = conv_qint8.plan(w[:64, :64], ws[:64], None, xs, xz, ys, yz, None, geo)
+    assert small is not None
+    lay = conv_qint8._layout(small, (1, 56, 56, 64), True)
+    assert lay is not None and lay.row_blocks > 1
