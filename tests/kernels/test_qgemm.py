@@ -351,7 +351,8 @@ def test_stem_convs_read_their_rows_in_place(channels_last: bool) -> None:
     """Few input channels (RGB, grayscale), symmetric weights, no dilation: the plan takes
     ``conv_qrows`` (the staged, row-interleaved input read in place: no im2row), and its
     answers are the exact reference's: 3x3/2 and 7x7/2 stems, asymmetric pads, output
-    channels that are and are not whole vectors, both input and output types. Weights with
+    channels that are and are not whole vectors, both input and output types, a
+    channels-last view of NCHW planes (read without a copy). Weights with
     zero points or a dilation keep the im2row form."""
     _need_kernel(numba=True)
     cases = [  # c, co, h, w, geo
@@ -380,6 +381,10 @@ def test_stem_convs_read_their_rows_in_place(channels_last: bool) -> None:
         got = _run_nchw(plan, x, channels_last)
         assert got is not None and got.dtype == want.dtype
         np.testing.assert_array_equal(got, want, err_msg=f"case {case}, geo {geo}")
+        if channels_last:  # a channels-last view of planes: the planes read, as they are
+            view = plan.run(x.transpose(0, 2, 3, 1), channels_last=True)
+            assert view is not None
+            np.testing.assert_array_equal(view.transpose(0, 3, 1, 2), want)
     w = _codes((8, 3, 3, 3), np.int8)
     one = np.array(0.01, np.float32)
     zp = np.zeros(8, np.int8)

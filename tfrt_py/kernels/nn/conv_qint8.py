@@ -89,13 +89,7 @@ class QConvPlan(NamedTuple):
             return y
         threads = native_threads.enter_for(lay.work, intra_pool().threads)
         if self.rows_packed is not None:
-            pt, pl, pb, pr = (int(v) for v in self.geo[6:10])
-            h, w = int(lay.geo[10]), int(lay.geo[11])
-            xp = np.empty((h + pt + pb) * (w + pl + pr) * conv_qrows.CP, self.a_dtype)
-            self.rows_kernel(np.ascontiguousarray(x).reshape(lay.xs_shape), xp,
-                             conv_qrows.staged_words(xp), self.x_shift, self.x_zp, lay.geo,
-                             lay.ow, self.rows_packed, self.layout, self.bias, self.scale,
-                             self.params, self.vw, y.reshape(lay.rows))  # fmt: skip
+            self._run_rows(x, channels_last, lay, y)
             return y
         # few row blocks: the panels split too (each part repeats its blocks' im2row)
         nrb, panels = lay.row_blocks, self.packed.shape[0]
@@ -107,6 +101,22 @@ class QConvPlan(NamedTuple):
                     y.reshape(lay.rows))  # fmt: skip
         return y
 
+    def _run_rows(self, x: np.ndarray, channels_last: bool, lay: _Call, y: np.ndarray) -> None:
+        """``conv_qrows``' form into ``y``. A channels-last view of planes (the layout
+        pass's Transpose of a model's input) is read as the planes it is: no copy."""
+        pt, pl, pb, pr = (int(v) for v in self.geo[6:10])
+        h, w = int(lay.geo[10]), int(lay.geo[11])
+        xp = np.empty((h + pt + pb) * (w + pl + pr) * conv_qrows.CP, self.a_dtype)
+        geo = lay.geo
+        planes = x.transpose(0, 3, 1, 2) if channels_last else x
+        if channels_last and not x.flags.c_contiguous and planes.flags.c_contiguous:
+            xs, geo = planes.reshape(x.shape[0], x.shape[3], h * w), lay.geo_planar
+        else:
+            xs = np.ascontiguousarray(x).reshape(lay.xs_shape)
+        self.rows_kernel(xs, xp, conv_qrows.staged_words(xp), self.x_shift, self.x_zp, geo,
+                         lay.ow, self.rows_packed, self.layout, self.bias, self.scale,
+                         self.params, self.vw, y.reshape(lay.rows))  # fmt: skip
+
 
 class _Call(NamedTuple):
     """What ``QConvPlan.run`` computes from an input shape, made once per shape."""
@@ -116,6 +126,7 @@ class _Call(NamedTuple):
     xs_shape: tuple[int, ...]  # the input as the kernel reads it
     xt_len: int  # the staging buffer's elements
     geo: np.ndarray  # the plan's geometry, then h, w and the flags
+    geo_planar: np.ndarray  # the same, flagged for a channels-last view of planes
     ow: int
     rb: int  # output rows a block
     row_blocks: int
@@ -154,6 +165,7 @@ def _layout(p: QConvPlan, shape: tuple[int, ...], channels_last: bool) -> _Call 
         # (+ g: the kernel reads whole groups; the weights past K are zero)
         (1 if direct else h * w * c) + g,
         np.concatenate([p.geo, np.array([h, w, flags], np.int64)]),
+        np.concatenate([p.geo, np.array([h, w, int(channels_last) | 4], np.int64)]),
         ow,
         rb,
         -(-q // rb),

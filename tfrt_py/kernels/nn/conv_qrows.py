@@ -56,14 +56,16 @@ def pack_rows(wi: np.ndarray, shape: Any) -> np.ndarray:
 def _qconv_rows(x, xp, words, x_shift, zx, geo, ow_, wp, layout, bias, scale, params, vw,
                 y):  # pragma: no cover - numba only  # fmt: skip
     # geo: kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, h, w, flags (1: channels last: x (N, H*W,
-    # C), y (N, P, Co); else x (N, C, H*W), y (N, Co, P)). xp: the padded image's codes in
+    # C), y (N, P, Co); else x (N, C, H*W), y (N, Co, P); 4: x planar (N, C, H*W) whatever
+    # y's layout: a channels-last view of planes). xp: the padded image's codes in
     # the kernel's A type, (H + pt + pb) * (W + pl + pr) * CP of them; words: the same
     # memory as one word a pixel (uint32 for bytes, uint64 for int16 codes).
     kh, sh, sw = geo[0], geo[2], geo[3]
     pt, pl, pb, pr = geo[6], geo[7], geo[8], geo[9]
     h_, w_, nhwc = geo[10], geo[11], (geo[12] & 1) != 0
+    x_last = nhwc and (geo[12] & 4) == 0
     n_ = x.shape[0]
-    c_ = x.shape[2] if nhwc else x.shape[1]
+    c_ = x.shape[2] if x_last else x.shape[1]
     co_, p_ = (y.shape[2], y.shape[1]) if nhwc else (y.shape[1], y.shape[2])
     oh_ = p_ // ow_
     hp, wpd = h_ + pt + pb, w_ + pl + pr
@@ -97,7 +99,7 @@ def _qconv_rows(x, xp, words, x_shift, zx, geo, ow_, wp, layout, bias, scale, pa
                 wd = zpad
                 s = np.uint64(src + iw)
                 for c in range(c_):
-                    v = np.int64(x[n, s, c] if nhwc else x[n, c, s]) + x_shift
+                    v = np.int64(x[n, s, c] if x_last else x[n, c, s]) + x_shift
                     wd |= (v & mask) << (c * bits)
                 words[np.uint64(row + pl + iw)] = wd
         for blk in numba.prange(nblk):
@@ -138,11 +140,11 @@ def _warm(fn: Any) -> None:
     adt = qgemm_packed.a_dtype(shape)
     params = np.array([0, 255, 0], np.float32)
     bias, scale = np.zeros(shape.nr, np.int32), np.ones(shape.nr, np.float32)
-    for flags in (0, 1):
+    for flags in (0, 1, 5):
         geo = np.array([3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 4, 4, flags], np.int64)
         for xdt in (np.uint8, np.int8):
             for ydt in (np.uint8, np.int8):
-                x = np.ones((1, 16, 3) if flags else (1, 3, 16), xdt)
+                x = np.ones((1, 16, 3) if flags == 1 else (1, 3, 16), xdt)
                 y = np.empty((1, 4, 2) if flags else (1, 2, 4), ydt)
                 xp = np.empty(6 * 6 * CP, adt)
                 fn(x, xp, staged_words(xp), 0, 0, geo, 2, wp, qgemm_packed.layout_code(shape),
