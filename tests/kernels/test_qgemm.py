@@ -419,3 +419,27 @@ def test_a_conv_with_large_weights_over_few_pixels_reads_them_once() -> None:
     assert small is not None
     lay = conv_qint8._layout(small, (1, 56, 56, 64), True)
     assert lay is not None and lay.row_blocks > 1
+
+
+def test_five_wide_depthwise_windows_are_exact() -> None:
+    """EfficientNet's 5x5 depthwise convs (and a 3x5 window) channels-last, where a row of
+    five taps is one expression per channel vector: the exact reference's answers, at the
+    largest sums (codes at their limits), strides 1 and 2, zero points at both ends."""
+    _need_kernel(numba=True)
+    for case, (c, h, kh, s) in enumerate([(40, 9, 5, 1), (24, 12, 5, 2), (17, 7, 3, 1)]):
+        xdt, wdt = (np.uint8, np.int8)[case % 2], (np.int8, np.uint8)[case % 2]
+        x = _codes((2, c, h, h + 1), xdt)
+        w = _codes((c, 1, kh, 5), wdt)
+        x[0] = np.iinfo(xdt).max
+        w[0] = np.iinfo(wdt).min
+        xz = np.array((np.iinfo(xdt).min, np.iinfo(xdt).max)[case % 2], xdt)
+        yz = np.array(5, np.uint8)
+        wz = np.full(c, 0 if wdt == np.int8 else 128).astype(wdt)
+        b = RNG.integers(-50000, 50000, c).astype(np.int32)
+        xs, ys = np.array(0.02, np.float32), np.array(RNG.uniform(0.05, 2.0), np.float32)
+        ws = RNG.uniform(0.001, 0.01, c).astype(np.float32)
+        geo = (kh, 5, s, s, 1, 1, kh // 2, 2, kh // 2, 2)
+        plan = conv_qdepthwise.plan_depthwise(w, ws, wz, xs, xz, ys, yz, b, geo)
+        assert plan is not None
+        want = _reference(x, xz, w, wz, b, xs, ws, ys, yz, geo)
+        np.testing.assert_array_equal(_run_nchw(plan, x, True), want, err_msg=f"case {case}")

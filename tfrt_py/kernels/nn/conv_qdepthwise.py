@@ -269,6 +269,33 @@ def _qdepthwise_last(x, zx, geo, w, bias, scale, zy, lo, hi, y, band):  # pragma
                         out[o + u] = ((v + magic) - magic) + fz
                 continue
             acc = np.empty(c_, w.dtype)
+            if kw == 5:  # a row of taps in one expression per channel vector (EfficientNet)
+                for ow in range(ow_):
+                    p0 = base + np.uint64(ow * sw) * uc
+                    for i in range(kh):
+                        q0 = p0 + np.uint64(i) * di
+                        q1, q2 = q0 + dj, q0 + dj + dj
+                        q3 = q2 + dj
+                        q4 = q3 + dj
+                        v0, v1, v2, v3, v4 = w[i, 0], w[i, 1], w[i, 2], w[i, 3], w[i, 4]
+                        if i == 0:
+                            for c in range(c_):
+                                u = np.uint64(c)
+                                acc[u] = (v0[u] * xs[q0 + u] + v1[u] * xs[q1 + u]) + (
+                                    v2[u] * xs[q2 + u] + v3[u] * xs[q3 + u] + v4[u] * xs[q4 + u]
+                                )
+                        else:
+                            for c in range(c_):
+                                u = np.uint64(c)
+                                acc[u] += (v0[u] * xs[q0 + u] + v1[u] * xs[q1 + u]) + (
+                                    v2[u] * xs[q2 + u] + v3[u] * xs[q3 + u] + v4[u] * xs[q4 + u]
+                                )
+                    o = np.uint64(ow) * uc
+                    for c in range(c_):
+                        u = np.uint64(c)
+                        v = min(max(np.float32(acc[u] + bias[u]) * scale[u], flo), fhi)
+                        out[o + u] = ((v + magic) - magic) + fz
+                continue
             for ow in range(ow_):
                 acc[:] = 0
                 for i in range(kh):
@@ -291,7 +318,7 @@ def _warm_depthwise_for(last: bool) -> Any:
     4x4 channel."""
 
     def warm(fn: Any) -> None:
-        for kh, kw in ((3, 3), (1, 2)):
+        for kh, kw in ((3, 3), (1, 2), (2, 5)):
             geo = np.array([kh, kw, 1, 1, 1, 1, 0, 0, 0, 0], np.int64)
             shape = (1, 4, 4, 1) if last else (1, 1, 4, 4)
             oshape = (1, 5 - kh, 5 - kw, 1) if last else (1, 1, 5 - kh, 5 - kw)
