@@ -85,8 +85,11 @@ LINE_BUDGET: dict[str, int] = {
     # the LabelEncoder's shared table (fused/ml.py, ml/encode.py): issue 39;
     # the tree ensembles' compiled walk (ml/tree_jit.py); a text's one-row sparse scores and
     # softmax in one compiled pass (fused/text_jit.py); 2026-12-02: 3x3 stride-2 MaxPool's
-    # whole-plane passes and GRID's fused crop (nn/pool_direct.py, nn/conv_cols.py: issue 35)
-    "kernels": 27400,
+    # whole-plane passes and GRID's fused crop (nn/pool_direct.py, nn/conv_cols.py: issue 35);
+    # 2026-12-02 (later): the float-storing integer kernel (lib/qgemm_packed.py), the stems'
+    # in-place rows (nn/conv_qrows.py), DynamicQuantizeLinear's one compiled call
+    # (lib/quant.py), the stacked products' plans (lib/gemm.py): issue 36
+    "kernels": 27800,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,
