@@ -62,7 +62,10 @@ ZPS = {np.uint8: (0, 128, 255), np.int8: (-128, 0, 127)}
 
 @pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
 @pytest.mark.parametrize("dt", DTYPES)
-@pytest.mark.parametrize("shapes", [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((1, 5), (3, 1))])
+@pytest.mark.parametrize(
+    "shapes",
+    [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((1, 5), (3, 1)), ((3, 4, 5, 6), (3, 1, 1, 6))],
+)
 def test_binary(op: str, dt: Any, shapes: tuple[tuple[int, ...], ...]) -> None:
     for za, zc in [(ZPS[dt][0], ZPS[dt][2]), (ZPS[dt][1], ZPS[dt][1]), (ZPS[dt][2], ZPS[dt][0])]:
         a, b = _q(shapes[0], dt), _q(shapes[1], dt)
@@ -71,6 +74,24 @@ def test_binary(op: str, dt: Any, shapes: tuple[tuple[int, ...], ...]) -> None:
                   _s(scales[2]), _z(zc, dt)]  # fmt: skip
         _check(op, inputs, const=(1, 2, 4, 5, 6, 7))
         _check(op, inputs)
+
+
+def test_a_batch_of_squeeze_excitation_scales_runs_compiled() -> None:
+    """EfficientNet at batch 8: QLinearMul of (N, 1, 1, C) scales by (N, H, W, C) codes runs
+    compiled, image by image (it fell to NumPy's broadcast: 40x the batch-1 time), with
+    NumPy's answers."""
+    pytest.importorskip("numba", reason="the compiled path is numba's")
+    from tfrt_py.kernels.contrib.quantized_elementwise import _BINARY, compiled_binary
+
+    if _BINARY.get() is None:
+        pytest.skip("numba is off in this process")
+    a, b = _q((3, 4, 5, 6), np.uint8), _q((3, 1, 1, 6), np.uint8)
+    params = np.array([3, 250, 0.01, 0, 7, 0, 255], np.float32)
+    got = compiled_binary(False, a, b, params, np.dtype(np.uint8))
+    assert got is not None and got.shape == a.shape
+    one = [compiled_binary(False, a[i : i + 1], b[i : i + 1], params, np.dtype(np.uint8))
+           for i in range(3)]  # fmt: skip
+    np.testing.assert_array_equal(got, np.concatenate(one))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("op", ["QLinearSigmoid", "QLinearLeakyRelu"])

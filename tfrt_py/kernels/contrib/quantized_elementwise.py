@@ -6,7 +6,8 @@ pixel's channel vector).
 
 ``compiled_binary`` takes operands that broadcast to the output as (rows, last axis) views
 without copies: equal shapes, a per-channel operand of a channels-last tensor (a
-squeeze-excitation scale, (1, 1, 1, C) against (1, H, W, C)), a scalar. Its float32 steps
+squeeze-excitation scale, (1, 1, 1, C) against (1, H, W, C); a batch's, (N, 1, 1, C),
+image by image), a scalar. Its float32 steps
 are the NumPy path's, in its order: add ``(a - za) * ra + (b - zb) * rb + zc``, mul
 ``(a - za) * (b - zb) * r + zc``, then saturated and rounded half to even. Either returns
 None where numba is off or the operands do not fit (the caller's NumPy path runs). Row
@@ -67,11 +68,30 @@ def compiled_binary(add: bool, a: np.ndarray, b: np.ndarray, params: np.ndarray,
             return None
         a2, b2 = _rows(a, shape), _rows(b, shape)  # type: ignore[assignment]
         if a2 is None or b2 is None:
-            return None
+            return _per_image(fn, add, a, b, params, dt, shape)
     y = np.empty(shape, dt)
     if y.size:
         native_threads.enter_for(y.size, intra_pool().threads)
         fn(add, a2, b2, params, y.reshape(a2.shape))
+    return y
+
+
+def _per_image(fn: Any, add: bool, a: np.ndarray, b: np.ndarray, params: np.ndarray,
+               dt: np.dtype, shape: tuple[int, ...]) -> np.ndarray | None:  # fmt: skip
+    """``compiled_binary`` image by image (the first axis), where each image's operands are
+    (rows, last axis) views: a batch's squeeze-excitation scales, (N, 1, 1, C) against (N,
+    H, W, C). None where an image's operands are not."""
+    if len(shape) < 3:
+        return None
+    ab, bb = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
+    parts = [(_rows(ab[i], shape[1:]), _rows(bb[i], shape[1:])) for i in range(shape[0])]
+    if any(x is None or z is None for x, z in parts):
+        return None
+    y = np.empty(shape, dt)
+    if y.size:
+        native_threads.enter_for(y[0].size, intra_pool().threads)
+        for i, (x, z) in enumerate(parts):
+            fn(add, x, z, params, y[i].reshape(x.shape))  # type: ignore[union-attr]
     return y
 
 
