@@ -279,6 +279,33 @@ def test_qattention(per_column: bool, mask: bool) -> None:
     _close(inputs, "QAttention", {"num_heads": heads}, const=(1, 2, 3, 4, 6, 7))
 
 
+def test_qattention_projects_on_the_integer_kernel() -> None:
+    """With constant weights, scales, zero points and bias, QAttention's projection is one
+    call of the integer kernel's float-storing form (it ran float32 BLAS on dequantized
+    operands), and the answer stays onnxruntime's."""
+    pytest.importorskip("numba", reason="the integer kernel's driver is numba's")
+    from tests.support.jit_paths import spying_jitted
+    from tfrt_py.kernels.lib import qgemm_rows
+
+    if qgemm_rows._SCALED.get() is None:
+        pytest.skip("no integer kernel in this process")
+    b, s, h, heads = 2, 7, 32, 4
+    x = _q((b, s, h), np.uint8)
+    w = _q((h, 3 * h), np.int8)
+    bias = RNG.standard_normal(3 * h).astype(F32)
+    inputs = [x, w, bias, _s(0.03), RNG.uniform(0.01, 0.05, 3 * h).astype(F32), None,
+              _z(100, np.uint8), np.zeros(3 * h, np.int8)]  # fmt: skip
+    const = (1, 2, 3, 4, 6, 7)
+    model = node_model("QAttention", inputs, {"num_heads": heads}, const=const)
+    feeds = runtime_feeds(inputs, const)
+    want = ort_outputs(model, feeds)
+    m = tfrt_py.load(model, executor="sync")
+    with spying_jitted(qgemm_rows._SCALED) as calls:
+        (got,) = tfrt_outputs(m, feeds)
+    assert calls == [1]
+    np.testing.assert_allclose(got, want[0], rtol=0, atol=1e-4 * float(np.abs(want[0]).max()))
+
+
 def test_qembed_layer_normalization() -> None:
     b, s, h, vocab = 2, 6, 8, 20
     ids = RNG.integers(0, vocab, (b, s)).astype(np.int32)

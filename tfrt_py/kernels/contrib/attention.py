@@ -214,7 +214,12 @@ def _attention(ctx: KernelContext) -> ComputeFn:
         past: np.ndarray | None = None,
         attention_bias: np.ndarray | None = None,
         past_sequence_length: np.ndarray | None = None,
+        *,
+        qkv: np.ndarray | None = None,
     ) -> Any:
+        """``qkv``: the projection already made (rows of Q, K and V for ``input``'s batch
+        and sequence: QAttention's integer product); ``input`` and ``weights`` then give
+        only the shapes and dtype."""
         if input.ndim != 3:
             raise ValueError("Attention: input must be 3-D (batch, sequence, hidden)")
         b, s, _ = input.shape
@@ -230,8 +235,9 @@ def _attention(ctx: KernelContext) -> ComputeFn:
         x = input.reshape(b * s, -1)
         if x.dtype != cdt:
             x = x.astype(cdt)
-        qkv = None
-        if packed is not None and weights is packed[0] and bias is packed[1]:
+        if qkv is not None:
+            pass
+        elif packed is not None and weights is packed[0] and bias is packed[1]:
             qkv = packed[2].packed_product(x, None)
         if qkv is None:  # many rows (split over the threads by rows), or another dtype
             qkv = matmul_into(np.ascontiguousarray(x), weights.astype(cdt, copy=False))

@@ -1,10 +1,12 @@
 """Kernels (contrib): the quantized transformer ops onnxruntime's ``quantize_dynamic`` writes
 into a model its transformer optimizer fused -- QAttention and QEmbedLayerNormalization.
 
-Both dequantize their 8-bit operands (``(q - zero_point) * scale``, float32; QAttention's
-weight scale and zero point may be per column) and run the float op's kernel
-(``attention.Attention``, ``norm.EmbedLayerNormalization``), as onnxruntime computes them in
-float after its integer product. Constant operands are dequantized once, at load.
+QAttention's projection runs on the integer kernel (``lib.qgemm_rows``) where its weight,
+scales, zero points and bias are constants, then the float Attention
+(``attention.Attention``) on its rows, as onnxruntime computes in float after its integer
+product. Otherwise, and for QEmbedLayerNormalization, the 8-bit operands are dequantized
+(``(q - zero_point) * scale``, float32; QAttention's weight scale and zero point may be per
+column) and the float op's kernel runs. Constant operands are dequantized once, at load.
 
 * QAttention-1: ``(input, weight, bias, input_scale, weight_scale, mask_index?,
   input_zero_point?, weight_zero_point?, past?) -> (output, present?)``.
@@ -21,6 +23,7 @@ import numpy as np
 
 from ...ir import Node, Value
 from ..base import ComputeFn, KernelContext
+from ..lib.qgemm_rows import IntegerWeights
 from .activation import MS_DOMAIN
 from .attention import _attention
 from .norm import _embed_layer_normalization
@@ -54,19 +57,50 @@ def _const_dequantized(ctx: KernelContext, q: int, s: int, z: int, what: str) ->
         raise ctx.unsupported(str(e)) from e
 
 
+def _integer_qkv(ctx: KernelContext) -> tuple[IntegerWeights, np.ndarray, np.ndarray] | None:
+    """QAttention's projection on the integer kernel: (the packed weight, its scale and the
+    bias padded to the kernel's columns) when the weight, its scale and zero point and the
+    bias are constants of the right sizes; None otherwise (the float projection)."""
+    w, ws, b = ctx.const_input(1), ctx.const_input(4), ctx.const_input(2)
+    wz = ctx.const_input(7) if ctx.has_input(7) else None
+    if w is None or ws is None or b is None or (ctx.has_input(7) and wz is None):
+        return None
+    plan = IntegerWeights.make(w, wz)
+    if plan is None:
+        return None
+    n = w.shape[1]
+    scale = np.asarray(ws, _F32).reshape(-1)
+    bias = np.asarray(b)
+    if scale.size not in (1, n) or not np.all(np.isfinite(scale)) or bias.shape != (n,):
+        return None
+    return plan, plan.padded(np.broadcast_to(scale, (n,))), plan.padded(bias.astype(_F32))
+
+
 def _qattention(ctx: KernelContext) -> ComputeFn:
+    """QAttention: the projection ``(input - zp) @ (weight - wzp) * (input_scale *
+    weight_scale) + bias`` on the integer kernel where its operands are constants (as
+    onnxruntime's, in float32 after the int32 sums), else on the dequantized operands;
+    then the float Attention."""
     attention = _attention(_inner(ctx, "Attention", [0, 1, 2, 5, 8]))
     w_const = _const_dequantized(ctx, 1, 4, 7, "QAttention weight")
+    integer = _integer_qkv(ctx)
 
     def qattention(input: np.ndarray, weight: np.ndarray, bias: np.ndarray, input_scale: Any,
                    weight_scale: Any, mask_index: Any = None, input_zero_point: Any = None,
                    weight_zero_point: Any = None, past: Any = None) -> Any:  # fmt: skip
         if np.asarray(input_scale).size != 1:
             raise ValueError("QAttention: input_scale must hold one value")
-        x = dequantize(input, input_scale, input_zero_point, "QAttention input")
         w = w_const
         if w is None:
             w = dequantize(weight, weight_scale, weight_zero_point, "QAttention weight")
+        if integer is not None and input.ndim == 3:
+            plan, scale, b = integer
+            a_scale = _F32(np.asarray(input_scale, _F32).reshape(()))
+            qkv = plan.product_scaled(input, input_zero_point, scale, b, a_scale)
+            if qkv is not None:
+                rows = qkv.reshape(-1, qkv.shape[-1])
+                return attention(qkv, w, bias, mask_index, past, qkv=rows)
+        x = dequantize(input, input_scale, input_zero_point, "QAttention input")
         return attention(x, w, bias, mask_index, past)
 
     return qattention
