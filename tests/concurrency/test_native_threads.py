@@ -346,6 +346,26 @@ def test_scores_over_a_transposed_key_view_run_on_the_kernel(heads: int, threads
     np.testing.assert_allclose(got1, one @ one, rtol=1e-5, atol=1e-5)
 
 
+def test_a_stacked_product_planned_while_the_kernel_is_off_runs_it_once_it_is_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whether the compiled kernel may run (a cold start's warm-up holds it back; the
+    switch) is asked per call, not kept in the signature's plan: a signature first seen
+    while it is off takes the kernel once it is on."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((4, 32, 16)).astype(np.float32)
+    b = rng.standard_normal((4, 16, 24)).astype(np.float32)
+    gemm._BATCHED_PLANS.clear()
+    with spying_jitted(gemm._MATMUL_BATCHED) as calls:
+        monkeypatch.setenv(native_threads.ENV_NATIVE_THREADS, "0")
+        off = gemm.matmul_batched_into(a, b)
+        assert calls == []
+        monkeypatch.delenv(native_threads.ENV_NATIVE_THREADS)
+        on = gemm.matmul_batched_into(a, b)
+    assert calls == [1]
+    np.testing.assert_allclose(on, off, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_stacks_whose_batch_needs_two_strides_run_on_native_threads(trans_b: bool) -> None:
     """MobileViT's attention: Q, K and V are (patches, heads) views of one projection whose

@@ -510,7 +510,12 @@ def _matmul_batched_into(
 ) -> np.ndarray | None:
     """``matmul_batched_into`` on the compiled kernel, or None when it does not apply. The
     plan is made once per signature of the operands (shapes, strides, dtypes, the thread
-    budget): a call is one dict lookup, the addresses and the kernel."""
+    budget): a call is one dict lookup, the addresses and the kernel. Whether the kernel
+    may run now (numba on, native threads ready, no cold start holding compiled kernels
+    back) is asked on every call, never kept in a plan."""
+    fn = _MATMUL_BATCHED.get()
+    if fn is None:
+        return None
     t = intra_pool().threads
     key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, trans_b, t,
            None if out is None else (out.shape, out.strides, out.dtype))  # fmt: skip
@@ -522,9 +527,6 @@ def _matmul_batched_into(
         _BATCHED_PLANS[key] = plan
     if plan is None:
         return None
-    fn = _MATMUL_BATCHED.get()
-    if fn is None:
-        return None
     y = np.empty(plan.shape, a.dtype) if out is None else out
     native_threads.enter(plan.threads)
     fn(addresses(a, b, y), plan.dims, plan.blocks, plan.trans_b, plan.single, alpha)
@@ -535,14 +537,14 @@ def _plan_batched(
     a: np.ndarray, b: np.ndarray, out: np.ndarray | None, trans_b: bool, t: int
 ) -> _BatchedPlan | None:
     """The plan of ``a @ (b^T if trans_b else b)`` for stacks of one batch shape and float
-    dtype, or None (``np.matmul`` then): a B whose rows are strided and columns are not
-    (a transposed view: attention's K^T as one Transpose of the heads) is read as the
-    transpose of its swapped view. Products of ``NATIVE_SPLIT_MIN_MACS`` and more split
-    into row blocks on ``t`` native threads; smaller ones run one block per matrix on the
-    caller (NumPy would loop over strided heads at half BLAS's speed)."""
+    dtype, or None (``np.matmul`` then): decided by the operands alone. A B whose rows are
+    strided and columns are not (a transposed view: attention's K^T as one Transpose of the
+    heads) is read as the transpose of its swapped view. Products of
+    ``NATIVE_SPLIT_MIN_MACS`` and more split into row blocks on ``t`` native threads;
+    smaller ones run one block per matrix on the caller (NumPy would loop over strided heads
+    at half BLAS's speed)."""
     if (
-        not native_threads.ready()
-        or a.ndim < 3
+        a.ndim < 3
         or a.ndim != b.ndim
         or a.shape[:-2] != b.shape[:-2]
         or a.dtype != b.dtype
