@@ -39,7 +39,7 @@ qgemm_requant: Any = None
 _BLOCK_BYTES = 96 * 1024
 #: weights of at least this many bytes (beyond half a core's L2) are read once per call,
 #: not once per block of rows, when the whole im2row is at most ``_WIDE_ROWS_BYTES``:
-#: ResNet's last stage (7x7 pixels, 3x3x512 -> 512: 2.4 MB of weights) ran 168 -> 130 µs
+#: ResNet's last stage (7x7 pixels, 3x3x512 -> 512: 2.4 MB of weights) ran 168 -> 136 µs
 #: on two Zen 5 threads that way (blocks of 16 rows read the weights four times)
 _WIDE_WEIGHT_BYTES = 1 << 20
 _WIDE_ROWS_BYTES = 256 * 1024
