@@ -39,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -241,26 +242,38 @@ class _QGemmIR(_PackedGemmIR):
             self.vf = vf = ir.VectorType(f32, shape.vw)
             self.vb = ir.VectorType(i8, shape.vw)
             lo, hi, zp = (b.load(b.gep(params, [self.c(i)])) for i in range(3))
-
-            def splat(v: Any) -> Any:
-                e = b.insert_element(ir.Constant(vf, ir.Undefined), v, ir.Constant(i32, 0))
-                return b.shuffle_vector(e, ir.Constant(vf, ir.Undefined), self.splat)
-
-            self.lo, self.hi, self.zp = splat(lo), splat(hi), splat(zp)
+            self.lo, self.hi, self.zp = (self.broadcast(v, vf) for v in (lo, hi, zp))
             self.magic = ir.Constant(vf, [12582912.0] * shape.vw)
         if scaled:  # A's scale and zero point splat once
-            self.vf = vf = ir.VectorType(f32, shape.vw)
-            e = b.insert_element(ir.Constant(vf, ir.Undefined), b.load(a_scale),
-                                 ir.Constant(i32, 0))  # fmt: skip
-            self.a_scale = b.shuffle_vector(e, ir.Constant(vf, ir.Undefined), self.splat)
-            e = b.insert_element(ir.Constant(vi, ir.Undefined), b.trunc(a_zp, i32),
-                                 ir.Constant(i32, 0))  # fmt: skip
-            self.a_zp = b.shuffle_vector(e, ir.Constant(vi, ir.Undefined), self.splat)
+            self.vf = ir.VectorType(f32, shape.vw)
+            self.a_scale = self.broadcast(b.load(a_scale), self.vf)
+            self.a_zp = self.broadcast(b.trunc(a_zp, i32), vi)
+
+    def broadcast(self, value: Any, vtype: Any) -> Any:
+        """``value`` (a scalar of ``vtype``'s element) in every lane of ``vtype``."""
+        b, ir = self.b, self.ir
+        e = b.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(self.i32, 0))
+        return b.shuffle_vector(e, ir.Constant(vtype, ir.Undefined), self.splat)
+
+    def stored_vectors(self, p: Any, npan: int) -> Iterator[tuple[int, int, Any]]:
+        """The fused epilogues' walk: per output vector of the tile's ``npan`` panels, (j,
+        h, its first column), the builder inside a block that runs only when that column
+        is before ``n_valid`` (the caller's row holds whole vectors up to it)."""
+        b, c = self.b, self.c
+        for j in range(npan):
+            for h in range(2):
+                col = b.add(b.mul(b.add(p, c(j)), c(self.nr)), c(self.vw * h))
+                store, after = self.fn.append_basic_block(), self.fn.append_basic_block()
+                b.cbranch(b.icmp_signed("<", col, self.n_valid), store, after)
+                b.position_at_end(store)
+                yield j, h, col
+                b.branch(after)
+                b.position_at_end(after)
 
     def k_step(self, p: Any, m0: Any, rows: int, npan: int, k: Any, acc: list[Any]) -> list[Any]:
         """One group of k: the panels' vectors at group k, each row's group of A broadcast,
         ``acc`` + their products."""
-        b, c, ir, vi = self.b, self.c, self.ir, self.v8
+        b, c, vi = self.b, self.c, self.v8
         wv = []
         row_len = b.mul(self.k_len, c(self.nr * self.g))
         for j in range(npan):
@@ -272,8 +285,7 @@ class _QGemmIR(_PackedGemmIR):
         for r in range(rows):
             at = b.add(b.mul(b.add(m0, c(r)), self.ldx), b.mul(k, c(self.g)))
             xs = b.load(b.bitcast(b.gep(self.x, [at]), self.i32.as_pointer()), align=1)
-            xb = b.insert_element(ir.Constant(vi, ir.Undefined), xs, ir.Constant(self.i32, 0))
-            xb = b.shuffle_vector(xb, ir.Constant(vi, ir.Undefined), self.splat)
+            xb = self.broadcast(xs, vi)
             for q in range(2 * npan):
                 a = acc[r * 2 * npan + q]
                 if self.vnni:  # vpdpbusd(acc, unsigned bytes, signed bytes)
@@ -308,25 +320,18 @@ class _QGemmIR(_PackedGemmIR):
         or past ``n_valid`` is not stored (the caller's row holds whole vectors up to it)."""
         b, c = self.b, self.c
         vfp, vbp = self.vf.as_pointer(), self.vb.as_pointer()
-        for j in range(npan):
-            for h in range(2):
-                col = b.add(b.mul(b.add(p, c(j)), c(self.nr)), c(self.vw * h))
-                store, after = self.fn.append_basic_block(), self.fn.append_basic_block()
-                b.cbranch(b.icmp_signed("<", col, self.n_valid), store, after)
-                b.position_at_end(store)
-                bias = b.load(b.bitcast(b.gep(self.bias, [col]), self.vip), align=4)
-                scale = b.load(b.bitcast(b.gep(self.scale, [col]), vfp), align=4)
-                for r in range(rows):
-                    v = b.add(acc[r * 2 * npan + 2 * j + h], bias)
-                    f = b.fmul(b.sitofp(v, self.vf), scale)
-                    f = b.select(b.fcmp_ordered("<", f, self.lo), self.lo, f)
-                    f = b.select(b.fcmp_ordered(">", f, self.hi), self.hi, f)
-                    f = b.fadd(b.fsub(b.fadd(f, self.magic), self.magic), self.zp)
-                    q = b.trunc(b.fptosi(f, self.v8), self.vb)
-                    at = b.add(b.mul(b.add(m0, c(r)), self.ldy), col)
-                    b.store(q, b.bitcast(b.gep(self.y, [at]), vbp), align=1)
-                b.branch(after)
-                b.position_at_end(after)
+        for j, h, col in self.stored_vectors(p, npan):
+            bias = b.load(b.bitcast(b.gep(self.bias, [col]), self.vip), align=4)
+            scale = b.load(b.bitcast(b.gep(self.scale, [col]), vfp), align=4)
+            for r in range(rows):
+                v = b.add(acc[r * 2 * npan + 2 * j + h], bias)
+                f = b.fmul(b.sitofp(v, self.vf), scale)
+                f = b.select(b.fcmp_ordered("<", f, self.lo), self.lo, f)
+                f = b.select(b.fcmp_ordered(">", f, self.hi), self.hi, f)
+                f = b.fadd(b.fsub(b.fadd(f, self.magic), self.magic), self.zp)
+                q = b.trunc(b.fptosi(f, self.v8), self.vb)
+                at = b.add(b.mul(b.add(m0, c(r)), self.ldy), col)
+                b.store(q, b.bitcast(b.gep(self.y, [at]), vbp), align=1)
 
     def scaled_epilogue(self, p: Any, m0: Any, rows: int, npan: int, acc: list[Any]) -> None:
         """MatMulIntegerToFloat's store: ``float32(acc - a_zp * colsum[col] - wz[col] *
@@ -334,32 +339,21 @@ class _QGemmIR(_PackedGemmIR):
         (exact: every term and the result fit; wrapping partial sums cancel), each float step
         rounded on its own (no fused multiply-add), as the separate Cast, Mul and Add round;
         a vector whose first column is at or past ``n_valid`` is not stored."""
-        b, c, ir = self.b, self.c, self.ir
+        b, c = self.b, self.c
         vfp = self.vf.as_pointer()
-        for j in range(npan):
-            for h in range(2):
-                col = b.add(b.mul(b.add(p, c(j)), c(self.nr)), c(self.vw * h))
-                store, after = self.fn.append_basic_block(), self.fn.append_basic_block()
-                b.cbranch(b.icmp_signed("<", col, self.n_valid), store, after)
-                b.position_at_end(store)
-                colsum = b.load(b.bitcast(b.gep(self.colsum, [col]), self.vip), align=4)
-                corr = b.mul(colsum, self.a_zp)
-                wz = b.load(b.bitcast(b.gep(self.wz, [col]), self.vip), align=4)
-                scale = b.load(b.bitcast(b.gep(self.scale, [col]), vfp), align=4)
-                scale = b.fmul(scale, self.a_scale)
-                bias = b.load(b.bitcast(b.gep(self.bias, [col]), vfp), align=4)
-                for r in range(rows):
-                    row = b.add(m0, c(r))
-                    t = b.load(b.gep(self.row_term, [row]), align=4)
-                    tv = b.insert_element(ir.Constant(self.v8, ir.Undefined), t,
-                                          ir.Constant(self.i32, 0))  # fmt: skip
-                    tv = b.shuffle_vector(tv, ir.Constant(self.v8, ir.Undefined), self.splat)
-                    v = b.sub(b.sub(acc[r * 2 * npan + 2 * j + h], corr), b.mul(wz, tv))
-                    f = b.fadd(b.fmul(b.sitofp(v, self.vf), scale), bias)
-                    at = b.add(b.mul(row, self.ldy), col)
-                    b.store(f, b.bitcast(b.gep(self.y, [at]), vfp), align=4)
-                b.branch(after)
-                b.position_at_end(after)
+        for j, h, col in self.stored_vectors(p, npan):
+            colsum = b.load(b.bitcast(b.gep(self.colsum, [col]), self.vip), align=4)
+            corr = b.mul(colsum, self.a_zp)
+            wz = b.load(b.bitcast(b.gep(self.wz, [col]), self.vip), align=4)
+            scale = b.fmul(b.load(b.bitcast(b.gep(self.scale, [col]), vfp), align=4), self.a_scale)
+            bias = b.load(b.bitcast(b.gep(self.bias, [col]), vfp), align=4)
+            for r in range(rows):
+                row = b.add(m0, c(r))
+                t = self.broadcast(b.load(b.gep(self.row_term, [row]), align=4), self.v8)
+                v = b.sub(b.sub(acc[r * 2 * npan + 2 * j + h], corr), b.mul(wz, t))
+                f = b.fadd(b.fmul(b.sitofp(v, self.vf), scale), bias)
+                b.store(f, b.bitcast(b.gep(self.y, [b.add(b.mul(row, self.ldy), col)]), vfp),
+                        align=4)  # fmt: skip
 
 
 class Built(NamedTuple):
