@@ -41,7 +41,7 @@ qgemm_scaled: Any = None  # the float-storing one, set by _prepare_scaled
 class IntegerWeights:
     """A constant B (K x N) packed for the integer kernel, with its column sums."""
 
-    __slots__ = ("built", "colsum32", "k", "n", "packed", "wz", "wz32", "wz_i32")
+    __slots__ = ("asymmetric", "built", "colsum32", "k", "n", "packed", "wz", "wz32", "wz_i32")
 
     def __init__(self, built: Any, packed: np.ndarray, colsum: np.ndarray, wz: np.ndarray,
                  k: int, n: int) -> None:  # fmt: skip
@@ -52,6 +52,7 @@ class IntegerWeights:
         self.wz32 = np.zeros(self.colsum32.shape[0], np.int64)
         self.wz32[:n] = wz
         self.wz_i32 = self.wz32.astype(np.int32)
+        self.asymmetric = bool(wz.any())  # B has zero points: A's row sums enter
 
     def _product(self, a2: np.ndarray, m: int) -> np.ndarray:
         """The kernel's int32 output (m, panels * nr): split over native threads by panels
@@ -137,7 +138,7 @@ class IntegerWeights:
                 acc -= np.int32(zx[0]) * self.colsum32
         else:
             acc -= zx.astype(np.int32).reshape(-1, 1) * self.colsum32
-        if self.wz.any():
+        if self.asymmetric:
             zcol = zx.reshape(-1, 1)
             rows_sum = a2.sum(axis=1, dtype=np.int64).reshape(-1, 1)
             acc -= (rows_sum * self.wz32 - self.k * zcol * self.wz32).astype(np.int32)
@@ -179,7 +180,7 @@ class IntegerWeights:
         width = self.n if self.n % vw == 0 else -(-self.n // vw) * vw
         y = np.empty((m, width), np.float32)
         zx0 = int(zx[0])
-        if self.wz.any():  # B's zero points: A's row sums enter (a rare weight)
+        if self.asymmetric:
             row_term = (a2.sum(axis=1, dtype=np.int64) - self.k * zx0).astype(np.int32)
         else:
             row_term = _zero_rows(m)

@@ -104,13 +104,11 @@ class QConvPlan(NamedTuple):
     def _run_rows(self, x: np.ndarray, channels_last: bool, lay: _Call, y: np.ndarray) -> None:
         """``conv_qrows``' form into ``y``. A channels-last view of planes (the layout
         pass's Transpose of a model's input) is read as the planes it is: no copy."""
-        pt, pl, pb, pr = (int(v) for v in self.geo[6:10])
-        h, w = int(lay.geo[10]), int(lay.geo[11])
-        xp = np.empty((h + pt + pb) * (w + pl + pr) * conv_qrows.CP, self.a_dtype)
+        xp = np.empty(lay.staged_len, self.a_dtype)
         geo = lay.geo
         planes = x.transpose(0, 3, 1, 2) if channels_last else x
         if channels_last and not x.flags.c_contiguous and planes.flags.c_contiguous:
-            xs, geo = planes.reshape(x.shape[0], x.shape[3], h * w), lay.geo_planar
+            xs, geo = planes.reshape(x.shape[0], x.shape[3], -1), lay.geo_planar
         else:
             xs = np.ascontiguousarray(x).reshape(lay.xs_shape)
         self.rows_kernel(xs, xp, conv_qrows.staged_words(xp), self.x_shift, self.x_zp, geo,
@@ -127,6 +125,7 @@ class _Call(NamedTuple):
     xt_len: int  # the staging buffer's elements
     geo: np.ndarray  # the plan's geometry, then h, w and the flags
     geo_planar: np.ndarray  # the same, flagged for a channels-last view of planes
+    staged_len: int  # ``conv_qrows``' padded 4-channel image: its codes
     ow: int
     rb: int  # output rows a block
     row_blocks: int
@@ -166,6 +165,7 @@ def _layout(p: QConvPlan, shape: tuple[int, ...], channels_last: bool) -> _Call 
         (1 if direct else h * w * c) + g,
         np.concatenate([p.geo, np.array([h, w, flags], np.int64)]),
         np.concatenate([p.geo, np.array([h, w, int(channels_last) | 4], np.int64)]),
+        (h + pt + pb) * (w + pl + pr) * conv_qrows.CP,
         ow,
         rb,
         -(-q // rb),
