@@ -10,7 +10,7 @@ The CPU features are the ones kernels dispatch on: AVX-512F, AVX2 and FMA (the p
 gemm's micro-tile: its line names the path, ``gemm_packed``; numba's vectorized loops:
 512-bit vectors on the avx512 path, the numba line says, ``numba_target``), AVX-512 VNNI
 and AVX-VNNI (the integer kernel's paths: its line names the one chosen,
-``qgemm_packed``).
+``qgemm_packed``; and the depthwise row kernel's vector widths, ``qdepthwise_ir``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from ...concurrency import native_pool, native_threads, numba_target
 from ...concurrency.env_switch import switched_off
-from . import gemm_packed, qgemm_packed
+from . import gemm_packed, qdepthwise_ir, qgemm_packed
 from .jit import why_off
 
 __all__ = ["Feature", "cpu_flags", "features", "format_features"]
@@ -109,8 +109,10 @@ def _integer() -> Feature:
     path, why = got
     if path == "portable":
         return Feature("integer gemm", False, f"{why}: exact 8-bit products on float BLAS")
+    dw = qdepthwise_ir.describe()
+    dw = f"; depthwise rows: {dw}" if dw else ""
     return Feature("integer gemm", True, f"path {path} ({why}); u8 x s8 products on weights "
-                   "packed at load")  # fmt: skip
+                   f"packed at load{dw}")  # fmt: skip
 
 
 def _cpu() -> Feature:

@@ -14,9 +14,14 @@ multiply for: the int32 form ran at ~3.6 G multiply-adds/s on a Zen 3 core, the 
 on int32 arrays. ``QDepthwisePlan.sums`` says which.
 
 Channels-last (N, H, W, C), the layout ``compiler/channels_last.py`` gives a quantized
-CNN: per band of output rows on native threads, the input rows the band reads minus the
-zero point, zero padded, into the band's own buffer (``BAND_BYTES``: it stays in L2), then
-per output pixel a vector over the channels: for 3x3 the nine taps in one expression (no
+CNN. Float32 sums over whole vectors of 8 channels in a 3x3 or 5x5 window (MobileNet's,
+EfficientNet's): per band of output rows on native threads, each input row the band reads
+staged once (minus the zero point, as float32, zero padded) into a ring of the window's
+reach, and each output row by ``lib/qdepthwise_ir``'s kernel, which holds a vector of
+channels' weights in registers while the row's pixels stream past (``kernel_rows``; 2-3x
+the loop below on a Zen 5 core). Otherwise per band of output rows, the rows the band
+reads staged into the band's own buffer (``BAND_BYTES``: it stays in L2), then per output
+pixel a vector over the channels: for 3x3 the nine taps in one expression (no
 accumulator traffic), the requantize in the same loop.
 NCHW: per plane, the padded plane, then tap by tap over it.
 
@@ -34,11 +39,14 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..common import ShapeMemo
+from ..lib import qdepthwise_ir
 from ..lib.jit import Jitted
 
 __all__ = ["F32_EXACT", "QDepthwisePlan", "plan_depthwise"]
 
 numba: Any = None  # set by Jitted(parallel=True) before the loops below compile
+qdw_3x3: Any = None  # the row kernel's ExternalFunctions, set by _prepare_rows
+qdw_5x5: Any = None
 
 #: input shapes a plan keeps the per-shape part of its calls for (``ShapeMemo``)
 _CALLS_MAX = 64
@@ -63,6 +71,8 @@ class QDepthwisePlan(NamedTuple):
     kernel: Any
     kernel_last: Any
     sums: str  # "float32" (exact there: module doc) or "int32"
+    kernel_rows: Any  # channels-last by qdepthwise_ir's row kernel, or None
+    params: np.ndarray  # float32 [lo - y_zp, hi - y_zp, y_zp], the row kernel's
 
     calls: ShapeMemo[tuple[Any, ...], tuple[tuple[int, ...], int, int]]  # ``_layout``'s
 
@@ -79,7 +89,10 @@ class QDepthwisePlan(NamedTuple):
         if y_shape[0]:
             native_threads.enter_for(work, intra_pool().threads)
             xc = np.ascontiguousarray(x)
-            if channels_last:
+            if channels_last and self.kernel_rows is not None:
+                self.kernel_rows(xc, self.x_zp, self.geo, self.w_last, self.bias, self.scale,
+                                 self.params, y, band)  # fmt: skip
+            elif channels_last:
                 self.kernel_last(xc, self.x_zp, self.geo, self.w_last, self.bias, self.scale,
                                  self.y_zp, self.lo, self.hi, y, band)  # fmt: skip
             else:
@@ -102,7 +115,10 @@ def _layout(p: QDepthwisePlan, shape: tuple[int, ...],
     if oh <= 0 or ow <= 0:
         return None
     wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
-    band = _band(oh, sh, (kh - 1) * dh + 1, wp * c * p.w.dtype.itemsize)
+    if channels_last and p.kernel_rows is not None:  # a ring of rows: any band fits
+        band = max(1, -(-oh // MIN_BANDS))
+    else:
+        band = _band(oh, sh, (kh - 1) * dh + 1, wp * c * p.w.dtype.itemsize)
     y_shape = (n, oh, ow, c) if channels_last else (n, c, oh, ow)
     return y_shape, n * oh * ow * c * kh * kw, band
 
@@ -161,9 +177,13 @@ def plan_depthwise(
     zx = 0 if x_zp is None else int(np.asarray(x_zp).reshape(()))
     zy = 0.0 if y_zp is None else float(np.asarray(y_zp).reshape(()))
     ws = wi.astype(st)
+    rows = None
+    if exact and c % 8 == 0 and (w.shape[2], w.shape[3]) in qdepthwise_ir.WINDOWS:
+        rows = _QDEPTHWISE_ROWS.get()
+    params = np.array([info.min - zy, info.max - zy, zy], np.float32)
     return QDepthwisePlan(ws, np.ascontiguousarray(ws.transpose(1, 2, 0)), b.astype(st),
                           scale, st.type(zx), zy, float(info.min), float(info.max), xdt, ydt,
-                          np.array(geo, np.int64), fn, fn_last, st.name,
+                          np.array(geo, np.int64), fn, fn_last, st.name, rows, params,
                           ShapeMemo(_CALLS_MAX))  # fmt: skip
 
 
@@ -213,7 +233,7 @@ def _qdepthwise_last(x, zx, geo, w, bias, scale, zy, lo, hi, y, band):  # pragma
     # x (N, H, W, C), w (KH, KW, C), y (N, OH, OW, C): per band of ``band`` output rows on
     # native threads; per band, the input rows it reads minus the zero point as the sums'
     # type, zero padded, into a buffer of its own (sized to stay in L2), then its rows
-    n_, h_, w_, c_ = x.shape
+    n_, _, w_, c_ = x.shape
     kh, kw, sh, sw, dh, dw, pt, pl = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
     oh_, ow_ = y.shape[1], y.shape[2]
     wp = max(w_ + pl, (ow_ - 1) * sw + (kw - 1) * dw + 1)
@@ -230,21 +250,7 @@ def _qdepthwise_last(x, zx, geo, w, bias, scale, zy, lo, hi, y, band):  # pragma
         b1 = min(oh_, b0 + band)
         rows = (b1 - 1 - b0) * sh + (kh - 1) * dh + 1
         xs = np.empty(rows * wp * c_, w.dtype)
-        for r in range(rows):
-            ih = b0 * sh - pt + r
-            d = np.uint64(r) * rowlen
-            if ih < 0 or ih >= h_:
-                for q in range(wp * c_):
-                    xs[d + np.uint64(q)] = 0
-                continue
-            src = x[n, ih].reshape(-1)
-            for q in range(pl * c_):
-                xs[d + np.uint64(q)] = 0
-            d2 = d + np.uint64(pl) * uc
-            for q in range(w_ * c_):
-                xs[d2 + np.uint64(q)] = src[np.uint64(q)] - zx
-            for q in range((pl + w_) * c_, wp * c_):
-                xs[d + np.uint64(q)] = 0
+        _stage_band(x, zx, n, b0 * sh - pt, rows, pl, wp, xs)
         for oh in range(b0, b1):
             base = np.uint64((oh - b0) * sh) * rowlen
             out = y[n, oh].reshape(-1)
@@ -312,6 +318,88 @@ def _qdepthwise_last(x, zx, geo, w, bias, scale, zy, lo, hi, y, band):  # pragma
                     out[o + u] = ((v + magic) - magic) + fz
 
 
+def _stage_band(x, zx, n, ih0, rows, pl, wp, xs):  # pragma: no cover - numba only
+    # rows ih0.. of image n of x (N, H, W, C) minus the zero point into xs (rows, wp, C),
+    # zero padded: rows outside the image, pl columns before it, the rest after it
+    h_, w_, c_ = x.shape[1], x.shape[2], x.shape[3]
+    uc = np.uint64(c_)
+    rowlen = np.uint64(wp) * uc
+    for r in range(rows):
+        ih = ih0 + r
+        d = np.uint64(r) * rowlen
+        if ih < 0 or ih >= h_:
+            for q in range(wp * c_):
+                xs[d + np.uint64(q)] = 0
+            continue
+        src = x[n, ih].reshape(-1)
+        for q in range(pl * c_):
+            xs[d + np.uint64(q)] = 0
+        d2 = d + np.uint64(pl) * uc
+        for q in range(w_ * c_):
+            xs[d2 + np.uint64(q)] = src[np.uint64(q)] - zx
+        for q in range((pl + w_) * c_, wp * c_):
+            xs[d + np.uint64(q)] = 0
+
+
+def _qdepthwise_rows(x, zx, geo, w, bias, scale, params, y, band):  # pragma: no cover
+    # channels-last as _qdepthwise_last, float32 sums, C a multiple of 8, a window the row
+    # kernel has: per band of output rows on native threads, the input rows staged as
+    # there but each once, into a ring of the window's reach, then each output row by
+    # qdepthwise_ir's kernel (w tap-major (KH * KW, C)) over the ring's rows
+    n_, _, w_, c_ = x.shape
+    kh, kw, sh, sw, dh, dw, pt, pl = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
+    oh_, ow_ = y.shape[1], y.shape[2]
+    wp = max(w_ + pl, (ow_ - 1) * sw + (kw - 1) * dw + 1)
+    rowlen = wp * c_
+    reach = (kh - 1) * dh + 1
+    nb = (oh_ + band - 1) // band
+    for task in numba.prange(n_ * nb):
+        n = task // nb
+        b0 = (task - n * nb) * band
+        b1 = min(oh_, b0 + band)
+        raw = np.empty(reach * rowlen + 16, np.float32)  # the ring from a 64-byte line:
+        a0 = ((-raw.ctypes.data) & 63) // 4  # the kernel's vector loads split no line
+        ring = raw[a0 : a0 + reach * rowlen]
+        addrs = np.empty(kh, np.int64)
+        first = b0 * sh - pt  # the band's first input row: ring slot (row - first) % reach
+        staged = first
+        for oh in range(b0, b1):
+            top = oh * sh - pt
+            for ih in range(max(staged, top), top + reach):
+                at = ((ih - first) % reach) * rowlen
+                _stage_band(x, zx, n, ih, 1, pl, wp, ring[at : at + rowlen])
+            staged = top + reach
+            for i in range(kh):
+                addrs[i] = ring.ctypes.data + ((top + i * dh - first) % reach) * rowlen * 4
+            dst = y[n, oh].ctypes.data
+            if kh == 3:
+                qdw_3x3(
+                    addrs.ctypes.data,
+                    c_,
+                    dw * c_,
+                    sw * c_,
+                    w.ctypes.data,
+                    bias.ctypes.data,
+                    scale.ctypes.data,
+                    params.ctypes.data,
+                    dst,
+                    ow_,
+                )
+            else:
+                qdw_5x5(
+                    addrs.ctypes.data,
+                    c_,
+                    dw * c_,
+                    sw * c_,
+                    w.ctypes.data,
+                    bias.ctypes.data,
+                    scale.ctypes.data,
+                    params.ctypes.data,
+                    dst,
+                    ow_,
+                )
+
+
 def _warm_depthwise_for(last: bool) -> Any:
     """The warm-up of the NCHW (``last`` False) or channels-last depthwise kernel: each pair
     of input and output 8-bit types, both sums' types, 3x3 and 1x2 windows over one
@@ -344,4 +432,26 @@ def _warm_depthwise_for(last: bool) -> Any:
 
 
 _QDEPTHWISE = Jitted(_qdepthwise, _warm_depthwise_for(False), parallel=True)
-_QDEPTHWISE_LAST = Jitted(_qdepthwise_last, _warm_depthwise_for(True), parallel=True)
+_QDEPTHWISE_LAST = Jitted(_qdepthwise_last, _warm_depthwise_for(True), helpers=(_stage_band,),
+                          parallel=True)  # fmt: skip
+
+
+def _prepare_rows(module_globals: dict[str, Any]) -> bool:
+    fns = {k: qdepthwise_ir.kernel(*k) for k in qdepthwise_ir.WINDOWS}
+    module_globals["qdw_3x3"], module_globals["qdw_5x5"] = fns[3, 3], fns[5, 5]
+    return None not in fns.values()
+
+
+def _warm_rows(fn: Any) -> None:
+    for k in (3, 5):
+        geo = np.array([k, k, 1, 1, 1, 1, k // 2, k // 2, k // 2, k // 2], np.int64)
+        w = np.ones((k, k, 8), np.float32)
+        params = np.array([0.0, 255.0, 0.0], np.float32)
+        for xdt in (np.uint8, np.int8):
+            for ydt in (np.uint8, np.int8):
+                fn(np.ones((1, 4, 4, 8), xdt), np.float32(0), geo, w, np.zeros(8, np.float32),
+                   np.ones(8, np.float32), params, np.empty((1, 4, 4, 8), ydt), 2)  # fmt: skip
+
+
+_QDEPTHWISE_ROWS = Jitted(_qdepthwise_rows, _warm_rows, helpers=(_stage_band,), parallel=True,
+                          prepare=_prepare_rows)  # fmt: skip
