@@ -91,8 +91,10 @@ LINE_BUDGET: dict[str, int] = {
     # (lib/quant.py), the stacked products' plans (lib/gemm.py), QAttention's integer
     # projection, a batch's squeeze-excitation scales (contrib/): issue 36
     # 2026-12-03: the depthwise row kernel in LLVM IR (lib/qdepthwise_ir.py) and the ring
-    # of staged rows that drives it (nn/conv_qdepthwise.py): issue 36
-    "kernels": 28250,
+    # of staged rows that drives it (nn/conv_qdepthwise.py); the byte-table kernel
+    # (lib/qlookup_ir.py) and the per-channel and channels-last pooling loops
+    # (contrib/quantized_elementwise.py): issue 36
+    "kernels": 28500,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,
