@@ -105,8 +105,10 @@ LINE_BUDGET: dict[str, int] = {
     # (lower/ops_encode.py: issue 39); 2026-12-01: a KV cache written in place and decode
     # scores by dot products (lower/cache.py, kernels/rowdot.py: issue 37); 12-02: packed
     # QKV and presents in place in GroupQueryAttention (lower/ops_gqa.py: issue 37); rows
-    # narrower than ROW_VIEW_MIN read at offsets, not through views (rows_source.row_refs)
-    "native": 8350,
+    # narrower than ROW_VIEW_MIN read at offsets, not through views (rows_source.row_refs);
+    # 12-03: MatMulNBits at a decode step's rows (lower/ops_nbits.py, kernels/nbits.py:
+    # issue 36)
+    "native": 8500,
     # 2026-11-30: a bucket's check keeps shapes only (Program.run_shapes); baked parts shared;
     # 2026-12-01: genai's total_sequence_length tied to past + sequence (dims.genai_tied);
     # straight-line code for the interpreter's unplanned calls (straight.py)

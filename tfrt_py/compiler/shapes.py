@@ -324,6 +324,13 @@ def _fused_matmul(node: Node, ins: list[TensorType | None], out: Value) -> None:
         _set(out, ins[0].dtype, (*batch, a[-2], b[-1]))
 
 
+def _matmul_nbits(node: Node, ins: list[TensorType | None], out: Value) -> None:
+    """com.microsoft MatMulNBits: A's dims but the last, then N, in A's dtype."""
+    a, n = ins[0], node.attrs.get("N")
+    if a is not None and a.shape is not None and len(a.shape) >= 1 and isinstance(n, int):
+        _set(out, a.dtype, (*a.shape[:-1], n))
+
+
 _RULES = {
     "MatMul": _matmul,
     "Gemm": _gemm,
@@ -344,6 +351,7 @@ _CONTRIB_RULES = {
     (_MS, "MultiHeadAttention"): _mha,
     (_MS, "EmbedLayerNormalization"): _embed_layer_norm,
     (_MS, "FusedMatMul"): _fused_matmul,
+    (_MS, "MatMulNBits"): _matmul_nbits,
 }  # fmt: skip
 
 

@@ -140,19 +140,61 @@ def _check_known_opsets(opsets: dict[str, int]) -> None:
 def _with_inferred_types(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model with value_info filled by ONNX shape inference, when it succeeds: with
     data propagation first (the static dims a computed Reshape target keeps, such as an
-    attention head split's head count and size), without it if that fails."""
+    attention head split's head count and size), without it if that fails. ONNX does not
+    know com.microsoft MatMulNBits, and would type nothing after one (a 4-bit decoder's
+    whole graph): inference sees a MatMul by a stand-in (K, N) input in its place
+    (``_stand_ins``), and the returned model has the real nodes back."""
     if model.ByteSize() > 1 << 30:
         return model  # inference serializes the model; skip it for huge ones
+    probe, swapped = _stand_ins(model)
     for data_prop in (True, False):  # data_prop: Shape -> Gather -> Reshape chains give dims
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return onnx.shape_inference.infer_shapes(
-                    model, strict_mode=False, data_prop=data_prop
+                out = onnx.shape_inference.infer_shapes(
+                    probe, strict_mode=False, data_prop=data_prop
                 )
         except Exception:  # noqa: BLE001 - inference is best effort; declared types still apply
             continue
+        if swapped:
+            for i, node in swapped:
+                out.graph.node[i].CopyFrom(node)
+            del out.graph.input[len(model.graph.input) :]
+        return out
     return model
+
+
+def _stand_ins(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tuple[int, Any]]]:
+    """(the model to infer types on, [(index, original node)] swapped): each main-graph
+    com.microsoft MatMulNBits with int K and N as ``MatMul(A, stub)``, the stub a new
+    float input (K, N) of the scales' type (float32 when that is unknown). The model
+    itself where there is none (not copied)."""
+    at = [i for i, n in enumerate(model.graph.node)
+          if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]  # fmt: skip
+    if not at:
+        return model, []
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    elem = {t.name: t.data_type for t in model.graph.initializer}
+    taken = {v for n in model.graph.node for v in (*n.input, *n.output)}
+    taken |= {v.name for v in (*model.graph.input, *model.graph.initializer)}
+    swapped = []
+    for i in at:
+        node = probe.graph.node[i]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        k, n = attrs.get("K"), attrs.get("N")
+        if not isinstance(k, int) or not isinstance(n, int) or len(node.input) < 3:
+            continue
+        stub = f"tfrt_py.stand_in.{i}"
+        while stub in taken:  # a name no model value has
+            stub += "_"
+        t = elem.get(node.input[2], onnx.TensorProto.FLOAT)
+        probe.graph.input.append(onnx.helper.make_tensor_value_info(stub, t, [k, n]))
+        swapped.append((i, onnx.NodeProto()))
+        swapped[-1][1].CopyFrom(node)
+        node.CopyFrom(onnx.helper.make_node("MatMul", [node.input[0], stub], list(node.output),
+                                            name=node.name))  # fmt: skip
+    return probe, swapped
 
 
 class _Importer:

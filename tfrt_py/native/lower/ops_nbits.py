@@ -1,0 +1,90 @@
+"""Lowering for com.microsoft MatMulNBits, the weight-only 4/8-bit product of
+``onnxruntime.quantization``'s ``MatMulNBitsQuantizer`` (issue 36): with it a 4-bit
+decoder's whole decode step lowers, as its float32 source does.
+
+The constant weight is laid out at lowering as the interpreter lays it out
+(``kernels/contrib/matmul_nbits.NBitsWeight``: panels of 64 columns, 4-bit codes two to a
+byte) and stays quantized among the constants (the bytes as int32 words); the code is one
+``nbits_rows_f4`` call (``native/kernels/nbits.py``), the interpreter's GEMV loop.
+Declined: a weight, scales or zero points given at run time, ``g_idx``, a bias, more
+than ``GEMV_ROWS`` rows (a prompt: the interpreter's dequantize-and-gemm serves it),
+another dtype than float32. Same contract as ``ops.py``: ``fn(cx, node) -> lines``; pure;
+load time or the compile worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...ir import Node
+from ...kernels.contrib.matmul_nbits import GEMV_ROWS, NBitsWeight
+from .records import Registry
+from .source import literal
+
+__all__ = ["NBITS_IMPORT", "register_lowerings"]
+
+_MS = "com.microsoft"
+#: The import line of a module whose code calls ``nbits_rows_f4``.
+NBITS_IMPORT = "from tfrt_py.native.kernels.nbits import nbits_rows_f4"
+
+
+class _Refusal:
+    """What ``NBitsWeight`` raises through: its message as a ValueError (the interpreter's
+    kernel refused such constants already, at load; here they only decline)."""
+
+    @staticmethod
+    def unsupported(message: str) -> ValueError:
+        return ValueError(message)
+
+
+def _matmul_nbits(cx: Any, node: Node) -> list[str]:
+    at = node.attrs
+    k, n = int(at.get("K", 0)), int(at.get("N", 0))
+    bits, block = int(at.get("bits", 4)), int(at.get("block_size", 0))
+    extra = [v for v in node.inputs[4:] if v is not None]
+    if extra:
+        cx.decline("MatMulNBits with g_idx or a bias")
+    given = [*node.inputs[1:4], None, None, None][:3]
+    consts = [cx.const(v) if v is not None else None for v in given]
+    if consts[0] is None or consts[1] is None or (given[2] is not None and consts[2] is None):
+        cx.decline("MatMulNBits with a weight given at run time")
+    if block <= 0 or k <= 0 or n <= 0:
+        cx.decline("MatMulNBits attributes")
+    try:
+        zp = None if consts[2] is None else np.asarray(consts[2])
+        w = NBitsWeight(_Refusal(), np.asarray(consts[0]), np.asarray(consts[1]),  # type: ignore[arg-type]
+                        zp, k, n, bits, block)  # fmt: skip
+    except ValueError as e:
+        cx.decline(f"MatMulNBits constants: {e}")
+    x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
+    if str(x.dtype) != "float32" or str(y.dtype) != "float32" or x.shape[-1:] != (k,):
+        cx.decline("MatMulNBits of another dtype or shape")
+    m = x.size // k
+    if m > GEMV_ROWS:
+        cx.decline(f"MatMulNBits over {m} rows (a prompt: the interpreter's gemm)")
+    # the codes as int32 words (the constants' types have no bytes): the kernel views them
+    codes, scale, scale_zp = (cx.const_slice(a) for a in (w.codes.reshape(-1).view(np.int32),
+                                                          w.scale, w.scale_zp))  # fmt: skip
+    cx.imports.add(NBITS_IMPORT)
+    args = [
+        x.buf,
+        x.off,
+        literal(m),
+        literal(k),
+        codes,
+        scale,
+        scale_zp,
+        y.buf,
+        y.off,
+        literal(n),
+        str(w.nibbles),
+        literal(block),
+    ]
+    return [f"nbits_rows_f4({', '.join(args)})"]
+
+
+def register_lowerings(reg: Registry) -> None:
+    """MatMulNBits (no row rule: rows mode declines it)."""
+    reg.add(_MS, "MatMulNBits", _matmul_nbits)
