@@ -72,7 +72,7 @@ def test_every_form_computes_the_row_formula(lanes: tuple[int, ...]) -> None:
 
 
 def test_channels_last_depthwise_runs_on_the_row_kernel_exactly() -> None:
-    """The plans of 3x3 and 5x5 depthwise convs over whole vectors of 8 channels take the
+    """The plans of 3x3, 5x5 and 7x7 depthwise convs over whole vectors of 8 channels take the
     row kernel (``kernel_rows``) and give the exact reference's answers: batch 2, strides,
     dilations, asymmetric pads, both input and output types, images tall enough that each
     band's ring of rows wraps. 17 channels, a 3x5 window, and sums past float32's exact
@@ -86,6 +86,8 @@ def test_channels_last_depthwise_runs_on_the_row_kernel_exactly() -> None:
         (40, 19, 11, 5, 5, 1, 1, (2, 2, 2, 2), True),
         (32, 21, 13, 5, 5, 2, 1, (2, 1, 1, 2), True),
         (8, 17, 10, 3, 3, 1, 2, (2, 2, 2, 2), True),
+        (48, 15, 9, 7, 7, 1, 1, (3, 3, 3, 3), True),  # ConvNeXt's window
+        (16, 16, 13, 7, 7, 2, 1, (3, 2, 1, 3), True),
         (17, 12, 9, 3, 3, 1, 1, (1, 1, 1, 1), False),
         (16, 12, 9, 3, 5, 1, 1, (1, 2, 1, 2), False),
     ]

@@ -1,5 +1,5 @@
 """One output row of a channels-last depthwise QLinearConv over a staged float32 band: the
-LLVM IR kernel ``nn/conv_qdepthwise`` calls per row for 3x3 and 5x5 windows.
+LLVM IR kernel ``nn/conv_qdepthwise`` calls per row for 3x3, 5x5 and 7x7 windows.
 
 ``row(rows, c, dj, step, w, bias, scale, params, out, n_ow)``: for each output pixel ``ow <
 n_ow`` and channel ``ch < c``, ``out[ow * c + ch] = int(round_half_even(clamp((bias[ch] + sum
@@ -37,7 +37,7 @@ from .gemm_packed import _WIDE_ATTRS, ENV_ISA, ENV_PACKED_GEMM
 __all__ = ["SYMBOL", "WINDOWS", "build", "describe", "host_forms", "kernel", "widths"]
 
 #: The windows (kh, kw) built, one symbol each.
-WINDOWS = ((3, 3), (5, 5))
+WINDOWS = ((3, 3), (5, 5), (7, 7))
 SYMBOL = "tfrt_py_qdw_f32_{}x{}"  # .format(kh, kw)
 
 

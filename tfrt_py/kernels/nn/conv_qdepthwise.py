@@ -14,15 +14,15 @@ multiply for: the int32 form ran at ~3.6 G multiply-adds/s on a Zen 3 core, the 
 on int32 arrays. ``QDepthwisePlan.sums`` says which.
 
 Channels-last (N, H, W, C), the layout ``compiler/channels_last.py`` gives a quantized
-CNN. Float32 sums over whole vectors of 8 channels in a 3x3 or 5x5 window (MobileNet's,
-EfficientNet's): per band of output rows on native threads, each input row the band reads
-staged once (minus the zero point, as float32, zero padded) into a ring of the window's
-reach, and each output row by ``lib/qdepthwise_ir``'s kernel, which holds a vector of
-channels' weights in registers while the row's pixels stream past (``kernel_rows``; 2-3x
-the loop below on a Zen 5 core). Otherwise per band of output rows, the rows the band
-reads staged into the band's own buffer (``BAND_BYTES``: it stays in L2), then per output
-pixel a vector over the channels: for 3x3 the nine taps in one expression (no
-accumulator traffic), the requantize in the same loop.
+CNN. Float32 sums over whole vectors of 8 channels in a 3x3, 5x5 or 7x7 window
+(MobileNet's, EfficientNet's, ConvNeXt's): per band of output rows on native threads,
+each input row the band reads staged once (minus the zero point, as float32, zero padded)
+into a ring of the window's reach, and each output row by ``lib/qdepthwise_ir``'s kernel,
+which holds a vector of channels' weights in registers while the row's pixels stream past
+(``kernel_rows``; 2-3x the loop below on a Zen 5 core). Otherwise per band of output rows,
+the rows the band reads staged into the band's own buffer (``BAND_BYTES``: it stays in
+L2), then per output pixel a vector over the channels: for 3x3 the nine taps in one
+expression (no accumulator traffic), the requantize in the same loop.
 NCHW: per plane, the padded plane, then tap by tap over it.
 
 ``plan_depthwise(...)`` makes the load-time part (None where numba is missing or the conv
@@ -47,6 +47,7 @@ __all__ = ["F32_EXACT", "QDepthwisePlan", "plan_depthwise"]
 numba: Any = None  # set by Jitted(parallel=True) before the loops below compile
 qdw_3x3: Any = None  # the row kernel's ExternalFunctions, set by _prepare_rows
 qdw_5x5: Any = None
+qdw_7x7: Any = None
 
 #: input shapes a plan keeps the per-shape part of its calls for (``ShapeMemo``)
 _CALLS_MAX = 64
@@ -372,32 +373,14 @@ def _qdepthwise_rows(x, zx, geo, w, bias, scale, params, y, band):  # pragma: no
             for i in range(kh):
                 addrs[i] = ring.ctypes.data + ((top + i * dh - first) % reach) * rowlen * 4
             dst = y[n, oh].ctypes.data
+            rows_at, w_at, b_at = addrs.ctypes.data, w.ctypes.data, bias.ctypes.data
+            s_at, p_at = scale.ctypes.data, params.ctypes.data
             if kh == 3:
-                qdw_3x3(
-                    addrs.ctypes.data,
-                    c_,
-                    dw * c_,
-                    sw * c_,
-                    w.ctypes.data,
-                    bias.ctypes.data,
-                    scale.ctypes.data,
-                    params.ctypes.data,
-                    dst,
-                    ow_,
-                )
+                qdw_3x3(rows_at, c_, dw * c_, sw * c_, w_at, b_at, s_at, p_at, dst, ow_)
+            elif kh == 5:
+                qdw_5x5(rows_at, c_, dw * c_, sw * c_, w_at, b_at, s_at, p_at, dst, ow_)
             else:
-                qdw_5x5(
-                    addrs.ctypes.data,
-                    c_,
-                    dw * c_,
-                    sw * c_,
-                    w.ctypes.data,
-                    bias.ctypes.data,
-                    scale.ctypes.data,
-                    params.ctypes.data,
-                    dst,
-                    ow_,
-                )
+                qdw_7x7(rows_at, c_, dw * c_, sw * c_, w_at, b_at, s_at, p_at, dst, ow_)
 
 
 def _warm_depthwise_for(last: bool) -> Any:
@@ -438,12 +421,13 @@ _QDEPTHWISE_LAST = Jitted(_qdepthwise_last, _warm_depthwise_for(True), helpers=(
 
 def _prepare_rows(module_globals: dict[str, Any]) -> bool:
     fns = {k: qdepthwise_ir.kernel(*k) for k in qdepthwise_ir.WINDOWS}
-    module_globals["qdw_3x3"], module_globals["qdw_5x5"] = fns[3, 3], fns[5, 5]
+    for (kh, kw), fn in fns.items():
+        module_globals[f"qdw_{kh}x{kw}"] = fn
     return None not in fns.values()
 
 
 def _warm_rows(fn: Any) -> None:
-    for k in (3, 5):
+    for k, _ in qdepthwise_ir.WINDOWS:
         geo = np.array([k, k, 1, 1, 1, 1, k // 2, k // 2, k // 2, k // 2], np.int64)
         w = np.ones((k, k, 8), np.float32)
         params = np.array([0.0, 255.0, 0.0], np.float32)
