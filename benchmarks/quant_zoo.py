@@ -241,6 +241,9 @@ def measure_case(row: Row, q: Any, f: Any, sess: Any, feeds: dict[str, Any],
     for run in runners.values():  # a new signature starts its compiles here
         run()
         run()
+    for m in (q, f):  # the feeds' signature compiled and the tier's choice made (the
+        if m is not None:  # native tier compiles a signature once hot, else mid-timing)
+            m.warmup([feeds])
     row.compiled &= q.wait_compiled(a.compile_timeout) and (
         f is None or f.wait_compiled(a.compile_timeout)
     )
@@ -401,7 +404,8 @@ def main() -> None:
         f"# Quantized zoo ({time.strftime('%Y-%m-%d')})", "",
         f"CPU: {host_isa()}. tfrt_py {getattr(tfrt_py, '__version__', '?')} (its default "
         f"threads); onnxruntime {ort.__version__}, intra_op_num_threads = os.cpu_count() = "
-        f"{threads}, spinning {'on' if a.ort_spinning else 'off'}. Runs: up to {a.rounds} "
+        f"{threads}, spinning {'on' if a.ort_spinning else 'off'}. Both tfrt_py models warmed "
+        f"on the feeds first (`Model.warmup`). Runs: up to {a.rounds} "
         f"rounds or {a.seconds:g} s per model and batch, each round tfrt_py int8, onnxruntime "
         f"int8, tfrt_py fp32 once (order rotating){' (--quick)' if a.quick else ''}; text "
         f"batches of {a.seq} tokens, the decoder one step over {a.past} past tokens. Match: "
