@@ -64,12 +64,14 @@ __all__ = [
     "TileShape",
     "available",
     "chosen",
+    "counted_loop",
     "host_paths",
     "kernel",
     "pack",
     "path",
     "state",
     "tile",
+    "wide_vectors",
 ]
 
 #: ``TFRT_PY_PACKED_GEMM=0``: no packed-weight products (the Linear kernel and the native
@@ -103,6 +105,42 @@ _TILES = {"avx512": P32, "avx2": P16, "neon": P16}
 PANEL_BLOCK_BYTES = 128 * 1024
 SYMBOL = "tfrt_py_sgemm_packed"
 _WIDE_ATTRS = '\nattributes #0 = { "min-legal-vector-width"="512" "prefer-vector-width"="512" }\n'
+
+
+def wide_vectors(text: str, symbols: list[str]) -> str:
+    """Module ``text`` with its functions ``symbols`` asking for 512-bit vectors: LLVM
+    splits vectors wider than a CPU's preferred width (256 bits on the AVX-512 Xeons)
+    unless the function asks for the wide registers."""
+    for sym in symbols:
+        head, rest = text.split(f'define i64 @"{sym}"(', 1)
+        args, body = rest.split(")", 1)
+        text = f'{head}define i64 @"{sym}"({args}) #0{body}'
+    return text + _WIDE_ATTRS
+
+
+def counted_loop(b: Any, start: Any, end: Any, step: Any, body: Any, *,
+                 whole: bool = True) -> None:  # fmt: skip
+    """``for i in range(start, end - step + 1, step): body(i)`` at IR builder ``b``, i64
+    indices (whole steps only); ``whole=False``: ``range(start, end, step)``. ``step`` an
+    int or an i64 IR value >= 1. The builder continues after the loop."""
+    import llvmlite.ir as ir
+
+    i64 = ir.IntType(64)
+    st = ir.Constant(i64, step) if isinstance(step, int) else step
+    pre = b.block
+    head, inner, after = (b.function.append_basic_block() for _ in range(3))
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(i64)
+    i.add_incoming(start, pre)
+    go = b.icmp_signed("<=", b.add(i, st), end) if whole else b.icmp_signed("<", i, end)
+    b.cbranch(go, inner, after)
+    b.position_at_end(inner)
+    body(i)
+    i.add_incoming(b.add(i, st), b.block)
+    b.branch(head)
+    b.position_at_end(after)
+
 
 _LOCK = threading.Lock()
 #: [(path, why, tile or None, numba ExternalFunction or None, engine or None)] once decided
@@ -236,33 +274,11 @@ class _PackedGemmIR:
         where the vectors are wider than 256 bits)."""
         self.b.ret(self.c(0))
         text = str(self.mod)
-        if self.vw * 32 > 256:
-            # LLVM splits vectors wider than a CPU's preferred width (256 bits on the
-            # AVX-512 Xeons) unless the function asks for the wide registers
-            head, rest = text.split(f'define i64 @"{self.symbol}"(', 1)
-            args, body = rest.split(")", 1)
-            text = f'{head}define i64 @"{self.symbol}"({args}) #0{body}' + _WIDE_ATTRS
-        return text
+        return wide_vectors(text, [self.symbol]) if self.vw * 32 > 256 else text
 
     def loop(self, start: Any, end: Any, step: Any, body: Any, *, whole: bool = True) -> None:
-        """``for i in range(start, end - step + 1, step): body(i)`` at the builder (whole
-        steps only); ``whole=False``: ``range(start, end, step)``. ``step`` an int or an IR
-        value >= 1."""
-        b = self.b
-        st = self.c(step) if isinstance(step, int) else step
-        pre = b.block
-        head, inner, after = (self.fn.append_basic_block() for _ in range(3))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(self.i64)
-        i.add_incoming(start, pre)
-        go = b.icmp_signed("<=", b.add(i, st), end) if whole else b.icmp_signed("<", i, end)
-        b.cbranch(go, inner, after)
-        b.position_at_end(inner)
-        body(i)
-        i.add_incoming(b.add(i, st), b.block)
-        b.branch(head)
-        b.position_at_end(after)
+        """``counted_loop`` at this builder."""
+        counted_loop(self.b, start, end, step, body, whole=whole)
 
     def tile(self, p: Any, m0: Any, rows: int, npan: int) -> None:
         """Rows m0..m0+rows of panels p..p+npan: a k loop over 2*rows*npan accumulators, two

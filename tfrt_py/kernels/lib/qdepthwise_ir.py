@@ -32,7 +32,7 @@ from typing import Any
 from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
-from .gemm_packed import _WIDE_ATTRS, ENV_ISA, ENV_PACKED_GEMM
+from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, counted_loop, wide_vectors
 
 __all__ = ["SYMBOL", "WINDOWS", "build", "describe", "host_forms", "kernel", "widths"]
 
@@ -94,13 +94,8 @@ class _RowIR:
         for kh, kw in WINDOWS:
             self.function(kh, kw)
         text = str(self.mod)
-        if max(self.lanes) * 32 > 256:  # the zmm registers (gemm_packed.finish says why)
-            for kh, kw in WINDOWS:
-                sym = SYMBOL.format(kh, kw)
-                head, rest = text.split(f'define i64 @"{sym}"(', 1)
-                args, body = rest.split(")", 1)
-                text = f'{head}define i64 @"{sym}"({args}) #0{body}'
-            text += _WIDE_ATTRS
+        if max(self.lanes) * 32 > 256:  # the zmm registers
+            text = wide_vectors(text, [SYMBOL.format(kh, kw) for kh, kw in WINDOWS])
         return text
 
     def function(self, kh: int, kw: int) -> None:
@@ -117,7 +112,8 @@ class _RowIR:
         c = fn.args[1]
         wide = self.lanes[0]
         full = self.b.mul(self.b.sdiv(c, self.c(wide)), self.c(wide))
-        self.loop(self.c(0), full, wide, lambda off: self.channels(off, wide))
+        counted_loop(self.b, self.c(0), full, wide, lambda off: self.channels(off, wide),
+                     whole=False)  # fmt: skip
         if len(self.lanes) > 1:  # the 8 channels left after the vectors of 16
             narrow = self.lanes[1]
             tail, after = fn.append_basic_block(), fn.append_basic_block()
@@ -127,23 +123,6 @@ class _RowIR:
             self.b.branch(after)
             self.b.position_at_end(after)
         self.b.ret(self.c(0))
-
-    def loop(self, start: Any, end: Any, step: int, body: Any) -> None:
-        """``for i in range(start, end, step): body(i)`` at the builder (``end - start`` a
-        multiple of ``step``)."""
-        b = self.b
-        pre = b.block
-        head, inner, after = (self.fn.append_basic_block() for _ in range(3))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(self.i64)
-        i.add_incoming(start, pre)
-        b.cbranch(b.icmp_signed("<", i, end), inner, after)
-        b.position_at_end(inner)
-        body(i)
-        i.add_incoming(b.add(i, self.c(step)), b.block)
-        b.branch(head)
-        b.position_at_end(after)
 
     def vec(self, base: Any, at: Any, n: int) -> Any:
         b = self.b
@@ -198,7 +177,7 @@ class _RowIR:
             dst = b.gep(out, [b.add(b.mul(ow, ch), off)])
             b.store(q, b.bitcast(dst, vb.as_pointer()), align=1)
 
-        self.loop(c(0), n_ow, 1, pixel)
+        counted_loop(b, c(0), n_ow, 1, pixel, whole=False)
 
 
 _LOCK = threading.Lock()

@@ -23,7 +23,7 @@ from typing import Any
 from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
-from .gemm_packed import _WIDE_ATTRS, ENV_ISA, ENV_PACKED_GEMM
+from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, counted_loop, wide_vectors
 
 __all__ = ["SYMBOL", "build", "describe", "host_has_vbmi", "kernel"]
 
@@ -62,36 +62,22 @@ def _text() -> str:
 
     t = [b.load(vec(table, c(64 * q)), align=1) for q in range(4)]
     full = b.mul(b.sdiv(n, c(64)), c(64))
-    pre = b.block
-    head, body, tail_head, tail, done = (fn.append_basic_block() for _ in range(5))
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(i64)
-    i.add_incoming(c(0), pre)
-    b.cbranch(b.icmp_signed("<", i, full), body, tail_head)
-    b.position_at_end(body)
-    codes = b.load(vec(x, i), align=1)
-    lo = b.call(perm, [t[0], codes, t[1]])
-    hi = b.call(perm, [t[2], codes, t[3]])
-    top = b.icmp_signed("<", codes, ir.Constant(v64, [0] * 64))
-    b.store(b.select(top, hi, lo), vec(y, i), align=1)
-    i.add_incoming(b.add(i, c(64)), body)
-    b.branch(head)
-    b.position_at_end(tail_head)  # the codes past the last whole vector, one by one
-    j = b.phi(i64)
-    j.add_incoming(full, head)
-    b.cbranch(b.icmp_signed("<", j, n), tail, done)
-    b.position_at_end(tail)
-    code = b.zext(b.load(b.gep(x, [j])), i64)
-    b.store(b.load(b.gep(table, [code])), b.gep(y, [j]))
-    j.add_incoming(b.add(j, c(1)), tail)
-    b.branch(tail_head)
-    b.position_at_end(done)
+
+    def vector(i: Any) -> None:  # 64 codes: each table half by its 7 low bits, the top bit picks
+        codes = b.load(vec(x, i), align=1)
+        lo = b.call(perm, [t[0], codes, t[1]])
+        hi = b.call(perm, [t[2], codes, t[3]])
+        top = b.icmp_signed("<", codes, ir.Constant(v64, [0] * 64))
+        b.store(b.select(top, hi, lo), vec(y, i), align=1)
+
+    def one(j: Any) -> None:  # the codes past the last whole vector, one by one
+        code = b.zext(b.load(b.gep(x, [j])), i64)
+        b.store(b.load(b.gep(table, [code])), b.gep(y, [j]))
+
+    counted_loop(b, c(0), full, 64, vector, whole=False)
+    counted_loop(b, full, n, 1, one, whole=False)
     b.ret(c(0))
-    text = str(mod)
-    head_, rest = text.split(f'define i64 @"{SYMBOL}"(', 1)
-    args, body_ = rest.split(")", 1)
-    return f'{head_}define i64 @"{SYMBOL}"({args}) #0{body_}' + _WIDE_ATTRS
+    return wide_vectors(str(mod), [SYMBOL])
 
 
 def build() -> Any:
