@@ -21,7 +21,8 @@ Recipes (``ZOO``):
 * ``llama-nbits4``: ``generate.py``'s Llama decoder (optimum's ``text-generation-with-past``
   export, 4 layers/256, 8 heads over 2 KV heads; ``benchmarks/models/decoders/llama``,
   built by ``dynamic_shapes.decoder_paths`` unless there) through ``MatMulNBitsQuantizer``
-  (4 bits, block 32, asymmetric): MatMulNBits.
+  (4 bits, block 32, asymmetric): MatMulNBits; ``llama-nbits4-acc4`` the same at
+  ``accuracy_level=4`` (A quantized to int8 per block: onnxruntime-genai's CPU default).
 
 Files: ``benchmarks/models/quant/<name>.<tag>.onnx`` (gitignored) and a sidecar ``.json``
 naming its fp32 source and its quantized ops, the tag the versions of torch, torchvision,
@@ -58,7 +59,7 @@ CALIBRATION_SAMPLES = 8
 class Spec:
     kind: str  # vision | text | decoder
     source: str  # vision_zoo name, transformer_zoo variant name, or decoder name
-    recipe: str  # qdq | qop | dynamic | nbits4
+    recipe: str  # qdq | qop | dynamic | nbits4 | nbits4-acc4
 
 
 ZOO: dict[str, Spec] = {
@@ -71,12 +72,14 @@ ZOO: dict[str, Spec] = {
     "bert-ort-dynamic": Spec("text", "bert-ort", "dynamic"),
     "distilbert-dynamic": Spec("text", "distilbert", "dynamic"),
     "llama-nbits4": Spec("decoder", "llama", "nbits4"),
+    "llama-nbits4-acc4": Spec("decoder", "llama", "nbits4-acc4"),
 }
 RECIPES = {
     "qdq": "quantize_static QDQ per-channel U8/S8",
     "qop": "quantize_static QOperator per-channel U8/S8",
     "dynamic": "quantize_dynamic S8 weights",
     "nbits4": "MatMulNBits 4-bit block 32 asym",
+    "nbits4-acc4": "MatMulNBits 4-bit block 32 asym, accuracy_level 4",
 }
 
 
@@ -175,12 +178,13 @@ def _dynamic(src: str, dst: str) -> None:
         quantize_dynamic(src, dst, weight_type=QuantType.QInt8, extra_options=extra)
 
 
-def _nbits(src: str, dst: str) -> None:
+def _nbits(src: str, dst: str, accuracy_level: int | None) -> None:
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     with quiet():
-        q = MatMulNBitsQuantizer(onnx.load(src), bits=4, block_size=32, is_symmetric=False)
+        q = MatMulNBitsQuantizer(onnx.load(src), bits=4, block_size=32, is_symmetric=False,
+                                 accuracy_level=accuracy_level)  # fmt: skip
         q.process()
         q.model.save_model_to_file(dst, use_external_data_format=False)
 
@@ -230,7 +234,7 @@ def build_one(name: str) -> None:
         elif spec.recipe == "dynamic":
             _dynamic(src, tmp)
         else:
-            _nbits(src, tmp)
+            _nbits(src, tmp, 4 if spec.recipe == "nbits4-acc4" else None)
         os.replace(tmp, path)
     finally:
         for p in (tmp, tmp + ".data"):

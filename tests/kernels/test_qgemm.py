@@ -127,13 +127,13 @@ def test_the_path_is_chosen_from_the_environment(monkeypatch: pytest.MonkeyPatch
     have = _host_paths()
     for asked in have:
         monkeypatch.setenv(qgemm_packed.ENV_QGEMM, asked)
-        assert qgemm_packed._choose() == (asked, f"${qgemm_packed.ENV_QGEMM}={asked}")
+        assert qgemm_packed.choose_path() == (asked, f"${qgemm_packed.ENV_QGEMM}={asked}")
     monkeypatch.setenv(qgemm_packed.ENV_QGEMM, "sse9")
-    path, why = qgemm_packed._choose()
+    path, why = qgemm_packed.choose_path()
     assert path == have[0] and "not a path of this host" in why
     monkeypatch.delenv(qgemm_packed.ENV_QGEMM)
     monkeypatch.setenv("TFRT_PY_ISA", "portable")
-    assert qgemm_packed._choose()[0] == "portable"
+    assert qgemm_packed.choose_path()[0] == "portable"
 
 
 @pytest.mark.parametrize("a_dt", [np.uint8, np.int8])

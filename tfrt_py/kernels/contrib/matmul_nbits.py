@@ -38,9 +38,10 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..base import ComputeFn, KernelContext
-from ..lib import gemm_packed
+from ..lib import gemm_packed, qnbits_ir
 from ..lib.jit import CONTRACT, Jitted
 from ..registry import KernelRegistry
+from . import matmul_nbits_int8
 from .activation import MS_DOMAIN
 
 __all__ = ["CHUNK_FLOATS", "GEMV_ROWS", "NBitsWeight", "register_kernels"]
@@ -88,10 +89,12 @@ class NBitsWeight:
     nibble) and ``+ 1`` (high); else (panels, k_blocks * block, 64) uint8 codes.
     ``scale`` and ``scale_zp``: (panels, k_blocks, 64) float32."""
 
-    __slots__ = ("block", "codes", "k", "k_blocks", "n", "nibbles", "scale", "scale_zp")
+    __slots__ = ("block", "codes", "icodes", "k", "k_blocks", "n", "nibbles", "panels",
+                 "quantize_a", "scale", "scale_zp", "zp8")  # fmt: skip
 
     def __init__(self, ctx: KernelContext, b: np.ndarray, scales: np.ndarray,
-                 zp: np.ndarray | None, k: int, n: int, bits: int, block: int) -> None:  # fmt: skip
+                 zp: np.ndarray | None, k: int, n: int, bits: int, block: int,
+                 int8_a: bool = False) -> None:  # fmt: skip
         k_blocks = -(-k // block)
         blob = block * bits // 8
         if b.dtype != np.uint8 or b.size != n * k_blocks * blob:
@@ -120,14 +123,25 @@ class NBitsWeight:
             z = zp.astype(_F32).reshape(n, k_blocks)
         self.k, self.n, self.block, self.k_blocks = k, n, block, k_blocks
         self.nibbles = bits == 4
-        codes = (
-            b.reshape(n, k_blocks * blob)
-            if self.nibbles
-            else _unpack_codes(b, bits, n, k_blocks, block)
-        )
-        self.codes = _panels(codes)
+        self.panels = -(-n // _NC)
+        integral = zp is None or zp.dtype == np.uint8  # float zero points: level 0's product
+        self.quantize_a = int8_a and integral
+        self.codes: np.ndarray | None = None
+        self.icodes: np.ndarray | None = None
+        self.zp8: np.ndarray | None = None
         self.scale = _panels(s)
-        self.scale_zp = _panels(s * z)
+        self.scale_zp: np.ndarray | None = None
+        if self.quantize_a and self.nibbles and matmul_nbits_int8.kernel_ready():
+            self.icodes = qnbits_ir.pack(_unpack_codes(b, bits, n, k_blocks, block))
+            self.zp8 = _panels(z.astype(np.uint8))
+        else:
+            codes = (
+                b.reshape(n, k_blocks * blob)
+                if self.nibbles
+                else _unpack_codes(b, bits, n, k_blocks, block)
+            )
+            self.codes = _panels(codes)
+            self.scale_zp = _panels(s * z)
 
     def padded(self, a: np.ndarray) -> np.ndarray:
         """A's rows (M, K) as float32 (M, k_blocks * block), zeros past K."""
@@ -138,43 +152,62 @@ class NBitsWeight:
         out[:, : self.k] = a
         return out
 
+    def _kmajor(self, p0: int, p1: int) -> np.ndarray:
+        """Panels p0..p1's codes as (panels, k_blocks * block, 64) uint8, k-major."""
+        if self.icodes is not None:  # (panels, groups, 64, 4): k = 8g + j (low), + 4 (high)
+            x = self.icodes[p0:p1]
+            both = np.stack([x & np.uint8(15), x >> np.uint8(4)], axis=2)
+            return both.transpose(0, 1, 2, 4, 3).reshape(p1 - p0, -1, _NC)
+        codes = self.codes[p0:p1]  # type: ignore[index]
+        if self.nibbles:
+            lo, hi = codes & np.uint8(15), codes >> np.uint8(4)
+            return np.stack([lo, hi], axis=2).reshape(p1 - p0, -1, _NC)
+        return codes
+
     def dequantized(self, c0: int, c1: int) -> np.ndarray:
         """Columns c0..c1 (whole panels) of the float32 weight (K, c1 - c0), in NumPy."""
         p0, p1 = c0 // _NC, c1 // _NC
-        codes = self.codes[p0:p1]  # (panels, rows, 64)
-        if self.nibbles:
-            lo, hi = codes & np.uint8(15), codes >> np.uint8(4)
-            codes = np.stack([lo, hi], axis=2).reshape(p1 - p0, -1, _NC)
-        w = codes.reshape(p1 - p0, self.k_blocks, self.block, _NC).astype(_F32)
+        w = self._kmajor(p0, p1).reshape(p1 - p0, self.k_blocks, self.block, _NC).astype(_F32)
         w *= self.scale[p0:p1, :, None]
-        w -= self.scale_zp[p0:p1, :, None]
+        if self.scale_zp is not None:
+            w -= self.scale_zp[p0:p1, :, None]
+        else:  # the int8 kernel's bytes
+            w -= (self.scale[p0:p1] * self.zp8[p0:p1])[:, :, None]  # type: ignore[index]
         return w.transpose(1, 2, 0, 3).reshape(-1, c1 - c0)[: self.k]
 
     def product(self, a: np.ndarray) -> np.ndarray:
-        """float32 (M, N) ``A @ W`` for A (M, K)."""
+        """float32 (M, N) ``A @ W`` for A (M, K); at ``accuracy_level=4`` (``quantize_a``)
+        of A's int8 blocks (``matmul_nbits_int8``)."""
         m = a.shape[0]
-        n_pad = self.codes.shape[0] * _NC
-        y = np.empty((m, n_pad), _F32)
+        n_pad = self.panels * _NC
         if m == 0:
-            return y[:, : self.n]
-        ap = self.padded(a)
-        gemv = _GEMV.get() if m <= GEMV_ROWS else None
+            return np.empty((0, self.n), _F32)
+        if self.icodes is not None:
+            got = matmul_nbits_int8.product(self, a)
+            if got is not None:
+                return got[:, : self.n] if n_pad != self.n else got
+        if self.quantize_a:
+            ap = matmul_nbits_int8.fake_quantized(a, self.block, self.k_blocks)
+        else:
+            ap = self.padded(a)
+        y = np.empty((m, n_pad), _F32)
+        gemv = _GEMV.get() if m <= GEMV_ROWS and self.codes is not None else None
         if gemv is not None:
             many = m * self.k * n_pad >= _GEMV_SPLIT
-            parts = min(native_threads.enter(intra_pool().threads if many else 1), n_pad // _NC)
+            parts = min(native_threads.enter(intra_pool().threads if many else 1), self.panels)
             gemv(ap, self.codes, self.scale, self.scale_zp, y, parts, self.nibbles)
             return y[:, : self.n] if n_pad != self.n else y
-        gemm = _GEMM.get()
+        gemm = _GEMM.get() if self.codes is not None else None
         if gemm is not None and gemm_packed.available():
             nr = gemm_packed.tile().nr  # type: ignore[union-attr]
             parts = min(native_threads.enter_for(m * self.k * n_pad, intra_pool().threads),
-                        n_pad // _NC)  # fmt: skip
+                        self.panels)  # fmt: skip
             gemm(ap, self.codes, self.scale, self.scale_zp, y, parts, nr, self.nibbles)
             return y[:, : self.n] if n_pad != self.n else y
         step = max(_NC, CHUNK_FLOATS // max(self.k_blocks * self.block, 1) // _NC * _NC)
         for c0 in range(0, n_pad, step):
             c1 = min(n_pad, c0 + step)
-            y[:, c0:c1] = a @ self.dequantized(c0, c1)
+            y[:, c0:c1] = ap[:, : self.k] @ self.dequantized(c0, c1)
         return y[:, : self.n] if n_pad != self.n else y
 
 
@@ -293,6 +326,7 @@ def _matmul_nbits(ctx: KernelContext) -> ComputeFn:
     n = int(ctx.attr("N"))
     bits = int(ctx.attr("bits", 4))
     block = int(ctx.attr("block_size"))
+    int8_a = ctx.attr("accuracy_level", 0) == 4
     if bits not in _NBITS:
         raise ctx.unsupported(f"bits={bits}: only 2, 4 and 8 are supported")
     if block < 16 or block & (block - 1):
@@ -309,7 +343,7 @@ def _matmul_nbits(ctx: KernelContext) -> ComputeFn:
     if all(c is not None for c in consts) and (not ctx.has_input(3) or zp_const is not None):
         fixed = NBitsWeight(ctx, np.asarray(consts[0]), np.asarray(consts[1]),
                             None if zp_const is None else np.asarray(zp_const),
-                            k, n, bits, block)  # fmt: skip
+                            k, n, bits, block, int8_a)  # fmt: skip
         for loops in (_GEMV, _GEMM):
             loops.get()  # compiled (or read from numba's cache) at load, not on a call
 
@@ -321,7 +355,7 @@ def _matmul_nbits(ctx: KernelContext) -> ComputeFn:
         if w is None:
             w = NBitsWeight(ctx, np.asarray(b), np.asarray(scales),
                             None if zero_points is None else np.asarray(zero_points),
-                            k, n, bits, block)  # fmt: skip
+                            k, n, bits, block, int8_a)  # fmt: skip
         y = w.product(a.reshape(-1, k)).reshape((*a.shape[:-1], n))
         if bias is not None:
             y += np.asarray(bias, _F32).reshape(n)

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from ...concurrency import native_pool, native_threads, numba_target
 from ...concurrency.env_switch import switched_off
-from . import gemm_packed, qdepthwise_ir, qgemm_packed
+from . import gemm_packed, qdepthwise_ir, qgemm_packed, qnbits_ir
 from .jit import why_off
 
 __all__ = ["Feature", "cpu_flags", "features", "format_features"]
@@ -103,16 +103,18 @@ def _packed() -> Feature:
 def _integer() -> Feature:
     if switched_off(gemm_packed.ENV_PACKED_GEMM):
         return Feature("integer gemm", False, f"${gemm_packed.ENV_PACKED_GEMM}=0")
+    nb = qnbits_ir.describe()
+    nb = f"; 4-bit x int8 blocks (MatMulNBits accuracy_level=4): {nb}" if nb else ""
     got = qgemm_packed.chosen()
     if got is None:
-        return Feature("integer gemm", None, "built on the first 8-bit product that uses it")
+        return Feature("integer gemm", None, f"built on the first 8-bit product that uses it{nb}")
     path, why = got
     if path == "portable":
-        return Feature("integer gemm", False, f"{why}: exact 8-bit products on float BLAS")
+        return Feature("integer gemm", False, f"{why}: exact 8-bit products on float BLAS{nb}")
     dw = qdepthwise_ir.describe()
     dw = f"; depthwise rows: {dw}" if dw else ""
     return Feature("integer gemm", True, f"path {path} ({why}); u8 x s8 products on weights "
-                   f"packed at load{dw}")  # fmt: skip
+                   f"packed at load{dw}{nb}")  # fmt: skip
 
 
 def _cpu() -> Feature:

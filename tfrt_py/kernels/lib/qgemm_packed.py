@@ -58,6 +58,7 @@ __all__ = [
     "a_dtype",
     "available",
     "build",
+    "choose_path",
     "chosen",
     "host_paths",
     "kernel",
@@ -161,7 +162,10 @@ def host_paths() -> list[str]:
     return [*out, "portable"]
 
 
-def _choose() -> tuple[str, str]:
+def choose_path() -> tuple[str, str]:
+    """(path, why) as this process picks it (``$TFRT_PY_QGEMM``, else ``$TFRT_PY_ISA``'s
+    family, else the host's widest): the integer kernels that follow it (``qnbits_ir``) read
+    the same choice. Builds nothing."""
     have = host_paths()
     asked = os.environ.get(ENV_QGEMM, "").strip().lower()
     if asked:
@@ -423,7 +427,7 @@ def _register() -> tuple[str, str, Built | None, Any, Any, Any]:
     try:
         from numba import types
 
-        path_, why = _choose()
+        path_, why = choose_path()
         if path_ == "portable":
             return path_, why, None, None, None, None
         built = build(path_, SYMBOL)

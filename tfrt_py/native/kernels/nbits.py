@@ -3,7 +3,8 @@ decode step's few rows, ``lower/ops_nbits.py``): the interpreter's GEMV loop
 (``kernels/contrib/matmul_nbits._gemv``) over the same panels, on one thread, reading and
 writing flat float32 buffers at element offsets.
 
-``nbits_rows_f4(x, xo, m, k, codes, scale, scale_zp, y, yo, n, nibbles, block)``: for each
+``nbits_rows_f4(x, xo, m, k, codes, scale, scale_zp, y, yo, n, nibbles, block, int8_a)``:
+for each
 of ``m`` rows of ``x`` (``k`` floats from ``xo + r * k``), ``y[yo + r * n + c] = sum_k
 x[k] * w[k, c]`` with ``w`` the dequantized weight held as ``NBitsWeight`` lays it out
 (``words``: the bytes of ``codes`` (panels, rows, 64) uint8 as int32 words, 4-bit codes two
@@ -11,7 +12,9 @@ to a byte when ``nibbles``;
 ``scale`` and ``scale_zp`` (panels, k_blocks, 64) float32), flat; the codes past ``k`` in
 the last block meet zeros. Per panel of 64 columns and block, ``d[c] = sum code * x``
 unpacked in registers, then ``acc += scale * d - scale_zp * sum x``: the interpreter's sums
-in its order. Stateless; any thread; the caller checks the bounds.
+in its order. With ``int8_a`` (``accuracy_level=4``) each row is first replaced by what its
+int8 blocks dequantize to (onnxruntime's level-4 values; the interpreter's int8 kernel
+multiplies the same integers). Stateless; any thread; the caller checks the bounds.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ __all__ = ["nbits_rows_f4"]
 
 @njit(nogil=True, cache=True, fastmath={"contract"})
 def nbits_rows_f4(
-    x, xo, m, k, words, scale, scale_zp, y, yo, n, nibbles, block
+    x, xo, m, k, words, scale, scale_zp, y, yo, n, nibbles, block, int8_a
 ):  # pragma: no cover - compiled
     codes = words.view(np.uint8)
     panels = (n + 63) // 64
@@ -35,9 +38,15 @@ def nbits_rows_f4(
     sixteen = np.float32(16.0)
     d = np.empty(64, np.float32)
     acc = np.empty(64, np.float32)
+    xs = np.zeros((m, k_blocks * block), np.float32)  # the rows, zeros past k
+    for r in range(m):
+        for i in range(k):
+            xs[r, i] = x[xo + r * k + i]
+        if int8_a:
+            _int8_blocks(xs[r], block)
     for chunk in range(panels):
         for r in range(m):
-            xr = xo + r * k
+            xr = xs[r]
             acc[:] = 0.0
             for blk in range(k_blocks):
                 d[:] = 0.0
@@ -45,15 +54,15 @@ def nbits_rows_f4(
                 for j in range(blk * per_blk, (blk + 1) * per_blk):
                     c0 = np.uint64((chunk * rows + j) * 64)
                     if nibbles:
-                        xe = x[xr + 2 * j] if 2 * j < k else np.float32(0.0)
-                        xd = x[xr + 2 * j + 1] if 2 * j + 1 < k else np.float32(0.0)
+                        xe = xr[2 * j]
+                        xd = xr[2 * j + 1]
                         s += xe + xd
                         for i in range(64):
                             f = np.float32(codes[c0 + np.uint64(i)])
                             hi = np.floor(f * sixteenth)
                             d[i] += (f - hi * sixteen) * xe + hi * xd
                     else:
-                        xv = x[xr + j] if j < k else np.float32(0.0)
+                        xv = xr[j]
                         s += xv
                         for i in range(64):
                             d[i] += np.float32(codes[c0 + np.uint64(i)]) * xv
@@ -64,3 +73,23 @@ def nbits_rows_f4(
             out = yo + r * n + chunk * 64
             for i in range(min(64, n - chunk * 64)):
                 y[out + i] = acc[i]
+
+
+@njit(nogil=True, cache=True)
+def _int8_blocks(row, block):  # pragma: no cover - compiled
+    # the row as its int8 blocks dequantize (``accuracy_level=4``, as
+    # kernels/contrib/matmul_nbits_int8 quantizes): per block amax / 127 * rint(a * 127 /
+    # amax); a non-finite block becomes NaN
+    for k0 in range(0, row.size, block):
+        amax = np.float32(0.0)
+        for i in range(k0, k0 + block):
+            v = abs(row[i])
+            if not v <= amax:
+                amax = v
+        if not amax < np.float32(np.inf):
+            row[k0 : k0 + block] = np.float32(np.nan)
+            continue
+        inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+        sc = amax / np.float32(127.0)
+        for i in range(k0, k0 + block):
+            row[i] = np.rint(row[i] * inv) * sc

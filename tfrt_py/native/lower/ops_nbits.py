@@ -5,7 +5,9 @@ decoder's whole decode step lowers, as its float32 source does.
 The constant weight is laid out at lowering as the interpreter lays it out
 (``kernels/contrib/matmul_nbits.NBitsWeight``: panels of 64 columns, 4-bit codes two to a
 byte) and stays quantized among the constants (the bytes as int32 words); the code is one
-``nbits_rows_f4`` call (``native/kernels/nbits.py``), the interpreter's GEMV loop.
+``nbits_rows_f4`` call (``native/kernels/nbits.py``), the interpreter's GEMV loop; at
+``accuracy_level=4`` over A's rows as their int8 blocks dequantize (level 4's values, the
+float loop's speed: the interpreter's int8 kernel is not called from native code).
 Declined: a weight, scales or zero points given at run time, ``g_idx``, a bias, more
 than ``GEMV_ROWS`` rows (a prompt: the interpreter's dequantize-and-gemm serves it),
 another dtype than float32. Same contract as ``ops.py``: ``fn(cx, node) -> lines``; pure;
@@ -58,6 +60,7 @@ def _matmul_nbits(cx: Any, node: Node) -> list[str]:
                         zp, k, n, bits, block)  # fmt: skip
     except ValueError as e:
         cx.decline(f"MatMulNBits constants: {e}")
+    assert w.codes is not None and w.scale_zp is not None  # the float layout (no int8_a)
     x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
     if str(x.dtype) != "float32" or str(y.dtype) != "float32" or x.shape[-1:] != (k,):
         cx.decline("MatMulNBits of another dtype or shape")
@@ -81,6 +84,7 @@ def _matmul_nbits(cx: Any, node: Node) -> list[str]:
         literal(n),
         str(w.nibbles),
         literal(block),
+        str(at.get("accuracy_level") == 4 and (zp is None or zp.dtype == np.uint8)),
     ]
     return [f"nbits_rows_f4({', '.join(args)})"]
 

@@ -58,6 +58,7 @@ from .entry import (
     direct_entry,
     fast_entry,
     native_entry,
+    rounding_tolerance,
     split_threads,
     threads_entry,
 )
@@ -200,6 +201,8 @@ class NativeTier(Executor):
         self.measure = measure
         self.graph = graph if graph is not None else program.graph
         self._prefixes = concat_prefixes(self.graph)  # outputs whose buffer may hold a feed
+        #: how far the trial lets the tiers' outputs differ (``entry.rounding_tolerance``)
+        self.rounding_tol = rounding_tolerance(self.graph)
         #: generation may keep the cache in buffers written in place (``lower/cache.py``):
         #: signature mode with cache pairs, until a function lowers without them
         pairs = cache_pairs(self.graph) if lowered is None else ()
@@ -490,7 +493,7 @@ class NativeTier(Executor):
         if low.mode == "rows":
             k = list(low.batched).index(True)
             size = lambda xs: int(xs[k].shape[0])  # noqa: E731 - the rows of a call
-        trial = Trial(cands, self._interp_entry, decide, disagree, size)
+        trial = Trial(cands, self._interp_entry, decide, disagree, size, self.rounding_tol)
         return trial
 
     def _native(self, low: Lowered, comp: Compiled, n_in: int) -> Any:
