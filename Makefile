@@ -106,11 +106,14 @@ bench-kernels: $(STAMP)
 	$(ZOO_RUN) benchmarks/kernels.py --json $(ZOO_OUT)/kernels.json
 
 # onnxruntime.quantization's models (QDQ / QOperator static int8 CNNs, dynamic int8 BERTs,
-# a 4-bit MatMulNBits Llama decoder step), tfrt_py int8 against onnxruntime int8 and
-# tfrt_py fp32, interleaved, batch 1 and 8 (benchmarks/quant_zoo.py --help).
+# a 4-bit MatMulNBits Llama decoder step at accuracy_level 0 and 4), tfrt_py int8 against
+# onnxruntime int8 and tfrt_py fp32, interleaved, batch 1 and 8 (benchmarks/quant_zoo.py
+# --help); then single MatMulNBits nodes up to 2048 x 8192 at both levels
+# (benchmarks/nbits_nodes.py --help).
 bench-zoo-quant: $(ZOO_STAMP)
 	mkdir -p $(ZOO_OUT)
 	$(ZOO_RUN) benchmarks/quant_zoo.py --batches 1,8 --json $(ZOO_OUT)/quant_zoo.json
+	$(ZOO_RUN) benchmarks/nbits_nodes.py
 
 # Shapes that change on every call (issue 32): variable-length text on the transformer zoo,
 # random batches on the vision zoo, greedy generation on optimum's GPT-2 and Llama exports,

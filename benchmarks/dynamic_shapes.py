@@ -383,6 +383,11 @@ elif arch == "gpt2-100m":  # GPT-2 small's shape (12 layers, 768 wide), a 32k vo
     cfg = tr.GPT2Config(vocab_size=32000, n_embd=768, n_layer=12, n_head=12, n_positions=1024,
                         bos_token_id=0, eos_token_id=0)
     m = tr.GPT2LMHeadModel(cfg)
+elif arch == "llama-1k":  # a small LM's width (1024, MLP 4096), 4 layers, 8k vocabulary
+    cfg = tr.LlamaConfig(vocab_size=8000, hidden_size=1024, intermediate_size=4096,
+                         num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,
+                         max_position_embeddings=1024)
+    m = tr.LlamaForCausalLM(cfg)
 else:  # llama, and llama-genai: the same model through onnxruntime-genai's model builder
     cfg = tr.LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=688,
                          num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,

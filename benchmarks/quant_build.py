@@ -22,7 +22,9 @@ Recipes (``ZOO``):
   export, 4 layers/256, 8 heads over 2 KV heads; ``benchmarks/models/decoders/llama``,
   built by ``dynamic_shapes.decoder_paths`` unless there) through ``MatMulNBitsQuantizer``
   (4 bits, block 32, asymmetric): MatMulNBits; ``llama-nbits4-acc4`` the same at
-  ``accuracy_level=4`` (A quantized to int8 per block: onnxruntime-genai's CPU default).
+  ``accuracy_level=4`` (A quantized to int8 per block: onnxruntime-genai's CPU default);
+  ``llama1k-nbits4-acc4`` a wider Llama (``llama-1k``: 1024 wide, MLP 4096, 4 layers, 16
+  heads over 4 KV heads, an 8k vocabulary) the same way, where the products dominate a step.
 
 Files: ``benchmarks/models/quant/<name>.<tag>.onnx`` (gitignored) and a sidecar ``.json``
 naming its fp32 source and its quantized ops, the tag the versions of torch, torchvision,
@@ -73,6 +75,7 @@ ZOO: dict[str, Spec] = {
     "distilbert-dynamic": Spec("text", "distilbert", "dynamic"),
     "llama-nbits4": Spec("decoder", "llama", "nbits4"),
     "llama-nbits4-acc4": Spec("decoder", "llama", "nbits4-acc4"),
+    "llama1k-nbits4-acc4": Spec("decoder", "llama-1k", "nbits4-acc4"),
 }
 RECIPES = {
     "qdq": "quantize_static QDQ per-channel U8/S8",

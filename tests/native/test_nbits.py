@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tests.support.contrib import nbits_inputs, node_model, ort_outputs, runtime_feeds
+from tfrt_py.kernels.lib import qnbits_ir
 from tfrt_py.native.lower.source import Declined
 
 RNG = np.random.default_rng(41)
@@ -45,7 +46,8 @@ def test_decode_rows_on_the_native_tier_match_onnxruntime(bits: int, k: int, blo
                                                           zp: str, rows: int,
                                                           level: int) -> None:  # fmt: skip
     """At ``accuracy_level=4`` A's int8 blocks (onnxruntime's values there, ~0.5% of the
-    scale from level 0's) are what the compiled function multiplies."""
+    scale from level 0's) are what the compiled function multiplies: with 4-bit codes and
+    integer zero points on the integer kernels (``nbits_rows_i4``) where they are on."""
     n = 70  # one whole panel of 64 columns and a part of one
     inputs = nbits_inputs(RNG, (1, rows), k, n, bits, block, zp, False)
     attrs = {"K": k, "N": n, "bits": bits, "block_size": block, "accuracy_level": level}
@@ -54,6 +56,8 @@ def test_decode_rows_on_the_native_tier_match_onnxruntime(bits: int, k: int, blo
     want = ort_outputs(model, feeds)[0]
     m = tfrt_py.load(model, executor="native", native="eager")
     m.warmup([feeds])
+    on_integers = level == 4 and bits == 4 and zp != "float" and qnbits_ir.kernel() is not None
+    assert ("nbits_rows_i4(" in m.native.lowered.source) == on_integers
     tol = 1e-4 * float(np.abs(want).max())
     np.testing.assert_allclose(_compiled_output(m, feeds), want, rtol=1e-4, atol=tol)
     np.testing.assert_allclose(m.run(feeds)["y0"], want, rtol=1e-4, atol=tol)

@@ -2,7 +2,9 @@
 
 ``trees`` (forests as data), ``svm`` (support vectors and linear models), ``post`` (the
 classic-ML post transforms, argmax, normalization), ``blas`` (NumPy's gemm for tile and
-signature bodies), ``fastmath`` (a vectorizable float32 ``expf``). Their source is hashed
+signature bodies), ``fastmath`` (a vectorizable float32 ``expf``), ``rowdot`` (decode
+scores), ``nbits`` and ``nbits_int8`` (MatMulNBits at a decode step's rows; the latter on
+``kernels/lib/qnbits_ir``'s integer kernels). Their source is hashed
 into every generated module (``lower.ops_ml.kernel_version``), so numba's cache of a
 module is not reused after a kernel changes.
 """

@@ -64,10 +64,11 @@ def _no(cx: Any, reason: str) -> NoReturn:
 KERNEL_SOURCES = (
     *(
         f"native/kernels/{name}.py"
-        for name in ("post", "svm", "trees", "blas", "fastmath", "rowdot")
+        for name in ("post", "svm", "trees", "blas", "fastmath", "rowdot", "nbits", "nbits_int8")
     ),
     "kernels/lib/blas.py",
     "kernels/lib/gemm_packed.py",
+    "kernels/lib/qnbits_ir.py",
     "kernels/ml/tree_ops.py",
 )
 

@@ -5,9 +5,12 @@ decoder's whole decode step lowers, as its float32 source does.
 The constant weight is laid out at lowering as the interpreter lays it out
 (``kernels/contrib/matmul_nbits.NBitsWeight``: panels of 64 columns, 4-bit codes two to a
 byte) and stays quantized among the constants (the bytes as int32 words); the code is one
-``nbits_rows_f4`` call (``native/kernels/nbits.py``), the interpreter's GEMV loop; at
-``accuracy_level=4`` over A's rows as their int8 blocks dequantize (level 4's values, the
-float loop's speed: the interpreter's int8 kernel is not called from native code).
+``nbits_rows_f4`` call (``native/kernels/nbits.py``), the interpreter's GEMV loop. At
+``accuracy_level=4`` (4-bit codes, zero points absent or packed) the weight is laid out for
+the integer kernels instead and the code is one ``nbits_rows_i4`` call
+(``native/kernels/nbits_int8.py``: A's int8 blocks times the codes, the interpreter's
+LLVM IR kernels); where those are off, and for 8-bit codes, ``nbits_rows_f4`` multiplies
+the rows as their int8 blocks dequantize (level 4's values, the float loop's speed).
 Declined: a weight, scales or zero points given at run time, ``g_idx``, a bias, more
 than ``GEMV_ROWS`` rows (a prompt: the interpreter's dequantize-and-gemm serves it),
 another dtype than float32. Same contract as ``ops.py``: ``fn(cx, node) -> lines``; pure;
@@ -22,14 +25,16 @@ import numpy as np
 
 from ...ir import Node
 from ...kernels.contrib.matmul_nbits import GEMV_ROWS, NBitsWeight
+from ...kernels.lib import qnbits_ir
 from .records import Registry
 from .source import literal
 
-__all__ = ["NBITS_IMPORT", "register_lowerings"]
+__all__ = ["NBITS_IMPORT", "NBITS_INT8_IMPORT", "register_lowerings"]
 
 _MS = "com.microsoft"
 #: The import line of a module whose code calls ``nbits_rows_f4``.
 NBITS_IMPORT = "from tfrt_py.native.kernels.nbits import nbits_rows_f4"
+NBITS_INT8_IMPORT = "from tfrt_py.native.kernels.nbits_int8 import nbits_rows_i4"
 
 
 class _Refusal:
@@ -54,38 +59,34 @@ def _matmul_nbits(cx: Any, node: Node) -> list[str]:
         cx.decline("MatMulNBits with a weight given at run time")
     if block <= 0 or k <= 0 or n <= 0:
         cx.decline("MatMulNBits attributes")
-    try:
-        zp = None if consts[2] is None else np.asarray(consts[2])
-        w = NBitsWeight(_Refusal(), np.asarray(consts[0]), np.asarray(consts[1]),  # type: ignore[arg-type]
-                        zp, k, n, bits, block)  # fmt: skip
-    except ValueError as e:
-        cx.decline(f"MatMulNBits constants: {e}")
-    assert w.codes is not None and w.scale_zp is not None  # the float layout (no int8_a)
+    zp = None if consts[2] is None else np.asarray(consts[2])
+    int8_a = at.get("accuracy_level") == 4 and (zp is None or zp.dtype == np.uint8)
+    on_integers = int8_a and qnbits_ir.kernel() is not None  # nbits_int8 imports then
     x, y = cx.ref(node.inputs[0]), cx.out(node.outputs[0])
     if str(x.dtype) != "float32" or str(y.dtype) != "float32" or x.shape[-1:] != (k,):
         cx.decline("MatMulNBits of another dtype or shape")
     m = x.size // k
     if m > GEMV_ROWS:
         cx.decline(f"MatMulNBits over {m} rows (a prompt: the interpreter's gemm)")
+    try:
+        w = NBitsWeight(_Refusal(), np.asarray(consts[0]), np.asarray(consts[1]),  # type: ignore[arg-type]
+                        zp, k, n, bits, block, on_integers)  # fmt: skip
+    except ValueError as e:
+        cx.decline(f"MatMulNBits constants: {e}")
+    head = [x.buf, x.off, literal(m), literal(k)]
+    tail = [y.buf, y.off, literal(n)]
+    if w.icodes is not None:  # level 4 on the integer kernels; bytes as int32 words
+        assert w.zp8 is not None
+        as_words = (w.icodes.reshape(-1).view(np.int32), w.scale, w.zp8.reshape(-1).view(np.int32))
+        words, scale, zps = (cx.const_slice(a) for a in as_words)
+        cx.imports.add(NBITS_INT8_IMPORT)
+        return [f"nbits_rows_i4({', '.join([*head, words, scale, zps, *tail, literal(block)])})"]
+    assert w.codes is not None and w.scale_zp is not None  # the float layout
     # the codes as int32 words (the constants' types have no bytes): the kernel views them
     codes, scale, scale_zp = (cx.const_slice(a) for a in (w.codes.reshape(-1).view(np.int32),
                                                           w.scale, w.scale_zp))  # fmt: skip
     cx.imports.add(NBITS_IMPORT)
-    args = [
-        x.buf,
-        x.off,
-        literal(m),
-        literal(k),
-        codes,
-        scale,
-        scale_zp,
-        y.buf,
-        y.off,
-        literal(n),
-        str(w.nibbles),
-        literal(block),
-        str(at.get("accuracy_level") == 4 and (zp is None or zp.dtype == np.uint8)),
-    ]
+    args = [*head, codes, scale, scale_zp, *tail, str(w.nibbles), literal(block), str(int8_a)]
     return [f"nbits_rows_f4({', '.join(args)})"]
 
 
