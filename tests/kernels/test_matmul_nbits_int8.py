@@ -120,6 +120,14 @@ def test_every_path_quantizes_a_as_mlas_does(path: str) -> None:
     np.testing.assert_allclose(want_ablk[..., 1][ok], (want_ablk[..., 0] * sums)[ok], rtol=1e-6)
 
 
+class _Ctx:
+    """What ``NBitsWeight`` raises through (a kernel context's ``unsupported``)."""
+
+    @staticmethod
+    def unsupported(message: str) -> ValueError:
+        return ValueError(message)
+
+
 def _model(inputs: list[Any], k: int, n: int, bits: int, block: int, level: int) -> Any:
     attrs = {"K": k, "N": n, "bits": bits, "block_size": block, "accuracy_level": level}
     return node_model("MatMulNBits", inputs, attrs, const=(1, 2, 3))
@@ -164,12 +172,7 @@ def test_4_bit_codes_take_the_int8_kernel_and_are_held_once() -> None:
     inputs = nbits_inputs(RNG, (1,), k, n, 4, 32, "packed", bias=False)
     codes, scales, zps = inputs[1], inputs[2], inputs[3]
 
-    class Ctx:
-        @staticmethod
-        def unsupported(message: str) -> ValueError:
-            return ValueError(message)
-
-    w = matmul_nbits.NBitsWeight(Ctx(), codes, scales, zps, k, n, 4, 32, int8_a=True)  # type: ignore[arg-type]
+    w = matmul_nbits.NBitsWeight(_Ctx(), codes, scales, zps, k, n, 4, 32, int8_a=True)  # type: ignore[arg-type]
     assert w.icodes is not None and w.codes is None and w.scale_zp is None
     assert w.icodes.nbytes == 3 * 64 * k // 2  # 3 panels of 64 columns, 4 bits a code
     a = inputs[0]
@@ -197,6 +200,26 @@ def test_without_the_kernel_the_float_product_gives_level_4s_values(
         want = ort_outputs(model, feeds)[0]
         got = tfrt_py.load(model, executor="sync").run(feeds)["y0"]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-6 * np.abs(want).max())
+
+
+def test_switching_the_kernels_off_after_load_takes_the_float_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``$TFRT_PY_PACKED_GEMM=0`` is read per call: a model loaded on the integer kernel
+    then multiplies the same int8 blocks through its weight dequantized in NumPy."""
+    if qnbits_ir.kernel() is None or not matmul_nbits_int8.kernel_ready():
+        pytest.skip(f"the int8 kernel is off in this process ({qnbits_ir.describe()})")
+    inputs = nbits_inputs(RNG, (2,), 200, 70, 4, 32, "packed", bias=False)
+    feeds = runtime_feeds(inputs, (1, 2, 3))
+    model = _model(inputs, 200, 70, 4, 32, 4)
+    loaded = tfrt_py.load(model, executor="sync")
+    want = ort_outputs(model, feeds)[0]
+    monkeypatch.setenv("TFRT_PY_PACKED_GEMM", "0")
+    b, scales, zps = inputs[1], inputs[2], inputs[3]
+    w = matmul_nbits.NBitsWeight(_Ctx(), b, scales, zps, 200, 70, 4, 32, int8_a=True)  # type: ignore[arg-type]
+    assert w.icodes is None  # laid out for the float product while the kernels are off
+    got = loaded.run(feeds)["y0"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-6 * np.abs(want).max())
 
 
 def test_a_non_finite_a_makes_its_rows_nan_and_the_model_stays_usable() -> None:

@@ -110,15 +110,15 @@ _PRODUCT = Jitted(_product_i8, _warm, parallel=True, prepare=_prepare)
 
 def kernel_ready() -> bool:
     """Whether the compiled product runs in this process now (decides, and compiles, on
-    the first call)."""
-    return _PRODUCT.get() is not None
+    the first call; the kernels' switch is read each time)."""
+    return _PRODUCT.get() is not None and qnbits_ir.kernel() is not None
 
 
 def product(w: Any, a: np.ndarray) -> np.ndarray | None:
     """float32 (M, panels * 64) ``A @ W`` at level 4 on the compiled loop, A (M, K);
     None where the loop is not running (the caller takes the float path)."""
     fn = _PRODUCT.get()
-    if fn is None:
+    if fn is None or qnbits_ir.kernel() is None:  # the kernels switched off since (per call)
         return None
     m = a.shape[0]
     panels = w.icodes.shape[0]
