@@ -102,6 +102,21 @@ def test_check_agreement_names_the_disagreeing_runner() -> None:
         check_agreement({"a": good, "b": bad})
 
 
+def test_check_agreement_allows_a_rounding_step_where_asked() -> None:
+    """A model that rounds activations at run time (``bench`` passes its
+    ``rounding_tolerance``): a step of 1e-3 of the output's scale agrees, 0.1 does not,
+    and without ``scale_tol`` neither does."""
+    ref = np.linspace(-1.0, 1.0, 64).astype(np.float32)
+    step, wrong = ref.copy(), ref.copy()
+    step[5] += 1e-3
+    wrong[5] += 0.1
+    check_agreement({"a": lambda: [ref], "b": lambda: [step]}, scale_tol=2e-2)
+    with pytest.raises(AssertionError, match="b output 0 vs a"):
+        check_agreement({"a": lambda: [ref], "b": lambda: [step]})
+    with pytest.raises(AssertionError, match="b output 0 vs a"):
+        check_agreement({"a": lambda: [ref], "b": lambda: [wrong]}, scale_tol=2e-2)
+
+
 def _cli_without(module: str, *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI in a process where ``module`` cannot be imported (as if not installed)."""
     code = (f"import sys; sys.modules[{module!r}] = None; sys.argv = ['tfrt-py', *{args!r}]; "

@@ -251,5 +251,5 @@ def test_the_native_trial_allows_a_rounding_step_only_for_level_4_models() -> No
     step[3] += 2e-3 * np.abs(want).max()  # one flipped rounding's size
     assert not agree(step, want) and agree(step, want, ROUNDING_TOL)
     wrong = want.copy()
-    wrong[3] += 5e-2 * np.abs(want).max()  # a wrong answer stays one
+    wrong[3] += 0.1 * np.abs(want).max()  # a wrong answer stays one
     assert not agree(wrong, want, ROUNDING_TOL)

@@ -399,8 +399,11 @@ def direct_entry(fn: Any, params: Sequence[np.ndarray], in_names: Sequence[str],
                          converts)  # fmt: skip
 
 
-#: ``rounding_tolerance`` of a model with activations rounded to int8 at run time
-ROUNDING_TOL = 1e-2
+#: ``rounding_tolerance`` of a model with activations rounded to int8 at run time: flips
+#: add up through the layers (a 4-layer 1024-wide random-weight Llama at level 4: 0.8-1.7e-2
+#: of its logits' scale between tfrt_py's tiers and onnxruntime, and 1.5e-2 between
+#: onnxruntime's own basic and full graph optimizations); a wrong kernel is far outside
+ROUNDING_TOL = 2e-2
 
 
 def rounding_tolerance(graph: Any) -> float:
@@ -408,7 +411,7 @@ def rounding_tolerance(graph: Any) -> float:
     differ for ``graph``: ``ROUNDING_TOL`` where a node rounds its activations to int8 at
     run time (com.microsoft MatMulNBits at ``accuracy_level=4``: a float difference of one
     ulp upstream can move a value across a rounding boundary, a step of its block, ~1e-3 of
-    an output), else 0."""
+    an output, and later layers carry it on), else 0."""
     for node in graph.nodes:
         if node.op_type == "MatMulNBits" and node.attrs.get("accuracy_level") == 4:
             return ROUNDING_TOL
