@@ -78,6 +78,24 @@ def test_a_prompts_rows_are_declined_with_the_reason() -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+def test_a_prompts_rows_at_level_4_take_the_integer_kernels() -> None:
+    """At ``accuracy_level=4`` the integer kernels take a prompt's rows too (4 at a
+    time): 8 and 37 rows lower to ``nbits_rows_i4`` and answer as onnxruntime does."""
+    if qnbits_ir.kernel() is None:
+        pytest.skip(f"the integer kernels are off here ({qnbits_ir.describe()})")
+    for rows in (8, 37):
+        inputs = nbits_inputs(RNG, (1, rows), 96, 70, 4, 32, "packed", False)
+        attrs = {"K": 96, "N": 70, "bits": 4, "block_size": 32, "accuracy_level": 4}
+        model = node_model("MatMulNBits", inputs, attrs, const=(1, 2, 3))
+        feeds = runtime_feeds(inputs, (1, 2, 3))
+        want = ort_outputs(model, feeds)[0]
+        m = tfrt_py.load(model, executor="native", native="eager")
+        m.warmup([feeds])
+        assert "nbits_rows_i4(" in m.native.lowered.source
+        tol = 1e-4 * float(np.abs(want).max())
+        np.testing.assert_allclose(_compiled_output(m, feeds), want, rtol=1e-4, atol=tol)
+
+
 def test_types_are_inferred_past_the_op_so_a_norm_after_it_fuses() -> None:
     """MatMulNBits, a head split whose target shape is computed from the product's own
     shape (Shape, Gather, Concat: ONNX's data propagation), then a decomposed RMS norm over

@@ -12,7 +12,8 @@ the integer kernels instead and the code is one ``nbits_rows_i4`` call
 LLVM IR kernels); where those are off, and for 8-bit codes, ``nbits_rows_f4`` multiplies
 the rows as their int8 blocks dequantize (level 4's values, the float loop's speed).
 Declined: a weight, scales or zero points given at run time, ``g_idx``, a bias, more
-than ``GEMV_ROWS`` rows (a prompt: the interpreter's dequantize-and-gemm serves it),
+than ``GEMV_ROWS`` rows (a prompt: the interpreter's dequantize-and-gemm serves it) but on
+the integer kernels (up to ``MAX_INT8_ROWS``: they take a prompt's rows 4 at a time),
 another dtype than float32. Same contract as ``ops.py``: ``fn(cx, node) -> lines``; pure;
 load time or the compile worker.
 """
@@ -35,6 +36,9 @@ _MS = "com.microsoft"
 #: The import line of a module whose code calls ``nbits_rows_f4``.
 NBITS_IMPORT = "from tfrt_py.native.kernels.nbits import nbits_rows_f4"
 NBITS_INT8_IMPORT = "from tfrt_py.native.kernels.nbits_int8 import nbits_rows_i4"
+#: rows a level-4 product takes on the integer kernels (a prompt's; its A scratch is ~5
+#: bytes a row and k, allocated per call)
+MAX_INT8_ROWS = 4096
 
 
 class _Refusal:
@@ -66,8 +70,10 @@ def _matmul_nbits(cx: Any, node: Node) -> list[str]:
     if str(x.dtype) != "float32" or str(y.dtype) != "float32" or x.shape[-1:] != (k,):
         cx.decline("MatMulNBits of another dtype or shape")
     m = x.size // k
-    if m > GEMV_ROWS:
+    if m > GEMV_ROWS and not (on_integers and bits == 4):
         cx.decline(f"MatMulNBits over {m} rows (a prompt: the interpreter's gemm)")
+    if m > MAX_INT8_ROWS:
+        cx.decline(f"MatMulNBits over {m} rows (more than {MAX_INT8_ROWS} in one call)")
     try:
         w = NBitsWeight(_Refusal(), np.asarray(consts[0]), np.asarray(consts[1]),  # type: ignore[arg-type]
                         zp, k, n, bits, block, on_integers)  # fmt: skip
