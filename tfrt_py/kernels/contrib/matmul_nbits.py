@@ -87,14 +87,21 @@ class NBitsWeight:
     In panels of 64 columns, the added ones zero: ``codes`` 4-bit (panels, k_blocks *
     block / 2, 64) uint8, row ``blk * block / 2 + j`` holding k = ``blk * block + 2j`` (low
     nibble) and ``+ 1`` (high); else (panels, k_blocks * block, 64) uint8 codes.
-    ``scale`` and ``scale_zp``: (panels, k_blocks, 64) float32."""
+    ``scale`` and ``scale_zp``: (panels, k_blocks, 64) float32.
+
+    With ``int8_a`` (``accuracy_level=4``) and zero points absent or packed,
+    ``quantize_a``: products take A's int8 blocks (``matmul_nbits_int8``). 4-bit codes are
+    then laid out for the integer kernels where ``int8_layout`` (default: the compiled
+    product runs here; the native lowering passes whether its kernels are on):
+    ``icodes`` (``qnbits_ir.pack``) and ``zp8`` (panels, k_blocks, 64) uint8 in place of
+    ``codes`` and ``scale_zp``."""
 
     __slots__ = ("block", "codes", "icodes", "k", "k_blocks", "n", "nibbles", "panels",
                  "quantize_a", "scale", "scale_zp", "zp8")  # fmt: skip
 
     def __init__(self, ctx: KernelContext, b: np.ndarray, scales: np.ndarray,
                  zp: np.ndarray | None, k: int, n: int, bits: int, block: int,
-                 int8_a: bool = False) -> None:  # fmt: skip
+                 int8_a: bool = False, int8_layout: bool | None = None) -> None:  # fmt: skip
         k_blocks = -(-k // block)
         blob = block * bits // 8
         if b.dtype != np.uint8 or b.size != n * k_blocks * blob:
@@ -131,7 +138,9 @@ class NBitsWeight:
         self.zp8: np.ndarray | None = None
         self.scale = _panels(s)
         self.scale_zp: np.ndarray | None = None
-        if self.quantize_a and self.nibbles and matmul_nbits_int8.kernel_ready():
+        if int8_layout is None:  # the interpreter's: where its compiled product runs
+            int8_layout = matmul_nbits_int8.kernel_ready()
+        if self.quantize_a and self.nibbles and int8_layout:
             self.icodes = qnbits_ir.pack(_unpack_codes(b, bits, n, k_blocks, block))
             self.zp8 = _panels(z.astype(np.uint8))
         else:

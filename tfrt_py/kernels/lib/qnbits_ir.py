@@ -336,5 +336,7 @@ def path() -> str:
 
 
 def describe() -> str:
-    """How the kernel was decided ("" before it was)."""
+    """How the kernel was decided ("" before it was), or that it is switched off."""
+    if switched_off(ENV_PACKED_GEMM):
+        return f"off (${ENV_PACKED_GEMM}=0)"
     return f"{_STATE[0][0]} ({_STATE[0][1]})" if _STATE else ""

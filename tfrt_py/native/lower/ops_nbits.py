@@ -76,7 +76,7 @@ def _matmul_nbits(cx: Any, node: Node) -> list[str]:
         cx.decline(f"MatMulNBits over {m} rows (more than {MAX_INT8_ROWS} in one call)")
     try:
         w = NBitsWeight(_Refusal(), np.asarray(consts[0]), np.asarray(consts[1]),  # type: ignore[arg-type]
-                        zp, k, n, bits, block, on_integers)  # fmt: skip
+                        zp, k, n, bits, block, int8_a, on_integers)  # fmt: skip
     except ValueError as e:
         cx.decline(f"MatMulNBits constants: {e}")
     head = [x.buf, x.off, literal(m), literal(k)]
