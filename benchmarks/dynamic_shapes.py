@@ -394,10 +394,11 @@ else:  # llama, and llama-genai: the same model through onnxruntime-genai's mode
                          max_position_embeddings=1024)
     m = tr.LlamaForCausalLM(cfg)
 m.eval().save_pretrained(tmp)
-if arch == "llama-genai":  # GroupQueryAttention (packed QKV, rotary), the simplified norms
+if arch.startswith("llama-genai"):  # GroupQueryAttention (packed QKV, rotary), simplified norms
     import os, shutil, subprocess
+    precision = "int4" if arch.endswith("-int4") else "fp32"  # int4: MatMulNBits at level 4
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", tmp,
-                    "-o", out, "-p", "fp32", "-e", "cpu", "-c", os.path.join(tmp, "cache")])
+                    "-o", out, "-p", precision, "-e", "cpu", "-c", os.path.join(tmp, "cache")])
     # (it fails after writing the model, saving a tokenizer the random model has not got)
     shutil.copy(os.path.join(tmp, "config.json"), out)
 else:
@@ -407,13 +408,14 @@ else:
 
 def decoder_paths(names: list[str]) -> dict[str, str]:
     """optimum exports from configs and a fixed seed (a child process imports torch);
-    ``llama-genai``: the Llama config through onnxruntime-genai's model builder."""
+    ``llama-genai``: the Llama config through onnxruntime-genai's model builder
+    (``llama-genai-int4``: its int4 CPU precision, MatMulNBits at ``accuracy_level=4``)."""
     out = {}
     for n in names:
         d = os.path.join(DECODERS_DIR, n)
         path = os.path.join(d, "model.onnx")
         if not os.path.exists(path):
-            how = "onnxruntime-genai" if n.endswith("-genai") else "optimum"
+            how = "onnxruntime-genai" if "-genai" in n else "optimum"
             print(f"exporting decoder {n} with {how} ...", flush=True)
             with tempfile.TemporaryDirectory() as tmp:
                 r = subprocess.run([sys.executable, "-c", _DECODER_SCRIPT, n, d, tmp],

@@ -1,7 +1,7 @@
 """Generation: tfrt_py's ``Model.generate`` against onnxruntime driving the same export from
 a NumPy loop, plain and with IO binding (issue 37).
 
-    python benchmarks/generate.py [--decoders gpt2,llama,llama-genai,gpt2-100m] [--rounds 5]
+    python benchmarks/generate.py [--decoders gpt2,llama,llama-genai,...] [--rounds 5]
         [--new-tokens 64] [--prompts 16,128] [--pasts 16,128,512] [--threads 1]
         [--out DIR]
 
@@ -9,7 +9,8 @@ Models: optimum's ``text-generation-with-past`` exports from configs and a fixed
 (``dynamic_shapes.decoder_paths``; nothing downloaded): GPT-2 4 layers/256, Llama 4
 layers/256 with grouped KV heads, and a GPT-2-small-shaped model of ~135M parameters;
 and the same Llama through onnxruntime-genai's model builder (``llama-genai``:
-GroupQueryAttention with packed QKV and rotary, its weights as external data).
+GroupQueryAttention with packed QKV and rotary, its weights as external data;
+``llama-genai-int4``: the builder's int4 CPU model, MatMulNBits at ``accuracy_level=4``).
 Each model is measured in a fresh child process (tfrt_py ``auto`` with an empty native
 cache dir, as a new user's first process, and an onnxruntime session on the same file):
 
@@ -65,7 +66,7 @@ sys.path.insert(0, HERE)
 from dynamic_shapes import decoder_paths, host_line  # noqa: E402
 from peers import ort_session  # noqa: E402
 
-DECODERS = ("gpt2", "llama", "llama-genai", "gpt2-100m")
+DECODERS = ("gpt2", "llama", "llama-genai", "llama-genai-int4", "gpt2-100m")
 
 
 # -- the onnxruntime loops a user writes --------------------------------------------------------
