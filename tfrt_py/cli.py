@@ -316,7 +316,6 @@ def bench(
     from .bench import measure
     from .bench.report import plot, to_json
     from .bench.runners import check_agreement, make_runners, random_feeds
-    from .native.runtime.entry import rounding_tolerance
 
     vs = tuple(v for v in vs if v != "none")
     if "onnxruntime" in vs:
@@ -327,7 +326,7 @@ def bench(
     feeds = random_feeds(model, batch=batch)
     try:
         runners, outputs = make_runners(model_path, feeds, executors, vs)
-        check_agreement(outputs, scale_tol=rounding_tolerance(model.graph))
+        check_agreement(outputs, graph=model.graph)
     except AssertionError as e:
         _fail(f"runtimes disagree, not timing: {e}")
     except (TfrtError, ValueError, RuntimeError) as e:

@@ -14,6 +14,7 @@ import numpy as np
 import tfrt_py
 from tfrt_py.errors import InputError
 from tfrt_py.generation import first_step_feeds
+from tfrt_py.native.runtime.entry import rounding_tolerance
 
 __all__ = ["check_agreement", "make_runners", "random_feeds"]
 
@@ -151,12 +152,15 @@ def _add_onnxruntime(
 
 def check_agreement(
     outputs: dict[str, Callable[[], list[np.ndarray]]], rtol: float = 1e-4, atol: float = 1e-5,
-    scale_tol: float = 0.0,
+    scale_tol: float = 0.0, graph: Any = None,
 ) -> None:  # fmt: skip
     """Raise AssertionError naming the runner and output when any two runners disagree.
     ``scale_tol``: floats may also differ by that fraction of the reference output's largest
     finite magnitude (a model that rounds activations to int8 at run time, where runtimes
-    differ by a step wherever a rounding flips: ``native.runtime.entry.rounding_tolerance``)."""
+    differ by a step wherever a rounding flips); with the model's ``graph``, its
+    ``native.runtime.entry.rounding_tolerance`` when larger."""
+    if graph is not None:
+        scale_tol = max(scale_tol, rounding_tolerance(graph))
     names = list(outputs)
     ref = outputs[names[0]]()
     for name in names[1:]:
