@@ -3,18 +3,19 @@ decode step's few rows, ``lower/ops_nbits.py``): the interpreter's GEMV loop
 (``kernels/contrib/matmul_nbits._gemv``) over the same panels, on one thread, reading and
 writing flat float32 buffers at element offsets.
 
-``nbits_rows_f4(x, xo, m, k, codes, scale, scale_zp, y, yo, n, nibbles, block, int8_a)``:
-for each
-of ``m`` rows of ``x`` (``k`` floats from ``xo + r * k``), ``y[yo + r * n + c] = sum_k
-x[k] * w[k, c]`` with ``w`` the dequantized weight held as ``NBitsWeight`` lays it out
-(``words``: the bytes of ``codes`` (panels, rows, 64) uint8 as int32 words, 4-bit codes two
-to a byte when ``nibbles``;
-``scale`` and ``scale_zp`` (panels, k_blocks, 64) float32), flat; the codes past ``k`` in
-the last block meet zeros. Per panel of 64 columns and block, ``d[c] = sum code * x``
-unpacked in registers, then ``acc += scale * d - scale_zp * sum x``: the interpreter's sums
-in its order. With ``int8_a`` (``accuracy_level=4``) each row is first replaced by what its
-int8 blocks dequantize to (onnxruntime's level-4 values; the interpreter's int8 kernel
-multiplies the same integers). Stateless; any thread; the caller checks the bounds.
+``nbits_rows_f4(x, xo, m, k, codes, scale, scale_zp, y, yo, n, nibbles, block, int8_a,
+scratch)``: for each of ``m`` rows of ``x`` (``k`` floats from ``xo + r * k``), ``y[yo + r *
+n + c] = sum_k x[k] * w[k, c]`` with ``w`` the dequantized weight held as ``NBitsWeight``
+lays it out (``words``: the bytes of ``codes`` (panels, rows, 64) uint8 as int32 words,
+4-bit codes two to a byte when ``nibbles``; ``scale`` and ``scale_zp`` (panels, k_blocks,
+64) float32), flat; the codes past ``k`` in the last block meet zeros. Per panel of 64
+columns and block, ``d[c] = sum code * x`` unpacked in registers, then ``acc += scale * d -
+scale_zp * sum x``: the interpreter's sums in its order. With ``int8_a``
+(``accuracy_level=4``) each row is first replaced by what its int8 blocks dequantize to
+(onnxruntime's level-4 values; the interpreter's int8 kernel multiplies the same
+integers). ``scratch``: float32 from the caller's arena (no allocation per step), ``128 + m
+* kp`` elements, ``kp`` K rounded up to the block. Stateless; any thread; the caller checks
+the bounds.
 """
 
 from __future__ import annotations
@@ -27,21 +28,24 @@ __all__ = ["nbits_rows_f4"]
 
 @njit(nogil=True, cache=True, fastmath={"contract"})
 def nbits_rows_f4(
-    x, xo, m, k, words, scale, scale_zp, y, yo, n, nibbles, block, int8_a
+    x, xo, m, k, words, scale, scale_zp, y, yo, n, nibbles, block, int8_a, scratch
 ):  # pragma: no cover - compiled
     codes = words.view(np.uint8)
     panels = (n + 63) // 64
     k_blocks = (k + block - 1) // block
-    rows = k_blocks * block // 2 if nibbles else k_blocks * block
+    kp = k_blocks * block
+    rows = kp // 2 if nibbles else kp
     per_blk = rows // k_blocks
     sixteenth = np.float32(0.0625)
     sixteen = np.float32(16.0)
-    d = np.empty(64, np.float32)
-    acc = np.empty(64, np.float32)
-    xs = np.zeros((m, k_blocks * block), np.float32)  # the rows, zeros past k
+    d = scratch[:64]
+    acc = scratch[64:128]
+    xs = scratch[128 : 128 + m * kp].reshape((m, kp))  # the rows, zeros past k
     for r in range(m):
         for i in range(k):
             xs[r, i] = x[xo + r * k + i]
+        for i in range(k, kp):
+            xs[r, i] = np.float32(0.0)
         if int8_a:
             _int8_blocks(xs[r], block)
     for chunk in range(panels):

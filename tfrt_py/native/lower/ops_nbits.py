@@ -86,13 +86,21 @@ def _matmul_nbits(cx: Any, node: Node) -> list[str]:
         as_words = (w.icodes.reshape(-1).view(np.int32), w.scale, w.zp8.reshape(-1).view(np.int32))
         words, scale, zps = (cx.const_slice(a) for a in as_words)
         cx.imports.add(NBITS_INT8_IMPORT)
-        return [f"nbits_rows_i4({', '.join([*head, words, scale, zps, *tail, literal(block)])})"]
+        kp, f4 = w.k_blocks * block, np.dtype(np.float32)
+        # the call's scratch in the arena (no allocation per step): the padded rows, their
+        # int8 codes (four to a float32 slot), the blocks' scales, the panels' outputs
+        scratch = [cx.view(cx.new_buffer((size,), f4)) for size in
+                   (m * kp, -(-m * kp // 4), m * w.k_blocks * 2, m * w.panels * 64)]  # fmt: skip
+        args = [*head, words, scale, zps, *tail, literal(block), *scratch]
+        return [f"nbits_rows_i4({', '.join(args)})"]
     assert w.codes is not None and w.scale_zp is not None  # the float layout
     # the codes as int32 words (the constants' types have no bytes): the kernel views them
     codes, scale, scale_zp = (cx.const_slice(a) for a in (w.codes.reshape(-1).view(np.int32),
                                                           w.scale, w.scale_zp))  # fmt: skip
     cx.imports.add(NBITS_IMPORT)
-    args = [*head, codes, scale, scale_zp, *tail, str(w.nibbles), literal(block), str(int8_a)]
+    scratch = cx.view(cx.new_buffer((128 + m * w.k_blocks * block,), np.dtype(np.float32)))
+    args = [*head, codes, scale, scale_zp, *tail, str(w.nibbles), literal(block), str(int8_a),
+            scratch]  # fmt: skip
     return [f"nbits_rows_f4({', '.join(args)})"]
 
 
