@@ -14,7 +14,7 @@ import numpy as np
 import tfrt_py
 from tfrt_py.errors import InputError
 from tfrt_py.generation import first_step_feeds
-from tfrt_py.native.runtime.entry import rounding_tolerance
+from tfrt_py.native.runtime.entry import rounding_tolerance, scaled_atol
 
 __all__ = ["check_agreement", "make_runners", "random_feeds"]
 
@@ -169,8 +169,7 @@ def check_agreement(
             raise AssertionError(f"{name}: {len(got)} outputs, {names[0]} has {len(ref)}")
         for i, (a, b) in enumerate(zip(got, ref)):
             if a.dtype.kind in "fc":
-                finite = np.abs(b[np.isfinite(b)]) if scale_tol else b[:0]
-                tol = max(atol, scale_tol * float(finite.max())) if finite.size else atol
+                tol = scaled_atol(b, atol, scale_tol)
                 np.testing.assert_allclose(
                     a, b, rtol=rtol, atol=tol, err_msg=f"{name} output {i} vs {names[0]}"
                 )

@@ -22,11 +22,12 @@ an even and an odd k, as in B; 2- and 8-bit codes one to a byte), with ``scale``
 Without numba (or while a cold process warms it) the panels are dequantized in NumPy, at
 most ``CHUNK_FLOATS`` floats at a time, and multiplied on NumPy's BLAS: slower, the same
 memory bound. Results are float32 sums in another order than
-onnxruntime's (within 1e-5 relative on its tests). ``accuracy_level`` is read and not
-followed: products are float32 at every level (onnxruntime's level 4 quantizes A to int8
-per block; this is its accuracy, not its speed). A weight given at run time is dequantized
-per call. Bad constants (a size or block that does not match, a scale not finite, ``bits``
-other than 2/4/8, ``g_idx`` that reorders blocks) are load errors naming the node.
+onnxruntime's (within 1e-5 relative on its tests). At ``accuracy_level=4`` A is quantized
+to int8 per block first, as onnxruntime does, and 4-bit codes are multiplied in integers
+(``matmul_nbits_int8``, ``NBitsWeight.quantize_a``). A weight given at run time is
+dequantized per call. Bad constants (a size or block that does not match, a scale not
+finite, ``bits`` other than 2/4/8, ``g_idx`` that reorders blocks) are load errors naming
+the node.
 """
 
 from __future__ import annotations

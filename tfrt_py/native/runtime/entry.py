@@ -45,6 +45,7 @@ __all__ = [
     "fast_entry",
     "native_entry",
     "rounding_tolerance",
+    "scaled_atol",
     "split_threads",
     "threads_entry",
 ]
@@ -190,6 +191,12 @@ def threads_entry(fn_into: Any, params: Sequence[np.ndarray], out_names: Sequenc
     return threaded
 
 
+def scaled_atol(b: np.ndarray, atol: float, scale_tol: float) -> float:
+    """``atol``, or ``scale_tol`` times ``b``'s largest finite magnitude when larger."""
+    finite = np.abs(b[np.isfinite(b)]) if scale_tol else b[:0]
+    return max(atol, scale_tol * float(finite.max())) if finite.size else atol
+
+
 def agree(a: Any, b: Any, scale_tol: float = 0.0) -> bool:
     """Whether two outputs agree: floats to 1e-3 (and, with ``scale_tol``, to that
     fraction of ``b``'s largest finite magnitude: a model that rounds activations to int8
@@ -207,10 +214,7 @@ def agree(a: Any, b: Any, scale_tol: float = 0.0) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if a.dtype.kind in "fc":
-        atol = 1e-4
-        if scale_tol and b.size:
-            finite = np.abs(b[np.isfinite(b)])
-            atol = max(atol, scale_tol * float(finite.max())) if finite.size else atol
+        atol = scaled_atol(b, 1e-4, scale_tol)
         return bool(np.allclose(a, b, rtol=1e-3, atol=atol, equal_nan=True))
     return int((a != b).sum()) <= a.size // 100
 
