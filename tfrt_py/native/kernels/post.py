@@ -100,7 +100,7 @@ def post(buf, off, n, code):
             buf[off + j] = probit(float(buf[off + j]))
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=False, inline="always")
 def argmax(buf, off, n):
     """The first index of the largest of ``buf[off:off + n]`` (NaN wins, as NumPy's)."""
     best = 0
@@ -124,7 +124,7 @@ def matvec(x, xo, k, w, wo, n, y, yo):
             y[yo + j] += xi * w[wo + i * n + j]
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=False, inline="always")
 def normalize_row(x, xo, n, kind, y, yo):
     """Normalizer: ``y = x / norm(x)`` with norm MAX (0), L1 (1) or L2 (2), computed in
     float64; a zero norm divides by 1."""

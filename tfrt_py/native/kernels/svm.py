@@ -17,7 +17,7 @@ from numba import njit
 from .fastmath import expf
 from .post import argmax, logistic, post, probit
 
-__all__ = ["linear_cls_row", "svm_cls_row", "svm_kernel_row", "svm_reg_row"]
+__all__ = ["linear_cls_row", "linear_cls_rows", "svm_cls_row", "svm_kernel_row", "svm_reg_row"]
 
 
 @njit(nogil=True, cache=False)
@@ -161,7 +161,7 @@ def svm_reg_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, coef, r0, one_c
     post(y, yo, 1, code)
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=False, inline="always")
 def linear_cls_row(x, xo, f, w, b, n, labels, binary, two, pos, neg, lin_argmax, all_positive,
                    code, s, lab, lo, y, yo):  # fmt: skip
     """LinearClassifier (``binary``: one coefficient row, ORT's binary form) and, with
@@ -173,28 +173,99 @@ def linear_cls_row(x, xo, f, w, b, n, labels, binary, two, pos, neg, lin_argmax,
         xi = np.float32(x[xo + i])
         for j in range(n):
             s[j] += xi * w[i * n + j]
+    _linear_cls_finish(s, 0, b, n, labels, binary, two, pos, neg, lin_argmax, all_positive,
+                       code, lab, lo, y, yo)  # fmt: skip
+
+
+@njit(nogil=True, cache=False, inline="always")
+def linear_cls_rows(x, xo, rows, f, w, b, n, labels, binary, two, pos, neg, lin_argmax,
+                    all_positive, code, s, lab, lo, y, yo):  # fmt: skip
+    """``linear_cls_row`` for ``rows`` consecutive rows: row ``r`` read at ``xo + r * f``,
+    its label written at ``lab[lo + r]`` and its scores at ``y[yo + r * width]`` (width 2
+    for a binary classifier of two labels, 1 for other binary ones, else ``n``). Rows four
+    at a time: four independent chains of sums (one row's adds wait on each other), each
+    in the one-row order, so the same float32 bits; labels and scores written here, not by
+    a call per row (a call with arrays costs their reference counts' atomic updates). The
+    last rows, and liblinear SVM rows, one at a time. ``s``: scratch of ``4 * n``."""
+    width = (2 if two else 1) if binary else n
+    blocked = rows - rows % 4 if not lin_argmax else 0
+    one_b = b.size != n
+    for r in range(0, blocked, 4):
+        p = xo + r * f
+        for j in range(n):
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            for i in range(f):
+                wij = w[i * n + j]
+                a0 += np.float32(x[p + i]) * wij
+                a1 += np.float32(x[p + f + i]) * wij
+                a2 += np.float32(x[p + 2 * f + i]) * wij
+                a3 += np.float32(x[p + 3 * f + i]) * wij
+            bj = b[0 if one_b else j]
+            s[j] = a0 + bj
+            s[n + j] = a1 + bj
+            s[2 * n + j] = a2 + bj
+            s[3 * n + j] = a3 + bj
+        for q in range(4):
+            sq = q * n
+            yq = yo + (r + q) * width
+            if binary:
+                s0 = s[sq]
+                lab[lo + r + q] = pos if s0 > 0 else neg
+                if code == 4:
+                    s0 = np.float32(probit(float(s0)))
+                if not two:
+                    y[yq] = s0
+                elif code == 2:
+                    y[yq] = logistic(-float(s[sq]))
+                    y[yq + 1] = logistic(float(s[sq]))
+                else:
+                    y[yq] = np.float32(1.0) - s0
+                    y[yq + 1] = s0
+                continue
+            best = 0
+            for j in range(n):
+                v = s[sq + j]
+                y[yq + j] = v
+                c = s[sq + best]
+                if v > c or (v != v and c == c):  # the first largest, NaN wins (post.argmax)
+                    best = j
+            lab[lo + r + q] = labels[best]
+            if code != 0:
+                post(y, yq, n, code)
+    for r in range(blocked, rows):
+        linear_cls_row(x, xo + r * f, f, w, b, n, labels, binary, two, pos, neg, lin_argmax,
+                       all_positive, code, s, lab, lo + r, y, yo + r * width)  # fmt: skip
+
+
+@njit(nogil=True, cache=False, inline="always")
+def _linear_cls_finish(s, so, b, n, labels, binary, two, pos, neg, lin_argmax, all_positive,
+                       code, lab, lo, y, yo):  # fmt: skip
+    """One row's sums ``s[so:so + n]`` plus the intercepts -> its label and scores."""
     for j in range(n):
-        s[j] += b[j if b.size == n else 0]
+        s[so + j] += b[j if b.size == n else 0]
     if binary:
-        s0 = s[0]
+        s0 = s[so]
         lab[lo] = pos if s0 > 0 else neg
         if code == 4:
             s0 = np.float32(probit(float(s0)))
         if not two:
             y[yo] = s0
         elif code == 2:
-            y[yo] = logistic(-float(s[0]))
-            y[yo + 1] = logistic(float(s[0]))
+            y[yo] = logistic(-float(s[so]))
+            y[yo + 1] = logistic(float(s[so]))
         else:
             y[yo] = np.float32(1.0) - s0
             y[yo + 1] = s0
         return
-    pick = argmax(s, 0, n)
+    pick = argmax(s, so, n)
     if lin_argmax and n == 2:
-        top = max(s[0], s[1])
+        top = max(s[so], s[so + 1])
         if (top >= 0.5) if all_positive else (top > 0):
             pick = 1
     lab[lo] = labels[pick]
     for j in range(n):
-        y[yo + j] = s[j]
+        y[yo + j] = s[so + j]
     post(y, yo, n, code)

@@ -46,7 +46,8 @@ F4, F8, I8 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
 #: The import lines a module calling these kernels needs (our own module names).
 KERNEL_IMPORTS = (
     "from tfrt_py.native.kernels.post import argmax, matvec, normalize_row, post",
-    "from tfrt_py.native.kernels.svm import linear_cls_row, svm_cls_row, svm_reg_row",
+    "from tfrt_py.native.kernels.svm import linear_cls_row, linear_cls_rows",
+    "from tfrt_py.native.kernels.svm import svm_cls_row, svm_reg_row",
     "from tfrt_py.native.kernels.trees import forest_leq, forest_lt, forest_mixed",
     "from tfrt_py.native.kernels.trees import tree_cls_finish, tree_reg_finish",
 )
@@ -285,13 +286,10 @@ def _svm_classifier(cx: Any, node: Node) -> list[str]:
             _no(cx, "coefficients do not fit the classes and features")
         w = cx.const_slice(coef.reshape(k, f).T.astype(F4))
         b = cx.const_slice(rho[:1].astype(F4))
-        s = cx.new_buffer((k,), F4)
         if y.size != rows * k:
             _no(cx, f"scores of shape {y.shape}")
-        return _per_row(cx, rows, lambda m: [
-            f"linear_cls_row({x.buf}, {_at(x, m, f)}, {literal(f)}, {w}, {b}, {literal(k)}, "
-            f"{lab_s}, False, False, 0, 0, True, {all_pos}, {literal(code)}, {s.buf}[{s.off}:], "
-            f"{lab.buf}, {_at(lab, m, 1)}, {y.buf}, {_at(y, m, k)})"])  # fmt: skip
+        return _linear_rows(cx, rows, x, f, k, k, f"{w}, {b}, {literal(k)}, {lab_s}, False, "
+                            f"False, 0, 0, True, {all_pos}, {literal(code)}", lab, y)  # fmt: skip
     assert vpc is not None
     n_pairs = k * (k - 1) // 2
     if len(vpc) != k or len(coef) != (k - 1) * n_sv or len(rho) < n_pairs:
@@ -401,12 +399,23 @@ def _linear_classifier(cx: Any, node: Node) -> list[str]:
     w = cx.const_slice(coef.reshape(n, f).T.astype(F4))
     b = cx.const_slice((inter if inter is not None and len(inter) else np.zeros(n)).astype(F4))
     lab_s = cx.const_slice(labels)
-    s = cx.new_buffer((n,), F4)
+    return _linear_rows(cx, rows, x, f, n, width, f"{w}, {b}, {literal(n)}, {lab_s}, "
+                        f"{literal(binary)}, {literal(two)}, {literal(pos)}, {literal(neg)}, "
+                        f"False, False, {literal(code)}", lab, y)  # fmt: skip
+
+
+def _linear_rows(cx: Any, rows: int, x: Ref, f: int, n: int, width: int, params: str,
+                 lab: Ref, y: Ref) -> list[str]:  # fmt: skip
+    """A LinearClassifier's (or liblinear SVM's) rows: ``linear_cls_rows`` over all of them
+    (four rows' sums at once: rows mode's tiles, a fixed batch) from four rows on, else
+    ``linear_cls_row`` per row. ``params``: the kernels' arguments from ``w`` to ``code``."""
+    s = cx.new_buffer((4 * n if rows >= 4 else n,), F4)
+    if rows >= 4:
+        return [f"linear_cls_rows({x.buf}, {x.off}, {literal(rows)}, {literal(f)}, {params}, "
+                f"{cx.view(s)}, {lab.buf}, {lab.off}, {y.buf}, {y.off})"]  # fmt: skip
     return _per_row(cx, rows, lambda m: [
-        f"linear_cls_row({x.buf}, {_at(x, m, f)}, {literal(f)}, {w}, {b}, {literal(n)}, "
-        f"{lab_s}, {literal(binary)}, {literal(two)}, {literal(pos)}, {literal(neg)}, False, "
-        f"False, {literal(code)}, {cx.view(s)}, {lab.buf}, {_at(lab, m, 1)}, {y.buf}, "
-        f"{_at(y, m, width)})"])  # fmt: skip
+        f"linear_cls_row({x.buf}, {_at(x, m, f)}, {literal(f)}, {params}, {cx.view(s)}, "
+        f"{lab.buf}, {_at(lab, m, 1)}, {y.buf}, {_at(y, m, width)})"])  # fmt: skip
 
 
 def _linear_regressor(cx: Any, node: Node) -> list[str]:
@@ -604,8 +613,10 @@ def register_lowerings(reg: Registry) -> None:
         "ArrayFeatureExtractor": _array_feature_extractor,
         "Imputer": _imputer,
     }
+    #: their code for many rows at once beats one row at a time (rows mode's tiles)
+    grouped = ("SVMClassifier", "LinearClassifier")
     for op, emit in per_row.items():
-        reg.add(ML, op, emit, rows=rows.only_first)
+        reg.add(ML, op, emit, rows=rows.only_first, grouped=op in grouped)
     reg.add(ML, "FeatureVectorizer", _feature_vectorizer, rows=_all_batched)
     reg.add("", "ArgMax", _argmax, rows=rows.axis_not_0(0))
     reg.add("", "ArgMin", _argmax, rows=rows.axis_not_0(0))

@@ -3,7 +3,8 @@
 An ``OpLowering`` carries everything the tier's passes ask of an op: how to emit its code
 (``emit``), whether rows mode may loop over a dynamic batch through it (``rows``), whether
 it is a view (its output is its input's memory: no code), whether its code may call BLAS
-(``product``: rows mode's tiles) and its weight in the compile budget's lower bound
+(``product``: rows mode's tiles), whether its code for many rows beats its row body without
+BLAS (``grouped``: rows mode's tiles too) and its weight in the compile budget's lower bound
 (``weight``). An elementwise op's scalar form is not a field: fused chains need it by op
 name for steps that are no node of the graph, so it stays ``scalar.SCALAR_OPS``, the one
 table, which ``ops`` registers every elementwise op from. The ops
@@ -42,6 +43,7 @@ class OpLowering:
     view: bool = False
     product: bool = False
     weight: int | Callable[[Node], int] = 1
+    grouped: bool = False
 
     def units(self, node: Node) -> int:
         """The op's lower bound in compile units for ``node``."""
@@ -64,13 +66,14 @@ class Registry:
         view: bool = False,
         product: bool = False,
         weight: int | Callable[[Node], int] = 1,
+        grouped: bool = False,
     ) -> None:
         key = (domain, op_type)
         if key in self._records:
             raise ValueError(f"a native lowering for {domain}::{op_type} is registered twice")
         if (emit is None) != view:
             raise ValueError(f"{domain}::{op_type}: a view has no emitter, any other op one")
-        self._records[key] = OpLowering(emit, rows, view, product, weight)
+        self._records[key] = OpLowering(emit, rows, view, product, weight, grouped)
 
     def get(self, domain: str, op_type: str) -> OpLowering | None:
         return self._records.get((domain, op_type))

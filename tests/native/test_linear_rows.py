@@ -1,0 +1,70 @@
+"""A LinearClassifier's rows four at a time in rows mode's tiles (``kernels.svm.
+linear_cls_rows``, a ``grouped`` lowering): each row's label and scores are the bits the
+one-row body gives it, and onnxruntime's labels and scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tfrt_py
+
+pytest.importorskip("numba", reason="the native tier needs numba")
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference")
+
+ML = "ai.onnx.ml"
+T = 64  # native.lower.rows_source.TILE_ROWS
+
+
+def _model(n_features: int, n_coef_rows: int, labels: list[int], transform: str,
+           seed: int) -> bytes:  # fmt: skip
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    node = helper.make_node(
+        "LinearClassifier", ["X"], ["L", "Y"], domain=ML,
+        coefficients=rng.standard_normal(n_coef_rows * n_features).astype(np.float32).tolist(),
+        intercepts=rng.standard_normal(n_coef_rows).astype(np.float32).tolist(),
+        classlabels_ints=labels, post_transform=transform,
+    )  # fmt: skip
+    width = 2 if n_coef_rows == 1 and len(labels) == 2 else n_coef_rows
+    g = helper.make_graph(
+        [node], "linear",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, n_features])],
+        [helper.make_tensor_value_info("L", TensorProto.INT64, [None]),
+         helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, width])],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid(ML, 1)])  # fmt: skip
+    m.ir_version = 9
+    return m.SerializeToString()
+
+
+CASES = {
+    "3 classes NONE": (20, 3, [0, 1, 2], "NONE"),
+    "5 classes SOFTMAX": (7, 5, [3, 1, 4, 1, 5], "SOFTMAX"),
+    "4 classes LOGISTIC": (33, 4, [0, 1, 2, 3], "LOGISTIC"),
+    "binary, two labels, LOGISTIC": (12, 1, [4, 9], "LOGISTIC"),
+    "binary, two labels, NONE": (5, 1, [0, 1], "NONE"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rows_four_at_a_time_match_the_one_row_body_and_onnxruntime(case: str) -> None:
+    f, k, labels, transform = CASES[case]
+    data = _model(f, k, labels, transform, seed=len(case))
+    model = tfrt_py.load(data, executor="native", native="eager")
+    assert model.native.form == "rows"
+    assert "linear_cls_rows(" in model.native.lowered.source  # the tile's grouped call
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2 * T + 7, f)).astype(np.float32)
+    x[5, 0] = np.nan  # a NaN row: the first largest is NaN's class, as onnxruntime's
+    got = model.run({"X": x})
+    lab, y = sess.run(None, {"X": x})
+    np.testing.assert_array_equal(got["L"], lab)
+    np.testing.assert_allclose(got["Y"], y, rtol=1e-5, atol=1e-6)
+    for r in (0, 3, 5, T - 1, T, 2 * T + 6):  # a row alone runs the one-row body
+        one = model.run({"X": x[r : r + 1]})
+        assert one["L"][0] == got["L"][r]
+        np.testing.assert_array_equal(one["Y"][0], got["Y"][r], err_msg=f"row {r}")
