@@ -68,3 +68,39 @@ def test_rows_four_at_a_time_match_the_one_row_body_and_onnxruntime(case: str) -
         one = model.run({"X": x[r : r + 1]})
         assert one["L"][0] == got["L"][r]
         np.testing.assert_array_equal(one["Y"][0], got["Y"][r], err_msg=f"row {r}")
+
+
+def _regressor(n_features: int, targets: int, transform: str, seed: int) -> bytes:
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    node = helper.make_node(
+        "LinearRegressor", ["X"], ["Y"], domain=ML, targets=targets,
+        coefficients=rng.standard_normal(targets * n_features).astype(np.float32).tolist(),
+        intercepts=rng.standard_normal(targets).astype(np.float32).tolist(),
+        post_transform=transform,
+    )  # fmt: skip
+    g = helper.make_graph(
+        [node], "linear",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, n_features])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, targets])],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid(ML, 1)])  # fmt: skip
+    m.ir_version = 9
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("targets", [1, 3])
+def test_regressor_rows_four_at_a_time_match_the_one_row_body_and_onnxruntime(
+    targets: int,
+) -> None:
+    data = _regressor(20, targets, "NONE", seed=targets)
+    model = tfrt_py.load(data, executor="native", native="eager")
+    assert "linear_reg_rows(" in model.native.lowered.source
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(9).standard_normal((2 * T + 3, 20)).astype(np.float32)
+    got = model.run({"X": x})["Y"]
+    np.testing.assert_allclose(got, sess.run(None, {"X": x})[0], rtol=1e-5, atol=1e-5)
+    for r in (0, 2, T, 2 * T + 2):
+        np.testing.assert_array_equal(model.run({"X": x[r : r + 1]})["Y"][0], got[r])

@@ -17,7 +17,10 @@ from numba import njit
 from .fastmath import expf
 from .post import argmax, logistic, post, probit
 
-__all__ = ["linear_cls_row", "linear_cls_rows", "svm_cls_row", "svm_kernel_row", "svm_reg_row"]
+__all__ = [
+    "linear_cls_row", "linear_cls_rows", "linear_reg_rows", "svm_cls_row", "svm_kernel_row",
+    "svm_reg_row",
+]  # fmt: skip
 
 
 @njit(nogil=True, cache=False)
@@ -238,6 +241,43 @@ def linear_cls_rows(x, xo, rows, f, w, b, n, labels, binary, two, pos, neg, lin_
     for r in range(blocked, rows):
         linear_cls_row(x, xo + r * f, f, w, b, n, labels, binary, two, pos, neg, lin_argmax,
                        all_positive, code, s, lab, lo + r, y, yo + r * width)  # fmt: skip
+
+
+@njit(nogil=True, cache=False)
+def linear_reg_rows(x, xo, rows, f, w, b, t, code, y, yo):
+    """LinearRegressor's ``rows`` consecutive rows: ``y[yo + r * t:][:t] = x_r @ w + b``
+    (w row-major (f, t)), then post transform ``code``; four rows' sums at once, each in
+    ``post.matvec``'s order (the one-row body's bits: neither is inlined, so neither is
+    contracted to fused multiply-adds)."""
+    blocked = rows - rows % 4
+    for r in range(0, blocked, 4):
+        p = xo + r * f
+        o = yo + r * t
+        for j in range(t):
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            for i in range(f):
+                wij = w[i * t + j]
+                a0 += np.float32(x[p + i]) * wij
+                a1 += np.float32(x[p + f + i]) * wij
+                a2 += np.float32(x[p + 2 * f + i]) * wij
+                a3 += np.float32(x[p + 3 * f + i]) * wij
+            y[o + j] = a0 + b[j]
+            y[o + t + j] = a1 + b[j]
+            y[o + 2 * t + j] = a2 + b[j]
+            y[o + 3 * t + j] = a3 + b[j]
+    for r in range(blocked, rows):
+        o = yo + r * t
+        for j in range(t):
+            a = np.float32(0.0)
+            for i in range(f):
+                a += np.float32(x[xo + r * f + i]) * w[i * t + j]
+            y[o + j] = a + b[j]
+    if code != 0:
+        for r in range(rows):
+            post(y, yo + r * t, t, code)
 
 
 @njit(nogil=True, cache=False, inline="always")

@@ -46,7 +46,7 @@ F4, F8, I8 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
 #: The import lines a module calling these kernels needs (our own module names).
 KERNEL_IMPORTS = (
     "from tfrt_py.native.kernels.post import argmax, matvec, normalize_row, post",
-    "from tfrt_py.native.kernels.svm import linear_cls_row, linear_cls_rows",
+    "from tfrt_py.native.kernels.svm import linear_cls_row, linear_cls_rows, linear_reg_rows",
     "from tfrt_py.native.kernels.svm import svm_cls_row, svm_reg_row",
     "from tfrt_py.native.kernels.trees import forest_leq, forest_lt, forest_mixed",
     "from tfrt_py.native.kernels.trees import tree_cls_finish, tree_reg_finish",
@@ -437,6 +437,10 @@ def _linear_regressor(cx: Any, node: Node) -> list[str]:
     w = cx.const_slice(coef.reshape(t, f).T.astype(F4))
     b = cx.const_slice((inter if inter is not None and len(inter) else np.zeros(t)).astype(F4))
 
+    if rows >= 4:
+        return [f"linear_reg_rows({x.buf}, {x.off}, {literal(rows)}, {literal(f)}, {w}, {b}, "
+                f"{literal(t)}, {literal(code)}, {y.buf}, {y.off})"]  # fmt: skip
+
     def body(m: str) -> list[str]:
         yo = _at(y, m, t)
         return [f"matvec({x.buf}, {_at(x, m, f)}, {literal(f)}, {w}, 0, {literal(t)}, "
@@ -614,7 +618,7 @@ def register_lowerings(reg: Registry) -> None:
         "Imputer": _imputer,
     }
     #: their code for many rows at once beats one row at a time (rows mode's tiles)
-    grouped = ("SVMClassifier", "LinearClassifier")
+    grouped = ("SVMClassifier", "LinearClassifier", "LinearRegressor")
     for op, emit in per_row.items():
         reg.add(ML, op, emit, rows=rows.only_first, grouped=op in grouped)
     reg.add(ML, "FeatureVectorizer", _feature_vectorizer, rows=_all_batched)
