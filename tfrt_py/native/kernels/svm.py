@@ -185,33 +185,39 @@ def linear_cls_rows(x, xo, rows, f, w, b, n, labels, binary, two, pos, neg, lin_
                     all_positive, code, s, lab, lo, y, yo):  # fmt: skip
     """``linear_cls_row`` for ``rows`` consecutive rows: row ``r`` read at ``xo + r * f``,
     its label written at ``lab[lo + r]`` and its scores at ``y[yo + r * width]`` (width 2
-    for a binary classifier of two labels, 1 for other binary ones, else ``n``). Rows four
-    at a time: four independent chains of sums (one row's adds wait on each other), each
-    in the one-row order, so the same float32 bits; labels and scores written here, not by
-    a call per row (a call with arrays costs their reference counts' atomic updates). The
-    last rows, and liblinear SVM rows, one at a time. ``s``: scratch of ``4 * n``."""
+    for a binary classifier of two labels, 1 for other binary ones, else ``n``). Rows eight
+    at a time: eight independent chains of sums (one row's multiply-adds wait on each
+    other; two FMA pipes of latency 4 need eight), each in the one-row order, so the same
+    float32 bits; labels and scores written here, not by a call per row (a call with
+    arrays costs their reference counts' atomic updates). The last rows, and liblinear SVM
+    rows, one at a time. ``s``: scratch of ``8 * n``."""
     width = (2 if two else 1) if binary else n
-    blocked = rows - rows % 4 if not lin_argmax else 0
+    blocked = rows - rows % 8 if not lin_argmax else 0
     one_b = b.size != n
-    for r in range(0, blocked, 4):
+    for r in range(0, blocked, 8):
         p = xo + r * f
         for j in range(n):
-            a0 = np.float32(0.0)
-            a1 = np.float32(0.0)
-            a2 = np.float32(0.0)
-            a3 = np.float32(0.0)
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
             for i in range(f):
                 wij = w[i * n + j]
                 a0 += np.float32(x[p + i]) * wij
                 a1 += np.float32(x[p + f + i]) * wij
                 a2 += np.float32(x[p + 2 * f + i]) * wij
                 a3 += np.float32(x[p + 3 * f + i]) * wij
+                a4 += np.float32(x[p + 4 * f + i]) * wij
+                a5 += np.float32(x[p + 5 * f + i]) * wij
+                a6 += np.float32(x[p + 6 * f + i]) * wij
+                a7 += np.float32(x[p + 7 * f + i]) * wij
             bj = b[0 if one_b else j]
             s[j] = a0 + bj
             s[n + j] = a1 + bj
             s[2 * n + j] = a2 + bj
             s[3 * n + j] = a3 + bj
-        for q in range(4):
+            s[4 * n + j] = a4 + bj
+            s[5 * n + j] = a5 + bj
+            s[6 * n + j] = a6 + bj
+            s[7 * n + j] = a7 + bj
+        for q in range(8):
             sq = q * n
             yq = yo + (r + q) * width
             if binary:

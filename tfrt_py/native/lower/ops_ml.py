@@ -407,10 +407,10 @@ def _linear_classifier(cx: Any, node: Node) -> list[str]:
 def _linear_rows(cx: Any, rows: int, x: Ref, f: int, n: int, width: int, params: str,
                  lab: Ref, y: Ref) -> list[str]:  # fmt: skip
     """A LinearClassifier's (or liblinear SVM's) rows: ``linear_cls_rows`` over all of them
-    (four rows' sums at once: rows mode's tiles, a fixed batch) from four rows on, else
+    (eight rows' sums at once: rows mode's tiles, a fixed batch) from eight rows on, else
     ``linear_cls_row`` per row. ``params``: the kernels' arguments from ``w`` to ``code``."""
-    s = cx.new_buffer((4 * n if rows >= 4 else n,), F4)
-    if rows >= 4:
+    s = cx.new_buffer((8 * n if rows >= 8 else n,), F4)
+    if rows >= 8:
         return [f"linear_cls_rows({x.buf}, {x.off}, {literal(rows)}, {literal(f)}, {params}, "
                 f"{cx.view(s)}, {lab.buf}, {lab.off}, {y.buf}, {y.off})"]  # fmt: skip
     return _per_row(cx, rows, lambda m: [
