@@ -30,11 +30,15 @@ from ..base import Cost, KernelContext
 from ..ml.pairwise_jit import MAX_K, pairwise_sq_dist_f
 from ..registry import KernelRegistry
 from .domain import DOMAIN
+from .string_ids_jit import VocabTable, lookup
 
-__all__ = ["CHUNK_ELEMENTS", "encoder", "pairwise_sq_dist", "register_kernels"]
+__all__ = ["CHUNK_ELEMENTS", "JOINED_MIN", "encoder", "pairwise_sq_dist", "register_kernels"]
 
 #: The broadcast temporary's size bound (elements): 256 KiB of float32, cache-resident.
 CHUNK_ELEMENTS = 1 << 16
+#: ``encoder`` joins this many strings or more for the compiled lookup (a dict's per string
+#: is cheaper than the join, encode and call on a few).
+JOINED_MIN = 16
 
 
 def _compiled_fits(y: np.ndarray, x: np.ndarray) -> bool:
@@ -107,14 +111,28 @@ def _pairwise_cost(
 
 
 def encoder(vocab: tuple[str, ...]) -> Callable[[np.ndarray], np.ndarray]:
-    """``x -> int64 ids`` for ``StringIds`` of ``vocab`` (see the module docstring)."""
+    """``x -> int64 ids`` for ``StringIds`` of ``vocab`` (see the module docstring): from
+    ``JOINED_MIN`` strings on, all str and none holding NUL, in one compiled pass over
+    their joined UTF-8 (``string_ids_jit``), else a dict lookup each."""
     get = {s: i for i, s in enumerate(vocab)}.get
+    table = VocabTable(vocab)
 
     def string_ids(x: np.ndarray) -> np.ndarray:
         if x.dtype != np.dtype(object) and x.dtype.kind not in "US":
             raise TypeError(f"OneHotEncoder categories do not match input dtype {x.dtype}")
         flat = x.reshape(-1).tolist()
-        return np.fromiter(map(get, flat, repeat(-1)), np.int64, len(flat)).reshape(x.shape)
+        n = len(flat)
+        if n >= JOINED_MIN and (fn := lookup()) is not None:
+            try:
+                text = "\x00".join(flat)
+            except TypeError:  # not all str: each looked up (none of them matches)
+                text = ""
+            if text.count("\x00") == n - 1:
+                out = np.empty(n, np.int64)
+                fn(np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8),
+                   table.blob, table.offs, table.slots, out)  # fmt: skip
+                return out.reshape(x.shape)
+        return np.fromiter(map(get, flat, repeat(-1)), np.int64, n).reshape(x.shape)
 
     return string_ids
 
