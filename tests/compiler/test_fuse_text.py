@@ -23,7 +23,7 @@ import tfrt_py
 from tests.support.jit_paths import spy_compiled
 from tfrt_py.compiler.pipeline import PASSES
 from tfrt_py.kernels.contrib.regex import ascii_run_class, compile_model_regex
-from tfrt_py.kernels.fused import text_jit
+from tfrt_py.kernels.fused import string_ids_jit, text_jit
 from tfrt_py.kernels.fused.text import _Front
 from tfrt_py.kernels.misc.strings import TfIdfTable
 
@@ -244,6 +244,28 @@ def test_the_bytes_scan_finds_the_regex_tokens_in_any_unicode_text() -> None:
         want = [re.findall(PATTERN, t.lower(), re.ASCII) for t in texts]
         assert [[b.decode() for b in r] for r in rows] == want
         assert get is front.byte_get
+
+
+def test_the_compiled_token_pass_finds_the_columns_the_bytes_scan_does() -> None:
+    """``_Front.columns`` (one compiled pass, the batch path under a linear model): each
+    found token's column and row, in order, as the scan's tokens looked up one by one."""
+    front = _front(PATTERN, ["ka", "lo", "42", "ß", "x_1"])
+    if string_ids_jit.token_columns() is None:
+        assert front.columns(["ka"]) is None  # TFRT_PY_JIT=0: the scan serves
+        return
+    rng = np.random.default_rng(2)
+    words = ["ka", "KA", "lo", "42", "x_1", "kalo", "ß", "ẞ", "日本", "", ",", "ka-lo", "\ud800",
+             "\t", "lo\n", "é"]  # fmt: skip
+    for _ in range(100):
+        texts = [" ".join(rng.choice(words, int(rng.integers(0, 12))).tolist())
+                 for _ in range(int(rng.integers(1, 20)))]  # fmt: skip
+        found = front.columns(texts)
+        assert found is not None
+        rows, get = front.rows(texts)
+        assert get is not None
+        want = [(get(t), r) for r, row in enumerate(rows) for t in row if get(t) is not None]
+        assert list(zip(found[0].tolist(), found[1].tolist())) == want
+    assert front.columns(["ka\x00lo", "ka"]) is None  # a NUL inside: the scan serves
 
 
 @pytest.mark.parametrize(("pattern", "is_class"), [

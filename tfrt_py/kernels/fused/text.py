@@ -56,6 +56,7 @@ from ..ml.common import attr_floats
 from ..registry import KernelRegistry
 from . import text_jit
 from .domain import DOMAIN
+from .string_ids_jit import VocabTable, token_columns
 
 __all__ = ["FRONT", "HEADS", "SMALL", "Stage", "register_kernels"]
 
@@ -102,10 +103,35 @@ class _Front:
         self.byte_table: bytes | None = None
         rx = getattr(split, "__self__", None)
         cls = ascii_run_class(rx) if isinstance(rx, re.Pattern) and table.unigrams_only else None
+        self.vocab: VocabTable | None = None
         if cls is not None and not cls & _NUL_OR_SPACE:
             self.byte_table = bytes(c if c in cls or c == 0 else 0x20 for c in range(256))
             ascii_cols = {k.encode(): v for k, v in table.unigrams.items() if k.isascii()}
             self.byte_get = ascii_cols.get
+            self.vocab = VocabTable([k.decode() for k in ascii_cols])
+            self.vals = np.fromiter(ascii_cols.values(), np.intp, len(ascii_cols))
+
+    def columns(self, items: list[Any]) -> tuple[np.ndarray, np.ndarray] | None:
+        """Each found token's column and row, in row order (``_Sparse.scores_at``'s input),
+        by ``string_ids_jit``'s compiled pass over the bytes ``rows`` splits; None where
+        that pass is not there (numba off, no byte table) or an element holds NUL. Raises
+        TypeError as ``rows`` does for elements that are not str."""
+        fn = token_columns() if self.vocab is not None else None
+        if fn is None:
+            return None
+        text = _SEP.join(items)
+        if text.count(_SEP) != len(items) - 1:
+            return None
+        if self.change is not None:
+            text = self.change(text)
+        data = np.frombuffer(text.encode("utf-8", "surrogatepass").translate(self.byte_table),
+                             np.uint8)  # fmt: skip
+        cap = data.size // 2 + 1  # tokens are runs between separators
+        cols, rows = np.empty(cap, np.intp), np.empty(cap, np.intp)
+        v = self.vocab
+        assert v is not None
+        k = fn(data, v.blob, v.offs, v.slots, self.vals, cols, rows)
+        return cols[:k], rows[:k]
 
     def tokens(self, items: list[Any]) -> list[list[Any]]:
         change, split = self.change, self.split
@@ -414,11 +440,18 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
                 X = X.reshape(-1)
             if X.ndim != 1 or X.size == 0:
                 return stages_after_ravel(X)
+            items = X.tolist()
             try:
-                rows, get = fast.rows(X.tolist())
+                found = fast.columns(items) if head is not None and len(items) > 1 else None
+                if found is None:
+                    rows, get = fast.rows(items)
             except TypeError:  # bytes or other objects: the Tokenizer decodes them
                 return stages_after_ravel(X)
-            if head is not None:
+            if found is not None:
+                assert head is not None
+                sparse, on_scores = head
+                y = on_scores(sparse.scores_at(*found, len(items)))
+            elif head is not None:
                 sparse, on_scores = head
                 if len(rows) == 1 and len(rows[0]) <= SMALL:
                     if compiled is not None:
