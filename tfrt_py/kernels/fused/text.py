@@ -21,10 +21,12 @@ Fast paths, for a ``[C]`` input of ``str`` elements, at least one:
   model's coefficients of those columns only (float64 sums), and the model's own kernel
   (built with identity coefficients, its intercepts, post transform and labels) on those
   scores: no ``[C, width]`` matrix at all. Within float32 rounding of the unfused nodes.
-  One row takes ``text_jit``'s compiled pass from its columns to its scores, and under a
-  SOFTMAX classifier with integer labels (and an L1 Normalizer of its scores, skl2onnx's)
-  on to its probabilities and label (``_CompiledRow``); without numba, Python's floats
-  (``_Sparse.one_row``, ``_SoftmaxRow``).
+  A batch's tokens go from the scanned bytes to their columns and rows in one compiled
+  pass (``_Front.columns``: ``string_ids_jit.token_columns``, a hash table of the pool's
+  ASCII unigrams). One row takes ``text_jit``'s compiled pass from its columns to its
+  scores, and under a SOFTMAX classifier with integer labels (and an L1 Normalizer of its
+  scores, skl2onnx's) on to its probabilities and label (``_CompiledRow``); without
+  numba, Python's floats (``_Sparse.one_row``, ``_SoftmaxRow``).
 
 The front's output is exactly the unfused nodes' because the fast path is only taken where
 padding and row markers cannot count: a normalizer without stop words (which would drop
