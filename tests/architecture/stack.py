@@ -131,7 +131,8 @@ LINE_BUDGET: dict[str, int] = {
     "serving": 6000,
     # 2026-11-29: the ISA choice (isa.py), numba's vector width (numba_target.py), the
     # private cache dir moved down from native/runtime (cachedir.py) for the cached LLVM objects
-    "concurrency": 2700,
+    # 12-03 (40th session): once.Once, the decide-once-under-a-lock of the LLVM kernels
+    "concurrency": 2750,
     # 2026-11-30: the import cache (graph_cache.py, graph_codec.py: issue 33's first result)
     "frontends": 2000,
     "streaming": 1650,

@@ -26,12 +26,12 @@ portable`` or the packed kernels are switched off. Built once per process under 
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
+from ...concurrency.once import Once
 from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, counted_loop, wide_vectors
 
 __all__ = ["SYMBOL", "WINDOWS", "build", "describe", "host_forms", "kernel", "widths"]
@@ -180,11 +180,6 @@ class _RowIR:
         counted_loop(b, c(0), n_ow, 1, pixel, whole=False)
 
 
-_LOCK = threading.Lock()
-#: [(why, {window: ExternalFunction}, engine)] once decided
-_STATE: list[tuple[str, dict[tuple[int, int], Any], Any]] = []
-
-
 def _register() -> tuple[str, dict[tuple[int, int], Any], Any]:
     try:
         from numba import types
@@ -204,11 +199,8 @@ def _register() -> tuple[str, dict[tuple[int, int], Any], Any]:
     return f"vectors of {' and '.join(map(str, lanes))} float32", fns, engine
 
 
-def _decided() -> tuple[str, dict[tuple[int, int], Any], Any]:
-    with _LOCK:
-        if not _STATE:
-            _STATE.append(_register())
-        return _STATE[0]
+#: (why, {window: ExternalFunction}, engine), decided on first use
+_DECIDED: Once[tuple[str, dict[tuple[int, int], Any], Any]] = Once(_register)
 
 
 def kernel(kh: int, kw: int) -> Any:
@@ -216,9 +208,10 @@ def kernel(kh: int, kw: int) -> Any:
     docstring), None where the kernel is off or the window not built."""
     if switched_off(ENV_PACKED_GEMM) or compiled_gate.held():
         return None
-    return _decided()[1].get((kh, kw))
+    return _DECIDED.get()[1].get((kh, kw))
 
 
 def describe() -> str:
     """How the kernel was decided ("" before it was)."""
-    return _STATE[0][0] if _STATE else ""
+    got = _DECIDED.peek()
+    return got[0] if got else ""

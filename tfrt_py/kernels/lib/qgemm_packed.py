@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -47,6 +46,7 @@ import numpy as np
 from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
+from ...concurrency.once import Once
 from . import gemm_packed
 from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, _PackedGemmIR
 
@@ -418,11 +418,6 @@ def qgemm(built: Built, a: np.ndarray, packed: np.ndarray, m: int) -> np.ndarray
     return c
 
 
-_LOCK = threading.Lock()
-#: [(path, why, built, fn, requant fn, scaled fn)]
-_STATE: list[tuple[str, str, Built | None, Any, Any, Any]] = []
-
-
 def _register() -> tuple[str, str, Built | None, Any, Any, Any]:
     try:
         from numba import types
@@ -453,21 +448,19 @@ def _register() -> tuple[str, str, Built | None, Any, Any, Any]:
 _ENGINES: list[Built] = []  # the requantizing and scaling builds, kept alive with their code
 
 
-def _decided() -> tuple[str, str, Built | None, Any, Any, Any]:
-    with _LOCK:
-        if not _STATE:
-            _STATE.append(_register())
-        return _STATE[0]
+#: (path, why, built, fn, requant fn, scaled fn), decided on first use
+_DECIDED: Once[tuple[str, str, Built | None, Any, Any, Any]] = Once(_register)
 
 
 def chosen() -> tuple[str, str] | None:
     """(path, why) once decided, None before (builds nothing)."""
-    return _STATE[0][:2] if _STATE else None
+    got = _DECIDED.peek()
+    return (got[0], got[1]) if got else None
 
 
 def path() -> tuple[str, str]:
     """(this process's path, why): decides and builds on the first call."""
-    got = _decided()
+    got = _DECIDED.get()
     return got[0], got[1]
 
 
@@ -477,27 +470,27 @@ def available() -> Built | None:
     with the float one)."""
     if switched_off(ENV_PACKED_GEMM) or compiled_gate.held():
         return None
-    return _decided()[2]
+    return _DECIDED.get()[2]
 
 
 def kernel() -> Any:
     """The numba ExternalFunction of the registered kernel (signature in the module
     docstring), None where ``available()`` is None."""
-    return _decided()[3] if available() is not None else None
+    return _DECIDED.get()[3] if available() is not None else None
 
 
 def kernel_requant() -> Any:
     """The numba ExternalFunction of the requantizing kernel ``(a, lda, w, y, ldy, m,
     k_groups, panels, layout, bias, scale, params, n_valid) -> status`` (as
     ``qgemm_requant``), None where ``available()`` is None."""
-    return _decided()[4] if available() is not None else None
+    return _DECIDED.get()[4] if available() is not None else None
 
 
 def kernel_scaled() -> Any:
     """The numba ExternalFunction of the float-storing kernel ``(a, lda, w, y, ldy, m,
     k_groups, panels, layout, colsum, wz, row_term, scale, bias, a_scale, a_zp, n_valid)
     -> status`` (as ``qgemm_scaled``), None where ``available()`` is None."""
-    return _decided()[5] if available() is not None else None
+    return _DECIDED.get()[5] if available() is not None else None
 
 
 def qgemm_scaled(built: Built, a: np.ndarray, packed: np.ndarray, m: int, colsum: np.ndarray,

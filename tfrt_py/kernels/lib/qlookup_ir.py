@@ -17,12 +17,12 @@ code cached as the packed gemms'); stateless; any thread.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
+from ...concurrency.once import Once
 from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, counted_loop, wide_vectors
 
 __all__ = ["SYMBOL", "build", "describe", "host_has_vbmi", "kernel"]
@@ -86,11 +86,6 @@ def build() -> Any:
     return compile_ir_cached(_text, f"qlookup_ir|{SYMBOL}", (__file__,), opt=3)[0]
 
 
-_LOCK = threading.Lock()
-#: [(why, ExternalFunction or None, engine or None)] once decided
-_STATE: list[tuple[str, Any, Any]] = []
-
-
 def _register() -> tuple[str, Any, Any]:
     try:
         from numba import types
@@ -109,20 +104,18 @@ def _register() -> tuple[str, Any, Any]:
     return "AVX-512 VBMI", fn, engine
 
 
-def _decided() -> tuple[str, Any, Any]:
-    with _LOCK:
-        if not _STATE:
-            _STATE.append(_register())
-        return _STATE[0]
+#: (why, ExternalFunction or None, engine or None), decided on first use
+_DECIDED: Once[tuple[str, Any, Any]] = Once(_register)
 
 
 def kernel() -> Any:
     """The ExternalFunction (module docstring), None where the kernel is off."""
     if switched_off(ENV_PACKED_GEMM) or compiled_gate.held():
         return None
-    return _decided()[1]
+    return _DECIDED.get()[1]
 
 
 def describe() -> str:
     """How the kernel was decided ("" before it was)."""
-    return _STATE[0][0] if _STATE else ""
+    got = _DECIDED.peek()
+    return got[0] if got else ""

@@ -40,7 +40,6 @@ a lock (its machine code cached as the packed gemms'); stateless; any thread.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -48,6 +47,7 @@ import numpy as np
 from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
+from ...concurrency.once import Once
 from .gemm_packed import ENV_PACKED_GEMM, counted_loop, wide_vectors
 from .qgemm_packed import choose_path, host_paths
 
@@ -290,11 +290,6 @@ def build(path_: str) -> Any:
     return compile_ir_cached(lambda: _text(path_), f"qnbits_ir|{path_}", (__file__,), opt=3)[0]
 
 
-_LOCK = threading.Lock()
-#: [(path, why, (product, quantizer) ExternalFunctions or None, engine or None)] once decided
-_STATE: list[tuple[str, str, Any, Any]] = []
-
-
 def _register() -> tuple[str, str, Any, Any]:
     try:
         from numba import types
@@ -315,11 +310,8 @@ def _register() -> tuple[str, str, Any, Any]:
     return chosen, why, (fn, quant), engine
 
 
-def _decided() -> tuple[str, str, Any, Any]:
-    with _LOCK:
-        if not _STATE:
-            _STATE.append(_register())
-        return _STATE[0]
+#: (path, why, (product, quantizer) ExternalFunctions or None, engine or None), decided on first use
+_DECIDED: Once[tuple[str, str, Any, Any]] = Once(_register)
 
 
 def kernel() -> Any:
@@ -327,16 +319,17 @@ def kernel() -> Any:
     kernel is off."""
     if switched_off(ENV_PACKED_GEMM) or compiled_gate.held():
         return None
-    return _decided()[2]
+    return _DECIDED.get()[2]
 
 
 def path() -> str:
     """This process's path (deciding, and building, on the first call)."""
-    return _decided()[0]
+    return _DECIDED.get()[0]
 
 
 def describe() -> str:
     """How the kernel was decided ("" before it was), or that it is switched off."""
     if switched_off(ENV_PACKED_GEMM):
         return f"off (${ENV_PACKED_GEMM}=0)"
-    return f"{_STATE[0][0]} ({_STATE[0][1]})" if _STATE else ""
+    got = _DECIDED.peek()
+    return f"{got[0]} ({got[1]})" if got else ""
