@@ -1,6 +1,7 @@
 """The classic zoo's pipelines with string inputs (issue 39): TF-IDF and count vectorizers
-before a logistic regression, and ColumnTransformers over string and numeric columns (one
-hot before a logistic regression, ordinal codes before a random forest).
+(words, and words with their bigrams) before a logistic regression, and ColumnTransformers
+over string and numeric columns (one hot before a logistic regression, ordinal codes
+before a random forest).
 
 Built by ``zoo_build.py`` from fixed seeds (a synthetic corpus of pseudo-words, nothing
 downloaded). Each builder has a ``feeds(rng, batch)`` attribute: the named inputs the
@@ -76,7 +77,8 @@ def _vectorizer(kind: str) -> Callable[[], Any]:
         from sklearn.pipeline import make_pipeline
 
         texts = _corpus(np.random.default_rng(7), 2000)
-        vec = TfidfVectorizer() if kind == "tfidf" else CountVectorizer()
+        vec = {"tfidf": TfidfVectorizer(), "count": CountVectorizer(),
+               "bigrams": CountVectorizer(ngram_range=(1, 2))}[kind]  # fmt: skip
         est = make_pipeline(vec, LogisticRegression(max_iter=300)).fit(texts, _labels(texts))
         return _export(est, [("text", StringTensorType([None, 1]))])
 
@@ -156,6 +158,7 @@ def models() -> dict[str, Callable[[], Any]]:
     return {
         "sklearn_tfidf_logreg": _vectorizer("tfidf"),
         "sklearn_count_logreg": _vectorizer("count"),
+        "sklearn_count_bigrams_logreg": _vectorizer("bigrams"),
         "sklearn_column_strings_logreg": _column_transformer,
         "sklearn_column_ordinal_forest": _column_ordinal_forest,
     }

@@ -23,7 +23,7 @@ import tfrt_py
 from tests.support.jit_paths import spy_compiled
 from tfrt_py.compiler.pipeline import PASSES
 from tfrt_py.kernels.contrib.regex import ascii_run_class, compile_model_regex
-from tfrt_py.kernels.fused import string_ids_jit, text_jit
+from tfrt_py.kernels.fused import text_grams_jit, text_jit
 from tfrt_py.kernels.fused.text import _Front
 from tfrt_py.kernels.misc.strings import TfIdfTable
 
@@ -246,12 +246,31 @@ def test_the_bytes_scan_finds_the_regex_tokens_in_any_unicode_text() -> None:
         assert get is front.byte_get
 
 
-def test_the_compiled_token_pass_finds_the_columns_the_bytes_scan_does() -> None:
+def _gram_front(pool: list[str], counts: list[int], lengths: tuple[int, int], skip: int) -> _Front:
+    from tfrt_py.ir import Node, Value
+    from tfrt_py.kernels.base import KernelContext
+
+    n_grams = counts[1] + (len(pool) - counts[1]) // 2 if len(counts) > 1 else len(pool)
+    node = Node("TfIdfVectorizer", [Value("x")], [Value("y")], {
+        "mode": "TF", "min_gram_length": lengths[0], "max_gram_length": lengths[1],
+        "max_skip_count": skip, "ngram_counts": counts,
+        "ngram_indexes": list(range(n_grams))[::-1], "pool_strings": pool,
+    })  # fmt: skip
+    return _Front(str.lower, compile_model_regex(PATTERN).findall, TfIdfTable(KernelContext(node)))
+
+
+GRAM_POOL = ["ka", "lo", "42", "ß", "x_1", "ka", "lo", "lo", "ka", "42", "42", "日本", "ka"]
+
+
+@pytest.mark.parametrize(("lengths", "skip"), [((1, 1), 0), ((1, 2), 0), ((2, 2), 1), ((1, 2), 2)])
+def test_the_compiled_pass_finds_the_columns_the_tables_rows_give(lengths: tuple[int, int],
+                                                                   skip: int) -> None:  # fmt: skip
     """``_Front.columns`` (one compiled pass, the batch path under a linear model): each
-    found token's column and row, in order, as the scan's tokens looked up one by one."""
-    front = _front(PATTERN, ["ka", "lo", "42", "ß", "x_1"])
-    if string_ids_jit.token_columns() is None:
-        assert front.columns(["ka"]) is None  # TFRT_PY_JIT=0: the scan serves
+    found n-gram's column and row, in ``TfIdfTable.row_columns``' order, as the regex's
+    tokens give them one row at a time (unigrams, bigrams, skips, a non-ASCII key)."""
+    front = _gram_front(GRAM_POOL, [0, 5], lengths, skip)
+    if text_grams_jit.columns() is None:
+        assert front.columns(["ka"]) is None  # TFRT_PY_JIT=0: the rows serve
         return
     rng = np.random.default_rng(2)
     words = ["ka", "KA", "lo", "42", "x_1", "kalo", "ß", "ẞ", "日本", "", ",", "ka-lo", "\ud800",
@@ -261,11 +280,10 @@ def test_the_compiled_token_pass_finds_the_columns_the_bytes_scan_does() -> None
                  for _ in range(int(rng.integers(1, 20)))]  # fmt: skip
         found = front.columns(texts)
         assert found is not None
-        rows, get = front.rows(texts)
-        assert get is not None
-        want = [(get(t), r) for r, row in enumerate(rows) for t in row if get(t) is not None]
+        tokens = [re.findall(PATTERN, t.lower(), re.ASCII) for t in texts]
+        want = [(c, r) for r, row in enumerate(tokens) for c in front.table.row_columns(row)]
         assert list(zip(found[0].tolist(), found[1].tolist())) == want
-    assert front.columns(["ka\x00lo", "ka"]) is None  # a NUL inside: the scan serves
+    assert front.columns(["ka\x00lo", "ka"]) is None  # a NUL inside: the rows serve
 
 
 @pytest.mark.parametrize(("pattern", "is_class"), [

@@ -10,13 +10,8 @@ starts, ``slots`` a power of two at least twice the keys, each a key's index or 
 ``lookup()`` gives ``fn(data, blob, offs, slots, out) -> int``: ``data`` uint8, the joined
 UTF-8; writes each run's id (-1: not in the vocabulary) to ``out`` (int64, one per run)
 and returns the number of runs. UTF-8 with ``surrogatepass`` is one-to-one, so equal
-bytes are equal strings.
-
-``token_columns()`` gives ``fn(data, blob, offs, slots, vals, cols, rows) -> int`` for
-``text._Front``: ``data`` rows of tokens (bytes other than NUL and space) split by spaces
-and the rows by NUL; each token found in the table writes its key's ``vals`` entry to
-``cols[k]`` and its row to ``rows[k]`` (intp, in row order; as many as fit); returns
-how many tokens were found. None without numba (``lib/jit.py``). Any thread (no GIL).
+bytes are equal strings. ``_find`` (one run's key index) serves ``text_grams_jit``
+too. None without numba (``lib/jit.py``). Any thread (no GIL).
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ import numpy as np
 
 from ..lib.jit import Jitted, inline
 
-__all__ = ["VocabTable", "lookup", "token_columns"]
+__all__ = ["VocabTable", "lookup"]
 
 _OFFSET = 14695981039346656037
 _PRIME = 1099511628211
@@ -103,51 +98,14 @@ def _lookup(data: Any, blob: Any, offs: Any, slots: Any, out: Any
     return k
 
 
-def _token_columns(data: Any, blob: Any, offs: Any, slots: Any, vals: Any, cols: Any,
-                   rows: Any) -> int:  # fmt: skip  # pragma: no cover - numba only
-    size = data.size
-    row = 0
-    start = -1  # the current token's first byte, -1 between tokens
-    k = 0
-    for pos in range(size + 1):
-        c = data[pos] if pos < size else 0
-        if c != 0 and c != 32:
-            if start < 0:
-                start = pos
-            continue
-        if start >= 0:
-            s = _find(data, start, pos, blob, offs, slots)
-            if s >= 0 and k < cols.size:
-                cols[k] = vals[s]
-                rows[k] = row
-                k += 1
-            start = -1
-        if c == 0:
-            row += 1
-    return k
-
-
 def _warm(fn: Any) -> None:
     t = VocabTable(["a", "bc"])
     fn(np.frombuffer(b"bc\x00x", np.uint8), t.blob, t.offs, t.slots, np.empty(2, np.int64))
 
 
-def _warm_tokens(fn: Any) -> None:
-    t = VocabTable(["a", "bc"])
-    out = np.empty(4, np.intp)
-    fn(np.frombuffer(b"bc a\x00x", np.uint8), t.blob, t.offs, t.slots, np.arange(2), out,
-       out.copy())  # fmt: skip
-
-
 _LOOKUP = Jitted(_lookup, _warm, helpers=(_find,))
-_TOKENS = Jitted(_token_columns, _warm_tokens, helpers=(_find,))
 
 
 def lookup() -> Any:
     """The compiled lookup, or None (numba missing, ``$TFRT_PY_JIT=0``, or held back)."""
     return _LOOKUP.get()
-
-
-def token_columns() -> Any:
-    """The compiled token pass, or None (numba missing, ``$TFRT_PY_JIT=0``, or held back)."""
-    return _TOKENS.get()

@@ -21,12 +21,13 @@ Fast paths, for a ``[C]`` input of ``str`` elements, at least one:
   model's coefficients of those columns only (float64 sums), and the model's own kernel
   (built with identity coefficients, its intercepts, post transform and labels) on those
   scores: no ``[C, width]`` matrix at all. Within float32 rounding of the unfused nodes.
-  A batch's tokens go from the scanned bytes to their columns and rows in one compiled
-  pass (``_Front.columns``: ``string_ids_jit.token_columns``, a hash table of the pool's
-  ASCII unigrams). One row takes ``text_jit``'s compiled pass from its columns to its
-  scores, and under a SOFTMAX classifier with integer labels (and an L1 Normalizer of its
-  scores, skl2onnx's) on to its probabilities and label (``_CompiledRow``); without
-  numba, Python's floats (``_Sparse.one_row``, ``_SoftmaxRow``).
+  A batch's tokens go from the scanned bytes to their n-grams' columns and rows in one
+  compiled pass (``_Front.columns``: ``text_grams_jit``, hash tables of the pool's ASCII
+  tokens and of its n-grams as token ids). One row takes ``text_jit``'s compiled pass
+  from its columns to its scores, and under a SOFTMAX classifier with integer labels (and
+  an L1 Normalizer of its scores, skl2onnx's) on to its probabilities and label
+  (``_CompiledRow``); without numba, Python's floats (``_Sparse.one_row``,
+  ``_SoftmaxRow``).
 
 The front's output is exactly the unfused nodes' because the fast path is only taken where
 padding and row markers cannot count: a normalizer without stop words (which would drop
@@ -56,9 +57,9 @@ from ..contrib.tokenizer import splitter
 from ..misc.strings import TfIdfTable, normalizer_parts
 from ..ml.common import attr_floats
 from ..registry import KernelRegistry
-from . import text_jit
+from . import text_grams_jit, text_jit
 from .domain import DOMAIN
-from .string_ids_jit import VocabTable, token_columns
+from .text_grams_jit import GramTable
 
 __all__ = ["FRONT", "HEADS", "SMALL", "Stage", "register_kernels"]
 
@@ -102,23 +103,26 @@ class _Front:
     def __init__(self, change: Any, split: Callable[[str], list[str]], table: TfIdfTable) -> None:
         self.change, self.split, self.table = change, split, table
         self.str_get = table.unigrams.get
-        self.byte_table: bytes | None = None
+        self.byte_table: bytes | None = None  # the scan, where ``rows`` takes it
+        self.scan: bytes | None = None  # the scan, where ``columns`` takes it
+        self.grams: GramTable | None = None
         rx = getattr(split, "__self__", None)
-        cls = ascii_run_class(rx) if isinstance(rx, re.Pattern) and table.unigrams_only else None
-        self.vocab: VocabTable | None = None
+        cls = ascii_run_class(rx) if isinstance(rx, re.Pattern) else None
         if cls is not None and not cls & _NUL_OR_SPACE:
-            self.byte_table = bytes(c if c in cls or c == 0 else 0x20 for c in range(256))
-            ascii_cols = {k.encode(): v for k, v in table.unigrams.items() if k.isascii()}
-            self.byte_get = ascii_cols.get
-            self.vocab = VocabTable([k.decode() for k in ascii_cols])
-            self.vals = np.fromiter(ascii_cols.values(), np.intp, len(ascii_cols))
+            self.scan = bytes(c if c in cls or c == 0 else 0x20 for c in range(256))
+            self.grams = GramTable(table)
+            if table.unigrams_only:
+                self.byte_table = self.scan
+                ascii_cols = {k.encode(): v for k, v in table.unigrams.items() if k.isascii()}
+                self.byte_get = ascii_cols.get
 
     def columns(self, items: list[Any]) -> tuple[np.ndarray, np.ndarray] | None:
-        """Each found token's column and row, in row order (``_Sparse.scores_at``'s input),
-        by ``string_ids_jit``'s compiled pass over the bytes ``rows`` splits; None where
-        that pass is not there (numba off, no byte table) or an element holds NUL. Raises
-        TypeError as ``rows`` does for elements that are not str."""
-        fn = token_columns() if self.vocab is not None else None
+        """Each found n-gram's column and row, in ``row_columns``' order, rows in order
+        (``_Sparse.scores_at``'s input), by ``text_grams_jit``'s compiled pass over the
+        scanned bytes; None where that pass is not there (numba off, the pattern no ASCII
+        run) or an element holds NUL. Raises TypeError as ``rows`` does for elements that
+        are not str."""
+        fn = text_grams_jit.columns() if self.grams is not None else None
         if fn is None:
             return None
         text = _SEP.join(items)
@@ -126,13 +130,17 @@ class _Front:
             return None
         if self.change is not None:
             text = self.change(text)
-        data = np.frombuffer(text.encode("utf-8", "surrogatepass").translate(self.byte_table),
+        data = np.frombuffer(text.encode("utf-8", "surrogatepass").translate(self.scan),
                              np.uint8)  # fmt: skip
-        cap = data.size // 2 + 1  # tokens are runs between separators
+        g = self.grams
+        assert g is not None
+        n_tokens = data.size // 2 + 1  # tokens are runs between separators
+        cap = n_tokens * g.per_token
         cols, rows = np.empty(cap, np.intp), np.empty(cap, np.intp)
-        v = self.vocab
-        assert v is not None
-        k = fn(data, v.blob, v.offs, v.slots, self.vals, cols, rows)
+        v = g.vocab
+        k = fn(data, len(items), v.blob, v.offs, v.slots, g.ucol, g.gkeys, g.glen, g.gcol,
+               g.gslots, g.meta, np.empty(n_tokens, np.int64),
+               np.empty(len(items) + 1, np.int64), cols, rows)  # fmt: skip
         return cols[:k], rows[:k]
 
     def tokens(self, items: list[Any]) -> list[list[Any]]:
@@ -444,9 +452,13 @@ def _text_vectorize(registry: KernelRegistry) -> Callable[[KernelContext], Compu
                 return stages_after_ravel(X)
             items = X.tolist()
             try:
-                found = fast.columns(items) if head is not None and len(items) > 1 else None
+                # one row of unigrams: the scan's dict lookups cost less than the call
+                batch = len(items) > 1 or not table.unigrams_only
+                found = fast.columns(items) if head is not None and batch else None
                 if found is None:
                     rows, get = fast.rows(items)
+                elif len(items) == 1:  # its columns on to the one-row paths below
+                    rows, get, found = [found[0].tolist()], None, None
             except TypeError:  # bytes or other objects: the Tokenizer decodes them
                 return stages_after_ravel(X)
             if found is not None:
