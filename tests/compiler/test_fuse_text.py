@@ -286,6 +286,22 @@ def test_the_compiled_pass_finds_the_columns_the_tables_rows_give(lengths: tuple
     assert front.columns(["ka\x00lo", "ka"]) is None  # a NUL inside: the rows serve
 
 
+def test_huge_gram_lengths_and_skips_cost_what_the_rows_hold() -> None:
+    """A model's max_gram_length and max_skip_count of 2**62 (untrusted attributes) load at
+    once and count what the bounded ones do: no gram is longer than the pool's longest,
+    none spans more than its row."""
+    huge = _gram_front(GRAM_POOL, [0, 5], (1, 1 << 62), 1 << 62)
+    bounded = _gram_front(GRAM_POOL, [0, 5], (1, 2), 100)  # no row has 100 tokens
+    assert huge.table.lengths == [1, 2]
+    texts = ["ka lo ka lo 42 42 x_1 ka", "ka lo " * 40, "", "ka"]
+    rows = [re.findall(PATTERN, t, re.ASCII) for t in texts]
+    assert [huge.table.row_columns(r) for r in rows] == [bounded.table.row_columns(r) for r in rows]
+    found, want = huge.columns(texts), bounded.columns(texts)
+    if found is not None and want is not None:  # the compiled pass (numba on)
+        assert found[0].tolist() == want[0].tolist() and found[1].tolist() == want[1].tolist()
+        assert len(found[0]) > 2 * len("".join(texts))  # more than the first room: called again
+
+
 @pytest.mark.parametrize(("pattern", "is_class"), [
     ("[a-zA-Z0-9_]+", True), ("\\w+", True), ("\\d+", True), ("[\\w-]+", True), ("a+", True),
     ("[^a]+", False), ("\\S+", False), (".+", False), ("[a-z]{2,}", False), ("[a-z]", False),

@@ -135,13 +135,16 @@ class _Front:
         g = self.grams
         assert g is not None
         n_tokens = data.size // 2 + 1  # tokens are runs between separators
-        cap = n_tokens * g.per_token
-        cols, rows = np.empty(cap, np.intp), np.empty(cap, np.intp)
         v = g.vocab
-        k = fn(data, len(items), v.blob, v.offs, v.slots, g.ucol, g.gkeys, g.glen, g.gcol,
-               g.gslots, g.meta, np.empty(n_tokens, np.int64),
-               np.empty(len(items) + 1, np.int64), cols, rows)  # fmt: skip
-        return cols[:k], rows[:k]
+        ids, starts = np.empty(n_tokens, np.int64), np.empty(len(items) + 1, np.int64)
+        cap = n_tokens * g.per_token  # enough without skips; with them, what was counted
+        while True:
+            cols, rows = np.empty(cap, np.intp), np.empty(cap, np.intp)
+            k = fn(data, len(items), v.blob, v.offs, v.slots, g.ucol, g.gkeys, g.glen, g.gcol,
+                   g.gslots, g.meta, ids, starts, cols, rows)  # fmt: skip
+            if k <= cap:
+                return cols[:k], rows[:k]
+            cap = k
 
     def tokens(self, items: list[Any]) -> list[list[Any]]:
         change, split = self.change, self.split

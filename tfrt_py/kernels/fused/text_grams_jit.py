@@ -13,7 +13,8 @@ runs (a key holding another character can never be a token of the scan: dropped)
 meta, ids, starts, cols, rows) -> int``; ``meta`` = [has unigrams, max skip, lengths...];
 ``ids`` (int64, a token each) and ``starts`` (int64, ``n_rows + 1``) are scratch; writes
 the found columns to ``cols`` and their rows to ``rows`` (intp, as many as fit) and returns
-how many there are. None without numba (``lib/jit.py``). Any thread (no GIL).
+how many there are (more than fit: the caller calls again with room for them). None
+without numba (``lib/jit.py``). Any thread (no GIL).
 """
 
 from __future__ import annotations
@@ -71,9 +72,12 @@ class GramTable:
                 h = (h + 1) & (size - 1)
             self.gslots[h] = g
         lengths = [n for n in table.lengths if n > 1] if grams else []
-        self.meta = np.array([int(table.has_unigrams), table.max_skip, *lengths], np.int64)
-        #: columns a token can give at most (its unigram, then a gram per skip and length)
-        self.per_token = 1 + len(lengths) * (table.max_skip + 1)
+        # skips past a row's length fit no gram (the pass stops there): 2**31 is as good as
+        # a model's 2**62, and its + 1 cannot overflow
+        skip = min(table.max_skip, 1 << 31)
+        self.meta = np.array([int(table.has_unigrams), skip, *lengths], np.int64)
+        #: columns a token gives at most without skips (its unigram, a gram per length)
+        self.per_token = 1 + len(lengths)
 
 
 def _columns(data: Any, n_rows: int, blob: Any, offs: Any, slots: Any, ucol: Any, gkeys: Any,
@@ -108,12 +112,15 @@ def _columns(data: Any, n_rows: int, blob: Any, offs: Any, slots: Any, ucol: Any
         if meta[0] != 0:
             for i in range(lo, hi):
                 tok = ids[i]
-                if tok >= 0 and ucol[tok] >= 0 and k < cap:
-                    cols[k] = ucol[tok]
-                    rows[k] = r
+                if tok >= 0 and ucol[tok] >= 0:
+                    if k < cap:
+                        cols[k] = ucol[tok]
+                        rows[k] = r
                     k += 1
         for skip in range(meta[1] + 1):
             step = skip + 1
+            if n_lens == 0 or (meta[2] - 1) * step >= hi - lo:
+                break  # no gram of this row spans so far (the lengths ascend)
             for li in range(n_lens):
                 n = meta[2 + li]
                 span = (n - 1) * step
@@ -141,7 +148,7 @@ def _columns(data: Any, n_rows: int, blob: Any, offs: Any, slots: Any, ucol: Any
                                 if k < cap:
                                     cols[k] = gcol[g]
                                     rows[k] = r
-                                    k += 1
+                                k += 1
                                 break
                         at = (at + 1) & mask
     return k

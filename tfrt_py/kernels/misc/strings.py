@@ -156,7 +156,9 @@ class TfIdfTable:
                     table.setdefault(tuple(pool[pos : pos + n]), indexes[gram_id])
                 gram_id += 1
         self.table = table
-        self.lengths = [n for n in range(max(min_n, 1), max_n + 1)]
+        # no key is longer than ngram_counts has entries: longer lengths cannot match (and a
+        # model's max_gram_length of 2**62 must not make a list of that many)
+        self.lengths = [n for n in range(max(min_n, 1), min(max_n, len(counts_attr)) + 1)]
         self.unigrams = {k[0]: v for k, v in table.items() if len(k) == 1}  # no tuple per token
         self.has_unigrams = 1 in self.lengths
         self.unigrams_only = self.lengths == [1]
@@ -166,7 +168,8 @@ class TfIdfTable:
         get = self.unigrams.get
         cols = [c for c in map(get, row) if c is not None] if self.has_unigrams else []
         size, table = len(row), self.table
-        for skip in range(self.max_skip + 1):
+        # a gram spans at least skip + 2 tokens: larger skips fit no gram of this row
+        for skip in range(min(self.max_skip, size - 2) + 1):
             step = skip + 1
             for n in self.lengths:
                 if n == 1:
