@@ -188,12 +188,11 @@ def linear_cls_rows(x, xo, rows, f, w, b, n, labels, binary, two, pos, neg, lin_
     for a binary classifier of two labels, 1 for other binary ones, else ``n``). Rows eight
     at a time: eight independent chains of sums (one row's multiply-adds wait on each
     other; two FMA pipes of latency 4 need eight), each in the one-row order, so the same
-    float32 bits; labels and scores written here, not by a call per row (a call with
-    arrays costs their reference counts' atomic updates). The last rows, and liblinear SVM
-    rows, one at a time. ``s``: scratch of ``8 * n``."""
+    float32 bits; each row finished by ``_linear_cls_finish``, inlined as the rows loop is
+    (a call with arrays costs their reference counts' atomic updates). The last rows, and
+    liblinear SVM rows, one at a time. ``s``: scratch of ``8 * n``."""
     width = (2 if two else 1) if binary else n
     blocked = rows - rows % 8 if not lin_argmax else 0
-    one_b = b.size != n
     for r in range(0, blocked, 8):
         p = xo + r * f
         for j in range(n):
@@ -208,42 +207,18 @@ def linear_cls_rows(x, xo, rows, f, w, b, n, labels, binary, two, pos, neg, lin_
                 a5 += np.float32(x[p + 5 * f + i]) * wij
                 a6 += np.float32(x[p + 6 * f + i]) * wij
                 a7 += np.float32(x[p + 7 * f + i]) * wij
-            bj = b[0 if one_b else j]
-            s[j] = a0 + bj
-            s[n + j] = a1 + bj
-            s[2 * n + j] = a2 + bj
-            s[3 * n + j] = a3 + bj
-            s[4 * n + j] = a4 + bj
-            s[5 * n + j] = a5 + bj
-            s[6 * n + j] = a6 + bj
-            s[7 * n + j] = a7 + bj
+            s[j] = a0
+            s[n + j] = a1
+            s[2 * n + j] = a2
+            s[3 * n + j] = a3
+            s[4 * n + j] = a4
+            s[5 * n + j] = a5
+            s[6 * n + j] = a6
+            s[7 * n + j] = a7
         for q in range(8):
-            sq = q * n
-            yq = yo + (r + q) * width
-            if binary:
-                s0 = s[sq]
-                lab[lo + r + q] = pos if s0 > 0 else neg
-                if code == 4:
-                    s0 = np.float32(probit(float(s0)))
-                if not two:
-                    y[yq] = s0
-                elif code == 2:
-                    y[yq] = logistic(-float(s[sq]))
-                    y[yq + 1] = logistic(float(s[sq]))
-                else:
-                    y[yq] = np.float32(1.0) - s0
-                    y[yq + 1] = s0
-                continue
-            best = 0
-            for j in range(n):
-                v = s[sq + j]
-                y[yq + j] = v
-                c = s[sq + best]
-                if v > c or (v != v and c == c):  # the first largest, NaN wins (post.argmax)
-                    best = j
-            lab[lo + r + q] = labels[best]
-            if code != 0:
-                post(y, yq, n, code)
+            rq = r + q
+            _linear_cls_finish(s, q * n, b, n, labels, binary, two, pos, neg, lin_argmax,
+                               all_positive, code, lab, lo + rq, y, yo + rq * width)  # fmt: skip
     for r in range(blocked, rows):
         linear_cls_row(x, xo + r * f, f, w, b, n, labels, binary, two, pos, neg, lin_argmax,
                        all_positive, code, s, lab, lo + r, y, yo + r * width)  # fmt: skip
