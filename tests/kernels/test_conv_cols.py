@@ -21,9 +21,18 @@ from tests.support.spies import record_calls
 from tfrt_py.concurrency import isa
 from tfrt_py.kernels.lib import gemm_cols
 from tfrt_py.kernels.lib.jit import jit_enabled, why_off
-from tfrt_py.kernels.nn import conv_blocked, conv_cols
+from tfrt_py.kernels.nn import conv_blocked, conv_cols, conv_packed
 
 pytestmark = pytest.mark.skipif(not jit_enabled(), reason=why_off() or "numba kernels off")
+
+
+@pytest.fixture(autouse=True)
+def _no_packed_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about conv_cols' route: the few-pixel convs it serves where
+    conv_packed's route is not there (one thread, no packed kernel) keep it here
+    (conv_packed's own tests: tests/kernels/test_conv_packed.py)."""
+    monkeypatch.setattr(conv_packed, "FEW_PIXELS", 0)
+
 
 _RNG = np.random.default_rng(29)
 
@@ -350,16 +359,20 @@ model.run({"x": x})
 if not native_threads.ready() or native_threads.max_threads() < 2:
     print("no native threads")
 else:
-    cp = plans[-1].cols
-    assert plans[-1].route == "cols" and cp is not None and cp.parallel, plans[-1]
+    plan = plans[-1]
+    if plan.route == "packed":  # conv_packed's few-pixel route: parts split too
+        assert plan.packed is not None and len(plan.packed.parts) >= 2, plan
+    else:
+        assert plan.route == "cols" and plan.cols is not None and plan.cols.parallel, plan
     print("parallel ok")
 """
 
 
 def test_a_models_first_parallel_conv_is_planned_on_native_threads() -> None:
-    """A fresh process whose first parallel kernel is a cols conv: its plan splits over the
-    native threads (``max_threads`` read 1 before they were set up, so such a conv --
-    a one-conv model, or the stem of a CNN -- was planned serial and ran on one core)."""
+    """A fresh process whose first parallel kernel is a cols (or packed) conv: its plan
+    splits over the native threads (``max_threads`` read 1 before they were set up, so
+    such a conv -- a one-conv model, or the stem of a CNN -- was planned serial and ran on
+    one core)."""
     _need_kernel()
     env = {**os.environ, "TFRT_PY_COLD_START": "0"}
     env.pop("TFRT_PY_THREADS", None)

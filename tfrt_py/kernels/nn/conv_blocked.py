@@ -42,7 +42,7 @@ from ...concurrency.threads import intra_pool
 from ..common import ShapeMemo, scratch
 from ..lib import blas, gemm, gemm_cols
 from ..lib.jit import CONTRACT, Jitted, frozen
-from . import conv_cols
+from . import conv_cols, conv_packed
 from .conv_common import ConvNode, bias_vector, conv_geometry
 from .conv_direct import (
     _EPILOGUE_COLS,
@@ -183,9 +183,12 @@ class BlockedPlan(NamedTuple):
     # a one-group float32 conv on ``conv_cols`` (the gemm_cols kernel), on native threads
     # or the caller; None: not this path
     cols: conv_cols.ColsPlan | None = None
-    # which of ``run_blocked``'s paths runs it: "filters" (``native``), "cols" (``cols``),
-    # "rows" (``par``), "whole" (one image, one group, one block on the caller) or
-    # "parts" (``blocks``, on the intra-op pool when ``split``)
+    # a one-group float32 conv over few pixels as pixel rows times the packed filters
+    # (``conv_packed``), on native threads; None: not this path
+    packed: conv_packed.PackedConvPlan | None = None
+    # which of ``run_blocked``'s paths runs it: "packed" (``packed``), "filters"
+    # (``native``), "cols" (``cols``), "rows" (``par``), "whole" (one image, one group,
+    # one block on the caller) or "parts" (``blocks``, on the intra-op pool when ``split``)
     route: str = "parts"
 
 
@@ -302,7 +305,11 @@ def plan_blocked(
     cols = None
     one_f32 = dtype == np.float32 and group == 1
     act, params = _jit_act(epi, dtype), _params(epi, dtype)
-    if native_size and m >= _NATIVE_MIN_FILTERS and (direct or m > oh * ow):
+    packed = None
+    if one_f32 and native_size and kh * kw > 1:
+        packed = conv_packed.plan(x_shape, m, (kh, kw), out_shape, strides, pads_begin,
+                                  dilations, act, params, _native_threads(threads))  # fmt: skip
+    if packed is None and native_size and m >= _NATIVE_MIN_FILTERS and (direct or m > oh * ow):
         # filter blocks: a 1x1 conv as it is; a conv with more filters than output
         # pixels (row blocks would be a few pixels wide): conv_cols' blocks (the weights
         # and a 1x1 conv's input read as they are), else BLAS's after one im2col per image
@@ -317,7 +324,9 @@ def plan_blocked(
                 n, x_shape[1], m, threads, direct
             )
     whole = n == 1 and group == 1 and not (split and len(blocks) > 1)
-    if cols is not None:
+    if packed is not None:
+        route = "packed"
+    elif cols is not None:
         route = "cols"
     elif native is not None:
         route = "filters"
@@ -326,7 +335,7 @@ def plan_blocked(
     else:
         route = "whole" if whole else "parts"
     serial = route == "whole" or (route == "parts" and not (split and len(blocks) > 1))
-    if cols is None and one_f32 and (route == "rows" or serial):
+    if cols is None and packed is None and one_f32 and (route == "rows" or serial):
         cols_threads = 1 if serial else _native_threads(threads)
         cols = conv_cols.plan(x_shape, m, (kh, kw), out_shape, strides, pads_begin, dilations,
                               act, params, cols_threads)  # fmt: skip
@@ -354,7 +363,7 @@ def plan_blocked(
         act=act, epi=epi if numpy_act_after(epi, dtype) else Epilogue(),
         params=params, fns=act_fns(epi), native=native, native_blocks=native_blocks,
         im2col_par=im2col_par, im2col_blocks=im2col_blocks, par=par, par_blocks=par_blocks,
-        par_rows=par_rows, cols=cols, route=route,
+        par_rows=par_rows, cols=cols, packed=packed, route=route,
     )  # fmt: skip
 
 
@@ -433,6 +442,27 @@ def _run_cols(
     return y
 
 
+def _run_packed(
+    plan: BlockedPlan, pp: conv_packed.PackedConvPlan, x: np.ndarray, w3: np.ndarray,
+    y: np.ndarray, bb: np.ndarray, res: np.ndarray | None, w_packed: np.ndarray | None,
+) -> np.ndarray:  # fmt: skip
+    """``run_blocked``'s "packed" route (``conv_packed``); ``w_packed``: the filters as
+    ``conv_packed.pack_filters`` gives them (made here when None)."""
+    n, m, oh, ow = plan.out_shape
+    o = oh * ow
+    if w_packed is None:  # direct callers
+        kh, kw = int(plan.geo[0]), int(plan.geo[1])
+        w_packed = conv_packed.pack_filters(w3[0].reshape(m, -1, kh, kw))
+        if w_packed is None:  # the kernel went away since the plan (it never does)
+            raise RuntimeError("the packed gemm kernel is not there for a planned conv")
+    native_threads.enter(intra_pool().threads)
+    conv_packed.run(pp, x, w_packed, y.reshape(n, m, o), bb,
+                    None if res is None else res.reshape(n, m, o), plan.params)  # fmt: skip
+    if plan.epi.act:
+        _numpy_act(y, plan.epi, plan.fns)
+    return y
+
+
 def run_blocked(
     plan: BlockedPlan,
     x: np.ndarray,
@@ -441,19 +471,23 @@ def run_blocked(
     res: np.ndarray | None,
     out: np.ndarray | None,
     w_taps: np.ndarray | None = None,
+    w_packed: np.ndarray | None = None,
 ) -> np.ndarray:
     """The convolution of ``x`` (C-contiguous (N, C, H, W), the plan's dtype) by ``w3``
     (group, M/group, K), plus ``b`` (M,) and ``res`` (N, M, OH, OW C-contiguous), then the
     activation, into ``out`` (C-contiguous) or a new array. ``w_taps``: the same weights
     as ``conv_cols.taps_first`` orders them, made once by the caller (else per call where
-    the "cols" route needs them). The caller's thread takes part in the blocks; helpers of
-    the intra-op pool take the rest."""
+    the "cols" route needs them); ``w_packed`` likewise ``conv_packed.pack_filters``' for
+    the "packed" route. The caller's thread takes part in the blocks; helpers of the
+    intra-op pool take the rest."""
     dt = x.dtype
     n, m, oh, ow = plan.out_shape
     o = oh * ow
     y = np.empty(plan.out_shape, dt) if out is None else out
     bb = _EMPTY1[dt] if b is None else b
     route = plan.route
+    if route == "packed" and plan.packed is not None:
+        return _run_packed(plan, plan.packed, x, w3, y, bb, res, w_packed)
     if route == "filters" and plan.native_blocks is not None:
         return _run_filters(plan, x, w3[0], y, bb, res)
     if route == "cols" and plan.cols is not None:
@@ -545,6 +579,9 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         gemm_cols.available()  # its kernel built (or loaded) at load, not on a first call
     w_shape = tuple(w_const.shape)
     plans: ShapeMemo[tuple[int, ...], BlockedPlan | None] = ShapeMemo()
+    # the filters packed for the "packed" route, made on the first plan that takes it
+    # (two threads making it at once make equal arrays)
+    w_packed: list[np.ndarray | None] = []
 
     def plan_for(shape: tuple[int, ...]) -> BlockedPlan | None:
         if len(shape) != 4 or shape[1] != w_shape[1] * group:
@@ -555,8 +592,12 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
             return None
         out_shape = (shape[0], w_shape[0], *out_sp)
         plan = plan_blocked(shape, w_shape, out_shape, strides, begin, dil, cdt, epi)
+        if plan is not None and plan.route == "packed" and not w_packed:
+            w_packed.append(conv_packed.pack_filters(w_const))
         few_pixels = group == 1 and w_shape[0] > out_sp[0] * out_sp[1]
-        blas_blocks = plan is not None and plan.native is None and plan.cols is None
+        blas_blocks = (
+            plan is not None and plan.native is None and plan.cols is None and plan.packed is None
+        )
         return None if blas_blocks and few_pixels else plan
 
     def blocked(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
@@ -578,6 +619,7 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
             None if r is None else np.ascontiguousarray(r),
             out if direct else None,
             w_taps,
+            w_packed[0] if w_packed else None,
         )
         if out is not None and not direct:
             out[...] = y

@@ -1,0 +1,143 @@
+"""Few-pixel one-group float32 convs as pixel rows times the packed filters
+(kernels/nn/conv_packed.py): the route taken on native threads where it serves, each
+epilogue, strides, dilations, asymmetric pads, several images, filters not a whole
+panel, against onnxruntime; the routes it leaves to others."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import tfrt_py
+from tests.kernels.test_conv_cols import _model
+from tests.support.spies import record_calls
+from tfrt_py.concurrency import native_threads
+from tfrt_py.concurrency import threads as tfrt_threads
+from tfrt_py.kernels.lib import gemm_packed
+from tfrt_py.kernels.lib.jit import jit_enabled, why_off
+from tfrt_py.kernels.nn import conv_blocked, conv_packed
+
+pytestmark = pytest.mark.skipif(not jit_enabled(), reason=why_off() or "numba kernels off")
+
+_RNG = np.random.default_rng(41)
+
+
+def _need_route() -> None:
+    if not gemm_packed.available():
+        pytest.skip("no packed gemm kernel on this host (portable path, or packed gemm off)")
+    if not (native_threads.ready() and native_threads.max_threads() > 1):
+        pytest.skip("native threads are not there: the route needs them")
+    if tfrt_threads.threads() < 2:
+        pytest.skip("one intra-op thread: the route splits over two or more")
+
+
+CASES = [
+    # (x shape, w shape, Conv attributes): ResNet-18's last stage, SqueezeNet's 13x13
+    # fire module with filters not a whole panel, a strided conv with asymmetric pads,
+    # dilation, several images, a 5x3 kernel
+    ((1, 256, 7, 7), (512, 256, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 64, 13, 13), (200, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 64, 27, 27), (96, 64, 3, 3), {"strides": [2, 2], "pads": [0, 1, 1, 0]}),
+    ((3, 32, 12, 12), (70, 32, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((2, 40, 11, 9), (64, 40, 5, 3), {"pads": [2, 1, 2, 1]}),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs"), CASES)
+@pytest.mark.parametrize(
+    ("act", "residual"), [("Relu", True), ("Clip", False), ("HardSwish", True)]
+)
+def test_few_pixel_convs_match_onnxruntime_on_the_packed_route(
+    monkeypatch: pytest.MonkeyPatch, x_shape: Any, w_shape: Any, attrs: dict[str, Any],
+    act: str, residual: bool,
+) -> None:  # fmt: skip
+    _need_route()
+    plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
+    x = _RNG.standard_normal(x_shape).astype(np.float32)
+    w = (_RNG.standard_normal(w_shape) * 0.1).astype(np.float32)
+    m = _model(x, w, attrs, act, residual)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"x": x}
+    if residual:
+        shape = sess.run(None, {"x": x, "r": np.zeros((1,), np.float32)})[0].shape
+        feeds["r"] = _RNG.standard_normal(shape).astype(np.float32)
+    model = tfrt_py.load(m, executor="sync", threads=2)
+    for _ in range(2):  # the second call on the plan and scratch the first made
+        np.testing.assert_allclose(model.run(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-4,
+                                   atol=1e-4)  # fmt: skip
+    plan = plans[-1]
+    assert plan.route == "packed" and plan.packed is not None
+    assert len(plan.packed.parts) >= 2  # split over the threads
+
+
+def test_nan_passes_relu_and_every_output_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN input reaches the outputs whose windows read it (ReLU keeps NaN, as
+    onnxruntime's); a scratch left full of NaN by an earlier call on the same thread
+    leaks into no other output (the padding is written on every call)."""
+    _need_route()
+    plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
+    x = _RNG.standard_normal((1, 64, 7, 7)).astype(np.float32)
+    w = (_RNG.standard_normal((128, 64, 3, 3)) * 0.1).astype(np.float32)
+    m = _model(x, w, {"pads": [1, 1, 1, 1]}, "Relu", False)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    model = tfrt_py.load(m, executor="sync", threads=2)
+    bad = x.copy()
+    bad[0, 5, 3, 3] = np.nan
+    got = model.run({"x": bad})["y"]
+    want = sess.run(None, {"x": bad})[0]
+    assert np.isnan(got).sum() == np.isnan(want).sum() == 128 * 9
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(model.run({"x": x})["y"], sess.run(None, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    assert plans[-1].route == "packed"
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape"),
+    [((1, 16, 56, 56), (64, 16, 3, 3)),  # many pixels: conv_cols' grid
+     ((1, 3, 12, 12), (64, 3, 3, 3)),  # K under MIN_K: a stem
+     ((1, 256, 7, 7), (512, 256, 1, 1))],  # 1x1: the input read as it is elsewhere
+)  # fmt: skip
+def test_other_convs_keep_their_routes(
+    monkeypatch: pytest.MonkeyPatch, x_shape: Any, w_shape: Any
+) -> None:
+    _need_route()
+    plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
+    x = _RNG.standard_normal(x_shape).astype(np.float32)
+    w = (_RNG.standard_normal(w_shape) * 0.1).astype(np.float32)
+    pads = [1, 1, 1, 1] if w_shape[2] == 3 else [0, 0, 0, 0]
+    m = _model(x, w, {"pads": pads}, "Relu", False)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    model = tfrt_py.load(m, executor="sync", threads=2)
+    np.testing.assert_allclose(model.run({"x": x})["y"], sess.run(None, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    assert plans and plans[-1].route != "packed"
+
+
+def test_the_plan_refuses_what_it_does_not_serve() -> None:
+    if not gemm_packed.available():
+        pytest.skip("no packed gemm kernel on this host (portable path, or packed gemm off)")
+    p = np.zeros(35, np.float32)
+    args = ((1, 1), (1, 1), (1, 1), 1, p, 2)
+    assert conv_packed.plan((1, 64, 7, 7), 64, (3, 3), (1, 64, 7, 7), *args) is not None
+    assert conv_packed.plan((1, 64, 40, 40), 64, (3, 3), (1, 64, 40, 40), *args) is None
+    assert conv_packed.plan((1, 4, 7, 7), 64, (3, 3), (1, 64, 7, 7), *args) is None
+    neg = ((1, 1), (-1, 0), (1, 1), 1, p, 2)
+    assert conv_packed.plan((1, 64, 7, 7), 64, (3, 3), (1, 64, 5, 6), *neg) is None
+
+
+def test_a_model_call_compiles_no_second_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm-up compiles the signature a model's call uses (read-only packed filters
+    and bias): a first call compiles nothing more."""
+    _need_route()
+    kernel = conv_packed.PACKED_CONV.get()
+    x = _RNG.standard_normal((1, 64, 7, 7)).astype(np.float32)
+    w = (_RNG.standard_normal((96, 64, 3, 3)) * 0.1).astype(np.float32)
+    model = tfrt_py.load(_model(x, w, {"pads": [1, 1, 1, 1]}, "Relu", False), executor="sync",
+                         threads=2)  # fmt: skip
+    before = len(kernel.signatures)
+    model.run({"x": x})
+    assert len(kernel.signatures) == before
