@@ -141,3 +141,23 @@ def test_a_model_call_compiles_no_second_signature(monkeypatch: pytest.MonkeyPat
     before = len(kernel.signatures)
     model.run({"x": x})
     assert len(kernel.signatures) == before
+
+
+def test_one_thread_takes_the_route_in_one_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model loaded with one thread: the same route, one part, the same answers."""
+    if not gemm_packed.available():
+        pytest.skip("no packed gemm kernel on this host (portable path, or packed gemm off)")
+    if not native_threads.ready():
+        pytest.skip("numba's threads are not there: the route needs them")
+    plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
+    x = _RNG.standard_normal((1, 128, 14, 14)).astype(np.float32)
+    w = (_RNG.standard_normal((256, 128, 3, 3)) * 0.1).astype(np.float32)
+    m = _model(x, w, {"strides": [2, 2], "pads": [1, 1, 1, 1]}, "Relu", True)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    r = _RNG.standard_normal((1, 256, 7, 7)).astype(np.float32)
+    model = tfrt_py.load(m, executor="sync", threads=1)
+    feeds = {"x": x, "r": r}
+    np.testing.assert_allclose(model.run(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-4,
+                               atol=1e-4)  # fmt: skip
+    plan = plans[-1]
+    assert plan.route == "packed" and plan.packed is not None and len(plan.packed.parts) == 1

@@ -1,30 +1,32 @@
 """One-group float32 2-D convolutions over few output pixels as pixel rows times the
 filters packed once (``kernels/lib/gemm_packed``): ResNet's 14x14 and 7x7 stages,
-SqueezeNet's 13x13 fire modules, a classifier's 1x1 conv.
+SqueezeNet's 13x13 fire modules, strided convs down to those planes.
 
 ``conv_cols`` puts the pixels in the kernel's vectors and the filters in its broadcasts;
 over a 7x7 plane its stride-1 form computes 9-wide extended rows (63 columns for 49
 pixels) and rounds them up to whole 32-column panels (64): 77% of the work useful, and
 512x7x7 3x3 ran at half the two cores' peak. Here the filters are the vectors -- a
-multiple of the panel width, no waste -- and the pixels the rows, in four passes on
-native threads (``prange`` loops of one compiled call):
+multiple of the panel width, no waste -- and the pixels the rows, in three ``prange``
+loops of one compiled call on numba's threads:
 
 1. the image, channels last and zero-padded (``xt``: (N, Hp, Wp, C));
 2. im2row (``a``: (N*P, KH*KW*C), a pixel's taps one after another, each a copied run of C
    floats from ``xt``);
-3. ``a`` times the filters, packed at load in that (tap, channel) order
-   (``gemm_packed``'s 8 x 32 tile on AVX-512, 6 x 16 on AVX2), into ``yt`` (N*P, M
-   rounded up to panels), the parts split by panels, or rows when the panels are few;
-4. back to NCHW: ``act((yt + b) + res)`` per filter and pixel, ReLU and Clip in the same
-   pass, any other activation over each filter's row after (``_act_row``).
+3. ``a`` times the filters, packed in that (tap, channel) order (``gemm_packed``'s 8 x 32
+   tile on AVX-512, 6 x 16 on AVX2), into ``yt`` (N*P, M rounded up to panels), each part
+   (a span of panels, or of rows when ``a`` is the bigger operand) then put back to NCHW
+   by its own thread (``_finish``): ``act((yt + b) + res)``, ReLU and Clip in the same
+   pass, any other activation over each filter's run after (``_act_row``).
 
-One process, one Zen 5 thread (2026-12-03, AVX-512): 512x7x7 3x3 -> 512 ~1,090 µs (the
-product 949 at 226 GFLOP/s of ~244 peak; the other passes 25), 256x14x14 3x3 -> 256 ~990,
-64x13x13 3x3 -> 256 216. ``plan`` returns None (the caller keeps its routes) without the
-packed kernel or numba, and for shapes outside ``FEW_PIXELS`` or with too little K. Sums
-run over K in (tap, channel) order with fused multiply-adds: results agree with the
-other routes to float32 rounding. Thread-safe: plans are immutable; buffers are the
-calling thread's scratch slots 0-2.
+One Zen 5 thread (2026-12-03, AVX-512): 512x7x7 3x3 -> 512's product 949 µs at 226 GFLOP/s
+(~244 peak), the other passes ~25 µs. ``conv_blocked`` routes here where an image has at
+most ``FEW_PIXELS`` output pixels and the kernel is not 1x1 (its own measurements: larger
+planes, where the im2row is nine copies of the input, and 1x1 convs, strided or not, were
+not faster). ``plan`` returns None (the caller keeps its routes) without the packed
+kernel or numba, and for shapes outside ``FEW_PIXELS`` or with too little K. Sums run
+over K in (tap, channel) order with fused multiply-adds: results agree with the other
+routes to float32 rounding. Thread-safe: plans are immutable; buffers are the calling
+thread's scratch slots 0-2.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ from ..lib.jit import CONTRACT, Jitted, frozen, inline
 
 __all__ = ["FEW_PIXELS", "MIN_K", "PackedConvPlan", "pack_filters", "plan", "run"]
 
-#: Output pixels per image up to which the route serves (28x28 = 784 included; 55x55 and
-#: 56x56 planes keep ``conv_cols``' grid, whose input needs no copy nine times over).
+#: Output pixels per image up to which the route serves (16x16; 28x28 and 27x27 planes
+#: measured 2-24% slower than ``conv_cols``' grid, which copies no input nine times over).
 FEW_PIXELS = 256
 #: K = C*KH*KW at least (stems with 3 channels keep their own routes).
 MIN_K = 64
@@ -266,7 +268,7 @@ def run(
 ) -> None:
     """``y3`` (N, M, OH*OW) = act(conv(``x``) + ``b`` + ``res3``), ``x`` C-contiguous float32
     (N, C, H, W), ``wp`` from ``pack_filters``, ``b`` (M,) or empty. The caller has entered
-    the native threads."""
+    numba's threads (``native_threads.enter``)."""
     xt = scratch(0, pp.xt_shape, x.dtype)
     a = scratch(1, pp.a_shape, x.dtype)
     yt = scratch(2, pp.yt_shape, x.dtype)
