@@ -570,18 +570,17 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     if not (IM2COL.usable() and _EPILOGUE_COLS.usable()):
         return None
     w3 = np.ascontiguousarray(w_const.reshape(group, w_const.shape[0] // group, -1), dtype=cdt)
-    # the filters taps-first for conv_cols' stride-1 form (GRID), made only for convs that
-    # may take it (a 1x1 conv's taps-first weights are its weights)
-    stride1 = sp.strides is None or all(s == 1 for s in sp.strides)
-    grid = group == 1 and cdt == np.float32 and stride1 and w_const.shape[2:] != (1, 1)
-    w_taps = conv_cols.taps_first(w_const) if grid else None
+    # the filters taps-first for conv_cols' stride-1 form (GRID; a 1x1 conv's taps-first
+    # weights are its weights) and packed for the "packed" route: each a copy of the
+    # weights, made on the first plan that takes its route, so a conv that only ever takes
+    # one route holds one (two threads making one at once make equal arrays)
+    grid = group == 1 and cdt == np.float32 and w_const.shape[2:] != (1, 1)
+    w_taps: list[np.ndarray] = []
+    w_packed: list[np.ndarray | None] = []
     if group == 1 and cdt == np.float32:
         gemm_cols.available()  # its kernel built (or loaded) at load, not on a first call
     w_shape = tuple(w_const.shape)
     plans: ShapeMemo[tuple[int, ...], BlockedPlan | None] = ShapeMemo()
-    # the filters packed for the "packed" route, made on the first plan that takes it
-    # (two threads making it at once make equal arrays)
-    w_packed: list[np.ndarray | None] = []
 
     def plan_for(shape: tuple[int, ...]) -> BlockedPlan | None:
         if len(shape) != 4 or shape[1] != w_shape[1] * group:
@@ -594,6 +593,9 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         plan = plan_blocked(shape, w_shape, out_shape, strides, begin, dil, cdt, epi)
         if plan is not None and plan.route == "packed" and not w_packed:
             w_packed.append(conv_packed.pack_filters(w_const))
+        cp = None if plan is None else plan.cols
+        if grid and cp is not None and cp.mode == conv_cols.GRID and not w_taps:
+            w_taps.append(conv_cols.taps_first(w_const))
         few_pixels = group == 1 and w_shape[0] > out_sp[0] * out_sp[1]
         blas_blocks = (
             plan is not None and plan.native is None and plan.cols is None and plan.packed is None
@@ -618,7 +620,7 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
             bb,
             None if r is None else np.ascontiguousarray(r),
             out if direct else None,
-            w_taps,
+            w_taps[0] if w_taps else None,
             w_packed[0] if w_packed else None,
         )
         if out is not None and not direct:
