@@ -270,9 +270,12 @@ def test_a_one_group_conv_runs_its_blocks_on_native_threads(
     epi = Epilogue(act="Clip", alpha=-1.0, beta=2.0, residual=True)
     plan = plan_blocked(x.shape, w.shape, (n, m, oh, oh), (s, s), (p, p), (1, 1), F32, epi)
     assert plan is not None and not plan.native
-    # the row blocks of the BLAS route, or the "cols" route's blocks, split on native threads
-    assert (plan.route == "rows" and plan.par is not None) or (
-        plan.route == "cols" and plan.cols is not None and plan.cols.parallel
+    # the row blocks of the BLAS route, the "cols" route's blocks, or the "packed" route's
+    # parts (a few-pixel conv: kernels/nn/conv_packed.py), split on native threads
+    assert (
+        (plan.route == "rows" and plan.par is not None)
+        or (plan.route == "cols" and plan.cols is not None and plan.cols.parallel)
+        or (plan.route == "packed" and plan.packed is not None and len(plan.packed.parts) > 1)
     ), plan.route
     got = run_blocked(plan, x, w.reshape(1, m, -1), b, res, None)
     xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
