@@ -131,6 +131,25 @@ def _model(x: np.ndarray, w: np.ndarray, attrs: dict[str, Any], act: str, residu
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def check_against_onnxruntime(
+    x: np.ndarray, w: np.ndarray, attrs: dict[str, Any], act: str, residual: bool,
+    rng: np.random.Generator, threads: int | None = None,
+) -> None:  # fmt: skip
+    """``_model``'s conv loaded by tfrt_py (sync, ``threads``) answers as onnxruntime does,
+    on two calls (the second on the plan and scratch the first made); a residual input of
+    the output's shape from ``rng``."""
+    m = _model(x, w, attrs, act, residual)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"x": x}
+    if residual:
+        shape = sess.run(None, {"x": x, "r": np.zeros((1,), np.float32)})[0].shape
+        feeds["r"] = rng.standard_normal(shape).astype(np.float32)
+    model = tfrt_py.load(m, executor="sync", threads=threads)
+    for _ in range(2):
+        np.testing.assert_allclose(model.run(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-4,
+                                   atol=1e-4)  # fmt: skip
+
+
 CASES = [
     # (x shape, w shape, Conv attributes, the form conv_cols takes)
     ((1, 16, 20, 20), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
@@ -164,16 +183,7 @@ def test_each_form_matches_onnxruntime_on_the_cols_route(
     plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
     x = _RNG.standard_normal(x_shape).astype(np.float32)
     w = (_RNG.standard_normal(w_shape) * 0.2).astype(np.float32)
-    m = _model(x, w, attrs, act, residual)
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    feeds = {"x": x}
-    if residual:
-        shape = sess.run(None, {"x": x, "r": np.zeros((1,), np.float32)})[0].shape
-        feeds["r"] = _RNG.standard_normal(shape).astype(np.float32)
-    model = tfrt_py.load(m, executor="sync")
-    for _ in range(2):
-        np.testing.assert_allclose(model.run(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-4,
-                                   atol=1e-4)  # fmt: skip
+    check_against_onnxruntime(x, w, attrs, act, residual, _RNG)
     assert plans and plans[-1].route == "cols" and plans[-1].cols.mode == mode
 
 

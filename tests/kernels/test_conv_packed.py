@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 import tfrt_py
-from tests.kernels.test_conv_cols import _model
+from tests.kernels.test_conv_cols import _model, check_against_onnxruntime
 from tests.support.spies import record_calls
 from tfrt_py.concurrency import native_threads
 from tfrt_py.concurrency import threads as tfrt_threads
@@ -58,16 +58,7 @@ def test_few_pixel_convs_match_onnxruntime_on_the_packed_route(
     plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
     x = _RNG.standard_normal(x_shape).astype(np.float32)
     w = (_RNG.standard_normal(w_shape) * 0.1).astype(np.float32)
-    m = _model(x, w, attrs, act, residual)
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    feeds = {"x": x}
-    if residual:
-        shape = sess.run(None, {"x": x, "r": np.zeros((1,), np.float32)})[0].shape
-        feeds["r"] = _RNG.standard_normal(shape).astype(np.float32)
-    model = tfrt_py.load(m, executor="sync", threads=2)
-    for _ in range(2):  # the second call on the plan and scratch the first made
-        np.testing.assert_allclose(model.run(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-4,
-                                   atol=1e-4)  # fmt: skip
+    check_against_onnxruntime(x, w, attrs, act, residual, _RNG, threads=2)
     plan = plans[-1]
     assert plan.route == "packed" and plan.packed is not None
     assert len(plan.packed.parts) >= 2  # split over the threads
