@@ -413,8 +413,8 @@ def test_a_split_linear_runs_its_bias_and_activation_inside_the_native_blocks(
 ) -> None:
     """ViT's MLP (a product + bias + GELU) and MobileViT's (+ SiLU): the bias and the
     activation run in the native row blocks, on the thread that computed each block --
-    with the weight packed for ``kernels.lib.gemm_packed`` (256 columns, float32) where that
-    kernel runs here, else on NumPy's gemm."""
+    on the weight packed for ``kernels.lib.gemm_packed`` (``linear_par.Serial.split_rows``)
+    where that kernel runs here, else on NumPy's gemm."""
     import math
 
     from onnx import TensorProto, helper, numpy_helper
@@ -445,8 +445,8 @@ def test_a_split_linear_runs_its_bias_and_activation_inside_the_native_blocks(
         want = 0.5 * v * (1 + erf(v / math.sqrt(2)))
     else:
         want = formula(v)
-    packed = linear_par._LINEAR_PACKED.get() is not None
-    with spying_jitted(linear_par._LINEAR_PACKED if packed else linear_par._LINEAR_PAR) as calls:
+    packed = linear_par._LINEAR_ROWS.get() is not None
+    with spying_jitted(linear_par._LINEAR_ROWS if packed else linear_par._LINEAR_PAR) as calls:
         model = tfrt_py.load(m, executor="sync")  # the kernel is picked at load
         for _ in range(2):  # the probe, then the planned code
             got = model.run({"x": x})["y"]

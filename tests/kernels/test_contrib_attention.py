@@ -260,19 +260,30 @@ def test_constant_weights_project_on_the_packed_product(monkeypatch: pytest.Monk
 
 def test_a_long_input_projects_split_by_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows enough for the row split (the packed product's one thread would serve them
-    alone): the projection goes through ``gemm.matmul_into``, which splits it over the
-    thread budget (before, one NumPy product on one thread: an onnxruntime-optimized
-    BERT at 128 tokens spent most of its Attention there); onnxruntime's answers."""
+    alone): the projection goes through the packed product's row split
+    (``linear_par.Serial.split_rows``) or, without the packed kernel, ``gemm.matmul_into``,
+    which split it over the thread budget (before, one NumPy product on one thread: an
+    onnxruntime-optimized BERT at 128 tokens spent most of its Attention there);
+    onnxruntime's answers."""
     from tfrt_py.kernels.contrib import attention as attention_mod
+    from tfrt_py.kernels.lib import linear_par
 
     seen: list[tuple[int, ...]] = []
     real = attention_mod.matmul_into
+    real_rows = linear_par.Serial.split_rows
 
     def spy(a: np.ndarray, b: np.ndarray, *rest: Any, **kw: Any) -> Any:
         seen.append(a.shape)
         return real(a, b, *rest, **kw)
 
+    def spy_rows(self: linear_par.Serial, a: np.ndarray, out: np.ndarray) -> bool:
+        done = real_rows(self, a, out)
+        if done:
+            seen.append(a.shape)
+        return done
+
     monkeypatch.setattr(attention_mod, "matmul_into", spy)
+    monkeypatch.setattr(linear_par.Serial, "split_rows", spy_rows)
     x, w, b = _f(1, 130, 64), _f(64, 192), _f(192)
     # (scores of ~N(0, 64) inputs: a thread split of the projection rounds otherwise, and
     # a sharp softmax carries that to ~2e-4 of an output under a busy neighbour)

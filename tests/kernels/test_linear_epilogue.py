@@ -244,22 +244,31 @@ def _wide_linear(shape: list[str | int], act: str) -> bytes:
 def test_a_split_linear_finishes_each_block_of_rows(
     executor: str, act: str, shape: list[str | int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The bias and activation run per block of rows inside ``gemm.matmul_into`` (on the
-    thread that computed the block): the same values as the unfused graph, on the
-    generated plan code and on the kernel call, and with a strided outputs= buffer."""
-    from tfrt_py.kernels.lib import gemm
+    """The bias and activation run per block of rows inside ``gemm.matmul_into`` or the
+    packed product's row split (``linear_par.Serial.split_rows``, where the packed kernel
+    runs), on the thread that computed the block: the same values as the unfused graph, on
+    the generated plan code and on the kernel call, and with a strided outputs= buffer."""
+    from tfrt_py.kernels.lib import gemm, linear_par
 
     seen: list[int] = []
     real = gemm.matmul_into
+    real_rows = linear_par.Serial.split_rows
 
     def spy(a: np.ndarray, b: np.ndarray, out: object = None, epilogue: object = None) -> object:
         if epilogue is not None:
             seen.append(a.shape[0])
         return real(a, b, out, epilogue)  # type: ignore[arg-type]
 
+    def spy_rows(self: linear_par.Serial, a: np.ndarray, out: np.ndarray) -> bool:
+        done = real_rows(self, a, out)
+        if done:
+            seen.append(a.shape[0])
+        return done
+
     import tfrt_py.kernels.fused.linear as fk
 
     monkeypatch.setattr(fk, "matmul_into", spy)
+    monkeypatch.setattr(linear_par.Serial, "split_rows", spy_rows)
     data = _wide_linear(shape, act)
     fused = tfrt_py.load(data, executor=executor)
     plain = tfrt_py.load(data, executor=executor, optimize=False)

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..executors.program import Program
 from ..ir import Node, TensorType
+from ..kernels.common import load_run
 from .rewrite import op_names
 
 __all__ = ["LOAD_MAX_BYTES", "guarded_env", "predicted_nbytes", "zero_feeds"]
@@ -125,10 +126,12 @@ def zero_feeds(specs: Sequence[tuple[tuple[int, ...], np.dtype]],
 def guarded_env(program: Program, feeds: Sequence[np.ndarray]) -> list[Any] | None:
     """Run ``program`` on ``feeds`` keeping every value (like ``plan_probe.run_env``),
     or None when any node's predicted output exceeds ``LOAD_MAX_BYTES`` (the node does not
-    run). Kernel errors propagate (ExecutionError naming the node)."""
+    run). The kernels run inside ``kernels.common.load_run``. Kernel errors propagate
+    (ExecutionError naming the node)."""
     env = program.env_for(feeds)
-    for i, ins in enumerate(program.instrs):
-        if predicted_nbytes(ins.node, [env[s] for s in ins.ins]) > LOAD_MAX_BYTES:
-            return None
-        program.execute(env, i, i + 1)
+    with load_run():
+        for i, ins in enumerate(program.instrs):
+            if predicted_nbytes(ins.node, [env[s] for s in ins.ins]) > LOAD_MAX_BYTES:
+                return None
+            program.execute(env, i, i + 1)
     return env

@@ -9,10 +9,11 @@ share lives here, so that no family imports another.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -26,12 +27,35 @@ __all__ = [
     "compute_dtype",
     "const_ints",
     "float_dtype",
+    "in_load_run",
     "input_rank",
+    "load_run",
     "ones_vector",
     "scratch",
     "stash_dtype",
     "to_ints",
 ]
+
+
+_LOAD_RUN = threading.local()
+
+
+@contextlib.contextmanager
+def load_run() -> Iterator[None]:
+    """Marks this thread's kernel calls as a load-time run (the shape probes on zero feeds):
+    kernels skip one-time work that real calls size (a Linear's packing of a big weight
+    waits for a real product of two rows)."""
+    before = getattr(_LOAD_RUN, "on", False)
+    _LOAD_RUN.on = True
+    try:
+        yield
+    finally:
+        _LOAD_RUN.on = before
+
+
+def in_load_run() -> bool:
+    """Whether this thread is inside ``load_run``."""
+    return getattr(_LOAD_RUN, "on", False)
 
 
 def attr_str(ctx: KernelContext, name: str, default: str) -> str:

@@ -6,9 +6,11 @@ constant that broadcasts to the output without growing it. Attribute ``activatio
 list of at most one step (``domain.Step``). A rank-2 Linear with a per-column bias and
 Relu (or no activation) whose output has at least ``bias_act_jit.MIN_ELEMENTS`` elements
 finishes with one compiled pass instead of NumPy's add and maximum (the same values; numba
-required). A float32 product that stays on one thread runs on the weight packed at load
-(``linear_par.Serial``), and one of at most ``COLS_MAX_ROWS`` rows by a big enough weight
-splits by columns on the native threads (``Serial.split``).
+required). A float32 product runs on the weight packed for ``gemm_packed``
+(``linear_par.Serial``; packed at load up to ``PACK_MAX_BYTES``, a bigger one up to
+``PACK_LATER_MAX_BYTES`` on its first product of two rows or more): on this thread, split
+by columns for at most ``COLS_MAX_ROWS`` rows by a big enough weight (``Serial.split``), by
+rows for more (``Serial.split_rows``); one row by a wide matrix is ``gemm.gemv_cols``'.
 
 The kernel supports ``out=`` and offers an inline form (``base.Inline``, ``_LinearInline``):
 the same calls as statements of the sync interpreter's generated code, so a planned call
@@ -17,19 +19,29 @@ pays no Python frame for the kernel.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..base import Cost, Inline, KernelContext, KernelFlags
-from ..common import input_rank
+from ..common import in_load_run, input_rank
 from ..lib.gemm import (
     NATIVE_SPLIT_MIN_MACS,
     SPLIT_MIN_MACS,
     matmul_into,
     wide_gemv,
 )
-from ..lib.linear_par import COLS_MAX_ROWS, Serial, fused_for, serial_for
+from ..lib.linear_par import (
+    COLS_MAX_ROWS,
+    PACK_LATER_MAX_BYTES,
+    PACK_MAX_BYTES,
+    PackLater,
+    Serial,
+    fused_for,
+    pack_later,
+    serial_for,
+)
 from ..linalg.bias_act_jit import MIN_ELEMENTS as EPILOGUE_MIN
 from ..linalg.bias_act_jit import bias_relu
 from ..registry import KernelRegistry
@@ -62,21 +74,26 @@ def _linear(registry: KernelRegistry) -> Any:
         mm: Any = _plain_matmul if small else matmul_into
         add = np.add
         epi = _bias_relu_epilogue(w, b, steps, rows)
+        flat_b = None if b is None or b.size != n else b.reshape(-1)
+        serial, later = None, None
+        if not any(extra_idx) and (b is None or flat_b is not None):
+            # packed now (a weight of PACK_MAX_BYTES, or a bigger one that rows known at
+            # load say will run two rows or more), on the first such product, or never
+            big = rows is not None and rows > 1
+            serial = serial_for(steps, flat_b, w, PACK_LATER_MAX_BYTES if big else PACK_MAX_BYTES)
+            later = pack_later(steps, flat_b, w) if serial is None and rows is None else None
         blocks = None if small else _block_epilogue(w, b, acts, extra_idx, epi)
         if blocks is not None:  # its compiled twin, run inside native row blocks
-            blocks.fused = fused_for(steps, None if b is None else b.reshape(-1), w.dtype, w)
-        flat_b = None if b is None or b.size != n else b.reshape(-1)
-        serial = None if any(extra_idx) or (b is not None and flat_b is None) else (
-            serial_for(steps, flat_b, w))  # fmt: skip
-        inline = _LinearInline(mm, w, b, acts, extra_idx, epi, blocks, serial)
+            blocks.fused = fused_for(steps, None if b is None else b.reshape(-1), w.dtype)
+        inline = _LinearInline(mm, w, b, acts, extra_idx, epi, blocks, serial, later)
         if input_rank(ctx) == 2 and not any(extra_idx):
             ctx.offer_inline(inline)
             return _linear_2d(
                 mm, w, b, [fn for _, fn in acts], inline=inline, epi=epi, blocks=blocks,
-                serial=serial,
             )  # fmt: skip
 
         def linear(x: np.ndarray, *rest: Any, out: np.ndarray | None = None) -> np.ndarray:
+            serial = inline.serial if inline.later is None else inline.pack_for(x)
             if serial is not None:
                 y = serial.packed_product(x, out)
                 if y is not None:
@@ -186,16 +203,16 @@ def _block_epilogue(
 
 
 def _linear_2d(mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any], *,
-               inline: _LinearInline, epi: _BiasRelu | None, blocks: Any,
-               serial: Serial | None = None) -> Any:  # fmt: skip
+               inline: _LinearInline, epi: _BiasRelu | None, blocks: Any) -> Any:  # fmt: skip
     """The Linear of a rank-2 input whose activations read nothing else: a product, a bias
     add and the activations in place, without the general kernel's branches (one compiled
     pass for bias and Relu when ``epi`` is given and the output is big enough; with
-    ``serial``, products that stay on one thread run on the packed weight)."""
+    ``inline``'s packed weight, the products it takes run on it)."""
     add = np.add
 
     def linear(x: np.ndarray, *_consts: Any, out: np.ndarray | None = None) -> np.ndarray:
         # _consts: W and B as the node's inputs; the kernel holds them since load
+        serial = inline.serial if inline.later is None else inline.pack_for(x)
         if serial is not None:
             y = serial.packed_product(x, out)
             if y is not None:
@@ -235,11 +252,29 @@ class _LinearInline:
 
     def __init__(self, mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any],
                  extra_idx: list[list[int]], epi: _BiasRelu | None,
-                 blocks: Any = None, serial: Serial | None = None) -> None:  # fmt: skip
+                 blocks: Any = None, serial: Serial | None = None,
+                 later: PackLater | None = None) -> None:  # fmt: skip
         self.mm, self.w, self.b, self.acts, self.extra_idx = mm, w, b, acts, extra_idx
         self.epi, self.blocks, self.serial = epi, blocks, serial
+        #: the weight's packing, until a product of two rows or more makes ``serial``
+        self.later = later
         self.k, self.n = w.shape
         self.kernel: Any = None
+
+    def pack_for(self, x: np.ndarray) -> Serial | None:
+        """``serial``, packed now when ``x`` has two rows or more and it is not yet (not
+        in a load-time run: a shape probe's rows say nothing of the calls')."""
+        if x.ndim >= 2 and x.size > x.shape[-1] and not in_load_run():
+            self.pack()
+        return self.serial
+
+    def pack(self) -> None:
+        """Make ``serial`` from ``later`` (any thread: two at once may both pack, one result
+        is kept)."""
+        later = self.later
+        if later is not None:
+            self.serial = later.get()
+            self.later = None
 
     def __call__(self, in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:
         x_shape = in_shapes[0]
@@ -249,6 +284,8 @@ class _LinearInline:
         ):  # fmt: skip
             return None
         static = all(isinstance(d, int) for d in (*x_shape, *out_shape))
+        if static and math.prod(x_shape[:-1]) > 1:
+            self.pack()  # (a plan of any rows leaves it to the first call of two rows)
         if self.serial is not None:
             return self._serial(self.serial, x_shape, len(in_shapes), static, dtype)
         if not static:
@@ -329,6 +366,9 @@ class _LinearInline:
             "rk": (-1, k), "rn": (-1, n),
         }  # fmt: skip
         cond = "{in0}.flags.c_contiguous and {out}.flags.c_contiguous"
+        if sr.min_rows > 1:  # one row: the kernel's path (gemm.gemv_cols)
+            env["one_row"] = n
+            cond += " and {out}.size > {one_row}"
         few = ""
         if sr.cols is not None:
             env.update(split=sr.split, few=COLS_MAX_ROWS * n)
@@ -362,8 +402,9 @@ class _LinearInline:
         """A generic plan's Linear (the rows change with the signature): a product too
         small to split runs as ``np.matmul`` then ``finish`` (bias, activations, the
         compiled epilogue when big enough) in line, decided per call from the output's
-        size; anything else -- a big product, a strided ``outputs=`` buffer -- calls the
-        kernel, which splits it."""
+        size; anything else -- a big product, a strided ``outputs=`` buffer, two rows or
+        more by a weight not packed yet (``later``) -- calls the kernel, which splits it
+        (and packs the weight)."""
         k, n, w = self.k, self.n, self.w
         if any(self.extra_idx) or not k or self.kernel is None:
             return None
@@ -377,6 +418,9 @@ class _LinearInline:
             cond = "{out}.flags.c_contiguous and {out}.size < {small} and {out}.size != {wide}"
         else:
             cond = "{out}.flags.c_contiguous and {out}.size < {small}"
+        if self.later is not None:  # two rows or more: the kernel, which packs the weight
+            env["one_row"] = n
+            cond += " and {out}.size <= {one_row}"
         rest = "".join(f", {{in{j}}}" for j in range(1, n_in))
         return Inline([
             f"if {cond}: {{npmatmul}}({a}, {{w}}, {o}); {{finish}}({{out}})",

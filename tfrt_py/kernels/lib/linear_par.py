@@ -14,7 +14,11 @@ leading dimensions, no copies).
 The activations are ``conv_direct._act_row``'s: Sigmoid/SiLU use MLAS's rational
 logistic and GELU ``erf.erf_f32``'s rational erf (float32 only: float64 keeps the
 NumPy steps), so results agree with the step kernels to float32 rounding, not bit for
-bit. numba only (``fused_for`` returns None without it). Thread-safe: no state.
+bit. numba only (``fused_for`` returns None without it).
+
+A float32 Linear's weight packed in ``gemm_packed``'s panels (``Serial``) takes its products
+instead, on this thread or split by columns or rows on native threads, the bias and ReLU
+applied as the kernel stores. Thread-safe: no state but ``PackLater``'s one-time packing.
 """
 
 from __future__ import annotations
@@ -27,30 +31,44 @@ from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from . import blas
 from .activations import ACTIVATIONS, Epilogue, _act_row, _params, numpy_act_after
-from .gemm import splits
+from .gemm import _MIN_ROWS, NATIVE_SPLIT_MIN_MACS, PARTS_PER_THREAD, splits
 from .jit import CONTRACT, Jitted
 
 __all__ = [
     "COLS_MAX_ROWS",
+    "PACK_LATER_MAX_BYTES",
     "PACK_MAX_BYTES",
     "Fused",
+    "PackLater",
     "Serial",
     "fused_for",
+    "pack_later",
     "pack_padded",
     "serial_for",
 ]
 
-#: The largest weight a Linear keeps a packed copy of besides its own (the unsplit
-#: products use the original): ViT-Tiny's biggest is 0.6 MB; a 256 MB matrix is served
-#: by NumPy's gemm alone rather than held twice.
+#: The largest weight a Linear packs at load, besides its own copy (the one-row products
+#: by a wide matrix keep the original: ``gemm.gemv_cols``): ViT-Tiny's biggest is 0.6 MB.
 PACK_MAX_BYTES = 1 << 20
+#: ... and the largest it packs on its first product of two rows or more (``pack_later``):
+#: a classifier's head (1024x1000, 2048x1000), BERT-base's projections (768x3072). NumPy's
+#: gemm, which packs the weight again on every call, ran a few rows by them on one thread
+#: (a split needed 64 rows), and a Gemm's transB weight (a transposed view) on OpenBLAS's
+#: slow small-M path: batch 8 by MobileNetV3's 1024x1000 head 522 µs, 77 packed and split
+#: (onnxruntime 90-130; Zen 5, two threads, 2026-12-03). A decoder that only ever runs
+#: one row never packs; a 256 MB matrix is served by NumPy's gemm alone rather than held
+#: twice.
+PACK_LATER_MAX_BYTES = 16 << 20
 #: A product of at most this many rows by a packed weight of at least ``COLS_MIN_BYTES``
 #: splits by columns (``Serial.split``): it streams the weight (a decode step's
-#: projections), so two threads read it in about half the time -- when the workers are
-#: awake (``native_pool``'s spin after short parts). 2-core Zen 4 VM (AVX-512, weights
-#: from L3, 2026-11-30, µs): 1x256 @ 256x704 10.8 -> 5.9, 1x704 @ 704x256 10.5 -> 5.7,
-#: 1x256 @ 256x256 4.2 -> 3.1, 1x256 @ 256x64 1.6 -> 1.8 (too small).
-COLS_MAX_ROWS = 4
+#: projections, a small batch by a classifier's head), so two threads read it in about
+#: half the time -- when the workers are awake (``native_pool``'s spin after short
+#: parts). 2-core Zen 4 VM (AVX-512, weights from L3, 2026-11-30, µs): 1x256 @ 256x704
+#: 10.8 -> 5.9, 1x704 @ 704x256 10.5 -> 5.7, 1x256 @ 256x256 4.2 -> 3.1, 1x256 @ 256x64
+#: 1.6 -> 1.8 (too small). More than ``STREAM_ROWS`` rows split only from
+#: ``gemm.NATIVE_SPLIT_MIN_MACS``; more than ``COLS_MAX_ROWS`` by rows (``Serial.split_rows``).
+COLS_MAX_ROWS = 64
+STREAM_ROWS = 4
 COLS_MIN_BYTES = 128 << 10
 #: Panels per part at least (a part's weight columns: 2 x nr).
 COLS_MIN_PANELS = 2
@@ -64,19 +82,13 @@ _dgemm: Any = None
 
 class Fused(NamedTuple):
     """What ``run_fused`` does after each block's product: ``y += bias`` (length 0: no
-    bias), then ``conv_direct``'s activation ``act`` with ``params``. With ``packed`` (the
-    float32 weight in ``gemm_packed``'s panels, made at load) the products run on
-    that kernel instead of NumPy's gemm, which packs the weight again on every call: the
-    bias, and a ReLU, are applied as it stores (``flags``), any other activation after.
-    Immutable."""
+    bias), then ``conv_direct``'s activation ``act`` with ``params``. (A float32 Linear
+    whose weight is packed runs on ``Serial`` instead.) Immutable."""
 
     bias: np.ndarray
     act: int
     params: np.ndarray
     kernel: Any  # the compiled _linear_par
-    packed: np.ndarray | None = None
-    packed_kernel: Any = None  # the compiled _linear_packed
-    flags: int = 0  # sgemm_packed's epilogue: 1 bias, 2 ReLU
 
     def run(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, edges: Any) -> bool:
         """``out = act(a @ w + bias)`` in the row blocks between ``edges`` on native
@@ -89,12 +101,6 @@ class Fused(NamedTuple):
             return False
         if self.bias.shape[0] not in (0, w.shape[1]):
             return False
-        pk = self.packed
-        if pk is not None and pk.shape[0] * pk.shape[2] == w.shape[1] and pk.shape[1] == a.shape[1]:
-            b = self.bias if self.flags & 1 else self.packed
-            act = 0 if self.flags & 2 else self.act
-            self.packed_kernel(a, self.packed, out, b, edges, act, self.params, self.flags)
-            return True
         self.kernel(a, w, out, self.bias, edges, self.act, self.params)
         return True
 
@@ -127,25 +133,6 @@ def _linear_par(  # pragma: no cover - numba only
                     row[j] += b[j]
             if act != 0:
                 _act_row(row, neg0, act, p)
-
-
-def _linear_packed(  # pragma: no cover - numba only
-    a: Any, wp: Any, y: Any, b: Any, edges: Any, act: int, p: Any, flags: int
-) -> None:
-    """y[r0:r1] = act(a[r0:r1] @ W [+ b]) for the row blocks between consecutive
-    ``edges``, in a ``prange`` loop on native threads: float32, W packed in
-    ``gemm_packed``'s panels (``wp``), ``flags`` its epilogue (1: + b, 2: ReLU; ``b``
-    readable for N floats either way), then ``act`` (0: none) per row."""
-    k = a.shape[1]
-    n = y.shape[1]
-    nr = wp.shape[2]
-    neg0 = -p[2]
-    for q in numba.prange(edges.shape[0] - 1):
-        r0, r1 = edges[q], edges[q + 1]
-        sgemm_packed(a, r0 * k, k, wp, 0, y, r0 * n, n, r1 - r0, k, n, b, 0, flags, nr)
-        if act != 0:
-            for r in range(r0, r1):
-                _act_row(y[r], neg0, act, p)
 
 
 def _panels_into(  # pragma: no cover - numba only
@@ -203,6 +190,20 @@ def _linear_cols(  # pragma: no cover - numba only
                 _act_row(y[r, p0 * nr : c1], neg0, act, p)
 
 
+def _linear_rows(  # pragma: no cover - numba only
+    a: Any, wp: Any, y: Any, b: Any, act: int, p: Any, flags: int, edges: Any
+) -> None:
+    """``_linear_serial`` split by rows: the rows between consecutive ``edges`` per part of
+    a ``prange`` loop on native threads, each over every panel, with its activation."""
+    neg0 = -p[2]
+    for q in numba.prange(edges.shape[0] - 1):
+        r0, r1 = edges[q], edges[q + 1]
+        _panels_into(a[r0:r1], wp, y[r0:r1], b, flags, 0, wp.shape[0])
+        if act != 0:
+            for r in range(r0, r1):
+                _act_row(y[r], neg0, act, p)
+
+
 def _panel_width() -> int:
     """This process's packed panel width, 0 while there is no packed kernel."""
     from .gemm_packed import tile
@@ -225,11 +226,12 @@ def _warm_cols(fn: Any) -> None:
     fn(a, wp, y, np.zeros(2 * nr, t), 8, np.zeros(35, t), 1, edges)
 
 
-def _warm_packed(fn: Any) -> None:
+def _warm_rows(fn: Any) -> None:
     t, nr = np.float32, _panel_width() or 16
-    a, y = np.ones((2, 3), t), np.zeros((2, nr), t)
-    wp = np.ones((1, 3, nr), t)
-    fn(a, wp, y, np.zeros(nr, t), np.array([0, 1, 2], np.int64), 8, np.zeros(35, t), 1)
+    a, y, wp = np.ones((2, 3), t), np.zeros((2, 2 * nr - 1), t), np.ones((2, 3, nr), t)
+    edges = np.array([0, 1, 2], np.int64)
+    edges.flags.writeable = False  # as native_threads.edges gives them
+    fn(a, wp, y, np.zeros(2 * nr, t), 8, np.zeros(35, t), 1, edges)
 
 
 def _prepare_packed(module_globals: dict[str, Any]) -> bool:
@@ -253,10 +255,6 @@ def _prepare(module_globals: dict[str, Any]) -> bool:
 _LINEAR_PAR = Jitted(
     _linear_par, _warm, helpers=(_act_row,), fastmath=CONTRACT, parallel=True, prepare=_prepare
 )
-_LINEAR_PACKED = Jitted(
-    _linear_packed, _warm_packed, helpers=(_act_row,), fastmath=CONTRACT, parallel=True,
-    prepare=_prepare_packed,
-)  # fmt: skip
 _LINEAR_SERIAL = Jitted(
     _linear_serial, _warm_serial, helpers=(_act_row, _panels_into), fastmath=CONTRACT,
     prepare=_prepare_packed,
@@ -265,15 +263,21 @@ _LINEAR_COLS = Jitted(
     _linear_cols, _warm_cols, helpers=(_act_row, _panels_into), fastmath=CONTRACT,
     parallel=True, prepare=_prepare_packed,
 )  # fmt: skip
+_LINEAR_ROWS = Jitted(
+    _linear_rows, _warm_rows, helpers=(_act_row, _panels_into), fastmath=CONTRACT,
+    parallel=True, prepare=_prepare_packed,
+)  # fmt: skip
 sgemm_packed: Any = None  # set by _prepare_packed
 
 
 class Serial(NamedTuple):
-    """A float32 Linear's product over its weight packed at load (``gemm_packed``:
-    NumPy's gemm packs the weight again on every call, a third of a small product's
+    """A float32 Linear's product over its weight packed in ``gemm_packed``'s panels
+    (NumPy's gemm packs the weight again on every call, a third of a small product's
     time), the bias and a ReLU applied as the rows are stored, another activation after
-    (``conv_direct``'s ``_act_row``): on this thread, or for a few rows split by columns
-    over the native threads (``split``). Immutable; any thread."""
+    (``conv_direct``'s ``_act_row``): on this thread, split by columns over the native
+    threads for a few rows (``split``), by rows for many (``split_rows``). A weight packed
+    later (``PackLater``) serves products of ``min_rows`` rows or more: one row by a big
+    matrix is ``gemm.gemv_cols``'. Immutable; any thread."""
 
     packed: np.ndarray  # (ceil(N/nr), K, nr): pack_padded's panels
     bias: np.ndarray  # (panels * nr,) zero-padded, or the packed weight when there is no bias
@@ -283,15 +287,17 @@ class Serial(NamedTuple):
     kernel: Any
     n: int  # W's columns
     cols: Any = None  # the compiled _linear_cols when the weight is big enough to split
+    rows: Any = None  # the compiled _linear_rows
+    min_rows: int = 1
 
     def fits(self, a: np.ndarray, out: np.ndarray) -> bool:
         """Whether ``a`` (M, K) and ``out`` (M, N) are C-contiguous float32 of this product's
-        shapes."""
+        shapes, M at least ``min_rows``."""
         pk = self.packed
         return not (
             a.dtype != np.float32 or out.dtype != np.float32 or a.ndim != 2 or out.ndim != 2
             or a.shape[1] != pk.shape[1] or out.shape[1] != self.n
-            or out.shape[0] != a.shape[0]
+            or out.shape[0] != a.shape[0] or a.shape[0] < self.min_rows
             or not (a.flags.c_contiguous and out.flags.c_contiguous)
         )  # fmt: skip
 
@@ -305,13 +311,16 @@ class Serial(NamedTuple):
 
     def split(self, a: np.ndarray, out: np.ndarray) -> bool:
         """``run`` split by columns over the native threads of this call's budget, for at
-        most ``COLS_MAX_ROWS`` rows (a product that streams its weight: each thread reads
-        its own panels); False (nothing done) when it would not split or the arrays do
-        not fit."""
+        most ``COLS_MAX_ROWS`` rows (more than ``STREAM_ROWS`` from
+        ``NATIVE_SPLIT_MIN_MACS``): each thread reads its own panels; False (nothing done)
+        when it would not split or the arrays do not fit."""
         cols = self.cols
-        if cols is None or a.shape[0] > COLS_MAX_ROWS or not self.fits(a, out):
+        m = a.shape[0]
+        if cols is None or m > COLS_MAX_ROWS or not self.fits(a, out):
             return False
-        panels = self.packed.shape[0]
+        panels, k = self.packed.shape[0], self.packed.shape[1]
+        if m > STREAM_ROWS and m * k * self.n < NATIVE_SPLIT_MIN_MACS:
+            return False
         blocks = min(native_threads.enter(intra_pool().threads), panels // COLS_MIN_PANELS)
         if blocks < 2:
             return False
@@ -319,38 +328,51 @@ class Serial(NamedTuple):
              native_threads.edges(panels, blocks))  # fmt: skip
         return True
 
+    def split_rows(self, a: np.ndarray, out: np.ndarray) -> bool:
+        """``run`` split by blocks of rows over the native threads (as ``gemm.matmul_into``
+        splits NumPy's gemm), for ``2 * _MIN_ROWS`` rows or more; False (nothing done)
+        otherwise."""
+        rows = self.rows
+        m = a.shape[0]
+        t = intra_pool().threads
+        if rows is None or t < 2 or m < 2 * _MIN_ROWS or not self.fits(a, out):
+            return False
+        blocks = min(PARTS_PER_THREAD * native_threads.enter(t), m // _MIN_ROWS)
+        rows(a, self.packed, out, self.bias, self.act, self.params, self.flags,
+             native_threads.edges(m, blocks))  # fmt: skip
+        return True
+
     def packed_product(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
-        """``act(x @ W + b)`` for ``x`` (..., K) into ``out`` (or a new array) when the
-        product is for the packed weight: a few rows split by columns (``split``), or a
-        product that stays on one thread (``gemm.splits`` says whether ``matmul_into``
-        would split it), the arrays C-contiguous float32; None: the caller's path runs."""
+        """``act(x @ W + b)`` for ``x`` (..., K) into ``out`` (or a new array) on the packed
+        weight: split by columns (``split``), by rows where ``matmul_into`` would split
+        (``split_rows``), else on this thread, the arrays C-contiguous float32; None: the
+        caller's path runs (fewer than ``min_rows`` rows, another layout, or a split the
+        native threads cannot take)."""
         k = self.packed.shape[1]
         if not k or not x.flags.c_contiguous or (out is not None and not out.flags.c_contiguous):
             return None
         a = x if x.ndim == 2 else x.reshape(-1, k)
         m, n = a.shape[0], self.n
-        few = self.cols is not None and m <= COLS_MAX_ROWS
-        if not few and splits(m, k, n, 4):
+        if m < self.min_rows:
             return None
         y = np.empty((*x.shape[:-1], n), np.float32) if out is None else out
         y2 = y if y.ndim == 2 else y.reshape(m, n)
-        if few and self.split(a, y2):
+        if self.split(a, y2):
             return y
+        if splits(m, k, n, 4):
+            return y if self.split_rows(a, y2) else None
         return y if self.run(a, y2) else None
 
 
-def serial_for(
+def _packable(
     steps: list[tuple[str, int, dict[str, Any], tuple[int, ...]]],
     bias: np.ndarray | None,
     w: np.ndarray,
-) -> Serial | None:
-    """The packed product of a float32 Linear with weight ``w`` (at least one panel wide, at most
-    ``PACK_MAX_BYTES``: the packed copy is a second one), bias ``bias`` (one value per
-    column, or None) and ``steps`` (none, or one activation reading only the product that
-    ``conv_direct`` compiles), split by columns for a few rows when ``w`` has at least
-    ``COLS_MIN_BYTES``; None otherwise, or without numba or a host the kernel runs on."""
+    max_bytes: int,
+) -> Epilogue | None:
+    """The epilogue of a product ``serial_for`` can pack (see there), or None."""
     f32 = np.dtype(np.float32)
-    if w.ndim != 2 or w.dtype != f32 or w.nbytes > PACK_MAX_BYTES:
+    if w.ndim != 2 or w.dtype != f32 or w.nbytes > max_bytes:
         return None
     if len(steps) > 1 or (steps and tuple(steps[0][3]) != (-1,)):
         return None
@@ -359,10 +381,29 @@ def serial_for(
         return None
     if bias is not None and (bias.dtype != f32 or bias.size != w.shape[1]):
         return None
-    kernel = _LINEAR_SERIAL.get()
     nr = _panel_width()
-    if kernel is None or not nr or w.shape[1] < nr:  # narrower: NumPy's gemm, as before
+    if not nr or w.shape[1] < nr:  # narrower: NumPy's gemm, as before
         return None
+    return epi
+
+
+def serial_for(
+    steps: list[tuple[str, int, dict[str, Any], tuple[int, ...]]],
+    bias: np.ndarray | None,
+    w: np.ndarray,
+    max_bytes: int = PACK_MAX_BYTES,
+) -> Serial | None:
+    """The packed product of a float32 Linear with weight ``w`` (at least one panel wide, at most
+    ``max_bytes``: the packed copy is a second one), bias ``bias`` (one value per
+    column, or None) and ``steps`` (none, or one activation reading only the product that
+    ``conv_direct`` compiles), split by columns for a few rows when ``w`` has at least
+    ``COLS_MIN_BYTES``; None otherwise, or without numba or a host the kernel runs on.
+    A weight over ``PACK_MAX_BYTES`` serves products of two rows or more."""
+    epi = _packable(steps, bias, w, max_bytes)
+    kernel = None if epi is None else _LINEAR_SERIAL.get()
+    if epi is None or kernel is None:
+        return None
+    nr = _panel_width()
     packed = pack_padded(w)
     relu = epi.act == "Relu"
     flags = (1 if bias is not None else 0) | (2 if relu else 0)
@@ -375,7 +416,48 @@ def serial_for(
     cols = None
     if w.nbytes >= COLS_MIN_BYTES and packed.shape[0] >= 2 * COLS_MIN_PANELS:
         cols = _LINEAR_COLS.get()
-    return Serial(packed, b, act, _params(epi, f32), flags, kernel, w.shape[1], cols)
+    return Serial(packed, b, act, _params(epi, np.dtype(np.float32)), flags, kernel,
+                  w.shape[1], cols, _LINEAR_ROWS.get(),
+                  1 if w.nbytes <= PACK_MAX_BYTES else 2)  # fmt: skip
+
+
+class PackLater:
+    """``serial_for`` of a weight over ``PACK_MAX_BYTES`` (up to ``PACK_LATER_MAX_BYTES``),
+    made on the first ``get()``: the caller asks when a product of two rows or more is
+    about to run, so a model that only runs one row never holds the second copy. Two
+    threads asking at once may both pack; one result is kept (they are equal). ``get()``
+    is None when it cannot be made (numba or the kernel missing)."""
+
+    __slots__ = ("_args", "_failed", "_serial")
+
+    def __init__(self, steps: Any, bias: np.ndarray | None, w: np.ndarray) -> None:
+        self._args = (steps, bias, w)
+        self._serial: Serial | None = None
+        self._failed = False
+
+    def get(self) -> Serial | None:
+        got = self._serial
+        if got is None and not self._failed:
+            steps, bias, w = self._args
+            got = serial_for(steps, bias, w, PACK_LATER_MAX_BYTES)
+            if got is None:
+                self._failed = True
+            else:
+                self._serial = got
+        return got
+
+
+def pack_later(
+    steps: list[tuple[str, int, dict[str, Any], tuple[int, ...]]],
+    bias: np.ndarray | None,
+    w: np.ndarray,
+) -> PackLater | None:
+    """A ``PackLater`` for a weight over ``PACK_MAX_BYTES`` that ``serial_for`` would pack
+    up to ``PACK_LATER_MAX_BYTES``; None for any other (``serial_for`` packs it now, or
+    never)."""
+    if w.nbytes <= PACK_MAX_BYTES or _packable(steps, bias, w, PACK_LATER_MAX_BYTES) is None:
+        return None
+    return PackLater(steps, bias, w)
 
 
 def pack_padded(w: np.ndarray) -> np.ndarray:
@@ -418,14 +500,11 @@ def fused_for(
     steps: list[tuple[str, int, dict[str, Any], tuple[int, ...]]],
     bias: np.ndarray | None,
     dtype: np.dtype,
-    w: np.ndarray | None = None,
 ) -> Fused | None:
     """The fused epilogue for a Linear of this dtype whose steps are ``steps`` (at most
     one activation reading only the product) and whose bias is ``bias`` (one value per
     column, or None), or None when it has none (no bias and no step), another step, or
-    numba's native threads are not there. With the constant weight ``w`` (float32, a
-    multiple of the panel width's columns, at most ``PACK_MAX_BYTES``) and the packed
-    kernel available, it carries ``w`` packed."""
+    numba's native threads are not there."""
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         return None
@@ -440,20 +519,4 @@ def fused_for(
     if kernel is None:
         return None
     b = np.zeros(0, dtype) if bias is None else np.ascontiguousarray(bias)
-    act = ACTIVATIONS[epi.act]
-    fused = Fused(b, act, _params(epi, dtype), kernel)
-    if w is None or w.ndim != 2 or dtype != np.dtype(np.float32):
-        return fused
-    if w.nbytes > PACK_MAX_BYTES:  # the packed copy is a second one: bounded
-        return fused
-    packed_kernel = _LINEAR_PACKED.get()
-    if packed_kernel is None:
-        return fused
-    from .gemm_packed import pack
-
-    nr = _panel_width()
-    if not nr or w.shape[1] % nr:
-        return fused
-
-    flags = (1 if bias is not None else 0) | (2 if epi.act == "Relu" else 0)
-    return fused._replace(packed=pack(w), packed_kernel=packed_kernel, flags=flags)
+    return Fused(b, ACTIVATIONS[epi.act], _params(epi, dtype), kernel)
