@@ -25,7 +25,7 @@ from ..common import ShapeMemo, compute_dtype
 from ..lib.gemm import matmul_cols_into
 from ..lib.quant import check_constants, requantize
 from ..registry import KernelRegistry
-from .conv_blocked import blocked_conv_fn
+from .conv_blocked_fn import blocked_conv_fn
 from .conv_common import (
     ConvNode,
     Spatial,

@@ -24,26 +24,25 @@ live in the running thread's scratch slot 1. Sums are BLAS's over the same K as 
 whole-image GEMM, so results match it to rounding.
 
 ``plan_blocked`` returns None (the caller keeps the whole-image path) without numba, for
-dtypes other than float32/float64 and for other ranks; ``blocked_conv_fn`` also leaves
-depthwise-like convs (fewer than ``_MIN_GROUP_CHANNELS`` channels per group) and
-one-group convs with more filters than output pixels to the other paths. Thread-safe:
-the plan is immutable; state is per-thread scratch.
+dtypes other than float32/float64 and for other ranks; ``conv_blocked_fn.blocked_conv_fn``
+(the node-level function ``conv`` calls) also leaves depthwise-like convs (fewer than
+``MIN_GROUP_CHANNELS`` channels per group) and one-group convs with more filters than
+output pixels to the other paths. Thread-safe: the plan is immutable; state is per-thread
+scratch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
-from ..common import ShapeMemo, scratch
-from ..lib import blas, gemm, gemm_cols
+from ..common import scratch
+from ..lib import blas, gemm
 from ..lib.jit import CONTRACT, Jitted, frozen
 from . import conv_cols, conv_packed
-from .conv_common import ConvNode, bias_vector, conv_geometry
 from .conv_direct import (
     _EPILOGUE_COLS,
     ACTIVATIONS,
@@ -59,14 +58,14 @@ from .conv_direct import (
 from .conv_im2col import IM2COL, IM2COL_PAR, im2col_rows
 from .conv_pointwise import POINTWISE_PAR, filter_blocks
 
-__all__ = ["BlockedPlan", "blocked_conv_fn", "plan_blocked", "run_blocked"]
+__all__ = ["MIN_GROUP_CHANNELS", "BlockedPlan", "plan_blocked", "run_blocked"]
 
 #: Convs with fewer multiply-adds than this run as one part on the caller (a hand-off to
 #: a helper costs ~5-50 µs).
 _SPLIT_MIN_MACS = 1 << 22
 #: Grouped convs with fewer input channels per group are left to the depthwise kernel or
 #: the whole-image path (a GEMM over a K of a few taps is mostly overhead).
-_MIN_GROUP_CHANNELS = 4
+MIN_GROUP_CHANNELS = 4
 #: A 1x1 conv's product splits into filter blocks on native threads from this many
 #: filters (two blocks of 32 rows; fewer filters split by output pixels on the pool).
 _NATIVE_MIN_FILTERS = 64
@@ -548,84 +547,3 @@ def run_blocked(
     if plan.epi.act:
         _numpy_act(y, plan.epi, plan.fns)
     return y
-
-
-def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
-    """``fn(x, b, r, out)`` running the blocked conv for a one-group 2-D conv with constant
-    weights, or None when it cannot apply; ``fn`` itself returns None for an input shape
-    or call the whole-image path serves better or alone: more output channels than output
-    pixels (each block would pack the whole weight matrix again), an input of another
-    dtype, a residual of another shape, negative pads (``conv_cols``' kernel, which reads
-    the weights as they are, or filter blocks on native threads, ``conv_pointwise``, take
-    the first case when they are there)."""
-    sp, group, w_const, b_c, cdt, epi = node
-    if w_const is None or w_const.ndim != 4 or cdt not in _EMPTY1:
-        return None
-    if (
-        group < 1
-        or w_const.shape[0] % group
-        or (group > 1 and w_const.shape[1] < _MIN_GROUP_CHANNELS)
-    ):
-        return None
-    if not (IM2COL.usable() and _EPILOGUE_COLS.usable()):
-        return None
-    w3 = np.ascontiguousarray(w_const.reshape(group, w_const.shape[0] // group, -1), dtype=cdt)
-    # the filters taps-first for conv_cols' stride-1 form (GRID; a 1x1 conv's taps-first
-    # weights are its weights) and packed for the "packed" route: each a copy of the
-    # weights, made on the first plan that takes its route, so a conv that only ever takes
-    # one route holds one (two threads making one at once make equal arrays)
-    grid = group == 1 and cdt == np.float32 and w_const.shape[2:] != (1, 1)
-    w_taps: list[np.ndarray] = []
-    w_packed: list[np.ndarray | None] = []
-    if group == 1 and cdt == np.float32:
-        gemm_cols.available()  # its kernel built (or loaded) at load, not on a first call
-    w_shape = tuple(w_const.shape)
-    plans: ShapeMemo[tuple[int, ...], BlockedPlan | None] = ShapeMemo()
-
-    def plan_for(shape: tuple[int, ...]) -> BlockedPlan | None:
-        if len(shape) != 4 or shape[1] != w_shape[1] * group:
-            return None
-        kernel, strides, dil, pads = sp.resolve(w_shape[2:])
-        begin, end, out_sp = conv_geometry(shape[2:], kernel, strides, dil, pads, sp.auto_pad)
-        if min(begin + end) < 0 or min(out_sp) < 1:
-            return None
-        out_shape = (shape[0], w_shape[0], *out_sp)
-        plan = plan_blocked(shape, w_shape, out_shape, strides, begin, dil, cdt, epi)
-        if plan is not None and plan.route == "packed" and not w_packed:
-            w_packed.append(conv_packed.pack_filters(w_const))
-        cp = None if plan is None else plan.cols
-        if grid and cp is not None and cp.mode == conv_cols.GRID and not w_taps:
-            w_taps.append(conv_cols.taps_first(w_const))
-        few_pixels = group == 1 and w_shape[0] > out_sp[0] * out_sp[1]
-        blas_blocks = (
-            plan is not None and plan.native is None and plan.cols is None and plan.packed is None
-        )
-        return None if blas_blocks and few_pixels else plan
-
-    def blocked(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
-        if x.shape in plans:
-            plan = plans[x.shape]
-        else:
-            plan = plans.put(x.shape, plan_for(x.shape))
-        if plan is None or x.dtype != cdt:
-            return None
-        if r is not None and (r.shape != plan.out_shape or r.dtype != cdt):
-            return None
-        bb = bias_vector(b, b_c, cdt)
-        direct = out is not None and out.flags.c_contiguous
-        y = run_blocked(
-            plan,
-            x if x.flags.c_contiguous else np.ascontiguousarray(x),
-            w3,
-            bb,
-            None if r is None else np.ascontiguousarray(r),
-            out if direct else None,
-            w_taps[0] if w_taps else None,
-            w_packed[0] if w_packed else None,
-        )
-        if out is not None and not direct:
-            out[...] = y
-            return out
-        return y
-
-    return blocked

@@ -10,7 +10,7 @@ instead (``conv_depthwise3``), and 3x3 (on planes up to ``SAME_3X3_MAX_PIXELS``)
 with "same" padding at stride 1, and 3x3 and 5x5 ones at stride 2, keep every output's
 taps in a register (``conv_depthwise_same``).
 
-``depthwise_conv_fn`` is to ``conv`` what ``conv_blocked.blocked_conv_fn`` is: ``fn(x, b,
+``depthwise_conv_fn`` is to ``conv`` what ``conv_blocked_fn.blocked_conv_fn`` is: ``fn(x, b,
 r, out)`` or None. Thread-safe: plans are immutable; state is per-thread scratch.
 """
 
