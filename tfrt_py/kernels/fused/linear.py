@@ -284,7 +284,7 @@ class _LinearInline:
         ):  # fmt: skip
             return None
         static = all(isinstance(d, int) for d in (*x_shape, *out_shape))
-        if static and math.prod(x_shape[:-1]) > 1:
+        if static and math.prod(x_shape[:-1]) > 1 and not in_load_run():
             self.pack()  # (a plan of any rows leaves it to the first call of two rows)
         if self.serial is not None:
             return self._serial(self.serial, x_shape, len(in_shapes), static, dtype)
