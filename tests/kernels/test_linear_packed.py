@@ -202,13 +202,13 @@ def test_a_big_weight_is_packed_on_its_first_product_of_two_rows(
     _spied(monkeypatch, linear_par._LINEAR_ROWS, ran, "rows")
     _spied(monkeypatch, linear_par._LINEAR_SERIAL, ran, "one")
     packs: list[int] = []
-    real_get = linear_par.PackLater.get
+    real_pack = linear_par.pack_padded
 
-    def get(self: linear_par.PackLater) -> Any:
-        packs.append(1)
-        return real_get(self)
+    def pack(w: np.ndarray) -> np.ndarray:
+        packs.append(w.shape[1])
+        return real_pack(w)
 
-    monkeypatch.setattr(linear_par.PackLater, "get", get)
+    monkeypatch.setattr(linear_par, "pack_padded", pack)
     data = _head_model(1024, 1000, "n", trans_b)
     fused = tfrt_py.load(data, executor=executor)
     plain = tfrt_py.load(data, executor=executor, optimize=False)

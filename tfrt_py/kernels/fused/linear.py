@@ -20,6 +20,7 @@ pays no Python frame for the kernel.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,7 +37,6 @@ from ..lib.linear_par import (
     COLS_MAX_ROWS,
     PACK_LATER_MAX_BYTES,
     PACK_MAX_BYTES,
-    PackLater,
     Serial,
     fused_for,
     pack_later,
@@ -253,7 +253,7 @@ class _LinearInline:
     def __init__(self, mm: Any, w: np.ndarray, b: np.ndarray | None, acts: list[Any],
                  extra_idx: list[list[int]], epi: _BiasRelu | None,
                  blocks: Any = None, serial: Serial | None = None,
-                 later: PackLater | None = None) -> None:  # fmt: skip
+                 later: Callable[[], Serial | None] | None = None) -> None:  # fmt: skip
         self.mm, self.w, self.b, self.acts, self.extra_idx = mm, w, b, acts, extra_idx
         self.epi, self.blocks, self.serial = epi, blocks, serial
         #: the weight's packing, until a product of two rows or more makes ``serial``
@@ -269,11 +269,12 @@ class _LinearInline:
         return self.serial
 
     def pack(self) -> None:
-        """Make ``serial`` from ``later`` (any thread: two at once may both pack, one result
-        is kept)."""
+        """Make ``serial`` with ``later`` (any thread: two at once may both pack, one result
+        is kept; ``serial`` is set before ``later`` is cleared, so a reader that sees no
+        ``later`` sees the packed weight)."""
         later = self.later
         if later is not None:
-            self.serial = later.get()
+            self.serial = later()
             self.later = None
 
     def __call__(self, in_shapes: list[Any], out_shape: Any, dtype: Any) -> Inline | None:

@@ -18,11 +18,13 @@ bit. numba only (``fused_for`` returns None without it).
 
 A float32 Linear's weight packed in ``gemm_packed``'s panels (``Serial``) takes its products
 instead, on this thread or split by columns or rows on native threads, the bias and ReLU
-applied as the kernel stores. Thread-safe: no state but ``PackLater``'s one-time packing.
+applied as the kernel stores. Thread-safe: no state.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,7 +41,6 @@ __all__ = [
     "PACK_LATER_MAX_BYTES",
     "PACK_MAX_BYTES",
     "Fused",
-    "PackLater",
     "Serial",
     "fused_for",
     "pack_later",
@@ -276,7 +277,7 @@ class Serial(NamedTuple):
     time), the bias and a ReLU applied as the rows are stored, another activation after
     (``conv_direct``'s ``_act_row``): on this thread, split by columns over the native
     threads for a few rows (``split``), by rows for many (``split_rows``). A weight packed
-    later (``PackLater``) serves products of ``min_rows`` rows or more: one row by a big
+    later (``pack_later``) serves products of ``min_rows`` rows or more: one row by a big
     matrix is ``gemm.gemv_cols``'. Immutable; any thread."""
 
     packed: np.ndarray  # (ceil(N/nr), K, nr): pack_padded's panels
@@ -421,43 +422,19 @@ def serial_for(
                   1 if w.nbytes <= PACK_MAX_BYTES else 2)  # fmt: skip
 
 
-class PackLater:
-    """``serial_for`` of a weight over ``PACK_MAX_BYTES`` (up to ``PACK_LATER_MAX_BYTES``),
-    made on the first ``get()``: the caller asks when a product of two rows or more is
-    about to run, so a model that only runs one row never holds the second copy. Two
-    threads asking at once may both pack; one result is kept (they are equal). ``get()``
-    is None when it cannot be made (numba or the kernel missing)."""
-
-    __slots__ = ("_args", "_failed", "_serial")
-
-    def __init__(self, steps: Any, bias: np.ndarray | None, w: np.ndarray) -> None:
-        self._args = (steps, bias, w)
-        self._serial: Serial | None = None
-        self._failed = False
-
-    def get(self) -> Serial | None:
-        got = self._serial
-        if got is None and not self._failed:
-            steps, bias, w = self._args
-            got = serial_for(steps, bias, w, PACK_LATER_MAX_BYTES)
-            if got is None:
-                self._failed = True
-            else:
-                self._serial = got
-        return got
-
-
 def pack_later(
     steps: list[tuple[str, int, dict[str, Any], tuple[int, ...]]],
     bias: np.ndarray | None,
     w: np.ndarray,
-) -> PackLater | None:
-    """A ``PackLater`` for a weight over ``PACK_MAX_BYTES`` that ``serial_for`` would pack
-    up to ``PACK_LATER_MAX_BYTES``; None for any other (``serial_for`` packs it now, or
-    never)."""
+) -> Callable[[], Serial | None] | None:
+    """For a weight over ``PACK_MAX_BYTES`` that ``serial_for`` would pack up to
+    ``PACK_LATER_MAX_BYTES``: the call that packs it (``serial_for``; None when numba or
+    the kernel is missing), made by the caller when a product of two rows or more is about
+    to run, so a model that only runs one row never holds the second copy. None for any
+    other weight (``serial_for`` packs it now, or never)."""
     if w.nbytes <= PACK_MAX_BYTES or _packable(steps, bias, w, PACK_LATER_MAX_BYTES) is None:
         return None
-    return PackLater(steps, bias, w)
+    return functools.partial(serial_for, steps, bias, w, PACK_LATER_MAX_BYTES)
 
 
 def pack_padded(w: np.ndarray) -> np.ndarray:
