@@ -10,7 +10,8 @@ The CPU features are the ones kernels dispatch on: AVX-512F, AVX2 and FMA (the p
 gemm's micro-tile: its line names the path, ``gemm_packed``; numba's vectorized loops:
 512-bit vectors on the avx512 path, the numba line says, ``numba_target``), AVX-512 VNNI
 and AVX-VNNI (the integer kernel's paths: its line names the one chosen,
-``qgemm_packed``; and the depthwise row kernel's vector widths, ``qdepthwise_ir``).
+``qgemm_packed``; and the depthwise row kernel's vector widths, ``qdepthwise_ir``; the
+3x3 stride-2 max pool's, ``maxpool_ir``, on the packed gemm's line).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import NamedTuple
 
 from ...concurrency import native_pool, native_threads, numba_target
 from ...concurrency.env_switch import switched_off
-from . import gemm_packed, qdepthwise_ir, qgemm_packed, qnbits_ir
+from . import gemm_packed, maxpool_ir, qdepthwise_ir, qgemm_packed, qnbits_ir
 from .jit import why_off
 
 __all__ = ["Feature", "cpu_flags", "features", "format_features"]
@@ -91,10 +92,12 @@ def _packed() -> Feature:
     if got is None:
         return Feature("packed gemm", None, "built on the first float32 product that uses it")
     path, why, shape = got
+    pools = maxpool_ir.describe()
+    pools = f"; 3x3 stride-2 max pools: {pools}" if pools else ""
     if shape is not None:
         tiles = f"{shape.mr}x{shape.nr} tiles"
         return Feature("packed gemm", True, f"path {path}, {tiles} ({why}); float32 products "
-                       f"on weights packed at load; {gemm_packed.origin()}")  # fmt: skip
+                       f"on weights packed at load; {gemm_packed.origin()}{pools}")  # fmt: skip
     if path == "portable" and why.startswith("the kernel did not build"):
         return Feature("packed gemm", False, f"{why}: needs numba and llvmlite's JIT")
     return Feature("packed gemm", False, f"path {path} ({why}): NumPy's gemm")

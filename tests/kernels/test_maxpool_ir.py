@@ -1,0 +1,174 @@
+"""The 3x3 stride-2 max pool kernel (``kernels/lib/maxpool_ir.py``) in every vector width
+this host has, and the MaxPool plans that take it (``nn/pool_direct``).
+
+Results are compared exactly with a NumPy reference (np.maximum over the nine taps of the
+-inf padded planes) on random geometries with the edges: begin pads 0..2 (padding never
+wins), ceil mode (windows past the right and bottom ends), planes narrower than a vector
+and rows of both parities, NaN (wins its windows, as np.maximum) and -inf. A width the
+host lacks is skipped with the reason; a test that expects the kernel checks it ran."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import tfrt_py
+from tests.support.jit_paths import spying_jitted
+from tfrt_py.kernels.lib import maxpool_ir
+from tfrt_py.kernels.lib.jit import jit_enabled
+from tfrt_py.kernels.nn import pool_direct
+
+RNG = np.random.default_rng(43)
+
+
+def _host_lanes() -> list[int]:
+    try:
+        return maxpool_ir.host_lanes()
+    except ImportError:  # no llvmlite
+        return []
+
+
+def _reference(x: np.ndarray, oh: int, ow: int, pt: int, pl: int) -> np.ndarray:
+    n, c, h, w = x.shape
+    xp = np.full((n, c, 2 * oh + 2, 2 * ow + 2), -np.inf, x.dtype)
+    rows, cols = min(h, 2 * oh + 2 - pt), min(w, 2 * ow + 2 - pl)
+    xp[:, :, pt : pt + rows, pl : pl + cols] = x[:, :, :rows, :cols]
+    y = np.full((n, c, oh, ow), -np.inf, x.dtype)
+    for i in range(3):
+        for j in range(3):
+            y = np.maximum(y, xp[:, :, i : i + 2 * oh : 2, j : j + 2 * ow : 2])
+    return y
+
+
+def _geometries(count: int) -> list[tuple[int, int, int, int, int, int]]:
+    """(h, w, pt, pl, oh, ow) with every output row's window holding a row of the plane."""
+    out: list[tuple[int, int, int, int, int, int]] = []
+    while len(out) < count:
+        h, w = (int(v) for v in RNG.integers(1, 70, 2))
+        pt, pl = (int(v) for v in RNG.integers(0, 3, 2))
+        extra = int(RNG.integers(0, 2))  # ceil mode: one more window at each end
+        oh = (h + 2 * pt - 3 + extra) // 2 + 1
+        ow = (w + 2 * pl - 3 + extra) // 2 + 1
+        if oh >= 1 and ow >= 1 and 2 * (oh - 1) - pt <= h - 1:
+            out.append((h, w, pt, pl, oh, ow))
+    return out
+
+
+@pytest.mark.parametrize("lanes", [16, 8], ids=["avx512", "avx2"])
+def test_every_width_pools_like_numpy(lanes: int) -> None:
+    """The compiled function straight (ctypes) on 150 random geometries of 1-3 planes, a
+    twentieth of the values NaN in every third case, -inf runs in others."""
+    if lanes not in _host_lanes():
+        pytest.skip(f"this host has no {'AVX-512F' if lanes == 16 else 'AVX2'}")
+    engine = maxpool_ir.build(lanes)
+    i64 = ctypes.c_int64
+    fn = ctypes.CFUNCTYPE(i64, ctypes.c_void_p, ctypes.c_void_p, *[i64] * 7)(
+        engine.get_function_address(maxpool_ir.SYMBOL)
+    )
+    for case, (h, w, pt, pl, oh, ow) in enumerate(_geometries(150)):
+        planes = 1 + case % 3
+        x = RNG.standard_normal((1, planes, h, w)).astype(np.float32)
+        if case % 3 == 0:
+            x[RNG.random(x.shape) < 0.05] = np.nan
+        elif case % 3 == 1:
+            x[:, :, : h // 2, : w // 3] = -np.inf
+        y = np.full((1, planes, oh, ow), 7.0, np.float32)
+        guard = np.full(64, 5.0, np.float32)  # nothing written past the output
+        buf = np.concatenate([y.ravel(), guard])
+        assert fn(x.ctypes.data, buf.ctypes.data, planes, h, w, oh, ow, pt, pl) == 0
+        got = buf[: y.size].reshape(y.shape)
+        want = _reference(x, oh, ow, pt, pl)
+        np.testing.assert_array_equal(got, want, err_msg=f"{lanes} {(h, w, pt, pl, oh, ow)}")
+        assert (buf[y.size :] == 5.0).all()
+
+
+def _need_kernel() -> None:
+    if not jit_enabled():
+        pytest.skip("numba is not installed: the NumPy fold runs")
+    if maxpool_ir.kernel() is None:
+        pytest.skip(f"the kernel is off here ({maxpool_ir.describe() or 'no llvmlite'})")
+
+
+def _pool_model(shape: tuple[int, ...], dtype: Any, **attrs: Any) -> bytes:
+    t = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
+    g = helper.make_graph(
+        [helper.make_node("MaxPool", ["x"], ["y"], **attrs)],
+        "pool",
+        [helper.make_tensor_value_info("x", t, list(shape))],
+        [helper.make_tensor_value_info("y", t, None)],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 12)]).SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("shape", "attrs"),
+    [
+        ((2, 8, 56, 56), {"pads": [1, 1, 1, 1]}),  # ResNet's stem pool (two images)
+        ((1, 16, 55, 55), {"ceil_mode": 1}),  # SqueezeNet's
+        ((1, 24, 13, 13), {"ceil_mode": 1}),  # narrower than a vector
+        ((1, 4, 20, 33), {"pads": [2, 0, 0, 2]}),
+    ],
+)
+def test_float32_3x3_stride_2_pools_run_the_kernel(shape: Any, attrs: dict[str, Any]) -> None:
+    """A model's float32 3x3 stride-2 MaxPool takes the kernel (counted) and answers as
+    onnxruntime does."""
+    _need_kernel()
+    mp = _pool_model(shape, np.float32, kernel_shape=[3, 3], strides=[2, 2], **attrs)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    want = ort.InferenceSession(mp, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    model = tfrt_py.load(mp, executor="sync")
+    with spying_jitted(pool_direct._MAX_POOL_IR) as calls:
+        got = model.run({"x": x})["y"]
+    assert calls, "the pool did not run maxpool_ir's kernel"
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "attrs"),
+    [
+        ((1, 2, 20, 20), np.float64, {"strides": [2, 2]}),  # not float32
+        ((1, 2, 20, 20), np.float32, {"strides": [1, 1]}),  # stride 1
+        ((1, 2, 20, 20), np.float32, {"strides": [2, 2], "pads": [3, 3, 0, 0]}),  # pads > 2
+        # the last output row's window wholly below the plane (its rows are not clamped)
+        ((1, 2, 4, 9), np.float32, {"strides": [2, 2], "pads": [0, 0, 3, 0]}),
+    ],
+)
+def test_other_pools_keep_the_numba_loops(shape: Any, dtype: Any, attrs: dict[str, Any]) -> None:
+    """What the kernel does not take plans on ``_max_pool2d`` (and still pools right)."""
+    _need_kernel()
+    kernel, strides = (3, 3), tuple(attrs["strides"])
+    pads = attrs.get("pads", [0, 0, 0, 0])
+    oh = (shape[2] + pads[0] + pads[2] - 3) // strides[0] + 1
+    ow = (shape[3] + pads[1] + pads[3] - 3) // strides[1] + 1
+    out_shape = (*shape[:2], oh, ow)
+    plan = pool_direct.plan_max_pool(
+        shape, kernel, out_shape, strides, (pads[0], pads[1]), (1, 1), np.dtype(dtype)
+    )
+    assert plan is not None and plan.fn is pool_direct._MAX_POOL.get()
+    x = RNG.standard_normal(shape).astype(dtype)
+    got = pool_direct.run_max_pool(plan, x, None)
+    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])),
+                constant_values=-np.inf)  # fmt: skip
+    want = np.full(out_shape, -np.inf, dtype)
+    for i in range(3):
+        for j in range(3):
+            want = np.maximum(want, xp[:, :, i :: strides[0], j :: strides[1]][:, :, :oh, :ow])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_the_feature_table_names_the_pool_width() -> None:
+    """After a pool used it, ``describe()``'s packed-gemm line says the kernel's width."""
+    _need_kernel()
+    from tfrt_py.kernels.lib import gemm_packed
+    from tfrt_py.kernels.lib.features import format_features
+
+    if gemm_packed.kernel() is None:
+        pytest.skip(f"the packed gemm is off here ({gemm_packed.path()[1]})")
+    assert f"vectors of {maxpool_ir.lanes()} float32" in maxpool_ir.describe()
+    (line,) = [ln for ln in format_features() if ln.startswith("packed gemm")]
+    assert f"3x3 stride-2 max pools: vectors of {maxpool_ir.lanes()} float32" in line
