@@ -1,9 +1,10 @@
-"""The 3x3 stride-2 max pool kernel (``kernels/lib/maxpool_ir.py``) in every vector width
-this host has, and the MaxPool plans that take it (``nn/pool_direct``).
+"""The max pool kernel (``kernels/lib/maxpool_ir.py``) for every window it builds, in every
+vector width this host has, and the MaxPool plans that take it (``nn/pool_direct``).
 
-Results are compared exactly with a NumPy reference (np.maximum over the nine taps of the
--inf padded planes) on random geometries with the edges: begin pads 0..2 (padding never
-wins), ceil mode (windows past the right and bottom ends), planes narrower than a vector
+Results are compared exactly with a NumPy reference (np.maximum over the window's taps of
+the -inf padded planes) on random geometries with the edges: pads up to a window's width
+less one (padding never wins), windows past the right and bottom ends, planes narrower than
+a vector
 and rows of both parities, NaN (wins its windows, as np.maximum) and -inf. A width the
 host lacks is skipped with the reason; a test that expects the kernel checks it ran."""
 
@@ -33,58 +34,69 @@ def _host_lanes() -> list[int]:
         return []
 
 
-def _reference(x: np.ndarray, oh: int, ow: int, pt: int, pl: int) -> np.ndarray:
+def _reference(x: np.ndarray, oh: int, ow: int, pt: int, pl: int, window: Any) -> np.ndarray:
+    kh, kw, st = window
     n, c, h, w = x.shape
-    xp = np.full((n, c, 2 * oh + 2, 2 * ow + 2), -np.inf, x.dtype)
-    rows, cols = min(h, 2 * oh + 2 - pt), min(w, 2 * ow + 2 - pl)
-    xp[:, :, pt : pt + rows, pl : pl + cols] = x[:, :, :rows, :cols]
+    big_h, big_w = (oh - 1) * st + kh, (ow - 1) * st + kw
+    xp = np.full((n, c, big_h + pt + h, big_w + pl + w), -np.inf, x.dtype)
+    xp[:, :, pt : pt + h, pl : pl + w] = x
     y = np.full((n, c, oh, ow), -np.inf, x.dtype)
-    for i in range(3):
-        for j in range(3):
-            y = np.maximum(y, xp[:, :, i : i + 2 * oh : 2, j : j + 2 * ow : 2])
+    for i in range(kh):
+        for j in range(kw):
+            y = np.maximum(y, xp[:, :, i : i + st * oh : st, j : j + st * ow : st][:, :, :oh, :ow])
     return y
 
 
-def _geometries(count: int) -> list[tuple[int, int, int, int, int, int]]:
-    """(h, w, pt, pl, oh, ow) with every output row's window holding a row of the plane."""
+def _geometries(window: Any, count: int) -> list[tuple[int, int, int, int, int, int]]:
+    """(h, w, pt, pl, oh, ow) the kernel takes (``window_fits``), pads before and after
+    from none to a window's width less one."""
+    kh, kw, st = window
     out: list[tuple[int, int, int, int, int, int]] = []
     while len(out) < count:
         h, w = (int(v) for v in RNG.integers(1, 70, 2))
-        pt, pl = (int(v) for v in RNG.integers(0, 3, 2))
-        extra = int(RNG.integers(0, 2))  # ceil mode: one more window at each end
-        oh = (h + 2 * pt - 3 + extra) // 2 + 1
-        ow = (w + 2 * pl - 3 + extra) // 2 + 1
-        if oh >= 1 and ow >= 1 and 2 * (oh - 1) - pt <= h - 1:
+        pt, pb = (int(v) for v in RNG.integers(0, kh, 2))
+        pl, pr = (int(v) for v in RNG.integers(0, kw, 2))
+        oh, ow = (h + pt + pb - kh) // st + 1, (w + pl + pr - kw) // st + 1
+        fits = maxpool_ir.window_fits((1, 1, h, w), (1, 1, oh, ow), (kh, kw), (st, st), (pt, pl))
+        if oh >= 1 and ow >= 1 and fits:
             out.append((h, w, pt, pl, oh, ow))
     return out
 
 
 @pytest.mark.parametrize("lanes", [16, 8], ids=["avx512", "avx2"])
 def test_every_width_pools_like_numpy(lanes: int) -> None:
-    """The compiled function straight (ctypes) on 150 random geometries of 1-3 planes, a
-    twentieth of the values NaN in every third case, -inf runs in others."""
+    """The compiled function straight (ctypes) for every window it builds at this width,
+    on random geometries of 1-3 planes, a twentieth of the values NaN in every third case,
+    -inf runs in others; nothing written past the output."""
     if lanes not in _host_lanes():
         pytest.skip(f"this host has no {'AVX-512F' if lanes == 16 else 'AVX2'}")
     engine = maxpool_ir.build(lanes)
     i64 = ctypes.c_int64
-    fn = ctypes.CFUNCTYPE(i64, ctypes.c_void_p, ctypes.c_void_p, *[i64] * 7)(
+    fn = ctypes.CFUNCTYPE(i64, ctypes.c_void_p, ctypes.c_void_p, *[i64] * 8)(
         engine.get_function_address(maxpool_ir.SYMBOL)
     )
-    for case, (h, w, pt, pl, oh, ow) in enumerate(_geometries(150)):
-        planes = 1 + case % 3
-        x = RNG.standard_normal((1, planes, h, w)).astype(np.float32)
-        if case % 3 == 0:
-            x[RNG.random(x.shape) < 0.05] = np.nan
-        elif case % 3 == 1:
-            x[:, :, : h // 2, : w // 3] = -np.inf
-        y = np.full((1, planes, oh, ow), 7.0, np.float32)
-        guard = np.full(64, 5.0, np.float32)  # nothing written past the output
-        buf = np.concatenate([y.ravel(), guard])
-        assert fn(x.ctypes.data, buf.ctypes.data, planes, h, w, oh, ow, pt, pl) == 0
-        got = buf[: y.size].reshape(y.shape)
-        want = _reference(x, oh, ow, pt, pl)
-        np.testing.assert_array_equal(got, want, err_msg=f"{lanes} {(h, w, pt, pl, oh, ow)}")
-        assert (buf[y.size :] == 5.0).all()
+    built = 0
+    for k, window in enumerate(maxpool_ir.WINDOWS):
+        if maxpool_ir.window_index(window[:2], window[2:] * 2, lanes) != k:
+            assert window[2] == 1 and window[1] > lanes + 1  # too wide for the vector
+            continue
+        built += 1
+        for case, (h, w, pt, pl, oh, ow) in enumerate(_geometries(window, 40)):
+            planes = 1 + case % 3
+            x = RNG.standard_normal((1, planes, h, w)).astype(np.float32)
+            if case % 3 == 0:
+                x[RNG.random(x.shape) < 0.05] = np.nan
+            elif case % 3 == 1:
+                x[:, :, : h // 2, : w // 3] = -np.inf
+            size = planes * oh * ow
+            buf = np.full(size + 64, 5.0, np.float32)  # 64 guard floats after the output
+            assert fn(x.ctypes.data, buf.ctypes.data, planes, h, w, oh, ow, pt, pl, k) == 0
+            got = buf[:size].reshape(1, planes, oh, ow)
+            want = _reference(x, oh, ow, pt, pl, window)
+            np.testing.assert_array_equal(got, want, err_msg=f"{lanes} {window} {(h, w, pt, pl)}")
+            assert (buf[size:] == 5.0).all()
+    assert built >= 5
+    assert fn(0, 0, 1, 1, 1, 1, 1, 0, 0, len(maxpool_ir.WINDOWS)) == 1  # no such window
 
 
 def _need_kernel() -> None:
@@ -112,13 +124,22 @@ def _pool_model(shape: tuple[int, ...], dtype: Any, **attrs: Any) -> bytes:
         ((1, 16, 55, 55), {"ceil_mode": 1}),  # SqueezeNet's
         ((1, 24, 13, 13), {"ceil_mode": 1}),  # narrower than a vector
         ((1, 4, 20, 33), {"pads": [2, 0, 0, 2]}),
+        ((2, 8, 28, 28), {"kernel_shape": [2, 2]}),  # VGG's, U-Net's
+        ((1, 4, 27, 31), {"kernel_shape": [2, 2], "ceil_mode": 1}),
+        ((1, 8, 28, 28), {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1] * 4}),
+        ((1, 8, 13, 13), {"kernel_shape": [5, 5], "strides": [1, 1], "pads": [2] * 4}),  # SPPF
+        ((1, 8, 19, 19), {"kernel_shape": [9, 9], "strides": [1, 1], "pads": [4] * 4}),
     ],
 )
-def test_float32_3x3_stride_2_pools_run_the_kernel(shape: Any, attrs: dict[str, Any]) -> None:
-    """A model's float32 3x3 stride-2 MaxPool takes the kernel (counted) and answers as
-    onnxruntime does."""
+def test_float32_pools_of_its_windows_run_the_kernel(shape: Any, attrs: dict[str, Any]) -> None:
+    """A model's float32 MaxPool of a window the kernel builds (3x3 stride 2 unless the
+    case says) takes the kernel (counted) and answers as onnxruntime does."""
     _need_kernel()
-    mp = _pool_model(shape, np.float32, kernel_shape=[3, 3], strides=[2, 2], **attrs)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], **attrs}
+    window = (*attrs["kernel_shape"], attrs["strides"][0])
+    if maxpool_ir.window_index(window[:2], window[2:] * 2, maxpool_ir.lanes()) < 0:
+        pytest.skip(f"{window} is wider than this host's vectors allow")
+    mp = _pool_model(shape, np.float32, **attrs)
     x = RNG.standard_normal(shape).astype(np.float32)
     want = ort.InferenceSession(mp, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     model = tfrt_py.load(mp, executor="sync")
@@ -132,7 +153,8 @@ def test_float32_3x3_stride_2_pools_run_the_kernel(shape: Any, attrs: dict[str, 
     ("shape", "dtype", "attrs"),
     [
         ((1, 2, 20, 20), np.float64, {"strides": [2, 2]}),  # not float32
-        ((1, 2, 20, 20), np.float32, {"strides": [1, 1]}),  # stride 1
+        ((1, 2, 20, 20), np.float32, {"strides": [1, 2]}),  # unequal strides
+        ((1, 2, 20, 20), np.float32, {"strides": [3, 3]}),  # stride 3
         ((1, 2, 20, 20), np.float32, {"strides": [2, 2], "pads": [3, 3, 0, 0]}),  # pads > 2
         # the last output row's window wholly below the plane (its rows are not clamped)
         ((1, 2, 4, 9), np.float32, {"strides": [2, 2], "pads": [0, 0, 3, 0]}),
@@ -171,4 +193,4 @@ def test_the_feature_table_names_the_pool_width() -> None:
         pytest.skip(f"the packed gemm is off here ({gemm_packed.path()[1]})")
     assert f"vectors of {maxpool_ir.lanes()} float32" in maxpool_ir.describe()
     (line,) = [ln for ln in format_features() if ln.startswith("packed gemm")]
-    assert f"3x3 stride-2 max pools: vectors of {maxpool_ir.lanes()} float32" in line
+    assert f"max pools: vectors of {maxpool_ir.lanes()} float32" in line

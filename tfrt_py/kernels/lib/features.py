@@ -11,7 +11,7 @@ gemm's micro-tile: its line names the path, ``gemm_packed``; numba's vectorized 
 512-bit vectors on the avx512 path, the numba line says, ``numba_target``), AVX-512 VNNI
 and AVX-VNNI (the integer kernel's paths: its line names the one chosen,
 ``qgemm_packed``; and the depthwise row kernel's vector widths, ``qdepthwise_ir``; the
-3x3 stride-2 max pool's, ``maxpool_ir``, on the packed gemm's line).
+max pool's, ``maxpool_ir``, on the packed gemm's line).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _packed() -> Feature:
         return Feature("packed gemm", None, "built on the first float32 product that uses it")
     path, why, shape = got
     pools = maxpool_ir.describe()
-    pools = f"; 3x3 stride-2 max pools: {pools}" if pools else ""
+    pools = f"; max pools: {pools}" if pools else ""
     if shape is not None:
         tiles = f"{shape.mr}x{shape.nr} tiles"
         return Feature("packed gemm", True, f"path {path}, {tiles} ({why}); float32 products "

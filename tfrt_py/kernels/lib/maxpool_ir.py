@@ -1,28 +1,30 @@
-"""A float32 3x3 stride-2 MaxPool over whole planes: the LLVM IR kernel under
-``nn/pool_direct`` for ResNet's, SqueezeNet's, ShuffleNet's and GoogLeNet's pools.
+"""Float32 2-D MaxPool over whole planes for the common windows: the LLVM IR kernel under
+``nn/pool_direct`` for 3x3 stride 2 (ResNet, SqueezeNet, ShuffleNet, GoogLeNet), 2x2
+stride 2 (VGG, U-Net, YOLO's tiny backbones) and the stride-1 windows of Inception's
+branches and YOLO's spatial pyramids (3x3, 5x5, 9x9, 13x13).
 
-``pool(x, y, planes, h, w, oh, ow, pt, pl)``: for each of ``planes`` C-contiguous planes
-(``x``: ``h`` x ``w``, ``y``: ``oh`` x ``ow``, one after another), ``y[r, j]`` = the max
-of ``x`` over rows ``2r - pt .. 2r - pt + 2`` and columns ``2j - pl .. 2j - pl + 2`` that
-lie inside the plane (padding never wins; a window whose columns are all outside gives
--inf). Every output row's window must hold a row of the plane (``0 <= 2r - pt + 2`` and
-``2r - pt <= h - 1``: the caller's condition). NaN propagates as with ``np.maximum``: the
-arithmetic is ``pool_direct._mx``'s, rows first, then columns, in the numba loops' order,
-so the two give the same bits.
+``pool(x, y, planes, h, w, oh, ow, pt, pl, window)``: for each of ``planes`` C-contiguous
+planes (``x``: ``h`` x ``w``, ``y``: ``oh`` x ``ow``, one after another), ``y[r, j]`` =
+the max of ``x`` over the ``WINDOWS[window]`` (kh, kw, stride) window at row ``r * stride
+- pt`` and column ``j * stride - pl``, its rows and columns that lie inside the plane only
+(padding never wins; a window whose columns are all outside gives -inf). Every output
+row's window must hold a row of the plane (``window_fits``: the caller's condition). NaN
+propagates as with ``np.maximum``: the larger, the first of equals, NaN where any is NaN --
+``pool_direct._mx``'s values, rows first, then columns.
 
-What the numba loops cannot express: per vector of ``lanes`` outputs, the vertical maxima
-of ``2 * lanes`` input columns (two vectors, the second carried to the next block as its
-first) are split into their even and odd columns by two shuffles, so each output is three
-vector maxima of values already in registers -- no stride-2 reads, no pass over a
-temporary. The window's rows are clamped into the plane (a row counted twice does not
-change a max); columns outside it are masked loads that read -inf (no fault past either
-end of a row or of the buffer).
+What the numba loops cannot express: per vector of ``lanes`` outputs, the window's rows'
+maxima of the input columns it covers stay in registers (the block after it carried to the
+next output block), and each tap's column is a shuffle of them -- stride 2 splits them into
+even and odd columns -- so there are no strided reads and no pass over a temporary. The
+window's rows are clamped into the plane (a row counted twice does not change a max);
+columns outside it are masked loads that read -inf (no fault past either end of a row or of
+the buffer); the next output row's new input rows are prefetched.
 
 ``kernel()`` is the numba ExternalFunction (pointers as integers, status 0), None where
 there is no llvmlite JIT, no AVX2, ``$TFRT_PY_ISA=portable`` or the packed kernels are
 switched off. Vectors of 16 outputs with AVX-512F (``$TFRT_PY_ISA`` permitting), 8 with
-AVX2. Built once per process under a lock (its machine code cached as the packed gemms');
-stateless; any thread.
+AVX2; a stride-1 window at most one wider than the vector. Built once per process under a
+lock (its machine code cached as the packed gemms'); stateless; any thread.
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from ...concurrency.once import Once
 from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, counted_loop, wide_vectors
 
-__all__ = ["SYMBOL", "build", "describe", "host_lanes", "kernel", "lanes"]
+__all__ = ["SYMBOL", "WINDOWS", "build", "describe", "host_lanes", "kernel", "lanes",
+           "window_fits", "window_index"]  # fmt: skip
 
-SYMBOL = "tfrt_py_maxpool_3x3s2_f32"
+SYMBOL = "tfrt_py_maxpool_f32"
+#: (kh, kw, stride) of the windows built; ``pool``'s ``window`` is an index here.
+WINDOWS = ((3, 3, 2), (2, 2, 2), (3, 3, 1), (5, 5, 1), (9, 9, 1), (13, 13, 1))
 
 
 def host_lanes() -> list[int]:
@@ -71,8 +76,31 @@ def build(n: int) -> Any:
     return compile_ir_cached(lambda: _PoolIR(n).text(), f"maxpool_ir|{n}", (__file__,), opt=3)[0]
 
 
+def window_index(kernel: tuple[int, ...], strides: tuple[int, ...], n: int) -> int:
+    """The index in ``WINDOWS`` of a (kh, kw) window of equal strides, -1 where none is or
+    (stride 1) it is wider than ``n`` + 1 lanes allow."""
+    if len(kernel) != 2 or len(strides) != 2 or strides[0] != strides[1]:
+        return -1
+    key = (int(kernel[0]), int(kernel[1]), int(strides[0]))
+    if key not in WINDOWS or (key[2] == 1 and key[1] > n + 1):
+        return -1
+    return WINDOWS.index(key)
+
+
+def window_fits(x_shape: tuple[int, ...], out_shape: tuple[int, ...], kernel: tuple[int, ...],
+                strides: tuple[int, ...], pads_begin: tuple[int, ...]) -> bool:  # fmt: skip
+    """Whether every output row's window holds a row of the plane and every output column's
+    window starts at most a window's width before the row (the kernel's condition), with
+    dims its 32-bit lane arithmetic holds."""
+    h, w = x_shape[2], x_shape[3]
+    if max(h, w) >= 1 << 30 or pads_begin[0] > kernel[0] - 1 or pads_begin[1] > kernel[1] - 1:
+        return False
+    return (out_shape[2] - 1) * strides[0] - pads_begin[0] <= h - 1
+
+
 class _PoolIR:
-    """The module: ``SYMBOL`` for vectors of ``n`` float32 outputs."""
+    """The module: ``SYMBOL`` dispatching to one function per window of ``WINDOWS``, for
+    vectors of ``n`` float32 outputs."""
 
     def __init__(self, n: int) -> None:
         import llvmlite.ir as ir
@@ -99,9 +127,33 @@ class _PoolIR:
         return self.ir.Constant(self.i64, v)
 
     def text(self) -> str:
-        self.function()
+        ir, i64 = self.ir, self.i64
+        fp = self.f32.as_pointer()
+        sig = ir.FunctionType(i64, [fp, fp, *[i64] * 7])
+        fns: list[Any] = []
+        for k, (kh, kw, st) in enumerate(WINDOWS):
+            if st == 1 and kw > self.n + 1:
+                fns.append(None)
+                continue
+            fn = ir.Function(self.mod, sig, name=f"{SYMBOL}_{k}")
+            self.function(fn, kh, kw, st)
+            fns.append(fn)
+        top = ir.Function(self.mod, ir.FunctionType(i64, [fp, fp, *[i64] * 8]), name=SYMBOL)
+        b = ir.IRBuilder(top.append_basic_block("entry"))
+        bad = top.append_basic_block("bad")
+        sw = b.switch(top.args[9], bad)
+        for k, fn in enumerate(fns):
+            if fn is None:
+                continue
+            blk = top.append_basic_block(f"w{k}")
+            sw.add_case(ir.Constant(i64, k), blk)
+            b.position_at_end(blk)
+            b.ret(b.call(fn, top.args[:9]))
+        b.position_at_end(bad)
+        b.ret(self.c(1))
         text = str(self.mod)
-        return wide_vectors(text, [SYMBOL]) if self.n * 32 > 256 else text
+        names = [SYMBOL] + [fn.name for fn in fns if fn is not None]
+        return wide_vectors(text, names) if self.n * 32 > 256 else text
 
     def splat(self, value: Any) -> Any:
         b, ir = self.b, self.ir
@@ -109,12 +161,18 @@ class _PoolIR:
         zeros = ir.Constant(ir.VectorType(self.i32, self.n), [0] * self.n)
         return b.shuffle_vector(e, ir.Constant(self.vi, ir.Undefined), zeros)
 
-    def max3(self, a: Any, v: Any, u: Any) -> Any:
-        """``_mx(_mx(a, v), u)``: the larger, the first of equals; NaN where any is NaN."""
+    def maxn(self, vs: list[Any]) -> Any:
+        """``_mx`` folded over ``vs``: the larger, the first of equals; NaN where any is."""
         b = self.b
-        m = b.select(b.fcmp_ordered(">", v, a), v, a)
-        m = b.select(b.fcmp_ordered(">", u, m), u, m)
-        nan = b.or_(b.fcmp_unordered("uno", a, v), b.fcmp_unordered("uno", u, u))
+        m = vs[0]
+        for v in vs[1:]:
+            m = b.select(b.fcmp_ordered(">", v, m), v, m)
+        if len(vs) == 1:
+            return m
+        nan = None
+        for k in range(0, len(vs), 2):  # one unordered compare covers two
+            u = b.fcmp_unordered("uno", vs[k], vs[min(k + 1, len(vs) - 1)])
+            nan = u if nan is None else b.or_(nan, u)
         return b.select(nan, self.nan, m)
 
     def rows_max(self, rows: list[Any], col: Any, w: Any | None) -> Any:
@@ -130,94 +188,122 @@ class _PoolIR:
             inside = b.and_(b.icmp_signed(">=", at, ir.Constant(self.vi, [0] * self.n)),
                             b.icmp_signed("<", at, self.splat(b.trunc(w, self.i32))))  # fmt: skip
             got = [b.call(self.mload, [p, four, inside, self.ninf]) for p in ptrs]
-        return self.max3(*got)
+        return self.maxn(got)
 
-    def function(self) -> None:
-        ir, i64 = self.ir, self.i64
-        fp = self.f32.as_pointer()
-        fn = ir.Function(self.mod, ir.FunctionType(i64, [fp, fp, *[i64] * 7]), name=SYMBOL)
+    def function(self, fn: Any, kh: int, kw: int, st: int) -> None:
         fn.args[0].add_attribute("noalias")
         fn.args[1].add_attribute("noalias")
-        self.b = b = ir.IRBuilder(fn.append_basic_block("entry"))
+        self.b = b = self.ir.IRBuilder(fn.append_basic_block("entry"))
         x, y, planes, h, w, oh, ow, pt, pl = fn.args
         in_plane, out_plane = b.mul(h, w), b.mul(oh, ow)
+        geo = (kh, kw, st)
 
         def plane(p: Any) -> None:
             xp, yp = b.gep(x, [b.mul(p, in_plane)]), b.gep(y, [b.mul(p, out_plane)])
-            counted_loop(b, self.c(0), oh, 1, lambda r: self.row(xp, yp, r, h, w, ow, pt, pl),
-                         whole=False)  # fmt: skip
+
+            def row(r: Any) -> None:
+                self.row(geo, xp, yp, r, h, w, ow, pt, pl)
+
+            counted_loop(b, self.c(0), oh, 1, row, whole=False)
 
         counted_loop(b, self.c(0), planes, 1, plane, whole=False)
         b.ret(self.c(0))
 
-    def row(self, xp: Any, yp: Any, r: Any, h: Any, w: Any, ow: Any, pt: Any, pl: Any) -> None:
-        """Output row ``r``: blocks of ``n`` outputs, each from the vertical maxima of
-        ``2n`` columns (``lo``, carried from the block before, and ``hi``) and the first
-        of the next block's (``nxt``)."""
+    def shifted(self, blocks: list[Any], t: int) -> Any:
+        """Lanes ``[t, t + n)`` of ``blocks`` laid end to end."""
+        n, b, ir = self.n, self.b, self.ir
+        q, r = divmod(t, n)
+        if r == 0:
+            return blocks[q]
+        idx = ir.Constant(ir.VectorType(self.i32, n), list(range(r, r + n)))
+        return b.shuffle_vector(blocks[q], blocks[q + 1], idx)
+
+    def row(self, geo: tuple[int, int, int], xp: Any, yp: Any, r: Any, h: Any, w: Any,
+            ow: Any, pt: Any, pl: Any) -> None:  # fmt: skip
+        """Output row ``r``, ``n`` outputs a block. Each block needs the rows' maxima of
+        ``span`` input columns from ``col`` (stride 2: 2n, and one more for a 3-wide
+        window; stride 1: n + kw - 1), in ``need`` vectors: the first carried from the
+        block before (the columns it read past its own), the rest loaded."""
+        kh, kw, st = geo
         ir, b, c, n = self.ir, self.b, self.c, self.n
         i8p = ir.IntType(8).as_pointer()
-        top = b.sub(b.mul(r, c(2)), pt)
+        top = b.sub(b.mul(r, c(st)), pt)
         last = b.sub(h, c(1))
-        rows = []
-        for i in range(3):  # clamped into the plane: the window's rows, one maybe twice
+
+        def clamped(i: int) -> Any:  # row top + i clamped into the plane
             k = b.add(top, c(i))
             k = b.select(b.icmp_signed("<", k, c(0)), c(0), k)
             k = b.select(b.icmp_signed(">", k, last), last, k)
-            rows.append(b.gep(xp, [b.mul(k, w)]))
-        # the next output row's two new input rows (past the plane's end: the last row)
-        ahead = []
-        for i in (3, 4):
-            k = b.add(top, c(i))
-            k = b.select(b.icmp_signed(">", k, last), last, k)
-            k = b.select(b.icmp_signed("<", k, c(0)), c(0), k)
-            ahead.append(b.gep(xp, [b.mul(k, w)]))
+            return b.gep(xp, [b.mul(k, w)])
+
+        rows = [clamped(i) for i in range(kh)]
+        ahead = [clamped(kh + i) for i in range(st)]  # the next output row's new rows
         yr = b.gep(yp, [b.mul(r, ow)])
+        step = st * n  # input columns an output block advances
+        need = 3 if (st == 2 and kw == 3) else 2
+        carry = st == 1 or kw == 3  # the last vector is the next block's first
         col0 = b.sub(c(0), pl)
-        first = self.rows_max(rows, col0, w)
         pre = b.block
+        first = self.rows_max(rows, col0, w) if carry else None
         head, body, after = (b.function.append_basic_block() for _ in range(3))
         b.branch(head)
         b.position_at_end(head)
-        j, lo, col = b.phi(self.i64), b.phi(self.vf), b.phi(self.i64)
+        j, col = b.phi(self.i64), b.phi(self.i64)
         j.add_incoming(c(0), pre)
-        lo.add_incoming(first, pre)
         col.add_incoming(col0, pre)
+        lo: Any = None
+        if carry:
+            lo = b.phi(self.vf)
+            lo.add_incoming(first, pre)
         b.cbranch(b.icmp_signed("<", j, ow), body, after)
         b.position_at_end(body)
-        # the next 2n columns: plain loads where all lie inside the row, else masked
-        end = b.add(col, c(3 * n))
+        # the block's new vectors: plain loads where all lie inside the row, else masked
+        new_from = 1 if carry else 0
+        end = b.add(col, c(need * n))
         inside = b.and_(b.icmp_signed(">=", col, c(0)), b.icmp_signed("<=", end, w))
         fast, slow, join = (b.function.append_basic_block() for _ in range(3))
         b.cbranch(inside, fast, slow)
         got = []
         for blk, bound in ((fast, None), (slow, w)):
             b.position_at_end(blk)
-            if bound is None:  # rows 2r+3, 2r+4 for the next output row: short row streams
-                for a in ahead:  # the hardware prefetcher leaves to memory at large planes
-                    for q in range(0, 2 * n, 16):
-                        at = b.bitcast(b.gep(a, [b.add(col, c(2 * n + q))]), i8p)
-                        b.call(self.prefetch, [at, *(ir.Constant(self.i32, v) for v in (0, 3, 1))])
-            pair = (self.rows_max(rows, b.add(col, c(n)), bound),
-                    self.rows_max(rows, b.add(col, c(2 * n)), bound))  # fmt: skip
-            got.append((pair, b.block))
+            if bound is None:  # the next output row's new rows: short row streams the
+                for a in ahead:  # hardware prefetcher leaves to memory at large planes
+                    for q in range(0, need * n, 16):
+                        at = b.bitcast(b.gep(a, [b.add(col, c(step + q))]), i8p)
+                        hint = [ir.Constant(self.i32, v) for v in (0, 3, 1)]
+                        b.call(self.prefetch, [at, *hint])
+            vs = [self.rows_max(rows, b.add(col, c(k * n)), bound)
+                  for k in range(new_from, need)]  # fmt: skip
+            got.append((vs, b.block))
             b.branch(join)
         b.position_at_end(join)
-        hi, nxt = b.phi(self.vf), b.phi(self.vf)
-        for (h_, x_), blk in got:
-            hi.add_incoming(h_, blk)
-            nxt.add_incoming(x_, blk)
-        idx = ir.VectorType(self.i32, n)
-        even = b.shuffle_vector(lo, hi, ir.Constant(idx, list(range(0, 2 * n, 2))))
-        odd = b.shuffle_vector(lo, hi, ir.Constant(idx, list(range(1, 2 * n, 2))))
-        right = b.shuffle_vector(even, nxt, ir.Constant(idx, list(range(1, n + 1))))
-        out = self.max3(even, odd, right)
+        blocks = [lo] if carry else []
+        for k in range(need - new_from):
+            phi = b.phi(self.vf)
+            for vs, blk in got:
+                phi.add_incoming(vs[k], blk)
+            blocks.append(phi)
+        if st == 2:
+            idx = ir.VectorType(self.i32, n)
+
+            def pick(u: Any, v: Any, lanes: range) -> Any:
+                return b.shuffle_vector(u, v, ir.Constant(idx, list(lanes)))
+
+            even = pick(blocks[0], blocks[1], range(0, 2 * n, 2))
+            taps = [even, pick(blocks[0], blocks[1], range(1, 2 * n, 2))]
+            if kw == 3:  # the even columns one further: the next block's first column
+                taps.append(pick(even, blocks[2], range(1, n + 1)))
+        else:
+            taps = [self.shifted(blocks, t) for t in range(kw)]
+        out = self.maxn(taps)
         lane = b.add(self.splat(b.trunc(j, self.i32)), self.iota)
         keep = b.icmp_signed("<", lane, self.splat(b.trunc(ow, self.i32)))
         ptr = b.bitcast(b.gep(yr, [j]), self.vf.as_pointer())
         b.call(self.mstore, [out, ptr, ir.Constant(self.i32, 4), keep])
         j.add_incoming(b.add(j, c(n)), b.block)
-        lo.add_incoming(nxt, b.block)
-        col.add_incoming(b.add(col, c(2 * n)), b.block)
+        col.add_incoming(b.add(col, c(step)), b.block)
+        if carry:
+            lo.add_incoming(blocks[-1], b.block)
         b.branch(head)
         b.position_at_end(after)
 
@@ -232,7 +318,7 @@ def _register() -> tuple[str, Any, Any]:
         engine = build(n)
         add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
         p, i = types.uintp, types.int64
-        fn = types.ExternalFunction(SYMBOL, types.int64(p, p, i, i, i, i, i, i, i))
+        fn = types.ExternalFunction(SYMBOL, types.int64(p, p, i, i, i, i, i, i, i, i))
     except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the numba loop stays
         return f"the kernel did not build: {type(e).__name__}", None, None
     return f"vectors of {n} float32", fn, engine

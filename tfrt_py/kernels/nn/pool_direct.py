@@ -22,12 +22,14 @@ output; None from ``plan_max_pool`` (numba missing, ``$TFRT_PY_JIT=0``, other dt
 ``pool``'s NumPy fold (one strided ``np.maximum`` per tap). 64x111x111, 3x3 stride 2:
 1053 -> ~160 µs on two threads (the polyphase-grid kernel it replaces).
 
-float32 3x3 stride-2 pools whose every output row's window holds a row of the plane and
-whose begin pads are at most 2 (ResNet's, SqueezeNet's, ShuffleNet's) take
-``lib/maxpool_ir``'s LLVM IR kernel instead (``_max_pool_ir``: the planes of a channel
-range in one call; same values, NaN as NaN): 64x111x111 172 -> 90 µs, 256x27x27 64 -> 32
-(one Zen 5 thread). Where it is off (no llvmlite JIT, no AVX2, ``$TFRT_PY_ISA=portable``)
-or for float64, the loops above run.
+float32 pools of ``lib/maxpool_ir``'s windows -- 3x3 stride 2, 2x2 stride 2, and 3x3,
+5x5, 9x9, 13x13 stride 1 -- whose every output row's window holds a row of the plane
+(``maxpool_ir.window_fits``) take its LLVM IR kernel instead (``_max_pool_ir``: the planes
+of a channel range in one call; the same values, NaN as NaN). One Zen 5 thread:
+64x111x111 3x3/2 172 -> 90 µs, 256x27x27 64 -> 32; 2x2/2 at 64x224x224 4.8 ms -> 0.59
+(onnxruntime 1.65), at 512x28x28 646 -> 54 µs (77); 3x3/1 at 192x28x28 355 -> 81 (72).
+Where it is off (no llvmlite JIT, no AVX2, ``$TFRT_PY_ISA=portable``), for float64 and
+for other windows, the loops above run.
 
 Large pools split their channels (one image) or images over tfrt_py's intra-op threads
 (from ``NATIVE_SPLIT_MIN_WORK`` on native threads, else from ``SPLIT_MIN_WORK``).
@@ -226,7 +228,7 @@ def _max_pool2d(
     x: Any, out: Any, geo: Any, tmp: Any, n0: int, n1: int, c0: int, c1: int
 ) -> None:  # pragma: no cover - numba only
     """out[n, c] = max over the window for images ``[n0, n1)`` and channels ``[c0, c1)``.
-    ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl, chunk]; ``tmp`` holds one output row's row
+    ``geo`` = [KH, KW, sh, sw, dh, dw, pt, pl, chunk, window]; ``tmp`` holds one output row's row
     maxima (W elements), then (stride 2, width 3) their even and odd columns (W + 2 more);
     3x3 stride 2 takes its inside rows ``chunk`` at a time by the plane passes where
     ``tmp`` has room for their two buffers (``plan_max_pool`` sets both; chunk 0: none).
@@ -274,7 +276,7 @@ def _max_pool2d(
 def _warm(fn: Any) -> None:
     t = np.float32
     x, y = np.zeros((1, 1, 3, 3), t), np.zeros((1, 1, 2, 2), t)
-    geo = np.array([2, 2, 1, 1, 1, 1, 0, 0, 0], np.int64)
+    geo = np.array([2, 2, 1, 1, 1, 1, 0, 0, 0, -1], np.int64)
     fn(x, y, geo, np.zeros(3, t), 0, 1, 0, 1)
 
 
@@ -294,7 +296,7 @@ def _max_pool2d_par(x: Any, out: Any, geo: Any, tmp: Any, blocks: Any) -> None: 
 def _warm_par(fn: Any) -> None:
     t = np.float32
     x, y = np.zeros((1, 2, 3, 3), t), np.zeros((1, 2, 2, 2), t)
-    geo = np.array([2, 2, 1, 1, 1, 1, 0, 0, 0], np.int64)
+    geo = np.array([2, 2, 1, 1, 1, 1, 0, 0, 0, -1], np.int64)
     blocks = native_threads.plane_blocks(1, 2, 2)  # read-only, as the kernel's
     fn(x, y, geo, np.zeros((2, 3), t), blocks)
 
@@ -303,7 +305,7 @@ _MAX_POOL_PAR = Jitted(_max_pool2d_par, _warm_par, helpers=(_max_pool2d,), paral
 
 
 #: maxpool_ir's ExternalFunction, set by ``_prepare_ir`` before the two below compile
-maxpool3x3s2: Any = None
+maxpool_windows: Any = None
 
 
 def _max_pool_ir(
@@ -316,8 +318,8 @@ def _max_pool_ir(
     for n in range(n0, n1):
         xo = ((n * c_ + c0) * h_ * w_) * 4
         oo = ((n * c_ + c0) * oh_ * ow_) * 4
-        maxpool3x3s2(x.ctypes.data + xo, out.ctypes.data + oo, c1 - c0, h_, w_, oh_, ow_,
-                     geo[6], geo[7])  # fmt: skip
+        maxpool_windows(x.ctypes.data + xo, out.ctypes.data + oo, c1 - c0, h_, w_, oh_, ow_,
+                        geo[6], geo[7], geo[9])  # fmt: skip
 
 
 def _max_pool_ir_par(x: Any, out: Any, geo: Any, tmp: Any, blocks: Any) -> None:  # pragma: no cover
@@ -327,19 +329,19 @@ def _max_pool_ir_par(x: Any, out: Any, geo: Any, tmp: Any, blocks: Any) -> None:
 
 
 def _prepare_ir(module_globals: dict[str, Any]) -> bool:
-    module_globals["maxpool3x3s2"] = fn = maxpool_ir.kernel()
+    module_globals["maxpool_windows"] = fn = maxpool_ir.kernel()
     return fn is not None
 
 
 def _warm_ir(fn: Any) -> None:
     t = np.float32
-    geo = np.array([3, 3, 2, 2, 1, 1, 0, 0, 0], np.int64)
+    geo = np.array([3, 3, 2, 2, 1, 1, 0, 0, 0, 0], np.int64)
     fn(np.zeros((1, 1, 3, 3), t), np.zeros((1, 1, 1, 1), t), geo, np.zeros(1, t), 0, 1, 0, 1)
 
 
 def _warm_ir_par(fn: Any) -> None:
     t = np.float32
-    geo = np.array([3, 3, 2, 2, 1, 1, 0, 0, 0], np.int64)
+    geo = np.array([3, 3, 2, 2, 1, 1, 0, 0, 0, 0], np.int64)
     blocks = native_threads.plane_blocks(1, 2, 2)
     fn(np.zeros((1, 2, 3, 3), t), np.zeros((1, 2, 1, 1), t), geo, np.zeros((2, 1), t), blocks)
 
@@ -350,19 +352,19 @@ _MAX_POOL_IR_PAR = Jitted(
 )
 
 
-def _takes_ir(
+def _ir_window(
     x_shape: tuple[int, ...], kernel: tuple[int, ...], out_shape: tuple[int, ...],
     strides: tuple[int, ...], pads_begin: tuple[int, ...], dilations: tuple[int, ...],
     dtype: np.dtype,
-) -> bool:  # fmt: skip
-    """Whether ``maxpool_ir``'s kernel takes the pool: float32, 3x3 stride 2 without
-    dilation, at most 2 padded rows and columns before, every output row's window holding
-    a row of the plane, dims that fit its 32-bit lane arithmetic."""
-    if dtype != np.float32 or tuple(kernel) != (3, 3) or tuple(strides) != (2, 2):
-        return False
-    if tuple(dilations) != (1, 1) or max(pads_begin) > 2 or max(x_shape[2:]) >= 1 << 30:
-        return False
-    return 2 * (out_shape[2] - 1) - pads_begin[0] <= x_shape[2] - 1
+) -> int:  # fmt: skip
+    """The index of the pool's window in ``maxpool_ir.WINDOWS`` where its kernel takes the
+    pool (float32, no dilation, ``maxpool_ir.window_fits``), else -1."""
+    if dtype != np.float32 or tuple(dilations) != (1, 1) or maxpool_ir.lanes() == 0:
+        return -1
+    k = maxpool_ir.window_index(kernel, strides, maxpool_ir.lanes())
+    if k < 0 or not maxpool_ir.window_fits(x_shape, out_shape, kernel, strides, pads_begin):
+        return -1
+    return k
 
 
 class MaxPoolPlan(NamedTuple):
@@ -389,8 +391,8 @@ def plan_max_pool(
     """The plan of a 2-D MaxPool for one input shape, or None (see the module doc)."""
     if len(x_shape) != 4 or dtype not in (np.float32, np.float64):
         return None
-    ir = _takes_ir(x_shape, kernel, out_shape, strides, pads_begin, dilations, dtype)
-    fn = _MAX_POOL_IR.get() if ir else None
+    window = _ir_window(x_shape, kernel, out_shape, strides, pads_begin, dilations, dtype)
+    fn = _MAX_POOL_IR.get() if window >= 0 else None
     ir = fn is not None
     fn = fn if ir else _MAX_POOL.get()
     if fn is None:
@@ -406,7 +408,7 @@ def plan_max_pool(
         tmp_len = 1
     geo = np.array(
         [kernel[0], kernel[1], strides[0], strides[1], dilations[0], dilations[1],
-         pads_begin[0], pads_begin[1], chunk],
+         pads_begin[0], pads_begin[1], chunk, window],
         np.int64,
     )  # fmt: skip
     work = int(np.prod(x_shape)) * kernel[0] * kernel[1]
