@@ -516,7 +516,7 @@ def test_a_channel_layer_norm_splits_its_pixels_on_native_threads() -> None:
     ],
 )
 def test_a_max_pool_splits_on_native_threads(n: int, c: int, h: int, pad: int) -> None:
-    from tfrt_py.kernels.lib import maxpool_ir
+    from tfrt_py.kernels.lib import pool_ir
     from tfrt_py.kernels.nn import pool_direct
 
     rng = np.random.default_rng(n)
@@ -525,8 +525,8 @@ def test_a_max_pool_splits_on_native_threads(n: int, c: int, h: int, pad: int) -
     plan = pool_direct.plan_max_pool(x.shape, (3, 3), (n, c, oh, oh), (2, 2), (pad, pad),
                                      (1, 1), F32)  # fmt: skip
     assert plan is not None and plan.split
-    # float32 3x3 stride 2: maxpool_ir's kernel where the host has it, else the numba loops
-    ir = maxpool_ir.kernel() is not None
+    # float32 3x3 stride 2: pool_ir's kernel where the host has it, else the numba loops
+    ir = pool_ir.kernel() is not None
     with spying_jitted(pool_direct._MAX_POOL_IR_PAR if ir else pool_direct._MAX_POOL_PAR) as calls:
         y = pool_direct.run_max_pool(plan, x, None)
     assert calls == [1]

@@ -11,7 +11,7 @@ gemm's micro-tile: its line names the path, ``gemm_packed``; numba's vectorized 
 512-bit vectors on the avx512 path, the numba line says, ``numba_target``), AVX-512 VNNI
 and AVX-VNNI (the integer kernel's paths: its line names the one chosen,
 ``qgemm_packed``; and the depthwise row kernel's vector widths, ``qdepthwise_ir``; the
-max pool's, ``maxpool_ir``, on the packed gemm's line).
+max pool's, ``pool_ir``, on the packed gemm's line).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from ...concurrency import native_pool, native_threads, numba_target
 from ...concurrency.env_switch import switched_off
-from . import gemm_packed, maxpool_ir, qdepthwise_ir, qgemm_packed, qnbits_ir
+from . import gemm_packed, pool_ir, qdepthwise_ir, qgemm_packed, qnbits_ir
 from .jit import why_off
 
 __all__ = ["Feature", "cpu_flags", "features", "format_features"]
@@ -92,7 +92,7 @@ def _packed() -> Feature:
     if got is None:
         return Feature("packed gemm", None, "built on the first float32 product that uses it")
     path, why, shape = got
-    pools = maxpool_ir.describe()
+    pools = pool_ir.describe()
     pools = f"; max pools: {pools}" if pools else ""
     if shape is not None:
         tiles = f"{shape.mr}x{shape.nr} tiles"

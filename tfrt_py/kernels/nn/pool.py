@@ -21,6 +21,7 @@ from ..base import OUT, ComputeFn, KernelContext
 from ..common import ShapeMemo, compute_dtype, ones_vector
 from ..registry import KernelRegistry
 from .conv_common import Spatial, conv_geometry, parse_spatial, scratch
+from .pool_avg import plan_avg_pool, run_avg_pool
 from .pool_direct import plan_max_pool, run_max_pool
 
 __all__ = ["register_kernels"]
@@ -300,10 +301,30 @@ def _average_pool(ctx: KernelContext) -> ComputeFn:
     axes = _kr(len(sp.kernel_shape))
     plans: ShapeMemo[Any, _Plan] = ShapeMemo()
 
+    compiled: ShapeMemo[Any, Any] = ShapeMemo()
+
+    def compiled_plan(x: np.ndarray, plan: _Plan) -> Any:
+        if x.ndim != 4 or len(sp.kernel_shape or ()) != 2:
+            return None
+        kernel, strides, dil, pads = sp.resolve()
+        begin, _, out_sp = conv_geometry(
+            x.shape[2:], kernel, strides, dil, pads, sp.auto_pad, ceil_mode
+        )
+        if min(out_sp) < 1:
+            return None
+        out_shape = (*x.shape[:2], *out_sp)
+        return plan_avg_pool(x.shape, kernel, out_shape, strides, begin, dil, x.dtype, plan.scale)
+
     def average_pool(x: np.ndarray, out: Any = None) -> np.ndarray:
         plan = plans.get(x.shape)
         if plan is None:
             plan = plans.put(x.shape, _plan(ctx, sp, x.shape, ceil_mode, avg=cip, scale_dtype=sdt))
+        key = (x.shape, x.dtype)
+        cp = compiled.get(key, False)
+        if cp is False:
+            cp = compiled.put(key, compiled_plan(x, plan))
+        if cp is not None and x.flags.c_contiguous and (out is None or out.flags.c_contiguous):
+            return run_avg_pool(cp, x, out)
         dt = x.dtype
         cdt = compute_dtype(dt)
         xc = x if cdt == dt else x.astype(cdt)

@@ -22,9 +22,9 @@ output; None from ``plan_max_pool`` (numba missing, ``$TFRT_PY_JIT=0``, other dt
 ``pool``'s NumPy fold (one strided ``np.maximum`` per tap). 64x111x111, 3x3 stride 2:
 1053 -> ~160 µs on two threads (the polyphase-grid kernel it replaces).
 
-float32 pools of ``lib/maxpool_ir``'s windows -- 3x3 stride 2, 2x2 stride 2, and 3x3,
+float32 pools of ``lib/pool_ir``'s windows -- 3x3 stride 2, 2x2 stride 2, and 3x3,
 5x5, 9x9, 13x13 stride 1 -- whose every output row's window holds a row of the plane
-(``maxpool_ir.window_fits``) take its LLVM IR kernel instead (``_max_pool_ir``: the planes
+(``pool_ir.window_fits``) take its LLVM IR kernel instead (``_max_pool_ir``: the planes
 of a channel range in one call; the same values, NaN as NaN). One Zen 5 thread:
 64x111x111 3x3/2 172 -> 90 µs, 256x27x27 64 -> 32; 2x2/2 at 64x224x224 4.8 ms -> 0.59
 (onnxruntime 1.65), at 512x28x28 646 -> 54 µs (77); 3x3/1 at 192x28x28 355 -> 81 (72).
@@ -47,7 +47,7 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..common import scratch
-from ..lib import maxpool_ir
+from ..lib import pool_ir
 from ..lib.jit import Jitted, inline, uses
 
 __all__ = ["MaxPoolPlan", "plan_max_pool", "run_max_pool"]
@@ -304,14 +304,14 @@ def _warm_par(fn: Any) -> None:
 _MAX_POOL_PAR = Jitted(_max_pool2d_par, _warm_par, helpers=(_max_pool2d,), parallel=True)
 
 
-#: maxpool_ir's ExternalFunction, set by ``_prepare_ir`` before the two below compile
+#: pool_ir's ExternalFunction, set by ``_prepare_ir`` before the two below compile
 maxpool_windows: Any = None
 
 
 def _max_pool_ir(
     x: Any, out: Any, geo: Any, tmp: Any, n0: int, n1: int, c0: int, c1: int
 ) -> None:  # pragma: no cover - numba only
-    """``_max_pool2d`` for a float32 3x3 stride-2 pool by ``maxpool_ir``'s kernel, the
+    """``_max_pool2d`` for a float32 3x3 stride-2 pool by ``pool_ir``'s kernel, the
     planes of channels ``[c0, c1)`` of each image at once (``tmp`` unused)."""
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     oh_, ow_ = out.shape[2], out.shape[3]
@@ -329,7 +329,7 @@ def _max_pool_ir_par(x: Any, out: Any, geo: Any, tmp: Any, blocks: Any) -> None:
 
 
 def _prepare_ir(module_globals: dict[str, Any]) -> bool:
-    module_globals["maxpool_windows"] = fn = maxpool_ir.kernel()
+    module_globals["maxpool_windows"] = fn = pool_ir.kernel()
     return fn is not None
 
 
@@ -357,12 +357,12 @@ def _ir_window(
     strides: tuple[int, ...], pads_begin: tuple[int, ...], dilations: tuple[int, ...],
     dtype: np.dtype,
 ) -> int:  # fmt: skip
-    """The index of the pool's window in ``maxpool_ir.WINDOWS`` where its kernel takes the
-    pool (float32, no dilation, ``maxpool_ir.window_fits``), else -1."""
-    if dtype != np.float32 or tuple(dilations) != (1, 1) or maxpool_ir.lanes() == 0:
+    """The index of the pool's window in ``pool_ir.WINDOWS`` where its kernel takes the
+    pool (float32, no dilation, ``pool_ir.window_fits``), else -1."""
+    if dtype != np.float32 or tuple(dilations) != (1, 1) or pool_ir.lanes() == 0:
         return -1
-    k = maxpool_ir.window_index(kernel, strides, maxpool_ir.lanes())
-    if k < 0 or not maxpool_ir.window_fits(x_shape, out_shape, kernel, strides, pads_begin):
+    k = pool_ir.window_index(kernel, strides, pool_ir.lanes())
+    if k < 0 or not pool_ir.window_fits(x_shape, out_shape, kernel, strides, pads_begin):
         return -1
     return k
 
@@ -404,7 +404,7 @@ def plan_max_pool(
     if tuple(kernel) == (3, 3) and tuple(strides) == (2, 2) and tuple(dilations) == (1, 1):
         chunk = max(2, PLANE_CHUNK_FLOATS // (4 * w))  # 2 buffers of 2 * chunk - 1 rows
         tmp_len = max(tmp_len, 2 * (2 * chunk - 1) * w)
-    if ir:  # maxpool_ir's kernel holds its rows in registers
+    if ir:  # pool_ir's kernel holds its rows in registers
         tmp_len = 1
     geo = np.array(
         [kernel[0], kernel[1], strides[0], strides[1], dilations[0], dilations[1],

@@ -1,4 +1,4 @@
-"""The max pool kernel (``kernels/lib/maxpool_ir.py``) for every window it builds, in every
+"""The max pool kernel (``kernels/lib/pool_ir.py``) for every window it builds, in every
 vector width this host has, and the MaxPool plans that take it (``nn/pool_direct``).
 
 Results are compared exactly with a NumPy reference (np.maximum over the window's taps of
@@ -20,8 +20,8 @@ from onnx import TensorProto, helper
 
 import tfrt_py
 from tests.support.jit_paths import spying_jitted
-from tfrt_py.kernels.lib import maxpool_ir
-from tfrt_py.kernels.lib.jit import jit_enabled
+from tfrt_py.kernels.lib import pool_ir
+from tfrt_py.kernels.lib.jit import jit_enabled, why_off
 from tfrt_py.kernels.nn import pool_direct
 
 RNG = np.random.default_rng(43)
@@ -29,7 +29,7 @@ RNG = np.random.default_rng(43)
 
 def _host_lanes() -> list[int]:
     try:
-        return maxpool_ir.host_lanes()
+        return pool_ir.host_lanes()
     except ImportError:  # no llvmlite
         return []
 
@@ -57,7 +57,7 @@ def _geometries(window: Any, count: int) -> list[tuple[int, int, int, int, int, 
         pt, pb = (int(v) for v in RNG.integers(0, kh, 2))
         pl, pr = (int(v) for v in RNG.integers(0, kw, 2))
         oh, ow = (h + pt + pb - kh) // st + 1, (w + pl + pr - kw) // st + 1
-        fits = maxpool_ir.window_fits((1, 1, h, w), (1, 1, oh, ow), (kh, kw), (st, st), (pt, pl))
+        fits = pool_ir.window_fits((1, 1, h, w), (1, 1, oh, ow), (kh, kw), (st, st), (pt, pl))
         if oh >= 1 and ow >= 1 and fits:
             out.append((h, w, pt, pl, oh, ow))
     return out
@@ -70,14 +70,14 @@ def test_every_width_pools_like_numpy(lanes: int) -> None:
     -inf runs in others; nothing written past the output."""
     if lanes not in _host_lanes():
         pytest.skip(f"this host has no {'AVX-512F' if lanes == 16 else 'AVX2'}")
-    engine = maxpool_ir.build(lanes)
+    engine = pool_ir.build(lanes)
     i64 = ctypes.c_int64
     fn = ctypes.CFUNCTYPE(i64, ctypes.c_void_p, ctypes.c_void_p, *[i64] * 8)(
-        engine.get_function_address(maxpool_ir.SYMBOL)
+        engine.get_function_address(pool_ir.SYMBOL)
     )
     built = 0
-    for k, window in enumerate(maxpool_ir.WINDOWS):
-        if maxpool_ir.window_index(window[:2], window[2:] * 2, lanes) != k:
+    for k, window in enumerate(pool_ir.WINDOWS):
+        if pool_ir.window_index(window[:2], window[2:] * 2, lanes) != k:
             assert window[2] == 1 and window[1] > lanes + 1  # too wide for the vector
             continue
         built += 1
@@ -96,14 +96,14 @@ def test_every_width_pools_like_numpy(lanes: int) -> None:
             np.testing.assert_array_equal(got, want, err_msg=f"{lanes} {window} {(h, w, pt, pl)}")
             assert (buf[size:] == 5.0).all()
     assert built >= 5
-    assert fn(0, 0, 1, 1, 1, 1, 1, 0, 0, len(maxpool_ir.WINDOWS)) == 1  # no such window
+    assert fn(0, 0, 1, 1, 1, 1, 1, 0, 0, len(pool_ir.WINDOWS)) == 1  # no such window
 
 
 def _need_kernel() -> None:
     if not jit_enabled():
-        pytest.skip("numba is not installed: the NumPy fold runs")
-    if maxpool_ir.kernel() is None:
-        pytest.skip(f"the kernel is off here ({maxpool_ir.describe() or 'no llvmlite'})")
+        pytest.skip(f"compiled kernels are off here ({why_off()}): the NumPy fold runs")
+    if pool_ir.kernel() is None:
+        pytest.skip(f"the kernel is off here ({pool_ir.describe() or 'no llvmlite'})")
 
 
 def _pool_model(shape: tuple[int, ...], dtype: Any, **attrs: Any) -> bytes:
@@ -137,7 +137,7 @@ def test_float32_pools_of_its_windows_run_the_kernel(shape: Any, attrs: dict[str
     _need_kernel()
     attrs = {"kernel_shape": [3, 3], "strides": [2, 2], **attrs}
     window = (*attrs["kernel_shape"], attrs["strides"][0])
-    if maxpool_ir.window_index(window[:2], window[2:] * 2, maxpool_ir.lanes()) < 0:
+    if pool_ir.window_index(window[:2], window[2:] * 2, pool_ir.lanes()) < 0:
         pytest.skip(f"{window} is wider than this host's vectors allow")
     mp = _pool_model(shape, np.float32, **attrs)
     x = RNG.standard_normal(shape).astype(np.float32)
@@ -145,7 +145,7 @@ def test_float32_pools_of_its_windows_run_the_kernel(shape: Any, attrs: dict[str
     model = tfrt_py.load(mp, executor="sync")
     with spying_jitted(pool_direct._MAX_POOL_IR) as calls:
         got = model.run({"x": x})["y"]
-    assert calls, "the pool did not run maxpool_ir's kernel"
+    assert calls, "the pool did not run pool_ir's kernel"
     np.testing.assert_array_equal(got, want)
 
 
@@ -191,6 +191,112 @@ def test_the_feature_table_names_the_pool_width() -> None:
 
     if gemm_packed.kernel() is None:
         pytest.skip(f"the packed gemm is off here ({gemm_packed.path()[1]})")
-    assert f"vectors of {maxpool_ir.lanes()} float32" in maxpool_ir.describe()
+    assert f"vectors of {pool_ir.lanes()} float32" in pool_ir.describe()
     (line,) = [ln for ln in format_features() if ln.startswith("packed gemm")]
-    assert f"max pools: vectors of {maxpool_ir.lanes()} float32" in line
+    assert f"max pools: vectors of {pool_ir.lanes()} float32" in line
+
+
+# -- AveragePool (nn/pool_avg.py) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lanes", [16, 8], ids=["avx512", "avx2"])
+def test_every_width_averages_like_numpy(lanes: int) -> None:
+    """The average function straight (ctypes) for every window: each output is the sum of
+    its taps inside the plane times its scale (a random plane here), pads past a window's
+    width included (rows wholly outside add nothing), NaN and infinities propagating."""
+    if lanes not in _host_lanes():
+        pytest.skip(f"this host has no {'AVX-512F' if lanes == 16 else 'AVX2'}")
+    engine = pool_ir.build(lanes)
+    i64, p = ctypes.c_int64, ctypes.c_void_p
+    fn = ctypes.CFUNCTYPE(i64, p, p, *[i64] * 7, p, i64)(
+        engine.get_function_address(pool_ir.SYMBOL_AVG)
+    )
+    for k, window in enumerate(pool_ir.WINDOWS):
+        if pool_ir.window_index(window[:2], window[2:] * 2, lanes) != k:
+            continue
+        kh, kw, st = window
+        for case in range(30):
+            h, w = (int(v) for v in RNG.integers(1, 50, 2))
+            pt, pb = (int(v) for v in RNG.integers(0, kh + 2, 2))  # a pad past the window
+            pl, pr = (int(v) for v in RNG.integers(0, kw + 2, 2))
+            oh, ow = (h + pt + pb - kh) // st + 1, (w + pl + pr - kw) // st + 1
+            if oh < 1 or ow < 1:
+                continue
+            planes = 1 + case % 3
+            x = RNG.standard_normal((1, planes, h, w)).astype(np.float32)
+            if case % 5 == 0:
+                x[0, 0, 0, 0] = np.nan
+                x[0, -1, -1, -1] = np.inf
+            scale = RNG.uniform(0.05, 1.0, (oh, ow)).astype(np.float32)
+            size = planes * oh * ow
+            buf = np.full(size + 64, 5.0, np.float32)
+            args = (planes, h, w, oh, ow, pt, pl, scale.ctypes.data, k)
+            assert fn(x.ctypes.data, buf.ctypes.data, *args) == 0
+            xp = np.zeros((1, planes, h + pt + pb + kh + st, w + pl + pr + kw + st))
+            xp[:, :, pt : pt + h, pl : pl + w] = x
+            want = np.zeros((1, planes, oh, ow))
+            for i in range(kh):
+                for j in range(kw):
+                    want += xp[:, :, i : i + st * oh : st, j : j + st * ow : st][:, :, :oh, :ow]
+            got = buf[:size].reshape(1, planes, oh, ow)
+            where = f"{lanes} {window} {(h, w, pt, pl, pb, pr)}"  # float32 sums of kh*kw taps
+            np.testing.assert_allclose(got, want * scale, rtol=2e-6, atol=2e-6 * kh * kw,
+                                       err_msg=where)  # fmt: skip
+            assert (buf[size:] == 5.0).all()
+
+
+@pytest.mark.parametrize(
+    ("shape", "attrs"),
+    [
+        ((2, 8, 28, 28), {"kernel_shape": [2, 2], "strides": [2, 2]}),  # DenseNet's
+        ((1, 8, 27, 29), {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+        ((1, 8, 35, 35), {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1] * 4}),
+        (
+            (1, 8, 17, 17),
+            {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1] * 4, "count_include_pad": 1},
+        ),
+        (
+            (1, 4, 20, 33),
+            {
+                "kernel_shape": [3, 3],
+                "strides": [2, 2],
+                "pads": [1, 0, 1, 1],
+                "ceil_mode": 1,
+                "count_include_pad": 1,
+            },
+        ),
+    ],
+)
+def test_float32_average_pools_run_the_kernel(shape: Any, attrs: dict[str, Any]) -> None:
+    """A model's float32 AveragePool of a window the kernel builds takes it (counted) and
+    answers as onnxruntime does (to float32 rounding: the sums' order differs)."""
+    _need_kernel()
+    from tfrt_py.kernels.nn import pool_avg
+
+    g = helper.make_graph(
+        [helper.make_node("AveragePool", ["x"], ["y"], **attrs)],
+        "avg",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    mp = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)]).SerializeToString()
+    x = RNG.standard_normal(shape).astype(np.float32)
+    want = ort.InferenceSession(mp, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    model = tfrt_py.load(mp, executor="sync")
+    with spying_jitted(pool_avg._AVG_POOL) as calls:
+        got = model.run({"x": x})["y"]
+    assert calls, "the pool did not run pool_ir's average kernel"
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_other_average_pools_keep_the_numpy_fold() -> None:
+    """float64, a dilated window and an unbuilt window get no compiled plan."""
+    _need_kernel()
+    from tfrt_py.kernels.nn import pool_avg
+
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    x_shape, out = (1, 2, 20, 20), (1, 2, 9, 9)
+    assert pool_avg.plan_avg_pool(x_shape, (3, 3), out, (2, 2), (0, 0), (1, 1), f64, 1 / 9) is None
+    assert pool_avg.plan_avg_pool(x_shape, (3, 3), out, (2, 2), (0, 0), (2, 2), f32, 1 / 9) is None
+    assert pool_avg.plan_avg_pool(x_shape, (4, 4), out, (2, 2), (0, 0), (1, 1), f32, 1 / 16) is None
+    assert pool_avg.plan_avg_pool(x_shape, (3, 3), out, (2, 2), (0, 0), (1, 1), f32, 1 / 9)

@@ -1,7 +1,8 @@
-"""Float32 2-D MaxPool over whole planes for the common windows: the LLVM IR kernel under
-``nn/pool_direct`` for 3x3 stride 2 (ResNet, SqueezeNet, ShuffleNet, GoogLeNet), 2x2
-stride 2 (VGG, U-Net, YOLO's tiny backbones) and the stride-1 windows of Inception's
-branches and YOLO's spatial pyramids (3x3, 5x5, 9x9, 13x13).
+"""Float32 2-D MaxPool and AveragePool over whole planes for the common windows: the LLVM
+IR kernels under ``nn/pool_direct`` and ``nn/pool_avg`` for 3x3 stride 2 (ResNet,
+SqueezeNet, ShuffleNet, GoogLeNet), 2x2 stride 2 (VGG, U-Net, YOLO's tiny backbones,
+DenseNet's transitions) and the stride-1 windows of Inception's branches and YOLO's
+spatial pyramids (3x3, 5x5, 9x9, 13x13).
 
 ``pool(x, y, planes, h, w, oh, ow, pt, pl, window)``: for each of ``planes`` C-contiguous
 planes (``x``: ``h`` x ``w``, ``y``: ``oh`` x ``ow``, one after another), ``y[r, j]`` =
@@ -12,6 +13,11 @@ row's window must hold a row of the plane (``window_fits``: the caller's conditi
 propagates as with ``np.maximum``: the larger, the first of equals, NaN where any is NaN --
 ``pool_direct._mx``'s values, rows first, then columns.
 
+``avgpool(x, y, planes, h, w, oh, ow, pt, pl, scale, window)``: AveragePool's sums, the
+same windows: ``y[r, j]`` = the sum of the window's taps inside the plane (rows, then
+columns, in order; rows outside read as zeros, not clamped: any pads) times ``scale[r,
+j]`` (an ``oh`` x ``ow`` float32 plane, every plane's: ``pool``'s 1 / divisor).
+
 What the numba loops cannot express: per vector of ``lanes`` outputs, the window's rows'
 maxima of the input columns it covers stay in registers (the block after it carried to the
 next output block), and each tap's column is a shuffle of them -- stride 2 splits them into
@@ -20,7 +26,8 @@ window's rows are clamped into the plane (a row counted twice does not change a 
 columns outside it are masked loads that read -inf (no fault past either end of a row or of
 the buffer); the next output row's new input rows are prefetched.
 
-``kernel()`` is the numba ExternalFunction (pointers as integers, status 0), None where
+``kernel()`` (``kernel(avg=True)``: the average's) is the numba ExternalFunction (pointers
+as integers, status 0; 1 for a window index not built), None where
 there is no llvmlite JIT, no AVX2, ``$TFRT_PY_ISA=portable`` or the packed kernels are
 switched off. Vectors of 16 outputs with AVX-512F (``$TFRT_PY_ISA`` permitting), 8 with
 AVX2; a stride-1 window at most one wider than the vector. Built once per process under a
@@ -38,10 +45,11 @@ from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from ...concurrency.once import Once
 from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, counted_loop, wide_vectors
 
-__all__ = ["SYMBOL", "WINDOWS", "build", "describe", "host_lanes", "kernel", "lanes",
-           "window_fits", "window_index"]  # fmt: skip
+__all__ = ["SYMBOL", "SYMBOL_AVG", "WINDOWS", "build", "describe", "host_lanes", "kernel",
+           "lanes", "window_fits", "window_index"]  # fmt: skip
 
 SYMBOL = "tfrt_py_maxpool_f32"
+SYMBOL_AVG = "tfrt_py_avgpool_f32"
 #: (kh, kw, stride) of the windows built; ``pool``'s ``window`` is an index here.
 WINDOWS = ((3, 3, 2), (2, 2, 2), (3, 3, 1), (5, 5, 1), (9, 9, 1), (13, 13, 1))
 
@@ -73,7 +81,7 @@ def build(n: int) -> Any:
     """The engine holding the kernel for vectors of ``n`` outputs (one of
     ``host_lanes()``): for tests and benchmarks of a width apart from the process's.
     Raises what llvmlite raises."""
-    return compile_ir_cached(lambda: _PoolIR(n).text(), f"maxpool_ir|{n}", (__file__,), opt=3)[0]
+    return compile_ir_cached(lambda: _PoolIR(n).text(), f"pool_ir|{n}", (__file__,), opt=3)[0]
 
 
 def window_index(kernel: tuple[int, ...], strides: tuple[int, ...], n: int) -> int:
@@ -118,6 +126,9 @@ class _PoolIR:
         self.mstore = ir.Function(self.mod, store_t, name=f"llvm.masked.store.v{n}f32.p0v{n}f32")
         self.ninf = ir.Constant(self.vf, [float("-inf")] * n)
         self.nan = ir.Constant(self.vf, [float("nan")] * n)
+        self.zero = ir.Constant(self.vf, [0.0] * n)
+        self.avg = False
+        self.valid: list[Any] = []
         i8p = ir.IntType(8).as_pointer()
         pf_t = ir.FunctionType(ir.VoidType(), [i8p, *[self.i32] * 3])
         self.prefetch = ir.Function(self.mod, pf_t, name="llvm.prefetch.p0i8")
@@ -127,33 +138,38 @@ class _PoolIR:
         return self.ir.Constant(self.i64, v)
 
     def text(self) -> str:
+        names = [*self.family(SYMBOL, False), *self.family(SYMBOL_AVG, True)]
+        text = str(self.mod)
+        return wide_vectors(text, names) if self.n * 32 > 256 else text
+
+    def family(self, symbol: str, avg: bool) -> list[str]:
+        """One function per window (avg: one more argument, the scales) and ``symbol``,
+        which dispatches on its last argument, the window's index: their names."""
         ir, i64 = self.ir, self.i64
         fp = self.f32.as_pointer()
-        sig = ir.FunctionType(i64, [fp, fp, *[i64] * 7])
+        args = [fp, fp, *[i64] * 7, *([fp] if avg else [])]
         fns: list[Any] = []
         for k, (kh, kw, st) in enumerate(WINDOWS):
             if st == 1 and kw > self.n + 1:
                 fns.append(None)
                 continue
-            fn = ir.Function(self.mod, sig, name=f"{SYMBOL}_{k}")
-            self.function(fn, kh, kw, st)
+            fn = ir.Function(self.mod, ir.FunctionType(i64, args), name=f"{symbol}_{k}")
+            self.function(fn, kh, kw, st, avg)
             fns.append(fn)
-        top = ir.Function(self.mod, ir.FunctionType(i64, [fp, fp, *[i64] * 8]), name=SYMBOL)
+        top = ir.Function(self.mod, ir.FunctionType(i64, [*args, i64]), name=symbol)
         b = ir.IRBuilder(top.append_basic_block("entry"))
         bad = top.append_basic_block("bad")
-        sw = b.switch(top.args[9], bad)
+        sw = b.switch(top.args[-1], bad)
         for k, fn in enumerate(fns):
             if fn is None:
                 continue
             blk = top.append_basic_block(f"w{k}")
             sw.add_case(ir.Constant(i64, k), blk)
             b.position_at_end(blk)
-            b.ret(b.call(fn, top.args[:9]))
+            b.ret(b.call(fn, top.args[:-1]))
         b.position_at_end(bad)
         b.ret(self.c(1))
-        text = str(self.mod)
-        names = [SYMBOL] + [fn.name for fn in fns if fn is not None]
-        return wide_vectors(text, names) if self.n * 32 > 256 else text
+        return [symbol] + [fn.name for fn in fns if fn is not None]
 
     def splat(self, value: Any) -> Any:
         b, ir = self.b, self.ir
@@ -175,9 +191,17 @@ class _PoolIR:
             nan = u if nan is None else b.or_(nan, u)
         return b.select(nan, self.nan, m)
 
+    def sumn(self, vs: list[Any]) -> Any:
+        """``vs`` added in order."""
+        m = vs[0]
+        for v in vs[1:]:
+            m = self.b.fadd(m, v)
+        return m
+
     def rows_max(self, rows: list[Any], col: Any, w: Any | None) -> Any:
-        """The max over ``rows`` (pointers) of the ``n`` columns from ``col``; with ``w``,
-        -inf where a column is outside ``[0, w)`` (masked loads), else all inside."""
+        """The max over ``rows`` (pointers) of the ``n`` columns from ``col`` (avg: their
+        sum); with ``w``, -inf (avg: 0) where a column is outside ``[0, w)`` or (avg) a row
+        outside the plane (``self.valid``), by masked loads; else all inside."""
         b, ir = self.b, self.ir
         vp, four = self.vf.as_pointer(), ir.Constant(self.i32, 4)
         ptrs = [b.bitcast(b.gep(r, [col]), vp) for r in rows]
@@ -187,14 +211,27 @@ class _PoolIR:
             at = b.add(self.splat(b.trunc(col, self.i32)), self.iota)
             inside = b.and_(b.icmp_signed(">=", at, ir.Constant(self.vi, [0] * self.n)),
                             b.icmp_signed("<", at, self.splat(b.trunc(w, self.i32))))  # fmt: skip
-            got = [b.call(self.mload, [p, four, inside, self.ninf]) for p in ptrs]
-        return self.maxn(got)
+            if self.avg:
+                masks = [b.and_(inside, self.splat_bit(v)) for v in self.valid]
+                got = [b.call(self.mload, [p, four, m, self.zero]) for p, m in zip(ptrs, masks)]
+            else:
+                got = [b.call(self.mload, [p, four, inside, self.ninf]) for p in ptrs]
+        return self.sumn(got) if self.avg else self.maxn(got)
 
-    def function(self, fn: Any, kh: int, kw: int, st: int) -> None:
+    def splat_bit(self, bit: Any) -> Any:
+        b, ir = self.b, self.ir
+        vm = ir.VectorType(self.i1, self.n)
+        e = b.insert_element(ir.Constant(vm, ir.Undefined), bit, ir.Constant(self.i32, 0))
+        zeros = ir.Constant(ir.VectorType(self.i32, self.n), [0] * self.n)
+        return b.shuffle_vector(e, ir.Constant(vm, ir.Undefined), zeros)
+
+    def function(self, fn: Any, kh: int, kw: int, st: int, avg: bool) -> None:
         fn.args[0].add_attribute("noalias")
         fn.args[1].add_attribute("noalias")
         self.b = b = self.ir.IRBuilder(fn.append_basic_block("entry"))
-        x, y, planes, h, w, oh, ow, pt, pl = fn.args
+        self.avg = avg
+        x, y, planes, h, w, oh, ow, pt, pl = fn.args[:9]
+        self.scale = fn.args[9] if avg else None
         in_plane, out_plane = b.mul(h, w), b.mul(oh, ow)
         geo = (kh, kw, st)
 
@@ -238,6 +275,15 @@ class _PoolIR:
 
         rows = [clamped(i) for i in range(kh)]
         ahead = [clamped(kh + i) for i in range(st)]  # the next output row's new rows
+        all_rows = self.ir.Constant(self.i1, 1)
+        if self.avg:  # a row outside the plane adds nothing (a max counts its clamped twin)
+            self.valid = []
+            for i in range(kh):
+                k = b.add(top, c(i))
+                self.valid.append(
+                    b.and_(b.icmp_signed(">=", k, c(0)), b.icmp_signed("<=", k, last))
+                )
+            all_rows = b.and_(self.valid[0], self.valid[-1])
         yr = b.gep(yp, [b.mul(r, ow)])
         step = st * n  # input columns an output block advances
         need = 3 if (st == 2 and kw == 3) else 2
@@ -261,6 +307,7 @@ class _PoolIR:
         new_from = 1 if carry else 0
         end = b.add(col, c(need * n))
         inside = b.and_(b.icmp_signed(">=", col, c(0)), b.icmp_signed("<=", end, w))
+        inside = b.and_(inside, all_rows)
         fast, slow, join = (b.function.append_basic_block() for _ in range(3))
         b.cbranch(inside, fast, slow)
         got = []
@@ -295,9 +342,13 @@ class _PoolIR:
                 taps.append(pick(even, blocks[2], range(1, n + 1)))
         else:
             taps = [self.shifted(blocks, t) for t in range(kw)]
-        out = self.maxn(taps)
+        out = self.sumn(taps) if self.avg else self.maxn(taps)
         lane = b.add(self.splat(b.trunc(j, self.i32)), self.iota)
         keep = b.icmp_signed("<", lane, self.splat(b.trunc(ow, self.i32)))
+        if self.avg:  # times the output's 1 / divisor (``scale``: oh x ow, every plane's)
+            sp = b.bitcast(b.gep(self.scale, [b.add(b.mul(r, ow), j)]), self.vf.as_pointer())
+            four = ir.Constant(self.i32, 4)
+            out = b.fmul(out, b.call(self.mload, [sp, four, keep, self.zero]))
         ptr = b.bitcast(b.gep(yr, [j]), self.vf.as_pointer())
         b.call(self.mstore, [out, ptr, ir.Constant(self.i32, 4), keep])
         j.add_incoming(b.add(j, c(n)), b.block)
@@ -317,22 +368,28 @@ def _register() -> tuple[str, Any, Any]:
             return "no AVX2 (or $TFRT_PY_ISA=portable)", None, None
         engine = build(n)
         add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
+        add_symbol(SYMBOL_AVG, engine.get_function_address(SYMBOL_AVG))
         p, i = types.uintp, types.int64
-        fn = types.ExternalFunction(SYMBOL, types.int64(p, p, i, i, i, i, i, i, i, i))
+        fns = (
+            types.ExternalFunction(SYMBOL, types.int64(p, p, i, i, i, i, i, i, i, i)),
+            types.ExternalFunction(SYMBOL_AVG, types.int64(p, p, i, i, i, i, i, i, i, p, i)),
+        )
     except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the numba loop stays
         return f"the kernel did not build: {type(e).__name__}", None, None
-    return f"vectors of {n} float32", fn, engine
+    return f"vectors of {n} float32", fns, engine
 
 
-#: (why, ExternalFunction or None, engine or None), decided on first use
+#: (why, (max, avg) ExternalFunctions or None, engine or None), decided on first use
 _DECIDED: Once[tuple[str, Any, Any]] = Once(_register)
 
 
-def kernel() -> Any:
-    """The ExternalFunction (module docstring), None where the kernel is off."""
+def kernel(avg: bool = False) -> Any:
+    """The max pool's ExternalFunction (module docstring; ``avg``: the average pool's),
+    None where the kernel is off."""
     if switched_off(ENV_PACKED_GEMM) or compiled_gate.held():
         return None
-    return _DECIDED.get()[1]
+    fns = _DECIDED.get()[1]
+    return None if fns is None else fns[int(avg)]
 
 
 def describe() -> str:
