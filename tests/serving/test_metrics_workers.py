@@ -112,11 +112,16 @@ def test_metrics_count_every_workers_requests_on_every_scrape() -> None:
             for i in meta["inputs"]
         ]}  # fmt: skip
         served: set[str] = set()
-        for _ in range(REQUESTS):
+        sent = 0
+        # REQUESTS, and more until both workers have answered some: which worker accepts a
+        # fresh connection is the kernel's choice, and a busy host can leave one idle for
+        # a hundred in a row
+        while sent < REQUESTS or (len(served) < 2 and sent < 20 * REQUESTS):
             r = httpx.post(f"{base}/v2/models/{name}/infer", json=body, timeout=30)
             assert r.status_code == 200, r.text[:300]
             served.add(r.headers[HEADER])
-        assert len(served) == 2  # both workers answered some (fresh connections)
+            sent += 1
+        assert len(served) == 2, f"one worker answered all {sent} requests"
         seen: dict[str, list[tuple[float, ...]]] = {}
         for _ in range(SCRAPES):
             r = httpx.get(base + "/metrics", timeout=10)
@@ -133,7 +138,7 @@ def test_metrics_count_every_workers_requests_on_every_scrape() -> None:
                 *(v for _, v in ready),  # one series (no pid label): every worker ready
             ))  # fmt: skip
         counts = [c for cs in seen.values() for c in cs]
-        assert counts == [(REQUESTS,) * 5 + (1.0,)] * SCRAPES, seen
+        assert counts == [(sent,) * 5 + (1.0,)] * SCRAPES, seen
 
 
 def test_gauges_sum_the_live_workers_and_forget_dead_ones(tmp_path: Any) -> None:
