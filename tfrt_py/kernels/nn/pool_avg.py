@@ -6,8 +6,8 @@ Each output is the sum of its window's taps inside the plane (rows first, then c
 order; padding adds nothing) times the output's 1 / divisor from ``pool``'s plan (``scale``:
 count_include_pad and ceil mode decided there, made an (OH, OW) float32 plane here, the
 same for every plane). ``pool``'s NumPy fold sums the taps in another order: the two agree
-to float32 rounding. One Zen 5 thread against onnxruntime in one process: 3x3/1 at
-192x35x35 562 -> ~80 µs, 2x2/2 at 128x56x56 194 -> ~50.
+to float32 rounding. One Zen 5 thread, against onnxruntime in one process: 2x2/2 at
+128x56x56 194 -> 40 µs (onnxruntime 80), 3x3/1 padded at 192x35x35 562 -> 120 (81).
 
 ``plan_avg_pool`` returns None (``pool`` keeps its fold) where the kernel is off (no
 llvmlite JIT, no AVX2, ``$TFRT_PY_ISA=portable``), without numba, for other dtypes,
