@@ -2,12 +2,12 @@
 2x2 stride 2 (DenseNet's transitions), 3x3 stride 1 (Inception's branches) and the rest of
 ``pool_ir.WINDOWS``.
 
-Each output is the sum of its window's taps inside the plane (rows first, then columns, in
-order; padding adds nothing) times the output's 1 / divisor from ``pool``'s plan (``scale``:
+Each output is the sum of its window's taps inside the plane (rows first, then columns;
+padding adds nothing) times the output's 1 / divisor from ``pool``'s plan (``scale``:
 count_include_pad and ceil mode decided there, made an (OH, OW) float32 plane here, the
 same for every plane). ``pool``'s NumPy fold sums the taps in another order: the two agree
 to float32 rounding. One Zen 5 thread, against onnxruntime in one process: 2x2/2 at
-128x56x56 194 -> 40 µs (onnxruntime 80), 3x3/1 padded at 192x35x35 562 -> 120 (81).
+128x56x56 194 -> 34-40 µs (onnxruntime 63-80), 3x3/1 padded at 192x35x35 562 -> 83 (77).
 
 ``plan_avg_pool`` returns None (``pool`` keeps its fold) where the kernel is off (no
 llvmlite JIT, no AVX2, ``$TFRT_PY_ISA=portable``), without numba, for other dtypes,

@@ -27,7 +27,7 @@ float32 pools of ``lib/pool_ir``'s windows -- 3x3 stride 2, 2x2 stride 2, and 3x
 (``pool_ir.window_fits``) take its LLVM IR kernel instead (``_max_pool_ir``: the planes
 of a channel range in one call; the same values, NaN as NaN). One Zen 5 thread:
 64x111x111 3x3/2 172 -> 90 µs, 256x27x27 64 -> 32; 2x2/2 at 64x224x224 4.8 ms -> 0.59
-(onnxruntime 1.65), at 512x28x28 646 -> 54 µs (77); 3x3/1 at 192x28x28 355 -> 81 (72).
+(onnxruntime 1.65), at 512x28x28 646 -> 54 µs (77); 3x3/1 at 192x28x28 355 -> 61 (66).
 Where it is off (no llvmlite JIT, no AVX2, ``$TFRT_PY_ISA=portable``), for float64 and
 for other windows, the loops above run.
 
