@@ -106,6 +106,18 @@ def _need_kernel() -> None:
         pytest.skip(f"the kernel is off here ({pool_ir.describe() or 'no llvmlite'})")
 
 
+def _spied_run(mp: bytes, shape: Any, jitted: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The model's output on random feeds (``jitted``'s function checked to have run) and
+    onnxruntime's."""
+    x = RNG.standard_normal(shape).astype(np.float32)
+    want = ort.InferenceSession(mp, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    model = tfrt_py.load(mp, executor="sync")
+    with spying_jitted(jitted) as calls:
+        got = model.run({"x": x})["y"]
+    assert calls, f"the pool did not run {jitted.fn.__name__}"
+    return got, want
+
+
 def _pool_model(shape: tuple[int, ...], dtype: Any, **attrs: Any) -> bytes:
     t = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
     g = helper.make_graph(
@@ -139,13 +151,7 @@ def test_float32_pools_of_its_windows_run_the_kernel(shape: Any, attrs: dict[str
     window = (*attrs["kernel_shape"], attrs["strides"][0])
     if pool_ir.window_index(window[:2], window[2:] * 2, pool_ir.lanes()) < 0:
         pytest.skip(f"{window} is wider than this host's vectors allow")
-    mp = _pool_model(shape, np.float32, **attrs)
-    x = RNG.standard_normal(shape).astype(np.float32)
-    want = ort.InferenceSession(mp, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    model = tfrt_py.load(mp, executor="sync")
-    with spying_jitted(pool_direct._MAX_POOL_IR) as calls:
-        got = model.run({"x": x})["y"]
-    assert calls, "the pool did not run pool_ir's kernel"
+    got, want = _spied_run(_pool_model(shape, np.float32, **attrs), shape, pool_direct._MAX_POOL_IR)
     np.testing.assert_array_equal(got, want)
 
 
@@ -280,12 +286,7 @@ def test_float32_average_pools_run_the_kernel(shape: Any, attrs: dict[str, Any])
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
     )
     mp = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)]).SerializeToString()
-    x = RNG.standard_normal(shape).astype(np.float32)
-    want = ort.InferenceSession(mp, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    model = tfrt_py.load(mp, executor="sync")
-    with spying_jitted(pool_avg._AVG_POOL) as calls:
-        got = model.run({"x": x})["y"]
-    assert calls, "the pool did not run pool_ir's average kernel"
+    got, want = _spied_run(mp, shape, pool_avg._AVG_POOL)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 

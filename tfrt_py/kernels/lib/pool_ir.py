@@ -203,7 +203,7 @@ class _PoolIR:
             m = self.b.fadd(m, v)
         return m
 
-    def rows_max(self, rows: list[Any], col: Any, w: Any | None) -> list[Any]:
+    def rows_reduced(self, rows: list[Any], col: Any, w: Any | None) -> list[Any]:
         """Per output row (one, or with ``self.pair`` two: ``rows[:-1]`` and ``rows[1:]``),
         the max over its rows (pointers) of the ``n`` columns from ``col`` (avg: their sum;
         a pair's shared rows reduced once); with ``w``, -inf (avg: 0) where a column is
@@ -317,7 +317,7 @@ class _PoolIR:
         carry = st == 1 or kw == 3  # the last vector is the next block's first
         col0 = b.sub(c(0), pl)
         pre = b.block
-        first = self.rows_max(rows, col0, w) if carry else None
+        first = self.rows_reduced(rows, col0, w) if carry else None
         head, body, after = (b.function.append_basic_block() for _ in range(3))
         b.branch(head)
         b.position_at_end(head)
@@ -349,7 +349,7 @@ class _PoolIR:
                         at = b.bitcast(b.gep(a, [b.add(col, c(step + q))]), i8p)
                         hint = [ir.Constant(self.i32, v) for v in (0, 3, 1)]
                         b.call(self.prefetch, [at, *hint])
-            vs = [self.rows_max(rows, b.add(col, c(k * n)), bound)
+            vs = [self.rows_reduced(rows, b.add(col, c(k * n)), bound)
                   for k in range(new_from, need)]  # fmt: skip
             got.append((vs, b.block))
             b.branch(join)

@@ -315,16 +315,20 @@ def _average_pool(ctx: KernelContext) -> ComputeFn:
         out_shape = (*x.shape[:2], *out_sp)
         return plan_avg_pool(x.shape, kernel, out_shape, strides, begin, dil, x.dtype, plan.scale)
 
-    def average_pool(x: np.ndarray, out: Any = None) -> np.ndarray:
+    def get_plan(x: np.ndarray) -> _Plan:
         plan = plans.get(x.shape)
         if plan is None:
             plan = plans.put(x.shape, _plan(ctx, sp, x.shape, ceil_mode, avg=cip, scale_dtype=sdt))
+        return plan
+
+    def average_pool(x: np.ndarray, out: Any = None) -> np.ndarray:
         key = (x.shape, x.dtype)
         cp = compiled.get(key, False)
         if cp is False:
-            cp = compiled.put(key, compiled_plan(x, plan))
+            cp = compiled.put(key, compiled_plan(x, get_plan(x)))
         if cp is not None and x.flags.c_contiguous and (out is None or out.flags.c_contiguous):
             return run_avg_pool(cp, x, out)
+        plan = get_plan(x)
         dt = x.dtype
         cdt = compute_dtype(dt)
         xc = x if cdt == dt else x.astype(cdt)

@@ -311,8 +311,10 @@ maxpool_windows: Any = None
 def _max_pool_ir(
     x: Any, out: Any, geo: Any, tmp: Any, n0: int, n1: int, c0: int, c1: int
 ) -> None:  # pragma: no cover - numba only
-    """``_max_pool2d`` for a float32 3x3 stride-2 pool by ``pool_ir``'s kernel, the
-    planes of channels ``[c0, c1)`` of each image at once (``tmp`` unused)."""
+    """``_max_pool2d`` for a float32 pool of one of ``pool_ir.WINDOWS`` (``geo[9]`` its
+    index) by ``pool_ir``'s kernel, the planes of channels ``[c0, c1)`` of each image at
+    once (``tmp`` unused). ``pool_avg._avg_pool`` is its AveragePool twin: numba binds
+    each to its own ExternalFunction global, so the two loops stay apart."""
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     oh_, ow_ = out.shape[2], out.shape[3]
     for n in range(n0, n1):
