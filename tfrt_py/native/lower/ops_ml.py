@@ -28,6 +28,7 @@ import numpy as np
 
 from ...ir import Node
 from ...kernels.base import KernelContext
+from ...kernels.lib import linear_rows_ir
 from ...kernels.ml.common import attr_floats, attr_ints, attr_strings, post_transform
 from ...kernels.ml.linear import class_labels
 from ...kernels.ml.tree_ops import aggregate_name, parse_spec_v3, parse_spec_v5
@@ -59,16 +60,30 @@ def _no(cx: Any, reason: str) -> NoReturn:
     raise AssertionError(reason)  # not reached
 
 
+#: The import line of the IR kernel's rows (``_linear_rows``): importing it builds the kernel.
+LINEAR_IR_IMPORT = "from tfrt_py.native.kernels.linear_ir import linear_cls_rows_ir"
+
 #: The sources of the machine code generated modules link (package-relative): the native
 #: kernels and what they compile from elsewhere (the BLAS and packed-gemm bindings, the
 #: tree classifier's base-value rule).
 KERNEL_SOURCES = (
     *(
         f"native/kernels/{name}.py"
-        for name in ("post", "svm", "trees", "blas", "fastmath", "rowdot", "nbits", "nbits_int8")
+        for name in (
+            "post",
+            "svm",
+            "trees",
+            "blas",
+            "fastmath",
+            "rowdot",
+            "nbits",
+            "nbits_int8",
+            "linear_ir",
+        )
     ),
     "kernels/lib/blas.py",
     "kernels/lib/gemm_packed.py",
+    "kernels/lib/linear_rows_ir.py",
     "kernels/lib/qnbits_ir.py",
     "kernels/ml/tree_ops.py",
 )
@@ -406,9 +421,16 @@ def _linear_classifier(cx: Any, node: Node) -> list[str]:
 
 def _linear_rows(cx: Any, rows: int, x: Ref, f: int, n: int, width: int, params: str,
                  lab: Ref, y: Ref) -> list[str]:  # fmt: skip
-    """A LinearClassifier's (or liblinear SVM's) rows: ``linear_cls_rows`` over all of them
-    (eight rows' sums at once: rows mode's tiles, a fixed batch) from eight rows on, else
-    ``linear_cls_row`` per row. ``params``: the kernels' arguments from ``w`` to ``code``."""
+    """A LinearClassifier's (or liblinear SVM's) rows: from eight rows on, all of them at
+    once -- ``linear_ir.linear_cls_rows_ir`` (the sums by the LLVM IR kernel, vectors of
+    rows) where that kernel runs here, else ``linear_cls_rows`` (eight rows' sums at once)
+    -- else ``linear_cls_row`` per row; the same bits on every route. ``params``: the
+    kernels' arguments from ``w`` to ``code``."""
+    if rows >= 8 and linear_rows_ir.kernel() is not None:
+        s = cx.new_buffer((linear_rows_ir.ROWS * n,), F4)
+        cx.imports.add(LINEAR_IR_IMPORT)
+        return [f"linear_cls_rows_ir({x.buf}, {x.off}, {literal(rows)}, {literal(f)}, "
+                f"{params}, {cx.view(s)}, {lab.buf}, {lab.off}, {y.buf}, {y.off})"]  # fmt: skip
     s = cx.new_buffer((8 * n if rows >= 8 else n,), F4)
     if rows >= 8:
         return [f"linear_cls_rows({x.buf}, {x.off}, {literal(rows)}, {literal(f)}, {params}, "
