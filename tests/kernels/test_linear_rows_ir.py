@@ -65,10 +65,18 @@ def test_every_width_sums_rows_as_the_one_row_body(lanes: int) -> None:
 
 
 def test_the_process_width_is_described_and_can_be_switched_off(monkeypatch) -> None:
+    """``describe()`` and the feature table's packed-gemm line name the width in use;
+    ``$TFRT_PY_PACKED_GEMM=0`` turns the kernel off (the numba loop serves)."""
     if not _host_lanes():
         pytest.skip("this host has no AVX2 (or no llvmlite JIT): the numba loop serves")
     if linear_rows_ir.kernel() is None:
         pytest.skip("the packed kernels are off in this process ($TFRT_PY_ISA=portable)")
     assert f"vectors of {linear_rows_ir.lanes()} rows" in linear_rows_ir.describe()
+    from tfrt_py.kernels.lib import gemm_packed
+    from tfrt_py.kernels.lib.features import format_features
+
+    if gemm_packed.kernel() is not None:  # the packed gemm's line names the kernel too
+        (line,) = [ln for ln in format_features() if ln.startswith("packed gemm")]
+        assert f"linear models' rows: vectors of {linear_rows_ir.lanes()} rows" in line
     monkeypatch.setenv("TFRT_PY_PACKED_GEMM", "0")
     assert linear_rows_ir.kernel() is None

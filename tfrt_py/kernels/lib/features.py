@@ -11,7 +11,8 @@ gemm's micro-tile: its line names the path, ``gemm_packed``; numba's vectorized 
 512-bit vectors on the avx512 path, the numba line says, ``numba_target``), AVX-512 VNNI
 and AVX-VNNI (the integer kernel's paths: its line names the one chosen,
 ``qgemm_packed``; and the depthwise row kernel's vector widths, ``qdepthwise_ir``; the
-max pool's, ``pool_ir``, on the packed gemm's line).
+max pool's, ``pool_ir``, and the linear models' rows', ``linear_rows_ir``, on the packed
+gemm's line).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import NamedTuple
 
 from ...concurrency import native_pool, native_threads, numba_target
 from ...concurrency.env_switch import switched_off
-from . import gemm_packed, pool_ir, qdepthwise_ir, qgemm_packed, qnbits_ir
+from . import gemm_packed, linear_rows_ir, pool_ir, qdepthwise_ir, qgemm_packed, qnbits_ir
 from .jit import why_off
 
 __all__ = ["Feature", "cpu_flags", "features", "format_features"]
@@ -94,6 +95,8 @@ def _packed() -> Feature:
     path, why, shape = got
     pools = pool_ir.describe()
     pools = f"; max pools: {pools}" if pools else ""
+    rows = linear_rows_ir.describe()
+    pools += f"; linear models' rows: {rows}" if rows else ""
     if shape is not None:
         tiles = f"{shape.mr}x{shape.nr} tiles"
         return Feature("packed gemm", True, f"path {path}, {tiles} ({why}); float32 products "
