@@ -85,6 +85,7 @@ KERNEL_SOURCES = (
     "kernels/lib/gemm_packed.py",
     "kernels/lib/linear_rows_ir.py",
     "kernels/lib/qnbits_ir.py",
+    "kernels/lib/rowvec_ir.py",
     "kernels/ml/tree_ops.py",
 )
 
