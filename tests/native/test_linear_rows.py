@@ -159,3 +159,19 @@ def test_the_ir_kernel_and_the_numba_loop_give_the_same_bits(case: str, monkeypa
         lab, y = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"X": x})
         np.testing.assert_array_equal(a["L"], lab)
         np.testing.assert_allclose(a["Y"], y, rtol=1e-5, atol=1e-6)
+
+
+def test_a_classifier_of_very_many_classes_keeps_the_loops_small_scratch() -> None:
+    """Classes beyond ``linear_rows_ir.MAX_CLASSES`` would make the IR route's scratch (64
+    rows of sums) large: such a model takes the numba loop (eight rows of scratch), and
+    its labels and scores are onnxruntime's."""
+    k = linear_rows_ir.MAX_CLASSES + 1
+    data = _model(2, k, list(range(k)), "NONE", seed=5)
+    model = tfrt_py.load(data, executor="native", native="eager")
+    assert "linear_cls_rows(" in model.native.lowered.source
+    assert "linear_cls_rows_ir(" not in model.native.lowered.source
+    x = np.random.default_rng(2).standard_normal((T + 3, 2)).astype(np.float32)
+    lab, y = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"X": x})
+    got = model.run({"X": x})
+    np.testing.assert_array_equal(got["L"], lab)
+    np.testing.assert_allclose(got["Y"], y, rtol=1e-5, atol=1e-6)

@@ -37,12 +37,15 @@ from ...concurrency.once import Once
 from .gemm_packed import ENV_PACKED_GEMM, wide_vectors
 from .pool_ir import host_lanes, lanes
 
-__all__ = ["CLASSES", "FEATURES", "ROWS", "SYMBOL", "build", "describe", "host_lanes", "kernel",
-           "lanes"]  # fmt: skip
+__all__ = ["CLASSES", "FEATURES", "MAX_CLASSES", "ROWS", "SYMBOL", "build", "describe",
+           "host_lanes", "kernel", "lanes"]  # fmt: skip
 
 SYMBOL = "tfrt_py_linear_rows_f32"
 #: rows the native tier's caller sums a call (its scratch: ``ROWS * n`` floats)
 ROWS = 64
+#: the most classes the native tier's caller takes here (its scratch at most 1 MB; a model
+#: of more keeps the numba loop's eight rows of scratch)
+MAX_CLASSES = 4096
 #: classes a pass keeps in registers (two accumulators each)
 CLASSES = 4
 #: features a pass transposes at a time (its stack block: ``FEATURES * 2 * lanes`` floats)
