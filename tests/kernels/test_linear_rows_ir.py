@@ -41,6 +41,7 @@ def _host_lanes() -> list[int]:
 SHAPES = [  # (rows, features, classes)
     (1, 1, 1), (7, 5, 3), (15, 16, 1), (16, 17, 2), (17, 20, 3), (31, 3, 4), (32, 33, 5),
     (33, 64, 9), (64, 65, 3), (100, 130, 2), (3, 200, 7), (0, 4, 2),
+    (64, 7, 4), (32, 16, 1), (96, 9, 2),  # whole passes of every class: the shuffled store
 ]  # fmt: skip
 
 

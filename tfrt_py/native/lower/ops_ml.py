@@ -422,13 +422,12 @@ def _linear_classifier(cx: Any, node: Node) -> list[str]:
 
 def _linear_rows(cx: Any, rows: int, x: Ref, f: int, n: int, width: int, params: str,
                  lab: Ref, y: Ref) -> list[str]:  # fmt: skip
-    """A LinearClassifier's (or liblinear SVM's) rows: from eight rows on, all of them at
-    once -- ``linear_ir.linear_cls_rows_ir`` (the sums by the LLVM IR kernel, vectors of
+    """A LinearClassifier's (or liblinear SVM's) rows. From eight rows on, all of them in
+    one call: ``linear_ir.linear_cls_rows_ir`` (the sums by the LLVM IR kernel, vectors of
     rows) where that kernel runs here and the classes are at most
-    ``linear_rows_ir.MAX_CLASSES`` (its scratch), else ``linear_cls_rows`` (eight rows' sums
-    at once)
-    -- else ``linear_cls_row`` per row; the same bits on every route. ``params``: the
-    kernels' arguments from ``w`` to ``code``."""
+    ``linear_rows_ir.MAX_CLASSES`` (its scratch), else ``linear_cls_rows`` (eight rows'
+    sums at once); fewer rows, ``linear_cls_row`` per row. The same bits on every route.
+    ``params``: the kernels' arguments from ``w`` to ``code``."""
     if rows >= 8 and n <= linear_rows_ir.MAX_CLASSES and linear_rows_ir.kernel() is not None:
         s = cx.new_buffer((linear_rows_ir.ROWS * n,), F4)
         cx.imports.add(LINEAR_IR_IMPORT)
