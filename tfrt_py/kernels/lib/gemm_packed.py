@@ -63,12 +63,14 @@ __all__ = [
     "P32",
     "TileShape",
     "available",
+    "carried_loop",
     "chosen",
     "counted_loop",
     "host_paths",
     "kernel",
     "pack",
     "path",
+    "splat",
     "state",
     "tile",
     "wide_vectors",
@@ -140,6 +142,46 @@ def counted_loop(b: Any, start: Any, end: Any, step: Any, body: Any, *,
     i.add_incoming(b.add(i, st), b.block)
     b.branch(head)
     b.position_at_end(after)
+
+
+def carried_loop(b: Any, start: Any, end: Any, step: int, vals: list[Any],
+                 body: Any) -> list[Any]:  # fmt: skip
+    """``for i in range(start, end, step): vals = body(i, vals)`` at IR builder ``b``, i64
+    indices: ``vals`` carried as phis (accumulators stay in registers); their values after
+    the loop. The builder continues after it."""
+    import llvmlite.ir as ir
+
+    i64 = ir.IntType(64)
+    pre = b.block
+    head, inner, after = (b.function.append_basic_block() for _ in range(3))
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(i64)
+    i.add_incoming(start, pre)
+    phis = []
+    for v in vals:
+        p = b.phi(v.type)
+        p.add_incoming(v, pre)
+        phis.append(p)
+    b.cbranch(b.icmp_signed("<", i, end), inner, after)
+    b.position_at_end(inner)
+    got = body(i, phis)
+    for p, v in zip(phis, got):
+        p.add_incoming(v, b.block)
+    i.add_incoming(b.add(i, ir.Constant(i64, step)), b.block)
+    b.branch(head)
+    b.position_at_end(after)
+    return phis
+
+
+def splat(b: Any, value: Any, n: int) -> Any:
+    """A vector of ``n`` copies of the scalar IR ``value`` at builder ``b``."""
+    import llvmlite.ir as ir
+
+    vt, i32 = ir.VectorType(value.type, n), ir.IntType(32)
+    e = b.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(i32, 0))
+    return b.shuffle_vector(e, ir.Constant(vt, ir.Undefined),
+                            ir.Constant(ir.VectorType(i32, n), [0] * n))  # fmt: skip
 
 
 _LOCK = threading.Lock()

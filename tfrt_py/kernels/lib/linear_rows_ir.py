@@ -32,10 +32,10 @@ from typing import Any
 
 from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
-from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
+from ...concurrency.llvm_jit import compile_ir_cached
 from ...concurrency.once import Once
-from .gemm_packed import ENV_PACKED_GEMM, wide_vectors
-from .pool_ir import host_lanes, lanes
+from .gemm_packed import ENV_PACKED_GEMM, carried_loop, splat, wide_vectors
+from .pool_ir import host_lanes, lanes, register_lanes
 
 __all__ = ["CLASSES", "FEATURES", "MAX_CLASSES", "ROWS", "SYMBOL", "build", "describe",
            "host_lanes", "kernel", "lanes"]  # fmt: skip
@@ -87,12 +87,6 @@ class _RowsIR:
     def c(self, v: int) -> Any:
         return self.ir.Constant(self.i64, v)
 
-    def splat(self, b: Any, value: Any, vt: Any) -> Any:
-        ir = self.ir
-        e = b.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(self.i32, 0))
-        zeros = ir.Constant(ir.VectorType(self.i32, self.n), [0] * self.n)
-        return b.shuffle_vector(e, ir.Constant(vt, ir.Undefined), zeros)
-
     def text(self) -> str:
         chunks = [self.chunk(k) for k in range(1, CLASSES + 1)]
         self.top(chunks)
@@ -130,38 +124,11 @@ class _RowsIR:
                 b.position_at_end(done)
                 return []
 
-            self.loop(b, c(0), n, CLASSES, [], chunk)
+            carried_loop(b, c(0), n, CLASSES, [], chunk)
             return []
 
-        self.loop(b, c(0), m, rows_a_pass, [], pass_)
+        carried_loop(b, c(0), m, rows_a_pass, [], pass_)
         b.ret(c(0))
-
-    def loop(
-        self, b: Any, start: Any, end: Any, step: int, vals: list[Any], body: Any
-    ) -> list[Any]:
-        """``for i in range(start, end, step): vals = body(i, vals)`` at builder ``b``: the
-        values carried as phis; returns their values after the loop."""
-        c = self.c
-        pre = b.block
-        head, inner, after = (b.function.append_basic_block() for _ in range(3))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(self.i64)
-        i.add_incoming(start, pre)
-        phis = []
-        for v in vals:
-            p = b.phi(v.type)
-            p.add_incoming(v, pre)
-            phis.append(p)
-        b.cbranch(b.icmp_signed("<", i, end), inner, after)
-        b.position_at_end(inner)
-        got = body(i, phis)
-        for p, v in zip(phis, got):
-            p.add_incoming(v, b.block)
-        i.add_incoming(b.add(i, c(step)), b.block)
-        b.branch(head)
-        b.position_at_end(after)
-        return phis
 
     def transpose(self, b: Any, vs: list[Any]) -> list[Any]:
         """The ``n`` x ``n`` block of vectors ``vs`` (a row each) as its columns, as x86
@@ -228,13 +195,13 @@ class _RowsIR:
             nf = b.select(b.icmp_signed(">", nf, c(FEATURES)), c(FEATURES), nf)
 
             def tile(t0: Any, _: list[Any]) -> list[Any]:
-                left = self.splat(b, b.trunc(b.sub(nf, t0), self.i32), self.vi)
+                left = splat(b, b.trunc(b.sub(nf, t0), self.i32), self.n)
                 cols = b.icmp_signed("<", self.iota, left)
                 for h in range(2):
                     vs = []
                     for q in range(L):
                         row = ir.Constant(self.i32, h * L + q)
-                        ok = b.and_(cols, self.splat_bit(b, b.icmp_signed("<", row, rows32)))
+                        ok = b.and_(cols, splat(b, b.icmp_signed("<", row, rows32), L))
                         at = b.add(b.mul(c(h * L + q), f), b.add(i0, t0))
                         vs.append(b.call(self.mload, [vec_at(x, at), four, ok, self.zero]))
                     for t, col in enumerate(self.transpose(b, vs)):
@@ -242,7 +209,7 @@ class _RowsIR:
                         b.store(col, vec_at(xt, at), align=4)
                 return []
 
-            self.loop(b, c(0), nf, L, [], tile)
+            carried_loop(b, c(0), nf, L, [], tile)
 
             def feature(i: Any, accs: list[Any]) -> list[Any]:
                 xa = b.load(vec_at(xt, b.mul(i, c(2 * L))), align=4)
@@ -250,14 +217,14 @@ class _RowsIR:
                 wrow = b.gep(w, [b.add(b.mul(b.add(i0, i), n), j0)])
                 out = list(accs)
                 for jj in range(k):
-                    wv = self.splat(b, b.load(b.gep(wrow, [c(jj)]), align=4), self.vf)
+                    wv = splat(b, b.load(b.gep(wrow, [c(jj)]), align=4), self.n)
                     out[jj] = b.call(self.fma, [xa, wv, accs[jj]])
                     out[k + jj] = b.call(self.fma, [xb, wv, accs[k + jj]])
                 return out
 
-            return self.loop(b, c(0), nf, 1, accs, feature)
+            return carried_loop(b, c(0), nf, 1, accs, feature)
 
-        accs = self.loop(b, c(0), f, FEATURES, [self.zero] * (2 * k), features)
+        accs = carried_loop(b, c(0), f, FEATURES, [self.zero] * (2 * k), features)
         # out: a whole pass of every class is 2 * lanes rows of k floats, one after another:
         # the accumulators interleaved by shuffles and stored as k vectors a half; else
         # through a stack block, row by row
@@ -282,7 +249,7 @@ class _RowsIR:
                 b.store(v, b.gep(row, [c(jj)]), align=4)
             return []
 
-        self.loop(b, c(0), rows, 1, [], out_row)
+        carried_loop(b, c(0), rows, 1, [], out_row)
         b.branch(done)
         b.position_at_end(done)
         b.ret(c(0))
@@ -307,38 +274,22 @@ class _RowsIR:
             out.append(v)
         return out
 
-    def splat_bit(self, b: Any, bit: Any) -> Any:
-        ir = self.ir
-        e = b.insert_element(ir.Constant(self.vm, ir.Undefined), bit, ir.Constant(self.i32, 0))
-        zeros = ir.Constant(self.vi, [0] * self.n)
-        return b.shuffle_vector(e, ir.Constant(self.vm, ir.Undefined), zeros)
+
+def _signatures(t: Any) -> list[tuple[str, Any]]:
+    p, i = t.uintp, t.int64
+    return [(SYMBOL, t.int64(p, i, i, p, i, p))]
 
 
-def _register() -> tuple[str, Any, Any]:
-    try:
-        from numba import types
-
-        n = lanes()
-        if not n:
-            return "no AVX2 (or $TFRT_PY_ISA=portable)", None, None
-        engine = build(n)
-        add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
-        p, i = types.uintp, types.int64
-        fn = types.ExternalFunction(SYMBOL, types.int64(p, i, i, p, i, p))
-    except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the numba loop stays
-        return f"the kernel did not build: {type(e).__name__}", None, None
-    return f"vectors of {n} rows", fn, engine
-
-
-#: (why, ExternalFunction or None, engine or None), decided on first use
-_DECIDED: Once[tuple[str, Any, Any]] = Once(_register)
+#: (why, (the ExternalFunction,) or None, engine or None), decided on first use
+_DECIDED: Once[tuple[str, Any, Any]] = Once(lambda: register_lanes(build, _signatures, "rows"))
 
 
 def kernel() -> Any:
     """The ExternalFunction (module docstring), None where the kernel is off."""
     if switched_off(ENV_PACKED_GEMM) or compiled_gate.held():
         return None
-    return _DECIDED.get()[1]
+    fns = _DECIDED.get()[1]
+    return None if fns is None else fns[0]
 
 
 def describe() -> str:

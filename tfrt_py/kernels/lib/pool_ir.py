@@ -50,7 +50,7 @@ from ...concurrency.once import Once
 from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, counted_loop, wide_vectors
 
 __all__ = ["SYMBOL", "SYMBOL_AVG", "WINDOWS", "build", "describe", "host_lanes", "kernel",
-           "lanes", "window_fits", "window_index"]  # fmt: skip
+           "lanes", "register_lanes", "window_fits", "window_index"]  # fmt: skip
 
 SYMBOL = "tfrt_py_maxpool_f32"
 SYMBOL_AVG = "tfrt_py_avgpool_f32"
@@ -398,7 +398,11 @@ class _PoolIR:
         return self.sumn(taps) if self.avg else self.maxn(taps)
 
 
-def _register() -> tuple[str, Any, Any]:
+def register_lanes(build: Any, signatures: Any, unit: str) -> tuple[str, Any, Any]:
+    """The kernels of ``build(lanes())`` registered with LLVM, for a module's ``Once``:
+    (why, the ExternalFunctions of ``signatures(numba.types)`` -- (symbol, signature)
+    pairs -- in their order, or None, the engine or None). None where this process has no
+    width (``lanes()`` 0) or the build fails (no llvmlite JIT: the caller's loop stays)."""
     try:
         from numba import types
 
@@ -406,20 +410,23 @@ def _register() -> tuple[str, Any, Any]:
         if not n:
             return "no AVX2 (or $TFRT_PY_ISA=portable)", None, None
         engine = build(n)
-        add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
-        add_symbol(SYMBOL_AVG, engine.get_function_address(SYMBOL_AVG))
-        p, i = types.uintp, types.int64
-        fns = (
-            types.ExternalFunction(SYMBOL, types.int64(p, p, i, i, i, i, i, i, i, i)),
-            types.ExternalFunction(SYMBOL_AVG, types.int64(p, p, i, i, i, i, i, i, i, p, i)),
-        )
-    except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the numba loop stays
+        fns = []
+        for symbol, sig in signatures(types):
+            add_symbol(symbol, engine.get_function_address(symbol))
+            fns.append(types.ExternalFunction(symbol, sig))
+    except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the caller's loop stays
         return f"the kernel did not build: {type(e).__name__}", None, None
-    return f"vectors of {n} float32", fns, engine
+    return f"vectors of {n} {unit}", tuple(fns), engine
+
+
+def _signatures(t: Any) -> list[tuple[str, Any]]:
+    p, i = t.uintp, t.int64
+    return [(SYMBOL, t.int64(p, p, i, i, i, i, i, i, i, i)),
+            (SYMBOL_AVG, t.int64(p, p, i, i, i, i, i, i, i, p, i))]  # fmt: skip
 
 
 #: (why, (max, avg) ExternalFunctions or None, engine or None), decided on first use
-_DECIDED: Once[tuple[str, Any, Any]] = Once(_register)
+_DECIDED: Once[tuple[str, Any, Any]] = Once(lambda: register_lanes(build, _signatures, "float32"))
 
 
 def kernel(avg: bool = False) -> Any:

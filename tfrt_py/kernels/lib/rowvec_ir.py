@@ -33,10 +33,10 @@ import numpy as np
 
 from ...concurrency import compiled_gate, numba_target
 from ...concurrency.env_switch import switched_off
-from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
+from ...concurrency.llvm_jit import compile_ir_cached
 from ...concurrency.once import Once
-from .gemm_packed import ENV_PACKED_GEMM, wide_vectors
-from .pool_ir import host_lanes, lanes
+from .gemm_packed import ENV_PACKED_GEMM, carried_loop, splat, wide_vectors
+from .pool_ir import host_lanes, lanes, register_lanes
 
 __all__ = ["SYMBOL", "VECTORS", "build", "describe", "host_lanes", "kernel", "lanes"]
 
@@ -90,31 +90,6 @@ class _RowVecIR:
         text = str(self.mod)
         return wide_vectors(text, names) if self.n * 32 > 256 else text
 
-    def loop(self, b: Any, start: Any, end: Any, step: int, vals: list[Any],
-             body: Any) -> list[Any]:  # fmt: skip
-        """``for i in range(start, end, step): vals = body(i, vals)``: the values carried
-        as phis; their values after the loop."""
-        pre = b.block
-        head, inner, after = (b.function.append_basic_block() for _ in range(3))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(self.i64)
-        i.add_incoming(start, pre)
-        phis = []
-        for v in vals:
-            p = b.phi(v.type)
-            p.add_incoming(v, pre)
-            phis.append(p)
-        b.cbranch(b.icmp_signed("<", i, end), inner, after)
-        b.position_at_end(inner)
-        got = body(i, phis)
-        for p, v in zip(phis, got):
-            p.add_incoming(v, b.block)
-        i.add_incoming(b.add(i, self.c(step)), b.block)
-        b.branch(head)
-        b.position_at_end(after)
-        return phis
-
     def top(self, blocks: list[Any]) -> None:
         """``SYMBOL(a, k, b, n, y)``: whole blocks, then the last one by its form."""
         ir, i64, c, L = self.ir, self.i64, self.c, self.n
@@ -129,7 +104,7 @@ class _RowVecIR:
             b.call(blocks[0], [a, k, b.gep(bm, [j0]), n, b.gep(y, [j0]), c(0)])
             return []
 
-        self.loop(b, c(0), whole, width, [], full)
+        carried_loop(b, c(0), whole, width, [], full)
         left = b.sub(n, whole)
         done = fn.append_basic_block()
         go = fn.append_basic_block()
@@ -157,11 +132,7 @@ class _RowVecIR:
         a, k, bm, n, y, rest = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         vp, four = self.vf.as_pointer(), ir.Constant(self.i32, 4)
-        rest32 = b.trunc(rest, self.i32)
-        e = b.insert_element(ir.Constant(self.vi, ir.Undefined), rest32, ir.Constant(self.i32, 0))
-        spl = b.shuffle_vector(e, ir.Constant(self.vi, ir.Undefined),
-                               ir.Constant(self.vi, [0] * L))  # fmt: skip
-        mask = b.icmp_signed("<", self.iota, spl)
+        mask = b.icmp_signed("<", self.iota, splat(b, b.trunc(rest, self.i32), L))
         vecs = whole + (1 if tail else 0)
         P = self.partials
 
@@ -173,32 +144,27 @@ class _RowVecIR:
                 out.append(b.call(self.mload, [at, four, mask, self.zero]))
             return out
 
-        def splat(x: Any) -> Any:
-            e = b.insert_element(ir.Constant(self.vf, ir.Undefined), x, ir.Constant(self.i32, 0))
-            return b.shuffle_vector(e, ir.Constant(self.vf, ir.Undefined),
-                                    ir.Constant(self.vi, [0] * L))  # fmt: skip
-
         def rows(i: Any, accs: list[Any]) -> list[Any]:  # P rows: row i + p into partial p
             out = list(accs)
             for p in range(P):
                 r = b.add(i, c(p))
-                av = splat(b.load(b.gep(a, [r]), align=4))
+                av = splat(b, b.load(b.gep(a, [r]), align=4), L)
                 for v, bv in enumerate(row_vectors(r)):
                     out[p * vecs + v] = b.call(self.fma, [av, bv, out[p * vecs + v]])
             return out
 
         accs = [self.zero] * (P * vecs)
         groups = b.mul(b.sdiv(k, c(P)), c(P))
-        accs = self.loop(b, c(0), groups, P, accs, rows)
+        accs = carried_loop(b, c(0), groups, P, accs, rows)
 
         def one(i: Any, accs: list[Any]) -> list[Any]:  # the rows left, into partial 0
-            av = splat(b.load(b.gep(a, [i]), align=4))
+            av = splat(b, b.load(b.gep(a, [i]), align=4), L)
             out = list(accs)
             for v, bv in enumerate(row_vectors(i)):
                 out[v] = b.call(self.fma, [av, bv, out[v]])
             return out
 
-        accs = self.loop(b, groups, k, 1, accs, one)
+        accs = carried_loop(b, groups, k, 1, accs, one)
         for v in range(vecs):
             parts = [accs[p * vecs + v] for p in range(P)]
             while len(parts) > 1:  # pairwise: (p0 + p1) + (p2 + p3)
@@ -212,24 +178,13 @@ class _RowVecIR:
         return fn
 
 
-def _register() -> tuple[str, Any, Any]:
-    try:
-        from numba import types
-
-        n = lanes()
-        if not n:
-            return "no AVX2 (or $TFRT_PY_ISA=portable)", None, None
-        engine = build(n)
-        add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
-        p, i = types.uintp, types.int64
-        fn = types.ExternalFunction(SYMBOL, types.int64(p, i, p, i, p))
-    except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the generated loop stays
-        return f"the kernel did not build: {type(e).__name__}", None, None
-    return f"vectors of {n} float32", fn, engine
+def _signatures(t: Any) -> list[tuple[str, Any]]:
+    p, i = t.uintp, t.int64
+    return [(SYMBOL, t.int64(p, i, p, i, p))]
 
 
-#: (why, ExternalFunction or None, engine or None), decided on first use
-_DECIDED: Once[tuple[str, Any, Any]] = Once(_register)
+#: (why, (the ExternalFunction,) or None, engine or None), decided on first use
+_DECIDED: Once[tuple[str, Any, Any]] = Once(lambda: register_lanes(build, _signatures, "float32"))
 _LOCK = threading.Lock()
 _WRAPPED: list[Any] = []  # [the numba wrapper] once built
 _ext: Any = None  # the ExternalFunction the wrapper calls (set before it compiles)
@@ -240,12 +195,12 @@ def kernel() -> Any:
     global _ext
     if switched_off(ENV_PACKED_GEMM) or compiled_gate.held():
         return None
-    fn = _DECIDED.get()[1]
-    if fn is None:
+    fns = _DECIDED.get()[1]
+    if fns is None:
         return None
     with _LOCK:
         if not _WRAPPED:
-            _ext = fn
+            _ext = fns[0]
             numba = numba_target.import_numba()
             _WRAPPED.append(numba.njit(nogil=True, cache=True)(_rowvec_f4))
         return _WRAPPED[0]
