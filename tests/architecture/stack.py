@@ -122,7 +122,7 @@ LINE_BUDGET: dict[str, int] = {
     # (kernels/nbits_int8.py): issue 36; a LinearClassifier's rows four at a time in rows
     # mode's tiles (kernels/svm.linear_cls_rows, OpLowering.grouped): issue 39; their sums
     # on the LLVM IR kernel (kernels/linear_ir.py): issue 39; a decode step's attention
-    # output on lib/rowvec_ir (lower/ops_tx._rows_times_cache): issue 37
+    # output on lib/rowvec_ir (lower/ops_dec.rows_times_cache): issue 37
     "native": 8880,
     # 2026-11-30: a bucket's check keeps shapes only (Program.run_shapes); baked parts shared;
     # 2026-12-01: genai's total_sequence_length tied to past + sequence (dims.genai_tied);

@@ -1,6 +1,6 @@
 """A float32 row times a matrix of many rows, sums in registers: the LLVM IR kernel under a
 decode step's attention output (its probabilities times the values of a KV cache,
-``native/lower/ops_tx._batched_matmul``).
+``native/lower/ops_dec.rows_times_cache``).
 
 ``rowvec(a, k, b, n, y) -> 0``: ``y[j]`` = the sum over ``i < k`` of ``a[i] * b[i * n +
 j]`` for ``j < n`` (``b`` row-major (k, n), rows contiguous). The columns go in blocks of

@@ -1,6 +1,8 @@
 """Lowerings for the fused ops a KV-cache decoder's step is made of (issues 32 and 37):
 ``MatMulTransB`` (the scores ``Q @ K^T``, ``compiler/fuse_transformer.py``) and
-``RotaryHalf`` (the rotate-half rotary embedding, ``compiler/fuse_rotary.py``). With them
+``RotaryHalf`` (the rotate-half rotary embedding, ``compiler/fuse_rotary.py``), and the
+attention output's product with the values of the past (``rows_times_cache``, called by
+``ops_tx``'s batched MatMul). With them
 optimum's GPT-2 and Llama exports lower whole, and a box of past lengths
 (``generic.py``) serves every step of a generation with one function.
 
@@ -22,7 +24,7 @@ from .loops import Ref, bcast_strides, index, lane_reduce, loop_nest, strides
 from .records import Registry
 from .source import literal
 
-__all__ = ["register_lowerings"]
+__all__ = ["register_lowerings", "rows_times_cache"]
 
 _FUSED = "tfrt_py.fused"
 #: The import line of a module whose code calls ``dot_rows_f4``.
@@ -143,6 +145,39 @@ def _rotary_half(cx: Any, node: Node) -> list[str]:
         ]
 
     return loop_nest(rows, body, f"{g}i")
+
+
+#: The import line of a module whose code calls ``rowvec_f4`` (importing it builds it).
+ROWVEC_IMPORT = "from tfrt_py.kernels.lib.rowvec_ir import rowvec_f4"
+#: Rows of ``a`` a matrix may have to take ``rowvec_f4`` a row (a decode step's query
+#: rows; a prompt's many rows go to BLAS or the loops)
+ROWVEC_MAX_ROWS = 4
+#: Rows of ``b`` (the past) from which it does (at fewer the loops are as fast)
+ROWVEC_MIN_ROWS = 64
+
+
+def rows_times_cache(cx: Any, a: Ref, b: Ref, y: Ref,
+                      mkn: tuple[Any, int, int]) -> list[str] | None:  # fmt: skip
+    """A decode step's attention output, ``y = a @ b`` for a few float32 rows of ``a`` (its
+    probabilities) and a ``b`` of ``ROWVEC_MIN_ROWS`` rows or more (the values of a past;
+    a box decides at its top), as one ``rowvec_f4`` call a row (``kernels/lib/rowvec_ir``: the
+    row of sums in registers); None where that does not apply or the kernel does not run
+    here."""
+    m, k, n = mkn
+    if str(y.dtype) != "float32" or a.dtype != y.dtype:
+        return None
+    from ...kernels.lib import rowvec_ir
+
+    if n < rowvec_ir.lanes() or rowvec_ir.kernel() is None:
+        return None
+    # a box's samples all take its top's choice (the same code for every sample)
+    if not cx.choose(m <= ROWVEC_MAX_ROWS and k >= ROWVEC_MIN_ROWS):
+        return None
+    cx.imports.add(ROWVEC_IMPORT)
+    M, K, N, r = literal(m), literal(k), literal(n), f"{cx.tag}r"
+    return [f"for {r} in range({M}):",
+            f"    rowvec_f4({a.buf}, {a.off} + {r} * {K}, {b.buf}, {b.off}, {y.buf}, "
+            f"{y.off} + {r} * {N}, {K}, {N})"]  # fmt: skip
 
 
 def register_lowerings(reg: Registry) -> None:

@@ -66,21 +66,10 @@ LINEAR_IR_IMPORT = "from tfrt_py.native.kernels.linear_ir import linear_cls_rows
 #: The sources of the machine code generated modules link (package-relative): the native
 #: kernels and what they compile from elsewhere (the BLAS and packed-gemm bindings, the
 #: tree classifier's base-value rule).
+_NATIVE_KERNELS = ("post", "svm", "trees", "blas", "fastmath", "rowdot", "nbits", "nbits_int8",
+                   "linear_ir")  # fmt: skip
 KERNEL_SOURCES = (
-    *(
-        f"native/kernels/{name}.py"
-        for name in (
-            "post",
-            "svm",
-            "trees",
-            "blas",
-            "fastmath",
-            "rowdot",
-            "nbits",
-            "nbits_int8",
-            "linear_ir",
-        )
-    ),
+    *(f"native/kernels/{name}.py" for name in _NATIVE_KERNELS),
     "kernels/lib/blas.py",
     "kernels/lib/gemm_packed.py",
     "kernels/lib/linear_rows_ir.py",

@@ -29,6 +29,7 @@ from .loops import (
     pairwise,
     strides,
 )
+from .ops_dec import rows_times_cache
 from .products import packed_product, weights_product
 from .records import Registry
 from .source import literal
@@ -152,7 +153,7 @@ def _batched_matmul(cx: Any, node: Node) -> list[str]:
         # b may be a KV cache in place (cache.py)
         sub_b = Ref(b.buf, matrix_at(b, bq, b_mat), (k, n), b.dtype, b.root)
         sub_y = Ref(y.buf, f"{y.off} + {bq} * {literal(y_mat)}", (m, n), y.dtype, y.root)
-        inner = _rows_times_cache(cx, sub_a, sub_b, sub_y, (m, k, n))
+        inner = rows_times_cache(cx, sub_a, sub_b, sub_y, (m, k, n))
         if inner is None:
             inner = matmul(
                 g, sub_a, sub_b, sub_y, (m, k, n), (k, 1), (n, 1), blas=cx.blas_for(m * k * n)
@@ -173,39 +174,6 @@ def _batched_matmul(cx: Any, node: Node) -> list[str]:
         lines += matmul(f"{g}q{q}_", sub_a, sub_b, sub_y, (m, k, n), (k, 1), (n, 1),
                         blas=cx.blas_for(m * k * n))  # fmt: skip
     return lines
-
-
-#: The import line of a module whose code calls ``rowvec_f4`` (importing it builds it).
-ROWVEC_IMPORT = "from tfrt_py.kernels.lib.rowvec_ir import rowvec_f4"
-#: Rows of ``a`` a matrix may have to take ``rowvec_f4`` a row (a decode step's query
-#: rows; a prompt's many rows go to BLAS or the loops)
-ROWVEC_MAX_ROWS = 4
-#: Rows of ``b`` (the past) from which it does (at fewer the loops are as fast)
-ROWVEC_MIN_ROWS = 64
-
-
-def _rows_times_cache(cx: Any, a: Ref, b: Ref, y: Ref,
-                      mkn: tuple[Any, int, int]) -> list[str] | None:  # fmt: skip
-    """A decode step's attention output, ``y = a @ b`` for a few float32 rows of ``a`` (its
-    probabilities) and a ``b`` of ``ROWVEC_MIN_ROWS`` rows or more (the values of a past;
-    a box decides at its top), as one ``rowvec_f4`` call a row (``kernels/lib/rowvec_ir``: the
-    row of sums in registers); None where that does not apply or the kernel does not run
-    here."""
-    m, k, n = mkn
-    if str(y.dtype) != "float32" or a.dtype != y.dtype:
-        return None
-    from ...kernels.lib import rowvec_ir
-
-    if n < rowvec_ir.lanes() or rowvec_ir.kernel() is None:
-        return None
-    # a box's samples all take its top's choice (the same code for every sample)
-    if not cx.choose(m <= ROWVEC_MAX_ROWS and k >= ROWVEC_MIN_ROWS):
-        return None
-    cx.imports.add(ROWVEC_IMPORT)
-    M, K, N, r = literal(m), literal(k), literal(n), f"{cx.tag}r"
-    return [f"for {r} in range({M}):",
-            f"    rowvec_f4({a.buf}, {a.off} + {r} * {K}, {b.buf}, {b.off}, {y.buf}, "
-            f"{y.off} + {r} * {N}, {K}, {N})"]  # fmt: skip
 
 
 def _unravel(q: int, shape: tuple[int, ...]) -> list[int]:
