@@ -109,14 +109,20 @@ SYMBOL = "tfrt_py_sgemm_packed"
 _WIDE_ATTRS = '\nattributes #0 = { "min-legal-vector-width"="512" "prefer-vector-width"="512" }\n'
 
 
-def wide_vectors(text: str, symbols: list[str]) -> str:
-    """Module ``text`` with its functions ``symbols`` asking for 512-bit vectors: LLVM
-    splits vectors wider than a CPU's preferred width (256 bits on the AVX-512 Xeons)
-    unless the function asks for the wide registers."""
+#: The source of the IR helpers here (``counted_loop``, ``carried_loop``, ``splat``,
+#: ``wide_vectors``): other kernels' IR is written with them, so their machine-code cache
+#: keys (``compile_ir_cached``'s sources) include it.
+IR_HELPERS = (__file__,)
+
+
+def wide_vectors(text: str, symbols: list[str], ret: str = "i64") -> str:
+    """Module ``text`` with its functions ``symbols`` (returning ``ret``) asking for
+    512-bit vectors: LLVM splits vectors wider than a CPU's preferred width (256 bits on
+    the AVX-512 Xeons) unless the function asks for the wide registers."""
     for sym in symbols:
-        head, rest = text.split(f'define i64 @"{sym}"(', 1)
+        head, rest = text.split(f'define {ret} @"{sym}"(', 1)
         args, body = rest.split(")", 1)
-        text = f'{head}define i64 @"{sym}"({args}) #0{body}'
+        text = f'{head}define {ret} @"{sym}"({args}) #0{body}'
     return text + _WIDE_ATTRS
 
 

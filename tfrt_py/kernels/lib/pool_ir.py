@@ -47,7 +47,7 @@ from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from ...concurrency.once import Once
-from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, counted_loop, wide_vectors
+from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, IR_HELPERS, counted_loop, wide_vectors
 
 __all__ = ["SYMBOL", "SYMBOL_AVG", "WINDOWS", "build", "describe", "host_lanes", "kernel",
            "lanes", "register_lanes", "window_fits", "window_index"]  # fmt: skip
@@ -85,7 +85,9 @@ def build(n: int) -> Any:
     """The engine holding the kernel for vectors of ``n`` outputs (one of
     ``host_lanes()``): for tests and benchmarks of a width apart from the process's.
     Raises what llvmlite raises."""
-    return compile_ir_cached(lambda: _PoolIR(n).text(), f"pool_ir|{n}", (__file__,), opt=3)[0]
+    return compile_ir_cached(
+        lambda: _PoolIR(n).text(), f"pool_ir|{n}", (__file__, *IR_HELPERS), opt=3
+    )[0]
 
 
 def window_index(kernel: tuple[int, ...], strides: tuple[int, ...], n: int) -> int:

@@ -32,7 +32,7 @@ from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from ...concurrency.once import Once
-from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, counted_loop, wide_vectors
+from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, IR_HELPERS, counted_loop, wide_vectors
 
 __all__ = ["SYMBOL", "WINDOWS", "build", "describe", "host_forms", "kernel", "widths"]
 
@@ -69,7 +69,7 @@ def build(lanes: tuple[int, ...]) -> Any:
     for tests and benchmarks of a form apart from the process's. Raises what llvmlite
     raises."""
     key = f"qdepthwise_ir|{lanes}"
-    return compile_ir_cached(lambda: _RowIR(lanes).text(), key, (__file__,), opt=3)[0]
+    return compile_ir_cached(lambda: _RowIR(lanes).text(), key, (__file__, *IR_HELPERS), opt=3)[0]
 
 
 class _RowIR:

@@ -23,7 +23,7 @@ from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from ...concurrency.once import Once
-from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, counted_loop, wide_vectors
+from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, IR_HELPERS, counted_loop, wide_vectors
 
 __all__ = ["SYMBOL", "build", "describe", "host_has_vbmi", "kernel"]
 
@@ -83,7 +83,7 @@ def _text() -> str:
 def build() -> Any:
     """The engine holding the compiled kernel (a host with VBMI): for tests. Raises what
     llvmlite raises."""
-    return compile_ir_cached(_text, f"qlookup_ir|{SYMBOL}", (__file__,), opt=3)[0]
+    return compile_ir_cached(_text, f"qlookup_ir|{SYMBOL}", (__file__, *IR_HELPERS), opt=3)[0]
 
 
 def _register() -> tuple[str, Any, Any]:

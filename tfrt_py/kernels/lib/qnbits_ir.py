@@ -48,7 +48,7 @@ from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from ...concurrency.once import Once
-from .gemm_packed import ENV_PACKED_GEMM, counted_loop, wide_vectors
+from .gemm_packed import ENV_PACKED_GEMM, IR_HELPERS, counted_loop, wide_vectors
 from .qgemm_packed import choose_path, host_paths
 
 __all__ = ["PATHS", "ROWS", "SYMBOL", "SYMBOL_QUANT", "build", "describe", "kernel", "pack", "path"]
@@ -287,7 +287,9 @@ def build(path_: str) -> Any:
     """The engine holding the kernel compiled for ``path_`` (one of ``PATHS`` this host
     runs): for tests and benchmarks of a path apart from the process's. Raises what
     llvmlite raises."""
-    return compile_ir_cached(lambda: _text(path_), f"qnbits_ir|{path_}", (__file__,), opt=3)[0]
+    return compile_ir_cached(
+        lambda: _text(path_), f"qnbits_ir|{path_}", (__file__, *IR_HELPERS), opt=3
+    )[0]
 
 
 def _register() -> tuple[str, str, Any, Any]:
