@@ -35,6 +35,7 @@ from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import compile_ir_cached
 from ...concurrency.once import Once
 from .gemm_packed import ENV_PACKED_GEMM, carried_loop, splat, wide_vectors
+from .ir_kernels import BASE_SOURCES, FloatVectors
 from .pool_ir import host_lanes, lanes, register_lanes
 
 __all__ = ["CLASSES", "FEATURES", "MAX_CLASSES", "ROWS", "SYMBOL", "build", "describe",
@@ -56,36 +57,17 @@ def build(n: int) -> Any:
     """The engine holding the kernel for vectors of ``n`` rows (one of ``host_lanes()``):
     for tests and benchmarks of a width apart from the process's. Raises what llvmlite
     raises."""
-    return compile_ir_cached(lambda: _RowsIR(n).text(), f"linear_rows_ir|{n}", (__file__,),
-                             opt=3)[0]  # fmt: skip
+    sources = (__file__, *BASE_SOURCES)
+    return compile_ir_cached(lambda: _RowsIR(n).text(), f"linear_rows_ir|{n}", sources, opt=3)[0]
 
 
-class _RowsIR:
+class _RowsIR(FloatVectors):
     """The module: ``SYMBOL`` looping over passes of ``2 * n`` rows and, in each, over
     chunks of at most ``CLASSES`` classes, dispatching each chunk to the function for its
     width (one per width 1..CLASSES)."""
 
     def __init__(self, n: int) -> None:
-        import llvmlite.ir as ir
-
-        self.ir, self.n = ir, n
-        self.i1, self.i32, self.i64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
-        self.f32 = ir.FloatType()
-        self.fp = self.f32.as_pointer()
-        self.vf = ir.VectorType(self.f32, n)
-        self.vi = ir.VectorType(self.i32, n)
-        self.vm = ir.VectorType(self.i1, n)
-        self.mod = ir.Module(name="tfrt_py_linear_rows")
-        vp = self.vf.as_pointer()
-        load_t = ir.FunctionType(self.vf, [vp, self.i32, self.vm, self.vf])
-        self.mload = ir.Function(self.mod, load_t, name=f"llvm.masked.load.v{n}f32.p0v{n}f32")
-        self.fma = ir.Function(self.mod, ir.FunctionType(self.vf, [self.vf] * 3),
-                               name=f"llvm.fma.v{n}f32")  # fmt: skip
-        self.zero = ir.Constant(self.vf, [0.0] * n)
-        self.iota = ir.Constant(self.vi, list(range(n)))
-
-    def c(self, v: int) -> Any:
-        return self.ir.Constant(self.i64, v)
+        super().__init__(n, "tfrt_py_linear_rows")
 
     def text(self) -> str:
         chunks = [self.chunk(k) for k in range(1, CLASSES + 1)]

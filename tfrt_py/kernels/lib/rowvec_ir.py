@@ -26,75 +26,80 @@ packed gemms'); stateless; any thread.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
-from ...concurrency import compiled_gate, numba_target
-from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import compile_ir_cached
-from ...concurrency.once import Once
-from .gemm_packed import ENV_PACKED_GEMM, carried_loop, splat, wide_vectors
-from .pool_ir import host_lanes, lanes, register_lanes
+from .gemm_packed import carried_loop, splat, wide_vectors
+from .ir_kernels import BASE_SOURCES, FloatVectors, WrappedKernels
+from .pool_ir import host_lanes, lanes
 
 __all__ = ["SYMBOL", "VECTORS", "build", "describe", "host_lanes", "kernel", "lanes"]
 
 SYMBOL = "tfrt_py_rowvec_f32"
 #: vectors of columns a block keeps in registers (times its partial sums)
 VECTORS = 4
+#: rows of ``a`` a pass over ``b`` serves with AVX-512 (2 with AVX2: sixteen registers)
+ROWS = 4
 
 
 def build(n: int) -> Any:
     """The engine holding the kernel for vectors of ``n`` floats (one of ``host_lanes()``):
     for tests and benchmarks of a width apart from the process's. Raises what llvmlite
     raises."""
-    return compile_ir_cached(lambda: _RowVecIR(n).text(), f"rowvec_ir|{n}", (__file__,),
-                             opt=3)[0]  # fmt: skip
+    sources = (__file__, *BASE_SOURCES)
+    return compile_ir_cached(lambda: _RowVecIR(n).text(), f"rowvec_ir|{n}", sources, opt=3)[0]
 
 
-class _RowVecIR:
+class _RowVecIR(FloatVectors):
     """The module: ``SYMBOL`` walking the column blocks, a function per block form (whole
     blocks of ``VECTORS`` vectors; a last block of 0..VECTORS-1 whole vectors and a masked
     one)."""
 
     def __init__(self, n: int) -> None:
-        import llvmlite.ir as ir
-
-        self.ir, self.n = ir, n
+        super().__init__(n, "tfrt_py_rowvec")
         self.partials = 4 if n == 16 else 2
-        self.i1, self.i32, self.i64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
-        self.f32 = ir.FloatType()
-        self.fp = self.f32.as_pointer()
-        self.vf = ir.VectorType(self.f32, n)
-        self.vi = ir.VectorType(self.i32, n)
-        self.vm = ir.VectorType(self.i1, n)
-        self.mod = ir.Module(name="tfrt_py_rowvec")
-        vp = self.vf.as_pointer()
-        load_t = ir.FunctionType(self.vf, [vp, self.i32, self.vm, self.vf])
-        self.mload = ir.Function(self.mod, load_t, name=f"llvm.masked.load.v{n}f32.p0v{n}f32")
-        store_t = ir.FunctionType(ir.VoidType(), [self.vf, vp, self.i32, self.vm])
-        self.mstore = ir.Function(self.mod, store_t, name=f"llvm.masked.store.v{n}f32.p0v{n}f32")
-        self.fma = ir.Function(self.mod, ir.FunctionType(self.vf, [self.vf] * 3),
-                               name=f"llvm.fma.v{n}f32")  # fmt: skip
-        self.zero = ir.Constant(self.vf, [0.0] * n)
-        self.iota = ir.Constant(self.vi, list(range(n)))
-
-    def c(self, v: int) -> Any:
-        return self.ir.Constant(self.i64, v)
+        self.rows = ROWS if n == 16 else 2
 
     def text(self) -> str:
-        blocks = [self.block(VECTORS, False)] + [self.block(w, True) for w in range(VECTORS)]
-        self.top(blocks)
-        names = [SYMBOL] + [fn.name for fn in blocks]
+        cols = {r: self.columns(r, [self.block(VECTORS, False, r)]
+                                + [self.block(w, True, r) for w in range(VECTORS)])
+                for r in sorted({1, self.rows})}  # fmt: skip
+        self.top(cols)
         text = str(self.mod)
+        names = [f.name for f in self.mod.functions if not f.name.startswith("llvm.")]
         return wide_vectors(text, names) if self.n * 32 > 256 else text
 
-    def top(self, blocks: list[Any]) -> None:
-        """``SYMBOL(a, k, b, n, y)``: whole blocks, then the last one by its form."""
+    def top(self, cols: dict[int, Any]) -> None:
+        """``SYMBOL(a, m, k, b, n, y)``: the rows of ``a`` ``self.rows`` at a time (each
+        group over every column of ``b``, its rows read once for the group), the rows
+        left one at a time."""
+        ir, i64, c = self.ir, self.i64, self.c
+        fn = ir.Function(self.mod, ir.FunctionType(i64, [self.fp, i64, i64, self.fp, i64,
+                                                          self.fp]), name=SYMBOL)  # fmt: skip
+        a, m, k, bm, n, y = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        R = self.rows
+        grouped = b.mul(b.sdiv(m, c(R)), c(R))
+
+        def rows(r: int) -> Any:
+            def go(i: Any, _: list[Any]) -> list[Any]:
+                b.call(cols[r], [b.gep(a, [b.mul(i, k)]), k, bm, n, b.gep(y, [b.mul(i, n)])])
+                return []
+
+            return go
+
+        carried_loop(b, c(0), grouped, R, [], rows(R))
+        carried_loop(b, grouped, m, 1, [], rows(1))
+        b.ret(c(0))
+
+    def columns(self, rows: int, blocks: list[Any]) -> Any:
+        """``(a, k, b, n, y)`` for ``rows`` rows of ``a`` (stride ``k``) and of ``y``
+        (stride ``n``): whole column blocks, then the last one by its form."""
         ir, i64, c, L = self.ir, self.i64, self.c, self.n
         fn = ir.Function(self.mod, ir.FunctionType(i64, [self.fp, i64, self.fp, i64, self.fp]),
-                         name=SYMBOL)  # fmt: skip
+                         name=f"{SYMBOL}_rows{rows}")  # fmt: skip
         a, k, bm, n, y = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         width = VECTORS * L
@@ -120,13 +125,15 @@ class _RowVecIR:
             b.branch(done)
         b.position_at_end(done)
         b.ret(c(0))
+        return fn
 
-    def block(self, whole: int, tail: bool) -> Any:
+    def block(self, whole: int, tail: bool, rows: int) -> Any:
         """``(a, k, b, n, y, rest)``: the columns of ``whole`` vectors (and with ``tail`` a
         last one of ``rest`` < lanes columns, masked) from ``b`` and ``y``, over every
-        row."""
+        row of ``b``, for ``rows`` rows of ``a`` and ``y`` (strides ``k`` and ``n``): each
+        row of ``b`` loaded once for all of them."""
         ir, i64, c, L = self.ir, self.i64, self.c, self.n
-        name = f"{SYMBOL}_{whole}{'m' if tail else ''}"
+        name = f"{SYMBOL}_{rows}x{whole}{'m' if tail else ''}"
         fn = ir.Function(self.mod, ir.FunctionType(i64, [self.fp, i64, self.fp, i64, self.fp,
                                                           i64]), name=name)  # fmt: skip
         a, k, bm, n, y, rest = fn.args
@@ -134,7 +141,9 @@ class _RowVecIR:
         vp, four = self.vf.as_pointer(), ir.Constant(self.i32, 4)
         mask = b.icmp_signed("<", self.iota, splat(b, b.trunc(rest, self.i32), L))
         vecs = whole + (1 if tail else 0)
-        P = self.partials
+        R = rows
+        P = self.partials if R == 1 else 1  # (R rows: R independent chains a vector)
+        slot = lambda p, q, v: (p * R + q) * vecs + v  # noqa: E731
 
         def row_vectors(i: Any) -> list[Any]:
             row = b.gep(bm, [b.mul(i, n)])
@@ -144,84 +153,71 @@ class _RowVecIR:
                 out.append(b.call(self.mload, [at, four, mask, self.zero]))
             return out
 
-        def rows(i: Any, accs: list[Any]) -> list[Any]:  # P rows: row i + p into partial p
+        def step(i: Any, accs: list[Any], p: int, out: list[Any]) -> None:
+            """Row ``i`` of ``b`` into partial ``p`` of every row of ``a``."""
+            bvs = row_vectors(i)
+            for q in range(R):
+                av = splat(b, b.load(b.gep(a, [b.add(b.mul(c(q), k), i)]), align=4), L)
+                for v, bv in enumerate(bvs):
+                    out[slot(p, q, v)] = b.call(self.fma, [av, bv, accs[slot(p, q, v)]])
+
+        def rows_of_b(i: Any, accs: list[Any]) -> list[Any]:  # row i + p into partial p
             out = list(accs)
             for p in range(P):
-                r = b.add(i, c(p))
-                av = splat(b, b.load(b.gep(a, [r]), align=4), L)
-                for v, bv in enumerate(row_vectors(r)):
-                    out[p * vecs + v] = b.call(self.fma, [av, bv, out[p * vecs + v]])
+                step(b.add(i, c(p)), out, p, out)
             return out
 
-        accs = [self.zero] * (P * vecs)
+        accs = [self.zero] * (P * R * vecs)
         groups = b.mul(b.sdiv(k, c(P)), c(P))
-        accs = carried_loop(b, c(0), groups, P, accs, rows)
+        accs = carried_loop(b, c(0), groups, P, accs, rows_of_b)
 
         def one(i: Any, accs: list[Any]) -> list[Any]:  # the rows left, into partial 0
-            av = splat(b, b.load(b.gep(a, [i]), align=4), L)
             out = list(accs)
-            for v, bv in enumerate(row_vectors(i)):
-                out[v] = b.call(self.fma, [av, bv, out[v]])
+            step(i, out, 0, out)
             return out
 
         accs = carried_loop(b, groups, k, 1, accs, one)
-        for v in range(vecs):
-            parts = [accs[p * vecs + v] for p in range(P)]
-            while len(parts) > 1:  # pairwise: (p0 + p1) + (p2 + p3)
-                parts = [b.fadd(parts[q], parts[q + 1]) for q in range(0, len(parts), 2)]
-            at = b.bitcast(b.gep(y, [c(v * L)]), vp)
-            if tail and v == whole:
-                b.call(self.mstore, [parts[0], at, four, mask])
-            else:
-                b.store(parts[0], at, align=4)
+        for q in range(R):
+            for v in range(vecs):
+                parts = [accs[slot(p, q, v)] for p in range(P)]
+                while len(parts) > 1:  # pairwise: (p0 + p1) + (p2 + p3)
+                    parts = [b.fadd(parts[t], parts[t + 1]) for t in range(0, len(parts), 2)]
+                at = b.bitcast(b.gep(y, [b.add(b.mul(c(q), n), c(v * L))]), vp)
+                if tail and v == whole:
+                    b.call(self.mstore, [parts[0], at, four, mask])
+                else:
+                    b.store(parts[0], at, align=4)
         b.ret(c(0))
         return fn
 
 
 def _signatures(t: Any) -> list[tuple[str, Any]]:
     p, i = t.uintp, t.int64
-    return [(SYMBOL, t.int64(p, i, p, i, p))]
+    return [(SYMBOL, t.int64(p, i, i, p, i, p))]
 
 
-#: (why, (the ExternalFunction,) or None, engine or None), decided on first use
-_DECIDED: Once[tuple[str, Any, Any]] = Once(lambda: register_lanes(build, _signatures, "float32"))
-_LOCK = threading.Lock()
-_WRAPPED: list[Any] = []  # [the numba wrapper] once built
+#: the kernel and its numba wrapper, decided and built once per process
+_KERNELS = WrappedKernels(build, _signatures, "float32", globals(),
+                          {"rowvec_f4": ("_rowvec_f4", "_ext")})  # fmt: skip
 _ext: Any = None  # the ExternalFunction the wrapper calls (set before it compiles)
 
 
 def kernel() -> Any:
     """The numba wrapper ``rowvec_f4`` (module docstring), None where the kernel is off."""
-    global _ext
-    if switched_off(ENV_PACKED_GEMM) or compiled_gate.held():
-        return None
-    fns = _DECIDED.get()[1]
-    if fns is None:
-        return None
-    with _LOCK:
-        if not _WRAPPED:
-            _ext = fns[0]
-            numba = numba_target.import_numba()
-            _WRAPPED.append(numba.njit(nogil=True, cache=True)(_rowvec_f4))
-        return _WRAPPED[0]
+    got = _KERNELS.get()
+    return None if got is None else got[0]
 
 
 def describe() -> str:
     """How the kernel was decided ("" before it was)."""
-    got = _DECIDED.peek()
-    return got[0] if got else ""
+    return _KERNELS.describe()
 
 
 def __getattr__(name: str) -> Any:
     """``rowvec_f4``: ``kernel()``, for ``from ...rowvec_ir import rowvec_f4``."""
-    if name == "rowvec_f4":
-        fn = kernel()
-        if fn is not None:
-            return fn
-        raise AttributeError("the row-times-matrix kernel cannot run on this host")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _KERNELS.attribute(name, __name__)
 
 
-def _rowvec_f4(a, ao, b, bo, y, yo, k, n):  # pragma: no cover - compiled
-    _ext(a.ctypes.data + np.uint64(ao * 4), k, b.ctypes.data + np.uint64(bo * 4), n,
+def _rowvec_f4(a, ao, b, bo, y, yo, m, k, n):  # pragma: no cover - compiled
+    _ext(a.ctypes.data + np.uint64(ao * 4), m, k, b.ctypes.data + np.uint64(bo * 4), n,
          y.ctypes.data + np.uint64(yo * 4))  # fmt: skip

@@ -201,17 +201,22 @@ def _softmax(cx: Any, node: Node) -> list[str]:
     # iterations does not vectorize) the exponentials over the whole input in one loop.
     cx.imports.add(EXP_IMPORT)
     by_row = inner == 1 and cx.choose(n > SHORT_ROW)  # (either form is right)
+    # a long row's max and sum in vector registers (kernels/lib/rowreduce_ir), where the
+    # kernels run here; else four scalar chains
+    vec = by_row and _row_reductions(cx)
 
     def shift(iv: list[str]) -> list[str]:
         o, i = iv
         v = f"expf_neg({at(x, o, 'j', i)} - {g}mx)" if by_row else f"{at(x, o, 'j', i)} - {g}mx"
-        return [*lane_reduce(f"{g}mx", n, lambda j: at(x, o, j, i), "max", t),
-                f"for j in range({N}):", f"    {at(y, o, 'j', i)} = {v}"]  # fmt: skip
+        mx = ([f"{g}mx = rowmax_f4({x.buf}, {x.off} + {o} * {ROW}, {N})"] if vec
+              else lane_reduce(f"{g}mx", n, lambda j: at(x, o, j, i), "max", t))  # fmt: skip
+        return [*mx, f"for j in range({N}):", f"    {at(y, o, 'j', i)} = {v}"]
 
     def scale(iv: list[str]) -> list[str]:
         o, i = iv
-        return [*lane_reduce(f"{g}s", n, lambda j: at(y, o, j, i), "sum", t),
-                f"{g}r = {t}(1.0) / {g}s",
+        total = ([f"{g}s = rowsum_f4({y.buf}, {y.off} + {o} * {ROW}, {N})"] if vec
+                 else lane_reduce(f"{g}s", n, lambda j: at(y, o, j, i), "sum", t))  # fmt: skip
+        return [*total, f"{g}r = {t}(1.0) / {g}s",
                 f"for j in range({N}):", f"    {at(y, o, 'j', i)} *= {g}r"]  # fmt: skip
 
     if by_row:
@@ -219,6 +224,21 @@ def _softmax(cx: Any, node: Node) -> list[str]:
     flat = [f"for q in range({literal(outer * n * inner)}):",
             f"    {y.buf}[{y.off} + q] = expf_neg({y.buf}[{y.off} + q])"]  # fmt: skip
     return [*loop_nest([outer, inner], shift, "q"), *flat, *loop_nest([outer, inner], scale, "q")]
+
+
+#: The import line of a module whose code calls the row reductions (importing builds them).
+ROWREDUCE_IMPORT = "from tfrt_py.kernels.lib.rowreduce_ir import rowmax_f4, rowsum_f4"
+
+
+def _row_reductions(cx: Any) -> bool:
+    """Whether this module's long float32 softmax rows take ``rowmax_f4``/``rowsum_f4``
+    (their import added): where the kernels run in this process."""
+    from ...kernels.lib import rowreduce_ir
+
+    if rowreduce_ir.kernels() is None:
+        return False
+    cx.imports.add(ROWREDUCE_IMPORT)
+    return True
 
 
 #: How each accumulating reduction folds an element ``v`` into ``acc`` (ReduceMax/Min

@@ -2,9 +2,12 @@
 ``MatMulTransB`` (the scores ``Q @ K^T``, ``compiler/fuse_transformer.py``) and
 ``RotaryHalf`` (the rotate-half rotary embedding, ``compiler/fuse_rotary.py``), and the
 attention output's product with the values of the past (``rows_times_cache``, called by
-``ops_tx``'s batched MatMul). With them
-optimum's GPT-2 and Llama exports lower whole, and a box of past lengths
-(``generic.py``) serves every step of a generation with one function.
+``ops_tx``'s batched MatMul). With grouped KV heads (a cache in place read by ``rep``
+query heads a matrix) a group's query rows take one kernel call for the scores
+(``kernels/lib/dotrows_ir``) and one for the values (``grouped_rows_times_cache``), which
+read each row of the cache once for the group. With them optimum's GPT-2 and Llama
+exports lower whole, and a box of past lengths (``generic.py``) serves every step of a
+generation with one function.
 
 Same contract as ``ops.py``: ``fn(cx, node) -> lines``; a case not handled calls
 ``cx.decline``. Pure functions of the node; run at load or on the compile worker.
@@ -24,7 +27,7 @@ from .loops import Ref, bcast_strides, index, lane_reduce, loop_nest, strides
 from .records import Registry
 from .source import literal
 
-__all__ = ["register_lowerings", "rows_times_cache"]
+__all__ = ["grouped_rows_times_cache", "register_lowerings", "rows_times_cache"]
 
 _FUSED = "tfrt_py.fused"
 #: The import line of a module whose code calls ``dot_rows_f4``.
@@ -68,6 +71,9 @@ def _matmul_transb(cx: Any, node: Node) -> list[str]:
     g, t = cx.tag, tname(y.dtype)
     M, K, N = literal(m), literal(k), literal(n)
     bq = f"{g}bq"
+    grouped = _grouped_scores(cx, (a, b, y), (m, k, n), math.prod(batch), alpha)
+    if grouped is not None:
+        return grouped
     ao = f"{a.off} + {bq} * {literal(m * k)}"
     bo = matrix_at(b, bq, n * k)  # b: maybe a KV cache in place
     yo = f"{y.off} + {bq} * {literal(m * n)}"
@@ -90,6 +96,36 @@ def _matmul_transb(cx: Any, node: Node) -> list[str]:
                 *["        " + ln for ln in lane_reduce(s, k, dot, "sum", t)],
                 f"        {store}"]  # fmt: skip
     return [f"for {bq} in range({literal(math.prod(batch))}):", *["    " + ln for ln in body]]
+
+
+#: The import line of a module whose code calls ``dotrows_f4`` (importing it builds it).
+DOTROWS_IMPORT = "from tfrt_py.kernels.lib.dotrows_ir import dotrows_f4"
+
+
+def _grouped_scores(cx: Any, aby: tuple[Ref, Ref, Ref], mkn: tuple[int, int, int], total: int,
+                    alpha: float) -> list[str] | None:  # fmt: skip
+    """Grouped KV heads (the keys a cache in place whose every matrix ``rep`` query heads
+    read, ``Ref.rep``): a group's query rows (``rep`` matrices of at most
+    ``ROWDOT_MAX_ROWS``) as one ``dotrows_f4`` call (``kernels/lib/dotrows_ir``), which
+    reads each key row once for all of them; None where the keys are not such a cache,
+    the rows are float64 or too long for the kernel, or it does not run here."""
+    a, b, y = aby
+    m, k, n = mkn
+    rep = b.rep if b.mat else 1
+    if rep <= 1 or total % rep or str(y.dtype) != "float32":
+        return None
+    from ...kernels.lib import dotrows_ir
+
+    if dotrows_ir.kernel() is None or k > dotrows_ir.max_k():
+        return None
+    if not cx.choose(m <= ROWDOT_MAX_ROWS):  # (a box's samples: its top's choice)
+        return None
+    cx.imports.add(DOTROWS_IMPORT)
+    bq = f"{cx.tag}bq"
+    return [f"for {bq} in range({literal(total // rep)}):",
+            f"    dotrows_f4({a.buf}, {a.off} + {bq} * {literal(rep * m * k)}, {b.buf}, "
+            f"{b.off} + {bq} * {b.mat}, {y.buf}, {y.off} + {bq} * {literal(rep * m * n)}, "
+            f"{literal(rep * m)}, {literal(k)}, {literal(n)}, {literal(alpha)})"]  # fmt: skip
 
 
 def _point(cx: Any, v: Value | None, d: int) -> int:
@@ -149,20 +185,22 @@ def _rotary_half(cx: Any, node: Node) -> list[str]:
 
 #: The import line of a module whose code calls ``rowvec_f4`` (importing it builds it).
 ROWVEC_IMPORT = "from tfrt_py.kernels.lib.rowvec_ir import rowvec_f4"
-#: Rows of ``a`` a matrix may have to take ``rowvec_f4`` a row (a decode step's query
-#: rows; a prompt's many rows go to BLAS or the loops)
+#: Rows of ``a`` a matrix may have to take ``rowvec_f4`` (a decode step's query rows; a
+#: prompt's many rows go to BLAS or the loops)
 ROWVEC_MAX_ROWS = 4
 #: Rows of ``b`` (the past) from which it does (at fewer the loops are as fast)
 ROWVEC_MIN_ROWS = 64
 
 
-def rows_times_cache(cx: Any, a: Ref, b: Ref, y: Ref,
-                      mkn: tuple[Any, int, int]) -> list[str] | None:  # fmt: skip
+def rows_times_cache(cx: Any, a: Ref, b: Ref, y: Ref, mkn: tuple[int, int, int],
+                     group: int = 1) -> list[str] | None:  # fmt: skip
     """A decode step's attention output, ``y = a @ b`` for a few float32 rows of ``a`` (its
-    probabilities) and a ``b`` of ``ROWVEC_MIN_ROWS`` rows or more (the values of a past;
-    a box decides at its top), as one ``rowvec_f4`` call a row (``kernels/lib/rowvec_ir``: the
-    row of sums in registers); None where that does not apply or the kernel does not run
-    here."""
+    probabilities; ``group`` matrices of ``mkn``'s ``m`` rows each, one after another, that
+    share ``b``: grouped KV heads) and a ``b`` of ``ROWVEC_MIN_ROWS`` rows or more (the
+    values of a past; a box decides at its top), as one ``rowvec_f4`` call over the
+    ``group * m`` rows (``kernels/lib/rowvec_ir``: the rows of sums in registers, each row
+    of ``b`` read once for several rows of ``a``); None where that does not apply or the
+    kernel does not run here."""
     m, k, n = mkn
     if str(y.dtype) != "float32" or a.dtype != y.dtype:
         return None
@@ -174,10 +212,27 @@ def rows_times_cache(cx: Any, a: Ref, b: Ref, y: Ref,
     if not cx.choose(m <= ROWVEC_MAX_ROWS and k >= ROWVEC_MIN_ROWS):
         return None
     cx.imports.add(ROWVEC_IMPORT)
-    M, K, N, r = literal(m), literal(k), literal(n), f"{cx.tag}r"
-    return [f"for {r} in range({M}):",
-            f"    rowvec_f4({a.buf}, {a.off} + {r} * {K}, {b.buf}, {b.off}, {y.buf}, "
-            f"{y.off} + {r} * {N}, {K}, {N})"]  # fmt: skip
+    return [f"rowvec_f4({a.buf}, {a.off}, {b.buf}, {b.off}, {y.buf}, {y.off}, "
+            f"{literal(group * m)}, {literal(k)}, {literal(n)})"]  # fmt: skip
+
+
+def grouped_rows_times_cache(cx: Any, a: Ref, b: Ref, y: Ref, mkn: tuple[int, int, int],
+                             total: int, bq: str) -> list[str] | None:  # fmt: skip
+    """Grouped KV heads (a cache in place whose every matrix ``rep`` query heads read,
+    ``Ref.rep``): the rows of a group's ``rep`` matrices as one ``rows_times_cache`` call
+    against their one matrix of values, which it then reads once for all of them; None
+    where the stack is not such a cache or that does not apply."""
+    rep = b.rep if b.mat else 1
+    if rep <= 1 or total % rep:
+        return None
+    m, k, n = mkn
+    sub_a = Ref(a.buf, f"{a.off} + {bq} * {literal(rep * m * k)}", (rep * m, k), a.dtype, a.root)
+    sub_b = Ref(b.buf, f"{b.off} + {bq} * {b.mat}", (k, n), b.dtype, b.root)
+    sub_y = Ref(y.buf, f"{y.off} + {bq} * {literal(rep * m * n)}", (rep * m, n), y.dtype, y.root)
+    inner = rows_times_cache(cx, sub_a, sub_b, sub_y, mkn, rep)
+    if inner is None:
+        return None
+    return [f"for {bq} in range({literal(total // rep)}):"] + ["    " + ln for ln in inner]
 
 
 def register_lowerings(reg: Registry) -> None:

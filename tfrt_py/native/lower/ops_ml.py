@@ -71,9 +71,11 @@ _NATIVE_KERNELS = ("post", "svm", "trees", "blas", "fastmath", "rowdot", "nbits"
 KERNEL_SOURCES = (
     *(f"native/kernels/{name}.py" for name in _NATIVE_KERNELS),
     "kernels/lib/blas.py",
+    "kernels/lib/dotrows_ir.py",
     "kernels/lib/gemm_packed.py",
     "kernels/lib/linear_rows_ir.py",
     "kernels/lib/qnbits_ir.py",
+    "kernels/lib/rowreduce_ir.py",
     "kernels/lib/rowvec_ir.py",
     "kernels/ml/tree_ops.py",
 )

@@ -29,7 +29,7 @@ from .loops import (
     pairwise,
     strides,
 )
-from .ops_dec import rows_times_cache
+from .ops_dec import grouped_rows_times_cache, rows_times_cache
 from .products import packed_product, weights_product
 from .records import Registry
 from .source import literal
@@ -149,6 +149,9 @@ def _batched_matmul(cx: Any, node: Node) -> list[str]:
     g = cx.tag
     if a.shape[:-2] == b.shape[:-2] == batch:  # one loop over the stack
         bq = f"{g}bq"
+        grouped = grouped_rows_times_cache(cx, a, b, y, (m, k, n), math.prod(batch), bq)
+        if grouped is not None:
+            return grouped
         sub_a = Ref(a.buf, f"{a.off} + {bq} * {literal(a_mat)}", (m, k), a.dtype, a.root)
         # b may be a KV cache in place (cache.py)
         sub_b = Ref(b.buf, matrix_at(b, bq, b_mat), (k, n), b.dtype, b.root)

@@ -1,0 +1,110 @@
+"""What the float32 LLVM IR kernels of ``kernels/lib`` share (``linear_rows_ir``,
+``rowvec_ir``, ``dotrows_ir``, ``rowreduce_ir``).
+
+``FloatVectors(n, name)``: a builder's base: an IR module ``name`` with the integer, float
+and vector types for vectors of ``n`` floats, the masked load/store and FMA intrinsics at
+that width, a zero vector, the lane indices and ``c(v)`` (an i64 constant). Built on the
+thread that builds the module (under the kernel's ``Once``); not shared.
+
+``WrappedKernels(build, signatures, unit, namespace, wrappers)``: a module's kernels
+decided once per process (``pool_ir.register_lanes``: built at this process's width,
+registered with LLVM as ExternalFunctions) and the numba wrappers generated code calls,
+compiled once under a lock: each wrapper a plain function of ``namespace`` that calls its
+ExternalFunction through a global of ``namespace``, set before the wrapper compiles.
+``get()`` is None where the kernels are off (``$TFRT_PY_PACKED_GEMM=0``, the cold start's
+gate held, no llvmlite JIT, no AVX2, ``$TFRT_PY_ISA=portable``). Any thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ...concurrency import compiled_gate, numba_target
+from ...concurrency.env_switch import switched_off
+from ...concurrency.once import Once
+from .gemm_packed import ENV_PACKED_GEMM, IR_HELPERS
+from .pool_ir import register_lanes
+
+__all__ = ["BASE_SOURCES", "FloatVectors", "WrappedKernels"]
+
+#: What a ``FloatVectors`` module's IR is written with besides its own file (the sources
+#: of its machine-code cache key, ``compile_ir_cached``)
+BASE_SOURCES = (__file__, *IR_HELPERS)
+
+
+class FloatVectors:
+    """Types, intrinsics and constants for an IR module over vectors of ``n`` floats."""
+
+    def __init__(self, n: int, name: str) -> None:
+        import llvmlite.ir as ir
+
+        self.ir, self.n = ir, n
+        self.i1, self.i32, self.i64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
+        self.f32 = ir.FloatType()
+        self.fp = self.f32.as_pointer()
+        self.vf = ir.VectorType(self.f32, n)
+        self.vi = ir.VectorType(self.i32, n)
+        self.vm = ir.VectorType(self.i1, n)
+        self.mod = ir.Module(name=name)
+        vp = self.vf.as_pointer()
+        load_t = ir.FunctionType(self.vf, [vp, self.i32, self.vm, self.vf])
+        self.mload = ir.Function(self.mod, load_t, name=f"llvm.masked.load.v{n}f32.p0v{n}f32")
+        store_t = ir.FunctionType(ir.VoidType(), [self.vf, vp, self.i32, self.vm])
+        self.mstore = ir.Function(self.mod, store_t, name=f"llvm.masked.store.v{n}f32.p0v{n}f32")
+        self.fma = ir.Function(self.mod, ir.FunctionType(self.vf, [self.vf] * 3),
+                               name=f"llvm.fma.v{n}f32")  # fmt: skip
+        self.zero = ir.Constant(self.vf, [0.0] * n)
+        self.iota = ir.Constant(self.vi, list(range(n)))
+
+    def c(self, v: int) -> Any:
+        return self.ir.Constant(self.i64, v)
+
+
+class WrappedKernels:
+    """A module's ExternalFunctions and their numba wrappers (module docstring).
+    ``wrappers`` maps each public name, in ``signatures``' order, to (the wrapper's
+    function name in ``namespace``, the global it calls the ExternalFunction by)."""
+
+    def __init__(self, build: Any, signatures: Any, unit: str, namespace: dict[str, Any],
+                 wrappers: dict[str, tuple[str, str]]) -> None:  # fmt: skip
+        #: (why, the ExternalFunctions or None, engine or None), decided on first use
+        self._decided: Once[tuple[str, Any, Any]] = Once(
+            lambda: register_lanes(build, signatures, unit)
+        )
+        self._namespace, self._wrappers = namespace, wrappers
+        self._lock = threading.Lock()
+        self._wrapped: tuple[Any, ...] | None = None
+
+    def get(self) -> tuple[Any, ...] | None:
+        """The numba wrappers in ``wrappers``' order, None where the kernels are off."""
+        if switched_off(ENV_PACKED_GEMM) or compiled_gate.held():
+            return None
+        fns = self._decided.get()[1]
+        if fns is None:
+            return None
+        with self._lock:
+            if self._wrapped is None:
+                numba = numba_target.import_numba()
+                jit = numba.njit(nogil=True, cache=True)
+                wrapped = []
+                for ext, (fn_name, global_name) in zip(fns, self._wrappers.values()):
+                    self._namespace[global_name] = ext
+                    wrapped.append(jit(self._namespace[fn_name]))
+                self._wrapped = tuple(wrapped)
+            return self._wrapped
+
+    def describe(self) -> str:
+        """How the kernels were decided ("" before they were)."""
+        got = self._decided.peek()
+        return got[0] if got else ""
+
+    def attribute(self, name: str, module: str) -> Any:
+        """Module ``module``'s ``__getattr__``: the wrapper called ``name`` (building the
+        kernels), for the generated modules' ``from module import name``."""
+        if name in self._wrappers:
+            got = self.get()
+            if got is not None:
+                return got[list(self._wrappers).index(name)]
+            raise AttributeError(f"{name} cannot run on this host ({self.describe() or 'off'})")
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
