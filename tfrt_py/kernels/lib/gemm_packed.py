@@ -131,33 +131,19 @@ def counted_loop(b: Any, start: Any, end: Any, step: Any, body: Any, *,
     """``for i in range(start, end - step + 1, step): body(i)`` at IR builder ``b``, i64
     indices (whole steps only); ``whole=False``: ``range(start, end, step)``. ``step`` an
     int or an i64 IR value >= 1. The builder continues after the loop."""
+    carried_loop(b, start, end, step, [], lambda i, _: (body(i), [])[1], whole=whole)
+
+
+def carried_loop(b: Any, start: Any, end: Any, step: Any, vals: list[Any], body: Any, *,
+                 whole: bool = False) -> list[Any]:  # fmt: skip
+    """``for i in range(start, end, step): vals = body(i, vals)`` at IR builder ``b``, i64
+    indices (``whole``: whole steps only, ``i + step <= end``; ``step`` an int or an i64
+    IR value >= 1): ``vals`` carried as phis (accumulators stay in registers); their
+    values after the loop. The builder continues after it."""
     import llvmlite.ir as ir
 
     i64 = ir.IntType(64)
     st = ir.Constant(i64, step) if isinstance(step, int) else step
-    pre = b.block
-    head, inner, after = (b.function.append_basic_block() for _ in range(3))
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(i64)
-    i.add_incoming(start, pre)
-    go = b.icmp_signed("<=", b.add(i, st), end) if whole else b.icmp_signed("<", i, end)
-    b.cbranch(go, inner, after)
-    b.position_at_end(inner)
-    body(i)
-    i.add_incoming(b.add(i, st), b.block)
-    b.branch(head)
-    b.position_at_end(after)
-
-
-def carried_loop(b: Any, start: Any, end: Any, step: int, vals: list[Any],
-                 body: Any) -> list[Any]:  # fmt: skip
-    """``for i in range(start, end, step): vals = body(i, vals)`` at IR builder ``b``, i64
-    indices: ``vals`` carried as phis (accumulators stay in registers); their values after
-    the loop. The builder continues after it."""
-    import llvmlite.ir as ir
-
-    i64 = ir.IntType(64)
     pre = b.block
     head, inner, after = (b.function.append_basic_block() for _ in range(3))
     b.branch(head)
@@ -169,12 +155,13 @@ def carried_loop(b: Any, start: Any, end: Any, step: int, vals: list[Any],
         p = b.phi(v.type)
         p.add_incoming(v, pre)
         phis.append(p)
-    b.cbranch(b.icmp_signed("<", i, end), inner, after)
+    go = b.icmp_signed("<=", b.add(i, st), end) if whole else b.icmp_signed("<", i, end)
+    b.cbranch(go, inner, after)
     b.position_at_end(inner)
     got = body(i, phis)
     for p, v in zip(phis, got):
         p.add_incoming(v, b.block)
-    i.add_incoming(b.add(i, ir.Constant(i64, step)), b.block)
+    i.add_incoming(b.add(i, st), b.block)
     b.branch(head)
     b.position_at_end(after)
     return phis

@@ -22,15 +22,23 @@ from typing import Any
 
 from ...concurrency import compiled_gate, numba_target
 from ...concurrency.env_switch import switched_off
+from ...concurrency.llvm_jit import compile_ir_cached
 from ...concurrency.once import Once
 from .gemm_packed import ENV_PACKED_GEMM, IR_HELPERS
 from .pool_ir import register_lanes
 
-__all__ = ["BASE_SOURCES", "FloatVectors", "WrappedKernels"]
+__all__ = ["BASE_SOURCES", "FloatVectors", "WrappedKernels", "build_module"]
 
 #: What a ``FloatVectors`` module's IR is written with besides its own file (the sources
 #: of its machine-code cache key, ``compile_ir_cached``)
 BASE_SOURCES = (__file__, *IR_HELPERS)
+
+
+def build_module(make_text: Any, key: str, source: str) -> Any:
+    """``compile_ir_cached`` of a ``FloatVectors`` module's text (``make_text()``) written
+    by the file ``source``: the engine (its machine code cached, the key hashing
+    ``source`` and ``BASE_SOURCES``). Raises what llvmlite raises."""
+    return compile_ir_cached(make_text, key, (source, *BASE_SOURCES), opt=3)[0]
 
 
 class FloatVectors:
@@ -94,14 +102,23 @@ class WrappedKernels:
                 self._wrapped = tuple(wrapped)
             return self._wrapped
 
+    def first(self) -> Any:
+        """The first wrapper (a module of one kernel's ``kernel()``), None where off."""
+        got = self.get()
+        return None if got is None else got[0]
+
     def describe(self) -> str:
         """How the kernels were decided ("" before they were)."""
         got = self._decided.peek()
         return got[0] if got else ""
 
+    def module_getattr(self, module: str) -> Any:
+        """Module ``module``'s ``__getattr__``: ``attribute`` for that module."""
+        return lambda name: self.attribute(name, module)
+
     def attribute(self, name: str, module: str) -> Any:
-        """Module ``module``'s ``__getattr__``: the wrapper called ``name`` (building the
-        kernels), for the generated modules' ``from module import name``."""
+        """The wrapper called ``name`` (building the kernels), for the generated modules'
+        ``from module import name``; else module ``module`` has no such attribute."""
         if name in self._wrappers:
             got = self.get()
             if got is not None:

@@ -32,10 +32,9 @@ from typing import Any
 
 from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
-from ...concurrency.llvm_jit import compile_ir_cached
 from ...concurrency.once import Once
 from .gemm_packed import ENV_PACKED_GEMM, carried_loop, splat, wide_vectors
-from .ir_kernels import BASE_SOURCES, FloatVectors
+from .ir_kernels import FloatVectors, build_module
 from .pool_ir import host_lanes, lanes, register_lanes
 
 __all__ = ["CLASSES", "FEATURES", "MAX_CLASSES", "ROWS", "SYMBOL", "build", "describe",
@@ -57,8 +56,7 @@ def build(n: int) -> Any:
     """The engine holding the kernel for vectors of ``n`` rows (one of ``host_lanes()``):
     for tests and benchmarks of a width apart from the process's. Raises what llvmlite
     raises."""
-    sources = (__file__, *BASE_SOURCES)
-    return compile_ir_cached(lambda: _RowsIR(n).text(), f"linear_rows_ir|{n}", sources, opt=3)[0]
+    return build_module(lambda: _RowsIR(n).text(), f"linear_rows_ir|{n}", __file__)
 
 
 class _RowsIR(FloatVectors):

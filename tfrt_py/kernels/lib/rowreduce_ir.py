@@ -28,9 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ...concurrency.llvm_jit import compile_ir_cached
 from .gemm_packed import carried_loop, splat, wide_vectors
-from .ir_kernels import BASE_SOURCES, FloatVectors, WrappedKernels
+from .ir_kernels import FloatVectors, WrappedKernels, build_module
 from .pool_ir import host_lanes, lanes
 
 __all__ = ["ACCUMULATORS", "SYMBOL_MAX", "SYMBOL_SUM", "build", "describe", "host_lanes",
@@ -46,8 +45,7 @@ def build(n: int) -> Any:
     """The engine holding both kernels for vectors of ``n`` floats (one of
     ``host_lanes()``): for tests and benchmarks of a width apart from the process's.
     Raises what llvmlite raises."""
-    sources = (__file__, *BASE_SOURCES)
-    return compile_ir_cached(lambda: _RowReduceIR(n).text(), f"rowreduce_ir|{n}", sources, opt=3)[0]
+    return build_module(lambda: _RowReduceIR(n).text(), f"rowreduce_ir|{n}", __file__)
 
 
 class _RowReduceIR(FloatVectors):
@@ -149,14 +147,10 @@ def kernels() -> tuple[Any, ...] | None:
     return _KERNELS.get()
 
 
-def describe() -> str:
-    """How the kernels were decided ("" before they were)."""
-    return _KERNELS.describe()
-
-
-def __getattr__(name: str) -> Any:
-    """``rowmax_f4`` / ``rowsum_f4``: ``kernels()``'s, for ``from ...rowreduce_ir import``."""
-    return _KERNELS.attribute(name, __name__)
+#: ``describe()``: how the kernels were decided ("" before they were); ``from ... import
+#: rowmax_f4, rowsum_f4`` (the generated modules' form) builds them
+describe = _KERNELS.describe
+__getattr__ = _KERNELS.module_getattr(__name__)
 
 
 def _rowmax_f4(x, xo, n):  # pragma: no cover - compiled

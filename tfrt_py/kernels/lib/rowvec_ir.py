@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ...concurrency.llvm_jit import compile_ir_cached
 from .gemm_packed import carried_loop, splat, wide_vectors
-from .ir_kernels import BASE_SOURCES, FloatVectors, WrappedKernels
+from .ir_kernels import FloatVectors, WrappedKernels, build_module
 from .pool_ir import host_lanes, lanes
 
 __all__ = ["SYMBOL", "VECTORS", "build", "describe", "host_lanes", "kernel", "lanes"]
@@ -48,8 +47,7 @@ def build(n: int) -> Any:
     """The engine holding the kernel for vectors of ``n`` floats (one of ``host_lanes()``):
     for tests and benchmarks of a width apart from the process's. Raises what llvmlite
     raises."""
-    sources = (__file__, *BASE_SOURCES)
-    return compile_ir_cached(lambda: _RowVecIR(n).text(), f"rowvec_ir|{n}", sources, opt=3)[0]
+    return build_module(lambda: _RowVecIR(n).text(), f"rowvec_ir|{n}", __file__)
 
 
 class _RowVecIR(FloatVectors):
@@ -202,20 +200,12 @@ _KERNELS = WrappedKernels(build, _signatures, "float32", globals(),
 _ext: Any = None  # the ExternalFunction the wrapper calls (set before it compiles)
 
 
-def kernel() -> Any:
-    """The numba wrapper ``rowvec_f4`` (module docstring), None where the kernel is off."""
-    got = _KERNELS.get()
-    return None if got is None else got[0]
-
-
-def describe() -> str:
-    """How the kernel was decided ("" before it was)."""
-    return _KERNELS.describe()
-
-
-def __getattr__(name: str) -> Any:
-    """``rowvec_f4``: ``kernel()``, for ``from ...rowvec_ir import rowvec_f4``."""
-    return _KERNELS.attribute(name, __name__)
+#: ``kernel()``: the numba wrapper ``rowvec_f4`` (module docstring), None where the kernel
+#: is off; ``describe()``: how it was decided ("" before it was); ``from ... import
+#: rowvec_f4`` (the generated modules' form) builds it
+kernel = _KERNELS.first
+describe = _KERNELS.describe
+__getattr__ = _KERNELS.module_getattr(__name__)
 
 
 def _rowvec_f4(a, ao, b, bo, y, yo, m, k, n):  # pragma: no cover - compiled

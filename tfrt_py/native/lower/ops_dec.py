@@ -98,6 +98,14 @@ def _matmul_transb(cx: Any, node: Node) -> list[str]:
     return [f"for {bq} in range({literal(math.prod(batch))}):", *["    " + ln for ln in body]]
 
 
+def _group(b: Ref, total: int) -> int:
+    """The query heads that read each matrix of ``b`` (a stack of ``total`` matrices): its
+    ``Ref.rep`` where ``b`` is a cache in place read by groups of heads that divide the
+    stack, else 1 (each matrix its own)."""
+    rep = b.rep if b.mat else 1
+    return rep if rep > 1 and total % rep == 0 else 1
+
+
 #: The import line of a module whose code calls ``dotrows_f4`` (importing it builds it).
 DOTROWS_IMPORT = "from tfrt_py.kernels.lib.dotrows_ir import dotrows_f4"
 
@@ -111,8 +119,8 @@ def _grouped_scores(cx: Any, aby: tuple[Ref, Ref, Ref], mkn: tuple[int, int, int
     the rows are float64 or too long for the kernel, or it does not run here."""
     a, b, y = aby
     m, k, n = mkn
-    rep = b.rep if b.mat else 1
-    if rep <= 1 or total % rep or str(y.dtype) != "float32":
+    rep = _group(b, total)
+    if rep <= 1 or str(y.dtype) != "float32":
         return None
     from ...kernels.lib import dotrows_ir
 
@@ -222,8 +230,8 @@ def grouped_rows_times_cache(cx: Any, a: Ref, b: Ref, y: Ref, mkn: tuple[int, in
     ``Ref.rep``): the rows of a group's ``rep`` matrices as one ``rows_times_cache`` call
     against their one matrix of values, which it then reads once for all of them; None
     where the stack is not such a cache or that does not apply."""
-    rep = b.rep if b.mat else 1
-    if rep <= 1 or total % rep:
+    rep = _group(b, total)
+    if rep <= 1:
         return None
     m, k, n = mkn
     sub_a = Ref(a.buf, f"{a.off} + {bq} * {literal(rep * m * k)}", (rep * m, k), a.dtype, a.root)
