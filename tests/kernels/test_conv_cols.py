@@ -155,11 +155,24 @@ CASES = [
     ((1, 16, 20, 20), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
     ((2, 8, 17, 23), (20, 8, 5, 3), {"pads": [2, 0, 1, 2], "dilations": [2, 1]}, conv_cols.GRID),
     ((1, 12, 9, 9), (40, 12, 1, 1), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
+    # pads wider than the kernel's reach: rows' gap widened to keep each output row whole
+    ((1, 16, 9, 9), (24, 16, 3, 3), {"pads": [3, 3, 3, 3]}, conv_cols.GRID),
+    ((1, 16, 12, 11), (24, 16, 3, 3), {"pads": [0, 3, 2, 0]}, conv_cols.GRID),
     # a 7x7 plane: fewer filters than pixels (blocks of rows), then more (ResNet-18's last
     # stage: blocks of filters where there are threads), stride 1 and stride 2
     ((1, 64, 7, 7), (40, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
     ((1, 64, 7, 7), (200, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv_cols.GRID),
+    # strided, 16 channels or more: GRID over the input's phases into 28-wide rows, or
+    # with no grid to crop (1x1/2: one phase); narrow rows, dilated: IM2COL
+    ((1, 16, 57, 56), (24, 16, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, conv_cols.GRID),
+    ((1, 32, 14, 14), (40, 32, 1, 1), {"strides": [2, 2]}, conv_cols.GRID),
     ((2, 24, 10, 10), (130, 24, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, conv_cols.IM2COL),
+    (
+        (1, 16, 16, 16),
+        (24, 16, 3, 3),
+        {"strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [2, 2]},
+        conv_cols.IM2COL,
+    ),
     # 1x1 stride-1 unpadded: the input itself (DIRECT), two images, a partial panel
     # (13x13), more filters than pixels (blocks of filters), long planes
     ((2, 24, 14, 14), (48, 24, 1, 1), {}, conv_cols.DIRECT),
@@ -167,8 +180,31 @@ CASES = [
     ((1, 64, 5, 5), (100, 64, 1, 1), {}, conv_cols.DIRECT),
     ((1, 8, 41, 40), (16, 8, 1, 1), {}, conv_cols.DIRECT),
     ((1, 8, 29, 30), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, conv_cols.IM2COL),
+    # 3-channel stems and narrow outputs stay on IM2COL
     ((1, 3, 40, 40), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, conv_cols.IM2COL),
+    ((1, 24, 20, 20), (32, 24, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, conv_cols.IM2COL),
 ]
+
+
+@pytest.mark.parametrize(
+    ("side", "k", "pads", "pw", "shift"),
+    [(56, 3, (1, 1), 57, 0), (28, 5, (2, 2), 30, 0), (20, 3, (0, 2), 22, 2), (9, 1, (1, 1), 11, 1)],
+)  # fmt: skip
+def test_grid_rows_share_their_padding(
+    side: int, k: int, pads: tuple[int, int], pw: int, shift: int
+) -> None:
+    """GRID's padded rows are W + max(left, right) wide (a row's right pad is the next
+    row's left; wider where pads outreach the kernel, so an output row stays inside its
+    grid row): a 56-wide 3x3 "same" conv computes 57 columns a row, not 58. Tap (0, 0)
+    reads at the gap less the left pad."""
+    _need_kernel()
+    pl, pr = pads
+    ow = side + pl + pr - (k - 1)
+    cp = conv_cols.plan((1, 8, side, side), 16, (k, k), (1, 16, side, ow), (1, 1), (1, pl),
+                        (1, 1), 0, np.zeros(8, np.float32), 1)  # fmt: skip
+    assert cp is not None and cp.mode == conv_cols.GRID
+    assert int(cp.pads[2]) == pw and int(cp.toff[0]) == shift
+    assert int(cp.toff[-1]) == (k - 1) * pw + (k - 1) + shift
 
 
 @pytest.mark.parametrize(("x_shape", "w_shape", "attrs", "mode"), CASES)
@@ -185,6 +221,32 @@ def test_each_form_matches_onnxruntime_on_the_cols_route(
     w = (_RNG.standard_normal(w_shape) * 0.2).astype(np.float32)
     check_against_onnxruntime(x, w, attrs, act, residual, _RNG)
     assert plans and plans[-1].route == "cols" and plans[-1].cols.mode == mode
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs"),
+    [((2, 24, 10, 10), (130, 24, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+     ((1, 16, 17, 19), (24, 16, 3, 3), {"strides": [2, 2], "pads": [0, 1, 2, 0]}),
+     ((1, 16, 15, 14), (20, 16, 5, 3), {"strides": [3, 2], "pads": [2, 1, 2, 1]}),
+     ((1, 16, 23, 23), (24, 16, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+     ((1, 3, 40, 40), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+     ((1, 16, 9, 12), (8, 16, 2, 2), {"strides": [2, 2]})],
+)  # fmt: skip
+def test_any_strided_geometry_over_phases_matches_onnxruntime(
+    monkeypatch: pytest.MonkeyPatch, x_shape: Any, w_shape: Any, attrs: dict[str, Any]
+) -> None:
+    """The phase form on every strided shape it can take (its size gates lowered): odd
+    planes, asymmetric pads, unequal strides, a 7x7/2 stem of 3 channels, 2x2/2 (no grid
+    to crop), with a residual and ReLU."""
+    _need_kernel()
+    monkeypatch.setattr(conv_cols, "PHASE_MIN_CHANNELS", 1)
+    monkeypatch.setattr(conv_cols, "PHASE_MIN_WIDTH", 1)
+    plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
+    x = _RNG.standard_normal(x_shape).astype(np.float32)
+    w = (_RNG.standard_normal(w_shape) * 0.2).astype(np.float32)
+    check_against_onnxruntime(x, w, attrs, "Relu", True, _RNG)
+    assert plans and plans[-1].route == "cols" and plans[-1].cols.mode == conv_cols.GRID
+    assert tuple(plans[-1].cols.pads[4:]) != (1, 1)
 
 
 @pytest.mark.parametrize("act", ["Relu", "Clip", "Identity"])
@@ -273,16 +335,16 @@ def test_few_pixels_split_by_filters_on_native_threads(monkeypatch: pytest.Monke
             assert (cp.blocks[:, 2] == 7).all() and cp.blocks[0, 4] == cp.blocks[1, 3]
 
 
-@pytest.mark.parametrize(("side", "cols"), [(7, True), (13, False), (14, True)])
+@pytest.mark.parametrize(("side", "cols"), [(7, True), (11, False), (13, True), (14, True)])
 def test_few_pixel_convs_take_cols_where_its_columns_pay(
     monkeypatch: pytest.MonkeyPatch, side: int, cols: bool
 ) -> None:
     """More filters than pixels: conv_cols where the columns its kernel computes (extended
     rows, partial panels) cost less than the pixels at BLAS's share of its speed
-    (``conv_blocked._cols_pays``): with 32-column panels (AVX-512) 7x7 (64 columns for
-    49 pixels) and 14x14 (224 for 196) take it, 13x13 (224 for 169) stays on BLAS; with
-    16-column panels 13x13 computes 208 and takes it too. The values match
-    onnxruntime."""
+    (``conv_blocked._cols_pays``; rows share their padding, ``conv_cols._shared_gap``):
+    with 32-column panels (AVX-512) 7x7 (64 columns for 49 pixels), 13x13 (192 for 169)
+    and 14x14 (224 for 196) take it, 11x11 (160 for 121) stays on BLAS; with 16-column
+    panels 11x11 computes 144 and takes it too. The values match onnxruntime."""
     _need_kernel()
     if gemm_cols.panel_width() == 16:
         cols = True

@@ -237,8 +237,9 @@ def _cols_pays(cp: conv_cols.ColsPlan, oh: int, ow: int) -> bool:
     """Whether conv_cols' plan ``cp`` beats BLAS on a conv with more filters than pixels:
     the columns its kernel computes (extended rows and partial panels included) against
     the pixels at BLAS's share of its speed. 512x7x7 3x3: 64 columns against 49 / 0.6
-    (cols: 25% faster, measured); 13x13: 224 against 169 / 0.8 (BLAS: 6-15% faster);
-    256x14x14: 224 against 196 / 0.8 (cols: 13-15% faster)."""
+    (cols: 25% faster, measured); 13x13: 224 against 169 / 0.8 (BLAS: 6-15% faster)
+    before rows shared their padding, 192 since (cols: 11-20% faster, one Zen 5 thread
+    and two); 256x14x14: 224 against 196 / 0.8 (cols: 13-15% faster)."""
     pixels = oh * ow
     share = _BLAS_SHARE_FEW if pixels < _FEW else _BLAS_SHARE
     return conv_cols.computed_columns(cp, oh, ow) * share <= pixels

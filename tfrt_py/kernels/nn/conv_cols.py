@@ -8,9 +8,11 @@ OpenBLAS packs the weights again on every call, and the epilogue is another pass
 block's columns come in one of these forms (``plan`` picks it per input shape):
 
 * GRID (stride 1, any kernel, dilation and pads): no im2col at all. Each block copies the
-  rows of the image it reads, zero-padded, into its own planes (``_pad_rows``, on its
-  thread) of rows ``pw`` = OW + (KW-1)*DW wide; on that extended grid, tap (i, j)'s
-  column for output t is the padded plane at t + i*DH*pw + j*DW, so the kernel reads
+  rows of the image it reads, zero-padded, into its own planes (``_phase_rows``, on its
+  thread) of rows ``pw`` = W + max(left, right pad) wide (each row's zeros before it,
+  which are the row before's right pad too: ``_shared_gap``); on that extended grid, tap
+  (i, j)'s column for output t is the padded plane at t + i*DH*pw + j*DW (+ the gap
+  less the left pad), so the kernel reads
   every tap's rows in place at an offset (``toff``), K = C a tap, with the filters
   ordered taps-first (``taps_first``, made once at load). The extended
   output (pw - OW wasted columns a row) goes to a scratch and each channel's rows are
@@ -24,8 +26,15 @@ block's columns come in one of these forms (``plan`` picks it per input shape):
   5.63 -> 5.40; MobileNetV2's 96x56x56 -> 24 on one thread 148 -> 81 µs. (On a 2-core
   Xeon in 2026-11 the 6 x 16 tile of that time had lost to BLAS on MobileNet's
   projections.)
-* IM2COL (strided convs): im2col of ``sub`` output rows at a time into a cache-sized
-  scratch (``BLOCK_BYTES``), then the kernel with the epilogue fused.
+* GRID over phases (strided, undilated convs of 16 channels or more into rows 28 wide or
+  more, or whose grid needs no crop: ``_phases_pay``): the block's padded rows
+  split into the input's phases (``_phase_rows``: phase (a, b) holds rows a, a + SH, ...
+  and columns b, b + SW, ...), so every tap reads one phase at a unit-stride offset and
+  the kernel runs as at stride 1 with K = C a tap; the input copied once where im2col
+  copies it KH*KW / (SH*SW) times. A grid as wide as the output (1x1/2, 2x2/2) is stored
+  in place with the kernel's epilogue, not cropped.
+* IM2COL (the other strided convs): im2col of ``sub`` output rows at a time into a
+  cache-sized scratch (``BLOCK_BYTES``), then the kernel with the epilogue fused.
 
 Each thread takes a block of output rows (``COLS_PAR``: a ``prange`` over them; one thread:
 ``COLS_ONE`` on the caller) and walks it ``sub`` rows at a time; an output with fewer
@@ -68,6 +77,16 @@ BLOCK_BYTES = 512 * 1024
 #: leave the kernel on its masked partial panel.
 MIN_BLOCK_PIXELS = 64
 
+#: Strided convs with at least this many input channels (the kernel's K a tap) take GRID
+#: over the input's phases (``_phases``) instead of IM2COL where its grid needs no crop
+#: (1x1/2, 2x2/2) or the output rows are at least ``PHASE_MIN_WIDTH`` wide. In-process
+#: A/B on Zen 5 (2026-12-04), the conv alone at one thread / in ResNet-18 at two:
+#: 64x56x56 -> 128 3x3/2 -7% / -6%, 1x1/2 -39% alone; 128x28x28 -> 256 3x3/2 (14-wide rows,
+#: a 15-wide grid to crop) +0% / +6%, a 3-channel 7x7/2 stem -3% / +13%, a 3-channel
+#: 3x3/2 stem +20% alone (nine taps of K = 3): those stay on IM2COL.
+PHASE_MIN_CHANNELS = 16
+PHASE_MIN_WIDTH = 28
+
 #: numba (set by ``Jitted(parallel=True)``) and the kernel (``gemm_cols.register``)
 numba: Any = None
 _sgemm_cols: Any = None
@@ -89,10 +108,11 @@ def _block(  # pragma: no cover - numba only
     time, into ``y3`` (N, M, OH*OW). IM2COL: im2col into ``cols``, the kernel with
     ``flags``' epilogue, then the activation ``act`` (0: none or fused) over the
     sub-block's rows. GRID: the block's padded rows of image ``i`` are written into its
-    own ``xb`` (C, L) first (``_pad_rows``); the kernel reads them in place, K = C an
-    offset ``toff[t]`` a tap, on the extended grid (rows ``pads[2]`` wide) into ``cols``
-    ((m1 - m0) x rows*pw); each channel's rows are then cropped to OW into ``y3`` and
-    finished there (bias, residual, activation ``act``). DIRECT: the kernel reads image
+    own ``xb`` (C, L; strided: its phases) first (``_phase_rows``); the kernel reads them
+    in place, K = C an offset ``toff[t]`` a tap, on the extended grid (rows ``pads[2]``
+    wide) into ``cols`` ((m1 - m0) x rows*pw); each channel's rows are then cropped to OW
+    into ``y3`` and finished there (bias, residual, activation ``act``) -- or, where the
+    grid is as wide as the output, stored there as IM2COL's. DIRECT: the kernel reads image
     ``i``'s planes in place (K = C, ``ldc`` the plane), the epilogue as IM2COL's."""
     m = w2.shape[0]
     mb = m1 - m0
@@ -107,13 +127,14 @@ def _block(  # pragma: no cover - numba only
     ba = b.ctypes.data + np.uint64(m0 if b.shape[0] > m0 else 0) * four
     pw = pads[2]
     if mode == GRID:
-        _pad_rows(x, xb, i, r0, r1 + pads[3], pads[0], pads[1], pw)
+        _phase_rows(x, xb, i, r0, r1 + pads[3], pads[0], pads[1], pw, geo[2], geo[3], pads[4],
+                    pads[5])  # fmt: skip
     for s0 in range(r0, r1, sub):
         s1 = min(r1, s0 + sub)
         p0, npx = s0 * ow, (s1 - s0) * ow
         at = np.uint64((i * m + m0) * o + p0) * four
         dst = y3.ctypes.data + at
-        if mode == GRID:
+        if mode == GRID and pw > ow:
             n_ext = (s1 - s0) * pw
             src = xb.ctypes.data + np.uint64((s0 - r0) * pw) * four
             out = cols.ctypes.data
@@ -129,6 +150,10 @@ def _block(  # pragma: no cover - numba only
             src = x.ctypes.data + np.uint64(i * c_in * o + p0) * four
             _sgemm_cols(wa, k, src, o, 1, toff.ctypes.data, dst, o, mb, k, npx, ba, rp, o,
                         lohi.ctypes.data, flags, nr)  # fmt: skip
+        elif mode == GRID:  # a grid as wide as the output (a 1x1/2 conv): stored in place
+            src = xb.ctypes.data + np.uint64((s0 - r0) * pw) * four
+            _sgemm_cols(wa, w2.shape[1], src, xb.shape[1], toff.shape[0], toff.ctypes.data,
+                        dst, o, mb, c_in, npx, ba, rp, o, lohi.ctypes.data, flags, nr)  # fmt: skip
         else:
             im2col_rows(x, i, cols[: k * npx].reshape((k, npx)), geo, 0, c_in, s0, s1)
             _sgemm_cols(wa, k, cols.ctypes.data, npx, toff.shape[0],
@@ -179,42 +204,65 @@ def _crop_grid(  # pragma: no cover - numba only
 
 
 @inline
-def _pad_rows(  # pragma: no cover - numba only
-    x: Any, xb: Any, i: int, q0: int, q1: int, pt: int, pl: int, pw: int
+def _phase_rows(  # pragma: no cover - numba only
+    x: Any,
+    xb: Any,
+    i: int,
+    q0: int,
+    q1: int,
+    pt: int,
+    pl: int,
+    pw: int,
+    sh: int,
+    sw: int,
+    na: int,
+    nb: int,
 ) -> None:
-    """Rows ``[q0, q1)`` of image ``i``'s zero-padded planes (rows ``pw`` wide, ``pt`` rows
-    above and ``pl`` columns left of the image) into ``xb`` (C, L) from its row 0; the
-    rest of each plane (what the last row's last taps read past it) zeroed. Each element
-    written once: the margins as zeros, the image's values copied. Flat unsigned indices
-    (views a row left the copies scalar: 64x56x56 131 -> 48 µs, one Zen 5 thread)."""
+    """GRID's planes: rows ``[q0, q1)`` of image ``i``'s zero-padded input split into the
+    ``na * nb`` phases its taps read (a < na <= sh, b < nb <= sw; one at stride 1), into
+    ``xb`` (na*nb*C, L) from its row 0: phase ``(a, b)``'s channel c is plane ``(a*nb +
+    b)*C + c``, its row q column u the padded input's row ``q*sh + a``, column ``u*sw +
+    b`` (``pt`` rows above, ``pl`` columns left of the image -- at stride 1 the rows' shared
+    gap, ``_shared_gap`` -- rows ``pw`` wide). A tap then reads one phase at a unit-stride
+    offset. The rest of each plane zeroed. Each element written once; flat unsigned
+    indices (views a row left the copies scalar: 64x56x56 131 -> 48 µs, one Zen 5
+    thread)."""
     _, c_, h_, w_ = x.shape
     u = np.uint64
     plane_len = xb.shape[1]
     xf, bf = x.reshape(-1), xb.reshape(-1)
     zero = xb.dtype.type(0)
-    pr = pw - pl - w_  # columns right of the image
-    for c in range(c_):
-        base = u(c * plane_len)
-        src0 = u((i * c_ + c) * h_ * w_)
-        d = base
-        for q in range(q0, q1):
-            r = q - pt
-            if r < 0 or r >= h_:
-                for t in range(pw):
-                    bf[d + u(t)] = zero
-            else:
-                src = src0 + u(r * w_)
-                for t in range(pl):
-                    bf[d + u(t)] = zero
-                dd = d + u(pl)
-                for t in range(w_):
-                    bf[dd + u(t)] = xf[src + u(t)]
-                dd += u(w_)
-                for t in range(pr):
-                    bf[dd + u(t)] = zero
-            d += u(pw)
-        for t in range(d, base + u(plane_len)):
-            bf[t] = zero
+    for a in range(na):
+        for bb in range(nb):
+            # the phase's columns that fall inside the image: [u0, u1)
+            u0 = min(pw, max(0, (pl - bb + sw - 1) // sw))
+            u1 = max(u0, min(pw, (w_ - 1 + pl - bb) // sw + 1))
+            c0 = u0 * sw + bb - pl  # the image column of u0
+            for c in range(c_):
+                base = u(((a * nb + bb) * c_ + c) * plane_len)
+                src0 = u((i * c_ + c) * h_ * w_)
+                d = base
+                for q in range(q0, q1):
+                    r = q * sh + a - pt
+                    if r < 0 or r >= h_:
+                        for t in range(pw):
+                            bf[d + u(t)] = zero
+                    else:
+                        src = src0 + u(r * w_ + c0)
+                        for t in range(u0):
+                            bf[d + u(t)] = zero
+                        dd = d + u(u0)
+                        if sw == 1:  # a contiguous copy (stride 1): it vectorizes
+                            for t in range(u1 - u0):
+                                bf[dd + u(t)] = xf[src + u(t)]
+                        else:
+                            for t in range(u1 - u0):
+                                bf[dd + u(t)] = xf[src + u(t * sw)]
+                        for t in range(u1, pw):
+                            bf[d + u(t)] = zero
+                    d += u(pw)
+                for t in range(d, base + u(plane_len)):
+                    bf[t] = zero
 
 
 def _cols_par(  # pragma: no cover - numba only
@@ -253,14 +301,15 @@ def _warm(fn: Any) -> None:
     for mode in (IM2COL, GRID):  # weights and bias read-only, as a model's (taps_first)
         fn(x, np.zeros((2, 1, 20), f), w2, y3, frozen(np.zeros(2, f)), np.zeros((0, 0, 0), f), geo,
            blocks, np.zeros((2, 18), f), 0, np.zeros(35, f), np.zeros(2, f), 0,
-           gemm_cols.panel_width(), mode, 1, toff, np.array([1, 1, 4, 2], np.int64))  # fmt: skip
+           gemm_cols.panel_width(), mode, 1, toff, np.array([1, 1, 4, 2, 1, 1], np.int64),
+           )  # fmt: skip
 
 
 def _prepare(module_globals: dict[str, Any]) -> bool:
     return gemm_cols.register(module_globals)
 
 
-_HELPERS = (im2col_rows, _act_row, _block, _crop_grid, _pad_rows)
+_HELPERS = (im2col_rows, _act_row, _block, _crop_grid, _phase_rows)
 COLS_PAR = Jitted(_cols_par, _warm, helpers=_HELPERS, fastmath=CONTRACT, parallel=True,
                   prepare=_prepare)  # fmt: skip
 COLS_ONE = Jitted(_cols_one, _warm, helpers=_HELPERS, fastmath=CONTRACT, prepare=_prepare)
@@ -284,8 +333,9 @@ class ColsPlan(NamedTuple):
     zeros: np.ndarray  # M zeros: the bias pointer when there is none
     nr: int
     toff: np.ndarray  # GRID: each tap's offset into a padded plane (int64); else [0]
-    pads: np.ndarray  # GRID: (rows above, columns left, row width, rows a block reads
-    # below its last output row); else zeros
+    pads: np.ndarray  # GRID: (rows above, columns left (stride 1: the rows' gap), row
+    # width, rows a block reads below its last output row, phases down, phases across --
+    # 1, 1 at stride 1); else zeros
     xpad_shape: tuple[int, ...]  # GRID: (blocks, C, a block's padded rows); else (0, 0, 0)
 
 
@@ -308,7 +358,7 @@ def plan(
     oh, ow = out_shape[2], out_shape[3]
     taps = kh * kw
     stride1 = tuple(strides) == (1, 1)
-    toff, pads, xpad_shape = np.zeros(1, np.int64), np.zeros(4, np.int64), (0, 0, 0)
+    toff, pads, xpad_shape = np.zeros(1, np.int64), np.zeros(6, np.int64), (0, 0, 0)
     direct = stride1 and taps == 1 and not any(pads_begin) and (oh, ow) == (h, w)
     blocks = _blocks(n, m, oh, ow, threads)
     parallel = threads > 1 and len(blocks) > 1
@@ -317,20 +367,29 @@ def plan(
     elif stride1:
         mode, k = GRID, c
         dh, dw = dilations
-        pw = ow + (kw - 1) * dw  # the padded row: pads left and right included
+        gap, pw = _shared_gap(w, ow, kw * dw - dw, pads_begin[1])
         halo = (kh - 1) * dh  # the padded rows below a block's last output row it reads
         rows = int((blocks[:, 2] - blocks[:, 1]).max()) + halo
-        plane = rows * pw + (kw - 1) * dw  # what the last row's last taps read past it
-        toff = np.array([i * dh * pw + j * dw for i in range(kh) for j in range(kw)], np.int64)
-        pads = np.array([pads_begin[0], pads_begin[1], pw, halo], np.int64)
+        plane = rows * pw + (kw - 1) * dw + gap  # what the last row's last taps read past it
+        shift = gap - pads_begin[1]
+        toff = np.array([i * dh * pw + j * dw + shift for i in range(kh) for j in range(kw)],
+                        np.int64)  # fmt: skip
+        pads = np.array([pads_begin[0], gap, pw, halo, 1, 1], np.int64)
         xpad_shape = (len(blocks) if parallel else 1, c, plane)
+    elif tuple(dilations) == (1, 1) and _phases_pay(c, kw, strides[1], ow):
+        mode, k = GRID, c
+        toff, pads, xpad_shape = _phases(c, kernel, ow, strides, pads_begin, dilations, blocks,
+                                         parallel)  # fmt: skip
     else:
         mode, k = IM2COL, c * taps
     want = max(MIN_BLOCK_PIXELS, BLOCK_BYTES // (4 * k))
     width = int(pads[2]) if mode == GRID else ow
     sub = oh if mode == DIRECT else max(1, min(oh, -(-want // width)))
-    scratch_floats = m * sub * width if mode == GRID else 0 if mode == DIRECT else k * sub * ow
-    flag = _FUSED.get(act) if mode != GRID else None
+    extended = mode == GRID and width > ow  # an extended output to crop
+    scratch_floats = m * sub * width if extended else 0 if mode != IM2COL else k * sub * ow
+    # GRID's extended output is cropped, its epilogue applied on the way; as wide as the
+    # output, it is stored in place with the kernel's epilogue, as the other forms
+    flag = None if extended else _FUSED.get(act)
     lohi = np.array([params[0], params[1]], np.float32)
     return ColsPlan(fn, parallel, mode, blocks, sub, scratch_floats,
                     act if flag is None else 0, flag or 0, lohi, np.zeros(m, np.float32),
@@ -357,6 +416,50 @@ def run(
         res3 = _EMPTY3
     cp.fn(x, xpad, w2, y3, b, res3, geo, cp.blocks, cols, cp.act, params, cp.lohi, flags,
           cp.nr, cp.mode, cp.sub, cp.toff, cp.pads)  # fmt: skip
+
+
+def _phases_pay(c: int, kw: int, sw: int, ow: int) -> bool:
+    """Whether a strided conv of ``c`` channels, ``kw`` wide at column stride ``sw`` into
+    rows ``ow`` wide takes GRID's phases (``PHASE_MIN_CHANNELS``, ``PHASE_MIN_WIDTH``)."""
+    return c >= PHASE_MIN_CHANNELS and (kw <= sw or ow >= PHASE_MIN_WIDTH)
+
+
+def _phases(
+    c: int, kernel: tuple[int, int], ow: int, strides: tuple[int, ...], pads_begin: tuple[int, ...],
+    dilations: tuple[int, ...], blocks: np.ndarray, parallel: bool,
+) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:  # fmt: skip
+    """A strided undilated conv's GRID geometry: (tap offsets, pads, xpad shape). The
+    padded input in phases (``_phase_rows``; the ``min(SH, KH) * min(SW, KW)`` its taps
+    read), each ``pw`` = OW + (KW-1) // SW columns wide: tap (i, j) reads phase ``(i % SH,
+    j % SW)`` at row ``i // SH`` and column ``j // SW`` of the output's position, so output
+    t of the extended grid is that phase's plane at t plus an offset, as at stride 1, and
+    K = C a tap. The input is copied once (im2col: KH*KW / (SH*SW) times its size)."""
+    kh, kw = kernel
+    sh, sw = strides
+    na, nb = min(sh, kh), min(sw, kw)  # the phases the taps read (a 1x1/2 conv: one)
+    pw = ow + (kw - 1) // sw
+    halo = (kh - 1) // sh
+    rows = int((blocks[:, 2] - blocks[:, 1]).max()) + halo
+    plane = rows * pw + pw  # a row of slack: what a partial panel's masked lanes skip
+    toff = np.array([
+        (((i % sh) * nb + j % sw) * c) * plane + (i // sh) * pw + j // sw
+        for i in range(kh) for j in range(kw)
+    ], np.int64)  # fmt: skip
+    pads = np.array([pads_begin[0], pads_begin[1], pw, halo, na, nb], np.int64)
+    return toff, pads, (len(blocks) if parallel else 1, na * nb * c, plane)
+
+
+def _shared_gap(w: int, ow: int, span: int, pl: int) -> tuple[int, int]:
+    """GRID's padded row: (the zeros before each image row, the row's width ``pw``). Rows
+    share their padding: a row's right pad is the next row's left, so ``gap = max(left,
+    right)`` zeros a row instead of ``left + right`` -- the extended grid wastes ``pw -
+    OW`` columns a row (3x3 "same": 1 instead of 2, a 28-wide plane's 7% of its products
+    down to 3.4%). ``span``: the kernel's reach ``(KW - 1) * DW``; ``pl`` the left pad
+    (the right one follows from OW = W + left + right - span at stride 1); pads wider
+    than the reach widen the gap to keep each output row inside its grid row."""
+    pr = ow - w - pl + span
+    gap = max(pl, pr, ow - w)
+    return gap, w + gap
 
 
 def _blocks(n: int, m: int, oh: int, ow: int, threads: int) -> np.ndarray:
