@@ -378,8 +378,7 @@ def plan(
         xpad_shape = (len(blocks) if parallel else 1, c, plane)
     elif tuple(dilations) == (1, 1) and _phases_pay(c, kw, strides[1], ow):
         mode, k = GRID, c
-        toff, pads, xpad_shape = _phases(c, kernel, ow, strides, pads_begin, dilations, blocks,
-                                         parallel)  # fmt: skip
+        toff, pads, xpad_shape = _phases(c, kernel, ow, strides, pads_begin, blocks, parallel)
     else:
         mode, k = IM2COL, c * taps
     want = max(MIN_BLOCK_PIXELS, BLOCK_BYTES // (4 * k))
@@ -426,7 +425,7 @@ def _phases_pay(c: int, kw: int, sw: int, ow: int) -> bool:
 
 def _phases(
     c: int, kernel: tuple[int, int], ow: int, strides: tuple[int, ...], pads_begin: tuple[int, ...],
-    dilations: tuple[int, ...], blocks: np.ndarray, parallel: bool,
+    blocks: np.ndarray, parallel: bool,
 ) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:  # fmt: skip
     """A strided undilated conv's GRID geometry: (tap offsets, pads, xpad shape). The
     padded input in phases (``_phase_rows``; the ``min(SH, KH) * min(SW, KW)`` its taps
