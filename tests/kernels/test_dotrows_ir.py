@@ -15,18 +15,12 @@ import pytest
 
 pytest.importorskip("llvmlite", reason="the kernel is LLVM IR built with llvmlite")
 
+from tests.support.jit_paths import need_lanes
 from tfrt_py.kernels.lib import dotrows_ir
 
 _PROTO = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                           ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                           ctypes.c_float)  # fmt: skip
-
-
-def _host_lanes() -> list[int]:
-    try:
-        return dotrows_ir.host_lanes()
-    except Exception:  # noqa: BLE001 - no llvmlite binding: no width
-        return []
 
 
 QUERY_ROWS = [1, 2, 3, 4, 5, 9]
@@ -38,8 +32,7 @@ SHAPES = [  # (key rows n, row length k)
 
 @pytest.mark.parametrize("lanes", [16, 8], ids=["avx512", "avx2"])
 def test_every_width_scores_rows_as_numpy(lanes: int) -> None:
-    if lanes not in _host_lanes():
-        pytest.skip(f"this host has no {'AVX-512F' if lanes == 16 else 'AVX2'}")
+    need_lanes(lanes)
     engine = dotrows_ir.build(lanes)
     fn = _PROTO(engine.get_function_address(dotrows_ir.SYMBOL))
     rng = np.random.default_rng(lanes)

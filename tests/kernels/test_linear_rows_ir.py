@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("llvmlite", reason="the kernel is LLVM IR built with llvmlite")
 numba = pytest.importorskip("numba", reason="the reference is the one-row body's numba loop")
 
+from tests.support.jit_paths import ir_lanes, need_lanes  # noqa: E402
 from tfrt_py.kernels.lib import linear_rows_ir  # noqa: E402
 
 _PROTO = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
@@ -31,13 +32,6 @@ def _one_row_sums(x, m, f, w, n, s):  # pragma: no cover - compiled
             s[r * n + j] = a
 
 
-def _host_lanes() -> list[int]:
-    try:
-        return linear_rows_ir.host_lanes()
-    except Exception:  # noqa: BLE001 - no llvmlite binding: no width
-        return []
-
-
 SHAPES = [  # (rows, features, classes)
     (1, 1, 1), (7, 5, 3), (15, 16, 1), (16, 17, 2), (17, 20, 3), (31, 3, 4), (32, 33, 5),
     (33, 64, 9), (64, 65, 3), (100, 130, 2), (3, 200, 7), (0, 4, 2),
@@ -47,8 +41,7 @@ SHAPES = [  # (rows, features, classes)
 
 @pytest.mark.parametrize("lanes", [16, 8], ids=["avx512", "avx2"])
 def test_every_width_sums_rows_as_the_one_row_body(lanes: int) -> None:
-    if lanes not in _host_lanes():
-        pytest.skip(f"this host has no {'AVX-512F' if lanes == 16 else 'AVX2'}")
+    need_lanes(lanes)
     engine = linear_rows_ir.build(lanes)
     fn = _PROTO(engine.get_function_address(linear_rows_ir.SYMBOL))
     rng = np.random.default_rng(lanes)
@@ -68,7 +61,7 @@ def test_every_width_sums_rows_as_the_one_row_body(lanes: int) -> None:
 def test_the_process_width_is_described_and_can_be_switched_off(monkeypatch) -> None:
     """``describe()`` and the feature table's packed-gemm line name the width in use;
     ``$TFRT_PY_PACKED_GEMM=0`` turns the kernel off (the numba loop serves)."""
-    if not _host_lanes():
+    if not ir_lanes():
         pytest.skip("this host has no AVX2 (or no llvmlite JIT): the numba loop serves")
     if linear_rows_ir.kernel() is None:
         pytest.skip("the packed kernels are off in this process ($TFRT_PY_ISA=portable)")

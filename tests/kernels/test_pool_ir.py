@@ -19,19 +19,12 @@ import pytest
 from onnx import TensorProto, helper
 
 import tfrt_py
-from tests.support.jit_paths import spying_jitted
+from tests.support.jit_paths import need_lanes, spying_jitted
 from tfrt_py.kernels.lib import pool_ir
 from tfrt_py.kernels.lib.jit import jit_enabled, why_off
 from tfrt_py.kernels.nn import pool_direct
 
 RNG = np.random.default_rng(43)
-
-
-def _host_lanes() -> list[int]:
-    try:
-        return pool_ir.host_lanes()
-    except ImportError:  # no llvmlite
-        return []
 
 
 def _reference(x: np.ndarray, oh: int, ow: int, pt: int, pl: int, window: Any) -> np.ndarray:
@@ -68,8 +61,7 @@ def test_every_width_pools_like_numpy(lanes: int) -> None:
     """The compiled function straight (ctypes) for every window it builds at this width,
     on random geometries of 1-3 planes, a twentieth of the values NaN in every third case,
     -inf runs in others; nothing written past the output."""
-    if lanes not in _host_lanes():
-        pytest.skip(f"this host has no {'AVX-512F' if lanes == 16 else 'AVX2'}")
+    need_lanes(lanes)
     engine = pool_ir.build(lanes)
     i64 = ctypes.c_int64
     fn = ctypes.CFUNCTYPE(i64, ctypes.c_void_p, ctypes.c_void_p, *[i64] * 8)(
@@ -210,8 +202,7 @@ def test_every_width_averages_like_numpy(lanes: int) -> None:
     """The average function straight (ctypes) for every window: each output is the sum of
     its taps inside the plane times its scale (a random plane here), pads past a window's
     width included (rows wholly outside add nothing), NaN and infinities propagating."""
-    if lanes not in _host_lanes():
-        pytest.skip(f"this host has no {'AVX-512F' if lanes == 16 else 'AVX2'}")
+    need_lanes(lanes)
     engine = pool_ir.build(lanes)
     i64, p = ctypes.c_int64, ctypes.c_void_p
     fn = ctypes.CFUNCTYPE(i64, p, p, *[i64] * 7, p, i64)(

@@ -13,23 +13,16 @@ import pytest
 
 pytest.importorskip("llvmlite", reason="the kernels are LLVM IR built with llvmlite")
 
+from tests.support.jit_paths import need_lanes
 from tfrt_py.kernels.lib import rowreduce_ir
 
 _PROTO = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)
 LENGTHS = [0, 1, 5, 7, 8, 9, 15, 16, 17, 63, 64, 65, 100, 513, 1000]
 
 
-def _host_lanes() -> list[int]:
-    try:
-        return rowreduce_ir.host_lanes()
-    except Exception:  # noqa: BLE001 - no llvmlite binding: no width
-        return []
-
-
 @pytest.mark.parametrize("lanes", [16, 8], ids=["avx512", "avx2"])
 def test_every_width_reduces_rows_as_numpy(lanes: int) -> None:
-    if lanes not in _host_lanes():
-        pytest.skip(f"this host has no {'AVX-512F' if lanes == 16 else 'AVX2'}")
+    need_lanes(lanes)
     engine = rowreduce_ir.build(lanes)
     rowmax = _PROTO(engine.get_function_address(rowreduce_ir.SYMBOL_MAX))
     rowsum = _PROTO(engine.get_function_address(rowreduce_ir.SYMBOL_SUM))

@@ -15,17 +15,11 @@ import pytest
 
 pytest.importorskip("llvmlite", reason="the kernel is LLVM IR built with llvmlite")
 
+from tests.support.jit_paths import need_lanes
 from tfrt_py.kernels.lib import rowvec_ir
 
 _PROTO = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                           ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)  # fmt: skip
-
-
-def _host_lanes() -> list[int]:
-    try:
-        return rowvec_ir.host_lanes()
-    except Exception:  # noqa: BLE001 - no llvmlite binding: no width
-        return []
 
 
 ROWS = [1, 2, 3, 4, 5, 9]  # rows of a (a group's query rows: 4 a pass with AVX-512, 2 AVX2)
@@ -37,8 +31,7 @@ SHAPES = [  # (rows k, columns n)
 
 @pytest.mark.parametrize("lanes", [16, 8], ids=["avx512", "avx2"])
 def test_every_width_sums_rows_as_numpy(lanes: int) -> None:
-    if lanes not in _host_lanes():
-        pytest.skip(f"this host has no {'AVX-512F' if lanes == 16 else 'AVX2'}")
+    need_lanes(lanes)
     engine = rowvec_ir.build(lanes)
     fn = _PROTO(engine.get_function_address(rowvec_ir.SYMBOL))
     rng = np.random.default_rng(lanes)

@@ -9,7 +9,9 @@ numba) and again with the NumPy paths (``TFRT_PY_JIT=0``). Import them into a te
 * ``spy_served(monkeypatch, module, name)``: records whether a fast path that answers None
   where it does not apply served each call;
 * ``spying_jitted(jitted)``: a context in which a ``Jitted``'s compiled function counts
-  its calls.
+  its calls;
+* ``ir_lanes()`` / ``need_lanes(lanes)``: the vector widths this host builds the LLVM IR
+  kernels at (``kernels/lib/pool_ir.host_lanes``), and a skip unless it builds one.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import pytest
 
 from tfrt_py.kernels.lib.jit import ENV_JIT, jit_enabled, why_off
 
-__all__ = ["both_paths", "compiled_only", "jit", "spy_compiled", "spy_served", "spying_jitted"]
+__all__ = ["both_paths", "compiled_only", "ir_lanes", "jit", "need_lanes", "spy_compiled",
+           "spy_served", "spying_jitted"]  # fmt: skip
 
 #: For a test of a compiled kernel itself: skipped where this run has them off.
 compiled_only = pytest.mark.skipif(
@@ -106,3 +109,20 @@ def spying_jitted(jitted: Any) -> Iterator[list[int]]:
         yield calls
     finally:
         jitted._compiled = real
+
+
+def ir_lanes() -> list[int]:
+    """The floats a vector the IR kernels build at on this host (16: AVX-512F, 8: AVX2),
+    none without an llvmlite JIT."""
+    try:
+        from tfrt_py.kernels.lib.pool_ir import host_lanes
+
+        return host_lanes()
+    except Exception:  # noqa: BLE001 - no llvmlite binding: no width
+        return []
+
+
+def need_lanes(lanes: int) -> None:
+    """Skip the calling test unless this host builds the IR kernels ``lanes`` wide."""
+    if lanes not in ir_lanes():
+        pytest.skip(f"this host has no {'AVX-512F' if lanes == 16 else 'AVX2'}")
