@@ -132,6 +132,10 @@ def test_generation_stops_at_the_end_token_and_pads_finished_rows(model: tfrt_py
         assert got.shape == free.shape  # row 1 never ended: all 8 steps ran
     alone = list(model.stream(PROMPTS[0], max_new_tokens=8, eos_token_id=eos))
     assert alone == free[0, -8:][: first_eos + 1].tolist()  # the end token is the last
+    unused = next(t for t in range(VOCAB) if t not in free[:, -8:])
+    for ids in ([unused, eos], [eos, unused]):  # any of several end tokens ends a row
+        both = model.generate(PROMPTS[:2], max_new_tokens=8, eos_token_id=ids, pad_token_id=60)
+        np.testing.assert_array_equal(both, got)
 
 
 @pytest.mark.anyio

@@ -350,6 +350,10 @@ class Model(GenerationMixin):
         return list(output_names)
 
     async def _acquire(self, limiter: Limiter, call: CallContext | None) -> None:
+        """A grant of ``limiter``: at once when one is free (no timeout scope to set up:
+        a served call's usual case), else waited for within ``call``'s deadline."""
+        if limiter.try_acquire():
+            return
         if call is None:
             await limiter.acquire_async()
             return

@@ -266,6 +266,32 @@ def test_max_concurrency_from_threads_and_a_deadline_while_waiting(executor: str
     assert gate.most == 1
 
 
+def test_run_async_takes_a_free_slot_at_once_and_waits_within_its_deadline(
+    executor: str,
+) -> None:
+    """A free slot is taken without waiting (``Limiter.try_acquire``); a held one is
+    waited for within the call's deadline, and a later call gets the freed slot."""
+    gate = _Gate()
+    model = load_on(
+        executor, _gate_model(), custom_kernels={("app", "Hold"): gate}, max_concurrency=1
+    )
+    limiter = model.limiter
+    assert limiter is not None
+    assert limiter.try_acquire() and not limiter.try_acquire()
+    limiter.release()
+    gate.release.set()
+    np.testing.assert_array_equal(asyncio.run(model.run_async({"x": X}, timeout=5))["y"], X * 2)
+    gate.release.clear()
+    holder = _hold_the_slot(model, gate)
+    with pytest.raises(DeadlineExceeded):
+        asyncio.run(model.run_async({"x": X}, timeout=0.2))
+    assert limiter.waiting == 0 and not limiter.try_acquire()  # the waiter left the queue
+    gate.release.set()
+    holder.join(30)
+    np.testing.assert_array_equal(asyncio.run(model.run_async({"x": X}, timeout=5))["y"], X * 2)
+    assert limiter.in_flight == 0 and gate.most == 1
+
+
 _HUGE_TIMEOUT_SCRIPT = """
 import sys
 import numpy as np

@@ -62,6 +62,14 @@ class Limiter:
                 pass  # already granted
             self._release_locked()
 
+    def try_acquire(self) -> bool:
+        """A grant now if one is free and nobody waits (True), else nothing (False)."""
+        with self._lock:
+            if self._held < self.limit and not self._waiters:
+                self._held += 1
+                return True
+            return False
+
     def acquire(self, timeout: float | None = None) -> bool:
         """Block until granted (True) or ``timeout`` seconds pass (False)."""
         w = self._enter()

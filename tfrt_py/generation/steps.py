@@ -99,8 +99,11 @@ class Steps:
         tokens = pick(last, s, self._rng)
         tokens[self._finished] = s.pad
         self.made += 1
-        if self._eos.size:
-            self._finished |= np.isin(tokens, self._eos)
+        eos = self._eos
+        if eos.size == 1:  # np.isin costs ~8 µs a step; a compare, under 1
+            self._finished |= tokens == eos[0]
+        elif eos.size:
+            self._finished |= (tokens[:, None] == eos).any(axis=1)
         self.done = self.made >= s.max_new_tokens or bool(self._finished.all())
         if self.done:
             self.feeds, self.outputs = {}, None
