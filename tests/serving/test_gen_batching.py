@@ -16,7 +16,7 @@ import pytest
 
 import tfrt_py
 from tests.support.models.decoder import MAX_POSITIONS, decoder
-from tfrt_py.generation.mixin import start
+from tfrt_py.generation.mixin import GenerateOptions, start
 from tfrt_py.serving import gen_cache
 from tfrt_py.serving.gen_batching import GenerationBatcher
 
@@ -94,6 +94,34 @@ def test_rows_that_join_leave_and_move_get_the_tokens_they_get_alone(
     assert any(by > 0 for by in moves) and any(by < 0 for by in moves)
     assert len(set(sizes)) >= 3  # the buffers grew twice or more
     assert not batcher._cache.rows and batcher._cache.length == 0 and not batcher._cache._bufs
+
+
+def test_sampled_greedy_and_ended_rows_of_one_batch_get_their_own_tokens(
+    model: tfrt_py.Model,
+) -> None:
+    """A tick picks every greedy row's token in one call and lets a sampling row draw its
+    own: rows that sample (each from its own seed), rows that stop at an end token and
+    plain greedy rows share ticks and each gets what ``generate`` gives it alone."""
+    free = model.generate([3, 14, 15], max_new_tokens=12)[3:].tolist()
+    plan: list[tuple[list[int], int, GenerateOptions]] = [
+        ([3, 14, 15], 12, {"eos_token_id": free[4]}),
+        ([9, 26], 10, {"do_sample": True, "seed": 7, "temperature": 0.9, "top_k": 20}),
+        ([5, 35, 8, 9], 11, {}),
+        ([1, 2], 9, {"do_sample": True, "seed": 11, "top_p": 0.8}),
+    ]
+    want = [model.generate(p, max_new_tokens=n, **kw)[len(p) :].tolist() for p, n, kw in plan]
+    assert len(want[0]) == free.index(free[4]) + 1  # it ended at its end token
+    batcher = GenerationBatcher(model)
+
+    async def one(prompt: list[int], n: int, kw: GenerateOptions) -> list[int]:
+        steps, _, deadline = start(model, prompt, n, GenerateOptions(**kw), in_place=False)
+        return [t async for t in batcher.stream(steps, deadline, flat=True)]
+
+    async def every() -> list[list[int]]:
+        return list(await asyncio.gather(*(one(p, n, kw) for p, n, kw in plan)))
+
+    assert asyncio.run(every()) == want
+    assert batcher.rows > batcher.ticks  # the rows shared their steps
 
 
 def test_padding_is_zeros_and_the_mask_covers_it(model: tfrt_py.Model) -> None:

@@ -101,13 +101,14 @@ def test_a_batch_answers_one_list_per_row(served: Any) -> None:
 def test_generate_stream_sends_one_event_per_token(served: Any) -> None:
     url, model, _ = served
     want = list(model.stream(PROMPT, max_new_tokens=6))
-    req = {"input_ids": PROMPT, "parameters": {"max_tokens": 6}}
+    rid = 'q"7\\é</x>'  # the head of each event is JSON-escaped once and reused
+    req = {"id": rid, "input_ids": PROMPT, "parameters": {"max_tokens": 6}}
     with httpx.stream("POST", url + "/v2/models/lm/generate_stream", json=req) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         events = _events(r)
-    assert [e["output_ids"] for e in events] == [[t] for t in want]
-    assert all(e["model_name"] == "lm" for e in events)
+    head = {"id": rid, "model_name": "lm", "model_version": events[0]["model_version"]}
+    assert events == [{**head, "output_ids": [t]} for t in want]
 
 
 def test_sampling_parameters_sample_and_a_seed_repeats(served: Any) -> None:

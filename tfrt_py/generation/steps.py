@@ -55,6 +55,7 @@ class Steps:
         self._eos = np.array(sorted(s.eos), np.int64)
         self.made = 0
         self.done = False
+        self._outside = False  # ``keep_outside``
         self.feeds: dict[str, Any] = {dec.input_ids: prompt.ids}
         #: the output buffers of the next step (None: the model allocates its outputs)
         self.outputs: dict[str, Any] | None = None
@@ -90,13 +91,30 @@ class Steps:
         next step's feeds (or ``done``). A caller that keeps the cache itself (batched
         serving, without buffers here) may give None for each present: the next step's
         pasts are then None."""
-        dec, s = self._dec, self._s
-        logits = np.asarray(out[dec.logits])
+        logits = np.asarray(out[self._dec.logits])
         if self._last is None:
             last = logits[:, -1, :]
         else:  # a right-padded prompt: each row's own last token
             last, self._last = logits[np.arange(len(logits)), self._last], None
-        tokens = pick(last, s, self._rng)
+        return self.took(pick(last, self._s, self._rng), out)
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the next tokens are the argmax of the step's last position (so a caller
+        running many generations' steps as one may pick them all at once: ``took``)."""
+        return not self._s.do_sample and self._last is None
+
+    def keep_outside(self) -> None:
+        """From now on the caller keeps this generation's cache and attention mask (batched
+        serving's ``BatchCache``, which fed them from ``feeds`` once): later steps feed
+        only the token and its position, and ``took`` does not read ``out``."""
+        self._outside = True
+
+    def took(self, tokens: np.ndarray, out: dict[str, Any] | None) -> np.ndarray:
+        """``advance`` once the tokens are picked: ``tokens`` (int64 [batch], which this
+        Steps may change and returns) are what the step that returned ``out`` chose (its
+        logits are not read here); sets up the next step's feeds (or ``done``)."""
+        dec, s = self._dec, self._s
         tokens[self._finished] = s.pad
         self.made += 1
         eos = self._eos
@@ -112,8 +130,13 @@ class Steps:
         nxt = self._position[:, -1:] + 1
         self._length += int(self.feeds[dec.input_ids].shape[1])
         self._position = nxt
-        self._mask = np.concatenate([self._mask, np.ones((batch, 1), np.int64)], axis=1)
         self.feeds = {dec.input_ids: tokens[:, None].astype(dec.ids_dtype)}
+        if self._outside:
+            if dec.position_ids is not None:
+                self.feeds[dec.position_ids] = nxt.astype(dec.positions_dtype, copy=False)
+            return tokens
+        assert out is not None
+        self._mask = np.concatenate([self._mask, np.ones((batch, 1), np.int64)], axis=1)
         if not self._buffers and dec.in_place and self._length >= self._in_place_at:
             self._buffers = [c.buffer(batch, self._final) for c in dec.cache]
             for c, buf in zip(dec.cache, self._buffers):  # the one copy of the cache

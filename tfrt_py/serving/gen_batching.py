@@ -10,7 +10,10 @@ buffer per cache tensor, kept from tick to tick, left-padded to the longest row 
 ``Concat(past, new)``). Each tick of the one scheduler task runs every seated
 generation's next step as one call: one token per row, each row's own ``position_ids``.
 Every row's logits go back to its Steps, which choose its token exactly as a lone
-generation would (a row sees the same positions and keys; the padding is masked out). A
+generation would (a row sees the same positions and keys; the padding is masked out): the
+greedy rows' tokens come from one argmax over the tick's logits (``Steps.took``), a
+sampling row draws its own; a seated row's Steps keeps neither cache nor mask
+(``Steps.keep_outside``: the batch's buffers hold them). A
 generation that finished, failed, passed its deadline or whose reader went away leaves
 the batch at the next tick; the others go on. At most ``MAX_BATCH`` rows are seated; the
 others wait for a row. The model's weights are read once a tick for all rows, which is
@@ -64,8 +67,6 @@ class GenerationBatcher:
         self._new: list[_Stream] = []  # before their first step
         self._waiting: list[_Stream] = []  # for a row of the batch
         self._cache = BatchCache(self.dec)
-        #: a row's outputs besides its logits: its cache is kept in ``_cache``
-        self._kept = {c.present: None for c in self.dec.cache}
         self._task: asyncio.Task[None] | None = None
         #: batched steps run, and the rows they carried (read by tests and benchmarks)
         self.ticks = 0
@@ -195,6 +196,7 @@ class GenerationBatcher:
             s = self._waiting.pop(0)
             if not s.gone:
                 cache.join(s, s.steps.feeds)
+                s.steps.keep_outside()  # the batch's buffers hold its cache and mask now
         ready, timeout = self._in_time(cache.rows)
         for s in [s for s in cache.rows if s not in ready]:
             cache.leave(s)
@@ -234,13 +236,23 @@ class GenerationBatcher:
         self.ticks += 1
         self.rows += len(rows)
         logits = out[dec.logits]
+        # every greedy row's token in one call (a row that samples picks its own)
+        greedy = logits[:, -1, :].argmax(axis=-1).astype(np.int64)
         for i, s in enumerate(rows):
-            if not self._advance(s, {**self._kept, dec.logits: logits[i : i + 1]}):
+            steps = s.steps
+            if steps.greedy:
+                tok = steps.took(greedy[i : i + 1], None)
+            else:
+                tok = steps.advance({dec.logits: logits[i : i + 1]})
+            if not self._took(s, tok):
                 cache.leave(s)
 
     def _advance(self, s: _Stream, out: dict[str, Any]) -> bool:
         """``s``'s token from its step's ``out``; False once it is finished."""
-        tok = s.steps.advance(out)
+        return self._took(s, s.steps.advance(out))
+
+    def _took(self, s: _Stream, tok: np.ndarray) -> bool:
+        """``s``'s step chose ``tok``: to its reader; False once it is finished."""
         s.tokens.put_nowait(int(tok[0]) if s.flat else tok)
         if s.steps.done:
             self._end(s, None)

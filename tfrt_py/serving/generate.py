@@ -208,9 +208,14 @@ class _Job:
     async def events(self) -> AsyncIterator[bytes]:
         """The SSE body: one event per step; an error event ends a failed generation."""
         head = self._head()
-        window: list[int] = []  # the tokens since the last newline, decoded together
-        text = ""  # what they decoded to
         try:
+            if self.flat and self.tokenizer is None:  # the usual event: its head made once
+                start = b"data: " + json.dumps(head)[:-1].encode() + b', "output_ids": ['
+                async for tok in self.tokens():
+                    yield b"%s%d]}\n\n" % (start, tok)
+                return
+            window: list[int] = []  # the tokens since the last newline, decoded together
+            text = ""  # what they decoded to
             async for tok in self.tokens():
                 event: dict[str, Any] = {**head, "output_ids": [int(tok)] if self.flat
                                          else [int(t) for t in tok]}  # fmt: skip
