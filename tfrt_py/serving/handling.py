@@ -162,10 +162,13 @@ class Deadline:
         return max(0.0, self._at - asyncio.get_running_loop().time())
 
     async def within(self, aw: Awaitable[T]) -> T:
-        """``aw``, cancelled with TimeoutError when the deadline passes."""
+        """``aw``, cancelled with TimeoutError when the deadline passes. In the calling
+        task (``asyncio.timeout_at``): ``wait_for`` made a task of ``aw`` and a waiter
+        each time, ~4 tasks a gRPC request with the batcher's."""
         if self._at is None:
             return await aw
-        return await asyncio.wait_for(aw, self.remaining())
+        async with asyncio.timeout_at(self._at):
+            return await aw
 
 
 async def read_in_time(request: Request, server: ModelServer, deadline: Deadline) -> bytes:
