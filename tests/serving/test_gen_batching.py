@@ -124,6 +124,33 @@ def test_sampled_greedy_and_ended_rows_of_one_batch_get_their_own_tokens(
     assert batcher.rows > batcher.ticks  # the rows shared their steps
 
 
+def test_a_first_token_reaches_its_reader_before_the_next_tick_starts(
+    model: tfrt_py.Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a call of prompts the scheduler lets the readers take their first tokens (a
+    server writes them) before it prepares and starts the tick of the seated rows."""
+    order: list[str] = []
+    real_run = model.run_async
+
+    async def run_async(feeds: Any, **kw: Any) -> Any:
+        order.append("prompt" if feeds["input_ids"].shape[1] > 1 else "tick")
+        return await real_run(feeds, **kw)
+
+    monkeypatch.setattr(model, "run_async", run_async)
+    batcher = GenerationBatcher(model)
+
+    async def one() -> list[int]:
+        steps, _, deadline = start(model, [3, 14, 15], 3, {}, in_place=False)
+        got = []
+        async for t in batcher.stream(steps, deadline, flat=True):
+            order.append("token")
+            got.append(t)
+        return got
+
+    assert asyncio.run(one()) == model.generate([3, 14, 15], max_new_tokens=3)[3:].tolist()
+    assert order[:3] == ["prompt", "token", "tick"], order
+
+
 def test_padding_is_zeros_and_the_mask_covers_it(model: tfrt_py.Model) -> None:
     """A row shorter than the batch sits right-aligned behind zeros its mask hides; the
     row that was longest keeps its cache as its own generation made it."""

@@ -26,7 +26,10 @@ generates the others alone.
 
 Runs on the server's event loop: ``stream`` in the request's task, the scheduler in a task
 of its own started by the first stream; the model's calls are ``run_async`` (the loop
-stays free). Nothing here is thread-safe: one loop owns a batcher.
+stays free). After a call of prompts the scheduler yields to the loop once, so that their
+first tokens are written before the next tick is prepared (~0.2 ms sooner for a lone
+stream; the seated rows' tick starts that much later). Nothing here is thread-safe: one
+loop owns a batcher.
 """
 
 from __future__ import annotations
@@ -106,10 +109,14 @@ class GenerationBatcher:
         every generation with it (none waits forever)."""
         try:
             while self._new or self._waiting or self._cache.rows:
+                prompted = False
                 while self._new:
                     group = self._prompts()
                     if group:
                         await self._first(group)
+                        prompted = True
+                if prompted:  # their first tokens go out before the next tick is prepared
+                    await asyncio.sleep(0)
                 timeout = self._seat()
                 if self._cache.rows:
                     await self._tick(timeout)
