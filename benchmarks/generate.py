@@ -286,8 +286,9 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
     each a run of every level (each of ``k`` clients two streams one after another):
     aggregate tokens/s per level (median over rounds), the time to the first token
     against the prompt's own time (a one-token generation of a 16-token prompt in this
-    process, after its own warm-up), and the CPU time a token cost the server process and
-    the clients (this process; they share the host's cores)."""
+    process, after its own warm-up: ``warmup_generation``, as the server's), and the CPU
+    time a token cost the server process and the clients (this process; they share the
+    host's cores)."""
     import asyncio
 
     import httpx
@@ -301,6 +302,7 @@ def serve_part(path: str, levels: list[int], new: int, rounds: int) -> dict[str,
     per = 2  # streams each client runs one after another in a level's run
     prompts = [rng.integers(0, 1000, 16).tolist() for _ in range(64)]
     local = tfrt_py.load(path)
+    local.warmup_generation()  # as the server's --warmup generate: the steps compiled first
     for p in prompts[:20]:
         local.generate(p, max_new_tokens=2)
     prefill = []

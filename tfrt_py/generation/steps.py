@@ -88,9 +88,9 @@ class Steps:
 
     def advance(self, out: dict[str, Any]) -> np.ndarray:
         """The tokens (int64 [batch]) the step that returned ``out`` chose; sets up the
-        next step's feeds (or ``done``). A caller that keeps the cache itself (batched
-        serving, without buffers here) may give None for each present: the next step's
-        pasts are then None."""
+        next step's feeds (or ``done``). A caller that keeps the cache and the mask itself
+        (batched serving) calls ``keep_outside`` first; ``out`` then needs only the
+        logits."""
         logits = np.asarray(out[self._dec.logits])
         if self._last is None:
             last = logits[:, -1, :]

@@ -162,9 +162,9 @@ class Deadline:
         return max(0.0, self._at - asyncio.get_running_loop().time())
 
     async def within(self, aw: Awaitable[T]) -> T:
-        """``aw``, cancelled with TimeoutError when the deadline passes. In the calling
-        task (``asyncio.timeout_at``): ``wait_for`` made a task of ``aw`` and a waiter
-        each time, ~4 tasks a gRPC request with the batcher's."""
+        """``aw``, cancelled with TimeoutError when the deadline passes; it runs in the
+        calling task (``asyncio.timeout_at``: no task and waiter made per call, as
+        ``wait_for`` made)."""
         if self._at is None:
             return await aw
         async with asyncio.timeout_at(self._at):
