@@ -45,8 +45,7 @@ class Limiter:
     def _enter(self) -> AsyncValue[bool] | None:
         """A grant now (None), or the caller's place in the queue."""
         with self._lock:
-            if self._held < self.limit and not self._waiters:
-                self._held += 1
+            if self._grant_locked():
                 return None
             w: AsyncValue[bool] = AsyncValue()
             self._waiters.append(w)
@@ -65,10 +64,14 @@ class Limiter:
     def try_acquire(self) -> bool:
         """A grant now if one is free and nobody waits (True), else nothing (False)."""
         with self._lock:
-            if self._held < self.limit and not self._waiters:
-                self._held += 1
-                return True
-            return False
+            return self._grant_locked()
+
+    def _grant_locked(self) -> bool:
+        """Under the lock: take a free grant if nobody waits for one."""
+        if self._held < self.limit and not self._waiters:
+            self._held += 1
+            return True
+        return False
 
     def acquire(self, timeout: float | None = None) -> bool:
         """Block until granted (True) or ``timeout`` seconds pass (False)."""

@@ -83,6 +83,10 @@ class Steps:
         dec = self._dec
         if dec.attention_mask is not None:
             self.feeds[dec.attention_mask] = self._mask.astype(dec.mask_dtype, copy=False)
+        self._feed_positions(positions)
+
+    def _feed_positions(self, positions: np.ndarray) -> None:
+        dec = self._dec
         if dec.position_ids is not None:
             self.feeds[dec.position_ids] = positions.astype(dec.positions_dtype, copy=False)
 
@@ -132,8 +136,7 @@ class Steps:
         self._position = nxt
         self.feeds = {dec.input_ids: tokens[:, None].astype(dec.ids_dtype)}
         if self._outside:
-            if dec.position_ids is not None:
-                self.feeds[dec.position_ids] = nxt.astype(dec.positions_dtype, copy=False)
+            self._feed_positions(nxt)
             return tokens
         assert out is not None
         self._mask = np.concatenate([self._mask, np.ones((batch, 1), np.int64)], axis=1)
