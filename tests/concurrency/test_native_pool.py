@@ -127,6 +127,28 @@ def test_a_loop_stamps_its_publish_time_for_the_workers_wake_up_clock() -> None:
     assert first > 0 and stamp.value > first
 
 
+def test_a_worker_pinned_to_the_callers_cpu_moves_to_the_free_one() -> None:
+    """I9: a loop whose caller runs on a pinned worker's CPU first moves that worker to the
+    CPU no worker holds (else the worker queues behind its caller while that CPU idles)."""
+    free, cpus = native_pool.placement()
+    if free < 0 or not cpus:
+        pytest.skip("the workers are not pinned here (the pool does not cover every CPU)")
+    taken = cpus[0]  # worker 1's CPU: the caller below runs there
+    seen: dict[str, object] = {}
+
+    def caller() -> None:
+        os.sched_setaffinity(0, {taken})  # this thread only
+        native_threads.enter(2)
+        _row_sums(np.random.default_rng(0).random((64, 1000)))
+        seen["placement"] = native_pool.placement()
+
+    t = threading.Thread(target=caller)
+    t.start()
+    t.join()
+    assert seen["placement"] == (taken, [free, *cpus[1:]])
+    assert os.sched_getaffinity(native_pool.worker_thread_ids()[0]) == {free}
+
+
 def test_a_parallel_reduction_sums_what_numpy_sums() -> None:
     native_threads.enter(2)
     x = np.random.default_rng(0).random(1_000_003)
