@@ -141,9 +141,8 @@ def workers() -> int:
 
 
 def placement() -> tuple[int, list[int]]:
-    """(the CPU no worker is pinned to, each worker's CPU) where the workers are pinned;
-    (-1, []) where they are not (or the pool is not installed). Read without the slot: a
-    loop running meanwhile may move a worker (the IR's I9)."""
+    """(the CPU no worker is pinned to, each worker's CPU); (-1, []) where they are not
+    pinned. Read without the slot: a loop meanwhile may move a worker (the IR's I9)."""
     if not _STATE or _i32("free").value < 0:
         return -1, []
     cpus = (ctypes.c_int32 * 64).from_address(_STATE["glob"]["cpu"])
@@ -152,10 +151,8 @@ def placement() -> tuple[int, list[int]]:
 
 def worker_thread_ids() -> list[int]:
     """Each worker's kernel thread id (0 until it has started), for tests and tools."""
-    if not _STATE:
-        return []
-    tids = (ctypes.c_int32 * 64).from_address(_STATE["glob"]["ktid"])
-    return [int(tids[k]) for k in range(1, _STATE["workers"] + 1)]
+    tids: Any = (ctypes.c_int32 * 64).from_address(_STATE["glob"]["ktid"]) if _STATE else []
+    return [int(tids[k]) for k in range(1, _STATE.get("workers", 0) + 1)]
 
 
 def pause_address() -> int:
@@ -309,8 +306,7 @@ def _start_workers() -> None:
 
 
 def _pin(libc: Any, thread: int, cpu: int) -> bool:
-    """Worker ``thread`` runs on ``cpu`` (< 1024) only; False where that failed (it is then
-    unpinned)."""
+    """Worker ``thread`` runs on ``cpu`` (< 1024) only; False where that failed."""
     mask = (ctypes.c_uint64 * 16)()  # a cpu_set_t: 1024 CPUs
     mask[cpu // 64] = 1 << (cpu % 64)
     return libc.pthread_setaffinity_np(ctypes.c_ulong(thread), ctypes.c_size_t(128), mask) == 0
