@@ -174,6 +174,17 @@ _TLS = threading.local()
 _SCRATCH_MAX = 1 << 29  # buffers above 512 MiB are not kept
 
 
+def scratch_rows(slot: int, rows: int, length: int, dtype: np.dtype) -> np.ndarray:
+    """``scratch`` of ``rows`` rows, one per block of a parallel loop, each at least
+    ``length`` long and a cache line clear of the next (rows 128 bytes apart at least):
+    blocks that run on different threads never write one line. Rows ``length`` long
+    side by side did: a 960x7x7 depthwise conv at batch 8, four blocks of 65-float rows,
+    took 245 µs on two threads, 220 on one (2-core Zen 5 VM); spaced, 131."""
+    item = dtype.itemsize
+    step = -(-(length * item + 64) // 128) * 128 // item
+    return scratch(slot, (rows, step), dtype)
+
+
 def scratch(slot: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A per-thread scratch array (uninitialised) for temporaries that never escape a call.
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
-from ..common import ShapeMemo
+from ..common import ShapeMemo, scratch_rows
 from . import conv_depthwise3, conv_depthwise_same
 from .conv_common import ConvNode, bias_vector, conv_geometry, depthwise_plan, scratch
 from .conv_direct import (
@@ -166,7 +166,7 @@ def run_depthwise(
     mg = w.shape[0] // groups
     if plan.par is not None:  # native threads: blocks of groups (one image) or of images
         rows = native_threads.plane_blocks(n, groups, 2 * native_threads.enter(pool.threads))
-        buf = scratch(0, (rows.shape[0], plan.xp_len + plan.acc_len), dt)
+        buf = scratch_rows(0, rows.shape[0], plan.xp_len + plan.acc_len, dt)
         plan.par(x, w, b, e, out, plan.tab, plan.act, plan.params, buf, plan.xp_len, rows)
     elif n == 1:  # group blocks: every slice of an image's channels is C-contiguous
         blocks = min(2 * pool.threads, groups)
