@@ -424,7 +424,7 @@ def _run_cols(
     ``conv_cols.taps_first`` gives them (made here when None and GRID needs them)."""
     n, m, oh, ow = plan.out_shape
     o = oh * ow
-    cols = scratch(1, (len(cp.blocks) if cp.parallel else 1, max(1, cp.scratch_floats)), x.dtype)
+    cols = scratch(1, (cp.rows, max(1, cp.scratch_floats)), x.dtype)
     if cp.mode == conv_cols.GRID:
         xpad = scratch(0, cp.xpad_shape, x.dtype)
         if w_taps is None:  # direct callers (a 1x1 conv's taps-first weights are its weights)

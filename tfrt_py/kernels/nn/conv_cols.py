@@ -59,6 +59,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...concurrency import native_threads
 from ..lib import gemm_cols
 from ..lib.activations import ACTIVATIONS, _act_row
 from ..lib.jit import CONTRACT, Jitted, frozen, inline
@@ -271,11 +272,15 @@ def _cols_par(  # pragma: no cover - numba only
     toff: Any, pads: Any,
 ) -> None:  # fmt: skip
     """The blocks (rows ``(image, first output row, end row, first filter, end filter)``,
-    ``_blocks``) in a ``prange`` loop on native threads, block ``q`` with ``cols_buf[q]``
-    as its scratch and (GRID) ``xpad[q]`` as its padded rows (``_block``)."""
+    ``_blocks``) in a ``prange`` loop on native threads, each with its thread's row of
+    ``cols_buf`` as its scratch and (GRID) of ``xpad`` for its padded rows (``_block``):
+    rows ``native_threads.max_threads()``, numba's bound on ``get_thread_id``. Scratch a
+    block at batch 8 (16 blocks, each ~0.5 MB for SqueezeNet's 55x55 3x3 convs) left L2 and
+    L3 behind the arena's other buffers: one a thread stays in L2."""
     for q in numba.prange(blocks.shape[0]):
-        _block(x, xpad[q], w2, y3, b, res3, geo, blocks[q, 0], blocks[q, 1], blocks[q, 2],
-               blocks[q, 3], blocks[q, 4], sub, cols_buf[q], act, p, lohi, flags, nr, mode,
+        t = numba.get_thread_id()
+        _block(x, xpad[t], w2, y3, b, res3, geo, blocks[q, 0], blocks[q, 1], blocks[q, 2],
+               blocks[q, 3], blocks[q, 4], sub, cols_buf[t], act, p, lohi, flags, nr, mode,
                toff, pads)  # fmt: skip
 
 
@@ -298,9 +303,10 @@ def _warm(fn: Any) -> None:
     x, w2, y3 = np.ones((1, 1, 2, 2), f), frozen(np.ones((2, 9), f)), np.zeros((1, 2, 4), f)
     blocks = np.array([[0, 0, 1, 0, 2], [0, 1, 2, 0, 2]], np.int64)
     toff = np.zeros(1, np.int64)
+    rows = max(2, native_threads.max_threads())  # a row per thread that may take a block
     for mode in (IM2COL, GRID):  # weights and bias read-only, as a model's (taps_first)
-        fn(x, np.zeros((2, 1, 20), f), w2, y3, frozen(np.zeros(2, f)), np.zeros((0, 0, 0), f), geo,
-           blocks, np.zeros((2, 18), f), 0, np.zeros(35, f), np.zeros(2, f), 0,
+        fn(x, np.zeros((rows, 1, 20), f), w2, y3, frozen(np.zeros(2, f)), np.zeros((0, 0, 0), f),
+           geo, blocks, np.zeros((rows, 18), f), 0, np.zeros(35, f), np.zeros(2, f), 0,
            gemm_cols.panel_width(), mode, 1, toff, np.array([1, 1, 4, 2, 1, 1], np.int64),
            )  # fmt: skip
 
@@ -322,7 +328,8 @@ class ColsPlan(NamedTuple):
     """How ``run`` computes one input shape (immutable)."""
 
     fn: Any  # COLS_PAR's or COLS_ONE's compiled function
-    parallel: bool  # COLS_PAR's, over more than one block: one scratch per block
+    parallel: bool  # COLS_PAR's, over more than one block: one scratch per thread
+    rows: int  # scratch rows (``cols``, ``xpad``): native_threads.max_threads() or 1
     mode: int  # IM2COL or GRID
     blocks: np.ndarray  # (image, first output row, end row, first filter, end filter)
     sub: int  # output rows per sub-block
@@ -362,6 +369,7 @@ def plan(
     direct = stride1 and taps == 1 and not any(pads_begin) and (oh, ow) == (h, w)
     blocks = _blocks(n, m, oh, ow, threads)
     parallel = threads > 1 and len(blocks) > 1
+    slots = native_threads.max_threads() if parallel else 1  # scratch rows, one a thread
     if direct:
         mode, k = DIRECT, c
     elif stride1:
@@ -375,10 +383,10 @@ def plan(
         toff = np.array([i * dh * pw + j * dw + shift for i in range(kh) for j in range(kw)],
                         np.int64)  # fmt: skip
         pads = np.array([pads_begin[0], gap, pw, halo, 1, 1], np.int64)
-        xpad_shape = (len(blocks) if parallel else 1, c, plane)
+        xpad_shape = (slots, c, plane)
     elif tuple(dilations) == (1, 1) and _phases_pay(c, kw, strides[1], ow):
         mode, k = GRID, c
-        toff, pads, xpad_shape = _phases(c, kernel, ow, strides, pads_begin, blocks, parallel)
+        toff, pads, xpad_shape = _phases(c, kernel, ow, strides, pads_begin, blocks, slots)
     else:
         mode, k = IM2COL, c * taps
     want = max(MIN_BLOCK_PIXELS, BLOCK_BYTES // (4 * k))
@@ -390,7 +398,7 @@ def plan(
     # output, it is stored in place with the kernel's epilogue, as the other forms
     flag = None if extended else _FUSED.get(act)
     lohi = np.array([params[0], params[1]], np.float32)
-    return ColsPlan(fn, parallel, mode, blocks, sub, scratch_floats,
+    return ColsPlan(fn, parallel, slots, mode, blocks, sub, scratch_floats,
                     act if flag is None else 0, flag or 0, lohi, np.zeros(m, np.float32),
                     gemm_cols.panel_width(), toff, pads, xpad_shape)  # fmt: skip
 
@@ -425,7 +433,7 @@ def _phases_pay(c: int, kw: int, sw: int, ow: int) -> bool:
 
 def _phases(
     c: int, kernel: tuple[int, int], ow: int, strides: tuple[int, ...], pads_begin: tuple[int, ...],
-    blocks: np.ndarray, parallel: bool,
+    blocks: np.ndarray, slots: int,
 ) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:  # fmt: skip
     """A strided undilated conv's GRID geometry: (tap offsets, pads, xpad shape). The
     padded input in phases (``_phase_rows``; the ``min(SH, KH) * min(SW, KW)`` its taps
@@ -445,7 +453,7 @@ def _phases(
         for i in range(kh) for j in range(kw)
     ], np.int64)  # fmt: skip
     pads = np.array([pads_begin[0], pads_begin[1], pw, halo, na, nb], np.int64)
-    return toff, pads, (len(blocks) if parallel else 1, na * nb * c, plane)
+    return toff, pads, (slots, na * nb * c, plane)
 
 
 def _shared_gap(w: int, ow: int, span: int, pl: int) -> tuple[int, int]:
