@@ -127,25 +127,36 @@ def test_a_loop_stamps_its_publish_time_for_the_workers_wake_up_clock() -> None:
     assert first > 0 and stamp.value > first
 
 
-def test_a_worker_pinned_to_the_callers_cpu_moves_to_the_free_one() -> None:
-    """I9: a loop whose caller runs on a pinned worker's CPU first moves that worker to the
-    CPU no worker holds (else the worker queues behind its caller while that CPU idles)."""
-    free, cpus = native_pool.placement()
-    if free < 0 or not cpus:
-        pytest.skip("the workers are not pinned here (the pool does not cover every CPU)")
-    taken = cpus[0]  # worker 1's CPU: the caller below runs there
-    seen: dict[str, object] = {}
+def _loops_on(cpu: int, loops: int) -> list[tuple[int, list[int]]]:
+    """``loops`` parallel loops from a thread pinned to ``cpu``; the placement after each."""
+    seen: list[tuple[int, list[int]]] = []
 
     def caller() -> None:
-        os.sched_setaffinity(0, {taken})  # this thread only
+        os.sched_setaffinity(0, {cpu})  # this thread only
         native_threads.enter(2)
-        _row_sums(np.random.default_rng(0).random((64, 1000)))
-        seen["placement"] = native_pool.placement()
+        for _ in range(loops):
+            _row_sums(np.random.default_rng(0).random((64, 1000)))
+            seen.append(native_pool.placement())
 
     t = threading.Thread(target=caller)
     t.start()
     t.join()
-    assert seen["placement"] == (taken, [free, *cpus[1:]])
+    return seen
+
+
+def test_a_worker_pinned_to_the_callers_cpu_moves_to_the_free_one() -> None:
+    """I9: a caller that runs on a pinned worker's CPU for two loops in a row has that
+    worker moved to the CPU no worker holds (else the worker queues behind its caller
+    while that CPU idles); one loop there between loops elsewhere moves nothing (two
+    callers on two CPUs taking turns would move a worker every loop)."""
+    free, cpus = native_pool.placement()
+    if free < 0 or not cpus:
+        pytest.skip("the workers are not pinned here (the pool does not cover every CPU)")
+    taken = cpus[0]  # worker 1's CPU
+    _loops_on(free, 1)  # a loop from the free CPU: no run of loops on a worker's CPU
+    assert _loops_on(taken, 1) == [(free, cpus)]
+    _loops_on(free, 1)
+    assert _loops_on(taken, 2) == [(free, cpus), (taken, [free, *cpus[1:]])]
     assert os.sched_getaffinity(native_pool.worker_thread_ids()[0]) == {free}
 
 

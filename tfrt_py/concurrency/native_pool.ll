@@ -53,8 +53,10 @@
 ;      (worker k to @tfrt_py_pool_cpu[k]), @tfrt_py_pool_free is the one CPU of the
 ;      process's none holds (-1: not pinned, nothing here moves a worker). The slot's
 ;      owner (I1), before it tells the workers, finds the CPU it runs on; where a worker
-;      is pinned there, that worker moves to @free (sched_setaffinity on its kernel thread
-;      id, @tfrt_py_pool_ktid[k]) and the caller's CPU becomes @free. Otherwise the woken
+;      is pinned there in this loop and the last (@tfrt_py_pool_hits: two callers on two
+;      CPUs taking turns would otherwise move a worker every loop, ~10 µs each), that
+;      worker moves to @free (sched_setaffinity on its kernel thread id,
+;      @tfrt_py_pool_ktid[k]) and the caller's CPU becomes @free. Otherwise the woken
 ;      worker queues behind its caller on one CPU while the other idles, and the loop runs
 ;      at one thread's speed (a 2-core Zen 5 VM, a 3x3 conv at batch 1: 248 against 143 µs
 ;      in the 38-57% of calls the scheduler had left the caller on the worker's CPU). Only
@@ -101,6 +103,8 @@
 @tfrt_py_pool_wtid = global [64 x i64] zeroinitializer, align 64
 ; the CPU no worker is pinned to, -1 where the workers are not pinned (I9)
 @tfrt_py_pool_free = global i32 -1, align 64
+; loops in a row whose owner ran on a pinned worker's CPU (I9)
+@tfrt_py_pool_hits = global i32 0, align 4
 ; worker k's CPU at [k] (I9; meaningful only while @tfrt_py_pool_free >= 0)
 @tfrt_py_pool_cpu = global [64 x i32] zeroinitializer, align 64
 ; worker k's kernel thread id at [k], 0 until it started (I9)
@@ -482,9 +486,10 @@ out:
   ret void
 }
 
-; I9: where a worker is pinned to the CPU the slot's owner runs on, move it to the free
-; CPU, which becomes the owner's. Called by the owner only (I1), before it tells the
-; workers; one sched_getcpu a loop, a syscall only when the caller moved.
+; I9: where a worker is pinned to the CPU the slot's owner runs on (this loop and the
+; last), move it to the free CPU, which becomes the owner's. Called by the owner only
+; (I1), before it tells the workers; one sched_getcpu a loop, a syscall only when the
+; caller stayed on a worker's CPU.
 define private void @place(i64 %nw) noinline {
 entry:
   %mask = alloca [16 x i64], align 8
@@ -497,20 +502,33 @@ where:
   %valid = icmp sge i32 %here, 0
   %away = icmp ne i32 %here, %free
   %look = and i1 %valid, %away
-  br i1 %look, label %head, label %done
+  br i1 %look, label %head, label %clear
+clear:
+  store atomic i32 0, ptr @tfrt_py_pool_hits monotonic, align 4
+  br label %done
 head:
   %k = phi i64 [1, %where], [%k1, %next]
   %in = icmp ule i64 %k, %nw
-  br i1 %in, label %body, label %done
+  br i1 %in, label %body, label %clear
 body:
   %cp = getelementptr [64 x i32], ptr @tfrt_py_pool_cpu, i64 0, i64 %k
   %c = load atomic i32, ptr %cp monotonic, align 4
   %hit = icmp eq i32 %c, %here
-  br i1 %hit, label %move, label %next
+  br i1 %hit, label %count, label %next
 next:
   %k1 = add i64 %k, 1
   br label %head
+count:
+  ; monotonic: only the owner reads and writes it (I1)
+  %h = load atomic i32, ptr @tfrt_py_pool_hits monotonic, align 4
+  %h1 = add i32 %h, 1
+  %again = icmp sge i32 %h1, 2
+  br i1 %again, label %move, label %first
+first:
+  store atomic i32 %h1, ptr @tfrt_py_pool_hits monotonic, align 4
+  br label %done
 move:
+  store atomic i32 0, ptr @tfrt_py_pool_hits monotonic, align 4
   ; seq_cst: pairs with the worker's store of its id at its start
   %tp = getelementptr [64 x i32], ptr @tfrt_py_pool_ktid, i64 0, i64 %k
   %tid = load atomic i32, ptr %tp seq_cst, align 4

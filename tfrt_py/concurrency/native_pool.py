@@ -44,7 +44,8 @@ started through ctypes, never holding the GIL), and one task slot.
   requests) is placed on the caller's core when the other one runs a busy process, and
   the two share it (ResNet-18, 25 ms sleeps between calls, busy neighbour: 47 ms
   unpinned, 34 pinned). The one CPU no worker holds is kept for the caller: a loop whose
-  caller runs on a worker's CPU first moves that worker to the free CPU (the IR's I9).
+  caller ran on a worker's CPU for it and the loop before moves that worker to the free
+  CPU first (the IR's I9).
   Without the move, the woken worker queued behind its caller while the other CPU idled
   (a 3x3 conv at batch 1 on a 2-core Zen 5 VM: 248 against 143 µs, in 38-57% of the calls
   of a process that ran nothing else).
