@@ -274,9 +274,9 @@ def _cols_par(  # pragma: no cover - numba only
     """The blocks (rows ``(image, first output row, end row, first filter, end filter)``,
     ``_blocks``) in a ``prange`` loop on native threads, each with its thread's row of
     ``cols_buf`` as its scratch and (GRID) of ``xpad`` for its padded rows (``_block``):
-    rows ``native_threads.max_threads()``, numba's bound on ``get_thread_id``. Scratch a
-    block at batch 8 (16 blocks, each ~0.5 MB for SqueezeNet's 55x55 3x3 convs) left L2 and
-    L3 behind the arena's other buffers: one a thread stays in L2."""
+    rows ``native_threads.max_threads()``, numba's bound on ``get_thread_id`` (a row a
+    block held 16 rows at batch 8 on two threads: 6.2 MB for SqueezeNet's 55x55 3x3
+    convs; whole-model time the same within the noise)."""
     for q in numba.prange(blocks.shape[0]):
         t = numba.get_thread_id()
         _block(x, xpad[t], w2, y3, b, res3, geo, blocks[q, 0], blocks[q, 1], blocks[q, 2],
