@@ -335,40 +335,6 @@ def test_few_pixels_split_by_filters_on_native_threads(monkeypatch: pytest.Monke
             assert (cp.blocks[:, 2] == 7).all() and cp.blocks[0, 4] == cp.blocks[1, 3]
 
 
-@pytest.mark.parametrize(
-    ("x_shape", "w_shape", "attrs"),
-    [((8, 16, 23, 23), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # GRID
-     ((8, 32, 24, 24), (24, 32, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # phases
-     ((8, 3, 64, 64), (32, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # IM2COL
-     ((8, 24, 12, 12), (48, 24, 1, 1), {})],  # DIRECT
-)  # fmt: skip
-def test_more_blocks_than_threads_share_each_threads_scratch(
-    monkeypatch: pytest.MonkeyPatch, x_shape: Any, w_shape: Any, attrs: dict[str, Any]
-) -> None:
-    """Batch 8 on two native threads: 16 blocks, each block's padded rows and columns in
-    the scratch row of the thread that runs it (rows: numba's thread bound, not the
-    blocks), every form matching onnxruntime."""
-    _need_kernel()
-    from tfrt_py.concurrency import native_threads
-
-    if not native_threads.ready() or native_threads.max_threads() < 2:
-        pytest.skip("needs two native threads (numba's TBB layer, two CPUs)")
-    plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
-    x = _RNG.standard_normal(x_shape).astype(np.float32)
-    w = (_RNG.standard_normal(w_shape) * 0.2).astype(np.float32)
-    m = _model(x, w, attrs, "Relu", False)
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    model = tfrt_py.load(m, executor="sync", threads=2)
-    for _ in range(3):
-        np.testing.assert_allclose(model.run({"x": x})["y"], sess.run(None, {"x": x})[0],
-                                   rtol=1e-4, atol=1e-4)  # fmt: skip
-    cp = plans[-1].cols
-    assert plans[-1].route == "cols" and cp is not None and cp.parallel
-    assert len(cp.blocks) > cp.rows == native_threads.max_threads()
-    if cp.mode == conv_cols.GRID:
-        assert cp.xpad_shape[0] == cp.rows
-
-
 @pytest.mark.parametrize(("side", "cols"), [(7, True), (11, False), (13, True), (14, True)])
 def test_few_pixel_convs_take_cols_where_its_columns_pay(
     monkeypatch: pytest.MonkeyPatch, side: int, cols: bool
