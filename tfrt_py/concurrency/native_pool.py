@@ -144,11 +144,10 @@ def workers() -> int:
 def placement() -> tuple[int, list[int]]:
     """(the CPU no worker is pinned to, each worker's CPU); (-1, []) where they are not
     pinned. Read without the slot: a loop meanwhile may move a worker (the IR's I9)."""
-    free = _i32("free").value if _STATE else -1
-    if free < 0:
+    if not _STATE or _i32("free").value < 0:
         return -1, []
     cpus = (ctypes.c_int32 * 64).from_address(_STATE["glob"]["cpu"])
-    return free, [int(cpus[k]) for k in range(1, _STATE["workers"] + 1)]
+    return _i32("free").value, [int(cpus[k]) for k in range(1, _STATE["workers"] + 1)]
 
 
 def worker_thread_ids() -> list[int]:
