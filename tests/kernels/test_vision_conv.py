@@ -20,7 +20,6 @@ import tfrt_py
 from tests.support.spies import record_calls
 from tfrt_py.compiler.pipeline import PASSES
 from tfrt_py.kernels.lib.jit import ENV_JIT, jit_enabled
-from tfrt_py.kernels.nn.conv_depthwise import DEPTHWISE_MIN_WORK
 from tfrt_py.kernels.nn.conv_direct import ACTIVATIONS, Epilogue, apply_epilogue
 
 _RNG = np.random.default_rng(7)
@@ -87,7 +86,7 @@ def _report(model: tfrt_py.Model, name: str) -> str:
 
 # -- depthwise and grouped Conv ------------------------------------------------------------
 
-# (x shape, group, w shape, attrs): depthwise big enough for the direct kernel and not,
+# (x shape, group, w shape, attrs): depthwise on big and small planes,
 # channel multiplier 2, strides 1/2/3 and mixed, dilations, asymmetric pads, auto_pad,
 # batch > 1, grouped with several channels per group (im2col).
 DW_CASES = [
@@ -139,14 +138,6 @@ def test_depthwise_float64_and_runtime_shapes(jit: str, executor: str) -> None:
         _check(m, {"x": x}, executor=executor, rtol=1e-10, atol=1e-10)
 
 
-def test_depthwise_threshold_is_reached_by_the_cases() -> None:
-    """Some DW_CASES run the direct kernel, some stay on im2col."""
-    works = []
-    for x_shape, _, w_shape, _ in DW_CASES:
-        works.append(x_shape[2] * x_shape[3] * w_shape[2] * w_shape[3])
-    assert min(works) < DEPTHWISE_MIN_WORK < max(works)
-
-
 _SPLIT_CASES = [
     ((1, 32, 64, 64), 1),
     ((1, 16, 60, 64), 2),
@@ -184,8 +175,8 @@ def test_depthwise_split_over_threads_with_residual_and_activation(
 # -- 3x3 stride-1 depthwise: taps in registers (conv_depthwise_same), straight from the --
 # -- input on big planes (conv_depthwise3) -------------------------------------------------
 
-# (x shape, channel multiplier): three rows, three columns (planes of at least
-# DEPTHWISE_MIN_WORK / 9 pixels: smaller ones take im2col), odd sizes, MobileNet's 7x7
+# (x shape, channel multiplier): three rows, three columns (smaller planes:
+# test_depthwise_small.py), odd sizes, MobileNet's 7x7
 # and 14x14, a batch, a channel multiplier of 2; and a plane over SAME_3X3_MAX_PIXELS.
 DW3_CASES = [
     ((1, 8, 3, 16), 1),
@@ -262,8 +253,7 @@ def test_3x3_stride_1_depthwise_reads_the_input_directly(
 
 
 # (x shape, channel multiplier, K): EfficientNet's 5x5 at 7x7 and 14x14 and ConvNeXt's 7x7
-# at 7x7 and 14x14, a plane narrower or shorter than the kernel, a batch, a multiplier of 2;
-# at least DEPTHWISE_MIN_WORK / (K * K) pixels a plane (fewer take im2col).
+# at 7x7 and 14x14, a plane narrower or shorter than the kernel, a batch, a multiplier of 2.
 SAME_CASES = [
     ((1, 8, 7, 7), 1, 5),
     ((1, 6, 14, 14), 1, 5),
@@ -330,7 +320,7 @@ def test_the_same_padding_kernel_in_float64_and_on_threads() -> None:
 
 # (x shape, channel multiplier) at stride 2: even and odd heights and widths (an odd one
 # has a last output row/column with two taps), MobileNet's 14x14 and 28x28, a batch, a
-# channel multiplier of 2; planes of at least DEPTHWISE_MIN_WORK / 9 output pixels.
+# channel multiplier of 2.
 DW3S2_CASES = [
     ((1, 8, 14, 14), 1),
     ((1, 4, 15, 17), 1),

@@ -1,5 +1,6 @@
 """Kernels: Resize and Upsample (``resize``, tables in ``resize_plan``) and the vision ops
-(``vision``: NonMaxSuppression, RoiAlign, GridSample, AffineGrid).
+(``vision``: NonMaxSuppression, RoiAlign, GridSample, AffineGrid; NonMaxSuppression's
+compiled grid in ``nms_jit``).
 """
 
 from __future__ import annotations

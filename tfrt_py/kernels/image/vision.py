@@ -23,6 +23,7 @@ import numpy as np
 
 from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
+from .nms_jit import cell_size, nms_greedy
 
 __all__ = ["register_kernels"]
 
@@ -38,6 +39,7 @@ def _non_max_suppression(ctx: KernelContext) -> ComputeFn:
     """NonMaxSuppression-10: ``(boxes [B, N, 4], scores [B, C, N], max_output_boxes_per_class?,
     iou_threshold?, score_threshold?) -> selected_indices int64 [K, 3]``."""
     center = int(ctx.attr("center_point_box", 0))
+    jit = nms_greedy()
 
     def non_max_suppression(
         boxes: np.ndarray,
@@ -67,9 +69,11 @@ def _non_max_suppression(ctx: KernelContext) -> ComputeFn:
             y0 = np.minimum(b[..., 0], b[..., 2])
             y1 = np.maximum(b[..., 0], b[..., 2])
         area = (x1 - x0) * (y1 - y0)
-        selected: list[tuple[int, int, int]] = []
+        parts: list[np.ndarray] = []
         for bi in range(scores.shape[0]):
-            bx0, bx1, by0, by1, barea = x0[bi], x1[bi], y0[bi], y1[bi], area[bi]
+            box = (x0[bi], y0[bi], x1[bi], y1[bi], area[bi])
+            finite = all(bool(np.isfinite(v).all()) for v in (x0[bi], y0[bi], area[bi]))
+            fast = jit if jit is not None and finite else None  # the grid needs finite cells
             for ci in range(scores.shape[1]):
                 sc = scores[bi, ci]
                 cand = (
@@ -78,33 +82,44 @@ def _non_max_suppression(ctx: KernelContext) -> ComputeFn:
                 if cand.size == 0:
                     continue
                 order = cand[np.lexsort((cand, -sc[cand].astype(np.float64)))]
-                alive = np.ones(order.size, dtype=bool)
-                ox0, ox1, oy0, oy1, oarea = (
-                    bx0[order],
-                    bx1[order],
-                    by0[order],
-                    by1[order],
-                    barea[order],
-                )
-                kept = 0
-                for k in range(order.size):
-                    if not alive[k]:
-                        continue
-                    selected.append((bi, ci, int(order[k])))
-                    kept += 1
-                    if kept >= max_out:
-                        break
-                    rest = slice(k + 1, None)
-                    iw = np.minimum(ox1[rest], ox1[k]) - np.maximum(ox0[rest], ox0[k])
-                    ih = np.minimum(oy1[rest], oy1[k]) - np.maximum(oy0[rest], oy0[k])
-                    inter = iw * ih
-                    union = oarea[rest] + oarea[k] - inter
-                    ok = (iw > 0) & (ih > 0) & (oarea[rest] > 0) & (oarea[k] > 0) & (union > 0)
-                    iou = np.divide(inter, union, out=np.zeros_like(inter), where=ok)
-                    alive[rest] &= ~(ok & (iou > iou_thr))
-        return np.array(selected, dtype=np.int64).reshape(-1, 3)
+                ordered = tuple(np.ascontiguousarray(v[order]) for v in box)
+                if fast is not None:
+                    keep = np.empty(order.size, np.int64)
+                    cw, ch = cell_size(ordered[0], ordered[2]), cell_size(ordered[1], ordered[3])
+                    origin = (float(ordered[0].min()), float(ordered[1].min()))
+                    n = fast(*ordered, iou_thr, min(max_out, order.size), cw, ch, *origin, keep)
+                    kept = order[keep[:n]]
+                else:
+                    kept = order[_greedy(ordered, iou_thr, max_out)]
+                part = np.empty((kept.size, 3), np.int64)
+                part[:, 0], part[:, 1], part[:, 2] = bi, ci, kept
+                parts.append(part)
+        return np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.int64)
 
     return non_max_suppression
+
+
+def _greedy(box: tuple[np.ndarray, ...], iou_thr: float, max_out: int) -> list[int]:
+    """The kept positions of boxes (x0, y0, x1, y1, area) in score order: the NumPy path
+    of ``nms_jit``'s rule, one vector pass over the rest of the candidates per kept box."""
+    x0, y0, x1, y1, area = box
+    alive = np.ones(x0.size, dtype=bool)
+    kept: list[int] = []
+    for k in range(x0.size):
+        if not alive[k]:
+            continue
+        kept.append(k)
+        if len(kept) >= max_out:
+            break
+        rest = slice(k + 1, None)
+        iw = np.minimum(x1[rest], x1[k]) - np.maximum(x0[rest], x0[k])
+        ih = np.minimum(y1[rest], y1[k]) - np.maximum(y0[rest], y0[k])
+        inter = iw * ih
+        union = area[rest] + area[k] - inter
+        ok = (iw > 0) & (ih > 0) & (area[rest] > 0) & (area[k] > 0) & (union > 0)
+        iou = np.divide(inter, union, out=np.zeros_like(inter), where=ok)
+        alive[rest] &= ~(ok & (iou > iou_thr))
+    return kept
 
 
 # -- RoiAlign ---------------------------------------------------------------------------
