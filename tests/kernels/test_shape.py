@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
+from tests.support.jit_paths import spy_served
 from tfrt_py.ir import Node, TensorType, Value
 from tfrt_py.kernels import KernelContext, default_registry
 
@@ -174,6 +175,33 @@ def test_scatters(reduction: str) -> None:
         nd_idx = nd_idx[:2]
     nd_upd = np.arange(nd_idx.shape[0] * 4, dtype=np.float32).reshape(-1, 4)
     same("ScatterND", [X, nd_idx, nd_upd], {"reduction": reduction}, 18)
+
+
+@pytest.mark.parametrize(
+    ("axis", "reduction"), [(0, "none"), (1, "none"), (-1, "none"), (0, "add")]
+)
+def test_scatter_elements_of_expanded_indices_writes_slabs(
+    monkeypatch: pytest.MonkeyPatch, axis: int, reduction: str
+) -> None:
+    """Indices that hold one value per position along the axis (an index vector expanded,
+    as torchvision's multi-scale RoiAlign writes its ROIs back) take the slab copy; data
+    larger than the indices on another dim, negative indices, duplicates under "add"."""
+    from tfrt_py.kernels.indexing import scatter
+
+    slabs = spy_served(monkeypatch, scatter, "_slab_key")
+    data = np.arange(5 * 6 * 4, dtype=np.float32).reshape(5, 6, 4)
+    small = [1, 2, 2, 3] if axis == 1 else [3, -1, 0, 3 if reduction == "add" else 1]
+    shape = [4, 3, 2] if axis != -1 else [4, 3, 4]
+    shape[axis] = len(small)
+    vec_shape = [1, 1, 1]
+    vec_shape[axis] = len(small)
+    idx = np.broadcast_to(np.array(small, I64).reshape(vec_shape), shape).copy()
+    upd = np.random.default_rng(2).random(shape, dtype=np.float32)
+    same("ScatterElements", [data, idx, upd], {"axis": axis, "reduction": reduction}, 18)
+    assert slabs and all(slabs)
+    assert scatter._slab_key(idx, axis % 3) is not None
+    idx[-1, -1, -1] += 1  # no longer one value per position: the element path
+    assert scatter._slab_key(idx, axis % 3) is None
 
 
 def test_scatter_inplace_out() -> None:

@@ -24,6 +24,7 @@ import numpy as np
 from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .nms_jit import cell_size, nms_greedy
+from .roi_align_jit import MAX_GRID, roi_align_avg
 
 __all__ = ["register_kernels"]
 
@@ -156,12 +157,15 @@ def _roi_align(ctx: KernelContext) -> ComputeFn:
     ratio = int(ctx.attr("sampling_ratio", 0))
     scale = float(ctx.attr("spatial_scale", 1.0))
     offset = 0.5 if half_pixel else 0.0
+    jit = roi_align_avg() if mode == "avg" else None
 
     def roi_align(X: np.ndarray, rois: np.ndarray, batch_indices: np.ndarray) -> np.ndarray:
         n_rois = rois.shape[0]
         C, H, W = X.shape[1], X.shape[2], X.shape[3]
         Y = np.empty((n_rois, C, ph_n, pw_n), dtype=X.dtype)
         r64 = rois.astype(np.float64)
+        if jit is not None and _compiled_roi_align(jit, X, r64, batch_indices, Y):
+            return Y
         cdt = np.float64 if X.dtype == np.float64 else np.float32
         for n in range(n_rois):
             x0, y0, x1, y1 = (r64[n] * scale - offset).tolist()
@@ -195,6 +199,27 @@ def _roi_align(ctx: KernelContext) -> ComputeFn:
                 assert v is not None
                 Y[n] = v.reshape(C, ph_n, gh, pw_n, gw).max(axis=(2, 4))
         return Y
+
+    def _compiled_roi_align(
+        fn: Any, X: np.ndarray, r64: np.ndarray, bi: np.ndarray, Y: np.ndarray
+    ) -> bool:
+        """Fill ``Y`` by ``roi_align_jit`` when it takes the call: float maps, finite ROIs
+        in range of the batch, sample grids within ``MAX_GRID``, and a map whose
+        channels-last copy costs less than the sampling (else False, Y untouched)."""
+        if X.dtype not in (np.float32, np.float64) or not r64.size or 0 in X.shape:
+            return False
+        if not np.isfinite(r64).all() or bi.min() < 0 or bi.max() >= X.shape[0]:
+            return False
+        ext = np.abs(r64[:, 2:] - r64[:, :2]) * scale
+        grid = np.full(ext.shape, float(ratio)) if ratio > 0 else np.ceil(ext / (pw_n, ph_n))
+        if grid.max() > MAX_GRID:
+            return False
+        samples = float(np.maximum(grid, 1.0).prod(axis=1).sum()) * ph_n * pw_n * 4
+        if X[0].size * X.shape[0] > samples * X.shape[1]:
+            return False  # a big map, few samples: the per-ROI products read only the ROI
+        xt = np.ascontiguousarray(X.transpose(0, 2, 3, 1))
+        fn(xt, r64, bi.astype(np.int64), scale, offset, half_pixel, ratio, Y)
+        return True
 
     return roi_align
 
