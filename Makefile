@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: bench-first-result demo dist test test-slow test-floor test-fallbacks test-wheel lint unit conformance bench bench-zoo bench-zoo-classic \
-	bench-zoo-transformers bench-zoo-vision bench-zoo-quant bench-dynamic bench-generate bench-generate-streamed \
+	bench-zoo-transformers bench-zoo-vision bench-detection bench-zoo-quant bench-dynamic bench-generate bench-generate-streamed \
 	bench-kernels zoo-transformers-test-files clean
 
 $(STAMP): pyproject.toml
@@ -98,6 +98,13 @@ bench-zoo-vision: $(ZOO_STAMP)
 	    --png $(ZOO_OUT)/vision_zoo.png --json $(ZOO_OUT)/vision_zoo.json
 	$(ZOO_RUN) benchmarks/vision_zoo.py --batches 1 --busy \
 	    --png $(ZOO_OUT)/vision_zoo_busy.png --json $(ZOO_OUT)/vision_zoo_busy.json
+
+# torchvision's detectors with their post-processing (SSDLite, Faster R-CNN, RetinaNet,
+# FCOS at 320x320; benchmarks/detection.py --help), quiet and with a busy neighbour.
+bench-detection: $(ZOO_STAMP)
+	mkdir -p $(ZOO_OUT)
+	$(ZOO_RUN) benchmarks/detection.py --json $(ZOO_OUT)/detection.json
+	$(ZOO_RUN) benchmarks/detection.py --busy --json $(ZOO_OUT)/detection_busy.json
 
 # Each kernel path this host has (TFRT_PY_ISA=avx512, avx2, ...; a child process each):
 # GFLOP/s of the packed gemm and the convs against the path's measured FMA peak and

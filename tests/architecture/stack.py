@@ -110,8 +110,9 @@ LINE_BUDGET: dict[str, int] = {
     # share (lib/ir_kernels.py): issue 37; 2026-12-04: strided convs' GRID over the
     # input's phases (nn/conv_cols.py: issue 35); 12-04 (49th): NonMaxSuppression on a
     # grid of the kept boxes (image/nms_jit.py), RoiAlign's bins over a channels-last map
-    # (image/roi_align_jit.py), ScatterElements' slabs: issue 35, detection
-    "kernels": 31950,
+    # (image/roi_align_jit.py), ScatterElements' slabs, GroupNorm with its affine in one
+    # pass (nn/norm_group_jit.py): issue 35, detection
+    "kernels": 32070,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,
@@ -141,8 +142,9 @@ LINE_BUDGET: dict[str, int] = {
     # fuse_rotary (Llama-style decoders' rotary embedding, issue 37); 2026-12-01: fuse_qtable
     # (a quantized SiLU as one lookup, issue 36); fuse_text (a text vectorizer's front and
     # linear model) and encode_strings (string columns as ids, CategoryMapper), issue 39;
-    # encode_maps (a DictVectorizer's map input as its row)
-    "compiler": 5950,
+    # encode_maps (a DictVectorizer's map input as its row); 12-04 (49th): torch's GroupNorm
+    # export as one node (fuse_vision, issue 35: RetinaNet's and FCOS's heads)
+    "compiler": 6050,
     # 2026-11-29: gRPC (grpc_schema, grpc_service), ZipMap, the generate extension; 2026-11-30:
     # Triton's metrics and gauges across workers (metrics.py), JSON answers in pieces; 12-02:
     # continuous batching's batch-wide cache (gen_cache.py)

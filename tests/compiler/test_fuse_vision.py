@@ -72,7 +72,9 @@ def test_channel_layer_norm_matches_onnxruntime(jit: str, shape: Any, bias: bool
         inits["b"] = _RNG.standard_normal(c).astype(np.float32)
     m = _model(_ln_nodes(len(shape), bias), x, inits)
     model = tfrt_py.load(m, executor="sync")
-    assert _summary(model) == "1 channel LayerNorms, 0 Conv+GELU, 0 squeeze-and-excite"
+    assert _summary(model) == (
+        "1 channel LayerNorms, 0 Conv+GELU, 0 squeeze-and-excite, 0 GroupNorms"
+    )
     ops = [n.op_type for n in model.prepared.graph.nodes]
     assert ops == ["ChannelLayerNorm"], ops
     want = _ort(m, x)
@@ -142,7 +144,9 @@ def test_conv_gelu_runs_in_the_epilogue(jit: str, x_shape: Any, w_shape: Any, gr
     conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads, group=group)
     m = _model([conv, *_gelu_nodes("c")], x, inits)
     model = tfrt_py.load(m, executor="sync")
-    assert _summary(model) == "0 channel LayerNorms, 1 Conv+GELU, 0 squeeze-and-excite"
+    assert _summary(model) == (
+        "0 channel LayerNorms, 1 Conv+GELU, 0 squeeze-and-excite, 0 GroupNorms"
+    )
     (node,) = model.prepared.graph.nodes
     assert node.attrs["activation"] == "Gelu"
     want = _ort(m, x)
@@ -200,7 +204,9 @@ def test_squeeze_excite_is_one_kernel(
              "b2": _RNG.standard_normal(c).astype(np.float32)}  # fmt: skip
     m = _model(_se_nodes(act1, gate, x_first), x, inits)
     model = tfrt_py.load(m, executor="sync")
-    assert _summary(model) == "0 channel LayerNorms, 0 Conv+GELU, 1 squeeze-and-excite"
+    assert _summary(model) == (
+        "0 channel LayerNorms, 0 Conv+GELU, 1 squeeze-and-excite, 0 GroupNorms"
+    )
     assert [n.op_type for n in model.prepared.graph.nodes] == ["SqueezeExcite"]
     want = _ort(m, x)
     for _ in range(2):

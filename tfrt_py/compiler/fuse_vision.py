@@ -11,6 +11,10 @@ this pass): each becomes one node of the private domain (kernels in ``kernels/fu
   EfficientNet, RegNetY): one ``tfrt_py.fused::SqueezeExcite(x, W1, B1, W2, B2)`` -- the
   mean, two small products, their epilogues and the scaling in one kernel instead of four
   nodes of a few µs of work and ~10 µs of dispatch each;
+* **GroupNorm** -- torch's opset-17 export of ``nn.GroupNorm``: ``Reshape(x, [0, G, -1])``
+  -> ``InstanceNormalization`` with unit scale and zero bias -> ``Reshape`` to ``Shape(x)``
+  -> ``Mul`` and ``Add`` by constant per-channel (C, 1, ...) tensors (-> ``Relu``): one
+  ``tfrt_py.fused::GroupNorm(x, gamma, beta)`` (RetinaNet's and FCOS's heads);
 * **Conv + GELU** -- an erf ``Gelu`` (ONNX opset 20, ``approximate`` none, as
   ``fuse_transformer`` writes it) reading a constant-weight float Conv, or a fused Conv
   with no activation yet: the Conv takes it as its epilogue's activation (``Gelu``:
@@ -27,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import Graph, Node, Value
+from ..ir import Graph, Node, TensorType, Value
 from ..kernels.fused.domain import DOMAIN
 from .context import PassContext
 from .fuse_conv import _CONV_ATTRS, _fusable_conv
@@ -40,7 +44,7 @@ def fuse_vision(graph: Graph, ctx: PassContext) -> str:
     """The pass. Returns its one-line report."""
     uses = Uses(graph)
     replaced: dict[int, Node | None] = {}
-    n_ln = n_gelu = n_se = 0
+    n_ln = n_gelu = n_se = n_gn = 0
     for node in graph.nodes:
         if id(node) in replaced or node.domain != "":
             continue
@@ -54,6 +58,9 @@ def fuse_vision(graph: Graph, ctx: PassContext) -> str:
         elif node.op_type == "Mul":
             found = _squeeze_excite(node, uses, replaced)
             n_se += found is not None
+        elif node.op_type == "InstanceNormalization":
+            found = _group_norm(node, uses)
+            n_gn += found is not None
         if found is None:
             continue
         new, old = found
@@ -64,7 +71,8 @@ def fuse_vision(graph: Graph, ctx: PassContext) -> str:
         return "nothing to fuse"
     graph.nodes = [r for r in (replaced.get(id(nd), nd) for nd in graph.nodes) if r is not None]
     graph.opsets.setdefault(DOMAIN, 1)
-    return f"{n_ln} channel LayerNorms, {n_gelu} Conv+GELU, {n_se} squeeze-and-excite"
+    return (f"{n_ln} channel LayerNorms, {n_gelu} Conv+GELU, {n_se} squeeze-and-excite, "
+            f"{n_gn} GroupNorms")  # fmt: skip
 
 
 def _single_out(node: Node | None) -> Value | None:
@@ -222,3 +230,78 @@ def _squeeze_excite(
         )
         return new, [gap, conv1, conv2, mul]
     return None
+
+
+def _const_of(node: Node | None, op: str, x: Value) -> Value | None:
+    """The constant other input of the binary ``op`` node that reads ``x``, or None."""
+    if node is None or node.op_type != op or node.domain != "" or len(node.inputs) != 2:
+        return None
+    other = node.inputs[1] if node.inputs[0] is x else node.inputs[0]
+    return None if other is None or other is x or other.const is None else other
+
+
+def _shape_of(to: Value | None, x: Value, uses: Uses) -> list[Node] | None:
+    """When ``to`` is ``Shape(x)`` or the constant of x's static shape (folded): the nodes
+    to drop with the pattern (the Shape node when nothing else reads it); else None."""
+    sh = None if to is None else to.producer
+    if sh is not None:
+        if sh.op_type != "Shape" or sh.domain != "" or sh.inputs[0] is not x or sh.attrs:
+            return None
+        return [sh] if to is not None and uses.only_reader(to) is not None else []
+    t = x.type
+    if to is None or to.const is None or not isinstance(t, TensorType) or not t.is_static:
+        return None
+    return [] if [int(d) for d in to.const.reshape(-1)] == list(t.shape or ()) else None
+
+
+def _unit_affine(inn: Node) -> bool:
+    """Whether the InstanceNormalization's scale is all ones and its bias all zeros."""
+    scale, bias = (v.const if v is not None else None for v in inn.inputs[1:3])
+    if scale is None or bias is None or scale.dtype.kind != "f":
+        return False
+    return bool(np.all(scale == 1) and not np.any(bias))
+
+
+def _group_norm(inn: Node, uses: Uses) -> tuple[Node, list[Node]] | None:
+    """(GroupNorm, [Reshape, InstanceNormalization, Reshape, Mul, Add(, Relu)]) or None."""
+    xs = inn.inputs[0] if len(inn.inputs) == 3 else None
+    r1 = None if xs is None else xs.producer
+    if xs is None or r1 is None or r1.op_type != "Reshape" or not _unit_affine(inn):
+        return None
+    shape = r1.inputs[1].const if r1.inputs[1] is not None else None
+    if shape is None or shape.shape != (3,) or shape[0] != 0 or shape[2] != -1 or shape[1] < 1:
+        return None
+    x, y = r1.inputs[0], _single_out(inn)
+    r2 = None if y is None else uses.only_reader(y)
+    if x is None or r2 is None or r2.op_type != "Reshape" or uses.only_reader(xs) is not inn:
+        return None
+    z = _single_out(r2)
+    shape_nodes = _shape_of(r2.inputs[1], x, uses)
+    if z is None or shape_nodes is None:
+        return None
+    mul = uses.only_reader(z)
+    gamma = _const_of(mul, "Mul", z)
+    zm = _single_out(mul)
+    add = None if zm is None else uses.only_reader(zm)
+    beta = None if zm is None else _const_of(add, "Add", zm)
+    if mul is None or add is None or gamma is None or beta is None:
+        return None
+    g, b = gamma.const, beta.const
+    if g is None or b is None or g.shape != b.shape or g.ndim < 2 or g.dtype.kind != "f":
+        return None
+    if any(d != 1 for d in g.shape[1:]):
+        return None
+    old = [*shape_nodes, r1, inn, r2, mul, add]
+    last = _single_out(add)
+    relu = None if last is None else uses.only_reader(last)
+    if last is not None and relu is not None and relu.op_type == "Relu" and relu.domain == "":
+        old.append(relu)
+        last = _single_out(relu)
+    if last is None:
+        return None
+    attrs = {"groups": int(shape[1]), "epsilon": float(inn.attrs.get("epsilon", 1e-5)),
+             "activation": "Relu" if old[-1] is relu else ""}  # fmt: skip
+    name = f"{inn.name}/group_norm"
+    return Node(
+        "GroupNorm", [x, gamma, beta], [last], attrs, name=name, domain=DOMAIN, opset=1
+    ), old

@@ -97,7 +97,10 @@ TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
         frozenset({"Erf", "Tanh", "ReduceMean", "Sigmoid", "Transpose", "Neg"}),
         "nothing to fuse",
     ),
-    "fuse_vision": (frozenset({"LayerNormalization", "Gelu", "Mul"}), "nothing to fuse"),
+    "fuse_vision": (
+        frozenset({"LayerNormalization", "Gelu", "Mul", "InstanceNormalization"}),
+        "nothing to fuse",
+    ),
     "encode_strings": (
         frozenset({"OneHotEncoder", "LabelEncoder", "CategoryMapper"}),
         "nothing to encode",

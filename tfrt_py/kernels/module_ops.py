@@ -351,6 +351,7 @@ MODULE_OPS: dict[str, tuple[tuple[str, str], ...]] = {
     "fused.vision": (
         ("tfrt_py.fused", "ChannelLayerNorm"),
         ("tfrt_py.fused", "Conv"),
+        ("tfrt_py.fused", "GroupNorm"),
         ("tfrt_py.fused", "MatMulTransB"),
         ("tfrt_py.fused", "SoftmaxAttention"),
         ("tfrt_py.fused", "SqueezeExcite"),

@@ -22,6 +22,10 @@ Supports ``out=``.
 
 ``SqueezeExcite(X, W1, B1, W2, B2)`` (from ``fuse_vision``): GlobalAveragePool, two 1x1
 convolutions and the channel scaling in one kernel (``kernels/nn/squeeze_excite.py``).
+
+``GroupNorm(X, gamma, beta)`` (from ``fuse_vision``): attributes ``groups``, ``epsilon``,
+``activation`` (``Relu`` or ``""``); torch's GroupNorm with its per-channel affine and a
+ReLU in one pass over each group (``kernels/nn/norm_group_jit.py``). Supports ``out=``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from ..lib.gemm import matmul_batched_into
 from ..lib.sdpa import softmax_attention
 from ..nn.conv import Epilogue, conv_cost, conv_with_epilogue
 from ..nn.norm_channel import channel_layer_norm_fn
+from ..nn.norm_group_jit import group_norm
 from ..nn.squeeze_excite import squeeze_excite_fn
 from ..registry import KernelRegistry
 from .domain import DOMAIN
@@ -76,6 +81,22 @@ def _channel_norm_cost(
 ) -> Cost:
     n = float(math.prod(ins[0])) if ins else 0.0
     return Cost(8.0 * n, 8.0 * n)
+
+
+def _group_norm(ctx: KernelContext) -> Any:
+    """GroupNorm: ``fn(x, gamma, beta, out=None)``, the affine read at load."""
+    gamma, beta = ctx.const_input(1), ctx.const_input(2)
+    if gamma is None or beta is None:
+        raise ctx.unsupported("GroupNorm needs a constant scale and bias")
+    g, b = gamma.reshape(-1), beta.reshape(-1)
+    groups, eps = int(ctx.attr("groups", 1)), float(ctx.attr("epsilon", 1e-5))
+    relu = str(ctx.attr("activation", "")) == "Relu"
+
+    def group_norm_fn(x: np.ndarray, _g: Any, _b: Any, out: Any = None) -> np.ndarray:
+        return group_norm(x, g.astype(x.dtype, copy=False), b.astype(x.dtype, copy=False),
+                          groups, eps, relu, out)  # fmt: skip
+
+    return group_norm_fn
 
 
 def _squeeze_excite(ctx: KernelContext) -> Any:
@@ -178,3 +199,4 @@ def register_kernels(registry: KernelRegistry) -> None:
     registry.add(
         "SqueezeExcite", _squeeze_excite, domain=DOMAIN, flags=out, cost=_squeeze_excite_cost
     )
+    registry.add("GroupNorm", _group_norm, domain=DOMAIN, flags=out, cost=_channel_norm_cost)

@@ -1,0 +1,195 @@
+"""The detection zoo: torchvision detectors exported by torch.onnx with their whole
+post-processing (score thresholds, per-class TopK, NonZero, batched NonMaxSuppression,
+RoiAlign and its ScatterElements), tfrt_py against onnxruntime in one process, interleaved.
+
+    python benchmarks/detection.py [--models ssdlite320,...] [--seconds S] [--busy]
+                                   [--threads N] [--executor auto|sync|async] [--json PATH]
+
+Each detector is built with random weights from a fixed seed (``weights=None``,
+``weights_backbone=None``: nothing is downloaded), in eval mode, and exported with the
+TorchScript exporter (opset 17) on one 3x320x320 image (a detector's input is a list of
+images: the graph takes one CHW image and resizes it itself). Random weights make every
+class score near 1/classes: SSDLite's 0.001 threshold then keeps every box, and its batched
+NMS sees 27,000 boxes -- the post-processing's worst case, which trained weights rarely
+reach. Files are cached under ``benchmarks/models/`` by the torch/torchvision versions;
+exports run in a child process (torch never shares the measuring process).
+
+The input is one uniform [0, 1) image from a fixed seed. Outputs are checked against
+onnxruntime first (same detections; boxes to 1e-3 of the image size). Timing is
+``tfrt_py.bench.measure``, as ``vision_zoo.py`` (whose helpers this uses): bursts of each
+runtime interleaved, the median paired ratio; onnxruntime's threads do not spin between
+runs. Torch and torchvision come from ``make bench-zoo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from benchmarks.vision_zoo import (  # noqa: E402 - after the path above
+    MODELS_DIR,
+    blas_threads,
+    busy_neighbour,
+    environment,
+    geomean,
+    kernel_path,
+)
+
+SIDE = 320
+SEED = 0
+OUTPUTS = ("boxes", "labels", "scores")  # torchvision's dict, in its order
+#: name -> (torchvision.models.detection constructor, its keyword arguments)
+DETECTORS: dict[str, tuple[str, dict[str, int]]] = {
+    "ssdlite320": ("ssdlite320_mobilenet_v3_large", {}),
+    "fasterrcnn_mobile320": ("fasterrcnn_mobilenet_v3_large_320_fpn", {}),
+    "retinanet_r50_320": ("retinanet_resnet50_fpn_v2", {"min_size": SIDE, "max_size": SIDE}),
+    "fcos_r50_320": ("fcos_resnet50_fpn", {"min_size": SIDE, "max_size": SIDE}),
+}
+
+
+def _export_one(name: str, path: str) -> None:
+    """Export ``name`` to ``path`` (atomically). Runs in the child: imports torch."""
+    import torch
+    import torchvision
+
+    torch.set_num_threads(1)
+    torch.manual_seed(SEED)
+    ctor, kw = DETECTORS[name]
+    model = getattr(torchvision.models.detection, ctor)(
+        weights=None, weights_backbone=None, **kw
+    ).eval()
+    x = torch.rand(3, SIDE, SIDE, generator=torch.Generator().manual_seed(SEED))
+    tmp = path + ".tmp"
+    with torch.no_grad():
+        torch.onnx.export(model, ([x],), tmp, dynamo=False, opset_version=17,
+                          input_names=["images"], output_names=list(OUTPUTS))  # fmt: skip
+    os.replace(tmp, path)
+
+
+def ensure_exported(names: list[str]) -> dict[str, str]:
+    """{name: path or "error: ..."}, exporting what is not cached (a child per file)."""
+    os.makedirs(MODELS_DIR, exist_ok=True)
+    tag = subprocess.run(
+        [sys.executable, "-c", "import importlib.metadata as m; print('-'.join("
+         "m.version(p).split('+')[0] for p in ('torch', 'torchvision')))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    got: dict[str, str] = {}
+    for name in names:
+        path = os.path.join(MODELS_DIR, f"{name}.torchscript.{tag}.onnx")
+        if not os.path.exists(path):
+            print(f"exporting {name} ...", flush=True)
+            t0 = time.perf_counter()
+            r = subprocess.run([sys.executable, __file__, "--export-child", name, path],
+                               capture_output=True, text=True)  # fmt: skip
+            if r.returncode or not os.path.exists(path):
+                lines = r.stderr.strip().splitlines() or ["failed"]
+                got[name] = "error: " + lines[-1]
+                continue
+            print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
+        got[name] = path
+    return got
+
+
+def _check(got: dict, want: list, names: list[str]) -> str:
+    """ "" when tfrt_py's detections are onnxruntime's, else what differs."""
+    import numpy as np
+
+    for name, w in zip(names, want):
+        g = got[name]
+        if g.shape != w.shape:
+            return f"{name}: shape {g.shape} against {w.shape}"
+        tol = 1e-3 * SIDE if name == "boxes" else 1e-4
+        if g.size and float(np.abs(g.astype(np.float64) - w).max()) > tol:
+            return f"{name}: max difference {float(np.abs(g.astype(np.float64) - w).max()):.3g}"
+    return ""
+
+
+def bench_one(path: str, seconds: float, threads: int, executor: str) -> dict:
+    import numpy as np
+    import onnxruntime as ort
+
+    import tfrt_py
+    from tfrt_py.bench import measure
+
+    image = np.random.default_rng(SEED).random((3, SIDE, SIDE), dtype=np.float32)
+    feeds = {"images": image}
+    t0 = time.perf_counter()
+    model = tfrt_py.load(path, executor=executor, threads=threads or None)
+    load_s = time.perf_counter() - t0
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    want = sess.run(None, feeds)
+    bad = _check(model.run(feeds), want, names)
+    if bad:
+        raise AssertionError(bad)
+    model.warmup([feeds])
+    runners = {"tfrt_py": lambda: model.run(feeds), "onnxruntime": lambda: sess.run(None, feeds)}
+    res = measure(runners, "onnxruntime", seconds, burst_s=0.2)
+    t, o = res["tfrt_py"], res["onnxruntime"]
+    kind = model.describe().split("executor: ", 1)[-1].split(" ", 1)[0]
+    return {"tfrt_ms": t.median_us / 1e3, "ort_ms": o.median_us / 1e3, "ratio": t.ratio,
+            "detections": int(want[0].shape[0]), "executor": kind, "load_s": load_s}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=",".join(DETECTORS))
+    ap.add_argument("--seconds", type=float, default=4.0, help="timing per model")
+    ap.add_argument("--busy", action="store_true", help="a busy-loop neighbour on one core")
+    ap.add_argument("--threads", type=int, default=0, help="threads for both runtimes (0: each "
+                    "library's default)")  # fmt: skip
+    ap.add_argument("--executor", default="auto", choices=("auto", "sync", "async"))
+    ap.add_argument("--json", default="", help="write the rows here")
+    ap.add_argument("--export-child", nargs=2, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.export_child:
+        _export_one(*a.export_child)
+        return
+    names = [m for m in a.models.split(",") if m]
+    unknown = set(names) - set(DETECTORS)
+    if unknown:
+        ap.error(f"unknown models {sorted(unknown)}; the zoo has {', '.join(DETECTORS)}")
+    paths = ensure_exported(names)
+    rows: dict[str, dict] = {}
+    with busy_neighbour(a.busy), blas_threads(a.threads):
+        for name in names:
+            if paths[name].startswith("error:"):
+                print(f"{name}: export failed: {paths[name]}", flush=True)
+                continue
+            try:
+                rows[name] = r = bench_one(paths[name], a.seconds, a.threads, a.executor)
+            except Exception as e:  # noqa: BLE001 - report and go on with the zoo
+                print(f"{name}: {type(e).__name__}: {e}", flush=True)
+                continue
+            print(f"{name:22s} tfrt_py ({r['executor']}) {r['tfrt_ms']:8.2f} ms, onnxruntime "
+                  f"{r['ort_ms']:8.2f} ms, ratio {r['ratio']:.2f}", flush=True)  # fmt: skip
+    label = ("detection zoo, " + ("with a busy-loop neighbour on one core" if a.busy else "quiet")
+             + f", executor {a.executor}, tfrt_py path {kernel_path()}")  # fmt: skip
+    print(f"\n### {label}\n\n| model | detections | tfrt_py ms (executor) | onnxruntime ms "
+          "| ratio |\n|---|---:|---:|---:|---:|")  # fmt: skip
+    for name, r in rows.items():
+        print(f"| {name} | {r['detections']} | {r['tfrt_ms']:.2f} ({r['executor']}) "
+              f"| {r['ort_ms']:.2f} | {r['ratio']:.2f} |")  # fmt: skip
+    if rows:
+        ratios = [r["ratio"] for r in rows.values()]
+        print(f"| **geomean** | | | | **{geomean(ratios):.2f}** (max {max(ratios):.2f}) |")
+    print("\n" + environment())
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
