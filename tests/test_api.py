@@ -175,6 +175,27 @@ def test_auto_picks_async_for_parallel_expensive_kernels_and_says_why() -> None:
     np.testing.assert_array_equal(m.run({"x": x})["y"], 3 * x)
 
 
+def test_auto_keeps_sync_where_big_kernels_have_dims_the_data_sets() -> None:
+    """The same parallel products, and a third whose rows a feed decides (a Slice to a
+    computed end, as a detector resizes to computed sizes): the cost model counts such a
+    dim as 1, so auto does not bet on the branches and says why."""
+    b = GraphBuilder("data_sized")
+    x = b.input("x", np.float32, (512, 512))
+    k = b.input("k", np.int64, (1,))
+    w = np.eye(512, dtype=np.float32)
+    both = b.op("Add", b.op("MatMul", x, b.const(w)), b.op("MatMul", x, b.const(2 * w)))
+    rows = b.op("Slice", x, b.const(np.array([0], np.int64)), k)
+    b.output(both, "y")
+    b.output(b.op("MatMul", rows, b.const(3 * w)), "z")
+    m = tfrt_py.load(b.build())
+    assert m.executor == "sync"
+    assert "dims that depend on the data" in m.describe()
+    x_in = np.ones((512, 512), np.float32)
+    out = m.run({"x": x_in, "k": np.array([7], np.int64)})
+    np.testing.assert_array_equal(out["y"], 3 * x_in)
+    assert out["z"].shape == (7, 512)
+
+
 def test_auto_keeps_tiny_models_on_the_sync_interpreter() -> None:
     m = tfrt_py.load(_two_branch(4))
     assert m.executor == "sync"

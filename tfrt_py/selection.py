@@ -10,7 +10,9 @@ load on the loading thread, after ``compiler.prepare``, and returns the Executor
 * ``"auto"``: *async* when the model has ``async def`` kernels (they overlap with compute),
   or when the cost model predicts a call on the dataflow executor (critical path or work
   over the thread budget, plus scheduling and pool hops) at most ``THRESHOLDS.async_gain``
-  of one on the sync interpreter (parallel branches of expensive kernels); else *native*
+  of one on the sync interpreter (parallel branches of expensive kernels) -- unless kernels
+  with big weights have dims the data sets (``_data_sized``: the prediction cannot size
+  them); else *native*
   when numba imports, every op lowers (dynamic dims too: rows mode or per signature,
   ``native/runtime/tier.py``; auto then measures native against the interpreter per batch-size
   class or box of dims) and the cost model calls it tiny (``THRESHOLDS.native_max_flops``),
@@ -263,8 +265,41 @@ def _auto_kind(prepared: Prepared, async_nodes: list[Node]) -> tuple[str, str]:
     figures = (f"predicted {sync_us:,.0f} µs per call on sync, {async_us:,.0f} µs on async "
                f"with {lanes} lane(s); {mflop}")  # fmt: skip
     if async_us < THRESHOLDS.async_gain * sync_us:
+        unsized = _data_sized(prepared)
+        if unsized:
+            return "sync", (f"auto: {unsized} kernel(s) with big weights have dims that depend "
+                            "on the data (a Resize to computed sizes, NonZero), which the cost "
+                            "model cannot size; the interpreter's kernels split over the threads "
+                            f"themselves ({figures})")  # fmt: skip
         return "async", f"auto: parallel branches pay for the pool hops ({figures})"
     return "sync", f"auto: the pool hops would cost more than parallel branches gain ({figures})"
+
+
+def _data_sized(prepared: Prepared) -> int:
+    """How many kernels with a big constant weight (``THRESHOLDS.big_weight`` elements) read
+    or write a value of unknown rank or a dim that no graph input has: one the data sets (a
+    detector resizes its image to sizes it computes), which the cost model counts as 1.
+    Such a model's parallel branches look cheap while each of their convs is big enough to
+    split over the threads on its own (RetinaNet R50 at 320: 140 ms a call on async, 120
+    on sync)."""
+    graph = prepared.program.graph
+    known = {d for v in graph.inputs if isinstance(v.type, TensorType) and v.type.shape
+             for d in v.type.shape if isinstance(d, str)}  # fmt: skip
+    count = 0
+    for node in graph.nodes:
+        if not any(v is not None and v.const is not None and v.const.size >= THRESHOLDS.big_weight
+                   for v in node.inputs):  # fmt: skip
+            continue
+        for v in (*node.inputs, *node.outputs):
+            if v is None or v.const is not None:
+                continue
+            t = v.type
+            dims = t.shape if isinstance(t, TensorType) else None
+            if dims is None or any(d is None or (isinstance(d, str) and d not in known)
+                                   for d in dims):  # fmt: skip
+                count += 1
+                break
+    return count
 
 
 def _predict(prepared: Prepared) -> tuple[float, float, int]:
