@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 
 import tfrt_py
 from tests.support.jit_paths import spy_compiled
+from tfrt_py.concurrency import native_threads
 from tfrt_py.kernels.image import vision
 
 _RNG = np.random.default_rng(21)
@@ -53,21 +54,27 @@ CASES = [  # (map shape, ROIs, opset, attrs)
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("shape", "rois", "opset", "attrs"), CASES)
 def test_roi_align_avg_matches_onnxruntime(
     jit: str, monkeypatch: pytest.MonkeyPatch, shape: Any, rois: np.ndarray, opset: int,
-    attrs: dict[str, Any],
+    attrs: dict[str, Any], threads: int,
 ) -> None:  # fmt: skip
-    ran = spy_compiled(monkeypatch, vision, "roi_align_avg")
+    """One thread: the serial kernel; two: the ROIs in parts on native threads (where they
+    are ready; else the serial kernel)."""
+    serial = spy_compiled(monkeypatch, vision, "roi_align_avg")
+    split = spy_compiled(monkeypatch, vision, "roi_align_par")
     x = _RNG.standard_normal(shape).astype(np.float32)
     idx = _RNG.integers(0, shape[0], len(rois)).astype(np.int64)
     m = _model(opset, **attrs)
     feeds = {"x": x, "rois": rois, "idx": idx}
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     (want,) = sess.run(None, feeds)
-    got = tfrt_py.load(m, executor="sync").run(feeds)["y"]
+    got = tfrt_py.load(m, executor="sync", threads=threads).run(feeds)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    assert len(ran) == (jit == "jit"), "the compiled kernel runs exactly when numba may"
+    assert bool(serial or split) == (jit == "jit"), "a compiled kernel runs when numba may"
+    if jit == "jit" and threads == 2 and native_threads.ready():
+        assert split and not serial
 
 
 @pytest.mark.parametrize("case", ["nan", "batch", "big map"])
@@ -78,6 +85,7 @@ def test_roi_align_keeps_the_numpy_path_where_the_kernel_cannot_run(
     error, as before), and a big map with one small ROI (its channels-last copy would cost
     more than the sampling)."""
     ran = spy_compiled(monkeypatch, vision, "roi_align_avg")
+    ran_split = spy_compiled(monkeypatch, vision, "roi_align_par")
     m = _model(16, output_height=2, output_width=2, sampling_ratio=2)
     x = _RNG.standard_normal((1, 4, 64 if case == "big map" else 8, 64)).astype(np.float32)
     rois = np.array([[1, 1, 5, 6], [0, 2, 3, 3]], np.float32)
@@ -91,4 +99,4 @@ def test_roi_align_keeps_the_numpy_path_where_the_kernel_cannot_run(
         model.run({"x": x, "rois": rois, "idx": idx})
     except tfrt_py.errors.TfrtError:
         assert case != "big map"
-    assert not ran
+    assert not ran and not ran_split

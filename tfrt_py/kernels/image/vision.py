@@ -21,10 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from ...concurrency import native_threads
+from ...concurrency.threads import intra_pool
 from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .nms_jit import cell_size, nms_greedy
-from .roi_align_jit import MAX_GRID, roi_align_avg
+from .roi_align_jit import MAX_GRID, roi_align_avg, roi_align_par
 
 __all__ = ["register_kernels"]
 
@@ -32,6 +34,9 @@ __all__ = ["register_kernels"]
 def _str(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
+
+#: RoiAlign splits its ROIs over the native threads from two parts of this many ROIs.
+ROIS_PER_PART = 8
 
 # -- NonMaxSuppression ------------------------------------------------------------------
 
@@ -218,7 +223,14 @@ def _roi_align(ctx: KernelContext) -> ComputeFn:
         if X[0].size * X.shape[0] > samples * X.shape[1]:
             return False  # a big map, few samples: the per-ROI products read only the ROI
         xt = np.ascontiguousarray(X.transpose(0, 2, 3, 1))
-        fn(xt, r64, bi.astype(np.int64), scale, offset, half_pixel, ratio, Y)
+        args = (xt, r64, bi.astype(np.int64), scale, offset, half_pixel, ratio, Y)
+        par = roi_align_par() if len(r64) >= 2 * ROIS_PER_PART else None
+        threads = intra_pool().threads
+        if par is not None and threads > 1:
+            parts = min(2 * native_threads.enter(threads), len(r64) // ROIS_PER_PART)
+            par(*args, native_threads.edges(len(r64), parts))
+        else:
+            fn(*args)
         return True
 
     return roi_align
