@@ -9,9 +9,12 @@ The group, in order (each part optional, at least one present):
   + beta`` with ``a = scale / sqrt(var + eps)`` per output channel (computed in float64);
 * ``Mul(y, c)`` with ``c`` a constant per output channel (ConvNeXt's layer scale): folded
   into the weights and bias, ``W' = W * c``, ``B' = B * c``;
-* ``Add(y, R)`` (either operand order) with ``R`` a computed value of exactly ``y``'s type
-  (dtype and shape, symbolic dims by name), or a constant that broadcasts to one value per
-  channel, which joins the bias;
+* ``Add(y, R)`` (either operand order) with ``R`` a computed value of ``y``'s dtype and
+  rank whose dims agree with ``y``'s wherever both are known numbers (a model exported with
+  dynamic height and width names every conv's output dims afresh: ``unk__7`` and
+  ``unk__9`` are one size at run time; the kernel adds an ``R`` of another shape by
+  broadcasting), or a constant that broadcasts to one value per channel, which joins the
+  bias;
 * an activation (``conv_direct.ACTIVATIONS``): Relu, Clip with constant bounds,
   HardSwish, HardSigmoid, Sigmoid, LeakyRelu, Gelu (erf form; the decomposed pattern is
   named by ``fuse_transformer`` after this pass, and ``fuse_vision`` fuses it then), or
@@ -151,7 +154,7 @@ def _add_residual_or_bias(group: _Group, add: Node) -> None:
     cb = _channel_const(other, w.shape[0], w.ndim, w.dtype)
     if cb is not None:
         group.bias = cb if group.bias is None else (group.bias + cb).astype(w.dtype)
-    elif other is not None and _same_type(other, out) and other is not out:
+    elif other is not None and _residual_fits(other, out) and other is not out:
         group.residual = other
     if cb is not None or group.residual is not None:
         group.out = _must_out(add)
@@ -217,9 +220,17 @@ def _ttype(v: Value | None) -> TensorType | None:
     return t if isinstance(t, TensorType) and t.shape is not None else None
 
 
-def _same_type(a: Value, b: Value) -> bool:
-    ta, tb = _ttype(a), _ttype(b)
-    return ta is not None and tb is not None and ta == tb and None not in (ta.shape or (None,))
+def _residual_fits(r: Value, y: Value) -> bool:
+    """Whether ``r`` may be the residual of the conv output ``y``: same dtype and rank, the
+    dims equal wherever both are numbers (symbols and unknowns are checked at run time)."""
+    tr, ty = _ttype(r), _ttype(y)
+    if tr is None or ty is None or tr.dtype != ty.dtype or tr.shape is None or ty.shape is None:
+        return False
+    if len(tr.shape) != len(ty.shape):
+        return False
+    return all(
+        a == b for a, b in zip(tr.shape, ty.shape) if isinstance(a, int) and isinstance(b, int)
+    )
 
 
 def _fold_bn(

@@ -223,8 +223,8 @@ def make_conv_core(
 
     ``core(x, w, out)``: ``x`` (N, C, *in) of any numeric dtype (cast to ``cdt``), ``w``
     (M, C/group, *kernel) or ignored when ``w_const`` (already zero-point adjusted for the
-    integer ops) is given, ``out`` an optional contiguous (N, M, *out) ``cdt`` buffer.
-    Returns the (N, M, *out) result in ``cdt``.
+    integer ops) is given, ``out`` an optional contiguous (N, M, *out) ``cdt`` buffer (one of
+    another shape is ignored). Returns the (N, M, *out) result in ``cdt``.
     """
     if group < 1:
         raise ctx.unsupported(f"group={group}")
@@ -247,6 +247,8 @@ def make_conv_core(
             if plan is None:
                 plan = plans.put(key, _make_plan(ctx, sp, group, itemsize, x.shape, w.shape))
             w2 = w.reshape(plan.w2_shape).astype(cdt, copy=False)
+        if out is not None and out.shape != plan.out_shape:
+            out = None  # the caller's buffer holds a residual's broadcast shape (``conv``)
         if x.dtype != cdt:
             x = x.astype(cdt)
         if plan.taps is not None:
@@ -372,10 +374,13 @@ def _conv_fn(
             if y is not None:
                 return y
         direct = same and out is not None and out.flags.c_contiguous
+        direct = direct and (r is None or r.shape == out.shape)
         y = core(x, w, out if direct else None)
         bb = bias_vector(b, b_c, cdt)
         if r is not None and (r.shape != y.shape or r.dtype != y.dtype):
-            y += r  # broadcasts (the fusion pass only fuses same-shape residuals)
+            # a residual whose dims the fusion could not compare (``fuse_conv``): broadcast
+            grows = np.broadcast_shapes(y.shape, r.shape) != y.shape
+            y = np.add(y, r, out=None if grows else y, casting="unsafe")
             r = None
         epilogue(y, bb, r)
         if not same:
