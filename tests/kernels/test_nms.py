@@ -130,13 +130,15 @@ def _greedy_both(b: np.ndarray, thr: float, max_out: int, cell: float) -> tuple[
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("cell", [0.5, 7.0, 1e4])
 def test_grid_kernel_is_the_greedy_rule(seed: int, cell: float) -> None:
-    """Small boxes, wide ones (over MAX_CELLS cells), boxes of no area, duplicates and two
-    clusters 1e6 apart, at cells much finer than, like and coarser than the boxes."""
+    """Small boxes, big ones (on coarser grid levels), boxes too big for every level, boxes
+    of no area, duplicates and two clusters 1e6 apart, at cells much finer than, like and
+    coarser than the boxes."""
     rng = np.random.default_rng(seed)
     xy = np.concatenate([rng.uniform(0, 200, (300, 2)), rng.uniform(1e6, 1e6 + 50, (100, 2))])
     wh = rng.uniform(0, 30, (400, 2))
     wh[::9] *= 20.0
     wh[::13, 0] = 0.0
+    wh[::37] *= 1e7  # too big for the coarsest grid level: the wide list
     b = np.concatenate([xy, xy + wh], axis=1)
     b[350:360] = b[340]
     for thr in (0.0, 0.3, 0.7):
