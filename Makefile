@@ -100,11 +100,14 @@ bench-zoo-vision: $(ZOO_STAMP)
 	    --png $(ZOO_OUT)/vision_zoo_busy.png --json $(ZOO_OUT)/vision_zoo_busy.json
 
 # torchvision's detectors with their post-processing (SSDLite, Faster R-CNN, RetinaNet,
-# FCOS at 320x320; benchmarks/detection.py --help), quiet and with a busy neighbour.
+# FCOS; benchmarks/detection.py --help): 320x320 images, quiet and with a busy neighbour,
+# then a new image size on every call.
 bench-detection: $(ZOO_STAMP)
 	mkdir -p $(ZOO_OUT)
 	$(ZOO_RUN) benchmarks/detection.py --json $(ZOO_OUT)/detection.json
 	$(ZOO_RUN) benchmarks/detection.py --busy --json $(ZOO_OUT)/detection_busy.json
+	$(ZOO_RUN) benchmarks/detection.py --sizes 320x320,480x640,600x400,333x517 \
+	    --json $(ZOO_OUT)/detection_sizes.json
 
 # Each kernel path this host has (TFRT_PY_ISA=avx512, avx2, ...; a child process each):
 # GFLOP/s of the packed gemm and the convs against the path's measured FMA peak and
