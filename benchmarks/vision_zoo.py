@@ -41,6 +41,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS_DIR = os.path.join(HERE, "models")
@@ -66,7 +67,7 @@ SEED = 0
 # -- export (child process: imports torch) ---------------------------------------------------
 
 
-def _build_torch_model(name: str):  # type: ignore[no-untyped-def]
+def _build_torch_model(name: str) -> Any:
     import torch
 
     lib, ctor, _ = ZOO[name]
@@ -107,6 +108,8 @@ def _export_one(name: str, exporter: str, path: str) -> None:
                 input_names=["input"], output_names=["output"],
                 dynamic_shapes=({0: batch},), external_data=False,
             )  # fmt: skip
+            if prog is None:
+                raise RuntimeError(f"torch.onnx.export gave no program for {name}")
             prog.save(tmp, external_data=False)
     os.replace(tmp, path)
 

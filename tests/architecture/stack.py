@@ -109,9 +109,9 @@ LINE_BUDGET: dict[str, int] = {
     # and sum in vector registers (lib/rowreduce_ir.py), and what the float32 IR kernels
     # share (lib/ir_kernels.py): issue 37; 2026-12-04: strided convs' GRID over the
     # input's phases (nn/conv_cols.py: issue 35); 12-04 (49th): NonMaxSuppression on a
-    # multi-level grid of the kept boxes (image/nms_jit.py), RoiAlign's bins over a channels-last map
-    # (image/roi_align_jit.py), ScatterElements' slabs, GroupNorm with its affine in one
-    # pass (nn/norm_group_jit.py): issue 35, detection
+    # multi-level grid of the kept boxes (image/nms_jit.py), RoiAlign's bins over a
+    # channels-last map (image/roi_align_jit.py), ScatterElements' slabs, GroupNorm with its
+    # affine in one pass (nn/norm_group_jit.py): issue 35, detection
     "kernels": 32140,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
