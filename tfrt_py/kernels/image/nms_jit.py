@@ -31,7 +31,7 @@ import numpy as np
 
 from ..lib.jit import Jitted, inline
 
-__all__ = ["LEVELS", "MAX_CELLS", "cell_size", "nms_greedy"]
+__all__ = ["LEVELS", "MAX_BOXES", "MAX_CELLS", "cell_size", "nms_greedy"]
 
 #: A kept box goes to the finest grid level where it covers at most this many cells.
 MAX_CELLS = 16
@@ -39,6 +39,9 @@ MAX_CELLS = 16
 #: coarsest is compared with every later candidate (the "wide" list).
 LEVELS = 6
 LEVEL_RATIO = 4.0
+#: The most boxes of one (image, class) the kernel takes (its links are int32, at most 16 a
+#: box); more keep the NumPy loop.
+MAX_BOXES = 1 << 26
 #: A candidate probes a level's cells when it covers at most this many (and fewer than
 #: the level holds boxes); else it compares with each of the level's boxes.
 QUERY_CELLS = 64
@@ -89,12 +92,12 @@ def _nms_greedy(
     while size < 2 * n:
         size *= 2
     mask = size - 1
-    head = np.full(size, -1, np.int64)
+    head = np.full(size, -1, np.int32)  # int32 links: at most 16 * MAX_BOXES entries
     cap = 4 * n + MAX_CELLS
-    nxt = np.empty(cap, np.int64)
-    who = np.empty(cap, np.int64)
+    nxt = np.empty(cap, np.int32)
+    who = np.empty(cap, np.int32)
     used = 0
-    lists = np.empty((LEVELS + 1, n), np.int64)  # the kept boxes of each level; last: wide
+    lists = np.empty((LEVELS + 1, n), np.int32)  # the kept boxes of each level; last: wide
     counts = np.zeros(LEVELS + 1, np.int64)
     kept = 0
     for r in range(n):
@@ -155,8 +158,8 @@ def _nms_greedy(
         cells = (i1 - i0 + 1) * (j1 - j0 + 1)
         if used + cells > cap:
             cap = 2 * cap + cells
-            nxt2 = np.empty(cap, np.int64)
-            who2 = np.empty(cap, np.int64)
+            nxt2 = np.empty(cap, np.int32)
+            who2 = np.empty(cap, np.int32)
             nxt2[:used] = nxt[:used]
             who2[:used] = who[:used]
             nxt = nxt2

@@ -25,7 +25,7 @@ from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
-from .nms_jit import cell_size, nms_greedy
+from .nms_jit import MAX_BOXES, cell_size, nms_greedy
 from .roi_align_jit import MAX_GRID, roi_align_avg, roi_align_par
 
 __all__ = ["register_kernels"]
@@ -89,7 +89,7 @@ def _non_max_suppression(ctx: KernelContext) -> ComputeFn:
                     continue
                 order = cand[np.lexsort((cand, -sc[cand].astype(np.float64)))]
                 ordered = tuple(np.ascontiguousarray(v[order]) for v in box)
-                if fast is not None:
+                if fast is not None and order.size <= MAX_BOXES:
                     keep = np.empty(order.size, np.int64)
                     cw, ch = cell_size(ordered[0], ordered[2]), cell_size(ordered[1], ordered[3])
                     origin = (float(ordered[0].min()), float(ordered[1].min()))
