@@ -47,6 +47,7 @@ from benchmarks.vision_zoo import (  # noqa: E402 - after the path above
     environment,
     geomean,
     kernel_path,
+    pick_models,
 )
 
 SIDE = 320
@@ -208,10 +209,7 @@ def main() -> None:
     if a.export_child:
         _export_one(*a.export_child)
         return
-    names = [m for m in a.models.split(",") if m]
-    unknown = set(names) - set(DETECTORS)
-    if unknown:
-        ap.error(f"unknown models {sorted(unknown)}; the zoo has {', '.join(DETECTORS)}")
+    names = pick_models(ap, a.models, DETECTORS)
     sizes = [(int(h), int(w)) for h, w in (v.split("x") for v in a.sizes.split(","))]
     paths = ensure_exported(names)
     rows: dict[str, dict] = {}

@@ -301,6 +301,15 @@ def environment() -> str:
     )
 
 
+def pick_models(ap: argparse.ArgumentParser, models: str, zoo: Any) -> list[str]:
+    """The comma-separated ``models`` (``ap.error`` for one not in ``zoo``)."""
+    names = [m for m in models.split(",") if m]
+    unknown = set(names) - set(zoo)
+    if unknown:
+        ap.error(f"unknown models {sorted(unknown)}; the zoo has {', '.join(zoo)}")
+    return names
+
+
 def geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x > 0 and math.isfinite(x)]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
@@ -376,10 +385,7 @@ def main() -> None:
     if a.export_child:
         _export_one(*a.export_child)
         return
-    names = [m for m in a.models.split(",") if m]
-    unknown = set(names) - set(ZOO)
-    if unknown:
-        ap.error(f"unknown models {sorted(unknown)}; the zoo has {', '.join(ZOO)}")
+    names = pick_models(ap, a.models, ZOO)
     exporters = list(EXPORTERS) if a.exporter == "both" else [a.exporter]
     paths = ensure_exported(names, exporters)
     failed = {k: v for k, v in paths.items() if v.startswith("error:")}

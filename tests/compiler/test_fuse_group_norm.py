@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
+from tests.support.jit_paths import spy_compiled
 
 _RNG = np.random.default_rng(17)
 
@@ -79,22 +80,14 @@ def test_group_norm_is_one_kernel(
 ) -> None:
     """RetinaNet's head shape, a batch, groups that end inside a channel (6 channels in 4
     groups), rank 3."""
-    from tfrt_py.kernels.nn import norm_group_jit
+    from tfrt_py.kernels.fused import vision
 
-    ran: list[Any] = []
-    real = norm_group_jit._GROUP_NORM.get
-
-    def get() -> Any:
-        fn = real()
-        ran.append(fn is not None)
-        return fn
-
-    monkeypatch.setattr(norm_group_jit._GROUP_NORM, "get", get)
+    ran = spy_compiled(monkeypatch, vision, "group_norm_kernel")
     m, x = _gn_model(shape, groups, relu)
     model = _check(m, x)
     ops = [n.op_type for n in model.prepared.graph.nodes]
     assert "GroupNorm" in ops and "InstanceNormalization" not in ops and "Relu" not in ops, ops
-    assert ran and all(ran) == (jit == "jit"), "the compiled kernel runs exactly when numba may"
+    assert bool(ran) == (jit == "jit"), "the compiled kernel runs exactly when numba may"
 
 
 def test_a_near_miss_stays_apart() -> None:

@@ -40,7 +40,7 @@ from ..lib.gemm import matmul_batched_into
 from ..lib.sdpa import softmax_attention
 from ..nn.conv import Epilogue, conv_cost, conv_with_epilogue
 from ..nn.norm_channel import channel_layer_norm_fn
-from ..nn.norm_group_jit import group_norm
+from ..nn.norm_group_jit import group_norm, group_norm_kernel
 from ..nn.squeeze_excite import squeeze_excite_fn
 from ..registry import KernelRegistry
 from .domain import DOMAIN
@@ -91,10 +91,11 @@ def _group_norm(ctx: KernelContext) -> Any:
     g, b = gamma.reshape(-1), beta.reshape(-1)
     groups, eps = int(ctx.attr("groups", 1)), float(ctx.attr("epsilon", 1e-5))
     relu = str(ctx.attr("activation", "")) == "Relu"
+    fn = group_norm_kernel()
 
     def group_norm_fn(x: np.ndarray, _g: Any, _b: Any, out: Any = None) -> np.ndarray:
         return group_norm(x, g.astype(x.dtype, copy=False), b.astype(x.dtype, copy=False),
-                          groups, eps, relu, out)  # fmt: skip
+                          groups, eps, relu, out, fn)  # fmt: skip
 
     return group_norm_fn
 

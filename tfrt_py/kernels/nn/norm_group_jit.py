@@ -3,12 +3,13 @@ group (the ``tfrt_py.fused::GroupNorm`` that ``compiler/fuse_vision`` makes of t
 opset-17 export: Reshape to (N, G, -1), InstanceNormalization with unit scale, Reshape back,
 Mul, Add, Relu -- five passes and a copy; RetinaNet's and FCOS's heads have 40 of them).
 
-``group_norm(x, gamma, beta, groups, eps, relu, out)``: ``x`` (N, C, ...) float, ``gamma``
+``group_norm(x, gamma, beta, groups, eps, relu, out, fn)``: ``x`` (N, C, ...) float, ``gamma``
 and ``beta`` (C,) of its dtype; each image's elements in ``groups`` equal flat blocks (as
 the Reshape makes them: a block may end inside a channel), each normalized by its mean and
 biased variance, then ``* gamma[c] + beta[c]`` per element's channel, then ReLU when
 ``relu``. float32 on the compiled kernel: the block's sums in float64 (``norm_jit``'s four
-partial sums), ``x * (inv * gamma) + (beta - mean * inv * gamma)`` in float32; else NumPy.
+partial sums), ``x * (inv * gamma) + (beta - mean * inv * gamma)`` in float32, when ``fn``
+(``group_norm_kernel()``, asked at load) is given; else NumPy (``norm_group.row_stats``).
 ValueError when the shapes do not fit. Any thread (the compiled loop releases the GIL).
 """
 
@@ -20,8 +21,9 @@ import numpy as np
 
 from ..lib.jit import CONTRACT, Jitted
 from ..lib.norm_jit import _f32_scale, _row_sums
+from .norm_group import row_stats
 
-__all__ = ["group_norm"]
+__all__ = ["group_norm", "group_norm_kernel"]
 
 
 def _group_norm_f32(
@@ -61,9 +63,14 @@ def _warm(fn: Any) -> None:
 _GROUP_NORM = Jitted(_group_norm_f32, _warm, helpers=(_row_sums, _f32_scale), fastmath=CONTRACT)
 
 
+def group_norm_kernel() -> Any:
+    """The compiled float32 loop (see the module doc), or None when NumPy must run."""
+    return _GROUP_NORM.get()
+
+
 def group_norm(
     x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, groups: int, eps: float, relu: bool,
-    out: np.ndarray | None = None,
+    out: np.ndarray | None = None, fn: Any = None,
 ) -> np.ndarray:  # fmt: skip
     """See the module doc. Returns ``out`` (a new array when None)."""
     if x.ndim < 2 or gamma.shape != (x.shape[1],) or beta.shape != gamma.shape:
@@ -73,18 +80,16 @@ def group_norm(
     if groups < 1 or per_image % groups:
         raise ValueError(f"GroupNorm: {per_image} elements an image not in {groups} groups")
     y = out if out is not None and out.flags.c_contiguous else np.empty(x.shape, x.dtype)
-    fn = _GROUP_NORM.get() if x.dtype == np.float32 and per_image else None
-    if fn is not None:
+    if fn is not None and x.dtype == np.float32 and per_image:
         xc = np.ascontiguousarray(x)
         fn(xc.reshape(n, -1), gamma.astype(np.float32, copy=False),
            beta.astype(np.float32, copy=False), per_image // x.shape[1], groups, eps, relu,
            y.reshape(n, -1))  # fmt: skip
-    else:
-        xs = x.reshape(n, groups, -1)
-        mean = xs.mean(axis=-1, keepdims=True)
-        norm = (xs - mean) / np.sqrt(xs.var(axis=-1, keepdims=True) + eps)
+    elif per_image:
+        d, _, inv = row_stats(x.reshape(n * groups, -1), eps)
+        d *= inv
         affine = (1, -1) + (1,) * (x.ndim - 2)
-        z = norm.reshape(x.shape) * gamma.reshape(affine) + beta.reshape(affine)
+        z = d.reshape(x.shape) * gamma.reshape(affine) + beta.reshape(affine)
         np.copyto(y, np.maximum(z, 0, out=z) if relu else z, casting="unsafe")
     if out is not None and y is not out:
         out[...] = y
