@@ -65,9 +65,8 @@ def _one_roi(
     rw, rh = rois[n, 2] * scale - offset - x0, rois[n, 3] * scale - offset - y0
     if not half_pixel:
         rw, rh = max(rw, 1.0), max(rh, 1.0)
-    gh = ratio if ratio > 0 else int(np.ceil(rh / ph))
-    gw = ratio if ratio > 0 else int(np.ceil(rw / pw))
-    gh, gw = max(gh, 0), max(gw, 0)
+    gh = ratio if ratio > 0 else max(int(np.ceil(rh / ph)), 0)
+    gw = ratio if ratio > 0 else max(int(np.ceil(rw / pw)), 0)
     inv = 1.0 / max(gh * gw, 1)
     ylo, yhi = np.empty(ph * gh, np.int64), np.empty(ph * gh, np.int64)
     wyl, wyh = np.empty(ph * gh), np.empty(ph * gh)
@@ -137,7 +136,6 @@ def roi_align_avg() -> Any:
 
 
 def roi_align_par() -> Any:
-    """``roi_align_avg``'s kernel split over native threads, ``fn(..., out, edges)``: the
-    ROIs between consecutive ``edges`` a part; None where the native threads are not ready
-    (the serial kernel then runs)."""
+    """``roi_align_avg``'s kernel split over native threads, ``fn(..., out, edges)`` (the ROIs
+    between consecutive ``edges`` a part); None where they are not ready."""
     return _ROI_ALIGN_PAR.get()
