@@ -111,8 +111,9 @@ LINE_BUDGET: dict[str, int] = {
     # input's phases (nn/conv_cols.py: issue 35); 12-04 (49th): NonMaxSuppression on a
     # multi-level grid of the kept boxes (image/nms_jit.py), RoiAlign's bins over a
     # channels-last map (image/roi_align_jit.py), ScatterElements' slabs, GroupNorm with its
-    # affine in one pass (nn/norm_group_jit.py): issue 35, detection
-    "kernels": 32150,
+    # affine in one pass (nn/norm_group_jit.py): issue 35, detection; 12-04 (50th):
+    # NonMaxSuppression's NumPy paths, the pair path for a cold process (image/nms_numpy.py)
+    "kernels": 32240,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,
@@ -136,8 +137,9 @@ LINE_BUDGET: dict[str, int] = {
     "native": 8950,
     # 2026-11-30: a bucket's check keeps shapes only (Program.run_shapes); baked parts shared;
     # 2026-12-01: genai's total_sequence_length tied to past + sequence (dims.genai_tied);
-    # straight-line code for the interpreter's unplanned calls (straight.py)
-    "executors": 4850,
+    # straight-line code for the interpreter's unplanned calls (straight.py); 12-04 (50th):
+    # the planner's greedy by vector scans (plan.py)
+    "executors": 4870,
     # 2026-11-29: fuse_qdq and channels_last (integer QDQ graphs, issue 36); 2026-11-30:
     # fuse_rotary (Llama-style decoders' rotary embedding, issue 37); 2026-12-01: fuse_qtable
     # (a quantized SiLU as one lookup, issue 36); fuse_text (a text vectorizer's front and

@@ -413,6 +413,24 @@ def test_float_shape_arithmetic_is_served_by_the_generic_plan(
     assert rt._generic.made >= 4  # type: ignore[attr-defined]
 
 
+def test_a_float_ratio_of_dims_is_computed_not_fitted() -> None:
+    """A detector scales its boxes by ``float(height) / 320``: a float the formula's float64
+    coefficients only approximate (at 480 the fitted value rounded to another float32 and
+    retired the generic plan). Float values are run per signature, integers fitted: the
+    plan serves every size, each exactly as NumPy's float32 division gives."""
+    b = GraphBuilder("ratio")
+    x = b.input("x", F32, (1, "h"))
+    h = b.op("Cast", b.op("Gather", b.op("Shape", x), b.const(np.array([1]))), to=1)
+    b.output(b.op("Mul", x, b.op("Div", h, b.const(np.array([320.0], F32)))), "y")
+    model = tfrt_py.load(b.build(), executor="sync")
+    rt = model.runtime
+    for width in (320, 480, 600, 333, 517, 1000, 7, 481):
+        got = model.run({"x": np.ones((1, width), F32)})["y"]
+        np.testing.assert_array_equal(got, np.full((1, width), F32(width) / F32(320)))
+    assert rt._generic is not None, rt.generic_note  # type: ignore[attr-defined]
+    assert rt.plans() == []  # type: ignore[attr-defined]
+
+
 def test_dim_relations_hold_exactly_at_huge_dims() -> None:
     """The relations are checked in one int64 product while the dims are small; a dim of
     2**31 or more (a zero-size feed may carry one) takes exact Python integers, so no

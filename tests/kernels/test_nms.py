@@ -1,7 +1,7 @@
 """NonMaxSuppression against onnxruntime on detector-shaped inputs, with the compiled grid
-kernel (``kernels/image/nms_jit.py``) and the NumPy path (``jit``), and the kernel against
-the NumPy path's greedy loop on adversarial geometry (wide boxes among small ones, boxes of
-no area, ties, far-apart clusters, cells finer than the boxes).
+kernel (``kernels/image/nms_jit.py``) and the NumPy paths (``jit``; ``nms_numpy``), and the
+kernel and the pair path against the NumPy sweep on adversarial geometry (wide boxes among
+small ones, boxes of no area, ties, far-apart clusters, cells finer than the boxes).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 import tfrt_py
 from tests.support.jit_paths import compiled_only, spy_compiled
-from tfrt_py.kernels.image import nms_jit, vision
+from tfrt_py.kernels.image import nms_jit, nms_numpy, vision
 
 _I64 = np.int64
 
@@ -89,6 +89,7 @@ def test_nms_matches_onnxruntime(
     iou: float, score_thr: float,
 ) -> None:  # fmt: skip
     ran = spy_compiled(monkeypatch, vision, "nms_greedy")
+    paired = _spy_pairs(monkeypatch)
     boxes, scores = make(np.random.default_rng(3))
     feeds = _feeds(boxes, scores, max_out, iou, score_thr)
     m = _model(center)
@@ -98,6 +99,23 @@ def test_nms_matches_onnxruntime(
     np.testing.assert_array_equal(got, want)
     assert len(want) > 10
     assert bool(ran) == (jit == "jit"), "the grid kernel runs exactly when numba may"
+    if jit != "jit" and make is _batched:
+        assert paired, "the NumPy path found the suppressing pairs (not the sweep)"
+
+
+def _spy_pairs(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Records each call of the pair path that took the boxes (did not decline)."""
+    took: list[bool] = []
+    real = nms_numpy.greedy_pairs
+
+    def spy(*args: Any) -> Any:
+        got = real(*args)
+        if got is not None:
+            took.append(True)
+        return got
+
+    monkeypatch.setattr(vision, "greedy_pairs", spy)
+    return took
 
 
 def test_nms_falls_back_on_boxes_that_are_not_finite(
@@ -114,11 +132,15 @@ def test_nms_falls_back_on_boxes_that_are_not_finite(
     assert not ran
 
 
-def _greedy_both(b: np.ndarray, thr: float, max_out: int, cell: float) -> tuple[Any, Any]:
+def _corners(b: np.ndarray) -> tuple[np.ndarray, ...]:
     x0, x1 = np.minimum(b[:, 0], b[:, 2]), np.maximum(b[:, 0], b[:, 2])
     y0, y1 = np.minimum(b[:, 1], b[:, 3]), np.maximum(b[:, 1], b[:, 3])
-    area = (x1 - x0) * (y1 - y0)
-    want = vision._greedy((x0, y0, x1, y1, area), thr, max_out)
+    return x0, y0, x1, y1, (x1 - x0) * (y1 - y0)
+
+
+def _greedy_both(b: np.ndarray, thr: float, max_out: int, cell: float) -> tuple[Any, Any]:
+    x0, y0, x1, y1, area = _corners(b)
+    want = nms_numpy.greedy_sweep((x0, y0, x1, y1, area), thr, max_out)
     keep = np.empty(len(b), _I64)
     fn = nms_jit.nms_greedy()
     n = fn(x0, y0, x1, y1, area, thr, min(max_out, len(b)), cell, cell * 1.3,
@@ -126,13 +148,9 @@ def _greedy_both(b: np.ndarray, thr: float, max_out: int, cell: float) -> tuple[
     return keep[:n].tolist(), want
 
 
-@compiled_only
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("cell", [0.5, 7.0, 1e4])
-def test_grid_kernel_is_the_greedy_rule(seed: int, cell: float) -> None:
-    """Small boxes, big ones (on coarser grid levels), boxes too big for every level, boxes
-    of no area, duplicates and two clusters 1e6 apart, at cells much finer than, like and
-    coarser than the boxes."""
+def _adversarial(seed: int) -> np.ndarray:
+    """Small boxes, big ones, huge ones (1e7 times wider), boxes of no area, duplicates and
+    two clusters 1e6 apart, in score order."""
     rng = np.random.default_rng(seed)
     xy = np.concatenate([rng.uniform(0, 200, (300, 2)), rng.uniform(1e6, 1e6 + 50, (100, 2))])
     wh = rng.uniform(0, 30, (400, 2))
@@ -141,8 +159,39 @@ def test_grid_kernel_is_the_greedy_rule(seed: int, cell: float) -> None:
     wh[::37] *= 1e7  # too big for the coarsest grid level: the wide list
     b = np.concatenate([xy, xy + wh], axis=1)
     b[350:360] = b[340]
+    return b
+
+
+@compiled_only
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("cell", [0.5, 7.0, 1e4])
+def test_grid_kernel_is_the_greedy_rule(seed: int, cell: float) -> None:
+    """Adversarial boxes (on coarser grid levels, too big for every level: the wide list) at
+    cells much finer than, like and coarser than the boxes."""
+    b = _adversarial(seed)
     for thr in (0.0, 0.3, 0.7):
         got, want = _greedy_both(b, thr, 10**9, cell)
         assert got == want
     got, want = _greedy_both(b, 0.3, 25, cell)
     assert got == want and len(got) == 25
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pair_path_is_the_greedy_rule(seed: int) -> None:
+    """The pair path keeps what the sweep keeps: adversarial boxes (long windows, visited a
+    row each, beside short ones, visited a column at a time), every threshold edge, a cap."""
+    boxes = _corners(_adversarial(seed))
+    for thr, max_out in ((0.0, 10**9), (0.3, 10**9), (0.7, 10**9), (1.0, 10**9), (0.3, 40)):
+        got = nms_numpy.greedy_pairs(boxes, thr, max_out)
+        assert got == nms_numpy.greedy_sweep(boxes, thr, max_out)
+        assert len(got) > 1
+
+
+def test_pair_path_declines_past_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows of more pairs than ``PAIR_BUDGET``, or than a small ``max_out``'s sweep reads,
+    are the sweep's: the pair path answers None (and the kernel still answers right)."""
+    boxes = _corners(_adversarial(0))
+    assert nms_numpy.greedy_pairs(boxes, 0.3, 10**9) is not None
+    assert nms_numpy.greedy_pairs(boxes, 0.3, 20) is None  # 400 boxes, ~13,000 pairs
+    monkeypatch.setattr(nms_numpy, "PAIR_BUDGET", 100)
+    assert nms_numpy.greedy_pairs(boxes, 0.3, 10**9) is None

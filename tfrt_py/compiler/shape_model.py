@@ -209,6 +209,7 @@ def _samples(
                 at += rank
             if (
                 id(val) in computed_once
+                and xs[0].dtype.kind in "biu"  # a float's rounding is not the formula's
                 and all(sh == shapes[0] for sh in shapes)
                 and xs[0].nbytes <= BAKE_MAX_BYTES
                 and xs[0].size

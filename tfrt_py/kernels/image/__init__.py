@@ -1,6 +1,6 @@
 """Kernels: Resize and Upsample (``resize``, tables in ``resize_plan``) and the vision ops
 (``vision``: NonMaxSuppression, RoiAlign, GridSample, AffineGrid; NonMaxSuppression's
-compiled grid in ``nms_jit``).
+compiled grid in ``nms_jit``, its NumPy paths in ``nms_numpy``).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from ...concurrency.threads import intra_pool
 from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
 from .nms_jit import MAX_BOXES, cell_size, nms_greedy
+from .nms_numpy import greedy_pairs, greedy_sweep
 from .roi_align_jit import MAX_GRID, roi_align_avg, roi_align_par
 
 __all__ = ["register_kernels"]
@@ -96,36 +97,14 @@ def _non_max_suppression(ctx: KernelContext) -> ComputeFn:
                     n = fast(*ordered, iou_thr, min(max_out, order.size), cw, ch, *origin, keep)
                     kept = order[keep[:n]]
                 else:
-                    kept = order[_greedy(ordered, iou_thr, max_out)]
+                    pos = greedy_pairs(ordered, iou_thr, max_out) if finite else None
+                    kept = order[greedy_sweep(ordered, iou_thr, max_out) if pos is None else pos]
                 part = np.empty((kept.size, 3), np.int64)
                 part[:, 0], part[:, 1], part[:, 2] = bi, ci, kept
                 parts.append(part)
         return np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.int64)
 
     return non_max_suppression
-
-
-def _greedy(box: tuple[np.ndarray, ...], iou_thr: float, max_out: int) -> list[int]:
-    """The kept positions of boxes (x0, y0, x1, y1, area) in score order: the NumPy path
-    of ``nms_jit``'s rule, one vector pass over the rest of the candidates per kept box."""
-    x0, y0, x1, y1, area = box
-    alive = np.ones(x0.size, dtype=bool)
-    kept: list[int] = []
-    for k in range(x0.size):
-        if not alive[k]:
-            continue
-        kept.append(k)
-        if len(kept) >= max_out:
-            break
-        rest = slice(k + 1, None)
-        iw = np.minimum(x1[rest], x1[k]) - np.maximum(x0[rest], x0[k])
-        ih = np.minimum(y1[rest], y1[k]) - np.maximum(y0[rest], y0[k])
-        inter = iw * ih
-        union = area[rest] + area[k] - inter
-        ok = (iw > 0) & (ih > 0) & (area[rest] > 0) & (area[k] > 0) & (union > 0)
-        iou = np.divide(inter, union, out=np.zeros_like(inter), where=ok)
-        alive[rest] &= ~(ok & (iou > iou_thr))
-    return kept
 
 
 # -- RoiAlign ---------------------------------------------------------------------------
