@@ -145,8 +145,9 @@ LINE_BUDGET: dict[str, int] = {
     # (a quantized SiLU as one lookup, issue 36); fuse_text (a text vectorizer's front and
     # linear model) and encode_strings (string columns as ids, CategoryMapper), issue 39;
     # encode_maps (a DictVectorizer's map input as its row); 12-04 (49th): torch's GroupNorm
-    # export as one node (fuse_vision, issue 35: RetinaNet's and FCOS's heads)
-    "compiler": 6050,
+    # export as one node (fuse_vision, issue 35: RetinaNet's and FCOS's heads); 12-04
+    # (50th): the shape model's probes stop at a measured work bound (detectors' loads)
+    "compiler": 6080,
     # 2026-11-29: gRPC (grpc_schema, grpc_service), ZipMap, the generate extension; 2026-11-30:
     # Triton's metrics and gauges across workers (metrics.py), JSON answers in pieces; 12-02:
     # continuous batching's batch-wide cache (gen_cache.py)

@@ -389,6 +389,25 @@ def test_models_the_shape_model_cannot_fit_plan_per_signature() -> None:
     assert fit.model is None and "5 dim variables" in fit.reason
 
 
+def test_probes_that_measure_too_much_work_stop_the_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A detector resizes every image to a fixed size, so each probe is a whole inference
+    (FCOS-R50's six: 2.8 s at every load): the first probe's measured work decides, the fit
+    stops there, and the model plans per signature, still right."""
+    from tfrt_py.compiler import shape_model
+
+    fit = fit_shape_model(tfrt_py.load(_attention_graph(), executor="sync").prepared.program,
+                          set(), set())  # fmt: skip
+    assert fit.model is not None, fit.reason
+    monkeypatch.setattr(shape_model, "FIT_MAX_FLOPS", 1e3)  # the attention's probes: ~1e4
+    probes = record_calls(monkeypatch, shape_model, "_probe")
+    model = tfrt_py.load(_attention_graph(), executor="sync")
+    assert len(probes) == 1 and model.runtime._generic is None  # type: ignore[attr-defined]
+    assert "its probes (measured:" in model.describe()
+    feeds = _feeds(2, 7)
+    np.testing.assert_allclose(model.run(feeds)["y"], _reference(_attention_graph(), feeds)["y"],
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
 def test_float_shape_arithmetic_is_served_by_the_generic_plan(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -16,8 +16,10 @@ new dim bucket (``executors/plan_generic.py``).
 
 Probes feed ones to integer and bool inputs (a mask that attends, ids in range) and zeros to
 float inputs; they run only for pure programs (no custom or async kernels) with at most
-``MAX_VARS`` variables and are bounded like every load-time evaluation
-(``load_limits.guarded_env``). Runs once per load on the loading thread.
+``MAX_VARS`` variables, stop after the first when it measured more than its share of
+``FIT_MAX_FLOPS`` (a detector's probes are whole inferences), and are bounded like every
+load-time evaluation (``load_limits.guarded_env``). Runs once per load on the loading
+thread.
 """
 
 from __future__ import annotations
@@ -36,14 +38,28 @@ from ..executors.plan_probe import value_slots
 from ..executors.program import Program
 from ..ir import TensorType
 from ..records import record
+from .cost import cost_of_shapes
 from .load_limits import guarded_env
 
-__all__ = ["CHECK_POINTS", "GRID", "MAX_VARS", "Fit", "fit_shape_model", "probe_scale"]
+__all__ = [
+    "CHECK_POINTS",
+    "FIT_MAX_FLOPS",
+    "GRID",
+    "MAX_VARS",
+    "Fit",
+    "fit_shape_model",
+    "probe_scale",
+]
 
 #: More variables than this: 2**n probes cost too much at load; plans stay per signature.
 MAX_VARS = 4
 #: Each variable's two grid values.
 GRID = (2, 3)
+#: The probes may do at most this much work together (the first one's FLOPs, measured,
+#: times their number): a detector resizes every image to ~320-800 pixels, so each probe
+#: is a whole inference (FCOS-R50's six: 2.8 s at every load, for a plan that saves less);
+#: a BERT-large's probes (a few tokens each) stay under it.
+FIT_MAX_FLOPS = 3e10
 
 
 def _check_point(j: int, which: int) -> int:
@@ -95,6 +111,19 @@ def _probe(program: Program, dv: DimVars, vals: tuple[int, ...]) -> list[Any] | 
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         return guarded_env(program, feeds)
+
+
+def _env_flops(program: Program, env: list[Any]) -> float:
+    """The FLOPs a probe's run did: the cost model on the shapes it had (top level)."""
+
+    def shape(s: int) -> tuple[int, ...]:
+        x = env[s]
+        return tuple(x.shape) if isinstance(x, (np.ndarray, np.generic)) else ()
+
+    return sum(
+        cost_of_shapes(ins.node, [shape(s) for s in ins.ins], [shape(s) for s in ins.outs]).flops
+        for ins in program.instrs
+    )
 
 
 def _inputs_ok(program: Program) -> str:
@@ -150,12 +179,17 @@ def fit_shape_model(
         return Fit(None, f"its probes (est. {est:.0f} MFLOP) cost more than "
                          f"{max_probe_flops / 1e6:.0f} MFLOP here")  # fmt: skip
     grid, checks = _points(n)
-    envs = []
+    limit = FIT_MAX_FLOPS if max_probe_flops is None else max_probe_flops
+    envs: list[list[Any]] = []
     try:
         for vals in [*grid, *checks]:
             env = _probe(program, dv, vals)
             if env is None:
                 return Fit(None, f"a probe at dims {vals} would compute too much")
+            work = _env_flops(program, env) * (len(grid) + len(checks)) if not envs else 0.0
+            if work > limit:
+                why = f"its probes (measured: {work / 1e6:.0f} MFLOP; a resize to a fixed size?)"
+                return Fit(None, f"{why} cost more than {limit / 1e6:.0f} MFLOP")
             envs.append(env)
     except ExecutionError as e:
         return Fit(None, f"the program fails on probe feeds ({e})")
