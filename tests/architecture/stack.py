@@ -146,8 +146,9 @@ LINE_BUDGET: dict[str, int] = {
     # linear model) and encode_strings (string columns as ids, CategoryMapper), issue 39;
     # encode_maps (a DictVectorizer's map input as its row); 12-04 (49th): torch's GroupNorm
     # export as one node (fuse_vision, issue 35: RetinaNet's and FCOS's heads); 12-04
-    # (50th): the shape model's probes stop at a measured work bound (detectors' loads)
-    "compiler": 6080,
+    # (50th): the shape model's probes stop at a measured work bound (detectors' loads) and
+    # identities read through in one walk (cleanup.py)
+    "compiler": 6090,
     # 2026-11-29: gRPC (grpc_schema, grpc_service), ZipMap, the generate extension; 2026-11-30:
     # Triton's metrics and gauges across workers (metrics.py), JSON answers in pieces; 12-02:
     # continuous batching's batch-wide cache (gen_cache.py)
@@ -156,8 +157,9 @@ LINE_BUDGET: dict[str, int] = {
     # private cache dir moved down from native/runtime (cachedir.py) for the cached LLVM objects
     # 12-03 (40th session): once.Once, the decide-once-under-a-lock of the LLVM kernels
     "concurrency": 2750,
-    # 2026-11-30: the import cache (graph_cache.py, graph_codec.py: issue 33's first result)
-    "frontends": 2000,
+    # 2026-11-30: the import cache (graph_cache.py, graph_codec.py: issue 33's first result);
+    # 12-04 (50th): ONNX's shape inference without the weights' bytes (importer.py)
+    "frontends": 2030,
     "streaming": 1650,
     "ir": 900,
     "bench": 500,

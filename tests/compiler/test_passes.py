@@ -14,6 +14,7 @@ import tfrt_py
 from tests.support.agreement import assert_agrees_with_unoptimized
 from tests.support.models import build
 from tests.support.random_graphs import PROPERTY, random_graph
+from tests.support.spies import record_calls
 from tfrt_py.compiler import PASSES, estimate_cost, graph_cost
 from tfrt_py.compiler.pipeline import ENV_DISABLE
 from tfrt_py.ir import Graph, GraphBuilder, Node, TensorType, Value
@@ -60,6 +61,44 @@ def test_identity_and_dropout_removed() -> None:
     assert _ops(model) == Counter({"Relu": 1, "Neg": 1})
     assert [s.name for s in model.outputs] == ["y"]
     assert _report(model, "identity") == "removed 1 Dropout, 2 Identity"
+
+
+def test_identity_chains_read_through_in_one_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain of Identities read at the top level and inside an If's branches (outer-scope
+    values) is read through in one walk of the graph; only an Identity that is a graph
+    output is replaced on its own (it keeps the output's name). A walk per Identity took
+    0.9 s of FCOS-R50's load."""
+    from onnx import TensorProto, helper
+
+    from tfrt_py.compiler import cleanup
+
+    vi = helper.make_tensor_value_info
+    then_g = helper.make_graph([helper.make_node("Neg", ["b"], ["t"])], "then", [],
+                               [vi("t", TensorProto.FLOAT, [2, 3])])  # fmt: skip
+    else_g = helper.make_graph([helper.make_node("Abs", ["a"], ["e"])], "else", [],
+                               [vi("e", TensorProto.FLOAT, [2, 3])])  # fmt: skip
+    nodes = [
+        helper.make_node("Identity", ["x"], ["a"]),
+        helper.make_node("Identity", ["a"], ["b"]),
+        helper.make_node("Relu", ["b"], ["c"]),
+        helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g),
+        helper.make_node("Identity", ["c"], ["z"]),
+    ]
+    g = helper.make_graph(
+        nodes, "chain", [vi("x", TensorProto.FLOAT, [2, 3]), vi("cond", TensorProto.BOOL, [])],
+        [vi("y", TensorProto.FLOAT, [2, 3]), vi("z", TensorProto.FLOAT, [2, 3])],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    walks = record_calls(monkeypatch, cleanup, "replace_uses")
+    model = tfrt_py.load(m, optimize={"identity"})
+    assert len(walks) == 1  # the output Identity alone
+    assert _report(model, "identity") == "removed 3 Identity"
+    assert [v.name for v in model.outputs] == ["y", "z"]
+    x = _rng_feed((2, 3))
+    for cond, want_y in ((True, -x), (False, np.abs(x))):
+        got = model.run({"x": x, "cond": np.array(cond)})
+        np.testing.assert_array_equal(got["y"], want_y)
+        np.testing.assert_array_equal(got["z"], np.maximum(x, 0))
 
 
 def test_a_cast_to_the_type_its_input_has_is_removed() -> None:

@@ -29,19 +29,30 @@ _CSE_CONST_MAX_BYTES = 1 << 16
 def remove_identities(graph: Graph, ctx: PassContext) -> str:
     """Identity, Dropout in inference mode, and a Cast to the dtype its input is known to
     have (torch's ``.float()`` of a float32 tensor: T5's norms and scores) read their
-    input through: readers read the input instead. The pass's report counts what it
-    removed. A Cast goes only where its input's type is known here (an ONNX file's own
+    input through: readers read the input instead, all rewritten in one walk of the graph
+    (a walk per removed node took 0.9 s of FCOS-R50's load). The pass's report counts what
+    it removed. A Cast goes only where its input's type is known here (an ONNX file's own
     inference) and is one every kernel computes in (``_EXACT_TYPES``)."""
     uses = Uses(graph)
     removed: dict[str, int] = {}
     keep: list[Node] = []
+    outputs = {id(v) for v in graph.outputs}
+    new_for: dict[int, Value] = {}  # readers of these (not outputs) read through, at the end
     for node in graph.nodes:
+        if new_for and any(v is not None and id(v) in new_for for v in node.inputs):
+            node.inputs = [None if v is None else new_for.get(id(v), v) for v in node.inputs]
         src = _passthrough_source(node, uses)
         out = node.outputs[0] if node.outputs else None
-        if src is not None and out is not None and replace_uses(graph, out, src):
+        if src is not None and out is not None:
+            if id(out) not in outputs:
+                new_for[id(out)] = src
+            elif not replace_uses(graph, out, src):  # an output keeps its name: one walk
+                keep.append(node)
+                continue
             removed[node.op_type] = removed.get(node.op_type, 0) + 1
             continue
         keep.append(node)
+    replace_many(graph, new_for)  # one walk for all (nested graphs' readers included)
     graph.nodes = keep
     if not removed:
         return "nothing to remove"
