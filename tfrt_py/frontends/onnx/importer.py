@@ -148,10 +148,10 @@ def _with_inferred_types(model: onnx.ModelProto) -> onnx.ModelProto:
     know com.microsoft MatMulNBits, and would type nothing after one (a 4-bit decoder's
     whole graph): inference sees a MatMul by a stand-in (K, N) input in its place
     (``_stand_ins``), and the returned model has the real nodes back."""
+    if model.ByteSize() > 1 << 30:
+        return model  # the typed model holds a copy of the weights; skip it for huge ones
     probe, swapped = _stand_ins(model)
     probe, stripped = _weights_as_inputs(probe)
-    if probe.ByteSize() > 1 << 30:
-        return model  # inference serializes the model; skip it for huge ones
     for data_prop in (True, False):  # data_prop: Shape -> Gather -> Reshape chains give dims
         try:
             with warnings.catch_warnings():

@@ -29,7 +29,8 @@ import numpy as np
 __all__ = ["PAIR_BUDGET", "greedy_pairs", "greedy_sweep"]
 
 #: ``greedy_pairs`` visits at most this many (box, later box in its window) pairs (SSDLite's
-#: 27,000 boxes: 4.0 million); its suppressing pairs take 8 bytes each (at most 64 MB).
+#: 27,000 boxes: 4.0 million); its suppressing pairs take 8 bytes each (at most 64 MB: box
+#: positions as int32, which a class's boxes -- 40 bytes each -- never outgrow in memory).
 PAIR_BUDGET = 1 << 23
 
 _Boxes = tuple[np.ndarray, ...]  # (x0, y0, x1, y1, area)
