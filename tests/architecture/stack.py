@@ -112,8 +112,10 @@ LINE_BUDGET: dict[str, int] = {
     # multi-level grid of the kept boxes (image/nms_jit.py), RoiAlign's bins over a
     # channels-last map (image/roi_align_jit.py), ScatterElements' slabs, GroupNorm with its
     # affine in one pass (nn/norm_group_jit.py): issue 35, detection; 12-04 (50th):
-    # NonMaxSuppression's NumPy paths, the pair path for a cold process (image/nms_numpy.py)
-    "kernels": 32240,
+    # NonMaxSuppression's NumPy paths, the pair path for a cold process (image/nms_numpy.py);
+    # 12-04 (51st): the NumPy depthwise conv's blocks across images and flat grid
+    # (nn/conv_common.py), a cold start's stand-in beside its warm-up
+    "kernels": 32300,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,

@@ -59,6 +59,73 @@ def test_depthwise_taps_over_channel_blocks(
     harness.check("Conv", [x, w, b], {"group": 9, "pads": [1, 1, 1, 1], "strides": [1, 2]})
 
 
+def _depthwise_reference(xp: np.ndarray, w: np.ndarray, k, s, d, out_hw) -> np.ndarray:
+    """The definition, in float64, one output tap sum at a time."""
+    n, c = xp.shape[:2]
+    ho, wo = out_hw
+    got = np.zeros((n, c, ho, wo))
+    for i in range(k[0]):
+        for j in range(k[1]):
+            y0, x0 = i * d[0], j * d[1]
+            v = xp[:, :, y0 : y0 + s[0] * (ho - 1) + 1 : s[0], x0 : x0 + s[1] * (wo - 1) + 1 : s[1]]
+            got += v.astype(np.float64) * w[:, i * k[1] + j, None, None]
+    return got
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("block_bytes", [1, 700, 1 << 20])
+@pytest.mark.parametrize(
+    ("n", "c", "hw", "k", "s", "d"),
+    [
+        (1, 3, (9, 9), (3, 3), (1, 1), (1, 1)),
+        (2, 5, (11, 10), (3, 3), (2, 2), (1, 1)),  # odd and even planes: unequal phases
+        (3, 4, (12, 13), (5, 5), (2, 2), (1, 1)),
+        (2, 3, (13, 11), (3, 2), (3, 2), (1, 1)),  # a stride past the kernel: unread phases
+        (1, 6, (14, 12), (3, 3), (2, 1), (2, 3)),  # dilated taps on phases
+        (2, 2, (5, 5), (5, 5), (1, 1), (1, 1)),  # one output
+        (1, 4, (8, 9), (1, 3), (1, 2), (1, 1)),
+        (2, 3, (7, 7), (7, 7), (1, 1), (1, 1)),
+    ],
+)
+def test_depthwise_taps_is_the_definition(
+    monkeypatch: pytest.MonkeyPatch, block_bytes: int, n, c, hw, k, s, d
+) -> None:
+    """The NumPy path's phase grid: every stride, dilation and kernel against the
+    definition, in blocks of one plane, a few planes across images and whole images;
+    what the grid computes past each row's last output is cropped (+-Inf placed in the
+    padded input where only those columns read it would show up otherwise, or warn)."""
+    from tfrt_py.kernels.nn import conv_common
+
+    monkeypatch.setattr(conv_common, "TAP_BLOCK_BYTES", block_bytes)
+    rng = np.random.default_rng(7)
+    for dtype in (np.float32, np.float64):
+        xp = rng.standard_normal((n, c, *hw)).astype(dtype)
+        w = rng.standard_normal((c, k[0] * k[1])).astype(dtype)
+        ho = (hw[0] - (k[0] - 1) * d[0] - 1) // s[0] + 1
+        wo = (hw[1] - (k[1] - 1) * d[1] - 1) // s[1] + 1
+        # columns and rows no output reads: any value there must not reach ``out``
+        last_x, last_y = (wo - 1) * s[1] + (k[1] - 1) * d[1], (ho - 1) * s[0] + (k[0] - 1) * d[0]
+        xp[..., last_x + 1 :] = np.inf
+        xp[..., last_y + 1 :, :] = -np.inf
+        out = np.full((n, c, ho, wo), -7.0, dtype)
+        assert conv_common.depthwise_taps(xp, w, out, k, s, d) is out
+        want = _depthwise_reference(np.where(np.isinf(xp), 0.0, xp), w, k, s, d, (ho, wo))
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_batch_of_small_pointwise_products_is_each_image_s_answer(harness: Harness) -> None:
+    """A 1x1 conv over a batch whose per-image products are too small to split runs them
+    as one batched product (``conv._whole_per_image``): each image's answer alone."""
+    from tfrt_py.kernels.nn.conv import _whole_per_image
+
+    x, w, b = _r(5, 6, 7, 9), _r(4, 6, 1, 1), _r(4)
+    assert _whole_per_image(4, 6, 63)
+    fn = harness.build("Conv", [x, w, b], {}, const=(1, 2))
+    want = np.stack([fn(x[i : i + 1], w, b)[0] for i in range(5)])
+    np.testing.assert_allclose(fn(x, w, b), want, rtol=1e-6, atol=1e-6)
+    harness.check("Conv", [x, w, b], {})
+
+
 def test_conv_out_and_float16(harness: Harness) -> None:
     x, w, b = _r(1, 3, 6, 6), _r(4, 3, 3, 3), _r(4)
     fn = harness.build("Conv", [x, w, b], {"pads": [1, 1, 1, 1]}, const=(1, 2))

@@ -20,9 +20,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...concurrency.threads import intra_pool
 from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import ShapeMemo, compute_dtype
-from ..lib.gemm import matmul_cols_into
+from ..lib.gemm import NATIVE_SPLIT_MIN_MACS, matmul_cols_into
 from ..lib.quant import check_constants, requantize
 from ..registry import KernelRegistry
 from .conv_blocked_fn import blocked_conv_fn
@@ -289,6 +290,8 @@ def make_conv_core(
             mm = res.reshape(plan.mm_shape)
             if cols.ndim == 2:
                 matmul_cols_into(w2, cols, mm)
+            elif _whole_per_image(w2.shape[0], cols.shape[1], cols.shape[2]):
+                np.matmul(w2, cols, out=mm)  # every image in one call: one GIL hand-off
             else:
                 for i in range(cols.shape[0]):
                     matmul_cols_into(w2, cols[i], mm[i])
@@ -299,6 +302,15 @@ def make_conv_core(
         return np.matmul(w2, cols).reshape(plan.out_shape)
 
     return core
+
+
+def _whole_per_image(m: int, k: int, n: int) -> bool:
+    """Whether ``matmul_cols_into`` would run each image's (m, k) @ (k, n) product as one
+    ``np.matmul`` (one thread, or a product too small to split): then one batched call
+    runs them all, the same BLAS calls with one GIL hand-off instead of one an image (a
+    cold start's NumPy stand-in at batch 21: MobileNetV2's 35 pointwise convs made 735
+    calls, each waiting for the GIL the warm-up's Python held)."""
+    return intra_pool().threads == 1 or m * k * n < NATIVE_SPLIT_MIN_MACS
 
 
 def _conv(ctx: KernelContext) -> ComputeFn:

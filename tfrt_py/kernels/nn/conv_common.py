@@ -228,9 +228,20 @@ def depthwise_plan(
     return tab, max(sh * sw * plane, max(taps) + span), max(oh * q, span)
 
 
-#: Bytes of output a ``depthwise_taps`` block covers: the block, its temporary and the input
-#: rows they read stay in L2 across the taps.
-TAP_BLOCK_BYTES = 128 << 10
+#: Bytes of output a ``depthwise_taps`` block covers (its temporary as much again): blocks
+#: of (image, channel) planes, whole images where they fit. Each block costs two NumPy
+#: calls a tap, and each call hands the GIL back and waits for it: with a cold start's
+#: warm-up running Python beside it, a call can wait a switch interval for it. In blocks of
+#: 128 KB of one image (3,780 calls for MobileNetV2's 96x112x112 stride-2 layer at batch
+#: 21) its stand-in took 5.1-5.5 s a call next to a spinning Python thread (0.2 ms switch
+#: interval, as the warm-up sets it) and 0.67 s alone; in these blocks (and the grid
+#: below) 1.33-1.42 s and 0.62-0.64 s; EfficientNet-B0 8.1-8.7 -> 2.3-2.4 s and 1.06-1.08
+#: -> 1.05-1.07 s (2-core Zen 4, one thread, 2026-12-04). 4 MB: alone 10-15% slower (the
+#: strided reads of a stride-2 layer's blocks leave L2).
+TAP_BLOCK_BYTES = 2 << 20
+#: Stride-1 convs whose padded rows are at most this fraction wider than their output
+#: rows (the wide planes of a network's first stages) run on the flat grid.
+GRID_MAX_WASTE = 1 / 16
 
 
 def depthwise_taps(
@@ -243,30 +254,61 @@ def depthwise_taps(
 ) -> np.ndarray:
     """A 2-D depthwise convolution (one output channel per input channel) on NumPy:
     ``out[n, c] = sum over taps (i, j) of w[c, i*kw + j] * xp[n, c, i*dh + sh*y, j*dw +
-    sw*x]``, one multiply and one add per tap over blocks of channels sized to stay in L2.
-    ``xp`` (N, C, Hp, Wp) is the already padded input, ``w`` (C, kh*kw), ``out`` (N, C, Ho,
-    Wo) contiguous, of ``xp``'s float dtype. Unlike im2col, which copied the input once
-    per tap (1.3 GB for MobileNetV2's widest depthwise layer at batch 30), it needs one
-    block-sized temporary (``scratch`` slot 1). Any thread."""
+    sw*x]``, one multiply and one add a tap over blocks of (image, channel) planes
+    (``TAP_BLOCK_BYTES``), accumulated in ``out``. ``xp`` (N, C, Hp, Wp) is the already
+    padded input, ``w`` (C, kh*kw), ``out`` (N, C, Ho, Wo) contiguous, of ``xp``'s float
+    dtype. A stride-1 conv over wide planes (``GRID_MAX_WASTE``) runs on the flat grid
+    instead: each plane of ``xp`` read as one run per tap, the output rows ``Wp`` wide
+    (the columns past ``Wo`` computed and cropped), as ``conv_cols``' GRID -- NumPy's
+    loops then run thousands of elements, not a row's (MobileNetV2's 144x56x56 layer at
+    batch 21: 48 -> 24 ms). Unlike im2col (1.3 GB for MobileNetV2's widest depthwise
+    layer at batch 30) it needs one block-sized temporary (``scratch`` slot 2; the grid:
+    two). Sums run tap by tap (rounding differs from a product's). Any thread."""
     n_img, c, ho, wo = out.shape
     (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dil
-    cb = max(1, min(c, TAP_BLOCK_BYTES // max(1, ho * wo * out.itemsize)))
-    tmp = scratch(1, (cb, ho, wo), out.dtype)
-    wt = w.reshape(c, kh * kw, 1, 1)
-    hspan, wspan = sh * (ho - 1) + 1, sw * (wo - 1) + 1
+    if not (n_img and c and ho and wo):
+        return out
+    wp = xp.shape[3]
+    grid = sh == 1 and sw == 1 and (wp - wo) <= GRID_MAX_WASTE * wp
+    width = wp if grid else wo  # the block's output rows
+    per_plane = ho * width * out.itemsize
+    if c * per_plane <= TAP_BLOCK_BYTES:  # blocks of whole images
+        nb, cb = max(1, min(n_img, TAP_BLOCK_BYTES // (c * per_plane))), c
+    else:
+        nb, cb = 1, max(1, min(c, TAP_BLOCK_BYTES // per_plane))
+    work = scratch(2, (2 if grid else 1, nb * cb * ho * width), out.dtype)
     taps = [(i * dh, j * dw) for i in range(kh) for j in range(kw)]  # each tap's origin
-    for n in range(n_img):
-        for c0 in range(0, c, cb):
-            c1 = min(c, c0 + cb)
-            xb = xp[n, c0:c1]
-            ob = out[n, c0:c1]
-            t = tmp[: c1 - c0]
-            wb = wt[c0:c1]
-            for k, (y0, x0) in enumerate(taps):
-                v = xb[:, y0 : y0 + hspan : sh, x0 : x0 + wspan : sw]
-                if k == 0:
-                    np.multiply(v, wb[:, 0], out=ob)
+    flat = xp.reshape(n_img, c, -1) if grid else xp
+    span = (ho - 1) * wp + wo  # the grid's run: each plane's outputs, flat
+    hspan, wspan = sh * (ho - 1) + 1, sw * (wo - 1) + 1
+    # the grid's cropped columns may read what no output does (Inf - Inf there is no error)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for n0 in range(0, n_img, nb):
+            n1 = min(n_img, n0 + nb)
+            for c0 in range(0, c, cb):
+                c1 = min(c, c0 + cb)
+                size = (n1 - n0) * (c1 - c0) * ho * width
+                if grid:
+                    shape = (n1 - n0, c1 - c0, ho * width)
+                    acc = work[0, :size].reshape(shape)[..., :span]
+                    tmp = work[1, :size].reshape(shape)[..., :span]
                 else:
-                    np.multiply(v, wb[:, k], out=t)
-                    np.add(ob, t, out=ob)
+                    acc = out[n0:n1, c0:c1]
+                    tmp = work[0, :size].reshape(acc.shape)
+                for k, (y0, x0) in enumerate(taps):
+                    if grid:
+                        at = y0 * wp + x0
+                        v = flat[n0:n1, c0:c1, at : at + span]
+                        wk = w[c0:c1, k, None]
+                    else:
+                        v = xp[n0:n1, c0:c1, y0 : y0 + hspan : sh, x0 : x0 + wspan : sw]
+                        wk = w[c0:c1, k, None, None]
+                    if k == 0:
+                        np.multiply(v, wk, out=acc)
+                    else:
+                        np.multiply(v, wk, out=tmp)
+                        np.add(acc, tmp, out=acc)
+                if grid:
+                    rows = work[0, :size].reshape(n1 - n0, c1 - c0, ho, width)
+                    np.copyto(out[n0:n1, c0:c1], rows[..., :wo])
     return out
