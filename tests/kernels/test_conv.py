@@ -126,6 +126,22 @@ def test_a_batch_of_small_pointwise_products_is_each_image_s_answer(harness: Har
     harness.check("Conv", [x, w, b], {})
 
 
+def test_held_kernels_run_a_batch_s_products_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On two threads a big per-image product splits -- except while a cold start holds
+    the compiled kernels, when every image's product runs in one batched call."""
+    from types import SimpleNamespace
+
+    from tfrt_py.concurrency import compiled_gate
+    from tfrt_py.kernels.nn import conv as conv_mod
+
+    monkeypatch.setattr(conv_mod, "intra_pool", lambda: SimpleNamespace(threads=2))
+    big = (64, 576, 3136)  # 115M multiply-adds an image
+    assert not conv_mod._whole_per_image(*big)
+    assert conv_mod._whole_per_image(4, 6, 63)
+    monkeypatch.setattr(compiled_gate, "_held", True)
+    assert conv_mod._whole_per_image(*big)
+
+
 def test_conv_out_and_float16(harness: Harness) -> None:
     x, w, b = _r(1, 3, 6, 6), _r(4, 3, 3, 3), _r(4)
     fn = harness.build("Conv", [x, w, b], {"pads": [1, 1, 1, 1]}, const=(1, 2))
