@@ -115,11 +115,11 @@ def test_depthwise_taps_is_the_definition(
 
 def test_a_batch_of_small_pointwise_products_is_each_image_s_answer(harness: Harness) -> None:
     """A 1x1 conv over a batch whose per-image products are too small to split runs them
-    as one batched product (``conv._whole_per_image``): each image's answer alone."""
-    from tfrt_py.kernels.nn.conv import _whole_per_image
+    as one batched product (``gemm.matmul_cols_whole``): each image's answer alone."""
+    from tfrt_py.kernels.lib.gemm import matmul_cols_whole
 
     x, w, b = _r(5, 6, 7, 9), _r(4, 6, 1, 1), _r(4)
-    assert _whole_per_image(4, 6, 63)
+    assert matmul_cols_whole(4, 6, 63)
     fn = harness.build("Conv", [x, w, b], {}, const=(1, 2))
     want = np.stack([fn(x[i : i + 1], w, b)[0] for i in range(5)])
     np.testing.assert_allclose(fn(x, w, b), want, rtol=1e-6, atol=1e-6)
@@ -132,14 +132,14 @@ def test_held_kernels_run_a_batch_s_products_whole(monkeypatch: pytest.MonkeyPat
     from types import SimpleNamespace
 
     from tfrt_py.concurrency import compiled_gate
-    from tfrt_py.kernels.nn import conv as conv_mod
+    from tfrt_py.kernels.lib import gemm
 
-    monkeypatch.setattr(conv_mod, "intra_pool", lambda: SimpleNamespace(threads=2))
+    monkeypatch.setattr(gemm, "intra_pool", lambda: SimpleNamespace(threads=2))
     big = (64, 576, 3136)  # 115M multiply-adds an image
-    assert not conv_mod._whole_per_image(*big)
-    assert conv_mod._whole_per_image(4, 6, 63)
+    assert not gemm.matmul_cols_whole(*big)
+    assert gemm.matmul_cols_whole(4, 6, 63)
     monkeypatch.setattr(compiled_gate, "_held", True)
-    assert conv_mod._whole_per_image(*big)
+    assert gemm.matmul_cols_whole(*big)
 
 
 def test_conv_out_and_float16(harness: Harness) -> None:

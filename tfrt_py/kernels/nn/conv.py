@@ -20,11 +20,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...concurrency import compiled_gate
-from ...concurrency.threads import intra_pool
 from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import ShapeMemo, compute_dtype
-from ..lib.gemm import NATIVE_SPLIT_MIN_MACS, matmul_cols_into
+from ..lib.gemm import matmul_cols_into, matmul_cols_whole
 from ..lib.quant import check_constants, requantize
 from ..registry import KernelRegistry
 from .conv_blocked_fn import blocked_conv_fn
@@ -291,7 +289,7 @@ def make_conv_core(
             mm = res.reshape(plan.mm_shape)
             if cols.ndim == 2:
                 matmul_cols_into(w2, cols, mm)
-            elif _whole_per_image(w2.shape[0], cols.shape[1], cols.shape[2]):
+            elif matmul_cols_whole(w2.shape[0], cols.shape[1], cols.shape[2]):
                 np.matmul(w2, cols, out=mm)  # every image in one call: one GIL hand-off
             else:
                 for i in range(cols.shape[0]):
@@ -303,20 +301,6 @@ def make_conv_core(
         return np.matmul(w2, cols).reshape(plan.out_shape)
 
     return core
-
-
-def _whole_per_image(m: int, k: int, n: int) -> bool:
-    """Whether a batch's per-image (m, k) @ (k, n) products run as one batched
-    ``np.matmul``: where ``matmul_cols_into`` would run each as one (one thread, or a
-    product too small to split) -- the same BLAS calls with one GIL hand-off instead of
-    one an image (a cold start's NumPy stand-in at batch 21: MobileNetV2's 35 pointwise
-    convs made 735 calls, each waiting for the GIL the warm-up's Python held) -- and while
-    a cold start holds the compiled kernels (``compiled_gate.held``: its warm-up holds the
-    other core and the GIL, and a split's parts on the Python pool each wait for the GIL:
-    MobileNetV2's stand-in at batch 21 on two threads beside a spinning Python thread
-    1.70-1.76 -> 1.35-1.43 s a call, EfficientNet-B0 2.66-2.81 -> 2.26-2.34 s; 2-core
-    Zen 4)."""
-    return intra_pool().threads == 1 or m * k * n < NATIVE_SPLIT_MIN_MACS or compiled_gate.held()
 
 
 def _conv(ctx: KernelContext) -> ComputeFn:

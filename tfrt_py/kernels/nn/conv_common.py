@@ -271,44 +271,42 @@ def depthwise_taps(
     wp = xp.shape[3]
     grid = sh == 1 and sw == 1 and (wp - wo) <= GRID_MAX_WASTE * wp
     width = wp if grid else wo  # the block's output rows
-    per_plane = ho * width * out.itemsize
-    if c * per_plane <= TAP_BLOCK_BYTES:  # blocks of whole images
-        nb, cb = max(1, min(n_img, TAP_BLOCK_BYTES // (c * per_plane))), c
-    else:
-        nb, cb = 1, max(1, min(c, TAP_BLOCK_BYTES // per_plane))
+    nb, cb = _block_planes(n_img, c, ho * width * out.itemsize)
     work = scratch(2, (2 if grid else 1, nb * cb * ho * width), out.dtype)
     taps = [(i * dh, j * dw) for i in range(kh) for j in range(kw)]  # each tap's origin
-    flat = xp.reshape(n_img, c, -1) if grid else xp
-    span = (ho - 1) * wp + wo  # the grid's run: each plane's outputs, flat
-    hspan, wspan = sh * (ho - 1) + 1, sw * (wo - 1) + 1
+    reads: list[tuple[np.ndarray, tuple[slice, ...]]]  # per tap: (source, its block's view)
+    if grid:  # each plane one flat run a tap: the outputs' rows wp wide, cropped after
+        flat, span = xp.reshape(n_img, c, -1), (ho - 1) * wp + wo
+        reads = [(flat, (slice(y0 * wp + x0, y0 * wp + x0 + span),)) for y0, x0 in taps]
+    else:
+        hs, ws = sh * (ho - 1) + 1, sw * (wo - 1) + 1
+        reads = [(xp, (slice(y0, y0 + hs, sh), slice(x0, x0 + ws, sw))) for y0, x0 in taps]
     # the grid's cropped columns may read what no output does (Inf - Inf there is no error)
     with np.errstate(invalid="ignore", over="ignore"):
         for n0 in range(0, n_img, nb):
-            n1 = min(n_img, n0 + nb)
             for c0 in range(0, c, cb):
-                c1 = min(c, c0 + cb)
-                size = (n1 - n0) * (c1 - c0) * ho * width
+                blk = (slice(n0, min(n_img, n0 + nb)), slice(c0, min(c, c0 + cb)))
+                ob = out[blk]
+                size = ob.size // wo * width
                 if grid:
-                    shape = (n1 - n0, c1 - c0, ho * width)
-                    acc = work[0, :size].reshape(shape)[..., :span]
-                    tmp = work[1, :size].reshape(shape)[..., :span]
+                    lay = (*ob.shape[:2], ho * width)
+                    acc, tmp = (work[i, :size].reshape(lay)[..., :span] for i in (0, 1))
                 else:
-                    acc = out[n0:n1, c0:c1]
-                    tmp = work[0, :size].reshape(acc.shape)
-                for k, (y0, x0) in enumerate(taps):
-                    if grid:
-                        at = y0 * wp + x0
-                        v = flat[n0:n1, c0:c1, at : at + span]
-                        wk = w[c0:c1, k, None]
-                    else:
-                        v = xp[n0:n1, c0:c1, y0 : y0 + hspan : sh, x0 : x0 + wspan : sw]
-                        wk = w[c0:c1, k, None, None]
-                    if k == 0:
-                        np.multiply(v, wk, out=acc)
-                    else:
-                        np.multiply(v, wk, out=tmp)
+                    acc, tmp = ob, work[0, :size].reshape(ob.shape)
+                wb = w[blk[1]].reshape(acc.shape[1], -1, *([1] * (acc.ndim - 2)))
+                for k, (src, where) in enumerate(reads):
+                    v = src[(*blk, *where)]
+                    np.multiply(v, wb[:, k], out=acc if k == 0 else tmp)
+                    if k:
                         np.add(acc, tmp, out=acc)
                 if grid:
-                    rows = work[0, :size].reshape(n1 - n0, c1 - c0, ho, width)
-                    np.copyto(out[n0:n1, c0:c1], rows[..., :wo])
+                    np.copyto(ob, work[0, :size].reshape(*ob.shape[:3], width)[..., :wo])
     return out
+
+
+def _block_planes(n_img: int, c: int, per_plane: int) -> tuple[int, int]:
+    """(images, channels) a ``depthwise_taps`` block holds: whole images where one fits in
+    ``TAP_BLOCK_BYTES``, else channels of one image (at least one plane)."""
+    if c * per_plane <= TAP_BLOCK_BYTES:
+        return max(1, min(n_img, TAP_BLOCK_BYTES // (c * per_plane))), c
+    return 1, max(1, min(c, TAP_BLOCK_BYTES // per_plane))
