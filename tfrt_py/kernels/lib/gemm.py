@@ -257,15 +257,10 @@ def matmul_cols_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarra
 
 
 def matmul_cols_whole(m: int, k: int, n: int) -> bool:
-    """Whether a stack of (m, k) @ (k, n) products (a conv's images) runs as one batched
-    ``np.matmul`` rather than one ``matmul_cols_into`` an image: where that would run each
-    as one ``np.matmul`` anyway (one thread, or under ``NATIVE_SPLIT_MIN_MACS``) -- the
-    same BLAS calls, one GIL hand-off instead of one an image -- and while a cold start
-    holds the compiled kernels (``compiled_gate.held``), whose warm-up holds the other core
-    and the GIL, so a split's parts on the Python pool each wait for the GIL. A cold
-    start's NumPy stand-in at batch 21 (2-core Zen 4, AVX-512, next to a spinning Python
-    thread): MobileNetV2's 35 pointwise convs made 735 calls; on two threads 1.70-1.76 ->
-    1.35-1.43 s a call, EfficientNet-B0 2.66-2.81 -> 2.26-2.34 s."""
+    """Whether a conv's per-image (m, k) @ (k, n) products run as one batched ``np.matmul``
+    (one GIL hand-off, not one an image): where ``matmul_cols_into`` would not split them,
+    and while a cold start holds the compiled kernels (its warm-up holds the other core
+    and the GIL, which a split's parts on the Python pool each wait for; CHANGELOG)."""
     return intra_pool().threads == 1 or m * k * n < NATIVE_SPLIT_MIN_MACS or compiled_gate.held()
 
 
