@@ -94,6 +94,32 @@ def test_a_batch_of_squeeze_excitation_scales_runs_compiled() -> None:
     np.testing.assert_array_equal(got, np.concatenate(one))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "shape"),
+    [((4, 3, 8), (4, 3, 8)), ((1, 1, 8), (4, 3, 8)), ((8,), (4, 3, 8)), ((1,), (2, 5)),
+     ((5,), (5,)), ((0, 5), (0, 5)), ((1, 3, 8), (4, 3, 8)), ((4, 1, 8), (4, 3, 8)),
+     ((2, 1, 3, 1), (2, 4, 3, 5)), ((3, 5), (2, 3, 5))],
+)  # fmt: skip
+def test_a_broadcast_operand_is_viewed_as_rows_only_without_a_copy(
+    x_shape: tuple[int, ...], shape: tuple[int, ...]
+) -> None:
+    """The compiled QLinearAdd/Mul read each operand as (rows, last axis): a view where
+    NumPy's own reshape of the broadcast makes one (same values, same memory), None where
+    it copies; read-only, and built without setting ``shape`` (a warning, an error here,
+    from NumPy 2.5)."""
+    from tfrt_py.kernels.contrib.quantized_elementwise import _rows
+
+    x = np.random.default_rng(3).integers(0, 256, x_shape).astype(np.uint8)
+    ref = np.broadcast_to(x, shape).reshape(-1, shape[-1])
+    got = _rows(x, shape)
+    if ref.size and not np.shares_memory(ref, x):
+        assert got is None
+        return
+    assert got is not None and got.shape == ref.shape and not got.flags.writeable
+    np.testing.assert_array_equal(got, ref)
+    assert ref.size == 0 or np.shares_memory(got, x)
+
+
 @pytest.mark.parametrize("op", ["QLinearSigmoid", "QLinearLeakyRelu"])
 @pytest.mark.parametrize("dt", DTYPES)
 def test_unary(op: str, dt: Any) -> None:

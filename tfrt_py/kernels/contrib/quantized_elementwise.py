@@ -22,9 +22,11 @@ task an element)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
@@ -42,14 +44,17 @@ _BLOCK = 16384
 
 
 def _rows(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
-    """``x`` broadcast to ``shape`` as a (rows, last axis) view, None if that needs a copy."""
+    """``x`` broadcast to ``shape`` as a read-only (rows, last axis) view, None if that
+    needs a copy (the leading axes' strides do not merge). Built from the strides, not by
+    setting ``shape`` (deprecated from NumPy 2.5; ``reshape(copy=False)`` needs 2.1)."""
     v = np.broadcast_to(x, shape)
-    w = v.view()
-    try:
-        w.shape = (int(np.prod(shape[:-1])), shape[-1])
-    except AttributeError:  # the broadcast strides do not merge
-        return None
-    return w
+    lead = [(n, s) for n, s in zip(v.shape[:-1], v.strides[:-1], strict=True) if n != 1]
+    for (_, outer), (n, inner) in itertools.pairwise(lead):
+        if outer != n * inner:
+            return None
+    stride = lead[-1][1] if lead else 0
+    rows = int(np.prod(shape[:-1]))
+    return as_strided(v, (rows, shape[-1]), (stride, v.strides[-1]), writeable=False)
 
 
 def compiled_binary(add: bool, a: np.ndarray, b: np.ndarray, params: np.ndarray,
