@@ -114,8 +114,10 @@ LINE_BUDGET: dict[str, int] = {
     # affine in one pass (nn/norm_group_jit.py): issue 35, detection; 12-04 (50th):
     # NonMaxSuppression's NumPy paths, the pair path for a cold process (image/nms_numpy.py);
     # 12-04 (51st): the NumPy depthwise conv's blocks across images and flat grid
-    # (nn/conv_common.py), a cold start's stand-in beside its warm-up
-    "kernels": 32300,
+    # (nn/conv_common.py), a cold start's stand-in beside its warm-up; 12-04 (52nd): kernels
+    # that pick a compiled function per call compile it at build (issue 32: no compile in
+    # a call; lib/sdpa.py, nn/conv_cols.py), NumPy 2.5's shape deprecation
+    "kernels": 32340,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,

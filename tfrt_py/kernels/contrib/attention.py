@@ -48,7 +48,7 @@ from ..base import ComputeFn, Cost, KernelContext
 from ..common import ShapeMemo, float_compute_dtype, to_ints
 from ..lib.gemm import matmul_into
 from ..lib.linear_par import Serial, serial_for
-from ..lib.sdpa import softmax_attention
+from ..lib.sdpa import compile_at_build, softmax_attention
 from ..registry import KernelRegistry
 from .activation import MS_DOMAIN
 
@@ -205,6 +205,7 @@ def _attention(ctx: KernelContext) -> ComputeFn:
     n_out = ctx.n_outputs
     additive_mask, masks = _mask_memo(float(ctx.attr("mask_filter_value", -10000.0)))
     packed = _packed_projection(ctx)
+    compile_at_build(ctx.input_dtype(0))
 
     def attention(
         input: np.ndarray,

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ComputeFn, Cost, KernelContext
-from ..lib.sdpa import attention_steps, softmax_attention
+from ..lib.sdpa import attention_steps, compile_at_build, softmax_attention
 from ..registry import KernelRegistry
 from . import gqa_jit
 from .activation import MS_DOMAIN
@@ -106,6 +106,7 @@ def _gqa(ctx: KernelContext) -> ComputeFn:
         raise ctx.unsupported("do_rotary=1 needs cos_cache and sin_cache")
 
     flags = int(rotary) | (2 if interleaved else 0)
+    compile_at_build(ctx.input_dtype(0))
 
     def _small(query: np.ndarray, key: np.ndarray, value: np.ndarray, past_key: Any,
                past_value: Any, start: np.ndarray, lens: np.ndarray, cos_cache: Any,

@@ -30,6 +30,7 @@ from ..common import in_load_run, input_rank
 from ..lib.gemm import (
     NATIVE_SPLIT_MIN_MACS,
     SPLIT_MIN_MACS,
+    compile_blocks,
     matmul_into,
     wide_gemv,
 )
@@ -72,6 +73,8 @@ def _linear(registry: KernelRegistry) -> Any:
             wide_gemv(1, k, n, w.itemsize)  # measured here, at load, not in a first call
         small = _whole(rows, w)
         mm: Any = _plain_matmul if small else matmul_into
+        if not small and w.dtype == np.float32:
+            compile_blocks()  # matmul_into may split on it in a call: compiled here
         add = np.add
         epi = _bias_relu_epilogue(w, b, steps, rows)
         flat_b = None if b is None or b.size != n else b.reshape(-1)

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..base import Cost, KernelContext, KernelFlags
 from ..lib.gemm import matmul_batched_into
-from ..lib.sdpa import softmax_attention
+from ..lib.sdpa import compile_at_build, softmax_attention
 from ..nn.conv import Epilogue, conv_cost, conv_with_epilogue
 from ..nn.norm_channel import channel_layer_norm_fn
 from ..nn.norm_group_jit import group_norm, group_norm_kernel
@@ -149,6 +149,7 @@ def _matmul_transb(ctx: KernelContext) -> Any:
 
 def _softmax_attention(ctx: KernelContext) -> Any:
     """SoftmaxAttention: ``fn(q, k, v, sa=None, sb=None, s=None, out=None)``."""
+    compile_at_build(ctx.input_dtype(0))
 
     def softmax_attention_fn(
         q: np.ndarray, k: np.ndarray, v: np.ndarray, *scales: Any, out: Any = None

@@ -52,6 +52,7 @@ def _warm_addresses(fn: Any) -> None:
         fn(x, view, x, x, out)
         fn(x, x, x, x, out)
         fn(view, view, view, x, out)
+        fn(view, view, view, view, out)  # Attention's output, written as heads
 
 
 _SAME = Jitted(_same_start, _warm_same)

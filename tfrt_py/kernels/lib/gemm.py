@@ -355,11 +355,9 @@ def _warm_gemv_cols(fn: Any) -> None:
 
 
 _GEMV_COLS = Jitted(_gemv_cols, _warm_gemv_cols, parallel=True, prepare=_prepare_matmul_blocks)
-
-
-_MATMUL_BLOCKS = Jitted(
-    _matmul_blocks, _warm_matmul_blocks, parallel=True, prepare=_prepare_matmul_blocks
-)
+_MATMUL_BLOCKS = Jitted(_matmul_blocks, _warm_matmul_blocks, parallel=True,
+                        prepare=_prepare_matmul_blocks)  # fmt: skip
+compile_blocks = _MATMUL_BLOCKS.get  # a builder's: ``native_blocks`` picks it per call
 
 
 def native_blocks(

@@ -430,10 +430,15 @@ def pack_later(
     """For a weight over ``PACK_MAX_BYTES`` that ``serial_for`` would pack up to
     ``PACK_LATER_MAX_BYTES``: the call that packs it (``serial_for``; None when numba or
     the kernel is missing), made by the caller when a product of two rows or more is about
-    to run, so a model that only runs one row never holds the second copy. None for any
-    other weight (``serial_for`` packs it now, or never)."""
+    to run, so a model that only runs one row never holds the second copy; the kernels
+    that call uses are compiled now, so it does not compile them. None for any other
+    weight (``serial_for`` packs it now, or never)."""
     if w.nbytes <= PACK_MAX_BYTES or _packable(steps, bias, w, PACK_LATER_MAX_BYTES) is None:
         return None
+    # the pack runs in a model's call; its kernels compile now, at the build
+    _LINEAR_SERIAL.get()
+    _LINEAR_ROWS.get()
+    _LINEAR_COLS.get()
     return functools.partial(serial_for, steps, bias, w, PACK_LATER_MAX_BYTES)
 
 

@@ -201,7 +201,7 @@ def _softmax_long_par(x: Any, y: Any, c: Any, edges: Any) -> None:  # pragma: no
 
 def _warm_long_par(fn: Any) -> None:
     x = np.zeros((2, 9), np.float32)
-    fn(x, x, EXP_CONSTS, np.array([0, 1, 2], np.int64))
+    fn(x, x, EXP_CONSTS, native_threads.edges(2, 2))  # read-only, as the callers' edges
 
 
 _SOFTMAX_LONG_PAR = Jitted(
@@ -219,6 +219,8 @@ def softmax_rows_f32() -> Any:
     short, long = _SOFTMAX.get(), _SOFTMAX_LONG.get()
     if short is None or long is None:
         return None
+    if intra_pool().threads > 1:  # compiled now (a build), not in the call that splits
+        _SOFTMAX_LONG_PAR.get()
 
     def softmax(x: np.ndarray, y: np.ndarray) -> None:
         rows, n = x.shape

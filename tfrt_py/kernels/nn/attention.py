@@ -28,7 +28,7 @@ import numpy as np
 from ...ir.dtypes import ElemType
 from ..base import ComputeFn, KernelContext
 from ..common import float_compute_dtype
-from ..lib.sdpa import attention_steps, softmax_attention
+from ..lib.sdpa import attention_steps, compile_at_build, softmax_attention
 from ..registry import KernelRegistry
 
 __all__ = ["register_kernels"]
@@ -183,6 +183,7 @@ def _attention(ctx: KernelContext) -> ComputeFn:
     tap = opt.qk_mode if ctx.has_output(3) else None
     steps = tap is not None or softcap > 0.0
     masked = opt.causal or opt.left >= 0 or opt.right >= 0
+    compile_at_build(ctx.input_dtype(0))
 
     def attention(
         Q: np.ndarray,

@@ -23,8 +23,10 @@ import numpy as np
 from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import ShapeMemo, compute_dtype
 from ..lib.gemm import matmul_cols_into, matmul_cols_whole
+from ..lib.jit import frozen
 from ..lib.quant import check_constants, requantize
 from ..registry import KernelRegistry
+from . import conv_cols
 from .conv_blocked_fn import blocked_conv_fn
 from .conv_common import (
     ConvNode,
@@ -357,12 +359,14 @@ def _conv_fn(
     core = make_conv_core(ctx, sp, group, w_const, cdt)
     b_c: np.ndarray | None = None
     if b_const is not None:
-        b_c = np.ascontiguousarray(b_const, dtype=cdt)
+        b_c = frozen(np.ascontiguousarray(b_const, dtype=cdt))  # as the warmed kernels' bias
     same = cdt == dt
     epilogue = make_epilogue(epi)
     node = ConvNode(sp, group, w_const, b_c, cdt, epi)
     depthwise = depthwise_conv_fn(node) if same else None
     blocked = blocked_conv_fn(node) if same else None
+    if blocked is not None and cdt == np.float32 and group == 1:
+        conv_cols.compile_at_build()
 
     def conv(
         x: np.ndarray, w: np.ndarray, b: Any = None, r: Any = None, out: Any = None

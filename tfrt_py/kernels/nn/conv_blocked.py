@@ -141,7 +141,7 @@ _BLOCKED_PAR = Jitted(
 )
 
 
-_EMPTY1 = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}
+_EMPTY1 = {np.dtype(t): frozen(np.zeros(0, t)) for t in (np.float32, np.float64)}  # as a bias
 _EMPTY2 = {np.dtype(t): np.zeros((0, 0), t) for t in (np.float32, np.float64)}
 _EMPTY3 = {np.dtype(t): np.zeros((0, 0, 0), t) for t in (np.float32, np.float64)}
 #: conv_cols' padded rows where it has none (IM2COL): one empty block

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..common import ShapeMemo
 from ..lib import gemm_cols
+from ..lib.jit import frozen
 from . import conv_blocked, conv_cols, conv_packed
 from .conv_blocked import MIN_GROUP_CHANNELS
 from .conv_common import ConvNode, bias_vector, conv_geometry
@@ -46,7 +47,10 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         return None
     if not (IM2COL.usable() and _EPILOGUE_COLS.usable()):
         return None
-    w3 = np.ascontiguousarray(w_const.reshape(group, w_const.shape[0] // group, -1), dtype=cdt)
+    # read-only whatever the initializer was (a folded constant is writable): the compiled
+    # kernels are warmed for read-only weights, and numba compiles the writable ones apart
+    w3 = frozen(np.ascontiguousarray(w_const.reshape(group, w_const.shape[0] // group, -1),
+                                     dtype=cdt))  # fmt: skip
     # the filters taps-first for conv_cols' stride-1 form (GRID; a 1x1 conv's taps-first
     # weights are its weights) and packed for the "packed" route: each a copy of the
     # weights, made on the first plan that takes its route, so a conv that only ever takes

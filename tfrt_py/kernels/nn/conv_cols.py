@@ -60,13 +60,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...concurrency import native_threads
+from ...concurrency.threads import intra_pool
 from ..lib import gemm_cols
 from ..lib.activations import ACTIVATIONS, _act_row
-from ..lib.jit import CONTRACT, Jitted, frozen, inline
+from ..lib.jit import CONTRACT, Jitted, frozen, inline, jit_enabled
 from .conv_im2col import im2col_rows
 
 __all__ = ["BLOCK_BYTES", "COLS_ONE", "COLS_PAR", "GRID", "IM2COL", "ColsPlan",
-           "computed_columns", "plan", "run", "taps_first"]  # fmt: skip
+           "compile_at_build", "computed_columns", "plan", "run", "taps_first"]  # fmt: skip
 
 #: A sub-block's im2col columns take about this many bytes (about half a core's L2 on
 #: the hosts measured). 256 KB cut a strided 3x3 conv's product into calls of 4-5 panel
@@ -346,6 +347,18 @@ class ColsPlan(NamedTuple):
     xpad_shape: tuple[int, ...]  # GRID: (blocks, C, a block's padded rows); else (0, 0, 0)
 
 
+def compile_at_build() -> None:
+    """Compile the kernels ``plan`` picks from, now, from a float32 one-group conv's
+    builder (its thread): ``plan`` runs per input shape, in the model's calls, where a
+    first compile took seconds (ViT-Tiny's patch embedding at a new batch). A no-op where
+    the compiled kernels may not run on this thread (``Jitted.get``)."""
+    if not jit_enabled() or not gemm_cols.available():
+        return
+    COLS_ONE.get()
+    if intra_pool().threads > 1:
+        COLS_PAR.get()
+
+
 def plan(
     x_shape: tuple[int, ...], m: int, kernel: tuple[int, int], out_shape: tuple[int, ...],
     strides: tuple[int, ...], pads_begin: tuple[int, ...], dilations: tuple[int, ...],
@@ -399,7 +412,7 @@ def plan(
     flag = None if extended else _FUSED.get(act)
     lohi = np.array([params[0], params[1]], np.float32)
     return ColsPlan(fn, parallel, slots, mode, blocks, sub, scratch_floats,
-                    act if flag is None else 0, flag or 0, lohi, np.zeros(m, np.float32),
+                    act if flag is None else 0, flag or 0, lohi, frozen(np.zeros(m, np.float32)),
                     gemm_cols.panel_width(), toff, pads, xpad_shape)  # fmt: skip
 
 
