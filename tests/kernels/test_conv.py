@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import tfrt_py
 from tests.support.kernel_harness import Harness, reference_run
 from tfrt_py.kernels.nn import conv, conv_deform, conv_transpose
 
@@ -233,3 +234,18 @@ def test_conv_bad_attributes_fail_at_load(harness: Harness) -> None:
         harness.build("Conv", [x, w], {"group": 2}, const=(1,))  # 3 output channels, 2 groups
     with pytest.raises(UnsupportedOpError):
         harness.build("Conv", [x, w], {"auto_pad": "SAME"})
+
+
+def test_loading_a_graph_leaves_the_caller_s_arrays_writable() -> None:
+    """A graph built in Python holds the caller's arrays as its constants: the conv reads
+    its weights and bias read-only through views of its own, and never flips the flag of
+    the caller's arrays."""
+    from tfrt_py.ir.builder import GraphBuilder
+
+    g = GraphBuilder()
+    x = g.input("x", np.float32, (2, 3, 8, 8))
+    w, b = np.ones((4, 3, 3, 3), np.float32), np.zeros(4, np.float32)
+    g.output(g.op("Conv", x, g.const(w), g.const(b)), "y")
+    m = tfrt_py.load(g.build())
+    m.run({"x": np.ones((2, 3, 8, 8), np.float32)})
+    assert w.flags.writeable and b.flags.writeable

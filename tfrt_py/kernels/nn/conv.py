@@ -359,7 +359,9 @@ def _conv_fn(
     core = make_conv_core(ctx, sp, group, w_const, cdt)
     b_c: np.ndarray | None = None
     if b_const is not None:
-        b_c = frozen(np.ascontiguousarray(b_const, dtype=cdt))  # as the warmed kernels' bias
+        # a read-only view, as the warmed kernels' bias (the array itself may be the
+        # caller's: a graph built in Python holds the caller's arrays)
+        b_c = frozen(np.ascontiguousarray(b_const, dtype=cdt).view())
     same = cdt == dt
     epilogue = make_epilogue(epi)
     node = ConvNode(sp, group, w_const, b_c, cdt, epi)
