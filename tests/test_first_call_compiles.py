@@ -32,27 +32,28 @@ import tfrt_py
 from tfrt_py.kernels.lib import jit as J
 
 import gc
-seen, tl = [], threading.local()
+seen, depth = [], threading.local()
 compile_ = J.Jitted._compile
 def spy(self):
-    if self._compiled is None and not self._failed and getattr(tl, "in_run", False):
+    if self._compiled is None and not self._failed and getattr(depth, "n", 0):
         seen.append(self.fn.__name__)
     return compile_(self)
 J.Jitted._compile = spy
 def overloads():  # argument types each compiled kernel has machine code for
     return {j.fn.__name__: len(j._compiled.overloads) for j in gc.get_objects()
             if isinstance(j, J.Jitted) and j._compiled is not None}
-run_ = tfrt_py.Model.run
-def run(self, *a, **k):
-    tl.in_run = True
+def watched(call):  # a model's call (run, or generate: its steps skip Model.run)
+    depth.n = getattr(depth, "n", 0) + 1
     before = overloads()
     try:
-        return run_(self, *a, **k)
+        return call()
     finally:
-        tl.in_run = False
+        depth.n -= 1
         seen.extend(f"{n} (new argument types)" for n, c in overloads().items()
                     if n in before and c > before[n])
-tfrt_py.Model.run = run
+run_, generate_ = tfrt_py.Model.run, tfrt_py.Model.generate
+tfrt_py.Model.run = lambda self, *a, **k: watched(lambda: run_(self, *a, **k))
+tfrt_py.Model.generate = lambda self, *a, **k: watched(lambda: generate_(self, *a, **k))
 
 rng = np.random.default_rng(0)
 F = TensorProto.FLOAT
@@ -79,6 +80,10 @@ elif case == "linear":  # a weight over linear_par.PACK_MAX_BYTES, packed at its
     m = model([helper.make_node("Gemm", ["x", "w", "b"], ["y"])], ["b", 512],
               [const("w", w), const("b", b)])
     feeds = [rng.standard_normal((1, 512)), rng.standard_normal((6, 512))]
+elif case == "decoder":  # a Llama-style decoder's greedy steps (rotary, grouped heads)
+    from tests.support.models.decoder import decoder
+    m = decoder(kv_heads=2)
+    feeds = []
 else:  # "conv": a patch embedding at a batch of 32 (conv_cols' blocks)
     w = rng.standard_normal((192, 3, 16, 16)) * 0.05
     m = model([helper.make_node("Conv", ["x", "w"], ["y"], strides=[16, 16])],
@@ -87,11 +92,14 @@ else:  # "conv": a patch embedding at a batch of 32 (conv_cols' blocks)
 mod = tfrt_py.load(m.SerializeToString())
 for x in feeds:
     mod.run({"x": x.astype(np.float32)})
+if case == "decoder":
+    for n in (5, 17, 9):
+        mod.generate(rng.integers(0, 50, (1, n)).astype(np.int64), max_new_tokens=12)
 print(json.dumps(seen))
 """
 
 
-@pytest.mark.parametrize("case", ["softmax", "attention", "linear", "conv"])
+@pytest.mark.parametrize("case", ["softmax", "attention", "linear", "conv", "decoder"])
 def test_a_call_compiles_no_kernel_its_build_could_have(case: str) -> None:
     env = dict(os.environ, TFRT_PY_COLD_START="0", TFRT_PY_THREADS="2")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)

@@ -175,3 +175,23 @@ def test_the_kernel_follows_slices_index_rules_for_any_half() -> None:
         got = rotary_half(q2, c2, s2, np.array([4], np.int64), compiled=compiled)
         assert got.dtype == dt
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_decode_step_s_layouts_need_no_compile_in_a_call() -> None:
+    """A decode step passes the heads' strided view of q and cos/sin gathered per position
+    (Fortran-ordered): the kernel's warm-up compiled those argument types, so the call
+    compiles nothing (numba compiles per layout: optimum's Llama did, in a step)."""
+    from tfrt_py.kernels.fused.rotary import _ROTARY4, rotary_half
+
+    compiled = _ROTARY4.get()
+    if compiled is None:
+        pytest.skip("the compiled kernels are off here (numba missing or $TFRT_PY_JIT=0)")
+    known = len(compiled.overloads)
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 4, 3, 8)).astype(np.float32).transpose(0, 2, 1, 3)
+    c = np.asfortranarray(rng.standard_normal((1, 1, 4, 8)).astype(np.float32))
+    s = np.asfortranarray(rng.standard_normal((1, 1, 4, 8)).astype(np.float32))
+    got = rotary_half(q, c, s, np.array([4], np.int64), compiled=compiled)
+    want = q * c + np.concatenate([-q[..., 4:], q[..., :4]], axis=-1) * s
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert len(compiled.overloads) == known

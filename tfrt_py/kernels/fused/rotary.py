@@ -74,6 +74,11 @@ def _warm(fn: Any) -> None:
     x = np.ones((1, 2, 1, 4), np.float32)
     fn(x, x[:, :1], x[:, :1], 2, np.empty_like(x))
     fn(x.transpose(0, 2, 1, 3), x[:, :1], x[:, :1], 2, np.empty((1, 1, 2, 4), np.float32))
+    # cos/sin gathered per position come Fortran-ordered (Llama's decode steps)
+    f = np.asfortranarray(np.ones((1, 1, 2, 4), np.float32))
+    y = np.empty((1, 2, 2, 4), np.float32)
+    fn(np.ones((1, 2, 2, 4), np.float32).transpose(0, 2, 1, 3), f, f, 2, y)  # heads' view
+    fn(y, f, f, 2, np.empty_like(y))
 
 
 _ROTARY4 = Jitted(_rotary4, _warm)
