@@ -140,20 +140,20 @@ def test_a_step_writes_only_its_new_rows_into_the_buffers(
         assert np.isnan(b[:, :, 21:]).all()
 
 
-def test_a_step_with_its_caches_compiles_in_parts(
+def test_a_step_with_its_caches_compiles_its_layer_once(
     model: tfrt_py.Model, session: ort.InferenceSession
 ) -> None:
-    """The caches' take-up (``cache.cache_prologue``) stays in ``run``'s prologue, so a
-    step's function is cut into parts that numba types one at a time (``lower/split.py``);
-    taken for a part's statements, it left no allowed cut, and every decoder's step
-    compiled whole (seconds more per box). The parts compute onnxruntime's step."""
+    """The step's layers are one function called once per layer (``lower/outline.py``),
+    with the caches' take-up (``cache.cache_prologue``) left in ``run``, and compute
+    onnxruntime's step."""
     feeds = _feeds(20, _kv(model))
     _check(model.run(feeds), session.run(None, feeds), session)
     texts = [pathlib.Path(j.compiled.path).read_text() for j in model.native.sigs.values()
              if j.compiled is not None and j.lowered is not None and j.lowered.caches]  # fmt: skip
     assert texts, model.describe()
     for text in texts:
-        assert "copy_past_f4(" in text and "def run_part" in text
+        assert "copy_past_f4(" in text and "def run_layer0(" in text
+        assert text.count("run_layer0(") == 1 + LAYERS
 
 
 def test_a_buffer_with_more_rows_than_the_step_is_written_in_place(

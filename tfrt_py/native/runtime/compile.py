@@ -151,11 +151,14 @@ def compile_lowered(lowered: Lowered) -> Compiled:
 
 def compile_source(source: str) -> Compiled:
     """``compile_lowered`` for a module's source (the compile server's child calls it).
-    What compiles is the source with its ``run`` cut into parts (``lower.split``: numba's
-    front end grows faster than linearly with a function), keyed and cached as such."""
+    What compiles is the source with its repeated layers moved into one function
+    (``lower.outline``: numba compiled each copy anew) and its ``run`` cut into parts
+    (``lower.split``: numba's front end grows faster than linearly with a function),
+    keyed and cached as such."""
+    from ..lower.outline import outline_repeats
     from ..lower.split import split_run
 
-    source = split_run(source)
+    source = split_run(outline_repeats(source))
     t0 = time.perf_counter()
     try:
         host = _host_key()
