@@ -145,3 +145,18 @@ def copy_past_f4(a, c):  # pragma: no cover - compiled
                 else:
                     for i3 in range(n3):
                         dst[do + np.uint64(i3)] = src[so + np.uint64(i3 * s3)]
+
+
+@njit(nogil=True, cache=True)
+def cache_misfit_f4(c, v, b, h, s, d):  # pragma: no cover - compiled
+    """Whether the float32 buffer ``c`` [B', H, T, D] cannot take a present [b, h, s, d]
+    with ``v`` the present's view the caller passed (``Model.run(outputs=)``): ``c`` has
+    fewer rows or positions, another size on a head or feature axis, or ``v`` is not its
+    prefix of that shape. ``lower/cache.cache_prologue`` calls it once a cache (the
+    comparisons written out, eight caches' cost a decoder's box ~2.5 s of numba's front
+    end); the dims come as int64."""
+    if c.shape[0] < b or c.shape[1] != h or c.shape[3] != d or c.shape[2] < s:
+        return True
+    if v.shape[0] != b or v.shape[1] != h or v.shape[2] != s or v.shape[3] != d:
+        return True
+    return v.ctypes.data != c.ctypes.data or v.strides != c.strides

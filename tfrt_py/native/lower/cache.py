@@ -56,7 +56,7 @@ _FUSED = "tfrt_py.fused"
 #: The rank of every cache written in place: [batch, heads, sequence, head size].
 CACHE_RANK = 4
 #: The import line of a module whose code copies a past into its buffer.
-COPY_IMPORT = "from tfrt_py.native.kernels.rowdot import copy_past_f4"
+COPY_IMPORT = "from tfrt_py.native.kernels.rowdot import cache_misfit_f4, copy_past_f4"
 #: (domain, op, input position) of the readers of a present this lowering handles
 _STACK_READERS = frozenset({(_FUSED, "MatMulTransB", 1), ("", "MatMul", 1)})
 #: Ops of the default domain that read a present as views of its matrices (``stack_view``):
@@ -123,13 +123,8 @@ def cache_prologue(cx: NodeContext, pairs: tuple[tuple[int, int], ...],
         shape, _ = cx.shapes[id(graph.outputs[j])]
         ax = len(shape) - 2
         c, v = f"c{i}", f"v{i}"
-        wrong = " or ".join([
-            f"{c}.shape[0] < {literal(shape[0])}",
-            *(f"{c}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape) if d not in (0, ax)),
-            f"{c}.shape[{ax}] < {literal(shape[ax])}",
-            *(f"{v}.shape[{d}] != {literal(n)}" for d, n in enumerate(shape)),
-            f"{v}.ctypes.data != {c}.ctypes.data or {v}.strides != {c}.strides",
-        ])  # fmt: skip
+        dims = ", ".join(f"np.int64({literal(n)})" for n in shape)
+        wrong = f"cache_misfit_f4({c}, {v}, {dims})"
         upto = ", ".join([f":{literal(shape[0])}", *[":"] * (ax - 1), f":{literal(shape[ax])}"])
         lines += [
             f"if {c}.size == 0:",
