@@ -5,15 +5,16 @@ A model of L equal layers lowers to L copies of one layer's code that differ onl
 integers (where each layer's weights sit in the packed constants, where its values sit in
 the arena) and in names (each layer's cache views ``r<j>``, each node's temporaries).
 numba types, lowers and optimizes each copy anew, so a 4-layer decoder step paid for its
-layer four times. ``outline_repeats`` finds the longest run of ``run``'s top-level
-statements that repeats back to back (statements equal once every integer literal and
-name is set aside), checks that the copies correspond (each name of the first copy is one
-name in every other copy; a name the copy reads before writing it comes from before it, a
-name it writes is its own), and moves the first copy into ``run_layer<k>`` (defined before
-``run``, with ``run``'s flags): its integers that differ between copies and the names it
-reads become parameters, and each copy becomes a call with its own integers and names.
-Nothing the copies write may be read after them (the function returns nothing), so a copy
-that leaves a value behind stays inline. Up to ``MAX_OUTLINES`` such runs are moved.
+layer four times. ``outline_repeats`` finds the run of ``run``'s top-level statements
+that repeats back to back (statements equal once every integer literal and name is set
+aside) and saves the most lines, checks that the copies correspond (each name of the
+first copy is one name in every other copy; a name the copy reads before writing it
+comes from before it, a name it writes is its own), and moves the first copy into
+``run_layer<k>`` (defined before ``run``, with ``run``'s flags): its integers that differ
+between copies and the names it reads become parameters, and each copy becomes a call
+with its own integers and names. Nothing the copies write may be read after them (the
+function returns nothing), so a copy that leaves a value behind stays inline. Up to
+``MAX_OUTLINES`` such runs are moved.
 
 The function's text is the first copy's lines with only those integers and names replaced
 by parameter names of ours, so it is a pure function of the source (every sample of a box
