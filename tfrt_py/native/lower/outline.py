@@ -30,7 +30,7 @@ import builtins
 import re
 from typing import Any
 
-from .split import _module_names, _uses
+from .split import _module_names, _uses, njit_flags, splice
 
 __all__ = ["MAX_OUTLINES", "MIN_LINES", "outline_repeats"]
 
@@ -194,23 +194,11 @@ def _assemble(source: str, fn: ast.FunctionDef, blocks: list[list[ast.stmt]],
             text = text[:c0] + p + text[c1:]
         own[row] = text
     deco_line = fn.decorator_list[0].lineno - 1
-    deco = lines[deco_line]
-    flags = deco[deco.index("cache=") :] if "cache=" in deco else "cache=True)"
+    flags = njit_flags(lines[deco_line])
     define = [f"@njit({flags}", f"def {name}({', '.join(params)}):", *own, "", ""]
     calls = {}
     for i, block in enumerate(blocks):
         b0, b1 = block[0].lineno - 1, block[-1].end_lineno or block[-1].lineno
         calls[b0] = (b1, f"    {name}({', '.join(args[i])})")
-    out: list[str] = []
-    i = 0
-    while i < len(lines):
-        if i == deco_line:
-            out += define
-        if i in calls:
-            end, call = calls[i]
-            out.append(call)
-            i = end
-            continue
-        out.append(lines[i])
-        i += 1
+    out = splice(lines, deco_line, define, calls)
     return "\n".join(out) + ("\n" if source.endswith("\n") else "")

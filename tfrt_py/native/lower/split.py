@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import builtins
 
-__all__ = ["PART_LINES", "split_run"]
+__all__ = ["PART_LINES", "njit_flags", "splice", "split_run"]
 
 #: About this many lines per part (a part ends at the first allowed cut past it).
 PART_LINES = 160
@@ -132,8 +132,7 @@ def _module_names(tree: ast.Module) -> set[str]:
 def _assemble(lines: list[str], fn: ast.FunctionDef, body: list[ast.stmt],
               parts: list[tuple[int, int]], known: set[str]) -> str:  # fmt: skip
     deco_line = fn.decorator_list[0].lineno - 1
-    deco = lines[deco_line]
-    flags = deco[deco.index("cache=") :] if "cache=" in deco else "cache=True)"
+    flags = njit_flags(lines[deco_line])
     defs: list[str] = []
     calls: dict[int, tuple[int, str]] = {}  # first line index -> (end line index, call)
     for k, (a, b) in enumerate(parts):
@@ -143,16 +142,30 @@ def _assemble(lines: list[str], fn: ast.FunctionDef, body: list[ast.stmt],
         name = f"run_part{k}"
         defs += [f"@njit({flags}", f"def {name}({', '.join(args)}):", *lines[lo:hi], "", ""]
         calls[lo] = (hi, f"    {name}({', '.join(args)})")
+    return "\n".join(splice(lines, deco_line, defs, calls))
+
+
+def njit_flags(decorator: str) -> str:
+    """``run``'s decorator line from its ``cache=`` flag on (a new function's, after
+    ``@njit(``), without ``run``'s explicit signature."""
+    return decorator[decorator.index("cache=") :] if "cache=" in decorator else "cache=True)"
+
+
+def splice(lines: list[str], deco_line: int, defs: list[str],
+           calls: dict[int, tuple[int, str]]) -> list[str]:  # fmt: skip
+    """``lines`` with ``defs`` put before line ``deco_line`` (``run``'s decorator) and each
+    span ``calls`` names (first line index -> (end line index, the call's line)) replaced
+    by its call."""
     out: list[str] = []
     i = 0
     while i < len(lines):
         if i == deco_line:
             out += defs
         if i in calls:
-            hi, call = calls[i]
+            end, call = calls[i]
             out.append(call)
-            i = hi
+            i = end
             continue
         out.append(lines[i])
         i += 1
-    return "\n".join(out)
+    return out
