@@ -108,6 +108,31 @@ def test_other_convs_keep_their_routes(
     assert plans and plans[-1].route != "packed"
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_batch_past_the_im2row_bound_runs_in_chunks(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """A batch whose im2row passes ``MAX_A_FLOATS`` stays on the route, in chunks of
+    ``CHUNK_A_FLOATS`` (here two images, and one left over), each chunk's images answered
+    as onnxruntime answers (a residual read and written per chunk). Before, such a batch
+    left the route: ResNet-18's 512x7x7 convs at a batch of 32 ran on ``conv_cols``."""
+    if not gemm_packed.available():
+        pytest.skip("no packed gemm kernel on this host (portable path, or packed gemm off)")
+    if not native_threads.ready():
+        pytest.skip("numba's threads are not there: the route needs them")
+    x_shape, w_shape = (5, 64, 7, 7), (96, 64, 3, 3)
+    per_image = 49 * 64 * 9
+    monkeypatch.setattr(conv_packed, "MAX_A_FLOATS", 3 * per_image)
+    monkeypatch.setattr(conv_packed, "CHUNK_A_FLOATS", 2 * per_image + 1)
+    plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
+    x = _RNG.standard_normal(x_shape).astype(np.float32)
+    w = (_RNG.standard_normal(w_shape) * 0.1).astype(np.float32)
+    check_against_onnxruntime(x, w, {"pads": [1, 1, 1, 1]}, "Relu", True, _RNG, threads=threads)
+    pp = plans[-1].packed
+    assert plans[-1].route == "packed" and pp is not None
+    assert pp.xt_shape[0] == 2 and pp.last is not None and pp.last.xt_shape[0] == 1
+
+
 def test_the_plan_refuses_what_it_does_not_serve() -> None:
     if not gemm_packed.available():
         pytest.skip("no packed gemm kernel on this host (portable path, or packed gemm off)")

@@ -23,7 +23,10 @@ One Zen 5 thread (2026-12-03, AVX-512): 512x7x7 3x3 -> 512's product 949 µs at 
 most ``FEW_PIXELS`` output pixels and the kernel is not 1x1 (its own measurements: larger
 planes, where the im2row is nine copies of the input, and 1x1 convs, strided or not, were
 not faster). ``plan`` returns None (the caller keeps its routes) without the packed
-kernel or numba, and for shapes outside ``FEW_PIXELS`` or with too little K. Sums run
+kernel or numba, and for shapes outside ``FEW_PIXELS`` or with too little K. A batch
+runs in chunks of images, one call each, whose im2row stays under ``CHUNK_A_FLOATS``:
+before, a batch whose im2row passed ``MAX_A_FLOATS`` left the route (ResNet-18's
+512x7x7 3x3 at a batch of 32 took ``conv_cols`` at 1.2x its batch-1 time an image). Sums run
 over K in (tap, channel) order with fused multiply-adds: results agree with the other
 routes to float32 rounding. Thread-safe: plans are immutable; buffers are the calling
 thread's scratch slots 0-2.
@@ -48,8 +51,14 @@ __all__ = ["FEW_PIXELS", "MIN_K", "PackedConvPlan", "pack_filters", "plan", "run
 FEW_PIXELS = 256
 #: K = C*KH*KW at least (stems with 3 channels keep their own routes).
 MIN_K = 64
-#: The most floats of the im2row matrix a call may build (slot 1: 16 MB).
+#: The most floats of one image's im2row matrix (slot 1: 16 MB).
 MAX_A_FLOATS = 4 << 20
+#: A batch runs in chunks of images whose im2row stays under this many floats (4 MB), one
+#: image where one passes it. ResNet-18 at a batch of 32, one Zen 4 thread, µs an image
+#: (512x7x7 3x3 / 256x14x14 3x3 / 128x28x28 3x3/2 -> 256): chunks of at most 1M floats
+#: 2173-2210 / 2223-2255 / 1199-1229; of 4M 2253 / 2407 / 1375; the whole batch in one
+#: call 2228 / 2445 / 1361; ``conv_cols`` (the route before chunks) 2690 / 2338 / 1270.
+CHUNK_A_FLOATS = 1 << 20
 
 numba: Any = None  # set by Jitted(parallel=True)
 sgemm_packed: Any = None  # set by _prepare
@@ -188,6 +197,9 @@ class PackedConvPlan(NamedTuple):
     act: int  # 1 ReLU, 2 Clip, other compiled codes after, 0 none
     lohi: np.ndarray  # Clip's bounds (float32)
     zeros: np.ndarray  # a row of ``yt`` of zeros
+    # the plan of the batch's last chunk where it has fewer images than ``xt_shape[0]``
+    # (the images a call takes); None: every chunk is whole
+    last: PackedConvPlan | None = None
 
 
 def pack_filters(w: np.ndarray) -> np.ndarray | None:
@@ -220,16 +232,27 @@ def plan(
 ) -> PackedConvPlan | None:  # fmt: skip
     """The plan of a one-group float32 conv (as ``conv_cols.plan``'s arguments) on this
     route, or None where it does not serve: no packed kernel or numba, more than
-    ``FEW_PIXELS`` output pixels an image, K under ``MIN_K``, an im2row over
-    ``MAX_A_FLOATS``, negative pads."""
+    ``FEW_PIXELS`` output pixels an image, K under ``MIN_K``, one image's im2row over
+    ``MAX_A_FLOATS``, negative pads. A batch whose im2row passes ``CHUNK_A_FLOATS`` is
+    planned in chunks of images (``PackedConvPlan.last`` for a shorter last one)."""
     n, c, h, w = x_shape
     kh, kw = kernel
     oh, ow = out_shape[2], out_shape[3]
     k = c * kh * kw
-    if oh * ow > FEW_PIXELS or k < MIN_K or n * oh * ow * k > MAX_A_FLOATS or min(pads_begin) < 0:
+    if oh * ow > FEW_PIXELS or k < MIN_K or oh * ow * k > MAX_A_FLOATS or min(pads_begin) < 0:
         return None
     if not gemm_packed.available():
         return None
+    chunk = min(n, max(1, CHUNK_A_FLOATS // (oh * ow * k)))
+    if chunk < n:
+        whole = plan((chunk, *x_shape[1:]), m, kernel, (chunk, *out_shape[1:]), strides,
+                     pads_begin, dilations, act, params, threads)  # fmt: skip
+        rest = n % chunk
+        if whole is None or rest == 0:
+            return whole
+        last = plan((rest, *x_shape[1:]), m, kernel, (rest, *out_shape[1:]), strides,
+                    pads_begin, dilations, act, params, threads)  # fmt: skip
+        return None if last is None else whole._replace(last=last)
     fn = PACKED_CONV.get()
     shape = gemm_packed.tile()
     if fn is None or shape is None:
@@ -267,8 +290,30 @@ def run(
     params: np.ndarray,
 ) -> None:
     """``y3`` (N, M, OH*OW) = act(conv(``x``) + ``b`` + ``res3``), ``x`` C-contiguous float32
-    (N, C, H, W), ``wp`` from ``pack_filters``, ``b`` (M,) or empty. The caller has entered
-    numba's threads (``native_threads.enter``)."""
+    (N, C, H, W), ``wp`` from ``pack_filters``, ``b`` (M,) or empty, a call per chunk of
+    images (``plan``). The caller has entered numba's threads (``native_threads.enter``)."""
+    step = pp.xt_shape[0]
+    if step == x.shape[0]:
+        _run_chunk(pp, x, wp, y3, b, res3, params)
+        return
+    for i in range(0, x.shape[0], step):
+        j = min(x.shape[0], i + step)
+        sub = pp if j - i == step else pp.last
+        if sub is None:  # a plan of another batch (never: plans are per input shape)
+            raise RuntimeError(f"no packed conv plan for a chunk of {j - i} images")
+        _run_chunk(sub, x[i:j], wp, y3[i:j], b, None if res3 is None else res3[i:j], params)
+
+
+def _run_chunk(
+    pp: PackedConvPlan,
+    x: np.ndarray,
+    wp: np.ndarray,
+    y3: np.ndarray,
+    b: np.ndarray,
+    res3: np.ndarray | None,
+    params: np.ndarray,
+) -> None:
+    """``run`` on the images one call takes (``pp.xt_shape[0]``)."""
     xt = scratch(0, pp.xt_shape, x.dtype)
     a = scratch(1, pp.a_shape, x.dtype)
     yt = scratch(2, pp.yt_shape, x.dtype)
