@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import cold_start
+from . import cold_start, row_split
 from .calls import CallContext, check_timeout
 from .compiler.prepare import Prepared, prepare
 from .concurrency import HostContext, Limiter, native_threads
@@ -196,8 +196,11 @@ class Model(GenerationMixin):
         self._load_s = load_s
         self._timeout = timeout
         self._limiter = limiter
-        #: True when no call needs a context: ``run`` goes straight to the executor.
-        self._plain = timeout is None and limiter is None
+        #: Big batches in chunks of rows (``row_split``), or None and why not.
+        self._rows, self._rows_why = row_split.plan(graph)
+        #: True when no call needs a context or a split: ``run`` goes straight to the
+        #: executor.
+        self._plain = timeout is None and limiter is None and self._rows is None
         self.executor: str = runtime.name
         self.inputs: list[TensorSpec] = [spec_of(v) for v in graph.inputs if v.default is None]
         #: Initializers a call may override by feeding them (ONNX IR >= 4 graph inputs that
@@ -271,7 +274,7 @@ class Model(GenerationMixin):
         a limit go straight to the executor again."""
         switched = self._switched
         if switched is None or switched.is_set():
-            self._plain = self._timeout is None and self._limiter is None
+            self._plain = self._timeout is None and self._limiter is None and self._rows is None
             return False
         return True
 
@@ -289,6 +292,10 @@ class Model(GenerationMixin):
                     assert call is not None  # only a deadline ends the wait
                     raise call.deadline_error()
                 held = limiter
+            if self._rows is not None:
+                got = self._rows.run(self._runtime, feeds, outputs, call)
+                if got is not None:
+                    return got
             if call is None:
                 return self._runtime.run(feeds, outputs)
             return self._runtime.run_call(feeds, outputs, call)
@@ -330,6 +337,10 @@ class Model(GenerationMixin):
             if limiter is not None:
                 await self._acquire(limiter, call)
                 held = limiter
+            if self._rows is not None:
+                got = await self._rows.run_async(self._runtime, feeds, outputs, call)
+                if got is not None:
+                    return got
             return await self._runtime.run_async(feeds, call, outputs)
         finally:
             _end_call(held, call)
@@ -517,6 +528,7 @@ class Model(GenerationMixin):
             *self._prepared.describe_lines(),
             *self._runtime.describe_lines(),
             *self._runtime.describe_policy(),
+            self._rows.describe() if self._rows else f"  rows: calls run whole ({self._rows_why})",
         ]
         lines.append(
             f"  threads: {thread_budget()} per call (split kernels on "

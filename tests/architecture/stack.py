@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"executors"},
     {"compiler"},
     {"native", "streaming"},
-    {"selection", "profiling", "sharing", "cold_start", "generation", "reading"},
+    {"selection", "profiling", "sharing", "cold_start", "generation", "reading", "row_split"},
     {"model"},
     {"tfrt_py", "onnx_backend"},
     {"bench", "ray"},
