@@ -216,3 +216,45 @@ def test_the_check_names_why_a_graph_is_refused() -> None:
     m = _model([helper.make_node("Relu", ["x"], ["y"])], {}, ["N", C, HW, HW])
     split, why = row_split.plan(tfrt_py.load(m, executor="sync").graph)
     assert split is None and "a chunk would hold" in why
+
+
+_COLD = """
+import json, sys
+import numpy as np
+import tfrt_py
+from tfrt_py import row_split
+
+row_split.CHUNK_BYTES = 2 * 8 * {hw} * {hw} * 4  # chunks of 2 rows
+m = tfrt_py.load({path!r}, executor="sync")
+x = np.random.default_rng(0).standard_normal((5, {c}, {hw}, {hw})).astype(np.float32)
+first = m.run({{"x": x}})["y"]
+assert m.wait_compiled(120)
+seen = []
+real = m.runtime.run
+m.runtime.run = lambda f, o=None: (seen.append(f["x"].shape[0]), real(f, o))[1]
+after = m.run({{"x": x}})["y"]
+print(json.dumps({{"cold": m._switched is not None, "seen": seen,
+                  "diff": float(np.abs(first - after).max())}}))
+"""
+
+
+def test_a_cold_started_model_still_splits_after_its_switch(tmp_path: Any) -> None:
+    """The cold start's switch to the compiled kernels keeps the split (it reset the plain
+    path, which skips it: MobileNetV2 at random batches stayed at 1.25x onnxruntime in a
+    fresh process against 1.11x loaded eagerly)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.paths import ROOT
+
+    path = tmp_path / "cnn.onnx"
+    onnx.save(_cnn(), str(path))
+    env = {k: v for k, v in os.environ.items() if k != "TFRT_PY_COLD_START"}
+    src = _COLD.format(hw=HW, c=C, path=str(path))
+    out = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True,
+                         cwd=str(ROOT), env=env, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["cold"] and r["seen"] == [1, 2, 2] and r["diff"] <= 1e-4, r

@@ -199,8 +199,8 @@ class Model(GenerationMixin):
         #: Big batches in chunks of rows (``row_split``), or None and why not.
         self._rows, self._rows_why = row_split.plan(graph)
         #: True when no call needs a context or a split: ``run`` goes straight to the
-        #: executor.
-        self._plain = timeout is None and limiter is None and self._rows is None
+        #: executor (``_plain_now``).
+        self._plain = self._plain_now()
         self.executor: str = runtime.name
         self.inputs: list[TensorSpec] = [spec_of(v) for v in graph.inputs if v.default is None]
         #: Initializers a call may override by feeding them (ONNX IR >= 4 graph inputs that
@@ -267,6 +267,10 @@ class Model(GenerationMixin):
                 return self._run(feeds, outputs, timeout)
         return self._run(feeds, outputs, timeout)
 
+    def _plain_now(self) -> bool:
+        """Whether calls may skip ``_run``: no default deadline, no limit, no split."""
+        return self._timeout is None and self._limiter is None and self._rows is None
+
     def _on_stand_in(self) -> bool:
         """Whether a cold start's stand-in serves this model still (its warm-up yields to
         calls: ``concurrency.call_yield.in_call``, as background lowering does while
@@ -274,7 +278,7 @@ class Model(GenerationMixin):
         a limit go straight to the executor again."""
         switched = self._switched
         if switched is None or switched.is_set():
-            self._plain = self._timeout is None and self._limiter is None and self._rows is None
+            self._plain = self._plain_now()
             return False
         return True
 
@@ -443,7 +447,7 @@ class Model(GenerationMixin):
             apply()
             self._runtime, self._prepared = runtime, prepared
             self.executor = runtime.name
-            self._plain = self._timeout is None and self._limiter is None
+            self._plain = self._plain_now()
 
         return install
 
