@@ -197,7 +197,7 @@ class Model(GenerationMixin):
         self._timeout = timeout
         self._limiter = limiter
         #: Big batches in chunks of rows (``row_split``), or None and why not.
-        self._rows, self._rows_why = row_split.plan(graph)
+        self._rows, self._rows_why = row_split.plan(graph, threads=thread_budget())
         #: True when no call needs a context or a split: ``run`` goes straight to the
         #: executor (``_plain_now``).
         self._plain = self._plain_now()
