@@ -28,7 +28,7 @@ Stateless after ``plan``; ``RowSplit`` is immutable and any thread may run calls
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,15 +134,11 @@ class RowSplit:
         n = self._n(feeds, outputs)
         if not n:
             return None
-        res: dict[str, Any] = dict(outputs) if outputs else {}
-        order: list[str] = []
-        for i, j in self._chunks(n):
-            part, bufs = self._part(feeds, i, j), {k: b[i:j] for k, b in res.items()} or None
-            got = runtime.run(part, bufs) if call is None else runtime.run_call(part, bufs, call)
-            if not order:
-                order = list(got)
-                _adopt(res, got, n, i, j)
-        return {k: res[k] for k in order}
+        done = _Chunks(self, n, feeds, outputs)
+        for part, bufs in done:
+            done.took(runtime.run(part, bufs) if call is None
+                      else runtime.run_call(part, bufs, call))  # fmt: skip
+        return done.result()
 
     async def run_async(self, runtime: Executor, feeds: Mapping[str, Any],
                         outputs: Mapping[str, Any] | None,
@@ -151,25 +147,43 @@ class RowSplit:
         n = self._n(feeds, outputs)
         if not n:
             return None
-        res: dict[str, Any] = dict(outputs) if outputs else {}
-        order: list[str] = []
-        for i, j in self._chunks(n):
-            part, bufs = self._part(feeds, i, j), {k: b[i:j] for k, b in res.items()} or None
-            got = await runtime.run_async(part, call, bufs)
-            if not order:
-                order = list(got)
-                _adopt(res, got, n, i, j)
-        return {k: res[k] for k in order}
+        done = _Chunks(self, n, feeds, outputs)
+        for part, bufs in done:
+            done.took(await runtime.run_async(part, call, bufs))
+        return done.result()
 
 
-def _adopt(res: dict[str, Any], got: Mapping[str, Any], n: int, i: int, j: int) -> None:
-    """The first chunk's outputs that had no buffer, copied into fresh results of ``n``
-    rows (the later chunks' buffers)."""
-    for k, v in got.items():
-        if k not in res:
-            out = np.empty((n, *v.shape[1:]), v.dtype)
-            out[i:j] = v
-            res[k] = out
+class _Chunks:
+    """One split call's chunks -- (feeds, output buffers) for each, in order -- and its
+    results: the first chunk's outputs that had no buffer are copied into fresh results of
+    ``n`` rows, which are the later chunks' buffers. The calling thread's own."""
+
+    def __init__(self, split: RowSplit, n: int, feeds: Mapping[str, Any],
+                 outputs: Mapping[str, Any] | None) -> None:  # fmt: skip
+        self._split, self._n, self._feeds = split, n, feeds
+        self._res: dict[str, Any] = dict(outputs) if outputs else {}
+        self._order: list[str] = []
+        self._span = (0, 0)
+
+    def __iter__(self) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+        for i, j in self._split._chunks(self._n):
+            self._span = (i, j)
+            bufs = {k: b[i:j] for k, b in self._res.items()} or None
+            yield self._split._part(self._feeds, i, j), bufs
+
+    def took(self, got: Mapping[str, Any]) -> None:
+        if self._order:
+            return
+        self._order = list(got)
+        i, j = self._span
+        for k, v in got.items():
+            if k not in self._res:
+                out = np.empty((self._n, *v.shape[1:]), v.dtype)
+                out[i:j] = v
+                self._res[k] = out
+
+    def result(self) -> dict[str, Any]:
+        return {k: self._res[k] for k in self._order}
 
 
 def plan(graph: Graph, chunk_bytes: int | None = None,

@@ -304,15 +304,8 @@ def run(
         _run_chunk(sub, x[i:j], wp, y3[i:j], b, None if res3 is None else res3[i:j], params)
 
 
-def _run_chunk(
-    pp: PackedConvPlan,
-    x: np.ndarray,
-    wp: np.ndarray,
-    y3: np.ndarray,
-    b: np.ndarray,
-    res3: np.ndarray | None,
-    params: np.ndarray,
-) -> None:
+def _run_chunk(pp: PackedConvPlan, x: np.ndarray, wp: np.ndarray, y3: np.ndarray, b: np.ndarray,
+               res3: np.ndarray | None, params: np.ndarray) -> None:  # fmt: skip
     """``run`` on the images one call takes (``pp.xt_shape[0]``)."""
     xt = scratch(0, pp.xt_shape, x.dtype)
     a = scratch(1, pp.a_shape, x.dtype)
