@@ -293,9 +293,6 @@ def run(
     (N, C, H, W), ``wp`` from ``pack_filters``, ``b`` (M,) or empty, a call per chunk of
     images (``plan``). The caller has entered numba's threads (``native_threads.enter``)."""
     step = pp.xt_shape[0]
-    if step == x.shape[0]:
-        _run_chunk(pp, x, wp, y3, b, res3, params)
-        return
     for i in range(0, x.shape[0], step):
         j = min(x.shape[0], i + step)
         sub = pp if j - i == step else pp.last
