@@ -181,7 +181,9 @@ def test_a_conv_between_the_native_and_the_pool_thresholds_runs_on_native_thread
         np.testing.assert_allclose(model.run({"x": x})["y"], _ort(m, x), rtol=1e-4, atol=1e-4)
     assert plans
     parallel = native_threads.ready() and threads.threads() > 1
-    if plans[-1].cols is not None:  # float32 on the gemm_cols kernel (conv_cols)
+    if plans[-1].packed is not None:  # a 3x3 conv of whole panels of filters (conv_packed)
+        assert plans[-1].route == "packed" and (len(plans[-1].packed.parts) > 1) == parallel
+    elif plans[-1].cols is not None:  # float32 on the gemm_cols kernel (conv_cols)
         assert plans[-1].route == "cols" and (len(plans[-1].cols.blocks) > 1) == parallel
     elif parallel:
         assert plans[-1].route == "rows" and len(plans[-1].par_blocks) > 1

@@ -28,10 +28,10 @@ pytestmark = pytest.mark.skipif(not jit_enabled(), reason=why_off() or "numba ke
 
 @pytest.fixture(autouse=True)
 def _no_packed_route(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests are about conv_cols' route: the few-pixel convs it serves where
-    conv_packed's route is not there (one thread, no packed kernel) keep it here
+    """These tests are about conv_cols' route: the convs it serves where conv_packed's
+    route is not there (no indirect kernel, too few filters for a panel) keep it here
     (conv_packed's own tests: tests/kernels/test_conv_packed.py)."""
-    monkeypatch.setattr(conv_packed, "FEW_PIXELS", 0)
+    monkeypatch.setattr(conv_packed, "plan", lambda *args, **kwargs: None)
 
 
 _RNG = np.random.default_rng(29)
@@ -499,16 +499,17 @@ event.register("numba:compile", Compiles())
 
 rng = np.random.default_rng(0)
 x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
-w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+# 24 filters, a part of a panel: conv_cols' conv, not conv_packed's
+w = rng.standard_normal((24, 16, 3, 3)).astype(np.float32)
 w.flags.writeable = False  # as a model's initializer
-b = rng.standard_normal(32).astype(np.float32)
+b = rng.standard_normal(24).astype(np.float32)
 b.flags.writeable = False
-plan = conv_blocked.plan_blocked(x.shape, w.shape, (1, 32, 20, 20), (1, 1), (1, 1), (1, 1),
+plan = conv_blocked.plan_blocked(x.shape, w.shape, (1, 24, 20, 20), (1, 1), (1, 1), (1, 1),
                                  np.dtype(np.float32), Epilogue())
 assert plan is not None and plan.route == "cols", plan.route
 taps = conv_cols.taps_first(w)
-y = conv_blocked.run_blocked(plan, x, w.reshape(1, 32, -1), b, None, None, w_taps=taps)
-y = conv_blocked.run_blocked(plan, x, w.reshape(1, 32, -1), b, None, None, w_taps=taps)
+y = conv_blocked.run_blocked(plan, x, w.reshape(1, 24, -1), b, None, None, w_taps=taps)
+y = conv_blocked.run_blocked(plan, x, w.reshape(1, 24, -1), b, None, None, w_taps=taps)
 names = [n for n, _ in seen]
 print("compiled", names)
 assert "_blocked_par" not in names, names  # the BLAS route's kernel: not this conv's

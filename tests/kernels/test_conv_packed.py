@@ -1,10 +1,14 @@
-"""Few-pixel one-group float32 convs as pixel rows times the packed filters
-(kernels/nn/conv_packed.py): the route taken on native threads where it serves, each
+"""One-group float32 convs as pixel rows times the packed filters (kernels/nn/conv_packed.py,
+the product ``gemm_indirect``'s): the route taken on native threads where it serves, each
 epilogue, strides, dilations, asymmetric pads, several images, filters not a whole
-panel, against onnxruntime; the routes it leaves to others."""
+panel, large planes, against onnxruntime, on the process's path and on AVX2's (rows
+put back by ``_finish``); the routes it leaves to others."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -43,6 +47,10 @@ CASES = [
     ((1, 64, 27, 27), (96, 64, 3, 3), {"strides": [2, 2], "pads": [0, 1, 1, 0]}),
     ((3, 32, 12, 12), (70, 32, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
     ((2, 40, 11, 9), (64, 40, 5, 3), {"pads": [2, 1, 2, 1]}),
+    # past FEW_PIXELS with whole panels of filters: an odd plane of two images, a stem-like
+    # 7x7/2 of 3 channels
+    ((2, 16, 17, 19), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 3, 40, 40), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
 ]
 
 
@@ -88,7 +96,7 @@ def test_nan_passes_relu_and_every_output_is_written(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize(
     ("x_shape", "w_shape"),
-    [((1, 16, 56, 56), (64, 16, 3, 3)),  # many pixels: conv_cols' grid
+    [((1, 16, 56, 56), (40, 16, 3, 3)),  # many pixels, filters a part of their panels
      ((1, 3, 12, 12), (64, 3, 3, 3)),  # K under MIN_K: a stem
      ((1, 256, 7, 7), (512, 256, 1, 1))],  # 1x1: the input read as it is elsewhere
 )  # fmt: skip
@@ -109,21 +117,17 @@ def test_other_convs_keep_their_routes(
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_batch_past_the_im2row_bound_runs_in_chunks(
-    monkeypatch: pytest.MonkeyPatch, threads: int
-) -> None:
-    """A batch whose im2row passes ``MAX_A_FLOATS`` stays on the route, in chunks of
-    ``CHUNK_A_FLOATS`` (here two images, and one left over), each chunk's images answered
-    as onnxruntime answers (a residual read and written per chunk). Before, such a batch
-    left the route: ResNet-18's 512x7x7 convs at a batch of 32 ran on ``conv_cols``."""
+def test_a_batch_runs_in_chunks(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    """A batch whose rows times K pass ``CHUNK_TAP_FLOATS`` runs in chunks (here two
+    images, and one left over), each chunk's images answered as onnxruntime answers (a
+    residual read and written per chunk)."""
     if not gemm_packed.available():
         pytest.skip("no packed gemm kernel on this host (portable path, or packed gemm off)")
     if not native_threads.ready():
         pytest.skip("numba's threads are not there: the route needs them")
     x_shape, w_shape = (5, 64, 7, 7), (96, 64, 3, 3)
     per_image = 49 * 64 * 9
-    monkeypatch.setattr(conv_packed, "MAX_A_FLOATS", 3 * per_image)
-    monkeypatch.setattr(conv_packed, "CHUNK_A_FLOATS", 2 * per_image + 1)
+    monkeypatch.setattr(conv_packed, "CHUNK_TAP_FLOATS", 2 * per_image + 1)
     plans = record_calls(monkeypatch, conv_blocked, "run_blocked")
     x = _RNG.standard_normal(x_shape).astype(np.float32)
     w = (_RNG.standard_normal(w_shape) * 0.1).astype(np.float32)
@@ -133,7 +137,7 @@ def test_a_batch_past_the_im2row_bound_runs_in_chunks(
     assert pp.xt_shape[0] == 2 and pp.last is not None and pp.last.xt_shape[0] == 1
 
 
-def test_the_plan_refuses_what_it_does_not_serve() -> None:
+def test_the_plan_refuses_what_it_does_not_serve(monkeypatch: pytest.MonkeyPatch) -> None:
     if not gemm_packed.available():
         pytest.skip("no packed gemm kernel on this host (portable path, or packed gemm off)")
     if not native_threads.ready():
@@ -141,8 +145,14 @@ def test_the_plan_refuses_what_it_does_not_serve() -> None:
     p = np.zeros(35, np.float32)
     args = ((1, 1), (1, 1), (1, 1), 1, p, 2)
     assert conv_packed.plan((1, 64, 7, 7), 64, (3, 3), (1, 64, 7, 7), *args) is not None
-    assert conv_packed.plan((1, 64, 40, 40), 64, (3, 3), (1, 64, 40, 40), *args) is None
+    assert conv_packed.plan((1, 64, 7, 7), 40, (3, 3), (1, 40, 7, 7), *args) is not None
+    # past FEW_PIXELS: whole panels of filters only
+    assert conv_packed.plan((1, 64, 40, 40), 64, (3, 3), (1, 64, 40, 40), *args) is not None
+    assert conv_packed.plan((1, 64, 40, 40), 40, (3, 3), (1, 40, 40, 40), *args) is None
     assert conv_packed.plan((1, 4, 7, 7), 64, (3, 3), (1, 64, 7, 7), *args) is None
+    # one image's padded input past MAX_IMAGE_FLOATS (42 * 42 * 64 floats here)
+    monkeypatch.setattr(conv_packed, "MAX_IMAGE_FLOATS", 42 * 42 * 64 - 1)
+    assert conv_packed.plan((1, 64, 40, 40), 64, (3, 3), (1, 64, 40, 40), *args) is None
     neg = ((1, 1), (-1, 0), (1, 1), 1, p, 2)
     assert conv_packed.plan((1, 64, 7, 7), 64, (3, 3), (1, 64, 5, 6), *neg) is None
 
@@ -179,3 +189,36 @@ def test_one_thread_takes_the_route_in_one_part(monkeypatch: pytest.MonkeyPatch)
                                atol=1e-4)  # fmt: skip
     plan = plans[-1]
     assert plan.route == "packed" and plan.packed is not None and len(plan.packed.parts) == 1
+
+
+_AVX2_CHILD = """
+import numpy as np
+from tests.kernels.test_conv_cols import check_against_onnxruntime
+from tfrt_py.kernels.lib import gemm_indirect, gemm_packed
+from tfrt_py.kernels.nn import conv_blocked
+
+assert gemm_packed.path()[0] == "avx2", gemm_packed.path()
+assert gemm_indirect.available() and not gemm_indirect.nchw_stores()
+plans = []
+run = conv_blocked.run_blocked
+conv_blocked.run_blocked = lambda plan, *a, **k: (plans.append(plan), run(plan, *a, **k))[1]
+rng = np.random.default_rng(5)
+for x_shape, w_shape, act in [((2, 24, 9, 11), (40, 24, 3, 3), "HardSwish"),
+                              ((1, 16, 20, 20), (48, 16, 3, 3), "Relu")]:
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = (rng.standard_normal(w_shape) * 0.1).astype(np.float32)
+    check_against_onnxruntime(x, w, {"pads": [1, 1, 1, 1]}, act, True, rng, threads=1)
+    assert plans[-1].route == "packed" and plans[-1].packed.nchw == 0, plans[-1]
+print("avx2 rows ok")
+"""
+
+
+def test_the_avx2_path_puts_rows_back_in_a_fresh_process() -> None:
+    """``TFRT_PY_ISA=avx2``: the 6 x 16 kernel stores rows and ``_finish`` puts them back
+    (bias, residual, the activation), across images and filters past a panel."""
+    if "avx2" not in gemm_packed.host_paths():
+        pytest.skip("this host has no AVX2/FMA path")
+    env = {**os.environ, "TFRT_PY_ISA": "avx2", "TFRT_PY_COLD_START": "0"}
+    done = subprocess.run([sys.executable, "-c", _AVX2_CHILD], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "avx2 rows ok" in done.stdout, done.stderr[-3000:]

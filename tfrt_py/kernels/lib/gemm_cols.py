@@ -143,8 +143,9 @@ class _ColsGemmIR(_PackedGemmIR):
         b.position_at_end(done)
         self.epilogue(p, m0, rows, npan, acc)
 
-    def a_col(self, k: Any) -> Any:
-        return self.b.add(self.tap_k, k)
+    def x_index(self, m0: Any, r: int, k: Any) -> Any:
+        b = self.b
+        return b.add(b.mul(b.add(m0, self.c(r)), self.ldx), b.add(self.tap_k, k))
 
     def splat_of(self, s: Any) -> Any:
         """The scalar ``s`` in every lane."""

@@ -266,7 +266,7 @@ class _PackedGemmIR:
         # tile by tile (the tile's rows of x in L1), the block's panels
         full = b.mul(b.sdiv(self.m_rows, c(self.mr)), c(self.mr))
         # a panel's row (one k, or one group of k) is 4 * nr bytes in every build
-        per_block = b.sdiv(c(PANEL_BLOCK_BYTES), b.mul(self.k_len, c(4 * self.nr)))
+        per_block = b.sdiv(c(PANEL_BLOCK_BYTES), b.mul(self.panel_rows(), c(4 * self.nr)))
         per_block = b.select(b.icmp_signed("<", per_block, c(1)), c(1), per_block)
 
         def block(p0: Any) -> None:
@@ -365,20 +365,25 @@ class _PackedGemmIR:
     def k_step(self, p: Any, m0: Any, rows: int, npan: int, k: Any, acc: list[Any]) -> list[Any]:
         """One k of the tile: the panels' two vectors at row k, each x[m, k] broadcast,
         ``acc`` + their products (the accumulators' new values)."""
-        b, c, ir, v8 = self.b, self.c, self.ir, self.v8
+        b, ir, v8 = self.b, self.ir, self.v8
         wv = [v for j in range(npan) for v in self.panel_vectors(p, j, k)]
         nv = len(wv)  # the vectors a row of the tile accumulates
         new = []
         for r in range(rows):
-            xs = b.load(b.gep(self.x, [b.add(b.mul(b.add(m0, c(r)), self.ldx), self.a_col(k))]))
+            xs = b.load(b.gep(self.x, [self.x_index(m0, r, k)]))
             xb = b.insert_element(ir.Constant(v8, ir.Undefined), xs, ir.Constant(self.i32, 0))
             xb = b.shuffle_vector(xb, ir.Constant(v8, ir.Undefined), self.splat)
             new += [b.call(self.fma, [wv[q], xb, acc[r * nv + q]]) for q in range(nv)]
         return new
 
-    def a_col(self, k: Any) -> Any:
-        """The column of x (the rows broadcast) that step ``k`` reads."""
-        return k
+    def x_index(self, m0: Any, r: int, k: Any) -> Any:
+        """The element of x (the rows broadcast) that row ``m0 + r`` reads at step ``k``."""
+        b = self.b
+        return b.add(b.mul(b.add(m0, self.c(r)), self.ldx), k)
+
+    def panel_rows(self) -> Any:
+        """A panel's rows (its bytes, for the blocks of panels ``walk`` keeps in L2)."""
+        return self.k_len
 
     def panel_vectors(self, p: Any, j: int, k: Any) -> list[Any]:
         """Panel ``p + j``'s two vectors at row ``k`` (panels of K x nr, one after another)."""

@@ -1,35 +1,38 @@
-"""One-group float32 2-D convolutions over few output pixels as pixel rows times the
-filters packed once (``kernels/lib/gemm_packed``): ResNet's 14x14 and 7x7 stages,
-SqueezeNet's 13x13 fire modules, strided convs down to those planes.
+"""One-group float32 2-D convolutions as pixel rows times the filters packed once, the
+product reading each pixel's taps in place (``kernels/lib/gemm_indirect``): ResNet's 3x3
+convs at every stage, its 7x7/2 stem, SqueezeNet's 3x3 fire modules, strided convs.
 
 ``conv_cols`` puts the pixels in the kernel's vectors and the filters in its broadcasts;
 over a 7x7 plane its stride-1 form computes 9-wide extended rows (63 columns for 49
-pixels) and rounds them up to whole 32-column panels (64): 77% of the work useful, and
-512x7x7 3x3 ran at half the two cores' peak. Here the filters are the vectors -- a
-multiple of the panel width, no waste -- and the pixels the rows, in three ``prange``
+pixels) and rounds them up to whole 32-column panels (64), and at every size it copies its
+extended output again to crop it. Here the filters are the vectors -- whole panels of them,
+no waste where the filters fill their panels -- and the pixels the rows, in two ``prange``
 loops of one compiled call on numba's threads:
 
 1. the image, channels last and zero-padded (``xt``: (N, Hp, Wp, C));
-2. im2row (``a``: (N*P, KH*KW*C), a pixel's taps one after another, each a copied run of C
-   floats from ``xt``);
-3. ``a`` times the filters, packed in that (tap, channel) order (``gemm_packed``'s 8 x 32
-   tile on AVX-512, 6 x 16 on AVX2), into ``yt`` (N*P, M rounded up to panels), each part
-   (a span of panels, or of rows when ``a`` is the bigger operand) then put back to NCHW
-   by its own thread (``_finish``): ``act((yt + b) + res)``, ReLU and Clip in the same
-   pass, any other activation over each filter's run after (``_act_row``).
+2. the indirect product (``gemm_indirect``'s 8 x 32 tile on AVX-512, 6 x 16 on AVX2): row
+   r of the im2row matrix is read from ``xt`` at ``rowoff[r] + toff[tap]`` (a tap's C
+   channels one run), never copied; the filters packed in (tap, channel) order. Each part
+   (a span of panels, or of rows) is finished by its own thread: on AVX-512 the kernel
+   stores NCHW itself, ``act((v + b) + res)`` with ReLU and Clip applied before its
+   store; elsewhere it stores rows into ``yt`` (N*P, M rounded up to panels) and
+   ``_finish`` puts them back; any other activation then runs over each filter's run of
+   pixels (``_act_row``).
 
-One Zen 5 thread (2026-12-03, AVX-512): 512x7x7 3x3 -> 512's product 949 µs at 226 GFLOP/s
-(~244 peak), the other passes ~25 µs. ``conv_blocked`` routes here where an image has at
-most ``FEW_PIXELS`` output pixels and the kernel is not 1x1 (its own measurements: larger
-planes, where the im2row is nine copies of the input, and 1x1 convs, strided or not, were
-not faster). ``plan`` returns None (the caller keeps its routes) without the packed
-kernel or numba, and for shapes outside ``FEW_PIXELS`` or with too little K. A batch
-runs in chunks of images, one call each, whose im2row stays under ``CHUNK_A_FLOATS``:
-before, a batch whose im2row passed ``MAX_A_FLOATS`` left the route (ResNet-18's
-512x7x7 3x3 at a batch of 32 took ``conv_cols`` at 1.2x its batch-1 time an image). Sums run
-over K in (tap, channel) order with fused multiply-adds: results agree with the other
-routes to float32 rounding. Thread-safe: plans are immutable; buffers are the calling
-thread's scratch slots 0-2.
+One Zen 4 thread (2026-12-05, AVX-512), the conv alone / its product alone: ResNet-18's
+64x56x56 3x3 2143 / 1994 µs (``conv_cols`` 2167, im2row and ``_finish`` before this
+kernel 2340), 256x14x14 2037 / 1983 (with the copied im2row 2297), 512x7x7 2125 / 2049,
+128x28x28 3x3/2 -> 256 1064 / 992 (1267); the copy into ``xt`` is most of the rest (92
+µs at 56x56). ``conv_blocked`` routes here where K = C*KH*KW is at least ``MIN_K`` and the
+kernel is not 1x1, and where an image has at most ``FEW_PIXELS`` output pixels or its
+filters fill ``MIN_FILTER_SHARE`` of their panels (ResNet-18, in one process against
+``conv_cols`` for the planes past 256 pixels: 35.3 -> 35.0 ms at batch 1, AVX2's tile
+forced 39.7 -> 38.4). ``plan`` returns None (the caller keeps its routes) without the
+kernel or numba, for shapes outside those, and where one image's buffers pass
+``MAX_IMAGE_FLOATS``. A batch runs in chunks of images, one call each, whose rows times K
+stay under ``CHUNK_TAP_FLOATS``. Sums run over K in (tap, channel) order with fused
+multiply-adds: results agree with the other routes to float32 rounding. Thread-safe:
+plans are immutable; buffers are the calling thread's scratch slots 0 and 2.
 """
 
 from __future__ import annotations
@@ -40,48 +43,57 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..common import scratch
-from ..lib import gemm_packed
+from ..lib import gemm_indirect, gemm_packed
 from ..lib.activations import _act_row
+from ..lib.gemm_indirect import FLAG_BIAS, FLAG_CLIP, FLAG_NCHW, FLAG_RELU, FLAG_RESIDUAL
 from ..lib.jit import CONTRACT, Jitted, frozen, inline
 
-__all__ = ["FEW_PIXELS", "MIN_K", "PackedConvPlan", "pack_filters", "plan", "run"]
+__all__ = ["FEW_PIXELS", "MIN_FILTER_SHARE", "MIN_K", "PackedConvPlan", "pack_filters",
+           "plan", "run"]  # fmt: skip
 
-#: Output pixels per image up to which the route serves (16x16; 28x28 and 27x27 planes
-#: measured 2-24% slower than ``conv_cols``' grid, which copies no input nine times over).
+#: Output pixels per image up to which the route serves any filter count (16x16) ...
 FEW_PIXELS = 256
+#: ... and past which where real filters fill at least this share of the panels' columns
+#: (filters are the kernel's vectors, rounded up to whole panels; ``conv_cols``, with the
+#: pixels in the vectors, wastes none of them).
+MIN_FILTER_SHARE = 0.875
 #: K = C*KH*KW at least (stems with 3 channels keep their own routes).
 MIN_K = 64
-#: The most floats of one image's im2row matrix (slot 1: 16 MB).
-MAX_A_FLOATS = 4 << 20
-#: A batch runs in chunks of images whose im2row stays under this many floats (4 MB), one
-#: image where one passes it. ResNet-18 at a batch of 32, one Zen 4 thread, µs an image
-#: (512x7x7 3x3 / 256x14x14 3x3 / 128x28x28 3x3/2 -> 256): chunks of at most 1M floats
-#: 2173-2210 / 2223-2255 / 1199-1229; of 4M 2253 / 2407 / 1375; the whole batch in one
-#: call 2228 / 2445 / 1361; ``conv_cols`` (the route before chunks) 2690 / 2338 / 1270.
-CHUNK_A_FLOATS = 1 << 20
+#: The most floats of one image's padded input (``xt``, slot 0) and, where the kernel stores
+#: rows, of its product rows (``yt``, slot 2): 16 MB each.
+MAX_IMAGE_FLOATS = 4 << 20
+#: A batch runs in chunks of images whose rows times K (the taps the product reads) stay
+#: under this many floats, one image where one passes it. Measured with the im2row this
+#: route had before ``gemm_indirect`` (ResNet-18 at a batch of 32, one Zen 4 thread, µs an
+#: image, 512x7x7 3x3 / 256x14x14 3x3 / 128x28x28 3x3/2 -> 256): chunks of at most 1M
+#: floats 2173-2210 / 2223-2255 / 1199-1229; of 4M 2253 / 2407 / 1375; the whole batch in
+#: one call 2228 / 2445 / 1361.
+CHUNK_TAP_FLOATS = 1 << 20
 
 numba: Any = None  # set by Jitted(parallel=True)
-sgemm_packed: Any = None  # set by _prepare
+_sgemm_indirect: Any = None  # set by _prepare (gemm_indirect.register)
 
 
 def _packed_conv(  # pragma: no cover - numba only
-    x: Any, xt: Any, a: Any, wp: Any, yt: Any, y3: Any, b: Any, res3: Any, geo: Any,
-    pad_rows: Any, a_rows: Any, parts: Any, act: int, p: Any, lohi: Any, zb: Any,
+    x: Any, xt: Any, wp: Any, yt: Any, y3: Any, b: Any, res3: Any, geo: Any, pad_rows: Any,
+    rowoff: Any, toff: Any, yoff: Any, nchw: int, parts: Any, act: int, p: Any, lohi: Any,
+    zb: Any,
 ) -> None:  # fmt: skip
-    """The four passes (module doc). ``geo``: kh, kw, sh, sw, dh, dw, pad top, pad left,
-    oh, ow; ``pad_rows`` (image, first padded row, end); ``a_rows`` (first row, end) of
-    ``a``; ``parts`` (first row, end, first panel, end panel), each finished by its
-    thread (``_finish``); ``zb`` zeros, a row of ``yt`` long (the kernel's unused bias)."""
+    """The three passes (module doc). ``geo``: kh, kw, sh, sw, dh, dw, pad top, pad left,
+    oh, ow; ``pad_rows`` (image, first padded row, end); ``rowoff``/``toff``: each output
+    pixel's first tap in ``xt`` and the taps' offsets from it; ``yoff``: each output
+    pixel's place in ``y3``'s plane of filter 0, where ``nchw`` (``FLAG_NCHW`` or 0) has
+    the kernel store there; ``parts`` (first row, end,
+    first panel, end panel), each finished by its thread (``_finish``); ``zb`` zeros, a
+    row of ``yt`` long (the kernel's unused bias)."""
     u = np.uint64
     _n_img, c_, h_, w_ = x.shape
     hp, wpd = xt.shape[1], xt.shape[2]
-    kh, kw, sh, sw, dh, dw, pt, pl, oh, ow = (geo[0], geo[1], geo[2], geo[3], geo[4], geo[5],
-                                              geo[6], geo[7], geo[8], geo[9])  # fmt: skip
-    npx = oh * ow
-    k = a.shape[1]
+    pt, pl, npx = geo[6], geo[7], geo[8] * geo[9]
     np_ = yt.shape[1]
     nr = wp.shape[2]
-    xf, tf, af = x.reshape(-1), xt.reshape(-1), a.reshape(-1)
+    k_all = toff.shape[0] * c_
+    xf, tf = x.reshape(-1), xt.reshape(-1)
     zero = xt.dtype.type(0)
     row_len = wpd * c_
     for q in numba.prange(pad_rows.shape[0]):
@@ -103,26 +115,35 @@ def _packed_conv(  # pragma: no cover - numba only
                 s = src + u(ww)
                 for c in range(c_):
                     tf[dd + u(c)] = xf[s + u(c * h_ * w_)]
-    for q in numba.prange(a_rows.shape[0]):
-        for g in range(a_rows[q, 0], a_rows[q, 1]):
-            i = g // npx
-            px = g - i * npx
-            oy = px // ow
-            ox = px - oy * ow
-            d = u(g * k)
-            for ki in range(kh):
-                rbase = (i * hp + oy * sh + ki * dh) * wpd + ox * sw
-                for kj in range(kw):
-                    s = u((rbase + kj * dw) * c_)
-                    for c in range(c_):
-                        af[d + u(c)] = tf[s + u(c)]
-                    d += u(c_)
     m = y3.shape[1]
+    four, eight = u(4), u(8)
+    rest = act if act > 2 else 0
+    # the kernel stores NCHW itself (``nchw`` bits, ``FLAG_NCHW`` among them), else rows
+    # into ``yt`` that ``_finish`` puts back
+    flags = nchw
+    if nchw != 0:
+        flags |= FLAG_RELU if act == 1 else FLAG_CLIP if act == 2 else 0
+        flags |= (FLAG_BIAS if b.shape[0] > 0 else 0) | (FLAG_RESIDUAL if res3.shape[0] > 0 else 0)
+    bp = b.ctypes.data if b.shape[0] > 0 else zb.ctypes.data
+    rp = res3.ctypes.data if res3.shape[0] > 0 else y3.ctypes.data
     for q in numba.prange(parts.shape[0]):
         r0, r1, p0, p1 = parts[q, 0], parts[q, 1], parts[q, 2], parts[q, 3]
-        sgemm_packed(a, r0 * k, k, wp, p0 * k * nr, yt, r0 * np_ + p0 * nr, np_, r1 - r0, k,
-                     (p1 - p0) * nr, zb, 0, 0, nr)  # fmt: skip
-        _finish(yt, y3, b, res3, r0, r1, p0 * nr, min(m, p1 * nr), act, p, lohi)
+        f0 = p0 * nr
+        at_x, at_w = rowoff.ctypes.data + u(r0) * eight, wp.ctypes.data + u(p0 * k_all * nr) * four
+        if nchw == 0:
+            _sgemm_indirect(xt.ctypes.data, at_x, toff.shape[0], toff.ctypes.data, c_, at_w,
+                            k_all, yt.ctypes.data + u(r0 * np_ + f0) * four, np_, r1 - r0,
+                            p1 - p0, zb.ctypes.data, 0, nr, yoff.ctypes.data, 0, 0,
+                            zb.ctypes.data, lohi.ctypes.data)  # fmt: skip
+            _finish(yt, y3, b, res3, r0, r1, f0, min(m, p1 * nr), act, p, lohi)
+            continue
+        at_y = u(f0 * npx) * four
+        _sgemm_indirect(xt.ctypes.data, at_x, toff.shape[0], toff.ctypes.data, c_, at_w, k_all,
+                        y3.ctypes.data + at_y, 0, r1 - r0, p1 - p0, bp + u(f0) * four, flags, nr,
+                        yoff.ctypes.data + u(r0) * eight, npx, m - f0, rp + at_y,
+                        lohi.ctypes.data)  # fmt: skip
+        if rest != 0:
+            _rest_act(y3, r0, r1, f0, min(m, p1 * nr), rest, p)
 
 
 @inline
@@ -156,30 +177,43 @@ def _finish(  # pragma: no cover - numba only
                         v = v + rf[dst]
                     v = lo if v < lo else v
                     yf[dst] = hi if v > hi else v
-        if rest != 0:
-            for f in range(f0, f1):
-                _act_row(y3[i, f, x0:x1], neg0, rest, p)
+    if rest != 0:
+        _rest_act(y3, r0, r1, f0, f1, rest, p)
+
+
+@inline
+def _rest_act(  # pragma: no cover - numba only
+    y3: Any, r0: int, r1: int, f0: int, f1: int, rest: int, p: Any
+) -> None:  # fmt: skip
+    """The activation ``rest`` (a compiled code past ReLU and Clip) over rows ``[r0, r1)``
+    (image-major pixels) of filters ``[f0, f1)`` of ``y3`` (N, M, P), each filter's run."""
+    npx = y3.shape[2]
+    for i in range(r0 // npx, (r1 - 1) // npx + 1):
+        x0, x1 = max(r0, i * npx) - i * npx, min(r1, (i + 1) * npx) - i * npx
+        for f in range(f0, f1):
+            _act_row(y3[i, f, x0:x1], -p[2], rest, p)
 
 
 def _warm(fn: Any) -> None:
     t, nr = np.float32, (gemm_packed.tile() or gemm_packed.P16).nr
     geo = np.array([1, 1, 1, 1, 1, 1, 0, 0, 1, 2], np.int64)
-    x, xt, a = np.ones((1, 2, 1, 2), t), np.zeros((1, 1, 2, 2), t), np.zeros((2, 2), t)
+    x, xt = np.ones((1, 2, 1, 2), t), np.zeros((1, 1, 2, 2), t)
     # the packed filters and the bias read-only, as a model's (pack_filters, initializers)
     wp, yt, y3 = frozen(np.ones((1, 2, nr), t)), np.zeros((2, nr), t), np.zeros((1, 3, 2), t)
     one = np.array([[0, 0, 1]], np.int64)
-    fn(x, xt, a, wp, yt, y3, frozen(np.zeros(3, t)), np.zeros((0, 0, 0), t), geo, one,
-       np.array([[0, 2]], np.int64), np.array([[0, 2, 0, 1]], np.int64), 1, np.zeros(35, t),
-       np.zeros(2, t), np.zeros(nr, t))  # fmt: skip
+    fn(x, xt, wp, yt, y3, frozen(np.zeros(3, t)), np.zeros((0, 0, 0), t), geo, one,
+       frozen(np.array([0, 2], np.int64)), frozen(np.zeros(1, np.int64)),
+       frozen(np.array([0, 1], np.int64)), FLAG_NCHW if gemm_indirect.nchw_stores() else 0,
+       np.array([[0, 2, 0, 1]], np.int64), 1, np.zeros(35, t), np.zeros(2, t),
+       np.zeros(nr, t))  # fmt: skip
 
 
 def _prepare(module_globals: dict[str, Any]) -> bool:
-    fn = gemm_packed.kernel()  # None: no numba, or a host the kernel does not run on
-    module_globals["sgemm_packed"] = fn
-    return fn is not None
+    # False: no numba, or a host the kernel does not run on
+    return gemm_indirect.register(module_globals)
 
 
-PACKED_CONV = Jitted(_packed_conv, _warm, helpers=(_act_row, _finish), fastmath=CONTRACT,
+PACKED_CONV = Jitted(_packed_conv, _warm, helpers=(_act_row, _rest_act, _finish), fastmath=CONTRACT,
                      parallel=True, prepare=_prepare)  # fmt: skip
 
 
@@ -189,10 +223,12 @@ class PackedConvPlan(NamedTuple):
     fn: Any  # PACKED_CONV's compiled function
     geo: np.ndarray  # kh, kw, sh, sw, dh, dw, pad top, pad left, oh, ow
     xt_shape: tuple[int, int, int, int]  # (N, Hp, Wp, C)
-    a_shape: tuple[int, int]  # (N*P, K)
     yt_shape: tuple[int, int]  # (N*P, panels * nr)
     pad_rows: np.ndarray
-    a_rows: np.ndarray
+    rowoff: np.ndarray  # (N*P,) int64: each output pixel's first tap in xt
+    toff: np.ndarray  # (KH*KW,) int64: each tap's offset from it
+    yoff: np.ndarray  # (N*P,) int64: each output pixel's place in y3's plane of filter 0
+    nchw: int  # FLAG_NCHW where the kernel stores y3 itself, 0: rows into yt, then _finish
     parts: np.ndarray
     act: int  # 1 ReLU, 2 Clip, other compiled codes after, 0 none
     lohi: np.ndarray  # Clip's bounds (float32)
@@ -231,19 +267,31 @@ def plan(
     act: int, params: np.ndarray, threads: int,
 ) -> PackedConvPlan | None:  # fmt: skip
     """The plan of a one-group float32 conv (as ``conv_cols.plan``'s arguments) on this
-    route, or None where it does not serve: no packed kernel or numba, more than
-    ``FEW_PIXELS`` output pixels an image, K under ``MIN_K``, one image's im2row over
-    ``MAX_A_FLOATS``, negative pads. A batch whose im2row passes ``CHUNK_A_FLOATS`` is
-    planned in chunks of images (``PackedConvPlan.last`` for a shorter last one)."""
+    route, or None where it does not serve: no indirect kernel or numba, more than
+    ``FEW_PIXELS`` output pixels an image with filters under ``MIN_FILTER_SHARE`` of the
+    panels, K under ``MIN_K``, one image's buffers over ``MAX_IMAGE_FLOATS``, negative
+    pads. A batch whose rows times K pass ``CHUNK_TAP_FLOATS`` is planned in chunks of
+    images (``PackedConvPlan.last`` for a shorter last one)."""
     n, c, h, w = x_shape
     kh, kw = kernel
     oh, ow = out_shape[2], out_shape[3]
     k = c * kh * kw
-    if oh * ow > FEW_PIXELS or k < MIN_K or oh * ow * k > MAX_A_FLOATS or min(pads_begin) < 0:
+    if k < MIN_K or min(pads_begin) < 0 or not gemm_indirect.available():
         return None
-    if not gemm_packed.available():
+    shape = gemm_packed.tile()
+    if shape is None:
         return None
-    chunk = min(n, max(1, CHUNK_A_FLOATS // (oh * ow * k)))
+    padded = -(-m // shape.nr) * shape.nr
+    if oh * ow > FEW_PIXELS and m < MIN_FILTER_SHARE * padded:
+        return None
+    sh, sw = strides
+    dh, dw = dilations
+    hp = max(h + pads_begin[0], (oh - 1) * sh + (kh - 1) * dh + 1)
+    wp = max(w + pads_begin[1], (ow - 1) * sw + (kw - 1) * dw + 1)
+    rows_out = 0 if gemm_indirect.nchw_stores() else oh * ow * padded
+    if max(hp * wp * c, rows_out) > MAX_IMAGE_FLOATS:
+        return None
+    chunk = min(n, max(1, CHUNK_TAP_FLOATS // (oh * ow * k)))
     if chunk < n:
         whole = plan((chunk, *x_shape[1:]), m, kernel, (chunk, *out_shape[1:]), strides,
                      pads_begin, dilations, act, params, threads)  # fmt: skip
@@ -254,18 +302,20 @@ def plan(
                     pads_begin, dilations, act, params, threads)  # fmt: skip
         return None if last is None else whole._replace(last=last)
     fn = PACKED_CONV.get()
-    shape = gemm_packed.tile()
-    if fn is None or shape is None:
+    if fn is None:
         return None
-    sh, sw = strides
-    dh, dw = dilations
-    hp = max(h + pads_begin[0], (oh - 1) * sh + (kh - 1) * dh + 1)
-    wp = max(w + pads_begin[1], (ow - 1) * sw + (kw - 1) * dw + 1)
     rows = n * oh * ow
     panels = -(-m // shape.nr)
     t = max(1, threads)
     pad_rows = [(i, a, b) for i in range(n) for a, b in _spans(hp, t)]
-    a_rows = _spans(rows, t)
+    oy, ox = np.divmod(np.arange(oh * ow, dtype=np.int64), ow)
+    first = (oy * sh * wp + ox * sw) * c  # an image's pixels' first taps
+    rowoff = (np.arange(n, dtype=np.int64)[:, None] * (hp * wp * c) + first).reshape(-1)
+    toff = np.array([(i * dh * wp + j * dw) * c for i in range(kh) for j in range(kw)],
+                    np.int64)  # fmt: skip
+    yoff = (np.arange(n, dtype=np.int64)[:, None] * (m * oh * ow)
+            + np.arange(oh * ow, dtype=np.int64)).reshape(-1)  # fmt: skip
+    nchw = FLAG_NCHW if gemm_indirect.nchw_stores() else 0
     # each part reads all of one operand and its share of the other: share the bigger
     by_panels = panels >= t and (panels * shape.nr >= rows or rows < 2 * t * shape.mr)
     if by_panels:
@@ -275,8 +325,8 @@ def plan(
     geo = np.array([kh, kw, sh, sw, dh, dw, pads_begin[0], pads_begin[1], oh, ow], np.int64)
     lohi = np.array([params[0], params[1]], np.float32)
     arr = lambda v: np.array(v, np.int64)  # noqa: E731
-    return PackedConvPlan(fn, geo, (n, hp, wp, c), (rows, k), (rows, panels * shape.nr),
-                          arr(pad_rows), arr(a_rows), arr(parts), act, lohi,
+    return PackedConvPlan(fn, geo, (n, hp, wp, c), (rows, panels * shape.nr), arr(pad_rows),
+                          frozen(rowoff), frozen(toff), frozen(yoff), nchw, arr(parts), act, lohi,
                           np.zeros(panels * shape.nr, np.float32))  # fmt: skip
 
 
@@ -305,10 +355,10 @@ def _run_chunk(pp: PackedConvPlan, x: np.ndarray, wp: np.ndarray, y3: np.ndarray
                res3: np.ndarray | None, params: np.ndarray) -> None:  # fmt: skip
     """``run`` on the images one call takes (``pp.xt_shape[0]``)."""
     xt = scratch(0, pp.xt_shape, x.dtype)
-    a = scratch(1, pp.a_shape, x.dtype)
     yt = scratch(2, pp.yt_shape, x.dtype)
-    pp.fn(x, xt, a, wp, yt, y3, b, _EMPTY3 if res3 is None else res3, pp.geo, pp.pad_rows,
-          pp.a_rows, pp.parts, pp.act, params, pp.lohi, pp.zeros)  # fmt: skip
+    pp.fn(x, xt, wp, yt, y3, b, _EMPTY3 if res3 is None else res3, pp.geo, pp.pad_rows,
+          pp.rowoff, pp.toff, pp.yoff, pp.nchw, pp.parts, pp.act, params, pp.lohi,
+          pp.zeros)  # fmt: skip
 
 
 _EMPTY3 = np.zeros((0, 0, 0), np.float32)

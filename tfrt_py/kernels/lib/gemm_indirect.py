@@ -1,0 +1,355 @@
+"""A float32 product of gathered rows by filters packed once: a convolution's product with
+no im2row matrix, each output pixel's taps read where they lie in the padded input, and
+(AVX-512) its outputs stored straight into the NCHW result.
+
+``y[m, f] = sum_t sum_k x[rowoff[m] + toff[t] + k] * W[t*K + k, f]`` for ``m < M``, ``t <
+taps``, ``k < K``: ``x`` the image channels-last and zero-padded (``conv_packed``'s
+``xt``), ``rowoff[m]`` the element where output pixel m's first tap starts, ``toff[t]``
+tap t's offset from it, K the input channels (a tap's contiguous run), W ((taps*K) x N)
+packed by ``gemm_packed.pack`` (panels of taps*K rows of nr). This is XNNPACK's indirect
+GEMM with offsets for pointers: the im2row matrix it replaces (nine copies of the input
+for a 3x3 conv, ResNet-18's 256x14x14 stage 1.8 MB an image) is never written, and the
+product reads each row's taps from the padded image, which stays in cache. One Zen 4
+thread (2026-12-05, AVX-512, the product alone): ResNet-18's 3x3 convs at 56x56, 28x28,
+14x14 and 7x7, stride 1 and 2, 113-117 GFLOP/s, as ``gemm_packed`` on a copied im2row.
+
+The kernel is ``gemm_packed``'s tile walker (``_PackedGemmIR``) on the path it chose
+(``TFRT_PY_ISA`` included: 8 x 32 zmm tiles on AVX-512, 6 x 16 on AVX2/NEON): a tile's rows
+load their ``rowoff`` once, its k loop runs once per tap with the accumulators carried
+across taps (one chain of fused multiply-adds an output, k = 0..taps*K-1 in (tap, channel)
+order, as the im2row product's). Then, by ``flags`` (``FLAG_*``):
+
+* rows (no ``FLAG_NCHW``): ``gemm_packed``'s epilogue (1: + ``bias[f]``, 2: ReLU), row m
+  at ``y + m*ldy``;
+* ``FLAG_NCHW`` (the AVX-512 build only, ``nchw_stores()``): output (m, f) at
+  ``y[yoff[m] + f*ldf]`` for f < ``nf`` (filters past ``nf`` are the panels' padding, not
+  stored): ``act((v + bias[f]) + res[same place])``, ReLU (2) or the clip to ``lohi``
+  (8), as ``conv_packed``'s ``_finish`` would, which it replaces (one pass over the
+  output less: ResNet-18's 56x56 convs 2191 -> 2051 µs). A whole tile (8 pixels
+  consecutive in ``y``, every filter real) is transposed in registers (three stages of
+  two-source shuffles) and stored as 8-float runs; any other tile goes through a buffer
+  one output at a time.
+
+``available()`` builds and registers the symbol ``tfrt_py_sgemm_indirect`` once per
+process (thread-safe; its machine code cached, ``llvm_jit.compile_ir_cached``) where
+``gemm_packed`` has a tile; ``register(globals)`` sets a kernel module's
+``_sgemm_indirect`` (a numba ``ExternalFunction``: ``(x, rowoff, taps, toff, K, w, KT, y,
+ldy, M, panels, bias, flags, nr, yoff, ldf, nf, res, lohi) -> status``, addresses as
+uintp; status 1 (nothing done) when ``nr`` is not this process's panel width, 2 when
+``FLAG_NCHW`` is asked of a build without it); ``kernel()`` is a numba wrapper for Python
+callers (tests). ``bias`` must be readable for the panels' columns in the rows form,
+``res`` wherever ``y`` is written in the NCHW form (pass ``y`` when there is none).
+Stateless; any thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple
+
+from ...concurrency import numba_target
+from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
+from . import gemm_packed
+from .gemm_packed import TileShape, _PackedGemmIR, carried_loop, counted_loop
+from .gemm_packed import available as packed_available
+
+__all__ = ["FLAG_BIAS", "FLAG_CLIP", "FLAG_NCHW", "FLAG_RELU", "FLAG_RESIDUAL", "available",
+           "kernel", "nchw_stores", "register"]  # fmt: skip
+
+SYMBOL = "tfrt_py_sgemm_indirect"
+#: The files whose code writes the IR (the object cache's key hashes them).
+IR_SOURCES = (gemm_packed.__file__, __file__)
+
+
+#: ``flags``: 1 adds ``bias[f]``, 2 then ReLU, 4 adds the residual ``res`` (NCHW stores
+#: only, before the activation), 8 clips to ``[lohi[0], lohi[1]]`` instead of ReLU, 16
+#: stores NCHW: output (row m, filter f) at ``y[yoff[m] + f*ldf]`` for f < ``nf``
+#: (``nchw_stores()`` builds only; elsewhere the rows go to ``y`` with ``ldy``).
+FLAG_BIAS, FLAG_RELU, FLAG_RESIDUAL, FLAG_CLIP, FLAG_NCHW = 1, 2, 4, 8, 16
+#: The most floats of one tile (rows x panels x nr) on any build: the slow stores' buffer.
+_TILE_FLOATS = 8 * 32
+
+
+class _IndirectGemmIR(_PackedGemmIR):
+    """``SYMBOL`` (module doc) built to one ``TileShape``: the base walker over ``panels``
+    panels; a tile's k loop once per tap; the epilogue stores rows (``ldy``), or with
+    ``FLAG_NCHW`` each filter's run of pixels (8-row tiles of 16-float vectors only:
+    transposed in registers where the tile's pixels are consecutive in ``y`` and its
+    filters all real, else through a buffer one output at a time)."""
+
+    def __init__(self, shape: TileShape) -> None:
+        ir, fp, i64 = self.types(shape, "tfrt_py_gemm_indirect")
+        ip = i64.as_pointer()
+        self.fn = ir.Function(self.mod, ir.FunctionType(i64, [fp, ip, i64, ip, i64, fp, i64, fp,
+                              i64, i64, i64, fp, i64, i64, ip, i64, i64, fp, fp]),
+                              name=SYMBOL)  # fmt: skip
+        (self.x, self.rowoff, self.taps, self.toff, self.k_len, self.w, self.k_total, self.y,
+         self.ldy, self.m_rows, self.panels, self.bias, flags, width, self.yoff, self.ldf,
+         self.nf, self.res, lohi) = self.fn.args  # fmt: skip
+        self.symbol = SYMBOL
+        b = self.start(width)
+
+        def on(bit: int) -> Any:
+            return b.icmp_unsigned("!=", b.and_(flags, self.c(bit)), self.c(0))
+
+        self.add_bias, self.relu, self.add_res = on(FLAG_BIAS), on(FLAG_RELU), on(FLAG_RESIDUAL)
+        self.clip, self.nchw = on(FLAG_CLIP), on(FLAG_NCHW)
+        self.lo, self.hi = (b.load(b.gep(lohi, [self.c(i)])) for i in (0, 1))
+        self.transposes = shape.vw == 16 and shape.mr == 8
+        if not self.transposes:  # FLAG_NCHW asked of a build without it: status 2
+            refuse, work = self.fn.append_basic_block("no_nchw"), self.fn.append_basic_block()
+            b.cbranch(self.nchw, refuse, work)
+            b.position_at_end(refuse)
+            b.ret(self.c(2))
+            b.position_at_end(work)
+        with b.goto_block(self.fn.entry_basic_block):
+            self.buf = b.bitcast(b.alloca(ir.ArrayType(ir.FloatType(), _TILE_FLOATS)), fp)
+        self.row_at: list[Any] = []  # each tile row's element of x at the tap, in the tap loop
+        self.tap_k: Any = None  # the tap's first row of the panels, in the tap loop
+
+    def tile(self, p: Any, m0: Any, rows: int, npan: int) -> None:
+        """The rows' offsets, the k loop once per tap (accumulators carried), the epilogue."""
+        b, c = self.b, self.c
+        bases = [b.load(b.gep(self.rowoff, [b.add(m0, c(r))])) for r in range(rows)]
+
+        def tap(t: Any, acc: list[Any]) -> list[Any]:
+            off = b.load(b.gep(self.toff, [t]))
+            self.row_at = [b.add(base, off) for base in bases]
+            self.tap_k = b.mul(t, self.k_len)
+            return self.k_loop(p, m0, rows, npan, acc)
+
+        zeros = [self.zero] * (2 * rows * npan)
+        acc = carried_loop(b, c(0), self.taps, 1, zeros, tap)
+        if not self.transposes:
+            self.epilogue(p, m0, rows, npan, acc)
+            return
+        rows_out, nchw, done = (self.fn.append_basic_block() for _ in range(3))
+        b.cbranch(self.nchw, nchw, rows_out)
+        b.position_at_end(rows_out)
+        self.epilogue(p, m0, rows, npan, acc)
+        b.branch(done)
+        b.position_at_end(nchw)
+        self.nchw_epilogue(p, m0, rows, npan, acc)
+        b.branch(done)
+        b.position_at_end(done)
+
+    def nchw_epilogue(self, p: Any, m0: Any, rows: int, npan: int, acc: list[Any]) -> None:
+        """``FLAG_NCHW``'s stores: transposed where the tile is whole (``mr`` pixels
+        consecutive in ``y``, every filter of the panel real), else one at a time."""
+        b, c = self.b, self.c
+        col0 = b.mul(p, c(self.nr))
+        y0 = b.load(b.gep(self.yoff, [m0]))
+        if rows != self.mr or npan != 1:
+            self.one_at_a_time(col0, m0, rows, npan, acc)
+            return
+        y_last = b.load(b.gep(self.yoff, [b.add(m0, c(rows - 1))]))
+        whole = b.and_(b.icmp_signed("==", b.sub(y_last, y0), c(rows - 1)),
+                       b.icmp_signed("<=", b.add(col0, c(self.nr)), self.nf))  # fmt: skip
+        fast, slow, done = (self.fn.append_basic_block() for _ in range(3))
+        b.cbranch(whole, fast, slow)
+        b.position_at_end(fast)
+        for h in range(2):
+            for pair in _transpose_8x16(b, self.ir, [acc[2 * r + h] for r in range(8)]):
+                for e, lanes in enumerate(((0, 8), (8, 16))):
+                    v = b.shuffle_vector(pair.value, self.ir.Constant(self.v8, self.ir.Undefined),
+                                         self._lanes(*lanes))  # fmt: skip
+                    f = b.add(col0, c(16 * h + pair.first + e))
+                    self._finish_run(v, f, b.add(y0, b.mul(f, self.ldf)))
+        b.branch(done)
+        b.position_at_end(slow)
+        self.one_at_a_time(col0, m0, rows, npan, acc)
+        b.branch(done)
+        b.position_at_end(done)
+
+    def _lanes(self, lo: int, hi: int) -> Any:
+        return self.ir.Constant(self.ir.VectorType(self.i32, hi - lo), list(range(lo, hi)))
+
+    def _finish_run(self, v: Any, f: Any, at: Any) -> None:
+        """Filter ``f``'s 8 consecutive pixels ``v`` from ``y[at]``: + bias, + residual,
+        ReLU or the clip, stored."""
+        b, ir = self.b, self.ir
+        v8 = ir.VectorType(ir.FloatType(), 8)
+        v8p = v8.as_pointer()
+
+        def splat8(s: Any) -> Any:
+            e = b.insert_element(ir.Constant(v8, ir.Undefined), s, ir.Constant(self.i32, 0))
+            return b.shuffle_vector(e, ir.Constant(v8, ir.Undefined),
+                                    ir.Constant(ir.VectorType(self.i32, 8), [0] * 8))  # fmt: skip
+
+        zero8, minus0 = ir.Constant(v8, [0.0] * 8), ir.Constant(v8, [-0.0] * 8)
+        none8 = ir.Constant(ir.VectorType(ir.IntType(1), 8), [0] * 8)
+        # no bias adds -0.0, which changes no float (+0.0 would turn -0.0 into +0.0)
+        bias = b.select(self.add_bias, splat8(b.load(b.gep(self.bias, [f]))), minus0)
+        v = b.fadd(v, bias)
+        rv = b.load(b.bitcast(b.gep(self.res, [at]), v8p), align=4)
+        v = b.select(self.add_res, b.fadd(v, rv), v)
+        v = b.select(b.select(self.relu, b.fcmp_ordered("<", v, zero8), none8), zero8, v)
+        lo, hi = splat8(self.lo), splat8(self.hi)
+        v = b.select(b.select(self.clip, b.fcmp_ordered("<", v, lo), none8), lo, v)
+        v = b.select(b.select(self.clip, b.fcmp_ordered(">", v, hi), none8), hi, v)
+        b.store(v, b.bitcast(b.gep(self.y, [at]), v8p), align=4)
+
+    def one_at_a_time(self, col0: Any, m0: Any, rows: int, npan: int, acc: list[Any]) -> None:
+        """The tile through ``buf``: each output (row, filter < ``nf``) finished and stored
+        alone."""
+        b, c = self.b, self.c
+        width = npan * self.nr
+        for q, v in enumerate(acc):
+            b.store(v, b.bitcast(b.gep(self.buf, [c(q * self.vw)]), self.v8p), align=4)
+        left = b.sub(self.nf, col0)
+        cols = b.select(b.icmp_signed("<", left, c(width)), left, c(width))
+        f32 = self.ir.FloatType()
+        zero, minus0 = self.ir.Constant(f32, 0.0), self.ir.Constant(f32, -0.0)
+
+        def row(r: Any) -> None:
+            yo = b.load(b.gep(self.yoff, [b.add(m0, r)]))
+
+            def one(j: Any) -> None:
+                f = b.add(col0, j)
+                v = b.load(b.gep(self.buf, [b.add(b.mul(r, c(width)), j)]))
+                v = b.fadd(v, b.select(self.add_bias, b.load(b.gep(self.bias, [f])), minus0))
+                at = b.add(yo, b.mul(f, self.ldf))
+                v = b.select(self.add_res, b.fadd(v, b.load(b.gep(self.res, [at]))), v)
+                v = b.select(b.and_(self.relu, b.fcmp_ordered("<", v, zero)), zero, v)
+                v = b.select(b.and_(self.clip, b.fcmp_ordered("<", v, self.lo)), self.lo, v)
+                v = b.select(b.and_(self.clip, b.fcmp_ordered(">", v, self.hi)), self.hi, v)
+                b.store(v, b.gep(self.y, [at]))
+
+            counted_loop(b, c(0), cols, 1, one)
+
+        counted_loop(b, c(0), c(rows), 1, row)
+
+    def x_index(self, m0: Any, r: int, k: Any) -> Any:
+        return self.b.add(self.row_at[r], k)
+
+    def panel_rows(self) -> Any:
+        return self.k_total
+
+    def panel_vectors(self, p: Any, j: int, k: Any) -> list[Any]:
+        """Panel ``p + j``'s two vectors at its row ``tap_k + k``."""
+        b, c = self.b, self.c
+        at = b.add(b.mul(b.add(p, c(j)), b.mul(self.k_total, c(self.nr))),
+                   b.mul(b.add(self.tap_k, k), c(self.nr)))  # fmt: skip
+        return [b.load(b.bitcast(b.gep(self.w, [b.add(at, c(self.vw * h))]), self.v8p), align=4)
+                for h in range(2)]  # fmt: skip
+
+
+class _Pair(NamedTuple):
+    """A transposed vector: filters ``first`` and ``first + 1``'s 8 pixels each."""
+
+    value: Any
+    first: int
+
+
+def _transpose_8x16(b: Any, ir: Any, rows: list[Any]) -> list[_Pair]:
+    """Eight 16-lane vectors (row r's lane c: pixel r, filter c) as eight vectors of two
+    filters' 8 pixels, in three stages of two-source shuffles (each one ``vpermt2ps``)."""
+    i32 = ir.IntType(32)
+    vals = [(v, [(r, col) for col in range(16)]) for r, v in enumerate(rows)]
+
+    def shuffle(a: tuple[Any, list[Any]], z: tuple[Any, list[Any]], want: list[Any]) -> Any:
+        idx = [a[1].index(w) if w in a[1] else 16 + z[1].index(w) for w in want]
+        return b.shuffle_vector(a[0], z[0], ir.Constant(ir.VectorType(i32, 16), idx)), want
+
+    # stage 1: rows 2q, 2q+1 interleaved, filters 0-7 and 8-15
+    s1 = {(q, g): shuffle(vals[2 * q], vals[2 * q + 1],
+                          [(2 * q + e, col) for col in range(8 * g, 8 * g + 8) for e in (0, 1)])
+          for q in range(4) for g in range(2)}  # fmt: skip
+    # stage 2: four rows, four filters
+    s2 = {(u, g): shuffle(s1[(2 * u, g // 2)], s1[(2 * u + 1, g // 2)],
+                          [(4 * u + e, col) for col in range(4 * g, 4 * g + 4) for e in range(4)])
+          for u in range(2) for g in range(4)}  # fmt: skip
+    # stage 3: eight rows, two filters
+    out = []
+    for g in range(8):
+        v, _ = shuffle(
+            s2[(0, g // 2)],
+            s2[(1, g // 2)],
+            [(e, col) for col in (2 * g, 2 * g + 1) for e in range(8)],
+        )
+        out.append(_Pair(v, 2 * g))
+    return out
+
+
+_LOCK = threading.Lock()
+_STATE: list[Any] = []  # [numba ExternalFunction or None] once decided
+_KERNEL: list[Any] = []  # [the numba wrapper] once built
+_ENGINES: list[Any] = []  # kept alive: the symbol points into them
+_kern: Any = None  # the ExternalFunction the wrapper calls (set by kernel())
+
+
+def _decide() -> Any:
+    """The ExternalFunction over the registered symbol, or None (no tile on this path, or
+    the build failed: the callers keep their other routes)."""
+    shape = gemm_packed.tile()
+    if shape is None:
+        return None
+    try:
+        from numba import types
+
+        key = f"gemm_indirect|{shape!r}|{SYMBOL}"
+        engine, _cached = compile_ir_cached(lambda: _IndirectGemmIR(shape).text(), key,
+                                            IR_SOURCES, opt=3)  # fmt: skip
+        add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
+        _ENGINES.append(engine)
+    except Exception:  # noqa: BLE001 - no llvmlite JIT here: the callers keep their routes
+        return None
+    p, n = types.uintp, types.int64
+    return types.ExternalFunction(
+        SYMBOL, n(p, p, n, p, n, p, n, p, n, n, n, p, n, n, p, n, n, p, p)
+    )
+
+
+def available() -> bool:
+    """Whether the kernel is built and registered (``gemm_packed.available()`` and the
+    build succeeded); builds it on the first call. Thread-safe."""
+    if not packed_available():
+        return False
+    with _LOCK:
+        if not _STATE:
+            _STATE.append(_decide())
+        return _STATE[0] is not None
+
+
+def register(module_globals: dict[str, Any]) -> bool:
+    """Set ``module_globals["_sgemm_indirect"]`` to the kernel's ExternalFunction; False
+    where ``available()`` is (nothing set)."""
+    if not available():
+        return False
+    module_globals["_sgemm_indirect"] = _STATE[0]
+    return True
+
+
+def kernel() -> Any:
+    """``sgemm_indirect(x, rowoff, toff, k, w, y, ldy, m, panels, bias, flags, nr, yoff, ldf,
+    nf, res, lohi)`` over whole arrays (float32 ``x``, ``y``, ``bias``, ``res``, ``lohi``;
+    int64 ``rowoff``, ``toff``, ``yoff``; ``w`` packed) for Python callers (tests), or None
+    where ``available()`` is False. Raises ValueError if ``nr`` is not the kernel's."""
+    global _kern
+    if not available():
+        return None
+    with _LOCK:
+        if not _KERNEL:
+            numba = numba_target.import_numba()
+            _kern = _STATE[0]
+            _KERNEL.append(numba.njit(nogil=True, cache=True)(_sgemm_indirect))
+        return _KERNEL[0]
+
+
+def nchw_stores() -> bool:
+    """Whether this process's kernel takes ``FLAG_NCHW`` (the 8 x 32 AVX-512 tile; the
+    other builds store rows only). Builds nothing."""
+    shape = gemm_packed.tile()
+    return shape is not None and shape.vw == 16 and shape.mr == 8
+
+
+def _sgemm_indirect(x, rowoff, toff, k, w, y, ldy, m, panels, bias, flags, nr, yoff, ldf, nf,
+                    res, lohi):  # fmt: skip  # pragma: no cover - numba only
+    status = _kern(x.ctypes.data, rowoff.ctypes.data, toff.shape[0], toff.ctypes.data, k,
+                   w.ctypes.data, toff.shape[0] * k, y.ctypes.data, ldy, m, panels,
+                   bias.ctypes.data, flags, nr, yoff.ctypes.data, ldf, nf, res.ctypes.data,
+                   lohi.ctypes.data)  # fmt: skip
+    if status == 1:
+        raise ValueError("gemm_indirect: a panel width other than this process's kernel's")
+    if status == 2:
+        raise ValueError("gemm_indirect: NCHW stores asked of a kernel without them")
