@@ -216,3 +216,43 @@ def test_the_process_kernel_is_the_chosen_path() -> None:
     with pytest.raises(ValueError, match="panel width"):
         fn(cv.xt.reshape(-1), cv.rowoff, cv.toff, cv.c, cv.wp, y, cv.padded, cv.p,
            cv.padded // shape.nr, zb, 0, shape.nr // 2, none, 0, 0, y, zb)  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=sorted(PATHS))
+def nhwc_kernel(request: pytest.FixtureRequest) -> Any:
+    """``SYMBOL_NHWC`` of each path the host has, in an engine of its own (ctypes)."""
+    from tfrt_py.concurrency.llvm_jit import compile_ir
+
+    if request.param not in gemm_packed.host_paths():
+        pytest.skip(f"this host has no {request.param} path")
+    engine = compile_ir(gemm_indirect._IndirectGemmIR(PATHS[request.param]).text(),
+                        host_cpu=True, opt=3)  # fmt: skip
+    _ENGINES.append(engine)
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    return ctypes.CFUNCTYPE(i64, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64)(
+        engine.get_function_address(gemm_indirect.SYMBOL_NHWC)
+    )
+
+
+@pytest.mark.parametrize(
+    ("c", "hw", "pads"),
+    [(64, (9, 16), (1, 1, 1, 1)), (3, (11, 37), (3, 3, 2, 0)), (13, (5, 7), (0, 2, 1, 3)),
+     (8, (1, 1), (2, 0, 0, 2)), (17, (4, 33), (0, 0, 0, 0))],
+)  # fmt: skip
+def test_the_nhwc_copy_pads_and_transposes(nhwc_kernel: Any, c: int, hw: tuple[int, int],
+                                           pads: tuple[int, int, int, int]) -> None:  # fmt: skip
+    """``xt`` (Hp, Wp, C) = ``x`` (C, H, W) channels-last at (pt, pl), zeros in every pad,
+    in calls over row ranges (a call per range, as ``conv_packed``'s parts): every element
+    written, channels past a block of 8 and pixels past a block of 16 included, nothing
+    past the image's rows."""
+    (h, w), (pt, pl, pb, pr) = hw, pads
+    x = np.random.default_rng(c).standard_normal((c, h, w)).astype(F32)
+    hp, wp = h + pt + pb, w + pl + pr
+    xt = np.full(hp * wp * c + 16, np.nan, F32)
+    want = np.zeros((hp, wp, c), F32)
+    want[pt : pt + h, pl : pl + w] = x.transpose(1, 2, 0)
+    cuts = sorted({0, min(2, hp), hp})
+    for r0, r1 in itertools.pairwise(cuts):
+        assert nhwc_kernel(_p(x), c, h, w, _p(xt), hp, wp, pt, pl, r0, r1) == 0
+    np.testing.assert_array_equal(xt[: hp * wp * c].reshape(hp, wp, c), want)
+    assert np.isnan(xt[hp * wp * c :]).all()

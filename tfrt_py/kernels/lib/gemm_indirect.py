@@ -50,13 +50,15 @@ from typing import Any, NamedTuple
 from ...concurrency import numba_target
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from . import gemm_packed
-from .gemm_packed import TileShape, _PackedGemmIR, carried_loop, counted_loop
+from .gemm_packed import TileShape, _PackedGemmIR, carried_loop, counted_loop, splat, wide_vectors
 from .gemm_packed import available as packed_available
 
 __all__ = ["FLAG_BIAS", "FLAG_CLIP", "FLAG_NCHW", "FLAG_RELU", "FLAG_RESIDUAL", "available",
            "kernel", "nchw_stores", "register"]  # fmt: skip
 
 SYMBOL = "tfrt_py_sgemm_indirect"
+#: The copy into the padded channels-last image (the AVX-512 build's second function).
+SYMBOL_NHWC = "tfrt_py_nhwc_pad"
 #: The files whose code writes the IR (the object cache's key hashes them).
 IR_SOURCES = (gemm_packed.__file__, __file__)
 
@@ -219,6 +221,111 @@ class _IndirectGemmIR(_PackedGemmIR):
 
         counted_loop(b, c(0), c(rows), 1, row)
 
+    def text(self) -> str:
+        """The product's function, then ``SYMBOL_NHWC``'s (16-lane vectors on every build:
+        two registers each on AVX2)."""
+        self.walk()
+        self.b.ret(self.c(0))
+        self.nhwc_function()
+        text = str(self.mod)
+        return wide_vectors(text, [SYMBOL, SYMBOL_NHWC]) if self.vw == 16 else text
+
+    def nhwc_function(self) -> None:
+        """``SYMBOL_NHWC(x, C, H, W, xt, Hp, Wp, pt, pl, r0, r1) -> 0``: rows ``[r0, r1)`` of
+        one image's padded channels-last copy ``xt`` (Hp, Wp, C) of ``x`` (C, H, W), image
+        row ``r - pt`` at row r, column ``j - pl`` at column j, zeros elsewhere. Blocks of 8
+        channels x 16 pixels: 16-lane loads along a channel's row (masked past W or C), the
+        8 x 16 transpose, an 8-float masked store of each pixel's channels."""
+        ir, c, i64 = self.ir, self.c, self.i64
+        f32 = ir.FloatType()
+        fp = f32.as_pointer()
+        fn = ir.Function(self.mod, ir.FunctionType(i64, [fp, i64, i64, i64, fp, i64, i64, i64,
+                         i64, i64, i64]), name=SYMBOL_NHWC)  # fmt: skip
+        x, ch, h, w, xt, _hp, wp, pt, pl, r0, r1 = fn.args
+        for a in (x, xt):
+            a.add_attribute("noalias")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        v16, v8 = ir.VectorType(f32, 16), ir.VectorType(f32, 8)
+        m16, m8 = ir.VectorType(ir.IntType(1), 16), ir.VectorType(ir.IntType(1), 8)
+        i32 = self.i32
+        mload = ir.Function(self.mod, ir.FunctionType(v16, [v16.as_pointer(), i32, m16, v16]),
+                            name="llvm.masked.load.v16f32.p0v16f32")  # fmt: skip
+        store16 = ir.Function(self.mod, ir.FunctionType(ir.VoidType(), [v16, v16.as_pointer(),
+                              i32, m16]), name="llvm.masked.store.v16f32.p0v16f32")  # fmt: skip
+        store8 = ir.Function(self.mod, ir.FunctionType(ir.VoidType(), [v8, v8.as_pointer(), i32,
+                             m8]), name="llvm.masked.store.v8f32.p0v8f32")  # fmt: skip
+        four = ir.Constant(i32, 4)
+        zero16, none16 = ir.Constant(v16, [0.0] * 16), ir.Constant(m16, [0] * 16)
+        none8 = ir.Constant(m8, [0] * 8)
+
+        def below(n: int, bound: Any) -> Any:
+            """Lanes ``i < bound`` of ``n``."""
+            lanes = ir.VectorType(i64, n)
+            return b.icmp_signed("<", ir.Constant(lanes, list(range(n))), splat(b, bound, n))
+
+        def at(base: Any, off: Any, vt: Any) -> Any:
+            return b.bitcast(b.gep(base, [off]), vt.as_pointer())
+
+        def zeros(start: Any, n: Any) -> None:
+            whole = b.mul(b.sdiv(n, c(16)), c(16))
+            counted_loop(
+                b, c(0), whole, 16, lambda i: b.store(zero16, at(xt, b.add(start, i), v16), align=4)
+            )
+            b.call(store16, [zero16, at(xt, b.add(start, whole), v16), four,
+                             below(16, b.sub(n, whole))])  # fmt: skip
+
+        row_len = b.mul(wp, ch)
+        plane = b.mul(h, w)
+        right = b.mul(b.add(pl, w), ch)
+
+        def smaller(a: Any, z: Any) -> Any:
+            return b.select(b.icmp_signed("<", a, z), a, z)
+
+        def block(dst: Any, src: Any, c0: Any, w0: Any) -> None:
+            cm, pm = smaller(c(8), b.sub(ch, c0)), smaller(c(16), b.sub(w, w0))
+            pixels, channels = below(16, pm), below(8, cm)
+            rows = []
+            for i in range(8):
+                mask = b.select(b.icmp_signed("<", c(i), cm), pixels, none16)
+                off = b.add(b.add(src, b.mul(b.add(c0, c(i)), plane)), w0)
+                rows.append(b.call(mload, [at(x, off, v16), four, mask, zero16]))
+            for pair in _transpose_8x16(b, ir, rows):
+                for e, lanes in enumerate(((0, 8), (8, 16))):
+                    v = b.shuffle_vector(pair.value, ir.Constant(v16, ir.Undefined),
+                                         self._lanes(*lanes))  # fmt: skip
+                    px = pair.first + e
+                    mask = b.select(b.icmp_signed("<", c(px), pm), channels, none8)
+                    off = b.add(dst, b.add(b.mul(b.add(b.add(pl, w0), c(px)), ch), c0))
+                    b.call(store8, [v, at(xt, off, v8), four, mask])
+
+        def row(r: Any) -> None:
+            dst, hh = b.mul(r, row_len), b.sub(r, pt)
+            inside = b.and_(b.icmp_signed(">=", hh, c(0)), b.icmp_signed("<", hh, h))
+            pad_row, image_row, done = (fn.append_basic_block() for _ in range(3))
+            b.cbranch(inside, image_row, pad_row)
+            b.position_at_end(pad_row)
+            zeros(dst, row_len)
+            b.branch(done)
+            b.position_at_end(image_row)
+            zeros(dst, b.mul(pl, ch))
+            zeros(b.add(dst, right), b.sub(row_len, right))
+            src = b.mul(hh, w)
+            counted_loop(
+                b,
+                c(0),
+                ch,
+                8,
+                lambda c0: counted_loop(
+                    b, c(0), w, 16, lambda w0: block(dst, src, c0, w0), whole=False
+                ),
+                whole=False,
+            )
+            b.branch(done)
+            b.position_at_end(done)
+
+        counted_loop(b, r0, r1, 1, row, whole=False)
+        b.ret(c(0))
+
     def x_index(self, m0: Any, r: int, k: Any) -> Any:
         return self.b.add(self.row_at[r], k)
 
@@ -272,15 +379,16 @@ def _transpose_8x16(b: Any, ir: Any, rows: list[Any]) -> list[_Pair]:
 
 
 _LOCK = threading.Lock()
-_STATE: list[Any] = []  # [numba ExternalFunction or None] once decided
+_STATE: list[Any] = []  # [(the ExternalFunctions) or None] once decided
 _KERNEL: list[Any] = []  # [the numba wrapper] once built
 _ENGINES: list[Any] = []  # kept alive: the symbol points into them
 _kern: Any = None  # the ExternalFunction the wrapper calls (set by kernel())
 
 
-def _decide() -> Any:
-    """The ExternalFunction over the registered symbol, or None (no tile on this path, or
-    the build failed: the callers keep their other routes)."""
+def _decide() -> tuple[Any, Any] | None:
+    """The ExternalFunctions over the registered symbols (the product, the copy into the
+    padded channels-last image), or None (no tile on this path, or the build failed: the
+    callers keep their other routes)."""
     shape = gemm_packed.tile()
     if shape is None:
         return None
@@ -290,14 +398,15 @@ def _decide() -> Any:
         key = f"gemm_indirect|{shape!r}|{SYMBOL}"
         engine, _cached = compile_ir_cached(lambda: _IndirectGemmIR(shape).text(), key,
                                             IR_SOURCES, opt=3)  # fmt: skip
-        add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
+        for sym in (SYMBOL, SYMBOL_NHWC):
+            add_symbol(sym, engine.get_function_address(sym))
         _ENGINES.append(engine)
     except Exception:  # noqa: BLE001 - no llvmlite JIT here: the callers keep their routes
         return None
     p, n = types.uintp, types.int64
-    return types.ExternalFunction(
-        SYMBOL, n(p, p, n, p, n, p, n, p, n, n, n, p, n, n, p, n, n, p, p)
-    )
+    gemm = n(p, p, n, p, n, p, n, p, n, n, n, p, n, n, p, n, n, p, p)
+    return (types.ExternalFunction(SYMBOL, gemm),
+            types.ExternalFunction(SYMBOL_NHWC, n(p, n, n, n, p, n, n, n, n, n, n)))  # fmt: skip
 
 
 def available() -> bool:
@@ -312,11 +421,11 @@ def available() -> bool:
 
 
 def register(module_globals: dict[str, Any]) -> bool:
-    """Set ``module_globals["_sgemm_indirect"]`` to the kernel's ExternalFunction; False
-    where ``available()`` is (nothing set)."""
+    """Set ``module_globals["_sgemm_indirect"]`` and ``["_nhwc_pad"]`` to the kernels'
+    ExternalFunctions; False where ``available()`` is (nothing set)."""
     if not available():
         return False
-    module_globals["_sgemm_indirect"] = _STATE[0]
+    module_globals["_sgemm_indirect"], module_globals["_nhwc_pad"] = _STATE[0]
     return True
 
 
@@ -331,7 +440,7 @@ def kernel() -> Any:
     with _LOCK:
         if not _KERNEL:
             numba = numba_target.import_numba()
-            _kern = _STATE[0]
+            _kern = _STATE[0][0]
             _KERNEL.append(numba.njit(nogil=True, cache=True)(_sgemm_indirect))
         return _KERNEL[0]
 
