@@ -51,6 +51,10 @@ CASES = [
     # 7x7/2 of 3 channels
     ((2, 16, 17, 19), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
     ((1, 3, 40, 40), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    # 1x1 convs over few pixels whose filters fill their panels (pointwise_pays), stride 1
+    # and 2
+    ((1, 256, 7, 7), (512, 256, 1, 1), {}),
+    ((2, 128, 14, 13), (96, 128, 1, 1), {"strides": [2, 2]}),
 ]
 
 
@@ -98,7 +102,8 @@ def test_nan_passes_relu_and_every_output_is_written(monkeypatch: pytest.MonkeyP
     ("x_shape", "w_shape"),
     [((1, 16, 56, 56), (40, 16, 3, 3)),  # many pixels, filters a part of their panels
      ((1, 3, 12, 12), (64, 3, 3, 3)),  # K under MIN_K: a stem
-     ((1, 256, 7, 7), (512, 256, 1, 1))],  # 1x1: the input read as it is elsewhere
+     ((1, 256, 7, 7), (40, 256, 1, 1)),  # 1x1, filters fill less of their panels than pixels
+     ((1, 64, 20, 20), (64, 64, 1, 1))],  # 1x1 over many pixels: the input read as it is
 )  # fmt: skip
 def test_other_convs_keep_their_routes(
     monkeypatch: pytest.MonkeyPatch, x_shape: Any, w_shape: Any
@@ -222,3 +227,15 @@ def test_the_avx2_path_puts_rows_back_in_a_fresh_process() -> None:
     done = subprocess.run([sys.executable, "-c", _AVX2_CHILD], env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0 and "avx2 rows ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_pointwise_pays_where_filters_fill_more_of_their_panels() -> None:
+    """A 1x1 conv takes the route over few pixels where its filters fill more of the
+    kernel's panels than its pixels would fill ``conv_cols``' (49 pixels: 49 of 64)."""
+    shape = gemm_packed.tile()
+    if shape is None:
+        pytest.skip("no packed gemm kernel on this host (portable path, or packed gemm off)")
+    nr = shape.nr
+    assert conv_packed.pointwise_pays(2 * nr, 49)
+    assert not conv_packed.pointwise_pays(nr + 8, 4 * nr)  # the pixels fill whole panels
+    assert not conv_packed.pointwise_pays(2 * nr, conv_packed.POINTWISE_PIXELS + 1)

@@ -306,7 +306,8 @@ def plan_blocked(
     one_f32 = dtype == np.float32 and group == 1
     act, params = _jit_act(epi, dtype), _params(epi, dtype)
     packed = None
-    if one_f32 and kh * kw > 1 and macs >= gemm.NATIVE_SPLIT_MIN_MACS:  # one thread too
+    pointwise_few = kh * kw == 1 and conv_packed.pointwise_pays(m, oh * ow)
+    if one_f32 and (kh * kw > 1 or pointwise_few) and macs >= gemm.NATIVE_SPLIT_MIN_MACS:
         packed = conv_packed.plan(x_shape, m, (kh, kw), out_shape, strides, pads_begin,
                                   dilations, act, params, _native_threads(threads))  # fmt: skip
     if packed is None and native_size and m >= _NATIVE_MIN_FILTERS and (direct or m > oh * ow):

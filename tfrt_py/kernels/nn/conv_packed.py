@@ -25,9 +25,12 @@ One Zen 4 thread (2026-12-05, AVX-512), the conv alone / its product alone: ResN
 64x56x56 3x3 2143 / 1994 µs (``conv_cols`` 2167, im2row and ``_finish`` before this
 kernel 2340), 256x14x14 2037 / 1983 (with the copied im2row 2297), 512x7x7 2125 / 2049,
 128x28x28 3x3/2 -> 256 1064 / 992 (1267); the copy into ``xt`` is most of the rest (92
-µs at 56x56). ``conv_blocked`` routes here where K = C*KH*KW is at least ``MIN_K`` and the
-kernel is not 1x1, and where an image has at most ``FEW_PIXELS`` output pixels or its
-filters fill ``MIN_FILTER_SHARE`` of their panels (ResNet-18, in one process against
+µs at 56x56). ``conv_blocked`` routes here where K = C*KH*KW is at least ``MIN_K`` and
+an image has at most ``FEW_PIXELS`` output pixels or its filters fill
+``MIN_FILTER_SHARE`` of their panels -- a 1x1 conv only over at most
+``POINTWISE_PIXELS`` pixels where its filters fill more of their panels than its pixels
+would fill ``conv_cols``' (``pointwise_pays``: MobileNetV2's 7x7 and 14x14 1x1 convs; the
+model 1.23x -> 1.18x onnxruntime on one Zen 4 thread, MobileNetV3-small even) (ResNet-18, in one process against
 ``conv_cols`` for the planes past 256 pixels: 35.3 -> 35.0 ms at batch 1, AVX2's tile
 forced 39.7 -> 38.4). ``plan`` returns None (the caller keeps its routes) without the
 kernel or numba, for shapes outside those, and where one image's buffers pass
@@ -59,6 +62,10 @@ FEW_PIXELS = 256
 #: (filters are the kernel's vectors, rounded up to whole panels; ``conv_cols``, with the
 #: pixels in the vectors, wastes none of them).
 MIN_FILTER_SHARE = 0.875
+#: 1x1 convs take the route up to this many output pixels an image (``conv_cols`` puts
+#: the pixels in its vectors: 49 round up to 64) where the filters fill more of their
+#: panels than the pixels fill theirs (``pointwise_pays``).
+POINTWISE_PIXELS = 256
 #: K = C*KH*KW at least (stems with 3 channels keep their own routes).
 MIN_K = 64
 #: The most floats of one image's padded input (``xt``, slot 0) and, where the kernel stores
@@ -223,6 +230,18 @@ class PackedConvPlan(NamedTuple):
     # the plan of the batch's last chunk where it has fewer images than ``xt_shape[0]``
     # (the images a call takes); None: every chunk is whole
     last: PackedConvPlan | None = None
+
+
+def pointwise_pays(m: int, pixels: int) -> bool:
+    """Whether a 1x1 conv of ``m`` filters over ``pixels`` output pixels an image takes
+    this route: few pixels (``POINTWISE_PIXELS``), and the filters fill more of this
+    kernel's panels than the pixels would fill ``conv_cols``' (both vectors of the
+    kernel's panel width)."""
+    shape = gemm_packed.tile()
+    if shape is None or pixels > POINTWISE_PIXELS:
+        return False
+    nr = shape.nr
+    return m / (-(-m // nr) * nr) > pixels / (-(-pixels // nr) * nr)
 
 
 def pack_filters(w: np.ndarray) -> np.ndarray | None:
