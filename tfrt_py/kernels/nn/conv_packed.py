@@ -22,17 +22,17 @@ loops of one compiled call on numba's threads:
    pixels (``_act_row``).
 
 One Zen 4 thread (2026-12-05, AVX-512), the conv alone / its product alone: ResNet-18's
-64x56x56 3x3 2143 / 1994 µs (``conv_cols`` 2167, im2row and ``_finish`` before this
-kernel 2340), 256x14x14 2037 / 1983 (with the copied im2row 2297), 512x7x7 2125 / 2049,
-128x28x28 3x3/2 -> 256 1064 / 992 (1267); the copy into ``xt`` is most of the rest (92
+64x56x56 3x3 2093 / 1994 µs (``conv_cols`` 2167, im2row and ``_finish`` before this
+kernel 2340), 256x14x14 2023 / 1983 (with the copied im2row 2297), 512x7x7 2125 / 2049,
+128x28x28 3x3/2 -> 256 1043 / 992 (1267); the copy into ``xt`` is most of the rest (40
 µs at 56x56). ``conv_blocked`` routes here where K = C*KH*KW is at least ``MIN_K`` and
 an image has at most ``FEW_PIXELS`` output pixels or its filters fill
-``MIN_FILTER_SHARE`` of their panels -- a 1x1 conv only over at most
-``POINTWISE_PIXELS`` pixels where its filters fill more of their panels than its pixels
-would fill ``conv_cols``' (``pointwise_pays``: MobileNetV2's 7x7 and 14x14 1x1 convs; the
-model 1.23x -> 1.18x onnxruntime on one Zen 4 thread, MobileNetV3-small even) (ResNet-18, in one process against
-``conv_cols`` for the planes past 256 pixels: 35.3 -> 35.0 ms at batch 1, AVX2's tile
-forced 39.7 -> 38.4). ``plan`` returns None (the caller keeps its routes) without the
+``MIN_FILTER_SHARE`` of their panels (ResNet-18, in one process against ``conv_cols`` for
+the planes past 256 pixels: 35.3 -> 35.0 ms at batch 1, AVX2's tile forced 39.7 -> 38.4);
+a 1x1 conv only over at most ``POINTWISE_PIXELS`` pixels where its filters fill more of
+their panels than its pixels would fill ``conv_cols``' (``pointwise_pays``: MobileNetV2's
+7x7 and 14x14 1x1 convs, the model 1.23x -> 1.18x onnxruntime on one Zen 4 thread;
+MobileNetV3-small even). ``plan`` returns None (the caller keeps its routes) without the
 kernel or numba, for shapes outside those, and where one image's buffers pass
 ``MAX_IMAGE_FLOATS``. A batch runs in chunks of images, one call each, whose rows times K
 stay under ``CHUNK_TAP_FLOATS``. Sums run over K in (tap, channel) order with fused
