@@ -54,7 +54,7 @@ CASES = [
     # 1x1 convs over few pixels whose filters fill their panels (pointwise_pays), stride 1
     # and 2
     ((1, 256, 7, 7), (512, 256, 1, 1), {}),
-    ((2, 128, 14, 13), (96, 128, 1, 1), {"strides": [2, 2]}),
+    ((2, 128, 14, 13), (160, 128, 1, 1), {"strides": [2, 2]}),
 ]
 
 
@@ -231,11 +231,14 @@ def test_the_avx2_path_puts_rows_back_in_a_fresh_process() -> None:
 
 def test_pointwise_pays_where_filters_fill_more_of_their_panels() -> None:
     """A 1x1 conv takes the route over few pixels where its filters fill more of the
-    kernel's panels than its pixels would fill ``conv_cols``' (49 pixels: 49 of 64)."""
+    kernel's panels than its pixels would fill ``conv_cols``' (49 pixels: 49 of 64), and
+    only with ``POINTWISE_PANELS`` panels of filters or more."""
     shape = gemm_packed.tile()
     if shape is None:
         pytest.skip("no packed gemm kernel on this host (portable path, or packed gemm off)")
     nr = shape.nr
-    assert conv_packed.pointwise_pays(2 * nr, 49)
-    assert not conv_packed.pointwise_pays(nr + 8, 4 * nr)  # the pixels fill whole panels
-    assert not conv_packed.pointwise_pays(2 * nr, conv_packed.POINTWISE_PIXELS + 1)
+    most = conv_packed.POINTWISE_PANELS * nr
+    assert conv_packed.pointwise_pays(most, 49)
+    assert not conv_packed.pointwise_pays(most - nr, 49)  # too few panels of filters
+    assert not conv_packed.pointwise_pays(most + 8, 4 * nr)  # the pixels fill whole panels
+    assert not conv_packed.pointwise_pays(most, conv_packed.POINTWISE_PIXELS + 1)

@@ -29,10 +29,11 @@ kernel 2340), 256x14x14 2023 / 1983 (with the copied im2row 2297), 512x7x7 2125 
 an image has at most ``FEW_PIXELS`` output pixels or its filters fill
 ``MIN_FILTER_SHARE`` of their panels (ResNet-18, in one process against ``conv_cols`` for
 the planes past 256 pixels: 35.3 -> 35.0 ms at batch 1, AVX2's tile forced 39.7 -> 38.4);
-a 1x1 conv only over at most ``POINTWISE_PIXELS`` pixels where its filters fill more of
-their panels than its pixels would fill ``conv_cols``' (``pointwise_pays``: MobileNetV2's
-7x7 and 14x14 1x1 convs, the model 1.23x -> 1.18x onnxruntime on one Zen 4 thread;
-MobileNetV3-small even). ``plan`` returns None (the caller keeps its routes) without the
+a 1x1 conv only over at most ``POINTWISE_PIXELS`` pixels, of ``POINTWISE_PANELS`` panels
+of filters or more, where they fill more of their panels than its pixels would fill
+``conv_cols``' (``pointwise_pays``: MobileNetV2's 7x7 and 14x14 1x1 convs into many
+filters; the model 1.25x -> 1.19x onnxruntime on one Zen 4 thread, EfficientNet-B0 1.26x ->
+1.18x, MobileNetV3-small even). ``plan`` returns None (the caller keeps its routes) without the
 kernel or numba, for shapes outside those, and where one image's buffers pass
 ``MAX_IMAGE_FLOATS``. A batch runs in chunks of images, one call each, whose rows times K
 stay under ``CHUNK_TAP_FLOATS``. Sums run over K in (tap, channel) order with fused
@@ -66,6 +67,11 @@ MIN_FILTER_SHARE = 0.875
 #: the pixels in its vectors: 49 round up to 64) where the filters fill more of their
 #: panels than the pixels fill theirs (``pointwise_pays``).
 POINTWISE_PIXELS = 256
+#: ... and at least this many panels of filters: with fewer the copy into ``xt`` and the
+#: stores cost more than the panels save (one Zen 4 thread, alternating, µs, this route /
+#: ``conv_cols``: 384 -> 64 at 14x14 118 / 104, 384 -> 96 at 14x14 165 / 153, 288 -> 96 at
+#: 7x7 41 / 40; 160 -> 960 at 7x7 172 here, 263-287 in MobileNetV2 on ``conv_cols``).
+POINTWISE_PANELS = 4
 #: K = C*KH*KW at least (stems with 3 channels keep their own routes).
 MIN_K = 64
 #: The most floats of one image's padded input (``xt``, slot 0) and, where the kernel stores
@@ -234,11 +240,11 @@ class PackedConvPlan(NamedTuple):
 
 def pointwise_pays(m: int, pixels: int) -> bool:
     """Whether a 1x1 conv of ``m`` filters over ``pixels`` output pixels an image takes
-    this route: few pixels (``POINTWISE_PIXELS``), and the filters fill more of this
-    kernel's panels than the pixels would fill ``conv_cols``' (both vectors of the
-    kernel's panel width)."""
+    this route: few pixels (``POINTWISE_PIXELS``), ``POINTWISE_PANELS`` panels of filters
+    or more, and the filters fill more of this kernel's panels than the pixels would fill
+    ``conv_cols``' (both vectors of the kernel's panel width)."""
     shape = gemm_packed.tile()
-    if shape is None or pixels > POINTWISE_PIXELS:
+    if shape is None or pixels > POINTWISE_PIXELS or m < POINTWISE_PANELS * shape.nr:
         return False
     nr = shape.nr
     return m / (-(-m // nr) * nr) > pixels / (-(-pixels // nr) * nr)
