@@ -17,8 +17,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
+from tests.support.forced_isa import run_on_path
 from tests.support.spies import record_calls
-from tfrt_py.concurrency import isa
 from tfrt_py.kernels.lib import gemm_cols
 from tfrt_py.kernels.lib.jit import jit_enabled, why_off
 from tfrt_py.kernels.nn import conv_blocked, conv_cols, conv_packed
@@ -400,12 +400,7 @@ print("avx2 ok")
 
 def test_the_avx2_tile_in_a_fresh_process() -> None:
     """``TFRT_PY_ISA=avx2`` builds the 6 x 16 tile (two k a step) with the tap loop."""
-    if "avx2" not in isa.host_paths():
-        pytest.skip("this host has no AVX2/FMA path")
-    env = {**os.environ, "TFRT_PY_ISA": "avx2", "TFRT_PY_COLD_START": "0"}
-    done = subprocess.run([sys.executable, "-c", _AVX2_CHILD], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0 and "avx2 ok" in done.stdout, done.stderr[-3000:]
+    run_on_path("avx2", _AVX2_CHILD, "avx2 ok")
 
 
 _FIRST_PARALLEL_CHILD = """

@@ -6,9 +6,6 @@ put back by ``_finish``); the routes it leaves to others."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
@@ -17,6 +14,7 @@ import pytest
 
 import tfrt_py
 from tests.kernels.test_conv_cols import _model, check_against_onnxruntime
+from tests.support.forced_isa import run_on_path
 from tests.support.spies import record_calls
 from tfrt_py.concurrency import native_threads
 from tfrt_py.concurrency import threads as tfrt_threads
@@ -221,12 +219,7 @@ print("avx2 rows ok")
 def test_the_avx2_path_puts_rows_back_in_a_fresh_process() -> None:
     """``TFRT_PY_ISA=avx2``: the 6 x 16 kernel stores rows and ``_finish`` puts them back
     (bias, residual, the activation), across images and filters past a panel."""
-    if "avx2" not in gemm_packed.host_paths():
-        pytest.skip("this host has no AVX2/FMA path")
-    env = {**os.environ, "TFRT_PY_ISA": "avx2", "TFRT_PY_COLD_START": "0"}
-    done = subprocess.run([sys.executable, "-c", _AVX2_CHILD], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0 and "avx2 rows ok" in done.stdout, done.stderr[-3000:]
+    run_on_path("avx2", _AVX2_CHILD, "avx2 rows ok")
 
 
 def test_pointwise_pays_where_filters_fill_more_of_their_panels() -> None:

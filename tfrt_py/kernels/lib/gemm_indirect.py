@@ -44,11 +44,11 @@ Stateless; any thread.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, NamedTuple
 
 from ...concurrency import numba_target
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
+from ...concurrency.once import Once
 from . import gemm_packed
 from .gemm_packed import TileShape, _PackedGemmIR, carried_loop, counted_loop, splat, wide_vectors
 from .gemm_packed import available as packed_available
@@ -378,11 +378,8 @@ def _transpose_8x16(b: Any, ir: Any, rows: list[Any]) -> list[_Pair]:
     return out
 
 
-_LOCK = threading.Lock()
-_STATE: list[Any] = []  # [(the ExternalFunctions) or None] once decided
-_KERNEL: list[Any] = []  # [the numba wrapper] once built
-_ENGINES: list[Any] = []  # kept alive: the symbol points into them
-_kern: Any = None  # the ExternalFunction the wrapper calls (set by kernel())
+_ENGINES: list[Any] = []  # kept alive: the symbols point into them
+_kern: Any = None  # the ExternalFunction the tests' wrapper calls (set before it compiles)
 
 
 def _decide() -> tuple[Any, Any] | None:
@@ -409,24 +406,33 @@ def _decide() -> tuple[Any, Any] | None:
             types.ExternalFunction(SYMBOL_NHWC, n(p, n, n, n, p, n, n, n, n, n, n)))  # fmt: skip
 
 
+#: (the product's ExternalFunction, the copy's) or None, decided on first use
+_KERNELS: Once[tuple[Any, Any] | None] = Once(_decide)
+
+
 def available() -> bool:
-    """Whether the kernel is built and registered (``gemm_packed.available()`` and the
-    build succeeded); builds it on the first call. Thread-safe."""
-    if not packed_available():
-        return False
-    with _LOCK:
-        if not _STATE:
-            _STATE.append(_decide())
-        return _STATE[0] is not None
+    """Whether the kernels are built and registered (``gemm_packed.available()`` and the
+    build succeeded); builds them on the first call. Thread-safe."""
+    return packed_available() and _KERNELS.get() is not None
 
 
 def register(module_globals: dict[str, Any]) -> bool:
     """Set ``module_globals["_sgemm_indirect"]`` and ``["_nhwc_pad"]`` to the kernels'
     ExternalFunctions; False where ``available()`` is (nothing set)."""
-    if not available():
+    got = _KERNELS.get() if packed_available() else None
+    if got is None:
         return False
-    module_globals["_sgemm_indirect"], module_globals["_nhwc_pad"] = _STATE[0]
+    module_globals["_sgemm_indirect"], module_globals["_nhwc_pad"] = got
     return True
+
+
+def _wrap() -> Any:
+    global _kern
+    _kern = _KERNELS.get()[0]  # type: ignore[index]  # available() was True
+    return numba_target.import_numba().njit(nogil=True, cache=True)(_sgemm_indirect)
+
+
+_WRAPPER: Once[Any] = Once(_wrap)
 
 
 def kernel() -> Any:
@@ -434,15 +440,7 @@ def kernel() -> Any:
     nf, res, lohi)`` over whole arrays (float32 ``x``, ``y``, ``bias``, ``res``, ``lohi``;
     int64 ``rowoff``, ``toff``, ``yoff``; ``w`` packed) for Python callers (tests), or None
     where ``available()`` is False. Raises ValueError if ``nr`` is not the kernel's."""
-    global _kern
-    if not available():
-        return None
-    with _LOCK:
-        if not _KERNEL:
-            numba = numba_target.import_numba()
-            _kern = _STATE[0][0]
-            _KERNEL.append(numba.njit(nogil=True, cache=True)(_sgemm_indirect))
-        return _KERNEL[0]
+    return _WRAPPER.get() if available() else None
 
 
 def nchw_stores() -> bool:
