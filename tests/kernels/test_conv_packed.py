@@ -156,6 +156,12 @@ def test_the_plan_refuses_what_it_does_not_serve(monkeypatch: pytest.MonkeyPatch
     # one image's padded input past MAX_IMAGE_FLOATS (42 * 42 * 64 floats here)
     monkeypatch.setattr(conv_packed, "MAX_IMAGE_FLOATS", 42 * 42 * 64 - 1)
     assert conv_packed.plan((1, 64, 40, 40), 64, (3, 3), (1, 64, 40, 40), *args) is None
+    # a batch whose taps are few but whose inputs are big runs in chunks whose padded
+    # inputs stay under it (a 3x3/8 conv: 25 pixels an image read from 42 x 42)
+    monkeypatch.setattr(conv_packed, "MAX_IMAGE_FLOATS", 3 * 42 * 42 * 64)
+    strided = ((8, 8), (1, 1), (1, 1), 1, p, 2)
+    pp = conv_packed.plan((16, 64, 40, 40), 64, (3, 3), (16, 64, 5, 5), *strided)
+    assert pp is not None and pp.xt_shape[0] == 3 and pp.last is not None
     neg = ((1, 1), (-1, 0), (1, 1), 1, p, 2)
     assert conv_packed.plan((1, 64, 7, 7), 64, (3, 3), (1, 64, 5, 6), *neg) is None
 

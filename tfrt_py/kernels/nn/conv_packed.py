@@ -74,8 +74,8 @@ POINTWISE_PIXELS = 256
 POINTWISE_PANELS = 4
 #: K = C*KH*KW at least (stems with 3 channels keep their own routes).
 MIN_K = 64
-#: The most floats of one image's padded input (``xt``, slot 0) and, where the kernel stores
-#: rows, of its product rows (``yt``, slot 2): 16 MB each.
+#: The most floats of one image's -- and one chunk's -- padded input (``xt``, slot 0) and,
+#: where the kernel stores rows, of its product rows (``yt``, slot 2): 16 MB each.
 MAX_IMAGE_FLOATS = 4 << 20
 #: A batch runs in chunks of images whose rows times K (the taps the product reads) stay
 #: under this many floats, one image where one passes it. Measured with the im2row this
@@ -301,9 +301,12 @@ def plan(
     hp = max(h + pads_begin[0], (oh - 1) * sh + (kh - 1) * dh + 1)
     wp = max(w + pads_begin[1], (ow - 1) * sw + (kw - 1) * dw + 1)
     rows_out = 0 if gemm_indirect.nchw_stores() else oh * ow * padded
-    if max(hp * wp * c, rows_out) > MAX_IMAGE_FLOATS:
+    per_image = max(hp * wp * c, rows_out)
+    if per_image > MAX_IMAGE_FLOATS:
         return None
-    chunk = min(n, max(1, CHUNK_TAP_FLOATS // (oh * ow * k)))
+    # a chunk's buffers stay under MAX_IMAGE_FLOATS too (a strided conv over a big input
+    # reads few taps from a big xt)
+    chunk = min(n, max(1, CHUNK_TAP_FLOATS // (oh * ow * k)), MAX_IMAGE_FLOATS // per_image)
     if chunk < n:
         whole = plan((chunk, *x_shape[1:]), m, kernel, (chunk, *out_shape[1:]), strides,
                      pads_begin, dilations, act, params, threads)  # fmt: skip
