@@ -121,8 +121,8 @@ LINE_BUDGET: dict[str, int] = {
     # issue 32's random batches); 12-05 (55th): the conv product reading its taps in place
     # with NCHW stores (lib/gemm_indirect.py: issue 35, 3x3 convs at every plane), and its
     # copy into the padded channels-last image transposed in registers; few-pixel 1x1 convs
-    # on it (nn/conv_packed.pointwise_pays)
-    "kernels": 32910,
+    # on it (nn/conv_packed.pointwise_pays), a chunk's buffers bounded
+    "kernels": 32920,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,
