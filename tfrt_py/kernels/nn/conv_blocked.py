@@ -182,8 +182,9 @@ class BlockedPlan(NamedTuple):
     # a one-group float32 conv on ``conv_cols`` (the gemm_cols kernel), on native threads
     # or the caller; None: not this path
     cols: conv_cols.ColsPlan | None = None
-    # a one-group float32 conv over few pixels as pixel rows times the packed filters
-    # (``conv_packed``), on numba's threads (one or more); None: not this path
+    # a one-group float32 conv as pixel rows times the packed filters (``conv_packed``:
+    # where ``conv_packed.plan`` serves), on numba's threads (one or more); None: not this
+    # path
     packed: conv_packed.PackedConvPlan | None = None
     # which of ``run_blocked``'s paths runs it: "packed" (``packed``), "filters"
     # (``native``), "cols" (``cols``), "rows" (``par``), "whole" (one image, one group,

@@ -48,6 +48,10 @@ them at 82-126. The few-pixel convs (256x14x14 and 512x7x7 3x3, which took the w
 BLAS product on one thread and BLAS's filter blocks on two) and the padding on each block's
 thread: 2-core Zen 4 (AVX-512), one thread, 76 -> 94 and 59 -> 82 GFLOP/s; ResNet-18
 1.33x -> 1.27x onnxruntime at one thread, 1.40-1.43x -> 1.36-1.37x at two (2026-12-02).
+Since 2026-12-05 ``conv_packed`` takes the convs it serves before this route (one-group
+3x3 convs whose filters fill their panels at any plane, few-pixel ones, few-pixel 1x1
+convs into many filters: ``conv_packed.plan``, ``conv_packed.pointwise_pays``); this
+route keeps the rest (1x1 convs over many pixels, few filters, stems of 3 channels).
 numba and the kernel only: ``plan`` returns None without them (``conv_blocked`` keeps its
 BLAS routes). Thread-safe: plans are immutable; scratch is per thread.
 """
