@@ -38,7 +38,8 @@ kernel or numba, for shapes outside those, and where one image's buffers pass
 ``MAX_IMAGE_FLOATS``. A batch runs in chunks of images, one call each, whose rows times K
 stay under ``CHUNK_TAP_FLOATS``. Sums run over K in (tap, channel) order with fused
 multiply-adds: results agree with the other routes to float32 rounding. Thread-safe:
-plans are immutable; buffers are the calling thread's scratch slots 0 and 2.
+plans are immutable; buffers are the calling thread's scratch slots 0 and 2 (2 one row
+where the kernel stores NCHW).
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ class PackedConvPlan(NamedTuple):
     fn: Any  # PACKED_CONV's compiled function
     geo: np.ndarray  # kh, kw, sh, sw, dh, dw, pad top, pad left, oh, ow
     xt_shape: tuple[int, int, int, int]  # (N, Hp, Wp, C)
-    yt_shape: tuple[int, int]  # (N*P, panels * nr)
+    yt_shape: tuple[int, int]  # (N*P, panels * nr); one row where the kernel stores NCHW
     pad_rows: np.ndarray
     rowoff: np.ndarray  # (N*P,) int64: each output pixel's first tap in xt
     toff: np.ndarray  # (KH*KW,) int64: each tap's offset from it
@@ -340,7 +341,8 @@ def plan(
     geo = np.array([kh, kw, sh, sw, dh, dw, pads_begin[0], pads_begin[1], oh, ow], np.int64)
     lohi = np.array([params[0], params[1]], np.float32)
     arr = lambda v: np.array(v, np.int64)  # noqa: E731
-    return PackedConvPlan(fn, geo, (n, hp, wp, c), (rows, panels * shape.nr), arr(pad_rows),
+    yt_rows = 1 if nchw else rows  # the kernel's NCHW stores leave yt unused
+    return PackedConvPlan(fn, geo, (n, hp, wp, c), (yt_rows, panels * shape.nr), arr(pad_rows),
                           frozen(rowoff), frozen(toff), frozen(yoff), nchw, arr(parts), act, lohi,
                           np.zeros(panels * shape.nr, np.float32))  # fmt: skip
 
