@@ -121,8 +121,10 @@ LINE_BUDGET: dict[str, int] = {
     # issue 32's random batches); 12-05 (55th): the conv product reading its taps in place
     # with NCHW stores (lib/gemm_indirect.py: issue 35, 3x3 convs at every plane), and its
     # copy into the padded channels-last image transposed in registers; few-pixel 1x1 convs
-    # on it (nn/conv_packed.pointwise_pays), a chunk's buffers bounded
-    "kernels": 32920,
+    # on it (nn/conv_packed.pointwise_pays), a chunk's buffers bounded; 12-05 (56th): the
+    # depthwise conv on the extended grid as an LLVM IR kernel (lib/depthwise_ir.py,
+    # nn/conv_depthwise_grid.py: issue 35, the mobile family's depthwise convs)
+    "kernels": 33600,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,
@@ -166,8 +168,9 @@ LINE_BUDGET: dict[str, int] = {
     "serving": 6000,
     # 2026-11-29: the ISA choice (isa.py), numba's vector width (numba_target.py), the
     # private cache dir moved down from native/runtime (cachedir.py) for the cached LLVM objects
-    # 12-03 (40th session): once.Once, the decide-once-under-a-lock of the LLVM kernels
-    "concurrency": 2750,
+    # 12-03 (40th session): once.Once, the decide-once-under-a-lock of the LLVM kernels;
+    # 12-05 (56th): LLVM's asm parser (depthwise_ir's inline valignd)
+    "concurrency": 2755,
     # 2026-11-30: the import cache (graph_cache.py, graph_codec.py: issue 33's first result);
     # 12-04 (50th): ONNX's shape inference without the weights' bytes (importer.py)
     "frontends": 2030,

@@ -199,6 +199,30 @@ def depthwise_plans(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return record_calls(monkeypatch, conv_depthwise, "run_depthwise")
 
 
+@pytest.fixture(params=["grid", "loops"])
+def dw_route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The float32 "same" depthwise convs' two routes: ``conv_depthwise_grid``'s vector
+    kernel where it is built (the plans' first choice), and ``conv_depthwise_same``'s numba
+    loops (with it off: float64, channel multipliers, hosts without the vector kernel)."""
+    from tfrt_py.kernels.nn import conv_depthwise
+
+    if request.param == "loops":
+        monkeypatch.setattr(conv_depthwise, "grid_kind", lambda *a, **k: -1)
+    return str(request.param)
+
+
+def _check_route(plans: list[Any], route: str, mult: int, loops: Any) -> None:
+    """Every plan ran the grid kernel (route ``grid``, one filter a channel, where it is
+    built), else the numba loop ``loops`` (where numba is)."""
+    from tfrt_py.kernels.lib import depthwise_ir
+    from tfrt_py.kernels.nn.conv_depthwise_grid import GRID
+
+    grid = GRID.get() if route == "grid" and mult == 1 and depthwise_ir.function() else None
+    want = grid or loops
+    if want is not None:
+        assert plans and all(p.fn is want for p in plans)
+
+
 def _depthwise(
     x: np.ndarray, mult: int, stride: int, residual: bool, act: str, k: int = 3
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -265,12 +289,13 @@ SAME_CASES = [
 ]
 
 
-@pytest.mark.parametrize("act", ["none", "Relu", "Clip", "SiLU"])
+@pytest.mark.parametrize("act", ["none", "Relu", "Clip", "HardSwish", "SiLU"])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize(("x_shape", "mult", "k"), SAME_CASES)
 def test_5x5_and_7x7_stride_1_same_depthwise_keep_the_taps_in_registers(
-    depthwise_plans: list[Any], x_shape: Any, mult: int, k: int, residual: bool, act: str
-) -> None:
+    depthwise_plans: list[Any], dw_route: str, x_shape: Any, mult: int, k: int, residual: bool,
+    act: str,
+) -> None:  # fmt: skip
     """The K x K kernels with K // 2 of padding against onnxruntime: every output (a tap
     that wraps into the next row masked, never multiplied: an infinity there must not
     become a NaN), each activation, a residual; and the plan took ``conv_depthwise_same``'s
@@ -281,31 +306,34 @@ def test_5x5_and_7x7_stride_1_same_depthwise_keep_the_taps_in_registers(
     x = _r(*x_shape)
     x[0, 0, 1, 0], x[0, c - 1, 0, wd - 1], x[n - 1, 0, h - 1, 0] = np.inf, -np.inf, np.nan
     _check(*_depthwise(x, mult, 1, residual, act, k))
-    compiled = kernels(k)[0].get()
-    if compiled is not None:
-        assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
+    _check_route(depthwise_plans, dw_route, mult, kernels(k)[0].get())
 
 
 def test_the_same_padding_kernel_in_float64_and_on_threads() -> None:
-    """float64 convs (compiled on first use) and the parallel form over channel blocks
-    (the plan's, where native threads are on), against a padded NumPy reference."""
+    """float64 convs (compiled on first use; ``conv_depthwise_same``'s loop) and the
+    parallel form over channel blocks (one image) and image blocks (the plan's, where
+    native threads are on: the grid kernel's where it is built), against a padded NumPy
+    reference."""
     from tfrt_py.concurrency import native_threads
     from tfrt_py.concurrency.threads import configure
+    from tfrt_py.kernels.lib import depthwise_ir
     from tfrt_py.kernels.nn import conv_depthwise as cdw
+    from tfrt_py.kernels.nn.conv_depthwise_grid import GRID_PAR
     from tfrt_py.kernels.nn.conv_depthwise_same import kernels
     from tfrt_py.kernels.nn.conv_direct import Epilogue
 
-    for dt, threads in ((np.float64, 1), (np.float32, 2)):
+    for dt, threads, n in ((np.float64, 1, 1), (np.float32, 2, 1), (np.float32, 2, 3)):
         configure(threads)
         try:
-            x = _r(1, 32, 14, 14, dtype=dt)
+            x = _r(n, 32, 14, 14, dtype=dt)
             w, b = _r(32, 1, 5, 5, dtype=dt), _r(32, dtype=dt)
-            plan = cdw.plan_depthwise(x.shape, w.shape, (1, 32, 14, 14), (1, 1), (2, 2, 2, 2),
+            plan = cdw.plan_depthwise(x.shape, w.shape, (n, 32, 14, 14), (1, 1), (2, 2, 2, 2),
                                       (1, 1), Epilogue(), np.dtype(dt))  # fmt: skip
             if plan is None:
                 pytest.skip("numba is not installed (or TFRT_PY_JIT=0)")
             if threads > 1 and native_threads.ready():
-                assert plan.par is kernels(5)[1].get()
+                grid = depthwise_ir.function() is not None
+                assert plan.par is (GRID_PAR.get() if grid else kernels(5)[1].get())
             got = cdw.run_depthwise(plan, x, w, b, np.empty_like(x), None, Epilogue())
         finally:
             configure(None)
@@ -331,11 +359,11 @@ DW3S2_CASES = [
 ]
 
 
-@pytest.mark.parametrize("act", ["none", "Relu", "Clip", "SiLU"])
+@pytest.mark.parametrize("act", ["none", "Relu", "Clip", "HardSwish", "HardSigmoid", "SiLU"])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize(("x_shape", "mult"), DW3S2_CASES)
 def test_3x3_stride_2_depthwise_reads_the_input_directly(
-    depthwise_plans: list[Any], x_shape: Any, mult: int, residual: bool, act: str
+    depthwise_plans: list[Any], dw_route: str, x_shape: Any, mult: int, residual: bool, act: str
 ) -> None:
     """The stride-2 kernel over the input's four phase planes (``conv_depthwise_same``):
     inside columns, first and last rows and columns (an odd size has a last output row
@@ -349,9 +377,7 @@ def test_3x3_stride_2_depthwise_reads_the_input_directly(
     x = _r(*x_shape)
     x[0, 0, 0, 0], x[0, 0, h - 1, wd - 1], x[0, c - 1, 0, wd // 2] = np.inf, np.nan, -np.inf
     _check(*_depthwise(x, mult, 2, residual, act))
-    compiled = kernels(3, 2)[0].get()
-    if compiled is not None:
-        assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
+    _check_route(depthwise_plans, dw_route, mult, kernels(3, 2)[0].get())
 
 
 # (x shape, channel multiplier) for EfficientNet's 5x5 stride-2 layers: even and odd
@@ -359,11 +385,11 @@ def test_3x3_stride_2_depthwise_reads_the_input_directly(
 DW5S2_CASES = [((1, 8, 14, 14), 1), ((1, 4, 15, 17), 1), ((2, 4, 28, 27), 1), ((1, 4, 9, 10), 2)]
 
 
-@pytest.mark.parametrize("act", ["none", "Relu", "SiLU"])
+@pytest.mark.parametrize("act", ["none", "Relu", "HardSwish", "SiLU"])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize(("x_shape", "mult"), DW5S2_CASES)
 def test_5x5_stride_2_depthwise_runs_over_phase_planes(
-    depthwise_plans: list[Any], x_shape: Any, mult: int, residual: bool, act: str
+    depthwise_plans: list[Any], dw_route: str, x_shape: Any, mult: int, residual: bool, act: str
 ) -> None:
     """5x5, two pixels of padding, stride 2 (the padded grid before: 112x28x28 89 -> 53
     µs) against onnxruntime, with special values near the borders."""
@@ -373,9 +399,7 @@ def test_5x5_stride_2_depthwise_runs_over_phase_planes(
     x = _r(*x_shape)
     x[0, 0, 1, 0], x[n - 1, c - 1, h - 1, wd - 2], x[0, 0, 2, wd - 1] = np.inf, np.nan, -np.inf
     _check(*_depthwise(x, mult, 2, residual, act, 5))
-    compiled = kernels(5, 2)[0].get()
-    if compiled is not None:
-        assert depthwise_plans and all(p.fn is compiled for p in depthwise_plans)
+    _check_route(depthwise_plans, dw_route, mult, kernels(5, 2)[0].get())
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,7 @@ def compile_ir(
 
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+    llvm.initialize_native_asmparser()  # inline asm (depthwise_ir's valignd)
     target = llvm.Target.from_triple(llvm.get_process_triple())
     if host_cpu:
         tm = target.create_target_machine(
@@ -87,6 +88,7 @@ def compile_ir_cached(
 
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+    llvm.initialize_native_asmparser()  # inline asm (depthwise_ir's valignd)
     host = f"{llvm.get_host_cpu_name()}|{llvm.get_host_cpu_features().flatten()}"
     import hashlib  # here, with llvmlite: `import tfrt_py` does not pay for them
 

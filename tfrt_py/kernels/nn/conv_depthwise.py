@@ -24,7 +24,8 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..common import ShapeMemo, scratch_rows
-from . import conv_depthwise3, conv_depthwise_same
+from ..lib import depthwise_ir
+from . import conv_depthwise3, conv_depthwise_grid, conv_depthwise_same
 from .conv_common import ConvNode, bias_vector, conv_geometry, depthwise_plan, scratch
 from .conv_direct import (
     _DEPTHWISE,
@@ -45,6 +46,7 @@ __all__ = [
     "SAME_3X3_MAX_PIXELS",
     "DepthwisePlan",
     "depthwise_conv_fn",
+    "grid_kind",
     "plan_depthwise",
     "run_depthwise",
 ]
@@ -109,7 +111,12 @@ def plan_depthwise(
     tab, xp_len, acc_len = _NO_TABLE, 0, 0
     k_same = conv_depthwise_same.fits(x_shape, w_shape, strides, pads, dilations)
     k_s2 = conv_depthwise_same.fits(x_shape, w_shape, strides, pads, dilations, stride=2)
-    if k_same and (k_same > 3 or x_shape[2] * x_shape[3] <= SAME_3X3_MAX_PIXELS):
+    kind = grid_kind(x_shape, w_shape, strides, pads, dilations, dtype)
+    if kind >= 0:  # the extended grid's vector kernel
+        direct = conv_depthwise_grid.GRID, conv_depthwise_grid.GRID_PAR
+        tab = conv_depthwise_grid.table(kind, w_shape[2])
+        xp_len = conv_depthwise_grid.scratch_len(kind, x_shape, out_shape)
+    elif k_same and (k_same > 3 or x_shape[2] * x_shape[3] <= SAME_3X3_MAX_PIXELS):
         direct = conv_depthwise_same.kernels(k_same)  # every tap in a register
         tab = conv_depthwise_same.masks(x_shape[2], x_shape[3], k_same)
         xp_len = conv_depthwise_same.scratch_len(x_shape[2], x_shape[3], k_same)
@@ -139,6 +146,22 @@ def plan_depthwise(
         fn, act_fns(epi), tab, xp_len * cg, acc_len, _jit_act(epi, dtype), _params(epi, dtype),
         split, numpy_act_after(epi, dtype), par,
     )  # fmt: skip
+
+
+def grid_kind(
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    strides: tuple[int, int],
+    pads: tuple[int, int, int, int],
+    dilations: tuple[int, int],
+    dtype: np.dtype,
+) -> int:
+    """``conv_depthwise_grid``'s kind for a float32 conv it serves, else -1 (where its
+    vector kernel is built: ``depthwise_ir.function()``, built here once)."""
+    if dtype != np.float32:
+        return -1
+    kind = conv_depthwise_grid.fits(x_shape, w_shape, strides, pads, dilations)
+    return kind if kind >= 0 and depthwise_ir.function() is not None else -1
 
 
 def run_depthwise(

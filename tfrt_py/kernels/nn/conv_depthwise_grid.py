@@ -1,0 +1,175 @@
+"""Float32 depthwise convs with "same" padding (5x5 and 7x7 at stride 1, 3x3 and 5x5 at
+stride 2) on ``depthwise_ir``'s extended-grid kernel: the numba side that runs it over
+a plan's images and channel blocks, serially or in a ``prange`` loop on native threads.
+
+Per channel the kernel copies the padded image (split into phase planes at stride 2) into
+a scratch, sums every tap as a vector load (or a shift of one) times the broadcast weight
+over the output grid, and stores each output row with the residual and ReLU, Clip,
+HardSwish or HardSigmoid; other activations run here over each plane afterwards
+(``_act_row``, while it is in cache). One Zen 4 thread, AVX-512, µs, against
+``conv_depthwise_same``'s numba loops (onnxruntime's NCHWc kernels in a model beside):
+576x7x7 5x5 66 -> 39 (26), 288x14x14 5x5/2 80 -> 28 (17), 576x14x14 3x3/2 72 -> 35 (18),
+72x56x56 3x3/2 55 -> 35 (21), 96x28x28 5x5/2 52 -> 20 (18).
+``conv_depthwise.plan_depthwise`` takes it where ``fits`` says so; same signatures as
+``conv_depthwise_same``'s kernels, with ``tab`` = ``table(...)`` (kind, top and left
+padding) and ``xp`` one thread's scratch of ``scratch_len(...)`` floats.
+Sums run in another order than im2col + GEMM: results differ by rounding only.
+Thread-safe: no state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...concurrency import native_threads
+from ..lib import depthwise_ir
+from ..lib.jit import Jitted, frozen, inline
+from .conv_direct import _act_row
+
+__all__ = ["GRID", "GRID_PAR", "fits", "scratch_len", "table"]
+
+#: numba, set by ``Jitted(parallel=True)`` before the parallel loop compiles.
+numba: Any = None
+#: the kernel's ExternalFunction, set by ``_prepare`` before the loops compile
+_dw_grid: Any = None
+
+
+def fits(
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    pads: tuple[int, ...],
+    dilations: tuple[int, ...],
+) -> int:
+    """The kernel's ``kind`` for this conv, or -1: 2-D, one channel per group and one
+    filter per channel, a K x K kernel of ``depthwise_ir.KINDS`` at its stride, dilation 1,
+    K // 2 of padding on every side."""
+    if len(x_shape) != 4 or w_shape[1] != 1 or w_shape[0] != x_shape[1]:
+        return -1
+    k = int(w_shape[2])
+    p = k // 2
+    if w_shape[3] != k or tuple(dilations) != (1, 1) or tuple(pads) != (p, p, p, p):
+        return -1
+    if len(strides) != 2 or strides[0] != strides[1]:
+        return -1
+    return depthwise_ir.kind_of(k, int(strides[0]))
+
+
+def table(kind: int, k: int) -> np.ndarray:
+    """``tab``: (kind, top padding, left padding) as int64."""
+    return np.array([kind, k // 2, k // 2], np.int64)
+
+
+def scratch_len(kind: int, x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> int:
+    """One thread's scratch in floats for a conv of ``kind`` on these shapes."""
+    k, s = depthwise_ir.KINDS[kind]
+    vw = depthwise_ir.vector_width()
+    return depthwise_ir.scratch_len(k, s, out_shape[2], out_shape[3], x_shape[3], k // 2, vw)
+
+
+@inline
+def _grid_act(act: int, p: Any) -> tuple[Any, Any, int, bool]:  # pragma: no cover - numba only
+    """(lo, hi, flags, after) for the kernel: ReLU (act 1) and Clip (2) as its clamp,
+    HardSwish (3) and HardSigmoid (4) as its ``FLAG_HARD_*`` with their alpha and beta,
+    no-op bounds for the others, which ``_act_row`` applies after (``after``)."""
+    inf = p[6]
+    if act == 1:
+        return p[2], inf, 0, False
+    if act == 2:
+        return p[0], p[1], 0, False
+    if act == 3:
+        return p[4], p[5], 2, False  # depthwise_ir.FLAG_HARD_SWISH
+    if act == 4:
+        return p[0], p[1], 4, False  # depthwise_ir.FLAG_HARD_SIGMOID
+    return -inf, inf, 0, act != 0
+
+
+@inline
+def _grid_block(  # pragma: no cover - numba only
+    x: Any, w: Any, b: Any, res: Any, out: Any, tab: Any, act: int, p: Any, xp: Any,
+    n0: int, n1: int, g0: int, g1: int,
+) -> None:  # fmt: skip
+    """out[n, g] = act(conv(x[n, g], w[g]) + b[g] (+ res[n, g])) for images ``[n0, n1)``
+    and channels ``[g0, g1)``: one kernel call an image."""
+    c_in, h, wd = x.shape[1], x.shape[2], x.shape[3]
+    oh, ow = out.shape[2], out.shape[3]
+    kk = w.shape[2] * w.shape[3]
+    lo, hi, flags, after = _grid_act(act, p)
+    has_res = res.shape[0] > 0
+    if has_res:
+        flags |= 1
+    four = np.uint64(4)
+    for n in range(n0, n1):
+        at_x = np.uint64((n * c_in + g0) * h * wd) * four
+        at_y = np.uint64((n * c_in + g0) * oh * ow) * four
+        r = res.ctypes.data + at_y if has_res else out.ctypes.data + at_y
+        _dw_grid(tab[0], x.ctypes.data + at_x, w.ctypes.data + np.uint64(g0 * kk) * four,
+                 b.ctypes.data + np.uint64(g0) * four, r, out.ctypes.data + at_y,
+                 xp.ctypes.data, xp.shape[0], lo, hi, flags, g1 - g0, h, wd, oh, ow, tab[1],
+                 tab[2])  # fmt: skip
+        if after:
+            ya = out[n].reshape(c_in * oh * ow)
+            for g in range(g0, g1):
+                _act_row(ya[g * oh * ow : (g + 1) * oh * ow], -p[2], act, p)
+
+
+def _grid(x: Any, w: Any, b: Any, res: Any, out: Any, tab: Any, act: int, p: Any, xp: Any,
+          acc: Any, n0: int, n1: int, g0: int, g1: int) -> None:  # pragma: no cover  # fmt: skip
+    """``_grid_block`` (``conv_depthwise_same``'s signature; ``acc`` unused)."""
+    _grid_block(x, w, b, res, out, tab, act, p, xp, n0, n1, g0, g1)
+
+
+def _grid_par(x: Any, w: Any, b: Any, res: Any, out: Any, tab: Any, act: int, p: Any,
+              buf: Any, xp_len: int, blocks: Any) -> None:  # pragma: no cover  # fmt: skip
+    """``_grid_block`` over ``blocks`` (rows n0, n1, g0, g1) in a ``prange`` loop on native
+    threads, block ``q`` with ``buf[q]`` as its scratch."""
+    for q in numba.prange(blocks.shape[0]):
+        _grid_block(x, w, b, res, out, tab, act, p, buf[q, :xp_len],
+                    blocks[q, 0], blocks[q, 1], blocks[q, 2], blocks[q, 3])  # fmt: skip
+
+
+def _operands() -> tuple[Any, ...]:
+    """A 3x4 plane of two channels and a 3x3 kernel at stride 2, as a model passes them (float32,
+    weights and bias read-only), with its output, table and scratch length."""
+    t = np.float32
+    x, w, b = np.zeros((1, 2, 3, 4), t), frozen(np.zeros((2, 1, 3, 3), t)), frozen(np.zeros(2, t))
+    out = np.zeros((1, 2, 2, 2), t)
+    kind = depthwise_ir.kind_of(3, 2)
+    return (
+        x,
+        w,
+        b,
+        np.zeros((0, 0, 0, 0), t),
+        out,
+        table(kind, 3),
+        scratch_len(kind, x.shape, out.shape),
+    )
+
+
+def _warm(fn: Any) -> None:
+    x, w, b, res, out, tab, n = _operands()
+    fn(x, w, b, res, out, tab, 0, np.zeros(35, np.float32), np.zeros(n, np.float32),
+       np.zeros(0, np.float32), 0, 1, 0, 2)  # fmt: skip
+
+
+def _warm_par(fn: Any) -> None:
+    x, w, b, res, out, tab, n = _operands()
+    blocks = native_threads.plane_blocks(1, 2, 2)
+    fn(x, w, b, res, out, tab, 0, np.zeros(35, np.float32),
+       np.zeros((blocks.shape[0], n), np.float32), n, blocks)  # fmt: skip
+
+
+def _prepare(module_globals: dict[str, Any]) -> bool:
+    # False: no vector path or no llvmlite JIT here (the callers keep their numba loops)
+    fn = depthwise_ir.function()
+    if fn is None:
+        return False
+    module_globals["_dw_grid"] = fn
+    return True
+
+
+_HELPERS = (_act_row, _grid_act, _grid_block)
+GRID = Jitted(_grid, _warm, helpers=_HELPERS, prepare=_prepare)
+GRID_PAR = Jitted(_grid_par, _warm_par, helpers=_HELPERS, parallel=True, prepare=_prepare)
