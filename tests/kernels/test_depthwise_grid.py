@@ -102,9 +102,12 @@ def test_every_kind_matches_the_reference_on_random_geometries() -> None:
 
 
 @pytest.mark.parametrize(("k", "s", "c", "h", "wd"), [(5, 1, 96, 7, 7), (7, 1, 8, 14, 14),
-                         (3, 2, 24, 56, 56), (5, 2, 40, 28, 28), (3, 2, 16, 112, 112)])  # fmt: skip
+                         (3, 2, 24, 56, 56), (5, 2, 40, 28, 28), (3, 2, 24, 112, 112),
+                         (5, 1, 24, 112, 112)])  # fmt: skip
 def test_network_shapes(k: int, s: int, c: int, h: int, wd: int) -> None:
-    """MobileNet's, EfficientNet's and ConvNeXt's planes, ReLU as the clamp to [0, inf]."""
+    """MobileNet's, EfficientNet's and ConvNeXt's planes, ReLU as the clamp to [0, inf];
+    the 112x112 ones over ``PREFETCH_MIN_FLOATS`` (the next channel's rows prefetched)."""
+    assert 24 * 112 * 112 >= depthwise_ir.PREFETCH_MIN_FLOATS > 96 * 7 * 7
     call, vw = _call(), depthwise_ir.vector_width()
     rng = np.random.default_rng(k * 100 + h)
     p = k // 2
