@@ -84,6 +84,12 @@ elif case == "decoder":  # a Llama-style decoder's greedy steps (rotary, grouped
     from tests.support.models.decoder import decoder
     m = decoder(kv_heads=2)
     feeds = []
+elif case == "depthwise":  # MobileNetV3's 5x5/2 depthwise + HardSwish (the grid kernel)
+    w = rng.standard_normal((96, 1, 5, 5)) * 0.1
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"], group=96, pads=[2, 2, 2, 2],
+                                strides=[2, 2]), helper.make_node("HardSwish", ["c"], ["y"])],
+              ["b", 96, 28, 28], [const("w", w)])
+    feeds = [rng.standard_normal((n, 96, 28, 28)) for n in (1, 8)]
 else:  # "conv": a patch embedding at a batch of 32 (conv_cols' blocks)
     w = rng.standard_normal((192, 3, 16, 16)) * 0.05
     m = model([helper.make_node("Conv", ["x", "w"], ["y"], strides=[16, 16])],
@@ -99,7 +105,7 @@ print(json.dumps(seen))
 """
 
 
-@pytest.mark.parametrize("case", ["softmax", "attention", "linear", "conv", "decoder"])
+@pytest.mark.parametrize("case", ["softmax", "attention", "linear", "conv", "depthwise", "decoder"])
 def test_a_call_compiles_no_kernel_its_build_could_have(case: str) -> None:
     env = dict(os.environ, TFRT_PY_COLD_START="0", TFRT_PY_THREADS="2")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
