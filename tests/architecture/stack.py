@@ -122,9 +122,10 @@ LINE_BUDGET: dict[str, int] = {
     # with NCHW stores (lib/gemm_indirect.py: issue 35, 3x3 convs at every plane), and its
     # copy into the padded channels-last image transposed in registers; few-pixel 1x1 convs
     # on it (nn/conv_packed.pointwise_pays), a chunk's buffers bounded; 12-05 (56th): the
-    # depthwise conv on the extended grid as an LLVM IR kernel (lib/depthwise_ir.py,
+    # depthwise conv as an LLVM IR kernel, stride 1 from the input in blocks of rows, stride
+    # 2 on the extended grid, an 8-float build for narrow planes (lib/depthwise_ir.py,
     # nn/conv_depthwise_grid.py: issue 35, the mobile family's depthwise convs)
-    "kernels": 33660,
+    "kernels": 33780,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,

@@ -16,15 +16,20 @@ import pytest
 from tests.support.forced_isa import run_on_path
 from tfrt_py.kernels.lib import depthwise_ir
 
-_CALL: list[Any] = []
+_CALLS: dict[bool, Any] = {}
 
 
-def _call() -> Any:
-    """A numba wrapper over the kernel taking arrays (skips where it is not built)."""
+def _call(narrow: bool = False) -> Any:
+    """A numba wrapper over the kernel (``narrow``: its 8-float build beside a 16-float
+    one) taking arrays; skips where it is not built."""
     fn = depthwise_ir.function()
     if fn is None:
         pytest.skip("no depthwise grid kernel here (the portable path, or no llvmlite JIT)")
-    if not _CALL:
+    if narrow:
+        fn = depthwise_ir.narrow_function()
+        if fn is None:
+            pytest.skip("no narrow build here: the kernel is 8 floats wide already")
+    if narrow not in _CALLS:
         import numba
 
         @numba.njit(nogil=True)
@@ -33,8 +38,8 @@ def _call() -> Any:
                       y.ctypes.data, xp.ctypes.data, n, lo, hi, flags, c, h, wd, oh, ow, pt,
                       pl)  # fmt: skip
 
-        _CALL.append(call)
-    return _CALL[0]
+        _CALLS[narrow] = call
+    return _CALLS[narrow]
 
 
 def _reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, k: int, s: int, oh: int, ow: int,
@@ -52,9 +57,10 @@ def _reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, k: int, s: int, oh: 
     return out
 
 
-def check_random(seed: int, rounds: int) -> int:
-    """Random geometries of every kind against ``_reference``: returns the cases run."""
-    call, vw = _call(), depthwise_ir.vector_width()
+def check_random(seed: int, rounds: int, narrow: bool = False) -> int:
+    """Random geometries of every kind against ``_reference`` (``narrow``: on the 8-float
+    build beside a 16-float kernel): returns the cases run."""
+    call, vw = _call(narrow), 8 if narrow else depthwise_ir.vector_width()
     rng = np.random.default_rng(seed)
     ran = 0
     for _ in range(rounds):
@@ -99,6 +105,25 @@ def check_random(seed: int, rounds: int) -> int:
 
 def test_every_kind_matches_the_reference_on_random_geometries() -> None:
     assert check_random(0, 12) == 12 * len(depthwise_ir.KINDS)
+
+
+def test_the_narrow_build_matches_the_reference() -> None:
+    """The 8-float build the plans take for planes up to ``NARROW_MAX_WIDTH`` wide at
+    stride 1 on AVX-512 hosts (every kind checked all the same)."""
+    assert check_random(2, 8, narrow=True) == 8 * len(depthwise_ir.KINDS)
+
+
+def test_narrow_planes_take_the_narrow_build() -> None:
+    """A 7x7 stride-1 plan asks for the narrow build where there is one, a 14x14 one and
+    a stride-2 one never."""
+    from tfrt_py.kernels.nn import conv_depthwise_grid as cg
+
+    _call()
+    narrow = depthwise_ir.narrow_function() is not None
+    k5 = depthwise_ir.kind_of(5, 1)
+    assert cg.table(k5, 5, (1, 8, 7, 7))[3] == int(narrow)
+    assert cg.table(k5, 5, (1, 8, 14, 14))[3] == 0
+    assert cg.table(depthwise_ir.kind_of(3, 2), 3, (1, 8, 7, 7))[3] == 0
 
 
 @pytest.mark.parametrize(("k", "s", "c", "h", "wd"), [(5, 1, 96, 7, 7), (7, 1, 8, 14, 14),

@@ -256,11 +256,12 @@ def _depthwise(
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize(("x_shape", "mult"), DW3_CASES)
 def test_3x3_stride_1_depthwise_reads_the_input_directly(
-    depthwise_plans: list[Any], x_shape: Any, mult: int, residual: bool, act: str
+    depthwise_plans: list[Any], dw_route: str, x_shape: Any, mult: int, residual: bool, act: str
 ) -> None:
     """Every output of the kernels' steps (inner rows, first and last rows and columns,
     epilogue) against onnxruntime, with each activation and a residual; and the plan took
-    the register kernel (``conv_depthwise_same``) up to ``SAME_3X3_MAX_PIXELS`` a plane,
+    the grid module's row kernel (route ``grid``, where it is built), else the register
+    kernel (``conv_depthwise_same``) up to ``SAME_3X3_MAX_PIXELS`` a plane and
     ``conv_depthwise3``'s above it, not the padded grid, wherever numba is."""
     from tfrt_py.kernels.nn.conv_depthwise import SAME_3X3_MAX_PIXELS
     from tfrt_py.kernels.nn.conv_depthwise3 import DEPTHWISE3
@@ -272,8 +273,7 @@ def test_3x3_stride_1_depthwise_reads_the_input_directly(
     _check(*_depthwise(x, mult, 1, residual, act))
     same = kernels(3)[0].get()
     kernel = same if h * wd <= SAME_3X3_MAX_PIXELS else DEPTHWISE3.get()
-    if same is not None:
-        assert depthwise_plans and all(p.fn is kernel for p in depthwise_plans)
+    _check_route(depthwise_plans, dw_route, mult, kernel if same is not None else None)
 
 
 # (x shape, channel multiplier, K): EfficientNet's 5x5 at 7x7 and 14x14 and ConvNeXt's 7x7

@@ -1,41 +1,43 @@
-"""A float32 depthwise convolution in NCHW, channel by channel, on the output's extended
-grid: each channel's zero-padded input (split into its stride's phase planes) is copied
-into a scratch, then every tap is a vector of the grid at a fixed offset times the
-broadcast weight, one fused multiply-add a vector -- no masks: the padding is real zeros.
+"""A float32 depthwise convolution in NCHW, channel by channel, as LLVM IR: every tap a
+vector of outputs' inputs times the broadcast weight, one fused multiply-add a vector.
 
-For a K x K kernel at stride s (1 or 2) the padded image is split into s*s phase planes
-(rows and columns of one parity each at s = 2) whose rows are ``wq`` floats (``row_width``:
-at least OW + kq - 1 from the plane's first data column, ``kq = (K - 1) // s + 1``; a row's
-zeros on the right are the next row's on the left, so the rows are no wider than that).
-Output (oy, ox) is lane ``t = oy*wq + ox`` of the grid, and tap (i, j) reads phase ``(i %
-s)*s + j % s`` at ``t + (i // s)*wq + j // s``: the grid's ``wq - OW`` extra lanes a row
-are computed and dropped (7x7 outputs of a 5x5 kernel: 9/7 of the work), which costs less
-than masking the taps at a plane's edges, where most of a small plane's pixels are.
+**Stride 1** (``body_rows``) reads the input where it lies: a block of ``ROW_BLOCK``
+output rows by a vector of columns keeps one accumulator a row; each input row the block
+reads is loaded once as a run of two vectors, masked to the image's columns (zeros past
+its edges; a row above or below the image reads a row of zeros in the scratch), and its
+K shifts by ``j`` (``valignd`` on AVX-512) serve the K output rows that use that row.
+Nothing is copied and no output is computed twice.
 
-The grid runs in blocks of ``BLOCK_VECTORS`` vectors, then one block of what is left, the
-sums starting from the bias. The taps of one phase row read one run of vectors shifted by
-``j // s``: loaded once, shifted by ``valignd`` (AVX-512; inline assembly, LLVM's
-``vpermt2ps`` is slower on Zen 4), or loaded again unaligned (``loaded_shifts``: the 8-float
-builds, and some shifts on AVX-512 to share the work between the load and shuffle units).
-Each row's OW outputs are then stored with the residual added (``flags`` 1) and clamped to
-``[lo, hi]`` (ReLU, Clip, or +-inf for none; NaN kept), or put through HardSwish or
-HardSigmoid (``FLAG_HARD_*``: MobileNetV3's depthwise convs). The copy stores whole vectors:
-lanes past an image row are zeros (masked loads) and land in the next row's padding or
-data (written after it) or in the zero rows below, inside the plane. Where the image is
-big (``PREFETCH_MIN_FLOATS``: a batch's early layers, streamed from memory) each row's copy
+**Stride 2** (``body``) runs on the output's extended grid: each channel's zero-padded input
+is split into its four phase planes (rows and columns of one parity) in a scratch, whose
+rows are ``wq`` floats (``row_width``: at least OW + kq - 1 from a plane's first data
+column, ``kq = (K - 1) // 2 + 1``; a row's zeros on the right are the next row's on the
+left). Output (oy, ox) is lane ``t = oy*wq + ox`` of the grid, and tap (i, j) reads phase
+``(i % 2)*2 + j % 2`` at ``t + (i // 2)*wq + j // 2``: no masks, the padding is real zeros,
+and the ``wq - OW`` extra lanes a row are computed and dropped. The grid runs in blocks of
+``BLOCK_VECTORS`` vectors, then one block of what is left; the taps of one phase row read
+one run shifted by ``j // 2`` (``valignd``, or unaligned loads: ``loaded_shifts``). Each
+row's OW outputs are then stored (the crop). The copy stores whole vectors: lanes past an
+image row are zeros (masked loads) and land in the next row's padding or data (written
+after it) or in the zero rows below, inside the plane. Where the image is big
+(``PREFETCH_MIN_FLOATS``: a batch's early layers, streamed from memory) each row's copy
 prefetches the next channel's row into L2.
+
+Both store with the residual added (``flags`` 1) and clamped to ``[lo, hi]`` (ReLU, Clip,
+or +-inf for none; NaN kept), or put through HardSwish or HardSigmoid (``FLAG_HARD_*``:
+MobileNetV3's depthwise convs), sums starting from the bias. ``valignd`` is inline
+assembly: LLVM lowers the shuffle to ``vpermt2ps``, slower on Zen 4.
 
 ``tfrt_py_dw_grid(kind, x, w, bias, res, y, xp, xp_len, lo, hi, flags, C, H, W, OH, OW,
 pt, pl) -> status`` computes C channels of one image: ``x`` (C, H, W), ``w`` (C, K*K),
 ``bias`` (C), ``y`` and ``res`` (C, OH, OW) (``res`` unread without flag 1), ``xp`` a
 scratch of ``xp_len`` floats (``scratch_len``), ``pt``/``pl`` the top and left padding,
 ``kind`` an index into ``KINDS``. Outputs read zeros past the image on every side (OH and
-OW set the bottom and right padding); image rows no output reads are not copied. Status
-0; 1 for an unknown kind, a negative size or padding, or both ``FLAG_HARD_*`` (nothing
-written); 2 when
-``xp_len`` is short (nothing written). Built with the vector width of ``gemm_packed``'s
-path (16 floats on AVX-512, 8 on AVX2 and NEON; none on ``portable``), its machine code
-cached per CPU (``llvm_jit.compile_ir_cached``). Stateless; any thread.
+OW set the bottom and right padding). Status 0; 1 for an unknown kind, a negative size
+or padding, or both ``FLAG_HARD_*``; 2 when ``xp_len`` is short (nothing written for
+either). Built with the vector width of ``gemm_packed``'s path (16 floats on AVX-512, 8
+on AVX2 and NEON; none on ``portable``), its machine code cached per CPU
+(``llvm_jit.compile_ir_cached``). Stateless; any thread.
 """
 
 from __future__ import annotations
@@ -48,13 +50,23 @@ from . import gemm_packed
 from .gemm_packed import counted_loop, splat, wide_vectors
 
 __all__ = ["BLOCK_VECTORS", "FLAG_HARD_SIGMOID", "FLAG_HARD_SWISH", "FLAG_RESIDUAL", "KINDS",
-           "SYMBOL", "function", "kind_of", "row_width", "scratch_len", "vector_width"]  # fmt: skip
+           "NARROW_MAX_WIDTH", "SYMBOL", "SYMBOL_NARROW", "function", "kind_of", "narrow_function",
+           "row_width", "scratch_len", "vector_width"]  # fmt: skip
 
 SYMBOL = "tfrt_py_dw_grid"
-#: (K, stride) of each ``kind``. Not 3x3 at stride 1: ``conv_depthwise_same``'s loop and
-#: ``conv_depthwise3`` match or beat the grid there (Zen 4, one thread, µs: 960x7x7 45/44,
-#: 576x14x14 58/62, 32x112x112 146/168), the per-row copy and crop weighing on 9 taps.
-KINDS = ((5, 1), (7, 1), (3, 2), (5, 2))
+#: The same kernel built with 8-float vectors beside the AVX-512 one (``narrow_function``):
+#: stride-1 planes at most ``NARROW_MAX_WIDTH`` wide fill 7 of its 8 lanes where they fill 7
+#: of 16 (Zen 4, one thread, µs, 16 / 8 lanes: 576x7x7 5x5 46 / 32, 1152x7x7 5x5 89 / 62,
+#: 960x7x7 3x3 27 / 25; at 14x14 the 16 lanes win, 576x14x14 3x3 35 / 52).
+SYMBOL_NARROW = "tfrt_py_dw_rows8"
+NARROW_MAX_WIDTH = 8
+#: (K, stride) of each ``kind``: stride 1 straight from the input (``body_rows``), stride
+#: 2 on the extended grid over the phase planes.
+KINDS = ((3, 1), (5, 1), (7, 1), (3, 2), (5, 2))
+#: Output rows a block of the stride-1 kernel (one accumulator each; 7 divides MobileNet's
+#: and EfficientNet's planes, 7x7 to 112x112). Zen 4, one thread, 3x3, µs, blocks of 4 / 7:
+#: 576x14x14 45.7 / 32.5, 960x7x7 38.1 / 27.0, 32x112x112 123.8 / 99.6.
+ROW_BLOCK = 7
 #: ``flags``: 1 adds ``res`` first; then by default the clamp to ``[lo, hi]``, or with 2
 #: HardSwish ``v * clip(lo*v + hi, 0, 1)``, with 4 HardSigmoid ``clip(lo*v + hi, 0, 1)``
 #: (``lo``, ``hi`` their alpha and beta).
@@ -79,24 +91,23 @@ def _up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def row_width(k: int, stride: int, ow: int, w: int, pl: int) -> int:
-    """``wq``: the phase planes' row, as short as their zero columns allow -- a row's
-    zeros on the right are the next row's on the left, so a tap past a row's end reads
-    zeros -- and at least OW + kq - 1 from each plane's first data column."""
-    kq = (k - 1) // stride + 1
-    if stride == 1:
-        le = lo = pl
-        de = do = w
-    else:
-        le, lo, de, do = pl >> 1, (pl + 1) >> 1, (w + 1) >> 1, w >> 1
+def row_width(k: int, ow: int, w: int, pl: int) -> int:
+    """``wq`` at stride 2: the phase planes' row, as short as their zero columns allow -- a
+    row's zeros on the right are the next row's on the left, so a tap past a row's end
+    reads zeros -- and at least OW + kq - 1 from each plane's first data column (the even
+    image columns' plane and the odd ones')."""
+    kq = (k - 1) // 2 + 1
+    le, lo, de, do = pl >> 1, (pl + 1) >> 1, (w + 1) >> 1, w >> 1
     return max(le + de, lo + do, ow + kq - 1 - min(le, lo))
 
 
 def scratch_len(k: int, stride: int, oh: int, ow: int, w: int, pl: int, vw: int) -> int:
-    """The floats of ``xp`` a call needs: s*s phase planes and the extended grid (the
-    kernel computes the same and refuses less)."""
+    """The floats of ``xp`` a call needs (the kernel computes the same and refuses less):
+    at stride 1 a row of zeros, at stride 2 the phase planes and the extended grid."""
+    if stride == 1:
+        return _up(w + 2 * vw, vw)
     kq = (k - 1) // stride + 1
-    wq = row_width(k, stride, ow, w, pl)
+    wq = row_width(k, ow, w, pl)
     lanes = _up(oh * wq, vw)
     lq = _up(lanes + (kq - 1) * (wq + 1) + vw, vw)
     return stride * stride * lq + lanes
@@ -105,9 +116,10 @@ def scratch_len(k: int, stride: int, oh: int, ow: int, w: int, pl: int, vw: int)
 class _GridIR:
     """The module: ``SYMBOL`` switching on ``kind`` to one body per ``KINDS`` entry."""
 
-    def __init__(self, vw: int) -> None:
+    def __init__(self, vw: int, symbol: str = SYMBOL) -> None:
         import llvmlite.ir as ir
 
+        self.symbol = symbol
         self.ir, self.vw = ir, vw
         f32, i64 = ir.FloatType(), ir.IntType(64)
         self.f32, self.i64, self.i32 = f32, i64, ir.IntType(32)
@@ -127,7 +139,7 @@ class _GridIR:
         fp = f32.as_pointer()
         self.fn = ir.Function(self.mod, ir.FunctionType(i64, [i64, fp, fp, fp, fp, fp, fp, i64,
                               f32, f32, i64, i64, i64, i64, i64, i64, i64, i64]),
-                              name=SYMBOL)  # fmt: skip
+                              name=symbol)  # fmt: skip
         (self.kind, self.x, self.w, self.bias, self.res, self.y, self.xp, self.xp_len, self.lo,
          self.hi, self.flags, self.chans, self.h, self.wd, self.oh, self.ow, self.pt,
          self.pl) = self.fn.args  # fmt: skip
@@ -157,9 +169,136 @@ class _GridIR:
             block = self.fn.append_basic_block(f"k{k}s{s}")
             sw.add_case(self.c(n), block)
             b.position_at_end(block)
-            self.body(k, s)
+            if s == 1:
+                self.body_rows(k)
+            else:
+                self.body(k)
         text = str(self.mod)
-        return wide_vectors(text, [SYMBOL]) if self.vw == 16 else text
+        return wide_vectors(text, [self.symbol]) if self.vw == 16 else text
+
+    def body_rows(self, k: int) -> None:
+        """A stride-1 kind straight from ``x`` (no copy, no crop): blocks of ``ROW_BLOCK``
+        output rows by a vector of columns, each input row the block reads loaded once as a
+        run of two vectors masked to the image's columns (a row above or below the image
+        reads a row of zeros in ``xp``), its K shifts shared by the K output rows that use
+        it; one accumulator a row. ``xp`` needs W + 2 vectors (the zeros)."""
+        b, c, vw = self.b, self.c, self.vw
+        self.checks()
+        need = self.up(b.add(self.wd, c(2 * vw)))
+        bad, good = self.fn.append_basic_block(), self.fn.append_basic_block()
+        b.cbranch(b.icmp_signed(">", need, self.xp_len), bad, good)
+        b.position_at_end(bad)
+        b.ret(c(2))
+        b.position_at_end(good)
+        hard = b.and_(self.flags, c(FLAG_HARD_SWISH | FLAG_HARD_SIGMOID))
+        mode = b.add(b.mul(b.and_(self.flags, c(FLAG_RESIDUAL)), c(8)), hard)
+        plane_in, plane_out = b.mul(self.h, self.wd), b.mul(self.oh, self.ow)
+        zero = self.ir.Constant(self.v, [0.0] * vw)
+        done = self.fn.append_basic_block()
+        sw = b.switch(mode, done)
+        for residual in (False, True):
+            for code in (0, FLAG_HARD_SWISH, FLAG_HARD_SIGMOID):
+                case = self.fn.append_basic_block()
+                sw.add_case(c(8 * residual + code), case)
+                b.position_at_end(case)
+                self.rows_direct(k, residual, code, plane_in, plane_out, zero)
+                b.branch(done)
+        b.position_at_end(done)
+        b.ret(c(0))
+
+    def rows_direct(self, k: int, residual: bool, code: int, plane_in: Any, plane_out: Any,
+                    zero: Any) -> None:  # fmt: skip
+        """``body_rows``' loops for one epilogue: + ``res`` or not, and the activation."""
+        b, c, vw = self.b, self.c, self.vw
+        neg = self.ir.Constant(self.v, [-0.0] * vw)
+        # rows above and below the image read a row of zeros (only its columns inside the
+        # image are read: the loads are masked to them)
+        counted_loop(b, c(0), b.add(self.wd, c(2 * vw)), vw,
+                     lambda i: b.store(zero, self.at(self.xp, i), align=4),
+                     whole=False)  # fmt: skip
+        zrow = b.gep(self.xp, [c(2 * vw)])
+
+        def channel(ch: Any) -> None:
+            xb = b.gep(self.x, [b.mul(ch, plane_in)])
+            yb = b.gep(self.y, [b.mul(ch, plane_out)])
+            rb = b.gep(self.res, [b.mul(ch, plane_out)])
+            wrow = b.gep(self.w, [b.mul(ch, c(k * k))])
+            bias = splat(b, b.load(b.gep(self.bias, [ch])), vw)
+
+            rr_n = ROW_BLOCK
+
+            def rows(oy0: Any) -> None:
+                def piece(c0: Any) -> None:
+                    acc = [bias] * rr_n
+                    col0 = b.sub(c0, self.pl)
+                    masks = []
+                    for q in range(2):
+                        base = b.add(col0, c(q * vw))
+                        inside = b.and_(self.below(b.sub(self.wd, base)),
+                                        b.not_(self.below(b.sub(c(0), base))))  # fmt: skip
+                        masks.append(inside)
+                    for u in range(rr_n + k - 1):  # the input rows of the block's outputs
+                        r = b.add(b.sub(oy0, self.pt), c(u))
+                        valid = b.icmp_unsigned("<", r, self.h)  # 0 <= r < H
+                        row_at = b.gep(xb, [b.mul(r, self.wd)])
+                        src = b.gep(b.select(valid, row_at, zrow), [col0])
+                        run = [b.call(self.mload, [self.at(src, c(q * vw)), self.align,
+                                                   masks[q], zero])
+                               for q in range(2 if k > 1 else 1)]  # fmt: skip
+                        shifted = [run[0]] + [self.shift(run[0], run[1], j) for j in range(1, k)]
+                        for rr in range(rr_n):
+                            i = u - rr
+                            if not 0 <= i < k:
+                                continue
+                            for j in range(k):
+                                wv = splat(b, b.load(b.gep(wrow, [c(i * k + j)])), vw)
+                                acc[rr] = b.call(self.fma, [shifted[j], wv, acc[rr]])
+                    m = self.below(b.sub(self.ow, c0))
+                    for rr in range(rr_n):
+                        oy = b.add(oy0, c(rr))
+                        mr = b.and_(m, splat(b, b.icmp_signed("<", oy, self.oh), vw))
+                        at = b.add(b.mul(oy, self.ow), c0)
+                        v = acc[rr]
+                        if residual:
+                            v = b.fadd(v, b.call(self.mload, [self.at(rb, at), self.align, mr,
+                                                              neg]))  # fmt: skip
+                        b.call(self.mstore, [self.activate(v, code), self.at(yb, at), self.align,
+                                             mr])  # fmt: skip
+
+                counted_loop(b, c(0), self.ow, vw, piece, whole=False)
+
+            counted_loop(b, c(0), self.oh, rr_n, rows, whole=False)
+
+        counted_loop(b, c(0), self.chans, 1, channel)
+
+    def activate(self, v: Any, code: int) -> Any:
+        b, vw = self.b, self.vw
+        lo, hi = splat(b, self.lo, vw), splat(b, self.hi, vw)
+        zero = self.ir.Constant(self.v, [0.0] * vw)
+        one = self.ir.Constant(self.v, [1.0] * vw)
+
+        def clamp(v: Any, low: Any, high: Any) -> Any:  # NaN kept
+            v = b.select(b.fcmp_ordered("<", v, low), low, v)
+            return b.select(b.fcmp_ordered(">", v, high), high, v)
+
+        if code == 0:
+            return clamp(v, lo, hi)
+        t = clamp(b.call(self.fma, [v, lo, hi]), zero, one)
+        return b.fmul(v, t) if code == FLAG_HARD_SWISH else t
+
+    def checks(self) -> None:
+        """Status 1 for a negative size or padding, or both hard activations."""
+        b, c = self.b, self.c
+        negative = c(0)
+        for v in (self.chans, self.h, self.wd, self.oh, self.ow, self.pt, self.pl):
+            negative = b.or_(negative, v)
+        both = c(FLAG_HARD_SWISH | FLAG_HARD_SIGMOID)
+        hard_both = b.icmp_unsigned("==", b.and_(self.flags, both), both)
+        refused, ok = self.fn.append_basic_block(), self.fn.append_basic_block()
+        b.cbranch(b.or_(b.icmp_signed("<", negative, c(0)), hard_both), refused, ok)
+        b.position_at_end(refused)
+        b.ret(c(1))
+        b.position_at_end(ok)
 
     # -- pieces ---------------------------------------------------------------------------
 
@@ -179,33 +318,17 @@ class _GridIR:
     def max(self, a: Any, z: Any) -> Any:
         return self.b.select(self.b.icmp_signed(">", a, z), a, z)
 
-    def body(self, k: int, s: int) -> None:
-        """One kind: the arguments' checks, the geometry, the scratch zeroed, then channel
-        by channel its copy, grid and crop."""
+    def body(self, k: int) -> None:
+        """A stride-2 kind: the arguments' checks, the geometry, the scratch zeroed, then
+        channel by channel its copy into the phase planes, grid and crop."""
         b, c, vw = self.b, self.c, self.vw
-        negative = c(0)
-        for v in (self.chans, self.h, self.wd, self.oh, self.ow, self.pt, self.pl):
-            negative = b.or_(negative, v)
-        both = c(FLAG_HARD_SWISH | FLAG_HARD_SIGMOID)
-        hard_both = b.icmp_unsigned("==", b.and_(self.flags, both), both)
-        refused, ok = self.fn.append_basic_block(), self.fn.append_basic_block()
-        b.cbranch(b.or_(b.icmp_signed("<", negative, c(0)), hard_both), refused, ok)
-        b.position_at_end(refused)
-        b.ret(c(1))
-        b.position_at_end(ok)
+        s = 2
+        self.checks()
         kq = (k - 1) // s + 1
         # a phase's first data column and its data columns: the even image columns' phase
-        # and the odd ones' at s = 2 (the same at s = 1)
-        le, lo_ = (
-            (self.pl, self.pl)
-            if s == 1
-            else (b.ashr(self.pl, c(1)), b.ashr(b.add(self.pl, c(1)), c(1)))
-        )
-        de, do = (
-            (self.wd, self.wd)
-            if s == 1
-            else (b.ashr(b.add(self.wd, c(1)), c(1)), b.ashr(self.wd, c(1)))
-        )
+        # and the odd ones'
+        le, lo_ = b.ashr(self.pl, c(1)), b.ashr(b.add(self.pl, c(1)), c(1))
+        de, do = b.ashr(b.add(self.wd, c(1)), c(1)), b.ashr(self.wd, c(1))
         wq = self.max(self.max(b.add(le, de), b.add(lo_, do)),
                       b.sub(b.add(self.ow, c(kq - 1)), self.min(le, lo_)))  # fmt: skip
         lanes = self.up(b.mul(self.oh, wq))
@@ -225,7 +348,7 @@ class _GridIR:
         big = b.icmp_signed(">=", b.mul(plane_in, self.chans), c(PREFETCH_MIN_FLOATS))
         geo = _Geometry(wq, lq, lanes, b.gep(self.xp, [planes]), nrows, plane_in,
                         b.mul(self.oh, self.ow), big)  # fmt: skip
-        copy = self.copy_s1(geo) if s == 1 else self.copy_s2(geo)
+        copy = self.copy_s2(geo)
         crop = self.crop(geo)
 
         def channel(ch: Any) -> None:
@@ -257,30 +380,6 @@ class _GridIR:
 
         with b.if_then(geo.prefetch):
             counted_loop(b, c(0), self.wd, 16, line, whole=False)
-
-    def copy_s1(self, geo: _Geometry) -> Any:
-        """Channel ``ch``'s image rows into the padded plane (row ``h + pt``, from column
-        ``pl``; columns past the plane's row dropped)."""
-        b, c = self.b, self.c
-        full = b.mul(b.sdiv(self.wd, c(self.vw)), c(self.vw))
-        mask = self.below(b.sub(self.wd, full))
-        zero = self.ir.Constant(self.v, [0.0] * self.vw)
-
-        def channel(ch: Any) -> None:
-            src0 = b.gep(self.x, [b.mul(ch, geo.plane_in)])
-
-            def row(h: Any) -> None:
-                src = b.gep(src0, [b.mul(h, self.wd)])
-                dst = b.gep(self.xp, [b.add(b.mul(b.add(h, self.pt), geo.wq), self.pl)])
-                self.prefetch_next(src, geo)
-                counted_loop(b, c(0), full, self.vw, lambda c0: b.store(
-                    b.load(self.at(src, c0), align=4), self.at(dst, c0), align=4))  # fmt: skip
-                v = b.call(self.mload, [self.at(src, full), self.align, mask, zero])
-                b.store(v, self.at(dst, full), align=4)  # zeros past the row: see the doc
-
-            counted_loop(b, c(0), geo.nrows, 1, row)
-
-        return channel
 
     def copy_s2(self, geo: _Geometry) -> Any:
         """Channel ``ch``'s image into its four phase planes: each image row's even and odd
@@ -386,18 +485,19 @@ class _GridIR:
         b.position_at_end(done)
 
     def loaded_shifts(self, kq: int) -> tuple[int, ...]:
-        """The shifts of a run read by their own (unaligned) loads rather than shuffled
-        out of the run's vectors: every shift on 8-float builds (a cross-lane shift of a
-        256-bit pair is two shuffles); on AVX-512 the even shifts from 2 of 5 or more (the
-        loads and the shuffles then share the work: Zen 4, 576x7x7 5x5, the sums alone
-        30 -> 25 µs), none below."""
-        if self.vw != 16:
-            return tuple(range(1, kq))
-        return tuple(range(2, kq, 2)) if kq >= 5 else ()
+        """The grid's shifts of a run read by their own (unaligned) loads rather than
+        shuffled out of the run's vectors: every shift on 8-float builds (a cross-lane
+        shift of a 256-bit pair is two shuffles), none on AVX-512 (``valignd``)."""
+        return tuple(range(1, kq)) if self.vw != 16 else ()
 
     def shift(self, lo: Any, hi: Any, sh: int) -> Any:
-        """Lanes ``sh .. sh + 15`` of the two-vector run ``lo, hi``: AVX-512's ``valignd``
-        (LLVM lowers the shuffle to ``vpermt2ps``, slower on Zen 4: 36 -> 30 µs above)."""
+        """Lanes ``sh .. sh + vw - 1`` of the two-vector run ``lo, hi``: AVX-512's
+        ``valignd`` (LLVM lowers the shuffle to ``vpermt2ps``, slower on Zen 4: the grid's
+        sums 36 -> 30 µs at 576x7x7 5x5), else the shuffle."""
+        if self.vw != 16:
+            mask = self.ir.Constant(self.ir.VectorType(self.i32, self.vw),
+                                    [sh + i for i in range(self.vw)])  # fmt: skip
+            return self.b.shuffle_vector(lo, hi, mask)
         ft = self.ir.FunctionType(self.v, [self.v, self.v])
         return self.b.asm(ft, f"valignd $${sh}, $1, $2, $0", "=v,v,v", [lo, hi], False)
 
@@ -488,29 +588,42 @@ def vector_width() -> int:
     return 0 if shape is None else shape.vw
 
 
-def _decide() -> Any:
-    """The ExternalFunction over the registered symbol, or None (no vector path, or the
-    build failed: callers keep their numba kernels)."""
+def _build(vw: int, symbol: str) -> Any:
+    """The ExternalFunction over ``symbol`` built with ``vw``-float vectors and registered
+    (its machine code cached); raises where llvmlite cannot build it."""
+    from numba import types
+
+    engine, _cached = compile_ir_cached(lambda: _GridIR(vw, symbol).text(),
+                                        f"dw_grid|{vw}|{symbol}", IR_SOURCES, opt=3)  # fmt: skip
+    add_symbol(symbol, engine.get_function_address(symbol))
+    _ENGINES.append(engine)
+    p, n, f = types.uintp, types.int64, types.float32
+    return types.ExternalFunction(symbol, n(n, p, p, p, p, p, p, n, f, f, n, n, n, n, n, n, n, n))
+
+
+def _decide() -> tuple[Any, Any] | None:
+    """(the kernel, its narrow build or None), or None (no vector path, or the build
+    failed: callers keep their numba kernels)."""
     vw = vector_width()
     if not vw:
         return None
     try:
-        from numba import types
-
-        engine, _cached = compile_ir_cached(lambda: _GridIR(vw).text(), f"dw_grid|{vw}|{SYMBOL}",
-                                            IR_SOURCES, opt=3)  # fmt: skip
-        add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
-        _ENGINES.append(engine)
+        return _build(vw, SYMBOL), _build(8, SYMBOL_NARROW) if vw == 16 else None
     except Exception:  # noqa: BLE001 - no llvmlite JIT here: the callers keep their kernels
         return None
-    p, n, f = types.uintp, types.int64, types.float32
-    return types.ExternalFunction(SYMBOL, n(n, p, p, p, p, p, p, n, f, f, n, n, n, n, n, n, n, n))
 
 
-_FUNCTION: Once[Any] = Once(_decide)
+_FUNCTION: Once[tuple[Any, Any] | None] = Once(_decide)
 
 
 def function() -> Any:
     """The kernel as a numba ``ExternalFunction`` (addresses as uintp), or None where there
     is no vector path or the build failed. Builds it once per process; thread-safe."""
-    return _FUNCTION.get() if gemm_packed.available() else None
+    got = _FUNCTION.get() if gemm_packed.available() else None
+    return None if got is None else got[0]
+
+
+def narrow_function() -> Any:
+    """The 8-float build beside a 16-float ``function()`` (``SYMBOL_NARROW``), else None."""
+    got = _FUNCTION.get() if gemm_packed.available() else None
+    return None if got is None else got[1]

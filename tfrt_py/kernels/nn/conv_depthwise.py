@@ -5,10 +5,13 @@ threads.
 The compiled loop itself (``_depthwise2d``, polyphase on an extended grid, epilogue
 included) lives in ``conv_direct`` beside the other loops that call ``_act_row`` (numba's
 disk cache keys a function by its own file); its table, ``conv_common.depthwise_plan``.
-3x3 convs with one pixel of padding at stride 1 on big planes read the input directly
-instead (``conv_depthwise3``), and 3x3 (on planes up to ``SAME_3X3_MAX_PIXELS``), 5x5 and 7x7 ones
-with "same" padding at stride 1, and 3x3 and 5x5 ones at stride 2, keep every output's
-taps in a register (``conv_depthwise_same``).
+Float32 depthwise convs with "same" padding (3x3, 5x5, 7x7 at stride 1; 3x3, 5x5 at
+stride 2) take ``conv_depthwise_grid``'s LLVM IR kernel first, where it is built
+(``grid_kind``). Otherwise (float64, a channel multiplier, no vector kernel) 3x3 convs
+with one pixel of padding at stride 1 on big planes read the input directly
+(``conv_depthwise3``), and 3x3 (on planes up to ``SAME_3X3_MAX_PIXELS``), 5x5 and 7x7
+ones with "same" padding at stride 1, and 3x3 and 5x5 ones at stride 2, keep every
+output's taps in a register (``conv_depthwise_same``).
 
 ``depthwise_conv_fn`` is to ``conv`` what ``conv_blocked_fn.blocked_conv_fn`` is: ``fn(x, b,
 r, out)`` or None. Thread-safe: plans are immutable; state is per-thread scratch.
@@ -114,7 +117,7 @@ def plan_depthwise(
     kind = grid_kind(x_shape, w_shape, strides, pads, dilations, dtype)
     if kind >= 0:  # the extended grid's vector kernel
         direct = conv_depthwise_grid.GRID, conv_depthwise_grid.GRID_PAR
-        tab = conv_depthwise_grid.table(kind, w_shape[2])
+        tab = conv_depthwise_grid.table(kind, w_shape[2], out_shape)
         xp_len = conv_depthwise_grid.scratch_len(kind, x_shape, out_shape)
     elif k_same and (k_same > 3 or x_shape[2] * x_shape[3] <= SAME_3X3_MAX_PIXELS):
         direct = conv_depthwise_same.kernels(k_same)  # every tap in a register

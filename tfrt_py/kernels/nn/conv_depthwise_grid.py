@@ -1,20 +1,21 @@
-"""Float32 depthwise convs with "same" padding (5x5 and 7x7 at stride 1, 3x3 and 5x5 at
-stride 2) on ``depthwise_ir``'s extended-grid kernel: the numba side that runs it over
-a plan's images and channel blocks, serially or in a ``prange`` loop on native threads.
+"""Float32 depthwise convs with "same" padding (3x3, 5x5 and 7x7 at stride 1, 3x3 and 5x5
+at stride 2) on ``depthwise_ir``'s kernel: the numba side that runs it over a plan's
+images and channel blocks, serially or in a ``prange`` loop on native threads.
 
-Per channel the kernel copies the padded image (split into phase planes at stride 2) into
-a scratch, sums every tap as a vector load (or a shift of one) times the broadcast weight
-over the output grid, and stores each output row with the residual and ReLU, Clip,
-HardSwish or HardSigmoid; other activations run here over each plane afterwards
-(``_act_row``, while it is in cache). One Zen 4 thread, AVX-512, µs, against
-``conv_depthwise_same``'s numba loops (onnxruntime's NCHWc kernels in a model beside):
-576x7x7 5x5 66 -> 39 (26), 288x14x14 5x5/2 80 -> 28 (17), 576x14x14 3x3/2 72 -> 35 (18),
-72x56x56 3x3/2 55 -> 35 (21), 96x28x28 5x5/2 52 -> 20 (18).
-``conv_depthwise.plan_depthwise`` takes it where ``fits`` says so; same signatures as
-``conv_depthwise_same``'s kernels, with ``tab`` = ``table(...)`` (kind, top and left
-padding) and ``xp`` one thread's scratch of ``scratch_len(...)`` floats.
-Sums run in another order than im2col + GEMM: results differ by rounding only.
-Thread-safe: no state.
+At stride 1 the kernel reads each channel where it lies, blocks of output rows at once;
+at stride 2 it copies the channel's phase planes into a scratch and sums the output's
+extended grid. Both store with the residual and ReLU, Clip, HardSwish or HardSigmoid;
+other activations run here over each plane afterwards (``_act_row``, while it is in
+cache). One Zen 4 thread, AVX-512, µs, single-node models, against the numba loops
+(``conv_depthwise_same``, ``conv_depthwise3``): 3x3 576x14x14 58 -> 35, 960x7x7 45 -> 27,
+32x112x112 146 -> 104; 5x5 576x7x7 53 -> 47, 672x14x14 160 -> 104; 5x5/2 288x14x14 67 ->
+30, 3x3/2 576x14x14 70 -> 48. Stride-1 planes up to 8 wide take the kernel's 8-float
+build where the main one is 16 wide (``depthwise_ir.narrow_function``).
+``conv_depthwise.plan_depthwise`` takes it where ``fits`` says so (first choice); same
+signatures as ``conv_depthwise_same``'s kernels, with ``tab`` = ``table(...)`` (kind, top
+and left padding, 1 for the narrow build) and ``xp`` one thread's scratch of
+``scratch_len(...)`` floats. Sums run in another order than im2col + GEMM: results differ
+by rounding only. Thread-safe: no state.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ __all__ = ["GRID", "GRID_PAR", "fits", "scratch_len", "table"]
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop compiles.
 numba: Any = None
-#: the kernel's ExternalFunction, set by ``_prepare`` before the loops compile
+#: the kernel's ExternalFunctions (its narrow build, else the kernel again), set by
+#: ``_prepare`` before the loops compile
 _dw_grid: Any = None
+_dw_narrow: Any = None
 
 
 def fits(
@@ -57,15 +60,23 @@ def fits(
     return depthwise_ir.kind_of(k, int(strides[0]))
 
 
-def table(kind: int, k: int) -> np.ndarray:
-    """``tab``: (kind, top padding, left padding) as int64."""
-    return np.array([kind, k // 2, k // 2], np.int64)
+def _narrow(kind: int, out_shape: tuple[int, ...]) -> bool:
+    """Whether the 8-float build serves this conv: stride 1, output rows of at most
+    ``depthwise_ir.NARROW_MAX_WIDTH``, where it is built."""
+    s = depthwise_ir.KINDS[kind][1]
+    return (s == 1 and out_shape[3] <= depthwise_ir.NARROW_MAX_WIDTH
+            and depthwise_ir.narrow_function() is not None)  # fmt: skip
+
+
+def table(kind: int, k: int, out_shape: tuple[int, ...]) -> np.ndarray:
+    """``tab``: (kind, top padding, left padding, 1 for the narrow build) as int64."""
+    return np.array([kind, k // 2, k // 2, int(_narrow(kind, out_shape))], np.int64)
 
 
 def scratch_len(kind: int, x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> int:
     """One thread's scratch in floats for a conv of ``kind`` on these shapes."""
     k, s = depthwise_ir.KINDS[kind]
-    vw = depthwise_ir.vector_width()
+    vw = 8 if _narrow(kind, out_shape) else depthwise_ir.vector_width()
     return depthwise_ir.scratch_len(k, s, out_shape[2], out_shape[3], x_shape[3], k // 2, vw)
 
 
@@ -105,10 +116,15 @@ def _grid_block(  # pragma: no cover - numba only
         at_x = np.uint64((n * c_in + g0) * h * wd) * four
         at_y = np.uint64((n * c_in + g0) * oh * ow) * four
         r = res.ctypes.data + at_y if has_res else out.ctypes.data + at_y
-        _dw_grid(tab[0], x.ctypes.data + at_x, w.ctypes.data + np.uint64(g0 * kk) * four,
-                 b.ctypes.data + np.uint64(g0) * four, r, out.ctypes.data + at_y,
-                 xp.ctypes.data, xp.shape[0], lo, hi, flags, g1 - g0, h, wd, oh, ow, tab[1],
-                 tab[2])  # fmt: skip
+        at_w, at_b = w.ctypes.data + np.uint64(g0 * kk) * four, b.ctypes.data + np.uint64(g0) * four
+        if tab[3]:
+            _dw_narrow(tab[0], x.ctypes.data + at_x, at_w, at_b, r, out.ctypes.data + at_y,
+                       xp.ctypes.data, xp.shape[0], lo, hi, flags, g1 - g0, h, wd, oh, ow,
+                       tab[1], tab[2])  # fmt: skip
+        else:
+            _dw_grid(tab[0], x.ctypes.data + at_x, at_w, at_b, r, out.ctypes.data + at_y,
+                     xp.ctypes.data, xp.shape[0], lo, hi, flags, g1 - g0, h, wd, oh, ow, tab[1],
+                     tab[2])  # fmt: skip
         if after:
             ya = out[n].reshape(c_in * oh * ow)
             for g in range(g0, g1):
@@ -143,7 +159,7 @@ def _operands() -> tuple[Any, ...]:
         b,
         np.zeros((0, 0, 0, 0), t),
         out,
-        table(kind, 3),
+        table(kind, 3, out.shape),
         scratch_len(kind, x.shape, out.shape),
     )
 
@@ -167,6 +183,7 @@ def _prepare(module_globals: dict[str, Any]) -> bool:
     if fn is None:
         return False
     module_globals["_dw_grid"] = fn
+    module_globals["_dw_narrow"] = depthwise_ir.narrow_function() or fn
     return True
 
 
