@@ -190,10 +190,19 @@ class _GridIR:
         b.position_at_end(bad)
         b.ret(c(2))
         b.position_at_end(good)
-        hard = b.and_(self.flags, c(FLAG_HARD_SWISH | FLAG_HARD_SIGMOID))
-        mode = b.add(b.mul(b.and_(self.flags, c(FLAG_RESIDUAL)), c(8)), hard)
         plane_in, plane_out = b.mul(self.h, self.wd), b.mul(self.oh, self.ow)
         zero = self.ir.Constant(self.v, [0.0] * vw)
+        self.each_epilogue(lambda residual, code: self.rows_direct(k, residual, code, plane_in,
+                                                                   plane_out, zero))  # fmt: skip
+        b.ret(c(0))
+
+    def each_epilogue(self, emit: Any) -> None:
+        """``emit(residual, code)`` once for each epilogue ``flags`` can ask for (+ ``res``
+        or not; the clamp, HardSwish or HardSigmoid), a switch on ``flags`` choosing one
+        per call: the loops carry no test of the flags."""
+        b, c = self.b, self.c
+        hard = b.and_(self.flags, c(FLAG_HARD_SWISH | FLAG_HARD_SIGMOID))
+        mode = b.add(b.mul(b.and_(self.flags, c(FLAG_RESIDUAL)), c(8)), hard)
         done = self.fn.append_basic_block()
         sw = b.switch(mode, done)
         for residual in (False, True):
@@ -201,10 +210,9 @@ class _GridIR:
                 case = self.fn.append_basic_block()
                 sw.add_case(c(8 * residual + code), case)
                 b.position_at_end(case)
-                self.rows_direct(k, residual, code, plane_in, plane_out, zero)
+                emit(residual, code)
                 b.branch(done)
         b.position_at_end(done)
-        b.ret(c(0))
 
     def rows_direct(self, k: int, residual: bool, code: int, plane_in: Any, plane_out: Any,
                     zero: Any) -> None:  # fmt: skip
@@ -272,6 +280,8 @@ class _GridIR:
         counted_loop(b, c(0), self.chans, 1, channel)
 
     def activate(self, v: Any, code: int) -> Any:
+        """``v`` clamped to ``[lo, hi]`` (code 0; NaN kept), or HardSwish/HardSigmoid with
+        ``lo``, ``hi`` their alpha and beta."""
         b, vw = self.b, self.vw
         lo, hi = splat(b, self.lo, vw), splat(b, self.hi, vw)
         zero = self.ir.Constant(self.v, [0.0] * vw)
@@ -507,23 +517,9 @@ class _GridIR:
         load of ``res`` that reads nothing would still wait for the stores before it."""
         b, c, vw = self.b, self.c, self.vw
         neg = self.ir.Constant(self.v, [-0.0] * vw)
-        lo, hi = splat(b, self.lo, vw), splat(b, self.hi, vw)
-        zero = self.ir.Constant(self.v, [0.0] * vw)
-        one = self.ir.Constant(self.v, [1.0] * vw)
         full = b.mul(b.sdiv(self.ow, c(vw)), c(vw))
         mask = self.below(b.sub(self.ow, full))
-        hard = b.and_(self.flags, c(FLAG_HARD_SWISH | FLAG_HARD_SIGMOID))
-        mode = b.add(b.mul(b.and_(self.flags, c(FLAG_RESIDUAL)), c(8)), hard)
-
-        def clamp(v: Any, low: Any, high: Any) -> Any:  # NaN kept
-            v = b.select(b.fcmp_ordered("<", v, low), low, v)
-            return b.select(b.fcmp_ordered(">", v, high), high, v)
-
-        def act(v: Any, code: int) -> Any:
-            if code == 0:
-                return clamp(v, lo, hi)
-            t = clamp(b.call(self.fma, [v, lo, hi]), zero, one)
-            return b.fmul(v, t) if code == FLAG_HARD_SWISH else t
+        act = self.activate
 
         def channel(ch: Any) -> None:
             yb = b.gep(self.y, [b.mul(ch, geo.plane_out)])
@@ -551,16 +547,7 @@ class _GridIR:
 
                 counted_loop(b, c(0), self.oh, 1, row)
 
-            done = self.fn.append_basic_block()
-            sw = b.switch(mode, done)
-            for residual in (False, True):
-                for code in (0, FLAG_HARD_SWISH, FLAG_HARD_SIGMOID):
-                    case = self.fn.append_basic_block()
-                    sw.add_case(c(8 * residual + code), case)
-                    b.position_at_end(case)
-                    rows(residual, code)
-                    b.branch(done)
-            b.position_at_end(done)
+            self.each_epilogue(rows)
 
         return channel
 
