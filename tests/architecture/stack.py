@@ -124,8 +124,10 @@ LINE_BUDGET: dict[str, int] = {
     # on it (nn/conv_packed.pointwise_pays), a chunk's buffers bounded; 12-05 (56th): the
     # depthwise conv as an LLVM IR kernel, stride 1 from the input in blocks of rows, stride
     # 2 on the extended grid, an 8-float build for narrow planes (lib/depthwise_ir.py,
-    # nn/conv_depthwise_grid.py: issue 35, the mobile family's depthwise convs)
-    "kernels": 33780,
+    # nn/conv_depthwise_grid.py: issue 35, the mobile family's depthwise convs); 12-05
+    # (57th): gemm_cols' row prefetches, the packed products' four-step k loop with its
+    # remainder loop (lib/gemm_cols.py, lib/gemm_packed.py: issue 35 on Intel AVX-512)
+    "kernels": 33840,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,

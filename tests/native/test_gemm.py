@@ -67,7 +67,9 @@ def _ptr(a: np.ndarray, off: int) -> int:
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 7, 8, 9, 13, 37])
-@pytest.mark.parametrize(("k", "n"), [(1, 32), (3, 64), (128, 96), (1024, 160), (2049, 64)])
+@pytest.mark.parametrize(
+    ("k", "n"), [(1, 32), (3, 64), (6, 32), (128, 96), (1024, 160), (2049, 64)]
+)
 @pytest.mark.parametrize("flags", [0, 1, 2, 3], ids=["plain", "bias", "relu", "bias-relu"])
 def test_every_path_matches_numpy(
     path_kernel: tuple[str, Any], m: int, k: int, n: int, flags: int

@@ -9,7 +9,7 @@ packed by ``pack`` into N/nr panels of K x nr floats (each panel's rows contiguo
 OpenBLAS packs W again on every call, and for a transformer's products at batch 1 (16 x
 128 @ 128 x 512) that copy is a third of the call. The micro-tile is mr rows x nr columns
 (``TileShape``): per k two vector loads of the panel, mr broadcasts of x, 2 * mr fused
-multiply-adds into as many vector accumulators, two k steps an iteration. The whole tiles
+multiply-adds into as many vector accumulators, four k steps an iteration. The whole tiles
 walk W in blocks of panels of about ``PANEL_BLOCK_BYTES`` (in L2), within a block tile by
 tile (a tile's rows of x stay in L1) and panel by panel; then the rows left, in tiles of
 several panels. Each output is the same chain of fused multiply-adds in any order of the
@@ -247,8 +247,12 @@ class _PackedGemmIR:
         self.none = ir.Constant(ir.VectorType(ir.IntType(1), self.vw), [0] * self.vw)
         return b
 
-    #: steps of k per iteration of a tile's loop (then one more where K is odd)
-    UNROLL = 2
+    #: steps of k an iteration of a tile's loop (then the rest one at a time). Four against
+    #: two, one process, interleaved (2-core Intel Xeon with AVX-512, 2026-12-05, one
+    #: thread, GFLOP/s): ViT-Tiny's 197x192 @ 192x576 200 -> 211, BERT's 128x256 @ 256x1024
+    #: 214 -> 227, 512x512 @ 512x512 189 -> 201; ResNet-18's 3x3 convs on gemm_indirect
+    #: 190-201 -> 204-216 (512x7x7 143 -> 149); with AVX2's tile forced 118 -> 119-124.
+    UNROLL = 4
 
     def c(self, v: int) -> Any:
         return self.ir.Constant(self.i64, v)
@@ -316,18 +320,18 @@ class _PackedGemmIR:
         counted_loop(self.b, start, end, step, body, whole=whole)
 
     def tile(self, p: Any, m0: Any, rows: int, npan: int) -> None:
-        """Rows m0..m0+rows of panels p..p+npan: a k loop over 2*rows*npan accumulators, two
-        steps of k an iteration (then the odd one), then the epilogue and the stores."""
+        """Rows m0..m0+rows of panels p..p+npan: a k loop over 2*rows*npan accumulators
+        (``k_loop``), then the epilogue and the stores."""
         out = self.k_loop(p, m0, rows, npan, [self.zero] * (2 * rows * npan))
         self.epilogue(p, m0, rows, npan, out)
 
     def k_loop(self, p: Any, m0: Any, rows: int, npan: int, start: list[Any]) -> list[Any]:
         """The k loop of a tile from the accumulators' values ``start`` (at the builder's
-        block); ``UNROLL`` steps an iteration, then the odd one. Returns their values
-        after it, at the builder's (new) block."""
+        block); ``UNROLL`` steps an iteration, then the 0..UNROLL-1 steps left one at a
+        time. Returns their values after it, at the builder's (new) block."""
         b, c = self.b, self.c
         pre = b.block
-        head, body, odd_head, odd, done = (self.fn.append_basic_block() for _ in range(5))
+        head, body, rest_head, rest, done = (self.fn.append_basic_block() for _ in range(5))
         b.branch(head)
         b.position_at_end(head)
         k = b.phi(self.i64)
@@ -338,7 +342,7 @@ class _PackedGemmIR:
             a.add_incoming(v0, pre)
             acc.append(a)
         u = self.UNROLL
-        b.cbranch(b.icmp_signed("<=", b.add(k, c(u)), self.k_len), body, odd_head)
+        b.cbranch(b.icmp_signed("<=", b.add(k, c(u)), self.k_len), body, rest_head)
         b.position_at_end(body)
         new = self.k_step(p, m0, rows, npan, k, acc)
         for step in range(1, u):
@@ -347,19 +351,23 @@ class _PackedGemmIR:
         for a, v in zip(acc, new, strict=True):
             a.add_incoming(v, b.block)
         b.branch(head)
-        # the odd k left (K odd): one more step
-        b.position_at_end(odd_head)
-        b.cbranch(b.icmp_signed("<", k, self.k_len), odd, done)
-        b.position_at_end(odd)
-        last = self.k_step(p, m0, rows, npan, k, acc)
-        b.branch(done)
-        b.position_at_end(done)
+        # the k left (K not a multiple of UNROLL): one step an iteration
+        b.position_at_end(rest_head)
+        k1 = b.phi(self.i64)
+        k1.add_incoming(k, head)
         out = []
-        for a, v in zip(acc, last, strict=True):
+        for a in acc:
             phi = b.phi(self.v8)
-            phi.add_incoming(a, odd_head)
-            phi.add_incoming(v, odd)
+            phi.add_incoming(a, head)
             out.append(phi)
+        b.cbranch(b.icmp_signed("<", k1, self.k_len), rest, done)
+        b.position_at_end(rest)
+        last = self.k_step(p, m0, rows, npan, k1, out)
+        k1.add_incoming(b.add(k1, c(1)), b.block)
+        for phi, v in zip(out, last, strict=True):
+            phi.add_incoming(v, b.block)
+        b.branch(rest_head)
+        b.position_at_end(done)
         return out
 
     def k_step(self, p: Any, m0: Any, rows: int, npan: int, k: Any, acc: list[Any]) -> list[Any]:

@@ -192,6 +192,10 @@ class _QGemmIR(_PackedGemmIR):
     tile walker of ``gemm_packed`` over int32 accumulators; per group of k, the panels'
     vectors, each row's group of A broadcast as one int32, the path's product step."""
 
+    #: two groups of k an iteration (as measured when it was written; the float builds
+    #: take four)
+    UNROLL = 2
+
     def __init__(self, path: str, symbol: str, requant: bool = False,
                  scaled: bool = False) -> None:  # fmt: skip
         import llvmlite.ir as ir
