@@ -1,10 +1,10 @@
-"""``depthwise_ir``'s extended-grid depthwise kernel called directly: every kind against a
-float64 NumPy reference on planes from 1x1 to wider than two vectors (whole and partial
-vectors in the copy and the stores), odd and even sizes, more padding at the bottom and
+"""``depthwise_ir``'s depthwise kernel called directly: every kind against a float64 NumPy
+reference on planes from 1x1 to wider than two vectors (whole and partial vectors in the
+loads and the stores), odd and even sizes, more padding at the bottom and
 right than "same", the residual and the clamp, infinities and NaNs beside the padding;
 the scratch and the output never written past their ends; short scratch, unknown kinds
 and negative sizes refused with nothing written; and the AVX2 build (8-float vectors,
-every shift loaded) in a fresh process where the host has that path."""
+shifts by shuffles) in a fresh process where the host has that path."""
 
 from __future__ import annotations
 
@@ -111,14 +111,14 @@ def test_every_kind_matches_the_reference_on_random_geometries() -> None:
 
 
 def test_the_narrow_build_matches_the_reference() -> None:
-    """The 8-float build the plans take for planes up to ``NARROW_MAX_WIDTH`` wide at
-    stride 1 on AVX-512 hosts (every kind checked all the same)."""
+    """The 8-float build the plans take for outputs up to ``NARROW_MAX_WIDTH`` wide on
+    AVX-512 hosts, every kind."""
     assert check_random(2, 8, narrow=True) == 8 * len(depthwise_ir.KINDS)
 
 
 def test_narrow_planes_take_the_narrow_build() -> None:
-    """A 7x7 stride-1 plan asks for the narrow build where there is one, a 14x14 one and
-    a stride-2 one never."""
+    """Outputs 7 wide (stride 1 over 7x7, stride 2 over 14x14) ask for the narrow build
+    where there is one, 14 wide ones never."""
     from tfrt_py.kernels.nn import conv_depthwise_grid as cg
 
     _call()
@@ -126,16 +126,15 @@ def test_narrow_planes_take_the_narrow_build() -> None:
     k5 = depthwise_ir.kind_of(5, 1)
     assert cg.table(k5, 5, (1, 8, 7, 7))[3] == int(narrow)
     assert cg.table(k5, 5, (1, 8, 14, 14))[3] == 0
-    assert cg.table(depthwise_ir.kind_of(3, 2), 3, (1, 8, 7, 7))[3] == 0
+    assert cg.table(depthwise_ir.kind_of(3, 2), 3, (1, 8, 7, 7))[3] == int(narrow)
+    assert cg.table(depthwise_ir.kind_of(5, 2), 5, (1, 8, 14, 14))[3] == 0
 
 
 @pytest.mark.parametrize(("k", "s", "c", "h", "wd"), [(5, 1, 96, 7, 7), (7, 1, 8, 14, 14),
                          (3, 2, 24, 56, 56), (5, 2, 40, 28, 28), (3, 2, 24, 112, 112),
                          (5, 1, 24, 112, 112)])  # fmt: skip
 def test_network_shapes(k: int, s: int, c: int, h: int, wd: int) -> None:
-    """MobileNet's, EfficientNet's and ConvNeXt's planes, ReLU as the clamp to [0, inf];
-    the 112x112 ones over ``PREFETCH_MIN_FLOATS`` (the next channel's rows prefetched)."""
-    assert 24 * 112 * 112 >= depthwise_ir.PREFETCH_MIN_FLOATS > 96 * 7 * 7
+    """MobileNet's, EfficientNet's and ConvNeXt's planes, ReLU as the clamp to [0, inf]."""
     call, vw = _call(), depthwise_ir.vector_width()
     rng = np.random.default_rng(k * 100 + h)
     p = k // 2
@@ -206,7 +205,7 @@ print("avx2 grid ok", check_random(1, 8))
 
 
 def test_the_avx2_build_in_a_fresh_process() -> None:
-    """The 8-float build (unaligned loads for every shift, no ``valignd``) on a host's AVX2
+    """The 8-float build (shifts and even/odd lanes by shuffles, no ``valignd``) on a host's AVX2
     path, forced with ``TFRT_PY_ISA`` (skipped where the host has none, or where this
     process builds no kernel: the child inherits the switches)."""
     _call()

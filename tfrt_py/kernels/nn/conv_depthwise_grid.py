@@ -2,15 +2,15 @@
 at stride 2) on ``depthwise_ir``'s kernel: the numba side that runs it over a plan's
 images and channel blocks, serially or in a ``prange`` loop on native threads.
 
-At stride 1 the kernel reads each channel where it lies, blocks of output rows at once;
-at stride 2 it copies the channel's phase planes into a scratch and sums the output's
-extended grid. Both store with the residual and ReLU, Clip, HardSwish or HardSigmoid;
+The kernel reads each channel where it lies, blocks of output rows at once, and stores
+with the residual and ReLU, Clip, HardSwish or HardSigmoid;
 other activations run here over each plane afterwards (``_act_row``, while it is in
 cache). One Zen 4 thread, AVX-512, µs, single-node models, against the numba loops
 (``conv_depthwise_same``, ``conv_depthwise3``): 3x3 576x14x14 58 -> 35, 960x7x7 45 -> 27,
 32x112x112 146 -> 104; 5x5 576x7x7 53 -> 47, 672x14x14 160 -> 104; 5x5/2 288x14x14 67 ->
-30, 3x3/2 576x14x14 70 -> 48. Stride-1 planes up to 8 wide take the kernel's 8-float
-build where the main one is 16 wide (``depthwise_ir.narrow_function``).
+30, 3x3/2 576x14x14 70 -> 48 (stride 2 since read in place: 96x112x112 3x3/2 455 -> 234
+on one Intel AVX-512 thread). Outputs up to 8 wide take the kernel's 8-float build where
+the main one is 16 wide (``depthwise_ir.narrow_function``).
 ``conv_depthwise.plan_depthwise`` takes it where ``fits`` says so (first choice); same
 signatures as ``conv_depthwise_same``'s kernels, with ``tab`` = ``table(...)`` (kind, top
 and left padding, 1 for the narrow build) and ``xp`` one thread's scratch of
@@ -61,10 +61,10 @@ def fits(
 
 
 def _narrow(kind: int, out_shape: tuple[int, ...]) -> bool:
-    """Whether the 8-float build serves this conv: stride 1, output rows of at most
-    ``depthwise_ir.NARROW_MAX_WIDTH``, where it is built."""
-    s = depthwise_ir.KINDS[kind][1]
-    return (s == 1 and out_shape[3] <= depthwise_ir.NARROW_MAX_WIDTH
+    """Whether the 8-float build serves this conv: output rows of at most
+    ``depthwise_ir.NARROW_MAX_WIDTH``, where it is built (any ``kind``)."""
+    del kind
+    return (out_shape[3] <= depthwise_ir.NARROW_MAX_WIDTH
             and depthwise_ir.narrow_function() is not None)  # fmt: skip
 
 
