@@ -72,6 +72,10 @@ def test_few_pixel_convs_match_onnxruntime_on_the_packed_route(
     plan = plans[-1]
     assert plan.route == "packed" and plan.packed is not None
     assert len(plan.packed.parts) >= 2  # split over the threads
+    # a tap is a filter row (KW*C floats in a run) where the columns are undilated
+    kh, kw = w_shape[2], w_shape[3]
+    dilated = attrs.get("dilations", [1, 1])[1] != 1
+    assert len(plan.packed.toff) == (kh * kw if dilated else kh)
 
 
 def test_nan_passes_relu_and_every_output_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
