@@ -216,6 +216,44 @@ def test_squeeze_excite_is_one_kernel(
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
+def _se_with_mean(opset: int, axes: list[int], keepdims: int) -> tuple[Any, ...]:
+    """The MobileNet v3 block with its mean as ``ReduceMean`` (the dynamo exporter's):
+    axes an attribute before opset 18, a constant input from it."""
+    x = _RNG.standard_normal((2, 24, 9, 7)).astype(np.float32)
+    inits = {"w1": (_RNG.standard_normal((6, 24, 1, 1)) * 0.3).astype(np.float32),
+             "b1": _RNG.standard_normal(6).astype(np.float32),
+             "w2": (_RNG.standard_normal((24, 6, 1, 1)) * 0.3).astype(np.float32),
+             "b2": _RNG.standard_normal(24).astype(np.float32)}  # fmt: skip
+    nodes = _se_nodes("Relu", "HardSigmoid", True)
+    if opset >= 18:
+        inits["axes"] = np.array(axes, np.int64)
+        mean = helper.make_node("ReduceMean", ["x", "axes"], ["g"], keepdims=keepdims)
+    else:
+        mean = helper.make_node("ReduceMean", ["x"], ["g"], axes=axes, keepdims=keepdims)
+    nodes[0] = mean
+    return _model(nodes, x, inits, opset), x
+
+
+@pytest.mark.parametrize(("opset", "axes"), [(17, [2, 3]), (18, [-1, -2]), (18, [3, -2])])
+def test_a_reduce_mean_over_the_plane_is_a_squeeze_excite_too(opset: int, axes: list[int]) -> None:
+    m, x = _se_with_mean(opset, axes, 1)
+    model = tfrt_py.load(m, executor="sync")
+    assert [n.op_type for n in model.prepared.graph.nodes] == ["SqueezeExcite"]
+    np.testing.assert_allclose(model.run({"x": x})["y"], _ort(m, x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("axes", [[3], [-2], [2, 2]])
+def test_other_means_stay_apart(axes: list[int]) -> None:
+    """A mean over one axis of the plane is not the block's pool (its gate broadcasts over
+    the other): the nodes run unfused, as onnxruntime computes them. (Repeated axes are
+    not the plane either.)"""
+    m, x = _se_with_mean(18 if axes != [2, 2] else 17, axes, 1)
+    model = tfrt_py.load(m, executor="sync")
+    assert "SqueezeExcite" not in [n.op_type for n in model.prepared.graph.nodes]
+    if axes != [2, 2]:  # onnxruntime refuses repeated axes
+        np.testing.assert_allclose(model.run({"x": x})["y"], _ort(m, x), rtol=1e-5, atol=1e-6)
+
+
 def test_a_squeeze_excite_whose_gate_is_read_elsewhere_stays_apart() -> None:
     """An intermediate value with another reader (here the gate is a graph output too)
     keeps the nodes: the fused kernel would not produce it."""

@@ -6,7 +6,8 @@ this pass): each becomes one node of the private domain (kernels in ``kernels/fu
   ``Transpose`` back (``[0, r-1, 1, ..., r-2]``), ConvNeXt's LayerNorm2d: one
   ``tfrt_py.fused::ChannelLayerNorm(X, scale, bias?)`` normalizing over axis 1 of the
   channels-first tensor (``kernels/nn/norm_channel.py``), no transposes;
-* **squeeze-and-excite** -- ``GlobalAveragePool(x)`` -> fused 1x1 ``Conv`` (+ activation)
+* **squeeze-and-excite** -- ``GlobalAveragePool(x)`` (or ``ReduceMean`` over the plane,
+  dims kept: the dynamo exporter's) -> fused 1x1 ``Conv`` (+ activation)
   -> fused 1x1 ``Conv`` (+ gate activation) -> ``Mul`` with ``x`` (MobileNet v3,
   EfficientNet, RegNetY): one ``tfrt_py.fused::SqueezeExcite(x, W1, B1, W2, B2)`` -- the
   mean, two small products, their epilogues and the scaling in one kernel instead of four
@@ -188,7 +189,7 @@ def _se_conv(node: Node | None) -> dict[str, Any] | None:
 def _squeeze_excite(
     mul: Node, uses: Uses, replaced: dict[int, Node | None]
 ) -> tuple[Node, list[Node]] | None:
-    """(SqueezeExcite, [GlobalAveragePool, Conv, Conv, Mul]) or None."""
+    """(SqueezeExcite, [GlobalAveragePool or its ReduceMean, Conv, Conv, Mul]) or None."""
     if mul.domain != "" or len(mul.inputs) != 2 or _single_out(mul) is None:
         return None
     for x, s in (mul.inputs, mul.inputs[::-1]):
@@ -197,7 +198,7 @@ def _squeeze_excite(
         conv1 = None if h is None else h.producer
         g = None if conv1 is None or not conv1.inputs else conv1.inputs[0]
         gap = None if g is None else g.producer
-        if x is None or gap is None or gap.op_type != "GlobalAveragePool" or gap.domain != "":
+        if x is None or gap is None or not _spatial_mean(gap):
             continue
         if gap.inputs[0] is not x or any(id(n) in replaced for n in (gap, conv1, conv2)):
             continue
@@ -230,6 +231,29 @@ def _squeeze_excite(
         )
         return new, [gap, conv1, conv2, mul]
     return None
+
+
+def _spatial_mean(node: Node) -> bool:
+    """Whether ``node`` is a 4-D tensor's mean over its plane with the dims kept:
+    ``GlobalAveragePool``, or ``ReduceMean`` over axes {2, 3} (negative counted from the
+    end; an attribute, or from opset 18 a constant input) with ``keepdims`` (the dynamo
+    exporter's squeeze-and-excite writes that one)."""
+    if node.domain != "" or not node.inputs or node.inputs[0] is None:
+        return False
+    if node.op_type == "GlobalAveragePool":
+        return True
+    if node.op_type != "ReduceMean" or not int(node.attrs.get("keepdims", 1)):
+        return False
+    t = node.inputs[0].type
+    if not isinstance(t, TensorType) or t.rank != 4:
+        return False
+    axes = node.attrs.get("axes")
+    if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = node.inputs[1].const
+    if axes is None:
+        return False
+    got = {int(a) % 4 for a in np.asarray(axes).reshape(-1)}
+    return got == {2, 3} and np.asarray(axes).size == 2
 
 
 def _const_of(node: Node | None, op: str, x: Value) -> Value | None:
