@@ -86,7 +86,7 @@ def check_random(seed: int, rounds: int, narrow: bool = False) -> int:
             lo, hi = np.float32(bounds[0]), np.float32(bounds[1])
             flags = int(residual) | [0, 0, depthwise_ir.FLAG_HARD_SWISH,
                                      depthwise_ir.FLAG_HARD_SIGMOID][mode]  # fmt: skip
-            n = depthwise_ir.scratch_len(k, s, oh, ow, wd, p, vw)
+            n = depthwise_ir.scratch_len(wd, vw)
             xp = np.full(n + 2 * vw, 7.0, np.float32)
             y = np.full(c * oh * ow + 2 * vw, 5.0, np.float32)
             st = call(kind, x, w, b, res, y, xp, n, lo, hi, flags, c, h, wd, oh, ow, p, p)
@@ -145,7 +145,7 @@ def test_network_shapes(k: int, s: int, c: int, h: int, wd: int) -> None:
         rng.standard_normal(c).astype(np.float32),
     )
     y = np.zeros((c, oh, ow), np.float32)
-    n = depthwise_ir.scratch_len(k, s, oh, ow, wd, p, vw)
+    n = depthwise_ir.scratch_len(wd, vw)
     kind = depthwise_ir.kind_of(k, s)
     st = call(kind, x, w, b, y, y, np.zeros(n, np.float32), n, np.float32(0), np.float32(np.inf),
               0, c, h, wd, oh, ow, p, p)  # fmt: skip
@@ -161,7 +161,7 @@ def test_refusals_write_nothing() -> None:
     x, w = np.ones((2, 9, 9), np.float32), np.ones((2, 25), np.float32)
     b, y = np.zeros(2, np.float32), np.full((2, 5, 5), 3.0, np.float32)
     kind = depthwise_ir.kind_of(5, 2)
-    n = depthwise_ir.scratch_len(5, 2, 5, 5, 9, 2, vw)
+    n = depthwise_ir.scratch_len(9, vw)
     xp = np.full(n, 4.0, np.float32)
     inf = np.float32(np.inf)
     args = (x, w, b, y, y, xp)
@@ -189,7 +189,7 @@ def test_scratch_len_is_what_the_kernel_asks() -> None:
                 np.zeros((1, oh, ow), np.float32),
             )
             w, b = np.ones((1, k * k), np.float32), np.zeros(1, np.float32)
-            n = depthwise_ir.scratch_len(k, s, oh, ow, wd, p, vw)
+            n = depthwise_ir.scratch_len(wd, vw)
             xp = np.zeros(n, np.float32)
             inf = np.float32(np.inf)
             assert call(kind, x, w, b, y, y, xp, n - 1, -inf, inf, 0, 1, h, wd, oh, ow, p, p) == 2

@@ -252,8 +252,8 @@ def _spatial_mean(node: Node) -> bool:
         axes = node.inputs[1].const
     if axes is None:
         return False
-    got = {int(a) % 4 for a in np.asarray(axes).reshape(-1)}
-    return got == {2, 3} and np.asarray(axes).size == 2
+    flat = [int(a) for a in np.asarray(axes).reshape(-1)]
+    return len(flat) == 2 and {a % 4 for a in flat} == {2, 3}
 
 
 def _const_of(node: Node | None, op: str, x: Value) -> Value | None:

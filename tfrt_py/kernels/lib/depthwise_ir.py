@@ -73,10 +73,10 @@ def _up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def scratch_len(k: int, stride: int, oh: int, ow: int, w: int, pl: int, vw: int) -> int:
-    """The floats of ``xp`` a call needs (the kernel computes the same and refuses less): a
-    row of zeros, W + 2 vectors, at either stride (the other sizes are the callers')."""
-    del k, stride, oh, ow, pl
+def scratch_len(w: int, vw: int) -> int:
+    """The floats of ``xp`` a call over images ``w`` wide needs with ``vw``-float vectors
+    (the kernel computes the same and refuses less): a row of zeros, W + 2 vectors, for
+    every kind."""
     return _up(w + 2 * vw, vw)
 
 

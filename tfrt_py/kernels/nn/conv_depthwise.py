@@ -115,10 +115,10 @@ def plan_depthwise(
     k_same = conv_depthwise_same.fits(x_shape, w_shape, strides, pads, dilations)
     k_s2 = conv_depthwise_same.fits(x_shape, w_shape, strides, pads, dilations, stride=2)
     kind = grid_kind(x_shape, w_shape, strides, pads, dilations, dtype)
-    if kind >= 0:  # the extended grid's vector kernel
+    if kind >= 0:  # the vector kernel (depthwise_ir), rows read in place
         direct = conv_depthwise_grid.GRID, conv_depthwise_grid.GRID_PAR
         tab = conv_depthwise_grid.table(kind, w_shape[2], out_shape)
-        xp_len = conv_depthwise_grid.scratch_len(kind, x_shape, out_shape)
+        xp_len = conv_depthwise_grid.scratch_len(x_shape, out_shape)
     elif k_same and (k_same > 3 or x_shape[2] * x_shape[3] <= SAME_3X3_MAX_PIXELS):
         direct = conv_depthwise_same.kernels(k_same)  # every tap in a register
         tab = conv_depthwise_same.masks(x_shape[2], x_shape[3], k_same)

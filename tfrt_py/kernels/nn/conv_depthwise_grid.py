@@ -60,24 +60,22 @@ def fits(
     return depthwise_ir.kind_of(k, int(strides[0]))
 
 
-def _narrow(kind: int, out_shape: tuple[int, ...]) -> bool:
-    """Whether the 8-float build serves this conv: output rows of at most
-    ``depthwise_ir.NARROW_MAX_WIDTH``, where it is built (any ``kind``)."""
-    del kind
+def _narrow(out_shape: tuple[int, ...]) -> bool:
+    """Whether the 8-float build serves this conv (any kind): output rows of at most
+    ``depthwise_ir.NARROW_MAX_WIDTH``, where it is built."""
     return (out_shape[3] <= depthwise_ir.NARROW_MAX_WIDTH
             and depthwise_ir.narrow_function() is not None)  # fmt: skip
 
 
 def table(kind: int, k: int, out_shape: tuple[int, ...]) -> np.ndarray:
     """``tab``: (kind, top padding, left padding, 1 for the narrow build) as int64."""
-    return np.array([kind, k // 2, k // 2, int(_narrow(kind, out_shape))], np.int64)
+    return np.array([kind, k // 2, k // 2, int(_narrow(out_shape))], np.int64)
 
 
-def scratch_len(kind: int, x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> int:
-    """One thread's scratch in floats for a conv of ``kind`` on these shapes."""
-    k, s = depthwise_ir.KINDS[kind]
-    vw = 8 if _narrow(kind, out_shape) else depthwise_ir.vector_width()
-    return depthwise_ir.scratch_len(k, s, out_shape[2], out_shape[3], x_shape[3], k // 2, vw)
+def scratch_len(x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> int:
+    """One thread's scratch in floats for a conv on these shapes (any kind)."""
+    vw = 8 if _narrow(out_shape) else depthwise_ir.vector_width()
+    return depthwise_ir.scratch_len(x_shape[3], vw)
 
 
 @inline
@@ -160,7 +158,7 @@ def _operands() -> tuple[Any, ...]:
         np.zeros((0, 0, 0, 0), t),
         out,
         table(kind, 3, out.shape),
-        scratch_len(kind, x.shape, out.shape),
+        scratch_len(x.shape, out.shape),
     )
 
 
