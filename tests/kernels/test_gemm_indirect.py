@@ -52,9 +52,14 @@ def _path_kernel(path: str) -> tuple[Any, str]:
     return fn, tm.emit_assembly(llvm.parse_assembly(text))
 
 
+#: each path's assembly, once its kernel is built (``path_kernel``)
+_ASM: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module", params=sorted(PATHS))
 def path_kernel(request: pytest.FixtureRequest) -> tuple[str, Any]:
     fn, asm = _path_kernel(request.param)
+    _ASM[request.param] = asm
     if request.param == "avx512":  # zmm products, and the transposes of the NCHW stores
         assert "zmm" in asm and "vfmadd" in asm
         assert "vpermt2ps" in asm or "vpermi2ps" in asm
@@ -105,6 +110,10 @@ GEOMETRIES = [
     (3, 5, (9, 8), 24, (3, 3), 2, 1, 1),  # stride 2, K odd, a partial panel only
     (1, 3, (12, 12), 96, (5, 3), 1, 2, 2),  # dilation, a 5x3 kernel, 3 channels a tap
     (1, 32, (8, 8), 33, (1, 1), 1, 1, 0),  # one tap
+    # panels of 144 KB, a block each: whole tiles prefetch the next panel (the last its own)
+    (1, 128, (5, 5), 70, (3, 3), 1, 1, 1),
+    # 576 pixels, 289 and 287 a call: more whole tiles than PREFETCH_TILES, no prefetches
+    (1, 4, (24, 24), 40, (3, 3), 1, 1, 1),
 ]
 
 
@@ -197,6 +206,36 @@ def _with_nan_reference(cv: Conv) -> Conv:
     with np.errstate(invalid="ignore"):
         cv.rows = cols @ wk.astype(np.float64)
     return cv
+
+
+def _loops_by_products(asm: str) -> list[list[str]]:
+    """The assembly's basic blocks, those with the most fused multiply-adds first."""
+    blocks: list[list[str]] = [[]]
+    for line in asm.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith(":"):
+            blocks.append([])
+        else:
+            blocks[-1].append(line)
+    return sorted(blocks, key=lambda blk: -sum("vfmadd" in ln for ln in blk))
+
+
+def test_whole_tiles_prefetch_and_keep_their_sums_in_registers(
+    path_kernel: tuple[str, Any],
+) -> None:
+    """The two loops of whole tiles (``mr`` rows, one panel: the most multiply-adds of
+    the build), one with the prefetches of the next panel (``PREFETCH_TILES``) and one
+    without, each keep every accumulator in a register: no vector register is stored to
+    or loaded from the stack in them (LLVM spilled them, 0.55x, in a first form whose
+    prefetch pointer was fixed-point at a pace computed at run time, and does in
+    ``gemm_packed``'s own 8-row loop with these prefetches: 44 spills and reloads)."""
+    path, _ = path_kernel
+    assert gemm_indirect._IndirectGemmIR.PREFETCH_TILES > 0
+    reg = "%zmm" if path == "avx512" else "%ymm"
+    top = _loops_by_products(_ASM[path])[:2]
+    assert len({sum("vfmadd" in ln for ln in blk) for blk in top}) == 1  # the same tile
+    assert [any("prefetcht1" in ln for ln in blk) for blk in top].count(True) == 1
+    for blk in top:
+        assert not [ln for ln in blk if reg in ln and "(%rsp)" in ln]
 
 
 def test_the_process_kernel_is_the_chosen_path() -> None:

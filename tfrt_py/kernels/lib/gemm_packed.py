@@ -249,6 +249,22 @@ class _PackedGemmIR:
         self.none = ir.Constant(ir.VectorType(ir.IntType(1), self.vw), [0] * self.vw)
         return b
 
+    #: Whole tiles (``mr`` rows each) up to which a whole tile's k loop also prefetches
+    #: its share of the panel that the next block of panels reads in its place (tile i
+    #: from ``i / tiles`` of it on, at the pace of its k): a panel read by few tiles is
+    #: read from memory by the first of them, at the rate of its multiply-adds, while the
+    #: others read it from L2 and no memory is read; with the prefetches the next panels
+    #: stream during all of them. Past it (a panel read by many tiles, its first read a
+    #: small share) they only cost. 0: none -- this build's (its 8-row k loop on AVX-512
+    #: spilled its accumulators with the prefetch pointer: 0.6x), and any whose panels are
+    #: not laid one after another in ``w``; ``gemm_indirect`` sets it.
+    PREFETCH_TILES = 0
+    #: Cache lines prefetched an iteration of such a k loop (the share of 4 tiles or more
+    #: in whole: an iteration reads ``UNROLL * 4 * nr`` bytes of its own panel).
+    PREFETCH_LINES = 2
+    #: Whether the whole tiles being emitted prefetch (``walk``).
+    ahead = False
+
     #: steps of k an iteration of a tile's loop (then the rest one at a time). Four against
     #: two, one process, interleaved (2-core Intel Xeon with AVX-512, 2026-12-05, one
     #: thread, GFLOP/s): ViT-Tiny's 197x192 @ 192x576 200 -> 211, BERT's 128x256 @ 256x1024
@@ -270,7 +286,8 @@ class _PackedGemmIR:
         b, c = self.b, self.c
         # whole tiles of mr rows (2 * mr accumulators each): per block of panels (in L2),
         # tile by tile (the tile's rows of x in L1), the block's panels
-        full = b.mul(b.sdiv(self.m_rows, c(self.mr)), c(self.mr))
+        tiles = b.sdiv(self.m_rows, c(self.mr))
+        full = b.mul(tiles, c(self.mr))
         # a panel's row (one k, or one group of k) is 4 * nr bytes in every build
         per_block = b.sdiv(c(PANEL_BLOCK_BYTES), b.mul(self.panel_rows(), c(4 * self.nr)))
         per_block = b.select(b.icmp_signed("<", per_block, c(1)), c(1), per_block)
@@ -279,10 +296,26 @@ class _PackedGemmIR:
             end = b.add(p0, per_block)
             end = b.select(b.icmp_signed(">", end, self.panels), self.panels, end)
 
-            def panels_of_tile(m0: Any) -> None:
-                self.loop(p0, end, 1, lambda p: self.tile(p, m0, self.mr, 1))
+            def whole_tiles(fetch: bool) -> None:
+                self.ahead = fetch
+                self.loop(
+                    c(0),
+                    full,
+                    self.mr,
+                    lambda m0: self.loop(p0, end, 1, lambda p: self.tile(p, m0, self.mr, 1)),
+                )
+                self.ahead = False
 
-            self.loop(c(0), full, self.mr, panels_of_tile)
+            if self.PREFETCH_TILES:
+                few, many, after = (self.fn.append_basic_block() for _ in range(3))
+                b.cbranch(b.icmp_signed("<=", tiles, c(self.PREFETCH_TILES)), few, many)
+                for at, fetch in ((few, True), (many, False)):
+                    b.position_at_end(at)
+                    whole_tiles(fetch)
+                    b.branch(after)
+                b.position_at_end(after)
+            else:
+                whole_tiles(False)
 
             # the 1..mr-1 rows left, while the block is in cache: several panels per tile,
             # so that a single row still keeps eight independent accumulators (an FMA's
@@ -331,14 +364,21 @@ class _PackedGemmIR:
     def k_loop(self, p: Any, m0: Any, rows: int, npan: int, start: list[Any]) -> list[Any]:
         """The k loop of a tile from the accumulators' values ``start`` (at the builder's
         block); ``UNROLL`` steps an iteration, then the 0..UNROLL-1 steps left one at a
-        time. Returns their values after it, at the builder's (new) block."""
+        time, the whole iterations prefetching where ``ahead`` is set (``PREFETCH_TILES``).
+        Returns their values after it, at the builder's (new) block."""
         b, c = self.b, self.c
+        fetch = self.ahead and rows == self.mr and npan == 1
+        fx0, pace = self.fetch_start(p, m0) if fetch else (None, None)
         pre = b.block
         head, body, rest_head, rest, done = (self.fn.append_basic_block() for _ in range(5))
         b.branch(head)
         b.position_at_end(head)
         k = b.phi(self.i64)
         k.add_incoming(c(0), pre)
+        fx = None
+        if fx0 is not None:
+            fx = b.phi(self.i64)
+            fx.add_incoming(fx0, pre)
         acc = []
         for v0 in start:
             a = b.phi(self.v8)
@@ -347,10 +387,14 @@ class _PackedGemmIR:
         u = self.UNROLL
         b.cbranch(b.icmp_signed("<=", b.add(k, c(u)), self.k_len), body, rest_head)
         b.position_at_end(body)
+        if fx is not None:
+            self.prefetch_lines(fx)
         new = self.k_step(p, m0, rows, npan, k, acc)
         for step in range(1, u):
             new = self.k_step(p, m0, rows, npan, b.add(k, c(step)), new)
         k.add_incoming(b.add(k, c(u)), b.block)
+        if fx is not None:
+            fx.add_incoming(b.add(fx, b.mul(pace, c(u))), b.block)
         for a, v in zip(acc, new, strict=True):
             a.add_incoming(v, b.block)
         b.branch(head)
@@ -372,6 +416,49 @@ class _PackedGemmIR:
         b.branch(rest_head)
         b.position_at_end(done)
         return out
+
+    def fetch_start(self, p: Any, m0: Any) -> tuple[Any, Any]:
+        """Where whole tile ``m0``'s k loop on panel ``p`` starts prefetching, and its pace
+        (bytes a k, a constant: ``PREFETCH_LINES`` lines an iteration): the byte of ``w``
+        in the panel a block of panels on (``walk``'s blocks; the last panel past the end)
+        at tile m0's share (``m0 / full`` of it), plus the pace times the panel rows
+        before the loop's first (``k_origin``). A tile's prefetches then cover ``pace /
+        (4 * nr)`` of the panel from its share's start: all of it with 4 tiles or more
+        (AVX2's tile: 2), twice and more over with more. Computed from the arguments at
+        each loop's start, the pace a constant: LLVM spilled the k loop's accumulators
+        where values of the walk stayed live through it, or the pace was computed at run
+        time (a fixed-point share of ``4 * nr / tiles`` bytes a k)."""
+        b, c = self.b, self.c
+        panel = b.mul(self.panel_rows(), c(4 * self.nr))
+        per_block = b.sdiv(c(PANEL_BLOCK_BYTES), panel)
+        per_block = b.select(b.icmp_signed("<", per_block, c(1)), c(1), per_block)
+        last = b.sub(self.panels, c(1))
+        nxt = b.add(p, per_block)
+        nxt = b.select(b.icmp_signed(">", nxt, last), last, nxt)
+        full = b.mul(b.sdiv(self.m_rows, c(self.mr)), c(self.mr))  # > 0 where tiles run
+        at = b.add(b.mul(nxt, panel), b.sdiv(b.mul(m0, panel), full))
+        pace = c(64 * self.PREFETCH_LINES // self.UNROLL)
+        return b.add(at, b.mul(self.k_origin(), pace)), pace
+
+    def k_origin(self) -> Any:
+        """The panel row of the k loop's k = 0 (the tap's first row where a tile's loop runs
+        once per tap)."""
+        return self.c(0)
+
+    def prefetch_lines(self, at: Any) -> None:
+        """Prefetch ``PREFETCH_LINES`` cache lines from byte ``at`` of ``w`` into L2."""
+        b, ir = self.b, self.ir
+        i8p, i32 = ir.IntType(8).as_pointer(), self.i32
+        fn = self.mod.globals.get("llvm.prefetch.p0i8")
+        if fn is None:
+            fn = ir.Function(self.mod, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                             name="llvm.prefetch.p0i8")  # fmt: skip
+        w8 = b.bitcast(self.w, i8p)
+        # a read (0), locality 2 (prefetcht1: L2 and out), the data cache (1); a prefetch
+        # never faults
+        args = [ir.Constant(i32, n) for n in (0, 2, 1)]
+        for line in range(self.PREFETCH_LINES):
+            b.call(fn, [b.gep(w8, [b.add(at, self.c(64 * line))]), *args])
 
     def k_step(self, p: Any, m0: Any, rows: int, npan: int, k: Any, acc: list[Any]) -> list[Any]:
         """One k of the tile: the panels' two vectors at row k, each x[m, k] broadcast,
