@@ -260,6 +260,49 @@ def test_hoist_unary_and_broadcast_constants() -> None:
     assert _report(model, "hoist") == "hoisted 2 ops over Concat (4 kernels fewer per call)"
 
 
+@pytest.mark.parametrize(
+    ("op", "attrs"),
+    [("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+     ("MaxPool", {"kernel_shape": [2, 2], "strides": [1, 1], "pads": [1, 0, 0, 1]}),
+     ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1],
+                      "count_include_pad": 1})],
+)  # fmt: skip
+def test_pool_pushed_below_its_channel_join(op: str, attrs: dict[str, Any]) -> None:
+    """``Pool(Concat(x0, x1, x2, axis=1))`` -> ``Concat(Pool(x0), Pool(x1), Pool(x2))``:
+    the same values (a pool reads one plane), NaN and -inf included, at two batches."""
+    b = GraphBuilder("pooled_join")
+    xs = [b.input(f"x{i}", F32, ("n", c, 9, 9)) for i, c in enumerate((2, 3, 1))]
+    parts = [b.op("Relu", xs[0]), xs[1], b.op("Sigmoid", xs[2])]  # nothing to hoist over it
+    b.output(b.op(op, b.op("Concat", *parts, axis=-3), **attrs), "y")
+    graph = b.build()
+    for n in (1, 2):
+        feeds = {f"x{i}": _rng_feed((n, c, 9, 9), i) for i, c in enumerate((2, 3, 1))}
+        feeds["x1"][0, 1, 4, 4] = np.nan
+        feeds["x0"][-1, 0, 0, :] = np.inf
+        model = _agree(graph, feeds, {"shapes", "hoist"})
+    assert _ops(model) == Counter({op: 3, "Concat": 1, "Relu": 1, "Sigmoid": 1})
+    assert _report(model, "hoist") == "1 pools pushed below their Concat"
+
+
+def test_pool_stays_after_a_join_it_does_not_own() -> None:
+    """No rewrite where the join is not over the channels, is read by another node too, or
+    the pool also gives its Indices."""
+    b = GraphBuilder("joins")
+    x0, x1 = (b.input(f"x{i}", F32, (1, 2, 6, 6)) for i in range(2))
+    mp: dict[str, Any] = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    b.output(b.op("MaxPool", b.op("Concat", x0, x1, axis=2), **mp), "rows")
+    shared = b.op("Concat", x0, x1, axis=1)
+    b.output(b.op("MaxPool", shared, **mp), "pooled")
+    b.output(b.op("Relu", shared), "relu")
+    y, idx = b.op("MaxPool", b.op("Concat", x1, x0, axis=1), n_outputs=2, **mp)
+    b.output(y, "y")
+    b.output(idx, "indices")
+    feeds = {f"x{i}": _rng_feed((1, 2, 6, 6), i) for i in range(2)}
+    model = _agree(b.build(), feeds, {"shapes", "hoist"})
+    assert _ops(model) == Counter({"MaxPool": 3, "Concat": 3, "Relu": 1})
+    assert _report(model, "hoist") == "nothing to hoist"
+
+
 def test_fuse_linear_matmul_bias_activation() -> None:
     rng = np.random.default_rng(0)
     b = GraphBuilder("linear")

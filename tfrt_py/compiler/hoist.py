@@ -7,6 +7,14 @@ with no constant. Conditions: every Concat input is produced by the same op with
 attributes, read by the Concat alone; binary ops have their constant operand at the same
 position everywhere, and it does not grow its variable operand; sizes along the axis are
 static. The Concat's output Value is kept (its name and type do not change).
+
+A pool goes the other way, below its join: ``MaxPool``/``AveragePool`` (one output)
+reading alone a ``Concat`` over the channels (axis 1: a pool reads whole planes) becomes
+``Concat(Pool(x0), ..., Pool(xn))``, the same values; the pool's output Value is kept.
+The join then copies the pooled planes (a quarter of the bytes at stride 2) and each pool
+reads a conv's output where it lies. SqueezeNet's two such pools (2-core Intel AVX-512,
+batch 1, processes alternating, the rewritten file against the original): 4.89-4.93 ->
+4.45-4.52 ms.
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ _BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"})
 
 def hoist_over_concat(graph: Graph, ctx: PassContext) -> str:
     """The pass, repeated while it finds something (a hoisted op's Concat may itself have
-    a hoistable op on every input). Returns its one-line report."""
+    a hoistable op on every input), then the pools pushed below their joins. Returns its
+    one-line report."""
     n_hoisted = n_removed = 0
     for _ in range(8):
         hoisted, removed = _hoist_once(graph)
@@ -42,9 +51,74 @@ def hoist_over_concat(graph: Graph, ctx: PassContext) -> str:
             break
         n_hoisted += hoisted
         n_removed += removed
-    if not n_hoisted:
+    n_pools = _pools_below_joins(graph)
+    if not n_hoisted and not n_pools:
         return "nothing to hoist"
-    return f"hoisted {n_hoisted} ops over Concat ({n_removed} kernels fewer per call)"
+    said = []
+    if n_hoisted:
+        said.append(f"hoisted {n_hoisted} ops over Concat ({n_removed} kernels fewer per call)")
+    if n_pools:
+        said.append(f"{n_pools} pools pushed below their Concat")
+    return "; ".join(said)
+
+
+#: The pools a channel join is pushed below (each reads one plane at a time, any window).
+_POOLS = frozenset({"MaxPool", "AveragePool"})
+
+
+def _pools_below_joins(graph: Graph) -> int:
+    """``Pool(Concat(x0..xn, axis=1))`` -> ``Concat(Pool(x0)..Pool(xn))`` in place (module
+    doc); the number rewritten."""
+    uses = Uses(graph)
+    names = {v.name for n in graph.nodes for v in n.outputs if v is not None}
+    names |= {v.name for v in graph.inputs} | {c.name for c in graph.constants}
+    replace: dict[int, list[Node]] = {}
+    drop: set[int] = set()
+    for pool in graph.nodes:
+        join = _channel_join(pool, uses)
+        if join is None or id(join) in drop:
+            continue
+        out = pool.outputs[0]
+        t = out.type if out is not None and isinstance(out.type, TensorType) else None
+        parts = []
+        for x in join.inputs:
+            shape = _shape(x)
+            if shape is not None and t is not None and t.shape is not None:
+                shape = (*shape[:2], *t.shape[2:])
+            else:
+                shape = None
+            name = _fresh(f"{pool.name}/pooled", names)
+            pv = Value(name, TensorType(None if t is None else t.dtype, shape))
+            parts.append(Node(pool.op_type, [x], [pv], dict(pool.attrs), name=name,
+                              opset=pool.opset))  # fmt: skip
+        joined = Node("Concat", [p.outputs[0] for p in parts], [out], dict(join.attrs),
+                      name=_fresh(f"{pool.name}/joined", names), opset=join.opset)  # fmt: skip
+        replace[id(pool)] = [*parts, joined]
+        drop.add(id(join))
+    if replace:
+        out_nodes: list[Node] = []
+        for n in graph.nodes:
+            if id(n) not in drop:
+                out_nodes.extend(replace.get(id(n), [n]))
+        graph.nodes = out_nodes
+    return len(replace)
+
+
+def _channel_join(pool: Node, uses: Uses) -> Node | None:
+    """The Concat over axis 1 of two or more tensors that ``pool`` (a MaxPool or an
+    AveragePool with one output and a ``kernel_shape``) alone reads, else None."""
+    if pool.op_type not in _POOLS or pool.domain != "" or len(pool.outputs) != 1:
+        return None
+    x = pool.inputs[0] if pool.inputs else None
+    join = None if x is None else x.producer
+    if (x is None or pool.outputs[0] is None or join is None or join.op_type != "Concat"
+            or join.domain != "" or uses.only_reader(x) is not pool):  # fmt: skip
+        return None
+    kernel = pool.attrs.get("kernel_shape")
+    if not kernel or len(join.inputs) < 2 or any(v is None for v in join.inputs):
+        return None
+    axis = int(join.attrs.get("axis", 1))
+    return join if (axis + len(kernel) + 2 if axis < 0 else axis) == 1 else None
 
 
 def _hoist_once(graph: Graph) -> tuple[int, int]:
