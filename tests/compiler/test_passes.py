@@ -303,6 +303,59 @@ def test_pool_stays_after_a_join_it_does_not_own() -> None:
     assert _report(model, "hoist") == "nothing to hoist"
 
 
+def _join_conv(b: GraphBuilder, parts: list[Value], cin: int, out: int, k: int,
+               seed: int) -> Value:  # fmt: skip
+    """Conv(Concat(parts, axis=1)) over ``cin`` channels with constant random weights and
+    bias, same padding."""
+    rng = np.random.default_rng(seed)
+    w = b.const((rng.standard_normal((out, cin, k, k)) * 0.1).astype(F32))
+    bias = b.const(rng.standard_normal(out).astype(F32))
+    return b.op("Conv", b.op("Concat", *parts, axis=1), w, bias, pads=[k // 2] * 4)
+
+
+@pytest.mark.parametrize(
+    ("channels", "k", "act"), [((8, 16, 12), 3, "Relu"), ((64, 80), 1, "Clip")]
+)
+def test_conv_over_a_join_reads_its_parts(channels: tuple[int, ...], k: int, act: str) -> None:
+    """A fused conv reading a channel join becomes a chain of convs over the parts, each
+    adding the one before as its residual, the last with the bias and the activation: no
+    Concat runs; the values agree to float rounding at two batches."""
+    b = GraphBuilder("conv_join")
+    xs = [b.input(f"x{i}", F32, ("n", c, 7, 7)) for i, c in enumerate(channels)]
+    y = _join_conv(b, xs, sum(channels), 10, k, 3)
+    if act == "Clip":
+        y = b.op("Clip", y, b.const(np.float32(0.0)), b.const(np.float32(0.5)))
+    else:
+        y = b.op(act, y)
+    b.output(y, "y")
+    graph = b.build()
+    for n in (1, 3):
+        feeds = {f"x{i}": _rng_feed((n, c, 7, 7), i) for i, c in enumerate(channels)}
+        model = _agree(graph, feeds, {"shapes", "fuse_conv", "hoist"})
+    assert _ops(model) == Counter({"Conv": len(channels)})
+    assert _report(model, "hoist") == "1 convs over their Concat's parts"
+
+
+def test_conv_stays_over_a_join_it_cannot_split() -> None:
+    """No split for a conv with a residual of its own, one whose join has a part of few
+    channels, or a join two convs read."""
+    b = GraphBuilder("joins")
+    x0, x1 = b.input("x0", F32, (1, 16, 6, 6)), b.input("x1", F32, (1, 16, 6, 6))
+    y = _join_conv(b, [x0, x1], 32, 16, 3, 1)
+    b.output(b.op("Add", y, x0), "residual")
+    thin = b.input("thin", F32, (1, 4, 6, 6))
+    b.output(_join_conv(b, [x0, thin], 20, 8, 3, 2), "thin_part")
+    shared = b.op("Concat", x1, x0, axis=1)
+    w = b.const(np.ones((4, 32, 1, 1), F32))
+    b.output(b.op("Conv", shared, w), "a")
+    b.output(b.op("Conv", shared, w, strides=[2, 2]), "b")
+    feeds = {"x0": _rng_feed((1, 16, 6, 6), 0), "x1": _rng_feed((1, 16, 6, 6), 1),
+             "thin": _rng_feed((1, 4, 6, 6), 2)}  # fmt: skip
+    model = _agree(b.build(), feeds, {"shapes", "fuse_conv", "hoist"})
+    assert _ops(model) == Counter({"Conv": 4, "Concat": 3})
+    assert _report(model, "hoist") == "nothing to hoist"
+
+
 def test_fuse_linear_matmul_bias_activation() -> None:
     rng = np.random.default_rng(0)
     b = GraphBuilder("linear")
