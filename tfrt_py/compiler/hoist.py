@@ -85,8 +85,7 @@ def _convs_over_parts(graph: Graph) -> int:
     """Each fused conv that alone reads a channel join, as a chain of convs over the join's
     parts (module doc); the number rewritten."""
     uses = Uses(graph)
-    names = {v.name for n in graph.nodes for v in n.outputs if v is not None}
-    names |= {v.name for v in graph.inputs} | {c.name for c in graph.constants}
+    names = _names(graph)
     replace: dict[int, list[Node]] = {}
     drop: set[int] = set()
     for conv in graph.nodes:
@@ -116,12 +115,7 @@ def _convs_over_parts(graph: Graph) -> int:
             prev, c0 = y, c1
         replace[id(conv)] = chain
         drop.add(id(join))
-    if replace:
-        out_nodes: list[Node] = []
-        for n in graph.nodes:
-            if id(n) not in drop:
-                out_nodes.extend(replace.get(id(n), [n]))
-        graph.nodes = out_nodes
+    _splice(graph, replace, drop)
     return len(replace)
 
 
@@ -167,8 +161,7 @@ def _pools_below_joins(graph: Graph) -> int:
     """``Pool(Concat(x0..xn, axis=1))`` -> ``Concat(Pool(x0)..Pool(xn))`` in place (module
     doc); the number rewritten."""
     uses = Uses(graph)
-    names = {v.name for n in graph.nodes for v in n.outputs if v is not None}
-    names |= {v.name for v in graph.inputs} | {c.name for c in graph.constants}
+    names = _names(graph)
     replace: dict[int, list[Node]] = {}
     drop: set[int] = set()
     for pool in graph.nodes:
@@ -192,12 +185,7 @@ def _pools_below_joins(graph: Graph) -> int:
                       name=_fresh(f"{pool.name}/joined", names), opset=join.opset)  # fmt: skip
         replace[id(pool)] = [*parts, joined]
         drop.add(id(join))
-    if replace:
-        out_nodes: list[Node] = []
-        for n in graph.nodes:
-            if id(n) not in drop:
-                out_nodes.extend(replace.get(id(n), [n]))
-        graph.nodes = out_nodes
+    _splice(graph, replace, drop)
     return len(replace)
 
 
@@ -220,8 +208,7 @@ def _channel_join(pool: Node, uses: Uses) -> Node | None:
 
 def _hoist_once(graph: Graph) -> tuple[int, int]:
     uses = Uses(graph)
-    names = {v.name for n in graph.nodes for v in n.outputs if v is not None}
-    names |= {v.name for v in graph.inputs} | {c.name for c in graph.constants}
+    names = _names(graph)
     replace: dict[int, list[Node]] = {}
     drop: set[int] = set()
     removed = 0
@@ -238,12 +225,7 @@ def _hoist_once(graph: Graph) -> tuple[int, int]:
         replace[id(node)] = new
         drop.update(id(p) for p in plist)
         removed += len(plist) - 1
-    out: list[Node] = []
-    for n in graph.nodes:
-        if id(n) in drop:
-            continue
-        out.extend(replace.get(id(n), [n]))
-    graph.nodes = out
+    _splice(graph, replace, drop)
     return len(replace), removed
 
 
@@ -347,6 +329,18 @@ def _const_pos(p: Node) -> int | None:
 def _shape(v: Value | None) -> tuple[Any, ...] | None:
     t = None if v is None else v.type
     return t.shape if isinstance(t, TensorType) and t.shape is not None else None
+
+
+def _names(graph: Graph) -> set[str]:
+    """Every value name of ``graph`` (``_fresh`` adds to it)."""
+    names = {v.name for n in graph.nodes for v in n.outputs if v is not None}
+    return names | {v.name for v in graph.inputs} | {c.name for c in graph.constants}
+
+
+def _splice(graph: Graph, replace: dict[int, list[Node]], drop: set[int]) -> None:
+    """``graph.nodes`` with each node in ``replace`` (by id) replaced by its nodes, in its
+    place, and the nodes in ``drop`` removed."""
+    graph.nodes = [r for n in graph.nodes if id(n) not in drop for r in replace.get(id(n), [n])]
 
 
 def _fresh(hint: str, names: set[str]) -> str:

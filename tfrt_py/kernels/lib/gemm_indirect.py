@@ -50,7 +50,15 @@ from ...concurrency import numba_target
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from ...concurrency.once import Once
 from . import gemm_packed
-from .gemm_packed import TileShape, _PackedGemmIR, carried_loop, counted_loop, splat, wide_vectors
+from .gemm_packed import (
+    PANEL_BLOCK_BYTES,
+    TileShape,
+    _PackedGemmIR,
+    carried_loop,
+    counted_loop,
+    splat,
+    wide_vectors,
+)
 from .gemm_packed import available as packed_available
 
 __all__ = ["FLAG_BIAS", "FLAG_CLIP", "FLAG_NCHW", "FLAG_RELU", "FLAG_RESIDUAL", "available",
@@ -336,8 +344,28 @@ class _IndirectGemmIR(_PackedGemmIR):
     def x_index(self, m0: Any, r: int, k: Any) -> Any:
         return self.b.add(self.row_at[r], k)
 
-    def k_origin(self) -> Any:
-        return self.tap_k
+    def fetch_start(self, p: Any, m0: Any) -> tuple[Any, Any]:
+        """Where whole tile ``m0``'s k loop on panel ``p`` starts prefetching, and its pace
+        (bytes a k, a constant: ``PREFETCH_LINES`` lines an iteration): the byte of ``w``
+        in the panel a block of panels on (``walk``'s blocks; the last panel past the end)
+        at tile m0's share (``m0 / full`` of it), plus the pace times the panel rows
+        before the tap's first (``tap_k``). A tile's prefetches then cover ``pace /
+        (4 * nr)`` of the panel from its share's start: all of it with 4 tiles or more
+        (AVX2's tile: 2), twice and more over with more. Computed from the arguments at
+        each loop's start, the pace a constant: LLVM spilled the k loop's accumulators
+        where values of the walk stayed live through it, or the pace was computed at run
+        time (a fixed-point share of ``4 * nr / tiles`` bytes a k)."""
+        b, c = self.b, self.c
+        panel = b.mul(self.panel_rows(), c(4 * self.nr))
+        per_block = b.sdiv(c(PANEL_BLOCK_BYTES), panel)
+        per_block = b.select(b.icmp_signed("<", per_block, c(1)), c(1), per_block)
+        last = b.sub(self.panels, c(1))
+        nxt = b.add(p, per_block)
+        nxt = b.select(b.icmp_signed(">", nxt, last), last, nxt)
+        full = b.mul(b.sdiv(self.m_rows, c(self.mr)), c(self.mr))  # > 0 where tiles run
+        at = b.add(b.mul(nxt, panel), b.sdiv(b.mul(m0, panel), full))
+        pace = c(64 * self.PREFETCH_LINES // self.UNROLL)
+        return b.add(at, b.mul(self.tap_k, pace)), pace
 
     def panel_rows(self) -> Any:
         return self.k_total

@@ -418,32 +418,9 @@ class _PackedGemmIR:
         return out
 
     def fetch_start(self, p: Any, m0: Any) -> tuple[Any, Any]:
-        """Where whole tile ``m0``'s k loop on panel ``p`` starts prefetching, and its pace
-        (bytes a k, a constant: ``PREFETCH_LINES`` lines an iteration): the byte of ``w``
-        in the panel a block of panels on (``walk``'s blocks; the last panel past the end)
-        at tile m0's share (``m0 / full`` of it), plus the pace times the panel rows
-        before the loop's first (``k_origin``). A tile's prefetches then cover ``pace /
-        (4 * nr)`` of the panel from its share's start: all of it with 4 tiles or more
-        (AVX2's tile: 2), twice and more over with more. Computed from the arguments at
-        each loop's start, the pace a constant: LLVM spilled the k loop's accumulators
-        where values of the walk stayed live through it, or the pace was computed at run
-        time (a fixed-point share of ``4 * nr / tiles`` bytes a k)."""
-        b, c = self.b, self.c
-        panel = b.mul(self.panel_rows(), c(4 * self.nr))
-        per_block = b.sdiv(c(PANEL_BLOCK_BYTES), panel)
-        per_block = b.select(b.icmp_signed("<", per_block, c(1)), c(1), per_block)
-        last = b.sub(self.panels, c(1))
-        nxt = b.add(p, per_block)
-        nxt = b.select(b.icmp_signed(">", nxt, last), last, nxt)
-        full = b.mul(b.sdiv(self.m_rows, c(self.mr)), c(self.mr))  # > 0 where tiles run
-        at = b.add(b.mul(nxt, panel), b.sdiv(b.mul(m0, panel), full))
-        pace = c(64 * self.PREFETCH_LINES // self.UNROLL)
-        return b.add(at, b.mul(self.k_origin(), pace)), pace
-
-    def k_origin(self) -> Any:
-        """The panel row of the k loop's k = 0 (the tap's first row where a tile's loop runs
-        once per tap)."""
-        return self.c(0)
+        """Where whole tile ``m0``'s k loop on panel ``p`` starts prefetching (a byte of
+        ``w``) and its pace (bytes a k): a build with ``PREFETCH_TILES`` defines it."""
+        raise NotImplementedError
 
     def prefetch_lines(self, at: Any) -> None:
         """Prefetch ``PREFETCH_LINES`` cache lines from byte ``at`` of ``w`` into L2."""
