@@ -228,8 +228,10 @@ def test_quantize_float8_saturates_and_int4() -> None:
     np.testing.assert_array_equal(i4.astype(np.int8), [1, 7, -8, 3])
 
 
-def test_dynamic_quantize_linear_matches_ort() -> None:
-    x = RNG.standard_normal((4, 5), dtype=np.float32)
+@pytest.mark.parametrize("kind", ["normal", "zeros"])
+def test_dynamic_quantize_linear_matches_ort(kind: str) -> None:
+    """An empty range (all zeros) has scale 1, as onnxruntime's, not 1/255."""
+    x = RNG.standard_normal((4, 5), dtype=np.float32) * (kind == "normal")
     y, s, z = kernel("DynamicQuantizeLinear", 1, 3, opset=11)(x)
     wy, ws, wz = run_ort(
         "DynamicQuantizeLinear", [x], 3, 11, [TensorProto.UINT8, TensorProto.FLOAT, 2]

@@ -91,7 +91,8 @@ def minus_zero_point_cols(b: np.ndarray, zp: Any, cdt: Any) -> np.ndarray:
 
 def dynamic_quantize(x: np.ndarray) -> tuple[np.ndarray, np.float32, np.uint8]:
     """DynamicQuantizeLinear's arithmetic (float32, as onnxruntime): ``x``'s range widened
-    to hold 0 mapped onto uint8; returns (codes, scale, zero point). A float32 ``x`` of
+    to hold 0 mapped onto uint8 (an empty range, all zeros, scale 1 as onnxruntime's);
+    returns (codes, scale, zero point). A float32 ``x`` of
     finite values takes one compiled call (``_dynamic``: the range, the scale and zero
     point, the codes: the same steps); NaN or infinity, or numba off, the NumPy path."""
     f32 = np.float32
@@ -105,7 +106,7 @@ def dynamic_quantize(x: np.ndarray) -> tuple[np.ndarray, np.float32, np.uint8]:
     with np.errstate(over="ignore", invalid="ignore"):  # the limits' range, NaN: no warnings
         maxx = f32(max(0.0, float(x.max()))) if x.size else f32(0)
         minx = f32(min(0.0, float(x.min()))) if x.size else f32(0)
-        scale = f32(1.0 if maxx == minx else (maxx - minx)) / f32(255)
+        scale = f32(1.0) if maxx == minx else f32(maxx - minx) / f32(255)  # onnxruntime's
         zp = np.rint(min(255.0, max(0.0, float(f32(0) - minx / scale))))
         y = np.divide(x, scale, dtype=f32)
         np.rint(y, out=y)
@@ -136,7 +137,7 @@ def _dynamic(x, bits, y, params):  # pragma: no cover - numba only
     f = both.view(np.float32)
     maxx = f[0]
     minx = -f[1]
-    scale = (np.float32(1.0) if maxx == minx else np.float32(maxx - minx)) / np.float32(255)
+    scale = np.float32(1.0) if maxx == minx else np.float32(maxx - minx) / np.float32(255)
     q = np.float64(np.float32(np.float32(0) - np.float32(minx / scale)))
     zp = np.float32(np.rint(min(255.0, max(0.0, q))))
     magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even

@@ -20,7 +20,8 @@ __all__ = ["BLAS_IMPORT", "EXP_IMPORT", "Step", "copy_strided", "elementwise", "
 #: (op_type, attrs, refs): refs index the operands, -1 is the running value.
 Step = tuple[str, dict[str, Any], Sequence[int]]
 
-_TNAMES = {"float32": "f4", "float64": "f8", "int64": "i8", "int32": "i4", "bool": "b1"}
+_TNAMES = {"float32": "f4", "float64": "f8", "int64": "i8", "int32": "i4", "bool": "b1",
+           "uint8": "u1", "int8": "s1"}  # fmt: skip
 
 #: With ``blas``, a product at least this big (multiply-adds) with more than one row
 #: goes to BLAS: a gemm call costs ~0.2 µs, and the loops run a 64x64 @ 64x4 product
@@ -34,7 +35,7 @@ EXP_IMPORT = "from tfrt_py.native.kernels.fastmath import expf, expf_neg"
 
 def tname(dtype: Any) -> str:
     """The generated module's alias for a dtype (Declined if it has none: the lowering
-    only knows float32/float64/int64/int32/bool)."""
+    only knows float32/float64/int64/int32/uint8/int8/bool)."""
     t = _TNAMES.get(str(dtype))
     if t is None:
         raise Declined([f"dtype {dtype} has no native form"])

@@ -629,6 +629,7 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         *imports,
         "",
         "f4, f8, i8, i4, b1 = np.float32, np.float64, np.int64, np.int32, np.bool_",
+        "u1, s1 = np.uint8, np.int8",  # (i1 would be a loop variable's name)
         # the kernels' version: numba's cache of this module holds their machine code
         *([f"KV = {literal(kernel_version())}"] if uses_kernels or imports else []),
     ]

@@ -67,13 +67,14 @@ LINEAR_IR_IMPORT = "from tfrt_py.native.kernels.linear_ir import linear_cls_rows
 #: kernels and what they compile from elsewhere (the BLAS and packed-gemm bindings, the
 #: tree classifier's base-value rule).
 _NATIVE_KERNELS = ("post", "svm", "trees", "blas", "fastmath", "rowdot", "nbits", "nbits_int8",
-                   "linear_ir")  # fmt: skip
+                   "linear_ir", "qdynamic")  # fmt: skip
 KERNEL_SOURCES = (
     *(f"native/kernels/{name}.py" for name in _NATIVE_KERNELS),
     "kernels/lib/blas.py",
     "kernels/lib/dotrows_ir.py",
     "kernels/lib/gemm_packed.py",
     "kernels/lib/linear_rows_ir.py",
+    "kernels/lib/qgemm_packed.py",
     "kernels/lib/qnbits_ir.py",
     "kernels/lib/rowreduce_ir.py",
     "kernels/lib/rowvec_ir.py",

@@ -34,7 +34,7 @@ from .products import packed_product, weights_product
 from .records import Registry
 from .source import literal
 
-__all__ = ["batched_matmul", "register_lowerings"]
+__all__ = ["attention_core", "batched_matmul", "embed_norm", "register_lowerings"]
 
 _FLOATS = ("float32", "float64")
 
@@ -385,11 +385,13 @@ def _ids_check(t: str, dim: int) -> list[str]:
     ]
 
 
-def _embed_norm(cx: Any, node: Node) -> list[str]:
+def embed_norm(cx: Any, node: Any) -> list[str]:
     """onnxruntime's EmbedLayerNormalization without position_ids: ``word[ids] +
     position[0..S-1] (+ segment[segment_ids])`` per token (into ``embedding_sum`` when
     asked for), the LayerNorm of each (``epsilon`` default 1e-12), and ``mask_index``
-    (int32 (B,): the ones in each row of ``mask``; zeros without one)."""
+    (int32 (B,): the ones in each row of ``mask``; zeros without one). ``node``: anything
+    with its ``inputs``, ``outputs`` and ``attrs`` (QEmbedLayerNormalization's lowering,
+    ``ops_quant``, passes its tables dequantized)."""
     ins = list(node.inputs) + [None] * 9
     ids, seg_ids, word, pos, seg = (ins[i] for i in range(5))
     gamma, beta, mask, pos_ids = ins[5], ins[6], ins[7], ins[8]
@@ -463,16 +465,26 @@ def _attention(cx: Any, node: Node) -> list[str]:
     b_, s_, _ = x.shape
     qkv = cx.new_buffer((b_ * s_, 3 * d), y.dtype)
     lines = _attention_projection(cx, node, x, qkv)
+    return lines + attention_core(cx, node, qkv, y, _input(node, 3), (heads, d, scale))
+
+
+def attention_core(cx: Any, node: Node, qkv: Ref, y: Ref, mask_v: Value | None,
+                   sizes: tuple[int, int, float]) -> list[str]:  # fmt: skip
+    """The lines of Attention after its projection: ``qkv`` (B * S, 3D) into ``y`` (B, S,
+    D) with ``mask_v`` the (B,) end positions or None; ``sizes`` (heads, D, scale).
+    QAttention's lowering (``ops_quant``) shares it."""
+    heads, d, scale = sizes
+    b_, s_ = y.shape[0], y.shape[1]
     mask = None
-    if _input(node, 3) is not None:
-        mask = cx.ref(_input(node, 3))
+    if mask_v is not None:
+        mask = cx.ref(mask_v)
         if mask.shape != (b_,) or str(mask.dtype) not in ("int32", "int64"):
             cx.decline(f"Attention mask_index {mask.shape} (the (B,) end positions only)")
     cx.imports.add(EXP_IMPORT)
     sc = cx.new_buffer((s_, s_), y.dtype)
     scores, product = _attention_products(cx, qkv, sc, y, (s_, d, d // heads), scale)
     fill = float(node.attrs.get("mask_filter_value", -10000.0))
-    return lines + _attention_heads(cx, sc, mask, (b_, s_, heads), fill, scores, product)
+    return _attention_heads(cx, sc, mask, (b_, s_, heads), fill, scores, product)
 
 
 def _input(node: Node, i: int) -> Value | None:
@@ -616,7 +628,7 @@ def register_lowerings(reg: Registry) -> None:
     reg.add(_MS, "BiasGelu", _gelu_like)
     reg.add(_MS, "FastGelu", _gelu_like)
     reg.add(_MS, "FusedMatMul", _fused_matmul)
-    reg.add(_MS, "EmbedLayerNormalization", _embed_norm)
+    reg.add(_MS, "EmbedLayerNormalization", embed_norm)
     reg.add(_MS, "Attention", _attention)
     for op in _LOGIC:
         reg.add("", op, _logic)

@@ -3,7 +3,8 @@
 Each ops module registers its records (``register_lowerings``: ``ops`` the default
 domain's and the fused ops' code, ``ops_tx`` the transformer ops', ``ops_dec`` a
 decoder step's fused ops, ``ops_gqa`` onnxruntime-genai's GroupQueryAttention,
-``ops_nbits`` the 4/8-bit weight-only product, ``ops_ml``
+``ops_nbits`` the 4/8-bit weight-only product, ``ops_quant`` the dynamic int8
+product, ``ops_ml``
 the classic-ML ops'); the views are registered
 here. The lowering (``graph``), rows mode (``rowwise``), the compile budget (``budget``)
 and ``blockers`` read this one table.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import functools
 
-from . import ops, ops_dec, ops_encode, ops_gqa, ops_ml, ops_nbits, ops_tx, rows
+from . import ops, ops_dec, ops_encode, ops_gqa, ops_ml, ops_nbits, ops_quant, ops_tx, rows
 from .records import Registry
 
 __all__ = ["VIEW_OPS", "lowerings"]
@@ -35,6 +36,7 @@ def lowerings() -> Registry:
     ops_dec.register_lowerings(reg)
     ops_gqa.register_lowerings(reg)
     ops_nbits.register_lowerings(reg)
+    ops_quant.register_lowerings(reg)
     ops_ml.register_lowerings(reg)
     ops_encode.register_lowerings(reg)
     return reg

@@ -25,7 +25,8 @@ TILE_ROWS = 64
 #: LLVM vectorizes the loops over it).
 ROW_VIEW_MIN = 16
 #: The generated module's dtype aliases -> numba's type names.
-NP_TYPES = {"f4": "float32", "f8": "float64", "i8": "int64", "i4": "int32", "b1": "boolean"}
+NP_TYPES = {"f4": "float32", "f8": "float64", "i8": "int64", "i4": "int32", "b1": "boolean",
+            "u1": "uint8", "s1": "int8"}  # fmt: skip
 
 
 def row_refs(prefix: str, k: int, shape: tuple[int, ...], tile: bool) -> tuple[str, str]:

@@ -414,10 +414,17 @@ ROUNDING_TOL = 2e-2
 def rounding_tolerance(graph: Any) -> float:
     """How far (a fraction of an output's largest value) two correct tiers' outputs may
     differ for ``graph``: ``ROUNDING_TOL`` where a node rounds its activations to int8 at
-    run time (com.microsoft MatMulNBits at ``accuracy_level=4``: a float difference of one
-    ulp upstream can move a value across a rounding boundary, a step of its block, ~1e-3 of
-    an output, and later layers carry it on), else 0."""
+    run time (com.microsoft MatMulNBits at ``accuracy_level=4``, DynamicQuantizeLinear and
+    DynamicQuantizeMatMul: a float difference of one ulp upstream can move a value across a
+    rounding boundary, a step of its scale, ~1e-3 of an output, and later layers carry it
+    on), else 0."""
     for node in graph.nodes:
         if node.op_type == "MatMulNBits" and node.attrs.get("accuracy_level") == 4:
             return ROUNDING_TOL
+        if node.op_type in _DYNAMIC_QUANTIZERS:
+            return ROUNDING_TOL
     return 0.0
+
+
+#: Ops that quantize their float input with a range found at run time.
+_DYNAMIC_QUANTIZERS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul"})
