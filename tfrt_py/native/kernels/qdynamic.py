@@ -9,7 +9,7 @@ value is finite; its NumPy path's where one is NaN or infinite: the range then c
 NaN as nothing above or below 0, and a NaN quotient's code is 0).
 
 ``qmm_u8(a, ao, m, k, w, colsum, wz, scale, bias, s, so, z, zo, has_z, y, yo, n, stage,
-rows, wide, kp, kg, panels, layout, vnni, asymmetric)``: ``y[yo + r * n + c]`` = the
+rows, wide, ldy, kp, kg, panels, layout, vnni, asymmetric)``: ``y[yo + r * n + c]`` = the
 product of ``m`` rows of uint8 codes (``k`` from ``ao + r * k``, zero point ``z[zo]`` when
 ``has_z``) by the weight packed at lowering for this process's ``qgemm_packed`` path (``w``:
 its bytes as int32 words), scaled by ``s[so] * scale[c]`` plus ``bias[c]`` as
@@ -17,9 +17,10 @@ its bytes as int32 words), scaled by ``s[so] * scale[c]`` plus ``bias[c]`` as
 padded to the panels' columns, as it makes them). A's rows go to the kernel in place when
 they are its layout (VNNI, ``k == kp``), else through ``stage`` (bytes: ``m * kp`` codes, as
 int16 on the widening paths); ``rows`` (m int32) takes the row terms of a weight with zero
-points; ``wide`` (``m * ldy`` floats, ``ldy`` the output's whole vectors) the rows when ``n``
-is not a whole number of vectors. ValueError when the weight was packed for another path.
-Stateless; any thread; the caller sizes the scratch.
+points; ``wide`` (``m * ldy`` floats, ``ldy`` N rounded up to whole vectors, as the
+lowering sizes it) the rows when ``n`` is not a whole number of vectors. ValueError when
+the weight was packed for another path. Stateless; any thread; the caller sizes the
+scratch.
 
 Importing this module builds (or loads) the scaled kernel and registers its symbol before
 numba compiles a function that calls it; where it is off it raises ImportError, and the
@@ -92,7 +93,8 @@ def _stage(a, ao, m, k, kp, dst):  # pragma: no cover - compiled
 
 @njit(nogil=True, cache=True)
 def qmm_u8(a, ao, m, k, w, colsum, wz, scale, bias, s, so, z, zo, has_z, y, yo, n, stage,
-           rows, wide, kp, kg, panels, layout, vnni, asymmetric):  # pragma: no cover  # fmt: skip
+           rows, wide, ldy, kp, kg, panels, layout, vnni,
+           asymmetric):  # pragma: no cover  # fmt: skip
     zx = np.int64(z[zo]) if has_z else np.int64(0)
     if vnni and kp == k:
         ptr = a.ctypes.data + ao
@@ -109,8 +111,6 @@ def qmm_u8(a, ao, m, k, w, colsum, wz, scale, bias, s, so, z, zo, has_z, y, yo, 
                 t += np.int64(a[ao + r * k + i])
             t -= k * zx
         rows[r] = np.int32(t)
-    vw = colsum.shape[0] // panels // 2  # a panel is two vectors
-    ldy = (n + vw - 1) // vw * vw
     out = y.ctypes.data + yo * 4 if ldy == n else wide.ctypes.data
     st = qgemm_scaled(ptr, kp, w.ctypes.data, out, ldy, m, kg, panels, layout,
                       colsum.ctypes.data, wz.ctypes.data, rows.ctypes.data, scale.ctypes.data,

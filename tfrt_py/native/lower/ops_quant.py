@@ -30,6 +30,7 @@ import numpy as np
 from ...ir import Node, Value
 from ...kernels.contrib.quantized import dequantize
 from ...kernels.lib import qgemm_packed
+from ...kernels.lib.qgemm_packed import layout_code
 from ...kernels.lib.qgemm_rows import IntegerWeights
 from .loops import loop_nest
 from .ops_tx import attention_core, embed_norm
@@ -135,8 +136,8 @@ def _product(cx: Any, built: Any, act: tuple[Any, Any, Any], weights: _Weights,
     scratch = [cx.view(cx.new_buffer((max(1, size),), dt)) for size, dt in sizes]
     cx.imports.add(QDYNAMIC_IMPORT)
     args = [a.buf, a.off, literal(m), literal(k), *names, a_scale.buf, a_scale.off, a_zp.buf,
-            a_zp.off, str(az_v is not None), y.buf, y.off, literal(n), *scratch, literal(kp),
-            literal(kg), literal(w.packed.shape[0]), literal(qgemm_packed.layout_code(shape)),
+            a_zp.off, str(az_v is not None), y.buf, y.off, literal(n), *scratch, literal(ldy),
+            literal(kp), literal(kg), literal(w.packed.shape[0]), literal(layout_code(shape)),
             str(shape.vnni), str(w.asymmetric)]  # fmt: skip
     return [f"qmm_u8({', '.join(args)})"]
 
