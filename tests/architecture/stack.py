@@ -126,8 +126,10 @@ LINE_BUDGET: dict[str, int] = {
     # 2 on the extended grid, an 8-float build for narrow planes (lib/depthwise_ir.py,
     # nn/conv_depthwise_grid.py: issue 35, the mobile family's depthwise convs); 12-05
     # (57th): gemm_cols' row prefetches, the packed products' four-step k loop with its
-    # remainder loop (lib/gemm_cols.py, lib/gemm_packed.py: issue 35 on Intel AVX-512)
-    "kernels": 33840,
+    # remainder loop (lib/gemm_cols.py, lib/gemm_packed.py: issue 35 on Intel AVX-512);
+    # 12-05 (60th): the float-storing integer product on AMX tiles (lib/qgemm_amx.py:
+    # issue 36's int8 transformers on Sapphire Rapids and later)
+    "kernels": 34250,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,

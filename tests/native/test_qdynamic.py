@@ -241,3 +241,35 @@ def test_qembed_layer_normalization_on_the_native_tier() -> None:
     np.testing.assert_allclose(got[0], ort[0], rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(got[1], want["mi"])
     np.testing.assert_array_equal(got[1], ort[1])
+
+
+@pytest.mark.parametrize("case", ["normal", "zeros", "negative", "nan", "inf", "big"])
+def test_dynamic_quantize_at_offsets_is_the_interpreters(case: str) -> None:
+    """``dql_u8`` on a stretch of an arena (input and output at offsets, as the generated
+    code calls it): the interpreter's codes, scale and zero point (its bits path for finite
+    values, its NumPy path's arithmetic for NaN and infinities), and nothing written
+    outside the stretch."""
+    from tfrt_py.kernels.lib import quant
+    from tfrt_py.native.kernels.qdynamic import dql_u8
+
+    n, xo, yo = 1000, 37, 11
+    x = RNG.standard_normal(n + 80).astype(F32)
+    part = x[xo : xo + n]
+    if case == "zeros":
+        part[:] = 0
+    elif case == "negative":
+        part[:] = -np.abs(part) - 1
+    elif case == "nan":
+        part[[3, 500]] = np.nan
+    elif case == "inf":
+        part[7] = np.inf
+    elif case == "big":
+        part *= F32(3e37)
+    y = np.full(n + 30, 7, np.uint8)
+    s, z = np.zeros(3, F32), np.zeros(3, np.uint8)
+    dql_u8(x, xo, n, y, yo, s, 1, z, 2)
+    with np.errstate(invalid="ignore", over="ignore"):
+        codes, scale, zp = quant.dynamic_quantize(part.copy())
+    np.testing.assert_array_equal(y[yo : yo + n], codes)
+    assert s[1] == scale and z[2] == zp
+    assert (y[:yo] == 7).all() and (y[yo + n :] == 7).all()

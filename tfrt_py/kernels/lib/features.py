@@ -24,7 +24,15 @@ from typing import NamedTuple
 
 from ...concurrency import native_pool, native_threads, numba_target
 from ...concurrency.env_switch import switched_off
-from . import gemm_packed, linear_rows_ir, pool_ir, qdepthwise_ir, qgemm_packed, qnbits_ir
+from . import (
+    gemm_packed,
+    linear_rows_ir,
+    pool_ir,
+    qdepthwise_ir,
+    qgemm_amx,
+    qgemm_packed,
+    qnbits_ir,
+)
 from .jit import why_off
 
 __all__ = ["Feature", "cpu_flags", "features", "format_features"]
@@ -119,8 +127,9 @@ def _integer() -> Feature:
         return Feature("integer gemm", False, f"{why}: exact 8-bit products on float BLAS{nb}")
     dw = qdepthwise_ir.describe()
     dw = f"; depthwise rows: {dw}" if dw else ""
+    amx = "AMX-INT8 tiles" if qgemm_amx.available() else f"vectors ({qgemm_amx.why()})"
     return Feature("integer gemm", True, f"path {path} ({why}); u8 x s8 products on weights "
-                   f"packed at load{dw}{nb}")  # fmt: skip
+                   f"packed at load; float-storing products on {amx}{dw}{nb}")  # fmt: skip
 
 
 def _cpu() -> Feature:

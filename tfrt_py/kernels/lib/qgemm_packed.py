@@ -47,7 +47,7 @@ from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from ...concurrency.once import Once
-from . import gemm_packed
+from . import gemm_packed, qgemm_amx
 from .gemm_packed import ENV_ISA, ENV_PACKED_GEMM, _PackedGemmIR
 
 __all__ = [
@@ -77,7 +77,10 @@ __all__ = [
 ENV_QGEMM = "TFRT_PY_QGEMM"
 SYMBOL = "tfrt_py_qgemm_packed"
 SYMBOL_REQUANT = "tfrt_py_qgemm_requant"
+#: The float-storing product numba code calls: the AMX kernel where this process has it
+#: (``qgemm_amx``), else the path's vector kernel, ``SYMBOL_SCALED_VECTORS``.
 SYMBOL_SCALED = "tfrt_py_qgemm_scaled"
+SYMBOL_SCALED_VECTORS = "tfrt_py_qgemm_scaled_vectors"
 #: The code that writes the IR (``_QGemmIR`` builds on ``gemm_packed._PackedGemmIR``): the
 #: cached machine code (``compile_ir_cached``) is rebuilt when either file changes.
 IR_SOURCES = (gemm_packed.__file__, __file__)
@@ -433,8 +436,12 @@ def _register() -> tuple[str, str, Built | None, Any, Any, Any]:
         add_symbol(SYMBOL, built.engine.get_function_address(SYMBOL))
         fused = build(path_, SYMBOL_REQUANT, requant=True)
         add_symbol(SYMBOL_REQUANT, fused.engine.get_function_address(SYMBOL_REQUANT))
-        scaled = build(path_, SYMBOL_SCALED, scaled=True)
-        add_symbol(SYMBOL_SCALED, scaled.engine.get_function_address(SYMBOL_SCALED))
+        scaled = build(path_, SYMBOL_SCALED_VECTORS, scaled=True)
+        vectors = scaled.engine.get_function_address(SYMBOL_SCALED_VECTORS)
+        add_symbol(SYMBOL_SCALED_VECTORS, vectors)
+        # the AMX kernel calls the vector one by name for the rest: registered above
+        vnni = layout_code(TILES["vnni512"])
+        add_symbol(SYMBOL_SCALED, qgemm_amx.install(path_, vnni, SYMBOL_SCALED_VECTORS) or vectors)
     except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the callers stay exact on BLAS
         return "portable", f"the kernel did not build: {type(e).__name__}", None, None, None, None
     _ENGINES.extend((fused, scaled))

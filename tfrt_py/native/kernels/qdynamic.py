@@ -53,26 +53,49 @@ def _zero_point(minx, scale):  # pragma: no cover - compiled
 
 @njit(nogil=True, cache=True)
 def dql_u8(x, xo, n, y, yo, s, so, z, zo):  # pragma: no cover - compiled
-    top = np.float32(0)
-    low = np.float32(0)
-    nan = False
+    # the range on the bits first (``quant._dynamic``'s loop, which vectorizes without
+    # fast-math): a positive float's bits order as the float does, and the most negative
+    # value has the largest magnitude bits among the sign-set ones
+    bits = x[xo : xo + n].view(np.int32)
+    tb = np.int32(0)
+    nb = np.int32(0)
+    mag = np.int32(0x7FFFFFFF)
     for i in range(n):
-        v = x[xo + i]
-        if v != v:
-            nan = True
-        top = v if v > top else top
-        low = v if v < low else low
-    if nan:  # NumPy's max and min are NaN, and Python's max(0, NaN) is 0
+        b = bits[i]
+        tb = b if b > tb else tb
+        m = b & mag if b < 0 else np.int32(0)
+        nb = m if m > nb else nb
+    finite = tb < np.int32(0x7F800000) and nb < np.int32(0x7F800000)
+    if finite:
+        both = np.empty(2, np.int32)
+        both[0] = tb
+        both[1] = nb
+        f = both.view(np.float32)
+        top = f[0]
+        low = -f[1]
+    else:  # infinity or NaN: NumPy's max and min, where Python's max(0, NaN) is 0
         top = np.float32(0)
         low = np.float32(0)
+        nan = False
+        for i in range(n):
+            v = x[xo + i]
+            if v != v:
+                nan = True
+            top = v if v > top else top
+            low = v if v < low else low
+        if nan:
+            top = np.float32(0)
+            low = np.float32(0)
     scale = np.float32(1.0) if top == low else np.float32(top - low) / np.float32(255)
     zp = _zero_point(low, scale)
     magic = np.float32(12582912.0)  # 1.5 * 2**23: adding it rounds half to even
-    if np.isfinite(top) and np.isfinite(low) and not nan:
+    if finite:  # views from the offsets: indices from 0 need no wraparound, and vectorize
+        xs = x[xo : xo + n]
+        ys = y[yo : yo + n]
         for i in range(n):
-            v = x[xo + i] / scale  # |v| <= 255 + 1: within the range the scale covers
+            v = xs[i] / scale  # |v| <= 255 + 1: within the range the scale covers
             v = ((v + magic) - magic) + zp
-            y[yo + i] = np.uint8(min(max(v, np.float32(0)), np.float32(255)))
+            ys[i] = min(max(v, np.float32(0)), np.float32(255))
     else:
         for i in range(n):
             v = np.rint(x[xo + i] / scale) + zp
