@@ -97,6 +97,46 @@ def test_amx_stores_what_the_vector_kernel_stores(m: int, k: int, n: int) -> Non
     assert np.isnan(got[:, -(-n // 16) * 16 :]).all()
 
 
+@pytest.mark.parametrize("m", [1, 16, 17, 32, 49, 100])
+@pytest.mark.parametrize("k, n", [(64, 16), (300, 70), (576, 100)])
+def test_the_int32_and_requantizing_builds_store_as_the_vectors(m: int, k: int, n: int) -> None:
+    """The int32 build (MatMulInteger, QLinearConv's asymmetric weights) stores the exact
+    sums for whole panels; the requantizing one (QLinearConv, QLinearMatMul) the vector
+    build's bytes -- bias, scale, clamp at both ends, half to even, zero point -- with
+    nothing past the last whole vector of 16."""
+    _need_amx()
+    tile = qgemm_packed.TILES["vnni512"]
+    c = _case(m, k, n, 0, seed_zp=False)
+    kg, panels = c["packed"].shape[1], c["packed"].shape[0]
+    layout = qgemm_packed.layout_code(tile)
+    vec = qgemm_packed.build("vnni512")
+    want = qgemm_packed.qgemm(vec, c["a"], c["packed"], m)
+    got = np.full_like(want, -7)
+    fn = ctypes.CFUNCTYPE(_I, _P, _I, _P, _P, _I, _I, _I, _I, _I)(qgemm_amx.address("int32"))
+    assert fn(c["a"].ctypes.data, c["a"].shape[1], c["packed"].ctypes.data, got.ctypes.data,
+              got.shape[1], m, kg, panels, layout) == 0  # fmt: skip
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got[:, :n], c["exact"])
+    for dt, (lo, hi) in ((np.uint8, (0, 255)), (np.int8, (-128, 127))):
+        zp = int(RNG.integers(lo, hi + 1))
+        params = np.array([lo - zp, hi - zp, zp], np.float32)
+        bias = RNG.integers(-(2**20), 2**20, c["npad"]).astype(np.int32)
+        scale = RNG.uniform(1e-5, 3e-3, c["npad"]).astype(np.float32)
+        ref = np.full((m, c["npad"]), 3, dt)
+        qgemm_packed.qgemm_requant(qgemm_packed.build("vnni512", requant=True), c["a"],
+                                   c["packed"], m, bias, scale, params, n, ref)  # fmt: skip
+        out = np.full((m, c["npad"]), 3, dt)
+        rq = ctypes.CFUNCTYPE(_I, _P, _I, _P, _P, _I, _I, _I, _I, _I, _P, _P, _P, _I)(
+            qgemm_amx.address("requant")
+        )
+        assert rq(c["a"].ctypes.data, c["a"].shape[1], c["packed"].ctypes.data,
+                  out.ctypes.data, out.shape[1], m, kg, panels, layout, bias.ctypes.data,
+                  scale.ctypes.data, params.ctypes.data, n) == 0  # fmt: skip
+        np.testing.assert_array_equal(out, ref)
+        assert (out[:, -(-n // 16) * 16 :] == 3).all()
+        assert {lo, hi} & set(np.unique(out[:, :n]).tolist())  # the clamp was reached
+
+
 def test_amx_on_a_part_of_the_panels() -> None:
     """The interpreter's parts call the kernel on a range of panels (weights, constants and
     output offset to its first column): the same floats as the whole product there."""
@@ -131,6 +171,8 @@ def test_numba_code_calls_the_amx_kernel_where_the_host_has_it() -> None:
     from tfrt_py.kernels.lib.qgemm_rows import IntegerWeights
 
     assert llvm.address_of_symbol(qgemm_packed.SYMBOL_SCALED) == qgemm_amx.address()
+    assert llvm.address_of_symbol(qgemm_packed.SYMBOL) == qgemm_amx.address("int32")
+    assert llvm.address_of_symbol(qgemm_packed.SYMBOL_REQUANT) == qgemm_amx.address("requant")
     assert qgemm_amx.why() == ""
     a = edge_codes(RNG, (70, 256), np.uint8)
     w = edge_codes(RNG, (256, 96), np.int8)
@@ -154,7 +196,7 @@ def test_the_switch_keeps_the_vector_kernel() -> None:
         "q.path()\n"
         "print(qgemm_amx.why())\n"
         "print(llvm.address_of_symbol(q.SYMBOL_SCALED) == "
-        "llvm.address_of_symbol(q.SYMBOL_SCALED_VECTORS))\n"
+        "llvm.address_of_symbol(q._VECTORS['scaled']))\n"
     )
     env = {**os.environ, qgemm_amx.ENV_AMX: "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,

@@ -1,25 +1,28 @@
-"""The float-storing integer product on AMX tiles (Intel AMX-INT8: Sapphire Rapids and later),
-for weights packed for the ``vnni512`` path (issue 36).
+"""The integer products on AMX tiles (Intel AMX-INT8: Sapphire Rapids and later), for
+weights packed for the ``vnni512`` path (issue 36).
 
-``SYMBOL(a, lda, w, y, ldy, m, k_groups, panels, layout, colsum, wz, row_term, scale, bias,
-a_scale, a_zp, n_valid) -> status`` is ``qgemm_packed``'s scaled kernel, argument for
-argument and bit for bit: the same int32 sums (exact on both), the same corrections and
-float steps. ``tdpbusd`` multiplies a 16-row tile of A's codes (64 a row) by a tile of 16
-groups of 4 codes of 16 columns -- which is what a ``vnni512`` panel holds in each half of
-its 128-byte rows, so the packed weights are read in place -- into 16 x 16 int32 sums:
-1,024 products a cycle, four times a core's two ``vpdpbusd`` units. Blocks of 32 rows by a
-panel (32 columns) keep four such sums in tiles over k, store them to a 4 KB scratch on the
-stack, and the epilogue makes the floats from there. The rows past the last whole block of
-16, and every product whose k groups are not a multiple of 16 (the tiles' depth), go to
-the scaled kernel itself.
+``symbol(form)`` is ``qgemm_packed``'s build of ``form``, argument for argument and bit for
+bit: ``int32`` (``qgemm_packed.SYMBOL``: the sums, whole panels), ``requant``
+(``SYMBOL_REQUANT``: QLinearConv's and QLinearMatMul's bytes) and ``scaled``
+(``SYMBOL_SCALED``: MatMulIntegerToFloat's floats). ``tdpbusd`` multiplies a 16-row tile of
+A's codes (64 a row) by a tile of 16 groups of 4 codes of 16 columns -- which is what a
+``vnni512`` panel holds in each half of its 128-byte rows, so the packed weights are read
+in place -- into 16 x 16 int32 sums: 1,024 products a cycle, four times a core's two
+``vpdpbusd`` units. Blocks of 32 rows (then one of 16) by a panel (32 columns) keep four
+(two) such sums in tiles over k; the ``int32`` build stores them to the output, the others
+to a 4 KB scratch on the stack, from which the vector build's epilogue makes the bytes or
+floats (the same steps, so the same bits). The rows past the last block of 16, and every
+product whose k groups are not a multiple of 16 (the tiles' depth), go to the vector build
+(called by name).
 
-``available()`` says whether this process has it: the host's LLVM reports ``amx-int8`` and
-``amx-tile``, the integer path is ``vnni512``, Linux grants the process the tile state
-(``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``, once), and ``$TFRT_PY_AMX`` is
-not ``0`` (read when first asked). ``why()`` says why not. The code is built once per
-process (and kept in the private cache) under a lock; the kernel is stateless and safe
-from any thread (each thread's tile state is its own; the function configures the tiles
-it uses and releases them before it returns).
+``qgemm_packed`` builds the process's integer kernels once (under its ``Once``) and calls
+``install``, which builds these (machine code kept in the private cache) where the host's
+LLVM reports ``amx-int8`` and ``amx-tile``, the path is ``vnni512``, Linux grants the
+process the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``; children
+inherit it) and ``$TFRT_PY_AMX`` is not ``0``; the symbols numba code calls are then these
+builds, else the vector ones. ``available()``/``why()`` say which. The kernels are
+stateless and safe from any thread (each thread's tile state is its own; a function
+configures the tiles it uses and releases them before it returns).
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ import ctypes
 import os
 import platform
 import sys
+from functools import partial
 from typing import Any
 
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 
-__all__ = ["ENV_AMX", "SYMBOL", "address", "available", "install", "why"]
+__all__ = ["ENV_AMX", "FORMS", "SYMBOL", "address", "available", "install", "symbol", "why"]
 
 SYMBOL = "tfrt_py_qgemm_amx"
 #: ``TFRT_PY_AMX=0``: the integer products keep the ``vnni512`` kernel on AMX hosts.
@@ -43,11 +47,25 @@ _XFEATURE_XTILEDATA = 18
 _SYS_ARCH_PRCTL = 158  # x86-64
 
 
-def _block(tag: str, rows: int) -> str:
-    """The code of one block of ``rows`` (16 or 32) rows from ``%m0.<tag>`` by panel
-    ``%p.<tag>``: the sums over k in tiles, stored to ``%scratch``, then the epilogue."""
-    t = tag
-    halves = rows // 16
+#: The three builds, as ``qgemm_packed``'s: (their arguments after the first nine, the
+#: output's element type, whether the epilogue reads the sums from the scratch)
+FORMS: dict[str, tuple[str, str]] = {
+    "int32": ("", "i32"),
+    "requant": ("ptr %bias, ptr %scale, ptr %params, i64 %n", "i8"),
+    "scaled": ("ptr %colsum, ptr %wz, ptr %rows, ptr %scale, ptr %bias, ptr %as, i64 %zp, "
+               "i64 %n", "float"),
+}  # fmt: skip
+_HEAD = ("ptr %a, i64 %lda, ptr %w, ptr %y, i64 %ldy, i64 %m, i64 %kg, i64 %panels, "
+         "i64 %layout")  # fmt: skip
+
+
+def symbol(form: str) -> str:
+    """The AMX build of ``form``'s symbol."""
+    return f"{SYMBOL}_{form}"
+
+
+def _sums(t: str, halves: int) -> list[str]:
+    """Block ``t``'s sums over k: ``halves`` tiles of 16 rows by the panel's two halves."""
     lines = [f"{t}.k.head:", f"  %kc.{t} = phi i64 [0, %{t}.start], [%kc1.{t}, %{t}.k.body]"]
     for r in range(halves):
         for h in range(2):
@@ -59,11 +77,10 @@ def _block(tag: str, rows: int) -> str:
               f"  %ko.{t} = shl i64 %kc.{t}, 6",
               f"  %wo.{t} = shl i64 %kc.{t}, 11",
               f"  %wp.{t} = getelementptr i8, ptr %wpanel.{t}, i64 %wo.{t}",
-              f"  %wq.{t} = getelementptr i8, ptr %wp.{t}, i64 64",
-              f"  %b0.{t} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
-              f"ptr %wp.{t}, i64 128)",
-              f"  %b1.{t} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
-              f"ptr %wq.{t}, i64 128)"]  # fmt: skip
+              f"  %wq.{t} = getelementptr i8, ptr %wp.{t}, i64 64"]  # fmt: skip
+    for h, at in enumerate(("wp", "wq")):
+        lines.append(f"  %b{h}.{t} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, "
+                     f"i16 64, ptr %{at}.{t}, i64 128)")  # fmt: skip
     for r in range(halves):
         lines += [f"  %ap{r}.{t} = getelementptr i8, ptr %arow{r}.{t}, i64 %ko.{t}",
                   f"  %a{r}.{t} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
@@ -73,29 +90,97 @@ def _block(tag: str, rows: int) -> str:
                          f"i16 64, i16 64, x86_amx %c{r}{h}.{t}, x86_amx %a{r}.{t}, "
                          f"x86_amx %b{h}.{t})")  # fmt: skip
     lines += [f"  %kc1.{t} = add i64 %kc.{t}, 1", f"  br label %{t}.k.head", f"{t}.k.done:"]
+    return lines
+
+
+def _store_tiles(t: str, halves: int, form: str) -> list[str]:
+    """The tiles to the scratch (32 int32 a row), or for ``int32`` to the output."""
+    lines = []
     for r in range(halves):
         for h in range(2):
-            off = (r * 16 * 32 + h * 16) * 4
-            lines += [f"  %sp{r}{h}.{t} = getelementptr i8, ptr %scratch, i64 {off}",
-                      f"  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, "
-                      f"ptr %sp{r}{h}.{t}, i64 128, x86_amx %c{r}{h}.{t})"]  # fmt: skip
-    # the epilogue: per half of the panel (16 columns) whose first column is before n
+            x = f"{r}{h}.{t}"
+            if form == "int32":
+                lines += [f"  %orow{x} = add i64 %m0.{t}, {16 * r}",
+                          f"  %oo{x} = mul i64 %orow{x}, %ldy",
+                          f"  %oc{x} = add i64 %pcol.{t}, {16 * h}",
+                          f"  %oa{x} = add i64 %oo{x}, %oc{x}",
+                          f"  %sp{x} = getelementptr i32, ptr %y, i64 %oa{x}",
+                          f"  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, "
+                          f"ptr %sp{x}, i64 %ldy4, x86_amx %c{x})"]  # fmt: skip
+            else:
+                lines += [f"  %sp{x} = getelementptr i8, ptr %scratch, i64 "
+                          f"{(r * 16 * 32 + h * 16) * 4}",
+                          f"  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, "
+                          f"ptr %sp{x}, i64 128, x86_amx %c{x})"]  # fmt: skip
+    return lines
+
+
+def _columns(e: str, col: str, form: str) -> list[str]:
+    """The epilogue's per-column vectors of 16 from ``col``."""
+    if form == "requant":
+        return [f"  %bp.{e} = getelementptr i32, ptr %bias, i64 {col}",
+                f"  %bv.{e} = load <16 x i32>, ptr %bp.{e}, align 4",
+                f"  %scp.{e} = getelementptr float, ptr %scale, i64 {col}",
+                f"  %sc.{e} = load <16 x float>, ptr %scp.{e}, align 4"]  # fmt: skip
+    return [f"  %csp.{e} = getelementptr i32, ptr %colsum, i64 {col}",
+            f"  %cs.{e} = load <16 x i32>, ptr %csp.{e}, align 4",
+            f"  %corr.{e} = mul <16 x i32> %cs.{e}, %azp",
+            f"  %wzp.{e} = getelementptr i32, ptr %wz, i64 {col}",
+            f"  %wzv.{e} = load <16 x i32>, ptr %wzp.{e}, align 4",
+            f"  %scp.{e} = getelementptr float, ptr %scale, i64 {col}",
+            f"  %scv.{e} = load <16 x float>, ptr %scp.{e}, align 4",
+            f"  %sc.{e} = fmul <16 x float> %scv.{e}, %ascale",
+            f"  %bp.{e} = getelementptr float, ptr %bias, i64 {col}",
+            f"  %bv.{e} = load <16 x float>, ptr %bp.{e}, align 4"]  # fmt: skip
+
+
+def _row(e: str, form: str) -> list[str]:
+    """One row's vector of sums ``%acc.<e>`` (row ``%row.<e>``) made into the output at
+    ``%yo2.<e>`` (elements), as the vector build's store makes it."""
+    if form == "requant":  # (acc + bias) * scale, clamped, rounded half to even, + zp
+        return [f"  %v.{e} = add <16 x i32> %acc.{e}, %bv.{e}",
+                f"  %f0.{e} = sitofp <16 x i32> %v.{e} to <16 x float>",
+                f"  %f1.{e} = fmul <16 x float> %f0.{e}, %sc.{e}",
+                f"  %lt.{e} = fcmp olt <16 x float> %f1.{e}, %lo",
+                f"  %f2.{e} = select <16 x i1> %lt.{e}, <16 x float> %lo, <16 x float> %f1.{e}",
+                f"  %gt.{e} = fcmp ogt <16 x float> %f2.{e}, %hi",
+                f"  %f3.{e} = select <16 x i1> %gt.{e}, <16 x float> %hi, <16 x float> %f2.{e}",
+                f"  %f4.{e} = fadd <16 x float> %f3.{e}, %magic",
+                f"  %f5.{e} = fsub <16 x float> %f4.{e}, %magic",
+                f"  %f.{e} = fadd <16 x float> %f5.{e}, %qzp",
+                f"  %qi.{e} = fptosi <16 x float> %f.{e} to <16 x i32>",
+                f"  %q.{e} = trunc <16 x i32> %qi.{e} to <16 x i8>",
+                f"  %yp.{e} = getelementptr i8, ptr %y, i64 %yo2.{e}",
+                f"  store <16 x i8> %q.{e}, ptr %yp.{e}, align 1"]  # fmt: skip
+    return [f"  %rtp.{e} = getelementptr i32, ptr %rows, i64 %row.{e}",
+            f"  %rt.{e} = load i32, ptr %rtp.{e}, align 4",
+            f"  %rti.{e} = insertelement <16 x i32> poison, i32 %rt.{e}, i32 0",
+            f"  %rtv.{e} = shufflevector <16 x i32> %rti.{e}, <16 x i32> poison, "
+            f"<16 x i32> zeroinitializer",
+            f"  %v1.{e} = sub <16 x i32> %acc.{e}, %corr.{e}",
+            f"  %wt.{e} = mul <16 x i32> %wzv.{e}, %rtv.{e}",
+            f"  %v.{e} = sub <16 x i32> %v1.{e}, %wt.{e}",
+            f"  %f0.{e} = sitofp <16 x i32> %v.{e} to <16 x float>",
+            f"  %f1.{e} = fmul <16 x float> %f0.{e}, %sc.{e}",
+            f"  %f.{e} = fadd <16 x float> %f1.{e}, %bv.{e}",
+            f"  %yp.{e} = getelementptr float, ptr %y, i64 %yo2.{e}",
+            f"  store <16 x float> %f.{e}, ptr %yp.{e}, align 4"]  # fmt: skip
+
+
+def _epilogue(t: str, rows: int, form: str) -> list[str]:
+    """Per half of the panel (16 columns) whose first column is before ``n``: each of the
+    block's rows from the scratch into the output."""
+    lines = []
     for h in range(2):
         e = f"{t}.e{h}"
+        if form == "int32":  # stored by the tiles
+            lines += [f"  br label %{e}.done", f"{e}.done:"]
+            continue
         lines += [f"  %col{h}.{t} = add i64 %pcol.{t}, {16 * h}",
                   f"  %use{h}.{t} = icmp slt i64 %col{h}.{t}, %n",
                   f"  br i1 %use{h}.{t}, label %{e}.pre, label %{e}.done",
                   f"{e}.pre:",
-                  f"  %csp.{e} = getelementptr i32, ptr %colsum, i64 %col{h}.{t}",
-                  f"  %cs.{e} = load <16 x i32>, ptr %csp.{e}, align 4",
-                  f"  %corr.{e} = mul <16 x i32> %cs.{e}, %azp",
-                  f"  %wzp.{e} = getelementptr i32, ptr %wz, i64 %col{h}.{t}",
-                  f"  %wzv.{e} = load <16 x i32>, ptr %wzp.{e}, align 4",
-                  f"  %scp.{e} = getelementptr float, ptr %scale, i64 %col{h}.{t}",
-                  f"  %scv.{e} = load <16 x float>, ptr %scp.{e}, align 4",
-                  f"  %sc.{e} = fmul <16 x float> %scv.{e}, %ascale",
-                  f"  %bp.{e} = getelementptr float, ptr %bias, i64 %col{h}.{t}",
-                  f"  %bv.{e} = load <16 x float>, ptr %bp.{e}, align 4",
+                  *_columns(e, f"%col{h}.{t}", form),
                   f"  br label %{e}.head",
                   f"{e}.head:",
                   f"  %r.{e} = phi i64 [0, %{e}.pre], [%r1.{e}, %{e}.body]",
@@ -107,28 +192,16 @@ def _block(tag: str, rows: int) -> str:
                   f"  %accp.{e} = getelementptr i32, ptr %scratch, i64 %so2.{e}",
                   f"  %acc.{e} = load <16 x i32>, ptr %accp.{e}, align 64",
                   f"  %row.{e} = add i64 %m0.{t}, %r.{e}",
-                  f"  %rtp.{e} = getelementptr i32, ptr %rows, i64 %row.{e}",
-                  f"  %rt.{e} = load i32, ptr %rtp.{e}, align 4",
-                  f"  %rti.{e} = insertelement <16 x i32> poison, i32 %rt.{e}, i32 0",
-                  f"  %rtv.{e} = shufflevector <16 x i32> %rti.{e}, <16 x i32> poison, "
-                  f"<16 x i32> zeroinitializer",
-                  f"  %v1.{e} = sub <16 x i32> %acc.{e}, %corr.{e}",
-                  f"  %wt.{e} = mul <16 x i32> %wzv.{e}, %rtv.{e}",
-                  f"  %v.{e} = sub <16 x i32> %v1.{e}, %wt.{e}",
-                  f"  %f0.{e} = sitofp <16 x i32> %v.{e} to <16 x float>",
-                  f"  %f1.{e} = fmul <16 x float> %f0.{e}, %sc.{e}",
-                  f"  %f.{e} = fadd <16 x float> %f1.{e}, %bv.{e}",
                   f"  %yo.{e} = mul i64 %row.{e}, %ldy",
                   f"  %yo2.{e} = add i64 %yo.{e}, %col{h}.{t}",
-                  f"  %yp.{e} = getelementptr float, ptr %y, i64 %yo2.{e}",
-                  f"  store <16 x float> %f.{e}, ptr %yp.{e}, align 4",
+                  *_row(e, form),
                   f"  %r1.{e} = add i64 %r.{e}, 1",
                   f"  br label %{e}.head",
                   f"{e}.done:"]  # fmt: skip
-    return "\n".join(lines)
+    return lines
 
 
-def _loop(tag: str, rows: int, first: str, past: str, after: str) -> str:
+def _loop(tag: str, rows: int, first: str, past: str, after: str, form: str) -> str:
     """Row blocks of ``rows`` from ``first`` while ``+ rows <= past``, each over every
     panel; then ``br label %after``."""
     t = tag
@@ -161,26 +234,53 @@ def _loop(tag: str, rows: int, first: str, past: str, after: str) -> str:
     tail = [f"  %p1.{t} = add i64 %p.{t}, 1", f"  br label %{t}.p.head",
             f"{t}.p.done:", f"  %m1.{t} = add i64 %m0.{t}, {rows}",
             f"  br label %{t}.rb.head"]  # fmt: skip
-    return "\n".join([*head, _block(t, rows), *tail])
+    body = [*_sums(t, rows // 16), *_store_tiles(t, rows // 16, form),
+            *_epilogue(t, rows, form)]  # fmt: skip
+    return "\n".join([*head, *body, *tail])
 
 
-def _ir(layout: int, vectors: str) -> str:
-    args = ("ptr %a, i64 %lda, ptr %w, ptr %y, i64 %ldy, i64 %m, i64 %kg, i64 %panels, "
-            "i64 %layout, ptr %colsum, ptr %wz, ptr %rows, ptr %scale, ptr %bias, "
-            "ptr %as, i64 %zp, i64 %n")  # fmt: skip
-    call = ("ptr %a, i64 %lda, ptr %w, ptr %y, i64 %ldy, i64 %m, i64 %kg, i64 %panels, "
-            "i64 %layout, ptr %colsum, ptr %wz, ptr %rows, ptr %scale, ptr %bias, "
-            "ptr %as, i64 %zp, i64 %n")  # fmt: skip
-    scaled = vectors
+def _splats(form: str) -> str:
+    """The epilogue's values splat once: A's scale and zero point (``scaled``), or the
+    clamp's limits, the rounding constant and the output's zero point (``requant``)."""
+
+    def splat(name: str, ty: str, value: str) -> list[str]:
+        return [f"  %{name}.i = insertelement <16 x {ty}> poison, {ty} {value}, i32 0",
+                f"  %{name} = shufflevector <16 x {ty}> %{name}.i, <16 x {ty}> poison, "
+                f"<16 x i32> zeroinitializer"]  # fmt: skip
+
+    if form == "scaled":
+        lines = ["  %asv = load float, ptr %as, align 4", "  %zp32 = trunc i64 %zp to i32",
+                 *splat("ascale", "float", "%asv"), *splat("azp", "i32", "%zp32")]  # fmt: skip
+    elif form == "requant":
+        lines = []
+        for i, name in enumerate(("lo", "hi", "qzp")):
+            lines += [f"  %{name}.p = getelementptr float, ptr %params, i64 {i}",
+                      f"  %{name}.v = load float, ptr %{name}.p, align 4",
+                      *splat(name, "float", f"%{name}.v")]  # fmt: skip
+        lines += splat("magic", "float", "12582912.0")
+    else:
+        lines = ["  %ldy4 = shl i64 %ldy, 2"]
+    return "\n".join(lines)
+
+
+def _ir(layout: int, vectors: str, form: str) -> str:
+    """``symbol(form)``: the AMX build of ``form``, calling ``vectors`` (that form's vector
+    build, registered) for what tiles do not cover."""
+    extra, out = FORMS[form]
+    args = f"{_HEAD}, {extra}" if extra else _HEAD
+    names = ", ".join(a.split()[-1] for a in args.split(", "))
+    types = ", ".join(a.split()[0] for a in args.split(", "))
+    call = ", ".join(f"{ty} {nm}" for ty, nm in zip(types.split(", "), names.split(", ")))
+    rest = call.replace("ptr %a,", "ptr %a2,").replace("ptr %y,", "ptr %y2,")
+    rest = rest.replace("i64 %m,", "i64 %left,").replace("ptr %rows,", "ptr %r2,")
     return f"""
 declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)
 declare x86_amx @llvm.x86.tdpbusd.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)
 declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)
 declare x86_amx @llvm.x86.tilezero.internal(i16, i16)
-declare i64 @{scaled}(ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr,
-                      ptr, ptr, i64, i64)
+declare i64 @{vectors}({types})
 
-define i64 @{SYMBOL}({args}) {{
+define i64 @{symbol(form)}({args}) {{
 entry:
   %scratch = alloca [1024 x i32], align 64
   %badl = icmp ne i64 %layout, {layout}
@@ -192,24 +292,19 @@ checked:
   %ragged = icmp ne i64 %kt, 0
   br i1 %ragged, label %whole_vnni, label %tiles
 whole_vnni:
-  %rv = tail call i64 @{scaled}({call})
+  %rv = tail call i64 @{vectors}({call})
   ret i64 %rv
 tiles:
   %kchunks = lshr i64 %kg, 4
   %panel_bytes = shl i64 %kg, 7
-  %asv = load float, ptr %as, align 4
-  %asi = insertelement <16 x float> poison, float %asv, i32 0
-  %ascale = shufflevector <16 x float> %asi, <16 x float> poison, <16 x i32> zeroinitializer
-  %zp32 = trunc i64 %zp to i32
-  %azi = insertelement <16 x i32> poison, i32 %zp32, i32 0
-  %azp = shufflevector <16 x i32> %azi, <16 x i32> poison, <16 x i32> zeroinitializer
+{_splats(form)}
   %m32 = and i64 %m, -32
   %m16 = and i64 %m, -16
   br label %b32.enter
 b32.enter:
-{_loop("b32", 32, "0", "%m32", "b16.enter")}
+{_loop("b32", 32, "0", "%m32", "b16.enter", form)}
 b16.enter:
-{_loop("b16", 16, "%m32", "%m16", "rest")}
+{_loop("b16", 16, "%m32", "%m16", "rest", form)}
 rest:
   %left = sub i64 %m, %m16
   %some = icmp ne i64 %left, 0
@@ -218,11 +313,9 @@ tail:
   %ao = mul i64 %m16, %lda
   %a2 = getelementptr i8, ptr %a, i64 %ao
   %yo = mul i64 %m16, %ldy
-  %y2 = getelementptr float, ptr %y, i64 %yo
-  %r2 = getelementptr i32, ptr %rows, i64 %m16
-  %rs = call i64 @{scaled}(ptr %a2, i64 %lda, ptr %w, ptr %y2, i64 %ldy, i64 %left,
-        i64 %kg, i64 %panels, i64 %layout, ptr %colsum, ptr %wz, ptr %r2, ptr %scale,
-        ptr %bias, ptr %as, i64 %zp, i64 %n)
+  %y2 = getelementptr {out}, ptr %y, i64 %yo
+  {"%r2 = getelementptr i32, ptr %rows, i64 %m16" if form == "scaled" else ""}
+  %rs = call i64 @{vectors}({rest})
   ret i64 %rs
 done:
   ret i64 0
@@ -244,31 +337,35 @@ def available() -> bool:
     return "address" in _STATE
 
 
-def address() -> int:
-    """The kernel's address (0 where it is not available)."""
-    return int(_STATE.get("address", 0))
+def address(form: str = "scaled") -> int:
+    """The address of ``form``'s AMX build (0 where it is not available)."""
+    return int(_STATE.get("address", {}).get(form, 0))
 
 
-def install(path: str, layout: int, vectors: str) -> int:
-    """Build the kernel for the integer path ``path`` if this host and process can run it
-    (the module docstring) and register ``SYMBOL``: its address, or 0 (``why()`` says
-    why). ``layout``: the ``vnni512`` packing's code, which the kernel checks as the vector
-    kernel does; ``vectors``: the symbol of that path's scaled vector kernel, registered,
-    which the AMX one calls for what tiles do not cover. Called once, by
-    ``qgemm_packed``'s build of the process's kernels."""
+def install(path: str, layout: int, vectors: dict[str, str]) -> dict[str, int]:
+    """Build the kernels for the integer path ``path`` if this host and process can run them
+    (the module docstring) and register each form's symbol (``symbol(form)``): form ->
+    address, or {} (``why()`` says why). ``layout``: the ``vnni512`` packing's code, which
+    the kernels check as the vector ones do; ``vectors``: form -> the symbol of that path's
+    vector build, registered, which the AMX one calls for what tiles do not cover. Called
+    once, by ``qgemm_packed``'s build of the process's kernels."""
     _STATE["why"] = _why_not(path)
     if _STATE["why"]:
-        return 0
-    try:
-        key = f"{SYMBOL}|{layout}|{vectors}"
-        engine, _ = compile_ir_cached(lambda: _ir(layout, vectors), key, (__file__,))
-    except Exception as e:  # noqa: BLE001 - no AMX JIT here: the vnni512 kernel serves
-        _STATE["why"] = f"the AMX kernel did not build: {type(e).__name__}"
-        return 0
-    addr = int(engine.get_function_address(SYMBOL))
-    add_symbol(SYMBOL, addr)
-    _STATE.update(engine=engine, address=addr)
-    return addr
+        return {}
+    got = {}
+    for form, vec in vectors.items():
+        try:
+            key = f"{symbol(form)}|{layout}|{vec}"
+            engine, _ = compile_ir_cached(partial(_ir, layout, vec, form), key, (__file__,))
+        except Exception as e:  # noqa: BLE001 - no AMX JIT here: the vnni512 kernels serve
+            _STATE["why"] = f"the AMX kernel did not build: {type(e).__name__}"
+            return {}
+        got[form] = int(engine.get_function_address(symbol(form)))
+        _STATE.setdefault("engines", []).append(engine)
+    for form, addr in got.items():
+        add_symbol(symbol(form), addr)
+    _STATE["address"] = got
+    return got
 
 
 def _why_not(path: str) -> str:

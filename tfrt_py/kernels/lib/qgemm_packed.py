@@ -77,10 +77,11 @@ __all__ = [
 ENV_QGEMM = "TFRT_PY_QGEMM"
 SYMBOL = "tfrt_py_qgemm_packed"
 SYMBOL_REQUANT = "tfrt_py_qgemm_requant"
-#: The float-storing product numba code calls: the AMX kernel where this process has it
-#: (``qgemm_amx``), else the path's vector kernel, ``SYMBOL_SCALED_VECTORS``.
 SYMBOL_SCALED = "tfrt_py_qgemm_scaled"
-SYMBOL_SCALED_VECTORS = "tfrt_py_qgemm_scaled_vectors"
+#: The three symbols numba code calls are the AMX builds where this process has them
+#: (``qgemm_amx``), else the path's vector builds, registered under these names too.
+_VECTORS = {"int32": f"{SYMBOL}_vectors", "requant": f"{SYMBOL_REQUANT}_vectors",
+            "scaled": f"{SYMBOL_SCALED}_vectors"}  # fmt: skip
 #: The code that writes the IR (``_QGemmIR`` builds on ``gemm_packed._PackedGemmIR``): the
 #: cached machine code (``compile_ir_cached``) is rebuilt when either file changes.
 IR_SOURCES = (gemm_packed.__file__, __file__)
@@ -432,16 +433,19 @@ def _register() -> tuple[str, str, Built | None, Any, Any, Any]:
         path_, why = choose_path()
         if path_ == "portable":
             return path_, why, None, None, None, None
-        built = build(path_, SYMBOL)
-        add_symbol(SYMBOL, built.engine.get_function_address(SYMBOL))
-        fused = build(path_, SYMBOL_REQUANT, requant=True)
-        add_symbol(SYMBOL_REQUANT, fused.engine.get_function_address(SYMBOL_REQUANT))
-        scaled = build(path_, SYMBOL_SCALED_VECTORS, scaled=True)
-        vectors = scaled.engine.get_function_address(SYMBOL_SCALED_VECTORS)
-        add_symbol(SYMBOL_SCALED_VECTORS, vectors)
-        # the AMX kernel calls the vector one by name for the rest: registered above
-        vnni = layout_code(TILES["vnni512"])
-        add_symbol(SYMBOL_SCALED, qgemm_amx.install(path_, vnni, SYMBOL_SCALED_VECTORS) or vectors)
+        # each form's vector build under its own name; the public names are the AMX
+        # builds where this process has them (they call the vector ones for the rest)
+        built = build(path_, _VECTORS["int32"])
+        fused = build(path_, _VECTORS["requant"], requant=True)
+        scaled = build(path_, _VECTORS["scaled"], scaled=True)
+        vectors = {}
+        for form, b in (("int32", built), ("requant", fused), ("scaled", scaled)):
+            vectors[form] = b.engine.get_function_address(_VECTORS[form])
+            add_symbol(_VECTORS[form], vectors[form])
+        amx = qgemm_amx.install(path_, layout_code(TILES["vnni512"]), _VECTORS)
+        for form, public in (("int32", SYMBOL), ("requant", SYMBOL_REQUANT),
+                             ("scaled", SYMBOL_SCALED)):  # fmt: skip
+            add_symbol(public, amx.get(form) or vectors[form])
     except Exception as e:  # noqa: BLE001 - no llvmlite JIT here: the callers stay exact on BLAS
         return "portable", f"the kernel did not build: {type(e).__name__}", None, None, None, None
     _ENGINES.extend((fused, scaled))
