@@ -9,10 +9,10 @@ come from ``/proc/cpuinfo`` (Linux), else llvmlite when numba has already loaded
 The CPU features are the ones kernels dispatch on: AVX-512F, AVX2 and FMA (the packed
 gemm's micro-tile: its line names the path, ``gemm_packed``; numba's vectorized loops:
 512-bit vectors on the avx512 path, the numba line says, ``numba_target``), AVX-512 VNNI
-and AVX-VNNI (the integer kernel's paths: its line names the one chosen,
-``qgemm_packed``; and the depthwise row kernel's vector widths, ``qdepthwise_ir``; the
-max pool's, ``pool_ir``, and the linear models' rows', ``linear_rows_ir``, on the packed
-gemm's line).
+and AVX-VNNI (the integer kernel's paths: its line names the one chosen, ``qgemm_packed``,
+whether its products run on AMX tiles, ``qgemm_amx``, and the depthwise row kernel's
+vector widths, ``qdepthwise_ir``; the max pool's, ``pool_ir``, and the linear models'
+rows', ``linear_rows_ir``, on the packed gemm's line).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def _integer() -> Feature:
     dw = f"; depthwise rows: {dw}" if dw else ""
     amx = "AMX-INT8 tiles" if qgemm_amx.available() else f"vectors ({qgemm_amx.why()})"
     return Feature("integer gemm", True, f"path {path} ({why}); u8 x s8 products on weights "
-                   f"packed at load; float-storing products on {amx}{dw}{nb}")  # fmt: skip
+                   f"packed at load, on {amx}{dw}{nb}")  # fmt: skip
 
 
 def _cpu() -> Feature:
