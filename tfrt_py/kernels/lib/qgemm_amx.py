@@ -268,10 +268,8 @@ def _ir(layout: int, vectors: str, form: str) -> str:
     build, registered) for what tiles do not cover."""
     extra, out = FORMS[form]
     args = f"{_HEAD}, {extra}" if extra else _HEAD
-    names = ", ".join(a.split()[-1] for a in args.split(", "))
     types = ", ".join(a.split()[0] for a in args.split(", "))
-    call = ", ".join(f"{ty} {nm}" for ty, nm in zip(types.split(", "), names.split(", ")))
-    rest = call.replace("ptr %a,", "ptr %a2,").replace("ptr %y,", "ptr %y2,")
+    rest = args.replace("ptr %a,", "ptr %a2,").replace("ptr %y,", "ptr %y2,")
     rest = rest.replace("i64 %m,", "i64 %left,").replace("ptr %rows,", "ptr %r2,")
     return f"""
 declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)
@@ -292,7 +290,7 @@ checked:
   %ragged = icmp ne i64 %kt, 0
   br i1 %ragged, label %whole_vnni, label %tiles
 whole_vnni:
-  %rv = tail call i64 @{vectors}({call})
+  %rv = tail call i64 @{vectors}({args})
   ret i64 %rv
 tiles:
   %kchunks = lshr i64 %kg, 4

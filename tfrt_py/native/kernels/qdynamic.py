@@ -66,13 +66,12 @@ def dql_u8(x, xo, n, y, yo, s, so, z, zo):  # pragma: no cover - compiled
         m = b & mag if b < 0 else np.int32(0)
         nb = m if m > nb else nb
     finite = tb < np.int32(0x7F800000) and nb < np.int32(0x7F800000)
-    if finite:
-        both = np.empty(2, np.int32)
-        both[0] = tb
-        both[1] = nb
-        f = both.view(np.float32)
-        top = f[0]
-        low = -f[1]
+    if finite:  # the bits back to floats through the scale's own slot (no allocation)
+        sbits = s.view(np.int32)
+        sbits[so] = tb
+        top = s[so]
+        sbits[so] = nb
+        low = -s[so]
     else:  # infinity or NaN: NumPy's max and min, where Python's max(0, NaN) is 0
         top = np.float32(0)
         low = np.float32(0)
