@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .erf import _P32, _Q32
+from .erf import _P32, _Q32, POLY_Z_FLOOR
 
-__all__ = ["ACTIVATIONS", "Epilogue", "numpy_act_after"]
+__all__ = ["ACTIVATIONS", "PARAMS_LEN", "Epilogue", "numpy_act_after"]
 
 #: Activation name -> code used by the compiled loops. Sigmoid and SiLU run after the
 #: compiled pass in their own loop (``sigmoid_jit``: a vectorizable exp; a compiled
@@ -93,15 +93,21 @@ _LOGISTIC = (
 )  # fmt: skip
 
 
+#: The length of ``_params``' vector (what a kernel's warm-up passes in its place).
+PARAMS_LEN = 36
+
+
 @functools.lru_cache(maxsize=256)
 def _params(epi: Epilogue, dt: np.dtype) -> np.ndarray:
     """[alpha, beta, 0, 1, 1/6, 1/2, inf, GELU's 15 (``_GELU_CONSTS``), the logistic's
-    13 (``_LOGISTIC``)] in the compute dtype (typed constants for numba); cached: never
-    written."""
+    13 (``_LOGISTIC``), ``erf.POLY_Z_FLOOR``] in the compute dtype (typed constants for numba);
+    cached: never written."""
     p = np.array(
-        [epi.alpha, epi.beta, 0.0, 1.0, 1.0 / 6.0, 0.5, np.inf, *_GELU_CONSTS, *_LOGISTIC],
+        [epi.alpha, epi.beta, 0.0, 1.0, 1.0 / 6.0, 0.5, np.inf, *_GELU_CONSTS, *_LOGISTIC,
+         POLY_Z_FLOOR],
         dtype=dt,
-    )
+    )  # fmt: skip
+    assert p.shape[0] == PARAMS_LEN
     return p
 
 
@@ -154,13 +160,14 @@ def _act_row(y: Any, bm: Any, act: int, p: Any) -> None:  # pragma: no cover - n
         lo, hi = p[22], p[23]
         a9, a7, a5, a3, a1 = p[24], p[25], p[26], p[27], p[28]
         b10, b8, b6, b4, b2, b0 = p[29], p[30], p[31], p[32], p[33], p[34]
-        half = p[5]
+        half, floor = p[5], p[35]
         silu = act == 6
         for i in range(n):
             v = y[i] + bm
             t = lo if v < lo else v  # NaN stays NaN through both
             t = hi if t > hi else t
             z = t * t
+            z = floor if z < floor else z  # erf.POLY_Z_FLOOR: no subnormal terms
             pp = ((((a9 * z + a7) * z + a5) * z + a3) * z + a1) * t
             q = ((((b10 * z + b8) * z + b6) * z + b4) * z + b2) * z + b0
             s = pp / q + half
@@ -173,12 +180,14 @@ def _act_row(y: Any, bm: Any, act: int, p: Any) -> None:  # pragma: no cover - n
         inv, m4, p4, half = p[7], p[8], p[9], p[5]
         c0, c1, c2, c3, c4, c5, c6 = p[10], p[11], p[12], p[13], p[14], p[15], p[16]
         d0, d1, d2, d3, d4 = p[17], p[18], p[19], p[20], p[21]
+        floor = p[35]
         for i in range(n):
             v = y[i] + bm
             t = v * inv
             t = m4 if t < m4 else t
             t = p4 if t > p4 else t
             z = t * t
+            z = floor if z < floor else z  # erf.POLY_Z_FLOOR: no subnormal terms
             pp = (((((c0 * z + c1) * z + c2) * z + c3) * z + c4) * z + c5) * z + c6
             q = (((d0 * z + d1) * z + d2) * z + d3) * z + d4
             y[i] = ((pp * t) / q + one) * v * half

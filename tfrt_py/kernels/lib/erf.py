@@ -51,6 +51,18 @@ _Q32 = tuple(
 _M4 = np.float32(-4.0)
 _P4 = np.float32(4.0)
 
+#: The floor of the squared argument of the float32 erf's and logistic's polynomials
+#: (here, ``activations._act_row`` and ``gelu_jit``: one max a value). Their highest terms
+#: (-2.7e-10 x^2 in P32, 6.1e-13 x^2 in the logistic's Q) are subnormal for |x| below
+#: ~1e-14 without fused multiply-adds (the native tier's generated code contracts its
+#: Horner steps into them and needs no floor), and every operation that makes a subnormal
+#: costs ~100 cycles on Intel cores: EfficientNet-B0's 1152x7x7 SiLUs, whose inputs are
+#: ~1e-12 with random weights, took 270 µs instead of 110. Below the floor (|x| < 1e-10)
+#: every term past the constant is under half an ulp of it, so the result is the same, bit
+#: for bit, as with the true square.
+POLY_Z_FLOOR = 1e-20
+_Z_FLOOR = np.float32(POLY_Z_FLOOR)
+
 
 def _horner(z: np.ndarray, coeffs: tuple[Any, ...]) -> np.ndarray:
     """coeffs[0]*z^n + ... + coeffs[n], evaluated in place in one new array."""
@@ -67,6 +79,7 @@ def erf_f32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     xc = np.asarray(np.maximum(x, _M4))
     np.minimum(xc, _P4, out=xc)
     z = np.asarray(np.multiply(xc, xc))
+    np.maximum(z, _Z_FLOOR, out=z)  # POLY_Z_FLOOR (NaN kept)
     p = _horner(z, _P32)
     p *= xc
     q = _horner(z, _Q32)

@@ -17,25 +17,26 @@ from typing import Any
 import numpy as np
 
 from .addresses import same_start
-from .erf import _P32, _Q32
+from .erf import _P32, _Q32, POLY_Z_FLOOR
 from .jit import Jitted, inline
 
 __all__ = ["gelu_erf_f32"]
 
 assert len(_P32) == 7 and len(_Q32) == 5, "gelu_jit's Horner is written for these"
-# [1/sqrt2, -4, 4, 1, 0.5, P32..., Q32...] as float32: typed constants for the loop
+# [1/sqrt2, -4, 4, 1, 0.5, P32..., Q32..., POLY_Z_FLOOR] as float32: typed constants
 _CONSTS = np.array(
-    [1.0 / np.sqrt(2.0), -4.0, 4.0, 1.0, 0.5, *(float(c) for c in _P32), *(float(c) for c in _Q32)],
+    [1.0 / np.sqrt(2.0), -4.0, 4.0, 1.0, 0.5, *(float(c) for c in _P32), *(float(c) for c in _Q32),
+     POLY_Z_FLOOR],
     np.float32,
-)
+)  # fmt: skip
 
 
 @inline
 def _gelu_consts(c: Any) -> Any:  # pragma: no cover - numba only
-    """``c``'s 17 constants as a tuple: values in registers, which no store to ``y`` can
+    """``c``'s 18 constants as a tuple: values in registers, which no store to ``y`` can
     alias (loads from ``c`` inside the loop would keep LLVM from vectorizing)."""
     return (c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11],
-            c[12], c[13], c[14], c[15], c[16])  # fmt: skip
+            c[12], c[13], c[14], c[15], c[16], c[17])  # fmt: skip
 
 
 @inline
@@ -43,11 +44,12 @@ def _gelu_value(v: Any, k: Any) -> Any:  # pragma: no cover - numba only
     """``v * (erf(v / sqrt 2) + 1) * 0.5`` with the constants ``k`` (``_gelu_consts``). Horner
     written out (7 P and 5 Q coefficients): loops over coefficients would stop LLVM from
     vectorizing."""
-    inv, m4, p4, one, half, p0, p1, p2, p3, p4_, p5, p6, q0, q1, q2, q3, q4 = k
+    inv, m4, p4, one, half, p0, p1, p2, p3, p4_, p5, p6, q0, q1, q2, q3, q4, floor = k
     t = v * inv
     t = m4 if t < m4 else t
     t = p4 if t > p4 else t
     z = t * t
+    z = floor if z < floor else z  # erf.POLY_Z_FLOOR: no subnormal terms
     p = (((((p0 * z + p1) * z + p2) * z + p3) * z + p4_) * z + p5) * z + p6
     q = (((q0 * z + q1) * z + q2) * z + q3) * z + q4
     return ((p * t) / q + one) * v * half

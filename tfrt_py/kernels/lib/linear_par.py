@@ -32,7 +32,7 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from . import blas
-from .activations import ACTIVATIONS, Epilogue, _act_row, _params, numpy_act_after
+from .activations import ACTIVATIONS, PARAMS_LEN, Epilogue, _act_row, _params, numpy_act_after
 from .gemm import _MIN_ROWS, NATIVE_SPLIT_MIN_MACS, PARTS_PER_THREAD, splits
 from .jit import CONTRACT, Jitted
 
@@ -216,7 +216,7 @@ def _panel_width() -> int:
 def _warm_serial(fn: Any) -> None:
     t, nr = np.float32, _panel_width() or 16
     a, y, wp = np.ones((2, 3), t), np.zeros((2, nr), t), np.ones((1, 3, nr), t)
-    fn(a, wp, y, np.zeros(nr, t), 8, np.zeros(35, t), 1)
+    fn(a, wp, y, np.zeros(nr, t), 8, np.zeros(PARAMS_LEN, t), 1)
 
 
 def _warm_cols(fn: Any) -> None:
@@ -224,7 +224,7 @@ def _warm_cols(fn: Any) -> None:
     a, y, wp = np.ones((1, 3), t), np.zeros((1, 2 * nr - 1), t), np.ones((2, 3, nr), t)
     edges = np.array([0, 1, 2], np.int64)
     edges.flags.writeable = False  # as native_threads.edges gives them
-    fn(a, wp, y, np.zeros(2 * nr, t), 8, np.zeros(35, t), 1, edges)
+    fn(a, wp, y, np.zeros(2 * nr, t), 8, np.zeros(PARAMS_LEN, t), 1, edges)
 
 
 def _warm_rows(fn: Any) -> None:
@@ -232,7 +232,7 @@ def _warm_rows(fn: Any) -> None:
     a, y, wp = np.ones((2, 3), t), np.zeros((2, 2 * nr - 1), t), np.ones((2, 3, nr), t)
     edges = np.array([0, 1, 2], np.int64)
     edges.flags.writeable = False  # as native_threads.edges gives them
-    fn(a, wp, y, np.zeros(2 * nr, t), 8, np.zeros(35, t), 1, edges)
+    fn(a, wp, y, np.zeros(2 * nr, t), 8, np.zeros(PARAMS_LEN, t), 1, edges)
 
 
 def _prepare_packed(module_globals: dict[str, Any]) -> bool:
@@ -246,7 +246,7 @@ def _prepare_packed(module_globals: dict[str, Any]) -> bool:
 def _warm(fn: Any) -> None:
     t = np.float32
     a, w, y = np.ones((2, 3), t), np.ones((3, 4), t), np.zeros((2, 4), t)
-    fn(a, w, y, np.zeros(4, t), np.array([0, 1, 2], np.int64), 1, np.zeros(35, t))
+    fn(a, w, y, np.zeros(4, t), np.array([0, 1, 2], np.int64), 1, np.zeros(PARAMS_LEN, t))
 
 
 def _prepare(module_globals: dict[str, Any]) -> bool:

@@ -41,6 +41,7 @@ from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..common import scratch
 from ..lib import blas, gemm
+from ..lib.activations import PARAMS_LEN
 from ..lib.jit import CONTRACT, Jitted, frozen
 from . import conv_cols, conv_packed
 from .conv_direct import (
@@ -124,7 +125,7 @@ def _warm_blocked_par(fn: Any) -> None:
     x, w2, y3 = np.ones((1, 1, 2, 2), t), frozen(np.ones((2, 9), t)), np.zeros((1, 2, 4), t)
     blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
     b, e3 = frozen(np.zeros(2, t)), np.zeros((0, 0, 0), t)  # weights, bias: a model's
-    fn(x, w2, y3, b, e3, geo, blocks, np.zeros((2, 18), t), 0, np.zeros(35, t), False)
+    fn(x, w2, y3, b, e3, geo, blocks, np.zeros((2, 18), t), 0, np.zeros(PARAMS_LEN, t), False)
 
 
 def _prepare_blocked_par(module_globals: dict[str, Any]) -> bool:

@@ -66,7 +66,7 @@ import numpy as np
 from ...concurrency import native_threads
 from ...concurrency.threads import intra_pool
 from ..lib import gemm_cols
-from ..lib.activations import ACTIVATIONS, _act_row
+from ..lib.activations import ACTIVATIONS, PARAMS_LEN, _act_row
 from ..lib.jit import CONTRACT, Jitted, frozen, inline, jit_enabled
 from .conv_im2col import im2col_rows
 
@@ -311,7 +311,7 @@ def _warm(fn: Any) -> None:
     rows = max(2, native_threads.max_threads())  # a row per thread that may take a block
     for mode in (IM2COL, GRID):  # weights and bias read-only, as a model's (taps_first)
         fn(x, np.zeros((rows, 1, 20), f), w2, y3, frozen(np.zeros(2, f)), np.zeros((0, 0, 0), f),
-           geo, blocks, np.zeros((rows, 18), f), 0, np.zeros(35, f), np.zeros(2, f), 0,
+           geo, blocks, np.zeros((rows, 18), f), 0, np.zeros(PARAMS_LEN, f), np.zeros(2, f), 0,
            gemm_cols.panel_width(), mode, 1, toff, np.array([1, 1, 4, 2, 1, 1], np.int64),
            )  # fmt: skip
 

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ...concurrency import native_threads
+from ..lib.activations import PARAMS_LEN
 from ..lib.jit import CONTRACT, Jitted, frozen
 from .conv_direct import _act_row
 
@@ -147,7 +148,7 @@ def _warmer(out_hw: tuple[int, int]) -> Any:
         )
         e = np.zeros(0, t)
         fn(x, w, b, np.zeros((0, 0, 0, 0), t), np.zeros((1, 2, *out_hw), t),
-           np.zeros(1, np.int64), 0, np.zeros(35, t), e, e, 0, 1, 0, 2)  # fmt: skip
+           np.zeros(1, np.int64), 0, np.zeros(PARAMS_LEN, t), e, e, 0, 1, 0, 2)  # fmt: skip
 
     return warm
 
@@ -165,7 +166,7 @@ def _warmer_par(out_hw: tuple[int, int]) -> Any:
         blocks = native_threads.plane_blocks(1, 2, 2)
         out = np.zeros((1, 2, *out_hw), t)
         fn(x, w, b, np.zeros((0, 0, 0, 0), t), out, np.zeros(1, np.int64), 0,
-           np.zeros(35, t), np.zeros((2, 0), t), 0, blocks)  # fmt: skip
+           np.zeros(PARAMS_LEN, t), np.zeros((2, 0), t), 0, blocks)  # fmt: skip
 
     return warm
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from ...concurrency import native_threads
 from ..lib import depthwise_ir
+from ..lib.activations import PARAMS_LEN
 from ..lib.jit import Jitted, frozen, inline
 from .conv_direct import _act_row
 
@@ -164,14 +165,14 @@ def _operands() -> tuple[Any, ...]:
 
 def _warm(fn: Any) -> None:
     x, w, b, res, out, tab, n = _operands()
-    fn(x, w, b, res, out, tab, 0, np.zeros(35, np.float32), np.zeros(n, np.float32),
+    fn(x, w, b, res, out, tab, 0, np.zeros(PARAMS_LEN, np.float32), np.zeros(n, np.float32),
        np.zeros(0, np.float32), 0, 1, 0, 2)  # fmt: skip
 
 
 def _warm_par(fn: Any) -> None:
     x, w, b, res, out, tab, n = _operands()
     blocks = native_threads.plane_blocks(1, 2, 2)
-    fn(x, w, b, res, out, tab, 0, np.zeros(35, np.float32),
+    fn(x, w, b, res, out, tab, 0, np.zeros(PARAMS_LEN, np.float32),
        np.zeros((blocks.shape[0], n), np.float32), n, blocks)  # fmt: skip
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ...concurrency import native_threads
+from ..lib.activations import PARAMS_LEN
 from ..lib.jit import CONTRACT, Jitted, frozen, inline
 from .conv_direct import _act_row
 
@@ -345,7 +346,7 @@ def _warmer(k: int, stride: int) -> Any:
     def warm(fn: Any) -> None:
         x, w, b, res, out, tab, n = _operands(k, stride)
         e = np.zeros(0, np.float32)
-        fn(x, w, b, res, out, tab, 0, np.zeros(35, np.float32), np.zeros(n, np.float32), e,
+        fn(x, w, b, res, out, tab, 0, np.zeros(PARAMS_LEN, np.float32), np.zeros(n, np.float32), e,
            0, 1, 0, 2)  # fmt: skip
 
     return warm
@@ -355,7 +356,7 @@ def _warmer_par(k: int, stride: int) -> Any:
     def warm(fn: Any) -> None:
         x, w, b, res, out, tab, n = _operands(k, stride)
         blocks = native_threads.plane_blocks(1, 2, 2)
-        fn(x, w, b, res, out, tab, 0, np.zeros(35, np.float32),
+        fn(x, w, b, res, out, tab, 0, np.zeros(PARAMS_LEN, np.float32),
            np.zeros((blocks.shape[0], n), np.float32), n, blocks)  # fmt: skip
 
     return warm

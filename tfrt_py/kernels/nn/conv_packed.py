@@ -52,7 +52,7 @@ import numpy as np
 
 from ..common import scratch
 from ..lib import gemm_indirect, gemm_packed
-from ..lib.activations import _act_row
+from ..lib.activations import PARAMS_LEN, _act_row
 from ..lib.gemm_indirect import FLAG_BIAS, FLAG_CLIP, FLAG_NCHW, FLAG_RELU, FLAG_RESIDUAL
 from ..lib.jit import CONTRACT, Jitted, frozen, inline
 
@@ -219,7 +219,7 @@ def _warm(fn: Any) -> None:
     fn(x, xt, wp, yt, y3, frozen(np.zeros(3, t)), np.zeros((0, 0, 0), t), geo, one,
        frozen(np.array([0, 2], np.int64)), frozen(np.zeros(1, np.int64)),
        frozen(np.array([0, 1], np.int64)), FLAG_NCHW if gemm_indirect.nchw_stores() else 0,
-       np.array([[0, 2, 0, 1]], np.int64), 1, np.zeros(35, t), np.zeros(2, t),
+       np.array([[0, 2, 0, 1]], np.int64), 1, np.zeros(PARAMS_LEN, t), np.zeros(2, t),
        np.zeros(nr, t))  # fmt: skip
 
 

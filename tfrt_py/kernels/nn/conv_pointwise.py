@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..lib import blas
+from ..lib.activations import PARAMS_LEN
 from ..lib.jit import CONTRACT, Jitted, frozen
 from .conv_direct import SHORT_RUN, _act_row, _epilogue_row, _epilogue_run
 
@@ -81,7 +82,7 @@ def _warm_pointwise_par(fn: Any) -> None:
     x3, w2, y3 = np.ones((1, 3, 4), t), frozen(np.ones((2, 3), t)), np.zeros((1, 2, 4), t)
     blocks = np.array([[0, 0, 1], [0, 1, 2]], np.int64)
     b, e3 = frozen(np.zeros(2, t)), np.zeros((0, 0, 0), t)
-    fn(x3, w2, y3, b, e3, blocks, 0, np.zeros(35, t))
+    fn(x3, w2, y3, b, e3, blocks, 0, np.zeros(PARAMS_LEN, t))
 
 
 def _prepare(module_globals: dict[str, Any]) -> bool:
