@@ -16,7 +16,7 @@ from tests.support.spies import record_calls
 from tfrt_py.concurrency import native_threads
 from tfrt_py.kernels.lib import gemm_cols
 from tfrt_py.kernels.lib.jit import jit_enabled, why_off
-from tfrt_py.kernels.nn import conv_blocked, conv_cols, conv_packed
+from tfrt_py.kernels.nn import conv, conv_blocked, conv_cols, conv_packed
 
 pytestmark = pytest.mark.skipif(not jit_enabled(), reason=why_off() or "numba kernels off")
 
@@ -25,8 +25,10 @@ _RNG = np.random.default_rng(31)
 
 @pytest.fixture(autouse=True)
 def _no_packed_route(monkeypatch: pytest.MonkeyPatch) -> None:
-    """conv_cols' route, not conv_packed's (as in test_conv_cols)."""
+    """conv_cols' route, not conv_packed's (as in test_conv_cols) or conv_stem's (which
+    takes the 3-channel 3x3/2 case first)."""
     monkeypatch.setattr(conv_packed, "plan", lambda *args, **kwargs: None)
+    monkeypatch.setattr(conv, "stem_conv_fn", lambda node: None)
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ gemm's micro-tile: its line names the path, ``gemm_packed``; numba's vectorized 
 512-bit vectors on the avx512 path, the numba line says, ``numba_target``), AVX-512 VNNI
 and AVX-VNNI (the integer kernel's paths: its line names the one chosen, ``qgemm_packed``,
 whether its products run on AMX tiles, ``qgemm_amx``, and the depthwise row kernel's
-vector widths, ``qdepthwise_ir``; the max pool's, ``pool_ir``, and the linear models'
-rows', ``linear_rows_ir``, on the packed gemm's line).
+vector widths, ``qdepthwise_ir``; the max pool's, ``pool_ir``, the stem convs',
+``stem_ir``, and the linear models' rows', ``linear_rows_ir``, on the packed gemm's line).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from . import (
     qgemm_amx,
     qgemm_packed,
     qnbits_ir,
+    stem_ir,
 )
 from .jit import why_off
 
@@ -103,6 +104,8 @@ def _packed() -> Feature:
     path, why, shape = got
     pools = pool_ir.describe()
     pools = f"; max pools: {pools}" if pools else ""
+    stems = stem_ir.describe()
+    pools += f"; 3x3/2 stem convs: {stems}" if stems else ""
     rows = linear_rows_ir.describe()
     pools += f"; linear models' rows: {rows}" if rows else ""
     if shape is not None:

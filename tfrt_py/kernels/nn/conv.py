@@ -39,6 +39,7 @@ from .conv_common import (
 )
 from .conv_depthwise import depthwise_conv_fn
 from .conv_direct import ACTIVATIONS, Epilogue, make_epilogue
+from .conv_stem import stem_conv_fn
 
 __all__ = [
     "Epilogue",
@@ -366,6 +367,7 @@ def _conv_fn(
     epilogue = make_epilogue(epi)
     node = ConvNode(sp, group, w_const, b_c, cdt, epi)
     depthwise = depthwise_conv_fn(node) if same else None
+    stem = stem_conv_fn(node) if same else None
     blocked = blocked_conv_fn(node) if same else None
     if blocked is not None and cdt == np.float32 and group == 1:
         conv_cols.compile_at_build()
@@ -375,6 +377,10 @@ def _conv_fn(
     ) -> np.ndarray:
         if depthwise is not None:
             y = depthwise(x, b, r, out)
+            if y is not None:
+                return y
+        if stem is not None:
+            y = stem(x, b, r, out)
             if y is not None:
                 return y
         if blocked is not None:
