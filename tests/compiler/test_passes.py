@@ -338,21 +338,25 @@ def test_conv_over_a_join_reads_its_parts(channels: tuple[int, ...], k: int, act
 
 def test_conv_stays_over_a_join_it_cannot_split() -> None:
     """No split for a conv with a residual of its own, one whose join has a part of few
-    channels, or a join two convs read."""
+    channels, one of more filters than its join has channels (the chain's passes over its
+    output would cost more than the join), or a join two convs read."""
     b = GraphBuilder("joins")
     x0, x1 = b.input("x0", F32, (1, 16, 6, 6)), b.input("x1", F32, (1, 16, 6, 6))
     y = _join_conv(b, [x0, x1], 32, 16, 3, 1)
     b.output(b.op("Add", y, x0), "residual")
     thin = b.input("thin", F32, (1, 4, 6, 6))
     b.output(_join_conv(b, [x0, thin], 20, 8, 3, 2), "thin_part")
+    x2, x3 = b.input("x2", F32, (1, 32, 6, 6)), b.input("x3", F32, (1, 32, 6, 6))
+    b.output(b.op("Relu", _join_conv(b, [x2, x3], 64, 64, 3, 4)), "wide")  # 64 of 64
     shared = b.op("Concat", x1, x0, axis=1)
     w = b.const(np.ones((4, 32, 1, 1), F32))
     b.output(b.op("Conv", shared, w), "a")
     b.output(b.op("Conv", shared, w, strides=[2, 2]), "b")
     feeds = {"x0": _rng_feed((1, 16, 6, 6), 0), "x1": _rng_feed((1, 16, 6, 6), 1),
-             "thin": _rng_feed((1, 4, 6, 6), 2)}  # fmt: skip
+             "thin": _rng_feed((1, 4, 6, 6), 2), "x2": _rng_feed((1, 32, 6, 6), 3),
+             "x3": _rng_feed((1, 32, 6, 6), 4)}  # fmt: skip
     model = _agree(b.build(), feeds, {"shapes", "fuse_conv", "hoist"})
-    assert _ops(model) == Counter({"Conv": 4, "Concat": 3})
+    assert _ops(model) == Counter({"Conv": 5, "Concat": 4})  # the Relu fused
     assert _report(model, "hoist") == "nothing to hoist"
 
 
