@@ -2,13 +2,13 @@
 of MobileNet, EfficientNet, RegNet, ShuffleNet, SqueezeNet, MobileViT), an LLVM IR kernel
 under ``nn/conv_stem``.
 
-``stem(x, w, b, y, lohi, c, h, wd, oh, ow, pt, pl, m, r0, r1, window)``: one image. ``x``
+``stem(x, w, b, y, lohi, c, h, wd, oh, ow, pt, pl, m, r0, r1)``: one image. ``x``
 is its ``c`` planes of ``h`` x ``wd``; ``y`` its ``m`` output planes of ``oh`` x ``ow``,
 of which output rows ``[r0, r1)`` are written: ``y[f, r, j]`` = clamp(``b[f]`` + the sum
 over channels and taps of ``w`` times ``x[ci, 2r - pt + i, 2j - pl + k]``, taps outside
 the plane read as 0) to ``[lohi[0], lohi[1]]`` (NaN kept: -inf and inf for none, 0 and
 inf for ReLU). ``w`` is ``pack(weights, n)``'s, ``b`` ``pack_bias``'s (filters in groups
-of ``n``, zeros past ``m``). Returns 0, 1 for a window index not built.
+of ``n``, zeros past ``m``). Returns 0.
 
 Why: these convs have K = 27 products per output, too few for a packed product's
 tile to pay its loads and stores, so they went through im2col (27 rows as long as the
@@ -34,33 +34,30 @@ import numpy as np
 
 from ...concurrency import compiled_gate
 from ...concurrency.env_switch import switched_off
-from ...concurrency.llvm_jit import compile_ir_cached
 from ...concurrency.once import Once
-from .gemm_packed import ENV_PACKED_GEMM, IR_HELPERS, carried_loop, counted_loop, wide_vectors
+from .gemm_packed import ENV_PACKED_GEMM, carried_loop, counted_loop, splat, wide_vectors
+from .ir_kernels import FloatVectors, build_module
 from .pool_ir import lanes, register_lanes
 
-__all__ = ["MAX_CHANNELS", "SYMBOL", "WINDOWS", "build", "describe", "kernel", "pack",
-           "pack_bias", "window_index"]  # fmt: skip
+__all__ = ["MAX_CHANNELS", "SYMBOL", "build", "describe", "kernel", "pack", "pack_bias",
+           "takes"]  # fmt: skip
 
 SYMBOL = "tfrt_py_stem_f32"
-#: (kh, kw) of the windows built, stride 2 both ways; ``stem``'s ``window`` an index here.
-#: (A 7x7 build ran ResNet's stem at 2.2 ms on one thread against the packed route's 1.8:
-#: 147 taps of one product a filter each keep the loads' share; not built.)
-WINDOWS = ((3, 3),)
+#: The window: 3x3 at stride 2 both ways. (A 7x7 build ran ResNet's stem at 2.2 ms on one
+#: thread against the packed route's 1.8: 147 taps of one product a filter each keep the
+#: loads' share; not built.)
+KH = KW = 3
 #: Convs with more input channels keep the packed routes (their products are long enough).
 MAX_CHANNELS = 4
 
 
-def window_index(kernel: tuple[int, ...], strides: tuple[int, ...],
-                 dilations: tuple[int, ...], pads_begin: tuple[int, ...]) -> int:  # fmt: skip
-    """The index in ``WINDOWS`` of a stride-2 undilated window whose leading pads are
-    within it, else -1."""
-    if tuple(strides) != (2, 2) or tuple(dilations) != (1, 1):
-        return -1
-    key = (int(kernel[0]), int(kernel[1])) if len(kernel) == 2 else (0, 0)
-    if key not in WINDOWS or not (0 <= pads_begin[0] < key[0] and 0 <= pads_begin[1] < key[1]):
-        return -1
-    return WINDOWS.index(key)
+def takes(kernel: tuple[int, ...], strides: tuple[int, ...], dilations: tuple[int, ...],
+          pads_begin: tuple[int, ...]) -> bool:  # fmt: skip
+    """Whether the window is the kernel's (3x3, stride 2, undilated) with leading pads
+    within it."""
+    return (tuple(kernel) == (KH, KW) and tuple(strides) == (2, 2)
+            and tuple(dilations) == (1, 1) and 0 <= pads_begin[0] < KH
+            and 0 <= pads_begin[1] < KW)  # fmt: skip
 
 
 def pack(w: np.ndarray, n: int) -> np.ndarray:
@@ -84,68 +81,27 @@ def pack_bias(b: np.ndarray | None, m: int, n: int) -> np.ndarray:
 def build(n: int) -> Any:
     """The engine holding the kernel for vectors of ``n`` outputs (16 or 8): for tests
     and benchmarks of a width apart from the process's. Raises what llvmlite raises."""
-    return compile_ir_cached(
-        lambda: _StemIR(n).text(), f"stem_ir|{n}", (__file__, *IR_HELPERS), opt=3
-    )[0]
+    return build_module(lambda: _StemIR(n).text(), f"stem_ir|{n}", __file__)
 
 
-class _StemIR:
-    """The module: ``SYMBOL`` dispatching to one function per window of ``WINDOWS``, for
-    vectors of ``n`` float32 outputs and groups of ``n`` filters."""
+class _StemIR(FloatVectors):
+    """The module: ``SYMBOL`` for vectors of ``n`` float32 outputs and groups of ``n``
+    filters."""
 
     def __init__(self, n: int) -> None:
-        import llvmlite.ir as ir
-
-        self.ir, self.n = ir, n
-        self.i1, self.i32, self.i64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
-        self.f32 = ir.FloatType()
-        self.vf = ir.VectorType(self.f32, n)
-        self.vi = ir.VectorType(self.i32, n)
-        self.mod = ir.Module(name="tfrt_py_stem")
-        vp, vm = self.vf.as_pointer(), ir.VectorType(self.i1, n)
-        self.mload = ir.Function(self.mod, ir.FunctionType(self.vf, [vp, self.i32, vm, self.vf]),
-                                 name=f"llvm.masked.load.v{n}f32.p0v{n}f32")  # fmt: skip
-        store_t = ir.FunctionType(ir.VoidType(), [self.vf, vp, self.i32, vm])
-        self.mstore = ir.Function(self.mod, store_t, name=f"llvm.masked.store.v{n}f32.p0v{n}f32")
-        self.fma = ir.Function(self.mod, ir.FunctionType(self.vf, [self.vf] * 3),
-                               name=f"llvm.fma.v{n}f32")  # fmt: skip
-        self.zero = ir.Constant(self.vf, [0.0] * n)
-        self.iota = ir.Constant(self.vi, list(range(n)))
-        self.evens = ir.Constant(self.vi, list(range(0, 2 * n, 2)))
-
-    def c(self, v: int) -> Any:
-        return self.ir.Constant(self.i64, v)
+        super().__init__(n, "tfrt_py_stem")
+        self.evens = self.ir.Constant(self.vi, list(range(0, 2 * n, 2)))
 
     def text(self) -> str:
-        ir, i64 = self.ir, self.i64
-        fp = self.f32.as_pointer()
-        args = [fp] * 5 + [i64] * 10
-        fns = []
-        for k, (kh, kw) in enumerate(WINDOWS):
-            fn = ir.Function(self.mod, ir.FunctionType(i64, args), name=f"{SYMBOL}_{k}")
-            self.function(fn, kh, kw)
-            fns.append(fn)
-        top = ir.Function(self.mod, ir.FunctionType(i64, [*args, i64]), name=SYMBOL)
-        b = ir.IRBuilder(top.append_basic_block("entry"))
-        bad = top.append_basic_block("bad")
-        sw = b.switch(top.args[-1], bad)
-        for k, fn in enumerate(fns):
-            blk = top.append_basic_block(f"w{k}")
-            sw.add_case(ir.Constant(i64, k), blk)
-            b.position_at_end(blk)
-            b.ret(b.call(fn, top.args[:-1]))
-        b.position_at_end(bad)
-        b.ret(self.c(1))
+        fp, i64 = self.f32.as_pointer(), self.i64
+        fn = self.ir.Function(self.mod, self.ir.FunctionType(i64, [fp] * 5 + [i64] * 10),
+                              name=SYMBOL)  # fmt: skip
+        self.function(fn, KH, KW)
         text = str(self.mod)
-        names = [SYMBOL] + [fn.name for fn in fns]
-        return wide_vectors(text, names) if self.n * 32 > 256 else text
+        return wide_vectors(text, [SYMBOL]) if self.n * 32 > 256 else text
 
-    def splat(self, value: Any, vt: Any = None) -> Any:
-        b, ir = self.b, self.ir
-        vt = self.vf if vt is None else vt
-        e = b.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(self.i32, 0))
-        zeros = ir.Constant(self.vi, [0] * self.n)
-        return b.shuffle_vector(e, ir.Constant(vt, ir.Undefined), zeros)
+    def splat(self, value: Any) -> Any:
+        return splat(self.b, value, self.n)
 
     def function(self, fn: Any, kh: int, kw: int) -> None:
         ir, n = self.ir, self.n
@@ -160,7 +116,7 @@ class _StemIR:
         w_group = b.mul(ch, c(kh * kw * n))  # packed weights a group of filters takes
         last = b.sub(h, c(1))
         four = ir.Constant(self.i32, 4)
-        ow32 = self.splat(b.trunc(ow, self.i32), self.vi)
+        ow32 = self.splat(b.trunc(ow, self.i32))
 
         def row(r: Any) -> None:
             top = b.sub(b.mul(r, c(2)), pt)
@@ -202,7 +158,7 @@ class _StemIR:
                         for vs, blk in got:
                             v.add_incoming(vs[k], blk)
                         accs.append(v)
-                    lane = b.add(self.splat(b.trunc(j0, self.i32), self.vi), self.iota)
+                    lane = b.add(self.splat(b.trunc(j0, self.i32)), self.iota)
                     keep = b.icmp_signed("<", lane, ow32)
                     for k, v in enumerate(accs):
                         v = b.select(b.fcmp_ordered("<", v, lo), lo, v)
@@ -228,14 +184,13 @@ class _StemIR:
         vp = self.vf.as_pointer()
         four = ir.Constant(self.i32, 4)
         init = [self.splat(b.load(b.gep(bg, [c(k)]))) for k in range(n)]
-        wd32 = self.splat(b.trunc(wd, self.i32), self.vi)
+        wd32 = self.splat(b.trunc(wd, self.i32))
         zero_i = ir.Constant(self.vi, [0] * n)
-        vm = ir.VectorType(self.i1, n)
 
         def inside(at: Any, ok: Any) -> Any:  # lanes of a load from column ``at`` in the row
-            lane = b.add(self.splat(b.trunc(at, self.i32), self.vi), self.iota)
+            lane = b.add(self.splat(b.trunc(at, self.i32)), self.iota)
             m = b.and_(b.icmp_signed(">=", lane, zero_i), b.icmp_signed("<", lane, wd32))
-            return b.and_(m, self.splat(ok, vm))
+            return b.and_(m, self.splat(ok))
 
         def channel(ci: Any, accs: list[Any]) -> list[Any]:
             xc = b.gep(x, [b.mul(ci, in_plane)])
@@ -264,7 +219,7 @@ class _StemIR:
 
 def _signatures(t: Any) -> list[tuple[str, Any]]:
     p, i = t.uintp, t.int64
-    return [(SYMBOL, t.int64(p, p, p, p, p, *[i] * 11))]
+    return [(SYMBOL, t.int64(p, p, p, p, p, *[i] * 10))]
 
 
 #: (why, (stem,) ExternalFunctions or None, engine or None), decided on first use

@@ -45,16 +45,15 @@ def _stem_rows(  # pragma: no cover - numba only
     x: Any, wp: Any, bp: Any, y: Any, lohi: Any, geo: Any, i: int, r0: int, r1: int, act: int,
     p: Any,
 ) -> None:  # fmt: skip
-    """Output rows ``[r0, r1)`` of image ``i`` by the kernel (``geo``: pads top and left,
-    the window's index), then ``act`` (0: none, or the kernel's own clamp) over each
+    """Output rows ``[r0, r1)`` of image ``i`` by the kernel (``geo``: pads top and left),
+    then ``act`` (0: none, or the kernel's own clamp) over each
     filter's rows."""
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     m, oh_, ow_ = y.shape[1], y.shape[2], y.shape[3]
     xo = np.uint64(i * c_ * h_ * w_ * 4)
     yo = np.uint64(i * m * oh_ * ow_ * 4)
     stem_kernel(x.ctypes.data + xo, wp.ctypes.data, bp.ctypes.data, y.ctypes.data + yo,
-                lohi.ctypes.data, c_, h_, w_, oh_, ow_, geo[0], geo[1], m, r0, r1,
-                geo[2])  # fmt: skip
+                lohi.ctypes.data, c_, h_, w_, oh_, ow_, geo[0], geo[1], m, r0, r1)  # fmt: skip
     if act != 0:
         yf = y.reshape(-1)
         neg0 = -p[2]
@@ -90,7 +89,7 @@ def _warm(fn: Any) -> None:
     w = frozen(stem_ir.pack(np.zeros((1, 1, 3, 3), t), n))
     b = frozen(stem_ir.pack_bias(None, 1, n))
     blocks = frozen(np.array([[0, 0, 1]], np.int64))
-    geo = frozen(np.array([1, 1, 0], np.int64))
+    geo = frozen(np.array([1, 1], np.int64))
     fn(np.zeros((1, 1, 3, 3), t), w, b, np.zeros((1, 1, 2, 2), t), frozen(np.zeros(2, t)), geo,
        blocks, 0, np.zeros(PARAMS_LEN, t))  # fmt: skip
 
@@ -105,7 +104,7 @@ class StemPlan(NamedTuple):
 
     out_shape: tuple[int, ...]
     blocks: np.ndarray  # (image, first output row, end row), int64, read-only
-    geo: np.ndarray  # (pad top, pad left, window index), int64, read-only
+    geo: np.ndarray  # (pad top, pad left), int64, read-only
     parallel: bool  # blocks on native threads
 
 
@@ -125,8 +124,9 @@ def stem_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     if epi.residual or w_const.shape[1] > stem_ir.MAX_CHANNELS:
         return None
     kernel, strides, dil, pads = sp.resolve(w_const.shape[2:])
-    window = stem_ir.window_index(kernel, strides, dil, pads[:2])
-    if window < 0 or stem_ir.kernel() is None or _STEM.get() is None:
+    if not stem_ir.takes(kernel, strides, dil, pads[:2]) or stem_ir.kernel() is None:
+        return None
+    if _STEM.get() is None:
         return None
     if intra_pool().threads > 1 and native_threads.ready():
         _STEM_PAR.get()  # compiled at load, not in a first call at some shape
@@ -150,13 +150,13 @@ def stem_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         if (
             min(out_sp) < 1
             or max(shape[2:]) >= 1 << 30
-            or window != stem_ir.window_index(kernel, strides, dil, begin)
+            or not stem_ir.takes(kernel, strides, dil, begin)
         ):
             return None
         threads = intra_pool().threads
         parallel = threads > 1 and native_threads.ready() and _STEM_PAR.get() is not None
         blocks = _blocks(shape[0], out_sp[0], 2 * threads if parallel else 1)
-        geo = frozen(np.array([begin[0], begin[1], window], np.int64))
+        geo = frozen(np.array([begin[0], begin[1]], np.int64))
         return StemPlan((shape[0], m, *out_sp), blocks, geo, parallel and len(blocks) > 1)
 
     def stem(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
