@@ -44,7 +44,7 @@ def _reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, pt: int, pl: int, oh
 
 @pytest.mark.parametrize("lanes", [16, 8], ids=["avx512", "avx2"])
 def test_every_width_convolves_like_numpy(lanes: int) -> None:
-    """60 random geometries a width, each with no clamp, ReLU's and Clip's; rows
+    """60 random geometries a width, each with no clamp, ReLU's, Clip's and HardSwish; rows
     ``[r0, r1)`` only when asked; nothing written past the output or outside the rows."""
     need_lanes(lanes)
     engine = stem_ir.build(lanes)
@@ -67,8 +67,13 @@ def test_every_width_convolves_like_numpy(lanes: int) -> None:
         b = RNG.standard_normal(m).astype(F32)
         wp, bp = stem_ir.pack(w, lanes), stem_ir.pack_bias(b, m, lanes)
         r0, r1 = (0, oh) if case % 4 else (oh // 3, oh - oh // 4)
-        for lo, hi in ((-np.inf, np.inf), (0.0, np.inf), (0.0, 6.0)):
-            lohi = np.array([lo, hi], F32)
+        for lo, hi, hs in (
+            (-np.inf, np.inf, 0),
+            (0.0, np.inf, 0),
+            (0.0, 6.0, 0),
+            (-np.inf, np.inf, 1),
+        ):
+            lohi = np.array([lo, hi, hs], F32)
             size = m * oh * ow
             buf = np.full(size + 64, 5.0, F32)
             args = (x.ctypes.data, wp.ctypes.data, bp.ctypes.data, buf.ctypes.data,
@@ -76,6 +81,8 @@ def test_every_width_convolves_like_numpy(lanes: int) -> None:
             assert fn(*args) == 0
             got = buf[:size].reshape(m, oh, ow)
             want = _reference(x, w, b, pt, pl, oh, ow, lo, hi)
+            if hs:
+                want = want * np.clip(want / 6 + 0.5, 0, 1)
             where = f"{lanes} {(c, h, wd, pt, pl, m, r0, r1, lo, hi)}"
             np.testing.assert_allclose(got[:, r0:r1], want[:, r0:r1], rtol=1e-5, atol=1e-5,
                                        err_msg=where)  # fmt: skip

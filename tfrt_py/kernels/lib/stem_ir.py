@@ -7,8 +7,9 @@ is its ``c`` planes of ``h`` x ``wd``; ``y`` its ``m`` output planes of ``oh`` x
 of which output rows ``[r0, r1)`` are written: ``y[f, r, j]`` = clamp(``b[f]`` + the sum
 over channels and taps of ``w`` times ``x[ci, 2r - pt + i, 2j - pl + k]``, taps outside
 the plane read as 0) to ``[lohi[0], lohi[1]]`` (NaN kept: -inf and inf for none, 0 and
-inf for ReLU). ``w`` is ``pack(weights, n)``'s, ``b`` ``pack_bias``'s (filters in groups
-of ``n``, zeros past ``m``). Returns 0.
+inf for ReLU), then where ``lohi[2]`` is not 0 HardSwish's ``v * clip(v / 6 + 0.5, 0,
+1)`` (MobileNetV3's stem: a pass over the rows saved). ``w`` is ``pack(weights, n)``'s,
+``b`` ``pack_bias``'s (filters in groups of ``n``, zeros past ``m``). Returns 0.
 
 Why: these convs have K = 27 products per output, too few for a packed product's
 tile to pay its loads and stores, so they went through im2col (27 rows as long as the
@@ -111,6 +112,9 @@ class _StemIR(FloatVectors):
         c = self.c
         x, w, bias, y, lohi, ch, h, wd, oh, ow, pt, pl, m, r0, r1 = fn.args
         lo, hi = self.splat(b.load(lohi)), self.splat(b.load(b.gep(lohi, [c(1)])))
+        hard_swish = b.fcmp_unordered("une", b.load(b.gep(lohi, [c(2)])), ir.Constant(self.f32, 0))
+        sixth = ir.Constant(self.vf, [1.0 / 6.0] * n)
+        half, one = ir.Constant(self.vf, [0.5] * n), ir.Constant(self.vf, [1.0] * n)
         in_plane, out_plane = b.mul(h, wd), b.mul(oh, ow)
         groups = b.udiv(b.add(m, c(n - 1)), c(n))
         w_group = b.mul(ch, c(kh * kw * n))  # packed weights a group of filters takes
@@ -160,13 +164,26 @@ class _StemIR(FloatVectors):
                         accs.append(v)
                     lane = b.add(self.splat(b.trunc(j0, self.i32)), self.iota)
                     keep = b.icmp_signed("<", lane, ow32)
-                    for k, v in enumerate(accs):
-                        v = b.select(b.fcmp_ordered("<", v, lo), lo, v)
-                        v = b.select(b.fcmp_ordered(">", v, hi), hi, v)
-                        with b.if_then(b.icmp_signed("<", c(k), gm)):
-                            at = b.gep(yg, [b.add(b.mul(c(k), out_plane), j0)])
-                            ptr = b.bitcast(at, self.vf.as_pointer())
-                            b.call(self.mstore, [v, ptr, four, keep])
+
+                    def stores(hs: bool) -> None:  # the epilogue, with HardSwish or not
+                        for k, v in enumerate(accs):
+                            v = b.select(b.fcmp_ordered("<", v, lo), lo, v)
+                            v = b.select(b.fcmp_ordered(">", v, hi), hi, v)
+                            if hs:  # v clip(v / 6 + 0.5, 0, 1)
+                                t = b.fadd(b.fmul(v, sixth), half)
+                                t = b.select(b.fcmp_ordered("<", t, self.zero), self.zero, t)
+                                t = b.select(b.fcmp_ordered(">", t, one), one, t)
+                                v = b.fmul(v, t)
+                            with b.if_then(b.icmp_signed("<", c(k), gm)):
+                                at = b.gep(yg, [b.add(b.mul(c(k), out_plane), j0)])
+                                ptr = b.bitcast(at, self.vf.as_pointer())
+                                b.call(self.mstore, [v, ptr, four, keep])
+
+                    with b.if_else(hard_swish) as (then, otherwise):
+                        with then:
+                            stores(True)
+                        with otherwise:
+                            stores(False)
 
                 counted_loop(b, c(0), ow, n, block, whole=False)
 

@@ -4,7 +4,7 @@ function ``conv`` tries before the blocked routes (``stem_conv_fn``), and the nu
 that runs the kernel over blocks of output rows, serially or in a ``prange`` loop on
 native threads.
 
-The kernel applies the bias and ReLU or Clip; any other activation runs here over each
+The kernel applies the bias and ReLU, Clip or HardSwish; any other activation runs here over each
 filter's rows of the block right after it (``activations._act_row``, while they are in
 cache). Against the route it replaces (im2col into 27 rows as long as the output, then
 the packed product with K = 27) on one Intel AVX-512 thread, a 224x224x3 image into 32
@@ -90,7 +90,7 @@ def _warm(fn: Any) -> None:
     b = frozen(stem_ir.pack_bias(None, 1, n))
     blocks = frozen(np.array([[0, 0, 1]], np.int64))
     geo = frozen(np.array([1, 1], np.int64))
-    fn(np.zeros((1, 1, 3, 3), t), w, b, np.zeros((1, 1, 2, 2), t), frozen(np.zeros(2, t)), geo,
+    fn(np.zeros((1, 1, 3, 3), t), w, b, np.zeros((1, 1, 2, 2), t), frozen(np.zeros(3, t)), geo,
        blocks, 0, np.zeros(PARAMS_LEN, t))  # fmt: skip
 
 
@@ -136,9 +136,11 @@ def stem_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     bp_const = frozen(stem_ir.pack_bias(b_c, m, n))
     act = ACTIVATIONS[epi.act]
     p = _params(epi, np.dtype(np.float32))
-    clamp = {0: (-np.inf, np.inf), ACTIVATIONS["Relu"]: (0.0, np.inf),
-             ACTIVATIONS["Clip"]: (float(p[0]), float(p[1]))}.get(act)  # fmt: skip
-    lohi = frozen(np.array(clamp or (-np.inf, np.inf), np.float32))
+    inf = np.inf
+    clamp = {0: (-inf, inf, 0.0), ACTIVATIONS["Relu"]: (0.0, inf, 0.0),
+             ACTIVATIONS["Clip"]: (float(p[0]), float(p[1]), 0.0),
+             ACTIVATIONS["HardSwish"]: (-inf, inf, 1.0)}.get(act)  # fmt: skip
+    lohi = frozen(np.array(clamp or (-inf, inf, 0.0), np.float32))
     after = 0 if clamp is not None else act  # what _act_row applies after the kernel
     plans: ShapeMemo[tuple[int, ...], StemPlan | None] = ShapeMemo()
     w_shape = w_const.shape
