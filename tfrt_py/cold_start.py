@@ -24,6 +24,11 @@ exits), switches every model registered by ``switch_later``, then ``release()``s
 kernels for good. A load with ``native="eager"`` waits for a warm-up in flight and builds
 on the compiled kernels, as does every load once the process is warm.
 
+The warm-up builds ``depthwise_ir``'s kernel first where a loaded model holds a
+depthwise conv it serves (``depthwise_ir.wanted``): the stand-ins' convs call its machine
+code through ctypes from then on (``conv_depthwise_grid.run_raw``), seconds before the
+switch.
+
 The warm-up yields to calls (``concurrency.call_yield``, which the native tier's
 background lowering uses too; ``Model.run`` marks its calls): while a call on a stand-in
 runs, the warm-up thread pauses at its next Python function call (a trace function on
@@ -203,12 +208,14 @@ class _Warmup:
         self._built: list[tuple[Any, threading.Event]] = []
 
     def _prepare(self) -> bool:
-        from .kernels.lib import gemm_packed
+        from .kernels.lib import depthwise_ir, gemm_packed
 
         with compiled_gate.warming(), call_yield.background(self.yielder, short=True):
             jit.import_numba()
             if not worker.closing():
                 gemm_packed.available()
+            if depthwise_ir.wanted() and not worker.closing():
+                depthwise_ir.function()  # the stand-ins' depthwise convs take it at once
         return True
 
     def _compile(self) -> None:

@@ -26,12 +26,14 @@ OW set the bottom and right padding). Status 0; 1 for an unknown kind, a negativ
 or padding, or both ``FLAG_HARD_*``; 2 when ``xp_len`` is short (nothing written for
 either). Built with the vector width of ``gemm_packed``'s path (16 floats on AVX-512, 8
 on AVX2 and NEON; none on ``portable``), its machine code cached per CPU
-(``llvm_jit.compile_ir_cached``). Stateless; any thread.
+(``llvm_jit.compile_ir_cached``). Stateless; any thread. ``function()`` is the kernel as
+numba calls it; ``raw()`` the same machine code as ctypes functions for the NumPy paths
+(``conv_depthwise_grid.run_raw``: a cold start's stand-ins, which must not import numba).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from ...concurrency.once import Once
@@ -39,8 +41,8 @@ from . import gemm_packed
 from .gemm_packed import counted_loop, splat, wide_vectors
 
 __all__ = ["FLAG_HARD_SIGMOID", "FLAG_HARD_SWISH", "FLAG_RESIDUAL", "KINDS", "NARROW_MAX_WIDTH",
-           "SYMBOL", "SYMBOL_NARROW", "function", "kind_of", "narrow_function", "scratch_len",
-           "vector_width"]  # fmt: skip
+           "SYMBOL", "SYMBOL_NARROW", "Raw", "function", "kind_of", "narrow_function", "raw",
+           "scratch_len", "vector_width", "want", "wanted"]  # fmt: skip
 
 SYMBOL = "tfrt_py_dw_grid"
 #: The same kernel built with 8-float vectors beside the AVX-512 one (``narrow_function``):
@@ -333,32 +335,93 @@ def vector_width() -> int:
     return 0 if shape is None else shape.vw
 
 
-def _build(vw: int, symbol: str) -> Any:
-    """The ExternalFunction over ``symbol`` built with ``vw``-float vectors and registered
-    (its machine code cached); raises where llvmlite cannot build it."""
+def _build(vw: int, symbol: str) -> tuple[Any, Any]:
+    """(the ExternalFunction over ``symbol`` built with ``vw``-float vectors and
+    registered, the same machine code as a ctypes function: ``raw()``), its machine code
+    cached; raises where llvmlite cannot build it."""
+    import ctypes
+
     from numba import types
 
     engine, _cached = compile_ir_cached(lambda: _GridIR(vw, symbol).text(),
                                         f"dw_grid|{vw}|{symbol}", IR_SOURCES, opt=3)  # fmt: skip
-    add_symbol(symbol, engine.get_function_address(symbol))
+    address = engine.get_function_address(symbol)
+    add_symbol(symbol, address)
     _ENGINES.append(engine)
     p, n, f = types.uintp, types.int64, types.float32
-    return types.ExternalFunction(symbol, n(n, p, p, p, p, p, p, n, f, f, n, n, n, n, n, n, n, n))
+    i, vp, fl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    raw = ctypes.CFUNCTYPE(i, i, vp, vp, vp, vp, vp, vp, i, fl, fl, *[i] * 8)(address)
+    return types.ExternalFunction(symbol, n(n, p, p, p, p, p, p, n, f, f, n, n, n, n, n, n, n,
+                                            n)), raw  # fmt: skip
+
+
+class Raw(NamedTuple):
+    """The kernel as ctypes functions (``raw()``): callable from Python without numba,
+    the GIL released while it runs."""
+
+    fn: Any
+    vw: int
+    narrow: Any  # the 8-float build beside a 16-float ``fn`` once built, else None
 
 
 def _decide() -> tuple[Any, Any] | None:
-    """(the kernel, its narrow build or None), or None (no vector path, or the build
-    failed: callers keep their numba kernels)."""
+    """(the kernel as an ExternalFunction, as a ctypes function), or None (no vector path,
+    or the build failed: callers keep their numba kernels)."""
+    global _RAW
     vw = vector_width()
     if not vw:
         return None
     try:
-        return _build(vw, SYMBOL), _build(8, SYMBOL_NARROW) if vw == 16 else None
+        built = _build(vw, SYMBOL)
     except Exception:  # noqa: BLE001 - no llvmlite JIT here: the callers keep their kernels
         return None
+    _RAW = Raw(built[1], vw, None)
+    return built
 
 
+def _decide_narrow() -> tuple[Any, Any] | None:
+    """``_decide`` for the 8-float build, None where the main build is not 16 floats wide
+    (or was not built)."""
+    global _RAW
+    if vector_width() != 16 or _FUNCTION.get() is None or _RAW is None:
+        return None
+    try:
+        built = _build(8, SYMBOL_NARROW)
+    except Exception:  # noqa: BLE001 - the callers take the main build
+        return None
+    _RAW = _RAW._replace(narrow=built[1])
+    return built
+
+
+#: Built apart: the main build first serves a cold start's stand-ins (``raw``) a second
+#: sooner than both would (each ~1 s of IR text and 0.9 s of LLVM where not cached).
 _FUNCTION: Once[tuple[Any, Any] | None] = Once(_decide)
+_NARROW: Once[tuple[Any, Any] | None] = Once(_decide_narrow)
+#: Both builds as ctypes functions, set as each is built (``raw``)
+_RAW: Raw | None = None
+
+
+#: Set once a model built a conv the kernel serves (``want``), so that a cold start's
+#: warm-up builds it first (``raw``) for the NumPy paths that model serves on meanwhile.
+_WANTED: list[bool] = []
+
+
+def want() -> None:
+    """Note that a model holds a depthwise conv this kernel serves (any thread)."""
+    if not _WANTED:
+        _WANTED.append(True)
+
+
+def wanted() -> bool:
+    """Whether ``want()`` was called in this process."""
+    return bool(_WANTED)
+
+
+def raw() -> Raw | None:
+    """The kernel as ctypes functions once ``function()`` has built it in this process
+    (on any thread: the cold start's warm-up builds it first), else None; never builds,
+    never waits (one read: the NumPy paths ask it per call)."""
+    return _RAW
 
 
 def function() -> Any:
@@ -369,6 +432,7 @@ def function() -> Any:
 
 
 def narrow_function() -> Any:
-    """The 8-float build beside a 16-float ``function()`` (``SYMBOL_NARROW``), else None."""
-    got = _FUNCTION.get() if gemm_packed.available() else None
-    return None if got is None else got[1]
+    """The 8-float build beside a 16-float ``function()`` (``SYMBOL_NARROW``), else None.
+    Builds it once per process; thread-safe."""
+    got = _NARROW.get() if gemm_packed.available() else None
+    return None if got is None else got[0]

@@ -25,12 +25,13 @@ from typing import Any
 import numpy as np
 
 from ...concurrency import native_threads
+from ..common import scratch
 from ..lib import depthwise_ir
 from ..lib.activations import PARAMS_LEN
 from ..lib.jit import Jitted, frozen, inline
 from .conv_direct import _act_row
 
-__all__ = ["GRID", "GRID_PAR", "fits", "scratch_len", "table"]
+__all__ = ["GRID", "GRID_PAR", "fits", "run_raw", "scratch_len", "table"]
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop compiles.
 numba: Any = None
@@ -77,6 +78,46 @@ def scratch_len(x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> int:
     """One thread's scratch in floats for a conv on these shapes (any kind)."""
     vw = 8 if _narrow(out_shape) else depthwise_ir.vector_width()
     return depthwise_ir.scratch_len(x_shape[3], vw)
+
+
+def run_raw(raw: depthwise_ir.Raw, kind: int, x: np.ndarray, w: np.ndarray,
+            out: np.ndarray) -> bool:  # fmt: skip
+    """``out`` = the depthwise conv of ``kind`` of ``x`` by ``w``, without bias or
+    activation, on the kernel's ctypes build (``depthwise_ir.raw()``): one call an image on
+    the caller's thread, the GIL released in each. For the NumPy paths (``conv``'s core:
+    a cold start's stand-ins, once the warm-up has built the kernel; numba is not needed).
+    ``x`` (N, C, H, W) float32 C-contiguous, ``w`` (C, K*K) and ``out`` (N, C, OH, OW)
+    float32 C-contiguous, K // 2 padding on every side (``fits``). Uses scratch slot 0.
+    False (``out`` then undefined) where the kernel refused the call."""
+    n, c, h, wd = x.shape
+    oh, ow = out.shape[2], out.shape[3]
+    k = depthwise_ir.KINDS[kind][0]
+    if raw.narrow is not None and ow <= depthwise_ir.NARROW_MAX_WIDTH:
+        fn, vw = raw.narrow, 8
+    else:
+        fn, vw = raw.fn, raw.vw
+    xp_len = depthwise_ir.scratch_len(wd, vw)
+    xp = scratch(0, (xp_len,), np.dtype(np.float32))
+    zeros = _zero_bias(c)
+    x0, y0, step_x, step_y = x.ctypes.data, out.ctypes.data, c * h * wd * 4, c * oh * ow * 4
+    wa, ba, xa, inf = w.ctypes.data, zeros.ctypes.data, xp.ctypes.data, float("inf")
+    for i in range(n):
+        y = y0 + i * step_y
+        if fn(kind, x0 + i * step_x, wa, ba, y, y, xa, xp_len, -inf, inf, 0, c, h, wd, oh, ow,
+              k // 2, k // 2):  # fmt: skip
+            return False
+    return True
+
+
+_ZEROS: list[np.ndarray] = [np.zeros(0, np.float32)]
+
+
+def _zero_bias(c: int) -> np.ndarray:
+    """At least ``c`` float32 zeros (one array, grown, never written)."""
+    z = _ZEROS[0]
+    if z.shape[0] < c:
+        z = _ZEROS[0] = np.zeros(max(c, 2 * z.shape[0]), np.float32)
+    return z
 
 
 @inline
