@@ -26,8 +26,8 @@ on the compiled kernels, as does every load once the process is warm.
 
 The warm-up builds ``depthwise_ir``'s kernel first where a loaded model holds a
 depthwise conv it serves (``depthwise_ir.wanted``): the stand-ins' convs call its machine
-code through ctypes from then on (``conv_depthwise_grid.run_raw``), seconds before the
-switch.
+code through ctypes from then on (``conv_depthwise_grid.raw_depthwise_fn``), seconds
+before the switch.
 
 The warm-up yields to calls (``concurrency.call_yield``, which the native tier's
 background lowering uses too; ``Model.run`` marks its calls): while a call on a stand-in

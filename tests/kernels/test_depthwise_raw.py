@@ -1,8 +1,9 @@
-"""``depthwise_ir``'s kernel as ctypes functions (``depthwise_ir.raw``), which the NumPy
-paths' depthwise convs take once it is built (a cold start's stand-ins,
-``conv.make_conv_core``): every kind, the main and the narrow build, images of odd and
-even sizes and batches, against a float64 reference; and a stand-in's conv taking it (and
-NumPy's taps before it is built, or with ``$TFRT_PY_JIT=0``)."""
+"""``depthwise_ir``'s kernel as ctypes functions (``depthwise_ir.raw``), which a depthwise
+Conv's NumPy path takes once it is built (a cold start's stand-ins,
+``conv_depthwise_grid.raw_depthwise_fn``): every kind, the main and the narrow build,
+images of odd and even sizes and batches, against a float64 reference; the epilogues in
+the kernel's store and after it; what it declines; and a Conv node built while the
+compiled kernels are held taking it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tfrt_py.ir.graph import Node
+from tfrt_py.kernels.base import KernelContext
 from tfrt_py.kernels.lib import depthwise_ir
-from tfrt_py.kernels.nn import conv as conv_mod
+from tfrt_py.kernels.lib.activations import Epilogue
 from tfrt_py.kernels.nn import conv_depthwise_grid
+from tfrt_py.kernels.nn.conv_common import ConvNode, parse_spatial
+from tfrt_py.kernels.nn.conv_direct import apply_epilogue
 
 
 def _raw() -> depthwise_ir.Raw:
@@ -66,26 +71,86 @@ def test_the_ctypes_kernel_is_the_definition(kind: int, n: int, c: int, h: int, 
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
-def _depthwise_core(k: int, s: int, c: int) -> Any:
-    """``conv``'s NumPy core of a float32 depthwise conv (constant weights)."""
-    from tfrt_py.ir.graph import Node
-    from tfrt_py.kernels.base import KernelContext
-    from tfrt_py.kernels.nn.conv_common import parse_spatial
-
+def _node(k: int, s: int, c: int, epi: Epilogue, bias: bool = True) -> ConvNode:
+    """A float32 depthwise Conv node with constant weights (and bias), "same" padding."""
     attrs = {"group": c, "pads": [k // 2] * 4, "strides": [s, s], "kernel_shape": [k, k]}
     ctx = KernelContext(Node("Conv", [], [], attrs, name="dw", opset=11))
-    w = np.random.default_rng(1).standard_normal((c, 1, k, k)).astype(np.float32)
-    core = conv_mod.make_conv_core(ctx, parse_spatial(ctx), c, w, np.dtype(np.float32))
-    return core, w.reshape(c, k * k)
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32) if bias else None
+    return ConvNode(parse_spatial(ctx), c, w, b, np.dtype(np.float32), epi)
 
 
-@pytest.mark.parametrize("k, s", [(3, 1), (5, 2)])
-def test_a_numpy_depthwise_conv_takes_the_built_kernel(
-    monkeypatch: pytest.MonkeyPatch, k: int, s: int
+_EPILOGUES = [
+    Epilogue(),
+    Epilogue("Relu"),
+    Epilogue("Clip", 0.0, 6.0),
+    Epilogue("HardSwish"),
+    Epilogue("HardSigmoid", 0.2, 0.5),
+    Epilogue("SiLU"),
+    Epilogue("Relu", residual=True),
+    Epilogue("SiLU", residual=True),
+]
+
+
+@pytest.mark.parametrize("epi", _EPILOGUES, ids=lambda e: f"{e.act or 'none'}{'+r' * e.residual}")
+@pytest.mark.parametrize("k, s", [(3, 1), (5, 2), (7, 1)])
+def test_a_stand_in_depthwise_conv_runs_the_kernel_with_its_epilogue(
+    epi: Epilogue, k: int, s: int
 ) -> None:
-    """Once the kernel is built, the NumPy core runs it (a spy counts the calls) and
-    answers as the definition does; without it (``raw()`` None) NumPy's taps answer."""
+    """Bias, residual and the activation as the NumPy epilogue gives them: ReLU, Clip,
+    HardSwish and HardSigmoid in the kernel's store, SiLU after it."""
+    _raw()
+    c = 6
+    node = _node(k, s, c, epi)
+    fn = conv_depthwise_grid.raw_depthwise_fn(node)
+    assert fn is not None and node.w_const is not None and node.b_c is not None
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, c, 11, 12)).astype(np.float32) * 4
+    conv = _reference(x, node.w_const.reshape(c, k * k), k, s).astype(np.float32)
+    r = rng.standard_normal(conv.shape).astype(np.float32) if epi.residual else None
+    want = apply_epilogue(conv.copy(), node.b_c, r, epi)
+    got = fn(x, node.b_c, r, None)
+    assert got is not None
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    out = np.full(conv.shape, np.nan, np.float32)
+    assert fn(x, node.b_c, r, out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stand_in_depthwise_conv_declines_what_the_kernel_does_not_serve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """None before the kernel is built, for a shape or dtype it does not serve, for a
+    residual of another shape; no function at all for dilated or unsupported kernels and
+    with ``$TFRT_PY_JIT=0`` (NumPy's taps then serve)."""
     raw = _raw()
+    fn = conv_depthwise_grid.raw_depthwise_fn(_node(3, 1, 4, Epilogue()))
+    assert fn is not None
+    x = np.ones((1, 4, 5, 5), np.float32)
+    assert fn(x, None, None, None) is not None
+    assert fn(x.astype(np.float64), None, None, None) is None
+    assert fn(np.ones((1, 3, 5, 5), np.float32), None, None, None) is None  # channels
+    assert fn(x, None, np.ones((1, 4, 5, 4), np.float32), None) is None
+    monkeypatch.setattr(depthwise_ir, "_RAW", None)
+    assert fn(x, None, None, None) is None
+    monkeypatch.setattr(depthwise_ir, "_RAW", raw)
+    assert conv_depthwise_grid.raw_depthwise_fn(_node(4, 1, 4, Epilogue())) is None  # 4x4
+    monkeypatch.setenv("TFRT_PY_JIT", "0")
+    assert conv_depthwise_grid.raw_depthwise_fn(_node(3, 1, 4, Epilogue())) is None
+
+
+def test_a_conv_built_while_the_kernels_are_held_takes_the_built_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Conv node built and called while a cold start holds the compiled kernels (its
+    stand-in: numba's depthwise declines) runs the kernel's ctypes build (a spy counts
+    the calls) and answers as the definition does."""
+    from tfrt_py.concurrency import compiled_gate
+    from tfrt_py.ir.graph import Value
+    from tfrt_py.kernels import default_registry
+
+    _raw()
     calls: list[int] = []
     real = conv_depthwise_grid.run_raw
 
@@ -93,18 +158,21 @@ def test_a_numpy_depthwise_conv_takes_the_built_kernel(
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(conv_mod, "run_raw", spy)
-    c = 6
-    core, w2 = _depthwise_core(k, s, c)
-    x = np.random.default_rng(2).standard_normal((2, c, 11, 12)).astype(np.float32)
-    want = _reference(x, w2, k, s)
-    np.testing.assert_allclose(core(x, None, None), want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(conv_depthwise_grid, "run_raw", spy)
+    c, k = 5, 3
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    attrs = {"group": c, "pads": [1, 1, 1, 1], "kernel_shape": [k, k]}
+    node = Node("Conv", [Value("x"), Value("w", const=w), Value("b", const=b)], [Value("y")],
+                attrs, name="dw", opset=11)  # fmt: skip
+    x = rng.standard_normal((2, c, 9, 10)).astype(np.float32)
+    want = _reference(x, w.reshape(c, k * k), k, 1) + b[None, :, None, None]
+    compiled_gate.hold()
+    try:
+        fn = default_registry().lookup("", "Conv", 11).build(KernelContext(node))
+        got = fn(x, w, b)
+    finally:
+        compiled_gate.release()
     assert calls == [1]
-    monkeypatch.setattr(depthwise_ir, "_RAW", None)
-    np.testing.assert_allclose(core(x, None, None), want, rtol=1e-5, atol=1e-5)
-    assert calls == [1]  # NumPy's taps
-    monkeypatch.setattr(depthwise_ir, "_RAW", raw)
-    monkeypatch.setenv("TFRT_PY_JIT", "0")
-    core, _ = _depthwise_core(k, s, c)  # built with the compiled kernels off
-    np.testing.assert_allclose(core(x, None, None), want, rtol=1e-5, atol=1e-5)
-    assert calls == [1]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -20,12 +20,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...concurrency.env_switch import switched_off
 from ..base import OUT, ComputeFn, Cost, KernelContext
 from ..common import ShapeMemo, compute_dtype
-from ..lib import depthwise_ir
 from ..lib.gemm import matmul_cols_into, matmul_cols_whole
-from ..lib.jit import ENV_JIT, frozen
+from ..lib.jit import frozen
 from ..lib.quant import check_constants, requantize
 from ..registry import KernelRegistry
 from . import conv_cols
@@ -40,7 +38,7 @@ from .conv_common import (
     scratch,
 )
 from .conv_depthwise import depthwise_conv_fn
-from .conv_depthwise_grid import fits, run_raw
+from .conv_depthwise_grid import raw_depthwise_fn
 from .conv_direct import ACTIVATIONS, Epilogue, make_epilogue
 from .conv_stem import stem_conv_fn
 
@@ -77,9 +75,6 @@ class _Plan(NamedTuple):
     # 2-D depthwise (one output channel per group): (kernel, strides, dilations) for
     # ``conv_common.depthwise_taps``, which needs no im2col matrix
     taps: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
-    # ... and the kind of ``depthwise_ir``'s kernel that serves it in float32 once built
-    # (``conv_depthwise_grid.run_raw``; a cold start's stand-ins), or -1
-    ir_kind: int = -1
 
 
 # core(x, w, out) -> result of shape out_shape in the compute dtype
@@ -147,7 +142,6 @@ def _make_plan(
             mm_shape,
             (n, m, *out_sp),
             taps=(tuple(kernel), tuple(strides), tuple(dil)),
-            ir_kind=-1 if itemsize != 4 else fits(x_shape, w_shape, strides, (*begin, *end), dil),
         )
     if group > 1 and cg == 1 and all(s == 1 for s in strides) and ksize > 1:
         # "extended grid": a stride-1 depthwise conv's im2col rows are runs of the
@@ -243,11 +237,6 @@ def make_conv_core(
     w2_const = None if w_const is None else _const_weights(ctx, sp, group, w_const, cdt, plans,
                                                            static_input)  # fmt: skip
     w_shape_const: tuple[int, ...] = () if w_const is None else tuple(w_const.shape)
-    # a float32 depthwise conv runs on depthwise_ir's kernel once something built it (the
-    # cold start's warm-up, first: ``want``), unless the compiled kernels are switched off
-    raw_ok = cdt == np.float32 and group > 1 and not switched_off(ENV_JIT)
-    if raw_ok and w_const is not None and w_const.ndim == 4 and w_const.shape[1] == 1:
-        depthwise_ir.want()
 
     def core(x: np.ndarray, w: Any, out: Any) -> np.ndarray:
         if w2_const is not None:
@@ -267,13 +256,6 @@ def make_conv_core(
         if x.dtype != cdt:
             x = x.astype(cdt)
         if plan.taps is not None:
-            if plan.ir_kind >= 0 and raw_ok:
-                raw = depthwise_ir.raw()
-                if raw is not None:
-                    res = np.empty(plan.out_shape, cdt) if out is None else out
-                    wr = np.ascontiguousarray(w2.reshape(w2.shape[0], -1))
-                    if run_raw(raw, plan.ir_kind, np.ascontiguousarray(x), wr, res):
-                        return res
             if plan.pad:
                 xp = scratch(0, plan.padded_shape, cdt)
                 xp.fill(0)
@@ -386,6 +368,7 @@ def _conv_fn(
     epilogue = make_epilogue(epi)
     node = ConvNode(sp, group, w_const, b_c, cdt, epi)
     depthwise = depthwise_conv_fn(node) if same else None
+    raw_depthwise = raw_depthwise_fn(node) if same else None
     stem = stem_conv_fn(node) if same else None
     blocked = blocked_conv_fn(node) if same else None
     if blocked is not None and cdt == np.float32 and group == 1:
@@ -396,6 +379,10 @@ def _conv_fn(
     ) -> np.ndarray:
         if depthwise is not None:
             y = depthwise(x, b, r, out)
+            if y is not None:
+                return y
+        if raw_depthwise is not None:  # a cold start's stand-in, once the kernel is built
+            y = raw_depthwise(x, b, r, out)
             if y is not None:
                 return y
         if stem is not None:

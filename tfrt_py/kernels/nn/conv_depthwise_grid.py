@@ -20,18 +20,21 @@ by rounding only. Thread-safe: no state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ...concurrency import native_threads
-from ..common import scratch
+from ...concurrency.env_switch import switched_off
+from ..common import ShapeMemo, scratch
 from ..lib import depthwise_ir
 from ..lib.activations import PARAMS_LEN
-from ..lib.jit import Jitted, frozen, inline
-from .conv_direct import _act_row
+from ..lib.jit import ENV_JIT, Jitted, frozen, inline
+from .conv_common import ConvNode, bias_vector, conv_geometry
+from .conv_direct import Epilogue, _act_row, _numpy_act
 
-__all__ = ["GRID", "GRID_PAR", "fits", "run_raw", "scratch_len", "table"]
+__all__ = ["GRID", "GRID_PAR", "fits", "raw_depthwise_fn", "run_raw", "scratch_len", "table"]
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop compiles.
 numba: Any = None
@@ -80,15 +83,17 @@ def scratch_len(x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> int:
     return depthwise_ir.scratch_len(x_shape[3], vw)
 
 
-def run_raw(raw: depthwise_ir.Raw, kind: int, x: np.ndarray, w: np.ndarray,
-            out: np.ndarray) -> bool:  # fmt: skip
-    """``out`` = the depthwise conv of ``kind`` of ``x`` by ``w``, without bias or
-    activation, on the kernel's ctypes build (``depthwise_ir.raw()``): one call an image on
-    the caller's thread, the GIL released in each. For the NumPy paths (``conv``'s core:
-    a cold start's stand-ins, once the warm-up has built the kernel; numba is not needed).
-    ``x`` (N, C, H, W) float32 C-contiguous, ``w`` (C, K*K) and ``out`` (N, C, OH, OW)
-    float32 C-contiguous, K // 2 padding on every side (``fits``). Uses scratch slot 0.
-    False (``out`` then undefined) where the kernel refused the call."""
+def run_raw(raw: depthwise_ir.Raw, kind: int, x: np.ndarray, w: np.ndarray, out: np.ndarray,
+            bias: np.ndarray | None = None, res: np.ndarray | None = None,
+            lo: float = -np.inf, hi: float = np.inf, flags: int = 0) -> bool:  # fmt: skip
+    """``out`` = the depthwise conv of ``kind`` of ``x`` by ``w`` with the kernel's store
+    (``bias``, ``res`` added, then the clamp to [``lo``, ``hi``] or ``flags``'
+    HardSwish/HardSigmoid: ``depthwise_ir``) on its ctypes build (``depthwise_ir.raw()``):
+    one call an image on the caller's thread, the GIL released in each. For the NumPy
+    paths (``raw_depthwise_fn``: a cold start's stand-ins, which must not import numba).
+    ``x`` (N, C, H, W), ``w`` (C, K*K), ``bias`` (C) or None, ``res`` and ``out`` (N, C,
+    OH, OW) or None: float32, C-contiguous; K // 2 padding on every side (``fits``). Uses
+    scratch slot 0. False (``out`` then undefined) where the kernel refused the call."""
     n, c, h, wd = x.shape
     oh, ow = out.shape[2], out.shape[3]
     k = depthwise_ir.KINDS[kind][0]
@@ -98,15 +103,90 @@ def run_raw(raw: depthwise_ir.Raw, kind: int, x: np.ndarray, w: np.ndarray,
         fn, vw = raw.fn, raw.vw
     xp_len = depthwise_ir.scratch_len(wd, vw)
     xp = scratch(0, (xp_len,), np.dtype(np.float32))
-    zeros = _zero_bias(c)
-    x0, y0, step_x, step_y = x.ctypes.data, out.ctypes.data, c * h * wd * 4, c * oh * ow * 4
-    wa, ba, xa, inf = w.ctypes.data, zeros.ctypes.data, xp.ctypes.data, float("inf")
+    ba = (_zero_bias(c) if bias is None else bias).ctypes.data
+    step_x, step_y = c * h * wd * 4, c * oh * ow * 4
+    x0, y0, wa, xa = x.ctypes.data, out.ctypes.data, w.ctypes.data, xp.ctypes.data
+    r0 = y0 if res is None else res.ctypes.data
+    flags |= 0 if res is None else depthwise_ir.FLAG_RESIDUAL
     for i in range(n):
-        y = y0 + i * step_y
-        if fn(kind, x0 + i * step_x, wa, ba, y, y, xa, xp_len, -inf, inf, 0, c, h, wd, oh, ow,
-              k // 2, k // 2):  # fmt: skip
+        if fn(kind, x0 + i * step_x, wa, ba, r0 + i * step_y, y0 + i * step_y, xa, xp_len, lo,
+              hi, flags, c, h, wd, oh, ow, k // 2, k // 2):  # fmt: skip
             return False
     return True
+
+
+def raw_depthwise_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
+    """``fn(x, b, r, out)``: a float32 2-D depthwise conv with constant weights and its
+    epilogue on the kernel's ctypes build (``run_raw``) once something in this process
+    built it (``depthwise_ir.raw()``: a cold start's warm-up, first, for its NumPy
+    stand-ins), bias, residual and ReLU/Clip/HardSwish/HardSigmoid in the kernel's store
+    and other activations after (``_numpy_act``); None where the conv is not one the
+    kernel serves, or ``$TFRT_PY_JIT`` is ``0``. ``fn`` returns None before the kernel is
+    built and for shapes it does not serve (``fits``); the caller then takes NumPy's
+    path. Notes the conv (``depthwise_ir.want``). Any thread."""
+    sp, group, w_const, b_c, cdt, epi = node
+    if (w_const is None or w_const.ndim != 4 or cdt != np.float32 or group < 2
+            or w_const.shape[0] != group or w_const.shape[1] != 1
+            or depthwise_ir.kind_of(w_const.shape[2], 1) < 0 or switched_off(ENV_JIT)):  # fmt: skip
+        return None
+    w2 = np.ascontiguousarray(w_const.reshape(group, -1), dtype=np.float32)
+    w4_shape = tuple(w_const.shape)
+    lo, hi, flags = _store_act(epi)
+    epi_after = epi._replace(act="") if flags >= 0 else epi
+    flags = max(flags, 0)
+    plans: ShapeMemo[tuple[int, ...], Any] = ShapeMemo()
+    depthwise_ir.want()
+
+    def plan_for(shape: tuple[int, ...]) -> Any:
+        if len(shape) != 4 or shape[1] != group:
+            return False
+        kernel, strides, dil, pads = sp.resolve(w4_shape[2:])
+        begin, end, out_sp = conv_geometry(shape[2:], kernel, strides, dil, pads, sp.auto_pad)
+        kind = fits(shape, w4_shape, strides, (*begin, *end), dil)
+        return False if kind < 0 or min(out_sp) < 1 else (kind, (shape[0], group, *out_sp))
+
+    def raw_depthwise(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
+        raw = depthwise_ir.raw()
+        if raw is None or x.dtype != np.float32:
+            return None
+        got = plans.get(x.shape)
+        if got is None:
+            got = plans.put(x.shape, plan_for(x.shape))
+        if got is False:
+            return None
+        kind, out_shape = got
+        if r is not None and (r.shape != out_shape or r.dtype != np.float32):
+            return None
+        bb = bias_vector(b, b_c, cdt)
+        y = out if out is not None and out.flags.c_contiguous else np.empty(out_shape, cdt)
+        xc = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+        rc = None if r is None else np.ascontiguousarray(r)
+        if not run_raw(raw, kind, xc, w2, y, bb, rc, lo, hi, flags):
+            return None
+        _numpy_act(y, epi_after)
+        if out is not None and y is not out:
+            out[...] = y
+            return out
+        return y
+
+    return raw_depthwise
+
+
+def _store_act(epi: Epilogue) -> tuple[float, float, int]:
+    """(lo, hi, flags) of the kernel's store for ``epi``'s activation; flags -1 where the
+    kernel cannot apply it (then ``_numpy_act`` does, after a store that clamps nothing)."""
+    inf = float("inf")
+    if not epi.act:
+        return -inf, inf, 0
+    if epi.act == "Relu":
+        return 0.0, inf, 0
+    if epi.act == "Clip":
+        return float(epi.alpha), float(epi.beta), 0
+    if epi.act == "HardSwish":
+        return 1.0 / 6.0, 0.5, depthwise_ir.FLAG_HARD_SWISH
+    if epi.act == "HardSigmoid":
+        return float(epi.alpha), float(epi.beta), depthwise_ir.FLAG_HARD_SIGMOID
+    return -inf, inf, -1
 
 
 _ZEROS: list[np.ndarray] = [np.zeros(0, np.float32)]
