@@ -132,6 +132,9 @@ def test_a_stand_in_depthwise_conv_declines_what_the_kernel_does_not_serve(
     assert fn(x.astype(np.float64), None, None, None) is None
     assert fn(np.ones((1, 3, 5, 5), np.float32), None, None, None) is None  # channels
     assert fn(x, None, np.ones((1, 4, 5, 4), np.float32), None) is None
+    no_bias = conv_depthwise_grid.raw_depthwise_fn(_node(3, 1, 4, Epilogue(), bias=False))
+    assert no_bias is not None and no_bias(x, np.ones(4, np.float32), None, None) is not None
+    assert no_bias(x, np.ones(3, np.float32), None, None) is None  # a bias input one short
     monkeypatch.setattr(depthwise_ir, "_RAW", None)
     assert fn(x, None, None, None) is None
     monkeypatch.setattr(depthwise_ir, "_RAW", raw)

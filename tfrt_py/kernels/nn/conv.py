@@ -331,6 +331,8 @@ def conv_with_epilogue(ctx: KernelContext, epi: Epilogue) -> ComputeFn:
     b_const = ctx.const_input(2)
     if b_const is not None and b_const.ndim != 1:
         raise ctx.unsupported(f"bias of shape {b_const.shape}; expected 1-D")
+    if b_const is not None and w_const is not None and b_const.shape[0] != w_const.shape[0]:
+        raise ctx.unsupported(f"bias of {b_const.shape[0]} values for {w_const.shape[0]} filters")
     if epi.act not in ACTIVATIONS:
         raise ctx.unsupported(f"epilogue activation {epi.act!r}")
     if dt is None:
@@ -366,6 +368,7 @@ def _conv_fn(
         b_c = frozen(np.ascontiguousarray(b_const, dtype=cdt).view())
     same = cdt == dt
     epilogue = make_epilogue(epi)
+    filters = -1 if w_const is None else int(w_const.shape[0])
     node = ConvNode(sp, group, w_const, b_c, cdt, epi)
     depthwise = depthwise_conv_fn(node) if same else None
     raw_depthwise = raw_depthwise_fn(node) if same else None
@@ -377,6 +380,8 @@ def _conv_fn(
     def conv(
         x: np.ndarray, w: np.ndarray, b: Any = None, r: Any = None, out: Any = None
     ) -> np.ndarray:
+        if b is not None and (b_c is None or filters < 0):  # (load checked constants)
+            _check_bias(ctx, b, filters if filters >= 0 else w.shape[0])  # read unchecked
         if depthwise is not None:
             y = depthwise(x, b, r, out)
             if y is not None:
@@ -411,6 +416,15 @@ def _conv_fn(
         return y
 
     return conv
+
+
+def _check_bias(ctx: KernelContext, b: Any, m: int) -> None:
+    """A bias input (not a constant, which load checks) of one value for each of the ``m``
+    filters: ValueError otherwise, as onnxruntime refuses it (the compiled paths read one a
+    filter: a short one was read past its end)."""
+    if np.ndim(b) != 1 or np.shape(b)[0] != m:
+        raise ValueError(f"{ctx.op_type} {ctx.node_name!r}: bias of shape {np.shape(b)}; "
+                         f"expected ({m},), one value a filter")  # fmt: skip
 
 
 def conv_cost(ctx: KernelContext, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> Cost:

@@ -158,6 +158,8 @@ def raw_depthwise_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         if r is not None and (r.shape != out_shape or r.dtype != np.float32):
             return None
         bb = bias_vector(b, b_c, cdt)
+        if bb is not None and bb.shape[0] != group:
+            return None  # the kernel reads one a channel: NumPy's path says what is wrong
         y = out if out is not None and out.flags.c_contiguous else np.empty(out_shape, cdt)
         xc = x if x.flags.c_contiguous else np.ascontiguousarray(x)
         rc = None if r is None else np.ascontiguousarray(r)
