@@ -25,9 +25,9 @@ kernels for good. A load with ``native="eager"`` waits for a warm-up in flight a
 on the compiled kernels, as does every load once the process is warm.
 
 The warm-up builds ``depthwise_ir``'s kernel first where a loaded model holds a
-depthwise conv it serves (``depthwise_ir.wanted``): the stand-ins' convs call its machine
-code through ctypes from then on (``conv_depthwise_grid.raw_depthwise_fn``), seconds
-before the switch.
+depthwise conv it serves (``depthwise_ir.wanted``), and ``gelu_ir``'s where one computes
+a float32 GELU: the stand-ins call their machine code through ctypes from then on
+(``conv_depthwise_grid.raw_depthwise_fn``, ``gelu_ir.run``), seconds before the switch.
 
 The warm-up yields to calls (``concurrency.call_yield``, which the native tier's
 background lowering uses too; ``Model.run`` marks its calls): while a call on a stand-in
@@ -208,7 +208,7 @@ class _Warmup:
         self._built: list[tuple[Any, threading.Event]] = []
 
     def _prepare(self) -> bool:
-        from .kernels.lib import depthwise_ir, gemm_packed
+        from .kernels.lib import depthwise_ir, gelu_ir, gemm_packed
 
         with compiled_gate.warming(), call_yield.background(self.yielder, short=True):
             jit.import_numba()
@@ -216,6 +216,8 @@ class _Warmup:
                 gemm_packed.available()
             if depthwise_ir.wanted() and not worker.closing():
                 depthwise_ir.function()  # the stand-ins' depthwise convs take it at once
+            if gelu_ir.wanted() and not worker.closing():
+                gelu_ir.build_once()  # and their float32 GELUs
         return True
 
     def _compile(self) -> None:

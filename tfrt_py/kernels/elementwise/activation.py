@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..base import OUT_INPLACE, ComputeFn, KernelContext
+from ..lib import gelu_ir
 from ..lib.gelu_jit import gelu_erf_f32
 from ..lib.gelu_numpy import gelu_erf, gelu_tanh
 from ..lib.sigmoid_jit import flat_f32, gelu_tanh_f32, in_place, sigmoid_f32
@@ -239,6 +240,7 @@ def _gelu(ctx: KernelContext) -> ComputeFn:
         approximate = approximate.decode()
     if approximate == "none":
         fast = gelu_erf_f32()  # one compiled pass for float32, when numba is there
+        gelu_ir.want()  # a cold start's stand-in: one pass once the warm-up built it
 
         def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
             if fast is not None and x.dtype == np.float32:

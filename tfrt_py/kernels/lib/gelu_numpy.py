@@ -1,7 +1,8 @@
 """GELU on NumPy arrays (the kernels' paths without numba: a cold start's stand-ins and
 hosts without it), shared by the elementwise family's Gelu and the contrib family's
 Gelu/BiasGelu/FastGelu. Large contiguous arrays run in cache-sized pieces
-(``chunks.by_chunks``): erf's rational approximation is ~15 passes. Stateless; any thread.
+(``chunks.by_chunks``): erf's rational approximation is ~15 passes; float32 erf-form GELU
+runs on ``gelu_ir``'s kernel once it is built. Stateless; any thread.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 
 import numpy as np
 
+from . import gelu_ir
 from .chunks import by_chunks
 from .erf import erf
 
@@ -20,7 +22,12 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def gelu_erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """x/2 (1 + erf(x / sqrt 2)) into ``out`` (may be ``x``'s own buffer) or a new array."""
+    """x/2 (1 + erf(x / sqrt 2)) into ``out`` (may be ``x``'s own buffer) or a new array;
+    float32 in one pass on ``gelu_ir``'s kernel once it is built (a cold start's warm-up
+    builds it for its stand-ins)."""
+    y = gelu_ir.run(x, out)
+    if y is not None:
+        return y
     y = by_chunks(_gelu_erf, x, out)
     return _gelu_erf(x, out) if y is None else y
 

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ...concurrency import native_threads
+from ..lib import gelu_ir
 from ..lib.activations import (
     ACTIVATIONS,
     Epilogue,
@@ -443,6 +444,8 @@ def act_fns(epi: Epilogue) -> tuple[Any, Any]:
     activations ``_numpy_act`` may use for ``epi``'s activation, each None without numba
     or when ``epi`` does not need it (then it is not compiled); asked at load."""
     act = epi.act
+    if act == "Gelu":
+        gelu_ir.want()  # a cold start's stand-in takes it once built
     return (sigmoid_f32() if act in ("Sigmoid", "SiLU") else None,
             gelu_erf_f32() if act == "Gelu" else None)  # fmt: skip
 
@@ -491,7 +494,8 @@ def _numpy_act(y: np.ndarray, epi: Epilogue, fns: tuple[Any, Any] = (None, None)
     elif act == "LeakyRelu":
         np.multiply(y, np.where(y < 0, t(epi.alpha), t(1)), out=y)
     elif act == "Gelu":  # the Gelu kernel's operations: (erf(y / sqrt 2) + 1) * y * 0.5
-        if y.dtype != np.float32 or gelu is None or gelu(y, y) is None:
+        done = y.dtype == np.float32 and gelu is not None and gelu(y, y) is not None
+        if not done and gelu_ir.run(y, y) is None:  # a stand-in's, once it is built
             with np.errstate(invalid="ignore"):  # -inf: 0 * -inf is NaN, as onnxruntime's
                 g = np.multiply(y, t(1.0 / math.sqrt(2.0)), out=scratch(1, y.shape, y.dtype))
                 erf(g, out=g)
