@@ -14,6 +14,13 @@ import pytest
 from tfrt_py.kernels.lib import gelu_ir, gelu_numpy
 
 
+@pytest.fixture(autouse=True)
+def _unbuilt_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test builds (or loads) the kernel into a decision of its own, dropped after
+    it: later tests in this process see the NumPy paths they expect."""
+    monkeypatch.setattr(gelu_ir._BUILT, "_done", [])
+
+
 def _built() -> Any:
     fn = gelu_ir.build_once()
     if fn is None:
