@@ -25,7 +25,7 @@ kernels for good. A load with ``native="eager"`` waits for a warm-up in flight a
 on the compiled kernels, as does every load once the process is warm.
 
 The warm-up builds ``depthwise_ir``'s kernel first where a loaded model holds a
-depthwise conv it serves (``depthwise_ir.wanted``), and ``gelu_ir``'s where one computes
+depthwise conv it serves (``depthwise_ir.WANTED``), and ``gelu_ir``'s where one computes
 a float32 GELU: the stand-ins call their machine code through ctypes from then on
 (``conv_depthwise_grid.raw_depthwise_fn``, ``gelu_ir.run``), seconds before the switch.
 
@@ -214,9 +214,9 @@ class _Warmup:
             jit.import_numba()
             if not worker.closing():
                 gemm_packed.available()
-            if depthwise_ir.wanted() and not worker.closing():
+            if depthwise_ir.WANTED.is_set() and not worker.closing():
                 depthwise_ir.function()  # the stand-ins' depthwise convs take it at once
-            if gelu_ir.wanted() and not worker.closing():
+            if gelu_ir.WANTED.is_set() and not worker.closing():
                 gelu_ir.build_once()  # and their float32 GELUs
         return True
 

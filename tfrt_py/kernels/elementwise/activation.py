@@ -240,7 +240,7 @@ def _gelu(ctx: KernelContext) -> ComputeFn:
         approximate = approximate.decode()
     if approximate == "none":
         fast = gelu_erf_f32()  # one compiled pass for float32, when numba is there
-        gelu_ir.want()  # a cold start's stand-in: one pass once the warm-up built it
+        gelu_ir.WANTED.set()  # a cold start's stand-in: one pass once the warm-up built it
 
         def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
             if fast is not None and x.dtype == np.float32:

@@ -33,6 +33,7 @@ numba calls it; ``raw()`` the same machine code as ctypes functions for the NumP
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NamedTuple
 
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
@@ -40,9 +41,23 @@ from ...concurrency.once import Once
 from . import gemm_packed
 from .gemm_packed import counted_loop, splat, wide_vectors
 
-__all__ = ["FLAG_HARD_SIGMOID", "FLAG_HARD_SWISH", "FLAG_RESIDUAL", "KINDS", "NARROW_MAX_WIDTH",
-           "SYMBOL", "SYMBOL_NARROW", "Raw", "function", "kind_of", "narrow_function", "raw",
-           "scratch_len", "vector_width", "want", "wanted"]  # fmt: skip
+__all__ = [
+    "FLAG_HARD_SIGMOID",
+    "FLAG_HARD_SWISH",
+    "FLAG_RESIDUAL",
+    "KINDS",
+    "NARROW_MAX_WIDTH",
+    "SYMBOL",
+    "SYMBOL_NARROW",
+    "WANTED",
+    "Raw",
+    "function",
+    "kind_of",
+    "narrow_function",
+    "raw",
+    "scratch_len",
+    "vector_width",
+]  # fmt: skip
 
 SYMBOL = "tfrt_py_dw_grid"
 #: The same kernel built with 8-float vectors beside the AVX-512 one (``narrow_function``):
@@ -401,20 +416,9 @@ _NARROW: Once[tuple[Any, Any] | None] = Once(_decide_narrow)
 _RAW: Raw | None = None
 
 
-#: Set once a model built a conv the kernel serves (``want``), so that a cold start's
+#: Set once a model built a conv the kernel serves (any thread), so that a cold start's
 #: warm-up builds it first (``raw``) for the NumPy paths that model serves on meanwhile.
-_WANTED: list[bool] = []
-
-
-def want() -> None:
-    """Note that a model holds a depthwise conv this kernel serves (any thread)."""
-    if not _WANTED:
-        _WANTED.append(True)
-
-
-def wanted() -> bool:
-    """Whether ``want()`` was called in this process."""
-    return bool(_WANTED)
+WANTED = threading.Event()
 
 
 def raw() -> Raw | None:

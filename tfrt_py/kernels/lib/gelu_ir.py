@@ -12,8 +12,8 @@ kept). ``x`` and ``y`` are the same run or do not overlap. Vectors of ``pool_ir.
 floats (16 with AVX-512F, 8 with AVX2), the last one masked: nothing read or written past
 ``n``. No numba: ``raw()`` is the ctypes function, the GIL released while it runs.
 
-Built once per process by ``build()`` (the cold start's warm-up where a loaded model
-computes a float32 GELU: ``want``), its machine code cached as the packed gemms'; None
+Built once per process by ``build_once()`` (the cold start's warm-up where a loaded
+model computes a float32 GELU: ``WANTED``), its machine code cached as the packed gemms'; None
 where there is no llvmlite JIT or vector path (``$TFRT_PY_ISA=portable``, no AVX2) or
 ``$TFRT_PY_PACKED_GEMM=0``. Stateless; any thread.
 """
@@ -21,6 +21,7 @@ where there is no llvmlite JIT or vector path (``$TFRT_PY_ISA=portable``, no AVX
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from .gemm_packed import ENV_PACKED_GEMM, counted_loop, splat, wide_vectors
 from .ir_kernels import FloatVectors, build_module
 from .pool_ir import lanes
 
-__all__ = ["SYMBOL", "build", "build_once", "raw", "run", "want", "wanted"]
+__all__ = ["SYMBOL", "WANTED", "build", "build_once", "raw", "run"]
 
 SYMBOL = "tfrt_py_gelu_f32"
 
@@ -117,19 +118,9 @@ def _decide() -> Any:
 
 
 _BUILT: Once[Any] = Once(_decide)
-_WANTED: list[bool] = []
-
-
-def want() -> None:
-    """Note that a loaded model computes a float32 GELU on the NumPy paths (any thread):
-    the cold start's warm-up then builds the kernel first (``wanted``)."""
-    if not _WANTED:
-        _WANTED.append(True)
-
-
-def wanted() -> bool:
-    """Whether ``want()`` was called in this process."""
-    return bool(_WANTED)
+#: Set once a loaded model computes a float32 GELU on the NumPy paths (any thread): the
+#: cold start's warm-up then builds the kernel first.
+WANTED = threading.Event()
 
 
 def build_once() -> Any:

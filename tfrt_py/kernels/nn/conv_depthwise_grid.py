@@ -123,7 +123,7 @@ def raw_depthwise_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     and other activations after (``_numpy_act``); None where the conv is not one the
     kernel serves, or ``$TFRT_PY_JIT`` is ``0``. ``fn`` returns None before the kernel is
     built and for shapes it does not serve (``fits``); the caller then takes NumPy's
-    path. Notes the conv (``depthwise_ir.want``). Any thread."""
+    path. Notes the conv (``depthwise_ir.WANTED``). Any thread."""
     sp, group, w_const, b_c, cdt, epi = node
     if (w_const is None or w_const.ndim != 4 or cdt != np.float32 or group < 2
             or w_const.shape[0] != group or w_const.shape[1] != 1
@@ -135,7 +135,7 @@ def raw_depthwise_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     epi_after = epi._replace(act="") if flags >= 0 else epi
     flags = max(flags, 0)
     plans: ShapeMemo[tuple[int, ...], Any] = ShapeMemo()
-    depthwise_ir.want()
+    depthwise_ir.WANTED.set()
 
     def plan_for(shape: tuple[int, ...]) -> Any:
         if len(shape) != 4 or shape[1] != group:

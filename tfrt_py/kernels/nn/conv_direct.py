@@ -445,7 +445,7 @@ def act_fns(epi: Epilogue) -> tuple[Any, Any]:
     or when ``epi`` does not need it (then it is not compiled); asked at load."""
     act = epi.act
     if act == "Gelu":
-        gelu_ir.want()  # a cold start's stand-in takes it once built
+        gelu_ir.WANTED.set()  # a cold start's stand-in takes it once built
     return (sigmoid_f32() if act in ("Sigmoid", "SiLU") else None,
             gelu_erf_f32() if act == "Gelu" else None)  # fmt: skip
 
