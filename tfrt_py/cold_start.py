@@ -25,9 +25,11 @@ kernels for good. A load with ``native="eager"`` waits for a warm-up in flight a
 on the compiled kernels, as does every load once the process is warm.
 
 The warm-up builds ``depthwise_ir``'s kernel first where a loaded model holds a
-depthwise conv it serves (``depthwise_ir.WANTED``), and ``gelu_ir``'s where one computes
-a float32 GELU: the stand-ins call their machine code through ctypes from then on
-(``conv_depthwise_grid.raw_depthwise_fn``, ``gelu_ir.run``), seconds before the switch.
+depthwise conv it serves (``depthwise_ir.WANTED``), ``activation_ir``'s where one
+computes a float32 GELU, Sigmoid or SiLU, and ``gemm_cols``' where one holds a one-group
+conv: the stand-ins call their machine code through ctypes from then on
+(``conv_depthwise_grid.raw_depthwise_fn``, ``activation_ir.gelu``/``logistic``,
+``conv_cols_raw.raw_cols_fn``), seconds before the switch.
 
 The warm-up yields to calls (``concurrency.call_yield``, which the native tier's
 background lowering uses too; ``Model.run`` marks its calls): while a call on a stand-in
@@ -208,7 +210,7 @@ class _Warmup:
         self._built: list[tuple[Any, threading.Event]] = []
 
     def _prepare(self) -> bool:
-        from .kernels.lib import depthwise_ir, gelu_ir, gemm_packed
+        from .kernels.lib import activation_ir, depthwise_ir, gemm_cols, gemm_packed
 
         with compiled_gate.warming(), call_yield.background(self.yielder, short=True):
             jit.import_numba()
@@ -216,8 +218,10 @@ class _Warmup:
                 gemm_packed.available()
             if depthwise_ir.WANTED.is_set() and not worker.closing():
                 depthwise_ir.function()  # the stand-ins' depthwise convs take it at once
-            if gelu_ir.WANTED.is_set() and not worker.closing():
-                gelu_ir.build_once()  # and their float32 GELUs
+            if activation_ir.WANTED.is_set() and not worker.closing():
+                activation_ir.build_once()  # and their float32 GELU, Sigmoid and SiLU
+            if gemm_cols.WANTED.is_set() and not worker.closing():
+                gemm_cols.available()  # and their one-group convs
         return True
 
     def _compile(self) -> None:

@@ -133,8 +133,10 @@ LINE_BUDGET: dict[str, int] = {
     # nn/conv_stem.py: issue 35, the mobile family's first conv); 12-05 (62nd): the cold
     # start's stand-ins call depthwise_ir through ctypes (nn/conv_depthwise_grid.py: issue
     # 32's first seconds) and a float32 GELU in LLVM IR for them (lib/gelu_ir.py), a Conv
-    # bias's length checked (security)
-    "kernels": 35000,
+    # bias's length checked (security); 12-06 (63rd): the stand-ins' one-group convs on
+    # gemm_cols through ctypes (nn/conv_cols_raw.py), the kernels' loops over images
+    # (lib/ir_kernels.py), Sigmoid and SiLU beside the GELU (lib/activation_ir.py)
+    "kernels": 35600,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,

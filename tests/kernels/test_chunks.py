@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from tfrt_py.kernels.lib import gelu_ir
+from tfrt_py.kernels.lib import activation_ir
 from tfrt_py.kernels.lib.chunks import CHUNK, by_chunks
 from tfrt_py.kernels.lib.erf import erf, erf_f32
 from tfrt_py.kernels.lib.gelu_numpy import _gelu_erf, _gelu_tanh, gelu_erf, gelu_tanh
@@ -28,7 +28,7 @@ def _x(dtype: type = np.float32) -> np.ndarray:
 def test_gelu_in_pieces_is_bitwise_the_whole_array_pass(
     monkeypatch: pytest.MonkeyPatch, pieced: _Gelu, whole: _Gelu, dtype: type
 ) -> None:
-    monkeypatch.setattr(gelu_ir._BUILT, "_done", [])  # NumPy's pieces, not the IR kernel
+    monkeypatch.setattr(activation_ir._BUILT, "_done", [])  # NumPy's pieces, not the IR kernel
     x = _x(dtype)
     with np.errstate(invalid="ignore"):  # -inf: 0 * -inf, in pieces as whole
         _gelu_cases(pieced, whole, x)

@@ -7,8 +7,6 @@ compiled kernels are held taking it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
@@ -19,6 +17,8 @@ from tfrt_py.kernels.lib.activations import Epilogue
 from tfrt_py.kernels.nn import conv_depthwise_grid
 from tfrt_py.kernels.nn.conv_common import ConvNode, parse_spatial
 from tfrt_py.kernels.nn.conv_direct import apply_epilogue
+
+from .held_conv import run_held_conv
 
 
 def _raw() -> depthwise_ir.Raw:
@@ -149,33 +149,14 @@ def test_a_conv_built_while_the_kernels_are_held_takes_the_built_kernel(
     """A Conv node built and called while a cold start holds the compiled kernels (its
     stand-in: numba's depthwise declines) runs the kernel's ctypes build (a spy counts
     the calls) and answers as the definition does."""
-    from tfrt_py.concurrency import compiled_gate
-    from tfrt_py.ir.graph import Value
-    from tfrt_py.kernels import default_registry
-
     _raw()
-    calls: list[int] = []
-    real = conv_depthwise_grid.run_raw
-
-    def spy(*args: Any) -> bool:
-        calls.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(conv_depthwise_grid, "run_raw", spy)
     c, k = 5, 3
     rng = np.random.default_rng(3)
     w = rng.standard_normal((c, 1, k, k)).astype(np.float32)
     b = rng.standard_normal(c).astype(np.float32)
-    attrs = {"group": c, "pads": [1, 1, 1, 1], "kernel_shape": [k, k]}
-    node = Node("Conv", [Value("x"), Value("w", const=w), Value("b", const=b)], [Value("y")],
-                attrs, name="dw", opset=11)  # fmt: skip
     x = rng.standard_normal((2, c, 9, 10)).astype(np.float32)
     want = _reference(x, w.reshape(c, k * k), k, 1) + b[None, :, None, None]
-    compiled_gate.hold()
-    try:
-        fn = default_registry().lookup("", "Conv", 11).build(KernelContext(node))
-        got = fn(x, w, b)
-    finally:
-        compiled_gate.release()
-    assert calls == [1]
+    attrs = {"group": c, "pads": [1, 1, 1, 1], "kernel_shape": [k, k]}
+    got, calls = run_held_conv(monkeypatch, conv_depthwise_grid, "run_raw", w, b, x, attrs)
+    assert calls == 1
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..base import OUT, OUT_INPLACE, ComputeFn, Cost, KernelContext
-from ..lib import gelu_ir
+from ..lib import activation_ir
 from ..lib.gelu_jit import gelu_erf_f32
 from ..lib.gelu_numpy import gelu_erf, gelu_tanh
 from ..lib.sigmoid_jit import flat_f32, gelu_tanh_f32, in_place
@@ -62,7 +62,7 @@ def _gelu(ctx: KernelContext) -> ComputeFn:
     """Gelu-1 (com.microsoft): ``fn(X, out=None) -> X/2 (1 + erf(X / sqrt 2))`` (float32:
     the compiled one-pass loop of ``kernels/lib/gelu_jit`` when numba is there)."""
     fast = gelu_erf_f32()
-    gelu_ir.WANTED.set()  # a cold start's stand-in: one pass once the warm-up built it
+    activation_ir.WANTED.set()  # a cold start's stand-in: one pass once the warm-up built it
 
     def gelu(X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         if fast is not None and X.dtype == np.float32:
@@ -78,7 +78,7 @@ def _bias_gelu(ctx: KernelContext) -> ComputeFn:
     """BiasGelu-1: ``fn(A, B, out=None) -> Gelu(A + B)`` (B: 1-D, A's last axis; the GELU
     compiled for float32 as in Gelu)."""
     fast = gelu_erf_f32()
-    gelu_ir.WANTED.set()
+    activation_ir.WANTED.set()
 
     def bias_gelu(A: np.ndarray, B: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         x = np.add(A, B, out=out)  # out may alias A: each element is read, then written

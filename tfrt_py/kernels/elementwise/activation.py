@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..base import OUT_INPLACE, ComputeFn, KernelContext
-from ..lib import gelu_ir
+from ..lib import activation_ir
 from ..lib.gelu_jit import gelu_erf_f32
 from ..lib.gelu_numpy import gelu_erf, gelu_tanh
 from ..lib.sigmoid_jit import flat_f32, gelu_tanh_f32, in_place, sigmoid_f32
@@ -125,10 +125,14 @@ def _sigmoid(ctx: KernelContext) -> ComputeFn:
 
     loop = sigmoid_f32()  # compiled float32 loop with a vectorized exp, when numba is there
     fast = None if loop is None else _bind_flag(loop, False)
+    activation_ir.WANTED.set()  # a cold start's stand-in: one pass once the warm-up built it
 
     def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         if fast is not None and flat_f32(x, out):
             return in_place(fast, x, out)
+        y = activation_ir.logistic(x, out, False)
+        if y is not None:
+            return y
         r = np.asarray(np.negative(x, out=out))
         np.exp(r, out=r)
         r += 1
@@ -240,7 +244,7 @@ def _gelu(ctx: KernelContext) -> ComputeFn:
         approximate = approximate.decode()
     if approximate == "none":
         fast = gelu_erf_f32()  # one compiled pass for float32, when numba is there
-        gelu_ir.WANTED.set()  # a cold start's stand-in: one pass once the warm-up built it
+        activation_ir.WANTED.set()  # a cold start's stand-in: one pass once the warm-up built it
 
         def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
             if fast is not None and x.dtype == np.float32:
@@ -267,10 +271,15 @@ def _swish(ctx: KernelContext) -> ComputeFn:
     neg_alpha = -float(ctx.attr("alpha", 1.0))
     loop = sigmoid_f32() if neg_alpha == -1.0 else None  # SiLU: the compiled loop
     fast = None if loop is None else _bind_flag(loop, True)
+    if neg_alpha == -1.0:
+        activation_ir.WANTED.set()  # a cold start's stand-in: one pass once built
 
     def swish(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         if fast is not None and flat_f32(x, out):
             return in_place(fast, x, out)
+        y = activation_ir.logistic(x, out, True) if neg_alpha == -1.0 else None
+        if y is not None:
+            return y
         t = np.asarray(np.multiply(x, neg_alpha))
         np.exp(t, out=t)
         t += 1

@@ -38,8 +38,9 @@ from typing import Any, NamedTuple
 
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from ...concurrency.once import Once
-from . import gemm_packed
+from . import gemm_packed, ir_kernels
 from .gemm_packed import counted_loop, splat, wide_vectors
+from .ir_kernels import images_function
 
 __all__ = [
     "FLAG_HARD_SIGMOID",
@@ -78,7 +79,7 @@ ROW_BLOCK = 7
 #: (``lo``, ``hi`` their alpha and beta).
 FLAG_RESIDUAL, FLAG_HARD_SWISH, FLAG_HARD_SIGMOID = 1, 2, 4
 #: The files whose code writes the IR (the machine-code cache's key hashes them).
-IR_SOURCES = (*gemm_packed.IR_HELPERS, __file__)
+IR_SOURCES = (*gemm_packed.IR_HELPERS, ir_kernels.__file__, __file__)
 
 
 def kind_of(k: int, stride: int) -> int:
@@ -148,6 +149,8 @@ class _GridIR:
             sw.add_case(self.c(n), block)
             b.position_at_end(block)
             self.body_rows(k, s)
+        # the loop over images for the NumPy paths (``raw``): input, residual, output
+        images_function(self.mod, self.fn, f"{self.symbol}_images", (1, 4, 5))
         text = str(self.mod)
         return wide_vectors(text, [self.symbol]) if self.vw == 16 else text
 
@@ -365,14 +368,18 @@ def _build(vw: int, symbol: str) -> tuple[Any, Any]:
     _ENGINES.append(engine)
     p, n, f = types.uintp, types.int64, types.float32
     i, vp, fl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-    raw = ctypes.CFUNCTYPE(i, i, vp, vp, vp, vp, vp, vp, i, fl, fl, *[i] * 8)(address)
+    raw = ctypes.CFUNCTYPE(i, i, vp, vp, vp, vp, vp, vp, i, fl, fl, *[i] * 12)(
+        engine.get_function_address(f"{symbol}_images")
+    )
     return types.ExternalFunction(symbol, n(n, p, p, p, p, p, p, n, f, f, n, n, n, n, n, n, n,
                                             n)), raw  # fmt: skip
 
 
 class Raw(NamedTuple):
-    """The kernel as ctypes functions (``raw()``): callable from Python without numba,
-    the GIL released while it runs."""
+    """The kernel's loops over images as ctypes functions (``raw()``): ``SYMBOL``'s
+    arguments, then ``count``, ``x_step``, ``r_step``, ``y_step`` (floats from one image's
+    input, residual and output to the next's); callable from Python without numba, the
+    GIL released while they run."""
 
     fn: Any
     vw: int

@@ -2,7 +2,7 @@
 hosts without it), shared by the elementwise family's Gelu and the contrib family's
 Gelu/BiasGelu/FastGelu. Large contiguous arrays run in cache-sized pieces
 (``chunks.by_chunks``): erf's rational approximation is ~15 passes; float32 erf-form GELU
-runs on ``gelu_ir``'s kernel once it is built. Stateless; any thread.
+runs on ``activation_ir``'s kernel once it is built. Stateless; any thread.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from . import gelu_ir
+from . import activation_ir
 from .chunks import by_chunks
 from .erf import erf
 
@@ -23,9 +23,9 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 def gelu_erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """x/2 (1 + erf(x / sqrt 2)) into ``out`` (may be ``x``'s own buffer) or a new array;
-    float32 in one pass on ``gelu_ir``'s kernel once it is built (a cold start's warm-up
+    float32 in one pass on ``activation_ir``'s kernel once it is built (a cold start's warm-up
     builds it for its stand-ins)."""
-    y = gelu_ir.run(x, out)
+    y = activation_ir.gelu(x, out)
     if y is not None:
         return y
     y = by_chunks(_gelu_erf, x, out)

@@ -33,30 +33,34 @@ private cache dir, ``llvm_jit.compile_ir_cached``), on hosts where ``gemm_packed
 tile and while it is switched on. ``register(module_globals)`` sets a kernel module's
 ``_sgemm_cols`` (a numba ``ExternalFunction``; a cached kernel needs the symbol before it
 loads, so ``Jitted(prepare=...)`` calls it); ``kernel()`` is a numba wrapper for Python
-callers. Sums run k = 0..K-1 as one chain of fused multiply-adds per output: results
+callers; ``raw()`` the same machine code as a ctypes function for the NumPy paths
+(``conv_cols_raw``: a cold start's stand-ins, which must not wait for numba). Sums run
+k = 0..K-1 as one chain of fused multiply-adds per output: results
 differ from BLAS's by rounding only. Stateless; any thread.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...concurrency import numba_target
 from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
-from . import gemm_packed
+from . import gemm_packed, ir_kernels
 from .gemm_packed import TileShape, _PackedGemmIR
 from .gemm_packed import available as packed_available
+from .ir_kernels import images_function
 
-__all__ = ["FLAG_BIAS", "FLAG_CLIP", "FLAG_RELU", "FLAG_RESIDUAL", "available", "kernel",
-           "panel_width", "register", "tile_rows"]  # fmt: skip
+__all__ = ["FLAG_BIAS", "FLAG_CLIP", "FLAG_RELU", "FLAG_RESIDUAL", "WANTED", "Raw", "available",
+           "kernel", "panel_width", "raw", "register", "tile_rows"]  # fmt: skip
 
 FLAG_BIAS, FLAG_RELU, FLAG_RESIDUAL, FLAG_CLIP = 1, 2, 4, 8
 SYMBOL = "tfrt_py_sgemm_cols"
+IMAGES_SYMBOL = "tfrt_py_sgemm_cols_images"
 #: The files whose code writes the IR (the object cache's key hashes them).
-IR_SOURCES = (gemm_packed.__file__, __file__)
+IR_SOURCES = (gemm_packed.__file__, ir_kernels.__file__, __file__)
 
 _LOCK = threading.Lock()
 _STATE: list[Any] = []  # [numba ExternalFunction or None] once decided
@@ -214,6 +218,8 @@ class _ColsGemmIR(_PackedGemmIR):
         self.halves = 2
         b.position_at_end(done)
         self.mask = None
+        # the loop over images for the NumPy paths (``Raw``): columns, output, residual
+        images_function(self.mod, self.fn, IMAGES_SYMBOL, (2, 6, 12))
         return self.finish()
 
     def _load(self, ptr: Any, h: int) -> Any:
@@ -265,25 +271,58 @@ def _build(shape: TileShape) -> str:
 
 def _decide() -> Any:
     """The ExternalFunction over the registered symbol, or None (no tile on this path, or
-    the build failed: the callers keep their BLAS path)."""
+    the build failed: the callers keep their BLAS path). Sets ``_RAW`` too."""
+    global _RAW
     shape = gemm_packed.tile()
     if shape is None:
         return None
     try:
+        import ctypes
+
         from numba import types
 
         key = f"gemm_cols|{shape!r}|{SYMBOL}"
         engine, _cached = compile_ir_cached(lambda: _build(shape), key, IR_SOURCES, opt=3)
-        add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
+        address = engine.get_function_address(SYMBOL)
+        add_symbol(SYMBOL, address)
         _ENGINES.append(engine)  # kept alive: the symbol points into it
     except Exception:  # noqa: BLE001 - no llvmlite JIT here: the callers keep BLAS
         return None
+    i, vp = ctypes.c_int64, ctypes.c_void_p
+    images = ctypes.CFUNCTYPE(i, vp, i, vp, i, i, vp, vp, i, i, i, i, vp, vp, i, vp, i, i, i, i,
+                              i, i)(engine.get_function_address(IMAGES_SYMBOL))  # fmt: skip
+    _RAW = Raw(images, shape.nr)
     p, n = types.uintp, types.int64
     return types.ExternalFunction(SYMBOL, types.int64(p, n, p, n, n, p, p, n, n, n, n, p, p, n, p,
                                                       n, n))  # fmt: skip
 
 
 _ENGINES: list[Any] = []
+
+
+class Raw(NamedTuple):
+    """The kernel over images as a ctypes function (``raw()``): ``images(a, lda, c, ldc,
+    taps, toff, y, ldy, M, K, N, bias, r, ldr, lohi, flags, nr, count, c_step, y_step,
+    r_step)`` (``IMAGES_SYMBOL``) with addresses as integers, callable from Python
+    without numba, the GIL released while it runs; ``nr`` its panel width."""
+
+    images: Any
+    nr: int
+
+
+#: The kernel as a ctypes function, set when ``available()`` has built it (``raw``)
+_RAW: Raw | None = None
+
+#: Set once a model built a conv that a cold start's stand-in would run on the kernel
+#: (``conv_cols_raw``, any thread), so that the warm-up builds it early (``raw``).
+WANTED = threading.Event()
+
+
+def raw() -> Raw | None:
+    """The kernel as a ctypes function once ``available()`` has built it in this process
+    (any thread: a cold start's warm-up builds it early where ``WANTED``), else None; never
+    builds, never waits (one read: the NumPy paths ask it per call)."""
+    return _RAW
 
 
 def available() -> bool:

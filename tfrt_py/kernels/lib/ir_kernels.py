@@ -27,7 +27,7 @@ from ...concurrency.once import Once
 from .gemm_packed import ENV_PACKED_GEMM, IR_HELPERS
 from .pool_ir import register_lanes
 
-__all__ = ["BASE_SOURCES", "FloatVectors", "WrappedKernels", "build_module"]
+__all__ = ["BASE_SOURCES", "FloatVectors", "WrappedKernels", "build_module", "images_function"]
 
 #: What a ``FloatVectors`` module's IR is written with besides its own file (the sources
 #: of its machine-code cache key, ``compile_ir_cached``)
@@ -39,6 +39,40 @@ def build_module(make_text: Any, key: str, source: str) -> Any:
     by the file ``source``: the engine (its machine code cached, the key hashing
     ``source`` and ``BASE_SOURCES``). Raises what llvmlite raises."""
     return compile_ir_cached(make_text, key, (source, *BASE_SOURCES), opt=3)[0]
+
+
+def images_function(mod: Any, fn: Any, name: str, stepped: tuple[int, ...]) -> None:
+    """Add to ``mod`` the function ``name(<fn's arguments>, count, <one step a stepped
+    argument>) -> status``: ``fn`` (returning an i64 status) on ``count`` images, its
+    pointer argument ``stepped[j]`` advanced ``i * step_j`` elements for image i; the first
+    non-zero status ends it. One ctypes call for a batch instead of one an image: each
+    call from Python hands the GIL over, and a busy background thread takes it each time."""
+    import llvmlite.ir as ir
+
+    i64 = ir.IntType(64)
+    base = fn.function_type.args
+    loop = ir.Function(mod, ir.FunctionType(i64, [*base, i64] + [i64] * len(stepped)), name=name)
+    args = list(loop.args)
+    count, steps = args[len(base)], args[len(base) + 1 :]
+    b = ir.IRBuilder(loop.append_basic_block("entry"))
+    head, body, fail, done = (loop.append_basic_block() for _ in range(4))
+    entry = b.block
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(i64)
+    i.add_incoming(ir.Constant(i64, 0), entry)
+    b.cbranch(b.icmp_signed("<", i, count), body, done)
+    b.position_at_end(body)
+    call = args[: len(base)]
+    for at, step in zip(stepped, steps, strict=True):
+        call[at] = b.gep(args[at], [b.mul(i, step)])
+    status = b.call(fn, call)
+    i.add_incoming(b.add(i, ir.Constant(i64, 1)), body)
+    b.cbranch(b.icmp_signed("!=", status, ir.Constant(i64, 0)), fail, head)
+    b.position_at_end(fail)
+    b.ret(status)
+    b.position_at_end(done)
+    b.ret(ir.Constant(i64, 0))
 
 
 class FloatVectors:

@@ -28,6 +28,7 @@ from ..lib.quant import check_constants, requantize
 from ..registry import KernelRegistry
 from . import conv_cols
 from .conv_blocked_fn import blocked_conv_fn
+from .conv_cols_raw import raw_cols_fn
 from .conv_common import (
     ConvNode,
     Spatial,
@@ -370,32 +371,22 @@ def _conv_fn(
     epilogue = make_epilogue(epi)
     filters = -1 if w_const is None else int(w_const.shape[0])
     node = ConvNode(sp, group, w_const, b_c, cdt, epi)
-    depthwise = depthwise_conv_fn(node) if same else None
-    raw_depthwise = raw_depthwise_fn(node) if same else None
-    stem = stem_conv_fn(node) if same else None
     blocked = blocked_conv_fn(node) if same else None
     if blocked is not None and cdt == np.float32 and group == 1:
         conv_cols.compile_at_build()
+    # the compiled paths, each None where it does not serve the node and returning None
+    # for a call it declines; the ctypes ones serve a cold start's stand-ins once built
+    paths = () if not same else tuple(p for p in (
+        depthwise_conv_fn(node), raw_depthwise_fn(node), stem_conv_fn(node), blocked,
+        raw_cols_fn(node)) if p is not None)  # fmt: skip
 
     def conv(
         x: np.ndarray, w: np.ndarray, b: Any = None, r: Any = None, out: Any = None
     ) -> np.ndarray:
         if b is not None and (b_c is None or filters < 0):  # (load checked constants)
             _check_bias(ctx, b, filters if filters >= 0 else w.shape[0])  # read unchecked
-        if depthwise is not None:
-            y = depthwise(x, b, r, out)
-            if y is not None:
-                return y
-        if raw_depthwise is not None:  # a cold start's stand-in, once the kernel is built
-            y = raw_depthwise(x, b, r, out)
-            if y is not None:
-                return y
-        if stem is not None:
-            y = stem(x, b, r, out)
-            if y is not None:
-                return y
-        if blocked is not None:
-            y = blocked(x, b, r, out)
+        for path in paths:
+            y = path(x, b, r, out)
             if y is not None:
                 return y
         direct = same and out is not None and out.flags.c_contiguous

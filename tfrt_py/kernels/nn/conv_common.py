@@ -24,6 +24,7 @@ from ..lib.activations import Epilogue
 
 __all__ = [
     "ConvNode",
+    "RawOperands",
     "Spatial",
     "attr_ints",
     "bias_vector",
@@ -31,7 +32,9 @@ __all__ = [
     "conv_geometry",
     "depthwise_plan",
     "depthwise_taps",
+    "into_out",
     "parse_spatial",
+    "raw_operands",
     "scratch",
 ]
 
@@ -186,6 +189,33 @@ def bias_vector(b: Any, b_c: np.ndarray | None, cdt: np.dtype) -> np.ndarray | N
     if b is None:
         return None
     return b_c if b_c is not None else np.ascontiguousarray(b, dtype=cdt).reshape(-1)
+
+
+class RawOperands(NamedTuple):
+    """A float32 conv's operands for a ctypes kernel (``raw_operands``)."""
+
+    y: np.ndarray  # the output buffer: the caller's ``out`` where C-contiguous, else new
+    x: np.ndarray  # the input, C-contiguous
+    r: np.ndarray | None  # the residual, C-contiguous, or None
+
+
+def raw_operands(x: np.ndarray, r: Any, out: Any, out_shape: tuple[int, ...]) -> RawOperands | None:
+    """The operands of a float32 conv into ``out_shape`` for the ctypes kernels of the NumPy
+    paths (``conv_cols_raw``, ``conv_depthwise_grid``); None where the residual ``r`` is
+    not float32 of that shape (NumPy's path then broadcasts it)."""
+    if r is not None and (r.shape != out_shape or r.dtype != np.float32):
+        return None
+    y = out if out is not None and out.flags.c_contiguous else np.empty(out_shape, np.float32)
+    xc = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+    return RawOperands(y, xc, None if r is None else np.ascontiguousarray(r))
+
+
+def into_out(y: np.ndarray, out: Any) -> np.ndarray:
+    """``y``, copied into the caller's ``out`` when one was given and ``y`` is not it."""
+    if out is not None and y is not out:
+        out[...] = y
+        return out
+    return y
 
 
 def depthwise_plan(

@@ -31,7 +31,7 @@ from ..common import ShapeMemo, scratch
 from ..lib import depthwise_ir
 from ..lib.activations import PARAMS_LEN
 from ..lib.jit import ENV_JIT, Jitted, frozen, inline
-from .conv_common import ConvNode, bias_vector, conv_geometry
+from .conv_common import ConvNode, bias_vector, conv_geometry, into_out, raw_operands
 from .conv_direct import Epilogue, _act_row, _numpy_act
 
 __all__ = ["GRID", "GRID_PAR", "fits", "raw_depthwise_fn", "run_raw", "scratch_len", "table"]
@@ -89,7 +89,8 @@ def run_raw(raw: depthwise_ir.Raw, kind: int, x: np.ndarray, w: np.ndarray, out:
     """``out`` = the depthwise conv of ``kind`` of ``x`` by ``w`` with the kernel's store
     (``bias``, ``res`` added, then the clamp to [``lo``, ``hi``] or ``flags``'
     HardSwish/HardSigmoid: ``depthwise_ir``) on its ctypes build (``depthwise_ir.raw()``):
-    one call an image on the caller's thread, the GIL released in each. For the NumPy
+    one call for the batch (its loop over images) on the caller's thread, the GIL released
+    in it. For the NumPy
     paths (``raw_depthwise_fn``: a cold start's stand-ins, which must not import numba).
     ``x`` (N, C, H, W), ``w`` (C, K*K), ``bias`` (C) or None, ``res`` and ``out`` (N, C,
     OH, OW) or None: float32, C-contiguous; K // 2 padding on every side (``fits``). Uses
@@ -104,15 +105,12 @@ def run_raw(raw: depthwise_ir.Raw, kind: int, x: np.ndarray, w: np.ndarray, out:
     xp_len = depthwise_ir.scratch_len(wd, vw)
     xp = scratch(0, (xp_len,), np.dtype(np.float32))
     ba = (_zero_bias(c) if bias is None else bias).ctypes.data
-    step_x, step_y = c * h * wd * 4, c * oh * ow * 4
+    step_x, step_y = c * h * wd, c * oh * ow  # floats
     x0, y0, wa, xa = x.ctypes.data, out.ctypes.data, w.ctypes.data, xp.ctypes.data
     r0 = y0 if res is None else res.ctypes.data
     flags |= 0 if res is None else depthwise_ir.FLAG_RESIDUAL
-    for i in range(n):
-        if fn(kind, x0 + i * step_x, wa, ba, r0 + i * step_y, y0 + i * step_y, xa, xp_len, lo,
-              hi, flags, c, h, wd, oh, ow, k // 2, k // 2):  # fmt: skip
-            return False
-    return True
+    return not fn(kind, x0, wa, ba, r0, y0, xa, xp_len, lo, hi, flags, c, h, wd, oh, ow, k // 2,
+                  k // 2, n, step_x, step_y, step_y)  # fmt: skip
 
 
 def raw_depthwise_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
@@ -155,21 +153,14 @@ def raw_depthwise_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         if got is False:
             return None
         kind, out_shape = got
-        if r is not None and (r.shape != out_shape or r.dtype != np.float32):
-            return None
+        ops = raw_operands(x, r, out, out_shape)
         bb = bias_vector(b, b_c, cdt)
-        if bb is not None and bb.shape[0] != group:
+        if ops is None or (bb is not None and bb.shape[0] != group):
             return None  # the kernel reads one a channel: NumPy's path says what is wrong
-        y = out if out is not None and out.flags.c_contiguous else np.empty(out_shape, cdt)
-        xc = x if x.flags.c_contiguous else np.ascontiguousarray(x)
-        rc = None if r is None else np.ascontiguousarray(r)
-        if not run_raw(raw, kind, xc, w2, y, bb, rc, lo, hi, flags):
+        if not run_raw(raw, kind, ops.x, w2, ops.y, bb, ops.r, lo, hi, flags):
             return None
-        _numpy_act(y, epi_after)
-        if out is not None and y is not out:
-            out[...] = y
-            return out
-        return y
+        _numpy_act(ops.y, epi_after)
+        return into_out(ops.y, out)
 
     return raw_depthwise
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from ...concurrency import native_threads
-from ..lib import gelu_ir
+from ..lib import activation_ir
 from ..lib.activations import (
     ACTIVATIONS,
     Epilogue,
@@ -444,8 +444,8 @@ def act_fns(epi: Epilogue) -> tuple[Any, Any]:
     activations ``_numpy_act`` may use for ``epi``'s activation, each None without numba
     or when ``epi`` does not need it (then it is not compiled); asked at load."""
     act = epi.act
-    if act == "Gelu":
-        gelu_ir.WANTED.set()  # a cold start's stand-in takes it once built
+    if act in ("Gelu", "Sigmoid", "SiLU"):
+        activation_ir.WANTED.set()  # a cold start's stand-in takes it once built
     return (sigmoid_f32() if act in ("Sigmoid", "SiLU") else None,
             gelu_erf_f32() if act == "Gelu" else None)  # fmt: skip
 
@@ -478,6 +478,8 @@ def _numpy_act(y: np.ndarray, epi: Epilogue, fns: tuple[Any, Any] = (None, None)
         and y.flags.c_contiguous
     ):  # fmt: skip
         sig(y.reshape(-1), act == "SiLU")
+    elif act in ("Sigmoid", "SiLU") and activation_ir.logistic(y, y, act == "SiLU") is not None:
+        pass  # a stand-in's, once the warm-up built it: one pass
     elif act == "Sigmoid":
         with np.errstate(over="ignore"):  # exp(-y) -> inf: sigmoid 0, silently as ORT
             np.negative(y, out=y)
@@ -495,7 +497,7 @@ def _numpy_act(y: np.ndarray, epi: Epilogue, fns: tuple[Any, Any] = (None, None)
         np.multiply(y, np.where(y < 0, t(epi.alpha), t(1)), out=y)
     elif act == "Gelu":  # the Gelu kernel's operations: (erf(y / sqrt 2) + 1) * y * 0.5
         done = y.dtype == np.float32 and gelu is not None and gelu(y, y) is not None
-        if not done and gelu_ir.run(y, y) is None:  # a stand-in's, once it is built
+        if not done and activation_ir.gelu(y, y) is None:  # a stand-in's, once built
             with np.errstate(invalid="ignore"):  # -inf: 0 * -inf is NaN, as onnxruntime's
                 g = np.multiply(y, t(1.0 / math.sqrt(2.0)), out=scratch(1, y.shape, y.dtype))
                 erf(g, out=g)
