@@ -153,6 +153,9 @@ def test_what_it_declines(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fn(x, None, np.ones((1, 4, 5, 4), np.float32), None) is None
     assert fn(x, np.ones(3, np.float32), None, None) is None  # a bias input one short
     assert fn(x, np.ones(4, np.float32), None, None) is not None
+    empty = np.zeros((4, 0, 3, 3), np.float32)  # no channels: K = 0 (the kernel divides by it)
+    no_c = conv_cols_raw.raw_cols_fn(_node(empty, (1, 1), (1, 1), (1, 1, 1, 1), Epilogue(), None))
+    assert no_c is not None and no_c(np.ones((1, 0, 5, 5), np.float32), None, None, None) is None
     raw = gemm_cols.raw()
     monkeypatch.setattr(gemm_cols, "_RAW", None)
     assert fn(x, None, None, None) is None

@@ -70,8 +70,9 @@ class _Plan(NamedTuple):
 
 def _plan(shape: tuple[int, ...], w4: tuple[int, ...], sp: Any) -> _Plan | None:
     """The plan of ``shape`` (N, C, H, W) for weights of shape ``w4``; None where it is not
-    one this route serves (rank, channels, negative pads, an empty output)."""
-    if len(shape) != 4 or shape[1] != w4[1]:
+    one this route serves (rank, channels, negative pads, an empty output, no channels or
+    no filters: the kernel divides by its K and walks M)."""
+    if len(shape) != 4 or shape[1] != w4[1] or shape[1] < 1 or w4[0] < 1:
         return None
     kernel, strides, dil, pads = sp.resolve(w4[2:])
     if len(kernel) != 2 or tuple(kernel) != tuple(w4[2:]):
