@@ -64,8 +64,8 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     plans: ShapeMemo[tuple[int, ...], conv_blocked.BlockedPlan | None] = ShapeMemo()
 
     def plan_for(shape: tuple[int, ...]) -> conv_blocked.BlockedPlan | None:
-        if len(shape) != 4 or shape[1] != w_shape[1] * group:
-            return None
+        if len(shape) != 4 or shape[1] != w_shape[1] * group or not w_shape[1] or not w_shape[0]:
+            return None  # (no channels or filters: NumPy's product gives the bias)
         kernel, strides, dil, pads = sp.resolve(w_shape[2:])
         begin, end, out_sp = conv_geometry(shape[2:], kernel, strides, dil, pads, sp.auto_pad)
         if min(begin + end) < 0 or min(out_sp) < 1:
