@@ -271,13 +271,14 @@ def _swish(ctx: KernelContext) -> ComputeFn:
     neg_alpha = -float(ctx.attr("alpha", 1.0))
     loop = sigmoid_f32() if neg_alpha == -1.0 else None  # SiLU: the compiled loop
     fast = None if loop is None else _bind_flag(loop, True)
-    if neg_alpha == -1.0:
-        activation_ir.WANTED.set()  # a cold start's stand-in: one pass once built
+    silu = neg_alpha == -1.0  # the IR kernel's SiLU serves it (a stand-in's, once built)
+    if silu:
+        activation_ir.WANTED.set()
 
     def swish(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         if fast is not None and flat_f32(x, out):
             return in_place(fast, x, out)
-        y = activation_ir.logistic(x, out, True) if neg_alpha == -1.0 else None
+        y = activation_ir.logistic(x, out, True) if silu else None
         if y is not None:
             return y
         t = np.asarray(np.multiply(x, neg_alpha))

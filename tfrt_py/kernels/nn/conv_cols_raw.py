@@ -147,7 +147,7 @@ def raw_cols_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
             return None
         ops = raw_operands(x, r, out, plan.out_shape)
         bb = bias_vector(b, b_c, cdt)
-        if ops is None or (bb is not None and (bb.shape[0] != m or bb.dtype != np.float32)):
+        if ops is None or (bb is not None and bb.shape[0] != m):
             return None  # the kernel reads one a filter: NumPy's path says what is wrong
         a = weights_taps_first() if plan.mode == GRID else w_plain
         bias = zeros if bb is None else bb
