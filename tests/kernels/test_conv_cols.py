@@ -593,3 +593,33 @@ def test_a_conv_compiles_only_what_it_runs(tmp_path: Any) -> None:
     assert done.returncode == 0 and "compiles ok" in done.stdout, (
         done.stdout[-2000:] + done.stderr[-3000:]
     )
+
+
+_EVERY_ROWS_LEFT_CHILD = """
+import numpy as np
+from tfrt_py.kernels.lib import gemm_cols
+assert gemm_cols.available()
+nr, mr = gemm_cols.panel_width(), gemm_cols.tile_rows()
+rng = np.random.default_rng(3)
+k = 11
+for m in range(1, 2 * mr + 2):
+    for n in (nr // 2 - 3, nr + nr // 2 + 3, 2 * nr):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        c = rng.standard_normal((k, n + 5)).astype(np.float32)
+        y = np.full((m + 3, n + 2), 7.0, np.float32)  # three rows past M: never written
+        b = rng.standard_normal(m + 3).astype(np.float32)
+        gemm_cols.kernel()(a, 0, k, c.ravel(), 0, n + 5, np.zeros(1, np.int64), y, 0, n + 2, m,
+                           k, n, b, y, 0, n + 2, np.zeros(2, np.float32), 1, nr)
+        want = a.astype(np.float64) @ c[:, :n] + b[:m, None]
+        assert np.allclose(y[:m, :n], want, atol=1e-4), (m, n, abs(y[:m, :n] - want).max())
+        assert (y[:m, n:] == 7.0).all() and (y[m:] == 7.0).all(), (m, n)
+print("rows ok")
+"""
+
+
+@pytest.mark.parametrize("path", ["avx512", "avx2"])
+def test_every_count_of_rows_left_after_the_whole_tiles(path: str) -> None:
+    """Every M from 1 to two tiles and one (the rows left run as tiles of their binary
+    digits, ``SPLIT_LEFT``), in whole panels, a half-width and a wide partial panel, on
+    each path the host has: every row right, nothing written past M or N."""
+    run_on_path(path, _EVERY_ROWS_LEFT_CHILD, "rows ok")

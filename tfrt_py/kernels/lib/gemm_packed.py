@@ -201,6 +201,11 @@ class _PackedGemmIR:
     panel by panel, then the rows left in tiles of several panels. The status is 0, or 1
     (nothing done) when ``nr`` is not this build's panel width. One use: ``text()``."""
 
+    #: The rows left after the whole tiles as tiles of their binary digits (``rows_left``):
+    #: four tile shapes' code instead of ``mr - 1``, where the code's size is what costs
+    #: (``gemm_cols``: LLVM's code generation is most of a fresh process's build).
+    SPLIT_LEFT = False
+
     def __init__(self, shape: TileShape) -> None:
         ir, fp, i64 = self.types(shape, "tfrt_py_gemm")
         self.fn = ir.Function(self.mod, ir.FunctionType(i64, [fp, i64, fp, fp, i64, i64, i64,
@@ -320,27 +325,43 @@ class _PackedGemmIR:
             # the 1..mr-1 rows left, while the block is in cache: several panels per tile,
             # so that a single row still keeps eight independent accumulators (an FMA's
             # latency covered), then panel by panel
-            def left(rows: int) -> None:
+            def left(m0: Any, rows: int) -> None:
                 npan = self.panels_for_rows[rows]
                 start = b.add(p0, b.mul(b.sdiv(b.sub(end, p0), c(npan)), c(npan)))
-                self.loop(p0, start, npan, lambda p: self.tile(p, full, rows, npan))
-                self.loop(start, end, 1, lambda p: self.tile(p, full, rows, 1))
+                self.loop(p0, start, npan, lambda p: self.tile(p, m0, rows, npan))
+                self.loop(start, end, 1, lambda p: self.tile(p, m0, rows, 1))
 
             self.rows_left(full, left)
 
         self.loop(c(0), self.panels, per_block, block, whole=False)
 
     def rows_left(self, full: Any, emit: Any) -> None:
-        """``emit(rows)`` for the 1..mr-1 rows after the ``full`` ones (a switch on how many
-        there are); the builder continues after it."""
-        b = self.b
+        """``emit(m0, rows)`` for the 1..mr-1 rows after the ``full`` ones: a switch on how
+        many there are (``m0`` = ``full``), or with ``SPLIT_LEFT`` their binary digits, a
+        tile of 8, 4, 2 and 1 rows each where it is set (``m0`` its first row); the builder
+        continues after it."""
+        b, c = self.b, self.c
+        left = b.sub(self.m_rows, full)
+        if self.SPLIT_LEFT:
+            rows = 1 << ((self.mr - 1).bit_length() - 1)
+            m0 = full
+            while rows:
+                yes, after = self.fn.append_basic_block(), self.fn.append_basic_block()
+                b.cbranch(b.icmp_unsigned("!=", b.and_(left, c(rows)), c(0)), yes, after)
+                b.position_at_end(yes)
+                emit(m0, rows)
+                b.branch(after)
+                b.position_at_end(after)
+                m0 = b.add(m0, b.and_(left, c(rows)))
+                rows //= 2
+            return
         done = self.fn.append_basic_block()
-        sw = b.switch(b.sub(self.m_rows, full), done)
+        sw = b.switch(left, done)
         for rows in range(1, self.mr):
             blk = self.fn.append_basic_block()
-            sw.add_case(self.c(rows), blk)
+            sw.add_case(c(rows), blk)
             b.position_at_end(blk)
-            emit(rows)
+            emit(full, rows)
             b.branch(done)
         b.position_at_end(done)
 

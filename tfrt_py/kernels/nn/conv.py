@@ -216,6 +216,35 @@ def _const_weights(
     return w2
 
 
+#: A one-group conv's im2col columns on the NumPy path are made for a group of images at a
+#: time, at most this many bytes (one image where an image's are more), each group's product
+#: one ``np.matmul``: columns that stay in cache between the copy and the product. ResNet-18's
+#: convs at batch 30, one thread, 2-core AVX-512 Xeon: 576 -> 419 ms against the whole
+#: batch's columns at once (16 MB: 467, 8 MB: 427, one image: 416).
+IM2COL_GROUP_BYTES = 4 << 20
+
+
+def _im2col_groups(w2: np.ndarray, view: np.ndarray, plan: _Plan, res: np.ndarray) -> np.ndarray:
+    """``res`` (N, M, *out) = the one-group conv of the images under ``view`` (N, C, *kernel,
+    *out: the strided im2col view of the padded input) by ``w2`` (M, C*taps), in groups of
+    images of ``IM2COL_GROUP_BYTES`` columns (scratch slot 1)."""
+    n, ck, o = plan.cols_shape
+    g = max(1, min(n, IM2COL_GROUP_BYTES // max(1, ck * o * w2.itemsize)))
+    cols = scratch(1, (g, ck, o), w2.dtype)
+    mm = res.reshape(plan.mm_shape)
+    whole = matmul_cols_whole(w2.shape[0], ck, o)
+    for i in range(0, n, g):
+        j = min(n, i + g)
+        part = cols[: j - i]
+        np.copyto(part.reshape((j - i, *plan.view_shape[1:])), view[i:j])
+        if whole:
+            np.matmul(w2, part, out=mm[i:j])
+        else:
+            for q in range(j - i):
+                matmul_cols_into(w2, part[q], mm[i + q])
+    return res
+
+
 def make_conv_core(
     ctx: KernelContext,
     sp: Spatial,
@@ -287,6 +316,9 @@ def make_conv_core(
             else:
                 xp = x if x.flags.c_contiguous else np.ascontiguousarray(x)
             view = np.ndarray(plan.view_shape, cdt, xp, 0, plan.view_strides)
+            if w2.ndim == 2 and len(plan.cols_shape) == 3:
+                res = np.empty(plan.out_shape, cdt) if out is None else out
+                return _im2col_groups(w2, view, plan, res)
             cols = scratch(1, plan.cols_shape, cdt)
             np.copyto(cols.reshape(plan.view_shape), view)
         if w2.ndim == 2:  # one group: per image, a product split over tfrt_py's threads
