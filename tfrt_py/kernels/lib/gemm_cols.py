@@ -101,9 +101,10 @@ class _ColsGemmIR(_PackedGemmIR):
     """``SYMBOL(a, lda, c, ldc, taps, toff, y, ldy, M, K, N, bias, r, ldr, lohi, flags,
     nr) -> status`` (module doc): the base walker over N // nr whole panels read in place,
     then the partial panel with masked loads and stores; each tile's k loop runs once per
-    tap. The rows left after the whole tiles run as tiles of 8, 4, 2 and 1 rows
-    (``SPLIT_LEFT``): a tile shape per count of rows, in three contexts, was 34k lines of
-    IR and 2.0 s of LLVM's code generation in every process with an empty cache dir."""
+    tap. The rows left after the whole tiles run as tiles of 8, 4, 2 and 1 rows (4, 2, 1
+    after AVX2's 6; ``SPLIT_LEFT``): a tile shape per count of rows, in three contexts, was
+    34k lines of IR and 2.0 s of LLVM's code generation in every process with an empty
+    cache dir."""
 
     SPLIT_LEFT = True
 

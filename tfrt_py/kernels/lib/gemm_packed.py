@@ -338,8 +338,8 @@ class _PackedGemmIR:
     def rows_left(self, full: Any, emit: Any) -> None:
         """``emit(m0, rows)`` for the 1..mr-1 rows after the ``full`` ones: a switch on how
         many there are (``m0`` = ``full``), or with ``SPLIT_LEFT`` their binary digits, a
-        tile of 8, 4, 2 and 1 rows each where it is set (``m0`` its first row); the builder
-        continues after it."""
+        tile of each power of two under ``mr`` that is set (8, 4, 2, 1 rows for 14-row
+        tiles; ``m0`` its first row); the builder continues after it."""
         b, c = self.b, self.c
         left = b.sub(self.m_rows, full)
         if self.SPLIT_LEFT:
