@@ -213,3 +213,24 @@ def test_images_in_groups_are_the_definition(case: tuple[Any, ...], group_bytes:
     got = fn(x, b, r, None)
     assert got is not None
     np.testing.assert_allclose(got, apply_epilogue(conv.copy(), b, r, epi), rtol=1e-4, atol=1e-4)
+
+
+def test_raw_operands_write_only_a_buffer_of_the_output_shape() -> None:
+    """The ctypes kernels write ``out_shape``'s floats into the operands' ``y``: a caller's
+    buffer of another shape, dtype or layout is never it (a residual's broadcast shape
+    would be written in the wrong layout, a smaller buffer past its end)."""
+    from tfrt_py.kernels.nn.conv_common import raw_operands
+
+    x = np.zeros((1, 2, 4, 4), np.float32)
+    shape = (1, 3, 4, 4)
+    same = np.empty(shape, np.float32)
+    ops = raw_operands(x, None, same, shape)
+    assert ops is not None and ops.y is same
+    for other in (
+        np.empty((2, 3, 4, 4), np.float32),
+        np.empty((1, 3, 2, 4), np.float32),
+        np.empty(shape, np.float64),
+        np.empty((1, 3, 4, 8), np.float32)[..., ::2],
+    ):
+        ops = raw_operands(x, None, other, shape)
+        assert ops is not None and ops.y is not other and ops.y.shape == shape

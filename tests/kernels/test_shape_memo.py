@@ -23,6 +23,20 @@ def test_put_empties_a_full_memo_first() -> None:
     assert dict(memo) == {3: "3"}
 
 
+def test_decided_remembers_a_decline_and_makes_each_plan_once() -> None:
+    memo: ShapeMemo[int, Any] = ShapeMemo(cap=8)
+    made: list[int] = []
+
+    def make(k: int) -> Any:
+        made.append(k)
+        return None if k == 0 else (False if k == 1 else f"plan {k}")
+
+    for _ in range(2):
+        assert [memo.decided(k, make, k) for k in range(3)] == [None, None, "plan 2"]
+    assert made == [0, 1, 2]  # declines stored too: nothing made again
+    assert memo[0] is False and memo[1] is False
+
+
 def _model() -> Any:
     rng = np.random.default_rng(5)
     w = (rng.standard_normal((8, 3, 3, 3)) * 0.2).astype(np.float32)

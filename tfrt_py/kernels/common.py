@@ -169,6 +169,16 @@ class ShapeMemo(dict[K, V]):
                 self.put(key, plan)
         return plan
 
+    def decided(self, key: K, make: Callable[..., Any], *args: Any) -> Any:
+        """The plan of ``key``, made by ``make(*args)`` and stored on a miss, a decline
+        (``make`` gives None or False) stored too, as False; None where declined."""
+        plan = self.get(key)
+        if plan is None:
+            made: Any = make(*args)
+            stored: Any = False if made is None else made
+            plan = self.put(key, stored)
+        return None if plan is False else plan
+
 
 _TLS = threading.local()
 _SCRATCH_MAX = 1 << 29  # buffers above 512 MiB are not kept

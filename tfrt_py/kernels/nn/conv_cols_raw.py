@@ -6,9 +6,9 @@ Until numba is warm, a model serves on its NumPy paths (``cold_start``), where a
 conv is im2col and OpenBLAS's sgemm, and then a pass a step of the epilogue: ResNet-18 at
 batch 16 took 1.8x its compiled time, most of it in those convs. ``gemm_cols`` is LLVM IR
 built by llvmlite, not numba, so the warm-up can build it seconds before numba is warm
-and the stand-ins call it at once. One image at a time, on the caller's thread (the GIL
-released in each kernel call), the input's columns in one of three forms (``_plan`` picks
-it per input shape, as ``conv_cols`` does for the compiled route):
+and the stand-ins call it at once. A group of images a kernel call (below), on the
+caller's thread (the GIL released in each), the input's columns in one of three forms
+(``_plan`` picks it per input shape, as ``conv_cols`` does for the compiled route):
 
 * DIRECT (1x1, stride 1, unpadded): the kernel reads the images' planes in place (K = C,
   ``ldc`` the plane) and stores into the output with the bias, residual and ReLU/Clip;
@@ -140,10 +140,8 @@ def raw_cols_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         raw = gemm_cols.raw()
         if raw is None or x.dtype != np.float32:
             return None
-        plan = plans.get(x.shape)
+        plan = plans.decided(x.shape, _plan, x.shape, w4, sp)
         if plan is None:
-            plan = plans.put(x.shape, _plan(x.shape, w4, sp) or False)
-        if plan is False:
             return None
         ops = raw_operands(x, r, out, plan.out_shape)
         bb = bias_vector(b, b_c, cdt)

@@ -202,10 +202,14 @@ class RawOperands(NamedTuple):
 def raw_operands(x: np.ndarray, r: Any, out: Any, out_shape: tuple[int, ...]) -> RawOperands | None:
     """The operands of a float32 conv into ``out_shape`` for the ctypes kernels of the NumPy
     paths (``conv_cols_raw``, ``conv_depthwise_grid``); None where the residual ``r`` is
-    not float32 of that shape (NumPy's path then broadcasts it)."""
+    not float32 of that shape (NumPy's path then broadcasts it). ``out`` is written in place
+    only where it is a C-contiguous float32 buffer of ``out_shape`` (a caller's buffer of
+    a residual's broadcast shape is not one): the kernels write ``out_shape``'s floats."""
     if r is not None and (r.shape != out_shape or r.dtype != np.float32):
         return None
-    y = out if out is not None and out.flags.c_contiguous else np.empty(out_shape, np.float32)
+    fits = (out is not None and out.shape == out_shape and out.dtype == np.float32
+            and out.flags.c_contiguous)  # fmt: skip
+    y = out if fits else np.empty(out_shape, np.float32)
     xc = x if x.flags.c_contiguous else np.ascontiguousarray(x)
     return RawOperands(y, xc, None if r is None else np.ascontiguousarray(r))
 

@@ -147,10 +147,8 @@ def raw_depthwise_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         raw = depthwise_ir.raw()
         if raw is None or x.dtype != np.float32:
             return None
-        got = plans.get(x.shape)
+        got = plans.decided(x.shape, plan_for, x.shape)
         if got is None:
-            got = plans.put(x.shape, plan_for(x.shape))
-        if got is False:
             return None
         kind, out_shape = got
         ops = raw_operands(x, r, out, out_shape)
