@@ -27,8 +27,10 @@ def _numpy_blas() -> frozenset[bytes]:
 
 
 def _libraries(mapped: frozenset[bytes]) -> int:
-    """How many of ``mapped`` are libraries (``lib*``), not extension modules."""
-    return sum(os.path.basename(p).startswith(b"lib") for p in mapped)
+    """How many of ``mapped`` are a CPU's BLAS libraries (``lib*``), not extension modules
+    nor a GPU's BLAS (torch's CUDA wheels map cuBLAS)."""
+    names = [os.path.basename(p) for p in mapped]
+    return sum(n.startswith(b"lib") and not n.startswith(b"libcublas") for n in names)
 
 
 def _counts() -> dict[str, int]:
@@ -47,6 +49,22 @@ def test_the_direct_controller_sets_what_threadpoolctl_reads() -> None:
     finally:
         blas.limit(limits=1)
     assert set(_counts().values()) == {1}
+
+
+def test_a_gpus_blas_is_passed_over() -> None:
+    """cuBLAS (mapped by torch's CUDA wheels: any test or user that imports torch) and
+    ROCm's BLAS have no CPU threads and no threadpoolctl controller: NumPy's OpenBLAS is
+    still set directly beside them (it took threadpoolctl's scan, and this module's
+    tests skipped, whenever torch was loaded)."""
+    mapped = _numpy_blas()
+    gpu = {b"/venv/nvidia/cu13/lib/libcublas.so.13", b"/venv/nvidia/cu13/lib/libcublasLt.so.13",
+           b"/opt/rocm/lib/librocblas.so.4", b"/opt/rocm/lib/libhipblas.so.2"}  # fmt: skip
+    blas = direct_blas(mapped | gpu)
+    assert blas is not None
+    want = direct_blas(mapped)
+    assert want is not None
+    got_paths = [lib.filepath for lib in blas.lib_controllers]
+    assert got_paths == [lib.filepath for lib in want.lib_controllers]
 
 
 def test_other_libraries_are_left_to_threadpoolctl() -> None:

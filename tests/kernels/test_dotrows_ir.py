@@ -63,6 +63,45 @@ def test_every_width_scores_rows_as_numpy(lanes: int) -> None:
     assert (np.delete(scores, [7, 31], axis=1) == 20.0).all()
 
 
+@pytest.mark.parametrize("lanes", [16, 8], ids=["avx512", "avx2"])
+def test_a_vector_count_runs_once_its_function_is_built(lanes: int) -> None:
+    """The process's kernel builds only the table's caller: a row length whose vector
+    count is not built yet is refused (-1, nothing written); once ``add_count`` built
+    that count, the same call computes the scores, and other counts are still refused."""
+    need_lanes(lanes)
+    engine = dotrows_ir.build(lanes, 0)
+    fn = _PROTO(engine.get_function_address(dotrows_ir.SYMBOL))
+    rng = np.random.default_rng(1)
+    m, n, k = 3, 21, 2 * lanes - 3  # two vectors, the second masked
+    a = rng.standard_normal(m * k).astype(np.float32)
+    b = rng.standard_normal(n * k).astype(np.float32)
+    y = np.full(m * n, 5.0, np.float32)
+    assert fn(a.ctypes.data, m, k, b.ctypes.data, n, y.ctypes.data, 1.0) == -1
+    assert (y == 5.0).all()
+    dotrows_ir.add_count(engine, lanes, dotrows_ir.chunks_of(k, lanes))
+    assert fn(a.ctypes.data, m, k, b.ctypes.data, n, y.ctypes.data, 1.0) == 0
+    want = a.reshape(m, k).astype(np.float64) @ b.reshape(n, k).T.astype(np.float64)
+    np.testing.assert_allclose(y.reshape(m, n), want, rtol=1e-5, atol=1e-5)
+    y[:] = 5.0
+    assert fn(a.ctypes.data, 1, lanes, b.ctypes.data, n, y.ctypes.data, 1.0) == -1
+    assert (y == 5.0).all()
+    # rows of no float need no count: every score 0
+    assert fn(a.ctypes.data, m, 0, b.ctypes.data, n, y.ctypes.data, 1.0) == 0
+    assert (y == 0.0).all()
+
+
+def test_generated_code_imports_the_wrapper_by_a_count_up_to_the_longest_rows() -> None:
+    """``wrapper_name`` names counts 1..CHUNKS; a name past them is no attribute."""
+    if dotrows_ir.kernel() is None:
+        pytest.skip(f"the kernel does not run here ({dotrows_ir.describe() or 'off'})")
+    assert dotrows_ir.wrapper_name(1) == "dotrows_f4_c1"
+    assert dotrows_ir.wrapper_name(dotrows_ir.max_k()) == f"dotrows_f4_c{dotrows_ir.CHUNKS}"
+    assert dotrows_ir.dotrows_f4_c1 is dotrows_ir.kernel()
+    with pytest.raises(AttributeError):
+        getattr(dotrows_ir, f"dotrows_f4_c{dotrows_ir.CHUNKS + 1}")
+    assert not dotrows_ir.ready(dotrows_ir.max_k() + 1) and not dotrows_ir.ready(0)
+
+
 @pytest.mark.parametrize(
     "prompts",
     [[[3, 14, 15, 9]], pytest.param([[3, 14, 15, 9], [27, 1]], marks=pytest.mark.slow)],
@@ -96,5 +135,8 @@ def test_grouped_heads_decoder_calls_it_and_generates_onnxruntimes_tokens(
     assert box is not None and box.state == "ready" and box.lowered is not None
     # a group's 4 query rows in one call each
     assert ", 4, 16, 1 + dv2, " in box.lowered.source  # dotrows_f4(..., m, k, n, alpha)
-    assert "dotrows_f4(" in box.lowered.source and "rowvec_f4(" in box.lowered.source
+    # heads of 16 floats: the wrapper imported by their vector count's name
+    wrapper = dotrows_ir.wrapper_name(16)
+    assert f"import {wrapper}" in box.lowered.source and f"{wrapper}(" in box.lowered.source
+    assert "rowvec_f4(" in box.lowered.source
     assert ", 4, 1 + dv2, 16)" in box.lowered.source  # rowvec_f4(..., m, k, n)

@@ -27,6 +27,9 @@ _SUFFIXES = ("", "64_", "_64")
 #: The file names of the OpenBLAS builds driven here (threadpoolctl's prefixes for it,
 #: less the generic ``libblas``, which may be any BLAS).
 _OPENBLAS = ("libopenblas", "libscipy_openblas")
+#: BLAS libraries of a GPU (torch's CUDA wheels map cuBLAS into the process; ROCm's
+#: rocBLAS and hipBLAS): no CPU threads to set, and no threadpoolctl controller for them.
+_GPU_BLAS = ("libcublas", "librocblas", "libhipblas")
 
 
 class _Library:
@@ -71,14 +74,17 @@ def _entry(lib: ctypes.CDLL) -> tuple[Callable[[], int], Callable[[int], None]] 
 
 def direct_blas(mapped: Iterable[bytes]) -> DirectBlas | None:
     """Controllers for ``mapped`` (the BLAS-like library paths in the process: files
-    named ``lib*``; others, such as extension modules linked to a BLAS, are passed over),
-    or None when one of them is not an OpenBLAS this module can drive."""
+    named ``lib*``; others, such as extension modules linked to a BLAS, and a GPU's BLAS
+    are passed over), or None when one of them is not an OpenBLAS this module can
+    drive."""
     libs = []
     for raw in sorted(mapped):
         path = os.fsdecode(raw)
         name = os.path.basename(path).lower()
         if not name.startswith("lib"):
             continue  # an extension module linked to a BLAS (SciPy's _fblas), not one
+        if name.startswith(_GPU_BLAS):
+            continue  # a GPU's BLAS: threadpoolctl passes it over too
         if not name.startswith(_OPENBLAS):
             return None
         try:

@@ -20,14 +20,23 @@ for every query row of a group.
 ``kernel()`` is the numba wrapper ``dotrows_f4(a, ao, b, bo, y, yo, m, k, n, alpha)``
 (flat float32 arrays, element offsets; the caller checks the bounds), None where there is
 no llvmlite JIT, no AVX2, ``$TFRT_PY_ISA=portable`` or the packed kernels are switched
-off; ``from ...dotrows_ir import dotrows_f4`` (the generated modules' form) builds it.
-Vectors of 16 floats with AVX-512F (4 query rows a pass), 8 with AVX2 (2), as
-``pool_ir``'s widths. Built once per process under a lock (its machine code cached as the
-packed gemms'); stateless; any thread.
+off. Vectors of 16 floats with AVX-512F (4 query rows a pass), 8 with AVX2 (2), as
+``pool_ir``'s widths.
+
+Built in parts, each once per process under a lock (machine code cached as the packed
+gemms'): ``kernel()`` builds ``SYMBOL``, which calls the function for the row's vector
+count through a table, and ``ready(k)`` builds and enters the function for ``k``'s count
+(the one a model's heads need): the lowering asks it, and ``from ...dotrows_ir import
+dotrows_f4_c<count>`` (the generated modules' form, ``wrapper_name``) does it where the
+module runs. Every count's function in one module was 26.5k lines of IR: 2.4 s of a
+decoder's cold start on a 2-core Zen 4, with calls running (one count: a twentieth).
+A count not built yet answers -1 with nothing written. Stateless once built; any thread.
 """
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from typing import Any
 
 import numpy as np
@@ -36,9 +45,14 @@ from .gemm_packed import carried_loop, splat, wide_vectors
 from .ir_kernels import FloatVectors, WrappedKernels, build_module
 from .pool_ir import host_lanes, lanes
 
-__all__ = ["CHUNKS", "SYMBOL", "build", "describe", "host_lanes", "kernel", "lanes", "max_k"]
+__all__ = [
+    "CHUNKS", "SYMBOL", "TABLE", "add_count", "build", "chunk_symbol", "chunks_of", "describe",
+    "host_lanes", "kernel", "lanes", "max_k", "ready", "wrapper_name",
+]  # fmt: skip
 
 SYMBOL = "tfrt_py_dotrows_f32"
+#: ``SYMBOL``'s module's table of the functions by vector count (0: none built)
+TABLE = "tfrt_py_dotrows_f32_table"
 #: vectors a row may span (k up to 128 floats with AVX-512, 64 with AVX2)
 CHUNKS = 8
 #: query rows a pass over the keys serves with AVX-512 (2 with AVX2: sixteen registers)
@@ -50,11 +64,58 @@ def max_k(n: int | None = None) -> int:
     return CHUNKS * (lanes() if n is None else n)
 
 
-def build(n: int) -> Any:
-    """The engine holding the kernel for vectors of ``n`` floats (one of ``host_lanes()``):
-    for tests and benchmarks of a width apart from the process's. Raises what llvmlite
-    raises."""
-    return build_module(lambda: _DotRowsIR(n).text(), f"dotrows_ir|{n}", __file__)
+def chunks_of(k: int, n: int | None = None) -> int:
+    """The vectors of ``n`` floats (this process's) a row of ``k`` floats spans."""
+    lanes_n = lanes() if n is None else n
+    return -(-k // lanes_n)
+
+
+def build(n: int, chunks: int | None = None) -> Any:
+    """The engine holding ``SYMBOL`` for vectors of ``n`` floats (one of ``host_lanes()``),
+    with the functions for rows of every vector count (``chunks`` None: for tests and
+    benchmarks of a width apart from the process's) or of none (``chunks`` 0: this
+    process's, which builds them as ``ready`` asks); ``chunks`` 1..CHUNKS: the engine of
+    that count's function alone (``chunk_symbol``). The engines of the counts are kept on
+    the one returned. Raises what llvmlite raises."""
+    if chunks:
+        return build_module(lambda: _DotRowsIR(n, chunks).text(), f"dotrows_ir|{n}|{chunks}",
+                            __file__)  # fmt: skip
+    engine = build_module(lambda: _DotRowsIR(n, 0).text(), f"dotrows_ir|{n}", __file__)
+    engine.tfrt_py_counts = {}
+    if chunks is None:
+        for ch in range(1, CHUNKS + 1):
+            add_count(engine, n, ch)
+    return engine
+
+
+def chunk_symbol(chunks: int) -> str:
+    """The function of the engine ``build(n, chunks)`` for rows of ``chunks`` vectors."""
+    return f"{SYMBOL}_c{chunks}"
+
+
+def add_count(engine: Any, n: int, chunks: int) -> None:
+    """Build the function for rows of ``chunks`` vectors and enter it in ``engine``'s
+    table (``SYMBOL`` calls it from then on); kept alive on ``engine``. The caller
+    serializes the calls for one engine."""
+    if chunks in engine.tfrt_py_counts:
+        return
+    part = build(n, chunks)
+    table = (ctypes.c_uint64 * (CHUNKS + 1)).from_address(engine.get_global_value_address(TABLE))
+    engine.tfrt_py_counts[chunks] = part
+    table[chunks] = part.get_function_address(chunk_symbol(chunks))
+
+
+def ready(k: int) -> bool:
+    """Whether ``kernel()`` computes rows of ``k`` floats (1..``max_k()``) in this process:
+    the function for their vector count built now if it was not (once a process; a few
+    hundredths of a second, against the whole module's second). False where the kernel
+    is off or ``k`` is out of that range."""
+    if not 1 <= k <= max_k() or kernel() is None:
+        return False
+    ch = chunks_of(k)
+    with _COUNTS_LOCK:
+        add_count(_KERNELS.engine(), lanes(), ch)
+    return True
 
 
 def _network_masks(n: int, size: int) -> tuple[list[int], list[int]]:
@@ -73,51 +134,59 @@ def _network_masks(n: int, size: int) -> tuple[list[int], list[int]]:
 
 
 class _DotRowsIR(FloatVectors):
-    """The module: ``SYMBOL`` dispatching on the row's vector count to a function per
-    count, which walks the query rows ``rows`` at a time (then one at a time) and the
-    keys a block at a time, each block by ``block``."""
+    """A module: ``chunks`` 0, ``SYMBOL`` calling the function for the row's vector count
+    through ``TABLE`` (filled as the counts are built; -1 for a count not built or over
+    ``CHUNKS``), with the rows of no vector (every score 0) in it; ``chunks`` 1..CHUNKS,
+    that count's function (``chunk_symbol``) alone, which walks the query rows ``rows``
+    at a time (then one at a time) and the keys a block at a time, each block by
+    ``block``."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, chunks: int) -> None:
         super().__init__(n, "tfrt_py_dotrows")
         self.rows = ROWS if n == 16 else 2
         self.args = [self.fp, self.i64, self.i64, self.fp, self.i64, self.fp, self.f32]
+        self.chunks = chunks
 
     def text(self) -> str:
-        by_chunks = [self.rows_fn(ch) for ch in range(1, CHUNKS + 1)]
-        self.top(by_chunks)
+        if self.chunks:
+            self.rows_fn(self.chunks)
+        else:
+            self.top()
         text = str(self.mod)
-        names = [f.name for f in self.mod.functions if not f.name.startswith("llvm.")]
+        names = [f.name for f in self.mod.functions
+                 if not f.name.startswith("llvm.") and not f.is_declaration]  # fmt: skip
         return wide_vectors(text, names) if self.n * 32 > 256 else text
 
-    def top(self, by_chunks: list[Any]) -> None:
-        """``SYMBOL(a, m, k, b, n, y, alpha)``: the function for ``k``'s vector count."""
+    def top(self) -> None:
+        """``SYMBOL(a, m, k, b, n, y, alpha)``: the function for ``k``'s vector count,
+        from ``TABLE``."""
         ir, c, L = self.ir, self.c, self.n
         fn = ir.Function(self.mod, ir.FunctionType(self.i64, self.args), name=SYMBOL)
+        fn_ptr = fn.function_type.as_pointer()
+        table = ir.GlobalVariable(self.mod, ir.ArrayType(self.i64, CHUNKS + 1), name=TABLE)
+        table.initializer = ir.Constant(table.type.pointee, [0] * (CHUNKS + 1))
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         k = fn.args[2]
-        refuse = fn.append_basic_block()
-        sw = b.switch(b.sdiv(b.add(k, c(L - 1)), c(L)), refuse)
-        for ch, target in enumerate(by_chunks, 1):
-            blk = fn.append_basic_block()
-            sw.add_case(c(ch), blk)
-            b.position_at_end(blk)
-            b.ret(b.call(target, list(fn.args)))
+        none, some, refuse, found = (fn.append_basic_block() for _ in range(4))
+        b.cbranch(b.icmp_signed("<=", k, c(0)), none, some)  # no vector: every score is 0
+        b.position_at_end(none)
+        b.ret(b.call(self.rows_fn(0), list(fn.args)))
+        b.position_at_end(some)
+        ch = b.sdiv(b.add(k, c(L - 1)), c(L))
+        ch = b.select(b.icmp_signed("<=", ch, c(CHUNKS)), ch, c(0))  # entry 0: none
+        address = b.load(b.gep(table, [c(0), ch]))
+        b.cbranch(b.icmp_signed("==", address, c(0)), refuse, found)
         b.position_at_end(refuse)
-        done = fn.append_basic_block()
-        bad = fn.append_basic_block()
-        b.cbranch(b.icmp_signed("<=", k, c(0)), done, bad)  # no vector: every score is 0
-        b.position_at_end(bad)
         b.ret(c(-1))
-        b.position_at_end(done)
-        zero_rows = self.rows_fn(0)
-        b.ret(b.call(zero_rows, list(fn.args)))
+        b.position_at_end(found)
+        b.ret(b.call(b.inttoptr(address, fn_ptr), list(fn.args)))
 
     def rows_fn(self, chunks: int) -> Any:
         """``(a, m, k, b, n, y, alpha)`` for rows of ``chunks`` vectors: the query rows
         ``self.rows`` at a time, then one at a time, each over every block of keys."""
         ir, c, L = self.ir, self.c, self.n
         fn = ir.Function(self.mod, ir.FunctionType(self.i64, self.args),
-                         name=f"{SYMBOL}_c{chunks}")  # fmt: skip
+                         name=chunk_symbol(chunks))  # fmt: skip
         a, m, k, bm, n, y, alpha = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         blocks = {(r, full): self.block(chunks, r, full)
@@ -230,7 +299,7 @@ def _signatures(t: Any) -> list[tuple[str, Any]]:
 
 
 #: the kernel and its numba wrapper, decided and built once per process
-_KERNELS = WrappedKernels(build, _signatures, "float32", globals(),
+_KERNELS = WrappedKernels(lambda n: build(n, 0), _signatures, "float32", globals(),
                           {"dotrows_f4": ("_dotrows_f4", "_ext")})  # fmt: skip
 _ext: Any = None  # the ExternalFunction the wrapper calls (set before it compiles)
 
@@ -240,7 +309,24 @@ _ext: Any = None  # the ExternalFunction the wrapper calls (set before it compil
 #: dotrows_f4`` (the generated modules' form) builds it
 kernel = _KERNELS.first
 describe = _KERNELS.describe
-__getattr__ = _KERNELS.module_getattr(__name__)
+_COUNTS_LOCK = threading.Lock()
+
+
+def __getattr__(name: str) -> Any:
+    """``dotrows_f4_c<count>`` (the generated modules' form, ``wrapper_name``): the wrapper,
+    with the function for rows of that many vectors built; ``dotrows_f4``: the wrapper."""
+    head, _, count = name.rpartition("_c")
+    if head == "dotrows_f4" and count.isdigit() and 1 <= int(count) <= CHUNKS:
+        if not ready(int(count) * lanes()):
+            raise AttributeError(f"{name} cannot run on this host ({describe() or 'off'})")
+        return kernel()
+    return _KERNELS.attribute(name, __name__)
+
+
+def wrapper_name(k: int) -> str:
+    """The name generated code imports the wrapper by for rows of ``k`` floats (1..
+    ``max_k()``): importing it builds their function (``ready``)."""
+    return f"dotrows_f4_c{chunks_of(k)}"
 
 
 def _dotrows_f4(a, ao, b, bo, y, yo, m, k, n, alpha):  # pragma: no cover - compiled

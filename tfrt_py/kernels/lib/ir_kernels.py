@@ -141,6 +141,11 @@ class WrappedKernels:
         got = self.get()
         return None if got is None else got[0]
 
+    def engine(self) -> Any:
+        """The engine the kernels were built in (deciding them now), None where they
+        were not."""
+        return self._decided.get()[2]
+
     def describe(self) -> str:
         """How the kernels were decided ("" before they were)."""
         got = self._decided.peek()

@@ -106,8 +106,9 @@ def _group(b: Ref, total: int) -> int:
     return rep if rep > 1 and total % rep == 0 else 1
 
 
-#: The import line of a module whose code calls ``dotrows_f4`` (importing it builds it).
-DOTROWS_IMPORT = "from tfrt_py.kernels.lib.dotrows_ir import dotrows_f4"
+#: The import line of a module whose code calls ``dotrows_f4`` on rows of a vector count
+#: (``dotrows_ir.wrapper_name``; importing it builds that count's function).
+DOTROWS_IMPORT = "from tfrt_py.kernels.lib.dotrows_ir import {name}"
 
 
 def _grouped_scores(cx: Any, aby: tuple[Ref, Ref, Ref], mkn: tuple[int, int, int], total: int,
@@ -124,14 +125,15 @@ def _grouped_scores(cx: Any, aby: tuple[Ref, Ref, Ref], mkn: tuple[int, int, int
         return None
     from ...kernels.lib import dotrows_ir
 
-    if dotrows_ir.kernel() is None or k > dotrows_ir.max_k():
+    if not dotrows_ir.ready(k):
         return None
     if not cx.choose(m <= ROWDOT_MAX_ROWS):  # (a box's samples: its top's choice)
         return None
-    cx.imports.add(DOTROWS_IMPORT)
+    name = dotrows_ir.wrapper_name(k)
+    cx.imports.add(DOTROWS_IMPORT.format(name=name))
     bq = f"{cx.tag}bq"
     return [f"for {bq} in range({literal(total // rep)}):",
-            f"    dotrows_f4({a.buf}, {a.off} + {bq} * {literal(rep * m * k)}, {b.buf}, "
+            f"    {name}({a.buf}, {a.off} + {bq} * {literal(rep * m * k)}, {b.buf}, "
             f"{b.off} + {bq} * {b.mat}, {y.buf}, {y.off} + {bq} * {literal(rep * m * n)}, "
             f"{literal(rep * m)}, {literal(k)}, {literal(n)}, {literal(alpha)})"]  # fmt: skip
 
