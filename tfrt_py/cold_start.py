@@ -217,7 +217,8 @@ class _Warmup:
             if not worker.closing():
                 gemm_packed.available()
             if depthwise_ir.WANTED.is_set() and not worker.closing():
-                depthwise_ir.function()  # the stand-ins' depthwise convs take it at once
+                depthwise_ir.function()  # the stand-ins' depthwise convs take it at once,
+                depthwise_ir.build_wanted()  # their kinds and epilogues
             if activation_ir.WANTED.is_set() and not worker.closing():
                 activation_ir.build_once()  # and their float32 GELU, Sigmoid and SiLU
             if gemm_cols.WANTED.is_set() and not worker.closing():

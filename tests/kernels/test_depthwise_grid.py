@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.support.forced_isa import run_on_path
+from tests.support.jit_paths import need_lanes
 from tfrt_py.kernels.lib import depthwise_ir
 
 _CALLS: dict[bool, Any] = {}
@@ -32,6 +33,9 @@ def _call(narrow: bool = False) -> Any:
         fn = depthwise_ir.narrow_function()
         if fn is None:
             pytest.skip("no narrow build here: the kernel is 8 floats wide already")
+    for kind in range(len(depthwise_ir.KINDS)):  # every kind and epilogue (built lazily)
+        for code in depthwise_ir.CODES:
+            assert depthwise_ir.ready(kind, code, narrow)
     if narrow not in _CALLS:
         import numba
 
@@ -174,6 +178,51 @@ def test_refusals_write_nothing() -> None:
     assert (y == 3.0).all() and (xp == 4.0).all()
     assert call(kind, *args, n, -inf, inf, 0, 2, 9, 9, 5, 5, 2, 2) == 0
     assert (y[:, 1:4, 1:4] == 25.0).all()  # every tap inside the image: 25 ones
+
+
+@pytest.mark.parametrize("vw", [16, 8], ids=["avx512", "avx2"])
+def test_a_kind_runs_once_its_functions_for_the_epilogue_are_built(vw: int) -> None:
+    """A build's table starts empty: a call of a kind whose functions are not built is
+    status 3 with nothing written; ``add_variant`` builds a kind's two functions (with and
+    without the residual) for one epilogue, and only those calls run from then on."""
+    import ctypes
+
+    need_lanes(vw)
+    symbol = f"tfrt_py_dw_lazy_test_{vw}"
+    engine = depthwise_ir.build(vw, symbol)
+    i, vp, fl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    fn = ctypes.CFUNCTYPE(i, i, vp, vp, vp, vp, vp, vp, i, fl, fl, *[i] * 8)(
+        engine.get_function_address(symbol)
+    )
+    rng = np.random.default_rng(5)
+    c, h, wd, k = 3, 9, 11, 3
+    kind = depthwise_ir.kind_of(k, 1)
+    x = rng.standard_normal((c, h, wd)).astype(np.float32)
+    w, b = rng.standard_normal((c, k * k)).astype(np.float32), np.zeros(c, np.float32)
+    res = rng.standard_normal((c, h, wd)).astype(np.float32)
+    n = depthwise_ir.scratch_len(wd, vw)
+    xp = np.zeros(n, np.float32)
+    y = np.full((c, h, wd), 5.0, np.float32)
+
+    def call(kind: int, flags: int) -> int:
+        return int(fn(kind, x.ctypes.data, w.ctypes.data, b.ctypes.data, res.ctypes.data,
+                      y.ctypes.data, xp.ctypes.data, n, -np.inf, np.inf, flags, c, h, wd, h,
+                      wd, 1, 1))  # fmt: skip
+
+    assert call(kind, 0) == depthwise_ir.STATUS_NOT_BUILT and (y == 5.0).all()
+    depthwise_ir.add_variant(engine, vw, symbol, kind, 0)
+    assert call(kind, 0) == 0
+    np.testing.assert_allclose(y, _reference(x, w, b, k, 1, h, wd, 1, 1), rtol=1e-4, atol=1e-4)
+    assert call(kind, depthwise_ir.FLAG_RESIDUAL) == 0  # the residual's function too
+    want = _reference(x, w, b, k, 1, h, wd, 1, 1) + res
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    y[:] = 5.0
+    for other_kind, flags in ((depthwise_ir.kind_of(5, 1), 0),
+                              (kind, depthwise_ir.FLAG_HARD_SWISH)):  # fmt: skip
+        assert call(other_kind, flags) == depthwise_ir.STATUS_NOT_BUILT and (y == 5.0).all()
+    assert call(len(depthwise_ir.KINDS), 0) == 1  # an unknown kind is refused as before
+    with pytest.raises(ValueError):
+        depthwise_ir.add_variant(engine, vw, symbol, kind, 1)  # no such epilogue code
 
 
 def test_scratch_len_is_what_the_kernel_asks() -> None:

@@ -28,6 +28,9 @@ def _raw() -> depthwise_ir.Raw:
             "no depthwise grid kernel here (the portable path, TFRT_PY_PACKED_GEMM=0, "
             "or no llvmlite JIT)"
         )
+    for kind in range(len(depthwise_ir.KINDS)):  # every kind and epilogue (built lazily)
+        for code in depthwise_ir.CODES:
+            assert depthwise_ir.ready(kind, code, narrow=True)
     raw = depthwise_ir.raw()
     assert raw is not None and raw.vw == depthwise_ir.vector_width()
     return raw

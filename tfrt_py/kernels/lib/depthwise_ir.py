@@ -1,7 +1,7 @@
 """A float32 depthwise convolution in NCHW, channel by channel, as LLVM IR: every tap a
 vector of outputs' inputs times the broadcast weight, one fused multiply-add a vector.
 
-Each kind reads the input where it lies (``body_rows``): a block of ``ROW_BLOCK`` output
+Each kind reads the input where it lies (``_GridIR.body``): a block of ``ROW_BLOCK`` output
 rows by a vector of columns keeps one accumulator a row; each input row the block reads
 is loaded once as a run of vectors, masked to the image's columns (zeros past its edges;
 a row above or below the image reads a row of zeros in the scratch), and its K column
@@ -23,11 +23,19 @@ pt, pl) -> status`` computes C channels of one image: ``x`` (C, H, W), ``w`` (C,
 scratch of ``xp_len`` floats (``scratch_len``), ``pt``/``pl`` the top and left padding,
 ``kind`` an index into ``KINDS``. Outputs read zeros past the image on every side (OH and
 OW set the bottom and right padding). Status 0; 1 for an unknown kind, a negative size
-or padding, or both ``FLAG_HARD_*``; 2 when ``xp_len`` is short (nothing written for
-either). Built with the vector width of ``gemm_packed``'s path (16 floats on AVX-512, 8
-on AVX2 and NEON; none on ``portable``), its machine code cached per CPU
-(``llvm_jit.compile_ir_cached``). Stateless; any thread. ``function()`` is the kernel as
-numba calls it; ``raw()`` the same machine code as ctypes functions for the NumPy paths
+or padding, or both ``FLAG_HARD_*``; 2 when ``xp_len`` is short; 3 when the kind's
+functions for the call's epilogue are not built yet (nothing written for any).
+
+Built in parts, each once per process (a module of every kind and epilogue was 2.8 s of a
+cold start with calls running, on a 2-core Zen 4, and as much again for the narrow
+build): ``function()`` builds ``SYMBOL``, which calls the function for the call's kind,
+residual and epilogue through a table, and ``ready(kind, code)`` builds and enters a
+kind's functions for one epilogue (the plans ask it for each conv they take; a cold
+start's warm-up builds what the NumPy paths' convs noted with ``want``). Built with the
+vector width of ``gemm_packed``'s path (16 floats on AVX-512, 8 on AVX2 and NEON; none on
+``portable``), each part's machine code cached per CPU (``llvm_jit.compile_ir_cached``).
+Stateless once built; any thread. ``function()`` is the kernel as numba calls it;
+``raw()`` the same machine code as ctypes functions for the NumPy paths
 (``conv_depthwise_grid.run_raw``: a cold start's stand-ins, which must not import numba).
 """
 
@@ -43,21 +51,31 @@ from .gemm_packed import counted_loop, splat, wide_vectors
 from .ir_kernels import images_function
 
 __all__ = [
+    "CODES",
     "FLAG_HARD_SIGMOID",
     "FLAG_HARD_SWISH",
     "FLAG_RESIDUAL",
     "KINDS",
     "NARROW_MAX_WIDTH",
+    "SLOTS",
+    "STATUS_NOT_BUILT",
     "SYMBOL",
     "SYMBOL_NARROW",
     "WANTED",
     "Raw",
+    "add_variant",
+    "build",
+    "build_wanted",
     "function",
     "kind_of",
     "narrow_function",
     "raw",
+    "ready",
     "scratch_len",
+    "table_symbol",
+    "variant_symbol",
     "vector_width",
+    "want",
 ]  # fmt: skip
 
 SYMBOL = "tfrt_py_dw_grid"
@@ -78,6 +96,14 @@ ROW_BLOCK = 7
 #: HardSwish ``v * clip(lo*v + hi, 0, 1)``, with 4 HardSigmoid ``clip(lo*v + hi, 0, 1)``
 #: (``lo``, ``hi`` their alpha and beta).
 FLAG_RESIDUAL, FLAG_HARD_SWISH, FLAG_HARD_SIGMOID = 1, 2, 4
+#: The epilogue codes a kind's functions are built for (``flags`` less the residual): the
+#: clamp, HardSwish, HardSigmoid.
+CODES = (0, FLAG_HARD_SWISH, FLAG_HARD_SIGMOID)
+#: Entries of a build's table: a function per kind, residual or not, and code.
+SLOTS = len(KINDS) * 2 * len(CODES)
+#: The status of a call whose kind and epilogue have no function built yet (nothing
+#: written): ``ready`` builds it.
+STATUS_NOT_BUILT = 3
 #: The files whose code writes the IR (the machine-code cache's key hashes them).
 IR_SOURCES = (*gemm_packed.IR_HELPERS, ir_kernels.__file__, __file__)
 
@@ -99,12 +125,16 @@ def scratch_len(w: int, vw: int) -> int:
 
 
 class _GridIR:
-    """The module: ``SYMBOL`` switching on ``kind`` to one body per ``KINDS`` entry."""
+    """A module over ``vw``-float vectors: ``variant`` None, ``symbol`` looking up the
+    function for the call's kind and epilogue in ``table_symbol(symbol)`` (status 3 where
+    it holds none) and its loop over images; ``variant`` (kind, code), the two functions
+    of that kind and epilogue code, with and without the residual (``variant_symbol``)."""
 
-    def __init__(self, vw: int, symbol: str = SYMBOL) -> None:
+    def __init__(self, vw: int, symbol: str = SYMBOL,
+                 variant: tuple[int, int] | None = None) -> None:  # fmt: skip
         import llvmlite.ir as ir
 
-        self.symbol = symbol
+        self.symbol, self.variant = symbol, variant
         self.ir, self.vw = ir, vw
         f32, i64 = ir.FloatType(), ir.IntType(64)
         self.f32, self.i64, self.i32 = f32, i64, ir.IntType(32)
@@ -122,45 +152,78 @@ class _GridIR:
             name=f"llvm.masked.store.v{vw}f32.p0v{vw}f32",
         )
         fp = f32.as_pointer()
-        self.fn = ir.Function(self.mod, ir.FunctionType(i64, [i64, fp, fp, fp, fp, fp, fp, i64,
-                              f32, f32, i64, i64, i64, i64, i64, i64, i64, i64]),
-                              name=symbol)  # fmt: skip
+        self.fn_type = ir.FunctionType(i64, [i64, fp, fp, fp, fp, fp, fp, i64, f32, f32, i64,
+                                             i64, i64, i64, i64, i64, i64, i64])  # fmt: skip
+        self.iota = ir.Constant(ir.VectorType(self.i32, vw), list(range(vw)))
+        self.align = ir.Constant(self.i32, 4)
+
+    def function(self, name: str) -> Any:
+        """A new function ``name`` of the kernel's arguments, made the one being written
+        (its arguments as attributes, a builder at its entry)."""
+        self.fn = self.ir.Function(self.mod, self.fn_type, name=name)
         (self.kind, self.x, self.w, self.bias, self.res, self.y, self.xp, self.xp_len, self.lo,
          self.hi, self.flags, self.chans, self.h, self.wd, self.oh, self.ow, self.pt,
          self.pl) = self.fn.args  # fmt: skip
         for a in (self.x, self.y, self.xp):
             a.add_attribute("noalias")
-        self.iota = ir.Constant(ir.VectorType(self.i32, vw), list(range(vw)))
-        self.align = ir.Constant(self.i32, 4)
+        self.b = self.ir.IRBuilder(self.fn.append_basic_block("entry"))
+        return self.fn
 
     def c(self, n: int) -> Any:
         return self.ir.Constant(self.i64, n)
 
     def text(self) -> str:
-        ir = self.ir
-        entry = self.fn.append_basic_block("entry")
-        self.b = b = ir.IRBuilder(entry)
-        unknown = self.fn.append_basic_block("unknown")
-        sw = b.switch(self.kind, unknown)
-        b.position_at_end(unknown)
-        b.ret(self.c(1))
-        for n, (k, s) in enumerate(KINDS):
-            block = self.fn.append_basic_block(f"k{k}s{s}")
-            sw.add_case(self.c(n), block)
-            b.position_at_end(block)
-            self.body_rows(k, s)
-        # the loop over images for the NumPy paths (``raw``): input, residual, output
-        images_function(self.mod, self.fn, f"{self.symbol}_images", (1, 4, 5))
+        if self.variant is None:
+            self.dispatch()
+            # the loop over images for the NumPy paths (``raw``): input, residual, output
+            images_function(self.mod, self.fn, f"{self.symbol}_images", (1, 4, 5))
+            return str(self.mod)
+        kind, code = self.variant
+        names = []
+        for residual in (False, True):
+            names.append(variant_symbol(self.symbol, kind, code, residual))
+            self.function(names[-1])
+            self.body(kind, residual, code)
         text = str(self.mod)
-        return wide_vectors(text, [self.symbol]) if self.vw == 16 else text
+        return wide_vectors(text, names) if self.vw == 16 else text
 
-    def body_rows(self, k: int, s: int) -> None:
-        """A kind straight from ``x`` (no copy, no crop): blocks of ``ROW_BLOCK`` output
-        rows by a vector of columns, each input row the block reads loaded once as a run of
-        vectors masked to the image's columns (a row above or below the image reads a row
-        of zeros in ``xp``), its K column taps (``taps``) shared by the output rows that
-        use that row; one accumulator a row. ``xp`` needs W + 2 vectors (the zeros)."""
+    def dispatch(self) -> None:
+        """``symbol``: status 1 for a kind out of ``KINDS`` or both hard activations, 3
+        where the table holds no function for the kind and ``flags``' epilogue, else that
+        function's status."""
+        ir, c = self.ir, self.c
+        fn = self.function(self.symbol)
+        b = self.b
+        table = ir.GlobalVariable(self.mod, ir.ArrayType(self.i64, SLOTS),
+                                  name=table_symbol(self.symbol))  # fmt: skip
+        table.initializer = ir.Constant(table.type.pointee, [0] * SLOTS)
+        both = c(FLAG_HARD_SWISH | FLAG_HARD_SIGMOID)
+        hard = b.and_(self.flags, both)
+        bad = b.or_(b.icmp_unsigned(">=", self.kind, c(len(KINDS))),
+                    b.icmp_unsigned("==", hard, both))  # fmt: skip
+        refused, known, missing, found = (fn.append_basic_block() for _ in range(4))
+        b.cbranch(bad, refused, known)
+        b.position_at_end(refused)
+        b.ret(c(1))
+        b.position_at_end(known)
+        residual = b.and_(self.flags, c(FLAG_RESIDUAL))
+        slot = b.add(b.add(b.mul(self.kind, c(6)), b.mul(residual, c(3))), b.lshr(hard, c(1)))
+        address = b.load(b.gep(table, [c(0), slot]))
+        b.cbranch(b.icmp_unsigned("==", address, c(0)), missing, found)
+        b.position_at_end(missing)
+        b.ret(c(STATUS_NOT_BUILT))
+        b.position_at_end(found)
+        b.ret(b.call(b.inttoptr(address, self.fn_type.as_pointer()), list(fn.args)))
+
+    def body(self, kind: int, residual: bool, code: int) -> None:
+        """A kind with one epilogue, straight from ``x`` (no copy, no crop): blocks of
+        ``ROW_BLOCK`` output rows by a vector of columns, each input row the block reads
+        loaded once as a run of vectors masked to the image's columns (a row above or
+        below the image reads a row of zeros in ``xp``), its K column taps (``taps``)
+        shared by the output rows that use that row; one accumulator a row. ``xp`` needs
+        W + 2 vectors (the zeros)."""
         b, c, vw = self.b, self.c, self.vw
+        k, s = KINDS[kind]
         self.checks()
         need = self.up(b.add(self.wd, c(2 * vw)))
         bad, good = self.fn.append_basic_block(), self.fn.append_basic_block()
@@ -170,32 +233,12 @@ class _GridIR:
         b.position_at_end(good)
         plane_in, plane_out = b.mul(self.h, self.wd), b.mul(self.oh, self.ow)
         zero = self.ir.Constant(self.v, [0.0] * vw)
-        self.each_epilogue(
-            lambda residual, code: self.rows_direct(k, s, residual, code, plane_in, plane_out, zero)
-        )
+        self.rows_direct(k, s, residual, code, plane_in, plane_out, zero)
         b.ret(c(0))
-
-    def each_epilogue(self, emit: Any) -> None:
-        """``emit(residual, code)`` once for each epilogue ``flags`` can ask for (+ ``res``
-        or not; the clamp, HardSwish or HardSigmoid), a switch on ``flags`` choosing one
-        per call: the loops carry no test of the flags."""
-        b, c = self.b, self.c
-        hard = b.and_(self.flags, c(FLAG_HARD_SWISH | FLAG_HARD_SIGMOID))
-        mode = b.add(b.mul(b.and_(self.flags, c(FLAG_RESIDUAL)), c(8)), hard)
-        done = self.fn.append_basic_block()
-        sw = b.switch(mode, done)
-        for residual in (False, True):
-            for code in (0, FLAG_HARD_SWISH, FLAG_HARD_SIGMOID):
-                case = self.fn.append_basic_block()
-                sw.add_case(c(8 * residual + code), case)
-                b.position_at_end(case)
-                emit(residual, code)
-                b.branch(done)
-        b.position_at_end(done)
 
     def rows_direct(self, k: int, s: int, residual: bool, code: int, plane_in: Any,
                     plane_out: Any, zero: Any) -> None:  # fmt: skip
-        """``body_rows``' loops for one epilogue: + ``res`` or not, and the activation."""
+        """``body``'s loops for one epilogue: + ``res`` or not, and the activation."""
         b, c, vw = self.b, self.c, self.vw
         neg = self.ir.Constant(self.v, [-0.0] * vw)
         # rows above and below the image read a row of zeros (only its columns inside the
@@ -345,6 +388,11 @@ class _GridIR:
 
 
 _ENGINES: list[Any] = []  # kept alive: the symbol points into them
+#: The process's builds (``SYMBOL``, ``SYMBOL_NARROW``) by symbol, as ``_decide`` made them
+_DISPATCH: dict[str, Any] = {}
+_VARIANT_LOCK = threading.Lock()
+#: (kind, code) pairs the NumPy paths' convs serve with (``want``), for the warm-up
+_WANTED_VARIANTS: set[tuple[int, int]] = set()
 
 
 def vector_width() -> int:
@@ -353,19 +401,67 @@ def vector_width() -> int:
     return 0 if shape is None else shape.vw
 
 
+def table_symbol(symbol: str) -> str:
+    """The table of the functions ``symbol`` calls (``SLOTS`` addresses, 0: not built)."""
+    return f"{symbol}_table"
+
+
+def variant_symbol(symbol: str, kind: int, code: int, residual: bool) -> str:
+    """The function of ``symbol``'s build for a kind, epilogue code and residual."""
+    return f"{symbol}_v{kind}_{code}_{int(residual)}"
+
+
+def _slot(kind: int, code: int, residual: bool) -> int:
+    return kind * 2 * len(CODES) + int(residual) * len(CODES) + CODES.index(code)
+
+
+def build(vw: int, symbol: str = SYMBOL) -> Any:
+    """The engine of ``symbol`` over ``vw``-float vectors with its table empty (every call
+    status 3 until ``add_variant``), its machine code cached; not registered with LLVM
+    (``_build`` does that for the process's builds). Raises what llvmlite raises."""
+    engine, _cached = compile_ir_cached(lambda: _GridIR(vw, symbol).text(),
+                                        f"dw_grid|{vw}|{symbol}", IR_SOURCES, opt=3)  # fmt: skip
+    engine.tfrt_py_variants = {}
+    return engine
+
+
+def add_variant(engine: Any, vw: int, symbol: str, kind: int, code: int) -> None:
+    """Build the functions of ``kind`` with epilogue ``code`` (one of ``CODES``; with and
+    without the residual) and enter them in the table of ``engine`` (``build(vw,
+    symbol)``): its calls of that kind and epilogue run from then on. Once an engine;
+    the caller serializes the calls for one engine. Raises ValueError for a kind or code
+    out of range, else what llvmlite raises."""
+    if not 0 <= kind < len(KINDS) or code not in CODES:
+        raise ValueError(f"no depthwise kernel of kind {kind} with epilogue code {code}")
+    if (kind, code) in engine.tfrt_py_variants:
+        return
+    part, _cached = compile_ir_cached(lambda: _GridIR(vw, symbol, (kind, code)).text(),
+                                      f"dw_grid|{vw}|{symbol}|{kind}|{code}", IR_SOURCES,
+                                      opt=3)  # fmt: skip
+    import ctypes
+
+    table = (ctypes.c_uint64 * SLOTS).from_address(
+        engine.get_global_value_address(table_symbol(symbol))
+    )
+    engine.tfrt_py_variants[(kind, code)] = part  # kept alive: the table points into it
+    for residual in (False, True):
+        address = part.get_function_address(variant_symbol(symbol, kind, code, residual))
+        table[_slot(kind, code, residual)] = address
+
+
 def _build(vw: int, symbol: str) -> tuple[Any, Any]:
     """(the ExternalFunction over ``symbol`` built with ``vw``-float vectors and
     registered, the same machine code as a ctypes function: ``raw()``), its machine code
-    cached; raises where llvmlite cannot build it."""
+    cached, no kind built yet (``ready``); raises where llvmlite cannot build it."""
     import ctypes
 
     from numba import types
 
-    engine, _cached = compile_ir_cached(lambda: _GridIR(vw, symbol).text(),
-                                        f"dw_grid|{vw}|{symbol}", IR_SOURCES, opt=3)  # fmt: skip
+    engine = build(vw, symbol)
     address = engine.get_function_address(symbol)
     add_symbol(symbol, address)
     _ENGINES.append(engine)
+    _DISPATCH[symbol] = engine
     p, n, f = types.uintp, types.int64, types.float32
     i, vp, fl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     raw = ctypes.CFUNCTYPE(i, i, vp, vp, vp, vp, vp, vp, i, fl, fl, *[i] * 12)(
@@ -373,6 +469,38 @@ def _build(vw: int, symbol: str) -> tuple[Any, Any]:
     )
     return types.ExternalFunction(symbol, n(n, p, p, p, p, p, p, n, f, f, n, n, n, n, n, n, n,
                                             n)), raw  # fmt: skip
+
+
+def ready(kind: int, code: int, narrow: bool = False) -> bool:
+    """Whether the process's kernel (``function()``, and with ``narrow`` its 8-float build
+    where there is one) runs convs of ``kind`` with epilogue ``code``: their functions
+    built now where they were not (a kind's two, about a fifteenth of every kind's and
+    epilogue's at once: 2.8 s of a cold start's warm-up on a 2-core Zen 4). False where
+    there is no kernel, or for a kind or code out of range. Thread-safe."""
+    if function() is None or not 0 <= kind < len(KINDS) or code not in CODES:
+        return False
+    with _VARIANT_LOCK:
+        add_variant(_DISPATCH[SYMBOL], vector_width(), SYMBOL, kind, code)
+        if narrow and narrow_function() is not None:
+            add_variant(_DISPATCH[SYMBOL_NARROW], 8, SYMBOL_NARROW, kind, code)
+    return True
+
+
+def want(kind: int, code: int) -> None:
+    """Note that a conv the NumPy paths build serves with ``kind`` and epilogue ``code``
+    (``WANTED``): a cold start's warm-up builds them (``build_wanted``)."""
+    if 0 <= kind < len(KINDS) and code in CODES:
+        with _VARIANT_LOCK:
+            _WANTED_VARIANTS.add((kind, code))
+        WANTED.set()
+
+
+def build_wanted() -> None:
+    """``ready`` every kind and epilogue ``want`` noted (the main build)."""
+    with _VARIANT_LOCK:
+        wanted = sorted(_WANTED_VARIANTS)
+    for kind, code in wanted:
+        ready(kind, code)
 
 
 class Raw(NamedTuple):

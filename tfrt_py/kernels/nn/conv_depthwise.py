@@ -115,6 +115,11 @@ def plan_depthwise(
     k_same = conv_depthwise_same.fits(x_shape, w_shape, strides, pads, dilations)
     k_s2 = conv_depthwise_same.fits(x_shape, w_shape, strides, pads, dilations, stride=2)
     kind = grid_kind(x_shape, w_shape, strides, pads, dilations, dtype)
+    if kind >= 0 and not depthwise_ir.ready(  # the kind's functions for this epilogue
+        kind, conv_depthwise_grid.store_code(epi),
+        bool(conv_depthwise_grid.table(kind, w_shape[2], out_shape)[3]),
+    ):  # fmt: skip
+        kind = -1
     if kind >= 0:  # the vector kernel (depthwise_ir), rows read in place
         direct = conv_depthwise_grid.GRID, conv_depthwise_grid.GRID_PAR
         tab = conv_depthwise_grid.table(kind, w_shape[2], out_shape)

@@ -34,7 +34,10 @@ from ..lib.jit import ENV_JIT, Jitted, frozen, inline
 from .conv_common import ConvNode, bias_vector, conv_geometry, into_out, raw_operands
 from .conv_direct import Epilogue, _act_row, _numpy_act
 
-__all__ = ["GRID", "GRID_PAR", "fits", "raw_depthwise_fn", "run_raw", "scratch_len", "table"]
+__all__ = [
+    "GRID", "GRID_PAR", "fits", "raw_depthwise_fn", "run_raw", "scratch_len", "store_code",
+    "table",
+]  # fmt: skip
 
 #: numba, set by ``Jitted(parallel=True)`` before the parallel loop compiles.
 numba: Any = None
@@ -94,7 +97,8 @@ def run_raw(raw: depthwise_ir.Raw, kind: int, x: np.ndarray, w: np.ndarray, out:
     paths (``raw_depthwise_fn``: a cold start's stand-ins, which must not import numba).
     ``x`` (N, C, H, W), ``w`` (C, K*K), ``bias`` (C) or None, ``res`` and ``out`` (N, C,
     OH, OW) or None: float32, C-contiguous; K // 2 padding on every side (``fits``). Uses
-    scratch slot 0. False (``out`` then undefined) where the kernel refused the call."""
+    scratch slot 0. False (``out`` then undefined) where the kernel refused the call (or
+    has not built the kind's functions for this epilogue yet: ``depthwise_ir.ready``)."""
     n, c, h, wd = x.shape
     oh, ow = out.shape[2], out.shape[3]
     k = depthwise_ir.KINDS[kind][0]
@@ -109,8 +113,15 @@ def run_raw(raw: depthwise_ir.Raw, kind: int, x: np.ndarray, w: np.ndarray, out:
     x0, y0, wa, xa = x.ctypes.data, out.ctypes.data, w.ctypes.data, xp.ctypes.data
     r0 = y0 if res is None else res.ctypes.data
     flags |= 0 if res is None else depthwise_ir.FLAG_RESIDUAL
-    return not fn(kind, x0, wa, ba, r0, y0, xa, xp_len, lo, hi, flags, c, h, wd, oh, ow, k // 2,
-                  k // 2, n, step_x, step_y, step_y)  # fmt: skip
+    status = fn(kind, x0, wa, ba, r0, y0, xa, xp_len, lo, hi, flags, c, h, wd, oh, ow, k // 2,
+                k // 2, n, step_x, step_y, step_y)  # fmt: skip
+    if status == depthwise_ir.STATUS_NOT_BUILT and fn is raw.narrow:
+        # the narrow build lacks this kind's functions: the main build (its scratch fits)
+        xp_len = depthwise_ir.scratch_len(wd, raw.vw)
+        xa = scratch(0, (xp_len,), np.dtype(np.float32)).ctypes.data
+        status = raw.fn(kind, x0, wa, ba, r0, y0, xa, xp_len, lo, hi, flags, c, h, wd, oh, ow,
+                        k // 2, k // 2, n, step_x, step_y, step_y)  # fmt: skip
+    return not status
 
 
 def raw_depthwise_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
@@ -133,7 +144,9 @@ def raw_depthwise_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     epi_after = epi._replace(act="") if flags >= 0 else epi
     flags = max(flags, 0)
     plans: ShapeMemo[tuple[int, ...], Any] = ShapeMemo()
-    depthwise_ir.WANTED.set()
+    strides = sp.resolve(w4_shape[2:])[1]
+    if len(strides) == 2 and strides[0] == strides[1]:
+        depthwise_ir.want(depthwise_ir.kind_of(w4_shape[2], int(strides[0])), flags)
 
     def plan_for(shape: tuple[int, ...]) -> Any:
         if len(shape) != 4 or shape[1] != group:
@@ -161,6 +174,13 @@ def raw_depthwise_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         return into_out(ops.y, out)
 
     return raw_depthwise
+
+
+def store_code(epi: Epilogue) -> int:
+    """The kernel's epilogue code (``depthwise_ir.CODES``) for ``epi``'s activation on the
+    compiled path (``_grid_act``): HardSwish's or HardSigmoid's flag, else 0 (the clamp,
+    with other activations after it)."""
+    return max(_store_act(epi)[2], 0)
 
 
 def _store_act(epi: Epilogue) -> tuple[float, float, int]:
