@@ -135,8 +135,10 @@ LINE_BUDGET: dict[str, int] = {
     # 32's first seconds) and a float32 GELU in LLVM IR for them (lib/gelu_ir.py), a Conv
     # bias's length checked (security); 12-06 (63rd): the stand-ins' one-group convs on
     # gemm_cols through ctypes (nn/conv_cols_raw.py), the kernels' loops over images
-    # (lib/ir_kernels.py), Sigmoid and SiLU beside the GELU (lib/activation_ir.py)
-    "kernels": 35600,
+    # (lib/ir_kernels.py), Sigmoid and SiLU beside the GELU (lib/activation_ir.py); 12-06
+    # (65th): depthwise_ir and dotrows_ir built a kind / vector count at a time through a
+    # table of functions (issue 32: 2.4-5.5 s of a cold start's warm-up)
+    "kernels": 35700,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,
@@ -187,8 +189,9 @@ LINE_BUDGET: dict[str, int] = {
     # 2026-11-29: the ISA choice (isa.py), numba's vector width (numba_target.py), the
     # private cache dir moved down from native/runtime (cachedir.py) for the cached LLVM objects
     # 12-03 (40th session): once.Once, the decide-once-under-a-lock of the LLVM kernels;
-    # 12-05 (56th): LLVM's asm parser (depthwise_ir's inline valignd)
-    "concurrency": 2755,
+    # 12-05 (56th): LLVM's asm parser (depthwise_ir's inline valignd); 12-06 (65th): a
+    # GPU's BLAS passed over by openblas.direct_blas (torch's cuBLAS)
+    "concurrency": 2770,
     # 2026-11-30: the import cache (graph_cache.py, graph_codec.py: issue 33's first result);
     # 12-04 (50th): ONNX's shape inference without the weights' bytes (importer.py)
     "frontends": 2030,
