@@ -225,6 +225,21 @@ def test_a_kind_runs_once_its_functions_for_the_epilogue_are_built(vw: int) -> N
         depthwise_ir.add_variant(engine, vw, symbol, kind, 1)  # no such epilogue code
 
 
+def test_a_load_noting_a_kind_does_not_wait_for_a_build() -> None:
+    """``want`` (every depthwise conv's build notes its kind) takes no lock a kind's build
+    holds: a load on one thread does not wait behind another thread's plan building a
+    kind (tenths of a second)."""
+    import threading
+
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (depthwise_ir.want(0, 0), done.set()))
+    with depthwise_ir._VARIANT_LOCK:  # a build in flight on another thread
+        thread.start()
+        noted = done.wait(30)
+    thread.join()
+    assert noted, "want() waited for the build's lock"
+
+
 def test_scratch_len_is_what_the_kernel_asks() -> None:
     """``scratch_len`` is the kernel's own need: one float less is refused."""
     call, vw = _call(), depthwise_ir.vector_width()

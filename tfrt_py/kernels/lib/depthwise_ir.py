@@ -391,8 +391,10 @@ _ENGINES: list[Any] = []  # kept alive: the symbol points into them
 #: The process's builds (``SYMBOL``, ``SYMBOL_NARROW``) by symbol, as ``_decide`` made them
 _DISPATCH: dict[str, Any] = {}
 _VARIANT_LOCK = threading.Lock()
-#: (kind, code) pairs the NumPy paths' convs serve with (``want``), for the warm-up
+#: (kind, code) pairs the NumPy paths' convs serve with (``want``), for the warm-up; its
+#: own lock: a load noting one never waits for a build under ``_VARIANT_LOCK``
 _WANTED_VARIANTS: set[tuple[int, int]] = set()
+_WANTED_LOCK = threading.Lock()
 
 
 def vector_width() -> int:
@@ -490,14 +492,14 @@ def want(kind: int, code: int) -> None:
     """Note that a conv the NumPy paths build serves with ``kind`` and epilogue ``code``
     (``WANTED``): a cold start's warm-up builds them (``build_wanted``)."""
     if 0 <= kind < len(KINDS) and code in CODES:
-        with _VARIANT_LOCK:
+        with _WANTED_LOCK:
             _WANTED_VARIANTS.add((kind, code))
         WANTED.set()
 
 
 def build_wanted() -> None:
     """``ready`` every kind and epilogue ``want`` noted (the main build)."""
-    with _VARIANT_LOCK:
+    with _WANTED_LOCK:
         wanted = sorted(_WANTED_VARIANTS)
     for kind, code in wanted:
         ready(kind, code)
