@@ -232,7 +232,12 @@ def test_a_load_noting_a_kind_does_not_wait_for_a_build() -> None:
     import threading
 
     done = threading.Event()
-    thread = threading.Thread(target=lambda: (depthwise_ir.want(0, 0), done.set()))
+
+    def note() -> None:
+        depthwise_ir.want(0, 0)
+        done.set()
+
+    thread = threading.Thread(target=note)
     with depthwise_ir._VARIANT_LOCK:  # a build in flight on another thread
         thread.start()
         noted = done.wait(30)
