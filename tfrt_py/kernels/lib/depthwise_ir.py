@@ -48,7 +48,7 @@ from ...concurrency.llvm_jit import add_symbol, compile_ir_cached
 from ...concurrency.once import Once
 from . import gemm_packed, ir_kernels
 from .gemm_packed import counted_loop, splat, wide_vectors
-from .ir_kernels import images_function
+from .ir_kernels import call_from_table, enter_in_table, function_table, images_function
 
 __all__ = [
     "CODES",
@@ -191,29 +191,22 @@ class _GridIR:
         """``symbol``: status 1 for a kind out of ``KINDS`` or both hard activations, 3
         where the table holds no function for the kind and ``flags``' epilogue, else that
         function's status."""
-        ir, c = self.ir, self.c
+        c = self.c
         fn = self.function(self.symbol)
         b = self.b
-        table = ir.GlobalVariable(self.mod, ir.ArrayType(self.i64, SLOTS),
-                                  name=table_symbol(self.symbol))  # fmt: skip
-        table.initializer = ir.Constant(table.type.pointee, [0] * SLOTS)
+        table = function_table(self.mod, table_symbol(self.symbol), SLOTS)
         both = c(FLAG_HARD_SWISH | FLAG_HARD_SIGMOID)
         hard = b.and_(self.flags, both)
         bad = b.or_(b.icmp_unsigned(">=", self.kind, c(len(KINDS))),
                     b.icmp_unsigned("==", hard, both))  # fmt: skip
-        refused, known, missing, found = (fn.append_basic_block() for _ in range(4))
+        refused, known = fn.append_basic_block(), fn.append_basic_block()
         b.cbranch(bad, refused, known)
         b.position_at_end(refused)
         b.ret(c(1))
         b.position_at_end(known)
         residual = b.and_(self.flags, c(FLAG_RESIDUAL))
         slot = b.add(b.add(b.mul(self.kind, c(6)), b.mul(residual, c(3))), b.lshr(hard, c(1)))
-        address = b.load(b.gep(table, [c(0), slot]))
-        b.cbranch(b.icmp_unsigned("==", address, c(0)), missing, found)
-        b.position_at_end(missing)
-        b.ret(c(STATUS_NOT_BUILT))
-        b.position_at_end(found)
-        b.ret(b.call(b.inttoptr(address, self.fn_type.as_pointer()), list(fn.args)))
+        call_from_table(b, table, slot, STATUS_NOT_BUILT)
 
     def body(self, kind: int, residual: bool, code: int) -> None:
         """A kind with one epilogue, straight from ``x`` (no copy, no crop): blocks of
@@ -387,8 +380,8 @@ class _GridIR:
         return self.b.asm(ft, f"valignd $${sh}, $1, $2, $0", "=v,v,v", [lo, hi], False)
 
 
-_ENGINES: list[Any] = []  # kept alive: the symbol points into them
 #: The process's builds (``SYMBOL``, ``SYMBOL_NARROW``) by symbol, as ``_decide`` made them
+#: (kept alive: the symbols point into them)
 _DISPATCH: dict[str, Any] = {}
 _VARIANT_LOCK = threading.Lock()
 #: (kind, code) pairs the NumPy paths' convs serve with (``want``), for the warm-up; its
@@ -440,15 +433,11 @@ def add_variant(engine: Any, vw: int, symbol: str, kind: int, code: int) -> None
     part, _cached = compile_ir_cached(lambda: _GridIR(vw, symbol, (kind, code)).text(),
                                       f"dw_grid|{vw}|{symbol}|{kind}|{code}", IR_SOURCES,
                                       opt=3)  # fmt: skip
-    import ctypes
-
-    table = (ctypes.c_uint64 * SLOTS).from_address(
-        engine.get_global_value_address(table_symbol(symbol))
-    )
     engine.tfrt_py_variants[(kind, code)] = part  # kept alive: the table points into it
-    for residual in (False, True):
-        address = part.get_function_address(variant_symbol(symbol, kind, code, residual))
-        table[_slot(kind, code, residual)] = address
+    enter_in_table(engine, table_symbol(symbol), SLOTS, {
+        _slot(kind, code, residual): part.get_function_address(
+            variant_symbol(symbol, kind, code, residual))
+        for residual in (False, True)})  # fmt: skip
 
 
 def _build(vw: int, symbol: str) -> tuple[Any, Any]:
@@ -462,7 +451,6 @@ def _build(vw: int, symbol: str) -> tuple[Any, Any]:
     engine = build(vw, symbol)
     address = engine.get_function_address(symbol)
     add_symbol(symbol, address)
-    _ENGINES.append(engine)
     _DISPATCH[symbol] = engine
     p, n, f = types.uintp, types.int64, types.float32
     i, vp, fl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float

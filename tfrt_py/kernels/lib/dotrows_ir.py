@@ -35,14 +35,20 @@ A count not built yet answers -1 with nothing written. Stateless once built; any
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Any
 
 import numpy as np
 
 from .gemm_packed import carried_loop, splat, wide_vectors
-from .ir_kernels import FloatVectors, WrappedKernels, build_module
+from .ir_kernels import (
+    FloatVectors,
+    WrappedKernels,
+    build_module,
+    call_from_table,
+    enter_in_table,
+    function_table,
+)  # fmt: skip
 from .pool_ir import host_lanes, lanes
 
 __all__ = [
@@ -100,9 +106,9 @@ def add_count(engine: Any, n: int, chunks: int) -> None:
     if chunks in engine.tfrt_py_counts:
         return
     part = build(n, chunks)
-    table = (ctypes.c_uint64 * (CHUNKS + 1)).from_address(engine.get_global_value_address(TABLE))
-    engine.tfrt_py_counts[chunks] = part
-    table[chunks] = part.get_function_address(chunk_symbol(chunks))
+    engine.tfrt_py_counts[chunks] = part  # kept alive: the table points into it
+    enter_in_table(engine, TABLE, CHUNKS + 1, {chunks: part.get_function_address(
+        chunk_symbol(chunks))})  # fmt: skip
 
 
 def ready(k: int) -> bool:
@@ -162,24 +168,17 @@ class _DotRowsIR(FloatVectors):
         from ``TABLE``."""
         ir, c, L = self.ir, self.c, self.n
         fn = ir.Function(self.mod, ir.FunctionType(self.i64, self.args), name=SYMBOL)
-        fn_ptr = fn.function_type.as_pointer()
-        table = ir.GlobalVariable(self.mod, ir.ArrayType(self.i64, CHUNKS + 1), name=TABLE)
-        table.initializer = ir.Constant(table.type.pointee, [0] * (CHUNKS + 1))
+        table = function_table(self.mod, TABLE, CHUNKS + 1)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         k = fn.args[2]
-        none, some, refuse, found = (fn.append_basic_block() for _ in range(4))
+        none, some = fn.append_basic_block(), fn.append_basic_block()
         b.cbranch(b.icmp_signed("<=", k, c(0)), none, some)  # no vector: every score is 0
         b.position_at_end(none)
         b.ret(b.call(self.rows_fn(0), list(fn.args)))
         b.position_at_end(some)
         ch = b.sdiv(b.add(k, c(L - 1)), c(L))
         ch = b.select(b.icmp_signed("<=", ch, c(CHUNKS)), ch, c(0))  # entry 0: none
-        address = b.load(b.gep(table, [c(0), ch]))
-        b.cbranch(b.icmp_signed("==", address, c(0)), refuse, found)
-        b.position_at_end(refuse)
-        b.ret(c(-1))
-        b.position_at_end(found)
-        b.ret(b.call(b.inttoptr(address, fn_ptr), list(fn.args)))
+        call_from_table(b, table, ch, -1)
 
     def rows_fn(self, chunks: int) -> Any:
         """``(a, m, k, b, n, y, alpha)`` for rows of ``chunks`` vectors: the query rows

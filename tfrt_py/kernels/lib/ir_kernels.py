@@ -27,7 +27,10 @@ from ...concurrency.once import Once
 from .gemm_packed import ENV_PACKED_GEMM, IR_HELPERS
 from .pool_ir import register_lanes
 
-__all__ = ["BASE_SOURCES", "FloatVectors", "WrappedKernels", "build_module", "images_function"]
+__all__ = [
+    "BASE_SOURCES", "FloatVectors", "WrappedKernels", "build_module", "call_from_table",
+    "enter_in_table", "function_table", "images_function",
+]  # fmt: skip
 
 #: What a ``FloatVectors`` module's IR is written with besides its own file (the sources
 #: of its machine-code cache key, ``compile_ir_cached``)
@@ -39,6 +42,46 @@ def build_module(make_text: Any, key: str, source: str) -> Any:
     by the file ``source``: the engine (its machine code cached, the key hashing
     ``source`` and ``BASE_SOURCES``). Raises what llvmlite raises."""
     return compile_ir_cached(make_text, key, (source, *BASE_SOURCES), opt=3)[0]
+
+
+def function_table(mod: Any, name: str, slots: int) -> Any:
+    """A global ``name`` in ``mod`` of ``slots`` function addresses, all 0 (none built):
+    a kernel built in parts calls each part through it (``call_from_table``) once
+    ``enter_in_table`` put the part's address there."""
+    import llvmlite.ir as ir
+
+    table = ir.GlobalVariable(mod, ir.ArrayType(ir.IntType(64), slots), name=name)
+    table.initializer = ir.Constant(table.type.pointee, [0] * slots)
+    return table
+
+
+def call_from_table(b: Any, table: Any, slot: Any, missing: int) -> None:
+    """At builder ``b``: return what the function at ``table[slot]`` (an i64 index in
+    range) returns for the arguments of ``b``'s function, of the same type; ``missing``
+    (an i64) where that entry is 0."""
+    import llvmlite.ir as ir
+
+    i64, fn = ir.IntType(64), b.function
+    address = b.load(b.gep(table, [ir.Constant(i64, 0), slot]))
+    none, found = fn.append_basic_block(), fn.append_basic_block()
+    b.cbranch(b.icmp_unsigned("==", address, ir.Constant(i64, 0)), none, found)
+    b.position_at_end(none)
+    b.ret(ir.Constant(i64, missing))
+    b.position_at_end(found)
+    b.ret(b.call(b.inttoptr(address, fn.function_type.as_pointer()), list(fn.args)))
+
+
+def enter_in_table(engine: Any, name: str, slots: int, entries: dict[int, int]) -> None:
+    """Write ``entries`` (slot: function address) into the table ``name`` of ``slots``
+    entries in ``engine`` (``function_table``): calls through those slots run from then
+    on. The caller keeps the engines of the addresses alive and serializes the writes
+    for one table (each an aligned 8-byte store: a concurrent call sees 0 or the
+    address)."""
+    import ctypes
+
+    table = (ctypes.c_uint64 * slots).from_address(engine.get_global_value_address(name))
+    for slot, address in entries.items():
+        table[slot] = address
 
 
 def images_function(mod: Any, fn: Any, name: str, stepped: tuple[int, ...]) -> None:
