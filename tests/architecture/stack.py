@@ -137,8 +137,10 @@ LINE_BUDGET: dict[str, int] = {
     # gemm_cols through ctypes (nn/conv_cols_raw.py), the kernels' loops over images
     # (lib/ir_kernels.py), Sigmoid and SiLU beside the GELU (lib/activation_ir.py); 12-06
     # (65th): depthwise_ir and dotrows_ir built a kind / vector count at a time through a
-    # table of functions (issue 32: 2.4-5.5 s of a cold start's warm-up)
-    "kernels": 35700,
+    # table of functions (issue 32: 2.4-5.5 s of a cold start's warm-up); 12-06 (66th): the
+    # indirect conv's whole tiles fetch their output and residual lines, its padded copy
+    # the next row (lib/gemm_indirect.py: issues 32 and 35, a batch's convs out of L2)
+    "kernels": 35760,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,

@@ -238,6 +238,27 @@ def test_whole_tiles_prefetch_and_keep_their_sums_in_registers(
         assert not [ln for ln in blk if reg in ln and "(%rsp)" in ln]
 
 
+def test_whole_nchw_tiles_fetch_their_outputs_before_their_k_loops(
+    path_kernel: tuple[str, Any],
+) -> None:
+    """The AVX-512 build (the NCHW stores) fetches, before each whole tile's k loop, a
+    line a filter of the output for writing and of the residual for reading, and the copy
+    into the padded image fetches the next row of what it reads: at a batch those lines
+    are out of L2 and the epilogue waited on each (module doc of ``gemm_indirect``). The
+    other paths store rows and fetch no outputs."""
+    path, _ = path_kernel
+    asm = _ASM[path]
+    nr = PATHS[path].nr
+    if path != "avx512":
+        assert "prefetchw" not in asm
+        return
+    # two whole-tile loops (with and without the panel's prefetches), each tile a line a
+    # filter of y (for writing) and of res (for reading)
+    assert asm.count("prefetchw") == 2 * nr
+    tile_reads = 2 * nr + 2  # + the panel's two lines a k loop iteration
+    assert asm.count("prefetcht1") >= tile_reads + 8  # + the copy's 8 rows a block
+
+
 def test_the_process_kernel_is_the_chosen_path() -> None:
     """``kernel()`` runs the process's build; ``nchw_stores()`` says whether it has the
     NCHW stores (the 8 x 32 AVX-512 tile), and a wrong panel width is refused."""

@@ -118,8 +118,7 @@ class _ColsGemmIR(_PackedGemmIR):
         self.mstore = ir.Function(mod, ir.FunctionType(ir.VoidType(), [v8, self.v8p, i32, vm]),
                                   name=f"llvm.masked.store.v{vw}f32.p0v{vw}f32")  # fmt: skip
         self.i8p = ir.IntType(8).as_pointer()
-        self.prefetch = ir.Function(mod, ir.FunctionType(ir.VoidType(), [self.i8p, i32, i32, i32]),
-                                    name="llvm.prefetch.p0i8")  # fmt: skip
+        self.prefetch = self.prefetch_fn()
         # llvm.prefetch's arguments: a read (0), locality 3 (all caches), the data cache (1)
         self.i32_0, self.i32_3, self.i32_1 = (ir.Constant(i32, n) for n in (0, 3, 1))
         self.fn = ir.Function(mod, ir.FunctionType(i64, [fp, i64, fp, i64, i64, i64.as_pointer(),

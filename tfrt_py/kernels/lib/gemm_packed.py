@@ -443,14 +443,22 @@ class _PackedGemmIR:
         ``w``) and its pace (bytes a k): a build with ``PREFETCH_TILES`` defines it."""
         raise NotImplementedError
 
+    def prefetch_fn(self) -> Any:
+        """The module's ``llvm.prefetch`` (declared on first use): (i8* address, 0 read /
+        1 write, locality 0-3, 1 the data cache); a prefetch never faults."""
+        ir, i32 = self.ir, self.i32
+        fn = self.mod.globals.get("llvm.prefetch.p0i8")
+        if fn is None:
+            i8p = ir.IntType(8).as_pointer()
+            fn = ir.Function(self.mod, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                             name="llvm.prefetch.p0i8")  # fmt: skip
+        return fn
+
     def prefetch_lines(self, at: Any) -> None:
         """Prefetch ``PREFETCH_LINES`` cache lines from byte ``at`` of ``w`` into L2."""
         b, ir = self.b, self.ir
         i8p, i32 = ir.IntType(8).as_pointer(), self.i32
-        fn = self.mod.globals.get("llvm.prefetch.p0i8")
-        if fn is None:
-            fn = ir.Function(self.mod, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                             name="llvm.prefetch.p0i8")  # fmt: skip
+        fn = self.prefetch_fn()
         w8 = b.bitcast(self.w, i8p)
         # a read (0), locality 2 (prefetcht1: L2 and out), the data cache (1); a prefetch
         # never faults
