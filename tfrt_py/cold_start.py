@@ -26,10 +26,12 @@ on the compiled kernels, as does every load once the process is warm.
 
 The warm-up builds ``depthwise_ir``'s kernel first where a loaded model holds a
 depthwise conv it serves (``depthwise_ir.WANTED``), ``activation_ir``'s where one
-computes a float32 GELU, Sigmoid or SiLU, and ``gemm_cols``' where one holds a one-group
-conv: the stand-ins call their machine code through ctypes from then on
+computes a float32 GELU, Sigmoid or SiLU, ``gemm_cols``' where one holds a one-group
+conv, and ``gemm_indirect``'s where one holds a one-group conv of K 64 or more: the
+stand-ins call their machine code through ctypes from then on
 (``conv_depthwise_grid.raw_depthwise_fn``, ``activation_ir.gelu``/``logistic``,
-``conv_cols_raw.raw_cols_fn``), seconds before the switch.
+``conv_cols_raw.raw_cols_fn``, ``conv_packed_raw.raw_packed_fn``), seconds before the
+switch.
 
 The warm-up yields to calls (``concurrency.call_yield``, which the native tier's
 background lowering uses too; ``Model.run`` marks its calls): while a call on a stand-in
@@ -210,7 +212,7 @@ class _Warmup:
         self._built: list[tuple[Any, threading.Event]] = []
 
     def _prepare(self) -> bool:
-        from .kernels.lib import activation_ir, depthwise_ir, gemm_cols, gemm_packed
+        from .kernels.lib import activation_ir, depthwise_ir, gemm_cols, gemm_indirect, gemm_packed
 
         with compiled_gate.warming(), call_yield.background(self.yielder, short=True):
             jit.import_numba()
@@ -222,7 +224,9 @@ class _Warmup:
             if activation_ir.WANTED.is_set() and not worker.closing():
                 activation_ir.build_once()  # and their float32 GELU, Sigmoid and SiLU
             if gemm_cols.WANTED.is_set() and not worker.closing():
-                gemm_cols.available()  # and their one-group convs
+                gemm_cols.available()  # and their one-group convs,
+            if gemm_indirect.WANTED.is_set() and not worker.closing():
+                gemm_indirect.available()  # those conv_packed serves on its kernels
         return True
 
     def _compile(self) -> None:

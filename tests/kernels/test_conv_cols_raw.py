@@ -119,13 +119,20 @@ def test_the_epilogue_is_the_numpy_epilogue(epi: Epilogue, case: tuple[Any, ...]
                                             bias: bool) -> None:  # fmt: skip
     """Bias, residual and the activation as the NumPy epilogue gives them, into a fresh
     array and into the caller's ``out``."""
-    n, c, h, wd, m, k, s, d, p, _ = case
     _built()
+    check_epilogue(conv_cols_raw.raw_cols_fn, case[:9], epi, bias)
+
+
+def check_epilogue(make_fn: Any, case: tuple[Any, ...], epi: Epilogue, bias: bool) -> None:
+    """``make_fn(node)``'s conv of ``case`` (N, C, H, W, M, kernel, strides, dilations,
+    pads) with ``epi`` (a bias where ``bias``) answers as the NumPy epilogue over the
+    float64 definition, into a fresh array and into the caller's ``out``."""
+    n, c, h, wd, m, k, s, d, p = case
     rng = np.random.default_rng(7)
     x = rng.standard_normal((n, c, h, wd)).astype(np.float32)
     w = rng.standard_normal((m, c, *k)).astype(np.float32)
     b = rng.standard_normal(m).astype(np.float32) if bias else None
-    fn = conv_cols_raw.raw_cols_fn(_node(w, s, d, p, epi, b))
+    fn = make_fn(_node(w, s, d, p, epi, b))
     assert fn is not None
     conv = _reference(x, w, s, d, p).astype(np.float32)
     r = rng.standard_normal(conv.shape).astype(np.float32) if epi.residual else None

@@ -289,7 +289,7 @@ def nhwc_kernel(request: pytest.FixtureRequest) -> Any:
                         host_cpu=True, opt=3)  # fmt: skip
     _ENGINES.append(engine)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    return ctypes.CFUNCTYPE(i64, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64)(
+    return ctypes.CFUNCTYPE(i64, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64)(
         engine.get_function_address(gemm_indirect.SYMBOL_NHWC)
     )
 
@@ -313,6 +313,15 @@ def test_the_nhwc_copy_pads_and_transposes(nhwc_kernel: Any, c: int, hw: tuple[i
     want[pt : pt + h, pl : pl + w] = x.transpose(1, 2, 0)
     cuts = sorted({0, min(2, hp), hp})
     for r0, r1 in itertools.pairwise(cuts):
-        assert nhwc_kernel(_p(x), c, h, w, _p(xt), hp, wp, pt, pl, r0, r1) == 0
+        assert nhwc_kernel(_p(x), c, h, w, _p(xt), hp, wp, pt, pl, r0, r1, 1) == 0
     np.testing.assert_array_equal(xt[: hp * wp * c].reshape(hp, wp, c), want)
     assert np.isnan(xt[hp * wp * c :]).all()
+    # three images in one call, each at its place, nothing past the last
+    xs = np.random.default_rng(c + 1).standard_normal((3, c, h, w)).astype(F32)
+    xts = np.full(3 * hp * wp * c + 16, np.nan, F32)
+    assert nhwc_kernel(_p(xs), c, h, w, _p(xts), hp, wp, pt, pl, 0, hp, 3) == 0
+    for q in range(3):
+        want[pt : pt + h, pl : pl + w] = xs[q].transpose(1, 2, 0)
+        got = xts[q * hp * wp * c : (q + 1) * hp * wp * c].reshape(hp, wp, c)
+        np.testing.assert_array_equal(got, want)
+    assert np.isnan(xts[3 * hp * wp * c :]).all()

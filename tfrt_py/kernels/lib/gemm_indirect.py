@@ -42,13 +42,17 @@ process (thread-safe; its machine code cached, ``llvm_jit.compile_ir_cached``) w
 ldy, M, panels, bias, flags, nr, yoff, ldf, nf, res, lohi) -> status``, addresses as
 uintp; status 1 (nothing done) when ``nr`` is not this process's panel width, 2 when
 ``FLAG_NCHW`` is asked of a build without it); ``kernel()`` is a numba wrapper for Python
-callers (tests). ``bias`` must be readable for the panels' columns in the rows form,
+callers (tests); ``raw()`` the two as ctypes functions once built (``Raw``: a cold
+start's stand-ins, ``conv_packed_raw``, which must not wait for numba; ``WANTED`` has
+the warm-up build them early). ``bias`` must be readable for the panels' columns in the rows form,
 ``res`` wherever ``y`` is written in the NCHW form (pass ``y`` when there is none).
 Stateless; any thread.
 """
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from typing import Any, NamedTuple
 
 from ...concurrency import numba_target
@@ -66,8 +70,8 @@ from .gemm_packed import (
 )
 from .gemm_packed import available as packed_available
 
-__all__ = ["FLAG_BIAS", "FLAG_CLIP", "FLAG_NCHW", "FLAG_RELU", "FLAG_RESIDUAL", "available",
-           "kernel", "nchw_stores", "register"]  # fmt: skip
+__all__ = ["FLAG_BIAS", "FLAG_CLIP", "FLAG_NCHW", "FLAG_RELU", "FLAG_RESIDUAL", "WANTED", "Raw",
+           "available", "kernel", "nchw_stores", "raw", "register"]  # fmt: skip
 
 SYMBOL = "tfrt_py_sgemm_indirect"
 #: The copy into the padded channels-last image (the AVX-512 build's second function).
@@ -282,9 +286,11 @@ class _IndirectGemmIR(_PackedGemmIR):
         return wide_vectors(text, [SYMBOL, SYMBOL_NHWC]) if self.vw == 16 else text
 
     def nhwc_function(self) -> None:
-        """``SYMBOL_NHWC(x, C, H, W, xt, Hp, Wp, pt, pl, r0, r1) -> 0``: rows ``[r0, r1)`` of
-        one image's padded channels-last copy ``xt`` (Hp, Wp, C) of ``x`` (C, H, W), image
-        row ``r - pt`` at row r, column ``j - pl`` at column j, zeros elsewhere. Blocks of 8
+        """``SYMBOL_NHWC(x, C, H, W, xt, Hp, Wp, pt, pl, r0, r1, count) -> 0``: rows ``[r0,
+        r1)`` of ``count`` images' padded channels-last copies ``xt`` (count, Hp, Wp, C) of
+        ``x`` (count, C, H, W), image row ``r - pt`` at row r, column ``j - pl`` at column
+        j, zeros elsewhere (a call of many images hands a Python caller's GIL over once:
+        ``conv_packed_raw``). Blocks of 8
         channels x 16 pixels: 16-lane loads along a channel's row (masked past W or C), the
         8 x 16 transpose, an 8-float masked store of each pixel's channels; each block
         fetches the same pixels of its channels' next row into L2."""
@@ -292,8 +298,8 @@ class _IndirectGemmIR(_PackedGemmIR):
         f32 = ir.FloatType()
         fp = f32.as_pointer()
         fn = ir.Function(self.mod, ir.FunctionType(i64, [fp, i64, i64, i64, fp, i64, i64, i64,
-                         i64, i64, i64]), name=SYMBOL_NHWC)  # fmt: skip
-        x, ch, h, w, xt, _hp, wp, pt, pl, r0, r1 = fn.args
+                         i64, i64, i64, i64]), name=SYMBOL_NHWC)  # fmt: skip
+        x, ch, h, w, xt, hp, wp, pt, pl, r0, r1, count = fn.args
         for a in (x, xt):
             a.add_attribute("noalias")
         b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -357,8 +363,8 @@ class _IndirectGemmIR(_PackedGemmIR):
                     off = b.add(dst, b.add(b.mul(b.add(b.add(pl, w0), c(px)), ch), c0))
                     b.call(store8, [v, at(xt, off, v8), four, mask])
 
-        def row(r: Any) -> None:
-            dst, hh = b.mul(r, row_len), b.sub(r, pt)
+        def row(r: Any, x_image: Any, xt_image: Any) -> None:
+            dst, hh = b.add(xt_image, b.mul(r, row_len)), b.sub(r, pt)
             inside = b.and_(b.icmp_signed(">=", hh, c(0)), b.icmp_signed("<", hh, h))
             pad_row, image_row, done = (fn.append_basic_block() for _ in range(3))
             b.cbranch(inside, image_row, pad_row)
@@ -368,7 +374,7 @@ class _IndirectGemmIR(_PackedGemmIR):
             b.position_at_end(image_row)
             zeros(dst, b.mul(pl, ch))
             zeros(b.add(dst, right), b.sub(row_len, right))
-            src = b.mul(hh, w)
+            src = b.add(x_image, b.mul(hh, w))
             counted_loop(
                 b,
                 c(0),
@@ -382,7 +388,11 @@ class _IndirectGemmIR(_PackedGemmIR):
             b.branch(done)
             b.position_at_end(done)
 
-        counted_loop(b, r0, r1, 1, row, whole=False)
+        def image(q: Any) -> None:
+            x_image, xt_image = b.mul(q, b.mul(ch, plane)), b.mul(q, b.mul(hp, row_len))
+            counted_loop(b, r0, r1, 1, lambda r: row(r, x_image, xt_image), whole=False)
+
+        counted_loop(b, c(0), count, 1, image, whole=False)
         b.ret(c(0))
 
     def x_index(self, m0: Any, r: int, k: Any) -> Any:
@@ -468,6 +478,7 @@ def _decide() -> tuple[Any, Any] | None:
     """The ExternalFunctions over the registered symbols (the product, the copy into the
     padded channels-last image), or None (no tile on this path, or the build failed: the
     callers keep their other routes)."""
+    global _RAW
     shape = gemm_packed.tile()
     if shape is None:
         return None
@@ -482,14 +493,47 @@ def _decide() -> tuple[Any, Any] | None:
         _ENGINES.append(engine)
     except Exception:  # noqa: BLE001 - no llvmlite JIT here: the callers keep their routes
         return None
+    i, vp = ctypes.c_int64, ctypes.c_void_p
+    product = ctypes.CFUNCTYPE(i, vp, vp, i, vp, i, vp, i, vp, i, i, i, vp, i, i, vp, i, i, vp,
+                               vp)(engine.get_function_address(SYMBOL))  # fmt: skip
+    nhwc = ctypes.CFUNCTYPE(i, vp, i, i, i, vp, i, i, i, i, i, i, i)(
+        engine.get_function_address(SYMBOL_NHWC)
+    )
+    _RAW = Raw(product, nhwc, shape)
     p, n = types.uintp, types.int64
     gemm = n(p, p, n, p, n, p, n, p, n, n, n, p, n, n, p, n, n, p, p)
     return (types.ExternalFunction(SYMBOL, gemm),
-            types.ExternalFunction(SYMBOL_NHWC, n(p, n, n, n, p, n, n, n, n, n, n)))  # fmt: skip
+            types.ExternalFunction(SYMBOL_NHWC, n(p, n, n, n, p, n, n, n, n, n, n, n)))  # fmt: skip
 
 
 #: (the product's ExternalFunction, the copy's) or None, decided on first use
 _KERNELS: Once[tuple[Any, Any] | None] = Once(_decide)
+
+
+class Raw(NamedTuple):
+    """The kernels as ctypes functions (``raw()``), callable from Python without numba,
+    the GIL released while they run: ``product`` is ``SYMBOL`` and ``nhwc``
+    ``SYMBOL_NHWC`` (their signatures above, addresses as integers); ``shape`` the tile
+    they were built to (its ``nr`` the panel width, ``pack``'s)."""
+
+    product: Any
+    nhwc: Any
+    shape: TileShape
+
+
+#: The kernels as ctypes functions, set when ``available()`` has built them (``raw``)
+_RAW: Raw | None = None
+
+#: Set once a model built a conv that a cold start's stand-in would run on the kernels
+#: (``conv_packed_raw``, any thread), so that the warm-up builds them early.
+WANTED = threading.Event()
+
+
+def raw() -> Raw | None:
+    """The kernels as ctypes functions once ``available()`` has built them in this
+    process (any thread: a cold start's warm-up builds them early where ``WANTED``), else
+    None; never builds, never waits (one read: the NumPy paths ask it per call)."""
+    return _RAW
 
 
 def available() -> bool:

@@ -41,6 +41,7 @@ from .conv_common import (
 from .conv_depthwise import depthwise_conv_fn
 from .conv_depthwise_grid import raw_depthwise_fn
 from .conv_direct import ACTIVATIONS, Epilogue, make_epilogue
+from .conv_packed_raw import raw_packed_fn
 from .conv_stem import stem_conv_fn
 
 __all__ = [
@@ -410,7 +411,7 @@ def _conv_fn(
     # for a call it declines; the ctypes ones serve a cold start's stand-ins once built
     paths = () if not same else tuple(p for p in (
         depthwise_conv_fn(node), raw_depthwise_fn(node), stem_conv_fn(node), blocked,
-        raw_cols_fn(node)) if p is not None)  # fmt: skip
+        raw_packed_fn(node), raw_cols_fn(node)) if p is not None)  # fmt: skip
 
     def conv(
         x: np.ndarray, w: np.ndarray, b: Any = None, r: Any = None, out: Any = None

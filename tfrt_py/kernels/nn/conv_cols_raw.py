@@ -42,8 +42,8 @@ from ...concurrency.env_switch import switched_off
 from ..common import ShapeMemo, scratch
 from ..lib import gemm_cols
 from ..lib.jit import ENV_JIT
-from .conv_common import ConvNode, bias_vector, conv_geometry, into_out, raw_operands
-from .conv_direct import Epilogue, _numpy_act
+from .conv_common import ConvNode, into_out, raw_call_operands, raw_geometry, store_flags
+from .conv_direct import _numpy_act
 
 __all__ = ["DIRECT", "GRID", "GROUP_BYTES", "IM2COL", "raw_cols_fn"]
 
@@ -72,14 +72,10 @@ def _plan(shape: tuple[int, ...], w4: tuple[int, ...], sp: Any) -> _Plan | None:
     """The plan of ``shape`` (N, C, H, W) for weights of shape ``w4``; None where it is not
     one this route serves (rank, channels, negative pads, an empty output, no channels or
     no filters: the kernel divides by its K and walks M)."""
-    if len(shape) != 4 or shape[1] != w4[1] or shape[1] < 1 or w4[0] < 1:
+    geo = raw_geometry(shape, w4, sp)
+    if geo is None:
         return None
-    kernel, strides, dil, pads = sp.resolve(w4[2:])
-    if len(kernel) != 2 or tuple(kernel) != tuple(w4[2:]):
-        return None
-    begin, end, out_sp = conv_geometry(shape[2:], kernel, strides, dil, pads, sp.auto_pad)
-    if min(out_sp) < 1 or min(*begin, *end) < 0:
-        return None
+    kernel, strides, dil, begin, end, out_sp = geo
     n, c, h, w = shape
     oh, ow = out_sp
     (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dil
@@ -98,17 +94,6 @@ def _plan(shape: tuple[int, ...], w4: tuple[int, ...], sp: Any) -> _Plan | None:
     return _Plan(IM2COL, out_shape, k, (kh, kw), zero, 0, pad, strides4)
 
 
-def _store_flags(epi: Epilogue) -> tuple[int, np.ndarray]:
-    """(the kernel's activation flag for ``epi``, its ``lohi``): ReLU and Clip are the
-    kernel's; 0 for the others (``_numpy_act`` then applies them after)."""
-    lohi = np.array([0.0, 0.0], np.float32)
-    if epi.act == "Relu":
-        return gemm_cols.FLAG_RELU, lohi
-    if epi.act == "Clip":
-        return gemm_cols.FLAG_CLIP, np.array([epi.alpha, epi.beta], np.float32)
-    return 0, lohi
-
-
 def raw_cols_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     """``fn(x, b, r, out)``: a float32 one-group 2-D conv with constant weights and its
     epilogue on ``gemm_cols``'s ctypes build once something in this process built it
@@ -125,7 +110,7 @@ def raw_cols_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
     w4 = tuple(int(d) for d in w_const.shape)
     w_plain = np.ascontiguousarray(w_const.reshape(m, -1), dtype=np.float32)
     taps_first: list[np.ndarray] = []  # GRID's layout, made at its first call
-    act_flag, lohi = _store_flags(epi)
+    act_flag, lohi = store_flags(epi, gemm_cols.FLAG_RELU, gemm_cols.FLAG_CLIP)
     zeros = np.zeros(m, np.float32)
     plans: ShapeMemo[tuple[int, ...], Any] = ShapeMemo()
     gemm_cols.WANTED.set()
@@ -143,10 +128,10 @@ def raw_cols_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         plan = plans.decided(x.shape, _plan, x.shape, w4, sp)
         if plan is None:
             return None
-        ops = raw_operands(x, r, out, plan.out_shape)
-        bb = bias_vector(b, b_c, cdt)
-        if ops is None or (bb is not None and bb.shape[0] != m):
-            return None  # the kernel reads one a filter: NumPy's path says what is wrong
+        got = raw_call_operands(x, b, r, out, plan.out_shape, b_c, cdt, m)
+        if got is None:
+            return None
+        ops, bb = got
         a = weights_taps_first() if plan.mode == GRID else w_plain
         bias = zeros if bb is None else bb
         fused = _run(raw, plan, ops.x, a, ops.y, bias, bb is not None, ops.r, act_flag, lohi)

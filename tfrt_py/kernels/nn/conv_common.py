@@ -191,6 +191,46 @@ def bias_vector(b: Any, b_c: np.ndarray | None, cdt: np.dtype) -> np.ndarray | N
     return b_c if b_c is not None else np.ascontiguousarray(b, dtype=cdt).reshape(-1)
 
 
+class RawGeometry(NamedTuple):
+    """A 2-D conv's resolved geometry for one input shape (``raw_geometry``)."""
+
+    kernel: tuple[int, ...]  # (KH, KW)
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    begin: tuple[int, ...]  # pads before (top, left)
+    end: tuple[int, ...]  # pads after (bottom, right)
+    out_hw: tuple[int, ...]
+
+
+def raw_geometry(shape: tuple[int, ...], w4: tuple[int, ...], sp: Any) -> RawGeometry | None:
+    """The geometry of a 2-D conv of input ``shape`` (N, C, H, W) by weights of shape
+    ``w4`` for the ctypes kernels of the NumPy paths (``conv_cols_raw``,
+    ``conv_packed_raw``); None where none of them serves it: another rank or channel
+    count, no channels or no filters (the kernels divide by K and walk M), a kernel shape
+    other than the weights', negative pads, an empty output."""
+    if len(shape) != 4 or shape[1] != w4[1] or shape[1] < 1 or w4[0] < 1:
+        return None
+    kernel, strides, dil, pads = sp.resolve(w4[2:])
+    if len(kernel) != 2 or tuple(kernel) != tuple(w4[2:]):
+        return None
+    begin, end, out_sp = conv_geometry(shape[2:], kernel, strides, dil, pads, sp.auto_pad)
+    if min(out_sp) < 1 or min(*begin, *end) < 0:
+        return None
+    return RawGeometry(tuple(kernel), tuple(strides), tuple(dil), tuple(begin), tuple(end),
+                       tuple(out_sp))  # fmt: skip
+
+
+def store_flags(epi: Epilogue, relu: int, clip: int) -> tuple[int, np.ndarray]:
+    """(the ctypes kernel's activation flag for ``epi``, its ``lohi`` bounds): ``relu`` or
+    ``clip`` (the kernel's flags) for ReLU and Clip, which the kernels store; 0 for the
+    others (the caller applies them after)."""
+    if epi.act == "Relu":
+        return relu, np.zeros(2, np.float32)
+    if epi.act == "Clip":
+        return clip, np.array([epi.alpha, epi.beta], np.float32)
+    return 0, np.zeros(2, np.float32)
+
+
 class RawOperands(NamedTuple):
     """A float32 conv's operands for a ctypes kernel (``raw_operands``)."""
 
@@ -212,6 +252,21 @@ def raw_operands(x: np.ndarray, r: Any, out: Any, out_shape: tuple[int, ...]) ->
     y = out if fits else np.empty(out_shape, np.float32)
     xc = x if x.flags.c_contiguous else np.ascontiguousarray(x)
     return RawOperands(y, xc, None if r is None else np.ascontiguousarray(r))
+
+
+def raw_call_operands(
+    x: np.ndarray, b: Any, r: Any, out: Any, out_shape: tuple[int, ...],
+    b_c: np.ndarray | None, cdt: Any, m: int,
+) -> tuple[RawOperands, np.ndarray | None] | None:  # fmt: skip
+    """(``raw_operands``, the bias vector or None) of a call on a ctypes kernel of ``m``
+    filters; None where the kernel cannot take them (a residual of another shape or dtype,
+    a bias of another length: it reads one a filter, and NumPy's path says what is
+    wrong)."""
+    ops = raw_operands(x, r, out, out_shape)
+    bb = bias_vector(b, b_c, cdt)
+    if ops is None or (bb is not None and bb.shape[0] != m):
+        return None
+    return ops, bb
 
 
 def into_out(y: np.ndarray, out: Any) -> np.ndarray:

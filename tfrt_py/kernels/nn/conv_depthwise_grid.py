@@ -31,7 +31,7 @@ from ..common import ShapeMemo, scratch
 from ..lib import depthwise_ir
 from ..lib.activations import PARAMS_LEN
 from ..lib.jit import ENV_JIT, Jitted, frozen, inline
-from .conv_common import ConvNode, bias_vector, conv_geometry, into_out, raw_operands
+from .conv_common import ConvNode, conv_geometry, into_out, raw_call_operands
 from .conv_direct import Epilogue, _act_row, _numpy_act
 
 __all__ = [
@@ -164,10 +164,10 @@ def raw_depthwise_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         if got is None:
             return None
         kind, out_shape = got
-        ops = raw_operands(x, r, out, out_shape)
-        bb = bias_vector(b, b_c, cdt)
-        if ops is None or (bb is not None and bb.shape[0] != group):
+        operands = raw_call_operands(x, b, r, out, out_shape, b_c, cdt, group)
+        if operands is None:
             return None  # the kernel reads one a channel: NumPy's path says what is wrong
+        ops, bb = operands
         if not run_raw(raw, kind, ops.x, w2, ops.y, bb, ops.r, lo, hi, flags):
             return None
         _numpy_act(ops.y, epi_after)

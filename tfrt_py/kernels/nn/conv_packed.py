@@ -54,6 +54,7 @@ from ..common import scratch
 from ..lib import gemm_indirect, gemm_packed
 from ..lib.activations import PARAMS_LEN, _act_row
 from ..lib.gemm_indirect import FLAG_BIAS, FLAG_CLIP, FLAG_NCHW, FLAG_RELU, FLAG_RESIDUAL
+from ..lib.gemm_packed import TileShape
 from ..lib.jit import CONTRACT, Jitted, frozen, inline
 
 __all__ = ["FEW_PIXELS", "MIN_FILTER_SHARE", "MIN_K", "PackedConvPlan", "pack_filters",
@@ -118,7 +119,7 @@ def _packed_conv(  # pragma: no cover - numba only
         i = pad_rows[q, 0]
         _nhwc_pad(x.ctypes.data + u(i * c_ * h_ * w_) * four, c_, h_, w_,
                   xt.ctypes.data + u(i * hp * wpd * c_) * four, hp, wpd, pt, pl, pad_rows[q, 1],
-                  pad_rows[q, 2])  # fmt: skip
+                  pad_rows[q, 2], 1)  # fmt: skip
     m = y3.shape[1]
     rest = act if act > 2 else 0
     # the kernel stores NCHW itself (``nchw`` bits, ``FLAG_NCHW`` among them), else rows
@@ -253,22 +254,74 @@ class PackedConvPlan(NamedTuple):
     last: PackedConvPlan | None = None
 
 
-def pointwise_pays(m: int, pixels: int) -> bool:
+def serves(k: int, m: int, pixels: int, shape: TileShape) -> bool:
+    """Whether a one-group conv of K = C*KH*KW ``k`` and ``m`` filters over ``pixels``
+    output pixels an image is one this route computes with the kernel of ``shape``: K at
+    least ``MIN_K``, and at most ``FEW_PIXELS`` pixels or filters that fill
+    ``MIN_FILTER_SHARE`` of their panels."""
+    padded = -(-m // shape.nr) * shape.nr
+    return k >= MIN_K and (pixels <= FEW_PIXELS or m >= MIN_FILTER_SHARE * padded)
+
+
+def padded_plane(
+    x_shape: tuple[int, ...], kernel: tuple[int, int], out_shape: tuple[int, ...],
+    strides: tuple[int, ...], pads_begin: tuple[int, ...], dilations: tuple[int, ...],
+) -> tuple[int, int]:  # fmt: skip
+    """(Hp, Wp): the padded image's plane ``xt`` holds (the taps the outputs read)."""
+    (h, w), (kh, kw), (oh, ow) = x_shape[2:], kernel, out_shape[2:]
+    (sh, sw), (dh, dw) = strides, dilations
+    return (max(h + pads_begin[0], (oh - 1) * sh + (kh - 1) * dh + 1),
+            max(w + pads_begin[1], (ow - 1) * sw + (kw - 1) * dw + 1))  # fmt: skip
+
+
+def chunk_images(n: int, xt_floats: int, rows_floats: int, taps_floats: int) -> int:
+    """The images of ``n`` a kernel call takes: its rows times K (``taps_floats`` an
+    image) under ``CHUNK_TAP_FLOATS``, its buffers (``xt_floats``, and ``rows_floats``
+    of product rows where the kernel stores rows) under ``MAX_IMAGE_FLOATS`` (a strided
+    conv over a big input reads few taps from a big ``xt``); 0 where one image's pass
+    it."""
+    per_image = max(xt_floats, rows_floats)
+    if per_image > MAX_IMAGE_FLOATS:
+        return 0
+    return min(n, max(1, CHUNK_TAP_FLOATS // taps_floats), MAX_IMAGE_FLOATS // per_image)
+
+
+def offsets(
+    n: int, c: int, m: int, plane: tuple[int, int], kernel: tuple[int, int],
+    out_hw: tuple[int, int], strides: tuple[int, ...], dilations: tuple[int, ...],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """(rowoff, toff, yoff) of ``n`` images (``_packed_conv``'s): each output pixel's first
+    tap in ``xt`` (``plane`` (Hp, Wp) of ``c`` channels an image), the taps' offsets from
+    it (``_tap_offsets``), each pixel's place in the output's plane of filter 0 (``m``
+    planes of OH*OW an image); int64."""
+    (hp, wp), (kh, kw), (oh, ow) = plane, kernel, out_hw
+    (sh, sw), (dh, dw) = strides, dilations
+    oy, ox = np.divmod(np.arange(oh * ow, dtype=np.int64), ow)
+    first = (oy * sh * wp + ox * sw) * c  # an image's pixels' first taps
+    images = np.arange(n, dtype=np.int64)[:, None]
+    rowoff = (images * (hp * wp * c) + first).reshape(-1)
+    yoff = (images * (m * oh * ow) + np.arange(oh * ow, dtype=np.int64)).reshape(-1)
+    return rowoff, _tap_offsets(kh, kw, dh, dw, wp, c), yoff
+
+
+def pointwise_pays(m: int, pixels: int, shape: TileShape | None = None) -> bool:
     """Whether a 1x1 conv of ``m`` filters over ``pixels`` output pixels an image takes
     this route: few pixels (``POINTWISE_PIXELS``), ``POINTWISE_PANELS`` panels of filters
     or more, and the filters fill more of this kernel's panels than the pixels would fill
-    ``conv_cols``' (both vectors of the kernel's panel width)."""
-    shape = gemm_packed.tile()
+    ``conv_cols``' (both vectors of the kernel's panel width); ``shape``: this process's
+    tile (``gemm_packed.tile()``) unless given."""
+    shape = shape or gemm_packed.tile()
     if shape is None or pixels > POINTWISE_PIXELS or m < POINTWISE_PANELS * shape.nr:
         return False
     nr = shape.nr
     return m / (-(-m // nr) * nr) > pixels / (-(-pixels // nr) * nr)
 
 
-def pack_filters(w: np.ndarray) -> np.ndarray | None:
+def pack_filters(w: np.ndarray, shape: TileShape | None = None) -> np.ndarray | None:
     """Filters (M, C, KH, KW) as the kernel's panels of (tap, channel) rows, M rounded up to
-    the panel width by zero filters; None without the packed kernel."""
-    shape = gemm_packed.tile()
+    the panel width by zero filters; None without the packed kernel. ``shape``: this
+    process's tile unless given."""
+    shape = shape or gemm_packed.tile()
     if shape is None:
         return None
     m = w.shape[0]
@@ -299,29 +352,21 @@ def plan(
     panels, K under ``MIN_K``, one image's buffers over ``MAX_IMAGE_FLOATS``, negative
     pads. A batch whose rows times K pass ``CHUNK_TAP_FLOATS`` is planned in chunks of
     images (``PackedConvPlan.last`` for a shorter last one)."""
-    n, c, h, w = x_shape
+    n, c = x_shape[:2]
     kh, kw = kernel
     oh, ow = out_shape[2], out_shape[3]
-    k = c * kh * kw
-    if k < MIN_K or min(pads_begin) < 0 or not gemm_indirect.available():
+    if c * kh * kw < MIN_K or min(pads_begin) < 0 or not gemm_indirect.available():
         return None
     shape = gemm_packed.tile()
-    if shape is None:
+    if shape is None or not serves(c * kh * kw, m, oh * ow, shape):
         return None
     padded = -(-m // shape.nr) * shape.nr
-    if oh * ow > FEW_PIXELS and m < MIN_FILTER_SHARE * padded:
-        return None
-    sh, sw = strides
-    dh, dw = dilations
-    hp = max(h + pads_begin[0], (oh - 1) * sh + (kh - 1) * dh + 1)
-    wp = max(w + pads_begin[1], (ow - 1) * sw + (kw - 1) * dw + 1)
+    hp, wp = padded_plane(x_shape, kernel, out_shape, strides, pads_begin, dilations)
+    (sh, sw), (dh, dw) = strides, dilations
     rows_out = 0 if gemm_indirect.nchw_stores() else oh * ow * padded
-    per_image = max(hp * wp * c, rows_out)
-    if per_image > MAX_IMAGE_FLOATS:
+    chunk = chunk_images(n, hp * wp * c, rows_out, oh * ow * c * kh * kw)
+    if chunk == 0:
         return None
-    # a chunk's buffers stay under MAX_IMAGE_FLOATS too (a strided conv over a big input
-    # reads few taps from a big xt)
-    chunk = min(n, max(1, CHUNK_TAP_FLOATS // (oh * ow * k)), MAX_IMAGE_FLOATS // per_image)
     if chunk < n:
         whole = plan((chunk, *x_shape[1:]), m, kernel, (chunk, *out_shape[1:]), strides,
                      pads_begin, dilations, act, params, threads)  # fmt: skip
@@ -338,12 +383,7 @@ def plan(
     panels = -(-m // shape.nr)
     t = max(1, threads)
     pad_rows = [(i, a, b) for i in range(n) for a, b in _spans(hp, t)]
-    oy, ox = np.divmod(np.arange(oh * ow, dtype=np.int64), ow)
-    first = (oy * sh * wp + ox * sw) * c  # an image's pixels' first taps
-    rowoff = (np.arange(n, dtype=np.int64)[:, None] * (hp * wp * c) + first).reshape(-1)
-    toff = _tap_offsets(kh, kw, dh, dw, wp, c)
-    yoff = (np.arange(n, dtype=np.int64)[:, None] * (m * oh * ow)
-            + np.arange(oh * ow, dtype=np.int64)).reshape(-1)  # fmt: skip
+    rowoff, toff, yoff = offsets(n, c, m, (hp, wp), kernel, (oh, ow), strides, dilations)
     nchw = FLAG_NCHW if gemm_indirect.nchw_stores() else 0
     # each part reads all of one operand and its share of the other: share the bigger
     by_panels = panels >= t and (panels * shape.nr >= rows or rows < 2 * t * shape.mr)
