@@ -71,7 +71,7 @@ from .gemm_packed import (
 from .gemm_packed import available as packed_available
 
 __all__ = ["FLAG_BIAS", "FLAG_CLIP", "FLAG_NCHW", "FLAG_RELU", "FLAG_RESIDUAL", "WANTED", "Raw",
-           "available", "kernel", "nchw_stores", "raw", "register"]  # fmt: skip
+           "available", "kernel", "nchw_stores", "raw", "register", "stores_nchw"]  # fmt: skip
 
 SYMBOL = "tfrt_py_sgemm_indirect"
 #: The copy into the padded channels-last image (the AVX-512 build's second function).
@@ -121,7 +121,7 @@ class _IndirectGemmIR(_PackedGemmIR):
         self.add_bias, self.relu, self.add_res = on(FLAG_BIAS), on(FLAG_RELU), on(FLAG_RESIDUAL)
         self.clip, self.nchw = on(FLAG_CLIP), on(FLAG_NCHW)
         self.lo, self.hi = (b.load(b.gep(lohi, [self.c(i)])) for i in (0, 1))
-        self.transposes = shape.vw == 16 and shape.mr == 8
+        self.transposes = stores_nchw(shape)
         if not self.transposes:  # FLAG_NCHW asked of a build without it: status 2
             refuse, work = self.fn.append_basic_block("no_nchw"), self.fn.append_basic_block()
             b.cbranch(self.nchw, refuse, work)
@@ -573,7 +573,13 @@ def nchw_stores() -> bool:
     """Whether this process's kernel takes ``FLAG_NCHW`` (the 8 x 32 AVX-512 tile; the
     other builds store rows only). Builds nothing."""
     shape = gemm_packed.tile()
-    return shape is not None and shape.vw == 16 and shape.mr == 8
+    return shape is not None and stores_nchw(shape)
+
+
+def stores_nchw(shape: TileShape) -> bool:
+    """Whether a build to ``shape`` takes ``FLAG_NCHW``: the 8 x 32 tile of 16-float
+    vectors, whose rows the epilogue transposes in registers."""
+    return shape.vw == 16 and shape.mr == 8
 
 
 def _sgemm_indirect(x, rowoff, toff, k, w, y, ldy, m, panels, bias, flags, nr, yoff, ldf, nf,

@@ -114,7 +114,7 @@ def raw_packed_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
 
     def raw_packed(x: np.ndarray, b: Any, r: Any, out: Any) -> np.ndarray | None:
         raw = gemm_indirect.raw()
-        if raw is None or x.dtype != np.float32 or raw.shape.vw != 16 or raw.shape.mr != 8:
+        if raw is None or x.dtype != np.float32 or not gemm_indirect.stores_nchw(raw.shape):
             return None  # not built yet, or a build that stores rows (no FLAG_NCHW)
         plan = plans.decided(x.shape, _plan, x.shape, w4, sp, raw.shape)
         if plan is None:
@@ -135,8 +135,8 @@ def _run(raw: gemm_indirect.Raw, plan: _Plan, x: np.ndarray, wp: np.ndarray, y: 
          bias: np.ndarray | None, res: np.ndarray | None, act_flag: int,
          lohi: np.ndarray) -> None:  # fmt: skip
     """``y`` = act(conv(``x``) + ``bias`` + ``res``), all float32 and C-contiguous: per
-    chunk of images, each image's padded copy (``raw.nhwc``), then one product call that
-    stores NCHW. Scratch slot 0."""
+    chunk of images, one call for their padded copies (``raw.nhwc``), then one product
+    call that stores NCHW. Scratch slot 0."""
     n, m, oh, ow = plan.out_shape
     _, c, h, w = x.shape
     hp, wpd = plan.plane
