@@ -12,7 +12,8 @@ import pytest
 
 import tfrt_py
 from tfrt_py.ir import GraphBuilder
-from tfrt_py.kernels.lib import gemm_packed
+from tfrt_py.kernels.lib import blas, gemm_packed
+from tfrt_py.native.lower.products import CHAIN_K
 
 pytestmark = pytest.mark.skipif(
     gemm_packed.kernel() is None, reason="needs numba and an AVX2/FMA (or aarch64) host"
@@ -151,11 +152,14 @@ def _mlp(hidden: int) -> Any:
     return b.build()
 
 
-@pytest.mark.parametrize("hidden", [64, 40], ids=["packed", "width-not-a-panel-multiple"])
+@pytest.mark.parametrize(
+    "hidden", [64, 40, 200], ids=["packed", "narrow-width-padded", "long-narrow-product-on-blas"]
+)
 @pytest.mark.parametrize("batch", [1, 7, 300])
 def test_dynamic_batch_products_agree_with_the_interpreter(hidden: int, batch: int) -> None:
     """A Linear layer and a transposed Gemm at several batch sizes (rows mode's tile and
-    its single rows); widths that are not multiples of the panel width keep NumPy's gemm."""
+    its single rows); a width that is not a multiple of the panel width is padded over at
+    most ``CHAIN_K`` terms, and keeps NumPy's gemm over more (the Gemm's 200)."""
     g = _mlp(hidden)
     native = tfrt_py.load(g, executor="native", native="eager")
     sync = tfrt_py.load(g, executor="sync")
@@ -166,7 +170,8 @@ def test_dynamic_batch_products_agree_with_the_interpreter(hidden: int, batch: i
     src = native.native.lowered.source  # rows mode: one module for every batch size
     shape = gemm_packed.tile()
     assert shape is not None
-    assert ("sgemm_packed(" in src) == (hidden % shape.nr == 0)
+    assert "sgemm_packed(" in src  # the first product's 24 terms: packed at these widths
+    assert ("gemm_f4(" in src) == (hidden > CHAIN_K and blas.available())
     np.testing.assert_allclose(native.run({"x": x})["y"], sync.run({"x": x})["y"],
                                rtol=1e-5, atol=1e-4)  # fmt: skip
 

@@ -23,17 +23,18 @@ T = lower_mod.TILE_ROWS
 
 
 def _mlp(dtype: Any = np.float32) -> Graph:
-    """MatMul+Add+Relu, a Gemm with transB (its weight packed transposed), a small MatMul
+    """MatMul+Add+Relu, a Gemm with transB (its weight packed transposed; 160 terms into 40
+    columns, a product that stays on NumPy's gemm: ``products.CHAIN_K``), a small MatMul
     (N=4) into Softmax; the hidden layer is an output too."""
     b = GraphBuilder("tiles")
     x = b.input("x", dtype, ("N", 32))
-    w0 = b.const((RNG.standard_normal((32, 64)) / 6).astype(dtype))
+    w0 = b.const((RNG.standard_normal((32, 160)) / 6).astype(dtype))
     h = b.op(
-        "Relu", b.op("Add", b.op("MatMul", x, w0), b.const(RNG.standard_normal(64).astype(dtype)))
+        "Relu", b.op("Add", b.op("MatMul", x, w0), b.const(RNG.standard_normal(160).astype(dtype)))
     )
-    w1 = b.const((RNG.standard_normal((48, 64)) / 8).astype(dtype))
-    g = b.op("Gemm", h, w1, b.const(RNG.standard_normal(48).astype(dtype)), transB=1)
-    w2 = b.const((RNG.standard_normal((48, 4)) / 7).astype(dtype))
+    w1 = b.const((RNG.standard_normal((40, 160)) / 12).astype(dtype))
+    g = b.op("Gemm", h, w1, b.const(RNG.standard_normal(40).astype(dtype)), transB=1)
+    w2 = b.const((RNG.standard_normal((40, 4)) / 7).astype(dtype))
     b.output(b.op("Softmax", b.op("MatMul", g, w2), axis=-1), "p")
     b.output(h, "h")
     return b.build()

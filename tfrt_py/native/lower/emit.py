@@ -15,7 +15,16 @@ from .loops import Ref, bcast_strides, coalesce, index, loop_nest, strides
 from .scalar import expr
 from .source import Declined, literal
 
-__all__ = ["BLAS_IMPORT", "EXP_IMPORT", "Step", "copy_strided", "elementwise", "matmul", "tname"]
+__all__ = [
+    "BLAS_IMPORT",
+    "CHAIN_K",
+    "EXP_IMPORT",
+    "Step",
+    "copy_strided",
+    "elementwise",
+    "matmul",
+    "tname",
+]
 
 #: (op_type, attrs, refs): refs index the operands, -1 is the running value.
 Step = tuple[str, dict[str, Any], Sequence[int]]
@@ -31,6 +40,14 @@ BLAS_MIN_MACS = 1 << 12
 BLAS_IMPORT = "from tfrt_py.native.kernels.blas import gemm_f4, gemm_f4_ld, gemm_f8"
 #: The import line of a module whose code calls ``expf`` or ``expf_neg``.
 EXP_IMPORT = "from tfrt_py.native.kernels.fastmath import expf, expf_neg"
+#: Float32 products over at most this many terms are one chain of fused multiply-adds from
+#: zero in k's order per output, as onnxruntime's sgemm (MLAS) computes them while K fits
+#: one of its blocks (128 terms or more): ``matmul``'s loops then take k one at a time, and
+#: ``products.packed_product`` takes the packed kernel (the same chain) at any width it
+#: pays at. NumPy's gemm and a loop over pairs of k associate otherwise: a last-bit
+#: difference that a model subtracting large, nearly equal sums (a GaussianMixture's
+#: log-densities) turns into 1e-3 of its probabilities.
+CHAIN_K = 128
 
 
 def tname(dtype: Any) -> str:
@@ -103,7 +120,8 @@ def matmul(
 ) -> list[str]:
     """``y[m, j] = sum_k x[m, k] * w[k, j]`` (element strides ``x_st`` = (m, k), ``w_st``
     = (k, j); ``y`` contiguous [M, N]). Loop order m, k, j with j innermost (LLVM
-    vectorizes it without reassociation), k unrolled by 2; with ``blas`` (the caller's
+    vectorizes it without reassociation), k unrolled by 2 (one k a pass for float32 over at
+    most ``CHAIN_K`` terms: onnxruntime's chain); with ``blas`` (the caller's
     ``NodeContext.blas_for``: big enough), float products with several rows call NumPy's
     gemm instead (``kern_blas``: the module must
     import ``BLAS_IMPORT``)."""
@@ -129,6 +147,13 @@ def matmul(
         j = "j" if wj == 1 else f"j * {literal(wj)}"
         return f"{w.buf}[{w.off} + ({kexpr}) * {literal(wk)} + {j}]"
 
+    if t == "f4" and k_ <= CHAIN_K:  # one k a pass: the module's contraction makes each
+        # step a fused multiply-add into the output, onnxruntime's chain (``CHAIN_K``)
+        lines.append(f"for k in range({K}):")
+        lines.append(f"    {tag}x0 = {xs('k')}")
+        lines.append(f"    for j in range({N}):")
+        lines.append(f"        {y.buf}[{yrow} + j] += {tag}x0 * {ws('k')}")
+        return [f"for m in range({M}):"] + ["    " + ln for ln in lines] if m_ > 1 else lines
     # Two rows per pass (LLVM vectorizes this form; four rows defeat its cost model), an
     # odd last row on its own: the same text for every K (``generic.py``)
     k2 = f"{K} // 2 * 2"

@@ -243,10 +243,12 @@ def _row_reductions(cx: Any) -> bool:
 
 #: How each accumulating reduction folds an element ``v`` into ``acc`` (ReduceMax/Min
 #: compare instead) and what it stores from ``acc`` over ``n`` elements: ONNX's
-#: definitions, accumulated in the output's float type as onnxruntime does.
+#: definitions, accumulated in the output's float type in order as onnxruntime does (a
+#: square rounded before it is added, not fused into the sum: ``rounded``).
+ROUNDED_IMPORT = "from tfrt_py.native.kernels.fastmath import rounded"
 _REDUCE_STEPS = {
-    "ReduceSum": "+= {v}", "ReduceMean": "+= {v}", "ReduceSumSquare": "+= {v} * {v}",
-    "ReduceL1": "+= abs({v})", "ReduceL2": "+= {v} * {v}", "ReduceLogSum": "+= {v}",
+    "ReduceSum": "+= {v}", "ReduceMean": "+= {v}", "ReduceSumSquare": "+= rounded({v} * {v})",
+    "ReduceL1": "+= abs({v})", "ReduceL2": "+= rounded({v} * {v})", "ReduceLogSum": "+= {v}",
     "ReduceProd": "*= {v}",
 }  # fmt: skip
 _REDUCE_RESULTS = {
@@ -298,6 +300,8 @@ def _reduce(cx: Any, node: Node) -> list[str]:
         if op == "ReduceLogSumExp":
             pass  # its two loops are written below
         elif step is not None:
+            if "rounded" in step:
+                cx.imports.add(ROUNDED_IMPORT)
             inner.append(f"{g}acc " + step.format(v=f"{g}v"))
         else:
             cmp = ">" if op == "ReduceMax" else "<"

@@ -3,10 +3,12 @@ Attention's projection (``packed_product``).
 
 In signature bodies and rows mode's bodies (``cx.packed_products``) a constant float32 weight
 goes to the packed-panel kernel (``kernels/lib/gemm_packed``): packed into its panels here,
-at lowering, and stored in place of the matrix. Where that does not apply (another
-dtype, a width not a multiple of the kernel's panel width, a static body, a host without
-the kernel) the product is ``emit.matmul``'s (NumPy's gemm or loops). Runs at load on the
-loading thread.
+at lowering, and stored in place of the matrix; at a width that is not a multiple of the
+panel width, a product over at most ``emit.CHAIN_K`` terms is padded with zero columns (at
+most doubling its work), so each output is onnxruntime's chain of fused multiply-adds.
+Where that does not apply (another dtype, a wider K or a narrower N at such a width, a
+static body, a host without the kernel) the product is ``emit.matmul``'s (NumPy's gemm or
+loops). Runs at load on the loading thread.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import numpy as np
 
 from ...concurrency import compiled_gate
 from ...ir import Value
-from .emit import matmul
+from .emit import CHAIN_K, matmul
 from .loops import Ref
 from .source import literal
 
-__all__ = ["PACKED_IMPORT", "packed_product", "weights_product"]
+__all__ = ["CHAIN_K", "PACKED_IMPORT", "packed_product", "weights_product"]
 
 PACKED_IMPORT = "from tfrt_py.kernels.lib.gemm_packed import sgemm_packed"
 
@@ -49,7 +51,9 @@ def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int
                    relu: bool = False) -> list[str] | None:  # fmt: skip
     """``y[m, :] = x[m, :] @ w [+ bias] [ReLU]`` (x rows ``ldx`` elements apart, y
     contiguous (M, N), ``bias`` N floats) as one ``sgemm_packed`` call over ``w`` packed, the
-    epilogue applied as the kernel stores; None where that does not apply."""
+    epilogue applied as the kernel stores; at a width N that is not a multiple of the panel
+    width, without an epilogue and for K <= ``CHAIN_K``, padded (``_padded_product``); None
+    where that does not apply."""
     m, k, n = mkn
     if not cx.packed_products or w is None or w.ndim != 2 or w.shape != (k, n):
         return None
@@ -58,8 +62,12 @@ def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int
     if bias is not None and (bias.size != n or bias.dtype != w.dtype):
         return None
     nr = _panel_width()
-    if not nr or n % nr:
+    if not nr:
         return None
+    if n % nr:
+        if k > CHAIN_K or bias is not None or relu:
+            return None  # (the caller applies a bias and a ReLU after the product)
+        return _padded_product(cx, x, w, y, mkn, ldx, nr)
     from ...kernels.lib.gemm_packed import pack
 
     panels = cx.put_const(pack(w))
@@ -70,6 +78,33 @@ def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int
     return [f"sgemm_packed({x.buf}, {x.off}, {literal(ldx)}, {panels.buf}, {panels.off}, "
             f"{y.buf}, {y.off}, {N}, {literal(m)}, {K}, {N}, {b.buf}, {b.off}, "
             f"{literal(flags)}, {literal(nr)})"]  # fmt: skip
+
+
+def _padded_product(cx: Any, x: Ref, w: np.ndarray, y: Ref, mkn: tuple[int, int, int],
+                    ldx: int, nr: int) -> list[str] | None:  # fmt: skip
+    """``packed_product`` without an epilogue for a width ``n`` that is not a multiple of
+    ``nr``: the weights packed with zero columns up to the next multiple, the kernel's rows
+    stored into an arena scratch of that width, and their first ``n`` columns copied out.
+    None where the padding would more than double the work (NumPy's gemm stays)."""
+    from ...kernels.lib.gemm_packed import pack
+
+    m, k, n = mkn
+    wide = -(-n // nr) * nr
+    if wide > 2 * n:
+        return None
+    padded = np.zeros((k, wide), np.float32)
+    padded[:, :n] = w
+    panels = cx.put_const(pack(padded))
+    rows = cx.new_buffer((m * wide,), np.dtype(np.float32))
+    cx.imports.add(PACKED_IMPORT)
+    K, N, W, M, g = literal(k), literal(n), literal(wide), literal(m), cx.tag
+    return [f"sgemm_packed({x.buf}, {x.off}, {literal(ldx)}, {panels.buf}, {panels.off}, "
+            f"{rows.buf}, {rows.off}, {W}, {M}, {K}, {W}, {panels.buf}, {panels.off}, 0, "
+            f"{literal(nr)})",
+            f"for {g}r in range({M}):",
+            f"    for {g}j in range({N}):",
+            f"        {y.buf}[{y.off} + {g}r * {N} + {g}j] = "
+            f"{rows.buf}[{rows.off} + {g}r * {W} + {g}j]"]  # fmt: skip
 
 
 def weights_product(cx: Any, a: Ref, bv: Value | None, y: Ref, trans_a: bool,

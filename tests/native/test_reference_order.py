@@ -1,0 +1,108 @@
+"""The native tier sums where onnxruntime sums the same way: a product over at most
+``products.CHAIN_K`` terms is one chain of fused multiply-adds from zero at any width (MLAS's
+order), and ReduceSumSquare/ReduceL2 round each square before adding it (no contraction into
+a fused multiply-add). So a model that subtracts large, nearly equal sums -- a
+GaussianMixture's log-densities -- gives onnxruntime's probabilities, not ones 1e-3 away."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tfrt_py
+from tfrt_py.kernels.lib import gemm_packed
+
+pytestmark = pytest.mark.skipif(
+    gemm_packed.kernel() is None, reason="needs numba and an AVX2/FMA (or aarch64) host"
+)
+
+F = TensorProto.FLOAT
+BATCHES = (1, 37, 1000)
+
+
+@pytest.fixture(autouse=True)
+def _native_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TFRT_PY_NATIVE", raising=False)
+
+
+def _model(nodes: list[Any], inits: dict[str, np.ndarray], width: int, out: str) -> bytes:
+    graph = helper.make_graph(
+        nodes, "order", [helper.make_tensor_value_info("X", F, ["N", width])],
+        [helper.make_tensor_value_info(out, F, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _both(data: bytes, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    model = tfrt_py.load(data, executor="native", native="eager")
+    assert model.native is not None and model.native.state == "ready", model.describe()
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    got = np.asarray(next(iter(model.run({"X": x}).values())))
+    return got, sess.run(None, {"X": x})[0]
+
+
+def _rows(n: int, width: int, seed: int, scale: float = 3.0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((n, width)) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("k, n", [(20, 20), (64, 10), (7, 3), (128, 33)])
+def test_products_of_a_few_terms_are_onnxruntimes_bits(k: int, n: int) -> None:
+    rng = np.random.default_rng(k * 1000 + n)
+    w = (rng.standard_normal((k, n)) * 4).astype(np.float32)
+    b = (rng.standard_normal(n) * 50).astype(np.float32)
+    gemm = _model([helper.make_node("Gemm", ["X", "W", "B"], ["Y"])], {"W": w, "B": b}, k, "Y")
+    matmul = _model([helper.make_node("MatMul", ["X", "W"], ["Y"])], {"W": w}, k, "Y")
+    for data in (gemm, matmul):
+        for i, rows in enumerate(BATCHES):
+            got, want = _both(data, _rows(rows, k, i))
+            np.testing.assert_array_equal(got, want, err_msg=f"K={k} N={n} batch {rows}")
+
+
+@pytest.mark.parametrize("op", ["ReduceSumSquare", "ReduceL2"])
+@pytest.mark.parametrize("width", [20, 67])
+def test_squares_are_rounded_before_they_are_summed(op: str, width: int) -> None:
+    node = helper.make_node(op, ["X"], ["Y"], axes=[1], keepdims=1)
+    data = _model([node], {}, width, "Y")
+    for i, rows in enumerate(BATCHES):
+        got, want = _both(data, _rows(rows, width, i, scale=100.0))
+        np.testing.assert_array_equal(got, want, err_msg=f"{op} width {width} batch {rows}")
+
+
+def _mixture(components: int, width: int, seed: int) -> bytes:
+    """skl2onnx's GaussianMixture graph (full covariances): per component a Gemm by the
+    precision's Cholesky factor, ReduceSumSquare, then the weights and log-determinants
+    added, ReduceLogSumExp and Exp: the log-densities are -0.5 * sums of squares in the
+    thousands, which the softmax then subtracts from each other."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, sums = [], {}, []
+    for c in range(components):
+        inits[f"P{c}"] = (rng.standard_normal((width, width)) * 2).astype(np.float32)
+        inits[f"M{c}"] = (rng.standard_normal(width) * 3).astype(np.float32)
+        nodes += [helper.make_node("Gemm", ["X", f"P{c}", f"M{c}"], [f"Y{c}"]),
+                  helper.make_node("ReduceSumSquare", [f"Y{c}"], [f"S{c}"], axes=[1])]  # fmt: skip
+        sums.append(f"S{c}")
+    inits["half"] = np.asarray([-0.5], np.float32)
+    inits["logdet"] = (rng.standard_normal(components) * 10).astype(np.float32)
+    nodes += [
+        helper.make_node("Concat", sums, ["S"], axis=1),
+        helper.make_node("Mul", ["S", "half"], ["H"]),
+        helper.make_node("Add", ["H", "logdet"], ["L"]),
+        helper.make_node("ReduceLogSumExp", ["L"], ["Z"], axes=[1]),
+        helper.make_node("Sub", ["L", "Z"], ["D"]),
+        helper.make_node("Exp", ["D"], ["probabilities"]),
+    ]
+    return _model(nodes, inits, width, "probabilities")
+
+
+def test_a_gaussian_mixture_gives_onnxruntimes_probabilities() -> None:
+    data = _mixture(4, 20, 0)
+    for i, rows in enumerate(BATCHES):
+        got, want = _both(data, _rows(rows, 20, i))
+        big = want > 1e-3  # (exp's last bits differ by a few 1e-7 between libraries)
+        assert big.any()
+        np.testing.assert_allclose(got[big], want[big], rtol=1e-5, err_msg=f"batch {rows}")
