@@ -175,6 +175,7 @@ def zoo(small: bool) -> dict[str, Callable[[], Any]]:
     def wider() -> dict[str, Callable[[], Any]]:
         """The rest of what a user is likely to export with skl2onnx (issue 39's list)."""
         from sklearn import decomposition, linear_model, naive_bayes, neighbors, svm
+        from sklearn.cluster import MiniBatchKMeans
         from sklearn.impute import SimpleImputer
         from sklearn.mixture import GaussianMixture
         from sklearn.neural_network import MLPClassifier
@@ -194,6 +195,9 @@ def zoo(small: bool) -> dict[str, Callable[[], Any]]:
             "sklearn_sgd": lambda: linear_model.SGDClassifier(random_state=0).fit(x, y),
             "sklearn_linear_svc": lambda: svm.LinearSVC(random_state=0).fit(x, y),
             "sklearn_knn_regressor": lambda: neighbors.KNeighborsRegressor(5).fit(x[:300], y[:300]),
+            "sklearn_minibatch_kmeans": lambda: MiniBatchKMeans(
+                8, n_init=1, batch_size=256, random_state=0
+            ).fit(x),
             "sklearn_gaussian_mixture": lambda: GaussianMixture(
                 4, reg_covar=1e-3, random_state=0
             ).fit(x),

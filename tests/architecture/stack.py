@@ -141,8 +141,9 @@ LINE_BUDGET: dict[str, int] = {
     # indirect conv's whole tiles fetch their output and residual lines, its padded copy
     # the next row (lib/gemm_indirect.py: issues 32 and 35, a batch's convs out of L2); the
     # stand-ins' one-group convs on gemm_indirect through ctypes, where the AVX-512 build
-    # stores NCHW (nn/conv_packed_raw.py: issue 32, a cold start's first seconds)
-    "kernels": 36040,
+    # stores NCHW (nn/conv_packed_raw.py: issue 32, a cold start's first seconds); 12-06
+    # (67th): ReduceSumSquare/ReduceL2 added in order (reduce/reductions.py): issue 39
+    "kernels": 36080,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,

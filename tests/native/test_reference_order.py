@@ -1,8 +1,9 @@
 """The native tier sums where onnxruntime sums the same way: a product over at most
-``products.CHAIN_K`` terms is one chain of fused multiply-adds from zero at any width (MLAS's
+``emit.CHAIN_K`` terms is one chain of fused multiply-adds from zero at any width (MLAS's
 order), and ReduceSumSquare/ReduceL2 round each square before adding it (no contraction into
-a fused multiply-add). So a model that subtracts large, nearly equal sums -- a
-GaussianMixture's log-densities -- gives onnxruntime's probabilities, not ones 1e-3 away."""
+a fused multiply-add); the interpreter's ReduceSumSquare/ReduceL2 add in order too. So a
+model that subtracts large, nearly equal sums -- a GaussianMixture's log-densities -- gives
+onnxruntime's probabilities, not ones 1e-3 away."""
 
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ def _model(nodes: list[Any], inits: dict[str, np.ndarray], width: int, out: str)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
-def _both(data: bytes, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    model = tfrt_py.load(data, executor="native", native="eager")
-    assert model.native is not None and model.native.state == "ready", model.describe()
+def _both(data: bytes, x: np.ndarray, executor: str = "native") -> tuple[np.ndarray, np.ndarray]:
+    model = tfrt_py.load(data, executor=executor, native="eager")
+    if executor == "native":
+        assert model.native is not None and model.native.state == "ready", model.describe()
     sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     got = np.asarray(next(iter(model.run({"X": x}).values())))
     return got, sess.run(None, {"X": x})[0]
@@ -63,13 +65,15 @@ def test_products_of_a_few_terms_are_onnxruntimes_bits(k: int, n: int) -> None:
             np.testing.assert_array_equal(got, want, err_msg=f"K={k} N={n} batch {rows}")
 
 
+@pytest.mark.parametrize("executor", ["native", "sync"])
 @pytest.mark.parametrize("op", ["ReduceSumSquare", "ReduceL2"])
 @pytest.mark.parametrize("width", [20, 67])
-def test_squares_are_rounded_before_they_are_summed(op: str, width: int) -> None:
+def test_squares_are_rounded_before_they_are_summed(op: str, width: int, executor: str) -> None:
+    """On the native tier and in the interpreter (which summed pairwise)."""
     node = helper.make_node(op, ["X"], ["Y"], axes=[1], keepdims=1)
     data = _model([node], {}, width, "Y")
     for i, rows in enumerate(BATCHES):
-        got, want = _both(data, _rows(rows, width, i, scale=100.0))
+        got, want = _both(data, _rows(rows, width, i, scale=100.0), executor)
         np.testing.assert_array_equal(got, want, err_msg=f"{op} width {width} batch {rows}")
 
 
@@ -99,10 +103,11 @@ def _mixture(components: int, width: int, seed: int) -> bytes:
     return _model(nodes, inits, width, "probabilities")
 
 
-def test_a_gaussian_mixture_gives_onnxruntimes_probabilities() -> None:
+@pytest.mark.parametrize("executor", ["native", "sync"])
+def test_a_gaussian_mixture_gives_onnxruntimes_probabilities(executor: str) -> None:
     data = _mixture(4, 20, 0)
     for i, rows in enumerate(BATCHES):
-        got, want = _both(data, _rows(rows, 20, i))
+        got, want = _both(data, _rows(rows, 20, i), executor)
         big = want > 1e-3  # (exp's last bits differ by a few 1e-7 between libraries)
         assert big.any()
         np.testing.assert_allclose(got[big], want[big], rtol=1e-5, err_msg=f"batch {rows}")

@@ -42,11 +42,11 @@ BLAS_IMPORT = "from tfrt_py.native.kernels.blas import gemm_f4, gemm_f4_ld, gemm
 EXP_IMPORT = "from tfrt_py.native.kernels.fastmath import expf, expf_neg"
 #: Float32 products over at most this many terms are one chain of fused multiply-adds from
 #: zero in k's order per output, as onnxruntime's sgemm (MLAS) computes them while K fits
-#: one of its blocks (128 terms or more): ``matmul``'s loops then take k one at a time, and
-#: ``products.packed_product`` takes the packed kernel (the same chain) at any width it
-#: pays at. NumPy's gemm and a loop over pairs of k associate otherwise: a last-bit
-#: difference that a model subtracting large, nearly equal sums (a GaussianMixture's
-#: log-densities) turns into 1e-3 of its probabilities.
+#: one of its blocks (128 terms or more): ``matmul``'s loops then take k one at a time
+#: (``chain``, for a constant weight), and ``products.packed_product`` takes the packed
+#: kernel (the same chain) at any width it pays at. NumPy's gemm and a loop over pairs of
+#: k associate otherwise: a last-bit difference that a model subtracting large, nearly
+#: equal sums (a GaussianMixture's log-densities) turns into 1e-3 of its probabilities.
 CHAIN_K = 128
 
 
@@ -117,11 +117,14 @@ def matmul(
     w_st: tuple[int, int],
     *,
     blas: bool,
+    chain: bool = False,
 ) -> list[str]:
     """``y[m, j] = sum_k x[m, k] * w[k, j]`` (element strides ``x_st`` = (m, k), ``w_st``
     = (k, j); ``y`` contiguous [M, N]). Loop order m, k, j with j innermost (LLVM
-    vectorizes it without reassociation), k unrolled by 2 (one k a pass for float32 over at
-    most ``CHAIN_K`` terms: onnxruntime's chain); with ``blas`` (the caller's
+    vectorizes it without reassociation), k unrolled by 2 -- one k a pass with ``chain``
+    (the caller's: a float32 product over at most ``CHAIN_K`` terms of a constant weight,
+    whose K no box of dims changes), so each output is onnxruntime's chain of fused
+    multiply-adds (the module's contraction fuses each step); with ``blas`` (the caller's
     ``NodeContext.blas_for``: big enough), float products with several rows call NumPy's
     gemm instead (``kern_blas``: the module must
     import ``BLAS_IMPORT``)."""
@@ -147,8 +150,7 @@ def matmul(
         j = "j" if wj == 1 else f"j * {literal(wj)}"
         return f"{w.buf}[{w.off} + ({kexpr}) * {literal(wk)} + {j}]"
 
-    if t == "f4" and k_ <= CHAIN_K:  # one k a pass: the module's contraction makes each
-        # step a fused multiply-add into the output, onnxruntime's chain (``CHAIN_K``)
+    if chain:
         lines.append(f"for k in range({K}):")
         lines.append(f"    {tag}x0 = {xs('k')}")
         lines.append(f"    for j in range({N}):")

@@ -23,7 +23,7 @@ from ...kernels.fused.domain import DOMAIN
 from ...kernels.lib.softmax_jit import SHORT_ROW
 from . import rows
 from .cache import concat_in_place
-from .emit import EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
+from .emit import CHAIN_K, EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
 from .loops import Ref, lane_reduce, loop_nest, strides
 from .ops_tx import batched_matmul
 from .products import packed_product, weights_product
@@ -97,22 +97,25 @@ def _linear(cx: Any, node: Node) -> list[str]:
             return fused
     product = packed_product(cx, x, wc, y, (x.size // k, k, n), k)
     w = cx.ref(node.inputs[1]) if product is None else None
-    return linear_lines(cx, node, x, w, y, ins, product)
+    chain = wc is not None and str(wc.dtype) == "float32" and k <= CHAIN_K
+    return linear_lines(cx, node, x, w, y, ins, product, chain=chain)
 
 
-def linear_lines(cx: Any, node: Node, x: Ref, w: Ref | None, y: Ref, ins: list[Ref | None],
-                 product: list[str] | None = None) -> list[str]:  # fmt: skip
+def linear_lines(
+    cx: Any, node: Node, x: Ref, w: Ref | None, y: Ref, ins: list[Ref | None],
+    product: list[str] | None = None, *, chain: bool = False,
+) -> list[str]:  # fmt: skip
     """A Linear node's code for these refs (``ins``: refs of its inputs after the weight,
     for the bias and the activation's extra operands): ``product`` (the product's lines
-    when the caller made them) or the product by ``w``, then the epilogue in place."""
+    when the caller made them) or the product by ``w`` (``emit.matmul``'s ``chain``), then
+    the epilogue in place."""
     if product is not None:
         lines = list(product)
     else:
         assert w is not None
         k, n = w.shape
-        lines = matmul(
-            cx.tag, x, w, y, (x.size // k, k, n), (k, 1), (n, 1), blas=cx.blas_for(x.size * n)
-        )
+        lines = matmul(cx.tag, x, w, y, (x.size // k, k, n), (k, 1), (n, 1),
+                       blas=cx.blas_for(x.size * n), chain=chain)  # fmt: skip
     steps = _steps(cx, list(node.attrs.get("activation", [])))
     if len(ins) > 2 and ins[2] is not None:
         steps.insert(0, ("Add", {}, (-1, 2)))

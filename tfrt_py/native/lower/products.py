@@ -136,4 +136,6 @@ def weights_product(cx: Any, a: Ref, bv: Value | None, y: Ref, trans_a: bool,
         cx.decline(f"MatMul of {a.dtype} x {b.dtype}")
     x_st = (1, m) if trans_a else (k, 1)
     w_st = (1, k) if trans_b else (n, 1)
-    return matmul(cx.tag, a, b, y, (m, k, n), x_st, w_st, blas=cx.blas_for(m * k * n))
+    chain = w is not None and str(w.dtype) == "float32" and k <= CHAIN_K
+    return matmul(cx.tag, a, b, y, (m, k, n), x_st, w_st, blas=cx.blas_for(m * k * n),
+                  chain=chain)  # fmt: skip
