@@ -20,6 +20,7 @@ __all__ = [
     "CHAIN_K",
     "EXP_IMPORT",
     "Step",
+    "chains",
     "copy_strided",
     "elementwise",
     "matmul",
@@ -48,6 +49,12 @@ EXP_IMPORT = "from tfrt_py.native.kernels.fastmath import expf, expf_neg"
 #: k associate otherwise: a last-bit difference that a model subtracting large, nearly
 #: equal sums (a GaussianMixture's log-densities) turns into 1e-3 of its probabilities.
 CHAIN_K = 128
+
+
+def chains(w: Any, k: int) -> bool:
+    """Whether ``matmul``'s loops take a product by ``w`` (its constant weight, None when it
+    is computed) over ``k`` terms one k a pass (``CHAIN_K``)."""
+    return w is not None and str(w.dtype) == "float32" and k <= CHAIN_K
 
 
 def tname(dtype: Any) -> str:

@@ -23,7 +23,7 @@ from ...kernels.fused.domain import DOMAIN
 from ...kernels.lib.softmax_jit import SHORT_ROW
 from . import rows
 from .cache import concat_in_place
-from .emit import CHAIN_K, EXP_IMPORT, Step, copy_strided, elementwise, matmul, tname
+from .emit import EXP_IMPORT, Step, chains, copy_strided, elementwise, matmul, tname
 from .loops import Ref, lane_reduce, loop_nest, strides
 from .ops_tx import batched_matmul
 from .products import packed_product, weights_product
@@ -97,8 +97,7 @@ def _linear(cx: Any, node: Node) -> list[str]:
             return fused
     product = packed_product(cx, x, wc, y, (x.size // k, k, n), k)
     w = cx.ref(node.inputs[1]) if product is None else None
-    chain = wc is not None and str(wc.dtype) == "float32" and k <= CHAIN_K
-    return linear_lines(cx, node, x, w, y, ins, product, chain=chain)
+    return linear_lines(cx, node, x, w, y, ins, product, chain=chains(wc, k))
 
 
 def linear_lines(

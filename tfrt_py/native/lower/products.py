@@ -19,7 +19,7 @@ import numpy as np
 
 from ...concurrency import compiled_gate
 from ...ir import Value
-from .emit import CHAIN_K, matmul
+from .emit import CHAIN_K, chains, matmul
 from .loops import Ref
 from .source import literal
 
@@ -72,12 +72,19 @@ def packed_product(cx: Any, x: Ref, w: np.ndarray | None, y: Ref, mkn: tuple[int
 
     panels = cx.put_const(pack(w))
     cx.imports.add(PACKED_IMPORT)
-    K, N = literal(k), literal(n)
     b = bias if bias is not None else panels  # read without flag 1, never used
     flags = (1 if bias is not None else 0) | (2 if relu else 0)
-    return [f"sgemm_packed({x.buf}, {x.off}, {literal(ldx)}, {panels.buf}, {panels.off}, "
-            f"{y.buf}, {y.off}, {N}, {literal(m)}, {K}, {N}, {b.buf}, {b.off}, "
-            f"{literal(flags)}, {literal(nr)})"]  # fmt: skip
+    return [_kernel_call(x, ldx, panels, y, (m, k, n), b, flags, nr)]
+
+
+def _kernel_call(x: Ref, ldx: int, panels: Ref, y: Ref, mkn: tuple[int, int, int], b: Ref,
+                 flags: int, nr: int) -> str:  # fmt: skip
+    """The ``sgemm_packed`` call: ``y``'s rows ``n`` floats apart (contiguous (M, N))."""
+    m, k, n = mkn
+    N = literal(n)
+    return (f"sgemm_packed({x.buf}, {x.off}, {literal(ldx)}, {panels.buf}, {panels.off}, "
+            f"{y.buf}, {y.off}, {N}, {literal(m)}, {literal(k)}, {N}, {b.buf}, {b.off}, "
+            f"{literal(flags)}, {literal(nr)})")  # fmt: skip
 
 
 def _padded_product(cx: Any, x: Ref, w: np.ndarray, y: Ref, mkn: tuple[int, int, int],
@@ -97,10 +104,8 @@ def _padded_product(cx: Any, x: Ref, w: np.ndarray, y: Ref, mkn: tuple[int, int,
     panels = cx.put_const(pack(padded))
     rows = cx.new_buffer((m * wide,), np.dtype(np.float32))
     cx.imports.add(PACKED_IMPORT)
-    K, N, W, M, g = literal(k), literal(n), literal(wide), literal(m), cx.tag
-    return [f"sgemm_packed({x.buf}, {x.off}, {literal(ldx)}, {panels.buf}, {panels.off}, "
-            f"{rows.buf}, {rows.off}, {W}, {M}, {K}, {W}, {panels.buf}, {panels.off}, 0, "
-            f"{literal(nr)})",
+    N, W, M, g = literal(n), literal(wide), literal(m), cx.tag
+    return [_kernel_call(x, ldx, panels, rows, (m, k, wide), panels, 0, nr),
             f"for {g}r in range({M}):",
             f"    for {g}j in range({N}):",
             f"        {y.buf}[{y.off} + {g}r * {N} + {g}j] = "
@@ -136,6 +141,5 @@ def weights_product(cx: Any, a: Ref, bv: Value | None, y: Ref, trans_a: bool,
         cx.decline(f"MatMul of {a.dtype} x {b.dtype}")
     x_st = (1, m) if trans_a else (k, 1)
     w_st = (1, k) if trans_b else (n, 1)
-    chain = w is not None and str(w.dtype) == "float32" and k <= CHAIN_K
     return matmul(cx.tag, a, b, y, (m, k, n), x_st, w_st, blas=cx.blas_for(m * k * n),
-                  chain=chain)  # fmt: skip
+                  chain=chains(w, k))  # fmt: skip
