@@ -114,54 +114,66 @@ def test_over_budget_with_tiles_keeps_rows_one_at_a_time(monkeypatch: pytest.Mon
     )
 
 
-def test_expf_is_within_one_ulp_of_float64_exp_and_keeps_the_edges() -> None:
+_EDGES = [np.nan, np.inf, -np.inf, 0.0, -0.0, 88.72283, 88.7229, 89.0, -87.3, -87.33, -87.34,
+          -103.2, -103.9, -104.0, -1000.0, 1e-8, -1e-8]  # fmt: skip
+
+
+def _apply(name: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the float32 arguments: ``x`` and the edges; ``fastmath.<name>`` of them; float64's
+    exp of them rounded to float32)."""
     from numba import njit
 
-    from tfrt_py.native.kernels.fastmath import expf
+    from tfrt_py.native.kernels import fastmath
+
+    fn = getattr(fastmath, name)
 
     @njit
     def apply(x: np.ndarray, y: np.ndarray) -> None:
         for i in range(x.size):
-            y[i] = expf(x[i])
+            y[i] = fn(x[i])
 
-    edges = [np.nan, np.inf, -np.inf, 0.0, -0.0, 88.72283, 88.7229, 89.0, -87.3, -103.2,
-             -103.9, -104.0, -1000.0, 1e-8, -1e-8]  # fmt: skip
-    x = np.concatenate([np.linspace(-110, 90, 400_001), edges]).astype(np.float32)
+    x = np.concatenate([x, _EDGES]).astype(np.float32)
+    if name == "expf_neg":
+        x = x[~(x > 0)]
     y = np.empty_like(x)
     apply(x, y)
     with np.errstate(over="ignore", under="ignore"):
-        want = np.exp(x.astype(np.float64)).astype(np.float32)
+        return x, y, np.exp(x.astype(np.float64)).astype(np.float32)
+
+
+def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.abs(a.view(np.int32).astype(np.int64) - b.view(np.int32))
+
+
+def test_expf_is_within_one_ulp_of_float64_exp_and_keeps_the_edges() -> None:
+    x, y, want = _apply("expf", np.linspace(-110, 90, 400_001))
     nan = np.isnan(x)
     assert np.isnan(y[nan]).all()
     finite = np.isfinite(want) & ~nan
-    ulps = np.abs(y[finite].view(np.int32).astype(np.int64) - want[finite].view(np.int32))
-    assert ulps.max() <= 1
+    assert _ulps(y[finite], want[finite]).max() <= 1
     assert (y[~finite & ~nan] == np.inf).all()  # overflow, +inf
     assert (y[x < -103.98] == 0.0).all()  # below the smallest subnormal, -inf included
+
+
+def test_expf_rn_is_the_correctly_rounded_expf() -> None:
+    """``expf_rn`` (onnxruntime's SVM kernels call libm's ``expf``): float64's exp rounded
+    once to float32, the same bits on every float32 argument tried, edges included."""
+    rng = np.random.default_rng(3)
+    x, y, want = _apply(
+        "expf_rn", np.concatenate([np.linspace(-110, 90, 400_001), rng.uniform(-30, 10, 400_000)])
+    )
+    nan = np.isnan(x)
+    assert np.isnan(y[nan]).all()
+    np.testing.assert_array_equal(y[~nan], want[~nan])
 
 
 def test_expf_neg_is_expf_where_a_softmax_calls_it() -> None:
     """``expf_neg`` (a softmax's x - max <= 0): within one ulp of float64's exp down to the
     smallest normal float's log, 0 below it and at -inf, NaN kept."""
-    from numba import njit
-
-    from tfrt_py.native.kernels.fastmath import expf_neg
-
-    @njit
-    def apply(x: np.ndarray, y: np.ndarray) -> None:
-        for i in range(x.size):
-            y[i] = expf_neg(x[i])
-
-    edges = [np.nan, -np.inf, 0.0, -0.0, -87.33, -87.34, -103.9, -1e-8, -1000.0]
-    x = np.concatenate([np.linspace(-100, 0, 400_001), edges]).astype(np.float32)
-    y = np.empty_like(x)
-    apply(x, y)
-    with np.errstate(under="ignore"):
-        want = np.exp(x.astype(np.float64)).astype(np.float32)
+    x, y, want = _apply("expf_neg", np.linspace(-100, 0, 400_001))
     assert np.isnan(y[np.isnan(x)]).all()
     normal = x >= np.float32(-87.33654)
-    ulps = np.abs(y[normal].view(np.int32).astype(np.int64) - want[normal].view(np.int32))
-    assert ulps.max() <= 1
+    assert _ulps(y[normal], want[normal]).max() <= 1
     assert (y[x < np.float32(-87.33654)] == 0.0).all()  # -inf included
 
 

@@ -3,7 +3,12 @@
 Kernels (``kernel_params`` = gamma, coef0, degree): LINEAR ``x.s``, POLY
 ``(gamma x.s + coef0) ** degree``, RBF ``exp(-gamma |x - s|^2)``, SIGMOID
 ``tanh(gamma x.s + coef0)``. Without support vectors the model is linear
-(``X @ coefficients.T + rho[0]``). Computation is float32, as onnxruntime's.
+(``X @ coefficients.T + rho[0]``). Computation is float32, as onnxruntime's, and where the
+probabilities hang on the last bits, in its order: RBF's ``sum_i (x_i - s_i)^2`` in float32
+over the features in order and a correctly rounded ``exp``; the one-vs-one decision values
+summed in float64 and rounded once; the pair probabilities and libsvm's coupling in float32,
+operation for operation (``native.kernels.svm`` does the same per row). Done in float64 or
+in another order, the coupling's probabilities came out 6e-5 from onnxruntime's.
 
 SVMClassifier (one-vs-one, libsvm layout): scores are the pairwise decision values
 (``2`` columns for two classes), or with ``prob_a``/``prob_b`` the class probabilities by
@@ -19,11 +24,21 @@ import numpy as np
 
 from ..base import ComputeFn, KernelContext
 from ..registry import KernelRegistry
-from .common import ML_DOMAIN, as_2d, attr_floats, attr_ints, attr_strings, logistic, post_transform
+from .common import ML_DOMAIN, as_2d, attr_floats, attr_ints, attr_strings, post_transform
 
 __all__ = ["register_kernels"]
 
 _F32 = np.dtype(np.float32)
+_ONE = np.float32(1.0)
+_TWO = np.float32(2.0)
+#: rows of RBF distances a pass: (rows, features, vectors) float32 stays a few MB
+_RBF_ROWS = 64
+
+
+def _exp_rounded(a: np.ndarray) -> np.ndarray:
+    """e**a for float32 ``a`` as libm's correctly rounded ``expf`` (onnxruntime's): float64
+    exp rounded once."""
+    return np.exp(a.astype(np.float64)).astype(_F32)
 
 
 def _kernel(
@@ -58,16 +73,18 @@ def _kernel(
 
         return sigmoid
     if kind == "RBF":
-        # |x - s|^2 = |x|^2 - 2 x.s + |s|^2 in float64 so that the cancellation stays
-        # harmless; exp in float32 like onnxruntime.
-        s_sq = (s_t64 * s_t64).sum(axis=0)
+        s_f = s_t64.astype(_F32)  # (F, V)
+        ng = -np.float32(gamma)
 
         def rbf(x: np.ndarray) -> np.ndarray:
-            x64 = x.astype(np.float64)
-            dist = (x64 * x64).sum(axis=1, keepdims=True) - 2 * (x64 @ s_t64) + s_sq
-            np.maximum(dist, 0, out=dist)
-            dist *= -float(gamma)
-            return np.exp(dist.astype(_F32))
+            n = x.shape[0]
+            dist = np.empty((n, s_f.shape[1]), dtype=_F32)
+            for r0 in range(0, n, _RBF_ROWS):
+                t = x[r0 : r0 + _RBF_ROWS, :, None] - s_f  # (rows, F, V)
+                t *= t
+                np.add.reduce(t, axis=1, out=dist[r0 : r0 + _RBF_ROWS])  # over F in order
+            dist *= ng
+            return _exp_rounded(dist)
 
         return rbf
     raise ctx.unsupported(f"kernel_type {kind!r} is not supported")
@@ -146,24 +163,23 @@ def _svm_classifier(ctx: KernelContext) -> ComputeFn:
         raise ctx.unsupported("vectors_per_class, coefficients and rho do not fit the classes")
     kern = _kernel(ctx, sv.reshape(n_sv, -1).T.copy())
     a32, win_i, win_j = _pairwise(coef.reshape(k - 1, n_sv), vpc)
-    rho32 = rho[:n_pairs].astype(_F32)
+    rho64 = rho[:n_pairs].astype(_F32).astype(np.float64)
     if have_proba:
         assert prob_a is not None and prob_b is not None
         pa, pb = prob_a[:n_pairs].astype(_F32), prob_b[:n_pairs].astype(_F32)
 
     def svm_classifier(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        d = kern(_x32(x)) @ a32
-        d += rho32
+        d64 = _decisions(kern(_x32(x)), a32)
+        d64 += rho64
+        pos = d64 > 0
+        d = d64.astype(_F32)
         n = d.shape[0]
         votes = np.zeros((n, k), dtype=np.int64)
-        pos = d > 0
         rows = np.arange(n)[:, None]
         np.add.at(votes, (rows, np.where(pos, win_i, win_j)), 1)
         label = labels.take(votes.argmax(axis=1))
         if have_proba:
-            p = 1 - logistic(d * pa + pb)
-            p = np.clip(p, np.float32(1e-7), np.float32(1 - 1e-7))
-            return label, transform(_coupling(p, k, win_i, win_j).astype(_F32))
+            return label, transform(_coupling(_pair_probability(d, pa, pb), k, win_i, win_j))
         if n_pairs == 1:
             s = d[:, 0]
             if tname == "PROBIT":
@@ -217,23 +233,58 @@ def _pairwise(coef2: np.ndarray, vpc: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return a.astype(_F32), np.asarray(pi), np.asarray(pj)
 
 
+def _decisions(kv: np.ndarray, a32: np.ndarray) -> np.ndarray:
+    """``kv @ a32`` (N, n_pairs) float64 as onnxruntime sums it: float32 products, summed in
+    float64 over the support vectors in order (``a32``'s zeros add nothing; with one pair
+    NumPy's reduction is pairwise, which moves a float64 sum by an ulp or so)."""
+    n = kv.shape[0]
+    d = np.empty((n, a32.shape[1]), dtype=np.float64)
+    for r0 in range(0, n, _RBF_ROWS):
+        prod = kv[r0 : r0 + _RBF_ROWS, :, None] * a32  # (rows, V, pairs) float32
+        np.add.reduce(prod, axis=1, dtype=np.float64, out=d[r0 : r0 + _RBF_ROWS])
+    return d
+
+
+def _pair_probability(d: np.ndarray, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
+    """libsvm's ``1 - sigmoid(d pa + pb)`` per pair, clipped to [1e-7, 1 - 1e-7], in float32
+    as onnxruntime's ``sigmoid_probability``."""
+    v = d * pa
+    v += pb
+    e = _exp_rounded(-np.abs(v))
+    e += _ONE
+    np.divide(_ONE, e, out=e)
+    r = _ONE - np.where(v < 0, _ONE - e, e)
+    return np.clip(r, np.float32(1e-7), np.float32(1 - 1e-7))
+
+
 def _coupling(r_pairs: np.ndarray, k: int, pi: np.ndarray, pj: np.ndarray) -> np.ndarray:
     """libsvm's multiclass probability from pairwise ones (Wu, Lin, Weng 2004, method 2),
-    vectorized over rows: r_pairs (N, n_pairs) holds P(class i | i or j) for each pair."""
+    float32 (N, k) from r_pairs float32 (N, n_pairs) holding P(class i | i or j) for each
+    pair: onnxruntime's ``multiclass_probability`` operation for operation (every sum in
+    its order), vectorized over the rows; a row stops when it converges."""
     n = r_pairs.shape[0]
-    r = np.zeros((n, k, k))
+    r = np.zeros((n, k, k), dtype=_F32)
     r[:, pi, pj] = r_pairs
-    r[:, pj, pi] = 1 - r_pairs
-    q = -r.transpose(0, 2, 1) * r  # Q[i, j] = -r[j, i] * r[i, j] off the diagonal
-    diag = (r * r).sum(axis=1)  # Q[i, i] = sum over j of r[j, i]^2 (r[i, i] is 0)
-    q[:, np.arange(k), np.arange(k)] = diag
-    p = np.full((n, k), 1.0 / k)
-    eps = 0.005 / k
+    r[:, pj, pi] = _ONE - r_pairs
+    q = np.zeros((n, k, k), dtype=_F32)
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                q[:, i, i] += r[:, j, i] * r[:, j, i]
+                if j > i:
+                    q[:, i, j] = -r[:, j, i] * r[:, i, j]
+                    q[:, j, i] = q[:, i, j]
+    p = np.full((n, k), _ONE / np.float32(k), dtype=_F32)
+    eps = np.float32(0.005) / np.float32(k)
     active = np.arange(n)
     for _ in range(100):
         qa, pa = q[active], p[active]
-        qp = np.einsum("nij,nj->ni", qa, pa)
-        pqp = (pa * qp).sum(axis=1)
+        qp = np.zeros_like(pa)
+        pqp = np.zeros(len(active), dtype=_F32)
+        for i in range(k):
+            for j in range(k):
+                qp[:, i] += qa[:, i, j] * pa[:, j]
+            pqp += pa[:, i] * qp[:, i]
         err = np.abs(qp - pqp[:, None]).max(axis=1)
         keep = err >= eps
         active, qa, pa, qp, pqp = active[keep], qa[keep], pa[keep], qp[keep], pqp[keep]
@@ -241,10 +292,10 @@ def _coupling(r_pairs: np.ndarray, k: int, pi: np.ndarray, pj: np.ndarray) -> np
             break
         for i in range(k):
             qii = qa[:, i, i]
-            diff = (-qp[:, i] + pqp) / qii
+            diff = (pqp - qp[:, i]) / qii
             pa[:, i] += diff
-            den = 1 + diff
-            pqp = (pqp + diff * (diff * qii + 2 * qp[:, i])) / den / den
+            den = _ONE + diff
+            pqp = (pqp + diff * (diff * qii + _TWO * qp[:, i])) / den / den
             qp = (qp + diff[:, None] * qa[:, i, :]) / den[:, None]
             pa /= den[:, None]
         p[active] = pa

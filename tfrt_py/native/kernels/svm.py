@@ -1,10 +1,18 @@
 """numba kernels for SVMs and linear models, one row at a time (see ``kern_post``).
 
-They follow ``tfrt_py.kernels.ml.svm`` and ``kernels.ml.linear`` (onnxruntime's rules):
-kernel values in float32 except RBF's distance (float64, then ``exp`` in float32); the
-pairwise decision values ``D = K @ A + rho`` in float32; probabilities by libsvm's pairwise
-coupling (Wu, Lin and Weng 2004, method 2) in float64. Kernel codes: LINEAR 0, POLY 1,
+They follow ``tfrt_py.kernels.ml.svm`` and ``kernels.ml.linear`` and, as it, onnxruntime's
+order of operations: kernel values in float32 (RBF's ``sum_i (x_i - s_i)^2`` summed over the
+features in order, then libm's correctly rounded ``expf``, ``fastmath.expf_rn``); the
+pairwise decision values ``D = K @ A + rho`` as float32 products summed in float64 over the
+support vectors in order (the probabilities hang on D's last bits: summed in float32 they
+came out 6e-5 from onnxruntime's); probabilities by libsvm's pairwise coupling (Wu, Lin and
+Weng 2004, method 2) in float32, in onnxruntime's order. Kernel codes: LINEAR 0, POLY 1,
 RBF 2, SIGMOID 3 (``ml_pack.KERNEL_CODES``). Scratch buffers come from the caller's arena.
+
+The SVM kernels say ``fastmath=False``: a numba function that leaves fastmath unset takes
+its caller's (``CPUTargetOptions.finalize``), and generated modules compile with
+``fastmath={'contract'}``, under which LLVM fuses ``acc += t * t`` into one fused
+multiply-add -- not onnxruntime's sums (its loops here are plain C++ built without FMA).
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .fastmath import expf
+from .fastmath import expf_rn
 from .post import argmax, logistic, post, probit
 
 __all__ = [
@@ -23,7 +31,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=False, fastmath=False)
 def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):
     """``kb[v] = K(x[xo:xo + f], sv[:, v])`` for every support vector (``sv`` feature-major:
     ``sv[i * n_sv + v]``, so the loops over vectors vectorize), in float32."""
@@ -40,9 +48,7 @@ def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):
                 kb[v] += t * t
         ng = np.float32(-gamma)
         for v in range(n_sv):
-            kb[v] = kb[v] * ng
-        for v in range(n_sv):
-            kb[v] = expf(kb[v])
+            kb[v] = expf_rn(kb[v] * ng)
         return
     for i in range(f):
         xi = np.float32(x[xo + i])
@@ -63,26 +69,45 @@ def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):
             kb[v] = math.tanh(kb[v] * g + c0)
 
 
-@njit(nogil=True, cache=False)
+_ONE = np.float32(1.0)
+_TWO = np.float32(2.0)
+
+
+@njit(nogil=True, cache=False, fastmath=False)
+def _pair_probability(score, pa, pb):
+    """libsvm's pairwise probability ``1 - sigmoid(score pa + pb)``, clipped to [1e-7,
+    1 - 1e-7], in float32 as onnxruntime computes it (``sigmoid_probability``)."""
+    v = score * pa + pb
+    e = _ONE / (_ONE + expf_rn(-abs(v)))
+    r = _ONE - ((_ONE - e) if v < 0 else e)
+    return min(max(r, np.float32(1e-7)), np.float32(1 - 1e-7))
+
+
+@njit(nogil=True, cache=False, fastmath=False)
 def _coupling(r, k, q, p, qp):
-    """libsvm's multiclass probability from pairwise ``r`` (k x k, float64) into ``p``."""
+    """libsvm's multiclass probability from pairwise ``r`` (k x k) into ``p``: float32
+    scratch and operations in onnxruntime's order (``multiclass_probability``), whose
+    stopping test at 0.005 / k leaves the small probabilities hanging on every rounding."""
+    for t in range(k * k):
+        q[t] = 0
     for t in range(k):
-        p[t] = 1.0 / k
-        q[t * k + t] = 0.0
+        p[t] = _ONE / np.float32(k)
         for j in range(k):
-            if j != t:
+            if j < t:
+                q[t * k + t] += r[j * k + t] * r[j * k + t]
+                q[t * k + j] = q[j * k + t]
+            elif j > t:
                 q[t * k + t] += r[j * k + t] * r[j * k + t]
                 q[t * k + j] = -r[j * k + t] * r[t * k + j]
-    eps = 0.005 / k
+    eps = np.float32(0.005) / np.float32(k)
     for _ in range(100):
-        pqp = 0.0
+        pqp = np.float32(0.0)
         for t in range(k):
-            s = 0.0
+            qp[t] = 0
             for j in range(k):
-                s += q[t * k + j] * p[j]
-            qp[t] = s
-            pqp += p[t] * s
-        err = 0.0
+                qp[t] += q[t * k + j] * p[j]
+            pqp += p[t] * qp[t]
+        err = np.float32(0.0)
         for t in range(k):
             e = abs(qp[t] - pqp)
             if e > err:
@@ -93,19 +118,20 @@ def _coupling(r, k, q, p, qp):
             qtt = q[t * k + t]
             diff = (-qp[t] + pqp) / qtt
             p[t] += diff
-            den = 1.0 + diff
-            pqp = (pqp + diff * (diff * qtt + 2.0 * qp[t])) / den / den
+            pqp = (pqp + diff * (diff * qtt + _TWO * qp[t])) / (_ONE + diff) / (_ONE + diff)
             for j in range(k):
-                qp[j] = (qp[j] + diff * q[t * k + j]) / den
-                p[j] /= den
+                qp[j] = (qp[j] + diff * q[t * k + j]) / (_ONE + diff)
+                p[j] /= _ONE + diff
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=False, fastmath=False)
 def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj, k, labels,
                 proba, pa, pb, code, kb, d, sc, votes, lab, lo, y, yo):  # fmt: skip
     """SVMClassifier (one-vs-one with support vectors): ``lab[lo]`` the class with most
     pairwise votes, ``y[yo:]`` the probabilities (``proba``), else the decision values
-    (two columns for two classes)."""
+    (two columns for two classes). ``d`` is float64 (n_pairs,) scratch: each pair's float32
+    products summed in float64, rounded to float32 after ``rho`` (the votes see the float64
+    sum), as onnxruntime does."""
     n_pairs = rho.size
     svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb)
     for p in range(n_pairs):
@@ -118,7 +144,9 @@ def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj,
         votes[c] = 0
     for p in range(n_pairs):
         d[p] += rho[p]
-        if d[p] > 0:
+        win = d[p] > 0
+        d[p] = np.float32(d[p])
+        if win:
             votes[pi[p]] += 1
         else:
             votes[pj[p]] += 1
@@ -126,17 +154,16 @@ def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj,
     if proba:
         kk = k * k
         for p in range(n_pairs):
-            r = np.float32(1.0) - np.float32(logistic(float(np.float32(d[p] * pa[p] + pb[p]))))
-            r = min(max(r, np.float32(1e-7)), np.float32(1 - 1e-7))
+            r = _pair_probability(np.float32(d[p]), pa[p], pb[p])
             sc[pi[p] * k + pj[p]] = r
-            sc[pj[p] * k + pi[p]] = 1.0 - float(r)
+            sc[pj[p] * k + pi[p]] = _ONE - r
         _coupling(sc, k, sc[kk : 2 * kk], sc[2 * kk : 2 * kk + k], sc[2 * kk + k : 2 * kk + 2 * k])
         for c in range(k):
             y[yo + c] = sc[2 * kk + c]
         post(y, yo, k, code)
         return
     if n_pairs == 1:
-        s = d[0]
+        s = np.float32(d[0])
         if code == 4:
             y[yo] = probit(float(s))
             y[yo + 1] = 0

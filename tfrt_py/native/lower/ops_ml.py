@@ -328,8 +328,8 @@ def _svm_classifier(cx: Any, node: Node) -> list[str]:
     pb = (prob_b[:n_pairs] if proba and prob_b is not None else np.zeros(0)).astype(F4)
     consts = [cx.const_slice(v) for v in (a.astype(F4).ravel(), rho[:n_pairs].astype(F4),
               np.asarray(pi, np.int64), np.asarray(pj, np.int64), pa, pb)]  # fmt: skip
-    kb, d = cx.new_buffer((n_sv,), F4), cx.new_buffer((max(n_pairs, 1),), F4)
-    sc, votes = cx.new_buffer((2 * k * k + 2 * k,), F8), cx.new_buffer((k,), I8)
+    kb, d = cx.new_buffer((n_sv,), F4), cx.new_buffer((max(n_pairs, 1),), F8)
+    sc, votes = cx.new_buffer((2 * k * k + 2 * k,), F4), cx.new_buffer((k,), I8)
     a_s, rho_s, pi_s, pj_s, pa_s, pb_s = consts
     return _per_row(cx, rows, lambda m: [
         f"svm_cls_row({x.buf}, {_at(x, m, f)}, {literal(f)}, {sv}, {literal(n_sv)}, "
