@@ -1,12 +1,16 @@
-"""An SVC's probabilities are onnxruntime's: its RBF distances summed in float32 over the
-features in order with a correctly rounded ``exp``, its decision values summed in float64,
-and libsvm's pairwise coupling in float32 in onnxruntime's order -- on the native tier and in
-the interpreter. The coupling stops at a tolerance of 0.005 / classes, so its small
-probabilities hang on the last bits of every step: in another order (float32 decision
-sums, float64 coupling, a fused multiply-add where LLVM finds one) they came out 6e-5
-relative from onnxruntime's."""
+"""SVMs give onnxruntime's values, on the native tier and in the interpreter.
+
+An SVC's probabilities: its RBF distances summed in float32 over the features in order with
+a correctly rounded ``exp``, its decision values summed in float64, and libsvm's pairwise
+coupling in float32 in onnxruntime's order. The coupling stops at a tolerance of 0.005 /
+classes, so its small probabilities hang on the last bits of every step: in another order
+(float32 decision sums, float64 coupling, a fused multiply-add where LLVM finds one) they
+came out 6e-5 relative from onnxruntime's. The other kernels' values and a regressor's sum:
+one fused multiply-add chain, as MLAS's gemm."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -72,3 +76,72 @@ def test_svc_probabilities_are_onnxruntimes(
         # the same bits but where a float32 rounding lands on the other side of a tie
         assert np.mean(p == want) > 0.5, (executor, n)
         np.testing.assert_allclose(p, want, rtol=1e-5, atol=1e-7)
+
+
+def _fitted(kind: str) -> tuple[bytes, np.ndarray]:
+    """A scikit-learn SVM converted by skl2onnx, and rows near its training data."""
+    from skl2onnx import to_onnx
+    from sklearn import svm
+    from sklearn.datasets import make_classification, make_regression
+
+    x, y = make_classification(
+        n_samples=500, n_features=12, n_informative=8, n_classes=4, random_state=0
+    )
+    xr, yr = make_regression(n_samples=300, n_features=12, random_state=0)
+    est: Any
+    if kind.startswith("SVC"):
+        est = svm.SVC(kernel=kind.split()[1], probability=True, random_state=0).fit(x, y)
+    elif kind.startswith("SVR"):
+        est, x = svm.SVR(kernel=kind.split()[1]).fit(xr, yr), xr
+    else:
+        est, x = svm.OneClassSVM(gamma="scale").fit(xr), xr
+    x = x.astype(np.float32)
+    options = {id(est): {"zipmap": False}} if kind.startswith("SVC") else None
+    onx = to_onnx(est, x[:1], options=options, target_opset={"": 17, "ai.onnx.ml": 3})
+    noise = np.random.default_rng(1).standard_normal((200, 12)).astype(np.float32) * 0.3
+    return onx.SerializeToString(), x[:200] + noise
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize(
+    "kind", ["SVC linear", "SVC poly", "SVC sigmoid", "SVR rbf", "SVR poly", "OneClassSVM"]
+)
+def test_other_svms_match_onnxruntime(
+    executor: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other kernels' values as MLAS's gemm sums them (one fused multiply-add chain),
+    a regressor's sum over its support vectors likewise, and a OneClassSVM's Sign on the
+    native tier."""
+    pytest.importorskip("skl2onnx", reason="the scikit-learn models are converted by skl2onnx")
+    if executor == "native":
+        monkeypatch.delenv("TFRT_PY_NATIVE", raising=False)
+    data, x = _fitted(kind)
+    model = tfrt_py.load(data, executor=executor, native="eager")
+    if executor == "native":
+        assert model.native is not None and model.native.state == "ready", model.describe()
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    got = list(model.run({name: x}).values())
+    for g, w in zip(got, sess.run(None, {name: x}), strict=True):
+        if np.asarray(w).dtype.kind == "f":
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(np.asarray(g), w)
+
+
+@pytest.mark.skipif(not available(), reason="numba is not installed")
+def test_sign_lowers_as_numpy_signs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sign (a OneClassSVM's last op) on the native tier: NumPy's values, +0.0 for -0.0,
+    NaN kept."""
+    monkeypatch.delenv("TFRT_PY_NATIVE", raising=False)
+    graph = helper.make_graph(
+        [helper.make_node("Sign", ["X"], ["Y"])], "sign",
+        [helper.make_tensor_value_info("X", F, ["N"])],
+        [helper.make_tensor_value_info("Y", F, None)],
+    )  # fmt: skip
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = tfrt_py.load(data.SerializeToString(), executor="native", native="eager")
+    x = np.array([-0.0, 0.0, np.nan, np.inf, -np.inf, -2.5, 3e-39, -1e-45], np.float32)
+    got = np.asarray(model.run({"X": x})["Y"])
+    np.testing.assert_array_equal(got, np.sign(x))
+    assert not np.signbit(got[0])

@@ -19,10 +19,12 @@ libsvm's pairwise coupling; the label is the class with most pairwise votes. Out
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ..base import ComputeFn, KernelContext
+from ..lib.jit import CONTRACT, Jitted
 from ..registry import KernelRegistry
 from .common import ML_DOMAIN, as_2d, attr_floats, attr_ints, attr_strings, post_transform
 
@@ -118,7 +120,7 @@ def _svm_regressor(ctx: KernelContext) -> ComputeFn:
 
     def svm_regressor(x: np.ndarray) -> np.ndarray:
         k = kern(_x32(x))
-        y = k @ w if w is not None else k
+        y = _fused_chain(k, w) if w is not None else k
         y += r0
         if one_class:
             y = np.where(y > 0, np.float32(1), np.float32(-1))
@@ -243,6 +245,34 @@ def _decisions(kv: np.ndarray, a32: np.ndarray) -> np.ndarray:
         prod = kv[r0 : r0 + _RBF_ROWS, :, None] * a32  # (rows, V, pairs) float32
         np.add.reduce(prod, axis=1, dtype=np.float64, out=d[r0 : r0 + _RBF_ROWS])
     return d
+
+
+def _chain_rows(k: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:  # pragma: no cover
+    """numba (``CONTRACT``): ``y[r] = k[r] . w``, one fused multiply-add chain from zero."""
+    for r in range(k.shape[0]):
+        acc = np.float32(0.0)
+        for j in range(k.shape[1]):
+            acc += k[r, j] * w[j]
+        y[r, 0] = acc
+
+
+def _warm_chain(fn: Any) -> None:
+    fn(np.ones((2, 3), np.float32), np.ones(3, np.float32), np.empty((2, 1), np.float32))
+
+
+_CHAIN = Jitted(_chain_rows, _warm_chain, fastmath=CONTRACT)
+
+
+def _fused_chain(k: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``k @ w`` (N, 1) float32 as MLAS's gemm sums it for onnxruntime's SVMRegressor: a
+    fused multiply-add chain over the support vectors in order (numba's; without numba,
+    NumPy's gemm, whose order differs in the last bits)."""
+    fn = _CHAIN.get() if k.flags.c_contiguous else None
+    if fn is None:
+        return k @ w
+    y = np.empty((k.shape[0], 1), dtype=_F32)
+    fn(k, w[:, 0], y)
+    return y
 
 
 def _pair_probability(d: np.ndarray, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:

@@ -31,15 +31,29 @@ __all__ = [
 ]  # fmt: skip
 
 
+@njit(nogil=True, cache=False, fastmath={"contract"})
+def _dots_fused(x, xo, f, sv, n_sv, kb):
+    """``kb[v] = x[xo:xo + f] . sv[:, v]``, one fused multiply-add chain over the features
+    from zero, as MLAS's gemm sums at these widths (onnxruntime's kernel values for
+    LINEAR, POLY and SIGMOID are its gemm)."""
+    for v in range(n_sv):
+        kb[v] = 0
+    for i in range(f):
+        xi = np.float32(x[xo + i])
+        base = i * n_sv
+        for v in range(n_sv):
+            kb[v] += xi * sv[base + v]
+
+
 @njit(nogil=True, cache=False, fastmath=False)
 def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):
     """``kb[v] = K(x[xo:xo + f], sv[:, v])`` for every support vector (``sv`` feature-major:
     ``sv[i * n_sv + v]``, so the loops over vectors vectorize), in float32."""
     g = np.float32(gamma)
     c0 = np.float32(coef0)
-    for v in range(n_sv):
-        kb[v] = 0
     if ktype == 2:
+        for v in range(n_sv):
+            kb[v] = 0
         for i in range(f):
             xi = np.float32(x[xo + i])
             base = i * n_sv
@@ -50,11 +64,7 @@ def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):
         for v in range(n_sv):
             kb[v] = expf_rn(kb[v] * ng)
         return
-    for i in range(f):
-        xi = np.float32(x[xo + i])
-        base = i * n_sv
-        for v in range(n_sv):
-            kb[v] += xi * sv[base + v]
+    _dots_fused(x, xo, f, sv, n_sv, kb)
     if ktype == 1:
         for v in range(n_sv):
             k = kb[v] * g + c0

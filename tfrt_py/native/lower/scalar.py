@@ -153,6 +153,11 @@ SCALAR_OPS: dict[str, Callable[[list[str], dict[str, Any], str], str]] = {
     "Sin": _unary("np.sin({x})"),
     "Cos": _unary("np.cos({x})"),
     "Softsign": _unary("({x} / ({t}(1.0) + abs({x})))"),
+    # np.sign's: +0.0 for either zero, NaN kept (a OneClassSVM's decision to +1 / -1)
+    "Sign": _unary(
+        "({t}(1.0) if {x} > {t}(0.0) else ({t}(-1.0) if {x} < {t}(0.0) "
+        "else ({t}(0.0) if {x} == {t}(0.0) else {x})))"
+    ),
     "Identity": _unary("{x}"),
     "Add": _binary("({a} + {b})"),
     "Sub": _binary("({a} - {b})"),
