@@ -225,7 +225,10 @@ CLASSES = np.array([3, 7, 11, 20], np.int64)
     [
         ({}, True),
         ({"cast": False}, True),
-        ({"target": [1, -1]}, False),  # the (1, N) layout is kept: not a flattening
+        # a shape of its own: the same elements in the same order from (1, N) or (N, 1)
+        ({"target": [1, -1]}, True),
+        ({"target": [-1, 1]}, True),  # an isotonic calibrator's (CalibratedClassifierCV)
+        ({"target": [0, -1]}, False),  # 0 copies a dim of the (1, N) layout
         ({"expose": True}, False),  # the lookup itself is read in its (1, N) layout
         ({"classes": np.arange(8, dtype=np.int64).reshape(2, 4)}, False),  # not a 1-D table
     ],

@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tfrt_py
+from tests.support.ort_agreement import assert_matches_onnxruntime
 from tfrt_py.native import available
 
 F = TensorProto.FLOAT
@@ -119,14 +120,7 @@ def test_other_svms_match_onnxruntime(
     model = tfrt_py.load(data, executor=executor, native="eager")
     if executor == "native":
         assert model.native is not None and model.native.state == "ready", model.describe()
-    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    name = sess.get_inputs()[0].name
-    got = list(model.run({name: x}).values())
-    for g, w in zip(got, sess.run(None, {name: x}), strict=True):
-        if np.asarray(w).dtype.kind == "f":
-            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6)
-        else:
-            np.testing.assert_array_equal(np.asarray(g), w)
+    assert_matches_onnxruntime(model, data, x)
 
 
 @pytest.mark.skipif(not available(), reason="numba is not installed")

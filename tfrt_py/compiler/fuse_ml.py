@@ -21,13 +21,16 @@ the general Scan kernel. Model text never reaches code: the replacement is graph
 skl2onnx's classifiers (GaussianNB, MultinomialNB, MLP, SGD, ...) look their labels up
 with ``ArrayFeatureExtractor(classes, ArgMax(scores))``, whose 1-D ``classes`` make the
 output (1, N) -- the rows of the batch laid along axis 1 -- and then flatten it with
-``Reshape(., [-1])``, possibly after a Cast. The pass makes such a lookup a
+``Reshape(., [-1])``, possibly after a Cast; an isotonic calibrator
+(CalibratedClassifierCV) looks its values up the same way by ``ArgMin``'s indices and
+reshapes them to ``[-1, 1]``. The pass makes such a lookup a
 ``Gather(classes, indices, axis=0)`` (shape of the indices, (N, 1)): the same elements in
 the same order once flattened, and a per-row op, so the native tier can lower the whole
 model once for every batch size. Matched strictly: ``classes`` a 1-D constant, every path
-from the lookup through Casts (or Identities) ending in a ``Reshape`` to the constant
-``[-1]``, nothing on the way a graph output. Indices out of range raise as before (Gather
-and ArrayFeatureExtractor accept the same range, ``-len(classes)`` up to ``len - 1``).
+from the lookup through Casts (or Identities) ending in a ``Reshape`` to a constant shape
+with no 0 (which would copy a dim of the (1, N) layout), nothing on the way a graph
+output. Indices out of range raise as before (Gather and ArrayFeatureExtractor accept the
+same range, ``-len(classes)`` up to ``len - 1``).
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ def fuse_ml(graph: Graph, ctx: PassContext) -> str:
 
 def _label_lookup(node: Node, uses: Uses, opset: int) -> bool:
     """Turn ``node`` into ``Gather(classes, indices)`` in place when it is a label lookup
-    whose (1, N) layout only reaches ``Reshape(., [-1])`` (module docstring). True if it did."""
+    whose (1, N) layout only reaches Reshapes to constant shapes (module docstring). True if
+    it did."""
     if node.op_type != "ArrayFeatureExtractor" or node.domain != ML_DOMAIN:
         return False
     if len(node.inputs) != 2 or len(node.outputs) != 1 or None in node.inputs:
@@ -91,7 +95,8 @@ def _label_lookup(node: Node, uses: Uses, opset: int) -> bool:
 
 def _flattened_only(v: Value, uses: Uses) -> bool:
     """Every reader of ``v`` is a Cast/Identity leading on to the same, or a Reshape of
-    ``v`` (as its data) to the constant ``[-1]``; ``v`` and the Casts are no graph output."""
+    ``v`` (as its data) to a constant shape without a 0 (``[-1]``, a calibrator's ``[-1,
+    1]``); ``v`` and the Casts are no graph output."""
     readers = uses.readers.get(id(v), [])
     if not readers or uses.is_output(v):
         return False
@@ -105,7 +110,9 @@ def _flattened_only(v: Value, uses: Uses) -> bool:
                 return False
         elif r.op_type == "Reshape" and len(r.inputs) == 2 and r.inputs[1] is not None:
             target = r.inputs[1].const
-            if target is None or np.asarray(target).reshape(-1).tolist() != [-1]:
+            # a shape of its own (no 0, which would copy a dim of the (1, N) layout): the
+            # same elements in the same order either way
+            if target is None or 0 in np.asarray(target).reshape(-1).tolist():
                 return False
         else:
             return False

@@ -331,6 +331,14 @@ def _matmul_nbits(node: Node, ins: list[TensorType | None], out: Value) -> None:
         _set(out, a.dtype, (*a.shape[:-1], n))
 
 
+def _float_of_input(node: Node, ins: list[TensorType | None], out: Value) -> None:
+    """ai.onnx.ml Normalizer and Scaler: float32 of input 0's shape (their spec's output
+    type; a pipeline's KNN scan after one is matched by ``fuse_ml`` on its rank)."""
+    t = ins[0]
+    assert t is not None
+    _set(out, np.dtype(np.float32), t.shape)
+
+
 _RULES = {
     "MatMul": _matmul,
     "Gemm": _gemm,
@@ -341,9 +349,9 @@ _RULES = {
 }
 
 _MS = "com.microsoft"
-#: Contrib ops (by domain and type) whose outputs follow from their inputs' types: ONNX's
-#: shape inference does not know them, and everything after one was left untyped (no
-#: Linear fusion, no cost estimates).
+#: Contrib and ai.onnx.ml ops (by domain and type) whose outputs follow from their inputs'
+#: types: ONNX's shape inference does not know them, and everything after one was left
+#: untyped (no Linear fusion, no cost estimates).
 _CONTRIB_RULES = {
     **{(_MS, op): _same_as_input for op in ("SkipLayerNormalization",
        "SkipSimplifiedLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "QuickGelu")},
@@ -352,6 +360,10 @@ _CONTRIB_RULES = {
     (_MS, "EmbedLayerNormalization"): _embed_layer_norm,
     (_MS, "FusedMatMul"): _fused_matmul,
     (_MS, "MatMulNBits"): _matmul_nbits,
+    ("ai.onnx.ml", "Normalizer"): _float_of_input,
+    ("ai.onnx.ml", "Scaler"): _float_of_input,
+    ("ai.onnx.ml", "Binarizer"): _same_as_input,
+    ("ai.onnx.ml", "Imputer"): _same_as_input,
 }  # fmt: skip
 
 

@@ -55,17 +55,29 @@ def _steps(cx: Any, raw: list[Any]) -> list[Step]:
 _INT_OPS = frozenset({"Add", "Sub", "Mul", "Abs", "Neg", "Max", "Min"})
 
 
+#: Variadic ops and their pairwise step: Sum(a, b, c) is ((a + b) + c), onnxruntime's order.
+_VARIADIC = {"Sum": "Add", "Max": "Max", "Min": "Min"}
+
+
 def _map(cx: Any, node: Node) -> list[str]:
-    """A plain elementwise op: one step reading every input."""
+    """A plain elementwise op: one step reading every input (a variadic Sum/Max/Min of
+    other than two inputs: a step a further input, in order, all broadcast together)."""
     y = cx.out(node.outputs[0])
-    if not (node.op_type in _INT_OPS and str(y.dtype) in ("int64", "int32")):
+    op = _VARIADIC.get(node.op_type, node.op_type)
+    if not (op in _INT_OPS and str(y.dtype) in ("int64", "int32")):
         _float(cx, y)
     ins = [None if v is None else cx.ref(v) for v in node.inputs]
-    if node.op_type in ("Max", "Min", "Add", "Mul", "Sub", "Div", "Pow") and len(ins) != 2:
-        cx.decline(f"{node.op_type} with {len(ins)} inputs")
     for r in ins:
         if r is not None and r.dtype != y.dtype:
             cx.decline(f"mixed dtypes {r.dtype} and {y.dtype}")
+    if node.op_type in _VARIADIC and (len(ins) != 2 or node.op_type == "Sum"):
+        if not ins or None in ins:
+            cx.decline(f"{node.op_type} with {len(ins)} inputs")
+        steps: list[Step] = [("Identity", {}, (0,))] if len(ins) == 1 else [(op, {}, (0, 1))]
+        steps += [(op, {}, (-1, k)) for k in range(2, len(ins))]
+        return elementwise(cx.tag, y, ins, steps, None)
+    if op in ("Add", "Mul", "Sub", "Div", "Pow") and len(ins) != 2:
+        cx.decline(f"{node.op_type} with {len(ins)} inputs")
     step: Step = (node.op_type, dict(node.attrs), tuple(range(len(ins))))
     return elementwise(cx.tag, y, ins, [step], None)
 
@@ -506,3 +518,4 @@ def register_lowerings(reg: Registry) -> None:
     for op in SCALAR_OPS:
         if op != "Identity":  # a view (registry.VIEW_OPS)
             reg.add("", op, _map, rows=rows.any_rows)
+    reg.add("", "Sum", _map, rows=rows.any_rows)

@@ -112,7 +112,15 @@ def _per_row(cx: Any, rows: int, body: Any) -> list[str]:
 
 
 def _at(r: Ref, m: str, stride: int) -> str:
-    return r.off if m == "0" else f"{r.off} + {m} * {literal(stride)}"
+    """Row ``m``'s offset in ``r`` as a kernel argument (``_off``)."""
+    return _off(r.off if m == "0" else f"{r.off} + {m} * {literal(stride)}")
+
+
+def _off(expr: str) -> str:
+    """An element offset passed to a kernel, typed int64: numba compiles a kernel once per
+    distinct literal argument (``Literal[int]``), so twenty trees' accumulators at twenty
+    arena offsets were forty compiles of ~1.6 s (an AdaBoost's box: 64 s)."""
+    return f"i8({expr})"
 
 
 def _labels_of(cx: Any, ctx: KernelContext, ints_attr: str) -> tuple[np.ndarray, bool]:
@@ -177,8 +185,8 @@ def _walk(x: Ref, xo: str, names: list[str], kind: int, acc: Ref, has: Ref, c: i
           agg: int) -> str:  # fmt: skip
     nodes, thr, roots, depth, lptr, ltgt, lval, n = names
     return (f"{FOREST_ROW[kind]}({x.buf}, {xo}, {nodes}, {thr}, {roots}, {depth}, "
-            f"{n}, {lptr}, {ltgt}, {lval}, {acc.buf}, {acc.off}, {has.buf}, "
-            f"{has.off}, {literal(c)}, {literal(agg)})")  # fmt: skip
+            f"{n}, {lptr}, {ltgt}, {lval}, {acc.buf}, {_off(acc.off)}, {has.buf}, "
+            f"{_off(has.off)}, {literal(c)}, {literal(agg)})")  # fmt: skip
 
 
 def _tree_classifier(cx: Any, node: Node) -> list[str]:
@@ -208,7 +216,8 @@ def _tree_classifier(cx: Any, node: Node) -> list[str]:
     def body(m: str) -> list[str]:
         return [
             _walk(x, _at(x, m, f), names, packed.kind, acc, has, c, 0),
-            f"tree_cls_finish({acc.buf}, {acc.off}, {has.buf}, {has.off}, {literal(c)}, "
+            f"tree_cls_finish({acc.buf}, {_off(acc.off)}, {has.buf}, {_off(has.off)}, "
+            f"{literal(c)}, "
             f"{base_s}, {base_t}, {lab_s}, {flags}, {literal(code)}, {lab.buf}, "
             f"{_at(lab, m, 1)}, {y.buf}, {_at(y, m, c)})",
         ]
@@ -245,7 +254,8 @@ def _tree_regressor(cx: Any, node: Node) -> list[str]:
     def body(m: str) -> list[str]:
         return [
             _walk(x, _at(x, m, f), names, packed.kind, acc, has, c, AGG_CODES[how]),
-            f"tree_reg_finish({acc.buf}, {acc.off}, {has.buf}, {has.off}, {literal(c)}, "
+            f"tree_reg_finish({acc.buf}, {_off(acc.off)}, {has.buf}, {_off(has.off)}, "
+            f"{literal(c)}, "
             f"{literal(max(n_trees, 1))}, {literal(how == 'AVERAGE')}, {base_t}, "
             f"{literal(use_base)}, {literal(code)}, {y.buf}, {_at(y, m, c)})",
         ]
@@ -423,12 +433,14 @@ def _linear_rows(cx: Any, rows: int, x: Ref, f: int, n: int, width: int, params:
     if rows >= 8 and n <= linear_rows_ir.MAX_CLASSES and linear_rows_ir.kernel() is not None:
         s = cx.new_buffer((linear_rows_ir.ROWS * n,), F4)
         cx.imports.add(LINEAR_IR_IMPORT)
-        return [f"linear_cls_rows_ir({x.buf}, {x.off}, {literal(rows)}, {literal(f)}, "
-                f"{params}, {cx.view(s)}, {lab.buf}, {lab.off}, {y.buf}, {y.off})"]  # fmt: skip
+        return [f"linear_cls_rows_ir({x.buf}, {_off(x.off)}, {literal(rows)}, {literal(f)}, "
+                f"{params}, {cx.view(s)}, {lab.buf}, {_off(lab.off)}, {y.buf}, "
+                f"{_off(y.off)})"]  # fmt: skip
     s = cx.new_buffer((8 * n if rows >= 8 else n,), F4)
     if rows >= 8:
-        return [f"linear_cls_rows({x.buf}, {x.off}, {literal(rows)}, {literal(f)}, {params}, "
-                f"{cx.view(s)}, {lab.buf}, {lab.off}, {y.buf}, {y.off})"]  # fmt: skip
+        return [f"linear_cls_rows({x.buf}, {_off(x.off)}, {literal(rows)}, {literal(f)}, "
+                f"{params}, {cx.view(s)}, {lab.buf}, {_off(lab.off)}, {y.buf}, "
+                f"{_off(y.off)})"]  # fmt: skip
     return _per_row(cx, rows, lambda m: [
         f"linear_cls_row({x.buf}, {_at(x, m, f)}, {literal(f)}, {params}, {cx.view(s)}, "
         f"{lab.buf}, {_at(lab, m, 1)}, {y.buf}, {_at(y, m, width)})"])  # fmt: skip
@@ -454,8 +466,8 @@ def _linear_regressor(cx: Any, node: Node) -> list[str]:
     b = cx.const_slice((inter if inter is not None and len(inter) else np.zeros(t)).astype(F4))
 
     if rows >= 4:
-        return [f"linear_reg_rows({x.buf}, {x.off}, {literal(rows)}, {literal(f)}, {w}, {b}, "
-                f"{literal(t)}, {literal(code)}, {y.buf}, {y.off})"]  # fmt: skip
+        return [f"linear_reg_rows({x.buf}, {_off(x.off)}, {literal(rows)}, {literal(f)}, {w}, "
+                f"{b}, {literal(t)}, {literal(code)}, {y.buf}, {_off(y.off)})"]  # fmt: skip
 
     def body(m: str) -> list[str]:
         yo = _at(y, m, t)
