@@ -174,13 +174,21 @@ def zoo(small: bool) -> dict[str, Callable[[], Any]]:
 
     def wider() -> dict[str, Callable[[], Any]]:
         """The rest of what a user is likely to export with skl2onnx (issue 39's list)."""
-        from sklearn import decomposition, linear_model, naive_bayes, neighbors, svm
+        from sklearn import (
+            calibration,
+            decomposition,
+            ensemble,
+            linear_model,
+            naive_bayes,
+            neighbors,
+            svm,
+        )
         from sklearn.cluster import MiniBatchKMeans
         from sklearn.impute import SimpleImputer
         from sklearn.mixture import GaussianMixture
         from sklearn.neural_network import MLPClassifier
         from sklearn.pipeline import make_pipeline
-        from sklearn.preprocessing import MinMaxScaler, StandardScaler
+        from sklearn.preprocessing import MinMaxScaler, Normalizer, StandardScaler
 
         xn = MinMaxScaler().fit_transform(x).astype(np.float32)  # non-negative: MultinomialNB
         xm = x.copy()
@@ -204,6 +212,17 @@ def zoo(small: bool) -> dict[str, Callable[[], Any]]:
             "sklearn_imputer_scaler_logreg": lambda: make_pipeline(
                 SimpleImputer(), StandardScaler(), linear_model.LogisticRegression()
             ).fit(xm, y),
+            # 2026-12-06: estimators a sweep of 54 found off the native tier or inexact
+            "sklearn_adaboost": lambda: ensemble.AdaBoostClassifier(
+                n_estimators=20, random_state=0).fit(x, y),
+            "sklearn_calibrated_isotonic": lambda: calibration.CalibratedClassifierCV(
+                linear_model.LogisticRegression(), method="isotonic", cv=3).fit(x, y),
+            "sklearn_normalizer_knn": lambda: make_pipeline(
+                Normalizer(), neighbors.KNeighborsClassifier()).fit(x[:300], y[:300]),
+            "sklearn_gradient_boosting_regressor": lambda: ensemble.GradientBoostingRegressor(
+                n_estimators=50, random_state=0).fit(x, y.astype(np.float32)),
+            "sklearn_svr": lambda: svm.SVR().fit(x[:400], y[:400].astype(np.float32)),
+            "sklearn_one_class_svm": lambda: svm.OneClassSVM(gamma="scale").fit(x[:400]),
         }  # fmt: skip
 
         def export(make: Callable[[], Any]) -> Callable[[], Any]:
