@@ -84,6 +84,7 @@ def test_background_python_pauses_while_a_model_call_runs() -> None:
     def background() -> None:
         with call_yield.background() as y:
             got["traced"] = sys.gettrace() == y.trace
+            got["yield"] = y
             ready.set()
             n = 0
             while not stop.is_set():
@@ -94,8 +95,13 @@ def test_background_python_pauses_while_a_model_call_runs() -> None:
     t.start()
     assert ready.wait(10)
     time.sleep(0.2)  # the background thread's share accrues
-    for _ in range(20):
+    # calls until the background thread has paused once (20 calls sufficed on a quiet
+    # host; under a loaded test run the OS may not schedule it during them), at most 10 s
+    deadline = time.monotonic() + 10.0
+    for i in range(10_000):
         model.run(feeds)
+        if i >= 20 and (got["yield"].paused > 0.0 or time.monotonic() > deadline):
+            break
     stop.set()
     t.join(10)
     if not got["traced"]:
