@@ -118,9 +118,11 @@ def _svm_regressor(ctx: KernelContext) -> ComputeFn:
         kern = _kernel(ctx, coef.reshape(-1, 1), linear=True)
         w = None
 
+    chain = _CHAIN.get() if w is not None else None  # at load, not per call
+
     def svm_regressor(x: np.ndarray) -> np.ndarray:
         k = kern(_x32(x))
-        y = _fused_chain(k, w) if w is not None else k
+        y = _fused_chain(k, w, chain) if w is not None else k
         y += r0
         if one_class:
             y = np.where(y > 0, np.float32(1), np.float32(-1))
@@ -263,12 +265,11 @@ def _warm_chain(fn: Any) -> None:
 _CHAIN = Jitted(_chain_rows, _warm_chain, fastmath=CONTRACT)
 
 
-def _fused_chain(k: np.ndarray, w: np.ndarray) -> np.ndarray:
+def _fused_chain(k: np.ndarray, w: np.ndarray, fn: Any) -> np.ndarray:
     """``k @ w`` (N, 1) float32 as MLAS's gemm sums it for onnxruntime's SVMRegressor: a
-    fused multiply-add chain over the support vectors in order (numba's; without numba,
-    NumPy's gemm, whose order differs in the last bits)."""
-    fn = _CHAIN.get() if k.flags.c_contiguous else None
-    if fn is None:
+    fused multiply-add chain over the support vectors in order (``fn``, ``_CHAIN``'s
+    dispatcher; None without numba: NumPy's gemm, whose order differs in the last bits)."""
+    if fn is None or not k.flags.c_contiguous:
         return k @ w
     y = np.empty((k.shape[0], 1), dtype=_F32)
     fn(k, w[:, 0], y)
@@ -296,24 +297,21 @@ def _coupling(r_pairs: np.ndarray, k: int, pi: np.ndarray, pj: np.ndarray) -> np
     r = np.zeros((n, k, k), dtype=_F32)
     r[:, pi, pj] = r_pairs
     r[:, pj, pi] = _ONE - r_pairs
-    q = np.zeros((n, k, k), dtype=_F32)
-    for i in range(k):
-        for j in range(k):
-            if j != i:
-                q[:, i, i] += r[:, j, i] * r[:, j, i]
-                if j > i:
-                    q[:, i, j] = -r[:, j, i] * r[:, i, j]
-                    q[:, j, i] = q[:, i, j]
+    q = -r.transpose(0, 2, 1) * r  # Q[i, j] = -r[j, i] r[i, j] off the diagonal
+    diag = np.zeros((n, k), dtype=_F32)
+    for j in range(k):  # Q[i, i] = sum over j of r[j, i]^2, j in order (r[i, i] adds 0)
+        diag += r[:, j, :] * r[:, j, :]
+    q[:, np.arange(k), np.arange(k)] = diag
     p = np.full((n, k), _ONE / np.float32(k), dtype=_F32)
     eps = np.float32(0.005) / np.float32(k)
     active = np.arange(n)
     for _ in range(100):
         qa, pa = q[active], p[active]
         qp = np.zeros_like(pa)
+        for j in range(k):  # Qp[i] = sum over j of Q[i, j] p[j], j in order
+            qp += qa[:, :, j] * pa[:, j : j + 1]
         pqp = np.zeros(len(active), dtype=_F32)
         for i in range(k):
-            for j in range(k):
-                qp[:, i] += qa[:, i, j] * pa[:, j]
             pqp += pa[:, i] * qp[:, i]
         err = np.abs(qp - pqp[:, None]).max(axis=1)
         keep = err >= eps

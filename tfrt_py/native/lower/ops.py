@@ -60,8 +60,8 @@ _VARIADIC = {"Sum": "Add", "Max": "Max", "Min": "Min"}
 
 
 def _map(cx: Any, node: Node) -> list[str]:
-    """A plain elementwise op: one step reading every input (a variadic Sum/Max/Min of
-    other than two inputs: a step a further input, in order, all broadcast together)."""
+    """A plain elementwise op: one step reading every input (a variadic Sum/Max/Min: a
+    step a further input, in order, all broadcast together)."""
     y = cx.out(node.outputs[0])
     op = _VARIADIC.get(node.op_type, node.op_type)
     if not (op in _INT_OPS and str(y.dtype) in ("int64", "int32")):
@@ -70,7 +70,7 @@ def _map(cx: Any, node: Node) -> list[str]:
     for r in ins:
         if r is not None and r.dtype != y.dtype:
             cx.decline(f"mixed dtypes {r.dtype} and {y.dtype}")
-    if node.op_type in _VARIADIC and (len(ins) != 2 or node.op_type == "Sum"):
+    if node.op_type in _VARIADIC:
         if not ins or None in ins:
             cx.decline(f"{node.op_type} with {len(ins)} inputs")
         steps: list[Step] = [("Identity", {}, (0,))] if len(ins) == 1 else [(op, {}, (0, 1))]
