@@ -173,8 +173,10 @@ LINE_BUDGET: dict[str, int] = {
     # ReduceSumSquare/ReduceL2 summed in onnxruntime's order (lower/products.py padded
     # widths, lower/emit.py CHAIN_K, kernels/fastmath.rounded): issue 39's GaussianMixture;
     # 12-06 (68th): fastmath.expf_rn and the SVC's coupling in float32 (kernels/svm.py), a
-    # variadic Sum/Max/Min and Sign (lower/ops.py, scalar.py), kernel offsets as int64
-    "native": 9820,
+    # variadic Sum/Max/Min and Sign (lower/ops.py, scalar.py), kernel offsets as int64;
+    # 12-06 (69th): forests walked a tree for eight rows at once in rows mode's tiles
+    # (kernels/trees.forest_rows_*, lower/ops_ml._forest): issue 39's batch 1000
+    "native": 9910,
     # 2026-11-30: a bucket's check keeps shapes only (Program.run_shapes); baked parts shared;
     # 2026-12-01: genai's total_sequence_length tied to past + sequence (dims.genai_tied);
     # straight-line code for the interpreter's unplanned calls (straight.py); 12-04 (50th):

@@ -12,7 +12,15 @@ import numpy as np
 from ...kernels.ml.tree import EQ, GT, GTE, LEQ, LT, MEMBER, NEQ, TreeSpec
 from ...records import record
 
-__all__ = ["AGG_CODES", "FOREST_ROW", "KERNEL_CODES", "POST_CODES", "PackedForest", "pack_forest"]
+__all__ = [
+    "AGG_CODES",
+    "FOREST_ROW",
+    "FOREST_ROWS",
+    "KERNEL_CODES",
+    "POST_CODES",
+    "PackedForest",
+    "pack_forest",
+]
 
 #: Post transforms (``kern_post.post``), onnxruntime's definitions.
 POST_CODES = {"NONE": 0, "SOFTMAX": 1, "LOGISTIC": 2, "SOFTMAX_ZERO": 3, "PROBIT": 4}
@@ -22,6 +30,8 @@ KERNEL_CODES = {"LINEAR": 0, "POLY": 1, "RBF": 2, "SIGMOID": 3}
 AGG_CODES = {"SUM": 0, "AVERAGE": 0, "MIN": 1, "MAX": 2}
 #: The forest walk per comparison kind (``PackedForest.kind``).
 FOREST_ROW = ("forest_leq", "forest_lt", "forest_mixed")
+#: The many-row walk per comparison kind (trees outside, rows inside).
+FOREST_ROWS = ("forest_rows_leq", "forest_rows_lt", "forest_rows_mixed")
 
 
 @record(frozen=True)
