@@ -39,10 +39,14 @@ def _svc(classes: int, per_class: int, width: int, seed: int) -> bytes:
         prob_a=rng.uniform(-6, -2, n_pairs).tolist(),
         prob_b=rng.uniform(-0.2, 0.2, n_pairs).tolist(),
     )  # fmt: skip
+    return _one_node_model(node, width, "probabilities")
+
+
+def _one_node_model(node: Any, width: int, scores: str) -> bytes:
     graph = helper.make_graph(
         [node], "svc", [helper.make_tensor_value_info("X", F, ["N", width])],
         [helper.make_tensor_value_info("label", TensorProto.INT64, None),
-         helper.make_tensor_value_info("probabilities", F, None)],
+         helper.make_tensor_value_info(scores, F, None)],
     )  # fmt: skip
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)]
     return helper.make_model(graph, opset_imports=opsets).SerializeToString()
@@ -139,3 +143,54 @@ def test_sign_lowers_as_numpy_signs(monkeypatch: pytest.MonkeyPatch) -> None:
     got = np.asarray(model.run({"X": x})["Y"])
     np.testing.assert_array_equal(got, np.sign(x))
     assert not np.signbit(got[0])
+
+
+def _decision_svc(kernel: str, vpc: list[int], width: int, seed: int) -> bytes:
+    """A one-vs-one SVC without probabilities (its scores are the pairwise decision
+    values), ``vpc`` support vectors per class (a 0 allowed)."""
+    rng = np.random.default_rng(seed)
+    classes, n_sv = len(vpc), sum(vpc)
+    n_pairs = classes * (classes - 1) // 2
+    node = helper.make_node(
+        "SVMClassifier", ["X"], ["label", "scores"], domain="ai.onnx.ml",
+        classlabels_ints=list(range(classes)), kernel_type=kernel,
+        kernel_params=[0.3, 0.5, 3.0], vectors_per_class=vpc,
+        support_vectors=rng.standard_normal(n_sv * width).tolist(),
+        coefficients=rng.uniform(-1, 1, (classes - 1) * n_sv).tolist(),
+        rho=rng.uniform(-0.3, 0.3, n_pairs).tolist(),
+    )  # fmt: skip
+    return _one_node_model(node, width, "scores")
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("kernel", ["SIGMOID", "LINEAR", "RBF"])
+@pytest.mark.parametrize("vpc", [[40, 25, 31], [12, 0, 9, 20, 7, 15], [30, 44]])
+def test_decision_values_are_onnxruntimes(
+    executor: str, kernel: str, vpc: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pairwise decision values: SIGMOID's ``tanh(gamma k + coef0)`` as MLAS computes it
+    (the scale and offset one fused multiply-add, its rational tanh; libm's tanh left a
+    quarter of the scores up to 1.1e-5 off), and the native tier's sums four pairs at a time
+    (six classes: 15 pairs, a last block of three, a class with no vectors)."""
+    if executor == "native":
+        monkeypatch.delenv("TFRT_PY_NATIVE", raising=False)
+    data = _decision_svc(kernel, vpc, 10, seed=len(vpc) * 10 + vpc[0])
+    model = tfrt_py.load(data, executor=executor, native="eager")
+    if executor == "native":
+        assert model.native is not None and model.native.state == "ready", model.describe()
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    x = (np.random.default_rng(5).standard_normal((400, 10)) * 1.5).astype(np.float32)
+    got = model.run({"X": x})
+    want_label, want = sess.run(None, {"X": x})
+    np.testing.assert_array_equal(got["label"], want_label)
+    np.testing.assert_allclose(got["scores"], want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.skipif(not available(), reason="numba is not installed")
+def test_negative_vectors_per_class_are_declined(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A count below zero (here 20, -10, 3: a class would start past the last vector) is
+    declined by the native tier, whose sums run over the classes' vector ranges."""
+    monkeypatch.delenv("TFRT_PY_NATIVE", raising=False)
+    data = _decision_svc("LINEAR", [20, -10, 3], 4, seed=1)
+    with pytest.raises(tfrt_py.errors.TfrtError, match="vectors_per_class"):
+        tfrt_py.load(data, executor="native", native="eager")

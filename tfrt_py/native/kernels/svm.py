@@ -17,12 +17,10 @@ multiply-add -- not onnxruntime's sums (its loops here are plain C++ built witho
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 
-from .fastmath import expf_rn
+from .fastmath import expf_rn, fma, tanhf_mlas
 from .post import argmax, logistic, post, probit
 
 __all__ = [
@@ -74,9 +72,9 @@ def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):
                 kb[v] = k * k * k
             else:
                 kb[v] = k ** np.float32(degree)
-    elif ktype == 3:
+    elif ktype == 3:  # MLAS: gemm's alpha and C as one fused step, then its tanh
         for v in range(n_sv):
-            kb[v] = math.tanh(kb[v] * g + c0)
+            kb[v] = tanhf_mlas(fma(kb[v], g, c0))  # type: ignore[call-arg]
 
 
 _ONE = np.float32(1.0)
@@ -135,8 +133,37 @@ def _coupling(r, k, q, p, qp):
 
 
 @njit(nogil=True, cache=False, fastmath=False)
-def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj, k, labels,
-                proba, pa, pb, code, kb, d, sc, votes, lab, lo, y, yo):  # fmt: skip
+def _decisions(kb, a, n_sv, n_pairs, span, d):
+    """``d[p] = sum_v kb[v] a(p, v)``, each float32 product added in float64 in vector
+    order: onnxruntime's sums (class i's vectors, then class j's; the zero coefficients of
+    the other classes add nothing). Pairs go four at a time, ``a`` interleaved for them
+    (``a[(b n_sv + v) 4 + j]`` is pair ``4 b + j``'s coefficient of vector ``v``, zero past
+    the last pair), over the vectors ``span[2 b]:span[2 b + 1]`` their classes cover: four
+    independent sums in registers (a 3-class SVC of 336 vectors: 1.25 -> 0.53 µs a row,
+    Zen 4, where one sum a pair in memory waited on its own store)."""
+    for b in range(0, (n_pairs + 3) // 4):
+        s0 = s1 = s2 = s3 = 0.0
+        base = np.uint64(b) * np.uint64(n_sv) * np.uint64(4)
+        for v in range(span[2 * b], span[2 * b + 1]):
+            kv = kb[np.uint64(v)]
+            o = base + np.uint64(v) * np.uint64(4)
+            s0 += kv * a[o]
+            s1 += kv * a[o + np.uint64(1)]
+            s2 += kv * a[o + np.uint64(2)]
+            s3 += kv * a[o + np.uint64(3)]
+        p = 4 * b
+        d[p] = s0
+        if p + 1 < n_pairs:
+            d[p + 1] = s1
+        if p + 2 < n_pairs:
+            d[p + 2] = s2
+        if p + 3 < n_pairs:
+            d[p + 3] = s3
+
+
+@njit(nogil=True, cache=False, fastmath=False)
+def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, span, rho, pi, pj, k,
+                labels, proba, pa, pb, code, kb, d, sc, votes, lab, lo, y, yo):  # fmt: skip
     """SVMClassifier (one-vs-one with support vectors): ``lab[lo]`` the class with most
     pairwise votes, ``y[yo:]`` the probabilities (``proba``), else the decision values
     (two columns for two classes). ``d`` is float64 (n_pairs,) scratch: each pair's float32
@@ -144,12 +171,7 @@ def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, rho, pi, pj,
     sum), as onnxruntime does."""
     n_pairs = rho.size
     svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb)
-    for p in range(n_pairs):
-        d[p] = 0
-    for v in range(n_sv):
-        kv = kb[v]
-        for p in range(n_pairs):
-            d[p] += kv * a[v * n_pairs + p]
+    _decisions(kb, a, n_sv, n_pairs, span, d)
     for c in range(k):
         votes[c] = 0
     for p in range(n_pairs):

@@ -325,7 +325,7 @@ def _svm_classifier(cx: Any, node: Node) -> list[str]:
                             f"False, 0, 0, True, {all_pos}, {literal(code)}", lab, y)  # fmt: skip
     assert vpc is not None
     n_pairs = k * (k - 1) // 2
-    if len(vpc) != k or len(coef) != (k - 1) * n_sv or len(rho) < n_pairs:
+    if len(vpc) != k or len(coef) != (k - 1) * n_sv or len(rho) < n_pairs or (vpc < 0).any():
         _no(cx, "vectors_per_class, coefficients and rho do not fit the classes")
     ktype, kp = _kernel_params(cx, ctx)
     sv = _support_vectors(cx, attr_floats(ctx, "support_vectors", np.float64), n_sv, f, ktype)
@@ -351,14 +351,23 @@ def _svm_classifier(cx: Any, node: Node) -> list[str]:
         _no(cx, f"scores of shape {y.shape}")
     pa = (prob_a[:n_pairs] if proba and prob_a is not None else np.zeros(0)).astype(F4)
     pb = (prob_b[:n_pairs] if proba and prob_b is not None else np.zeros(0)).astype(F4)
-    consts = [cx.const_slice(v) for v in (a.astype(F4).ravel(), rho[:n_pairs].astype(F4),
+    # per block of four pairs (``kernels.svm._decisions``): the vectors their classes cover
+    span = [(min(starts[c] for c in cs), max(starts[c + 1] for c in cs))
+            for cs in ({*pi[b:b + 4], *pj[b:b + 4]} for b in range(0, n_pairs, 4))]  # fmt: skip
+    blocks = -(-n_pairs // 4)
+    padded = np.zeros((n_sv, blocks * 4), F4)
+    padded[:, :n_pairs] = a
+    a4 = padded.reshape(n_sv, blocks, 4).transpose(1, 0, 2)  # (block, vector, pair in block)
+    consts = [cx.const_slice(v) for v in (np.ascontiguousarray(a4).ravel(),
+              np.asarray(span, np.int64).ravel(), rho[:n_pairs].astype(F4),
               np.asarray(pi, np.int64), np.asarray(pj, np.int64), pa, pb)]  # fmt: skip
     kb, d = cx.new_buffer((n_sv,), F4), cx.new_buffer((max(n_pairs, 1),), F8)
     sc, votes = cx.new_buffer((2 * k * k + 2 * k,), F4), cx.new_buffer((k,), I8)
-    a_s, rho_s, pi_s, pj_s, pa_s, pb_s = consts
+    a_s, span_s, rho_s, pi_s, pj_s, pa_s, pb_s = consts
     return _per_row(cx, rows, lambda m: [
         f"svm_cls_row({x.buf}, {_at(x, m, f)}, {literal(f)}, {sv}, {literal(n_sv)}, "
-        f"{literal(ktype)}, {kp}, {a_s}, {rho_s}, {pi_s}, {pj_s}, {literal(k)}, {lab_s}, "
+        f"{literal(ktype)}, {kp}, {a_s}, {span_s}, {rho_s}, {pi_s}, {pj_s}, {literal(k)}, "
+        f"{lab_s}, "
         f"{literal(proba)}, {pa_s}, {pb_s}, {literal(code)}, {cx.view(kb)}, {cx.view(d)}, "
         f"{cx.view(sc)}, {cx.view(votes)}, {lab.buf}, {_at(lab, m, 1)}, {y.buf}, "
         f"{_at(y, m, width)})"])  # fmt: skip
