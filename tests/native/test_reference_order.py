@@ -111,3 +111,26 @@ def test_a_gaussian_mixture_gives_onnxruntimes_probabilities(executor: str) -> N
         big = want > 1e-3  # (exp's last bits differ by a few 1e-7 between libraries)
         assert big.any()
         np.testing.assert_allclose(got[big], want[big], rtol=1e-5, err_msg=f"batch {rows}")
+
+
+def test_exponentials_are_libms_in_a_vectorized_loop() -> None:
+    """float32 Exp and ReduceLogSumExp's exponentials go through ``fastmath.expf_rn`` (no
+    libm call per element): the correctly rounded values libm's ``expf`` gives, so a
+    GaussianMixture's probabilities stay onnxruntime's."""
+    data = _model([helper.make_node("Exp", ["X"], ["E"]),
+                   helper.make_node("ReduceLogSumExp", ["E"], ["L"], axes=[1], keepdims=1),
+                   helper.make_node("Sub", ["E", "L"], ["Y"])], {}, 6, "Y")  # fmt: skip
+    model = tfrt_py.load(data, executor="native", native="eager")
+    assert model.native is not None and model.native.state == "ready", model.describe()
+    assert model.native.lowered.source.count("expf_rn(") >= 2
+    x = _rows(1000, 6, 9, scale=2.0)
+    got = np.asarray(model.run({"X": x})["Y"])
+    e = np.exp(x.astype(np.float64)).astype(np.float32)
+    mx = e.max(axis=1, keepdims=True)
+    s = np.exp((e - mx).astype(np.float64)).astype(np.float32).sum(axis=1, keepdims=True,
+                                                                    dtype=np.float32)  # fmt: skip
+    want = e - (np.log(s) + mx)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+    exp_only = _model([helper.make_node("Exp", ["X"], ["Y"])], {}, 6, "Y")
+    got_e = tfrt_py.load(exp_only, executor="native", native="eager").run({"X": x})["Y"]
+    np.testing.assert_array_equal(got_e, e)

@@ -33,7 +33,7 @@ BUDGET_ENV = "TFRT_PY_NATIVE_BUDGET"
 DEFAULT_BUDGET = 1500
 LIBM_UNITS = 16
 _NOT_CODE = re.compile(r"^[ \t]*(?:#[^\n]*)?$", re.M)
-_LIBM = re.compile(r"np\.(?:exp|expm1|log|tanh|sin|cos)\(|\bexpf(?:_neg)?\(|\*\*")
+_LIBM = re.compile(r"np\.(?:exp|expm1|log|tanh|sin|cos)\(|\bexpf(?:_neg|_rn)?\(|\*\*")
 
 
 class OverBudget(Declined):

@@ -40,7 +40,7 @@ BLAS_MIN_MACS = 1 << 12
 #: The import line of a module whose code calls ``gemm_f4``/``gemm_f8``.
 BLAS_IMPORT = "from tfrt_py.native.kernels.blas import gemm_f4, gemm_f4_ld, gemm_f8"
 #: The import line of a module whose code calls ``expf`` or ``expf_neg``.
-EXP_IMPORT = "from tfrt_py.native.kernels.fastmath import expf, expf_neg"
+EXP_IMPORT = "from tfrt_py.native.kernels.fastmath import expf, expf_neg, expf_rn"
 #: Float32 products over at most this many terms are one chain of fused multiply-adds from
 #: zero in k's order per output, as onnxruntime's sgemm (MLAS) computes them while K fits
 #: one of its blocks (128 terms or more): ``matmul``'s loops then take k one at a time

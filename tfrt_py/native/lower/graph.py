@@ -608,7 +608,8 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         packed = tile[0]
         tile_text = _planned(packed, tile[1], arenas)
     uses_kernels = cx.uses_kernels or packed.uses_kernels
-    expf_used = any(f in t for f in ("expf(", "expf_neg(") for t in (text, tile_text or ""))
+    expf_used = any(f in t for f in ("expf(", "expf_neg(", "expf_rn(")
+                    for t in (text, tile_text or ""))  # fmt: skip
     imports = sorted(cx.imports | packed.imports | ({EXP_IMPORT} if expf_used else set()))
     param_types = sorted(packed.params)
     params = tuple(np.concatenate(packed.params[t]) for t in param_types)

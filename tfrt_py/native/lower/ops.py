@@ -328,7 +328,8 @@ def _reduce(cx: Any, node: Node) -> list[str]:
                 f"{g}v = {at}", f"if {g}v > {g}mx or {g}v != {g}v:", f"    {g}mx = {g}v",
             ], f"{g}r")  # fmt: skip
             lines.append(f"{g}acc = {t}(0.0)")
-            inner = [inner[0], f"{g}acc += np.exp({g}v - {g}mx)"]
+            exp = "expf_rn" if t == "f4" else "np.exp"  # libm's values, vectorizable
+            inner = [inner[0], f"{g}acc += {exp}({g}v - {g}mx)"]
         lines += loop_nest([x.shape[a] for a in axes], lambda _: inner, f"{g}r")
         res = _REDUCE_RESULTS.get(op, "{acc}").format(
             acc=f"{g}acc", n=f"{t}({literal(count)})", mx=f"{g}mx"
