@@ -98,3 +98,53 @@ def test_a_batch_of_tiles_matches_onnxruntime(aggregate: str, monkeypatch: Any) 
         feeds = {"X": tree_inputs(rng, n)}
         np.testing.assert_allclose(model.run(feeds)["Y"], sess.run(None, feeds)[0], rtol=1e-5,
                                    atol=1e-6, err_msg=f"{aggregate} {n}")  # fmt: skip
+
+
+@pytest.mark.parametrize("string_labels", [False, True])
+def test_a_classifier_with_zipmap_takes_the_tiles(string_labels: bool, monkeypatch: Any) -> None:
+    """A default skl2onnx classifier ends in ZipMap (and may have string labels): its
+    batches take the many-row walk too, and its dicts and labels are onnxruntime's."""
+    from tests.support.trees import random_classifier
+
+    monkeypatch.delenv("TFRT_PY_NATIVE", raising=False)
+    rng = np.random.RandomState(5)
+    node, n_classes = random_classifier(rng, 1, "SOFTMAX", _DEPTHS)
+    classes: list[Any] = list(range(10, 10 + n_classes))
+    if string_labels:
+        classes = [f"c{k}" for k in range(n_classes)]
+        for a in list(node.attribute):
+            if a.name == "classlabels_int64s":
+                node.attribute.remove(a)
+        node.attribute.append(helper.make_attribute("classlabels_strings", classes))
+    key = "classlabels_strings" if string_labels else "classlabels_int64s"
+    zipmap = helper.make_node("ZipMap", ["Y"], ["Z"], domain=ML)
+    zipmap.attribute.append(helper.make_attribute(key, classes))
+    label_type = TensorProto.STRING if string_labels else TensorProto.INT64
+    value = TensorProto.STRING if string_labels else TensorProto.INT64
+    z_type = helper.make_sequence_type_proto(
+        helper.make_map_type_proto(value, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+    )
+    g = helper.make_graph([node, zipmap], "g",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])],
+                          [helper.make_tensor_value_info("L", label_type, [None]),
+                           helper.make_value_info("Z", z_type)])  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid(ML, 3)])  # fmt: skip
+    m.ir_version = 9
+    data = m.SerializeToString()
+    model = tfrt_py.load(data, executor="native", native="eager")
+    assert model.native is not None and model.native.form == "rows"
+    assert "forest_rows_" in model.native.lowered.source.split("def rows")[1]
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for n in (150, 1):
+        feeds = {"X": tree_inputs(rng, n)}
+        got = model.run(feeds)
+        want_l, want_z = sess.run(None, feeds)
+        assert np.asarray(got["L"]).astype(str).tolist() == want_l.astype(str).tolist()
+        assert len(got["Z"]) == n and [list(d) for d in got["Z"]] == [list(d) for d in want_z]
+        np.testing.assert_allclose(
+            [list(d.values()) for d in got["Z"]],
+            [list(d.values()) for d in want_z],
+            rtol=1e-5,
+            atol=1e-6,
+        )

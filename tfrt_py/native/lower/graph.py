@@ -490,10 +490,9 @@ def _tile(graph: Graph, program: Program, row_cx: NodeContext,
     """Rows mode: the body for ``TILE_ROWS`` rows at once, with its big products on
     NumPy's gemm, or a graph of grouped ops only (``OpLowering.grouped``: their many-row
     code), and its context (which holds the row body's constants too); None when the graph
-    is neither, has no product big enough there for BLAS (where BLAS can be called), or
-    has string or ZipMap outputs (their finishers belong to the row body)."""
-    if row_cx.label_tables or row_cx.finishers:
-        return None
+    is neither or has no product big enough there for BLAS (where BLAS can be called).
+    String labels and ZipMap outputs are the same arrays either way (the entry's finishers
+    map them after the call)."""
     reg = lowerings()
     records = [reg.get(n.domain, n.op_type) for n in graph.nodes]
     # grouped code pays for the tile's second copy of the graph only where it is the whole

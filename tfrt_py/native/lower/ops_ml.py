@@ -677,6 +677,7 @@ def register_lowerings(reg: Registry) -> None:
         "TreeEnsembleClassifier",
         "TreeEnsembleRegressor",
         "TreeEnsemble",
+        "ZipMap",  # no code: the entry makes its dicts from the scores
     )
     for op, emit in per_row.items():
         reg.add(ML, op, emit, rows=rows.only_first, grouped=op in grouped)
