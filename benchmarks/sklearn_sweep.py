@@ -179,7 +179,7 @@ def sweep_one(make: Callable[[], Any], x: np.ndarray, y: Any, warm_s: float) -> 
         while time.perf_counter() < t_end:
             model.run(xb)
             sess.run(None, xb)
-        ratios.append(_timed(model, sess, xb, 600 if batch == 1 else 30))
+        ratios.append(_timed(model, sess, xb, 600 if batch == 1 else 300))
     auto = _agrees(list(model.run(feeds).values()), want)
     interp = _agrees(list(sync.run(feeds).values()), want)
     return f"{model.executor} | {auto} | {interp} | {ratios[0]:.2f}x | {ratios[1]:.2f}x"
