@@ -136,3 +136,23 @@ def test_the_gemv_split_is_measured_once_per_shape(monkeypatch: pytest.MonkeyPat
     assert len(measured) == 1
     assert not gemm.gemv_split_pays(1536, 384, 4, 1)  # one thread: nothing to split over
     gemm._GEMV_SPLIT_PAYS.pop(key, None)
+
+
+def test_read_only_operands_compile_nothing_new() -> None:
+    """A model's constant weights are read-only arrays, the host's probe passes writable
+    ones, and numba compiles per argument types: ``gemv_cols`` passes its operands read-only
+    either way, so after its warm-up no call compiles (a model's first split call used to)."""
+    fn = gemm._GEMV_COLS.get()
+    assert fn is not None
+    a = np.random.default_rng(2).standard_normal((1, 512)).astype(np.float32)
+    w = np.random.default_rng(3).standard_normal((512, 1024)).astype(np.float32)
+    before = len(fn.overloads)
+    for wv in (w, w.copy(), np.ascontiguousarray(w.T).T):  # writable, and (N, K) transposed
+        for ro in (False, True):
+            x, m = a.copy(), wv.copy(order="K") if ro else wv
+            if ro:
+                x.flags.writeable = m.flags.writeable = False
+            out = np.empty((1, 1024), np.float32)
+            assert gemm.gemv_cols(x, m, out, 2)
+            np.testing.assert_allclose(out, a @ w, rtol=1e-4, atol=1e-4)
+    assert len(fn.overloads) == before

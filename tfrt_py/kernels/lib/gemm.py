@@ -217,13 +217,23 @@ def gemv_cols(a: np.ndarray, b: np.ndarray, out: np.ndarray, t: int) -> bool:
         return False
     blocks = min(PARTS_PER_THREAD * native_threads.enter(t), b.shape[1] // _MIN_COLS)
     fn(
-        a.reshape(-1),
-        b.T if trans else b,
+        _read_only(a.reshape(-1)),
+        _read_only(b.T if trans else b),
         out.reshape(-1),
         native_threads.edges(b.shape[1], blocks),
         trans,
     )
     return True
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``: numba compiles a kernel once per argument types, and a
+    read-only array is another type than a writable one, so ``gemv_cols`` passes its
+    operands one way (a model's constant weights are read-only, the probe's are not: the
+    first split call with the model's weights compiled in the call)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 def matmul_cols_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -348,10 +358,10 @@ def _gemv_cols(x: Any, w: Any, y: Any, edges: Any, trans: bool) -> None:  # prag
 
 def _warm_gemv_cols(fn: Any) -> None:
     t = np.float32
-    x, w = np.ones(3, t), np.ones((3, 4), t)  # weights as the kernel gets them: copies
+    x, w = _read_only(np.ones(3, t)), np.ones((3, 4), t)  # as gemv_cols passes them
     edges = native_threads.edges(4, 2)  # read-only, as the kernel's
-    fn(x, w, np.empty(4, t), edges, False)
-    fn(x, w.T.copy(), np.empty(4, t), edges, True)
+    fn(x, _read_only(w), np.empty(4, t), edges, False)
+    fn(x, _read_only(w.T.copy()), np.empty(4, t), edges, True)
 
 
 _GEMV_COLS = Jitted(_gemv_cols, _warm_gemv_cols, parallel=True, prepare=_prepare_matmul_blocks)
