@@ -93,6 +93,7 @@ def test_a_batch_of_tiles_matches_onnxruntime(aggregate: str, monkeypatch: Any) 
     model = tfrt_py.load(data, executor="native", native="eager")
     assert model.native is not None and model.native.form == "rows"
     assert "forest_rows_" in model.native.lowered.source  # tiles walk many rows at once
+    assert "tiles of 64 rows" in model.describe()
     sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     for n in (64, 150, 1):
         feeds = {"X": tree_inputs(rng, n)}

@@ -232,7 +232,7 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     operands one way (a model's constant weights are read-only, the probe's are not: the
     first split call with the model's weights compiled in the call)."""
     v = a.view()
-    v.flags.writeable = False
+    v.setflags(write=False)  # ``v.flags.writeable = False`` leaves ~2.5 bytes a call behind
     return v
 
 

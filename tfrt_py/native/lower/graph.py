@@ -122,6 +122,8 @@ class Lowered:
     #: (``cache.py``): ``run`` takes a buffer per pair after the inputs, then the caller's
     #: view of it per pair, then ``params``
     caches: tuple[tuple[int, int], ...] = ()
+    #: Rows mode: the rows its tile body runs at once (``TILE_ROWS``), 0 without one.
+    tile_rows: int = 0
 
     @property
     def key(self) -> str:
@@ -680,6 +682,7 @@ def _assemble(graph: Graph, cx: NodeContext, sig: list[str], prologue: list[str]
         else (),
         choices=tuple(cx.choices) if signature else (),
         caches=pairs,
+        tile_rows=TILE_ROWS if rows and tile_text is not None else 0,
     )
 
 

@@ -670,7 +670,10 @@ class NativeTier(Executor):
             return text + (f"; declined: {failed}" if failed else "")
         assert self.lowered is not None
         n, units = self.lowered.n_nodes, self.lowered.units
-        what = "every batch size (one row per loop step)" if self.form == "rows" else "its shapes"
+        tile = self.lowered.tile_rows
+        what = "its shapes" if self.form != "rows" else "every batch size (" + (
+            f"tiles of {tile} rows, the rest one row per loop step)" if tile
+            else "one row per loop step)")  # fmt: skip
         if self.state == "compiling":
             return (
                 f"native: compiling {n} nodes ({units} compile units) in the background "
