@@ -145,8 +145,9 @@ LINE_BUDGET: dict[str, int] = {
     # (67th): ReduceSumSquare/ReduceL2 added in order (reduce/reductions.py): issue 39;
     # 12-06 (68th): the SVC's distances, decisions and coupling in onnxruntime's order (ml/svm.py);
     # 12-06 (69th): MLAS's tanh for sigmoid SVMs (ml/svm.py): issue 39; gemv_cols passes
-    # read-only operands (lib/gemm.py: a compile in a model's first split call)
-    "kernels": 36180,
+    # read-only operands (lib/gemm.py: a compile in a model's first split call); MLAS's tanh
+    # constants in one module both tiers read (lib/mlas_tanh.py)
+    "kernels": 36195,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,

@@ -169,16 +169,16 @@ def test_expf_rn_is_the_correctly_rounded_expf() -> None:
 
 def test_tanhf_mlas_is_the_interpreters_mlas_tanh() -> None:
     """``tanhf_mlas`` (fused multiply-adds) and the interpreter's NumPy form of MLAS's tanh
-    (``kernels.ml.svm._tanh_mlas``: float64 sums rounded once) agree bit for bit, clamp at
+    (``kernels.lib.mlas_tanh.tanh_mlas``: float64 sums rounded once) agree bit for bit, clamp at
     +-9 (tanh(9) within 1 ulp of 1), keep NaN, and stay within 3e-7 of tanh."""
-    from tfrt_py.kernels.ml.svm import _tanh_mlas
+    from tfrt_py.kernels.lib.mlas_tanh import tanh_mlas
 
     rng = np.random.default_rng(4)
     x, y, _ = _apply("tanhf_mlas", np.concatenate([np.linspace(-12, 12, 200_001),
                                                    rng.standard_normal(200_000) * 3]))  # fmt: skip
     nan = np.isnan(x)
     assert np.isnan(y[nan]).all()
-    np.testing.assert_array_equal(y[~nan], _tanh_mlas(x[~nan]))
+    np.testing.assert_array_equal(y[~nan], tanh_mlas(x[~nan]))
     assert (np.abs(y[np.abs(x) >= 9] - np.sign(x[np.abs(x) >= 9])) <= 1.2e-7).all()
     ok = ~nan & np.isfinite(x)
     np.testing.assert_allclose(y[ok], np.tanh(x[ok].astype(np.float64)), rtol=0, atol=3e-7)

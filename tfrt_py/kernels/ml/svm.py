@@ -27,6 +27,7 @@ import numpy as np
 
 from ..base import ComputeFn, KernelContext
 from ..lib.jit import CONTRACT, Jitted
+from ..lib.mlas_tanh import fma32, tanh_mlas
 from ..registry import KernelRegistry
 from .common import ML_DOMAIN, as_2d, attr_floats, attr_ints, attr_strings, post_transform
 
@@ -43,38 +44,6 @@ def _exp_rounded(a: np.ndarray) -> np.ndarray:
     """e**a for float32 ``a`` as libm's correctly rounded ``expf`` (onnxruntime's): float64
     exp rounded once."""
     return np.exp(a.astype(np.float64)).astype(_F32)
-
-
-#: MLAS's tanh (``MlasTanhConstants``, Eigen's): numerator and denominator coefficients
-_TANH_P = [np.float32(v) for v in (2.00018790482477e-13, -8.60467152213735e-11,
-           5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
-           4.89352455891786e-03)]  # fmt: skip
-_TANH_P13 = np.float32(-2.76076847742355e-16)
-_TANH_Q = [np.float32(v) for v in (1.18534705686654e-04, 2.26843463243900e-03,
-           4.89352518554385e-03)]  # fmt: skip
-_TANH_Q6 = np.float32(1.19825839466702e-06)
-
-
-def _fma32(a: np.ndarray, b: Any, c: Any) -> np.ndarray:
-    """``a * b + c`` of float32 values rounded once to float32, as a fused multiply-add
-    (the product is exact in float64; the float64 sum's rounding differs from one rounding
-    only where it lands on a float32 tie)."""
-    return (a.astype(np.float64) * np.float64(b) + np.float64(c)).astype(_F32)
-
-
-def _tanh_mlas(k: np.ndarray) -> np.ndarray:
-    """tanh of float32 ``k`` as onnxruntime's SVMs compute it (MLAS's FMA kernel, as
-    ``native.kernels.fastmath.tanhf_mlas``): clamped to [-9, 9], a rational polynomial in
-    fused multiply-adds."""
-    v = np.clip(k, np.float32(-9.0), np.float32(9.0))
-    v2 = v * v
-    p = _fma32(v2, _TANH_P13, _TANH_P[0])
-    for a in _TANH_P[1:]:
-        p = _fma32(p, v2, a)
-    q = _fma32(v2, _TANH_Q6, _TANH_Q[0])
-    for b in _TANH_Q[1:]:
-        q = _fma32(q, v2, b)
-    return (p * v) / q
 
 
 def _kernel(
@@ -102,7 +71,7 @@ def _kernel(
     if kind == "SIGMOID":
 
         def sigmoid(x: np.ndarray) -> np.ndarray:  # MLAS: gemm's alpha and C fused
-            return _tanh_mlas(_fma32(x @ s_t, g, c))
+            return tanh_mlas(fma32(x @ s_t, g, c))
 
         return sigmoid
     if kind == "RBF":

@@ -42,6 +42,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from ...kernels.lib.mlas_tanh import DENOMINATOR, LIMIT, NUMERATOR
+
 __all__ = ["expf", "expf_neg", "expf_rn", "fma", "rounded", "tanhf_mlas"]
 
 _LOG2E = np.float32(1.4426950408889634)
@@ -182,14 +184,11 @@ def fma(typingctx, a, b, c):
 
 _fma: Any = fma  # the intrinsic, typed for mypy's sake
 
-# MLAS's MlasTanhConstants (Eigen's ptanh)
-_T_LO, _T_HI = np.float32(-9.0), np.float32(9.0)
-_A13, _A11 = np.float32(-2.76076847742355e-16), np.float32(2.00018790482477e-13)
-_A9, _A7 = np.float32(-8.60467152213735e-11), np.float32(5.12229709037114e-08)
-_A5, _A3 = np.float32(1.48572235717979e-05), np.float32(6.37261928875436e-04)
-_A1 = np.float32(4.89352455891786e-03)
-_B6, _B4 = np.float32(1.19825839466702e-06), np.float32(1.18534705686654e-04)
-_B2, _B0 = np.float32(2.26843463243900e-03), np.float32(4.89352518554385e-03)
+# MLAS's tanh constants, one copy (``kernels/lib/mlas_tanh.py``), as scalars numba folds
+_T_HI = LIMIT
+_T_LO = -LIMIT
+_A13, _A11, _A9, _A7, _A5, _A3, _A1 = NUMERATOR
+_B6, _B4, _B2, _B0 = DENOMINATOR
 
 
 @njit(nogil=True, cache=True, inline="always")
