@@ -68,7 +68,7 @@ def estimators() -> dict[str, tuple[Callable[[], Any], str]]:
         "Calibrated isotonic": (
             lambda: calibration.CalibratedClassifierCV(lr(), method="isotonic", cv=3), "clf"),
         "MLPRegressor": (lambda: neural_network.MLPRegressor(
-            (32,), max_iter=300, random_state=0), "reg"),
+            hidden_layer_sizes=(32,), max_iter=300, random_state=0), "reg"),
         "DecisionTreeRegressor": (lambda: tree.DecisionTreeRegressor(max_depth=6), "reg"),
         "GradientBoostingRegressor": (
             lambda: ensemble.GradientBoostingRegressor(n_estimators=20), "reg"),
@@ -152,16 +152,17 @@ def sweep_one(make: Callable[[], Any], x: np.ndarray, y: Any, warm_s: float) -> 
     """One table row's cells after the name."""
     import onnxruntime as ort
     from skl2onnx import to_onnx
+    from sklearn.base import is_classifier
 
     import tfrt_py
 
     try:
         est = make().fit(x, y) if y is not None else make().fit(x)
-        options = {id(est): {"zipmap": False}} if hasattr(est, "predict_proba") else None
+        options = {id(est): {"zipmap": False}} if is_classifier(est) else None
         data = to_onnx(est, x[:1], options=options,
                        target_opset={"": 17, "ai.onnx.ml": 3}).SerializeToString()  # fmt: skip
     except Exception as e:  # noqa: BLE001 -- the converter's or the estimator's own refusal
-        return f"not converted ({type(e).__name__}) | | | |"
+        return f"not converted ({type(e).__name__}: {str(e)[:120]}) | | | |"
     so = ort.SessionOptions()
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])

@@ -180,8 +180,10 @@ LINE_BUDGET: dict[str, int] = {
     # 12-06 (69th): forests walked a tree for eight rows at once in rows mode's tiles
     # (kernels/trees.forest_rows_*, lower/ops_ml._forest), SVC decisions four pairs at a
     # time and MLAS's tanh (kernels/svm.py, fastmath.tanhf_mlas), float32 Exp through
-    # fastmath.expf_rn (lower/scalar.py): issue 39's batch 1000
-    "native": 9995,
+    # fastmath.expf_rn (lower/scalar.py): issue 39's batch 1000; 12-06 (70th): one-row
+    # narrow products summed in scalars (lower/emit.py), tiles for small graphs with Exp or
+    # many-row code (lower/graph._vector_math): issue 39's batch 1000
+    "native": 10040,
     # 2026-11-30: a bucket's check keeps shapes only (Program.run_shapes); baked parts shared;
     # 2026-12-01: genai's total_sequence_length tied to past + sequence (dims.genai_tied);
     # straight-line code for the interpreter's unplanned calls (straight.py); 12-04 (50th):

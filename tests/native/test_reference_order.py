@@ -7,6 +7,7 @@ onnxruntime's probabilities, not ones 1e-3 away."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tfrt_py.kernels.lib import gemm_packed
+from tfrt_py.native.lower import emit
 
 pytestmark = pytest.mark.skipif(
     gemm_packed.kernel() is None, reason="needs numba and an AVX2/FMA (or aarch64) host"
@@ -52,13 +54,16 @@ def _rows(n: int, width: int, seed: int, scale: float = 3.0) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal((n, width)) * scale).astype(np.float32)
 
 
-@pytest.mark.parametrize("k, n", [(20, 20), (64, 10), (7, 3), (128, 33)])
+@pytest.mark.parametrize("k, n", [(20, 20), (64, 10), (7, 3), (10, 8), (10, 9), (128, 33)])
 def test_products_of_a_few_terms_are_onnxruntimes_bits(k: int, n: int) -> None:
+    """At any width; one row's product at most ``emit.REGISTER_N`` wide sums in scalars."""
     rng = np.random.default_rng(k * 1000 + n)
     w = (rng.standard_normal((k, n)) * 4).astype(np.float32)
     b = (rng.standard_normal(n) * 50).astype(np.float32)
     gemm = _model([helper.make_node("Gemm", ["X", "W", "B"], ["Y"])], {"W": w, "B": b}, k, "Y")
     matmul = _model([helper.make_node("MatMul", ["X", "W"], ["Y"])], {"W": w}, k, "Y")
+    source = tfrt_py.load(matmul, executor="native", native="eager").native.lowered.source
+    assert (re.search(rf"\w+a{n - 1} \+= ", source) is not None) == (n <= emit.REGISTER_N)
     for data in (gemm, matmul):
         for i, rows in enumerate(BATCHES):
             got, want = _both(data, _rows(rows, k, i))

@@ -114,6 +114,39 @@ def test_over_budget_with_tiles_keeps_rows_one_at_a_time(monkeypatch: pytest.Mon
     )
 
 
+def _naive_bayes() -> Graph:
+    """A ComplementNB's math: scores = x W (10 features, 3 classes), log-probabilities
+    scores - ReduceLogSumExp(scores), their Exp, and the label (ArgMax)."""
+    b = GraphBuilder("nb")
+    x = b.input("x", np.float32, ("N", 10))
+    s = b.op("MatMul", x, b.const(RNG.standard_normal((10, 3)).astype(np.float32)))
+    lse = b.op("ReduceLogSumExp", s, axes=[1], keepdims=1)
+    b.output(b.op("Exp", b.op("Sub", s, lse)), "p")
+    b.output(b.op("ArgMax", s, axis=1, keepdims=0), "label")
+    return b.build()
+
+
+def test_a_small_graph_with_exp_gets_a_tile_of_the_rows_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Exp and ReduceLogSumExp vectorize only across rows (a row has 3 classes): a small
+    graph with them gets a tile body (``graph.VECTOR_MATH_NODES``), whose outputs are the
+    row body's bit for bit; a graph over the limit keeps rows one at a time."""
+    g = _naive_bayes()
+    tiled = tfrt_py.load(g, executor="native", native="eager")
+    assert tiled.native.form == "rows"
+    assert f"for tw in range(lo, tiled, {T}):" in tiled.native.lowered.source
+    assert "tiles of 64 rows" in tiled.describe()
+    monkeypatch.setattr(lower_mod, "VECTOR_MATH_NODES", 0)
+    rows = tfrt_py.load(g, executor="native", native="eager")
+    assert "for tw in range" not in rows.native.lowered.source
+    for n in (1, T - 1, T, T + 1, 2 * T + 3):
+        x = (RNG.standard_normal((n, 10)) * 3).astype(np.float32)
+        got, want = tiled.run({"x": x}), rows.run({"x": x})
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{k} at {n} rows")
+
+
 _EDGES = [np.nan, np.inf, -np.inf, 0.0, -0.0, 88.72283, 88.7229, 89.0, -87.3, -87.33, -87.34,
           -103.2, -103.9, -104.0, -1000.0, 1e-8, -1e-8]  # fmt: skip
 

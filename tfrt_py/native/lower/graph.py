@@ -64,6 +64,9 @@ __all__ = [
 
 #: The default domain's views: their output is their input's memory (no code).
 VIEW_OPS = frozenset(registry.VIEW_OPS)
+#: Rows mode builds a tile for math that vectorizes across rows only in graphs of at most
+#: this many nodes (``_vector_math``).
+VECTOR_MATH_NODES = 10
 
 
 @record(frozen=True)
@@ -491,18 +494,20 @@ def _tile(graph: Graph, program: Program, row_cx: NodeContext,
           batched: list[bool]) -> tuple[NodeContext, list[str]] | None:  # fmt: skip
     """Rows mode: the body for ``TILE_ROWS`` rows at once, with its big products on
     NumPy's gemm, or a graph of grouped ops only (``OpLowering.grouped``: their many-row
-    code), and its context (which holds the row body's constants too); None when the graph
-    is neither or has no product big enough there for BLAS (where BLAS can be called).
+    code), or a small graph with math that vectorizes across rows only (``_vector_math``),
+    and its context (which holds the row body's constants too); None when the graph is
+    none of these or has no product big enough there for BLAS (where BLAS can be called).
     String labels and ZipMap outputs are the same arrays either way (the entry's finishers
     map them after the call)."""
     reg = lowerings()
     records = [reg.get(n.domain, n.op_type) for n in graph.nodes]
-    # grouped code pays for the tile's second copy of the graph only where it is the whole
-    # row (a lone LinearClassifier: 1,000 rows 17.4 -> 12.8 µs; a 12-node one-hot pipeline
-    # before one: 106 -> 102 µs, its compile 2.0 -> 4.4 s)
+    # grouped code pays for the tile's second copy of the graph where it is the whole row
+    # (a lone LinearClassifier: 1,000 rows 17.4 -> 12.8 µs) or the graph is small; not in a
+    # 12-node one-hot pipeline before one (106 -> 102 µs, its compile 2.0 -> 4.4 s)
     grouped = bool(records) and all(r is not None and (r.grouped or r.view) for r in records)
+    vector = _vector_math(graph, records)
     with_blas = blas.available()
-    if not grouped and not (with_blas and any(r is not None and r.product for r in records)):
+    if not (grouped or vector or (with_blas and any(r is not None and r.product for r in records))):
         return None
     try:
         specs = _input_specs(graph, None, TILE_ROWS)
@@ -514,11 +519,24 @@ def _tile(graph: Graph, program: Program, row_cx: NodeContext,
     except Declined:
         return None
     products = any("gemm_" in ln for ln in body)  # NumPy's gemm or the packed kernel
-    if not grouped and not products:
+    if not (grouped or vector or products):
         return None
     if products:
         cx.imports.add(BLAS_IMPORT)
     return cx, body
+
+
+def _vector_math(graph: Graph, records: list[Any]) -> bool:
+    """Whether a small graph (``VECTOR_MATH_NODES``) has math that vectorizes across rows
+    only: a float Exp or ReduceLogSumExp (``fastmath.expf_rn``: a row's 3-10 classes are no
+    vector; a ComplementNB at 1,000 rows 66 -> 31 µs), or an op with many-row code beside
+    others (a LogisticRegression's LinearClassifier and its Normalizer: 33 -> 22 µs). The
+    tile is a second copy of the graph's code: its compile took 1.6 -> 3.2 s for those two,
+    so a bigger graph, whose rows cost more than such math, goes without."""
+    if len(graph.nodes) > VECTOR_MATH_NODES:
+        return False
+    exp = any(n.domain == "" and n.op_type in ("Exp", "ReduceLogSumExp") for n in graph.nodes)
+    return exp or any(r is not None and r.grouped for r in records)
 
 
 def _lower_node(cx: NodeContext, node: Node) -> list[str]:
