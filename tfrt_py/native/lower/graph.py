@@ -67,6 +67,9 @@ VIEW_OPS = frozenset(registry.VIEW_OPS)
 #: Rows mode builds a tile for math that vectorizes across rows only in graphs of at most
 #: this many nodes (``_vector_math``).
 VECTOR_MATH_NODES = 10
+#: Grouped ops with no many-row code of their own: ZipMap (the entry makes its dicts) and
+#: SVMClassifier (its tile body calls the one-row kernel per row).
+_NO_MANY_ROW_CODE = frozenset({"ZipMap", "SVMClassifier"})
 
 
 @record(frozen=True)
@@ -536,7 +539,10 @@ def _vector_math(graph: Graph, records: list[Any]) -> bool:
     if len(graph.nodes) > VECTOR_MATH_NODES:
         return False
     exp = any(n.domain == "" and n.op_type in ("Exp", "ReduceLogSumExp") for n in graph.nodes)
-    return exp or any(r is not None and r.grouped for r in records)
+    return exp or any(
+        r is not None and r.grouped and n.op_type not in _NO_MANY_ROW_CODE
+        for n, r in zip(graph.nodes, records)
+    )
 
 
 def _lower_node(cx: NodeContext, node: Node) -> list[str]:
