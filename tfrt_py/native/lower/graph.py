@@ -64,9 +64,11 @@ __all__ = [
 
 #: The default domain's views: their output is their input's memory (no code).
 VIEW_OPS = frozenset(registry.VIEW_OPS)
-#: Rows mode builds a tile for math that vectorizes across rows only in graphs of at most
-#: this many nodes (``_vector_math``).
-VECTOR_MATH_NODES = 10
+#: Rows mode builds a tile for math that vectorizes across rows only (``_vector_math``) in
+#: graphs of at most this many nodes: Exp's (a NaiveBayes's 10-19 nodes), and a linear
+#: model's or forest's many-row code beside other ops (``MANY_ROW_NODES``).
+VECTOR_MATH_NODES = 20
+MANY_ROW_NODES = 10
 #: Grouped ops with no many-row code of their own: ZipMap (the entry makes its dicts) and
 #: SVMClassifier (its tile body calls the one-row kernel per row).
 _NO_MANY_ROW_CODE = frozenset({"ZipMap", "SVMClassifier"})
@@ -532,17 +534,20 @@ def _tile(graph: Graph, program: Program, row_cx: NodeContext,
 def _vector_math(graph: Graph, records: list[Any]) -> bool:
     """Whether a small graph (``VECTOR_MATH_NODES``) has math that vectorizes across rows
     only: a float Exp or ReduceLogSumExp (``fastmath.expf_rn``: a row's 3-10 classes are no
-    vector; a ComplementNB at 1,000 rows 66 -> 31 µs), or an op with many-row code beside
-    others (a LogisticRegression's LinearClassifier and its Normalizer: 33 -> 22 µs). The
-    tile is a second copy of the graph's code: its compile took 1.6 -> 3.2 s for those two,
-    so a bigger graph, whose rows cost more than such math, goes without."""
-    if len(graph.nodes) > VECTOR_MATH_NODES:
+    vector; a ComplementNB at 1,000 rows 66 -> 31 µs, a MultinomialNB's 17 nodes 77 -> 31),
+    or, in at most ``MANY_ROW_NODES``, an op with many-row code beside others (a
+    LogisticRegression's LinearClassifier and its Normalizer: 33 -> 22 µs). The tile is a
+    second copy of the graph's code: its compile took 1.6 -> 3.2 s for those two, so a
+    bigger graph, whose rows cost more than such math, goes without."""
+    nodes = len(graph.nodes)
+    if nodes > VECTOR_MATH_NODES:
         return False
     exp = any(n.domain == "" and n.op_type in ("Exp", "ReduceLogSumExp") for n in graph.nodes)
-    return exp or any(
+    many_row = any(
         r is not None and r.grouped and n.op_type not in _NO_MANY_ROW_CODE
         for n, r in zip(graph.nodes, records)
     )
+    return exp or (many_row and nodes <= MANY_ROW_NODES)
 
 
 def _lower_node(cx: NodeContext, node: Node) -> list[str]:
