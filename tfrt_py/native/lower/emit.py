@@ -165,12 +165,9 @@ def matmul(
         return [f"gemm_{t}({args})"]
     xm, xk = x_st
     wk, wj = w_st
-    lines: list[str] = []
     mv = ["m"] if m_ > 1 else []
     yrow = index(y.off, mv, [n_])
     xrow = index(x.off, mv, [xm])
-    lines.append(f"for j in range({N}):")
-    lines.append(f"    {y.buf}[{yrow} + j] = {t}(0.0)")
 
     def xs(kexpr: str) -> str:
         return f"{x.buf}[{xrow} + ({kexpr}) * {literal(xk)}]"
@@ -181,6 +178,7 @@ def matmul(
 
     if chain and m_ == 1 and n_ <= REGISTER_N:
         return _chain_in_registers(tag, xs, w, y, yrow, k_, n_, wk, wj, t)
+    lines = [f"for j in range({N}):", f"    {y.buf}[{yrow} + j] = {t}(0.0)"]
     if chain:
         lines.append(f"for k in range({K}):")
         lines.append(f"    {tag}x0 = {xs('k')}")

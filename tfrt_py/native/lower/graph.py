@@ -534,7 +534,7 @@ def _tile(graph: Graph, program: Program, row_cx: NodeContext,
 def _vector_math(graph: Graph, records: list[Any]) -> bool:
     """Whether a small graph (``VECTOR_MATH_NODES``) has math that vectorizes across rows
     only: a float Exp or ReduceLogSumExp (``fastmath.expf_rn``: a row's 3-10 classes are no
-    vector; a ComplementNB at 1,000 rows 66 -> 31 µs, a MultinomialNB's 17 nodes 77 -> 31),
+    vector; a ComplementNB at 1,000 rows 66 -> 31 µs, a MultinomialNB's 17 nodes 77 -> 40),
     or, in at most ``MANY_ROW_NODES``, an op with many-row code beside others (a
     LogisticRegression's LinearClassifier and its Normalizer: 33 -> 22 µs). The tile is a
     second copy of the graph's code: its compile took 1.6 -> 3.2 s for those two, so a
