@@ -431,10 +431,11 @@ def test_other_depthwise_geometries_keep_the_padded_grid(
         assert depthwise_plans and all(p.fn not in compiled for p in depthwise_plans)
 
 
-# -- grouped convs with few channels per group: the direct kernel --------------------------
+# -- grouped convs with few channels per group: compiled kernels -----------------------------
 
 # (x shape, group, w shape, attrs): RegNet's 8 channels per group, ResNeXt's 4, a channel
-# multiplier of 2 and of 1/2 per group, strides, dilations, asymmetric pads, a batch.
+# multiplier of 2 and of 1/2 per group, strides, dilations, asymmetric pads, a batch; 2
+# and 3 channels a group.
 GROUPED_DIRECT_CASES = [
     ((1, 48, 28, 28), 6, (48, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
     ((1, 104, 14, 14), 13, (104, 8, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
@@ -447,6 +448,8 @@ GROUPED_DIRECT_CASES = [
         {"pads": [2, 0, 1, 1], "strides": [1, 2], "dilations": [2, 1]},
     ),
     ((1, 32, 9, 9), 2, (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 24, 14, 14), 12, (24, 2, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 18, 11, 11), 6, (36, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
 ]
 
 
@@ -458,11 +461,31 @@ def direct_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     return record_calls(monkeypatch, conv_depthwise, "run_depthwise", lambda p, x, w, *r: w.shape)
 
 
+@pytest.fixture
+def blocked_routes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The routes ``conv_blocked.run_blocked`` ran, call by call."""
+    from tfrt_py.kernels.nn import conv_blocked
+
+    return record_calls(monkeypatch, conv_blocked, "run_blocked", lambda plan, *r: plan.route)
+
+
+def _grouped_ran(w_shape: Any, group: int, direct_runs: list[Any], routes: list[str]) -> None:
+    """The compiled kernel a grouped float32 conv takes ran: a product a group on
+    ``conv_cols``' kernel from ``conv_cols_grouped.MIN_CHANNELS`` channels a group where it
+    is there, else the direct kernel."""
+    from tfrt_py.kernels.nn import conv_cols_grouped
+
+    if conv_cols_grouped.serves(w_shape[1], group, np.dtype(np.float32)):
+        assert routes and routes[-1] == "groups" and not direct_runs
+    else:
+        assert direct_runs and direct_runs[-1] == w_shape
+
+
 @pytest.mark.parametrize("act", ["Relu", "none"])
 @pytest.mark.parametrize(("x_shape", "group", "w_shape", "attrs"), GROUPED_DIRECT_CASES)
-def test_grouped_conv_with_few_channels_per_group_runs_the_direct_kernel(
-    direct_runs: list[Any], x_shape: Any, group: int, w_shape: Any, attrs: dict[str, Any],
-    act: str,
+def test_grouped_conv_with_few_channels_per_group_runs_a_compiled_kernel(
+    direct_runs: list[Any], blocked_routes: list[str], x_shape: Any, group: int, w_shape: Any,
+    attrs: dict[str, Any], act: str,
 ) -> None:  # fmt: skip
     x, w, b = _r(*x_shape), _r(*w_shape) * 0.3, _r(w_shape[0])
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=group, **attrs)]
@@ -472,14 +495,16 @@ def test_grouped_conv_with_few_channels_per_group_runs_the_direct_kernel(
         nodes.append(helper.make_node(act, ["c"], ["y"]))
     model = _check(_model(nodes, {"x": x}, ["y"], {"w": w, "b": b}), {"x": x})
     if jit_enabled():
-        assert direct_runs and direct_runs[-1] == w_shape
+        _grouped_ran(w_shape, group, direct_runs, blocked_routes)
     out = np.full(model.run({"x": x})["y"].shape, np.nan, np.float32)
     np.testing.assert_array_equal(model.run({"x": x}, outputs={"y": out})["y"], out)
     np.testing.assert_allclose(out, _ort(_model(nodes, {"x": x}, ["y"], {"w": w, "b": b}),
                                          {"x": x})[0], rtol=1e-4, atol=1e-4)  # fmt: skip
 
 
-def test_grouped_conv_split_over_threads_with_a_residual(direct_runs: list[Any]) -> None:
+def test_grouped_conv_split_over_threads_with_a_residual(
+    direct_runs: list[Any], blocked_routes: list[str]
+) -> None:
     """A grouped conv big enough to split runs as blocks of whole groups on the threads."""
     from tfrt_py.concurrency.threads import configure
 
@@ -495,7 +520,7 @@ def test_grouped_conv_split_over_threads_with_a_residual(direct_runs: list[Any])
     finally:
         configure(None)
     if jit_enabled():
-        assert direct_runs
+        _grouped_ran((64, 8, 3, 3), 8, direct_runs, blocked_routes)
 
 
 def test_grouped_1x1_and_wide_groups_keep_the_product(direct_runs: list[Any]) -> None:

@@ -26,7 +26,7 @@ from ..lib.gemm import matmul_cols_into, matmul_cols_whole
 from ..lib.jit import frozen
 from ..lib.quant import check_constants, requantize
 from ..registry import KernelRegistry
-from . import conv_cols
+from . import conv_cols, conv_cols_grouped
 from .conv_blocked_fn import blocked_conv_fn
 from .conv_cols_raw import raw_cols_fn
 from .conv_common import (
@@ -405,8 +405,8 @@ def _conv_fn(
     filters = -1 if w_const is None else int(w_const.shape[0])
     node = ConvNode(sp, group, w_const, b_c, cdt, epi)
     blocked = blocked_conv_fn(node) if same else None
-    if blocked is not None and cdt == np.float32 and group == 1:
-        conv_cols.compile_at_build()
+    if blocked is not None and cdt == np.float32:
+        (conv_cols if group == 1 else conv_cols_grouped).compile_at_build()
     # the compiled paths, each None where it does not serve the node and returning None
     # for a call it declines; the ctypes ones serve a cold start's stand-ins once built
     paths = () if not same else tuple(p for p in (

@@ -43,7 +43,7 @@ from ..common import scratch
 from ..lib import blas, gemm
 from ..lib.activations import PARAMS_LEN
 from ..lib.jit import CONTRACT, Jitted, frozen
-from . import conv_cols, conv_packed
+from . import conv_cols, conv_cols_grouped, conv_packed
 from .conv_direct import (
     _EPILOGUE_COLS,
     ACTIVATIONS,
@@ -187,9 +187,13 @@ class BlockedPlan(NamedTuple):
     # where ``conv_packed.plan`` serves), on numba's threads (one or more); None: not this
     # path
     packed: conv_packed.PackedConvPlan | None = None
-    # which of ``run_blocked``'s paths runs it: "packed" (``packed``), "filters"
-    # (``native``), "cols" (``cols``), "rows" (``par``), "whole" (one image, one group,
-    # one block on the caller) or "parts" (``blocks``, on the intra-op pool when ``split``)
+    # a grouped float32 conv, each (image, group) pair on ``conv_cols``' kernel
+    # (``conv_cols_grouped``); None: not this path
+    grouped: conv_cols_grouped.GroupedColsPlan | None = None
+    # which of ``run_blocked``'s paths runs it: "packed" (``packed``), "groups"
+    # (``grouped``), "filters" (``native``), "cols" (``cols``), "rows" (``par``), "whole"
+    # (one image, one group, one block on the caller) or "parts" (``blocks``, on the
+    # intra-op pool when ``split``)
     route: str = "parts"
 
 
@@ -327,8 +331,15 @@ def plan_blocked(
                 n, x_shape[1], m, threads, direct
             )
     whole = n == 1 and group == 1 and not (split and len(blocks) > 1)
+    grouped = None
+    if dtype == np.float32 and group > 1:
+        grouped = conv_cols_grouped.plan(x_shape, m, group, (kh, kw), out_shape, strides,
+                                         pads_begin, dilations, act, params,
+                                         _native_threads(threads))  # fmt: skip
     if packed is not None:
         route = "packed"
+    elif grouped is not None:
+        route = "groups"
     elif cols is not None:
         route = "cols"
     elif native is not None:
@@ -366,7 +377,7 @@ def plan_blocked(
         act=act, epi=epi if numpy_act_after(epi, dtype) else Epilogue(),
         params=params, fns=act_fns(epi), native=native, native_blocks=native_blocks,
         im2col_par=im2col_par, im2col_blocks=im2col_blocks, par=par, par_blocks=par_blocks,
-        par_rows=par_rows, cols=cols, packed=packed, route=route,
+        par_rows=par_rows, cols=cols, packed=packed, grouped=grouped, route=route,
     )  # fmt: skip
 
 
@@ -466,6 +477,30 @@ def _run_packed(
     return y
 
 
+def _run_groups(
+    plan: BlockedPlan, gp: conv_cols_grouped.GroupedColsPlan, x: np.ndarray, w3: np.ndarray,
+    y: np.ndarray, bb: np.ndarray, res: np.ndarray | None, w_taps: np.ndarray | None,
+) -> np.ndarray:  # fmt: skip
+    """``run_blocked``'s "groups" route (``conv_cols_grouped``); ``w_taps``: the weights
+    as ``conv_cols_grouped.taps_first`` gives them (made here when None and GRID needs
+    them)."""
+    n, m, oh, ow = plan.out_shape
+    w = w3
+    if gp.cols.mode == conv_cols.GRID:
+        if w_taps is None:  # direct callers
+            kh, kw = int(plan.geo[0]), int(plan.geo[1])
+            w_taps = conv_cols_grouped.taps_first(w3.reshape(m, -1, kh, kw), plan.group)
+        w = w_taps
+    if gp.rows > 1:
+        native_threads.enter(intra_pool().threads)
+    conv_cols_grouped.run(gp, x, w, y.reshape(n, m, oh * ow), bb,
+                          None if res is None else res.reshape(n, m, oh * ow), plan.geo,
+                          plan.params)  # fmt: skip
+    if plan.epi.act:
+        _numpy_act(y, plan.epi, plan.fns)
+    return y
+
+
 def run_blocked(
     plan: BlockedPlan,
     x: np.ndarray,
@@ -491,6 +526,8 @@ def run_blocked(
     route = plan.route
     if route == "packed" and plan.packed is not None:
         return _run_packed(plan, plan.packed, x, w3, y, bb, res, w_packed)
+    if route == "groups" and plan.grouped is not None:
+        return _run_groups(plan, plan.grouped, x, w3, y, bb, res, w_taps)
     if route == "filters" and plan.native_blocks is not None:
         return _run_filters(plan, x, w3[0], y, bb, res)
     if route == "cols" and plan.cols is not None:

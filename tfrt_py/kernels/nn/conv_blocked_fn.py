@@ -19,7 +19,7 @@ import numpy as np
 from ..common import ShapeMemo
 from ..lib import gemm_cols
 from ..lib.jit import frozen
-from . import conv_blocked, conv_cols, conv_packed
+from . import conv_blocked, conv_cols, conv_cols_grouped, conv_packed
 from .conv_blocked import MIN_GROUP_CHANNELS
 from .conv_common import ConvNode, bias_vector, conv_geometry
 from .conv_direct import _EPILOGUE_COLS
@@ -77,6 +77,9 @@ def blocked_conv_fn(node: ConvNode) -> Callable[..., np.ndarray | None] | None:
         cp = None if plan is None else plan.cols
         if grid and cp is not None and cp.mode == conv_cols.GRID and not w_taps:
             w_taps.append(conv_cols.taps_first(w_const))
+        gp = None if plan is None else plan.grouped
+        if gp is not None and gp.cols.mode == conv_cols.GRID and not w_taps:
+            w_taps.append(conv_cols_grouped.taps_first(w_const, group))
         few_pixels = group == 1 and w_shape[0] > out_sp[0] * out_sp[1]
         blas_blocks = (
             plan is not None and plan.native is None and plan.cols is None and plan.packed is None

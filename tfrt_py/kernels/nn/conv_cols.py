@@ -366,12 +366,14 @@ def compile_at_build() -> None:
 def plan(
     x_shape: tuple[int, ...], m: int, kernel: tuple[int, int], out_shape: tuple[int, ...],
     strides: tuple[int, ...], pads_begin: tuple[int, ...], dilations: tuple[int, ...],
-    act: int, params: np.ndarray, threads: int,
+    act: int, params: np.ndarray, threads: int, phase_min_width: int | None = None,
 ) -> ColsPlan | None:  # fmt: skip
     """The plan of a one-group float32 2-D conv of ``m`` filters of ``kernel`` (KH, KW)
     over ``x_shape`` (N, C, H, W) into ``out_shape``, compiled activation code ``act``
     (its ``params``), over ``threads`` native threads (one block of rows per thread per
-    image; 1: on the caller); None where the kernel or numba is not there."""
+    image; 1: on the caller); None where the kernel or numba is not there.
+    ``phase_min_width``: ``_phases_pay``'s row width (None: ``PHASE_MIN_WIDTH``;
+    ``conv_cols_grouped`` passes 0)."""
     if not gemm_cols.available():  # first: while $TFRT_PY_PACKED_GEMM=0 (read per call),
         return None  # compiling the kernels would fail for the rest of the process
     fn = (COLS_PAR if threads > 1 else COLS_ONE).get()
@@ -401,7 +403,7 @@ def plan(
                         np.int64)  # fmt: skip
         pads = np.array([pads_begin[0], gap, pw, halo, 1, 1], np.int64)
         xpad_shape = (slots, c, plane)
-    elif tuple(dilations) == (1, 1) and _phases_pay(c, kw, strides[1], ow):
+    elif tuple(dilations) == (1, 1) and _phases_pay(c, kw, strides[1], ow, phase_min_width):
         mode, k = GRID, c
         toff, pads, xpad_shape = _phases(c, kernel, ow, strides, pads_begin, blocks, slots)
     else:
@@ -423,29 +425,33 @@ def plan(
 def run(
     cp: ColsPlan, x: np.ndarray, w2: np.ndarray, y3: np.ndarray, b: np.ndarray | None,
     res3: np.ndarray | None, geo: np.ndarray, params: np.ndarray, cols: np.ndarray,
-    xpad: np.ndarray,
+    xpad: np.ndarray, fn: Any = None, zeros: np.ndarray | None = None,
 ) -> None:  # fmt: skip
     """``y3`` (N, M, OH*OW) = the conv of ``x`` (C-contiguous float32) by ``w2`` (M, K; for
     GRID the filters' taps outermost: ``taps_first``), + ``b`` + ``res3``, then the
     activation; ``cols`` a (blocks, scratch_floats) scratch, ``xpad`` GRID's padded rows
-    (``xpad_shape``; any (1, 0, 0) array for IM2COL)."""
+    (``xpad_shape``; any (1, 0, 0) array for IM2COL). ``fn`` and ``zeros`` (the bias when
+    there is none) stand in for the plan's: ``conv_cols_grouped``'s loop over groups."""
     flags = cp.flags
     if b is not None and b.shape[0]:
         flags |= gemm_cols.FLAG_BIAS
     else:
-        b = cp.zeros
+        b = cp.zeros if zeros is None else zeros
     if res3 is not None:
         flags |= gemm_cols.FLAG_RESIDUAL
     else:
         res3 = _EMPTY3
-    cp.fn(x, xpad, w2, y3, b, res3, geo, cp.blocks, cols, cp.act, params, cp.lohi, flags,
-          cp.nr, cp.mode, cp.sub, cp.toff, cp.pads)  # fmt: skip
+    (cp.fn if fn is None else fn)(x, xpad, w2, y3, b, res3, geo, cp.blocks, cols, cp.act,
+                                  params, cp.lohi, flags, cp.nr, cp.mode, cp.sub, cp.toff,
+                                  cp.pads)  # fmt: skip
 
 
-def _phases_pay(c: int, kw: int, sw: int, ow: int) -> bool:
+def _phases_pay(c: int, kw: int, sw: int, ow: int, min_width: int | None = None) -> bool:
     """Whether a strided conv of ``c`` channels, ``kw`` wide at column stride ``sw`` into
-    rows ``ow`` wide takes GRID's phases (``PHASE_MIN_CHANNELS``, ``PHASE_MIN_WIDTH``)."""
-    return c >= PHASE_MIN_CHANNELS and (kw <= sw or ow >= PHASE_MIN_WIDTH)
+    rows ``ow`` wide takes GRID's phases (``PHASE_MIN_CHANNELS``, ``min_width`` or
+    ``PHASE_MIN_WIDTH``)."""
+    width = PHASE_MIN_WIDTH if min_width is None else min_width
+    return c >= PHASE_MIN_CHANNELS and (kw <= sw or ow >= width)
 
 
 def _phases(
