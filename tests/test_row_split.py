@@ -227,3 +227,24 @@ def test_calls_on_more_than_one_thread_run_whole() -> None:
     if threads() < 2:
         pytest.skip("this host gives a call one thread (one CPU)")
     assert "rows: calls run whole (calls run on 2 threads" in two.describe()
+
+
+def test_a_pre_activation_batch_norm_keeps_the_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BatchNormalization no conv takes (fuse_vision's BatchNormAct) keeps rows apart:
+    the batch still runs in chunks."""
+    _small_chunks(monkeypatch, 2)
+    w = (_RNG.standard_normal((8, 2 * C, 3, 3)) * 0.2).astype(np.float32)
+    stats = {k: _RNG.uniform(0.5, 1.5, 2 * C).astype(np.float32) for k in ("s", "b", "m", "v")}
+    nodes = [
+        helper.make_node("Concat", ["x", "x"], ["cat"], axis=1),
+        helper.make_node("BatchNormalization", ["cat", "s", "b", "m", "v"], ["n"]),
+        helper.make_node("Relu", ["n"], ["r"]),
+        helper.make_node("Conv", ["r", "w"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    m = _model(nodes, {"w": w, **stats}, ["N", 8, HW, HW])
+    model = tfrt_py.load(m, executor="sync", threads=1)
+    assert "BatchNormAct" in [n.op_type for n in model.prepared.graph.nodes]
+    seen = _spy_chunks(monkeypatch, model)
+    x = _RNG.standard_normal((4, C, HW, HW)).astype(np.float32)
+    np.testing.assert_allclose(model.run({"x": x})["y"], _ort(m, {"x": x}), rtol=1e-4, atol=1e-5)
+    assert seen == [2, 2]

@@ -74,7 +74,7 @@ _ONNX_ROWWISE = {
     "MatMul", "Gemm",
 }
 # fmt: on
-_FUSED_ROWWISE = {"Conv", "Linear", "SqueezeExcite", "ChannelLayerNorm"}
+_FUSED_ROWWISE = {"Conv", "Linear", "SqueezeExcite", "ChannelLayerNorm", "BatchNormAct"}
 #: ops whose attributes decide: the check returns why not, or None
 _CHECKED: dict[str, Callable[[Node, int], str | None]] = {}
 

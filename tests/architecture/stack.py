@@ -148,8 +148,9 @@ LINE_BUDGET: dict[str, int] = {
     # read-only operands (lib/gemm.py: a compile in a model's first split call); MLAS's tanh
     # constants in one module both tiers read (lib/mlas_tanh.py)
     # 12-07 (71st): grouped convs a product a group on conv_cols' kernel
-    # (nn/conv_cols_grouped.py: issue 35, RegNetX's 16-channel groups 2.2x faster)
-    "kernels": 36480,
+    # (nn/conv_cols_grouped.py: issue 35, RegNetX's 16-channel groups 2.2x faster); a
+    # pre-activation BatchNormalization and its activation in one pass (nn/norm_affine.py)
+    "kernels": 36580,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,
@@ -202,8 +203,9 @@ LINE_BUDGET: dict[str, int] = {
     # identities read through in one walk (cleanup.py); 12-05 (57th): the dynamo exporter's
     # squeeze-and-excite (ReduceMean over the plane) fused too (fuse_vision, issue 35);
     # 12-05 (58th): a pool pushed below the channel join it alone reads, a conv over the
-    # join's parts (hoist.py, issue 35: SqueezeNet's fire modules join nothing)
-    "compiler": 6300,
+    # join's parts (hoist.py, issue 35: SqueezeNet's fire modules join nothing); 12-07
+    # (71st): a BatchNormalization no conv took, with its activation (fuse_vision, issue 35)
+    "compiler": 6350,
     # 2026-11-29: gRPC (grpc_schema, grpc_service), ZipMap, the generate extension; 2026-11-30:
     # Triton's metrics and gauges across workers (metrics.py), JSON answers in pieces; 12-02:
     # continuous batching's batch-wide cache (gen_cache.py)

@@ -73,7 +73,8 @@ def test_channel_layer_norm_matches_onnxruntime(jit: str, shape: Any, bias: bool
     m = _model(_ln_nodes(len(shape), bias), x, inits)
     model = tfrt_py.load(m, executor="sync")
     assert _summary(model) == (
-        "1 channel LayerNorms, 0 Conv+GELU, 0 squeeze-and-excite, 0 GroupNorms"
+        "1 channel LayerNorms, 0 Conv+GELU, 0 squeeze-and-excite, 0 GroupNorms, "
+        "0 BatchNormalization+activation"
     )
     ops = [n.op_type for n in model.prepared.graph.nodes]
     assert ops == ["ChannelLayerNorm"], ops
@@ -145,7 +146,8 @@ def test_conv_gelu_runs_in_the_epilogue(jit: str, x_shape: Any, w_shape: Any, gr
     m = _model([conv, *_gelu_nodes("c")], x, inits)
     model = tfrt_py.load(m, executor="sync")
     assert _summary(model) == (
-        "0 channel LayerNorms, 1 Conv+GELU, 0 squeeze-and-excite, 0 GroupNorms"
+        "0 channel LayerNorms, 1 Conv+GELU, 0 squeeze-and-excite, 0 GroupNorms, "
+        "0 BatchNormalization+activation"
     )
     (node,) = model.prepared.graph.nodes
     assert node.attrs["activation"] == "Gelu"
@@ -205,7 +207,8 @@ def test_squeeze_excite_is_one_kernel(
     m = _model(_se_nodes(act1, gate, x_first), x, inits)
     model = tfrt_py.load(m, executor="sync")
     assert _summary(model) == (
-        "0 channel LayerNorms, 0 Conv+GELU, 1 squeeze-and-excite, 0 GroupNorms"
+        "0 channel LayerNorms, 0 Conv+GELU, 1 squeeze-and-excite, 0 GroupNorms, "
+        "0 BatchNormalization+activation"
     )
     assert [n.op_type for n in model.prepared.graph.nodes] == ["SqueezeExcite"]
     want = _ort(m, x)
@@ -271,3 +274,86 @@ def test_a_squeeze_excite_whose_gate_is_read_elsewhere_stays_apart() -> None:
     want_y, want_s = so.run(["y", "s"], {"x": x})
     np.testing.assert_allclose(got["y"], want_y, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["s"], want_s, rtol=1e-5, atol=1e-6)
+
+
+# -- BatchNormalization + activation (DenseNet's pre-activation) ------------------------------
+
+
+def _bn_nodes(act: str, conv_first: bool) -> list[Any]:
+    """[Conv ->] Concat(x, x) -> BatchNormalization -> act -> y (no conv can take the BN)."""
+    mk = helper.make_node
+    src = "x"
+    nodes = []
+    if conv_first:
+        nodes.append(mk("Conv", ["x", "w"], ["cx"], pads=[1, 1, 1, 1]))
+        src = "cx"
+    nodes += [
+        mk("Concat", [src, "x"], ["cat"], axis=1),
+        mk("BatchNormalization", ["cat", "s", "b", "m", "v"], ["n"], epsilon=1e-3),
+    ]
+    if act == "none":
+        nodes[-1].output[0] = "y"
+    elif act == "Clip":
+        nodes.append(mk("Clip", ["n", "lo", "hi"], ["y"]))
+    else:
+        nodes.append(mk(act, ["n"], ["y"]))
+    return nodes  # fmt: skip
+
+
+@pytest.mark.parametrize("act", ["Relu", "Clip", "HardSwish", "none"])
+@pytest.mark.parametrize("shape", [(1, 8, 14, 14), (2, 4, 5, 7), (1, 6, 33)], ids=str)
+def test_batch_norm_and_its_activation_are_one_pass(jit: str, act: str, shape: Any) -> None:
+    """The BatchNormalization no conv took, and its activation, run as one BatchNormAct
+    node: onnxruntime's values, and (ReLU, Clip, none) the unfused nodes' bits; ``out=``
+    and in place."""
+    x = _RNG.standard_normal(shape).astype(np.float32)
+    c = 2 * shape[1]
+    inits = {"s": _RNG.standard_normal(c).astype(np.float32),
+             "b": _RNG.standard_normal(c).astype(np.float32),
+             "m": _RNG.standard_normal(c).astype(np.float32),
+             "v": _RNG.uniform(0.1, 2.0, c).astype(np.float32),
+             "lo": np.float32(-0.3), "hi": np.float32(0.7)}  # fmt: skip
+    m = _model(_bn_nodes(act, False), x, inits)
+    model = tfrt_py.load(m, executor="sync")
+    assert _summary(model).endswith("1 BatchNormalization+activation")
+    ops = [n.op_type for n in model.prepared.graph.nodes]
+    assert ops == ["Concat", "BatchNormAct"], ops
+    want = _ort(m, x)
+    got = model.run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if act != "HardSwish":
+        off = tfrt_py.load(m, optimize=set(PASSES) - {"fuse_vision"}, executor="sync")
+        np.testing.assert_array_equal(got, off.run({"x": x})["y"])
+    out = np.full(want.shape, np.nan, np.float32)
+    assert model.run({"x": x}, outputs={"y": out})["y"] is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_batch_norm_after_a_conv_stays_in_the_conv() -> None:
+    """fuse_conv folds a BatchNormalization reading a conv into its weights first; one
+    reading a Concat (or anything else) is this pass's."""
+    x = _RNG.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    inits = {"w": _RNG.standard_normal((4, 4, 3, 3)).astype(np.float32),
+             "s": np.ones(8, np.float32), "b": np.zeros(8, np.float32),
+             "m": np.zeros(8, np.float32), "v": np.ones(8, np.float32)}  # fmt: skip
+    conv_bn = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+               helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"]),
+               helper.make_node("Relu", ["n"], ["y"])]  # fmt: skip
+    inits4 = {k: (v[:4] if v.ndim == 1 else v) for k, v in inits.items()}
+    model = tfrt_py.load(_model(conv_bn, x, inits4), executor="sync")
+    assert [n.op_type for n in model.prepared.graph.nodes] == ["Conv"]
+    m = _model(_bn_nodes("Relu", True), x, inits)
+    model = tfrt_py.load(m, executor="sync")
+    assert [n.op_type for n in model.prepared.graph.nodes] == ["Conv", "Concat", "BatchNormAct"]
+    np.testing.assert_allclose(model.run({"x": x})["y"], _ort(m, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_rank_two_or_float64_batch_norm_stays_apart() -> None:
+    """Rank 2 (a BatchNorm1d over features) and float64 keep the BatchNormalization kernel."""
+    for shape, dt in (((3, 6), np.float32), ((1, 6, 4, 4), np.float64)):
+        x = _RNG.standard_normal(shape).astype(dt)
+        inits = {k: np.ones(6, dt) for k in ("s", "v")} | {k: np.zeros(6, dt) for k in "bm"}
+        nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["n"]),
+                 helper.make_node("Relu", ["n"], ["y"])]  # fmt: skip
+        model = tfrt_py.load(_model(nodes, x, inits), executor="sync")
+        assert "BatchNormAct" not in [n.op_type for n in model.prepared.graph.nodes]

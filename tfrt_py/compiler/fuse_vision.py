@@ -16,6 +16,13 @@ this pass): each becomes one node of the private domain (kernels in ``kernels/fu
   -> ``InstanceNormalization`` with unit scale and zero bias -> ``Reshape`` to ``Shape(x)``
   -> ``Mul`` and ``Add`` by constant per-channel (C, 1, ...) tensors (-> ``Relu``): one
   ``tfrt_py.fused::GroupNorm(x, gamma, beta)`` (RetinaNet's and FCOS's heads);
+* **BatchNormalization + activation** -- an inference ``BatchNormalization`` (constant
+  parameters, one output) of a float32 tensor of rank 3 or more that no conv before it
+  took (``fuse_conv`` runs first: pre-activation networks, DenseNet's ``Concat ->
+  BatchNormalization -> Relu -> Conv``), and the activation reading it alone if any: one
+  ``tfrt_py.fused::BatchNormAct(x, a, s)`` with the statistics folded to a per-channel
+  scale and shift as the BatchNormalization kernel folds them (float64, then float32),
+  one pass (``kernels/nn/norm_affine.py``);
 * **Conv + GELU** -- an erf ``Gelu`` (ONNX opset 20, ``approximate`` none, as
   ``fuse_transformer`` writes it) reading a constant-weight float Conv, or a fused Conv
   with no activation yet: the Conv takes it as its epilogue's activation (``Gelu``:
@@ -35,7 +42,7 @@ import numpy as np
 from ..ir import Graph, Node, TensorType, Value
 from ..kernels.fused.domain import DOMAIN
 from .context import PassContext
-from .fuse_conv import _CONV_ATTRS, _fusable_conv
+from .fuse_conv import _CONV_ATTRS, _activation, _fusable_conv
 from .rewrite import Uses
 
 __all__ = ["fuse_vision"]
@@ -45,7 +52,8 @@ def fuse_vision(graph: Graph, ctx: PassContext) -> str:
     """The pass. Returns its one-line report."""
     uses = Uses(graph)
     replaced: dict[int, Node | None] = {}
-    n_ln = n_gelu = n_se = n_gn = 0
+    n_ln = n_gelu = n_se = n_gn = n_bn = 0
+    consts: list[Value] = []
     for node in graph.nodes:
         if id(node) in replaced or node.domain != "":
             continue
@@ -62,6 +70,9 @@ def fuse_vision(graph: Graph, ctx: PassContext) -> str:
         elif node.op_type == "InstanceNormalization":
             found = _group_norm(node, uses)
             n_gn += found is not None
+        elif node.op_type == "BatchNormalization":
+            found = _batch_norm_act(node, uses, replaced, consts)
+            n_bn += found is not None
         if found is None:
             continue
         new, old = found
@@ -71,9 +82,43 @@ def fuse_vision(graph: Graph, ctx: PassContext) -> str:
     if not replaced:
         return "nothing to fuse"
     graph.nodes = [r for r in (replaced.get(id(nd), nd) for nd in graph.nodes) if r is not None]
+    graph.constants += consts
     graph.opsets.setdefault(DOMAIN, 1)
     return (f"{n_ln} channel LayerNorms, {n_gelu} Conv+GELU, {n_se} squeeze-and-excite, "
-            f"{n_gn} GroupNorms")  # fmt: skip
+            f"{n_gn} GroupNorms, {n_bn} BatchNormalization+activation")  # fmt: skip
+
+
+def _batch_norm_act(
+    bn: Node, uses: Uses, replaced: dict[int, Node | None], consts: list[Value]
+) -> tuple[Node, list[Node]] | None:
+    """(BatchNormAct, [BatchNormalization(, activation nodes)]) or None; the folded scale
+    and shift join ``consts``."""
+    y = _single_out(bn) if bn.domain == "" and bn.opset >= 9 else None
+    x = bn.inputs[0] if len(bn.inputs) == 5 else None
+    t = None if x is None else x.type
+    if y is None or x is None or not isinstance(t, TensorType) or t.dtype != np.float32:
+        return None
+    if t.shape is None or len(t.shape) < 3 or int(bn.attrs.get("training_mode", 0)):
+        return None
+    params = [v.const if v is not None else None for v in bn.inputs[1:5]]
+    if any(p is None or p.shape != params[0].shape or p.ndim != 1 for p in params):  # type: ignore[union-attr]
+        return None
+    sc, b, m, v = (np.asarray(p, dtype=np.float64) for p in params)
+    a64 = sc / np.sqrt(v + float(bn.attrs.get("epsilon", 1e-5)))
+    av = Value(f"{bn.name}/scale", const=a64.astype(np.float32))
+    sv = Value(f"{bn.name}/shift", const=(b - m * a64).astype(np.float32))
+    old, out, attrs = [bn], y, {"activation": "", "alpha": 0.0, "beta": 0.0}
+    act = _activation(uses, y)
+    if act is not None and not any(id(n) in replaced for n in act[3]):
+        name, alpha, beta, act_nodes = act
+        last = _single_out(act_nodes[-1])
+        if last is not None:
+            attrs = {"activation": name, "alpha": alpha, "beta": beta}
+            old, out = [bn, *act_nodes], last
+    consts += [av, sv]
+    fused = Node("BatchNormAct", [x, av, sv], [out], attrs, name=f"{bn.name}/act",
+                 domain=DOMAIN, opset=1)  # fmt: skip
+    return fused, old
 
 
 def _single_out(node: Node | None) -> Value | None:

@@ -98,7 +98,9 @@ TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
         "nothing to fuse",
     ),
     "fuse_vision": (
-        frozenset({"LayerNormalization", "Gelu", "Mul", "InstanceNormalization"}),
+        frozenset(
+            {"LayerNormalization", "Gelu", "Mul", "InstanceNormalization", "BatchNormalization"}
+        ),
         "nothing to fuse",
     ),
     "encode_strings": (

@@ -349,6 +349,7 @@ MODULE_OPS: dict[str, tuple[tuple[str, str], ...]] = {
     "fused.rotary": (("tfrt_py.fused", "RotaryHalf"),),
     "fused.text": (("tfrt_py.fused", "TextVectorize"),),
     "fused.vision": (
+        ("tfrt_py.fused", "BatchNormAct"),
         ("tfrt_py.fused", "ChannelLayerNorm"),
         ("tfrt_py.fused", "Conv"),
         ("tfrt_py.fused", "GroupNorm"),

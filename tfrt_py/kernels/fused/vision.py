@@ -23,6 +23,11 @@ Supports ``out=``.
 ``SqueezeExcite(X, W1, B1, W2, B2)`` (from ``fuse_vision``): GlobalAveragePool, two 1x1
 convolutions and the channel scaling in one kernel (``kernels/nn/squeeze_excite.py``).
 
+``BatchNormAct(X, a, s)`` (from ``fuse_vision``): attributes ``activation``, ``alpha``,
+``beta``; an inference BatchNormalization folded to a per-channel scale ``a`` and shift
+``s`` (axis 1) and the activation after it, one pass (``kernels/nn/norm_affine.py``).
+Supports ``out=``, input 0's buffer included.
+
 ``GroupNorm(X, gamma, beta)`` (from ``fuse_vision``): attributes ``groups``, ``epsilon``,
 ``activation`` (``Relu`` or ``""``); torch's GroupNorm with its per-channel affine and a
 ReLU in one pass over each group (``kernels/nn/norm_group_jit.py``). Supports ``out=``.
@@ -35,10 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Cost, KernelContext, KernelFlags
+from ..base import OUT_INPLACE, Cost, KernelContext, KernelFlags
 from ..lib.gemm import matmul_batched_into
 from ..lib.sdpa import compile_at_build, softmax_attention
 from ..nn.conv import Epilogue, conv_cost, conv_with_epilogue
+from ..nn.norm_affine import batch_norm_act_fn
 from ..nn.norm_channel import channel_layer_norm_fn
 from ..nn.norm_group_jit import group_norm, group_norm_kernel
 from ..nn.squeeze_excite import squeeze_excite_fn
@@ -57,6 +63,21 @@ def _fused_conv(ctx: KernelContext) -> Any:
         bool(ctx.attr("residual", 0)),
     )
     return conv_with_epilogue(ctx, epi)
+
+
+def _batch_norm_act(ctx: KernelContext) -> Any:
+    """BatchNormAct: ``fn(x, a, s, out=None)``, the folded scale and shift read at load."""
+    a, s = ctx.const_input(1), ctx.const_input(2)
+    if a is None or s is None or a.ndim != 1 or s.shape != a.shape:
+        raise ctx.unsupported("BatchNormAct needs constant (C,) scale and shift")
+    epi = Epilogue(str(ctx.attr("activation", "")), float(ctx.attr("alpha", 0.0)),
+                   float(ctx.attr("beta", 0.0)))  # fmt: skip
+    fn = batch_norm_act_fn(a, s, epi)
+
+    def batch_norm_act(x: np.ndarray, _a: Any, _s: Any, out: Any = None) -> np.ndarray:
+        return fn(x, out)
+
+    return batch_norm_act
 
 
 def _channel_layer_norm(ctx: KernelContext) -> Any:
@@ -202,3 +223,5 @@ def register_kernels(registry: KernelRegistry) -> None:
         "SqueezeExcite", _squeeze_excite, domain=DOMAIN, flags=out, cost=_squeeze_excite_cost
     )
     registry.add("GroupNorm", _group_norm, domain=DOMAIN, flags=out, cost=_channel_norm_cost)
+    registry.add("BatchNormAct", _batch_norm_act, domain=DOMAIN, flags=OUT_INPLACE,
+                 cost=_channel_norm_cost)  # fmt: skip
