@@ -74,7 +74,7 @@ def test_channel_layer_norm_matches_onnxruntime(jit: str, shape: Any, bias: bool
     model = tfrt_py.load(m, executor="sync")
     assert _summary(model) == (
         "1 channel LayerNorms, 0 Conv+GELU, 0 squeeze-and-excite, 0 GroupNorms, "
-        "0 BatchNormalization+activation"
+        "0 BatchNormalization+activation, 0 BatchNormalization folded into a product"
     )
     ops = [n.op_type for n in model.prepared.graph.nodes]
     assert ops == ["ChannelLayerNorm"], ops
@@ -147,7 +147,7 @@ def test_conv_gelu_runs_in_the_epilogue(jit: str, x_shape: Any, w_shape: Any, gr
     model = tfrt_py.load(m, executor="sync")
     assert _summary(model) == (
         "0 channel LayerNorms, 1 Conv+GELU, 0 squeeze-and-excite, 0 GroupNorms, "
-        "0 BatchNormalization+activation"
+        "0 BatchNormalization+activation, 0 BatchNormalization folded into a product"
     )
     (node,) = model.prepared.graph.nodes
     assert node.attrs["activation"] == "Gelu"
@@ -208,7 +208,7 @@ def test_squeeze_excite_is_one_kernel(
     model = tfrt_py.load(m, executor="sync")
     assert _summary(model) == (
         "0 channel LayerNorms, 0 Conv+GELU, 1 squeeze-and-excite, 0 GroupNorms, "
-        "0 BatchNormalization+activation"
+        "0 BatchNormalization+activation, 0 BatchNormalization folded into a product"
     )
     assert [n.op_type for n in model.prepared.graph.nodes] == ["SqueezeExcite"]
     want = _ort(m, x)
@@ -315,7 +315,7 @@ def test_batch_norm_and_its_activation_are_one_pass(jit: str, act: str, shape: A
              "lo": np.float32(-0.3), "hi": np.float32(0.7)}  # fmt: skip
     m = _model(_bn_nodes(act, False), x, inits)
     model = tfrt_py.load(m, executor="sync")
-    assert _summary(model).endswith("1 BatchNormalization+activation")
+    assert "1 BatchNormalization+activation" in _summary(model)
     ops = [n.op_type for n in model.prepared.graph.nodes]
     assert ops == ["Concat", "BatchNormAct"], ops
     want = _ort(m, x)
@@ -357,3 +357,48 @@ def test_a_rank_two_or_float64_batch_norm_stays_apart() -> None:
                  helper.make_node("Relu", ["n"], ["y"])]  # fmt: skip
         model = tfrt_py.load(_model(nodes, x, inits), executor="sync")
         assert "BatchNormAct" not in [n.op_type for n in model.prepared.graph.nodes]
+
+
+def _linear_norm(rank3: bool, extra_reader: bool) -> tuple[onnx.ModelProto, np.ndarray]:
+    """timm's LinearNorm as torch.onnx writes it: MatMul -> Flatten -> BatchNormalization ->
+    Reshape (rank 3), or MatMul -> BatchNormalization (rank 2)."""
+    mk = helper.make_node
+    x = _RNG.standard_normal((2, 5, 8) if rank3 else (7, 8)).astype(np.float32)
+    inits = {"w": _RNG.standard_normal((8, 6)).astype(np.float32),
+             "s": _RNG.standard_normal(6).astype(np.float32),
+             "b": _RNG.standard_normal(6).astype(np.float32),
+             "m": _RNG.standard_normal(6).astype(np.float32),
+             "v": _RNG.uniform(0.1, 2.0, 6).astype(np.float32)}  # fmt: skip
+    nodes = [mk("MatMul", ["x", "w"], ["p"])]
+    if rank3:
+        # reshape_as: the product's shape read back (a Shape reader the fold leaves alone)
+        nodes += [mk("Flatten", ["p"], ["f"], axis=2), mk("Shape", ["p"], ["ps"]),
+                  mk("BatchNormalization", ["f", "s", "b", "m", "v"], ["n"]),
+                  mk("Reshape", ["n", "ps"], ["r"]), mk("HardSwish", ["r"], ["y"])]  # fmt: skip
+    else:
+        nodes += [mk("BatchNormalization", ["p", "s", "b", "m", "v"], ["y"])]
+    if extra_reader:
+        nodes[-1].output[0] = "y0"
+        nodes.append(mk("Add", ["y0", "p" if not rank3 else "r"], ["y"]))
+    return _model(nodes, x, inits), x
+
+
+@pytest.mark.parametrize("rank3", [True, False])
+def test_a_products_batch_norm_is_folded_into_its_weights(rank3: bool) -> None:
+    """The BatchNorm1d after a constant-weight MatMul (through a Flatten to (rows,
+    features)) leaves no pass: the product's weights scaled, its shift the Linear's bias;
+    onnxruntime's values."""
+    m, x = _linear_norm(rank3, False)
+    model = tfrt_py.load(m, executor="sync")
+    assert "1 BatchNormalization folded into a product" in _summary(model)
+    ops = [n.op_type for n in model.prepared.graph.nodes]
+    assert "BatchNormalization" not in ops and "Linear" in ops, ops
+    np.testing.assert_allclose(model.run({"x": x})["y"], _ort(m, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_product_read_elsewhere_keeps_its_batch_norm() -> None:
+    """A product whose output another node reads too is not changed."""
+    m, x = _linear_norm(False, True)
+    model = tfrt_py.load(m, executor="sync")
+    assert "BatchNormalization" in [n.op_type for n in model.prepared.graph.nodes]
+    np.testing.assert_allclose(model.run({"x": x})["y"], _ort(m, x), rtol=1e-5, atol=1e-5)

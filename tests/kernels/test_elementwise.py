@@ -246,3 +246,51 @@ def test_registered_ops() -> None:
     for name in ("Gelu", "Swish", "CastLike", "BitwiseNot", "Where", "IsInf"):
         assert name in ops
     assert onnx.defs.has("Swish")
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs"), [("HardSwish", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4})]
+)
+def test_hard_activations_compiled_are_numpys_bits(
+    monkeypatch: pytest.MonkeyPatch, op: str, attrs: dict[str, Any]
+) -> None:
+    """HardSwish and HardSigmoid over a contiguous float32 tensor take one compiled pass
+    (``activation.ACT_FLAT``): NumPy's values bit for bit at the clamps' edges, the signed
+    zeros, NaN and the infinities, in place and into ``out``; a strided input keeps
+    NumPy's path."""
+    from tfrt_py.kernels.elementwise import activation
+    from tfrt_py.kernels.lib.jit import jit_enabled
+
+    if not jit_enabled() or activation.ACT_FLAT.get() is None:
+        pytest.skip("numba kernels off")
+    edges = [-3.0, 3.0, -0.0, 0.0, np.nan, np.inf, -np.inf, 1e30, -1e-30, 2.9999998]
+    x = np.concatenate([np.linspace(-8, 8, 1001), edges]).astype(np.float32)
+    real = activation.ACT_FLAT._compiled
+    passes: list[int] = []
+
+    def counted(*args: Any) -> None:
+        passes.append(args[0].size)
+        real(*args)
+
+    monkeypatch.setattr(activation.ACT_FLAT, "_compiled", counted)
+    fast = kernel(op, attrs=attrs, dtypes=[np.float32])
+    monkeypatch.setattr(activation.ACT_FLAT, "_compiled", None)
+    monkeypatch.setattr(activation.ACT_FLAT, "_failed", True)  # NumPy's path from here
+    slow = kernel(op, attrs=attrs, dtypes=[np.float32])
+    with np.errstate(invalid="ignore"):  # inf * 0: NaN, as the compiled pass gives
+        want = slow(x)
+        want_strided = slow(x[::2])
+    monkeypatch.setattr(activation.ACT_FLAT, "_failed", False)
+    monkeypatch.setattr(activation.ACT_FLAT, "_compiled", real)
+    got = fast(x)
+    assert passes == [x.size]  # one compiled pass
+    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+    buf = x.copy()
+    assert fast(buf, out=buf) is buf
+    np.testing.assert_array_equal(buf, want)
+    out = np.empty_like(x)
+    assert fast(x, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(fast(x[::2]), want_strided)

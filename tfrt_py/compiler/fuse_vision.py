@@ -23,6 +23,13 @@ this pass): each becomes one node of the private domain (kernels in ``kernels/fu
   ``tfrt_py.fused::BatchNormAct(x, a, s)`` with the statistics folded to a per-channel
   scale and shift as the BatchNormalization kernel folds them (float64, then float32),
   one pass (``kernels/nn/norm_affine.py``);
+* **a product's BatchNorm1d** -- ``MatMul(x, W)`` with a constant 2-D ``W``, then (when
+  its output has more than two dims) ``Flatten`` to (rows, features), then an inference
+  ``BatchNormalization`` over those features (timm's LinearNorm: LeViT's 47; the
+  product may be read by Shape nodes besides, which its fold does not change): the
+  statistics folded into ``W``'s columns and an ``Add`` of the shift after the product
+  (in float64, then float32, as ``fuse_conv`` folds a conv's), which ``fuse_linear`` then
+  takes as the product's bias: no pass over the output at all;
 * **Conv + GELU** -- an erf ``Gelu`` (ONNX opset 20, ``approximate`` none, as
   ``fuse_transformer`` writes it) reading a constant-weight float Conv, or a fused Conv
   with no activation yet: the Conv takes it as its epilogue's activation (``Gelu``:
@@ -51,8 +58,8 @@ __all__ = ["fuse_vision"]
 def fuse_vision(graph: Graph, ctx: PassContext) -> str:
     """The pass. Returns its one-line report."""
     uses = Uses(graph)
-    replaced: dict[int, Node | None] = {}
-    n_ln = n_gelu = n_se = n_gn = n_bn = 0
+    replaced: dict[int, Any] = {}
+    n_ln = n_gelu = n_se = n_gn = n_bn = n_fold = 0
     consts: list[Value] = []
     for node in graph.nodes:
         if id(node) in replaced or node.domain != "":
@@ -71,6 +78,13 @@ def fuse_vision(graph: Graph, ctx: PassContext) -> str:
             found = _group_norm(node, uses)
             n_gn += found is not None
         elif node.op_type == "BatchNormalization":
+            folded = _product_batch_norm(node, uses, replaced, consts)
+            if folded is not None:
+                n_fold += 1
+                for o in folded[1]:
+                    replaced[id(o)] = None
+                replaced[id(folded[1][-1])] = folded[0]
+                continue
             found = _batch_norm_act(node, uses, replaced, consts)
             n_bn += found is not None
         if found is None:
@@ -81,15 +95,96 @@ def fuse_vision(graph: Graph, ctx: PassContext) -> str:
         replaced[id(old[-1])] = new
     if not replaced:
         return "nothing to fuse"
-    graph.nodes = [r for r in (replaced.get(id(nd), nd) for nd in graph.nodes) if r is not None]
+    nodes: list[Node] = []
+    for nd in graph.nodes:
+        r = replaced.get(id(nd), nd)
+        nodes += r if isinstance(r, list) else [] if r is None else [r]
+    graph.nodes = nodes
     graph.constants += consts
     graph.opsets.setdefault(DOMAIN, 1)
     return (f"{n_ln} channel LayerNorms, {n_gelu} Conv+GELU, {n_se} squeeze-and-excite, "
-            f"{n_gn} GroupNorms, {n_bn} BatchNormalization+activation")  # fmt: skip
+            f"{n_gn} GroupNorms, {n_bn} BatchNormalization+activation, "
+            f"{n_fold} BatchNormalization folded into a product")  # fmt: skip
+
+
+def _bn_fold(bn: Node, c: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale, shift) in float64 of an inference BatchNormalization over ``c`` channels
+    with constant parameters, else None."""
+    if bn.domain != "" or bn.opset < 9 or len(bn.inputs) != 5 or _single_out(bn) is None:
+        return None
+    if int(bn.attrs.get("training_mode", 0)):
+        return None
+    params = [v.const if v is not None else None for v in bn.inputs[1:5]]
+    if any(p is None or p.shape != (c,) for p in params):
+        return None
+    sc, b, m, v = (np.asarray(p, dtype=np.float64) for p in params)
+    a = sc / np.sqrt(v + float(bn.attrs.get("epsilon", 1e-5)))
+    return a, b - m * a
+
+
+def _read_by(uses: Uses, y: Value, node: Node) -> bool:
+    """Whether ``node`` reads ``y`` once and every other reader is a Shape (LeViT's
+    ``reshape_as``: the folded product's values change, its shape does not)."""
+    rs = uses.readers.get(id(y), [])
+    return (
+        not uses.is_output(y)
+        and sum(1 for r in rs if r is node) == 1
+        and sum(1 for v in node.inputs if v is y) == 1
+        and all(r is node or (r.op_type == "Shape" and r.domain == "") for r in rs)
+    )
+
+
+def _product_batch_norm(
+    bn: Node, uses: Uses, replaced: dict[int, Any], consts: list[Value]
+) -> tuple[list[Node], list[Node]] | None:
+    """([MatMul', Add(, Flatten)], [MatMul(, Flatten), BatchNormalization]) with the
+    statistics folded into the product's weights, or None (module doc)."""
+    x = bn.inputs[0] if bn.inputs else None
+    src = None if x is None else x.producer
+    flat = src if src is not None and src.op_type == "Flatten" and src.domain == "" else None
+    mm = flat.inputs[0].producer if flat is not None and flat.inputs[0] is not None else src
+    if mm is None or mm.op_type != "MatMul" or mm.domain != "" or len(mm.inputs) != 2:
+        return None
+    y, w = _single_out(mm), mm.inputs[1].const if mm.inputs[1] is not None else None
+    t = None if y is None else y.type
+    if y is None or w is None or w.ndim != 2 or w.dtype != np.float32:
+        return None
+    if not isinstance(t, TensorType) or t.shape is None or t.dtype != np.float32:
+        return None
+    rank = len(t.shape)
+    if flat is None and rank != 2:
+        return None
+    if flat is not None:
+        axis = int(flat.attrs.get("axis", 1))
+        fo = _single_out(flat)
+        if (axis + rank if axis < 0 else axis) != rank - 1 or fo is None:
+            return None
+        if not _read_by(uses, y, flat) or uses.only_reader(fo) is not bn:
+            return None
+    elif not _read_by(uses, y, bn):
+        return None
+    if any(id(n) in replaced for n in (mm, flat) if n is not None):
+        return None
+    fold = _bn_fold(bn, w.shape[1])
+    if fold is None:
+        return None
+    a, sh = fold
+    wv = Value(f"{mm.name}/W_bn", const=(w.astype(np.float64) * a).astype(np.float32))
+    sv = Value(f"{bn.name}/shift", const=sh.astype(np.float32))
+    consts += [wv, sv]
+    out = _single_out(bn)
+    summed = Value(f"{bn.name}/shifted", type=t) if flat is not None else out
+    new = [Node("MatMul", [mm.inputs[0], wv], [y], name=mm.name, opset=mm.opset),
+           Node("Add", [y, sv], [summed], name=f"{bn.name}/shift", opset=14)]  # fmt: skip
+    if flat is not None:
+        new.append(Node("Flatten", [summed], [out], dict(flat.attrs), name=flat.name,
+                        opset=flat.opset))  # fmt: skip
+    old = [n for n in (mm, flat, bn) if n is not None]
+    return new, old
 
 
 def _batch_norm_act(
-    bn: Node, uses: Uses, replaced: dict[int, Node | None], consts: list[Value]
+    bn: Node, uses: Uses, replaced: dict[int, Any], consts: list[Value]
 ) -> tuple[Node, list[Node]] | None:
     """(BatchNormAct, [BatchNormalization(, activation nodes)]) or None; the folded scale
     and shift join ``consts``."""

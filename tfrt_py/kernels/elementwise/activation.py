@@ -21,8 +21,10 @@ import numpy as np
 
 from ..base import OUT_INPLACE, ComputeFn, KernelContext
 from ..lib import activation_ir
+from ..lib.activations import ACTIVATIONS, Epilogue, _act_row, _params
 from ..lib.gelu_jit import gelu_erf_f32
 from ..lib.gelu_numpy import gelu_erf, gelu_tanh
+from ..lib.jit import Jitted
 from ..lib.sigmoid_jit import flat_f32, gelu_tanh_f32, in_place, sigmoid_f32
 from ..registry import KernelRegistry
 
@@ -141,12 +143,44 @@ def _sigmoid(ctx: KernelContext) -> ComputeFn:
     return _native_float(ctx, sigmoid)
 
 
+def _act_flat(y: np.ndarray, act: int, p: np.ndarray) -> None:  # pragma: no cover - numba
+    """``activations._act_row``'s activation ``act`` over ``y`` in place (no bias: -0.0)."""
+    _act_row(y, -p[2], act, p)
+
+
+def _warm_act_flat(fn: Callable[..., None]) -> None:
+    fn(np.zeros(3, np.float32), 3, _params(Epilogue("HardSwish"), np.dtype(np.float32)))
+
+
+#: One pass for HardSwish and HardSigmoid over a contiguous float32 tensor (NumPy's four:
+#: LeViT's 22 HardSwish nodes took 0.87 ms of a 13.8 ms call on one Zen 4 thread). No
+#: fast-math: the multiplies and adds round as NumPy's, so the values are its bits.
+ACT_FLAT = Jitted(_act_flat, _warm_act_flat, helpers=(_act_row,))
+
+
+def _compiled_act(name: str, alpha: float, beta: float) -> Callable[[np.ndarray], None] | None:
+    """``fn(flat)`` applying ``name`` in place with ``ACT_FLAT`` (bound once, at load), or
+    None without numba."""
+    loop = ACT_FLAT.get()
+    if loop is None:
+        return None
+    code, params = ACTIVATIONS[name], _params(Epilogue(name, alpha, beta), np.dtype(np.float32))
+
+    def run(y: np.ndarray) -> None:
+        loop(y, code, params)
+
+    return run
+
+
 def _hard_sigmoid(ctx: KernelContext) -> ComputeFn:
     """HardSigmoid(x) = max(0, min(1, alpha * x + beta))."""
     alpha = float(ctx.attr("alpha", 0.2))
     beta = float(ctx.attr("beta", 0.5))
+    fast = _compiled_act("HardSigmoid", alpha, beta)
 
     def hard_sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if fast is not None and flat_f32(x, out):
+            return in_place(fast, x, out)
         r = np.asarray(np.multiply(x, alpha, out=out))
         r += beta
         np.maximum(r, 0, out=r)
@@ -158,8 +192,11 @@ def _hard_sigmoid(ctx: KernelContext) -> ComputeFn:
 def _hard_swish(ctx: KernelContext) -> ComputeFn:
     """HardSwish(x) = x * max(0, min(1, x / 6 + 1/2))."""
     sixth = 1.0 / 6.0
+    fast = _compiled_act("HardSwish", 0.0, 0.0)
 
     def hard_swish(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if fast is not None and flat_f32(x, out):
+            return in_place(fast, x, out)
         t = np.asarray(np.multiply(x, sixth))
         t += 0.5
         np.maximum(t, 0, out=t)
