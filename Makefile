@@ -98,6 +98,8 @@ bench-zoo-vision: $(ZOO_STAMP)
 	    --png $(ZOO_OUT)/vision_zoo.png --json $(ZOO_OUT)/vision_zoo.json
 	$(ZOO_RUN) benchmarks/vision_zoo.py --batches 1 --busy \
 	    --png $(ZOO_OUT)/vision_zoo_busy.png --json $(ZOO_OUT)/vision_zoo_busy.json
+	$(ZOO_RUN) benchmarks/vision_zoo.py --set wide --batches 1 \
+	    --png $(ZOO_OUT)/vision_zoo_wide.png --json $(ZOO_OUT)/vision_zoo_wide.json
 
 # torchvision's detectors with their post-processing (SSDLite, Faster R-CNN, RetinaNet,
 # FCOS; benchmarks/detection.py --help): 320x320 images, quiet and with a busy neighbour,
