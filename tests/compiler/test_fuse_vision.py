@@ -402,3 +402,23 @@ def test_a_product_read_elsewhere_keeps_its_batch_norm() -> None:
     model = tfrt_py.load(m, executor="sync")
     assert "BatchNormalization" in [n.op_type for n in model.prepared.graph.nodes]
     np.testing.assert_allclose(model.run({"x": x})["y"], _ort(m, x), rtol=1e-5, atol=1e-5)
+
+
+def test_an_infinite_scale_is_not_folded_into_a_product() -> None:
+    """A BatchNorm1d whose scale is infinite (variance 0, epsilon 0) stays a node: folded
+    into the weights, each column's sum would mix +inf and -inf into NaN where
+    onnxruntime gives the infinities."""
+    m, x = _linear_norm(False, False)
+    bn = next(n for n in m.graph.node if n.op_type == "BatchNormalization")
+    bn.attribute.append(helper.make_attribute("epsilon", 0.0))
+    var = next(i for i in m.graph.initializer if i.name == "v")
+    v = numpy_helper.to_array(var).copy()
+    v[0] = 0.0
+    var.CopyFrom(numpy_helper.from_array(v, "v"))
+    with np.errstate(divide="ignore", invalid="ignore"):  # the kernel's own 1 / sqrt(0)
+        model = tfrt_py.load(m, executor="sync")
+        got = model.run({"x": x})["y"]
+    assert "BatchNormalization" in [n.op_type for n in model.prepared.graph.nodes]
+    want = _ort(m, x)
+    assert not np.isfinite(want[:, 0]).any()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # inf and NaN where it has them

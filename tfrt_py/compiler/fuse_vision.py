@@ -107,19 +107,24 @@ def fuse_vision(graph: Graph, ctx: PassContext) -> str:
             f"{n_fold} BatchNormalization folded into a product")  # fmt: skip
 
 
-def _bn_fold(bn: Node, c: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(scale, shift) in float64 of an inference BatchNormalization over ``c`` channels
-    with constant parameters, else None."""
+def _bn_fold(bn: Node, c: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale, shift) in float64 of an inference BatchNormalization (opset 9+, one output)
+    with constant (C,) parameters -- ``c`` of them where given -- else None: ``y = x *
+    scale + shift`` per channel, as the BatchNormalization kernel folds them."""
     if bn.domain != "" or bn.opset < 9 or len(bn.inputs) != 5 or _single_out(bn) is None:
         return None
     if int(bn.attrs.get("training_mode", 0)):
         return None
     params = [v.const if v is not None else None for v in bn.inputs[1:5]]
-    if any(p is None or p.shape != (c,) for p in params):
+    first = params[0]
+    if first is None or first.ndim != 1 or (c is not None and first.shape != (c,)):
+        return None
+    if any(p is None or p.shape != first.shape for p in params):
         return None
     sc, b, m, v = (np.asarray(p, dtype=np.float64) for p in params)
-    a = sc / np.sqrt(v + float(bn.attrs.get("epsilon", 1e-5)))
-    return a, b - m * a
+    with np.errstate(divide="ignore", invalid="ignore"):  # inf/NaN: the callers decide
+        a = sc / np.sqrt(v + float(bn.attrs.get("epsilon", 1e-5)))
+        return a, b - m * a
 
 
 def _read_by(uses: Uses, y: Value, node: Node) -> bool:
@@ -166,7 +171,7 @@ def _product_batch_norm(
     if any(id(n) in replaced for n in (mm, flat) if n is not None):
         return None
     fold = _bn_fold(bn, w.shape[1])
-    if fold is None:
+    if fold is None or not np.all(np.isfinite(fold[0])):  # as fuse_conv folds a conv's
         return None
     a, sh = fold
     wv = Value(f"{mm.name}/W_bn", const=(w.astype(np.float64) * a).astype(np.float32))
@@ -188,20 +193,15 @@ def _batch_norm_act(
 ) -> tuple[Node, list[Node]] | None:
     """(BatchNormAct, [BatchNormalization(, activation nodes)]) or None; the folded scale
     and shift join ``consts``."""
-    y = _single_out(bn) if bn.domain == "" and bn.opset >= 9 else None
-    x = bn.inputs[0] if len(bn.inputs) == 5 else None
+    y, x = _single_out(bn), bn.inputs[0] if bn.inputs else None
     t = None if x is None else x.type
     if y is None or x is None or not isinstance(t, TensorType) or t.dtype != np.float32:
         return None
-    if t.shape is None or len(t.shape) < 3 or int(bn.attrs.get("training_mode", 0)):
+    fold = _bn_fold(bn) if t.shape is not None and len(t.shape) >= 3 else None
+    if fold is None:
         return None
-    params = [v.const if v is not None else None for v in bn.inputs[1:5]]
-    if any(p is None or p.shape != params[0].shape or p.ndim != 1 for p in params):  # type: ignore[union-attr]
-        return None
-    sc, b, m, v = (np.asarray(p, dtype=np.float64) for p in params)
-    a64 = sc / np.sqrt(v + float(bn.attrs.get("epsilon", 1e-5)))
-    av = Value(f"{bn.name}/scale", const=a64.astype(np.float32))
-    sv = Value(f"{bn.name}/shift", const=(b - m * a64).astype(np.float32))
+    av = Value(f"{bn.name}/scale", const=fold[0].astype(np.float32))
+    sv = Value(f"{bn.name}/shift", const=fold[1].astype(np.float32))
     old, out, attrs = [bn], y, {"activation": "", "alpha": 0.0, "beta": 0.0}
     act = _activation(uses, y)
     if act is not None and not any(id(n) in replaced for n in act[3]):
