@@ -253,7 +253,14 @@ def test_each_form_matches_onnxruntime_on_the_cols_route(
      ((1, 16, 15, 14), (20, 16, 5, 3), {"strides": [3, 2], "pads": [2, 1, 2, 1]}),
      ((1, 16, 23, 23), (24, 16, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
      ((1, 3, 40, 40), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
-     ((1, 16, 9, 12), (8, 16, 2, 2), {"strides": [2, 2]})],
+     ((1, 16, 9, 12), (8, 16, 2, 2), {"strides": [2, 2]}),
+     # column stride 2 fills both column phases from one pass over a row (a pair of
+     # columns at a time): an odd width whose last column no tap reads, an even left pad,
+     # a left pad of two, and row stride 1
+     ((1, 16, 15, 15), (8, 16, 2, 2), {"strides": [2, 2]}),
+     ((1, 16, 17, 18), (24, 16, 5, 5), {"strides": [2, 2], "pads": [2, 2, 2, 2]}),
+     ((1, 16, 14, 15), (24, 16, 3, 3), {"strides": [2, 2], "pads": [1, 2, 1, 0]}),
+     ((1, 16, 11, 16), (24, 16, 3, 3), {"strides": [1, 2], "pads": [1, 1, 1, 1]})],
 )  # fmt: skip
 def test_any_strided_geometry_over_phases_matches_onnxruntime(
     monkeypatch: pytest.MonkeyPatch, x_shape: Any, w_shape: Any, attrs: dict[str, Any]
