@@ -33,6 +33,7 @@ NOT_NEEDED = {
         f"tfrt_py.compiler.{p}": "a pass without its trigger ops (pipeline.TRIGGERS)"
         for p in (
             "fuse_qdq",
+            "merge_branches",
             "fuse_conv",
             "channels_last",
             "fuse_trees",

@@ -150,8 +150,10 @@ LINE_BUDGET: dict[str, int] = {
     # 12-07 (71st): grouped convs a product a group on conv_cols' kernel
     # (nn/conv_cols_grouped.py: issue 35, RegNetX's 16-channel groups 2.2x faster); a
     # pre-activation BatchNormalization and its activation in one pass (nn/norm_affine.py);
-    # HardSwish/HardSigmoid one compiled pass (elementwise/activation.py)
-    "kernels": 36620,
+    # HardSwish/HardSigmoid one compiled pass (elementwise/activation.py); 12-07 (72nd):
+    # column stride 2's two phases filled in one pass over a row (nn/conv_cols.py: issue
+    # 35, the strided grouped convs' copies 2-3x faster)
+    "kernels": 36700,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,
@@ -206,8 +208,10 @@ LINE_BUDGET: dict[str, int] = {
     # 12-05 (58th): a pool pushed below the channel join it alone reads, a conv over the
     # join's parts (hoist.py, issue 35: SqueezeNet's fire modules join nothing); 12-07
     # (71st): a BatchNormalization no conv took, with its activation, and a product's
-    # BatchNorm1d folded into its weights (fuse_vision, issue 35: DenseNet, LeViT)
-    "compiler": 6450,
+    # BatchNorm1d folded into its weights (fuse_vision, issue 35: DenseNet, LeViT); 12-07
+    # (72nd): parallel conv branches of one input merged into one conv (merge_branches,
+    # issue 35: RepVGG's 3x3 + 1x1 + identity)
+    "compiler": 6750,
     # 2026-11-29: gRPC (grpc_schema, grpc_service), ZipMap, the generate extension; 2026-11-30:
     # Triton's metrics and gauges across workers (metrics.py), JSON answers in pieces; 12-02:
     # continuous batching's batch-wide cache (gen_cache.py)

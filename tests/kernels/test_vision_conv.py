@@ -712,9 +712,11 @@ def test_fuse_conv_folds_batch_normalization(jit: str) -> None:
     assert [n.op_type for n in model.prepared.graph.nodes] == ["Conv"]
 
 
-def test_fuse_conv_two_convs_into_one_add() -> None:
+def test_fuse_conv_two_convs_into_one_add(monkeypatch: pytest.MonkeyPatch) -> None:
     """ResNet's downsample: both inputs of the residual Add are conv outputs; the first
-    conv's group takes the Add, the second conv stays a producer before it."""
+    conv's group takes the Add, the second conv stays a producer before it. (Both read
+    ``x`` here, so merge_branches would make them one conv: it is off for this test.)"""
+    monkeypatch.setenv("TFRT_PY_DISABLE_PASSES", "merge_branches")
     x = _r(1, 4, 10, 10)
     inits = {"w1": _r(8, 4, 3, 3), "w2": _r(8, 4, 1, 1)}
     nodes = [

@@ -58,6 +58,7 @@ _PASS_FNS = {
     "channels_last": ("channels_last", "channels_last"),
     "fuse_qtable": ("fuse_qtable", "fuse_qtable"),
     "hoist": ("hoist", "hoist_over_concat"),
+    "merge_branches": ("merge_branches", "merge_conv_branches"),
     "fuse_conv": ("fuse_conv", "fuse_conv"),
     "fuse_transformer": ("fuse_transformer", "fuse_transformer"),
     "fuse_vision": ("fuse_vision", "fuse_vision"),
@@ -88,6 +89,7 @@ TRIGGERS: dict[str, tuple[frozenset[str], str]] = {
     "fuse_dynamic_quant": (frozenset({"MatMulInteger"}), "nothing to fuse"),
     "channels_last": (frozenset({"QLinearConv"}), "nothing to do"),
     "fuse_qtable": (frozenset({"QLinearSigmoid", "QLinearLeakyRelu"}), "nothing to fuse"),
+    "merge_branches": (frozenset({"Conv"}), "nothing to merge"),
     "fuse_conv": (frozenset({"Conv"}), "nothing to fuse"),
     "hoist": (frozenset({"Concat"}), "nothing to hoist"),
     # GELU (Erf/Tanh), LayerNorm/RMSNorm (ReduceMean), SiLU (Sigmoid); a MatMul whose B is
@@ -129,6 +131,8 @@ PASSES = (
     "channels_last",
     # after channels_last: the pairs it makes channels-last are elementwise there too
     "fuse_qtable",
+    # before fuse_conv: it would take a branch's Add as another conv's residual
+    "merge_branches",
     # before hoist: hoisting Relu(a), Relu(b) -> Concat over the Concat would keep the
     # Relus out of the convs' epilogues (SqueezeNet's fire modules)
     "fuse_conv",
