@@ -6,6 +6,7 @@ onnxruntime, on the compiled and the NumPy paths."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tfrt_py.compiler.pipeline import PASSES
+from tfrt_py.kernels.nn import norm_affine
 from tfrt_py.kernels.nn.norm_channel import SPLIT_MIN_ELEMENTS, channel_layer_norm
 
 _RNG = np.random.default_rng(5)
@@ -327,6 +329,43 @@ def test_batch_norm_and_its_activation_are_one_pass(jit: str, act: str, shape: A
     out = np.full(want.shape, np.nan, np.float32)
     assert model.run({"x": x}, outputs={"y": out})["y"] is out
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_large_batch_norm_splits_by_channels_on_two_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A BatchNormAct over at least ``SPLIT_MIN_ELEMENTS`` on a two-thread model runs in
+    blocks of channels on the native threads: the same bits as on one thread."""
+    from tfrt_py.concurrency import native_threads
+
+    real = norm_affine.AFFINE_ACT_PAR
+    if real.get() is None or not native_threads.ready():
+        pytest.skip("no compiled parallel kernel here (numba or its threads off)")
+    parts: list[int] = []
+
+    def get() -> Any:
+        fn = real.get()
+
+        def spy(*args: Any) -> None:
+            parts.append(args[-1].shape[0] - 1)
+            fn(*args)
+
+        return spy
+
+    monkeypatch.setattr(norm_affine, "AFFINE_ACT_PAR", SimpleNamespace(get=get))
+    shape = (2, 24, 40, 40)  # 2 x 48 channels after the Concat: 153,600 elements
+    x = _RNG.standard_normal(shape).astype(np.float32)
+    c = 2 * shape[1]
+    inits = {"s": _RNG.standard_normal(c).astype(np.float32),
+             "b": _RNG.standard_normal(c).astype(np.float32),
+             "m": _RNG.standard_normal(c).astype(np.float32),
+             "v": _RNG.uniform(0.1, 2.0, c).astype(np.float32)}  # fmt: skip
+    m = _model(_bn_nodes("Relu", False), x, inits)
+    two = tfrt_py.load(m, executor="sync", threads=2).run({"x": x})["y"]
+    assert parts and parts[-1] >= 2
+    one = tfrt_py.load(m, executor="sync", threads=1).run({"x": x})["y"]
+    np.testing.assert_array_equal(two, one)
+    np.testing.assert_allclose(two, _ort(m, x), rtol=1e-5, atol=1e-5)
 
 
 def test_a_batch_norm_after_a_conv_stays_in_the_conv() -> None:
