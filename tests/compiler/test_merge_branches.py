@@ -161,6 +161,15 @@ def test_misaligned_branches_stay_apart(pads3: list[int], extra: Any) -> None:
     _check(_model(nodes, x, inits), x, merged=False)
 
 
+def test_a_negative_pad_is_not_merged_away() -> None:
+    """A 1x1 with pads of -1 under a 3x3 with none would sit at its centre: the Conv
+    kernel refuses negative pads, and the model must still be refused, not merged."""
+    nodes, inits = _two([-1, -1, -1, -1], [0, 0, 0, 0])
+    x = _f32(1, 16, 8, 8, scale=1.0)
+    with pytest.raises(tfrt_py.errors.TfrtError, match="negative pads"):
+        tfrt_py.load(_model(nodes, x, inits), executor="sync")
+
+
 def test_a_branch_read_elsewhere_stays_apart() -> None:
     """The 1x1's output is also a graph output: the sum may not take it."""
     nodes, inits = _two([0, 0, 0, 0])

@@ -212,7 +212,9 @@ def _bias(conv: Node) -> np.ndarray | None:
 
 
 def _geometry(conv: Node) -> tuple[int, tuple[int, int], tuple[int, ...]] | None:
-    """(group, strides, pads) of a 2-D conv with explicit pads and no dilation, else None."""
+    """(group, strides, pads) of a 2-D conv with explicit non-negative pads and no
+    dilation, else None (a negative pad, which the Conv kernel refuses, is not merged
+    into a conv that would take it)."""
     a = conv.attrs
     if a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
         return None
@@ -220,7 +222,7 @@ def _geometry(conv: Node) -> tuple[int, tuple[int, int], tuple[int, ...]] | None
         return None
     strides = tuple(int(s) for s in a.get("strides", [1, 1]))
     pads = tuple(int(p) for p in a.get("pads", [0, 0, 0, 0]))
-    if len(strides) != 2 or len(pads) != 4:
+    if len(strides) != 2 or len(pads) != 4 or min(pads) < 0:
         return None
     return int(a.get("group", 1)), (strides[0], strides[1]), pads
 
