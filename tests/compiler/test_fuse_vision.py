@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
+from tests.support.one_input import ort_as_written
 from tfrt_py.compiler.pipeline import PASSES
 from tfrt_py.kernels.nn import norm_affine
 from tfrt_py.kernels.nn.norm_channel import SPLIT_MIN_ELEMENTS, channel_layer_norm
@@ -38,11 +39,7 @@ def _model(
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def _ort(m: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, {"x": x})[0]
+_ort = ort_as_written
 
 
 def _summary(model: tfrt_py.Model) -> str:

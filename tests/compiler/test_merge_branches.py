@@ -9,32 +9,14 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import tfrt_py
+from tests.support.one_input import one_input_model, ort_as_written
 
 _RNG = np.random.default_rng(41)
 mk = helper.make_node
-
-
-def _model(nodes: list[Any], x: np.ndarray, inits: dict[str, np.ndarray]) -> onnx.ModelProto:
-    g = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def _ort(m: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, {"x": x})[0]
 
 
 def _summary(model: tfrt_py.Model) -> str:
@@ -57,7 +39,7 @@ def _bn(c: int, prefix: str, var: np.ndarray | None = None) -> dict[str, np.ndar
 
 def _check(m: onnx.ModelProto, x: np.ndarray, merged: bool) -> tfrt_py.Model:
     model = tfrt_py.load(m, executor="sync")
-    want = _ort(m, x)
+    want = ort_as_written(m, x)
     got = model.run({"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
     convs = [n for n in model.prepared.graph.nodes if n.op_type == "Conv"]
@@ -110,7 +92,7 @@ def test_a_repvgg_block_is_one_conv(
 ) -> None:
     nodes, inits = _repvgg(c, m, stride, group, identity)
     x = _f32(2, c, side, side, scale=1.0)
-    model = _check(_model(nodes, x, inits), x, merged=True)
+    model = _check(one_input_model(nodes, x, inits), x, merged=True)
     ops = [n.op_type for n in model.prepared.graph.nodes]
     assert ops == ["Conv"], ops  # fuse_conv took the Relu into the merged conv
 
@@ -132,7 +114,7 @@ def test_branches_with_their_own_batch_norms_merge() -> None:
         mk("Add", ["n1", "s"], ["y"]),
     ]
     x = _f32(1, c, 11, 13, scale=1.0)
-    _check(_model(nodes, x, inits), x, merged=True)
+    _check(one_input_model(nodes, x, inits), x, merged=True)
 
 
 def _two(pads1: list[int], pads3: list[int] | None = None, **extra: Any) -> tuple[Any, ...]:
@@ -158,7 +140,7 @@ def _two(pads1: list[int], pads3: list[int] | None = None, **extra: Any) -> tupl
 def test_misaligned_branches_stay_apart(pads3: list[int], extra: Any) -> None:
     nodes, inits = _two([0, 0, 0, 0], pads3, **extra)
     x = _f32(1, 16, 10, 10, scale=1.0)
-    _check(_model(nodes, x, inits), x, merged=False)
+    _check(one_input_model(nodes, x, inits), x, merged=False)
 
 
 def test_a_negative_pad_is_not_merged_away() -> None:
@@ -167,19 +149,19 @@ def test_a_negative_pad_is_not_merged_away() -> None:
     nodes, inits = _two([-1, -1, -1, -1], [0, 0, 0, 0])
     x = _f32(1, 16, 8, 8, scale=1.0)
     with pytest.raises(tfrt_py.errors.TfrtError, match="negative pads"):
-        tfrt_py.load(_model(nodes, x, inits), executor="sync")
+        tfrt_py.load(one_input_model(nodes, x, inits), executor="sync")
 
 
 def test_a_branch_read_elsewhere_stays_apart() -> None:
     """The 1x1's output is also a graph output: the sum may not take it."""
     nodes, inits = _two([0, 0, 0, 0])
     x = _f32(1, 16, 8, 8, scale=1.0)
-    m = _model(nodes, x, inits)
+    m = one_input_model(nodes, x, inits)
     m.graph.output.append(helper.make_tensor_value_info("c1", TensorProto.FLOAT, None))
     model = tfrt_py.load(m, executor="sync")
     assert _summary(model) == "nothing to merge"
     got = model.run({"x": x})
-    np.testing.assert_allclose(got["y"], _ort(m, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["y"], ort_as_written(m, x), rtol=1e-5, atol=1e-5)
 
 
 def test_branches_over_different_inputs_stay_apart() -> None:
@@ -192,7 +174,7 @@ def test_branches_over_different_inputs_stay_apart() -> None:
         mk("Add", ["c3", "c1"], ["y"]),
     ]
     x = _f32(1, c, 6, 6, scale=1.0)
-    _check(_model(nodes, x, inits), x, merged=False)
+    _check(one_input_model(nodes, x, inits), x, merged=False)
 
 
 def test_a_batch_norm_identity_with_an_infinite_scale_stays_apart() -> None:
@@ -204,10 +186,10 @@ def test_a_batch_norm_identity_with_an_infinite_scale_stays_apart() -> None:
     var[3] = -1e-5
     inits.update(_bn(c, "n", var=var))
     x = _f32(1, c, 6, 6, scale=1.0)
-    m = _model(nodes, x, inits)
+    m = one_input_model(nodes, x, inits)
     model = tfrt_py.load(m, executor="sync")
     # the two convs still merge; the BatchNormalization stays a node of its own
     assert _summary(model) == "1 sums of 2 conv branches merged into one conv each"
     ops = {n.op_type for n in model.prepared.graph.nodes}
     assert ops & {"BatchNormalization", "BatchNormAct"}, ops
-    np.testing.assert_allclose(model.run({"x": x})["y"], _ort(m, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(model.run({"x": x})["y"], ort_as_written(m, x), rtol=1e-5, atol=1e-5)

@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 import tfrt_py
+from tests.support.one_input import one_input_model
 from tests.support.spies import record_calls
 from tfrt_py.concurrency import native_threads, threads
 from tfrt_py.kernels.lib import gemm, gemm_cols, gemm_packed
@@ -31,15 +31,7 @@ def _r(*shape: int) -> np.ndarray:
     return _RNG.standard_normal(shape).astype(np.float32)
 
 
-def _model(nodes: list[onnx.NodeProto], x: np.ndarray, inits: dict[str, np.ndarray]) -> Any:
-    g = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+_model = one_input_model
 
 
 def _ort(m: Any, x: np.ndarray) -> np.ndarray:
