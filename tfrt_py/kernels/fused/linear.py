@@ -28,9 +28,11 @@ import numpy as np
 from ..base import Cost, Inline, KernelContext, KernelFlags
 from ..common import in_load_run, input_rank
 from ..lib.gemm import (
+    GEMV_SPLIT_MIN_BYTES,
     NATIVE_SPLIT_MIN_MACS,
     SPLIT_MIN_MACS,
     compile_blocks,
+    compile_gemv_dots,
     matmul_into,
     wide_gemv,
 )
@@ -71,6 +73,7 @@ def _linear(registry: KernelRegistry) -> Any:
             rows = int(np.prod([int(d) for d in shape[:-1]], dtype=np.int64))  # type: ignore[arg-type]
         if rows in (None, 1):
             wide_gemv(1, k, n, w.itemsize)  # measured here, at load, not in a first call
+            compile_gemv_dots(k, n, w.itemsize)
         small = _whole(rows, w)
         mm: Any = _plain_matmul if small else matmul_into
         if not small and w.dtype == np.float32:
@@ -134,7 +137,23 @@ def _whole(rows: int | None, w: np.ndarray) -> bool:
     ``gemm.wide_gemv``)."""
     k, n = w.shape
     return (
-        rows is not None and rows * k * n < SPLIT_MIN_MACS and not wide_gemv(rows, k, n, w.itemsize)
+        rows is not None
+        and rows * k * n < SPLIT_MIN_MACS
+        and not wide_gemv(rows, k, n, w.itemsize)
+        and not (rows == 1 and _dots_row(w))
+    )
+
+
+def _dots_row(w: np.ndarray) -> bool:
+    """Whether a one-row product by ``w`` takes ``gemm.gemv_dots`` (in ``matmul_into``): a
+    float weight of ``GEMV_SPLIT_MIN_BYTES`` or more held as the transpose of a
+    C-contiguous (N, K) (a Gemm's ``transB``, as torch.onnx writes a Linear)."""
+    return (
+        w.ndim == 2
+        and w.dtype in (np.float32, np.float64)
+        and w.nbytes >= GEMV_SPLIT_MIN_BYTES
+        and not w.flags.c_contiguous
+        and w.T.flags.c_contiguous
     )
 
 
@@ -382,13 +401,15 @@ class _LinearInline:
             if rows > COLS_MAX_ROWS:
                 few = ""
             if not few and (
-                rows * k * n >= NATIVE_SPLIT_MIN_MACS or wide_gemv(rows, k, n, w.itemsize)
+                rows * k * n >= NATIVE_SPLIT_MIN_MACS
+                or wide_gemv(rows, k, n, w.itemsize)
+                or (rows == 1 and _dots_row(w))
             ):
                 return None
         else:
             env["small"] = -(-NATIVE_SPLIT_MIN_MACS // k)  # out.size under it: m*k*n < min
             cond += " and {out}.size < {small}"
-            if wide_gemv(1, k, n, w.itemsize):  # one row by this matrix splits by columns
+            if wide_gemv(1, k, n, w.itemsize) or _dots_row(w):  # one row: split, or dots
                 env["wide"] = n
                 cond += " and {out}.size != {wide}"
         a, o = ("{in0}", "{out}") if len(x_shape) == 2 else (
@@ -417,7 +438,7 @@ class _LinearInline:
             "small": -(-SPLIT_MIN_MACS // k), "rk": (-1, k), "rn": (-1, n),
         }  # fmt: skip
         a, o = ("{in0}", "{out}") if rank == 2 else ("{in0}.reshape({rk})", "{out}.reshape({rn})")
-        if wide_gemv(1, k, n, w.itemsize):  # one row by this matrix splits by columns
+        if wide_gemv(1, k, n, w.itemsize) or _dots_row(w):  # one row: split, or gemv_dots
             env["wide"] = n
             cond = "{out}.flags.c_contiguous and {out}.size < {small} and {out}.size != {wide}"
         else:
