@@ -196,7 +196,8 @@ def _leaf(v: Value, uses: Uses) -> _Branch | None:
 
 def _conv_leaf(conv: Node, nodes: list[Node]) -> _Branch | None:
     w = conv.inputs[1].const  # type: ignore[union-attr]
-    if w is None or (len(conv.inputs) > 2 and conv.inputs[2] is not None and _bias(conv) is None):
+    assert w is not None  # _fusable_conv's
+    if len(conv.inputs) > 2 and conv.inputs[2] is not None and _bias(conv) is None:
         return None  # a computed bias
     b = _bias(conv)
     m = w.shape[0]
@@ -248,7 +249,6 @@ def _merged_conv(conv: Node, branches: list[_Branch], root: Node) -> tuple[Node,
     """The one Conv for ``branches`` (``conv`` the largest), writing ``root``'s output."""
     w0 = conv.inputs[1].const  # type: ignore[union-attr]
     assert w0 is not None
-    group = int(conv.attrs.get("group", 1))
     m, cg, kh, kw = w0.shape
     w = np.zeros((m, cg, kh, kw))
     bias = np.zeros(m)
@@ -269,7 +269,6 @@ def _merged_conv(conv: Node, branches: list[_Branch], root: Node) -> tuple[Node,
     wv = Value(f"{conv.name}/merged/W", const=w.astype(dtype))
     bv = Value(f"{conv.name}/merged/B", const=bias.astype(dtype))
     attrs: dict[str, Any] = dict(conv.attrs)
-    attrs["group"] = group
-    out = root.outputs[0]
-    new = Node("Conv", [x, wv, bv], [out], attrs, name=f"{conv.name}/merged", opset=conv.opset)
+    new = Node("Conv", [x, wv, bv], [root.outputs[0]], attrs, name=f"{conv.name}/merged",
+               opset=conv.opset)  # fmt: skip
     return new, [wv, bv]

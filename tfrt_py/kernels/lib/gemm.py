@@ -394,10 +394,10 @@ def _gemv_cols(x: Any, w: Any, y: Any, edges: Any, trans: bool) -> None:  # prag
         k, n = w.shape
     for i in numba.prange(edges.shape[0] - 1):
         c0, c1 = edges[i], edges[i + 1]
-        py = y.ctypes.data + np.uint64(c0 * sz)
         if trans:  # rows c0..c1 of the (N, K) matrix times x
             _dots(x, w, y, c0, c1)
         else:  # columns c0..c1 of the (K, N) matrix, transposed, times x
+            py = y.ctypes.data + np.uint64(c0 * sz)
             pw = w.ctypes.data + np.uint64(c0 * sz)
             if sz == 4:
                 _sgemv(101, 112, k, c1 - c0, one, pw, n, x.ctypes.data, 1, zero, py, 1)
