@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tfrt_py
 from tests.support.contrib import ort_outputs
+from tests.support.ort_quant import u8s8_saturates
 from tfrt_py.kernels.lib import qgemm_packed
 from tfrt_py.native.runtime.entry import ROUNDING_TOL
 
@@ -131,6 +132,8 @@ def test_the_dynamic_product_is_the_interpreters(rows: int, k: int, n: int, wtyp
     x = RNG.standard_normal((rows, k)).astype(F32)
     got = _compiled(m, {"x": x})[0]
     np.testing.assert_array_equal(got, tfrt_py.load(model, executor="sync").run({"x": x})["y"])
+    if wtype == np.int8 and u8s8_saturates():
+        return  # (tests.support.ort_quant.SATURATES: the interpreter's bits above are exact)
     want = ort_outputs(model, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 
@@ -207,7 +210,8 @@ def test_qattention_on_the_native_tier(masked: bool) -> None:
     got = _compiled(m, feeds)[0]
     want = tfrt_py.load(model, executor="sync").run(feeds)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got, ort_outputs(model, feeds)[0], rtol=1e-4, atol=1e-5)
+    if not u8s8_saturates():  # (tests.support.ort_quant.SATURATES; int8 weights)
+        np.testing.assert_allclose(got, ort_outputs(model, feeds)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_qembed_layer_normalization_on_the_native_tier() -> None:

@@ -56,13 +56,18 @@ def _kernel(
     gamma, coef0, degree = ((params.tolist() if params is not None else []) + [0.0] * 3)[:3]
     g, c, d = np.float32(gamma), np.float32(coef0), float(degree)
     s_t = s_t64.astype(_F32)
+    dots_fn = _DOTS.get()  # at load, not per call
+
+    def dots(x: np.ndarray) -> np.ndarray:
+        return _fused_dots(x, s_t, dots_fn)
+
     if kind == "LINEAR":
-        return lambda x: x @ s_t
+        return dots
 
     if kind == "POLY":
 
         def poly(x: np.ndarray) -> np.ndarray:
-            k = x @ s_t
+            k = dots(x)
             k *= g
             k += c
             return k * k if d == 2.0 else (k * k * k if d == 3.0 else k**d)
@@ -71,7 +76,7 @@ def _kernel(
     if kind == "SIGMOID":
 
         def sigmoid(x: np.ndarray) -> np.ndarray:  # MLAS: gemm's alpha and C fused
-            return tanh_mlas(fma32(x @ s_t, g, c))
+            return tanh_mlas(fma32(dots(x), g, c))
 
         return sigmoid
     if kind == "RBF":
@@ -118,11 +123,11 @@ def _svm_regressor(ctx: KernelContext) -> ComputeFn:
         kern = _kernel(ctx, coef.reshape(-1, 1), linear=True)
         w = None
 
-    chain = _CHAIN.get() if w is not None else None  # at load, not per call
+    chain = _DOTS.get() if w is not None else None  # at load, not per call
 
     def svm_regressor(x: np.ndarray) -> np.ndarray:
         k = kern(_x32(x))
-        y = _fused_chain(k, w, chain) if w is not None else k
+        y = _fused_dots(k, w, chain) if w is not None else k
         y += r0
         if one_class:
             y = np.where(y > 0, np.float32(1), np.float32(-1))
@@ -249,31 +254,38 @@ def _decisions(kv: np.ndarray, a32: np.ndarray) -> np.ndarray:
     return d
 
 
-def _chain_rows(k: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:  # pragma: no cover
-    """numba (``CONTRACT``): ``y[r] = k[r] . w``, one fused multiply-add chain from zero."""
-    for r in range(k.shape[0]):
-        acc = np.float32(0.0)
-        for j in range(k.shape[1]):
-            acc += k[r, j] * w[j]
-        y[r, 0] = acc
+def _dots_rows(x: np.ndarray, s_t: np.ndarray, k: np.ndarray) -> None:  # pragma: no cover
+    """numba (``CONTRACT``): ``k[r, v] = x[r] . s_t[:, v]``, one fused multiply-add chain
+    over the features from zero (the loop over vectors vectorizes)."""
+    for r in range(x.shape[0]):
+        for v in range(s_t.shape[1]):
+            k[r, v] = 0.0
+        for i in range(x.shape[1]):
+            xi = x[r, i]
+            for v in range(s_t.shape[1]):
+                k[r, v] += xi * s_t[i, v]
 
 
-def _warm_chain(fn: Any) -> None:
-    fn(np.ones((2, 3), np.float32), np.ones(3, np.float32), np.empty((2, 1), np.float32))
+def _warm_dots(fn: Any) -> None:
+    x = np.ones((2, 3), np.float32)
+    for writeable in (True, False):  # a caller's feed may be read-only
+        x.flags.writeable = writeable
+        fn(x, np.ones((3, 4), np.float32), np.empty((2, 4), np.float32))
 
 
-_CHAIN = Jitted(_chain_rows, _warm_chain, fastmath=CONTRACT)
+_DOTS = Jitted(_dots_rows, _warm_dots, fastmath=CONTRACT)
 
 
-def _fused_chain(k: np.ndarray, w: np.ndarray, fn: Any) -> np.ndarray:
-    """``k @ w`` (N, 1) float32 as MLAS's gemm sums it for onnxruntime's SVMRegressor: a
-    fused multiply-add chain over the support vectors in order (``fn``, ``_CHAIN``'s
-    dispatcher; None without numba: NumPy's gemm, whose order differs in the last bits)."""
-    if fn is None or not k.flags.c_contiguous:
-        return k @ w
-    y = np.empty((k.shape[0], 1), dtype=_F32)
-    fn(k, w[:, 0], y)
-    return y
+def _fused_dots(x: np.ndarray, s_t: np.ndarray, fn: Any) -> np.ndarray:
+    """``x @ s_t`` (N, V) float32 as MLAS's gemm sums it for onnxruntime's LINEAR, POLY and
+    SIGMOID kernel values and SVMRegressor's sum over the support vectors
+    (``native.kernels.svm._dots_fused``'s order; OpenBLAS's differed on a Zen 3 host, 5e-6
+    relative); ``fn``: ``_DOTS``' dispatcher, None without numba (NumPy's gemm)."""
+    if fn is None:
+        return x @ s_t
+    k = np.empty((x.shape[0], s_t.shape[1]), dtype=_F32)
+    fn(np.ascontiguousarray(x), s_t, k)
+    return k
 
 
 def _pair_probability(d: np.ndarray, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:

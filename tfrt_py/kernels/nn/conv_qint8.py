@@ -38,11 +38,13 @@ qgemm_requant: Any = None
 #: the output rows (pixels) of one block: its im2row and int32 sums stay in L2
 _BLOCK_BYTES = 96 * 1024
 #: weights of at least this many bytes (beyond half a core's L2) are read once per call,
-#: not once per block of rows, when the whole im2row is at most ``_WIDE_ROWS_BYTES``:
+#: not once per block of rows, when the whole im2row is at most ``_WIDE_ROWS_CODES`` codes:
 #: ResNet's last stage (7x7 pixels, 3x3x512 -> 512: 2.4 MB of weights) ran 168 -> 136 µs
-#: on two Zen 5 threads that way (blocks of 16 rows read the weights four times)
+#: on two Zen 5 threads that way (blocks of 16 rows read the weights four times). Codes,
+#: not bytes: the ``avx2`` path's are int16 pairs (the same conv's 451 KB im2row), where
+#: seven blocks ran 1536 µs and one 1511 (Zen 3, two threads, medians of 7 x 50 calls)
 _WIDE_WEIGHT_BYTES = 1 << 20
-_WIDE_ROWS_BYTES = 256 * 1024
+_WIDE_ROWS_CODES = 256 * 1024
 #: input shapes a plan keeps the per-shape part of its calls for (``ShapeMemo``)
 _CALLS_MAX = 64
 #: the largest reduction whose u8 x s8 sums certainly fit in int32
@@ -147,7 +149,7 @@ def _layout(p: QConvPlan, shape: tuple[int, ...], channels_last: bool) -> _Call 
     kg, g = p.packed.shape[1], p.packed.shape[3]
     q = oh * ow
     row_bytes = kg * g * p.a_dtype.itemsize  # one output pixel's im2row
-    if p.packed.nbytes >= _WIDE_WEIGHT_BYTES and q * row_bytes <= _WIDE_ROWS_BYTES:
+    if p.packed.nbytes >= _WIDE_WEIGHT_BYTES and q * kg * g <= _WIDE_ROWS_CODES:
         rb = -(-q // 8) * 8  # one block: the weights stream once; the panels split instead
     else:
         rb = max(8, min(256, _BLOCK_BYTES // (row_bytes + co * 4)))
