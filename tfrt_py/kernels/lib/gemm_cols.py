@@ -87,9 +87,13 @@ P14 = TileShape(16, 14, {1: 4, 2: 3, 3: 2, 4: 2, **{r: 1 for r in range(5, 14)}}
 PREFETCH_ROWS = 8
 
 
-#: k steps an iteration of the AVX2/NEON tile here (as measured when this kernel was
-#: written; ``gemm_packed``'s own products take four).
-COLS_UNROLL = 2
+#: k steps an iteration of the AVX2/NEON tile here (``gemm_packed``'s own products take
+#: four). One: with two, LLVM kept the 6 x 16 tile's twelve accumulators on the stack on
+#: a host with sixteen ymm registers (AVX2 without AVX-512: every k step loaded and stored
+#: them; an AVX-512 host running this path has 32 and did not). One-node 1x1 convs, one
+#: Zen 3 thread, µs, two / one (onnxruntime): 16x112x112 -> 96 1536 / 828 (785), 144x56x56
+#: -> 24 642 / 283 (352); without the prefetches 847 and 341.
+COLS_UNROLL = 1
 
 
 def _tile_for(shape: TileShape) -> tuple[TileShape, int]:
