@@ -154,8 +154,11 @@ LINE_BUDGET: dict[str, int] = {
     # column stride 2's two phases filled in one pass over a row (nn/conv_cols.py: issue
     # 35, the strided grouped convs' copies 2-3x faster); BatchNormAct split by channels
     # on native threads (nn/norm_affine.py: DenseNet's 62 at two threads); a one-row
-    # product by a big transB weight as dot products (lib/gemm.py: classifier heads)
-    "kernels": 36800,
+    # product by a big transB weight as dot products (lib/gemm.py: classifier heads);
+    # 12-07 (73rd): those dot products four rows at once and chosen by a per-host probe
+    # against BLAS's gemv (lib/gemm.py: Zen 3 lost with them), SVM kernel values as one
+    # fused multiply-add chain on the interpreter (ml/svm.py: onnxruntime's bits on AVX2)
+    "kernels": 36870,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,

@@ -31,6 +31,12 @@ def one_thread() -> Any:
     configure(None)
 
 
+@pytest.fixture
+def dots_pay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a host where the dot products beat BLAS's gemv (Zen 4; on Zen 3 they lose)."""
+    monkeypatch.setattr(gemm, "gemv_dots_pays", lambda k, n, itemsize: True)
+
+
 def _taken(weights: list[np.ndarray]) -> list[tuple[int, ...]]:
     """The shapes of the weights ``gemm.gemv_dots`` was called with that it takes (the
     transpose of a C-contiguous matrix); the calls it refuses left out."""
@@ -51,6 +57,7 @@ def test_gemv_dots_takes_only_the_transposed_layout(dtype: Any) -> None:
                               wt.T, out)  # fmt: skip
 
 
+@pytest.mark.usefixtures("dots_pay")
 def test_matmul_into_takes_it_for_one_row_by_a_big_weight(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -65,6 +72,22 @@ def test_matmul_into_takes_it_for_one_row_by_a_big_weight(
     assert _taken(seen) == [(400, 1000)]
 
 
+def test_matmul_into_keeps_blas_where_the_host_measured_it_faster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The choice is this host's measurement, made once per shape; where BLAS's gemv won
+    (Zen 3: it reads four rows at once and prefetches), the product stays BLAS's."""
+    wt = _RNG.standard_normal((1000, 400)).astype(np.float32)
+    measured = gemm.gemv_dots_pays(400, 1000, 4)
+    assert gemm._GEMV_DOTS_PAYS[(400, 1000, 4)] is measured
+    monkeypatch.setitem(gemm._GEMV_DOTS_PAYS, (400, 1000, 4), False)
+    seen = record_calls(monkeypatch, gemm, "gemv_dots", lambda a, b, out: b)
+    a = _RNG.standard_normal((1, 400)).astype(np.float32)
+    np.testing.assert_allclose(gemm.matmul_into(a, wt.T), a @ wt.T, rtol=1e-4, atol=1e-4)
+    assert seen == []
+
+
+@pytest.mark.usefixtures("dots_pay")
 @pytest.mark.parametrize("batch", [1, "n"])
 @pytest.mark.parametrize("trans_b", [1, 0])
 def test_a_classifier_head_takes_it_in_a_loaded_model(

@@ -31,6 +31,7 @@ __all__ = [
     "compile_gemv_dots",
     "gemv_cols",
     "gemv_dots",
+    "gemv_dots_pays",
     "gemv_split_pays",
     "matmul_batched_into",
     "matmul_cols_into",
@@ -117,7 +118,7 @@ def matmul_into(
             if epilogue is not None:
                 epilogue(out)
             return out
-    if m == 1 and b.nbytes >= GEMV_SPLIT_MIN_BYTES:
+    if m == 1 and b.nbytes >= GEMV_SPLIT_MIN_BYTES and gemv_dots_pays(k, n, b.itemsize):
         if out is None:
             out = np.empty((m, n), np.result_type(a, b))
         if gemv_dots(a, b, out):
@@ -197,20 +198,26 @@ def gemv_split_pays(k: int, n: int, itemsize: int, threads: int) -> bool:
 
 def _measure_gemv_split(k: int, n: int, itemsize: int, threads: int) -> bool:
     dtype = np.float32 if itemsize == 4 else np.float64
-    a = np.ones((1, k), dtype)
-    w = np.full((k, n), 0.5, dtype)
-    out = np.empty((1, n), dtype)
-    whole, split = math.inf, math.inf
-    clock = time.perf_counter
-    for _ in range(_GEMV_PROBE_ROUNDS + 1):  # the first round warms both
-        t0 = clock()
-        np.matmul(a, w, out=out)
-        t1 = clock()
-        if not gemv_cols(a, w, out, threads):
-            return False
-        t2 = clock()
-        whole, split = min(whole, t1 - t0), min(split, t2 - t1)
+    a, w, out = np.ones((1, k), dtype), np.full((k, n), 0.5, dtype), np.empty((1, n), dtype)
+    if not gemv_cols(a, w, out, threads):
+        return False
+    whole, split = _race(lambda: np.matmul(a, w, out=out), lambda: gemv_cols(a, w, out, threads))
     return split <= _GEMV_SPLIT_GAIN * whole
+
+
+def _race(one: Callable[[], object], other: Callable[[], object]) -> tuple[float, float]:
+    """The best seconds of ``one`` and of ``other`` over ``_GEMV_PROBE_ROUNDS`` rounds of
+    each, alternating (a first round warms both)."""
+    best_one, best_other = math.inf, math.inf
+    clock = time.perf_counter
+    for _ in range(_GEMV_PROBE_ROUNDS + 1):
+        t0 = clock()
+        one()
+        t1 = clock()
+        other()
+        t2 = clock()
+        best_one, best_other = min(best_one, t1 - t0), min(best_other, t2 - t1)
+    return best_one, best_other
 
 
 def gemv_cols(a: np.ndarray, b: np.ndarray, out: np.ndarray, t: int) -> bool:
@@ -240,9 +247,10 @@ def gemv_dots(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
     (N, K) (a Gemm's transB weights, as torch.onnx writes a Linear) on the calling thread,
     one dot product a row of the (N, K) matrix; False (nothing done) for another layout or
     without numba. A classifier's head, whose megabytes the call reads from L3 or memory
-    (the convs before it evicted them), streams each row once: 1280x1000 from a cold L2,
-    one Zen 4 thread, 125 -> 95 µs, 2048x1000 261 -> 168 (OpenBLAS's gemv; even where the
-    weights are in cache). Call ``compile_gemv_dots`` at load."""
+    (the convs before it evicted them), streams four rows at once: 1280x1000 from a cold
+    L2, one Zen 4 thread, 125 -> 95 µs, 2048x1000 261 -> 168 (OpenBLAS's gemv; even where
+    the weights are in cache). ``matmul_into`` takes it where ``gemv_dots_pays``; call
+    ``compile_gemv_dots`` at load."""
     if _transposed(a, b, out) is not True:
         return False
     fn = _GEMV_DOTS.get()
@@ -253,10 +261,44 @@ def gemv_dots(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
 
 
 def compile_gemv_dots(k: int, n: int, itemsize: int) -> None:
-    """Compile ``gemv_dots``' kernel now (a builder's, at load) where a one-row product by a
-    (k, n) matrix would take it, not in a model's first call."""
-    if k * n * itemsize >= GEMV_SPLIT_MIN_BYTES:
-        _GEMV_DOTS.get()
+    """Compile ``gemv_dots``' kernel and measure whether it pays (``gemv_dots_pays``) now (a
+    builder's, at load) where a one-row product by a (k, n) matrix would take it, not in a
+    model's first call."""
+    if k * n * itemsize >= GEMV_SPLIT_MIN_BYTES and itemsize in (4, 8):
+        gemv_dots_pays(k, n, itemsize)
+
+
+#: (k, n, itemsize) -> whether ``gemv_dots`` beat BLAS's gemv on this host (as
+#: ``_GEMV_SPLIT_PAYS``). 1x1280 @ the transpose of 1000x1280, µs, dots / OpenBLAS, warm /
+#: from memory: Zen 4 95 / 125 warm, 168 / 261 at 2048x1000; Zen 3 (AVX2) 108 / 92 and
+#: 446 / 270 (its gemv reads four rows at once and prefetches).
+_GEMV_DOTS_PAYS: dict[tuple[int, int, int], bool] = {}
+
+
+def gemv_dots_pays(k: int, n: int, itemsize: int) -> bool:
+    """Whether ``gemv_dots`` takes a one-row product by the transpose of an (n, k) float
+    matrix on this host: measured against BLAS's gemv the first time a shape is asked
+    (a few calls of each, alternating, the matrix warm: the order warm and cold agreed on
+    both hosts above; once per process) and remembered. False without numba (not
+    remembered) or for a dtype it does not take."""
+    if itemsize not in (4, 8):
+        return False
+    key = (k, n, itemsize)
+    got = _GEMV_DOTS_PAYS.get(key)
+    if got is None:
+        fn = _GEMV_DOTS.get()
+        if fn is None:
+            return False
+        dtype = np.float32 if itemsize == 4 else np.float64
+        a, w, out = np.ones((1, k), dtype), np.full((n, k), 0.5, dtype), np.empty(n, dtype)
+        x, wr = _read_only(a.reshape(-1)), _read_only(w)
+        blas, dots = _race(lambda: np.matmul(a, w.T, out=out[None]), lambda: fn(x, wr, out))
+        got = _GEMV_DOTS_PAYS[key] = dots <= _GEMV_DOTS_GAIN * blas
+    return got
+
+
+#: ``gemv_dots`` must take at most this share of BLAS's time to be chosen.
+_GEMV_DOTS_GAIN = 0.95
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
@@ -368,7 +410,17 @@ def _dots(x: Any, w: Any, y: Any, r0: int, r1: int) -> None:  # pragma: no cover
     row one stream read once, its sum in vector registers (the compiling ``Jitted``'s
     fastmath lets LLVM reassociate it)."""
     zero = y.dtype.type(0)
-    for r in range(r0, r1):
+    r4 = r0 + (r1 - r0) // 4 * 4
+    for r in range(r0, r4, 4):  # four rows a pass: four streams, each x[j] loaded once
+        a0 = a1 = a2 = a3 = zero
+        for j in range(w.shape[1]):
+            xj = x[j]
+            a0 += w[r, j] * xj
+            a1 += w[r + 1, j] * xj
+            a2 += w[r + 2, j] * xj
+            a3 += w[r + 3, j] * xj
+        y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
+    for r in range(r4, r1):
         acc = zero
         for j in range(w.shape[1]):
             acc += w[r, j] * x[j]
