@@ -639,10 +639,11 @@ _YMM_STACK = re.compile(r"vmov\w*\s+(%ymm\d+, -?\w*\(%rsp\)|-?\w*\(%rsp\), %ymm\
 
 def test_the_avx2_tiles_k_loop_keeps_its_accumulators_in_registers() -> None:
     """The 6 x 16 tile's build for a CPU with sixteen ymm registers (Zen 3: AVX2, no
-    AVX-512): each whole tile's k loop (six broadcasts and twelve multiply-adds a step)
-    holds its twelve accumulators in registers. Two k steps an iteration spilled them all
-    (36 stack moves a step; a 1x1 conv ran at half onnxruntime's speed there); an AVX-512
-    host, with 32 registers, never showed it."""
+    AVX-512): every k loop -- the whole tiles' (six broadcasts and twelve multiply-adds a
+    step) and the rows left's (``gemm_cols.LEFT_PANELS_16``) -- holds its accumulators in
+    registers. Two k steps an iteration spilled them all (36 stack moves a step; a 1x1
+    conv ran at half onnxruntime's speed there), and 2 rows x 3 panels spilled 8; an
+    AVX-512 host, with 32 registers, never showed it."""
     llvm = pytest.importorskip("llvmlite.binding", reason="the kernel is llvmlite IR")
     if not llvm.get_process_triple().startswith("x86_64"):
         pytest.skip("emits x86-64 code (this host's LLVM target is another)")
@@ -655,7 +656,7 @@ def test_the_avx2_tiles_k_loop_keeps_its_accumulators_in_registers() -> None:
     loops = []
     for block in re.split(r"\n(?=\.LBB\d+_\d+:)", asm):
         label = block.split(":", 1)[0]
-        if f"\t{label}" in block and block.count("vbroadcastss") >= 6 and "vfmadd" in block:
+        if f"\t{label}" in block and "vfmadd" in block:
             loops.append((block.count("vfmadd"), len(_YMM_STACK.findall(block))))
-    assert loops and all(fmas <= 12 for fmas, _ in loops), loops  # one k step a pass
+    assert len(loops) > 10 and all(fmas <= 12 for fmas, _ in loops), loops  # a k step a pass
     assert max(moves for _, moves in loops) <= 1, loops

@@ -96,6 +96,14 @@ PREFETCH_ROWS = 8
 COLS_UNROLL = 1
 
 
+#: Panels a tile of the rows left after the whole tiles takes (rows -> panels) on the
+#: AVX2/NEON tile: ``P16``'s (2 rows x 3 panels, 1 x 4) held 19 and 17 vectors with the
+#: panels' loads, and spilled on sixteen registers. One Zen 3 thread, 1x1 convs, µs,
+#: P16's / these: 64x56x56 -> 32 220-245 / 202-205, -> 8 75-78 / 70-72, 16x112x112 -> 8
+#: 97-100 / 87-88 (two processes each, alternating).
+LEFT_PANELS_16 = {1: 3, 2: 2, 3: 1, 4: 1, 5: 1}
+
+
 def _tile_for(shape: TileShape) -> tuple[TileShape, int]:
     """(this kernel's tile, its k steps per iteration) on the path of ``shape``."""
     return (P14, 1) if shape.vw == 16 else (shape, COLS_UNROLL)
@@ -115,6 +123,8 @@ class _ColsGemmIR(_PackedGemmIR):
     def __init__(self, path_tile: TileShape) -> None:
         shape, self.UNROLL = _tile_for(path_tile)
         ir, fp, i64 = self.types(shape, "tfrt_py_gemm_cols")
+        if shape.vw == 8:
+            self.panels_for_rows = LEFT_PANELS_16
         mod, v8, i32, vw = self.mod, self.v8, self.i32, self.vw
         self.vmask = vm = ir.VectorType(ir.IntType(1), vw)
         self.mload = ir.Function(mod, ir.FunctionType(v8, [self.v8p, i32, vm, v8]),
