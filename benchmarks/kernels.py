@@ -61,8 +61,11 @@ CONVS = [
     ("MobileNetV2 96x112 dw 3x3/2", 96, 112, 96, 3, 2, 1, 96),
     ("MobileNetV2 576x14 dw 3x3", 576, 14, 576, 3, 1, 1, 576),
 ]
-#: independent FMA chains in the peak loop (enough to cover a 4-cycle latency on 2 pipes)
-PEAK_CHAINS = 16
+#: independent FMA chains in the peak loop: enough to cover a 4-cycle latency on 2 pipes,
+#: few enough that they and the loop's two constants fit sixteen ymm registers (16 chains
+#: spilled on an AVX2 CPU without AVX-512: Zen 3 measured 54.8 GFLOP/s a core, half its
+#: peak, and the packed gemm read 171% of it)
+PEAK_CHAINS = 10
 PEAK_ITERS = 1 << 22
 
 

@@ -7,7 +7,6 @@ tile in a fresh process, and the BLAS route when the kernel is switched off."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from typing import Any
@@ -20,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 import tfrt_py
 from tests.support.forced_isa import run_on_path
 from tests.support.spies import record_calls
+from tests.support.x86_loops import fma_loops
 from tfrt_py.kernels.lib import gemm_cols, gemm_packed
 from tfrt_py.kernels.lib.jit import jit_enabled, why_off
 from tfrt_py.kernels.nn import conv_blocked, conv_cols, conv_packed
@@ -633,10 +633,6 @@ def test_every_count_of_rows_left_after_the_whole_tiles(path: str) -> None:
     run_on_path(path, _EVERY_ROWS_LEFT_CHILD, "rows ok")
 
 
-#: A ymm register moved to or from the stack (a spill or its reload).
-_YMM_STACK = re.compile(r"vmov\w*\s+(%ymm\d+, -?\w*\(%rsp\)|-?\w*\(%rsp\), %ymm\d+)")
-
-
 def test_the_avx2_tiles_k_loop_keeps_its_accumulators_in_registers() -> None:
     """The 6 x 16 tile's build for a CPU with sixteen ymm registers (Zen 3: AVX2, no
     AVX-512): every k loop -- the whole tiles' (six broadcasts and twelve multiply-adds a
@@ -644,19 +640,6 @@ def test_the_avx2_tiles_k_loop_keeps_its_accumulators_in_registers() -> None:
     registers. Two k steps an iteration spilled them all (36 stack moves a step; a 1x1
     conv ran at half onnxruntime's speed there), and 2 rows x 3 panels spilled 8; an
     AVX-512 host, with 32 registers, never showed it."""
-    llvm = pytest.importorskip("llvmlite.binding", reason="the kernel is llvmlite IR")
-    if not llvm.get_process_triple().startswith("x86_64"):
-        pytest.skip("emits x86-64 code (this host's LLVM target is another)")
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    target = llvm.Target.from_triple(llvm.get_process_triple())
-    asm = target.create_target_machine(cpu="znver3", opt=3).emit_assembly(
-        llvm.parse_assembly(gemm_cols._build(gemm_packed.P16))
-    )
-    loops = []
-    for block in re.split(r"\n(?=\.LBB\d+_\d+:)", asm):
-        label = block.split(":", 1)[0]
-        if f"\t{label}" in block and "vfmadd" in block:
-            loops.append((block.count("vfmadd"), len(_YMM_STACK.findall(block))))
+    loops = fma_loops(gemm_cols._build(gemm_packed.P16))
     assert len(loops) > 10 and all(fmas <= 12 for fmas, _ in loops), loops  # a k step a pass
     assert max(moves for _, moves in loops) <= 1, loops
