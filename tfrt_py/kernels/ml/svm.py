@@ -56,7 +56,7 @@ def _kernel(
     gamma, coef0, degree = ((params.tolist() if params is not None else []) + [0.0] * 3)[:3]
     g, c, d = np.float32(gamma), np.float32(coef0), float(degree)
     s_t = s_t64.astype(_F32)
-    dots_fn = _DOTS.get()  # at load, not per call
+    dots_fn = _DOTS.get() if kind != "RBF" else None  # at load, not per call; RBF: none
 
     def dots(x: np.ndarray) -> np.ndarray:
         return _fused_dots(x, s_t, dots_fn)
