@@ -12,6 +12,16 @@ twice. (Stride 2 used to copy each channel into its four phase planes and sum an
 extended grid: one Intel AVX-512 thread, µs, 96x112x112 3x3/2 455 -> 234, 576x14x14
 3x3/2 40 -> 28, 144x56x56 5x5/2 123 -> 110.)
 
+Only the blocks at the image's edges mask: a block whose loads lie inside the image and
+whose stores inside the output takes plain moves, and an edge block stores a whole vector
+wherever it stays inside the channel's output plane (its lanes past the row fall on the
+next rows' first columns, which later stores write: a channel's pieces run right to left,
+its rows top to bottom), masking only the plane's last vectors; a residual's edge stores
+stay masked (kept simple: the zoo's depthwise convs add no residual). AVX2's masked moves
+(``vmaskmovps``, ~4 ns a store) cost more than a block's sums on Zen 3: one thread,
+one-node models, ratio to onnxruntime's time before -> after, 32x112x112 3x3 1.63 ->
+0.72-0.78, 96x112x112 3x3/2 1.35-1.56 -> 0.81-0.85, 576x14x14 3x3 1.37 -> 0.91.
+
 Both store with the residual added (``flags`` 1) and clamped to ``[lo, hi]`` (ReLU, Clip,
 or +-inf for none; NaN kept), or put through HardSwish or HardSigmoid (``FLAG_HARD_*``:
 MobileNetV3's depthwise convs), sums starting from the bias. ``valignd`` is inline
@@ -211,10 +221,10 @@ class _GridIR:
     def body(self, kind: int, residual: bool, code: int) -> None:
         """A kind with one epilogue, straight from ``x`` (no copy, no crop): blocks of
         ``ROW_BLOCK`` output rows by a vector of columns, each input row the block reads
-        loaded once as a run of vectors masked to the image's columns (a row above or
-        below the image reads a row of zeros in ``xp``), its K column taps (``taps``)
-        shared by the output rows that use that row; one accumulator a row. ``xp`` needs
-        W + 2 vectors (the zeros)."""
+        loaded once as a run of vectors (masked to the image's columns in the blocks at
+        its edges; a row above or below the image reads a row of zeros in ``xp``), its K
+        column taps (``taps``) shared by the output rows that use that row; one
+        accumulator a row. ``xp`` needs W + 2 vectors (the zeros)."""
         b, c, vw = self.b, self.c, self.vw
         k, s = KINDS[kind]
         self.checks()
@@ -253,11 +263,10 @@ class _GridIR:
             rr_n = ROW_BLOCK
 
             def rows(oy0: Any) -> None:
-                def piece(c0: Any) -> None:
+                def block(c0: Any, col0: Any, masked: bool) -> None:
                     acc = [bias] * rr_n
-                    col0 = b.sub(b.mul(c0, c(s)), self.pl)
                     masks = []
-                    for q in range(nload):
+                    for q in range(nload if masked else 0):
                         base = b.add(col0, c(q * vw))
                         inside = b.and_(self.below(b.sub(self.wd, base)),
                                         b.not_(self.below(b.sub(c(0), base))))  # fmt: skip
@@ -267,8 +276,8 @@ class _GridIR:
                         valid = b.icmp_unsigned("<", r, self.h)  # 0 <= r < H
                         row_at = b.gep(xb, [b.mul(r, self.wd)])
                         src = b.gep(b.select(valid, row_at, zrow), [col0])
-                        run = [b.call(self.mload, [self.at(src, c(q * vw)), self.align,
-                                                   masks[q], zero])
+                        run = [self.load(self.at(src, c(q * vw)), masks[q] if masked else None,
+                                         zero)
                                for q in range(nload)]  # fmt: skip
                         shifted = self.taps(run, k, s)
                         for rr in range(rr_n):
@@ -278,19 +287,60 @@ class _GridIR:
                             for j in range(k):
                                 wv = splat(b, b.load(b.gep(wrow, [c(i * k + j)])), vw)
                                 acc[rr] = b.call(self.fma, [shifted[j], wv, acc[rr]])
-                    m = self.below(b.sub(self.ow, c0))
+                    m = self.below(b.sub(self.ow, c0)) if masked else None
                     for rr in range(rr_n):
                         oy = b.add(oy0, c(rr))
-                        mr = b.and_(m, splat(b, b.icmp_signed("<", oy, self.oh), vw))
+                        mr = (b.and_(m, splat(b, b.icmp_signed("<", oy, self.oh), vw))
+                              if masked else None)  # fmt: skip
                         at = b.add(b.mul(oy, self.ow), c0)
                         v = acc[rr]
                         if residual:
-                            v = b.fadd(v, b.call(self.mload, [self.at(rb, at), self.align, mr,
-                                                              neg]))  # fmt: skip
-                        b.call(self.mstore, [self.activate(v, code), self.at(yb, at), self.align,
-                                             mr])  # fmt: skip
+                            v = b.fadd(v, self.load(self.at(rb, at), mr, neg))
+                        v = self.activate(v, code)
+                        if not masked:
+                            self.store(v, self.at(yb, at), None)
+                            continue
+                        if residual:  # kept masked (module docstring)
+                            self.store(v, self.at(yb, at), mr)
+                            continue
+                        # a whole vector where it stays inside the plane: the lanes past
+                        # the row fall on the next rows' first columns, which later
+                        # stores write (pieces run right to left, rows top to bottom)
+                        whole = b.icmp_signed("<=", b.add(at, c(vw)), plane_out)
+                        plain, part, done = (self.fn.append_basic_block() for _ in range(3))
+                        b.cbranch(whole, plain, part)
+                        b.position_at_end(plain)
+                        self.store(v, self.at(yb, at), None)
+                        b.branch(done)
+                        b.position_at_end(part)
+                        self.store(v, self.at(yb, at), mr)
+                        b.branch(done)
+                        b.position_at_end(done)
 
-                counted_loop(b, c(0), self.ow, vw, piece, whole=False)
+                def piece(i: Any) -> None:
+                    c0 = b.sub(last, i)  # right to left (``block``'s whole stores)
+                    # plain moves where every load lies inside the image and every
+                    # store inside the output's rows (module docstring)
+                    col0 = b.sub(b.mul(c0, c(s)), self.pl)
+                    inside = b.and_(
+                        b.and_(b.icmp_signed(">=", col0, c(0)),
+                               b.icmp_signed("<=", b.add(col0, c(nload * vw)), self.wd)),
+                        b.and_(b.icmp_signed("<=", b.add(c0, c(vw)), self.ow),
+                               b.icmp_signed("<=", b.add(oy0, c(rr_n)), self.oh)),
+                    )  # fmt: skip
+                    plain, edge, done = (self.fn.append_basic_block() for _ in range(3))
+                    b.cbranch(inside, plain, edge)
+                    b.position_at_end(plain)
+                    block(c0, col0, masked=False)
+                    b.branch(done)
+                    b.position_at_end(edge)
+                    block(c0, col0, masked=True)
+                    b.branch(done)
+                    b.position_at_end(done)
+
+                last = b.mul(b.sdiv(b.sub(self.ow, c(1)), c(vw)), c(vw))  # the last piece
+                end = b.select(b.icmp_signed(">", self.ow, c(0)), b.add(last, c(1)), c(0))
+                counted_loop(b, c(0), end, vw, piece, whole=False)
 
             counted_loop(b, c(0), self.oh, rr_n, rows, whole=False)
 
@@ -350,6 +400,20 @@ class _GridIR:
     def at(self, base: Any, off: Any) -> Any:
         """A vector pointer at float ``off`` of ``base``."""
         return self.b.bitcast(self.b.gep(base, [off]), self.vp)
+
+    def load(self, ptr: Any, mask: Any, fill: Any) -> Any:
+        """The vector at ``ptr``: lanes out of ``mask`` read as ``fill`` (all lanes when
+        ``mask`` is None: a plain load)."""
+        if mask is None:
+            return self.b.load(ptr, align=4)
+        return self.b.call(self.mload, [ptr, self.align, mask, fill])
+
+    def store(self, v: Any, ptr: Any, mask: Any) -> None:
+        """``v`` stored at ``ptr``, only ``mask``'s lanes (all when None)."""
+        if mask is None:
+            self.b.store(v, ptr, align=4)
+        else:
+            self.b.call(self.mstore, [v, ptr, self.align, mask])
 
     def below(self, n: Any) -> Any:
         """The lanes i < ``n`` (an i64; none when n <= 0, all past ``vw``)."""
