@@ -102,6 +102,13 @@ KINDS = ((3, 1), (5, 1), (7, 1), (3, 2), (5, 2))
 #: output planes, 7x7 to 112x112). Zen 4, one thread, 3x3, µs, blocks of 4 / 7:
 #: 576x14x14 45.7 / 32.5, 960x7x7 38.1 / 27.0, 32x112x112 123.8 / 99.6.
 ROW_BLOCK = 7
+#: Vector widths whose blocks inside the image load each stride-1 tap from memory (an
+#: unaligned load) instead of shifting the row's vectors: AVX2 has no one-instruction
+#: two-register shift (``valignd``), LLVM's takes two shuffles a tap. One Zen 3 thread,
+#: both builds in one process, interleaved, µs, shifts / loads: 3x3 32x112x112 226 / 201,
+#: 144x56x56 234 / 218, 96x56x56 158 / 141; 5x5 at 28x28 and 14x14 even (14x14 and 7x7
+#: planes have edge blocks only).
+LOADED_TAPS = frozenset({8})
 #: ``flags``: 1 adds ``res`` first; then by default the clamp to ``[lo, hi]``, or with 2
 #: HardSwish ``v * clip(lo*v + hi, 0, 1)``, with 4 HardSigmoid ``clip(lo*v + hi, 0, 1)``
 #: (``lo``, ``hi`` their alpha and beta).
@@ -276,10 +283,14 @@ class _GridIR:
                         valid = b.icmp_unsigned("<", r, self.h)  # 0 <= r < H
                         row_at = b.gep(xb, [b.mul(r, self.wd)])
                         src = b.gep(b.select(valid, row_at, zrow), [col0])
-                        run = [self.load(self.at(src, c(q * vw)), masks[q] if masked else None,
-                                         zero)
-                               for q in range(nload)]  # fmt: skip
-                        shifted = self.taps(run, k, s)
+                        if not masked and s == 1 and vw in LOADED_TAPS:
+                            shifted = [self.load(self.at(src, c(j)), None, zero)
+                                       for j in range(k)]  # fmt: skip
+                        else:
+                            run = [self.load(self.at(src, c(q * vw)),
+                                             masks[q] if masked else None, zero)
+                                   for q in range(nload)]  # fmt: skip
+                            shifted = self.taps(run, k, s)
                         for rr in range(rr_n):
                             i = u - s * rr
                             if not 0 <= i < k:
