@@ -90,7 +90,9 @@ def check_random(seed: int, rounds: int, narrow: bool = False) -> int:
             lo, hi = np.float32(bounds[0]), np.float32(bounds[1])
             flags = int(residual) | [0, 0, depthwise_ir.FLAG_HARD_SWISH,
                                      depthwise_ir.FLAG_HARD_SIGMOID][mode]  # fmt: skip
-            n = depthwise_ir.scratch_len(wd, vw)
+            # the plans' scratch (small planes copied padded) or the least (read in place)
+            n = (depthwise_ir.scratch_len(h, wd, vw) if rng.random() < 0.5
+                 else depthwise_ir.min_scratch_len(wd, vw))  # fmt: skip
             xp = np.full(n + 2 * vw, 7.0, np.float32)
             y = np.full(c * oh * ow + 2 * vw, 5.0, np.float32)
             st = call(kind, x, w, b, res, y, xp, n, lo, hi, flags, c, h, wd, oh, ow, p, p)
@@ -149,7 +151,7 @@ def test_network_shapes(k: int, s: int, c: int, h: int, wd: int) -> None:
         rng.standard_normal(c).astype(np.float32),
     )
     y = np.zeros((c, oh, ow), np.float32)
-    n = depthwise_ir.scratch_len(wd, vw)
+    n = depthwise_ir.scratch_len(h, wd, vw)
     kind = depthwise_ir.kind_of(k, s)
     st = call(kind, x, w, b, y, y, np.zeros(n, np.float32), n, np.float32(0), np.float32(np.inf),
               0, c, h, wd, oh, ow, p, p)  # fmt: skip
@@ -165,7 +167,7 @@ def test_refusals_write_nothing() -> None:
     x, w = np.ones((2, 9, 9), np.float32), np.ones((2, 25), np.float32)
     b, y = np.zeros(2, np.float32), np.full((2, 5, 5), 3.0, np.float32)
     kind = depthwise_ir.kind_of(5, 2)
-    n = depthwise_ir.scratch_len(9, vw)
+    n = depthwise_ir.min_scratch_len(9, vw)
     xp = np.full(n, 4.0, np.float32)
     inf = np.float32(np.inf)
     args = (x, w, b, y, y, xp)
@@ -200,7 +202,7 @@ def test_a_kind_runs_once_its_functions_for_the_epilogue_are_built(vw: int) -> N
     x = rng.standard_normal((c, h, wd)).astype(np.float32)
     w, b = rng.standard_normal((c, k * k)).astype(np.float32), np.zeros(c, np.float32)
     res = rng.standard_normal((c, h, wd)).astype(np.float32)
-    n = depthwise_ir.scratch_len(wd, vw)
+    n = depthwise_ir.scratch_len(h, wd, vw)
     xp = np.zeros(n, np.float32)
     y = np.full((c, h, wd), 5.0, np.float32)
 
@@ -246,23 +248,29 @@ def test_a_load_noting_a_kind_does_not_wait_for_a_build() -> None:
 
 
 def test_scratch_len_is_what_the_kernel_asks() -> None:
-    """``scratch_len`` is the kernel's own need: one float less is refused."""
+    """``min_scratch_len`` is the kernel's own need (one float less is refused) and reads
+    in place; ``scratch_len`` (what the plans hand it) also holds the padded copy of a
+    small plane (``PADDED_WIDTHS``): both give the reference's answer."""
     call, vw = _call(), depthwise_ir.vector_width()
     rng = np.random.default_rng(3)
+    inf = np.float32(np.inf)
     for kind, (k, s) in enumerate(depthwise_ir.KINDS):
-        for h, wd in ((1, 1), (7, 7), (14, 15), (29, 40)):
+        for h, wd in ((1, 1), (7, 7), (14, 15), (29, 40), (40, 29)):
             p = k // 2
             oh, ow = (h - 1) // s + 1, (wd - 1) // s + 1
-            x, y = (
-                rng.standard_normal((1, h, wd)).astype(np.float32),
-                np.zeros((1, oh, ow), np.float32),
-            )
-            w, b = np.ones((1, k * k), np.float32), np.zeros(1, np.float32)
-            n = depthwise_ir.scratch_len(wd, vw)
-            xp = np.zeros(n, np.float32)
-            inf = np.float32(np.inf)
-            assert call(kind, x, w, b, y, y, xp, n - 1, -inf, inf, 0, 1, h, wd, oh, ow, p, p) == 2
-            assert call(kind, x, w, b, y, y, xp, n, -inf, inf, 0, 1, h, wd, oh, ow, p, p) == 0
+            x = rng.standard_normal((1, h, wd)).astype(np.float32)
+            w, b = rng.standard_normal((1, k * k)).astype(np.float32), np.zeros(1, np.float32)
+            want = _reference(x, w, b, k, s, oh, ow, p, p)
+            least, n = depthwise_ir.min_scratch_len(wd, vw), depthwise_ir.scratch_len(h, wd, vw)
+            assert n >= least
+            for size in (least, n):
+                y, xp = np.zeros((1, oh, ow), np.float32), np.zeros(size, np.float32)
+                st = call(kind, x, w, b, y, y, xp, size, -inf, inf, 0, 1, h, wd, oh, ow, p, p)
+                assert st == 0
+                np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+            xp = np.zeros(least, np.float32)
+            assert call(kind, x, w, b, y, y, xp, least - 1, -inf, inf, 0, 1, h, wd, oh, ow, p,
+                        p) == 2  # fmt: skip
 
 
 _AVX2_CHILD = """

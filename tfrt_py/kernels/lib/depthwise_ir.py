@@ -78,6 +78,7 @@ __all__ = [
     "build_wanted",
     "function",
     "kind_of",
+    "min_scratch_len",
     "narrow_function",
     "raw",
     "ready",
@@ -109,6 +110,17 @@ ROW_BLOCK = 7
 #: 144x56x56 234 / 218, 96x56x56 158 / 141; 5x5 at 28x28 and 14x14 even (14x14 and 7x7
 #: planes have edge blocks only).
 LOADED_TAPS = frozenset({8})
+#: Vector widths whose stride-1 planes more than a vector and at most ``PADDED_MAX_W``
+#: wide are copied, a channel at a time, into a zero-padded plane in the scratch first
+#: (``_GridIR.padded_geometry``): at 14x14 every block is at an edge, masks its loads and
+#: takes its taps by shuffles; padded, every block loads its taps plainly. One Zen 3
+#: thread, both builds in one process, interleaved, µs, in place / padded: 3x3 576x14x14
+#: 102 / 94, 144x28x28 86 / 70; 5x5 672x14x14 426-444 / 348-356, 480x14x14 327 / 272,
+#: 240x28x28 527 / 394. Not taken: 7x7 planes (one piece a row: 3x3 960x7x7 58 / 63, 5x5
+#: 1152x7x7 141-162 / 163-178), stride 2 (its taps are shuffles either way: 0.96-1.06x),
+#: and planes past 32 (56x56 0.82-0.89x in one run, 1.05-1.06x in another).
+PADDED_WIDTHS = frozenset({8})
+PADDED_MAX_W = 32
 #: ``flags``: 1 adds ``res`` first; then by default the clamp to ``[lo, hi]``, or with 2
 #: HardSwish ``v * clip(lo*v + hi, 0, 1)``, with 4 HardSigmoid ``clip(lo*v + hi, 0, 1)``
 #: (``lo``, ``hi`` their alpha and beta).
@@ -134,11 +146,37 @@ def _up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def scratch_len(w: int, vw: int) -> int:
-    """The floats of ``xp`` a call over images ``w`` wide needs with ``vw``-float vectors
-    (the kernel computes the same and refuses less): a row of zeros, W + 2 vectors, for
-    every kind."""
+def min_scratch_len(w: int, vw: int) -> int:
+    """The fewest floats of ``xp`` the kernel takes for images ``w`` wide (it refuses
+    less, status 2): a row of zeros, W + 2 vectors; with them every plane is read in
+    place."""
     return _up(w + 2 * vw, vw)
+
+
+def scratch_len(h: int, w: int, vw: int) -> int:
+    """The floats of ``xp`` a call over images ``h`` x ``w`` with ``vw``-float vectors
+    needs: a row of zeros, W + 2 vectors, for every kind (the kernel refuses less); where
+    the plane is copied padded (``PADDED_WIDTHS``, ``PADDED_MAX_W``), room for that copy
+    for every kind at "same" padding (a call whose copy does not fit reads in place)."""
+    n = min_scratch_len(w, vw)
+    if vw in PADDED_WIDTHS and w <= PADDED_MAX_W:
+        n = max(n, (h + 20) * _up(w + 5 * vw, vw))
+    return n
+
+
+class _Geometry(NamedTuple):
+    """How ``rows_direct`` reads the input: ``plane(ch)`` a channel's first row (an IR
+    builder step), ``h`` x ``wd`` its rows and columns, ``pt``/``pl`` the rows and
+    columns before output (0, 0)'s window; ``copied_at`` None where the image is read in
+    place (rows outside it read zeros, edge blocks mask), else the row its copy starts
+    at in the padded plane."""
+
+    plane: Any
+    h: Any
+    wd: Any
+    pt: Any
+    pl: Any
+    copied_at: Any
 
 
 class _GridIR:
@@ -226,12 +264,14 @@ class _GridIR:
         call_from_table(b, table, slot, STATUS_NOT_BUILT)
 
     def body(self, kind: int, residual: bool, code: int) -> None:
-        """A kind with one epilogue, straight from ``x`` (no copy, no crop): blocks of
-        ``ROW_BLOCK`` output rows by a vector of columns, each input row the block reads
-        loaded once as a run of vectors (masked to the image's columns in the blocks at
-        its edges; a row above or below the image reads a row of zeros in ``xp``), its K
-        column taps (``taps``) shared by the output rows that use that row; one
-        accumulator a row. ``xp`` needs W + 2 vectors (the zeros)."""
+        """A kind with one epilogue: blocks of ``ROW_BLOCK`` output rows by a vector of
+        columns, each input row the block reads loaded once as a run of vectors (masked to
+        the image's columns in the blocks at its edges; a row above or below the image
+        reads a row of zeros in ``xp``), its K column taps (``taps``) shared by the output
+        rows that use that row; one accumulator a row. ``xp`` needs W + 2 vectors (the
+        zeros). Planes at most ``PADDED_MAX_W`` wide (every block at an edge) on the
+        widths of ``PADDED_WIDTHS`` are first copied into a zero-padded plane in ``xp``
+        where it holds one (``scratch_len``), whose blocks all load plainly."""
         b, c, vw = self.b, self.c, self.vw
         k, s = KINDS[kind]
         self.checks()
@@ -241,27 +281,94 @@ class _GridIR:
         b.position_at_end(bad)
         b.ret(c(2))
         b.position_at_end(good)
-        plane_in, plane_out = b.mul(self.h, self.wd), b.mul(self.oh, self.ow)
-        zero = self.ir.Constant(self.v, [0.0] * vw)
-        self.rows_direct(k, s, residual, code, plane_in, plane_out, zero)
+        plane_out = b.mul(self.oh, self.ow)
+        args = (k, s, residual, code, plane_out)
+        if vw not in PADDED_WIDTHS or s != 1:
+            self.rows_direct(*args, self.in_place_geometry())
+            b.ret(c(0))
+            return
+        geo = self.padded_geometry(k, s)
+        small = b.and_(b.and_(b.icmp_signed(">", self.wd, c(vw)),
+                              b.icmp_signed("<=", self.wd, c(PADDED_MAX_W))),
+                       b.icmp_signed("<=", b.mul(geo.h, geo.wd), self.xp_len))  # fmt: skip
+        with b.if_else(small) as (padded, direct):
+            with padded:
+                self.zero_scratch(b.mul(geo.h, geo.wd))
+                self.rows_direct(*args, geo)
+            with direct:
+                self.rows_direct(*args, self.in_place_geometry())
         b.ret(c(0))
 
-    def rows_direct(self, k: int, s: int, residual: bool, code: int, plane_in: Any,
-                    plane_out: Any, zero: Any) -> None:  # fmt: skip
-        """``body``'s loops for one epilogue: + ``res`` or not, and the activation."""
+    def in_place_geometry(self) -> _Geometry:
+        """The image read where it lies: rows outside it read ``xp``'s row of zeros."""
+        b = self.b
+        plane = b.mul(self.h, self.wd)
+        return _Geometry(lambda ch: b.gep(self.x, [b.mul(ch, plane)]), self.h, self.wd,
+                         self.pt, self.pl, None)  # fmt: skip
+
+    def padded_geometry(self, k: int, s: int) -> _Geometry:
+        """Each channel copied into ``xp`` as a plane of zeros holding the image at row
+        ``pt`` and column ``vw`` (its rows and columns past every block's reach zero):
+        blocks load plainly and never mask. Rows: every block's reach; columns: the last
+        piece's reach past the image, rounded up to vectors."""
         b, c, vw = self.b, self.c, self.vw
-        neg = self.ir.Constant(self.v, [-0.0] * vw)
-        # rows above and below the image read a row of zeros (only its columns inside the
-        # image are read: the loads are masked to them)
-        counted_loop(b, c(0), b.add(self.wd, c(2 * vw)), vw,
-                     lambda i: b.store(zero, self.at(self.xp, i), align=4),
-                     whole=False)  # fmt: skip
-        zrow = b.gep(self.xp, [c(2 * vw)])
+        nload = -(-(s * (vw - 1) + k) // vw)
+        blocks = b.mul(b.sdiv(b.add(self.oh, c(ROW_BLOCK - 1)), c(ROW_BLOCK)), c(ROW_BLOCK))
+        rows = self.max(b.add(b.mul(blocks, c(s)), c(k)), b.add(self.pt, self.h))
+        last = b.mul(b.sdiv(self.ow, c(vw)), c(vw))  # past the last piece's first column
+        reach = b.add(b.sub(b.mul(last, c(s)), self.pl), c(vw + max(nload * vw, k - 1 + vw)))
+        cols = self.up(self.max(reach, b.add(self.wd, c(2 * vw))))
+        pl = b.sub(self.pl, c(vw))  # the image's column 0 at column vw
+        return _Geometry(lambda ch: self.copy_padded(ch, rows, cols), rows, cols, self.c(0),
+                         pl, self.pt)  # fmt: skip
+
+    def zero_scratch(self, n: Any) -> None:
+        """``xp``'s first ``n`` floats (a multiple of the vector) to zero."""
+        b, zero = self.b, self.ir.Constant(self.v, [0.0] * self.vw)
+        counted_loop(b, self.c(0), n, self.vw,
+                     lambda i: b.store(zero, self.at(self.xp, i), align=4))  # fmt: skip
+
+    def copy_padded(self, ch: Any, rows: Any, cols: Any) -> Any:
+        """Channel ``ch``'s rows into ``xp``'s padded plane (``padded_geometry``): each row's
+        vectors at row ``pt + r``, column ``vw``, the last one's lanes past the image zero
+        (a masked load); returns the plane."""
+        b, c, vw = self.b, self.c, self.vw
+        zero = self.ir.Constant(self.v, [0.0] * vw)
+        src = b.gep(self.x, [b.mul(ch, b.mul(self.h, self.wd))])
+        whole = b.mul(b.sdiv(self.wd, c(vw)), c(vw))
+        mask = self.below(b.sub(self.wd, whole))
+
+        def row(r: Any) -> None:
+            at, to = b.mul(r, self.wd), b.add(b.mul(b.add(r, self.pt), cols), c(vw))
+            counted_loop(b, c(0), whole, vw,
+                         lambda q: b.store(b.load(self.at(src, b.add(at, q)), align=4),
+                                           self.at(self.xp, b.add(to, q)), align=4))  # fmt: skip
+            tail = self.load(self.at(src, b.add(at, whole)), mask, zero)
+            b.store(tail, self.at(self.xp, b.add(to, whole)), align=4)
+
+        counted_loop(b, c(0), self.min(self.h, b.sub(rows, self.pt)), 1, row)
+        return self.xp
+
+    def rows_direct(self, k: int, s: int, residual: bool, code: int, plane_out: Any,
+                    geo: _Geometry) -> None:  # fmt: skip
+        """``body``'s loops for one epilogue (+ ``res`` or not, and the activation) over the
+        input as ``geo`` lays it out."""
+        b, c, vw = self.b, self.c, self.vw
+        zero = self.ir.Constant(self.v, [0.0] * vw)
+        padded = geo.copied_at is not None
+        zrow = self.xp
+        if not padded:
+            # rows above and below the image read a row of zeros (only its columns inside
+            # the image are read: the loads are masked to them)
+            counted_loop(b, c(0), b.add(geo.wd, c(2 * vw)), vw,
+                         lambda i: b.store(zero, self.at(self.xp, i), align=4),
+                         whole=False)  # fmt: skip
+            zrow = b.gep(self.xp, [c(2 * vw)])
         # the vectors of input a vector of outputs reads: s*(vw - 1) + K columns
         nload = -(-(s * (vw - 1) + k) // vw)
 
         def channel(ch: Any) -> None:
-            xb = b.gep(self.x, [b.mul(ch, plane_in)])
+            xb = geo.plane(ch)
             yb = b.gep(self.y, [b.mul(ch, plane_out)])
             rb = b.gep(self.res, [b.mul(ch, plane_out)])
             wrow = b.gep(self.w, [b.mul(ch, c(k * k))])
@@ -270,25 +377,27 @@ class _GridIR:
             rr_n = ROW_BLOCK
 
             def rows(oy0: Any) -> None:
-                def block(c0: Any, col0: Any, masked: bool) -> None:
+                def block(c0: Any, col0: Any, masked_loads: bool, masked: bool) -> None:
                     acc = [bias] * rr_n
                     masks = []
-                    for q in range(nload if masked else 0):
+                    for q in range(nload if masked_loads else 0):
                         base = b.add(col0, c(q * vw))
-                        inside = b.and_(self.below(b.sub(self.wd, base)),
+                        inside = b.and_(self.below(b.sub(geo.wd, base)),
                                         b.not_(self.below(b.sub(c(0), base))))  # fmt: skip
                         masks.append(inside)
                     for u in range(s * (rr_n - 1) + k):  # the input rows of the outputs
-                        r = b.add(b.sub(b.mul(oy0, c(s)), self.pt), c(u))
-                        valid = b.icmp_unsigned("<", r, self.h)  # 0 <= r < H
-                        row_at = b.gep(xb, [b.mul(r, self.wd)])
-                        src = b.gep(b.select(valid, row_at, zrow), [col0])
-                        if not masked and s == 1 and vw in LOADED_TAPS:
+                        r = b.add(b.sub(b.mul(oy0, c(s)), geo.pt), c(u))
+                        row_at = b.gep(xb, [b.mul(r, geo.wd)])
+                        if not padded:  # 0 <= r < H, else the row of zeros
+                            valid = b.icmp_unsigned("<", r, geo.h)
+                            row_at = b.select(valid, row_at, zrow)
+                        src = b.gep(row_at, [col0])
+                        if not masked_loads and s == 1 and vw in LOADED_TAPS:
                             shifted = [self.load(self.at(src, c(j)), None, zero)
                                        for j in range(k)]  # fmt: skip
                         else:
                             run = [self.load(self.at(src, c(q * vw)),
-                                             masks[q] if masked else None, zero)
+                                             masks[q] if masked_loads else None, zero)
                                    for q in range(nload)]  # fmt: skip
                             shifted = self.taps(run, k, s)
                         for rr in range(rr_n):
@@ -298,56 +407,24 @@ class _GridIR:
                             for j in range(k):
                                 wv = splat(b, b.load(b.gep(wrow, [c(i * k + j)])), vw)
                                 acc[rr] = b.call(self.fma, [shifted[j], wv, acc[rr]])
-                    m = self.below(b.sub(self.ow, c0)) if masked else None
-                    for rr in range(rr_n):
-                        oy = b.add(oy0, c(rr))
-                        mr = (b.and_(m, splat(b, b.icmp_signed("<", oy, self.oh), vw))
-                              if masked else None)  # fmt: skip
-                        at = b.add(b.mul(oy, self.ow), c0)
-                        v = acc[rr]
-                        if residual:
-                            v = b.fadd(v, self.load(self.at(rb, at), mr, neg))
-                        v = self.activate(v, code)
-                        if not masked:
-                            self.store(v, self.at(yb, at), None)
-                            continue
-                        if residual:  # kept masked (module docstring)
-                            self.store(v, self.at(yb, at), mr)
-                            continue
-                        # a whole vector where it stays inside the plane: the lanes past
-                        # the row fall on the next rows' first columns, which later
-                        # stores write (pieces run right to left, rows top to bottom)
-                        whole = b.icmp_signed("<=", b.add(at, c(vw)), plane_out)
-                        plain, part, done = (self.fn.append_basic_block() for _ in range(3))
-                        b.cbranch(whole, plain, part)
-                        b.position_at_end(plain)
-                        self.store(v, self.at(yb, at), None)
-                        b.branch(done)
-                        b.position_at_end(part)
-                        self.store(v, self.at(yb, at), mr)
-                        b.branch(done)
-                        b.position_at_end(done)
+                    self.store_rows(acc, oy0, c0, yb, rb, plane_out, residual, code, masked)
 
                 def piece(i: Any) -> None:
-                    c0 = b.sub(last, i)  # right to left (``block``'s whole stores)
+                    c0 = b.sub(last, i)  # right to left (``store_rows``' whole stores)
                     # plain moves where every load lies inside the image and every
                     # store inside the output's rows (module docstring)
-                    col0 = b.sub(b.mul(c0, c(s)), self.pl)
-                    inside = b.and_(
-                        b.and_(b.icmp_signed(">=", col0, c(0)),
-                               b.icmp_signed("<=", b.add(col0, c(nload * vw)), self.wd)),
-                        b.and_(b.icmp_signed("<=", b.add(c0, c(vw)), self.ow),
-                               b.icmp_signed("<=", b.add(oy0, c(rr_n)), self.oh)),
-                    )  # fmt: skip
-                    plain, edge, done = (self.fn.append_basic_block() for _ in range(3))
-                    b.cbranch(inside, plain, edge)
-                    b.position_at_end(plain)
-                    block(c0, col0, masked=False)
-                    b.branch(done)
-                    b.position_at_end(edge)
-                    block(c0, col0, masked=True)
-                    b.branch(done)
-                    b.position_at_end(done)
+                    col0 = b.sub(b.mul(c0, c(s)), geo.pl)
+                    inside = b.and_(b.icmp_signed("<=", b.add(c0, c(vw)), self.ow),
+                                    b.icmp_signed("<=", b.add(oy0, c(rr_n)), self.oh))  # fmt: skip
+                    if not padded:
+                        inside = b.and_(inside, b.and_(
+                            b.icmp_signed(">=", col0, c(0)),
+                            b.icmp_signed("<=", b.add(col0, c(nload * vw)), geo.wd)))  # fmt: skip
+                    with b.if_else(inside) as (plain, edge):
+                        with plain:
+                            block(c0, col0, False, False)
+                        with edge:
+                            block(c0, col0, not padded, True)
 
                 last = b.mul(b.sdiv(b.sub(self.ow, c(1)), c(vw)), c(vw))  # the last piece
                 end = b.select(b.icmp_signed(">", self.ow, c(0)), b.add(last, c(1)), c(0))
@@ -356,6 +433,34 @@ class _GridIR:
             counted_loop(b, c(0), self.oh, rr_n, rows, whole=False)
 
         counted_loop(b, c(0), self.chans, 1, channel)
+
+    def store_rows(self, acc: list[Any], oy0: Any, c0: Any, yb: Any, rb: Any, plane_out: Any,
+                   residual: bool, code: int, masked: bool) -> None:  # fmt: skip
+        """A block's rows ``acc`` (+ ``res``, the activation) stored at output row ``oy0``,
+        column ``c0``: plainly, or (``masked``) to the output's rows -- a whole vector
+        where it stays inside the plane (the lanes past the row fall on the next rows'
+        first columns, which later stores write: pieces run right to left, rows top to
+        bottom), else masked, and always masked with a residual."""
+        b, c, vw = self.b, self.c, self.vw
+        neg = self.ir.Constant(self.v, [-0.0] * vw)
+        m = self.below(b.sub(self.ow, c0)) if masked else None
+        for rr, v in enumerate(acc):
+            oy = b.add(oy0, c(rr))
+            mr = (b.and_(m, splat(b, b.icmp_signed("<", oy, self.oh), vw))
+                  if masked else None)  # fmt: skip
+            at = b.add(b.mul(oy, self.ow), c0)
+            if residual:
+                v = b.fadd(v, self.load(self.at(rb, at), mr, neg))
+            v = self.activate(v, code)
+            if not masked or residual:  # a residual's stay masked (module docstring)
+                self.store(v, self.at(yb, at), mr)
+                continue
+            whole = b.icmp_signed("<=", b.add(at, c(vw)), plane_out)
+            with b.if_else(whole) as (plain, part):
+                with plain:
+                    self.store(v, self.at(yb, at), None)
+                with part:
+                    self.store(v, self.at(yb, at), mr)
 
     def taps(self, run: list[Any], k: int, s: int) -> list[Any]:
         """The K column taps of an input row's ``run`` (its vectors from the first column a

@@ -83,7 +83,7 @@ def table(kind: int, k: int, out_shape: tuple[int, ...]) -> np.ndarray:
 def scratch_len(x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> int:
     """One thread's scratch in floats for a conv on these shapes (any kind)."""
     vw = 8 if _narrow(out_shape) else depthwise_ir.vector_width()
-    return depthwise_ir.scratch_len(x_shape[3], vw)
+    return depthwise_ir.scratch_len(x_shape[2], x_shape[3], vw)
 
 
 def run_raw(raw: depthwise_ir.Raw, kind: int, x: np.ndarray, w: np.ndarray, out: np.ndarray,
@@ -106,7 +106,7 @@ def run_raw(raw: depthwise_ir.Raw, kind: int, x: np.ndarray, w: np.ndarray, out:
         fn, vw = raw.narrow, 8
     else:
         fn, vw = raw.fn, raw.vw
-    xp_len = depthwise_ir.scratch_len(wd, vw)
+    xp_len = depthwise_ir.scratch_len(h, wd, vw)
     xp = scratch(0, (xp_len,), np.dtype(np.float32))
     ba = (_zero_bias(c) if bias is None else bias).ctypes.data
     step_x, step_y = c * h * wd, c * oh * ow  # floats
@@ -117,7 +117,7 @@ def run_raw(raw: depthwise_ir.Raw, kind: int, x: np.ndarray, w: np.ndarray, out:
                 k // 2, n, step_x, step_y, step_y)  # fmt: skip
     if status == depthwise_ir.STATUS_NOT_BUILT and fn is raw.narrow:
         # the narrow build lacks this kind's functions: the main build (its scratch fits)
-        xp_len = depthwise_ir.scratch_len(wd, raw.vw)
+        xp_len = depthwise_ir.scratch_len(h, wd, raw.vw)
         xa = scratch(0, (xp_len,), np.dtype(np.float32)).ctypes.data
         status = raw.fn(kind, x0, wa, ba, r0, y0, xa, xp_len, lo, hi, flags, c, h, wd, oh, ow,
                         k // 2, k // 2, n, step_x, step_y, step_y)  # fmt: skip
