@@ -161,8 +161,10 @@ LINE_BUDGET: dict[str, int] = {
     # 12-07 (74th): plain moves beside the masked ones where a vector lies inside the row
     # (lib/depthwise_ir.py, stem_ir.py, pool_ir.py, gemm_indirect.py: issue 35, AVX2's
     # masked stores cost ~4 ns each on Zen 3); small stride-1 planes copied padded and
-    # taps loaded from memory on AVX2 (lib/depthwise_ir.py: issue 35)
-    "kernels": 37090,
+    # taps loaded from memory on AVX2 (lib/depthwise_ir.py: issue 35); the rows-storing
+    # builds' product put back as NCHW runs in registers (lib/gemm_indirect.py,
+    # nn/conv_packed.py: issue 35, a scalar loop of ~3 ns an output on Zen 3)
+    "kernels": 37190,
     # 2026-11-30: one function per box of dims (lower/generic.py: issue 32, item 2); a
     # decoder step's fused ops (lower/ops_dec.py: issues 32 and 37)
     # 2026-11-30: boxes keep length-dependent shape arithmetic as code (Range,

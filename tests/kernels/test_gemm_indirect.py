@@ -325,3 +325,51 @@ def test_the_nhwc_copy_pads_and_transposes(nhwc_kernel: Any, c: int, hw: tuple[i
         got = xts[q * hp * wp * c : (q + 1) * hp * wp * c].reshape(hp, wp, c)
         np.testing.assert_array_equal(got, want)
     assert np.isnan(xts[3 * hp * wp * c :]).all()
+
+
+@pytest.fixture(scope="module", params=sorted(PATHS))
+def rows_nchw_kernel(request: pytest.FixtureRequest) -> Any:
+    """``SYMBOL_ROWS_NCHW`` of each path the host has, in an engine of its own (ctypes)."""
+    from tfrt_py.concurrency.llvm_jit import compile_ir
+
+    if request.param not in gemm_packed.host_paths():
+        pytest.skip(f"this host has no {request.param} path")
+    engine = compile_ir(gemm_indirect._IndirectGemmIR(PATHS[request.param]).text(),
+                        host_cpu=True, opt=3)  # fmt: skip
+    _ENGINES.append(engine)
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    return ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, i64, i64, ptr, ptr, f32, f32, i64)(
+        engine.get_function_address(gemm_indirect.SYMBOL_ROWS_NCHW)
+    )
+
+
+@pytest.mark.parametrize(("rows", "cols", "flags", "lo", "hi"), [
+    (49, 160, FLAG_BIAS, 0.0, np.inf), (196, 96, FLAG_BIAS | FLAG_RESIDUAL, -0.5, 0.75),
+    (16, 16, 0, -np.inf, np.inf), (7, 40, FLAG_RESIDUAL, 0.0, 6.0), (9, 13, FLAG_BIAS, -1, 1),
+])  # fmt: skip
+def test_rows_put_back_as_nchw_runs(rows_nchw_kernel: Any, rows: int, cols: int, flags: int,
+                                    lo: float, hi: float) -> None:  # fmt: skip
+    """``y[f, r]`` = clamp((``yt[r, f]`` + bias[f]) + res[f, r]) for r < rows, f < cols,
+    the whole 8 x 16 blocks and the rows and filters past them; NaN kept, infinities
+    clamped, -0.0 kept without a bias; nothing written past the plane's pixels."""
+    rng = np.random.default_rng(rows * 1000 + cols)
+    ld, npx = cols + 5, rows + 3  # yt's row length and y's plane: both longer than used
+    yt = rng.standard_normal((rows, ld)).astype(F32)
+    yt[0, 0], yt[rows - 1, cols - 1], yt[rows // 2, 0] = np.nan, np.inf, -0.0
+    bias = rng.standard_normal(cols).astype(F32)
+    res = rng.standard_normal((cols, npx)).astype(F32)
+    y = np.full((cols, npx), 9.0, F32)
+    st = rows_nchw_kernel(_p(yt), ld, _p(y), npx, rows, cols, _p(bias), _p(res),
+                          lo, hi, flags)  # fmt: skip
+    assert st == 0
+    want = yt[:, :cols].T.copy()
+    if flags & FLAG_BIAS:
+        want = want + bias[:, None]
+    if flags & FLAG_RESIDUAL:
+        want = want + res[:, :rows]
+    with np.errstate(invalid="ignore"):
+        want = np.where(want < lo, F32(lo), np.where(want > hi, F32(hi), want))
+    np.testing.assert_array_equal(y[:, :rows], want)
+    if not flags & FLAG_BIAS and not flags & FLAG_RESIDUAL and lo < 0:
+        assert np.signbit(y[0, rows // 2])  # -0.0 stays -0.0
+    assert (y[:, rows:] == 9.0).all()

@@ -91,6 +91,7 @@ CHUNK_TAP_FLOATS = 1 << 20
 numba: Any = None  # set by Jitted(parallel=True)
 _sgemm_indirect: Any = None  # set by _prepare (gemm_indirect.register)
 _nhwc_pad: Any = None  # likewise
+_rows_nchw: Any = None  # likewise
 
 
 def _packed_conv(  # pragma: no cover - numba only
@@ -169,30 +170,26 @@ def _finish(  # pragma: no cover - numba only
 ) -> None:  # fmt: skip
     """Rows ``[r0, r1)`` (image-major pixels) of filters ``[f0, f1)`` of ``yt`` into ``y3``
     (N, M, P): ``act((v + b) + res)``, ReLU and Clip in the same pass (NaN kept, as
-    ``_act_row``), any other activation over each filter's run of pixels after; 16
-    filters at a time, so ``yt``'s rows are read in runs."""
+    ``_act_row``), any other activation over each filter's run of pixels after. Each
+    image's rows by ``gemm_indirect``'s ``SYMBOL_ROWS_NCHW`` (8 pixels x 16 filters
+    transposed in registers; a scalar loop here took ~3 ns an element on Zen 3: 96x14x14
+    -> 576 spent 370 µs here against 259 in its product)."""
     u = np.uint64
     m, npx = y3.shape[1], y3.shape[2]
     np_ = yt.shape[1]
-    has_b = b.shape[0] > 0
-    has_res = res3.shape[0] > 0
-    neg0, inf = -p[2], p[6]
+    inf = p[6]
     lo, hi = (p[2], inf) if act == 1 else (lohi[0], lohi[1]) if act == 2 else (-inf, inf)
     rest = act if act > 2 else 0
-    yf, rf, ytf = y3.reshape(-1), res3.reshape(-1), yt.reshape(-1)
+    flags = (FLAG_BIAS if b.shape[0] > 0 else 0) | (FLAG_RESIDUAL if res3.shape[0] > 0 else 0)
+    four = u(4)
+    bp = b.ctypes.data if b.shape[0] > 0 else yt.ctypes.data
     for i in range(r0 // npx, (r1 - 1) // npx + 1):
         x0, x1 = max(r0, i * npx) - i * npx, min(r1, (i + 1) * npx) - i * npx
-        for fb in range(f0, f1, 16):
-            fe = min(f1, fb + 16)
-            for px in range(x0, x1):
-                s = u((i * npx + px) * np_)
-                for f in range(fb, fe):
-                    v = ytf[s + u(f)] + (b[f] if has_b else neg0)
-                    dst = u((i * m + f) * npx + px)
-                    if has_res:
-                        v = v + rf[dst]
-                    v = lo if v < lo else v
-                    yf[dst] = hi if v > hi else v
+        at_y = u((i * m + f0) * npx + x0) * four
+        rp = res3.ctypes.data + at_y if res3.shape[0] > 0 else y3.ctypes.data + at_y
+        _rows_nchw(yt.ctypes.data + u((i * npx + x0) * np_ + f0) * four, np_,
+                   y3.ctypes.data + at_y, npx, x1 - x0, f1 - f0, bp + u(f0) * four, rp,
+                   np.float32(lo), np.float32(hi), flags)  # fmt: skip
     if rest != 0:
         _rest_act(y3, r0, r1, f0, f1, rest, p)
 
