@@ -278,20 +278,24 @@ def test_the_process_kernel_is_the_chosen_path() -> None:
            cv.padded // shape.nr, zb, 0, shape.nr // 2, none, 0, 0, y, zb)  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=sorted(PATHS))
-def nhwc_kernel(request: pytest.FixtureRequest) -> Any:
-    """``SYMBOL_NHWC`` of each path the host has, in an engine of its own (ctypes)."""
+def _module_function(path: str, symbol: str, argtypes: tuple[Any, ...]) -> Any:
+    """``symbol`` of ``path``'s module in an engine of its own (a ctypes function returning
+    an int64); skips where the host lacks the path."""
     from tfrt_py.concurrency.llvm_jit import compile_ir
 
-    if request.param not in gemm_packed.host_paths():
-        pytest.skip(f"this host has no {request.param} path")
-    engine = compile_ir(gemm_indirect._IndirectGemmIR(PATHS[request.param]).text(),
-                        host_cpu=True, opt=3)  # fmt: skip
+    if path not in gemm_packed.host_paths():
+        pytest.skip(f"this host has no {path} path")
+    engine = compile_ir(gemm_indirect._IndirectGemmIR(PATHS[path]).text(), host_cpu=True, opt=3)
     _ENGINES.append(engine)
+    return ctypes.CFUNCTYPE(ctypes.c_int64, *argtypes)(engine.get_function_address(symbol))
+
+
+@pytest.fixture(scope="module", params=sorted(PATHS))
+def nhwc_kernel(request: pytest.FixtureRequest) -> Any:
+    """``SYMBOL_NHWC`` of each path the host has (ctypes)."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    return ctypes.CFUNCTYPE(i64, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64)(
-        engine.get_function_address(gemm_indirect.SYMBOL_NHWC)
-    )
+    args = (ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64)
+    return _module_function(request.param, gemm_indirect.SYMBOL_NHWC, args)
 
 
 @pytest.mark.parametrize(
@@ -329,18 +333,10 @@ def test_the_nhwc_copy_pads_and_transposes(nhwc_kernel: Any, c: int, hw: tuple[i
 
 @pytest.fixture(scope="module", params=sorted(PATHS))
 def rows_nchw_kernel(request: pytest.FixtureRequest) -> Any:
-    """``SYMBOL_ROWS_NCHW`` of each path the host has, in an engine of its own (ctypes)."""
-    from tfrt_py.concurrency.llvm_jit import compile_ir
-
-    if request.param not in gemm_packed.host_paths():
-        pytest.skip(f"this host has no {request.param} path")
-    engine = compile_ir(gemm_indirect._IndirectGemmIR(PATHS[request.param]).text(),
-                        host_cpu=True, opt=3)  # fmt: skip
-    _ENGINES.append(engine)
+    """``SYMBOL_ROWS_NCHW`` of each path the host has (ctypes)."""
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-    return ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, i64, i64, ptr, ptr, f32, f32, i64)(
-        engine.get_function_address(gemm_indirect.SYMBOL_ROWS_NCHW)
-    )
+    return _module_function(request.param, gemm_indirect.SYMBOL_ROWS_NCHW,
+                            (ptr, i64, ptr, i64, i64, i64, ptr, ptr, f32, f32, i64))  # fmt: skip
 
 
 @pytest.mark.parametrize(("rows", "cols", "flags", "lo", "hi"), [
