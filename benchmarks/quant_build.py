@@ -11,6 +11,8 @@ Recipes (``ZOO``):
   ``quantize_static`` in QDQ format, per channel, activations QUInt8, weights QInt8,
   calibrated (MinMax) on ``CALIBRATION_SAMPLES`` seeded random images;
 * ``<vision>-qop``: the same in QOperator format (QLinearConv, QLinearAdd, ...);
+* ``<vision>-qdq-rr``: ``-qdq`` with ``reduce_range=True`` (7-bit weights), which
+  onnxruntime's docs advise on CPUs without VNNI, whose U8S8 kernel saturates otherwise;
 * ``<text>-dynamic``: transformers' BERT / DistilBERT, 4 layers, hidden 256
   (``transformer_zoo.make`` with ``SIZE``: ``torch.onnx.export(dynamo=False)``, batch and
   sequence dynamic) through ``quantize_dynamic`` (weights QInt8); ``bert-ort-dynamic`` is
@@ -61,7 +63,7 @@ CALIBRATION_SAMPLES = 8
 class Spec:
     kind: str  # vision | text | decoder
     source: str  # vision_zoo name, transformer_zoo variant name, or decoder name
-    recipe: str  # qdq | qop | dynamic | nbits4 | nbits4-acc4
+    recipe: str  # qdq | qop | qdq-rr | dynamic | nbits4 | nbits4-acc4
 
 
 ZOO: dict[str, Spec] = {
@@ -70,6 +72,8 @@ ZOO: dict[str, Spec] = {
     "mobilenet_v2-qdq": Spec("vision", "mobilenet_v2", "qdq"),
     "mobilenet_v2-qop": Spec("vision", "mobilenet_v2", "qop"),
     "efficientnet_b0-qdq": Spec("vision", "efficientnet_b0", "qdq"),
+    "resnet18-qdq-rr": Spec("vision", "resnet18", "qdq-rr"),
+    "mobilenet_v2-qdq-rr": Spec("vision", "mobilenet_v2", "qdq-rr"),
     "bert-dynamic": Spec("text", "bert", "dynamic"),
     "bert-ort-dynamic": Spec("text", "bert-ort", "dynamic"),
     "distilbert-dynamic": Spec("text", "distilbert", "dynamic"),
@@ -80,6 +84,7 @@ ZOO: dict[str, Spec] = {
 RECIPES = {
     "qdq": "quantize_static QDQ per-channel U8/S8",
     "qop": "quantize_static QOperator per-channel U8/S8",
+    "qdq-rr": "quantize_static QDQ per-channel U8/S8, reduce_range (7-bit weights)",
     "dynamic": "quantize_dynamic S8 weights",
     "nbits4": "MatMulNBits 4-bit block 32 asym",
     "nbits4-acc4": "MatMulNBits 4-bit block 32 asym, accuracy_level 4",
@@ -160,8 +165,9 @@ def _vision(spec: Spec, src: str, dst: str) -> None:
             quant_pre_process(src, pre)
             quantize_static(
                 pre, dst, _reader(pre, CALIBRATION_SAMPLES),
-                quant_format=QuantFormat.QDQ if spec.recipe == "qdq" else QuantFormat.QOperator,
-                per_channel=True, activation_type=QuantType.QUInt8,
+                quant_format=QuantFormat.QOperator if spec.recipe == "qop" else QuantFormat.QDQ,
+                per_channel=True, reduce_range=spec.recipe.endswith("-rr"),
+                activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
             )  # fmt: skip
     finally:
@@ -232,7 +238,7 @@ def build_one(name: str) -> None:
     tmp = path + ".tmp.onnx"
     t0 = time.perf_counter()
     try:
-        if spec.recipe in ("qdq", "qop"):
+        if spec.recipe in ("qdq", "qop", "qdq-rr"):
             _vision(spec, src, tmp)
         elif spec.recipe == "dynamic":
             _dynamic(src, tmp)

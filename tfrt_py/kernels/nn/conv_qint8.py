@@ -10,6 +10,9 @@ int32 sums, then the requantize into the NCHW output while they are in cache:
 ``y = saturate(rint(float32(acc + bias') * scale[co]) + y_zp)`` with
 ``bias' = B - x_zp * colsum(w)`` (and ``- w_zp[co] * rowsum(a) + K * x_zp * w_zp[co]``
 for weights with a zero point) folded at load, float32 arithmetic as MLAS's requantize.
+On an ``avx2`` path, symmetric weights that ``qgemm_packed.pairs_exact`` proves cannot
+saturate ``vpmaddubsw`` (7-bit ones: onnxruntime's ``reduce_range``) are packed for
+``pairs256``: the codes stay bytes (a 1x1 conv reads uint8 channels-last input in place).
 
 ``plan(...)`` makes the load-time part (None where the kernel or numba is missing, or the
 conv is outside this form: grouped, not 2-D, a sum that could leave int32); ``QConvPlan.run``
@@ -218,14 +221,18 @@ def plan(
     scale = np.broadcast_to(np.asarray(scale, np.float32), (co,)).copy()
     info = np.iinfo(ydt)
     zy = 0.0 if y_zp is None else float(np.asarray(y_zp).reshape(()))
+    # a stem (few channels, symmetric weights, no dilation): rows read in place, no im2row
+    rows_kernel = conv_qrows.kernel() if c <= conv_qrows.MAX_CHANNELS else None
+    stem = rows_kernel is not None and not wz.any() and geo[4] == geo[5] == 1
+    if not stem and not wz.any():  # weights no pair of which can saturate: vpmaddubsw
+        pairs = qgemm_packed.pairs_tile()
+        if pairs is not None and qgemm_packed.pairs_exact(w_taps):
+            shape = pairs
     packed = qgemm_packed.pack(w_taps, shape)
     npad = packed.shape[0] * shape.nr  # bias and scale padded to whole panels: the fused
     bias_p, scale_p = np.zeros(npad, np.int32), np.zeros(npad, np.float32)  # store reads them
     bias_p[:co], scale_p[:co] = b, scale
     params = np.array([info.min - zy, info.max - zy, zy], np.float32)
-    # a stem (few channels, symmetric weights, no dilation): rows read in place, no im2row
-    rows_kernel = conv_qrows.kernel() if c <= conv_qrows.MAX_CHANNELS else None
-    stem = rows_kernel is not None and not wz.any() and geo[4] == geo[5] == 1
     return QConvPlan(
         packed, bias_p, scale_p, wz.astype(np.int32), x_shift, zx, zy, float(info.min),
         float(info.max), ydt, np.array(geo, np.int64), c, qgemm_packed.layout_code(shape),
@@ -387,7 +394,12 @@ def _warm(fn: Any) -> None:
     built = qgemm_packed.available()
     if built is None:
         return
-    shape = built.tile
+    for shape in (built.tile, qgemm_packed.pairs_tile()):
+        if shape is not None:
+            _warm_tile(fn, shape)
+
+
+def _warm_tile(fn: Any, shape: qgemm_packed.QTile) -> None:
     wp = qgemm_packed.pack(np.ones((9, 2), np.int8), shape)
     geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 4, 4, 0], np.int64)
     adt = qgemm_packed.a_dtype(shape)
