@@ -20,6 +20,7 @@ Recipes (``ZOO``):
   (model_type bert: Attention, EmbedLayerNormalization, SkipLayerNormalization) first, so
   ``quantize_dynamic`` makes QAttention and QEmbedLayerNormalization (``extra_options``
   ``DefaultTensorType`` FLOAT: the contrib ops' outputs have no inferred type);
+  ``bert-dynamic-rr`` is ``bert-dynamic`` with ``reduce_range=True`` (7-bit weights);
 * ``llama-nbits4``: ``generate.py``'s Llama decoder (optimum's ``text-generation-with-past``
   export, 4 layers/256, 8 heads over 2 KV heads; ``benchmarks/models/decoders/llama``,
   built by ``dynamic_shapes.decoder_paths`` unless there) through ``MatMulNBitsQuantizer``
@@ -63,7 +64,7 @@ CALIBRATION_SAMPLES = 8
 class Spec:
     kind: str  # vision | text | decoder
     source: str  # vision_zoo name, transformer_zoo variant name, or decoder name
-    recipe: str  # qdq | qop | qdq-rr | dynamic | nbits4 | nbits4-acc4
+    recipe: str  # qdq | qop | qdq-rr | dynamic | dynamic-rr | nbits4 | nbits4-acc4
 
 
 ZOO: dict[str, Spec] = {
@@ -77,6 +78,7 @@ ZOO: dict[str, Spec] = {
     "bert-dynamic": Spec("text", "bert", "dynamic"),
     "bert-ort-dynamic": Spec("text", "bert-ort", "dynamic"),
     "distilbert-dynamic": Spec("text", "distilbert", "dynamic"),
+    "bert-dynamic-rr": Spec("text", "bert", "dynamic-rr"),
     "llama-nbits4": Spec("decoder", "llama", "nbits4"),
     "llama-nbits4-acc4": Spec("decoder", "llama", "nbits4-acc4"),
     "llama1k-nbits4-acc4": Spec("decoder", "llama-1k", "nbits4-acc4"),
@@ -86,6 +88,7 @@ RECIPES = {
     "qop": "quantize_static QOperator per-channel U8/S8",
     "qdq-rr": "quantize_static QDQ per-channel U8/S8, reduce_range (7-bit weights)",
     "dynamic": "quantize_dynamic S8 weights",
+    "dynamic-rr": "quantize_dynamic S8 weights, reduce_range (7-bit weights)",
     "nbits4": "MatMulNBits 4-bit block 32 asym",
     "nbits4-acc4": "MatMulNBits 4-bit block 32 asym, accuracy_level 4",
 }
@@ -175,7 +178,7 @@ def _vision(spec: Spec, src: str, dst: str) -> None:
             os.remove(pre)
 
 
-def _dynamic(src: str, dst: str) -> None:
+def _dynamic(src: str, dst: str, reduce_range: bool = False) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -184,7 +187,8 @@ def _dynamic(src: str, dst: str) -> None:
     # MatMul after one ("Unable to find data type for weight_name=...", as it suggests).
     extra = {"DefaultTensorType": onnx.TensorProto.FLOAT}
     with quiet():
-        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, extra_options=extra)
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, reduce_range=reduce_range,
+                         extra_options=extra)  # fmt: skip
 
 
 def _nbits(src: str, dst: str, accuracy_level: int | None) -> None:
@@ -240,8 +244,8 @@ def build_one(name: str) -> None:
     try:
         if spec.recipe in ("qdq", "qop", "qdq-rr"):
             _vision(spec, src, tmp)
-        elif spec.recipe == "dynamic":
-            _dynamic(src, tmp)
+        elif spec.recipe in ("dynamic", "dynamic-rr"):
+            _dynamic(src, tmp, spec.recipe == "dynamic-rr")
         else:
             _nbits(src, tmp, 4 if spec.recipe == "nbits4-acc4" else None)
         os.replace(tmp, path)

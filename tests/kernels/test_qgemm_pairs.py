@@ -2,8 +2,9 @@
 
 The decision (``pairs_exact``) against pairs at its limit and one past it; the build exact
 at that limit for every code, and wrong past it (so the decision is what keeps it exact);
-the ``avx2`` builds handing a call with its layout to it; QLinearConv planning it for
-7-bit weights on an ``avx2`` path and staying exact there.
+the ``avx2`` builds handing a call with its layout to it; QLinearConv, the interpreter's
+integer products (``IntegerWeights``) and the native tier's dynamic products planning it
+for 7-bit weights on an ``avx2`` path and staying exact there.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import tfrt_py
 from tests.kernels.test_qgemm import _need_kernel, _reference, _run_nchw
-from tests.support.contrib import edge_codes
+from tests.support.contrib import edge_codes, ort_outputs
 from tfrt_py.concurrency.llvm_jit import add_symbol
 from tfrt_py.kernels.lib import qgemm_packed
+from tfrt_py.kernels.lib.qgemm_rows import IntegerWeights
 from tfrt_py.kernels.nn import conv_qint8
 
 RNG = np.random.default_rng(128)
@@ -130,3 +133,71 @@ def test_seven_bit_convs_take_pairs_and_stay_exact(channels_last: bool) -> None:
         want = _reference(x, xz, w, wz, b, xs, ws, ys, yz, geo)
         assert got is not None
         np.testing.assert_array_equal(got, want, err_msg=f"case {case}, geo {geo}")
+
+
+def _need_pairs() -> None:
+    _need_kernel(numba=True)
+    if qgemm_packed.pairs_tile() is None:
+        pytest.skip(f"this process's integer path is {qgemm_packed.path()[0]}, not avx2: "
+                    "vpmaddubsw is not used")  # fmt: skip
+
+
+@pytest.mark.parametrize("b_dt", [np.int8, np.uint8])
+def test_seven_bit_integer_weights_take_pairs_and_stay_exact(b_dt: type) -> None:
+    """``IntegerWeights`` (MatMulInteger, QGemm, MatMulIntegerToFloat): 7-bit codes (uint8
+    ones 128 +- 64) take ``pairs256``, the int32 product and the scaled store exact, with
+    zero points on both sides; full 8-bit codes keep the process's tile."""
+    _need_pairs()
+    for m, k, n in [(1, 3, 5), (16, 130, 40), (96, 700, 260)]:  # the last split over parts
+        a = edge_codes(RNG, (m, k), np.uint8)
+        b = RNG.integers(-64, 64, (k, n)) + (128 if b_dt == np.uint8 else 0)
+        b = b.astype(b_dt)
+        b_zp: np.ndarray = np.array(130 if b_dt == np.uint8 else -3, b_dt)
+        plan = IntegerWeights.make(b, b_zp)
+        assert plan is not None and plan.tile == PAIRS
+        a_zp = np.array(255, np.uint8)
+        got = plan.product(a, a_zp)
+        want = (a.astype(np.int64) - 255) @ (b.astype(np.int64) - b_zp.astype(np.int64))
+        assert got is not None
+        np.testing.assert_array_equal(got, want)
+        scale = RNG.uniform(-1e-3, 1e-3, n).astype(np.float32)
+        scaled = plan.product_scaled(a, a_zp, scale, None)
+        assert scaled is not None
+        np.testing.assert_array_equal(scaled, want.astype(np.float32) * scale)
+    full = IntegerWeights.make(RNG.integers(-128, 128, (64, 8)).astype(np.int8), None)
+    built = qgemm_packed.available()
+    assert full is not None and built is not None and full.tile == built.tile
+
+
+def test_a_seven_bit_dynamic_product_on_the_native_tier() -> None:
+    """``quantize_dynamic(..., reduce_range=True)``'s form (DynamicQuantizeLinear,
+    MatMulInteger by 7-bit weights, the scales): the native tier's product on
+    ``pairs256`` gives the interpreter's bits and onnxruntime's values (whose kernel does
+    not saturate 7-bit weights either)."""
+    _need_pairs()
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n = 300, 40
+    w = RNG.integers(-64, 64, (k, n)).astype(np.int8)
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("Mul", ["xs", "ws"], ["mult"]),
+             helper.make_node("MatMulInteger", ["xq", "w", "xz"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["accf", "mult"], ["y"])]  # fmt: skip
+    inits = [numpy_helper.from_array(w, "w"),
+             numpy_helper.from_array(np.array(0.004, np.float32), "ws")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [9, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [9, n])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m = tfrt_py.load(model, executor="native", native="eager")
+    source = m.native.lowered.source
+    assert "qmm_u8(" in source and f", {qgemm_packed.layout_code(PAIRS)}, True," in source
+    x = RNG.standard_normal((9, k)).astype(np.float32)
+    low, fn = m.native.lowered, m.native.compiled.fn
+    got = fn(*[x for _ in low.input_names], *low.params)
+    got = got[0] if isinstance(got, tuple) else got
+    np.testing.assert_array_equal(got, tfrt_py.load(model, executor="sync").run({"x": x})["y"])
+    want = ort_outputs(model, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))

@@ -18,9 +18,9 @@ No path saturates. ``vpmaddubsw`` (MLAS's AVX2 U8S8 path) sums two u8 x s8 produ
 int16 and saturates; it is used only as ``pairs256`` (bytes as VNNI's groups of 4,
 ``vpmaddubsw`` then ``vpmaddwd`` by ones, 6 x 16 tiles), for weights that
 ``pairs_exact`` proves cannot saturate with any codes (7-bit weights, as onnxruntime's
-``reduce_range`` writes for such CPUs): the ``avx2`` requantizing build hands a call with
-its layout to its build, so a caller picks it per matrix (``pairs_tile``) and calls the
-same symbol (``conv_qint8``, for symmetric weights). On one Zen 3 core (2026-12-07, 7-bit
+``reduce_range`` writes for such CPUs): each ``avx2`` build hands a call with its layout
+to the same form's ``pairs256`` build, so a caller picks it per matrix (``pairs_tile``:
+``conv_qint8``, ``qgemm_rows``) and calls the same symbols. On one Zen 3 core (2026-12-07, 7-bit
 weights, products of ResNet, MobileNet and BERT shapes, interleaved) it runs 1.27-1.38x as
 fast as ``avx2`` and takes 0.87-0.93x of onnxruntime's MatMulInteger time on eight of nine
 shapes (1.06x at 3136 x 144 x 24), A read as the bytes they are (no int16 copy).
@@ -499,17 +499,18 @@ def _register() -> tuple[str, str, Built | None, Any, Any, Any]:
             return path_, why, None, None, None, None
         # each form's vector build under its own name; the public names are the AMX
         # builds where this process has them (they call the vector ones for the rest).
-        # On an avx2 path, pairs256's requantizing build first: the avx2 one hands it its
-        # layout (the only form its one caller, conv_qint8, uses with symmetric weights)
-        pairs = None
+        # On an avx2 path, pairs256's builds first: the avx2 ones hand them its layout
+        pairs: dict[str, str | None] = {"int32": None, "requant": None, "scaled": None}
         if path_ == PAIRS_HOST:
-            pairs = f"{_VECTORS['requant']}_pairs"
-            pb = build("pairs256", pairs, requant=True)
-            add_symbol(pairs, pb.engine.get_function_address(pairs))
-            _ENGINES.append(pb)
-        built = build(path_, _VECTORS["int32"])
-        fused = build(path_, _VECTORS["requant"], requant=True, pairs_symbol=pairs)
-        scaled = build(path_, _VECTORS["scaled"], scaled=True)
+            for form in pairs:
+                name = f"{_VECTORS[form]}_pairs"
+                pb = build("pairs256", name, form == "requant", form == "scaled")
+                add_symbol(name, pb.engine.get_function_address(name))
+                _ENGINES.append(pb)
+                pairs[form] = name
+        built = build(path_, _VECTORS["int32"], pairs_symbol=pairs["int32"])
+        fused = build(path_, _VECTORS["requant"], requant=True, pairs_symbol=pairs["requant"])
+        scaled = build(path_, _VECTORS["scaled"], scaled=True, pairs_symbol=pairs["scaled"])
         vectors = {}
         for form, b in (("int32", built), ("requant", fused), ("scaled", scaled)):
             vectors[form] = b.engine.get_function_address(_VECTORS[form])

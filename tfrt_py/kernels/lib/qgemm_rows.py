@@ -41,11 +41,13 @@ qgemm_scaled: Any = None  # the float-storing one, set by _prepare_scaled
 class IntegerWeights:
     """A constant B (K x N) packed for the integer kernel, with its column sums."""
 
-    __slots__ = ("asymmetric", "built", "colsum32", "k", "n", "packed", "wz", "wz32", "wz_i32")
+    __slots__ = ("asymmetric", "built", "colsum32", "k", "n", "packed", "tile", "wz", "wz32",
+                 "wz_i32")  # fmt: skip
 
     def __init__(self, built: Any, packed: np.ndarray, colsum: np.ndarray, wz: np.ndarray,
-                 k: int, n: int) -> None:  # fmt: skip
+                 k: int, n: int, tile: qgemm_packed.QTile) -> None:  # fmt: skip
         self.built, self.packed, self.wz, self.k, self.n = built, packed, wz, k, n
+        self.tile = tile  # the process's tile, or pairs256's (``make``)
         # padded to the panels' columns, as the kernel's output
         self.colsum32 = np.zeros(packed.shape[0] * packed.shape[2], np.int32)
         self.colsum32[:n] = colsum
@@ -61,17 +63,19 @@ class IntegerWeights:
         panels = self.packed.shape[0]
         fn = _SPLIT.get()
         if fn is None:
-            return qgemm_packed.qgemm(self.built, a2, self.packed, m)
+            return qgemm_packed.qgemm(self.built._replace(tile=self.tile), a2, self.packed, m)
         ops = m * self.k * panels * self.packed.shape[2]
         threads = native_threads.enter(intra_pool().threads if ops >= _SPLIT_OPS else 1)
         c = np.empty((m, panels * self.packed.shape[2]), np.int32)
-        fn(a2, self.packed, c, m, qgemm_packed.layout_code(self.built.tile), min(threads, panels))
+        fn(a2, self.packed, c, m, qgemm_packed.layout_code(self.tile), min(threads, panels))
         return c
 
     @classmethod
     def make(cls, b: np.ndarray | None, b_zp: Any) -> IntegerWeights | None:
         """B's plan, or None: no kernel here, B not a 2-D 8-bit matrix, a zero point that is
-        neither one value nor one per column, or K beyond int32's sums."""
+        neither one value nor one per column, or K beyond int32's sums. On an ``avx2`` path
+        a B whose pairs cannot saturate ``vpmaddubsw`` (``qgemm_packed.pairs_exact``: 7-bit
+        weights) is packed for ``pairs256``, and A's rows stay bytes."""
         built = qgemm_packed.available()
         if built is None or b is None or b.ndim != 2 or b.dtype not in (np.uint8, np.int8):
             return None
@@ -88,10 +92,14 @@ class IntegerWeights:
         if b.dtype == np.uint8:
             bi -= 128
             wz -= 128
-        packed = qgemm_packed.pack(bi, built.tile)
+        tile = built.tile
+        pairs = qgemm_packed.pairs_tile()
+        if pairs is not None and qgemm_packed.pairs_exact(bi):
+            tile = pairs
+        packed = qgemm_packed.pack(bi, tile)
         _SPLIT.get()  # numba's loops compiled (or read from its cache) at load, not on a call
         _SCALED.get()
-        return cls(built, packed, bi.sum(axis=0), wz, k, n)
+        return cls(built, packed, bi.sum(axis=0), wz, k, n, tile)
 
     def _rows(self, a: np.ndarray, a_zp: Any) -> tuple[np.ndarray, np.ndarray] | None:
         """A's rows in the kernel's layout (m, K padded to whole groups) and the zero
@@ -106,7 +114,7 @@ class IntegerWeights:
             if z.dtype != a.dtype or z.size not in (1, m) or (z.size > 1 and a.ndim > 2):
                 return None
             zx = z.astype(np.int64).reshape(-1)
-        shape = self.built.tile
+        shape = self.tile
         g = shape.g
         kp = -(-self.k // g) * g
         adt = qgemm_packed.a_dtype(shape)
@@ -116,7 +124,7 @@ class IntegerWeights:
         a2[:, self.k :] = 0
         if a.dtype == np.int8:  # signed codes + 128: unsigned, the zero point with them
             zx = zx + 128
-            if shape.vnni:
+            if shape.g == 4:  # bytes
                 np.bitwise_xor(rows.view(np.uint8), 0x80, out=a2[:, : self.k])
             else:
                 np.add(rows, 128, out=a2[:, : self.k], dtype=np.int16)
@@ -184,7 +192,7 @@ class IntegerWeights:
             row_term = (a2.sum(axis=1, dtype=np.int64) - self.k * zx0).astype(np.int32)
         else:
             row_term = _zero_rows(m)
-        fn(a2, self.packed, y, m, qgemm_packed.layout_code(self.built.tile), min(threads, panels),
+        fn(a2, self.packed, y, m, qgemm_packed.layout_code(self.tile), min(threads, panels),
            self.colsum32, self.wz_i32, row_term, scale, bias, np.full(1, a_scale, np.float32),
            zx0, self.n)  # fmt: skip
         out = y if width == self.n else y[:, : self.n]
@@ -251,11 +259,21 @@ def _split_scaled(
                          bias.ctypes.data + c0 * 4, a_scale.ctypes.data, zx, n - c0)  # fmt: skip
 
 
-def _warm_split(fn: Any) -> None:
+def _tiles() -> list[qgemm_packed.QTile]:
+    """The tiles this process's weights may be packed for (the warm-ups compile each)."""
     built = qgemm_packed.available()
     if built is None:
-        return
-    shape = built.tile
+        return []
+    pairs = qgemm_packed.pairs_tile()
+    return [built.tile] if pairs is None else [built.tile, pairs]
+
+
+def _warm_split(fn: Any) -> None:
+    for shape in _tiles():
+        _warm_split_tile(fn, shape)
+
+
+def _warm_split_tile(fn: Any, shape: qgemm_packed.QTile) -> None:
     packed = qgemm_packed.pack(np.ones((4, 2 * shape.nr), np.int8), shape)
     a = np.ones((2, 4), qgemm_packed.a_dtype(shape))
     c = np.empty((2, 2 * shape.nr), np.int32)
@@ -263,10 +281,11 @@ def _warm_split(fn: Any) -> None:
 
 
 def _warm_scaled(fn: Any) -> None:
-    built = qgemm_packed.available()
-    if built is None:
-        return
-    shape = built.tile
+    for shape in _tiles():
+        _warm_scaled_tile(fn, shape)
+
+
+def _warm_scaled_tile(fn: Any, shape: qgemm_packed.QTile) -> None:
     n = 2 * shape.nr
     packed = qgemm_packed.pack(np.ones((4, n), np.int8), shape)
     a = np.ones((2, 4), qgemm_packed.a_dtype(shape))

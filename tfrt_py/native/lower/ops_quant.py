@@ -121,7 +121,7 @@ def _product(cx: Any, built: Any, act: tuple[Any, Any, Any], weights: _Weights,
     a_scale = _scalar(cx, as_v, _F32, "a_scale")
     a_zp = _scalar(cx, az_v, _U8, "a_zero_point") if az_v is not None else a
     m = a.size // k
-    shape = built.tile
+    shape = w.tile  # the process's tile, or pairs256's (7-bit weights on an avx2 path)
     kg = -(-k // shape.g)
     kp = kg * shape.g
     vw = shape.nr // 2
@@ -131,14 +131,14 @@ def _product(cx: Any, built: Any, act: tuple[Any, Any, Any], weights: _Weights,
               w.padded(np.zeros(n, _F32) if bias is None else bias))  # fmt: skip
     names = [cx.const_slice(arr) for arr in consts]
     esize = np.dtype(qgemm_packed.a_dtype(shape)).itemsize
-    staged = 0 if shape.vnni and kp == k else m * kp * esize
+    staged = 0 if shape.g == 4 and kp == k else m * kp * esize
     sizes = ((staged, _U8), (m, np.dtype(np.int32)), (m * ldy if ldy != n else 1, _F32))
     scratch = [cx.view(cx.new_buffer((max(1, size),), dt)) for size, dt in sizes]
     cx.imports.add(QDYNAMIC_IMPORT)
     args = [a.buf, a.off, literal(m), literal(k), *names, a_scale.buf, a_scale.off, a_zp.buf,
             a_zp.off, str(az_v is not None), y.buf, y.off, literal(n), *scratch, literal(ldy),
             literal(kp), literal(kg), literal(w.packed.shape[0]), literal(layout_code(shape)),
-            str(shape.vnni), str(w.asymmetric)]  # fmt: skip
+            str(shape.g == 4), str(w.asymmetric)]  # fmt: skip
     return [f"qmm_u8({', '.join(args)})"]
 
 
