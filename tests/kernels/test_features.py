@@ -88,6 +88,7 @@ def test_the_integer_gemm_line_names_the_path_once_decided() -> None:
         assert got.on is False and "float BLAS" in got.why
     else:
         assert got.on is True and f"path {chosen[0]}" in got.why
+        assert ("pairs256" in got.why) == (chosen[0] == qgemm_packed.PAIRS_HOST)
 
 
 def test_the_cpu_line_names_the_vector_features_the_kernels_dispatch_on() -> None:

@@ -131,8 +131,10 @@ def _integer() -> Feature:
     dw = qdepthwise_ir.describe()
     dw = f"; depthwise rows: {dw}" if dw else ""
     amx = "AMX-INT8 tiles" if qgemm_amx.available() else f"vectors ({qgemm_amx.why()})"
+    pairs = ("; weights proved not to saturate vpmaddubsw (7-bit: reduce_range) on pairs256"
+             if path == qgemm_packed.PAIRS_HOST else "")  # fmt: skip
     return Feature("integer gemm", True, f"path {path} ({why}); u8 x s8 products on weights "
-                   f"packed at load, on {amx}{dw}{nb}")  # fmt: skip
+                   f"packed at load, on {amx}{pairs}{dw}{nb}")  # fmt: skip
 
 
 def _cpu() -> Feature:
