@@ -82,6 +82,7 @@ __all__ = [
     "qgemm",
     "qgemm_requant",
     "qgemm_scaled",
+    "tile_for",
 ]  # fmt: skip
 
 #: ``TFRT_PY_QGEMM=vnni512|vnni256|avx512|avx2|portable``: the integer kernel's path, when
@@ -546,6 +547,13 @@ def pairs_tile() -> QTile | None:
     if available() is None or path()[0] != PAIRS_HOST:
         return None
     return TILES["pairs256"]
+
+
+def tile_for(w: np.ndarray, tile: QTile) -> QTile:
+    """The tile to pack W (K x N signed codes) for: ``pairs256``'s where this process takes
+    it (``pairs_tile``) and ``pairs_exact(w)``, else ``tile`` (the caller's default)."""
+    pairs = pairs_tile()
+    return pairs if pairs is not None and pairs_exact(w) else tile
 
 
 def chosen() -> tuple[str, str] | None:

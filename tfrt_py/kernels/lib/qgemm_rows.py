@@ -92,10 +92,7 @@ class IntegerWeights:
         if b.dtype == np.uint8:
             bi -= 128
             wz -= 128
-        tile = built.tile
-        pairs = qgemm_packed.pairs_tile()
-        if pairs is not None and qgemm_packed.pairs_exact(bi):
-            tile = pairs
+        tile = qgemm_packed.tile_for(bi, built.tile)
         packed = qgemm_packed.pack(bi, tile)
         _SPLIT.get()  # numba's loops compiled (or read from its cache) at load, not on a call
         _SCALED.get()

@@ -225,9 +225,7 @@ def plan(
     rows_kernel = conv_qrows.kernel() if c <= conv_qrows.MAX_CHANNELS else None
     stem = rows_kernel is not None and not wz.any() and geo[4] == geo[5] == 1
     if not stem and not wz.any():  # weights no pair of which can saturate: vpmaddubsw
-        pairs = qgemm_packed.pairs_tile()
-        if pairs is not None and qgemm_packed.pairs_exact(w_taps):
-            shape = pairs
+        shape = qgemm_packed.tile_for(w_taps, shape)
     packed = qgemm_packed.pack(w_taps, shape)
     npad = packed.shape[0] * shape.nr  # bias and scale padded to whole panels: the fused
     bias_p, scale_p = np.zeros(npad, np.int32), np.zeros(npad, np.float32)  # store reads them
