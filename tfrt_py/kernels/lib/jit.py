@@ -191,6 +191,7 @@ class Jitted:
         self._compiled: Any = None
         self._failed = False
         self._lock = threading.Lock()
+        self._warmed: set[Any] = set()
 
     def usable(self) -> bool:
         """Whether ``get()`` may give the compiled function here (it has not failed, numba
@@ -211,6 +212,19 @@ class Jitted:
     def get(self) -> Any:
         """The compiled function, or None when the NumPy path must run."""
         return self._compile() if self.usable() else None
+
+    def get_for(self, key: Any, warm_one: Callable[[Any], None]) -> Any:
+        """``get()``, and ``warm_one(the function)`` the first time this process asks for
+        ``key`` (the argument types of one call, hashable): for a kernel with many type
+        combinations a plan compiles only those its model calls (numba compiles one
+        signature per argument types), at load, where a warm-up of every combination cost
+        each process minutes on a cold cache. Any thread; two plans may warm one key at
+        once (numba compiles it once)."""
+        fn = self.get()
+        if fn is not None and key not in self._warmed:
+            warm_one(fn)
+            self._warmed.add(key)
+        return fn
 
     def _compile(self) -> Any:
         """The compiled function (compiled now if not yet), or None when it cannot be."""

@@ -104,7 +104,6 @@ _sgemm_cols: Any = None
 IM2COL, GRID, DIRECT = 0, 1, 2
 
 
-@inline
 def _block(  # pragma: no cover - numba only
     x: Any, xb: Any, w2: Any, y3: Any, b: Any, res3: Any, geo: Any, i: int, r0: int,
     r1: int, m0: int, m1: int, sub: int, cols: Any, act: int, p: Any, lohi: Any, flags: int,
@@ -119,7 +118,10 @@ def _block(  # pragma: no cover - numba only
     wide) into ``cols`` ((m1 - m0) x rows*pw); each channel's rows are then cropped to OW
     into ``y3`` and finished there (bias, residual, activation ``act``) -- or, where the
     grid is as wide as the output, stored there as IM2COL's. DIRECT: the kernel reads image
-    ``i``'s planes in place (K = C, ``ldc`` the plane), the epilogue as IM2COL's."""
+    ``i``'s planes in place (K = C, ``ldc`` the plane), the epilogue as IM2COL's. Called,
+    not inlined (one call a block): inlined into COLS_* and GROUPS_* it was compiled four
+    times, half their compile on a cold numba cache (Zen 3, 2026-12-07: COLS_ONE alone
+    55.7 -> 28.0 s)."""
     m = w2.shape[0]
     mb = m1 - m0
     o = y3.shape[2]

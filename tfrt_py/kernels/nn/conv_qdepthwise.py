@@ -32,6 +32,7 @@ call's buffers are its own.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -143,10 +144,9 @@ def plan_depthwise(
 ) -> QDepthwisePlan | None:  # fmt: skip
     """The plan of a depthwise QLinearConv (``w`` (C, 1, KH, KW)) with these constants, or
     None (numba missing, scales or zero points of other lengths, sums beyond int32)."""
-    fn, fn_last = _QDEPTHWISE.get(), _QDEPTHWISE_LAST.get()
     if (
-        fn is None
-        or fn_last is None
+        not _QDEPTHWISE.usable()
+        or not _QDEPTHWISE_LAST.usable()
         or w.ndim != 4
         or w.shape[1] != 1
         or w.dtype not in (np.uint8, np.int8)
@@ -177,6 +177,11 @@ def plan_depthwise(
     info = np.iinfo(ydt)
     zx = 0 if x_zp is None else int(np.asarray(x_zp).reshape(()))
     zy = 0.0 if y_zp is None else float(np.asarray(y_zp).reshape(()))
+    types = (st, xdt, ydt)
+    fn = _QDEPTHWISE.get_for(types, functools.partial(_warm_depthwise, False, *types))
+    fn_last = _QDEPTHWISE_LAST.get_for(types, functools.partial(_warm_depthwise, True, *types))
+    if fn is None or fn_last is None:
+        return None
     ws = wi.astype(st)
     rows = None
     if exact and c % 8 == 0 and (w.shape[2], w.shape[3]) in qdepthwise_ir.WINDOWS:
@@ -383,40 +388,24 @@ def _qdepthwise_rows(x, zx, geo, w, bias, scale, params, y, band):  # pragma: no
                 qdw_7x7(rows_at, c_, dw * c_, sw * c_, w_at, b_at, s_at, p_at, dst, ow_)
 
 
-def _warm_depthwise_for(last: bool) -> Any:
-    """The warm-up of the NCHW (``last`` False) or channels-last depthwise kernel: each pair
-    of input and output 8-bit types, both sums' types, 3x3 and 1x2 windows over one
-    4x4 channel."""
-
-    def warm(fn: Any) -> None:
-        for kh, kw in ((3, 3), (1, 2), (2, 5)):
-            geo = np.array([kh, kw, 1, 1, 1, 1, 0, 0, 0, 0], np.int64)
-            shape = (1, 4, 4, 1) if last else (1, 1, 4, 4)
-            oshape = (1, 5 - kh, 5 - kw, 1) if last else (1, 1, 5 - kh, 5 - kw)
-            for st in (np.float32, np.int32):
-                w = np.ones((kh, kw, 1) if last else (1, kh, kw), st)
-                for xdt in (np.uint8, np.int8):
-                    for ydt in (np.uint8, np.int8):
-                        args = (
-                            np.ones(shape, xdt),
-                            st(0),
-                            geo,
-                            w,
-                            np.zeros(1, st),
-                            np.ones(1, np.float32),
-                            0.0,
-                            0.0,
-                            255.0,
-                            np.empty(oshape, ydt),
-                        )
-                        fn(*args, *((2,) if last else ()))
-
-    return warm
+def _warm_depthwise(last: bool, st: Any, xdt: Any, ydt: Any, fn: Any) -> None:
+    """Compile the NCHW (``last`` False) or channels-last depthwise kernel for one sum type
+    and one pair of input and output 8-bit types (a plan's: ``plan_depthwise``), by calls
+    with 3x3, 1x2 and 2x5 windows over one 4x4 channel."""
+    st = np.dtype(st).type
+    for kh, kw in ((3, 3), (1, 2), (2, 5)):
+        geo = np.array([kh, kw, 1, 1, 1, 1, 0, 0, 0, 0], np.int64)
+        shape = (1, 4, 4, 1) if last else (1, 1, 4, 4)
+        oshape = (1, 5 - kh, 5 - kw, 1) if last else (1, 1, 5 - kh, 5 - kw)
+        w = np.ones((kh, kw, 1) if last else (1, kh, kw), st)
+        args = (np.ones(shape, xdt), st(0), geo, w, np.zeros(1, st), np.ones(1, np.float32),
+                0.0, 0.0, 255.0, np.empty(oshape, ydt))  # fmt: skip
+        fn(*args, *((2,) if last else ()))
 
 
-_QDEPTHWISE = Jitted(_qdepthwise, _warm_depthwise_for(False), parallel=True)
-_QDEPTHWISE_LAST = Jitted(_qdepthwise_last, _warm_depthwise_for(True), helpers=(_stage_band,),
-                          parallel=True)  # fmt: skip
+#: no warm-ups of their own: each plan compiles its sum and 8-bit types (``get_for``)
+_QDEPTHWISE = Jitted(_qdepthwise, parallel=True)
+_QDEPTHWISE_LAST = Jitted(_qdepthwise_last, helpers=(_stage_band,), parallel=True)
 
 
 def _prepare_rows(module_globals: dict[str, Any]) -> bool:

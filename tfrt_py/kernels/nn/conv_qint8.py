@@ -21,6 +21,7 @@ is called per image batch from any thread: each call's buffers are its own.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -185,8 +186,7 @@ def plan(
     """The plan of a QLinearConv with these constants, or None (see the module doc). The
     input's dtype is x_zp's (uint8 without one); the output's y_zp's (likewise)."""
     built = qgemm_packed.available()
-    fn = _QCONV.get() if built is not None else None
-    if built is None or fn is None or w.ndim != 4 or w.dtype not in (np.uint8, np.int8):
+    if built is None or not _QCONV.usable() or w.ndim != 4 or w.dtype not in (np.uint8, np.int8):
         return None
     co, c, kh, kw = w.shape
     k = c * kh * kw
@@ -226,6 +226,10 @@ def plan(
     stem = rows_kernel is not None and not wz.any() and geo[4] == geo[5] == 1
     if not stem and not wz.any():  # weights no pair of which can saturate: vpmaddubsw
         shape = qgemm_packed.tile_for(w_taps, shape)
+    key = (qgemm_packed.layout_code(shape), xdt, ydt)  # what the compiled types follow
+    fn = _QCONV.get_for(key, functools.partial(_warm_types, shape, xdt, ydt))
+    if fn is None:
+        return None
     packed = qgemm_packed.pack(w_taps, shape)
     npad = packed.shape[0] * shape.nr  # bias and scale padded to whole panels: the fused
     bias_p, scale_p = np.zeros(npad, np.int32), np.zeros(npad, np.float32)  # store reads them
@@ -388,28 +392,19 @@ def _qconv(x, xt, x_shift, zx, geo, ow_, wp, layout, bias, scale, wzp, zy, lo, h
                         y[n, q0 + q, yo] = tmp[np.uint64(q)]
 
 
-def _warm(fn: Any) -> None:
-    built = qgemm_packed.available()
-    if built is None:
-        return
-    for shape in (built.tile, qgemm_packed.pairs_tile()):
-        if shape is not None:
-            _warm_tile(fn, shape)
-
-
-def _warm_tile(fn: Any, shape: qgemm_packed.QTile) -> None:
+def _warm_types(shape: qgemm_packed.QTile, xdt: Any, ydt: Any, fn: Any) -> None:
+    """Compile the kernel for one tile and one pair of input and output types (a plan's:
+    ``plan``), by a call on one 4x4 channel."""
     wp = qgemm_packed.pack(np.ones((9, 2), np.int8), shape)
     geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 4, 4, 0], np.int64)
     adt = qgemm_packed.a_dtype(shape)
-    for xdt in (np.uint8, np.int8):
-        for ydt in (np.uint8, np.int8):
-            x = np.ones((1, 1, 16), xdt)
-            y = np.empty((1, 2, 16), ydt)
-            z, bias = np.zeros(2, np.int32), np.zeros(shape.nr, np.int32)
-            params = np.array([0, 255, 0], np.float32)
-            fn(x, np.empty(16 + shape.g, adt), 0, 0, geo, 4, wp, qgemm_packed.layout_code(shape),
-               bias, np.ones(shape.nr, np.float32), z, 0.0, 0.0, 255.0, 8, 1, params, shape.vw,
-               y)  # fmt: skip
+    x = np.ones((1, 1, 16), xdt)
+    y = np.empty((1, 2, 16), ydt)
+    z, bias = np.zeros(2, np.int32), np.zeros(shape.nr, np.int32)
+    params = np.array([0, 255, 0], np.float32)
+    fn(x, np.empty(16 + shape.g, adt), 0, 0, geo, 4, wp, qgemm_packed.layout_code(shape),
+       bias, np.ones(shape.nr, np.float32), z, 0.0, 0.0, 255.0, 8, 1, params, shape.vw,
+       y)  # fmt: skip
 
 
 def _prepare(module_globals: dict[str, Any]) -> bool:
@@ -418,4 +413,5 @@ def _prepare(module_globals: dict[str, Any]) -> bool:
     return fn is not None and fused is not None
 
 
-_QCONV = Jitted(_qconv, _warm, parallel=True, prepare=_prepare)
+#: no warm-up of its own: each plan compiles its tile and types (``get_for``)
+_QCONV = Jitted(_qconv, parallel=True, prepare=_prepare)
