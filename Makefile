@@ -160,24 +160,33 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	PYTHONPATH=. $(BIN)/python -m tests.architecture.package_map --budget
 
-# `make test` is the suite a developer runs (under 15 minutes on 2 cores); the slow part
-# (marked `slow`: the ONNX node-case sweep, the classic CNNs) is `make test-slow`, which CI
-# runs too (.ci/run). Tests run in TEST_WORKERS processes (pytest-xdist), a test file's
-# tests in one of them (their module fixtures built once): on a clean clone most of the
-# time is numba compiling the kernels into their cache, one kernel per core.
+# `make test` is the suite a developer runs (under 15 minutes on 2 cores): every test, but
+# of a parametrized one at most $(UNIT_SAMPLE) cases (its first, its last and some between:
+# --param-sample, tests/support/param_sample.py). The slow part is `make test-slow`, which
+# CI runs too (.ci/run): the tests marked `slow` (the ONNX node-case sweep, the classic
+# CNNs) and the cases `make test` left out (--param-rest), so CI runs every case once.
+# Tests run in TEST_WORKERS processes (pytest-xdist), a test file's tests in one of them
+# (their module fixtures built once): on a clean clone much of the time is numba
+# compiling the kernels into their cache.
 TEST_WORKERS ?= 2
+UNIT_SAMPLE := 8
 PYTEST := -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 unit: $(STAMP)
-	$(BIN)/python $(PYTEST) -m "not slow"
+	$(BIN)/python $(PYTEST) -m "not slow" --param-sample $(UNIT_SAMPLE)
 
 test: lint unit
 
 test-slow: $(STAMP)
 	$(BIN)/python $(PYTEST) -m slow
+	$(BIN)/python $(PYTEST) -m "not slow" --param-rest $(UNIT_SAMPLE)
 
 # The suite on the declared minimum versions (.ci/floor.txt) in a venv of its own. The
 # slow tests (the ONNX node cases, whose expected outputs belong to the installed onnx,
-# and onnx's own reference evaluator on large inputs) run in `make test` only.
+# and onnx's own reference evaluator on large inputs) run in `make test` only. This leg and
+# the native-pool leg below ask whether every code path runs there, so they run at most
+# $(SAMPLE) cases of each parametrized test (--param-sample, tests/support/param_sample.py:
+# first, last and between); `make test` and `make test-slow` run every case.
+SAMPLE := 3
 FLOOR_VENV := .venv-floor
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 
@@ -188,7 +197,7 @@ $(FLOOR_STAMP): pyproject.toml .ci/floor.txt
 	touch $(FLOOR_STAMP)
 
 test-floor: $(FLOOR_STAMP)
-	$(FLOOR_VENV)/bin/python $(PYTEST) -m "not slow"
+	$(FLOOR_VENV)/bin/python $(PYTEST) -m "not slow" --param-sample $(SAMPLE)
 
 # The fallback legs (CI): the fast paths switched off, so what runs where they are off runs
 # too. Compiled kernels and the packed gemm off: every kernel's NumPy path, on the kernel,
@@ -197,7 +206,7 @@ test-floor: $(FLOOR_STAMP)
 FALLBACK_TESTS := tests/kernels tests/executors tests/models tests/test_api.py
 test-fallbacks: $(STAMP)
 	TFRT_PY_JIT=0 TFRT_PY_PACKED_GEMM=0 $(BIN)/python $(PYTEST) -m "not slow" $(FALLBACK_TESTS)
-	TFRT_PY_NATIVE_POOL=0 $(BIN)/python $(PYTEST) -m "not slow" \
+	TFRT_PY_NATIVE_POOL=0 $(BIN)/python $(PYTEST) -m "not slow" --param-sample $(SAMPLE) \
 	    tests/native tests/concurrency/test_native_threads.py
 
 # The ONNX backend node cases, each data set called twice on one loaded model (the second
