@@ -183,10 +183,10 @@ test-slow: $(STAMP)
 # The suite on the declared minimum versions (.ci/floor.txt) in a venv of its own. The
 # slow tests (the ONNX node cases, whose expected outputs belong to the installed onnx,
 # and onnx's own reference evaluator on large inputs) run in `make test` only. This leg and
-# the native-pool leg below ask whether every code path runs there, so they run at most
-# $(SAMPLE) cases of each parametrized test (--param-sample, tests/support/param_sample.py:
-# first, last and between); `make test` and `make test-slow` run every case.
-SAMPLE := 3
+# the native-pool leg below ask whether each module's paths run there, so they run at most
+# 3 cases of a parametrized test and then 5 tests of each test file (first, last and
+# between: tests/support/param_sample.py); `make test` and `make test-slow` run every case.
+SAMPLE := --param-sample 3 --file-sample 5
 FLOOR_VENV := .venv-floor
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 
@@ -197,7 +197,7 @@ $(FLOOR_STAMP): pyproject.toml .ci/floor.txt
 	touch $(FLOOR_STAMP)
 
 test-floor: $(FLOOR_STAMP)
-	$(FLOOR_VENV)/bin/python $(PYTEST) -m "not slow" --param-sample $(SAMPLE)
+	$(FLOOR_VENV)/bin/python $(PYTEST) -m "not slow" $(SAMPLE)
 
 # The fallback legs (CI): the fast paths switched off, so what runs where they are off runs
 # too. Compiled kernels and the packed gemm off: every kernel's NumPy path, on the kernel,
@@ -206,7 +206,7 @@ test-floor: $(FLOOR_STAMP)
 FALLBACK_TESTS := tests/kernels tests/executors tests/models tests/test_api.py
 test-fallbacks: $(STAMP)
 	TFRT_PY_JIT=0 TFRT_PY_PACKED_GEMM=0 $(BIN)/python $(PYTEST) -m "not slow" $(FALLBACK_TESTS)
-	TFRT_PY_NATIVE_POOL=0 $(BIN)/python $(PYTEST) -m "not slow" --param-sample $(SAMPLE) \
+	TFRT_PY_NATIVE_POOL=0 $(BIN)/python $(PYTEST) -m "not slow" $(SAMPLE) \
 	    tests/native tests/concurrency/test_native_threads.py
 
 # The ONNX backend node cases, each data set called twice on one loaded model (the second

@@ -53,3 +53,17 @@ def test_the_sample_and_the_rest_run_every_case_once(tmp_path: Path) -> None:
     assert "4 passed, 4 deselected" in log, log
     _, log = _run(tmp_path, "--param-rest", "3", "--param-sample", "3")
     assert "exclude each other" in log, log
+
+
+def test_the_file_sample_keeps_n_tests_of_a_file(tmp_path: Path) -> None:
+    """``--file-sample 2`` after ``--param-sample 3``: the file's first and last test of
+    the four the sample kept."""
+    (tmp_path / "test_grid.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.parametrize('i', range(7))\n"
+        "def test_grid(i):\n    print('ran', i)\n"
+        "def test_plain():\n    print('ran plain')\n"
+    )
+    ran, log = _run(tmp_path, "--param-sample", "3", "--file-sample", "2")
+    assert ran == ["ran 0", "ran plain"], log
+    assert "2 passed, 6 deselected" in log, log
