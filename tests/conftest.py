@@ -13,7 +13,8 @@ from tests.support.jit_paths import jit  # noqa: F401 - the compiled/NumPy fixtu
 from tfrt_py.concurrency import HostContext
 from tfrt_py.executors.dataflow import SCHEDULE_SEED_ENV
 
-#: ``--param-sample N`` (CI's floor and native-pool legs: tests/support/param_sample.py)
+#: ``--param-sample``, ``--param-rest``, ``--file-sample`` (the Makefile's legs:
+#: tests/support/param_sample.py)
 pytest_plugins = ["tests.support.param_sample"]
 
 # -- the executor fixtures; modules may override them ----------------------------------------

@@ -10,7 +10,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from tfrt_py.kernels.lib import jit, qgemm_packed
@@ -66,3 +68,26 @@ def test_a_plan_compiles_only_its_own_types() -> None:
     # depthwise: one sum type, uint8 in and out, both layouts
     assert len(sigs["dw"]) == 1 and len(sigs["dw_last"]) == 1, sigs
     assert all("int8" not in s[0].replace("uint8", "") for s in sigs["dw"] + sigs["conv"])
+
+
+def _add_one(x: Any) -> Any:  # pragma: no cover - numba only
+    return x + 1
+
+
+@pytest.mark.skipif(not jit.jit_enabled(), reason="needs numba ($TFRT_PY_JIT=0 or none)")
+def test_a_failed_warm_up_gives_the_numpy_path_for_its_key_only() -> None:
+    """A ``get_for`` warm-up that raises (a compile failure) answers None for its key, as
+    ``get()`` does when its own warm-up fails, and again without retrying; another key
+    still gets the function."""
+    kernel = jit.Jitted(_add_one)
+    calls: list[str] = []
+
+    def broken(fn: Any) -> None:
+        calls.append("broken")
+        raise RuntimeError("compile failed")
+
+    assert kernel.get_for("bad", broken) is None
+    assert kernel.get_for("bad", broken) is None
+    assert calls == ["broken"]
+    fn = kernel.get_for("good", lambda fn: fn(np.int64(1)))
+    assert fn is not None and fn(np.int64(2)) == 3

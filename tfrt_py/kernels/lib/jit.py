@@ -191,7 +191,7 @@ class Jitted:
         self._compiled: Any = None
         self._failed = False
         self._lock = threading.Lock()
-        self._warmed: set[Any] = set()
+        self._warmed: dict[Any, bool] = {}  # get_for's keys: whether their warm-up compiled
 
     def usable(self) -> bool:
         """Whether ``get()`` may give the compiled function here (it has not failed, numba
@@ -218,13 +218,17 @@ class Jitted:
         ``key`` (the argument types of one call, hashable): for a kernel with many type
         combinations a plan compiles only those its model calls (numba compiles one
         signature per argument types), at load, where a warm-up of every combination cost
-        each process minutes on a cold cache. Any thread; two plans may warm one key at
-        once (numba compiles it once)."""
+        each process minutes on a cold cache. None where ``get()`` is, or where that
+        warm-up failed (as ``get()`` where its own fails: the NumPy path, for these types
+        only). Any thread; two plans may warm one key at once (numba compiles it once)."""
         fn = self.get()
         if fn is not None and key not in self._warmed:
-            warm_one(fn)
-            self._warmed.add(key)
-        return fn
+            try:
+                warm_one(fn)
+                self._warmed[key] = True
+            except Exception:  # noqa: BLE001 - any compile failure: the NumPy path
+                self._warmed[key] = False
+        return fn if fn is None or self._warmed[key] else None
 
     def _compile(self) -> Any:
         """The compiled function (compiled now if not yet), or None when it cannot be."""
