@@ -27,7 +27,7 @@ _SQRT2_32, _A32, _TWO_PI_A32 = np.float32(_SQRT2), np.float32(_A), np.float32(_T
 _NAN32 = np.float32(math.nan)
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=True)
 def logistic(s: float) -> float:
     """The sigmoid, without overflow."""
     e = math.exp(-abs(s))
@@ -36,7 +36,7 @@ def logistic(s: float) -> float:
     return 1.0 / (e + 1.0)
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=True)
 def probit(p):
     """``sqrt(2) * erfinv(2 p - 1)`` with onnxruntime's Winitzki approximation, in float32
     as onnxruntime and the NumPy kernel compute it (the formula cancels near p = 0.5)."""
@@ -65,7 +65,7 @@ def _max_of(buf, off, n):
     return mx
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=True)
 def post(buf, off, n, code):
     """Apply post transform ``code`` to ``buf[off:off + n]`` in place."""
     if code == 1:
@@ -112,7 +112,7 @@ def argmax(buf, off, n):
     return best
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=True)
 def matvec(x, xo, k, w, wo, n, y, yo):
     """``y[yo + j] = sum_i x[xo + i] * w[wo + i * n + j]`` (w row-major (k, n)), in y's
     dtype with j innermost."""

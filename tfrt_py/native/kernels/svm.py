@@ -29,7 +29,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-@njit(nogil=True, cache=False, fastmath={"contract"})
+@njit(nogil=True, cache=True, fastmath={"contract"})
 def _dots_fused(x, xo, f, sv, n_sv, kb):
     """``kb[v] = x[xo:xo + f] . sv[:, v]``, one fused multiply-add chain over the features
     from zero, as MLAS's gemm sums at these widths (onnxruntime's kernel values for
@@ -43,7 +43,7 @@ def _dots_fused(x, xo, f, sv, n_sv, kb):
             kb[v] += xi * sv[base + v]
 
 
-@njit(nogil=True, cache=False, fastmath=False)
+@njit(nogil=True, cache=True, fastmath=False)
 def svm_kernel_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, kb):
     """``kb[v] = K(x[xo:xo + f], sv[:, v])`` for every support vector (``sv`` feature-major:
     ``sv[i * n_sv + v]``, so the loops over vectors vectorize), in float32."""
@@ -81,7 +81,7 @@ _ONE = np.float32(1.0)
 _TWO = np.float32(2.0)
 
 
-@njit(nogil=True, cache=False, fastmath=False)
+@njit(nogil=True, cache=True, fastmath=False)
 def _pair_probability(score, pa, pb):
     """libsvm's pairwise probability ``1 - sigmoid(score pa + pb)``, clipped to [1e-7,
     1 - 1e-7], in float32 as onnxruntime computes it (``sigmoid_probability``)."""
@@ -91,7 +91,7 @@ def _pair_probability(score, pa, pb):
     return min(max(r, np.float32(1e-7)), np.float32(1 - 1e-7))
 
 
-@njit(nogil=True, cache=False, fastmath=False)
+@njit(nogil=True, cache=True, fastmath=False)
 def _coupling(r, k, q, p, qp):
     """libsvm's multiclass probability from pairwise ``r`` (k x k) into ``p``: float32
     scratch and operations in onnxruntime's order (``multiclass_probability``), whose
@@ -132,7 +132,7 @@ def _coupling(r, k, q, p, qp):
                 p[j] /= _ONE + diff
 
 
-@njit(nogil=True, cache=False, fastmath=False)
+@njit(nogil=True, cache=True, fastmath=False)
 def _decisions(kb, a, n_sv, n_pairs, span, d):
     """``d[p] = sum_v kb[v] a(p, v)``, each float32 product added in float64 in vector
     order: onnxruntime's sums (class i's vectors, then class j's; the zero coefficients of
@@ -161,7 +161,7 @@ def _decisions(kb, a, n_sv, n_pairs, span, d):
             d[p + 3] = s3
 
 
-@njit(nogil=True, cache=False, fastmath=False)
+@njit(nogil=True, cache=True, fastmath=False)
 def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, span, rho, pi, pj, k,
                 labels, proba, pa, pb, code, kb, d, sc, votes, lab, lo, y, yo):  # fmt: skip
     """SVMClassifier (one-vs-one with support vectors): ``lab[lo]`` the class with most
@@ -208,7 +208,7 @@ def svm_cls_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, a, span, rho, p
     post(y, yo, n_pairs, code)
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=True)
 def svm_reg_row(x, xo, f, sv, n_sv, ktype, gamma, coef0, degree, coef, r0, one_class, code, kb,
                 y, yo):  # fmt: skip
     """SVMRegressor: ``y[yo] = K(x, S) @ coef + rho[0]`` (float32); one_class gives +1/-1."""
@@ -283,7 +283,7 @@ def linear_cls_rows(x, xo, rows, f, w, b, n, labels, binary, two, pos, neg, lin_
                        all_positive, code, s, lab, lo + r, y, yo + r * width)  # fmt: skip
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=True)
 def linear_reg_rows(x, xo, rows, f, w, b, t, code, y, yo):
     """LinearRegressor's ``rows`` consecutive rows: ``y[yo + r * t:][:t] = x_r @ w + b``
     (w row-major (f, t)), then post transform ``code``; four rows' sums at once, each in

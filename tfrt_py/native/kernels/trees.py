@@ -32,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from ...kernels.ml.tree_ops import binary_base_rule
+from .closure_cache import cached
 from .post import logistic, post, probit
 
 __all__ = [
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=True)
 def _leaf(k, lptr, ltgt, lval, acc, ao, has, ho, agg):
     u = np.uint64(k)
     for e in range(np.uint64(lptr[u]), np.uint64(lptr[u + np.uint64(1)])):
@@ -143,7 +144,7 @@ def _walker(cond: Any) -> Any:
             _leaf(i - n, lptr, ltgt, lval, acc, ao, has, ho, agg)
             t += 1
 
-    return walk
+    return cached(walk)
 
 
 LANES = 8
@@ -167,7 +168,7 @@ def _row(walk: Any) -> Any:
                 if np.isinf(acc[ao + j]):
                     acc[ao + j] = 0
 
-    return forest_row
+    return cached(forest_row)
 
 
 #: Walk every tree for the row ``x[xo:]``; ``acc[ao:ao + c]`` gets the per-target SUM
@@ -229,7 +230,7 @@ def _rows(cond: Any) -> Any:
                 if np.isinf(acc[ao + j]):
                     acc[ao + j] = 0
 
-    return forest_rows
+    return cached(forest_rows)
 
 
 RLANES = 8
@@ -248,10 +249,10 @@ def _pick(cond, a, b):
 
 
 #: onnxruntime's base values on two classes: the NumPy kernel's code, compiled for scalars.
-_add_binary_base = njit(nogil=True, cache=False)(binary_base_rule(_pick))
+_add_binary_base = cached(njit(nogil=True, cache=False)(binary_base_rule(_pick)))
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=True)
 def tree_cls_finish(acc, ao, has, ho, c, base, base_t, labels, bin_labels, binary_case,
                     all_positive, code, lab, lo, y, yo):  # fmt: skip
     """TreeEnsembleClassifier's scores and label from the summed votes ``acc`` and the
@@ -317,7 +318,7 @@ def tree_cls_finish(acc, ao, has, ho, c, base, base_t, labels, bin_labels, binar
         y[yo + 1] = 0
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=True)
 def tree_reg_finish(acc, ao, has, ho, c, n_trees, avg, base_t, use_base, code, y,
                     yo):  # fmt: skip
     """TreeEnsembleRegressor/TreeEnsemble: AVERAGE divides by the tree count; base values

@@ -1,0 +1,64 @@
+"""numba's disk cache for kernels a factory builds (closures over other compiled functions).
+
+numba keys a closure's cache entries by its cells pickled, and a cell holding a dispatcher
+pickles with that dispatcher's per-process uuid: such a kernel never finds its cache, so
+every process compiled it again, and so did every native module that calls it (a forest's
+walks, 5-6 s a model). ``cached(dispatcher)`` keys the entries by what the cells are: a
+compiled function by its module, qualified name, bytecode, constants and names and,
+likewise, its own cells; a number, string or bool by its type and repr. A cell of any
+other kind keeps numba's own key. The rest is numba's ``FunctionCache`` (files beside the
+source, invalidated when that file changes), as ``cache=True`` gives a plain function.
+Import-time only; no state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+__all__ = ["cached"]
+
+_PLAIN = (bool, int, float, str, bytes, type(None))
+
+
+def cached(dispatcher: Any) -> Any:
+    """``dispatcher`` (a ``numba.njit(cache=False)`` closure) with a disk cache whose key
+    is stable across processes; unchanged where numba's internals differ from 0.62-0.68's."""
+    try:
+        from numba.core.caching import FunctionCache
+    except ImportError:  # pragma: no cover - numba reorganized: compile per process
+        return dispatcher
+
+    class _StableCellsCache(FunctionCache):
+        def _index_key(self, sig: Any, codegen: Any) -> Any:
+            cells = _describe(self._py_func)
+            if cells is None:
+                return super()._index_key(sig, codegen)
+            code = hashlib.sha256(self._py_func.__code__.co_code).hexdigest()
+            return (sig, codegen.magic_tuple(), (code, hashlib.sha256(cells).hexdigest()))
+
+    if hasattr(dispatcher, "_cache") and hasattr(dispatcher, "py_func"):
+        dispatcher._cache = _StableCellsCache(dispatcher.py_func)
+    return dispatcher
+
+
+def _describe(fn: Any) -> bytes | None:
+    """A process-independent description of ``fn``'s closure cells; None for a cell that
+    has none."""
+    parts = []
+    for cell in fn.__closure__ or ():
+        value = cell.cell_contents
+        py_func = getattr(value, "py_func", None)
+        if py_func is not None:
+            inner = _describe(py_func)
+            if inner is None:
+                return None
+            code = py_func.__code__
+            name = f"{py_func.__module__}.{py_func.__qualname__}"
+            parts += [b"f", name.encode(), code.co_code, repr(code.co_consts).encode(),
+                      repr(code.co_names).encode(), inner]  # fmt: skip
+        elif isinstance(value, _PLAIN):
+            parts += [type(value).__name__.encode(), repr(value).encode()]
+        else:
+            return None
+    return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
