@@ -168,6 +168,7 @@ print(json.dumps({{"ok": ok and b.wait_compiled(120), "held_when_a_switched": he
 """
 
 
+@pytest.mark.compiles
 def test_a_model_switches_only_once_the_kernels_are_released() -> None:
     """Two models loaded together in a cold process: the first is not handed its compiled
     program while the warm-up still holds the kernels back for the second's switch. It
@@ -376,6 +377,7 @@ print(json.dumps({{"switched": switched, "waited": waited, "calls": calls,
 """
 
 
+@pytest.mark.compiles
 def test_the_warm_up_yields_to_calls_but_finishes_under_a_stream_of_them() -> None:
     """While calls run on a cold model's stand-in, the warm-up pauses (a trace function on
     its thread) so each NumPy operation that drops the GIL does not hand it to the warm-up

@@ -106,6 +106,7 @@ print(json.dumps(seen))
 
 
 @pytest.mark.parametrize("case", ["softmax", "attention", "linear", "conv", "depthwise", "decoder"])
+@pytest.mark.compiles
 def test_a_call_compiles_no_kernel_its_build_could_have(case: str) -> None:
     env = dict(os.environ, TFRT_PY_COLD_START="0", TFRT_PY_THREADS="2")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)

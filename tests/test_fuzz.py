@@ -263,6 +263,7 @@ def _prefix_lengths(n: int) -> Iterator[int]:
 
 
 @pytest.mark.parametrize("name", MODELS)
+@pytest.mark.compiles
 def test_truncated_files(name: str) -> None:
     data = _model_bytes(name)
     parsed = 0
@@ -324,6 +325,7 @@ def mutate(data: bytes, rnd: random.Random) -> tuple[bytes, str]:
 
 
 @pytest.mark.parametrize("name", MODELS)
+@pytest.mark.compiles
 def test_mutated_files(name: str) -> None:
     """Seeded mutations of each model; the ones that still load must agree with
     onnxruntime when it runs them (a mutated weight changes both the same way)."""
@@ -466,6 +468,7 @@ def _text(model: onnx.ModelProto) -> str:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 @given(random_models())
+@pytest.mark.compiles
 def test_random_graphs_agree_with_onnxruntime(case: RandomModel) -> None:
     run_random_model(case)
 

@@ -38,6 +38,7 @@ def model(request: pytest.FixtureRequest, onnx_decoder: bytes) -> tfrt_py.Model:
     return tfrt_py.load(onnx_decoder, executor=request.param)
 
 
+@pytest.mark.compiles
 def test_reads_optimums_names_and_the_cache_layout(model: tfrt_py.Model) -> None:
     dec = read_decoder(model)
     assert dec.attention_mask == "attention_mask" and dec.position_ids == "position_ids"
@@ -332,6 +333,7 @@ def test_a_decoder_with_fused_multihead_attention_generates_onnxruntimes_tokens(
                                   reference_greedy(sess, PROMPTS, 8))  # fmt: skip
 
 
+@pytest.mark.compiles
 def test_a_genai_style_decoder_gets_one_plan_for_every_step() -> None:
     """genai's ``total_sequence_length`` (the mask) is read as past + sequence: the shape
     model's probes then feed shapes the decoder runs at, and the sync interpreter plans once

@@ -61,6 +61,7 @@ def _ln_nodes(rank: int, bias: bool, mid_perm: list[int] | None = None) -> list[
     "shape", [(1, 40, 56, 56), (2, 24, 7, 9), (1, 16, 300), (1, 8, 3, 4, 5)], ids=str
 )
 @pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.compiles
 def test_channel_layer_norm_matches_onnxruntime(jit: str, shape: Any, bias: bool) -> None:
     """Rank 3 to 5, batches, with and without bias; (1, 40, 56, 56) is above the split
     threshold (its pixels run on the intra-op threads)."""

@@ -208,6 +208,7 @@ def test_a_1x1_conv_splits_its_filters_on_native_threads(
 
 
 @pytest.mark.parametrize("act", ["SiLU", "HardSwish"])
+@pytest.mark.compiles
 def test_more_filters_than_pixels_split_the_filters_after_one_im2col(
     act: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -253,6 +254,7 @@ def test_more_filters_than_pixels_split_the_filters_after_one_im2col(
         (1, 3, 64, 221, 3, 2),  # 111 output rows: blocks of 55 and 56 rows
     ],
 )
+@pytest.mark.compiles
 def test_a_one_group_conv_runs_its_blocks_on_native_threads(
     n: int, c: int, m: int, h: int, k: int, s: int
 ) -> None:

@@ -67,6 +67,7 @@ ZPS = {np.uint8: (0, 128, 255), np.int8: (-128, 0, 127)}
     "shapes",
     [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((1, 5), (3, 1)), ((3, 4, 5, 6), (3, 1, 1, 6))],
 )
+@pytest.mark.compiles
 def test_binary(op: str, dt: Any, shapes: tuple[tuple[int, ...], ...]) -> None:
     for za, zc in [(ZPS[dt][0], ZPS[dt][2]), (ZPS[dt][1], ZPS[dt][1]), (ZPS[dt][2], ZPS[dt][0])]:
         a, b = _q(shapes[0], dt), _q(shapes[1], dt)
@@ -241,6 +242,7 @@ def _nbits_inputs(k: int, n: int, bits: int, block: int, zp: str, bias: bool,
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize(("k", "block"), [(64, 32), (40, 16), (300, 128), (16, 16)])
 @pytest.mark.parametrize("zp", ["none", "packed", "float"])
+@pytest.mark.compiles
 def test_matmul_nbits(bits: int, k: int, block: int, zp: str) -> None:
     """Codes low bits first, K not a multiple of the block, zero points absent (2**(bits-1)),
     packed or float, a bias, A of rank 2 and 3; the weight constant (dequantized at load) and

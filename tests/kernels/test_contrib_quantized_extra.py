@@ -153,6 +153,7 @@ POOLS = [
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("channels_last", [0, 1])
 @pytest.mark.parametrize("case", POOLS)
+@pytest.mark.compiles
 def test_average_pool(dt: Any, channels_last: int, case: tuple[Any, ...]) -> None:
     spatial, kernel, strides, pads, ceil, cip, auto = case
     shape = (2, *spatial, 3) if channels_last else (2, 3, *spatial)
@@ -392,6 +393,7 @@ def _tool_case(model: onnx.ModelProto, feeds: dict[str, np.ndarray], ops: set[st
 
 
 @pytest.mark.parametrize("activations", ["QUInt8", "QInt8"])
+@pytest.mark.compiles
 def test_quantize_static_qoperator_model(activations: str, tmp_path: Path) -> None:
     """``quantize_static(QOperator)`` of Conv -> AveragePool -> Softmax writes
     QLinearAveragePool and QLinearSoftmax (``opset`` 17, ``axis`` 1); its output equals

@@ -298,6 +298,7 @@ def _im2col_reference(
         ((1, 2, 21, 40), (3, 3), (2, 2), (2, 1), (2, 1), (11, 20), (6, 11)),
     ],
 )
+@pytest.mark.compiles
 def test_compiled_im2col_matches_its_definition(
     shape: Any, kernel: Any, strides: Any, dil: Any, pads: Any, out: Any, rows: Any
 ) -> None:

@@ -391,6 +391,7 @@ def test_few_pixel_convs_take_cols_where_its_columns_pay(
     assert taken == cols
 
 
+@pytest.mark.compiles
 def test_without_the_kernel_the_blas_route_gives_the_same_values(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

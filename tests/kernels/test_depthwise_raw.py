@@ -55,6 +55,7 @@ def _reference(x: np.ndarray, w: np.ndarray, k: int, s: int) -> np.ndarray:
 @pytest.mark.parametrize(
     "n, c, h, wd", [(1, 3, 7, 7), (3, 5, 14, 14), (2, 17, 9, 30), (1, 2, 1, 1), (2, 4, 23, 6)]
 )
+@pytest.mark.compiles
 def test_the_ctypes_kernel_is_the_definition(kind: int, n: int, c: int, h: int, wd: int) -> None:
     """Every kind at both builds' widths: outputs up to ``NARROW_MAX_WIDTH`` wide take the
     8-float build where it is built; the rest the main one."""

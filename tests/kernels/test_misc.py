@@ -380,6 +380,7 @@ def test_tfidf_vectorizer_strings_match_ort(mode: str, min_n: int, max_n: int, s
 # -- vision -------------------------------------------------------------------------------
 
 
+@pytest.mark.compiles
 def test_non_max_suppression_matches_ort() -> None:
     boxes = RNG.random((2, 30, 4), dtype=np.float32)
     scores = RNG.random((2, 3, 30), dtype=np.float32)

@@ -158,6 +158,7 @@ def test_float32_pools_of_its_windows_run_the_kernel(shape: Any, attrs: dict[str
         ((1, 2, 4, 9), np.float32, {"strides": [2, 2], "pads": [0, 0, 3, 0]}),
     ],
 )
+@pytest.mark.compiles
 def test_other_pools_keep_the_numba_loops(shape: Any, dtype: Any, attrs: dict[str, Any]) -> None:
     """What the kernel does not take plans on ``_max_pool2d`` (and still pools right)."""
     _need_kernel()

@@ -240,6 +240,7 @@ def _run_nchw(plan: Any, x: np.ndarray, channels_last: bool) -> np.ndarray | Non
 
 @pytest.mark.parametrize("depthwise", [False, True], ids=["conv", "depthwise"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.compiles
 def test_integer_convs_are_exact(depthwise: bool, channels_last: bool) -> None:
     _need_kernel(numba=True)
     for case in range(24):
@@ -284,6 +285,7 @@ def test_integer_convs_are_exact(depthwise: bool, channels_last: bool) -> None:
         ((1, 2), -70_000, "float32"),
     ],
 )
+@pytest.mark.compiles
 def test_depthwise_sums_in_float32_only_where_they_are_exact(
     window: tuple[int, int], bias: int, sums: str, channels_last: bool
 ) -> None:
@@ -421,6 +423,7 @@ def test_a_conv_with_large_weights_over_few_pixels_reads_them_once() -> None:
     assert lay is not None and lay.row_blocks > 1
 
 
+@pytest.mark.compiles
 def test_five_wide_depthwise_windows_are_exact() -> None:
     """EfficientNet's 5x5 depthwise convs (and a 3x5 window) channels-last, where a row of
     five taps is one expression per channel vector: the exact reference's answers, at the

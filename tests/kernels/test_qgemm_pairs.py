@@ -102,6 +102,7 @@ def test_the_avx2_build_hands_the_pairs_layout_on() -> None:
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.compiles
 def test_seven_bit_convs_take_pairs_and_stay_exact(channels_last: bool) -> None:
     _need_kernel(numba=True)
     if qgemm_packed.pairs_tile() is None:

@@ -53,6 +53,7 @@ def test_every_width_sums_rows_as_numpy(lanes: int) -> None:
     assert np.isnan(y[3]) and np.isposinf(y[18]) and (y[[0, 1, 2, 17, 19]] == 40.0).all()
 
 
+@pytest.mark.compiles
 def test_a_decoders_box_calls_it_and_generates_onnxruntimes_tokens() -> None:
     """Greedy decoding of 58 tokens after 4 (4 heads of 16, pasts up to 61): the box of
     pasts 17..128 writes each head's attention output as a ``rowvec_f4`` call, and the

@@ -112,6 +112,7 @@ DW_CASES = [
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize(("x_shape", "group", "w_shape", "attrs"), DW_CASES)
+@pytest.mark.compiles
 def test_grouped_conv_matches_onnxruntime(
     jit: str, x_shape: Any, group: int, w_shape: Any, attrs: dict[str, Any], bias: bool
 ) -> None:
@@ -123,6 +124,7 @@ def test_grouped_conv_matches_onnxruntime(
 
 
 @pytest.mark.parametrize("executor", ["sync", "async"])
+@pytest.mark.compiles
 def test_depthwise_float64_and_runtime_shapes(jit: str, executor: str) -> None:
     """float64, and one model called with two input sizes (two plans)."""
     w, b = _r(6, 1, 3, 3, dtype=np.float64), _r(6, dtype=np.float64)
@@ -309,6 +311,7 @@ def test_5x5_and_7x7_stride_1_same_depthwise_keep_the_taps_in_registers(
     _check_route(depthwise_plans, dw_route, mult, kernels(k)[0].get())
 
 
+@pytest.mark.compiles
 def test_the_same_padding_kernel_in_float64_and_on_threads() -> None:
     """float64 convs (compiled on first use; ``conv_depthwise_same``'s loop) and the
     parallel form over channel blocks (one image) and image blocks (the plan's, where
@@ -483,6 +486,7 @@ def _grouped_ran(w_shape: Any, group: int, direct_runs: list[Any], routes: list[
 
 @pytest.mark.parametrize("act", ["Relu", "none"])
 @pytest.mark.parametrize(("x_shape", "group", "w_shape", "attrs"), GROUPED_DIRECT_CASES)
+@pytest.mark.compiles
 def test_grouped_conv_with_few_channels_per_group_runs_a_compiled_kernel(
     direct_runs: list[Any], blocked_routes: list[str], x_shape: Any, group: int, w_shape: Any,
     attrs: dict[str, Any], act: str,
@@ -670,6 +674,7 @@ _FUSE_ACTS = ["Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "SiLU", "Le
 @pytest.mark.parametrize("residual", ["none", "tensor", "channel_const"])
 @pytest.mark.parametrize("act", _FUSE_ACTS)
 @pytest.mark.parametrize("group", [1, 8])
+@pytest.mark.compiles
 def test_fuse_conv_matches_unfused_and_onnxruntime(
     jit: str, executor: str, residual: str, act: str, group: int
 ) -> None:

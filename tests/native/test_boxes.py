@@ -41,6 +41,7 @@ def _check(native: tfrt_py.Model, sync: tfrt_py.Model, feeds: dict[str, np.ndarr
         np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=2e-6, err_msg=k)
 
 
+@pytest.mark.compiles
 def test_one_function_serves_every_signature_of_a_box() -> None:
     g = _attention_like()
     native = tfrt_py.load(g, executor="native", native="eager")
@@ -58,6 +59,7 @@ def test_one_function_serves_every_signature_of_a_box() -> None:
     assert "B=1, S in 17..128" in text and "B in 2..16, S in 17..128" in text
 
 
+@pytest.mark.compiles
 def test_a_box_function_refuses_shapes_outside_its_box() -> None:
     """Called straight with a signature of another box, the function raises (it checks
     its dims against the box before it touches an element), and the tier still answers
@@ -109,6 +111,7 @@ def _shrinking_buffer() -> Graph:
     ],
     ids=["constant", "arena"],
 )
+@pytest.mark.compiles
 def test_a_box_that_is_not_one_function_declines_to_signatures(build: object, why: str) -> None:
     g = build()  # type: ignore[operator]
     native = tfrt_py.load(g, executor="native", native="eager")
@@ -275,6 +278,7 @@ def _grown() -> Graph:
     return b.build()
 
 
+@pytest.mark.compiles
 def test_a_new_signature_in_a_compiled_box_skips_the_checked_path() -> None:
     """Each call a new length (a cache fed back): once its box is compiled and chosen, a
     signature never seen goes from the entry to the box's function (``NativeTier.boxes``)

@@ -117,6 +117,7 @@ def test_the_pairs_are_found_and_another_reader_keeps_the_copy(onnx_bytes: bytes
     assert not other.runtime.writes_concat_in_place
 
 
+@pytest.mark.compiles
 def test_a_step_writes_only_its_new_rows_into_the_buffers(
     model: tfrt_py.Model, session: ort.InferenceSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -41,6 +41,7 @@ def _decoder_ops() -> Graph:
     return b.build()
 
 
+@pytest.mark.compiles
 def test_the_decoder_ops_lower_and_agree_with_the_interpreter() -> None:
     g = _decoder_ops()
     native = tfrt_py.load(g, executor="native", native="eager")

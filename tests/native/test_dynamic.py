@@ -59,6 +59,7 @@ def test_rows_mode_serves_every_batch_size_with_one_function() -> None:
     assert native.native.compiled.path == path  # nothing recompiled
 
 
+@pytest.mark.compiles
 def test_a_batch_mixing_op_falls_back_to_signatures(monkeypatch: pytest.MonkeyPatch) -> None:
     g = _softmax_over_batch()
     native = tfrt_py.load(g, executor="native", native="eager")
@@ -344,6 +345,7 @@ def _pending_input(pid: int) -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+@pytest.mark.compiles
 def test_a_killed_compile_server_fails_the_job_and_the_next_compile_starts_a_new_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

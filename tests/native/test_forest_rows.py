@@ -57,6 +57,7 @@ def _only(node: Any, mode: str) -> Any:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("mode", ["mixed", "BRANCH_LEQ", "BRANCH_LT"])
+@pytest.mark.compiles
 def test_many_row_walk_is_the_per_row_walk(mode: str, dtype: Any) -> None:
     from tfrt_py.native.kernels import trees
 
@@ -86,6 +87,7 @@ def test_many_row_walk_is_the_per_row_walk(mode: str, dtype: Any) -> None:
 
 
 @pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE", "MIN", "MAX"])
+@pytest.mark.compiles
 def test_a_batch_of_tiles_matches_onnxruntime(aggregate: str, monkeypatch: Any) -> None:
     monkeypatch.delenv("TFRT_PY_NATIVE", raising=False)
     rng = np.random.RandomState(3)
@@ -103,6 +105,7 @@ def test_a_batch_of_tiles_matches_onnxruntime(aggregate: str, monkeypatch: Any) 
 
 
 @pytest.mark.parametrize("string_labels", [False, True])
+@pytest.mark.compiles
 def test_a_classifier_with_zipmap_takes_the_tiles(string_labels: bool, monkeypatch: Any) -> None:
     """A default skl2onnx classifier ends in ZipMap (and may have string labels): its
     batches take the many-row walk too, and its dicts and labels are onnxruntime's."""

@@ -156,6 +156,7 @@ def _mlp(hidden: int) -> Any:
     "hidden", [64, 40, 200], ids=["packed", "narrow-width-padded", "long-narrow-product-on-blas"]
 )
 @pytest.mark.parametrize("batch", [1, 7, 300])
+@pytest.mark.compiles
 def test_dynamic_batch_products_agree_with_the_interpreter(hidden: int, batch: int) -> None:
     """A Linear layer and a transposed Gemm at several batch sizes (rows mode's tile and
     its single rows); a width that is not a multiple of the panel width is padded over at

@@ -32,6 +32,7 @@ from tfrt_py.errors import ExecutionError
     ],
 )
 @pytest.mark.parametrize("packed", [False, True])  # True: one qkv input (the model builder's)
+@pytest.mark.compiles
 def test_the_native_lowering_matches_onnxruntime(kv: int, b: int, s: int, p: int, lens: Any,
                                                  attrs: Any, packed: bool) -> None:  # fmt: skip
     attrs = dict(attrs)

@@ -80,6 +80,7 @@ def test_the_attentions_presents_are_cache_pairs(model: tfrt_py.Model) -> None:
 
 
 @pytest.mark.parametrize("lengths", [[21], [21, 21], [21, 14]], ids=["one", "even", "short"])
+@pytest.mark.compiles
 def test_a_step_writes_only_its_new_rows_into_the_buffers(
     model: tfrt_py.Model, session: ort.InferenceSession, lengths: list[int]
 ) -> None:

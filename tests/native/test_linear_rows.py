@@ -52,6 +52,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.compiles
 def test_classifier_rows_at_once_match_the_one_row_body_and_onnxruntime(case: str) -> None:
     f, k, labels, transform = CASES[case]
     data = _model(f, k, labels, transform, seed=len(case))
@@ -95,6 +96,7 @@ def _regressor(n_features: int, targets: int, transform: str, seed: int) -> byte
 
 
 @pytest.mark.parametrize("targets", [1, 3])
+@pytest.mark.compiles
 def test_regressor_rows_four_at_a_time_match_the_one_row_body_and_onnxruntime(
     targets: int,
 ) -> None:
@@ -133,6 +135,7 @@ def _liblinear_svm(n_features: int, classes: int, seed: int) -> bytes:
 
 
 @pytest.mark.parametrize("case", ["3 classes NONE", "binary, two labels, LOGISTIC", "liblinear"])
+@pytest.mark.compiles
 def test_the_ir_kernel_and_the_numba_loop_give_the_same_bits(case: str, monkeypatch) -> None:
     """The grouped rows on the IR kernel (where this host runs it) and on the numba loop
     (the packed kernels switched off) give the same labels and scores, and the liblinear
@@ -161,6 +164,7 @@ def test_the_ir_kernel_and_the_numba_loop_give_the_same_bits(case: str, monkeypa
         np.testing.assert_allclose(a["Y"], y, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.compiles
 def test_a_classifier_of_very_many_classes_keeps_the_loops_small_scratch() -> None:
     """Classes beyond ``linear_rows_ir.MAX_CLASSES`` would make the IR route's scratch (64
     rows of sums) large: such a model takes the numba loop (eight rows of scratch), and

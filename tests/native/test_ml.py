@@ -70,6 +70,7 @@ def assert_same(got: dict[str, Any], want: dict[str, Any], what: str) -> None:
 
 @pytest.mark.parametrize("executor", ["sync", "native", "auto"])
 @pytest.mark.parametrize("name", MODELS)
+@pytest.mark.compiles
 def test_zoo_model_agrees_with_onnxruntime(name: str, executor: str) -> None:
     if executor == "native" and name in DECLINED:
         with pytest.raises(tfrt_py.errors.TfrtError):
@@ -92,6 +93,7 @@ def test_zoo_model_agrees_with_onnxruntime(name: str, executor: str) -> None:
         assert model.native.error is None, model.native.error
 
 
+@pytest.mark.compiles
 def test_auto_measures_and_says_so() -> None:
     name = "sklearn_random_forest"
     model = tfrt_py.load(_path(name), native="eager")
@@ -106,6 +108,7 @@ def test_auto_measures_and_says_so() -> None:
     assert "every batch size" in text
 
 
+@pytest.mark.compiles
 def test_explicit_native_never_measures() -> None:
     model = tfrt_py.load(_path("sklearn_svc_proba"), executor="native", native="eager")
     sess = ort.InferenceSession(_path("sklearn_svc_proba"), providers=["CPUExecutionProvider"])
@@ -114,6 +117,7 @@ def test_explicit_native_never_measures() -> None:
     assert "measured (" not in model.describe()  # no tier measurement on explicit native
 
 
+@pytest.mark.compiles
 def test_bad_feeds_raise_like_sync() -> None:
     native = tfrt_py.load(_path("lightgbm_classifier"), executor="native", native="eager")
     sync = tfrt_py.load(_path("lightgbm_classifier"), executor="sync")
@@ -157,6 +161,7 @@ def _hand_feeds(rng: np.random.RandomState, n: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("seed", _SEEDS[:3])
 @pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE", "MIN", "MAX"])
+@pytest.mark.compiles
 def test_hand_built_regressor(seed: int, aggregate: str) -> None:
     from onnx import TensorProto, helper
 
@@ -172,6 +177,7 @@ def test_hand_built_regressor(seed: int, aggregate: str) -> None:
 
 @pytest.mark.parametrize("seed", _SEEDS)
 @pytest.mark.parametrize("transform", ["NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT"])
+@pytest.mark.compiles
 def test_hand_built_classifier(seed: int, transform: str) -> None:
     from onnx import TensorProto, helper
 

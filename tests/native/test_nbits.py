@@ -42,6 +42,7 @@ def _compiled_output(m: tfrt_py.Model, feeds: dict[str, Any]) -> np.ndarray:
         (8, 48, 16, "packed", 1),
     ],
 )
+@pytest.mark.compiles
 def test_decode_rows_on_the_native_tier_match_onnxruntime(bits: int, k: int, block: int,
                                                           zp: str, rows: int,
                                                           level: int) -> None:  # fmt: skip
@@ -78,6 +79,7 @@ def test_a_prompts_rows_are_declined_with_the_reason() -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.compiles
 def test_a_prompts_rows_at_level_4_take_the_integer_kernels() -> None:
     """At ``accuracy_level=4`` the integer kernels take a prompt's rows too (4 at a
     time): 8 and 37 rows lower to ``nbits_rows_i4`` and answer as onnxruntime does."""

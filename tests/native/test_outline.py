@@ -8,6 +8,7 @@ import ast
 import types
 
 import numpy as np
+import pytest
 
 from tfrt_py.native.lower.outline import outline_repeats
 from tfrt_py.native.lower.source import audit
@@ -67,6 +68,7 @@ def _functions(source: str) -> list[str]:
     return [f.name for f in ast.parse(source).body if isinstance(f, ast.FunctionDef)]
 
 
+@pytest.mark.compiles
 def test_repeated_layers_become_one_function_compiled_once() -> None:
     source = _module([_layer(k, f"r{k % 3 + 1}") for k in range(4)])
     out = outline_repeats(source)

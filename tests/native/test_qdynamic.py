@@ -73,6 +73,7 @@ def _values(kind: str) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", ["normal", "positive", "negative", "zeros", "one", "halves",
                                   "nan", "inf", "-inf"])  # fmt: skip
+@pytest.mark.compiles
 def test_dynamic_quantize_linear_is_the_interpreters(kind: str) -> None:
     """Codes, scale and zero point, bit for bit; onnxruntime's where every value is
     finite (it has no defined answer for NaN or infinity)."""
@@ -123,6 +124,7 @@ def _product_model(rows: int | str, k: int, n: int, wtype: Any, w_zp: bool, per_
         (5, 300, 33, np.uint8, True, True, True),
     ],
 )
+@pytest.mark.compiles
 def test_the_dynamic_product_is_the_interpreters(rows: int, k: int, n: int, wtype: Any,
                                                  w_zp: bool, per_column: bool,
                                                  bias: bool) -> None:  # fmt: skip
@@ -138,6 +140,7 @@ def test_the_dynamic_product_is_the_interpreters(rows: int, k: int, n: int, wtyp
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 
 
+@pytest.mark.compiles
 def test_one_function_serves_every_row_count() -> None:
     """A symbolic row dim: each call's rows through the native tier, the interpreter's bits."""
     model, _ = _product_model("N", 40, 24, np.int8, False, False, True)
@@ -185,6 +188,7 @@ def _ms_model(nodes: list[Any], inputs: list[Any], outputs: list[Any],
 
 
 @pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.compiles
 def test_qattention_on_the_native_tier(masked: bool) -> None:
     """onnxruntime's optimizer's QAttention after DynamicQuantizeLinear: the projection on
     the integer kernel, the heads as the float Attention's; the interpreter's and

@@ -55,6 +55,7 @@ def _rows(n: int, width: int, seed: int, scale: float = 3.0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("k, n", [(20, 20), (64, 10), (7, 3), (10, 8), (10, 9), (128, 33)])
+@pytest.mark.compiles
 def test_products_of_a_few_terms_are_onnxruntimes_bits(k: int, n: int) -> None:
     """At any width; one row's product at most ``emit.REGISTER_N`` wide sums in scalars,
     unless it is the packed kernel's (a width that is half a panel or more: ``avx2``'s
@@ -76,6 +77,7 @@ def test_products_of_a_few_terms_are_onnxruntimes_bits(k: int, n: int) -> None:
 @pytest.mark.parametrize("executor", ["native", "sync"])
 @pytest.mark.parametrize("op", ["ReduceSumSquare", "ReduceL2"])
 @pytest.mark.parametrize("width", [20, 67])
+@pytest.mark.compiles
 def test_squares_are_rounded_before_they_are_summed(op: str, width: int, executor: str) -> None:
     """On the native tier and in the interpreter (which summed pairwise)."""
     node = helper.make_node(op, ["X"], ["Y"], axes=[1], keepdims=1)
@@ -112,6 +114,7 @@ def _mixture(components: int, width: int, seed: int) -> bytes:
 
 
 @pytest.mark.parametrize("executor", ["native", "sync"])
+@pytest.mark.compiles
 def test_a_gaussian_mixture_gives_onnxruntimes_probabilities(executor: str) -> None:
     data = _mixture(4, 20, 0)
     for i, rows in enumerate(BATCHES):
@@ -121,6 +124,7 @@ def test_a_gaussian_mixture_gives_onnxruntimes_probabilities(executor: str) -> N
         np.testing.assert_allclose(got[big], want[big], rtol=1e-5, err_msg=f"batch {rows}")
 
 
+@pytest.mark.compiles
 def test_exponentials_are_libms_in_a_vectorized_loop() -> None:
     """float32 Exp and ReduceLogSumExp's exponentials go through ``fastmath.expf_rn`` (no
     libm call per element): the correctly rounded values libm's ``expf`` gives, so a

@@ -5,6 +5,7 @@ the function still agrees with the interpreter."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import tfrt_py
 from tfrt_py.ir import Graph, GraphBuilder
@@ -27,6 +28,7 @@ def _sized_by_a_transpose() -> Graph:
     return b.build()
 
 
+@pytest.mark.compiles
 def test_a_node_only_a_shape_reads_does_not_run() -> None:
     g = _sized_by_a_transpose()
     sync = tfrt_py.load(g, executor="sync")

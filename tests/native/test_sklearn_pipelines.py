@@ -73,6 +73,7 @@ def test_a_normalized_knn_scan_is_fused() -> None:
 @native
 @pytest.mark.parametrize("op", ["Sum", "Max", "Min"])
 @pytest.mark.parametrize("count", [1, 3, 4])
+@pytest.mark.compiles
 def test_variadic_elementwise_ops_lower_natively(
     op: str, count: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -99,6 +100,7 @@ def test_variadic_elementwise_ops_lower_natively(
 
 
 @native
+@pytest.mark.compiles
 def test_many_tree_ensembles_compile_their_kernels_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each ensemble's scratch sits at its own arena offset; passed as int64, not as a
     literal, so numba compiles the tree kernels once, not once an ensemble."""

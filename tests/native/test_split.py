@@ -8,6 +8,7 @@ import pathlib
 import types
 
 import numpy as np
+import pytest
 
 import tfrt_py
 from tfrt_py.ir import GraphBuilder
@@ -73,6 +74,7 @@ def _run(source: str, x: np.ndarray) -> np.ndarray:
     return out
 
 
+@pytest.mark.compiles
 def test_a_long_run_becomes_parts_that_compute_the_same() -> None:
     source = _module(60)
     split = split_run(source, part_lines=40)
@@ -85,6 +87,7 @@ def test_a_long_run_becomes_parts_that_compute_the_same() -> None:
     np.testing.assert_array_equal(_run(split, x), _run(source, x))
 
 
+@pytest.mark.compiles
 def test_a_cache_taken_up_at_the_top_does_not_stop_the_cuts() -> None:
     """The take-up's ``if`` binds the buffer every node reads: it belongs to the prologue
     the parts are cut after (taken for a part's statement, it left no allowed cut, and a
@@ -99,6 +102,7 @@ def test_a_cache_taken_up_at_the_top_does_not_stop_the_cuts() -> None:
     np.testing.assert_array_equal(_run(split, x), _run(source, x))
 
 
+@pytest.mark.compiles
 def test_no_cut_separates_a_name_from_a_later_read() -> None:
     source = _module(60, carried=True)
     split = split_run(source, part_lines=40)
@@ -116,6 +120,7 @@ def test_a_short_run_is_left_whole() -> None:
     assert split_run(source, part_lines=40) == source
 
 
+@pytest.mark.compiles
 def test_a_model_whose_function_is_split_agrees_with_the_interpreter() -> None:
     """12 softmaxes over a (B, S, 16) input: signature mode, a function long enough to
     compile as parts (``compile_source``). Their kinds follow a square-free word, so no

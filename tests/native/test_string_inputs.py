@@ -94,6 +94,7 @@ def _same(got: dict[str, Any], want: dict[str, Any]) -> None:
     np.testing.assert_allclose(got["scores"], want["scores"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.compiles
 def test_string_columns_run_in_compiled_code_and_match_onnxruntime() -> None:
     model = _model()
     m = tfrt_py.load(model, executor="native", native="eager")
@@ -112,6 +113,7 @@ def test_string_columns_run_in_compiled_code_and_match_onnxruntime() -> None:
         _same(sync.run(feeds), want)
 
 
+@pytest.mark.compiles
 def test_feeds_of_other_forms_agree_with_the_interpreter() -> None:
     model = _model()
     m = tfrt_py.load(model, executor="native", native="eager")
@@ -127,6 +129,7 @@ def test_feeds_of_other_forms_agree_with_the_interpreter() -> None:
         _same(m.run(f), unencoded.run(f))
 
 
+@pytest.mark.compiles
 def test_an_unknown_value_under_zeros_0_is_refused_and_the_model_stays_usable() -> None:
     model = _model(zeros=0)
     m = tfrt_py.load(model, executor="native", native="eager")
@@ -209,6 +212,7 @@ def _ordinal_model() -> onnx.ModelProto:
     return model
 
 
+@pytest.mark.compiles
 def test_label_encoders_of_an_ordinal_encoding_run_in_compiled_code() -> None:
     model = _ordinal_model()
     m = tfrt_py.load(model, executor="native", native="eager")
@@ -229,6 +233,7 @@ def test_label_encoders_of_an_ordinal_encoding_run_in_compiled_code() -> None:
         np.testing.assert_allclose(m.run(feeds)["y"], want, rtol=1e-6)
 
 
+@pytest.mark.compiles
 def test_a_category_mapper_becomes_a_label_encoder_of_ids() -> None:
     nodes = [
         helper.make_node("CategoryMapper", ["color"], ["c1"], domain=ML, cats_strings=COLORS,

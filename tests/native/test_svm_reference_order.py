@@ -62,6 +62,7 @@ EXECUTORS = [
 
 @pytest.mark.parametrize("executor", EXECUTORS)
 @pytest.mark.parametrize("classes, per_class, width", [(3, 120, 20), (5, 40, 9), (2, 150, 30)])
+@pytest.mark.compiles
 def test_svc_probabilities_are_onnxruntimes(
     executor: str, classes: int, per_class: int, width: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -111,6 +112,7 @@ def _fitted(kind: str) -> tuple[bytes, np.ndarray]:
 @pytest.mark.parametrize(
     "kind", ["SVC linear", "SVC poly", "SVC sigmoid", "SVR rbf", "SVR poly", "OneClassSVM"]
 )
+@pytest.mark.compiles
 def test_other_svms_match_onnxruntime(
     executor: str, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -165,6 +167,7 @@ def _decision_svc(kernel: str, vpc: list[int], width: int, seed: int) -> bytes:
 @pytest.mark.parametrize("executor", EXECUTORS)
 @pytest.mark.parametrize("kernel", ["SIGMOID", "LINEAR", "RBF"])
 @pytest.mark.parametrize("vpc", [[40, 25, 31], [12, 0, 9, 20, 7, 15], [30, 44]])
+@pytest.mark.compiles
 def test_decision_values_are_onnxruntimes(
     executor: str, kernel: str, vpc: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:

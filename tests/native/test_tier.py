@@ -131,6 +131,7 @@ def _assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("build", [_elementwise_graph, _matmul_graph, _gather_graph])
 @pytest.mark.parametrize("optimize", [False, True])
+@pytest.mark.compiles
 def test_every_lowered_op_agrees_with_the_sync_interpreter(build: Any, optimize: bool) -> None:
     g = build()
     native = tfrt_py.load(g, executor="native", native="eager", optimize=optimize)
@@ -213,6 +214,7 @@ def _transformer_ops_graph() -> Graph:
     return b.build()
 
 
+@pytest.mark.compiles
 def test_transformer_ops_agree_with_the_sync_interpreter() -> None:
     g = _transformer_ops_graph()
     native = tfrt_py.load(g, executor="native", native="eager", optimize=False)
@@ -229,6 +231,7 @@ def test_transformer_ops_agree_with_the_sync_interpreter() -> None:
 
 
 @pytest.mark.parametrize("dims", [(2, 5), ("B", "S")], ids=["static", "signature"])
+@pytest.mark.compiles
 def test_onnxruntime_bert_front_agrees_with_the_sync_interpreter(dims: tuple[Any, ...]) -> None:
     """onnxruntime's optimized BERT starts with EmbedLayerNormalization (word, position and
     segment tables, LayerNorm, the mask's lengths) feeding Attention (merged Q/K/V weight,

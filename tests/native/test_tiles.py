@@ -54,6 +54,7 @@ needs_blas = pytest.mark.skipif(
 
 @needs_blas
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.compiles
 def test_whole_tiles_use_gemm_and_the_rest_runs_row_by_row(dtype: Any) -> None:
     g = _mlp(dtype)
     native = tfrt_py.load(g, executor="native", native="eager")
@@ -126,6 +127,7 @@ def _naive_bayes() -> Graph:
     return b.build()
 
 
+@pytest.mark.compiles
 def test_a_small_graph_with_exp_gets_a_tile_of_the_rows_bits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

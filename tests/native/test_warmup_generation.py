@@ -15,6 +15,7 @@ from tfrt_py.errors import InputError
 PROMPT = [3, 14, 15, 9]
 
 
+@pytest.mark.compiles
 def test_warmup_generation_compiles_the_boxes_a_generation_crosses(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -76,6 +76,7 @@ def _payloads(tmp: Path) -> tuple[list[str], list[str], list[Path]]:
 
 @pytest.mark.parametrize("op", ["tree", "linear"])
 @pytest.mark.parametrize("executor", ["native", "auto"])
+@pytest.mark.compiles
 def test_payload_labels_are_data(tmp_path: Path, executor: str, op: str) -> None:
     labels, names, marks = _payloads(tmp_path)
     data = _model(labels, names, 'doc """ {x} ' + labels[0], op)

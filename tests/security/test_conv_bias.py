@@ -50,6 +50,7 @@ def _reference(x: np.ndarray, path: str, b: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("executor", ["sync", "async", "auto"])
 @pytest.mark.parametrize("group", [C, 1], ids=["depthwise", "dense"])
+@pytest.mark.compiles
 def test_a_bias_input_of_the_wrong_length_is_refused_and_the_model_serves_on(
     tmp_path: Path, executor: str, group: int
 ) -> None:

@@ -93,6 +93,7 @@ def parent() -> dict[str, Any]:
     return report
 
 
+@pytest.mark.compiles
 def test_tier_up_restarts_in_a_forked_child(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TFRT_PY_NATIVE"}
     env["TFRT_PY_CACHE_DIR"] = str(tmp_path / "cache")  # cold: the compile takes a while
