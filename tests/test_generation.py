@@ -355,6 +355,7 @@ def test_a_genai_style_decoder_gets_one_plan_for_every_step() -> None:
 
 
 @pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.compiles
 def test_a_genai_style_decoder_generates_onnxruntimes_tokens(packed: bool) -> None:
     """onnxruntime-genai's shape of decoder (GroupQueryAttention with rotary, seqlens_k
     from the mask, the simplified norms; ``packed``: one QKV input, as its model builder

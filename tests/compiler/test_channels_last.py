@@ -81,6 +81,7 @@ def _passes_without(name: str) -> set[str]:
     return set(PASSES) - {name}
 
 
+@pytest.mark.compiles
 def test_a_quantized_cnn_runs_channels_last_with_the_same_values() -> None:
     _kernel_or_skip()
     import onnxruntime as ort

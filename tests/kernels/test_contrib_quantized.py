@@ -78,6 +78,7 @@ def test_binary(op: str, dt: Any, shapes: tuple[tuple[int, ...], ...]) -> None:
         _check(op, inputs)
 
 
+@pytest.mark.compiles
 def test_a_batch_of_squeeze_excitation_scales_runs_compiled() -> None:
     """EfficientNet at batch 8: QLinearMul of (N, 1, 1, C) scales by (N, H, W, C) codes runs
     compiled, image by image (it fell to NumPy's broadcast: 40x the batch-1 time), with

@@ -235,6 +235,7 @@ def test_grid_rows_share_their_padding(
 @pytest.mark.parametrize(
     ("act", "residual"), [("Relu", True), ("Clip", False), ("HardSwish", True)]
 )
+@pytest.mark.compiles
 def test_each_form_matches_onnxruntime_on_the_cols_route(
     monkeypatch: pytest.MonkeyPatch, x_shape: Any, w_shape: Any, attrs: dict[str, Any],
     mode: int, act: str, residual: bool,

@@ -112,6 +112,7 @@ def check_random(seed: int, rounds: int, narrow: bool = False) -> int:
     return ran
 
 
+@pytest.mark.compiles
 def test_every_kind_matches_the_reference_on_random_geometries() -> None:
     assert check_random(0, 12) == 12 * len(depthwise_ir.KINDS)
 

@@ -107,6 +107,7 @@ def test_generated_code_imports_the_wrapper_by_a_count_up_to_the_longest_rows() 
     [[[3, 14, 15, 9]], pytest.param([[3, 14, 15, 9], [27, 1]], marks=pytest.mark.slow)],
     ids=["one", "left-padded batch"],
 )
+@pytest.mark.compiles
 def test_grouped_heads_decoder_calls_it_and_generates_onnxruntimes_tokens(
     prompts: list[list[int]],
 ) -> None:

@@ -71,6 +71,7 @@ def test_every_form_computes_the_row_formula(lanes: tuple[int, ...]) -> None:
             np.testing.assert_array_equal(out, want, err_msg=f"{lanes} {kh}x{kw} case {case}")
 
 
+@pytest.mark.compiles
 def test_channels_last_depthwise_runs_on_the_row_kernel_exactly() -> None:
     """The plans of 3x3, 5x5 and 7x7 depthwise convs over whole vectors of 8 channels take the
     row kernel (``kernel_rows``) and give the exact reference's answers: batch 2, strides,

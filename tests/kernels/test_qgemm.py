@@ -330,6 +330,7 @@ def _at_page_end(shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, Any]:
     return x, buf
 
 
+@pytest.mark.compiles
 def test_a_pointwise_conv_reads_nothing_past_its_input() -> None:
     """A channels-last 1x1 conv over 3 channels: the kernel takes its rows in groups of 4
     codes; the last row's group must not reach past the input (the guard page)."""
@@ -349,6 +350,7 @@ def test_a_pointwise_conv_reads_nothing_past_its_input() -> None:
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.compiles
 def test_stem_convs_read_their_rows_in_place(channels_last: bool) -> None:
     """Few input channels (RGB, grayscale), symmetric weights, no dilation: the plan takes
     ``conv_qrows`` (the staged, row-interleaved input read in place: no im2row), and its

@@ -506,6 +506,7 @@ def test_grouped_conv_with_few_channels_per_group_runs_a_compiled_kernel(
                                          {"x": x})[0], rtol=1e-4, atol=1e-4)  # fmt: skip
 
 
+@pytest.mark.compiles
 def test_grouped_conv_split_over_threads_with_a_residual(
     direct_runs: list[Any], blocked_routes: list[str]
 ) -> None:
@@ -703,6 +704,7 @@ def test_fuse_conv_matches_unfused_and_onnxruntime(
     _check(m, {"x": x}, executor=executor, optimize=off)
 
 
+@pytest.mark.compiles
 def test_fuse_conv_folds_batch_normalization(jit: str) -> None:
     x = _r(1, 4, 12, 12)
     inits = {"w": _r(6, 4, 3, 3), "s": _r(6), "bb": _r(6), "m": _r(6),

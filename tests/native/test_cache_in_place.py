@@ -141,6 +141,7 @@ def test_a_step_writes_only_its_new_rows_into_the_buffers(
         assert np.isnan(b[:, :, 21:]).all()
 
 
+@pytest.mark.compiles
 def test_a_step_with_its_caches_compiles_its_layer_once(
     model: tfrt_py.Model, session: ort.InferenceSession
 ) -> None:

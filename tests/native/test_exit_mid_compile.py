@@ -30,10 +30,9 @@ import pytest
 from tests.support.paths import DATA as TEST_DATA
 from tests.support.paths import ROOT as REPO_ROOT
 
-pytestmark = [
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals and fork: Linux"),
-    pytest.mark.slow,
-]
+#: Not slow: issue 32 asks that this run in ``make test``.
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="signals and fork: Linux")  # fmt: skip
 
 ROOT = str(REPO_ROOT)
 WAYS = ("return", "exit3", "sigterm", "delete", "fork")

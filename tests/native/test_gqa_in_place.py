@@ -103,6 +103,7 @@ def test_a_step_writes_only_its_new_rows_into_the_buffers(
         assert np.isnan(b[:, :, 21:]).all()
 
 
+@pytest.mark.compiles
 def test_a_past_apart_from_its_buffer_is_copied_in(
     model: tfrt_py.Model, session: ort.InferenceSession
 ) -> None:
