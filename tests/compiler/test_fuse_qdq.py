@@ -226,6 +226,7 @@ FLOAT_OPS = {"Conv", "MatMul", "Gemm", "Add", "Mul", "Sigmoid", "LeakyRelu", "Co
 @pytest.mark.parametrize("act", [QuantType.QUInt8, QuantType.QInt8], ids=["u8", "s8"])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.compiles
 def test_quantize_static_groups_become_integer_ops(
     tmp_path: Path, case: str, per_channel: bool, act: QuantType
 ) -> None:

@@ -55,6 +55,7 @@ CASES = [
 @pytest.mark.parametrize(("x_shape", "w_shape", "attrs", "mode"), CASES)
 @pytest.mark.parametrize(("act", "residual"), [("Relu", True), ("Clip", False), ("Sigmoid", True)])
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.compiles
 def test_each_form_matches_onnxruntime_on_the_groups_route(
     monkeypatch: pytest.MonkeyPatch, x_shape: Any, w_shape: Any, attrs: dict[str, Any],
     mode: int, act: str, residual: bool, threads: int,

@@ -54,6 +54,7 @@ print(json.dumps(out))
 @pytest.mark.skipif(not jit.jit_enabled() or qgemm_packed.available() is None,
                     reason="needs numba and the integer kernel ($TFRT_PY_JIT=0, "
                     "$TFRT_PY_PACKED_GEMM=0 or the portable path)")  # fmt: skip
+@pytest.mark.compiles
 def test_a_plan_compiles_only_its_own_types() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TFRT_PY_COLD_START": "0"}
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,

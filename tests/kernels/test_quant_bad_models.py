@@ -82,6 +82,7 @@ def test_a_bad_qlinearmatmul_is_refused_at_load(bs: Any, why: str) -> None:
     assert "the_matmul" in str(e.value)
 
 
+@pytest.mark.compiles
 def test_good_constants_still_load_and_run() -> None:
     m = tfrt_py.load(_conv())
     y = m.run({"x": np.full((1, 3, 5, 5), 3, np.uint8)})["y"]

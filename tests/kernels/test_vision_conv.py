@@ -528,6 +528,7 @@ def test_grouped_conv_split_over_threads_with_a_residual(
         _grouped_ran((64, 8, 3, 3), 8, direct_runs, blocked_routes)
 
 
+@pytest.mark.compiles
 def test_grouped_1x1_and_wide_groups_keep_the_product(direct_runs: list[Any]) -> None:
     """A grouped 1x1 conv and groups wider than GROUPED_DIRECT_MAX_CHANNELS are products."""
     from tfrt_py.kernels.nn.conv_depthwise import GROUPED_DIRECT_MAX_CHANNELS as wide
@@ -719,6 +720,7 @@ def test_fuse_conv_folds_batch_normalization(jit: str) -> None:
     assert [n.op_type for n in model.prepared.graph.nodes] == ["Conv"]
 
 
+@pytest.mark.compiles
 def test_fuse_conv_two_convs_into_one_add(monkeypatch: pytest.MonkeyPatch) -> None:
     """ResNet's downsample: both inputs of the residual Add are conv outputs; the first
     conv's group takes the Add, the second conv stays a producer before it. (Both read

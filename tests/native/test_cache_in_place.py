@@ -158,6 +158,7 @@ def test_a_step_with_its_caches_compiles_its_layer_once(
         assert text.count("run_layer0(") == 1 + LAYERS
 
 
+@pytest.mark.compiles
 def test_a_buffer_with_more_rows_than_the_step_is_written_in_place(
     model: tfrt_py.Model, session: ort.InferenceSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
