@@ -1,7 +1,8 @@
 """Kernels a factory builds (closures over compiled functions) find numba's disk cache in
 the next process (``native.kernels.closure_cache``): numba's own key pickles the cells, and
 a dispatcher in a cell pickles with a per-process uuid, so they compiled again in every
-process, and every native module that called them paid for it."""
+process, and every native module that called them paid for it. A kernel's cached code
+holds what it calls from other files of the package: their stamps join its own."""
 
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ _FACTORY = textwrap.dedent(
 
     twice1 = apply_twice(add1, 3)
     twice2 = apply_twice(add2, 3)
+
+    import os
+    from tfrt_py.native.kernels.closure_cache import stamp_with
+    stamp_with(globals(), [os.path.join(os.path.dirname(__file__), "sibling.py")])
     """
 )
 
@@ -63,15 +68,22 @@ def test_a_closure_over_compiled_functions_is_loaded_from_the_cache_next_time(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "factory_mod.py").write_text(_FACTORY)
+    (tmp_path / "sibling.py").write_text("# a kernel file the factory's kernels may call\n")
     first = _probe(tmp_path)
     # two closures of one factory differ only in a cell (add1 and add2 differ only in a
     # constant): each keeps its own entry and its own answer
     assert first == {"twice1": [36, 0, 1], "twice2": [42, 0, 1]}
     assert _probe(tmp_path) == {"twice1": [36, 1, 0], "twice2": [42, 1, 0]}
+    # a change to a file whose stamp joined theirs (stamp_with) compiles them again
+    (tmp_path / "sibling.py").write_text("# changed\n")
+    assert _probe(tmp_path) == {"twice1": [36, 0, 1], "twice2": [42, 0, 1]}
 
 
-def test_the_forest_walks_are_cached_closures() -> None:
-    from tfrt_py.native.kernels import trees
+def test_the_forest_walks_are_cached_closures_stamped_with_their_siblings() -> None:
+    from tfrt_py.native.kernels import post, svm, trees
 
     for d in (trees.forest_leq, trees.forest_rows_mixed, trees._add_binary_base):
         assert type(d._cache).__name__ == "_StableCellsCache", d
+    for d in (trees.forest_leq, svm.svm_cls_row, post.post):
+        _own, siblings = d._cache._cache_file._source_stamp
+        assert any(f.endswith("fastmath.py") for f, _, _ in siblings), d

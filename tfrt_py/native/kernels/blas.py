@@ -21,6 +21,7 @@ import numpy as np
 from numba import njit
 
 from ...kernels.lib import blas
+from .closure_cache import stamp_with_siblings
 
 __all__ = ["gemm_f4", "gemm_f4_ld", "gemm_f8"]
 
@@ -51,3 +52,6 @@ def gemm_f4_ld(a, ao, lda, b, bo, ldb, tb, c, co, ldc, m, k, n, alpha):
     pc = c.ctypes.data + np.uint64(co * 4)
     _sgemm(101, 111, 112 if tb else 111, m, n, k, np.float32(alpha), pa, lda, pb, ldb,  # type: ignore[name-defined]  # noqa: F821
            np.float32(0), pc, ldc)  # fmt: skip
+
+
+stamp_with_siblings(globals())

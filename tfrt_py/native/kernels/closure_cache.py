@@ -8,15 +8,23 @@ compiled function by its module, qualified name, bytecode, constants and names a
 likewise, its own cells; a number, string or bool by its type and repr. A cell of any
 other kind keeps numba's own key. The rest is numba's ``FunctionCache`` (files beside the
 source, invalidated when that file changes), as ``cache=True`` gives a plain function.
+
+numba's stamp is the function's own file; a kernel's cached machine code also holds the
+kernels of other files it calls (``trees`` calls ``post``, ``svm`` calls ``fastmath``).
+``stamp_with_siblings(globals())``, at the end of each kernel module, joins the stamps of
+every file of this package to its dispatchers' (as ``kernels.lib.jit`` does for a kernel's
+helpers), so a change to any of them recompiles: a checkout never runs stale code.
 Import-time only; no state.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import os
 from typing import Any
 
-__all__ = ["cached"]
+__all__ = ["cached", "stamp_with", "stamp_with_siblings"]
 
 _PLAIN = (bool, int, float, str, bytes, type(None))
 
@@ -62,3 +70,22 @@ def _describe(fn: Any) -> bytes | None:
         else:
             return None
     return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
+
+
+def stamp_with(namespace: dict[str, Any], files: list[str]) -> None:
+    """Join the (mtime, size) stamps of ``files`` to the disk-cache stamp of every numba
+    dispatcher in ``namespace`` that has a disk cache (numba's internals: where they
+    differ, the cache keeps its own stamp)."""
+    try:
+        stamps = tuple((f, os.stat(f).st_mtime, os.stat(f).st_size) for f in sorted(files))
+    except OSError:
+        return
+    for value in list(namespace.values()):
+        cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
+        if cache_file is not None and hasattr(cache_file, "_source_stamp"):
+            cache_file._source_stamp = (cache_file._source_stamp, stamps)
+
+
+def stamp_with_siblings(namespace: dict[str, Any]) -> None:
+    """``stamp_with`` every ``.py`` file of ``native/kernels``."""
+    stamp_with(namespace, glob.glob(os.path.join(os.path.dirname(__file__), "*.py")))

@@ -43,6 +43,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ...kernels.lib.mlas_tanh import DENOMINATOR, LIMIT, NUMERATOR
+from .closure_cache import stamp_with_siblings
 
 __all__ = ["expf", "expf_neg", "expf_rn", "fma", "rounded", "tanhf_mlas"]
 
@@ -205,3 +206,6 @@ def tanhf_mlas(x):
     q = _fma(q, v2, _B2)
     q = _fma(q, v2, _B0)
     return (p * v) / q
+
+
+stamp_with_siblings(globals())

@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .closure_cache import stamp_with_siblings
+
 __all__ = ["nbits_rows_f4"]
 
 
@@ -97,3 +99,6 @@ def _int8_blocks(row, block):  # pragma: no cover - compiled
         sc = amax / np.float32(127.0)
         for i in range(k0, k0 + block):
             row[i] = np.rint(row[i] * inv) * sc
+
+
+stamp_with_siblings(globals())

@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit
 
 from ...kernels.lib import qnbits_ir
+from .closure_cache import stamp_with_siblings
 
 __all__ = ["nbits_rows_i4"]
 
@@ -55,3 +56,6 @@ def nbits_rows_i4(x, xo, m, k, words, scale, zps, y, yo, n, block, xs, qa_slots,
     for r in range(m):
         for c in range(n):
             y[yo + r * n + c] = out[r * cols + c]
+
+
+stamp_with_siblings(globals())

@@ -17,6 +17,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .closure_cache import stamp_with_siblings
+
 __all__ = ["argmax", "logistic", "matvec", "normalize_row", "post", "probit"]
 
 
@@ -147,3 +149,6 @@ def normalize_row(x, xo, n, kind, y, yo):
         d = 1.0
     for j in range(n):
         y[yo + j] = float(x[xo + j]) / d
+
+
+stamp_with_siblings(globals())

@@ -33,6 +33,7 @@ import numpy as np
 from numba import njit
 
 from ...kernels.lib import qgemm_packed
+from .closure_cache import stamp_with_siblings
 
 __all__ = ["dql_u8", "qmm_u8"]
 
@@ -143,3 +144,6 @@ def qmm_u8(a, ao, m, k, w, colsum, wz, scale, bias, s, so, z, zo, has_z, y, yo, 
         for r in range(m):
             for c in range(n):
                 y[yo + r * n + c] = wide[r * ldy + c]
+
+
+stamp_with_siblings(globals())

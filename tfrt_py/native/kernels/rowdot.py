@@ -20,6 +20,7 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .closure_cache import stamp_with_siblings
 from .fastmath import expf_neg
 
 __all__ = ["copy_past_f4", "dot_rows_f4", "softmax_rows_f4"]
@@ -160,3 +161,6 @@ def cache_misfit_f4(c, v, b, h, s, d):  # pragma: no cover - compiled
     if v.shape[0] != b or v.shape[1] != h or v.shape[2] != s or v.shape[3] != d:
         return True
     return v.ctypes.data != c.ctypes.data or v.strides != c.strides
+
+
+stamp_with_siblings(globals())

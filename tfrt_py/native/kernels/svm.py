@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .closure_cache import stamp_with_siblings
 from .fastmath import expf_rn, fma, tanhf_mlas
 from .post import argmax, logistic, post, probit
 
@@ -349,3 +350,6 @@ def _linear_cls_finish(s, so, b, n, labels, binary, two, pos, neg, lin_argmax, a
     for j in range(n):
         y[yo + j] = s[so + j]
     post(y, yo, n, code)
+
+
+stamp_with_siblings(globals())

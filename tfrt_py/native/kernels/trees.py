@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from ...kernels.ml.tree_ops import binary_base_rule
-from .closure_cache import cached
+from .closure_cache import cached, stamp_with_siblings
 from .post import logistic, post, probit
 
 __all__ = [
@@ -334,3 +334,6 @@ def tree_reg_finish(acc, ao, has, ho, c, n_trees, avg, base_t, use_base, code, y
                 v = 0.0
         y[yo + j] = v
     post(y, yo, c, code)
+
+
+stamp_with_siblings(globals())
