@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,6 +85,7 @@ def test_the_forest_walks_are_cached_closures_stamped_with_their_siblings() -> N
 
     for d in (trees.forest_leq, trees.forest_rows_mixed, trees._add_binary_base):
         assert type(d._cache).__name__ == "_StableCellsCache", d
-    for d in (trees.forest_leq, svm.svm_cls_row, post.post):
+    kernels: tuple[Any, ...] = (trees.forest_leq, svm.svm_cls_row, post.post)
+    for d in kernels:
         _own, siblings = d._cache._cache_file._source_stamp
         assert any(f.endswith("fastmath.py") for f, _, _ in siblings), d
