@@ -331,6 +331,7 @@ _ALTERNATING = textwrap.dedent(
 
 
 @pytest.mark.parametrize("spin", ["", "0", "1000"])
+@pytest.mark.compiles
 def test_back_to_back_loops_of_growing_part_counts_finish(spin: str) -> None:
     """One caller alternating loops of 2 and 9 parts. Before the pool closed a task's word
     before writing the next task's fields (I7 in native_pool.ll), a worker that read the

@@ -61,6 +61,7 @@ def _depthwise_case(n: int, c: int, h: int, k: int, s: int, epi: Epilogue, seed:
         (3, 64, 28, 3, 1, Epilogue(act="HardSwish", residual=True)),  # image blocks
     ],
 )
+@pytest.mark.compiles
 def test_a_split_depthwise_conv_runs_on_native_threads_and_matches_one_thread(
     n: int, c: int, h: int, k: int, s: int, epi: Epilogue
 ) -> None:

@@ -136,6 +136,7 @@ def test_unary(op: str, dt: Any) -> None:
 
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("channels_last", [0, 1])
+@pytest.mark.compiles
 def test_global_average_pool(dt: Any, channels_last: int) -> None:
     for shape in [(2, 3, 7, 7), (1, 5, 1, 1), (1, 4, 3, 2, 2)]:
         x = _q(shape, dt)
@@ -192,6 +193,7 @@ def test_bad_constant_scale_is_refused_at_load(scale: float) -> None:
         tfrt_py.load(model)
 
 
+@pytest.mark.compiles
 def test_bad_scale_at_run_time_is_an_error_and_the_model_stays_usable() -> None:
     x = _q((2, 3), np.uint8)
     inputs = [x, _s(0.1), _z(0, np.uint8), x, _s(0.1), _z(0, np.uint8), _s(0.1),

@@ -183,6 +183,7 @@ def test_a_conv_between_the_native_and_the_pool_thresholds_runs_on_native_thread
         assert plans[-1].route == "whole"
 
 
+@pytest.mark.compiles
 def test_more_channels_than_pixels_takes_filter_blocks_or_the_whole_image_path(
     plans: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -137,6 +137,7 @@ def _model(inputs: list[Any], k: int, n: int, bits: int, block: int, level: int)
 @pytest.mark.parametrize(("k", "n", "block"), [(200, 130, 32), (256, 64, 16), (300, 70, 128)])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("zp", ["none", "packed"])
+@pytest.mark.compiles
 def test_level_4_matches_onnxruntime_at_level_4(m: int, k: int, n: int, block: int, bits: int,
                                                  zp: str) -> None:  # fmt: skip
     """Within float rounding of onnxruntime's level-4 answer (its A quantized the same,

@@ -149,6 +149,7 @@ _SPLIT_CASES = [
 
 
 @pytest.mark.parametrize(("x_shape", "mult"), _SPLIT_CASES)
+@pytest.mark.compiles
 def test_depthwise_split_over_threads_with_residual_and_activation(
     jit: str, x_shape: Any, mult: int
 ) -> None:
