@@ -166,7 +166,7 @@ lint: $(STAMP)
 # CI runs too (.ci/run): the tests marked `slow` (the ONNX node-case sweep, the classic
 # CNNs), those marked `compiles` (on a clean clone's cold numba cache each compiles native
 # modules or kernels for seconds: a clean clone's make test took 26:43 on 2 cores with
-# them, 14:24 without, its venv and lint included) and the cases `make test` left out
+# them, 14:24-16:11 without, its venv and lint included) and the cases `make test` left out
 # (--param-rest), so CI runs every case once.
 # Tests run in TEST_WORKERS processes (pytest-xdist), a test file's tests in one of them
 # (their module fixtures built once): on a clean clone much of the time is numba
