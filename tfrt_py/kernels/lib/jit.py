@@ -41,6 +41,7 @@ __all__ = [
     "imported",
     "inline",
     "jit_enabled",
+    "join_stamps",
     "uses",
     "why_off",
 ]
@@ -257,7 +258,9 @@ class Jitted:
                         fastmath=self._fastmath,
                         parallel=self._parallel,
                     )(self.fn)
-                    _stamp_helper_files(d, self.fn, tuple(helpers))
+                    own = inspect.getsourcefile(self.fn)
+                    join_stamps(d, [f for h in helpers
+                                    if (f := inspect.getsourcefile(h)) and f != own])  # fmt: skip
                     if self._warm is not None:
                         self._warm(d)
                     self._compiled = d
@@ -293,20 +296,16 @@ def frozen(a: Any) -> Any:
     return a
 
 
-def _stamp_helper_files(
-    d: Any, fn: Callable[..., Any], helpers: tuple[Callable[..., Any], ...]
-) -> None:
-    """numba's disk cache checks only the stamp (mtime, size) of ``fn``'s own file: a
-    helper from another file, changed, would leave stale machine code in the cache. The
-    stamps of the helpers' files join the cache's stamp, so a change to any of them
-    recompiles. (numba's internals: where they differ, the cache keeps its own stamp.)"""
-    own = inspect.getsourcefile(fn)
-    files = sorted({f for h in helpers if (f := inspect.getsourcefile(h)) and f != own})
+def join_stamps(d: Any, files: list[str]) -> None:
+    """numba's disk cache checks only the stamp (mtime, size) of a function's own file: a
+    helper from another file, changed, would leave stale machine code. The stamps of
+    ``files`` join the cache's stamp of the dispatcher ``d``, so a change to any of them
+    recompiles (numba's internals: where they differ, the cache keeps its own stamp)."""
     if not files:
         return
     try:
         cache_file = d._cache._cache_file
-        stamps = tuple((f, os.stat(f).st_mtime, os.stat(f).st_size) for f in files)
+        stamps = tuple((f, os.stat(f).st_mtime, os.stat(f).st_size) for f in sorted(set(files)))
         cache_file._source_stamp = (cache_file._source_stamp, stamps)
     except (AttributeError, OSError):
         pass

@@ -13,16 +13,19 @@ numba's stamp is the function's own file; a kernel's cached machine code also ho
 kernels of other files it calls (``trees`` calls ``post``, ``svm`` calls ``fastmath``).
 ``stamp_with_siblings(globals())``, at the end of each kernel module, joins the stamps of
 every file of this package to its dispatchers' (as ``kernels.lib.jit`` does for a kernel's
-helpers), so a change to any of them recompiles: a checkout never runs stale code.
-Import-time only; no state.
+helpers, through ``jit.join_stamps``), so a change to any of them recompiles: a checkout
+never runs stale code. Import-time only; no state.
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import os
 from typing import Any
+
+from ...kernels.lib.jit import join_stamps
 
 __all__ = ["cached", "stamp_with", "stamp_with_siblings"]
 
@@ -32,10 +35,18 @@ _PLAIN = (bool, int, float, str, bytes, type(None))
 def cached(dispatcher: Any) -> Any:
     """``dispatcher`` (a ``numba.njit(cache=False)`` closure) with a disk cache whose key
     is stable across processes; unchanged where numba's internals differ from 0.62-0.68's."""
+    if (cache_class := _stable_cells_cache()) is not None and hasattr(dispatcher, "_cache"):
+        dispatcher._cache = cache_class(dispatcher.py_func)
+    return dispatcher
+
+
+@functools.cache
+def _stable_cells_cache() -> Any:
+    """numba's ``FunctionCache`` keyed by ``_describe``; None where numba has none."""
     try:
         from numba.core.caching import FunctionCache
     except ImportError:  # pragma: no cover - numba reorganized: compile per process
-        return dispatcher
+        return None
 
     class _StableCellsCache(FunctionCache):
         def _index_key(self, sig: Any, codegen: Any) -> Any:
@@ -45,14 +56,12 @@ def cached(dispatcher: Any) -> Any:
             code = hashlib.sha256(self._py_func.__code__.co_code).hexdigest()
             return (sig, codegen.magic_tuple(), (code, hashlib.sha256(cells).hexdigest()))
 
-    if hasattr(dispatcher, "_cache") and hasattr(dispatcher, "py_func"):
-        dispatcher._cache = _StableCellsCache(dispatcher.py_func)
-    return dispatcher
+    return _StableCellsCache
 
 
 def _describe(fn: Any) -> bytes | None:
-    """A process-independent description of ``fn``'s closure cells; None for a cell that
-    has none."""
+    """A process-independent description of ``fn``'s closure cells; None where a cell is
+    of a kind it cannot describe (numba's own key then)."""
     parts = []
     for cell in fn.__closure__ or ():
         value = cell.cell_contents
@@ -73,17 +82,10 @@ def _describe(fn: Any) -> bytes | None:
 
 
 def stamp_with(namespace: dict[str, Any], files: list[str]) -> None:
-    """Join the (mtime, size) stamps of ``files`` to the disk-cache stamp of every numba
-    dispatcher in ``namespace`` that has a disk cache (numba's internals: where they
-    differ, the cache keeps its own stamp)."""
-    try:
-        stamps = tuple((f, os.stat(f).st_mtime, os.stat(f).st_size) for f in sorted(files))
-    except OSError:
-        return
+    """``jit.join_stamps(d, files)`` for every numba dispatcher ``d`` in ``namespace``."""
     for value in list(namespace.values()):
-        cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
-        if cache_file is not None and hasattr(cache_file, "_source_stamp"):
-            cache_file._source_stamp = (cache_file._source_stamp, stamps)
+        if hasattr(value, "py_func"):
+            join_stamps(value, files)
 
 
 def stamp_with_siblings(namespace: dict[str, Any]) -> None:
